@@ -1,0 +1,1 @@
+"""Queue-adapter implementations: ``memory`` (embedded), ``redis``, ``kafka``."""

@@ -1,0 +1,241 @@
+"""The embedded, in-process queue adapter: the default, no server needed.
+
+It keeps the semantics of a durable backend inside one process — per-group cursors,
+acknowledgements, redelivery of what a receiver took but did not acknowledge when it
+shut down, retention that only drops what every group acknowledged — so everything
+built on it behaves the same on Redis or Kafka. It does not survive the process.
+
+Brokers are named; every :class:`MemoryAdapter` created with the same name in one
+process shares one :class:`MemoryBroker`. A broker belongs to the event loop that
+first uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.errors import BrokerError, ShutdownError
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.message import DeadLetter, Message
+
+TRIM_EVERY = 4096
+
+
+class _Log:
+    """One queue: an append-only list of messages with a moving base offset."""
+
+    __slots__ = ("base", "items", "waiters")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.items: list[Message] = []
+        self.waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.items)
+
+    def wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class _Cursor:
+    """One consumer group's position on one queue."""
+
+    __slots__ = ("next_offset", "pending", "redeliver")
+
+    def __init__(self, start: int) -> None:
+        self.next_offset = start
+        self.pending: dict[int, Message] = {}
+        self.redeliver: deque[Message] = deque()
+
+    def floor(self) -> int:
+        """Every offset below this is acknowledged."""
+        low = self.next_offset
+        if self.pending:
+            low = min(low, min(self.pending))
+        if self.redeliver:
+            low = min(low, min(m.token.major for m in self.redeliver if m.token))
+        return low
+
+
+class MemoryBroker:
+    def __init__(self, name: str = "default") -> None:
+        self.name = name
+        self.logs: dict[int, _Log] = {}
+        self.cursors: dict[tuple[str, int], _Cursor] = {}
+        self.dead_letters: dict[str, list[DeadLetter]] = {}
+        self._appended_since_trim = 0
+
+    def log(self, queue: int) -> _Log:
+        log = self.logs.get(queue)
+        if log is None:
+            log = self.logs[queue] = _Log()
+        return log
+
+    def cursor(self, group: str, queue: int) -> _Cursor:
+        key = (group, queue)
+        cursor = self.cursors.get(key)
+        if cursor is None:
+            # A new group starts at the oldest retained message: nothing published
+            # before its first consumer is skipped.
+            cursor = self.cursors[key] = _Cursor(self.log(queue).base)
+        return cursor
+
+    def append(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
+        log = self.log(queue)
+        offset = log.end
+        tokens = [SequenceToken(queue, offset + i) for i in range(len(messages))]
+        log.items.extend(m.with_token(t) for m, t in zip(messages, tokens, strict=True))
+        self._appended_since_trim += len(messages)
+        if self._appended_since_trim >= TRIM_EVERY:
+            self.trim()
+        log.wake()
+        return tokens
+
+    def trim(self) -> None:
+        """Drop messages every group has acknowledged (retention)."""
+        self._appended_since_trim = 0
+        for queue, log in self.logs.items():
+            floors = [c.floor() for (_, q), c in self.cursors.items() if q == queue]
+            if not floors:
+                continue  # no group has read this queue yet: keep everything
+            cut = min(floors) - log.base
+            if cut > 0:
+                del log.items[:cut]
+                log.base += cut
+
+
+_BROKERS: dict[str, MemoryBroker] = {}
+
+
+def broker(name: str = "default") -> MemoryBroker:
+    """The process's broker of that name, created on first use."""
+    found = _BROKERS.get(name)
+    if found is None:
+        found = _BROKERS[name] = MemoryBroker(name)
+    return found
+
+
+def reset_broker(name: str = "default") -> None:
+    """Forget a named broker and everything in it (tests, repeated demos)."""
+    _BROKERS.pop(name, None)
+
+
+class MemoryReceiver(QueueReceiver):
+    def __init__(self, broker: MemoryBroker, queue: int, group: str) -> None:
+        self._broker = broker
+        self._queue = queue
+        self._group = group
+        self._log = broker.log(queue)
+        self._cursor = broker.cursor(group, queue)
+        self._closed = False
+
+    async def initialize(self) -> None:
+        self._closed = False
+
+    async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        if self._closed:
+            raise ShutdownError(f"receiver of queue {self._queue} is shut down")
+        out = self._take(max_count)
+        if out or timeout_s <= 0:
+            return out
+        waiter = asyncio.get_running_loop().create_future()
+        self._log.waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            return []
+        return self._take(max_count)
+
+    def _take(self, max_count: int) -> list[Message]:
+        cursor = self._cursor
+        log = self._log
+        out: list[Message] = []
+        while cursor.redeliver and len(out) < max_count:
+            out.append(cursor.redeliver.popleft())
+        start = cursor.next_offset - log.base
+        if start < 0:  # trimmed past our position (cannot happen while we hold pending)
+            raise BrokerError(f"queue {self._queue}: position {cursor.next_offset} was trimmed")
+        fresh = log.items[start : start + max_count - len(out)]
+        cursor.next_offset += len(fresh)
+        out.extend(fresh)
+        pending = cursor.pending
+        for m in out:
+            pending[m.token.major] = m  # type: ignore[union-attr]
+        return out
+
+    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+        pending = self._cursor.pending
+        for token in tokens:
+            pending.pop(token.major, None)
+
+    async def lag(self) -> int:
+        c = self._cursor
+        return (self._log.end - c.next_offset) + len(c.pending) + len(c.redeliver)
+
+    async def shutdown(self) -> None:
+        """Unacknowledged messages go back, in queue order, to be delivered first."""
+        if self._closed:
+            return
+        self._closed = True
+        c = self._cursor
+        back = sorted(
+            [*c.pending.values(), *c.redeliver],
+            key=lambda m: m.token.major,  # type: ignore[union-attr]
+        )
+        c.pending.clear()
+        c.redeliver = deque(back)
+
+
+class MemoryAdapter(QueueAdapter):
+    name = "memory"
+
+    def __init__(self, broker_name: str = "default") -> None:
+        self.broker = broker(broker_name)
+
+    async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
+        return self.broker.append(queue, messages)
+
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        return MemoryReceiver(self.broker, queue, group)
+
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
+        self.broker.dead_letters.setdefault(group, []).extend(letters)
+
+    async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
+        return self.broker.dead_letters.get(group, [])[:limit]
+
+    async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+        log = self.broker.log(queue)
+        if isinstance(to, SequenceToken):
+            if to.queue != queue:
+                raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+            offset = to.major
+        else:
+            stamps = [m.enqueued_at_ms for m in log.items]
+            offset = log.base + bisect.bisect_left(stamps, int(to * 1000))
+        if offset < log.base:
+            raise BrokerError(
+                f"queue {queue}: offset {offset} was already trimmed (oldest kept: {log.base})"
+            )
+        cursor = self.broker.cursor(group, queue)
+        cursor.next_offset = min(offset, log.end)
+        cursor.pending.clear()
+        cursor.redeliver.clear()
+
+    async def lag(self, queue: int, group: str) -> int:
+        c = self.broker.cursor(group, queue)
+        return (self.broker.log(queue).end - c.next_offset) + len(c.pending) + len(c.redeliver)
+
+
+def from_config(config: Any) -> MemoryAdapter:
+    return MemoryAdapter(config.memory.broker)

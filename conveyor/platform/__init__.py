@@ -1,0 +1,1 @@
+"""The broker-agnostic runtime core: ids, messages, mapper, adapter port, agents."""

@@ -1,0 +1,122 @@
+"""The queue-adapter port: what the platform needs from a durable queue backend.
+
+The platform owns these interfaces; ``conveyor.adapters`` implements them. An adapter
+knows nothing of handlers: it moves :class:`Message` values in and out of numbered
+queues and remembers, per consumer group, what was acknowledged.
+
+Delivery contract (every adapter, the memory one included):
+
+* ``get_messages`` returns messages of one queue in queue order, each with its
+  ``token`` set; a message returned once is not returned again by the same receiver
+  unless the queue is rewound.
+* ``messages_delivered`` acknowledges; an acknowledged message is never delivered to
+  the group again (short of a rewind).
+* A message delivered but not acknowledged when its receiver shuts down (or dies) is
+  delivered again by the next receiver of that queue: at least once, never lost.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from conveyor.platform.errors import ConfigError
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.message import DeadLetter, Message
+
+
+class QueueReceiver(ABC):
+    """The consumer side of one queue, for one consumer group."""
+
+    @abstractmethod
+    async def initialize(self) -> None:
+        """Connect and position the receiver; unacknowledged messages come first."""
+
+    @abstractmethod
+    async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        """Up to ``max_count`` messages, waiting at most ``timeout_s`` for the first one.
+
+        Returns an empty list when nothing arrived in time. Cancellable.
+        """
+
+    @abstractmethod
+    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+        """Acknowledge these messages: they are done for this group."""
+
+    @abstractmethod
+    async def lag(self) -> int:
+        """Messages of this queue the group has not yet finished (undelivered + pending)."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Stop receiving; unacknowledged messages become deliverable to the next owner."""
+
+
+class QueueAdapter(ABC):
+    """A queue backend: the producer side plus a factory of receivers."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
+        """Append messages to a queue, in order; returns their positions."""
+
+    @abstractmethod
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        """A receiver of ``queue`` for consumer group ``group`` (not yet initialized)."""
+
+    @abstractmethod
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
+        """Store messages that could not be handled, durably, before they are acked."""
+
+    @abstractmethod
+    async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters of a group (for operators and tests)."""
+
+    @abstractmethod
+    async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+        """Move ``group``'s position on ``queue`` back to a token or a UNIX time (seconds).
+
+        Messages from that point on are delivered again. Only valid while no receiver
+        of the queue is running for the group.
+        """
+
+    @abstractmethod
+    async def lag(self, queue: int, group: str) -> int:
+        """Messages of ``queue`` that ``group`` has not finished, without a receiver."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Receivers must have been shut down first."""
+
+
+AdapterFactory = Callable[[Any], QueueAdapter]
+
+# Adapters are imported lazily by name so that `platform` never imports a driver and a
+# user without aiokafka installed can still run the embedded adapter.
+_BUILTIN_ADAPTERS = {
+    "memory": "conveyor.adapters.memory:from_config",
+    "redis": "conveyor.adapters.redis:from_config",
+    "kafka": "conveyor.adapters.kafka:from_config",
+}
+
+
+def adapter_names() -> list[str]:
+    return sorted(_BUILTIN_ADAPTERS)
+
+
+def create_adapter(name: str, config: Any) -> QueueAdapter:
+    """Build the adapter called ``name`` from the platform config."""
+    target = _BUILTIN_ADAPTERS.get(name)
+    if target is None:
+        raise ConfigError(
+            f"unknown adapter {name!r} at $.queues.adapter (choose one of {adapter_names()})"
+        )
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"adapter {name!r} is not available: {exc}") from exc
+    factory: AdapterFactory = getattr(module, attr)
+    return factory(config)

@@ -1,0 +1,359 @@
+"""The pulling agent: one per owned queue.
+
+Loop, top to bottom:
+
+1. wait until the cache has room (back-pressure: a full cache stops pulling);
+2. reserve slots — one blocking, then as many more as the supplier grants at once, up
+   to the room and ``max_batch``; an agent never asks for more messages than it holds
+   slots for;
+3. pull that many messages (an idle queue is waited on with a single slot held, so idle
+   agents do not sit on slots busy ones could use);
+4. put them in the cache; runners take ready lanes and run handlers;
+5. when the done prefix of the cache grows, acknowledge it (one ack in flight at a
+   time, coalescing everything that finished meanwhile).
+
+Runners are long-lived coroutines, started on demand up to the cache capacity and
+parked on a future when idle, so a message costs no task of its own. A runner that
+takes a lane wakes one more runner if other lanes are waiting: with handlers that
+finish without suspending, one runner drains a whole batch in a single step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+from dataclasses import dataclass
+
+from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.errors import ConveyorError
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.message import Message
+from conveyor.platform.queue_cache import Entry, Lane, QueueCache
+from conveyor.platform.runtime import HandlerRuntime
+from conveyor.workers.slots import SlotInfo, SlotPermit, SlotReleaseReason, SlotSupplier
+
+log = logging.getLogger("conveyor.agent")
+
+Subscriptions = dict[str, tuple[tuple[int, HandlerSpec], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    cache_capacity: int = 1024
+    max_batch: int = 256
+    poll_timeout_s: float = 0.5
+
+
+class _Context:
+    """The live :class:`~conveyor.workers.slots.SlotReservationContext` of one agent."""
+
+    __slots__ = ("_supplier", "queue")
+    handler = "*"
+
+    def __init__(self, queue: int, supplier: SlotSupplier) -> None:
+        self.queue = queue
+        self._supplier = supplier
+
+    @property
+    def slots_issued(self) -> int:
+        return self._supplier.issued
+
+    @property
+    def slots_in_use(self) -> int:
+        return self._supplier.in_use
+
+
+class PullingAgent:
+    def __init__(
+        self,
+        queue: int,
+        receiver: QueueReceiver,
+        subscriptions: Subscriptions,
+        runtime: HandlerRuntime,
+        slots: SlotSupplier,
+        settings: AgentSettings,
+        may_act: Callable[[], bool] | None = None,
+    ) -> None:
+        self.queue = queue
+        self.receiver = receiver
+        self.cache = QueueCache(settings.cache_capacity)
+        self.settings = settings
+        self._subs = subscriptions
+        self._runtime = runtime
+        self._slots = slots
+        self._ctx = _Context(queue, slots)
+        self._room = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._idle: deque[asyncio.Future[None]] = deque()
+        self._runners: set[asyncio.Task[None]] = set()
+        self._to_ack: list[SequenceToken] = []
+        self._waking = False
+        self._ack_task: asyncio.Task[None] | None = None
+        self._pull_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._fenced = False
+        # Fencing: consulted before every pull and every ack; False once the lease
+        # is (about to be) lost, so a stale owner neither pulls nor acknowledges.
+        self._may_act = may_act or (lambda: True)
+        self.pulled = 0
+        self.acked = 0
+        self.max_cache_fill = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._pull_task = asyncio.create_task(self._pull_loop(), name=f"agent-{self.queue}-pull")
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop pulling, let in-flight messages finish, ack them, shut the receiver down.
+
+        Returns False when ``timeout_s`` passed first: what was unfinished is abandoned
+        unacknowledged, so the queue's next owner gets it again.
+        """
+        self._stopping = True
+        finished = True
+        if self._pull_task is not None:
+            # The pull in progress returns within poll_timeout_s; its messages are kept.
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pull_task
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout_s)
+        except TimeoutError:
+            finished = False
+            log.warning(
+                "queue %d: drain timed out with %d message(s) unfinished; they will be "
+                "redelivered to the next owner", self.queue, len(self.cache),
+            )
+        await self._stop_runners()
+        if self._ack_task is not None:  # one flusher at a time keeps acks in order
+            await self._ack_task
+        await self._flush_acks()
+        self._release_cached_permits()
+        await self.receiver.shutdown()
+        return finished
+
+    async def abort(self) -> None:
+        """Stop at once without acknowledging anything more (the lease is lost)."""
+        self._stopping = True
+        self._fenced = True
+        self._to_ack.clear()
+        self._drained.set()
+        tasks = [t for t in (self._pull_task, self._ack_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await self._stop_runners()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._release_cached_permits()
+        with contextlib.suppress(Exception):
+            await self.receiver.shutdown()
+
+    async def _stop_runners(self) -> None:
+        for task in self._runners:
+            task.cancel()
+        for task in list(self._runners):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._runners.clear()
+        self._idle.clear()
+
+    def _release_cached_permits(self) -> None:
+        for entry in self.cache.entries:
+            if entry.permit is not None:
+                entry.permit.release(SlotReleaseReason.NEVER_USED)
+
+    # -- pulling -----------------------------------------------------------------------
+    async def _pull_loop(self) -> None:
+        settings = self.settings
+        slots = self._slots
+        ctx = self._ctx
+        while not self._stopping:
+            if not self._may_act():
+                await asyncio.sleep(settings.poll_timeout_s / 5)
+                continue
+            room = self.cache.room
+            if room <= 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            permits = [await slots.reserve_slot(ctx)]
+            if self._stopping:
+                permits[0].release(SlotReleaseReason.NEVER_USED)
+                break
+            want = min(room, settings.max_batch)
+            while len(permits) < want:
+                permit = slots.try_reserve_slot(ctx)
+                if permit is None:
+                    break
+                permits.append(permit)
+            try:
+                messages = await self.receiver.get_messages(
+                    len(permits), settings.poll_timeout_s if len(permits) == 1 else 0.0
+                )
+                if not messages and len(permits) > 1:
+                    # Idle queue: wait for the next message holding one slot, not many.
+                    for permit in permits[1:]:
+                        permit.release(SlotReleaseReason.NEVER_USED)
+                    del permits[1:]
+                    messages = await self.receiver.get_messages(1, settings.poll_timeout_s)
+            except ConveyorError as exc:
+                for permit in permits:
+                    permit.release(SlotReleaseReason.NEVER_USED)
+                log.warning("queue %d: pull failed: %s; retrying", self.queue, exc)
+                await asyncio.sleep(settings.poll_timeout_s)
+                continue
+            except BaseException:
+                for permit in permits:
+                    permit.release(SlotReleaseReason.NEVER_USED)
+                raise
+            for permit in permits[len(messages) :]:
+                permit.release(SlotReleaseReason.NEVER_USED)
+            if messages:
+                self._accept(messages, permits)
+
+    def _accept(self, messages: list[Message], permits: list[SlotPermit]) -> None:
+        cache = self.cache
+        subs = self._subs
+        unroutable: list[Entry] = []
+        for msg, permit in zip(messages, permits, strict=False):
+            handlers = subs.get(msg.stream.namespace)
+            if handlers is None:
+                entry = Entry(msg, permit, 1)
+                cache.entries.append(entry)
+                unroutable.append(entry)
+                continue
+            cache.add(Entry(msg, permit, len(handlers)), handlers)
+        self.pulled += len(messages)
+        self._drained.clear()
+        if len(cache) > self.max_cache_fill:
+            self.max_cache_fill = len(cache)
+        for entry in unroutable:
+            self._spawn(self._dead_letter_unroutable(entry))
+        self._wake()
+
+    # -- running -----------------------------------------------------------------------
+    def _wake(self) -> None:
+        """Make sure one more runner will look at the ready lanes.
+
+        At most one runner is being woken at a time: the woken one wakes the next only
+        once it has taken a lane itself, so handlers that never suspend do not cause a
+        wake-up (or a new runner) per message.
+        """
+        if self._waking or not self.cache.ready:
+            return
+        self._waking = True
+        while self._idle:
+            waiter = self._idle.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        if len(self._runners) < self.cache.capacity:
+            self._spawn(self._runner())
+        else:
+            self._waking = False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._runners.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._runners.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("queue %d: runner crashed", self.queue, exc_info=task.exception())
+
+    async def _runner(self) -> None:
+        cache = self.cache
+        ready = cache.ready
+        deliver = self._runtime.deliver
+        loop = asyncio.get_running_loop()
+        while True:
+            self._waking = False  # this runner is awake: another may be woken now
+            while ready:
+                lane: Lane = ready.popleft()
+                if ready:
+                    self._wake()  # others can start on the next lane while this one runs
+                entry = lane.entries[0]
+                permit = entry.permit
+                if permit is not None and not permit.used:
+                    permit.mark_used(
+                        SlotInfo(self.queue, (lane.spec.name,), entry.msg.id, entry.msg.stream.key)
+                    )
+                await deliver(lane.spec, entry.msg)
+                entry = cache.finish_head(lane)
+                if entry.done:
+                    self._entry_done(entry)
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._idle.append(waiter)
+            await waiter
+
+    def _entry_done(self, entry: Entry) -> None:
+        if entry.permit is not None:
+            entry.permit.release(SlotReleaseReason.TASK_COMPLETE)
+        if self.cache.entries[0] is not entry:
+            return  # an earlier message is still running: nothing new to acknowledge
+        tokens = self.cache.pop_done_prefix()
+        self._to_ack.extend(tokens)
+        if self._ack_task is None and not self._stopping:
+            self._ack_task = asyncio.create_task(self._ack_loop())
+        if not self._room.is_set():
+            self._room.set()
+        if not self.cache.entries:
+            self._drained.set()
+
+    async def _dead_letter_unroutable(self, entry: Entry) -> None:
+        ns = entry.msg.stream.namespace
+        await self._runtime.dead_letter(
+            None, entry.msg, f"no handler of this app subscribes to namespace {ns!r}", 0
+        )
+        entry.pending = 0
+        entry.done = True
+        self._entry_done(entry)
+
+    # -- acknowledging -----------------------------------------------------------------
+    async def _ack_loop(self) -> None:
+        try:
+            await self._flush_acks()
+        finally:
+            self._ack_task = None
+
+    async def _flush_acks(self) -> None:
+        delay_s = 0.05
+        while self._to_ack and not self._fenced:
+            if not self._may_act():
+                # Lease renewal is overdue: hold the acks until it succeeds or the
+                # queue is declared lost (then they are dropped, never sent late).
+                await asyncio.sleep(delay_s)
+                continue
+            batch, self._to_ack = self._to_ack, []
+            try:
+                await self.receiver.messages_delivered(batch)
+            except ConveyorError as exc:
+                self._to_ack[:0] = batch
+                log.warning("queue %d: ack failed: %s; retrying in %.2fs", self.queue, exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 5.0)
+                continue
+            self.acked += len(batch)
+
+    # -- introspection -----------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return len(self.cache)
+
+    def snapshot(self) -> dict[str, float]:
+        return {
+            "queue": self.queue,
+            "cache_fill": len(self.cache),
+            "cache_capacity": self.cache.capacity,
+            "pulled": self.pulled,
+            "acked": self.acked,
+            "at": time.time(),
+        }

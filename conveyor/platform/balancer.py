@@ -1,0 +1,264 @@
+"""Queue balancers: which daemon pulls which queue.
+
+``StaticBalancer``
+    A fixed list of queues, owned without leases (one daemon, or a hand-made split).
+``DynamicBalancer``
+    Daemons register in a :class:`Membership`; each computes the same best-fit split
+    of the queues from the same ordered view and takes its share through leases
+    (:mod:`conveyor.platform.leases`). When a daemon joins or leaves, the giving side
+    drains the queue (stops pulling, finishes and acknowledges in-flight messages) and
+    only then releases the lease; the taking side starts once it can acquire it. A dead
+    daemon's leases simply expire and are taken over; its unacknowledged messages are
+    redelivered by the queue.
+
+Two tasks run per dynamic balancer: one renews leases (every ``ttl/3``) and reports a
+lease as lost once its local deadline, less a safety margin, has passed without a
+renewal; the other re-balances on membership events, lease releases, or every
+``rebalance_interval_s``. They are separate so a long drain never delays a renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
+from conveyor.platform.membership import MemberInfo, Membership, MemoryMembership
+
+log = logging.getLogger("conveyor.balancer")
+
+
+def best_fit(member_ids: Sequence[str], total_queues: int) -> dict[str, list[int]]:
+    """Split queues ``0..total_queues-1`` as evenly as possible, deterministically.
+
+    Members are taken in sorted order and dealt queues round-robin, so every member
+    gets ``floor(q/n)`` or ``ceil(q/n)`` queues and every daemon that sees the same
+    member list computes the same split.
+    """
+    members = sorted(member_ids)
+    split: dict[str, list[int]] = {m: [] for m in members}
+    if not members:
+        return split
+    for queue in range(total_queues):
+        split[members[queue % len(members)]].append(queue)
+    return split
+
+
+class BalanceListener(Protocol):
+    """What a balancer tells its daemon. Calls for one queue never overlap."""
+
+    async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
+        """Start pulling ``queue``."""
+
+    async def queue_released(self, queue: int) -> None:
+        """Stop pulling ``queue`` gracefully: drain and acknowledge, then return."""
+
+    async def queue_lost(self, queue: int) -> None:
+        """The lease is gone: stop at once and acknowledge nothing more."""
+
+
+class QueueBalancer(ABC):
+    @abstractmethod
+    async def start(self, member: MemberInfo, listener: BalanceListener) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Release every queue gracefully (through the listener) and leave."""
+
+    @abstractmethod
+    def owned(self) -> list[int]: ...
+
+    def lease_valid(self, queue: int) -> bool:
+        """May this daemon still acknowledge on ``queue``? (fencing, checked before acks)."""
+        return True
+
+
+class StaticBalancer(QueueBalancer):
+    def __init__(self, queues: Iterable[int]) -> None:
+        self._queues = sorted(set(queues))
+        self._listener: BalanceListener | None = None
+
+    async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
+        self._listener = listener
+        for queue in self._queues:
+            await listener.queue_acquired(queue, None)
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            await asyncio.gather(*(self._listener.queue_released(q) for q in self._queues))
+            self._listener = None
+
+    def owned(self) -> list[int]:
+        return list(self._queues) if self._listener else []
+
+
+class DynamicBalancer(QueueBalancer):
+    def __init__(
+        self,
+        membership: Membership,
+        leases: LeaseStore,
+        total_queues: int,
+        *,
+        lease_ttl_s: float = 5.0,
+        rebalance_interval_s: float = 1.0,
+    ) -> None:
+        self.membership = membership
+        self.leases = leases
+        self.total_queues = total_queues
+        self.lease_ttl_s = lease_ttl_s
+        self.rebalance_interval_s = rebalance_interval_s
+        # Stop acting on a lease this long before it would expire in the store.
+        self.safety_margin_s = lease_ttl_s / 5
+        self._held: dict[int, Lease] = {}
+        self._member: MemberInfo | None = None
+        self._listener: BalanceListener | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._queue_locks: dict[int, asyncio.Lock] = {}
+
+    def owned(self) -> list[int]:
+        return sorted(self._held)
+
+    def lease_valid(self, queue: int) -> bool:
+        lease = self._held.get(queue)
+        return lease is not None and time.monotonic() < lease.deadline - self.safety_margin_s
+
+    async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
+        self._member = member
+        self._listener = listener
+        await self.membership.join(member)
+        await self._rebalance()
+        self._tasks = [
+            asyncio.create_task(self._renew_loop(), name="balancer-renew"),
+            asyncio.create_task(self._balance_loop(), name="balancer-balance"),
+        ]
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert self._member is not None
+        # Leave first so the others recompute their shares, then hand every queue over:
+        # drained and acknowledged before its lease is released.
+        await self.membership.leave(self._member.id)
+        renewing = asyncio.create_task(self._renew_loop())
+        try:
+            await asyncio.gather(*(self._give_up(q) for q in list(self._held)))
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+
+    # -- re-balancing ------------------------------------------------------------------
+    async def _balance_loop(self) -> None:
+        while not self._stopping:
+            waits = [
+                asyncio.ensure_future(self.membership.wait_changed(self.rebalance_interval_s)),
+                asyncio.ensure_future(self.leases.wait_released(self.rebalance_interval_s)),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            try:
+                await self._rebalance()
+            except Exception:
+                log.exception("re-balance failed; retrying in %.1fs", self.rebalance_interval_s)
+
+    async def _rebalance(self) -> None:
+        assert self._member is not None
+        me = self._member.id
+        members = [m.id for m in await self.membership.members()]
+        if me not in members:  # our record lapsed (paused, partitioned): register again
+            await self.membership.join(self._member)
+            members = sorted([*members, me])
+        target = set(best_fit(members, self.total_queues)[me])
+        held = set(self._held)
+        await asyncio.gather(
+            *(self._give_up(q) for q in sorted(held - target)),
+            *(self._take(q) for q in sorted(target - held)),
+        )
+
+    def _lock(self, queue: int) -> asyncio.Lock:
+        return self._queue_locks.setdefault(queue, asyncio.Lock())
+
+    async def _take(self, queue: int) -> None:
+        assert self._member is not None and self._listener is not None
+        async with self._lock(queue):
+            if queue in self._held or self._stopping:
+                return
+            lease = await self.leases.acquire(queue, self._member.id, self.lease_ttl_s)
+            if lease is None:
+                return  # still held by its previous owner; retried on the next event
+            self._held[queue] = lease
+            log.info("acquired queue %d (fencing token %d)", queue, lease.token)
+            await self._listener.queue_acquired(queue, lease)
+
+    async def _give_up(self, queue: int) -> None:
+        assert self._listener is not None
+        async with self._lock(queue):
+            lease = self._held.get(queue)
+            if lease is None:
+                return
+            await self._listener.queue_released(queue)
+            self._held.pop(queue, None)
+            await self.leases.release(lease)
+            log.info("released queue %d", queue)
+
+    # -- renewing ----------------------------------------------------------------------
+    async def _renew_loop(self) -> None:
+        """Renew each lease once a third of its TTL has passed; report lost ones.
+
+        Ticks every ttl/10, so a lease whose renewals fail is reported lost between
+        ``ttl - margin`` and ``ttl - margin + ttl/10`` after its last renewal: before the
+        store can expire it and hand it to someone else.
+        """
+        tick_s = self.lease_ttl_s / 10
+        renew_when_left_s = self.lease_ttl_s * 2 / 3
+        while True:
+            await asyncio.sleep(tick_s)
+            for queue, lease in list(self._held.items()):
+                if lease.deadline - time.monotonic() <= renew_when_left_s:
+                    try:
+                        renewed = await asyncio.wait_for(
+                            self.leases.renew(lease, self.lease_ttl_s), tick_s * 2
+                        )
+                    except Exception as exc:  # store unreachable: keep the old deadline
+                        log.warning("queue %d: lease renewal failed: %s", queue, exc)
+                        renewed = lease
+                    if self._held.get(queue) is not lease:
+                        continue  # released or lost meanwhile
+                    if renewed is None:
+                        await self._lost(queue)
+                        continue
+                    self._held[queue] = renewed
+                if not self.lease_valid(queue) and queue in self._held:
+                    await self._lost(queue)
+
+    async def _lost(self, queue: int) -> None:
+        assert self._listener is not None
+        lease = self._held.pop(queue, None)
+        if lease is None:
+            return
+        log.warning("lost the lease of queue %d (token %d); stopping it", queue, lease.token)
+        await self._listener.queue_lost(queue)
+
+
+_LOCAL: dict[str, tuple[MemoryMembership, MemoryLeaseStore]] = {}
+
+
+def local_coordination(name: str) -> tuple[MemoryMembership, MemoryLeaseStore]:
+    """The in-process membership and lease store shared by every daemon of ``name``."""
+    found = _LOCAL.get(name)
+    if found is None:
+        found = _LOCAL[name] = (MemoryMembership(), MemoryLeaseStore())
+    return found

@@ -1,0 +1,181 @@
+"""The producer side: publish messages to streams."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import msgspec
+
+from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.config import Config
+from conveyor.platform.errors import ConveyorError
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.message import (
+    CONTENT_JSON,
+    CONTENT_MSGPACK,
+    RESERVED_HEADERS,
+    Message,
+    new_message_id,
+    now_ms,
+)
+
+_json_encode = msgspec.json.Encoder().encode
+_msgpack_encode = msgspec.msgpack.Encoder().encode
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """One message to publish with :meth:`Client.publish_batch`."""
+
+    namespace: str
+    key: str
+    body: Any
+    headers: Mapping[str, str] = field(default_factory=dict)
+    content_type: str | None = None
+
+
+def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
+    """Bytes and str go as given (JSON unless told otherwise); objects are encoded."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body), content_type or CONTENT_JSON
+    if isinstance(body, str):
+        return body.encode(), content_type or CONTENT_JSON
+    if content_type == CONTENT_MSGPACK:
+        return _msgpack_encode(body), CONTENT_MSGPACK
+    return _json_encode(body), content_type or CONTENT_JSON
+
+
+class Client:
+    """Publishes to streams: ``await client.publish("orders", order_id, order)``.
+
+    Messages of one stream land on one queue (chosen by the hash ring), so they are
+    delivered in the order they were published. Holds the adapter's connections;
+    close it (or use ``async with``) when done.
+    """
+
+    def __init__(
+        self, adapter: QueueAdapter, mapper: HashRingQueueMapper, *, owns_adapter: bool = False
+    ) -> None:
+        self.adapter = adapter
+        self.mapper = mapper
+        self._owns_adapter = owns_adapter
+
+    @classmethod
+    def from_config(cls, config: Config) -> Client:
+        adapter = create_adapter(config.queues.adapter, config)
+        return cls(adapter, HashRingQueueMapper(config.queues.total), owns_adapter=True)
+
+    def build(
+        self,
+        namespace: str,
+        key: str,
+        body: Any,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> Message:
+        if not namespace:
+            raise ConveyorError("namespace must be a non-empty string")
+        data, ctype = encode_body(body, content_type)
+        hdrs = dict(headers) if headers else {}
+        clash = RESERVED_HEADERS.intersection(hdrs)
+        if clash:
+            raise ConveyorError(f"headers {sorted(clash)} are reserved by Conveyor's wire format")
+        return Message(
+            id=new_message_id(),
+            stream=StreamId(namespace, str(key)),
+            body=data,
+            headers=hdrs,
+            content_type=ctype,
+            enqueued_at_ms=now_ms(),
+        )
+
+    async def publish(
+        self,
+        namespace: str,
+        key: str,
+        body: Any,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> SequenceToken:
+        msg = self.build(namespace, key, body, headers, content_type)
+        tokens = await self.adapter.enqueue(self.mapper.queue_for(msg.stream), [msg])
+        return tokens[0]
+
+    async def publish_batch(self, items: Iterable[Publish]) -> list[SequenceToken]:
+        """Publish many messages with one enqueue per queue; returns tokens in input order."""
+        by_queue: dict[int, list[tuple[int, Message]]] = {}
+        for i, item in enumerate(items):
+            msg = self.build(item.namespace, item.key, item.body, item.headers, item.content_type)
+            by_queue.setdefault(self.mapper.queue_for(msg.stream), []).append((i, msg))
+        results = await asyncio.gather(
+            *(self.adapter.enqueue(q, [m for _, m in pairs]) for q, pairs in by_queue.items())
+        )
+        tokens: dict[int, SequenceToken] = {}
+        for pairs, queue_tokens in zip(by_queue.values(), results, strict=True):
+            for (i, _), token in zip(pairs, queue_tokens, strict=True):
+                tokens[i] = token
+        return [tokens[i] for i in range(len(tokens))]
+
+    async def close(self) -> None:
+        if self._owns_adapter:
+            await self.adapter.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class SyncClient:
+    """A blocking wrapper for scripts: ``with SyncClient.from_config(cfg) as c: c.publish(...)``.
+
+    Runs its own event loop; do not use it from inside a running loop.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self._runner = asyncio.Runner()
+        self._client = self._runner.run(self._make(config))
+
+    @staticmethod
+    async def _make(config: Config) -> Client:
+        return Client.from_config(config)
+
+    @classmethod
+    def from_config(cls, config: Config) -> SyncClient:
+        return cls(config)
+
+    def publish(
+        self,
+        namespace: str,
+        key: str,
+        body: Any,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> SequenceToken:
+        return self._runner.run(self._client.publish(namespace, key, body, headers, content_type))
+
+    def publish_batch(self, items: Iterable[Publish]) -> list[SequenceToken]:
+        return self._runner.run(self._client.publish_batch(list(items)))
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self._client.close())
+        finally:
+            self._runner.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,43 @@
+"""One error tree for the whole platform.
+
+Everything Conveyor raises on purpose derives from :class:`ConveyorError`; the
+exceptions of redis-py, aiokafka and friends are translated into these at the
+adapter boundary, so callers never need to import a driver to catch a failure.
+"""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Root of every error Conveyor raises on purpose."""
+
+
+class ConfigError(ConveyorError):
+    """A configuration file, environment override or CLI flag is invalid.
+
+    The message names the offending field (``$.worker.slots``) and the source.
+    """
+
+
+class HandlerDeclarationError(ConveyorError):
+    """A handler was declared with a signature or options Conveyor cannot honour."""
+
+
+class BrokerError(ConveyorError):
+    """A queue backend failed."""
+
+
+class BrokerConnectionError(BrokerError):
+    """The backend could not be reached; the operation may succeed if retried."""
+
+
+class LeaseLostError(BrokerError):
+    """This daemon no longer owns the queue it tried to act on (fencing)."""
+
+
+class DecodeError(ConveyorError):
+    """A message body or envelope could not be decoded; it goes to the dead-letter queue."""
+
+
+class ShutdownError(ConveyorError):
+    """An operation was attempted on a component that is shutting down."""

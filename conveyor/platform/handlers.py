@@ -1,0 +1,144 @@
+"""Handler declarations: validated when declared, compiled to a fast decode path."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from conveyor.platform.errors import DecodeError, HandlerDeclarationError
+from conveyor.platform.message import CONTENT_MSGPACK, Message
+
+HandlerFn = Callable[..., Awaitable[Any]]
+Decode = Callable[[Message], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failing handler is retried before its message is dead-lettered.
+
+    ``attempts`` counts every call, the first included. Waits grow exponentially from
+    ``initial_delay_s`` by ``multiplier`` up to ``max_delay_s`` (tenacity's
+    ``wait_exponential``), plus up to ``jitter_s`` of random jitter.
+    """
+
+    attempts: int = 3
+    initial_delay_s: float = 0.05
+    multiplier: float = 2.0
+    max_delay_s: float = 5.0
+    jitter_s: float = 0.0
+
+    def validate(self, where: str) -> None:
+        if self.attempts < 1:
+            raise HandlerDeclarationError(f"{where}: retry attempts must be >= 1")
+        if self.initial_delay_s < 0 or self.max_delay_s < 0 or self.jitter_s < 0:
+            raise HandlerDeclarationError(f"{where}: retry delays must be >= 0")
+        if self.multiplier < 1:
+            raise HandlerDeclarationError(f"{where}: retry multiplier must be >= 1")
+
+
+class MessageContext(msgspec.Struct, frozen=True):
+    """Handed to handlers that take a second parameter: the message's metadata."""
+
+    message: Message
+    handler: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.message.headers
+
+    @property
+    def attempt(self) -> int:
+        return self.message.attempt
+
+
+def _body_decoder(tp: Any, where: str) -> Decode:
+    """A function from message to handler argument, chosen once per handler."""
+    if tp is bytes:
+        return lambda m: m.body
+    if tp is str:
+        def decode_text(m: Message) -> str:
+            try:
+                return m.body.decode()
+            except UnicodeDecodeError as exc:
+                raise DecodeError(f"body is not UTF-8: {exc}") from None
+        return decode_text
+    try:
+        json_dec: msgspec.json.Decoder[Any] = msgspec.json.Decoder(tp)
+        pack_dec: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(tp)
+    except TypeError as exc:
+        raise HandlerDeclarationError(
+            f"{where}: cannot decode message bodies into {tp!r} ({exc}); "
+            "use a msgspec Struct, dict, list, bytes or str"
+        ) from None
+    json_decode = json_dec.decode
+    pack_decode = pack_dec.decode
+
+    def decode(m: Message) -> Any:
+        try:
+            if m.content_type == CONTENT_MSGPACK:
+                return pack_decode(m.body)
+            return json_decode(m.body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise DecodeError(f"cannot decode body as {getattr(tp, '__name__', tp)}: {exc}") from None
+
+    return decode
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One declared handler."""
+
+    name: str
+    namespace: str
+    fn: HandlerFn
+    decode: Decode
+    takes_context: bool
+    retry: RetryPolicy
+    options: dict[str, Any]
+
+
+def build_spec(
+    fn: HandlerFn,
+    namespace: str,
+    *,
+    name: str | None,
+    retry: RetryPolicy,
+    options: dict[str, Any],
+) -> HandlerSpec:
+    where = f"handler {getattr(fn, '__qualname__', fn)!r}"
+    if not namespace or not isinstance(namespace, str):
+        raise HandlerDeclarationError(f"{where}: namespace must be a non-empty string")
+    if not inspect.iscoroutinefunction(fn):
+        raise HandlerDeclarationError(f"{where}: handlers must be declared with `async def`")
+    params = list(inspect.signature(fn).parameters.values())
+    if not 1 <= len(params) <= 2 or any(
+        p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params
+    ):
+        raise HandlerDeclarationError(
+            f"{where}: takes (body) or (body, ctx: MessageContext), got {len(params)} parameters"
+        )
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise HandlerDeclarationError(f"{where}: cannot resolve type annotations: {exc}") from None
+    body_type = hints.get(params[0].name)
+    if body_type is None:
+        raise HandlerDeclarationError(
+            f"{where}: annotate the first parameter with the body's type "
+            "(a msgspec Struct, dict, bytes or str) so Conveyor knows how to decode it"
+        )
+    retry.validate(where)
+    return HandlerSpec(
+        name=name or f"{fn.__module__}.{fn.__qualname__}",
+        namespace=namespace,
+        fn=fn,
+        decode=_body_decoder(body_type, where),
+        takes_context=len(params) == 2,
+        retry=retry,
+        options=options,
+    )

@@ -1,0 +1,96 @@
+"""Queue ownership as leases with fencing tokens.
+
+A daemon pulls a queue only while it holds that queue's lease. A lease expires
+``ttl_s`` after it was last granted or renewed unless renewed; every grant carries a
+fencing token larger than any before it for that queue, so a store can refuse the
+acknowledgements of an owner whose lease has moved on.
+
+Holders keep a *local* deadline (monotonic clock, taken before the request was sent):
+an owner stops acting on a lease once that deadline passes, whether or not the store
+has expired it yet, so two owners never pull one queue at once as long as clocks tick
+at the same rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    queue: int
+    owner: str
+    token: int
+    """Fencing token: strictly increasing per queue across grants."""
+    deadline: float
+    """Local ``time.monotonic()`` after which the holder must consider it lost."""
+
+
+class LeaseStore(ABC):
+    @abstractmethod
+    async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
+        """Grant the lease if free (or expired); None if someone else holds it."""
+
+    @abstractmethod
+    async def renew(self, lease: Lease, ttl_s: float) -> Lease | None:
+        """Extend a lease still held with the same token; None if it was lost."""
+
+    @abstractmethod
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up (only if still held with the same token)."""
+
+    @abstractmethod
+    async def owners(self) -> dict[int, str]:
+        """Current holder of every leased queue."""
+
+    async def wait_released(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for some lease to be released (stores may ignore)."""
+        await asyncio.sleep(timeout_s)
+
+
+class MemoryLeaseStore(LeaseStore):
+    """Leases for daemons inside one process."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[str, int, float]] = {}  # queue -> owner, token, expiry
+        self._tokens: dict[int, int] = {}
+        self._released = asyncio.Event()
+
+    async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
+        now = time.monotonic()
+        held = self._held.get(queue)
+        if held is not None and held[2] > now and held[0] != owner:
+            return None
+        token = self._tokens.get(queue, 0) + 1
+        self._tokens[queue] = token
+        self._held[queue] = (owner, token, now + ttl_s)
+        return Lease(queue, owner, token, now + ttl_s)
+
+    async def renew(self, lease: Lease, ttl_s: float) -> Lease | None:
+        now = time.monotonic()
+        held = self._held.get(lease.queue)
+        if held is None or held[1] != lease.token or held[2] <= now:
+            return None
+        self._held[lease.queue] = (lease.owner, lease.token, now + ttl_s)
+        return Lease(lease.queue, lease.owner, lease.token, now + ttl_s)
+
+    async def release(self, lease: Lease) -> None:
+        held = self._held.get(lease.queue)
+        if held is not None and held[1] == lease.token:
+            del self._held[lease.queue]
+            self._released.set()
+            self._released = asyncio.Event()
+
+    async def owners(self) -> dict[int, str]:
+        now = time.monotonic()
+        return {q: h[0] for q, h in sorted(self._held.items()) if h[2] > now}
+
+    async def wait_released(self, timeout_s: float) -> None:
+        event = self._released
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            pass

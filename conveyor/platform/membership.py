@@ -1,0 +1,95 @@
+"""Who is alive: the daemons of one app, as every daemon sees them.
+
+A membership store keeps one record per live daemon. Every daemon reads the same
+ordered view, which is all a deterministic balancer needs. The memory form serves
+daemons inside one process; the Redis form (heartbeats, TTLs) spans machines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from abc import ABC, abstractmethod
+
+import msgspec
+
+
+class MemberInfo(msgspec.Struct, frozen=True):
+    id: str
+    host: str
+    pid: int
+    started_at: float
+    stats: dict[str, float] = {}
+
+    @classmethod
+    def for_this_process(cls, prefix: str = "") -> MemberInfo:
+        host = socket.gethostname()
+        suffix = uuid.uuid4().hex[:8]
+        return cls(
+            id=f"{prefix}{host}-{os.getpid()}-{suffix}",
+            host=host,
+            pid=os.getpid(),
+            started_at=time.time(),
+        )
+
+
+class Membership(ABC):
+    """A view of live members, plus a way to wait for it to change."""
+
+    @abstractmethod
+    async def join(self, member: MemberInfo) -> None: ...
+
+    @abstractmethod
+    async def leave(self, member_id: str) -> None: ...
+
+    @abstractmethod
+    async def heartbeat(self, member: MemberInfo) -> None:
+        """Prove this member is still alive (and publish its latest stats)."""
+
+    @abstractmethod
+    async def members(self) -> list[MemberInfo]:
+        """Live members ordered by id: every caller sees the same order."""
+
+    @abstractmethod
+    async def wait_changed(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a join or leave; True if one happened."""
+
+
+class MemoryMembership(Membership):
+    """In-process membership: daemons in one process share one instance."""
+
+    def __init__(self) -> None:
+        self._members: dict[str, MemberInfo] = {}
+        self._changed = asyncio.Event()
+        self._version = 0
+
+    async def join(self, member: MemberInfo) -> None:
+        self._members[member.id] = member
+        self._bump()
+
+    async def leave(self, member_id: str) -> None:
+        if self._members.pop(member_id, None) is not None:
+            self._bump()
+
+    async def heartbeat(self, member: MemberInfo) -> None:
+        if member.id in self._members:
+            self._members[member.id] = member
+
+    async def members(self) -> list[MemberInfo]:
+        return [self._members[k] for k in sorted(self._members)]
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_changed(self, timeout_s: float) -> bool:
+        event = self._changed
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,100 @@
+"""The per-agent queue cache: pulled messages, per-consumer cursors, the ack watermark.
+
+Every message an agent pulls becomes an :class:`Entry`, kept in queue order until it
+is acknowledged. Each handler subscribed to the message's namespace reads it through
+its own *lane* — the cursor of one handler over one stream — so:
+
+* a stream's messages reach each handler in queue order, one at a time;
+* different streams, and different handlers of one stream, run concurrently;
+* a slow handler holds the others back only through the cache's capacity bound.
+
+An entry is *done* when every one of its handlers is done with it. Only the contiguous
+done prefix of the cache is acknowledged, so a crash can only cause redelivery of
+messages that were not (all) finished, never skip one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import Message
+from conveyor.workers.slots import SlotPermit
+
+
+class Entry:
+    __slots__ = ("done", "msg", "pending", "permit")
+
+    def __init__(self, msg: Message, permit: SlotPermit | None, pending: int) -> None:
+        self.msg = msg
+        self.permit = permit
+        self.pending = pending
+        self.done = False
+
+
+class Lane:
+    """One handler's cursor over one stream: the entries it still has to run, in order."""
+
+    __slots__ = ("entries", "key", "spec")
+
+    def __init__(self, key: tuple[int, StreamId], spec: HandlerSpec) -> None:
+        self.key = key
+        self.spec = spec
+        self.entries: deque[Entry] = deque()
+
+
+class QueueCache:
+    """Entries in queue order, lanes with work, and the lanes ready to run.
+
+    Not thread-safe; used from one event loop. A lane is in ``ready`` at most once and,
+    while a runner works on its head entry, not at all — that is what keeps one
+    stream's messages in order for one handler.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: deque[Entry] = deque()
+        self.lanes: dict[tuple[int, StreamId], Lane] = {}
+        self.ready: deque[Lane] = deque()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def room(self) -> int:
+        return self.capacity - len(self.entries)
+
+    def add(self, entry: Entry, handlers: tuple[tuple[int, HandlerSpec], ...]) -> None:
+        self.entries.append(entry)
+        stream = entry.msg.stream
+        lanes = self.lanes
+        for index, spec in handlers:
+            key = (index, stream)
+            lane = lanes.get(key)
+            if lane is None:
+                lane = lanes[key] = Lane(key, spec)
+                self.ready.append(lane)
+            lane.entries.append(entry)
+
+    def finish_head(self, lane: Lane) -> Entry:
+        """The lane's head entry is done for its handler; requeue the lane or drop it."""
+        entry = lane.entries.popleft()
+        if lane.entries:
+            self.ready.append(lane)
+        else:
+            del self.lanes[lane.key]
+        entry.pending -= 1
+        if entry.pending == 0:
+            entry.done = True
+        return entry
+
+    def pop_done_prefix(self) -> list[SequenceToken]:
+        """Remove the contiguous done entries at the front; their tokens, to acknowledge."""
+        entries = self.entries
+        tokens: list[SequenceToken] = []
+        while entries and entries[0].done:
+            token = entries.popleft().msg.token
+            if token is not None:
+                tokens.append(token)
+        return tokens

@@ -1,0 +1,1 @@
+"""What runs handlers: slot suppliers, pools, cells and the worker daemon."""
