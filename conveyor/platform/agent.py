@@ -26,8 +26,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.errors import ConveyorError
@@ -36,7 +36,7 @@ from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 from conveyor.platform.queue_cache import Entry, Lane, QueueCache
 from conveyor.platform.runtime import HandlerRuntime
-from conveyor.workers.slots import SlotInfo, SlotPermit, SlotReleaseReason, SlotSupplier
+from conveyor.workers.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 
 log = logging.getLogger("conveyor.agent")
 
@@ -282,10 +282,9 @@ class PullingAgent:
                     self._wake()  # others can start on the next lane while this one runs
                 entry = lane.entries[0]
                 permit = entry.permit
-                if permit is not None and not permit.used:
-                    permit.mark_used(
-                        SlotInfo(self.queue, (lane.spec.name,), entry.msg.id, entry.msg.stream.key)
-                    )
+                if permit is not None:
+                    msg = entry.msg
+                    permit.mark_used(self.queue, lane.spec.name, msg.id, msg.stream.key)
                 await deliver(lane.spec, entry.msg)
                 entry = cache.finish_head(lane)
                 if entry.done:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.platform.errors import HandlerDeclarationError
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from conveyor.platform.client import Client
 
 F = TypeVar("F", bound=HandlerFn)
-Hook = Callable[["Client"], Awaitable[None]]
+Hook = Callable[["Client"], Coroutine[Any, Any, None]]
 
 
 class App:
@@ -72,7 +72,8 @@ class App:
             spec = build_spec(fn, namespace, name=name, retry=retry, options=dict(options))
             if any(h.name == spec.name for h in self.handlers):
                 raise HandlerDeclarationError(
-                    f"handler name {spec.name!r} is declared twice; pass name=... to tell them apart"
+                    f"handler name {spec.name!r} is declared twice; "
+                    "pass name=... to tell them apart"
                 )
             self.handlers.append(spec)
             return fn

@@ -75,6 +75,7 @@ def _body_decoder(tp: Any, where: str) -> Decode:
             f"{where}: cannot decode message bodies into {tp!r} ({exc}); "
             "use a msgspec Struct, dict, list, bytes or str"
         ) from None
+    type_name = getattr(tp, "__name__", str(tp))
     json_decode = json_dec.decode
     pack_decode = pack_dec.decode
 
@@ -84,7 +85,7 @@ def _body_decoder(tp: Any, where: str) -> Decode:
                 return pack_decode(m.body)
             return json_decode(m.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise DecodeError(f"cannot decode body as {getattr(tp, '__name__', tp)}: {exc}") from None
+            raise DecodeError(f"cannot decode body as {type_name}: {exc}") from None
 
     return decode
 

@@ -14,6 +14,7 @@ at the same rate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -90,7 +91,5 @@ class MemoryLeaseStore(LeaseStore):
 
     async def wait_released(self, timeout_s: float) -> None:
         event = self._released
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout_s)
-        except TimeoutError:
-            pass

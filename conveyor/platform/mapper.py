@@ -1,9 +1,9 @@
 """Consistent-hash mapping of streams onto queues.
 
 Queues sit evenly spaced on a 32-bit ring: queue ``i`` sits at ``i * 2**32 // n`` and
-owns the arc from there up to the next queue. A stream is placed by a stable hash of its namespace and key
-(BLAKE2b, never Python's per-process salted ``hash()``), so every producer in every
-process and every run puts the same stream on the same queue.
+owns the arc from there up to the next queue. A stream is placed by a stable hash of
+its namespace and key (BLAKE2b, never Python's per-process salted ``hash()``), so
+every producer in every process and every run puts the same stream on the same queue.
 """
 
 from __future__ import annotations

@@ -96,10 +96,15 @@ class SlotPermit:
     def used(self) -> bool:
         return self._used
 
-    def mark_used(self, info: SlotInfo) -> None:
-        if not self._used:
-            self._used = True
-            self._supplier._mark_used(info, self)
+    def mark_used(self, queue: int, handler: str, message_id: str, stream_key: str) -> None:
+        """The permit now carries a message; builds the SlotInfo only if someone reads it."""
+        if self._used:
+            return
+        self._used = True
+        supplier = self._supplier
+        supplier.in_use += 1
+        if supplier._wants_info:
+            supplier._mark_used(SlotInfo(queue, (handler,), message_id, stream_key), self)
 
     def release(self, reason: SlotReleaseReason | None = None) -> None:
         if self._released:
@@ -135,6 +140,8 @@ class SlotSupplier(ABC):
     def __init__(self) -> None:
         self.issued = 0
         self.in_use = 0
+        # Skip building a SlotInfo per message for suppliers that do not look at it.
+        self._wants_info = type(self).mark_slot_used is not SlotSupplier.mark_slot_used
 
     # -- the hooks a supplier implements ----------------------------------------
     @abstractmethod
@@ -161,7 +168,6 @@ class SlotSupplier(ABC):
         return SlotPermit(self, user_data)
 
     def _mark_used(self, info: SlotInfo, permit: SlotPermit) -> None:
-        self.in_use += 1
         try:
             self.mark_slot_used(info, permit)
         except Exception:

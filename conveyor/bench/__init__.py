@@ -1,0 +1,1 @@
+"""Reproducible benchmarks behind ``conveyor bench``; each prints its baseline too."""

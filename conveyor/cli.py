@@ -1,0 +1,211 @@
+"""The ``conveyor`` command: thin — parse, load config, call the library."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from conveyor.platform.config import Config, load_config
+from conveyor.platform.errors import ConfigError, ConveyorError
+
+log = logging.getLogger("conveyor.cli")
+
+
+def _config(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+    """Load config or exit 2 with the field named (a bad config is a usage error)."""
+    try:
+        return load_config(path, overrides=overrides)
+    except ConfigError as exc:
+        click.echo(f"conveyor: config error: {exc}", err=True)
+        sys.exit(2)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config file (see configs/). Defaults: the embedded memory adapter.",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default=None,
+    help="Default: info for `worker`, warning for everything else.",
+)
+@click.pass_context
+def main(ctx: click.Context, log_level: str | None) -> None:
+    """Conveyor: a worker platform for messages in Kafka, Redis, or in-process."""
+    _setup_logging(log_level or ("info" if ctx.invoked_subcommand == "worker" else "warning"))
+
+
+@main.command()
+@click.argument("app_path")
+@config_option
+@click.option("--slots", type=click.IntRange(min=1), help="Override [slots] count.")
+@click.option(
+    "--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0),
+    help="Override [worker] drain_timeout_s.",
+)
+def worker(
+    app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None
+) -> None:
+    """Run a worker daemon for APP_PATH (MODULE:ATTR or FILE.py:ATTR) until SIGINT/SIGTERM.
+
+    On a signal it drains: stops pulling, finishes in-flight messages within the drain
+    timeout, acknowledges them, releases its queues and exits 0.
+    """
+    from conveyor.loader import load_app
+    from conveyor.workers.daemon import WorkerDaemon
+
+    overrides: dict[str, dict[str, Any]] = {}
+    if slots is not None:
+        overrides["slots"] = {"count": slots}
+    if drain_timeout_s is not None:
+        overrides["worker"] = {"drain_timeout_s": drain_timeout_s}
+    config = _config(config_path, overrides)
+    try:
+        app = load_app(app_path)
+    except ConveyorError as exc:
+        raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
+
+    async def run() -> str:
+        daemon = WorkerDaemon(app, config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await daemon.start()
+        click.echo(f"conveyor: worker {daemon.member.id} ready", err=True)
+        await stop.wait()
+        log.info("signal received: draining")
+        return str(await daemon.stop())
+
+    try:
+        report = asyncio.run(run())
+    except ConveyorError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"conveyor: drained {report}", err=True)
+
+
+@main.command()
+@click.argument("namespace")
+@click.argument("key")
+@click.argument("body")
+@config_option
+@click.option("--header", "-H", multiple=True, help="NAME=VALUE, repeatable.")
+@click.option("--content-type", default=None, help="Defaults to application/json.")
+def publish(
+    namespace: str,
+    key: str,
+    body: str,
+    config_path: Path | None,
+    header: tuple[str, ...],
+    content_type: str | None,
+) -> None:
+    """Publish BODY to the stream NAMESPACE/KEY and print its sequence token."""
+    from conveyor.platform.client import SyncClient
+
+    headers: dict[str, str] = {}
+    for item in header:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
+        headers[name] = value
+    config = _config(config_path)
+    if config.queues.adapter == "memory":
+        raise click.UsageError(
+            "the memory adapter lives inside one process, so a message published from "
+            "here would vanish when this command exits; use --config with a redis or "
+            "kafka config (e.g. configs/redis.toml)"
+        )
+    try:
+        with SyncClient.from_config(config) as client:
+            token = client.publish(namespace, key, body, headers, content_type)
+    except ConveyorError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(str(token))
+
+
+@main.command()
+@click.option("--messages", "-n", type=click.IntRange(min=1), default=20_000, show_default=True)
+@click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option(
+    "--poison", type=click.IntRange(min=0), default=0, show_default=True,
+    help="Messages whose handler always fails (they are retried, then dead-lettered).",
+)
+@click.option(
+    "--work-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+    help="Simulated I/O time per message in the handler.",
+)
+@config_option
+def demo(
+    messages: int, streams: int, poison: int, work_ms: float, config_path: Path | None
+) -> None:
+    """The main job on the embedded adapter: publish, handle, count, summarise."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from conveyor.examples.demo import run_demo
+
+    if poison > messages:
+        raise click.BadParameter("cannot exceed --messages", param_hint="--poison")
+    config = _config(config_path, {"queues": {"adapter": "memory"}})
+    logging.getLogger("conveyor.runtime").setLevel(logging.ERROR)  # poison is expected here
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), transient=True,
+    ) as progress:
+        task = progress.add_task("handling", total=messages)
+        result = asyncio.run(
+            run_demo(
+                messages, streams, poison=poison, work_s=work_ms / 1000, config=config,
+                on_progress=lambda done: progress.update(task, completed=done),
+            )
+        )
+    if result.out_of_order:
+        click.echo(f"per-stream order violated {result.out_of_order} times", err=True)
+    click.echo(result.summary())
+    if result.lost or result.duplicates or result.out_of_order:
+        sys.exit(1)
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks that print their figure next to a baseline measured in the same run."""
+
+
+@bench.command("throughput")
+@click.option("--adapter", type=click.Choice(["memory"]), default="memory", show_default=True)
+@click.option("--messages", "-n", type=click.IntRange(min=1), default=100_000, show_default=True)
+@click.option("--streams", "-s", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_throughput(
+    adapter: str, messages: int, streams: int, repeats: int, as_json: bool
+) -> None:
+    """End-to-end no-op msgs/s and CPU us/msg, next to a bare decode+await floor."""
+    from conveyor.bench.throughput import memory_throughput
+
+    result = memory_throughput(messages, streams, repeats)
+    click.echo(json.dumps(result.as_dict()) if as_json else result.table())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""Example apps shipped with Conveyor (used by ``conveyor demo`` and the tests)."""

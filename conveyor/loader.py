@@ -1,0 +1,43 @@
+"""Load an :class:`App` from ``module:attr`` or ``path/to/file.py:attr``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from conveyor.platform.app import App
+from conveyor.platform.errors import ConveyorError
+
+
+def load_app(target: str) -> App:
+    """Import ``target`` and return the App it names (``attr`` defaults to ``app``)."""
+    module_part, _, attr = target.partition(":")
+    attr = attr or "app"
+    if not module_part:
+        raise ConveyorError(f"app path {target!r}: expected MODULE:ATTR or FILE.py:ATTR")
+    try:
+        if module_part.endswith(".py"):
+            path = Path(module_part).resolve()
+            if not path.is_file():
+                raise ConveyorError(f"app path {target!r}: no such file {path}")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path:
+                sys.path.insert(0, "")
+            module = importlib.import_module(module_part)
+    except ConveyorError:
+        raise
+    except ImportError as exc:
+        raise ConveyorError(f"app path {target!r}: cannot import: {exc}") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise ConveyorError(
+            f"app path {target!r}: {attr!r} is {type(app).__name__}, not a conveyor.App"
+        )
+    return app
