@@ -144,6 +144,105 @@ def publish(
     click.echo(str(token))
 
 
+app_option = click.option(
+    "--app", "group", required=True, help="The app's name (its consumer group)."
+)
+
+
+@main.command()
+@config_option
+@app_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(config_path: Path | None, group: str, as_json: bool) -> None:
+    """Members, queue owners and lag per queue of an app."""
+    from dataclasses import asdict
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from conveyor.platform.status import collect_status
+
+    config = _config(config_path)
+    try:
+        report = asyncio.run(collect_status(config, group))
+    except ConveyorError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(asdict(report)))
+        return
+    console = Console()
+    console.print(f"app [bold]{group}[/]: {len(report.members)} member(s)")
+    for member in report.members:
+        console.print(f"  {member}")
+    table = Table("queue", "owner", "lag")
+    for q in report.queues:
+        table.add_row(str(q.queue), q.owner or "-", str(q.lag))
+    table.add_row("total", "", str(report.total_lag))
+    console.print(table)
+
+
+def _parse_rewind_target(text: str) -> Any:
+    from datetime import UTC, datetime
+
+    from conveyor.platform.ids import SequenceToken
+
+    if ":" in text and "T" not in text and "-" not in text.split(":", 1)[0]:
+        try:
+            return SequenceToken.parse(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--to") from None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a token (QUEUE:MAJOR[-MINOR]) nor an ISO time "
+            "(2026-11-22T10:00:00Z)", param_hint="--to",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+@main.command()
+@config_option
+@app_option
+@click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
+@click.option("--queue", "queues", type=int, multiple=True,
+              help="Queues to rewind to a time (default: all). A token names its own queue.")
+def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int, ...]) -> None:
+    """Move an app's position back to a token or a point in time; run with workers stopped.
+
+    Messages from that point on are delivered again (at least once: handlers must
+    tolerate seeing them twice).
+    """
+    from conveyor.platform.adapter import create_adapter
+    from conveyor.platform.ids import SequenceToken
+
+    config = _config(config_path)
+    to = _parse_rewind_target(target)
+    if isinstance(to, SequenceToken):
+        chosen = [to.queue]
+    else:
+        chosen = list(queues) or list(range(config.queues.total))
+    bad = [q for q in chosen if not 0 <= q < config.queues.total]
+    if bad:
+        raise click.BadParameter(f"no such queue(s) {bad}", param_hint="--queue/--to")
+
+    async def run() -> None:
+        adapter = create_adapter(config.queues.adapter, config)
+        try:
+            for q in chosen:
+                await adapter.rewind(q, group, to)
+        finally:
+            await adapter.close()
+
+    try:
+        asyncio.run(run())
+    except ConveyorError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"rewound {group} on queue(s) {chosen} to {target}")
+
+
 @main.command()
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=20_000, show_default=True)
 @click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True)

@@ -24,11 +24,19 @@ from typing import Any
 
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.ids import SequenceToken
+from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
 
 
 class QueueReceiver(ABC):
     """The consumer side of one queue, for one consumer group."""
+
+    def set_lease(self, lease: Lease | None) -> None:  # noqa: B027 - optional hook
+        """The lease under which this receiver runs (called before ``initialize``).
+
+        Backends that can fence (refuse acks from a stale owner) check its token on
+        every acknowledgement; the others ignore it.
+        """
 
     @abstractmethod
     async def initialize(self) -> None:

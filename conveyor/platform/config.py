@@ -75,6 +75,11 @@ class BalancerConfig(_Section):
     queues: list[int] = []
     rebalance_interval_s: PositiveFloat = 1.0
     """How often a daemon re-checks its share even without a membership event."""
+    membership: str = "memory"
+    """Where daemons register and leases live: ``memory`` (daemons of one process)."""
+    lease_ttl_s: PositiveFloat = 5.0
+    """A queue's lease lapses this long after its owner's last renewal; a dead daemon's
+    queues are taken over after at most this long."""
 
 
 class Config(_Section):

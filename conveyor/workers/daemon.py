@@ -17,14 +17,10 @@ from dataclasses import dataclass
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.agent import AgentSettings, PullingAgent, Subscriptions
 from conveyor.platform.app import App
-from conveyor.platform.balancer import (
-    DynamicBalancer,
-    QueueBalancer,
-    StaticBalancer,
-    local_coordination,
-)
+from conveyor.platform.balancer import DynamicBalancer, QueueBalancer, StaticBalancer
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config
+from conveyor.platform.coordination import coordination_from_config
 from conveyor.platform.leases import Lease
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
@@ -38,11 +34,12 @@ log = logging.getLogger("conveyor.daemon")
 def build_balancer(config: Config, app_name: str) -> QueueBalancer:
     if config.balancer.kind == "static":
         return StaticBalancer(config.balancer.queues or range(config.queues.total))
-    membership, leases = local_coordination(f"{config.memory.broker}/{app_name}")
+    membership, leases = coordination_from_config(config, app_name)
     return DynamicBalancer(
         membership,
         leases,
         config.queues.total,
+        lease_ttl_s=config.balancer.lease_ttl_s,
         rebalance_interval_s=config.balancer.rebalance_interval_s,
     )
 
@@ -150,6 +147,7 @@ class WorkerDaemon:
     # -- the balancer's listener -------------------------------------------------------
     async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
         receiver = self.adapter.create_receiver(queue, self.app.name)
+        receiver.set_lease(lease)
         await receiver.initialize()
         balancer = self.balancer
         agent = PullingAgent(

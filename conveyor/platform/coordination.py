@@ -1,0 +1,36 @@
+"""Where daemons meet: the membership and lease stores a config names.
+
+Built lazily by name, like adapters, so ``platform`` imports no driver.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from conveyor.platform.balancer import local_coordination
+from conveyor.platform.errors import ConfigError
+from conveyor.platform.leases import LeaseStore
+from conveyor.platform.membership import Membership
+
+_BUILTIN = {
+    "memory": "conveyor.platform.coordination:memory_coordination",
+}
+
+
+def memory_coordination(config: Any, group: str) -> tuple[Membership, LeaseStore]:
+    return local_coordination(f"{config.memory.broker}/{group}")
+
+
+def coordination_from_config(config: Any, group: str) -> tuple[Membership, LeaseStore]:
+    name = config.balancer.membership
+    target = _BUILTIN.get(name)
+    if target is None:
+        raise ConfigError(
+            f"unknown membership store {name!r} at $.balancer.membership "
+            f"(choose one of {sorted(_BUILTIN)})"
+        )
+    module_name, _, attr = target.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr)
+    result: tuple[Membership, LeaseStore] = factory(config, group)
+    return result
