@@ -126,9 +126,11 @@ class PullingAgent:
             await asyncio.wait_for(self._drained.wait(), timeout_s)
         except TimeoutError:
             finished = False
+            unfinished = sum(1 for e in self.cache.entries if not e.done)
             log.warning(
-                "queue %d: drain timed out with %d message(s) unfinished; they will be "
-                "redelivered to the next owner", self.queue, len(self.cache),
+                "queue %d: drain timed out with %d message(s) unfinished; %d unacknowledged "
+                "message(s) will be redelivered to the next owner",
+                self.queue, unfinished, len(self.cache),
             )
         await self._stop_runners()
         if self._ack_task is not None:  # one flusher at a time keeps acks in order

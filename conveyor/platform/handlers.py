@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 
 from conveyor.platform.errors import DecodeError, HandlerDeclarationError
 from conveyor.platform.message import CONTENT_MSGPACK, Message
@@ -68,6 +69,8 @@ def _body_decoder(tp: Any, where: str) -> Decode:
                 raise DecodeError(f"body is not UTF-8: {exc}") from None
         return decode_text
     try:
+        if isinstance(msgspec.inspect.type_info(tp), msgspec.inspect.CustomType):
+            raise TypeError(f"msgspec has no built-in decoding for {tp!r}")
         json_dec: msgspec.json.Decoder[Any] = msgspec.json.Decoder(tp)
         pack_dec: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(tp)
     except TypeError as exc:

@@ -95,6 +95,7 @@ class WorkerDaemon:
         self._pulled_gone = 0
         self._acked_gone = 0
         self._abandoned = 0
+        self._max_cache_fill_gone = 0
         self.started = False
 
     @staticmethod
@@ -192,3 +193,10 @@ class WorkerDaemon:
     def _forget(self, agent: PullingAgent) -> None:
         self._pulled_gone += agent.pulled
         self._acked_gone += agent.acked
+        self._max_cache_fill_gone = max(self._max_cache_fill_gone, agent.max_cache_fill)
+
+    @property
+    def max_cache_fill(self) -> int:
+        """The most messages any of this daemon's agents held at once, ever."""
+        live = [a.max_cache_fill for a in self.agents.values()]
+        return max([self._max_cache_fill_gone, *live])

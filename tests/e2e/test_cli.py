@@ -1,0 +1,122 @@
+"""The CLI as a user runs it: subprocesses, signals, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def conveyor(*args: str, env: dict[str, str] | None = None,
+             timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", *args], capture_output=True, text=True,
+        cwd=ROOT, env={**os.environ, **(env or {})}, timeout=timeout,
+    )
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_sigterm_drains_a_real_worker_losing_and_leaving_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "handled.txt"
+    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_MESSAGES": "3000",
+           "CONVEYOR_TEST_WORK_MS": "5"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.drain_app:app",
+         "--config", "configs/local.toml", "--slots", "16"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_until_sync(lambda: len(lines(out)) >= 200, 30, what="the worker to handle 200")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    handled = [line.split()[0] for line in lines(out)]
+    published = set(lines(Path(str(out) + ".published")))
+    assert len(published) == 3000
+    match = re.search(r"drained pulled=(\d+) acked=(\d+) handled=(\d+) "
+                      r"dead_lettered=(\d+) abandoned=(\d+)", stderr)
+    assert match, stderr
+    pulled, acked, n_handled, dead, abandoned = map(int, match.groups())
+    # Everything it pulled was finished and acknowledged; nothing was in flight at exit.
+    assert pulled == acked == n_handled == len(handled) and dead == abandoned == 0
+    assert len(set(handled)) == len(handled), "duplicates"
+    assert set(handled) <= published
+    assert 200 <= len(handled) < 3000, "the signal should have arrived mid-run"
+    # Per-stream order in what was handled.
+    seqs: dict[str, list[int]] = {}
+    for line in lines(out):
+        _, key, seq = line.split()
+        seqs.setdefault(key, []).append(int(seq))
+    assert all(s == sorted(s) for s in seqs.values())
+
+
+def test_bad_config_exits_2_and_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[worker]\ncache_capacity = -1\n")
+    result = conveyor("worker", "tests.apps.drain_app:app", "--config", str(bad))
+    assert result.returncode == 2
+    assert "$.worker.cache_capacity" in result.stderr and "Traceback" not in result.stderr
+    result = conveyor("worker", "tests.apps.drain_app:app",
+                      env={"CONVEYOR_SLOTS__COUNT": "zero"})
+    assert result.returncode == 2 and "$.slots.count" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["worker"], "Missing argument 'APP_PATH'"),
+        (["worker", "no_such_module:app"], "cannot import"),
+        (["worker", "tests.apps.drain_app:nope"], "not a conveyor.App"),
+        (["worker", "x:app", "--config", "/no/such.toml"], "does not exist"),
+        (["worker", "x:app", "--slots", "0"], "--slots"),
+        (["demo", "--messages", "0"], "--messages"),
+        (["demo", "--poison", "9", "-n", "5"], "--poison"),
+        (["publish", "orders", "k1", "{}"], "memory adapter lives inside one process"),
+        (["publish", "orders", "k1", "{}", "-H", "novalue"], "NAME=VALUE"),
+        (["rewind", "--app", "a", "--to", "yesterday"], "neither a token"),
+        (["bench", "throughput", "--adapter", "nope"], "--adapter"),
+        (["frobnicate"], "No such command"),
+    ],
+)
+def test_wrong_arguments_get_a_usage_error_not_a_traceback(args: list[str], message: str) -> None:
+    result = conveyor(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_demo_prints_a_computed_summary() -> None:
+    result = conveyor("demo", "--messages", "3000", "--streams", "30", "--poison", "3")
+    assert result.returncode == 0, result.stderr
+    summary = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"published=3000 handled=2997 dead_lettered=3 duplicates=0 lost=0 elapsed_s=[\d.]+",
+        summary,
+    ), summary
+
+
+def test_bench_throughput_prints_comparable_json() -> None:
+    result = conveyor("bench", "throughput", "--json", "--messages", "3000", "--repeats", "1")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("msgs_per_s", "cpu_us_per_msg", "floor_msgs_per_s", "ratio"):
+        assert data[key] > 0
+    assert data["ratio"] == pytest.approx(data["msgs_per_s"] / data["floor_msgs_per_s"])

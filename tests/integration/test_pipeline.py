@@ -1,0 +1,247 @@
+"""The path of a message on the embedded adapter: order, back-pressure, failures, drain."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from conveyor import App, Client, MessageContext
+from conveyor.adapters.memory import MemoryAdapter, MemoryReceiver
+from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.message import Message
+from conveyor.workers.slots import FixedSlotSupplier
+from tests.conftest import wait_until
+from tests.integration.memory_harness import (
+    Item,
+    Record,
+    config,
+    daemon,
+    fresh_adapter,
+    publish_items,
+    recording_app,
+)
+
+
+async def total_lag(adapter: MemoryAdapter, group: str = "test") -> int:
+    return sum([await adapter.lag(q, group) for q in range(8)])
+
+
+async def test_per_stream_order_holds_while_streams_run_concurrently() -> None:
+    adapter = fresh_adapter()
+    record = Record()
+    d = daemon(recording_app(record, delay_s=(0.0, 0.004)), adapter,
+               config(slots={"count": 32}))
+    ids = await publish_items(Client(adapter, d.mapper), 2000, streams=50)
+    await d.start()
+    await wait_until(lambda: record.handled == 2000, 30, what="all handled")
+    report = await d.stop()
+    assert set(record.calls) == set(ids) and record.duplicates == 0
+    for key, seqs in record.order.items():
+        assert seqs == sorted(seqs), f"stream {key} out of order"
+    assert record.max_active > 4, "streams should have run concurrently"
+    assert report.acked == 2000 and await total_lag(adapter) == 0
+
+
+async def test_a_slow_handler_keeps_the_cache_within_its_bound_and_drops_nothing() -> None:
+    adapter = fresh_adapter()
+    record = Record()
+    cfg = config(worker={"cache_capacity": 16, "max_batch": 8}, slots={"count": 64},
+                 queues={"total": 1})
+    d = daemon(recording_app(record, delay_s=0.002), adapter, cfg)
+    ids = await publish_items(Client(adapter, d.mapper), 400, streams=4)
+    await d.start()
+    await wait_until(lambda: record.handled == 400, 30, what="all handled")
+    await d.stop()
+    assert set(record.calls) == set(ids) and record.duplicates == 0
+    assert 0 < d.max_cache_fill <= 16
+
+
+class CountingReceiver(QueueReceiver):
+    """Wraps a memory receiver and checks every pull against the slots held."""
+
+    def __init__(self, inner: MemoryReceiver, check: Any) -> None:
+        self.inner, self.check = inner, check
+
+    async def initialize(self) -> None:
+        await self.inner.initialize()
+
+    async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        self.check(max_count)
+        return await self.inner.get_messages(max_count, timeout_s)
+
+    async def messages_delivered(self, tokens: Any) -> None:
+        await self.inner.messages_delivered(tokens)
+
+    async def lag(self) -> int:
+        return await self.inner.lag()
+
+    async def shutdown(self) -> None:
+        await self.inner.shutdown()
+
+
+async def test_an_agent_never_asks_for_more_messages_than_it_holds_free_slots_for() -> None:
+    adapter = fresh_adapter()
+    record = Record()
+    slots = FixedSlotSupplier(5)
+    d = daemon(recording_app(record, delay_s=0.003), adapter, config(queues={"total": 2}),
+               slots=slots)
+    asks: list[tuple[int, int]] = []
+
+    def check(max_count: int) -> None:
+        # Entries not yet done hold a slot each; a pull may only ask for the rest.
+        held = sum(1 for a in d.agents.values() for e in a.cache.entries if not e.done)
+        asks.append((max_count, held))
+
+    make = adapter.create_receiver
+    adapter.create_receiver = lambda q, g: CountingReceiver(make(q, g), check)  # type: ignore[method-assign,assignment,arg-type]
+    await publish_items(Client(adapter, d.mapper), 300, streams=30)
+    await d.start()
+    await wait_until(lambda: record.handled == 300, 30, what="all handled")
+    await d.stop()
+    assert asks and all(n + held <= 5 for n, held in asks), asks
+    assert max(n for n, _ in asks) > 1, "batches should be sized by free slots"
+    assert record.max_active <= 5
+
+
+async def test_failing_handler_is_retried_then_dead_lettered_with_reason_and_acked() -> None:
+    adapter = fresh_adapter()
+    record = Record()
+    d = daemon(recording_app(record), adapter)
+    client = Client(adapter, d.mapper)
+    ids = await publish_items(client, 30, streams=3, fail={4: -1, 7: 2})
+    await d.start()
+    await wait_until(lambda: record.handled == 29 and d.stats.dead_lettered == 1, 10,
+                     what="29 handled and 1 dead-lettered")
+    await d.stop()
+    letters = await adapter.read_dead_letters("test")
+    assert len(letters) == 1
+    letter = letters[0]
+    assert letter.message.id == ids[4]
+    assert (letter.error_type, letter.error, letter.attempts) == (
+        "ValueError", "item 4 failed on purpose", 3
+    )
+    assert letter.handler.endswith("handle")
+    assert ids[7] in record.calls  # failed twice, then succeeded on the third attempt
+    assert d.stats.retried == 2 + 2 and d.stats.failed_attempts == 3 + 2
+    # Stream s1 holds items 1, 4, 7, ...: 4 was dead-lettered, the rest kept their order.
+    assert record.order["s1"] == [i for i in range(1, 30, 3) if i != 4]
+    assert await total_lag(adapter) == 0
+
+
+async def test_undecodable_body_goes_to_dead_letter_at_once() -> None:
+    adapter = fresh_adapter()
+    record = Record()
+    d = daemon(recording_app(record), adapter)
+    client = Client(adapter, d.mapper)
+    bad = client.build("items", "k", b'{"seq": "not a number"}')
+    good = client.build("items", "k", Item(1))
+    await adapter.enqueue(d.mapper.queue_for(bad.stream), [bad, good])
+    await d.start()
+    await wait_until(lambda: record.handled == 1 and d.stats.dead_lettered == 1, 10,
+                     what="good handled, bad dead-lettered")
+    await d.stop()
+    [letter] = await adapter.read_dead_letters("test")
+    assert letter.message.id == bad.id and letter.attempts == 0
+    assert letter.error_type == "DecodeError" and "Item" in letter.error
+    assert await total_lag(adapter) == 0
+
+
+async def test_message_for_a_namespace_nobody_handles_is_dead_lettered_not_dropped() -> None:
+    adapter = fresh_adapter()
+    d = daemon(recording_app(Record()), adapter)
+    msg = Client(adapter, d.mapper).build("nobody", "k", {"x": 1})
+    await adapter.enqueue(d.mapper.queue_for(msg.stream), [msg])
+    await d.start()
+    await wait_until(lambda: d.stats.dead_lettered == 1, 10, what="dead letter")
+    await d.stop()
+    [letter] = await adapter.read_dead_letters("test")
+    assert "no handler" in letter.error and letter.message.id == msg.id
+    assert await total_lag(adapter) == 0
+
+
+class Tick(msgspec.Struct):
+    seq: int
+
+
+async def test_each_handler_of_a_namespace_gets_every_message_at_its_own_pace() -> None:
+    adapter = fresh_adapter()
+    app = App("test")
+    fast: list[int] = []
+    slow: list[int] = []
+    gate = asyncio.Event()
+
+    @app.handler("ticks", name="fast")
+    async def on_fast(t: Tick) -> None:
+        fast.append(t.seq)
+
+    @app.handler("ticks", name="slow")
+    async def on_slow(t: Tick, ctx: MessageContext) -> None:
+        await gate.wait()
+        slow.append(t.seq)
+
+    cfg = config(worker={"cache_capacity": 50}, queues={"total": 1}, slots={"count": 200})
+    d = daemon(app, adapter, cfg)
+    client = Client(adapter, d.mapper)
+    for i in range(120):
+        await client.publish("ticks", f"k{i % 5}", Tick(i))
+    await d.start()
+    # The fast handler runs ahead until the cache bound (50) stops the pulling ...
+    await wait_until(lambda: len(fast) == 50, 10, what="fast handler reaches the cache bound")
+    assert slow == [] and await adapter.lag(0, "test") == 120  # ... and nothing is acked
+    gate.set()
+    await wait_until(lambda: len(slow) == 120 and len(fast) == 120, 10, what="both done")
+    await d.stop()
+    assert sorted(fast) == sorted(slow) == list(range(120))
+    assert await adapter.lag(0, "test") == 0
+
+
+async def test_stop_drains_in_flight_messages_and_leaves_the_rest_queued() -> None:
+    adapter = fresh_adapter()
+    record = Record()
+    d = daemon(recording_app(record, delay_s=0.05), adapter, config(slots={"count": 8}))
+    ids = await publish_items(Client(adapter, d.mapper), 200, streams=20)
+    await d.start()
+    await wait_until(lambda: record.handled >= 8, 10, what="some handled")
+    report = await d.stop()
+    assert report.abandoned == 0 and report.pulled == report.acked == record.handled
+    assert record.duplicates == 0
+    assert await total_lag(adapter) == 200 - record.handled
+    # A second daemon finishes the rest: together, exactly what was published.
+    d2 = daemon(recording_app(record), adapter)
+    await d2.start()
+    await wait_until(lambda: record.handled == 200, 10, what="rest handled")
+    await d2.stop()
+    assert set(record.calls) == set(ids) and record.duplicates == 0
+
+
+async def test_drain_timeout_abandons_stuck_messages_unacked_for_redelivery() -> None:
+    adapter = fresh_adapter()
+    stuck = asyncio.Event()
+    app = App("test")
+    seen: list[int] = []
+
+    @app.handler("items")
+    async def handle(item: Item) -> None:
+        if item.seq == 0 and not stuck.is_set():
+            stuck.set()
+            await asyncio.Event().wait()  # never finishes
+        seen.append(item.seq)
+
+    d = daemon(app, adapter, config(worker={"drain_timeout_s": 0.2}, queues={"total": 1}))
+    await publish_items(Client(adapter, d.mapper), 10, streams=10)
+    await d.start()
+    await wait_until(lambda: len(seen) == 9, 10, what="the other nine")
+    report = await d.stop()
+    # Only the contiguous done prefix is acked, so the nine finished behind the stuck
+    # head stay unacknowledged too: all ten go back (duplicates <= the cache contents).
+    assert report.abandoned == 10 and report.acked == 0
+    assert await adapter.lag(0, "test") == 10
+    d2 = daemon(app, adapter)
+    await d2.start()
+    await wait_until(lambda: len(seen) == 19, 10, what="redelivery of all ten")
+    await d2.stop()
+    assert sorted(set(seen)) == list(range(10))  # nothing lost
+    assert len(seen) - 10 == 9  # the nine finished-but-unacked ones ran twice
+    assert await adapter.lag(0, "test") == 0

@@ -1,0 +1,135 @@
+"""Several daemons in one process share queues through the dynamic balancer."""
+
+from __future__ import annotations
+
+from conveyor import Client
+from conveyor.platform.balancer import DynamicBalancer, best_fit
+from conveyor.platform.leases import Lease, MemoryLeaseStore
+from conveyor.platform.membership import MemberInfo, MemoryMembership
+from tests.conftest import wait_until
+from tests.integration.memory_harness import (
+    Record,
+    config,
+    daemon,
+    fresh_adapter,
+    publish_items,
+    recording_app,
+)
+
+
+def test_best_fit_is_even_and_deterministic() -> None:
+    split = best_fit(["c", "a", "b"], 8)
+    assert split == {"a": [0, 3, 6], "b": [1, 4, 7], "c": [2, 5]}
+    assert best_fit(["b", "c", "a"], 8) == split
+    assert best_fit([], 8) == {}
+
+
+def balancer(membership: MemoryMembership, leases: MemoryLeaseStore,
+             ttl_s: float = 5.0) -> DynamicBalancer:
+    return DynamicBalancer(membership, leases, 8, lease_ttl_s=ttl_s, rebalance_interval_s=0.05)
+
+
+async def test_daemons_joining_and_leaving_mid_run_lose_and_double_nothing() -> None:
+    adapter = fresh_adapter()
+    membership, leases = MemoryMembership(), MemoryLeaseStore()
+    record = Record()
+    app = recording_app(record, delay_s=0.001)
+    cfg = config(slots={"count": 16})
+    a = daemon(app, adapter, cfg, balancer=balancer(membership, leases),
+               member=MemberInfo("a", "h", 1, 0.0))
+    b = daemon(app, adapter, cfg, balancer=balancer(membership, leases),
+               member=MemberInfo("b", "h", 2, 0.0))
+    ids = await publish_items(Client(adapter, a.mapper), 3000, streams=100)
+    await a.start()
+    assert a.balancer.owned() == list(range(8))
+    await wait_until(lambda: record.handled > 300, 10, what="a makes progress")
+    await b.start()  # joins: a hands over half its queues, drained first
+    await wait_until(lambda: len(a.balancer.owned()) == 4 and len(b.balancer.owned()) == 4,
+                     10, what="even split")
+    assert sorted(a.balancer.owned() + b.balancer.owned()) == list(range(8))
+    await wait_until(lambda: record.handled > 1500, 20, what="both make progress")
+    await a.stop()  # leaves gracefully: b takes everything
+    await wait_until(lambda: b.balancer.owned() == list(range(8)), 10, what="b owns all")
+    await wait_until(lambda: record.handled == 3000, 30, what="all handled")
+    await b.stop()
+    assert set(record.calls) == set(ids)
+    assert record.duplicates == 0  # graceful hand-offs replay nothing
+    for seqs in record.order.values():
+        assert seqs == sorted(seqs)
+
+
+class Partitioned(MemoryLeaseStore, MemoryMembership):
+    """One daemon's view of the shared stores, which can be cut off like a partition."""
+
+    def __init__(self, leases: MemoryLeaseStore, membership: MemoryMembership) -> None:
+        self.leases, self.membership, self.cut = leases, membership, False
+
+    def _check(self) -> None:
+        if self.cut:
+            raise ConnectionError("store unreachable from this daemon")
+
+    async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
+        self._check()
+        return await self.leases.acquire(queue, owner, ttl_s)
+
+    async def renew(self, lease: Lease, ttl_s: float) -> Lease | None:
+        self._check()
+        return await self.leases.renew(lease, ttl_s)
+
+    async def release(self, lease: Lease) -> None:
+        self._check()
+        await self.leases.release(lease)
+
+    async def owners(self) -> dict[int, str]:
+        return await self.leases.owners()
+
+    async def wait_released(self, timeout_s: float) -> None:
+        await self.leases.wait_released(timeout_s)
+
+    async def join(self, member: MemberInfo) -> None:
+        self._check()
+        await self.membership.join(member)
+
+    async def leave(self, member_id: str) -> None:
+        self._check()
+        await self.membership.leave(member_id)
+
+    async def members(self) -> list[MemberInfo]:
+        self._check()
+        return await self.membership.members()
+
+    async def wait_changed(self, timeout_s: float) -> bool:
+        return await self.membership.wait_changed(timeout_s)
+
+
+async def test_an_owner_cut_off_from_the_store_stops_acking_and_its_queues_are_taken_over() -> None:
+    adapter = fresh_adapter()
+    membership, leases = MemoryMembership(), MemoryLeaseStore()
+    a_view = Partitioned(leases, membership)
+    record = Record()
+    app = recording_app(record, delay_s=0.002)
+    cfg = config(slots={"count": 8})
+    ttl_s = 0.6
+    a_balancer = DynamicBalancer(a_view, a_view, 8, lease_ttl_s=ttl_s, rebalance_interval_s=0.05)
+    a = daemon(app, adapter, cfg, balancer=a_balancer, member=MemberInfo("a", "h", 1, 0.0))
+    b = daemon(app, adapter, cfg, balancer=balancer(membership, leases, ttl_s),
+               member=MemberInfo("b", "h", 2, 0.0))
+    ids = await publish_items(Client(adapter, a.mapper), 2000, streams=50)
+    await a.start()
+    await b.start()
+    await wait_until(lambda: len(a.balancer.owned()) == 4, 10, what="split")
+    await wait_until(lambda: record.handled > 200, 10, what="progress")
+    a_view.cut = True
+    await membership.leave("a")  # as a membership TTL would lapse
+    # a notices before its leases can expire and stops; b takes the queues over.
+    await wait_until(lambda: a.balancer.owned() == [], 5, what="a drops its queues")
+    acked_at_drop = a.report().acked
+    await wait_until(lambda: b.balancer.owned() == list(range(8)), 5, what="b owns all")
+    await wait_until(lambda: record.handled == 2000, 30, what="all handled")
+    assert a.report().acked == acked_at_drop, "a fenced owner must not ack"
+    await b.stop()
+    a_view.cut = False
+    await a.stop()
+    assert set(record.calls) == set(ids)
+    # Only what a held (at most its 4 caches) may run twice.
+    assert record.duplicates <= 4 * cfg.worker.cache_capacity

