@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any
 
 import msgspec
+from opentelemetry.trace import StatusCode
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
@@ -23,6 +24,7 @@ from conveyor.platform.message import (
     new_message_id,
     now_ms,
 )
+from conveyor.platform.telemetry import Telemetry
 
 _json_encode = msgspec.json.Encoder().encode
 _msgpack_encode = msgspec.msgpack.Encoder().encode
@@ -59,16 +61,31 @@ class Client:
     """
 
     def __init__(
-        self, adapter: QueueAdapter, mapper: HashRingQueueMapper, *, owns_adapter: bool = False
+        self,
+        adapter: QueueAdapter,
+        mapper: HashRingQueueMapper,
+        *,
+        telemetry: Telemetry | None = None,
+        owns_adapter: bool = False,
+        owns_telemetry: bool = False,
     ) -> None:
         self.adapter = adapter
         self.mapper = mapper
+        self.telemetry = telemetry or Telemetry.disabled()
+        self._traced = self.telemetry.tracer is not None
         self._owns_adapter = owns_adapter
+        self._owns_telemetry = owns_telemetry
 
     @classmethod
     def from_config(cls, config: Config) -> Client:
         adapter = create_adapter(config.queues.adapter, config)
-        return cls(adapter, HashRingQueueMapper(config.queues.total), owns_adapter=True)
+        return cls(
+            adapter,
+            HashRingQueueMapper(config.queues.total),
+            telemetry=Telemetry.from_config(config.telemetry),
+            owns_adapter=True,
+            owns_telemetry=True,
+        )
 
     def build(
         self,
@@ -103,18 +120,36 @@ class Client:
         content_type: str | None = None,
     ) -> SequenceToken:
         msg = self.build(namespace, key, body, headers, content_type)
-        tokens = await self.adapter.enqueue(self.mapper.queue_for(msg.stream), [msg])
-        return tokens[0]
+        queue = self.mapper.queue_for(msg.stream)
+        if not self._traced:
+            return (await self.adapter.enqueue(queue, [msg]))[0]
+        span = self.telemetry.publish_span(msg, self.adapter.name, queue)
+        try:
+            return (await self.adapter.enqueue(queue, [msg]))[0]
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(StatusCode.ERROR, str(exc))
+            raise
+        finally:
+            span.end()
 
     async def publish_batch(self, items: Iterable[Publish]) -> list[SequenceToken]:
         """Publish many messages with one enqueue per queue; returns tokens in input order."""
         by_queue: dict[int, list[tuple[int, Message]]] = {}
+        spans = []
         for i, item in enumerate(items):
             msg = self.build(item.namespace, item.key, item.body, item.headers, item.content_type)
-            by_queue.setdefault(self.mapper.queue_for(msg.stream), []).append((i, msg))
-        results = await asyncio.gather(
-            *(self.adapter.enqueue(q, [m for _, m in pairs]) for q, pairs in by_queue.items())
-        )
+            queue = self.mapper.queue_for(msg.stream)
+            if self._traced:
+                spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
+            by_queue.setdefault(queue, []).append((i, msg))
+        try:
+            results = await asyncio.gather(
+                *(self.adapter.enqueue(q, [m for _, m in pairs]) for q, pairs in by_queue.items())
+            )
+        finally:
+            for span in spans:
+                span.end()
         tokens: dict[int, SequenceToken] = {}
         for pairs, queue_tokens in zip(by_queue.values(), results, strict=True):
             for (i, _), token in zip(pairs, queue_tokens, strict=True):
@@ -124,6 +159,8 @@ class Client:
     async def close(self) -> None:
         if self._owns_adapter:
             await self.adapter.close()
+        if self._owns_telemetry:
+            self.telemetry.shutdown()
 
     async def __aenter__(self) -> Client:
         return self

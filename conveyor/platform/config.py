@@ -82,6 +82,21 @@ class BalancerConfig(_Section):
     queues are taken over after at most this long."""
 
 
+class TelemetryConfig(_Section):
+    exporter: Literal["none", "console", "otlp"] = "none"
+    """``none``: no instrumentation runs at all. ``console``: spans and metrics to stderr.
+    ``otlp``: OTLP over HTTP/protobuf (Jaeger, an OpenTelemetry collector, ...)."""
+    endpoint: str = ""
+    """OTLP base URL, e.g. ``http://localhost:4318``; empty: the standard
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` environment variable, else the exporter's default."""
+    headers: dict[str, str] = {}
+    """Extra OTLP headers (e.g. an API key); the standard OTEL_EXPORTER_OTLP_HEADERS also works."""
+    service_name: str = "conveyor"
+    resource_attributes: dict[str, str] = {}
+    metrics_interval_s: PositiveFloat = 10.0
+    """How often metrics are exported (and queue lag sampled)."""
+
+
 class Config(_Section):
     queues: QueuesConfig = msgspec.field(default_factory=QueuesConfig)
     memory: MemoryConfig = msgspec.field(default_factory=MemoryConfig)
@@ -90,6 +105,7 @@ class Config(_Section):
     slots: SlotsConfig = msgspec.field(default_factory=SlotsConfig)
     worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
     balancer: BalancerConfig = msgspec.field(default_factory=BalancerConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
 
     def validate(self) -> Config:
         """Cross-field checks msgspec cannot express."""

@@ -26,6 +26,7 @@ from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.runtime import DeliveryStats, HandlerRuntime
+from conveyor.platform.telemetry import InstrumentedRuntime, Telemetry, stats_observations
 from conveyor.workers.slots import SlotSupplier, supplier_from_config
 
 log = logging.getLogger("conveyor.daemon")
@@ -71,6 +72,7 @@ class WorkerDaemon:
         balancer: QueueBalancer | None = None,
         slots: SlotSupplier | None = None,
         member: MemberInfo | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.app = app
         self.config = config = config or Config()
@@ -81,8 +83,12 @@ class WorkerDaemon:
         self.balancer = balancer or build_balancer(config, app.name)
         self.member = member or MemberInfo.for_this_process(f"{app.name}-")
         self.stats = DeliveryStats()
-        self.runtime = HandlerRuntime(self._store_dead_letters, self.stats)
-        self.client = Client(self.adapter, self.mapper)
+        self._owns_telemetry = telemetry is None
+        self.telemetry = telemetry or Telemetry.from_config(config.telemetry)
+        self.runtime = self._build_runtime()
+        self.client = Client(self.adapter, self.mapper, telemetry=self.telemetry)
+        self.lag: dict[int, int] = {}
+        self._lag_task: asyncio.Task[None] | None = None
         self.settings = AgentSettings(
             cache_capacity=config.worker.cache_capacity,
             max_batch=config.worker.max_batch,
@@ -106,6 +112,49 @@ class WorkerDaemon:
             for ns, specs in app.subscriptions().items()
         }
 
+    def _build_runtime(self) -> HandlerRuntime:
+        """The plain runtime when telemetry is off: zero instrumentation on the hot path."""
+        if not self.telemetry.enabled:
+            return HandlerRuntime(self._store_dead_letters, self.stats)
+        queue_for = self.mapper.queue_for
+        return InstrumentedRuntime(
+            self._store_dead_letters,
+            self.stats,
+            self.telemetry,
+            system=self.adapter.name,
+            group=self.app.name,
+            queue_of=lambda msg: queue_for(msg.stream),
+        )
+
+    def _register_metrics(self) -> None:
+        t, stats, slots = self.telemetry, self.stats, self.slots
+        if t.meter is None:
+            return
+        for name, read in stats_observations(stats).items():
+            t.observe(f"conveyor.messages.{name}", "{message}", f"Messages {name}", read,
+                      counter=True)
+        t.observe("conveyor.slots.in_use", "{slot}", "Slots carrying a message",
+                  lambda: [(slots.in_use, {})])
+        t.observe("conveyor.slots.available", "{slot}", "Slots that could be issued now",
+                  lambda: [(slots.available, {})] if slots.available is not None else [])
+        t.observe("conveyor.queues.owned", "{queue}", "Queues this daemon pulls",
+                  lambda: [(len(self.agents), {})])
+        t.observe("conveyor.cache.fill", "{message}", "Messages held by a pulling agent",
+                  lambda: [(len(a.cache), {"queue": str(q)}) for q, a in self.agents.items()])
+        t.observe("conveyor.queue.lag", "{message}", "Messages not yet finished, per queue",
+                  lambda: [(lag, {"queue": str(q)}) for q, lag in self.lag.items()])
+        self._lag_task = asyncio.create_task(self._sample_lag())
+
+    async def _sample_lag(self) -> None:
+        """Lag needs broker calls, which metric callbacks cannot make: sample it here."""
+        while True:
+            for queue, agent in list(self.agents.items()):
+                with contextlib.suppress(Exception):
+                    self.lag[queue] = await agent.receiver.lag()
+            for queue in set(self.lag) - set(self.agents):
+                del self.lag[queue]
+            await asyncio.sleep(self.config.telemetry.metrics_interval_s)
+
     async def _store_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
         await self.adapter.dead_letter(self.app.name, letters)
 
@@ -116,6 +165,7 @@ class WorkerDaemon:
                         self.app.name)
         await self.balancer.start(self.member, self)
         self.started = True
+        self._register_metrics()
         for hook in self.app.on_startup:
             self._hooks.append(asyncio.create_task(hook(self.client)))
         log.info("daemon %s started; owns queues %s", self.member.id, self.balancer.owned())
@@ -131,8 +181,14 @@ class WorkerDaemon:
             self.started = False
         for agent in list(self.agents.values()):  # anything a balancer did not hand back
             await self._drain(agent)
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
         if self._owns_adapter:
             await self.adapter.close()
+        if self._owns_telemetry:
+            self.telemetry.shutdown()
         return self.report()
 
     def report(self) -> DrainReport:

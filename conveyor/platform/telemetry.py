@@ -1,0 +1,284 @@
+"""OpenTelemetry: traces from producer to handler, and the platform's metrics.
+
+Nothing here runs unless ``[telemetry] exporter`` is ``console`` or ``otlp``: with
+``none`` the daemon uses the plain :class:`~conveyor.platform.runtime.HandlerRuntime`
+and the client skips span creation behind a single ``None`` check, so the hot path is
+the uninstrumented one. Providers are created per :class:`Telemetry` object and
+passed explicitly; the process-global OpenTelemetry providers are never touched, so
+an application's own OpenTelemetry set-up is left alone.
+
+Span shape (OpenTelemetry messaging semantic conventions)::
+
+    publish orders          PRODUCER   Client.publish; writes traceparent into headers
+    └── process orders      CONSUMER   one per (message, handler): decode + handler
+        ├── handle <name>   INTERNAL   one per attempt (conveyor.attempt = 1, 2, ...)
+        └── dead-letter     INTERNAL   when the message is dead-lettered
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+from opentelemetry.trace import SpanKind, Tracer, TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.message import Message
+from conveyor.platform.runtime import DeadLetterSink, DeliveryStats, HandlerRuntime
+
+if TYPE_CHECKING:
+    from conveyor.platform.config import TelemetryConfig
+
+PROPAGATOR = TraceContextTextMapPropagator()
+SCOPE = "conveyor"
+
+# Semantic-convention attribute names (messaging, v1.27+).
+SYSTEM = "messaging.system"
+DESTINATION = "messaging.destination.name"
+PARTITION = "messaging.destination.partition.id"
+OPERATION_TYPE = "messaging.operation.type"
+OPERATION_NAME = "messaging.operation.name"
+MESSAGE_ID = "messaging.message.id"
+CONSUMER_GROUP = "messaging.consumer.group.name"
+KEY = "conveyor.stream.key"
+HANDLER = "conveyor.handler"
+ATTEMPT = "conveyor.attempt"
+
+
+class Telemetry:
+    """A tracer and a meter, or neither. Build with :meth:`from_config` or inject providers."""
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.tracer: Tracer | None = (
+            tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else None
+        )
+        self.meter: Meter | None = (
+            meter_provider.get_meter(SCOPE) if meter_provider is not None else None
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.tracer is not None or self.meter is not None
+
+    @classmethod
+    def disabled(cls) -> Telemetry:
+        return cls()
+
+    @classmethod
+    def from_config(cls, config: TelemetryConfig) -> Telemetry:
+        if config.exporter == "none":
+            return cls()
+        from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+        from opentelemetry.sdk.metrics.export import (
+            ConsoleMetricExporter,
+            MetricExporter,
+            PeriodicExportingMetricReader,
+        )
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            ConsoleSpanExporter,
+            SpanExporter,
+        )
+
+        resource = Resource.create(
+            {"service.name": config.service_name, **config.resource_attributes}
+        )
+        span_exporter: SpanExporter
+        metric_exporter: MetricExporter
+        if config.exporter == "console":
+            span_exporter, metric_exporter = ConsoleSpanExporter(), ConsoleMetricExporter()
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                OTLPMetricExporter,
+            )
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            base = (config.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")).rstrip(
+                "/"
+            )
+            headers = dict(config.headers) or None
+            span_exporter = OTLPSpanExporter(
+                endpoint=f"{base}/v1/traces" if base else None, headers=headers
+            )
+            metric_exporter = OTLPMetricExporter(
+                endpoint=f"{base}/v1/metrics" if base else None, headers=headers
+            )
+        tracer_provider = SdkTracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        reader = PeriodicExportingMetricReader(
+            metric_exporter, export_interval_millis=config.metrics_interval_s * 1000
+        )
+        meter_provider = SdkMeterProvider(resource=resource, metric_readers=[reader])
+        return cls(tracer_provider, meter_provider)
+
+    def shutdown(self) -> None:
+        """Flush and stop exporters (SDK providers only)."""
+        for provider in (self.tracer_provider, self.meter_provider):
+            shutdown = getattr(provider, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+
+    # -- producer side -----------------------------------------------------------------
+    def publish_span(self, msg: Message, system: str, queue: int) -> Any:
+        """Start the producer span of ``msg`` and write its context into the headers."""
+        assert self.tracer is not None
+        span = self.tracer.start_span(
+            f"publish {msg.stream.namespace}",
+            kind=SpanKind.PRODUCER,
+            attributes={
+                SYSTEM: system,
+                DESTINATION: msg.stream.namespace,
+                PARTITION: str(queue),
+                OPERATION_TYPE: "send",
+                OPERATION_NAME: "publish",
+                MESSAGE_ID: msg.id,
+                KEY: msg.stream.key,
+            },
+        )
+        PROPAGATOR.inject(msg.headers, context=trace.set_span_in_context(span))
+        return span
+
+    # -- metrics -----------------------------------------------------------------------
+    def observe(
+        self, name: str, unit: str, description: str,
+        read: Callable[[], Iterable[tuple[float, Mapping[str, str]]]], counter: bool = False,
+    ) -> None:
+        """Register an observable instrument that reads values when metrics are collected."""
+        if self.meter is None:
+            return
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(value, dict(attrs)) for value, attrs in read()]
+
+        if counter:
+            self.meter.create_observable_counter(name, [callback], unit, description)
+        else:
+            self.meter.create_observable_gauge(name, [callback], unit, description)
+
+
+_attempts: contextvars.ContextVar[list[int]] = contextvars.ContextVar("conveyor_attempts")
+
+
+class InstrumentedRuntime(HandlerRuntime):
+    """The runtime with spans and a duration histogram; used only when telemetry is on."""
+
+    def __init__(
+        self,
+        dead_letter: DeadLetterSink,
+        stats: DeliveryStats,
+        telemetry: Telemetry,
+        *,
+        system: str,
+        group: str,
+        queue_of: Callable[[Message], int],
+    ) -> None:
+        super().__init__(dead_letter, stats)
+        self._tracer = telemetry.tracer
+        self._system = system
+        self._group = group
+        self._queue_of = queue_of
+        self._wrapped: dict[str, HandlerSpec] = {}
+        self._duration = (
+            telemetry.meter.create_histogram(
+                "conveyor.handler.duration", "s", "Time from decode to handler done, per message"
+            )
+            if telemetry.meter is not None
+            else None
+        )
+
+    def _instrument(self, spec: HandlerSpec) -> HandlerSpec:
+        wrapped = self._wrapped.get(spec.name)
+        if wrapped is not None:
+            return wrapped
+        tracer = self._tracer
+        fn = spec.fn
+        name = spec.name
+
+        async def traced(*args: Any) -> Any:
+            counter = _attempts.get(None)
+            attempt = 1
+            if counter is not None:
+                counter[0] += 1
+                attempt = counter[0]
+            if tracer is None:
+                return await fn(*args)
+            with tracer.start_as_current_span(
+                f"handle {name}", attributes={HANDLER: name, ATTEMPT: attempt}
+            ):
+                return await fn(*args)
+
+        wrapped = self._wrapped[spec.name] = replace(spec, fn=traced)
+        return wrapped
+
+    async def deliver(self, spec: HandlerSpec, msg: Message) -> None:
+        token = _attempts.set([0])
+        started = time.perf_counter()
+        try:
+            if self._tracer is None:
+                await super().deliver(self._instrument(spec), msg)
+            else:
+                parent = PROPAGATOR.extract(msg.headers)
+                with self._tracer.start_as_current_span(
+                    f"process {msg.stream.namespace}",
+                    context=parent,
+                    kind=SpanKind.CONSUMER,
+                    attributes={
+                        SYSTEM: self._system,
+                        DESTINATION: msg.stream.namespace,
+                        PARTITION: str(self._queue_of(msg)),
+                        OPERATION_TYPE: "process",
+                        OPERATION_NAME: "process",
+                        MESSAGE_ID: msg.id,
+                        CONSUMER_GROUP: self._group,
+                        KEY: msg.stream.key,
+                        HANDLER: spec.name,
+                    },
+                ):
+                    await super().deliver(self._instrument(spec), msg)
+        finally:
+            _attempts.reset(token)
+            if self._duration is not None:
+                self._duration.record(
+                    time.perf_counter() - started,
+                    {DESTINATION: msg.stream.namespace, HANDLER: spec.name},
+                )
+
+    async def dead_letter(
+        self, spec: HandlerSpec | None, msg: Message, exc: BaseException | str, attempts: int
+    ) -> None:
+        if self._tracer is None:
+            await super().dead_letter(spec, msg, exc, attempts)
+            return
+        with self._tracer.start_as_current_span(
+            "dead-letter",
+            attributes={"error.type": type(exc).__name__ if isinstance(exc, BaseException)
+                        else "Unroutable", ATTEMPT: attempts},
+        ):
+            await super().dead_letter(spec, msg, exc, attempts)
+
+
+def stats_observations(
+    stats: DeliveryStats,
+) -> dict[str, Callable[[], Sequence[tuple[float, Mapping[str, str]]]]]:
+    return {
+        "handled": lambda: [(stats.handled, {})],
+        "failed": lambda: [(stats.failed_attempts, {})],
+        "retried": lambda: [(stats.retried, {})],
+        "dead_lettered": lambda: [(stats.dead_lettered, {})],
+    }
+

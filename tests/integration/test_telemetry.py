@@ -1,0 +1,148 @@
+"""Traces from producer to handler and metrics against known workloads (in process)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from conveyor import Client
+from conveyor.platform.message import Message, StreamId
+from conveyor.platform.runtime import HandlerRuntime
+from conveyor.platform.telemetry import InstrumentedRuntime, Telemetry
+from tests.conftest import wait_until
+from tests.integration.memory_harness import (
+    Item,
+    Record,
+    config,
+    daemon,
+    fresh_adapter,
+    recording_app,
+)
+
+
+def in_memory() -> tuple[Telemetry, InMemorySpanExporter, InMemoryMetricReader]:
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    return Telemetry(tracer_provider, MeterProvider(metric_readers=[reader])), spans, reader
+
+
+def by_name(spans: tuple[ReadableSpan, ...], prefix: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name.startswith(prefix)]
+
+
+def metric_values(reader: InMemoryMetricReader) -> dict[str, Any]:
+    data = reader.get_metrics_data()
+    out: dict[str, Any] = {}
+    assert data is not None
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                points = list(metric.data.data_points)
+                if metric.name == "conveyor.handler.duration":
+                    out[metric.name] = sum(p.count for p in points)  # type: ignore[union-attr]
+                else:
+                    out[metric.name] = sum(p.value for p in points)  # type: ignore[union-attr]
+    return out
+
+
+async def test_one_trace_from_producer_to_handler_with_retries_and_dead_letter() -> None:
+    telemetry, spans, _ = in_memory()
+    adapter = fresh_adapter()
+    record = Record()
+    d = daemon(recording_app(record), adapter, telemetry=telemetry)
+    client = Client(adapter, d.mapper, telemetry=telemetry)
+    await client.publish("items", "k1", Item(1))  # succeeds at once
+    await client.publish("items", "k2", Item(2, fail=2))  # fails twice, then succeeds
+    await client.publish("items", "k3", Item(3, fail=-1))  # dead-lettered after 3
+    await d.start()
+    await wait_until(lambda: record.handled == 2 and d.stats.dead_lettered == 1, 10,
+                     what="handled and dead-lettered")
+    await d.stop()
+    finished = spans.get_finished_spans()
+    producers = by_name(finished, "publish items")
+    assert len(producers) == 3 and all(s.kind == SpanKind.PRODUCER for s in producers)
+    for producer in producers:
+        trace_id = producer.context.trace_id
+        in_trace = [s for s in finished if s.context.trace_id == trace_id]
+        [consumer] = [s for s in in_trace if s.kind == SpanKind.CONSUMER]
+        assert consumer.parent is not None
+        assert consumer.parent.span_id == producer.context.span_id
+        assert consumer.attributes is not None and producer.attributes is not None
+        assert consumer.attributes["messaging.message.id"] == producer.attributes[
+            "messaging.message.id"]
+        assert consumer.attributes["messaging.operation.type"] == "process"
+        assert consumer.attributes["messaging.consumer.group.name"] == "test"
+        assert consumer.attributes["messaging.system"] == "memory"
+        children = [s for s in in_trace if s.parent and s.parent.span_id ==
+                    consumer.context.span_id]
+        attempts = [s.attributes["conveyor.attempt"] for s in children  # type: ignore[index]
+                    if s.name.startswith("handle ")]
+        key = producer.attributes["conveyor.stream.key"]
+        expected = {"k1": [1], "k2": [1, 2, 3], "k3": [1, 2, 3]}[str(key)]
+        assert sorted(attempts) == expected  # type: ignore[type-var]
+        dead = [s for s in children if s.name == "dead-letter"]
+        assert len(dead) == (1 if key == "k3" else 0)
+
+
+async def test_a_message_without_trace_context_starts_a_new_trace() -> None:
+    telemetry, spans, _ = in_memory()
+    adapter = fresh_adapter()
+    record = Record()
+    d = daemon(recording_app(record), adapter, telemetry=telemetry)
+    plain = Client(adapter, d.mapper)  # no telemetry: no traceparent header
+    await plain.publish("items", "k", Item(1))
+    await d.start()
+    await wait_until(lambda: record.handled == 1, 10, what="handled")
+    await d.stop()
+    [consumer] = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
+    assert consumer.parent is None
+
+
+async def test_metrics_count_exactly_the_known_workload() -> None:
+    telemetry, _, reader = in_memory()
+    adapter = fresh_adapter()
+    record = Record()
+    d = daemon(recording_app(record), adapter, config(slots={"count": 7}),
+               telemetry=telemetry)
+    client = Client(adapter, d.mapper)
+    for i in range(50):
+        await client.publish("items", f"k{i % 5}", Item(i, fail=-1 if i % 10 == 0 else 0))
+    await d.start()
+    await wait_until(lambda: record.handled == 45 and d.stats.dead_lettered == 5, 10,
+                     what="45 handled, 5 dead-lettered")
+    values = metric_values(reader)
+    await d.stop()
+    assert values["conveyor.messages.handled"] == 45
+    assert values["conveyor.messages.dead_lettered"] == 5
+    assert values["conveyor.messages.retried"] == 5 * 2
+    assert values["conveyor.messages.failed"] == 5 * 3
+    assert values["conveyor.handler.duration"] == 50  # one record per (message, handler)
+    assert values["conveyor.slots.available"] + values["conveyor.slots.in_use"] <= 7
+    assert values["conveyor.queues.owned"] == 8
+
+
+def test_telemetry_off_means_the_uninstrumented_runtime() -> None:
+    d = daemon(recording_app(Record()), fresh_adapter())
+    assert type(d.runtime) is HandlerRuntime
+    assert not d.client.telemetry.enabled
+    telemetry, _, _ = in_memory()
+    d = daemon(recording_app(Record()), fresh_adapter(), telemetry=telemetry)
+    assert isinstance(d.runtime, InstrumentedRuntime)
+
+
+def test_producer_writes_w3c_traceparent_into_headers() -> None:
+    telemetry, _spans, _ = in_memory()
+    msg = Message("m", StreamId("ns", "k"), b"{}", headers={})
+    span = telemetry.publish_span(msg, "memory", 3)
+    span.end()
+    version, trace_id, span_id, _flags = msg.headers["traceparent"].split("-")
+    assert version == "00" and int(trace_id, 16) == span.get_span_context().trace_id
+    assert int(span_id, 16) == span.get_span_context().span_id
