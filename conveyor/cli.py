@@ -306,5 +306,18 @@ def bench_throughput(
     click.echo(json.dumps(result.as_dict()) if as_json else result.table())
 
 
+@bench.command("telemetry")
+@click.option("--messages", "-n", type=click.IntRange(min=1), default=50_000, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--sample-ratio", type=click.FloatRange(0, 1), default=1.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: bool) -> None:
+    """Throughput with telemetry off (the uninstrumented path) next to telemetry on."""
+    from conveyor.bench.telemetry_cost import telemetry_cost
+
+    result = telemetry_cost(messages, repeats, sample_ratio)
+    click.echo(json.dumps(result.as_dict()) if as_json else result.table())
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

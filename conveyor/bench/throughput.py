@@ -22,6 +22,7 @@ from conveyor.platform.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
+from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import WorkerDaemon
 
 
@@ -81,12 +82,17 @@ async def _floor(messages: list[Message]) -> tuple[float, float]:
 
 
 async def _pipeline(
-    make_adapter: Callable[[], QueueAdapter], config: Config, n: int, streams: int
+    make_adapter: Callable[[], QueueAdapter],
+    config: Config,
+    n: int,
+    streams: int,
+    telemetry: Telemetry | None = None,
 ) -> tuple[float, float]:
     counter = [0]
     done = asyncio.Event()
     adapter = make_adapter()
-    daemon = WorkerDaemon(noop_app(counter, n, done), config, adapter=adapter)
+    daemon = WorkerDaemon(noop_app(counter, n, done), config, adapter=adapter,
+                          telemetry=telemetry)
     client = Client(adapter, daemon.mapper)
     msgs = _messages(client, n, streams)
     by_queue: dict[int, list[Message]] = {}
@@ -111,8 +117,12 @@ async def measure(
     messages: int,
     streams: int,
     repeats: int = 3,
+    telemetry: Telemetry | None = None,
 ) -> ThroughputResult:
-    runs = [await _pipeline(make_adapter, config, messages, streams) for _ in range(repeats)]
+    runs = [
+        await _pipeline(make_adapter, config, messages, streams, telemetry)
+        for _ in range(repeats)
+    ]
     probe = Client(make_adapter(), HashRingQueueMapper(config.queues.total))
     floor_msgs = _messages(probe, messages, streams)
     floors = [await _floor(floor_msgs) for _ in range(repeats)]

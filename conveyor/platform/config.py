@@ -95,6 +95,9 @@ class TelemetryConfig(_Section):
     resource_attributes: dict[str, str] = {}
     metrics_interval_s: PositiveFloat = 10.0
     """How often metrics are exported (and queue lag sampled)."""
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
+    """Share of traces recorded where they start (parent-based: consumers follow the
+    producer). Spans are the main cost of tracing: lower this on hot paths."""
 
 
 class Config(_Section):
