@@ -149,36 +149,76 @@ app_option = click.option(
 )
 
 
+def _status_view(report: Any, rates: dict[int, float]) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    members = Table("daemon", "host", "pid", "slots in use", "slots available", "handled",
+                    title=f"app {report.group}: {len(report.members)} daemon(s)")
+    for m in report.members:
+        st = m.stats
+        members.add_row(
+            m.id, m.host, str(m.pid), _num(st.get("slots.in_use")),
+            _num(st.get("slots.available")), _num(st.get("handled")),
+        )
+    queues = Table("queue", "owner", "lag", "cache fill", "acks/s")
+    for q in report.queues:
+        rate = rates.get(q.queue)
+        queues.add_row(str(q.queue), q.owner or "-", str(q.lag), _num(q.cache_fill),
+                       "-" if rate is None else f"{rate:,.0f}")
+    queues.add_row("total", "", str(report.total_lag), "", "")
+    return Group(members, queues)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
 @main.command()
 @config_option
 @app_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def status(config_path: Path | None, group: str, as_json: bool) -> None:
-    """Members, queue owners and lag per queue of an app."""
+@click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
+              metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C.")
+def status(config_path: Path | None, group: str, as_json: bool, watch_s: float | None) -> None:
+    """Daemons (slots, handled), and per queue: owner, lag, cache fill, throughput.
+
+    Cache fill and throughput come from each owner's last heartbeat; throughput needs
+    two readings, so it shows with --watch.
+    """
+    import time
     from dataclasses import asdict
 
     from rich.console import Console
-    from rich.table import Table
+    from rich.live import Live
 
     from conveyor.platform.status import collect_status
 
     config = _config(config_path)
-    try:
-        report = asyncio.run(collect_status(config, group))
-    except ConveyorError as exc:
-        raise click.ClickException(str(exc)) from None
+
+    def read() -> Any:
+        try:
+            return asyncio.run(collect_status(config, group))
+        except ConveyorError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    report = read()
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
     console = Console()
-    console.print(f"app [bold]{group}[/]: {len(report.members)} member(s)")
-    for member in report.members:
-        console.print(f"  {member}")
-    table = Table("queue", "owner", "lag")
-    for q in report.queues:
-        table.add_row(str(q.queue), q.owner or "-", str(q.lag))
-    table.add_row("total", "", str(report.total_lag))
-    console.print(table)
+    if watch_s is None:
+        console.print(_status_view(report, {}))
+        return
+    previous = None
+    with Live(_status_view(report, {}), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                previous, report = report, read()
+                live.update(_status_view(report, report.rates(previous)), refresh=True)
+                time.sleep(watch_s)
+        except KeyboardInterrupt:
+            pass
 
 
 def _parse_rewind_target(text: str) -> Any:

@@ -24,8 +24,10 @@ import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
+
+import msgspec
 
 from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, MemoryMembership
@@ -77,6 +79,12 @@ class QueueBalancer(ABC):
         """May this daemon still acknowledge on ``queue``? (fencing, checked before acks)."""
         return True
 
+    def set_stats_provider(self, provider: StatsProvider) -> None:  # noqa: B027
+        """Stats to publish with this daemon's membership record (ignored when static)."""
+
+
+StatsProvider = Callable[[], dict[str, float]]
+
 
 class StaticBalancer(QueueBalancer):
     def __init__(self, queues: Iterable[int]) -> None:
@@ -120,6 +128,10 @@ class DynamicBalancer(QueueBalancer):
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._queue_locks: dict[int, asyncio.Lock] = {}
+        self._stats: StatsProvider | None = None
+
+    def set_stats_provider(self, provider: StatsProvider) -> None:
+        self._stats = provider
 
     def owned(self) -> list[int]:
         return sorted(self._held)
@@ -136,6 +148,7 @@ class DynamicBalancer(QueueBalancer):
         self._tasks = [
             asyncio.create_task(self._renew_loop(), name="balancer-renew"),
             asyncio.create_task(self._balance_loop(), name="balancer-balance"),
+            asyncio.create_task(self._heartbeat_loop(), name="balancer-heartbeat"),
         ]
 
     async def stop(self) -> None:
@@ -243,6 +256,18 @@ class DynamicBalancer(QueueBalancer):
                     self._held[queue] = renewed
                 if not self.lease_valid(queue) and queue in self._held:
                     await self._lost(queue)
+
+    async def _heartbeat_loop(self) -> None:
+        """Refresh this daemon's membership record (and its stats) every ttl/3."""
+        while True:
+            await asyncio.sleep(self.lease_ttl_s / 3)
+            assert self._member is not None
+            if self._stats is not None:
+                self._member = msgspec.structs.replace(self._member, stats=self._stats())
+            try:
+                await self.membership.heartbeat(self._member)
+            except Exception as exc:
+                log.warning("membership heartbeat failed: %s", exc)
 
     async def _lost(self, queue: int) -> None:
         assert self._listener is not None

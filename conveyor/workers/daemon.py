@@ -163,6 +163,7 @@ class WorkerDaemon:
         if not self.app.handlers:
             log.warning("app %r declares no handlers: every message will be dead-lettered",
                         self.app.name)
+        self.balancer.set_stats_provider(self.stats_snapshot)
         await self.balancer.start(self.member, self)
         self.started = True
         self._register_metrics()
@@ -190,6 +191,21 @@ class WorkerDaemon:
         if self._owns_telemetry:
             self.telemetry.shutdown()
         return self.report()
+
+    def stats_snapshot(self) -> dict[str, float]:
+        """Flat stats published with the membership record; read by ``conveyor status``."""
+        stats: dict[str, float] = {
+            "slots.issued": self.slots.issued,
+            "slots.in_use": self.slots.in_use,
+            "handled": self.stats.handled,
+            "dead_lettered": self.stats.dead_lettered,
+        }
+        if self.slots.available is not None:
+            stats["slots.available"] = self.slots.available
+        for queue, agent in self.agents.items():
+            stats[f"queue.{queue}.cache_fill"] = len(agent.cache)
+            stats[f"queue.{queue}.acked"] = agent.acked
+        return stats
 
     def report(self) -> DrainReport:
         agents = list(self.agents.values())
