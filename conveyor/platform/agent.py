@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.platform.adapter import QueueReceiver
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.errors import ConveyorError, LeaseLostError
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
@@ -205,10 +205,14 @@ class PullingAgent:
                         permit.release(SlotReleaseReason.NEVER_USED)
                     del permits[1:]
                     messages = await self.receiver.get_messages(1, settings.poll_timeout_s)
-            except ConveyorError as exc:
+            except Exception as exc:  # adapters raise ConveyorErrors; anything else is a bug
                 for permit in permits:
                     permit.release(SlotReleaseReason.NEVER_USED)
-                log.warning("queue %d: pull failed: %s; retrying", self.queue, exc)
+                log.log(
+                    logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
+                    "queue %d: pull failed (%s: %s); retrying in %.1fs",
+                    self.queue, type(exc).__name__, exc, settings.poll_timeout_s,
+                )
                 await asyncio.sleep(settings.poll_timeout_s)
                 continue
             except BaseException:
@@ -336,9 +340,17 @@ class PullingAgent:
             batch, self._to_ack = self._to_ack, []
             try:
                 await self.receiver.messages_delivered(batch)
-            except ConveyorError as exc:
+            except LeaseLostError as exc:
+                # The store fenced us off: a newer owner has the queue. Never retry.
+                log.warning("queue %d: ack refused (%s); dropping %d ack(s)",
+                            self.queue, exc, len(batch))
+                self._fenced = True
+                self._to_ack.clear()
+                return
+            except Exception as exc:
                 self._to_ack[:0] = batch
-                log.warning("queue %d: ack failed: %s; retrying in %.2fs", self.queue, exc, delay_s)
+                log.warning("queue %d: ack failed (%s: %s); retrying in %.2fs",
+                            self.queue, type(exc).__name__, exc, delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
                 continue
