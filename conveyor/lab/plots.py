@@ -27,7 +27,7 @@ def plot_comparison(cmp: Comparison, title: str, out: Path) -> None:
     """Four panels over time: message rate, workers, queue length, average waiting count;
     static (blue) and dynamic (red) overlaid, their means as dotted lines."""
     plt = _pyplot()
-    fig, axes = plt.subplots(4, 1, figsize=(11, 11), sharex=True)
+    fig, axes = plt.subplots(4, 1, figsize=(13, 11), sharex=True)
     s, d = cmp.static, cmp.dynamic
     axes[0].plot(s.time_s, s.rate, color="tab:green", linewidth=0.8)
     axes[0].set_ylabel("messages / s")
@@ -62,7 +62,7 @@ def plot_comparison(cmp: Comparison, title: str, out: Path) -> None:
         )
         ax.set_title(panel_title)
         ax.set_ylabel(unit)
-        ax.legend(loc="upper right", fontsize=8, ncol=2)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].grid(alpha=0.3)
     axes[3].set_xlabel("time (s)")
@@ -120,6 +120,7 @@ def plot_placement(stats: Sequence[PlacementStats], balls_per_bin: int, out: Pat
         ax.set_xlabel("daemons n")
         ax.set_ylabel(f"{name}, balls")
         ax.set_title(f"{name}, {balls_per_bin}·n balls (mean load {balls_per_bin})")
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
