@@ -81,9 +81,9 @@ def plot_filter(
 ) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(11, 4.5))
-    ax.plot(raw, color="tab:blue", linewidth=0.6, label="raw i(n)")
+    ax.plot(raw, color="tab:blue", linewidth=0.6, alpha=0.7, label="raw i(n)")
     for name, series in (extra or {}).items():
-        ax.plot(series, linewidth=0.9, linestyle="--", label=name)
+        ax.plot(series, color="black", linewidth=1.0, linestyle="--", label=name)
     ax.plot(filtered, color="tab:orange", linewidth=1.4, label="CDM-KF o(n)")
     ax.set_xlabel("sample n")
     ax.set_ylabel("CPU %")
