@@ -1,0 +1,346 @@
+"""Click commands of the control lab: ``sim`` (with ``filter`` and ``placement``) and
+``tune``. The main CLI registers them with ``main.add_command(sim)`` and
+``main.add_command(tune)``.
+
+Output goes to stdout (a table, or one JSON document with ``--json``); the progress bar
+of ``tune`` goes to stderr so it never mixes with JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from conveyor.lab.patterns import PATTERNS, TRAINING_PATTERNS
+from conveyor.lab.signals import SIGNALS
+
+REPLAY_COOLDOWN_S = 10.0
+
+
+def _summary(trace: Any) -> dict[str, float]:
+    return {"avg_workers": trace.avg_workers, "avg_queue_length": trace.avg_queue_length}
+
+
+@click.group(invoke_without_command=True)
+@click.option("--pattern", type=click.Choice(PATTERNS), help="Arrival pattern to simulate.")
+@click.option(
+    "--arrivals",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Replay a file of arrival times (one float, seconds, per line) instead.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option(
+    "--plot", type=click.Path(dir_okay=False, writable=True, path_type=Path), help="Write a PNG."
+)
+@click.pass_context
+def sim(
+    ctx: click.Context,
+    pattern: str | None,
+    arrivals: Path | None,
+    seed: int,
+    as_json: bool,
+    plot: Path | None,
+) -> None:
+    """Simulate a stateless-worker pool: static (scale-up only) vs dynamic (PID scale-down).
+
+    Prints average workers and average queue length of both runs. Subcommands
+    `filter` and `placement` run the CDM-KF and the placement simulations.
+    """
+    if ctx.invoked_subcommand is not None:
+        if pattern or arrivals or plot or as_json:
+            raise click.UsageError(
+                f"options of `sim` go with a simulation, not with `sim {ctx.invoked_subcommand}`;"
+                f" give them after the subcommand"
+            )
+        return
+    if (pattern is None) == (arrivals is None):
+        raise click.UsageError("give exactly one of --pattern or --arrivals (or a subcommand)")
+
+    from conveyor.lab.patterns import ArrivalsFileError, generate, load_arrivals
+    from conveyor.lab.sim import SimConfig, compare
+
+    if arrivals is not None:
+        try:
+            times = load_arrivals(arrivals)
+        except ArrivalsFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--arrivals") from None
+        duration = max(60.0, math.ceil(float(times[-1])) + REPLAY_COOLDOWN_S)
+        config = SimConfig(duration_s=duration)
+        name = "replay"
+    else:
+        assert pattern is not None
+        config = SimConfig()
+        times = generate(pattern, seed, duration_s=config.duration_s)
+        name = pattern
+    cmp = compare(times, config, seed=seed)
+    if plot is not None:
+        from conveyor.lab.plots import plot_comparison
+
+        plot_comparison(cmp, f"{name} (seed {seed}): static vs dynamic", plot)
+    if as_json:
+        doc = {"pattern": name, "static": _summary(cmp.static), "dynamic": _summary(cmp.dynamic)}
+        click.echo(json.dumps(doc))
+        return
+    click.echo(
+        f"pattern {name}: {cmp.static.arrived} messages over {config.duration_s:g} s, seed {seed}"
+    )
+    click.echo(f"{'':8} {'avg workers':>12} {'avg queue length':>17}")
+    for label, trace in (("static", cmp.static), ("dynamic", cmp.dynamic)):
+        click.echo(f"{label:8} {trace.avg_workers:12.3f} {trace.avg_queue_length:17.3f}")
+    if plot is not None:
+        click.echo(f"plot written to {plot}")
+
+
+def _series_stats(values: Any) -> dict[str, float]:
+    import numpy as np
+
+    arr = np.asarray(values, dtype=np.float64)
+    return {
+        "mean": float(arr.mean()),
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+        "std": float(arr.std()),
+        "mean_abs_change": float(np.abs(np.diff(arr)).mean()) if len(arr) > 1 else 0.0,
+    }
+
+
+@sim.command("filter")
+@click.option("--signal", "signal_name", type=click.Choice(SIGNALS), required=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--plot", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None) -> None:
+    """Run a synthetic CPU signal through the CDM-KF: raw vs filtered."""
+    from conveyor.lab.signals import make_signal
+    from conveyor.platform.kalman import cdm_filter
+
+    raw = make_signal(signal_name, seed)
+    filtered = cdm_filter(float(v) for v in raw)
+    doc: dict[str, Any] = {
+        "signal": signal_name,
+        "samples": len(raw),
+        "raw": _series_stats(raw),
+        "filtered": _series_stats(filtered),
+    }
+    if signal_name == "drop":
+        start, width = int(0.6 * len(raw)), max(1, int(0.03 * len(raw)))
+        level = float(raw[start - 100 : start].mean())
+        doc["stall"] = {
+            "raw_fall": level - float(raw[start : start + width].min()),
+            "filtered_fall": level - min(filtered[start : start + width]),
+        }
+    elif signal_name == "rise":
+        start = int(0.4 * len(raw))
+        new = float(raw[start:].mean())
+        old = float(raw[:start].mean())
+        reached = next(
+            (i for i, v in enumerate(filtered[start:]) if v >= old + 0.9 * (new - old)), None
+        )
+        doc["rise"] = {"samples_to_90_percent": reached}
+    if plot is not None:
+        from conveyor.lab.plots import plot_filter
+        from conveyor.platform.kalman import single_filter
+
+        samples = [float(v) for v in raw]
+        plot_filter(
+            samples,
+            filtered,
+            f"CDM-KF on '{signal_name}' (seed {seed})",
+            plot,
+            extra={"single KF, Q=0": single_filter(samples, 0.0)},
+        )
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    click.echo(f"signal {signal_name}: {len(raw)} samples")
+    click.echo(f"{'':9} {'mean':>8} {'min':>8} {'max':>8} {'std':>8} {'mean |Δ|':>9}")
+    for label in ("raw", "filtered"):
+        s = doc[label]
+        click.echo(
+            f"{label:9} {s['mean']:8.2f} {s['min']:8.2f} {s['max']:8.2f} {s['std']:8.2f} "
+            f"{s['mean_abs_change']:9.3f}"
+        )
+    for key in ("stall", "rise"):
+        if key in doc:
+            click.echo(f"{key}: " + ", ".join(f"{k}={v}" for k, v in doc[key].items()))
+
+
+@sim.command("placement")
+@click.option("--trials", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--balls-per-bin", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--plot", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+def placement_command(
+    trials: int, balls_per_bin: int, seed: int, as_json: bool, plot: Path | None
+) -> None:
+    """Balls into bins for 2-1,000 daemons: random, K=2, K=ceil(sqrt n), JSQ;
+    fresh and stale (refreshed every n placements) statistics."""
+    from conveyor.lab.placement_sim import DEFAULT_SIZES, run
+
+    stats = run(DEFAULT_SIZES, balls_per_bin=balls_per_bin, trials=trials, seed=seed)
+    if plot is not None:
+        from conveyor.lab.plots import plot_placement
+
+        plot_placement(stats, balls_per_bin, plot)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "balls_per_bin": balls_per_bin,
+                    "trials": trials,
+                    "results": [
+                        {
+                            "n": s.n,
+                            "strategy": s.strategy,
+                            "stale": s.stale,
+                            "max_load": s.max_load,
+                            "spread": s.spread,
+                        }
+                        for s in stats
+                    ],
+                }
+            )
+        )
+        return
+    click.echo(f"{balls_per_bin}·n balls on n bins, mean of {trials} trials: max load / spread")
+    header = f"{'n':>5} {'stats':6}" + "".join(
+        f" {name:>13}" for name in ("random", "K=2", "K=sqrt(n)", "JSQ")
+    )
+    click.echo(header)
+    rows: dict[tuple[int, bool], list[str]] = {}
+    for s in stats:
+        rows.setdefault((s.n, s.stale), []).append(f"{s.max_load:6.1f}/{s.spread:<6.1f}")
+    for (n, stale), cells in rows.items():
+        click.echo(f"{n:5} {'stale' if stale else 'fresh':6}" + "".join(f" {c:>13}" for c in cells))
+
+
+@click.command()
+@click.option("--population", type=click.IntRange(min=2), default=20, show_default=True)
+@click.option("--generations", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option(
+    "--mutation",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.1,
+    show_default=True,
+    help="Probability that a child is mutated.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def tune(population: int, generations: int, mutation: float, seed: int, as_json: bool) -> None:
+    """Tune the scale-down PID gains with a genetic algorithm on simulated load.
+
+    Trains on six arrival patterns (constant, periodic, ramp, spike, burst, chaotic);
+    Poisson is held out. Prints the best Kp/Ki/Kd and how they and the shipped
+    defaults do on every pattern.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from conveyor.lab.sim import SimConfig
+    from conveyor.lab.tune import Evaluator, Generation
+    from conveyor.lab.tune import tune as run_tune
+    from conveyor.workers.scaledown import ScaleDownPolicy
+
+    config = SimConfig()
+    started = time.perf_counter()
+    progress = Progress(
+        TextColumn("tuning"),
+        BarColumn(),
+        TextColumn("gen {task.completed}/{task.total}"),
+        TextColumn("best {task.fields[best]:.4f}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=as_json,
+    )
+    with progress:
+        task = progress.add_task("tune", total=generations + 1, best=float("nan"))
+
+        def on_generation(gen: Generation) -> None:
+            progress.update(task, completed=gen.index + 1, best=gen.best_fitness)
+
+        result = run_tune(
+            population=population,
+            generations=generations,
+            mutation=mutation,
+            seed=seed,
+            config=config,
+            on_generation=on_generation,
+        )
+    elapsed = time.perf_counter() - started
+    defaults = ScaleDownPolicy()
+    default_gains = (defaults.kp, defaults.ki, defaults.kd)
+    table = _gain_table(Evaluator(PATTERNS, config, seed), result.best_gains, default_gains)
+    if as_json:
+        doc = {
+            "best": dict(zip(("kp", "ki", "kd"), result.best_gains, strict=True)),
+            "fitness": result.best_fitness,
+            "defaults": dict(zip(("kp", "ki", "kd"), default_gains, strict=True)),
+            "population": population,
+            "generations": generations,
+            "mutation": mutation,
+            "seed": seed,
+            "evaluations": result.evaluations,
+            "elapsed_s": elapsed,
+            "training_patterns": list(TRAINING_PATTERNS),
+            "history": [
+                {"generation": g.index, "best": g.best_fitness, "mean": g.mean_fitness}
+                for g in result.history
+            ],
+            "patterns": table,
+        }
+        click.echo(json.dumps(doc))
+        return
+    kp, ki, kd = result.best_gains
+    click.echo(
+        f"best gains: Kp={kp:.3f} Ki={ki:.3f} Kd={kd:.3f}  fitness={result.best_fitness:.4f}"
+    )
+    click.echo(
+        f"shipped defaults: Kp={defaults.kp} Ki={defaults.ki} Kd={defaults.kd}; "
+        f"{result.evaluations} simulated runs in {elapsed:.1f} s"
+    )
+    click.echo(
+        f"{'pattern':9} {'fitness':>17} {'avg workers (dynamic)':>23} {'avg queue (dynamic)':>21}"
+        f" {'static W':>9}"
+    )
+    click.echo(
+        f"{'':9} {'tuned':>8} {'default':>8} {'tuned':>11} {'default':>11} "
+        f"{'tuned':>10} {'default':>10}"
+    )
+    for name, row in table.items():
+        held = "*" if name not in TRAINING_PATTERNS else " "
+        click.echo(
+            f"{name + held:9} {row['tuned']['fitness']:8.3f} {row['default']['fitness']:8.3f} "
+            f"{row['tuned']['avg_workers']:11.2f} {row['default']['avg_workers']:11.2f} "
+            f"{row['tuned']['avg_queue_length']:10.3f} {row['default']['avg_queue_length']:10.3f}"
+            f" {row['static']['avg_workers']:9.2f}"
+        )
+    click.echo("* held out of training")
+
+
+def _gain_table(
+    evaluator: Any, tuned: tuple[float, float, float], default: tuple[float, float, float]
+) -> dict[str, dict[str, dict[str, float]]]:
+    from conveyor.lab.sim import simulate
+    from conveyor.lab.tune import fitness
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name in evaluator.patterns:
+        arrivals = evaluator.arrivals[name]
+        t_tuned, t_default = simulate(arrivals, evaluator.config, [tuned, default], evaluator.seed)
+        (t_static,) = simulate(arrivals, evaluator.config, None, evaluator.seed)
+        out[name] = {
+            label: {
+                "fitness": fitness(trace),
+                "avg_workers": trace.avg_workers,
+                "avg_queue_length": trace.avg_queue_length,
+            }
+            for label, trace in (("tuned", t_tuned), ("default", t_default), ("static", t_static))
+        }
+    return out

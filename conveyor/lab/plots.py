@@ -1,0 +1,128 @@
+"""PNG plots for the lab commands (Matplotlib, headless ``Agg`` backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.lab.placement_sim import PlacementStats
+    from conveyor.lab.sim import Comparison
+
+STATIC_COLOUR = "tab:blue"
+DYNAMIC_COLOUR = "tab:red"
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_comparison(cmp: Comparison, title: str, out: Path) -> None:
+    """Four panels over time: message rate, workers, queue length, average waiting count;
+    static (blue) and dynamic (red) overlaid, their means as dotted lines."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(4, 1, figsize=(13, 11), sharex=True)
+    s, d = cmp.static, cmp.dynamic
+    axes[0].plot(s.time_s, s.rate, color="tab:green", linewidth=0.8)
+    axes[0].set_ylabel("messages / s")
+    axes[0].set_title("Message rate")
+    panels = (
+        (axes[1], "Worker count", "workers", s.workers, d.workers),
+        (
+            axes[2],
+            "Queue length (accepted, not started)",
+            "messages",
+            s.queue_length,
+            d.queue_length,
+        ),
+        (axes[3], "Average waiting count per worker", "messages", s.avg_waiting, d.avg_waiting),
+    )
+    for ax, panel_title, unit, ys, yd in panels:
+        ax.plot(s.time_s, ys, color=STATIC_COLOUR, linewidth=0.9, label="static")
+        ax.plot(d.time_s, yd, color=DYNAMIC_COLOUR, linewidth=0.9, label="dynamic")
+        ax.axhline(
+            float(ys.mean()),
+            color=STATIC_COLOUR,
+            linestyle=":",
+            linewidth=1.2,
+            label=f"static mean {float(ys.mean()):.2f}",
+        )
+        ax.axhline(
+            float(yd.mean()),
+            color=DYNAMIC_COLOUR,
+            linestyle=":",
+            linewidth=1.2,
+            label=f"dynamic mean {float(yd.mean()):.2f}",
+        )
+        ax.set_title(panel_title)
+        ax.set_ylabel(unit)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].grid(alpha=0.3)
+    axes[3].set_xlabel("time (s)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def plot_filter(
+    raw: Sequence[float],
+    filtered: Sequence[float],
+    title: str,
+    out: Path,
+    extra: dict[str, Sequence[float]] | None = None,
+) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    ax.plot(raw, color="tab:blue", linewidth=0.6, alpha=0.7, label="raw i(n)")
+    for name, series in (extra or {}).items():
+        ax.plot(series, color="black", linewidth=1.0, linestyle="--", label=name)
+    ax.plot(filtered, color="tab:orange", linewidth=1.4, label="CDM-KF o(n)")
+    ax.set_xlabel("sample n")
+    ax.set_ylabel("CPU %")
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def plot_placement(stats: Sequence[PlacementStats], balls_per_bin: int, out: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharex=True)
+    colours = {"random": "tab:gray", "k2": "tab:blue", "ksqrt": "tab:red", "jsq": "tab:green"}
+    labels = {"random": "random", "k2": "K=2", "ksqrt": "K=ceil(sqrt n)", "jsq": "JSQ (K=n)"}
+    for stale, style in ((False, "-"), (True, "--")):
+        for strategy, colour in colours.items():
+            rows = [s for s in stats if s.strategy == strategy and s.stale == stale]
+            ns = [r.n for r in rows]
+            tag = "stale" if stale else "fresh"
+            axes[0].plot(
+                ns,
+                [r.max_load for r in rows],
+                style,
+                color=colour,
+                marker=".",
+                label=f"{labels[strategy]}, {tag}",
+            )
+            axes[1].plot(ns, [r.spread for r in rows], style, color=colour, marker=".")
+    for ax, name in ((axes[0], "maximum load"), (axes[1], "spread (max - min)")):
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_xlabel("daemons n")
+        ax.set_ylabel(f"{name}, balls")
+        ax.set_title(f"{name}, {balls_per_bin}·n balls (mean load {balls_per_bin})")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)

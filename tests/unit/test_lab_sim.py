@@ -1,0 +1,84 @@
+"""The pool simulation's bookkeeping and the static/dynamic behaviours."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conveyor.lab.patterns import PATTERNS, generate
+from conveyor.lab.sim import SimConfig, compare, simulate, step_counts
+
+SHORT = SimConfig(duration_s=20.0)
+
+
+def burst_then_quiet(n: int = 400, at_s: float = 1.0) -> np.ndarray:
+    return np.full(n, at_s) + np.linspace(0.0, 0.05, n)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_every_message_is_processed_or_still_in_the_pool(name: str) -> None:
+    arrivals = generate(name, seed=3, duration_s=SHORT.duration_s)
+    cmp = compare(arrivals, SHORT, seed=3)
+    for trace in (cmp.static, cmp.dynamic):
+        assert trace.arrived == len(arrivals)
+        assert trace.arrived == trace.completed + trace.in_pool
+        assert trace.workers.max() <= SHORT.max_workers
+
+
+def test_messages_queue_only_when_the_pool_is_full() -> None:
+    config = SimConfig(duration_s=5.0, max_workers=10)
+    (trace,) = simulate(burst_then_quiet(100), config, None)
+    first = int(np.argmax(trace.rate > 0))
+    assert trace.workers[first] == 10
+    assert trace.queue_length[first] > 0
+    assert trace.queue_length[-1] == 0 and trace.completed == 100
+
+
+def test_fewest_waiting_spreads_the_overflow_evenly() -> None:
+    config = SimConfig(duration_s=1.0, max_workers=4, service_s=10.0, service_jitter=0.0)
+    (trace,) = simulate(np.zeros(10), config, None)
+    # 10 messages on 4 workers: waiting counts 3, 3, 2, 2 -> mean 2.5, 6 not started
+    assert trace.avg_waiting[0] == pytest.approx(2.5)
+    assert trace.queue_length[0] == 6
+
+
+def test_idle_workers_are_reused_before_new_ones_are_created() -> None:
+    config = SimConfig(duration_s=10.0, service_jitter=0.0, service_s=0.05)
+    arrivals = np.arange(0.0, 10.0, 0.5)  # one message every 5 steps, each done in one
+    (trace,) = simulate(arrivals, config, None)
+    assert trace.workers.max() == 1
+
+
+def test_static_pool_never_shrinks() -> None:
+    for name in ("burst", "chaotic", "spike"):
+        (trace,) = simulate(generate(name, seed=1), SimConfig(), None)
+        assert np.all(np.diff(trace.workers) >= 0)
+
+
+def test_dynamic_pool_shrinks_back_during_cooldown() -> None:
+    config = SimConfig(duration_s=40.0)
+    cmp = compare(burst_then_quiet(), config)
+    assert cmp.static.workers[-1] == 50
+    peak = int(cmp.dynamic.workers.max())
+    assert peak == 50
+    assert cmp.dynamic.workers[-1] < 0.5 * peak
+    # removals are paced by the dead zone and back-off: at most one per second
+    drops = -np.diff(cmp.dynamic.workers)
+    removal_steps = np.flatnonzero(drops > 0)
+    assert np.all(drops <= 1)
+    assert np.all(np.diff(removal_steps) * config.step_s >= 1.0 - 1e-9)
+
+
+def test_batch_members_are_independent_of_each_other() -> None:
+    arrivals = generate("chaotic", seed=2, duration_s=20.0)
+    gains = [(0.433, 0.468, 0.48), (0.0, 0.0, 1.0), (1.0, 0.1, 0.0)]
+    together = simulate(arrivals, SHORT, gains, seed=2)
+    for g, trace in zip(gains, together, strict=True):
+        (alone,) = simulate(arrivals, SHORT, [g], seed=2)
+        np.testing.assert_array_equal(alone.workers, trace.workers)
+
+
+def test_arrivals_are_counted_per_step_and_late_ones_dropped() -> None:
+    config = SimConfig(duration_s=1.0)
+    counts = step_counts(np.array([0.0, 0.05, 0.1, 0.95, 1.0, 7.0]), config)
+    assert counts.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0, 1]

@@ -1,0 +1,127 @@
+"""Resource-aware placement: scoring, K, power-of-K choice, local preference, filtering."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from conveyor.lab.placement_sim import place
+from conveyor.platform.placement import (
+    PlacementWeights,
+    ResourcePlacer,
+    choices_for,
+    pick_lowest,
+    score,
+)
+
+GIB = 1024.0**3
+
+
+def stats(
+    cpu: float, used_gib: float = 0.0, avail_gib: float = 8.0, total_gib: float = 8.0
+) -> dict[str, float]:
+    return {
+        "cpu_percent": cpu,
+        "memory_used_bytes": used_gib * GIB,
+        "memory_available_bytes": avail_gib * GIB,
+        "memory_total_bytes": total_gib * GIB,
+    }
+
+
+@pytest.mark.parametrize(
+    ("n", "k"), [(1, 1), (2, 2), (3, 2), (4, 2), (5, 3), (100, 10), (1000, 32)]
+)
+def test_k_grows_with_the_square_root_of_n(n: int, k: int) -> None:
+    assert choices_for(n) == k
+
+
+def test_score_is_the_weighted_sum_of_normalised_terms() -> None:
+    w = PlacementWeights(cpu_usage=2, memory_usage=1, available_memory=1)
+    s = stats(cpu=50, used_gib=2, avail_gib=6)
+    # 0.5 * 0.5 + 0.25 * 0.25 + 0.25 * (1 - 0.75)
+    assert score(s, w) == pytest.approx(0.25 + 0.0625 + 0.0625)
+    assert score(stats(0, 0, 8), w) == 0.0
+    assert score(stats(100, 8, 0), w) == pytest.approx(1.0)
+
+
+def test_weights_change_the_winner() -> None:
+    busy_cpu = stats(cpu=90, used_gib=1, avail_gib=7)
+    busy_mem = stats(cpu=10, used_gib=7, avail_gib=1)
+    cpu_heavy = PlacementWeights(cpu_usage=1, memory_usage=0, available_memory=0)
+    mem_heavy = PlacementWeights(cpu_usage=0, memory_usage=1, available_memory=1)
+    assert score(busy_cpu, cpu_heavy) > score(busy_mem, cpu_heavy)
+    assert score(busy_cpu, mem_heavy) < score(busy_mem, mem_heavy)
+
+
+def test_with_k_equal_n_the_lowest_score_always_wins() -> None:
+    rng = random.Random(1)
+    scores = [0.5, 0.2, 0.9, 0.3]
+    assert {pick_lowest(scores, 4, rng) for _ in range(50)} == {1}
+
+
+def test_power_of_k_never_picks_the_worst_of_k_candidates() -> None:
+    rng = random.Random(2)
+    scores = [0.9, 0.1, 0.5]
+    picks = [pick_lowest(scores, 2, rng) for _ in range(300)]
+    assert 0 not in picks  # the worst loses any pair it is in
+    assert set(picks) == {1, 2}
+
+
+def test_local_member_wins_within_the_margin_only() -> None:
+    rng = random.Random(3)
+    assert pick_lowest([0.30, 0.27], 2, rng, local=0, margin=0.05) == 0
+    assert pick_lowest([0.40, 0.27], 2, rng, local=0, margin=0.05) == 1
+
+
+def test_placer_avoids_a_member_whose_cpu_only_dipped_for_a_moment() -> None:
+    placer = ResourcePlacer(rng=random.Random(4))
+    for _ in range(200):
+        placer.observe("a", stats(cpu=80))
+        placer.observe("b", stats(cpu=55))
+    placer.observe("a", stats(cpu=5))  # a stall, not idleness
+    placer.observe("b", stats(cpu=55))
+    assert placer.choose() == "b"
+    # an unfiltered look would have picked "a"
+    assert score(stats(cpu=5), placer.weights) < score(stats(cpu=55), placer.weights)
+
+
+def test_placer_sees_new_load_at_once() -> None:
+    placer = ResourcePlacer(rng=random.Random(5))
+    noise = np.random.default_rng(5)
+    for _ in range(200):  # real CPU readings jitter
+        placer.observe("a", stats(cpu=20 + noise.normal(0, 2)))
+        placer.observe("b", stats(cpu=40 + noise.normal(0, 2)))
+    placer.observe("a", stats(cpu=95))
+    assert placer.choose() == "b"
+
+
+def test_placer_prefers_local_when_close() -> None:
+    placer = ResourcePlacer(rng=random.Random(6))
+    placer.observe("local", stats(cpu=42))
+    placer.observe("other", stats(cpu=40))
+    assert placer.choose(local="local") == "local"
+    assert placer.choose() == "other"
+
+
+def test_choose_refuses_an_empty_cluster() -> None:
+    with pytest.raises(ValueError, match="no members"):
+        ResourcePlacer().choose([])
+
+
+@pytest.mark.parametrize("n", [10, 100])
+def test_power_of_k_beats_random_on_max_load(n: int) -> None:
+    balls = 10 * n
+    rng = np.random.default_rng(0)
+    random_max = max(place(n, balls, 1, rng, refresh_every=1))
+    ksqrt_max = max(place(n, balls, choices_for(n), rng, refresh_every=1))
+    k2_max = max(place(n, balls, 2, rng, refresh_every=1))
+    assert ksqrt_max < random_max
+    assert k2_max < random_max
+    assert ksqrt_max <= k2_max
+
+
+def test_place_conserves_balls() -> None:
+    loads = place(20, 333, 4, np.random.default_rng(1), refresh_every=20)
+    assert sum(loads) == 333 and len(loads) == 20
