@@ -359,5 +359,14 @@ def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: b
     click.echo(json.dumps(result.as_dict()) if as_json else result.table())
 
 
+def _register_lab() -> None:
+    from conveyor.lab.cli import sim, tune
+
+    main.add_command(sim)
+    main.add_command(tune)
+
+
+_register_lab()
+
 if __name__ == "__main__":  # pragma: no cover
     main()
