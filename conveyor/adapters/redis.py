@@ -56,7 +56,6 @@ _NS, _KEY, _ID, _CT, _TS, _ATT, _BODY = (
                          F_BODY)
 )
 _KNOWN = frozenset({_NS, _KEY, _ID, _CT, _TS, _ATT, _BODY})
-_STANDARD_FIELDS = 6  # what Conveyor's producer writes for a first attempt without headers
 _ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
 DLQ_MAX_LEN = 100_000
 _encode_letter = msgspec.msgpack.Encoder().encode
@@ -95,9 +94,7 @@ def decode_entry(queue: int, eid: bytes, fields: dict[bytes, bytes]) -> Message:
     """A message from a stream entry; missing metadata gets neutral defaults."""
     get = fields.get
     token = token_of(eid, queue)
-    headers: dict[str, str] = {}
-    if len(fields) > _STANDARD_FIELDS:
-        headers = {k.decode(): v.decode() for k, v in fields.items() if k not in _KNOWN}
+    headers = {k.decode(): v.decode() for k, v in fields.items() if k not in _KNOWN}
     ts = get(_TS)
     att = get(_ATT)
     ident = get(_ID)

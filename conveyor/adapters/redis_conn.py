@@ -214,7 +214,7 @@ class Caller:
         retrying = AsyncRetrying(
             stop=stop_after_delay(self.retry_max_s),
             wait=wait_exponential_jitter(
-                initial=0.05, max=self.retry_max_delay_s, jitter=self.retry_max_delay_s / 4
+                multiplier=0.05, max=self.retry_max_delay_s, jitter=self.retry_max_delay_s / 4
             ),
             retry=retry_if_exception_type(RETRYABLE),
             before_sleep=before_sleep,
