@@ -298,3 +298,18 @@ def test_publish_and_status_commands_work_against_redis(
     assert {q["queue"]: q["lag"] for q in report["queues"]}[token.queue] == 1
     result = runner.invoke(main, ["status", "--config", str(cfg), "--app", "rec"])
     assert "total" in result.output and "lag" in result.output
+
+
+def test_the_redis_benchmark_reports_its_figures_next_to_the_raw_floor(
+    redis_server: RedisServer,
+) -> None:
+    result = CliRunner().invoke(main, [
+        "bench", "throughput", "--adapter", "redis", "--redis-url", redis_server.url,
+        "--messages", "2000", "--streams", "50", "--repeats", "1", "--daemons", "1", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    for key in ("msgs_per_s", "cpu_us_per_msg", "floor_msgs_per_s", "ratio"):
+        assert figures[key] > 0
+    assert figures["ratio"] == pytest.approx(figures["msgs_per_s"] / figures["floor_msgs_per_s"])
+    assert redis_server.client().keys("bench*") == []  # the benchmark cleaned up
