@@ -331,19 +331,46 @@ def bench() -> None:
 
 
 @bench.command("throughput")
-@click.option("--adapter", type=click.Choice(["memory"]), default="memory", show_default=True)
+@click.option("--adapter", type=click.Choice(["memory", "redis"]), default="memory",
+              show_default=True)
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=100_000, show_default=True)
 @click.option("--streams", "-s", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--redis-url", default=None,
+              help="Redis to measure against (default: a private redis-server on a free port).")
+@click.option("--daemons", type=click.Choice(["1", "2"]), multiple=True,
+              help="Redis: daemon counts to measure (default: 1 and 2).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_throughput(
-    adapter: str, messages: int, streams: int, repeats: int, as_json: bool
+    adapter: str, messages: int, streams: int, repeats: int, redis_url: str | None,
+    daemons: tuple[str, ...], as_json: bool,
 ) -> None:
-    """End-to-end no-op msgs/s and CPU us/msg, next to a bare decode+await floor."""
-    from conveyor.bench.throughput import memory_throughput
+    """End-to-end no-op msgs/s and CPU us/msg, next to a floor measured in the same run.
 
-    result = memory_throughput(messages, streams, repeats)
-    click.echo(json.dumps(result.as_dict()) if as_json else result.table())
+    memory: the floor is a bare decode+await loop. redis: the floor is a raw redis-py
+    XREADGROUP/XACK loop with the same batch size; 1 daemon runs in-process, 2 daemons
+    are `conveyor worker` processes sharing the queues through Redis leases.
+    """
+    if adapter == "memory":
+        from conveyor.bench.throughput import memory_throughput
+
+        result = memory_throughput(messages, streams, repeats)
+        click.echo(json.dumps(result.as_dict()) if as_json else result.table())
+        return
+    from conveyor.adapters.redis_conn import redact_url
+    from conveyor.bench.redis_throughput import as_json as to_json
+    from conveyor.bench.redis_throughput import redis_throughput
+
+    counts = tuple(sorted({int(d) for d in daemons})) or (1, 2)
+    try:
+        results = redis_throughput(redis_url, messages, streams, repeats, counts)
+    except (ConveyorError, RuntimeError, OSError) as exc:
+        where = redact_url(redis_url) if redis_url else "a private redis-server"
+        raise click.ClickException(f"benchmark against {where} failed: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(to_json(results)))
+    else:
+        click.echo("\n\n".join(r.table() for r in results.values()))
 
 
 @bench.command("telemetry")

@@ -1,0 +1,14 @@
+"""The benchmark's worker app: a no-op handler (``conveyor worker conveyor.bench.noop_app:app``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.platform.app import App
+
+app = App("bench")
+
+
+@app.handler("bench")
+async def noop(body: dict[str, Any]) -> None:
+    return None

@@ -1,0 +1,226 @@
+"""Worker processes on a real Redis, killed, paused, scaled and cut off from the server.
+
+Every test starts real ``conveyor worker`` subprocesses running tests/apps/recorder.py,
+which writes one line per handled message (flushed per line, so SIGKILL loses nothing
+already written). Counting those lines tells what was lost and what was duplicated.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import redis
+
+from conveyor.platform.client import Publish, SyncClient
+from conveyor.platform.config import load_config
+from tests.conftest import wait_until_sync
+from tests.integration.redis.conftest import (
+    RedisServer,
+    Worker,
+    read_records,
+    wait_file_lines,
+    write_config,
+)
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+TOTAL_QUEUES = 8
+LEASE_TTL_S = 5.0  # the default of [balancer] lease_ttl_s
+CACHE = 128
+
+
+def owners(server: RedisServer) -> dict[int, str]:
+    client = server.client()
+    try:
+        values = client.mget([f"t:app:rec:lease:{q}" for q in range(TOTAL_QUEUES)])
+    finally:
+        client.close()
+    return {q: v.decode().partition(" ")[2] for q, v in enumerate(values) if v is not None}
+
+
+def member_of(worker: Worker, view: dict[int, str]) -> set[int]:
+    """Queues whose lease holder is this worker's daemon (member ids embed the pid)."""
+    return {q for q, m in view.items() if f"-{worker.proc.pid}-" in m}
+
+
+def publish(cfg: Path, n: int, streams: int) -> None:
+    with SyncClient.from_config(load_config(cfg, environ={})) as client:
+        for start in range(0, n, 2000):
+            client.publish_batch(
+                Publish("items", f"s{i % streams}", {"seq": i})
+                for i in range(start, min(start + 2000, n))
+            )
+
+
+def start(workers: list[Worker], tmp: Path, cfg: Path, n: int, **kw: object) -> list[Worker]:
+    new = [Worker(f"w{len(workers) + i}", cfg, tmp, **kw) for i in range(n)]  # type: ignore[arg-type]
+    workers.extend(new)
+    return new
+
+
+def wait_split(server: RedisServer, ws: list[Worker], timeout_s: float = 30) -> None:
+    """Until every queue is leased and each worker holds its best-fit share."""
+    def balanced() -> bool:
+        view = owners(server)
+        shares = [len(member_of(w, view)) for w in ws]
+        return len(view) == TOTAL_QUEUES and min(shares) >= TOTAL_QUEUES // len(ws)
+    wait_until_sync(balanced, timeout_s, f"{len(ws)} workers to share the queues")
+
+
+def check_order(rows: list[tuple[float, int, int, str, int, str]]) -> None:
+    """Per stream, each process saw increasing seqs, redelivered messages aside."""
+    counts = Counter(r[5] for r in rows)
+    seen: dict[tuple[int, str], int] = {}
+    for _, pid, _, key, seq, mid in rows:
+        if counts[mid] > 1:
+            continue
+        last = seen.get((pid, key), -1)
+        assert seq > last, f"stream {key}: pid {pid} saw seq {seq} after {last}"
+        seen[(pid, key)] = seq
+
+
+def test_a_killed_daemons_queues_are_taken_over_without_loss(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    n, streams = 50_000, 500
+    cfg = write_config(tmp_path / "c.toml", redis_server.url,
+                       worker={"cache_capacity": CACHE}, slots={"count": 32})
+    ws = start(workers, tmp_path, cfg, 3, work_ms=2)
+    wait_split(redis_server, ws)
+    publish(cfg, n, streams)
+    records = [w.record for w in ws]
+    wait_file_lines(records, 12_000, 60, "a fair part of the run")
+
+    victim = ws[0]
+    victim_queues = member_of(victim, owners(redis_server))
+    killed_at = time.monotonic()
+    victim.proc.kill()
+    wait_until_sync(
+        lambda: victim_queues.isdisjoint(member_of(victim, owners(redis_server)))
+        and victim_queues <= set(owners(redis_server)),
+        LEASE_TTL_S + 10, "the killed daemon's queues to be taken over",
+    )
+    failover_s = time.monotonic() - killed_at
+    wait_until_sync(lambda: len({r[5] for r in read_records(records)}) >= n, 120,
+                    "every message to be handled")
+    survivors = ws[1:]
+    assert [w.stop() for w in survivors] == [0, 0]
+
+    rows = read_records(records)
+    ids = Counter(r[5] for r in rows)
+    duplicates = sum(c - 1 for c in ids.values())
+    print(f"\nSIGKILL: failover {failover_s:.2f}s, duplicates {duplicates} "
+          f"(victim owned queues {sorted(victim_queues)})")
+    assert len(ids) == n
+    # Only what the victim held unacknowledged can come back: at most a cache per queue.
+    assert duplicates <= len(victim_queues) * CACHE
+    check_order(rows)
+    assert failover_s <= LEASE_TTL_S + 2.0
+    survivors_pids = {w.proc.pid for w in survivors}
+    assert any(r[1] in survivors_pids and r[2] in victim_queues for r in rows)
+
+
+def test_graceful_scale_out_and_in_lose_and_duplicate_nothing(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    n = 20_000
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 32})
+    first = start(workers, tmp_path, cfg, 2, work_ms=1)
+    wait_split(redis_server, first)
+    publish(cfg, n, 300)
+    wait_file_lines([w.record for w in first], 3_000, 60, "the run to be under way")
+    [joiner] = start(workers, tmp_path, cfg, 1, work_ms=1)  # scale out
+    wait_split(redis_server, [*first, joiner])
+    assert first[0].stop() == 0  # scale in, gracefully
+    assert "abandoned=0" in first[0].stderr
+    records = [w.record for w in workers]
+    wait_until_sync(lambda: len({r[5] for r in read_records(records)}) >= n, 90,
+                    "every message to be handled")
+    assert [w.stop() for w in workers[1:]] == [0, 0]
+    rows = read_records(records)
+    ids = Counter(r[5] for r in rows)
+    assert len(ids) == n
+    assert sum(ids.values()) == n, "a graceful hand-off duplicated messages"
+    check_order(rows)
+
+
+_ACK = re.compile(r"^(\S+ \S+) DEBUG conveyor.redis: queue (\d+): acked \d+ message\(s\) "
+                  r"under token (\d+)", re.M)
+_ACQ = re.compile(r"acquired queue (\d+) \(fencing token (\d+)\)")
+
+
+def _log_time(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def test_a_paused_daemon_never_acks_after_losing_its_lease(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    n = 6_000
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 16})
+    [victim] = start(workers, tmp_path, cfg, 1, work_ms=20, log_level="debug")
+    [other] = start(workers, tmp_path, cfg, 1, work_ms=2)
+    wait_split(redis_server, [victim, other])
+    publish(cfg, n, 200)
+    records = [victim.record, other.record]
+    wait_file_lines([victim.record], 200, 60, "the paused daemon to be busy")
+
+    view = owners(redis_server)
+    lost = member_of(victim, view)
+    old_tokens = {(int(q), int(t)) for q, t in _ACQ.findall(victim.stderr)}
+    paused_at = time.time()
+    victim.signal(signal.SIGSTOP)
+    wait_until_sync(lambda: lost <= member_of(other, owners(redis_server)),
+                    LEASE_TTL_S + 10, "the paused daemon's queues to be taken over")
+    victim.signal(signal.SIGCONT)
+    wait_until_sync(
+        lambda: all(f"lost the lease of queue {q} " in victim.stderr for q in lost), 15,
+        "the resumed daemon to notice it lost its leases",
+    )
+    wait_until_sync(lambda: len({r[5] for r in read_records(records)}) >= n, 90,
+                    "every message to be handled")
+    assert [victim.stop(), other.stop()] == [0, 0]
+
+    acks = _ACK.findall(victim.stderr)
+    assert acks, "the ack log lines this test inspects are missing"
+    late_acks = [
+        (when, q, t) for when, q, t in acks
+        if _log_time(when) >= paused_at and (int(q), int(t)) in old_tokens
+    ]
+    assert late_acks == [], "a fenced daemon acknowledged under a lost lease"
+    assert len({r[5] for r in read_records(records)}) == n
+
+
+def test_daemons_ride_out_a_redis_restart_without_loss(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    n = 10_000
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 32})
+    ws = start(workers, tmp_path, cfg, 2, work_ms=1)
+    wait_split(redis_server, ws)
+    publish(cfg, n, 300)
+    records = [w.record for w in ws]
+    wait_file_lines(records, 2_000, 60, "the run to be under way")
+    redis_server.stop()
+    wait_until_sync(lambda: all("unreachable" in w.stderr for w in ws), 15,
+                    "the daemons to notice the outage")
+    redis_server.start()  # same port, same directory: the AOF brings everything back
+    wait_until_sync(lambda: len({r[5] for r in read_records(records)}) >= n, 90,
+                    "every message to be handled after the restart")
+    assert [w.stop() for w in ws] == [0, 0]
+    assert all("reachable again" in w.stderr for w in ws)
+    assert len({r[5] for r in read_records(records)}) == n
+    client = redis_server.client()
+    try:
+        assert sum(client.xpending(f"t:q:{q}", "rec")["pending"]
+                   for q in range(TOTAL_QUEUES)) == 0
+    except redis.ResponseError:
+        pytest.fail("consumer groups did not survive the restart")
+    finally:
+        client.close()
