@@ -94,6 +94,10 @@ class Partitioned(MemoryLeaseStore, MemoryMembership):
         self._check()
         await self.membership.leave(member_id)
 
+    async def heartbeat(self, member: MemberInfo) -> None:
+        self._check()
+        await self.membership.heartbeat(member)
+
     async def members(self) -> list[MemberInfo]:
         self._check()
         return await self.membership.members()
@@ -122,9 +126,9 @@ async def test_an_owner_cut_off_from_the_store_stops_acking_and_its_queues_are_t
     a_view.cut = True
     await membership.leave("a")  # as a membership TTL would lapse
     # a notices before its leases can expire and stops; b takes the queues over.
-    await wait_until(lambda: a.balancer.owned() == [], 5, what="a drops its queues")
+    await wait_until(lambda: a.balancer.owned() == [], 10, what="a drops its queues")
     acked_at_drop = a.report().acked
-    await wait_until(lambda: b.balancer.owned() == list(range(8)), 5, what="b owns all")
+    await wait_until(lambda: b.balancer.owned() == list(range(8)), 10, what="b owns all")
     await wait_until(lambda: record.handled == 2000, 30, what="all handled")
     assert a.report().acked == acked_at_drop, "a fenced owner must not ack"
     await b.stop()
