@@ -1,0 +1,155 @@
+"""PID-controlled scale-down of a stateless-worker pool.
+
+Scale-up is rule-based and lives in the pool (reuse an idle worker, else create one up
+to the maximum, else queue on the worker with the fewest waiting messages). This module
+decides only *when to remove one idle worker*. It is pure logic with an explicit clock,
+so the lab simulation and the real pool drive the very same object.
+
+Every inspection period the pool calls :meth:`ScaleDownController.inspect` with the
+average *waiting count* of its workers (messages assigned to a worker and not finished,
+the one in progress included) and the number of idle workers. The target waiting count
+is zero, so the error is ``-avg_waiting`` (never positive) and the PID signal is
+negative whenever there is load now or there was load that has not been "paid back" by
+removals. The loop follows the reference pseudo-code:
+
+1. The PID is updated on *every* inspection, back-off or not (the integral keeps
+   accumulating while we wait).
+2. While less than ``backoff_s`` has passed since the last removal nothing else happens
+   (the dead-zone counter is neither advanced nor reset).
+3. Otherwise a negative signal advances the dead-zone counter and a non-negative one
+   resets it. When the counter reaches ``dead_zone_cycles`` the counter is reset and,
+   if at least one worker is idle, the pool is told to remove one; the integral is then
+   scaled by ``(n-1)/n`` for ``n`` idle workers (anti-windup: removing one of ``n``
+   surplus workers discharges ``1/n`` of the accumulated "too many workers" evidence;
+   removing the last idle one discharges all of it).
+
+Time passed to the PID is measured in *inspection periods*, not seconds: the shipped
+gains (Kp=0.433, Ki=0.468, Kd=0.480) were tuned by the reference for a loop whose
+integral adds one error per inspection and whose derivative is the difference of two
+consecutive errors. With ``dt = elapsed / inspection_period_s`` a loop that ticks on time
+uses exactly those sums, and a late tick is weighted by how late it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from conveyor.platform.pid import PIDController
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDownPolicy:
+    """Settings of the scale-down loop.
+
+    ``dead_zone_cycles`` defaults to 2. The reference adds the dead zone ("a significant
+    change to the control signal before adjusting the output") but gives no value, and
+    its simulation — the one the default gains were tuned in — acts on the first
+    negative cycle. Two consecutive negative inspections (1 s at the default period)
+    is the smallest dead zone that still rejects a single noisy sample, and keeps the
+    loop close to the conditions the gains were tuned for.
+
+    ``backoff_s`` defaults to one inspection period (0.5 s): the reference simulation's
+    back-off truncates to 0 ms, i.e. at most one removal per inspection. With the dead
+    zone of 2 the defaults allow at most one removal per second (after a removal the
+    dead-zone counter starts again from zero).
+    """
+
+    kp: float = 0.433
+    ki: float = 0.468
+    kd: float = 0.480
+    inspection_period_s: float = 0.5
+    dead_zone_cycles: int = 2
+    backoff_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("kp", "ki", "kd", "backoff_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"ScaleDownPolicy.{name} must be finite and >= 0, got {value!r}")
+        if not (math.isfinite(self.inspection_period_s) and self.inspection_period_s > 0):
+            raise ValueError(
+                f"ScaleDownPolicy.inspection_period_s must be > 0, got {self.inspection_period_s!r}"
+            )
+        if self.dead_zone_cycles < 1:
+            raise ValueError(
+                f"ScaleDownPolicy.dead_zone_cycles must be >= 1, got {self.dead_zone_cycles!r}"
+            )
+
+
+class ScaleDownController:
+    """Decides, once per inspection, whether the pool should drop one idle worker.
+
+    Contract for callers: call :meth:`inspect` about every ``inspection_period_s`` with a
+    non-decreasing clock (any monotonic seconds, e.g. ``time.monotonic()`` or simulated
+    time). When it returns ``True`` the back-off and anti-windup have *already* been
+    applied; the caller must remove one idle worker. If by then no worker is idle (a
+    race in a concurrent pool), skipping the removal costs one back-off period, nothing
+    more.
+    """
+
+    __slots__ = ("_below_zero", "_last_inspection_s", "_last_removal_s", "_pid", "policy")
+
+    def __init__(self, policy: ScaleDownPolicy | None = None) -> None:
+        self.policy = policy if policy is not None else ScaleDownPolicy()
+        self._pid = PIDController(self.policy.kp, self.policy.ki, self.policy.kd)
+        self._below_zero = 0
+        self._last_inspection_s: float | None = None
+        self._last_removal_s: float | None = None
+
+    @property
+    def pid(self) -> PIDController:
+        return self._pid
+
+    @property
+    def signal(self) -> float:
+        """The control signal computed at the last inspection."""
+        return self._pid.last_output
+
+    @property
+    def negative_cycles(self) -> int:
+        """Consecutive negative inspections counted towards the dead zone."""
+        return self._below_zero
+
+    def inspect(self, now_s: float, avg_waiting: float, idle_workers: int) -> bool:
+        """Run one inspection; return whether to remove one idle worker now."""
+        if avg_waiting < 0 or not math.isfinite(avg_waiting):
+            raise ValueError(f"avg_waiting must be finite and >= 0, got {avg_waiting!r}")
+        if idle_workers < 0:
+            raise ValueError(f"idle_workers must be >= 0, got {idle_workers!r}")
+        period = self.policy.inspection_period_s
+        if self._last_inspection_s is None:
+            dt_cycles = 1.0
+        else:
+            elapsed = now_s - self._last_inspection_s
+            if elapsed <= 0:
+                raise ValueError(
+                    f"inspections must move forward in time: {now_s!r} after "
+                    f"{self._last_inspection_s!r}"
+                )
+            dt_cycles = elapsed / period
+        self._last_inspection_s = now_s
+        signal = self._pid.update(-avg_waiting, dt_cycles)
+
+        last_removal = self._last_removal_s
+        if last_removal is not None and now_s - last_removal < self.policy.backoff_s:
+            return False
+        if signal >= 0:
+            self._below_zero = 0
+            return False
+        self._below_zero += 1
+        if self._below_zero < self.policy.dead_zone_cycles:
+            return False
+        self._below_zero = 0
+        if idle_workers == 0:
+            return False
+        self._pid.scale_integral((idle_workers - 1) / idle_workers)
+        self._last_removal_s = now_s
+        return True
+
+    def reset(self) -> None:
+        """Forget history (e.g. when the pool was emptied or reconfigured)."""
+        self._pid.reset()
+        self._below_zero = 0
+        self._last_inspection_s = None
+        self._last_removal_s = None
