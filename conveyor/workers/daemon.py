@@ -21,11 +21,15 @@ from conveyor.platform.balancer import DynamicBalancer, QueueBalancer, StaticBal
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.leases import Lease
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.runtime import DeliveryStats, HandlerRuntime
+from conveyor.workers.cells import CellRouter
+from conveyor.workers.hosting import host_cells, host_pool
+from conveyor.workers.pool import StatelessWorkerPool
 from conveyor.workers.slots import SlotSupplier, supplier_from_config
 
 log = logging.getLogger("conveyor.daemon")
@@ -77,6 +81,7 @@ class WorkerDaemon:
         self._owns_adapter = adapter is None
         self.adapter = adapter or create_adapter(config.queues.adapter, config)
         self.mapper = HashRingQueueMapper(config.queues.total)
+        self._owns_slots = slots is None
         self.slots = slots or supplier_from_config(config.slots)
         self.balancer = balancer or build_balancer(config, app.name)
         self.member = member or MemberInfo.for_this_process(f"{app.name}-")
@@ -90,6 +95,8 @@ class WorkerDaemon:
         )
         self.agents: dict[int, PullingAgent] = {}
         self._leaving: dict[int, PullingAgent] = {}
+        self.pools: dict[str, StatelessWorkerPool] = {}
+        self.cells: dict[str, CellRouter] = {}
         self._subs = self._index_subscriptions(app)
         self._hooks: list[asyncio.Task[None]] = []
         self._pulled_gone = 0
@@ -98,13 +105,27 @@ class WorkerDaemon:
         self._max_cache_fill_gone = 0
         self.started = False
 
-    @staticmethod
-    def _index_subscriptions(app: App) -> Subscriptions:
+    def _index_subscriptions(self, app: App) -> Subscriptions:
         index = {spec.name: i for i, spec in enumerate(app.handlers)}
         return {
-            ns: tuple((index[s.name], s) for s in specs)
+            ns: tuple((index[s.name], self._hosted(s)) for s in specs)
             for ns, specs in app.subscriptions().items()
         }
+
+    def _hosted(self, spec: HandlerSpec) -> HandlerSpec:
+        """The spec the agents call: stateless and cell handlers go through their pool."""
+        if spec.options.get("stateless"):
+            spec, self.pools[spec.name] = host_pool(spec)
+        elif "cell_key" in spec.options:
+            cfg = self.config.cells
+            sizes = {k.split("/", 1)[-1]: v for k, v in cfg.sizes.items()
+                     if "/" not in k or k.startswith(spec.name + "/")}
+            spec, self.cells[spec.name] = host_cells(spec, sizes, cfg.default_size)
+        return spec
+
+    def resize_cell(self, handler: str, cell: str, size: int) -> None:
+        """Change one cell's size while running (creates nothing until its first message)."""
+        self.cells[handler].resize(cell, size)
 
     async def _store_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
         await self.adapter.dead_letter(self.app.name, letters)
@@ -131,6 +152,13 @@ class WorkerDaemon:
             self.started = False
         for agent in list(self.agents.values()):  # anything a balancer did not hand back
             await self._drain(agent)
+        for pool in self.pools.values():
+            await pool.close()
+        for router in self.cells.values():
+            await router.close()
+        close_slots = getattr(self.slots, "close", None)
+        if self._owns_slots and close_slots is not None:
+            await close_slots()  # e.g. the resource-based supplier's sampling task
         if self._owns_adapter:
             await self.adapter.close()
         return self.report()
