@@ -306,5 +306,27 @@ def bench_throughput(
     click.echo(json.dumps(result.as_dict()) if as_json else result.table())
 
 
+@bench.command("scale-down")
+@click.option("--cycles", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--cycle-s", type=click.FloatRange(min=0.01), default=1.2, show_default=True)
+@click.option("--load-s", type=click.FloatRange(min=0.01), default=2.0, show_default=True)
+@click.option("--inspection-period-ms", type=click.FloatRange(min=1), default=500.0,
+              show_default=True, help="Scale-down inspection period (backoff follows it).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_scale_down(
+    cycles: int, cycle_s: float, load_s: float, inspection_period_ms: float, as_json: bool
+) -> None:
+    """Monotonic vs adaptive stateless-worker pool: workers per cooldown cycle."""
+    from conveyor.bench.scale_down import ScaleDownSettings, scale_down, table
+    from conveyor.workers.scaledown import ScaleDownPolicy
+
+    period_s = inspection_period_ms / 1000
+    policy = ScaleDownPolicy(inspection_period_s=period_s, backoff_s=period_s)
+    result = scale_down(ScaleDownSettings(
+        cycles=cycles, cycle_s=cycle_s, load_s=load_s, policy=policy
+    ))
+    click.echo(json.dumps(result) if as_json else table(result))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
