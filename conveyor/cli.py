@@ -64,8 +64,13 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     "--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0),
     help="Override [worker] drain_timeout_s.",
 )
+@click.option(
+    "--processes", metavar="MIN:MAX", default=None,
+    help="Run MIN..MAX daemon processes, scaled on consumer lag (see [supervisor]).",
+)
 def worker(
-    app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None
+    app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
+    processes: str | None,
 ) -> None:
     """Run a worker daemon for APP_PATH (MODULE:ATTR or FILE.py:ATTR) until SIGINT/SIGTERM.
 
@@ -85,6 +90,16 @@ def worker(
         app = load_app(app_path)
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
+    if processes is not None:
+        from conveyor.workers.supervisor import run_supervisor
+
+        try:
+            run_supervisor(app_path, app.name, config, processes, config_path, overrides)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--processes") from None
+        except ConveyorError as exc:
+            raise click.ClickException(str(exc)) from None
+        return
 
     async def run() -> str:
         daemon = WorkerDaemon(app, config)

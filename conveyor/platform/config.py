@@ -100,6 +100,23 @@ class WorkerConfig(_Section):
     unacknowledged (to be redelivered to the next owner)."""
 
 
+class SupervisorConfig(_Section):
+    """``conveyor worker --processes MIN:MAX``: when to add and remove daemon processes."""
+
+    lag_per_process: PositiveInt = 1000
+    """Add a process when the app's lag divided by the process count stays above this."""
+    idle_lag_per_process: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """A process whose queues lag by at most this is idle (removable); default: 5% of
+    ``lag_per_process``."""
+    inspection_period_ms: PositiveFloat = 500.0
+    scale_up_cycles: PositiveInt = 2
+    """Consecutive inspections above the threshold before a process is added."""
+    scale_up_backoff_s: NonNegativeFloat = 2.0
+    """Least time between two additions (a new process needs a moment to show effect)."""
+    scale_down_dead_zone_cycles: PositiveInt = 2
+    scale_down_backoff_s: NonNegativeFloat = 2.0
+
+
 class BalancerConfig(_Section):
     kind: Literal["dynamic", "static"] = "dynamic"
     """``dynamic``: share queues among live daemons and re-balance as they come and go.
@@ -122,6 +139,7 @@ class Config(_Section):
     slots: SlotsConfig = msgspec.field(default_factory=SlotsConfig)
     worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
     cells: CellsConfig = msgspec.field(default_factory=CellsConfig)
+    supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     balancer: BalancerConfig = msgspec.field(default_factory=BalancerConfig)
 
     def validate(self) -> Config:
