@@ -42,7 +42,37 @@ class MemoryConfig(_Section):
 
 class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6379/0"
+    """``redis://`` or ``rediss://`` (TLS). Keep passwords out of files: put them in the
+    variables named by ``username_env`` / ``password_env`` (or in CONVEYOR_REDIS__URL)."""
     prefix: str = "conveyor"
+    """Start of every key Conveyor writes (letters, digits, ``_.-``)."""
+    username_env: str = "CONVEYOR_REDIS_USERNAME"
+    """Environment variable holding the username (overrides the URL's) when set."""
+    password_env: str = "CONVEYOR_REDIS_PASSWORD"
+    """Environment variable holding the password (overrides the URL's) when set."""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_verify: bool = True
+    """Verify the server's certificate and host name (``rediss://`` only)."""
+    connect_timeout_s: PositiveFloat = 2.0
+    socket_timeout_s: PositiveFloat = 5.0
+    """Longest wait for one reply; must exceed ``worker.poll_timeout_ms`` (blocking reads)."""
+    retry_max_s: PositiveFloat = 10.0
+    """How long one broker call is retried (exponential back-off with jitter) before the
+    error reaches its caller, which retries in turn: a daemon outlives any outage."""
+    retry_max_delay_s: PositiveFloat = 1.0
+    """Cap of the back-off between two retries."""
+    claim_batch: PositiveInt = 1000
+    """Entries claimed per XAUTOCLAIM step when a queue changes owner."""
+    retention_s: NonNegativeFloat = 3600.0
+    """Entries every group has acknowledged are kept this long (for rewinds), then trimmed.
+    Entries some group has not acknowledged are never trimmed."""
+    trim_interval_s: PositiveFloat = 5.0
+    """How often the owner of a queue trims it."""
+    member_ttl_s: PositiveFloat = 3.0
+    """A daemon whose heartbeats stop vanishes from the membership this long after the last."""
+    heartbeat_interval_s: PositiveFloat = 1.0
 
 
 class KafkaConfig(_Section):
@@ -125,7 +155,8 @@ class BalancerConfig(_Section):
     rebalance_interval_s: PositiveFloat = 1.0
     """How often a daemon re-checks its share even without a membership event."""
     membership: str = "memory"
-    """Where daemons register and leases live: ``memory`` (daemons of one process)."""
+    """Where daemons register and leases live: ``memory`` (daemons of one process) or
+    ``redis`` (daemons on any machine, heartbeats and TTLs in ``[redis]``)."""
     lease_ttl_s: PositiveFloat = 5.0
     """A queue's lease lapses this long after its owner's last renewal; a dead daemon's
     queues are taken over after at most this long."""

@@ -15,6 +15,7 @@ from conveyor.platform.membership import Membership
 
 _BUILTIN = {
     "memory": "conveyor.platform.coordination:memory_coordination",
+    "redis": "conveyor.adapters.redis_coordination:redis_coordination",
 }
 
 

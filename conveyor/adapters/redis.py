@@ -1,0 +1,411 @@
+"""The Redis Streams queue adapter: one stream per queue, one consumer group per app.
+
+Wire format: every entry carries the message's metadata as fields beside the body
+(``cv-ns``, ``cv-key``, ``cv-id``, ``content-type``, ``cv-ts``, ``cv-attempt``,
+``body``; any other field is a user header), so ``redis-cli XADD`` can publish.
+
+Receiving: ``XREADGROUP ... COUNT <free slots> BLOCK <poll timeout>``; acknowledging:
+``XACK`` through a Lua script that first checks the queue's lease still holds this
+receiver's fencing token. A receiver first claims (``XAUTOCLAIM``) every pending entry
+of its group — a previous owner's unfinished work — and delivers those first.
+
+A read whose reply is lost (connection dropped, server restarting) has left entries
+in this consumer's pending list; the next read re-reads that list from the last entry
+delivered, so nothing is stranded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+
+from conveyor.adapters import redis_scripts as lua
+from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, LeaseLostError
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.leases import Lease
+from conveyor.platform.message import (
+    CONTENT_JSON,
+    H_ATTEMPT,
+    H_CONTENT_TYPE,
+    H_ENQUEUED_MS,
+    H_ID,
+    H_KEY,
+    H_NAMESPACE,
+    DeadLetter,
+    Message,
+    now_ms,
+)
+
+log = logging.getLogger("conveyor.redis")
+
+F_BODY = "body"
+_NS, _KEY, _ID, _CT, _TS, _ATT, _BODY = (
+    f.encode() for f in (H_NAMESPACE, H_KEY, H_ID, H_CONTENT_TYPE, H_ENQUEUED_MS, H_ATTEMPT,
+                         F_BODY)
+)
+_KNOWN = frozenset({_NS, _KEY, _ID, _CT, _TS, _ATT, _BODY})
+_ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
+DLQ_MAX_LEN = 100_000
+_encode_letter = msgspec.msgpack.Encoder().encode
+_decode_letter = msgspec.msgpack.Decoder(DeadLetter).decode
+
+
+def encode_fields(msg: Message) -> dict[bytes | str, bytes | str]:
+    """The stream fields of one message (see the module docstring)."""
+    fields: dict[bytes | str, bytes | str] = {
+        _NS: msg.stream.namespace,
+        _KEY: msg.stream.key,
+        _ID: msg.id,
+        _CT: msg.content_type,
+        _TS: str(msg.enqueued_at_ms or now_ms()),
+        _BODY: msg.body,
+    }
+    if msg.attempt:
+        fields[_ATT] = str(msg.attempt)
+    for name, value in msg.headers.items():
+        if name == F_BODY:
+            raise BrokerError("a header may not be called 'body' (it is the Redis body field)")
+        fields[name] = value
+    return fields
+
+
+def token_of(entry_id: bytes, queue: int) -> SequenceToken:
+    ms, _, seq = entry_id.partition(b"-")
+    return SequenceToken(queue, int(ms), int(seq or 0))
+
+
+def entry_id(token: SequenceToken) -> str:
+    return f"{token.major}-{token.minor}"
+
+
+def decode_entry(queue: int, eid: bytes, fields: dict[bytes, bytes]) -> Message:
+    """A message from a stream entry; missing metadata gets neutral defaults."""
+    get = fields.get
+    token = token_of(eid, queue)
+    headers = {k.decode(): v.decode() for k, v in fields.items() if k not in _KNOWN}
+    ts = get(_TS)
+    att = get(_ATT)
+    ident = get(_ID)
+    ctype = get(_CT)
+    return Message(
+        id=ident.decode() if ident else eid.decode(),
+        stream=StreamId((get(_NS) or b"").decode(), (get(_KEY) or b"").decode()),
+        body=get(_BODY) or b"",
+        headers=headers,
+        content_type=ctype.decode() if ctype else CONTENT_JSON,
+        attempt=int(att) if att else 0,
+        enqueued_at_ms=int(ts) if ts else token.major,
+        token=token,
+    )
+
+
+def _default_consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class RedisReceiver(QueueReceiver):
+    """One queue for one group. Not shared between tasks: one agent drives it."""
+
+    def __init__(self, adapter: RedisAdapter, queue: int, group: str) -> None:
+        cfg = adapter.cfg
+        self._adapter = adapter
+        self._redis = adapter.redis
+        self._caller = adapter.caller
+        self._queue = queue
+        self._group = check_name(group, "app name")
+        self._stream = adapter.keys.queue(queue)
+        self._lease_key = adapter.keys.lease(group, queue)
+        self._fenced_key = adapter.keys.fenced_acks(group)
+        self._consumer = _default_consumer()
+        self._lease_value = ""
+        self._token = 0
+        # None: read new entries ('>'); otherwise re-read our pending list after this id.
+        self._history_from: bytes | None = b"0-0"
+        self._last_id = b"0-0"
+        self._claim_batch = cfg.claim_batch
+        self._retention_ms = int(cfg.retention_s * 1000)
+        self._trim_interval_s = cfg.trim_interval_s
+        self._next_trim = 0.0
+        self._closed = False
+
+    def set_lease(self, lease: Lease | None) -> None:
+        if lease is None:
+            self._lease_value, self._token = "", 0
+            return
+        self._consumer = lease.owner
+        self._lease_value = f"{lease.token} {lease.owner}"
+        self._token = lease.token
+
+    async def initialize(self) -> None:
+        await self._adapter.ensure_group(self._queue, self._group)
+        claimed = await self._caller.retrying(
+            f"claiming pending entries of queue {self._queue}",
+            lambda: self._adapter.claim_script(
+                keys=[self._stream, self._lease_key],
+                args=[self._group, self._consumer, self._lease_value, self._claim_batch],
+            ),
+        )
+        if claimed == -1:
+            raise LeaseLostError(f"queue {self._queue}: lease lost before it could be claimed")
+        if claimed:
+            log.info("queue %d: claimed %d pending entr%s of the previous owner",
+                     self._queue, claimed, "y" if claimed == 1 else "ies")
+        self._history_from = b"0-0"
+        self._last_id = b"0-0"
+        self._next_trim = time.monotonic() + self._trim_interval_s
+        self._closed = False
+
+    async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        if self._history_from is not None:
+            out = await self._read(self._history_from, max_count, None)
+            if out:
+                return out
+            self._history_from = None
+        block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
+        return await self._read(b">", max_count, block)
+
+    async def _read(self, start: bytes, count: int, block_ms: int | None) -> list[Message]:
+        stream = self._stream
+        try:
+            reply = await self._caller.once(
+                f"reading queue {self._queue}",
+                lambda: self._redis.xreadgroup(
+                    self._group, self._consumer, {stream: start}, count=count, block=block_ms
+                ),
+            )
+        except BrokerConnectionError:
+            # The reply may be lost while the server moved entries into our pending list.
+            self._history_from = self._last_id
+            raise
+        except BrokerError as exc:
+            if "NOGROUP" in str(exc):  # the stream or group was deleted: recreate, go on
+                await self._adapter.ensure_group(self._queue, self._group)
+                return []
+            raise
+        if not reply:
+            return []
+        entries = reply[0][1]
+        if not entries:
+            return []
+        last = entries[-1][0]
+        self._last_id = last
+        if start != b">":
+            self._history_from = last
+        queue = self._queue
+        out: list[Message] = []
+        gone: list[SequenceToken] = []
+        for eid, fields in entries:
+            if fields:
+                out.append(decode_entry(queue, eid, fields))
+            else:  # pending, but trimmed or deleted meanwhile: nothing to deliver
+                gone.append(token_of(eid, queue))
+        if gone:
+            await self.messages_delivered(gone)
+        return out
+
+    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+        ids = [entry_id(t) for t in tokens]
+        for i in range(0, len(ids), _ACK_CHUNK):
+            await self._ack(ids[i : i + _ACK_CHUNK])
+        if time.monotonic() >= self._next_trim:
+            self._next_trim = time.monotonic() + self._trim_interval_s
+            await self._trim()
+
+    async def _ack(self, ids: list[str]) -> None:
+        if not self._lease_value:
+            await self._caller.retrying(
+                f"acknowledging on queue {self._queue}",
+                lambda: self._redis.xack(self._stream, self._group, *ids),
+            )
+            return
+        result = await self._caller.retrying(
+            f"acknowledging on queue {self._queue}",
+            lambda: self._adapter.ack_script(
+                keys=[self._stream, self._lease_key, self._fenced_key],
+                args=[self._group, self._lease_value, *ids],
+            ),
+        )
+        if result == -1:
+            raise LeaseLostError(
+                f"queue {self._queue}: lease token {self._token} is no longer valid; "
+                f"{len(ids)} acknowledgement(s) refused"
+            )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("queue %d: acked %d message(s) under token %d",
+                      self._queue, len(ids), self._token)
+
+    async def _trim(self) -> None:
+        cap_ms = now_ms() - self._retention_ms
+        try:
+            trimmed = await self._caller.once(
+                f"trimming queue {self._queue}",
+                lambda: self._adapter.trim_script(keys=[self._stream], args=[cap_ms]),
+            )
+        except BrokerError as exc:
+            log.info("queue %d: trim skipped: %s", self._queue, exc)
+            return
+        if trimmed:
+            log.debug("queue %d: trimmed %d acknowledged entries", self._queue, trimmed)
+
+    async def lag(self) -> int:
+        return await self._adapter.lag(self._queue, self._group)
+
+    async def shutdown(self) -> None:
+        self._closed = True
+
+
+class RedisAdapter(QueueAdapter):
+    name = "redis"
+
+    def __init__(self, cfg: Any, *, redis: aioredis.Redis | None = None) -> None:
+        self.cfg = cfg
+        self.keys = Keys(cfg.prefix)
+        # Any: redis-py 8 types replies as unions of every protocol shape.
+        self.redis: Any = redis if redis is not None else connect(cfg)
+        self.caller = Caller(cfg, self.redis)
+        self.ack_script = self.redis.register_script(lua.ACK_FENCED)
+        self.claim_script = self.redis.register_script(lua.CLAIM_ALL)
+        self.trim_script = self.redis.register_script(lua.TRIM_ACKED)
+        self._groups_ready: set[tuple[int, str]] = set()
+
+    async def ensure_group(self, queue: int, group: str) -> None:
+        """Create ``group`` on the queue's stream at its start (all retained entries)."""
+        stream = self.keys.queue(queue)
+
+        async def create() -> None:
+            try:
+                await self.redis.xgroup_create(stream, check_name(group, "app name"), "0",
+                                               mkstream=True)
+            except rex.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+        await self.caller.retrying(f"creating group {group!r} on queue {queue}", create)
+        self._groups_ready.add((queue, group))
+
+    async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
+        """Append in order (one pipeline). Retried on connection loss: at least once."""
+        stream = self.keys.queue(queue)
+        batch = [encode_fields(m) for m in messages]
+
+        async def send() -> list[bytes]:
+            pipe = self.redis.pipeline(transaction=False)
+            for fields in batch:
+                pipe.xadd(stream, fields)
+            ids: list[bytes] = await pipe.execute()
+            return ids
+
+        ids = await self.caller.retrying(f"publishing to queue {queue}", send)
+        return [token_of(i, queue) for i in ids]
+
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        return RedisReceiver(self, queue, group)
+
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
+        key = self.keys.dead_letters(group)
+
+        async def send() -> None:
+            pipe = self.redis.pipeline(transaction=False)
+            for letter in letters:
+                pipe.xadd(
+                    key,
+                    {"cv-id": letter.message.id, "error": f"{letter.error_type}: {letter.error}",
+                     "letter": _encode_letter(letter)},
+                    maxlen=DLQ_MAX_LEN, approximate=True,
+                )
+            await pipe.execute()
+
+        await self.caller.retrying(f"storing dead letters of {group!r}", send)
+
+    async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
+        key = self.keys.dead_letters(group)
+        entries = await self.caller.retrying(
+            "reading dead letters", lambda: self.redis.xrange(key, "-", "+", count=limit)
+        )
+        return [_decode_letter(f[b"letter"]) for _, f in entries if b"letter" in f]
+
+    async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+        """``XGROUP SETID`` to just before the target; refuses while a daemon owns the queue."""
+        stream = self.keys.queue(queue)
+        lease_key = self.keys.lease(group, queue)
+        holder = await self.caller.retrying("reading the lease", lambda: self.redis.get(lease_key))
+        if holder:
+            owner = holder.decode().partition(" ")[2]
+            raise BrokerError(
+                f"queue {queue} is owned by daemon {owner} of app {group!r}; "
+                "stop the app's workers before rewinding"
+            )
+        if isinstance(to, SequenceToken):
+            if to.queue != queue:
+                raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+            ms, seq = to.major, to.minor
+        else:
+            ms, seq = int(to * 1000), 0
+        before = f"{ms}-{seq - 1}" if seq > 0 else f"{max(ms - 1, 0)}-18446744073709551615"
+        if ms == 0 and seq == 0:
+            before = "0-0"
+        if isinstance(to, SequenceToken):
+            first = await self.caller.retrying(
+                "reading the queue", lambda: self.redis.xrange(stream, "-", "+", count=1)
+            )
+            if first and token_of(first[0][0], queue) > to:
+                raise BrokerError(
+                    f"queue {queue}: {to} was already trimmed (oldest kept: "
+                    f"{token_of(first[0][0], queue)}); raise $.redis.retention_s to keep more"
+                )
+        await self.ensure_group(queue, group)
+        await self.caller.retrying(
+            f"rewinding {group!r} on queue {queue}",
+            lambda: self.redis.xgroup_setid(stream, group, before),
+        )
+
+    async def lag(self, queue: int, group: str) -> int:
+        """Entries not yet delivered to ``group`` plus those delivered but not acked."""
+        stream = self.keys.queue(queue)
+
+        async def read() -> int:
+            if not await self.redis.exists(stream):
+                return 0
+            for g in await self.redis.xinfo_groups(stream):
+                if g["name"].decode() != group:
+                    continue
+                undelivered = g.get("lag")
+                if undelivered is None:  # Redis cannot tell (after deletions): count
+                    after = b"(" + g["last-delivered-id"]
+                    undelivered = len(await self.redis.xrange(stream, after, "+"))
+                return int(g["pending"]) + int(undelivered)
+            return int(await self.redis.xlen(stream))  # a new group would read everything
+
+        return await self.caller.retrying(f"reading the lag of queue {queue}", read)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+def from_config(config: Any) -> RedisAdapter:
+    return RedisAdapter(config.redis)
+
+
+async def wait_ready(adapter: RedisAdapter, timeout_s: float = 10.0) -> None:
+    """Wait until the server answers PING (tools and tests)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await adapter.redis.ping()
+            return
+        except (rex.ConnectionError, rex.TimeoutError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)

@@ -1,0 +1,228 @@
+"""Connecting to Redis: URLs and credentials, key names, retries, error translation.
+
+Shared by the Redis queue adapter and the Redis membership/lease stores. Nothing here
+prints a password: URLs are logged through :func:`redact_url` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+
+log = logging.getLogger("conveyor.redis")
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to log or print)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable redis url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def check_name(value: str, what: str) -> str:
+    """Reject names that could reach into another key space (``:``, ``*``, spaces...)."""
+    if not _NAME.match(value):
+        raise ConfigError(
+            f"{what} {value!r} may only contain letters, digits, '_', '.', '-' (1-128 chars)"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Every Redis key Conveyor uses, derived from a validated prefix.
+
+    Streams are per queue and shared by all apps (each app is a consumer group);
+    coordination keys are per app. Namespaces and stream keys never appear in key
+    names, so message metadata cannot address other keys.
+    """
+
+    prefix: str
+
+    def __post_init__(self) -> None:
+        check_name(self.prefix, "$.redis.prefix")
+
+    def queue(self, queue: int) -> str:
+        return f"{self.prefix}:q:{int(queue)}"
+
+    def dead_letters(self, group: str) -> str:
+        return f"{self.prefix}:dlq:{check_name(group, 'app name')}"
+
+    def app(self, group: str) -> str:
+        return f"{self.prefix}:app:{check_name(group, 'app name')}"
+
+    def lease(self, group: str, queue: int) -> str:
+        return f"{self.app(group)}:lease:{int(queue)}"
+
+    def fence(self, group: str, queue: int) -> str:
+        return f"{self.app(group)}:fence:{int(queue)}"
+
+    def members(self, group: str) -> str:
+        return f"{self.app(group)}:members"
+
+    def member_info(self, group: str) -> str:
+        return f"{self.app(group)}:member-info"
+
+    def fenced_acks(self, group: str) -> str:
+        return f"{self.app(group)}:fenced-acks"
+
+
+def _credential(env_name: str) -> str | None:
+    return os.environ.get(env_name) or None if env_name else None
+
+
+def connect(cfg: Any) -> aioredis.Redis:
+    """A client for ``[redis]`` of the config (connections are opened lazily).
+
+    redis-py's own retries are disabled: a blind retry of ``XREADGROUP`` could strand
+    entries in the pending list; :class:`Caller` decides what may be retried.
+    """
+    url = cfg.url
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss"):
+        raise ConfigError(f"$.redis.url: expected redis:// or rediss://, got {redact_url(url)}")
+    kwargs: dict[str, Any] = {
+        "socket_connect_timeout": cfg.connect_timeout_s,
+        "socket_timeout": cfg.socket_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_timeout": False,
+        "decode_responses": False,
+    }
+    user, password = _credential(cfg.username_env), _credential(cfg.password_env)
+    if user is not None:
+        kwargs["username"] = user
+    if password is not None:
+        kwargs["password"] = password
+    if scheme == "rediss":
+        kwargs["ssl_cert_reqs"] = ssl.CERT_REQUIRED if cfg.tls_verify else ssl.CERT_NONE
+        kwargs["ssl_check_hostname"] = bool(cfg.tls_verify)
+        for key, value in (
+            ("ssl_ca_certs", cfg.tls_ca_file),
+            ("ssl_certfile", cfg.tls_cert_file),
+            ("ssl_keyfile", cfg.tls_key_file),
+        ):
+            if value:
+                kwargs[key] = value
+    try:
+        return aioredis.Redis.from_url(url, **kwargs)
+    except ValueError as exc:  # redis-py quotes the URL: do not repeat it
+        raise ConfigError(f"$.redis.url {redact_url(url)}: {type(exc).__name__}") from None
+
+
+# Errors worth retrying: the server is restarting, loading, or the network is down.
+RETRYABLE = (rex.ConnectionError, rex.TimeoutError, OSError, BrokerConnectionError)
+
+
+@contextlib.contextmanager
+def map_errors(what: str) -> Iterator[None]:
+    """Translate redis-py's exceptions into Conveyor's error tree."""
+    try:
+        yield
+    except (rex.AuthenticationError, rex.AuthorizationError) as exc:
+        raise BrokerError(f"redis refused the credentials while {what}: {exc}") from None
+    except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
+        raise BrokerConnectionError(f"redis unreachable while {what}: {exc}") from exc
+    except rex.RedisError as exc:
+        raise BrokerError(f"redis error while {what}: {exc}") from exc
+
+
+class Caller:
+    """Runs broker calls with translated errors and, where safe, retries.
+
+    Retries use tenacity: exponential back-off with jitter, capped at
+    ``retry_max_delay_s``, for at most ``retry_max_s``. An outage is logged once when it
+    starts, every few seconds while it lasts, and once when it ends.
+    """
+
+    def __init__(self, cfg: Any, redis: aioredis.Redis) -> None:
+        self.redis = redis
+        self.url = redact_url(cfg.url)
+        self.retry_max_s = cfg.retry_max_s
+        self.retry_max_delay_s = cfg.retry_max_delay_s
+        self._down_since: float | None = None
+        self._last_report = 0.0
+
+    def _failing(self, exc: BaseException, what: str) -> None:
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = self._last_report = now
+            log.warning("redis at %s unreachable while %s (%s); retrying with back-off",
+                        self.url, what, exc)
+        elif now - self._last_report >= 5.0:
+            self._last_report = now
+            log.warning("still waiting for redis at %s (down for %.0fs): %s",
+                        self.url, now - self._down_since, exc)
+
+    def ok(self) -> None:
+        if self._down_since is not None:
+            log.warning("redis at %s reachable again after %.1fs",
+                        self.url, time.monotonic() - self._down_since)
+            self._down_since = None
+
+    async def once(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One attempt (for calls that must not be repeated blindly)."""
+        try:
+            with map_errors(what):
+                result = await fn()
+        except BrokerConnectionError as exc:
+            self._failing(exc.__cause__ or exc, what)
+            raise
+        self.ok()
+        return result
+
+    async def retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Retry ``fn`` on connection errors (idempotent calls, or at-least-once ones)."""
+
+        def before_sleep(state: RetryCallState) -> None:
+            if state.outcome is not None and (exc := state.outcome.exception()) is not None:
+                self._failing(exc, what)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_delay(self.retry_max_s),
+            wait=wait_exponential_jitter(
+                multiplier=0.05, max=self.retry_max_delay_s, jitter=self.retry_max_delay_s / 4
+            ),
+            retry=retry_if_exception_type(RETRYABLE),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        with map_errors(what):
+            async for attempt in retrying:
+                with attempt:
+                    result = await fn()
+        self.ok()
+        return result

@@ -1,0 +1,203 @@
+"""Membership and leases in Redis, for daemons on any number of machines.
+
+Membership: a sorted set of member ids scored by their expiry (server clock) plus a
+hash of their descriptions. A daemon heartbeats every ``heartbeat_interval_s``; a
+daemon that stops (killed, paused, partitioned) vanishes ``member_ttl_s`` after its
+last heartbeat. Every reader gets the same view, sorted by id.
+
+Leases: one key per queue holding ``"<token> <owner>"`` with a TTL, the token drawn
+from a per-queue counter (``INCR``) so it only grows. Acquire, renew and release are
+Lua scripts: a check and its write cannot interleave with another daemon's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+
+from conveyor.adapters import redis_scripts as lua
+from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect
+from conveyor.platform.errors import BrokerError
+from conveyor.platform.leases import Lease, LeaseStore
+from conveyor.platform.membership import MemberInfo, Membership
+
+log = logging.getLogger("conveyor.redis")
+
+_encode = msgspec.json.Encoder().encode
+_decode_member = msgspec.json.Decoder(MemberInfo).decode
+_POLL_S = 0.2
+
+
+class RedisMembership(Membership):
+    def __init__(
+        self, caller: Caller, keys: Keys, group: str, *, ttl_s: float, heartbeat_s: float
+    ) -> None:
+        self._caller = caller
+        self._redis: Any = caller.redis
+        self._keys = [keys.members(group), keys.member_info(group)]
+        self._ttl_ms = int(ttl_s * 1000)
+        self._heartbeat_s = heartbeat_s
+        self._put = self._redis.register_script(lua.MEMBER_PUT)
+        self._list = self._redis.register_script(lua.MEMBERS)
+        self._me: MemberInfo | None = None
+        self._beating: asyncio.Task[None] | None = None
+        self._last_view: list[str] | None = None
+
+    async def _write(self, member: MemberInfo) -> None:
+        await self._caller.retrying(
+            "registering this daemon",
+            lambda: self._put(keys=self._keys, args=[member.id, _encode(member), self._ttl_ms]),
+        )
+
+    async def join(self, member: MemberInfo) -> None:
+        self._me = member
+        await self._write(member)
+        if self._beating is None or self._beating.done():
+            self._beating = asyncio.create_task(self._heartbeat_loop(), name="redis-heartbeat")
+
+    async def leave(self, member_id: str) -> None:
+        if self._me is not None and self._me.id == member_id:
+            self._me = None
+            if self._beating is not None:
+                self._beating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._beating
+                self._beating = None
+        await self._caller.retrying(
+            "leaving the membership",
+            lambda: self._put(keys=self._keys, args=[member_id, "", ""]),
+        )
+
+    async def heartbeat(self, member: MemberInfo) -> None:
+        if self._me is not None and self._me.id == member.id:
+            self._me = member
+        await self._write(member)
+
+    async def _heartbeat_loop(self) -> None:
+        while self._me is not None:
+            await asyncio.sleep(self._heartbeat_s)
+            me = self._me
+            if me is None:
+                return
+            try:
+                await self._write(me)
+            except BrokerError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def members(self) -> list[MemberInfo]:
+        flat = await self._caller.retrying(
+            "reading the membership", lambda: self._list(keys=self._keys, args=[])
+        )
+        out: list[MemberInfo] = []
+        for i in range(0, len(flat), 2):
+            ident, info = flat[i].decode(), flat[i + 1]
+            try:
+                out.append(_decode_member(info))
+            except msgspec.DecodeError:
+                out.append(MemberInfo(id=ident, host="?", pid=0, started_at=0.0))
+        self._last_view = [m.id for m in out]
+        return out
+
+    async def wait_changed(self, timeout_s: float) -> bool:
+        """Poll the view every 0.2 s (expiry has no event) until it differs."""
+        deadline = time.monotonic() + timeout_s
+        before = self._last_view
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(_POLL_S, left))
+            try:
+                now = [m.id for m in await self.members()]
+            except BrokerError:
+                continue
+            if before is None or now != before:
+                return True
+
+    async def close(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+
+
+class RedisLeaseStore(LeaseStore):
+    def __init__(self, caller: Caller, keys: Keys, group: str, total_queues: int) -> None:
+        self._caller = caller
+        self._redis: Any = caller.redis
+        self._keys = keys
+        self._group = check_name(group, "app name")
+        self._total = total_queues
+        self._acquire = self._redis.register_script(lua.LEASE_ACQUIRE)
+        self._renew = self._redis.register_script(lua.LEASE_RENEW)
+        self._release = self._redis.register_script(lua.LEASE_RELEASE)
+        # Local monotonic times at which leases we were refused are due to expire.
+        self._blocked_until: dict[int, float] = {}
+
+    async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
+        started = time.monotonic()
+        keys = [self._keys.lease(self._group, queue), self._keys.fence(self._group, queue)]
+        reply = await self._caller.retrying(
+            f"acquiring the lease of queue {queue}",
+            lambda: self._acquire(keys=keys, args=[owner, int(ttl_s * 1000)]),
+        )
+        token = int(reply[0])
+        if token == 0:
+            pttl = int(reply[1])
+            self._blocked_until[queue] = started + max(pttl, 0) / 1000
+            return None
+        self._blocked_until.pop(queue, None)
+        return Lease(queue, owner, token, started + ttl_s)
+
+    async def renew(self, lease: Lease, ttl_s: float) -> Lease | None:
+        started = time.monotonic()
+        key = self._keys.lease(self._group, lease.queue)
+        ok = await self._caller.once(
+            f"renewing the lease of queue {lease.queue}",
+            lambda: self._renew(
+                keys=[key], args=[f"{lease.token} {lease.owner}", int(ttl_s * 1000)]
+            ),
+        )
+        if not ok:
+            return None
+        return Lease(lease.queue, lease.owner, lease.token, started + ttl_s)
+
+    async def release(self, lease: Lease) -> None:
+        key = self._keys.lease(self._group, lease.queue)
+        await self._caller.retrying(
+            f"releasing the lease of queue {lease.queue}",
+            lambda: self._release(keys=[key], args=[f"{lease.token} {lease.owner}"]),
+        )
+
+    async def owners(self) -> dict[int, str]:
+        keys = [self._keys.lease(self._group, q) for q in range(self._total)]
+        values = await self._caller.retrying("reading leases", lambda: self._redis.mget(keys))
+        return {
+            q: v.decode().partition(" ")[2] for q, v in enumerate(values) if v is not None
+        }
+
+    async def wait_released(self, timeout_s: float) -> None:
+        """Sleep until the soonest refused lease is due to expire, or ``timeout_s``."""
+        now = time.monotonic()
+        due = [t for t in self._blocked_until.values() if t > now]
+        wait_s = min([timeout_s, *(t - now + 0.02 for t in due)])
+        if not due and self._blocked_until:
+            wait_s = min(timeout_s, 0.05)  # overdue: try again almost at once
+            self._blocked_until.clear()
+        await asyncio.sleep(max(wait_s, 0.0))
+
+
+def redis_coordination(config: Any, group: str) -> tuple[Membership, LeaseStore]:
+    """``[balancer] membership = "redis"``: both stores share one connection pool."""
+    cfg = config.redis
+    redis: aioredis.Redis = connect(cfg)
+    caller = Caller(cfg, redis)
+    keys = Keys(cfg.prefix)
+    membership = RedisMembership(
+        caller, keys, group, ttl_s=cfg.member_ttl_s, heartbeat_s=cfg.heartbeat_interval_s
+    )
+    return membership, RedisLeaseStore(caller, keys, group, config.queues.total)

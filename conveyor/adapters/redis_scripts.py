@@ -1,0 +1,117 @@
+"""Lua scripts: each runs atomically on the server, so checks and writes cannot interleave.
+
+Lease values are ``"<token> <owner>"``; a script that is told the value its caller
+holds refuses to act when the key holds anything else (fencing).
+"""
+
+# KEYS: stream, lease, fenced-acks counter. ARGV: group, lease value, ids...
+# Returns the number acknowledged, or -1 when the caller's lease is gone.
+ACK_FENCED = """
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then
+  redis.call('HINCRBY', KEYS[3], ARGV[2], #ARGV - 2)
+  return -1
+end
+return redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3))
+"""
+
+# KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), count.
+# Moves every pending entry of the group to this consumer; -1 when the lease is gone.
+CLAIM_ALL = """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
+local cursor, n = '0-0', 0
+repeat
+  local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, cursor,
+                       'COUNT', ARGV[4], 'JUSTID')
+  cursor = r[1]
+  n = n + #r[2]
+until cursor == '0-0'
+return n
+"""
+
+# KEYS: stream. ARGV: newest ms that may be trimmed (retention).
+# Trims entries below every group's floor: its oldest pending entry, or, with nothing
+# pending, the entry after its last delivered one. Nothing unread is ever trimmed.
+TRIM_ACKED = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return 0 end
+local best_ms, best_seq = tonumber(ARGV[1]), 0
+for _, g in ipairs(groups) do
+  local name, last
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then
+      last = g[i + 1] end
+  end
+  local p = redis.call('XPENDING', KEYS[1], name)
+  local id, inc = last, 1
+  if p[1] > 0 then id, inc = p[2], 0 end
+  local dash = string.find(id, '-', 1, true)
+  local ms = tonumber(string.sub(id, 1, dash - 1))
+  local seq = tonumber(string.sub(id, dash + 1)) + inc
+  if ms < best_ms or (ms == best_ms and seq < best_seq) then best_ms, best_seq = ms, seq end
+end
+if best_ms <= 0 and best_seq <= 0 then return 0 end
+return redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-%d', best_ms, best_seq))
+"""
+
+# KEYS: lease, fence counter. ARGV: owner, ttl ms.
+# Returns {token} when granted, {0, pttl} when someone else holds it.
+LEASE_ACQUIRE = """
+local held = redis.call('GET', KEYS[1])
+if held then
+  local owner = string.sub(held, string.find(held, ' ', 1, true) + 1)
+  if owner ~= ARGV[1] then return {0, redis.call('PTTL', KEYS[1])} end
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+return {token}
+"""
+
+# KEYS: lease. ARGV: lease value, ttl ms. 1 renewed, 0 lost.
+LEASE_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS: lease. ARGV: lease value.
+LEASE_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: members zset, info hash. ARGV: id, info json, ttl ms ('' = leave).
+# Expiry scores use the server's clock, so every daemon agrees on who lapsed.
+MEMBER_PUT = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if ARGV[3] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+# KEYS: members zset, info hash. Drops lapsed members; returns {id, info, ...} by id.
+MEMBERS = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('HDEL', KEYS[2], unpack(gone))
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+table.sort(ids)
+local out = {}
+for _, id in ipairs(ids) do
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
+end
+return out
+"""

@@ -1,0 +1,36 @@
+"""A test app for worker subprocesses: records every message it handles.
+
+Each handled message appends one line ``<time> <pid> <queue> <stream-key> <seq> <id>``
+to the file named by ``CONVEYOR_TEST_RECORD``, flushed per line, so a test can count
+deliveries and check order even after the process was killed with SIGKILL.
+``CONVEYOR_TEST_WORK_MS`` makes each message take that long (an await, not CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import msgspec
+
+from conveyor import App, MessageContext
+
+
+class Item(msgspec.Struct):
+    seq: int
+
+
+app = App("rec")
+_out = open(os.environ.get("CONVEYOR_TEST_RECORD", os.devnull), "a", buffering=1)  # noqa: SIM115
+_work_s = float(os.environ.get("CONVEYOR_TEST_WORK_MS", "0")) / 1000
+_pid = os.getpid()
+
+
+@app.handler("items")
+async def on_item(item: Item, ctx: MessageContext) -> None:
+    if _work_s:
+        await asyncio.sleep(_work_s)
+    msg = ctx.message
+    queue = msg.token.queue if msg.token else -1
+    _out.write(f"{time.time():.3f} {_pid} {queue} {msg.stream.key} {item.seq} {msg.id}\n")

@@ -1,0 +1,189 @@
+"""A real redis-server per test, on a free port in a temp dir, plus worker processes.
+
+The server can be restarted in place (same port, same directory, AOF kept) to test
+that daemons ride out a broker restart.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import free_port, server_missing, wait_until_sync
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+class RedisServer:
+    def __init__(self, workdir: Path, *, aof: bool = False) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.aof = aof
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.workdir), "--save", "", "--daemonize", "no",
+            "--logfile", str(self.workdir / "redis.log"),
+        ]
+        if self.aof:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+
+        def ready() -> bool:
+            try:
+                return bool(client.ping())
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                return False
+
+        try:
+            wait_until_sync(ready, 10, "redis-server to accept connections")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """SIGTERM: redis flushes its AOF and exits."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    if shutil.which("redis-server") is None:
+        server_missing("redis-server")
+    server = RedisServer(tmp_path, aof=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def write_config(path: Path, url: str, **sections: dict[str, object]) -> Path:
+    """A configs/redis.toml-like file pointing at ``url``, with overrides per section."""
+    base: dict[str, dict[str, object]] = {
+        "queues": {"adapter": "redis", "total": 8},
+        "redis": {"url": url, "prefix": "t"},
+        "balancer": {"kind": "dynamic", "membership": "redis"},
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    lines = []
+    for name, values in base.items():
+        lines.append(f"[{name}]")
+        for key, value in values.items():
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = f'"{value}"'
+            else:
+                text = repr(value)
+            lines.append(f"{key} = {text}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Worker:
+    """A ``conveyor worker`` subprocess running tests.apps.recorder."""
+
+    def __init__(self, name: str, config: Path, tmp: Path, *, work_ms: float = 0,
+                 log_level: str = "info") -> None:
+        self.name = name
+        self.record = tmp / f"{name}.rec"
+        self.stderr_path = tmp / f"{name}.err"
+        env = dict(os.environ, CONVEYOR_TEST_RECORD=str(self.record),
+                   CONVEYOR_TEST_WORK_MS=str(work_ms), PYTHONUNBUFFERED="1")
+        self._err = open(self.stderr_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "--log-level", log_level, "worker",
+             "tests.apps.recorder:app", "--config", str(config)],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=self._err,
+        )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 30) -> int:
+        """SIGTERM (graceful drain) and wait for the exit code."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self._err.close()
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    """Every worker a test starts is appended here and killed at teardown."""
+    started: list[Worker] = []
+    try:
+        yield started
+    finally:
+        for w in started:
+            w.kill()
+
+
+def read_records(paths: list[Path]) -> list[tuple[float, int, int, str, int, str]]:
+    """Every line of the record files: (time, pid, queue, stream key, seq, message id)."""
+    rows = []
+    for path in paths:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) != 6:
+                continue  # a line cut short by SIGKILL
+            t, pid, q, key, seq, mid = parts
+            rows.append((float(t), int(pid), int(q), key, int(seq), mid))
+    return rows
+
+
+def wait_file_lines(paths: list[Path], n: int, timeout_s: float, what: str) -> None:
+    def count() -> int:
+        return sum(p.read_bytes().count(b"\n") for p in paths if p.exists())
+
+    deadline = time.monotonic() + timeout_s
+    while count() < n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what} "
+                                 f"({count()}/{n} lines)")
+        time.sleep(0.05)

@@ -1,0 +1,300 @@
+"""The Redis adapter and stores against a real redis-server: wire format, fencing,
+claims, retention, lag, rewind, membership, leases, security, CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conveyor.adapters.redis import RedisAdapter
+from conveyor.adapters.redis_conn import Keys, connect, redact_url
+from conveyor.adapters.redis_coordination import redis_coordination
+from conveyor.cli import main
+from conveyor.platform.client import Client
+from conveyor.platform.config import Config, load_config
+from conveyor.platform.errors import BrokerError, ConfigError, LeaseLostError
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.membership import MemberInfo
+from tests.integration.redis.conftest import REPO, RedisServer, write_config
+
+pytestmark = pytest.mark.redis
+
+
+def config_for(server: RedisServer, **redis: object) -> Config:
+    return load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis"},
+        "redis": {"url": server.url, "prefix": "t", **redis},
+        "balancer": {"membership": "redis"},
+    })
+
+
+@pytest.fixture
+async def adapter(redis_server: RedisServer) -> AsyncIterator[RedisAdapter]:
+    a = RedisAdapter(config_for(redis_server).redis)
+    try:
+        yield a
+    finally:
+        await a.close()
+
+
+async def test_an_entry_written_by_redis_cli_is_delivered(adapter: RedisAdapter) -> None:
+    await adapter.redis.execute_command(
+        "XADD", "t:q:3", "*", "cv-ns", "orders", "cv-key", "42", "body", '{"total": 3}',
+        "traceparent", "00-abc-def-01",
+    )
+    receiver = adapter.create_receiver(3, "shop")
+    await receiver.initialize()
+    [msg] = await receiver.get_messages(10, 0.5)
+    assert (msg.stream.namespace, msg.stream.key, msg.body) == ("orders", "42", b'{"total": 3}')
+    assert msg.headers == {"traceparent": "00-abc-def-01"}
+    assert msg.token is not None and msg.enqueued_at_ms == msg.token.major
+    assert await receiver.lag() == 1
+    await receiver.messages_delivered([msg.token])
+    assert await receiver.lag() == 0
+
+
+async def test_a_published_message_round_trips_every_field(adapter: RedisAdapter) -> None:
+    client = Client(adapter, HashRingQueueMapper(8))
+    token = await client.publish("orders", "k", {"a": 1}, {"x-tenant": "t1"})
+    receiver = adapter.create_receiver(token.queue, "shop")
+    await receiver.initialize()
+    [msg] = await receiver.get_messages(5, 0.5)
+    assert msg.token == token and msg.headers == {"x-tenant": "t1"}
+    assert msg.content_type == "application/json" and msg.body == b'{"a":1}'
+
+
+async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer) -> None:
+    config = config_for(redis_server)
+    adapter = RedisAdapter(config.redis)
+    _, leases = redis_coordination(config, "shop")
+    try:
+        await Client(adapter, HashRingQueueMapper(8)).publish("orders", "k", {})
+        queue = HashRingQueueMapper(8).queue_for_key("orders", "k")
+        old = await leases.acquire(queue, "old", 0.2)
+        assert old is not None
+        stale = adapter.create_receiver(queue, "shop")
+        stale.set_lease(old)
+        await stale.initialize()
+        [msg] = await stale.get_messages(1, 0.5)
+        await asyncio.sleep(0.3)  # the old lease expires in the store
+        new = await leases.acquire(queue, "new", 5)
+        assert new is not None and new.token > old.token
+        assert msg.token is not None
+        with pytest.raises(LeaseLostError):
+            await stale.messages_delivered([msg.token])
+        # The new owner claims the entry and gets it first, then acknowledges it.
+        fresh = adapter.create_receiver(queue, "shop")
+        fresh.set_lease(new)
+        await fresh.initialize()
+        again = await fresh.get_messages(10, 0.1)
+        assert [m.id for m in again] == [msg.id]
+        await fresh.messages_delivered([msg.token])
+        assert await adapter.lag(queue, "shop") == 0
+        refused = await adapter.redis.hgetall(Keys("t").fenced_acks("shop"))
+        assert refused == {f"{old.token} old".encode(): b"1"}
+    finally:
+        await adapter.close()
+
+
+async def test_pending_entries_come_first_in_order_after_a_takeover(
+    adapter: RedisAdapter,
+) -> None:
+    client = Client(adapter, HashRingQueueMapper(1))
+    for i in range(10):
+        await client.publish("n", "k", {"i": i})
+    first = adapter.create_receiver(0, "g")
+    await first.initialize()
+    taken = await first.get_messages(4, 0.1)
+    await first.messages_delivered([taken[0].token])  # type: ignore[list-item]
+    # The owner dies with three unacknowledged; the next one sees them first, in order.
+    second = adapter.create_receiver(0, "g")
+    await second.initialize()
+    got = []
+    while batch := await second.get_messages(2, 0.05):
+        got.extend(batch)
+    assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in range(1, 10)]
+
+
+async def test_retention_trims_only_what_every_group_acknowledged(
+    redis_server: RedisServer,
+) -> None:
+    adapter = RedisAdapter(config_for(redis_server, retention_s=0, trim_interval_s=0.01).redis)
+    try:
+        client = Client(adapter, HashRingQueueMapper(1))
+        for i in range(20):
+            await client.publish("n", "k", {"i": i})
+        fast, slow = adapter.create_receiver(0, "fast"), adapter.create_receiver(0, "slow")
+        await fast.initialize()
+        await slow.initialize()
+        done = await fast.get_messages(20, 0.1)
+        part = await slow.get_messages(5, 0.1)
+        await slow.messages_delivered([m.token for m in part[:3]])  # type: ignore[misc]
+        await asyncio.sleep(0.02)
+        await fast.messages_delivered([m.token for m in done])  # type: ignore[misc]
+        # "slow" acknowledged 3 and still holds 2 pending: only the first 3 may go.
+        assert await adapter.redis.xlen("t:q:0") == 17
+        assert await adapter.lag(0, "slow") == 17 and await adapter.lag(0, "fast") == 0
+        rest = await slow.get_messages(100, 0.1)
+        await asyncio.sleep(0.02)
+        await slow.messages_delivered([m.token for m in part[3:] + rest])  # type: ignore[misc]
+        assert await adapter.redis.xlen("t:q:0") == 0
+    finally:
+        await adapter.close()
+
+
+async def test_membership_is_one_ordered_view_and_dead_members_lapse(
+    redis_server: RedisServer,
+) -> None:
+    config = config_for(redis_server, member_ttl_s=0.5, heartbeat_interval_s=0.1)
+    a, _ = redis_coordination(config, "shop")
+    b, _ = redis_coordination(config, "shop")
+    alive = MemberInfo(id="m-b", host="h", pid=1, started_at=0.0)
+    silent = MemberInfo(id="m-a", host="h", pid=2, started_at=0.0)
+    await a.join(alive)
+    # "m-a" is written once and never heartbeats: it vanishes after its TTL.
+    await b.heartbeat(silent)
+    assert [m.id for m in await a.members()] == ["m-a", "m-b"]
+    assert [m.id for m in await b.members()] == ["m-a", "m-b"]
+    assert await a.wait_changed(3.0)
+    assert [m.id for m in await b.members()] == ["m-b"]
+    await a.leave("m-b")
+    assert await b.members() == []
+
+
+async def test_leases_grant_growing_tokens_to_one_holder(redis_server: RedisServer) -> None:
+    _, leases = redis_coordination(config_for(redis_server), "shop")
+    first = await leases.acquire(2, "x", 5)
+    assert first is not None
+    assert await leases.acquire(2, "y", 5) is None
+    assert await leases.renew(first, 5) is not None
+    await leases.release(first)
+    second = await leases.acquire(2, "y", 5)
+    assert second is not None and second.token > first.token
+    assert await leases.renew(first, 5) is None
+    await leases.release(first)  # a stale release does nothing
+    assert await leases.owners() == {2: "y"}
+
+
+def test_rewind_replays_a_known_range(redis_server: RedisServer, tmp_path: Path) -> None:
+    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
+                            queues={"adapter": "redis", "total": 1})
+    config = load_config(cfg_path, environ={})
+
+    async def publish_and_consume() -> list[SequenceToken]:
+        adapter = RedisAdapter(config.redis)
+        try:
+            client = Client(adapter, HashRingQueueMapper(1))
+            tokens = [await client.publish("n", "k", {"i": i}) for i in range(10)]
+            r = adapter.create_receiver(0, "shop")
+            await r.initialize()
+            msgs = await r.get_messages(100, 0.1)
+            await r.messages_delivered([m.token for m in msgs])  # type: ignore[misc]
+            assert await adapter.lag(0, "shop") == 0
+            return tokens
+        finally:
+            await adapter.close()
+
+    tokens = asyncio.run(publish_and_consume())
+    result = CliRunner().invoke(
+        main, ["rewind", "--config", str(cfg_path), "--app", "shop", "--to", str(tokens[6])]
+    )
+    assert result.exit_code == 0, result.output
+
+    async def replay() -> list[bytes]:
+        adapter = RedisAdapter(config.redis)
+        try:
+            r = adapter.create_receiver(0, "shop")
+            await r.initialize()
+            msgs = await r.get_messages(100, 0.1)
+            msgs += await r.get_messages(100, 0.1)  # past any pending ones: nothing more
+            await r.messages_delivered([m.token for m in msgs])  # type: ignore[misc]
+            return [m.body for m in msgs]
+        finally:
+            await adapter.close()
+
+    assert asyncio.run(replay()) == [f'{{"i":{i}}}'.encode() for i in range(6, 10)]
+    assert asyncio.run(replay()) == []
+    # A point in time before everything replays everything.
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(tokens[0].major / 1000 - 5)) + "Z"
+    result = CliRunner().invoke(
+        main, ["rewind", "--config", str(cfg_path), "--app", "shop", "--to", when]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(asyncio.run(replay())) == 10
+
+
+async def test_rewind_is_refused_while_a_daemon_owns_the_queue(
+    redis_server: RedisServer,
+) -> None:
+    config = config_for(redis_server)
+    adapter = RedisAdapter(config.redis)
+    _, leases = redis_coordination(config, "shop")
+    try:
+        await leases.acquire(0, "busy-daemon", 5)
+        with pytest.raises(BrokerError, match="busy-daemon"):
+            await adapter.rewind(0, "shop", time.time())
+    finally:
+        await adapter.close()
+
+
+def test_names_that_could_reach_other_keys_are_refused() -> None:
+    with pytest.raises(ConfigError):
+        Keys("conveyor:*")
+    with pytest.raises(ConfigError):
+        Keys("ok").lease("app}:x", 1)
+    assert Keys("p").queue(3) == "p:q:3"
+
+
+def test_passwords_are_redacted_and_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert redact_url("rediss://bob:s3cret@h:6380/1") == "rediss://bob:***@h:6380/1"
+    assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
+    monkeypatch.setenv("CONVEYOR_REDIS_PASSWORD", "from-env")
+    monkeypatch.setenv("CONVEYOR_REDIS_USERNAME", "alice")
+    cfg = load_config(None, environ={}, overrides={"redis": {"url": "rediss://h:1/0"}}).redis
+    client = connect(cfg)
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["username"], kwargs["password"]) == ("alice", "from-env")
+    assert "from-env" not in repr(client)
+
+
+def test_a_wrong_password_is_reported_without_printing_it(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    redis_server.client().config_set("requirepass", "the-right-one")
+    url = f"redis://default:hunter2@127.0.0.1:{redis_server.port}/0"
+    cfg = write_config(tmp_path / "c.toml", url, redis={"url": url, "retry_max_s": 0.5})
+    proc = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "publish", "items", "k", "{}", "--config",
+         str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "credentials" in proc.stderr
+    assert "hunter2" not in proc.stdout + proc.stderr
+
+
+def test_publish_and_status_commands_work_against_redis(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+    runner = CliRunner()
+    result = runner.invoke(main, ["publish", "items", "k1", '{"seq": 1}', "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    token = SequenceToken.parse(result.output.strip())
+    result = runner.invoke(main, ["status", "--config", str(cfg), "--app", "rec", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["members"] == []
+    assert {q["queue"]: q["lag"] for q in report["queues"]}[token.queue] == 1
+    result = runner.invoke(main, ["status", "--config", str(cfg), "--app", "rec"])
+    assert "total" in result.output and "lag" in result.output
