@@ -93,3 +93,26 @@ def test_settings_come_from_the_supervisor_section() -> None:
     s = SupervisorSettings.from_config(config, 1, 4)
     assert s.lag_per_process == 400 and s.idle_lag_per_process == 20
     assert s.scale_down.inspection_period_s == 0.5
+
+
+def test_shrinking_reaches_min_even_when_the_first_removal_took_the_only_idle_one() -> None:
+    scaler = LagScaler(settings(min_processes=1))
+    t = 0.0
+    for _ in range(5):
+        t += 1
+        scaler.decide(t, [400, 400, 400], 8)
+    n = 3
+    lags = [0, 200, 200]  # one idle, two still draining
+    while n == 3 and t < 30:
+        t += 1
+        if scaler.decide(t, lags[:n], 8) is Decision.DOWN:
+            n -= 1
+    assert n == 2
+    for _ in range(3):  # the rest drains, then nothing is left
+        t += 1
+        scaler.decide(t, [100] * n, 8)
+    for _ in range(30):
+        t += 1
+        if scaler.decide(t, [0] * n, 8) is Decision.DOWN:
+            n -= 1
+    assert n == 1
