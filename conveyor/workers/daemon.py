@@ -223,6 +223,28 @@ class WorkerDaemon:
         self._acked_gone += agent.acked
         self._max_cache_fill_gone = max(self._max_cache_fill_gone, agent.max_cache_fill)
 
+    def slot_metrics(self) -> dict[str, dict[str, int]]:
+        """Gauges for exporters: slots in use and available, per handler and in total.
+
+        ``"*"`` is the daemon's supplier: ``in_use`` slots carrying a message,
+        ``issued`` slots handed out (pulled or about to pull), ``available`` what it
+        could issue now (-1 when the supplier cannot tell). Per handler, ``in_use`` is
+        the messages still waiting for or running in that handler, each holding a slot;
+        ``available`` is the shared supplier's. Computed on demand, off the hot path.
+        """
+        available = self.slots.available
+        free = -1 if available is None else available
+        per_handler = {spec.name: 0 for spec in self.app.handlers}
+        for agent in [*self.agents.values(), *self._leaving.values()]:
+            for lane in agent.cache.lanes.values():
+                per_handler[lane.spec.name] = per_handler.get(lane.spec.name, 0) + len(
+                    lane.entries
+                )
+        metrics = {name: {"in_use": n, "available": free} for name, n in per_handler.items()}
+        metrics["*"] = {"in_use": self.slots.in_use, "issued": self.slots.issued,
+                        "available": free}
+        return metrics
+
     @property
     def max_cache_fill(self) -> int:
         """The most messages any of this daemon's agents held at once, ever."""
