@@ -71,7 +71,8 @@ async def test_the_documented_custom_supplier_runs_a_daemon_and_never_overpulls(
 async def test_slot_metrics_show_slots_per_handler_while_busy() -> None:
     adapter = fresh_adapter()
     record = Record()
-    d = daemon(recording_app(record, delay_s=0.05), adapter, config(slots={"count": 10}, queues={"total": 1}))
+    d = daemon(recording_app(record, delay_s=0.05), adapter,
+               config(slots={"count": 10}, queues={"total": 1}))
     await publish_items(Client(adapter, d.mapper), 50, streams=50)
     await d.start()
     name = d.app.handlers[0].name
