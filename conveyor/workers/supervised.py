@@ -28,8 +28,10 @@ import signal
 import sys
 from typing import Any
 
-from conveyor.platform.balancer import BalanceListener, QueueBalancer
-from conveyor.platform.membership import MemberInfo
+from conveyor.platform.balancer import BalanceListener, DynamicBalancer, QueueBalancer
+from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.leases import LeaseStore
+from conveyor.platform.membership import MemberInfo, Membership
 
 log = logging.getLogger("conveyor.supervised")
 
@@ -65,6 +67,47 @@ class SupervisedBalancer(QueueBalancer):
         return sorted(self._owned)
 
 
+class LeasedSupervisedBalancer(DynamicBalancer):
+    """The supervisor's assignment, held as real leases of the app's shared lease store.
+
+    Used when ``[balancer] membership`` names a store shared by processes (``redis``):
+    children register as members (``conveyor status`` lists them and their queues),
+    every queue they pull is fenced by its lease, a queue is given up drained *then*
+    its lease released, and a queue whose previous owner crashed is taken over as soon
+    as that owner's lease lapses. Only the target set differs from
+    :class:`DynamicBalancer`: it is what the supervisor assigned, not a share computed
+    from the membership.
+    """
+
+    def __init__(self, membership: Membership, leases: LeaseStore, total_queues: int,
+                 **kw: float) -> None:
+        super().__init__(membership, leases, total_queues, **kw)
+        self._assigned: set[int] = set()
+
+    async def _rebalance(self) -> None:
+        assert self._member is not None
+        me = self._member.id
+        if me not in [m.id for m in await self.membership.members()]:
+            await self.membership.join(self._member)
+        held = set(self._held)
+        await asyncio.gather(
+            *(self._give_up(q) for q in sorted(held - self._assigned)),
+            *(self._take(q) for q in sorted(self._assigned - held)),
+        )
+
+    async def acquire(self, queue: int) -> None:
+        """Returns once the lease is held and the queue is being pulled."""
+        self._assigned.add(queue)
+        while queue not in self._held and queue in self._assigned:
+            await self._take(queue)
+            if queue not in self._held:  # a crashed owner's lease has not lapsed yet
+                await self.leases.wait_released(self.rebalance_interval_s)
+
+    async def release(self, queue: int) -> None:
+        self._assigned.discard(queue)
+        await self._give_up(queue)
+
+
 async def _stdin_lines() -> asyncio.StreamReader:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -81,8 +124,17 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
         os.write(events_fd, (json.dumps({"event": event, **fields}) + "\n").encode())
 
     app = load_app(app_path)
-    balancer = SupervisedBalancer()
     config = load_config(None if config_path == "-" else config_path)
+    balancer: SupervisedBalancer | LeasedSupervisedBalancer
+    if config.balancer.membership == "memory":  # nothing shared to hold leases in
+        balancer = SupervisedBalancer()
+    else:
+        membership, leases = coordination_from_config(config, app.name)
+        balancer = LeasedSupervisedBalancer(
+            membership, leases, config.queues.total,
+            lease_ttl_s=config.balancer.lease_ttl_s,
+            rebalance_interval_s=config.balancer.rebalance_interval_s,
+        )
     daemon = WorkerDaemon(app, config, balancer=balancer)
     await daemon.start()
     emit("ready", id=daemon.member.id, pid=os.getpid())

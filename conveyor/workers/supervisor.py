@@ -45,6 +45,7 @@ from conveyor.platform.errors import ConfigError
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
 log = logging.getLogger("conveyor.supervisor")
+STATUS_EVERY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +256,8 @@ class Supervisor:
         self.scale_ups = 0
         self.scale_downs = 0
         self.replaced = 0
+        self._was_busy = False
+        self._status_at = 0.0
 
     @property
     def processes(self) -> int:
@@ -292,7 +295,15 @@ class Supervisor:
         by_process = [sum(lags[q] for q in c.queues) for c in self.children]
         self.lag = sum(lags)
         self.lag_per_process = self.lag / max(1, self.processes)
-        decision = self.scaler.decide(time.monotonic(), by_process, total)
+        now = time.monotonic()
+        decision = self.scaler.decide(now, by_process, total)
+        # Lag and process count at INFO when the app goes busy or idle, and every
+        # STATUS_EVERY_S while busy; every inspection at DEBUG.
+        busy = self.lag > 0
+        if busy != self._was_busy or (busy and now - self._status_at >= STATUS_EVERY_S):
+            log.info("supervisor: lag=%d (%.0f/process) processes=%d",
+                     self.lag, self.lag_per_process, self.processes)
+            self._was_busy, self._status_at = busy, now
         log.debug("supervisor: lag=%d per_process=%.0f processes=%d decision=%s",
                   self.lag, self.lag_per_process, self.processes, decision.value)
         if decision is Decision.UP:
