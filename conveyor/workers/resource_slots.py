@@ -107,7 +107,9 @@ class ResourceBasedSlotSupplier(SlotSupplier):
         self.memory_output = 0.0
 
     @classmethod
-    def from_config(cls, config: Any, sampler: ResourceSampler | None = None) -> Any:
+    def from_config(
+        cls, config: Any, sampler: ResourceSampler | None = None
+    ) -> ResourceBasedSlotSupplier:
         return cls(
             target_cpu=config.target_cpu,
             target_memory=config.target_memory,

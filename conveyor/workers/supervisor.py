@@ -67,7 +67,9 @@ class SupervisorSettings:
             )
 
     @classmethod
-    def from_config(cls, config: Config, min_processes: int, max_processes: int) -> Any:
+    def from_config(
+        cls, config: Config, min_processes: int, max_processes: int
+    ) -> SupervisorSettings:
         s = config.supervisor
         period_s = s.inspection_period_ms / 1000
         return cls(
