@@ -64,8 +64,13 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     "--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0),
     help="Override [worker] drain_timeout_s.",
 )
+@click.option(
+    "--processes", metavar="MIN:MAX", default=None,
+    help="Run MIN..MAX daemon processes, scaled on consumer lag (see [supervisor]).",
+)
 def worker(
-    app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None
+    app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
+    processes: str | None,
 ) -> None:
     """Run a worker daemon for APP_PATH (MODULE:ATTR or FILE.py:ATTR) until SIGINT/SIGTERM.
 
@@ -85,6 +90,16 @@ def worker(
         app = load_app(app_path)
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
+    if processes is not None:
+        from conveyor.workers.supervisor import run_supervisor
+
+        try:
+            run_supervisor(app_path, app.name, config, processes, config_path, overrides)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--processes") from None
+        except ConveyorError as exc:
+            raise click.ClickException(str(exc)) from None
+        return
 
     async def run() -> str:
         daemon = WorkerDaemon(app, config)
@@ -384,6 +399,29 @@ def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: b
 
     result = telemetry_cost(messages, repeats, sample_ratio)
     click.echo(json.dumps(result.as_dict()) if as_json else result.table())
+
+
+@bench.command("scale-down")
+@click.option("--cycles", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--cycle-s", type=click.FloatRange(min=0.01), default=1.2, show_default=True)
+@click.option("--load-s", type=click.FloatRange(min=0.01), default=2.0, show_default=True)
+@click.option("--inspection-period-ms", type=click.FloatRange(min=1), default=500.0,
+              show_default=True, help="Scale-down inspection period (backoff follows it).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def bench_scale_down(
+    cycles: int, cycle_s: float, load_s: float, inspection_period_ms: float, as_json: bool
+) -> None:
+    """Monotonic vs adaptive stateless-worker pool: workers per cooldown cycle."""
+    from conveyor.bench.scale_down import ScaleDownSettings, scale_down, table
+    from conveyor.workers.scaledown import ScaleDownPolicy
+
+    period_s = inspection_period_ms / 1000
+    policy = ScaleDownPolicy(inspection_period_s=period_s, backoff_s=period_s)
+    result = scale_down(ScaleDownSettings(
+        cycles=cycles, cycle_s=cycle_s, load_s=load_s, policy=policy
+    ))
+    click.echo(json.dumps(result) if as_json else table(result))
+
 
 
 def _register_lab() -> None:

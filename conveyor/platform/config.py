@@ -80,10 +80,42 @@ class KafkaConfig(_Section):
     topic: str = "conveyor"
 
 
+class ResourceSlotsConfig(_Section):
+    """The resource-based supplier: issue slots while CPU and memory stay below targets."""
+
+    target_cpu: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
+    """Fraction of the CPU limit (cgroup v2 ``cpu.max``, else all host cores) to aim for."""
+    target_memory: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
+    """Fraction of the memory limit (``memory.max``, else host RAM), anonymous memory only."""
+    min_slots: PositiveInt = 1
+    max_slots: PositiveInt = 10_000
+    ramp_throttle_ms: NonNegativeFloat = 50.0
+    """Least time between two slots issued above ``min_slots``, so load can show up."""
+    sample_period_ms: PositiveFloat = 100.0
+
+
 class SlotsConfig(_Section):
-    kind: Literal["fixed"] = "fixed"
+    kind: Literal["fixed", "resource-based", "custom"] = "fixed"
+    """``fixed``: ``count`` slots. ``resource-based``: see ``[slots.resource]``.
+    ``custom``: a user-written supplier built by ``path``."""
     count: PositiveInt = 64
     """Handler invocations that may be in flight at once in one daemon (fixed supplier)."""
+    pauseable: bool = False
+    """Wrap the supplier so ``daemon.slots.pause()`` / ``resume()`` work."""
+    path: str = ""
+    """``custom``: ``"package.module:Factory"``, called as ``Factory(**options)``."""
+    options: dict[str, Any] = {}
+    """``custom``: keyword arguments for the factory."""
+    resource: ResourceSlotsConfig = msgspec.field(default_factory=ResourceSlotsConfig)
+
+
+class CellsConfig(_Section):
+    """Sizes of cells (handlers declared with ``cell_key=``); override the handler's own."""
+
+    default_size: PositiveInt | None = None
+    """Workers of a cell not named in ``sizes``; unset: the handler's ``cell_size`` (4)."""
+    sizes: dict[str, PositiveInt] = {}
+    """Cell name (``tenant-a``), or ``handler-name/cell`` for one handler, to its size."""
 
 
 class WorkerConfig(_Section):
@@ -96,6 +128,23 @@ class WorkerConfig(_Section):
     drain_timeout_s: NonNegativeFloat = 30.0
     """On shutdown, how long in-flight messages may take to finish before they are abandoned
     unacknowledged (to be redelivered to the next owner)."""
+
+
+class SupervisorConfig(_Section):
+    """``conveyor worker --processes MIN:MAX``: when to add and remove daemon processes."""
+
+    lag_per_process: PositiveInt = 1000
+    """Add a process when the app's lag divided by the process count stays above this."""
+    idle_lag_per_process: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """A process whose queues lag by at most this is idle (removable); default: 5% of
+    ``lag_per_process``."""
+    inspection_period_ms: PositiveFloat = 500.0
+    scale_up_cycles: PositiveInt = 2
+    """Consecutive inspections above the threshold before a process is added."""
+    scale_up_backoff_s: NonNegativeFloat = 2.0
+    """Least time between two additions (a new process needs a moment to show effect)."""
+    scale_down_dead_zone_cycles: PositiveInt = 2
+    scale_down_backoff_s: NonNegativeFloat = 2.0
 
 
 class BalancerConfig(_Section):
@@ -138,11 +187,20 @@ class Config(_Section):
     kafka: KafkaConfig = msgspec.field(default_factory=KafkaConfig)
     slots: SlotsConfig = msgspec.field(default_factory=SlotsConfig)
     worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
+    cells: CellsConfig = msgspec.field(default_factory=CellsConfig)
+    supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     balancer: BalancerConfig = msgspec.field(default_factory=BalancerConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
 
     def validate(self) -> Config:
         """Cross-field checks msgspec cannot express."""
+        if self.slots.kind == "custom" and ":" not in self.slots.path:
+            raise ConfigError(
+                f"$.slots.path: a custom slot supplier needs path = \"package.module:Factory\", "
+                f"got {self.slots.path!r}"
+            )
+        if self.slots.resource.min_slots > self.slots.resource.max_slots:
+            raise ConfigError("$.slots.resource.min_slots: must not exceed max_slots")
         bad = [q for q in self.balancer.queues if not 0 <= q < self.queues.total]
         if bad:
             raise ConfigError(

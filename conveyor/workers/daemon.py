@@ -21,12 +21,16 @@ from conveyor.platform.balancer import DynamicBalancer, QueueBalancer, StaticBal
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.leases import Lease
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.runtime import DeliveryStats, HandlerRuntime
 from conveyor.platform.telemetry import InstrumentedRuntime, Telemetry, stats_observations
+from conveyor.workers.cells import CellRouter
+from conveyor.workers.hosting import host_cells, host_pool
+from conveyor.workers.pool import StatelessWorkerPool
 from conveyor.workers.slots import SlotSupplier, supplier_from_config
 
 log = logging.getLogger("conveyor.daemon")
@@ -79,6 +83,7 @@ class WorkerDaemon:
         self._owns_adapter = adapter is None
         self.adapter = adapter or create_adapter(config.queues.adapter, config)
         self.mapper = HashRingQueueMapper(config.queues.total)
+        self._owns_slots = slots is None
         self.slots = slots or supplier_from_config(config.slots)
         self.balancer = balancer or build_balancer(config, app.name)
         self.member = member or MemberInfo.for_this_process(f"{app.name}-")
@@ -96,6 +101,8 @@ class WorkerDaemon:
         )
         self.agents: dict[int, PullingAgent] = {}
         self._leaving: dict[int, PullingAgent] = {}
+        self.pools: dict[str, StatelessWorkerPool] = {}
+        self.cells: dict[str, CellRouter] = {}
         self._subs = self._index_subscriptions(app)
         self._hooks: list[asyncio.Task[None]] = []
         self._pulled_gone = 0
@@ -104,11 +111,10 @@ class WorkerDaemon:
         self._max_cache_fill_gone = 0
         self.started = False
 
-    @staticmethod
-    def _index_subscriptions(app: App) -> Subscriptions:
+    def _index_subscriptions(self, app: App) -> Subscriptions:
         index = {spec.name: i for i, spec in enumerate(app.handlers)}
         return {
-            ns: tuple((index[s.name], s) for s in specs)
+            ns: tuple((index[s.name], self._hosted(s)) for s in specs)
             for ns, specs in app.subscriptions().items()
         }
 
@@ -155,6 +161,21 @@ class WorkerDaemon:
                 del self.lag[queue]
             await asyncio.sleep(self.config.telemetry.metrics_interval_s)
 
+    def _hosted(self, spec: HandlerSpec) -> HandlerSpec:
+        """The spec the agents call: stateless and cell handlers go through their pool."""
+        if spec.options.get("stateless"):
+            spec, self.pools[spec.name] = host_pool(spec)
+        elif "cell_key" in spec.options:
+            cfg = self.config.cells
+            sizes = {k.split("/", 1)[-1]: v for k, v in cfg.sizes.items()
+                     if "/" not in k or k.startswith(spec.name + "/")}
+            spec, self.cells[spec.name] = host_cells(spec, sizes, cfg.default_size)
+        return spec
+
+    def resize_cell(self, handler: str, cell: str, size: int) -> None:
+        """Change one cell's size while running (creates nothing until its first message)."""
+        self.cells[handler].resize(cell, size)
+
     async def _store_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
         await self.adapter.dead_letter(self.app.name, letters)
 
@@ -186,6 +207,13 @@ class WorkerDaemon:
             self._lag_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lag_task
+        for pool in self.pools.values():
+            await pool.close()
+        for router in self.cells.values():
+            await router.close()
+        close_slots = getattr(self.slots, "close", None)
+        if self._owns_slots and close_slots is not None:
+            await close_slots()  # e.g. the resource-based supplier's sampling task
         if self._owns_adapter:
             await self.adapter.close()
         if self._owns_telemetry:
@@ -266,6 +294,28 @@ class WorkerDaemon:
         self._pulled_gone += agent.pulled
         self._acked_gone += agent.acked
         self._max_cache_fill_gone = max(self._max_cache_fill_gone, agent.max_cache_fill)
+
+    def slot_metrics(self) -> dict[str, dict[str, int]]:
+        """Gauges for exporters: slots in use and available, per handler and in total.
+
+        ``"*"`` is the daemon's supplier: ``in_use`` slots carrying a message,
+        ``issued`` slots handed out (pulled or about to pull), ``available`` what it
+        could issue now (-1 when the supplier cannot tell). Per handler, ``in_use`` is
+        the messages still waiting for or running in that handler, each holding a slot;
+        ``available`` is the shared supplier's. Computed on demand, off the hot path.
+        """
+        available = self.slots.available
+        free = -1 if available is None else available
+        per_handler = {spec.name: 0 for spec in self.app.handlers}
+        for agent in [*self.agents.values(), *self._leaving.values()]:
+            for lane in agent.cache.lanes.values():
+                per_handler[lane.spec.name] = per_handler.get(lane.spec.name, 0) + len(
+                    lane.entries
+                )
+        metrics = {name: {"in_use": n, "available": free} for name, n in per_handler.items()}
+        metrics["*"] = {"in_use": self.slots.in_use, "issued": self.slots.issued,
+                        "available": free}
+        return metrics
 
     @property
     def max_cache_fill(self) -> int:

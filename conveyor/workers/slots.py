@@ -233,7 +233,53 @@ class FixedSlotSupplier(SlotSupplier):
 
 
 def supplier_from_config(config: Any) -> SlotSupplier:
-    """The slot supplier a ``[slots]`` config section describes."""
+    """The slot supplier a ``[slots]`` config section describes.
+
+    ``custom`` suppliers are user code: they are wrapped in a
+    :class:`~conveyor.workers.pauseable.GuardedSlotSupplier` so their exceptions are
+    contained. ``pauseable = true`` wraps any kind in a
+    :class:`~conveyor.workers.pauseable.PauseableSlotSupplier`.
+    """
+    from conveyor.workers import pauseable
+
+    supplier: SlotSupplier
     if config.kind == "fixed":
-        return FixedSlotSupplier(config.count)
-    raise ValueError(f"unknown slot supplier kind {config.kind!r} at $.slots.kind")
+        supplier = FixedSlotSupplier(config.count)
+    elif config.kind == "resource-based":
+        from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
+
+        supplier = ResourceBasedSlotSupplier.from_config(config.resource)
+    elif config.kind == "custom":
+        supplier = pauseable.GuardedSlotSupplier(
+            load_custom_supplier(config.path, getattr(config, "options", {}) or {})
+        )
+    else:
+        raise ValueError(f"unknown slot supplier kind {config.kind!r} at $.slots.kind")
+    if getattr(config, "pauseable", False):
+        supplier = pauseable.PauseableSlotSupplier(supplier)
+    return supplier
+
+
+def load_custom_supplier(path: str, options: dict[str, Any]) -> SlotSupplier:
+    """Build a user-written supplier from ``"package.module:Factory"`` and its options."""
+    import importlib
+
+    from conveyor.platform.errors import ConfigError
+
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"$.slots.path: expected \"package.module:Factory\", got {path!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"$.slots.path: cannot load {path!r}: {exc}") from None
+    try:
+        supplier = factory(**options)
+    except Exception as exc:
+        raise ConfigError(f"$.slots.options: {path}(**options) failed: {exc!r}") from None
+    if not isinstance(supplier, SlotSupplier):
+        raise ConfigError(
+            f"$.slots.path: {path} built {type(supplier).__name__}, not a SlotSupplier "
+            "(subclass conveyor.workers.slots.SlotSupplier)"
+        )
+    return supplier

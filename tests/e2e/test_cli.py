@@ -130,3 +130,28 @@ def test_bench_telemetry_prints_comparable_json() -> None:
     assert data["ratio"] == pytest.approx(data["on_msgs_per_s"] / data["off_msgs_per_s"])
     for key in ("msgs_per_s", "cpu_us_per_msg", "floor_msgs_per_s", "ratio"):
         assert data[key] > 0
+
+
+def test_bench_scale_down_prints_the_reference_shape_as_json() -> None:
+    result = conveyor("bench", "scale-down", "--json", "--load-s", "0.5", "--cycles", "10",
+                      "--cycle-s", "0.15", "--inspection-period-ms", "50")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == {"monotonic", "adaptive"}
+    for pool in data.values():
+        assert len(pool["cycles"]) == 10
+        assert all(set(c) == {"active", "average", "maximum"} for c in pool["cycles"])
+    mono, adaptive = data["monotonic"]["cycles"], data["adaptive"]["cycles"]
+    peak = mono[0]["maximum"]
+    assert peak >= 5 and all(c["active"] == peak for c in mono), "monotonic stays at its peak"
+    assert adaptive[-1]["active"] == 0, "adaptive falls to 0 by the last cycle"
+    actives = [c["active"] for c in adaptive]
+    assert actives == sorted(actives, reverse=True)
+
+
+def test_processes_option_is_checked_before_anything_starts() -> None:
+    result = conveyor("worker", "tests.apps.drain_app:app", "--processes", "3:1")
+    assert result.returncode == 2 and "--processes" in result.stderr
+    result = conveyor("worker", "tests.apps.drain_app:app", "--processes", "1:2")
+    assert result.returncode == 1 and "memory adapter" in result.stderr
+    assert "Traceback" not in result.stderr

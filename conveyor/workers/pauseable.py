@@ -1,0 +1,164 @@
+"""Suppliers that wrap another supplier: the pauseable one, and the guard for user code.
+
+A wrapper issues its *own* permit for every permit of the inner supplier (the inner
+one rides in ``user_data``), so the counts the agents and metrics read are the
+wrapper's, and releasing the outer permit releases the inner one with the same reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from conveyor.workers.slots import (
+    SlotInfo,
+    SlotPermit,
+    SlotReleaseReason,
+    SlotReservationContext,
+    SlotSupplier,
+)
+
+log = logging.getLogger("conveyor.slots")
+
+
+class DelegatingSlotSupplier(SlotSupplier):
+    """Forwards every hook to ``inner``; subclasses change what they need."""
+
+    def __init__(self, inner: SlotSupplier) -> None:
+        super().__init__()
+        self.inner = inner
+
+    @property
+    def available(self) -> int | None:
+        return self.inner.available
+
+    async def close(self) -> None:
+        """Stop the inner supplier's background work, if it has any (e.g. sampling)."""
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            await close()
+
+    def _wrap(self, inner_permit: SlotPermit) -> SlotPermit:
+        return self.new_permit(inner_permit)
+
+    async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+        return self._wrap(await self.inner.reserve_slot(ctx))
+
+    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+        permit = self.inner.try_reserve_slot(ctx)
+        return None if permit is None else self._wrap(permit)
+
+    def mark_slot_used(self, info: SlotInfo, permit: SlotPermit) -> None:
+        inner: SlotPermit = permit.user_data
+        inner.mark_used(info.queue, info.handlers[0], info.message_id, info.stream_key)
+
+    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
+        inner: SlotPermit = permit.user_data
+        inner.release(reason)
+
+
+class PauseableSlotSupplier(DelegatingSlotSupplier):
+    """Wraps any supplier; while paused no new slot is handed out.
+
+    ``pause()`` makes ``reserve_slot`` wait until ``resume()`` and ``try_reserve_slot``
+    return ``None``. A reservation already waiting on the inner supplier when the pause
+    came, and granted while still paused, goes back to the inner supplier (released as
+    ``NEVER_USED``) and the caller keeps waiting: a paused daemon starts no new work.
+    Slots already handed out are untouched; their messages finish normally.
+    """
+
+    def __init__(self, inner: SlotSupplier) -> None:
+        super().__init__(inner)
+        self._running = asyncio.Event()
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def available(self) -> int | None:
+        return 0 if self.paused else self.inner.available
+
+    async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+        while True:
+            await self._running.wait()
+            permit = await self.inner.reserve_slot(ctx)
+            if not self.paused:
+                return self._wrap(permit)
+            permit.release(SlotReleaseReason.NEVER_USED)  # obtained while paused: give back
+
+    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+        if self.paused:
+            return None
+        return super().try_reserve_slot(ctx)
+
+
+class GuardedSlotSupplier(DelegatingSlotSupplier):
+    """Wraps a user-written supplier so its bugs cannot kill the daemon.
+
+    * ``reserve_slot`` raising is logged and retried with back-off (up to
+      ``max_backoff_s``); ``CancelledError`` always propagates.
+    * ``try_reserve_slot`` raising counts as "no slot".
+    * A hook returning something that is not a permit of that supplier is an error
+      treated the same way.
+    * ``mark_slot_used`` / ``release_slot`` are already shielded by
+      :class:`SlotSupplier`: their exceptions are logged, and the slot is still freed.
+
+    ``errors`` counts every contained exception (a metric worth alerting on).
+    """
+
+    def __init__(self, inner: SlotSupplier, max_backoff_s: float = 1.0) -> None:
+        super().__init__(inner)
+        self.max_backoff_s = max_backoff_s
+        self.errors = 0
+
+    @property
+    def available(self) -> int | None:
+        try:
+            return self.inner.available
+        except Exception:
+            self.errors += 1
+            return None
+
+    def _check(self, permit: Any, hook: str) -> SlotPermit:
+        if not isinstance(permit, SlotPermit) or permit._supplier is not self.inner:
+            raise TypeError(
+                f"{type(self.inner).__name__}.{hook} returned {permit!r}; "
+                "return self.new_permit() (or None from try_reserve_slot)"
+            )
+        return permit
+
+    async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+        backoff_s = 0.01
+        while True:
+            try:
+                permit = self._check(await self.inner.reserve_slot(ctx), "reserve_slot")
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.errors += 1
+                log.exception(
+                    "slot supplier %s failed in reserve_slot; retrying in %.2fs",
+                    type(self.inner).__name__, backoff_s,
+                )
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, self.max_backoff_s)
+                continue
+            return self._wrap(permit)
+
+    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+        try:
+            permit = self.inner.try_reserve_slot(ctx)
+            return None if permit is None else self._wrap(self._check(permit, "try_reserve_slot"))
+        except Exception:
+            self.errors += 1
+            log.exception("slot supplier %s failed in try_reserve_slot", type(self.inner).__name__)
+            return None

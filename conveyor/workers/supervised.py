@@ -1,0 +1,190 @@
+"""The child side of ``conveyor worker --processes``: a daemon whose queues a supervisor hands out.
+
+The supervisor is the only coordinator, so no two children ever own a queue at once:
+it moves a queue by asking its owner to *release* it (the owner drains it: in-flight
+messages finish and are acknowledged, the receiver shuts down) and only then asking
+another child to *acquire* it.
+
+Wire protocol, one JSON object per line:
+
+* supervisor → child, on the child's stdin: ``{"op": "acquire"|"release", "queue": q}``
+  and ``{"op": "stop"}`` (drain everything and exit). End of input means stop too, so
+  a child never outlives its supervisor.
+* child → supervisor, on the file descriptor given by ``--events-fd`` (not stdout,
+  which handler code may print to): ``{"event": "ready"}``, ``{"event": "acquired",
+  "queue": q}``, ``{"event": "released", "queue": q}``, ``{"event": "stopped",
+  "report": "..."}``.
+
+Run as ``python -m conveyor.workers.supervised APP_PATH CONFIG_PATH EVENTS_FD``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from conveyor.platform.balancer import BalanceListener, DynamicBalancer, QueueBalancer
+from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.leases import LeaseStore
+from conveyor.platform.membership import MemberInfo, Membership
+
+log = logging.getLogger("conveyor.supervised")
+
+
+class SupervisedBalancer(QueueBalancer):
+    """Owns exactly the queues the supervisor assigned; leases are the supervisor's."""
+
+    def __init__(self) -> None:
+        self._listener: BalanceListener | None = None
+        self._owned: set[int] = set()
+
+    async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
+        self._listener = listener
+
+    async def acquire(self, queue: int) -> None:
+        assert self._listener is not None
+        if queue not in self._owned:
+            self._owned.add(queue)
+            await self._listener.queue_acquired(queue, None)
+
+    async def release(self, queue: int) -> None:
+        assert self._listener is not None
+        if queue in self._owned:
+            self._owned.discard(queue)
+            await self._listener.queue_released(queue)
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            await asyncio.gather(*(self.release(q) for q in sorted(self._owned)))
+            self._listener = None
+
+    def owned(self) -> list[int]:
+        return sorted(self._owned)
+
+
+class LeasedSupervisedBalancer(DynamicBalancer):
+    """The supervisor's assignment, held as real leases of the app's shared lease store.
+
+    Used when ``[balancer] membership`` names a store shared by processes (``redis``):
+    children register as members (``conveyor status`` lists them and their queues),
+    every queue they pull is fenced by its lease, a queue is given up drained *then*
+    its lease released, and a queue whose previous owner crashed is taken over as soon
+    as that owner's lease lapses. Only the target set differs from
+    :class:`DynamicBalancer`: it is what the supervisor assigned, not a share computed
+    from the membership.
+    """
+
+    def __init__(self, membership: Membership, leases: LeaseStore, total_queues: int,
+                 **kw: float) -> None:
+        super().__init__(membership, leases, total_queues, **kw)
+        self._assigned: set[int] = set()
+
+    async def _rebalance(self) -> None:
+        assert self._member is not None
+        me = self._member.id
+        if me not in [m.id for m in await self.membership.members()]:
+            await self.membership.join(self._member)
+        held = set(self._held)
+        await asyncio.gather(
+            *(self._give_up(q) for q in sorted(held - self._assigned)),
+            *(self._take(q) for q in sorted(self._assigned - held)),
+        )
+
+    async def acquire(self, queue: int) -> None:
+        """Returns once the lease is held and the queue is being pulled."""
+        self._assigned.add(queue)
+        while queue not in self._held and queue in self._assigned:
+            await self._take(queue)
+            if queue not in self._held:  # a crashed owner's lease has not lapsed yet
+                await self.leases.wait_released(self.rebalance_interval_s)
+
+    async def release(self, queue: int) -> None:
+        self._assigned.discard(queue)
+        await self._give_up(queue)
+
+
+async def _stdin_lines() -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
+    from conveyor.loader import load_app
+    from conveyor.platform.config import load_config
+    from conveyor.workers.daemon import WorkerDaemon
+
+    def emit(event: str, **fields: Any) -> None:
+        os.write(events_fd, (json.dumps({"event": event, **fields}) + "\n").encode())
+
+    app = load_app(app_path)
+    config = load_config(None if config_path == "-" else config_path)
+    balancer: SupervisedBalancer | LeasedSupervisedBalancer
+    if config.balancer.membership == "memory":  # nothing shared to hold leases in
+        balancer = SupervisedBalancer()
+    else:
+        membership, leases = coordination_from_config(config, app.name)
+        balancer = LeasedSupervisedBalancer(
+            membership, leases, config.queues.total,
+            lease_ttl_s=config.balancer.lease_ttl_s,
+            rebalance_interval_s=config.balancer.rebalance_interval_s,
+        )
+    daemon = WorkerDaemon(app, config, balancer=balancer)
+    await daemon.start()
+    emit("ready", id=daemon.member.id, pid=os.getpid())
+    reader = await _stdin_lines()
+    moves: set[asyncio.Task[None]] = set()
+
+    async def move(op: str, queue: int) -> None:
+        if op == "acquire":
+            await balancer.acquire(queue)
+            emit("acquired", queue=queue)
+        else:
+            await balancer.release(queue)
+            emit("released", queue=queue)
+
+    async def commands() -> None:
+        while line := await reader.readline():
+            command = json.loads(line)
+            op = command.get("op")
+            if op in ("acquire", "release"):
+                task = asyncio.create_task(move(op, int(command["queue"])))
+                moves.add(task)
+                task.add_done_callback(moves.discard)
+            elif op == "stop":
+                return
+
+    terminated = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
+    reading = asyncio.create_task(commands())
+    waiting = asyncio.create_task(terminated.wait())
+    await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
+    for task in (reading, waiting):
+        task.cancel()
+    if moves:
+        await asyncio.gather(*moves)
+    report = await daemon.stop()
+    emit("stopped", report=str(report))
+
+
+def main(argv: list[str] | None = None) -> None:
+    app_path, config_path, events_fd = (argv or sys.argv[1:])[:3]
+    # The supervisor decides when children stop (a Ctrl-C on the terminal reaches it);
+    # a SIGTERM sent to a child directly drains it like a "stop" command.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=os.environ.get("CONVEYOR_CHILD_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    asyncio.run(run_child(app_path, config_path, int(events_fd)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,445 @@
+"""Process autoscaling on lag: ``conveyor worker APP --processes MIN:MAX``.
+
+The supervisor starts ``MIN`` daemon processes (:mod:`conveyor.workers.supervised`),
+hands each its share of the app's queues, and every inspection period reads the
+consumer lag of every queue from the broker (``QueueAdapter.lag(queue, group)``):
+
+* **up** — when lag per process has stayed above ``lag_per_process`` for
+  ``scale_up_cycles`` inspections, it starts one more process (never more than
+  ``MAX``, never more processes than queues) and moves queues to it;
+* **down** — the lag, in units of the threshold, is fed to the same PID
+  :class:`~conveyor.workers.scaledown.ScaleDownController` that shrinks worker pools;
+  a process counts as *idle* when its queues' lag is at most ``idle_lag_per_process``.
+  When the controller says so, one idle process (never below ``MIN``) is removed
+  gracefully: its queues are released one by one — each drained, its in-flight
+  messages finished and acknowledged — and handed to the remaining processes, then it
+  exits.
+
+A queue is moved by releasing it on its owner and only then acquiring it elsewhere,
+so no queue is ever pulled by two processes: nothing is duplicated by a scale change,
+and nothing is lost (unacknowledged messages of a crashed child are redelivered to
+the queue's next owner, as with any receiver).
+
+Lag must be shared across processes, so this needs a broker adapter (redis, kafka);
+the in-process memory adapter is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.balancer import best_fit
+from conveyor.platform.config import Config
+from conveyor.platform.errors import ConfigError
+from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
+
+log = logging.getLogger("conveyor.supervisor")
+STATUS_EVERY_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorSettings:
+    min_processes: int
+    max_processes: int
+    lag_per_process: int = 1000
+    idle_lag_per_process: int = 50
+    inspection_period_s: float = 0.5
+    scale_up_cycles: int = 2
+    scale_up_backoff_s: float = 2.0
+    scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
+    stop_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_processes <= self.max_processes:
+            raise ValueError(
+                f"--processes needs 1 <= MIN <= MAX, got {self.min_processes}:{self.max_processes}"
+            )
+
+    @classmethod
+    def from_config(
+        cls, config: Config, min_processes: int, max_processes: int
+    ) -> SupervisorSettings:
+        s = config.supervisor
+        period_s = s.inspection_period_ms / 1000
+        return cls(
+            min_processes=min_processes,
+            max_processes=max_processes,
+            lag_per_process=s.lag_per_process,
+            idle_lag_per_process=(
+                s.idle_lag_per_process if s.idle_lag_per_process is not None
+                else s.lag_per_process // 20
+            ),
+            inspection_period_s=period_s,
+            scale_up_cycles=s.scale_up_cycles,
+            scale_up_backoff_s=s.scale_up_backoff_s,
+            scale_down=ScaleDownPolicy(
+                inspection_period_s=period_s,
+                dead_zone_cycles=s.scale_down_dead_zone_cycles,
+                backoff_s=s.scale_down_backoff_s,
+            ),
+            stop_timeout_s=config.worker.drain_timeout_s + 30,
+        )
+
+
+class Decision(enum.Enum):
+    HOLD = "hold"
+    UP = "up"
+    DOWN = "down"
+
+
+class LagScaler:
+    """The supervisor's decision, pure and on an explicit clock (unit-testable)."""
+
+    def __init__(self, settings: SupervisorSettings) -> None:
+        self.settings = settings
+        self.controller = ScaleDownController(settings.scale_down)
+        self._above = 0
+        self._last_up: float | None = None
+
+    def decide(self, now_s: float, lag_by_process: list[int], total_queues: int) -> Decision:
+        s = self.settings
+        n = len(lag_by_process)
+        per_process = sum(lag_by_process) / n
+        idle = sum(1 for lag in lag_by_process if lag <= s.idle_lag_per_process)
+        # Waiting count in units of the threshold keeps the pool gains' scale. The idle
+        # count is not capped at MIN: capping it would make the controller believe the
+        # last idle process went (anti-windup factor 0), zero the integral with no lag
+        # left to rebuild it, and never shrink again. At MIN, DOWN is just not acted on.
+        remove = self.controller.inspect(now_s, per_process / s.lag_per_process, idle)
+        remove = remove and n > s.min_processes
+        self._above = self._above + 1 if per_process > s.lag_per_process else 0
+        ceiling = min(s.max_processes, total_queues)
+        if self._above >= s.scale_up_cycles and n < ceiling and (
+            self._last_up is None or now_s - self._last_up >= s.scale_up_backoff_s
+        ):
+            self._above = 0
+            self._last_up = now_s
+            return Decision.UP
+        return Decision.DOWN if remove else Decision.HOLD
+
+
+class ChildProcess:
+    """One supervised daemon process and its control channel."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.queues: set[int] = set()
+        self.proc: asyncio.subprocess.Process | None = None
+        self._waiters: dict[tuple[str, int], asyncio.Future[dict[str, Any]]] = {}
+        self._reader_task: asyncio.Task[None] | None = None
+        self.alive = False
+        self.report = ""
+
+    async def start(self, app_path: str, config_path: str, env: Mapping[str, str]) -> None:
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "conveyor.workers.supervised",
+                app_path, config_path, str(write_fd),
+                stdin=asyncio.subprocess.PIPE, pass_fds=(write_fd,),
+                env={**os.environ, **env}, start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0)
+        )
+        ready = self._expect("ready", -1)
+        self._reader_task = asyncio.create_task(self._read(reader))
+        await ready
+        self.alive = True
+
+    def _expect(self, event: str, queue: int) -> asyncio.Future[dict[str, Any]]:
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiters[(event, queue)] = fut
+        return fut
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while line := await reader.readline():
+            event = json.loads(line)
+            fut = self._waiters.pop((event["event"], int(event.get("queue", -1))), None)
+            if fut is not None and not fut.done():
+                fut.set_result(event)
+        self.alive = False  # the child closed its end: it has exited (or crashed)
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(ChildGone(f"process #{self.number} exited"))
+        self._waiters.clear()
+
+    def _send(self, command: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(command) + "\n").encode())
+
+    async def acquire(self, queue: int) -> None:
+        done = self._expect("acquired", queue)
+        self._send({"op": "acquire", "queue": queue})
+        await done
+        self.queues.add(queue)
+
+    async def release(self, queue: int) -> None:
+        """Returns once the child has drained the queue and shut its receiver down."""
+        done = self._expect("released", queue)
+        self._send({"op": "release", "queue": queue})
+        await done
+        self.queues.discard(queue)
+
+    async def stop(self, timeout_s: float) -> None:
+        if self.proc is None:
+            return
+        if self.alive:
+            stopped = self._expect("stopped", -1)
+            with contextlib.suppress(Exception):
+                self._send({"op": "stop"})
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            with contextlib.suppress(TimeoutError, ChildGone):
+                self.report = (await asyncio.wait_for(stopped, timeout_s)).get("report", "")
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except TimeoutError:
+            log.error("process #%d did not exit in %.0fs; killing it", self.number, timeout_s)
+            self.proc.kill()
+            await self.proc.wait()
+        if self._reader_task is not None:
+            with contextlib.suppress(Exception):
+                await self._reader_task
+        self.alive = False
+
+
+class ChildGone(Exception):
+    """A child process exited while the supervisor was waiting for it."""
+
+
+class Supervisor:
+    """Runs ``MIN..MAX`` daemon processes for one app and scales them on lag."""
+
+    def __init__(
+        self,
+        app_path: str,
+        app_name: str,
+        config: Config,
+        settings: SupervisorSettings,
+        *,
+        config_path: str | None = None,
+        env: Mapping[str, str] | None = None,
+        adapter: QueueAdapter | None = None,
+    ) -> None:
+        if config.queues.adapter == "memory":
+            raise ConfigError(
+                "--processes needs a broker shared by processes (redis or kafka): the "
+                "memory adapter lives inside one process"
+            )
+        self.app_path = app_path
+        self.group = app_name
+        self.config = config
+        self.settings = settings
+        self.config_path = config_path or "-"
+        self.env = dict(env or {})
+        self._adapter = adapter
+        self.scaler = LagScaler(settings)
+        self.children: list[ChildProcess] = []
+        self._serial = 0
+        # metrics (the lead exports these)
+        self.lag = 0
+        self.lag_per_process = 0.0
+        self.scale_ups = 0
+        self.scale_downs = 0
+        self.replaced = 0
+        self._was_busy = False
+        self._status_at = 0.0
+
+    @property
+    def processes(self) -> int:
+        return len(self.children)
+
+    # -- running -----------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        adapter = self._adapter or create_adapter(self.config.queues.adapter, self.config)
+        try:
+            for _ in range(self.settings.min_processes):
+                await self._spawn()
+            await self._assign(list(range(self.config.queues.total)))
+            log.info("supervisor: %d process(es) own %d queue(s)",
+                     self.processes, self.config.queues.total)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.inspection_period_s)
+                if stop.is_set():
+                    break
+                await self._replace_dead()
+                await self.inspect(adapter)
+        finally:
+            await asyncio.gather(
+                *(c.stop(self.settings.stop_timeout_s) for c in self.children),
+                return_exceptions=True,
+            )
+            for child in self.children:
+                log.info("supervisor: process #%d stopped: %s", child.number, child.report)
+            if self._adapter is None:
+                await adapter.close()
+
+    async def inspect(self, adapter: QueueAdapter) -> Decision:
+        total = self.config.queues.total
+        lags = await asyncio.gather(*(adapter.lag(q, self.group) for q in range(total)))
+        by_process = [sum(lags[q] for q in c.queues) for c in self.children]
+        self.lag = sum(lags)
+        self.lag_per_process = self.lag / max(1, self.processes)
+        now = time.monotonic()
+        decision = self.scaler.decide(now, by_process, total)
+        # Lag and process count at INFO when the app goes busy or idle, and every
+        # STATUS_EVERY_S while busy; every inspection at DEBUG.
+        busy = self.lag > 0
+        if busy != self._was_busy or (busy and now - self._status_at >= STATUS_EVERY_S):
+            log.info("supervisor: lag=%d (%.0f/process) processes=%d",
+                     self.lag, self.lag_per_process, self.processes)
+            self._was_busy, self._status_at = busy, now
+        log.debug("supervisor: lag=%d per_process=%.0f processes=%d decision=%s",
+                  self.lag, self.lag_per_process, self.processes, decision.value)
+        if decision is Decision.UP:
+            await self._scale_up()
+        elif decision is Decision.DOWN:
+            await self._scale_down(by_process)
+        return decision
+
+    async def _spawn(self) -> ChildProcess:
+        self._serial += 1
+        child = ChildProcess(self._serial)
+        await child.start(self.app_path, self.config_path, self.env)
+        self.children.append(child)
+        return child
+
+    async def _assign(self, queues: list[int]) -> None:
+        """Give ``queues`` (owned by nobody) to the children with the fewest queues."""
+        for queue in queues:
+            target = min((c for c in self.children if c.alive), key=lambda c: len(c.queues))
+            target.queues.add(queue)  # counted now so the next pick sees it
+        await asyncio.gather(*(
+            c.acquire(q) for c in self.children for q in list(c.queues) if q in queues
+        ))
+
+    async def _move(self, queue: int, src: ChildProcess, dst: ChildProcess) -> None:
+        await src.release(queue)  # drained and acknowledged before anyone else pulls it
+        await dst.acquire(queue)
+
+    async def _scale_up(self) -> None:
+        started = time.monotonic()
+        new = await self._spawn()
+        self.scale_ups += 1
+        plan = best_fit([str(c.number) for c in self.children], self.config.queues.total)
+        moves = []
+        for child in self.children:
+            for queue in sorted(child.queues):
+                if queue in plan[str(new.number)]:
+                    moves.append(self._move(queue, child, new))
+        await asyncio.gather(*moves)
+        log.info(
+            "supervisor: scale up to %d process(es): lag %d (%.0f/process > %d); "
+            "%d queue(s) moved in %.2fs",
+            self.processes, self.lag, self.lag_per_process, self.settings.lag_per_process,
+            len(moves), time.monotonic() - started,
+        )
+
+    async def _scale_down(self, lag_by_process: list[int]) -> None:
+        if self.processes <= self.settings.min_processes:
+            return
+        idle = [
+            (lag, -c.number, c) for lag, c in zip(lag_by_process, self.children, strict=True)
+            if lag <= self.settings.idle_lag_per_process
+        ]
+        if not idle:
+            return
+        victim = min(idle, key=lambda t: (t[0], t[1]))[2]  # least lag, then the newest
+        started = time.monotonic()
+        self.children.remove(victim)
+        others = sorted(self.children, key=lambda c: len(c.queues))
+        queues = sorted(victim.queues)
+        for i, queue in enumerate(queues):
+            others[i % len(others)].queues.add(queue)
+        await asyncio.gather(*(
+            self._move(q, victim, others[i % len(others)]) for i, q in enumerate(queues)
+        ))
+        await victim.stop(self.settings.stop_timeout_s)
+        self.scale_downs += 1
+        log.info(
+            "supervisor: scale down to %d process(es): lag %d; process #%d drained "
+            "and released %d queue(s) in %.2fs (%s)",
+            self.processes, self.lag, victim.number, len(queues),
+            time.monotonic() - started, victim.report,
+        )
+
+    async def _replace_dead(self) -> None:
+        dead = [c for c in self.children if not c.alive]
+        for child in dead:
+            log.error("supervisor: process #%d died; its queues go to the others", child.number)
+            self.children.remove(child)
+            await child.stop(1.0)
+            self.replaced += 1
+        if dead and self.processes < self.settings.min_processes:
+            for _ in range(self.settings.min_processes - self.processes):
+                await self._spawn()
+        if dead:
+            await self._assign(sorted(q for c in dead for q in c.queues))
+
+
+def parse_processes(text: str) -> tuple[int, int]:
+    """``"2:6"`` -> (2, 6); ``"3"`` -> (3, 3)."""
+    low, sep, high = text.partition(":")
+    try:
+        lo = int(low)
+        hi = int(high) if sep else lo
+    except ValueError:
+        raise ValueError(f"expected MIN:MAX (e.g. 1:4), got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"expected 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def env_for_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """CLI overrides as ``CONVEYOR_SECTION__FIELD`` variables, so children see them too."""
+    return {
+        f"CONVEYOR_{section.upper()}__{name.upper()}": json.dumps(value)
+        for section, values in overrides.items()
+        for name, value in values.items()
+    }
+
+
+def run_supervisor(
+    app_path: str,
+    app_name: str,
+    config: Config,
+    processes: str,
+    config_path: os.PathLike[str] | str | None,
+    overrides: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """What ``conveyor worker --processes`` runs: until SIGINT/SIGTERM, then drain all."""
+    import signal
+
+    low, high = parse_processes(processes)
+    settings = SupervisorSettings.from_config(config, low, high)
+    supervisor = Supervisor(
+        app_path, app_name, config, settings,
+        config_path=None if config_path is None else str(config_path),
+        env=env_for_overrides(overrides),
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await supervisor.run(stop)
+
+    asyncio.run(main())

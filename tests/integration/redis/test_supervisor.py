@@ -1,0 +1,131 @@
+"""``conveyor worker --processes MIN:MAX`` on a real redis-server, with real processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conveyor import Publish, load_config
+from conveyor.platform.client import SyncClient
+from tests.conftest import wait_until_sync
+from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def test_a_burst_adds_processes_and_afterwards_they_go_back_to_min_losing_nothing(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.toml", redis_server.url,
+                       balancer={"kind": "static"}, slots={"count": 8})
+    record = tmp_path / "handled.rec"
+    env = dict(
+        os.environ, PYTHONUNBUFFERED="1", CONVEYOR_TEST_RECORD=str(record),
+        CONVEYOR_TEST_WORK_MS="4",
+        CONVEYOR_SUPERVISOR__LAG_PER_PROCESS="300",
+        CONVEYOR_SUPERVISOR__INSPECTION_PERIOD_MS="200",
+        CONVEYOR_SUPERVISOR__SCALE_UP_BACKOFF_S="0.5",
+        CONVEYOR_SUPERVISOR__SCALE_DOWN_BACKOFF_S="0.5",
+    )
+    err_path = tmp_path / "supervisor.err"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.recorder:app",
+             "--config", str(cfg), "--processes", "1:3"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
+        )
+    supervisor = psutil.Process(proc.pid)
+
+    def stderr() -> str:
+        return err_path.read_text(errors="replace")
+
+    def children() -> int:
+        return len([c for c in supervisor.children() if c.status() != psutil.STATUS_ZOMBIE])
+
+    try:
+        wait_until_sync(lambda: "own 8 queue(s)" in stderr(), 30, "the first process")
+        assert children() == 1
+        n = 6000
+        with SyncClient.from_config(load_config(cfg)) as client:
+            client.publish_batch(Publish("items", f"k{i % 200}", {"seq": i}) for i in range(n))
+        burst_at = time.monotonic()
+        wait_until_sync(lambda: "scale up to 2" in stderr(), 10, "a scale-up")
+        scaled_up_after_s = time.monotonic() - burst_at
+        assert scaled_up_after_s < 5, stderr()
+        wait_until_sync(lambda: len(read_records([record])) >= n, 60, "the burst handled")
+        wait_until_sync(lambda: "scale down to 1 " in stderr() and children() == 1, 30,
+                        "the return to MIN")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, stderr()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = stderr()
+    assert "Traceback" not in log, log
+    peak = max(int(m) for m in re.findall(r"scale up to (\d+)", log))
+    assert 2 <= peak <= 3
+    rows = read_records([record])
+    ids = [row[5] for row in rows]
+    assert len(ids) == n and len(set(ids)) == n, "lost or duplicated across scale changes"
+    assert len({row[1] for row in rows}) >= 2, "more than one process should have worked"
+    seqs: dict[str, list[int]] = {}
+    for row in rows:
+        seqs.setdefault(row[3], []).append(row[4])
+    assert all(s == sorted(s) for s in seqs.values()), "per-stream order across moves"
+
+
+def test_a_killed_process_is_replaced_and_its_queues_taken_over_without_loss(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 8},
+                       worker={"cache_capacity": 64}, balancer={"lease_ttl_s": 1.5})
+    record = tmp_path / "handled.rec"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CONVEYOR_TEST_RECORD=str(record),
+               CONVEYOR_TEST_WORK_MS="2")
+    err_path = tmp_path / "supervisor.err"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.recorder:app",
+             "--config", str(cfg), "--processes", "2:2"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
+        )
+    supervisor = psutil.Process(proc.pid)
+
+    def stderr() -> str:
+        return err_path.read_text(errors="replace")
+
+    def live_children() -> list[psutil.Process]:
+        return [c for c in supervisor.children() if c.status() != psutil.STATUS_ZOMBIE]
+
+    try:
+        wait_until_sync(lambda: "2 process(es) own 8 queue(s)" in stderr(), 30, "two processes")
+        n = 4000
+        with SyncClient.from_config(load_config(cfg)) as client:
+            client.publish_batch(Publish("items", f"k{i % 100}", {"seq": i}) for i in range(n))
+        wait_until_sync(lambda: len(read_records([record])) >= 500, 30, "work under way")
+        victim = live_children()[0]
+        victim.kill()
+        wait_until_sync(lambda: "died" in stderr(), 10, "the supervisor to notice")
+        wait_until_sync(lambda: len({r[5] for r in read_records([record])}) >= n, 60,
+                        "every message handled after the takeover")
+        wait_until_sync(lambda: len(live_children()) == 2, 10, "a replacement process")
+        assert victim.pid not in {c.pid for c in live_children()}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, stderr()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ids = [row[5] for row in read_records([record])]
+    assert len(set(ids)) == n, "a message was lost"
+    # At least once: only what the killed process had pulled and not acked comes again.
+    assert len(ids) - n <= 64

@@ -1,0 +1,117 @@
+"""Stateless-worker pool: the scale-up rules and the scale-down controller wired in."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+
+import pytest
+
+from conveyor.workers.pool import StatelessWorkerPool
+from conveyor.workers.scaledown import ScaleDownPolicy
+from tests.conftest import wait_until
+
+
+async def test_an_idle_worker_is_reused_before_a_new_one_is_created() -> None:
+    pool = StatelessWorkerPool("p", max_workers=4)
+    for i in range(5):
+        assert await pool.run(lambda i=i: asyncio.sleep(0, i)) == i
+    assert pool.size == 1 and pool.created == 1
+    await pool.close()
+
+
+async def test_busy_workers_make_the_pool_grow_up_to_its_maximum_only() -> None:
+    pool = StatelessWorkerPool("p", max_workers=3)
+    gate = asyncio.Event()
+    runs = [asyncio.create_task(pool.run(gate.wait)) for _ in range(7)]
+    await wait_until(lambda: pool.size == 3, 2, what="three workers")
+    await asyncio.sleep(0)
+    assert pool.size == 3 and pool.peak_workers == 3
+    gate.set()
+    await asyncio.gather(*runs)
+    await pool.close()
+
+
+async def test_when_full_a_job_goes_to_the_worker_with_the_fewest_waiting() -> None:
+    pool = StatelessWorkerPool("p", max_workers=2)
+    gates = [asyncio.Event() for _ in range(2)]
+    first = [asyncio.create_task(pool.run(g.wait)) for g in gates]
+    await wait_until(lambda: pool.idle_workers == 0 and pool.size == 2, 2, what="busy")
+    a, b = pool.workers
+    extra_a = asyncio.create_task(pool.run(gates[0].wait))  # goes to either: both empty
+    await asyncio.sleep(0)
+    loaded = a if a.inbox else b
+    other = b if loaded is a else a
+    nxt = asyncio.create_task(pool.run(lambda: asyncio.sleep(0)))
+    await asyncio.sleep(0)
+    assert len(other.inbox) == 1 and len(loaded.inbox) == 1
+    for g in gates:
+        g.set()
+    await asyncio.gather(*first, extra_a, nxt)
+    await pool.close()
+
+
+async def test_job_exceptions_reach_the_caller_and_the_worker_survives() -> None:
+    pool = StatelessWorkerPool("p", max_workers=1)
+
+    async def boom() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        await pool.run(boom)
+    assert await pool.run(lambda: asyncio.sleep(0, "ok")) == "ok"
+    assert pool.size == 1
+    await pool.close()
+
+
+async def test_without_scale_down_no_collector_runs_and_workers_stay() -> None:
+    pool = StatelessWorkerPool("p", max_workers=4)
+    gate = asyncio.Event()
+    runs = [asyncio.create_task(pool.run(gate.wait)) for _ in range(4)]
+    await wait_until(lambda: pool.size == 4, 2, what="four workers")
+    gate.set()
+    await asyncio.gather(*runs)
+    assert pool.controller is None and pool._collector is None
+    assert pool.size == 4
+    await pool.close()
+
+
+async def test_after_a_burst_the_controller_removes_idle_workers_one_at_a_time() -> None:
+    policy = ScaleDownPolicy(inspection_period_s=1.0, dead_zone_cycles=2, backoff_s=1.0)
+    pool = StatelessWorkerPool("p", max_workers=4, scale_down=policy, rng=random.Random(1))
+    gate = asyncio.Event()
+    runs = [asyncio.create_task(pool.run(gate.wait)) for _ in range(12)]
+    await wait_until(lambda: pool.size == 4, 2, what="four workers")
+    # Drive the controller on a simulated clock: load first (avg waiting 3), then idle.
+    now = 0.0
+    for _ in range(3):
+        now += 1.0
+        assert not pool.inspect(now)  # under load: no worker is idle, none removed
+    gate.set()
+    await asyncio.gather(*runs)
+    assert pool.idle_workers == 4
+    removals: list[float] = []
+    for _ in range(20):
+        now += 1.0
+        if pool.inspect(now):
+            removals.append(now)
+    assert pool.size == 0 and pool.removed == 4
+    # dead zone of 2 cycles and a back-off: never two removals in consecutive inspections
+    assert all(b - a >= 2.0 for a, b in itertools.pairwise(removals))
+    # the pool still works after shrinking to nothing
+    assert await pool.run(lambda: asyncio.sleep(0, 1)) == 1
+    await pool.close()
+
+
+async def test_the_collector_shrinks_a_real_pool_on_its_own() -> None:
+    policy = ScaleDownPolicy(inspection_period_s=0.02, dead_zone_cycles=1, backoff_s=0.0)
+    pool = StatelessWorkerPool("p", max_workers=3, scale_down=policy)
+    gate = asyncio.Event()
+    runs = [asyncio.create_task(pool.run(gate.wait)) for _ in range(9)]
+    await wait_until(lambda: pool.size == 3, 2, what="three workers")
+    await asyncio.sleep(0.1)  # let load be observed for a few inspections
+    gate.set()
+    await asyncio.gather(*runs)
+    await wait_until(lambda: pool.size == 0, 5, what="the pool to shrink to zero")
+    await pool.close()

@@ -1,0 +1,160 @@
+"""Resource-based supplier: decisions from fed samples, on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from conveyor import load_config
+from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
+from conveyor.workers.resources import (
+    CgroupV2Sampler,
+    HostSampler,
+    ResourceSample,
+)
+from conveyor.workers.slots import SlotPermit, SlotReservationContext, supplier_from_config
+
+
+class Ctx:
+    queue = 0
+    handler = "*"
+    slots_issued = 0
+    slots_in_use = 0
+
+
+CTX: SlotReservationContext = Ctx()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def supplier(clock: Clock, **kw: object) -> ResourceBasedSlotSupplier:
+    return ResourceBasedSlotSupplier(clock=clock, sample_in_background=False, **kw)  # type: ignore[arg-type]
+
+
+async def test_min_slots_are_issued_before_any_sample_and_no_more() -> None:
+    clock = Clock()
+    s = supplier(clock, min_slots=2)
+    a = s.try_reserve_slot(CTX)
+    b = s.try_reserve_slot(CTX)
+    assert a is not None and b is not None
+    assert s.try_reserve_slot(CTX) is None  # no sample yet: no evidence of room
+
+
+async def test_with_room_it_ramps_one_slot_per_throttle_interval() -> None:
+    clock = Clock()
+    s = supplier(clock, ramp_throttle_s=0.05, max_slots=100)
+    s.observe(ResourceSample(cpu=0.1, memory=0.2))
+    permits: list[SlotPermit] = []
+    for _ in range(5):
+        p = s.try_reserve_slot(CTX)
+        assert p is not None
+        permits.append(p)
+        assert s.try_reserve_slot(CTX) is None  # throttled until 50 ms pass
+        clock.now += 0.051
+    assert s.issued == 5
+
+
+async def test_cpu_or_memory_near_target_stops_issuing_and_max_slots_caps() -> None:
+    clock = Clock()
+    s = supplier(clock, ramp_throttle_s=0.0, max_slots=3, target_cpu=0.8, target_memory=0.8)
+    for _ in range(3):  # steady: no derivative kick
+        s.observe(ResourceSample(cpu=0.795, memory=0.2))  # P*0.005 < 0.05
+    assert s.try_reserve_slot(CTX) is not None  # the min_slots floor
+    assert s.try_reserve_slot(CTX) is None
+    s2 = supplier(clock, ramp_throttle_s=0.0, max_slots=3)
+    for _ in range(3):
+        s2.observe(ResourceSample(cpu=0.1, memory=0.76))  # memory needs 5 points of room
+    assert s2.try_reserve_slot(CTX) is not None and s2.try_reserve_slot(CTX) is None
+    s3 = supplier(clock, ramp_throttle_s=0.0, max_slots=3)
+    s3.observe(ResourceSample(cpu=0.1, memory=0.1))
+    assert [s3.try_reserve_slot(CTX) is not None for _ in range(4)] == [True, True, True, False]
+
+
+async def test_a_spike_stops_issuing_at_once_but_a_short_dip_does_not_open_the_gates() -> None:
+    clock = Clock()
+    s = supplier(clock, ramp_throttle_s=0.0, min_slots=1)
+    for _ in range(20):
+        s.observe(ResourceSample(cpu=0.95, memory=0.3))  # busy
+    held = s.try_reserve_slot(CTX)
+    assert held is not None and s.try_reserve_slot(CTX) is None
+    s.observe(ResourceSample(cpu=0.05, memory=0.3))  # one sample of I/O stall
+    assert s.cpu > 0.8, "the slow filter decays gently: a one-sample dip is not room"
+    assert s.try_reserve_slot(CTX) is None
+    for _ in range(60):  # the load really went away
+        s.observe(ResourceSample(cpu=0.05, memory=0.3))
+    assert s.try_reserve_slot(CTX) is not None
+    s.observe(ResourceSample(cpu=0.99, memory=0.3))  # a spike is followed at once
+    assert s.cpu > 0.9 and s.try_reserve_slot(CTX) is None
+
+
+async def test_waiters_are_woken_by_a_sample_with_room_and_by_the_throttle_expiring() -> None:
+    s = ResourceBasedSlotSupplier(ramp_throttle_s=0.03, sample_in_background=False)
+    first = await s.reserve_slot(CTX)  # the floor
+    waiters = [asyncio.create_task(s.reserve_slot(CTX)) for _ in range(2)]
+    await asyncio.sleep(0.04)
+    assert not any(w.done() for w in waiters)  # no sample yet: no evidence of room
+    s.observe(ResourceSample(cpu=0.1, memory=0.1))  # room: one now, one after 30 ms
+    await asyncio.sleep(0)
+    assert sum(w.done() for w in waiters) == 1
+    await asyncio.wait_for(asyncio.gather(*waiters), 1)
+    assert s.issued == 3
+    for p in [first, *(w.result() for w in waiters)]:
+        p.release()
+    assert s.issued == 0
+
+
+async def test_a_cancelled_waiter_takes_no_slot() -> None:
+    s = ResourceBasedSlotSupplier(sample_in_background=False)
+    held = await s.reserve_slot(CTX)
+    waiter = asyncio.create_task(s.reserve_slot(CTX))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    held.release()
+    assert s.issued == 0
+
+
+async def test_background_sampling_uses_the_injected_sampler() -> None:
+    class Fixed:
+        calls = 0
+
+        def sample(self) -> ResourceSample:
+            self.calls += 1
+            return ResourceSample(cpu=0.2, memory=0.2)
+
+    sampler = Fixed()
+    s = ResourceBasedSlotSupplier(sampler=sampler, sample_period_s=0.01, ramp_throttle_s=0.0)
+    permits = [await asyncio.wait_for(s.reserve_slot(CTX), 1) for _ in range(5)]
+    assert sampler.calls >= 1 and len(permits) == 5
+    await s.close()
+
+
+def test_config_builds_it_and_the_samplers_read_this_machine() -> None:
+    config = load_config(environ={}, overrides={"slots": {
+        "kind": "resource-based", "resource": {"min_slots": 2, "max_slots": 50}}})
+    s = supplier_from_config(config.slots)
+    assert isinstance(s, ResourceBasedSlotSupplier)
+    assert (s.min_slots, s.max_slots, s.ramp_throttle_s) == (2, 50, 0.05)
+    sample = HostSampler().sample()
+    assert 0 <= sample.cpu <= 1 and 0 < sample.memory < 1
+
+
+def test_cgroup_sampler_reads_anon_memory_and_the_cpu_quota(tmp_path: Path) -> None:
+    (tmp_path / "cpu.stat").write_text("usage_usec 1000000\nuser_usec 1\n")
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    (tmp_path / "memory.max").write_text(str(1 << 30) + "\n")
+    (tmp_path / "memory.stat").write_text(f"anon {1 << 28}\nfile {1 << 29}\n")
+    sampler = CgroupV2Sampler(tmp_path)
+    assert sampler.cpus == 0.5
+    sample = sampler.sample()
+    assert sample.memory == pytest.approx(0.25)  # the 512 MiB of page cache is ignored
+    assert CgroupV2Sampler.available(tmp_path)

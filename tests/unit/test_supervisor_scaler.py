@@ -1,0 +1,118 @@
+"""The supervisor's lag decision: up on sustained lag, down through the PID controller."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor import load_config
+from conveyor.platform.errors import ConfigError
+from conveyor.workers.scaledown import ScaleDownPolicy
+from conveyor.workers.supervisor import (
+    Decision,
+    LagScaler,
+    Supervisor,
+    SupervisorSettings,
+    env_for_overrides,
+    parse_processes,
+)
+
+
+def settings(**kw: object) -> SupervisorSettings:
+    base: dict[str, object] = {
+        "min_processes": 1, "max_processes": 3, "lag_per_process": 100,
+        "idle_lag_per_process": 5, "scale_up_cycles": 2, "scale_up_backoff_s": 2.0,
+        "scale_down": ScaleDownPolicy(inspection_period_s=1.0, dead_zone_cycles=2,
+                                      backoff_s=2.0),
+    }
+    base.update(kw)
+    return SupervisorSettings(**base)  # type: ignore[arg-type]
+
+
+def test_sustained_lag_adds_a_process_but_one_spike_does_not() -> None:
+    scaler = LagScaler(settings())
+    assert scaler.decide(1, [500], 8) is Decision.HOLD  # one inspection above: not yet
+    assert scaler.decide(2, [50], 8) is Decision.HOLD  # fell back: the count restarts
+    assert scaler.decide(3, [500], 8) is Decision.HOLD
+    assert scaler.decide(4, [500], 8) is Decision.UP
+    assert scaler.decide(5, [300, 300], 8) is Decision.HOLD
+    assert scaler.decide(5.5, [300, 300], 8) is Decision.HOLD  # back-off after an addition
+    assert scaler.decide(6, [300, 300], 8) is Decision.UP
+
+
+def test_never_more_processes_than_max_or_than_queues() -> None:
+    scaler = LagScaler(settings(max_processes=10))
+    for t in range(1, 20):
+        assert scaler.decide(t, [1000, 1000], 2) is not Decision.UP  # 2 queues, 2 processes
+    scaler = LagScaler(settings(max_processes=2))
+    for t in range(1, 20):
+        assert scaler.decide(t, [1000, 1000], 8) is not Decision.UP
+
+
+def test_after_the_burst_idle_processes_are_removed_down_to_min_only() -> None:
+    scaler = LagScaler(settings(min_processes=1))
+    t = 0.0
+    for _ in range(5):  # a burst: lag well above the threshold on all three
+        t += 1
+        scaler.decide(t, [400, 400, 400], 8)
+    n = 3
+    removals = []
+    for _ in range(30):
+        t += 1
+        if scaler.decide(t, [0] * n, 8) is Decision.DOWN:
+            removals.append(t)
+            n -= 1
+    assert n == 1, "should shrink to MIN and stop there"
+    assert len(removals) == 2 and removals[1] - removals[0] >= 2
+
+
+def test_a_busy_process_is_not_counted_idle() -> None:
+    scaler = LagScaler(settings(min_processes=1))
+    for t in range(1, 6):
+        scaler.decide(t, [400, 400], 8)
+    for t in range(6, 30):  # one process keeps some lag: only the idle one may go
+        d = scaler.decide(t, [60, 0], 8)
+        assert d is not Decision.UP
+
+
+def test_processes_option_and_cli_overrides_for_children() -> None:
+    assert parse_processes("2:5") == (2, 5) and parse_processes("3") == (3, 3)
+    for bad in ("0:2", "3:2", "a:b", ""):
+        with pytest.raises(ValueError):
+            parse_processes(bad)
+    assert env_for_overrides({"slots": {"count": 16}}) == {"CONVEYOR_SLOTS__COUNT": "16"}
+
+
+def test_the_memory_adapter_is_refused_with_a_reason() -> None:
+    config = load_config(environ={})
+    with pytest.raises(ConfigError, match="memory adapter"):
+        Supervisor("x:app", "x", config, SupervisorSettings.from_config(config, 1, 2))
+
+
+def test_settings_come_from_the_supervisor_section() -> None:
+    config = load_config(environ={"CONVEYOR_SUPERVISOR__LAG_PER_PROCESS": "400"})
+    s = SupervisorSettings.from_config(config, 1, 4)
+    assert s.lag_per_process == 400 and s.idle_lag_per_process == 20
+    assert s.scale_down.inspection_period_s == 0.5
+
+
+def test_shrinking_reaches_min_even_when_the_first_removal_took_the_only_idle_one() -> None:
+    scaler = LagScaler(settings(min_processes=1))
+    t = 0.0
+    for _ in range(5):
+        t += 1
+        scaler.decide(t, [400, 400, 400], 8)
+    n = 3
+    lags = [0, 200, 200]  # one idle, two still draining
+    while n == 3 and t < 30:
+        t += 1
+        if scaler.decide(t, lags[:n], 8) is Decision.DOWN:
+            n -= 1
+    assert n == 2
+    for _ in range(3):  # the rest drains, then nothing is left
+        t += 1
+        scaler.decide(t, [100] * n, 8)
+    for _ in range(30):
+        t += 1
+        if scaler.decide(t, [0] * n, 8) is Decision.DOWN:
+            n -= 1
+    assert n == 1

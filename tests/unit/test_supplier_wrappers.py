@@ -1,0 +1,173 @@
+"""Pauseable and user-written suppliers: pause semantics, contained user exceptions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from conveyor import load_config
+from conveyor.examples.custom_slots import RateLimitedSlotSupplier
+from conveyor.platform.errors import ConfigError
+from conveyor.workers.pauseable import GuardedSlotSupplier, PauseableSlotSupplier
+from conveyor.workers.slots import (
+    FixedSlotSupplier,
+    SlotInfo,
+    SlotPermit,
+    SlotReleaseReason,
+    SlotReservationContext,
+    SlotSupplier,
+    supplier_from_config,
+)
+from tests.conftest import wait_until
+
+
+class Ctx:
+    queue = 0
+    handler = "*"
+    slots_issued = 0
+    slots_in_use = 0
+
+
+CTX: SlotReservationContext = Ctx()
+
+
+async def test_paused_supplier_makes_reservations_wait_until_resumed() -> None:
+    supplier = PauseableSlotSupplier(FixedSlotSupplier(2))
+    supplier.pause()
+    assert supplier.try_reserve_slot(CTX) is None and supplier.available == 0
+    waiter = asyncio.create_task(supplier.reserve_slot(CTX))
+    await asyncio.sleep(0.02)
+    assert not waiter.done() and supplier.inner.issued == 0
+    supplier.resume()
+    permit = await asyncio.wait_for(waiter, 1)
+    assert supplier.issued == 1 and supplier.inner.issued == 1
+    permit.release()
+    assert supplier.issued == 0 and supplier.inner.issued == 0 and supplier.inner.available == 2
+
+
+async def test_a_slot_obtained_while_paused_goes_back_to_the_inner_supplier() -> None:
+    inner = FixedSlotSupplier(1)
+    supplier = PauseableSlotSupplier(inner)
+    held = await supplier.reserve_slot(CTX)
+    waiter = asyncio.create_task(supplier.reserve_slot(CTX))  # waits on the inner supplier
+    await wait_until(lambda: len(inner._waiters) == 1, 1, what="the inner wait")
+    supplier.pause()
+    held.release()  # the inner supplier now grants the waiter its slot, while paused
+    await wait_until(lambda: inner.available == 1, 1, what="the slot to be handed back")
+    assert not waiter.done() and inner.issued == 0
+    supplier.resume()
+    permit = await asyncio.wait_for(waiter, 1)
+    assert inner.issued == 1 and inner.available == 0
+    permit.release()
+    assert inner.available == 1
+
+
+async def test_pause_leaves_slots_already_handed_out_alone() -> None:
+    supplier = PauseableSlotSupplier(FixedSlotSupplier(2))
+    async with await supplier.reserve_slot(CTX) as permit:
+        permit.mark_used(0, "h", "m1", "k")
+        supplier.pause()
+        assert supplier.in_use == 1 and supplier.inner.in_use == 1
+    assert supplier.in_use == 0 and supplier.inner.in_use == 0 and supplier.inner.available == 2
+
+
+class Buggy(SlotSupplier):
+    """Fails every other reservation and in every hook."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+        self.calls += 1
+        if self.calls % 2:
+            raise RuntimeError("flaky reserve")
+        return self.new_permit()
+
+    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+        raise RuntimeError("broken try")
+
+    def mark_slot_used(self, info: SlotInfo, permit: SlotPermit) -> None:
+        raise RuntimeError("broken mark")
+
+    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
+        raise RuntimeError("broken release")
+
+
+async def test_user_supplier_exceptions_are_contained_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, "conveyor.slots")
+    supplier = GuardedSlotSupplier(Buggy())
+    permit = await asyncio.wait_for(supplier.reserve_slot(CTX), 2)  # first call raised
+    assert supplier.try_reserve_slot(CTX) is None
+    permit.mark_used(0, "h", "m", "k")
+    permit.release()
+    assert supplier.errors == 2
+    assert supplier.issued == 0 and supplier.inner.issued == 0 and supplier.inner.in_use == 0
+    messages = caplog.text
+    assert "flaky reserve" in messages and "broken mark" in messages
+    assert "broken release" in messages
+
+
+async def test_a_guarded_reservation_stays_cancellable() -> None:
+    class Never(Buggy):
+        async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+            raise RuntimeError("always")
+
+    supplier = GuardedSlotSupplier(Never(), max_backoff_s=0.01)
+    task = asyncio.create_task(supplier.reserve_slot(CTX))
+    await wait_until(lambda: supplier.errors >= 3, 2, what="a few retries")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_permit_of_the_wrong_supplier_is_refused() -> None:
+    other = FixedSlotSupplier(1)
+
+    class Liar(Buggy):
+        def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+            return other.new_permit()
+
+    supplier = GuardedSlotSupplier(Liar())
+    assert supplier.try_reserve_slot(CTX) is None and supplier.errors == 1
+
+
+async def test_the_documented_custom_supplier_loads_from_config_and_limits_rate() -> None:
+    config = load_config(environ={}, overrides={"slots": {
+        "kind": "custom", "pauseable": True,
+        "path": "conveyor.examples.custom_slots:RateLimitedSlotSupplier",
+        "options": {"max_slots": 3, "per_second": 50.0},
+    }})
+    supplier = supplier_from_config(config.slots)
+    assert isinstance(supplier, PauseableSlotSupplier)
+    guarded = supplier.inner
+    assert isinstance(guarded, GuardedSlotSupplier)
+    assert isinstance(guarded.inner, RateLimitedSlotSupplier)
+    started = time.monotonic()
+    permits = [await supplier.reserve_slot(CTX) for _ in range(3)]
+    assert time.monotonic() - started >= 0.035  # 3 slots at 50/s: two 20 ms gaps
+    assert supplier.try_reserve_slot(CTX) is None  # max_slots reached
+    waiter = asyncio.create_task(supplier.reserve_slot(CTX))
+    await asyncio.sleep(0.03)
+    assert not waiter.done()
+    permits[0].release()
+    permits.append(await asyncio.wait_for(waiter, 1))
+    for p in permits:
+        p.release()
+    assert supplier.issued == 0 and guarded.inner.issued == 0
+
+
+def test_a_bad_custom_supplier_path_is_a_config_error_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"\$\.slots\.path"):
+        load_config(environ={}, overrides={"slots": {"kind": "custom", "path": "nocolon"}})
+    config = load_config(environ={}, overrides={"slots": {"kind": "custom", "path": "no.such:X"}})
+    with pytest.raises(ConfigError, match="cannot load"):
+        supplier_from_config(config.slots)
+    config = load_config(environ={}, overrides={"slots": {"kind": "custom", "path": "time:time"}})
+    with pytest.raises(ConfigError, match="not a SlotSupplier"):
+        supplier_from_config(config.slots)
