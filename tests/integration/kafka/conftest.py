@@ -56,10 +56,11 @@ class Tansu:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return
-            except OSError:
+            except OSError as exc:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"tansu did not start: {self.log_path.read_text()[-2000:]}")
+                    tail = self.log_path.read_text()[-2000:]
+                    raise RuntimeError(f"tansu did not start: {tail}") from exc
                 time.sleep(0.05)
 
     def stop(self) -> None:
