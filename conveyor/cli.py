@@ -291,16 +291,31 @@ def bench() -> None:
 
 
 @bench.command("throughput")
-@click.option("--adapter", type=click.Choice(["memory"]), default="memory", show_default=True)
+@click.option(
+    "--adapter", type=click.Choice(["memory", "kafka"]), default="memory", show_default=True
+)
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=100_000, show_default=True)
 @click.option("--streams", "-s", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--bootstrap", default=None,
+              help="kafka: HOST:PORT of a broker (default: start a private tansu).")
 def bench_throughput(
-    adapter: str, messages: int, streams: int, repeats: int, as_json: bool
+    adapter: str, messages: int, streams: int, repeats: int, as_json: bool,
+    bootstrap: str | None,
 ) -> None:
     """End-to-end no-op msgs/s and CPU us/msg, next to a bare decode+await floor."""
     from conveyor.bench.throughput import memory_throughput
+
+    if adapter == "kafka":
+        from conveyor.bench.kafka_throughput import kafka_throughput
+
+        try:
+            report = kafka_throughput(messages, streams, repeats, bootstrap)
+        except ConveyorError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(json.dumps(report.as_dict()) if as_json else report.table())
+        return
 
     result = memory_throughput(messages, streams, repeats)
     click.echo(json.dumps(result.as_dict()) if as_json else result.table())

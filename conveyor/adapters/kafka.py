@@ -511,10 +511,35 @@ class KafkaAdapter(QueueAdapter):
             else:
                 offset = await self._offset_for_time(consumer, tp, int(to * 1000))
             await self.write_handoff(group, queue, offset, "")  # forget recorded done offsets
-            await consumer.commit({tp: OffsetAndMetadata(offset, "")})
+            try:
+                await consumer.commit({tp: OffsetAndMetadata(offset, "")})
+            except kerrors.CommitFailedError:
+                # A broker that refuses commits from outside the group's generation
+                # (tansu, once a group had members): commit as its only member.
+                await self._commit_as_member(group, {tp: OffsetAndMetadata(offset, "")})
         except (kerrors.KafkaError, OSError) as exc:
             raise _broker_error(f"rewinding queue {queue}", exc) from exc
         log.info("rewound %s on queue %d to offset %d", group, queue, offset)
+
+    async def _commit_as_member(
+        self, group: str, offsets: dict[TopicPartition, OffsetAndMetadata]
+    ) -> None:
+        consumer = self.new_consumer(group, session_timeout_ms=self.config.session_timeout_ms)
+        await consumer.start()
+        try:
+            consumer.subscribe([self.topic])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.config.session_timeout_ms / 1000 + 10
+            while not set(offsets) <= consumer.assignment():
+                if loop.time() > deadline:
+                    raise BrokerError(
+                        f"kafka: could not join group {group!r} alone to rewind it; "
+                        "stop its workers first"
+                    )
+                await asyncio.sleep(0.1)
+            await consumer.commit(offsets)
+        finally:
+            await consumer.stop()
 
     async def _offset_for_time(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
                                when_ms: int) -> int:
