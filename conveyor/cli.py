@@ -346,31 +346,43 @@ def bench() -> None:
 
 
 @bench.command("throughput")
-@click.option("--adapter", type=click.Choice(["memory", "redis"]), default="memory",
+@click.option("--adapter", type=click.Choice(["memory", "redis", "kafka"]), default="memory",
               show_default=True)
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=100_000, show_default=True)
 @click.option("--streams", "-s", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--redis-url", default=None,
-              help="Redis to measure against (default: a private redis-server on a free port).")
+              help="redis: the server to measure against (default: a private redis-server).")
 @click.option("--daemons", type=click.Choice(["1", "2"]), multiple=True,
-              help="Redis: daemon counts to measure (default: 1 and 2).")
+              help="redis: daemon counts to measure (default: 1 and 2).")
+@click.option("--bootstrap", default=None,
+              help="kafka: HOST:PORT of a broker (default: start a private tansu).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_throughput(
     adapter: str, messages: int, streams: int, repeats: int, redis_url: str | None,
-    daemons: tuple[str, ...], as_json: bool,
+    daemons: tuple[str, ...], bootstrap: str | None, as_json: bool,
 ) -> None:
     """End-to-end no-op msgs/s and CPU us/msg, next to a floor measured in the same run.
 
     memory: the floor is a bare decode+await loop. redis: the floor is a raw redis-py
     XREADGROUP/XACK loop with the same batch size; 1 daemon runs in-process, 2 daemons
-    are `conveyor worker` processes sharing the queues through Redis leases.
+    are `conveyor worker` processes sharing the queues through Redis leases. kafka: the
+    floor is a raw aiokafka getmany+decode+commit loop, plus an I/O-bound run.
     """
     if adapter == "memory":
         from conveyor.bench.throughput import memory_throughput
 
         result = memory_throughput(messages, streams, repeats)
         click.echo(json.dumps(result.as_dict()) if as_json else result.table())
+        return
+    if adapter == "kafka":
+        from conveyor.bench.kafka_throughput import kafka_throughput
+
+        try:
+            report = kafka_throughput(messages, streams, repeats, bootstrap)
+        except ConveyorError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(json.dumps(report.as_dict()) if as_json else report.table())
         return
     from conveyor.adapters.redis_conn import redact_url
     from conveyor.bench.redis_throughput import as_json as to_json

@@ -31,6 +31,22 @@ from conveyor.platform.message import DeadLetter, Message
 class QueueReceiver(ABC):
     """The consumer side of one queue, for one consumer group."""
 
+    records_done_out_of_order: bool = False
+    """True if the agent should report messages finished above the ack watermark.
+
+    Backends that commit a single position (Kafka) set it, record those tokens with
+    :meth:`message_done_out_of_order`, and persist them with the next acknowledgement,
+    so the next owner of the queue can skip them. The agent then also calls
+    ``messages_delivered([])`` once when it drains, to persist what is still recorded.
+    """
+
+    def message_done_out_of_order(self, token: SequenceToken) -> None:  # noqa: B027
+        """A message finished while an earlier one of the queue is still unfinished.
+
+        Called synchronously from the agent's hot path (only when
+        ``records_done_out_of_order``): record, do not perform I/O.
+        """
+
     def set_lease(self, lease: Lease | None) -> None:  # noqa: B027 - optional hook
         """The lease under which this receiver runs (called before ``initialize``).
 

@@ -102,6 +102,11 @@ class PullingAgent:
         # Fencing: consulted before every pull and every ack; False once the lease
         # is (about to be) lost, so a stale owner neither pulls nor acknowledges.
         self._may_act = may_act or (lambda: True)
+        # Backends that persist done offsets above the watermark (Kafka) hear about
+        # each message finished out of order; the others cost one None check.
+        self._note_out_of_order = (
+            receiver.message_done_out_of_order if receiver.records_done_out_of_order else None
+        )
         self.pulled = 0
         self.acked = 0
         self.max_cache_fill = 0
@@ -136,6 +141,13 @@ class PullingAgent:
         if self._ack_task is not None:  # one flusher at a time keeps acks in order
             await self._ack_task
         await self._flush_acks()
+        if self._note_out_of_order is not None and not self._fenced and self._may_act():
+            # Persist the done offsets still recorded above the watermark (a drain
+            # that timed out leaves some), so the next owner skips them.
+            try:
+                await self.receiver.messages_delivered([])
+            except ConveyorError as exc:
+                log.warning("queue %d: could not record done offsets: %s", self.queue, exc)
         self._release_cached_permits()
         await self.receiver.shutdown()
         return finished
@@ -303,7 +315,10 @@ class PullingAgent:
         if entry.permit is not None:
             entry.permit.release(SlotReleaseReason.TASK_COMPLETE)
         if self.cache.entries[0] is not entry:
-            return  # an earlier message is still running: nothing new to acknowledge
+            # An earlier message is still running: nothing new to acknowledge.
+            if self._note_out_of_order is not None and entry.msg.token is not None:
+                self._note_out_of_order(entry.msg.token)
+            return
         tokens = self.cache.pop_done_prefix()
         self._to_ack.extend(tokens)
         if self._ack_task is None and not self._stopping:

@@ -77,7 +77,33 @@ class RedisConfig(_Section):
 
 class KafkaConfig(_Section):
     bootstrap: str = "127.0.0.1:9092"
+    """``HOST:PORT[,HOST:PORT...]`` of the brokers."""
     topic: str = "conveyor"
+    """One topic per app deployment; partition ``i`` is queue ``i``."""
+    default_namespace: str = "default"
+    """Namespace of a record that carries no ``cv-ns`` header (published by a plain client)."""
+    create_topic: bool = True
+    """Create the topic (``queues.total`` partitions) with the admin client if absent."""
+    replication_factor: PositiveInt = 1
+    client_id: str = "conveyor"
+    linger_ms: Annotated[int, msgspec.Meta(ge=0)] = 2
+    fetch_max_wait_ms: PositiveInt = 100
+    """Longest a fetch waits on the broker for data (bounds pull latency on idle queues)."""
+    session_timeout_ms: PositiveInt = 10_000
+    """``kafka-group`` balancer: a member silent this long is dropped from the group."""
+    heartbeat_interval_ms: PositiveInt = 1_000
+    rebalance_timeout_ms: PositiveInt = 60_000
+    """``kafka-group`` balancer: how long members may take to drain on a re-balance."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str = ""
+    sasl_password_env: str = "CONVEYOR_KAFKA_PASSWORD"
+    """Name of the environment variable holding the SASL password (never the password)."""
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    ssl_key_password_env: str = ""
+    """Name of the environment variable holding the client key's password, if any."""
 
 
 class ResourceSlotsConfig(_Section):
@@ -148,9 +174,11 @@ class SupervisorConfig(_Section):
 
 
 class BalancerConfig(_Section):
-    kind: Literal["dynamic", "static"] = "dynamic"
+    kind: Literal["dynamic", "static", "kafka-group"] = "dynamic"
     """``dynamic``: share queues among live daemons and re-balance as they come and go.
-    ``static``: own exactly ``queues`` (all queues when empty)."""
+    ``static``: own exactly ``queues`` (all queues when empty).
+    ``kafka-group``: let Kafka's consumer-group coordinator share the partitions
+    (kafka adapter only; needs no other store)."""
     queues: list[int] = []
     rebalance_interval_s: PositiveFloat = 1.0
     """How often a daemon re-checks its share even without a membership event."""

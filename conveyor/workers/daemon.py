@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +37,22 @@ from conveyor.workers.slots import SlotSupplier, supplier_from_config
 log = logging.getLogger("conveyor.daemon")
 
 
-def build_balancer(config: Config, app_name: str) -> QueueBalancer:
+# Balancers that live beside a driver, imported by name (like adapters) so that this
+# module imports no driver. Factories take (config, app_name, adapter).
+_BALANCERS = {
+    "kafka-group": "conveyor.adapters.kafka_group:from_config",
+}
+
+
+def build_balancer(
+    config: Config, app_name: str, adapter: QueueAdapter | None = None
+) -> QueueBalancer:
+    target = _BALANCERS.get(config.balancer.kind)
+    if target is not None:
+        module_name, _, attr = target.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        balancer: QueueBalancer = factory(config, app_name, adapter)
+        return balancer
     if config.balancer.kind == "static":
         return StaticBalancer(config.balancer.queues or range(config.queues.total))
     membership, leases = coordination_from_config(config, app_name)
@@ -85,7 +101,7 @@ class WorkerDaemon:
         self.mapper = HashRingQueueMapper(config.queues.total)
         self._owns_slots = slots is None
         self.slots = slots or supplier_from_config(config.slots)
-        self.balancer = balancer or build_balancer(config, app.name)
+        self.balancer = balancer or build_balancer(config, app.name, self.adapter)
         self.member = member or MemberInfo.for_this_process(f"{app.name}-")
         self.stats = DeliveryStats()
         self._owns_telemetry = telemetry is None

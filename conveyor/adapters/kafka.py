@@ -1,0 +1,642 @@
+"""The Kafka queue adapter: one topic, partition ``i`` is queue ``i``.
+
+Producer side: every message goes to the partition the hash ring chose (explicit
+partition), with key = stream key and Conveyor's metadata in headers (see "Wire
+format" in docs/kafka.md), so kcat or any Kafka client can publish.
+
+Consumer side: one :class:`KafkaReceiver` per owned partition, manually assigned (or,
+under the ``kafka-group`` balancer, read through the group's consumer). It commits
+the *watermark* — the offset below which everything is done — never past an
+unfinished message, and records the offsets done above it (see
+:mod:`conveyor.adapters.kafka_offsets`) in the commit metadata. Brokers that drop
+commit metadata (tansu) are covered by a hand-off record written on a graceful
+drain to ``<topic>.conveyor-handoff``. A new owner starts at the watermark and skips
+the recorded offsets, so a hand-off replays only what was really unfinished.
+
+Lag is ``high watermark - committed``, the high watermark taken from fetch
+responses (tansu's ListOffsets(latest) is wrong for multi-record batches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import errors as kerrors
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import OffsetAndMetadata
+
+from conveyor.adapters import kafka_offsets
+from conveyor.adapters.kafka_offsets import DoneOffsets
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.config import Config, KafkaConfig
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import (
+    CONTENT_JSON,
+    H_ATTEMPT,
+    H_CONTENT_TYPE,
+    H_ENQUEUED_MS,
+    H_ID,
+    H_KEY,
+    H_NAMESPACE,
+    DeadLetter,
+    Message,
+)
+
+log = logging.getLogger("conveyor.kafka")
+
+_dl_encode = msgspec.json.Encoder().encode
+_dl_decode = msgspec.json.Decoder(DeadLetter).decode
+
+
+class _Handoff(msgspec.Struct, frozen=True):
+    """What a draining owner leaves for the next one when commit metadata is dropped."""
+
+    watermark: int
+    done: str
+
+
+_handoff_encode = msgspec.json.Encoder().encode
+_handoff_decode = msgspec.json.Decoder(_Handoff).decode
+
+
+def client_options(cfg: KafkaConfig) -> dict[str, Any]:
+    """Connection options shared by producer, consumers and admin; secrets from env."""
+    opts: dict[str, Any] = {
+        "bootstrap_servers": cfg.bootstrap,
+        "client_id": cfg.client_id,
+        "security_protocol": cfg.security_protocol,
+    }
+    if cfg.security_protocol.startswith("SASL"):
+        password = os.environ.get(cfg.sasl_password_env)
+        if not cfg.sasl_username or password is None:
+            raise ConfigError(
+                f"$.kafka: {cfg.security_protocol} needs sasl_username and the password "
+                f"in the environment variable named by sasl_password_env "
+                f"({cfg.sasl_password_env!r} is not set)"
+            )
+        opts.update(
+            sasl_mechanism=cfg.sasl_mechanism,
+            sasl_plain_username=cfg.sasl_username,
+            sasl_plain_password=password,
+        )
+    if cfg.security_protocol.endswith("SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        key_env = cfg.ssl_key_password_env
+        key_password = os.environ.get(key_env) if key_env else None
+        opts["ssl_context"] = create_ssl_context(
+            cafile=cfg.ssl_cafile or None,
+            certfile=cfg.ssl_certfile or None,
+            keyfile=cfg.ssl_keyfile or None,
+            password=key_password,
+        )
+    return opts
+
+
+def _broker_error(what: str, exc: BaseException) -> BrokerError:
+    """Translate an aiokafka error at the boundary (retriable ones as connection errors)."""
+    retriable = isinstance(exc, kerrors.KafkaConnectionError | kerrors.KafkaTimeoutError | OSError)
+    if isinstance(exc, kerrors.KafkaError) and exc.retriable:
+        retriable = True
+    cls = BrokerConnectionError if retriable else BrokerError
+    return cls(f"kafka: {what} failed: {type(exc).__name__}: {exc}")
+
+
+def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
+    """A fetched record as a :class:`Message`; foreign records get the defaults."""
+    ns = default_ns
+    key = record.key.decode() if record.key is not None else ""
+    msg_id = ""
+    ctype = CONTENT_JSON
+    attempt = 0
+    ts = record.timestamp
+    headers: dict[str, str] = {}
+    for name, raw in record.headers:
+        value = raw.decode() if raw is not None else ""
+        if name == H_NAMESPACE:
+            ns = value
+        elif name == H_ID:
+            msg_id = value
+        elif name == H_CONTENT_TYPE:
+            ctype = value
+        elif name == H_ATTEMPT:
+            attempt = int(value or 0)
+        elif name == H_ENQUEUED_MS:
+            ts = int(value or ts)
+        elif name == H_KEY:
+            key = key or value
+        else:
+            headers[name] = value
+    return Message(
+        id=msg_id or f"{record.topic}-{record.partition}-{record.offset}",
+        stream=StreamId(ns, key),
+        body=record.value if record.value is not None else b"",
+        headers=headers,
+        content_type=ctype,
+        attempt=attempt,
+        enqueued_at_ms=ts,
+        token=SequenceToken(queue, record.offset),
+    )
+
+
+def message_headers(msg: Message) -> list[tuple[str, bytes]]:
+    headers = [
+        (H_NAMESPACE, msg.stream.namespace.encode()),
+        (H_ID, msg.id.encode()),
+        (H_CONTENT_TYPE, msg.content_type.encode()),
+        (H_ENQUEUED_MS, str(msg.enqueued_at_ms).encode()),
+    ]
+    if msg.attempt:
+        headers.append((H_ATTEMPT, str(msg.attempt).encode()))
+    headers.extend((k, v.encode()) for k, v in msg.headers.items())
+    return headers
+
+
+class KafkaReceiver(QueueReceiver):
+    """One partition for one group. Not shared between tasks (the agent is its only user).
+
+    With ``shared`` set (``kafka-group`` balancer) records are read and offsets committed
+    through the group's consumer, under its generation; otherwise the receiver has a
+    consumer of its own, manually assigned to its partition.
+    """
+
+    records_done_out_of_order = True
+
+    def __init__(
+        self, adapter: KafkaAdapter, queue: int, group: str, shared: AIOKafkaConsumer | None
+    ) -> None:
+        self._adapter = adapter
+        self._queue = queue
+        self._group = group
+        self._tp = TopicPartition(adapter.topic, queue)
+        self._shared = shared
+        self._consumer: AIOKafkaConsumer | None = shared
+        self._started = False
+        self._offsets = DoneOffsets(0)
+        self._skip: set[int] = set()
+        self._handed_over = False
+        self._default_ns = adapter.config.default_namespace
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def initialize(self) -> None:
+        """Position at the committed watermark; a broker that is down is retried on pull."""
+        try:
+            await self._start()
+        except BrokerError as exc:
+            log.warning("queue %d: broker unreachable (%s); will retry", self._queue, exc)
+
+    async def _start(self) -> None:
+        if self._started:
+            return
+        adapter = self._adapter
+        try:
+            await adapter.ensure_topic()
+            if self._consumer is None:
+                consumer = adapter.new_consumer(self._group)
+                await consumer.start()
+                consumer.assign([self._tp])
+                self._consumer = consumer
+            consumer = self._consumer
+            committed = await _fetch_committed(consumer, self._tp)
+            if committed is None:
+                start = (await consumer.beginning_offsets([self._tp]))[self._tp]
+                done: set[int] = set()
+            else:
+                start, meta = committed
+                done = kafka_offsets.decode(start, meta)
+                if not done:
+                    done = await adapter.read_handoff(self._group, self._queue, start)
+            self._offsets = DoneOffsets(start, done)
+            self._skip = set(self._offsets.done)
+            consumer.seek(self._tp, self._offsets.watermark)
+        except (kerrors.KafkaError, OSError) as exc:
+            if self._shared is None and self._consumer is not None:
+                with contextlib.suppress(Exception):
+                    await self._consumer.stop()
+                self._consumer = None
+            raise _broker_error(f"starting the receiver of queue {self._queue}", exc) from exc
+        self._started = True
+        if self._skip:
+            log.info("queue %d: resuming at %d, skipping %d offset(s) done by the last owner",
+                     self._queue, self._offsets.watermark, len(self._skip))
+
+    async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        if not self._started:
+            await self._start()
+        consumer = self._consumer
+        assert consumer is not None
+        tp = self._tp
+        try:
+            if self._shared is None:
+                batches = await consumer.getmany(
+                    tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
+                )
+            else:
+                # A group re-balance parks getmany until the new assignment; bound it so
+                # a draining agent's pull returns.
+                batches = await asyncio.wait_for(
+                    consumer.getmany(tp, timeout_ms=int(timeout_s * 1000), max_records=max_count),
+                    timeout_s + 1.0,
+                )
+        except TimeoutError:
+            return []
+        except (kerrors.KafkaError, OSError) as exc:
+            raise _broker_error(f"fetching queue {self._queue}", exc) from exc
+        records = batches.get(tp)
+        if not records:
+            return []
+        queue, ns = self._queue, self._default_ns
+        skip = self._skip
+        if skip:
+            out = []
+            for r in records:
+                if r.offset in skip:
+                    skip.discard(r.offset)
+                    continue
+                out.append(record_to_message(r, queue, ns))
+            return out
+        return [record_to_message(r, queue, ns) for r in records]
+
+    def message_done_out_of_order(self, token: SequenceToken) -> None:
+        self._offsets.mark_done(token.major)
+
+    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+        """Commit the watermark (with the done offsets above it as metadata).
+
+        ``tokens`` is the agent's contiguous done prefix, in queue order. An empty call
+        (on drain) also leaves a hand-off record when done offsets remain above the
+        watermark, for brokers that drop commit metadata.
+        """
+        offsets = self._offsets
+        if tokens:
+            offsets.acknowledge_through(tokens[-1].major)
+        elif not offsets.done:
+            return
+        if not self._started:
+            return
+        meta = offsets.metadata()
+        watermark = offsets.watermark
+        consumer = self._consumer
+        assert consumer is not None
+        try:
+            if not tokens:
+                await self._adapter.write_handoff(self._group, self._queue, watermark, meta)
+                self._handed_over = True
+            await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
+        except kerrors.CommitFailedError as exc:
+            # The group re-balanced and the partition may be someone else's now: our
+            # unacknowledged messages will be redelivered there. Nothing to retry.
+            log.warning("queue %d: commit refused (%s); the new owner resumes at its last "
+                        "committed offset", self._queue, exc)
+        except kerrors.IllegalStateError as exc:
+            log.warning("queue %d: partition no longer assigned (%s)", self._queue, exc)
+        except (kerrors.KafkaError, OSError) as exc:
+            raise _broker_error(f"committing queue {self._queue}", exc) from exc
+
+    async def lag(self) -> int:
+        consumer = self._consumer
+        high = consumer.highwater(self._tp) if consumer is not None else None
+        if high is None:
+            return await self._adapter.lag(self._queue, self._group)
+        return max(0, int(high) - self._offsets.watermark - len(self._offsets.done))
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._shared is None and self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+        self._consumer = None
+
+
+async def _fetch_committed(
+    consumer: AIOKafkaConsumer, tp: TopicPartition
+) -> tuple[int, str] | None:
+    """The group's committed offset and metadata (aiokafka's public API drops metadata)."""
+    found = await consumer._coordinator.fetch_committed_offsets([tp])
+    entry = found.get(tp)
+    if entry is None or entry.offset < 0:
+        return None
+    return int(entry.offset), str(entry.metadata or "")
+
+
+class KafkaAdapter(QueueAdapter):
+    name = "kafka"
+
+    def __init__(self, config: KafkaConfig, total_queues: int) -> None:
+        self.config = config
+        self.topic = config.topic
+        self.handoff_topic = f"{config.topic}.conveyor-handoff"
+        self.dlq_topic = f"{config.topic}.conveyor-dlq"
+        self.total_queues = total_queues
+        self._options = client_options(config)
+        self._producer: AIOKafkaProducer | None = None
+        self._lock = asyncio.Lock()
+        self._topic_ready = False
+        self._group_consumers: dict[str, AIOKafkaConsumer] = {}
+        self._probes: dict[str, AIOKafkaConsumer] = {}
+
+    # -- connections -------------------------------------------------------------------
+    def new_consumer(self, group: str | None, **extra: Any) -> AIOKafkaConsumer:
+        opts: dict[str, Any] = {
+            "group_id": group,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "fetch_max_wait_ms": self.config.fetch_max_wait_ms,
+            "max_poll_records": 1000,
+            **self._options,
+            **extra,
+        }
+        return AIOKafkaConsumer(**opts)
+
+    def attach_group_consumer(self, group: str, consumer: AIOKafkaConsumer | None) -> None:
+        """Receivers of ``group`` read and commit through this consumer (kafka-group)."""
+        if consumer is None:
+            self._group_consumers.pop(group, None)
+        else:
+            self._group_consumers[group] = consumer
+
+    async def _producer_started(self) -> AIOKafkaProducer:
+        if self._producer is not None:
+            return self._producer
+        async with self._lock:
+            if self._producer is None:
+                await self.ensure_topic()
+                producer = AIOKafkaProducer(linger_ms=self.config.linger_ms, **self._options)
+                try:
+                    await producer.start()
+                except (kerrors.KafkaError, OSError) as exc:
+                    with contextlib.suppress(Exception):
+                        await producer.stop()
+                    raise _broker_error("connecting the producer", exc) from exc
+                self._producer = producer
+        return self._producer
+
+    async def ensure_topic(self) -> None:
+        """Create the topic with ``total_queues`` partitions if absent; check it if present."""
+        if self._topic_ready:
+            return
+        await self._create_topics({self.topic: self.total_queues})
+        self._topic_ready = True
+
+    async def _create_topics(self, wanted: dict[str, int]) -> None:
+        admin = AIOKafkaAdminClient(**self._options)
+        try:
+            await admin.start()
+            existing = set(await admin.list_topics())
+            missing = {t: n for t, n in wanted.items() if t not in existing}
+            if missing and self.config.create_topic:
+                rf = self.config.replication_factor
+                topics = [NewTopic(t, n, rf) for t, n in missing.items()]
+                response = await admin.create_topics(topics)
+                for topic, code, *_ in response.topic_errors:
+                    if code not in (0, 36):  # 36: created meanwhile by another process
+                        raise BrokerError(f"kafka: creating topic {topic!r} failed (error {code})")
+            elif missing:
+                raise ConfigError(f"kafka topic(s) {sorted(missing)} do not exist and "
+                                  "$.kafka.create_topic is false")
+            if self.topic in wanted and self.topic in existing:
+                described = await admin.describe_topics([self.topic])
+                have = len(described[0]["partitions"])
+                if have < self.total_queues:
+                    raise ConfigError(
+                        f"kafka topic {self.topic!r} has {have} partitions but "
+                        f"$.queues.total is {self.total_queues}; add partitions or lower it"
+                    )
+        except (kerrors.KafkaError, OSError) as exc:
+            raise _broker_error("preparing topics", exc) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    async def close(self) -> None:
+        for consumer in [*self._probes.values()]:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+        self._probes.clear()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+            self._producer = None
+
+    # -- producing ---------------------------------------------------------------------
+    async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
+        producer = await self._producer_started()
+        topic = self.topic
+        try:
+            futures = [
+                await producer.send(
+                    topic,
+                    msg.body,
+                    key=msg.stream.key.encode(),
+                    partition=queue,
+                    headers=message_headers(msg),
+                    timestamp_ms=msg.enqueued_at_ms or None,
+                )
+                for msg in messages
+            ]
+            results = await asyncio.gather(*futures)
+        except (kerrors.KafkaError, OSError) as exc:
+            raise _broker_error(f"producing to queue {queue}", exc) from exc
+        return [SequenceToken(queue, r.offset) for r in results]
+
+    # -- consuming ---------------------------------------------------------------------
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        return KafkaReceiver(self, queue, group, self._group_consumers.get(group))
+
+    async def _probe(self, group: str) -> AIOKafkaConsumer:
+        """A consumer of ``group`` assigned every partition, for lag and rewind (no reads)."""
+        consumer = self._probes.get(group)
+        if consumer is None:
+            await self.ensure_topic()
+            consumer = self.new_consumer(group)
+            try:
+                await consumer.start()
+            except (kerrors.KafkaError, OSError) as exc:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+                raise _broker_error("connecting a consumer", exc) from exc
+            consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
+            self._probes[group] = consumer
+        return consumer
+
+    async def high_watermark(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
+                             from_offset: int, timeout_s: float = 5.0) -> int:
+        """The partition's high watermark, as a fetch response reports it."""
+        consumer.seek(tp, from_offset)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            await consumer.getmany(tp, timeout_ms=200, max_records=1)
+            high = consumer.highwater(tp)
+            if high is not None:
+                return int(high)
+            if loop.time() > deadline:
+                raise BrokerConnectionError(f"kafka: no fetch response for {tp} in {timeout_s}s")
+
+    async def lag(self, queue: int, group: str) -> int:
+        try:
+            consumer = await self._probe(group)
+            tp = TopicPartition(self.topic, queue)
+            committed = await _fetch_committed(consumer, tp)
+            if committed is None:
+                start = int((await consumer.beginning_offsets([tp]))[tp])
+                done = 0
+            else:
+                start = int(committed[0])
+                done = len(kafka_offsets.decode(start, committed[1]))
+            high = await self.high_watermark(consumer, tp, start)
+        except (kerrors.KafkaError, OSError) as exc:
+            raise _broker_error(f"reading the lag of queue {queue}", exc) from exc
+        return max(0, high - start - done)
+
+    async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+        try:
+            consumer = await self._probe(group)
+            tp = TopicPartition(self.topic, queue)
+            if isinstance(to, SequenceToken):
+                if to.queue != queue:
+                    raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+                offset = to.major
+            else:
+                offset = await self._offset_for_time(consumer, tp, int(to * 1000))
+            await self.write_handoff(group, queue, offset, "")  # forget recorded done offsets
+            try:
+                await consumer.commit({tp: OffsetAndMetadata(offset, "")})
+            except kerrors.CommitFailedError:
+                # A broker that refuses commits from outside the group's generation
+                # (tansu, once a group had members): commit as its only member.
+                await self._commit_as_member(group, {tp: OffsetAndMetadata(offset, "")})
+        except (kerrors.KafkaError, OSError) as exc:
+            raise _broker_error(f"rewinding queue {queue}", exc) from exc
+        log.info("rewound %s on queue %d to offset %d", group, queue, offset)
+
+    async def _commit_as_member(
+        self, group: str, offsets: dict[TopicPartition, OffsetAndMetadata]
+    ) -> None:
+        consumer = self.new_consumer(group, session_timeout_ms=self.config.session_timeout_ms)
+        await consumer.start()
+        try:
+            consumer.subscribe([self.topic])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.config.session_timeout_ms / 1000 + 10
+            while not set(offsets) <= consumer.assignment():
+                if loop.time() > deadline:
+                    raise BrokerError(
+                        f"kafka: could not join group {group!r} alone to rewind it; "
+                        "stop its workers first"
+                    )
+                await asyncio.sleep(0.1)
+            await consumer.commit(offsets)
+        finally:
+            await consumer.stop()
+
+    async def _offset_for_time(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
+                               when_ms: int) -> int:
+        """The first offset whose timestamp is >= ``when_ms`` (the end if none is)."""
+        found = (await consumer.offsets_for_times({tp: when_ms})).get(tp)
+        if found is not None and found.timestamp >= 0:
+            return int(found.offset)
+        # No answer, or tansu's (timestamp -1): scan from the start up to the fetch
+        # high watermark, comparing record timestamps.
+        begin = (await consumer.beginning_offsets([tp]))[tp]
+        high = await self.high_watermark(consumer, tp, begin)
+        consumer.seek(tp, begin)
+        position = begin
+        while position < high:
+            batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
+            for record in batch:
+                if record.timestamp >= when_ms:
+                    return int(record.offset)
+                position = record.offset + 1
+        return high
+
+    # -- hand-off records (for brokers that drop commit metadata) ----------------------
+    async def write_handoff(self, group: str, queue: int, watermark: int, done: str) -> None:
+        producer = await self._producer_started()
+        if not getattr(self, "_handoff_ready", False):
+            await self._create_topics({self.handoff_topic: self.total_queues})
+            self._handoff_ready = True
+        await producer.send_and_wait(
+            self.handoff_topic, _handoff_encode(_Handoff(watermark, done)),
+            key=group.encode(), partition=queue,
+        )
+
+    async def read_handoff(self, group: str, queue: int, watermark: int) -> set[int]:
+        """Done offsets the last owner recorded at ``watermark`` (none if it moved on)."""
+        tp = TopicPartition(self.handoff_topic, queue)
+        consumer = self.new_consumer(None)
+        try:
+            await consumer.start()
+            if self.handoff_topic not in await consumer.topics():
+                return set()
+            consumer.assign([tp])
+            high = await self.high_watermark(consumer, tp, 0)
+            consumer.seek(tp, 0)
+            latest: _Handoff | None = None
+            key = group.encode()
+            position = 0
+            while position < high:
+                batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
+                for record in batch:
+                    position = record.offset + 1
+                    if record.key == key and record.value:
+                        latest = _handoff_decode(record.value)
+        finally:
+            await consumer.stop()
+        if latest is None or latest.watermark != watermark:
+            return set()
+        return kafka_offsets.decode(watermark, latest.done)
+
+    # -- dead letters ------------------------------------------------------------------
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
+        producer = await self._producer_started()
+        if not getattr(self, "_dlq_ready", False):
+            await self._create_topics({self.dlq_topic: 1})
+            self._dlq_ready = True
+        try:
+            futures = [await producer.send(self.dlq_topic, _dl_encode(letter),
+                                           key=group.encode(), partition=0)
+                       for letter in letters]
+            await asyncio.gather(*futures)
+        except (kerrors.KafkaError, OSError) as exc:
+            raise _broker_error("writing dead letters", exc) from exc
+
+    async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
+        tp = TopicPartition(self.dlq_topic, 0)
+        consumer = self.new_consumer(None)
+        out: list[DeadLetter] = []
+        try:
+            await consumer.start()
+            if self.dlq_topic not in await consumer.topics():
+                return out
+            consumer.assign([tp])
+            high = await self.high_watermark(consumer, tp, 0)
+            consumer.seek(tp, 0)
+            position = 0
+            key = group.encode()
+            while position < high and len(out) < limit:
+                batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
+                for record in batch:
+                    position = record.offset + 1
+                    if record.key == key and record.value and len(out) < limit:
+                        out.append(_dl_decode(record.value))
+        except (kerrors.KafkaError, OSError) as exc:
+            raise _broker_error("reading dead letters", exc) from exc
+        finally:
+            await consumer.stop()
+        return out
+
+
+def from_config(config: Config) -> KafkaAdapter:
+    return KafkaAdapter(config.kafka, config.queues.total)

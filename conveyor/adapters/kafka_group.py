@@ -1,0 +1,136 @@
+"""A queue balancer driven by Kafka's own consumer-group protocol (``kind = "kafka-group"``).
+
+Each daemon joins the consumer group named after the app (JoinGroup / SyncGroup /
+Heartbeat through aiokafka); the group coordinator decides which member reads which
+partition and re-balances when members come, go or stop heart-beating. No other
+store is needed: a daemon can run with Kafka alone.
+
+The protocol is *eager*: on every re-balance each member is told its partitions are
+revoked; this balancer then drains them through the daemon (stop pulling, finish and
+commit in-flight messages, under the still valid generation) before it lets the
+coordinator continue, so a graceful re-balance redelivers nothing. A member that
+dies is dropped after ``session_timeout_ms``; its partitions resume elsewhere from
+the committed watermark.
+
+Receivers of the group read and commit through the group's consumer (attached to the
+adapter), since Kafka refuses commits from outside a group's live generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import errors as kerrors
+
+from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.balancer import BalanceListener, QueueBalancer
+from conveyor.platform.config import Config
+from conveyor.platform.errors import BrokerConnectionError, ConfigError
+from conveyor.platform.membership import MemberInfo
+
+log = logging.getLogger("conveyor.kafka_group")
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, balancer: KafkaGroupBalancer) -> None:
+        self._balancer = balancer
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self._balancer._revoked(sorted(tp.partition for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self._balancer._assigned(sorted(tp.partition for tp in assigned))
+
+
+class KafkaGroupBalancer(QueueBalancer):
+    def __init__(self, adapter: KafkaAdapter, group: str, total_queues: int) -> None:
+        self.adapter = adapter
+        self.group = group
+        self.total_queues = total_queues
+        self._consumer: Any = None
+        self._listener: BalanceListener | None = None
+        self._owned: set[int] = set()
+        self._assigned_once = asyncio.Event()
+        self._stopping = False
+
+    async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
+        cfg = self.adapter.config
+        self._listener = listener
+        consumer = self.adapter.new_consumer(
+            self.group,
+            client_id=member.id,
+            session_timeout_ms=cfg.session_timeout_ms,
+            heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+            rebalance_timeout_ms=cfg.rebalance_timeout_ms,
+            # Receivers poll per partition; a member that owns nothing polls nothing and
+            # must not be expelled for it. Liveness is the heartbeat's job.
+            max_poll_interval_ms=24 * 3600 * 1000,
+        )
+        try:
+            await self.adapter.ensure_topic()
+            await consumer.start()
+        except (kerrors.KafkaError, OSError) as exc:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            raise BrokerConnectionError(
+                f"kafka: joining group {self.group!r} failed: {exc}"
+            ) from exc
+        self._consumer = consumer
+        self.adapter.attach_group_consumer(self.group, consumer)
+        consumer.subscribe([self.adapter.topic], listener=_Rebalance(self))
+
+    async def wait_assigned(self, timeout_s: float) -> bool:
+        """Wait for the first assignment (tests, and callers that want a warm start)."""
+        try:
+            await asyncio.wait_for(self._assigned_once.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _assigned(self, partitions: list[int]) -> None:
+        assert self._listener is not None
+        if self._stopping:
+            return
+        mine = [p for p in partitions if p < self.total_queues and p not in self._owned]
+        self._owned.update(mine)
+        await asyncio.gather(*(self._listener.queue_acquired(q, None) for q in mine))
+        self._assigned_once.set()
+        log.info("group %s assigned queues %s", self.group, sorted(self._owned))
+
+    async def _revoked(self, partitions: list[int]) -> None:
+        """Drain (finish and commit) before the coordinator may hand the partitions on."""
+        assert self._listener is not None
+        gone = [p for p in partitions if p in self._owned]
+        await asyncio.gather(*(self._listener.queue_released(q) for q in gone))
+        self._owned.difference_update(gone)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._consumer is None:
+            return
+        # Drain while still a member (commits need the live generation), then leave.
+        if self._listener is not None:
+            await self._revoked(sorted(self._owned))
+        self.adapter.attach_group_consumer(self.group, None)
+        with contextlib.suppress(Exception):
+            await self._consumer.stop()
+        self._consumer = None
+
+    def owned(self) -> list[int]:
+        return sorted(self._owned)
+
+    def lease_valid(self, queue: int) -> bool:
+        return queue in self._owned
+
+
+def from_config(config: Config, group: str, adapter: QueueAdapter) -> KafkaGroupBalancer:
+    if not isinstance(adapter, KafkaAdapter):
+        raise ConfigError(
+            f"$.balancer.kind = 'kafka-group' needs the kafka adapter, not {adapter.name!r}"
+        )
+    return KafkaGroupBalancer(adapter, group, config.queues.total)

@@ -1,0 +1,53 @@
+"""Config and app builders shared by the Kafka tests."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from typing import Any
+
+from conveyor.platform.app import App
+from conveyor.platform.config import Config, load_config
+
+
+def kafka_config(bootstrap: str, topic: str, **sections: dict[str, Any]) -> Config:
+    overrides: dict[str, dict[str, Any]] = {
+        "queues": {"adapter": "kafka", "total": 1},
+        "kafka": {"bootstrap": bootstrap, "topic": topic, "session_timeout_ms": 6000,
+                  "heartbeat_interval_ms": 500},
+        "balancer": {"kind": "static"},
+        "worker": {"poll_timeout_ms": 200, "drain_timeout_s": 5.0},
+    }
+    for section, values in sections.items():
+        overrides.setdefault(section, {}).update(values)
+    return load_config(None, environ={}, overrides=overrides)
+
+
+class Recorder:
+    """An app whose handler records (key, seq) per namespace, optionally sleeping."""
+
+    def __init__(self, namespace: str = "orders", max_delay_s: float = 0.0) -> None:
+        self.app = App("kafka-test")
+        self.seen: list[tuple[str, int]] = []
+        self.by_key: dict[str, list[int]] = defaultdict(list)
+        self.max_delay_s = max_delay_s
+        self.hold: dict[str, asyncio.Event] = {}
+        self.running = 0
+        self.peak = 0
+
+        @self.app.handler(namespace)
+        async def handle(body: dict[str, Any]) -> None:
+            key, seq = str(body["k"]), int(body["seq"])
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            try:
+                gate = self.hold.get(key)
+                if gate is not None:
+                    await gate.wait()
+                if self.max_delay_s:
+                    await asyncio.sleep(random.uniform(0, self.max_delay_s))
+            finally:
+                self.running -= 1
+            self.seen.append((key, seq))
+            self.by_key[key].append(seq)

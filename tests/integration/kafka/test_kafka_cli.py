@@ -1,0 +1,64 @@
+"""The CLI against Kafka as a user runs it: worker, publish, status, rewind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until_sync
+from tests.integration.kafka.conftest import Tansu
+
+pytestmark = [pytest.mark.kafka]
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_worker_publish_status_and_rewind_work_against_kafka(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    base = (REPO / "configs" / "kafka.toml").read_text()
+    cfg = tmp_path / "kafka.toml"
+    cfg.write_text(
+        base.replace('bootstrap = "127.0.0.1:9092"', f'bootstrap = "{tansu.bootstrap}"')
+        .replace('topic = "conveyor"', f'topic = "{topic}"')
+        .replace("total = 8 ", "total = 2 ")
+    )
+    out = tmp_path / "handled.txt"
+    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out)}
+    token = cli("publish", "jobs", "k1", '{"id": 1, "k": "k1", "seq": 0}', "--config", str(cfg))
+    assert token.returncode == 0, token.stderr
+    first_token = token.stdout.strip()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests/apps/kafka_app.py:app",
+         "--config", str(cfg)], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        def handled() -> list[str]:
+            return out.read_text().splitlines() if out.exists() else []
+
+        wait_until_sync(lambda: len(handled()) == 1, 30, "the published message handled")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        assert "drained" in (worker.stderr.read() if worker.stderr else "")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+    status = cli("status", "--app", "kafka-sub", "--json", "--config", str(cfg))
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["queues"][int(first_token.split(":")[0])]["lag"] == 0
+    rewound = cli("rewind", "--app", "kafka-sub", "--to", first_token, "--config", str(cfg))
+    assert rewound.returncode == 0, rewound.stderr
+    status = cli("status", "--app", "kafka-sub", "--json", "--config", str(cfg))
+    assert sum(q["lag"] for q in json.loads(status.stdout)["queues"]) == 1
