@@ -24,13 +24,14 @@ import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
 
 from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, MemoryMembership
+from conveyor.platform.placement import PlacementWeights, resource_split
 
 log = logging.getLogger("conveyor.balancer")
 
@@ -49,6 +50,42 @@ def best_fit(member_ids: Sequence[str], total_queues: int) -> dict[str, list[int
     for queue in range(total_queues):
         split[members[queue % len(members)]].append(queue)
     return split
+
+
+class Placement(ABC):
+    """How a dynamic balancer splits the queues among the live members."""
+
+    needs_owners = False
+    """Whether :meth:`split` looks at the current owners (costs one store read)."""
+
+    @abstractmethod
+    def split(
+        self, members: Sequence[MemberInfo], total_queues: int, owners: Mapping[int, str]
+    ) -> dict[str, list[int]]: ...
+
+
+class BestFitPlacement(Placement):
+    """Round-robin over sorted member ids: everyone gets floor(q/n) or ceil(q/n)."""
+
+    def split(
+        self, members: Sequence[MemberInfo], total_queues: int, owners: Mapping[int, str]
+    ) -> dict[str, list[int]]:
+        return best_fit([m.id for m in members], total_queues)
+
+
+class ResourcePlacement(Placement):
+    """Power-of-K choices over the CPU and memory statistics members publish."""
+
+    needs_owners = True
+
+    def __init__(self, weights: PlacementWeights | None = None) -> None:
+        self.weights = weights or PlacementWeights()
+
+    def split(
+        self, members: Sequence[MemberInfo], total_queues: int, owners: Mapping[int, str]
+    ) -> dict[str, list[int]]:
+        return resource_split({m.id: m.stats for m in members}, total_queues, owners,
+                              self.weights)
 
 
 class BalanceListener(Protocol):
@@ -114,8 +151,10 @@ class DynamicBalancer(QueueBalancer):
         *,
         lease_ttl_s: float = 5.0,
         rebalance_interval_s: float = 1.0,
+        placement: Placement | None = None,
     ) -> None:
         self.membership = membership
+        self.placement = placement or BestFitPlacement()
         self.leases = leases
         self.total_queues = total_queues
         self.lease_ttl_s = lease_ttl_s
@@ -190,11 +229,12 @@ class DynamicBalancer(QueueBalancer):
     async def _rebalance(self) -> None:
         assert self._member is not None
         me = self._member.id
-        members = [m.id for m in await self.membership.members()]
-        if me not in members:  # our record lapsed (paused, partitioned): register again
+        members = await self.membership.members()
+        if me not in {m.id for m in members}:  # our record lapsed: register again
             await self.membership.join(self._member)
-            members = sorted([*members, me])
-        target = set(best_fit(members, self.total_queues)[me])
+            members = sorted([*members, self._member], key=lambda m: m.id)
+        owners = await self.leases.owners() if self.placement.needs_owners else {}
+        target = set(self.placement.split(members, self.total_queues, owners)[me])
         held = set(self._held)
         await asyncio.gather(
             *(self._give_up(q) for q in sorted(held - target)),

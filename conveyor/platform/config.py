@@ -173,6 +173,16 @@ class SupervisorConfig(_Section):
     scale_down_backoff_s: NonNegativeFloat = 2.0
 
 
+class PlacementConfig(_Section):
+    """Weights of ``placement = "resource"`` (normalised; lowest score wins)."""
+
+    cpu_usage: NonNegativeFloat = 0.5
+    memory_usage: NonNegativeFloat = 0.25
+    available_memory: NonNegativeFloat = 0.25
+    local_margin: NonNegativeFloat = 0.05
+    """A queue stays with its owner while the owner's cost is within this of the best."""
+
+
 class BalancerConfig(_Section):
     kind: Literal["dynamic", "static", "kafka-group"] = "dynamic"
     """``dynamic``: share queues among live daemons and re-balance as they come and go.
@@ -185,6 +195,11 @@ class BalancerConfig(_Section):
     membership: str = "memory"
     """Where daemons register and leases live: ``memory`` (daemons of one process) or
     ``redis`` (daemons on any machine, heartbeats and TTLs in ``[redis]``)."""
+    placement: Literal["best-fit", "resource"] = "best-fit"
+    """``dynamic`` only. ``best-fit``: an even, deterministic split. ``resource``: power-of-K
+    choices (K = ceil(sqrt(n))) over the CPU and memory each daemon publishes, filtered
+    by CDM-KF; busier daemons get fewer queues."""
+    weights: PlacementConfig = msgspec.field(default_factory=PlacementConfig)
     lease_ttl_s: PositiveFloat = 5.0
     """A queue's lease lapses this long after its owner's last renewal; a dead daemon's
     queues are taken over after at most this long."""

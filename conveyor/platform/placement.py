@@ -158,3 +158,60 @@ class ResourcePlacer:
             scores, choices_for(len(names)), self._rng, local_index, self.weights.local_margin
         )
         return names[i]
+
+
+def resource_split(
+    member_stats: Mapping[str, MemberStats],
+    total_queues: int,
+    owners: Mapping[int, str],
+    weights: PlacementWeights,
+) -> dict[str, list[int]]:
+    """Hand queues to members by power-of-K choices over their published statistics.
+
+    Every daemon that reads the same members, statistics and owners computes the same
+    split, so the balancer can run it everywhere without a leader:
+
+    * queues are placed in order ``0..total_queues-1``; for each, ``K = ceil(sqrt(n))``
+      candidates are drawn with a generator seeded by the queue number and the member
+      ids (deterministic across processes: ``random.Random`` hashes a ``str`` seed with
+      SHA-512, never with the salted ``hash()``);
+    * a candidate's cost is its resource score plus the queues it was already given,
+      in units of the fair share ``ceil(q/n)`` — so queues spread out, and a daemon
+      with a worse score ends up with fewer of them (at most one fair share fewer or
+      more than an idle one), never more than twice the fair share;
+    * local preference: the queue's current owner keeps it while its cost is within
+      ``weights.local_margin`` of the best candidate's, so small changes in the
+      statistics do not move queues (each move is a drain and a hand-off).
+
+    Statistics are expected already smoothed by the daemon that published them (CDM-KF,
+    see :class:`ResourcePlacer`), so that all readers score from identical numbers.
+    """
+    ids = sorted(member_stats)
+    split: dict[str, list[int]] = {m: [] for m in ids}
+    if not ids:
+        return split
+    n = len(ids)
+    fair = math.ceil(total_queues / n)
+    cap = 2 * fair
+    base = {m: score(member_stats[m], weights) for m in ids}
+    k = choices_for(n)
+    view = ",".join(ids)
+
+    def cost(member: str) -> float:
+        return base[member] + len(split[member]) / fair
+
+    for queue in range(total_queues):
+        rng = random.Random(f"{queue}|{view}")
+        open_ids = [m for m in ids if len(split[m]) < cap]
+        candidates = rng.sample(open_ids, min(k, len(open_ids)))
+        best = min(candidates, key=lambda m: (cost(m), m))
+        owner = owners.get(queue)
+        if (
+            owner in split
+            and owner is not None
+            and len(split[owner]) < cap
+            and cost(owner) - weights.local_margin <= cost(best)
+        ):
+            best = owner
+        split[best].append(queue)
+    return split

@@ -15,10 +15,19 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import psutil
+
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.agent import AgentSettings, PullingAgent, Subscriptions
 from conveyor.platform.app import App
-from conveyor.platform.balancer import DynamicBalancer, QueueBalancer, StaticBalancer
+from conveyor.platform.balancer import (
+    BestFitPlacement,
+    DynamicBalancer,
+    Placement,
+    QueueBalancer,
+    ResourcePlacement,
+    StaticBalancer,
+)
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
@@ -27,6 +36,7 @@ from conveyor.platform.leases import Lease
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
+from conveyor.platform.placement import PlacementWeights, ResourcePlacer
 from conveyor.platform.runtime import DeliveryStats, HandlerRuntime
 from conveyor.platform.telemetry import InstrumentedRuntime, Telemetry, stats_observations
 from conveyor.workers.cells import CellRouter
@@ -56,13 +66,42 @@ def build_balancer(
     if config.balancer.kind == "static":
         return StaticBalancer(config.balancer.queues or range(config.queues.total))
     membership, leases = coordination_from_config(config, app_name)
+    placement: Placement = BestFitPlacement()
+    if config.balancer.placement == "resource":
+        w = config.balancer.weights
+        placement = ResourcePlacement(
+            PlacementWeights(w.cpu_usage, w.memory_usage, w.available_memory, w.local_margin)
+        )
     return DynamicBalancer(
         membership,
         leases,
         config.queues.total,
         lease_ttl_s=config.balancer.lease_ttl_s,
         rebalance_interval_s=config.balancer.rebalance_interval_s,
+        placement=placement,
     )
+
+
+class HostResources:
+    """This host's CPU and memory, CDM-KF-filtered where sampled (for placement).
+
+    Filtering at the source means every daemon scores from the same published numbers.
+    """
+
+    def __init__(self, member_id: str) -> None:
+        self._placer = ResourcePlacer()
+        self._member_id = member_id
+        psutil.cpu_percent(None)  # primes the counter: the first reading covers since now
+
+    def sample(self) -> dict[str, float]:
+        memory = psutil.virtual_memory()
+        raw = {
+            "cpu_percent": psutil.cpu_percent(None),
+            "memory_used_bytes": float(memory.used),
+            "memory_available_bytes": float(memory.available),
+            "memory_total_bytes": float(memory.total),
+        }
+        return dict(self._placer.observe(self._member_id, raw))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +148,7 @@ class WorkerDaemon:
         self.runtime = self._build_runtime()
         self.client = Client(self.adapter, self.mapper, telemetry=self.telemetry)
         self.lag: dict[int, int] = {}
+        self._resources = HostResources(self.member.id)
         self._lag_task: asyncio.Task[None] | None = None
         self.settings = AgentSettings(
             cache_capacity=config.worker.cache_capacity,
@@ -246,6 +286,7 @@ class WorkerDaemon:
         }
         if self.slots.available is not None:
             stats["slots.available"] = self.slots.available
+        stats.update(self._resources.sample())
         for queue, agent in self.agents.items():
             stats[f"queue.{queue}.cache_fill"] = len(agent.cache)
             stats[f"queue.{queue}.acked"] = agent.acked

@@ -80,7 +80,7 @@ class LeasedSupervisedBalancer(DynamicBalancer):
     """
 
     def __init__(self, membership: Membership, leases: LeaseStore, total_queues: int,
-                 **kw: float) -> None:
+                 **kw: Any) -> None:
         super().__init__(membership, leases, total_queues, **kw)
         self._assigned: set[int] = set()
 

@@ -137,3 +137,47 @@ async def test_an_owner_cut_off_from_the_store_stops_acking_and_its_queues_are_t
     assert set(record.calls) == set(ids)
     # Only what a held (at most its 4 caches) may run twice.
     assert record.duplicates <= 4 * cfg.worker.cache_capacity
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.owned: set[int] = set()
+
+    async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
+        self.owned.add(queue)
+
+    async def queue_released(self, queue: int) -> None:
+        self.owned.discard(queue)
+
+    async def queue_lost(self, queue: int) -> None:
+        self.owned.discard(queue)
+
+
+async def test_resource_placement_gives_the_busier_daemon_fewer_queues() -> None:
+    from conveyor.platform.balancer import ResourcePlacement
+
+    membership, leases = MemoryMembership(), MemoryLeaseStore()
+    listeners = {"busy": Listener(), "idle": Listener()}
+    cpu = {"busy": 95.0, "idle": 5.0}
+    balancers = {}
+    for name in ("busy", "idle"):
+        b = DynamicBalancer(membership, leases, 16, lease_ttl_s=0.3,
+                            rebalance_interval_s=0.05, placement=ResourcePlacement())
+        b.set_stats_provider(lambda name=name: {  # type: ignore[misc]
+            "cpu_percent": cpu[name], "memory_used_bytes": 1.0,
+            "memory_available_bytes": 3.0, "memory_total_bytes": 4.0})
+        balancers[name] = b
+        await b.start(MemberInfo(name, "h", 1, 0.0), listeners[name])
+    # Heartbeats publish the stats; the split converges to favour the idle daemon.
+    await wait_until(
+        lambda: len(listeners["idle"].owned) > len(listeners["busy"].owned) >= 1
+        and len(listeners["idle"].owned | listeners["busy"].owned) == 16
+        and not listeners["idle"].owned & listeners["busy"].owned,
+        10, what="a resource-weighted split",
+    )
+    cpu["busy"], cpu["idle"] = 5.0, 95.0  # the load flips: queues follow
+    await wait_until(lambda: len(listeners["busy"].owned) > len(listeners["idle"].owned),
+                     10, what="queues to follow the load")
+    for b in balancers.values():
+        await b.stop()
+    assert listeners["busy"].owned == listeners["idle"].owned == set()
