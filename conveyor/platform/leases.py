@@ -51,6 +51,9 @@ class LeaseStore(ABC):
         """Wait up to ``timeout_s`` for some lease to be released (stores may ignore)."""
         await asyncio.sleep(timeout_s)
 
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections (idempotent)."""
+
 
 class MemoryLeaseStore(LeaseStore):
     """Leases for daemons inside one process."""

@@ -57,6 +57,9 @@ class Membership(ABC):
     async def wait_changed(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for a join or leave; True if one happened."""
 
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and background tasks (idempotent)."""
+
 
 class MemoryMembership(Membership):
     """In-process membership: daemons in one process share one instance."""

@@ -72,6 +72,8 @@ async def collect_status(config: Config, group: str) -> StatusReport:
             ))
     finally:
         await adapter.close()
+        await membership.close()
+        await leases.close()
     return StatusReport(
         group, [MemberStatus(m.id, m.host, m.pid, dict(m.stats)) for m in members], queues,
         time.time(),

@@ -150,9 +150,11 @@ def test_graceful_scale_out_and_in_lose_and_duplicate_nothing(
     check_order(rows)
 
 
-_ACK = re.compile(r"^(\S+ \S+) DEBUG conveyor.redis: queue (\d+): acked \d+ message\(s\) "
-                  r"under token (\d+)", re.M)
+_ACK = re.compile(r"DEBUG conveyor.redis: queue (\d+): acked \d+ message\(s\) "
+                  r"under token (\d+) at server time ([\d.]+)")
 _ACQ = re.compile(r"acquired queue (\d+) \(fencing token (\d+)\)")
+_ACQ_AT = re.compile(r"^(\S+ \S+) INFO conveyor.balancer: acquired queue (\d+) "
+                     r"\(fencing token (\d+)\)", re.M)
 
 
 def _log_time(text: str) -> float:
@@ -189,11 +191,23 @@ def test_a_paused_daemon_never_acks_after_losing_its_lease(
 
     acks = _ACK.findall(victim.stderr)
     assert acks, "the ack log lines this test inspects are missing"
+    # When the other daemon took each lost queue (its log line comes after the lease
+    # was granted; same host, same clock as the server).
+    taken_at: dict[int, float] = {}
+    for when, q, token in _ACQ_AT.findall(other.stderr):
+        if int(q) in lost and int(token) > min(t for qq, t in old_tokens if qq == int(q)):
+            taken_at.setdefault(int(q), _log_time(when))
+    assert set(taken_at) == lost
+    # An ack the server *ran* under an old token after the queue was taken over would
+    # be a fencing failure (the client may log an earlier, legitimate ack late: it
+    # was stopped between the reply and the log line, so log times prove nothing).
     late_acks = [
-        (when, q, t) for when, q, t in acks
-        if _log_time(when) >= paused_at and (int(q), int(t)) in old_tokens
+        (q, t, at) for q, t, at in acks
+        if (int(q), int(t)) in old_tokens and int(q) in taken_at
+        and float(at) >= taken_at[int(q)]
     ]
     assert late_acks == [], "a fenced daemon acknowledged under a lost lease"
+    assert any(_log_time(w) >= paused_at for w, *_ in _ACQ_AT.findall(other.stderr))
     assert len({r[5] for r in read_records(records)}) == n
 
 
