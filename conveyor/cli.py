@@ -169,12 +169,17 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
     from rich.table import Table
 
     members = Table("daemon", "host", "pid", "slots in use", "slots available", "handled",
+                    "pools / cells (workers)",
                     title=f"app {report.group}: {len(report.members)} daemon(s)")
     for m in report.members:
         st = m.stats
+        hosted = ", ".join(
+            f"{k.split('.', 1)[1].rsplit('.', 1)[0]}={v:.0f}" for k, v in sorted(st.items())
+            if k.startswith(("pool.", "cell.")) and k.endswith(".workers")
+        )
         members.add_row(
             m.id, m.host, str(m.pid), _num(st.get("slots.in_use")),
-            _num(st.get("slots.available")), _num(st.get("handled")),
+            _num(st.get("slots.available")), _num(st.get("handled")), hosted or "-",
         )
     queues = Table("queue", "owner", "lag", "cache fill", "acks/s")
     for q in report.queues:

@@ -205,7 +205,22 @@ class WorkerDaemon:
                   lambda: [(len(a.cache), {"queue": str(q)}) for q, a in self.agents.items()])
         t.observe("conveyor.queue.lag", "{message}", "Messages not yet finished, per queue",
                   lambda: [(lag, {"queue": str(q)}) for q, lag in self.lag.items()])
+        t.observe("conveyor.pool.workers", "{worker}", "Workers of a stateless-worker pool",
+                  lambda: [(p.size, {"handler": h}) for h, p in self.pools.items()])
+        t.observe("conveyor.pool.waiting", "{message}", "Calls assigned to a pool, unfinished",
+                  lambda: [(p.waiting, {"handler": h}) for h, p in self.pools.items()])
+        t.observe("conveyor.cell.workers", "{worker}", "Workers of a cell",
+                  lambda: self._cell_observations("size"))
+        t.observe("conveyor.cell.queue_length", "{message}", "Jobs waiting in a cell",
+                  lambda: self._cell_observations("queue_length"))
         self._lag_task = asyncio.create_task(self._sample_lag())
+
+    def _cell_observations(self, field: str) -> list[tuple[float, dict[str, str]]]:
+        return [
+            (values[field], {"handler": h, "cell": cell})
+            for h, router in self.cells.items()
+            for cell, values in router.snapshot().items()
+        ]
 
     async def _sample_lag(self) -> None:
         """Lag needs broker calls, which metric callbacks cannot make: sample it here."""
@@ -287,6 +302,11 @@ class WorkerDaemon:
         if self.slots.available is not None:
             stats["slots.available"] = self.slots.available
         stats.update(self._resources.sample())
+        for handler, pool in self.pools.items():
+            stats[f"pool.{handler}.workers"] = pool.size
+        for handler, router in self.cells.items():
+            for cell, values in router.snapshot().items():
+                stats[f"cell.{handler}/{cell}.workers"] = values["size"]
         for queue, agent in self.agents.items():
             stats[f"queue.{queue}.cache_fill"] = len(agent.cache)
             stats[f"queue.{queue}.acked"] = agent.acked

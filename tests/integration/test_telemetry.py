@@ -146,3 +146,34 @@ def test_producer_writes_w3c_traceparent_into_headers() -> None:
     version, trace_id, span_id, _flags = msg.headers["traceparent"].split("-")
     assert version == "00" and int(trace_id, 16) == span.get_span_context().trace_id
     assert int(span_id, 16) == span.get_span_context().span_id
+
+
+async def test_pool_and_cell_sizes_are_exported_and_published_with_the_heartbeat() -> None:
+    from conveyor import App
+
+    telemetry, _, reader = in_memory()
+    adapter = fresh_adapter()
+    app = App("test")
+    done: list[int] = []
+
+    @app.handler("items", name="pooled", stateless=True, max_workers=3)
+    async def pooled(item: Item) -> None:
+        done.append(item.seq)
+
+    @app.handler("items", name="celled", cell_key="body:seq", cell_size=2)
+    async def celled(item: Item) -> None:
+        done.append(item.seq)
+
+    d = daemon(app, adapter, telemetry=telemetry)
+    client = Client(adapter, d.mapper)
+    for i in range(6):
+        await client.publish("items", f"k{i}", Item(i % 2))
+    await d.start()
+    await wait_until(lambda: len(done) == 12, 10, what="both handlers done")
+    values = metric_values(reader)
+    stats = d.stats_snapshot()
+    await d.stop()
+    assert 1 <= values["conveyor.pool.workers"] <= 3
+    assert values["conveyor.cell.workers"] == 2 * 2  # cells "0" and "1", two workers each
+    assert 1 <= stats["pool.pooled.workers"] <= 3
+    assert stats["cell.celled/0.workers"] == stats["cell.celled/1.workers"] == 2
