@@ -288,15 +288,12 @@ class RedisReceiver(QueueReceiver):
         if start != b">":
             self._history_from = last
         decode = self._decoder.decode
-        out: list[Message] = []
-        gone: list[SequenceToken] = []
-        for eid, fields in entries:
-            if fields:
-                out.append(decode(eid, fields))
-            else:  # pending, but trimmed or deleted meanwhile: nothing to deliver
-                gone.append(token_of(eid, self._queue))
-        if gone:
-            await self.messages_delivered(gone)
+        out = [decode(eid, fields) for eid, fields in entries if fields]
+        if len(out) < len(entries):  # pending, but trimmed or deleted meanwhile: ack them
+            queue = self._queue
+            await self.messages_delivered(
+                [token_of(eid, queue) for eid, fields in entries if not fields]
+            )
         return out
 
     async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
