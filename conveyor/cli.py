@@ -78,7 +78,7 @@ def worker(
     timeout, acknowledges them, releases its queues and exits 0.
     """
     from conveyor.loader import load_app
-    from conveyor.workers.daemon import WorkerDaemon
+    from conveyor.workers.daemon import WorkerDaemon, freeze_startup_heap
 
     overrides: dict[str, dict[str, Any]] = {}
     if slots is not None:
@@ -108,6 +108,7 @@ def worker(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await daemon.start()
+        freeze_startup_heap()
         click.echo(f"conveyor: worker {daemon.member.id} ready", err=True)
         await stop.wait()
         log.info("signal received: draining")

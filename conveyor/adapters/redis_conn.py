@@ -205,14 +205,30 @@ class Caller:
         return result
 
     async def retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """Retry ``fn`` on connection errors (idempotent calls, or at-least-once ones)."""
+        """Retry ``fn`` on connection errors (idempotent calls, or at-least-once ones).
+
+        The first attempt runs bare: building tenacity's retry state costs ~45 µs, more
+        than a whole batch's acknowledgement. Only once it fails does the back-off loop
+        start (its first attempt is immediate), within what is left of ``retry_max_s``.
+        """
+        started = time.monotonic()
+        try:
+            with map_errors(what):
+                result = await fn()
+        except RETRYABLE:
+            left = self.retry_max_s - (time.monotonic() - started)
+            if left <= 0:
+                raise
+        else:
+            self.ok()
+            return result
 
         def before_sleep(state: RetryCallState) -> None:
             if state.outcome is not None and (exc := state.outcome.exception()) is not None:
                 self._failing(exc, what)
 
         retrying = AsyncRetrying(
-            stop=stop_after_delay(self.retry_max_s),
+            stop=stop_after_delay(left),
             wait=wait_exponential_jitter(
                 multiplier=0.05, max=self.retry_max_delay_s, jitter=self.retry_max_delay_s / 4
             ),

@@ -4,16 +4,31 @@ Lease values are ``"<token> <owner>"``; a script that is told the value its call
 holds refuses to act when the key holds anything else (fencing).
 """
 
-# KEYS: stream, lease, fenced-acks counter. ARGV: group, lease value, ids...
+# Acknowledgements carry their entry ids as one space-separated argument: redis-py
+# packs each argument in Python (~0.5 µs apiece), a split in Lua costs next to nothing.
+# Callers send at most 4000 ids per call (unpack's limit is ~8000).
+
+# KEYS: stream, lease, fenced-acks counter. ARGV: group, lease value, "id id ...".
 # Returns the number acknowledged, or -1 when the caller's lease is gone.
 ACK_FENCED = """
+local ids = {}
+for id in string.gmatch(ARGV[3], '%S+') do ids[#ids + 1] = id end
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then
-  redis.call('HINCRBY', KEYS[3], ARGV[2], #ARGV - 2)
+  redis.call('HINCRBY', KEYS[3], ARGV[2], #ids)
   return -1
 end
-local n = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3))
+local n = 0
+if #ids > 0 then n = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids)) end
 local t = redis.call('TIME')
 return {n, t[1], t[2]}
+"""
+
+# KEYS: stream. ARGV: group, "id id ...". Unfenced (no lease): the number acknowledged.
+ACK = """
+local ids = {}
+for id in string.gmatch(ARGV[2], '%S+') do ids[#ids + 1] = id end
+if #ids == 0 then return 0 end
+return redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
 """
 
 # KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), count.

@@ -3,7 +3,9 @@
 All three figures are measured in the same run against the same server:
 
 * **floor** — a bare redis-py loop, one task per queue, ``XREADGROUP COUNT <batch>``
-  then ``XACK`` of the ids, no decoding: the least any Redis consumer must do.
+  then ``XACK`` of the ids, no decoding: the least any Redis consumer must do. It runs
+  on a stock client of its own (redis-py's reply parsing, one argument per acked id),
+  not on the adapter's, whose XREADGROUP replies are left unparsed for its decoder.
 * **1 daemon** — :func:`conveyor.bench.throughput` 's pipeline: N messages enqueued
   (not timed), one :class:`WorkerDaemon` started and timed until all are acknowledged.
 * **2 daemons** — two ``conveyor worker`` processes with Redis membership share the
@@ -34,6 +36,7 @@ from typing import Any
 import psutil
 
 from conveyor.adapters.redis import RedisAdapter, encode_fields, wait_ready
+from conveyor.adapters.redis_conn import connect
 from conveyor.bench.throughput import ThroughputResult, _messages, _pipeline
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config, load_config
@@ -95,10 +98,10 @@ async def _drop(adapter: RedisAdapter) -> None:
 async def _floor(url: str, prefix: str, n: int, streams: int, batch: int) -> tuple[float, float]:
     config = _config(url, prefix, dynamic=False)
     adapter = RedisAdapter(config.redis)
+    r: Any = connect(config.redis)
     try:
         await wait_ready(adapter)
         await _fill(adapter, config, n, streams)
-        r = adapter.redis
         keys = [adapter.keys.queue(q) for q in range(config.queues.total)]
         for key in keys:
             await r.xgroup_create(key, GROUP, "0", mkstream=True)
@@ -120,6 +123,7 @@ async def _floor(url: str, prefix: str, n: int, streams: int, batch: int) -> tup
         await _drop(adapter)
         return n / wall, cpu / n * 1e6
     finally:
+        await r.aclose()
         await adapter.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import logging
 from collections.abc import Sequence
@@ -399,3 +400,16 @@ class WorkerDaemon:
         """The most messages any of this daemon's agents held at once, ever."""
         live = [a.max_cache_fill for a in self.agents.values()]
         return max([self._max_cache_fill_gone, *live])
+
+
+def freeze_startup_heap() -> None:
+    """Exempt what a worker process built at startup from later full GC passes.
+
+    For processes that exist to run one daemon (``conveyor worker`` and its supervised
+    children), called once the daemon has started: modules, the app, config and
+    connections live as long as the process, yet every full collection re-scanned them
+    (~10 ms per pass for a ~25k-object heap on a 2-core VM, a pass every ~20k messages
+    under load). ``gc.collect()`` first, so nothing already garbage is kept.
+    """
+    gc.collect()
+    gc.freeze()

@@ -118,7 +118,7 @@ async def _stdin_lines() -> asyncio.StreamReader:
 async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
     from conveyor.loader import load_app
     from conveyor.platform.config import load_config
-    from conveyor.workers.daemon import WorkerDaemon
+    from conveyor.workers.daemon import WorkerDaemon, freeze_startup_heap
 
     def emit(event: str, **fields: Any) -> None:
         os.write(events_fd, (json.dumps({"event": event, **fields}) + "\n").encode())
@@ -137,6 +137,7 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
         )
     daemon = WorkerDaemon(app, config, balancer=balancer)
     await daemon.start()
+    freeze_startup_heap()
     emit("ready", id=daemon.member.id, pid=os.getpid())
     reader = await _stdin_lines()
     moves: set[asyncio.Task[None]] = set()

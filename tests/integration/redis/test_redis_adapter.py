@@ -313,3 +313,23 @@ def test_the_redis_benchmark_reports_its_figures_next_to_the_raw_floor(
         assert figures[key] > 0
     assert figures["ratio"] == pytest.approx(figures["msgs_per_s"] / figures["floor_msgs_per_s"])
     assert redis_server.client().keys("bench*") == []  # the benchmark cleaned up
+
+
+async def test_a_pending_entry_deleted_meanwhile_is_acked_not_delivered(
+    adapter: RedisAdapter,
+) -> None:
+    client = Client(adapter, HashRingQueueMapper(1))
+    tokens = [await client.publish("n", "k", {"i": i}) for i in range(3)]
+    first = adapter.create_receiver(0, "g")  # unleased: the unfenced ack script
+    await first.initialize()
+    assert len(await first.get_messages(3, 0.1)) == 3
+    # The owner dies with all three pending; the middle one is deleted meanwhile.
+    stream = adapter.keys.queue(0)
+    await adapter.redis.xdel(stream, f"{tokens[1].major}-{tokens[1].minor}")
+    second = adapter.create_receiver(0, "g")
+    await second.initialize()
+    got = await second.get_messages(10, 0.1)
+    assert [m.token for m in got] == [tokens[0], tokens[2]]
+    assert (await adapter.redis.xpending(stream, "g"))["pending"] == 2  # the gone one acked
+    await second.messages_delivered([m.token for m in got])  # type: ignore[misc]
+    assert await adapter.lag(0, "g") == 0
