@@ -298,9 +298,16 @@ def _env_value(name: str, text: str, t: msgspec.inspect.Type) -> Any:
 
     Scalars stay text: the final ``msgspec.convert(strict=False)`` turns ``"9"`` into an
     int or ``"true"`` into a bool for such fields, and leaves a string field's text
-    alone. Only lists, tables and free-form values are JSON.
+    alone. Only lists, tables and free-form values are JSON. A JSON string literal
+    (``"x"``, quotes included) is unquoted, so values written with ``json.dumps`` (the
+    supervisor hands CLI overrides to its children so) read the same as plain text.
     """
     if not _needs_json(t):
+        if len(text) >= 2 and text[0] == text[-1] == '"':
+            try:
+                return msgspec.json.decode(text, type=str)
+            except msgspec.DecodeError:
+                pass
         return text
     try:
         return msgspec.json.decode(text)

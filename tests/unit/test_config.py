@@ -153,3 +153,15 @@ def test_environment_path_errors_name_the_variable() -> None:
         load_config(environ={"CONVEYOR_SLOTS__RESOURCE__NOPE": "1"})
     with pytest.raises(ConfigError, match=r"CONVEYOR_SLOTS__COUNT__X: \$.slots.count is not"):
         load_config(environ={"CONVEYOR_SLOTS__COUNT__X": "1"})
+
+
+def test_environment_written_with_json_dumps_reads_the_same() -> None:
+    # The supervisor hands CLI overrides to its children as json.dumps'd variables.
+    from conveyor.workers.supervisor import env_for_overrides
+
+    overrides = {"slots": {"count": 4}, "worker": {"drain_timeout_s": 2.5},
+                 "kafka": {"topic": "orders"}, "redis": {"tls_verify": False},
+                 "balancer": {"queues": [0, 1], "kind": "static"}}
+    config = load_config(environ=env_for_overrides(overrides))
+    assert load_config(environ={}, overrides=overrides) == config
+    assert config.kafka.topic == "orders" and config.slots.count == 4
