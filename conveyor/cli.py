@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -25,6 +25,14 @@ def _config(path: Path | None, overrides: dict[str, dict[str, Any]] | None = Non
     except ConfigError as exc:
         click.echo(f"conveyor: config error: {exc}", err=True)
         sys.exit(2)
+
+
+def _fail(exc: ConveyorError) -> NoReturn:
+    """Exit for an error raised after start-up: 2 for a config error, else 1."""
+    if isinstance(exc, ConfigError):
+        click.echo(f"conveyor: config error: {exc}", err=True)
+        sys.exit(2)
+    raise click.ClickException(str(exc)) from None
 
 
 def _setup_logging(level: str) -> None:
@@ -76,6 +84,10 @@ def worker(
 
     On a signal it drains: stops pulling, finishes in-flight messages within the drain
     timeout, acknowledges them, releases its queues and exits 0.
+
+    Exit status: 0 after a drain; 2 for a bad argument or config, or an APP_PATH that
+    cannot be imported (a missing module, or an app file that fails at import: a syntax
+    error or an exception, reported with its file and line); 1 when the daemon fails.
     """
     from conveyor.loader import load_app
     from conveyor.workers.daemon import WorkerDaemon, freeze_startup_heap
@@ -117,7 +129,7 @@ def worker(
     try:
         report = asyncio.run(run())
     except ConveyorError as exc:
-        raise click.ClickException(str(exc)) from None
+        _fail(exc)
     click.echo(f"conveyor: drained {report}", err=True)
 
 
@@ -319,26 +331,39 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 def demo(
     messages: int, streams: int, poison: int, work_ms: float, config_path: Path | None
 ) -> None:
-    """The main job on the embedded adapter: publish, handle, count, summarise."""
+    """The main job on the embedded adapter: publish, handle, count, summarise.
+
+    Everything runs in this process. --config tunes slots, worker and balancer settings
+    but must keep the embedded adapter and membership (queues.adapter = "memory",
+    balancer.membership = "memory", as in configs/local.toml): a redis or kafka config
+    is refused with a usage error. Exit status: 0 when nothing was lost, duplicated or
+    reordered; 1 otherwise; 2 for a bad argument or config.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from conveyor.examples.demo import run_demo
+    from conveyor.examples.demo import not_embedded, run_demo
 
     if poison > messages:
         raise click.BadParameter("cannot exceed --messages", param_hint="--poison")
-    config = _config(config_path, {"queues": {"adapter": "memory"}})
+    config = _config(config_path)
+    problem = not_embedded(config)
+    if problem:
+        raise click.UsageError(f"--config: {problem}")
     logging.getLogger("conveyor.runtime").setLevel(logging.ERROR)  # poison is expected here
-    with Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), transient=True,
-    ) as progress:
-        task = progress.add_task("handling", total=messages)
-        result = asyncio.run(
-            run_demo(
-                messages, streams, poison=poison, work_s=work_ms / 1000, config=config,
-                on_progress=lambda done: progress.update(task, completed=done),
+    try:
+        with Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), transient=True,
+        ) as progress:
+            task = progress.add_task("handling", total=messages)
+            result = asyncio.run(
+                run_demo(
+                    messages, streams, poison=poison, work_s=work_ms / 1000, config=config,
+                    on_progress=lambda done: progress.update(task, completed=done),
+                )
             )
-        )
+    except ConveyorError as exc:
+        _fail(exc)
     if result.out_of_order:
         click.echo(f"per-stream order violated {result.out_of_order} times", err=True)
     click.echo(result.summary())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -149,11 +150,18 @@ class MemoryReceiver(QueueReceiver):
         if out or timeout_s <= 0:
             return out
         waiter = asyncio.get_running_loop().create_future()
-        self._log.waiters.append(waiter)
+        waiters = self._log.waiters
+        waiters.append(waiter)
         try:
             await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
             return []
+        finally:
+            # A waiter that timed out (or was cancelled) is still listed until the
+            # next append; on an idle queue every empty poll would leave one behind.
+            # (wake() swaps the list out, so a woken waiter is simply not found.)
+            with contextlib.suppress(ValueError):
+                waiters.remove(waiter)
         return self._take(max_count)
 
     def _take(self, max_count: int) -> list[Message]:

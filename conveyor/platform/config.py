@@ -1,10 +1,14 @@
 """Configuration: TOML files decoded into msgspec Structs, then environment overrides.
 
 Precedence, lowest to highest: the Struct defaults, the TOML file, ``CONVEYOR_*``
-environment variables, CLI flags. An environment variable names a section and a field
-separated by a double underscore: ``CONVEYOR_WORKER__DRAIN_TIMEOUT_S=5`` sets
-``[worker] drain_timeout_s``. Every error names the field's path (``$.worker.slots``)
-and where the bad value came from.
+environment variables, CLI flags. An environment variable names a path of sections and a
+field separated by double underscores: ``CONVEYOR_WORKER__DRAIN_TIMEOUT_S=5`` sets
+``[worker] drain_timeout_s``, ``CONVEYOR_SLOTS__RESOURCE__MIN_SLOTS=2`` sets
+``[slots.resource] min_slots``. The value is read as the field's type: text for a string
+field (``CONVEYOR_KAFKA__TOPIC=123`` is the topic ``"123"``), a number or
+``true``/``false`` for scalars, JSON for lists and tables
+(``CONVEYOR_BALANCER__QUEUES=[0,1]``). Every error names the field's path
+(``$.worker.slots``) and where the bad value came from.
 """
 
 from __future__ import annotations
@@ -28,8 +32,12 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
+AdapterName = Literal["memory", "redis", "kafka"]
+MembershipName = Literal["memory", "redis"]
+
+
 class QueuesConfig(_Section):
-    adapter: str = "memory"
+    adapter: AdapterName = "memory"
     """Backend: ``memory`` (embedded, in-process), ``redis`` or ``kafka``."""
     total: PositiveInt = 8
     """Queues on the hash ring; every producer and daemon of an app must agree."""
@@ -192,9 +200,12 @@ class BalancerConfig(_Section):
     queues: list[int] = []
     rebalance_interval_s: PositiveFloat = 1.0
     """How often a daemon re-checks its share even without a membership event."""
-    membership: str = "memory"
+    membership: MembershipName = "memory"
     """Where daemons register and leases live: ``memory`` (daemons of one process) or
-    ``redis`` (daemons on any machine, heartbeats and TTLs in ``[redis]``)."""
+    ``redis`` (daemons on any machine, heartbeats and TTLs in ``[redis]``). The redis
+    adapter with the ``dynamic`` balancer needs ``redis``: its acks are fenced by leases
+    kept in Redis. The kafka adapter works with either (``memory`` shares partitions
+    among the daemons of one process only)."""
     placement: Literal["best-fit", "resource"] = "best-fit"
     """``dynamic`` only. ``best-fit``: an even, deterministic split. ``resource``: power-of-K
     choices (K = ceil(sqrt(n))) over the CPU and memory each daemon publishes, filtered
@@ -244,6 +255,21 @@ class Config(_Section):
             )
         if self.slots.resource.min_slots > self.slots.resource.max_slots:
             raise ConfigError("$.slots.resource.min_slots: must not exceed max_slots")
+        if (
+            self.queues.adapter == "redis"
+            and self.balancer.kind == "dynamic"
+            and self.balancer.membership != "redis"
+        ):
+            raise ConfigError(
+                f"$.balancer.membership: the redis adapter with the dynamic balancer needs "
+                f'membership = "redis" (its acks are fenced by leases kept in Redis), '
+                f"got {self.balancer.membership!r}"
+            )
+        if self.balancer.kind == "kafka-group" and self.queues.adapter != "kafka":
+            raise ConfigError(
+                f'$.balancer.kind: "kafka-group" needs queues.adapter = "kafka", '
+                f"got {self.queues.adapter!r}"
+            )
         bad = [q for q in self.balancer.queues if not 0 <= q < self.queues.total]
         if bad:
             raise ConfigError(
@@ -253,34 +279,85 @@ class Config(_Section):
         return self
 
 
-def _env_value(text: str) -> Any:
-    """Interpret an environment value: JSON when it parses (numbers, bools, lists)."""
+_JSON_TYPES = (
+    msgspec.inspect.ListType,
+    msgspec.inspect.DictType,
+    msgspec.inspect.StructType,
+    msgspec.inspect.AnyType,
+)
+
+
+def _needs_json(t: msgspec.inspect.Type) -> bool:
+    if isinstance(t, msgspec.inspect.UnionType):
+        return any(_needs_json(member) for member in t.types)
+    return isinstance(t, _JSON_TYPES)
+
+
+def _env_value(name: str, text: str, t: msgspec.inspect.Type) -> Any:
+    """Read an environment value as the target field's type.
+
+    Scalars stay text: the final ``msgspec.convert(strict=False)`` turns ``"9"`` into an
+    int or ``"true"`` into a bool for such fields, and leaves a string field's text
+    alone. Only lists, tables and free-form values are JSON. A JSON string literal
+    (``"x"``, quotes included) is unquoted, so values written with ``json.dumps`` (the
+    supervisor hands CLI overrides to its children so) read the same as plain text.
+    """
+    if not _needs_json(t):
+        if len(text) >= 2 and text[0] == text[-1] == '"':
+            try:
+                return msgspec.json.decode(text, type=str)
+            except msgspec.DecodeError:
+                pass
+        return text
     try:
         return msgspec.json.decode(text)
-    except msgspec.DecodeError:
-        return text
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"environment variable {name}: expected JSON ({exc})") from None
+
+
+def _table(raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """The sub-table ``raw[key]``, created when absent; a ConfigError when not a table."""
+    value = raw.setdefault(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a table, got {type(value).__name__} {value!r}")
+    return value
 
 
 def apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    """Overlay ``CONVEYOR_SECTION__FIELD`` variables onto a raw config mapping."""
-    sections = {f.name for f in msgspec.structs.fields(Config)}
+    """Overlay ``CONVEYOR_SECTION__[SUB__]FIELD`` variables onto a raw config mapping."""
+    root = msgspec.inspect.type_info(Config)
+    assert isinstance(root, msgspec.inspect.StructType)
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
-        section, _, field = name[len(ENV_PREFIX) :].lower().partition("__")
-        if section not in sections:
-            raise ConfigError(f"environment variable {name}: no config section [{section}]")
-        target = raw.setdefault(section, {})
-        if not isinstance(target, dict):
-            raise ConfigError(f"$.{section}: expected a table")
-        target[field] = _env_value(value)
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        struct = root
+        target = raw
+        for depth, part in enumerate(path):
+            here = "$." + ".".join(path[: depth + 1])
+            fields = {f.name: f.type for f in struct.fields}
+            if part not in fields:
+                what = f"no config section [{part}]" if depth == 0 else (
+                    f"unknown field `{part}` at `{here.rpartition('.')[0]}`"
+                )
+                raise ConfigError(f"environment variable {name}: {what}")
+            t = fields[part]
+            if depth == len(path) - 1:
+                target[part] = _env_value(name, value, t)
+            elif isinstance(t, msgspec.inspect.StructType):
+                target, struct = _table(target, part, here), t
+            else:
+                raise ConfigError(
+                    f"environment variable {name}: {here} is not a table; "
+                    f"set it whole (JSON for a list or table)"
+                )
     return raw
 
 
 def _convert(raw: dict[str, Any], source: str) -> Config:
     try:
         return msgspec.convert(raw, Config, strict=False).validate()
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, ConfigError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
 
@@ -305,5 +382,5 @@ def load_config(
             raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     raw = apply_env(raw, os.environ if environ is None else environ)
     for section, values in (overrides or {}).items():
-        raw.setdefault(section, {}).update(values)
+        _table(raw, section, f"{source}: $.{section}").update(values)
     return _convert(raw, source + " (with CONVEYOR_* environment)")

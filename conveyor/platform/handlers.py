@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,12 +35,27 @@ class RetryPolicy:
     jitter_s: float = 0.0
 
     def validate(self, where: str) -> None:
-        if self.attempts < 1:
-            raise HandlerDeclarationError(f"{where}: retry attempts must be >= 1")
-        if self.initial_delay_s < 0 or self.max_delay_s < 0 or self.jitter_s < 0:
-            raise HandlerDeclarationError(f"{where}: retry delays must be >= 0")
-        if self.multiplier < 1:
-            raise HandlerDeclarationError(f"{where}: retry multiplier must be >= 1")
+        """Type and range checks, naming the ``App.handler`` option at fault."""
+        attempts = self.attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise HandlerDeclarationError(
+                f"{where}: retry_attempts must be an int >= 1, got {attempts!r}"
+            )
+        for option, value, low in (
+            ("retry_delay_s", self.initial_delay_s, 0.0),
+            ("retry_max_delay_s", self.max_delay_s, 0.0),
+            ("retry_jitter_s", self.jitter_s, 0.0),
+            ("retry_multiplier", self.multiplier, 1.0),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < low
+            ):
+                raise HandlerDeclarationError(
+                    f"{where}: {option} must be a finite number >= {low:g}, got {value!r}"
+                )
 
 
 class MessageContext(msgspec.Struct, frozen=True):

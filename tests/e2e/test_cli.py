@@ -103,6 +103,47 @@ def test_wrong_arguments_get_a_usage_error_not_a_traceback(args: list[str], mess
     assert "Traceback" not in result.stderr
 
 
+BAD_FILES = {
+    "membership.toml": '[balancer]\nmembership = "nope"\n',
+    "custom_slots.toml": '[slots]\nkind = "custom"\npath = "no_such_pkg.slots:Factory"\n',
+    "slots_not_a_table.toml": "slots = 3\n",
+    "queues_not_a_table.toml": 'queues = "x"\n',
+    "redis_memory.toml": '[queues]\nadapter = "redis"\n',
+    "syntax_app.py": "import conveyor\napp = conveyor.App('x')\ndef broken(:\n",
+    "raising_app.py": "import conveyor\napp = conveyor.App('x')\nraise RuntimeError('no db')\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--config", "{membership.toml}"], "$.balancer.membership"),
+        (["demo", "--config", "{custom_slots.toml}"], "$.slots.path: cannot load"),
+        (["demo", "--config", "{queues_not_a_table.toml}"], "$.queues"),
+        (["demo", "--config", "configs/redis.toml"], 'queues.adapter must be "memory"'),
+        (["worker", "tests.apps.drain_app:app", "--config", "{custom_slots.toml}"],
+         "$.slots.path: cannot load"),
+        (["worker", "tests.apps.drain_app:app", "--config", "{slots_not_a_table.toml}",
+          "--slots", "4"], "$.slots: expected a table"),
+        (["worker", "tests.apps.drain_app:app", "--config", "{redis_memory.toml}"],
+         '$.balancer.membership: the redis adapter with the dynamic balancer needs '
+         'membership = "redis"'),
+        (["worker", "{syntax_app.py}:app"], "SyntaxError"),
+        (["worker", "{raising_app.py}:app"], "raising_app.py:3: RuntimeError: no db"),
+    ],
+)
+def test_bad_config_or_app_file_gets_a_clear_error_not_a_traceback(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    for name, text in BAD_FILES.items():
+        (tmp_path / name).write_text(text)
+        args = [a.replace(f"{{{name}}}", str(tmp_path / name)) for a in args]
+    result = conveyor(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_demo_prints_a_computed_summary() -> None:
     result = conveyor("demo", "--messages", "3000", "--streams", "30", "--poison", "3")
     assert result.returncode == 0, result.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -10,7 +12,9 @@ import msgspec
 from conveyor import App, Client, MessageContext
 from conveyor.adapters.memory import MemoryAdapter, MemoryReceiver
 from conveyor.platform.adapter import QueueReceiver
-from conveyor.platform.message import Message
+from conveyor.platform.errors import BrokerError
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.message import DeadLetter, Message
 from conveyor.workers.slots import FixedSlotSupplier
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
@@ -53,9 +57,13 @@ async def test_a_slow_handler_keeps_the_cache_within_its_bound_and_drops_nothing
     ids = await publish_items(Client(adapter, d.mapper), 400, streams=4)
     await d.start()
     await wait_until(lambda: record.handled == 400, 30, what="all handled")
-    await d.stop()
+    report = await d.stop()
     assert set(record.calls) == set(ids) and record.duplicates == 0
-    assert 0 < d.max_cache_fill <= 16
+    # The bound was reached (the pulling really had to stop) and never exceeded ...
+    assert d.max_cache_fill == 16
+    # ... and stopping dropped nothing: every message was acked, none dead-lettered.
+    assert report.acked == 400 and report.dead_lettered == 0 and report.abandoned == 0
+    assert await total_lag(adapter) == 0
 
 
 class CountingReceiver(QueueReceiver):
@@ -128,6 +136,62 @@ async def test_failing_handler_is_retried_then_dead_lettered_with_reason_and_ack
     # Stream s1 holds items 1, 4, 7, ...: 4 was dead-lettered, the rest kept their order.
     assert record.order["s1"] == [i for i in range(1, 30, 3) if i != 4]
     assert await total_lag(adapter) == 0
+
+
+class AckRecordingReceiver(MemoryReceiver):
+    def __init__(self, adapter: FlakyDeadLetterAdapter, queue: int, group: str) -> None:
+        super().__init__(adapter.broker, queue, group)
+        self.acks = adapter.acks
+
+    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+        self.acks.update(tokens)
+        await super().messages_delivered(tokens)
+
+
+class FlakyDeadLetterAdapter(MemoryAdapter):
+    """A memory adapter whose dead-letter store fails while ``broken`` is set."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.broken = True
+        self.store_failures = 0
+        self.acks: Counter[SequenceToken] = Counter()
+
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        return AckRecordingReceiver(self, queue, group)
+
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
+        if self.broken:
+            self.store_failures += 1
+            raise BrokerError("dead-letter store unavailable")
+        await super().dead_letter(group, letters)
+
+
+async def test_a_failing_dead_letter_store_holds_back_the_ack_until_it_succeeds() -> None:
+    fresh_adapter()
+    adapter = FlakyDeadLetterAdapter("it")
+    record = Record()
+    d = daemon(recording_app(record), adapter, config(queues={"total": 1}))
+    # Item 0 heads the only queue and always fails; the other 19 succeed. Its stream
+    # (items 0, 4, 8, ...) waits for it in order; the 15 of the other streams do not.
+    ids = await publish_items(Client(adapter, d.mapper), 20, streams=4, fail={0: -1})
+    await d.start()
+    await wait_until(lambda: record.handled == 15 and adapter.store_failures >= 3, 10,
+                     what="the other streams handled and the dead-letter store failing")
+    # The failed message is not acked while its dead letter is not stored, and neither
+    # is anything behind it (acks cover the contiguous done prefix only).
+    assert d.stats.dead_lettered == 0 and not adapter.acks
+    assert await adapter.lag(0, "test") == 20
+    adapter.broken = False
+    await wait_until(lambda: d.stats.dead_lettered == 1, 10, what="the dead letter stored")
+    await wait_until(lambda: sum(adapter.acks.values()) == 20, 10, what="all acked")
+    report = await d.stop()
+    [letter] = await adapter.read_dead_letters("test")
+    assert letter.message.id == ids[0] and letter.attempts == 3
+    assert set(record.calls) == set(ids[1:]) and record.duplicates == 0  # nothing lost
+    assert letter.message.token is not None and adapter.acks[letter.message.token] == 1
+    assert set(adapter.acks.values()) == {1}, "every message acked exactly once"
+    assert report.acked == 20 and await adapter.lag(0, "test") == 0
 
 
 async def test_undecodable_body_goes_to_dead_letter_at_once() -> None:

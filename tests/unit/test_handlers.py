@@ -92,3 +92,34 @@ def test_bad_options_are_rejected_at_declaration() -> None:
         app.handler("orders")(h)
     with pytest.raises(HandlerDeclarationError, match="app name"):
         App("bad name!")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("retry_attempts", 2.5),
+        ("retry_attempts", True),
+        ("retry_attempts", "3"),
+        ("retry_attempts", 0),
+        ("retry_delay_s", float("nan")),
+        ("retry_delay_s", "0.1"),
+        ("retry_delay_s", -1),
+        ("retry_max_delay_s", float("inf")),
+        ("retry_jitter_s", None),
+        ("retry_multiplier", 0.5),
+        ("retry_multiplier", float("nan")),
+        ("retry_multiplier", False),
+    ],
+)
+def test_retry_options_are_type_checked_and_named(option: str, value: object) -> None:
+    async def h(body: bytes) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError, match=rf"{option} must be .* got {value!r}"):
+        App("t").handler("orders", **{option: value})(h)
+
+
+def test_sensible_retry_options_are_accepted() -> None:
+    async def h(body: bytes) -> None: ...
+
+    App("t").handler("orders", retry_attempts=1, retry_delay_s=0, retry_max_delay_s=2,
+                     retry_jitter_s=0.5, retry_multiplier=1)(h)

@@ -113,3 +113,27 @@ async def test_rewind_to_a_token_or_a_time_replays_that_range(adapter: MemoryAda
     assert bodies(await rx.get_messages(10)) == [5, 6, 7, 8, 9]
     with pytest.raises(BrokerError, match="queue 1"):
         await adapter.rewind(0, "g", SequenceToken(1, 0))
+
+
+async def test_empty_polls_on_an_idle_queue_leave_no_waiters_behind(
+    adapter: MemoryAdapter,
+) -> None:
+    rx = adapter.create_receiver(3, "g")
+    await rx.initialize()
+    for _ in range(200):
+        assert await rx.get_messages(10, timeout_s=0.0001) == []
+    assert adapter.broker.log(3).waiters == []
+    # A cancelled poll (a shutting-down agent) leaves none either.
+    poll = asyncio.ensure_future(rx.get_messages(10, timeout_s=30))
+    await asyncio.sleep(0)
+    assert len(adapter.broker.log(3).waiters) == 1
+    poll.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await poll
+    assert adapter.broker.log(3).waiters == []
+    # And a waiting poll is still woken by an enqueue.
+    poll = asyncio.ensure_future(rx.get_messages(10, timeout_s=30))
+    await asyncio.sleep(0)
+    await adapter.enqueue(3, make(2))
+    assert bodies(await asyncio.wait_for(poll, 5)) == [0, 1]
+    assert adapter.broker.log(3).waiters == []
