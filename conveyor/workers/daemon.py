@@ -145,7 +145,7 @@ class WorkerDaemon:
         self.member = member or MemberInfo.for_this_process(f"{app.name}-")
         self.stats = DeliveryStats()
         self._owns_telemetry = telemetry is None
-        self.telemetry = telemetry or Telemetry.from_config(config.telemetry)
+        self.telemetry = telemetry or Telemetry.from_config(config.telemetry, self.member.id)
         self.runtime = self._build_runtime()
         self.client = Client(self.adapter, self.mapper, telemetry=self.telemetry)
         self.lag: dict[int, int] = {}
