@@ -225,6 +225,21 @@ def assert_one_trace_per_message(
         assert failed == dead_lettered
 
 
+def assert_exported_counts(received: Receiver) -> None:
+    """The worker's last metric export counts exactly the :data:`JOBS` workload."""
+    def last(name: str) -> int:
+        points = received.metric_points(name)
+        assert points, f"no {name} exported"
+        return int(points[-1].as_int)
+
+    assert last("conveyor.messages.handled") == 2
+    assert last("conveyor.messages.dead_lettered") == 2  # k3 and the unroutable one
+    assert last("conveyor.messages.retried") == 1 + 2
+    assert last("conveyor.messages.failed") == 1 + 3
+    instances = {r.get("service.instance.id") for r, _ in received.spans + received.metrics}
+    assert len(instances) == 1  # traces and metrics name the same daemon
+
+
 def assert_dead_letters(letters: list[DeadLetter]) -> None:
     """Exactly the always-failing job (after 3 attempts) and the unroutable message."""
     by_ns = {d.message.stream.namespace: d for d in letters}

@@ -12,6 +12,7 @@ from tests.integration.kafka.conftest import Tansu
 from tests.otlp import (
     Receiver,
     assert_dead_letters,
+    assert_exported_counts,
     assert_one_trace_per_message,
     otlp_receiver,
     run_traced_worker,
@@ -47,3 +48,4 @@ poll_timeout_ms = 200
     )
     assert_one_trace_per_message(producers, received, "kafka", "traced-kafka")
     assert_dead_letters(dead_letters)
+    assert_exported_counts(received)

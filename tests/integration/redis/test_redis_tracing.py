@@ -10,6 +10,7 @@ from tests.integration.redis.conftest import RedisServer, write_config
 from tests.otlp import (
     Receiver,
     assert_dead_letters,
+    assert_exported_counts,
     assert_one_trace_per_message,
     otlp_receiver,
     run_traced_worker,
@@ -29,6 +30,7 @@ def test_a_message_published_here_and_handled_by_a_worker_process_is_one_trace(
     )
     assert_one_trace_per_message(producers, received, "redis", "traced-redis")
     assert_dead_letters(dead_letters)
+    assert_exported_counts(received)
     # Each daemon's telemetry names its process: the member id is the instance id.
     [instance] = {r.get("service.instance.id") for r, _ in received.spans}
     assert isinstance(instance, str) and instance.startswith("traced-redis-")
