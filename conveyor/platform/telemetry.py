@@ -2,7 +2,8 @@
 
 Nothing here runs unless ``[telemetry] exporter`` is ``console`` or ``otlp``: with
 ``none`` the daemon uses the plain :class:`~conveyor.platform.runtime.HandlerRuntime`
-and the client skips span creation behind a single ``None`` check, so the hot path is
+and the client skips span creation behind a single flag check (measured against a
+build without it by ``conveyor bench telemetry``), so the hot path is
 the uninstrumented one. Providers are created per :class:`Telemetry` object and
 passed explicitly; the process-global OpenTelemetry providers are never touched, so
 an application's own OpenTelemetry set-up is left alone.
@@ -12,7 +13,10 @@ Span shape (OpenTelemetry messaging semantic conventions)::
     publish orders          PRODUCER   Client.publish; writes traceparent into headers
     └── process orders      CONSUMER   one per (message, handler): decode + handler
         ├── retry <name>    INTERNAL   one per retry (conveyor.attempt = 2, 3, ...)
-        └── dead-letter     INTERNAL   when the message is dead-lettered
+        └── dead-letter     INTERNAL   when the message is dead-lettered (both in error)
+    └── dead-letter         INTERNAL   a message no handler subscribes to (no consumer span)
+
+A daemon's resource carries ``service.instance.id`` = its member id.
 
 The first attempt gets no span of its own — the consumer span already covers it, and
 spans are the dominant cost of tracing (see ``conveyor bench telemetry``).
