@@ -213,11 +213,18 @@ def _num(value: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
               metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C.")
-def status(config_path: Path | None, group: str, as_json: bool, watch_s: float | None) -> None:
+@click.option("--count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --watch: stop after N refreshes.")
+def status(
+    config_path: Path | None, group: str, as_json: bool, watch_s: float | None,
+    count: int | None,
+) -> None:
     """Daemons (slots, handled), and per queue: owner, lag, cache fill, throughput.
 
-    Cache fill and throughput come from each owner's last heartbeat; throughput needs
-    two readings, so it shows with --watch.
+    Cache fill and throughput come from each owner's last heartbeat (every
+    lease_ttl_s / 3): throughput is the acks per second the owner measured, or with
+    --watch the rate between the heartbeats of two readings. Refreshing faster than
+    heartbeats arrive shows the same figures again.
     """
     import time
     from dataclasses import asdict
@@ -227,6 +234,10 @@ def status(config_path: Path | None, group: str, as_json: bool, watch_s: float |
 
     from conveyor.platform.status import collect_status
 
+    if count is not None and watch_s is None:
+        raise click.UsageError("--count needs --watch")
+    if as_json and watch_s is not None:
+        raise click.UsageError("--json prints one reading; it cannot be combined with --watch")
     config = _config(config_path)
 
     def read() -> Any:
@@ -241,15 +252,17 @@ def status(config_path: Path | None, group: str, as_json: bool, watch_s: float |
         return
     console = Console()
     if watch_s is None:
-        console.print(_status_view(report, {}))
+        console.print(_status_view(report, report.rates()))
         return
-    previous = None
-    with Live(_status_view(report, {}), console=console, auto_refresh=False) as live:
+    with Live(_status_view(report, report.rates()), console=console,
+              auto_refresh=False) as live:
         try:
-            while True:
+            refreshes = 0
+            while count is None or refreshes < count:
+                time.sleep(watch_s)
                 previous, report = report, read()
                 live.update(_status_view(report, report.rates(previous)), refresh=True)
-                time.sleep(watch_s)
+                refreshes += 1
         except KeyboardInterrupt:
             pass
 
@@ -433,14 +446,22 @@ def bench_throughput(
 
 @bench.command("telemetry")
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=50_000, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Interleaved runs per variant (each in a fresh process).")
 @click.option("--sample-ratio", type=click.FloatRange(0, 1), default=1.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: bool) -> None:
-    """Throughput with telemetry off (the uninstrumented path) next to telemetry on."""
+    """Throughput uninstrumented (hooks stripped), with telemetry off, and on.
+
+    Prints each variant's median and spread, off / uninstrumented (the cost of the
+    hooks when tracing is off) and on / off (the cost of tracing).
+    """
     from conveyor.bench.telemetry_cost import telemetry_cost
 
-    result = telemetry_cost(messages, repeats, sample_ratio)
+    try:
+        result = telemetry_cost(messages, repeats, sample_ratio)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(result.as_dict()) if as_json else result.table())
 
 

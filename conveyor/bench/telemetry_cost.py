@@ -1,93 +1,271 @@
-"""What tracing costs: the embedded pipeline with telemetry off, then on, in one run.
+"""What telemetry costs: the same workload uninstrumented, with telemetry off, and on.
 
-"Off" is the uninstrumented build by construction — the daemon selects the plain
-``HandlerRuntime`` and the agent has no instrumentation — so the off figure *is* the
-"instrumentation removed" figure; the benchmark reports it next to telemetry on (SDK
-tracer and meter with a batch processor whose exporter drops the spans, so the cost
-measured is creating, recording and exporting spans, not network I/O).
+The workload (memory adapter, no-op handler): ``N`` messages published one by one
+through ``Client.publish`` — where the producer span starts when tracing is on — then
+one daemon started and timed until every message is handled and acknowledged. The
+figure is ``N`` over the wall time of both phases; CPU is ``process_time`` over both.
+
+Three variants, each run in a fresh subprocess so none inherits another's heap:
+
+``uninstrumented``
+    the current tree with its telemetry hooks stripped (:func:`strip_instrumentation`):
+    ``Client.publish`` as it was before telemetry existed (commit 6e213bd^) and a
+    daemon that never looks at telemetry. Not the 6e213bd^ tree itself: a dozen later
+    commits changed the hot path, so that tree would measure them, not the hooks.
+``off``
+    the shipped default, ``[telemetry] exporter = "none"``.
+``on``
+    SDK tracer and meter, every trace sampled (``sample_ratio``), spans to a batch
+    processor whose exporter drops them — the cost of creating, recording and
+    exporting spans, not of network I/O.
+
+The runs are interleaved (u, off, on, on, off, u, ...) so drift on a shared machine
+falls on every variant alike; each figure is the median of ``repeats`` runs, shown
+with its spread (min..max). "Off costs nothing" holds if off / uninstrumented is
+within the uninstrumented runs' own spread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
-from conveyor.bench.throughput import measure
-from conveyor.platform.adapter import QueueAdapter
+from conveyor.bench.throughput import noop_app
+from conveyor.platform.client import Client
 from conveyor.platform.config import Config
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.runtime import HandlerRuntime
 from conveyor.platform.telemetry import Telemetry
+from conveyor.workers.daemon import WorkerDaemon
+
+VARIANTS = ("uninstrumented", "off", "on")
+STREAMS = 500
+HOOK_NAMES = frozenset({"_traced", "telemetry", "publish_span"})
+"""Names the instrumented ``Client.publish`` uses and the stripped one must not."""
 
 
-class _Discard(SpanExporter):
-    def __init__(self) -> None:
-        self.exported = 0
+def strip_instrumentation() -> None:
+    """Put this process on the pre-telemetry hot path.
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.exported += len(spans)
-        return SpanExportResult.SUCCESS
+    With telemetry off the only per-message hook left is ``Client.publish``'s
+    ``_traced`` check; the daemon's choices (plain runtime, no metric callbacks) are
+    made once per daemon. Both are replaced by their pre-telemetry forms.
+    """
+
+    async def publish(
+        self: Client, namespace: str, key: str, body: Any,
+        headers: Any = None, content_type: str | None = None,
+    ) -> SequenceToken:
+        msg = self.build(namespace, key, body, headers, content_type)
+        tokens = await self.adapter.enqueue(self.mapper.queue_for(msg.stream), [msg])
+        return tokens[0]
+
+    def plain_runtime(self: WorkerDaemon) -> HandlerRuntime:
+        return HandlerRuntime(self._store_dead_letters, self.stats)
+
+    def no_metrics(self: WorkerDaemon) -> None:
+        return None
+
+    setattr(Client, "publish", publish)  # noqa: B010 - replacing a method on purpose
+    setattr(WorkerDaemon, "_build_runtime", plain_runtime)  # noqa: B010
+    setattr(WorkerDaemon, "_register_metrics", no_metrics)  # noqa: B010
+
+
+def _telemetry_on(sample_ratio: float) -> tuple[Telemetry, Any]:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    class Discard(SpanExporter):
+        def __init__(self) -> None:
+            self.exported = 0
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            self.exported += len(spans)
+            return SpanExportResult.SUCCESS
+
+    exporter = Discard()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 18))
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return Telemetry(provider, meters), exporter
+
+
+async def _publish_and_handle(n: int, telemetry: Telemetry | None) -> tuple[float, float]:
+    counter = [0]
+    done = asyncio.Event()
+    reset_broker("tele")
+    adapter = MemoryAdapter("tele")
+    daemon = WorkerDaemon(noop_app(counter, n, done), Config(), adapter=adapter,
+                          telemetry=telemetry)
+    client = Client(adapter, daemon.mapper, telemetry=telemetry)
+    bodies = [(f"s{i % STREAMS}", {"i": i, "pad": "x" * 32}) for i in range(n)]
+    t0, c0 = time.perf_counter(), time.process_time()
+    for key, body in bodies:
+        await client.publish("bench", key, body)
+    await daemon.start()
+    await asyncio.wait_for(done.wait(), timeout=300)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    report = await daemon.stop()
+    assert report.acked == n, report
+    return n / wall, cpu / n * 1e6
+
+
+def run_variant(variant: str, messages: int, sample_ratio: float) -> dict[str, Any]:
+    """One timed run of ``variant`` in this process (call it in a fresh one)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
+    if variant == "uninstrumented":
+        strip_instrumentation()
+    spans = 0
+    if variant == "on":
+        telemetry, exporter = _telemetry_on(sample_ratio)
+        rate, cpu_us = asyncio.run(_publish_and_handle(messages, telemetry))
+        telemetry.shutdown()  # flushes the batch processor into the counting exporter
+        spans = exporter.exported
+    else:
+        rate, cpu_us = asyncio.run(_publish_and_handle(messages, None))
+    hooks = sorted(HOOK_NAMES & set(Client.publish.__code__.co_names))
+    return {"variant": variant, "msgs_per_s": rate, "cpu_us_per_msg": cpu_us,
+            "spans_exported": spans, "publish_hooks": hooks}
+
+
+def _run_in_subprocess(variant: str, messages: int, sample_ratio: float) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "conveyor.bench.telemetry_cost", variant, str(messages),
+         str(sample_ratio)],
+        capture_output=True, text=True, check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"the {variant} run failed: {out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One variant's runs: median and spread of msgs/s, median CPU per message."""
+
+    msgs_per_s: float
+    min_msgs_per_s: float
+    max_msgs_per_s: float
+    cpu_us_per_msg: float
+
+    @classmethod
+    def of(cls, runs: list[dict[str, Any]]) -> Figure:
+        rates = [r["msgs_per_s"] for r in runs]
+        return cls(statistics.median(rates), min(rates), max(rates),
+                   statistics.median(r["cpu_us_per_msg"] for r in runs))
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: how far apart runs of the same build land."""
+        return (self.max_msgs_per_s - self.min_msgs_per_s) / self.msgs_per_s
 
 
 @dataclass(frozen=True)
 class TelemetryCost:
     messages: int
+    repeats: int
     sample_ratio: float
-    off_msgs_per_s: float
-    off_cpu_us_per_msg: float
-    on_msgs_per_s: float
-    on_cpu_us_per_msg: float
+    uninstrumented: Figure
+    off: Figure
+    on: Figure
     spans_exported: int
+    """Spans of one "on" run: a producer and a consumer span per sampled message."""
+
+    @property
+    def off_over_uninstrumented(self) -> float:
+        return self.off.msgs_per_s / self.uninstrumented.msgs_per_s
 
     @property
     def on_over_off(self) -> float:
-        return self.on_msgs_per_s / self.off_msgs_per_s
+        return self.on.msgs_per_s / self.off.msgs_per_s
+
+    @property
+    def off_within_noise(self) -> bool:
+        """Off differs from uninstrumented by no more than uninstrumented runs differ."""
+        return abs(1 - self.off_over_uninstrumented) <= self.uninstrumented.spread
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            **asdict(self),
+            "messages": self.messages, "repeats": self.repeats,
+            "sample_ratio": self.sample_ratio,
+            "uninstrumented": asdict(self.uninstrumented), "off": asdict(self.off),
+            "on": asdict(self.on),
+            "uninstrumented_msgs_per_s": self.uninstrumented.msgs_per_s,
+            "off_msgs_per_s": self.off.msgs_per_s,
+            "off_cpu_us_per_msg": self.off.cpu_us_per_msg,
+            "on_msgs_per_s": self.on.msgs_per_s,
+            "on_cpu_us_per_msg": self.on.cpu_us_per_msg,
+            "off_over_uninstrumented": self.off_over_uninstrumented,
+            "uninstrumented_spread": self.uninstrumented.spread,
+            "off_within_noise": self.off_within_noise,
+            "spans_exported": self.spans_exported,
             # The common keys of every `conveyor bench ... --json`: the figure is the
-            # instrumented run, the floor the uninstrumented one.
-            "msgs_per_s": self.on_msgs_per_s,
-            "cpu_us_per_msg": self.on_cpu_us_per_msg,
-            "floor_msgs_per_s": self.off_msgs_per_s,
+            # instrumented run, the floor telemetry off.
+            "msgs_per_s": self.on.msgs_per_s,
+            "cpu_us_per_msg": self.on.cpu_us_per_msg,
+            "floor_msgs_per_s": self.off.msgs_per_s,
             "ratio": self.on_over_off,
         }
 
     def table(self) -> str:
+        def row(name: str, f: Figure) -> str:
+            spread = f"{f.min_msgs_per_s:,.0f}..{f.max_msgs_per_s:,.0f}"
+            return f"{name:16}{f.msgs_per_s:>12,.0f}{spread:>22}{f.cpu_us_per_msg:>12.2f}"
+
+        verdict = "within" if self.off_within_noise else "OUTSIDE"
         return "\n".join([
-            f"messages={self.messages} (memory adapter, no-op handler), "
+            f"messages={self.messages} x {self.repeats} interleaved runs per variant "
+            f"(memory adapter, Client.publish then no-op handler), "
             f"sample_ratio={self.sample_ratio}",
-            f"{'':16}{'msgs/s':>12}{'CPU us/msg':>12}",
-            f"{'telemetry off':16}{self.off_msgs_per_s:>12,.0f}{self.off_cpu_us_per_msg:>12.2f}",
-            f"{'telemetry on':16}{self.on_msgs_per_s:>12,.0f}{self.on_cpu_us_per_msg:>12.2f}",
-            f"ratio (on / off) = {self.on_over_off:.3f}; spans exported: {self.spans_exported}",
+            f"{'':16}{'msgs/s':>12}{'min..max':>22}{'CPU us/msg':>12}",
+            row("uninstrumented", self.uninstrumented),
+            row("telemetry off", self.off),
+            row("telemetry on", self.on),
+            f"off / uninstrumented = {self.off_over_uninstrumented:.3f} ({verdict} the "
+            f"uninstrumented runs' spread of {self.uninstrumented.spread:.1%})",
+            f"on / off = {self.on_over_off:.3f}; spans exported per on run: "
+            f"{self.spans_exported}",
         ])
 
 
-def telemetry_cost(messages: int, repeats: int = 3, sample_ratio: float = 1.0) -> TelemetryCost:
-    runs = [0]
+def telemetry_cost(messages: int, repeats: int = 5, sample_ratio: float = 1.0) -> TelemetryCost:
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    for r in range(repeats):
+        order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
+        for variant in order:
+            result = _run_in_subprocess(variant, messages, sample_ratio)
+            want_hooks = [] if variant == "uninstrumented" else ["_traced", "publish_span",
+                                                                  "telemetry"]
+            if result["publish_hooks"] != want_hooks:
+                raise RuntimeError(
+                    f"the {variant} run's Client.publish uses {result['publish_hooks']}, "
+                    f"expected {want_hooks}: update strip_instrumentation() to the new hooks"
+                )
+            runs[variant].append(result)
+    return TelemetryCost(
+        messages, repeats, sample_ratio,
+        Figure.of(runs["uninstrumented"]), Figure.of(runs["off"]), Figure.of(runs["on"]),
+        runs["on"][-1]["spans_exported"],
+    )
 
-    def make() -> QueueAdapter:
-        runs[0] += 1
-        reset_broker(f"tele-{runs[0]}")
-        return MemoryAdapter(f"tele-{runs[0]}")
 
-    off = asyncio.run(measure(make, Config(), adapter_name="memory", messages=messages,
-                              streams=500, repeats=repeats))
-    exporter = _Discard()
-    tracer_provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
-    tracer_provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=65536))
-    telemetry = Telemetry(tracer_provider, MeterProvider(metric_readers=[InMemoryMetricReader()]))
-    on = asyncio.run(measure(make, Config(), adapter_name="memory", messages=messages,
-                             streams=500, repeats=repeats, telemetry=telemetry))
-    tracer_provider.shutdown()
-    return TelemetryCost(messages, sample_ratio, off.msgs_per_s, off.cpu_us_per_msg, on.msgs_per_s,
-                         on.cpu_us_per_msg, exporter.exported)
+if __name__ == "__main__":
+    variant, n, ratio = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    print(json.dumps(run_variant(variant, n, ratio)))

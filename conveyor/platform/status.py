@@ -1,8 +1,16 @@
-"""What ``conveyor status`` shows: members, queue owners and lag, read from the stores."""
+"""What ``conveyor status`` shows: members, queue owners and lag, read from the stores.
+
+Throughput comes from the owners' heartbeats, never from the reader's clock: each
+daemon publishes its per-queue ack counts with the time it took them (``at``) and the
+acks per second it measured itself (:class:`AckRates`). A heartbeat lands every
+``lease_ttl_s / 3``; reading faster than that sees the same heartbeat again, which
+yields no new rate rather than a false zero.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from conveyor.platform.adapter import create_adapter
@@ -19,6 +27,10 @@ class QueueStatus:
     """Messages its agent holds, from the owner's last heartbeat."""
     acked: int | None = None
     """Messages its agent acknowledged since it took the queue (owner's last heartbeat)."""
+    acks_per_s: float | None = None
+    """Acks per second the owner measured between its last two heartbeats."""
+    at: float | None = None
+    """When the owner took ``acked`` (its clock, published with the heartbeat)."""
 
 
 @dataclass(frozen=True)
@@ -40,17 +52,55 @@ class StatusReport:
     def total_lag(self) -> int:
         return sum(q.lag for q in self.queues)
 
-    def rates(self, previous: StatusReport | None) -> dict[int, float]:
-        """Acks per second per queue since ``previous`` (same owner only)."""
-        if previous is None or self.at <= previous.at:
-            return {}
-        before = {q.queue: q for q in previous.queues}
+    def rates(self, previous: StatusReport | None = None) -> dict[int, float]:
+        """Acks per second per queue.
+
+        Over the heartbeats seen in ``previous`` and here when the owner is the same
+        and has heartbeated since (a longer, steadier window than the owner's own);
+        else the rate the owner published; absent when neither is known.
+        """
+        before = {q.queue: q for q in previous.queues} if previous is not None else {}
         out: dict[int, float] = {}
         for q in self.queues:
             old = before.get(q.queue)
-            if old and q.acked is not None and old.acked is not None and old.owner == q.owner:
-                out[q.queue] = max(0.0, (q.acked - old.acked) / (self.at - previous.at))
+            if (old is not None and old.owner == q.owner and q.acked is not None
+                    and old.acked is not None and q.at is not None and old.at is not None
+                    and q.at > old.at and q.acked >= old.acked):
+                out[q.queue] = (q.acked - old.acked) / (q.at - old.at)
+            elif q.acks_per_s is not None:
+                out[q.queue] = q.acks_per_s
         return out
+
+
+class AckRates:
+    """Per-queue acks per second between a daemon's stats snapshots (its heartbeats).
+
+    Snapshots closer together than ``min_window_s`` repeat the last rates instead of
+    dividing by a few milliseconds; a queue whose count went down (taken over and back)
+    starts a new window.
+    """
+
+    def __init__(self, min_window_s: float = 0.5) -> None:
+        self.min_window_s = min_window_s
+        self._since: dict[int, tuple[int, float]] = {}
+        self._rates: dict[int, float] = {}
+
+    def sample(self, acked: Mapping[int, int], now: float) -> dict[int, float]:
+        rates: dict[int, float] = {}
+        since: dict[int, tuple[int, float]] = {}
+        for queue, count in acked.items():
+            start = self._since.get(queue)
+            if start is None or count < start[0]:
+                since[queue] = (count, now)
+            elif now - start[1] < self.min_window_s:
+                since[queue] = start
+                if queue in self._rates:
+                    rates[queue] = self._rates[queue]
+            else:
+                since[queue] = (count, now)
+                rates[queue] = (count - start[0]) / (now - start[1])
+        self._since, self._rates = since, rates
+        return rates
 
 
 async def collect_status(config: Config, group: str) -> StatusReport:
@@ -69,6 +119,7 @@ async def collect_status(config: Config, group: str) -> StatusReport:
             queues.append(QueueStatus(
                 q, owner, await adapter.lag(q, group),
                 None if fill is None else int(fill), None if acked is None else int(acked),
+                own.get(f"queue.{q}.acks_per_s"), own.get("at"),
             ))
     finally:
         await adapter.close()

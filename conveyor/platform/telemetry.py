@@ -2,7 +2,8 @@
 
 Nothing here runs unless ``[telemetry] exporter`` is ``console`` or ``otlp``: with
 ``none`` the daemon uses the plain :class:`~conveyor.platform.runtime.HandlerRuntime`
-and the client skips span creation behind a single ``None`` check, so the hot path is
+and the client skips span creation behind a single flag check (measured against a
+build without it by ``conveyor bench telemetry``), so the hot path is
 the uninstrumented one. Providers are created per :class:`Telemetry` object and
 passed explicitly; the process-global OpenTelemetry providers are never touched, so
 an application's own OpenTelemetry set-up is left alone.
@@ -12,7 +13,10 @@ Span shape (OpenTelemetry messaging semantic conventions)::
     publish orders          PRODUCER   Client.publish; writes traceparent into headers
     └── process orders      CONSUMER   one per (message, handler): decode + handler
         ├── retry <name>    INTERNAL   one per retry (conveyor.attempt = 2, 3, ...)
-        └── dead-letter     INTERNAL   when the message is dead-lettered
+        └── dead-letter     INTERNAL   when the message is dead-lettered (both in error)
+    └── dead-letter         INTERNAL   a message no handler subscribes to (no consumer span)
+
+A daemon's resource carries ``service.instance.id`` = its member id.
 
 The first attempt gets no span of its own — the consumer span already covers it, and
 spans are the dominant cost of tracing (see ``conveyor bench telemetry``).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -29,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
-from opentelemetry.trace import SpanKind, Tracer, TracerProvider
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from conveyor.platform.handlers import HandlerSpec
@@ -40,6 +45,7 @@ if TYPE_CHECKING:
     from conveyor.platform.config import TelemetryConfig
 
 PROPAGATOR = TraceContextTextMapPropagator()
+DEFAULT_SERVICE_NAME = "conveyor"
 SCOPE = "conveyor"
 
 # Semantic-convention attribute names (messaging, v1.27+).
@@ -47,6 +53,7 @@ SYSTEM = "messaging.system"
 DESTINATION = "messaging.destination.name"
 PARTITION = "messaging.destination.partition.id"
 OPERATION_TYPE = "messaging.operation.type"
+OPERATION_NAME = "messaging.operation.name"
 MESSAGE_ID = "messaging.message.id"
 CONSUMER_GROUP = "messaging.consumer.group.name"
 KEY = "conveyor.stream.key"
@@ -80,7 +87,9 @@ class Telemetry:
         return cls()
 
     @classmethod
-    def from_config(cls, config: TelemetryConfig) -> Telemetry:
+    def from_config(cls, config: TelemetryConfig, instance_id: str | None = None) -> Telemetry:
+        """Providers for ``config``; ``instance_id`` (a daemon's member id) becomes the
+        ``service.instance.id`` resource attribute so daemons' metrics can be told apart."""
         if config.exporter == "none":
             return cls()
         from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
@@ -97,13 +106,12 @@ class Telemetry:
             SpanExporter,
         )
 
-        resource = Resource.create(
-            {"service.name": config.service_name, **config.resource_attributes}
-        )
+        resource = Resource.create(resource_attributes(config, instance_id))
         span_exporter: SpanExporter
         metric_exporter: MetricExporter
         if config.exporter == "console":
-            span_exporter, metric_exporter = ConsoleSpanExporter(), ConsoleMetricExporter()
+            span_exporter = ConsoleSpanExporter(out=sys.stderr)
+            metric_exporter = ConsoleMetricExporter(out=sys.stderr)
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
                 OTLPMetricExporter,
@@ -152,6 +160,7 @@ class Telemetry:
                 DESTINATION: msg.stream.namespace,
                 PARTITION: str(queue),
                 OPERATION_TYPE: "send",
+                OPERATION_NAME: "publish",
                 MESSAGE_ID: msg.id,
                 KEY: msg.stream.key,
             },
@@ -249,6 +258,7 @@ class InstrumentedRuntime(HandlerRuntime):
                         DESTINATION: msg.stream.namespace,
                         PARTITION: str(self._queue_of(msg)),
                         OPERATION_TYPE: "process",
+                        OPERATION_NAME: "process",
                         MESSAGE_ID: msg.id,
                         CONSUMER_GROUP: self._group,
                         KEY: msg.stream.key,
@@ -272,12 +282,37 @@ class InstrumentedRuntime(HandlerRuntime):
         if self._tracer is None:
             await super().dead_letter(spec, msg, exc, attempts)
             return
+        error_type = type(exc).__name__ if isinstance(exc, BaseException) else "Unroutable"
+        consumer = trace.get_current_span()
+        # An unroutable message has no consumer span around it: continue the producer's
+        # trace from the headers rather than starting an orphan trace.
+        context = None if consumer.get_span_context().is_valid else PROPAGATOR.extract(
+            msg.headers)
+        status = Status(StatusCode.ERROR, f"dead-lettered: {error_type}")
         with self._tracer.start_as_current_span(
-            "dead-letter",
-            attributes={"error.type": type(exc).__name__ if isinstance(exc, BaseException)
-                        else "Unroutable", ATTEMPT: attempts},
-        ):
+            "dead-letter", context=context,
+            attributes={"error.type": error_type, ATTEMPT: attempts, MESSAGE_ID: msg.id},
+        ) as span:
             await super().dead_letter(spec, msg, exc, attempts)
+            span.set_status(status)
+        if consumer.is_recording():
+            consumer.set_attribute("error.type", error_type)
+            consumer.set_status(status)
+
+
+def resource_attributes(config: TelemetryConfig, instance_id: str | None) -> dict[str, str]:
+    """What the resource says about this process, before the SDK merges ``OTEL_*``.
+
+    ``service.name`` left at its default yields to ``OTEL_SERVICE_NAME``; attributes
+    given here win over ``OTEL_RESOURCE_ATTRIBUTES`` (the SDK's merge order).
+    """
+    attrs: dict[str, str] = {}
+    if config.service_name != DEFAULT_SERVICE_NAME or not os.environ.get("OTEL_SERVICE_NAME"):
+        attrs["service.name"] = config.service_name
+    if instance_id is not None:
+        attrs["service.instance.id"] = instance_id
+    attrs.update(config.resource_attributes)
+    return attrs
 
 
 def stats_observations(

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import importlib
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.placement import PlacementWeights, ResourcePlacer
 from conveyor.platform.runtime import DeliveryStats, HandlerRuntime
+from conveyor.platform.status import AckRates
 from conveyor.platform.telemetry import InstrumentedRuntime, Telemetry, stats_observations
 from conveyor.workers.cells import CellRouter
 from conveyor.workers.hosting import host_cells, host_pool
@@ -145,7 +147,7 @@ class WorkerDaemon:
         self.member = member or MemberInfo.for_this_process(f"{app.name}-")
         self.stats = DeliveryStats()
         self._owns_telemetry = telemetry is None
-        self.telemetry = telemetry or Telemetry.from_config(config.telemetry)
+        self.telemetry = telemetry or Telemetry.from_config(config.telemetry, self.member.id)
         self.runtime = self._build_runtime()
         self.client = Client(self.adapter, self.mapper, telemetry=self.telemetry)
         self.lag: dict[int, int] = {}
@@ -166,6 +168,7 @@ class WorkerDaemon:
         self._acked_gone = 0
         self._abandoned = 0
         self._max_cache_fill_gone = 0
+        self._ack_rates = AckRates()
         self.started = False
 
     def _index_subscriptions(self, app: App) -> Subscriptions:
@@ -311,6 +314,10 @@ class WorkerDaemon:
         for queue, agent in self.agents.items():
             stats[f"queue.{queue}.cache_fill"] = len(agent.cache)
             stats[f"queue.{queue}.acked"] = agent.acked
+        stats["at"] = now = time.time()  # when the counts were taken: status rates use it
+        acked = {queue: agent.acked for queue, agent in self.agents.items()}
+        for queue, rate in self._ack_rates.sample(acked, now).items():
+            stats[f"queue.{queue}.acks_per_s"] = rate
         return stats
 
     def report(self) -> DrainReport:

@@ -167,7 +167,10 @@ def test_bench_telemetry_prints_comparable_json() -> None:
     result = conveyor("bench", "telemetry", "--json", "--messages", "2000", "--repeats", "1")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["spans_exported"] == 2000  # one consumer span per message, all sampled
+    # A producer span (Client.publish) and a consumer span per message, all sampled.
+    assert data["spans_exported"] == 2 * 2000
+    assert data["off_over_uninstrumented"] == pytest.approx(
+        data["off_msgs_per_s"] / data["uninstrumented_msgs_per_s"])
     assert data["ratio"] == pytest.approx(data["on_msgs_per_s"] / data["off_msgs_per_s"])
     for key in ("msgs_per_s", "cpu_us_per_msg", "floor_msgs_per_s", "ratio"):
         assert data[key] > 0

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.conftest import wait_until_sync
-from tests.otlp import Receiver, otlp_receiver
+from tests.otlp import Receiver, otlp_receiver, stop_when
 
 __all__ = ["otlp_receiver"]  # the fixture, used by name below
 
@@ -35,16 +33,8 @@ def test_worker_subprocess_exports_one_trace_per_message_over_otlp(
         [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.traced_app:app"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    try:
-        wait_until_sync(lambda: out.exists() and len(out.read_text().split()) == 2, 30,
-                        what="both jobs handled")
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr
+    stop_when(proc, lambda: out.exists() and len(out.read_text().split()) == 2, 30,
+              "both jobs handled")
     assert "/v1/traces" in received.paths
     spans = [s for _, s in received.spans]
     assert {r["service.name"] for r, _ in received.spans} == {"traced-worker"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conveyor import Client
-from conveyor.platform.status import collect_status
+from conveyor.platform.status import AckRates, QueueStatus, StatusReport, collect_status
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Record,
@@ -29,9 +29,10 @@ async def test_status_shows_owners_lag_and_heartbeat_stats() -> None:
 
     async def heartbeat_caught_up() -> bool:
         report = await collect_status(cfg, "test")
-        return bool(report.members) and report.members[0].stats.get("handled") == 500
+        return (bool(report.members) and report.members[0].stats.get("handled") == 500
+                and all(q.acks_per_s is not None for q in report.queues))
 
-    await wait_until(heartbeat_caught_up, 10, what="a heartbeat with the final stats")
+    await wait_until(heartbeat_caught_up, 10, what="a heartbeat with final stats and rates")
     report = await collect_status(cfg, "test")
     await d.stop()
     [member] = report.members
@@ -43,5 +44,43 @@ async def test_status_shows_owners_lag_and_heartbeat_stats() -> None:
     assert report.total_lag == 0
     assert sum(q.acked or 0 for q in report.queues) == 500
     assert all(q.cache_fill == 0 for q in report.queues)
+    # Heartbeats carry their own time and, from the second one on, the owner's rate.
+    assert all(q.at == member.stats["at"] for q in report.queues)
+    assert all(q.acks_per_s is not None and q.acks_per_s >= 0 for q in report.queues)
+    assert report.rates() == {q.queue: q.acks_per_s for q in report.queues}
     later = await collect_status(cfg, "test")
     assert later.members == [] and all(q.owner is None for q in later.queues)
+
+
+def report(at_read: float, owner: str, acked: int, heartbeat_at: float,
+           acks_per_s: float | None = None) -> StatusReport:
+    return StatusReport("g", [], [QueueStatus(0, owner, 0, 0, acked, acks_per_s, heartbeat_at)],
+                        at_read)
+
+
+def test_rates_divide_by_the_heartbeats_interval_not_the_readers() -> None:
+    first = report(at_read=100.0, owner="a", acked=1000, heartbeat_at=99.0)
+    # Read 0.2 s later, but the owner heartbeated 1 s after the last one: 500 acks/s.
+    second = report(at_read=100.2, owner="a", acked=1500, heartbeat_at=100.0)
+    assert second.rates(first) == {0: 500.0}
+    # Read again before the next heartbeat: the same heartbeat is no new rate, not zero.
+    again = report(at_read=100.4, owner="a", acked=1500, heartbeat_at=100.0, acks_per_s=480.0)
+    assert again.rates(second) == {0: 480.0}  # the owner's own figure instead
+    assert report(100.4, "a", 1500, 100.0).rates(second) == {}
+
+
+def test_a_new_owner_or_a_reset_count_is_no_rate_across_readings() -> None:
+    first = report(at_read=100.0, owner="a", acked=1000, heartbeat_at=99.0)
+    assert report(101.0, "b", 1200, 100.5).rates(first) == {}
+    assert report(101.0, "a", 10, 100.5).rates(first) == {}  # taken over and back
+
+
+def test_the_daemons_ack_rate_covers_at_least_its_window() -> None:
+    rates = AckRates(min_window_s=0.5)
+    assert rates.sample({0: 0, 1: 0}, now=10.0) == {}
+    assert rates.sample({0: 100, 1: 0}, now=11.0) == {0: 100.0, 1: 0.0}
+    # 10 ms later (a second caller): the last rates again, not 1,000 x the truth.
+    assert rates.sample({0: 101, 1: 0}, now=11.01) == {0: 100.0, 1: 0.0}
+    assert rates.sample({0: 300, 1: 0}, now=12.0) == {0: 200.0, 1: 0.0}
+    assert rates.sample({0: 5}, now=13.0) == {}  # count went down: a new window starts
+    assert rates.sample({0: 55}, now=13.5) == {0: 100.0}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -9,7 +10,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from conveyor import Client
 from conveyor.platform.message import Message, StreamId
@@ -36,6 +37,19 @@ def in_memory() -> tuple[Telemetry, InMemorySpanExporter, InMemoryMetricReader]:
 
 def by_name(spans: tuple[ReadableSpan, ...], prefix: str) -> list[ReadableSpan]:
     return [s for s in spans if s.name.startswith(prefix)]
+
+
+def metric_points(reader: InMemoryMetricReader) -> dict[str, dict[tuple[Any, ...], Any]]:
+    """Each metric's current points keyed by their sorted attribute items."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        metric.name: {
+            tuple(sorted((p.attributes or {}).items())): getattr(p, "value", None)
+            for p in metric.data.data_points
+        }
+        for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+    }
 
 
 def metric_values(reader: InMemoryMetricReader) -> dict[str, Any]:
@@ -90,6 +104,8 @@ async def test_one_trace_from_producer_to_handler_with_retries_and_dead_letter()
         assert sorted(attempts) == expected  # type: ignore[type-var]
         dead = [s for s in children if s.name == "dead-letter"]
         assert len(dead) == (1 if key == "k3" else 0)
+        failed = consumer.status.status_code == StatusCode.ERROR
+        assert failed == (key == "k3")  # only the dead-lettered message's consumer span
 
 
 async def test_a_message_without_trace_context_starts_a_new_trace() -> None:
@@ -125,8 +141,80 @@ async def test_metrics_count_exactly_the_known_workload() -> None:
     assert values["conveyor.messages.retried"] == 5 * 2
     assert values["conveyor.messages.failed"] == 5 * 3
     assert values["conveyor.handler.duration"] == 50  # one record per (message, handler)
-    assert values["conveyor.slots.available"] + values["conveyor.slots.in_use"] <= 7
+    assert values["conveyor.slots.in_use"] == 0
     assert values["conveyor.queues.owned"] == 8
+    # Stopped: every agent returned its permit, so every configured slot is free.
+    after = metric_values(reader)
+    assert after["conveyor.slots.available"] == 7
+    assert after["conveyor.slots.in_use"] == 0
+    assert after["conveyor.queues.owned"] == 0
+
+
+async def test_slots_cache_fill_and_lag_gauges_follow_a_held_workload() -> None:
+    """Three messages on one stream held by a blocked handler: one slot in use, three
+    messages cached and three lagging on their queue; released, all drop to zero."""
+    from conveyor import App
+
+    telemetry, _, reader = in_memory()
+    adapter = fresh_adapter()
+    app = App("test")
+    gate = asyncio.Event()
+    seen: list[int] = []
+
+    @app.handler("items")
+    async def held(item: Item) -> None:
+        await gate.wait()
+        seen.append(item.seq)
+
+    cfg = config(slots={"count": 7}, telemetry={"metrics_interval_s": 0.02})
+    d = daemon(app, adapter, cfg, telemetry=telemetry)
+    client = Client(adapter, d.mapper)
+    for i in range(3):
+        await client.publish("items", "one-stream", Item(i))
+    q = str(d.mapper.queue_for(StreamId("items", "one-stream")))
+
+    def point(name: str, queue: str | None = None) -> Any:
+        attrs = () if queue is None else (("queue", queue),)
+        return metric_points(reader).get(name, {}).get(attrs)
+
+    await d.start()
+    try:
+        await wait_until(lambda: point("conveyor.cache.fill", q) == 3, 10,
+                         what="the held queue's agent to cache all three")
+        await wait_until(lambda: point("conveyor.queue.lag", q) == 3, 10,
+                         what="lag 3 sampled on the held queue")
+        assert point("conveyor.cache.fill", q) == 3
+        assert point("conveyor.slots.in_use") == 1  # one stream: one handler at a time
+        others = [v for (attrs), v in metric_points(reader)["conveyor.cache.fill"].items()
+                  if attrs != (("queue", q),)]
+        assert len(others) == 7 and not any(others)
+        gate.set()
+        await wait_until(lambda: seen == [0, 1, 2], 10, what="all three handled in order")
+        await wait_until(lambda: point("conveyor.queue.lag", q) == 0, 10, what="lag back to 0")
+        assert point("conveyor.cache.fill", q) == 0
+        assert point("conveyor.slots.in_use") == 0
+    finally:
+        gate.set()
+        await d.stop()
+
+
+async def test_an_unroutable_messages_dead_letter_span_continues_the_producers_trace() -> None:
+    telemetry, spans, _ = in_memory()
+    adapter = fresh_adapter()
+    d = daemon(recording_app(Record()), adapter, telemetry=telemetry)
+    client = Client(adapter, d.mapper, telemetry=telemetry)
+    await client.publish("nobody-listens", "k", {"x": 1})
+    await d.start()
+    await wait_until(lambda: d.stats.dead_lettered == 1, 10, what="dead-lettered")
+    await d.stop()
+    [producer] = by_name(spans.get_finished_spans(), "publish")
+    [dead] = by_name(spans.get_finished_spans(), "dead-letter")
+    assert dead.parent is not None and dead.parent.span_id == producer.context.span_id
+    assert dead.context.trace_id == producer.context.trace_id
+    assert dead.status.status_code == StatusCode.ERROR
+    [letter] = await adapter.read_dead_letters("test")
+    assert letter.error_type == "Unroutable" and letter.message.id == producer.attributes[
+        "messaging.message.id"]  # type: ignore[index]
 
 
 def test_telemetry_off_means_the_uninstrumented_runtime() -> None:

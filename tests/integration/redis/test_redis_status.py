@@ -1,0 +1,54 @@
+"""`conveyor status` against a worker process on Redis: throughput from heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conveyor import Client, Publish, load_config
+from tests.conftest import wait_until_sync
+from tests.integration.redis.conftest import REPO, RedisServer, Worker, write_config
+
+
+def status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conveyor.cli", "status", "--app", "rec",
+                           *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_status_shows_throughput_without_watch_and_watch_stops_after_count(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, balancer={"lease_ttl_s": 0.9})
+    worker = Worker("w", cfg, tmp_path, work_ms=5)
+    workers.append(worker)
+    n = 20_000  # 8 streams x 5 ms: ~12 s of work, so the readings below see it busy
+    async def publish() -> None:
+        async with Client.from_config(load_config(cfg, environ={})) as c:
+            await c.publish_batch([Publish("items", f"s{i % 8}", {"seq": i}) for i in range(n)])
+
+    asyncio.run(publish())
+
+    def busy_with_a_rate() -> bool:
+        result = status("--config", str(cfg), "--json")
+        assert result.returncode == 0, result.stderr
+        rates = [q["acks_per_s"] for q in json.loads(result.stdout)["queues"]]
+        return any(r is not None and r > 0 for r in rates)
+
+    wait_until_sync(busy_with_a_rate, 30, what="a heartbeat with acks/s > 0, read once")
+    started = time.monotonic()
+    watched = status("--config", str(cfg), "--watch", "0.3", "--count", "3")
+    elapsed = time.monotonic() - started
+    assert watched.returncode == 0, watched.stderr
+    assert "acks/s" in watched.stdout and "Traceback" not in watched.stderr
+    assert elapsed >= 3 * 0.3  # it waits before each re-read, three times, then stops
+    assert worker.alive()
+
+
+def test_count_without_watch_is_a_usage_error(redis_server: RedisServer, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+    result = status("--config", str(cfg), "--count", "2")
+    assert result.returncode == 2 and "--count needs --watch" in result.stderr
