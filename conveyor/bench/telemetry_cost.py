@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
-from conveyor.bench.throughput import noop_app
+from conveyor.bench.throughput import AckCounter, noop_app
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.ids import SequenceToken
@@ -107,21 +107,20 @@ def _telemetry_on(sample_ratio: float) -> tuple[Telemetry, Any]:
 
 async def _publish_and_handle(n: int, telemetry: Telemetry | None) -> tuple[float, float]:
     counter = [0]
-    done = asyncio.Event()
     reset_broker("tele")
     adapter = MemoryAdapter("tele")
-    daemon = WorkerDaemon(noop_app(counter, n, done), Config(), adapter=adapter,
-                          telemetry=telemetry)
+    acks = AckCounter(adapter, n)
+    daemon = WorkerDaemon(noop_app(counter), Config(), adapter=adapter, telemetry=telemetry)
     client = Client(adapter, daemon.mapper, telemetry=telemetry)
     bodies = [(f"s{i % STREAMS}", {"i": i, "pad": "x" * 32}) for i in range(n)]
     t0, c0 = time.perf_counter(), time.process_time()
     for key, body in bodies:
         await client.publish("bench", key, body)
     await daemon.start()
-    await asyncio.wait_for(done.wait(), timeout=300)
+    await asyncio.wait_for(acks.done.wait(), timeout=300)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     report = await daemon.stop()
-    assert report.acked == n, report
+    assert report.acked == n == counter[0], (report, counter[0])
     return n / wall, cpu / n * 1e6
 
 
