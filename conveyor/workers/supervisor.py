@@ -355,13 +355,13 @@ class Supervisor:
     async def _scale_down(self, lag_by_process: list[int]) -> None:
         if self.processes <= self.settings.min_processes:
             return
-        idle = [
-            (lag, -c.number, c) for lag, c in zip(lag_by_process, self.children, strict=True)
-            if lag <= self.settings.idle_lag_per_process
-        ]
-        if not idle:
+        index = choose_victim(
+            lag_by_process, [c.number for c in self.children],
+            self.settings.idle_lag_per_process,
+        )
+        if index is None:
             return
-        victim = min(idle, key=lambda t: (t[0], t[1]))[2]  # least lag, then the newest
+        victim = self.children[index]
         started = time.monotonic()
         self.children.remove(victim)
         others = sorted(self.children, key=lambda c: len(c.queues))
@@ -392,6 +392,16 @@ class Supervisor:
                 await self._spawn()
         if dead:
             await self._assign(sorted(q for c in dead for q in c.queues))
+
+
+def choose_victim(lag_by_process: list[int], numbers: list[int], idle_lag: int) -> int | None:
+    """Index of the process to remove: an idle one, least lag first, then the newest."""
+    idle = [
+        (lag, -number, i)
+        for i, (lag, number) in enumerate(zip(lag_by_process, numbers, strict=True))
+        if lag <= idle_lag
+    ]
+    return min(idle)[2] if idle else None
 
 
 def parse_processes(text: str) -> tuple[int, int]:

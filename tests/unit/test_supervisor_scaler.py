@@ -12,6 +12,7 @@ from conveyor.workers.supervisor import (
     LagScaler,
     Supervisor,
     SupervisorSettings,
+    choose_victim,
     env_for_overrides,
     parse_processes,
 )
@@ -65,13 +66,24 @@ def test_after_the_burst_idle_processes_are_removed_down_to_min_only() -> None:
     assert len(removals) == 2 and removals[1] - removals[0] >= 2
 
 
-def test_a_busy_process_is_not_counted_idle() -> None:
+def test_processes_with_lag_above_the_idle_threshold_are_never_removed() -> None:
     scaler = LagScaler(settings(min_processes=1))
     for t in range(1, 6):
         scaler.decide(t, [400, 400], 8)
-    for t in range(6, 30):  # one process keeps some lag: only the idle one may go
-        d = scaler.decide(t, [60, 0], 8)
-        assert d is not Decision.UP
+    # Both still have some lag (60 > idle 5) but far below the scale-up threshold: the
+    # controller's signal is negative, yet with no idle process nothing may go.
+    for t in range(6, 40):
+        assert scaler.decide(t, [60, 60], 8) is Decision.HOLD
+    # One of them drains: now there is an idle process, and one is removed.
+    decisions = [scaler.decide(t, [60, 0], 8) for t in range(40, 50)]
+    assert Decision.DOWN in decisions and Decision.UP not in decisions
+
+
+def test_the_process_removed_is_an_idle_one_never_a_busy_one() -> None:
+    # (lag, process number) per child; idle threshold 5.
+    assert choose_victim([60, 0, 3], [1, 2, 3], idle_lag=5) == 1  # least lag
+    assert choose_victim([0, 60, 0], [1, 2, 3], idle_lag=5) == 2  # tie: the newest
+    assert choose_victim([60, 6, 400], [1, 2, 3], idle_lag=5) is None  # none idle
 
 
 def test_processes_option_and_cli_overrides_for_children() -> None:
