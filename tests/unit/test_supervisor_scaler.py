@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from conveyor import load_config
-from conveyor.platform.errors import ConfigError
+from conveyor.adapters.memory import MemoryAdapter
+from conveyor.platform.errors import BrokerConnectionError, ConfigError, ConveyorError
+from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.scaledown import ScaleDownPolicy
 from conveyor.workers.supervisor import (
+    ChildGone,
+    ChildProcess,
     Decision,
     LagScaler,
     Supervisor,
@@ -16,6 +22,7 @@ from conveyor.workers.supervisor import (
     env_for_overrides,
     parse_processes,
 )
+from tests.integration.test_telemetry import metric_values
 
 
 def settings(**kw: object) -> SupervisorSettings:
@@ -128,3 +135,72 @@ def test_shrinking_reaches_min_even_when_the_first_removal_took_the_only_idle_on
         if scaler.decide(t, [0] * n, 8) is Decision.DOWN:
             n -= 1
     assert n == 1
+
+
+class FlakyLag(MemoryAdapter):
+    """A broker whose lag reads fail (as after exhausted retries) until ``healthy``."""
+
+    def __init__(self, lag: int) -> None:
+        super().__init__()
+        self.healthy = False
+        self.reads = 0
+        self.value = lag
+
+    async def lag(self, queue: int, group: str) -> int:
+        self.reads += 1
+        if not self.healthy:
+            raise BrokerConnectionError("redis at 127.0.0.1:1 unreachable after 3 attempts")
+        return self.value
+
+
+def supervised_by_hand(telemetry: Telemetry | None = None) -> Supervisor:
+    """A supervisor whose one child is taken as started (no process: inspections only)."""
+    config = load_config(environ={"CONVEYOR_QUEUES__ADAPTER": "redis"})
+    supervisor = Supervisor("x:app", "x", config, settings(), telemetry=telemetry)
+    child = ChildProcess(1)
+    child.alive = True
+    child.queues = set(range(config.queues.total))
+    supervisor.children.append(child)
+    return supervisor
+
+
+async def test_a_failing_lag_read_is_logged_and_retried_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    supervisor = supervised_by_hand()
+    adapter = FlakyLag(lag=7)
+    await supervisor.tick(adapter)  # raised out of run() before
+    await supervisor.tick(adapter)
+    assert supervisor.errors == 2 and supervisor.processes == 1
+    assert "inspection failed" in caplog.text and "unreachable" in caplog.text
+    assert "Traceback" not in caplog.text  # a ConveyorError is a message, not a trace
+    adapter.healthy = True
+    await supervisor.tick(adapter)
+    total = supervisor.config.queues.total
+    assert supervisor.errors == 2 and supervisor.lag == 7 * total
+    await adapter.close()
+
+
+def test_child_gone_is_a_conveyor_error_so_the_cli_prints_a_message() -> None:
+    assert issubclass(ChildGone, ConveyorError)
+
+
+async def test_supervisor_metrics_are_exported() -> None:
+    reader = InMemoryMetricReader()
+    supervisor = supervised_by_hand(Telemetry(meter_provider=MeterProvider(
+        metric_readers=[reader])))
+    adapter = FlakyLag(lag=250)
+    await supervisor.tick(adapter)  # fails: counted as an error
+    adapter.healthy = True
+    await supervisor.tick(adapter)
+    supervisor.scale_ups, supervisor.scale_downs, supervisor.replaced = 3, 2, 1
+    values = metric_values(reader)
+    total = supervisor.config.queues.total
+    assert values["conveyor.supervisor.processes"] == 1
+    assert values["conveyor.supervisor.lag"] == 250 * total
+    assert values["conveyor.supervisor.lag_per_process"] == 250 * total
+    assert values["conveyor.supervisor.scale_ups"] == 3
+    assert values["conveyor.supervisor.scale_downs"] == 2
+    assert values["conveyor.supervisor.replaced"] == 1
+    assert values["conveyor.supervisor.errors"] == 1
+    await adapter.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -13,9 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conveyor import Publish, load_config
+from conveyor import Client, Publish, load_config
+from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import SyncClient
-from tests.conftest import wait_until_sync
+from conveyor.workers.supervisor import ChildGone, Supervisor, SupervisorSettings
+from tests.conftest import wait_until, wait_until_sync
 from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -129,3 +132,49 @@ def test_a_killed_process_is_replaced_and_its_queues_taken_over_without_loss(
     assert len(set(ids)) == n, "a message was lost"
     # At least once: only what the killed process had pulled and not acked comes again.
     assert len(ids) - n <= 64
+
+
+async def test_a_process_dying_while_its_queues_move_leaves_no_queue_unowned(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 8},
+                       balancer={"lease_ttl_s": 1.5})
+    record = tmp_path / "handled.rec"
+    monkeypatch.chdir(REPO)  # the children import tests.apps.recorder
+    config = load_config(cfg)
+    supervisor = Supervisor(
+        "tests.apps.recorder:app", "rec", config, SupervisorSettings.from_config(config, 1, 2),
+        config_path=str(cfg), env={"CONVEYOR_TEST_RECORD": str(record)},
+    )
+    adapter = create_adapter("redis", config)
+    try:
+        await supervisor._spawn()
+        await supervisor._spawn()
+        await supervisor._assign(list(range(8)))
+        survivor, victim = supervisor.children
+        assert len(survivor.queues) == len(victim.queues) == 4
+        assert victim.proc is not None
+        victim.proc.kill()  # dies as the scale-down starts moving its queues
+        with pytest.raises(ChildGone):
+            await asyncio.wait_for(supervisor._scale_down([0, 0]), 10)
+        n = 800
+        async with Client.from_config(config) as client:
+            await client.publish_batch(Publish("items", f"k{i % 50}", {"seq": i})
+                                       for i in range(n))
+
+        async def takeover() -> bool:
+            await supervisor.tick(adapter)
+            return supervisor.processes == 1 and survivor.queues == set(range(8))
+
+        deadline = time.monotonic() + 20
+        while not await takeover():
+            assert time.monotonic() < deadline, "the dead child's queues were not adopted"
+            await asyncio.sleep(0.2)
+        await wait_until(lambda: len(read_records([record])) >= n, 30, what="all handled")
+    finally:
+        await asyncio.gather(*(c.stop(30) for c in supervisor.children))
+        await adapter.close()
+    ids = [row[5] for row in read_records([record])]
+    # Published after the death, so no message was pulled twice: exactly once.
+    assert len(ids) == n and len(set(ids)) == n
+    assert supervisor.replaced == 1
