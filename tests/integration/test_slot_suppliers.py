@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from conveyor import Client
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from conveyor import Client, MessageContext
 from conveyor.adapters.memory import MemoryReceiver
 from conveyor.platform.message import Message
+from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.pauseable import PauseableSlotSupplier
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
+    Item,
     Record,
     config,
     daemon,
@@ -83,3 +88,44 @@ async def test_slot_metrics_show_slots_per_handler_while_busy() -> None:
     await wait_until(lambda: record.handled == 50, 20, what="all handled")
     await d.stop()
     assert d.slot_metrics()["*"] == {"in_use": 0, "issued": 0, "available": 10}
+
+
+def in_use_by_handler(reader: InMemoryMetricReader) -> dict[str, float]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        str(point.attributes["handler"]): point.value  # type: ignore[union-attr,index]
+        for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+        if metric.name == "conveyor.slots.in_use"
+        for point in metric.data.data_points
+    }
+
+
+async def test_slots_in_use_are_exported_per_handler_and_in_total() -> None:
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    adapter = fresh_adapter()
+    first, second = Record(), Record()
+    app = recording_app(first, delay_s=0.05)
+
+    @app.handler("items")
+    async def audit(item: Item, ctx: MessageContext) -> None:  # same messages, slower
+        await asyncio.sleep(0.2)
+        second.calls[ctx.message.id] += 1
+
+    d = daemon(app, adapter, config(slots={"count": 10}, queues={"total": 1}),
+               telemetry=telemetry)
+    await publish_items(Client(adapter, d.mapper), 50, streams=50)
+    await d.start()
+    name, slow = (spec.name for spec in app.handlers)
+    # The fast handler finishes its share of the ten pulled messages; the slow one
+    # still holds all ten.
+    await wait_until(lambda: in_use_by_handler(reader).get(name) == 0
+                     and in_use_by_handler(reader).get(slow) == 10, 5,
+                     what="per-handler gauges to diverge")
+    exported = in_use_by_handler(reader)
+    assert exported["*"] == d.slots.in_use == 10
+    await wait_until(lambda: first.handled == 50 and second.handled == 50, 30,
+                     what="all handled by both")
+    await d.stop()
+    assert in_use_by_handler(reader) == {"*": 0, name: 0, slow: 0}
