@@ -33,6 +33,7 @@ from typing import Any
 
 from conveyor.platform.balancer import BalanceListener, DynamicBalancer, QueueBalancer
 from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.errors import ConveyorError
 from conveyor.platform.leases import LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership
 
@@ -197,7 +198,11 @@ def main(argv: list[str] | None = None) -> None:
         format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    asyncio.run(run_child(app_path, config_path, int(events_fd)))
+    try:
+        asyncio.run(run_child(app_path, config_path, int(events_fd)))
+    except ConveyorError as exc:  # a message for the operator, not a traceback
+        log.error("%s", exc)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -169,7 +169,13 @@ class ChildProcess:
         )
         ready = self._expect("ready", -1)
         self._reader_task = asyncio.create_task(self._read(reader))
-        await ready
+        try:
+            await ready
+        except ChildGone:
+            raise ChildGone(
+                f"process #{self.number} exited before it was ready (its error is logged "
+                "above with its pid)"
+            ) from None
         self.alive = True
 
     def _expect(self, event: str, queue: int) -> asyncio.Future[dict[str, Any]]:

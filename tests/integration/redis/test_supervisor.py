@@ -178,3 +178,18 @@ async def test_a_process_dying_while_its_queues_move_leaves_no_queue_unowned(
     # Published after the death, so no message was pulled twice: exactly once.
     assert len(ids) == n and len(set(ids)) == n
     assert supervisor.replaced == 1
+
+
+def test_a_child_that_cannot_start_ends_the_supervisor_with_a_message(tmp_path: Path) -> None:
+    # Nothing listens on port 1: each child gives up after retry_max_s.
+    cfg = write_config(tmp_path / "c.toml", "redis://127.0.0.1:1/0",
+                       redis={"retry_max_s": 0.5, "connect_timeout_s": 0.2})
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.recorder:app",
+         "--config", str(cfg), "--processes", "1:2"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1
+    assert "process #1 exited before it was ready" in done.stderr
+    assert "redis unreachable" in done.stderr  # the child's reason, logged once
+    assert "Traceback" not in done.stderr, done.stderr
