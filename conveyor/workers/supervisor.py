@@ -348,8 +348,10 @@ class Supervisor:
         Ownership stays true to what the children confirmed, so the next tick replaces
         dead children and hands queues owned by nobody to the living ones."""
         try:
-            await self._replace_dead()
-            await self._adopt_orphans()
+            try:
+                await self._replace_dead()
+            finally:  # a replacement that failed to start must not strand the queues
+                await self._adopt_orphans()
             if self.children:
                 await self.inspect(adapter)
         except asyncio.CancelledError:
