@@ -52,6 +52,7 @@ class Dispatcher:
     def __init__(self) -> None:
         self.pending: deque[_Job] = deque()
         self._ready: deque[asyncio.Future[_Job]] = deque()
+        self.handed_back = 0  # jobs returned by a worker stopped before it started them
 
     def submit(self, job: _Job) -> None:
         while self._ready:
@@ -62,6 +63,7 @@ class Dispatcher:
         self.pending.append(job)
 
     def _hand_back(self, job: _Job) -> None:
+        self.handed_back += 1
         while self._ready:
             worker = self._ready.popleft()
             if not worker.done():

@@ -199,8 +199,9 @@ class WorkerDaemon:
         for name, read in stats_observations(stats).items():
             t.observe(f"conveyor.messages.{name}", "{message}", f"Messages {name}", read,
                       counter=True)
-        t.observe("conveyor.slots.in_use", "{slot}", "Slots carrying a message",
-                  lambda: [(slots.in_use, {})])
+        t.observe("conveyor.slots.in_use", "{slot}",
+                  'Slots carrying a message: handler="*" is the daemon\'s total',
+                  lambda: [(m["in_use"], {"handler": h}) for h, m in self.slot_metrics().items()])
         t.observe("conveyor.slots.available", "{slot}", "Slots that could be issued now",
                   lambda: [(slots.available, {})] if slots.available is not None else [])
         t.observe("conveyor.queues.owned", "{queue}", "Queues this daemon pulls",

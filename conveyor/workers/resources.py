@@ -1,9 +1,13 @@
 """CPU and memory use of this worker, as fractions of the limit it actually runs under.
 
-Inside a container (cgroup v2) the limits are the container's: ``cpu.max`` (quota /
-period, else every host core) and ``memory.max`` (else host RAM); usage is
-``cpu.stat usage_usec`` over wall time and the ``anon`` line of ``memory.stat``.
-Outside one, psutil reads the host.
+Under cgroup v2 the sampler reads this process's own cgroup — the ``0::`` line of
+``/proc/self/cgroup`` under ``/sys/fs/cgroup``, which is the mount's root inside a
+container with its own cgroup namespace and e.g. ``system.slice/app.service`` for a
+systemd unit on a host — and the limits are the tightest on the way from it up to the
+root: ``cpu.max`` (quota / period, else every host core) and ``memory.max`` (else host
+RAM), since a limit set on a parent binds its children too. Usage is ``cpu.stat
+usage_usec`` over wall time and the ``anon`` line of ``memory.stat``. Without cgroup
+v2, psutil reads the host.
 
 Why anonymous memory and not ``memory.current``: ``memory.current`` counts the page
 cache, which the kernel fills with every file the process (or a neighbour in the same
@@ -26,6 +30,23 @@ from typing import Protocol
 import psutil
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+
+
+def own_cgroup(mount: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> Path:
+    """This process's cgroup v2 directory under ``mount``; ``mount`` itself when
+    ``proc_cgroup`` has no v2 (``0::``) line or names a directory not visible here."""
+    try:
+        text = proc_cgroup.read_text()
+    except OSError:
+        return mount
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            candidate = mount / path.strip().lstrip("/")
+            return candidate if candidate.is_dir() else mount
+    return mount
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +82,15 @@ class HostSampler:
 
 
 class CgroupV2Sampler:
-    """This cgroup (v2): CPU against ``cpu.max``, anonymous memory against ``memory.max``."""
+    """A cgroup (v2): CPU against ``cpu.max``, anonymous memory against ``memory.max``.
 
-    def __init__(self, root: Path = CGROUP_ROOT) -> None:
-        self.root = root
+    ``root`` is the cgroup read (by default this process's own, see :func:`own_cgroup`);
+    limits are the tightest of ``root`` and its parents up to ``mount``.
+    """
+
+    def __init__(self, root: Path | None = None, mount: Path = CGROUP_ROOT) -> None:
+        self.root = own_cgroup(mount) if root is None else root
+        self.mount = mount
         self._last_usage_us = self._cpu_usage_us()
         self._last_at = time.monotonic()
         self.cpus = self._cpu_limit()
@@ -81,22 +107,36 @@ class CgroupV2Sampler:
                 return int(value)
         return 0
 
+    def _lineage(self) -> list[Path]:
+        """``root`` and its parents up to ``mount`` (just ``root`` if outside it)."""
+        dirs = [self.root]
+        if self.mount in self.root.parents:
+            for parent in self.root.parents:
+                dirs.append(parent)
+                if parent == self.mount:
+                    break
+        return dirs
+
+    def _limits(self, name: str) -> list[list[str]]:
+        """The set (not ``max``) values of file ``name`` along the lineage, split."""
+        found = []
+        for d in self._lineage():
+            try:
+                parts = (d / name).read_text().split()
+            except OSError:
+                continue
+            if parts and parts[0] != "max":
+                found.append(parts)
+        return found
+
     def _cpu_limit(self) -> float:
-        try:
-            parts = (self.root / "cpu.max").read_text().split()
-        except OSError:
-            parts = []
-        if not parts or parts[0] == "max":
-            return float(os.cpu_count() or 1)
-        return int(parts[0]) / int(parts[1] if len(parts) > 1 else 100_000)
+        quotas = [int(p[0]) / int(p[1] if len(p) > 1 else 100_000)
+                  for p in self._limits("cpu.max")]
+        return min([float(os.cpu_count() or 1), *quotas])
 
     def _memory_limit(self) -> int:
-        try:
-            text = (self.root / "memory.max").read_text().strip()
-        except OSError:
-            text = "max"
         host = int(psutil.virtual_memory().total)
-        return host if text == "max" else min(int(text), host)
+        return min([host, *(int(p[0]) for p in self._limits("memory.max"))])
 
     def _anon_bytes(self) -> int:
         for line in (self.root / "memory.stat").read_text().splitlines():
@@ -116,7 +156,8 @@ class CgroupV2Sampler:
 
 
 def default_sampler() -> ResourceSampler:
-    """The cgroup v2 sampler inside a container, the host one otherwise."""
-    if CgroupV2Sampler.available():
-        return CgroupV2Sampler()
+    """The cgroup v2 sampler of this process's cgroup if there is one, else the host's."""
+    root = own_cgroup()
+    if CgroupV2Sampler.available(root):
+        return CgroupV2Sampler(root)
     return HostSampler()

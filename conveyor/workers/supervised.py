@@ -12,8 +12,10 @@ Wire protocol, one JSON object per line:
   a child never outlives its supervisor.
 * child → supervisor, on the file descriptor given by ``--events-fd`` (not stdout,
   which handler code may print to): ``{"event": "ready"}``, ``{"event": "acquired",
-  "queue": q}``, ``{"event": "released", "queue": q}``, ``{"event": "stopped",
-  "report": "..."}``.
+  "queue": q}``, ``{"event": "released", "queue": q}``, ``{"event": "failed", "op":
+  "acquire"|"release", "queue": q, "error": "..."}`` (the child no longer has the
+  queue assigned: a lease it still holds is given up or lapses, so whoever acquires
+  the queue next waits for it), ``{"event": "stopped", "report": "..."}``.
 
 Run as ``python -m conveyor.workers.supervised APP_PATH CONFIG_PATH EVENTS_FD``.
 """
@@ -21,6 +23,7 @@ Run as ``python -m conveyor.workers.supervised APP_PATH CONFIG_PATH EVENTS_FD``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +33,7 @@ from typing import Any
 
 from conveyor.platform.balancer import BalanceListener, DynamicBalancer, QueueBalancer
 from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.errors import ConveyorError
 from conveyor.platform.leases import LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership
 
@@ -98,10 +102,16 @@ class LeasedSupervisedBalancer(DynamicBalancer):
     async def acquire(self, queue: int) -> None:
         """Returns once the lease is held and the queue is being pulled."""
         self._assigned.add(queue)
-        while queue not in self._held and queue in self._assigned:
-            await self._take(queue)
-            if queue not in self._held:  # a crashed owner's lease has not lapsed yet
-                await self.leases.wait_released(self.rebalance_interval_s)
+        try:
+            while queue not in self._held and queue in self._assigned:
+                await self._take(queue)
+                if queue not in self._held:  # a crashed owner's lease has not lapsed yet
+                    await self.leases.wait_released(self.rebalance_interval_s)
+        except Exception:
+            self._assigned.discard(queue)  # not ours after all: the supervisor re-assigns
+            with contextlib.suppress(Exception):
+                await self._give_up(queue)
+            raise
 
     async def release(self, queue: int) -> None:
         self._assigned.discard(queue)
@@ -143,12 +153,16 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
     moves: set[asyncio.Task[None]] = set()
 
     async def move(op: str, queue: int) -> None:
-        if op == "acquire":
-            await balancer.acquire(queue)
-            emit("acquired", queue=queue)
+        try:
+            if op == "acquire":
+                await balancer.acquire(queue)
+            else:
+                await balancer.release(queue)
+        except Exception as exc:  # the supervisor must hear of it, or it waits forever
+            log.error("could not %s queue %d: %s", op, queue, exc)
+            emit("failed", op=op, queue=queue, error=f"{type(exc).__name__}: {exc}")
         else:
-            await balancer.release(queue)
-            emit("released", queue=queue)
+            emit(f"{op}d", queue=queue)
 
     async def commands() -> None:
         while line := await reader.readline():
@@ -184,7 +198,11 @@ def main(argv: list[str] | None = None) -> None:
         format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    asyncio.run(run_child(app_path, config_path, int(events_fd)))
+    try:
+        asyncio.run(run_child(app_path, config_path, int(events_fd)))
+    except ConveyorError as exc:  # a message for the operator, not a traceback
+        log.error("%s", exc)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -34,14 +34,15 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.balancer import best_fit
 from conveyor.platform.config import Config
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
 log = logging.getLogger("conveyor.supervisor")
@@ -129,6 +130,14 @@ class LagScaler:
         return Decision.DOWN if remove else Decision.HOLD
 
 
+class ChildGone(ConveyorError):
+    """A child process exited while the supervisor was waiting for it."""
+
+
+class ChildCommandFailed(ConveyorError):
+    """A child could not acquire or release a queue (it reported the error)."""
+
+
 class ChildProcess:
     """One supervised daemon process and its control channel."""
 
@@ -139,6 +148,7 @@ class ChildProcess:
         self._waiters: dict[tuple[str, int], asyncio.Future[dict[str, Any]]] = {}
         self._reader_task: asyncio.Task[None] | None = None
         self.alive = False
+        self._exited = False  # its event channel closed: nothing more will come
         self.report = ""
 
     async def start(self, app_path: str, config_path: str, env: Mapping[str, str]) -> None:
@@ -159,21 +169,40 @@ class ChildProcess:
         )
         ready = self._expect("ready", -1)
         self._reader_task = asyncio.create_task(self._read(reader))
-        await ready
+        try:
+            await ready
+        except ChildGone:
+            raise ChildGone(
+                f"process #{self.number} exited before it was ready (its error is logged "
+                "above with its pid)"
+            ) from None
         self.alive = True
 
     def _expect(self, event: str, queue: int) -> asyncio.Future[dict[str, Any]]:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._waiters[(event, queue)] = fut
+        if self._exited:  # asking a dead child would wait forever
+            fut.set_exception(ChildGone(f"process #{self.number} exited"))
+        else:
+            self._waiters[(event, queue)] = fut
         return fut
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while line := await reader.readline():
             event = json.loads(line)
-            fut = self._waiters.pop((event["event"], int(event.get("queue", -1))), None)
+            queue = int(event.get("queue", -1))
+            if event["event"] == "failed":  # {"op": "acquire"|"release", "error": ...}
+                fut = self._waiters.pop((f"{event['op']}d", queue), None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(ChildCommandFailed(
+                        f"process #{self.number} could not {event['op']} queue {queue}: "
+                        f"{event.get('error', '')}"
+                    ))
+                continue
+            fut = self._waiters.pop((event["event"], queue), None)
             if fut is not None and not fut.done():
                 fut.set_result(event)
         self.alive = False  # the child closed its end: it has exited (or crashed)
+        self._exited = True
         for fut in self._waiters.values():
             if not fut.done():
                 fut.set_exception(ChildGone(f"process #{self.number} exited"))
@@ -193,7 +222,11 @@ class ChildProcess:
         """Returns once the child has drained the queue and shut its receiver down."""
         done = self._expect("released", queue)
         self._send({"op": "release", "queue": queue})
-        await done
+        try:
+            await done
+        except ChildCommandFailed:
+            self.queues.discard(queue)  # the child dropped it; it is adopted next tick
+            raise
         self.queues.discard(queue)
 
     async def stop(self, timeout_s: float) -> None:
@@ -219,10 +252,6 @@ class ChildProcess:
         self.alive = False
 
 
-class ChildGone(Exception):
-    """A child process exited while the supervisor was waiting for it."""
-
-
 class Supervisor:
     """Runs ``MIN..MAX`` daemon processes for one app and scales them on lag."""
 
@@ -236,6 +265,7 @@ class Supervisor:
         config_path: str | None = None,
         env: Mapping[str, str] | None = None,
         adapter: QueueAdapter | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if config.queues.adapter == "memory":
             raise ConfigError(
@@ -252,14 +282,36 @@ class Supervisor:
         self.scaler = LagScaler(settings)
         self.children: list[ChildProcess] = []
         self._serial = 0
-        # metrics (the lead exports these)
         self.lag = 0
         self.lag_per_process = 0.0
         self.scale_ups = 0
         self.scale_downs = 0
         self.replaced = 0
+        self.errors = 0
         self._was_busy = False
         self._status_at = 0.0
+        self._register_metrics(telemetry or Telemetry.disabled())
+
+    def _register_metrics(self, t: Telemetry) -> None:
+        gauges = {
+            "processes": ("{process}", "Daemon processes running", lambda: self.processes),
+            "lag": ("{message}", "Messages of the app's queues not yet finished",
+                    lambda: self.lag),
+            "lag_per_process": ("{message}", "Lag divided by the process count",
+                                lambda: self.lag_per_process),
+        }
+        counters = {
+            "scale_ups": ("{process}", "Processes added on lag", lambda: self.scale_ups),
+            "scale_downs": ("{process}", "Idle processes removed", lambda: self.scale_downs),
+            "replaced": ("{process}", "Processes that died and were replaced",
+                         lambda: self.replaced),
+            "errors": ("{inspection}", "Inspections that failed and were retried",
+                       lambda: self.errors),
+        }
+        for counter, table in ((False, gauges), (True, counters)):
+            for name, (unit, description, value) in table.items():
+                t.observe(f"conveyor.supervisor.{name}", unit, description,
+                          _unlabelled(value), counter=counter)
 
     @property
     def processes(self) -> int:
@@ -279,8 +331,7 @@ class Supervisor:
                     await asyncio.wait_for(stop.wait(), self.settings.inspection_period_s)
                 if stop.is_set():
                     break
-                await self._replace_dead()
-                await self.inspect(adapter)
+                await self.tick(adapter)
         finally:
             await asyncio.gather(
                 *(c.stop(self.settings.stop_timeout_s) for c in self.children),
@@ -290,6 +341,26 @@ class Supervisor:
                 log.info("supervisor: process #%d stopped: %s", child.number, child.report)
             if self._adapter is None:
                 await adapter.close()
+
+    async def tick(self, adapter: QueueAdapter) -> None:
+        """One inspection period. A failure is logged and retried next period, never fatal:
+        the broker may be briefly unreachable, a child may die mid-move or fail to start.
+        Ownership stays true to what the children confirmed, so the next tick replaces
+        dead children and hands queues owned by nobody to the living ones."""
+        try:
+            try:
+                await self._replace_dead()
+            finally:  # a replacement that failed to start must not strand the queues
+                await self._adopt_orphans()
+            if self.children:
+                await self.inspect(adapter)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.errors += 1
+            log.error("supervisor: inspection failed, retrying in %.1fs: %s: %s",
+                      self.settings.inspection_period_s, type(exc).__name__, exc,
+                      exc_info=not isinstance(exc, ConveyorError))
 
     async def inspect(self, adapter: QueueAdapter) -> Decision:
         total = self.config.queues.total
@@ -317,18 +388,37 @@ class Supervisor:
     async def _spawn(self) -> ChildProcess:
         self._serial += 1
         child = ChildProcess(self._serial)
-        await child.start(self.app_path, self.config_path, self.env)
+        try:
+            await child.start(self.app_path, self.config_path, self.env)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await child.stop(1.0)  # reap it if it started at all
+            raise
         self.children.append(child)
         return child
 
     async def _assign(self, queues: list[int]) -> None:
-        """Give ``queues`` (owned by nobody) to the children with the fewest queues."""
+        """Give ``queues`` (owned by nobody) to the living children with the fewest queues.
+
+        A child's ``queues`` only ever holds what it confirmed; a queue whose acquire
+        failed stays owned by nobody and is adopted at the next tick."""
+        alive = [c for c in self.children if c.alive]
+        if not alive:
+            return
+        counts = {id(c): len(c.queues) for c in alive}
+        plan = []
         for queue in queues:
-            target = min((c for c in self.children if c.alive), key=lambda c: len(c.queues))
-            target.queues.add(queue)  # counted now so the next pick sees it
-        await asyncio.gather(*(
-            c.acquire(q) for c in self.children for q in list(c.queues) if q in queues
-        ))
+            target = min(alive, key=lambda c: counts[id(c)])
+            counts[id(target)] += 1
+            plan.append(target.acquire(queue))
+        await _all(plan)
+
+    async def _adopt_orphans(self) -> None:
+        owned = {q for c in self.children for q in c.queues}
+        orphans = [q for q in range(self.config.queues.total) if q not in owned]
+        if orphans and any(c.alive for c in self.children):
+            log.warning("supervisor: queue(s) %s owned by nobody; assigning them", orphans)
+            await self._assign(orphans)
 
     async def _move(self, queue: int, src: ChildProcess, dst: ChildProcess) -> None:
         await src.release(queue)  # drained and acknowledged before anyone else pulls it
@@ -344,7 +434,7 @@ class Supervisor:
             for queue in sorted(child.queues):
                 if queue in plan[str(new.number)]:
                     moves.append(self._move(queue, child, new))
-        await asyncio.gather(*moves)
+        await _all(moves)
         log.info(
             "supervisor: scale up to %d process(es): lag %d (%.0f/process > %d); "
             "%d queue(s) moved in %.2fs",
@@ -355,22 +445,24 @@ class Supervisor:
     async def _scale_down(self, lag_by_process: list[int]) -> None:
         if self.processes <= self.settings.min_processes:
             return
-        idle = [
-            (lag, -c.number, c) for lag, c in zip(lag_by_process, self.children, strict=True)
-            if lag <= self.settings.idle_lag_per_process
-        ]
-        if not idle:
+        index = choose_victim(
+            lag_by_process, [c.number for c in self.children],
+            self.settings.idle_lag_per_process,
+        )
+        if index is None:
             return
-        victim = min(idle, key=lambda t: (t[0], t[1]))[2]  # least lag, then the newest
+        victim = self.children[index]
         started = time.monotonic()
-        self.children.remove(victim)
-        others = sorted(self.children, key=lambda c: len(c.queues))
+        others = sorted((c for c in self.children if c is not victim),
+                        key=lambda c: len(c.queues))
         queues = sorted(victim.queues)
-        for i, queue in enumerate(queues):
-            others[i % len(others)].queues.add(queue)
-        await asyncio.gather(*(
+        # The victim stays a child until every queue has moved: if a move fails, what
+        # it still owns is still counted, and a queue released but not acquired
+        # elsewhere is owned by nobody and adopted at the next tick.
+        await _all(
             self._move(q, victim, others[i % len(others)]) for i, q in enumerate(queues)
-        ))
+        )
+        self.children.remove(victim)
         await victim.stop(self.settings.stop_timeout_s)
         self.scale_downs += 1
         log.info(
@@ -381,17 +473,38 @@ class Supervisor:
         )
 
     async def _replace_dead(self) -> None:
-        dead = [c for c in self.children if not c.alive]
-        for child in dead:
+        """Drop dead children and start new ones up to MIN (their queues are orphans now,
+        adopted by :meth:`_adopt_orphans`)."""
+        for child in [c for c in self.children if not c.alive]:
             log.error("supervisor: process #%d died; its queues go to the others", child.number)
             self.children.remove(child)
             await child.stop(1.0)
             self.replaced += 1
-        if dead and self.processes < self.settings.min_processes:
-            for _ in range(self.settings.min_processes - self.processes):
-                await self._spawn()
-        if dead:
-            await self._assign(sorted(q for c in dead for q in c.queues))
+        while self.processes < self.settings.min_processes:
+            await self._spawn()
+
+
+def _unlabelled(value: Callable[[], float]) -> Callable[[], list[tuple[float, dict[str, str]]]]:
+    return lambda: [(value(), {})]
+
+
+async def _all(aws: Iterable[Awaitable[None]]) -> None:
+    """Await all of ``aws`` to the end (none left running behind), then raise the first
+    error: the caller's next step must see every move finished or failed."""
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+def choose_victim(lag_by_process: list[int], numbers: list[int], idle_lag: int) -> int | None:
+    """Index of the process to remove: an idle one, least lag first, then the newest."""
+    idle = [
+        (lag, -number, i)
+        for i, (lag, number) in enumerate(zip(lag_by_process, numbers, strict=True))
+        if lag <= idle_lag
+    ]
+    return min(idle)[2] if idle else None
 
 
 def parse_processes(text: str) -> tuple[int, int]:
@@ -429,10 +542,11 @@ def run_supervisor(
 
     low, high = parse_processes(processes)
     settings = SupervisorSettings.from_config(config, low, high)
+    telemetry = Telemetry.from_config(config.telemetry)
     supervisor = Supervisor(
         app_path, app_name, config, settings,
         config_path=None if config_path is None else str(config_path),
-        env=env_for_overrides(overrides),
+        env=env_for_overrides(overrides), telemetry=telemetry,
     )
 
     async def main() -> None:
@@ -442,4 +556,7 @@ def run_supervisor(
             loop.add_signal_handler(sig, stop.set)
         await supervisor.run(stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        telemetry.shutdown()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 
-from conveyor.workers.cells import Cell, CellJobTimeout, CellRouter, parse_cell_key
+from conveyor.workers.cells import Cell, CellJobTimeout, CellRouter, _Job, parse_cell_key
 from tests.conftest import wait_until
 
 
@@ -35,23 +36,36 @@ async def test_a_job_that_times_out_fails_with_cell_job_timeout() -> None:
     await cell.close()
 
 
-async def test_shrinking_lets_busy_workers_finish_and_drops_no_job() -> None:
+async def test_shrinking_lets_busy_workers_finish_then_stop_and_drops_no_job() -> None:
     cell = Cell("a", 4, None)
     gate = asyncio.Event()
     done: list[int] = []
+    active = peak = 0
 
     async def job(i: int) -> int:
-        await gate.wait()
+        nonlocal active, peak
+        if i < 4:  # the four in flight when the cell shrinks
+            await gate.wait()
+        else:
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.002)  # long enough for other workers to overlap
+            active -= 1
         done.append(i)
         return i
 
-    runs = [asyncio.create_task(cell.submit(lambda i=i: job(i))) for i in range(20)]
+    runs = [asyncio.create_task(cell.submit(partial(job, i))) for i in range(20)]
     await wait_until(lambda: cell.busy == 4, 2, what="four busy workers")
+    trimmed = [w.task for w in cell.workers[1:]]
     cell.resize(1)
     assert cell.size == 1
     gate.set()
     assert sorted(await asyncio.gather(*runs)) == list(range(20))
     assert sorted(done) == list(range(20))
+    # Once the in-flight jobs finished, only the one remaining worker took jobs.
+    assert peak == 1
+    await wait_until(lambda: all(t is not None and t.done() for t in trimmed), 2,
+                     what="trimmed workers stopped")
     await wait_until(lambda: cell.busy == 0, 2, what="idle")
     cell.resize(3)
     assert cell.size == 3
@@ -61,10 +75,18 @@ async def test_shrinking_lets_busy_workers_finish_and_drops_no_job() -> None:
 
 async def test_shrinking_idle_workers_does_not_lose_jobs_handed_to_them() -> None:
     cell = Cell("a", 5, None)
-    await asyncio.sleep(0)  # all five are parked in ready()
-    fut = asyncio.create_task(cell.submit(lambda: asyncio.sleep(0, 42)))
-    cell.resize(1)  # may cancel a worker the job was just handed to
-    assert await asyncio.wait_for(fut, 2) == 42
+    await asyncio.sleep(0)  # all five are parked in ready(), oldest first
+    loop = asyncio.get_running_loop()
+    futs: list[asyncio.Future[object]] = []
+    for i in range(5):  # synchronously: job i is handed to worker i, newest last
+        fut = loop.create_future()
+        cell.dispatcher.submit(_Job(partial(asyncio.sleep, 0, i), fut))
+        futs.append(fut)
+    assert not cell.dispatcher.pending  # every job went to a parked worker
+    cell.resize(1)  # cancels the four newest, each holding a job it has not started
+    assert await asyncio.wait_for(asyncio.gather(*futs), 2) == [0, 1, 2, 3, 4]
+    assert cell.dispatcher.handed_back == 4
+    assert cell.handled == 5 and cell.size == 1
     await cell.close()
 
 

@@ -115,3 +115,31 @@ async def test_the_collector_shrinks_a_real_pool_on_its_own() -> None:
     await asyncio.gather(*runs)
     await wait_until(lambda: pool.size == 0, 5, what="the pool to shrink to zero")
     await pool.close()
+
+
+async def idle_pool(seed: int, workers: int) -> StatelessWorkerPool:
+    pool = StatelessWorkerPool("p", max_workers=workers, rng=random.Random(seed))
+    gate = asyncio.Event()
+    runs = [asyncio.create_task(pool.run(gate.wait)) for _ in range(workers)]
+    await wait_until(lambda: pool.size == workers, 2, what="all workers started")
+    gate.set()
+    await asyncio.gather(*runs)
+    await wait_until(lambda: pool.idle_workers == workers, 2, what="all workers idle")
+    return pool
+
+
+async def test_the_idle_worker_removed_is_chosen_at_random() -> None:
+    removed = []
+    for seed in range(20):
+        pool = await idle_pool(seed, workers=5)
+        before = {w.name for w in pool.workers}
+        assert pool.remove_idle_worker()
+        [gone] = before - {w.name for w in pool.workers}
+        removed.append(gone)
+        await pool.close()
+    # Five candidates each time: a fixed pick (first, last, oldest) would give one name.
+    assert len(set(removed)) >= 3, removed
+    again = await idle_pool(7, workers=5)  # and a seeded pool is reproducible
+    assert again.remove_idle_worker()
+    assert {w.name for w in again.workers} | {removed[7]} == {f"p-{i}" for i in range(1, 6)}
+    await again.close()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conveyor import load_config
@@ -13,6 +15,7 @@ from conveyor.workers.resources import (
     CgroupV2Sampler,
     HostSampler,
     ResourceSample,
+    own_cgroup,
 )
 from conveyor.workers.slots import SlotPermit, SlotReservationContext, supplier_from_config
 
@@ -158,3 +161,45 @@ def test_cgroup_sampler_reads_anon_memory_and_the_cpu_quota(tmp_path: Path) -> N
     sample = sampler.sample()
     assert sample.memory == pytest.approx(0.25)  # the 512 MiB of page cache is ignored
     assert CgroupV2Sampler.available(tmp_path)
+
+
+def fake_cgroup(d: Path, *, cpu_max: str | None = None, memory_max: str | None = None,
+                anon: int = 0, usage_usec: int = 0) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cpu.stat").write_text(f"usage_usec {usage_usec}\n")
+    (d / "memory.stat").write_text(f"anon {anon}\nfile {1 << 29}\n")
+    if cpu_max is not None:
+        (d / "cpu.max").write_text(cpu_max + "\n")
+    if memory_max is not None:
+        (d / "memory.max").write_text(memory_max + "\n")
+    return d
+
+
+def test_the_sampler_finds_this_process_cgroup_from_proc_self_cgroup(tmp_path: Path) -> None:
+    mount = fake_cgroup(tmp_path / "cgroup")
+    unit = fake_cgroup(mount / "system.slice" / "app.service")
+    proc = tmp_path / "cgroup-of-self"
+    proc.write_text("4:memory:/elsewhere\n0::/system.slice/app.service\n")  # hybrid v1+v2
+    assert own_cgroup(mount, proc) == unit
+    proc.write_text("0::/\n")  # a container with its own cgroup namespace
+    assert own_cgroup(mount, proc) == mount
+    proc.write_text("0::/not/visible/here\n")
+    assert own_cgroup(mount, proc) == mount
+    proc.write_text("4:memory:/x\n")  # cgroup v1 only
+    assert own_cgroup(mount, proc) == mount
+    assert own_cgroup(mount, tmp_path / "missing") == mount
+
+
+def test_the_sampler_reads_its_own_cgroup_under_the_tightest_parent_limit(
+    tmp_path: Path,
+) -> None:
+    mount = fake_cgroup(tmp_path / "cgroup", anon=1 << 33)  # the root: everything's memory
+    parent = fake_cgroup(mount / "pod", cpu_max="150000 100000", memory_max=str(1 << 30))
+    own = fake_cgroup(parent / "worker", cpu_max="max", memory_max="max", anon=1 << 28)
+    sampler = CgroupV2Sampler(own, mount=mount)
+    assert sampler.cpus == min(1.5, os.cpu_count() or 1)  # never above the host's cores
+    assert sampler.memory_limit == min(1 << 30, psutil.virtual_memory().total)
+    # anon of this cgroup (256 MiB) against the parent's 1 GiB, not the root's 8 GiB.
+    assert sampler.sample().memory == pytest.approx((1 << 28) / sampler.memory_limit)
+    (own / "cpu.max").write_text("50000 100000\n")  # tighter than the parent's
+    assert CgroupV2Sampler(own, mount=mount).cpus == 0.5

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from conveyor.workers.hosting import scale_down_policy
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
 PERIOD = 0.5
@@ -131,3 +132,12 @@ def test_reset_restarts_the_loop() -> None:
 def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="ScaleDownPolicy"):
         ScaleDownPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_defaults_are_the_reference_tuned_gains_and_a_500_ms_period() -> None:
+    policy = ScaleDownPolicy()
+    assert (policy.kp, policy.ki, policy.kd) == (0.433, 0.468, 0.480)
+    assert policy.inspection_period_s == 0.5
+    pid = ScaleDownController().pid  # what a handler declared scale_down=True gets
+    assert (pid.kp, pid.ki, pid.kd) == (0.433, 0.468, 0.480)
+    assert scale_down_policy(True) == policy and scale_down_policy(False) is None

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from conveyor import load_config
-from conveyor.platform.errors import ConfigError
+from conveyor.adapters.memory import MemoryAdapter
+from conveyor.platform.errors import BrokerConnectionError, ConfigError, ConveyorError
+from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.scaledown import ScaleDownPolicy
 from conveyor.workers.supervisor import (
+    ChildCommandFailed,
+    ChildGone,
+    ChildProcess,
     Decision,
     LagScaler,
     Supervisor,
     SupervisorSettings,
+    choose_victim,
     env_for_overrides,
     parse_processes,
 )
+from tests.integration.test_telemetry import metric_values
 
 
 def settings(**kw: object) -> SupervisorSettings:
@@ -65,13 +76,24 @@ def test_after_the_burst_idle_processes_are_removed_down_to_min_only() -> None:
     assert len(removals) == 2 and removals[1] - removals[0] >= 2
 
 
-def test_a_busy_process_is_not_counted_idle() -> None:
+def test_processes_with_lag_above_the_idle_threshold_are_never_removed() -> None:
     scaler = LagScaler(settings(min_processes=1))
     for t in range(1, 6):
         scaler.decide(t, [400, 400], 8)
-    for t in range(6, 30):  # one process keeps some lag: only the idle one may go
-        d = scaler.decide(t, [60, 0], 8)
-        assert d is not Decision.UP
+    # Both still have some lag (60 > idle 5) but far below the scale-up threshold: the
+    # controller's signal is negative, yet with no idle process nothing may go.
+    for t in range(6, 40):
+        assert scaler.decide(t, [60, 60], 8) is Decision.HOLD
+    # One of them drains: now there is an idle process, and one is removed.
+    decisions = [scaler.decide(t, [60, 0], 8) for t in range(40, 50)]
+    assert Decision.DOWN in decisions and Decision.UP not in decisions
+
+
+def test_the_process_removed_is_an_idle_one_never_a_busy_one() -> None:
+    # (lag, process number) per child; idle threshold 5.
+    assert choose_victim([60, 0, 3], [1, 2, 3], idle_lag=5) == 1  # least lag
+    assert choose_victim([0, 60, 0], [1, 2, 3], idle_lag=5) == 2  # tie: the newest
+    assert choose_victim([60, 6, 400], [1, 2, 3], idle_lag=5) is None  # none idle
 
 
 def test_processes_option_and_cli_overrides_for_children() -> None:
@@ -116,3 +138,90 @@ def test_shrinking_reaches_min_even_when_the_first_removal_took_the_only_idle_on
         if scaler.decide(t, [0] * n, 8) is Decision.DOWN:
             n -= 1
     assert n == 1
+
+
+class FlakyLag(MemoryAdapter):
+    """A broker whose lag reads fail (as after exhausted retries) until ``healthy``."""
+
+    def __init__(self, lag: int) -> None:
+        super().__init__()
+        self.healthy = False
+        self.reads = 0
+        self.value = lag
+
+    async def lag(self, queue: int, group: str) -> int:
+        self.reads += 1
+        if not self.healthy:
+            raise BrokerConnectionError("redis at 127.0.0.1:1 unreachable after 3 attempts")
+        return self.value
+
+
+def supervised_by_hand(telemetry: Telemetry | None = None) -> Supervisor:
+    """A supervisor whose one child is taken as started (no process: inspections only)."""
+    config = load_config(environ={"CONVEYOR_QUEUES__ADAPTER": "redis"})
+    supervisor = Supervisor("x:app", "x", config, settings(), telemetry=telemetry)
+    child = ChildProcess(1)
+    child.alive = True
+    child.queues = set(range(config.queues.total))
+    supervisor.children.append(child)
+    return supervisor
+
+
+async def test_a_failing_lag_read_is_logged_and_retried_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    supervisor = supervised_by_hand()
+    adapter = FlakyLag(lag=7)
+    await supervisor.tick(adapter)  # raised out of run() before
+    await supervisor.tick(adapter)
+    assert supervisor.errors == 2 and supervisor.processes == 1
+    assert "inspection failed" in caplog.text and "unreachable" in caplog.text
+    assert "Traceback" not in caplog.text  # a ConveyorError is a message, not a trace
+    adapter.healthy = True
+    await supervisor.tick(adapter)
+    total = supervisor.config.queues.total
+    assert supervisor.errors == 2 and supervisor.lag == 7 * total
+    await adapter.close()
+
+
+def test_child_gone_is_a_conveyor_error_so_the_cli_prints_a_message() -> None:
+    assert issubclass(ChildGone, ConveyorError)
+
+
+async def test_supervisor_metrics_are_exported() -> None:
+    reader = InMemoryMetricReader()
+    supervisor = supervised_by_hand(Telemetry(meter_provider=MeterProvider(
+        metric_readers=[reader])))
+    adapter = FlakyLag(lag=250)
+    await supervisor.tick(adapter)  # fails: counted as an error
+    adapter.healthy = True
+    await supervisor.tick(adapter)
+    supervisor.scale_ups, supervisor.scale_downs, supervisor.replaced = 3, 2, 1
+    values = metric_values(reader)
+    total = supervisor.config.queues.total
+    assert values["conveyor.supervisor.processes"] == 1
+    assert values["conveyor.supervisor.lag"] == 250 * total
+    assert values["conveyor.supervisor.lag_per_process"] == 250 * total
+    assert values["conveyor.supervisor.scale_ups"] == 3
+    assert values["conveyor.supervisor.scale_downs"] == 2
+    assert values["conveyor.supervisor.replaced"] == 1
+    assert values["conveyor.supervisor.errors"] == 1
+    await adapter.close()
+
+
+async def test_a_child_reporting_a_failed_move_fails_the_wait_instead_of_hanging() -> None:
+    child = ChildProcess(4)
+    acquired = child._expect("acquired", 3)
+    released = child._expect("released", 5)
+    reader = asyncio.StreamReader()
+    reader.feed_data(b'{"event": "failed", "op": "acquire", "queue": 3, '
+                     b'"error": "BrokerConnectionError: redis unreachable"}\n')
+    reader.feed_data(b'{"event": "released", "queue": 5}\n')
+    reader.feed_eof()
+    await child._read(reader)
+    with pytest.raises(ChildCommandFailed, match="#4 could not acquire queue 3: Broker"):
+        await acquired
+    assert (await released)["queue"] == 5
+    late = child._expect("released", 6)  # the channel is closed: fails at once
+    with pytest.raises(ChildGone):
+        await asyncio.wait_for(late, 1)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conveyor import Publish, load_config
+from conveyor import Client, Publish, load_config
+from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import SyncClient
-from tests.conftest import wait_until_sync
+from conveyor.workers.supervisor import ChildGone, ChildProcess, Supervisor, SupervisorSettings
+from tests.conftest import wait_until, wait_until_sync
 from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -129,3 +133,91 @@ def test_a_killed_process_is_replaced_and_its_queues_taken_over_without_loss(
     assert len(set(ids)) == n, "a message was lost"
     # At least once: only what the killed process had pulled and not acked comes again.
     assert len(ids) - n <= 64
+
+
+async def survivor_takes_over(
+    redis_server: RedisServer, tmp_path: Path, min_processes: int,
+    fault: Callable[[Supervisor, ChildProcess], Awaitable[None]],
+) -> Supervisor:
+    """Two real children with four queues each; ``fault`` kills the second. Then 800
+    messages are published and the supervisor ticks until the first owns all 8
+    queues; every message must be handled exactly once (none was pulled before)."""
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 8},
+                       balancer={"lease_ttl_s": 1.5})
+    record = tmp_path / "handled.rec"
+    config = load_config(cfg)
+    supervisor = Supervisor(
+        "tests.apps.recorder:app", "rec", config,
+        SupervisorSettings.from_config(config, min_processes, 2),
+        config_path=str(cfg), env={"CONVEYOR_TEST_RECORD": str(record)},
+    )
+    adapter = create_adapter("redis", config)
+    n = 800
+    try:
+        await supervisor._spawn()
+        await supervisor._spawn()
+        await supervisor._assign(list(range(8)))
+        survivor, victim = supervisor.children
+        assert len(survivor.queues) == len(victim.queues) == 4
+        await fault(supervisor, victim)
+        async with Client.from_config(config) as client:
+            await client.publish_batch(Publish("items", f"k{i % 50}", {"seq": i})
+                                       for i in range(n))
+        deadline = time.monotonic() + 20
+        while True:
+            await supervisor.tick(adapter)
+            if supervisor.children == [survivor] and survivor.queues == set(range(8)):
+                break
+            assert time.monotonic() < deadline, "the dead child's queues were not adopted"
+            await asyncio.sleep(0.2)
+        await wait_until(lambda: len(read_records([record])) >= n, 30, what="all handled")
+    finally:
+        await asyncio.gather(*(c.stop(30) for c in supervisor.children))
+        await adapter.close()
+    ids = [row[5] for row in read_records([record])]
+    assert len(ids) == n and len(set(ids)) == n, "lost or duplicated"
+    assert supervisor.replaced == 1
+    return supervisor
+
+
+async def test_a_process_dying_while_its_queues_move_leaves_no_queue_unowned(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)  # the children import tests.apps.recorder
+
+    async def die_during_scale_down(supervisor: Supervisor, victim: ChildProcess) -> None:
+        assert victim.proc is not None
+        victim.proc.kill()  # dies as the scale-down starts moving its queues
+        with pytest.raises(ChildGone):
+            await asyncio.wait_for(supervisor._scale_down([0, 0]), 10)
+
+    await survivor_takes_over(redis_server, tmp_path, 1, die_during_scale_down)
+
+
+async def test_a_replacement_that_fails_to_start_does_not_strand_the_dead_ones_queues(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+
+    async def die_and_break_spawning(supervisor: Supervisor, victim: ChildProcess) -> None:
+        assert victim.proc is not None
+        victim.proc.kill()
+        supervisor.app_path = "tests.apps.no_such_module:app"  # replacements cannot start
+
+    supervisor = await survivor_takes_over(redis_server, tmp_path, 2, die_and_break_spawning)
+    assert supervisor.errors >= 1  # each failed replacement was logged and retried
+
+
+def test_a_child_that_cannot_start_ends_the_supervisor_with_a_message(tmp_path: Path) -> None:
+    # Nothing listens on port 1: each child gives up after retry_max_s.
+    cfg = write_config(tmp_path / "c.toml", "redis://127.0.0.1:1/0",
+                       redis={"retry_max_s": 0.5, "connect_timeout_s": 0.2})
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.recorder:app",
+         "--config", str(cfg), "--processes", "1:2"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1
+    assert "process #1 exited before it was ready" in done.stderr
+    assert "redis unreachable" in done.stderr  # the child's reason, logged once
+    assert "Traceback" not in done.stderr, done.stderr
