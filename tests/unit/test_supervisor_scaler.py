@@ -158,7 +158,8 @@ class FlakyLag(MemoryAdapter):
 
 def supervised_by_hand(telemetry: Telemetry | None = None) -> Supervisor:
     """A supervisor whose one child is taken as started (no process: inspections only)."""
-    config = load_config(environ={"CONVEYOR_QUEUES__ADAPTER": "redis"})
+    config = load_config(environ={"CONVEYOR_QUEUES__ADAPTER": "redis",
+                                  "CONVEYOR_BALANCER__MEMBERSHIP": "redis"})
     supervisor = Supervisor("x:app", "x", config, settings(), telemetry=telemetry)
     child = ChildProcess(1)
     child.alive = True
