@@ -17,11 +17,11 @@ def runner() -> CliRunner:
 
 
 def test_sim_json_has_exactly_the_documented_shape(runner: CliRunner) -> None:
-    res = runner.invoke(sim, ["--pattern", "spike", "--seed", "1", "--json"])
+    res = runner.invoke(sim, ["--pattern", "ramp", "--seed", "1", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert set(doc) == {"pattern", "static", "dynamic"}
-    assert doc["pattern"] == "spike"
+    assert doc["pattern"] == "ramp"
     for run in ("static", "dynamic"):
         assert set(doc[run]) == {"avg_workers", "avg_queue_length"}
         assert all(isinstance(v, float) for v in doc[run].values())

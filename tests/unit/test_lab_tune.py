@@ -21,6 +21,7 @@ def trace(workers: list[int], idle: list[int], created: list[int], queue: list[i
         avg_waiting=np.zeros(n),
         idle=np.array(idle),
         created=np.array(created),
+        busy=np.zeros(n),
         arrived=0,
         completed=0,
         in_pool=0,
