@@ -188,7 +188,7 @@ def placement_command(
     if plot is not None:
         from conveyor.lab.plots import plot_placement
 
-        plot_placement(stats, balls_per_bin, plot)
+        plot_placement(stats, balls_per_bin, plot, trials)
     if as_json:
         click.echo(
             json.dumps(

@@ -158,3 +158,22 @@ def test_a_daemon_publishes_cdm_kf_filtered_cpu_so_a_short_stall_is_damped(
     for s in published:
         assert s["memory_total_bytes"] == float(memory.total)
         assert 0.0 < s["memory_available_bytes"] <= s["memory_total_bytes"]
+
+
+def test_the_placement_simulation_chooses_with_the_placers_own_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import conveyor.lab.placement_sim as placement_sim
+    import conveyor.platform.placement as placement
+
+    assert placement_sim.pick_lowest is placement.pick_lowest
+    calls: list[int] = []
+
+    def spy(scores: list[int], k: int, rng: random.Random) -> int:
+        calls.append(k)
+        return placement.pick_lowest(scores, k, rng)
+
+    monkeypatch.setattr(placement_sim, "pick_lowest", spy)
+    loads = place(100, 1000, choices_for(100), np.random.default_rng(0), refresh_every=1)
+    assert calls == [10] * 1000
+    assert sum(loads) == 1000
