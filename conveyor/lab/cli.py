@@ -188,7 +188,7 @@ def placement_command(
     if plot is not None:
         from conveyor.lab.plots import plot_placement
 
-        plot_placement(stats, balls_per_bin, plot)
+        plot_placement(stats, balls_per_bin, plot, trials)
     if as_json:
         click.echo(
             json.dumps(
@@ -237,103 +237,177 @@ def tune(population: int, generations: int, mutation: float, seed: int, as_json:
     """Tune the scale-down PID gains with a genetic algorithm on simulated load.
 
     Trains on six arrival patterns (constant, periodic, ramp, spike, burst, chaotic);
-    Poisson is held out. Prints the best Kp/Ki/Kd and how they and the shipped
-    defaults do on every pattern.
+    Poisson is held out. Runs one GA on the mean fitness over the six, and the
+    reference's method (one GA per pattern, winners averaged). Reports the plateau of
+    equally good gains, and how the tuned, the averaged and the shipped default gains
+    do on every pattern.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from conveyor.lab.sim import SimConfig
-    from conveyor.lab.tune import Evaluator, Generation
+    from conveyor.lab.tune import Evaluator, average_gains, tune_per_pattern
     from conveyor.lab.tune import tune as run_tune
     from conveyor.workers.scaledown import ScaleDownPolicy
 
     config = SimConfig()
+    ga: dict[str, Any] = {
+        "population": population,
+        "generations": generations,
+        "mutation": mutation,
+        "seed": seed,
+        "config": config,
+    }
     started = time.perf_counter()
-    progress = Progress(
-        TextColumn("tuning"),
-        BarColumn(),
-        TextColumn("gen {task.completed}/{task.total}"),
-        TextColumn("best {task.fields[best]:.4f}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=as_json,
-    )
-    with progress:
-        task = progress.add_task("tune", total=generations + 1, best=float("nan"))
-
-        def on_generation(gen: Generation) -> None:
-            progress.update(task, completed=gen.index + 1, best=gen.best_fitness)
-
-        result = run_tune(
-            population=population,
-            generations=generations,
-            mutation=mutation,
-            seed=seed,
-            config=config,
-            on_generation=on_generation,
-        )
+    with _TuneProgress(generations + 1, 1 + len(TRAINING_PATTERNS), transient=as_json) as bar:
+        joint = run_tune(on_generation=bar.joint, **ga)
+        per_pattern = tune_per_pattern(on_generation=bar.per_pattern, **ga)
     elapsed = time.perf_counter() - started
     defaults = ScaleDownPolicy()
-    default_gains = (defaults.kp, defaults.ki, defaults.kd)
-    table = _gain_table(Evaluator(PATTERNS, config, seed), result.best_gains, default_gains)
+    gains = {
+        "tuned": joint.best_gains,
+        "averaged": average_gains(per_pattern),
+        "default": (defaults.kp, defaults.ki, defaults.kd),
+    }
+    table = _gain_table(Evaluator(PATTERNS, config, seed), gains)
+    doc = {
+        "best": _gains_doc(joint.best_gains),
+        "fitness": joint.best_fitness,
+        "plateau": _plateau_doc(joint.plateau),
+        "per_pattern": {
+            name: {"best": _gains_doc(r.best_gains), "fitness": r.best_fitness}
+            | {"plateau": _plateau_doc(r.plateau)}
+            for name, r in per_pattern.items()
+        },
+        "averaged": _gains_doc(gains["averaged"]),
+        "defaults": _gains_doc(gains["default"]),
+        "population": population,
+        "generations": generations,
+        "mutation": mutation,
+        "seed": seed,
+        "evaluations": joint.evaluations + sum(r.evaluations for r in per_pattern.values()),
+        "elapsed_s": elapsed,
+        "training_patterns": list(TRAINING_PATTERNS),
+        "history": [
+            {"generation": g.index, "best": g.best_fitness, "mean": g.mean_fitness}
+            for g in joint.history
+        ],
+        "patterns": table,
+    }
     if as_json:
-        doc = {
-            "best": dict(zip(("kp", "ki", "kd"), result.best_gains, strict=True)),
-            "fitness": result.best_fitness,
-            "defaults": dict(zip(("kp", "ki", "kd"), default_gains, strict=True)),
-            "population": population,
-            "generations": generations,
-            "mutation": mutation,
-            "seed": seed,
-            "evaluations": result.evaluations,
-            "elapsed_s": elapsed,
-            "training_patterns": list(TRAINING_PATTERNS),
-            "history": [
-                {"generation": g.index, "best": g.best_fitness, "mean": g.mean_fitness}
-                for g in result.history
-            ],
-            "patterns": table,
-        }
         click.echo(json.dumps(doc))
-        return
-    kp, ki, kd = result.best_gains
-    click.echo(
-        f"best gains: Kp={kp:.3f} Ki={ki:.3f} Kd={kd:.3f}  fitness={result.best_fitness:.4f}"
-    )
-    click.echo(
-        f"shipped defaults: Kp={defaults.kp} Ki={defaults.ki} Kd={defaults.kd}; "
-        f"{result.evaluations} simulated runs in {elapsed:.1f} s"
-    )
-    click.echo(
-        f"{'pattern':9} {'fitness':>17} {'avg workers (dynamic)':>23} {'avg queue (dynamic)':>21}"
-        f" {'static W':>9}"
-    )
-    click.echo(
-        f"{'':9} {'tuned':>8} {'default':>8} {'tuned':>11} {'default':>11} "
-        f"{'tuned':>10} {'default':>10}"
-    )
-    for name, row in table.items():
-        held = "*" if name not in TRAINING_PATTERNS else " "
+    else:
+        _echo_tune_report(doc)
+
+
+class _TuneProgress:
+    """One progress bar over all GAs of a tuning run, on stderr."""
+
+    def __init__(self, generations: int, runs: int, transient: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("tuning {task.fields[run]}"),
+            BarColumn(),
+            TextColumn("gen {task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=transient,
+        )
+        self._generations = generations
+        self._task = self._progress.add_task("tune", total=generations * runs, run="")
+        self._done_runs = 0
+        self._current = ""
+
+    def __enter__(self) -> _TuneProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.__exit__(None, None, None)
+
+    def _advance(self, run: str, index: int) -> None:
+        if run != self._current:
+            if self._current:
+                self._done_runs += 1
+            self._current = run
+        done = self._done_runs * self._generations + index + 1
+        self._progress.update(self._task, completed=done, run=run)
+
+    def joint(self, gen: Any) -> None:
+        self._advance("all six patterns", gen.index)
+
+    def per_pattern(self, name: str, gen: Any) -> None:
+        self._advance(name, gen.index)
+
+
+def _gains_doc(gains: tuple[float, float, float]) -> dict[str, float]:
+    return dict(zip(("kp", "ki", "kd"), gains, strict=True))
+
+
+def _plateau_doc(plateau: Any) -> dict[str, Any]:
+    return {
+        "count": plateau.count,
+        "centroid": _gains_doc(plateau.centroid),
+        "low": _gains_doc(plateau.low),
+        "high": _gains_doc(plateau.high),
+    }
+
+
+def _fmt_gains(g: dict[str, float]) -> str:
+    return f"Kp={g['kp']:.3f} Ki={g['ki']:.3f} Kd={g['kd']:.3f}"
+
+
+def _fmt_extent(p: dict[str, Any]) -> str:
+    lo, hi = p["low"], p["high"]
+    return ", ".join(f"{k} {lo[k]:.3f}-{hi[k]:.3f}" for k in ("kp", "ki", "kd"))
+
+
+def _echo_tune_report(doc: dict[str, Any]) -> None:
+    plateau = doc["plateau"]
+    click.echo(f"one GA on the mean over {', '.join(doc['training_patterns'])}:")
+    click.echo(f"  best fitness {doc['fitness']:.4f}, reached by {plateau['count']} distinct")
+    click.echo(f"  gain sets (plateau: {_fmt_extent(plateau)})")
+    click.echo(f"  tuned = plateau member nearest its centroid: {_fmt_gains(doc['best'])}")
+    click.echo("one GA per pattern (the reference's method): winner, fitness, plateau size")
+    for name, r in doc["per_pattern"].items():
         click.echo(
-            f"{name + held:9} {row['tuned']['fitness']:8.3f} {row['default']['fitness']:8.3f} "
-            f"{row['tuned']['avg_workers']:11.2f} {row['default']['avg_workers']:11.2f} "
-            f"{row['tuned']['avg_queue_length']:10.3f} {row['default']['avg_queue_length']:10.3f}"
-            f" {row['static']['avg_workers']:9.2f}"
+            f"  {name:9} {_fmt_gains(r['best'])}  {r['fitness']:8.3f}  {r['plateau']['count']:4}"
+        )
+    click.echo(f"  averaged: {_fmt_gains(doc['averaged'])}")
+    click.echo(
+        f"shipped defaults: {_fmt_gains(doc['defaults'])}; "
+        f"{doc['evaluations']} simulated runs in {doc['elapsed_s']:.1f} s"
+    )
+    labels = ("tuned", "averaged", "default")
+    click.echo(
+        f"{'pattern':9} {'fitness':>26} {'avg workers':>37} {'avg queue':>26}\n"
+        f"{'':9}"
+        + "".join(f" {x[:8]:>8}" for x in labels)
+        + "".join(f" {x[:8]:>8}" for x in (*labels, "static"))
+        + "".join(f" {x[:8]:>8}" for x in labels)
+    )
+    for name, row in doc["patterns"].items():
+        held = "*" if name not in doc["training_patterns"] else " "
+        click.echo(
+            f"{name + held:9}"
+            + "".join(f" {row[x]['fitness']:8.3f}" for x in labels)
+            + "".join(f" {row[x]['avg_workers']:8.2f}" for x in (*labels, "static"))
+            + "".join(f" {row[x]['avg_queue_length']:8.3f}" for x in labels)
         )
     click.echo("* held out of training")
 
 
 def _gain_table(
-    evaluator: Any, tuned: tuple[float, float, float], default: tuple[float, float, float]
+    evaluator: Any, gains: dict[str, tuple[float, float, float]]
 ) -> dict[str, dict[str, dict[str, float]]]:
+    """Fitness, avg workers and avg queue of each named gain set, and of the static
+    pool, on every pattern of ``evaluator``."""
     from conveyor.lab.sim import simulate
     from conveyor.lab.tune import fitness
 
     out: dict[str, dict[str, dict[str, float]]] = {}
     for name in evaluator.patterns:
         arrivals = evaluator.arrivals[name]
-        t_tuned, t_default = simulate(arrivals, evaluator.config, [tuned, default], evaluator.seed)
+        traces = simulate(arrivals, evaluator.config, list(gains.values()), evaluator.seed)
         (t_static,) = simulate(arrivals, evaluator.config, None, evaluator.seed)
         out[name] = {
             label: {
@@ -341,6 +415,6 @@ def _gain_table(
                 "avg_workers": trace.avg_workers,
                 "avg_queue_length": trace.avg_queue_length,
             }
-            for label, trace in (("tuned", t_tuned), ("default", t_default), ("static", t_static))
+            for label, trace in (*zip(gains, traces, strict=True), ("static", t_static))
         }
     return out

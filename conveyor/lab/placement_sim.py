@@ -12,8 +12,9 @@ a time on ``n`` bins (daemons) and report the final *maximum load* and *spread*
 Each strategy runs twice: with *fresh* statistics (the chooser sees current loads) and
 with *stale* ones (it sees a snapshot refreshed every ``n`` placements, as a placer
 that samples statistics periodically would, while all other placers add work in
-between). Ties go to a random candidate among the sampled ones (candidates are drawn
-in random order, and the first lowest wins).
+between). K = 2 and K = ceil(sqrt n) choose with ``pick_lowest``, the placer's own
+function: candidates are sampled in random order and the first lowest wins, so ties
+go to a random candidate. JSQ breaks ties at random too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conveyor.platform.placement import choices_for
+from conveyor.platform.placement import choices_for, pick_lowest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,23 +47,45 @@ def _k(strategy: str, n: int) -> int:
 
 def place(n: int, balls: int, k: int, rng: np.random.Generator, refresh_every: int) -> list[int]:
     """Final loads after placing ``balls`` with best-of-``k``; snapshot every
-    ``refresh_every`` placements (1 = always fresh)."""
+    ``refresh_every`` placements (1 = always fresh).
+
+    Best-of-``k`` for ``1 < k < n`` is :func:`conveyor.platform.placement.pick_lowest`,
+    the very function :class:`~conveyor.platform.placement.ResourcePlacer` chooses with,
+    so the simulation measures the production chooser. Two cases are not choices the
+    placer makes for ``n >= 3`` and stay vectorised: ``k = 1`` (random) and ``k >= n``
+    (join the shortest queue, ties to a random one of the shortest).
+    """
+    import random
+
+    import numpy as np
+
+    if k == 1:
+        picks = rng.integers(n, size=balls)
+        return np.bincount(picks, minlength=n).tolist()  # type: ignore[no-any-return]
+    if k >= n:
+        return _join_shortest_queue(n, balls, rng, refresh_every)
+    chooser = random.Random(int(rng.integers(2**63)))
+    loads = [0] * n
+    view = loads
+    for ball in range(balls):
+        if refresh_every > 1 and ball % refresh_every == 0:
+            view = list(loads)  # the snapshot the chooser sees until the next refresh
+        loads[pick_lowest(view, k, chooser)] += 1
+    return loads
+
+
+def _join_shortest_queue(
+    n: int, balls: int, rng: np.random.Generator, refresh_every: int
+) -> list[int]:
     import numpy as np
 
     loads = np.zeros(n, dtype=np.int64)
     view = loads.copy()
-    if k == 1:
-        picks = rng.integers(n, size=balls)
-        return np.bincount(picks, minlength=n).tolist()  # type: ignore[no-any-return]
     for ball in range(balls):
         if ball % refresh_every == 0:
             view[:] = loads
-        if k >= n:
-            order = rng.permutation(n)
-            i = int(order[np.argmin(view[order])])
-        else:
-            cand = rng.choice(n, size=k, replace=False)
-            i = int(cand[np.argmin(view[cand])])
+        order = rng.permutation(n)
+        i = int(order[np.argmin(view[order])])
         loads[i] += 1
         if refresh_every == 1:
             view[i] += 1

@@ -95,7 +95,9 @@ def plot_filter(
     plt.close(fig)
 
 
-def plot_placement(stats: Sequence[PlacementStats], balls_per_bin: int, out: Path) -> None:
+def plot_placement(
+    stats: Sequence[PlacementStats], balls_per_bin: int, out: Path, trials: int
+) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharex=True)
     colours = {"random": "tab:gray", "k2": "tab:blue", "ksqrt": "tab:red", "jsq": "tab:green"}
@@ -119,10 +121,11 @@ def plot_placement(stats: Sequence[PlacementStats], balls_per_bin: int, out: Pat
         ax.set_yscale("symlog", linthresh=1.0)
         ax.set_xlabel("daemons n")
         ax.set_ylabel(f"{name}, balls")
-        ax.set_title(f"{name}, {balls_per_bin}·n balls (mean load {balls_per_bin})")
+        ax.set_title(f"{name}, {balls_per_bin}·n balls (mean load {balls_per_bin})", fontsize=10)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"power-of-K placement, mean of {trials} trials per point")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)

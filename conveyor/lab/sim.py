@@ -1,25 +1,33 @@
 """Discrete-time simulation of a stateless-worker pool, static vs PID scale-down.
 
-Model (one step = ``step_s``, 0.1 s by default; all arrivals inside a step are handed
-out at its start):
+Model. Time is continuous between the samples, which are taken every ``step_s`` (0.1 s
+by default): every message is handed out at its own arrival time, and a worker is free
+again the moment its last message finishes, so it can take a message that arrives
+later in the same step. A message therefore occupies a worker for exactly its service
+time (mean ``service_s``), not for a whole number of steps.
 
 * **Scale-up rules** (both runs): each arriving message goes to an idle worker if
   there is one (lowest index first); else a new worker is created, up to
   ``max_workers``; else it queues on the worker with the fewest waiting messages.
-* **Workers** process their own FIFO queue one message at a time. A message takes
-  ``service_s x (1 + jitter x (U - 0.5))`` (0.05-0.15 s by default). The draws come
+  Messages with the same arrival time are handed out together, in that order.
+* **Workers** process their own FIFO queue one message at a time; the next message
+  starts the instant the previous one finishes. A message takes
+  ``service_s x (1 + jitter x (U - 0.5))`` (±25 %, 0.075-0.125 s, by default). The draws come
   from a table indexed by (worker slot, how many messages that slot has started), so
   two runs that make the same decisions see the same service times: static and
   dynamic, or two GA candidates, differ only by what the controller did.
-* **Scale-down** (dynamic run only): every ``inspection_period_s`` the pool feeds the
+* **Scale-down** (dynamic run only): every ``inspection_period_s``, at the start of a
+  step and before that step's arrivals, the pool feeds the
   :class:`~conveyor.workers.scaledown.ScaleDownController` — the same object the real
   pool uses — with the average waiting count and the idle count, and removes the
   highest-numbered idle worker when told to.
 
-Measured every step, after processing: worker count; *waiting count* per worker =
+Measured at the end of every step: worker count; *waiting count* per worker =
 messages assigned to it and not finished (the one in service included; the signal
 the controller sees); *queue length* = messages accepted by the pool and not yet
-started (waiting behind another message); arrivals per second.
+started (waiting behind another message); arrivals per second. *Busy workers* is the
+exact time average over the step of the number of workers with a message (so by
+Little's law its mean is the arrival rate x the mean service time).
 
 The loop is vectorised over a *batch* of independent pools (NumPy arrays of shape
 ``(batch, max_workers)``), so a GA generation simulates its whole population in one
@@ -87,6 +95,8 @@ class SimTrace:
     idle: Ints
     created: Ints
     """Workers created in each step (scale-up events)."""
+    busy: Floats
+    """Time-average number of busy workers (holding a message) over each step."""
     arrived: int
     completed: int
     in_pool: int
@@ -99,6 +109,10 @@ class SimTrace:
     @property
     def avg_queue_length(self) -> float:
         return float(self.queue_length.mean())
+
+    @property
+    def avg_busy(self) -> float:
+        return float(self.busy.mean())
 
     @property
     def avg_avg_waiting(self) -> float:
@@ -146,19 +160,36 @@ def simulate(
     )
     pool = _Pool(batch, config, np.random.default_rng([seed, 0x5E7]))
     steps = config.steps
+    step_s = config.step_s
+    # distinct arrival times, each with its count, and where every step's ones start
+    times = np.sort(np.asarray(arrivals, dtype=np.float64))
+    step_of = np.floor(times / step_s + _EPS).astype(np.int64)
+    keep = (step_of >= 0) & (step_of < steps)
+    times, step_of = times[keep], step_of[keep]
+    at, first, howmany = np.unique(times, return_index=True, return_counts=True)
+    step_of = step_of[first]
+    bounds = np.searchsorted(step_of, np.arange(steps + 1)).tolist()
+    at_list, howmany_list = at.tolist(), howmany.tolist()
     workers = np.zeros((batch, steps), dtype=np.int64)
     queue = np.zeros((batch, steps), dtype=np.int64)
     waiting = np.zeros((batch, steps), dtype=np.float64)
     idle = np.zeros((batch, steps), dtype=np.int64)
     created = np.zeros((batch, steps), dtype=np.int64)
+    busy = np.zeros((batch, steps), dtype=np.float64)
     every = config.inspection_every
     for i in range(steps):
-        k = int(counts[i])
-        if k:
-            created[:, i] = pool.assign(k)
+        start = i * step_s
         if controllers is not None and i > 0 and i % every == 0:
-            pool.inspect(controllers, i * config.step_s)
-        pool.advance()
+            pool.inspect(controllers, round(start, 9))
+        offset = 0.0  # seconds into this step that the pool has been advanced to
+        for j in range(bounds[i], bounds[i + 1]):
+            t = max(at_list[j] - start, 0.0)
+            if t > offset:
+                pool.advance(t - offset)
+                offset = t
+            created[:, i] += pool.assign(howmany_list[j])
+        pool.advance(step_s - offset)
+        busy[:, i] = pool.take_busy_s() / step_s
         workers[:, i], queue[:, i], waiting[:, i], idle[:, i] = pool.observe()
     time_s = ((np.arange(steps) + 1) * config.step_s).astype(np.float64)
     rate = counts / config.step_s
@@ -173,6 +204,7 @@ def simulate(
             avg_waiting=waiting[b],
             idle=idle[b],
             created=created[b],
+            busy=busy[b],
             arrived=arrived,
             completed=int(pool.completed[b]),
             in_pool=int(in_pool[b]),
@@ -194,6 +226,7 @@ class _Pool:
         self.remaining = np.zeros((batch, m), dtype=np.float64)  # of the one in service
         self.started = np.zeros((batch, m), dtype=np.int64)
         self.completed = np.zeros(batch, dtype=np.int64)
+        self.busy_s = np.zeros(batch, dtype=np.float64)  # worker-seconds since last take
         jitter = config.service_jitter
         self.service = config.service_s * (
             1.0 + jitter * (rng.random((m, _SERVICE_TABLE_LEN)) - 0.5)
@@ -252,19 +285,34 @@ class _Pool:
                 if len(slots):
                     alive[b, slots[-1]] = False
 
-    def advance(self) -> None:
-        """Let every worker work for one step; a worker may finish several messages."""
+    def advance(self, dt: float) -> None:
+        """Let every worker work for ``dt`` seconds; a worker may finish several messages,
+        each next one starting the instant the previous one finished."""
+        import numpy as np
+
         n, remaining = self.n, self.remaining
         busy = n > 0
-        remaining[busy] -= self.config.step_s
+        self.busy_s += busy.sum(axis=1) * dt
+        remaining[busy] -= dt
         done = busy & (remaining <= _EPS)
         while done.any():
             n -= done
             self.completed += done.sum(axis=1)
             more = done & (n > 0)
-            remaining[done & ~more] = 0.0
+            went_idle = done & ~more
+            # idle for the rest of dt: -remaining seconds (remaining <= 0 here)
+            self.busy_s += np.where(went_idle, np.minimum(remaining, 0.0), 0.0).sum(axis=1)
+            remaining[went_idle] = 0.0
             self._start(more)  # the next one starts when the last one finished
             done = more & (remaining <= _EPS)
+
+    def take_busy_s(self) -> Floats:
+        """Busy worker-seconds accumulated since the last call, per pool."""
+        import numpy as np
+
+        out = self.busy_s
+        self.busy_s = np.zeros_like(out)
+        return out
 
     def observe(self) -> tuple[Ints, Ints, Floats, Ints]:
         import numpy as np

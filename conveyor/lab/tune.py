@@ -11,9 +11,20 @@ Decisions where the reference is silent or differs:
   fitness on the six training patterns (Poisson is held out). The reference ran one GA
   per pattern and averaged the six winners; the average of six optima need not be
   good anywhere, a mean fitness is optimised directly.
-* **Best-so-far is returned.** Children replace the whole population (no elitism, as
-  in the reference), so the best individual can be lost; evaluation is deterministic,
-  so we simply remember the best ever evaluated.
+* **The plateau is reported, not one arbitrary point of it.** The controller acts on
+  the sign of its signal only, so whole regions of gain space make identical
+  decisions and score exactly the same fitness. Taking ``argmin`` would return
+  whichever of them the random generator happened to draw first. Instead we keep
+  every individual ever evaluated (children replace the whole population, no elitism,
+  as in the reference) and report the *plateau*: the distinct gain sets whose fitness
+  is within ``plateau_tol`` of the best (the reference used a tolerance of 1e-6 on its
+  final population), with its size, centroid and extent. The gains returned are the
+  plateau member nearest its centroid: a point that provably scores the best fitness
+  and sits in the middle of the equally good region rather than at an edge.
+* **The reference's method is run too.** :func:`tune_per_pattern` runs one GA per
+  training pattern and :func:`average_gains` averages their winners, which is what
+  the reference reported; ``conveyor tune`` prints both, and how each does on every
+  pattern, Poisson included.
 * **Fitness** of one dynamic run =
   mean waiting count + mean queue length + overshoot + settling time, with
 
@@ -35,9 +46,9 @@ Every pool of a generation is simulated in one vectorised batch per pattern
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.lab.patterns import TRAINING_PATTERNS, generate
 from conveyor.lab.sim import SimConfig, SimTrace, simulate
@@ -85,16 +96,52 @@ def fitness(trace: SimTrace) -> float:
 class Generation:
     index: int
     best_fitness: float
+    """Best fitness evaluated so far, this generation included."""
     mean_fitness: float
-    best_gains: Gains
+
+
+@dataclass(frozen=True, slots=True)
+class Plateau:
+    """The distinct gain sets that score within the tolerance of the best fitness."""
+
+    count: int
+    centroid: Gains
+    low: Gains
+    high: Gains
+    representative: Gains
+    """The member nearest the centroid (Euclidean, in gain space)."""
 
 
 @dataclass(frozen=True, slots=True)
 class TuneResult:
     best_gains: Gains
+    """``plateau.representative``: scores ``best_fitness``."""
     best_fitness: float
+    plateau: Plateau
     history: tuple[Generation, ...]
     evaluations: int
+
+
+DEFAULT_PLATEAU_TOL = 1e-6
+
+
+def find_plateau(
+    gains: npt.NDArray[np.float64], scores: npt.NDArray[np.float64], tol: float
+) -> Plateau:
+    """The plateau of the best score among ``gains`` (rows) scored ``scores``."""
+    import numpy as np
+
+    best = float(scores.min())
+    members = np.unique(gains[scores <= best + tol], axis=0)
+    centroid = members.mean(axis=0)
+    nearest = members[int(np.argmin(((members - centroid) ** 2).sum(axis=1)))]
+    return Plateau(
+        count=len(members),
+        centroid=_as_gains(centroid),
+        low=_as_gains(members.min(axis=0)),
+        high=_as_gains(members.max(axis=0)),
+        representative=_as_gains(nearest),
+    )
 
 
 class Evaluator:
@@ -134,9 +181,16 @@ def tune(
     seed: int = 0,
     config: SimConfig | None = None,
     patterns: Sequence[str] = TRAINING_PATTERNS,
+    plateau_tol: float = DEFAULT_PLATEAU_TOL,
+    stream: int = 0,
     on_generation: Callable[[Generation], None] | None = None,
 ) -> TuneResult:
-    """Run the GA; ``generations`` breeding rounds after the initial population."""
+    """Run the GA; ``generations`` breeding rounds after the initial population.
+
+    ``seed`` fixes the arrivals and service times; ``stream`` picks an independent
+    random stream for the GA itself (initial population, pairing, mutation), so GAs
+    on the same load can start from different populations.
+    """
     import numpy as np
 
     if population < 2:
@@ -145,21 +199,22 @@ def tune(
         raise ValueError(f"generations must be >= 0, got {generations}")
     if not 0.0 <= mutation <= 1.0:
         raise ValueError(f"mutation must be within [0, 1], got {mutation}")
+    if not plateau_tol >= 0.0:
+        raise ValueError(f"plateau_tol must be >= 0, got {plateau_tol}")
     config = config if config is not None else SimConfig()
     evaluate = Evaluator(patterns, config, seed)
-    rng = np.random.default_rng([seed, 0x6A])
+    rng = np.random.default_rng([seed, 0x6A, stream])
     pop: npt.NDArray[np.float64] = np.abs(rng.random((population, 3)))
     history: list[Generation] = []
-    best_gains: Gains = (0.0, 0.0, 0.0)
+    seen_gains: list[npt.NDArray[np.float64]] = []
+    seen_scores: list[npt.NDArray[np.float64]] = []
     best_fit = float("inf")
     for gen in range(generations + 1):
-        candidates = [_as_gains(row) for row in pop]
-        scores = np.asarray(evaluate(candidates))
-        i_best = int(np.argmin(scores))
-        if scores[i_best] < best_fit:
-            best_fit = float(scores[i_best])
-            best_gains = candidates[i_best]
-        record = Generation(gen, best_fit, float(scores.mean()), best_gains)
+        scores = np.asarray(evaluate([_as_gains(row) for row in pop]), dtype=np.float64)
+        seen_gains.append(pop)
+        seen_scores.append(scores)
+        best_fit = min(best_fit, float(scores.min()))
+        record = Generation(gen, best_fit, float(scores.mean()))
         history.append(record)
         if on_generation is not None:
             on_generation(record)
@@ -174,7 +229,37 @@ def tune(
             children[mutate] + rng.uniform(-0.05, 0.05, (int(mutate.sum()), 3))
         )
         pop = children
-    return TuneResult(best_gains, best_fit, tuple(history), evaluate.evaluations)
+    plateau = find_plateau(np.concatenate(seen_gains), np.concatenate(seen_scores), plateau_tol)
+    return TuneResult(
+        plateau.representative, best_fit, plateau, tuple(history), evaluate.evaluations
+    )
+
+
+def tune_per_pattern(
+    patterns: Sequence[str] = TRAINING_PATTERNS,
+    on_generation: Callable[[str, Generation], None] | None = None,
+    **ga: Any,
+) -> dict[str, TuneResult]:
+    """The reference's method: one GA per pattern, each on its own random stream (the
+    reference's GAs shared one generator, so none started from the same population)."""
+    out: dict[str, TuneResult] = {}
+    for index, name in enumerate(patterns, start=1):
+
+        def report(gen: Generation, name: str = name) -> None:
+            if on_generation is not None:
+                on_generation(name, gen)
+
+        out[name] = tune(patterns=(name,), stream=index, on_generation=report, **ga)
+    return out
+
+
+def average_gains(results: Mapping[str, TuneResult]) -> Gains:
+    """The mean of the winners' gains, as the reference reported its tuned values."""
+    n = len(results)
+    if n == 0:
+        raise ValueError("no results to average")
+    kp, ki, kd = (sum(r.best_gains[i] for r in results.values()) / n for i in range(3))
+    return (kp, ki, kd)
 
 
 def _as_gains(row: npt.NDArray[np.float64]) -> Gains:

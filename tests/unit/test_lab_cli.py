@@ -17,11 +17,11 @@ def runner() -> CliRunner:
 
 
 def test_sim_json_has_exactly_the_documented_shape(runner: CliRunner) -> None:
-    res = runner.invoke(sim, ["--pattern", "spike", "--seed", "1", "--json"])
+    res = runner.invoke(sim, ["--pattern", "ramp", "--seed", "1", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert set(doc) == {"pattern", "static", "dynamic"}
-    assert doc["pattern"] == "spike"
+    assert doc["pattern"] == "ramp"
     for run in ("static", "dynamic"):
         assert set(doc[run]) == {"avg_workers", "avg_queue_length"}
         assert all(isinstance(v, float) for v in doc[run].values())
@@ -41,7 +41,7 @@ def test_sim_replays_an_arrivals_file_and_plots(runner: CliRunner, tmp_path: Pat
     res = runner.invoke(sim, ["--arrivals", str(arrivals), "--json", "--plot", str(png)])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["pattern"] == "replay"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_png(png)
 
 
 def test_filter_json_reports_raw_and_filtered(runner: CliRunner) -> None:
@@ -63,12 +63,22 @@ def test_filter_json_reports_raw_and_filtered(runner: CliRunner) -> None:
     assert doc["stall"]["filtered_fall"] < 0.5 * doc["stall"]["raw_fall"]
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 10_000  # a drawn figure, not an empty canvas
+
+
 def test_tune_json_shape(runner: CliRunner) -> None:
     res = runner.invoke(tune, ["--population", "2", "--generations", "0", "--seed", "1", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert set(doc["best"]) == {"kp", "ki", "kd"}
-    assert doc["evaluations"] == 2 * 6
+    # one GA over the six patterns, then one GA per pattern: 2 x 6 + 6 x 2
+    assert doc["evaluations"] == 2 * 6 + 6 * 2
     assert set(doc["patterns"]) == {
         "constant",
         "periodic",
@@ -78,8 +88,68 @@ def test_tune_json_shape(runner: CliRunner) -> None:
         "chaotic",
         "poisson",
     }
-    assert set(doc["patterns"]["poisson"]) == {"tuned", "default", "static"}
+    assert set(doc["patterns"]["poisson"]) == {"tuned", "averaged", "default", "static"}
     assert "poisson" not in doc["training_patterns"]
+    assert set(doc["per_pattern"]) == set(doc["training_patterns"])
+    assert set(doc["plateau"]) == {"count", "centroid", "low", "high"}
+    assert 1 <= doc["plateau"]["count"] <= 2
+    for k in ("kp", "ki", "kd"):
+        assert doc["plateau"]["low"][k] <= doc["best"][k] <= doc["plateau"]["high"][k]
+        winners = [r["best"][k] for r in doc["per_pattern"].values()]
+        assert doc["averaged"][k] == pytest.approx(sum(winners) / len(winners))
+
+
+def test_tune_text_report_names_the_plateau_and_the_averaged_gains(runner: CliRunner) -> None:
+    res = runner.invoke(tune, ["--population", "2", "--generations", "0"])
+    assert res.exit_code == 0, res.output
+    assert "distinct" in res.output and "plateau" in res.output
+    assert "averaged: Kp=" in res.output
+    assert "poisson*" in res.output
+
+
+def test_placement_json_shape(runner: CliRunner) -> None:
+    res = runner.invoke(sim, ["placement", "--trials", "1", "--balls-per-bin", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert set(doc) == {"balls_per_bin", "trials", "results"}
+    assert doc["balls_per_bin"] == 2 and doc["trials"] == 1
+    rows = doc["results"]
+    assert {r["strategy"] for r in rows} == {"random", "k2", "ksqrt", "jsq"}
+    ns = sorted({r["n"] for r in rows})
+    assert ns[0] == 2 and ns[-1] == 1000
+    assert len(rows) == len(ns) * 4 * 2  # every size x strategy x fresh/stale
+    for r in rows:
+        assert set(r) == {"n", "strategy", "stale", "max_load", "spread"}
+        assert isinstance(r["stale"], bool)
+        assert r["max_load"] >= 2 and 0 <= r["spread"] <= r["max_load"]
+    # join-shortest-queue with fresh statistics places perfectly evenly
+    assert all(r["spread"] == 0 for r in rows if r["strategy"] == "jsq" and not r["stale"])
+
+
+def test_placement_plot(runner: CliRunner, tmp_path: Path) -> None:
+    png = tmp_path / "placement.png"
+    res = runner.invoke(
+        sim, ["placement", "--trials", "1", "--balls-per-bin", "2", "--plot", str(png)]
+    )
+    assert res.exit_code == 0, res.output
+    assert_png(png)
+    assert "K=sqrt(n)" in res.output  # the table is still printed
+
+
+def test_pattern_plot(runner: CliRunner, tmp_path: Path) -> None:
+    png = tmp_path / "burst.png"
+    res = runner.invoke(sim, ["--pattern", "burst", "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert_png(png)
+    assert f"plot written to {png}" in res.output
+
+
+@pytest.mark.parametrize("signal", ["drop", "rise", "wave", "noise"])
+def test_filter_plot(runner: CliRunner, tmp_path: Path, signal: str) -> None:
+    png = tmp_path / f"{signal}.png"
+    res = runner.invoke(sim, ["filter", "--signal", signal, "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert_png(png)
 
 
 @pytest.mark.parametrize(

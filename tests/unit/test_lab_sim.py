@@ -82,3 +82,53 @@ def test_arrivals_are_counted_per_step_and_late_ones_dropped() -> None:
     config = SimConfig(duration_s=1.0)
     counts = step_counts(np.array([0.0, 0.05, 0.1, 0.95, 1.0, 7.0]), config)
     assert counts.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0, 1]
+
+
+def test_littles_law_busy_workers_equal_rate_times_mean_service_time() -> None:
+    # Constant 100 msg/s, 0.1 s mean service: 10 Erlangs. A model that kept a worker
+    # busy until the end of a 0.1 s step would show about 15 (1.5 steps per message).
+    config = SimConfig()
+    arrivals = generate("constant", seed=0, duration_s=config.duration_s)
+    rate = len(arrivals) / config.duration_s
+    for trace in (compare(arrivals, config).static, compare(arrivals, config).dynamic):
+        assert trace.avg_busy == pytest.approx(rate * config.service_s, rel=0.03)
+        # and the time a message spends in the pool is its service time: none queue
+        assert trace.avg_queue_length == 0.0
+
+
+def test_a_worker_freed_mid_step_takes_a_later_message_of_the_same_step() -> None:
+    config = SimConfig(duration_s=1.0, service_s=0.03, service_jitter=0.0)
+    # three messages inside the first 0.1 s step, each arriving after the last finished
+    (trace,) = simulate(np.array([0.0, 0.03, 0.06]), config, None)
+    assert trace.workers.max() == 1
+    assert trace.busy[0] == pytest.approx(3 * 0.03 / 0.1)
+    assert trace.completed == 3 and trace.busy[1] == 0.0
+
+
+def test_the_simulation_drives_the_shared_scale_down_controller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dynamic run calls conveyor.workers.scaledown.ScaleDownController.inspect —
+    the object the real pool uses — and removes a worker exactly when it says so."""
+    from conveyor.workers import scaledown
+
+    original = scaledown.ScaleDownController.inspect
+    calls: list[tuple[float, bool]] = []
+
+    def spy(self: scaledown.ScaleDownController, now_s: float, avg: float, idle: int) -> bool:
+        verdict = original(self, now_s, avg, idle)
+        calls.append((now_s, verdict))
+        return verdict
+
+    monkeypatch.setattr(scaledown.ScaleDownController, "inspect", spy)
+    config = SimConfig(duration_s=20.0)
+    (trace,) = simulate(burst_then_quiet(), config, [(0.433, 0.468, 0.48)])
+    assert len(calls) == config.steps // config.inspection_every - 1 + (
+        config.steps % config.inspection_every > 0
+    )
+    removals = [t for t, verdict in calls if verdict]
+    drops = np.flatnonzero(np.diff(trace.workers) < 0) + 1  # steps whose count fell
+    assert len(removals) > 0
+    assert [round(trace.time_s[i] - config.step_s, 6) for i in drops] == [
+        round(t, 6) for t in removals
+    ]

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from conveyor.lab.sim import SimConfig, SimTrace, simulate
-from conveyor.lab.tune import fitness, overshoot, settling_time_s, tune
+from conveyor.lab.tune import (
+    average_gains,
+    find_plateau,
+    fitness,
+    overshoot,
+    settling_time_s,
+    tune,
+    tune_per_pattern,
+)
 
 FAST = SimConfig(duration_s=20.0)
 
@@ -21,6 +29,7 @@ def trace(workers: list[int], idle: list[int], created: list[int], queue: list[i
         avg_waiting=np.zeros(n),
         idle=np.array(idle),
         created=np.array(created),
+        busy=np.zeros(n),
         arrived=0,
         completed=0,
         in_pool=0,
@@ -52,7 +61,7 @@ def test_fitness_adds_waiting_queue_overshoot_and_settling() -> None:
 def test_ga_is_reproducible_with_a_seed() -> None:
     a = tune(population=6, generations=2, seed=11, config=FAST, patterns=("spike", "ramp"))
     b = tune(population=6, generations=2, seed=11, config=FAST, patterns=("spike", "ramp"))
-    assert a == b
+    assert a == b  # gains, fitness, plateau and history
     assert a.evaluations == 6 * 3 * 2
 
 
@@ -83,7 +92,72 @@ def test_best_fitness_is_reproduced_by_a_plain_simulation() -> None:
     assert fitness(t) == pytest.approx(result.best_fitness)
 
 
-@pytest.mark.parametrize("kwargs", [{"population": 1}, {"generations": -1}, {"mutation": 1.5}])
+def test_the_plateau_is_every_distinct_gain_set_within_tolerance_of_the_best() -> None:
+    gains = np.array(
+        [
+            [0.1, 0.5, 0.5],
+            [0.3, 0.5, 0.7],  # ties with the best
+            [0.2, 0.5, 0.6],  # ties, and sits at the centroid
+            [0.3, 0.5, 0.7],  # a duplicate: counted once
+            [0.9, 0.9, 0.9],  # worse by more than the tolerance
+        ]
+    )
+    scores = np.array([1.0, 1.0 + 5e-7, 1.0, 1.0 + 5e-7, 1.0 + 1e-3])
+    p = find_plateau(gains, scores, tol=1e-6)
+    assert p.count == 3
+    assert p.centroid == pytest.approx((0.2, 0.5, 0.6))
+    assert p.low == pytest.approx((0.1, 0.5, 0.5)) and p.high == pytest.approx((0.3, 0.5, 0.7))
+    assert p.representative == pytest.approx((0.2, 0.5, 0.6))
+    assert find_plateau(gains, scores, tol=0.0).count == 2
+
+
+def test_the_result_reports_the_plateau_not_the_first_point_drawn() -> None:
+    result = tune(population=8, generations=2, seed=3, config=FAST, patterns=("spike", "ramp"))
+    p = result.plateau
+    assert p.count >= 1
+    assert result.best_gains == p.representative
+    for i in range(3):
+        assert p.low[i] <= p.centroid[i] <= p.high[i]
+        assert p.low[i] <= p.representative[i] <= p.high[i]
+    # the reported point really scores the best fitness
+    from conveyor.lab.patterns import generate
+
+    fits = [
+        fitness(
+            simulate(generate(name, 3, duration_s=FAST.duration_s), FAST, [p.representative], 3)[0]
+        )
+        for name in ("spike", "ramp")
+    ]
+    assert sum(fits) / 2 == pytest.approx(result.best_fitness)
+
+
+def test_a_larger_run_beats_a_tiny_one_where_the_fitness_is_not_flat() -> None:
+    patterns = ("ramp", "chaotic")
+    tiny = tune(population=4, generations=1, seed=0, config=FAST, patterns=patterns)
+    larger = tune(population=12, generations=6, seed=0, config=FAST, patterns=patterns)
+    assert larger.best_fitness < tiny.best_fitness
+    assert larger.best_gains != tiny.best_gains
+
+
+def test_per_pattern_gas_train_on_one_pattern_each_and_their_winners_are_averaged() -> None:
+    results = tune_per_pattern(("spike", "ramp"), population=4, generations=1, seed=2, config=FAST)
+    assert list(results) == ["spike", "ramp"]
+    for r in results.values():
+        assert r.evaluations == 4 * 2 * 1
+    # independent GA streams: not the same initial population twice
+    assert results["spike"].history[0] != results["ramp"].history[0] or (
+        results["spike"].plateau != results["ramp"].plateau
+    )
+    avg = average_gains(results)
+    for i in range(3):
+        assert avg[i] == pytest.approx(
+            (results["spike"].best_gains[i] + results["ramp"].best_gains[i]) / 2
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"population": 1}, {"generations": -1}, {"mutation": 1.5}, {"plateau_tol": -1.0}]
+)
 def test_bad_ga_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         tune(**kwargs)  # type: ignore[arg-type]

@@ -125,3 +125,55 @@ def test_power_of_k_beats_random_on_max_load(n: int) -> None:
 def test_place_conserves_balls() -> None:
     loads = place(20, 333, 4, np.random.default_rng(1), refresh_every=20)
     assert sum(loads) == 333 and len(loads) == 20
+
+
+def test_a_daemon_publishes_cdm_kf_filtered_cpu_so_a_short_stall_is_damped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WorkerDaemon.stats_snapshot (what a daemon publishes with its membership) carries
+    HostResources' filtered CPU: a 5-sample stall from 60 % to 5 % barely moves it.
+
+    psutil's CPU counter is the one input a test cannot drive for real, so it is
+    replaced by a scripted reading; memory and everything else is the real host's."""
+    import psutil
+
+    from conveyor import App, WorkerDaemon, load_config
+    from conveyor.adapters.memory import MemoryAdapter, reset_broker
+
+    load = [60.0 + (3.0 if i % 2 else -3.0) for i in range(40)]
+    # the first reading is taken by HostResources.__init__ to prime psutil's counter
+    readings = iter([0.0, *load, *[5.0] * 5])
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: next(readings, 60.0))
+    reset_broker("i6-kf")
+    cfg = load_config(environ={}, overrides={"memory": {"broker": "i6-kf"}})
+    daemon = WorkerDaemon(App("kf"), cfg, adapter=MemoryAdapter("i6-kf"))
+    published = [daemon.stats_snapshot() for _ in range(45)]
+    assert next(readings, None) is None  # every scripted reading was published
+    before = published[39]["cpu_percent"]
+    during = [s["cpu_percent"] for s in published[40:]]
+    assert before >= 55.0  # followed the 57-63 % load
+    # raw fell by 55 points; the published value falls by under a fifth of that
+    assert min(during) >= before - 0.2 * (before - 5.0)
+    memory = psutil.virtual_memory()
+    for s in published:
+        assert s["memory_total_bytes"] == float(memory.total)
+        assert 0.0 < s["memory_available_bytes"] <= s["memory_total_bytes"]
+
+
+def test_the_placement_simulation_chooses_with_the_placers_own_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import conveyor.lab.placement_sim as placement_sim
+    import conveyor.platform.placement as placement
+
+    assert placement_sim.pick_lowest is placement.pick_lowest
+    calls: list[int] = []
+
+    def spy(scores: list[int], k: int, rng: random.Random) -> int:
+        calls.append(k)
+        return placement.pick_lowest(scores, k, rng)
+
+    monkeypatch.setattr(placement_sim, "pick_lowest", spy)
+    loads = place(100, 1000, choices_for(100), np.random.default_rng(0), refresh_every=1)
+    assert calls == [10] * 1000
+    assert sum(loads) == 1000
