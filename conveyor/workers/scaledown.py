@@ -135,7 +135,9 @@ class ScaleDownController:
         signal = self._pid.update(-avg_waiting, dt_cycles)
 
         last_removal = self._last_removal_s
-        if last_removal is not None and now_s - last_removal < self.policy.backoff_s:
+        # A microsecond of slack: inspections a period apart must not be held back by
+        # float error (0.7 - 0.2 computes as 0.49999999999999994).
+        if last_removal is not None and now_s - last_removal < self.policy.backoff_s - 1e-6:
             return False
         if signal >= 0:
             self._below_zero = 0

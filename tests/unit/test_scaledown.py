@@ -93,6 +93,15 @@ def test_back_off_spaces_removals() -> None:
     assert removals == [0.0, 2.0, 4.0, 6.0, 8.0]
 
 
+def test_back_off_is_not_stretched_by_float_error() -> None:
+    # 0.7 - 0.2 computes as 0.49999999999999994: a strict comparison would hold the
+    # removal due exactly one back-off later for a whole extra period.
+    policy = ScaleDownPolicy(dead_zone_cycles=1, backoff_s=0.5)
+    ctl = ScaleDownController(policy)
+    assert ctl.inspect(0.2, 1.0, idle_workers=10)
+    assert ctl.inspect(0.7, 1.0, idle_workers=9)
+
+
 def test_defaults_remove_at_most_one_worker_per_second_after_load() -> None:
     ctl = ScaleDownController()
     # 5 s of load, then 20 s quiet with 30 idle workers
