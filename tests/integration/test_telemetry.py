@@ -173,8 +173,10 @@ async def test_slots_cache_fill_and_lag_gauges_follow_a_held_workload() -> None:
         await client.publish("items", "one-stream", Item(i))
     q = str(d.mapper.queue_for(StreamId("items", "one-stream")))
 
-    def point(name: str, queue: str | None = None) -> Any:
+    def point(name: str, queue: str | None = None, handler: str | None = None) -> Any:
         attrs = () if queue is None else (("queue", queue),)
+        if handler is not None:
+            attrs = (("handler", handler),)
         return metric_points(reader).get(name, {}).get(attrs)
 
     await d.start()
@@ -184,7 +186,8 @@ async def test_slots_cache_fill_and_lag_gauges_follow_a_held_workload() -> None:
         await wait_until(lambda: point("conveyor.queue.lag", q) == 3, 10,
                          what="lag 3 sampled on the held queue")
         assert point("conveyor.cache.fill", q) == 3
-        assert point("conveyor.slots.in_use") == 1  # one stream: one handler at a time
+        # one stream: one handler at a time (the daemon's total is the "*" point)
+        assert point("conveyor.slots.in_use", handler="*") == 1
         others = [v for (attrs), v in metric_points(reader)["conveyor.cache.fill"].items()
                   if attrs != (("queue", q),)]
         assert len(others) == 7 and not any(others)
@@ -192,7 +195,7 @@ async def test_slots_cache_fill_and_lag_gauges_follow_a_held_workload() -> None:
         await wait_until(lambda: seen == [0, 1, 2], 10, what="all three handled in order")
         await wait_until(lambda: point("conveyor.queue.lag", q) == 0, 10, what="lag back to 0")
         assert point("conveyor.cache.fill", q) == 0
-        assert point("conveyor.slots.in_use") == 0
+        assert point("conveyor.slots.in_use", handler="*") == 0
     finally:
         gate.set()
         await d.stop()
