@@ -11,6 +11,7 @@ import re
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import redis
 
 from conveyor.platform.client import Publish, SyncClient
-from conveyor.platform.config import load_config
+from conveyor.platform.config import Config, load_config
 from tests.conftest import wait_until_sync
 from tests.integration.redis.conftest import (
     RedisServer,
@@ -31,7 +32,7 @@ from tests.integration.redis.conftest import (
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 TOTAL_QUEUES = 8
-LEASE_TTL_S = 5.0  # the default of [balancer] lease_ttl_s
+LEASE_TTL_S = Config().balancer.lease_ttl_s  # the workers here run with the default
 CACHE = 128
 
 
@@ -42,6 +43,25 @@ def owners(server: RedisServer) -> dict[int, str]:
     finally:
         client.close()
     return {q: v.decode().partition(" ")[2] for q, v in enumerate(values) if v is not None}
+
+
+def outstanding(server: RedisServer, queues: Iterable[int] = range(TOTAL_QUEUES)) -> int:
+    """Entries of app ``rec`` not yet acknowledged on ``queues`` (undelivered + pending).
+
+    Read from ``XINFO GROUPS``: no test here deletes entries or rewinds, so Redis always
+    knows the group's lag.
+    """
+    client = server.client()
+    total = 0
+    try:
+        for q in queues:
+            for group in client.xinfo_groups(f"t:q:{q}"):
+                if group["name"] == b"rec":
+                    assert group["lag"] is not None, f"queue {q}: redis lost track of the lag"
+                    total += int(group["lag"]) + int(group["pending"])
+    finally:
+        client.close()
+    return total
 
 
 def member_of(worker: Worker, view: dict[int, str]) -> set[int]:
@@ -129,24 +149,38 @@ def test_a_killed_daemons_queues_are_taken_over_without_loss(
 def test_graceful_scale_out_and_in_lose_and_duplicate_nothing(
     redis_server: RedisServer, workers: list[Worker], tmp_path: Path
 ) -> None:
-    n = 20_000
-    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 32})
-    first = start(workers, tmp_path, cfg, 2, work_ms=1)
+    # Each worker handles at most slots/work = 16 / 5 ms = 3,200 msgs/s, so 30,000
+    # messages keep the queues busy through both hand-offs (checked, not assumed).
+    n, streams = 30_000, 300
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 16})
+    first = start(workers, tmp_path, cfg, 2, work_ms=5)
     wait_split(redis_server, first)
-    publish(cfg, n, 300)
+    publish(cfg, n, streams)
     wait_file_lines([w.record for w in first], 3_000, 60, "the run to be under way")
-    [joiner] = start(workers, tmp_path, cfg, 1, work_ms=1)  # scale out
+    assert outstanding(redis_server) > 0, "nothing left to hand over when the joiner starts"
+    [joiner] = start(workers, tmp_path, cfg, 1, work_ms=5)  # scale out
     wait_split(redis_server, [*first, joiner])
-    assert first[0].stop() == 0  # scale in, gracefully
-    assert "abandoned=0" in first[0].stderr
+    joined = member_of(joiner, owners(redis_server))
+    leaver = first[0]
+    leaving = member_of(leaver, owners(redis_server))
+    assert outstanding(redis_server, joined) > 0, "the joiner's queues were already drained"
+    assert outstanding(redis_server, leaving) > 0, "nothing left to hand over at the stop"
+    assert leaver.stop() == 0  # scale in, gracefully
+    assert "abandoned=0" in leaver.stderr
     records = [w.record for w in workers]
     wait_until_sync(lambda: len({r[5] for r in read_records(records)}) >= n, 90,
                     "every message to be handled")
     assert [w.stop() for w in workers[1:]] == [0, 0]
     rows = read_records(records)
-    ids = Counter(r[5] for r in rows)
-    assert len(ids) == n
-    assert sum(ids.values()) == n, "a graceful hand-off duplicated messages"
+    handled = Counter((r[3], r[4]) for r in rows)
+    assert set(handled) == {(f"s{i % streams}", i) for i in range(n)}, "lost or foreign"
+    assert sum(handled.values()) == n, "a graceful hand-off duplicated messages"
+    assert len({r[5] for r in rows}) == n
+    # Both hand-offs moved live work: the joiner handled messages, and so did the
+    # survivors on the queues the leaver gave up.
+    assert any(r[1] == joiner.proc.pid for r in rows)
+    stayed = {w.proc.pid for w in workers[1:]}
+    assert any(r[1] in stayed and r[2] in leaving for r in rows)
     check_order(rows)
 
 
