@@ -151,6 +151,33 @@ async def test_retention_trims_only_what_every_group_acknowledged(
         await adapter.close()
 
 
+async def test_retention_trims_below_a_group_rewound_to_a_point_in_time(
+    redis_server: RedisServer,
+) -> None:
+    adapter = RedisAdapter(config_for(redis_server, retention_s=0, trim_interval_s=1e-6).redis)
+    stream = "t:q:0"
+    try:
+        for eid in ["1000-0", "1000-1", "2000-0", "3000-0", "4000-0"]:
+            await adapter.redis.execute_command("XADD", stream, eid, "cv-ns", "items",
+                                                "cv-key", "k", "body", "{}")
+        # One app replays from t = 2.5 s: its group sits at the last id of ms 2499.
+        await adapter.rewind(0, "replaying", 2.5)
+        [group] = await adapter.redis.xinfo_groups(stream)
+        assert group["last-delivered-id"] == b"2499-18446744073709551615"
+        # Another app reads and acknowledges everything; its owner trims the stream.
+        active = adapter.create_receiver(0, "active")
+        await active.initialize()
+        done = await active.get_messages(10, 0.1)
+        assert len(done) == 5
+        await active.messages_delivered([m.token for m in done])  # type: ignore[misc]
+        # Below the rewound group's floor (2500-0) everyone is done: trimmed.
+        kept = [eid for eid, _ in await adapter.redis.xrange(stream)]
+        assert kept == [b"3000-0", b"4000-0"]
+        assert await adapter.lag(0, "replaying") == 2
+    finally:
+        await adapter.close()
+
+
 async def test_membership_is_one_ordered_view_and_dead_members_lapse(
     redis_server: RedisServer,
 ) -> None:
