@@ -85,6 +85,26 @@ if best_ms <= 0 and best_seq <= 0 then return 0 end
 return redis.call('XTRIM', KEYS[1], 'MINID', best)
 """
 
+# KEYS: stream. ARGV: first id (exclusive), last id (inclusive), at most how many.
+# Counts entries in (first, last] without sending them: {count, id of the last counted}
+# (the id is '' when none). Callers count a long range in bounded steps.
+COUNT_RANGE = """
+local r = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], ARGV[2], 'COUNT', ARGV[3])
+if #r == 0 then return {0, ''} end
+return {#r, r[#r][1]}
+"""
+
+# KEYS: stream. {entries ever added, last generated id} from one XINFO STREAM.
+STREAM_ADDED = """
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local added, last = 0, '0-0'
+for i = 1, #info, 2 do
+  if info[i] == 'entries-added' then added = info[i + 1]
+  elseif info[i] == 'last-generated-id' then last = info[i + 1] end
+end
+return {added, last}
+"""
+
 # KEYS: lease, fence counter. ARGV: owner, ttl ms.
 # Returns {token} when granted, {0, pttl} when someone else holds it.
 LEASE_ACQUIRE = """

@@ -178,6 +178,47 @@ async def test_retention_trims_below_a_group_rewound_to_a_point_in_time(
         await adapter.close()
 
 
+async def test_lag_after_a_rewind_is_known_and_counted_without_shipping_entries(
+    adapter: RedisAdapter,
+) -> None:
+    stream = "t:q:0"
+    pipe = adapter.redis.pipeline(transaction=False)
+    for ms in range(1, 2001):  # ids 1-0 .. 2000-0, 1 KB bodies
+        pipe.xadd(stream, {"cv-ns": "items", "cv-key": "k", "body": "x" * 1000}, id=f"{ms}-0")
+    await pipe.execute()
+    reader = adapter.create_receiver(0, "g")
+    await reader.initialize()
+    while batch := await reader.get_messages(1000, 0.05):
+        await reader.messages_delivered([m.token for m in batch])  # type: ignore[misc]
+    assert await adapter.lag(0, "g") == 0
+
+    async def redis_lag() -> int | None:
+        [group] = await adapter.redis.xinfo_groups(stream)
+        return group["lag"]  # type: ignore[no-any-return]
+
+    # Back into the middle: Redis itself still knows the lag (ENTRIESREAD was given).
+    await adapter.rewind(0, "g", 1.5)
+    assert await redis_lag() == 501
+    assert await adapter.lag(0, "g") == 501
+    replay = adapter.create_receiver(0, "g")
+    await replay.initialize()
+    part = await replay.get_messages(100, 0.05)
+    assert [m.token.major for m in part] == list(range(1500, 1600))  # type: ignore[union-attr]
+    await replay.messages_delivered([m.token for m in part])  # type: ignore[misc]
+    assert await redis_lag() == 401 and await adapter.lag(0, "g") == 401
+    # A deletion ahead of the group: Redis cannot tell any more; the adapter counts on
+    # the server, so the ~400 KB of entries left do not cross the wire.
+    await adapter.redis.xdel(stream, "1700-0")
+    assert await redis_lag() is None
+
+    async def bytes_sent() -> int:
+        return int((await adapter.redis.info("stats"))["total_net_output_bytes"])
+
+    before = await bytes_sent()
+    assert await adapter.lag(0, "g") == 400
+    assert await bytes_sent() - before < 50_000
+
+
 async def test_membership_is_one_ordered_view_and_dead_members_lapse(
     redis_server: RedisServer,
 ) -> None:
