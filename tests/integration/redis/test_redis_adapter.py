@@ -24,6 +24,7 @@ from conveyor.platform.errors import BrokerError, ConfigError, LeaseLostError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
+from tests.conftest import wait_until
 from tests.integration.redis.conftest import REPO, RedisServer, write_config
 
 pytestmark = pytest.mark.redis
@@ -85,7 +86,11 @@ async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer
         stale.set_lease(old)
         await stale.initialize()
         [msg] = await stale.get_messages(1, 0.5)
-        await asyncio.sleep(0.3)  # the old lease expires in the store
+
+        async def expired() -> bool:
+            return not await adapter.redis.exists(Keys("t").lease("shop", queue))
+
+        await wait_until(expired, 5, what="the old lease to expire in the store")
         new = await leases.acquire(queue, "new", 5)
         assert new is not None and new.token > old.token
         assert msg.token is not None
@@ -127,7 +132,8 @@ async def test_pending_entries_come_first_in_order_after_a_takeover(
 async def test_retention_trims_only_what_every_group_acknowledged(
     redis_server: RedisServer,
 ) -> None:
-    adapter = RedisAdapter(config_for(redis_server, retention_s=0, trim_interval_s=0.01).redis)
+    # Every acknowledgement trims (the interval is as good as zero).
+    adapter = RedisAdapter(config_for(redis_server, retention_s=0, trim_interval_s=1e-6).redis)
     try:
         client = Client(adapter, HashRingQueueMapper(1))
         for i in range(20):
@@ -138,13 +144,12 @@ async def test_retention_trims_only_what_every_group_acknowledged(
         done = await fast.get_messages(20, 0.1)
         part = await slow.get_messages(5, 0.1)
         await slow.messages_delivered([m.token for m in part[:3]])  # type: ignore[misc]
-        await asyncio.sleep(0.02)
+        assert await adapter.redis.xlen("t:q:0") == 20  # "fast" holds all 20 pending
         await fast.messages_delivered([m.token for m in done])  # type: ignore[misc]
         # "slow" acknowledged 3 and still holds 2 pending: only the first 3 may go.
         assert await adapter.redis.xlen("t:q:0") == 17
         assert await adapter.lag(0, "slow") == 17 and await adapter.lag(0, "fast") == 0
         rest = await slow.get_messages(100, 0.1)
-        await asyncio.sleep(0.02)
         await slow.messages_delivered([m.token for m in part[3:] + rest])  # type: ignore[misc]
         assert await adapter.redis.xlen("t:q:0") == 0
     finally:
