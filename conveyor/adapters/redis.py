@@ -59,6 +59,8 @@ _NS, _KEY, _ID, _CT, _TS, _ATT, _BODY = (
                          F_BODY)
 )
 _KNOWN = frozenset({_NS, _KEY, _ID, _CT, _TS, _ATT, _BODY})
+# Header names that would be read back as metadata (or the body), not as headers.
+_RESERVED = frozenset(f.decode() for f in _KNOWN)
 # The field order encode_fields writes: entries in it decode without building a dict.
 _LAYOUT = [_NS, _KEY, _ID, _CT, _TS, _BODY]
 _LAYOUT_LEN = 2 * len(_LAYOUT)
@@ -83,8 +85,11 @@ def encode_fields(msg: Message) -> dict[bytes | str, bytes | str]:
     if msg.attempt:
         fields[_ATT] = str(msg.attempt)
     for name, value in msg.headers.items():
-        if name == F_BODY:
-            raise BrokerError("a header may not be called 'body' (it is the Redis body field)")
+        if name in _RESERVED:
+            raise BrokerError(
+                f"message {msg.id}: header {name!r} is reserved by the Redis wire format "
+                f"(reserved: {', '.join(sorted(_RESERVED))}); rename the header"
+            )
         fields[name] = value
     return fields
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -71,6 +72,16 @@ async def test_a_published_message_round_trips_every_field(adapter: RedisAdapter
     [msg] = await receiver.get_messages(5, 0.5)
     assert msg.token == token and msg.headers == {"x-tenant": "t1"}
     assert msg.content_type == "application/json" and msg.body == b'{"a":1}'
+
+
+async def test_a_batch_with_a_reserved_header_is_refused_whole(adapter: RedisAdapter) -> None:
+    client = Client(adapter, HashRingQueueMapper(1))
+    good = client.build("orders", "k", {"a": 1})
+    # Client.build refuses reserved names; a message built by hand reaches the adapter.
+    spoof = msgspec.structs.replace(good, id="m2", headers={"cv-ns": "admin"})
+    with pytest.raises(BrokerError, match="'cv-ns' is reserved"):
+        await adapter.enqueue(0, [good, spoof])
+    assert await adapter.redis.xlen(adapter.keys.queue(0)) == 0  # not half a batch
 
 
 async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer) -> None:
@@ -332,6 +343,10 @@ def test_passwords_are_redacted_and_read_from_the_environment(
 ) -> None:
     assert redact_url("rediss://bob:s3cret@h:6380/1") == "rediss://bob:***@h:6380/1"
     assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
+    # redis-py also takes the password from the query string.
+    assert redact_url("redis://h:6379/0?password=s3cret") == "redis://h:6379/0?password=***"
+    assert (redact_url("rediss://bob:pw1@h/0?ssl_cert_reqs=none&password=pw2&db=2")
+            == "rediss://bob:***@h/0?ssl_cert_reqs=none&password=***&db=2")
     monkeypatch.setenv("CONVEYOR_REDIS_PASSWORD", "from-env")
     monkeypatch.setenv("CONVEYOR_REDIS_USERNAME", "alice")
     cfg = load_config(None, environ={}, overrides={"redis": {"url": "rediss://h:1/0"}}).redis
