@@ -9,12 +9,13 @@ from conveyor.adapters.redis import RedisAdapter, RedisReceiver
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import BrokerConnectionError
+from conveyor.platform.membership import MemberInfo
 from tests.conftest import wait_until
 from tests.integration.memory_harness import Item, Record, recording_app
 from tests.integration.redis.conftest import RedisServer
 
 TOTAL_QUEUES = 8
-FLAKY_QUEUE = 5
+FLAKY_QUEUE = 5  # one of the second daemon's share
 REBALANCE_S = 0.1
 
 
@@ -75,8 +76,9 @@ async def test_a_queue_whose_start_fails_is_released_and_retried_not_orphaned(
     app = recording_app(record, delay_s=0.001)
     steady = RedisAdapter(config.redis)
     flaky = FlakyStarts(config)
-    a = WorkerDaemon(app, config, adapter=steady)
-    b = WorkerDaemon(app, config, adapter=flaky)
+    # Best-fit deals sorted member ids round-robin: "b" gets the odd queues.
+    a = WorkerDaemon(app, config, adapter=steady, member=MemberInfo("a", "h", 1, 0.0))
+    b = WorkerDaemon(app, config, adapter=flaky, member=MemberInfo("b", "h", 1, 0.0))
     client = Client(steady, a.mapper)
     try:
         await publish(client, 0, 1000)
