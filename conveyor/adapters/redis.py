@@ -472,10 +472,12 @@ class RedisAdapter(QueueAdapter):
         added, last = await self.caller.retrying(
             "reading the stream", lambda: self.added_script(keys=[stream])
         )
-        after = await self.caller.retrying(
-            "counting entries", lambda: self._count_after(stream, before, last)
-        )
-        entries_read = max(int(added) - after, 0)
+        entries_read: int | None = None  # Redis < 7 keeps no such count
+        if int(added) >= 0:
+            after = await self.caller.retrying(
+                "counting entries", lambda: self._count_after(stream, before, last)
+            )
+            entries_read = max(int(added) - after, 0)
         await self.caller.retrying(
             f"rewinding {group!r} on queue {queue}",
             lambda: self.redis.xgroup_setid(stream, group, before, entries_read=entries_read),

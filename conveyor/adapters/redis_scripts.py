@@ -94,10 +94,11 @@ if #r == 0 then return {0, ''} end
 return {#r, r[#r][1]}
 """
 
-# KEYS: stream. {entries ever added, last generated id} from one XINFO STREAM.
+# KEYS: stream. {entries ever added, last generated id} from one XINFO STREAM;
+# entries added is -1 on servers older than Redis 7 (no such counter).
 STREAM_ADDED = """
 local info = redis.call('XINFO', 'STREAM', KEYS[1])
-local added, last = 0, '0-0'
+local added, last = -1, '0-0'
 for i = 1, #info, 2 do
   if info[i] == 'entries-added' then added = info[i + 1]
   elseif info[i] == 'last-generated-id' then last = info[i + 1] end
