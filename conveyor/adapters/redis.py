@@ -59,11 +59,14 @@ _NS, _KEY, _ID, _CT, _TS, _ATT, _BODY = (
                          F_BODY)
 )
 _KNOWN = frozenset({_NS, _KEY, _ID, _CT, _TS, _ATT, _BODY})
+# Header names that would be read back as metadata (or the body), not as headers.
+_RESERVED = frozenset(f.decode() for f in _KNOWN)
 # The field order encode_fields writes: entries in it decode without building a dict.
 _LAYOUT = [_NS, _KEY, _ID, _CT, _TS, _BODY]
 _LAYOUT_LEN = 2 * len(_LAYOUT)
 _INTERN_MAX = 4096  # distinct streams / content types remembered per receiver
 _ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
+_COUNT_STEP = 10_000  # entries counted per script call: each call stays short
 DLQ_MAX_LEN = 100_000
 _encode_letter = msgspec.msgpack.Encoder().encode
 _decode_letter = msgspec.msgpack.Decoder(DeadLetter).decode
@@ -82,8 +85,11 @@ def encode_fields(msg: Message) -> dict[bytes | str, bytes | str]:
     if msg.attempt:
         fields[_ATT] = str(msg.attempt)
     for name, value in msg.headers.items():
-        if name == F_BODY:
-            raise BrokerError("a header may not be called 'body' (it is the Redis body field)")
+        if name in _RESERVED:
+            raise BrokerError(
+                f"message {msg.id}: header {name!r} is reserved by the Redis wire format "
+                f"(reserved: {', '.join(sorted(_RESERVED))}); rename the header"
+            )
         fields[name] = value
     return fields
 
@@ -369,6 +375,8 @@ class RedisAdapter(QueueAdapter):
         self.ack_fenced_script = self.redis.register_script(lua.ACK_FENCED)
         self.claim_script = self.redis.register_script(lua.CLAIM_ALL)
         self.trim_script = self.redis.register_script(lua.TRIM_ACKED)
+        self.count_script = self.redis.register_script(lua.COUNT_RANGE)
+        self.added_script = self.redis.register_script(lua.STREAM_ADDED)
         self._groups_ready: set[tuple[int, str]] = set()
 
     async def ensure_group(self, queue: int, group: str) -> None:
@@ -457,10 +465,36 @@ class RedisAdapter(QueueAdapter):
                     f"{token_of(first[0][0], queue)}); raise $.redis.retention_s to keep more"
                 )
         await self.ensure_group(queue, group)
+        # Tell Redis how many entries the group has now read (ENTRIESREAD), so that
+        # XINFO keeps reporting its lag: without it, Redis cannot tell after a rewind
+        # into the middle of the stream. Entries added meanwhile come after the
+        # snapshot's last id, so they change neither side of the subtraction.
+        added, last = await self.caller.retrying(
+            "reading the stream", lambda: self.added_script(keys=[stream])
+        )
+        entries_read: int | None = None  # Redis < 7 keeps no such count
+        if int(added) >= 0:
+            after = await self.caller.retrying(
+                "counting entries", lambda: self._count_after(stream, before, last)
+            )
+            entries_read = max(int(added) - after, 0)
         await self.caller.retrying(
             f"rewinding {group!r} on queue {queue}",
-            lambda: self.redis.xgroup_setid(stream, group, before),
+            lambda: self.redis.xgroup_setid(stream, group, before, entries_read=entries_read),
         )
+
+    async def _count_after(self, stream: str, first: bytes | str, last: bytes | str) -> int:
+        """Entries in ``(first, last]``, counted on the server in bounded steps.
+
+        Not retried here (callers retry the whole count): only counts cross the wire.
+        """
+        total = 0
+        while True:
+            n, upto = await self.count_script(keys=[stream], args=[first, last, _COUNT_STEP])
+            total += int(n)
+            if int(n) < _COUNT_STEP:
+                return total
+            first = upto
 
     async def lag(self, queue: int, group: str) -> int:
         """Entries not yet delivered to ``group`` plus those delivered but not acked."""
@@ -474,8 +508,7 @@ class RedisAdapter(QueueAdapter):
                     continue
                 undelivered = g.get("lag")
                 if undelivered is None:  # Redis cannot tell (after deletions): count
-                    after = b"(" + g["last-delivered-id"]
-                    undelivered = len(await self.redis.xrange(stream, after, "+"))
+                    undelivered = await self._count_after(stream, g["last-delivered-id"], "+")
                 return int(g["pending"]) + int(undelivered)
             return int(await self.redis.xlen(stream))  # a new group would read everything
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 import redis.exceptions as rex
@@ -39,18 +39,29 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to log or print)."""
+    """The URL with any password replaced by ``***`` (safe to log or print).
+
+    Both places redis-py reads a password from are covered: the user-info part
+    (``redis://user:pw@host``) and the ``password`` query parameter (``?password=pw``).
+    """
     try:
         parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            host = parts.hostname or ""
+            if parts.port is not None:
+                host = f"{host}:{parts.port}"
+            netloc = f"{parts.username or ''}:***@{host}"
     except ValueError:
         return "<unparseable redis url>"
-    if parts.password is None:
+    query = "&".join(
+        f"{field.partition('=')[0]}=***"
+        if unquote_plus(field.partition("=")[0]).lower() == "password" else field
+        for field in parts.query.split("&")
+    ) if parts.query else parts.query
+    if netloc == parts.netloc and query == parts.query:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def check_name(value: str, what: str) -> str:

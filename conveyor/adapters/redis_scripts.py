@@ -48,11 +48,16 @@ return n
 # KEYS: stream. ARGV: newest ms that may be trimmed (retention).
 # Trims entries below every group's floor: its oldest pending entry, or, with nothing
 # pending, the entry after its last delivered one. Nothing unread is ever trimmed.
+# Ids are handled as strings: Lua numbers are doubles, exact only below 2^53, and a
+# group rewound to a point in time sits at "<ms>-18446744073709551615" (the last id of
+# that ms), whose successor is "<ms+1>-0". A sequence too long to add to exactly is
+# kept as it is (one entry fewer trimmed, never one too many).
 TRIM_ACKED = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
 if #groups == 0 then return 0 end
 local best_ms, best_seq = tonumber(ARGV[1]), 0
+local best = ARGV[1] .. '-0'
 for _, g in ipairs(groups) do
   local name, last
   for i = 1, #g, 2 do
@@ -60,15 +65,45 @@ for _, g in ipairs(groups) do
       last = g[i + 1] end
   end
   local p = redis.call('XPENDING', KEYS[1], name)
-  local id, inc = last, 1
-  if p[1] > 0 then id, inc = p[2], 0 end
+  local id, inc = last, true
+  if p[1] > 0 then id, inc = p[2], false end
   local dash = string.find(id, '-', 1, true)
-  local ms = tonumber(string.sub(id, 1, dash - 1))
-  local seq = tonumber(string.sub(id, dash + 1)) + inc
-  if ms < best_ms or (ms == best_ms and seq < best_seq) then best_ms, best_seq = ms, seq end
+  local ms_s, seq_s = string.sub(id, 1, dash - 1), string.sub(id, dash + 1)
+  if inc then
+    if seq_s == '18446744073709551615' then
+      ms_s, seq_s = string.format('%.0f', tonumber(ms_s) + 1), '0'
+    elseif #seq_s <= 15 then
+      seq_s = string.format('%.0f', tonumber(seq_s) + 1)
+    end
+  end
+  local ms, seq = tonumber(ms_s), tonumber(seq_s)
+  if ms < best_ms or (ms == best_ms and seq < best_seq) then
+    best_ms, best_seq, best = ms, seq, ms_s .. '-' .. seq_s
+  end
 end
 if best_ms <= 0 and best_seq <= 0 then return 0 end
-return redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-%d', best_ms, best_seq))
+return redis.call('XTRIM', KEYS[1], 'MINID', best)
+"""
+
+# KEYS: stream. ARGV: first id (exclusive), last id (inclusive), at most how many.
+# Counts entries in (first, last] without sending them: {count, id of the last counted}
+# (the id is '' when none). Callers count a long range in bounded steps.
+COUNT_RANGE = """
+local r = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], ARGV[2], 'COUNT', ARGV[3])
+if #r == 0 then return {0, ''} end
+return {#r, r[#r][1]}
+"""
+
+# KEYS: stream. {entries ever added, last generated id} from one XINFO STREAM;
+# entries added is -1 on servers older than Redis 7 (no such counter).
+STREAM_ADDED = """
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local added, last = -1, '0-0'
+for i = 1, #info, 2 do
+  if info[i] == 'entries-added' then added = info[i + 1]
+  elseif info[i] == 'last-generated-id' then last = info[i + 1] end
+end
+return {added, last}
 """
 
 # KEYS: lease, fence counter. ARGV: owner, ttl ms.

@@ -8,6 +8,9 @@ All three figures are measured in the same run against the same server:
   not on the adapter's, whose XREADGROUP replies are left unparsed for its decoder.
 * **1 daemon** — :func:`conveyor.bench.throughput` 's pipeline: N messages enqueued
   (not timed), one :class:`WorkerDaemon` started and timed until all are acknowledged.
+  It runs as ``configs/redis.toml`` ships: the dynamic balancer with Redis membership,
+  so every queue is leased and acknowledged through the fenced script (checked after
+  the run: a lease token was issued for every queue).
 * **2 daemons** — two ``conveyor worker`` processes with Redis membership share the
   queues; the group is parked at the stream ends while they start, then moved back
   to the start (timing begins) and the run ends when no queue has lag left. CPU is the
@@ -70,12 +73,13 @@ def private_redis() -> Iterator[str]:
 SLOTS = 2048
 
 
-def _config(url: str, prefix: str, *, dynamic: bool) -> Config:
+def _config(url: str, prefix: str) -> Config:
+    """As configs/redis.toml ships: leases through Redis membership, fenced acks."""
     return load_config(None, overrides={
         "queues": {"adapter": "redis"},
         "slots": {"count": SLOTS},
         "redis": {"url": url, "prefix": prefix},
-        "balancer": {"kind": "dynamic" if dynamic else "static", "membership": "redis"},
+        "balancer": {"kind": "dynamic", "membership": "redis"},
     })
 
 
@@ -96,7 +100,7 @@ async def _drop(adapter: RedisAdapter) -> None:
 
 
 async def _floor(url: str, prefix: str, n: int, streams: int, batch: int) -> tuple[float, float]:
-    config = _config(url, prefix, dynamic=False)
+    config = _config(url, prefix)
     adapter = RedisAdapter(config.redis)
     r: Any = connect(config.redis)
     try:
@@ -128,7 +132,7 @@ async def _floor(url: str, prefix: str, n: int, streams: int, batch: int) -> tup
 
 
 async def _one_daemon(url: str, prefix: str, n: int, streams: int) -> tuple[float, float]:
-    config = _config(url, prefix, dynamic=False)
+    config = _config(url, prefix)
     made: list[RedisAdapter] = []
 
     def make() -> RedisAdapter:
@@ -138,10 +142,24 @@ async def _one_daemon(url: str, prefix: str, n: int, streams: int) -> tuple[floa
     rate, cpu = await _pipeline(make, config, n, streams)
     cleanup = RedisAdapter(config.redis)
     try:
-        await _drop(cleanup)
+        await _check_fenced(cleanup, config.queues.total)
     finally:
+        await _drop(cleanup)
         await cleanup.close()
     return rate, cpu
+
+
+async def _check_fenced(adapter: RedisAdapter, total: int) -> None:
+    """Fail unless the run leased every queue (so its acks ran the fenced script)."""
+    keys = adapter.keys
+    tokens = await adapter.redis.mget([keys.fence(GROUP, q) for q in range(total)])
+    unleased = [q for q, t in enumerate(tokens) if t is None]
+    if unleased:
+        raise RuntimeError(f"queues {unleased} were never leased: the benchmark did not "
+                           "run the shipped (dynamic, fenced) configuration")
+    refused = await adapter.redis.hlen(keys.fenced_acks(GROUP))
+    if refused:
+        raise RuntimeError(f"{refused} lease(s) had acknowledgements refused by fencing")
 
 
 def _spawn_workers(cfg_path: Path, daemons: int) -> list[subprocess.Popen[bytes]]:
@@ -157,7 +175,7 @@ def _spawn_workers(cfg_path: Path, daemons: int) -> list[subprocess.Popen[bytes]
 
 async def _processes(url: str, prefix: str, n: int, streams: int, daemons: int,
                      tmp: Path) -> tuple[float, float]:
-    config = _config(url, prefix, dynamic=True)
+    config = _config(url, prefix)
     adapter = RedisAdapter(config.redis)
     r = adapter.redis
     total = config.queues.total
@@ -199,6 +217,7 @@ async def _processes(url: str, prefix: str, n: int, streams: int, daemons: int,
             await asyncio.sleep(0.01)
         wall = time.perf_counter() - t0
         cpu = sum(sum(p.cpu_times()[:2]) for p in ps) - cpu0
+        await _check_fenced(adapter, total)
         return n / wall, cpu / n * 1e6
     finally:
         for p in procs:

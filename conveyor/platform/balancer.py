@@ -15,6 +15,11 @@ Two tasks run per dynamic balancer: one renews leases (every ``ttl/3``) and repo
 lease as lost once its local deadline, less a safety margin, has passed without a
 renewal; the other re-balances on membership events, lease releases, or every
 ``rebalance_interval_s``. They are separate so a long drain never delays a renewal.
+
+A queue whose start fails (the listener raises: the broker stayed unreachable, the
+lease moved while the previous owner's entries were being claimed...) is not kept:
+its lease is released and a later re-balance takes it again, after a back-off that
+doubles per consecutive failure (from ``rebalance_interval_s`` up to the lease TTL).
 """
 
 from __future__ import annotations
@@ -168,6 +173,8 @@ class DynamicBalancer(QueueBalancer):
         self._stopping = False
         self._queue_locks: dict[int, asyncio.Lock] = {}
         self._stats: StatsProvider | None = None
+        # queue -> (consecutive failed starts, monotonic time before which not to retry)
+        self._failed_starts: dict[int, tuple[int, float]] = {}
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
@@ -251,12 +258,43 @@ class DynamicBalancer(QueueBalancer):
         async with self._lock(queue):
             if queue in self._held or self._stopping:
                 return
+            failures, retry_at = self._failed_starts.get(queue, (0, 0.0))
+            if time.monotonic() < retry_at:
+                return  # backing off after a failed start
             lease = await self.leases.acquire(queue, self._member.id, self.lease_ttl_s)
             if lease is None:
                 return  # still held by its previous owner; retried on the next event
             self._held[queue] = lease
             log.info("acquired queue %d (fencing token %d)", queue, lease.token)
-            await self._listener.queue_acquired(queue, lease)
+            try:
+                await self._listener.queue_acquired(queue, lease)
+            except Exception as exc:
+                await self._start_failed(queue, lease, failures + 1, exc)
+            else:
+                self._failed_starts.pop(queue, None)
+
+    async def _start_failed(self, queue: int, lease: Lease, failures: int,
+                            exc: Exception) -> None:
+        """Undo a take whose start raised, so that a later re-balance retries it.
+
+        Kept, the lease would be renewed forever by a daemon that pulls nothing from
+        the queue, and no re-balance would retry it (it counts as held).
+        """
+        assert self._listener is not None
+        backoff_s = min(self.rebalance_interval_s * 2 ** (failures - 1), self.lease_ttl_s)
+        self._failed_starts[queue] = (failures, time.monotonic() + backoff_s)
+        log.warning("queue %d: start failed (%s: %s); releasing it, retrying in %.1fs "
+                    "(failure %d)", queue, type(exc).__name__, exc, backoff_s, failures)
+        self._held.pop(queue, None)
+        try:
+            await self._listener.queue_lost(queue)  # whatever the start left behind
+        except Exception:
+            log.exception("queue %d: cleaning up after a failed start", queue)
+        try:
+            await self.leases.release(lease)
+        except Exception as release_exc:  # the store is unreachable: the lease lapses
+            log.warning("queue %d: releasing the lease failed (%s); it lapses in %.1fs",
+                        queue, release_exc, self.lease_ttl_s)
 
     async def _give_up(self, queue: int) -> None:
         assert self._listener is not None

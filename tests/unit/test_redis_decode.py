@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor.adapters.redis import EntryDecoder, decode_entry, encode_fields, joined_ids
+from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
 
@@ -79,3 +81,20 @@ def test_arbitrary_field_lists_decode_alike(
 def test_joined_ids_are_the_entry_ids() -> None:
     tokens = [SequenceToken(1, 1700000000000, 0), SequenceToken(1, 1700000000001, 12)]
     assert joined_ids(tokens) == b"1700000000000-0 1700000000001-12"
+
+
+@pytest.mark.parametrize(
+    "name", ["cv-ns", "cv-key", "cv-id", "content-type", "cv-ts", "cv-attempt", "body"]
+)
+def test_a_header_named_like_a_wire_field_is_refused_at_publish(name: str) -> None:
+    # Written as is, it would come back as metadata (or the body), not as a header.
+    msg = Message("m1", StreamId("n", "k"), b"{}", {"x-ok": "1", name: "spoof"})
+    with pytest.raises(BrokerError, match=f"header '{name}' is reserved"):
+        encode_fields(msg)
+
+
+def test_headers_that_only_look_alike_pass_through() -> None:
+    headers = {"Body": "a", "cv-nsx": "b", "x-cv-id": "c", "traceparent": "d"}
+    msg = Message("m1", StreamId("n", "k"), b"{}", headers)
+    flat = _flat(encode_fields(msg))
+    assert EntryDecoder(0).decode(b"1-0", flat).headers == headers

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -24,6 +25,7 @@ from conveyor.platform.errors import BrokerError, ConfigError, LeaseLostError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
+from tests.conftest import wait_until
 from tests.integration.redis.conftest import REPO, RedisServer, write_config
 
 pytestmark = pytest.mark.redis
@@ -72,6 +74,16 @@ async def test_a_published_message_round_trips_every_field(adapter: RedisAdapter
     assert msg.content_type == "application/json" and msg.body == b'{"a":1}'
 
 
+async def test_a_batch_with_a_reserved_header_is_refused_whole(adapter: RedisAdapter) -> None:
+    client = Client(adapter, HashRingQueueMapper(1))
+    good = client.build("orders", "k", {"a": 1})
+    # Client.build refuses reserved names; a message built by hand reaches the adapter.
+    spoof = msgspec.structs.replace(good, id="m2", headers={"cv-ns": "admin"})
+    with pytest.raises(BrokerError, match="'cv-ns' is reserved"):
+        await adapter.enqueue(0, [good, spoof])
+    assert await adapter.redis.xlen(adapter.keys.queue(0)) == 0  # not half a batch
+
+
 async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer) -> None:
     config = config_for(redis_server)
     adapter = RedisAdapter(config.redis)
@@ -85,7 +97,11 @@ async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer
         stale.set_lease(old)
         await stale.initialize()
         [msg] = await stale.get_messages(1, 0.5)
-        await asyncio.sleep(0.3)  # the old lease expires in the store
+
+        async def expired() -> bool:
+            return not await adapter.redis.exists(Keys("t").lease("shop", queue))
+
+        await wait_until(expired, 5, what="the old lease to expire in the store")
         new = await leases.acquire(queue, "new", 5)
         assert new is not None and new.token > old.token
         assert msg.token is not None
@@ -127,7 +143,8 @@ async def test_pending_entries_come_first_in_order_after_a_takeover(
 async def test_retention_trims_only_what_every_group_acknowledged(
     redis_server: RedisServer,
 ) -> None:
-    adapter = RedisAdapter(config_for(redis_server, retention_s=0, trim_interval_s=0.01).redis)
+    # Every acknowledgement trims (the interval is as good as zero).
+    adapter = RedisAdapter(config_for(redis_server, retention_s=0, trim_interval_s=1e-6).redis)
     try:
         client = Client(adapter, HashRingQueueMapper(1))
         for i in range(20):
@@ -138,17 +155,84 @@ async def test_retention_trims_only_what_every_group_acknowledged(
         done = await fast.get_messages(20, 0.1)
         part = await slow.get_messages(5, 0.1)
         await slow.messages_delivered([m.token for m in part[:3]])  # type: ignore[misc]
-        await asyncio.sleep(0.02)
+        assert await adapter.redis.xlen("t:q:0") == 20  # "fast" holds all 20 pending
         await fast.messages_delivered([m.token for m in done])  # type: ignore[misc]
         # "slow" acknowledged 3 and still holds 2 pending: only the first 3 may go.
         assert await adapter.redis.xlen("t:q:0") == 17
         assert await adapter.lag(0, "slow") == 17 and await adapter.lag(0, "fast") == 0
         rest = await slow.get_messages(100, 0.1)
-        await asyncio.sleep(0.02)
         await slow.messages_delivered([m.token for m in part[3:] + rest])  # type: ignore[misc]
         assert await adapter.redis.xlen("t:q:0") == 0
     finally:
         await adapter.close()
+
+
+async def test_retention_trims_below_a_group_rewound_to_a_point_in_time(
+    redis_server: RedisServer,
+) -> None:
+    adapter = RedisAdapter(config_for(redis_server, retention_s=0, trim_interval_s=1e-6).redis)
+    stream = "t:q:0"
+    try:
+        for eid in ["1000-0", "1000-1", "2000-0", "3000-0", "4000-0"]:
+            await adapter.redis.execute_command("XADD", stream, eid, "cv-ns", "items",
+                                                "cv-key", "k", "body", "{}")
+        # One app replays from t = 2.5 s: its group sits at the last id of ms 2499.
+        await adapter.rewind(0, "replaying", 2.5)
+        [group] = await adapter.redis.xinfo_groups(stream)
+        assert group["last-delivered-id"] == b"2499-18446744073709551615"
+        # Another app reads and acknowledges everything; its owner trims the stream.
+        active = adapter.create_receiver(0, "active")
+        await active.initialize()
+        done = await active.get_messages(10, 0.1)
+        assert len(done) == 5
+        await active.messages_delivered([m.token for m in done])  # type: ignore[misc]
+        # Below the rewound group's floor (2500-0) everyone is done: trimmed.
+        kept = [eid for eid, _ in await adapter.redis.xrange(stream)]
+        assert kept == [b"3000-0", b"4000-0"]
+        assert await adapter.lag(0, "replaying") == 2
+    finally:
+        await adapter.close()
+
+
+async def test_lag_after_a_rewind_is_known_and_counted_without_shipping_entries(
+    adapter: RedisAdapter,
+) -> None:
+    stream = "t:q:0"
+    pipe = adapter.redis.pipeline(transaction=False)
+    for ms in range(1, 2001):  # ids 1-0 .. 2000-0, 1 KB bodies
+        pipe.xadd(stream, {"cv-ns": "items", "cv-key": "k", "body": "x" * 1000}, id=f"{ms}-0")
+    await pipe.execute()
+    reader = adapter.create_receiver(0, "g")
+    await reader.initialize()
+    while batch := await reader.get_messages(1000, 0.05):
+        await reader.messages_delivered([m.token for m in batch])  # type: ignore[misc]
+    assert await adapter.lag(0, "g") == 0
+
+    async def redis_lag() -> int | None:
+        [group] = await adapter.redis.xinfo_groups(stream)
+        return group["lag"]  # type: ignore[no-any-return]
+
+    # Back into the middle: Redis itself still knows the lag (ENTRIESREAD was given).
+    await adapter.rewind(0, "g", 1.5)
+    assert await redis_lag() == 501
+    assert await adapter.lag(0, "g") == 501
+    replay = adapter.create_receiver(0, "g")
+    await replay.initialize()
+    part = await replay.get_messages(100, 0.05)
+    assert [m.token.major for m in part] == list(range(1500, 1600))  # type: ignore[union-attr]
+    await replay.messages_delivered([m.token for m in part])  # type: ignore[misc]
+    assert await redis_lag() == 401 and await adapter.lag(0, "g") == 401
+    # A deletion ahead of the group: Redis cannot tell any more; the adapter counts on
+    # the server, so the ~400 KB of entries left do not cross the wire.
+    await adapter.redis.xdel(stream, "1700-0")
+    assert await redis_lag() is None
+
+    async def bytes_sent() -> int:
+        return int((await adapter.redis.info("stats"))["total_net_output_bytes"])
+
+    before = await bytes_sent()
+    assert await adapter.lag(0, "g") == 400
+    assert await bytes_sent() - before < 50_000
 
 
 async def test_membership_is_one_ordered_view_and_dead_members_lapse(
@@ -259,6 +343,10 @@ def test_passwords_are_redacted_and_read_from_the_environment(
 ) -> None:
     assert redact_url("rediss://bob:s3cret@h:6380/1") == "rediss://bob:***@h:6380/1"
     assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
+    # redis-py also takes the password from the query string.
+    assert redact_url("redis://h:6379/0?password=s3cret") == "redis://h:6379/0?password=***"
+    assert (redact_url("rediss://bob:pw1@h/0?ssl_cert_reqs=none&password=pw2&db=2")
+            == "rediss://bob:***@h/0?ssl_cert_reqs=none&password=***&db=2")
     monkeypatch.setenv("CONVEYOR_REDIS_PASSWORD", "from-env")
     monkeypatch.setenv("CONVEYOR_REDIS_USERNAME", "alice")
     cfg = load_config(None, environ={}, overrides={"redis": {"url": "rediss://h:1/0"}}).redis

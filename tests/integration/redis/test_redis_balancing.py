@@ -1,0 +1,107 @@
+"""In-process daemons on a real Redis: what the balancer does when starting a queue fails."""
+
+from __future__ import annotations
+
+import time
+
+from conveyor import Client, Publish, WorkerDaemon
+from conveyor.adapters.redis import RedisAdapter, RedisReceiver
+from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.config import Config, load_config
+from conveyor.platform.errors import BrokerConnectionError
+from conveyor.platform.membership import MemberInfo
+from tests.conftest import wait_until
+from tests.integration.memory_harness import Item, Record, recording_app
+from tests.integration.redis.conftest import RedisServer
+
+TOTAL_QUEUES = 8
+FLAKY_QUEUE = 5  # one of the second daemon's share
+REBALANCE_S = 0.1
+
+
+def balancing_config(server: RedisServer) -> Config:
+    return load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": TOTAL_QUEUES},
+        "redis": {"url": server.url, "prefix": "t", "member_ttl_s": 1.0,
+                  "heartbeat_interval_s": 0.2},
+        "balancer": {"kind": "dynamic", "membership": "redis", "lease_ttl_s": 2.0,
+                     "rebalance_interval_s": REBALANCE_S},
+        "slots": {"count": 16},
+    })
+
+
+class FlakyStarts(RedisAdapter):
+    """A real Redis adapter whose receivers of one queue fail to start, twice.
+
+    First a real ``LeaseLostError``: another holder writes the lease key (for 0.2 s)
+    between the grant and the claim of the previous owner's entries, so the claim
+    script refuses. Then a ``BrokerConnectionError``, what ``initialize`` raises once
+    Redis stayed unreachable for ``retry_max_s`` (injected: a real outage that long
+    would take the lease store down with it). The third start succeeds.
+    """
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config.redis)
+        self.starts: list[float] = []
+
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        if queue != FLAKY_QUEUE:
+            return super().create_receiver(queue, group)
+        adapter = self
+
+        class Flaky(RedisReceiver):
+            async def initialize(self) -> None:
+                adapter.starts.append(time.monotonic())
+                if len(adapter.starts) == 1:
+                    await adapter.redis.set(adapter.keys.lease(group, queue),
+                                            "999999 intruder", px=200)
+                elif len(adapter.starts) == 2:
+                    raise BrokerConnectionError("redis unreachable (injected)")
+                await super().initialize()
+
+        return Flaky(self, queue, group)
+
+
+async def publish(client: Client, first: int, n: int) -> None:
+    await client.publish_batch(
+        Publish("items", f"s{i % 97}", Item(i)) for i in range(first, first + n)
+    )
+
+
+async def test_a_queue_whose_start_fails_is_released_and_retried_not_orphaned(
+    redis_server: RedisServer,
+) -> None:
+    config = balancing_config(redis_server)
+    record = Record()
+    app = recording_app(record, delay_s=0.001)
+    steady = RedisAdapter(config.redis)
+    flaky = FlakyStarts(config)
+    # Best-fit deals sorted member ids round-robin: "b" gets the odd queues.
+    a = WorkerDaemon(app, config, adapter=steady, member=MemberInfo("a", "h", 1, 0.0))
+    b = WorkerDaemon(app, config, adapter=flaky, member=MemberInfo("b", "h", 1, 0.0))
+    client = Client(steady, a.mapper)
+    try:
+        await publish(client, 0, 1000)
+        await a.start()
+        await wait_until(lambda: len(a.balancer.owned()) == TOTAL_QUEUES, 10,
+                         what="the first daemon to own every queue")
+        await b.start()  # takes half the queues; the flaky one fails to start twice
+        await wait_until(lambda: FLAKY_QUEUE in b.agents, 20,
+                         what="the flaky queue to be started on its third try")
+        await publish(client, 1000, 1000)
+        assert any(a.mapper.queue_for_key("items", f"s{i}") == FLAKY_QUEUE for i in range(97))
+        await wait_until(lambda: record.handled == 2000, 30, what="every message handled")
+        assert sorted(a.balancer.owned() + b.balancer.owned()) == list(range(TOTAL_QUEUES))
+        assert FLAKY_QUEUE in b.balancer.owned()
+    finally:
+        await b.stop()
+        await a.stop()
+        await flaky.close()
+        await steady.close()
+    assert record.handled == 2000 and record.duplicates == 0
+    handled_seqs = sorted(seq for seqs in record.order.values() for seq in seqs)
+    assert handled_seqs == list(range(2000))
+    # Exactly three starts (no spinning), the retry after the second failure backed
+    # off twice as long as the first.
+    assert len(flaky.starts) == 3
+    assert flaky.starts[2] - flaky.starts[1] >= 2 * REBALANCE_S
