@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters import kafka_offsets
+from conveyor.adapters.kafka_conn import Outage, broker_error, client_options, retrying
 from conveyor.adapters.kafka_offsets import DoneOffsets
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.config import Config, KafkaConfig
@@ -65,49 +65,6 @@ class _Handoff(msgspec.Struct, frozen=True):
 
 _handoff_encode = msgspec.json.Encoder().encode
 _handoff_decode = msgspec.json.Decoder(_Handoff).decode
-
-
-def client_options(cfg: KafkaConfig) -> dict[str, Any]:
-    """Connection options shared by producer, consumers and admin; secrets from env."""
-    opts: dict[str, Any] = {
-        "bootstrap_servers": cfg.bootstrap,
-        "client_id": cfg.client_id,
-        "security_protocol": cfg.security_protocol,
-    }
-    if cfg.security_protocol.startswith("SASL"):
-        password = os.environ.get(cfg.sasl_password_env)
-        if not cfg.sasl_username or password is None:
-            raise ConfigError(
-                f"$.kafka: {cfg.security_protocol} needs sasl_username and the password "
-                f"in the environment variable named by sasl_password_env "
-                f"({cfg.sasl_password_env!r} is not set)"
-            )
-        opts.update(
-            sasl_mechanism=cfg.sasl_mechanism,
-            sasl_plain_username=cfg.sasl_username,
-            sasl_plain_password=password,
-        )
-    if cfg.security_protocol.endswith("SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        key_env = cfg.ssl_key_password_env
-        key_password = os.environ.get(key_env) if key_env else None
-        opts["ssl_context"] = create_ssl_context(
-            cafile=cfg.ssl_cafile or None,
-            certfile=cfg.ssl_certfile or None,
-            keyfile=cfg.ssl_keyfile or None,
-            password=key_password,
-        )
-    return opts
-
-
-def _broker_error(what: str, exc: BaseException) -> BrokerError:
-    """Translate an aiokafka error at the boundary (retriable ones as connection errors)."""
-    retriable = isinstance(exc, kerrors.KafkaConnectionError | kerrors.KafkaTimeoutError | OSError)
-    if isinstance(exc, kerrors.KafkaError) and exc.retriable:
-        retriable = True
-    cls = BrokerConnectionError if retriable else BrokerError
-    return cls(f"kafka: {what} failed: {type(exc).__name__}: {exc}")
 
 
 def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
@@ -188,18 +145,24 @@ class KafkaReceiver(QueueReceiver):
 
     # -- lifecycle ---------------------------------------------------------------------
     async def initialize(self) -> None:
-        """Position at the committed watermark; a broker that is down is retried on pull."""
+        """Position at the committed watermark; a broker that is down is waited for on pull."""
         try:
-            await self._start()
+            await self._start(None)
         except BrokerError as exc:
-            log.warning("queue %d: broker unreachable (%s); will retry", self._queue, exc)
+            log.warning("queue %d: %s; will retry", self._queue, exc)
 
-    async def _start(self) -> None:
+    async def _start(self, wait_s: float | None) -> bool:
+        """Position the consumer once the topic is ready; False if it is not yet.
+
+        ``wait_s`` bounds the wait for the adapter's shared topic preparation (which
+        backs off while the broker is down); ``None`` waits for its first answer only.
+        """
         if self._started:
-            return
+            return True
         adapter = self._adapter
+        if not await adapter.wait_topic_ready(wait_s):
+            return False
         try:
-            await adapter.ensure_topic()
             if self._consumer is None:
                 consumer = adapter.new_consumer(self._group)
                 await consumer.start()
@@ -223,15 +186,16 @@ class KafkaReceiver(QueueReceiver):
                 with contextlib.suppress(Exception):
                     await self._consumer.stop()
                 self._consumer = None
-            raise _broker_error(f"starting the receiver of queue {self._queue}", exc) from exc
+            raise broker_error(f"starting the receiver of queue {self._queue}", exc) from exc
         self._started = True
         if self._skip:
             log.info("queue %d: resuming at %d, skipping %d offset(s) done by the last owner",
                      self._queue, self._offsets.watermark, len(self._skip))
+        return True
 
     async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
-        if not self._started:
-            await self._start()
+        if not self._started and not await self._start(timeout_s):
+            return []  # the broker is down: the adapter backs off and logs the outage
         consumer = self._consumer
         assert consumer is not None
         tp = self._tp
@@ -250,7 +214,7 @@ class KafkaReceiver(QueueReceiver):
         except TimeoutError:
             return []
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"fetching queue {self._queue}", exc) from exc
+            raise broker_error(f"fetching queue {self._queue}", exc) from exc
         records = batches.get(tp)
         if not records:
             return []
@@ -300,7 +264,7 @@ class KafkaReceiver(QueueReceiver):
         except kerrors.IllegalStateError as exc:
             log.warning("queue %d: partition no longer assigned (%s)", self._queue, exc)
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"committing queue {self._queue}", exc) from exc
+            raise broker_error(f"committing queue {self._queue}", exc) from exc
 
     async def lag(self) -> int:
         consumer = self._consumer
@@ -345,6 +309,8 @@ class KafkaAdapter(QueueAdapter):
         self._topic_ready = False
         self._group_consumers: dict[str, AIOKafkaConsumer] = {}
         self._probes: dict[str, AIOKafkaConsumer] = {}
+        self.outage = Outage(config.bootstrap)
+        self._preparing: asyncio.Task[None] | None = None
 
     # -- connections -------------------------------------------------------------------
     def new_consumer(self, group: str | None, **extra: Any) -> AIOKafkaConsumer:
@@ -378,7 +344,7 @@ class KafkaAdapter(QueueAdapter):
                 except (kerrors.KafkaError, OSError) as exc:
                     with contextlib.suppress(Exception):
                         await producer.stop()
-                    raise _broker_error("connecting the producer", exc) from exc
+                    raise broker_error("connecting the producer", exc) from exc
                 self._producer = producer
         return self._producer
 
@@ -388,6 +354,36 @@ class KafkaAdapter(QueueAdapter):
             return
         await self._create_topics({self.topic: self.total_queues})
         self._topic_ready = True
+
+    async def wait_topic_ready(self, timeout_s: float | None) -> bool:
+        """Whether the topic is ready, after waiting at most ``timeout_s`` for it.
+
+        One task per adapter prepares the topic, backing off while the broker is down
+        (:func:`~conveyor.adapters.kafka_conn.retrying`), however many receivers wait.
+        ``None`` waits until it has an answer: ready, or the broker known to be down.
+        A non-retriable failure (a topic with too few partitions) is raised.
+        """
+        if self._topic_ready:
+            return True
+        task = self._preparing
+        if task is None:
+            task = self._preparing = asyncio.create_task(
+                retrying(self.outage, "preparing the topic", self.ensure_topic),
+                name="kafka-prepare-topic",
+            )
+        if not task.done():
+            if timeout_s is None:
+                down = asyncio.ensure_future(self.outage.reported.wait())
+                try:
+                    await asyncio.wait([task, down], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    down.cancel()
+            elif timeout_s > 0:
+                await asyncio.wait([task], timeout=timeout_s)
+        if not task.done():
+            return False
+        task.result()
+        return True
 
     async def _create_topics(self, wanted: dict[str, int]) -> None:
         admin = AIOKafkaAdminClient(**self._options)
@@ -414,12 +410,16 @@ class KafkaAdapter(QueueAdapter):
                         f"$.queues.total is {self.total_queues}; add partitions or lower it"
                     )
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error("preparing topics", exc) from exc
+            raise broker_error("preparing topics", exc) from exc
         finally:
             with contextlib.suppress(Exception):
                 await admin.close()
 
     async def close(self) -> None:
+        if self._preparing is not None and not self._preparing.done():
+            self._preparing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._preparing
         for consumer in [*self._probes.values()]:
             with contextlib.suppress(Exception):
                 await consumer.stop()
@@ -447,7 +447,7 @@ class KafkaAdapter(QueueAdapter):
             ]
             results = await asyncio.gather(*futures)
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"producing to queue {queue}", exc) from exc
+            raise broker_error(f"producing to queue {queue}", exc) from exc
         return [SequenceToken(queue, r.offset) for r in results]
 
     # -- consuming ---------------------------------------------------------------------
@@ -465,7 +465,7 @@ class KafkaAdapter(QueueAdapter):
             except (kerrors.KafkaError, OSError) as exc:
                 with contextlib.suppress(Exception):
                     await consumer.stop()
-                raise _broker_error("connecting a consumer", exc) from exc
+                raise broker_error("connecting a consumer", exc) from exc
             consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
             self._probes[group] = consumer
         return consumer
@@ -497,7 +497,7 @@ class KafkaAdapter(QueueAdapter):
                 done = len(kafka_offsets.decode(start, committed[1]))
             high = await self.high_watermark(consumer, tp, start)
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"reading the lag of queue {queue}", exc) from exc
+            raise broker_error(f"reading the lag of queue {queue}", exc) from exc
         return max(0, high - start - done)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
@@ -518,7 +518,7 @@ class KafkaAdapter(QueueAdapter):
                 # (tansu, once a group had members): commit as its only member.
                 await self._commit_as_member(group, {tp: OffsetAndMetadata(offset, "")})
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"rewinding queue {queue}", exc) from exc
+            raise broker_error(f"rewinding queue {queue}", exc) from exc
         log.info("rewound %s on queue %d to offset %d", group, queue, offset)
 
     async def _commit_as_member(
@@ -610,7 +610,7 @@ class KafkaAdapter(QueueAdapter):
                        for letter in letters]
             await asyncio.gather(*futures)
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error("writing dead letters", exc) from exc
+            raise broker_error("writing dead letters", exc) from exc
 
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         tp = TopicPartition(self.dlq_topic, 0)
@@ -632,7 +632,7 @@ class KafkaAdapter(QueueAdapter):
                     if record.key == key and record.value and len(out) < limit:
                         out.append(_dl_decode(record.value))
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error("reading dead letters", exc) from exc
+            raise broker_error("reading dead letters", exc) from exc
         finally:
             await consumer.stop()
         return out
