@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -27,18 +28,26 @@ def kafka_config(bootstrap: str, topic: str, **sections: dict[str, Any]) -> Conf
 class Recorder:
     """An app whose handler records (key, seq) per namespace, optionally sleeping."""
 
-    def __init__(self, namespace: str = "orders", max_delay_s: float = 0.0) -> None:
+    def __init__(
+        self, namespace: str = "orders", max_delay_s: float = 0.0, min_delay_s: float = 0.0
+    ) -> None:
         self.app = App("kafka-test")
         self.seen: list[tuple[str, int]] = []
         self.by_key: dict[str, list[int]] = defaultdict(list)
         self.max_delay_s = max_delay_s
+        self.min_delay_s = min_delay_s
         self.hold: dict[str, asyncio.Event] = {}
         self.running = 0
         self.peak = 0
+        self.first_call_at: float | None = None
+        """perf_counter() when the first handler call began; last_done_at: the last ended."""
+        self.last_done_at = 0.0
 
         @self.app.handler(namespace)
         async def handle(body: dict[str, Any]) -> None:
             key, seq = str(body["k"]), int(body["seq"])
+            if self.first_call_at is None:
+                self.first_call_at = time.perf_counter()
             self.running += 1
             self.peak = max(self.peak, self.running)
             try:
@@ -46,8 +55,9 @@ class Recorder:
                 if gate is not None:
                     await gate.wait()
                 if self.max_delay_s:
-                    await asyncio.sleep(random.uniform(0, self.max_delay_s))
+                    await asyncio.sleep(random.uniform(self.min_delay_s, self.max_delay_s))
             finally:
                 self.running -= 1
             self.seen.append((key, seq))
             self.by_key[key].append(seq)
+            self.last_done_at = time.perf_counter()

@@ -95,8 +95,8 @@ def test_a_worker_waiting_for_its_broker_drains_on_sigterm(tmp_path: Path) -> No
         if worker.poll() is None:
             worker.kill()
             worker.wait(10)
-    os.set_blocking(worker.stderr.fileno(), True)  # type: ignore[union-attr]
-    text = "".join(lines) + worker.stderr.read()  # type: ignore[union-attr]
+    os.set_blocking(worker.stderr.fileno(), True)
+    text = "".join(lines) + worker.stderr.read()
     assert "unreachable while joining group" in text, text
     assert "drained" in text, text
     assert "Unclosed" not in text and "Traceback" not in text, text
