@@ -67,6 +67,10 @@ _handoff_encode = msgspec.json.Encoder().encode
 _handoff_decode = msgspec.json.Decoder(_Handoff).decode
 
 
+class ForwardRewindError(ConfigError):
+    """A rewind target ahead of the committed position (it would skip messages)."""
+
+
 def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
     """A fetched record as a :class:`Message`; foreign records get the defaults."""
     ns = default_ns
@@ -501,25 +505,58 @@ class KafkaAdapter(QueueAdapter):
         return max(0, high - start - done)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+        await self.rewind_queues([queue], group, to)
+
+    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
+                            *, allow_forward: bool = False) -> None:
+        """Move ``group``'s position on every queue of ``queues`` to ``to``, or on none.
+
+        A target ahead of the committed position (a later token, or a time after the
+        last message) would skip messages never handled: refused with
+        :class:`ForwardRewindError` unless ``allow_forward``, checked on every queue
+        before any is moved.
+        """
         try:
             consumer = await self._probe(group)
-            tp = TopicPartition(self.topic, queue)
-            if isinstance(to, SequenceToken):
-                if to.queue != queue:
-                    raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
-                offset = to.major
-            else:
-                offset = await self._offset_for_time(consumer, tp, int(to * 1000))
-            await self.write_handoff(group, queue, offset, "")  # forget recorded done offsets
-            try:
-                await consumer.commit({tp: OffsetAndMetadata(offset, "")})
-            except kerrors.CommitFailedError:
-                # A broker that refuses commits from outside the group's generation
-                # (tansu, once a group had members): commit as its only member.
-                await self._commit_as_member(group, {tp: OffsetAndMetadata(offset, "")})
+            targets: dict[int, int] = {}
+            ahead: list[str] = []
+            for queue in queues:
+                tp = TopicPartition(self.topic, queue)
+                if isinstance(to, SequenceToken):
+                    if to.queue != queue:
+                        raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+                    offset = to.major
+                else:
+                    offset = await self._offset_for_time(consumer, tp, int(to * 1000))
+                committed = await _fetch_committed(consumer, tp)
+                position = (int(committed[0]) if committed is not None
+                            else int((await consumer.beginning_offsets([tp]))[tp]))
+                if offset > position:
+                    ahead.append(f"queue {queue}: offset {offset} > {position}, "
+                                 f"{offset - position} message(s) skipped")
+                targets[queue] = offset
+            if ahead and not allow_forward:
+                raise ForwardRewindError(
+                    f"that target is ahead of app {group!r}'s position, so messages never "
+                    f"handled would be skipped ({'; '.join(ahead)}); pass --allow-forward "
+                    "(allow_forward=True) to skip them on purpose"
+                )
+            for queue, offset in targets.items():
+                await self._commit_position(group, queue, offset)
+                log.info("moved %s on queue %d to offset %d", group, queue, offset)
         except (kerrors.KafkaError, OSError) as exc:
-            raise broker_error(f"rewinding queue {queue}", exc) from exc
-        log.info("rewound %s on queue %d to offset %d", group, queue, offset)
+            raise broker_error(f"rewinding app {group!r}", exc) from exc
+
+    async def _commit_position(self, group: str, queue: int, offset: int) -> None:
+        consumer = await self._probe(group)
+        tp = TopicPartition(self.topic, queue)
+        await self.write_handoff(group, queue, offset, "")  # forget recorded done offsets
+        try:
+            await consumer.commit({tp: OffsetAndMetadata(offset, "")})
+        except kerrors.CommitFailedError:
+            # A broker that refuses commits from outside the group's generation
+            # (tansu, once a group had members): commit as its only member.
+            await self._commit_as_member(group, {tp: OffsetAndMetadata(offset, "")})
 
     async def _commit_as_member(
         self, group: str, offsets: dict[TopicPartition, OffsetAndMetadata]
