@@ -299,7 +299,8 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
         adapter = create_adapter(config.queues.adapter, config)
         try:
             if adapter.name == "kafka":
-                from conveyor.adapters.kafka import ForwardRewindError, KafkaAdapter
+                from conveyor.adapters.kafka import KafkaAdapter
+                from conveyor.adapters.kafka_rewind import ForwardRewindError
 
                 assert isinstance(adapter, KafkaAdapter)
                 try:

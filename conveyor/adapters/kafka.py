@@ -10,8 +10,11 @@ the *watermark* — the offset below which everything is done — never past an
 unfinished message, and records the offsets done above it (see
 :mod:`conveyor.adapters.kafka_offsets`) in the commit metadata. Brokers that drop
 commit metadata (tansu) are covered by a hand-off record written on a graceful
-drain to ``<topic>.conveyor-handoff``. A new owner starts at the watermark and skips
-the recorded offsets, so a hand-off replays only what was really unfinished.
+drain (:mod:`conveyor.adapters.kafka_handoff`). A new owner starts at the watermark
+and skips the recorded offsets, so a hand-off replays only what was really unfinished.
+
+Connections, error translation and outage back-off live in
+:mod:`conveyor.adapters.kafka_conn`; rewinding in :mod:`conveyor.adapters.kafka_rewind`.
 
 Lag is ``high watermark - committed``, the high watermark taken from fetch
 responses (tansu's ListOffsets(latest) is wrong for multi-record batches).
@@ -31,8 +34,15 @@ from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters import kafka_offsets
-from conveyor.adapters.kafka_conn import Outage, broker_error, client_options, retrying
+from conveyor.adapters import kafka_offsets, kafka_rewind
+from conveyor.adapters.kafka_conn import (
+    Outage,
+    broker_error,
+    client_options,
+    fetch_committed,
+    retrying,
+)
+from conveyor.adapters.kafka_handoff import HandoffLog
 from conveyor.adapters.kafka_offsets import DoneOffsets
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.config import Config, KafkaConfig
@@ -54,21 +64,6 @@ log = logging.getLogger("conveyor.kafka")
 
 _dl_encode = msgspec.json.Encoder().encode
 _dl_decode = msgspec.json.Decoder(DeadLetter).decode
-
-
-class _Handoff(msgspec.Struct, frozen=True):
-    """What a draining owner leaves for the next one when commit metadata is dropped."""
-
-    watermark: int
-    done: str
-
-
-_handoff_encode = msgspec.json.Encoder().encode
-_handoff_decode = msgspec.json.Decoder(_Handoff).decode
-
-
-class ForwardRewindError(ConfigError):
-    """A rewind target ahead of the committed position (it would skip messages)."""
 
 
 def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
@@ -173,7 +168,7 @@ class KafkaReceiver(QueueReceiver):
                 consumer.assign([self._tp])
                 self._consumer = consumer
             consumer = self._consumer
-            committed = await _fetch_committed(consumer, self._tp)
+            committed = await fetch_committed(consumer, self._tp)
             if committed is None:
                 start = (await consumer.beginning_offsets([self._tp]))[self._tp]
                 done: set[int] = set()
@@ -181,7 +176,7 @@ class KafkaReceiver(QueueReceiver):
                 start, meta = committed
                 done = kafka_offsets.decode(start, meta)
                 if not done:
-                    done = await adapter.read_handoff(self._group, self._queue, start)
+                    done = await adapter.handoffs.read(self._group, self._queue, start)
             self._offsets = DoneOffsets(start, done)
             self._skip = set(self._offsets.done)
             consumer.seek(self._tp, self._offsets.watermark)
@@ -257,7 +252,7 @@ class KafkaReceiver(QueueReceiver):
         assert consumer is not None
         try:
             if not tokens:
-                await self._adapter.write_handoff(self._group, self._queue, watermark, meta)
+                await self._adapter.handoffs.write(self._group, self._queue, watermark, meta)
                 self._handed_over = True
             await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
         except kerrors.CommitFailedError as exc:
@@ -287,24 +282,12 @@ class KafkaReceiver(QueueReceiver):
         self._consumer = None
 
 
-async def _fetch_committed(
-    consumer: AIOKafkaConsumer, tp: TopicPartition
-) -> tuple[int, str] | None:
-    """The group's committed offset and metadata (aiokafka's public API drops metadata)."""
-    found = await consumer._coordinator.fetch_committed_offsets([tp])
-    entry = found.get(tp)
-    if entry is None or entry.offset < 0:
-        return None
-    return int(entry.offset), str(entry.metadata or "")
-
-
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
 
     def __init__(self, config: KafkaConfig, total_queues: int) -> None:
         self.config = config
         self.topic = config.topic
-        self.handoff_topic = f"{config.topic}.conveyor-handoff"
         self.dlq_topic = f"{config.topic}.conveyor-dlq"
         self.total_queues = total_queues
         self._options = client_options(config)
@@ -314,6 +297,7 @@ class KafkaAdapter(QueueAdapter):
         self._group_consumers: dict[str, AIOKafkaConsumer] = {}
         self._probes: dict[str, AIOKafkaConsumer] = {}
         self.outage = Outage(config.bootstrap)
+        self.handoffs = HandoffLog(self)
         self._preparing: asyncio.Task[None] | None = None
 
     # -- connections -------------------------------------------------------------------
@@ -336,7 +320,7 @@ class KafkaAdapter(QueueAdapter):
         else:
             self._group_consumers[group] = consumer
 
-    async def _producer_started(self) -> AIOKafkaProducer:
+    async def producer(self) -> AIOKafkaProducer:
         if self._producer is not None:
             return self._producer
         async with self._lock:
@@ -356,7 +340,7 @@ class KafkaAdapter(QueueAdapter):
         """Create the topic with ``total_queues`` partitions if absent; check it if present."""
         if self._topic_ready:
             return
-        await self._create_topics({self.topic: self.total_queues})
+        await self.create_topics({self.topic: self.total_queues})
         self._topic_ready = True
 
     async def wait_topic_ready(self, timeout_s: float | None) -> bool:
@@ -389,7 +373,10 @@ class KafkaAdapter(QueueAdapter):
         task.result()
         return True
 
-    async def _create_topics(self, wanted: dict[str, int]) -> None:
+    async def create_topics(
+        self, wanted: dict[str, int], topic_config: dict[str, str] | None = None
+    ) -> None:
+        """Create the topics of ``wanted`` (name: partitions) that are absent."""
         admin = AIOKafkaAdminClient(**self._options)
         try:
             await admin.start()
@@ -397,7 +384,8 @@ class KafkaAdapter(QueueAdapter):
             missing = {t: n for t, n in wanted.items() if t not in existing}
             if missing and self.config.create_topic:
                 rf = self.config.replication_factor
-                topics = [NewTopic(t, n, rf) for t, n in missing.items()]
+                topics = [NewTopic(t, n, rf, topic_configs=topic_config)
+                          for t, n in missing.items()]
                 response = await admin.create_topics(topics)
                 for topic, code, *_ in response.topic_errors:
                     if code not in (0, 36):  # 36: created meanwhile by another process
@@ -435,7 +423,7 @@ class KafkaAdapter(QueueAdapter):
 
     # -- producing ---------------------------------------------------------------------
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
-        producer = await self._producer_started()
+        producer = await self.producer()
         topic = self.topic
         try:
             futures = [
@@ -458,7 +446,7 @@ class KafkaAdapter(QueueAdapter):
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
         return KafkaReceiver(self, queue, group, self._group_consumers.get(group))
 
-    async def _probe(self, group: str) -> AIOKafkaConsumer:
+    async def probe(self, group: str) -> AIOKafkaConsumer:
         """A consumer of ``group`` assigned every partition, for lag and rewind (no reads)."""
         consumer = self._probes.get(group)
         if consumer is None:
@@ -490,9 +478,9 @@ class KafkaAdapter(QueueAdapter):
 
     async def lag(self, queue: int, group: str) -> int:
         try:
-            consumer = await self._probe(group)
+            consumer = await self.probe(group)
             tp = TopicPartition(self.topic, queue)
-            committed = await _fetch_committed(consumer, tp)
+            committed = await fetch_committed(consumer, tp)
             if committed is None:
                 start = int((await consumer.beginning_offsets([tp]))[tp])
                 done = 0
@@ -509,137 +497,14 @@ class KafkaAdapter(QueueAdapter):
 
     async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
                             *, allow_forward: bool = False) -> None:
-        """Move ``group``'s position on every queue of ``queues`` to ``to``, or on none.
-
-        A target ahead of the committed position (a later token, or a time after the
-        last message) would skip messages never handled: refused with
-        :class:`ForwardRewindError` unless ``allow_forward``, checked on every queue
-        before any is moved.
-        """
-        try:
-            consumer = await self._probe(group)
-            targets: dict[int, int] = {}
-            ahead: list[str] = []
-            for queue in queues:
-                tp = TopicPartition(self.topic, queue)
-                if isinstance(to, SequenceToken):
-                    if to.queue != queue:
-                        raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
-                    offset = to.major
-                else:
-                    offset = await self._offset_for_time(consumer, tp, int(to * 1000))
-                committed = await _fetch_committed(consumer, tp)
-                position = (int(committed[0]) if committed is not None
-                            else int((await consumer.beginning_offsets([tp]))[tp]))
-                if offset > position:
-                    ahead.append(f"queue {queue}: offset {offset} > {position}, "
-                                 f"{offset - position} message(s) skipped")
-                targets[queue] = offset
-            if ahead and not allow_forward:
-                raise ForwardRewindError(
-                    f"that target is ahead of app {group!r}'s position, so messages never "
-                    f"handled would be skipped ({'; '.join(ahead)}); pass --allow-forward "
-                    "(allow_forward=True) to skip them on purpose"
-                )
-            for queue, offset in targets.items():
-                await self._commit_position(group, queue, offset)
-                log.info("moved %s on queue %d to offset %d", group, queue, offset)
-        except (kerrors.KafkaError, OSError) as exc:
-            raise broker_error(f"rewinding app {group!r}", exc) from exc
-
-    async def _commit_position(self, group: str, queue: int, offset: int) -> None:
-        consumer = await self._probe(group)
-        tp = TopicPartition(self.topic, queue)
-        await self.write_handoff(group, queue, offset, "")  # forget recorded done offsets
-        try:
-            await consumer.commit({tp: OffsetAndMetadata(offset, "")})
-        except kerrors.CommitFailedError:
-            # A broker that refuses commits from outside the group's generation
-            # (tansu, once a group had members): commit as its only member.
-            await self._commit_as_member(group, {tp: OffsetAndMetadata(offset, "")})
-
-    async def _commit_as_member(
-        self, group: str, offsets: dict[TopicPartition, OffsetAndMetadata]
-    ) -> None:
-        consumer = self.new_consumer(group, session_timeout_ms=self.config.session_timeout_ms)
-        await consumer.start()
-        try:
-            consumer.subscribe([self.topic])
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.config.session_timeout_ms / 1000 + 10
-            while not set(offsets) <= consumer.assignment():
-                if loop.time() > deadline:
-                    raise BrokerError(
-                        f"kafka: could not join group {group!r} alone to rewind it; "
-                        "stop its workers first"
-                    )
-                await asyncio.sleep(0.1)
-            await consumer.commit(offsets)
-        finally:
-            await consumer.stop()
-
-    async def _offset_for_time(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
-                               when_ms: int) -> int:
-        """The first offset whose timestamp is >= ``when_ms`` (the end if none is)."""
-        found = (await consumer.offsets_for_times({tp: when_ms})).get(tp)
-        if found is not None and found.timestamp >= 0:
-            return int(found.offset)
-        # No answer, or tansu's (timestamp -1): scan from the start up to the fetch
-        # high watermark, comparing record timestamps.
-        begin = (await consumer.beginning_offsets([tp]))[tp]
-        high = await self.high_watermark(consumer, tp, begin)
-        consumer.seek(tp, begin)
-        position = begin
-        while position < high:
-            batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
-            for record in batch:
-                if record.timestamp >= when_ms:
-                    return int(record.offset)
-                position = record.offset + 1
-        return high
-
-    # -- hand-off records (for brokers that drop commit metadata) ----------------------
-    async def write_handoff(self, group: str, queue: int, watermark: int, done: str) -> None:
-        producer = await self._producer_started()
-        if not getattr(self, "_handoff_ready", False):
-            await self._create_topics({self.handoff_topic: self.total_queues})
-            self._handoff_ready = True
-        await producer.send_and_wait(
-            self.handoff_topic, _handoff_encode(_Handoff(watermark, done)),
-            key=group.encode(), partition=queue,
-        )
-
-    async def read_handoff(self, group: str, queue: int, watermark: int) -> set[int]:
-        """Done offsets the last owner recorded at ``watermark`` (none if it moved on)."""
-        tp = TopicPartition(self.handoff_topic, queue)
-        consumer = self.new_consumer(None)
-        try:
-            await consumer.start()
-            if self.handoff_topic not in await consumer.topics():
-                return set()
-            consumer.assign([tp])
-            high = await self.high_watermark(consumer, tp, 0)
-            consumer.seek(tp, 0)
-            latest: _Handoff | None = None
-            key = group.encode()
-            position = 0
-            while position < high:
-                batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
-                for record in batch:
-                    position = record.offset + 1
-                    if record.key == key and record.value:
-                        latest = _handoff_decode(record.value)
-        finally:
-            await consumer.stop()
-        if latest is None or latest.watermark != watermark:
-            return set()
-        return kafka_offsets.decode(watermark, latest.done)
+        """See :func:`conveyor.adapters.kafka_rewind.rewind_queues`."""
+        await kafka_rewind.rewind_queues(self, queues, group, to, allow_forward=allow_forward)
 
     # -- dead letters ------------------------------------------------------------------
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
-        producer = await self._producer_started()
+        producer = await self.producer()
         if not getattr(self, "_dlq_ready", False):
-            await self._create_topics({self.dlq_topic: 1})
+            await self.create_topics({self.dlq_topic: 1})
             self._dlq_ready = True
         try:
             futures = [await producer.send(self.dlq_topic, _dl_encode(letter),

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity import wait_exponential_jitter as _backoff
@@ -99,6 +100,17 @@ def broker_error(what: str, exc: BaseException) -> BrokerError:
         retriable = True
     cls = BrokerConnectionError if retriable else BrokerError
     return cls(f"kafka: {what} failed: {type(exc).__name__}: {exc}")
+
+
+async def fetch_committed(
+    consumer: AIOKafkaConsumer, tp: TopicPartition
+) -> tuple[int, str] | None:
+    """The group's committed offset and metadata (aiokafka's public API drops metadata)."""
+    found = await consumer._coordinator.fetch_committed_offsets([tp])
+    entry = found.get(tp)
+    if entry is None or entry.offset < 0:
+        return None
+    return int(entry.offset), str(entry.metadata or "")
 
 
 class Outage:

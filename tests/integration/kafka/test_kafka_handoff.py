@@ -6,6 +6,8 @@ import asyncio
 import time
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka_group import KafkaGroupBalancer
@@ -170,3 +172,37 @@ async def test_a_graceful_group_rebalance_redelivers_nothing(tansu: Tansu, topic
         on_a, on_b = rec_a.by_key.get(key, []), rec_b.by_key.get(key, [])
         assert on_a == sorted(on_a) and on_b == sorted(on_b), key
         assert not on_a or not on_b or on_a[-1] < on_b[0], f"{key} handed over out of order"
+
+
+async def test_the_handoff_topic_is_compacted_and_read_backwards_from_the_end(
+    tansu: Tansu, topic: str
+) -> None:
+    config = kafka_config(tansu.bootstrap, topic)
+    adapter = KafkaAdapter(config.kafka, 1)
+    log = adapter.handoffs
+    log.scan_step = 10
+    try:
+        await log.write("g", 0, 5, "cv1:2")
+        for i in range(25):  # another app's records bury ours: the scan must go back
+            await log.write("other", 0, i, "")
+        assert await log.read("g", 0, 5) == {7}
+        assert log.last_scan_records == 26  # three windows, down to the first record
+
+        await log.write("g", 0, 9, "cv1:1,3")
+        assert await log.read("g", 0, 9) == {10, 12}
+        assert log.last_scan_records <= log.scan_step, "the latest record is in the last window"
+        assert await log.read("g", 0, 5) == set(), "a record the owner moved past is stale"
+        assert await log.read("nobody", 0, 0) == set()
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            described = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, log.topic)]
+            )
+        finally:
+            await admin.close()
+        settings = {name: value for name, value, *_ in described[0].resources[0][4]}
+        assert settings["cleanup.policy"] == "compact"
+    finally:
+        await adapter.close()
