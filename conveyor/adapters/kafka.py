@@ -40,6 +40,7 @@ from conveyor.adapters.kafka_conn import (
     broker_error,
     client_options,
     fetch_committed,
+    first_answer,
     retrying,
 )
 from conveyor.adapters.kafka_handoff import HandoffLog
@@ -299,6 +300,7 @@ class KafkaAdapter(QueueAdapter):
         self.outage = Outage(config.bootstrap)
         self.handoffs = HandoffLog(self)
         self._preparing: asyncio.Task[None] | None = None
+        self._first_answer_awaited = False
 
     # -- connections -------------------------------------------------------------------
     def new_consumer(self, group: str | None, **extra: Any) -> AIOKafkaConsumer:
@@ -348,7 +350,8 @@ class KafkaAdapter(QueueAdapter):
 
         One task per adapter prepares the topic, backing off while the broker is down
         (:func:`~conveyor.adapters.kafka_conn.retrying`), however many receivers wait.
-        ``None`` waits until it has an answer: ready, or the broker known to be down.
+        ``None`` waits for a first answer (:func:`~conveyor.adapters.kafka_conn.first_answer`),
+        once per adapter; later calls with ``None`` do not wait.
         A non-retriable failure (a topic with too few partitions) is raised.
         """
         if self._topic_ready:
@@ -361,11 +364,9 @@ class KafkaAdapter(QueueAdapter):
             )
         if not task.done():
             if timeout_s is None:
-                down = asyncio.ensure_future(self.outage.reported.wait())
-                try:
-                    await asyncio.wait([task, down], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    down.cancel()
+                if not self._first_answer_awaited:  # one start-up wait, not one per queue
+                    self._first_answer_awaited = True
+                    await first_answer(task, self.outage)
             elif timeout_s > 0:
                 await asyncio.wait([task], timeout=timeout_s)
         if not task.done():

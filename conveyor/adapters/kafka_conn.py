@@ -35,6 +35,9 @@ RETRY_MAX_DELAY_S = 5.0
 """Longest wait between two attempts to reach a broker that is down."""
 REPORT_EVERY_S = 30.0
 """How often an outage that lasts is logged again."""
+FIRST_ANSWER_S = 5.0
+"""Longest a daemon's start waits on a first connection attempt that neither succeeds
+nor fails (a host that drops packets); the attempt goes on in the background."""
 
 
 def client_options(cfg: KafkaConfig) -> dict[str, Any]:
@@ -120,7 +123,7 @@ class Outage:
         self.bootstrap = bootstrap  # HOST:PORT list: no credentials live here
         self.down_since: float | None = None
         self.reported = asyncio.Event()
-        """Set once an outage was seen: waiters for a first answer stop waiting."""
+        """Set while an outage is known: waiters for a first answer stop waiting."""
         self._last_report = 0.0
 
     def failing(self, what: str, exc: BaseException) -> None:
@@ -140,6 +143,7 @@ class Outage:
             log.warning("kafka at %s reachable again after %.1fs",
                         self.bootstrap, time.monotonic() - self.down_since)
             self.down_since = None
+            self.reported.clear()
 
 
 async def retrying(outage: Outage, what: str, fn: Callable[[], Awaitable[T]]) -> T:
@@ -165,3 +169,17 @@ async def retrying(outage: Outage, what: str, fn: Callable[[], Awaitable[T]]) ->
             result = await fn()
     outage.ok()
     return result
+
+
+async def first_answer(task: asyncio.Future[Any], outage: Outage,
+                       timeout_s: float = FIRST_ANSWER_S) -> None:
+    """Wait until ``task`` is done, an outage is known, or ``timeout_s`` has passed.
+
+    For a start that should fail fast on a configuration error but not wait out a
+    broker outage. ``task`` is never cancelled here.
+    """
+    down = asyncio.ensure_future(outage.reported.wait())
+    try:
+        await asyncio.wait([task, down], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        down.cancel()

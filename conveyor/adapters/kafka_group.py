@@ -27,11 +27,11 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import broker_error, retrying
+from conveyor.adapters.kafka_conn import broker_error, first_answer, retrying
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.balancer import BalanceListener, QueueBalancer
 from conveyor.platform.config import Config
-from conveyor.platform.errors import BrokerConnectionError, ConfigError
+from conveyor.platform.errors import ConfigError
 from conveyor.platform.membership import MemberInfo
 
 log = logging.getLogger("conveyor.kafka_group")
@@ -70,19 +70,21 @@ class KafkaGroupBalancer(QueueBalancer):
         """
         self._listener = listener
         self._member = member
-        try:
-            await self._join()
-        except BrokerConnectionError as exc:
-            self.adapter.outage.failing(f"joining group {self.group!r}", exc)
-            self._joining = asyncio.create_task(self._join_in_background(),
-                                                name="kafka-group-join")
+        joining = asyncio.create_task(
+            retrying(self.adapter.outage, f"joining group {self.group!r}", self._join),
+            name="kafka-group-join",
+        )
+        self._joining = joining
+        await first_answer(joining, self.adapter.outage)
+        if joining.done():
+            joining.result()  # a configuration error fails the start
+        else:
+            joining.add_done_callback(self._join_ended)
 
-    async def _join_in_background(self) -> None:
-        try:
-            await retrying(self.adapter.outage, f"joining group {self.group!r}", self._join)
-        except Exception:
-            log.exception("group %s: joining failed for good; this daemon owns no queue",
-                          self.group)
+    def _join_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("group %s: joining failed for good (%s); this daemon owns no queue",
+                      self.group, exc)
 
     async def _join(self) -> None:
         cfg = self.adapter.config

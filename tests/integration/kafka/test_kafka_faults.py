@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.adapters.kafka_conn import FIRST_ANSWER_S
 from conveyor.platform.client import Client, Publish
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import free_port, wait_until, wait_until_sync
@@ -64,6 +65,40 @@ async def test_a_daemon_whose_broker_is_unreachable_resumes_when_it_comes_up(
     assert sum("unreachable while" in w for w in warnings) == 1, warnings
     assert any("reachable again" in w for w in warnings), warnings
     assert not any("pull failed" in w for w in warnings), "the outage was logged per poll"
+
+
+@pytest.mark.parametrize("balancer", ["static", "kafka-group"])
+async def test_a_broker_that_never_answers_holds_up_neither_start_nor_stop(
+    topic: str, balancer: str
+) -> None:
+    """A host that accepts connections and stays silent (aiokafka would wait 40 s)."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = kafka_config(f"127.0.0.1:{port}", topic, queues={"total": 3},
+                          balancer={"kind": balancer})
+    daemon = WorkerDaemon(Recorder().app, config)
+    try:
+        t0 = time.monotonic()
+        await daemon.start()
+        started_s = time.monotonic() - t0
+        await asyncio.sleep(0.5)  # pulls run against the silent broker meanwhile
+        t0 = time.monotonic()
+        await daemon.stop()
+        stopped_s = time.monotonic() - t0
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+    # One bounded wait for a first answer (FIRST_ANSWER_S = 5 s), not one per queue;
+    # before, start waited out aiokafka's 40 s request timeout.
+    assert started_s < FIRST_ANSWER_S + 2, started_s
+    assert stopped_s < 3, stopped_s
+    assert held, "the daemon never tried the broker"
 
 
 def test_a_worker_waiting_for_its_broker_drains_on_sigterm(tmp_path: Path) -> None:
