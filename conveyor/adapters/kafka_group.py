@@ -142,7 +142,7 @@ class KafkaGroupBalancer(QueueBalancer):
         self._stopping = True
         if self._joining is not None:
             self._joining.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged when it ended
                 await self._joining
         if self._consumer is None:
             return

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka_conn import FIRST_ANSWER_S
 from conveyor.platform.client import Client, Publish
+from conveyor.platform.errors import ConfigError
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import free_port, wait_until, wait_until_sync
 from tests.integration.kafka.conftest import Tansu, tansu_binary
@@ -145,6 +147,38 @@ async def test_a_broker_that_never_answers_holds_up_neither_start_nor_stop(
     assert started_s < FIRST_ANSWER_S + 2, started_s
     assert stopped_s < 3, stopped_s
     assert held, "the daemon never tried the broker"
+
+
+async def test_a_topic_with_too_few_partitions_is_not_retried(
+    tansu: Tansu, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kafka-group: raised by start when the broker answers, logged once if it comes later."""
+    broker = _late_broker(tmp_path)
+    proxy = CuttableProxy(free_port(), broker.port)
+    broker.advertised_port = proxy.port
+    broker.start()
+    await proxy.start()
+    try:
+        config = kafka_config(broker.bootstrap, topic, queues={"total": 2},
+                              balancer={"kind": "kafka-group"})
+        one = KafkaAdapter(config.kafka, 1)
+        try:
+            await one.ensure_topic()  # the topic, with 1 partition
+        finally:
+            await one.close()
+        with pytest.raises(ConfigError, match="has 1 partitions"):
+            await WorkerDaemon(Recorder().app, config).start()
+        await proxy.cut()  # the broker unreachable: start returns, the join goes on
+        daemon = WorkerDaemon(Recorder().app, config)
+        await daemon.start()
+        await proxy.start()
+        await wait_until(lambda: any("joining failed for good" in r.getMessage()
+                                     for r in caplog.records), 30, 0.05, "the error logged")
+        await daemon.stop()
+        assert daemon.balancer.owned() == []
+    finally:
+        await proxy.cut()
+        broker.stop()
 
 
 def test_a_worker_waiting_for_its_broker_drains_on_sigterm(tmp_path: Path) -> None:
