@@ -10,8 +10,11 @@ the *watermark* — the offset below which everything is done — never past an
 unfinished message, and records the offsets done above it (see
 :mod:`conveyor.adapters.kafka_offsets`) in the commit metadata. Brokers that drop
 commit metadata (tansu) are covered by a hand-off record written on a graceful
-drain to ``<topic>.conveyor-handoff``. A new owner starts at the watermark and skips
-the recorded offsets, so a hand-off replays only what was really unfinished.
+drain (:mod:`conveyor.adapters.kafka_handoff`). A new owner starts at the watermark
+and skips the recorded offsets, so a hand-off replays only what was really unfinished.
+
+Connections, error translation and outage back-off live in
+:mod:`conveyor.adapters.kafka_conn`; rewinding in :mod:`conveyor.adapters.kafka_rewind`.
 
 Lag is ``high watermark - committed``, the high watermark taken from fetch
 responses (tansu's ListOffsets(latest) is wrong for multi-record batches).
@@ -22,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +34,16 @@ from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters import kafka_offsets
+from conveyor.adapters import kafka_offsets, kafka_rewind
+from conveyor.adapters.kafka_conn import (
+    Outage,
+    broker_error,
+    client_options,
+    fetch_committed,
+    first_answer,
+    retrying,
+)
+from conveyor.adapters.kafka_handoff import HandoffLog
 from conveyor.adapters.kafka_offsets import DoneOffsets
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.config import Config, KafkaConfig
@@ -54,60 +65,6 @@ log = logging.getLogger("conveyor.kafka")
 
 _dl_encode = msgspec.json.Encoder().encode
 _dl_decode = msgspec.json.Decoder(DeadLetter).decode
-
-
-class _Handoff(msgspec.Struct, frozen=True):
-    """What a draining owner leaves for the next one when commit metadata is dropped."""
-
-    watermark: int
-    done: str
-
-
-_handoff_encode = msgspec.json.Encoder().encode
-_handoff_decode = msgspec.json.Decoder(_Handoff).decode
-
-
-def client_options(cfg: KafkaConfig) -> dict[str, Any]:
-    """Connection options shared by producer, consumers and admin; secrets from env."""
-    opts: dict[str, Any] = {
-        "bootstrap_servers": cfg.bootstrap,
-        "client_id": cfg.client_id,
-        "security_protocol": cfg.security_protocol,
-    }
-    if cfg.security_protocol.startswith("SASL"):
-        password = os.environ.get(cfg.sasl_password_env)
-        if not cfg.sasl_username or password is None:
-            raise ConfigError(
-                f"$.kafka: {cfg.security_protocol} needs sasl_username and the password "
-                f"in the environment variable named by sasl_password_env "
-                f"({cfg.sasl_password_env!r} is not set)"
-            )
-        opts.update(
-            sasl_mechanism=cfg.sasl_mechanism,
-            sasl_plain_username=cfg.sasl_username,
-            sasl_plain_password=password,
-        )
-    if cfg.security_protocol.endswith("SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        key_env = cfg.ssl_key_password_env
-        key_password = os.environ.get(key_env) if key_env else None
-        opts["ssl_context"] = create_ssl_context(
-            cafile=cfg.ssl_cafile or None,
-            certfile=cfg.ssl_certfile or None,
-            keyfile=cfg.ssl_keyfile or None,
-            password=key_password,
-        )
-    return opts
-
-
-def _broker_error(what: str, exc: BaseException) -> BrokerError:
-    """Translate an aiokafka error at the boundary (retriable ones as connection errors)."""
-    retriable = isinstance(exc, kerrors.KafkaConnectionError | kerrors.KafkaTimeoutError | OSError)
-    if isinstance(exc, kerrors.KafkaError) and exc.retriable:
-        retriable = True
-    cls = BrokerConnectionError if retriable else BrokerError
-    return cls(f"kafka: {what} failed: {type(exc).__name__}: {exc}")
 
 
 def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
@@ -188,25 +145,31 @@ class KafkaReceiver(QueueReceiver):
 
     # -- lifecycle ---------------------------------------------------------------------
     async def initialize(self) -> None:
-        """Position at the committed watermark; a broker that is down is retried on pull."""
+        """Position at the committed watermark; a broker that is down is waited for on pull."""
         try:
-            await self._start()
+            await self._start(None)
         except BrokerError as exc:
-            log.warning("queue %d: broker unreachable (%s); will retry", self._queue, exc)
+            log.warning("queue %d: %s; will retry", self._queue, exc)
 
-    async def _start(self) -> None:
+    async def _start(self, wait_s: float | None) -> bool:
+        """Position the consumer once the topic is ready; False if it is not yet.
+
+        ``wait_s`` bounds the wait for the adapter's shared topic preparation (which
+        backs off while the broker is down); ``None`` waits for its first answer only.
+        """
         if self._started:
-            return
+            return True
         adapter = self._adapter
+        if not await adapter.wait_topic_ready(wait_s):
+            return False
         try:
-            await adapter.ensure_topic()
             if self._consumer is None:
                 consumer = adapter.new_consumer(self._group)
                 await consumer.start()
                 consumer.assign([self._tp])
                 self._consumer = consumer
             consumer = self._consumer
-            committed = await _fetch_committed(consumer, self._tp)
+            committed = await fetch_committed(consumer, self._tp)
             if committed is None:
                 start = (await consumer.beginning_offsets([self._tp]))[self._tp]
                 done: set[int] = set()
@@ -214,7 +177,7 @@ class KafkaReceiver(QueueReceiver):
                 start, meta = committed
                 done = kafka_offsets.decode(start, meta)
                 if not done:
-                    done = await adapter.read_handoff(self._group, self._queue, start)
+                    done = await adapter.handoffs.read(self._group, self._queue, start)
             self._offsets = DoneOffsets(start, done)
             self._skip = set(self._offsets.done)
             consumer.seek(self._tp, self._offsets.watermark)
@@ -223,15 +186,16 @@ class KafkaReceiver(QueueReceiver):
                 with contextlib.suppress(Exception):
                     await self._consumer.stop()
                 self._consumer = None
-            raise _broker_error(f"starting the receiver of queue {self._queue}", exc) from exc
+            raise broker_error(f"starting the receiver of queue {self._queue}", exc) from exc
         self._started = True
         if self._skip:
             log.info("queue %d: resuming at %d, skipping %d offset(s) done by the last owner",
                      self._queue, self._offsets.watermark, len(self._skip))
+        return True
 
     async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
-        if not self._started:
-            await self._start()
+        if not self._started and not await self._start(timeout_s):
+            return []  # the broker is down: the adapter backs off and logs the outage
         consumer = self._consumer
         assert consumer is not None
         tp = self._tp
@@ -250,7 +214,7 @@ class KafkaReceiver(QueueReceiver):
         except TimeoutError:
             return []
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"fetching queue {self._queue}", exc) from exc
+            raise broker_error(f"fetching queue {self._queue}", exc) from exc
         records = batches.get(tp)
         if not records:
             return []
@@ -289,7 +253,7 @@ class KafkaReceiver(QueueReceiver):
         assert consumer is not None
         try:
             if not tokens:
-                await self._adapter.write_handoff(self._group, self._queue, watermark, meta)
+                await self._adapter.handoffs.write(self._group, self._queue, watermark, meta)
                 self._handed_over = True
             await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
         except kerrors.CommitFailedError as exc:
@@ -300,7 +264,7 @@ class KafkaReceiver(QueueReceiver):
         except kerrors.IllegalStateError as exc:
             log.warning("queue %d: partition no longer assigned (%s)", self._queue, exc)
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"committing queue {self._queue}", exc) from exc
+            raise broker_error(f"committing queue {self._queue}", exc) from exc
 
     async def lag(self) -> int:
         consumer = self._consumer
@@ -319,24 +283,12 @@ class KafkaReceiver(QueueReceiver):
         self._consumer = None
 
 
-async def _fetch_committed(
-    consumer: AIOKafkaConsumer, tp: TopicPartition
-) -> tuple[int, str] | None:
-    """The group's committed offset and metadata (aiokafka's public API drops metadata)."""
-    found = await consumer._coordinator.fetch_committed_offsets([tp])
-    entry = found.get(tp)
-    if entry is None or entry.offset < 0:
-        return None
-    return int(entry.offset), str(entry.metadata or "")
-
-
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
 
     def __init__(self, config: KafkaConfig, total_queues: int) -> None:
         self.config = config
         self.topic = config.topic
-        self.handoff_topic = f"{config.topic}.conveyor-handoff"
         self.dlq_topic = f"{config.topic}.conveyor-dlq"
         self.total_queues = total_queues
         self._options = client_options(config)
@@ -345,6 +297,10 @@ class KafkaAdapter(QueueAdapter):
         self._topic_ready = False
         self._group_consumers: dict[str, AIOKafkaConsumer] = {}
         self._probes: dict[str, AIOKafkaConsumer] = {}
+        self.outage = Outage(config.bootstrap)
+        self.handoffs = HandoffLog(self)
+        self._preparing: asyncio.Task[None] | None = None
+        self._first_answer_awaited = False
 
     # -- connections -------------------------------------------------------------------
     def new_consumer(self, group: str | None, **extra: Any) -> AIOKafkaConsumer:
@@ -366,7 +322,7 @@ class KafkaAdapter(QueueAdapter):
         else:
             self._group_consumers[group] = consumer
 
-    async def _producer_started(self) -> AIOKafkaProducer:
+    async def producer(self) -> AIOKafkaProducer:
         if self._producer is not None:
             return self._producer
         async with self._lock:
@@ -378,7 +334,7 @@ class KafkaAdapter(QueueAdapter):
                 except (kerrors.KafkaError, OSError) as exc:
                     with contextlib.suppress(Exception):
                         await producer.stop()
-                    raise _broker_error("connecting the producer", exc) from exc
+                    raise broker_error("connecting the producer", exc) from exc
                 self._producer = producer
         return self._producer
 
@@ -386,10 +342,42 @@ class KafkaAdapter(QueueAdapter):
         """Create the topic with ``total_queues`` partitions if absent; check it if present."""
         if self._topic_ready:
             return
-        await self._create_topics({self.topic: self.total_queues})
+        await self.create_topics({self.topic: self.total_queues})
         self._topic_ready = True
 
-    async def _create_topics(self, wanted: dict[str, int]) -> None:
+    async def wait_topic_ready(self, timeout_s: float | None) -> bool:
+        """Whether the topic is ready, after waiting at most ``timeout_s`` for it.
+
+        One task per adapter prepares the topic, backing off while the broker is down
+        (:func:`~conveyor.adapters.kafka_conn.retrying`), however many receivers wait.
+        ``None`` waits for a first answer (:func:`~conveyor.adapters.kafka_conn.first_answer`),
+        once per adapter; later calls with ``None`` do not wait.
+        A non-retriable failure (a topic with too few partitions) is raised.
+        """
+        if self._topic_ready:
+            return True
+        task = self._preparing
+        if task is None:
+            task = self._preparing = asyncio.create_task(
+                retrying(self.outage, "preparing the topic", self.ensure_topic),
+                name="kafka-prepare-topic",
+            )
+        if not task.done():
+            if timeout_s is None:
+                if not self._first_answer_awaited:  # one start-up wait, not one per queue
+                    self._first_answer_awaited = True
+                    await first_answer(task, self.outage)
+            elif timeout_s > 0:
+                await asyncio.wait([task], timeout=timeout_s)
+        if not task.done():
+            return False
+        task.result()
+        return True
+
+    async def create_topics(
+        self, wanted: dict[str, int], topic_config: dict[str, str] | None = None
+    ) -> None:
+        """Create the topics of ``wanted`` (name: partitions) that are absent."""
         admin = AIOKafkaAdminClient(**self._options)
         try:
             await admin.start()
@@ -397,7 +385,8 @@ class KafkaAdapter(QueueAdapter):
             missing = {t: n for t, n in wanted.items() if t not in existing}
             if missing and self.config.create_topic:
                 rf = self.config.replication_factor
-                topics = [NewTopic(t, n, rf) for t, n in missing.items()]
+                topics = [NewTopic(t, n, rf, topic_configs=topic_config)
+                          for t, n in missing.items()]
                 response = await admin.create_topics(topics)
                 for topic, code, *_ in response.topic_errors:
                     if code not in (0, 36):  # 36: created meanwhile by another process
@@ -414,12 +403,16 @@ class KafkaAdapter(QueueAdapter):
                         f"$.queues.total is {self.total_queues}; add partitions or lower it"
                     )
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error("preparing topics", exc) from exc
+            raise broker_error("preparing topics", exc) from exc
         finally:
             with contextlib.suppress(Exception):
                 await admin.close()
 
     async def close(self) -> None:
+        if self._preparing is not None and not self._preparing.done():
+            self._preparing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._preparing
         for consumer in [*self._probes.values()]:
             with contextlib.suppress(Exception):
                 await consumer.stop()
@@ -431,7 +424,7 @@ class KafkaAdapter(QueueAdapter):
 
     # -- producing ---------------------------------------------------------------------
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
-        producer = await self._producer_started()
+        producer = await self.producer()
         topic = self.topic
         try:
             futures = [
@@ -447,14 +440,14 @@ class KafkaAdapter(QueueAdapter):
             ]
             results = await asyncio.gather(*futures)
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"producing to queue {queue}", exc) from exc
+            raise broker_error(f"producing to queue {queue}", exc) from exc
         return [SequenceToken(queue, r.offset) for r in results]
 
     # -- consuming ---------------------------------------------------------------------
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
         return KafkaReceiver(self, queue, group, self._group_consumers.get(group))
 
-    async def _probe(self, group: str) -> AIOKafkaConsumer:
+    async def probe(self, group: str) -> AIOKafkaConsumer:
         """A consumer of ``group`` assigned every partition, for lag and rewind (no reads)."""
         consumer = self._probes.get(group)
         if consumer is None:
@@ -465,7 +458,7 @@ class KafkaAdapter(QueueAdapter):
             except (kerrors.KafkaError, OSError) as exc:
                 with contextlib.suppress(Exception):
                     await consumer.stop()
-                raise _broker_error("connecting a consumer", exc) from exc
+                raise broker_error("connecting a consumer", exc) from exc
             consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
             self._probes[group] = consumer
         return consumer
@@ -486,9 +479,9 @@ class KafkaAdapter(QueueAdapter):
 
     async def lag(self, queue: int, group: str) -> int:
         try:
-            consumer = await self._probe(group)
+            consumer = await self.probe(group)
             tp = TopicPartition(self.topic, queue)
-            committed = await _fetch_committed(consumer, tp)
+            committed = await fetch_committed(consumer, tp)
             if committed is None:
                 start = int((await consumer.beginning_offsets([tp]))[tp])
                 done = 0
@@ -497,112 +490,22 @@ class KafkaAdapter(QueueAdapter):
                 done = len(kafka_offsets.decode(start, committed[1]))
             high = await self.high_watermark(consumer, tp, start)
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"reading the lag of queue {queue}", exc) from exc
+            raise broker_error(f"reading the lag of queue {queue}", exc) from exc
         return max(0, high - start - done)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
-        try:
-            consumer = await self._probe(group)
-            tp = TopicPartition(self.topic, queue)
-            if isinstance(to, SequenceToken):
-                if to.queue != queue:
-                    raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
-                offset = to.major
-            else:
-                offset = await self._offset_for_time(consumer, tp, int(to * 1000))
-            await self.write_handoff(group, queue, offset, "")  # forget recorded done offsets
-            try:
-                await consumer.commit({tp: OffsetAndMetadata(offset, "")})
-            except kerrors.CommitFailedError:
-                # A broker that refuses commits from outside the group's generation
-                # (tansu, once a group had members): commit as its only member.
-                await self._commit_as_member(group, {tp: OffsetAndMetadata(offset, "")})
-        except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error(f"rewinding queue {queue}", exc) from exc
-        log.info("rewound %s on queue %d to offset %d", group, queue, offset)
+        await self.rewind_queues([queue], group, to)
 
-    async def _commit_as_member(
-        self, group: str, offsets: dict[TopicPartition, OffsetAndMetadata]
-    ) -> None:
-        consumer = self.new_consumer(group, session_timeout_ms=self.config.session_timeout_ms)
-        await consumer.start()
-        try:
-            consumer.subscribe([self.topic])
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.config.session_timeout_ms / 1000 + 10
-            while not set(offsets) <= consumer.assignment():
-                if loop.time() > deadline:
-                    raise BrokerError(
-                        f"kafka: could not join group {group!r} alone to rewind it; "
-                        "stop its workers first"
-                    )
-                await asyncio.sleep(0.1)
-            await consumer.commit(offsets)
-        finally:
-            await consumer.stop()
-
-    async def _offset_for_time(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
-                               when_ms: int) -> int:
-        """The first offset whose timestamp is >= ``when_ms`` (the end if none is)."""
-        found = (await consumer.offsets_for_times({tp: when_ms})).get(tp)
-        if found is not None and found.timestamp >= 0:
-            return int(found.offset)
-        # No answer, or tansu's (timestamp -1): scan from the start up to the fetch
-        # high watermark, comparing record timestamps.
-        begin = (await consumer.beginning_offsets([tp]))[tp]
-        high = await self.high_watermark(consumer, tp, begin)
-        consumer.seek(tp, begin)
-        position = begin
-        while position < high:
-            batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
-            for record in batch:
-                if record.timestamp >= when_ms:
-                    return int(record.offset)
-                position = record.offset + 1
-        return high
-
-    # -- hand-off records (for brokers that drop commit metadata) ----------------------
-    async def write_handoff(self, group: str, queue: int, watermark: int, done: str) -> None:
-        producer = await self._producer_started()
-        if not getattr(self, "_handoff_ready", False):
-            await self._create_topics({self.handoff_topic: self.total_queues})
-            self._handoff_ready = True
-        await producer.send_and_wait(
-            self.handoff_topic, _handoff_encode(_Handoff(watermark, done)),
-            key=group.encode(), partition=queue,
-        )
-
-    async def read_handoff(self, group: str, queue: int, watermark: int) -> set[int]:
-        """Done offsets the last owner recorded at ``watermark`` (none if it moved on)."""
-        tp = TopicPartition(self.handoff_topic, queue)
-        consumer = self.new_consumer(None)
-        try:
-            await consumer.start()
-            if self.handoff_topic not in await consumer.topics():
-                return set()
-            consumer.assign([tp])
-            high = await self.high_watermark(consumer, tp, 0)
-            consumer.seek(tp, 0)
-            latest: _Handoff | None = None
-            key = group.encode()
-            position = 0
-            while position < high:
-                batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
-                for record in batch:
-                    position = record.offset + 1
-                    if record.key == key and record.value:
-                        latest = _handoff_decode(record.value)
-        finally:
-            await consumer.stop()
-        if latest is None or latest.watermark != watermark:
-            return set()
-        return kafka_offsets.decode(watermark, latest.done)
+    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
+                            *, allow_forward: bool = False) -> None:
+        """See :func:`conveyor.adapters.kafka_rewind.rewind_queues`."""
+        await kafka_rewind.rewind_queues(self, queues, group, to, allow_forward=allow_forward)
 
     # -- dead letters ------------------------------------------------------------------
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
-        producer = await self._producer_started()
+        producer = await self.producer()
         if not getattr(self, "_dlq_ready", False):
-            await self._create_topics({self.dlq_topic: 1})
+            await self.create_topics({self.dlq_topic: 1})
             self._dlq_ready = True
         try:
             futures = [await producer.send(self.dlq_topic, _dl_encode(letter),
@@ -610,7 +513,7 @@ class KafkaAdapter(QueueAdapter):
                        for letter in letters]
             await asyncio.gather(*futures)
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error("writing dead letters", exc) from exc
+            raise broker_error("writing dead letters", exc) from exc
 
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         tp = TopicPartition(self.dlq_topic, 0)
@@ -632,7 +535,7 @@ class KafkaAdapter(QueueAdapter):
                     if record.key == key and record.value and len(out) < limit:
                         out.append(_dl_decode(record.value))
         except (kerrors.KafkaError, OSError) as exc:
-            raise _broker_error("reading dead letters", exc) from exc
+            raise broker_error("reading dead letters", exc) from exc
         finally:
             await consumer.stop()
         return out

@@ -27,10 +27,11 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.adapters.kafka_conn import broker_error, first_answer, retrying
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.balancer import BalanceListener, QueueBalancer
 from conveyor.platform.config import Config
-from conveyor.platform.errors import BrokerConnectionError, ConfigError
+from conveyor.platform.errors import ConfigError
 from conveyor.platform.membership import MemberInfo
 
 log = logging.getLogger("conveyor.kafka_group")
@@ -57,13 +58,41 @@ class KafkaGroupBalancer(QueueBalancer):
         self._owned: set[int] = set()
         self._assigned_once = asyncio.Event()
         self._stopping = False
+        self._member: MemberInfo | None = None
+        self._joining: asyncio.Task[None] | None = None
 
     async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
-        cfg = self.adapter.config
+        """Join the group; if the broker is down, keep trying in the background.
+
+        A configuration error (a topic with too few partitions) is raised here. While
+        the broker is unreachable the daemon owns no queue; the join is retried with
+        capped, jittered back-off and is cancelled by :meth:`stop`.
+        """
         self._listener = listener
+        self._member = member
+        joining = asyncio.create_task(
+            retrying(self.adapter.outage, f"joining group {self.group!r}", self._join),
+            name="kafka-group-join",
+        )
+        self._joining = joining
+        await first_answer(joining, self.adapter.outage)
+        if joining.done():
+            joining.result()  # a configuration error fails the start
+        else:
+            joining.add_done_callback(self._join_ended)
+
+    def _join_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("group %s: joining failed for good (%s); this daemon owns no queue",
+                      self.group, exc)
+
+    async def _join(self) -> None:
+        cfg = self.adapter.config
+        assert self._member is not None
+        await self.adapter.ensure_topic()
         consumer = self.adapter.new_consumer(
             self.group,
-            client_id=member.id,
+            client_id=self._member.id,
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             rebalance_timeout_ms=cfg.rebalance_timeout_ms,
@@ -72,14 +101,14 @@ class KafkaGroupBalancer(QueueBalancer):
             max_poll_interval_ms=24 * 3600 * 1000,
         )
         try:
-            await self.adapter.ensure_topic()
             await consumer.start()
-        except (kerrors.KafkaError, OSError) as exc:
+        except BaseException as exc:  # a failed or cancelled start leaves nothing open
             with contextlib.suppress(Exception):
                 await consumer.stop()
-            raise BrokerConnectionError(
-                f"kafka: joining group {self.group!r} failed: {exc}"
-            ) from exc
+            if isinstance(exc, kerrors.KafkaError | OSError):
+                raise broker_error(f"joining group {self.group!r}", exc) from exc
+            raise
+        self.adapter.outage.ok()
         self._consumer = consumer
         self.adapter.attach_group_consumer(self.group, consumer)
         consumer.subscribe([self.adapter.topic], listener=_Rebalance(self))
@@ -111,6 +140,10 @@ class KafkaGroupBalancer(QueueBalancer):
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._joining is not None:
+            self._joining.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged when it ended
+                await self._joining
         if self._consumer is None:
             return
         # Drain while still a member (commits need the live generation), then leave.

@@ -1,8 +1,10 @@
 """Throughput on Kafka, next to a raw aiokafka floor measured in the same run.
 
-Pipeline figure (as :mod:`conveyor.bench.throughput`): N messages are produced first
-(not timed) to a fresh topic, then one daemon is timed from start until every message
-is handled and committed.
+Pipeline figure: N messages are produced first (not timed) to a fresh topic, then one
+daemon is timed by the shared pipeline of :mod:`conveyor.bench.throughput`, from its
+start to the stop condition defined there (not restated here: it is shared by every
+adapter). On Kafka an acknowledgement is a committed watermark, so a timer that stops
+on acks includes the last commit; one that stops on the N-th handler call does not.
 
 Floor: the same records, on another fresh topic, read by a bare aiokafka loop —
 ``getmany``, decode each body, await a no-op, ``commit`` after each batch — the least

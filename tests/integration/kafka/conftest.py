@@ -38,17 +38,20 @@ class Tansu:
     port: int
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    advertised_port: int | None = None
+    """Where clients are told to connect (a proxy in front of the broker), if not port."""
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"127.0.0.1:{self.advertised_port or self.port}"
 
     def start(self, timeout_s: float = 10.0) -> None:
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port or self.port}"
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [self.binary, "broker", "--listener-url", url, "--advertised-listener-url",
-                 url, "--storage-engine", "memory://tansu/"],
+                 advertised, "--storage-engine", "memory://tansu/"],
                 stdout=out, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout_s

@@ -24,9 +24,8 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=60, env=env)
 
 
-def test_worker_publish_status_and_rewind_work_against_kafka(
-    tansu: Tansu, topic: str, tmp_path: Path
-) -> None:
+def config_file(tansu: Tansu, topic: str, tmp_path: Path) -> Path:
+    """configs/kafka.toml pointed at the test broker and topic, with two partitions."""
     base = (REPO / "configs" / "kafka.toml").read_text()
     cfg = tmp_path / "kafka.toml"
     cfg.write_text(
@@ -34,6 +33,13 @@ def test_worker_publish_status_and_rewind_work_against_kafka(
         .replace('topic = "conveyor"', f'topic = "{topic}"')
         .replace("total = 8 ", "total = 2 ")
     )
+    return cfg
+
+
+def test_worker_publish_status_and_rewind_work_against_kafka(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    cfg = config_file(tansu, topic, tmp_path)
     out = tmp_path / "handled.txt"
     env = {**os.environ, "CONVEYOR_TEST_OUT": str(out)}
     token = cli("publish", "jobs", "k1", '{"id": 1, "k": "k1", "seq": 0}', "--config", str(cfg))
@@ -62,3 +68,37 @@ def test_worker_publish_status_and_rewind_work_against_kafka(
     assert rewound.returncode == 0, rewound.stderr
     status = cli("status", "--app", "kafka-sub", "--json", "--config", str(cfg))
     assert sum(q["lag"] for q in json.loads(status.stdout)["queues"]) == 1
+
+
+def test_rewind_to_a_future_time_is_refused_unless_forward_is_allowed(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    """A time after the last message would commit past unhandled ones: exit 2."""
+    cfg = config_file(tansu, topic, tmp_path)
+    for i in range(3):
+        done = cli("publish", "jobs", f"k{i}", f'{{"id": {i}, "k": "k{i}", "seq": 0}}',
+                   "--config", str(cfg))
+        assert done.returncode == 0, done.stderr
+
+    def lag() -> int:
+        status = cli("status", "--app", "kafka-sub", "--json", "--config", str(cfg))
+        assert status.returncode == 0, status.stderr
+        return sum(q["lag"] for q in json.loads(status.stdout)["queues"])
+
+    assert lag() == 3
+    future = "2100-01-01T00:00:00Z"
+    refused = cli("rewind", "--app", "kafka-sub", "--to", future, "--config", str(cfg))
+    assert refused.returncode == 2, refused.stderr
+    assert "--allow-forward" in refused.stderr and "skipped" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert lag() == 3, "a refused rewind moved the position"
+
+    past = cli("rewind", "--app", "kafka-sub", "--to", "2000-01-01T00:00:00Z",
+               "--config", str(cfg))
+    assert past.returncode == 0, past.stderr
+    assert lag() == 3
+
+    forced = cli("rewind", "--app", "kafka-sub", "--to", future, "--allow-forward",
+                 "--config", str(cfg))
+    assert forced.returncode == 0, forced.stderr
+    assert lag() == 0, "--allow-forward skips the unhandled messages on purpose"

@@ -6,6 +6,8 @@ import asyncio
 import time
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka_group import KafkaGroupBalancer
@@ -96,30 +98,111 @@ async def test_rewind_to_a_token_and_to_a_time_replays_exactly_that_range(
 
 
 async def test_a_graceful_group_rebalance_redelivers_nothing(tansu: Tansu, topic: str) -> None:
+    """Work in flight across the revocation is finished and committed, not redone.
+
+    A publisher runs throughout, and a message of key ``held`` is kept running until
+    the revocation has begun, so daemon a must drain in-flight work before the
+    coordinator hands its partitions to b. The two daemons record separately.
+    """
     config = kafka_config(
         tansu.bootstrap, topic, queues={"total": 4}, balancer={"kind": "kafka-group"},
     )
-    n = 400
-    rec = Recorder(max_delay_s=0.01)
-    a = WorkerDaemon(rec.app, config)
+    rec_a, rec_b = Recorder(max_delay_s=0.01), Recorder(max_delay_s=0.01)
+    gate = rec_a.hold["held"] = asyncio.Event()
+    a = WorkerDaemon(rec_a.app, config)
+    b = WorkerDaemon(rec_b.app, config)  # same app name, same group: a re-balance
     await a.start()
     assert isinstance(a.balancer, KafkaGroupBalancer)
     assert await a.balancer.wait_assigned(20)
-    async with Client.from_config(config) as client:
-        await client.publish_batch(
-            [Publish("orders", f"k{i % 40}", {"k": f"k{i % 40}", "seq": i // 40})
-             for i in range(n)]
-        )
-    await wait_until(lambda: len(rec.seen) > 40, 20, what="work under way")
-    b = WorkerDaemon(rec.app, config)  # same app, same group: a re-balance
-    await b.start()
+
+    in_flight_at_revocation: list[int] = []
+    release = a.queue_released
+
+    async def released(queue: int) -> None:
+        agent = a.agents.get(queue)
+        if agent is not None:
+            in_flight_at_revocation.append(sum(not e.done for e in agent.cache.entries))
+        asyncio.get_running_loop().call_later(0.2, gate.set)  # the drain must wait for it
+        await release(queue)
+
+    a.queue_released = released  # type: ignore[method-assign]
+
+    published: list[tuple[str, int]] = []
+    seqs: dict[str, int] = {}
+    stop_publishing = asyncio.Event()
+
+    async def publish_throughout(client: Client) -> None:
+        while not stop_publishing.is_set():
+            batch = []
+            for i in range(20):
+                key = "held" if not published and i == 0 else f"k{len(published) % 40}"
+                seq = seqs[key] = seqs.get(key, -1) + 1
+                batch.append(Publish("orders", key, {"k": key, "seq": seq}))
+                published.append((key, seq))
+            await client.publish_batch(batch)
+            await asyncio.sleep(0.05)
+
     try:
-        await wait_until(lambda: bool(b.balancer.owned()) and len(a.balancer.owned()) < 4,
-                         30, what="the partitions shared")
-        await wait_until(lambda: len(rec.seen) >= n, 60, what="all handled")
+        async with Client.from_config(config) as client:
+            publisher = asyncio.create_task(publish_throughout(client))
+            try:
+                await wait_until(lambda: rec_a.running >= 1 and len(rec_a.seen) > 20, 20,
+                                 what="work under way on a, one message held")
+                await b.start()
+                await wait_until(
+                    lambda: bool(b.balancer.owned()) and len(a.balancer.owned()) < 4,
+                    30, what="the partitions shared",
+                )
+                await wait_until(lambda: len(rec_b.seen) > 20, 20, what="b handling")
+            finally:
+                stop_publishing.set()
+                await publisher
+        n = len(published)
+        await wait_until(lambda: len(rec_a.seen) + len(rec_b.seen) >= n, 60, what="all handled")
+        await asyncio.sleep(0.5)  # a late redelivery would show up here
     finally:
         await b.stop()
         await a.stop()
-    assert len(rec.seen) == n, f"{len(rec.seen) - n} duplicate(s)"
-    for key, seqs in rec.by_key.items():
-        assert seqs == sorted(seqs), key
+    assert any(in_flight_at_revocation), "nothing was in flight when partitions moved"
+    assert rec_a.seen and rec_b.seen
+    seen = rec_a.seen + rec_b.seen
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} duplicate(s)"
+    assert set(seen) == set(published)
+    for key in set(rec_a.by_key) | set(rec_b.by_key):
+        on_a, on_b = rec_a.by_key.get(key, []), rec_b.by_key.get(key, [])
+        assert on_a == sorted(on_a) and on_b == sorted(on_b), key
+        assert not on_a or not on_b or on_a[-1] < on_b[0], f"{key} handed over out of order"
+
+
+async def test_the_handoff_topic_is_compacted_and_read_backwards_from_the_end(
+    tansu: Tansu, topic: str
+) -> None:
+    config = kafka_config(tansu.bootstrap, topic)
+    adapter = KafkaAdapter(config.kafka, 1)
+    log = adapter.handoffs
+    log.scan_step = 10
+    try:
+        await log.write("g", 0, 5, "cv1:2")
+        for i in range(25):  # another app's records bury ours: the scan must go back
+            await log.write("other", 0, i, "")
+        assert await log.read("g", 0, 5) == {7}
+        assert log.last_scan_records == 26  # three windows, down to the first record
+
+        await log.write("g", 0, 9, "cv1:1,3")
+        assert await log.read("g", 0, 9) == {10, 12}
+        assert log.last_scan_records <= log.scan_step, "the latest record is in the last window"
+        assert await log.read("g", 0, 5) == set(), "a record the owner moved past is stale"
+        assert await log.read("nobody", 0, 0) == set()
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            described = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, log.topic)]
+            )
+        finally:
+            await admin.close()
+        settings = {name: value for name, value, *_ in described[0].resources[0][4]}
+        assert settings["cleanup.policy"] == "compact"
+    finally:
+        await adapter.close()

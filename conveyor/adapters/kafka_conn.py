@@ -1,0 +1,185 @@
+"""Kafka connections: client options from config, error translation, outage back-off.
+
+:func:`client_options` turns ``[kafka]`` into the keyword arguments every aiokafka
+client (producer, consumer, admin) takes; secrets are read from the environment
+variables the config names, never from the config itself, and never appear in an
+error message. :func:`broker_error` translates aiokafka's exceptions at the boundary.
+:class:`Outage` and :func:`retrying` are how a daemon waits for a broker that is down:
+capped, jittered exponential back-off (tenacity), logged once when the outage starts,
+every ``REPORT_EVERY_S`` while it lasts, and once when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import errors as kerrors
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity import wait_exponential_jitter as _backoff
+
+from conveyor.platform.config import KafkaConfig
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+
+log = logging.getLogger("conveyor.kafka")
+
+T = TypeVar("T")
+
+RETRY_FIRST_DELAY_S = 0.1
+RETRY_MAX_DELAY_S = 5.0
+"""Longest wait between two attempts to reach a broker that is down."""
+REPORT_EVERY_S = 30.0
+"""How often an outage that lasts is logged again."""
+FIRST_ANSWER_S = 5.0
+"""Longest a daemon's start waits on a first connection attempt that neither succeeds
+nor fails (a host that drops packets); the attempt goes on in the background."""
+
+
+def client_options(cfg: KafkaConfig) -> dict[str, Any]:
+    """Connection options shared by producer, consumers and admin; secrets from env."""
+    opts: dict[str, Any] = {
+        "bootstrap_servers": cfg.bootstrap,
+        "client_id": cfg.client_id,
+        "security_protocol": cfg.security_protocol,
+    }
+    if cfg.security_protocol.startswith("SASL"):
+        password = os.environ.get(cfg.sasl_password_env)
+        if not cfg.sasl_username or password is None:
+            missing = "$.kafka.sasl_username is empty" if not cfg.sasl_username else (
+                f"the environment variable {cfg.sasl_password_env!r} "
+                "($.kafka.sasl_password_env) is not set"
+            )
+            raise ConfigError(
+                f"$.kafka: {cfg.security_protocol} needs sasl_username and the password "
+                f"in the environment variable named by sasl_password_env ({missing})"
+            )
+        opts.update(
+            sasl_mechanism=cfg.sasl_mechanism,
+            sasl_plain_username=cfg.sasl_username,
+            sasl_plain_password=password,
+        )
+    if cfg.security_protocol.endswith("SSL"):
+        opts["ssl_context"] = _ssl_context(cfg)
+    return opts
+
+
+def _ssl_context(cfg: KafkaConfig) -> Any:
+    from aiokafka.helpers import create_ssl_context
+
+    key_env = cfg.ssl_key_password_env
+    key_password = os.environ.get(key_env) if key_env else None
+    if key_env and key_password is None:
+        raise ConfigError(
+            f"$.kafka.ssl_key_password_env: the environment variable {key_env!r} is not set"
+        )
+    try:
+        return create_ssl_context(
+            cafile=cfg.ssl_cafile or None,
+            certfile=cfg.ssl_certfile or None,
+            keyfile=cfg.ssl_keyfile or None,
+            password=key_password,
+        )
+    except (OSError, ValueError) as exc:
+        # ssl's own messages name no secret ("[SSL] PEM lib", "No such file"), but
+        # only the type and the file names are repeated, to be sure of it.
+        files = {"ssl_cafile": cfg.ssl_cafile, "ssl_certfile": cfg.ssl_certfile,
+                 "ssl_keyfile": cfg.ssl_keyfile}
+        named = ", ".join(f"{k}={v!r}" for k, v in files.items() if v)
+        raise ConfigError(
+            f"$.kafka: cannot build the SSL context from {named or 'the defaults'} "
+            f"({type(exc).__name__}; check the files and the key password)"
+        ) from None
+
+
+def broker_error(what: str, exc: BaseException) -> BrokerError:
+    """Translate an aiokafka error at the boundary (retriable ones as connection errors)."""
+    retriable = isinstance(exc, kerrors.KafkaConnectionError | kerrors.KafkaTimeoutError | OSError)
+    if isinstance(exc, kerrors.KafkaError) and exc.retriable:
+        retriable = True
+    cls = BrokerConnectionError if retriable else BrokerError
+    return cls(f"kafka: {what} failed: {type(exc).__name__}: {exc}")
+
+
+async def fetch_committed(
+    consumer: AIOKafkaConsumer, tp: TopicPartition
+) -> tuple[int, str] | None:
+    """The group's committed offset and metadata (aiokafka's public API drops metadata)."""
+    found = await consumer._coordinator.fetch_committed_offsets([tp])
+    entry = found.get(tp)
+    if entry is None or entry.offset < 0:
+        return None
+    return int(entry.offset), str(entry.metadata or "")
+
+
+class Outage:
+    """Whether the brokers are reachable, logged at the edges (one per adapter)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap  # HOST:PORT list: no credentials live here
+        self.down_since: float | None = None
+        self.reported = asyncio.Event()
+        """Set while an outage is known: waiters for a first answer stop waiting."""
+        self._last_report = 0.0
+
+    def failing(self, what: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self.down_since is None:
+            self.down_since = self._last_report = now
+            self.reported.set()
+            log.warning("kafka at %s unreachable while %s (%s); retrying with back-off "
+                        "(at most %.0fs apart)", self.bootstrap, what, exc, RETRY_MAX_DELAY_S)
+        elif now - self._last_report >= REPORT_EVERY_S:
+            self._last_report = now
+            log.warning("still waiting for kafka at %s (down for %.0fs): %s",
+                        self.bootstrap, now - self.down_since, exc)
+
+    def ok(self) -> None:
+        if self.down_since is not None:
+            log.warning("kafka at %s reachable again after %.1fs",
+                        self.bootstrap, time.monotonic() - self.down_since)
+            self.down_since = None
+            self.reported.clear()
+
+
+async def retrying(outage: Outage, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+    """Call ``fn`` until it stops raising :class:`BrokerConnectionError`.
+
+    No attempt limit: a daemon waits for its broker as long as it takes, and the wait is
+    cancellable (a SIGTERM while waiting cancels it). Other errors propagate at once.
+    """
+
+    def before_sleep(state: RetryCallState) -> None:
+        if state.outcome is not None and (exc := state.outcome.exception()) is not None:
+            outage.failing(what, exc)
+
+    retry = AsyncRetrying(
+        wait=_backoff(multiplier=RETRY_FIRST_DELAY_S, max=RETRY_MAX_DELAY_S,
+                      jitter=RETRY_MAX_DELAY_S / 4),
+        retry=retry_if_exception_type(BrokerConnectionError),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    async for attempt in retry:
+        with attempt:
+            result = await fn()
+    outage.ok()
+    return result
+
+
+async def first_answer(task: asyncio.Future[Any], outage: Outage,
+                       timeout_s: float = FIRST_ANSWER_S) -> None:
+    """Wait until ``task`` is done, an outage is known, or ``timeout_s`` has passed.
+
+    For a start that should fail fast on a configuration error but not wait out a
+    broker outage. ``task`` is never cancelled here.
+    """
+    down = asyncio.ensure_future(outage.reported.wait())
+    try:
+        await asyncio.wait([task, down], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        down.cancel()

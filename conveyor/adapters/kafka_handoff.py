@@ -1,0 +1,108 @@
+"""Hand-off records: done offsets left for the next owner when commit metadata is dropped.
+
+Brokers such as tansu keep committed offsets but drop their metadata, so the done
+offsets above the watermark (:mod:`conveyor.adapters.kafka_offsets`) would be lost on
+a hand-off. A draining owner therefore also writes a record to
+``<topic>.conveyor-handoff``: partition = queue, key = group, value =
+``{"watermark": W, "done": "cv1:..."}``. The next owner uses the latest record of its
+group only if its ``watermark`` equals the committed offset (otherwise someone moved
+on since, and the record is stale). ``rewind`` writes one with no done offsets.
+
+Only the latest record per (partition, key) matters, so the topic is created with
+``cleanup.policy=compact``, and a reader scans backwards from the end in windows of
+``scan_step`` records, stopping at the first window that holds a record of its group:
+with one app per topic that is the last window, however long the topic has grown.
+Reading too little is safe: a missing hand-off only makes the next owner redo work.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from conveyor.adapters import kafka_offsets
+
+if TYPE_CHECKING:
+    from conveyor.adapters.kafka import KafkaAdapter
+
+log = logging.getLogger("conveyor.kafka")
+
+TOPIC_CONFIG = {"cleanup.policy": "compact"}
+
+
+class Handoff(msgspec.Struct, frozen=True):
+    """What a draining owner leaves for the next one."""
+
+    watermark: int
+    done: str
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(Handoff).decode
+
+
+class HandoffLog:
+    """The hand-off topic of one adapter (created on the first write)."""
+
+    def __init__(self, adapter: KafkaAdapter, scan_step: int = 500) -> None:
+        self.adapter = adapter
+        self.topic = f"{adapter.topic}.conveyor-handoff"
+        self.scan_step = scan_step
+        self.last_scan_records = 0
+        """Records the last :meth:`read` fetched (how far back it had to look)."""
+        self._ready = False
+
+    async def write(self, group: str, queue: int, watermark: int, done: str) -> None:
+        adapter = self.adapter
+        producer = await adapter.producer()
+        if not self._ready:
+            await adapter.create_topics({self.topic: adapter.total_queues}, TOPIC_CONFIG)
+            self._ready = True
+        await producer.send_and_wait(self.topic, _encode(Handoff(watermark, done)),
+                                     key=group.encode(), partition=queue)
+
+    async def read(self, group: str, queue: int, watermark: int) -> set[int]:
+        """Done offsets the last owner recorded at ``watermark`` (none if it moved on)."""
+        tp = TopicPartition(self.topic, queue)
+        consumer = self.adapter.new_consumer(None)
+        self.last_scan_records = 0
+        try:
+            await consumer.start()
+            if self.topic not in await consumer.topics():
+                return set()
+            consumer.assign([tp])
+            begin = int((await consumer.beginning_offsets([tp]))[tp])
+            end = await self.adapter.high_watermark(consumer, tp, begin)
+            latest: Handoff | None = None
+            while latest is None and end > begin:
+                start = max(begin, end - self.scan_step)
+                latest = await self._latest_in(consumer, tp, group.encode(), start, end)
+                end = start
+        finally:
+            await consumer.stop()
+        log.debug("hand-off of %s on queue %d: %d record(s) read", group, queue,
+                  self.last_scan_records)
+        if latest is None or latest.watermark != watermark:
+            return set()
+        return kafka_offsets.decode(watermark, latest.done)
+
+    async def _latest_in(self, consumer: AIOKafkaConsumer, tp: TopicPartition, key: bytes,
+                         start: int, end: int) -> Handoff | None:
+        """The last record of ``key`` at offsets ``[start, end)`` (gaps from compaction)."""
+        consumer.seek(tp, start)
+        latest: Handoff | None = None
+        position, empty_fetches = start, 0
+        while position < end and empty_fetches < 10:  # 5 s without data: give up (safe)
+            batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
+            empty_fetches = 0 if batch else empty_fetches + 1
+            for record in batch:
+                position = record.offset + 1
+                if record.offset >= end:
+                    break
+                self.last_scan_records += 1
+                if record.key == key and record.value:
+                    latest = _decode(record.value)
+        return latest
