@@ -34,6 +34,7 @@ from typing import Protocol
 
 import msgspec
 
+from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, MemoryMembership
 from conveyor.platform.placement import PlacementWeights, resource_split
@@ -187,10 +188,20 @@ class DynamicBalancer(QueueBalancer):
         return lease is not None and time.monotonic() < lease.deadline - self.safety_margin_s
 
     async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
+        """Join and take this daemon's share.
+
+        A store that cannot be reached (after its own retries) does not fail the start:
+        the daemon starts owning nothing, and the balance loop keeps joining and taking
+        queues every ``rebalance_interval_s`` until the store answers.
+        """
         self._member = member
         self._listener = listener
-        await self.membership.join(member)
-        await self._rebalance()
+        try:
+            await self.membership.join(member)
+            await self._rebalance()
+        except BrokerConnectionError as exc:
+            log.warning("membership store unreachable at start (%s); joining in the "
+                        "background every %.1fs", exc, self.rebalance_interval_s)
         self._tasks = [
             asyncio.create_task(self._renew_loop(), name="balancer-renew"),
             asyncio.create_task(self._balance_loop(), name="balancer-balance"),
@@ -207,7 +218,10 @@ class DynamicBalancer(QueueBalancer):
         assert self._member is not None
         # Leave first so the others recompute their shares, then hand every queue over:
         # drained and acknowledged before its lease is released.
-        await self.membership.leave(self._member.id)
+        try:
+            await self.membership.leave(self._member.id)
+        except BrokerConnectionError as exc:  # our record lapses with its TTL instead
+            log.warning("could not leave the membership (%s); the record lapses", exc)
         renewing = asyncio.create_task(self._renew_loop())
         try:
             await asyncio.gather(*(self._give_up(q) for q in list(self._held)))

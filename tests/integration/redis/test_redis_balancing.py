@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
 import time
+from pathlib import Path
+
+import msgspec
+import pytest
 
 from conveyor import Client, Publish, WorkerDaemon
 from conveyor.adapters.redis import RedisAdapter, RedisReceiver
@@ -10,7 +16,7 @@ from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.membership import MemberInfo
-from tests.conftest import wait_until
+from tests.conftest import server_missing, wait_until
 from tests.integration.memory_harness import Item, Record, recording_app
 from tests.integration.redis.conftest import RedisServer
 
@@ -105,3 +111,38 @@ async def test_a_queue_whose_start_fails_is_released_and_retried_not_orphaned(
     # off twice as long as the first.
     assert len(flaky.starts) == 3
     assert flaky.starts[2] - flaky.starts[1] >= 2 * REBALANCE_S
+
+
+async def test_a_daemon_started_while_redis_is_down_joins_when_it_comes_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store is down for the whole start: the daemon starts owning nothing, joins
+    in the background once Redis answers, takes every queue and loses nothing."""
+    if shutil.which("redis-server") is None:
+        server_missing("redis-server")
+    caplog.set_level(logging.WARNING, logger="conveyor.balancer")
+    server = RedisServer(tmp_path)  # a port of its own, nothing listening yet
+    base = balancing_config(server)
+    config = msgspec.structs.replace(
+        base, redis=msgspec.structs.replace(base.redis, retry_max_s=0.5)
+    )
+    record = Record()
+    daemon = WorkerDaemon(recording_app(record), config, member=MemberInfo("a", "h", 1, 0.0))
+    try:
+        await daemon.start()  # raised BrokerConnectionError out of start() before
+        assert daemon.balancer.owned() == []
+        assert "membership store unreachable at start" in caplog.text
+        server.start()
+        await wait_until(lambda: len(daemon.balancer.owned()) == TOTAL_QUEUES, 20,
+                         what="the daemon to join and take every queue once Redis is up")
+        adapter = RedisAdapter(config.redis)
+        try:
+            await publish(Client(adapter, daemon.mapper), 0, 500)
+        finally:
+            await adapter.close()
+        await wait_until(lambda: record.handled == 500, 20, what="every message handled")
+    finally:
+        await daemon.stop()
+        server.stop()
+    assert record.duplicates == 0
+    assert sorted(seq for seqs in record.order.values() for seq in seqs) == list(range(500))
