@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 
@@ -58,3 +60,20 @@ def wait_until_sync(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.02)
+
+
+def stop_when(
+    proc: subprocess.Popen[str], condition: Callable[[], bool], timeout_s: float, what: str
+) -> str:
+    """Wait for ``condition``, stop the worker with SIGTERM (it flushes its exporters),
+    assert a clean exit and return its stderr; the process never outlives the call."""
+    try:
+        wait_until_sync(condition, timeout_s, what=what)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    return stderr

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -37,7 +36,7 @@ from conveyor.platform.config import Config
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.telemetry import Telemetry
-from tests.conftest import free_port, wait_until_sync
+from tests.conftest import free_port, stop_when
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,23 +117,6 @@ JOBS: list[tuple[str, dict[str, int], list[int], bool]] = [
     ("k3", {"seq": 3, "fail": -1}, [2, 3], True),  # fails three times: dead-lettered
 ]
 UNROUTABLE = ("nobody", "k4", {"seq": 4})  # no handler subscribes: dead-lettered at once
-
-
-def stop_when(
-    proc: subprocess.Popen[str], condition: Callable[[], bool], timeout_s: float, what: str
-) -> str:
-    """Wait for ``condition``, stop the worker with SIGTERM (it flushes its exporters),
-    assert a clean exit and return its stderr; the process never outlives the call."""
-    try:
-        wait_until_sync(condition, timeout_s, what=what)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr
-    return stderr
 
 
 def _id(b: bytes) -> int:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until_sync
+from tests.conftest import stop_when
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,15 +37,7 @@ def test_sigterm_drains_a_real_worker_losing_and_leaving_nothing(tmp_path: Path)
          "--config", "configs/local.toml", "--slots", "16"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    try:
-        wait_until_sync(lambda: len(lines(out)) >= 200, 30, what="the worker to handle 200")
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr
+    stderr = stop_when(proc, lambda: len(lines(out)) >= 200, 30, "the worker to handle 200")
     assert "Traceback" not in stderr
     handled = [line.split()[0] for line in lines(out)]
     published = set(lines(Path(str(out) + ".published")))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.otlp import Receiver, otlp_receiver, stop_when
+from tests.conftest import stop_when
+from tests.otlp import Receiver, otlp_receiver
 
 __all__ = ["otlp_receiver"]  # the fixture, used by name below
 
