@@ -32,8 +32,12 @@ test: $(STAMP) servers
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
+# Each prints its figure next to a baseline measured in the same run; the redis and
+# kafka runs start a private redis-server / tansu of their own.
 bench: $(STAMP)
 	$(BIN)/conveyor bench throughput
+	$(BIN)/conveyor bench throughput --adapter redis
+	$(BIN)/conveyor bench throughput --adapter kafka --messages 20000
 	$(BIN)/conveyor bench telemetry
 	$(BIN)/conveyor bench scale-down
 
