@@ -103,12 +103,14 @@ def worker(
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
     if processes is not None:
-        from conveyor.workers.supervisor import run_supervisor
+        from conveyor.workers.supervisor import parse_processes, run_supervisor
 
-        try:
-            run_supervisor(app_path, app.name, config, processes, config_path, overrides)
+        try:  # only the argument's own errors are usage errors, not the run's
+            parse_processes(processes)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--processes") from None
+        try:
+            run_supervisor(app_path, app.name, config, processes, config_path, overrides)
         except ConveyorError as exc:
             raise click.ClickException(str(exc)) from None
         return
