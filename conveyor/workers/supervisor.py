@@ -113,12 +113,15 @@ class LagScaler:
         n = len(lag_by_process)
         per_process = sum(lag_by_process) / n
         idle = sum(1 for lag in lag_by_process if lag <= s.idle_lag_per_process)
-        # Waiting count in units of the threshold keeps the pool gains' scale. The idle
-        # count is not capped at MIN: capping it would make the controller believe the
-        # last idle process went (anti-windup factor 0), zero the integral with no lag
-        # left to rebuild it, and never shrink again. At MIN, DOWN is just not acted on.
-        remove = self.controller.inspect(now_s, per_process / s.lag_per_process, idle)
-        remove = remove and n > s.min_processes
+        # Waiting count in units of the threshold keeps the pool gains' scale. What the
+        # controller is told it may remove is every process above MIN (when one of them
+        # is idle), not the idle count: its anti-windup keeps (m-1)/m of the integral
+        # after a removal, and over idle processes that is 0 whenever the first removal
+        # finds a single idle one while the others still drain — the integral is zeroed,
+        # no lag is left to rebuild it, and the supervisor stays above MIN for good.
+        # Spread over the processes above MIN, a burst's integral lasts until MIN.
+        removable = max(0, n - s.min_processes) if idle else 0
+        remove = self.controller.inspect(now_s, per_process / s.lag_per_process, removable)
         self._above = self._above + 1 if per_process > s.lag_per_process else 0
         ceiling = min(s.max_processes, total_queues)
         if self._above >= s.scale_up_cycles and n < ceiling and (

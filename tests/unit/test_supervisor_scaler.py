@@ -76,6 +76,31 @@ def test_after_the_burst_idle_processes_are_removed_down_to_min_only() -> None:
     assert len(removals) == 2 and removals[1] - removals[0] >= 2
 
 
+def test_a_first_removal_with_one_idle_process_still_leads_back_to_min() -> None:
+    # The run that flaked in the real-process test: the burst drains unevenly, the first
+    # removal happens while only one of three processes is idle, then all go idle. The
+    # reference's (n-1)/n over idle processes would zero the integral at that removal
+    # and, with no lag left to rebuild it, hold two processes forever.
+    scaler = LagScaler(settings(min_processes=1))
+    t = 0.0
+    for _ in range(5):
+        t += 1
+        scaler.decide(t, [400, 400, 400], 8)
+    lags = [60, 60, 0]
+    n = 3
+    for _ in range(10):
+        t += 1
+        if scaler.decide(t, lags, 8) is Decision.DOWN:
+            n -= 1
+            break
+    assert n == 2, "the idle one of three should go first"
+    for _ in range(30):
+        t += 1
+        if scaler.decide(t, [0] * n, 8) is Decision.DOWN:
+            n -= 1
+    assert n == 1, "all idle after a burst: back to MIN"
+
+
 def test_processes_with_lag_above_the_idle_threshold_are_never_removed() -> None:
     scaler = LagScaler(settings(min_processes=1))
     for t in range(1, 6):
