@@ -393,8 +393,10 @@ class WorkerDaemon:
         available = self.slots.available
         free = -1 if available is None else available
         per_handler = {spec.name: 0 for spec in self.app.handlers}
+        # Exporters call this from their own thread while the loop adds and drops lanes:
+        # copy each dict in one step (atomic under the GIL) before walking it.
         for agent in [*self.agents.values(), *self._leaving.values()]:
-            for lane in agent.cache.lanes.values():
+            for lane in list(agent.cache.lanes.values()):
                 per_handler[lane.spec.name] = per_handler.get(lane.spec.name, 0) + len(
                     lane.entries
                 )

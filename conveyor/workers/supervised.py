@@ -33,7 +33,7 @@ from typing import Any
 
 from conveyor.platform.balancer import BalanceListener, DynamicBalancer, QueueBalancer
 from conveyor.platform.coordination import coordination_from_config
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.errors import BrokerError, ConveyorError, ShutdownError
 from conveyor.platform.leases import LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership
 
@@ -103,10 +103,18 @@ class LeasedSupervisedBalancer(DynamicBalancer):
         """Returns once the lease is held and the queue is being pulled."""
         self._assigned.add(queue)
         try:
-            while queue not in self._held and queue in self._assigned:
+            while queue not in self._held and queue in self._assigned and not self._stopping:
                 await self._take(queue)
-                if queue not in self._held:  # a crashed owner's lease has not lapsed yet
-                    await self.leases.wait_released(self.rebalance_interval_s)
+                if queue in self._held:
+                    break
+                if queue in self._failed_starts:
+                    # _take released it after the start failed (logged there); waiting
+                    # here would leave the supervisor waiting with it, so report it.
+                    raise BrokerError(f"queue {queue}: starting it failed (see the log)")
+                # A crashed owner's lease has not lapsed yet.
+                await self.leases.wait_released(self.rebalance_interval_s)
+            if self._stopping and queue not in self._held:
+                raise ShutdownError(f"queue {queue}: not acquired, this process is stopping")
         except Exception:
             self._assigned.discard(queue)  # not ours after all: the supervisor re-assigns
             with contextlib.suppress(Exception):
