@@ -163,7 +163,12 @@ def run_traced_worker(
         return (out.exists() and sorted(out.read_text().split()) == ["1", "2"]
                 and names.count("dead-letter") == 2)
 
-    asyncio.run(publish())
+    try:
+        asyncio.run(publish())
+    except BaseException:
+        proc.kill()  # the worker must not outlive a failed publish
+        proc.wait()
+        raise
     stop_when(proc, finished, 60, "two handled, two dead-letter spans exported")
     assert sorted(out.read_text().split()) == ["1", "2"]  # exactly once each here
     return list(spans.get_finished_spans()), asyncio.run(dead_letters())

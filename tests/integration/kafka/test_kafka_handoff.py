@@ -161,6 +161,7 @@ async def test_a_graceful_group_rebalance_redelivers_nothing(tansu: Tansu, topic
         await wait_until(lambda: len(rec_a.seen) + len(rec_b.seen) >= n, 60, what="all handled")
         await asyncio.sleep(0.5)  # a late redelivery would show up here
     finally:
+        gate.set()  # a failure before the re-balance must not leave a's drain waiting
         await b.stop()
         await a.stop()
     assert any(in_flight_at_revocation), "nothing was in flight when partitions moved"
