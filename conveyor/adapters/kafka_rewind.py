@@ -36,12 +36,13 @@ class ForwardRewindError(ConfigError):
 
 async def rewind_queues(adapter: KafkaAdapter, queues: Sequence[int], group: str,
                         to: SequenceToken | float, *, allow_forward: bool = False) -> None:
-    """Move ``group``'s position on every queue of ``queues`` to ``to``, or on none.
+    """Move ``group``'s position on every queue of ``queues`` to ``to``.
 
-    A target ahead of the committed position (a later token, or a time after the
-    last message) would skip messages never handled: refused with
-    :class:`ForwardRewindError` unless ``allow_forward``, checked on every queue
-    before any is moved.
+    A target ahead of the committed position (a later token, or a time after the last
+    message) would skip messages never handled: refused with
+    :class:`ForwardRewindError` unless ``allow_forward``, checked on every queue before
+    any is moved. Partitions are then committed one at a time: if one fails, the error
+    names the queues already moved (re-running the same rewind finishes the job).
     """
     try:
         consumer = await adapter.probe(group)
@@ -68,8 +69,19 @@ async def rewind_queues(adapter: KafkaAdapter, queues: Sequence[int], group: str
                 f"handled would be skipped ({'; '.join(ahead)}); pass --allow-forward "
                 "(allow_forward=True) to skip them on purpose"
             )
+        moved: list[int] = []
         for queue, offset in targets.items():
-            await _commit_position(adapter, group, queue, offset)
+            try:
+                await _commit_position(adapter, group, queue, offset)
+            except (kerrors.KafkaError, OSError, BrokerError) as exc:
+                if not moved:
+                    raise
+                # Commits go one partition at a time: say which ones already moved.
+                raise BrokerError(
+                    f"rewinding app {group!r} failed on queue {queue} ({exc}); queues "
+                    f"{moved} were already moved: re-run the same rewind to finish"
+                ) from exc
+            moved.append(queue)
             log.info("moved %s on queue %d to offset %d", group, queue, offset)
     except (kerrors.KafkaError, OSError) as exc:
         raise broker_error(f"rewinding app {group!r}", exc) from exc

@@ -546,11 +546,15 @@ def run_supervisor(
     low, high = parse_processes(processes)
     settings = SupervisorSettings.from_config(config, low, high)
     telemetry = Telemetry.from_config(config.telemetry)
-    supervisor = Supervisor(
-        app_path, app_name, config, settings,
-        config_path=None if config_path is None else str(config_path),
-        env=env_for_overrides(overrides), telemetry=telemetry,
-    )
+    try:
+        supervisor = Supervisor(
+            app_path, app_name, config, settings,
+            config_path=None if config_path is None else str(config_path),
+            env=env_for_overrides(overrides), telemetry=telemetry,
+        )
+    except BaseException:  # e.g. the memory adapter, refused: flush nothing half-made
+        telemetry.shutdown()
+        raise
 
     async def main() -> None:
         stop = asyncio.Event()
