@@ -124,7 +124,16 @@ def worker(
         await daemon.start()
         freeze_startup_heap()
         click.echo(f"conveyor: worker {daemon.member.id} ready", err=True)
-        await stop.wait()
+        stopping = asyncio.ensure_future(stop.wait())
+        failing = asyncio.ensure_future(daemon.failed.wait())
+        await asyncio.wait([stopping, failing], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        failing.cancel()
+        if daemon.failure is not None:  # it can never own a queue: stop, exit non-zero
+            await daemon.stop()
+            if isinstance(daemon.failure, ConveyorError):
+                raise daemon.failure
+            raise ConveyorError(f"the daemon failed: {daemon.failure}")
         log.info("signal received: draining")
         return str(await daemon.stop())
 

@@ -85,6 +85,8 @@ class KafkaGroupBalancer(QueueBalancer):
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("group %s: joining failed for good (%s); this daemon owns no queue",
                       self.group, exc)
+            if self._listener is not None and not self._stopping:
+                self._listener.balancer_failed(exc)
 
     async def _join(self) -> None:
         cfg = self.adapter.config

@@ -106,6 +106,10 @@ class BalanceListener(Protocol):
     async def queue_lost(self, queue: int) -> None:
         """The lease is gone: stop at once and acknowledge nothing more."""
 
+    def balancer_failed(self, error: BaseException) -> None:
+        """The balancer can never give this daemon a queue again (e.g. a group join
+        that failed for good after the daemon started): the daemon should stop."""
+
 
 class QueueBalancer(ABC):
     @abstractmethod

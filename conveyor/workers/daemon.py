@@ -170,6 +170,9 @@ class WorkerDaemon:
         self._max_cache_fill_gone = 0
         self._ack_rates = AckRates()
         self.started = False
+        self.failure: BaseException | None = None
+        """Why the daemon can no longer work (set with :attr:`failed`); None while fine."""
+        self.failed = asyncio.Event()
 
     def _index_subscriptions(self, app: App) -> Subscriptions:
         index = {spec.name: i for i, spec in enumerate(app.handlers)}
@@ -363,6 +366,11 @@ class WorkerDaemon:
         elif (leaving := self._leaving.get(queue)) is not None:
             self._abandoned += leaving.in_flight
             await leaving.abort()  # its _drain() finishes and accounts for it
+
+    def balancer_failed(self, error: BaseException) -> None:
+        """Recorded for whoever runs the daemon (the CLI stops it and exits non-zero)."""
+        self.failure = error
+        self.failed.set()
 
     async def _drain(self, agent: PullingAgent) -> None:
         self.agents.pop(agent.queue, None)

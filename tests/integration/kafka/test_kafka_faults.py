@@ -179,6 +179,10 @@ async def test_a_topic_with_too_few_partitions_is_not_retried(
         await wait_until(lambda: any("joining failed for good" in r.getMessage()
                                      for r in caplog.records), 30, 0.05, "the error logged")
         assert daemon.balancer.owned() == []
+        # ...and the daemon is told, so `conveyor worker` stops and exits non-zero
+        # rather than idling forever with no queue.
+        assert daemon.failed.is_set()
+        assert isinstance(daemon.failure, ConfigError), daemon.failure
     finally:
         if daemon is not None:
             await daemon.stop()
