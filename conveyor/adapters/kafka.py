@@ -36,11 +36,11 @@ from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters import kafka_offsets, kafka_rewind
 from conveyor.adapters.kafka_conn import (
-    Outage,
     broker_error,
     client_options,
     fetch_committed,
     first_answer,
+    outage_log,
     retrying,
 )
 from conveyor.adapters.kafka_handoff import HandoffLog
@@ -297,7 +297,7 @@ class KafkaAdapter(QueueAdapter):
         self._topic_ready = False
         self._group_consumers: dict[str, AIOKafkaConsumer] = {}
         self._probes: dict[str, AIOKafkaConsumer] = {}
-        self.outage = Outage(config.bootstrap)
+        self.outage = outage_log(config.bootstrap)
         self.handoffs = HandoffLog(self)
         self._preparing: asyncio.Task[None] | None = None
         self._first_answer_awaited = False

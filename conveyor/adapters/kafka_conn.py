@@ -4,7 +4,7 @@
 client (producer, consumer, admin) takes; secrets are read from the environment
 variables the config names, never from the config itself, and never appear in an
 error message. :func:`broker_error` translates aiokafka's exceptions at the boundary.
-:class:`Outage` and :func:`retrying` are how a daemon waits for a broker that is down:
+:func:`outage_log` and :func:`retrying` are how a daemon waits for a broker that is down:
 capped, jittered exponential back-off (tenacity), logged once when the outage starts,
 every ``REPORT_EVERY_S`` while it lasts, and once when it ends.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -25,6 +24,7 @@ from tenacity import wait_exponential_jitter as _backoff
 
 from conveyor.platform.config import KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.outage import OutageLog
 
 log = logging.getLogger("conveyor.kafka")
 
@@ -116,37 +116,13 @@ async def fetch_committed(
     return int(entry.offset), str(entry.metadata or "")
 
 
-class Outage:
-    """Whether the brokers are reachable, logged at the edges (one per adapter)."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap  # HOST:PORT list: no credentials live here
-        self.down_since: float | None = None
-        self.reported = asyncio.Event()
-        """Set while an outage is known: waiters for a first answer stop waiting."""
-        self._last_report = 0.0
-
-    def failing(self, what: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        if self.down_since is None:
-            self.down_since = self._last_report = now
-            self.reported.set()
-            log.warning("kafka at %s unreachable while %s (%s); retrying with back-off "
-                        "(at most %.0fs apart)", self.bootstrap, what, exc, RETRY_MAX_DELAY_S)
-        elif now - self._last_report >= REPORT_EVERY_S:
-            self._last_report = now
-            log.warning("still waiting for kafka at %s (down for %.0fs): %s",
-                        self.bootstrap, now - self.down_since, exc)
-
-    def ok(self) -> None:
-        if self.down_since is not None:
-            log.warning("kafka at %s reachable again after %.1fs",
-                        self.bootstrap, time.monotonic() - self.down_since)
-            self.down_since = None
-            self.reported.clear()
+def outage_log(bootstrap: str) -> OutageLog:
+    """How one adapter logs an unreachable cluster (``bootstrap`` holds no credentials)."""
+    return OutageLog(log, "kafka", bootstrap, REPORT_EVERY_S,
+                     f" (at most {RETRY_MAX_DELAY_S:.0f}s apart)")
 
 
-async def retrying(outage: Outage, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+async def retrying(outage: OutageLog, what: str, fn: Callable[[], Awaitable[T]]) -> T:
     """Call ``fn`` until it stops raising :class:`BrokerConnectionError`.
 
     No attempt limit: a daemon waits for its broker as long as it takes, and the wait is
@@ -171,7 +147,7 @@ async def retrying(outage: Outage, what: str, fn: Callable[[], Awaitable[T]]) ->
     return result
 
 
-async def first_answer(task: asyncio.Future[Any], outage: Outage,
+async def first_answer(task: asyncio.Future[Any], outage: OutageLog,
                        timeout_s: float = FIRST_ANSWER_S) -> None:
     """Wait until ``task`` is done, an outage is known, or ``timeout_s`` has passed.
 

@@ -30,6 +30,7 @@ from tenacity import (
 )
 
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.outage import OutageLog
 
 log = logging.getLogger("conveyor.redis")
 
@@ -154,6 +155,9 @@ def connect(cfg: Any) -> aioredis.Redis:
         raise ConfigError(f"$.redis.url {redact_url(url)}: {type(exc).__name__}") from None
 
 
+REPORT_EVERY_S = 5.0
+"""How often an outage that lasts is logged again."""
+
 # Errors worth retrying: the server is restarting, loading, or the network is down.
 RETRYABLE = (rex.ConnectionError, rex.TimeoutError, OSError, BrokerConnectionError)
 
@@ -184,25 +188,10 @@ class Caller:
         self.url = redact_url(cfg.url)
         self.retry_max_s = cfg.retry_max_s
         self.retry_max_delay_s = cfg.retry_max_delay_s
-        self._down_since: float | None = None
-        self._last_report = 0.0
-
-    def _failing(self, exc: BaseException, what: str) -> None:
-        now = time.monotonic()
-        if self._down_since is None:
-            self._down_since = self._last_report = now
-            log.warning("redis at %s unreachable while %s (%s); retrying with back-off",
-                        self.url, what, exc)
-        elif now - self._last_report >= 5.0:
-            self._last_report = now
-            log.warning("still waiting for redis at %s (down for %.0fs): %s",
-                        self.url, now - self._down_since, exc)
+        self.outage = OutageLog(log, "redis", self.url, REPORT_EVERY_S)
 
     def ok(self) -> None:
-        if self._down_since is not None:
-            log.warning("redis at %s reachable again after %.1fs",
-                        self.url, time.monotonic() - self._down_since)
-            self._down_since = None
+        self.outage.ok()
 
     async def once(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """One attempt (for calls that must not be repeated blindly)."""
@@ -210,7 +199,7 @@ class Caller:
             with map_errors(what):
                 result = await fn()
         except BrokerConnectionError as exc:
-            self._failing(exc.__cause__ or exc, what)
+            self.outage.failing(what, exc.__cause__ or exc)
             raise
         self.ok()
         return result
@@ -236,7 +225,7 @@ class Caller:
 
         def before_sleep(state: RetryCallState) -> None:
             if state.outcome is not None and (exc := state.outcome.exception()) is not None:
-                self._failing(exc, what)
+                self.outage.failing(what, exc)
 
         retrying = AsyncRetrying(
             stop=stop_after_delay(left),
