@@ -307,18 +307,19 @@ def _parse_rewind_target(text: str) -> Any:
 @click.option("--queue", "queues", type=int, multiple=True,
               help="Queues to rewind to a time (default: all). A token names its own queue.")
 @click.option("--allow-forward", is_flag=True,
-              help="Kafka: also move a position forward, skipping the messages in between "
+              help="Also move a position forward, skipping the messages in between "
                    "(refused by default, for every queue, before any is moved).")
 def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int, ...],
            allow_forward: bool) -> None:
     """Move an app's position back to a token or a point in time; run with workers stopped.
 
     Messages from that point on are delivered again (at least once: handlers must
-    tolerate seeing them twice). On Kafka a target ahead of the app's position (a later
-    token, or a time after the last message) would skip messages never handled: it is
-    a usage error (exit 2) unless --allow-forward is given.
+    tolerate seeing them twice). A target ahead of the app's position (a later token,
+    or a time after the last message) would skip messages never handled: it is a usage
+    error (exit 2) unless --allow-forward is given.
     """
     from conveyor.platform.adapter import create_adapter
+    from conveyor.platform.errors import ForwardRewindError
     from conveyor.platform.ids import SequenceToken
 
     config = _config(config_path)
@@ -334,18 +335,10 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     async def run() -> None:
         adapter = create_adapter(config.queues.adapter, config)
         try:
-            if adapter.name == "kafka":
-                from conveyor.adapters.kafka import KafkaAdapter
-                from conveyor.adapters.kafka_rewind import ForwardRewindError
-
-                assert isinstance(adapter, KafkaAdapter)
-                try:
-                    await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward)
-                except ForwardRewindError as exc:
-                    raise click.BadParameter(str(exc), param_hint="--to") from None
-            else:
-                for q in chosen:
-                    await adapter.rewind(q, group, to)
+            try:
+                await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward)
+            except ForwardRewindError as exc:
+                raise click.BadParameter(str(exc), param_hint="--to") from None
         finally:
             await adapter.close()
 

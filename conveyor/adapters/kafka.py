@@ -501,6 +501,9 @@ class KafkaAdapter(QueueAdapter):
         """See :func:`conveyor.adapters.kafka_rewind.rewind_queues`."""
         await kafka_rewind.rewind_queues(self, queues, group, to, allow_forward=allow_forward)
 
+    async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
+        return await kafka_rewind.forward_gap(self, queue, group, to)
+
     # -- dead letters ------------------------------------------------------------------
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
         producer = await self.producer()

@@ -21,17 +21,13 @@ from aiokafka import errors as kerrors
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka_conn import broker_error, fetch_committed
-from conveyor.platform.errors import BrokerError, ConfigError
+from conveyor.platform.errors import BrokerError, ForwardRewindError
 from conveyor.platform.ids import SequenceToken
 
 if TYPE_CHECKING:
     from conveyor.adapters.kafka import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
-
-
-class ForwardRewindError(ConfigError):
-    """A rewind target ahead of the committed position (it would skip messages)."""
 
 
 async def rewind_queues(adapter: KafkaAdapter, queues: Sequence[int], group: str,
@@ -45,20 +41,10 @@ async def rewind_queues(adapter: KafkaAdapter, queues: Sequence[int], group: str
     names the queues already moved (re-running the same rewind finishes the job).
     """
     try:
-        consumer = await adapter.probe(group)
         targets: dict[int, int] = {}
         ahead: list[str] = []
         for queue in queues:
-            tp = TopicPartition(adapter.topic, queue)
-            if isinstance(to, SequenceToken):
-                if to.queue != queue:
-                    raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
-                offset = to.major
-            else:
-                offset = await offset_for_time(adapter, consumer, tp, int(to * 1000))
-            committed = await fetch_committed(consumer, tp)
-            position = (int(committed[0]) if committed is not None
-                        else int((await consumer.beginning_offsets([tp]))[tp]))
+            offset, position = await _target_and_position(adapter, queue, group, to)
             if offset > position:
                 ahead.append(f"queue {queue}: offset {offset} > {position}, "
                              f"{offset - position} message(s) skipped")
@@ -85,6 +71,33 @@ async def rewind_queues(adapter: KafkaAdapter, queues: Sequence[int], group: str
             log.info("moved %s on queue %d to offset %d", group, queue, offset)
     except (kerrors.KafkaError, OSError) as exc:
         raise broker_error(f"rewinding app {group!r}", exc) from exc
+
+
+async def forward_gap(adapter: KafkaAdapter, queue: int, group: str,
+                      to: SequenceToken | float) -> int:
+    """Messages between the group's committed position and ``to``, when ``to`` is ahead."""
+    try:
+        offset, position = await _target_and_position(adapter, queue, group, to)
+    except (kerrors.KafkaError, OSError) as exc:
+        raise broker_error(f"reading app {group!r}'s position", exc) from exc
+    return max(0, offset - position)
+
+
+async def _target_and_position(adapter: KafkaAdapter, queue: int, group: str,
+                               to: SequenceToken | float) -> tuple[int, int]:
+    """The offset ``to`` names on ``queue``, and the group's committed position there."""
+    consumer = await adapter.probe(group)
+    tp = TopicPartition(adapter.topic, queue)
+    if isinstance(to, SequenceToken):
+        if to.queue != queue:
+            raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+        offset = to.major
+    else:
+        offset = await offset_for_time(adapter, consumer, tp, int(to * 1000))
+    committed = await fetch_committed(consumer, tp)
+    position = (int(committed[0]) if committed is not None
+                else int((await consumer.beginning_offsets([tp]))[tp]))
+    return offset, position
 
 
 async def _commit_position(adapter: KafkaAdapter, group: str, queue: int, offset: int) -> None:

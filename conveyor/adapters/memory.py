@@ -222,15 +222,24 @@ class MemoryAdapter(QueueAdapter):
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         return self.broker.dead_letters.get(group, [])[:limit]
 
-    async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+    def _offset(self, queue: int, to: SequenceToken | float) -> int:
         log = self.broker.log(queue)
         if isinstance(to, SequenceToken):
             if to.queue != queue:
                 raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
-            offset = to.major
-        else:
-            stamps = [m.enqueued_at_ms for m in log.items]
-            offset = log.base + bisect.bisect_left(stamps, int(to * 1000))
+            return to.major
+        stamps = [m.enqueued_at_ms for m in log.items]
+        return log.base + bisect.bisect_left(stamps, int(to * 1000))
+
+    async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
+        offset = min(self._offset(queue, to), self.broker.log(queue).end)
+        cursor = self.broker.cursor(group, queue)
+        taken = [*cursor.pending, *(m.token.major for m in cursor.redeliver if m.token)]
+        return max(0, offset - cursor.next_offset) + sum(1 for o in taken if o < offset)
+
+    async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+        log = self.broker.log(queue)
+        offset = self._offset(queue, to)
         if offset < log.base:
             raise BrokerError(
                 f"queue {queue}: offset {offset} was already trimmed (oldest kept: {log.base})"

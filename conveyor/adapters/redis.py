@@ -198,6 +198,19 @@ class EntryDecoder:
         return decode_entry(self._queue, eid, dict(zip(it, it, strict=False)))
 
 
+def _id_before(to: SequenceToken | float, queue: int) -> str:
+    """The stream id just before a token or a UNIX time: where a rewind puts a group."""
+    if isinstance(to, SequenceToken):
+        if to.queue != queue:
+            raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+        ms, seq = to.major, to.minor
+    else:
+        ms, seq = int(to * 1000), 0
+    if ms == 0 and seq == 0:
+        return "0-0"
+    return f"{ms}-{seq - 1}" if seq > 0 else f"{max(ms - 1, 0)}-18446744073709551615"
+
+
 def _default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -435,6 +448,26 @@ class RedisAdapter(QueueAdapter):
         )
         return [_decode_letter(f[b"letter"]) for _, f in entries if b"letter" in f]
 
+    async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
+        """Entries the group was never given between its last delivered id and ``to``.
+
+        Its pending entries are not counted: a rewind leaves them pending, and they are
+        claimed and delivered as before.
+        """
+        stream = self.keys.queue(queue)
+        before = _id_before(to, queue)
+
+        async def count() -> int:
+            if not await self.redis.exists(stream):
+                return 0
+            last: bytes | str = "0-0"  # a group created later starts at the beginning
+            for g in await self.redis.xinfo_groups(stream):
+                if g["name"].decode() == group:
+                    last = g["last-delivered-id"]
+            return await self._count_after(stream, last, before)
+
+        return await self.caller.retrying(f"reading {group!r}'s position on queue {queue}", count)
+
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
         """``XGROUP SETID`` to just before the target; refuses while a daemon owns the queue."""
         stream = self.keys.queue(queue)
@@ -446,15 +479,7 @@ class RedisAdapter(QueueAdapter):
                 f"queue {queue} is owned by daemon {owner} of app {group!r}; "
                 "stop the app's workers before rewinding"
             )
-        if isinstance(to, SequenceToken):
-            if to.queue != queue:
-                raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
-            ms, seq = to.major, to.minor
-        else:
-            ms, seq = int(to * 1000), 0
-        before = f"{ms}-{seq - 1}" if seq > 0 else f"{max(ms - 1, 0)}-18446744073709551615"
-        if ms == 0 and seq == 0:
-            before = "0-0"
+        before = _id_before(to, queue)
         if isinstance(to, SequenceToken):
             first = await self.caller.retrying(
                 "reading the queue", lambda: self.redis.xrange(stream, "-", "+", count=1)

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, ForwardRewindError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
@@ -104,8 +104,36 @@ class QueueAdapter(ABC):
         """Move ``group``'s position on ``queue`` back to a token or a UNIX time (seconds).
 
         Messages from that point on are delivered again. Only valid while no receiver
-        of the queue is running for the group.
+        of the queue is running for the group. Unchecked: see :meth:`rewind_queues`.
         """
+
+    @abstractmethod
+    async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
+        """How many messages ``group`` has not finished on ``queue`` that moving its
+        position to ``to`` would skip: 0 unless ``to`` is ahead of its position."""
+
+    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
+                            *, allow_forward: bool = False) -> None:
+        """:meth:`rewind` on every queue of ``queues``, refusing a forward move.
+
+        A target ahead of the group's position would skip messages never handled: it
+        raises :class:`ForwardRewindError`, checked on every queue before any is moved,
+        unless ``allow_forward``.
+        """
+        if not allow_forward:
+            ahead = []
+            for queue in queues:
+                gap = await self.forward_gap(queue, group, to)
+                if gap:
+                    ahead.append(f"queue {queue}: {gap} message(s) skipped")
+            if ahead:
+                raise ForwardRewindError(
+                    f"that target is ahead of app {group!r}'s position, so messages never "
+                    f"handled would be skipped ({'; '.join(ahead)}); pass --allow-forward "
+                    "(allow_forward=True) to skip them on purpose"
+                )
+        for queue in queues:
+            await self.rewind(queue, group, to)
 
     @abstractmethod
     async def lag(self, queue: int, group: str) -> int:

@@ -19,6 +19,10 @@ class ConfigError(ConveyorError):
     """
 
 
+class ForwardRewindError(ConfigError):
+    """A rewind target ahead of an app's position: it would skip messages never handled."""
+
+
 class HandlerDeclarationError(ConveyorError):
     """A handler was declared with a signature or options Conveyor cannot honour."""
 

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from conveyor.adapters.memory import TRIM_EVERY, MemoryAdapter, reset_broker
-from conveyor.platform.errors import BrokerError
+from conveyor.platform.errors import BrokerError, ForwardRewindError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
 
@@ -137,3 +137,22 @@ async def test_empty_polls_on_an_idle_queue_leave_no_waiters_behind(
     await adapter.enqueue(3, make(2))
     assert bodies(await asyncio.wait_for(poll, 5)) == [0, 1]
     assert adapter.broker.log(3).waiters == []
+
+
+async def test_a_forward_rewind_is_refused_unless_allowed(adapter: MemoryAdapter) -> None:
+    await adapter.enqueue(0, make(10))
+    await adapter.enqueue(1, make(10))
+    rx = adapter.create_receiver(0, "g")
+    await rx.initialize()
+    got = await rx.get_messages(4)  # 0..3 taken; 0 and 1 acked, 2 and 3 still pending
+    await rx.messages_delivered([m.token for m in got[:2] if m.token])
+    await rx.shutdown()
+    # Back (or to where it stands) skips nothing; ahead skips the unfinished ones below.
+    assert await adapter.forward_gap(0, "g", SequenceToken(0, 1)) == 0
+    assert await adapter.forward_gap(0, "g", SequenceToken(0, 7)) == 5  # 2..6
+    with pytest.raises(ForwardRewindError, match=r"queue 0: 8 message.*queue 1: 10 message"):
+        await adapter.rewind_queues([0, 1], "g", 9_999.0)  # after the last message
+    # Checked on every queue before any moved: queue 1 (never read) is untouched too.
+    assert await adapter.lag(0, "g") == 8 and await adapter.lag(1, "g") == 10
+    await adapter.rewind_queues([0], "g", SequenceToken(0, 7), allow_forward=True)
+    assert await adapter.lag(0, "g") == 3

@@ -316,6 +316,47 @@ def test_rewind_replays_a_known_range(redis_server: RedisServer, tmp_path: Path)
     assert len(asyncio.run(replay())) == 10
 
 
+def test_a_forward_rewind_is_refused_unless_allowed(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
+                            queues={"adapter": "redis", "total": 1})
+    config = load_config(cfg_path, environ={})
+
+    async def publish_and_take(n: int) -> list[SequenceToken]:
+        adapter = RedisAdapter(config.redis)
+        try:
+            client = Client(adapter, HashRingQueueMapper(1))
+            tokens = [await client.publish("n", "k", {"i": i}) for i in range(10)]
+            r = adapter.create_receiver(0, "shop")
+            await r.initialize()
+            msgs = await r.get_messages(n, 0.1)  # delivered; the group's position moves
+            await r.messages_delivered([m.token for m in msgs])  # type: ignore[misc]
+            return tokens
+        finally:
+            await adapter.close()
+
+    async def lag() -> int:
+        adapter = RedisAdapter(config.redis)
+        try:
+            return await adapter.lag(0, "shop")
+        finally:
+            await adapter.close()
+
+    tokens = asyncio.run(publish_and_take(3))
+    rewind = ["rewind", "--config", str(cfg_path), "--app", "shop", "--to", str(tokens[8])]
+    refused = CliRunner().invoke(main, rewind)
+    assert refused.exit_code == 2, refused.output
+    assert "queue 0: 5 message(s) skipped" in refused.output  # entries 3..7
+    assert asyncio.run(lag()) == 7  # nothing moved
+    assert CliRunner().invoke(main, [*rewind, "--allow-forward"]).exit_code == 0
+    assert asyncio.run(lag()) == 2  # 8 and 9 left
+    back = CliRunner().invoke(main, ["rewind", "--config", str(cfg_path), "--app", "shop",
+                                     "--to", str(tokens[0])])
+    assert back.exit_code == 0, back.output  # back is always allowed
+    assert asyncio.run(lag()) == 10
+
+
 async def test_rewind_is_refused_while_a_daemon_owns_the_queue(
     redis_server: RedisServer,
 ) -> None:
