@@ -24,7 +24,7 @@ class FailingStarts:
         raise BrokerConnectionError("redis unreachable (injected)")
 
     async def queue_released(self, queue: int) -> None:
-        pass
+        """Nothing was started, so nothing to drain."""
 
     async def queue_lost(self, queue: int) -> None:
         self.lost.append(queue)

@@ -103,7 +103,7 @@ class CuttableProxy:
                 writer.write(data)
                 await writer.drain()
         except (OSError, RuntimeError):
-            pass
+            return  # the proxy was cut: the connection ends here
         finally:
             writer.close()
             self._writers.discard(writer)
