@@ -98,7 +98,7 @@ def otlp_receiver() -> Iterator[tuple[str, Receiver]]:
             self.wfile.write(payload)
 
         def log_message(self, *args: object) -> None:
-            pass
+            """Quiet: the test reads the decoded spans, not an access log."""
 
     server = HTTPServer(("127.0.0.1", free_port()), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

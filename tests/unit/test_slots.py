@@ -76,7 +76,7 @@ async def test_permit_releases_once_and_reports_reason() -> None:
 
     supplier = Recording(3)
     async with await supplier.reserve_slot(CTX):
-        pass
+        assert supplier.issued == 1 and supplier.in_use == 0  # reserved, never marked used
     async with await supplier.reserve_slot(CTX) as permit:
         permit.mark_used(1, "h", "m1", "k")
         assert supplier.in_use == 1

@@ -268,26 +268,27 @@ async def test_leases_grant_growing_tokens_to_one_holder(redis_server: RedisServ
     assert await leases.owners() == {2: "y"}
 
 
+async def publish_ten_and_take(config: Config, n: int) -> list[SequenceToken]:
+    """Publish 10 messages to queue 0, let app "shop" take and ack the first ``n``."""
+    adapter = RedisAdapter(config.redis)
+    try:
+        client = Client(adapter, HashRingQueueMapper(1))
+        tokens = [await client.publish("n", "k", {"i": i}) for i in range(10)]
+        r = adapter.create_receiver(0, "shop")
+        await r.initialize()
+        msgs = await r.get_messages(n, 0.1)
+        await r.messages_delivered([m.token for m in msgs])  # type: ignore[misc]
+        assert await adapter.lag(0, "shop") == 10 - n
+        return tokens
+    finally:
+        await adapter.close()
+
+
 def test_rewind_replays_a_known_range(redis_server: RedisServer, tmp_path: Path) -> None:
     cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
                             queues={"adapter": "redis", "total": 1})
     config = load_config(cfg_path, environ={})
-
-    async def publish_and_consume() -> list[SequenceToken]:
-        adapter = RedisAdapter(config.redis)
-        try:
-            client = Client(adapter, HashRingQueueMapper(1))
-            tokens = [await client.publish("n", "k", {"i": i}) for i in range(10)]
-            r = adapter.create_receiver(0, "shop")
-            await r.initialize()
-            msgs = await r.get_messages(100, 0.1)
-            await r.messages_delivered([m.token for m in msgs])  # type: ignore[misc]
-            assert await adapter.lag(0, "shop") == 0
-            return tokens
-        finally:
-            await adapter.close()
-
-    tokens = asyncio.run(publish_and_consume())
+    tokens = asyncio.run(publish_ten_and_take(config, 10))
     result = CliRunner().invoke(
         main, ["rewind", "--config", str(cfg_path), "--app", "shop", "--to", str(tokens[6])]
     )
@@ -323,19 +324,6 @@ def test_a_forward_rewind_is_refused_unless_allowed(
                             queues={"adapter": "redis", "total": 1})
     config = load_config(cfg_path, environ={})
 
-    async def publish_and_take(n: int) -> list[SequenceToken]:
-        adapter = RedisAdapter(config.redis)
-        try:
-            client = Client(adapter, HashRingQueueMapper(1))
-            tokens = [await client.publish("n", "k", {"i": i}) for i in range(10)]
-            r = adapter.create_receiver(0, "shop")
-            await r.initialize()
-            msgs = await r.get_messages(n, 0.1)  # delivered; the group's position moves
-            await r.messages_delivered([m.token for m in msgs])  # type: ignore[misc]
-            return tokens
-        finally:
-            await adapter.close()
-
     async def lag() -> int:
         adapter = RedisAdapter(config.redis)
         try:
@@ -343,7 +331,7 @@ def test_a_forward_rewind_is_refused_unless_allowed(
         finally:
             await adapter.close()
 
-    tokens = asyncio.run(publish_and_take(3))
+    tokens = asyncio.run(publish_ten_and_take(config, 3))  # the group's position moves
     rewind = ["rewind", "--config", str(cfg_path), "--app", "shop", "--to", str(tokens[8])]
     refused = CliRunner().invoke(main, rewind)
     assert refused.exit_code == 2, refused.output
