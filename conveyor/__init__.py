@@ -16,6 +16,7 @@ The public API::
 from conveyor.platform.app import App
 from conveyor.platform.client import Client, Publish, SyncClient
 from conveyor.platform.config import Config, load_config
+from conveyor.platform.delivery import Delivery, Interceptor, Step
 from conveyor.platform.errors import (
     BrokerConnectionError,
     BrokerError,
@@ -26,10 +27,17 @@ from conveyor.platform.errors import (
     LeaseLostError,
     ShutdownError,
 )
-from conveyor.platform.handlers import MessageContext, RetryPolicy
+from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.mapper import HashRingQueueMapper
-from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.message import DeadLetter, Message, Undecodable
+from conveyor.platform.options import (
+    CellOptions,
+    HandlerOptions,
+    PoolOptions,
+    RetryPolicy,
+    ScaleDownPolicy,
+)
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.slots import (
     FixedSlotSupplier,
@@ -44,20 +52,27 @@ __all__ = [
     "App",
     "BrokerConnectionError",
     "BrokerError",
+    "CellOptions",
     "Client",
     "Config",
     "ConfigError",
     "ConveyorError",
     "DeadLetter",
     "DecodeError",
+    "Delivery",
     "FixedSlotSupplier",
     "HandlerDeclarationError",
+    "HandlerOptions",
+    "HandlerSpec",
     "HashRingQueueMapper",
+    "Interceptor",
     "LeaseLostError",
     "Message",
     "MessageContext",
+    "PoolOptions",
     "Publish",
     "RetryPolicy",
+    "ScaleDownPolicy",
     "SequenceToken",
     "ShutdownError",
     "SlotInfo",
@@ -65,8 +80,10 @@ __all__ = [
     "SlotReleaseReason",
     "SlotReservationContext",
     "SlotSupplier",
+    "Step",
     "StreamId",
     "SyncClient",
+    "Undecodable",
     "WorkerDaemon",
     "load_config",
 ]

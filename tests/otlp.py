@@ -133,7 +133,9 @@ def run_traced_worker(
     is finished and the worker has exited cleanly (spans flushed)."""
     env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_APP": app_name,
            "CONVEYOR_TELEMETRY__EXPORTER": "otlp", "CONVEYOR_TELEMETRY__ENDPOINT": endpoint,
-           "CONVEYOR_TELEMETRY__METRICS_INTERVAL_S": "0.5", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+           "CONVEYOR_TELEMETRY__METRICS_INTERVAL_S": "0.5", "OTEL_BSP_SCHEDULE_DELAY": "100",
+           # the unroutable message is this app's to keep: its dead letter is traced too
+           "CONVEYOR_DEAD_LETTERS__UNROUTABLE": "dead-letter"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.traced_handler:app",
          "--config", str(config_path)],

@@ -42,7 +42,6 @@ from conveyor.bench.throughput import AckCounter, noop_app
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.runtime import HandlerRuntime
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import WorkerDaemon
 
@@ -56,8 +55,10 @@ def strip_instrumentation() -> None:
     """Put this process on the pre-telemetry hot path.
 
     With telemetry off the only per-message hook left is ``Client.publish``'s
-    ``_traced`` check; the daemon's choices (plain runtime, no metric callbacks) are
-    made once per daemon. Both are replaced by their pre-telemetry forms.
+    ``_traced`` check; the daemon's choices are made once per daemon: its delivery
+    chains get no tracing or metrics step (the very chain a daemon without telemetry
+    would build, so there is nothing to strip there) and it registers metric callbacks,
+    which is replaced by a no-op here.
     """
 
     async def publish(
@@ -68,14 +69,10 @@ def strip_instrumentation() -> None:
         tokens = await self.adapter.enqueue(self.mapper.queue_for(msg.stream), [msg])
         return tokens[0]
 
-    def plain_runtime(self: WorkerDaemon) -> HandlerRuntime:
-        return HandlerRuntime(self._store_dead_letters, self.stats)
-
     def no_metrics(self: WorkerDaemon) -> None:
         return None
 
     setattr(Client, "publish", publish)  # noqa: B010 - replacing a method on purpose
-    setattr(WorkerDaemon, "_build_runtime", plain_runtime)  # noqa: B010
     setattr(WorkerDaemon, "_register_metrics", no_metrics)  # noqa: B010
 
 

@@ -25,22 +25,23 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.delivery.chain import Delivery
+from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError, LeaseLostError
-from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
-from conveyor.platform.queue_cache import Entry, Lane, QueueCache
-from conveyor.platform.runtime import HandlerRuntime
+from conveyor.platform.queue_cache import Entry, Lane, QueueCache, Route
 from conveyor.workers.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 
 log = logging.getLogger("conveyor.agent")
 
-Subscriptions = dict[str, tuple[tuple[int, HandlerSpec], ...]]
+Subscriptions = dict[str, tuple[Route, ...]]
+"""Namespace -> the routes (handlers and their delivery chains) subscribed to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ class PullingAgent:
         queue: int,
         receiver: QueueReceiver,
         subscriptions: Subscriptions,
-        runtime: HandlerRuntime,
+        orphans: Orphans,
         slots: SlotSupplier,
         settings: AgentSettings,
         may_act: Callable[[], bool] | None = None,
@@ -85,7 +86,7 @@ class PullingAgent:
         self.cache = QueueCache(settings.cache_capacity)
         self.settings = settings
         self._subs = subscriptions
-        self._runtime = runtime
+        self._orphans = orphans
         self._slots = slots
         self._ctx = _Context(queue, slots)
         self._room = asyncio.Event()
@@ -239,21 +240,25 @@ class PullingAgent:
     def _accept(self, messages: list[Message], permits: list[SlotPermit]) -> None:
         cache = self.cache
         subs = self._subs
-        unroutable: list[Entry] = []
+        self._drained.clear()
+        orphans: list[Entry] = []
         for msg, permit in zip(messages, permits, strict=False):
-            handlers = subs.get(msg.stream.namespace)
-            if handlers is None:
+            routes = subs.get(msg.stream.namespace)
+            if routes is None:  # undecodable, or no handler of this app subscribes
                 entry = Entry(msg, permit, 1)
                 cache.entries.append(entry)
-                unroutable.append(entry)
+                orphans.append(entry)
                 continue
-            cache.add(Entry(msg, permit, len(handlers)), handlers)
+            cache.add(Entry(msg, permit, len(routes)), routes)
         self.pulled += len(messages)
-        self._drained.clear()
         if len(cache) > self.max_cache_fill:
             self.max_cache_fill = len(cache)
-        for entry in unroutable:
-            self._spawn(self._dead_letter_unroutable(entry))
+        for entry in orphans:
+            pending = self._orphans.take(entry.msg)
+            if pending is None:
+                self._finish_orphan(entry)
+            else:
+                self._spawn(self._await_orphan(entry, pending))
         self._wake()
 
     # -- running -----------------------------------------------------------------------
@@ -290,7 +295,6 @@ class PullingAgent:
     async def _runner(self) -> None:
         cache = self.cache
         ready = cache.ready
-        deliver = self._runtime.deliver
         loop = asyncio.get_running_loop()
         while True:
             self._waking = False  # this runner is awake: another may be woken now
@@ -299,11 +303,12 @@ class PullingAgent:
                 if ready:
                     self._wake()  # others can start on the next lane while this one runs
                 entry = lane.entries[0]
+                route = lane.route
                 permit = entry.permit
                 if permit is not None:
                     msg = entry.msg
-                    permit.mark_used(self.queue, lane.spec.name, msg.id, msg.stream.key)
-                await deliver(lane.spec, entry.msg)
+                    permit.mark_used(self.queue, route.handler.name, msg.id, msg.stream.key)
+                await route.chain(Delivery(entry.msg, route.handler))
                 entry = cache.finish_head(lane)
                 if entry.done:
                     self._entry_done(entry)
@@ -328,11 +333,11 @@ class PullingAgent:
         if not self.cache.entries:
             self._drained.set()
 
-    async def _dead_letter_unroutable(self, entry: Entry) -> None:
-        ns = entry.msg.stream.namespace
-        await self._runtime.dead_letter(
-            None, entry.msg, f"no handler of this app subscribes to namespace {ns!r}", 0
-        )
+    async def _await_orphan(self, entry: Entry, pending: Awaitable[None]) -> None:
+        await pending
+        self._finish_orphan(entry)
+
+    def _finish_orphan(self, entry: Entry) -> None:
         entry.pending = 0
         entry.done = True
         self._entry_done(entry)

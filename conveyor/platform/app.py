@@ -1,12 +1,14 @@
-"""The application object: a named set of handlers."""
+"""The application object: a named set of handlers, and the interceptors around them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from conveyor.platform.delivery.chain import Interceptor
 from conveyor.platform.errors import HandlerDeclarationError
-from conveyor.platform.handlers import HandlerFn, HandlerSpec, RetryPolicy, build_spec
+from conveyor.platform.handlers import HandlerFn, HandlerSpec, build_spec, handler_where
+from conveyor.platform.options import BUILTIN_OPTIONS, HandlerOptions, parse_options
 
 if TYPE_CHECKING:
     from conveyor.platform.client import Client
@@ -24,9 +26,12 @@ class App:
 
         @app.handler("orders")
         async def on_order(order: Order) -> None: ...
+
+    ``interceptors`` wrap every handler's delivery, in the given order, inside retry
+    (see :class:`~conveyor.platform.delivery.chain.Interceptor` for the contract).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, interceptors: Sequence[Interceptor] = ()) -> None:
         if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise HandlerDeclarationError(
                 f"app name {name!r}: use letters, digits, '-', '_' or '.' (it names the "
@@ -35,18 +40,25 @@ class App:
         self.name = name
         self.handlers: list[HandlerSpec] = []
         self.on_startup: list[Hook] = []
+        self.interceptors: tuple[Interceptor, ...] = ()
+        self._option_types: tuple[type[HandlerOptions], ...] = BUILTIN_OPTIONS
+        for interceptor in interceptors:
+            self.add_interceptor(interceptor)
+
+    def add_interceptor(self, interceptor: Interceptor) -> None:
+        """Add an interceptor inside the ones added before; before declaring handlers
+        that use its options."""
+        if not isinstance(interceptor, Interceptor):
+            raise HandlerDeclarationError(
+                f"app {self.name!r}: {interceptor!r} is not a conveyor.Interceptor"
+            )
+        self.interceptors = (*self.interceptors, interceptor)
+        option_type = type(interceptor).options
+        if option_type is not None and option_type not in self._option_types:
+            self._option_types = (*self._option_types, option_type)
 
     def handler(
-        self,
-        namespace: str,
-        *,
-        name: str | None = None,
-        retry_attempts: int = 3,
-        retry_delay_s: float = 0.05,
-        retry_max_delay_s: float = 5.0,
-        retry_multiplier: float = 2.0,
-        retry_jitter_s: float = 0.0,
-        **options: Any,
+        self, namespace: str, *, name: str | None = None, **options: Any
     ) -> Callable[[F], F]:
         """Declare an ``async def`` handler for every message of ``namespace``.
 
@@ -54,23 +66,18 @@ class App:
         Struct, ``dict``, ``list``, ``bytes`` or ``str``); an optional second parameter
         receives a :class:`~conveyor.platform.handlers.MessageContext`. Several handlers
         may subscribe to one namespace; each sees every message.
+
+        Options (checked now, see :mod:`conveyor.platform.options`): ``retry_attempts``
+        (3), ``retry_delay_s`` (0.05), ``retry_multiplier`` (2.0), ``retry_max_delay_s``
+        (5.0), ``retry_jitter_s`` (0); ``stateless``, ``max_workers``, ``scale_down``;
+        ``cell_key``, ``cell_size``, ``cell_sizes``, ``cell_job_timeout_s``; and those of
+        the app's interceptors.
         """
-        retry = RetryPolicy(
-            attempts=retry_attempts,
-            initial_delay_s=retry_delay_s,
-            multiplier=retry_multiplier,
-            max_delay_s=retry_max_delay_s,
-            jitter_s=retry_jitter_s,
-        )
-        unknown = set(options) - _KNOWN_OPTIONS
-        if unknown:
-            raise HandlerDeclarationError(
-                f"handler for {namespace!r}: unknown option(s) {sorted(unknown)}"
-            )
-        _validate_worker_options(f"handler for {namespace!r}", options)
 
         def register(fn: F) -> F:
-            spec = build_spec(fn, namespace, name=name, retry=retry, options=dict(options))
+            where = handler_where(fn)
+            values = parse_options(where, options, self._option_types)
+            spec = build_spec(fn, namespace, name=name, options=values)
             if any(h.name == spec.name for h in self.handlers):
                 raise HandlerDeclarationError(
                     f"handler name {spec.name!r} is declared twice; "
@@ -79,6 +86,8 @@ class App:
             self.handlers.append(spec)
             return fn
 
+        where = f"handler for {namespace!r}"
+        parse_options(where, options, self._option_types)  # a bad option fails at the call
         return register
 
     def startup(self, hook: Hook) -> Hook:
@@ -92,58 +101,3 @@ class App:
         for spec in self.handlers:
             subs.setdefault(spec.namespace, []).append(spec)
         return {ns: tuple(specs) for ns, specs in subs.items()}
-
-
-# Options later subsystems read (pools, cells); validated here so typos fail at declaration.
-_KNOWN_OPTIONS: frozenset[str] = frozenset({
-    # stateless-worker pool (conveyor.workers.pool)
-    "stateless", "max_workers", "scale_down",
-    # cells (conveyor.workers.cells)
-    "cell_key", "cell_size", "cell_sizes", "cell_job_timeout_s",
-})
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _validate_worker_options(where: str, options: dict[str, Any]) -> None:
-    """Pool and cell options: checked at declaration, so a typo never reaches a worker."""
-    from conveyor.workers.scaledown import ScaleDownPolicy
-
-    def bad(message: str) -> HandlerDeclarationError:
-        return HandlerDeclarationError(f"{where}: {message}")
-
-    stateless = options.get("stateless", False)
-    if not isinstance(stateless, bool):
-        raise bad(f"stateless must be True or False, got {stateless!r}")
-    if not stateless and ({"max_workers", "scale_down"} & set(options)):
-        raise bad("max_workers and scale_down apply to stateless=True handlers only")
-    if "max_workers" in options and not _positive_int(options["max_workers"]):
-        raise bad(f"max_workers must be an int >= 1, got {options['max_workers']!r}")
-    scale_down = options.get("scale_down", False)
-    if not isinstance(scale_down, (bool, ScaleDownPolicy)):
-        raise bad(f"scale_down must be True, False or a ScaleDownPolicy, got {scale_down!r}")
-    cell_options = {"cell_size", "cell_sizes", "cell_job_timeout_s"} & set(options)
-    if "cell_key" not in options:
-        if cell_options:
-            raise bad(f"{sorted(cell_options)} need cell_key='header:NAME' or 'body:NAME'")
-        return
-    if stateless:
-        raise bad("a handler is either stateless=True or has cells (cell_key), not both")
-    key = options["cell_key"]
-    source, sep, name = key.partition(":") if isinstance(key, str) else ("", "", "")
-    if not sep or source not in ("header", "body") or not name:
-        raise bad(f"cell_key must be 'header:NAME' or 'body:NAME', got {key!r}")
-    if "cell_size" in options and not _positive_int(options["cell_size"]):
-        raise bad(f"cell_size must be an int >= 1, got {options['cell_size']!r}")
-    sizes = options.get("cell_sizes", {})
-    if not isinstance(sizes, dict) or not all(
-        isinstance(k, str) and _positive_int(v) for k, v in sizes.items()
-    ):
-        raise bad(f"cell_sizes must map cell names to ints >= 1, got {sizes!r}")
-    timeout = options.get("cell_job_timeout_s")
-    if timeout is not None and (
-        not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0
-    ):
-        raise bad(f"cell_job_timeout_s must be a number > 0 or None, got {timeout!r}")

@@ -164,6 +164,23 @@ class WorkerConfig(_Section):
     unacknowledged (to be redelivered to the next owner)."""
 
 
+class DeadLettersConfig(_Section):
+    """Where messages that cannot be handled go, and what happens to unroutable ones."""
+
+    unroutable: Literal["skip", "dead-letter"] = "skip"
+    """A message of a namespace no handler of this app subscribes to. Apps that share
+    queues (one Redis prefix, one Kafka topic) each see every message, so by default it
+    is another app's: ``skip`` acknowledges it for this app and counts it (``skipped``);
+    ``dead-letter`` stores it in this app's dead letters first. Logged at most once a
+    minute per namespace either way."""
+    max_entries: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """Most dead letters kept per app (redis, memory); 0 keeps every one. When a new
+    letter goes past the bound the oldest are evicted, counted (``dead_letters_evicted``
+    in ``conveyor status``) and logged. On Kafka the dead-letter topic's retention is the
+    bound: Conveyor creates it with ``retention.ms = -1`` (kept forever); set
+    ``max_entries`` only with redis or memory."""
+
+
 class SupervisorConfig(_Section):
     """``conveyor worker --processes MIN:MAX``: when to add and remove daemon processes."""
 
@@ -242,6 +259,7 @@ class Config(_Section):
     slots: SlotsConfig = msgspec.field(default_factory=SlotsConfig)
     worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
     cells: CellsConfig = msgspec.field(default_factory=CellsConfig)
+    dead_letters: DeadLettersConfig = msgspec.field(default_factory=DeadLettersConfig)
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     balancer: BalancerConfig = msgspec.field(default_factory=BalancerConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
@@ -269,6 +287,11 @@ class Config(_Section):
             raise ConfigError(
                 f'$.balancer.kind: "kafka-group" needs queues.adapter = "kafka", '
                 f"got {self.queues.adapter!r}"
+            )
+        if self.dead_letters.max_entries and self.queues.adapter == "kafka":
+            raise ConfigError(
+                "$.dead_letters.max_entries: not supported on kafka, whose dead-letter topic "
+                "is bounded by its own retention (retention.ms / retention.bytes); leave it 0"
             )
         bad = [q for q in self.balancer.queues if not 0 <= q < self.queues.total]
         if bad:

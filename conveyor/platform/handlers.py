@@ -3,59 +3,22 @@
 from __future__ import annotations
 
 import inspect
-import math
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import msgspec.inspect
 
 from conveyor.platform.errors import DecodeError, HandlerDeclarationError
 from conveyor.platform.message import CONTENT_MSGPACK, Message
+from conveyor.platform.options import HandlerOptions, RetryPolicy
+
+OptionT = TypeVar("OptionT", bound=HandlerOptions)
 
 HandlerFn = Callable[..., Awaitable[Any]]
 Decode = Callable[[Message], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How a failing handler is retried before its message is dead-lettered.
-
-    ``attempts`` counts every call, the first included. Waits grow exponentially from
-    ``initial_delay_s`` by ``multiplier`` up to ``max_delay_s`` (tenacity's
-    ``wait_exponential``), plus up to ``jitter_s`` of random jitter.
-    """
-
-    attempts: int = 3
-    initial_delay_s: float = 0.05
-    multiplier: float = 2.0
-    max_delay_s: float = 5.0
-    jitter_s: float = 0.0
-
-    def validate(self, where: str) -> None:
-        """Type and range checks, naming the ``App.handler`` option at fault."""
-        attempts = self.attempts
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-            raise HandlerDeclarationError(
-                f"{where}: retry_attempts must be an int >= 1, got {attempts!r}"
-            )
-        for option, value, low in (
-            ("retry_delay_s", self.initial_delay_s, 0.0),
-            ("retry_max_delay_s", self.max_delay_s, 0.0),
-            ("retry_jitter_s", self.jitter_s, 0.0),
-            ("retry_multiplier", self.multiplier, 1.0),
-        ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value < low
-            ):
-                raise HandlerDeclarationError(
-                    f"{where}: {option} must be a finite number >= {low:g}, got {value!r}"
-                )
 
 
 class MessageContext(msgspec.Struct, frozen=True):
@@ -111,15 +74,23 @@ def _body_decoder(tp: Any, where: str) -> Decode:
 
 @dataclass(frozen=True, slots=True)
 class HandlerSpec:
-    """One declared handler."""
+    """One declared handler: its function, how its bodies decode, its options."""
 
     name: str
     namespace: str
     fn: HandlerFn
     decode: Decode
     takes_context: bool
-    retry: RetryPolicy
-    options: dict[str, Any]
+    options: Mapping[type[HandlerOptions], HandlerOptions]
+
+    def option(self, option_type: type[OptionT]) -> OptionT | None:
+        """This handler's value of ``option_type``, or None if it does not use it."""
+        value = self.options.get(option_type)
+        return value if value is None or isinstance(value, option_type) else None
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self.option(RetryPolicy) or RetryPolicy()
 
 
 def build_spec(
@@ -127,10 +98,9 @@ def build_spec(
     namespace: str,
     *,
     name: str | None,
-    retry: RetryPolicy,
-    options: dict[str, Any],
+    options: Mapping[type[HandlerOptions], HandlerOptions],
 ) -> HandlerSpec:
-    where = f"handler {getattr(fn, '__qualname__', fn)!r}"
+    where = handler_where(fn)
     if not namespace or not isinstance(namespace, str):
         raise HandlerDeclarationError(f"{where}: namespace must be a non-empty string")
     if not inspect.iscoroutinefunction(fn):
@@ -152,13 +122,16 @@ def build_spec(
             f"{where}: annotate the first parameter with the body's type "
             "(a msgspec Struct, dict, bytes or str) so Conveyor knows how to decode it"
         )
-    retry.validate(where)
     return HandlerSpec(
         name=name or f"{fn.__module__}.{fn.__qualname__}",
         namespace=namespace,
         fn=fn,
         decode=_body_decoder(body_type, where),
         takes_context=len(params) == 2,
-        retry=retry,
-        options=options,
+        options=dict(options),
     )
+
+
+def handler_where(fn: Any) -> str:
+    """How errors name a handler: ``handler 'on_order'``."""
+    return f"handler {getattr(fn, '__qualname__', fn)!r}"

@@ -61,8 +61,35 @@ class Message(msgspec.Struct, frozen=True, gc=False):
         return msgspec.structs.replace(self, token=token)
 
 
+class Undecodable(Message, frozen=True, gc=False):
+    """A queue entry whose metadata could not be read: it goes to the dead-letter store.
+
+    Receivers build one instead of failing the whole batch it came with, so its
+    neighbours flow on. ``raw_fields`` are the entry's fields (Redis) or headers (Kafka)
+    byte for byte, in their order; ``raw_key`` the Kafka record key; ``body`` the raw
+    payload. ``stream.namespace`` is ``""``, which no handler can subscribe to, so the
+    agent routes it to the dead-letter path without a lookup of its own.
+    """
+
+    reason: str = ""
+    raw_fields: tuple[tuple[bytes, bytes | None], ...] = ()
+    raw_key: bytes | None = None
+
+
+ERROR_TEXT_MAX = 4096
+"""Longest error text kept in a dead letter (a hostile body can make errors huge)."""
+
+LETTER_FORMS = ("full", "minimal", "bare")
+
+
 class DeadLetter(msgspec.Struct, frozen=True):
-    """A message that could not be handled, with why."""
+    """A message that could not be handled, with why.
+
+    ``form`` says how much of it the store kept: ``full`` (the message as it was, every
+    field and header), ``minimal`` (its id and body, when the full letter could not be
+    stored) or ``bare`` (its id only, when the body could not be stored either); the
+    reason is always there, and says why the shorter form was used.
+    """
 
     message: Message
     handler: str
@@ -70,3 +97,41 @@ class DeadLetter(msgspec.Struct, frozen=True):
     error: str
     attempts: int
     failed_at_ms: int
+    form: str = "full"
+
+    @classmethod
+    def of(cls, message: Message, handler: str, error: BaseException | str, attempts: int,
+           error_type: str | None = None) -> DeadLetter:
+        """A full letter for ``message``, its error text bounded (``ERROR_TEXT_MAX``)."""
+        text = str(error)
+        if len(text) > ERROR_TEXT_MAX:
+            text = text[:ERROR_TEXT_MAX] + f"... ({len(text)} characters)"
+        kind = error_type or (type(error).__name__ if isinstance(error, BaseException) else "")
+        return cls(message, handler, kind, text, attempts, now_ms())
+
+    def shortened(self, why: str) -> DeadLetter | None:
+        """The next shorter form of this letter, or None if it is already ``bare``.
+
+        ``minimal`` keeps the id, stream, body and content type; ``bare`` keeps the id and
+        the stream (when the body's size was the problem). ``why`` (what failed storing
+        the longer form) is added to the error text.
+        """
+        msg = self.message
+        note = f"{self.error} [stored {{}} form: {why}]"
+        if self.form == "full":
+            short = Message(msg.id, msg.stream, msg.body, {}, msg.content_type,
+                            msg.attempt, msg.enqueued_at_ms, msg.token)
+            if isinstance(msg, Undecodable):  # its stream and id may be placeholders
+                short = Message(msg.id, msg.stream, msg.body, {}, msg.content_type, 0, 0,
+                                msg.token)
+            return msgspec.structs.replace(
+                self, message=short, form="minimal", error=note.format("minimal")
+            )
+        if self.form == "minimal":
+            bare = Message(msg.id, msg.stream, b"", {}, msg.content_type, msg.attempt,
+                           msg.enqueued_at_ms, msg.token)
+            return msgspec.structs.replace(
+                self, message=bare, form="bare",
+                error=note.format(f"bare (body of {len(msg.body)} bytes dropped)"),
+            )
+        return None

@@ -16,11 +16,22 @@ messages that were not (all) finished, never skip one.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
+from conveyor.platform.delivery.chain import Step
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
 from conveyor.workers.slots import SlotPermit
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A handler as an agent sees it: its place among the app's handlers, its chain."""
+
+    index: int
+    handler: HandlerSpec
+    chain: Step
 
 
 class Entry:
@@ -36,11 +47,11 @@ class Entry:
 class Lane:
     """One handler's cursor over one stream: the entries it still has to run, in order."""
 
-    __slots__ = ("entries", "key", "spec")
+    __slots__ = ("entries", "key", "route")
 
-    def __init__(self, key: tuple[int, StreamId], spec: HandlerSpec) -> None:
+    def __init__(self, key: tuple[int, StreamId], route: Route) -> None:
         self.key = key
-        self.spec = spec
+        self.route = route
         self.entries: deque[Entry] = deque()
 
 
@@ -65,15 +76,15 @@ class QueueCache:
     def room(self) -> int:
         return self.capacity - len(self.entries)
 
-    def add(self, entry: Entry, handlers: tuple[tuple[int, HandlerSpec], ...]) -> None:
+    def add(self, entry: Entry, routes: tuple[Route, ...]) -> None:
         self.entries.append(entry)
         stream = entry.msg.stream
         lanes = self.lanes
-        for index, spec in handlers:
-            key = (index, stream)
+        for route in routes:
+            key = (route.index, stream)
             lane = lanes.get(key)
             if lane is None:
-                lane = lanes[key] = Lane(key, spec)
+                lane = lanes[key] = Lane(key, route)
                 self.ready.append(lane)
             lane.entries.append(entry)
 

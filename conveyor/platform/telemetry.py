@@ -1,48 +1,36 @@
 """OpenTelemetry: traces from producer to handler, and the platform's metrics.
 
 Nothing here runs unless ``[telemetry] exporter`` is ``console`` or ``otlp``: with
-``none`` the daemon uses the plain :class:`~conveyor.platform.runtime.HandlerRuntime`
-and the client skips span creation behind a single flag check (measured against a
-build without it by ``conveyor bench telemetry``), so the hot path is
-the uninstrumented one. Providers are created per :class:`Telemetry` object and
+``none`` the daemon's delivery chains hold no tracing or metrics step (see
+:mod:`conveyor.platform.delivery`) and the client skips span creation behind a single
+flag check (measured against a build without it by ``conveyor bench telemetry``), so
+the hot path is the uninstrumented one. Providers are created per :class:`Telemetry` object and
 passed explicitly; the process-global OpenTelemetry providers are never touched, so
 an application's own OpenTelemetry set-up is left alone.
 
-Span shape (OpenTelemetry messaging semantic conventions)::
-
-    publish orders          PRODUCER   Client.publish; writes traceparent into headers
-    └── process orders      CONSUMER   one per (message, handler): decode + handler
-        ├── retry <name>    INTERNAL   one per retry (conveyor.attempt = 2, 3, ...)
-        └── dead-letter     INTERNAL   when the message is dead-lettered (both in error)
-    └── dead-letter         INTERNAL   a message no handler subscribes to (no consumer span)
-
-A daemon's resource carries ``service.instance.id`` = its member id.
-
-The first attempt gets no span of its own — the consumer span already covers it, and
-spans are the dominant cost of tracing (see ``conveyor bench telemetry``).
+The consumer side — spans per delivery, the duration histogram — lives in the
+delivery chain (:mod:`conveyor.platform.delivery.tracing`, ``.metrics``); this module
+holds the providers, the producer span and the attribute names. A daemon's resource
+carries ``service.instance.id`` = its member id.
 """
 
 from __future__ import annotations
 
-import contextvars
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import SpanKind, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import Message
-from conveyor.platform.runtime import DeadLetterSink, DeliveryStats, HandlerRuntime
 
 if TYPE_CHECKING:
     from conveyor.platform.config import TelemetryConfig
+    from conveyor.platform.delivery.chain import DeliveryStats
 
 PROPAGATOR = TraceContextTextMapPropagator()
 DEFAULT_SERVICE_NAME = "conveyor"
@@ -186,120 +174,6 @@ class Telemetry:
             self.meter.create_observable_gauge(name, [callback], unit, description)
 
 
-_attempts: contextvars.ContextVar[list[int]] = contextvars.ContextVar("conveyor_attempts")
-
-
-class InstrumentedRuntime(HandlerRuntime):
-    """The runtime with spans and a duration histogram; used only when telemetry is on."""
-
-    def __init__(
-        self,
-        dead_letter: DeadLetterSink,
-        stats: DeliveryStats,
-        telemetry: Telemetry,
-        *,
-        system: str,
-        group: str,
-        queue_of: Callable[[Message], int],
-    ) -> None:
-        super().__init__(dead_letter, stats)
-        self._tracer = telemetry.tracer
-        self._system = system
-        self._group = group
-        self._queue_of = queue_of
-        self._wrapped: dict[str, HandlerSpec] = {}
-        self._duration_attrs: dict[str, dict[str, str]] = {}
-        self._duration = (
-            telemetry.meter.create_histogram(
-                "conveyor.handler.duration", "s", "Time from decode to handler done, per message"
-            )
-            if telemetry.meter is not None
-            else None
-        )
-
-    def _instrument(self, spec: HandlerSpec) -> HandlerSpec:
-        wrapped = self._wrapped.get(spec.name)
-        if wrapped is not None:
-            return wrapped
-        tracer = self._tracer
-        fn = spec.fn
-        name = spec.name
-
-        async def traced(*args: Any) -> Any:
-            counter = _attempts.get(None)
-            attempt = 1
-            if counter is not None:
-                counter[0] += 1
-                attempt = counter[0]
-            if tracer is None or attempt == 1:
-                return await fn(*args)
-            with tracer.start_as_current_span(
-                f"retry {name}", attributes={HANDLER: name, ATTEMPT: attempt}
-            ):
-                return await fn(*args)
-
-        wrapped = self._wrapped[spec.name] = replace(spec, fn=traced)
-        return wrapped
-
-    async def deliver(self, spec: HandlerSpec, msg: Message) -> None:
-        token = _attempts.set([0])
-        started = time.perf_counter()
-        try:
-            if self._tracer is None:
-                await super().deliver(self._instrument(spec), msg)
-            else:
-                parent = PROPAGATOR.extract(msg.headers)
-                with self._tracer.start_as_current_span(
-                    f"process {msg.stream.namespace}",
-                    context=parent,
-                    kind=SpanKind.CONSUMER,
-                    attributes={
-                        SYSTEM: self._system,
-                        DESTINATION: msg.stream.namespace,
-                        PARTITION: str(self._queue_of(msg)),
-                        OPERATION_TYPE: "process",
-                        OPERATION_NAME: "process",
-                        MESSAGE_ID: msg.id,
-                        CONSUMER_GROUP: self._group,
-                        KEY: msg.stream.key,
-                        HANDLER: spec.name,
-                    },
-                ):
-                    await super().deliver(self._instrument(spec), msg)
-        finally:
-            _attempts.reset(token)
-            if self._duration is not None:
-                attrs = self._duration_attrs.get(spec.name)
-                if attrs is None:
-                    attrs = self._duration_attrs[spec.name] = {
-                        DESTINATION: spec.namespace, HANDLER: spec.name
-                    }
-                self._duration.record(time.perf_counter() - started, attrs)
-
-    async def dead_letter(
-        self, spec: HandlerSpec | None, msg: Message, exc: BaseException | str, attempts: int
-    ) -> None:
-        if self._tracer is None:
-            await super().dead_letter(spec, msg, exc, attempts)
-            return
-        error_type = type(exc).__name__ if isinstance(exc, BaseException) else "Unroutable"
-        consumer = trace.get_current_span()
-        # An unroutable message has no consumer span around it: continue the producer's
-        # trace from the headers rather than starting an orphan trace.
-        context = None if consumer.get_span_context().is_valid else PROPAGATOR.extract(
-            msg.headers)
-        status = Status(StatusCode.ERROR, f"dead-lettered: {error_type}")
-        with self._tracer.start_as_current_span(
-            "dead-letter", context=context,
-            attributes={"error.type": error_type, ATTEMPT: attempts, MESSAGE_ID: msg.id},
-        ) as span:
-            await super().dead_letter(spec, msg, exc, attempts)
-            span.set_status(status)
-        if consumer.is_recording():
-            consumer.set_attribute("error.type", error_type)
-            consumer.set_status(status)
-
-
 def resource_attributes(config: TelemetryConfig, instance_id: str | None) -> dict[str, str]:
     """What the resource says about this process, before the SDK merges ``OTEL_*``.
 
@@ -323,5 +197,6 @@ def stats_observations(
         "failed": lambda: [(stats.failed_attempts, {})],
         "retried": lambda: [(stats.retried, {})],
         "dead_lettered": lambda: [(stats.dead_lettered, {})],
+        "skipped": lambda: [(stats.skipped, {})],
     }
 

@@ -33,18 +33,26 @@ from conveyor.platform.balancer import (
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
-from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.delivery import (
+    DeadLetterStore,
+    DeliveryStats,
+    PutLetter,
+    build_chain,
+    chain_interceptors,
+)
+from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.leases import Lease
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.placement import PlacementWeights, ResourcePlacer
-from conveyor.platform.runtime import DeliveryStats, HandlerRuntime
+from conveyor.platform.queue_cache import Route
 from conveyor.platform.status import AckRates
-from conveyor.platform.telemetry import InstrumentedRuntime, Telemetry, stats_observations
+from conveyor.platform.telemetry import Telemetry, stats_observations
+from conveyor.workers.cell_interceptor import CellInterceptor
 from conveyor.workers.cells import CellRouter
-from conveyor.workers.hosting import host_cells, host_pool
 from conveyor.workers.pool import StatelessWorkerPool
+from conveyor.workers.pool_interceptor import PoolInterceptor
 from conveyor.workers.slots import SlotSupplier, supplier_from_config
 
 log = logging.getLogger("conveyor.daemon")
@@ -148,7 +156,9 @@ class WorkerDaemon:
         self.stats = DeliveryStats()
         self._owns_telemetry = telemetry is None
         self.telemetry = telemetry or Telemetry.from_config(config.telemetry, self.member.id)
-        self.runtime = self._build_runtime()
+        self.dead_letters = DeadLetterStore(self._store_dead_letters, self.stats)
+        self._pool_step = PoolInterceptor()
+        self._cell_step = CellInterceptor(config.cells.sizes, config.cells.default_size)
         self.client = Client(self.adapter, self.mapper, telemetry=self.telemetry)
         self.lag: dict[int, int] = {}
         self._resources = HostResources(self.member.id)
@@ -160,9 +170,9 @@ class WorkerDaemon:
         )
         self.agents: dict[int, PullingAgent] = {}
         self._leaving: dict[int, PullingAgent] = {}
-        self.pools: dict[str, StatelessWorkerPool] = {}
-        self.cells: dict[str, CellRouter] = {}
-        self._subs = self._index_subscriptions(app)
+        put_letter = self._put_letter()
+        self.orphans = Orphans(put_letter, self.stats, app.name, config.dead_letters.unroutable)
+        self._subs = self._subscribe(app, put_letter)
         self._hooks: list[asyncio.Task[None]] = []
         self._pulled_gone = 0
         self._acked_gone = 0
@@ -174,26 +184,42 @@ class WorkerDaemon:
         """Why the daemon can no longer work (set with :attr:`failed`); None while fine."""
         self.failed = asyncio.Event()
 
-    def _index_subscriptions(self, app: App) -> Subscriptions:
+    def _put_letter(self) -> PutLetter:
+        """How dead letters are stored: through the store, in a span when tracing."""
+        tracer = self.telemetry.tracer
+        if tracer is None:
+            return self.dead_letters.put
+        from conveyor.platform.delivery.tracing import traced_dead_letters
+
+        return traced_dead_letters(self.dead_letters.put, tracer)
+
+    def _subscribe(self, app: App, put_letter: PutLetter) -> Subscriptions:
+        """Every handler's delivery chain, composed once (see conveyor.platform.delivery)."""
+        self.interceptors = interceptors = chain_interceptors(
+            put_letter,
+            self.stats,
+            tracer=self.telemetry.tracer,
+            meter=self.telemetry.meter,
+            system=self.adapter.name,
+            group=app.name,
+            app=app.interceptors,
+            hosting=(self._pool_step, self._cell_step),
+        )
         index = {spec.name: i for i, spec in enumerate(app.handlers)}
         return {
-            ns: tuple((index[s.name], self._hosted(s)) for s in specs)
+            ns: tuple(Route(index[s.name], s, build_chain(s, interceptors)) for s in specs)
             for ns, specs in app.subscriptions().items()
         }
 
-    def _build_runtime(self) -> HandlerRuntime:
-        """The plain runtime when telemetry is off: zero instrumentation on the hot path."""
-        if not self.telemetry.enabled:
-            return HandlerRuntime(self._store_dead_letters, self.stats)
-        queue_for = self.mapper.queue_for
-        return InstrumentedRuntime(
-            self._store_dead_letters,
-            self.stats,
-            self.telemetry,
-            system=self.adapter.name,
-            group=self.app.name,
-            queue_of=lambda msg: queue_for(msg.stream),
-        )
+    @property
+    def pools(self) -> dict[str, StatelessWorkerPool]:
+        """Stateless-worker pools by handler name."""
+        return self._pool_step.pools
+
+    @property
+    def cells(self) -> dict[str, CellRouter]:
+        """Cells by handler name."""
+        return self._cell_step.routers
 
     def _register_metrics(self) -> None:
         t, stats, slots = self.telemetry, self.stats, self.slots
@@ -240,17 +266,6 @@ class WorkerDaemon:
                 del self.lag[queue]
             await asyncio.sleep(self.config.telemetry.metrics_interval_s)
 
-    def _hosted(self, spec: HandlerSpec) -> HandlerSpec:
-        """The spec the agents call: stateless and cell handlers go through their pool."""
-        if spec.options.get("stateless"):
-            spec, self.pools[spec.name] = host_pool(spec)
-        elif "cell_key" in spec.options:
-            cfg = self.config.cells
-            sizes = {k.split("/", 1)[-1]: v for k, v in cfg.sizes.items()
-                     if "/" not in k or k.startswith(spec.name + "/")}
-            spec, self.cells[spec.name] = host_cells(spec, sizes, cfg.default_size)
-        return spec
-
     def resize_cell(self, handler: str, cell: str, size: int) -> None:
         """Change one cell's size while running (creates nothing until its first message)."""
         self.cells[handler].resize(cell, size)
@@ -286,10 +301,8 @@ class WorkerDaemon:
             self._lag_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lag_task
-        for pool in self.pools.values():
-            await pool.close()
-        for router in self.cells.values():
-            await router.close()
+        await self._pool_step.close()
+        await self._cell_step.close()
         close_slots = getattr(self.slots, "close", None)
         if self._owns_slots and close_slots is not None:
             await close_slots()  # e.g. the resource-based supplier's sampling task
@@ -344,7 +357,7 @@ class WorkerDaemon:
             queue,
             receiver,
             self._subs,
-            self.runtime,
+            self.orphans,
             self.slots,
             self.settings,
             may_act=lambda: balancer.lease_valid(queue),
@@ -405,9 +418,8 @@ class WorkerDaemon:
         # copy each dict in one step (atomic under the GIL) before walking it.
         for agent in [*self.agents.values(), *self._leaving.values()]:
             for lane in list(agent.cache.lanes.values()):
-                per_handler[lane.spec.name] = per_handler.get(lane.spec.name, 0) + len(
-                    lane.entries
-                )
+                name = lane.route.handler.name
+                per_handler[name] = per_handler.get(name, 0) + len(lane.entries)
         metrics = {name: {"in_use": n, "available": free} for name, n in per_handler.items()}
         metrics["*"] = {"in_use": self.slots.in_use, "issued": self.slots.issued,
                         "available": free}

@@ -33,51 +33,11 @@ uses exactly those sums, and a late tick is weighted by how late it is.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from conveyor.platform.options import ScaleDownPolicy
 from conveyor.platform.pid import PIDController
 
-
-@dataclass(frozen=True, slots=True)
-class ScaleDownPolicy:
-    """Settings of the scale-down loop.
-
-    ``dead_zone_cycles`` defaults to 2. The reference article adds the dead zone ("a
-    significant change to the control signal before adjusting the output") but gives
-    no value. Its simulation, the one the default gains were tuned in, adds the 0.1 s
-    time step per negative inspection and removes when the sum exceeds 1.0, i.e. on the
-    11th consecutive negative inspection (5.5 s); ``dead_zone_cycles=11`` reproduces it.
-    We ship 2 (1 s) on measured merits (docs/lab.md, "Dead zone: ours vs the
-    reference's"): up to 27 % fewer workers than 11 on the simulated patterns (5 % on
-    constant load, none on spikes) at no queueing cost, for 1.7-3.1x the worker
-    creations; 2 is also the smallest value that does not act on a single sample.
-
-    ``backoff_s`` defaults to one inspection period (0.5 s): the reference simulation's
-    back-off is ``5 * (int)0.5 = 0`` ms, i.e. at most one removal per inspection. With
-    the dead zone of 2 the defaults allow at most one removal per second (after a removal the
-    dead-zone counter starts again from zero).
-    """
-
-    kp: float = 0.433
-    ki: float = 0.468
-    kd: float = 0.480
-    inspection_period_s: float = 0.5
-    dead_zone_cycles: int = 2
-    backoff_s: float = 0.5
-
-    def __post_init__(self) -> None:
-        for name in ("kp", "ki", "kd", "backoff_s"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"ScaleDownPolicy.{name} must be finite and >= 0, got {value!r}")
-        if not (math.isfinite(self.inspection_period_s) and self.inspection_period_s > 0):
-            raise ValueError(
-                f"ScaleDownPolicy.inspection_period_s must be > 0, got {self.inspection_period_s!r}"
-            )
-        if self.dead_zone_cycles < 1:
-            raise ValueError(
-                f"ScaleDownPolicy.dead_zone_cycles must be >= 1, got {self.dead_zone_cycles!r}"
-            )
+__all__ = ["ScaleDownController", "ScaleDownPolicy"]
 
 
 class ScaleDownController:

@@ -212,15 +212,33 @@ async def test_undecodable_body_goes_to_dead_letter_at_once() -> None:
     assert await total_lag(adapter) == 0
 
 
-async def test_message_for_a_namespace_nobody_handles_is_dead_lettered_not_dropped() -> None:
+async def test_another_apps_namespace_is_skipped_and_counted_by_default() -> None:
     adapter = fresh_adapter()
-    d = daemon(recording_app(Record()), adapter)
+    record = Record()
+    d = daemon(recording_app(record), adapter)
+    client = Client(adapter, d.mapper)
+    other = client.build("nobody", "k", {"x": 1})
+    await adapter.enqueue(d.mapper.queue_for(other.stream), [other])
+    await publish_items(client, 3, streams=3)
+    await d.start()
+    await wait_until(lambda: d.stats.skipped == 1 and record.handled == 3, 10,
+                     what="one skipped, three handled")
+    await d.stop()
+    assert await adapter.read_dead_letters("test") == []
+    assert d.stats.dead_lettered == 0
+    assert await total_lag(adapter) == 0
+
+
+async def test_unroutable_messages_are_dead_lettered_when_configured() -> None:
+    adapter = fresh_adapter()
+    d = daemon(recording_app(Record()), adapter, config(dead_letters={"unroutable": "dead-letter"}))
     msg = Client(adapter, d.mapper).build("nobody", "k", {"x": 1})
     await adapter.enqueue(d.mapper.queue_for(msg.stream), [msg])
     await d.start()
     await wait_until(lambda: d.stats.dead_lettered == 1, 10, what="dead letter")
     await d.stop()
     [letter] = await adapter.read_dead_letters("test")
+    assert letter.error_type == "Unroutable"
     assert "no handler" in letter.error and letter.message.id == msg.id
     assert await total_lag(adapter) == 0
 

@@ -14,8 +14,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from conveyor import Client
 from conveyor.platform.message import Message, StreamId
-from conveyor.platform.runtime import HandlerRuntime
-from conveyor.platform.telemetry import InstrumentedRuntime, Telemetry
+from conveyor.platform.delivery.metrics import HandlerDuration
+from conveyor.platform.delivery.tracing import ConsumerSpans, RetrySpans
+from conveyor.platform.telemetry import Telemetry
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Item,
@@ -204,7 +205,8 @@ async def test_slots_cache_fill_and_lag_gauges_follow_a_held_workload() -> None:
 async def test_an_unroutable_messages_dead_letter_span_continues_the_producers_trace() -> None:
     telemetry, spans, _ = in_memory()
     adapter = fresh_adapter()
-    d = daemon(recording_app(Record()), adapter, telemetry=telemetry)
+    d = daemon(recording_app(Record()), adapter, config(dead_letters={"unroutable": "dead-letter"}),
+               telemetry=telemetry)
     client = Client(adapter, d.mapper, telemetry=telemetry)
     await client.publish("nobody-listens", "k", {"x": 1})
     await d.start()
@@ -220,13 +222,14 @@ async def test_an_unroutable_messages_dead_letter_span_continues_the_producers_t
         "messaging.message.id"]  # type: ignore[index]
 
 
-def test_telemetry_off_means_the_uninstrumented_runtime() -> None:
+def test_telemetry_off_leaves_no_tracing_or_metrics_step_in_the_chain() -> None:
+    instrumented = (ConsumerSpans, RetrySpans, HandlerDuration)
     d = daemon(recording_app(Record()), fresh_adapter())
-    assert type(d.runtime) is HandlerRuntime
+    assert not any(isinstance(i, instrumented) for i in d.interceptors)
     assert not d.client.telemetry.enabled
     telemetry, _, _ = in_memory()
     d = daemon(recording_app(Record()), fresh_adapter(), telemetry=telemetry)
-    assert isinstance(d.runtime, InstrumentedRuntime)
+    assert {type(i) for i in d.interceptors} >= set(instrumented)
 
 
 def test_producer_writes_w3c_traceparent_into_headers() -> None:

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from conveyor.workers.hosting import scale_down_policy
+from conveyor.platform.errors import HandlerDeclarationError
+from conveyor.platform.options import PoolOptions
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
 PERIOD = 0.5
@@ -139,7 +140,7 @@ def test_reset_restarts_the_loop() -> None:
     [{"kp": -1.0}, {"inspection_period_s": 0.0}, {"dead_zone_cycles": 0}, {"backoff_s": -1.0}],
 )
 def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="ScaleDownPolicy"):
+    with pytest.raises(HandlerDeclarationError, match="ScaleDownPolicy"):
         ScaleDownPolicy(**kwargs)  # type: ignore[arg-type]
 
 
@@ -149,4 +150,7 @@ def test_defaults_are_the_reference_tuned_gains_and_a_500_ms_period() -> None:
     assert policy.inspection_period_s == 0.5
     pid = ScaleDownController().pid  # what a handler declared scale_down=True gets
     assert (pid.kp, pid.ki, pid.kd) == (0.433, 0.468, 0.480)
-    assert scale_down_policy(True) == policy and scale_down_policy(False) is None
+    pooled = PoolOptions.from_keywords("h", {"stateless": True, "scale_down": True})
+    assert pooled is not None and pooled.scale_down == policy
+    unscaled = PoolOptions.from_keywords("h", {"stateless": True, "scale_down": False})
+    assert unscaled is not None and unscaled.scale_down is None

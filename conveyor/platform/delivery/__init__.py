@@ -1,0 +1,104 @@
+"""The delivery chain: the whole path of one message through one handler, in one list.
+
+When a daemon subscribes, it builds one chain per handler, outermost first::
+
+    1. ConsumerSpans         tracing.py      the `process <ns>` span        (tracing on)
+    2. HandlerDuration       metrics.py      the duration histogram         (metrics on)
+    3. DeadLetterInterceptor dead_letter.py  nothing raised passes it: a failure is
+                                             stored as a dead letter, then acked
+    4. Decode                chain.py        the body, decoded once; a failure is not
+                                             retried (dead letter, attempts=0)
+    5. RetryInterceptor      retry.py        attempts per the handler's RetryPolicy
+                                             (absent when retry_attempts=1)
+    6. RetrySpans            tracing.py      a `retry <handler>` span per retry (tracing on)
+    7. the app's interceptors, in the order given to ``App(interceptors=...)``
+    8. PoolInterceptor       workers/pool_interceptor.py   the call runs on the handler's
+       or CellInterceptor    workers/cell_interceptor.py   pool or in its tenant's cell
+    9. the handler           chain.py (call_handler)
+
+An interceptor that is off is not in the chain: with telemetry off and no pool, cell
+or app interceptor, a message walks steps 3, 4, 5 and 9, and steps 4 and 9 are plain
+functions that add no coroutine frame. The agent hands a message to each of its
+handlers' chains (through the queue cache's lanes) and acknowledges it when every
+chain has returned. Messages no handler takes never enter a chain: the agent stores
+them as dead letters (undecodable entries, and unroutable ones when so configured)
+or skips them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from opentelemetry.metrics import Meter
+from opentelemetry.trace import Tracer
+
+from conveyor.platform.delivery.chain import (
+    Decode,
+    Delivery,
+    DeliveryStats,
+    Interceptor,
+    Step,
+    call_handler,
+    compose,
+)
+from conveyor.platform.delivery.dead_letter import (
+    DeadLetterInterceptor,
+    DeadLetterStore,
+    PutLetter,
+)
+from conveyor.platform.delivery.retry import RetryInterceptor
+from conveyor.platform.handlers import HandlerSpec
+
+__all__ = [
+    "DeadLetterInterceptor",
+    "DeadLetterStore",
+    "Delivery",
+    "DeliveryStats",
+    "Interceptor",
+    "PutLetter",
+    "Step",
+    "build_chain",
+    "chain_interceptors",
+]
+
+
+def chain_interceptors(
+    put_letter: PutLetter,
+    stats: DeliveryStats,
+    *,
+    tracer: Tracer | None = None,
+    meter: Meter | None = None,
+    system: str = "",
+    group: str = "",
+    app: Sequence[Interceptor] = (),
+    hosting: Sequence[Interceptor] = (),
+) -> list[Interceptor]:
+    """The interceptors of every chain of a daemon, outermost first (see above).
+
+    With a tracer, ``put_letter`` should be the traced one
+    (:func:`~conveyor.platform.delivery.tracing.traced_dead_letters`), as the agent's.
+    """
+    from conveyor.platform.delivery.metrics import HandlerDuration
+    from conveyor.platform.delivery.tracing import ConsumerSpans, RetrySpans
+
+    outer: list[Interceptor] = []
+    inner: list[Interceptor] = []
+    if tracer is not None:
+        outer.append(ConsumerSpans(tracer, system=system, group=group))
+        inner.append(RetrySpans(tracer))
+    if meter is not None:
+        outer.append(HandlerDuration(meter))
+    return [
+        *outer,
+        DeadLetterInterceptor(put_letter, stats),
+        Decode(),
+        RetryInterceptor(),
+        *inner,
+        *app,
+        *hosting,
+    ]
+
+
+def build_chain(handler: HandlerSpec, interceptors: Sequence[Interceptor]) -> Step:
+    """The chain of ``handler``: ``interceptors`` (outermost first) around the handler."""
+    return compose(handler, interceptors, call_handler(handler))

@@ -1,0 +1,120 @@
+"""The delivery chain's parts: the per-message :class:`Delivery`, steps, interceptors.
+
+A *step* takes a :class:`Delivery` and returns an awaitable that finishes when the
+rest of the chain has. An :class:`Interceptor` wraps the next step in one of its own
+(:meth:`Interceptor.wrap`), once per handler, when a daemon subscribes; a message then
+walks the prebuilt chain with no lookups. Steps need not be ``async def``: the decode
+step and the handler call are plain functions returning the next awaitable, so they
+cost no coroutine frame of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from conveyor.platform.handlers import HandlerSpec, MessageContext
+from conveyor.platform.message import Message
+from conveyor.platform.options import HandlerOptions
+
+
+class Delivery:
+    """One message on its way through one handler's chain (one per message and handler).
+
+    ``body`` is the decoded body once the decode step has run. ``attempt`` is the
+    number of the handler call under way: 0 until the body has decoded, 1 for the first
+    call, 2 for the first retry ...; a retry also raises ``message.attempt`` (the wire's
+    ``cv-attempt``: deliveries that failed before).
+    Interceptors may read everything and keep their own state on themselves, not here.
+    """
+
+    __slots__ = ("attempt", "body", "handler", "message")
+
+    def __init__(self, message: Message, handler: HandlerSpec) -> None:
+        self.message = message
+        self.handler = handler
+        self.body: Any = None
+        self.attempt = 0
+
+    def context(self) -> MessageContext:
+        """What a handler with a second parameter receives."""
+        return MessageContext(self.message, self.handler.name)
+
+
+Step = Callable[[Delivery], Awaitable[Any]]
+
+
+class Interceptor:
+    """One feature of delivery, wrapped around the rest of the chain.
+
+    Subclass it and override :meth:`wrap`. Contract:
+
+    * ``wrap(handler, next)`` runs once per handler when a daemon subscribes. Return a
+      step that does your work around ``await next(delivery)``, or ``next`` itself to stay
+      out of that handler's chain (an interceptor that is off costs nothing).
+    * App interceptors sit inside retry: your step runs once per *attempt*. Raising fails
+      the attempt — the handler's retry policy retries it, then the message is
+      dead-lettered with your exception. Returning without calling ``next`` skips the
+      handler; the message counts as handled.
+    * A message is acknowledged only after every handler's chain has returned for it.
+    * ``asyncio.CancelledError`` (the daemon stopping) must propagate. Never block the
+      event loop.
+
+    ``options`` names a :class:`~conveyor.platform.options.HandlerOptions` type whose
+    keywords ``App.handler`` then accepts and validates at declaration; read the value
+    with ``handler.option(YourOptions)``.
+    """
+
+    options: ClassVar[type[HandlerOptions] | None] = None
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        return next
+
+
+def call_handler(handler: HandlerSpec) -> Step:
+    """The innermost step: the handler itself, on the decoded body."""
+    fn = handler.fn
+    if handler.takes_context:
+        return lambda delivery: fn(delivery.body, delivery.context())
+    return lambda delivery: fn(delivery.body)
+
+
+class Decode(Interceptor):
+    """Decode the body once, before any attempt: a body that does not decode is never
+    retried (the dead-letter step stores it with ``attempts=0``)."""
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        decode = handler.decode
+
+        def decoded(delivery: Delivery) -> Awaitable[Any]:
+            delivery.body = decode(delivery.message)
+            delivery.attempt = 1
+            return next(delivery)
+
+        return decoded
+
+
+def compose(handler: HandlerSpec, interceptors: Sequence[Interceptor], innermost: Step) -> Step:
+    """``interceptors[0]`` outermost, ``innermost`` last."""
+    step = innermost
+    for interceptor in reversed(interceptors):
+        step = interceptor.wrap(handler, step)
+    return step
+
+
+@dataclass(slots=True)
+class DeliveryStats:
+    """Plain counters, read by metrics exporters and status; cheap enough for the hot path.
+
+    ``handled`` and ``dead_lettered`` count deliveries (message x handler); ``failed``
+    counts handler calls that raised; ``retried`` the calls made after a failure;
+    ``skipped`` messages of a namespace no handler of the app subscribes to that were
+    acknowledged without a dead letter (``[dead_letters] unroutable = "skip"``).
+    """
+
+    handled: int = 0
+    retried: int = 0
+    failed_attempts: int = 0
+    dead_lettered: int = 0
+    skipped: int = 0

@@ -1,0 +1,149 @@
+"""Dead letters: the chain's boundary, and a store that never loses or jams one.
+
+:class:`DeadLetterInterceptor` is the outermost step every chain has: no exception
+passes it (``CancelledError`` aside). A delivery either returns — the message is
+handled — or ends here, stored as a dead letter with its error; only then may the
+agent acknowledge it. It also keeps the delivery counters.
+
+:class:`DeadLetterStore` stores letters through the queue adapter:
+
+* a store that is **down** (``BrokerConnectionError``) is retried with back-off for as
+  long as it takes — the message stays unacknowledged meanwhile; the outage is logged at
+  its start, every 30 s and at its end, and :attr:`DeadLetterStore.down_since` and
+  :attr:`DeadLetterStore.waiting` show in ``conveyor status``;
+* any **other** failure means this letter cannot be stored as it is (too large for the
+  broker, say): retrying cannot fix that, so the next shorter form is stored instead
+  (:meth:`DeadLetter.shortened`: full, then minimal, then bare — the reason always
+  says why), and the queue flows on. A bare letter the store still refuses is waited on
+  like an outage (logged as an error): something is wrong with the store itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from conveyor.platform.backoff import Backoff
+from conveyor.platform.delivery.chain import Delivery, DeliveryStats, Interceptor, Step
+from conveyor.platform.errors import BrokerConnectionError
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.message import DeadLetter
+from conveyor.platform.outage import OutageLog
+from conveyor.platform.throttled_log import ThrottledLog
+
+log = logging.getLogger("conveyor.dead_letters")
+
+PutLetter = Callable[[DeadLetter], Awaitable[None]]
+STORE_BACKOFF = Backoff(first_s=0.05, multiplier=2.0, cap_s=5.0, jitter_s=0.25)
+
+
+class DeadLetterStore:
+    """Stores one app's dead letters; :meth:`put` returns once the letter is stored."""
+
+    def __init__(
+        self,
+        store: Callable[[Sequence[DeadLetter]], Awaitable[None]],
+        stats: DeliveryStats,
+        *,
+        backoff: Backoff = STORE_BACKOFF,
+    ) -> None:
+        self._store = store
+        self._stats = stats
+        self._backoff = backoff
+        self._outage = OutageLog(log, "the dead-letter store", "the broker", 30.0,
+                                 "; the messages wait unacknowledged")
+        self._notes = ThrottledLog(log, interval_s=60.0)
+        self.waiting = 0
+        """Letters waiting for the store to come back."""
+
+    @property
+    def down_since(self) -> float | None:
+        """``time.monotonic()`` when the store went down, or None while it works."""
+        return self._outage.down_since
+
+    async def put(self, letter: DeadLetter) -> None:
+        self._notes.log(
+            logging.WARNING, (letter.handler, letter.error_type),
+            "dead-lettering message %s of %s (handler %r) after %d attempt(s): %s: %s",
+            letter.message.id, letter.message.stream, letter.handler, letter.attempts,
+            letter.error_type, letter.error,
+        )
+        failures = 0
+        counted = False
+        try:
+            while True:
+                try:
+                    await self._store([letter])
+                    break
+                except BrokerConnectionError as exc:
+                    failure: Exception = exc
+                except Exception as exc:  # this letter cannot be stored as it is
+                    shorter = letter.shortened(f"{type(exc).__name__}: {exc}")
+                    if shorter is not None:
+                        self._notes.log(
+                            logging.WARNING, ("shortened", letter.form),
+                            "dead letter of message %s not storable in %s form (%s: %s); "
+                            "storing it in %s form", letter.message.id, letter.form,
+                            type(exc).__name__, exc, shorter.form,
+                        )
+                        letter = shorter
+                        continue
+                    failure = exc
+                    self._notes.log(logging.ERROR, "refused",
+                                    "the dead-letter store refuses even a bare letter "
+                                    "(%s: %s); retrying", type(exc).__name__, exc)
+                if not counted:
+                    counted = True
+                    self.waiting += 1
+                self._outage.failing("storing a dead letter", failure)
+                failures += 1
+                await self._backoff.sleep(failures)
+        finally:
+            if counted:
+                self.waiting -= 1
+        if failures:
+            self._outage.ok()
+        self._stats.dead_lettered += 1
+
+
+class DeadLetterInterceptor(Interceptor):
+    """Catches whatever the rest of the chain raises and stores it as a dead letter.
+
+    ``attempts`` in the letter is the number of handler calls made (0 when the body
+    did not decode). Counts handled, failed and retried deliveries on the way.
+    """
+
+    def __init__(self, put: PutLetter, stats: DeliveryStats) -> None:
+        self._put = put
+        self._stats = stats
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        stats = self._stats
+        put = self._put
+        name = handler.name
+
+        async def guarded(delivery: Delivery) -> Any:
+            try:
+                await next(delivery)
+            except Exception as exc:
+                calls = delivery.attempt
+                stats.failed_attempts += calls
+                if calls > 1:
+                    stats.retried += calls - 1
+                await put(DeadLetter.of(delivery.message, name, exc, calls))
+                return
+            stats.handled += 1
+            if delivery.attempt > 1:
+                stats.failed_attempts += delivery.attempt - 1
+                stats.retried += delivery.attempt - 1
+
+        return guarded
+
+
+def outage_age_s(store: DeadLetterStore) -> float | None:
+    """Seconds the store has been down, for status; None while it works."""
+    since = store.down_since
+    return None if since is None else time.monotonic() - since
+

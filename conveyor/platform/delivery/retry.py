@@ -1,0 +1,56 @@
+"""Retry: a failing attempt is tried again, in place, per the handler's RetryPolicy.
+
+The first attempt costs one ``try`` and nothing else. After a failure the step sleeps
+``policy.delay_before(k)`` plus up to ``jitter_s``, raises ``message.attempt`` (what a
+handler's ``ctx.attempt`` shows), decodes the body afresh (an attempt never sees what
+an earlier one did to it) and calls the rest of the chain again; after the last
+attempt the last error goes on out, to the dead-letter step. Retries happen in place,
+so the stream's later messages wait: order is kept. Absent from a chain whose policy
+has ``attempts=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import msgspec
+
+from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.options import RetryPolicy
+
+
+class RetryInterceptor(Interceptor):
+    options = RetryPolicy
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        policy = handler.retry
+        if policy.attempts == 1:
+            return next
+        decode = handler.decode
+
+        async def retrying(delivery: Delivery) -> Any:
+            try:
+                return await next(delivery)
+            except Exception as exc:
+                failure = exc
+            for retry in range(1, policy.attempts):
+                delay = policy.delay_before(retry)
+                if policy.jitter_s:
+                    delay += random.uniform(0, policy.jitter_s)
+                await asyncio.sleep(delay)
+                message = delivery.message
+                delivery.message = message = msgspec.structs.replace(
+                    message, attempt=message.attempt + 1
+                )
+                delivery.attempt = retry + 1
+                delivery.body = decode(message)
+                try:
+                    return await next(delivery)
+                except Exception as exc:
+                    failure = exc
+            raise failure
+
+        return retrying

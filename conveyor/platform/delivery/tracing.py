@@ -1,0 +1,124 @@
+"""Tracing: the consumer span of each delivery, a span per retry, a span per dead letter.
+
+Span shape (OpenTelemetry messaging semantic conventions)::
+
+    publish orders          PRODUCER   Client.publish; writes traceparent into headers
+    └── process orders      CONSUMER   one per (message, handler): decode + handler
+        ├── retry <name>    INTERNAL   one per retry (conveyor.attempt = 2, 3, ...)
+        └── dead-letter     INTERNAL   when the message is dead-lettered (both in error)
+    └── dead-letter         INTERNAL   a message no handler takes (no consumer span)
+
+The first attempt gets no span of its own — the consumer span already covers it, and
+spans are the dominant cost of tracing (see ``conveyor bench telemetry``). Present
+only when a tracer is configured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+
+from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
+from conveyor.platform.delivery.dead_letter import PutLetter
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.message import DeadLetter
+from conveyor.platform.telemetry import (
+    ATTEMPT,
+    CONSUMER_GROUP,
+    DESTINATION,
+    HANDLER,
+    KEY,
+    MESSAGE_ID,
+    OPERATION_NAME,
+    OPERATION_TYPE,
+    PARTITION,
+    PROPAGATOR,
+    SYSTEM,
+)
+
+
+class ConsumerSpans(Interceptor):
+    """``process <namespace>``, continuing the producer's trace from the headers."""
+
+    def __init__(self, tracer: Tracer, *, system: str, group: str) -> None:
+        self._tracer = tracer
+        self._system = system
+        self._group = group
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        tracer = self._tracer
+        fixed = {
+            SYSTEM: self._system,
+            DESTINATION: handler.namespace,
+            OPERATION_TYPE: "process",
+            OPERATION_NAME: "process",
+            CONSUMER_GROUP: self._group,
+            HANDLER: handler.name,
+        }
+        span_name = f"process {handler.namespace}"
+
+        async def traced(delivery: Delivery) -> Any:
+            msg = delivery.message
+            attributes = dict(fixed)
+            attributes[MESSAGE_ID] = msg.id
+            attributes[KEY] = msg.stream.key
+            if msg.token is not None:
+                attributes[PARTITION] = str(msg.token.queue)
+            with tracer.start_as_current_span(
+                span_name, context=PROPAGATOR.extract(msg.headers), kind=SpanKind.CONSUMER,
+                attributes=attributes,
+            ):
+                return await next(delivery)
+
+        return traced
+
+
+class RetrySpans(Interceptor):
+    """``retry <handler>`` around every attempt after the first (inside retry)."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        if handler.retry.attempts == 1:
+            return next
+        tracer = self._tracer
+        name = handler.name
+
+        async def traced(delivery: Delivery) -> Any:
+            with tracer.start_as_current_span(
+                f"retry {name}", attributes={HANDLER: name, ATTEMPT: delivery.attempt}
+            ):
+                return await next(delivery)
+
+        def step(delivery: Delivery) -> Any:
+            return traced(delivery) if delivery.attempt > 1 else next(delivery)
+
+        return step
+
+
+def traced_dead_letters(put: PutLetter, tracer: Tracer) -> PutLetter:
+    """``put`` inside a ``dead-letter`` span; the consumer span, if any, marked in error."""
+
+    async def traced(letter: DeadLetter) -> None:
+        msg = letter.message
+        consumer = trace.get_current_span()
+        # A message no handler takes has no consumer span around it: continue the
+        # producer's trace from the headers rather than starting an orphan trace.
+        context = None if consumer.get_span_context().is_valid else PROPAGATOR.extract(
+            msg.headers)
+        status = Status(StatusCode.ERROR, f"dead-lettered: {letter.error_type}")
+        with tracer.start_as_current_span(
+            "dead-letter", context=context,
+            attributes={"error.type": letter.error_type, ATTEMPT: letter.attempts,
+                        MESSAGE_ID: msg.id},
+        ) as span:
+            await put(letter)
+            span.set_status(status)
+        if consumer.is_recording():
+            consumer.set_attribute("error.type", letter.error_type)
+            consumer.set_status(status)
+
+    return traced

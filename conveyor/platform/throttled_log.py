@@ -1,0 +1,47 @@
+"""Logging an event that may repeat per message: at most once per key per interval.
+
+A hostile or broken producer can make every message of a queue fail the same way;
+the log must stay readable and bounded (one line per kind of trouble per interval, with
+how many more there were), never one line per message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable
+
+
+class ThrottledLog:
+    """``log(level, key, message, *args)``: logged when ``key`` was not logged in the last
+    ``interval_s``; otherwise counted, and the count is added to the key's next line.
+
+    At most ``max_keys`` keys are remembered; past that, new keys share one key (so
+    100,000 distinct namespaces still log a bounded number of lines).
+    """
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 60.0,
+                 max_keys: int = 256) -> None:
+        self._log = logger
+        self.interval_s = interval_s
+        self.max_keys = max_keys
+        self._last: dict[Hashable, float] = {}
+        self._suppressed: dict[Hashable, int] = {}
+
+    def log(self, level: int, key: Hashable, message: str, *args: object) -> bool:
+        """Log or count one occurrence; True if it was logged."""
+        if key not in self._last and len(self._last) >= self.max_keys:
+            key = ("*overflow*",)
+            message, args = "%s (more kinds than the log keeps apart)", (message % args,)
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False
+        self._last[key] = now
+        more = self._suppressed.pop(key, 0)
+        if more:
+            message += f" (and {more} more like it in the last %.0fs)"
+            args = (*args, now - last if last is not None else 0.0)
+        self._log.log(level, message, *args)
+        return True
