@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -45,11 +46,18 @@ from conveyor.adapters.kafka_conn import (
 )
 from conveyor.adapters.kafka_handoff import HandoffLog
 from conveyor.adapters.kafka_offsets import DoneOffsets
+from conveyor.platform import letters as layout
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.config import Config, KafkaConfig
-from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    ConfigError,
+    DecodeError,
+)
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import (
+    CONTENT_BYTES,
     CONTENT_JSON,
     H_ATTEMPT,
     H_CONTENT_TYPE,
@@ -59,16 +67,33 @@ from conveyor.platform.message import (
     H_NAMESPACE,
     DeadLetter,
     Message,
+    Undecodable,
 )
 
 log = logging.getLogger("conveyor.kafka")
 
-_dl_encode = msgspec.json.Encoder().encode
-_dl_decode = msgspec.json.Decoder(DeadLetter).decode
+_decode_legacy_letter = msgspec.json.Decoder(DeadLetter).decode
+
+
+TS_MAX = 2**63 - 1
+ATTEMPT_MAX = 2**31 - 1
+
+
+def _wire_number(raw: bytes | None, field: str, limit: int) -> int | None:
+    """A number header: ASCII digits, at most ``limit``; None when absent or empty."""
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 19 or int(raw) > limit:
+        raise DecodeError(f"{field} is not a whole number from 0 to {limit}: {raw[:40]!r}")
+    return int(raw)
 
 
 def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
-    """A fetched record as a :class:`Message`; foreign records get the defaults."""
+    """A fetched record as a :class:`Message`; foreign records get the defaults.
+
+    Raises on metadata that cannot be read (not UTF-8, a malformed number): see
+    :func:`decode_record`, which isolates such a record instead.
+    """
     ns = default_ns
     key = record.key.decode() if record.key is not None else ""
     msg_id = ""
@@ -77,17 +102,19 @@ def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
     ts = record.timestamp
     headers: dict[str, str] = {}
     for name, raw in record.headers:
+        if name == H_ATTEMPT:
+            attempt = _wire_number(raw, H_ATTEMPT, ATTEMPT_MAX) or 0
+            continue
+        if name == H_ENQUEUED_MS:
+            ts = _wire_number(raw, H_ENQUEUED_MS, TS_MAX) or ts
+            continue
         value = raw.decode() if raw is not None else ""
         if name == H_NAMESPACE:
-            ns = value
+            ns = value or default_ns
         elif name == H_ID:
             msg_id = value
         elif name == H_CONTENT_TYPE:
-            ctype = value
-        elif name == H_ATTEMPT:
-            attempt = int(value or 0)
-        elif name == H_ENQUEUED_MS:
-            ts = int(value or ts)
+            ctype = value or CONTENT_JSON
         elif name == H_KEY:
             key = key or value
         else:
@@ -102,6 +129,28 @@ def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
         enqueued_at_ms=ts,
         token=SequenceToken(queue, record.offset),
     )
+
+
+def decode_record(record: Any, queue: int, default_ns: str) -> Message:
+    """:func:`record_to_message`, or an :class:`Undecodable` keeping the record's bytes.
+
+    One record that cannot be read never fails the batch fetched with it: its
+    neighbours flow on, and it goes to the dead-letter store with the reason.
+    """
+    try:
+        return record_to_message(record, queue, default_ns)
+    except Exception as exc:  # malformed metadata, whatever the failure: isolate it
+        return Undecodable(
+            id=f"{record.topic}-{record.partition}-{record.offset}",
+            stream=StreamId("", ""),
+            body=record.value if record.value is not None else b"",
+            content_type=CONTENT_BYTES,
+            enqueued_at_ms=record.timestamp if isinstance(record.timestamp, int) else 0,
+            token=SequenceToken(queue, record.offset),
+            reason=f"{type(exc).__name__}: {exc}",
+            raw_fields=tuple((name.encode(), raw) for name, raw in record.headers),
+            raw_key=record.key,
+        )
 
 
 def message_headers(msg: Message) -> list[tuple[str, bytes]]:
@@ -221,14 +270,12 @@ class KafkaReceiver(QueueReceiver):
         queue, ns = self._queue, self._default_ns
         skip = self._skip
         if skip:
-            out = []
-            for r in records:
-                if r.offset in skip:
-                    skip.discard(r.offset)
-                    continue
-                out.append(record_to_message(r, queue, ns))
-            return out
-        return [record_to_message(r, queue, ns) for r in records]
+            records = [r for r in records if r.offset not in skip]
+            skip.difference_update(r.offset for r in batches[tp])
+        try:
+            return [record_to_message(r, queue, ns) for r in records]
+        except Exception:  # a malformed record: decode one by one, isolating it
+            return [decode_record(r, queue, ns) for r in records]
 
     def message_done_out_of_order(self, token: SequenceToken) -> None:
         self._offsets.mark_done(token.major)
@@ -290,6 +337,8 @@ class KafkaAdapter(QueueAdapter):
         self.config = config
         self.topic = config.topic
         self.dlq_topic = f"{config.topic}.conveyor-dlq"
+        self._dlq_ready = False
+        self._default_ns = config.default_namespace
         self.total_queues = total_queues
         self._options = client_options(config)
         self._producer: AIOKafkaProducer | None = None
@@ -505,18 +554,23 @@ class KafkaAdapter(QueueAdapter):
         return await kafka_rewind.forward_gap(self, queue, group, to)
 
     # -- dead letters ------------------------------------------------------------------
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        """One record per letter on partition 0 of ``<topic>.conveyor-dlq`` (see
+        conveyor.platform.letters), created with ``retention.ms = -1``: no bound here,
+        the topic's retention is the broker's business (0 evicted, always)."""
         producer = await self.producer()
-        if not getattr(self, "_dlq_ready", False):
-            await self.create_topics({self.dlq_topic: 1})
+        if not self._dlq_ready:
+            await self.create_topics({self.dlq_topic: 1}, {"retention.ms": "-1"})
             self._dlq_ready = True
         try:
-            futures = [await producer.send(self.dlq_topic, _dl_encode(letter),
-                                           key=group.encode(), partition=0)
-                       for letter in letters]
+            futures = [
+                await producer.send(self.dlq_topic, value, key=key, partition=0, headers=headers)
+                for key, value, headers in (letter_record(letter, group) for letter in letters)
+            ]
             await asyncio.gather(*futures)
         except (kerrors.KafkaError, OSError) as exc:
             raise broker_error("writing dead letters", exc) from exc
+        return 0
 
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         tp = TopicPartition(self.dlq_topic, 0)
@@ -530,18 +584,52 @@ class KafkaAdapter(QueueAdapter):
             high = await self.high_watermark(consumer, tp, 0)
             consumer.seek(tp, 0)
             position = 0
-            key = group.encode()
             while position < high and len(out) < limit:
                 batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
                 for record in batch:
                     position = record.offset + 1
-                    if record.key == key and record.value and len(out) < limit:
-                        out.append(_dl_decode(record.value))
+                    letter = letter_from_record(record, group, self.topic, self._default_ns)
+                    if letter is not None and len(out) < limit:
+                        out.append(letter)
         except (kerrors.KafkaError, OSError) as exc:
             raise broker_error("reading dead letters", exc) from exc
         finally:
             await consumer.stop()
         return out
+
+
+def letter_record(letter: DeadLetter, app: str) -> tuple[bytes | None, bytes, list[Any]]:
+    """A dead letter as (key, value, headers): ``cv-dl-*`` headers first, then the
+    message's own (an undecodable one's byte for byte); see conveyor.platform.letters."""
+    headers: list[tuple[str, bytes | None]] = [
+        (name, value.encode()) for name, value in layout.meta_pairs(letter, app)
+    ]
+    msg = letter.message
+    if isinstance(msg, Undecodable) and letter.form == "full":
+        headers += [(name.decode(), value) for name, value in msg.raw_fields]
+        return msg.raw_key, msg.body, headers
+    headers += message_headers(msg)
+    return msg.stream.key.encode(), msg.body, headers
+
+
+def letter_from_record(record: Any, app: str, topic: str, default_ns: str) -> DeadLetter | None:
+    """A stored dead letter of ``app`` read back; None for another app's, or not a letter."""
+    names = [name for name, _ in record.headers]
+    if not layout.is_letter(names):  # stored by Conveyor 0.1: JSON, keyed by app
+        if record.key == app.encode() and record.value:
+            return _decode_legacy_letter(record.value)
+        return None
+    values = [value or b"" for _, value in record.headers[: layout.META_COUNT]]
+    if layout.app_of(values) != app:
+        return None
+    token_text = values[7].decode("utf-8", "replace")
+    token = SequenceToken.parse(token_text) if token_text else SequenceToken(0, 0)
+    original = SimpleNamespace(
+        topic=topic, partition=token.queue, offset=token.major, key=record.key,
+        value=record.value, timestamp=record.timestamp,
+        headers=record.headers[layout.META_COUNT :],
+    )
+    return layout.letter_from_meta(values, decode_record(original, token.queue, default_ns))
 
 
 def from_config(config: Config) -> KafkaAdapter:

@@ -207,8 +207,10 @@ class MemoryReceiver(QueueReceiver):
 class MemoryAdapter(QueueAdapter):
     name = "memory"
 
-    def __init__(self, broker_name: str = "default") -> None:
+    def __init__(self, broker_name: str = "default", *, max_dead_letters: int = 0) -> None:
         self.broker = broker(broker_name)
+        self.max_dead_letters = max_dead_letters
+        """``[dead_letters] max_entries``: 0 keeps every letter."""
 
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         return self.broker.append(queue, messages)
@@ -216,8 +218,13 @@ class MemoryAdapter(QueueAdapter):
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
         return MemoryReceiver(self.broker, queue, group)
 
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
-        self.broker.dead_letters.setdefault(group, []).extend(letters)
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        kept = self.broker.dead_letters.setdefault(group, [])
+        kept.extend(letters)
+        evicted = len(kept) - self.max_dead_letters if self.max_dead_letters else 0
+        if evicted > 0:
+            del kept[:evicted]
+        return max(evicted, 0)
 
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         return self.broker.dead_letters.get(group, [])[:limit]
@@ -255,4 +262,4 @@ class MemoryAdapter(QueueAdapter):
 
 
 def from_config(config: Any) -> MemoryAdapter:
-    return MemoryAdapter(config.memory.broker)
+    return MemoryAdapter(config.memory.broker, max_dead_letters=config.dead_letters.max_entries)

@@ -34,11 +34,18 @@ import redis.exceptions as rex
 
 from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect
+from conveyor.platform import letters as layout
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
-from conveyor.platform.errors import BrokerConnectionError, BrokerError, LeaseLostError
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    DecodeError,
+    LeaseLostError,
+)
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import (
+    CONTENT_BYTES,
     CONTENT_JSON,
     H_ATTEMPT,
     H_CONTENT_TYPE,
@@ -48,6 +55,7 @@ from conveyor.platform.message import (
     H_NAMESPACE,
     DeadLetter,
     Message,
+    Undecodable,
     now_ms,
 )
 
@@ -67,9 +75,7 @@ _LAYOUT_LEN = 2 * len(_LAYOUT)
 _INTERN_MAX = 4096  # distinct streams / content types remembered per receiver
 _ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
 _COUNT_STEP = 10_000  # entries counted per script call: each call stays short
-DLQ_MAX_LEN = 100_000
-_encode_letter = msgspec.msgpack.Encoder().encode
-_decode_letter = msgspec.msgpack.Decoder(DeadLetter).decode
+_decode_legacy_letter = msgspec.msgpack.Decoder(DeadLetter).decode
 
 
 def encode_fields(msg: Message) -> dict[bytes | str, bytes | str]:
@@ -108,10 +114,31 @@ def joined_ids(tokens: Sequence[SequenceToken]) -> bytes:
     return b" ".join([b"%d-%d" % (t.major, t.minor) for t in tokens])
 
 
+TS_MAX = 2**63 - 1
+ATTEMPT_MAX = 2**31 - 1
+
+
+def wire_number(raw: bytes, field: str, limit: int) -> int:
+    """A number field as the wire format writes it: ASCII digits, at most ``limit``.
+
+    Stricter than ``int()``, which takes signs, spaces, underscores and other scripts'
+    digits: a value that would not survive a round trip is a malformed entry.
+    """
+    if not raw.isdigit() or len(raw) > 19 or int(raw) > limit:
+        raise DecodeError(f"{field} is not a whole number from 0 to {limit}: {raw[:40]!r}")
+    return int(raw)
+
+
 def decode_entry(queue: int, eid: bytes, fields: dict[bytes, bytes]) -> Message:
-    """A message from a stream entry; missing metadata gets neutral defaults."""
+    """A message from a stream entry (raises on malformed metadata: see EntryDecoder).
+
+    Missing optional metadata gets neutral defaults; ``cv-ns`` is required.
+    """
     get = fields.get
     token = token_of(eid, queue)
+    ns = get(_NS)
+    if not ns:
+        raise DecodeError("no cv-ns field (the namespace that selects the handlers)")
     headers = {k.decode(): v.decode() for k, v in fields.items() if k not in _KNOWN}
     ts = get(_TS)
     att = get(_ATT)
@@ -119,25 +146,69 @@ def decode_entry(queue: int, eid: bytes, fields: dict[bytes, bytes]) -> Message:
     ctype = get(_CT)
     return Message(
         id=ident.decode() if ident else eid.decode(),
-        stream=StreamId((get(_NS) or b"").decode(), (get(_KEY) or b"").decode()),
+        stream=StreamId(ns.decode(), (get(_KEY) or b"").decode()),
         body=get(_BODY) or b"",
         headers=headers,
         content_type=ctype.decode() if ctype else CONTENT_JSON,
-        attempt=int(att) if att else 0,
-        enqueued_at_ms=int(ts) if ts else token.major,
+        attempt=wire_number(att, H_ATTEMPT, ATTEMPT_MAX) if att else 0,
+        enqueued_at_ms=wire_number(ts, H_ENQUEUED_MS, TS_MAX) if ts else token.major,
         token=token,
     )
 
 
+def undecodable_entry(queue: int, eid: bytes, fl: list[bytes], exc: Exception) -> Undecodable:
+    """What a receiver delivers for an entry it cannot read: every field, byte for byte."""
+    raw = tuple(zip(fl[0::2], fl[1::2], strict=False))
+    body = next((value for name, value in raw if name == _BODY), b"")
+    token = token_of(eid, queue)
+    return Undecodable(
+        id=eid.decode(), stream=StreamId("", ""), body=body, content_type=CONTENT_BYTES,
+        enqueued_at_ms=token.major, token=token,
+        reason=f"{type(exc).__name__}: {exc}", raw_fields=raw,
+    )
+
+
+def letter_entry(letter: DeadLetter, app: str) -> list[bytes | str]:
+    """A dead letter's stream fields: ``cv-dl-*`` first, then the message's own fields
+    (an undecodable one's byte for byte); see conveyor.platform.letters."""
+    flat: list[bytes | str] = [x for pair in layout.meta_pairs(letter, app) for x in pair]
+    msg = letter.message
+    if isinstance(msg, Undecodable) and letter.form == "full":
+        for name, value in msg.raw_fields:
+            flat += (name, value if value is not None else b"")
+    else:
+        flat += [x for pair in encode_fields(msg).items() for x in pair]
+    return flat
+
+
+def letter_from_entry(fl: list[bytes]) -> DeadLetter | None:
+    """A stored dead letter read back; None for an entry that is not one."""
+    names = fl[0::2]
+    count = layout.META_COUNT
+    if layout.is_letter(names):
+        values = fl[1 : 2 * count : 2]
+        token = SequenceToken.parse(values[7].decode()) if values[7] else SequenceToken(0, 0)
+        eid = b"%d-%d" % (token.major, token.minor)
+        message = EntryDecoder(token.queue).decode(eid, fl[2 * count :])
+        return layout.letter_from_meta(values, message)
+    if b"letter" in names:  # stored by Conveyor 0.1 (one msgpack field)
+        return _decode_legacy_letter(fl[2 * names.index(b"letter") + 1])
+    return None
+
+
 def _raw_reply(response: Any, **_options: Any) -> Any:
-    """XREADGROUP's reply as hiredis parsed it (redis-py would build a dict per entry)."""
+    """A stream reply as hiredis parsed it: redis-py would build a dict per entry, which
+    costs time on reads and loses repeated fields (dead letters keep them all)."""
     return response
 
 
 class EntryDecoder:
     """Turns raw entries (``[id, [field, value, ...]]``) of one queue into messages.
 
-    Same result as :func:`decode_entry` on the entry's field dict. Entries laid out as
+    Same result as :func:`decode_entry` on the entry's field dict, except that an entry
+    whose metadata cannot be read becomes an :class:`Undecodable` (with its raw fields
+    and the reason) instead of an exception: one bad entry never fails the batch it came
+    with. Entries laid out as
     :func:`encode_fields` writes them are read by position; stream ids and content
     types are interned, so a batch of one stream's messages shares one
     :class:`StreamId` (and the cache's lane lookups compare it by identity).
@@ -165,6 +236,12 @@ class EntryDecoder:
         return text
 
     def decode(self, eid: bytes, fl: list[bytes]) -> Message:
+        try:
+            return self._decode(eid, fl)
+        except Exception as exc:  # malformed metadata, whatever the failure: isolate it
+            return undecodable_entry(self._queue, eid, fl, exc)
+
+    def _decode(self, eid: bytes, fl: list[bytes]) -> Message:
         if len(fl) < _LAYOUT_LEN or fl[0:_LAYOUT_LEN:2] != _LAYOUT:
             return self._general(eid, fl)
         att = b""
@@ -179,6 +256,8 @@ class EntryDecoder:
                 else:
                     headers[name.decode()] = fl[i + 1].decode()
         ns, key, ident, ctype, ts = fl[1], fl[3], fl[5], fl[7], fl[9]
+        if not ns:
+            return self._general(eid, fl)  # raises the missing-namespace error
         stream = self._streams.get((ns, key)) or self._stream(ns, key)
         ms, _, seq = eid.partition(b"-")
         major = int(ms)
@@ -188,8 +267,8 @@ class EntryDecoder:
             fl[11],
             headers,
             (self._types.get(ctype) or self._type(ctype)) if ctype else CONTENT_JSON,
-            int(att) if att else 0,
-            int(ts) if ts else major,
+            wire_number(att, H_ATTEMPT, ATTEMPT_MAX) if att else 0,
+            wire_number(ts, H_ENQUEUED_MS, TS_MAX) if ts else major,
             SequenceToken(self._queue, major, int(seq or 0)),
         )
 
@@ -375,14 +454,18 @@ class RedisReceiver(QueueReceiver):
 class RedisAdapter(QueueAdapter):
     name = "redis"
 
-    def __init__(self, cfg: Any, *, redis: aioredis.Redis | None = None) -> None:
+    def __init__(self, cfg: Any, *, redis: aioredis.Redis | None = None,
+                 max_dead_letters: int = 0) -> None:
         self.cfg = cfg
+        self.max_dead_letters = max_dead_letters
+        """``[dead_letters] max_entries``: 0 keeps every letter."""
         self.keys = Keys(cfg.prefix)
         # Any: redis-py 8 types replies as unions of every protocol shape.
         self.redis: Any = redis if redis is not None else connect(cfg)
         # Receivers decode XREADGROUP replies themselves (EntryDecoder), straight from
         # the lists hiredis built: redis-py's parser would add a dict per entry.
         self.redis.set_response_callback("XREADGROUP", _raw_reply)
+        self.redis.set_response_callback("XRANGE", _raw_reply)
         self.caller = Caller(cfg, self.redis)
         self.ack_script = self.redis.register_script(lua.ACK)
         self.ack_fenced_script = self.redis.register_script(lua.ACK_FENCED)
@@ -425,28 +508,32 @@ class RedisAdapter(QueueAdapter):
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
         return RedisReceiver(self, queue, group)
 
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        """One entry per letter on ``PREFIX:dlq:APP`` (see conveyor.platform.letters);
+        with ``[dead_letters] max_entries``, an exact ``XTRIM MAXLEN`` after, whose count of
+        evicted letters is returned."""
         key = self.keys.dead_letters(group)
+        entries = [letter_entry(letter, group) for letter in letters]
+        bound = self.max_dead_letters
 
-        async def send() -> None:
+        async def send() -> int:
             pipe = self.redis.pipeline(transaction=False)
-            for letter in letters:
-                pipe.xadd(
-                    key,
-                    {"cv-id": letter.message.id, "error": f"{letter.error_type}: {letter.error}",
-                     "letter": _encode_letter(letter)},
-                    maxlen=DLQ_MAX_LEN, approximate=True,
-                )
-            await pipe.execute()
+            for flat in entries:
+                pipe.execute_command("XADD", key, "*", *flat)
+            if bound:
+                pipe.xtrim(key, maxlen=bound, approximate=False)
+            results = await pipe.execute()
+            return int(results[-1]) if bound else 0
 
-        await self.caller.retrying(f"storing dead letters of {group!r}", send)
+        return await self.caller.retrying(f"storing dead letters of {group!r}", send)
 
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         key = self.keys.dead_letters(group)
         entries = await self.caller.retrying(
             "reading dead letters", lambda: self.redis.xrange(key, "-", "+", count=limit)
         )
-        return [_decode_letter(f[b"letter"]) for _, f in entries if b"letter" in f]
+        letters = (letter_from_entry(fields) for _, fields in entries)
+        return [letter for letter in letters if letter is not None]
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         """Entries the group was never given between its last delivered id and ``to``.
@@ -544,7 +631,7 @@ class RedisAdapter(QueueAdapter):
 
 
 def from_config(config: Any) -> RedisAdapter:
-    return RedisAdapter(config.redis)
+    return RedisAdapter(config.redis, max_dead_letters=config.dead_letters.max_entries)
 
 
 async def wait_ready(adapter: RedisAdapter, timeout_s: float = 10.0) -> None:

@@ -92,8 +92,15 @@ class QueueAdapter(ABC):
         """A receiver of ``queue`` for consumer group ``group`` (not yet initialized)."""
 
     @abstractmethod
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
-        """Store messages that could not be handled, durably, before they are acked."""
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        """Store messages that could not be handled, durably, before they are acked.
+
+        In the layout of :mod:`conveyor.platform.letters`. Returns how many older letters
+        a configured bound (``[dead_letters] max_entries``) evicted to make room; 0
+        without one. Raises :class:`BrokerConnectionError` while the store cannot be
+        reached (the caller retries), anything else when these letters cannot be stored
+        as they are (the caller stores a shorter form, see ``DeadLetter.shortened``).
+        """
 
     @abstractmethod
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:

@@ -124,11 +124,13 @@ class DrainReport:
     handled: int
     dead_lettered: int
     abandoned: int
+    skipped: int = 0
 
     def __str__(self) -> str:
         return (
             f"pulled={self.pulled} acked={self.acked} handled={self.handled} "
-            f"dead_lettered={self.dead_lettered} abandoned={self.abandoned}"
+            f"dead_lettered={self.dead_lettered} abandoned={self.abandoned} "
+            f"skipped={self.skipped}"
         )
 
 
@@ -270,8 +272,8 @@ class WorkerDaemon:
         """Change one cell's size while running (creates nothing until its first message)."""
         self.cells[handler].resize(cell, size)
 
-    async def _store_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
-        await self.adapter.dead_letter(self.app.name, letters)
+    async def _store_dead_letters(self, letters: Sequence[DeadLetter]) -> int:
+        return await self.adapter.dead_letter(self.app.name, letters)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -319,7 +321,13 @@ class WorkerDaemon:
             "slots.in_use": self.slots.in_use,
             "handled": self.stats.handled,
             "dead_lettered": self.stats.dead_lettered,
+            "skipped": self.stats.skipped,
+            "dead_letters_evicted": self.stats.dead_letters_evicted,
+            "dead_letters.waiting": self.dead_letters.waiting,
         }
+        down_since = self.dead_letters.down_since
+        if down_since is not None:  # published as an age: heartbeats cross machines
+            stats["dead_letters.down_s"] = time.monotonic() - down_since
         if self.slots.available is not None:
             stats["slots.available"] = self.slots.available
         stats.update(self._resources.sample())
@@ -345,6 +353,7 @@ class WorkerDaemon:
             handled=self.stats.handled,
             dead_lettered=self.stats.dead_lettered,
             abandoned=self._abandoned,
+            skipped=self.stats.skipped,
         )
 
     # -- the balancer's listener -------------------------------------------------------

@@ -6,10 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.adapters.redis import EntryDecoder, decode_entry, encode_fields, joined_ids
+from conveyor.adapters.redis import (
+    EntryDecoder,
+    decode_entry,
+    encode_fields,
+    joined_ids,
+    undecodable_entry,
+)
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken, StreamId
-from conveyor.platform.message import Message
+from conveyor.platform.message import Message, Undecodable
 
 
 def _flat(fields: dict[bytes | str, bytes | str]) -> list[bytes]:
@@ -21,7 +27,19 @@ def _flat(fields: dict[bytes | str, bytes | str]) -> list[bytes]:
 
 def _by_dict(queue: int, eid: bytes, flat: list[bytes]) -> Message:
     it = iter(flat)
-    return decode_entry(queue, eid, dict(zip(it, it, strict=False)))
+    try:
+        return decode_entry(queue, eid, dict(zip(it, it, strict=False)))
+    except Exception as exc:
+        return undecodable_entry(queue, eid, flat, exc)
+
+
+def _same(a: Message, b: Message) -> bool:
+    """Equal messages, or both undecodable with the same raw fields (the reasons may
+    name different first faults)."""
+    if isinstance(a, Undecodable) or isinstance(b, Undecodable):
+        return (isinstance(a, Undecodable) and isinstance(b, Undecodable)
+                and a.raw_fields == b.raw_fields and a.token == b.token)
+    return a == b
 
 
 text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8)
@@ -31,7 +49,7 @@ names = st.sampled_from(
 
 
 @given(
-    ns=text, key=text, ident=text, body=st.binary(max_size=16),
+    ns=text.filter(bool), key=text, ident=text, body=st.binary(max_size=16),
     ctype=st.sampled_from(["application/json", "text/plain", ""]),
     attempt=st.integers(0, 5), ts=st.integers(0, 2**41),
     headers=st.dictionaries(text.filter(lambda s: s != "body" and not s.startswith("cv-")
@@ -67,15 +85,48 @@ def test_arbitrary_field_lists_decode_alike(
     flat = (LAYOUT if laid_out else []) + [x for pair in pairs for x in pair]
     eid = b"1700000000000-3"
 
-    def outcome(fn: object) -> object:
-        try:
-            return fn()  # type: ignore[operator]
-        except ValueError as exc:  # a non-numeric cv-ts / cv-attempt
-            return type(exc)
+    assert _same(EntryDecoder(0).decode(eid, flat), _by_dict(0, eid, flat))
 
-    assert outcome(lambda: EntryDecoder(0).decode(eid, flat)) == outcome(
-        lambda: _by_dict(0, eid, flat)
-    )
+
+@given(fields=st.lists(st.tuples(st.binary(max_size=12) | names, st.binary(max_size=12)),
+                       max_size=12))
+def test_any_entry_decodes_to_a_message_or_an_undecodable_keeping_its_bytes(
+    fields: list[tuple[bytes, bytes]],
+) -> None:
+    flat = [x for pair in fields for x in pair]
+    got = EntryDecoder(3).decode(b"1700000000000-7", flat)  # never raises
+    assert got.token == SequenceToken(3, 1700000000000, 7)
+    if isinstance(got, Undecodable):
+        assert got.raw_fields == tuple(fields) and got.reason
+        assert got.stream.namespace == ""  # no handler can take it: it is dead-lettered
+    else:
+        assert got.stream.namespace  # a message always names its handlers' namespace
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fault"),
+    [
+        (b"cv-attempt", b"abc", "cv-attempt is not a whole number"),
+        (b"cv-attempt", b"-1", "cv-attempt is not a whole number"),
+        (b"cv-ts", b"99999999999999999999999", "cv-ts is not a whole number"),
+        (b"cv-ts", b" 12", "cv-ts is not a whole number"),
+        (b"cv-ns", b"\xc3\x28", "UnicodeDecodeError"),
+        (b"cv-key", b"\xff", "UnicodeDecodeError"),
+        (b"cv-id", b"\xff", "UnicodeDecodeError"),
+        (b"content-type", b"\xff", "UnicodeDecodeError"),
+        (b"x-h", b"\xc3\x28", "UnicodeDecodeError"),
+        (b"\xff", b"v", "UnicodeDecodeError"),
+        (b"cv-ns", b"", "no cv-ns field"),
+    ],
+)
+def test_malformed_metadata_is_isolated_with_its_reason(
+    field: bytes, value: bytes, fault: str
+) -> None:
+    flat = [b"cv-ns", b"good", b"cv-key", b"k", b"body", b"{}"]
+    flat += [field, value]
+    got = EntryDecoder(0).decode(b"5-0", flat)
+    assert isinstance(got, Undecodable) and fault in got.reason
+    assert got.body == b"{}" and (field, value) in got.raw_fields
 
 
 def test_joined_ids_are_the_entry_ids() -> None:

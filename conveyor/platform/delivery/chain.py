@@ -110,7 +110,8 @@ class DeliveryStats:
     ``handled`` and ``dead_lettered`` count deliveries (message x handler); ``failed``
     counts handler calls that raised; ``retried`` the calls made after a failure;
     ``skipped`` messages of a namespace no handler of the app subscribes to that were
-    acknowledged without a dead letter (``[dead_letters] unroutable = "skip"``).
+    acknowledged without a dead letter (``[dead_letters] unroutable = "skip"``);
+    ``dead_letters_evicted`` older letters a ``[dead_letters] max_entries`` bound evicted.
     """
 
     handled: int = 0
@@ -118,3 +119,4 @@ class DeliveryStats:
     failed_attempts: int = 0
     dead_lettered: int = 0
     skipped: int = 0
+    dead_letters_evicted: int = 0

@@ -11,6 +11,8 @@ agent acknowledge it. It also keeps the delivery counters.
   long as it takes — the message stays unacknowledged meanwhile; the outage is logged at
   its start, every 30 s and at its end, and :attr:`DeadLetterStore.down_since` and
   :attr:`DeadLetterStore.waiting` show in ``conveyor status``;
+* a letter past ``[dead_letters] max_entries`` evicts the oldest: counted
+  (``dead_letters_evicted``) and logged, never silent;
 * any **other** failure means this letter cannot be stored as it is (too large for the
   broker, say): retrying cannot fix that, so the next shorter form is stored instead
   (:meth:`DeadLetter.shortened`: full, then minimal, then bare — the reason always
@@ -44,7 +46,7 @@ class DeadLetterStore:
 
     def __init__(
         self,
-        store: Callable[[Sequence[DeadLetter]], Awaitable[None]],
+        store: Callable[[Sequence[DeadLetter]], Awaitable[int]],
         stats: DeliveryStats,
         *,
         backoff: Backoff = STORE_BACKOFF,
@@ -75,7 +77,7 @@ class DeadLetterStore:
         try:
             while True:
                 try:
-                    await self._store([letter])
+                    evicted = await self._store([letter])
                     break
                 except BrokerConnectionError as exc:
                     failure: Exception = exc
@@ -106,6 +108,12 @@ class DeadLetterStore:
         if failures:
             self._outage.ok()
         self._stats.dead_lettered += 1
+        if evicted:
+            self._stats.dead_letters_evicted += evicted
+            self._notes.log(logging.WARNING, "evicted",
+                            "%d older dead letter(s) evicted to stay within "
+                            "[dead_letters] max_entries (%d so far)", evicted,
+                            self._stats.dead_letters_evicted)
 
 
 class DeadLetterInterceptor(Interceptor):

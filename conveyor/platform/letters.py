@@ -1,0 +1,95 @@
+"""How a dead letter is stored: readable by any client of the broker, always storable.
+
+Every adapter stores a letter as the message itself, in the queue's own wire format
+(Redis: an entry's fields; Kafka: a record's key, headers and value), *preceded* by
+these fields / headers, always all of them and always in this order::
+
+    cv-dl-v           1 (this layout's version)
+    cv-dl-app         the app (consumer group) that dead-lettered it
+    cv-dl-handler     the handler's name; empty for a message no handler took
+    cv-dl-error-type  the exception's class, or Undecodable / Unroutable
+    cv-dl-error       the error text (at most 4,096 characters)
+    cv-dl-attempts    handler calls made (0: it never reached the handler)
+    cv-dl-at          when, in milliseconds since the epoch
+    cv-dl-token       where it was in its queue: QUEUE:MAJOR-MINOR
+    cv-dl-form        full | minimal | bare (see DeadLetter)
+
+So ``redis-cli XRANGE conveyor:dlq:APP - +`` or ``kcat -C -t TOPIC.conveyor-dlq -f
+'%h %s'`` shows the reason next to the body as it was published, and replaying a letter
+means dropping the ``cv-dl-*`` part and publishing the rest. An undecodable message's
+own fields and headers follow byte for byte, as the broker held them. Readers take the
+first :data:`META_COUNT` pairs as the letter's and everything after as the message's,
+so a message carrying a field that looks like one of these cannot pass for it.
+
+Every value is text or bytes — nothing a codec could overflow (a message whose
+``cv-ts`` was ``99999999999999999999999`` once jammed its queue that way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.message import LETTER_FORMS, DeadLetter, Message
+
+VERSION = "1"
+FIELDS = (
+    "cv-dl-v",
+    "cv-dl-app",
+    "cv-dl-handler",
+    "cv-dl-error-type",
+    "cv-dl-error",
+    "cv-dl-attempts",
+    "cv-dl-at",
+    "cv-dl-token",
+    "cv-dl-form",
+)
+META_COUNT = len(FIELDS)
+PREFIX = "cv-dl-"
+
+
+def meta_pairs(letter: DeadLetter, app: str) -> list[tuple[str, str]]:
+    """The letter's own fields, in :data:`FIELDS` order."""
+    token = letter.message.token
+    return list(zip(FIELDS, (
+        VERSION,
+        app,
+        letter.handler,
+        letter.error_type,
+        letter.error,
+        str(letter.attempts),
+        str(letter.failed_at_ms),
+        str(token) if token is not None else "",
+        letter.form,
+    ), strict=True))
+
+
+def is_letter(names: list[bytes] | list[str]) -> bool:
+    """Whether a stored entry / record starts with this layout's fields."""
+    if len(names) < META_COUNT:
+        return False
+    first = names[0]
+    return (first.decode("utf-8", "replace") if isinstance(first, bytes) else first) == FIELDS[0]
+
+
+def letter_from_meta(values: list[bytes], message: Message) -> DeadLetter:
+    """A :class:`DeadLetter` from the :data:`META_COUNT` values read back, in order."""
+    text = [v.decode("utf-8", "replace") for v in values]
+    _, _app, handler, error_type, error, attempts, at, token, form = text
+    if token and message.token is None:
+        with contextlib.suppress(ValueError):
+            message = message.with_token(SequenceToken.parse(token))
+    return DeadLetter(
+        message=message,
+        handler=handler,
+        error_type=error_type,
+        error=error,
+        attempts=int(attempts) if attempts.isdigit() else 0,
+        failed_at_ms=int(at) if at.isdigit() else 0,
+        form=form if form in LETTER_FORMS else "full",
+    )
+
+
+def app_of(values: list[bytes]) -> str:
+    """The app a stored letter belongs to (its ``cv-dl-app``)."""
+    return values[1].decode("utf-8", "replace")
