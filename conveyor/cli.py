@@ -316,9 +316,11 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     Messages from that point on are delivered again (at least once: handlers must
     tolerate seeing them twice). A target ahead of the app's position (a later token,
     or a time after the last message) would skip messages never handled: it is a usage
-    error (exit 2) unless --allow-forward is given.
+    error (exit 2) unless --allow-forward is given. A queue that a worker of the app
+    still owns (the adapter sees it, or its lease is held) is refused (exit 1).
     """
     from conveyor.platform.adapter import create_adapter
+    from conveyor.platform.coordination import lease_owners
     from conveyor.platform.errors import ForwardRewindError
     from conveyor.platform.ids import SequenceToken
 
@@ -335,8 +337,10 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     async def run() -> None:
         adapter = create_adapter(config.queues.adapter, config)
         try:
+            held = await lease_owners(config, group)
             try:
-                await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward)
+                await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward,
+                                            lease_owners=held)
             except ForwardRewindError as exc:
                 raise click.BadParameter(str(exc), param_hint="--to") from None
         finally:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,7 +46,7 @@ from conveyor.adapters.kafka_conn import (
 )
 from conveyor.adapters.kafka_handoff import HandoffLog
 from conveyor.adapters.kafka_offsets import DoneOffsets
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.config import Config, KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -282,6 +283,12 @@ class KafkaReceiver(QueueReceiver):
                 await self._consumer.stop()
         self._consumer = None
 
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open on ``queue`` for ``group`` (owners())."""
+        if self._closed or self._queue != queue or self._group != group:
+            return None
+        return "a receiver in this process"
+
 
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
@@ -297,6 +304,8 @@ class KafkaAdapter(QueueAdapter):
         self._topic_ready = False
         self._group_consumers: dict[str, AIOKafkaConsumer] = {}
         self._probes: dict[str, AIOKafkaConsumer] = {}
+        # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
+        self._receivers: weakref.WeakSet[KafkaReceiver] = weakref.WeakSet()
         self.outage = outage_log(config.bootstrap)
         self.handoffs = HandoffLog(self)
         self._preparing: asyncio.Task[None] | None = None
@@ -445,7 +454,9 @@ class KafkaAdapter(QueueAdapter):
 
     # -- consuming ---------------------------------------------------------------------
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
-        return KafkaReceiver(self, queue, group, self._group_consumers.get(group))
+        receiver = KafkaReceiver(self, queue, group, self._group_consumers.get(group))
+        self._receivers.add(receiver)
+        return receiver
 
     async def probe(self, group: str) -> AIOKafkaConsumer:
         """A consumer of ``group`` assigned every partition, for lag and rewind (no reads)."""
@@ -494,15 +505,16 @@ class KafkaAdapter(QueueAdapter):
         return max(0, high - start - done)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
-        await self.rewind_queues([queue], group, to)
-
-    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
-                            *, allow_forward: bool = False) -> None:
-        """See :func:`conveyor.adapters.kafka_rewind.rewind_queues`."""
-        await kafka_rewind.rewind_queues(self, queues, group, to, allow_forward=allow_forward)
+        await kafka_rewind.rewind(self, queue, group, to)
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         return await kafka_rewind.forward_gap(self, queue, group, to)
+
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """This adapter's open receivers, then the group's members that the broker says
+        hold the queues (see :func:`conveyor.adapters.kafka_rewind.owners`)."""
+        return {**open_receivers(self._receivers, queues, group),
+                **await kafka_rewind.owners(self, queues, group)}
 
     # -- dead letters ------------------------------------------------------------------
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:

@@ -15,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.errors import BrokerError, ShutdownError
 from conveyor.platform.ids import SequenceToken
+from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
 
 TRIM_EVERY = 4096
@@ -74,6 +76,8 @@ class MemoryBroker:
         self.logs: dict[int, _Log] = {}
         self.cursors: dict[tuple[str, int], _Cursor] = {}
         self.dead_letters: dict[str, list[DeadLetter]] = {}
+        # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
+        self.receivers: weakref.WeakSet[MemoryReceiver] = weakref.WeakSet()
         self._appended_since_trim = 0
 
     def log(self, queue: int) -> _Log:
@@ -139,6 +143,17 @@ class MemoryReceiver(QueueReceiver):
         self._log = broker.log(queue)
         self._cursor = broker.cursor(group, queue)
         self._closed = False
+        self._holder = "a receiver in this process"
+
+    def set_lease(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self._holder = lease.owner
+
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open on ``queue`` for ``group`` (owners())."""
+        if self._closed or self._queue != queue or self._group != group:
+            return None
+        return self._holder
 
     async def initialize(self) -> None:
         self._closed = False
@@ -214,7 +229,9 @@ class MemoryAdapter(QueueAdapter):
         return self.broker.append(queue, messages)
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
-        return MemoryReceiver(self.broker, queue, group)
+        receiver = MemoryReceiver(self.broker, queue, group)
+        self.broker.receivers.add(receiver)
+        return receiver
 
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
         self.broker.dead_letters.setdefault(group, []).extend(letters)
@@ -225,8 +242,6 @@ class MemoryAdapter(QueueAdapter):
     def _offset(self, queue: int, to: SequenceToken | float) -> int:
         log = self.broker.log(queue)
         if isinstance(to, SequenceToken):
-            if to.queue != queue:
-                raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
             return to.major
         stamps = [m.enqueued_at_ms for m in log.items]
         return log.base + bisect.bisect_left(stamps, int(to * 1000))
@@ -236,6 +251,11 @@ class MemoryAdapter(QueueAdapter):
         cursor = self.broker.cursor(group, queue)
         taken = [*cursor.pending, *(m.token.major for m in cursor.redeliver if m.token)]
         return max(0, offset - cursor.next_offset) + sum(1 for o in taken if o < offset)
+
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """The broker's open receivers of ``group``: every one in the process, whichever
+        adapter object handed it out (the broker is the whole backend)."""
+        return open_receivers(self.broker.receivers, queues, group)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
         log = self.broker.log(queue)

@@ -13,16 +13,25 @@ Delivery contract (every adapter, the memory one included):
   the group again (short of a rewind).
 * A message delivered but not acknowledged when its receiver shuts down (or dies) is
   delivered again by the next receiver of that queue: at least once, never lost.
+
+These promises, lag, rewind's checks and dead letters are one test suite,
+``tests/contract/``, run against every adapter: a new adapter is done when it passes.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from conveyor.platform.errors import ConfigError, ForwardRewindError
+from conveyor.platform.errors import (
+    BrokerError,
+    ConfigError,
+    ConveyorError,
+    ForwardRewindError,
+    QueueOwnedError,
+)
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
@@ -53,6 +62,11 @@ class QueueReceiver(ABC):
         Backends that can fence (refuse acks from a stale owner) check its token on
         every acknowledgement; the others ignore it.
         """
+
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open — handed out and not shut down — on
+        ``queue`` for ``group``; None otherwise (see :func:`open_receivers`)."""
+        return None
 
     @abstractmethod
     async def initialize(self) -> None:
@@ -101,10 +115,10 @@ class QueueAdapter(ABC):
 
     @abstractmethod
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
-        """Move ``group``'s position on ``queue`` back to a token or a UNIX time (seconds).
+        """Move ``group``'s position on ``queue`` to a token of that queue or a UNIX time
+        (seconds): messages from that point on are delivered again.
 
-        Messages from that point on are delivered again. Only valid while no receiver
-        of the queue is running for the group. Unchecked: see :meth:`rewind_queues`.
+        Unchecked (no token, owner or direction check): call :meth:`rewind_queues`.
         """
 
     @abstractmethod
@@ -112,14 +126,44 @@ class QueueAdapter(ABC):
         """How many messages ``group`` has not finished on ``queue`` that moving its
         position to ``to`` would skip: 0 unless ``to`` is ahead of its position."""
 
-    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
-                            *, allow_forward: bool = False) -> None:
-        """:meth:`rewind` on every queue of ``queues``, refusing a forward move.
+    @abstractmethod
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """Which of ``queues`` a receiver of ``group`` still owns, and who (queue: holder).
 
-        A target ahead of the group's position would skip messages never handled: it
-        raises :class:`ForwardRewindError`, checked on every queue before any is moved,
-        unless ``allow_forward``.
+        Each backend reports what it can see; every one sees the receivers this adapter
+        (in-process) handed out and has not shut down. Say in the docstring what the
+        backend cannot see: :meth:`rewind_queues` also takes the daemons' leases.
         """
+
+    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
+                            *, allow_forward: bool = False,
+                            lease_owners: Mapping[int, str] | None = None) -> None:
+        """Move ``group``'s position on every queue of ``queues`` to ``to``, checked.
+
+        Refused before any queue moves:
+
+        * a token of another queue than one of ``queues`` (:class:`BrokerError`);
+        * a queue still owned by a receiver of ``group`` — one :meth:`owners` sees, or one
+          in ``lease_owners`` (queue: holder, e.g. the daemons' lease store, which
+          ``conveyor rewind`` reads) — (:class:`QueueOwnedError`): moving a position
+          under a running receiver is undone by its next acknowledgement;
+        * a target ahead of the group's position, which would skip messages never
+          handled (:class:`ForwardRewindError`), unless ``allow_forward``.
+
+        Then the queues move one at a time (:meth:`rewind`); if one fails, the error
+        names those already moved (re-running the same rewind finishes the job).
+        """
+        if isinstance(to, SequenceToken):
+            for queue in queues:
+                if to.queue != queue:
+                    raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+        held = {**(lease_owners or {}), **await self.owners(queues, group)}
+        owned = [f"queue {q} by {held[q]}" for q in queues if q in held]
+        if owned:
+            raise QueueOwnedError(
+                f"queues of app {group!r} are still owned ({'; '.join(owned)}): stop the "
+                "app's workers before rewinding"
+            )
         if not allow_forward:
             ahead = []
             for queue in queues:
@@ -132,8 +176,18 @@ class QueueAdapter(ABC):
                     f"handled would be skipped ({'; '.join(ahead)}); pass --allow-forward "
                     "(allow_forward=True) to skip them on purpose"
                 )
+        moved: list[int] = []
         for queue in queues:
-            await self.rewind(queue, group, to)
+            try:
+                await self.rewind(queue, group, to)
+            except ConveyorError as exc:
+                if not moved:
+                    raise
+                raise BrokerError(
+                    f"rewinding app {group!r} failed on queue {queue} ({exc}); queues "
+                    f"{moved} were already moved: re-run the same rewind to finish"
+                ) from exc
+            moved.append(queue)
 
     @abstractmethod
     async def lag(self, queue: int, group: str) -> int:
@@ -141,6 +195,18 @@ class QueueAdapter(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Receivers must have been shut down first."""
+
+
+def open_receivers(receivers: Iterable[QueueReceiver], queues: Sequence[int],
+                   group: str) -> dict[int, str]:
+    """Which of ``queues`` these receivers still hold open for ``group`` (queue: holder):
+    the part of :meth:`QueueAdapter.owners` every adapter can answer in-process."""
+    held: dict[int, str] = {}
+    for receiver in list(receivers):
+        for queue in queues:
+            if queue not in held and (holder := receiver.holder(queue, group)):
+                held[queue] = holder
+    return held
 
 
 AdapterFactory = Callable[[Any], QueueAdapter]

@@ -35,6 +35,10 @@ class BrokerConnectionError(BrokerError):
     """The backend could not be reached; the operation may succeed if retried."""
 
 
+class QueueOwnedError(BrokerError):
+    """A queue is still owned by a running receiver of the app: stop its workers first."""
+
+
 class LeaseLostError(BrokerError):
     """This daemon no longer owns the queue it tried to act on (fencing)."""
 
