@@ -34,7 +34,7 @@ from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters import kafka_offsets, kafka_rewind
+from conveyor.adapters import kafka_groups, kafka_offsets, kafka_rewind
 from conveyor.adapters.kafka_conn import (
     broker_error,
     client_options,
@@ -48,6 +48,7 @@ from conveyor.adapters.kafka_offsets import DoneOffsets
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.config import Config, KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import (
     CONTENT_JSON,
@@ -494,11 +495,13 @@ class KafkaAdapter(QueueAdapter):
         return max(0, high - start - done)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
-        await self.rewind_queues([queue], group, to)
+        await kafka_rewind.rewind_queues(self, [queue], group, to)
 
     async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
-                            *, allow_forward: bool = False) -> None:
-        """See :func:`conveyor.adapters.kafka_rewind.rewind_queues`."""
+                            *, allow_forward: bool = False, create_group: bool = False) -> None:
+        """See :func:`conveyor.adapters.kafka_rewind.rewind_queues`; an app with no group
+        on the queues is refused first (:meth:`require_group`) unless ``create_group``."""
+        await self.require_group(queues, group, create_group=create_group)
         await kafka_rewind.rewind_queues(self, queues, group, to, allow_forward=allow_forward)
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
@@ -542,6 +545,19 @@ class KafkaAdapter(QueueAdapter):
         finally:
             await consumer.stop()
         return out
+
+    # -- consumer groups, for operators (see conveyor.adapters.kafka_groups) -----------
+    retention_follows_groups = False  # Kafka keeps records by time or size
+
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        return await kafka_groups.groups(self, queues)
+
+    async def has_group(self, queues: Sequence[int], group: str) -> bool:
+        return await kafka_groups.has_group(self, queues, group)
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        return await kafka_groups.delete_group(self, group, queues, dead_letters=dead_letters)
 
 
 def from_config(config: Config) -> KafkaAdapter:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.platform.errors import ConfigError, ForwardRewindError
+from conveyor.platform.groups import GroupInfo, no_group_error
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
@@ -113,13 +114,15 @@ class QueueAdapter(ABC):
         position to ``to`` would skip: 0 unless ``to`` is ahead of its position."""
 
     async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
-                            *, allow_forward: bool = False) -> None:
+                            *, allow_forward: bool = False, create_group: bool = False) -> None:
         """:meth:`rewind` on every queue of ``queues``, refusing a forward move.
 
         A target ahead of the group's position would skip messages never handled: it
         raises :class:`ForwardRewindError`, checked on every queue before any is moved,
-        unless ``allow_forward``.
+        unless ``allow_forward``. An app with no group on any of ``queues`` is refused
+        first (:meth:`require_group`) unless ``create_group``.
         """
+        await self.require_group(queues, group, create_group=create_group)
         if not allow_forward:
             ahead = []
             for queue in queues:
@@ -141,6 +144,48 @@ class QueueAdapter(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Receivers must have been shut down first."""
+
+    # -- consumer groups: every app's, for operators (status, groups, rewind) ----------
+
+    retention_follows_groups: bool = True
+    """True where retention keeps what any group still needs (memory, Redis), so a group
+    nobody runs stops trimming; False where it goes by time or size alone (Kafka)."""
+
+    @abstractmethod
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        """Every consumer group on ``queues`` (every app's, not one): one
+        :class:`GroupInfo` per group and queue it has a position on, ordered by queue.
+
+        Reading creates no group. ``holds_retention`` is set as the backend trims:
+        never where :attr:`retention_follows_groups` is False.
+        """
+
+    async def has_group(self, queues: Sequence[int], group: str) -> bool:
+        """Whether ``group`` has a position on any of ``queues``."""
+        return any(info.group == group for info in await self.groups(queues))
+
+    async def require_group(self, queues: Sequence[int], group: str, *,
+                            create_group: bool = False) -> None:
+        """Refuse (:class:`UnknownGroupError`) an app with no group on any of ``queues``.
+
+        Moving such an app would create a group nobody runs, which on backends whose
+        retention follows groups stops trimming for good. ``create_group`` allows it.
+        """
+        if not create_group and not await self.has_group(queues, group):
+            raise no_group_error(
+                group, queues, "pass --create-group (create_group=True) to create it there"
+            )
+
+    @abstractmethod
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        """Remove ``group`` from every queue of ``queues``; the queues it was on.
+
+        Also removes what the backend keeps for that app alone (Redis: its leases, fencing
+        counters and membership); its dead letters only with ``dead_letters``. Unchecked:
+        the caller makes sure no daemon of the app runs (see
+        :func:`conveyor.platform.groups.delete_app_group`).
+        """
 
 
 AdapterFactory = Callable[[Any], QueueAdapter]
