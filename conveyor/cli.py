@@ -234,7 +234,7 @@ def _groups_table(groups: list[Any], retention_follows_groups: bool, now: float)
         if g.holds_retention:
             held = f"queue(s) {queue_ranges(g.holds_retention)}"
             if g.oldest_needed_ms is not None:
-                held += f", oldest kept {_age(now - g.oldest_needed_ms / 1000)} old"
+                held += f" (oldest {_age(now - g.oldest_needed_ms / 1000)})"
         table.add_row(g.group, queue_ranges(g.queues), str(g.lag),
                       "-" if g.idle_s is None else f"{_age(g.idle_s)} ago", _num(g.members), held)
     holders = [g.group for g in groups if g.holds_retention]
