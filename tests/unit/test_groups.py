@@ -73,7 +73,7 @@ async def test_deleting_an_app_with_no_group_is_refused_and_deletes_nothing(
     adapter: MemoryAdapter,
 ) -> None:
     await adapter.dead_letter("olf", [])
-    with pytest.raises(UnknownGroupError, match="'olf' has no consumer group.*nothing was"):
+    with pytest.raises(UnknownGroupError, match=r"'olf' has no consumer group.*nothing was"):
         await delete_app_group(adapter, MemoryMembership(), MemoryLeaseStore(), "olf", [0],
                                dead_letters=True)
     assert "olf" in adapter.broker.dead_letters and await adapter.has_group([0], "old")
