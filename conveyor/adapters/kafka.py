@@ -35,7 +35,7 @@ from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters import kafka_offsets, kafka_rewind
+from conveyor.adapters import kafka_groups, kafka_offsets, kafka_rewind
 from conveyor.adapters.kafka_conn import (
     broker_error,
     client_options,
@@ -49,6 +49,7 @@ from conveyor.adapters.kafka_offsets import DoneOffsets
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.config import Config, KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import (
     CONTENT_JSON,
@@ -554,6 +555,19 @@ class KafkaAdapter(QueueAdapter):
         finally:
             await consumer.stop()
         return out
+
+    # -- consumer groups, for operators (see conveyor.adapters.kafka_groups) -----------
+    retention_follows_groups = False  # Kafka keeps records by time or size
+
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        return await kafka_groups.groups(self, queues)
+
+    async def has_group(self, queues: Sequence[int], group: str) -> bool:
+        return await kafka_groups.has_group(self, queues, group)
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        return await kafka_groups.delete_group(self, group, queues, dead_letters=dead_letters)
 
 
 def from_config(config: Config) -> KafkaAdapter:

@@ -22,6 +22,7 @@ from typing import Any
 
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.errors import BrokerError, ShutdownError
+from conveyor.platform.groups import GroupInfo, with_retention_holders
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
@@ -247,8 +248,11 @@ class MemoryAdapter(QueueAdapter):
         return log.base + bisect.bisect_left(stamps, int(to * 1000))
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
-        offset = min(self._offset(queue, to), self.broker.log(queue).end)
-        cursor = self.broker.cursor(group, queue)
+        log = self.broker.log(queue)
+        offset = min(self._offset(queue, to), log.end)
+        cursor = self.broker.cursors.get((group, queue))  # reading creates no group
+        if cursor is None:
+            return max(0, offset - log.base)
         taken = [*cursor.pending, *(m.token.major for m in cursor.redeliver if m.token)]
         return max(0, offset - cursor.next_offset) + sum(1 for o in taken if o < offset)
 
@@ -270,8 +274,36 @@ class MemoryAdapter(QueueAdapter):
         cursor.redeliver.clear()
 
     async def lag(self, queue: int, group: str) -> int:
-        c = self.broker.cursor(group, queue)
-        return (self.broker.log(queue).end - c.next_offset) + len(c.pending) + len(c.redeliver)
+        log = self.broker.log(queue)
+        c = self.broker.cursors.get((group, queue))  # reading creates no group
+        if c is None:
+            return log.end - log.base  # a new group would read everything retained
+        return (log.end - c.next_offset) + len(c.pending) + len(c.redeliver)
+
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        out: list[GroupInfo] = []
+        for queue in queues:
+            log = self.broker.log(queue)
+            infos = []
+            for (group, q), c in sorted(self.broker.cursors.items()):
+                if q != queue:
+                    continue
+                floor = c.floor()
+                needed = log.items[floor - log.base] if log.base <= floor < log.end else None
+                infos.append(GroupInfo(
+                    group, queue, await self.lag(queue, group),
+                    oldest_needed=needed.token if needed else None,
+                    oldest_needed_ms=needed.enqueued_at_ms if needed else None,
+                ))
+            out += with_retention_holders(infos)
+        return out
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        removed = [q for q in queues if self.broker.cursors.pop((group, q), None) is not None]
+        if dead_letters:
+            self.broker.dead_letters.pop(group, None)
+        return removed
 
 
 def from_config(config: Any) -> MemoryAdapter:

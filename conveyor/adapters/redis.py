@@ -37,6 +37,7 @@ from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, LeaseLostError
+from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import (
@@ -554,6 +555,18 @@ class RedisAdapter(QueueAdapter):
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+    # -- consumer groups, for operators (see conveyor.adapters.redis_groups) -----------
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        from conveyor.adapters import redis_groups  # it builds on this module
+
+        return await redis_groups.groups(self, queues)
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        from conveyor.adapters import redis_groups
+
+        return await redis_groups.delete_group(self, group, queues, dead_letters=dead_letters)
 
 
 def from_config(config: Any) -> RedisAdapter:

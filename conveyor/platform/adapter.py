@@ -32,6 +32,7 @@ from conveyor.platform.errors import (
     ForwardRewindError,
     QueueOwnedError,
 )
+from conveyor.platform.groups import GroupInfo, no_group_error
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
@@ -136,13 +137,15 @@ class QueueAdapter(ABC):
         """
 
     async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
-                            *, allow_forward: bool = False,
+                            *, allow_forward: bool = False, create_group: bool = False,
                             lease_owners: Mapping[int, str] | None = None) -> None:
         """Move ``group``'s position on every queue of ``queues`` to ``to``, checked.
 
         Refused before any queue moves:
 
         * a token of another queue than one of ``queues`` (:class:`BrokerError`);
+        * an app with no group on any of ``queues`` (:meth:`require_group`), unless
+          ``create_group``: moving it would create a group nobody runs;
         * a queue still owned by a receiver of ``group`` — one :meth:`owners` sees, or one
           in ``lease_owners`` (queue: holder, e.g. the daemons' lease store, which
           ``conveyor rewind`` reads) — (:class:`QueueOwnedError`): moving a position
@@ -157,6 +160,7 @@ class QueueAdapter(ABC):
             for queue in queues:
                 if to.queue != queue:
                     raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+        await self.require_group(queues, group, create_group=create_group)
         held = {**(lease_owners or {}), **await self.owners(queues, group)}
         owned = [f"queue {q} by {held[q]}" for q in queues if q in held]
         if owned:
@@ -195,6 +199,48 @@ class QueueAdapter(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Receivers must have been shut down first."""
+
+    # -- consumer groups: every app's, for operators (status, groups, rewind) ----------
+
+    retention_follows_groups: bool = True
+    """True where retention keeps what any group still needs (memory, Redis), so a group
+    nobody runs stops trimming; False where it goes by time or size alone (Kafka)."""
+
+    @abstractmethod
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        """Every consumer group on ``queues`` (every app's, not one): one
+        :class:`GroupInfo` per group and queue it has a position on, ordered by queue.
+
+        Reading creates no group. ``holds_retention`` is set as the backend trims:
+        never where :attr:`retention_follows_groups` is False.
+        """
+
+    async def has_group(self, queues: Sequence[int], group: str) -> bool:
+        """Whether ``group`` has a position on any of ``queues``."""
+        return any(info.group == group for info in await self.groups(queues))
+
+    async def require_group(self, queues: Sequence[int], group: str, *,
+                            create_group: bool = False) -> None:
+        """Refuse (:class:`UnknownGroupError`) an app with no group on any of ``queues``.
+
+        Moving such an app would create a group nobody runs, which on backends whose
+        retention follows groups stops trimming for good. ``create_group`` allows it.
+        """
+        if not create_group and not await self.has_group(queues, group):
+            raise no_group_error(
+                group, queues, "pass --create-group (create_group=True) to create it there"
+            )
+
+    @abstractmethod
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        """Remove ``group`` from every queue of ``queues``; the queues it was on.
+
+        Also removes what the backend keeps for that app alone (Redis: its leases, fencing
+        counters and membership); its dead letters only with ``dead_letters``. Unchecked:
+        the caller makes sure no daemon of the app runs (see
+        :func:`conveyor.platform.groups.delete_app_group`).
+        """
 
 
 def open_receivers(receivers: Iterable[QueueReceiver], queues: Sequence[int],

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from conveyor.adapters.memory import TRIM_EVERY, MemoryAdapter, reset_broker
-from conveyor.platform.errors import ForwardRewindError
+from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
 
@@ -107,3 +107,50 @@ async def test_a_forward_rewind_counts_the_taken_messages_a_rewind_would_drop(
     assert await adapter.lag(0, "g") == 8 and await adapter.lag(1, "g") == 10
     await adapter.rewind_queues([0], "g", SequenceToken(0, 7), allow_forward=True)
     assert await adapter.lag(0, "g") == 3
+
+
+async def test_rewinding_an_app_with_no_group_is_refused_and_creates_none(
+    adapter: MemoryAdapter,
+) -> None:
+    await adapter.enqueue(0, make(5))
+    await adapter.enqueue(1, make(5))
+    live = adapter.create_receiver(0, "live")
+    await live.messages_delivered([m.token for m in await live.get_messages(5) if m.token])
+    # Reading a ghost's lag or gap creates no group either (status and rewind read them).
+    assert await adapter.lag(1, "ghost") == 5 and await adapter.forward_gap(1, "ghost", 0.0) == 0
+    with pytest.raises(UnknownGroupError, match=r"'ghost' has no consumer group on queue\(s\) "
+                                                r"0-1.*--create-group"):
+        await adapter.rewind_queues([0, 1], "ghost", 0.0)
+    assert {g for g, _ in adapter.broker.cursors} == {"live"}
+    await adapter.rewind_queues([0, 1], "ghost", 0.0, create_group=True)
+    assert await adapter.lag(0, "ghost") == 5 and await adapter.lag(1, "ghost") == 5
+    assert {q for g, q in adapter.broker.cursors if g == "ghost"} == {0, 1}
+    await live.shutdown()  # a queue still owned is refused, whatever the group
+    await adapter.rewind_queues([0], "live", 0.0)  # an app with a group needs no flag
+
+
+async def test_the_group_nobody_runs_holds_retention_until_it_is_deleted(
+    adapter: MemoryAdapter,
+) -> None:
+    await adapter.enqueue(0, make(10, ts=5_000))
+    live = adapter.create_receiver(0, "live")
+    await live.messages_delivered([m.token for m in await live.get_messages(10) if m.token])
+    await adapter.rewind_queues([0], "ghost", 0.0, create_group=True)
+    await adapter.dead_letter("ghost", [])
+    adapter.broker.trim()
+    assert adapter.broker.log(0).base == 0  # the ghost still needs message 0
+    ghost_info, live_info = await adapter.groups([0, 1])  # by name; queue 1: nobody there
+    assert (live_info.group, live_info.lag, live_info.holds_retention) == ("live", 0, False)
+    assert live_info.oldest_needed is None  # it needs nothing kept
+    assert (ghost_info.group, ghost_info.lag, ghost_info.holds_retention) == ("ghost", 10, True)
+    assert ghost_info.oldest_needed == SequenceToken(0, 0)
+    assert ghost_info.oldest_needed_ms == 5_000
+    assert await adapter.has_group([1], "ghost") is False
+    assert await adapter.delete_group("ghost", [0, 1]) == [0]
+    assert "ghost" in adapter.broker.dead_letters  # kept unless asked
+    adapter.broker.trim()
+    assert adapter.broker.log(0).base == 10  # trimming resumed
+    assert [g.group for g in await adapter.groups([0])] == ["live"]
+    await adapter.rewind_queues([0], "ghost", 0.0, create_group=True)
+    await adapter.delete_group("ghost", [0], dead_letters=True)
+    assert "ghost" not in adapter.broker.dead_letters

@@ -403,7 +403,8 @@ def test_publish_and_status_commands_work_against_redis(
     token = SequenceToken.parse(result.output.strip())
     result = runner.invoke(main, ["status", "--config", str(cfg), "--app", "rec", "--json"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    assert "'rec' has no consumer group" in result.stderr  # no daemon of it ran yet
+    report = json.loads(result.stdout)
     assert report["members"] == []
     assert {q["queue"]: q["lag"] for q in report["queues"]}[token.queue] == 1
     result = runner.invoke(main, ["status", "--config", str(cfg), "--app", "rec"])
