@@ -75,11 +75,7 @@ def _module_name(target: str, path: Path) -> str:
 
 
 def _shadowed(name: str, path: Path) -> str | None:
-    """What importing ``path`` as the module ``name`` would replace, if anything.
-
-    A file is imported under its stem, so ``redis.py`` would take the place of the
-    redis client in ``sys.modules`` (and ``json.py`` that of the standard library's).
-    """
+    """What importing ``path`` as the module ``name`` would replace, if anything."""
     current = sys.modules.get(name)
     if current is not None:
         origin = getattr(current, "__file__", None)
@@ -92,9 +88,9 @@ def _shadowed(name: str, path: Path) -> str | None:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):  # a dotted stem whose parent is no package
         return None
-    if spec is None or spec.origin is None or Path(spec.origin).resolve() == path:
+    if spec is None or (spec.origin is not None and Path(spec.origin).resolve() == path):
         return None
-    return f"the installed module at {spec.origin}"
+    return f"the installed module at {spec.origin or 'a namespace package'}"
 
 
 def _where(exc: BaseException) -> str:
