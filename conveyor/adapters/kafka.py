@@ -37,6 +37,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters import kafka_groups, kafka_offsets, kafka_rewind
 from conveyor.adapters.kafka_conn import (
+    CLIENT_ERRORS,
     broker_error,
     client_options,
     fetch_committed,
@@ -183,7 +184,7 @@ class KafkaReceiver(QueueReceiver):
             self._offsets = DoneOffsets(start, done)
             self._skip = set(self._offsets.done)
             consumer.seek(self._tp, self._offsets.watermark)
-        except (kerrors.KafkaError, OSError) as exc:
+        except CLIENT_ERRORS as exc:
             if self._shared is None and self._consumer is not None:
                 with contextlib.suppress(Exception):
                     await self._consumer.stop()
@@ -341,7 +342,7 @@ class KafkaAdapter(QueueAdapter):
                 producer = AIOKafkaProducer(linger_ms=self.config.linger_ms, **self._options)
                 try:
                     await producer.start()
-                except (kerrors.KafkaError, OSError) as exc:
+                except CLIENT_ERRORS as exc:
                     with contextlib.suppress(Exception):
                         await producer.stop()
                     raise broker_error("connecting the producer", exc) from exc
@@ -412,7 +413,7 @@ class KafkaAdapter(QueueAdapter):
                         f"kafka topic {self.topic!r} has {have} partitions but "
                         f"$.queues.total is {self.total_queues}; add partitions or lower it"
                     )
-        except (kerrors.KafkaError, OSError) as exc:
+        except CLIENT_ERRORS as exc:
             raise broker_error("preparing topics", exc) from exc
         finally:
             with contextlib.suppress(Exception):
@@ -467,7 +468,7 @@ class KafkaAdapter(QueueAdapter):
             consumer = self.new_consumer(group)
             try:
                 await consumer.start()
-            except (kerrors.KafkaError, OSError) as exc:
+            except CLIENT_ERRORS as exc:
                 with contextlib.suppress(Exception):
                     await consumer.stop()
                 raise broker_error("connecting a consumer", exc) from exc

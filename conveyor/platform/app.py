@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.platform.errors import HandlerDeclarationError
 from conveyor.platform.handlers import HandlerFn, HandlerSpec, RetryPolicy, build_spec
+from conveyor.platform.ids import NAME
 
 if TYPE_CHECKING:
     from conveyor.platform.client import Client
@@ -27,10 +28,10 @@ class App:
     """
 
     def __init__(self, name: str) -> None:
-        if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        if not NAME.fullmatch(name):
             raise HandlerDeclarationError(
-                f"app name {name!r}: use letters, digits, '-', '_' or '.' (it names the "
-                "consumer group on the broker)"
+                f"app name {name!r}: use 1-128 ASCII letters, digits, '-', '_' or '.' (it "
+                "names the consumer group on the broker)"
             )
         self.name = name
         self.handlers: list[HandlerSpec] = []
