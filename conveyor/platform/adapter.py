@@ -144,12 +144,12 @@ class QueueAdapter(ABC):
         Refused before any queue moves:
 
         * a token of another queue than one of ``queues`` (:class:`BrokerError`);
-        * an app with no group on any of ``queues`` (:meth:`require_group`), unless
-          ``create_group``: moving it would create a group nobody runs;
         * a queue still owned by a receiver of ``group`` — one :meth:`owners` sees, or one
           in ``lease_owners`` (queue: holder, e.g. the daemons' lease store, which
           ``conveyor rewind`` reads) — (:class:`QueueOwnedError`): moving a position
           under a running receiver is undone by its next acknowledgement;
+        * an app with no group on any of ``queues`` (:meth:`require_group`), unless
+          ``create_group``: moving it would create a group nobody runs;
         * a target ahead of the group's position, which would skip messages never
           handled (:class:`ForwardRewindError`), unless ``allow_forward``.
 
@@ -160,7 +160,6 @@ class QueueAdapter(ABC):
             for queue in queues:
                 if to.queue != queue:
                     raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
-        await self.require_group(queues, group, create_group=create_group)
         held = {**(lease_owners or {}), **await self.owners(queues, group)}
         owned = [f"queue {q} by {held[q]}" for q in queues if q in held]
         if owned:
@@ -168,6 +167,7 @@ class QueueAdapter(ABC):
                 f"queues of app {group!r} are still owned ({'; '.join(owned)}): stop the "
                 "app's workers before rewinding"
             )
+        await self.require_group(queues, group, create_group=create_group)
         if not allow_forward:
             ahead = []
             for queue in queues:
