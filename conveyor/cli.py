@@ -35,6 +35,12 @@ def _fail(exc: ConveyorError) -> NoReturn:
     raise click.ClickException(str(exc)) from None
 
 
+def _usage(message: str) -> NoReturn:
+    """A usage error found after start-up (the message names the argument): one line, exit 2."""
+    click.echo(f"conveyor: {message}", err=True)
+    sys.exit(2)
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
@@ -112,7 +118,7 @@ def worker(
         try:
             run_supervisor(app_path, app.name, config, processes, config_path, overrides)
         except ConveyorError as exc:
-            raise click.ClickException(str(exc)) from None
+            _fail(exc)
         return
 
     async def run() -> str:
@@ -179,7 +185,7 @@ def publish(
         with SyncClient.from_config(config) as client:
             token = client.publish(namespace, key, body, headers, content_type)
     except ConveyorError as exc:
-        raise click.ClickException(str(exc)) from None
+        _fail(exc)
     click.echo(str(token))
 
 
@@ -211,7 +217,42 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
         queues.add_row(str(q.queue), q.owner or "-", str(q.lag), _num(q.cache_fill),
                        "-" if rate is None else f"{rate:,.0f}")
     queues.add_row("total", "", str(report.total_lag), "", "")
-    return Group(members, queues)
+    return Group(members, queues, _groups_table(report.groups, report.retention_follows_groups,
+                                                report.at))
+
+
+def _groups_table(groups: list[Any], retention_follows_groups: bool, now: float) -> Any:
+    """Every app's group: lag, last read, members, and whom trimming waits for."""
+    from rich.table import Table
+
+    from conveyor.platform.groups import queue_ranges
+
+    table = Table("group", "queues", "lag", "last read", "members", "holds retention",
+                  title="consumer groups on these queues (every app)")
+    for g in groups:
+        held = "-"
+        if g.holds_retention:
+            held = f"queue(s) {queue_ranges(g.holds_retention)}"
+            if g.oldest_needed_ms is not None:
+                held += f" (oldest {_age(now - g.oldest_needed_ms / 1000)})"
+        table.add_row(g.group, queue_ranges(g.queues), str(g.lag),
+                      "-" if g.idle_s is None else f"{_age(g.idle_s)} ago", _num(g.members), held)
+    holders = [g.group for g in groups if g.holds_retention]
+    if not retention_follows_groups:
+        table.caption = "retention goes by time or size here: no group holds it back"
+    elif holders:
+        table.caption = f"trimming waits for: {', '.join(holders)}"
+    else:
+        table.caption = "no group holds retention back"
+    return table
+
+
+def _age(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.1f}s"
 
 
 def _num(value: float | None) -> str:
@@ -230,12 +271,15 @@ def status(
     config_path: Path | None, group: str, as_json: bool, watch_s: float | None,
     count: int | None,
 ) -> None:
-    """Daemons (slots, handled), and per queue: owner, lag, cache fill, throughput.
+    """Daemons (slots, handled), per queue: owner, lag, cache fill, throughput; and every
+    app's consumer group on the queues.
 
     Cache fill and throughput come from each owner's last heartbeat (every
     lease_ttl_s / 3): throughput is the acks per second the owner measured, or with
     --watch the rate between the heartbeats of two readings. Refreshing faster than
-    heartbeats arrive shows the same figures again.
+    heartbeats arrive shows the same figures again. The groups show their lag, when
+    they last read (Redis), their members (Kafka), and which one trimming waits for.
+    An --app with no group on any queue gets a warning (exit 0).
     """
     import time
     from dataclasses import asdict
@@ -255,9 +299,13 @@ def status(
         try:
             return asyncio.run(collect_status(config, group))
         except ConveyorError as exc:
-            raise click.ClickException(str(exc)) from None
+            _fail(exc)
 
     report = read()
+    if not report.has_group:
+        others = ", ".join(g.group for g in report.groups) or "none"
+        click.echo(f"conveyor: warning: --app {group!r} has no consumer group on any queue "
+                   f"(a typo, or an app that never ran; groups here: {others})", err=True)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -309,17 +357,24 @@ def _parse_rewind_target(text: str) -> Any:
 @click.option("--allow-forward", is_flag=True,
               help="Also move a position forward, skipping the messages in between "
                    "(refused by default, for every queue, before any is moved).")
+@click.option("--create-group", is_flag=True,
+              help="Create the app's consumer group where it has none (refused by default: "
+                   "a group nobody runs stops Redis trimming).")
 def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int, ...],
-           allow_forward: bool) -> None:
+           allow_forward: bool, create_group: bool) -> None:
     """Move an app's position back to a token or a point in time; run with workers stopped.
 
     Messages from that point on are delivered again (at least once: handlers must
     tolerate seeing them twice). A target ahead of the app's position (a later token,
     or a time after the last message) would skip messages never handled: it is a usage
-    error (exit 2) unless --allow-forward is given.
+    error (exit 2) unless --allow-forward is given. So is an app with no consumer group
+    on the queues (a typo, or an app that never ran), unless --create-group is given. A
+    queue that a worker of the app still owns (the adapter sees it, or its lease is
+    held) is refused (exit 1).
     """
     from conveyor.platform.adapter import create_adapter
-    from conveyor.platform.errors import ForwardRewindError
+    from conveyor.platform.coordination import lease_owners
+    from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
     from conveyor.platform.ids import SequenceToken
 
     config = _config(config_path)
@@ -335,8 +390,10 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     async def run() -> None:
         adapter = create_adapter(config.queues.adapter, config)
         try:
+            held = await lease_owners(config, group)
             try:
-                await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward)
+                await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward,
+                                            create_group=create_group, lease_owners=held)
             except ForwardRewindError as exc:
                 raise click.BadParameter(str(exc), param_hint="--to") from None
         finally:
@@ -344,9 +401,101 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 
     try:
         asyncio.run(run())
+    except UnknownGroupError as exc:
+        _usage(f"--app: {exc}")
+    except ConveyorError as exc:
+        _fail(exc)
+    click.echo(f"rewound {group} on queue(s) {chosen} to {target}")
+
+
+@main.group("groups")
+def groups_cmd() -> None:
+    """Consumer groups on the queues: every app's, and removing one nobody runs."""
+
+
+@groups_cmd.command("list")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def groups_list(config_path: Path | None, as_json: bool) -> None:
+    """Every app's group: queues, lag, last read, members, which one holds retention."""
+    import time
+    from dataclasses import asdict
+
+    from rich.console import Console
+
+    from conveyor.platform.adapter import create_adapter
+    from conveyor.platform.groups import summarise
+
+    config = _config(config_path)
+
+    async def run() -> tuple[list[Any], bool]:
+        adapter = create_adapter(config.queues.adapter, config)
+        try:
+            infos = await adapter.groups(range(config.queues.total))
+            return summarise(infos), adapter.retention_follows_groups
+        finally:
+            await adapter.close()
+
+    try:
+        found, follows = asyncio.run(run())
+    except ConveyorError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps({"groups": [asdict(g) for g in found],
+                               "retention_follows_groups": follows}))
+        return
+    Console().print(_groups_table(found, follows, time.time()))
+
+
+@groups_cmd.command("delete")
+@config_option
+@app_option
+@click.option("--force", is_flag=True,
+              help="Delete even though the app looks alive (its daemons would recreate the "
+                   "group at the start of each queue and handle every kept message again).")
+@click.option("--with-dead-letters", is_flag=True,
+              help="Also delete the app's dead letters (kept by default).")
+def groups_delete(config_path: Path | None, group: str, force: bool,
+                  with_dead_letters: bool) -> None:
+    """Remove an app's consumer group from every queue, so it no longer holds retention.
+
+    Refused while the app looks alive (daemons registered, leases held, Kafka group
+    members, a queue read in the last 10 s) unless --force: exit 1. An app with no group
+    on any queue is a usage error (exit 2). On Redis its leases, fencing counters and
+    membership go too; its dead letters only with --with-dead-letters.
+    """
+    from conveyor.platform.adapter import create_adapter
+    from conveyor.platform.coordination import coordination_from_config
+    from conveyor.platform.errors import UnknownGroupError
+    from conveyor.platform.groups import delete_app_group, queue_ranges
+
+    config = _config(config_path)
+
+    async def run() -> list[int]:
+        adapter = create_adapter(config.queues.adapter, config)
+        membership, leases = coordination_from_config(config, group)
+        try:
+            return await delete_app_group(
+                adapter, membership, leases, group, range(config.queues.total),
+                force=force, dead_letters=with_dead_letters,
+            )
+        finally:
+            await adapter.close()
+            await membership.close()
+            await leases.close()
+
+    try:
+        removed = asyncio.run(run())
+    except UnknownGroupError as exc:
+        _usage(f"--app: {exc}")
+    except ConfigError as exc:
+        _usage(str(exc))
     except ConveyorError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"rewound {group} on queue(s) {chosen} to {target}")
+    kept = ("its dead letters too" if with_dead_letters
+            else "dead letters kept (--with-dead-letters deletes them)")
+    click.echo(f"deleted app {group!r}'s consumer group from queue(s) "
+               f"{queue_ranges(removed) or 'none'}; {kept}")
 
 
 @main.command()

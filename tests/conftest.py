@@ -77,3 +77,8 @@ def stop_when(
             proc.wait()
     assert proc.returncode == 0, stderr
     return stderr
+
+
+# The server fixtures (redis_server, tansu), shared by tests/contract/ and
+# tests/integration/: one tansu per session for both.
+pytest_plugins = ["tests.servers"]

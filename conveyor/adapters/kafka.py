@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -35,8 +36,9 @@ from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters import kafka_offsets, kafka_rewind
+from conveyor.adapters import kafka_groups, kafka_offsets, kafka_rewind
 from conveyor.adapters.kafka_conn import (
+    CLIENT_ERRORS,
     broker_error,
     client_options,
     fetch_committed,
@@ -47,7 +49,7 @@ from conveyor.adapters.kafka_conn import (
 from conveyor.adapters.kafka_handoff import HandoffLog
 from conveyor.adapters.kafka_offsets import DoneOffsets
 from conveyor.platform import letters as layout
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.config import Config, KafkaConfig
 from conveyor.platform.errors import (
     BrokerConnectionError,
@@ -55,6 +57,7 @@ from conveyor.platform.errors import (
     ConfigError,
     DecodeError,
 )
+from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import (
     CONTENT_BYTES,
@@ -230,7 +233,7 @@ class KafkaReceiver(QueueReceiver):
             self._offsets = DoneOffsets(start, done)
             self._skip = set(self._offsets.done)
             consumer.seek(self._tp, self._offsets.watermark)
-        except (kerrors.KafkaError, OSError) as exc:
+        except CLIENT_ERRORS as exc:
             if self._shared is None and self._consumer is not None:
                 with contextlib.suppress(Exception):
                     await self._consumer.stop()
@@ -329,6 +332,12 @@ class KafkaReceiver(QueueReceiver):
                 await self._consumer.stop()
         self._consumer = None
 
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open on ``queue`` for ``group`` (owners())."""
+        if self._closed or self._queue != queue or self._group != group:
+            return None
+        return "a receiver in this process"
+
 
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
@@ -346,6 +355,8 @@ class KafkaAdapter(QueueAdapter):
         self._topic_ready = False
         self._group_consumers: dict[str, AIOKafkaConsumer] = {}
         self._probes: dict[str, AIOKafkaConsumer] = {}
+        # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
+        self._receivers: weakref.WeakSet[KafkaReceiver] = weakref.WeakSet()
         self.outage = outage_log(config.bootstrap)
         self.handoffs = HandoffLog(self)
         self._preparing: asyncio.Task[None] | None = None
@@ -380,7 +391,7 @@ class KafkaAdapter(QueueAdapter):
                 producer = AIOKafkaProducer(linger_ms=self.config.linger_ms, **self._options)
                 try:
                     await producer.start()
-                except (kerrors.KafkaError, OSError) as exc:
+                except CLIENT_ERRORS as exc:
                     with contextlib.suppress(Exception):
                         await producer.stop()
                     raise broker_error("connecting the producer", exc) from exc
@@ -451,7 +462,7 @@ class KafkaAdapter(QueueAdapter):
                         f"kafka topic {self.topic!r} has {have} partitions but "
                         f"$.queues.total is {self.total_queues}; add partitions or lower it"
                     )
-        except (kerrors.KafkaError, OSError) as exc:
+        except CLIENT_ERRORS as exc:
             raise broker_error("preparing topics", exc) from exc
         finally:
             with contextlib.suppress(Exception):
@@ -494,7 +505,9 @@ class KafkaAdapter(QueueAdapter):
 
     # -- consuming ---------------------------------------------------------------------
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
-        return KafkaReceiver(self, queue, group, self._group_consumers.get(group))
+        receiver = KafkaReceiver(self, queue, group, self._group_consumers.get(group))
+        self._receivers.add(receiver)
+        return receiver
 
     async def probe(self, group: str) -> AIOKafkaConsumer:
         """A consumer of ``group`` assigned every partition, for lag and rewind (no reads)."""
@@ -504,7 +517,7 @@ class KafkaAdapter(QueueAdapter):
             consumer = self.new_consumer(group)
             try:
                 await consumer.start()
-            except (kerrors.KafkaError, OSError) as exc:
+            except CLIENT_ERRORS as exc:
                 with contextlib.suppress(Exception):
                     await consumer.stop()
                 raise broker_error("connecting a consumer", exc) from exc
@@ -543,15 +556,16 @@ class KafkaAdapter(QueueAdapter):
         return max(0, high - start - done)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
-        await self.rewind_queues([queue], group, to)
-
-    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
-                            *, allow_forward: bool = False) -> None:
-        """See :func:`conveyor.adapters.kafka_rewind.rewind_queues`."""
-        await kafka_rewind.rewind_queues(self, queues, group, to, allow_forward=allow_forward)
+        await kafka_rewind.rewind(self, queue, group, to)
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         return await kafka_rewind.forward_gap(self, queue, group, to)
+
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """This adapter's open receivers, then the group's members that the broker says
+        hold the queues (see :func:`conveyor.adapters.kafka_rewind.owners`)."""
+        return {**open_receivers(self._receivers, queues, group),
+                **await kafka_rewind.owners(self, queues, group)}
 
     # -- dead letters ------------------------------------------------------------------
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
@@ -596,6 +610,19 @@ class KafkaAdapter(QueueAdapter):
         finally:
             await consumer.stop()
         return out
+
+    # -- consumer groups, for operators (see conveyor.adapters.kafka_groups) -----------
+    retention_follows_groups = False  # Kafka keeps records by time or size
+
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        return await kafka_groups.groups(self, queues)
+
+    async def has_group(self, queues: Sequence[int], group: str) -> bool:
+        return await kafka_groups.has_group(self, queues, group)
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        return await kafka_groups.delete_group(self, group, queues, dead_letters=dead_letters)
 
 
 def letter_record(letter: DeadLetter, app: str) -> tuple[bytes | None, bytes, list[Any]]:

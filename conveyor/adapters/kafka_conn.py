@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -96,8 +97,46 @@ def _ssl_context(cfg: KafkaConfig) -> Any:
         ) from None
 
 
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (kerrors.KafkaError, OSError, KeyError, ValueError)
+"""What starting an aiokafka client may raise: its own errors, the network's, and the
+``KeyError`` / ``ValueError`` its SCRAM code raises when the broker refuses a login."""
+
+_AUTH_ERRORS = (kerrors.SaslAuthenticationFailed, kerrors.AuthenticationFailedError,
+                kerrors.AuthenticationMethodNotSupported)
+_SCRAM_STEPS = frozenset({"authenticator_scram", "process_server_first_message",
+                          "process_server_final_message"})
+
+
+def is_login_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the broker refusing a SASL login.
+
+    aiokafka reports a refused SCRAM login as a ``KeyError: 'v'`` (the server's final
+    message holds an error ``e=...`` where the client expects its signature ``v=...``)
+    or a ``ValueError`` from the same code, so those count when raised there.
+    """
+    if isinstance(exc, _AUTH_ERRORS):
+        return True
+    if isinstance(exc, KeyError | ValueError):
+        frames = traceback.extract_tb(exc.__traceback__)
+        return any(f.name in _SCRAM_STEPS and "aiokafka" in f.filename for f in frames)
+    return False
+
+
 def broker_error(what: str, exc: BaseException) -> BrokerError:
-    """Translate an aiokafka error at the boundary (retriable ones as connection errors)."""
+    """Translate an aiokafka error at the boundary (retriable ones as connection errors).
+
+    A refused login says so. A ``KeyError`` / ``ValueError`` that is not one (caught
+    through :data:`CLIENT_ERRORS`) is re-raised unchanged: a bug is not a broker error.
+    """
+    if isinstance(exc, KeyError | ValueError) and not is_login_failure(exc):
+        raise exc
+    if is_login_failure(exc):
+        detail = str(exc) if isinstance(exc, kerrors.KafkaError) else "the broker refused it"
+        return BrokerError(
+            f"kafka: {what} failed: authentication failed ({detail}); check "
+            "$.kafka.sasl_mechanism, $.kafka.sasl_username and the password in the "
+            "variable $.kafka.sasl_password_env names"
+        )
     retriable = isinstance(exc, kerrors.KafkaConnectionError | kerrors.KafkaTimeoutError | OSError)
     if isinstance(exc, kerrors.KafkaError) and exc.retriable:
         retriable = True

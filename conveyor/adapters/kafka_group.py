@@ -24,10 +24,9 @@ import logging
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import broker_error, first_answer, retrying
+from conveyor.adapters.kafka_conn import CLIENT_ERRORS, broker_error, first_answer, retrying
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.balancer import BalanceListener, QueueBalancer
 from conveyor.platform.config import Config
@@ -107,7 +106,7 @@ class KafkaGroupBalancer(QueueBalancer):
         except BaseException as exc:  # a failed or cancelled start leaves nothing open
             with contextlib.suppress(Exception):
                 await consumer.stop()
-            if isinstance(exc, kerrors.KafkaError | OSError):
+            if isinstance(exc, CLIENT_ERRORS):
                 raise broker_error(f"joining group {self.group!r}", exc) from exc
             raise
         self.adapter.outage.ok()

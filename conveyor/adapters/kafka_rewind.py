@@ -5,23 +5,27 @@ after it (``offsets_for_times``, or a scan of record timestamps where the broker
 answer, as on tansu). The new position is committed for the app's group, with a
 hand-off record that forgets the done offsets recorded above the old watermark.
 
-Moving *forward* (a target past the committed position) would commit past messages
-never handled and silently skip them, so it is refused unless asked for.
+The checks (a token of another queue, a queue still owned, a forward move) are the
+port's :meth:`~conveyor.platform.adapter.QueueAdapter.rewind_queues`; this module
+supplies the facts: :func:`forward_gap` and :func:`owners`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters.kafka_conn import broker_error, fetch_committed
-from conveyor.platform.errors import BrokerError, ForwardRewindError
+from conveyor.adapters.kafka_conn import broker_error, client_options, fetch_committed
+from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken
 
 if TYPE_CHECKING:
@@ -29,48 +33,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.kafka")
 
+_LIVE_STATES = frozenset({"Stable", "PreparingRebalance", "CompletingRebalance"})
 
-async def rewind_queues(adapter: KafkaAdapter, queues: Sequence[int], group: str,
-                        to: SequenceToken | float, *, allow_forward: bool = False) -> None:
-    """Move ``group``'s position on every queue of ``queues`` to ``to``.
 
-    A target ahead of the committed position (a later token, or a time after the last
-    message) would skip messages never handled: refused with
-    :class:`ForwardRewindError` unless ``allow_forward``, checked on every queue before
-    any is moved. Partitions are then committed one at a time: if one fails, the error
-    names the queues already moved (re-running the same rewind finishes the job).
-    """
+async def rewind(adapter: KafkaAdapter, queue: int, group: str, to: SequenceToken | float) -> None:
+    """Commit the offset ``to`` names on ``queue`` as ``group``'s position (unchecked)."""
     try:
-        targets: dict[int, int] = {}
-        ahead: list[str] = []
-        for queue in queues:
-            offset, position = await _target_and_position(adapter, queue, group, to)
-            if offset > position:
-                ahead.append(f"queue {queue}: offset {offset} > {position}, "
-                             f"{offset - position} message(s) skipped")
-            targets[queue] = offset
-        if ahead and not allow_forward:
-            raise ForwardRewindError(
-                f"that target is ahead of app {group!r}'s position, so messages never "
-                f"handled would be skipped ({'; '.join(ahead)}); pass --allow-forward "
-                "(allow_forward=True) to skip them on purpose"
-            )
-        moved: list[int] = []
-        for queue, offset in targets.items():
-            try:
-                await _commit_position(adapter, group, queue, offset)
-            except (kerrors.KafkaError, OSError, BrokerError) as exc:
-                if not moved:
-                    raise
-                # Commits go one partition at a time: say which ones already moved.
-                raise BrokerError(
-                    f"rewinding app {group!r} failed on queue {queue} ({exc}); queues "
-                    f"{moved} were already moved: re-run the same rewind to finish"
-                ) from exc
-            moved.append(queue)
-            log.info("moved %s on queue %d to offset %d", group, queue, offset)
+        offset = await _target(adapter, await adapter.probe(group), queue, to)
+        await _commit_position(adapter, group, queue, offset)
     except (kerrors.KafkaError, OSError) as exc:
-        raise broker_error(f"rewinding app {group!r}", exc) from exc
+        raise broker_error(f"rewinding app {group!r} on queue {queue}", exc) from exc
+    log.info("moved %s on queue %d to offset %d", group, queue, offset)
 
 
 async def forward_gap(adapter: KafkaAdapter, queue: int, group: str,
@@ -83,21 +56,75 @@ async def forward_gap(adapter: KafkaAdapter, queue: int, group: str,
     return max(0, offset - position)
 
 
+async def owners(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> dict[int, str]:
+    """The members of consumer group ``group`` whose assignment holds one of ``queues``.
+
+    That sees daemons under the ``kafka-group`` balancer, on any machine, on a broker
+    that reports assignments (Apache Kafka does). It cannot see receivers with a manual
+    assignment — daemons under the ``dynamic`` balancer (their leases live in the
+    membership store: ``conveyor rewind`` reads those) or the ``static`` one — and sees
+    nothing on tansu, which reports no assignments (and keeps members that left).
+    """
+    try:
+        described = await _describe_group(adapter, group)
+    except (kerrors.UnsupportedVersionError, kerrors.IncompatibleBrokerVersion) as exc:
+        log.info("kafka: cannot describe group %s (%s); its members are not checked", group, exc)
+        return {}
+    except (kerrors.KafkaError, OSError) as exc:
+        raise broker_error(f"reading the members of group {group!r}", exc) from exc
+    wanted = set(queues)
+    held: dict[int, str] = {}
+    for found in described:
+        if found.get("group") != group or found.get("state") not in _LIVE_STATES:
+            continue
+        for member in found.get("members", []):
+            holds = assigned_partitions(member.get("member_assignment"), adapter.topic)
+            for queue in sorted(holds & wanted):
+                held.setdefault(queue, member.get("client_id") or member.get("member_id", "?"))
+    return held
+
+
+async def _describe_group(adapter: KafkaAdapter, group: str) -> list[dict[str, Any]]:
+    admin = AIOKafkaAdminClient(**client_options(adapter.config))
+    try:
+        await admin.start()
+        responses = await admin.describe_consumer_groups([group])
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    return [g for r in responses for g in r.to_object().get("groups", [])]
+
+
+def assigned_partitions(raw: bytes | None, topic: str) -> set[int]:
+    """The partitions of ``topic`` in a member's assignment; none if it cannot be read."""
+    if not raw:
+        return set()
+    try:
+        assignment = ConsumerProtocolMemberAssignment.decode(raw)
+    except Exception:  # another protocol's bytes: not a consumer this check can read
+        return set()
+    return {tp.partition for tp in assignment.partitions() if tp.topic == topic}
+
+
 async def _target_and_position(adapter: KafkaAdapter, queue: int, group: str,
                                to: SequenceToken | float) -> tuple[int, int]:
     """The offset ``to`` names on ``queue``, and the group's committed position there."""
     consumer = await adapter.probe(group)
+    offset = await _target(adapter, consumer, queue, to)
     tp = TopicPartition(adapter.topic, queue)
-    if isinstance(to, SequenceToken):
-        if to.queue != queue:
-            raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
-        offset = to.major
-    else:
-        offset = await offset_for_time(adapter, consumer, tp, int(to * 1000))
     committed = await fetch_committed(consumer, tp)
     position = (int(committed[0]) if committed is not None
                 else int((await consumer.beginning_offsets([tp]))[tp]))
     return offset, position
+
+
+async def _target(adapter: KafkaAdapter, consumer: AIOKafkaConsumer, queue: int,
+                  to: SequenceToken | float) -> int:
+    """The offset a token names, or the first at or after a time."""
+    if isinstance(to, SequenceToken):
+        return to.major
+    return await offset_for_time(adapter, consumer, TopicPartition(adapter.topic, queue),
+                                 int(to * 1000))
 
 
 async def _commit_position(adapter: KafkaAdapter, group: str, queue: int, offset: int) -> None:

@@ -15,13 +15,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.errors import BrokerError, ShutdownError
+from conveyor.platform.groups import GroupInfo, with_retention_holders
 from conveyor.platform.ids import SequenceToken
+from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
 
 TRIM_EVERY = 4096
@@ -74,6 +77,8 @@ class MemoryBroker:
         self.logs: dict[int, _Log] = {}
         self.cursors: dict[tuple[str, int], _Cursor] = {}
         self.dead_letters: dict[str, list[DeadLetter]] = {}
+        # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
+        self.receivers: weakref.WeakSet[MemoryReceiver] = weakref.WeakSet()
         self._appended_since_trim = 0
 
     def log(self, queue: int) -> _Log:
@@ -139,6 +144,17 @@ class MemoryReceiver(QueueReceiver):
         self._log = broker.log(queue)
         self._cursor = broker.cursor(group, queue)
         self._closed = False
+        self._holder = "a receiver in this process"
+
+    def set_lease(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self._holder = lease.owner
+
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open on ``queue`` for ``group`` (owners())."""
+        if self._closed or self._queue != queue or self._group != group:
+            return None
+        return self._holder
 
     async def initialize(self) -> None:
         self._closed = False
@@ -216,7 +232,9 @@ class MemoryAdapter(QueueAdapter):
         return self.broker.append(queue, messages)
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
-        return MemoryReceiver(self.broker, queue, group)
+        receiver = MemoryReceiver(self.broker, queue, group)
+        self.broker.receivers.add(receiver)
+        return receiver
 
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
         kept = self.broker.dead_letters.setdefault(group, [])
@@ -232,17 +250,23 @@ class MemoryAdapter(QueueAdapter):
     def _offset(self, queue: int, to: SequenceToken | float) -> int:
         log = self.broker.log(queue)
         if isinstance(to, SequenceToken):
-            if to.queue != queue:
-                raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
             return to.major
         stamps = [m.enqueued_at_ms for m in log.items]
         return log.base + bisect.bisect_left(stamps, int(to * 1000))
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
-        offset = min(self._offset(queue, to), self.broker.log(queue).end)
-        cursor = self.broker.cursor(group, queue)
+        log = self.broker.log(queue)
+        offset = min(self._offset(queue, to), log.end)
+        cursor = self.broker.cursors.get((group, queue))  # reading creates no group
+        if cursor is None:
+            return max(0, offset - log.base)
         taken = [*cursor.pending, *(m.token.major for m in cursor.redeliver if m.token)]
         return max(0, offset - cursor.next_offset) + sum(1 for o in taken if o < offset)
+
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """The broker's open receivers of ``group``: every one in the process, whichever
+        adapter object handed it out (the broker is the whole backend)."""
+        return open_receivers(self.broker.receivers, queues, group)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
         log = self.broker.log(queue)
@@ -257,8 +281,36 @@ class MemoryAdapter(QueueAdapter):
         cursor.redeliver.clear()
 
     async def lag(self, queue: int, group: str) -> int:
-        c = self.broker.cursor(group, queue)
-        return (self.broker.log(queue).end - c.next_offset) + len(c.pending) + len(c.redeliver)
+        log = self.broker.log(queue)
+        c = self.broker.cursors.get((group, queue))  # reading creates no group
+        if c is None:
+            return log.end - log.base  # a new group would read everything retained
+        return (log.end - c.next_offset) + len(c.pending) + len(c.redeliver)
+
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        out: list[GroupInfo] = []
+        for queue in queues:
+            log = self.broker.log(queue)
+            infos = []
+            for (group, q), c in sorted(self.broker.cursors.items()):
+                if q != queue:
+                    continue
+                floor = c.floor()
+                needed = log.items[floor - log.base] if log.base <= floor < log.end else None
+                infos.append(GroupInfo(
+                    group, queue, await self.lag(queue, group),
+                    oldest_needed=needed.token if needed else None,
+                    oldest_needed_ms=needed.enqueued_at_ms if needed else None,
+                ))
+            out += with_retention_holders(infos)
+        return out
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        removed = [q for q in queues if self.broker.cursors.pop((group, q), None) is not None]
+        if dead_letters:
+            self.broker.dead_letters.pop(group, None)
+        return removed
 
 
 def from_config(config: Any) -> MemoryAdapter:

@@ -25,6 +25,7 @@ import os
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,13 +36,14 @@ import redis.exceptions as rex
 from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect
 from conveyor.platform import letters as layout
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.errors import (
     BrokerConnectionError,
     BrokerError,
     DecodeError,
     LeaseLostError,
 )
+from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import (
@@ -280,8 +282,6 @@ class EntryDecoder:
 def _id_before(to: SequenceToken | float, queue: int) -> str:
     """The stream id just before a token or a UNIX time: where a rewind puts a group."""
     if isinstance(to, SequenceToken):
-        if to.queue != queue:
-            raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
         ms, seq = to.major, to.minor
     else:
         ms, seq = int(to * 1000), 0
@@ -450,6 +450,12 @@ class RedisReceiver(QueueReceiver):
     async def shutdown(self) -> None:
         self._closed = True
 
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open on ``queue`` for ``group`` (owners())."""
+        if self._closed or self._queue != queue or self._group != group:
+            return None
+        return f"a receiver in this process ({self._consumer})"
+
 
 class RedisAdapter(QueueAdapter):
     name = "redis"
@@ -474,6 +480,8 @@ class RedisAdapter(QueueAdapter):
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
         self._groups_ready: set[tuple[int, str]] = set()
+        # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
+        self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
 
     async def ensure_group(self, queue: int, group: str) -> None:
         """Create ``group`` on the queue's stream at its start (all retained entries)."""
@@ -506,7 +514,9 @@ class RedisAdapter(QueueAdapter):
         return [token_of(i, queue) for i in ids]
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
-        return RedisReceiver(self, queue, group)
+        receiver = RedisReceiver(self, queue, group)
+        self._receivers.add(receiver)
+        return receiver
 
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
         """One entry per letter on ``PREFIX:dlq:APP`` (see conveyor.platform.letters);
@@ -555,17 +565,21 @@ class RedisAdapter(QueueAdapter):
 
         return await self.caller.retrying(f"reading {group!r}'s position on queue {queue}", count)
 
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """The queues' lease keys (daemons on any machine, under the dynamic balancer),
+        then this adapter's open receivers. A receiver run without a lease in another
+        process (the static balancer, a hand-made receiver) is not seen."""
+        if not queues:
+            return {}
+        keys = [self.keys.lease(group, q) for q in queues]
+        values = await self.caller.retrying("reading the leases", lambda: self.redis.mget(keys))
+        leased = {q: v.decode().partition(" ")[2] for q, v in zip(queues, values, strict=True)
+                  if v is not None}
+        return {**open_receivers(self._receivers, queues, group), **leased}
+
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
-        """``XGROUP SETID`` to just before the target; refuses while a daemon owns the queue."""
+        """``XGROUP SETID`` to just before the target."""
         stream = self.keys.queue(queue)
-        lease_key = self.keys.lease(group, queue)
-        holder = await self.caller.retrying("reading the lease", lambda: self.redis.get(lease_key))
-        if holder:
-            owner = holder.decode().partition(" ")[2]
-            raise BrokerError(
-                f"queue {queue} is owned by daemon {owner} of app {group!r}; "
-                "stop the app's workers before rewinding"
-            )
         before = _id_before(to, queue)
         if isinstance(to, SequenceToken):
             first = await self.caller.retrying(
@@ -628,6 +642,18 @@ class RedisAdapter(QueueAdapter):
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+    # -- consumer groups, for operators (see conveyor.adapters.redis_groups) -----------
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        from conveyor.adapters import redis_groups  # it builds on this module
+
+        return await redis_groups.groups(self, queues)
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        from conveyor.adapters import redis_groups
+
+        return await redis_groups.delete_group(self, group, queues, dead_letters=dead_letters)
 
 
 def from_config(config: Any) -> RedisAdapter:

@@ -9,15 +9,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+import redis.asyncio.connection as rconn
 import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -30,13 +30,13 @@ from tenacity import (
 )
 
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.ids import NAME
 from conveyor.platform.outage import OutageLog
 
 log = logging.getLogger("conveyor.redis")
 
 T = TypeVar("T")
 
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 
 def redact_url(url: str) -> str:
@@ -65,9 +65,58 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
+URL_OPTIONS = ("db", "username", "password", "client_name", "health_check_interval",
+               "socket_keepalive")
+"""Query parameters a Redis URL may carry; the others redis-py knows are set in ``[redis]``
+(below) or by Conveyor itself, and anything else would fail only when connecting."""
+_URL_FIELDS = {
+    "socket_timeout": "socket_timeout_s", "timeout": "socket_timeout_s",
+    "socket_connect_timeout": "connect_timeout_s", "retry_on_timeout": "retry_max_s",
+    "ssl_check_hostname": "tls_verify", "ssl_cert_reqs": "tls_verify",
+    "ssl_ca_certs": "tls_ca_file", "ssl_certfile": "tls_cert_file",
+    "ssl_keyfile": "tls_key_file",
+}
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL redis-py would misread or reject only when connecting (ConfigError).
+
+    Errors show the URL through :func:`redact_url` and name options, never their values.
+    """
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number in 0..65535
+    except ValueError:
+        raise ConfigError(
+            f"$.redis.url: not a valid URL ({shown}); expected "
+            "redis[s]://[USER:PASSWORD@]HOST[:PORT][/DB][?OPTION=VALUE...]"
+        ) from None
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigError(f"$.redis.url: expected redis:// or rediss://, got {shown}")
+    db = unquote(parts.path).strip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"$.redis.url: the path is a database number, got {shown}")
+    for option, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if option in _URL_FIELDS:
+            raise ConfigError(
+                f"$.redis.url: set {option!r} as [redis] {_URL_FIELDS[option]}, "
+                f"not in the URL ({shown})"
+            )
+        if option not in URL_OPTIONS:
+            raise ConfigError(
+                f"$.redis.url: unknown option {option!r} in {shown} "
+                f"(accepted: {', '.join(URL_OPTIONS)})"
+            )
+    try:
+        rconn.parse_url(url)
+    except ValueError as exc:  # "Invalid value for 'db' in connection URL." (no value)
+        raise ConfigError(f"$.redis.url: {exc} ({shown})") from None
+
+
 def check_name(value: str, what: str) -> str:
     """Reject names that could reach into another key space (``:``, ``*``, spaces...)."""
-    if not _NAME.match(value):
+    if not NAME.fullmatch(value):
         raise ConfigError(
             f"{what} {value!r} may only contain letters, digits, '_', '.', '-' (1-128 chars)"
         )
@@ -124,9 +173,8 @@ def connect(cfg: Any) -> aioredis.Redis:
     entries in the pending list; :class:`Caller` decides what may be retried.
     """
     url = cfg.url
+    check_url(url)
     scheme = urlsplit(url).scheme
-    if scheme not in ("redis", "rediss"):
-        raise ConfigError(f"$.redis.url: expected redis:// or rediss://, got {redact_url(url)}")
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": cfg.connect_timeout_s,
         "socket_timeout": cfg.socket_timeout_s,

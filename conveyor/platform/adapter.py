@@ -13,16 +13,26 @@ Delivery contract (every adapter, the memory one included):
   the group again (short of a rewind).
 * A message delivered but not acknowledged when its receiver shuts down (or dies) is
   delivered again by the next receiver of that queue: at least once, never lost.
+
+These promises, lag, rewind's checks and dead letters are one test suite,
+``tests/contract/``, run against every adapter: a new adapter is done when it passes.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from conveyor.platform.errors import ConfigError, ForwardRewindError
+from conveyor.platform.errors import (
+    BrokerError,
+    ConfigError,
+    ConveyorError,
+    ForwardRewindError,
+    QueueOwnedError,
+)
+from conveyor.platform.groups import GroupInfo, no_group_error
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
@@ -53,6 +63,11 @@ class QueueReceiver(ABC):
         Backends that can fence (refuse acks from a stale owner) check its token on
         every acknowledgement; the others ignore it.
         """
+
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open — handed out and not shut down — on
+        ``queue`` for ``group``; None otherwise (see :func:`open_receivers`)."""
+        return None
 
     @abstractmethod
     async def initialize(self) -> None:
@@ -108,10 +123,10 @@ class QueueAdapter(ABC):
 
     @abstractmethod
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
-        """Move ``group``'s position on ``queue`` back to a token or a UNIX time (seconds).
+        """Move ``group``'s position on ``queue`` to a token of that queue or a UNIX time
+        (seconds): messages from that point on are delivered again.
 
-        Messages from that point on are delivered again. Only valid while no receiver
-        of the queue is running for the group. Unchecked: see :meth:`rewind_queues`.
+        Unchecked (no token, owner or direction check): call :meth:`rewind_queues`.
         """
 
     @abstractmethod
@@ -119,14 +134,47 @@ class QueueAdapter(ABC):
         """How many messages ``group`` has not finished on ``queue`` that moving its
         position to ``to`` would skip: 0 unless ``to`` is ahead of its position."""
 
-    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
-                            *, allow_forward: bool = False) -> None:
-        """:meth:`rewind` on every queue of ``queues``, refusing a forward move.
+    @abstractmethod
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """Which of ``queues`` a receiver of ``group`` still owns, and who (queue: holder).
 
-        A target ahead of the group's position would skip messages never handled: it
-        raises :class:`ForwardRewindError`, checked on every queue before any is moved,
-        unless ``allow_forward``.
+        Each backend reports what it can see; every one sees the receivers this adapter
+        (in-process) handed out and has not shut down. Say in the docstring what the
+        backend cannot see: :meth:`rewind_queues` also takes the daemons' leases.
         """
+
+    async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
+                            *, allow_forward: bool = False, create_group: bool = False,
+                            lease_owners: Mapping[int, str] | None = None) -> None:
+        """Move ``group``'s position on every queue of ``queues`` to ``to``, checked.
+
+        Refused before any queue moves:
+
+        * a token of another queue than one of ``queues`` (:class:`BrokerError`);
+        * a queue still owned by a receiver of ``group`` — one :meth:`owners` sees, or one
+          in ``lease_owners`` (queue: holder, e.g. the daemons' lease store, which
+          ``conveyor rewind`` reads) — (:class:`QueueOwnedError`): moving a position
+          under a running receiver is undone by its next acknowledgement;
+        * an app with no group on any of ``queues`` (:meth:`require_group`), unless
+          ``create_group``: moving it would create a group nobody runs;
+        * a target ahead of the group's position, which would skip messages never
+          handled (:class:`ForwardRewindError`), unless ``allow_forward``.
+
+        Then the queues move one at a time (:meth:`rewind`); if one fails, the error
+        names those already moved (re-running the same rewind finishes the job).
+        """
+        if isinstance(to, SequenceToken):
+            for queue in queues:
+                if to.queue != queue:
+                    raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")
+        held = {**(lease_owners or {}), **await self.owners(queues, group)}
+        owned = [f"queue {q} by {held[q]}" for q in queues if q in held]
+        if owned:
+            raise QueueOwnedError(
+                f"queues of app {group!r} are still owned ({'; '.join(owned)}): stop the "
+                "app's workers before rewinding"
+            )
+        await self.require_group(queues, group, create_group=create_group)
         if not allow_forward:
             ahead = []
             for queue in queues:
@@ -139,8 +187,18 @@ class QueueAdapter(ABC):
                     f"handled would be skipped ({'; '.join(ahead)}); pass --allow-forward "
                     "(allow_forward=True) to skip them on purpose"
                 )
+        moved: list[int] = []
         for queue in queues:
-            await self.rewind(queue, group, to)
+            try:
+                await self.rewind(queue, group, to)
+            except ConveyorError as exc:
+                if not moved:
+                    raise
+                raise BrokerError(
+                    f"rewinding app {group!r} failed on queue {queue} ({exc}); queues "
+                    f"{moved} were already moved: re-run the same rewind to finish"
+                ) from exc
+            moved.append(queue)
 
     @abstractmethod
     async def lag(self, queue: int, group: str) -> int:
@@ -148,6 +206,60 @@ class QueueAdapter(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Receivers must have been shut down first."""
+
+    # -- consumer groups: every app's, for operators (status, groups, rewind) ----------
+
+    retention_follows_groups: bool = True
+    """True where retention keeps what any group still needs (memory, Redis), so a group
+    nobody runs stops trimming; False where it goes by time or size alone (Kafka)."""
+
+    @abstractmethod
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        """Every consumer group on ``queues`` (every app's, not one): one
+        :class:`GroupInfo` per group and queue it has a position on, ordered by queue.
+
+        Reading creates no group. ``holds_retention`` is set as the backend trims:
+        never where :attr:`retention_follows_groups` is False.
+        """
+
+    async def has_group(self, queues: Sequence[int], group: str) -> bool:
+        """Whether ``group`` has a position on any of ``queues``."""
+        return any(info.group == group for info in await self.groups(queues))
+
+    async def require_group(self, queues: Sequence[int], group: str, *,
+                            create_group: bool = False) -> None:
+        """Refuse (:class:`UnknownGroupError`) an app with no group on any of ``queues``.
+
+        Moving such an app would create a group nobody runs, which on backends whose
+        retention follows groups stops trimming for good. ``create_group`` allows it.
+        """
+        if not create_group and not await self.has_group(queues, group):
+            raise no_group_error(
+                group, queues, "pass --create-group (create_group=True) to create it there"
+            )
+
+    @abstractmethod
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        """Remove ``group`` from every queue of ``queues``; the queues it was on.
+
+        Also removes what the backend keeps for that app alone (Redis: its leases, fencing
+        counters and membership); its dead letters only with ``dead_letters``. Unchecked:
+        the caller makes sure no daemon of the app runs (see
+        :func:`conveyor.platform.groups.delete_app_group`).
+        """
+
+
+def open_receivers(receivers: Iterable[QueueReceiver], queues: Sequence[int],
+                   group: str) -> dict[int, str]:
+    """Which of ``queues`` these receivers still hold open for ``group`` (queue: holder):
+    the part of :meth:`QueueAdapter.owners` every adapter can answer in-process."""
+    held: dict[int, str] = {}
+    for receiver in list(receivers):
+        for queue in queues:
+            if queue not in held and (holder := receiver.holder(queue, group)):
+                held[queue] = holder
+    return held
 
 
 AdapterFactory = Callable[[Any], QueueAdapter]

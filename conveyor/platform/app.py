@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from conveyor.platform.delivery.chain import Interceptor
 from conveyor.platform.errors import HandlerDeclarationError
 from conveyor.platform.handlers import HandlerFn, HandlerSpec, build_spec, handler_where
+from conveyor.platform.ids import NAME
 from conveyor.platform.options import BUILTIN_OPTIONS, HandlerOptions, parse_options
 
 if TYPE_CHECKING:
@@ -32,10 +33,10 @@ class App:
     """
 
     def __init__(self, name: str, *, interceptors: Sequence[Interceptor] = ()) -> None:
-        if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        if not NAME.fullmatch(name):
             raise HandlerDeclarationError(
-                f"app name {name!r}: use letters, digits, '-', '_' or '.' (it names the "
-                "consumer group on the broker)"
+                f"app name {name!r}: use 1-128 ASCII letters, digits, '-', '_' or '.' (it "
+                "names the consumer group on the broker)"
             )
         self.name = name
         self.handlers: list[HandlerSpec] = []

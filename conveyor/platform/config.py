@@ -7,24 +7,51 @@ field separated by double underscores: ``CONVEYOR_WORKER__DRAIN_TIMEOUT_S=5`` se
 ``[slots.resource] min_slots``. The value is read as the field's type: text for a string
 field (``CONVEYOR_KAFKA__TOPIC=123`` is the topic ``"123"``), a number or
 ``true``/``false`` for scalars, JSON for lists and tables
-(``CONVEYOR_BALANCER__QUEUES=[0,1]``). Every error names the field's path
-(``$.worker.slots``) and where the bad value came from.
+(``CONVEYOR_BALANCER__QUEUES=[0,1]``). A variable naming a whole section
+(``CONVEYOR_WORKER={"drain_timeout_s": 5}``) holds a JSON table merged into it; a variable
+for one of its fields wins over it. Other ``CONVEYOR_*`` names (``CONVEYOR_REDIS_PASSWORD``)
+and every variable a ``*_env`` field names are not config and are left alone. Every error
+names the field's path (``$.worker.slots``) and where the bad value came from.
+
+Bounds are checked when the config loads: every duration is finite, at least 1 ms (zero
+only where it means "none", as in ``drain_timeout_s``) and at most a day (``retention_s``: a
+year); names that reach a broker are checked against the broker's own rules (see
+:meth:`Config.validate`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 
+from conveyor.platform import config_checks
 from conveyor.platform.errors import ConfigError
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
-NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+
+DAY_S = 86_400.0
+YEAR_S = 365 * DAY_S
+Seconds = Annotated[float, msgspec.Meta(ge=0.001, le=DAY_S)]
+"""A duration: at least 1 ms (the resolution of every TTL and timeout handed to Redis or
+Kafka; below it a periodic task spins), at most a day. Both bounds refuse ``inf`` and
+``nan``, which TOML and the environment would otherwise let through."""
+SecondsOrZero = Annotated[float, msgspec.Meta(ge=0, le=DAY_S)]
+"""A duration where 0 means none (no back-off, no wait)."""
+Millis = Annotated[int, msgspec.Meta(ge=1, le=int(DAY_S * 1000))]
+MillisOrZero = Annotated[int, msgspec.Meta(ge=0, le=int(DAY_S * 1000))]
+MillisFloat = Annotated[float, msgspec.Meta(ge=1, le=DAY_S * 1000)]
+MillisFloatOrZero = Annotated[float, msgspec.Meta(ge=0, le=DAY_S * 1000)]
+Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
+Weight = Annotated[float, msgspec.Meta(ge=0, le=1000)]
+
+MAX_QUEUES = 4096
+MAX_CELL_SIZE = 10_000
+
 ENV_PREFIX = "CONVEYOR_"
 
 
@@ -39,8 +66,11 @@ MembershipName = Literal["memory", "redis"]
 class QueuesConfig(_Section):
     adapter: AdapterName = "memory"
     """Backend: ``memory`` (embedded, in-process), ``redis`` or ``kafka``."""
-    total: PositiveInt = 8
-    """Queues on the hash ring; every producer and daemon of an app must agree."""
+    total: Annotated[int, msgspec.Meta(ge=1, le=MAX_QUEUES)] = 8
+    """Queues on the hash ring; every producer and daemon of an app must agree. At most
+    4096: each queue is a Redis stream or a Kafka partition (Kafka advises a few thousand
+    partitions per broker at most) and a pulling agent in the daemon that owns it, and a
+    ring of 4096 already spreads streams over far more daemons than one app runs."""
 
 
 class MemoryConfig(_Section):
@@ -63,24 +93,25 @@ class RedisConfig(_Section):
     tls_key_file: str = ""
     tls_verify: bool = True
     """Verify the server's certificate and host name (``rediss://`` only)."""
-    connect_timeout_s: PositiveFloat = 2.0
-    socket_timeout_s: PositiveFloat = 5.0
+    connect_timeout_s: Seconds = 2.0
+    socket_timeout_s: Seconds = 5.0
     """Longest wait for one reply; must exceed ``worker.poll_timeout_ms`` (blocking reads)."""
-    retry_max_s: PositiveFloat = 10.0
+    retry_max_s: Seconds = 10.0
     """How long one broker call is retried (exponential back-off with jitter) before the
     error reaches its caller, which retries in turn: a daemon outlives any outage."""
-    retry_max_delay_s: PositiveFloat = 1.0
+    retry_max_delay_s: Seconds = 1.0
     """Cap of the back-off between two retries."""
     claim_batch: PositiveInt = 1000
     """Entries claimed per XAUTOCLAIM step when a queue changes owner."""
-    retention_s: NonNegativeFloat = 3600.0
+    retention_s: Annotated[float, msgspec.Meta(ge=0, le=YEAR_S)] = 3600.0
     """Entries every group has acknowledged are kept this long (for rewinds), then trimmed.
     Entries some group has not acknowledged are never trimmed."""
-    trim_interval_s: PositiveFloat = 5.0
-    """How often the owner of a queue trims it."""
-    member_ttl_s: PositiveFloat = 3.0
+    trim_interval_s: SecondsOrZero = 5.0
+    """How often the owner of a queue trims it (checked on acknowledgement; 0: every time)."""
+    member_ttl_s: Seconds = 3.0
     """A daemon whose heartbeats stop vanishes from the membership this long after the last."""
-    heartbeat_interval_s: PositiveFloat = 1.0
+    heartbeat_interval_s: Seconds = 1.0
+    """Must be below ``member_ttl_s``."""
 
 
 class KafkaConfig(_Section):
@@ -92,15 +123,17 @@ class KafkaConfig(_Section):
     """Namespace of a record that carries no ``cv-ns`` header (published by a plain client)."""
     create_topic: bool = True
     """Create the topic (``queues.total`` partitions) with the admin client if absent."""
-    replication_factor: PositiveInt = 1
+    replication_factor: Annotated[int, msgspec.Meta(ge=1, le=32_767)] = 1
+    """Kafka's field is a 16-bit integer."""
     client_id: str = "conveyor"
-    linger_ms: Annotated[int, msgspec.Meta(ge=0)] = 2
-    fetch_max_wait_ms: PositiveInt = 100
+    linger_ms: MillisOrZero = 2
+    fetch_max_wait_ms: Millis = 100
     """Longest a fetch waits on the broker for data (bounds pull latency on idle queues)."""
-    session_timeout_ms: PositiveInt = 10_000
+    session_timeout_ms: Millis = 10_000
     """``kafka-group`` balancer: a member silent this long is dropped from the group."""
-    heartbeat_interval_ms: PositiveInt = 1_000
-    rebalance_timeout_ms: PositiveInt = 60_000
+    heartbeat_interval_ms: Millis = 1_000
+    """Must be below ``session_timeout_ms``."""
+    rebalance_timeout_ms: Millis = 60_000
     """``kafka-group`` balancer: how long members may take to drain on a re-balance."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
@@ -117,15 +150,15 @@ class KafkaConfig(_Section):
 class ResourceSlotsConfig(_Section):
     """The resource-based supplier: issue slots while CPU and memory stay below targets."""
 
-    target_cpu: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
+    target_cpu: Fraction = 0.8
     """Fraction of the CPU limit (cgroup v2 ``cpu.max``, else all host cores) to aim for."""
-    target_memory: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
+    target_memory: Fraction = 0.8
     """Fraction of the memory limit (``memory.max``, else host RAM), anonymous memory only."""
     min_slots: PositiveInt = 1
     max_slots: PositiveInt = 10_000
-    ramp_throttle_ms: NonNegativeFloat = 50.0
+    ramp_throttle_ms: MillisFloatOrZero = 50.0
     """Least time between two slots issued above ``min_slots``, so load can show up."""
-    sample_period_ms: PositiveFloat = 100.0
+    sample_period_ms: MillisFloat = 100.0
 
 
 class SlotsConfig(_Section):
@@ -146,9 +179,10 @@ class SlotsConfig(_Section):
 class CellsConfig(_Section):
     """Sizes of cells (handlers declared with ``cell_key=``); override the handler's own."""
 
-    default_size: PositiveInt | None = None
-    """Workers of a cell not named in ``sizes``; unset: the handler's ``cell_size`` (4)."""
-    sizes: dict[str, PositiveInt] = {}
+    default_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_CELL_SIZE)] | None = None
+    """Workers of a cell not named in ``sizes``; unset: the handler's ``cell_size`` (4).
+    At most 10,000: a cell starts all its workers when its first job arrives."""
+    sizes: dict[str, Annotated[int, msgspec.Meta(ge=1, le=MAX_CELL_SIZE)]] = {}
     """Cell name (``tenant-a``), or ``handler-name/cell`` for one handler, to its size."""
 
 
@@ -157,9 +191,9 @@ class WorkerConfig(_Section):
     """Messages one pulling agent may hold (pulled, not yet acked) before it stops pulling."""
     max_batch: PositiveInt = 256
     """Most messages one pull asks the queue for."""
-    poll_timeout_ms: PositiveInt = 500
+    poll_timeout_ms: Millis = 500
     """How long one blocking pull waits for the first message of an idle queue."""
-    drain_timeout_s: NonNegativeFloat = 30.0
+    drain_timeout_s: SecondsOrZero = 30.0
     """On shutdown, how long in-flight messages may take to finish before they are abandoned
     unacknowledged (to be redelivered to the next owner)."""
 
@@ -186,25 +220,26 @@ class SupervisorConfig(_Section):
 
     lag_per_process: PositiveInt = 1000
     """Add a process when the app's lag divided by the process count stays above this."""
-    idle_lag_per_process: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    idle_lag_per_process: NonNegativeInt | None = None
     """A process whose queues lag by at most this is idle (removable); default: 5% of
     ``lag_per_process``."""
-    inspection_period_ms: PositiveFloat = 500.0
+    inspection_period_ms: MillisFloat = 500.0
     scale_up_cycles: PositiveInt = 2
     """Consecutive inspections above the threshold before a process is added."""
-    scale_up_backoff_s: NonNegativeFloat = 2.0
+    scale_up_backoff_s: SecondsOrZero = 2.0
     """Least time between two additions (a new process needs a moment to show effect)."""
     scale_down_dead_zone_cycles: PositiveInt = 2
-    scale_down_backoff_s: NonNegativeFloat = 2.0
+    scale_down_backoff_s: SecondsOrZero = 2.0
 
 
 class PlacementConfig(_Section):
-    """Weights of ``placement = "resource"`` (normalised; lowest score wins)."""
+    """Weights of ``placement = "resource"`` (normalised; lowest score wins): 0 to 1000,
+    not all three zero."""
 
-    cpu_usage: NonNegativeFloat = 0.5
-    memory_usage: NonNegativeFloat = 0.25
-    available_memory: NonNegativeFloat = 0.25
-    local_margin: NonNegativeFloat = 0.05
+    cpu_usage: Weight = 0.5
+    memory_usage: Weight = 0.25
+    available_memory: Weight = 0.25
+    local_margin: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     """A queue stays with its owner while the owner's cost is within this of the best."""
 
 
@@ -215,7 +250,7 @@ class BalancerConfig(_Section):
     ``kafka-group``: let Kafka's consumer-group coordinator share the partitions
     (kafka adapter only; needs no other store)."""
     queues: list[int] = []
-    rebalance_interval_s: PositiveFloat = 1.0
+    rebalance_interval_s: Seconds = 1.0
     """How often a daemon re-checks its share even without a membership event."""
     membership: MembershipName = "memory"
     """Where daemons register and leases live: ``memory`` (daemons of one process) or
@@ -228,7 +263,7 @@ class BalancerConfig(_Section):
     choices (K = ceil(sqrt(n))) over the CPU and memory each daemon publishes, filtered
     by CDM-KF; busier daemons get fewer queues."""
     weights: PlacementConfig = msgspec.field(default_factory=PlacementConfig)
-    lease_ttl_s: PositiveFloat = 5.0
+    lease_ttl_s: Seconds = 5.0
     """A queue's lease lapses this long after its owner's last renewal; a dead daemon's
     queues are taken over after at most this long."""
 
@@ -244,7 +279,7 @@ class TelemetryConfig(_Section):
     """Extra OTLP headers (e.g. an API key); the standard OTEL_EXPORTER_OTLP_HEADERS also works."""
     service_name: str = "conveyor"
     resource_attributes: dict[str, str] = {}
-    metrics_interval_s: PositiveFloat = 10.0
+    metrics_interval_s: Seconds = 10.0
     """How often metrics are exported (and queue lag sampled)."""
     sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
     """Share of traces recorded where they start (parent-based: consumers follow the
@@ -265,40 +300,8 @@ class Config(_Section):
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
 
     def validate(self) -> Config:
-        """Cross-field checks msgspec cannot express."""
-        if self.slots.kind == "custom" and ":" not in self.slots.path:
-            raise ConfigError(
-                f"$.slots.path: a custom slot supplier needs path = \"package.module:Factory\", "
-                f"got {self.slots.path!r}"
-            )
-        if self.slots.resource.min_slots > self.slots.resource.max_slots:
-            raise ConfigError("$.slots.resource.min_slots: must not exceed max_slots")
-        if (
-            self.queues.adapter == "redis"
-            and self.balancer.kind == "dynamic"
-            and self.balancer.membership != "redis"
-        ):
-            raise ConfigError(
-                f"$.balancer.membership: the redis adapter with the dynamic balancer needs "
-                f'membership = "redis" (its acks are fenced by leases kept in Redis), '
-                f"got {self.balancer.membership!r}"
-            )
-        if self.balancer.kind == "kafka-group" and self.queues.adapter != "kafka":
-            raise ConfigError(
-                f'$.balancer.kind: "kafka-group" needs queues.adapter = "kafka", '
-                f"got {self.queues.adapter!r}"
-            )
-        if self.dead_letters.max_entries and self.queues.adapter == "kafka":
-            raise ConfigError(
-                "$.dead_letters.max_entries: not supported on kafka, whose dead-letter topic "
-                "is bounded by its own retention (retention.ms / retention.bytes); leave it 0"
-            )
-        bad = [q for q in self.balancer.queues if not 0 <= q < self.queues.total]
-        if bad:
-            raise ConfigError(
-                f"$.balancer.queues: queues {bad} do not exist "
-                f"(queues are 0..{self.queues.total - 1})"
-            )
+        """Cross-field checks msgspec cannot express (:mod:`conveyor.platform.config_checks`)."""
+        config_checks.validate(self)
         return self
 
 
@@ -336,6 +339,10 @@ def _env_value(name: str, text: str, t: msgspec.inspect.Type) -> Any:
         return msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"environment variable {name}: expected JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(
+            f"environment variable {name}: JSON nested too deeply for any config field"
+        ) from None
 
 
 def _table(raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -346,35 +353,119 @@ def _table(raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return value
 
 
-def apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    """Overlay ``CONVEYOR_SECTION__[SUB__]FIELD`` variables onto a raw config mapping."""
+def _merge(target: dict[str, Any], table: dict[str, Any],
+           struct: msgspec.inspect.StructType) -> None:
+    """Merge a section's JSON table into the file's: sub-sections field by field."""
+    sections = {f.name: f.type for f in struct.fields
+                if isinstance(f.type, msgspec.inspect.StructType)}
+    for key, value in table.items():
+        sub = sections.get(key)
+        if sub is not None and isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value, sub)
+        else:
+            target[key] = value
+
+
+def _root() -> msgspec.inspect.StructType:
     root = msgspec.inspect.type_info(Config)
     assert isinstance(root, msgspec.inspect.StructType)
+    return root
+
+
+def _apply_one(raw: dict[str, Any], path: list[str], name: str, value: str) -> None:
+    struct, target = _root(), raw
+    for depth, part in enumerate(path):
+        here = "$." + ".".join(path[: depth + 1])
+        fields = {f.name: f.type for f in struct.fields}
+        if part not in fields:
+            what = f"no config section [{part}]" if depth == 0 else (
+                f"unknown field `{part}` at `{here.rpartition('.')[0]}`"
+            )
+            raise ConfigError(f"environment variable {name}: {what}")
+        t = fields[part]
+        if depth == len(path) - 1:
+            if not isinstance(t, msgspec.inspect.StructType):
+                target[part] = _env_value(name, value, t)
+                return
+            table = _env_value(name, value, t)
+            if not isinstance(table, dict):
+                raise ConfigError(
+                    f"environment variable {name}: {here} is a section; expected a JSON "
+                    f"table, got {type(table).__name__}"
+                )
+            _merge(_table(target, part, here), table, t)
+        elif isinstance(t, msgspec.inspect.StructType):
+            target, struct = _table(target, part, here), t
+        else:
+            raise ConfigError(
+                f"environment variable {name}: {here} is not a table; "
+                f"set it whole (JSON for a list or table)"
+            )
+
+
+def apply_env(
+    raw: dict[str, Any], environ: Mapping[str, str], *, skip: Set[str] = frozenset()
+) -> dict[str, Any]:
+    """Overlay ``CONVEYOR_SECTION[__SUB...][__FIELD]`` variables onto a raw config mapping.
+
+    A name without ``__`` is config only when it names a section (``CONVEYOR_WORKER``);
+    others (``CONVEYOR_REDIS_PASSWORD``, ``CONVEYOR_REQUIRE_SERVERS``) and the names in
+    ``skip`` are left alone. Sections apply before their fields, so the narrower wins.
+    """
+    sections = {f.name for f in _root().fields}
+    found = []
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
+        if not name.startswith(ENV_PREFIX) or name in skip:
             continue
         path = name[len(ENV_PREFIX) :].lower().split("__")
-        struct = root
-        target = raw
-        for depth, part in enumerate(path):
-            here = "$." + ".".join(path[: depth + 1])
-            fields = {f.name: f.type for f in struct.fields}
-            if part not in fields:
-                what = f"no config section [{part}]" if depth == 0 else (
-                    f"unknown field `{part}` at `{here.rpartition('.')[0]}`"
-                )
-                raise ConfigError(f"environment variable {name}: {what}")
-            t = fields[part]
-            if depth == len(path) - 1:
-                target[part] = _env_value(name, value, t)
-            elif isinstance(t, msgspec.inspect.StructType):
-                target, struct = _table(target, part, here), t
-            else:
-                raise ConfigError(
-                    f"environment variable {name}: {here} is not a table; "
-                    f"set it whole (JSON for a list or table)"
-                )
+        if len(path) == 1 and path[0] not in sections:
+            continue
+        found.append((path, name, value))
+    for path, name, value in sorted(found, key=lambda f: (len(f[0]), f[1])):
+        _apply_one(raw, path, name, value)
     return raw
+
+
+def _secret_variables(raw: Mapping[str, Any]) -> set[str]:
+    """The environment variables the ``*_env`` fields of ``raw`` name (or default to)."""
+    names: set[str] = set()
+
+    def walk(struct: msgspec.inspect.StructType, table: Any) -> None:
+        table = table if isinstance(table, dict) else {}
+        for f in struct.fields:
+            value = table.get(f.name)
+            if isinstance(f.type, msgspec.inspect.StructType):
+                walk(f.type, value)
+            elif f.name.endswith("_env"):
+                chosen = value if isinstance(value, str) else f.default
+                if isinstance(chosen, str) and chosen:
+                    names.add(chosen)
+
+    walk(_root(), raw)
+    return names
+
+
+def _secrets(raw: dict[str, Any], environ: Mapping[str, str]) -> set[str]:
+    """Variables that hold secrets: those the ``*_env`` fields name, after the environment.
+
+    A ``*_env`` field may be set in the file, by its own variable
+    (``CONVEYOR_REDIS__PASSWORD_ENV``) or inside a section's JSON table (``CONVEYOR_REDIS``).
+    """
+    names = _secret_variables(raw)
+    sections = {f.name for f in _root().fields}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        if len(path) > 1 and path[-1].endswith("_env"):
+            names.add(value)
+        elif len(path) == 1 and path[0] in sections:
+            try:
+                table = msgspec.json.decode(value)
+            except (msgspec.DecodeError, RecursionError):
+                continue  # reported when applied, unless it is a secret itself
+            names |= _secret_variables({path[0]: table})
+    return names
 
 
 def _convert(raw: dict[str, Any], source: str) -> Config:
@@ -382,6 +473,8 @@ def _convert(raw: dict[str, Any], source: str) -> Config:
         return msgspec.convert(raw, Config, strict=False).validate()
     except (msgspec.ValidationError, ConfigError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: a value is nested too deeply for any config field") from None
 
 
 def load_config(
@@ -403,7 +496,10 @@ def load_config(
             raw = msgspec.toml.decode(text)
         except msgspec.DecodeError as exc:
             raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    raw = apply_env(raw, os.environ if environ is None else environ)
+        except RecursionError:
+            raise ConfigError(f"{source}: nested too deeply for any config field") from None
+    env = os.environ if environ is None else environ
+    raw = apply_env(raw, env, skip=_secrets(raw, env))
     for section, values in (overrides or {}).items():
         _table(raw, section, f"{source}: $.{section}").update(values)
     return _convert(raw, source + " (with CONVEYOR_* environment)")

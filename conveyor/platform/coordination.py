@@ -35,3 +35,18 @@ def coordination_from_config(config: Any, group: str) -> tuple[Membership, Lease
     factory = getattr(importlib.import_module(module_name), attr)
     result: tuple[Membership, LeaseStore] = factory(config, group)
     return result
+
+
+async def lease_owners(config: Any, group: str) -> dict[int, str]:
+    """Who holds each leased queue of app ``group`` in the configured lease store.
+
+    What an adapter cannot see for itself (a Kafka app under the dynamic balancer keeps
+    its leases in Redis): ``conveyor rewind`` passes it to ``rewind_queues``. The memory
+    store answers for the daemons of this process only.
+    """
+    membership, leases = coordination_from_config(config, group)
+    try:
+        return await leases.owners()
+    finally:
+        await membership.close()
+        await leases.close()

@@ -23,6 +23,14 @@ class ForwardRewindError(ConfigError):
     """A rewind target ahead of an app's position: it would skip messages never handled."""
 
 
+class UnknownGroupError(ConfigError):
+    """An app named where it has no consumer group (a typo, or an app that never ran)."""
+
+
+class AppAliveError(ConveyorError):
+    """An operation that needs an app's daemons stopped found signs of one running."""
+
+
 class HandlerDeclarationError(ConveyorError):
     """A handler was declared with a signature or options Conveyor cannot honour."""
 
@@ -33,6 +41,10 @@ class BrokerError(ConveyorError):
 
 class BrokerConnectionError(BrokerError):
     """The backend could not be reached; the operation may succeed if retried."""
+
+
+class QueueOwnedError(BrokerError):
+    """A queue is still owned by a running receiver of the app: stop its workers first."""
 
 
 class LeaseLostError(BrokerError):

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
+
+NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+"""Names that reach into a broker's key space (app names, which are consumer groups, and
+Redis key prefixes): 1-128 ASCII letters, digits, ``_``, ``.``, ``-``. Check with
+``NAME.fullmatch``: ``match`` against ``...$`` would accept a trailing newline."""
 
 
 class StreamId(msgspec.Struct, frozen=True, array_like=True):

@@ -1,4 +1,5 @@
-"""What ``conveyor status`` shows: members, queue owners and lag, read from the stores.
+"""What ``conveyor status`` shows: members, queue owners and lag, read from the stores,
+and every app's consumer group on the queues (:mod:`conveyor.platform.groups`).
 
 Throughput comes from the owners' heartbeats, never from the reader's clock: each
 daemon publishes its per-queue ack counts with the time it took them (``at``) and the
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from conveyor.platform.adapter import create_adapter
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.groups import GroupStatus, summarise
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,20 @@ class StatusReport:
     members: list[MemberStatus]
     queues: list[QueueStatus] = field(default_factory=list)
     at: float = 0.0
+    groups: list[GroupStatus] = field(default_factory=list)
+    """Every app's group on the queues, this one's included (when it has one)."""
+    retention_follows_groups: bool = True
+    """False where retention goes by time or size alone (Kafka): no group holds it."""
 
     @property
     def total_lag(self) -> int:
         return sum(q.lag for q in self.queues)
+
+    @property
+    def has_group(self) -> bool:
+        """Whether the app has a consumer group on any queue (else its figures are
+        those of an app that never ran: perhaps a typo)."""
+        return any(g.group == self.group for g in self.groups)
 
     def rates(self, previous: StatusReport | None = None) -> dict[int, float]:
         """Acks per second per queue.
@@ -121,11 +133,12 @@ async def collect_status(config: Config, group: str) -> StatusReport:
                 None if fill is None else int(fill), None if acked is None else int(acked),
                 own.get(f"queue.{q}.acks_per_s"), own.get("at"),
             ))
+        groups = summarise(await adapter.groups(range(config.queues.total)))
     finally:
         await adapter.close()
         await membership.close()
         await leases.close()
     return StatusReport(
         group, [MemberStatus(m.id, m.host, m.pid, dict(m.stats)) for m in members], queues,
-        time.time(),
+        time.time(), groups, adapter.retention_follows_groups,
     )

@@ -188,5 +188,6 @@ def test_processes_option_is_checked_before_anything_starts() -> None:
     result = conveyor("worker", "tests.apps.drain_app:app", "--processes", "3:1")
     assert result.returncode == 2 and "--processes" in result.stderr
     result = conveyor("worker", "tests.apps.drain_app:app", "--processes", "1:2")
-    assert result.returncode == 1 and "memory adapter" in result.stderr
+    assert result.returncode == 2 and "config error" in result.stderr  # like any bad config
+    assert "memory adapter" in result.stderr
     assert "Traceback" not in result.stderr

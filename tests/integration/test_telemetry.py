@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from conveyor import Client
-from conveyor.platform.message import Message, StreamId
 from conveyor.platform.delivery.metrics import HandlerDuration
 from conveyor.platform.delivery.tracing import ConsumerSpans, RetrySpans
+from conveyor.platform.message import Message, StreamId
 from conveyor.platform.telemetry import Telemetry
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (

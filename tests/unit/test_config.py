@@ -1,8 +1,11 @@
+import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from conveyor.platform.config import load_config
+from conveyor.platform.config import Config, load_config
+from conveyor.platform.config_checks import KAFKA_TOPIC_MAX
 from conveyor.platform.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,11 +113,11 @@ def test_environment_strings_stay_strings_for_string_fields() -> None:
     config = load_config(environ={
         "CONVEYOR_KAFKA__TOPIC": "123",
         "CONVEYOR_MEMORY__BROKER": "true",
-        "CONVEYOR_REDIS__PREFIX": "[x]",
+        "CONVEYOR_TELEMETRY__SERVICE_NAME": "[x]",
     })
     assert config.kafka.topic == "123"
     assert config.memory.broker == "true"
-    assert config.redis.prefix == "[x]"
+    assert config.telemetry.service_name == "[x]"
 
 
 def test_environment_scalars_are_read_as_the_fields_type() -> None:
@@ -165,3 +168,191 @@ def test_environment_written_with_json_dumps_reads_the_same() -> None:
     config = load_config(environ=env_for_overrides(overrides))
     assert load_config(environ={}, overrides=overrides) == config
     assert config.kafka.topic == "orders" and config.slots.count == 4
+
+
+# -- bounds -----------------------------------------------------------------------------
+
+BAD_VALUES = [
+    # (TOML section, field, bad value as TOML, the path the error names)
+    ("queues", "total", "4097", "$.queues.total"),
+    ("balancer", "rebalance_interval_s", "1e-300", "$.balancer.rebalance_interval_s"),
+    ("balancer", "lease_ttl_s", "inf", "$.balancer.lease_ttl_s"),
+    ("balancer", "lease_ttl_s", "nan", "$.balancer.lease_ttl_s"),
+    ("worker", "drain_timeout_s", "-inf", "$.worker.drain_timeout_s"),
+    ("worker", "poll_timeout_ms", "0", "$.worker.poll_timeout_ms"),
+    ("redis", "retention_s", "1e12", "$.redis.retention_s"),
+    ("redis", "member_ttl_s", "0.0001", "$.redis.member_ttl_s"),
+    ("supervisor", "inspection_period_ms", "inf", "$.supervisor.inspection_period_ms"),
+    ("telemetry", "metrics_interval_s", "nan", "$.telemetry.metrics_interval_s"),
+    ("kafka", "session_timeout_ms", "100000000000", "$.kafka.session_timeout_ms"),
+    ("kafka", "replication_factor", "40000", "$.kafka.replication_factor"),
+    ("cells", "default_size", "100000", "$.cells.default_size"),
+    ("balancer.weights", "local_margin", "inf", "$.balancer.weights.local_margin"),
+    ("kafka", "topic", '""', "$.kafka.topic"),
+    ("kafka", "topic", '"a\\nb"', "$.kafka.topic"),
+    ("kafka", "topic", '"../x"', "$.kafka.topic"),
+    ("kafka", "topic", '".."', "$.kafka.topic"),
+    ("kafka", "topic", f'"{"t" * 233}"', "$.kafka.topic"),
+    ("kafka", "bootstrap", '"host:port"', "$.kafka.bootstrap"),
+    ("kafka", "bootstrap", '"h:9092,"', "$.kafka.bootstrap"),
+    ("redis", "prefix", '"conveyor\\n"', "$.redis.prefix"),
+    ("redis", "prefix", '"a:b"', "$.redis.prefix"),
+    ("redis", "password_env", '"MY PASSWORD"', "$.redis.password_env"),
+    ("memory", "broker", '"x\\u0000y"', "$.memory.broker"),
+    ("telemetry", "endpoint", '"localhost:4318"', "$.telemetry.endpoint"),
+]
+
+
+@pytest.mark.parametrize(("section", "field", "value", "path"), BAD_VALUES)
+def test_a_value_out_of_bounds_is_refused_naming_its_path(
+    tmp_path: Path, section: str, field: str, value: str, path: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, f"[{section}]\n{field} = {value}\n"), environ={})
+    assert path in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "path"),
+    [
+        ("CONVEYOR_QUEUES__TOTAL", "1000000", "$.queues.total"),
+        ("CONVEYOR_BALANCER__LEASE_TTL_S", "inf", "$.balancer.lease_ttl_s"),
+        ("CONVEYOR_BALANCER__REBALANCE_INTERVAL_S", "nan", "$.balancer.rebalance_interval_s"),
+        ("CONVEYOR_WORKER__DRAIN_TIMEOUT_S", "Infinity", "$.worker.drain_timeout_s"),
+        ("CONVEYOR_REDIS__PREFIX", "conveyor\n", "$.redis.prefix"),
+        ("CONVEYOR_KAFKA__TOPIC", "a\nb", "$.kafka.topic"),
+    ],
+)
+def test_the_same_bounds_hold_for_environment_values(name: str, value: str, path: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(path)):
+        load_config(environ={name: value})
+
+
+def test_every_float_is_bounded_on_both_sides_so_inf_and_nan_never_load() -> None:
+    def floats(t: msgspec.inspect.Type, path: str) -> list[tuple[str, msgspec.inspect.Type]]:
+        if isinstance(t, msgspec.inspect.StructType):
+            return [x for f in t.fields for x in floats(f.type, f"{path}.{f.name}")]
+        if isinstance(t, msgspec.inspect.UnionType):
+            return [x for m in t.types for x in floats(m, path)]
+        return [(path, t)] if isinstance(t, msgspec.inspect.FloatType) else []
+
+    found = floats(msgspec.inspect.type_info(Config), "$")
+    assert len(found) > 20
+    for path, t in found:
+        assert isinstance(t, msgspec.inspect.FloatType)
+        low = t.ge if t.ge is not None else t.gt
+        assert low is not None and t.le is not None, f"{path} is not bounded on both sides"
+
+
+def test_all_placement_weights_zero_is_refused(tmp_path: Path) -> None:
+    text = "[balancer.weights]\ncpu_usage = 0\nmemory_usage = 0\navailable_memory = 0\n"
+    with pytest.raises(ConfigError, match=r"\$.balancer.weights: .* all 0"):
+        load_config(write(tmp_path, text), environ={})
+    load_config(write(tmp_path, text.replace("cpu_usage = 0", "cpu_usage = 2")), environ={})
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("[redis]\nmember_ttl_s = 1.0\nheartbeat_interval_s = 1.0\n",
+         "$.redis.heartbeat_interval_s"),
+        ("[kafka]\nsession_timeout_ms = 6000\nheartbeat_interval_ms = 6000\n",
+         "$.kafka.heartbeat_interval_ms"),
+        ('[queues]\nadapter = "redis"\n[balancer]\nmembership = "redis"\n'
+         "[redis]\nsocket_timeout_s = 0.5\n[worker]\npoll_timeout_ms = 500\n",
+         "$.redis.socket_timeout_s"),
+    ],
+)
+def test_durations_that_must_come_in_order_are_checked(
+    tmp_path: Path, text: str, path: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(path)):
+        load_config(write(tmp_path, text), environ={})
+
+
+def test_the_longest_topic_leaves_room_for_the_derived_topics() -> None:
+    from conveyor.adapters.kafka import KafkaAdapter
+
+    config = load_config(environ={}, overrides={
+        "queues": {"adapter": "kafka"}, "kafka": {"topic": "t" * KAFKA_TOPIC_MAX},
+    })
+    adapter = KafkaAdapter(config.kafka, 1)
+    assert len(adapter.dlq_topic) <= 249 and len(adapter.handoffs.topic) <= 249
+    assert max(len(adapter.dlq_topic), len(adapter.handoffs.topic)) == 249
+
+
+def test_zero_means_none_where_the_field_says_so(tmp_path: Path) -> None:
+    text = ("[worker]\ndrain_timeout_s = 0\n[redis]\ntrim_interval_s = 0\nretention_s = 0\n"
+            "[supervisor]\nscale_up_backoff_s = 0\n[slots.resource]\nramp_throttle_ms = 0\n")
+    config = load_config(write(tmp_path, text), environ={})
+    assert config.worker.drain_timeout_s == 0 and config.redis.trim_interval_s == 0
+
+
+def test_a_toml_file_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None:
+    deep = "[slots]\noptions = { a = " + "[" * 60_000 + "]" * 60_000 + " }\n"
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(write(tmp_path, deep), environ={})
+
+
+# -- environment ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["CONVEYOR_BALANCER__QUEUES", "CONVEYOR_SLOTS__OPTIONS",
+                                  "CONVEYOR_WORKER"])
+def test_environment_json_nested_too_deeply_names_the_variable(name: str) -> None:
+    with pytest.raises(ConfigError, match=rf"environment variable {name}: .*nested too deeply"):
+        load_config(environ={name: "[" * 60_000 + "]" * 60_000})
+
+
+def test_malformed_environment_json_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="environment variable CONVEYOR_WORKER: expected JSON"):
+        load_config(environ={"CONVEYOR_WORKER": '{"drain_timeout_s": '})
+
+
+def test_a_variable_naming_a_section_is_merged_into_it_and_its_fields_win(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "[worker]\nmax_batch = 7\n[slots.resource]\nmax_slots = 50\n")
+    config = load_config(path, environ={
+        "CONVEYOR_WORKER": '{"drain_timeout_s": 5, "poll_timeout_ms": 100}',
+        "CONVEYOR_WORKER__POLL_TIMEOUT_MS": "200",
+        "CONVEYOR_SLOTS": '{"resource": {"min_slots": 3}}',
+    })
+    assert config.worker.drain_timeout_s == 5
+    assert config.worker.max_batch == 7, "the file's other fields are kept"
+    assert config.worker.poll_timeout_ms == 200, "a field's own variable wins"
+    assert (config.slots.resource.min_slots, config.slots.resource.max_slots) == (3, 50)
+
+
+def test_a_section_variable_must_hold_a_table_of_its_fields() -> None:
+    with pytest.raises(ConfigError, match=r"CONVEYOR_WORKER: \$.worker is a section; "
+                                          r"expected a JSON table, got int"):
+        load_config(environ={"CONVEYOR_WORKER": "5"})
+    with pytest.raises(ConfigError, match=r"unknown field `nope` - at `\$.worker`"):
+        load_config(environ={"CONVEYOR_WORKER": '{"nope": 1}'})
+
+
+def test_variables_that_are_not_config_are_left_alone() -> None:
+    config = load_config(environ={
+        "CONVEYOR_REQUIRE_SERVERS": "1",
+        "CONVEYOR_REDIS_PASSWORD": '{"not": json',
+        "CONVEYOR_REDIS_USERNAME": "[",
+        "CONVEYOR_KAFKA_PASSWORD": "x\ny",
+    })
+    assert config == load_config(environ={})
+
+
+def test_a_secret_variable_named_by_an_env_field_is_never_read_as_config(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, '[redis]\npassword_env = "CONVEYOR_REDIS__SECRET"\n'
+                           '[kafka]\nsasl_password_env = "CONVEYOR_KAFKA"\n')
+    config = load_config(path, environ={"CONVEYOR_REDIS__SECRET": "pw",
+                                        "CONVEYOR_KAFKA": "not json"})
+    assert config.redis.password_env == "CONVEYOR_REDIS__SECRET"
+    # Named from the environment itself, too.
+    config = load_config(environ={"CONVEYOR_REDIS__USERNAME_ENV": "CONVEYOR_TELEMETRY",
+                                  "CONVEYOR_TELEMETRY": "alice"})
+    assert config.redis.username_env == "CONVEYOR_TELEMETRY"
+    config = load_config(environ={"CONVEYOR_REDIS": '{"password_env": "CONVEYOR_KAFKA__PW"}',
+                                  "CONVEYOR_KAFKA__PW": "pw"})
+    assert config.redis.password_env == "CONVEYOR_KAFKA__PW"

@@ -1,10 +1,11 @@
+"""The memory adapter's own behaviour; the port's promises are in tests/contract/."""
+
 import asyncio
-import time
 
 import pytest
 
 from conveyor.adapters.memory import TRIM_EVERY, MemoryAdapter, reset_broker
-from conveyor.platform.errors import BrokerError, ForwardRewindError
+from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
 
@@ -26,22 +27,7 @@ def bodies(msgs: list[Message]) -> list[int]:
     return [int(m.body) for m in msgs]
 
 
-async def test_messages_come_in_order_with_tokens_and_acks_reduce_lag(
-    adapter: MemoryAdapter,
-) -> None:
-    tokens = await adapter.enqueue(2, make(5))
-    assert tokens == [SequenceToken(2, i) for i in range(5)]
-    rx = adapter.create_receiver(2, "g")
-    await rx.initialize()
-    got = await rx.get_messages(3)
-    assert bodies(got) == [0, 1, 2] and [m.token for m in got] == tokens[:3]
-    assert await rx.lag() == 5
-    await rx.messages_delivered([m.token for m in got if m.token])
-    assert await rx.lag() == 2 and await adapter.lag(2, "g") == 2
-    assert bodies(await rx.get_messages(10)) == [3, 4]
-
-
-async def test_unacked_messages_are_redelivered_first_to_the_next_receiver(
+async def test_messages_acknowledged_out_of_queue_order_are_done_singly(
     adapter: MemoryAdapter,
 ) -> None:
     await adapter.enqueue(0, make(6))
@@ -52,26 +38,6 @@ async def test_unacked_messages_are_redelivered_first_to_the_next_receiver(
     second = adapter.create_receiver(0, "g")
     await second.initialize()
     assert bodies(await second.get_messages(10)) == [1, 3, 4, 5]
-
-
-async def test_groups_are_independent(adapter: MemoryAdapter) -> None:
-    await adapter.enqueue(0, make(3))
-    a, b = adapter.create_receiver(0, "a"), adapter.create_receiver(0, "b")
-    assert bodies(await a.get_messages(10)) == [0, 1, 2]
-    assert bodies(await b.get_messages(10)) == [0, 1, 2]
-
-
-async def test_blocking_get_wakes_on_enqueue_and_times_out_when_idle(
-    adapter: MemoryAdapter,
-) -> None:
-    rx = adapter.create_receiver(1, "g")
-    started = time.monotonic()
-    assert await rx.get_messages(5, timeout_s=0.05) == []
-    assert time.monotonic() - started >= 0.04
-    waiting = asyncio.create_task(rx.get_messages(5, timeout_s=5))
-    await asyncio.sleep(0)
-    await adapter.enqueue(1, make(2))
-    assert bodies(await asyncio.wait_for(waiting, 1)) == [0, 1]
 
 
 async def test_retention_trims_only_what_every_group_acknowledged(
@@ -95,24 +61,6 @@ async def test_retention_trims_only_what_every_group_acknowledged(
     await fast.messages_delivered([m.token for m in more if m.token])
     adapter.broker.trim()
     assert log.base == TRIM_EVERY + 10 and log.items == []
-
-
-async def test_rewind_to_a_token_or_a_time_replays_that_range(adapter: MemoryAdapter) -> None:
-    await adapter.enqueue(0, make(5, ts=1_000_000))
-    await adapter.enqueue(0, make(5, start=5, ts=2_000_000))
-    rx = adapter.create_receiver(0, "g")
-    got = await rx.get_messages(10)
-    await rx.messages_delivered([m.token for m in got if m.token])
-    await rx.shutdown()
-    await adapter.rewind(0, "g", SequenceToken(0, 7))
-    rx = adapter.create_receiver(0, "g")
-    assert bodies(await rx.get_messages(10)) == [7, 8, 9]
-    await rx.shutdown()
-    await adapter.rewind(0, "g", 1_500.0)  # seconds: between the two batches
-    rx = adapter.create_receiver(0, "g")
-    assert bodies(await rx.get_messages(10)) == [5, 6, 7, 8, 9]
-    with pytest.raises(BrokerError, match="queue 1"):
-        await adapter.rewind(0, "g", SequenceToken(1, 0))
 
 
 async def test_empty_polls_on_an_idle_queue_leave_no_waiters_behind(
@@ -139,7 +87,10 @@ async def test_empty_polls_on_an_idle_queue_leave_no_waiters_behind(
     assert adapter.broker.log(3).waiters == []
 
 
-async def test_a_forward_rewind_is_refused_unless_allowed(adapter: MemoryAdapter) -> None:
+async def test_a_forward_rewind_counts_the_taken_messages_a_rewind_would_drop(
+    adapter: MemoryAdapter,
+) -> None:
+    """Memory forgets taken messages when it moves a position: they count as skipped."""
     await adapter.enqueue(0, make(10))
     await adapter.enqueue(1, make(10))
     rx = adapter.create_receiver(0, "g")
@@ -156,3 +107,50 @@ async def test_a_forward_rewind_is_refused_unless_allowed(adapter: MemoryAdapter
     assert await adapter.lag(0, "g") == 8 and await adapter.lag(1, "g") == 10
     await adapter.rewind_queues([0], "g", SequenceToken(0, 7), allow_forward=True)
     assert await adapter.lag(0, "g") == 3
+
+
+async def test_rewinding_an_app_with_no_group_is_refused_and_creates_none(
+    adapter: MemoryAdapter,
+) -> None:
+    await adapter.enqueue(0, make(5))
+    await adapter.enqueue(1, make(5))
+    live = adapter.create_receiver(0, "live")
+    await live.messages_delivered([m.token for m in await live.get_messages(5) if m.token])
+    # Reading a ghost's lag or gap creates no group either (status and rewind read them).
+    assert await adapter.lag(1, "ghost") == 5 and await adapter.forward_gap(1, "ghost", 0.0) == 0
+    with pytest.raises(UnknownGroupError, match=r"'ghost' has no consumer group on queue\(s\) "
+                                                r"0-1.*--create-group"):
+        await adapter.rewind_queues([0, 1], "ghost", 0.0)
+    assert {g for g, _ in adapter.broker.cursors} == {"live"}
+    await adapter.rewind_queues([0, 1], "ghost", 0.0, create_group=True)
+    assert await adapter.lag(0, "ghost") == 5 and await adapter.lag(1, "ghost") == 5
+    assert {q for g, q in adapter.broker.cursors if g == "ghost"} == {0, 1}
+    await live.shutdown()  # a queue still owned is refused, whatever the group
+    await adapter.rewind_queues([0], "live", 0.0)  # an app with a group needs no flag
+
+
+async def test_the_group_nobody_runs_holds_retention_until_it_is_deleted(
+    adapter: MemoryAdapter,
+) -> None:
+    await adapter.enqueue(0, make(10, ts=5_000))
+    live = adapter.create_receiver(0, "live")
+    await live.messages_delivered([m.token for m in await live.get_messages(10) if m.token])
+    await adapter.rewind_queues([0], "ghost", 0.0, create_group=True)
+    await adapter.dead_letter("ghost", [])
+    adapter.broker.trim()
+    assert adapter.broker.log(0).base == 0  # the ghost still needs message 0
+    ghost_info, live_info = await adapter.groups([0, 1])  # by name; queue 1: nobody there
+    assert (live_info.group, live_info.lag, live_info.holds_retention) == ("live", 0, False)
+    assert live_info.oldest_needed is None  # it needs nothing kept
+    assert (ghost_info.group, ghost_info.lag, ghost_info.holds_retention) == ("ghost", 10, True)
+    assert ghost_info.oldest_needed == SequenceToken(0, 0)
+    assert ghost_info.oldest_needed_ms == 5_000
+    assert await adapter.has_group([1], "ghost") is False
+    assert await adapter.delete_group("ghost", [0, 1]) == [0]
+    assert "ghost" in adapter.broker.dead_letters  # kept unless asked
+    adapter.broker.trim()
+    assert adapter.broker.log(0).base == 10  # trimming resumed
+    assert [g.group for g in await adapter.groups([0])] == ["live"]
+    await adapter.rewind_queues([0], "ghost", 0.0, create_group=True)
+    await adapter.delete_group("ghost", [0], dead_letters=True)
+    assert "ghost" not in adapter.broker.dead_letters

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -11,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.adapters.redis_coordination import redis_coordination
+from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
 from tests.integration.kafka.conftest import Tansu
+from tests.servers import RedisServer
 
 pytestmark = [pytest.mark.kafka]
 
@@ -87,13 +91,15 @@ def test_rewind_to_a_future_time_is_refused_unless_forward_is_allowed(
 
     assert lag() == 3
     future = "2100-01-01T00:00:00Z"
-    refused = cli("rewind", "--app", "kafka-sub", "--to", future, "--config", str(cfg))
+    # The app never ran on this topic: its group is created by the first rewind that moves.
+    refused = cli("rewind", "--app", "kafka-sub", "--to", future, "--create-group",
+                  "--config", str(cfg))
     assert refused.returncode == 2, refused.stderr
     assert "--allow-forward" in refused.stderr and "skipped" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert lag() == 3, "a refused rewind moved the position"
 
-    past = cli("rewind", "--app", "kafka-sub", "--to", "2000-01-01T00:00:00Z",
+    past = cli("rewind", "--app", "kafka-sub", "--to", "2000-01-01T00:00:00Z", "--create-group",
                "--config", str(cfg))
     assert past.returncode == 0, past.stderr
     assert lag() == 3
@@ -102,3 +108,32 @@ def test_rewind_to_a_future_time_is_refused_unless_forward_is_allowed(
                  "--config", str(cfg))
     assert forced.returncode == 0, forced.stderr
     assert lag() == 0, "--allow-forward skips the unhandled messages on purpose"
+
+
+def test_rewind_reads_the_leases_a_kafka_app_keeps_in_its_membership_store(
+    tansu: Tansu, topic: str, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Under the dynamic balancer a Kafka app's daemons own queues by leases kept in
+    Redis, where the Kafka adapter cannot look: ``conveyor rewind`` reads them itself."""
+    cfg = config_file(tansu, topic, tmp_path)
+    cfg.write_text(
+        cfg.read_text().replace('kind = "kafka-group"', 'kind = "dynamic"\nmembership = "redis"')
+        + f'\n[redis]\nurl = "{redis_server.url}"\n'
+    )
+
+    async def hold_queue_1() -> None:
+        _, leases = redis_coordination(load_config(cfg, environ={}), "kafka-sub")
+        try:
+            assert await leases.acquire(1, "busy-daemon", 60) is not None
+        finally:
+            await leases.close()
+
+    asyncio.run(hold_queue_1())
+    refused = cli("rewind", "--app", "kafka-sub", "--to", "2000-01-01T00:00:00Z",
+                  "--config", str(cfg))
+    assert refused.returncode == 1, refused.stderr
+    assert "still owned (queue 1 by busy-daemon)" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    held_elsewhere = cli("rewind", "--app", "kafka-sub", "--to", "2000-01-01T00:00:00Z",
+                         "--queue", "0", "--config", str(cfg))
+    assert "still owned" not in held_elsewhere.stderr, held_elsewhere.stderr

@@ -1,9 +1,8 @@
-"""Hand-offs on Kafka: done offsets above the watermark are skipped; rewind replays."""
+"""Hand-offs on Kafka: done offsets above the watermark are skipped."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -12,7 +11,6 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka_group import KafkaGroupBalancer
 from conveyor.platform.client import Client, Publish
-from conveyor.platform.ids import SequenceToken
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu
@@ -53,48 +51,6 @@ async def test_a_drain_that_times_out_replays_only_the_unfinished_message(
 async def _lag_is(adapter: object, want: int) -> bool:
     assert isinstance(adapter, KafkaAdapter)
     return await adapter.lag(0, "kafka-test") == want
-
-
-async def test_rewind_to_a_token_and_to_a_time_replays_exactly_that_range(
-    tansu: Tansu, topic: str
-) -> None:
-    config = kafka_config(tansu.bootstrap, topic)
-    async with Client.from_config(config) as client:
-        early = await client.publish_batch(
-            [Publish("orders", "a", {"k": "a", "seq": i}) for i in range(10)]
-        )
-        await asyncio.sleep(0.05)  # a timestamp strictly between the two ranges
-        cut = time.time()
-        await asyncio.sleep(0.05)
-        await client.publish_batch([Publish("orders", "a", {"k": "a", "seq": i})
-                                    for i in range(10, 15)])
-
-    async def run_once() -> list[int]:
-        rec = Recorder()
-        daemon = WorkerDaemon(rec.app, config)
-        await daemon.start()
-        try:
-            await wait_until(lambda: _lag_is(daemon.adapter, 0), 20, what="caught up")
-        finally:
-            await daemon.stop()
-        return rec.by_key["a"]
-
-    assert await run_once() == list(range(15))
-    adapter = KafkaAdapter(config.kafka, 1)
-    try:
-        await adapter.rewind(0, "kafka-test", early[6])
-        assert await adapter.lag(0, "kafka-test") == 9
-    finally:
-        await adapter.close()
-    assert await run_once() == list(range(6, 15))
-
-    adapter = KafkaAdapter(config.kafka, 1)
-    try:
-        await adapter.rewind(0, "kafka-test", cut)
-    finally:
-        await adapter.close()
-    assert await run_once() == list(range(10, 15))
-    assert isinstance(early[0], SequenceToken)
 
 
 async def test_a_graceful_group_rebalance_redelivers_nothing(tansu: Tansu, topic: str) -> None:

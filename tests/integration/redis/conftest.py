@@ -1,13 +1,9 @@
-"""A real redis-server per test, on a free port in a temp dir, plus worker processes.
-
-The server can be restarted in place (same port, same directory, AOF kept) to test
-that daemons ride out a broker restart.
-"""
+"""Worker processes and config files for the Redis tests; the server itself
+(``redis_server``, :class:`RedisServer`) is in tests/servers.py."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,71 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
-from tests.conftest import free_port, server_missing, wait_until_sync
+from tests.servers import RedisServer as RedisServer  # re-exported for the tests here
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-class RedisServer:
-    def __init__(self, workdir: Path, *, aof: bool = False) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.aof = aof
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = [
-            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.workdir), "--save", "", "--daemonize", "no",
-            "--logfile", str(self.workdir / "redis.log"),
-        ]
-        if self.aof:
-            args += ["--appendonly", "yes", "--appendfsync", "always"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-
-        def ready() -> bool:
-            try:
-                return bool(client.ping())
-            except (redis.ConnectionError, redis.BusyLoadingError):
-                return False
-
-        try:
-            wait_until_sync(ready, 10, "redis-server to accept connections")
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        """SIGTERM: redis flushes its AOF and exits."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if shutil.which("redis-server") is None:
-        server_missing("redis-server")
-    server = RedisServer(tmp_path, aof=True)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def write_config(path: Path, url: str, **sections: dict[str, object]) -> Path:

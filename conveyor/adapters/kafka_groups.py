@@ -1,0 +1,233 @@
+"""Consumer groups on Kafka, for operators: the groups reading the topic, removing one.
+
+Kafka groups are cluster-wide; a group is *on the topic* when it has a committed offset
+on one of its partitions, or members whose subscription names it. Such a group is listed
+on every queue asked for: where it committed nothing, its lag counts from the start of
+the partition, where its consumers would begin. Kafka keeps records by time or size,
+whatever the groups have read, so no group ever holds retention back.
+
+Brokers differ (tansu, the test broker): describing several groups in one request
+fails to decode there, so groups are described one at a time, and a group that cannot
+be described is shown without a member count; its members' subscriptions come back
+empty, so a group that has members but no commit yet is not seen on tansu.
+
+Deleting uses the DeleteGroups request (Kafka 1.1+), which aiokafka's admin client
+does not offer: the request is declared here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import TopicPartition
+from aiokafka import errors as kerrors
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
+
+from conveyor.adapters import kafka_offsets
+from conveyor.adapters.kafka_conn import broker_error, client_options
+from conveyor.platform.errors import BrokerError, ConfigError
+from conveyor.platform.groups import GroupInfo
+
+if TYPE_CHECKING:
+    from conveyor.adapters.kafka import KafkaAdapter
+
+log = logging.getLogger("conveyor.kafka")
+
+_GROUP_ID_NOT_FOUND = 69
+_NON_EMPTY_GROUP = 68
+
+
+class _DeleteGroupsResponseV0(Response):  # type: ignore[misc]
+    API_KEY = 42
+    API_VERSION = 0
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("results", Array(("group_id", String("utf-8")), ("error_code", Int16))),
+    )
+
+
+class _DeleteGroupsRequestV0(RequestStruct):  # type: ignore[misc]
+    API_KEY = 42
+    API_VERSION = 0
+    RESPONSE_TYPE = _DeleteGroupsResponseV0
+    SCHEMA = Schema(("groups_names", Array(String("utf-8"))))
+
+
+class _DeleteGroups(Request[_DeleteGroupsRequestV0]):  # type: ignore[misc]
+    API_KEY = 42
+
+    def __init__(self, groups: list[str]) -> None:
+        self._groups = groups
+
+    def build(self, request_struct_class: type[_DeleteGroupsRequestV0]) -> Any:
+        return request_struct_class(self._groups)
+
+
+async def groups(adapter: KafkaAdapter, queues: Sequence[int]) -> list[GroupInfo]:
+    """Every group on the topic, on each of ``queues``, with its lag and member count."""
+    admin = AIOKafkaAdminClient(**client_options(adapter.config))
+    consumer = adapter.new_consumer(None)
+    tps = [TopicPartition(adapter.topic, q) for q in queues]
+    try:
+        await admin.start()
+        if adapter.topic not in await admin.list_topics():
+            return []
+        found: dict[str, tuple[dict[int, Any], int | None]] = {}
+        for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
+            committed = await _committed(admin, name, tps)
+            members, reads_topic = await _members(adapter, name)
+            if committed or reads_topic:
+                found[name] = (committed, members)
+        if not found:
+            return []
+        await consumer.start()
+        consumer.assign(tps)
+        begin = await consumer.beginning_offsets(tps)
+        high = {tp.partition: await adapter.high_watermark(consumer, tp, int(begin[tp]))
+                for tp in tps}
+        out = []
+        for tp in tps:
+            q = tp.partition
+            for name, (committed, members) in found.items():
+                entry = committed.get(q)
+                if entry is None:
+                    lag = high[q] - int(begin[tp])
+                else:
+                    start = int(entry.offset)
+                    lag = high[q] - start - len(kafka_offsets.decode(start, entry.metadata or ""))
+                out.append(GroupInfo(name, q, max(0, lag), members=members))
+        return out
+    except (kerrors.KafkaError, OSError) as exc:
+        raise broker_error("listing consumer groups", exc) from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+async def has_group(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> bool:
+    """Whether ``group`` committed on one of ``queues`` or has members reading the topic."""
+    admin = AIOKafkaAdminClient(**client_options(adapter.config))
+    try:
+        await admin.start()
+        tps = [TopicPartition(adapter.topic, q) for q in queues]
+        if await _committed(admin, group, tps):
+            return True
+    except (kerrors.KafkaError, OSError) as exc:
+        raise broker_error(f"reading the offsets of group {group!r}", exc) from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    return (await _members(adapter, group))[1]
+
+
+async def _committed(admin: AIOKafkaAdminClient, group: str,
+                     tps: list[TopicPartition]) -> dict[int, Any]:
+    """The group's committed offsets on ``tps`` (the partitions are named: tansu cannot
+    answer a request for all of them)."""
+    offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
+    return {tp.partition: o for tp, o in offsets.items() if o.offset >= 0}
+
+
+async def _members(adapter: KafkaAdapter, group: str) -> tuple[int | None, bool]:
+    """(members, whether one subscribes to the topic); (None, False) if undescribable.
+
+    A client of its own: a reply that fails to decode closes the connection.
+    """
+    admin = AIOKafkaAdminClient(**client_options(adapter.config))
+    try:
+        await admin.start()
+        [response] = await admin.describe_consumer_groups([group])
+        [described] = response.to_object()["groups"]
+    except (kerrors.KafkaError, OSError, ValueError) as exc:
+        log.debug("cannot describe group %r: %s", group, exc)
+        return None, False
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    members = described["members"]
+    reads = False
+    for member in members:
+        with contextlib.suppress(Exception):  # empty or foreign metadata: unknown
+            meta = ConsumerProtocolMemberMetadata.decode(member["member_metadata"])
+            reads = reads or adapter.topic in meta.subscription
+    return len(members), reads
+
+
+async def delete_group(adapter: KafkaAdapter, group: str, queues: Sequence[int], *,
+                       dead_letters: bool) -> list[int]:
+    """DeleteGroups for ``group``; the queues it had committed offsets on.
+
+    Kafka groups span topics: a group with offsets on another topic is refused (they
+    would go too). Its hand-off records are overwritten, so that a new group of the same
+    name never mistakes one for its own.
+    """
+    if dead_letters:
+        raise ConfigError(
+            f"--with-dead-letters: kafka keeps every app's dead letters in one topic "
+            f"({adapter.dlq_topic}, key = app name), which cannot be deleted per app; "
+            "delete the group without it"
+        )
+    admin = AIOKafkaAdminClient(**client_options(adapter.config))
+    tps = [TopicPartition(adapter.topic, q) for q in queues]
+    try:
+        await admin.start()
+        had = sorted(await _committed(admin, group, tps))
+        others = await _other_topics(adapter, group)
+        if others:
+            raise BrokerError(
+                f"kafka group {group!r} also holds offsets on topic(s) {sorted(others)}, "
+                "which deleting it would remove too; delete it with Kafka's own tools "
+                "(kafka-consumer-groups --delete-offsets) if that is meant"
+            )
+        coordinator = await admin.find_coordinator(group)
+        try:
+            response = await admin._send_request(_DeleteGroups([group]), coordinator)
+        except (kerrors.IncompatibleBrokerVersion, NotImplementedError) as exc:
+            raise BrokerError(
+                f"kafka: this broker cannot delete consumer groups (DeleteGroups, Kafka "
+                f"1.1+: {exc}); delete {group!r} with the broker's own tools"
+            ) from None
+        for _, code in response.results:
+            if code == _NON_EMPTY_GROUP:
+                raise BrokerError(f"kafka group {group!r} has live members: stop its workers")
+            if code not in (0, _GROUP_ID_NOT_FOUND):
+                raise BrokerError(f"kafka: deleting group {group!r} failed: "
+                                  f"{kerrors.for_code(code).__name__}")
+        if had and adapter.handoffs.topic in await admin.list_topics():
+            for queue in had:
+                await adapter.handoffs.write(group, queue, -1, "")
+    except (kerrors.KafkaError, OSError) as exc:
+        raise broker_error(f"deleting group {group!r}", exc) from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    return had
+
+
+async def _other_topics(adapter: KafkaAdapter, group: str) -> set[str]:
+    """Topics other than ours (and its hand-off topic) the group holds offsets on.
+
+    The partitions are named in the request: tansu cannot answer one for all of them.
+    """
+    admin = AIOKafkaAdminClient(**client_options(adapter.config))
+    try:
+        await admin.start()
+        ours = {adapter.topic, adapter.handoffs.topic}
+        topics = [t for t in await admin.list_topics() if t not in ours]
+        if not topics:
+            return set()
+        tps = [TopicPartition(d["topic"], p["partition"])
+               for d in await admin.describe_topics(topics) for p in d["partitions"]]
+        offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    return {tp.topic for tp, o in offsets.items() if o.offset >= 0}

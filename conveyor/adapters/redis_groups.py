@@ -1,0 +1,91 @@
+"""Consumer groups on Redis streams, for operators: listing them and removing one.
+
+Every app is a consumer group on every stream of the prefix. The trim script
+(:data:`~conveyor.adapters.redis_scripts.TRIM_ACKED`) keeps every entry from the oldest
+one any group still needs — its oldest pending entry, or the entry after its last
+delivered one — so a group nobody reads stops trimming for good; :func:`groups` names
+it (``holds_retention``) and :func:`delete_group` removes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from conveyor.adapters.redis import RedisAdapter, token_of
+from conveyor.adapters.redis_conn import check_name
+from conveyor.platform.groups import GroupInfo, with_retention_holders
+
+
+async def groups(adapter: RedisAdapter, queues: Sequence[int]) -> list[GroupInfo]:
+    """``XINFO GROUPS`` / ``XINFO CONSUMERS`` of every stream of ``queues``."""
+    out: list[GroupInfo] = []
+    for queue in queues:
+
+        async def read(queue: int = queue) -> list[GroupInfo]:
+            return await _queue_groups(adapter, queue)
+
+        out += await adapter.caller.retrying(f"reading the groups of queue {queue}", read)
+    return out
+
+
+async def _queue_groups(adapter: RedisAdapter, queue: int) -> list[GroupInfo]:
+    redis: Any = adapter.redis
+    stream = adapter.keys.queue(queue)
+    if not await redis.exists(stream):
+        return []
+    infos = []
+    for g in await redis.xinfo_groups(stream):
+        name = g["name"].decode()
+        pending = int(g["pending"])
+        last: bytes = g["last-delivered-id"]
+        undelivered = g.get("lag")
+        if undelivered is None:  # Redis cannot tell (after deletions): count
+            undelivered = await adapter._count_after(stream, last, "+")
+        consumers = await redis.xinfo_consumers(stream, name)
+        idle_s = min(int(c["idle"]) for c in consumers) / 1000 if consumers else None
+        if pending:
+            first = (await redis.xpending(stream, name))["min"]
+        else:
+            after = await redis.xrange(stream, b"(" + last, "+", count=1)
+            first = after[0][0] if after else None
+        needed = token_of(first, queue) if first else None
+        infos.append(GroupInfo(
+            name, queue, pending + int(undelivered), idle_s=idle_s, oldest_needed=needed,
+            oldest_needed_ms=needed.major if needed else None,
+        ))
+    return with_retention_holders(infos)
+
+
+async def delete_group(adapter: RedisAdapter, group: str, queues: Sequence[int], *,
+                       dead_letters: bool) -> list[int]:
+    """``XGROUP DESTROY`` on every stream, then the app's own keys (``{prefix}:app:{app}:*``:
+    leases, fencing counters, membership, fenced-ack counts) and, if asked, its dead
+    letters. Each step is idempotent: re-running a delete that failed half-way finishes it.
+    """
+    check_name(group, "app name")
+    redis: Any = adapter.redis
+    removed = []
+    for queue in queues:
+        stream = adapter.keys.queue(queue)
+
+        async def destroy(stream: str = stream) -> bool:
+            return bool(await redis.exists(stream)) and bool(
+                await redis.xgroup_destroy(stream, group)
+            )
+
+        if await adapter.caller.retrying(f"deleting group {group!r} on queue {queue}", destroy):
+            removed.append(queue)
+
+    async def delete_keys() -> None:
+        # The app name and prefix hold no glob characters (check_name), so the pattern
+        # matches this app's keys only.
+        keys = [k async for k in redis.scan_iter(match=f"{adapter.keys.app(group)}:*",
+                                                   count=1000)]
+        if dead_letters:
+            keys.append(adapter.keys.dead_letters(group))
+        if keys:
+            await redis.delete(*keys)
+
+    await adapter.caller.retrying(f"deleting the keys of app {group!r}", delete_keys)
+    return removed

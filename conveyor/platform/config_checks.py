@@ -1,0 +1,168 @@
+"""Checks of a whole config that msgspec's per-field constraints cannot express.
+
+Combinations of fields, names checked by the rules of the broker they reach, and text
+free of control characters. Each failure is a :class:`ConfigError` naming the field's
+path; :meth:`conveyor.platform.config.Config.validate` runs them when a config loads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from conveyor.platform.errors import ConfigError
+from conveyor.platform.ids import NAME
+
+if TYPE_CHECKING:
+    from conveyor.platform.config import Config
+
+KAFKA_TOPIC_MAX = 249 - len(".conveyor-handoff")
+"""Kafka allows 249 characters; the longest topic Conveyor derives from ``[kafka] topic``
+is ``<topic>.conveyor-handoff`` (the other is ``<topic>.conveyor-dlq``)."""
+
+
+def validate(config: Config) -> None:
+    """Raise a ConfigError for the first check ``config`` fails."""
+    if config.slots.kind == "custom" and ":" not in config.slots.path:
+        raise ConfigError(
+            f"$.slots.path: a custom slot supplier needs path = \"package.module:Factory\", "
+            f"got {config.slots.path!r}"
+        )
+    if config.slots.resource.min_slots > config.slots.resource.max_slots:
+        raise ConfigError("$.slots.resource.min_slots: must not exceed max_slots")
+    if (
+        config.queues.adapter == "redis"
+        and config.balancer.kind == "dynamic"
+        and config.balancer.membership != "redis"
+    ):
+        raise ConfigError(
+            f"$.balancer.membership: the redis adapter with the dynamic balancer needs "
+            f'membership = "redis" (its acks are fenced by leases kept in Redis), '
+            f"got {config.balancer.membership!r}"
+        )
+    if config.balancer.kind == "kafka-group" and config.queues.adapter != "kafka":
+        raise ConfigError(
+            f'$.balancer.kind: "kafka-group" needs queues.adapter = "kafka", '
+            f"got {config.queues.adapter!r}"
+        )
+    if config.dead_letters.max_entries and config.queues.adapter == "kafka":
+        raise ConfigError(
+            "$.dead_letters.max_entries: not supported on kafka, whose dead-letter topic "
+            "is bounded by its own retention (retention.ms / retention.bytes); leave it 0"
+        )
+    bad = [q for q in config.balancer.queues if not 0 <= q < config.queues.total]
+    if bad:
+        raise ConfigError(
+            f"$.balancer.queues: queues {bad} do not exist "
+            f"(queues are 0..{config.queues.total - 1})"
+        )
+    _check_text(config)
+    _check_names(config)
+    _check_timing(config)
+    weights = config.balancer.weights
+    if weights.cpu_usage + weights.memory_usage + weights.available_memory == 0:
+        raise ConfigError(
+            "$.balancer.weights: cpu_usage, memory_usage and available_memory are all 0; "
+            "at least one must be > 0 (they are normalised to sum to 1)"
+        )
+
+
+def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    """Every string in a builtins tree (keys too), with its path; free-form options aside."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict) and path != "$.slots.options":  # the user's factory's
+        for key, item in value.items():
+            yield from _strings(key, path)
+            yield from _strings(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{path}[{i}]")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _check_text(config: Config) -> None:
+    """No string anywhere holds a control character (a newline in a key, a NUL in a path)."""
+    for path, text in _strings(msgspec.to_builtins(config), "$"):
+        if _CONTROL.search(text):
+            raise ConfigError(f"{path}: control characters are not allowed, got {text!r}")
+
+
+_KAFKA_TOPIC = re.compile(rf"[A-Za-z0-9._\-]{{1,{KAFKA_TOPIC_MAX}}}")
+_ENV_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)?")
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::([0-9]{1,5}))?")
+
+
+def _check_names(config: Config) -> None:
+    """Names that reach a broker, checked by the broker's own rules (whole-string matches)."""
+    if not NAME.fullmatch(config.redis.prefix):
+        raise ConfigError(
+            f"$.redis.prefix: use 1-128 ASCII letters, digits, '_', '.', '-' (it starts every "
+            f"Redis key), got {config.redis.prefix!r}"
+        )
+    topic = config.kafka.topic
+    if not _KAFKA_TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise ConfigError(
+            f"$.kafka.topic: a Kafka topic name is 1-{KAFKA_TOPIC_MAX} ASCII letters, digits, "
+            f"'.', '_', '-', not '.' or '..' ({KAFKA_TOPIC_MAX} leaves room for "
+            f"'<topic>.conveyor-handoff' within Kafka's 249), got {topic!r}"
+        )
+    for item in config.kafka.bootstrap.split(","):
+        found = _HOST_PORT.fullmatch(item.strip())
+        if found is None or not 0 < int(found.group(1) or 9092) < 65536:
+            raise ConfigError(
+                f"$.kafka.bootstrap: expected HOST:PORT[,HOST:PORT...], got "
+                f"{config.kafka.bootstrap!r}"
+            )
+    for path, name in (
+        ("$.redis.username_env", config.redis.username_env),
+        ("$.redis.password_env", config.redis.password_env),
+        ("$.kafka.sasl_password_env", config.kafka.sasl_password_env),
+        ("$.kafka.ssl_key_password_env", config.kafka.ssl_key_password_env),
+    ):
+        if not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"{path}: expected the name of an environment variable, got {name!r}")
+    endpoint = config.telemetry.endpoint
+    if endpoint and not _http_url(endpoint):
+        raise ConfigError(
+            f"$.telemetry.endpoint: expected an http:// or https:// URL, got {endpoint!r}"
+        )
+
+
+def _http_url(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises on a port that is not a number in 0..65535
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _check_timing(config: Config) -> None:
+    """Durations that only make sense in a given order."""
+    redis, kafka = config.redis, config.kafka
+    if redis.heartbeat_interval_s >= redis.member_ttl_s:
+        raise ConfigError(
+            f"$.redis.heartbeat_interval_s: must be below member_ttl_s ({redis.member_ttl_s}), "
+            f"or live daemons drop out of the membership between heartbeats; "
+            f"got {redis.heartbeat_interval_s}"
+        )
+    if kafka.heartbeat_interval_ms >= kafka.session_timeout_ms:
+        raise ConfigError(
+            f"$.kafka.heartbeat_interval_ms: must be below session_timeout_ms "
+            f"({kafka.session_timeout_ms}), got {kafka.heartbeat_interval_ms}"
+        )
+    if config.queues.adapter == "redis" and redis.socket_timeout_s * 1000 <= (
+        config.worker.poll_timeout_ms
+    ):
+        raise ConfigError(
+            f"$.redis.socket_timeout_s: must exceed worker.poll_timeout_ms "
+            f"({config.worker.poll_timeout_ms} ms), the longest blocking read; "
+            f"got {redis.socket_timeout_s}"
+        )

@@ -1,0 +1,102 @@
+"""One fresh queue adapter per test, for every adapter: the contract suite's fixture.
+
+``adapter`` is parametrized (ids ``memory``, ``redis``, ``kafka``) the way dramatiq's
+tests run one suite on every broker. Each test gets a namespace of its own: a uniquely
+named memory broker, a redis-server of its own (they start in ~20 ms), or a fresh topic
+on the session's tansu broker. A missing server skips locally and fails under
+``CONVEYOR_REQUIRE_SERVERS=1``.
+
+A new adapter joins the suite with one more entry in ``_BUILDERS``; the tests use the
+port (``QueueAdapter``, ``QueueReceiver``) only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from conveyor.adapters.memory import MemoryAdapter, reset_broker
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.platform.config import load_config
+
+QUEUES = 2
+"""Queues (Kafka: partitions) every test may use: 0 and 1."""
+
+Build = Callable[[pytest.FixtureRequest, Path], Awaitable[QueueAdapter]]
+
+
+async def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
+    name = f"contract-{uuid.uuid4().hex[:8]}"
+    request.addfinalizer(lambda: reset_broker(name))
+    return MemoryAdapter(name)
+
+
+async def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
+    from conveyor.adapters.redis import RedisAdapter, wait_ready
+
+    server = request.getfixturevalue("redis_server")
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": QUEUES},
+        "redis": {"url": server.url, "prefix": "contract"},
+        "balancer": {"membership": "redis"},
+    })
+    adapter = RedisAdapter(config.redis)
+    await wait_ready(adapter)
+    return adapter
+
+
+async def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
+    from conveyor.adapters.kafka import KafkaAdapter
+
+    broker = request.getfixturevalue("tansu")
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "kafka", "total": QUEUES},
+        "kafka": {"bootstrap": broker.bootstrap, "topic": f"contract-{uuid.uuid4().hex[:10]}",
+                  "session_timeout_ms": 6000, "heartbeat_interval_ms": 500},
+    })
+    adapter = KafkaAdapter(config.kafka, QUEUES)
+    await adapter.ensure_topic()
+    return adapter
+
+
+_BUILDERS: dict[str, Build] = {"memory": _memory, "redis": _redis, "kafka": _kafka}
+
+
+@pytest.fixture(params=[
+    pytest.param("memory"),
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("kafka", marks=pytest.mark.kafka),
+])
+async def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueAdapter]:
+    built = await _BUILDERS[request.param](request, tmp_path)
+    try:
+        yield built
+    finally:
+        await built.close()
+
+
+Open = Callable[[int, str], Awaitable[QueueReceiver]]
+
+
+@pytest.fixture
+async def open_receiver(adapter: QueueAdapter) -> AsyncIterator[Open]:
+    """``await open_receiver(queue, group)``: an initialized receiver; whatever a test
+    leaves open is shut down after it (shutdown is idempotent)."""
+    opened: list[QueueReceiver] = []
+
+    async def open_(queue: int, group: str) -> QueueReceiver:
+        receiver = adapter.create_receiver(queue, group)
+        opened.append(receiver)
+        await receiver.initialize()
+        return receiver
+
+    try:
+        yield open_
+    finally:
+        for receiver in opened:
+            with contextlib.suppress(Exception):
+                await receiver.shutdown()

@@ -1,0 +1,123 @@
+"""Rewinding: back to a token or a time; the port's checks, the same on every adapter."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.errors import BrokerError, ForwardRewindError, QueueOwnedError
+from tests.conftest import wait_until
+from tests.contract.conftest import Open
+from tests.contract.support import numbered, numbers, take_and_ack, take_rest
+
+
+async def past(moment: float) -> None:
+    """Wait until the clock is safely past ``moment`` (stream ids count milliseconds)."""
+    await wait_until(lambda: time.time() > moment + 0.01, 5, what="the clock to move on")
+
+
+async def two_batches_and_a_time_between(adapter: QueueAdapter, *queues: int) -> float:
+    """Messages 0..4 on each queue, then a moment, then 5..9 (enqueued with their time)."""
+    for queue in queues:
+        await adapter.enqueue(queue, numbered(range(5), stamp=True))
+    await past(time.time())
+    between = time.time()
+    await past(between)
+    for queue in queues:
+        await adapter.enqueue(queue, numbered(range(5, 10), stamp=True))
+    return between
+
+
+async def test_rewinding_to_a_token_redelivers_from_that_message_on(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    sent = await adapter.enqueue(0, numbered(range(10)))
+    done = await open_receiver(0, "app")
+    await take_and_ack(done, 10)
+    await done.shutdown()
+    await adapter.rewind_queues([0], "app", sent[6])
+    assert await adapter.lag(0, "app") == 4
+    assert numbers(await take_rest(await open_receiver(0, "app"), 4)) == [6, 7, 8, 9]
+
+
+async def test_rewinding_to_a_time_redelivers_what_was_enqueued_from_then_on(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    between = await two_batches_and_a_time_between(adapter, 0)
+    done = await open_receiver(0, "app")
+    await take_and_ack(done, 10)
+    await done.shutdown()
+    await adapter.rewind_queues([0], "app", between)
+    assert await adapter.lag(0, "app") == 5
+    assert numbers(await take_rest(await open_receiver(0, "app"), 5)) == [5, 6, 7, 8, 9]
+
+
+async def test_a_forward_rewind_is_refused_on_every_queue_before_any_moves(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    between = await two_batches_and_a_time_between(adapter, 0, 1)
+    all_done, part_done = await open_receiver(0, "app"), await open_receiver(1, "app")
+    await take_and_ack(all_done, 10)
+    await take_and_ack(part_done, 4)  # queue 1 stands at message 4, before the moment
+    await all_done.shutdown()
+    await part_done.shutdown()
+    # Back on queue 0, but ahead on queue 1 (message 4 was never handled): nothing moves.
+    with pytest.raises(ForwardRewindError, match=r"queue 1: 1 message\(s\) skipped"):
+        await adapter.rewind_queues([0, 1], "app", between)
+    assert (await adapter.lag(0, "app"), await adapter.lag(1, "app")) == (0, 6)
+    await adapter.rewind_queues([0, 1], "app", between, allow_forward=True)
+    assert (await adapter.lag(0, "app"), await adapter.lag(1, "app")) == (5, 5)
+
+
+async def test_a_forward_rewind_to_a_token_names_the_messages_it_would_skip(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    sent = await adapter.enqueue(0, numbered(range(10)))
+    receiver = await open_receiver(0, "app")
+    await take_and_ack(receiver, 4)
+    await receiver.shutdown()
+    with pytest.raises(ForwardRewindError, match=r"queue 0: 3 message\(s\) skipped"):
+        await adapter.rewind_queues([0], "app", sent[7])  # 4, 5 and 6 never handled
+    assert await adapter.lag(0, "app") == 6
+    await adapter.rewind_queues([0], "app", sent[7], allow_forward=True)
+    assert numbers(await take_rest(await open_receiver(0, "app"), 3)) == [7, 8, 9]
+
+
+async def test_a_token_of_another_queue_is_refused(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    [other] = await adapter.enqueue(1, numbered([0]))
+    with pytest.raises(BrokerError, match=f"token {other} is for queue 1, not 0"):
+        await adapter.rewind_queues([0], "app", other)
+
+
+async def test_rewinding_a_queue_a_receiver_of_the_group_still_owns_is_refused(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    sent = await adapter.enqueue(0, numbered(range(3)))
+    owner = await open_receiver(0, "app")
+    await take_and_ack(owner, 3)
+    with pytest.raises(QueueOwnedError, match=r"app 'app' are still owned \(queue 0 by "):
+        await adapter.rewind_queues([0], "app", sent[0])
+    assert await adapter.lag(0, "app") == 0  # not moved
+    await owner.shutdown()
+    await adapter.rewind_queues([0], "app", sent[0])  # once it is gone
+    assert await adapter.lag(0, "app") == 3
+
+
+async def test_rewinding_a_queue_leased_to_a_daemon_is_refused(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    """What the adapter cannot see, the daemons' lease store can (``conveyor rewind``
+    passes its owners in)."""
+    sent = await adapter.enqueue(0, numbered(range(3)))
+    receiver = await open_receiver(0, "app")
+    await take_and_ack(receiver, 3)
+    await receiver.shutdown()
+    with pytest.raises(QueueOwnedError, match="queue 0 by daemon-7"):
+        await adapter.rewind_queues([0], "app", sent[0], lease_owners={0: "daemon-7"})
+    assert await adapter.lag(0, "app") == 0
+    await adapter.rewind_queues([0], "app", sent[0], lease_owners={1: "daemon-7"})
+    assert await adapter.lag(0, "app") == 3

@@ -1,0 +1,56 @@
+"""A Redis URL is checked before any connection: one-line ConfigErrors, secrets masked."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.adapters.redis_conn import check_url, connect
+from conveyor.platform.config import load_config
+from conveyor.platform.errors import ConfigError
+
+SECRET = "s3cret-pw"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (f"redis://u:{SECRET}@h:6379/0?nope=1", "unknown option 'nope'"),
+        (f"redis://h:6379/0?password={SECRET}&ssl=true", "unknown option 'ssl'"),
+        ("redis://h/0?socket_timeout=1", "set 'socket_timeout' as [redis] socket_timeout_s"),
+        ("redis://h/0?retry_on_timeout=true", "as [redis] retry_max_s"),
+        ("rediss://h/0?ssl_cert_reqs=none", "as [redis] tls_verify"),
+        ("redis://h?db=zero", "Invalid value for 'db'"),
+        ("redis://h:6379/zero", "the path is a database number"),
+        (f"redis://u:{SECRET}@h:99999/0", "not a valid URL"),
+        (f"redis://u:{SECRET}@h:port/0", "not a valid URL"),
+        ("http://h:6379/0", "expected redis:// or rediss://"),
+        ("unix:///tmp/redis.sock", "expected redis:// or rediss://"),
+    ],
+)
+def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
+    url: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_url(url)
+    text = str(caught.value)
+    assert text.startswith("$.redis.url: ") and message in text
+    assert SECRET not in text and "\n" not in text
+
+
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:6379/0",
+    "rediss://user@h:6380/2?client_name=shop&health_check_interval=10",
+    f"redis://:{SECRET}@h/0?socket_keepalive=true&password={SECRET}&username=u",
+    "redis://h",
+])
+def test_urls_with_known_options_pass(url: str) -> None:
+    check_url(url)
+
+
+def test_connect_checks_the_url_before_any_connection() -> None:
+    config = load_config(environ={}, overrides={
+        "redis": {"url": f"redis://u:{SECRET}@127.0.0.1:1/0?nope=1"},
+    })
+    with pytest.raises(ConfigError, match=r"\$.redis.url: unknown option 'nope' in "
+                                          r"redis://u:\*\*\*@127.0.0.1:1/0\?nope=1"):
+        connect(config.redis)
