@@ -76,7 +76,7 @@ def letter_from_meta(values: list[bytes], message: Message) -> DeadLetter:
     """A :class:`DeadLetter` from the :data:`META_COUNT` values read back, in order."""
     text = [v.decode("utf-8", "replace") for v in values]
     _, _app, handler, error_type, error, attempts, at, token, form = text
-    if token and message.token is None:
+    if token:  # where it was in its queue, as stored (the decoder's is a reconstruction)
         with contextlib.suppress(ValueError):
             message = message.with_token(SequenceToken.parse(token))
     return DeadLetter(
