@@ -1,0 +1,119 @@
+"""Malformed records on Kafka: one bad record never takes good ones with it.
+
+Each case is produced with a plain aiokafka producer (what kcat or any client can do)
+between good messages of the same partition; see tests/bad_input.py for the promise
+checked. The committed watermark must cover every record: nothing is skipped, nothing
+replayed by a restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from conveyor.platform.adapter import create_adapter
+from conveyor.platform.config import Config
+from conveyor.platform.message import Undecodable
+from tests.bad_input import (
+    APP,
+    KEY,
+    Case,
+    assert_cases_dead_lettered,
+    case_fields,
+    letters_by_case,
+    run_cases,
+)
+from tests.integration.kafka.helpers import kafka_config
+from tests.servers import Tansu
+
+NS = (b"cv-ns", b"good")
+CASES = [
+    Case("header-value-not-utf8", (NS, (b"x-h", b"\xc3\x28"))),
+    Case("key-not-utf8", (NS,), key=b"\xff\xfe"),
+    Case("ns-not-utf8", ((b"cv-ns", b"\xc3\x28"),)),
+    Case("id-not-utf8", (NS, (b"cv-id", b"\xff"))),
+    Case("content-type-not-utf8", (NS, (b"content-type", b"\xff"))),
+    Case("attempt-not-a-number", (NS, (b"cv-attempt", b"abc"))),
+    Case("ts-garbage", (NS, (b"cv-ts", b"12x"))),
+    Case("ts-overflows-any-codec", (NS, (b"cv-ts", b"99999999999999999999999")),
+         body=b"not json"),
+    Case("cv-key-not-utf8", (NS, (b"cv-key", b"\xff"))),
+    Case("body-not-json", (NS, (b"cv-key", KEY)), body=b"not json", expect="DecodeError"),
+]
+
+
+def producer_writer(config: Config) -> Any:
+    async def write(queue: int, case: Case, key: str) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=config.kafka.bootstrap)
+        await producer.start()
+        try:
+            headers = [(n.decode(), v) for n, v in case_fields(case, key)]
+            await producer.send_and_wait(
+                config.kafka.topic, case.body, key=case.key if case.key is not None
+                else key.encode(), partition=queue, headers=headers,
+            )
+        finally:
+            await producer.stop()
+
+    return write
+
+
+async def test_every_malformed_record_is_dead_lettered_and_its_neighbours_are_handled(
+    tansu: Tansu, topic: str,
+) -> None:
+    config = kafka_config(tansu.bootstrap, topic, queues={"total": 2})
+    out = await run_cases(config, CASES, producer_writer(config))
+    assert sorted(out.probe.handled) == sorted(out.published)
+    assert len(out.probe.handled) == len(set(out.probe.handled))
+    adapter = create_adapter("kafka", config)
+    try:
+        letters = await adapter.read_dead_letters(APP, limit=1000)
+        # the committed watermark covers every record of every partition
+        assert [await adapter.lag(q, APP) for q in range(2)] == [0, 0]
+    finally:
+        await adapter.close()
+    assert_cases_dead_lettered(letters, CASES, out.key)
+    stored = letters_by_case(letters)["key-not-utf8"].message
+    assert isinstance(stored, Undecodable) and stored.raw_key == b"\xff\xfe"
+
+
+async def test_a_letter_too_large_for_the_broker_is_stored_shorter_and_the_queue_flows(
+    tansu: Tansu, topic: str,
+) -> None:
+    # The message fits the producer's 1 MiB request limit; its dead letter, with the
+    # handler's 4 KiB error text beside it, does not. Stored bare (id, reason, where it
+    # was), the queue flows on: the good message after it is handled.
+    from conveyor import App, WorkerDaemon
+    from tests.conftest import wait_until
+
+    config = kafka_config(tansu.bootstrap, topic)
+    app = App(APP)
+    handled: list[int] = []
+
+    @app.handler("big", retry_attempts=1)
+    async def refuse(body: bytes) -> None:
+        raise ValueError("refused: " + "x" * 10_000)
+
+    @app.handler("small")
+    async def on_small(body: dict[str, int]) -> None:
+        handled.append(body["seq"])
+
+    daemon = WorkerDaemon(app, config)
+    await daemon.client.publish("big", "k", b"y" * 1_044_000,
+                                content_type="application/octet-stream")
+    await daemon.client.publish("small", "k", {"seq": 1})
+    await daemon.start()
+    try:
+        await wait_until(lambda: handled == [1] and daemon.stats.dead_lettered == 1, 30,
+                         what="the big one dead-lettered and the small one handled")
+    finally:
+        await daemon.stop()
+    adapter = create_adapter("kafka", config)
+    try:
+        [letter] = await adapter.read_dead_letters(APP)
+    finally:
+        await adapter.close()
+    assert letter.form == "bare" and letter.message.body == b""
+    assert "refused: xxx" in letter.error and "MessageSizeTooLargeError" in letter.error
+    assert letter.message.stream.namespace == "big" and letter.message.token is not None
