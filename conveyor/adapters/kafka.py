@@ -259,10 +259,10 @@ class KafkaReceiver(QueueReceiver):
             else:
                 # A group re-balance parks getmany until the new assignment; bound it so
                 # a draining agent's pull returns.
-                batches = await asyncio.wait_for(
-                    consumer.getmany(tp, timeout_ms=int(timeout_s * 1000), max_records=max_count),
-                    timeout_s + 1.0,
-                )
+                async with asyncio.timeout(timeout_s + 1.0):
+                    batches = await consumer.getmany(
+                        tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
+                    )
         except TimeoutError:
             return []
         except (kerrors.KafkaError, OSError) as exc:

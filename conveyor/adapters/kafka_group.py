@@ -117,7 +117,8 @@ class KafkaGroupBalancer(QueueBalancer):
     async def wait_assigned(self, timeout_s: float) -> bool:
         """Wait for the first assignment (tests, and callers that want a warm start)."""
         try:
-            await asyncio.wait_for(self._assigned_once.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # wait_for can lose a cancel (3.11)
+                await self._assigned_once.wait()
         except TimeoutError:
             return False
         return True

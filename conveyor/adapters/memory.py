@@ -169,7 +169,8 @@ class MemoryReceiver(QueueReceiver):
         waiters = self._log.waiters
         waiters.append(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout_s)
+            async with asyncio.timeout(timeout_s):  # wait_for can lose a cancel (3.11)
+                await waiter
         except TimeoutError:
             return []
         finally:

@@ -40,6 +40,9 @@ from conveyor.workers.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 
 log = logging.getLogger("conveyor.agent")
 
+ACK_GRACE_S = 1.0
+"""A drain whose time is up still gets this long to send the acks of what finished."""
+
 Subscriptions = dict[str, tuple[Route, ...]]
 """Namespace -> the routes (handlers and their delivery chains) subscribed to it."""
 
@@ -119,17 +122,23 @@ class PullingAgent:
     async def drain(self, timeout_s: float) -> bool:
         """Stop pulling, let in-flight messages finish, ack them, shut the receiver down.
 
-        Returns False when ``timeout_s`` passed first: what was unfinished is abandoned
-        unacknowledged, so the queue's next owner gets it again.
+        All within ``timeout_s`` (plus at most :data:`ACK_GRACE_S` for the last acks):
+        a pull in flight is cancelled at once — whatever the broker had handed it stays
+        unacknowledged and goes to the queue's next owner, so nothing is lost and nothing
+        was handled twice. Returns False when time ran out: what was unfinished (or done
+        but not acknowledged) is abandoned, to be redelivered to the next owner.
         """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         self._stopping = True
         finished = True
         if self._pull_task is not None:
-            # The pull in progress returns within poll_timeout_s; its messages are kept.
-            with contextlib.suppress(asyncio.CancelledError):
+            self._pull_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._pull_task
         try:
-            await asyncio.wait_for(self._drained.wait(), timeout_s)
+            async with asyncio.timeout_at(deadline):  # not wait_for: it can lose a cancel
+                await self._drained.wait()
         except TimeoutError:
             finished = False
             unfinished = sum(1 for e in self.cache.entries if not e.done)
@@ -139,6 +148,20 @@ class PullingAgent:
                 self.queue, unfinished, len(self.cache),
             )
         await self._stop_runners()
+        grace = max(deadline - loop.time(), ACK_GRACE_S)
+        try:
+            async with asyncio.timeout(grace):
+                await self._last_acks()
+        except TimeoutError:
+            finished = False
+            log.warning("queue %d: the last acknowledgements did not go through in %.1fs; "
+                        "those messages will be redelivered to the next owner",
+                        self.queue, grace)
+        self._release_cached_permits()
+        await self.receiver.shutdown()
+        return finished
+
+    async def _last_acks(self) -> None:
         if self._ack_task is not None:  # one flusher at a time keeps acks in order
             await self._ack_task
         await self._flush_acks()
@@ -149,9 +172,6 @@ class PullingAgent:
                 await self.receiver.messages_delivered([])
             except ConveyorError as exc:
                 log.warning("queue %d: could not record done offsets: %s", self.queue, exc)
-        self._release_cached_permits()
-        await self.receiver.shutdown()
-        return finished
 
     async def abort(self) -> None:
         """Stop at once without acknowledging anything more (the lease is lost)."""

@@ -340,9 +340,11 @@ class DynamicBalancer(QueueBalancer):
             for queue, lease in list(self._held.items()):
                 if lease.deadline - time.monotonic() <= renew_when_left_s:
                     try:
-                        renewed = await asyncio.wait_for(
-                            self.leases.renew(lease, self.lease_ttl_s), tick_s * 2
-                        )
+                        # asyncio.timeout, not wait_for: wait_for can swallow the
+                        # cancellation that stops this loop (Python 3.11), which then
+                        # never ends and stop() waits on it for ever.
+                        async with asyncio.timeout(tick_s * 2):
+                            renewed = await self.leases.renew(lease, self.lease_ttl_s)
                     except Exception as exc:  # store unreachable: keep the old deadline
                         log.warning("queue %d: lease renewal failed: %s", queue, exc)
                         renewed = lease

@@ -95,4 +95,5 @@ class MemoryLeaseStore(LeaseStore):
     async def wait_released(self, timeout_s: float) -> None:
         event = self._released
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # wait_for can lose a cancel (3.11)
+                await event.wait()

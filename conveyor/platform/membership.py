@@ -92,7 +92,8 @@ class MemoryMembership(Membership):
     async def wait_changed(self, timeout_s: float) -> bool:
         event = self._changed
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # wait_for can lose a cancel (3.11)
+                await event.wait()
         except TimeoutError:
             return False
         return True

@@ -156,7 +156,8 @@ class Cell:
                     continue
                 started = time.monotonic()
                 try:
-                    result = await asyncio.wait_for(job.fn(), timeout_s)
+                    async with asyncio.timeout(timeout_s):  # wait_for can lose a cancel
+                        result = await job.fn()
                 except TimeoutError:
                     self.timed_out += 1
                     if not job.fut.done():

@@ -330,8 +330,9 @@ class Supervisor:
             log.info("supervisor: %d process(es) own %d queue(s)",
                      self.processes, self.config.queues.total)
             while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.settings.inspection_period_s)
+                with contextlib.suppress(TimeoutError):  # not wait_for: it can lose a cancel
+                    async with asyncio.timeout(self.settings.inspection_period_s):
+                        await stop.wait()
                 if stop.is_set():
                     break
                 await self.tick(adapter)
