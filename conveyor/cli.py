@@ -199,8 +199,9 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
     from rich.table import Table
 
     members = Table("daemon", "host", "pid", "slots in use", "slots available", "handled",
-                    "pools / cells (workers)",
+                    "dead-lettered", "skipped", "pools / cells (workers)",
                     title=f"app {report.group}: {len(report.members)} daemon(s)")
+    warnings: list[str] = []
     for m in report.members:
         st = m.stats
         hosted = ", ".join(
@@ -209,8 +210,20 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
         )
         members.add_row(
             m.id, m.host, str(m.pid), _num(st.get("slots.in_use")),
-            _num(st.get("slots.available")), _num(st.get("handled")), hosted or "-",
+            _num(st.get("slots.available")), _num(st.get("handled")),
+            _num(st.get("dead_lettered")), _num(st.get("skipped")), hosted or "-",
         )
+        if st.get("dead_letters.down_s") is not None:
+            warnings.append(
+                f"[red]{m.id}: the dead-letter store has failed for "
+                f"{_age(st['dead_letters.down_s'])}; {st.get('dead_letters.waiting', 0):.0f} "
+                "message(s) wait unacknowledged[/red]"
+            )
+        if st.get("dead_letters_evicted"):
+            warnings.append(f"{m.id}: {st['dead_letters_evicted']:.0f} dead letter(s) evicted "
+                            "by [dead_letters] max_entries")
+    if warnings:
+        members.caption = "\n".join(warnings)
     queues = Table("queue", "owner", "lag", "cache fill", "acks/s")
     for q in report.queues:
         rate = rates.get(q.queue)

@@ -1,0 +1,85 @@
+"""The dead-letter store: an outage is waited out, a letter it cannot take is shortened."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from conveyor.platform.backoff import Backoff
+from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
+from conveyor.platform.errors import BrokerConnectionError, BrokerError
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import DeadLetter, Message
+from tests.conftest import wait_until
+
+FAST = Backoff(first_s=0.001, multiplier=2.0, cap_s=0.01)
+
+
+def letter(body: bytes = b'{"n": 1}') -> DeadLetter:
+    msg = Message("m1", StreamId("orders", "k"), body, {"x-tenant": "t"},
+                  token=SequenceToken(2, 40))
+    return DeadLetter.of(msg, "orders.handle", ValueError("poison"), 3)
+
+
+class Store:
+    """Takes letters until told otherwise: ``down`` raises an outage, ``refuse`` the forms
+    it will not take (as a broker refuses a record over its size limit)."""
+
+    def __init__(self) -> None:
+        self.kept: list[DeadLetter] = []
+        self.down = False
+        self.refuse: set[str] = set()
+        self.calls = 0
+
+    async def __call__(self, letters: Sequence[DeadLetter]) -> int:
+        self.calls += 1
+        if self.down:
+            raise BrokerConnectionError("connection refused")
+        for one in letters:
+            if one.form in self.refuse:
+                raise BrokerError(f"MessageSizeTooLargeError: {one.form} too large")
+        self.kept.extend(letters)
+        return 0
+
+
+async def test_an_outage_is_waited_out_and_shown_while_it_lasts() -> None:
+    store, stats = Store(), DeliveryStats()
+    dead = DeadLetterStore(store, stats, backoff=FAST)
+    store.down = True
+    put = asyncio.create_task(dead.put(letter()))
+    await wait_until(lambda: store.calls >= 3, 5, what="retries while down")
+    assert not put.done() and dead.waiting == 1 and dead.down_since is not None
+    assert stats.dead_lettered == 0
+    store.down = False
+    await asyncio.wait_for(put, 5)
+    assert [ltr.form for ltr in store.kept] == ["full"]
+    assert dead.waiting == 0 and dead.down_since is None and stats.dead_lettered == 1
+
+
+async def test_a_letter_the_store_cannot_take_is_stored_shorter_not_retried_for_ever() -> None:
+    store, stats = Store(), DeliveryStats()
+    dead = DeadLetterStore(store, stats, backoff=FAST)
+    store.refuse = {"full"}
+    await asyncio.wait_for(dead.put(letter()), 5)
+    [kept] = store.kept
+    assert kept.form == "minimal" and kept.message.body == b'{"n": 1}'
+    assert kept.message.headers == {} and kept.message.token == SequenceToken(2, 40)
+    assert "poison" in kept.error and "MessageSizeTooLargeError" in kept.error
+    store.refuse = {"full", "minimal"}
+    await asyncio.wait_for(dead.put(letter(b"x" * 100)), 5)
+    bare = store.kept[-1]
+    assert bare.form == "bare" and bare.message.body == b"" and "100 bytes" in bare.error
+    assert stats.dead_lettered == 2 and store.calls == 5
+
+
+async def test_a_store_refusing_even_a_bare_letter_holds_the_message_until_it_takes_it(
+) -> None:
+    store, stats = Store(), DeliveryStats()
+    dead = DeadLetterStore(store, stats, backoff=FAST)
+    store.refuse = {"full", "minimal", "bare"}
+    put = asyncio.create_task(dead.put(letter()))
+    await wait_until(lambda: store.calls >= 6, 5, what="retries of the bare form")
+    assert not put.done() and dead.down_since is not None
+    store.refuse = set()
+    await asyncio.wait_for(put, 5)
+    assert [ltr.form for ltr in store.kept] == ["bare"] and stats.dead_lettered == 1
