@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -96,7 +95,8 @@ def worker(
     error or an exception, reported with its file and line); 1 when the daemon fails.
     """
     from conveyor.loader import load_app
-    from conveyor.workers.daemon import WorkerDaemon, freeze_startup_heap
+    from conveyor.workers.daemon import DrainReport, WorkerDaemon
+    from conveyor.workers.serve import serve
 
     overrides: dict[str, dict[str, Any]] = {}
     if slots is not None:
@@ -121,27 +121,10 @@ def worker(
             _fail(exc)
         return
 
-    async def run() -> str:
+    async def run() -> DrainReport:
         daemon = WorkerDaemon(app, config)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await daemon.start()
-        freeze_startup_heap()
-        click.echo(f"conveyor: worker {daemon.member.id} ready", err=True)
-        stopping = asyncio.ensure_future(stop.wait())
-        failing = asyncio.ensure_future(daemon.failed.wait())
-        await asyncio.wait([stopping, failing], return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        failing.cancel()
-        if daemon.failure is not None:  # it can never own a queue: stop, exit non-zero
-            await daemon.stop()
-            if isinstance(daemon.failure, ConveyorError):
-                raise daemon.failure
-            raise ConveyorError(f"the daemon failed: {daemon.failure}")
-        log.info("signal received: draining")
-        return str(await daemon.stop())
+        ready = f"conveyor: worker {daemon.member.id} ready"
+        return await serve(daemon, ready=lambda: click.echo(ready, err=True))
 
     try:
         report = asyncio.run(run())

@@ -43,7 +43,7 @@ from conveyor.platform.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.telemetry import Telemetry
-from conveyor.workers.daemon import WorkerDaemon
+from conveyor.workers.daemon import DaemonMetrics, WorkerDaemon
 
 VARIANTS = ("uninstrumented", "off", "on")
 STREAMS = 500
@@ -69,11 +69,11 @@ def strip_instrumentation() -> None:
         tokens = await self.adapter.enqueue(self.mapper.queue_for(msg.stream), [msg])
         return tokens[0]
 
-    def no_metrics(self: WorkerDaemon) -> None:
+    def no_metrics(self: DaemonMetrics) -> None:
         return None
 
     setattr(Client, "publish", publish)  # noqa: B010 - replacing a method on purpose
-    setattr(WorkerDaemon, "_register_metrics", no_metrics)  # noqa: B010
+    setattr(DaemonMetrics, "register", no_metrics)  # noqa: B010
 
 
 def _telemetry_on(sample_ratio: float) -> tuple[Telemetry, Any]:

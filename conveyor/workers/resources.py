@@ -17,6 +17,13 @@ risk; Temporal's resource-based supplier froze slot issuing for minutes on exact
 and moved to anonymous memory. Anonymous memory (heap, stacks) is what an OOM kill is
 actually about. On the host we use psutil's ``used`` (total - free - buffers - cache),
 which excludes the page cache for the same reason.
+
+Placement (:class:`PlacementResources`) reads the same samplers, in bytes as well as
+fractions: *used* is the same anonymous memory (host: psutil's ``used``) and
+*available* is what could still be taken before the limit — the limit minus the
+working set (``memory.current`` less ``inactive_file``, the kubelet's definition:
+active page cache is counted, reclaimable cache is not), never more than the host has
+available (host: psutil's ``available``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from pathlib import Path
 from typing import Protocol
 
 import psutil
+
+from conveyor.platform.placement import ResourcePlacer
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -55,6 +64,13 @@ class ResourceSample:
     """Fraction of the CPU limit used since the previous sample, 0..1."""
     memory: float
     """Fraction of the memory limit held as anonymous memory, 0..1."""
+    memory_used_bytes: float = 0.0
+    """The anonymous memory (host: psutil's ``used``) ``memory`` is the fraction of."""
+    memory_limit_bytes: float = 0.0
+    """The limit: the tightest ``memory.max``, else host RAM; 0 when a sampler does not
+    say (placement then scores on CPU alone)."""
+    memory_available_bytes: float = 0.0
+    """What could still be taken before the limit (see the module's docstring)."""
 
 
 class ResourceSampler(Protocol):
@@ -78,6 +94,9 @@ class HostSampler:
         return ResourceSample(
             cpu=_clamp(psutil.cpu_percent(interval=None) / 100),
             memory=_clamp(mem.used / mem.total),
+            memory_used_bytes=float(mem.used),
+            memory_limit_bytes=float(mem.total),
+            memory_available_bytes=float(mem.available),
         )
 
 
@@ -138,12 +157,24 @@ class CgroupV2Sampler:
         host = int(psutil.virtual_memory().total)
         return min([host, *(int(p[0]) for p in self._limits("memory.max"))])
 
-    def _anon_bytes(self) -> int:
+    def _memory_stat(self) -> dict[str, int]:
+        """The ``anon`` and ``inactive_file`` lines of ``memory.stat`` (0 when absent)."""
+        found = {"anon": 0, "inactive_file": 0}
         for line in (self.root / "memory.stat").read_text().splitlines():
             name, _, value = line.partition(" ")
-            if name == "anon":
-                return int(value)
-        return 0
+            if name in found:
+                found[name] = int(value)
+        return found
+
+    def _available_bytes(self, inactive_file: int) -> int:
+        """The limit less the working set, at most what the host has available; the
+        host's figure alone where there is no ``memory.current`` (the root cgroup)."""
+        host = int(psutil.virtual_memory().available)
+        try:
+            current = int((self.root / "memory.current").read_text())
+        except (OSError, ValueError):
+            return host
+        return max(0, min(self.memory_limit - (current - inactive_file), host))
 
     def sample(self) -> ResourceSample:
         now = time.monotonic()
@@ -151,8 +182,14 @@ class CgroupV2Sampler:
         elapsed_us = (now - self._last_at) * 1e6
         cpu = (usage - self._last_usage_us) / (elapsed_us * self.cpus) if elapsed_us > 0 else 0.0
         self._last_usage_us, self._last_at = usage, now
-        memory = self._anon_bytes() / self.memory_limit
-        return ResourceSample(cpu=_clamp(cpu), memory=_clamp(memory))
+        stat = self._memory_stat()
+        return ResourceSample(
+            cpu=_clamp(cpu),
+            memory=_clamp(stat["anon"] / self.memory_limit),
+            memory_used_bytes=float(stat["anon"]),
+            memory_limit_bytes=float(self.memory_limit),
+            memory_available_bytes=float(self._available_bytes(stat["inactive_file"])),
+        )
 
 
 def default_sampler() -> ResourceSampler:
@@ -161,3 +198,36 @@ def default_sampler() -> ResourceSampler:
     if CgroupV2Sampler.available(root):
         return CgroupV2Sampler(root)
     return HostSampler()
+
+
+def placement_stats(sample: ResourceSample) -> dict[str, float]:
+    """``sample`` in the units of :mod:`conveyor.platform.placement`'s ``STAT_KEYS``.
+
+    CPU is a percent of this worker's CPU limit, memory is in bytes against its memory
+    limit: a container at its quota looks busy however idle the host around it is.
+    """
+    return {
+        "cpu_percent": sample.cpu * 100,
+        "memory_used_bytes": sample.memory_used_bytes,
+        "memory_available_bytes": sample.memory_available_bytes,
+        "memory_total_bytes": sample.memory_limit_bytes,
+    }
+
+
+class PlacementResources:
+    """What a daemon publishes for resource placement: its sampler's CPU and memory
+    (:func:`placement_stats`), CDM-KF-filtered here.
+
+    Filtering at the source means every daemon scores from the same published numbers.
+    ``sampler`` defaults to :func:`default_sampler`; give each caller its own, since a
+    sampler's CPU is the use since *its* previous sample.
+    """
+
+    def __init__(self, member_id: str, sampler: ResourceSampler | None = None) -> None:
+        self._sampler = sampler if sampler is not None else default_sampler()
+        self._placer = ResourcePlacer()
+        self._member_id = member_id
+
+    def sample(self) -> dict[str, float]:
+        raw = placement_stats(self._sampler.sample())
+        return dict(self._placer.observe(self._member_id, raw))

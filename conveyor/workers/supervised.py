@@ -29,15 +29,23 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from conveyor.platform.balancer import BalanceListener, DynamicBalancer, QueueBalancer
+from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
 from conveyor.platform.errors import BrokerError, ConveyorError, ShutdownError
 from conveyor.platform.leases import LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership
 
 log = logging.getLogger("conveyor.supervised")
+
+
+class Emit(Protocol):
+    """Writes one event to the supervisor: ``emit("acquired", queue=3)``."""
+
+    def __call__(self, event: str, **fields: Any) -> None: ...
 
 
 class SupervisedBalancer(QueueBalancer):
@@ -133,32 +141,25 @@ async def _stdin_lines() -> asyncio.StreamReader:
     return reader
 
 
-async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
-    from conveyor.loader import load_app
-    from conveyor.platform.config import load_config
-    from conveyor.workers.daemon import WorkerDaemon, freeze_startup_heap
-
-    def emit(event: str, **fields: Any) -> None:
-        os.write(events_fd, (json.dumps({"event": event, **fields}) + "\n").encode())
-
-    app = load_app(app_path)
-    config = load_config(None if config_path == "-" else config_path)
-    balancer: SupervisedBalancer | LeasedSupervisedBalancer
+def _balancer_for(config: Config, app_name: str) -> SupervisedBalancer | LeasedSupervisedBalancer:
     if config.balancer.membership == "memory":  # nothing shared to hold leases in
-        balancer = SupervisedBalancer()
-    else:
-        membership, leases = coordination_from_config(config, app.name)
-        balancer = LeasedSupervisedBalancer(
-            membership, leases, config.queues.total,
-            lease_ttl_s=config.balancer.lease_ttl_s,
-            rebalance_interval_s=config.balancer.rebalance_interval_s,
-        )
-    daemon = WorkerDaemon(app, config, balancer=balancer)
-    await daemon.start()
-    freeze_startup_heap()
-    emit("ready", id=daemon.member.id, pid=os.getpid())
-    reader = await _stdin_lines()
-    moves: set[asyncio.Task[None]] = set()
+        return SupervisedBalancer()
+    membership, leases = coordination_from_config(config, app_name)
+    return LeasedSupervisedBalancer(
+        membership, leases, config.queues.total,
+        lease_ttl_s=config.balancer.lease_ttl_s,
+        rebalance_interval_s=config.balancer.rebalance_interval_s,
+    )
+
+
+def _command_loop(
+    balancer: SupervisedBalancer | LeasedSupervisedBalancer, emit: Emit
+) -> Callable[[], Awaitable[None]]:
+    """The supervisor's commands, read from stdin: returns on ``stop`` or end of input.
+
+    Returning or cancelled (a SIGTERM), it first waits for the queue moves it started:
+    a move is never cut short, and the daemon stops only after them.
+    """
 
     async def move(op: str, queue: int) -> None:
         try:
@@ -173,26 +174,46 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
             emit(f"{op}d", queue=queue)
 
     async def commands() -> None:
-        while line := await reader.readline():
-            command = json.loads(line)
-            op = command.get("op")
-            if op in ("acquire", "release"):
-                task = asyncio.create_task(move(op, int(command["queue"])))
-                moves.add(task)
-                task.add_done_callback(moves.discard)
-            elif op == "stop":
-                return
+        moves: set[asyncio.Task[None]] = set()
+        reader = await _stdin_lines()
+        try:
+            while line := await reader.readline():
+                command = json.loads(line)
+                op = command.get("op")
+                if op in ("acquire", "release"):
+                    task = asyncio.create_task(move(op, int(command["queue"])))
+                    moves.add(task)
+                    task.add_done_callback(moves.discard)
+                elif op == "stop":
+                    return
+        finally:
+            while moves:  # asyncio.wait, unlike gather, never cancels what it waits for
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait(set(moves))
 
-    terminated = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
-    reading = asyncio.create_task(commands())
-    waiting = asyncio.create_task(terminated.wait())
-    await asyncio.wait((reading, waiting), return_when=asyncio.FIRST_COMPLETED)
-    for task in (reading, waiting):
-        task.cancel()
-    if moves:
-        await asyncio.gather(*moves)
-    report = await daemon.stop()
+    return commands
+
+
+async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
+    from conveyor.loader import load_app
+    from conveyor.platform.config import load_config
+    from conveyor.workers.daemon import WorkerDaemon
+    from conveyor.workers.serve import serve
+
+    def emit(event: str, **fields: Any) -> None:
+        os.write(events_fd, (json.dumps({"event": event, **fields}) + "\n").encode())
+
+    app = load_app(app_path)
+    config = load_config(None if config_path == "-" else config_path)
+    balancer = _balancer_for(config, app.name)
+    daemon = WorkerDaemon(app, config, balancer=balancer)
+    # SIGINT stays ignored (see main): the supervisor decides when children stop.
+    report = await serve(
+        daemon,
+        ready=lambda: emit("ready", id=daemon.member.id, pid=os.getpid()),
+        commands=_command_loop(balancer, emit),
+        signals=(signal.SIGTERM,),
+    )
     emit("stopped", report=str(report))
 
 

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
 from conveyor.lab.placement_sim import place
 from conveyor.platform.placement import (
+    STAT_KEYS,
     PlacementWeights,
     ResourcePlacer,
     choices_for,
     pick_lowest,
     score,
 )
+from conveyor.workers.resources import ResourceSample, default_sampler, placement_stats
+
+if TYPE_CHECKING:
+    from conveyor import WorkerDaemon
 
 GIB = 1024.0**3
 
@@ -127,37 +133,74 @@ def test_place_conserves_balls() -> None:
     assert sum(loads) == 333 and len(loads) == 20
 
 
-def test_a_daemon_publishes_cdm_kf_filtered_cpu_so_a_short_stall_is_damped(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """WorkerDaemon.stats_snapshot (what a daemon publishes with its membership) carries
-    HostResources' filtered CPU: a 5-sample stall from 60 % to 5 % barely moves it.
+class ScriptedSampler:
+    """A resource sampler (the daemon's injectable one) that replays CPU fractions and
+    reports fixed memory: 2 GiB used, 5 GiB available of an 8 GiB limit."""
 
-    psutil's CPU counter is the one input a test cannot drive for real, so it is
-    replaced by a scripted reading; memory and everything else is the real host's."""
-    import psutil
+    def __init__(self, cpu: list[float]) -> None:
+        self.cpu = cpu
+        self.calls = 0
 
+    def sample(self) -> ResourceSample:
+        cpu = self.cpu[self.calls]
+        self.calls += 1
+        return ResourceSample(
+            cpu=cpu, memory=0.25, memory_used_bytes=2 * GIB,
+            memory_limit_bytes=8 * GIB, memory_available_bytes=5 * GIB,
+        )
+
+
+def memory_daemon(name: str, **kw: Any) -> WorkerDaemon:
     from conveyor import App, WorkerDaemon, load_config
     from conveyor.adapters.memory import MemoryAdapter, reset_broker
 
-    load = [60.0 + (3.0 if i % 2 else -3.0) for i in range(40)]
-    # the first reading is taken by HostResources.__init__ to prime psutil's counter
-    readings = iter([0.0, *load, *[5.0] * 5])
-    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: next(readings, 60.0))
-    reset_broker("i6-kf")
-    cfg = load_config(environ={}, overrides={"memory": {"broker": "i6-kf"}})
-    daemon = WorkerDaemon(App("kf"), cfg, adapter=MemoryAdapter("i6-kf"))
+    reset_broker(name)
+    cfg = load_config(environ={}, overrides={"memory": {"broker": name}})
+    return WorkerDaemon(App(name), cfg, adapter=MemoryAdapter(name), **kw)
+
+
+def test_a_daemon_publishes_cdm_kf_filtered_cpu_so_a_short_stall_is_damped() -> None:
+    """WorkerDaemon.stats_snapshot (what a daemon publishes with its membership) carries
+    its resource sampler's CPU, CDM-KF-filtered: a 5-sample stall from 60 % to 5 % barely
+    moves it. Memory is published in bytes of the sampler's limit."""
+    load = [0.60 + (0.03 if i % 2 else -0.03) for i in range(40)]
+    sampler = ScriptedSampler([*load, *[0.05] * 5])
+    daemon = memory_daemon("i6-kf", resource_sampler=sampler)
     published = [daemon.stats_snapshot() for _ in range(45)]
-    assert next(readings, None) is None  # every scripted reading was published
+    assert sampler.calls == len(sampler.cpu)  # each snapshot took one sample
     before = published[39]["cpu_percent"]
     during = [s["cpu_percent"] for s in published[40:]]
     assert before >= 55.0  # followed the 57-63 % load
     # raw fell by 55 points; the published value falls by under a fifth of that
     assert min(during) >= before - 0.2 * (before - 5.0)
-    memory = psutil.virtual_memory()
     for s in published:
-        assert s["memory_total_bytes"] == float(memory.total)
+        assert s["memory_total_bytes"] == 8 * GIB
+        assert s["memory_used_bytes"] == pytest.approx(2 * GIB)
         assert 0.0 < s["memory_available_bytes"] <= s["memory_total_bytes"]
+
+
+def test_a_sample_becomes_placement_stats_in_percent_and_bytes_of_the_limit() -> None:
+    sample = ResourceSample(cpu=0.42, memory=0.25, memory_used_bytes=2 * GIB,
+                            memory_limit_bytes=8 * GIB, memory_available_bytes=5 * GIB)
+    assert placement_stats(sample) == {
+        "cpu_percent": 42.0, "memory_used_bytes": 2 * GIB,
+        "memory_available_bytes": 5 * GIB, "memory_total_bytes": 8 * GIB,
+    }
+    assert set(placement_stats(sample)) == set(STAT_KEYS)
+    # a sampler that gives no bytes scores on CPU alone
+    assert score(placement_stats(ResourceSample(cpu=0.5, memory=0.9)), PlacementWeights()) == 0.25
+
+
+def test_a_daemon_samples_placement_with_the_resource_slots_sampler() -> None:
+    """By default a daemon publishes what default_sampler reads (cgroup v2 where this
+    process has one, else the host): memory in bytes of that sampler's limit."""
+    daemon = memory_daemon("i6-default")
+    published = daemon.stats_snapshot()
+    limit = default_sampler().sample().memory_limit_bytes
+    assert published["memory_total_bytes"] == limit > 0
+    assert 0.0 < published["memory_used_bytes"] < limit
+    assert 0.0 < published["memory_available_bytes"] <= limit
+    assert 0.0 <= published["cpu_percent"] <= 100.0
 
 
 def test_the_placement_simulation_chooses_with_the_placers_own_function(

@@ -163,6 +163,35 @@ def test_cgroup_sampler_reads_anon_memory_and_the_cpu_quota(tmp_path: Path) -> N
     assert CgroupV2Sampler.available(tmp_path)
 
 
+def test_the_cgroup_sampler_gives_placement_anon_memory_and_room_below_the_limit(
+    tmp_path: Path,
+) -> None:
+    """Used is anonymous memory; available is the limit less the working set
+    (memory.current less inactive_file), never above what the host has available."""
+    mib = 1 << 20
+    (tmp_path / "cpu.stat").write_text("usage_usec 0\n")
+    (tmp_path / "memory.max").write_text(f"{64 * mib}\n")
+    (tmp_path / "memory.current").write_text(f"{40 * mib}\n")
+    (tmp_path / "memory.stat").write_text(
+        f"anon {24 * mib}\nfile {16 * mib}\ninactive_file {8 * mib}\n")
+    sample = CgroupV2Sampler(tmp_path).sample()
+    assert (sample.memory_used_bytes, sample.memory_limit_bytes) == (24 * mib, 64 * mib)
+    assert sample.memory == pytest.approx(24 / 64)
+    assert psutil.virtual_memory().available > 32 * mib  # so the cgroup's figure is the bound
+    assert sample.memory_available_bytes == (64 - (40 - 8)) * mib
+    (tmp_path / "memory.current").unlink()  # the root cgroup has none: the host's figure
+    no_current = CgroupV2Sampler(tmp_path).sample()
+    assert 0 < no_current.memory_available_bytes <= psutil.virtual_memory().total
+
+
+def test_the_host_sampler_gives_placement_psutils_used_available_and_total() -> None:
+    sample = HostSampler().sample()
+    assert sample.memory_limit_bytes == psutil.virtual_memory().total
+    assert 0 < sample.memory_used_bytes < sample.memory_limit_bytes
+    assert 0 < sample.memory_available_bytes <= sample.memory_limit_bytes
+    assert sample.memory == pytest.approx(sample.memory_used_bytes / sample.memory_limit_bytes)
+
+
 def fake_cgroup(d: Path, *, cpu_max: str | None = None, memory_max: str | None = None,
                 anon: int = 0, usage_usec: int = 0) -> Path:
     d.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,196 @@
+"""The worker daemon: one process's share of an app's queues, pulled and handled.
+
+It joins the balancer, starts a :class:`PullingAgent` for every queue it is given,
+drains the ones it gives back, aborts the ones whose lease is lost, and on
+:meth:`WorkerDaemon.stop` drains everything: stops pulling, lets in-flight messages
+finish within ``drain_timeout_s``, acknowledges them and releases its queues.
+
+:class:`WorkerDaemon` is the facade users and tests hold; each job is a part of its own:
+
+* ``build.py``    :func:`build_parts` — adapter, slots, balancer, member, telemetry,
+                  dead letters and delivery chains, from config; closes what it built
+* ``queues.py``   :class:`QueueOwner` — an agent per owned queue: acquire, drain, abort;
+                  :class:`DrainReport`
+* ``metrics.py``  :class:`DaemonMetrics` — instruments, lag sampling, slot gauges, the
+                  stats snapshot published for ``conveyor status`` and placement
+
+Running a daemon in a process until a signal is :func:`conveyor.workers.serve.serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.agent import PullingAgent
+from conveyor.platform.app import App
+from conveyor.platform.balancer import QueueBalancer
+from conveyor.platform.config import Config
+from conveyor.platform.leases import Lease
+from conveyor.platform.membership import MemberInfo
+from conveyor.platform.telemetry import Telemetry
+from conveyor.workers.cells import CellRouter
+from conveyor.workers.daemon.build import DaemonParts, build_balancer, build_parts
+from conveyor.workers.daemon.metrics import DaemonMetrics
+from conveyor.workers.daemon.queues import DrainReport, QueueOwner
+from conveyor.workers.pool import StatelessWorkerPool
+from conveyor.workers.resources import ResourceSampler
+from conveyor.workers.slots import SlotSupplier
+
+__all__ = [
+    "DaemonMetrics",
+    "DaemonParts",
+    "DrainReport",
+    "QueueOwner",
+    "WorkerDaemon",
+    "build_balancer",
+    "build_parts",
+]
+
+log = logging.getLogger("conveyor.daemon")
+
+
+class WorkerDaemon:
+    """One daemon: built from ``config`` (any part given is used instead, and left open
+    on stop), started, stopped. It is its balancer's listener.
+
+    ``resource_sampler`` is where the CPU and memory it publishes for placement are
+    read (default: this process's cgroup v2, else the host; see
+    :mod:`conveyor.workers.resources`).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        config: Config | None = None,
+        *,
+        adapter: QueueAdapter | None = None,
+        balancer: QueueBalancer | None = None,
+        slots: SlotSupplier | None = None,
+        member: MemberInfo | None = None,
+        telemetry: Telemetry | None = None,
+        resource_sampler: ResourceSampler | None = None,
+    ) -> None:
+        self._parts = parts = build_parts(
+            app, config, adapter=adapter, balancer=balancer, slots=slots, member=member,
+            telemetry=telemetry, resource_sampler=resource_sampler,
+        )
+        self.app = app
+        self.config = parts.config
+        self.adapter = parts.adapter
+        self.mapper = parts.mapper
+        self.slots = parts.slots
+        self.balancer = parts.balancer
+        self.member = parts.member
+        self.stats = parts.stats
+        self.telemetry = parts.telemetry
+        self.dead_letters = parts.dead_letters
+        self.client = parts.client
+        self.settings = parts.settings
+        self.orphans = parts.orphans
+        self.interceptors = parts.interceptors
+        self.queues = QueueOwner(
+            parts.adapter, app.name, parts.subscriptions, parts.orphans, parts.slots,
+            parts.settings, parts.balancer, parts.config.worker,
+        )
+        self.agents: dict[int, PullingAgent] = self.queues.agents
+        self.metrics = DaemonMetrics(
+            parts.telemetry, parts.stats, parts.slots, self.queues, app.handlers,
+            parts.pool_step.pools, parts.cell_step.routers, parts.dead_letters,
+            parts.resources, lag_interval_s=parts.config.telemetry.metrics_interval_s,
+        )
+        self._hooks: list[asyncio.Task[None]] = []
+        self.started = False
+        self.failure: BaseException | None = None
+        """Why the daemon can no longer work (set with :attr:`failed`); None while fine."""
+        self.failed = asyncio.Event()
+
+    @property
+    def pools(self) -> dict[str, StatelessWorkerPool]:
+        """Stateless-worker pools by handler name."""
+        return self._parts.pool_step.pools
+
+    @property
+    def cells(self) -> dict[str, CellRouter]:
+        """Cells by handler name."""
+        return self._parts.cell_step.routers
+
+    @property
+    def lag(self) -> dict[int, int]:
+        """Messages not yet finished, per owned queue, as last sampled (metrics on)."""
+        return self.metrics.lag
+
+    def resize_cell(self, handler: str, cell: str, size: int) -> None:
+        """Change one cell's size while running (creates nothing until its first message)."""
+        self.cells[handler].resize(cell, size)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        if not self.app.handlers:
+            log.warning("app %r declares no handlers: every message will be dead-lettered",
+                        self.app.name)
+        self.balancer.set_stats_provider(self.stats_snapshot)
+        await self.balancer.start(self.member, self)
+        self.started = True
+        self.metrics.register()
+        for hook in self.app.on_startup:
+            self._hooks.append(asyncio.create_task(hook(self.client)))
+        log.info("daemon %s started; owns queues %s", self.member.id, self.balancer.owned())
+
+    async def stop(self) -> DrainReport:
+        """Drain: stop the startup hooks, release every queue through the balancer (each
+        drained within ``[worker] drain_timeout_s``), drain what it did not hand back,
+        then close the parts built here."""
+        for task in self._hooks:
+            task.cancel()
+        for task in self._hooks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.started:
+            await self.balancer.stop()
+            self.started = False
+        await self.queues.drain_all()
+        await self.metrics.close()
+        await self._parts.close()
+        return self.report()
+
+    def report(self) -> DrainReport:
+        return DrainReport(
+            pulled=self.queues.pulled,
+            acked=self.queues.acked,
+            handled=self.stats.handled,
+            dead_lettered=self.stats.dead_lettered,
+            abandoned=self.queues.abandoned,
+            skipped=self.stats.skipped,
+        )
+
+    def stats_snapshot(self) -> dict[str, float]:
+        """Flat stats published with the membership record; read by ``conveyor status``."""
+        return self.metrics.stats_snapshot()
+
+    def slot_metrics(self) -> dict[str, dict[str, int]]:
+        """Slots in use and available, per handler and in total (see DaemonMetrics)."""
+        return self.metrics.slot_metrics()
+
+    @property
+    def max_cache_fill(self) -> int:
+        """The most messages any of this daemon's agents held at once, ever."""
+        return self.queues.max_cache_fill
+
+    # -- the balancer's listener -------------------------------------------------------
+    async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
+        await self.queues.queue_acquired(queue, lease)
+
+    async def queue_released(self, queue: int) -> None:
+        await self.queues.queue_released(queue)
+
+    async def queue_lost(self, queue: int) -> None:
+        await self.queues.queue_lost(queue)
+
+    def balancer_failed(self, error: BaseException) -> None:
+        """Recorded for whoever runs the daemon (:func:`~conveyor.workers.serve.serve`
+        stops it and raises the failure)."""
+        self.failure = error
+        self.failed.set()

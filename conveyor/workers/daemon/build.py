@@ -1,0 +1,201 @@
+"""Building a worker daemon from config: adapter, slots, balancer, telemetry and chains.
+
+:func:`build_parts` makes what a :class:`~conveyor.workers.daemon.WorkerDaemon` runs
+with, in one place. A part handed to it is used as given and left open by
+:meth:`DaemonParts.close`; a part it built is closed there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.agent import AgentSettings, Subscriptions
+from conveyor.platform.app import App
+from conveyor.platform.balancer import (
+    BestFitPlacement,
+    DynamicBalancer,
+    Placement,
+    QueueBalancer,
+    ResourcePlacement,
+    StaticBalancer,
+)
+from conveyor.platform.client import Client
+from conveyor.platform.config import Config
+from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.delivery import (
+    DeadLetterStore,
+    DeliveryStats,
+    Interceptor,
+    PutLetter,
+    build_chain,
+    chain_interceptors,
+)
+from conveyor.platform.delivery.orphans import Orphans
+from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.membership import MemberInfo
+from conveyor.platform.message import DeadLetter
+from conveyor.platform.placement import PlacementWeights
+from conveyor.platform.queue_cache import Route
+from conveyor.platform.telemetry import Telemetry
+from conveyor.workers.cell_interceptor import CellInterceptor
+from conveyor.workers.pool_interceptor import PoolInterceptor
+from conveyor.workers.resources import PlacementResources, ResourceSampler
+from conveyor.workers.slots import SlotSupplier, supplier_from_config
+
+_LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
+
+# Balancers that live beside a driver, imported by name (like adapters) so that this
+# module imports no driver. Factories take (config, app_name, adapter).
+_BALANCERS = {
+    "kafka-group": "conveyor.adapters.kafka_group:from_config",
+}
+
+
+def build_balancer(
+    config: Config, app_name: str, adapter: QueueAdapter | None = None
+) -> QueueBalancer:
+    target = _BALANCERS.get(config.balancer.kind)
+    if target is not None:
+        module_name, _, attr = target.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        balancer: QueueBalancer = factory(config, app_name, adapter)
+        return balancer
+    if config.balancer.kind == "static":
+        return StaticBalancer(config.balancer.queues or range(config.queues.total))
+    membership, leases = coordination_from_config(config, app_name)
+    placement: Placement = BestFitPlacement()
+    if config.balancer.placement == "resource":
+        w = config.balancer.weights
+        placement = ResourcePlacement(
+            PlacementWeights(w.cpu_usage, w.memory_usage, w.available_memory, w.local_margin)
+        )
+    return DynamicBalancer(
+        membership,
+        leases,
+        config.queues.total,
+        lease_ttl_s=config.balancer.lease_ttl_s,
+        rebalance_interval_s=config.balancer.rebalance_interval_s,
+        placement=placement,
+    )
+
+
+@dataclass(eq=False, slots=True)
+class DaemonParts:
+    """What one daemon runs with; ``owns_*`` say which parts :meth:`close` closes."""
+
+    app: App
+    config: Config
+    adapter: QueueAdapter
+    mapper: HashRingQueueMapper
+    slots: SlotSupplier
+    balancer: QueueBalancer
+    member: MemberInfo
+    telemetry: Telemetry
+    client: Client
+    stats: DeliveryStats
+    dead_letters: DeadLetterStore
+    orphans: Orphans
+    pool_step: PoolInterceptor
+    cell_step: CellInterceptor
+    interceptors: list[Interceptor]
+    """Every chain's interceptors, outermost first (see conveyor.platform.delivery)."""
+    subscriptions: Subscriptions
+    settings: AgentSettings
+    resources: PlacementResources
+    owns_adapter: bool
+    owns_slots: bool
+    owns_telemetry: bool
+
+    async def close(self) -> None:
+        """Close the pools and cells, and the parts built here (not those handed in)."""
+        await self.pool_step.close()
+        await self.cell_step.close()
+        close_slots = getattr(self.slots, "close", None)
+        if self.owns_slots and close_slots is not None:
+            await close_slots()  # e.g. the resource-based supplier's sampling task
+        if self.owns_adapter:
+            await self.adapter.close()
+        if self.owns_telemetry:
+            self.telemetry.shutdown()
+
+
+def build_parts(
+    app: App,
+    config: Config | None = None,
+    *,
+    adapter: QueueAdapter | None = None,
+    balancer: QueueBalancer | None = None,
+    slots: SlotSupplier | None = None,
+    member: MemberInfo | None = None,
+    telemetry: Telemetry | None = None,
+    resource_sampler: ResourceSampler | None = None,
+) -> DaemonParts:
+    """A daemon's parts from ``config``; any part given is used instead of building it."""
+    config = config or Config()
+    owns_adapter, owns_slots, owns_telemetry = adapter is None, slots is None, telemetry is None
+    adapter = adapter or create_adapter(config.queues.adapter, config)
+    mapper = HashRingQueueMapper(config.queues.total)
+    slots = slots or supplier_from_config(config.slots)
+    balancer = balancer or build_balancer(config, app.name, adapter)
+    member = member or MemberInfo.for_this_process(f"{app.name}-")
+    stats = DeliveryStats()
+    telemetry = telemetry or Telemetry.from_config(config.telemetry, member.id)
+    dead_letters = DeadLetterStore(_store_in(adapter, app.name), stats)
+    pool_step = PoolInterceptor()
+    cell_step = CellInterceptor(config.cells.sizes, config.cells.default_size)
+    put_letter = _put_letter(dead_letters, telemetry)
+    interceptors = chain_interceptors(
+        put_letter,
+        stats,
+        tracer=telemetry.tracer,
+        meter=telemetry.meter,
+        system=adapter.name,
+        group=app.name,
+        app=app.interceptors,
+        hosting=(pool_step, cell_step),
+    )
+    return DaemonParts(
+        app=app, config=config, adapter=adapter, mapper=mapper, slots=slots,
+        balancer=balancer, member=member, telemetry=telemetry,
+        client=Client(adapter, mapper, telemetry=telemetry),
+        stats=stats, dead_letters=dead_letters,
+        orphans=Orphans(put_letter, stats, app.name, config.dead_letters.unroutable),
+        pool_step=pool_step, cell_step=cell_step, interceptors=interceptors,
+        subscriptions=subscribe(app, interceptors),
+        settings=AgentSettings(
+            cache_capacity=config.worker.cache_capacity,
+            max_batch=config.worker.max_batch,
+            poll_timeout_s=config.worker.poll_timeout_ms / 1000,
+        ),
+        resources=PlacementResources(member.id, resource_sampler),
+        owns_adapter=owns_adapter, owns_slots=owns_slots, owns_telemetry=owns_telemetry,
+    )
+
+
+def subscribe(app: App, interceptors: Sequence[Interceptor]) -> Subscriptions:
+    """Every handler's delivery chain, composed once (see conveyor.platform.delivery)."""
+    index = {spec.name: i for i, spec in enumerate(app.handlers)}
+    return {
+        ns: tuple(Route(index[s.name], s, build_chain(s, interceptors)) for s in specs)
+        for ns, specs in app.subscriptions().items()
+    }
+
+
+def _store_in(adapter: QueueAdapter, group: str) -> _LetterStore:
+    async def store(letters: Sequence[DeadLetter]) -> int:
+        return await adapter.dead_letter(group, letters)
+
+    return store
+
+
+def _put_letter(dead_letters: DeadLetterStore, telemetry: Telemetry) -> PutLetter:
+    """How dead letters are stored: through the store, in a span when tracing."""
+    tracer = telemetry.tracer
+    if tracer is None:
+        return dead_letters.put
+    from conveyor.platform.delivery.tracing import traced_dead_letters
+
+    return traced_dead_letters(dead_letters.put, tracer)

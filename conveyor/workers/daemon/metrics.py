@@ -1,0 +1,167 @@
+"""What a daemon exports: metric instruments, lag samples, slot gauges and the stats
+snapshot its balancer publishes with its membership record.
+
+Instruments read their values when metrics are collected, off the hot path; queue lag
+needs broker calls, which those callbacks cannot make, so a task samples it every
+``[telemetry] metrics_interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+
+from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.status import AckRates
+from conveyor.platform.telemetry import Telemetry, stats_observations
+from conveyor.workers.cells import CellRouter
+from conveyor.workers.daemon.queues import QueueOwner
+from conveyor.workers.pool import StatelessWorkerPool
+from conveyor.workers.resources import PlacementResources
+from conveyor.workers.slots import SlotSupplier
+
+
+class DaemonMetrics:
+    """Reads a daemon's parts for exporters, ``conveyor status`` and placement."""
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        stats: DeliveryStats,
+        slots: SlotSupplier,
+        queues: QueueOwner,
+        handlers: Sequence[HandlerSpec],
+        pools: Mapping[str, StatelessWorkerPool],
+        cells: Mapping[str, CellRouter],
+        dead_letters: DeadLetterStore,
+        resources: PlacementResources,
+        *,
+        lag_interval_s: float,
+    ) -> None:
+        self._telemetry = telemetry
+        self._stats = stats
+        self._slots = slots
+        self._queues = queues
+        self._handlers = handlers
+        self._pools = pools
+        self._cells = cells
+        self._dead_letters = dead_letters
+        self._resources = resources
+        self._lag_interval_s = lag_interval_s
+        self._ack_rates = AckRates()
+        self.lag: dict[int, int] = {}
+        """Messages not yet finished, per owned queue, as last sampled."""
+        self._lag_task: asyncio.Task[None] | None = None
+
+    def register(self) -> None:
+        """Register the instruments and start sampling lag (nothing without a meter)."""
+        t, slots, agents = self._telemetry, self._slots, self._queues.agents
+        if t.meter is None:
+            return
+        for name, read in stats_observations(self._stats).items():
+            t.observe(f"conveyor.messages.{name}", "{message}", f"Messages {name}", read,
+                      counter=True)
+        t.observe("conveyor.slots.in_use", "{slot}",
+                  'Slots carrying a message: handler="*" is the daemon\'s total',
+                  lambda: [(m["in_use"], {"handler": h}) for h, m in self.slot_metrics().items()])
+        t.observe("conveyor.slots.available", "{slot}", "Slots that could be issued now",
+                  lambda: [(slots.available, {})] if slots.available is not None else [])
+        t.observe("conveyor.queues.owned", "{queue}", "Queues this daemon pulls",
+                  lambda: [(len(agents), {})])
+        t.observe("conveyor.cache.fill", "{message}", "Messages held by a pulling agent",
+                  lambda: [(len(a.cache), {"queue": str(q)}) for q, a in agents.items()])
+        t.observe("conveyor.queue.lag", "{message}", "Messages not yet finished, per queue",
+                  lambda: [(lag, {"queue": str(q)}) for q, lag in self.lag.items()])
+        t.observe("conveyor.pool.workers", "{worker}", "Workers of a stateless-worker pool",
+                  lambda: [(p.size, {"handler": h}) for h, p in self._pools.items()])
+        t.observe("conveyor.pool.waiting", "{message}", "Calls assigned to a pool, unfinished",
+                  lambda: [(p.waiting, {"handler": h}) for h, p in self._pools.items()])
+        t.observe("conveyor.cell.workers", "{worker}", "Workers of a cell",
+                  lambda: self._cell_observations("size"))
+        t.observe("conveyor.cell.queue_length", "{message}", "Jobs waiting in a cell",
+                  lambda: self._cell_observations("queue_length"))
+        self._lag_task = asyncio.create_task(self._sample_lag())
+
+    def _cell_observations(self, field: str) -> list[tuple[float, dict[str, str]]]:
+        return [
+            (values[field], {"handler": h, "cell": cell})
+            for h, router in self._cells.items()
+            for cell, values in router.snapshot().items()
+        ]
+
+    async def _sample_lag(self) -> None:
+        """Lag needs broker calls, which metric callbacks cannot make: sample it here."""
+        agents = self._queues.agents
+        while True:
+            for queue, agent in list(agents.items()):
+                with contextlib.suppress(Exception):
+                    self.lag[queue] = await agent.receiver.lag()
+            for queue in set(self.lag) - set(agents):
+                del self.lag[queue]
+            await asyncio.sleep(self._lag_interval_s)
+
+    async def close(self) -> None:
+        """Stop sampling lag."""
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+
+    def stats_snapshot(self) -> dict[str, float]:
+        """Flat stats published with the membership record; read by ``conveyor status``
+        and by resource placement (the ``cpu_percent`` and ``memory_*`` keys)."""
+        slots, stats, agents = self._slots, self._stats, self._queues.agents
+        snapshot: dict[str, float] = {
+            "slots.issued": slots.issued,
+            "slots.in_use": slots.in_use,
+            "handled": stats.handled,
+            "dead_lettered": stats.dead_lettered,
+            "skipped": stats.skipped,
+            "dead_letters_evicted": stats.dead_letters_evicted,
+            "dead_letters.waiting": self._dead_letters.waiting,
+        }
+        down_since = self._dead_letters.down_since
+        if down_since is not None:  # published as an age: heartbeats cross machines
+            snapshot["dead_letters.down_s"] = time.monotonic() - down_since
+        if slots.available is not None:
+            snapshot["slots.available"] = slots.available
+        snapshot.update(self._resources.sample())
+        for handler, pool in self._pools.items():
+            snapshot[f"pool.{handler}.workers"] = pool.size
+        for handler, router in self._cells.items():
+            for cell, values in router.snapshot().items():
+                snapshot[f"cell.{handler}/{cell}.workers"] = values["size"]
+        for queue, agent in agents.items():
+            snapshot[f"queue.{queue}.cache_fill"] = len(agent.cache)
+            snapshot[f"queue.{queue}.acked"] = agent.acked
+        snapshot["at"] = now = time.time()  # when the counts were taken: status rates use it
+        acked = {queue: agent.acked for queue, agent in agents.items()}
+        for queue, rate in self._ack_rates.sample(acked, now).items():
+            snapshot[f"queue.{queue}.acks_per_s"] = rate
+        return snapshot
+
+    def slot_metrics(self) -> dict[str, dict[str, int]]:
+        """Gauges for exporters: slots in use and available, per handler and in total.
+
+        ``"*"`` is the daemon's supplier: ``in_use`` slots carrying a message,
+        ``issued`` slots handed out (pulled or about to pull), ``available`` what it
+        could issue now (-1 when the supplier cannot tell). Per handler, ``in_use`` is
+        the messages still waiting for or running in that handler, each holding a slot;
+        ``available`` is the shared supplier's. Computed on demand, off the hot path.
+        """
+        slots = self._slots
+        available = slots.available
+        free = -1 if available is None else available
+        per_handler = {spec.name: 0 for spec in self._handlers}
+        # Exporters call this from their own thread while the loop adds and drops lanes:
+        # copy each dict in one step (atomic under the GIL) before walking it.
+        for agent in self._queues.holding():
+            for lane in list(agent.cache.lanes.values()):
+                name = lane.route.handler.name
+                per_handler[name] = per_handler.get(name, 0) + len(lane.entries)
+        metrics = {name: {"in_use": n, "available": free} for name, n in per_handler.items()}
+        metrics["*"] = {"in_use": slots.in_use, "issued": slots.issued, "available": free}
+        return metrics

@@ -1,0 +1,153 @@
+"""The queues a daemon owns: one pulling agent each, started, drained or aborted as its
+balancer says.
+
+The daemon is the balancer's :class:`~conveyor.platform.balancer.BalanceListener` and
+hands each call to :class:`QueueOwner`. A released queue is drained (pulling stops,
+in-flight messages finish within ``[worker] drain_timeout_s`` and are acknowledged); a
+lost one is aborted at once (its lease is gone: nothing more is acknowledged, what was
+in flight counts as abandoned). What gone agents pulled and acknowledged is kept for
+the :class:`DrainReport`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.agent import AgentSettings, PullingAgent, Subscriptions
+from conveyor.platform.balancer import QueueBalancer
+from conveyor.platform.config import WorkerConfig
+from conveyor.platform.delivery.orphans import Orphans
+from conveyor.platform.leases import Lease
+from conveyor.workers.slots import SlotSupplier
+
+log = logging.getLogger("conveyor.daemon")
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """What a daemon's stop did; printed by ``conveyor worker`` as its last line."""
+
+    pulled: int
+    acked: int
+    handled: int
+    dead_lettered: int
+    abandoned: int
+    skipped: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"pulled={self.pulled} acked={self.acked} handled={self.handled} "
+            f"dead_lettered={self.dead_lettered} abandoned={self.abandoned} "
+            f"skipped={self.skipped}"
+        )
+
+
+class QueueOwner:
+    """A pulling agent per owned queue, and the counts of the agents that are gone.
+
+    ``balancer`` is asked, before every acknowledgement, whether the queue's lease is
+    still valid; ``worker`` is read when a drain starts (``drain_timeout_s``).
+    """
+
+    def __init__(
+        self,
+        adapter: QueueAdapter,
+        group: str,
+        subscriptions: Subscriptions,
+        orphans: Orphans,
+        slots: SlotSupplier,
+        settings: AgentSettings,
+        balancer: QueueBalancer,
+        worker: WorkerConfig,
+    ) -> None:
+        self._adapter = adapter
+        self._group = group
+        self._subscriptions = subscriptions
+        self._orphans = orphans
+        self._slots = slots
+        self._settings = settings
+        self._balancer = balancer
+        self._worker = worker
+        self.agents: dict[int, PullingAgent] = {}
+        self._leaving: dict[int, PullingAgent] = {}
+        self._pulled_gone = 0
+        self._acked_gone = 0
+        self._max_cache_fill_gone = 0
+        self.abandoned = 0
+        """Messages in flight when their queue was lost or its drain timed out."""
+
+    # -- what the balancer says ----------------------------------------------------------
+    async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
+        receiver = self._adapter.create_receiver(queue, self._group)
+        receiver.set_lease(lease)
+        await receiver.initialize()
+        balancer = self._balancer
+        agent = PullingAgent(
+            queue,
+            receiver,
+            self._subscriptions,
+            self._orphans,
+            self._slots,
+            self._settings,
+            may_act=lambda: balancer.lease_valid(queue),
+        )
+        self.agents[queue] = agent
+        agent.start()
+
+    async def queue_released(self, queue: int) -> None:
+        agent = self.agents.get(queue)
+        if agent is not None:
+            await self._drain(agent)
+
+    async def queue_lost(self, queue: int) -> None:
+        agent = self.agents.pop(queue, None)
+        if agent is not None:
+            self.abandoned += agent.in_flight
+            await agent.abort()
+            self._forget(agent)
+        elif (leaving := self._leaving.get(queue)) is not None:
+            self.abandoned += leaving.in_flight
+            await leaving.abort()  # its _drain() finishes and accounts for it
+
+    async def drain_all(self) -> None:
+        """Drain every queue still owned (anything a stopped balancer did not hand back)."""
+        for agent in list(self.agents.values()):
+            await self._drain(agent)
+
+    async def _drain(self, agent: PullingAgent) -> None:
+        self.agents.pop(agent.queue, None)
+        self._leaving[agent.queue] = agent
+        try:
+            in_flight_before = agent.in_flight
+            if not await agent.drain(self._worker.drain_timeout_s):
+                self.abandoned += agent.in_flight
+            log.debug("queue %d drained (%d in flight at start)", agent.queue, in_flight_before)
+        finally:
+            self._leaving.pop(agent.queue, None)
+            self._forget(agent)
+
+    def _forget(self, agent: PullingAgent) -> None:
+        self._pulled_gone += agent.pulled
+        self._acked_gone += agent.acked
+        self._max_cache_fill_gone = max(self._max_cache_fill_gone, agent.max_cache_fill)
+
+    # -- counts ------------------------------------------------------------------------
+    def holding(self) -> list[PullingAgent]:
+        """Every agent that may still hold messages: those pulling and those draining."""
+        return [*self.agents.values(), *self._leaving.values()]
+
+    @property
+    def pulled(self) -> int:
+        return self._pulled_gone + sum(a.pulled for a in self.agents.values())
+
+    @property
+    def acked(self) -> int:
+        return self._acked_gone + sum(a.acked for a in self.agents.values())
+
+    @property
+    def max_cache_fill(self) -> int:
+        """The most messages any agent held at once, ever."""
+        live = [a.max_cache_fill for a in self.agents.values()]
+        return max([self._max_cache_fill_gone, *live])
