@@ -38,15 +38,15 @@ from conveyor.platform.options import (
     RetryPolicy,
     ScaleDownPolicy,
 )
-from conveyor.workers.daemon import WorkerDaemon
-from conveyor.workers.slots import (
-    FixedSlotSupplier,
+from conveyor.platform.slots import (
     SlotInfo,
     SlotPermit,
     SlotReleaseReason,
     SlotReservationContext,
     SlotSupplier,
 )
+from conveyor.workers.daemon import WorkerDaemon
+from conveyor.workers.fixed_slots import FixedSlotSupplier
 
 __all__ = [
     "App",

@@ -47,13 +47,14 @@ from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.placement import PlacementWeights, ResourcePlacer
 from conveyor.platform.queue_cache import Route
+from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.status import AckRates
 from conveyor.platform.telemetry import Telemetry, stats_observations
 from conveyor.workers.cell_interceptor import CellInterceptor
 from conveyor.workers.cells import CellRouter
 from conveyor.workers.pool import StatelessWorkerPool
 from conveyor.workers.pool_interceptor import PoolInterceptor
-from conveyor.workers.slots import SlotSupplier, supplier_from_config
+from conveyor.workers.supplier_config import supplier_from_config
 
 log = logging.getLogger("conveyor.daemon")
 

@@ -37,13 +37,13 @@ from typing import Any
 
 from conveyor.platform.kalman import CDMKalmanFilter
 from conveyor.platform.pid import PIDController
-from conveyor.workers.resources import ResourceSample, ResourceSampler, default_sampler
-from conveyor.workers.slots import (
+from conveyor.platform.slots import (
     SlotPermit,
     SlotReleaseReason,
     SlotReservationContext,
     SlotSupplier,
 )
+from conveyor.workers.resources import ResourceSample, ResourceSampler, default_sampler
 
 log = logging.getLogger("conveyor.slots")
 

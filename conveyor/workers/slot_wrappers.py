@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
-from conveyor.workers.slots import (
+from conveyor.platform.slots import (
     SlotInfo,
     SlotPermit,
     SlotReleaseReason,
