@@ -1,6 +1,6 @@
 """Process autoscaling on lag: ``conveyor worker APP --processes MIN:MAX``.
 
-The supervisor starts ``MIN`` daemon processes (:mod:`conveyor.workers.supervised`),
+The supervisor starts ``MIN`` daemon processes (:mod:`conveyor.workers.supervisor_child`),
 hands each its share of the app's queues, and every inspection period reads the
 consumer lag of every queue from the broker (``QueueAdapter.lag(queue, group)``):
 
@@ -158,7 +158,7 @@ class ChildProcess:
         read_fd, write_fd = os.pipe()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "conveyor.workers.supervised",
+                sys.executable, "-m", "conveyor.workers.supervisor_child",
                 app_path, config_path, str(write_fd),
                 stdin=asyncio.subprocess.PIPE, pass_fds=(write_fd,),
                 env={**os.environ, **env}, start_new_session=True,
