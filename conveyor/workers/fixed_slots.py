@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.slots import (
     SlotPermit,
     SlotReleaseReason,
@@ -18,7 +19,7 @@ class FixedSlotSupplier(SlotSupplier):
 
     def __init__(self, count: int) -> None:
         if count < 1:
-            raise ValueError(f"a fixed slot supplier needs at least 1 slot, got {count}")
+            raise InvalidArgumentError(f"a fixed slot supplier needs at least 1 slot, got {count}")
         super().__init__()
         self.count = count
         self._free = count

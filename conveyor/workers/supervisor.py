@@ -41,7 +41,7 @@ from typing import Any
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.balancer import best_fit
 from conveyor.platform.config import Config
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
@@ -63,7 +63,7 @@ class SupervisorSettings:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_processes <= self.max_processes:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"--processes needs 1 <= MIN <= MAX, got {self.min_processes}:{self.max_processes}"
             )
 
@@ -517,9 +517,9 @@ def parse_processes(text: str) -> tuple[int, int]:
         lo = int(low)
         hi = int(high) if sep else lo
     except ValueError:
-        raise ValueError(f"expected MIN:MAX (e.g. 1:4), got {text!r}") from None
+        raise InvalidArgumentError(f"expected MIN:MAX (e.g. 1:4), got {text!r}") from None
     if not 1 <= lo <= hi:
-        raise ValueError(f"expected 1 <= MIN <= MAX, got {text!r}")
+        raise InvalidArgumentError(f"expected 1 <= MIN <= MAX, got {text!r}")
     return lo, hi
 
 
