@@ -44,6 +44,9 @@ log = logging.getLogger("conveyor.slots")
 
 
 class SlotReleaseReason(enum.Enum):
+    """Why a slot was given back: its message was handled, it never carried one (nothing
+    was pulled for it, or the daemon is stopping), or handling it failed."""
+
     TASK_COMPLETE = "task-complete"
     NEVER_USED = "never-used"
     ERROR = "error"

@@ -136,6 +136,17 @@ class DrainReport:
 
 
 class WorkerDaemon:
+    """One process's worker for an app: owns its share of the queues and runs the handlers.
+
+    ``await start()`` joins the balancer and starts a pulling agent per queue it is given;
+    ``await stop()`` drains (stops pulling, lets in-flight messages finish within
+    ``[worker] drain_timeout_s``, acknowledges them, releases the queues) and returns a
+    :class:`DrainReport`. Everything is built from ``config`` unless passed in (tests,
+    embedding): the adapter, balancer, slot supplier, member identity and telemetry. If
+    its balancer fails for good, :attr:`failed` is set and :attr:`failure` says why
+    (``conveyor worker`` then stops the daemon and exits non-zero).
+    """
+
     def __init__(
         self,
         app: App,
