@@ -18,14 +18,20 @@ from conveyor.platform.client import Client, Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.delivery import Delivery, Interceptor, Step
 from conveyor.platform.errors import (
+    AppAliveError,
     BrokerConnectionError,
     BrokerError,
     ConfigError,
     ConveyorError,
     DecodeError,
+    ForwardRewindError,
     HandlerDeclarationError,
+    InvalidArgumentError,
     LeaseLostError,
+    QueueOwnedError,
     ShutdownError,
+    SlotSupplierError,
+    UnknownGroupError,
 )
 from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -38,20 +44,29 @@ from conveyor.platform.options import (
     RetryPolicy,
     ScaleDownPolicy,
 )
-from conveyor.workers.daemon import WorkerDaemon
-from conveyor.workers.slots import (
-    FixedSlotSupplier,
+from conveyor.platform.slots import (
     SlotInfo,
     SlotPermit,
     SlotReleaseReason,
     SlotReservationContext,
     SlotSupplier,
 )
+from conveyor.version import version as _version
+from conveyor.workers.cells import CellJobTimeout
+from conveyor.workers.daemon import WorkerDaemon
+from conveyor.workers.fixed_slots import FixedSlotSupplier
+from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
+from conveyor.workers.slot_wrappers import GuardedSlotSupplier, PauseableSlotSupplier
+
+__version__ = _version()
+"""The installed distribution's version (``conveyor --version`` prints it too)."""
 
 __all__ = [
     "App",
+    "AppAliveError",
     "BrokerConnectionError",
     "BrokerError",
+    "CellJobTimeout",
     "CellOptions",
     "Client",
     "Config",
@@ -61,16 +76,22 @@ __all__ = [
     "DecodeError",
     "Delivery",
     "FixedSlotSupplier",
+    "ForwardRewindError",
+    "GuardedSlotSupplier",
     "HandlerDeclarationError",
     "HandlerOptions",
     "HandlerSpec",
     "HashRingQueueMapper",
     "Interceptor",
+    "InvalidArgumentError",
     "LeaseLostError",
     "Message",
     "MessageContext",
+    "PauseableSlotSupplier",
     "PoolOptions",
     "Publish",
+    "QueueOwnedError",
+    "ResourceBasedSlotSupplier",
     "RetryPolicy",
     "ScaleDownPolicy",
     "SequenceToken",
@@ -80,10 +101,12 @@ __all__ = [
     "SlotReleaseReason",
     "SlotReservationContext",
     "SlotSupplier",
+    "SlotSupplierError",
     "Step",
     "StreamId",
     "SyncClient",
     "Undecodable",
+    "UnknownGroupError",
     "WorkerDaemon",
     "load_config",
 ]

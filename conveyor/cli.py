@@ -13,6 +13,7 @@ import click
 
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.version import version
 
 log = logging.getLogger("conveyor.cli")
 
@@ -57,6 +58,8 @@ config_option = click.option(
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version(), "--version", "-V", prog_name="conveyor",
+                      message="%(prog)s %(version)s")
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),

@@ -34,7 +34,14 @@ import redis.asyncio as aioredis
 import redis.exceptions as rex
 
 from conveyor.adapters import redis_scripts as lua
-from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect
+from conveyor.adapters.redis_conn import (
+    Caller,
+    Keys,
+    check_name,
+    connect,
+    joined_ids,
+    token_of,
+)
 from conveyor.platform import letters as layout
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.errors import (
@@ -100,20 +107,6 @@ def encode_fields(msg: Message) -> dict[bytes | str, bytes | str]:
             )
         fields[name] = value
     return fields
-
-
-def token_of(entry_id: bytes, queue: int) -> SequenceToken:
-    ms, _, seq = entry_id.partition(b"-")
-    return SequenceToken(queue, int(ms), int(seq or 0))
-
-
-def entry_id(token: SequenceToken) -> str:
-    return f"{token.major}-{token.minor}"
-
-
-def joined_ids(tokens: Sequence[SequenceToken]) -> bytes:
-    """Entry ids, space-separated: one script argument instead of one per id."""
-    return b" ".join([b"%d-%d" % (t.major, t.minor) for t in tokens])
 
 
 TS_MAX = 2**63 - 1

@@ -1,4 +1,4 @@
-"""Connecting to Redis: URLs and credentials, key names, retries, error translation.
+"""Connecting to Redis: URLs and credentials, key names and entry ids, retries, errors.
 
 Shared by the Redis queue adapter and the Redis membership/lease stores. Nothing here
 prints a password: URLs are logged through :func:`redact_url` only.
@@ -11,7 +11,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
@@ -30,7 +30,7 @@ from tenacity import (
 )
 
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
-from conveyor.platform.ids import NAME
+from conveyor.platform.ids import NAME, SequenceToken
 from conveyor.platform.outage import OutageLog
 
 log = logging.getLogger("conveyor.redis")
@@ -160,6 +160,17 @@ class Keys:
 
     def fenced_acks(self, group: str) -> str:
         return f"{self.app(group)}:fenced-acks"
+
+
+# Stream entry ids <-> sequence tokens: an entry id ``MS-SEQ`` of queue Q is ``Q:MS-SEQ``.
+def token_of(entry_id: bytes, queue: int) -> SequenceToken:
+    ms, _, seq = entry_id.partition(b"-")
+    return SequenceToken(queue, int(ms), int(seq or 0))
+
+
+def joined_ids(tokens: Sequence[SequenceToken]) -> bytes:
+    """Entry ids, space-separated: one script argument instead of one per id."""
+    return b" ".join([b"%d-%d" % (t.major, t.minor) for t in tokens])
 
 
 def _credential(env_name: str) -> str | None:

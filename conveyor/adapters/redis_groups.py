@@ -10,11 +10,13 @@ it (``holds_retention``) and :func:`delete_group` removes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conveyor.adapters.redis import RedisAdapter, token_of
-from conveyor.adapters.redis_conn import check_name
+from conveyor.adapters.redis_conn import check_name, token_of
 from conveyor.platform.groups import GroupInfo, with_retention_holders
+
+if TYPE_CHECKING:
+    from conveyor.adapters.redis import RedisAdapter
 
 
 async def groups(adapter: RedisAdapter, queues: Sequence[int]) -> list[GroupInfo]:

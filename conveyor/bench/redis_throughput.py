@@ -40,6 +40,7 @@ import psutil
 
 from conveyor.adapters.redis import RedisAdapter, encode_fields, wait_ready
 from conveyor.adapters.redis_conn import connect
+from conveyor.bench import BenchmarkError
 from conveyor.bench.throughput import ThroughputResult, _messages, _pipeline
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config, load_config
@@ -52,7 +53,7 @@ GROUP = "bench"
 def private_redis() -> Iterator[str]:
     """A throw-away redis-server on a free port (no persistence)."""
     if shutil.which("redis-server") is None:
-        raise RuntimeError("redis-server is not installed; pass --redis-url")
+        raise BenchmarkError("redis-server is not installed; pass --redis-url")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -155,11 +156,11 @@ async def _check_fenced(adapter: RedisAdapter, total: int) -> None:
     tokens = await adapter.redis.mget([keys.fence(GROUP, q) for q in range(total)])
     unleased = [q for q, t in enumerate(tokens) if t is None]
     if unleased:
-        raise RuntimeError(f"queues {unleased} were never leased: the benchmark did not "
+        raise BenchmarkError(f"queues {unleased} were never leased: the benchmark did not "
                            "run the shipped (dynamic, fenced) configuration")
     refused = await adapter.redis.hlen(keys.fenced_acks(GROUP))
     if refused:
-        raise RuntimeError(f"{refused} lease(s) had acknowledgements refused by fencing")
+        raise BenchmarkError(f"{refused} lease(s) had acknowledgements refused by fencing")
 
 
 def _spawn_workers(cfg_path: Path, daemons: int) -> list[subprocess.Popen[bytes]]:
@@ -201,7 +202,7 @@ async def _processes(url: str, prefix: str, n: int, streams: int, daemons: int,
             ):
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError("daemons did not share the queues within 60 s")
+                raise BenchmarkError("daemons did not share the queues within 60 s")
             await asyncio.sleep(0.05)
         ps = [psutil.Process(p.pid) for p in procs]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in ps)

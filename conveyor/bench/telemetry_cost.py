@@ -38,9 +38,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
+from conveyor.bench import BenchmarkError
 from conveyor.bench.throughput import AckCounter, noop_app
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import DaemonMetrics, WorkerDaemon
@@ -124,7 +126,7 @@ async def _publish_and_handle(n: int, telemetry: Telemetry | None) -> tuple[floa
 def run_variant(variant: str, messages: int, sample_ratio: float) -> dict[str, Any]:
     """One timed run of ``variant`` in this process (call it in a fresh one)."""
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
+        raise InvalidArgumentError(f"variant must be one of {VARIANTS}, not {variant!r}")
     if variant == "uninstrumented":
         strip_instrumentation()
     spans = 0
@@ -147,7 +149,7 @@ def _run_in_subprocess(variant: str, messages: int, sample_ratio: float) -> dict
         capture_output=True, text=True, check=False,
     )
     if out.returncode != 0:
-        raise RuntimeError(f"the {variant} run failed: {out.stderr[-2000:]}")
+        raise BenchmarkError(f"the {variant} run failed: {out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout)
     return result
 
@@ -250,7 +252,7 @@ def telemetry_cost(messages: int, repeats: int = 5, sample_ratio: float = 1.0) -
             want_hooks = [] if variant == "uninstrumented" else ["_traced", "publish_span",
                                                                   "telemetry"]
             if result["publish_hooks"] != want_hooks:
-                raise RuntimeError(
+                raise BenchmarkError(
                     f"the {variant} run's Client.publish uses {result['publish_hooks']}, "
                     f"expected {want_hooks}: update strip_instrumentation() to the new hooks"
                 )

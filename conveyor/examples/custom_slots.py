@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from conveyor.workers.slots import (
+from conveyor import (
     SlotPermit,
     SlotReleaseReason,
     SlotReservationContext,

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.platform.errors import InvalidArgumentError
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -162,13 +164,15 @@ def generate(name: str, seed: int, rate: float = 100.0, duration_s: float = 60.0
     try:
         gen = GENERATORS[name]
     except KeyError:
-        raise ValueError(f"unknown pattern {name!r}; choose one of {', '.join(PATTERNS)}") from None
+        raise InvalidArgumentError(
+            f"unknown pattern {name!r}; choose one of {', '.join(PATTERNS)}"
+        ) from None
     # each pattern gets its own stream so adding a pattern never changes the others
     rng = np.random.default_rng([seed, PATTERNS.index(name)])
     return gen(rng, rate, duration_s)
 
 
-class ArrivalsFileError(ValueError):
+class ArrivalsFileError(InvalidArgumentError):
     """The replay file is not one non-negative float (seconds) per line."""
 
 

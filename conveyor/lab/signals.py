@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from conveyor.platform.errors import InvalidArgumentError
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -23,7 +25,7 @@ def make_signal(name: str, seed: int = 0, samples: int = SAMPLES) -> npt.NDArray
     import numpy as np
 
     if name not in SIGNALS:
-        raise ValueError(f"unknown signal {name!r}; choose one of {', '.join(SIGNALS)}")
+        raise InvalidArgumentError(f"unknown signal {name!r}; choose one of {', '.join(SIGNALS)}")
     rng = np.random.default_rng([seed, SIGNALS.index(name)])
     n = np.arange(samples)
     if name == "drop":

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
 if TYPE_CHECKING:
@@ -67,11 +68,13 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+            raise InvalidArgumentError(f"max_workers must be >= 1, got {self.max_workers}")
         if not (self.step_s > 0 and self.duration_s > 0 and self.service_s > 0):
-            raise ValueError("step_s, duration_s and service_s must be > 0")
+            raise InvalidArgumentError("step_s, duration_s and service_s must be > 0")
         if not 0 <= self.service_jitter < 2:
-            raise ValueError(f"service_jitter must be within [0, 2), got {self.service_jitter}")
+            raise InvalidArgumentError(
+                f"service_jitter must be within [0, 2), got {self.service_jitter}"
+            )
 
     @property
     def steps(self) -> int:

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.lab.patterns import TRAINING_PATTERNS, generate
 from conveyor.lab.sim import SimConfig, SimTrace, simulate
+from conveyor.platform.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -194,13 +195,13 @@ def tune(
     import numpy as np
 
     if population < 2:
-        raise ValueError(f"population must be >= 2, got {population}")
+        raise InvalidArgumentError(f"population must be >= 2, got {population}")
     if generations < 0:
-        raise ValueError(f"generations must be >= 0, got {generations}")
+        raise InvalidArgumentError(f"generations must be >= 0, got {generations}")
     if not 0.0 <= mutation <= 1.0:
-        raise ValueError(f"mutation must be within [0, 1], got {mutation}")
+        raise InvalidArgumentError(f"mutation must be within [0, 1], got {mutation}")
     if not plateau_tol >= 0.0:
-        raise ValueError(f"plateau_tol must be >= 0, got {plateau_tol}")
+        raise InvalidArgumentError(f"plateau_tol must be >= 0, got {plateau_tol}")
     config = config if config is not None else SimConfig()
     evaluate = Evaluator(patterns, config, seed)
     rng = np.random.default_rng([seed, 0x6A, stream])
@@ -257,7 +258,7 @@ def average_gains(results: Mapping[str, TuneResult]) -> Gains:
     """The mean of the winners' gains, as the reference reported its tuned values."""
     n = len(results)
     if n == 0:
-        raise ValueError("no results to average")
+        raise InvalidArgumentError("no results to average")
     kp, ki, kd = (sum(r.best_gains[i] for r in results.values()) / n for i in range(3))
     return (kp, ki, kd)
 

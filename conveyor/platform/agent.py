@@ -36,7 +36,7 @@ from conveyor.platform.errors import ConveyorError, LeaseLostError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 from conveyor.platform.queue_cache import Entry, Lane, QueueCache, Route
-from conveyor.workers.slots import SlotPermit, SlotReleaseReason, SlotSupplier
+from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 
 log = logging.getLogger("conveyor.agent")
 
@@ -55,7 +55,7 @@ class AgentSettings:
 
 
 class _Context:
-    """The live :class:`~conveyor.workers.slots.SlotReservationContext` of one agent."""
+    """The live :class:`~conveyor.platform.slots.SlotReservationContext` of one agent."""
 
     __slots__ = ("_supplier", "queue")
     handler = "*"

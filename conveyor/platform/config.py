@@ -56,7 +56,8 @@ ENV_PREFIX = "CONVEYOR_"
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    pass
+    """Base of every section: keyword-only fields; an unknown field is an error naming its
+    path."""
 
 
 AdapterName = Literal["memory", "redis", "kafka"]
@@ -64,6 +65,8 @@ MembershipName = Literal["memory", "redis"]
 
 
 class QueuesConfig(_Section):
+    """``[queues]``: which backend holds the queues, and how many queues the ring has."""
+
     adapter: AdapterName = "memory"
     """Backend: ``memory`` (embedded, in-process), ``redis`` or ``kafka``."""
     total: Annotated[int, msgspec.Meta(ge=1, le=MAX_QUEUES)] = 8
@@ -74,11 +77,16 @@ class QueuesConfig(_Section):
 
 
 class MemoryConfig(_Section):
+    """``[memory]``: the embedded in-process adapter (``queues.adapter = "memory"``)."""
+
     broker: str = "default"
     """Name of the in-process broker; clients and daemons in one process share it by name."""
 
 
 class RedisConfig(_Section):
+    """``[redis]``: the server, credentials and TLS, retries, retention, and the heartbeats of
+    ``balancer.membership = "redis"`` (``queues.adapter = "redis"``)."""
+
     url: str = "redis://127.0.0.1:6379/0"
     """``redis://`` or ``rediss://`` (TLS). Keep passwords out of files: put them in the
     variables named by ``username_env`` / ``password_env`` (or in CONVEYOR_REDIS__URL)."""
@@ -115,6 +123,9 @@ class RedisConfig(_Section):
 
 
 class KafkaConfig(_Section):
+    """``[kafka]``: the brokers and the topic, fetch and consumer-group timings, SASL and TLS
+    (``queues.adapter = "kafka"``)."""
+
     bootstrap: str = "127.0.0.1:9092"
     """``HOST:PORT[,HOST:PORT...]`` of the brokers."""
     topic: str = "conveyor"
@@ -148,7 +159,8 @@ class KafkaConfig(_Section):
 
 
 class ResourceSlotsConfig(_Section):
-    """The resource-based supplier: issue slots while CPU and memory stay below targets."""
+    """``[slots.resource]``: the resource-based supplier issues slots while CPU and memory
+    stay below targets."""
 
     target_cpu: Fraction = 0.8
     """Fraction of the CPU limit (cgroup v2 ``cpu.max``, else all host cores) to aim for."""
@@ -162,6 +174,8 @@ class ResourceSlotsConfig(_Section):
 
 
 class SlotsConfig(_Section):
+    """``[slots]``: the daemon's slot supplier, which decides how many messages are in flight."""
+
     kind: Literal["fixed", "resource-based", "custom"] = "fixed"
     """``fixed``: ``count`` slots. ``resource-based``: see ``[slots.resource]``.
     ``custom``: a user-written supplier built by ``path``."""
@@ -177,7 +191,7 @@ class SlotsConfig(_Section):
 
 
 class CellsConfig(_Section):
-    """Sizes of cells (handlers declared with ``cell_key=``); override the handler's own."""
+    """``[cells]``: sizes of cells (handlers declared with ``cell_key=``), over the handler's."""
 
     default_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_CELL_SIZE)] | None = None
     """Workers of a cell not named in ``sizes``; unset: the handler's ``cell_size`` (4).
@@ -187,6 +201,8 @@ class CellsConfig(_Section):
 
 
 class WorkerConfig(_Section):
+    """``[worker]``: each pulling agent's cache and pulls, and the drain when a daemon stops."""
+
     cache_capacity: PositiveInt = 1024
     """Messages one pulling agent may hold (pulled, not yet acked) before it stops pulling."""
     max_batch: PositiveInt = 256
@@ -199,7 +215,7 @@ class WorkerConfig(_Section):
 
 
 class DeadLettersConfig(_Section):
-    """Where messages that cannot be handled go, and what happens to unroutable ones."""
+    """``[dead_letters]``: what happens to unroutable messages; how many letters are kept."""
 
     unroutable: Literal["skip", "dead-letter"] = "skip"
     """A message of a namespace no handler of this app subscribes to. Apps that share
@@ -216,7 +232,7 @@ class DeadLettersConfig(_Section):
 
 
 class SupervisorConfig(_Section):
-    """``conveyor worker --processes MIN:MAX``: when to add and remove daemon processes."""
+    """``[supervisor]``: when ``conveyor worker --processes MIN:MAX`` adds and removes processes."""
 
     lag_per_process: PositiveInt = 1000
     """Add a process when the app's lag divided by the process count stays above this."""
@@ -233,8 +249,8 @@ class SupervisorConfig(_Section):
 
 
 class PlacementConfig(_Section):
-    """Weights of ``placement = "resource"`` (normalised; lowest score wins): 0 to 1000,
-    not all three zero."""
+    """``[balancer.weights]``: weights of ``placement = "resource"`` (normalised; lowest score
+    wins): 0 to 1000, not all three zero."""
 
     cpu_usage: Weight = 0.5
     memory_usage: Weight = 0.25
@@ -244,6 +260,9 @@ class PlacementConfig(_Section):
 
 
 class BalancerConfig(_Section):
+    """``[balancer]``: which daemon owns which queue, and where daemons meet (membership and
+    leases)."""
+
     kind: Literal["dynamic", "static", "kafka-group"] = "dynamic"
     """``dynamic``: share queues among live daemons and re-balance as they come and go.
     ``static``: own exactly ``queues`` (all queues when empty).
@@ -269,6 +288,9 @@ class BalancerConfig(_Section):
 
 
 class TelemetryConfig(_Section):
+    """``[telemetry]``: OpenTelemetry traces and metrics, and where they are exported (off by
+    default)."""
+
     exporter: Literal["none", "console", "otlp"] = "none"
     """``none``: no instrumentation runs at all. ``console``: spans and metrics to stderr.
     ``otlp``: OTLP over HTTP/protobuf (Jaeger, an OpenTelemetry collector, ...)."""
@@ -287,6 +309,13 @@ class TelemetryConfig(_Section):
 
 
 class Config(_Section):
+    """A whole Conveyor configuration: one field per TOML section, every field defaulted.
+
+    Build one with :func:`load_config` (defaults, the file, ``CONVEYOR_*`` environment
+    variables, then overrides), which checks bounds and combinations too; a bad field is a
+    :class:`~conveyor.platform.errors.ConfigError` naming its path (``$.worker.slots``).
+    """
+
     queues: QueuesConfig = msgspec.field(default_factory=QueuesConfig)
     memory: MemoryConfig = msgspec.field(default_factory=MemoryConfig)
     redis: RedisConfig = msgspec.field(default_factory=RedisConfig)

@@ -31,6 +31,23 @@ class AppAliveError(ConveyorError):
     """An operation that needs an app's daemons stopped found signs of one running."""
 
 
+class InvalidArgumentError(ConveyorError, ValueError):
+    """A value handed to Conveyor is out of range or malformed: a pool of no workers, a
+    negative PID gain, a token that does not parse. The message names the value and what
+    was expected.
+
+    Also a :class:`ValueError`, which is what these checks raised before Conveyor had
+    one error tree and what Python code expects of a bad value: ``except ValueError``
+    keeps working.
+    """
+
+
+class SlotSupplierError(ConveyorError, TypeError):
+    """A slot supplier broke its contract: a hook returned something that is not a
+    permit of its own (``return self.new_permit()``). User-written suppliers run inside a
+    guard that logs it, counts it and treats it as "no slot"."""
+
+
 class HandlerDeclarationError(ConveyorError):
     """A handler was declared with a signature or options Conveyor cannot honour."""
 

@@ -47,16 +47,20 @@ def _body_decoder(tp: Any, where: str) -> Decode:
             except UnicodeDecodeError as exc:
                 raise DecodeError(f"body is not UTF-8: {exc}") from None
         return decode_text
+
+    def undecodable(why: object) -> HandlerDeclarationError:
+        return HandlerDeclarationError(
+            f"{where}: cannot decode message bodies into {tp!r} ({why}); "
+            "use a msgspec Struct, dict, list, bytes or str"
+        )
+
     try:
         if isinstance(msgspec.inspect.type_info(tp), msgspec.inspect.CustomType):
-            raise TypeError(f"msgspec has no built-in decoding for {tp!r}")
+            raise undecodable(f"msgspec has no built-in decoding for {tp!r}")
         json_dec: msgspec.json.Decoder[Any] = msgspec.json.Decoder(tp)
         pack_dec: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(tp)
     except TypeError as exc:
-        raise HandlerDeclarationError(
-            f"{where}: cannot decode message bodies into {tp!r} ({exc}); "
-            "use a msgspec Struct, dict, list, bytes or str"
-        ) from None
+        raise undecodable(exc) from None
     type_name = getattr(tp, "__name__", str(tp))
     json_decode = json_dec.decode
     pack_decode = pack_dec.decode

@@ -6,6 +6,8 @@ import re
 
 import msgspec
 
+from conveyor.platform.errors import InvalidArgumentError
+
 NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 """Names that reach into a broker's key space (app names, which are consumer groups, and
 Redis key prefixes): 1-128 ASCII letters, digits, ``_``, ``.``, ``-``. Check with
@@ -44,12 +46,13 @@ class SequenceToken(msgspec.Struct, frozen=True, order=True, array_like=True):
 
     @classmethod
     def parse(cls, text: str) -> SequenceToken:
-        """Parse ``queue:major[-minor]``; raises ``ValueError`` with the expected form."""
+        """Parse ``queue:major[-minor]``; raises :class:`InvalidArgumentError` (a ``ValueError``)
+        with the expected form."""
         try:
             queue_s, pos = text.split(":", 1)
             major_s, _, minor_s = pos.partition("-")
             return cls(int(queue_s), int(major_s), int(minor_s or 0))
         except ValueError:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"not a sequence token: {text!r} (expected QUEUE:MAJOR[-MINOR], e.g. 3:1042-0)"
             ) from None

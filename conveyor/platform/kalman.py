@@ -37,7 +37,8 @@ which filter gets ``(z, 0)``; we follow the code, because the prose's version â€
   published code runs the update again after overwriting, double-counting ``z``; the
   numerical difference is below the noise of any resource statistic).
 * A tie (``z`` equal to the slow estimate) counts as "not rising": slow regime.
-* Non-finite measurements are refused with ``ValueError`` rather than poisoning state.
+* Non-finite measurements are refused with ``InvalidArgumentError`` (a ``ValueError``)
+  rather than poisoning state.
 
 Cost: a fixed handful of float operations and six floats of state per update,
 whatever the number of samples seen; nothing is allocated per update.
@@ -48,6 +49,8 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
+
+from conveyor.platform.errors import InvalidArgumentError
 
 SLOW_Q = 0.0
 FAST_Q = 0.01
@@ -103,7 +106,7 @@ class CDMKalmanFilter:
         """Consume one measurement and return the filtered value."""
         z = float(measurement)
         if not math.isfinite(z):
-            raise ValueError(f"measurement must be finite, got {measurement!r}")
+            raise InvalidArgumentError(f"measurement must be finite, got {measurement!r}")
         # the two scalar filters are inlined: this is the hot path of placement
         fast_x0 = self._fast_x
         fast_p0 = self._fast_p

@@ -12,6 +12,7 @@ import bisect
 import hashlib
 from dataclasses import dataclass
 
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import StreamId
 
 RING_SIZE = 1 << 32
@@ -41,7 +42,7 @@ class HashRingQueueMapper:
 
     def __init__(self, total_queues: int = 8) -> None:
         if total_queues < 1:
-            raise ValueError(f"total_queues must be >= 1, got {total_queues}")
+            raise InvalidArgumentError(f"total_queues must be >= 1, got {total_queues}")
         self.total_queues = total_queues
         # Upper bound (exclusive) of each queue's arc; the last one is the ring size.
         self._bounds = [(i + 1) * RING_SIZE // total_queues for i in range(total_queues)]

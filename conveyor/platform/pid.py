@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from conveyor.platform.errors import InvalidArgumentError
+
 
 class PIDController:
     """Proportional-integral-derivative controller with explicit time steps.
@@ -27,7 +29,9 @@ class PIDController:
     def __init__(self, kp: float, ki: float, kd: float) -> None:
         for name, gain in (("kp", kp), ("ki", ki), ("kd", kd)):
             if not math.isfinite(gain) or gain < 0:
-                raise ValueError(f"PID gain {name} must be a finite number >= 0, got {gain!r}")
+                raise InvalidArgumentError(
+                    f"PID gain {name} must be a finite number >= 0, got {gain!r}"
+                )
         self.kp = kp
         self.ki = ki
         self.kd = kd
@@ -47,7 +51,7 @@ class PIDController:
     def update(self, error: float, dt_s: float) -> float:
         """Feed one error sample taken ``dt_s`` after the previous one; return the signal."""
         if not dt_s > 0:
-            raise ValueError(f"dt_s must be > 0, got {dt_s!r}")
+            raise InvalidArgumentError(f"dt_s must be > 0, got {dt_s!r}")
         self._integral += error * dt_s
         derivative = (error - self._previous_error) / dt_s
         self._previous_error = error
@@ -61,7 +65,9 @@ class PIDController:
         *before* the action does not keep driving further actions after it.
         """
         if not 0.0 <= factor <= 1.0:
-            raise ValueError(f"integral scale factor must be within [0, 1], got {factor!r}")
+            raise InvalidArgumentError(
+                f"integral scale factor must be within [0, 1], got {factor!r}"
+            )
         self._integral *= factor
 
     def reset(self) -> None:

@@ -33,6 +33,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.kalman import CDMKalmanFilter
 
 STAT_KEYS = ("cpu_percent", "memory_used_bytes", "memory_available_bytes", "memory_total_bytes")
@@ -53,9 +54,9 @@ class PlacementWeights:
     def __post_init__(self) -> None:
         values = (self.cpu_usage, self.memory_usage, self.available_memory, self.local_margin)
         if any(not math.isfinite(v) or v < 0 for v in values):
-            raise ValueError(f"placement weights must be finite and >= 0, got {self!r}")
+            raise InvalidArgumentError(f"placement weights must be finite and >= 0, got {self!r}")
         if self.cpu_usage + self.memory_usage + self.available_memory == 0:
-            raise ValueError("at least one placement weight must be > 0")
+            raise InvalidArgumentError("at least one placement weight must be > 0")
 
     def normalised(self) -> tuple[float, float, float]:
         total = self.cpu_usage + self.memory_usage + self.available_memory
@@ -65,7 +66,7 @@ class PlacementWeights:
 def choices_for(n: int) -> int:
     """K for ``n`` members: ``ceil(sqrt(n))``, at least 1 and at most ``n``."""
     if n < 1:
-        raise ValueError(f"need at least one member, got {n}")
+        raise InvalidArgumentError(f"need at least one member, got {n}")
     return min(n, max(1, math.ceil(math.sqrt(n))))
 
 
@@ -92,7 +93,7 @@ def pick_lowest(
     random candidates; ``local`` (an index) wins if within ``margin`` of that best."""
     n = len(scores)
     if n == 0:
-        raise ValueError("no members to choose from")
+        raise InvalidArgumentError("no members to choose from")
     k = min(max(k, 1), n)
     candidates = rng.sample(range(n), k) if k < n else range(n)
     best = min(candidates, key=scores.__getitem__)
@@ -150,7 +151,7 @@ class ResourcePlacer:
         """
         names = list(members) if members is not None else sorted(self._filtered)
         if not names:
-            raise ValueError("no members to choose from")
+            raise InvalidArgumentError("no members to choose from")
         empty: dict[str, float] = {}
         scores = [score(self._filtered.get(m, empty), self.weights) for m in names]
         local_index = names.index(local) if local is not None and local in names else None

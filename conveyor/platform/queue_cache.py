@@ -22,7 +22,7 @@ from conveyor.platform.delivery.chain import Step
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
-from conveyor.workers.slots import SlotPermit
+from conveyor.platform.slots import SlotPermit
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 
 log = logging.getLogger("conveyor.cells")
 
@@ -104,7 +104,7 @@ class Cell:
 
     def __init__(self, name: str, size: int, job_timeout_s: float | None) -> None:
         if size < 1:
-            raise ValueError(f"cell {name!r}: size must be >= 1, got {size}")
+            raise InvalidArgumentError(f"cell {name!r}: size must be >= 1, got {size}")
         self.name = name
         self.job_timeout_s = job_timeout_s
         self.dispatcher = Dispatcher()
@@ -128,7 +128,7 @@ class Cell:
     def resize(self, size: int) -> None:
         """Grow at once; shrink by letting the newest workers stop after their current job."""
         if size < 1:
-            raise ValueError(f"cell {self.name!r}: size must be >= 1, got {size}")
+            raise InvalidArgumentError(f"cell {self.name!r}: size must be >= 1, got {size}")
         while len(self.workers) < size:
             worker = _CellWorker()
             worker.task = asyncio.get_running_loop().create_task(
@@ -192,10 +192,10 @@ class Cell:
 
 
 def parse_cell_key(spec: str) -> tuple[str, str]:
-    """``"header:tenant"`` / ``"body:tenant"`` -> (source, name); ValueError otherwise."""
+    """``"header:tenant"`` / ``"body:tenant"`` -> (source, name); InvalidArgumentError otherwise."""
     source, sep, name = spec.partition(":")
     if not sep or source not in ("header", "body") or not name:
-        raise ValueError(f"cell_key must be 'header:NAME' or 'body:NAME', got {spec!r}")
+        raise InvalidArgumentError(f"cell_key must be 'header:NAME' or 'body:NAME', got {spec!r}")
     return source, name
 
 

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from conveyor.platform.errors import InvalidArgumentError, ShutdownError
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
 log = logging.getLogger("conveyor.pool")
@@ -64,7 +65,9 @@ class StatelessWorkerPool:
         self.name = name
         self.max_workers = max_workers or os.cpu_count() or 1
         if self.max_workers < 1:
-            raise ValueError(f"pool {name!r}: max_workers must be >= 1, got {max_workers}")
+            raise InvalidArgumentError(
+                f"pool {name!r}: max_workers must be >= 1, got {max_workers}"
+            )
         self.workers: list[_Worker] = []
         self._idle: list[_Worker] = []
         self._serial = 0
@@ -98,7 +101,7 @@ class StatelessWorkerPool:
     # -- running jobs -----------------------------------------------------------------
     async def run(self, job: Job) -> Any:
         if self._closed:
-            raise RuntimeError(f"pool {self.name!r} is closed")
+            raise ShutdownError(f"pool {self.name!r} is closed")
         if self.controller is not None and self._collector is None:
             self._collector = asyncio.create_task(self._collect(), name=f"pool-{self.name}")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

@@ -35,15 +35,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.kalman import CDMKalmanFilter
 from conveyor.platform.pid import PIDController
-from conveyor.workers.resources import ResourceSample, ResourceSampler, default_sampler
-from conveyor.workers.slots import (
+from conveyor.platform.slots import (
     SlotPermit,
     SlotReleaseReason,
     SlotReservationContext,
     SlotSupplier,
 )
+from conveyor.workers.resources import ResourceSample, ResourceSampler, default_sampler
 
 log = logging.getLogger("conveyor.slots")
 
@@ -74,10 +75,12 @@ class ResourceBasedSlotSupplier(SlotSupplier):
         sample_in_background: bool = True,
     ) -> None:
         if not 1 <= min_slots <= max_slots:
-            raise ValueError(f"need 1 <= min_slots <= max_slots, got {min_slots}, {max_slots}")
+            raise InvalidArgumentError(
+                f"need 1 <= min_slots <= max_slots, got {min_slots}, {max_slots}"
+            )
         for name, target in (("target_cpu", target_cpu), ("target_memory", target_memory)):
             if not 0 < target <= 1:
-                raise ValueError(f"{name} must be within (0, 1], got {target}")
+                raise InvalidArgumentError(f"{name} must be within (0, 1], got {target}")
         super().__init__()
         self.target_cpu = target_cpu
         self.target_memory = target_memory

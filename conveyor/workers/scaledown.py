@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.options import ScaleDownPolicy
 from conveyor.platform.pid import PIDController
 
@@ -77,16 +78,16 @@ class ScaleDownController:
     def inspect(self, now_s: float, avg_waiting: float, idle_workers: int) -> bool:
         """Run one inspection; return whether to remove one idle worker now."""
         if avg_waiting < 0 or not math.isfinite(avg_waiting):
-            raise ValueError(f"avg_waiting must be finite and >= 0, got {avg_waiting!r}")
+            raise InvalidArgumentError(f"avg_waiting must be finite and >= 0, got {avg_waiting!r}")
         if idle_workers < 0:
-            raise ValueError(f"idle_workers must be >= 0, got {idle_workers!r}")
+            raise InvalidArgumentError(f"idle_workers must be >= 0, got {idle_workers!r}")
         period = self.policy.inspection_period_s
         if self._last_inspection_s is None:
             dt_cycles = 1.0
         else:
             elapsed = now_s - self._last_inspection_s
             if elapsed <= 0:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"inspections must move forward in time: {now_s!r} after "
                     f"{self._last_inspection_s!r}"
                 )

@@ -1,6 +1,6 @@
 """Process autoscaling on lag: ``conveyor worker APP --processes MIN:MAX``.
 
-The supervisor starts ``MIN`` daemon processes (:mod:`conveyor.workers.supervised`),
+The supervisor starts ``MIN`` daemon processes (:mod:`conveyor.workers.supervisor_child`),
 hands each its share of the app's queues, and every inspection period reads the
 consumer lag of every queue from the broker (``QueueAdapter.lag(queue, group)``):
 
@@ -41,7 +41,7 @@ from typing import Any
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.balancer import best_fit
 from conveyor.platform.config import Config
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
@@ -63,7 +63,7 @@ class SupervisorSettings:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_processes <= self.max_processes:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"--processes needs 1 <= MIN <= MAX, got {self.min_processes}:{self.max_processes}"
             )
 
@@ -158,7 +158,7 @@ class ChildProcess:
         read_fd, write_fd = os.pipe()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "conveyor.workers.supervised",
+                sys.executable, "-m", "conveyor.workers.supervisor_child",
                 app_path, config_path, str(write_fd),
                 stdin=asyncio.subprocess.PIPE, pass_fds=(write_fd,),
                 env={**os.environ, **env}, start_new_session=True,
@@ -518,9 +518,9 @@ def parse_processes(text: str) -> tuple[int, int]:
         lo = int(low)
         hi = int(high) if sep else lo
     except ValueError:
-        raise ValueError(f"expected MIN:MAX (e.g. 1:4), got {text!r}") from None
+        raise InvalidArgumentError(f"expected MIN:MAX (e.g. 1:4), got {text!r}") from None
     if not 1 <= lo <= hi:
-        raise ValueError(f"expected 1 <= MIN <= MAX, got {text!r}")
+        raise InvalidArgumentError(f"expected 1 <= MIN <= MAX, got {text!r}")
     return lo, hi
 
 

@@ -11,10 +11,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from conveyor import Client, MessageContext
 from conveyor.adapters.memory import MemoryReceiver
 from conveyor.platform.message import Message
+from conveyor.platform.slots import SlotPermit, SlotReservationContext
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import WorkerDaemon
-from conveyor.workers.pauseable import PauseableSlotSupplier
-from conveyor.workers.slots import SlotPermit, SlotReservationContext
+from conveyor.workers.slot_wrappers import PauseableSlotSupplier
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Item,

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from conveyor import load_config
+from conveyor.platform.slots import SlotPermit, SlotReservationContext
 from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
 from conveyor.workers.resources import (
     CgroupV2Sampler,
@@ -17,7 +18,7 @@ from conveyor.workers.resources import (
     ResourceSample,
     own_cgroup,
 )
-from conveyor.workers.slots import SlotPermit, SlotReservationContext, supplier_from_config
+from conveyor.workers.supplier_config import supplier_from_config
 
 
 class Ctx:

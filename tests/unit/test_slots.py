@@ -2,14 +2,14 @@ import asyncio
 
 import pytest
 
-from conveyor.workers.slots import (
-    FixedSlotSupplier,
+from conveyor.platform.slots import (
     SlotInfo,
     SlotPermit,
     SlotReleaseReason,
     SlotReservationContext,
     SlotSupplier,
 )
+from conveyor.workers.fixed_slots import FixedSlotSupplier
 
 
 class Ctx:

@@ -11,16 +11,16 @@ import pytest
 from conveyor import load_config
 from conveyor.examples.custom_slots import RateLimitedSlotSupplier
 from conveyor.platform.errors import ConfigError
-from conveyor.workers.pauseable import GuardedSlotSupplier, PauseableSlotSupplier
-from conveyor.workers.slots import (
-    FixedSlotSupplier,
+from conveyor.platform.slots import (
     SlotInfo,
     SlotPermit,
     SlotReleaseReason,
     SlotReservationContext,
     SlotSupplier,
-    supplier_from_config,
 )
+from conveyor.workers.fixed_slots import FixedSlotSupplier
+from conveyor.workers.slot_wrappers import GuardedSlotSupplier, PauseableSlotSupplier
+from conveyor.workers.supplier_config import supplier_from_config
 from tests.conftest import wait_until
 
 

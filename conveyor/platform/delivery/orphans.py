@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 
 from conveyor.platform.delivery.chain import DeliveryStats
 from conveyor.platform.delivery.dead_letter import PutLetter
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.message import DeadLetter, Message, Undecodable
 from conveyor.platform.throttled_log import ThrottledLog
 
@@ -31,7 +32,9 @@ class Orphans:
     def __init__(self, put_letter: PutLetter, stats: DeliveryStats, app: str,
                  unroutable: str = "skip") -> None:
         if unroutable not in UNROUTABLE_POLICIES:
-            raise ValueError(f"unroutable must be one of {UNROUTABLE_POLICIES}, got {unroutable!r}")
+            raise InvalidArgumentError(
+                f"unroutable must be one of {UNROUTABLE_POLICIES}, got {unroutable!r}"
+            )
         self._put = put_letter
         self._stats = stats
         self._app = app

@@ -30,6 +30,7 @@ from conveyor.platform.balancer import QueueBalancer
 from conveyor.platform.config import Config
 from conveyor.platform.leases import Lease
 from conveyor.platform.membership import MemberInfo
+from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.cells import CellRouter
 from conveyor.workers.daemon.build import DaemonParts, build_balancer, build_parts
@@ -37,7 +38,6 @@ from conveyor.workers.daemon.metrics import DaemonMetrics
 from conveyor.workers.daemon.queues import DrainReport, QueueOwner
 from conveyor.workers.pool import StatelessWorkerPool
 from conveyor.workers.resources import ResourceSampler
-from conveyor.workers.slots import SlotSupplier
 
 __all__ = [
     "DaemonMetrics",
@@ -53,8 +53,16 @@ log = logging.getLogger("conveyor.daemon")
 
 
 class WorkerDaemon:
-    """One daemon: built from ``config`` (any part given is used instead, and left open
-    on stop), started, stopped. It is its balancer's listener.
+    """One process's worker for an app: owns its share of the queues and runs the handlers.
+
+    ``await start()`` joins the balancer and starts a pulling agent per queue it is given;
+    ``await stop()`` drains (stops pulling, lets in-flight messages finish within
+    ``[worker] drain_timeout_s``, acknowledges them, releases the queues) and returns a
+    :class:`DrainReport`. Everything is built from ``config`` unless passed in (tests,
+    embedding): the adapter, balancer, slot supplier, member identity and telemetry — what
+    is passed in is left open on stop. If its balancer fails for good, :attr:`failed` is
+    set and :attr:`failure` says why (``conveyor worker`` then stops the daemon and exits
+    non-zero). It is its balancer's listener.
 
     ``resource_sampler`` is where the CPU and memory it publishes for placement are
     read (default: this process's cgroup v2, else the host; see

@@ -39,11 +39,12 @@ from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.placement import PlacementWeights
 from conveyor.platform.queue_cache import Route
+from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.cell_interceptor import CellInterceptor
 from conveyor.workers.pool_interceptor import PoolInterceptor
 from conveyor.workers.resources import PlacementResources, ResourceSampler
-from conveyor.workers.slots import SlotSupplier, supplier_from_config
+from conveyor.workers.supplier_config import supplier_from_config
 
 _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
 

@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 
 from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
 from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.status import AckRates
 from conveyor.platform.telemetry import Telemetry, stats_observations
 from conveyor.workers.cells import CellRouter
 from conveyor.workers.daemon.queues import QueueOwner
 from conveyor.workers.pool import StatelessWorkerPool
 from conveyor.workers.resources import PlacementResources
-from conveyor.workers.slots import SlotSupplier
 
 
 class DaemonMetrics:

@@ -20,7 +20,7 @@ from conveyor.platform.balancer import QueueBalancer
 from conveyor.platform.config import WorkerConfig
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.leases import Lease
-from conveyor.workers.slots import SlotSupplier
+from conveyor.platform.slots import SlotSupplier
 
 log = logging.getLogger("conveyor.daemon")
 

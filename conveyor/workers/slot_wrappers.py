@@ -11,7 +11,8 @@ import asyncio
 import logging
 from typing import Any
 
-from conveyor.workers.slots import (
+from conveyor.platform.errors import SlotSupplierError
+from conveyor.platform.slots import (
     SlotInfo,
     SlotPermit,
     SlotReleaseReason,
@@ -130,7 +131,7 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
 
     def _check(self, permit: Any, hook: str) -> SlotPermit:
         if not isinstance(permit, SlotPermit) or permit._supplier is not self.inner:
-            raise TypeError(
+            raise SlotSupplierError(
                 f"{type(self.inner).__name__}.{hook} returned {permit!r}; "
                 "return self.new_permit() (or None from try_reserve_slot)"
             )

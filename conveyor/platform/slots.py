@@ -1,4 +1,4 @@
-"""Slot suppliers: who may run how much, decided by pluggable policies.
+"""The slot-supplier port: who may run how much, decided by pluggable policies.
 
 A *slot* is the right to hold one message in flight, from the moment a pulling agent
 asks its queue for it until every handler of it is done and it can be acknowledged.
@@ -22,6 +22,11 @@ The interface follows Temporal's worker-tuning proposal:
 Users do not call ``release_slot`` themselves: permits are released through
 :meth:`SlotPermit.release` (idempotent) or by using the permit as an async context
 manager, so a permit cannot leak.
+
+This module is the port: what agents and queue caches hold (:class:`SlotPermit`) and
+what every supplier implements (:class:`SlotSupplier`). The suppliers themselves live in
+``conveyor.workers``: ``fixed_slots``, ``resource_slots``, ``slot_wrappers`` (pauseable,
+guarded), and ``supplier_config`` builds the one a ``[slots]`` section describes.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import enum
 import itertools
 import logging
 from abc import ABC, abstractmethod
-from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
@@ -40,6 +44,9 @@ log = logging.getLogger("conveyor.slots")
 
 
 class SlotReleaseReason(enum.Enum):
+    """Why a slot was given back: its message was handled, it never carried one (nothing
+    was pulled for it, or the daemon is stopping), or handling it failed."""
+
     TASK_COMPLETE = "task-complete"
     NEVER_USED = "never-used"
     ERROR = "error"
@@ -181,105 +188,3 @@ class SlotSupplier(ABC):
             self.release_slot(reason, permit)
         except Exception:
             log.exception("slot supplier %s failed in release_slot", type(self).__name__)
-
-
-class FixedSlotSupplier(SlotSupplier):
-    """A fixed number of slots, handed out first come, first served."""
-
-    def __init__(self, count: int) -> None:
-        if count < 1:
-            raise ValueError(f"a fixed slot supplier needs at least 1 slot, got {count}")
-        super().__init__()
-        self.count = count
-        self._free = count
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    @property
-    def available(self) -> int:
-        return self._free
-
-    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
-            return self.new_permit()
-        return None
-
-    async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
-            return self.new_permit()
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter  # resolved by release_slot, which hands its slot over directly
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self._hand_back()  # granted and cancelled in the same tick: give it back
-            else:
-                self._waiters.remove(waiter)
-            raise
-        return self.new_permit()
-
-    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
-        self._hand_back()
-
-    def _hand_back(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._free += 1
-
-
-def supplier_from_config(config: Any) -> SlotSupplier:
-    """The slot supplier a ``[slots]`` config section describes.
-
-    ``custom`` suppliers are user code: they are wrapped in a
-    :class:`~conveyor.workers.pauseable.GuardedSlotSupplier` so their exceptions are
-    contained. ``pauseable = true`` wraps any kind in a
-    :class:`~conveyor.workers.pauseable.PauseableSlotSupplier`.
-    """
-    from conveyor.workers import pauseable
-
-    supplier: SlotSupplier
-    if config.kind == "fixed":
-        supplier = FixedSlotSupplier(config.count)
-    elif config.kind == "resource-based":
-        from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
-
-        supplier = ResourceBasedSlotSupplier.from_config(config.resource)
-    elif config.kind == "custom":
-        supplier = pauseable.GuardedSlotSupplier(
-            load_custom_supplier(config.path, getattr(config, "options", {}) or {})
-        )
-    else:
-        raise ValueError(f"unknown slot supplier kind {config.kind!r} at $.slots.kind")
-    if getattr(config, "pauseable", False):
-        supplier = pauseable.PauseableSlotSupplier(supplier)
-    return supplier
-
-
-def load_custom_supplier(path: str, options: dict[str, Any]) -> SlotSupplier:
-    """Build a user-written supplier from ``"package.module:Factory"`` and its options."""
-    import importlib
-
-    from conveyor.platform.errors import ConfigError
-
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"$.slots.path: expected \"package.module:Factory\", got {path!r}")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"$.slots.path: cannot load {path!r}: {exc}") from None
-    try:
-        supplier = factory(**options)
-    except Exception as exc:
-        raise ConfigError(f"$.slots.options: {path}(**options) failed: {exc!r}") from None
-    if not isinstance(supplier, SlotSupplier):
-        raise ConfigError(
-            f"$.slots.path: {path} built {type(supplier).__name__}, not a SlotSupplier "
-            "(subclass conveyor.workers.slots.SlotSupplier)"
-        )
-    return supplier

@@ -17,7 +17,7 @@ Wire protocol, one JSON object per line:
   queue assigned: a lease it still holds is given up or lapses, so whoever acquires
   the queue next waits for it), ``{"event": "stopped", "report": "..."}``.
 
-Run as ``python -m conveyor.workers.supervised APP_PATH CONFIG_PATH EVENTS_FD``.
+Run as ``python -m conveyor.workers.supervisor_child APP_PATH CONFIG_PATH EVENTS_FD``.
 """
 
 from __future__ import annotations

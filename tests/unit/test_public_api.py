@@ -1,0 +1,168 @@
+"""The public API: what ``import conveyor`` offers, the error tree, docstrings, the version."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import inspect
+import pkgutil
+import re
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+
+import msgspec
+import pytest
+
+import conveyor
+from conveyor.platform import config as config_module
+from conveyor.platform import errors as errors_module
+from conveyor.version import UNKNOWN, pyproject_version
+
+PACKAGE_DIR = Path(conveyor.__file__).parent
+REPO = PACKAGE_DIR.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+# Classes the docs describe (how the lab was run, what a pool drives) but that users do
+# not import: they stay behind their modules.
+DESCRIBED_NOT_EXPORTED = {
+    "Evaluator", "QueueReceiver", "ResourcePlacer", "ScaleDownController", "SimConfig",
+}
+# ``raise`` of a builtin exception Conveyor may still write: abstract-method stubs.
+BUILTIN_RAISES_ALLOWED = {"NotImplementedError"}
+# Packages whose code stands for a user's (the demo's poison handler raises ValueError).
+USER_CODE = PACKAGE_DIR / "examples"
+
+
+def all_modules() -> list[ModuleType]:
+    names = [m.name for m in pkgutil.walk_packages(conveyor.__path__, "conveyor.")]
+    return [conveyor, *(importlib.import_module(name) for name in sorted(names))]
+
+
+def classes_defined_in_conveyor() -> dict[str, type]:
+    return {
+        f"{module.__name__}.{name}": obj
+        for module in all_modules()
+        for name, obj in vars(module).items()
+        if isinstance(obj, type) and obj.__module__ == module.__name__
+    }
+
+
+def own_docstring(obj: object) -> str | None:
+    """The docstring written on ``obj`` itself, not one ``help()`` would borrow from a base."""
+    if isinstance(obj, type):
+        doc = obj.__dict__.get("__doc__")
+        return doc if isinstance(doc, str) else None
+    return getattr(obj, "__doc__", None)
+
+
+# -- what `import conveyor` offers --------------------------------------------------------
+def test_every_name_in_all_exists_and_all_is_sorted() -> None:
+    missing = [name for name in conveyor.__all__ if not hasattr(conveyor, name)]
+    assert missing == []
+    assert conveyor.__all__ == sorted(set(conveyor.__all__))
+
+
+def test_every_error_of_the_error_tree_is_exported() -> None:
+    tree = [
+        name for name, obj in vars(errors_module).items()
+        if isinstance(obj, type) and issubclass(obj, BaseException)
+    ]
+    assert tree and sorted(set(tree) - set(conveyor.__all__)) == []
+
+
+def test_every_class_the_docs_name_is_exported_unless_only_described() -> None:
+    defined = {cls.__name__ for cls in classes_defined_in_conveyor().values()}
+    named: set[str] = set()
+    written_in_docs: set[str] = set()  # the user's own classes in the examples
+    for doc in DOCS:
+        text = doc.read_text()
+        for code in re.findall(r"`([^`\n]+)`", text):
+            named |= set(re.findall(r"\b[A-Z][A-Za-z]+\b", code))
+        for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+            named |= set(re.findall(r"\bconveyor\.([A-Za-z_]+)\b", block))
+            named |= set(re.findall(r"\b([A-Z][A-Za-z]+)\(", block))
+            written_in_docs |= set(re.findall(r"^class ([A-Za-z]+)\b", block, flags=re.M))
+    documented = (named & defined) - written_in_docs - DESCRIBED_NOT_EXPORTED
+    assert sorted(documented - set(conveyor.__all__)) == []
+
+
+def test_every_public_name_has_a_docstring_of_its_own() -> None:
+    undocumented = [
+        name for name in conveyor.__all__
+        if (inspect.isclass(obj := getattr(conveyor, name)) or inspect.isfunction(obj))
+        and not own_docstring(obj)
+    ]
+    assert undocumented == []
+
+
+def test_the_config_and_every_section_say_what_they_are() -> None:
+    sections = [
+        obj for obj in vars(config_module).values()
+        if isinstance(obj, type) and issubclass(obj, msgspec.Struct)
+        and obj.__module__ == config_module.__name__
+    ]
+    assert conveyor.Config in sections and len(sections) > 10
+    assert [s.__name__ for s in sections if not own_docstring(s)] == []
+    assert "msgspec" not in (inspect.getdoc(conveyor.Config) or "")
+
+
+# -- one error tree -----------------------------------------------------------------------
+def test_every_exception_class_in_conveyor_derives_from_conveyor_error() -> None:
+    outside = [
+        qualname for qualname, cls in classes_defined_in_conveyor().items()
+        if issubclass(cls, BaseException) and not issubclass(cls, conveyor.ConveyorError)
+    ]
+    assert outside == []
+
+
+def test_conveyor_raises_no_builtin_exception_of_its_own() -> None:
+    """``raise ValueError(...)`` and friends: each should be one of Conveyor's errors."""
+    found = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        if USER_CODE in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Raise) or node.exc is None:
+                continue
+            raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            name = raised.id if isinstance(raised, ast.Name) else ""
+            builtin = getattr(builtins, name, None)
+            if (isinstance(builtin, type) and issubclass(builtin, BaseException)
+                    and name not in BUILTIN_RAISES_ALLOWED):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: raise {name}")
+    assert found == []
+
+
+def test_a_bad_value_is_a_conveyor_error_and_still_a_value_error() -> None:
+    with pytest.raises(conveyor.InvalidArgumentError) as caught:
+        conveyor.HashRingQueueMapper(0)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, conveyor.ConveyorError)
+
+
+# -- the version ----------------------------------------------------------------------------
+def test_the_version_is_the_installed_distributions() -> None:
+    assert conveyor.__version__ == metadata.version("conveyor")
+    with (REPO / "pyproject.toml").open("rb") as fh:
+        assert conveyor.__version__ == tomllib.load(fh)["project"]["version"]
+
+
+def test_the_version_falls_back_to_pyproject_then_to_unknown(tmp_path: Path) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "conveyor"\nversion = "9.8.7"\n')
+    assert pyproject_version(pyproject) == "9.8.7"
+    assert pyproject_version(tmp_path / "missing.toml") == UNKNOWN
+    pyproject.write_text("[project]\nname = 'conveyor'\n")
+    assert pyproject_version(pyproject) == UNKNOWN
+
+
+def test_conveyor_version_prints_the_version() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "--version"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert out.stdout == f"conveyor {conveyor.__version__}\n"
