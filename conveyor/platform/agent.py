@@ -103,6 +103,7 @@ class PullingAgent:
         self._pull_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._fenced = False
+        self._aborted = False
         # Fencing: consulted before every pull and every ack; False once the lease
         # is (about to be) lost, so a stale owner neither pulls nor acknowledges.
         self._may_act = may_act or (lambda: True)
@@ -173,8 +174,15 @@ class PullingAgent:
             except ConveyorError as exc:
                 log.warning("queue %d: could not record done offsets: %s", self.queue, exc)
 
+    @property
+    def aborted(self) -> bool:
+        """Stopped by :meth:`abort`: nothing it held is acknowledged any more."""
+        return self._aborted
+
     async def abort(self) -> None:
-        """Stop at once without acknowledging anything more (the lease is lost)."""
+        """Stop at once without acknowledging anything more (the lease is lost, or a
+        second stop signal): what it held goes unacknowledged to the next owner."""
+        self._aborted = True
         self._stopping = True
         self._fenced = True
         self._to_ack.clear()

@@ -5,6 +5,7 @@ the children of ``conveyor worker --processes`` both do it through :func:`serve`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -19,6 +20,12 @@ log = logging.getLogger("conveyor.daemon")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+STOP_GRACE_S = 3.0
+"""How long past ``drain_timeout_s`` (counted from the signal) a stop may take in all —
+releasing leases, leaving the membership, closing connections — before serve gives up
+on it: a broker that stopped answering must not keep a stopping worker alive."""
+
+
 async def serve(
     daemon: WorkerDaemon,
     *,
@@ -29,8 +36,9 @@ async def serve(
 ) -> DrainReport:
     """Start ``daemon``, wait to be told to stop, stop it; return what the stop did.
 
-    1. Handlers for ``signals`` are installed (before the start: a signal during it
-       stops the daemon as soon as it has started) and stay until the stop is done.
+    1. Handlers for ``signals`` are installed before the start, and stay until the stop
+       is done. A signal during the start cancels it (a worker that cannot reach its
+       broker still stops at once).
     2. The daemon starts; with ``freeze_heap`` what was built so far is exempted from
        later GC passes (:func:`freeze_startup_heap`, for a process that exists to run
        this daemon); ``ready()`` is called.
@@ -38,21 +46,26 @@ async def serve(
        supervisor's command stream) returns, or the daemon fails
        (:attr:`WorkerDaemon.failed`). ``commands`` still running then is cancelled and
        awaited, so it may finish what it had begun.
-    4. The daemon stops (:meth:`WorkerDaemon.stop`: drains). A failure is then raised
-       (as a :class:`ConveyorError`); otherwise the :class:`DrainReport` is returned.
+    4. The daemon stops (:meth:`WorkerDaemon.stop`: drains), with
+       ``[worker] drain_timeout_s`` counted from the signal. A second signal aborts: no
+       more waiting for handlers, nothing more acknowledged (``abandoned`` counts what is
+       left to the queues' next owners). A stop still running :data:`STOP_GRACE_S` past
+       its drain deadline is abandoned the same way. A failure is then raised (as a
+       :class:`ConveyorError`); otherwise the :class:`DrainReport` is returned.
     """
-    stop = _StopRequest()
     loop = asyncio.get_running_loop()
+    stop = _StopRequest(again=lambda: _abort(daemon))
     for sig in signals:
         loop.add_signal_handler(sig, stop.signal_received, sig)
     try:
-        await daemon.start()
-        if freeze_heap:
-            freeze_startup_heap()
-        if ready is not None:
-            ready()
-        await _until_stop(daemon, stop, commands)
-        report = await daemon.stop()  # the one place a served daemon is stopped
+        if await _start(daemon, stop):
+            if freeze_heap:
+                freeze_startup_heap()
+            if ready is not None:
+                ready()
+            await _until_stop(daemon, stop, commands)
+        deadline = (stop.at or loop.time()) + daemon.config.worker.drain_timeout_s
+        report = await _stop(daemon, deadline)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
@@ -64,15 +77,65 @@ async def serve(
     return report
 
 
-class _StopRequest:
-    """Where a stop signal is received: the one place to change what a signal means."""
+async def _start(daemon: WorkerDaemon, stop: _StopRequest) -> bool:
+    """Start the daemon unless a stop signal comes first (then the start is cancelled)."""
+    starting = asyncio.ensure_future(daemon.start())
+    asked = asyncio.ensure_future(stop.asked.wait())
+    try:
+        await asyncio.wait([starting, asked], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        asked.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        log.info("stopped while starting")
+        return False
+    starting.result()  # a failed start is raised, as before
+    return True
 
-    def __init__(self) -> None:
+
+async def _stop(daemon: WorkerDaemon, deadline: float) -> DrainReport:
+    """The one place a served daemon is stopped: by ``deadline`` + STOP_GRACE_S at most."""
+    try:
+        async with asyncio.timeout_at(deadline + STOP_GRACE_S):
+            return await daemon.stop(deadline)
+    except TimeoutError:
+        log.error("the stop took longer than drain_timeout_s + %.0fs: leaving now; what was "
+                  "not acknowledged goes to the queues' next owners", STOP_GRACE_S)
+        await daemon.abort()
+        return daemon.report()
+
+
+def _abort(daemon: WorkerDaemon) -> None:
+    log.warning("second stop signal: stopping at once; unacknowledged messages go to the "
+                "queues' next owners")
+    task = asyncio.ensure_future(daemon.abort())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+_background: set[asyncio.Future[None]] = set()
+
+
+class _StopRequest:
+    """Where a stop signal is received: the one place to change what a signal means.
+
+    The first asks for a drain (and remembers when: the drain timeout counts from it);
+    any later one calls ``again`` (an abort).
+    """
+
+    def __init__(self, again: Callable[[], None]) -> None:
         self.asked = asyncio.Event()
+        self.at: float | None = None
+        self._again = again
 
     def signal_received(self, sig: signal.Signals) -> None:
-        if not self.asked.is_set():
-            log.info("%s received: draining", sig.name)
+        if self.asked.is_set():
+            self._again()
+            return
+        log.info("%s received: draining", sig.name)
+        self.at = asyncio.get_running_loop().time()
         self.asked.set()
 
 

@@ -147,10 +147,16 @@ class WorkerDaemon:
             self._hooks.append(asyncio.create_task(hook(self.client)))
         log.info("daemon %s started; owns queues %s", self.member.id, self.balancer.owned())
 
-    async def stop(self) -> DrainReport:
-        """Drain: stop the startup hooks, release every queue through the balancer (each
-        drained within ``[worker] drain_timeout_s``), drain what it did not hand back,
-        then close the parts built here."""
+    async def stop(self, deadline: float | None = None) -> DrainReport:
+        """Drain: stop the startup hooks, release every queue through the balancer (all
+        drained together, by ``deadline`` — event-loop time, default: now plus
+        ``[worker] drain_timeout_s``), drain what it did not hand back, then close the
+        parts built here. :meth:`abort` while this runs makes it end at once."""
+        loop = asyncio.get_running_loop()
+        self.queues.stop_by(
+            deadline if deadline is not None
+            else loop.time() + self.config.worker.drain_timeout_s
+        )
         for task in self._hooks:
             task.cancel()
         for task in self._hooks:
@@ -163,6 +169,12 @@ class WorkerDaemon:
         await self.metrics.close()
         await self._parts.close()
         return self.report()
+
+    async def abort(self) -> None:
+        """Stop every queue at once (a second stop signal): nothing more is acknowledged;
+        what was in flight is counted in ``abandoned`` and redelivered to the queues' next
+        owners. A :meth:`stop` under way then finishes without waiting for handlers."""
+        await self.queues.abort_all()
 
     def report(self) -> DrainReport:
         return DrainReport(

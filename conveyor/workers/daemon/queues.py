@@ -11,6 +11,7 @@ the :class:`DrainReport`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -77,6 +78,7 @@ class QueueOwner:
         self._max_cache_fill_gone = 0
         self.abandoned = 0
         """Messages in flight when their queue was lost or its drain timed out."""
+        self._deadline: float | None = None
 
     # -- what the balancer says ----------------------------------------------------------
     async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
@@ -111,17 +113,35 @@ class QueueOwner:
             self.abandoned += leaving.in_flight
             await leaving.abort()  # its _drain() finishes and accounts for it
 
+    def stop_by(self, deadline: float) -> None:
+        """Every drain from now on ends by ``deadline`` (event-loop time): a stopping
+        daemon's ``drain_timeout_s`` counts from the signal, not from each queue's turn."""
+        self._deadline = deadline
+
     async def drain_all(self) -> None:
-        """Drain every queue still owned (anything a stopped balancer did not hand back)."""
-        for agent in list(self.agents.values()):
-            await self._drain(agent)
+        """Drain every queue still owned (anything a stopped balancer did not hand back),
+        all at once."""
+        await asyncio.gather(*(self._drain(agent) for agent in list(self.agents.values())))
+
+    async def abort_all(self) -> None:
+        """Stop every queue now, acknowledging nothing more (a second stop signal): what
+        each agent held is counted in :attr:`abandoned` and goes to the next owner."""
+        for agent in self.holding():
+            self.abandoned += agent.in_flight
+        await asyncio.gather(*(agent.abort() for agent in self.holding()))
+
+    def _drain_timeout_s(self) -> float:
+        timeout = self._worker.drain_timeout_s
+        if self._deadline is not None:
+            timeout = min(timeout, max(self._deadline - asyncio.get_running_loop().time(), 0.0))
+        return timeout
 
     async def _drain(self, agent: PullingAgent) -> None:
         self.agents.pop(agent.queue, None)
         self._leaving[agent.queue] = agent
         try:
             in_flight_before = agent.in_flight
-            if not await agent.drain(self._worker.drain_timeout_s):
+            if not await agent.drain(self._drain_timeout_s()) and not agent.aborted:
                 self.abandoned += agent.in_flight
             log.debug("queue %d drained (%d in flight at start)", agent.queue, in_flight_before)
         finally:

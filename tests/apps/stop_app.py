@@ -1,0 +1,21 @@
+"""A test app for stop tests: each "jobs" handler call takes CONVEYOR_TEST_WORK_MS (a
+stuck handler: a long time), then appends "id seq" to CONVEYOR_TEST_OUT."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from conveyor import App, MessageContext
+
+OUT = os.environ.get("CONVEYOR_TEST_OUT", "/dev/null")
+WORK_S = float(os.environ.get("CONVEYOR_TEST_WORK_MS", "0")) / 1000
+
+app = App("stop-test")
+_out = open(OUT, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+
+@app.handler("jobs")
+async def on_job(job: dict[str, int], ctx: MessageContext) -> None:
+    await asyncio.sleep(WORK_S)
+    _out.write(f"{ctx.message.id} {job['seq']}\n")

@@ -1,0 +1,201 @@
+"""Stop means stop: `conveyor worker` on Redis (the shipped configs/redis.toml, the
+server's address changed) exits within drain_timeout_s of SIGTERM (+ 2 s), whatever its
+handlers and cache are doing; a second signal stops it at once; a signal during the start
+stops it too. Nothing is lost: the next owner handles everything left unacknowledged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from conveyor import Client, Publish, load_config
+from tests.conftest import free_port, wait_until_sync
+from tests.integration.redis.conftest import REPO
+from tests.servers import RedisServer
+
+GROUP = "stop-test"
+
+
+def config_file(tmp: Path, url: str, **fields: Any) -> Path:
+    """configs/redis.toml with ``url`` and ``section__field=value`` changed."""
+    raw = msgspec.toml.decode((REPO / "configs" / "redis.toml").read_bytes())
+    raw["redis"]["url"] = url
+    for key, value in fields.items():
+        section, _, field = key.partition("__")
+        raw.setdefault(section, {})[field] = value
+    path = tmp / "c.toml"
+    path.write_text("".join(
+        f"[{section}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
+        for section, values in raw.items()
+    ))
+    return path
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def start_worker(config: Path, out: Path, work_ms: float) -> subprocess.Popen[str]:
+    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_WORK_MS": str(work_ms)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.stop_app:app",
+         "--config", str(config)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def publish(config: Path, keys: int, per_key: int) -> int:
+    import asyncio
+
+    async def run() -> None:
+        async with Client.from_config(load_config(config)) as client:
+            await client.publish_batch([
+                Publish("jobs", f"k{k}", {"seq": k * per_key + i})
+                for k in range(keys) for i in range(per_key)
+            ])
+
+    asyncio.run(run())
+    return keys * per_key
+
+
+def pending(server: RedisServer) -> int:
+    client = server.client()
+    total = 0
+    for q in range(8):
+        if client.exists(f"conveyor:q:{q}"):
+            groups = [g["name"] for g in client.xinfo_groups(f"conveyor:q:{q}")]
+            if GROUP.encode() in groups:
+                total += client.xpending(f"conveyor:q:{q}", GROUP)["pending"]
+    return total
+
+
+def stop_and_time(proc: subprocess.Popen[str], twice: bool = False) -> tuple[float, str]:
+    """SIGTERM (``twice``: again once the worker says it is draining); the seconds from
+    the first signal until the process exited, and its stderr."""
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    seen = ""
+    if twice:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            seen += line
+            if "draining" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return time.monotonic() - t0, seen + err
+
+
+def handled_once_by_next_owner(config: Path, out: Path, published: int) -> None:
+    """A second worker with fast handlers handles everything: nothing was lost."""
+    proc = start_worker(config, out, 0)
+    try:
+        wait_until_sync(lambda: out.exists() and len(out.read_text().splitlines()) >= published,
+                        60, what=f"{published} handled by the next owner")
+    finally:
+        _, err = stop_and_time(proc)
+    assert proc.returncode == 0, err
+    seqs = [int(line.split()[1]) for line in out.read_text().splitlines()]
+    assert sorted(seqs) == list(range(published))  # every message, exactly once
+
+
+def drained_line(err: str) -> str:
+    return next(line for line in err.splitlines() if "drained" in line)
+
+
+def test_sigterm_with_a_full_cache_exits_within_the_drain_timeout(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    # One stream, a stuck handler: the agent's cache (16) fills and its pull waits for room.
+    config = config_file(tmp_path, redis_server.url, worker__drain_timeout_s=3,
+                         worker__cache_capacity=16)
+    published = publish(config, keys=1, per_key=200)
+    out = tmp_path / "out"
+    proc = start_worker(config, out, work_ms=600_000)
+    wait_until_sync(lambda: pending(redis_server) == 16, 30, what="a full cache")
+    elapsed, err = stop_and_time(proc)
+    assert proc.returncode == 0, err
+    assert elapsed < 3 + 2, f"exit took {elapsed:.1f}s"
+    assert "abandoned=16" in drained_line(err)
+    handled_once_by_next_owner(config, out, published)
+
+
+def test_sigterm_with_every_slot_busy_exits_within_the_drain_timeout(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    # Four slots, four stuck handlers on four streams: the pull waits for a slot.
+    config = config_file(tmp_path, redis_server.url, worker__drain_timeout_s=2,
+                         slots__count=4)
+    published = publish(config, keys=8, per_key=10)
+    out = tmp_path / "out"
+    proc = start_worker(config, out, work_ms=600_000)
+    wait_until_sync(lambda: pending(redis_server) == 4, 30, what="every slot busy")
+    elapsed, err = stop_and_time(proc)
+    assert proc.returncode == 0, err
+    assert elapsed < 2 + 2, f"exit took {elapsed:.1f}s"
+    assert "abandoned=4" in drained_line(err)
+    handled_once_by_next_owner(config, out, published)
+
+
+def test_a_second_signal_stops_at_once_and_the_next_owner_gets_everything(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    config = config_file(tmp_path, redis_server.url, worker__drain_timeout_s=60,
+                         worker__cache_capacity=16)
+    published = publish(config, keys=1, per_key=100)
+    out = tmp_path / "out"
+    proc = start_worker(config, out, work_ms=600_000)
+    wait_until_sync(lambda: pending(redis_server) == 16, 30, what="a full cache")
+    elapsed, err = stop_and_time(proc, twice=True)
+    assert proc.returncode == 0, err
+    assert elapsed < 2, f"exit took {elapsed:.1f}s after the first signal"
+    assert "second stop signal" in err and "abandoned=16" in drained_line(err)
+    handled_once_by_next_owner(config, out, published)
+
+
+def test_an_idle_worker_with_a_long_poll_exits_at_once(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    # A pull blocked on an idle queue for a minute is cancelled, not waited for.
+    config = config_file(tmp_path, redis_server.url, worker__poll_timeout_ms=60_000,
+                         redis__socket_timeout_s=120)
+    proc = start_worker(config, tmp_path / "out", work_ms=0)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the worker's log, until it says it is ready
+        if "ready" in line:
+            break
+    client = redis_server.client()
+    wait_until_sync(lambda: client.info("clients")["blocked_clients"] == 8, 10,
+                    what="every agent in its blocking read")
+    elapsed, err = stop_and_time(proc)
+    assert proc.returncode == 0, err
+    assert elapsed < 2, f"exit took {elapsed:.1f}s"
+
+
+def test_a_signal_while_starting_stops_the_worker(tmp_path: Path) -> None:
+    # Nothing listens on the port: the start waits for Redis (retry_max_s = 10 s).
+    config = config_file(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
+    proc = start_worker(config, tmp_path / "out", work_ms=0)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the worker's log, until it says it waits for Redis
+        if "unreachable" in line:
+            break
+    assert proc.poll() is None
+    elapsed, err = stop_and_time(proc)
+    assert proc.returncode == 0, err
+    assert elapsed < 2, f"exit took {elapsed:.1f}s"
