@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from conveyor import Client, Publish, load_config
 from tests.conftest import free_port, wait_until_sync
@@ -118,53 +119,33 @@ def drained_line(err: str) -> str:
     return next(line for line in err.splitlines() if "drained" in line)
 
 
-def test_sigterm_with_a_full_cache_exits_within_the_drain_timeout(
-    redis_server: RedisServer, tmp_path: Path,
+@pytest.mark.parametrize(
+    ("fields", "keys", "held", "twice", "within_s"),
+    [
+        # One stream, a stuck handler: the agent's cache (16) fills, its pull waits for room.
+        ({"worker__drain_timeout_s": 3, "worker__cache_capacity": 16}, 1, 16, False, 3 + 2),
+        # Four slots, four stuck handlers on four streams: the pull waits for a slot.
+        ({"worker__drain_timeout_s": 2, "slots__count": 4}, 8, 4, False, 2 + 2),
+        # A long drain timeout, and a second signal: no waiting for the handlers at all.
+        ({"worker__drain_timeout_s": 60, "worker__cache_capacity": 16}, 1, 16, True, 2),
+    ],
+    ids=["full-cache", "every-slot-busy", "second-signal"],
+)
+def test_a_stuck_worker_exits_in_time_and_the_next_owner_gets_everything(
+    redis_server: RedisServer, tmp_path: Path, fields: dict[str, Any], keys: int, held: int,
+    twice: bool, within_s: float,
 ) -> None:
-    # One stream, a stuck handler: the agent's cache (16) fills and its pull waits for room.
-    config = config_file(tmp_path, redis_server.url, worker__drain_timeout_s=3,
-                         worker__cache_capacity=16)
-    published = publish(config, keys=1, per_key=200)
+    config = config_file(tmp_path, redis_server.url, **fields)
+    published = publish(config, keys=keys, per_key=100 // keys * 2)
     out = tmp_path / "out"
     proc = start_worker(config, out, work_ms=600_000)
-    wait_until_sync(lambda: pending(redis_server) == 16, 30, what="a full cache")
-    elapsed, err = stop_and_time(proc)
+    wait_until_sync(lambda: pending(redis_server) == held, 30,
+                    what=f"{held} messages held by stuck handlers")
+    elapsed, err = stop_and_time(proc, twice=twice)
     assert proc.returncode == 0, err
-    assert elapsed < 3 + 2, f"exit took {elapsed:.1f}s"
-    assert "abandoned=16" in drained_line(err)
-    handled_once_by_next_owner(config, out, published)
-
-
-def test_sigterm_with_every_slot_busy_exits_within_the_drain_timeout(
-    redis_server: RedisServer, tmp_path: Path,
-) -> None:
-    # Four slots, four stuck handlers on four streams: the pull waits for a slot.
-    config = config_file(tmp_path, redis_server.url, worker__drain_timeout_s=2,
-                         slots__count=4)
-    published = publish(config, keys=8, per_key=10)
-    out = tmp_path / "out"
-    proc = start_worker(config, out, work_ms=600_000)
-    wait_until_sync(lambda: pending(redis_server) == 4, 30, what="every slot busy")
-    elapsed, err = stop_and_time(proc)
-    assert proc.returncode == 0, err
-    assert elapsed < 2 + 2, f"exit took {elapsed:.1f}s"
-    assert "abandoned=4" in drained_line(err)
-    handled_once_by_next_owner(config, out, published)
-
-
-def test_a_second_signal_stops_at_once_and_the_next_owner_gets_everything(
-    redis_server: RedisServer, tmp_path: Path,
-) -> None:
-    config = config_file(tmp_path, redis_server.url, worker__drain_timeout_s=60,
-                         worker__cache_capacity=16)
-    published = publish(config, keys=1, per_key=100)
-    out = tmp_path / "out"
-    proc = start_worker(config, out, work_ms=600_000)
-    wait_until_sync(lambda: pending(redis_server) == 16, 30, what="a full cache")
-    elapsed, err = stop_and_time(proc, twice=True)
-    assert proc.returncode == 0, err
-    assert elapsed < 2, f"exit took {elapsed:.1f}s after the first signal"
-    assert "second stop signal" in err and "abandoned=16" in drained_line(err)
+    assert elapsed < within_s, f"exit took {elapsed:.1f}s after the first signal"
+    assert f"abandoned={held}" in drained_line(err)
+    assert ("second stop signal" in err) is twice
     handled_once_by_next_owner(config, out, published)
 
 
