@@ -267,7 +267,17 @@ def tune(population: int, generations: int, mutation: float, seed: int, as_json:
         "default": (defaults.kp, defaults.ki, defaults.kd),
     }
     table = _gain_table(Evaluator(PATTERNS, config, seed), gains)
-    doc = {
+    doc = _tune_doc(joint, per_pattern, gains, table, ga, elapsed)
+    if as_json:
+        click.echo(json.dumps(doc))
+    else:
+        _echo_tune_report(doc)
+
+
+def _tune_doc(joint: Any, per_pattern: dict[str, Any], gains: dict[str, Any],
+              table: Any, ga: dict[str, Any], elapsed: float) -> dict[str, Any]:
+    """What ``conveyor tune --json`` prints (and the text report reads)."""
+    return {
         "best": _gains_doc(joint.best_gains),
         "fitness": joint.best_fitness,
         "plateau": _plateau_doc(joint.plateau),
@@ -278,10 +288,10 @@ def tune(population: int, generations: int, mutation: float, seed: int, as_json:
         },
         "averaged": _gains_doc(gains["averaged"]),
         "defaults": _gains_doc(gains["default"]),
-        "population": population,
-        "generations": generations,
-        "mutation": mutation,
-        "seed": seed,
+        "population": ga["population"],
+        "generations": ga["generations"],
+        "mutation": ga["mutation"],
+        "seed": ga["seed"],
         "evaluations": joint.evaluations + sum(r.evaluations for r in per_pattern.values()),
         "elapsed_s": elapsed,
         "training_patterns": list(TRAINING_PATTERNS),
@@ -291,10 +301,6 @@ def tune(population: int, generations: int, mutation: float, seed: int, as_json:
         ],
         "patterns": table,
     }
-    if as_json:
-        click.echo(json.dumps(doc))
-    else:
-        _echo_tune_report(doc)
 
 
 class _TuneProgress:

@@ -144,35 +144,11 @@ def simulate(
     batch = 1 if gains is None else len(gains)
     if batch == 0:
         return []
-    controllers = (
-        None
-        if gains is None
-        else [
-            ScaleDownController(
-                ScaleDownPolicy(
-                    kp=kp,
-                    ki=ki,
-                    kd=kd,
-                    inspection_period_s=config.policy.inspection_period_s,
-                    dead_zone_cycles=config.policy.dead_zone_cycles,
-                    backoff_s=config.policy.backoff_s,
-                )
-            )
-            for kp, ki, kd in gains
-        ]
-    )
+    controllers = None if gains is None else _controllers(gains, config)
     pool = _Pool(batch, config, np.random.default_rng([seed, 0x5E7]))
     steps = config.steps
     step_s = config.step_s
-    # distinct arrival times, each with its count, and where every step's ones start
-    times = np.sort(np.asarray(arrivals, dtype=np.float64))
-    step_of = np.floor(times / step_s + _EPS).astype(np.int64)
-    keep = (step_of >= 0) & (step_of < steps)
-    times, step_of = times[keep], step_of[keep]
-    at, first, howmany = np.unique(times, return_index=True, return_counts=True)
-    step_of = step_of[first]
-    bounds = np.searchsorted(step_of, np.arange(steps + 1)).tolist()
-    at_list, howmany_list = at.tolist(), howmany.tolist()
+    bounds, at_list, howmany_list = _schedule(arrivals, config)
     workers = np.zeros((batch, steps), dtype=np.int64)
     queue = np.zeros((batch, steps), dtype=np.int64)
     waiting = np.zeros((batch, steps), dtype=np.float64)
@@ -199,21 +175,40 @@ def simulate(
     in_pool = pool.n.sum(axis=1)
     arrived = int(counts.sum())
     return [
-        SimTrace(
-            time_s=time_s,
-            rate=rate,
-            workers=workers[b],
-            queue_length=queue[b],
-            avg_waiting=waiting[b],
-            idle=idle[b],
-            created=created[b],
-            busy=busy[b],
-            arrived=arrived,
-            completed=int(pool.completed[b]),
-            in_pool=int(in_pool[b]),
-        )
+        SimTrace(time_s=time_s, rate=rate, workers=workers[b], queue_length=queue[b],
+                 avg_waiting=waiting[b], idle=idle[b], created=created[b], busy=busy[b],
+                 arrived=arrived, completed=int(pool.completed[b]), in_pool=int(in_pool[b]))
         for b in range(batch)
     ]
+
+
+def _controllers(
+    gains: Sequence[tuple[float, float, float]], config: SimConfig
+) -> list[ScaleDownController]:
+    """One controller per gain set, with the config's loop settings."""
+    policy = config.policy
+    return [
+        ScaleDownController(ScaleDownPolicy(
+            kp=kp, ki=ki, kd=kd, inspection_period_s=policy.inspection_period_s,
+            dead_zone_cycles=policy.dead_zone_cycles, backoff_s=policy.backoff_s,
+        ))
+        for kp, ki, kd in gains
+    ]
+
+
+def _schedule(arrivals: Floats, config: SimConfig) -> tuple[list[int], list[float], list[int]]:
+    """Distinct arrival times with their counts, and where each step's ones start."""
+    import numpy as np
+
+    steps, step_s = config.steps, config.step_s
+    times = np.sort(np.asarray(arrivals, dtype=np.float64))
+    step_of = np.floor(times / step_s + _EPS).astype(np.int64)
+    keep = (step_of >= 0) & (step_of < steps)
+    times, step_of = times[keep], step_of[keep]
+    at, first, howmany = np.unique(times, return_index=True, return_counts=True)
+    step_of = step_of[first]
+    bounds = np.searchsorted(step_of, np.arange(steps + 1)).tolist()
+    return bounds, at.tolist(), howmany.tolist()
 
 
 class _Pool:
