@@ -139,9 +139,11 @@ def test_a_stuck_worker_exits_in_time_and_the_next_owner_gets_everything(
     published = publish(config, keys=keys, per_key=100 // keys * 2)
     out = tmp_path / "out"
     proc = start_worker(config, out, work_ms=600_000)
-    wait_until_sync(lambda: pending(redis_server) == held, 30,
-                    what=f"{held} messages held by stuck handlers")
-    elapsed, err = stop_and_time(proc, twice=twice)
+    try:
+        wait_until_sync(lambda: pending(redis_server) == held, 30,
+                        what=f"{held} messages held by stuck handlers")
+    finally:
+        elapsed, err = stop_and_time(proc, twice=twice)
     assert proc.returncode == 0, err
     assert elapsed < within_s, f"exit took {elapsed:.1f}s after the first signal"
     assert f"abandoned={held}" in drained_line(err)
@@ -156,14 +158,16 @@ def test_an_idle_worker_with_a_long_poll_exits_at_once(
     config = config_file(tmp_path, redis_server.url, worker__poll_timeout_ms=60_000,
                          redis__socket_timeout_s=120)
     proc = start_worker(config, tmp_path / "out", work_ms=0)
-    assert proc.stderr is not None
-    for line in proc.stderr:  # the worker's log, until it says it is ready
-        if "ready" in line:
-            break
-    client = redis_server.client()
-    wait_until_sync(lambda: client.info("clients")["blocked_clients"] == 8, 10,
-                    what="every agent in its blocking read")
-    elapsed, err = stop_and_time(proc)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the worker's log, until it says it is ready
+            if "ready" in line:
+                break
+        client = redis_server.client()
+        wait_until_sync(lambda: client.info("clients")["blocked_clients"] == 8, 10,
+                        what="every agent in its blocking read")
+    finally:
+        elapsed, err = stop_and_time(proc)
     assert proc.returncode == 0, err
     assert elapsed < 2, f"exit took {elapsed:.1f}s"
 
@@ -172,11 +176,13 @@ def test_a_signal_while_starting_stops_the_worker(tmp_path: Path) -> None:
     # Nothing listens on the port: the start waits for Redis (retry_max_s = 10 s).
     config = config_file(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
     proc = start_worker(config, tmp_path / "out", work_ms=0)
-    assert proc.stderr is not None
-    for line in proc.stderr:  # the worker's log, until it says it waits for Redis
-        if "unreachable" in line:
-            break
-    assert proc.poll() is None
-    elapsed, err = stop_and_time(proc)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the worker's log, until it says it waits for Redis
+            if "unreachable" in line:
+                break
+        assert proc.poll() is None
+    finally:
+        elapsed, err = stop_and_time(proc)
     assert proc.returncode == 0, err
     assert elapsed < 2, f"exit took {elapsed:.1f}s"
