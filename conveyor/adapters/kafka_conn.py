@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
-from tenacity import wait_exponential_jitter as _backoff
 
+from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
 from conveyor.platform.outage import OutageLog
@@ -31,9 +31,10 @@ log = logging.getLogger("conveyor.kafka")
 
 T = TypeVar("T")
 
-RETRY_FIRST_DELAY_S = 0.1
 RETRY_MAX_DELAY_S = 5.0
 """Longest wait between two attempts to reach a broker that is down."""
+OUTAGE_BACKOFF = Backoff(first_s=0.1, cap_s=RETRY_MAX_DELAY_S, jitter_s=RETRY_MAX_DELAY_S / 4)
+"""How :func:`retrying` waits for a broker that is down (0.1 s doubling to 5 s)."""
 REPORT_EVERY_S = 30.0
 """How often an outage that lasts is logged again."""
 FIRST_ANSWER_S = 5.0
@@ -173,8 +174,7 @@ async def retrying(outage: OutageLog, what: str, fn: Callable[[], Awaitable[T]])
             outage.failing(what, exc)
 
     retry = AsyncRetrying(
-        wait=_backoff(multiplier=RETRY_FIRST_DELAY_S, max=RETRY_MAX_DELAY_S,
-                      jitter=RETRY_MAX_DELAY_S / 4),
+        wait=OUTAGE_BACKOFF.tenacity_wait(),
         retry=retry_if_exception_type(BrokerConnectionError),
         before_sleep=before_sleep,
         reraise=True,
