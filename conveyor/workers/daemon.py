@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib
 import logging
 import time
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from conveyor.platform.delivery import (
     chain_interceptors,
 )
 from conveyor.platform.delivery.orphans import Orphans
+from conveyor.platform.importing import load_attr
 from conveyor.platform.leases import Lease
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
@@ -70,8 +70,7 @@ def build_balancer(
 ) -> QueueBalancer:
     target = _BALANCERS.get(config.balancer.kind)
     if target is not None:
-        module_name, _, attr = target.partition(":")
-        factory = getattr(importlib.import_module(module_name), attr)
+        factory = load_attr(target, f"$.balancer.kind = {config.balancer.kind!r}")
         balancer: QueueBalancer = factory(config, app_name, adapter)
         return balancer
     if config.balancer.kind == "static":
