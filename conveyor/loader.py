@@ -5,58 +5,44 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-import traceback
 from pathlib import Path
+from types import ModuleType
 
 from conveyor.platform.app import App
 from conveyor.platform.errors import ConveyorError
+from conveyor.platform.importing import load_attr
 
 
 def load_app(target: str) -> App:
     """Import ``target`` and return the App it names (``attr`` defaults to ``app``)."""
-    module_part, _, attr = target.partition(":")
-    attr = attr or "app"
-    if not module_part:
-        raise ConveyorError(f"app path {target!r}: expected MODULE:ATTR or FILE.py:ATTR")
+    return load_attr(target, "app path", expect=App, default_attr="app",
+                     form="MODULE:ATTR or FILE.py:ATTR", error=ConveyorError,
+                     importer=_import)
+
+
+def _import(module_part: str) -> ModuleType:
+    """Import a module by name (from the working directory too) or a ``.py`` file."""
+    if not module_part.endswith(".py"):
+        if "" not in sys.path:
+            sys.path.insert(0, "")
+        return importlib.import_module(module_part)
+    path = Path(module_part).resolve()
+    if not path.is_file():
+        raise ConveyorError(f"app path: no such file {path}")
+    name = _module_name(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     try:
-        if module_part.endswith(".py"):
-            path = Path(module_part).resolve()
-            if not path.is_file():
-                raise ConveyorError(f"app path {target!r}: no such file {path}")
-            name = _module_name(target, path)
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]  # no half-imported module for a later retry
-                raise
-        else:
-            if "" not in sys.path:
-                sys.path.insert(0, "")
-            module = importlib.import_module(module_part)
-    except ConveyorError:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # no half-imported module for a later retry
         raise
-    except ImportError as exc:
-        raise ConveyorError(f"app path {target!r}: cannot import: {exc}") from None
-    except Exception as exc:  # user code: any failure at import is a bad APP_PATH
-        raise ConveyorError(
-            f"app path {target!r}: importing it failed{_where(exc)}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
-    app = getattr(module, attr, None)
-    if not isinstance(app, App):
-        where = getattr(module, "__file__", None) or "a built-in module"
-        raise ConveyorError(
-            f"app path {target!r}: {attr!r} is {type(app).__name__}, not a conveyor.App "
-            f"(module {module.__name__!r} came from {where})"
-        )
-    return app
+    return module
 
 
-def _module_name(target: str, path: Path) -> str:
+def _module_name(path: Path) -> str:
     """The name ``path`` is imported under: its stem, unless that names another module.
 
     A file is registered in ``sys.modules`` under its module name, so ``redis.py`` imported
@@ -69,8 +55,8 @@ def _module_name(target: str, path: Path) -> str:
         if clash is None:
             return name
     raise ConveyorError(
-        f"app path {target!r}: neither {path.stem!r} nor {name!r} can name this file's "
-        f"module without replacing {clash}; rename the file"
+        f"app path: neither {path.stem!r} nor {name!r} can name the module of {path} "
+        f"without replacing {clash}; rename the file"
     )
 
 
@@ -91,12 +77,3 @@ def _shadowed(name: str, path: Path) -> str | None:
     if spec is None or (spec.origin is not None and Path(spec.origin).resolve() == path):
         return None
     return f"the installed module at {spec.origin or 'a namespace package'}"
-
-
-def _where(exc: BaseException) -> str:
-    """`` at FILE:LINE`` of the innermost frame of the user's code that raised ``exc``."""
-    if isinstance(exc, SyntaxError):
-        return ""  # its message already names the file and line
-    frames = traceback.extract_tb(exc.__traceback__)
-    user = [f for f in frames if not f.filename.startswith("<frozen ")]
-    return f" at {user[-1].filename}:{user[-1].lineno}" if user else ""

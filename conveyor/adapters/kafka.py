@@ -38,13 +38,14 @@ from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters import kafka_groups, kafka_offsets, kafka_rewind
 from conveyor.adapters.kafka_conn import (
-    CLIENT_ERRORS,
     broker_error,
     client_options,
     fetch_committed,
     first_answer,
+    kafka_errors,
     outage_log,
     retrying,
+    start_client,
 )
 from conveyor.adapters.kafka_handoff import HandoffLog
 from conveyor.adapters.kafka_offsets import DoneOffsets
@@ -215,30 +216,31 @@ class KafkaReceiver(QueueReceiver):
         if not await adapter.wait_topic_ready(wait_s):
             return False
         try:
-            if self._consumer is None:
-                consumer = adapter.new_consumer(self._group)
-                await consumer.start()
-                consumer.assign([self._tp])
-                self._consumer = consumer
-            consumer = self._consumer
-            committed = await fetch_committed(consumer, self._tp)
-            if committed is None:
-                start = (await consumer.beginning_offsets([self._tp]))[self._tp]
-                done: set[int] = set()
-            else:
-                start, meta = committed
-                done = kafka_offsets.decode(start, meta)
-                if not done:
-                    done = await adapter.handoffs.read(self._group, self._queue, start)
-            self._offsets = DoneOffsets(start, done)
-            self._skip = set(self._offsets.done)
-            consumer.seek(self._tp, self._offsets.watermark)
-        except CLIENT_ERRORS as exc:
+            with kafka_errors(f"starting the receiver of queue {self._queue}"):
+                if self._consumer is None:
+                    consumer = adapter.new_consumer(self._group)
+                    await consumer.start()
+                    consumer.assign([self._tp])
+                    self._consumer = consumer
+                consumer = self._consumer
+                committed = await fetch_committed(consumer, self._tp)
+                if committed is None:
+                    start = (await consumer.beginning_offsets([self._tp]))[self._tp]
+                    done: set[int] = set()
+                else:
+                    start, meta = committed
+                    done = kafka_offsets.decode(start, meta)
+                    if not done:
+                        done = await adapter.handoffs.read(self._group, self._queue, start)
+                self._offsets = DoneOffsets(start, done)
+                self._skip = set(self._offsets.done)
+                consumer.seek(self._tp, self._offsets.watermark)
+        except Exception:  # a half-started consumer of our own is not kept
             if self._shared is None and self._consumer is not None:
                 with contextlib.suppress(Exception):
                     await self._consumer.stop()
                 self._consumer = None
-            raise broker_error(f"starting the receiver of queue {self._queue}", exc) from exc
+            raise
         self._started = True
         if self._skip:
             log.info("queue %d: resuming at %d, skipping %d offset(s) done by the last owner",
@@ -301,20 +303,19 @@ class KafkaReceiver(QueueReceiver):
         watermark = offsets.watermark
         consumer = self._consumer
         assert consumer is not None
-        try:
-            if not tokens:
-                await self._adapter.handoffs.write(self._group, self._queue, watermark, meta)
-                self._handed_over = True
-            await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
-        except kerrors.CommitFailedError as exc:
-            # The group re-balanced and the partition may be someone else's now: our
-            # unacknowledged messages will be redelivered there. Nothing to retry.
-            log.warning("queue %d: commit refused (%s); the new owner resumes at its last "
-                        "committed offset", self._queue, exc)
-        except kerrors.IllegalStateError as exc:
-            log.warning("queue %d: partition no longer assigned (%s)", self._queue, exc)
-        except (kerrors.KafkaError, OSError) as exc:
-            raise broker_error(f"committing queue {self._queue}", exc) from exc
+        with kafka_errors(f"committing queue {self._queue}"):
+            try:
+                if not tokens:
+                    await self._adapter.handoffs.write(self._group, self._queue, watermark, meta)
+                    self._handed_over = True
+                await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
+            except kerrors.CommitFailedError as exc:
+                # The group re-balanced and the partition may be someone else's now: our
+                # unacknowledged messages will be redelivered there. Nothing to retry.
+                log.warning("queue %d: commit refused (%s); the new owner resumes at its "
+                            "last committed offset", self._queue, exc)
+            except kerrors.IllegalStateError as exc:
+                log.warning("queue %d: partition no longer assigned (%s)", self._queue, exc)
 
     async def lag(self) -> int:
         consumer = self._consumer
@@ -389,12 +390,7 @@ class KafkaAdapter(QueueAdapter):
             if self._producer is None:
                 await self.ensure_topic()
                 producer = AIOKafkaProducer(linger_ms=self.config.linger_ms, **self._options)
-                try:
-                    await producer.start()
-                except CLIENT_ERRORS as exc:
-                    with contextlib.suppress(Exception):
-                        await producer.stop()
-                    raise broker_error("connecting the producer", exc) from exc
+                await start_client(producer, "connecting the producer")
                 self._producer = producer
         return self._producer
 
@@ -440,30 +436,31 @@ class KafkaAdapter(QueueAdapter):
         """Create the topics of ``wanted`` (name: partitions) that are absent."""
         admin = AIOKafkaAdminClient(**self._options)
         try:
-            await admin.start()
-            existing = set(await admin.list_topics())
-            missing = {t: n for t, n in wanted.items() if t not in existing}
-            if missing and self.config.create_topic:
-                rf = self.config.replication_factor
-                topics = [NewTopic(t, n, rf, topic_configs=topic_config)
-                          for t, n in missing.items()]
-                response = await admin.create_topics(topics)
-                for topic, code, *_ in response.topic_errors:
-                    if code not in (0, 36):  # 36: created meanwhile by another process
-                        raise BrokerError(f"kafka: creating topic {topic!r} failed (error {code})")
-            elif missing:
-                raise ConfigError(f"kafka topic(s) {sorted(missing)} do not exist and "
-                                  "$.kafka.create_topic is false")
-            if self.topic in wanted and self.topic in existing:
-                described = await admin.describe_topics([self.topic])
-                have = len(described[0]["partitions"])
-                if have < self.total_queues:
-                    raise ConfigError(
-                        f"kafka topic {self.topic!r} has {have} partitions but "
-                        f"$.queues.total is {self.total_queues}; add partitions or lower it"
-                    )
-        except CLIENT_ERRORS as exc:
-            raise broker_error("preparing topics", exc) from exc
+            with kafka_errors("preparing topics"):
+                await admin.start()
+                existing = set(await admin.list_topics())
+                missing = {t: n for t, n in wanted.items() if t not in existing}
+                if missing and self.config.create_topic:
+                    rf = self.config.replication_factor
+                    topics = [NewTopic(t, n, rf, topic_configs=topic_config)
+                              for t, n in missing.items()]
+                    response = await admin.create_topics(topics)
+                    for topic, code, *_ in response.topic_errors:
+                        if code not in (0, 36):  # 36: created meanwhile by another process
+                            raise BrokerError(
+                                f"kafka: creating topic {topic!r} failed (error {code})"
+                            )
+                elif missing:
+                    raise ConfigError(f"kafka topic(s) {sorted(missing)} do not exist and "
+                                      "$.kafka.create_topic is false")
+                if self.topic in wanted and self.topic in existing:
+                    described = await admin.describe_topics([self.topic])
+                    have = len(described[0]["partitions"])
+                    if have < self.total_queues:
+                        raise ConfigError(
+                            f"kafka topic {self.topic!r} has {have} partitions but "
+                            f"$.queues.total is {self.total_queues}; add partitions or lower it"
+                        )
         finally:
             with contextlib.suppress(Exception):
                 await admin.close()
@@ -486,7 +483,7 @@ class KafkaAdapter(QueueAdapter):
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         producer = await self.producer()
         topic = self.topic
-        try:
+        with kafka_errors(f"producing to queue {queue}"):
             futures = [
                 await producer.send(
                     topic,
@@ -499,8 +496,6 @@ class KafkaAdapter(QueueAdapter):
                 for msg in messages
             ]
             results = await asyncio.gather(*futures)
-        except (kerrors.KafkaError, OSError) as exc:
-            raise broker_error(f"producing to queue {queue}", exc) from exc
         return [SequenceToken(queue, r.offset) for r in results]
 
     # -- consuming ---------------------------------------------------------------------
@@ -515,12 +510,7 @@ class KafkaAdapter(QueueAdapter):
         if consumer is None:
             await self.ensure_topic()
             consumer = self.new_consumer(group)
-            try:
-                await consumer.start()
-            except CLIENT_ERRORS as exc:
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
-                raise broker_error("connecting a consumer", exc) from exc
+            await start_client(consumer, "connecting a consumer")
             consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
             self._probes[group] = consumer
         return consumer
@@ -540,7 +530,7 @@ class KafkaAdapter(QueueAdapter):
                 raise BrokerConnectionError(f"kafka: no fetch response for {tp} in {timeout_s}s")
 
     async def lag(self, queue: int, group: str) -> int:
-        try:
+        with kafka_errors(f"reading the lag of queue {queue}"):
             consumer = await self.probe(group)
             tp = TopicPartition(self.topic, queue)
             committed = await fetch_committed(consumer, tp)
@@ -551,8 +541,6 @@ class KafkaAdapter(QueueAdapter):
                 start = int(committed[0])
                 done = len(kafka_offsets.decode(start, committed[1]))
             high = await self.high_watermark(consumer, tp, start)
-        except (kerrors.KafkaError, OSError) as exc:
-            raise broker_error(f"reading the lag of queue {queue}", exc) from exc
         return max(0, high - start - done)
 
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:

@@ -3,7 +3,8 @@
 :func:`client_options` turns ``[kafka]`` into the keyword arguments every aiokafka
 client (producer, consumer, admin) takes; secrets are read from the environment
 variables the config names, never from the config itself, and never appear in an
-error message. :func:`broker_error` translates aiokafka's exceptions at the boundary.
+error message. :func:`kafka_errors` translates aiokafka's exceptions at the boundary
+(through :func:`broker_error`); :func:`start_client` starts a producer or consumer so.
 :func:`outage_log` and :func:`retrying` are how a daemon waits for a broker that is down:
 capped, jittered exponential back-off (tenacity), logged once when the outage starts,
 every ``REPORT_EVERY_S`` while it lasts, and once when it ends.
@@ -12,17 +13,18 @@ every ``REPORT_EVERY_S`` while it lasts, and once when it ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
-from tenacity import wait_exponential_jitter as _backoff
 
+from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
 from conveyor.platform.outage import OutageLog
@@ -31,9 +33,10 @@ log = logging.getLogger("conveyor.kafka")
 
 T = TypeVar("T")
 
-RETRY_FIRST_DELAY_S = 0.1
 RETRY_MAX_DELAY_S = 5.0
 """Longest wait between two attempts to reach a broker that is down."""
+OUTAGE_BACKOFF = Backoff(first_s=0.1, cap_s=RETRY_MAX_DELAY_S, jitter_s=RETRY_MAX_DELAY_S / 4)
+"""How :func:`retrying` waits for a broker that is down (0.1 s doubling to 5 s)."""
 REPORT_EVERY_S = 30.0
 """How often an outage that lasts is logged again."""
 FIRST_ANSWER_S = 5.0
@@ -144,6 +147,35 @@ def broker_error(what: str, exc: BaseException) -> BrokerError:
     return cls(f"kafka: {what} failed: {type(exc).__name__}: {exc}")
 
 
+@contextlib.contextmanager
+def kafka_errors(what: str) -> Iterator[None]:
+    """Translate what aiokafka raises in the block into Conveyor's errors (see
+    :func:`broker_error`): the one place the adapters' calls are mapped at the boundary.
+
+    Errors of aiokafka a caller expects (``CommitFailedError`` after a re-balance, say)
+    are caught inside the block, where the caller decides what they mean.
+    """
+    try:
+        yield
+    except CLIENT_ERRORS as exc:
+        raise broker_error(what, exc) from exc
+
+
+async def start_client(client: Any, what: str) -> None:
+    """Start an aiokafka producer or consumer, errors translated.
+
+    A failed or cancelled start leaves nothing open: the client is stopped before the
+    error (or the cancellation) goes on.
+    """
+    try:
+        with kafka_errors(what):
+            await client.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await client.stop()
+        raise
+
+
 async def fetch_committed(
     consumer: AIOKafkaConsumer, tp: TopicPartition
 ) -> tuple[int, str] | None:
@@ -173,8 +205,7 @@ async def retrying(outage: OutageLog, what: str, fn: Callable[[], Awaitable[T]])
             outage.failing(what, exc)
 
     retry = AsyncRetrying(
-        wait=_backoff(multiplier=RETRY_FIRST_DELAY_S, max=RETRY_MAX_DELAY_S,
-                      jitter=RETRY_MAX_DELAY_S / 4),
+        wait=OUTAGE_BACKOFF.tenacity_wait(),
         retry=retry_if_exception_type(BrokerConnectionError),
         before_sleep=before_sleep,
         reraise=True,

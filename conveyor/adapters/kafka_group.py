@@ -26,7 +26,7 @@ from typing import Any
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import CLIENT_ERRORS, broker_error, first_answer, retrying
+from conveyor.adapters.kafka_conn import first_answer, retrying, start_client
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.balancer import BalanceListener, QueueBalancer
 from conveyor.platform.config import Config
@@ -101,14 +101,7 @@ class KafkaGroupBalancer(QueueBalancer):
             # must not be expelled for it. Liveness is the heartbeat's job.
             max_poll_interval_ms=24 * 3600 * 1000,
         )
-        try:
-            await consumer.start()
-        except BaseException as exc:  # a failed or cancelled start leaves nothing open
-            with contextlib.suppress(Exception):
-                await consumer.stop()
-            if isinstance(exc, CLIENT_ERRORS):
-                raise broker_error(f"joining group {self.group!r}", exc) from exc
-            raise
+        await start_client(consumer, f"joining group {self.group!r}")
         self.adapter.outage.ok()
         self._consumer = consumer
         self.adapter.attach_group_consumer(self.group, consumer)

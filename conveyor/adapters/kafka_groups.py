@@ -30,7 +30,7 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 
 from conveyor.adapters import kafka_offsets
-from conveyor.adapters.kafka_conn import broker_error, client_options
+from conveyor.adapters.kafka_conn import client_options, kafka_errors
 from conveyor.platform.errors import BrokerError, ConfigError
 from conveyor.platform.groups import GroupInfo
 
@@ -75,53 +75,51 @@ async def groups(adapter: KafkaAdapter, queues: Sequence[int]) -> list[GroupInfo
     consumer = adapter.new_consumer(None)
     tps = [TopicPartition(adapter.topic, q) for q in queues]
     try:
-        await admin.start()
-        if adapter.topic not in await admin.list_topics():
-            return []
-        found: dict[str, tuple[dict[int, Any], int | None]] = {}
-        for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
-            committed = await _committed(admin, name, tps)
-            members, reads_topic = await _members(adapter, name)
-            if committed or reads_topic:
-                found[name] = (committed, members)
-        if not found:
-            return []
-        await consumer.start()
-        consumer.assign(tps)
-        begin = await consumer.beginning_offsets(tps)
-        high = {tp.partition: await adapter.high_watermark(consumer, tp, int(begin[tp]))
-                for tp in tps}
-        out = []
-        for tp in tps:
-            q = tp.partition
-            for name, (committed, members) in found.items():
-                entry = committed.get(q)
-                if entry is None:
-                    lag = high[q] - int(begin[tp])
-                else:
-                    start = int(entry.offset)
-                    lag = high[q] - start - len(kafka_offsets.decode(start, entry.metadata or ""))
-                out.append(GroupInfo(name, q, max(0, lag), members=members))
-        return out
-    except (kerrors.KafkaError, OSError) as exc:
-        raise broker_error("listing consumer groups", exc) from exc
+        with kafka_errors("listing consumer groups"):
+            await admin.start()
+            if adapter.topic not in await admin.list_topics():
+                return []
+            found: dict[str, tuple[dict[int, Any], int | None]] = {}
+            for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
+                committed = await _committed(admin, name, tps)
+                members, reads_topic = await _members(adapter, name)
+                if committed or reads_topic:
+                    found[name] = (committed, members)
+            if not found:
+                return []
+            await consumer.start()
+            consumer.assign(tps)
+            begin = await consumer.beginning_offsets(tps)
+            high = {tp.partition: await adapter.high_watermark(consumer, tp, int(begin[tp]))
+                    for tp in tps}
     finally:
         with contextlib.suppress(Exception):
             await consumer.stop()
         with contextlib.suppress(Exception):
             await admin.close()
+    out = []
+    for tp in tps:
+        q = tp.partition
+        for name, (committed, members) in found.items():
+            entry = committed.get(q)
+            if entry is None:
+                lag = high[q] - int(begin[tp])
+            else:
+                start = int(entry.offset)
+                lag = high[q] - start - len(kafka_offsets.decode(start, entry.metadata or ""))
+            out.append(GroupInfo(name, q, max(0, lag), members=members))
+    return out
 
 
 async def has_group(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> bool:
     """Whether ``group`` committed on one of ``queues`` or has members reading the topic."""
     admin = AIOKafkaAdminClient(**client_options(adapter.config))
     try:
-        await admin.start()
-        tps = [TopicPartition(adapter.topic, q) for q in queues]
-        if await _committed(admin, group, tps):
-            return True
-    except (kerrors.KafkaError, OSError) as exc:
-        raise broker_error(f"reading the offsets of group {group!r}", exc) from exc
+        with kafka_errors(f"reading the offsets of group {group!r}"):
+            await admin.start()
+            tps = [TopicPartition(adapter.topic, q) for q in queues]
+            if await _committed(admin, group, tps):
+                return True
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
@@ -178,34 +176,33 @@ async def delete_group(adapter: KafkaAdapter, group: str, queues: Sequence[int],
     admin = AIOKafkaAdminClient(**client_options(adapter.config))
     tps = [TopicPartition(adapter.topic, q) for q in queues]
     try:
-        await admin.start()
-        had = sorted(await _committed(admin, group, tps))
-        others = await _other_topics(adapter, group)
-        if others:
-            raise BrokerError(
-                f"kafka group {group!r} also holds offsets on topic(s) {sorted(others)}, "
-                "which deleting it would remove too; delete it with Kafka's own tools "
-                "(kafka-consumer-groups --delete-offsets) if that is meant"
-            )
-        coordinator = await admin.find_coordinator(group)
-        try:
-            response = await admin._send_request(_DeleteGroups([group]), coordinator)
-        except (kerrors.IncompatibleBrokerVersion, NotImplementedError) as exc:
-            raise BrokerError(
-                f"kafka: this broker cannot delete consumer groups (DeleteGroups, Kafka "
-                f"1.1+: {exc}); delete {group!r} with the broker's own tools"
-            ) from None
-        for _, code in response.results:
-            if code == _NON_EMPTY_GROUP:
-                raise BrokerError(f"kafka group {group!r} has live members: stop its workers")
-            if code not in (0, _GROUP_ID_NOT_FOUND):
-                raise BrokerError(f"kafka: deleting group {group!r} failed: "
-                                  f"{kerrors.for_code(code).__name__}")
-        if had and adapter.handoffs.topic in await admin.list_topics():
-            for queue in had:
-                await adapter.handoffs.write(group, queue, -1, "")
-    except (kerrors.KafkaError, OSError) as exc:
-        raise broker_error(f"deleting group {group!r}", exc) from exc
+        with kafka_errors(f"deleting group {group!r}"):
+            await admin.start()
+            had = sorted(await _committed(admin, group, tps))
+            others = await _other_topics(adapter, group)
+            if others:
+                raise BrokerError(
+                    f"kafka group {group!r} also holds offsets on topic(s) {sorted(others)}, "
+                    "which deleting it would remove too; delete it with Kafka's own tools "
+                    "(kafka-consumer-groups --delete-offsets) if that is meant"
+                )
+            coordinator = await admin.find_coordinator(group)
+            try:
+                response = await admin._send_request(_DeleteGroups([group]), coordinator)
+            except (kerrors.IncompatibleBrokerVersion, NotImplementedError) as exc:
+                raise BrokerError(
+                    f"kafka: this broker cannot delete consumer groups (DeleteGroups, Kafka "
+                    f"1.1+: {exc}); delete {group!r} with the broker's own tools"
+                ) from None
+            for _, code in response.results:
+                if code == _NON_EMPTY_GROUP:
+                    raise BrokerError(f"kafka group {group!r} has live members: stop its workers")
+                if code not in (0, _GROUP_ID_NOT_FOUND):
+                    raise BrokerError(f"kafka: deleting group {group!r} failed: "
+                                      f"{kerrors.for_code(code).__name__}")
+            if had and adapter.handoffs.topic in await admin.list_topics():
+                for queue in had:
+                    await adapter.handoffs.write(group, queue, -1, "")
     finally:
         with contextlib.suppress(Exception):
             await admin.close()

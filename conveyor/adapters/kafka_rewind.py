@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters.kafka_conn import broker_error, client_options, fetch_committed
+from conveyor.adapters.kafka_conn import client_options, fetch_committed, kafka_errors
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken
 
@@ -38,21 +38,17 @@ _LIVE_STATES = frozenset({"Stable", "PreparingRebalance", "CompletingRebalance"}
 
 async def rewind(adapter: KafkaAdapter, queue: int, group: str, to: SequenceToken | float) -> None:
     """Commit the offset ``to`` names on ``queue`` as ``group``'s position (unchecked)."""
-    try:
+    with kafka_errors(f"rewinding app {group!r} on queue {queue}"):
         offset = await _target(adapter, await adapter.probe(group), queue, to)
         await _commit_position(adapter, group, queue, offset)
-    except (kerrors.KafkaError, OSError) as exc:
-        raise broker_error(f"rewinding app {group!r} on queue {queue}", exc) from exc
     log.info("moved %s on queue %d to offset %d", group, queue, offset)
 
 
 async def forward_gap(adapter: KafkaAdapter, queue: int, group: str,
                       to: SequenceToken | float) -> int:
     """Messages between the group's committed position and ``to``, when ``to`` is ahead."""
-    try:
+    with kafka_errors(f"reading app {group!r}'s position"):
         offset, position = await _target_and_position(adapter, queue, group, to)
-    except (kerrors.KafkaError, OSError) as exc:
-        raise broker_error(f"reading app {group!r}'s position", exc) from exc
     return max(0, offset - position)
 
 
@@ -65,13 +61,13 @@ async def owners(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> di
     membership store: ``conveyor rewind`` reads those) or the ``static`` one — and sees
     nothing on tansu, which reports no assignments (and keeps members that left).
     """
-    try:
-        described = await _describe_group(adapter, group)
-    except (kerrors.UnsupportedVersionError, kerrors.IncompatibleBrokerVersion) as exc:
-        log.info("kafka: cannot describe group %s (%s); its members are not checked", group, exc)
-        return {}
-    except (kerrors.KafkaError, OSError) as exc:
-        raise broker_error(f"reading the members of group {group!r}", exc) from exc
+    with kafka_errors(f"reading the members of group {group!r}"):
+        try:
+            described = await _describe_group(adapter, group)
+        except (kerrors.UnsupportedVersionError, kerrors.IncompatibleBrokerVersion) as exc:
+            log.info("kafka: cannot describe group %s (%s); its members are not checked",
+                     group, exc)
+            return {}
     wanted = set(queues)
     held: dict[int, str] = {}
     for found in described:

@@ -21,14 +21,9 @@ import redis.asyncio.connection as rconn
 import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay
 
+from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
 from conveyor.platform.ids import NAME, SequenceToken
 from conveyor.platform.outage import OutageLog
@@ -237,9 +232,9 @@ def map_errors(what: str) -> Iterator[None]:
 class Caller:
     """Runs broker calls with translated errors and, where safe, retries.
 
-    Retries use tenacity: exponential back-off with jitter, capped at
-    ``retry_max_delay_s``, for at most ``retry_max_s``. An outage is logged once when it
-    starts, every few seconds while it lasts, and once when it ends.
+    Retries use tenacity: exponential back-off from 0.05 s with jitter (up to a quarter
+    of the cap), capped at ``retry_max_delay_s``, for at most ``retry_max_s``. An outage
+    is logged once when it starts, every few seconds while it lasts, and once when it ends.
     """
 
     def __init__(self, cfg: Any, redis: aioredis.Redis) -> None:
@@ -247,6 +242,8 @@ class Caller:
         self.url = redact_url(cfg.url)
         self.retry_max_s = cfg.retry_max_s
         self.retry_max_delay_s = cfg.retry_max_delay_s
+        self.backoff = Backoff(first_s=0.05, cap_s=cfg.retry_max_delay_s,
+                               jitter_s=cfg.retry_max_delay_s / 4)
         self.outage = OutageLog(log, "redis", self.url, REPORT_EVERY_S)
 
     def ok(self) -> None:
@@ -288,9 +285,7 @@ class Caller:
 
         retrying = AsyncRetrying(
             stop=stop_after_delay(left),
-            wait=wait_exponential_jitter(
-                multiplier=0.05, max=self.retry_max_delay_s, jitter=self.retry_max_delay_s / 4
-            ),
+            wait=self.backoff.tenacity_wait(),
             retry=retry_if_exception_type(RETRYABLE),
             before_sleep=before_sleep,
             reraise=True,

@@ -28,7 +28,6 @@ while those are being reworked, for no change in behaviour.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from conveyor.platform.errors import (
 )
 from conveyor.platform.groups import GroupInfo, no_group_error
 from conveyor.platform.ids import SequenceToken
+from conveyor.platform.importing import load_attr
 from conveyor.platform.leases import Lease
 from conveyor.platform.message import DeadLetter, Message
 
@@ -292,10 +292,5 @@ def create_adapter(name: str, config: Any) -> QueueAdapter:
         raise ConfigError(
             f"unknown adapter {name!r} at $.queues.adapter (choose one of {adapter_names()})"
         )
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(f"adapter {name!r} is not available: {exc}") from exc
-    factory: AdapterFactory = getattr(module, attr)
+    factory: AdapterFactory = load_attr(target, f"$.queues.adapter = {name!r}")
     return factory(config)

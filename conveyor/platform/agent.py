@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError, LeaseLostError
@@ -378,12 +379,12 @@ class PullingAgent:
             self._ack_task = None
 
     async def _flush_acks(self) -> None:
-        delay_s = 0.05
+        failures = 0
         while self._to_ack and not self._fenced:
             if not self._may_act():
                 # Lease renewal is overdue: hold the acks until it succeeds or the
                 # queue is declared lost (then they are dropped, never sent late).
-                await asyncio.sleep(delay_s)
+                await BROKER_WRITE.sleep(failures + 1)
                 continue
             batch, self._to_ack = self._to_ack, []
             try:
@@ -397,10 +398,11 @@ class PullingAgent:
                 return
             except Exception as exc:
                 self._to_ack[:0] = batch
+                failures += 1
+                delay_s = BROKER_WRITE.delay(failures)
                 log.warning("queue %d: ack failed (%s: %s); retrying in %.2fs",
                             self.queue, type(exc).__name__, exc, delay_s)
                 await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
                 continue
             self.acked += len(batch)
 

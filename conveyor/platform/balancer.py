@@ -34,6 +34,7 @@ from typing import Protocol
 
 import msgspec
 
+from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, MemoryMembership
@@ -180,6 +181,7 @@ class DynamicBalancer(QueueBalancer):
         self._stats: StatsProvider | None = None
         # queue -> (consecutive failed starts, monotonic time before which not to retry)
         self._failed_starts: dict[int, tuple[int, float]] = {}
+        self._start_backoff = Backoff(first_s=rebalance_interval_s, cap_s=lease_ttl_s)
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
@@ -299,7 +301,7 @@ class DynamicBalancer(QueueBalancer):
         the queue, and no re-balance would retry it (it counts as held).
         """
         assert self._listener is not None
-        backoff_s = min(self.rebalance_interval_s * 2 ** (failures - 1), self.lease_ttl_s)
+        backoff_s = self._start_backoff.delay(failures)
         self._failed_starts[queue] = (failures, time.monotonic() + backoff_s)
         log.warning("queue %d: start failed (%s: %s); releasing it, retrying in %.1fs "
                     "(failure %d)", queue, type(exc).__name__, exc, backoff_s, failures)

@@ -5,11 +5,11 @@ Built lazily by name, like adapters, so ``platform`` imports no driver.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from conveyor.platform.balancer import local_coordination
 from conveyor.platform.errors import ConfigError
+from conveyor.platform.importing import load_attr
 from conveyor.platform.leases import LeaseStore
 from conveyor.platform.membership import Membership
 
@@ -31,8 +31,7 @@ def coordination_from_config(config: Any, group: str) -> tuple[Membership, Lease
             f"unknown membership store {name!r} at $.balancer.membership "
             f"(choose one of {sorted(_BUILTIN)})"
         )
-    module_name, _, attr = target.partition(":")
-    factory = getattr(importlib.import_module(module_name), attr)
+    factory = load_attr(target, f"$.balancer.membership = {name!r}")
     result: tuple[Membership, LeaseStore] = factory(config, group)
     return result
 

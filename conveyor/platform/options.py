@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import HandlerDeclarationError
 
 OptionT = TypeVar("OptionT", bound="HandlerOptions")
@@ -116,9 +117,9 @@ class RetryPolicy(HandlerOptions):
                 raise _bad(where, f"{keyword} must be a finite number >= {low:g}, got {value!r}")
 
     def delay_before(self, retry: int) -> float:
-        """The wait before retry ``retry`` (1, 2, ...), jitter not included."""
-        delay = self.initial_delay_s * self.multiplier ** (retry - 1)
-        return min(delay, self.max_delay_s)
+        """The wait before retry ``retry`` (1, 2, ...), jitter not included: the retry
+        step adds up to ``jitter_s`` after the cap, as the README promises users."""
+        return Backoff(self.initial_delay_s, self.multiplier, self.max_delay_s).delay(retry)
 
 
 @dataclass(frozen=True, slots=True)

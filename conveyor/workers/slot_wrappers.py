@@ -11,6 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
+from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import SlotSupplierError
 from conveyor.platform.slots import (
     SlotInfo,
@@ -119,6 +120,7 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
     def __init__(self, inner: SlotSupplier, max_backoff_s: float = 1.0) -> None:
         super().__init__(inner)
         self.max_backoff_s = max_backoff_s
+        self._backoff = Backoff(first_s=0.01, cap_s=max_backoff_s)
         self.errors = 0
 
     @property
@@ -138,7 +140,7 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
         return permit
 
     async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
-        backoff_s = 0.01
+        failures = 0
         while True:
             try:
                 permit = self._check(await self.inner.reserve_slot(ctx), "reserve_slot")
@@ -146,12 +148,13 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
                 raise
             except Exception:
                 self.errors += 1
+                failures += 1
+                delay_s = self._backoff.delay(failures)
                 log.exception(
                     "slot supplier %s failed in reserve_slot; retrying in %.2fs",
-                    type(self.inner).__name__, backoff_s,
+                    type(self.inner).__name__, delay_s,
                 )
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, self.max_backoff_s)
+                await asyncio.sleep(delay_s)
                 continue
             return self._wrap(permit)
 

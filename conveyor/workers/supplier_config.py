@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from conveyor.platform.errors import ConfigError
+from conveyor.platform.importing import load_attr
 from conveyor.platform.slots import SlotSupplier
 from conveyor.workers.fixed_slots import FixedSlotSupplier
 from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
@@ -38,13 +38,7 @@ def supplier_from_config(config: Any) -> SlotSupplier:
 
 def load_custom_supplier(path: str, options: dict[str, Any]) -> SlotSupplier:
     """Build a user-written supplier from ``"package.module:Factory"`` and its options."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"$.slots.path: expected \"package.module:Factory\", got {path!r}")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"$.slots.path: cannot load {path!r}: {exc}") from None
+    factory = load_attr(path, "$.slots.path", form='"package.module:Factory"')
     try:
         supplier = factory(**options)
     except Exception as exc:

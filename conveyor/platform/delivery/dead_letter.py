@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from conveyor.platform.backoff import Backoff
+from conveyor.platform.backoff import BROKER_WRITE, Backoff
 from conveyor.platform.delivery.chain import Delivery, DeliveryStats, Interceptor, Step
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.handlers import HandlerSpec
@@ -38,7 +38,7 @@ from conveyor.platform.throttled_log import ThrottledLog
 log = logging.getLogger("conveyor.dead_letters")
 
 PutLetter = Callable[[DeadLetter], Awaitable[None]]
-STORE_BACKOFF = Backoff(first_s=0.05, multiplier=2.0, cap_s=5.0, jitter_s=0.25)
+STORE_BACKOFF = BROKER_WRITE
 
 
 class DeadLetterStore:

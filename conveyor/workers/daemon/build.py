@@ -7,7 +7,6 @@ with, in one place. A part handed to it is used as given and left open by
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ from conveyor.platform.delivery import (
     chain_interceptors,
 )
 from conveyor.platform.delivery.orphans import Orphans
+from conveyor.platform.importing import load_attr
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
@@ -60,8 +60,7 @@ def build_balancer(
 ) -> QueueBalancer:
     target = _BALANCERS.get(config.balancer.kind)
     if target is not None:
-        module_name, _, attr = target.partition(":")
-        factory = getattr(importlib.import_module(module_name), attr)
+        factory = load_attr(target, f"$.balancer.kind = {config.balancer.kind!r}")
         balancer: QueueBalancer = factory(config, app_name, adapter)
         return balancer
     if config.balancer.kind == "static":

@@ -1,0 +1,91 @@
+"""Loading ``"package.module:attr"`` strings: apps, adapters, balancers, stores, suppliers.
+
+One function, :func:`load_attr`, so that every such string fails the same way: one
+line, naming the setting it came from (``what``), the string, and what went wrong —
+a module that cannot be imported, an import that raised (with the file and line of the
+user's code), or an attribute that is missing or of the wrong type.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar, overload
+
+from conveyor.platform.errors import ConfigError, ConveyorError
+
+T = TypeVar("T")
+
+_MISSING = object()
+
+
+@overload
+def load_attr(target: str, what: str, *, expect: type[T], default_attr: str = "",
+              form: str = ..., error: type[ConveyorError] = ...,
+              importer: Callable[[str], ModuleType] = ...) -> T: ...
+@overload
+def load_attr(target: str, what: str, *, expect: None = None, default_attr: str = "",
+              form: str = ..., error: type[ConveyorError] = ...,
+              importer: Callable[[str], ModuleType] = ...) -> Any: ...
+def load_attr(
+    target: str,
+    what: str,
+    *,
+    expect: type[Any] | None = None,
+    default_attr: str = "",
+    form: str = '"package.module:attr"',
+    error: type[ConveyorError] = ConfigError,
+    importer: Callable[[str], ModuleType] = importlib.import_module,
+) -> Any:
+    """Import the module of ``target`` (``"module:attr"``) and return its attribute.
+
+    ``what`` names where ``target`` came from (``"$.slots.path"``); every error is an
+    ``error`` whose message starts with it. ``default_attr`` is the attribute when
+    ``target`` names none; ``form`` is the shape the error quotes for a malformed
+    ``target``; ``expect`` checks the attribute's type (a missing one is ``None``).
+    ``importer`` imports the module part (the app loader's also takes ``FILE.py``);
+    a :class:`ConveyorError` it raises passes unchanged.
+    """
+    module_name, _, attr = target.partition(":")
+    attr = attr or default_attr
+    if not module_name or not attr:
+        raise error(f"{what}: expected {form}, got {target!r}")
+    try:
+        module = importer(module_name)
+    except ConveyorError:
+        raise
+    except ImportError as exc:
+        raise error(f"{what}: cannot load {target!r} (cannot import: {exc})") from None
+    except Exception as exc:  # the module's own code raised while being imported
+        raise error(
+            f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
+        ) from None
+    found = getattr(module, attr, _MISSING)
+    if expect is None:
+        if found is _MISSING:
+            raise error(f"{what}: cannot load {target!r}: module {module.__name__!r} "
+                        f"(from {_origin(module)}) has no attribute {attr!r}")
+        return found
+    if not isinstance(found, expect):
+        found = None if found is _MISSING else found
+        public = f"{expect.__module__.partition('.')[0]}.{expect.__qualname__}"
+        raise error(
+            f"{what}: in {target!r}, {attr!r} is {type(found).__name__}, not a {public} "
+            f"(module {module.__name__!r} came from {_origin(module)})"
+        )
+    return found
+
+
+def _origin(module: ModuleType) -> str:
+    return getattr(module, "__file__", None) or "a built-in module"
+
+
+def _where(exc: BaseException) -> str:
+    """`` at FILE:LINE`` of the innermost frame of the user's code that raised ``exc``."""
+    if isinstance(exc, SyntaxError):
+        return ""  # its message already names the file and line
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if not f.filename.startswith("<frozen ")]
+    return f" at {user[-1].filename}:{user[-1].lineno}" if user else ""

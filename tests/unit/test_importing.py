@@ -1,0 +1,81 @@
+"""``"package.module:attr"`` strings load one way, and fail in one line naming the setting."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.importing import load_attr
+
+
+@pytest.fixture
+def package_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("kit_raises", "kit_missing_dep"):
+        sys.modules.pop(name, None)
+
+
+def test_the_attribute_is_returned() -> None:
+    assert load_attr("json:dumps", "$.x") is json.dumps
+
+
+def test_the_type_is_checked_when_asked() -> None:
+    assert load_attr("json:JSONDecoder", "$.x", expect=type) is json.JSONDecoder
+    with pytest.raises(ConfigError, match=r"^\$\.x: in 'json:dumps', 'dumps' is function, "
+                                          r"not a builtins\.type \(module 'json' came from "):
+        load_attr("json:dumps", "$.x", expect=type)
+
+
+def test_a_missing_attribute_names_the_module_and_where_it_came_from() -> None:
+    with pytest.raises(ConfigError, match=r"^\$\.x: cannot load 'json:nope': module 'json' "
+                                          r"\(from .*json/__init__\.py\) has no attribute 'nope'$"):
+        load_attr("json:nope", "$.x")
+
+
+@pytest.mark.parametrize("target", ["json", ":dumps", "json:", ""])
+def test_a_malformed_target_quotes_the_expected_form(target: str) -> None:
+    with pytest.raises(ConfigError, match=r'^\$\.slots\.path: expected "package\.module:Factory", '
+                                          rf"got {target!r}$"):
+        load_attr(target, "$.slots.path", form='"package.module:Factory"')
+
+
+def test_a_default_attribute_fills_in_a_bare_module() -> None:
+    assert load_attr("json", "$.x", default_attr="dumps") is json.dumps
+
+
+def test_a_module_that_cannot_be_imported_is_one_line_of_the_chosen_error() -> None:
+    with pytest.raises(ConveyorError, match=r"^app path: cannot load 'no_such_mod:app' "
+                                            r"\(cannot import: No module named 'no_such_mod'\)$"):
+        load_attr("no_such_mod:app", "app path", error=ConveyorError)
+
+
+def test_a_module_whose_import_raises_names_the_line(package_dir: Path) -> None:
+    (package_dir / "kit_raises.py").write_text("x = 1\nraise RuntimeError('no db')\n")
+    with pytest.raises(ConfigError) as caught:
+        load_attr("kit_raises:x", "$.x")
+    message = str(caught.value)
+    assert message.startswith("$.x: importing 'kit_raises:x' failed at ")
+    assert message.endswith("kit_raises.py:2: RuntimeError: no db")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_missing_dependency_of_the_module_is_named(package_dir: Path) -> None:
+    (package_dir / "kit_missing_dep.py").write_text("import kit_not_installed\n")
+    with pytest.raises(ConfigError, match=r"cannot load 'kit_missing_dep:F' \(cannot import: "
+                                          r"No module named 'kit_not_installed'\)"):
+        load_attr("kit_missing_dep:F", "$.x")
+
+
+def test_an_importer_may_refuse_with_its_own_conveyor_error() -> None:
+    def refuse(name: str) -> ModuleType:
+        raise ConveyorError(f"app path: no such file {name}")
+
+    with pytest.raises(ConveyorError, match=r"^app path: no such file x\.py$"):
+        load_attr("x.py:app", "app path", importer=refuse)
