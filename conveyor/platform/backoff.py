@@ -18,7 +18,7 @@ Who uses which numbers (first delay, cap, jitter):
 * a queue whose start failed (:class:`~conveyor.platform.balancer.DynamicBalancer`):
   ``rebalance_interval_s`` doubling to ``lease_ttl_s``, no jitter;
 * a user-written slot supplier's ``reserve_slot`` that raised
-  (:class:`~conveyor.workers.pauseable.GuardedSlotSupplier`): 0.01 s doubling to
+  (:class:`~conveyor.workers.slot_wrappers.GuardedSlotSupplier`): 0.01 s doubling to
   ``max_backoff_s`` (1 s), no jitter;
 * a failing handler (:class:`~conveyor.platform.options.RetryPolicy`): the handler's
   ``retry_*`` options; its jitter is added after the cap, as documented for users.
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from tenacity import RetryCallState
 from tenacity.wait import wait_base
 
+from conveyor.platform.errors import InvalidArgumentError
+
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
@@ -46,7 +48,7 @@ class Backoff:
                                  ("jitter_s", self.jitter_s, 0.0),
                                  ("multiplier", self.multiplier, 1.0)):
             if not value >= low:  # also refuses NaN
-                raise ValueError(f"Backoff.{name} must be >= {low:g}, got {value!r}")
+                raise InvalidArgumentError(f"Backoff.{name} must be >= {low:g}, got {value!r}")
 
     def delay(self, failures: int) -> float:
         """The wait after ``failures`` consecutive failures (1 for the first; 0 counts as 1).
