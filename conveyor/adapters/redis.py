@@ -232,40 +232,38 @@ class EntryDecoder:
 
     def decode(self, eid: bytes, fl: list[bytes]) -> Message:
         try:
-            return self._decode(eid, fl)
+            if len(fl) < _LAYOUT_LEN or fl[0:_LAYOUT_LEN:2] != _LAYOUT:
+                return self._general(eid, fl)
+            att = b""
+            headers: dict[str, str] = {}
+            if len(fl) > _LAYOUT_LEN:
+                for i in range(_LAYOUT_LEN, len(fl) - 1, 2):
+                    name = fl[i]
+                    if name == _ATT:
+                        att = fl[i + 1]
+                    elif name in _KNOWN:  # a repeated field: the dict's last-wins rules
+                        return self._general(eid, fl)
+                    else:
+                        headers[name.decode()] = fl[i + 1].decode()
+            ns, key, ident, ctype, ts = fl[1], fl[3], fl[5], fl[7], fl[9]
+            if not ns or att or not (ts.isdigit() and len(ts) < 19):
+                # Rare here (a retried message, a hand-written entry): the strict path.
+                return self._general(eid, fl)
+            stream = self._streams.get((ns, key)) or self._stream(ns, key)
+            ms, _, seq = eid.partition(b"-")
+            major = int(ms)
+            return Message(
+                ident.decode() if ident else eid.decode(),
+                stream,
+                fl[11],
+                headers,
+                (self._types.get(ctype) or self._type(ctype)) if ctype else CONTENT_JSON,
+                0,
+                int(ts),  # ASCII digits, fewer than 19: within TS_MAX
+                SequenceToken(self._queue, major, int(seq or 0)),
+            )
         except Exception as exc:  # malformed metadata, whatever the failure: isolate it
             return undecodable_entry(self._queue, eid, fl, exc)
-
-    def _decode(self, eid: bytes, fl: list[bytes]) -> Message:
-        if len(fl) < _LAYOUT_LEN or fl[0:_LAYOUT_LEN:2] != _LAYOUT:
-            return self._general(eid, fl)
-        att = b""
-        headers: dict[str, str] = {}
-        if len(fl) > _LAYOUT_LEN:
-            for i in range(_LAYOUT_LEN, len(fl) - 1, 2):
-                name = fl[i]
-                if name == _ATT:
-                    att = fl[i + 1]
-                elif name in _KNOWN:  # a repeated field: the dict's last-wins rules
-                    return self._general(eid, fl)
-                else:
-                    headers[name.decode()] = fl[i + 1].decode()
-        ns, key, ident, ctype, ts = fl[1], fl[3], fl[5], fl[7], fl[9]
-        if not ns:
-            return self._general(eid, fl)  # raises the missing-namespace error
-        stream = self._streams.get((ns, key)) or self._stream(ns, key)
-        ms, _, seq = eid.partition(b"-")
-        major = int(ms)
-        return Message(
-            ident.decode() if ident else eid.decode(),
-            stream,
-            fl[11],
-            headers,
-            (self._types.get(ctype) or self._type(ctype)) if ctype else CONTENT_JSON,
-            wire_number(att, H_ATTEMPT, ATTEMPT_MAX) if att else 0,
-            wire_number(ts, H_ENQUEUED_MS, TS_MAX) if ts else major,
-            SequenceToken(self._queue, major, int(seq or 0)),
-        )
 
     def _general(self, eid: bytes, fl: list[bytes]) -> Message:
         it = iter(fl)
