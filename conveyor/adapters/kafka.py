@@ -106,32 +106,33 @@ def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
     ts = record.timestamp
     headers: dict[str, str] = {}
     for name, raw in record.headers:
-        if name == H_ATTEMPT:
-            attempt = _wire_number(raw, H_ATTEMPT, ATTEMPT_MAX) or 0
-            continue
-        if name == H_ENQUEUED_MS:
-            ts = _wire_number(raw, H_ENQUEUED_MS, TS_MAX) or ts
-            continue
-        value = raw.decode() if raw is not None else ""
-        if name == H_NAMESPACE:
-            ns = value or default_ns
+        if name == H_NAMESPACE:  # the headers Conveyor writes, most frequent first
+            ns = raw.decode() if raw else default_ns
         elif name == H_ID:
-            msg_id = value
+            msg_id = raw.decode() if raw is not None else ""
         elif name == H_CONTENT_TYPE:
-            ctype = value or CONTENT_JSON
-        elif name == H_KEY:
+            ctype = raw.decode() if raw else CONTENT_JSON
+        elif name == H_ENQUEUED_MS:
+            if raw and raw.isdigit() and len(raw) < 19:  # fewer than 19 digits: < TS_MAX
+                ts = int(raw)
+            else:
+                ts = _wire_number(raw, H_ENQUEUED_MS, TS_MAX) or ts
+        elif name == H_ATTEMPT:
+            attempt = _wire_number(raw, H_ATTEMPT, ATTEMPT_MAX) or 0
+        elif name == H_KEY:  # the record key wins; a header that does not read is bad
+            value = raw.decode() if raw is not None else ""
             key = key or value
         else:
-            headers[name] = value
+            headers[name] = raw.decode() if raw is not None else ""
     return Message(
-        id=msg_id or f"{record.topic}-{record.partition}-{record.offset}",
-        stream=StreamId(ns, key),
-        body=record.value if record.value is not None else b"",
-        headers=headers,
-        content_type=ctype,
-        attempt=attempt,
-        enqueued_at_ms=ts,
-        token=SequenceToken(queue, record.offset),
+        msg_id or f"{record.topic}-{record.partition}-{record.offset}",
+        StreamId(ns, key),
+        record.value if record.value is not None else b"",
+        headers,
+        ctype,
+        attempt,
+        ts,
+        SequenceToken(queue, record.offset),
     )
 
 
@@ -254,21 +255,20 @@ class KafkaReceiver(QueueReceiver):
         assert consumer is not None
         tp = self._tp
         try:
-            if self._shared is None:
-                batches = await consumer.getmany(
-                    tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
-                )
-            else:
-                # A group re-balance parks getmany until the new assignment; bound it so
-                # a draining agent's pull returns.
-                async with asyncio.timeout(timeout_s + 1.0):
+            with kafka_errors(f"fetching queue {self._queue}"):
+                if self._shared is None:
                     batches = await consumer.getmany(
                         tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
                     )
+                else:
+                    # A group re-balance parks getmany until the new assignment; bound it
+                    # so a draining agent's pull returns.
+                    async with asyncio.timeout(timeout_s + 1.0):
+                        batches = await consumer.getmany(
+                            tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
+                        )
         except TimeoutError:
             return []
-        except (kerrors.KafkaError, OSError) as exc:
-            raise broker_error(f"fetching queue {self._queue}", exc) from exc
         records = batches.get(tp)
         if not records:
             return []

@@ -3,19 +3,27 @@
 Loop, top to bottom:
 
 1. wait until the cache has room (back-pressure: a full cache stops pulling);
-2. reserve slots — one blocking, then as many more as the supplier grants at once, up
-   to the room and ``max_batch``; an agent never asks for more messages than it holds
-   slots for;
-3. pull that many messages (an idle queue is waited on with a single slot held, so idle
-   agents do not sit on slots busy ones could use);
-4. put them in the cache; runners take ready lanes and run handlers;
-5. when the done prefix of the cache grows, acknowledge it (one ack in flight at a
+2. pull up to ``min(room, max_batch)`` messages, waiting at most ``poll_timeout_s`` for
+   the first one (an idle queue is waited on holding no slot);
+3. put them in the cache; runners take ready lanes and run handlers — each handler
+   execution holds a slot from the daemon's supplier while it runs;
+4. when the done prefix of the cache grows, acknowledge it (one ack in flight at a
    time, coalescing everything that finished meanwhile).
 
+**Two bounds, not one.** The cache bounds *prefetch* — messages pulled and not yet
+acknowledged, per queue (``cache_capacity``) — so memory stays bounded and a no-op
+worker is never starved by round trips. Slots bound *execution* — handler calls running
+at once in the daemon (``[slots]``) — so the supplier (fixed, resource-based, pauseable,
+custom) keeps deciding how much work runs. What is kept of the reference's "poll no more
+than free slots" rule: a message never *starts* without a slot, and an agent never holds
+more than its cache's capacity. What changed: slots no longer gate the pull, so a daemon
+with 64 slots over 8 queues asks for up to ``max_batch`` messages per pull, not 8.
+
 Runners are long-lived coroutines, started on demand up to the cache capacity and
-parked on a future when idle, so a message costs no task of its own. A runner that
-takes a lane wakes one more runner if other lanes are waiting: with handlers that
-finish without suspending, one runner drains a whole batch in a single step.
+parked on a future when idle, so a message costs no task of its own. A runner reserves
+a slot *before* it takes a lane (waiting for one if none is free; a runner that waits
+wakes no other), then wakes one more runner if other lanes are waiting: with handlers
+that finish without suspending, one runner drains a whole batch in a single step.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,8 +102,11 @@ class PullingAgent:
         self._slots = slots
         self._ctx = _Context(queue, slots)
         self._room = asyncio.Event()
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._orphan_queue: deque[Entry] = deque()
+        self._orphan_task: asyncio.Task[None] | None = None
+        self._quiet = asyncio.Event()
+        """Set while draining once no handler call runs and none can start any more."""
+        self._running = 0
         self._idle: deque[asyncio.Future[None]] = deque()
         self._runners: set[asyncio.Task[None]] = set()
         self._to_ack: list[SequenceToken] = []
@@ -122,13 +133,16 @@ class PullingAgent:
         self._pull_task = asyncio.create_task(self._pull_loop(), name=f"agent-{self.queue}-pull")
 
     async def drain(self, timeout_s: float) -> bool:
-        """Stop pulling, let in-flight messages finish, ack them, shut the receiver down.
+        """Stop pulling, finish the handler calls under way, ack, shut the receiver down.
 
-        All within ``timeout_s`` (plus at most :data:`ACK_GRACE_S` for the last acks):
-        a pull in flight is cancelled at once — whatever the broker had handed it stays
-        unacknowledged and goes to the queue's next owner, so nothing is lost and nothing
-        was handled twice. Returns False when time ran out: what was unfinished (or done
-        but not acknowledged) is abandoned, to be redelivered to the next owner.
+        All within ``timeout_s`` (plus at most :data:`ACK_GRACE_S` for the last acks). A
+        pull in flight is cancelled at once, and a message no handler has started yet is
+        not started any more: both stay unacknowledged and go to the queue's next owner,
+        never run here (counted in :attr:`released`). A message one of whose handlers has
+        started is finished by all of them, so no handler sees it twice. Every finished
+        message is acknowledged, in order or not (backends that commit a watermark
+        record the ones above it, so the next owner skips them). Returns False when time
+        ran out: the calls still running are abandoned, to be redelivered.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -138,16 +152,17 @@ class PullingAgent:
             self._pull_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._pull_task
+        self._wake()  # an idle runner goes through the ready lanes under the drain's rule
+        self._check_quiet()
         try:
             async with asyncio.timeout_at(deadline):  # not wait_for: it can lose a cancel
-                await self._drained.wait()
+                await self._quiet.wait()
         except TimeoutError:
             finished = False
-            unfinished = sum(1 for e in self.cache.entries if not e.done)
             log.warning(
-                "queue %d: drain timed out with %d message(s) unfinished; %d unacknowledged "
+                "queue %d: drain timed out with %d handler call(s) running; %d unacknowledged "
                 "message(s) will be redelivered to the next owner",
-                self.queue, unfinished, len(self.cache),
+                self.queue, self._running, self.unfinished,
             )
         await self._stop_runners()
         grace = max(deadline - loop.time(), ACK_GRACE_S)
@@ -159,21 +174,42 @@ class PullingAgent:
             log.warning("queue %d: the last acknowledgements did not go through in %.1fs; "
                         "those messages will be redelivered to the next owner",
                         self.queue, grace)
-        self._release_cached_permits()
         await self.receiver.shutdown()
         return finished
+
+    def _check_quiet(self) -> None:
+        if self._stopping and not self._running and not self.cache.ready:
+            self._quiet.set()
 
     async def _last_acks(self) -> None:
         if self._ack_task is not None:  # one flusher at a time keeps acks in order
             await self._ack_task
         await self._flush_acks()
-        if self._note_out_of_order is not None and not self._fenced and self._may_act():
-            # Persist the done offsets still recorded above the watermark (a drain
-            # that timed out leaves some), so the next owner skips them.
-            try:
+        if self._fenced or not self._may_act():
+            return
+        try:
+            if self._note_out_of_order is not None:
+                # Persist the done offsets recorded above the watermark, so the next
+                # owner skips them.
                 await self.receiver.messages_delivered([])
-            except ConveyorError as exc:
-                log.warning("queue %d: could not record done offsets: %s", self.queue, exc)
+                return
+            beyond = [e.msg.token for e in self.cache.entries if e.done and e.msg.token]
+            if beyond:  # finished behind an unfinished one: acknowledged by id
+                await self.receiver.messages_delivered(beyond)
+                self.acked += len(beyond)
+        except ConveyorError as exc:
+            log.warning("queue %d: could not acknowledge the finished messages: %s",
+                        self.queue, exc)
+
+    @property
+    def released(self) -> int:
+        """Messages pulled that no handler started: handed back unacknowledged by a drain."""
+        return sum(1 for e in self.cache.entries if not e.started)
+
+    @property
+    def unfinished(self) -> int:
+        """Messages some handler started and not all finished (nor acknowledged)."""
+        return sum(1 for e in self.cache.entries if e.started and not e.done)
 
     @property
     def aborted(self) -> bool:
@@ -187,7 +223,7 @@ class PullingAgent:
         self._stopping = True
         self._fenced = True
         self._to_ack.clear()
-        self._drained.set()
+        self._quiet.set()
         tasks = [t for t in (self._pull_task, self._ack_task) if t is not None]
         for task in tasks:
             task.cancel()
@@ -195,61 +231,38 @@ class PullingAgent:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._release_cached_permits()
         with contextlib.suppress(Exception):
             await self.receiver.shutdown()
 
     async def _stop_runners(self) -> None:
-        for task in self._runners:
+        tasks = [*self._runners, *([self._orphan_task] if self._orphan_task else [])]
+        for task in tasks:
             task.cancel()
-        for task in list(self._runners):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._runners.clear()
         self._idle.clear()
 
-    def _release_cached_permits(self) -> None:
-        for entry in self.cache.entries:
-            if entry.permit is not None:
-                entry.permit.release(SlotReleaseReason.NEVER_USED)
-
     # -- pulling -----------------------------------------------------------------------
     async def _pull_loop(self) -> None:
         settings = self.settings
-        slots = self._slots
-        ctx = self._ctx
+        receiver = self.receiver
+        cache = self.cache
         while not self._stopping:
             if not self._may_act():
                 await asyncio.sleep(settings.poll_timeout_s / 5)
                 continue
-            room = self.cache.room
+            room = cache.room
             if room <= 0:
                 self._room.clear()
                 await self._room.wait()
                 continue
-            permits = [await slots.reserve_slot(ctx)]
-            if self._stopping:
-                permits[0].release(SlotReleaseReason.NEVER_USED)
-                break
-            want = min(room, settings.max_batch)
-            while len(permits) < want:
-                permit = slots.try_reserve_slot(ctx)
-                if permit is None:
-                    break
-                permits.append(permit)
             try:
-                messages = await self.receiver.get_messages(
-                    len(permits), settings.poll_timeout_s if len(permits) == 1 else 0.0
+                messages = await receiver.get_messages(
+                    min(room, settings.max_batch), settings.poll_timeout_s
                 )
-                if not messages and len(permits) > 1:
-                    # Idle queue: wait for the next message holding one slot, not many.
-                    for permit in permits[1:]:
-                        permit.release(SlotReleaseReason.NEVER_USED)
-                    del permits[1:]
-                    messages = await self.receiver.get_messages(1, settings.poll_timeout_s)
             except Exception as exc:  # adapters raise ConveyorErrors; anything else is a bug
-                for permit in permits:
-                    permit.release(SlotReleaseReason.NEVER_USED)
                 log.log(
                     logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
                     "queue %d: pull failed (%s: %s); retrying in %.1fs",
@@ -257,37 +270,26 @@ class PullingAgent:
                 )
                 await asyncio.sleep(settings.poll_timeout_s)
                 continue
-            except BaseException:
-                for permit in permits:
-                    permit.release(SlotReleaseReason.NEVER_USED)
-                raise
-            for permit in permits[len(messages) :]:
-                permit.release(SlotReleaseReason.NEVER_USED)
             if messages:
-                self._accept(messages, permits)
+                self._accept(messages)
 
-    def _accept(self, messages: list[Message], permits: list[SlotPermit]) -> None:
+    def _accept(self, messages: list[Message]) -> None:
         cache = self.cache
         subs = self._subs
-        self._drained.clear()
-        orphans: list[Entry] = []
-        for msg, permit in zip(messages, permits, strict=False):
+        orphans = self._orphan_queue
+        for msg in messages:
             routes = subs.get(msg.stream.namespace)
             if routes is None:  # undecodable, or no handler of this app subscribes
-                entry = Entry(msg, permit, 1)
+                entry = Entry(msg, 1)
                 cache.entries.append(entry)
                 orphans.append(entry)
                 continue
-            cache.add(Entry(msg, permit, len(routes)), routes)
+            cache.add(Entry(msg, len(routes)), routes)
         self.pulled += len(messages)
         if len(cache) > self.max_cache_fill:
             self.max_cache_fill = len(cache)
-        for entry in orphans:
-            pending = self._orphans.take(entry.msg)
-            if pending is None:
-                self._finish_orphan(entry)
-            else:
-                self._spawn(self._await_orphan(entry, pending))
+        if orphans and self._orphan_task is None:
+            self._orphan_task = asyncio.create_task(self._take_orphans())
         self._wake()
 
     # -- running -----------------------------------------------------------------------
@@ -324,30 +326,58 @@ class PullingAgent:
     async def _runner(self) -> None:
         cache = self.cache
         ready = cache.ready
+        slots = self._slots
+        keep = slots.keep_slot
+        ctx = self._ctx
+        queue = self.queue
         loop = asyncio.get_running_loop()
+        permit: SlotPermit | None = None
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
+                if permit is None:
+                    permit = slots.try_reserve_slot(ctx)
+                    if permit is None:  # every slot busy: wait here, waking no other runner
+                        permit = await slots.reserve_slot(ctx)
+                        if not ready:  # the lanes went to other runners meanwhile
+                            permit.release(SlotReleaseReason.NEVER_USED)
+                            permit = None
+                            break
                 lane: Lane = ready.popleft()
                 if ready:
                     self._wake()  # others can start on the next lane while this one runs
                 entry = lane.entries[0]
+                if self._stopping and not entry.started:
+                    continue  # draining: a message nothing has started goes to the next owner
+                entry.started = True
                 route = lane.route
-                permit = entry.permit
-                if permit is not None:
-                    msg = entry.msg
-                    permit.mark_used(self.queue, route.handler.name, msg.id, msg.stream.key)
-                await route.chain(Delivery(entry.msg, route.handler))
+                msg = entry.msg
+                permit.mark_used(queue, route.handler.name, msg.id, msg.stream.key)
+                lane.running = True
+                self._running += 1
+                try:
+                    await route.chain(Delivery(msg, route.handler))
+                except BaseException:
+                    permit.release()  # cancelled: the call did not complete
+                    raise
+                finally:
+                    lane.running = False
+                    self._running -= 1
                 entry = cache.finish_head(lane)
                 if entry.done:
                     self._entry_done(entry)
+                if not (ready and keep(permit)):  # the supplier may let it carry the next
+                    permit.release(SlotReleaseReason.TASK_COMPLETE)
+                    permit = None
+            if permit is not None:
+                permit.release(SlotReleaseReason.TASK_COMPLETE)
+                permit = None
+            self._check_quiet()
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter
 
     def _entry_done(self, entry: Entry) -> None:
-        if entry.permit is not None:
-            entry.permit.release(SlotReleaseReason.TASK_COMPLETE)
         if self.cache.entries[0] is not entry:
             # An earlier message is still running: nothing new to acknowledge.
             if self._note_out_of_order is not None and entry.msg.token is not None:
@@ -359,12 +389,24 @@ class PullingAgent:
             self._ack_task = asyncio.create_task(self._ack_loop())
         if not self._room.is_set():
             self._room.set()
-        if not self.cache.entries:
-            self._drained.set()
 
-    async def _await_orphan(self, entry: Entry, pending: Awaitable[None]) -> None:
-        await pending
-        self._finish_orphan(entry)
+    async def _take_orphans(self) -> None:
+        """Messages no handler takes, one at a time in queue order (a dead-letter store
+        is one call each: a storm of them must not open a connection per message)."""
+        orphans = self._orphan_queue
+        self._running += 1  # a drain waits for the one under way like for a handler call
+        try:
+            while orphans and not self._stopping:
+                entry = orphans.popleft()
+                entry.started = True
+                pending = self._orphans.take(entry.msg)
+                if pending is not None:
+                    await pending
+                self._finish_orphan(entry)
+        finally:
+            self._running -= 1
+            self._orphan_task = None
+            self._check_quiet()
 
     def _finish_orphan(self, entry: Entry) -> None:
         entry.pending = 0

@@ -1,9 +1,9 @@
 """The slot-supplier port: who may run how much, decided by pluggable policies.
 
-A *slot* is the right to hold one message in flight, from the moment a pulling agent
-asks its queue for it until every handler of it is done and it can be acknowledged.
-Agents reserve slots *before* they pull, so an agent never asks the broker for more
-messages than it holds slots for, and a message never arrives with nowhere to run.
+A *slot* is the right to run one handler call: a pulling agent's runner reserves one
+before it takes a message's next handler call and releases it when the call returns,
+so the supplier bounds how much work runs at once. (What is pulled ahead is bounded by
+each agent's cache, not by slots: an idle queue holds none.)
 
 The interface follows Temporal's worker-tuning proposal:
 
@@ -13,17 +13,17 @@ The interface follows Temporal's worker-tuning proposal:
 ``try_reserve_slot(ctx)``
     Never blocks; returns a permit or ``None``.
 ``mark_slot_used(info, permit)``
-    The permit now carries a message. Must not block.
+    The permit now carries a handler call. Must not block.
 ``release_slot(reason, permit)``
     The slot is free again; always called exactly once per permit, with
-    ``TASK_COMPLETE``, ``NEVER_USED`` (pulled nothing for it, or shutting down) or
+    ``TASK_COMPLETE``, ``NEVER_USED`` (reserved, then not needed, or shutting down) or
     ``ERROR``. Must not block.
 
 Users do not call ``release_slot`` themselves: permits are released through
 :meth:`SlotPermit.release` (idempotent) or by using the permit as an async context
 manager, so a permit cannot leak.
 
-This module is the port: what agents and queue caches hold (:class:`SlotPermit`) and
+This module is the port: what agents' runners hold (:class:`SlotPermit`) and
 what every supplier implements (:class:`SlotSupplier`). The suppliers themselves live in
 ``conveyor.workers``: ``fixed_slots``, ``resource_slots``, ``slot_wrappers`` (pauseable,
 guarded), and ``supplier_config`` builds the one a ``[slots]`` section describes.
@@ -60,7 +60,8 @@ class SlotReservationContext(Protocol):
 
     @property
     def handler(self) -> str:
-        """The handler the slot is for, or ``"*"`` when reserved before pulling (any)."""
+        """The handler the slot is for, or ``"*"`` when not yet known (a runner reserves its
+        slot before it takes a lane, so the built-in agents always pass ``"*"``)."""
         ...
 
     @property
@@ -104,7 +105,7 @@ class SlotPermit:
         return self._used
 
     def mark_used(self, queue: int, handler: str, message_id: str, stream_key: str) -> None:
-        """The permit now carries a message; builds the SlotInfo only if someone reads it."""
+        """The permit now carries a handler call; builds the SlotInfo only if someone reads it."""
         if self._used:
             return
         self._used = True
@@ -168,6 +169,16 @@ class SlotSupplier(ABC):
         """Slots that could be issued right now, when the supplier knows (metrics)."""
         return None
 
+    def keep_slot(self, permit: SlotPermit) -> bool:
+        """May a runner that just finished a call on ``permit`` start its next call on it
+        at once, rather than release it and reserve again? Must not block.
+
+        Default no: every call is reserved anew, which is what rate limits and resource
+        checks rely on. The fixed supplier says yes while nobody waits for a slot: the
+        number of calls running at once is the same, and a permit per call is saved.
+        """
+        return False
+
     # -- what agents call ------------------------------------------------------------
     def new_permit(self, user_data: Any = None) -> SlotPermit:
         """Create a permit; suppliers call this when they grant a slot."""
@@ -182,7 +193,7 @@ class SlotSupplier(ABC):
 
     def _release(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
         self.issued -= 1
-        if permit.used:
+        if permit._used:
             self.in_use -= 1
         try:
             self.release_slot(reason, permit)

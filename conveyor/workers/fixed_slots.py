@@ -46,13 +46,19 @@ class FixedSlotSupplier(SlotSupplier):
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self._hand_back()  # granted and cancelled in the same tick: give it back
-            else:
+            elif waiter in self._waiters:  # a release may have popped it (cancelled) already
                 self._waiters.remove(waiter)
             raise
         return self.new_permit()
 
+    def keep_slot(self, permit: SlotPermit) -> bool:
+        return not self._waiters  # keeping it takes nothing from anyone
+
     def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
-        self._hand_back()
+        if self._waiters:
+            self._hand_back()
+        else:  # the common case, once per handler call: nobody waits
+            self._free += 1
 
     def _hand_back(self) -> None:
         while self._waiters:

@@ -1,5 +1,6 @@
-"""A test app for stop tests: each "jobs" handler call takes CONVEYOR_TEST_WORK_MS (a
-stuck handler: a long time), then appends "id seq" to CONVEYOR_TEST_OUT."""
+"""A test app for stop tests: each "jobs" handler call appends "id seq" to
+CONVEYOR_TEST_OUT.started, takes CONVEYOR_TEST_WORK_MS (a stuck handler: a long time),
+then appends "id seq" to CONVEYOR_TEST_OUT."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ WORK_S = float(os.environ.get("CONVEYOR_TEST_WORK_MS", "0")) / 1000
 
 app = App("stop-test")
 _out = open(OUT, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+_started = open(OUT + ".started", "a", buffering=1)  # noqa: SIM115 - as long as the process
 
 
 @app.handler("jobs")
 async def on_job(job: dict[str, int], ctx: MessageContext) -> None:
+    _started.write(f"{ctx.message.id} {job['seq']}\n")
     await asyncio.sleep(WORK_S)
     _out.write(f"{ctx.message.id} {job['seq']}\n")

@@ -115,3 +115,15 @@ async def test_user_supplier_exceptions_in_hooks_do_not_escape() -> None:
 def test_fixed_supplier_needs_a_slot() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         FixedSlotSupplier(0)
+
+
+async def test_a_wait_cancelled_as_a_release_passes_it_over_takes_nothing() -> None:
+    supplier = FixedSlotSupplier(1)
+    held = await supplier.reserve_slot(CTX)
+    waiting = asyncio.create_task(supplier.reserve_slot(CTX))
+    await asyncio.sleep(0)  # one loop step: it is now waiting for the slot
+    waiting.cancel()  # its wait is cancelled; the task has not resumed yet ...
+    held.release()  # ... when the release passes over it and frees the slot
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert supplier.available == 1 and supplier.issued == 0

@@ -184,6 +184,7 @@ class WorkerDaemon:
             dead_lettered=self.stats.dead_lettered,
             abandoned=self.queues.abandoned,
             skipped=self.stats.skipped,
+            released=self.queues.released,
         )
 
     def stats_snapshot(self) -> dict[str, float]:

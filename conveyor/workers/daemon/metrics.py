@@ -146,10 +146,10 @@ class DaemonMetrics:
     def slot_metrics(self) -> dict[str, dict[str, int]]:
         """Gauges for exporters: slots in use and available, per handler and in total.
 
-        ``"*"`` is the daemon's supplier: ``in_use`` slots carrying a message,
-        ``issued`` slots handed out (pulled or about to pull), ``available`` what it
-        could issue now (-1 when the supplier cannot tell). Per handler, ``in_use`` is
-        the messages still waiting for or running in that handler, each holding a slot;
+        ``"*"`` is the daemon's supplier: ``in_use`` slots carrying a handler call,
+        ``issued`` slots handed out (in use, or reserved by a runner about to start one),
+        ``available`` what it could issue now (-1 when the supplier cannot tell). Per
+        handler, ``in_use`` is that handler's calls running now, one slot each;
         ``available`` is the shared supplier's. Computed on demand, off the hot path.
         """
         slots = self._slots
@@ -160,8 +160,9 @@ class DaemonMetrics:
         # copy each dict in one step (atomic under the GIL) before walking it.
         for agent in self._queues.holding():
             for lane in list(agent.cache.lanes.values()):
-                name = lane.route.handler.name
-                per_handler[name] = per_handler.get(name, 0) + len(lane.entries)
+                if lane.running:
+                    name = lane.route.handler.name
+                    per_handler[name] = per_handler.get(name, 0) + 1
         metrics = {name: {"in_use": n, "available": free} for name, n in per_handler.items()}
         metrics["*"] = {"in_use": slots.in_use, "issued": slots.issued, "available": free}
         return metrics

@@ -36,12 +36,14 @@ class DrainReport:
     dead_lettered: int
     abandoned: int
     skipped: int = 0
+    released: int = 0
+    """Pulled, never started, handed back unacknowledged (the next owner runs them)."""
 
     def __str__(self) -> str:
         return (
             f"pulled={self.pulled} acked={self.acked} handled={self.handled} "
             f"dead_lettered={self.dead_lettered} abandoned={self.abandoned} "
-            f"skipped={self.skipped}"
+            f"skipped={self.skipped} released={self.released}"
         )
 
 
@@ -78,6 +80,8 @@ class QueueOwner:
         self._max_cache_fill_gone = 0
         self.abandoned = 0
         """Messages in flight when their queue was lost or its drain timed out."""
+        self.released = 0
+        """Messages pulled but never started, handed back unacknowledged by a drain."""
         self._deadline: float | None = None
 
     # -- what the balancer says ----------------------------------------------------------
@@ -106,11 +110,15 @@ class QueueOwner:
     async def queue_lost(self, queue: int) -> None:
         agent = self.agents.pop(queue, None)
         if agent is not None:
-            self.abandoned += agent.in_flight
-            await agent.abort()
-            self._forget(agent)
+            self._count_aborted(agent)
+            self._leaving[queue] = agent  # still counted while it stops
+            try:
+                await agent.abort()
+            finally:
+                self._leaving.pop(queue, None)
+                self._forget(agent)
         elif (leaving := self._leaving.get(queue)) is not None:
-            self.abandoned += leaving.in_flight
+            self._count_aborted(leaving)
             await leaving.abort()  # its _drain() finishes and accounts for it
 
     def stop_by(self, deadline: float) -> None:
@@ -127,8 +135,16 @@ class QueueOwner:
         """Stop every queue now, acknowledging nothing more (a second stop signal): what
         each agent held is counted in :attr:`abandoned` and goes to the next owner."""
         for agent in self.holding():
-            self.abandoned += agent.in_flight
+            self._count_aborted(agent)
         await asyncio.gather(*(agent.abort() for agent in self.holding()))
+
+    def _count_aborted(self, agent: PullingAgent) -> None:
+        """What an agent stopped at once leaves: started messages (finished or not, none
+        acknowledged any more) are abandoned, the others released."""
+        if not agent.aborted:
+            released = agent.released
+            self.released += released
+            self.abandoned += agent.in_flight - released
 
     def _drain_timeout_s(self) -> float:
         timeout = self._worker.drain_timeout_s
@@ -141,8 +157,10 @@ class QueueOwner:
         self._leaving[agent.queue] = agent
         try:
             in_flight_before = agent.in_flight
-            if not await agent.drain(self._drain_timeout_s()) and not agent.aborted:
-                self.abandoned += agent.in_flight
+            await agent.drain(self._drain_timeout_s())
+            if not agent.aborted:  # an abort counted what it left already
+                self.released += agent.released
+                self.abandoned += agent.unfinished
             log.debug("queue %d drained (%d in flight at start)", agent.queue, in_flight_before)
         finally:
             self._leaving.pop(agent.queue, None)
@@ -160,14 +178,15 @@ class QueueOwner:
 
     @property
     def pulled(self) -> int:
-        return self._pulled_gone + sum(a.pulled for a in self.agents.values())
+        """Every agent's, those pulling, stopping and gone (an agent is in exactly one)."""
+        return self._pulled_gone + sum(a.pulled for a in self.holding())
 
     @property
     def acked(self) -> int:
-        return self._acked_gone + sum(a.acked for a in self.agents.values())
+        return self._acked_gone + sum(a.acked for a in self.holding())
 
     @property
     def max_cache_fill(self) -> int:
         """The most messages any agent held at once, ever."""
-        live = [a.max_cache_fill for a in self.agents.values()]
+        live = [a.max_cache_fill for a in self.holding()]
         return max([self._max_cache_fill_gone, *live])

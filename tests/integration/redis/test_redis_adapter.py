@@ -420,9 +420,11 @@ def test_the_redis_benchmark_reports_its_figures_next_to_the_raw_floor(
     ])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output)
-    for key in ("msgs_per_s", "cpu_us_per_msg", "floor_msgs_per_s", "ratio"):
+    for key in ("msgs_per_s", "cpu_us_per_msg", "floor_msgs_per_s", "ratio",
+                "publish_msgs_per_s", "publish_floor_msgs_per_s", "publish_ratio"):
         assert figures[key] > 0
     assert figures["ratio"] == pytest.approx(figures["msgs_per_s"] / figures["floor_msgs_per_s"])
+    assert (figures["variant"], figures["config"]) == ("shipped", "configs/redis.toml")
     assert redis_server.client().keys("bench*") == []  # the benchmark cleaned up
 
 

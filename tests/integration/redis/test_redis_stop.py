@@ -120,33 +120,37 @@ def drained_line(err: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("fields", "keys", "held", "twice", "within_s"),
+    ("fields", "keys", "pulled", "running", "twice", "within_s"),
     [
         # One stream, a stuck handler: the agent's cache (16) fills, its pull waits for room.
-        ({"worker__drain_timeout_s": 3, "worker__cache_capacity": 16}, 1, 16, False, 3 + 2),
-        # Four slots, four stuck handlers on four streams: the pull waits for a slot.
-        ({"worker__drain_timeout_s": 2, "slots__count": 4}, 8, 4, False, 2 + 2),
+        ({"worker__drain_timeout_s": 3, "worker__cache_capacity": 16}, 1, 16, 1, False, 3 + 2),
+        # Four slots, four stuck handlers on four of eight streams: the rest wait for a slot.
+        ({"worker__drain_timeout_s": 2, "slots__count": 4}, 8, 200, 4, False, 2 + 2),
         # A long drain timeout, and a second signal: no waiting for the handlers at all.
-        ({"worker__drain_timeout_s": 60, "worker__cache_capacity": 16}, 1, 16, True, 2),
+        ({"worker__drain_timeout_s": 60, "worker__cache_capacity": 16}, 1, 16, 1, True, 2),
     ],
     ids=["full-cache", "every-slot-busy", "second-signal"],
 )
 def test_a_stuck_worker_exits_in_time_and_the_next_owner_gets_everything(
-    redis_server: RedisServer, tmp_path: Path, fields: dict[str, Any], keys: int, held: int,
-    twice: bool, within_s: float,
+    redis_server: RedisServer, tmp_path: Path, fields: dict[str, Any], keys: int, pulled: int,
+    running: int, twice: bool, within_s: float,
 ) -> None:
     config = config_file(tmp_path, redis_server.url, **fields)
-    published = publish(config, keys=keys, per_key=100 // keys * 2)
+    published = publish(config, keys=keys, per_key=200 // keys)
     out = tmp_path / "out"
+    started = tmp_path / "out.started"
     proc = start_worker(config, out, work_ms=600_000)
     try:
-        wait_until_sync(lambda: pending(redis_server) == held, 30,
-                        what=f"{held} messages held by stuck handlers")
+        wait_until_sync(lambda: pending(redis_server) == pulled
+                        and started.exists() and len(started.read_text().split("\n")) > running,
+                        30, what=f"{pulled} pulled, {running} stuck handler call(s)")
     finally:
         elapsed, err = stop_and_time(proc, twice=twice)
     assert proc.returncode == 0, err
     assert elapsed < within_s, f"exit took {elapsed:.1f}s after the first signal"
-    assert f"abandoned={held}" in drained_line(err)
+    # The stuck calls are abandoned; what no handler started is handed back unstarted.
+    assert f"abandoned={running} " in drained_line(err)
+    assert f"released={pulled - running}" in drained_line(err)
     assert ("second stop signal" in err) is twice
     handled_once_by_next_owner(config, out, published)
 
