@@ -32,12 +32,13 @@ test: $(STAMP) servers
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
-# Each prints its figure next to a baseline measured in the same run; the redis and
-# kafka runs start a private redis-server / tansu of their own.
+# Each prints its figure next to a baseline measured in the same run; the throughput
+# runs use the shipped configs/*.toml, and the redis and kafka ones start a private
+# redis-server / tansu of their own.
 bench: $(STAMP)
 	$(BIN)/conveyor bench throughput
 	$(BIN)/conveyor bench throughput --adapter redis
-	$(BIN)/conveyor bench throughput --adapter kafka --messages 20000
+	$(BIN)/conveyor bench throughput --adapter kafka
 	$(BIN)/conveyor bench telemetry
 	$(BIN)/conveyor bench scale-down
 

@@ -17,9 +17,10 @@ import asyncio
 import itertools
 import statistics
 import time
-from typing import Any
 
-from conveyor.bench.kafka_throughput import _config, _messages, private_tansu
+from conveyor.bench.kafka_throughput import io_config, private_tansu
+from conveyor.bench.throughput import build_messages
+from conveyor.bench.timing import bench_items
 from conveyor.platform.app import App
 from conveyor.workers.daemon import WorkerDaemon
 
@@ -32,7 +33,7 @@ async def breakdown(bootstrap: str) -> None:
     done = asyncio.Event()
 
     @app.handler("bench")
-    async def work(body: dict[str, Any]) -> None:
+    async def work(body: bytes) -> None:
         t0 = time.perf_counter()
         if not first:
             first.append(t0)
@@ -44,8 +45,8 @@ async def breakdown(bootstrap: str) -> None:
         if handled[0] == MESSAGES:
             done.set()
 
-    daemon = WorkerDaemon(app, _config(bootstrap, 1, slots={"count": SLOTS}))
-    await daemon.adapter.enqueue(0, _messages(daemon.client, MESSAGES, KEYS))
+    daemon = WorkerDaemon(app, io_config(bootstrap, f"breakdown-{time.monotonic_ns()}", SLOTS))
+    await daemon.adapter.enqueue(0, build_messages(bench_items(MESSAGES, KEYS), 1))
     samples: list[tuple[float, int, int, int]] = []
 
     async def sample() -> None:

@@ -1,4 +1,4 @@
-"""End-to-end no-op throughput on the embedded adapter, next to the bare-loop floor.
+"""End-to-end no-op throughput on the embedded adapter (configs/local.toml), next to its floors.
 
     python benchmarks/throughput.py [--messages N] [--streams S] [--repeats R] [--json]
 

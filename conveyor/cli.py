@@ -561,55 +561,82 @@ def bench() -> None:
 @click.option("--adapter", type=click.Choice(["memory", "redis", "kafka"]), default="memory",
               show_default=True)
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=100_000, show_default=True)
-@click.option("--streams", "-s", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--streams", "-s", type=click.IntRange(min=1), default=1_000, show_default=True,
+              help="Stream keys the messages are spread over.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--slots", type=click.IntRange(min=1), default=None,
+              help="Variant: [slots] count = N instead of the shipped value.")
+@click.option("--set", "settings", multiple=True, metavar="SECTION.FIELD=VALUE",
+              help="Variant: change one field of the shipped config (repeatable).")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), default=None,
+              help="Start from this file instead of the adapter's file in configs/.")
 @click.option("--redis-url", default=None,
               help="redis: the server to measure against (default: a private redis-server).")
 @click.option("--daemons", type=click.Choice(["1", "2"]), multiple=True,
-              help="redis: daemon counts to measure (default: 1 and 2).")
+              help="redis: daemon counts to measure (default: 1 and 2; 1 always runs).")
 @click.option("--bootstrap", default=None,
               help="kafka: HOST:PORT of a broker (default: start a private tansu).")
+@click.option("--io-messages", type=click.IntRange(min=0), default=20_000, show_default=True,
+              help="kafka: messages of the I/O-bound run (0: skip it).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_throughput(
-    adapter: str, messages: int, streams: int, repeats: int, redis_url: str | None,
-    daemons: tuple[str, ...], bootstrap: str | None, as_json: bool,
+    adapter: str, messages: int, streams: int, repeats: int, slots: int | None,
+    settings: tuple[str, ...], config_file: Path | None, redis_url: str | None,
+    daemons: tuple[str, ...], bootstrap: str | None, io_messages: int, as_json: bool,
 ) -> None:
-    """End-to-end no-op msgs/s and CPU us/msg, next to a floor measured in the same run.
+    """No-op msgs/s as the adapter's shipped config runs it, next to raw loops, both at
+    steady state; and publish msgs/s next to a raw producer, in the same run.
 
-    memory: the floor is a bare decode+await loop. redis: the floor is a raw redis-py
-    XREADGROUP/XACK loop with the same batch size; 1 daemon runs in-process, 2 daemons
-    are `conveyor worker` processes sharing the queues through Redis leases. kafka: the
-    floor is a raw aiokafka getmany+decode+commit loop, plus an I/O-bound run.
+    The config is configs/local.toml, redis.toml or kafka.toml with only the server and
+    a private key prefix / topic changed; --slots, --set and --config make a variant,
+    named in the output. Consumers are timed from their first record (Conveyor: the
+    first delivery) to the last acknowledgement; start-up is reported apart. Floors:
+    memory, a for loop awaiting the handler; redis, XREADGROUP COUNT 500 + XACK; kafka,
+    getmany + commit. Publish: Client.publish_batch (500 a call) and single publish
+    calls, next to pipelined XADD x500 / aiokafka send_batch / adapter.enqueue.
     """
+    from aiokafka.errors import KafkaError
+    from redis.exceptions import RedisError
+
+    from conveyor.adapters.redis_conn import redact_url
+    from conveyor.bench.shipped import Variant, bench_config
+
+    try:  # a variant the config refuses is the caller's mistake, found before any run
+        variant = Variant.of(settings, slots=slots, config_file=config_file)
+        bench_config(adapter, {}, variant)
+    except ConveyorError as exc:
+        raise click.BadParameter(str(exc), param_hint="--set / --slots / --config") from None
+    try:
+        report = _run_throughput(adapter, messages, streams, repeats, variant, redis_url,
+                                 daemons, bootstrap, io_messages)
+    except (ConveyorError, RuntimeError, OSError, RedisError, KafkaError) as exc:
+        where = {"redis": redact_url(redis_url) if redis_url else "a private redis-server",
+                 "kafka": bootstrap or "a private tansu"}.get(adapter, "memory")
+        raise click.ClickException(f"benchmark against {where} failed: {exc}") from None
+    click.echo(json.dumps(report[0]) if as_json else report[1])
+
+
+def _run_throughput(
+    adapter: str, messages: int, streams: int, repeats: int, variant: Any,
+    redis_url: str | None, daemons: tuple[str, ...], bootstrap: str | None, io_messages: int,
+) -> tuple[dict[str, Any], str]:
+    """(JSON object, table) of `conveyor bench throughput`."""
     if adapter == "memory":
         from conveyor.bench.throughput import memory_throughput
 
-        result = memory_throughput(messages, streams, repeats)
-        click.echo(json.dumps(result.as_dict()) if as_json else result.table())
-        return
+        result = memory_throughput(messages, streams, repeats, variant)
+        return result.as_dict(), result.table()
     if adapter == "kafka":
         from conveyor.bench.kafka_throughput import kafka_throughput
 
-        try:
-            report = kafka_throughput(messages, streams, repeats, bootstrap)
-        except ConveyorError as exc:
-            raise click.ClickException(str(exc)) from None
-        click.echo(json.dumps(report.as_dict()) if as_json else report.table())
-        return
-    from conveyor.adapters.redis_conn import redact_url
-    from conveyor.bench.redis_throughput import as_json as to_json
-    from conveyor.bench.redis_throughput import redis_throughput
+        report = kafka_throughput(messages, streams, repeats, bootstrap, io_messages, variant)
+        return report.as_dict(), report.table()
+    from conveyor.bench.redis_throughput import as_json, redis_throughput
 
-    counts = tuple(sorted({int(d) for d in daemons})) or (1, 2)
-    try:
-        results = redis_throughput(redis_url, messages, streams, repeats, counts)
-    except (ConveyorError, RuntimeError, OSError) as exc:
-        where = redact_url(redis_url) if redis_url else "a private redis-server"
-        raise click.ClickException(f"benchmark against {where} failed: {exc}") from None
-    if as_json:
-        click.echo(json.dumps(to_json(results)))
-    else:
-        click.echo("\n\n".join(r.table() for r in results.values()))
+    counts = tuple(sorted({1, *(int(d) for d in daemons or ("1", "2"))}))
+    results = redis_throughput(redis_url, messages, streams, repeats, counts, variant)
+    return as_json(results), "\n\n".join(r.table() for r in results.values())
 
 
 @bench.command("telemetry")

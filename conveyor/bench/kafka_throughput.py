@@ -1,18 +1,25 @@
-"""Throughput on Kafka, next to a raw aiokafka floor measured in the same run.
+"""No-op throughput on Kafka, as ``configs/kafka.toml`` ships, next to raw aiokafka loops.
 
-Pipeline figure: N messages are produced first (not timed) to a fresh topic, then one
-daemon is timed by the shared pipeline of :mod:`conveyor.bench.throughput`, from its
-start to the stop condition defined there (not restated here: it is shared by every
-adapter). On Kafka an acknowledgement is a committed watermark, so a timer that stops
-on acks includes the last commit; one that stops on the N-th handler call does not.
+The figures and their order are :mod:`conveyor.bench.throughput`'s, each run on a topic
+of its own (``queues.total`` partitions); what is Kafka's:
 
-Floor: the same records, on another fresh topic, read by a bare aiokafka loop —
-``getmany``, decode each body, await a no-op, ``commit`` after each batch — the least
-any Kafka worker does. ``ratio = msgs_per_s / floor_msgs_per_s``.
+* **publish floor** — an ``AIOKafkaProducer`` with the adapter's settings, already
+  started and holding the topic's metadata, sending the records Conveyor writes (key,
+  value, headers, timestamp, already encoded) with ``create_batch`` / ``send_batch`` per
+  partition, :data:`~conveyor.bench.timing.PUBLISH_BATCH` records a round, each round
+  awaited — the shape of ``publish_batch``, and faster here than ``send`` per record.
+* **consume floor** — an ``AIOKafkaConsumer`` with the adapter's consumer settings,
+  started and assigned every partition, ``getmany`` then the no-op awaited on each
+  value and ``commit`` after every batch; the clock starts at the first batch with
+  records, so connecting and the first fetch are ``startup_s``, not the figure.
+* **consume** — one daemon in this process with the shipped file, only ``[kafka]
+  bootstrap`` and ``topic`` changed: the ``kafka-group`` balancer, offsets committed at
+  the contiguous-done watermark; start-up includes joining the group.
 
-I/O-bound figure: one partition, ``keys`` streams, a handler that sleeps
-``sleep_ms``, ``slots`` slots; msgs/s from the first handler call to the last, against
-the ideal ``slots / sleep`` (what perfect key-ordered concurrency would reach).
+I/O-bound figure: one partition, ``keys`` streams, a handler that sleeps ``sleep_ms``,
+``slots`` slots (the shipped file with ``queues.total`` and ``slots.count`` changed);
+msgs/s from the first handler call to the last, against the ideal ``slots / sleep``
+(what perfect key-ordered concurrency would reach).
 
 Without a bootstrap address a private tansu broker (memory storage) is started.
 """
@@ -20,29 +27,33 @@ Without a bootstrap address a private tansu broker (memory storage) is started.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
-import statistics
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
-from conveyor.bench.throughput import ThroughputResult, _messages, _pipeline, noop_app
+from conveyor.adapters.kafka import KafkaAdapter, message_headers
+from conveyor.adapters.kafka_conn import client_options
+from conveyor.bench.figures import ThroughputResult
+from conveyor.bench.shipped import BenchConfig, Variant, bench_config
+from conveyor.bench.throughput import Backend, build_messages, measure, noop, queue_chunks
+from conveyor.bench.timing import PUBLISH_BATCH, Sample, SteadyClock, bench_items
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.app import App
-from conveyor.platform.client import Client
-from conveyor.platform.config import Config, load_config
+from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError
-from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.message import Message
 from conveyor.workers.daemon import WorkerDaemon
 
-QUEUES = 4
+IO_KEYS, IO_SLOTS, IO_SLEEP_MS = 1000, 100, 5.0
 
 
 @dataclass(frozen=True)
@@ -59,84 +70,130 @@ class IoResult:
 @dataclass(frozen=True)
 class KafkaBenchReport:
     throughput: ThroughputResult
-    io: IoResult
+    io: IoResult | None
     bootstrap: str
 
     def as_dict(self) -> dict[str, Any]:
         out = self.throughput.as_dict()
-        out.update({f"io_{k}": v for k, v in asdict(self.io).items()})
+        if self.io is not None:
+            out.update({f"io_{k}": v for k, v in asdict(self.io).items()})
         out["bootstrap"] = self.bootstrap
         return out
 
     def table(self) -> str:
         io = self.io
+        if io is None:
+            return self.throughput.table()
         return "\n".join([
             self.throughput.table(),
             f"I/O-bound: 1 partition, {io.keys} keys, {io.slots} slots, handler "
-            f"sleeps {io.sleep_ms:g} ms",
+            f"sleeps {io.sleep_ms:g} ms, {io.messages:,} messages",
             f"  {io.msgs_per_s:,.0f} msgs/s vs ideal {io.ideal_msgs_per_s:,.0f} "
             f"(ratio {io.ratio:.3f})",
         ])
 
 
-def _config(bootstrap: str, queues: int, **sections: dict[str, Any]) -> Config:
-    overrides: dict[str, dict[str, Any]] = {
-        "queues": {"adapter": "kafka", "total": queues},
-        "kafka": {"bootstrap": bootstrap, "topic": f"bench-{uuid.uuid4().hex[:8]}"},
-        "balancer": {"kind": "static"},
-    }
-    for section, values in sections.items():
-        overrides.setdefault(section, {}).update(values)
-    return load_config(None, environ={}, overrides=overrides)
+async def publish_floor(producer: AIOKafkaProducer, topic: str,
+                        messages: Sequence[Message], total: int) -> Sample:
+    """``create_batch`` / ``send_batch`` per partition, a round of :data:`PUBLISH_BATCH`
+    at a time (see the module docstring); ``producer`` is started."""
+    rounds = [[(q, [(m.stream.key.encode(), m.body, message_headers(m), m.enqueued_at_ms)
+                    for m in batch]) for q, batch in chunk]
+              for chunk in queue_chunks(messages, total)]
+    await producer.partitions_for(topic)  # metadata in hand before the clock starts
+    clock = SteadyClock()
+    clock.first()
+    for chunk in rounds:
+        sent = []
+        for partition, records in chunk:
+            batch = producer.create_batch()
+            for key, value, headers, ts in records:
+                if batch.append(key=key, value=value, timestamp=ts, headers=headers) is None:
+                    sent.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch = producer.create_batch()  # full: the record goes in a fresh one
+                    batch.append(key=key, value=value, timestamp=ts, headers=headers)
+            sent.append(await producer.send_batch(batch, topic, partition=partition))
+        await asyncio.gather(*sent)
+    return clock.stop(len(messages))
 
 
-def _adapter(bootstrap: str, queues: int) -> QueueAdapter:
-    from conveyor.adapters.kafka import KafkaAdapter
-
-    return KafkaAdapter(_config(bootstrap, queues).kafka, queues)
-
-
-async def _raw_floor(bootstrap: str, n: int, streams: int) -> tuple[float, float]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    adapter = _adapter(bootstrap, QUEUES)
-    client = Client(adapter, HashRingQueueMapper(QUEUES))
-    try:
-        by_queue: dict[int, list[Any]] = {}
-        for m in _messages(client, n, streams):
-            by_queue.setdefault(client.mapper.queue_for(m.stream), []).append(m)
-        for queue, batch in by_queue.items():
-            await adapter.enqueue(queue, batch)
-    finally:
-        await adapter.close()
-    topic = adapter.topic  # type: ignore[attr-defined]
-    spec = noop_app([0]).handlers[0]
-    fn = spec.fn
-    decode = msgspec.json.Decoder().decode
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=f"floor-{topic}",
-                                enable_auto_commit=False, auto_offset_reset="earliest",
-                                fetch_max_wait_ms=100, max_poll_records=1000)
-    t0, c0 = time.perf_counter(), time.process_time()
+async def consume_floor(consumer: AIOKafkaConsumer, topic: str, total: int,
+                        messages: int) -> Sample:
+    """``getmany`` + no-op + ``commit`` over the partitions of ``topic``; ``consumer`` is
+    not started yet: starting it is start-up, the clock starts at the first records."""
+    clock = SteadyClock()
     await consumer.start()
     try:
-        consumer.assign([TopicPartition(topic, q) for q in range(QUEUES)])
+        consumer.assign([TopicPartition(topic, q) for q in range(total)])
         seen = 0
-        while seen < n:
-            batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+        while seen < messages:
+            batches = await consumer.getmany(timeout_ms=500)
+            if not batches:
+                continue
+            clock.first()
             for records in batches.values():
                 for record in records:
-                    await fn(decode(record.value))
+                    await noop(record.value)
                 seen += len(records)
-            if batches:
-                await consumer.commit()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            await consumer.commit()
+        return clock.stop(messages)
     finally:
         await consumer.stop()
-    return n / wall, cpu / n * 1e6
+
+
+class KafkaBackend(Backend):
+    adapter = "kafka"
+    floor = "aiokafka getmany + commit per batch over the partitions"
+    publish_floor = (f"aiokafka create_batch/send_batch per partition, {PUBLISH_BATCH} "
+                     "records a round")
+
+    def __init__(self, bootstrap: str, variant: Variant | None = None) -> None:
+        super().__init__(variant)
+        self.bootstrap = bootstrap
+
+    def config(self, place: str) -> BenchConfig:
+        return bench_config("kafka", {"kafka.bootstrap": self.bootstrap,
+                                      "kafka.topic": self.stamp + place}, self.variant)
+
+    async def warm(self, adapter: QueueAdapter) -> None:
+        assert isinstance(adapter, KafkaAdapter)
+        await adapter.producer()  # creates the topic and connects
+
+    async def cleanup(self, bench: BenchConfig) -> None:
+        admin = AIOKafkaAdminClient(**client_options(bench.config.kafka))
+        with contextlib.suppress(Exception):  # a broker that cannot delete keeps it
+            await admin.start()
+            await admin.delete_topics([bench.config.kafka.topic])
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+    async def floors(self, bench: BenchConfig,
+                     messages: Sequence[Message]) -> tuple[Sample, Sample]:
+        cfg, total = bench.config.kafka, bench.config.queues.total
+        adapter = KafkaAdapter(cfg, total)
+        try:
+            await adapter.ensure_topic()
+            producer = AIOKafkaProducer(linger_ms=cfg.linger_ms, **client_options(cfg))
+            await producer.start()
+            try:
+                published = await publish_floor(producer, cfg.topic, messages, total)
+            finally:
+                await producer.stop()
+            consumer = adapter.new_consumer(f"{cfg.topic}-raw")
+            consumed = await consume_floor(consumer, cfg.topic, total, len(messages))
+        finally:
+            await adapter.close()
+        return published, consumed
+
+
+def io_config(bootstrap: str, topic: str, slots: int = IO_SLOTS) -> Config:
+    """The I/O-bound run's config: kafka.toml with one partition and ``slots`` slots."""
+    return bench_config("kafka", {"kafka.bootstrap": bootstrap, "kafka.topic": topic,
+                                  "queues.total": 1, "slots.count": slots}).config
 
 
 async def _io_bound(bootstrap: str, n: int, keys: int, slots: int, sleep_ms: float) -> IoResult:
-    config = _config(bootstrap, 1, slots={"count": slots})
+    config = io_config(bootstrap, f"bench{os.getpid()}-io-{time.monotonic_ns()}", slots)
     app = App("bench-io")
     stamps: list[float] = []
     count = [0]
@@ -144,7 +201,7 @@ async def _io_bound(bootstrap: str, n: int, keys: int, slots: int, sleep_ms: flo
     sleep_s = sleep_ms / 1000
 
     @app.handler("bench")
-    async def work(body: dict[str, Any]) -> None:
+    async def work(body: bytes) -> None:
         if not stamps:
             stamps.append(time.perf_counter())
         await asyncio.sleep(sleep_s)
@@ -154,8 +211,7 @@ async def _io_bound(bootstrap: str, n: int, keys: int, slots: int, sleep_ms: flo
             done.set()
 
     daemon = WorkerDaemon(app, config)
-    msgs = _messages(daemon.client, n, keys)
-    await daemon.adapter.enqueue(0, msgs)
+    await daemon.adapter.enqueue(0, build_messages(bench_items(n, keys), 1))
     await daemon.start()
     try:
         await asyncio.wait_for(done.wait(), timeout=300)
@@ -167,33 +223,11 @@ async def _io_bound(bootstrap: str, n: int, keys: int, slots: int, sleep_ms: flo
 
 
 async def _run(bootstrap: str, messages: int, streams: int, repeats: int,
-               io_messages: int) -> KafkaBenchReport:
-    config = _config(bootstrap, QUEUES)
-    made: list[QueueAdapter] = []
-
-    def make() -> QueueAdapter:
-        made.append(_adapter(bootstrap, QUEUES))
-        return made[-1]
-
-    try:
-        runs = [await _pipeline(make, config, messages, streams) for _ in range(repeats)]
-    finally:
-        for adapter in made:  # the pipeline does not own its adapter
-            await adapter.close()
-    floors = [await _raw_floor(bootstrap, messages, streams) for _ in range(repeats)]
-    rate = statistics.median(r for r, _ in runs)
-    floor_rate = statistics.median(r for r, _ in floors)
-    result = ThroughputResult(
-        adapter="kafka",
-        messages=messages,
-        streams=streams,
-        msgs_per_s=rate,
-        cpu_us_per_msg=statistics.median(c for _, c in runs),
-        floor_msgs_per_s=floor_rate,
-        floor_cpu_us_per_msg=statistics.median(c for _, c in floors),
-        ratio=rate / floor_rate,
-    )
-    io = await _io_bound(bootstrap, io_messages, keys=1000, slots=100, sleep_ms=5.0)
+               io_messages: int, variant: Variant | None) -> KafkaBenchReport:
+    result = await measure(KafkaBackend(bootstrap, variant), messages, streams, repeats)
+    io = None
+    if io_messages:
+        io = await _io_bound(bootstrap, io_messages, IO_KEYS, IO_SLOTS, IO_SLEEP_MS)
     return KafkaBenchReport(result, io, bootstrap)
 
 
@@ -240,8 +274,9 @@ def private_tansu() -> Iterator[str]:
 
 
 def kafka_throughput(messages: int, streams: int, repeats: int = 3,
-                     bootstrap: str | None = None, io_messages: int = 20_000) -> KafkaBenchReport:
+                     bootstrap: str | None = None, io_messages: int = 20_000,
+                     variant: Variant | None = None) -> KafkaBenchReport:
     if bootstrap:
-        return asyncio.run(_run(bootstrap, messages, streams, repeats, io_messages))
+        return asyncio.run(_run(bootstrap, messages, streams, repeats, io_messages, variant))
     with private_tansu() as address:
-        return asyncio.run(_run(address, messages, streams, repeats, io_messages))
+        return asyncio.run(_run(address, messages, streams, repeats, io_messages, variant))

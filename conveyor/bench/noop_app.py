@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from conveyor.platform.app import App
 
 app = App("bench")
 
 
 @app.handler("bench")
-async def noop(body: dict[str, Any]) -> None:
+async def noop(body: bytes) -> None:
     return None

@@ -1,52 +1,63 @@
-"""No-op throughput on Redis: one daemon in-process, two daemon processes, raw floor.
+"""No-op throughput on Redis, as ``configs/redis.toml`` ships, next to raw redis-py loops.
 
-All three figures are measured in the same run against the same server:
+The figures and their order are :mod:`conveyor.bench.throughput`'s; what is Redis's:
 
-* **floor** — a bare redis-py loop, one task per queue, ``XREADGROUP COUNT <batch>``
-  then ``XACK`` of the ids, no decoding: the least any Redis consumer must do. It runs
-  on a stock client of its own (redis-py's reply parsing, one argument per acked id),
-  not on the adapter's, whose XREADGROUP replies are left unparsed for its decoder.
-* **1 daemon** — :func:`conveyor.bench.throughput` 's pipeline: N messages enqueued
-  (not timed), one :class:`WorkerDaemon` started and timed until all are acknowledged.
-  It runs as ``configs/redis.toml`` ships: the dynamic balancer with Redis membership,
-  so every queue is leased and acknowledged through the fenced script (checked after
-  the run: a lease token was issued for every queue).
-* **2 daemons** — two ``conveyor worker`` processes with Redis membership share the
-  queues; the group is parked at the stream ends while they start, then moved back
-  to the start (timing begins) and the run ends when no queue has lag left. CPU is the
-  two processes' CPU time over that window.
-
-``ratio = msgs_per_s / floor_msgs_per_s``; every figure is the median of ``repeats``.
+* **publish floor** — one redis-py pipeline (``transaction=False``) of
+  :data:`~conveyor.bench.timing.PUBLISH_BATCH` ``XADD`` per round trip, of the entries
+  Conveyor writes (the same fields, already encoded), on a connection already open.
+* **consume floor** — one task per queue on a stock redis-py client (its own reply
+  parsing), ``XREADGROUP COUNT 500``, the no-op awaited on each body, ``XACK`` of the
+  ids; the group is created and a connection per task opened first, and the clock
+  starts at the first reply with entries.
+* **1 daemon** — in this process, from the shipped file with only ``[redis] url`` and
+  ``prefix`` changed: the dynamic balancer with Redis membership, so every queue is
+  leased and acknowledged through the fenced script (checked after the run).
+* **2 daemons** (``--daemons 2``) — two ``conveyor worker`` processes on the same file
+  share the queues; the group is parked at the stream ends while they start and lease
+  (``startup_s``), then moved back to the start (the clock starts) and the run ends when
+  no queue has lag left. CPU is the two processes' CPU time over that window.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import psutil
 
 from conveyor.adapters.redis import RedisAdapter, encode_fields, wait_ready
-from conveyor.adapters.redis_conn import connect
+from conveyor.adapters.redis_conn import Keys, connect
 from conveyor.bench import BenchmarkError
-from conveyor.bench.throughput import ThroughputResult, _messages, _pipeline
+from conveyor.bench.figures import ThroughputResult
+from conveyor.bench.shipped import BenchConfig, Variant, bench_config
+from conveyor.bench.throughput import (
+    SINGLE_MAX,
+    Backend,
+    build_messages,
+    noop,
+    queue_chunks,
+    repeat_once,
+    summarize,
+)
+from conveyor.bench.timing import PUBLISH_BATCH, Sample, SteadyClock, bench_items
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.client import Client
-from conveyor.platform.config import Config, load_config
 from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.message import Message
 
 GROUP = "bench"
+BODY = b"body"
+LEASED_TIMEOUT_S = 60.0
 
 
 @contextlib.contextmanager
@@ -64,215 +75,244 @@ def private_redis() -> Iterator[str]:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
+            _wait_listening(proc, port)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
             proc.terminate()
             proc.wait(10)
 
 
-# Enough slots that a pull is bounded by max_batch (the floor's batch), not by slots.
-SLOTS = 2048
+def _wait_listening(proc: subprocess.Popen[bytes], port: int, timeout_s: float = 10.0) -> None:
+    """Until the server accepts connections (a raw loop may be the first to connect)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchmarkError("the private redis-server did not start") from None
+            time.sleep(0.05)
 
 
-def _config(url: str, prefix: str) -> Config:
-    """As configs/redis.toml ships: leases through Redis membership, fenced acks."""
-    return load_config(None, overrides={
-        "queues": {"adapter": "redis"},
-        "slots": {"count": SLOTS},
-        "redis": {"url": url, "prefix": prefix},
-        "balancer": {"kind": "dynamic", "membership": "redis"},
-    })
+async def publish_floor(r: Any, keys: Keys, messages: Sequence[Message], total: int) -> Sample:
+    """Pipelines of :data:`PUBLISH_BATCH` ``XADD`` on ``r`` (see the module docstring)."""
+    chunks = [[(keys.queue(q), encode_fields(m)) for q, batch in chunk for m in batch]
+              for chunk in queue_chunks(messages, total)]
+    await r.ping()  # the connection is open before the clock starts
+    clock = SteadyClock()
+    clock.first()
+    for chunk in chunks:
+        pipe = r.pipeline(transaction=False)
+        for key, fields in chunk:
+            pipe.xadd(key, fields)
+        await pipe.execute()
+    return clock.stop(len(messages))
 
 
-async def _fill(adapter: RedisAdapter, config: Config, n: int, streams: int) -> None:
-    mapper = HashRingQueueMapper(config.queues.total)
-    by_queue: dict[int, list[Any]] = {}
-    for m in _messages(Client(adapter, mapper), n, streams):
-        by_queue.setdefault(mapper.queue_for(m.stream), []).append(m)
-    for queue, batch in by_queue.items():
-        for i in range(0, len(batch), 5000):
-            await adapter.enqueue(queue, batch[i : i + 5000])
+async def consume_floor(r: Any, streams: Sequence[str], messages: int,
+                        count: int = PUBLISH_BATCH) -> Sample:
+    """``XREADGROUP COUNT count`` + ``XACK`` over ``streams``, one task each, on ``r``;
+    timed from the first reply with entries (set-up is ``startup_s``)."""
+    clock = SteadyClock()
+    for key in streams:
+        await r.xgroup_create(key, GROUP, "0", mkstream=True)
+    await asyncio.gather(*(r.ping() for _ in streams))  # a connection per reader, open
+
+    async def drain(key: str) -> int:
+        done = 0
+        while True:
+            reply = await r.xreadgroup(GROUP, "raw", {key: ">"}, count=count)
+            if not reply or not reply[0][1]:
+                return done
+            clock.first()
+            entries = reply[0][1]
+            for _, fields in entries:
+                await noop(fields[BODY])
+            await r.xack(key, GROUP, *[eid for eid, _ in entries])
+            done += len(entries)
+
+    done = sum(await asyncio.gather(*(drain(k) for k in streams)))
+    sample = clock.stop(messages)
+    if done != messages:
+        raise BenchmarkError(f"the raw loop read {done} entries, not {messages}")
+    return sample
 
 
-async def _drop(adapter: RedisAdapter) -> None:
-    keys = [k async for k in adapter.redis.scan_iter(match=f"{adapter.keys.prefix}:*")]
+async def _drop(r: Any, prefix: str) -> None:
+    keys = [k async for k in r.scan_iter(match=f"{prefix}:*")]
     if keys:
-        await adapter.redis.delete(*keys)
+        await r.delete(*keys)
 
 
-async def _floor(url: str, prefix: str, n: int, streams: int, batch: int) -> tuple[float, float]:
-    config = _config(url, prefix)
-    adapter = RedisAdapter(config.redis)
-    r: Any = connect(config.redis)
-    try:
+class RedisBackend(Backend):
+    adapter = "redis"
+    floor = f"redis-py XREADGROUP COUNT {PUBLISH_BATCH} + XACK, a task per queue"
+    publish_floor = f"redis-py pipeline (transaction=False) of {PUBLISH_BATCH} XADD"
+
+    def __init__(self, url: str, variant: Variant | None = None) -> None:
+        super().__init__(variant)
+        self.url = url
+
+    def config(self, place: str) -> BenchConfig:
+        return bench_config("redis", {"redis.url": self.url, "redis.prefix": self.stamp + place},
+                            self.variant)
+
+    async def warm(self, adapter: QueueAdapter) -> None:
+        assert isinstance(adapter, RedisAdapter)
         await wait_ready(adapter)
-        await _fill(adapter, config, n, streams)
-        keys = [adapter.keys.queue(q) for q in range(config.queues.total)]
-        for key in keys:
-            await r.xgroup_create(key, GROUP, "0", mkstream=True)
 
-        async def drain(key: str) -> int:
-            done = 0
-            while True:
-                reply = await r.xreadgroup(GROUP, "raw", {key: ">"}, count=batch)
-                if not reply or not reply[0][1]:
-                    return done
-                ids = [eid for eid, _ in reply[0][1]]
-                await r.xack(key, GROUP, *ids)
-                done += len(ids)
+    async def cleanup(self, bench: BenchConfig) -> None:
+        r = connect(bench.config.redis)
+        try:
+            await _drop(r, bench.config.redis.prefix)
+        finally:
+            await r.aclose()
 
-        t0, c0 = time.perf_counter(), time.process_time()
-        done = sum(await asyncio.gather(*(drain(k) for k in keys)))
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        assert done == n, (done, n)
-        await _drop(adapter)
-        return n / wall, cpu / n * 1e6
+    async def verify(self, bench: BenchConfig) -> None:
+        await _check_fenced(bench)
+
+    async def floors(self, bench: BenchConfig,
+                     messages: Sequence[Message]) -> tuple[Sample, Sample]:
+        keys, total = Keys(bench.config.redis.prefix), bench.config.queues.total
+        r = connect(bench.config.redis)
+        try:
+            published = await publish_floor(r, keys, messages, total)
+            consumed = await consume_floor(r, [keys.queue(q) for q in range(total)],
+                                           len(messages))
+        finally:
+            await r.aclose()
+        return published, consumed
+
+
+async def _check_fenced(bench: BenchConfig) -> None:
+    """Fail unless the run leased every queue (so its acks ran the fenced script)."""
+    keys, total = Keys(bench.config.redis.prefix), bench.config.queues.total
+    r = connect(bench.config.redis)
+    try:
+        tokens = await r.mget([keys.fence(GROUP, q) for q in range(total)])
+        refused = await r.hlen(keys.fenced_acks(GROUP))
     finally:
         await r.aclose()
-        await adapter.close()
-
-
-async def _one_daemon(url: str, prefix: str, n: int, streams: int) -> tuple[float, float]:
-    config = _config(url, prefix)
-    made: list[RedisAdapter] = []
-
-    def make() -> RedisAdapter:
-        made.append(RedisAdapter(config.redis))
-        return made[-1]
-
-    rate, cpu = await _pipeline(make, config, n, streams)
-    cleanup = RedisAdapter(config.redis)
-    try:
-        await _check_fenced(cleanup, config.queues.total)
-    finally:
-        await _drop(cleanup)
-        await cleanup.close()
-    return rate, cpu
-
-
-async def _check_fenced(adapter: RedisAdapter, total: int) -> None:
-    """Fail unless the run leased every queue (so its acks ran the fenced script)."""
-    keys = adapter.keys
-    tokens = await adapter.redis.mget([keys.fence(GROUP, q) for q in range(total)])
     unleased = [q for q, t in enumerate(tokens) if t is None]
-    if unleased:
+    if unleased and bench.config.balancer.kind == "dynamic":
         raise BenchmarkError(f"queues {unleased} were never leased: the benchmark did not "
-                           "run the shipped (dynamic, fenced) configuration")
-    refused = await adapter.redis.hlen(keys.fenced_acks(GROUP))
+                             "run the shipped (dynamic, fenced) configuration")
     if refused:
         raise BenchmarkError(f"{refused} lease(s) had acknowledgements refused by fencing")
 
 
-def _spawn_workers(cfg_path: Path, daemons: int) -> list[subprocess.Popen[bytes]]:
+def _spawn_workers(bench: BenchConfig, daemons: int) -> list[subprocess.Popen[bytes]]:
+    """``conveyor worker`` processes on the benchmark's file (its changes in the
+    environment, as a user would set them)."""
     return [
         subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli", "--log-level", "warning", "worker",
-             "conveyor.bench.noop_app:app", "--config", str(cfg_path)],
+             "conveyor.bench.noop_app:app", "--config", str(bench.path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=bench.worker_environment(),
         )
         for _ in range(daemons)
     ]
 
 
-async def _processes(url: str, prefix: str, n: int, streams: int, daemons: int,
-                     tmp: Path) -> tuple[float, float]:
-    config = _config(url, prefix)
-    adapter = RedisAdapter(config.redis)
-    r = adapter.redis
-    total = config.queues.total
-    keys = [adapter.keys.queue(q) for q in range(total)]
-    cfg_path = tmp / f"{prefix}.toml"
-    cfg_path.write_text(
-        f'[queues]\nadapter = "redis"\n[redis]\nurl = "{url}"\nprefix = "{prefix}"\n'
-        '[balancer]\nmembership = "redis"\n'
-        f"[slots]\ncount = {SLOTS}\n"
-    )
+async def _wait_shared(r: Any, keys: Keys, total: int, daemons: int) -> None:
+    lease_keys = [keys.lease(GROUP, q) for q in range(total)]
+    deadline = time.monotonic() + LEASED_TIMEOUT_S
+    while True:
+        held = [v.decode().split(" ", 1)[1] for v in await r.mget(lease_keys) if v]
+        owners = set(held)
+        if len(held) == total and len(owners) == daemons and all(
+            held.count(o) >= total // daemons for o in owners
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise BenchmarkError(f"daemons did not share the queues within {LEASED_TIMEOUT_S} s")
+        await asyncio.sleep(0.05)  # leases have no event to wait on
+
+
+async def _processes(backend: RedisBackend, place: str, messages: int, streams: int,
+                     daemons: int) -> dict[str, float]:
+    """The ``daemons``-process figures (see the module docstring)."""
+    bench = backend.config(place)
+    adapter = RedisAdapter(bench.config.redis)
+    r, keys, total = adapter.redis, adapter.keys, bench.config.queues.total
+    client = Client(adapter, HashRingQueueMapper(total))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        await _fill(adapter, config, n, streams)
-        for key in keys:  # parked at the end while the daemons start
-            await r.xgroup_create(key, GROUP, "$", mkstream=True)
-        procs.extend(_spawn_workers(cfg_path, daemons))
-        lease_keys = [adapter.keys.lease(GROUP, q) for q in range(total)]
-        deadline = time.monotonic() + 60
-        while True:
-            held = [v.decode().split(" ", 1)[1] for v in await r.mget(lease_keys) if v]
-            if len(held) == total and len(set(held)) == daemons and all(
-                held.count(o) >= total // daemons for o in set(held)
-            ):
-                break
-            if time.monotonic() > deadline:
-                raise BenchmarkError("daemons did not share the queues within 60 s")
-            await asyncio.sleep(0.05)
+        await client.publish_batch(bench_items(messages, streams))
+        for q in range(total):  # parked at the end while the daemons start
+            await r.xgroup_create(keys.queue(q), GROUP, "$", mkstream=True)
+        clock = SteadyClock()
+        procs.extend(_spawn_workers(bench, daemons))
+        await _wait_shared(r, keys, total, daemons)
         ps = [psutil.Process(p.pid) for p in procs]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in ps)
-        t0 = time.perf_counter()
-        for key in keys:
-            await r.xgroup_setid(key, GROUP, "0")
-        kick = encode_fields(_messages(Client(adapter, HashRingQueueMapper(total)), 1, 1)[0])
-        for key in keys:  # wakes the blocked readers at once
-            await r.xadd(key, kick)
+        clock.first()
+        for q in range(total):
+            await r.xgroup_setid(keys.queue(q), GROUP, "0")
+        kick = encode_fields(build_messages(bench_items(1, 1), total)[0])
+        for q in range(total):  # wakes the blocked readers at once
+            await r.xadd(keys.queue(q), kick)
         while True:  # lag has no event to wait on: poll it finely
-            if sum([await adapter.lag(q, GROUP) for q in range(total)]) == 0:
+            if not sum([await adapter.lag(q, GROUP) for q in range(total)]):
                 break
             await asyncio.sleep(0.01)
-        wall = time.perf_counter() - t0
+        sample = clock.stop(messages)
         cpu = sum(sum(p.cpu_times()[:2]) for p in ps) - cpu0
-        await _check_fenced(adapter, total)
-        return n / wall, cpu / n * 1e6
+        await _check_fenced(bench)
+        return {"msgs_per_s": sample.msgs_per_s, "cpu_us_per_msg": cpu / messages * 1e6,
+                "startup_s": sample.startup_s}
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        await _drop(adapter)
+        _stop(procs)
+        await _drop(r, bench.config.redis.prefix)
         await adapter.close()
 
 
-def _result(name: str, n: int, streams: int, runs: list[tuple[float, float]],
-            floor: list[tuple[float, float]]) -> ThroughputResult:
-    rate = statistics.median(x for x, _ in runs)
-    floor_rate = statistics.median(x for x, _ in floor)
-    return ThroughputResult(
-        adapter=name, messages=n, streams=streams, msgs_per_s=rate,
-        cpu_us_per_msg=statistics.median(c for _, c in runs), floor_msgs_per_s=floor_rate,
-        floor_cpu_us_per_msg=statistics.median(c for _, c in floor), ratio=rate / floor_rate,
-    )
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
-async def _measure(url: str, n: int, streams: int, repeats: int,
+async def _measure(backend: RedisBackend, messages: int, streams: int, repeats: int,
                    daemons: tuple[int, ...]) -> dict[str, ThroughputResult]:
-    batch = Config().worker.max_batch
-    stamp = f"bench{os.getpid()}"
-    floor = [await _floor(url, f"{stamp}f{i}", n, streams, batch) for i in range(repeats)]
-    out: dict[str, ThroughputResult] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for d in daemons:
-            if d == 1:
-                runs = [await _one_daemon(url, f"{stamp}a{i}", n, streams)
-                        for i in range(repeats)]
-            else:
-                runs = [await _processes(url, f"{stamp}p{d}x{i}", n, streams, d, Path(tmp))
-                        for i in range(repeats)]
-            out[str(d)] = _result(f"redis/{d}-daemon", n, streams, runs, floor)
+    one: list[dict[str, float]] = []
+    more: dict[int, list[dict[str, float]]] = {d: [] for d in daemons if d > 1}
+    slots, items, single = 0, bench_items(messages, streams), min(messages, SINGLE_MAX)
+    for i in range(repeats):
+        tag = f"r{i}"
+        figures, slots = await repeat_once(backend, items, tag, single)
+        one.append(figures)
+        floor = {k: v for k, v in figures.items() if k.startswith("floor_")}
+        for d, runs in more.items():
+            runs.append(floor | await _processes(backend, f"{tag}p{d}", messages, streams, d))
+    out = {"1": summarize(backend, one, messages, streams, slots, single)}
+    for d, runs in more.items():
+        out[str(d)] = replace(summarize(backend, runs, messages, streams, slots), daemons=d)
     return out
 
 
 def redis_throughput(
     url: str | None, messages: int, streams: int, repeats: int = 3,
-    daemons: tuple[int, ...] = (1, 2),
+    daemons: tuple[int, ...] = (1, 2), variant: Variant | None = None,
 ) -> dict[str, ThroughputResult]:
-    """Results keyed by daemon count; starts a private redis-server when ``url`` is None."""
+    """Results keyed by daemon count ("1" always); a private redis-server when ``url``
+    is None."""
     if url is not None:
-        return asyncio.run(_measure(url, messages, streams, repeats, daemons))
+        return asyncio.run(_measure(RedisBackend(url, variant), messages, streams, repeats,
+                                    daemons))
     with private_redis() as private:
-        return asyncio.run(_measure(private, messages, streams, repeats, daemons))
+        return asyncio.run(_measure(RedisBackend(private, variant), messages, streams,
+                                    repeats, daemons))
 
 
 def as_json(results: dict[str, ThroughputResult]) -> dict[str, Any]:
-    """The first daemon count's figures at top level, every count under ``by_daemons``."""
-    first = next(iter(results.values()))
+    """The 1-daemon figures at top level, every daemon count's under ``by_daemons``."""
+    first = results["1"]
     return {**first.as_dict(), "by_daemons": {k: v.as_dict() for k, v in results.items()}}

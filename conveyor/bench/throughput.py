@@ -1,61 +1,62 @@
-"""End-to-end no-op throughput, next to a floor measured in the same run.
+"""No-op throughput as a user gets it, next to raw floors measured in the same run.
 
-The pipeline figure: N messages are enqueued first (not timed), then one daemon is
-started and timed until its receivers have acknowledged all N (the backend's ack call
-returned) — pull, cache, lanes, decode, handler, ack. The floor: the same messages
-decoded by the same handler declaration and awaited in a bare ``for`` loop — the least
-any worker could do. ``ratio = msgs_per_s / floor_msgs_per_s``. Each figure is the
-median of ``repeats``.
+``conveyor bench throughput --adapter memory|redis|kafka``: the adapter's shipped config
+(:mod:`conveyor.bench.shipped`), N messages over S stream keys, a handler
+``async def noop(body: bytes) -> None``. Each repeat measures, one after another:
+
+1. the **publish floor** — the adapter's raw producer writing the same entries (already
+   built: ids, bodies, fields) :data:`~conveyor.bench.timing.PUBLISH_BATCH` at a time;
+2. the **consume floor** — the adapter's raw consumer loop reading those entries back,
+   awaiting the same no-op handler on each body and acknowledging, timed from its first
+   record (:class:`~conveyor.bench.timing.SteadyClock`);
+3. **publish** — ``Client.publish_batch`` of the same items into a fresh place;
+4. **consume** — one daemon, built from the config, consuming what 3 published, timed
+   from the first delivery to the last acknowledgement
+   (:func:`~conveyor.bench.timing.time_daemon`);
+5. **single publish** — ``Client.publish`` one message a call, from concurrent tasks.
+
+Each adapter says what its floors are in a :class:`Backend`; this module runs the
+repeats and reduces them to a :class:`~conveyor.bench.figures.ThroughputResult`.
+The memory backend is here: its publish floor is the adapter's ``enqueue`` of built
+messages, its consume floor a bare ``for`` loop awaiting the handler on each message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+import itertools
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver
+from conveyor.bench.figures import ThroughputResult, spreads
+from conveyor.bench.shipped import BenchConfig, Variant, bench_config
+from conveyor.bench.timing import (
+    PUBLISH_BATCH,
+    AckCounter,
+    Sample,
+    SteadyClock,
+    bench_items,
+    time_daemon,
+    time_publish_batch,
+    time_publish_single,
+)
+from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.app import App
-from conveyor.platform.client import Client
-from conveyor.platform.config import Config
-from conveyor.platform.ids import SequenceToken
+from conveyor.platform.client import Client, Publish
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
-from conveyor.platform.telemetry import Telemetry
-from conveyor.workers.daemon import WorkerDaemon
 
+__all__ = ["AckCounter", "Backend", "MemoryBackend", "measure", "memory_throughput", "noop",
+           "noop_app"]
 
-@dataclass(frozen=True)
-class ThroughputResult:
-    adapter: str
-    messages: int
-    streams: int
-    msgs_per_s: float
-    cpu_us_per_msg: float
-    floor_msgs_per_s: float
-    floor_cpu_us_per_msg: float
-    ratio: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def table(self) -> str:
-        return "\n".join(
-            [
-                f"adapter={self.adapter} messages={self.messages} streams={self.streams}",
-                f"{'':12}{'msgs/s':>12}{'CPU us/msg':>12}",
-                f"{'conveyor':12}{self.msgs_per_s:>12,.0f}{self.cpu_us_per_msg:>12.2f}",
-                f"{'floor':12}{self.floor_msgs_per_s:>12,.0f}{self.floor_cpu_us_per_msg:>12.2f}",
-                f"ratio (conveyor / floor) = {self.ratio:.3f}",
-            ]
-        )
+SINGLE_MAX = 20_000
+"""Messages of the single-``publish`` run at most (one round trip each without coalescing)."""
 
 
 def noop_app(counter: list[int]) -> App:
-    """A no-op handler that counts the messages it sees in ``counter[0]``."""
+    """A no-op handler of JSON bodies that counts its calls (``conveyor bench telemetry``)."""
     app = App("bench")
 
     @app.handler("bench")
@@ -65,124 +66,189 @@ def noop_app(counter: list[int]) -> App:
     return app
 
 
-class AckCounter:
-    """Sets :attr:`done` once an adapter's receivers have acknowledged ``target`` messages.
+class Backend(ABC):
+    """What a throughput benchmark needs to know of one adapter: where a run's messages
+    live (a private place per run), how to open a producer before its timer starts, and
+    the two raw loops it is compared with."""
 
-    It wraps ``messages_delivered`` of every receiver the adapter creates, so a timer
-    stops on the acknowledgement itself, not when the handler returns (acks are sent
-    after, in batches). One extra call per ack batch, none per message.
-    """
+    adapter: str
+    floor: str
+    """The consume floor, as printed (``XREADGROUP COUNT 500 + XACK``)."""
+    publish_floor: str
 
-    def __init__(self, adapter: QueueAdapter, target: int) -> None:
-        self.acked = 0
-        self.target = target
-        self.done = asyncio.Event()
-        create = adapter.create_receiver
+    def __init__(self, variant: Variant | None = None) -> None:
+        self.variant = variant or Variant()
+        self.stamp = f"bench{os.getpid()}x{next(_runs)}"
 
-        def create_counted(queue: int, group: str) -> QueueReceiver:
-            receiver = create(queue, group)
-            deliver = receiver.messages_delivered
+    @abstractmethod
+    def config(self, place: str) -> BenchConfig:
+        """The benchmark's config with a private place named ``place`` (prefix/topic)."""
 
-            async def delivered(tokens: Sequence[SequenceToken]) -> None:
-                await deliver(tokens)
-                self.acked += len(tokens)
-                if self.acked >= self.target:
-                    self.done.set()
+    async def warm(self, adapter: QueueAdapter) -> None:  # noqa: B027 - optional hook
+        """Open ``adapter``'s producer connection before a publish is timed."""
 
-            receiver.messages_delivered = delivered  # type: ignore[method-assign]
-            return receiver
+    async def cleanup(self, bench: BenchConfig) -> None:  # noqa: B027 - optional hook
+        """Delete what runs left in ``bench``'s place."""
 
-        adapter.create_receiver = create_counted  # type: ignore[method-assign]
+    async def verify(self, bench: BenchConfig) -> None:  # noqa: B027 - optional hook
+        """Fail if the daemon's run in ``bench``'s place did not run as configured."""
 
-
-def _messages(client: Client, n: int, streams: int) -> list[Message]:
-    return [client.build("bench", f"s{i % streams}", {"i": i, "pad": "x" * 32}) for i in range(n)]
-
-
-async def _floor(messages: list[Message]) -> tuple[float, float]:
-    counter = [0]
-    spec = noop_app(counter).handlers[0]
-    decode, fn = spec.decode, spec.fn
-    t0, c0 = time.perf_counter(), time.process_time()
-    for msg in messages:
-        await fn(decode(msg))
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    assert counter[0] == len(messages)
-    return len(messages) / wall, cpu / len(messages) * 1e6
+    @abstractmethod
+    async def floors(self, bench: BenchConfig,
+                     messages: Sequence[Message]) -> tuple[Sample, Sample]:
+        """(publish floor, consume floor): write ``messages`` with the raw producer to
+        ``bench``'s place, then read them back with the raw consumer, awaiting
+        :func:`noop` on each body. Both timed from their first record."""
 
 
-async def _pipeline(
-    make_adapter: Callable[[], QueueAdapter],
-    config: Config,
-    n: int,
-    streams: int,
-    telemetry: Telemetry | None = None,
-) -> tuple[float, float]:
-    counter = [0]
-    adapter = make_adapter()
-    acks = AckCounter(adapter, n)
-    daemon = WorkerDaemon(noop_app(counter), config, adapter=adapter, telemetry=telemetry)
-    client = Client(adapter, daemon.mapper)
-    msgs = _messages(client, n, streams)
-    by_queue: dict[int, list[Message]] = {}
-    for m in msgs:
-        by_queue.setdefault(daemon.mapper.queue_for(m.stream), []).append(m)
-    for queue, batch in by_queue.items():
-        await adapter.enqueue(queue, batch)
-    t0, c0 = time.perf_counter(), time.process_time()
-    await daemon.start()
-    await asyncio.wait_for(acks.done.wait(), timeout=300)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    report = await daemon.stop()
-    assert report.acked == n == acks.acked == counter[0], (report, acks.acked, counter[0])
-    return n / wall, cpu / n * 1e6
+async def noop(body: bytes) -> None:
+    """What the raw loops await per message: the benchmark's handler, undecorated."""
+    return None
 
 
-async def measure(
-    make_adapter: Callable[[], QueueAdapter],
-    config: Config,
-    *,
-    adapter_name: str,
-    messages: int,
-    streams: int,
-    repeats: int = 3,
-    telemetry: Telemetry | None = None,
-) -> ThroughputResult:
-    runs = [
-        await _pipeline(make_adapter, config, messages, streams, telemetry)
-        for _ in range(repeats)
-    ]
-    probe = Client(make_adapter(), HashRingQueueMapper(config.queues.total))
-    floor_msgs = _messages(probe, messages, streams)
-    floors = [await _floor(floor_msgs) for _ in range(repeats)]
-    rate = statistics.median(r for r, _ in runs)
-    floor_rate = statistics.median(r for r, _ in floors)
-    return ThroughputResult(
-        adapter=adapter_name,
-        messages=messages,
-        streams=streams,
-        msgs_per_s=rate,
-        cpu_us_per_msg=statistics.median(c for _, c in runs),
-        floor_msgs_per_s=floor_rate,
-        floor_cpu_us_per_msg=statistics.median(c for _, c in floors),
-        ratio=rate / floor_rate,
-    )
+_runs = itertools.count()
 
 
-def memory_throughput(messages: int, streams: int, repeats: int = 3) -> ThroughputResult:
+def queue_chunks(messages: Sequence[Message], total: int
+                 ) -> list[list[tuple[int, list[Message]]]]:
+    """``messages`` cut into :data:`PUBLISH_BATCH` chunks (in order), each grouped by
+    queue as ``publish_batch`` groups them: what a raw producer sends per round trip."""
+    mapper = HashRingQueueMapper(total)
+    chunks = []
+    for i in range(0, len(messages), PUBLISH_BATCH):
+        by_queue: dict[int, list[Message]] = {}
+        for m in messages[i : i + PUBLISH_BATCH]:
+            by_queue.setdefault(mapper.queue_for(m.stream), []).append(m)
+        chunks.append(list(by_queue.items()))
+    return chunks
+
+
+def build_messages(items: Sequence[Publish], total: int) -> list[Message]:
+    """``items`` as the client builds them (ids, timestamps, encoded bodies)."""
     from conveyor.adapters.memory import MemoryAdapter, reset_broker
 
-    counter = [0]
+    name = f"bench-build-{os.getpid()}"
+    client = Client(MemoryAdapter(name), HashRingQueueMapper(total))
+    reset_broker(name)
+    return [client.build(i.namespace, i.key, i.body) for i in items]
 
-    def make() -> QueueAdapter:
-        counter[0] += 1
-        name = f"bench-{counter[0]}"
-        reset_broker(name)
-        return MemoryAdapter(name)
 
-    config = Config()
-    return asyncio.run(
-        measure(make, config, adapter_name="memory", messages=messages, streams=streams,
-                repeats=repeats)
+async def _publish_into(backend: Backend, bench: BenchConfig,
+                        items: Sequence[Publish], single: bool) -> Sample:
+    client = Client.from_config(bench.config)  # as a user's producer builds it
+    try:
+        await backend.warm(client.adapter)
+        if single:
+            return await time_publish_single(client, items)
+        return await time_publish_batch(client, items)
+    finally:
+        await client.close()
+
+
+async def _consume(bench: BenchConfig, messages: int) -> tuple[Sample, int]:
+    adapter = create_adapter(bench.config.queues.adapter, bench.config)
+    try:
+        return await time_daemon(bench.config, adapter, messages)
+    finally:
+        await adapter.close()
+
+
+def _figures(prefix: str, sample: Sample, startup: bool = True) -> dict[str, float]:
+    out = {f"{prefix}msgs_per_s": sample.msgs_per_s,
+           f"{prefix}cpu_us_per_msg": sample.cpu_us_per_msg}
+    if startup:
+        out[f"{prefix}startup_s"] = sample.startup_s
+    return out
+
+
+async def repeat_once(backend: Backend, items: Sequence[Publish], tag: str,
+                      single: int) -> tuple[dict[str, float], int]:
+    """One repeat's figures (see the module docstring) and the daemon's slot count."""
+    out: dict[str, float] = {}
+    floor_bench = backend.config(f"{tag}f")
+    built = build_messages(items, floor_bench.config.queues.total)
+    try:
+        publish_floor, consume_floor = await backend.floors(floor_bench, built)
+    finally:
+        await backend.cleanup(floor_bench)
+    out |= _figures("publish_floor_", publish_floor, startup=False)
+    out |= _figures("floor_", consume_floor)
+    bench = backend.config(f"{tag}c")
+    try:
+        out |= _figures("publish_", await _publish_into(backend, bench, items, False),
+                        startup=False)
+        run, slots = await _consume(bench, len(items))
+        await backend.verify(bench)
+        out |= _figures("", run)
+    finally:
+        await backend.cleanup(bench)
+    if single:
+        single_bench = backend.config(f"{tag}s")
+        try:
+            sample = await _publish_into(backend, single_bench, items[:single], True)
+        finally:
+            await backend.cleanup(single_bench)
+        out |= _figures("publish_single_", sample, startup=False)
+    return out, slots
+
+
+def summarize(backend: Backend, runs: Sequence[Mapping[str, float]], messages: int,
+              streams: int, slots: int, single: int = 0) -> ThroughputResult:
+    bench = backend.config("")
+    return ThroughputResult(
+        adapter=backend.adapter, variant=backend.variant.name, config=bench.label,
+        messages=messages, streams=streams, queues=bench.config.queues.total, slots=slots,
+        figures=spreads(runs), repeats=len(runs), floor=backend.floor,
+        publish_floor=backend.publish_floor if single else "", single_messages=single,
     )
 
+
+async def measure(backend: Backend, messages: int, streams: int,
+                  repeats: int = 3) -> ThroughputResult:
+    items = bench_items(messages, streams)
+    single = min(messages, SINGLE_MAX)
+    runs = []
+    slots = 0
+    for i in range(repeats):
+        figures, slots = await repeat_once(backend, items, f"r{i}", single)
+        runs.append(figures)
+    return summarize(backend, runs, messages, streams, slots, single)
+
+
+class MemoryBackend(Backend):
+    adapter = "memory"
+    floor = "for loop awaiting the handler"
+    publish_floor = f"adapter.enqueue of built messages, {PUBLISH_BATCH} at a time"
+
+    def config(self, place: str) -> BenchConfig:
+        from conveyor.adapters.memory import reset_broker
+
+        name = f"{self.stamp}{place}"
+        reset_broker(name)
+        return bench_config("memory", {"memory.broker": name}, self.variant)
+
+    async def cleanup(self, bench: BenchConfig) -> None:
+        from conveyor.adapters.memory import reset_broker
+
+        reset_broker(bench.config.memory.broker)
+
+    async def floors(self, bench: BenchConfig,
+                     messages: Sequence[Message]) -> tuple[Sample, Sample]:
+        adapter = create_adapter("memory", bench.config)
+        chunks = queue_chunks(messages, bench.config.queues.total)
+        clock = SteadyClock()
+        clock.first()
+        for chunk in chunks:
+            for queue, batch in chunk:
+                await adapter.enqueue(queue, batch)
+        publish = clock.stop(len(messages))
+        clock = SteadyClock()
+        clock.first()
+        for msg in messages:
+            await noop(msg.body)
+        return publish, clock.stop(len(messages))
+
+
+def memory_throughput(messages: int, streams: int, repeats: int = 3,
+                      variant: Variant | None = None) -> ThroughputResult:
+    return asyncio.run(measure(MemoryBackend(variant), messages, streams, repeats))

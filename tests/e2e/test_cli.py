@@ -43,11 +43,14 @@ def test_sigterm_drains_a_real_worker_losing_and_leaving_nothing(tmp_path: Path)
     published = set(lines(Path(str(out) + ".published")))
     assert len(published) == 3000
     match = re.search(r"drained pulled=(\d+) acked=(\d+) handled=(\d+) "
-                      r"dead_lettered=(\d+) abandoned=(\d+)", stderr)
+                      r"dead_lettered=(\d+) abandoned=(\d+) skipped=(\d+) released=(\d+)",
+                      stderr)
     assert match, stderr
-    pulled, acked, n_handled, dead, abandoned = map(int, match.groups())
-    # Everything it pulled was finished and acknowledged; nothing was in flight at exit.
-    assert pulled == acked == n_handled == len(handled) and dead == abandoned == 0
+    pulled, acked, n_handled, dead, abandoned, skipped, released = map(int, match.groups())
+    # Every call under way finished and was acknowledged; what no handler had started was
+    # handed back unacknowledged (released) for the next owner; nothing left half-done.
+    assert acked == n_handled == len(handled) and dead == abandoned == skipped == 0
+    assert pulled == acked + released
     assert len(set(handled)) == len(handled), "duplicates"
     assert set(handled) <= published
     assert 200 <= len(handled) < 3000, "the signal should have arrived mid-run"
@@ -149,9 +152,13 @@ def test_bench_throughput_prints_comparable_json() -> None:
     result = conveyor("bench", "throughput", "--json", "--messages", "3000", "--repeats", "1")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    for key in ("msgs_per_s", "cpu_us_per_msg", "floor_msgs_per_s", "ratio"):
+    for key in ("msgs_per_s", "cpu_us_per_msg", "floor_msgs_per_s", "ratio",
+                "publish_msgs_per_s", "publish_floor_msgs_per_s", "publish_ratio"):
         assert data[key] > 0
     assert data["ratio"] == pytest.approx(data["msgs_per_s"] / data["floor_msgs_per_s"])
+    assert data["publish_ratio"] == pytest.approx(
+        data["publish_msgs_per_s"] / data["publish_floor_msgs_per_s"])
+    assert (data["variant"], data["config"]) == ("shipped", "configs/local.toml")
 
 
 def test_bench_telemetry_prints_comparable_json() -> None:

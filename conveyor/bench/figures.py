@@ -1,0 +1,126 @@
+"""A throughput benchmark's figures: medians and spreads of its repeats, as a table or JSON.
+
+Every repeat measures all figures (Conveyor and its floors, consuming and publishing) one
+after another, so a ratio compares runs taken moments apart. ``ratio`` is the median
+figure over the median floor (so ``ratio == msgs_per_s / floor_msgs_per_s`` in the JSON);
+its spread is the lowest and highest ratio of a single repeat.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.bench.timing import PUBLISH_BATCH, PUBLISHERS
+
+RATIOS = {"ratio": ("msgs_per_s", "floor_msgs_per_s"),
+          "publish_ratio": ("publish_msgs_per_s", "publish_floor_msgs_per_s")}
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+    def text(self, fmt: str) -> str:
+        if self.low == self.high:
+            return format(self.median, fmt)
+        return f"{self.median:{fmt}} ({self.low:{fmt}}..{self.high:{fmt}})"
+
+
+def spreads(repeats: Sequence[Mapping[str, float]]) -> dict[str, Spread]:
+    """Median and range of every figure the repeats share, with the ratios."""
+    keys = [k for k in repeats[0] if all(k in r for r in repeats)]
+    out = {k: Spread.of([r[k] for r in repeats]) for k in keys}
+    for name, (num, den) in RATIOS.items():
+        if num in out and den in out:
+            per_run = [r[num] / r[den] for r in repeats]
+            out[name] = Spread(out[num].median / out[den].median, min(per_run), max(per_run))
+    return out
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    """One configuration's figures (``variant`` names what differs from the shipped file)."""
+
+    adapter: str
+    variant: str
+    config: str
+    messages: int
+    streams: int
+    queues: int
+    slots: int
+    figures: Mapping[str, Spread]
+    repeats: int = 1
+    daemons: int = 1
+    """Daemons that consumed: 1 in this process, or that many ``conveyor worker`` processes."""
+    floor: str = ""
+    """What the consume floor is (``XREADGROUP COUNT 500 + XACK``)."""
+    publish_floor: str = ""
+    single_messages: int = 0
+    """Messages of the single-``publish`` run (fewer than ``messages``: it is slower)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def median(self, name: str) -> float:
+        return self.figures[name].median
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "adapter": self.adapter, "variant": self.variant, "config": self.config,
+            "messages": self.messages, "streams": self.streams, "queues": self.queues,
+            "slots": self.slots, "daemons": self.daemons, "repeats": self.repeats,
+            "floor": self.floor,
+        }
+        if self.publish_floor:
+            out["publish_floor"] = self.publish_floor
+            out["publish_single_messages"] = self.single_messages
+        out.update({k: s.median for k, s in self.figures.items()})
+        out["spread"] = {k: [s.low, s.high] for k, s in self.figures.items()}
+        out.update(self.extra)
+        return out
+
+    def table(self) -> str:
+        f = self.figures
+        lines = [
+            f"{self.adapter}: {self.config}, variant: {self.variant}; {self.messages:,} "
+            f"messages over {self.streams:,} streams, {self.queues} queues, {self.slots} slots",
+            f"median (min..max) of {self.repeats} run(s)",
+            _line("consume", "msgs/s", "CPU us/msg", "start-up s"),
+            _row("  conveyor" if self.daemons == 1 else f"  conveyor, {self.daemons} processes",
+                 f, ""),
+            _row("  raw loop", f, "floor_"),
+            _line("  ratio", f["ratio"].text(".3f")),
+        ]
+        if "publish_msgs_per_s" in f:
+            lines += [
+                _line("publish", "msgs/s", "CPU us/msg"),
+                _row(f"  publish_batch x{PUBLISH_BATCH}", f, "publish_"),
+                _row(f"  publish x1 ({PUBLISHERS} tasks)", f, "publish_single_"),
+                _row("  raw loop", f, "publish_floor_"),
+                _line("  ratio (batch / raw)", f["publish_ratio"].text(".3f")),
+                f"raw consume loop: {self.floor}",
+                f"raw publish loop: {self.publish_floor}",
+                f"publish x1 published {self.single_messages:,} messages",
+            ]
+        else:
+            lines.append(f"raw consume loop: {self.floor}")
+        return "\n".join(lines)
+
+
+def _line(label: str, *cells: str) -> str:
+    widths = (36, 22, 20)
+    text = f"{label:26}" + "".join(f"{c:{w}}" for c, w in zip(cells, widths, strict=False))
+    return text.rstrip()
+
+
+def _row(label: str, f: Mapping[str, Spread], prefix: str) -> str:
+    cells = [(f.get(prefix + k), fmt) for k, fmt in (
+        ("msgs_per_s", ",.0f"), ("cpu_us_per_msg", ".2f"), ("startup_s", ".2f"))]
+    return _line(label, *(s.text(fmt) if s else "" for s, fmt in cells))
