@@ -33,7 +33,7 @@ BUCKETS = [
     ("acknowledge (adapter side)", r"messages_delivered|RedisReceiver\._ack|_trim|"
      r"KafkaReceiver\.messages_delivered|kafka_offsets"),
     ("agent: cache, lanes, acks bookkeeping", r"conveyor/platform/(agent|queue_cache)\.py"),
-    ("broker client (redis-py / aiokafka)", r"site-packages/(redis|aiokafka|hiredis)"),
+    ("broker client (redis-py / aiokafka)", r"(site-packages/|\()(redis|aiokafka|hiredis)/"),
     ("event loop and sockets", r"asyncio/|selectors\.py|socket"),
 ]
 

@@ -173,6 +173,19 @@ class ResourceSlotsConfig(_Section):
     sample_period_ms: MillisFloat = 100.0
 
 
+class RateSlotsConfig(_Section):
+    """``[slots.rate]``: at most ``per_second`` handler calls start per second (plus a
+    ``burst`` after an idle spell), for the whole app or per daemon; off when unset."""
+
+    per_second: Annotated[float, msgspec.Meta(gt=0, le=1_000_000)] | None = None
+    """Handler calls started per second; unset: no rate limit (and no wrapper)."""
+    burst: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1
+    """Calls that may start at once after an idle spell; 1 spaces them evenly."""
+    store: Literal["redis", "local"] = "redis"
+    """``redis``: one limit shared by every daemon of the app, kept at ``[redis] url``.
+    ``local``: a limit per daemon, kept in its process."""
+
+
 class SlotsConfig(_Section):
     """``[slots]``: the daemon's slot supplier, which decides how many messages are in flight."""
 
@@ -188,6 +201,7 @@ class SlotsConfig(_Section):
     options: dict[str, Any] = {}
     """``custom``: keyword arguments for the factory."""
     resource: ResourceSlotsConfig = msgspec.field(default_factory=ResourceSlotsConfig)
+    rate: RateSlotsConfig = msgspec.field(default_factory=RateSlotsConfig)
 
 
 class CellsConfig(_Section):

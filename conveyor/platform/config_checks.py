@@ -34,6 +34,18 @@ def validate(config: Config) -> None:
         )
     if config.slots.resource.min_slots > config.slots.resource.max_slots:
         raise ConfigError("$.slots.resource.min_slots: must not exceed max_slots")
+    rate = config.slots.rate
+    if (
+        rate.per_second is not None
+        and rate.store == "redis"
+        and "redis" not in (config.queues.adapter, config.balancer.membership)
+    ):
+        raise ConfigError(
+            '$.slots.rate.store: "redis" shares the limit through [redis] url, but this '
+            "config uses no Redis (queues.adapter and balancer.membership are "
+            f'{config.queues.adapter!r}/{config.balancer.membership!r}); use store = "local" '
+            "for a per-daemon limit"
+        )
     if (
         config.queues.adapter == "redis"
         and config.balancer.kind == "dynamic"

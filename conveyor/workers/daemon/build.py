@@ -138,7 +138,7 @@ def build_parts(
     owns_adapter, owns_slots, owns_telemetry = adapter is None, slots is None, telemetry is None
     adapter = adapter or create_adapter(config.queues.adapter, config)
     mapper = HashRingQueueMapper(config.queues.total)
-    slots = slots or supplier_from_config(config.slots)
+    slots = slots or supplier_from_config(config.slots, redis=config.redis, app=app.name)
     balancer = balancer or build_balancer(config, app.name, adapter)
     member = member or MemberInfo.for_this_process(f"{app.name}-")
     stats = DeliveryStats()
