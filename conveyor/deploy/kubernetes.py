@@ -154,9 +154,10 @@ def render(config: Config, options: Options) -> list[dict[str, Any]]:
 
 
 def _metadata(name: str, options: Options) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": _labels(options)}
+    meta: dict[str, Any] = {"name": name}
     if options.namespace:
         meta["namespace"] = options.namespace
+    meta["labels"] = _labels(options)
     return meta
 
 

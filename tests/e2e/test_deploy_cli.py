@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +77,25 @@ def test_an_app_that_cannot_be_imported_is_a_usage_error() -> None:
     assert result.returncode == 2
     assert "--app" in result.stderr and "cannot import" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_readmes_deploy_command_runs_as_printed(tmp_path: Path) -> None:
+    """With the README's own shop.py (its first snippet) beside the shipped configs."""
+    readme = (ROOT / "README.md").read_text()
+    shop = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "shop.py").write_text(shop)
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    block = next(b for b in readme.split("```console\n")[1:]
+                 if "conveyor deploy kubernetes" in b.split("```", 1)[0])
+    command = block.split("```", 1)[0].replace("\\\n", " ").splitlines()[0]
+    assert command.startswith("$ .venv/bin/conveyor deploy kubernetes")
+    argv = shlex.split(command.removeprefix("$ .venv/bin/conveyor"))
+    result = subprocess.run([sys.executable, "-m", "conveyor.cli", *argv], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.name for p in (tmp_path / "k8s").iterdir())
+    assert written == ["01-configmap.yaml", "02-deployment.yaml", "03-scaledobject.yaml"]
+    [deployment] = yaml.safe_load_all((tmp_path / "k8s" / written[1]).read_text())
+    assert deployment["metadata"] == {**deployment["metadata"], "name": "shop-worker",
+                                      "namespace": "shop"}
