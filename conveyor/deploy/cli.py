@@ -35,7 +35,7 @@ def deploy() -> None:
 @click.option("--image", default=None,
               help="Worker image holding the app under /app. Default: conveyor:VERSION.")
 @click.option("--replicas", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Replicas to start with, and KEDA's minimum (0: scale to zero).")
+              help="KEDA's minimum replicas (0: scale to zero when there is no lag).")
 @click.option("--max-replicas", type=click.IntRange(min=1), default=None,
               help="KEDA's maximum. Default: [queues] total (one pod per queue at most).")
 @click.option("--namespace", default=None, help="Namespace of every object (default: none "

@@ -4,9 +4,10 @@
 
 1. a ``ConfigMap`` holding the config file byte for byte (mounted at
    :data:`CONFIG_DIR`), so the pods run the very file the names below were read from;
-2. a ``Deployment`` of worker pods: ``conveyor worker APP_PATH --config … --http-port P``,
-   liveness on ``/healthz``, readiness on ``/readyz``, ``envFrom`` an optional Secret
-   (credentials, as ``CONVEYOR_*`` and the variables the ``*_env`` fields name), and
+2. a ``Deployment`` of worker pods (no ``replicas``: KEDA owns the count):
+   ``conveyor worker APP_PATH --config … --http-port P``, liveness on ``/healthz``,
+   readiness on ``/readyz``, ``envFrom`` an optional Secret (credentials, as
+   ``CONVEYOR_*`` and the variables the ``*_env`` fields name), and
    ``terminationGracePeriodSeconds`` above the drain (:func:`grace_period_s`);
 3. for Kafka with SASL, a KEDA ``TriggerAuthentication`` reading the same credentials
    from the worker container's environment;
@@ -65,8 +66,9 @@ class Options:
     """The config file, put in the ConfigMap unchanged."""
     image: str
     replicas: int = 1
-    """The Deployment's replicas and the ScaledObject's ``minReplicaCount`` (0: scale to
-    zero when there is no lag)."""
+    """The ScaledObject's ``minReplicaCount`` (0: scale to zero when there is no lag).
+    The Deployment carries no ``replicas``: the count is KEDA's, and a re-apply would
+    otherwise reset it, draining pods KEDA had added."""
     max_replicas: int | None = None
     """Default: ``[queues] total`` (a pod past it would own no queue)."""
     namespace: str | None = None
@@ -225,7 +227,6 @@ def deployment(name: str, config: Config, options: Options) -> dict[str, Any]:
         "kind": "Deployment",
         "metadata": _metadata(f"{name}-worker", options),
         "spec": {
-            "replicas": options.replicas,
             "selector": {"matchLabels": selector},
             "template": {
                 "metadata": {

@@ -130,6 +130,8 @@ def test_redis_scales_on_every_queue_streams_lag_and_pending_entries_summed() ->
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     assert spec["scaleTargetRef"]["name"] == "shop-app-v2-worker"
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 4)
+    # KEDA owns the count: a re-apply must not reset it.
+    assert "replicas" not in by_kind(k8s.render(cfg, options(replicas=2)))["Deployment"]["spec"]
     triggers = spec["triggers"]
     assert len(triggers) == 2 * 4
     keys = Keys("shopq")
