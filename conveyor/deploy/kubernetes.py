@@ -32,6 +32,8 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
+from redis.asyncio.connection import parse_url
+
 from conveyor.adapters.redis_conn import Keys
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, InvalidArgumentError
@@ -367,14 +369,16 @@ class RedisServer:
 
 
 def redis_server(url: str) -> RedisServer:
-    """Where KEDA finds the server, from ``[redis] url`` (already checked by the config)."""
-    parts = urlsplit(url)
-    db = parts.path.strip("/")
+    """Where KEDA finds the server, from ``[redis] url`` (already checked by the config),
+    read by redis-py's own parser as the adapter's client reads it (``?db=`` too)."""
+    parsed = parse_url(url)
+    host = str(parsed.get("host", "localhost"))
+    host = f"[{host}]" if ":" in host else host
     return RedisServer(
-        address=f"{parts.hostname}:{parts.port or 6379}",
-        database=int(db) if db else 0,
-        tls=parts.scheme == "rediss",
-        has_password=parts.password is not None,
+        address=f"{host}:{parsed.get('port', 6379)}",
+        database=int(parsed.get("db", 0)),
+        tls=urlsplit(url).scheme == "rediss",
+        has_password=parsed.get("password") is not None,
     )
 
 
@@ -410,20 +414,23 @@ def redis_triggers(config: Config, group: str) -> list[dict[str, Any]]:
     return triggers
 
 
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
 def warnings(config: Config) -> list[str]:
     """What renders but is probably not what a cluster wants (printed, not refused)."""
     found = []
     if config.queues.adapter == "redis":
         server = redis_server(config.redis.url)
         host = server.address.rpartition(":")[0]
-        if host in ("127.0.0.1", "localhost", "::1", "[::1]"):
+        if host in _LOOPBACK:
             found.append(f"$.redis.url points at {host}: inside a pod that is the pod itself")
         if server.has_password:
             found.append("$.redis.url holds a password, which lands in the ConfigMap; put it "
                          f"in the Secret as {config.redis.password_env or 'the password_env'}")
     if config.queues.adapter == "kafka":
         hosts = [h.rpartition(":")[0] for h in config.kafka.bootstrap.split(",")]
-        loopback = [h for h in hosts if h in ("127.0.0.1", "localhost", "::1", "[::1]")]
+        loopback = [h for h in hosts if h in _LOOPBACK]
         if loopback:
             found.append(f"$.kafka.bootstrap points at {loopback[0]}: inside a pod that is "
                          "the pod itself")

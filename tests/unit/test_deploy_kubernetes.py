@@ -157,6 +157,19 @@ def test_redis_scales_on_every_queue_streams_lag_and_pending_entries_summed() ->
     assert modifiers["target"] == "250" and modifiers["metricType"] == "AverageValue"
 
 
+@pytest.mark.parametrize(("url", "address", "db"), [
+    ("redis://cache", "cache:6379", "0"),
+    ("redis://cache:7000?db=5", "cache:7000", "5"),
+    ("redis://[::1]:7001/3", "[::1]:7001", "3"),
+])
+def test_the_redis_address_and_database_are_read_as_the_client_reads_the_url(
+    url: str, address: str, db: str
+) -> None:
+    [trigger, *_] = by_kind(k8s.render(config("redis", redis={"url": url}), options())
+                            )["ScaledObject"]["spec"]["triggers"]
+    assert (trigger["metadata"]["address"], trigger["metadata"]["databaseIndex"]) == (address, db)
+
+
 def test_redis_over_tls_says_so_to_keda() -> None:
     cfg = config("redis", redis={"url": "rediss://cache.example:6390"})
     [trigger, *_] = by_kind(k8s.render(cfg, options()))["ScaledObject"]["spec"]["triggers"]
@@ -262,6 +275,8 @@ def test_object_names_are_dns_labels_made_of_the_app_name() -> None:
 
 def test_loopback_brokers_and_passwords_in_the_file_are_warned_about() -> None:
     assert k8s.warnings(config("redis")) == []
+    assert any("[::1]" in w for w in k8s.warnings(config("redis", redis={
+        "url": "redis://[::1]:6379"})))
     local = config("redis", redis={"url": "redis://u:secret@127.0.0.1:6379/0"})
     found = k8s.warnings(local)
     assert any("127.0.0.1" in w for w in found)
