@@ -284,3 +284,15 @@ def test_loopback_brokers_and_passwords_in_the_file_are_warned_about() -> None:
     assert all("secret" not in w for w in found)
     assert any("localhost" in w for w in k8s.warnings(config("kafka", kafka={
         "bootstrap": "localhost:9092"})))
+
+
+@pytest.mark.parametrize("text", [
+    "[queues]\nadapter = \"redis\"   \n",            # trailing spaces: no literal block
+    "# ---\n---\n...\n[redis]\nprefix = \"é\"\n",     # document markers, non-ASCII
+    "[worker]\n\tdrain_timeout_s = 5\n\n\n",          # tabs, blank lines at the end
+    "no newline at the end",
+])
+def test_the_config_file_survives_yaml_byte_for_byte(text: str) -> None:
+    objects = k8s.render(config("redis"), options(config_text=text))
+    [parsed, *_] = yaml.safe_load_all(to_yaml(objects))
+    assert parsed["data"]["conveyor.toml"] == text
