@@ -434,4 +434,15 @@ def warnings(config: Config) -> list[str]:
         if loopback:
             found.append(f"$.kafka.bootstrap points at {loopback[0]}: inside a pod that is "
                          "the pod itself")
+    files = {"$.redis.tls_ca_file": config.redis.tls_ca_file,
+             "$.redis.tls_cert_file": config.redis.tls_cert_file,
+             "$.redis.tls_key_file": config.redis.tls_key_file,
+             "$.kafka.ssl_cafile": config.kafka.ssl_cafile,
+             "$.kafka.ssl_certfile": config.kafka.ssl_certfile,
+             "$.kafka.ssl_keyfile": config.kafka.ssl_keyfile}
+    adapter = config.queues.adapter
+    for field, path in files.items():
+        if path and field.startswith(f"$.{adapter}."):
+            found.append(f"{field} names {path}, which the pods must have: mount it there "
+                         "(e.g. from a Secret volume) in the Deployment")
     return found

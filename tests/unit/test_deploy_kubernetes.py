@@ -296,3 +296,12 @@ def test_the_config_file_survives_yaml_byte_for_byte(text: str) -> None:
     objects = k8s.render(config("redis"), options(config_text=text))
     [parsed, *_] = yaml.safe_load_all(to_yaml(objects))
     assert parsed["data"]["conveyor.toml"] == text
+
+
+def test_certificate_files_the_pods_need_are_warned_about() -> None:
+    cfg = config("kafka", kafka={"security_protocol": "SSL",
+                                 "ssl_cafile": "/etc/ssl/kafka-ca.pem"})
+    [warning] = k8s.warnings(cfg)
+    assert warning.startswith("$.kafka.ssl_cafile names /etc/ssl/kafka-ca.pem")
+    # Another adapter's files are not this deployment's concern.
+    assert k8s.warnings(config("redis", kafka={"ssl_cafile": "/x.pem"})) == []
