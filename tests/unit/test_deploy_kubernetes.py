@@ -305,3 +305,17 @@ def test_certificate_files_the_pods_need_are_warned_about() -> None:
     assert warning.startswith("$.kafka.ssl_cafile names /etc/ssl/kafka-ca.pem")
     # Another adapter's files are not this deployment's concern.
     assert k8s.warnings(config("redis", kafka={"ssl_cafile": "/x.pem"})) == []
+
+
+@pytest.mark.parametrize("adapter", ["redis", "kafka"])
+def test_keda_fields_are_text_where_the_crd_wants_text(adapter: str) -> None:
+    """KEDA's CRD types trigger metadata as a map of strings (a bare 250 is refused by
+    the API server) and the scalingModifiers' target likewise."""
+    cfg = config(adapter, kafka={"security_protocol": "SASL_SSL"} if adapter == "kafka" else {})
+    spec = by_kind(k8s.render(cfg, options()))["ScaledObject"]["spec"]
+    for trigger in spec["triggers"]:
+        assert all(isinstance(v, str) for v in trigger["metadata"].values()), trigger
+    for value in spec.get("advanced", {}).get("scalingModifiers", {}).values():
+        assert isinstance(value, str)
+    for field in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod"):
+        assert isinstance(spec[field], int)
