@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
+from conveyor.deploy.cli import deploy
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.version import version
@@ -691,6 +692,7 @@ def _register_lab() -> None:
 
 
 _register_lab()
+main.add_command(deploy)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,122 @@
+"""``conveyor deploy kubernetes``: print (or write) the manifests of one app's workers.
+
+Registered on the main command by ``conveyor/cli.py``; the rendering itself is
+:mod:`conveyor.deploy.kubernetes`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
+
+
+def _usage(message: str) -> NoReturn:
+    click.echo(f"conveyor: {message}", err=True)
+    sys.exit(2)
+
+
+@click.group()
+def deploy() -> None:
+    """Render what runs Conveyor workers past one machine."""
+
+
+@deploy.command()
+@click.option("--app", "app_path", required=True, metavar="APP_PATH",
+              help="MODULE:ATTR or FILE.py:ATTR, as the container sees it (under /app); "
+                   "imported here to read the app's name.")
+@click.option("--config", "config_path", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The TOML config the pods run (redis or kafka); put in a ConfigMap.")
+@click.option("--image", default=None,
+              help="Worker image holding the app under /app. Default: conveyor:VERSION.")
+@click.option("--replicas", type=click.IntRange(min=0), default=1, show_default=True,
+              help="KEDA's minimum replicas (0: scale to zero when there is no lag).")
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None,
+              help="KEDA's maximum. Default: [queues] total (one pod per queue at most).")
+@click.option("--namespace", default=None, help="Namespace of every object (default: none "
+              "set, kubectl's current one).")
+@click.option("--http-port", type=click.IntRange(1, 65535), default=9464, show_default=True,
+              help="Port of /metrics, /healthz and /readyz in the pod.")
+@click.option("--cpu", default="500m", show_default=True, help="CPU request per pod.")
+@click.option("--memory", default="512Mi", show_default=True,
+              help="Memory request and limit per pod.")
+@click.option("--output", "-o", default="-", show_default=True, metavar="DIR|-",
+              help="'-': one YAML stream on stdout; DIR: one file per object, in apply "
+                   "order (kubectl apply -f DIR).")
+def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: int,
+               max_replicas: int | None, namespace: str | None, http_port: int, cpu: str,
+               memory: str, output: str) -> None:
+    """Kubernetes manifests for the app's workers: a ConfigMap with the config, a
+    Deployment with probes and a grace period above the drain, and a KEDA ScaledObject
+    on the broker's own lag (Kafka consumer-group lag, Redis stream-group lag).
+
+    Names (streams, topic, consumer group) come from the config and the app, so they
+    match what the workers use. Exit status 2 for a config that cannot span pods (the
+    memory adapter, a static balancer, in-process membership) or a bad argument.
+    """
+    from conveyor.deploy import kubernetes as k8s
+    from conveyor.loader import load_app
+    from conveyor.platform.config import load_config
+    from conveyor.version import version
+
+    try:
+        config = load_config(config_path, environ={})  # the pods get this file, not our env
+        text = config_path.read_text(encoding="utf-8")
+    except ConfigError as exc:
+        _usage(f"config error: {exc}")
+    except (OSError, UnicodeDecodeError) as exc:
+        _usage(f"--config: cannot read {config_path} as UTF-8 text: {exc}")
+    try:
+        k8s.check_spans_pods(config)
+        app = load_app(app_path)
+    except ConfigError as exc:
+        _usage(f"deploy kubernetes: {exc}")
+    except ConveyorError as exc:
+        raise click.BadParameter(str(exc), param_hint="--app") from None
+    options = k8s.Options(
+        app_path=app_path, app_name=app.name, config_text=text,
+        image=image or f"conveyor:{version()}", replicas=replicas, max_replicas=max_replicas,
+        namespace=namespace, http_port=http_port, cpu=cpu, memory=memory,
+    )
+    try:
+        objects = k8s.render(config, options)
+    except (ConfigError, InvalidArgumentError) as exc:
+        _usage(f"deploy kubernetes: {exc}")
+    for warning in k8s.warnings(config):
+        click.echo(f"conveyor: warning: {warning}", err=True)
+    if output == "-":
+        click.echo(to_yaml(objects), nl=False)
+        return
+    _write(Path(output), objects)
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    """One YAML stream; multi-line text (the config file) as literal blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, default_flow_style=False,
+                         allow_unicode=True)
+
+
+def _write(directory: Path, objects: list[dict[str, Any]]) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for number, obj in enumerate(objects, 1):
+            path = directory / f"{number:02d}-{obj['kind'].lower()}.yaml"
+            path.write_text(to_yaml([obj]), encoding="utf-8")
+            click.echo(str(path))
+    except OSError as exc:
+        _usage(f"--output: cannot write to {directory}: {exc.strerror or exc}")

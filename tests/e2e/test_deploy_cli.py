@@ -1,0 +1,101 @@
+"""`conveyor deploy kubernetes` as a user runs it: YAML out, files out, mistakes exit 2."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.test_cli import ROOT, conveyor
+
+
+def test_it_prints_the_manifests_of_a_shipped_config_as_one_yaml_stream() -> None:
+    result = conveyor("deploy", "kubernetes", "--app", "tests.apps.recorder:app",
+                      "--config", "configs/kafka.toml", "--image", "shop:1",
+                      "--namespace", "work")
+    assert result.returncode == 0, result.stderr
+    objects = list(yaml.safe_load_all(result.stdout))
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Deployment", "ScaledObject"]
+    assert objects[0]["data"]["conveyor.toml"] == (ROOT / "configs/kafka.toml").read_text()
+    [trigger] = objects[2]["spec"]["triggers"]
+    assert trigger["metadata"]["consumerGroup"] == "rec"  # tests/apps/recorder.py's App
+    # The shipped config points at a local broker: said, not refused.
+    assert result.stderr.splitlines() == [
+        "conveyor: warning: $.kafka.bootstrap points at 127.0.0.1: inside a pod that is "
+        "the pod itself"]
+
+
+def test_output_dir_gets_one_file_per_object_in_apply_order(tmp_path: Path) -> None:
+    out = tmp_path / "manifests"
+    result = conveyor("deploy", "kubernetes", "--app", "tests.apps.recorder:app",
+                      "--config", "configs/redis.toml", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["01-configmap.yaml", "02-deployment.yaml", "03-scaledobject.yaml"]
+    assert result.stdout.split() == [str(out / n) for n in names]
+    [scaled] = yaml.safe_load_all((out / names[2]).read_text())
+    assert len(scaled["spec"]["triggers"]) == 2 * 8  # configs/redis.toml: 8 queues
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "configs/local.toml"],
+         'deploy kubernetes: $.queues.adapter: the embedded "memory" adapter lives inside '
+         "one process and cannot span pods"),
+        (["--config", "configs/redis.toml", "--max-replicas", "9"],
+         "--max-replicas 9 exceeds [queues] total = 8"),
+        (["--config", "configs/redis.toml", "--replicas", "-1"], "--replicas"),
+    ],
+)
+def test_user_mistakes_exit_2_with_one_line(args: list[str], message: str) -> None:
+    result = conveyor("deploy", "kubernetes", "--app", "tests.apps.recorder:app", *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_static_balancer_is_refused_naming_the_field(tmp_path: Path) -> None:
+    cfg = tmp_path / "static.toml"
+    cfg.write_text('[queues]\nadapter = "redis"\n[balancer]\nkind = "static"\n')
+    result = conveyor("deploy", "kubernetes", "--app", "tests.apps.recorder:app",
+                      "--config", str(cfg))
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: deploy kubernetes: $.balancer.kind: ")
+
+
+def test_an_app_that_cannot_be_imported_is_a_usage_error() -> None:
+    result = conveyor("deploy", "kubernetes", "--app", "no_such_module:app",
+                      "--config", "configs/redis.toml")
+    assert result.returncode == 2
+    assert "--app" in result.stderr and "cannot import" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_readmes_deploy_command_runs_as_printed(tmp_path: Path) -> None:
+    """With the README's own shop.py (its first snippet) beside the shipped configs."""
+    readme = (ROOT / "README.md").read_text()
+    shop = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "shop.py").write_text(shop)
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    block = next(b for b in readme.split("```console\n")[1:]
+                 if "conveyor deploy kubernetes" in b.split("```", 1)[0])
+    command = block.split("```", 1)[0].replace("\\\n", " ").splitlines()[0]
+    assert command.startswith("$ .venv/bin/conveyor deploy kubernetes")
+    argv = shlex.split(command.removeprefix("$ .venv/bin/conveyor"))
+    result = subprocess.run([sys.executable, "-m", "conveyor.cli", *argv], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.name for p in (tmp_path / "k8s").iterdir())
+    assert written == ["01-configmap.yaml", "02-deployment.yaml", "03-scaledobject.yaml"]
+    [deployment] = yaml.safe_load_all((tmp_path / "k8s" / written[1]).read_text())
+    assert deployment["metadata"] == {**deployment["metadata"], "name": "shop-worker",
+                                      "namespace": "shop"}
