@@ -191,6 +191,7 @@ def _controllers(
         ScaleDownController(ScaleDownPolicy(
             kp=kp, ki=ki, kd=kd, inspection_period_s=policy.inspection_period_s,
             dead_zone_cycles=policy.dead_zone_cycles, backoff_s=policy.backoff_s,
+            idle_keepalive_s=policy.idle_keepalive_s,
         ))
         for kp, ki, kd in gains
     ]
@@ -225,6 +226,8 @@ class _Pool:
         self.started = np.zeros((batch, m), dtype=np.int64)
         self.completed = np.zeros(batch, dtype=np.int64)
         self.busy_s = np.zeros(batch, dtype=np.float64)  # worker-seconds since last take
+        self.now_s = 0.0  # how far the pools have been advanced
+        self.idle_since = np.zeros((batch, m), dtype=np.float64)  # when each went idle
         jitter = config.service_jitter
         self.service = config.service_s * (
             1.0 + jitter * (rng.random((m, _SERVICE_TABLE_LEN)) - 0.5)
@@ -277,10 +280,15 @@ class _Pool:
         avg = n.sum(axis=1) / np.maximum(count, 1)
         idle = alive & (n == 0)
         idle_count = idle.sum(axis=1)
+        since = np.where(idle, self.idle_since, np.inf)
+        longest = since.argmin(axis=1)
         for b, ctl in enumerate(controllers):
-            if ctl.inspect(now_s, float(avg[b]), int(idle_count[b])):
+            idle_for = max(now_s - float(since[b, longest[b]]), 0.0) if idle_count[b] else 0.0
+            if ctl.inspect(now_s, float(avg[b]), int(idle_count[b]), idle_for):
                 slots = np.flatnonzero(idle[b])
-                if len(slots):
+                if idle_for >= ctl.policy.idle_keepalive_s > 0:
+                    alive[b, longest[b]] = False  # the keep-alive: the longest idle goes
+                elif len(slots):
                     alive[b, slots[-1]] = False
 
     def advance(self, dt: float) -> None:
@@ -291,6 +299,7 @@ class _Pool:
         n, remaining = self.n, self.remaining
         busy = n > 0
         self.busy_s += busy.sum(axis=1) * dt
+        self.now_s += dt
         remaining[busy] -= dt
         done = busy & (remaining <= _EPS)
         while done.any():
@@ -300,6 +309,8 @@ class _Pool:
             went_idle = done & ~more
             # idle for the rest of dt: -remaining seconds (remaining <= 0 here)
             self.busy_s += np.where(went_idle, np.minimum(remaining, 0.0), 0.0).sum(axis=1)
+            # it finished -remaining seconds before now
+            self.idle_since[went_idle] = self.now_s + remaining[went_idle]
             remaining[went_idle] = 0.0
             self._start(more)  # the next one starts when the last one finished
             done = more & (remaining <= _EPS)

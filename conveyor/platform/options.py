@@ -149,9 +149,17 @@ class ScaleDownPolicy:
     inspection_period_s: float = 0.5
     dead_zone_cycles: int = 2
     backoff_s: float = 0.5
+    idle_keepalive_s: float = 5.0
+    """A worker idle this long is removed even when the loop never saw load (0: never).
+
+    The PID loop acts on load it *sees* at inspections; a spike handled between two
+    inspections leaves its workers idle with the signal at 0, for ever. Like Celery's
+    autoscaler keep-alive and Orleans' idle collection, the pool then removes its
+    longest-idle worker once it has been idle ``idle_keepalive_s``, at most one per
+    ``backoff_s``, down to none."""
 
     def __post_init__(self) -> None:
-        for name in ("kp", "ki", "kd", "backoff_s"):
+        for name in ("kp", "ki", "kd", "backoff_s", "idle_keepalive_s"):
             value = getattr(self, name)
             if not _is_number(value, 0.0):
                 raise HandlerDeclarationError(

@@ -7,9 +7,11 @@ waiting jobs.
 
 Scale-down is opt-in (``scale_down=``) and costs nothing when off: no collector task
 runs and no extra state is kept. When on, a collector wakes every inspection period,
-hands the average waiting count to the PID :class:`ScaleDownController` from
-:mod:`conveyor.workers.scaledown` (anti-windup, dead-zone, back-off live there), and
-removes one random idle worker whenever the controller says so.
+hands the average waiting count and how long the longest-idle worker has been idle to
+the PID :class:`ScaleDownController` from :mod:`conveyor.workers.scaledown` (anti-windup,
+dead-zone, back-off and the idle keep-alive live there), and removes one random idle
+worker whenever the controller says so — the longest-idle one when it has outlived
+``idle_keepalive_s``.
 
 Ordering: the pulling agent already runs one stream's messages one at a time per
 handler, so a pool adds parallelism *across* streams only; per-stream order holds.
@@ -36,10 +38,11 @@ Job = Callable[[], Awaitable[Any]]
 
 
 class _Worker:
-    __slots__ = ("busy", "inbox", "name", "task", "wake")
+    __slots__ = ("busy", "idle_since", "inbox", "name", "task", "wake")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.idle_since = 0.0
         self.inbox: deque[tuple[Job, asyncio.Future[Any]]] = deque()
         self.busy = False
         self.wake: asyncio.Future[None] | None = None
@@ -154,16 +157,17 @@ class StatelessWorkerPool:
                         fut.set_result(result)
             worker.busy = False
             worker.wake = loop.create_future()
-            self._idle.append(worker)
+            worker.idle_since = time.monotonic()
+            self._idle.append(worker)  # the longest idle stays first: reuse pops the last
             await worker.wake
             worker.wake = None
 
     # -- scale-down -------------------------------------------------------------------
-    def remove_idle_worker(self) -> bool:
-        """Remove one random idle worker; False if none is idle."""
+    def remove_idle_worker(self, *, longest_idle: bool = False) -> bool:
+        """Remove one random idle worker (or the one idle longest); False if none is idle."""
         if not self._idle:
             return False
-        worker = self._idle.pop(self._rng.randrange(len(self._idle)))
+        worker = self._idle.pop(0 if longest_idle else self._rng.randrange(len(self._idle)))
         self.workers.remove(worker)
         if worker.task is not None:
             worker.task.cancel()  # it is parked on its wake future with an empty inbox
@@ -174,8 +178,10 @@ class StatelessWorkerPool:
         """One inspection cycle: feed the controller, maybe remove a worker."""
         assert self.controller is not None
         now_s = time.monotonic() if now_s is None else now_s
-        if self.controller.inspect(now_s, self.average_waiting(), len(self._idle)):
-            return self.remove_idle_worker()
+        idle_for_s = now_s - self._idle[0].idle_since if self._idle else 0.0
+        if self.controller.inspect(now_s, self.average_waiting(), len(self._idle), idle_for_s):
+            kept_alive_too_long = idle_for_s >= self.controller.policy.idle_keepalive_s > 0
+            return self.remove_idle_worker(longest_idle=kept_alive_too_long)
         return False
 
     async def _collect(self) -> None:

@@ -23,6 +23,11 @@ removals. The loop follows the reference pseudo-code:
    surplus workers discharges ``1/n`` of the accumulated "too many workers" evidence;
    removing the last idle one discharges all of it).
 
+4. Not in the reference: when the PID path removes nothing and the longest-idle worker
+   has been idle ``idle_keepalive_s`` (the pool says how long), that worker is removed
+   anyway, within the same back-off. Load that comes and goes between two inspections
+   never makes the signal negative, and its workers would otherwise stay for ever.
+
 Time passed to the PID is measured in *inspection periods*, not seconds: the shipped
 gains (Kp=0.433, Ki=0.468, Kd=0.480) were tuned by the reference for a loop whose
 integral adds one error per inspection and whose derivative is the difference of two
@@ -75,8 +80,14 @@ class ScaleDownController:
         """Consecutive negative inspections counted towards the dead zone."""
         return self._below_zero
 
-    def inspect(self, now_s: float, avg_waiting: float, idle_workers: int) -> bool:
-        """Run one inspection; return whether to remove one idle worker now."""
+    def inspect(self, now_s: float, avg_waiting: float, idle_workers: int,
+                idle_for_s: float = 0.0) -> bool:
+        """Run one inspection; return whether to remove one idle worker now.
+
+        ``idle_for_s`` is how long the longest-idle worker has been idle: past the
+        policy's ``idle_keepalive_s`` a worker is removed even when the loop's signal
+        never went negative (remove that longest-idle one, then).
+        """
         if avg_waiting < 0 or not math.isfinite(avg_waiting):
             raise InvalidArgumentError(f"avg_waiting must be finite and >= 0, got {avg_waiting!r}")
         if idle_workers < 0:
@@ -100,6 +111,15 @@ class ScaleDownController:
         # float error (0.7 - 0.2 computes as 0.49999999999999994).
         if last_removal is not None and now_s - last_removal < self.policy.backoff_s - 1e-6:
             return False
+        if self._signal_removes(signal, idle_workers):
+            self._pid.scale_integral((idle_workers - 1) / idle_workers)
+        elif not (idle_workers and 0 < self.policy.idle_keepalive_s <= idle_for_s + 1e-6):
+            return False
+        self._last_removal_s = now_s
+        return True
+
+    def _signal_removes(self, signal: float, idle_workers: int) -> bool:
+        """The PID path: a negative signal for ``dead_zone_cycles`` inspections."""
         if signal >= 0:
             self._below_zero = 0
             return False
@@ -107,11 +127,7 @@ class ScaleDownController:
         if self._below_zero < self.policy.dead_zone_cycles:
             return False
         self._below_zero = 0
-        if idle_workers == 0:
-            return False
-        self._pid.scale_integral((idle_workers - 1) / idle_workers)
-        self._last_removal_s = now_s
-        return True
+        return idle_workers > 0
 
     def reset(self) -> None:
         """Forget history (e.g. when the pool was emptied or reconfigured)."""

@@ -62,11 +62,31 @@ def test_dynamic_pool_shrinks_back_during_cooldown() -> None:
     peak = int(cmp.dynamic.workers.max())
     assert peak == 50
     assert cmp.dynamic.workers[-1] < 0.5 * peak
-    # removals are paced by the dead zone and back-off: at most one per second
+    # removals are paced: by the dead zone and back-off, at most one per second; once
+    # workers have been idle past the keep-alive (5 s), one per back-off (0.5 s)
     drops = -np.diff(cmp.dynamic.workers)
     removal_steps = np.flatnonzero(drops > 0)
     assert np.all(drops <= 1)
-    assert np.all(np.diff(removal_steps) * config.step_s >= 1.0 - 1e-9)
+    gaps_s = np.diff(removal_steps) * config.step_s
+    assert np.all(gaps_s >= config.policy.backoff_s - 1e-9)
+    assert np.all(gaps_s[:3] >= 1.0 - 1e-9)  # before the keep-alive: the PID path alone
+
+
+def test_a_spike_between_inspections_comes_to_rest_after_the_keepalive() -> None:
+    """The reference's spike: done before an inspection sees it, so the PID signal stays
+    0; the keep-alive still brings the pool back to nothing, and no sooner."""
+    config = SimConfig(duration_s=60.0)  # 5 messages every 10 s
+    cmp = compare(generate("spike", seed=0, duration_s=60.0), config)
+    workers, busy = cmp.dynamic.workers, cmp.dynamic.busy
+    assert cmp.static.workers[-1] == cmp.static.workers.max() > 0  # static never shrinks
+    assert cmp.dynamic.avg_workers < cmp.static.avg_workers
+    per_10s = int(10.0 / config.step_s)
+    for start in range(0, config.steps - per_10s + 1, per_10s):
+        assert workers[start:start + per_10s].min() == 0  # at rest before the next spike
+    for drop in np.flatnonzero(np.diff(workers) < 0) + 1:
+        last_busy = int(np.flatnonzero(busy[:drop] > 0)[-1])
+        # one inspection period of slack: inspections fall every 0.5 s
+        assert (drop - last_busy) * config.step_s >= config.policy.idle_keepalive_s - 0.5
 
 
 def test_batch_members_are_independent_of_each_other() -> None:
@@ -115,8 +135,9 @@ def test_the_simulation_drives_the_shared_scale_down_controller(
     original = scaledown.ScaleDownController.inspect
     calls: list[tuple[float, bool]] = []
 
-    def spy(self: scaledown.ScaleDownController, now_s: float, avg: float, idle: int) -> bool:
-        verdict = original(self, now_s, avg, idle)
+    def spy(self: scaledown.ScaleDownController, now_s: float, avg: float, idle: int,
+            idle_for_s: float = 0.0) -> bool:
+        verdict = original(self, now_s, avg, idle, idle_for_s)
         calls.append((now_s, verdict))
         return verdict
 

@@ -15,6 +15,7 @@ from conveyor.lab.tune import (
     tune,
     tune_per_pattern,
 )
+from conveyor.platform.options import ScaleDownPolicy
 
 FAST = SimConfig(duration_s=20.0)
 
@@ -132,9 +133,12 @@ def test_the_result_reports_the_plateau_not_the_first_point_drawn() -> None:
 
 
 def test_a_larger_run_beats_a_tiny_one_where_the_fitness_is_not_flat() -> None:
+    # With the idle keep-alive on, every gain set settles within it on these patterns
+    # and the fitness is flat; off, the gains alone decide and the GA has work to do.
+    config = SimConfig(duration_s=20.0, policy=ScaleDownPolicy(idle_keepalive_s=0.0))
     patterns = ("ramp", "chaotic")
-    tiny = tune(population=4, generations=1, seed=0, config=FAST, patterns=patterns)
-    larger = tune(population=12, generations=6, seed=0, config=FAST, patterns=patterns)
+    tiny = tune(population=4, generations=1, seed=0, config=config, patterns=patterns)
+    larger = tune(population=12, generations=6, seed=0, config=config, patterns=patterns)
     assert larger.best_fitness < tiny.best_fitness
     assert larger.best_gains != tiny.best_gains
 

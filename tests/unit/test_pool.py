@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from conveyor.workers.pool import StatelessWorkerPool
-from conveyor.workers.scaledown import ScaleDownPolicy
+from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 from tests.conftest import wait_until
 
 
@@ -143,3 +145,32 @@ async def test_the_idle_worker_removed_is_chosen_at_random() -> None:
     assert again.remove_idle_worker()
     assert {w.name for w in again.workers} | {removed[7]} == {f"p-{i}" for i in range(1, 6)}
     await again.close()
+
+
+async def test_workers_of_a_load_no_inspection_saw_come_to_rest_after_the_keepalive() -> None:
+    """A spike handled between two inspections: the signal never goes negative, yet the
+    idle workers go, longest-idle first, once idle ``idle_keepalive_s``."""
+    policy = ScaleDownPolicy(inspection_period_s=0.02, dead_zone_cycles=2, backoff_s=0.0,
+                             idle_keepalive_s=0.3)
+    pool = StatelessWorkerPool("p", max_workers=3, scale_down=policy)
+    def job(i: int) -> Callable[[], Awaitable[int]]:
+        return lambda: asyncio.sleep(0, i)  # done before the first inspection
+
+    assert await asyncio.gather(*(pool.run(job(i)) for i in range(3))) == [0, 1, 2]
+    assert pool.size == 3
+    assert pool.controller is not None and pool.controller.signal == 0  # it saw no load
+    t0 = time.monotonic()
+    await wait_until(lambda: pool.size == 0, 5, what="the idle workers to be removed")
+    assert time.monotonic() - t0 >= 0.3 * 0.9  # not before the keep-alive
+    await pool.close()
+
+
+def test_the_keepalive_removes_only_past_its_time_and_within_the_back_off() -> None:
+    ctl = ScaleDownController(ScaleDownPolicy(idle_keepalive_s=5.0, backoff_s=0.5))
+    assert not ctl.inspect(1.0, 0.0, 3, idle_for_s=4.9)
+    assert ctl.inspect(1.5, 0.0, 3, idle_for_s=5.0)
+    assert not ctl.inspect(1.7, 0.0, 2, idle_for_s=9.0)  # back-off since the last removal
+    assert ctl.inspect(2.0, 0.0, 2, idle_for_s=9.0)
+    assert not ctl.inspect(2.5, 0.0, 0, idle_for_s=9.0)  # nobody idle: nothing to remove
+    off = ScaleDownController(ScaleDownPolicy(idle_keepalive_s=0.0))
+    assert not any(off.inspect(t, 0.0, 3, idle_for_s=1e6) for t in (1.0, 2.0, 3.0))
