@@ -43,6 +43,7 @@ from conveyor.platform.groups import GroupInfo, no_group_error
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.importing import load_attr
 from conveyor.platform.leases import Lease
+from conveyor.platform.letters import StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 
 
@@ -125,9 +126,45 @@ class QueueAdapter(ABC):
         as they are (the caller stores a shorter form, see ``DeadLetter.shortened``).
         """
 
-    @abstractmethod
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         """The oldest ``limit`` dead letters of a group (for operators and tests)."""
+        return [stored.letter for stored in await self.list_dead_letters(group, limit)]
+
+    # -- dead letters, for operators (``conveyor dlq``, conveyor.platform.dlq) ---------
+    # A letter's id is the store's own (see StoredLetter); a malformed one raises
+    # InvalidArgumentError, an unknown one is simply not there.
+
+    @abstractmethod
+    async def list_dead_letters(self, group: str, limit: int = 100, *,
+                                after: str | None = None) -> list[StoredLetter]:
+        """Up to ``limit`` of ``group``'s letters, oldest first, from just after the
+        letter ``after`` (None: from the oldest). Removed letters are not listed."""
+
+    @abstractmethod
+    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
+        """The letter of ``group`` with that id, or None if it is not (or no longer) stored."""
+
+    @abstractmethod
+    async def count_dead_letters(self, group: str) -> int:
+        """How many letters of ``group`` are stored (what :meth:`list_dead_letters` lists)."""
+
+    @abstractmethod
+    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
+        """Remove these letters of ``group``; returns how many were stored. Unknown ids
+        are skipped."""
+
+    @abstractmethod
+    async def replay_dead_letter(self, group: str, letter_id: str, queue: int,
+                                 message: Message) -> SequenceToken | None:
+        """Append ``message`` to ``queue`` and then remove the letter, exactly once.
+
+        Returns the message's position; None when the letter is no longer stored
+        (replayed or purged meanwhile), and then nothing is published. The letter goes
+        only once the append is confirmed, and a replay interrupted at any point (the
+        process killed) and called again publishes the message once in all: each
+        backend says how in its docstring. The caller builds ``message`` and picks
+        ``queue`` (conveyor.platform.dlq: the same mapper as every publish).
+        """
 
     @abstractmethod
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:

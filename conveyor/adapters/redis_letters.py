@@ -1,0 +1,103 @@
+"""Dead letters on Redis, for operators: ``PREFIX:dlq:APP`` is one stream per app.
+
+A letter's id is its entry id in that stream. Listing is ``XRANGE``, counting ``XLEN``,
+purging ``XDEL``. Replaying runs :data:`~conveyor.adapters.redis_scripts.REPLAY_LETTER`:
+one script appends the message to its queue's stream and deletes the letter, atomically,
+so a replay killed at any point has done both or neither. The queue's key comes from the
+same :class:`~conveyor.adapters.redis_conn.Keys` as every publish (``PREFIX:q:N``), N from
+the caller's mapper.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from conveyor.adapters.redis_conn import token_of
+from conveyor.platform.errors import InvalidArgumentError
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.letters import StoredLetter
+from conveyor.platform.message import Message
+
+if TYPE_CHECKING:
+    from conveyor.adapters.redis import RedisAdapter
+
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+def check_id(letter_id: str) -> str:
+    if not _ENTRY_ID.fullmatch(letter_id):
+        raise InvalidArgumentError(
+            f"not a dead-letter id on redis: {letter_id!r} (expected a stream entry id, "
+            "e.g. 1700000000000-0)"
+        )
+    return letter_id
+
+
+def _stored(entries: list[Any]) -> list[StoredLetter]:
+    from conveyor.adapters.redis import letter_from_entry
+
+    out = []
+    for eid, fields in entries:
+        letter = letter_from_entry(fields) if fields else None
+        if letter is not None:
+            out.append(StoredLetter(eid.decode(), letter))
+    return out
+
+
+async def list_letters(adapter: RedisAdapter, group: str, limit: int,
+                       after: str | None) -> list[StoredLetter]:
+    key = adapter.keys.dead_letters(group)
+    start = "-" if after is None else f"({check_id(after)}"
+    entries = await adapter.caller.retrying(
+        "reading dead letters", lambda: adapter.redis.xrange(key, start, "+", count=limit)
+    )
+    return _stored(entries)
+
+
+async def find_letter(adapter: RedisAdapter, group: str, letter_id: str) -> StoredLetter | None:
+    key = adapter.keys.dead_letters(group)
+    check_id(letter_id)
+    entries = await adapter.caller.retrying(
+        "reading a dead letter", lambda: adapter.redis.xrange(key, letter_id, letter_id)
+    )
+    found = _stored(entries)
+    return found[0] if found else None
+
+
+async def count_letters(adapter: RedisAdapter, group: str) -> int:
+    key = adapter.keys.dead_letters(group)
+    count: int = await adapter.caller.retrying("counting dead letters",
+                                               lambda: adapter.redis.xlen(key))
+    return count
+
+
+async def delete_letters(adapter: RedisAdapter, group: str, ids: Sequence[str]) -> int:
+    key = adapter.keys.dead_letters(group)
+    checked = [check_id(i) for i in ids]
+    deleted = 0
+    for i in range(0, len(checked), 1000):
+        chunk = checked[i : i + 1000]
+
+        async def xdel(chunk: list[str] = chunk) -> int:
+            return int(await adapter.redis.xdel(key, *chunk))
+
+        deleted += await adapter.caller.retrying("deleting dead letters", xdel)
+    return deleted
+
+
+async def replay_letter(adapter: RedisAdapter, group: str, letter_id: str, queue: int,
+                        message: Message) -> SequenceToken | None:
+    """Atomic (see the module docstring). Retried on connection loss: if the reply of a
+    script that ran was lost, the retry finds the letter gone and returns None."""
+    from conveyor.adapters.redis import encode_fields
+
+    check_id(letter_id)
+    keys = [adapter.keys.dead_letters(group), adapter.keys.queue(queue)]
+    args = [letter_id, *(x for pair in encode_fields(message).items() for x in pair)]
+    new_id = await adapter.caller.retrying(
+        f"replaying dead letter {letter_id}",
+        lambda: adapter.replay_script(keys=keys, args=args),
+    )
+    return None if new_id is None else token_of(new_id, queue)
