@@ -186,7 +186,8 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
 
     members = Table("daemon", "host", "pid", "slots in use", "slots available", "handled",
                     "dead-lettered", "skipped", "pools / cells (workers)",
-                    title=f"app {report.group}: {len(report.members)} daemon(s)")
+                    title=f"app {report.group}: {len(report.members)} daemon(s), "
+                          f"{_num(report.dead_letters)} dead letter(s) stored")
     warnings: list[str] = []
     for m in report.members:
         st = m.stats
@@ -684,10 +685,12 @@ def bench_scale_down(
 
 
 def _register_lab() -> None:
+    from conveyor.cli_dlq import dlq
     from conveyor.lab.cli import sim, tune
 
     main.add_command(sim)
     main.add_command(tune)
+    main.add_command(dlq)
 
 
 _register_lab()

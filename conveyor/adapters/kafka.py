@@ -362,7 +362,8 @@ class KafkaAdapter(QueueAdapter):
         self._receivers: weakref.WeakSet[KafkaReceiver] = weakref.WeakSet()
         self.outage = outage_log(config.bootstrap)
         self.handoffs = HandoffLog(self)
-        self.letters = KafkaLetters(self)
+        self.letters = KafkaLetters(self, lambda record, app: letter_from_record(
+            record, app, config.topic, config.default_namespace))
         self._preparing: asyncio.Task[None] | None = None
         self._first_answer_awaited = False
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,10 +40,13 @@ from conveyor.platform.dlq import checkpoint
 from conveyor.platform.errors import BrokerConnectionError, InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import StoredLetter
-from conveyor.platform.message import H_REPLAY_OF, Message
+from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message
 
 if TYPE_CHECKING:
     from conveyor.adapters.kafka import KafkaAdapter
+
+ReadLetter = Callable[[Any, str], DeadLetter | None]
+"""(record, app) -> the app's letter in that record, or None (the adapter's decoder)."""
 
 _LETTER_ID = re.compile(r"([0-9]{1,9}):([0-9]{1,19})")
 _BATCH = 500
@@ -95,8 +98,9 @@ def parse_id(letter_id: str) -> tuple[int, int]:
 class KafkaLetters:
     """The operator's side of one adapter's dead letters (one reading consumer)."""
 
-    def __init__(self, adapter: KafkaAdapter) -> None:
+    def __init__(self, adapter: KafkaAdapter, read_letter: ReadLetter) -> None:
         self.adapter = adapter
+        self._read_letter = read_letter
         self.ops_topic = f"{adapter.topic}.conveyor-dlq-ops"
         self._ops: dict[str, _Ops] = {}
         self._consumer: AIOKafkaConsumer | None = None
@@ -175,10 +179,7 @@ class KafkaLetters:
                                          partition=0)
 
     def _letter(self, record: Any, group: str) -> StoredLetter | None:
-        from conveyor.adapters.kafka import letter_from_record
-
-        adapter = self.adapter
-        letter = letter_from_record(record, group, adapter.topic, adapter.config.default_namespace)
+        letter = self._read_letter(record, group)
         return None if letter is None else StoredLetter(f"{record.partition}:{record.offset}",
                                                         letter)
 

@@ -193,6 +193,16 @@ def letter_from_entry(fl: list[bytes]) -> DeadLetter | None:
     return None
 
 
+def stored_letters(entries: list[Any]) -> list[StoredLetter]:
+    """The letters of a dead-letter stream's entries, under their entry ids."""
+    out = []
+    for eid, fields in entries:
+        letter = letter_from_entry(fields) if fields else None
+        if letter is not None:
+            out.append(StoredLetter(eid.decode(), letter))
+    return out
+
+
 def _raw_reply(response: Any, **_options: Any) -> Any:
     """A stream reply as hiredis parsed it: redis-py would build a dict per entry, which
     costs time on reads and loses repeated fields (dead letters keep them all)."""
@@ -534,10 +544,11 @@ class RedisAdapter(QueueAdapter):
     # -- dead letters, for operators (see conveyor.adapters.redis_letters) --------------
     async def list_dead_letters(self, group: str, limit: int = 100, *,
                                 after: str | None = None) -> list[StoredLetter]:
-        return await redis_letters.list_letters(self, group, limit, after)
+        return stored_letters(await redis_letters.list_letters(self, group, limit, after))
 
     async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
-        return await redis_letters.find_letter(self, group, letter_id)
+        found = stored_letters(await redis_letters.find_letter(self, group, letter_id))
+        return found[0] if found else None
 
     async def count_dead_letters(self, group: str) -> int:
         return await redis_letters.count_letters(self, group)
@@ -548,7 +559,8 @@ class RedisAdapter(QueueAdapter):
     async def replay_dead_letter(self, group: str, letter_id: str, queue: int,
                                  message: Message) -> SequenceToken | None:
         """One Lua script: XADD to the queue and XDEL of the letter, atomically."""
-        return await redis_letters.replay_letter(self, group, letter_id, queue, message)
+        return await redis_letters.replay_letter(self, group, letter_id, queue,
+                                                 encode_fields(message))
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         """Entries the group was never given between its last delivered id and ``to``.

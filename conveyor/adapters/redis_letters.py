@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 from conveyor.adapters.redis_conn import token_of
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.letters import StoredLetter
-from conveyor.platform.message import Message
 
 if TYPE_CHECKING:
     from conveyor.adapters.redis import RedisAdapter
+
+Entries = list[Any]
+"""``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``; the
+adapter reads the letters out of it (``conveyor.adapters.redis.stored_letters``)."""
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
@@ -35,35 +37,23 @@ def check_id(letter_id: str) -> str:
     return letter_id
 
 
-def _stored(entries: list[Any]) -> list[StoredLetter]:
-    from conveyor.adapters.redis import letter_from_entry
-
-    out = []
-    for eid, fields in entries:
-        letter = letter_from_entry(fields) if fields else None
-        if letter is not None:
-            out.append(StoredLetter(eid.decode(), letter))
-    return out
-
-
 async def list_letters(adapter: RedisAdapter, group: str, limit: int,
-                       after: str | None) -> list[StoredLetter]:
+                       after: str | None) -> Entries:
     key = adapter.keys.dead_letters(group)
     start = "-" if after is None else f"({check_id(after)}"
-    entries = await adapter.caller.retrying(
+    entries: Entries = await adapter.caller.retrying(
         "reading dead letters", lambda: adapter.redis.xrange(key, start, "+", count=limit)
     )
-    return _stored(entries)
+    return entries
 
 
-async def find_letter(adapter: RedisAdapter, group: str, letter_id: str) -> StoredLetter | None:
+async def find_letter(adapter: RedisAdapter, group: str, letter_id: str) -> Entries:
     key = adapter.keys.dead_letters(group)
     check_id(letter_id)
-    entries = await adapter.caller.retrying(
+    entries: Entries = await adapter.caller.retrying(
         "reading a dead letter", lambda: adapter.redis.xrange(key, letter_id, letter_id)
     )
-    found = _stored(entries)
-    return found[0] if found else None
+    return entries
 
 
 async def count_letters(adapter: RedisAdapter, group: str) -> int:
@@ -88,14 +78,13 @@ async def delete_letters(adapter: RedisAdapter, group: str, ids: Sequence[str]) 
 
 
 async def replay_letter(adapter: RedisAdapter, group: str, letter_id: str, queue: int,
-                        message: Message) -> SequenceToken | None:
-    """Atomic (see the module docstring). Retried on connection loss: if the reply of a
-    script that ran was lost, the retry finds the letter gone and returns None."""
-    from conveyor.adapters.redis import encode_fields
-
+                        fields: dict[bytes | str, bytes | str]) -> SequenceToken | None:
+    """Atomic (see the module docstring); ``fields`` are the message's, as every publish
+    writes them. Retried on connection loss: if the reply of a script that ran was lost,
+    the retry finds the letter gone and returns None."""
     check_id(letter_id)
     keys = [adapter.keys.dead_letters(group), adapter.keys.queue(queue)]
-    args = [letter_id, *(x for pair in encode_fields(message).items() for x in pair)]
+    args = [letter_id, *(x for pair in fields.items() for x in pair)]
     new_id = await adapter.caller.retrying(
         f"replaying dead letter {letter_id}",
         lambda: adapter.replay_script(keys=keys, args=args),
