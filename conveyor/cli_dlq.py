@@ -208,8 +208,10 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
 @click.option("--all", "every", is_flag=True, help="Every letter of the app (after filters).")
 @click.option("--id", "ids", multiple=True, metavar="ID", help="This letter (repeatable).")
 @_filters
+@click.option("--batch", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Letters replayed per round of broker calls.")
 def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...],
-           handler: str | None, error_type: str | None) -> None:
+           handler: str | None, error_type: str | None, batch: int) -> None:
     """Publish letters' messages to their streams again, then remove the letters.
 
     Each message goes back as it was published (body, stream, content type, headers,
@@ -229,7 +231,7 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
         chosen = await _chosen(adapter, group, ids, every, handler, error_type)
         return await replay_letters(
             adapter, mapper, group, chosen,
-            on_replayed=lambda i, token: click.echo(f"replayed {i} -> {token}"),
+            on_replayed=lambda i, token: click.echo(f"replayed {i} -> {token}"), batch=batch,
         )
 
     report = _run(config, work)

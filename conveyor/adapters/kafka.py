@@ -61,7 +61,7 @@ from conveyor.platform.errors import (
 )
 from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
-from conveyor.platform.letters import StoredLetter
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import (
     CONTENT_BYTES,
     CONTENT_JSON,
@@ -583,7 +583,7 @@ class KafkaAdapter(QueueAdapter):
     # -- dead letters, for operators (see conveyor.adapters.kafka_letters) --------------
     async def list_dead_letters(self, group: str, limit: int = 100, *,
                                 after: str | None = None) -> list[StoredLetter]:
-        return await self.letters.list(group, limit, after)
+        return await self.letters.list_letters(group, limit, after)
 
     async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
         return await self.letters.find(group, letter_id)
@@ -595,11 +595,11 @@ class KafkaAdapter(QueueAdapter):
         """Recorded as purged in ``<topic>.conveyor-dlq-ops``: Kafka keeps the records."""
         return await self.letters.delete(group, ids)
 
-    async def replay_dead_letter(self, group: str, letter_id: str, queue: int,
-                                 message: Message) -> SequenceToken | None:
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
         """Recorded in ``<topic>.conveyor-dlq-ops`` before and after the publish, so a
         re-run finds a publish that was not recorded (conveyor.adapters.kafka_letters)."""
-        return await self.letters.replay(group, letter_id, queue, message)
+        return await self.letters.replay(group, replays)
 
     # -- consumer groups, for operators (see conveyor.adapters.kafka_groups) -----------
     retention_follows_groups = False  # Kafka keeps records by time or size

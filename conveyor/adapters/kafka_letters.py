@@ -12,13 +12,14 @@ cannot delete one record, so what is done to letters is written down beside them
 A letter named by a ``replayed`` or ``purged`` record is removed: it is listed, counted
 and replayed no more (``kcat`` still shows it in the dead-letter topic).
 
-Replay, without transactions (tansu has none): (1) ``replaying`` names the queue and its
-end offset *before* the publish; (2) the message is published with ``cv-replay-of`` =
-the letter's id and the publish confirmed; (3) ``replayed``. A replay killed between
-(1) and (3) leaves a ``replaying`` record alone; running it again first looks for the
-message in that queue from ``from_offset`` on (by its ``cv-replay-of``): found, it only
-writes (3); not found, it publishes. So each letter is published once, killed at any
-point. The window that remains: a publish request the broker had received but not yet
+Replay, without transactions (tansu has none), a batch at a time: (1) ``replaying``
+names the batch's letters, their queue and its end offset *before* the publish (one
+record per queue); (2) the messages are published with ``cv-replay-of`` = their letter's
+id and the publish confirmed; (3) ``replayed`` names them all. A replay killed between
+(1) and (3) leaves ``replaying`` records alone; running it again first looks for those
+letters' messages in their queues from ``from_offset`` on (by ``cv-replay-of``): found,
+it only writes (3) for them; not found, it publishes. So each letter is published once,
+killed at any point. The window that remains: a publish request the broker had received but not yet
 appended when the re-run scanned the queue (the re-run would come milliseconds after
 the kill for that), and an ops topic someone deleted by hand.
 """
@@ -39,8 +40,8 @@ from conveyor.adapters.kafka_conn import kafka_errors, start_client
 from conveyor.platform.dlq import checkpoint
 from conveyor.platform.errors import BrokerConnectionError, InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.letters import StoredLetter
-from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message
+from conveyor.platform.letters import Replay, StoredLetter
+from conveyor.platform.message import H_REPLAY_OF, DeadLetter
 
 if TYPE_CHECKING:
     from conveyor.adapters.kafka import KafkaAdapter
@@ -105,6 +106,7 @@ class KafkaLetters:
         self._ops: dict[str, _Ops] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._ops_ready = False
+        self._existing: set[str] = set()
 
     async def close(self) -> None:
         if self._consumer is not None:
@@ -121,8 +123,15 @@ class KafkaLetters:
         return self._consumer
 
     async def _exists(self, topic: str) -> bool:
+        """Whether ``topic`` exists (once it does, it is not asked again: Conveyor never
+        deletes these topics)."""
+        if topic in self._existing:
+            return True
         with kafka_errors("reading the topics"):
-            return topic in await (await self._reader()).topics()
+            if topic in await (await self._reader()).topics():
+                self._existing.add(topic)
+                return True
+        return False
 
     async def _high(self, tp: TopicPartition) -> int:
         consumer = await self._reader()
@@ -139,19 +148,18 @@ class KafkaLetters:
             consumer.seek(tp, start)
             position, stalled_at = start, loop.time()
             while position < end:
-                batch = (await consumer.getmany(tp, timeout_ms=500, max_records=_BATCH)
-                         ).get(tp, [])
-                batch = [r for r in batch if r.offset < end]
-                if batch:
-                    position, stalled_at = batch[-1].offset + 1, loop.time()
-                    yield batch
+                records = (await consumer.getmany(tp, timeout_ms=500, max_records=_BATCH)
+                           ).get(tp, [])
+                if records:
+                    position, stalled_at = records[-1].offset + 1, loop.time()
+                    yield [r for r in records if r.offset < end]
+                elif await consumer.position(tp) >= end:  # the rest were not records
+                    return
                 elif loop.time() - stalled_at > _STALL_S:
                     raise BrokerConnectionError(
                         f"kafka: no records of {tp.topic} from offset {position} in "
                         f"{_STALL_S:.0f}s (end {end})"
                     )
-                elif await consumer.position(tp) >= end:  # the rest were not records
-                    return
 
     async def ops(self, group: str) -> _Ops:
         """``group``'s ops, brought up to date with the ops topic."""
@@ -184,7 +192,7 @@ class KafkaLetters:
                                                         letter)
 
     # -- the port --------------------------------------------------------------------------
-    async def list(self, group: str, limit: int, after: str | None) -> list[StoredLetter]:
+    async def list_letters(self, group: str, limit: int, after: str | None) -> list[StoredLetter]:
         start = 0
         if after is not None:
             _, offset = parse_id(after)
@@ -219,43 +227,77 @@ class KafkaLetters:
         return None
 
     async def count(self, group: str) -> int:
-        return len(await self.list(group, sys.maxsize, None))
+        return len(await self.list_letters(group, sys.maxsize, None))
 
     async def delete(self, group: str, ids: Sequence[str]) -> int:
         for letter_id in ids:
             parse_id(letter_id)
-        stored = {s.id for s in await self.list(group, sys.maxsize, None)}
+        stored = {s.id for s in await self.list_letters(group, sys.maxsize, None)}
         gone = sorted(stored.intersection(ids), key=parse_id)
         if gone:
             await self._write(group, LetterOp("purged", gone))
         return len(gone)
 
-    async def replay(self, group: str, letter_id: str, queue: int,
-                     message: Message) -> SequenceToken | None:
-        """See the module docstring: replaying, publish, replayed."""
-        if await self.find(group, letter_id) is None:
-            return None
-        started = (await self.ops(group)).replaying.get(letter_id)
-        if started is not None:
-            token = await self._published(letter_id, *started)
-            if token is not None:  # an earlier run published it and was stopped
-                await self._write(group, LetterOp("replayed", [letter_id]))
-                return token
-        else:
+    async def replay(self, group: str, replays: Sequence[Replay]
+                     ) -> list[SequenceToken | None]:
+        """See the module docstring: replaying, publish, replayed — per batch."""
+        for replay in replays:
+            parse_id(replay.letter_id)
+        state = await self.ops(group)
+        stored = await self._stored_ids(group, [r.letter_id for r in replays], state.removed)
+        tokens: dict[str, SequenceToken] = {}
+        started = {r.letter_id: state.replaying[r.letter_id] for r in replays
+                   if r.letter_id in stored and r.letter_id in state.replaying}
+        if started:  # an earlier run was stopped: what it published is not published again
+            tokens.update(await self._published(started))
+        todo = [r for r in replays if r.letter_id in stored and r.letter_id not in tokens]
+        by_queue: dict[int, list[Replay]] = {}
+        for replay in todo:
+            by_queue.setdefault(replay.queue, []).append(replay)
+        for queue, batch in by_queue.items():
             end = await self._high(TopicPartition(self.adapter.topic, queue))
-            await self._write(group, LetterOp("replaying", [letter_id], queue, end))
-        token = (await self.adapter.enqueue(queue, [message]))[0]
+            await self._write(group, LetterOp("replaying", [r.letter_id for r in batch],
+                                              queue, end))
+        published = await asyncio.gather(*(
+            self.adapter.enqueue(queue, [r.message for r in batch])
+            for queue, batch in by_queue.items()
+        ))
+        for batch, queue_tokens in zip(by_queue.values(), published, strict=True):
+            tokens.update((r.letter_id, t) for r, t in zip(batch, queue_tokens, strict=True))
         checkpoint("published")
-        await self._write(group, LetterOp("replayed", [letter_id]))
-        return token
+        if tokens:
+            await self._write(group, LetterOp("replayed", sorted(tokens, key=parse_id)))
+        return [tokens.get(r.letter_id) for r in replays]
 
-    async def _published(self, letter_id: str, queue: int, from_offset: int
-                         ) -> SequenceToken | None:
-        """Where a message replayed from ``letter_id`` sits in ``queue``, if it does."""
-        tp = TopicPartition(self.adapter.topic, queue)
-        wanted = (H_REPLAY_OF, letter_id.encode())
-        async for batch in self._records(tp, from_offset, await self._high(tp)):
+    async def _stored_ids(self, group: str, ids: list[str], removed: set[str]) -> set[str]:
+        """Which of ``ids`` are letters of ``group`` still stored (one read of their range)."""
+        wanted = {i for i in ids if i not in removed and parse_id(i)[0] == 0}
+        if not wanted or not await self._exists(self.adapter.dlq_topic):
+            return set()
+        tp = TopicPartition(self.adapter.dlq_topic, 0)
+        offsets = [parse_id(i)[1] for i in wanted]
+        end = min(max(offsets) + 1, await self._high(tp))
+        found: set[str] = set()
+        async for batch in self._records(tp, min(offsets), end):
             for record in batch:
-                if wanted in record.headers:
-                    return SequenceToken(queue, record.offset)
-        return None
+                letter_id = f"0:{record.offset}"
+                if letter_id in wanted and self._letter(record, group) is not None:
+                    found.add(letter_id)
+        return found
+
+    async def _published(self, started: dict[str, tuple[int, int]]) -> dict[str, SequenceToken]:
+        """Where messages replayed from these letters (id: (queue, from_offset)) already
+        sit in their queues, for those that do (found by their ``cv-replay-of``)."""
+        found: dict[str, SequenceToken] = {}
+        queues: dict[int, int] = {}
+        for queue, from_offset in started.values():
+            queues[queue] = min(from_offset, queues.get(queue, from_offset))
+        for queue, from_offset in queues.items():
+            tp = TopicPartition(self.adapter.topic, queue)
+            async for batch in self._records(tp, from_offset, await self._high(tp)):
+                for record in batch:
+                    for name, value in record.headers:
+                        letter_id = value.decode() if name == H_REPLAY_OF and value else ""
+                        if started.get(letter_id, (-1, 0))[0] == queue:
+                            found.setdefault(letter_id, SequenceToken(queue, record.offset))
+        return found

@@ -25,7 +25,7 @@ from conveyor.platform.errors import BrokerError, InvalidArgumentError, Shutdown
 from conveyor.platform.groups import GroupInfo, with_retention_holders
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.leases import Lease
-from conveyor.platform.letters import StoredLetter
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 
 TRIM_EVERY = 4096
@@ -285,14 +285,22 @@ class MemoryAdapter(QueueAdapter):
         self.broker.dead_letters[group] = [s for s in kept if s.id not in gone]
         return len(kept) - len(self.broker.dead_letters[group])
 
-    async def replay_dead_letter(self, group: str, letter_id: str, queue: int,
-                                 message: Message) -> SequenceToken | None:
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
         """Append and remove with no await in between: nothing can interrupt it."""
-        if await self.find_dead_letter(group, letter_id) is None:
-            return None
-        token = self.broker.append(queue, [message])[0]
-        await self.delete_dead_letters(group, [letter_id])
-        return token
+        for replay in replays:
+            _letter_number(replay.letter_id)
+        kept = self.broker.dead_letters.get(group, [])
+        stored = {s.id for s in kept}
+        out: list[SequenceToken | None] = []
+        for replay in replays:
+            if replay.letter_id in stored:
+                stored.discard(replay.letter_id)
+                out.append(self.broker.append(replay.queue, [replay.message])[0])
+            else:
+                out.append(None)
+        self.broker.dead_letters[group] = [s for s in kept if s.id in stored]
+        return out
 
     def _offset(self, queue: int, to: SequenceToken | float) -> int:
         log = self.broker.log(queue)

@@ -54,7 +54,7 @@ from conveyor.platform.errors import (
 from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.leases import Lease
-from conveyor.platform.letters import StoredLetter
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import (
     CONTENT_BYTES,
     CONTENT_JSON,
@@ -556,11 +556,13 @@ class RedisAdapter(QueueAdapter):
     async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
         return await redis_letters.delete_letters(self, group, ids)
 
-    async def replay_dead_letter(self, group: str, letter_id: str, queue: int,
-                                 message: Message) -> SequenceToken | None:
-        """One Lua script: XADD to the queue and XDEL of the letter, atomically."""
-        return await redis_letters.replay_letter(self, group, letter_id, queue,
-                                                 encode_fields(message))
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
+        """One Lua script per letter (XADD to the queue, XDEL of the letter: atomic), the
+        scripts of a batch in one pipeline."""
+        return await redis_letters.replay_letters(
+            self, group, [(r.letter_id, r.queue, encode_fields(r.message)) for r in replays]
+        )
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         """Entries the group was never given between its last delivered id and ``to``.

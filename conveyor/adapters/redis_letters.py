@@ -77,16 +77,31 @@ async def delete_letters(adapter: RedisAdapter, group: str, ids: Sequence[str]) 
     return deleted
 
 
-async def replay_letter(adapter: RedisAdapter, group: str, letter_id: str, queue: int,
-                        fields: dict[bytes | str, bytes | str]) -> SequenceToken | None:
-    """Atomic (see the module docstring); ``fields`` are the message's, as every publish
-    writes them. Retried on connection loss: if the reply of a script that ran was lost,
-    the retry finds the letter gone and returns None."""
-    check_id(letter_id)
-    keys = [adapter.keys.dead_letters(group), adapter.keys.queue(queue)]
-    args = [letter_id, *(x for pair in fields.items() for x in pair)]
-    new_id = await adapter.caller.retrying(
-        f"replaying dead letter {letter_id}",
-        lambda: adapter.replay_script(keys=keys, args=args),
-    )
-    return None if new_id is None else token_of(new_id, queue)
+Fields = dict[bytes | str, bytes | str]
+
+
+async def replay_letters(adapter: RedisAdapter, group: str,
+                         replays: Sequence[tuple[str, int, Fields]]) -> list[SequenceToken | None]:
+    """Each (letter id, queue, the message's fields as every publish writes them) by one
+    script, atomically (see the module docstring); a batch's scripts go in one pipeline.
+
+    Retried on connection loss: a script that ran before the reply was lost finds its
+    letter gone on the retry and reports None — the message was published once.
+    """
+    dlq_key = adapter.keys.dead_letters(group)
+    calls = [
+        ([dlq_key, adapter.keys.queue(queue)],
+         [check_id(letter_id), *(x for pair in fields.items() for x in pair)])
+        for letter_id, queue, fields in replays
+    ]
+
+    async def send() -> list[Any]:
+        pipe = adapter.redis.pipeline(transaction=False)
+        for keys, args in calls:
+            await adapter.replay_script(keys=keys, args=args, client=pipe)
+        results: list[Any] = await pipe.execute()
+        return results
+
+    new_ids = await adapter.caller.retrying(f"replaying {len(calls)} dead letter(s)", send)
+    return [None if new_id is None else token_of(new_id, queue)
+            for new_id, (_, queue, _) in zip(new_ids, replays, strict=True)]

@@ -43,7 +43,7 @@ from conveyor.platform.groups import GroupInfo, no_group_error
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.importing import load_attr
 from conveyor.platform.leases import Lease
-from conveyor.platform.letters import StoredLetter
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 
 
@@ -154,16 +154,16 @@ class QueueAdapter(ABC):
         are skipped."""
 
     @abstractmethod
-    async def replay_dead_letter(self, group: str, letter_id: str, queue: int,
-                                 message: Message) -> SequenceToken | None:
-        """Append ``message`` to ``queue`` and then remove the letter, exactly once.
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
+        """For each replay, append its message to its queue, then remove its letter.
 
-        Returns the message's position; None when the letter is no longer stored
-        (replayed or purged meanwhile), and then nothing is published. The letter goes
-        only once the append is confirmed, and a replay interrupted at any point (the
-        process killed) and called again publishes the message once in all: each
-        backend says how in its docstring. The caller builds ``message`` and picks
-        ``queue`` (conveyor.platform.dlq: the same mapper as every publish).
+        Returns, in order, where each message went; None for a letter no longer stored
+        (replayed or purged meanwhile), for which nothing is published. A letter goes
+        only once its append is confirmed, and replays interrupted at any point (the
+        process killed) and called again publish each message once in all: each backend
+        says how in its docstring. The caller builds the messages and picks the queues
+        (conveyor.platform.dlq: the same mapper as every publish).
         """
 
     @abstractmethod

@@ -7,7 +7,7 @@ Replaying a letter re-publishes its message as it was published — body, stream
 type, user headers, trace context (``traceparent`` / ``tracestate`` travel as headers),
 ``cv-id`` — with a fresh ``cv-ts``, no ``cv-attempt``, and the header ``cv-replay-of`` set
 to the letter's id. It goes to the queue the same :class:`HashRingQueueMapper` picks for
-every publish, through the adapter's :meth:`~QueueAdapter.replay_dead_letter`, which
+every publish, through the adapter's :meth:`~QueueAdapter.replay_dead_letters`, which
 removes the letter only once the message is stored and publishes it once even when a
 replay is killed midway and run again (each backend's docstring says how).
 """
@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.letters import StoredLetter
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import H_REPLAY_OF, Message, Undecodable, now_ms
 
 PAGE = 500
 """Letters read per call while paging through a store."""
+BATCH = 100
+"""Letters replayed per adapter call (``conveyor dlq replay --batch``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,24 +98,34 @@ class ReplayReport:
 async def replay(adapter: QueueAdapter, mapper: HashRingQueueMapper, group: str,
                  chosen: Iterable[StoredLetter],
                  on_replayed: Callable[[str, SequenceToken], None] | None = None,
-                 ) -> ReplayReport:
-    """Replay each letter of ``chosen``, one at a time, in order."""
+                 batch: int = BATCH) -> ReplayReport:
+    """Replay the letters of ``chosen``, in order, ``batch`` letters per adapter call."""
     report = ReplayReport()
+    pending: list[Replay] = []
+
+    async def flush() -> None:
+        tokens = await adapter.replay_dead_letters(group, pending)
+        for replay_, token in zip(pending, tokens, strict=True):
+            if token is None:
+                report.gone.append(replay_.letter_id)
+                continue
+            report.replayed.append((replay_.letter_id, token))
+            if on_replayed is not None:
+                on_replayed(replay_.letter_id, token)
+        pending.clear()
+        checkpoint("replayed")
+
     for stored in chosen:
         why = not_replayable(stored)
         if why is not None:
             report.skipped.append((stored.id, why))
             continue
         message = replay_message(stored)
-        queue = mapper.queue_for(message.stream)
-        token = await adapter.replay_dead_letter(group, stored.id, queue, message)
-        if token is None:
-            report.gone.append(stored.id)
-            continue
-        report.replayed.append((stored.id, token))
-        if on_replayed is not None:
-            on_replayed(stored.id, token)
-        checkpoint("replayed")
+        pending.append(Replay(stored.id, mapper.queue_for(message.stream), message))
+        if len(pending) >= batch:
+            await flush()
+    if pending:
+        await flush()
     return report
 
 
@@ -125,9 +137,9 @@ def checkpoint(stage: str) -> None:
     """A point where the fault tests stop a replay the hard way.
 
     With ``CONVEYOR_TEST_DLQ_KILL_AT=STAGE:N`` in the environment, the process sends
-    itself SIGKILL the N-th time it passes ``STAGE`` (``replayed``: after a letter's
-    replay completed; ``published``: Kafka, after the message is stored and before the
-    letter is recorded as replayed). Unset (always, outside tests), it does nothing.
+    itself SIGKILL the N-th time it passes ``STAGE`` (``replayed``: after a batch's
+    replay completed; ``published``: Kafka, after a batch's messages are stored and
+    before its letters are recorded as replayed). Unset (always, outside tests), it does nothing.
     """
     wanted = os.environ.get(KILL_ENV)
     if not wanted:

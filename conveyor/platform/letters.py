@@ -113,6 +113,15 @@ def app_of(values: list[bytes]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Replay:
+    """One letter to replay: its id, and the message to append to ``queue`` for it."""
+
+    letter_id: str
+    queue: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
 class StoredLetter:
     """A dead letter as the store holds it, under the id operators use.
 

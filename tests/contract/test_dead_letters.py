@@ -11,6 +11,7 @@ from conveyor.platform import dlq
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.letters import Replay
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
     CONTENT_MSGPACK,
@@ -163,3 +164,17 @@ async def test_letters_that_cannot_be_replayed_are_skipped_and_kept(adapter: Que
     report = await dlq.replay(adapter, HashRingQueueMapper(QUEUES), "app", [stored])
     assert report.replayed == [] and [i for i, _ in report.skipped] == [stored.id]
     assert await adapter.count_dead_letters("app") == 1
+
+
+async def test_a_batch_replay_skips_letters_already_gone_and_replays_the_rest_in_order(
+    adapter: QueueAdapter, open_receiver: Open,
+) -> None:
+    await adapter.dead_letter("app", [letter(1), letter(2), letter(3)])
+    one, two, three = await adapter.list_dead_letters("app")
+    await adapter.delete_dead_letters("app", [two.id])
+    replays = [Replay(s.id, 0, dlq.replay_message(s)) for s in (one, two, three)]
+    first, gone, last = await adapter.replay_dead_letters("app", replays)
+    assert gone is None and first is not None and last is not None and first < last
+    got = await take_rest(await open_receiver(0, "app"), 2)
+    assert [m.headers[H_REPLAY_OF] for m in got] == [one.id, three.id]
+    assert await adapter.count_dead_letters("app") == 0
