@@ -19,9 +19,13 @@ from typing import Any, TypeVar
 import click
 
 from conveyor.cli_common import fail, load_config_or_exit, usage
+from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
+from conveyor.platform.dlq import LetterFilter, ReplayReport, letters
+from conveyor.platform.dlq import replay as replay_letters
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.letters import StoredLetter
+from conveyor.platform.mapper import HashRingQueueMapper
 
 T = TypeVar("T")
 
@@ -59,9 +63,8 @@ def _load(config_path: Path | None) -> Config:
     return config
 
 
-def _run(config: Config, work: Callable[[Any], Awaitable[T]]) -> T:
+def _run(config: Config, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
     """Run ``work(adapter)`` on a fresh adapter; bad input exits 2, a failure 1."""
-    from conveyor.platform.adapter import create_adapter
 
     async def run() -> T:
         adapter = create_adapter(config.queues.adapter, config)
@@ -121,11 +124,9 @@ def _table(found: list[StoredLetter], group: str, total: int) -> Any:
     return table
 
 
-async def _chosen(adapter: Any, group: str, ids: tuple[str, ...], every: bool,
+async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
                   handler: str | None, error_type: str | None) -> list[StoredLetter]:
     """The letters ``--all`` / ``--id`` name, filtered; an id not stored exits 2."""
-    from conveyor.platform.dlq import LetterFilter, letters
-
     keep = LetterFilter(handler, error_type)
     if every:
         return [s async for s in letters(adapter, group, keep)]
@@ -160,11 +161,9 @@ def dlq() -> None:
 def list_letters(config_path: Path | None, group: str, handler: str | None,
                  error_type: str | None, limit: int, as_json: bool) -> None:
     """One row per letter: id, stream, handler, error type and text, attempts, time."""
-    from conveyor.platform.dlq import LetterFilter, letters
-
     config = _load(config_path)
 
-    async def work(adapter: Any) -> tuple[list[StoredLetter], int]:
+    async def work(adapter: QueueAdapter) -> tuple[list[StoredLetter], int]:
         found = [s async for s in letters(adapter, group, LetterFilter(handler, error_type),
                                           limit)]
         return found, await adapter.count_dead_letters(group)
@@ -186,9 +185,8 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     """One letter in full: the reason, the message's metadata, headers and body."""
     config = _load(config_path)
 
-    async def work(adapter: Any) -> StoredLetter | None:
-        found: StoredLetter | None = await adapter.find_dead_letter(group, letter_id)
-        return found
+    async def work(adapter: QueueAdapter) -> StoredLetter | None:
+        return await adapter.find_dead_letter(group, letter_id)
 
     stored = _run(config, work)
     if stored is None:
@@ -220,14 +218,11 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
     lost or published twice. A message that fails again becomes a new letter whose
     replay-of names this one. Undecodable and bare letters are skipped (and kept).
     """
-    from conveyor.platform.dlq import replay as replay_letters
-    from conveyor.platform.mapper import HashRingQueueMapper
-
     _one_of(every, ids)
     config = _load(config_path)
     mapper = HashRingQueueMapper(config.queues.total)
 
-    async def work(adapter: Any) -> Any:
+    async def work(adapter: QueueAdapter) -> ReplayReport:
         chosen = await _chosen(adapter, group, ids, every, handler, error_type)
         return await replay_letters(
             adapter, mapper, group, chosen,
@@ -258,9 +253,8 @@ def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...
         raise click.UsageError("purge deletes dead letters for good: add --yes to confirm")
     config = _load(config_path)
 
-    async def work(adapter: Any) -> int:
+    async def work(adapter: QueueAdapter) -> int:
         chosen = await _chosen(adapter, group, ids, every, handler, error_type)
-        deleted: int = await adapter.delete_dead_letters(group, [s.id for s in chosen])
-        return deleted
+        return await adapter.delete_dead_letters(group, [s.id for s in chosen])
 
     click.echo(f"purged {_run(config, work)} letter(s) of app {group!r}")
