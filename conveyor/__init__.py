@@ -35,6 +35,7 @@ from conveyor.platform.errors import (
 )
 from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import DeadLetter, Message, Undecodable
 from conveyor.platform.options import (
@@ -103,6 +104,7 @@ __all__ = [
     "SlotSupplier",
     "SlotSupplierError",
     "Step",
+    "StoredLetter",
     "StreamId",
     "SyncClient",
     "Undecodable",

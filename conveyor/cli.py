@@ -7,39 +7,21 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
+from conveyor.cli_common import fail, load_config_or_exit, usage
 from conveyor.deploy.cli import deploy
-from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.version import version
 
 log = logging.getLogger("conveyor.cli")
 
 
-def _config(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
-    """Load config or exit 2 with the field named (a bad config is a usage error)."""
-    try:
-        return load_config(path, overrides=overrides)
-    except ConfigError as exc:
-        click.echo(f"conveyor: config error: {exc}", err=True)
-        sys.exit(2)
-
-
-def _fail(exc: ConveyorError) -> NoReturn:
-    """Exit for an error raised after start-up: 2 for a config error, else 1."""
-    if isinstance(exc, ConfigError):
-        click.echo(f"conveyor: config error: {exc}", err=True)
-        sys.exit(2)
-    raise click.ClickException(str(exc)) from None
-
-
-def _usage(message: str) -> NoReturn:
-    """A usage error found after start-up (the message names the argument): one line, exit 2."""
-    click.echo(f"conveyor: {message}", err=True)
-    sys.exit(2)
+_config = load_config_or_exit
+_fail = fail
+_usage = usage
 
 
 def _setup_logging(level: str) -> None:
@@ -187,7 +169,8 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
 
     members = Table("daemon", "host", "pid", "slots in use", "slots available", "handled",
                     "dead-lettered", "skipped", "pools / cells (workers)",
-                    title=f"app {report.group}: {len(report.members)} daemon(s)")
+                    title=f"app {report.group}: {len(report.members)} daemon(s), "
+                          f"{_num(report.dead_letters)} dead letter(s) stored")
     warnings: list[str] = []
     for m in report.members:
         st = m.stats
@@ -685,10 +668,12 @@ def bench_scale_down(
 
 
 def _register_lab() -> None:
+    from conveyor.cli_dlq import dlq
     from conveyor.lab.cli import sim, tune
 
     main.add_command(sim)
     main.add_command(tune)
+    main.add_command(dlq)
 
 
 _register_lab()

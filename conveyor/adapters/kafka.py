@@ -48,6 +48,7 @@ from conveyor.adapters.kafka_conn import (
     start_client,
 )
 from conveyor.adapters.kafka_handoff import HandoffLog
+from conveyor.adapters.kafka_letters import KafkaLetters
 from conveyor.adapters.kafka_offsets import DoneOffsets
 from conveyor.platform import letters as layout
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
@@ -60,6 +61,7 @@ from conveyor.platform.errors import (
 )
 from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import (
     CONTENT_BYTES,
     CONTENT_JSON,
@@ -360,6 +362,8 @@ class KafkaAdapter(QueueAdapter):
         self._receivers: weakref.WeakSet[KafkaReceiver] = weakref.WeakSet()
         self.outage = outage_log(config.bootstrap)
         self.handoffs = HandoffLog(self)
+        self.letters = KafkaLetters(self, lambda record, app: letter_from_record(
+            record, app, config.topic, config.default_namespace))
         self._preparing: asyncio.Task[None] | None = None
         self._first_answer_awaited = False
 
@@ -474,6 +478,8 @@ class KafkaAdapter(QueueAdapter):
             with contextlib.suppress(Exception):
                 await consumer.stop()
         self._probes.clear()
+        with contextlib.suppress(Exception):
+            await self.letters.close()
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await self._producer.stop()
@@ -574,30 +580,26 @@ class KafkaAdapter(QueueAdapter):
             raise broker_error("writing dead letters", exc) from exc
         return 0
 
-    async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
-        tp = TopicPartition(self.dlq_topic, 0)
-        consumer = self.new_consumer(None)
-        out: list[DeadLetter] = []
-        try:
-            await consumer.start()
-            if self.dlq_topic not in await consumer.topics():
-                return out
-            consumer.assign([tp])
-            high = await self.high_watermark(consumer, tp, 0)
-            consumer.seek(tp, 0)
-            position = 0
-            while position < high and len(out) < limit:
-                batch = (await consumer.getmany(tp, timeout_ms=500, max_records=500)).get(tp, [])
-                for record in batch:
-                    position = record.offset + 1
-                    letter = letter_from_record(record, group, self.topic, self._default_ns)
-                    if letter is not None and len(out) < limit:
-                        out.append(letter)
-        except (kerrors.KafkaError, OSError) as exc:
-            raise broker_error("reading dead letters", exc) from exc
-        finally:
-            await consumer.stop()
-        return out
+    # -- dead letters, for operators (see conveyor.adapters.kafka_letters) --------------
+    async def list_dead_letters(self, group: str, limit: int = 100, *,
+                                after: str | None = None) -> list[StoredLetter]:
+        return await self.letters.list_letters(group, limit, after)
+
+    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
+        return await self.letters.find(group, letter_id)
+
+    async def count_dead_letters(self, group: str) -> int:
+        return await self.letters.count(group)
+
+    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
+        """Recorded as purged in ``<topic>.conveyor-dlq-ops``: Kafka keeps the records."""
+        return await self.letters.delete(group, ids)
+
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
+        """Recorded in ``<topic>.conveyor-dlq-ops`` before and after the publish, so a
+        re-run finds a publish that was not recorded (conveyor.adapters.kafka_letters)."""
+        return await self.letters.replay(group, replays)
 
     # -- consumer groups, for operators (see conveyor.adapters.kafka_groups) -----------
     retention_follows_groups = False  # Kafka keeps records by time or size
@@ -634,7 +636,8 @@ def letter_from_record(record: Any, app: str, topic: str, default_ns: str) -> De
         if record.key == app.encode() and record.value:
             return _decode_legacy_letter(record.value)
         return None
-    values = [value or b"" for _, value in record.headers[: layout.META_COUNT]]
+    count = layout.meta_count(record.headers[0][1] or b"")
+    values = [value or b"" for _, value in record.headers[:count]]
     if layout.app_of(values) != app:
         return None
     token_text = values[7].decode("utf-8", "replace")
@@ -642,7 +645,7 @@ def letter_from_record(record: Any, app: str, topic: str, default_ns: str) -> De
     original = SimpleNamespace(
         topic=topic, partition=token.queue, offset=token.major, key=record.key,
         value=record.value, timestamp=record.timestamp,
-        headers=record.headers[layout.META_COUNT :],
+        headers=record.headers[count:],
     )
     return layout.letter_from_meta(values, decode_record(original, token.queue, default_ns))
 

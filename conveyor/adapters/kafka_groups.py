@@ -170,8 +170,9 @@ async def delete_group(adapter: KafkaAdapter, group: str, queues: Sequence[int],
     if dead_letters:
         raise ConfigError(
             f"--with-dead-letters: kafka keeps every app's dead letters in one topic "
-            f"({adapter.dlq_topic}, key = app name), which cannot be deleted per app; "
-            "delete the group without it"
+            f"({adapter.dlq_topic}), which cannot be deleted per app; delete the group "
+            f"without it, and purge the app's letters with `conveyor dlq purge --all --yes "
+            f"--app {group}`"
         )
     admin = AIOKafkaAdminClient(**client_options(adapter.config))
     tps = [TopicPartition(adapter.topic, q) for q in queues]

@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
-from conveyor.platform.errors import BrokerError, ShutdownError
+from conveyor.platform.errors import BrokerError, InvalidArgumentError, ShutdownError
 from conveyor.platform.groups import GroupInfo, with_retention_holders
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.leases import Lease
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 
 TRIM_EVERY = 4096
@@ -76,7 +77,8 @@ class MemoryBroker:
         self.name = name
         self.logs: dict[int, _Log] = {}
         self.cursors: dict[tuple[str, int], _Cursor] = {}
-        self.dead_letters: dict[str, list[DeadLetter]] = {}
+        self.dead_letters: dict[str, list[StoredLetter]] = {}
+        self._letters_stored = 0  # the last letter id handed out (ids are "1", "2", ...)
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self.receivers: weakref.WeakSet[MemoryReceiver] = weakref.WeakSet()
         self._appended_since_trim = 0
@@ -107,6 +109,10 @@ class MemoryBroker:
         log.wake()
         return tokens
 
+    def letter_id(self) -> str:
+        self._letters_stored += 1
+        return str(self._letters_stored)
+
     def trim(self) -> None:
         """Drop messages every group has acknowledged (retention)."""
         self._appended_since_trim = 0
@@ -118,6 +124,14 @@ class MemoryBroker:
             if cut > 0:
                 del log.items[:cut]
                 log.base += cut
+
+
+def _letter_number(letter_id: str) -> int:
+    if not letter_id.isdigit():
+        raise InvalidArgumentError(
+            f"not a dead-letter id of the memory adapter: {letter_id!r} (expected a number)"
+        )
+    return int(letter_id)
 
 
 _BROKERS: dict[str, MemoryBroker] = {}
@@ -239,14 +253,54 @@ class MemoryAdapter(QueueAdapter):
 
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
         kept = self.broker.dead_letters.setdefault(group, [])
-        kept.extend(letters)
+        kept.extend(StoredLetter(self.broker.letter_id(), letter) for letter in letters)
         evicted = len(kept) - self.max_dead_letters if self.max_dead_letters else 0
         if evicted > 0:
             del kept[:evicted]
         return max(evicted, 0)
 
-    async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
-        return self.broker.dead_letters.get(group, [])[:limit]
+    # -- dead letters, for operators: ids are a counter per broker ----------------------
+    async def list_dead_letters(self, group: str, limit: int = 100, *,
+                                after: str | None = None) -> list[StoredLetter]:
+        kept = self.broker.dead_letters.get(group, [])
+        start = 0
+        if after is not None:
+            last = _letter_number(after)
+            start = next((i for i, s in enumerate(kept) if int(s.id) > last), len(kept))
+        return kept[start : start + limit]
+
+    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
+        _letter_number(letter_id)
+        return next((s for s in self.broker.dead_letters.get(group, []) if s.id == letter_id),
+                    None)
+
+    async def count_dead_letters(self, group: str) -> int:
+        return len(self.broker.dead_letters.get(group, []))
+
+    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
+        for letter_id in ids:
+            _letter_number(letter_id)
+        kept = self.broker.dead_letters.get(group, [])
+        gone = set(ids)
+        self.broker.dead_letters[group] = [s for s in kept if s.id not in gone]
+        return len(kept) - len(self.broker.dead_letters[group])
+
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
+        """Append and remove with no await in between: nothing can interrupt it."""
+        for replay in replays:
+            _letter_number(replay.letter_id)
+        kept = self.broker.dead_letters.get(group, [])
+        stored = {s.id for s in kept}
+        out: list[SequenceToken | None] = []
+        for replay in replays:
+            if replay.letter_id in stored:
+                stored.discard(replay.letter_id)
+                out.append(self.broker.append(replay.queue, [replay.message])[0])
+            else:
+                out.append(None)
+        self.broker.dead_letters[group] = [s for s in kept if s.id in stored]
+        return out
 
     def _offset(self, queue: int, to: SequenceToken | float) -> int:
         log = self.broker.log(queue)

@@ -33,6 +33,7 @@ import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
+from conveyor.adapters import redis_letters
 from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import (
     Caller,
@@ -53,6 +54,7 @@ from conveyor.platform.errors import (
 from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.leases import Lease
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import (
     CONTENT_BYTES,
     CONTENT_JSON,
@@ -179,8 +181,8 @@ def letter_entry(letter: DeadLetter, app: str) -> list[bytes | str]:
 def letter_from_entry(fl: list[bytes]) -> DeadLetter | None:
     """A stored dead letter read back; None for an entry that is not one."""
     names = fl[0::2]
-    count = layout.META_COUNT
     if layout.is_letter(names):
+        count = layout.meta_count(fl[1])
         values = fl[1 : 2 * count : 2]
         token = SequenceToken.parse(values[7].decode()) if values[7] else SequenceToken(0, 0)
         eid = b"%d-%d" % (token.major, token.minor)
@@ -189,6 +191,16 @@ def letter_from_entry(fl: list[bytes]) -> DeadLetter | None:
     if b"letter" in names:  # stored by Conveyor 0.1 (one msgpack field)
         return _decode_legacy_letter(fl[2 * names.index(b"letter") + 1])
     return None
+
+
+def stored_letters(entries: list[Any]) -> list[StoredLetter]:
+    """The letters of a dead-letter stream's entries, under their entry ids."""
+    out = []
+    for eid, fields in entries:
+        letter = letter_from_entry(fields) if fields else None
+        if letter is not None:
+            out.append(StoredLetter(eid.decode(), letter))
+    return out
 
 
 def _raw_reply(response: Any, **_options: Any) -> Any:
@@ -470,6 +482,7 @@ class RedisAdapter(QueueAdapter):
         self.trim_script = self.redis.register_script(lua.TRIM_ACKED)
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
+        self.replay_script = self.redis.register_script(lua.REPLAY_LETTER)
         self._groups_ready: set[tuple[int, str]] = set()
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
@@ -528,13 +541,28 @@ class RedisAdapter(QueueAdapter):
 
         return await self.caller.retrying(f"storing dead letters of {group!r}", send)
 
-    async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
-        key = self.keys.dead_letters(group)
-        entries = await self.caller.retrying(
-            "reading dead letters", lambda: self.redis.xrange(key, "-", "+", count=limit)
+    # -- dead letters, for operators (see conveyor.adapters.redis_letters) --------------
+    async def list_dead_letters(self, group: str, limit: int = 100, *,
+                                after: str | None = None) -> list[StoredLetter]:
+        return stored_letters(await redis_letters.list_letters(self, group, limit, after))
+
+    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
+        found = stored_letters(await redis_letters.find_letter(self, group, letter_id))
+        return found[0] if found else None
+
+    async def count_dead_letters(self, group: str) -> int:
+        return await redis_letters.count_letters(self, group)
+
+    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
+        return await redis_letters.delete_letters(self, group, ids)
+
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
+        """One Lua script per letter (XADD to the queue, XDEL of the letter: atomic), the
+        scripts of a batch in one pipeline."""
+        return await redis_letters.replay_letters(
+            self, group, [(r.letter_id, r.queue, encode_fields(r.message)) for r in replays]
         )
-        letters = (letter_from_entry(fields) for _, fields in entries)
-        return [letter for letter in letters if letter is not None]
 
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         """Entries the group was never given between its last delivered id and ``to``.

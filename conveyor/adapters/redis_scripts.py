@@ -167,3 +167,14 @@ for _, id in ipairs(ids) do
 end
 return out
 """
+
+# KEYS: dead-letter stream, queue stream. ARGV: letter id, then the message's fields.
+# Replays one dead letter (``conveyor dlq replay``): the XADD and the XDEL happen together
+# or not at all, so a replay killed at any point never loses or doubles a letter. Returns
+# the new entry's id, or false when the letter is no longer stored (nothing published).
+REPLAY_LETTER = """
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return false end
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
+redis.call('XDEL', KEYS[1], ARGV[1])
+return id
+"""

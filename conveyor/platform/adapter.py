@@ -43,6 +43,7 @@ from conveyor.platform.groups import GroupInfo, no_group_error
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.importing import load_attr
 from conveyor.platform.leases import Lease
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 
 
@@ -125,9 +126,45 @@ class QueueAdapter(ABC):
         as they are (the caller stores a shorter form, see ``DeadLetter.shortened``).
         """
 
-    @abstractmethod
     async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
         """The oldest ``limit`` dead letters of a group (for operators and tests)."""
+        return [stored.letter for stored in await self.list_dead_letters(group, limit)]
+
+    # -- dead letters, for operators (``conveyor dlq``, conveyor.platform.dlq) ---------
+    # A letter's id is the store's own (see StoredLetter); a malformed one raises
+    # InvalidArgumentError, an unknown one is simply not there.
+
+    @abstractmethod
+    async def list_dead_letters(self, group: str, limit: int = 100, *,
+                                after: str | None = None) -> list[StoredLetter]:
+        """Up to ``limit`` of ``group``'s letters, oldest first, from just after the
+        letter ``after`` (None: from the oldest). Removed letters are not listed."""
+
+    @abstractmethod
+    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
+        """The letter of ``group`` with that id, or None if it is not (or no longer) stored."""
+
+    @abstractmethod
+    async def count_dead_letters(self, group: str) -> int:
+        """How many letters of ``group`` are stored (what :meth:`list_dead_letters` lists)."""
+
+    @abstractmethod
+    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
+        """Remove these letters of ``group``; returns how many were stored. Unknown ids
+        are skipped."""
+
+    @abstractmethod
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
+        """For each replay, append its message to its queue, then remove its letter.
+
+        Returns, in order, where each message went; None for a letter no longer stored
+        (replayed or purged meanwhile), for which nothing is published. A letter goes
+        only once its append is confirmed, and replays interrupted at any point (the
+        process killed) and called again publish each message once in all: each backend
+        says how in its docstring. The caller builds the messages and picks the queues
+        (conveyor.platform.dlq: the same mapper as every publish).
+        """
 
     @abstractmethod
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:

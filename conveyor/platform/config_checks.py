@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 KAFKA_TOPIC_MAX = 249 - len(".conveyor-handoff")
 """Kafka allows 249 characters; the longest topic Conveyor derives from ``[kafka] topic``
-is ``<topic>.conveyor-handoff`` (the other is ``<topic>.conveyor-dlq``)."""
+is ``<topic>.conveyor-handoff`` (as long as ``<topic>.conveyor-dlq-ops``; the other is
+``<topic>.conveyor-dlq``)."""
 
 
 def validate(config: Config) -> None:

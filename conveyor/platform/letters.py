@@ -13,13 +13,21 @@ these fields / headers, always all of them and always in this order::
     cv-dl-at          when, in milliseconds since the epoch
     cv-dl-token       where it was in its queue: QUEUE:MAJOR-MINOR
     cv-dl-form        full | minimal | bare (see DeadLetter)
+    cv-dl-replay-of   the letter this message was replayed from (its cv-replay-of
+                      header), empty for a message never replayed  [version 2]
 
 So ``redis-cli XRANGE conveyor:dlq:APP - +`` or ``kcat -C -t TOPIC.conveyor-dlq -f
 '%h %s'`` shows the reason next to the body as it was published, and replaying a letter
 means dropping the ``cv-dl-*`` part and publishing the rest. An undecodable message's
 own fields and headers follow byte for byte, as the broker held them. Readers take the
-first :data:`META_COUNT` pairs as the letter's and everything after as the message's,
-so a message carrying a field that looks like one of these cannot pass for it.
+first :func:`meta_count` pairs as the letter's (9 in version 1, 10 in version 2) and
+everything after as the message's, so a message carrying a field that looks like one of
+these cannot pass for it.
+
+Telling second letters apart: a replayed message that fails again is a new letter whose
+``cv-dl-replay-of`` names the letter it came from (and whose ``cv-dl-token`` is its new
+place in the queue); a rewind over a poison message stores a second letter with the same
+``cv-id`` *and* the same ``cv-dl-token`` as the first, and an empty ``cv-dl-replay-of``.
 
 Every value is text or bytes — nothing a codec could overflow (a message whose
 ``cv-ts`` was ``99999999999999999999999`` once jammed its queue that way).
@@ -28,11 +36,12 @@ Every value is text or bytes — nothing a codec could overflow (a message whose
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.message import LETTER_FORMS, DeadLetter, Message
+from conveyor.platform.message import H_REPLAY_OF, LETTER_FORMS, DeadLetter, Message
 
-VERSION = "1"
+VERSION = "2"
 FIELDS = (
     "cv-dl-v",
     "cv-dl-app",
@@ -43,8 +52,10 @@ FIELDS = (
     "cv-dl-at",
     "cv-dl-token",
     "cv-dl-form",
+    "cv-dl-replay-of",
 )
 META_COUNT = len(FIELDS)
+META_COUNT_V1 = META_COUNT - 1
 PREFIX = "cv-dl-"
 
 
@@ -61,7 +72,13 @@ def meta_pairs(letter: DeadLetter, app: str) -> list[tuple[str, str]]:
         str(letter.failed_at_ms),
         str(token) if token is not None else "",
         letter.form,
+        letter.message.headers.get(H_REPLAY_OF, ""),
     ), strict=True))
+
+
+def meta_count(version: bytes | str) -> int:
+    """How many leading pairs are the letter's, by its ``cv-dl-v``."""
+    return META_COUNT_V1 if version in (b"1", "1") else META_COUNT
 
 
 def is_letter(names: list[bytes] | list[str]) -> bool:
@@ -75,7 +92,7 @@ def is_letter(names: list[bytes] | list[str]) -> bool:
 def letter_from_meta(values: list[bytes], message: Message) -> DeadLetter:
     """A :class:`DeadLetter` from the :data:`META_COUNT` values read back, in order."""
     text = [v.decode("utf-8", "replace") for v in values]
-    _, _app, handler, error_type, error, attempts, at, token, form = text
+    _, _app, handler, error_type, error, attempts, at, token, form = text[:META_COUNT_V1]
     if token:  # where it was in its queue, as stored (the decoder's is a reconstruction)
         with contextlib.suppress(ValueError):
             message = message.with_token(SequenceToken.parse(token))
@@ -93,3 +110,30 @@ def letter_from_meta(values: list[bytes], message: Message) -> DeadLetter:
 def app_of(values: list[bytes]) -> str:
     """The app a stored letter belongs to (its ``cv-dl-app``)."""
     return values[1].decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """One letter to replay: its id, and the message to append to ``queue`` for it."""
+
+    letter_id: str
+    queue: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLetter:
+    """A dead letter as the store holds it, under the id operators use.
+
+    ``id`` is the store's own: a Redis entry id of the app's dead-letter stream
+    (``1700000000000-0``), ``PARTITION:OFFSET`` of the Kafka dead-letter topic, a counter
+    on the memory adapter.
+    """
+
+    id: str
+    letter: DeadLetter
+
+    @property
+    def replay_of(self) -> str:
+        """The letter this one's message was replayed from; "" if it never was."""
+        return self.letter.message.headers.get(H_REPLAY_OF, "")

@@ -27,8 +27,10 @@ H_ATTEMPT = "cv-attempt"
 H_ENQUEUED_MS = "cv-ts"
 H_TRACEPARENT = "traceparent"
 H_TRACESTATE = "tracestate"
+H_REPLAY_OF = "cv-replay-of"
+"""Set by ``conveyor dlq replay``: the id of the dead letter a message was replayed from."""
 RESERVED_HEADERS = frozenset(
-    {H_NAMESPACE, H_KEY, H_ID, H_CONTENT_TYPE, H_ATTEMPT, H_ENQUEUED_MS}
+    {H_NAMESPACE, H_KEY, H_ID, H_CONTENT_TYPE, H_ATTEMPT, H_ENQUEUED_MS, H_REPLAY_OF}
 )
 
 

@@ -53,6 +53,8 @@ class StatusReport:
     """Every app's group on the queues, this one's included (when it has one)."""
     retention_follows_groups: bool = True
     """False where retention goes by time or size alone (Kafka): no group holds it."""
+    dead_letters: int | None = None
+    """The app's dead letters in the store (``conveyor dlq list`` lists them)."""
 
     @property
     def total_lag(self) -> int:
@@ -134,11 +136,12 @@ async def collect_status(config: Config, group: str) -> StatusReport:
                 own.get(f"queue.{q}.acks_per_s"), own.get("at"),
             ))
         groups = summarise(await adapter.groups(range(config.queues.total)))
+        dead_letters = await adapter.count_dead_letters(group)
     finally:
         await adapter.close()
         await membership.close()
         await leases.close()
     return StatusReport(
         group, [MemberStatus(m.id, m.host, m.pid, dict(m.stats)) for m in members], queues,
-        time.time(), groups, adapter.retention_follows_groups,
+        time.time(), groups, adapter.retention_follows_groups, dead_letters,
     )

@@ -1,15 +1,27 @@
-"""Dead letters: stored per group and read back oldest first.
-
-Written against today's API (``dead_letter(group, letters)`` and
-``read_dead_letters(group, limit)``); the dead-letter layout is being changed, so
-every dead-letter promise of the port lives in this one file.
+"""Dead letters: stored per group and read back oldest first; listed under ids, found,
+counted, deleted and replayed (what ``conveyor dlq`` needs). Every dead-letter promise
+of the port lives in this one file.
 """
 
 from __future__ import annotations
 
+import pytest
+
+from conveyor.platform import dlq
 from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken, StreamId
-from conveyor.platform.message import CONTENT_MSGPACK, DeadLetter, Message, now_ms
+from conveyor.platform.letters import Replay
+from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.message import (
+    CONTENT_MSGPACK,
+    H_REPLAY_OF,
+    DeadLetter,
+    Message,
+    now_ms,
+)
+from tests.contract.conftest import QUEUES, Open
+from tests.contract.support import take, take_rest
 
 
 def letter(n: int, *, handler: str = "orders.handle") -> DeadLetter:
@@ -46,3 +58,123 @@ async def test_a_dead_letter_keeps_every_field_of_its_message(adapter: QueueAdap
     stored = DeadLetter(message, "blobs.handle", "DecodeError", "not msgpack", 1, now_ms())
     await adapter.dead_letter("app", [stored])
     assert await adapter.read_dead_letters("app") == [stored]
+
+
+# -- the operator's side: ids, find, count, delete, replay (conveyor dlq) -----------------
+
+
+async def test_letters_are_listed_under_stable_ids_found_counted_and_paged(
+    adapter: QueueAdapter,
+) -> None:
+    stored = [letter(1), letter(2), letter(3)]
+    await adapter.dead_letter("app", stored[:2])
+    await adapter.dead_letter("other-app", [letter(9)])
+    await adapter.dead_letter("app", stored[2:])
+    listed = await adapter.list_dead_letters("app")
+    assert [s.letter for s in listed] == stored
+    ids = [s.id for s in listed]
+    assert len(set(ids)) == 3
+    assert [s.id for s in await adapter.list_dead_letters("app")] == ids  # stable
+    assert await adapter.count_dead_letters("app") == 3
+    assert await adapter.count_dead_letters("other-app") == 1
+    assert await adapter.count_dead_letters("no-such-app") == 0
+    for one in listed:
+        assert await adapter.find_dead_letter("app", one.id) == one
+        # Ids are per app: on Redis another app's letter may have the same one.
+        assert await adapter.find_dead_letter("other-app", one.id) != one
+    assert await adapter.list_dead_letters("app", 1) == listed[:1]
+    assert await adapter.list_dead_letters("app", after=ids[0]) == listed[1:]
+    assert await adapter.list_dead_letters("app", 1, after=ids[1]) == listed[2:]
+    assert await adapter.list_dead_letters("app", after=ids[2]) == []
+
+
+async def test_deleted_letters_are_gone_and_ids_not_stored_are_skipped(
+    adapter: QueueAdapter,
+) -> None:
+    await adapter.dead_letter("app", [letter(1), letter(2), letter(3)])
+    await adapter.dead_letter("other-app", [letter(9)])
+    first, second, third = await adapter.list_dead_letters("app")
+    assert await adapter.delete_dead_letters("app", [first.id, third.id]) == 2
+    assert await adapter.list_dead_letters("app") == [second]
+    assert await adapter.count_dead_letters("app") == 1
+    assert await adapter.find_dead_letter("app", first.id) is None
+    assert await adapter.delete_dead_letters("app", [first.id]) == 0  # already gone
+    assert await adapter.read_dead_letters("app") == [second.letter]
+    assert await adapter.count_dead_letters("other-app") == 1
+
+
+async def test_a_malformed_letter_id_is_refused_with_the_expected_form(
+    adapter: QueueAdapter,
+) -> None:
+    with pytest.raises(InvalidArgumentError, match="not a dead-letter id"):
+        await adapter.find_dead_letter("app", "not an id")
+    with pytest.raises(InvalidArgumentError, match="not a dead-letter id"):
+        await adapter.delete_dead_letters("app", ["x"])
+
+
+async def test_a_replay_publishes_the_message_once_to_its_queue_then_removes_the_letter(
+    adapter: QueueAdapter, open_receiver: Open,
+) -> None:
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    original = Message("m-7", StreamId("orders", "k7"), b'{"n": 7}',
+                       headers={"x-tenant": "t1", "traceparent": trace},
+                       content_type=CONTENT_MSGPACK, attempt=3, enqueued_at_ms=now_ms(),
+                       token=SequenceToken(0, 7))
+    await adapter.dead_letter("app", [DeadLetter.of(original, "orders.handle", "bad", 3),
+                                      letter(8)])
+    seven, eight = await adapter.list_dead_letters("app")
+    mapper = HashRingQueueMapper(QUEUES)
+    report = await dlq.replay(adapter, mapper, "app", [seven])
+    assert report.skipped == [] and report.gone == []
+    [(replayed_id, token)] = report.replayed
+    queue = mapper.queue_for(original.stream)
+    assert replayed_id == seven.id and token.queue == queue
+    # Replaying the same letter again (a second operator, a re-run) publishes nothing.
+    assert (await dlq.replay(adapter, mapper, "app", [seven])).gone == [seven.id]
+    [got] = await take_rest(await open_receiver(queue, "app"), 1)
+    assert (got.id, got.stream, got.body, got.content_type, got.attempt, got.token) == (
+        original.id, original.stream, original.body, original.content_type, 0, token)
+    assert got.headers == {"x-tenant": "t1", "traceparent": trace, H_REPLAY_OF: seven.id}
+    assert await adapter.list_dead_letters("app") == [eight]
+
+
+async def test_a_replayed_message_that_fails_again_is_a_new_letter_naming_the_first(
+    adapter: QueueAdapter, open_receiver: Open,
+) -> None:
+    await adapter.dead_letter("app", [letter(1)])
+    [first] = await adapter.list_dead_letters("app")
+    mapper = HashRingQueueMapper(QUEUES)
+    await dlq.replay(adapter, mapper, "app", [first])
+    [again] = await take(await open_receiver(mapper.queue_for(first.letter.message.stream),
+                                             "app"), 1)
+    await adapter.dead_letter("app", [DeadLetter.of(again, "orders.handle", "still bad", 3)])
+    [second] = await adapter.list_dead_letters("app")
+    assert second.id != first.id and second.replay_of == first.id
+    assert first.replay_of == ""
+    assert second.letter.message.token == again.token  # its new place, not the first's
+
+
+async def test_letters_that_cannot_be_replayed_are_skipped_and_kept(adapter: QueueAdapter) -> None:
+    bare = letter(1).shortened("too big")
+    assert bare is not None
+    bare = bare.shortened("still too big")
+    assert bare is not None and bare.form == "bare"
+    await adapter.dead_letter("app", [bare])
+    [stored] = await adapter.list_dead_letters("app")
+    report = await dlq.replay(adapter, HashRingQueueMapper(QUEUES), "app", [stored])
+    assert report.replayed == [] and [i for i, _ in report.skipped] == [stored.id]
+    assert await adapter.count_dead_letters("app") == 1
+
+
+async def test_a_batch_replay_skips_letters_already_gone_and_replays_the_rest_in_order(
+    adapter: QueueAdapter, open_receiver: Open,
+) -> None:
+    await adapter.dead_letter("app", [letter(1), letter(2), letter(3)])
+    one, two, three = await adapter.list_dead_letters("app")
+    await adapter.delete_dead_letters("app", [two.id])
+    replays = [Replay(s.id, 0, dlq.replay_message(s)) for s in (one, two, three)]
+    first, gone, last = await adapter.replay_dead_letters("app", replays)
+    assert gone is None and first is not None and last is not None and first < last
+    got = await take_rest(await open_receiver(0, "app"), 2)
+    assert [m.headers[H_REPLAY_OF] for m in got] == [one.id, three.id]
+    assert await adapter.count_dead_letters("app") == 0

@@ -1,0 +1,107 @@
+"""Dead letters on Redis, for operators: ``PREFIX:dlq:APP`` is one stream per app.
+
+A letter's id is its entry id in that stream. Listing is ``XRANGE``, counting ``XLEN``,
+purging ``XDEL``. Replaying runs :data:`~conveyor.adapters.redis_scripts.REPLAY_LETTER`:
+one script appends the message to its queue's stream and deletes the letter, atomically,
+so a replay killed at any point has done both or neither. The queue's key comes from the
+same :class:`~conveyor.adapters.redis_conn.Keys` as every publish (``PREFIX:q:N``), N from
+the caller's mapper.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from conveyor.adapters.redis_conn import token_of
+from conveyor.platform.errors import InvalidArgumentError
+from conveyor.platform.ids import SequenceToken
+
+if TYPE_CHECKING:
+    from conveyor.adapters.redis import RedisAdapter
+
+Entries = list[Any]
+"""``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``; the
+adapter reads the letters out of it (``conveyor.adapters.redis.stored_letters``)."""
+
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+def check_id(letter_id: str) -> str:
+    if not _ENTRY_ID.fullmatch(letter_id):
+        raise InvalidArgumentError(
+            f"not a dead-letter id on redis: {letter_id!r} (expected a stream entry id, "
+            "e.g. 1700000000000-0)"
+        )
+    return letter_id
+
+
+async def list_letters(adapter: RedisAdapter, group: str, limit: int,
+                       after: str | None) -> Entries:
+    key = adapter.keys.dead_letters(group)
+    start = "-" if after is None else f"({check_id(after)}"
+    entries: Entries = await adapter.caller.retrying(
+        "reading dead letters", lambda: adapter.redis.xrange(key, start, "+", count=limit)
+    )
+    return entries
+
+
+async def find_letter(adapter: RedisAdapter, group: str, letter_id: str) -> Entries:
+    key = adapter.keys.dead_letters(group)
+    check_id(letter_id)
+    entries: Entries = await adapter.caller.retrying(
+        "reading a dead letter", lambda: adapter.redis.xrange(key, letter_id, letter_id)
+    )
+    return entries
+
+
+async def count_letters(adapter: RedisAdapter, group: str) -> int:
+    key = adapter.keys.dead_letters(group)
+    count: int = await adapter.caller.retrying("counting dead letters",
+                                               lambda: adapter.redis.xlen(key))
+    return count
+
+
+async def delete_letters(adapter: RedisAdapter, group: str, ids: Sequence[str]) -> int:
+    key = adapter.keys.dead_letters(group)
+    checked = [check_id(i) for i in ids]
+    deleted = 0
+    for i in range(0, len(checked), 1000):
+        chunk = checked[i : i + 1000]
+
+        async def xdel(chunk: list[str] = chunk) -> int:
+            return int(await adapter.redis.xdel(key, *chunk))
+
+        deleted += await adapter.caller.retrying("deleting dead letters", xdel)
+    return deleted
+
+
+Fields = dict[bytes | str, bytes | str]
+
+
+async def replay_letters(adapter: RedisAdapter, group: str,
+                         replays: Sequence[tuple[str, int, Fields]]) -> list[SequenceToken | None]:
+    """Each (letter id, queue, the message's fields as every publish writes them) by one
+    script, atomically (see the module docstring); a batch's scripts go in one pipeline.
+
+    Retried on connection loss: a script that ran before the reply was lost finds its
+    letter gone on the retry and reports None — the message was published once.
+    """
+    dlq_key = adapter.keys.dead_letters(group)
+    calls = [
+        ([dlq_key, adapter.keys.queue(queue)],
+         [check_id(letter_id), *(x for pair in fields.items() for x in pair)])
+        for letter_id, queue, fields in replays
+    ]
+
+    async def send() -> list[Any]:
+        pipe = adapter.redis.pipeline(transaction=False)
+        for keys, args in calls:
+            await adapter.replay_script(keys=keys, args=args, client=pipe)
+        results: list[Any] = await pipe.execute()
+        return results
+
+    new_ids = await adapter.caller.retrying(f"replaying {len(calls)} dead letter(s)", send)
+    return [None if new_id is None else token_of(new_id, queue)
+            for new_id, (_, queue, _) in zip(new_ids, replays, strict=True)]

@@ -1,0 +1,260 @@
+"""``conveyor dlq``: an app's dead letters — list, show, replay, purge.
+
+Thin like the rest of the CLI: the work is in :mod:`conveyor.platform.dlq` and the
+adapters' dead-letter methods. Registered in :mod:`conveyor.cli` with one line; the exit
+helpers come from :mod:`conveyor.cli_common` (importing ``conveyor.cli`` back would be a
+cycle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from conveyor.cli_common import fail, load_config_or_exit, usage
+from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.config import Config
+from conveyor.platform.dlq import LetterFilter, ReplayReport, letters
+from conveyor.platform.dlq import replay as replay_letters
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.letters import StoredLetter
+from conveyor.platform.mapper import HashRingQueueMapper
+
+T = TypeVar("T")
+
+ERROR_WIDTH = 60
+"""Characters of the error text the table shows (``--json`` and ``show`` give it all)."""
+
+MEMORY_REFUSED = (
+    "the memory adapter keeps dead letters inside the worker's own process, where this "
+    "command cannot reach them; use --config with a redis or kafka config (e.g. "
+    "configs/redis.toml), or read them in-process with adapter.list_dead_letters()"
+)
+
+
+def _options(fn: Callable[..., None]) -> Callable[..., None]:
+    """--config and --app, as every other command that reads an app's state has them."""
+    fn = click.option("--app", "group", required=True,
+                      help="The app's name (its consumer group).")(fn)
+    return click.option(
+        "--config", "config_path",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="TOML config file (see configs/): a redis or kafka one.",
+    )(fn)
+
+
+def _filters(fn: Callable[..., None]) -> Callable[..., None]:
+    fn = click.option("--handler", default=None, help="Only letters of this handler.")(fn)
+    return click.option("--error-type", default=None,
+                        help="Only letters of this error type (e.g. ValueError).")(fn)
+
+
+def _load(config_path: Path | None) -> Config:
+    config = load_config_or_exit(config_path)
+    if config.queues.adapter == "memory":
+        raise click.UsageError(MEMORY_REFUSED)
+    return config
+
+
+def _run(config: Config, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
+    """Run ``work(adapter)`` on a fresh adapter; bad input exits 2, a failure 1."""
+
+    async def run() -> T:
+        adapter = create_adapter(config.queues.adapter, config)
+        try:
+            return await work(adapter)
+        finally:
+            await adapter.close()
+
+    try:
+        return asyncio.run(run())
+    except InvalidArgumentError as exc:
+        usage(str(exc))
+    except ConveyorError as exc:
+        fail(exc)
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def as_dict(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
+    """One letter as ``--json`` prints it (``body`` too for ``show``)."""
+    letter = stored.letter
+    msg = letter.message
+    out: dict[str, Any] = {
+        "id": stored.id, "namespace": msg.stream.namespace, "key": msg.stream.key,
+        "handler": letter.handler, "error_type": letter.error_type, "error": letter.error,
+        "attempts": letter.attempts, "failed_at_ms": letter.failed_at_ms,
+        "failed_at": _when(letter.failed_at_ms), "message_id": msg.id,
+        "content_type": msg.content_type, "headers": msg.headers, "form": letter.form,
+        "token": str(msg.token) if msg.token is not None else None,
+        "replay_of": stored.replay_of or None,
+    }
+    if body:
+        try:
+            out["body"] = msg.body.decode()
+        except UnicodeDecodeError:
+            out["body_base64"] = base64.b64encode(msg.body).decode()
+    return out
+
+
+def _table(found: list[StoredLetter], group: str, total: int) -> Any:
+    from rich.table import Column, Table
+
+    table = Table(Column("id", no_wrap=True), "stream", "handler", "error type", "error",
+                  "attempts", Column("failed at (UTC)", no_wrap=True), "replay of",
+                  title=f"app {group}: {total} dead letter(s)")
+    for stored in found:
+        letter = stored.letter
+        error = letter.error if len(letter.error) <= ERROR_WIDTH else (
+            letter.error[: ERROR_WIDTH - 1] + "…")
+        table.add_row(stored.id, str(letter.message.stream), letter.handler or "-",
+                      letter.error_type, error, str(letter.attempts),
+                      _when(letter.failed_at_ms), stored.replay_of or "-")
+    if len(found) < total:
+        table.caption = f"showing {len(found)}; --limit shows more, --json the whole error"
+    return table
+
+
+async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
+                  handler: str | None, error_type: str | None) -> list[StoredLetter]:
+    """The letters ``--all`` / ``--id`` name, filtered; an id not stored exits 2."""
+    keep = LetterFilter(handler, error_type)
+    if every:
+        return [s async for s in letters(adapter, group, keep)]
+    found = {i: await adapter.find_dead_letter(group, i) for i in dict.fromkeys(ids)}
+    missing = [i for i, s in found.items() if s is None]
+    if missing:
+        usage(f"--id: no dead letter {', '.join(missing)} of app {group!r} (see "
+               "`conveyor dlq list`); nothing was done")
+    return [s for s in found.values() if s is not None and keep(s)]
+
+
+def _one_of(every: bool, ids: tuple[str, ...]) -> None:
+    if every == bool(ids):
+        raise click.UsageError("give either --all or --id ID (repeatable), not both or neither")
+
+
+@click.group("dlq")
+def dlq() -> None:
+    """An app's dead letters: list, show, replay and purge them (redis and kafka).
+
+    Letters are stored in the Redis stream PREFIX:dlq:APP, or the Kafka topic
+    TOPIC.conveyor-dlq; see the README's "Failures" section.
+    """
+
+
+@dlq.command("list")
+@_options
+@_filters
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Show at most this many letters, oldest first.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, errors in full.")
+def list_letters(config_path: Path | None, group: str, handler: str | None,
+                 error_type: str | None, limit: int, as_json: bool) -> None:
+    """One row per letter: id, stream, handler, error type and text, attempts, time."""
+    config = _load(config_path)
+
+    async def work(adapter: QueueAdapter) -> tuple[list[StoredLetter], int]:
+        found = [s async for s in letters(adapter, group, LetterFilter(handler, error_type),
+                                          limit)]
+        return found, await adapter.count_dead_letters(group)
+
+    found, total = _run(config, work)
+    if as_json:
+        click.echo(json.dumps([as_dict(s) for s in found]))
+        return
+    from rich.console import Console
+
+    Console().print(_table(found, group, total))
+
+
+@dlq.command("show")
+@click.argument("letter_id", metavar="ID")
+@_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) -> None:
+    """One letter in full: the reason, the message's metadata, headers and body."""
+    config = _load(config_path)
+
+    async def work(adapter: QueueAdapter) -> StoredLetter | None:
+        return await adapter.find_dead_letter(group, letter_id)
+
+    stored = _run(config, work)
+    if stored is None:
+        usage(f"no dead letter {letter_id} of app {group!r} (see `conveyor dlq list`)")
+    shown = as_dict(stored, body=True)
+    if as_json:
+        click.echo(json.dumps(shown))
+        return
+    for name, value in shown.items():
+        if name == "headers":
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        click.echo(f"{name + ':':<15}{'-' if value is None else value}")
+
+
+@dlq.command("replay")
+@_options
+@click.option("--all", "every", is_flag=True, help="Every letter of the app (after filters).")
+@click.option("--id", "ids", multiple=True, metavar="ID", help="This letter (repeatable).")
+@_filters
+@click.option("--batch", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Letters replayed per round of broker calls.")
+def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...],
+           handler: str | None, error_type: str | None, batch: int) -> None:
+    """Publish letters' messages to their streams again, then remove the letters.
+
+    Each message goes back as it was published (body, stream, content type, headers,
+    trace context, cv-id) with the header cv-replay-of = the letter's id; the letter is
+    removed only once the publish is confirmed. Interrupted, run it again: no letter is
+    lost or published twice. A message that fails again becomes a new letter whose
+    replay-of names this one. Undecodable and bare letters are skipped (and kept).
+    """
+    _one_of(every, ids)
+    config = _load(config_path)
+    mapper = HashRingQueueMapper(config.queues.total)
+
+    async def work(adapter: QueueAdapter) -> ReplayReport:
+        chosen = await _chosen(adapter, group, ids, every, handler, error_type)
+        return await replay_letters(
+            adapter, mapper, group, chosen,
+            on_replayed=lambda i, token: click.echo(f"replayed {i} -> {token}"), batch=batch,
+        )
+
+    report = _run(config, work)
+    for letter_id, why in report.skipped:
+        click.echo(f"conveyor: skipped {letter_id}: {why}", err=True)
+    for letter_id in report.gone:
+        click.echo(f"conveyor: {letter_id} was removed meanwhile; not replayed", err=True)
+    click.echo(f"replayed {len(report.replayed)} letter(s) of app {group!r}"
+               + (f"; {len(report.skipped)} skipped and kept" if report.skipped else ""))
+
+
+@dlq.command("purge")
+@_options
+@click.option("--all", "every", is_flag=True, help="Every letter of the app (after filters).")
+@click.option("--id", "ids", multiple=True, metavar="ID", help="This letter (repeatable).")
+@_filters
+@click.option("--yes", is_flag=True, help="Really delete them (required).")
+def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...],
+          handler: str | None, error_type: str | None, yes: bool) -> None:
+    """Delete letters for good (Kafka: recorded as purged; the records stay until the
+    topic's retention removes them)."""
+    _one_of(every, ids)
+    if not yes:
+        raise click.UsageError("purge deletes dead letters for good: add --yes to confirm")
+    config = _load(config_path)
+
+    async def work(adapter: QueueAdapter) -> int:
+        chosen = await _chosen(adapter, group, ids, every, handler, error_type)
+        return await adapter.delete_dead_letters(group, [s.id for s in chosen])
+
+    click.echo(f"purged {_run(config, work)} letter(s) of app {group!r}")

@@ -1,0 +1,152 @@
+"""Dead letters for operators: pick them by filter, replay them, purge them.
+
+What ``conveyor dlq`` calls; the storing side is :mod:`conveyor.platform.delivery.dead_letter`
+and the layout :mod:`conveyor.platform.letters`.
+
+Replaying a letter re-publishes its message as it was published — body, stream, content
+type, user headers, trace context (``traceparent`` / ``tracestate`` travel as headers),
+``cv-id`` — with a fresh ``cv-ts``, no ``cv-attempt``, and the header ``cv-replay-of`` set
+to the letter's id. It goes to the queue the same :class:`HashRingQueueMapper` picks for
+every publish, through the adapter's :meth:`~QueueAdapter.replay_dead_letters`, which
+removes the letter only once the message is stored and publishes it once even when a
+replay is killed midway and run again (each backend's docstring says how).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+
+from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.letters import Replay, StoredLetter
+from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.message import H_REPLAY_OF, Message, Undecodable, now_ms
+
+PAGE = 500
+"""Letters read per call while paging through a store."""
+BATCH = 100
+"""Letters replayed per adapter call (``conveyor dlq replay --batch``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LetterFilter:
+    """Which letters a command acts on: every one, or those of a handler / error type."""
+
+    handler: str | None = None
+    error_type: str | None = None
+
+    def __call__(self, stored: StoredLetter) -> bool:
+        letter = stored.letter
+        return ((self.handler is None or letter.handler == self.handler)
+                and (self.error_type is None or letter.error_type == self.error_type))
+
+
+async def letters(adapter: QueueAdapter, group: str, chosen: LetterFilter = LetterFilter(),
+                  limit: int | None = None) -> AsyncIterator[StoredLetter]:
+    """``group``'s letters that ``chosen`` keeps, oldest first, at most ``limit``."""
+    after: str | None = None
+    found = 0
+    while limit is None or found < limit:
+        page = await adapter.list_dead_letters(group, PAGE, after=after)
+        for stored in page:
+            if chosen(stored):
+                yield stored
+                found += 1
+                if limit is not None and found >= limit:
+                    return
+        if len(page) < PAGE:
+            return
+        after = page[-1].id
+
+
+def not_replayable(stored: StoredLetter) -> str | None:
+    """Why a letter cannot be replayed, or None if it can."""
+    letter = stored.letter
+    if isinstance(letter.message, Undecodable) or not letter.message.stream.namespace:
+        return "its message was undecodable (no namespace to route it by)"
+    if letter.form == "bare":
+        return "only its id was stored (bare form): its body is gone"
+    return None
+
+
+def replay_message(stored: StoredLetter) -> Message:
+    """The message a replay publishes (see the module docstring)."""
+    msg = stored.letter.message
+    return Message(
+        id=msg.id,
+        stream=msg.stream,
+        body=msg.body,
+        headers={**msg.headers, H_REPLAY_OF: stored.id},
+        content_type=msg.content_type,
+        enqueued_at_ms=now_ms(),
+    )
+
+
+@dataclass
+class ReplayReport:
+    replayed: list[tuple[str, SequenceToken]] = field(default_factory=list)
+    """(letter id, where its message went), in replay order."""
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(letter id, why): letters that cannot be replayed; they stay stored."""
+    gone: list[str] = field(default_factory=list)
+    """Letters removed meanwhile (replayed or purged by someone else): nothing published."""
+
+
+async def replay(adapter: QueueAdapter, mapper: HashRingQueueMapper, group: str,
+                 chosen: Iterable[StoredLetter],
+                 on_replayed: Callable[[str, SequenceToken], None] | None = None,
+                 batch: int = BATCH) -> ReplayReport:
+    """Replay the letters of ``chosen``, in order, ``batch`` letters per adapter call."""
+    report = ReplayReport()
+    pending: list[Replay] = []
+
+    async def flush() -> None:
+        tokens = await adapter.replay_dead_letters(group, pending)
+        for replay_, token in zip(pending, tokens, strict=True):
+            if token is None:
+                report.gone.append(replay_.letter_id)
+                continue
+            report.replayed.append((replay_.letter_id, token))
+            if on_replayed is not None:
+                on_replayed(replay_.letter_id, token)
+        pending.clear()
+        checkpoint("replayed")
+
+    for stored in chosen:
+        why = not_replayable(stored)
+        if why is not None:
+            report.skipped.append((stored.id, why))
+            continue
+        message = replay_message(stored)
+        pending.append(Replay(stored.id, mapper.queue_for(message.stream), message))
+        if len(pending) >= batch:
+            await flush()
+    if pending:
+        await flush()
+    return report
+
+
+KILL_ENV = "CONVEYOR_TEST_DLQ_KILL_AT"
+_passed: dict[str, int] = {}
+
+
+def checkpoint(stage: str) -> None:
+    """A point where the fault tests stop a replay the hard way.
+
+    With ``CONVEYOR_TEST_DLQ_KILL_AT=STAGE:N`` in the environment, the process sends
+    itself SIGKILL the N-th time it passes ``STAGE`` (``replayed``: after a batch's
+    replay completed; ``published``: Kafka, after a batch's messages are stored and
+    before its letters are recorded as replayed). Unset (always, outside tests), it does nothing.
+    """
+    wanted = os.environ.get(KILL_ENV)
+    if not wanted:
+        return
+    at_stage, _, count = wanted.partition(":")
+    if at_stage != stage:
+        return
+    _passed[stage] = _passed.get(stage, 0) + 1
+    if _passed[stage] >= int(count or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

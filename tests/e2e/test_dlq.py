@@ -1,0 +1,197 @@
+"""`conveyor dlq` as an operator runs it, on a real Redis and the Kafka-protocol broker:
+poison messages are dead-lettered, listed with their reasons, replayed after the fix
+and handled once; a replay killed midway and run again replays each letter once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.client import Publish, SyncClient
+from conveyor.platform.config import Config, load_config
+from conveyor.platform.dlq import KILL_ENV
+from conveyor.platform.ids import StreamId
+from conveyor.platform.message import DeadLetter, Message, now_ms
+from tests.conftest import stop_when, wait_until_sync
+from tests.integration.redis.conftest import write_config
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "dlq-e2e"
+
+
+def conveyor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("kafka", marks=pytest.mark.kafka)])
+def config_path(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A redis config on a server of its own, or a kafka one on a fresh topic (2 queues)."""
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        yield write_config(tmp_path / "redis.toml", server.url, queues={"total": 2},
+                           worker={"drain_timeout_s": 5.0})
+        return
+    broker = request.getfixturevalue("tansu")
+    base = (ROOT / "configs" / "kafka.toml").read_text()
+    path = tmp_path / "kafka.toml"
+    path.write_text(
+        base.replace('bootstrap = "127.0.0.1:9092"', f'bootstrap = "{broker.bootstrap}"')
+        .replace('topic = "conveyor"', f'topic = "dlq-{uuid.uuid4().hex[:10]}"')
+        .replace("total = 8 ", "total = 2 ")
+        .replace("drain_timeout_s = 30", "drain_timeout_s = 5")
+    )
+    yield path
+
+
+def on_adapter(config: Config, work: str, *args: object) -> object:
+    """``adapter.<work>(*args)`` on a fresh adapter (closed after)."""
+
+    async def run() -> object:
+        adapter: QueueAdapter = create_adapter(config.queues.adapter, config)
+        try:
+            return await getattr(adapter, work)(*args)
+        finally:
+            await adapter.close()
+
+    return asyncio.run(run())
+
+
+def start_worker(config_path: Path, out: Path, fixed: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_FIXED": str(fixed)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.poison_app:app",
+         "--config", str(config_path)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def handled(out: Path) -> list[tuple[int, str, str]]:
+    """(n, message id, replay-of) per handled message, as the app wrote them."""
+    rows = [line.split() for line in out.read_text().splitlines()] if out.exists() else []
+    return [(int(n), ident, replay_of) for n, ident, replay_of in rows]
+
+
+def test_poison_letters_are_listed_with_reasons_and_replayed_once_after_the_fix(
+    config_path: Path, tmp_path: Path,
+) -> None:
+    config = load_config(config_path)
+    out, fixed = tmp_path / "handled.txt", tmp_path / "fixed"
+    good, poison = [1, 2, 3], [4, 5, 6, 7]
+    worker = start_worker(config_path, out, fixed)
+    try:
+        with SyncClient.from_config(config) as client:
+            client.publish_batch(Publish("jobs", f"k{n}", {"n": n, "poison": n in poison})
+                                 for n in good + poison)
+        wait_until_sync(lambda: len(handled(out)) == 3
+                        and on_adapter(config, "count_dead_letters", APP) == 4,
+                        60, "3 handled and 4 dead-lettered")
+
+        listed = conveyor("dlq", "list", "--app", APP, "--config", str(config_path), "--json")
+        assert listed.returncode == 0, listed.stderr
+        letters = {int(entry["key"][1:]): entry for entry in json.loads(listed.stdout)}
+        assert sorted(letters) == poison
+        for n, entry in letters.items():
+            assert (entry["namespace"], entry["handler"], entry["error_type"], entry["error"],
+                    entry["attempts"], entry["replay_of"]) == (
+                "jobs", "jobs.handle", "ValueError", f"poison {n}", 2, None)
+        table = conveyor("dlq", "list", "--app", APP, "--config", str(config_path))
+        assert "4 dead letter(s)" in table.stdout and "poison 4" in table.stdout
+        shown = conveyor("dlq", "show", letters[4]["id"], "--app", APP, "--config",
+                         str(config_path), "--json")
+        assert json.loads(shown.stdout)["body"] == '{"n":4,"poison":true}', shown.stderr
+        status = conveyor("status", "--app", APP, "--config", str(config_path))
+        assert "4 dead letter(s) stored" in status.stdout, status.stderr
+
+        fixed.touch()  # the fix is deployed
+        replayed = conveyor("dlq", "replay", "--all", "--app", APP, "--config",
+                            str(config_path))
+        assert replayed.returncode == 0, replayed.stderr
+        assert "replayed 4 letter(s)" in replayed.stdout
+        stop_when(worker, lambda: len(handled(out)) >= 7, 60, "the replayed letters handled")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    # Exactly once each, no duplicates allowed: nothing crashed and the worker drained.
+    rows = handled(out)
+    assert sorted(n for n, _, _ in rows) == good + poison
+    for n, ident, replay_of in rows:
+        if n in poison:  # the original message (its cv-id), naming the letter it came from
+            assert (ident, replay_of) == (letters[n]["message_id"], letters[n]["id"])
+        else:
+            assert replay_of == "-"
+    empty = conveyor("dlq", "list", "--app", APP, "--config", str(config_path), "--json")
+    assert json.loads(empty.stdout) == []
+
+
+def test_a_replay_killed_midway_and_run_again_publishes_each_letter_once(
+    config_path: Path, tmp_path: Path,
+) -> None:
+    config = load_config(config_path)
+    kafka = config.queues.adapter == "kafka"
+    numbers = range(10, 16)
+    on_adapter(config, "dead_letter", APP, [
+        DeadLetter.of(Message(f"m{n}", StreamId("jobs", f"k{n}"),
+                              json.dumps({"n": n, "poison": True}).encode(),
+                              enqueued_at_ms=now_ms()), "jobs.handle", f"poison {n}", 2)
+        for n in numbers
+    ])
+    # Batches of 2. Redis: killed after the 2nd batch (each letter's script is atomic:
+    # there is no point within it). Kafka: killed after the 2nd batch is published,
+    # before its letters are recorded as replayed.
+    kill_at = "published:2" if kafka else "replayed:2"
+    first = conveyor("dlq", "replay", "--all", "--batch", "2", "--app", APP, "--config",
+                     str(config_path), env={KILL_ENV: kill_at})
+    assert first.returncode == -9, (first.returncode, first.stderr)
+    assert first.stdout.count("replayed ") == (2 if kafka else 4)
+    left = on_adapter(config, "count_dead_letters", APP)
+    assert left == (4 if kafka else 2)  # kafka: the 2nd batch is published, still listed
+    again = conveyor("dlq", "replay", "--all", "--batch", "2", "--app", APP, "--config",
+                     str(config_path))
+    assert again.returncode == 0, again.stderr
+    assert f"replayed {left} letter(s)" in again.stdout
+    assert on_adapter(config, "count_dead_letters", APP) == 0
+    # What the queues hold for the app (no worker of it has read them yet): one each.
+    assert sum(int(str(on_adapter(config, "lag", q, APP)))
+               for q in range(config.queues.total)) == 6
+
+    out, fixed = tmp_path / "handled.txt", tmp_path / "fixed"
+    fixed.touch()
+    worker = start_worker(config_path, out, fixed)
+    stop_when(worker, lambda: len(handled(out)) >= 6, 60, "the 6 replayed messages handled")
+    # Each letter's message handled exactly once: no duplicate is allowed (the replay's
+    # promise; the worker drained cleanly), and none is lost.
+    rows = handled(out)
+    assert sorted(n for n, _, _ in rows) == list(numbers)
+    assert sorted(ident for _, ident, _ in rows) == sorted(f"m{n}" for n in numbers)
+    assert len({replay_of for _, _, replay_of in rows}) == 6
+
+
+def test_operator_mistakes_are_usage_errors(config_path: Path) -> None:
+    kafka = load_config(config_path).queues.adapter == "kafka"
+    where = ["--app", APP, "--config", str(config_path)]
+    cases = [
+        (["show", "not-an-id", *where], "not a dead-letter id"),
+        (["show", "0:999999" if kafka else "1-0", *where], "no dead letter"),
+        (["replay", "--id", "0:999999" if kafka else "1-0", *where], "nothing was done"),
+        (["replay", *where], "either --all or --id"),
+        (["replay", "--all", "--id", "1-0", *where], "either --all or --id"),
+        (["purge", "--all", *where], "add --yes"),
+        (["list", "--app", APP], "memory adapter keeps dead letters"),
+    ]
+    for args, message in cases:
+        result = conveyor("dlq", *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, args
