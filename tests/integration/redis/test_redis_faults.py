@@ -329,3 +329,80 @@ def _tokens(stderr: str) -> dict[int, int]:
     for q, t in _ACQ.findall(stderr):
         out[int(q)] = max(out.get(int(q), 0), int(t))
     return out
+
+
+FAST_LEASES = {"lease_ttl_s": 2.0, "rebalance_interval_s": 0.2}
+FAST_MEMBERS = {"member_ttl_s": 1.0, "heartbeat_interval_s": 0.2}
+
+
+def pending(server: RedisServer, queues: Iterable[int]) -> int:
+    """Entries of app ``rec`` delivered to some consumer and not acknowledged."""
+    client = server.client()
+    try:
+        return sum(int(g["pending"]) for q in queues for g in client.xinfo_groups(f"t:q:{q}")
+                   if g["name"] == b"rec")
+    finally:
+        client.close()
+
+
+def test_a_paused_daemon_starts_no_handler_for_the_queues_it_lost(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    """SIGSTOP past the lease, SIGCONT: what the paused daemon had pulled and not started
+    goes to the new owner; the paused one starts none of it (its own records say so)."""
+    n, streams, slots = 2_000, 200, 4
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": slots},
+                       worker={"cache_capacity": 64}, balancer=FAST_LEASES,
+                       redis=FAST_MEMBERS)
+    # Slow handlers and few slots: the victim's caches are full of unstarted messages.
+    [victim] = start(workers, tmp_path, cfg, 1, work_ms=200, record_starts=True,
+                     log_level="debug")
+    [other] = start(workers, tmp_path, cfg, 1, work_ms=1)
+    wait_split(redis_server, [victim, other])
+    publish(cfg, n, streams)
+    wait_file_lines([victim.starts], 3 * slots, 30, "the victim to be busy")
+
+    lost = member_of(victim, owners(redis_server))
+    victim.signal(signal.SIGSTOP)
+    paused_at = time.time()
+    held_at_pause = pending(redis_server, lost)
+    assert held_at_pause > slots, "the victim held no unstarted message: nothing to test"
+    wait_until_sync(lambda: lost <= member_of(other, owners(redis_server)),
+                    FAST_LEASES["lease_ttl_s"] + 10, "the paused daemon's queues to move")
+    resumed_at = time.time()
+    victim.signal(signal.SIGCONT)
+    # It gives each queue up, noticing the lost lease or re-balancing it away first.
+    wait_until_sync(
+        lambda: all(f"lost the lease of queue {q} " in victim.stderr
+                    or f"released queue {q}\n" in victim.stderr for q in lost),
+        15, "the resumed daemon to drop the queues it lost",
+    )
+    assert victim.stop() == 0
+    records = [victim.record, other.record]
+    wait_until_sync(lambda: len({r[5] for r in read_records(records)}) >= n, 60,
+                    "every message to be handled")
+    assert other.stop() == 0
+
+    # A queue the victim leased again after the pause (a later re-balance) is its own
+    # again from the moment the grant was logged.
+    regained: dict[int, float] = {}
+    for when, q, _ in _ACQ_AT.findall(victim.stderr):
+        if int(q) in lost and _log_time(when) >= resumed_at:
+            regained.setdefault(int(q), _log_time(when))
+    starts = read_records([victim.starts])
+    late = [r for r in starts if r[2] in lost and resumed_at <= r[0] < regained.get(r[2], 1e12)]
+    print(f"\nSIGSTOP: victim held {held_at_pause} unacknowledged on queues {sorted(lost)}; "
+          f"started after resuming on lost queues: {len(late)}")
+    assert late == [], "a paused daemon started handlers on queues it had lost"
+
+    rows = read_records(records)
+    handled = Counter((r[3], r[4]) for r in rows)
+    assert set(handled) == {(f"s{i % streams}", i) for i in range(n)}, "lost or foreign"
+    # Duplicates: only the calls the victim had started before the pause, whose acks
+    # were then refused (at most its slots, plus finished calls whose ack was not sent).
+    ids = Counter(r[5] for r in rows)
+    started_before = {r[5] for r in starts if r[0] < paused_at}
+    doubled = {mid for mid, count in ids.items() if count > 1}
+    assert doubled <= started_before, "a message the victim never started ran twice"
+    assert len(doubled) <= held_at_pause
+    check_order(rows)
