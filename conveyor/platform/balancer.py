@@ -167,9 +167,10 @@ class QueueBalancer(ABC):
 
     def owned_until(self, queue: int) -> float:
         """Until when (``time.monotonic()``) this daemon may act on ``queue`` — start a
-        handler, pull, acknowledge — unless told otherwise first; ``-inf`` once it is no
-        longer its. Agents cache the answer and compare the clock against it before every
-        handler start, asking again only once it has passed."""
+        handler, pull, acknowledge; ``-inf`` if it is not its. Agents cache the answer and
+        compare the clock against it before every handler start, asking again only once
+        it has passed, so a balancer may extend a deadline it gave but never shorten it:
+        it takes a queue away by calling the listener (``queue_released``/``queue_lost``)."""
         return math.inf
 
     def lease_valid(self, queue: int) -> bool:

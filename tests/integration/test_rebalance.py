@@ -133,10 +133,13 @@ async def test_an_owner_cut_off_from_the_store_stops_acking_and_its_queues_are_t
     assert a.report().acked == acked_at_drop, "a fenced owner must not ack"
     await b.stop()
     a_view.cut = False
-    await a.stop()
+    report = await a.stop()
     assert set(record.calls) == set(ids)
     # Only what a held (at most its 4 caches) may run twice.
     assert record.duplicates <= 4 * cfg.worker.cache_capacity
+    # What a held when its leases lapsed is counted as lost, not as abandoned by a drain.
+    assert report.lost > 0 and report.abandoned == 0
+    assert record.duplicates <= report.lost
 
 
 class Listener:
@@ -151,6 +154,9 @@ class Listener:
 
     async def queue_lost(self, queue: int) -> None:
         self.owned.discard(queue)
+
+    def balancer_failed(self, error: BaseException) -> None:
+        raise AssertionError(f"the balancer failed: {error}")
 
 
 async def test_resource_placement_gives_the_busier_daemon_fewer_queues() -> None:
