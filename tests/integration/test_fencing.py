@@ -61,3 +61,37 @@ async def test_runners_start_nothing_while_ownership_lapsed_and_resume_when_it_r
         report = await d.stop()
     assert set(record.calls) == set(ids) and record.duplicates == 0
     assert (report.abandoned, report.lost) == (0, 0)
+
+
+async def test_a_lost_queue_runs_nothing_more_and_what_it_held_is_counted_as_lost() -> None:
+    adapter = fresh_adapter()
+    record = Record()
+    balancer = Lapsing()
+    d = daemon(recording_app(record, delay_s=0.01), adapter, config(slots={"count": 2}),
+               balancer=balancer)
+    ids = await publish_items(Client(adapter, d.mapper), 400, streams=40)
+    await d.start()
+    try:
+        await wait_until(lambda: record.handled >= 20, 10, what="handlers at work")
+        balancer.renewing = False
+        await wait_until(lambda: record.active == 0, 5, what="the calls under way to finish")
+        handled_before = set(record.calls)
+        held = sum(a.unacknowledged for a in d.agents.values())
+        assert held > 0, "nothing was held: nothing to test"
+        for queue in list(d.agents):  # what a balancer does once the lease is gone
+            await d.queues.queue_lost(queue)
+        assert set(record.calls) == handled_before
+    finally:
+        report = await d.stop()
+    assert (report.lost, report.abandoned, report.released) == (held, 0, 0)
+
+    # The next owner gets everything back: nothing is lost, and only messages the first
+    # daemon had already run (their acks held back by the lapse) can run twice.
+    after = daemon(recording_app(record), adapter, config())
+    await after.start()
+    try:
+        await wait_until(lambda: set(record.calls) == set(ids), 20, what="all handled")
+    finally:
+        await after.stop()
+    doubled = {mid for mid, n in record.calls.items() if n > 1}
+    assert doubled <= handled_before and len(doubled) <= held
