@@ -14,6 +14,11 @@ the committed watermark.
 
 Receivers of the group read and commit through the group's consumer (attached to the
 adapter), since Kafka refuses commits from outside a group's live generation.
+
+A partition counts as this daemon's until the coordinator last confirmed the membership
+(the assignment, or a heartbeat answered) plus ``session_timeout_ms`` less a fifth: a
+daemon paused or cut off past its session starts no handler for it, and when the
+partition is then revoked it is stopped at once (lost), not drained.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -59,6 +66,11 @@ class KafkaGroupBalancer(QueueBalancer):
         self._stopping = False
         self._member: MemberInfo | None = None
         self._joining: asyncio.Task[None] | None = None
+        session_s = adapter.config.session_timeout_ms / 1000
+        self._confirmed_for_s = session_s - session_s / 5
+        self._confirmed_at = -math.inf
+        """When (monotonic, taken before the request) the coordinator last confirmed
+        this member; +inf when that cannot be observed (revocation alone then fences)."""
 
     async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
         """Join the group; if the broker is down, keep trying in the background.
@@ -103,9 +115,30 @@ class KafkaGroupBalancer(QueueBalancer):
         )
         await start_client(consumer, f"joining group {self.group!r}")
         self.adapter.outage.ok()
+        self._track_heartbeats(consumer)
         self._consumer = consumer
         self.adapter.attach_group_consumer(self.group, consumer)
         consumer.subscribe([self.adapter.topic], listener=_Rebalance(self))
+
+    def _track_heartbeats(self, consumer: Any) -> None:
+        """Note each heartbeat the coordinator answers (aiokafka keeps this private)."""
+        coordinator: Any = getattr(consumer, "_coordinator", None)
+        heartbeat = getattr(coordinator, "_do_heartbeat", None)
+        if heartbeat is None:
+            log.warning("group %s: this aiokafka does not let heartbeats be observed; "
+                        "a paused daemon is fenced only once its partitions are revoked",
+                        self.group)
+            self._confirmed_at = math.inf
+            return
+
+        async def observed() -> bool:
+            sent = time.monotonic()
+            answered: bool = await heartbeat()  # True: still a member (even mid-rebalance)
+            if answered:
+                self._confirmed_at = max(self._confirmed_at, sent)
+            return answered
+
+        coordinator._do_heartbeat = observed
 
     async def wait_assigned(self, timeout_s: float) -> bool:
         """Wait for the first assignment (tests, and callers that want a warm start)."""
@@ -121,16 +154,23 @@ class KafkaGroupBalancer(QueueBalancer):
         if self._stopping:
             return
         mine = [p for p in partitions if p < self.total_queues and p not in self._owned]
+        self._confirmed_at = max(self._confirmed_at, time.monotonic())  # SyncGroup answered
         self._owned.update(mine)
         await asyncio.gather(*(self._listener.queue_acquired(q, None) for q in mine))
         self._assigned_once.set()
         log.info("group %s assigned queues %s", self.group, sorted(self._owned))
 
     async def _revoked(self, partitions: list[int]) -> None:
-        """Drain (finish and commit) before the coordinator may hand the partitions on."""
+        """Drain (finish and commit) before the coordinator may hand the partitions on;
+        stop at once if the session lapsed (they may be someone else's already)."""
         assert self._listener is not None
         gone = [p for p in partitions if p in self._owned]
-        await asyncio.gather(*(self._listener.queue_released(q) for q in gone))
+        if time.monotonic() < self._confirmed_at + self._confirmed_for_s:
+            await asyncio.gather(*(self._listener.queue_released(q) for q in gone))
+        else:
+            log.warning("group %s: session lapsed; dropping queues %s undrained",
+                        self.group, gone)
+            await asyncio.gather(*(self._listener.queue_lost(q) for q in gone))
         self._owned.difference_update(gone)
 
     async def stop(self) -> None:
@@ -152,8 +192,10 @@ class KafkaGroupBalancer(QueueBalancer):
     def owned(self) -> list[int]:
         return sorted(self._owned)
 
-    def lease_valid(self, queue: int) -> bool:
-        return queue in self._owned
+    def owned_until(self, queue: int) -> float:
+        if queue not in self._owned:
+            return -math.inf
+        return self._confirmed_at + self._confirmed_for_s
 
 
 def from_config(config: Config, group: str, adapter: QueueAdapter) -> KafkaGroupBalancer:

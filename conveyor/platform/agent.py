@@ -19,6 +19,15 @@ than free slots" rule: a message never *starts* without a slot, and an agent nev
 more than its cache's capacity. What changed: slots no longer gate the pull, so a daemon
 with 64 slots over 8 queues asks for up to ``max_batch`` messages per pull, not 8.
 
+**No handler starts without ownership.** Before a runner starts a message it compares
+the clock with the time until which the queue is this daemon's (the lease's local
+deadline less its safety margin; for a Kafka group, the last heartbeat plus the session
+timeout), cached from the balancer and asked again only once it has passed: one clock
+read per message, no I/O. A daemon paused past its lease (SIGSTOP, a long GC, a stalled
+VM) therefore starts nothing it pulled before the pause once it resumes: the messages
+wait, unstarted, until the lease is renewed or the queue is declared lost, and then go to
+the next owner unacknowledged.
+
 Runners are long-lived coroutines, started on demand up to the cache capacity and
 parked on a future when idle, so a message costs no task of its own. A runner reserves
 a slot *before* it takes a lane (waiting for one if none is free; a runner that waits
@@ -31,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -91,7 +101,7 @@ class PullingAgent:
         orphans: Orphans,
         slots: SlotSupplier,
         settings: AgentSettings,
-        may_act: Callable[[], bool] | None = None,
+        owned_until: Callable[[], float] | None = None,
     ) -> None:
         self.queue = queue
         self.receiver = receiver
@@ -116,9 +126,12 @@ class PullingAgent:
         self._stopping = False
         self._fenced = False
         self._aborted = False
-        # Fencing: consulted before every pull and every ack; False once the lease
-        # is (about to be) lost, so a stale owner neither pulls nor acknowledges.
-        self._may_act = may_act or (lambda: True)
+        # Fencing: until when (monotonic) the queue is ours, asked of the balancer only
+        # once the cached answer has passed; consulted before every handler start, pull
+        # and ack, so a stale owner neither starts, pulls nor acknowledges.
+        self._ask_owned_until = owned_until or (lambda: math.inf)
+        self._owned_until = self._ask_owned_until()
+        self._regain_task: asyncio.Task[None] | None = None
         # Backends that persist done offsets above the watermark (Kafka) hear about
         # each message finished out of order; the others cost one None check.
         self._note_out_of_order = (
@@ -127,6 +140,13 @@ class PullingAgent:
         self.pulled = 0
         self.acked = 0
         self.max_cache_fill = 0
+
+    def _may_act(self) -> bool:
+        now = time.monotonic()
+        if now < self._owned_until:
+            return True
+        self._owned_until = self._ask_owned_until()
+        return now < self._owned_until
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -212,6 +232,12 @@ class PullingAgent:
         return sum(1 for e in self.cache.entries if e.started and not e.done)
 
     @property
+    def unacknowledged(self) -> int:
+        """Messages pulled and not acknowledged: held in the cache, or done with their
+        acknowledgement not sent yet."""
+        return len(self.cache) + len(self._to_ack)
+
+    @property
     def aborted(self) -> bool:
         """Stopped by :meth:`abort`: nothing it held is acknowledged any more."""
         return self._aborted
@@ -235,7 +261,8 @@ class PullingAgent:
             await self.receiver.shutdown()
 
     async def _stop_runners(self) -> None:
-        tasks = [*self._runners, *([self._orphan_task] if self._orphan_task else [])]
+        extra = (self._orphan_task, self._regain_task)
+        tasks = [*self._runners, *(t for t in extra if t is not None)]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -331,6 +358,7 @@ class PullingAgent:
         ctx = self._ctx
         queue = self.queue
         loop = asyncio.get_running_loop()
+        clock = time.monotonic
         permit: SlotPermit | None = None
         while True:
             self._waking = False  # this runner is awake: another may be woken now
@@ -343,12 +371,18 @@ class PullingAgent:
                             permit.release(SlotReleaseReason.NEVER_USED)
                             permit = None
                             break
+                fenced = clock() >= self._owned_until and not self._may_act()
+                if fenced and not self._stopping:
+                    self._regain()  # not ours (for now): start nothing, wake no one
+                    break
                 lane: Lane = ready.popleft()
                 if ready:
                     self._wake()  # others can start on the next lane while this one runs
                 entry = lane.entries[0]
-                if self._stopping and not entry.started:
-                    continue  # draining: a message nothing has started goes to the next owner
+                if self._stopping and (fenced or not entry.started):
+                    # Draining: a message nothing has started goes to the next owner, and
+                    # on a queue no longer ours nothing starts at all.
+                    continue
                 entry.started = True
                 route = lane.route
                 msg = entry.msg
@@ -370,12 +404,27 @@ class PullingAgent:
                     permit.release(SlotReleaseReason.TASK_COMPLETE)
                     permit = None
             if permit is not None:
-                permit.release(SlotReleaseReason.TASK_COMPLETE)
+                permit.release()  # TASK_COMPLETE, or NEVER_USED if fenced before a start
                 permit = None
             self._check_quiet()
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter
+
+    def _regain(self) -> None:
+        """The queue is not ours now (a lease renewal is overdue): wake the runners once
+        it is again; if it is lost instead, :meth:`abort` cancels the wait."""
+        if self._regain_task is None:
+            self._regain_task = asyncio.create_task(self._wait_owned())
+
+    async def _wait_owned(self) -> None:
+        try:
+            # Polled like the pull loop: a renewal moves a deadline, it sets no event.
+            while not self._stopping and not self._may_act():  # noqa: ASYNC110
+                await asyncio.sleep(self.settings.poll_timeout_s / 5)
+        finally:
+            self._regain_task = None
+        self._wake()
 
     def _entry_done(self, entry: Entry) -> None:
         if self.cache.entries[0] is not entry:
@@ -397,6 +446,9 @@ class PullingAgent:
         self._running += 1  # a drain waits for the one under way like for a handler call
         try:
             while orphans and not self._stopping:
+                if not self._may_act():  # not ours now: dead-letter nothing
+                    await asyncio.sleep(self.settings.poll_timeout_s / 5)
+                    continue
                 entry = orphans.popleft()
                 entry.started = True
                 pending = self._orphans.take(entry.msg)

@@ -3,9 +3,11 @@
 ``StaticBalancer``
     A fixed list of queues, owned without leases (one daemon, or a hand-made split).
 ``DynamicBalancer``
-    Daemons register in a :class:`Membership`; each computes the same best-fit split
-    of the queues from the same ordered view and takes its share through leases
-    (:mod:`conveyor.platform.leases`). When a daemon joins or leaves, the giving side
+    Daemons register in a :class:`Membership`; each computes the same split of the
+    queues from the same view — the live members and the current lease holders — and
+    takes its share through leases (:mod:`conveyor.platform.leases`). The default split
+    is sticky (:func:`sticky_split`): a daemon keeps what it holds up to its fair share,
+    so a join or a leave moves only the surplus. When a daemon joins or leaves, the giving side
     drains the queue (stops pulling, finishes and acknowledges in-flight messages) and
     only then releases the lease; the taking side starts once it can acquire it. A dead
     daemon's leases simply expire and are taken over; its unacknowledged messages are
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -59,6 +62,42 @@ def best_fit(member_ids: Sequence[str], total_queues: int) -> dict[str, list[int
     return split
 
 
+def sticky_split(
+    member_ids: Sequence[str], total_queues: int, owners: Mapping[int, str]
+) -> dict[str, list[int]]:
+    """Split queues ``0..total_queues-1`` evenly, moving as few as possible from ``owners``.
+
+    Every member gets ``floor(q/n)`` or ``ceil(q/n)`` queues. The ``q mod n`` larger
+    shares go to the members holding the most now (ties: the smaller id), each member
+    keeps its lowest-numbered queues up to its share, and the rest — the surplus, plus
+    queues held by no live member — are dealt in queue order to the members short of
+    their share, in id order. No even split keeps more queues where they are: a queue
+    moves only if its owner holds more than its share, or is gone.
+
+    A pure function of its arguments: every daemon that reads the same members and lease
+    holders computes the same split (holders that are not members count as nobody).
+    """
+    members = sorted(set(member_ids))
+    if not members:
+        return {}
+    held: dict[str, list[int]] = {m: [] for m in members}
+    unheld: list[int] = []
+    for queue in range(total_queues):
+        mine = held.get(owners.get(queue, ""))
+        (unheld if mine is None else mine).append(queue)
+    base, larger = divmod(total_queues, len(members))
+    by_holding = sorted(members, key=lambda m: (-len(held[m]), m))
+    share = {m: base + (i < larger) for i, m in enumerate(by_holding)}
+    split = {m: held[m][: share[m]] for m in members}
+    free = sorted(unheld + [q for m in members for q in held[m][share[m]:]])
+    at = 0
+    for m in members:
+        wanted = share[m] - len(split[m])
+        split[m] = sorted(split[m] + free[at:at + wanted])
+        at += wanted
+    return split
+
+
 class Placement(ABC):
     """How a dynamic balancer splits the queues among the live members."""
 
@@ -72,12 +111,15 @@ class Placement(ABC):
 
 
 class BestFitPlacement(Placement):
-    """Round-robin over sorted member ids: everyone gets floor(q/n) or ceil(q/n)."""
+    """Even and sticky: everyone gets floor(q/n) or ceil(q/n), keeping what it holds
+    (:func:`sticky_split`), so a membership change moves only the surplus."""
+
+    needs_owners = True
 
     def split(
         self, members: Sequence[MemberInfo], total_queues: int, owners: Mapping[int, str]
     ) -> dict[str, list[int]]:
-        return best_fit([m.id for m in members], total_queues)
+        return sticky_split([m.id for m in members], total_queues, owners)
 
 
 class ResourcePlacement(Placement):
@@ -123,9 +165,17 @@ class QueueBalancer(ABC):
     @abstractmethod
     def owned(self) -> list[int]: ...
 
+    def owned_until(self, queue: int) -> float:
+        """Until when (``time.monotonic()``) this daemon may act on ``queue`` — start a
+        handler, pull, acknowledge; ``-inf`` if it is not its. Agents cache the answer and
+        compare the clock against it before every handler start, asking again only once
+        it has passed, so a balancer may extend a deadline it gave but never shorten it:
+        it takes a queue away by calling the listener (``queue_released``/``queue_lost``)."""
+        return math.inf
+
     def lease_valid(self, queue: int) -> bool:
-        """May this daemon still acknowledge on ``queue``? (fencing, checked before acks)."""
-        return True
+        """May this daemon still act on ``queue``? (fencing, checked before pulls and acks)."""
+        return time.monotonic() < self.owned_until(queue)
 
     def set_stats_provider(self, provider: StatsProvider) -> None:  # noqa: B027
         """Stats to publish with this daemon's membership record (ignored when static)."""
@@ -189,9 +239,9 @@ class DynamicBalancer(QueueBalancer):
     def owned(self) -> list[int]:
         return sorted(self._held)
 
-    def lease_valid(self, queue: int) -> bool:
+    def owned_until(self, queue: int) -> float:
         lease = self._held.get(queue)
-        return lease is not None and time.monotonic() < lease.deadline - self.safety_margin_s
+        return -math.inf if lease is None else lease.deadline - self.safety_margin_s
 
     async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
         """Join and take this daemon's share.

@@ -292,7 +292,8 @@ class BalancerConfig(_Section):
     kept in Redis. The kafka adapter works with either (``memory`` shares partitions
     among the daemons of one process only)."""
     placement: Literal["best-fit", "resource"] = "best-fit"
-    """``dynamic`` only. ``best-fit``: an even, deterministic split. ``resource``: power-of-K
+    """``dynamic`` only. ``best-fit``: an even, deterministic split in which each daemon
+    keeps the queues it holds up to its share (only the surplus moves). ``resource``: power-of-K
     choices (K = ceil(sqrt(n))) over the CPU and memory each daemon publishes, filtered
     by CDM-KF; busier daemons get fewer queues."""
     weights: PlacementConfig = msgspec.field(default_factory=PlacementConfig)

@@ -4,6 +4,8 @@ Each handled message appends one line ``<time> <pid> <queue> <stream-key> <seq> 
 to the file named by ``CONVEYOR_TEST_RECORD``, flushed per line, so a test can count
 deliveries and check order even after the process was killed with SIGKILL.
 ``CONVEYOR_TEST_WORK_MS`` makes each message take that long (an await, not CPU).
+``CONVEYOR_TEST_STARTS``, if set, names a file that gets the same line when a handler
+*starts* a message (its time is the start's), before any await.
 """
 
 from __future__ import annotations
@@ -23,14 +25,18 @@ class Item(msgspec.Struct):
 
 app = App("rec")
 _out = open(os.environ.get("CONVEYOR_TEST_RECORD", os.devnull), "a", buffering=1)  # noqa: SIM115
+_starts = (open(os.environ["CONVEYOR_TEST_STARTS"], "a", buffering=1)  # noqa: SIM115
+           if os.environ.get("CONVEYOR_TEST_STARTS") else None)
 _work_s = float(os.environ.get("CONVEYOR_TEST_WORK_MS", "0")) / 1000
 _pid = os.getpid()
 
 
 @app.handler("items")
 async def on_item(item: Item, ctx: MessageContext) -> None:
-    if _work_s:
-        await asyncio.sleep(_work_s)
     msg = ctx.message
     queue = msg.token.queue if msg.token else -1
+    if _starts is not None:
+        _starts.write(f"{time.time():.3f} {_pid} {queue} {msg.stream.key} {item.seq} {msg.id}\n")
+    if _work_s:
+        await asyncio.sleep(_work_s)
     _out.write(f"{time.time():.3f} {_pid} {queue} {msg.stream.key} {item.seq} {msg.id}\n")

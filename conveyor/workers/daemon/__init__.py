@@ -185,6 +185,7 @@ class WorkerDaemon:
             abandoned=self.queues.abandoned,
             skipped=self.stats.skipped,
             released=self.queues.released,
+            lost=self.queues.lost,
         )
 
     def stats_snapshot(self) -> dict[str, float]:

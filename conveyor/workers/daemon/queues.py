@@ -4,8 +4,8 @@ balancer says.
 The daemon is the balancer's :class:`~conveyor.platform.balancer.BalanceListener` and
 hands each call to :class:`QueueOwner`. A released queue is drained (pulling stops,
 in-flight messages finish within ``[worker] drain_timeout_s`` and are acknowledged); a
-lost one is aborted at once (its lease is gone: nothing more is acknowledged, what was
-in flight counts as abandoned). What gone agents pulled and acknowledged is kept for
+lost one is aborted at once (its lease is gone: nothing more is started or acknowledged,
+what it held counts as lost). What gone agents pulled and acknowledged is kept for
 the :class:`DrainReport`.
 """
 
@@ -38,20 +38,24 @@ class DrainReport:
     skipped: int = 0
     released: int = 0
     """Pulled, never started, handed back unacknowledged (the next owner runs them)."""
+    lost: int = 0
+    """Held unacknowledged when a queue's lease (or Kafka group assignment) was lost:
+    the next owner gets them again; those a handler had started may run twice."""
 
     def __str__(self) -> str:
         return (
             f"pulled={self.pulled} acked={self.acked} handled={self.handled} "
             f"dead_lettered={self.dead_lettered} abandoned={self.abandoned} "
-            f"skipped={self.skipped} released={self.released}"
+            f"skipped={self.skipped} released={self.released} lost={self.lost}"
         )
 
 
 class QueueOwner:
     """A pulling agent per owned queue, and the counts of the agents that are gone.
 
-    ``balancer`` is asked, before every acknowledgement, whether the queue's lease is
-    still valid; ``worker`` is read when a drain starts (``drain_timeout_s``).
+    ``balancer`` says until when each queue is this daemon's (agents check it before
+    every handler start, pull and acknowledgement); ``worker`` is read when a drain starts
+    (``drain_timeout_s``).
     """
 
     def __init__(
@@ -79,9 +83,13 @@ class QueueOwner:
         self._acked_gone = 0
         self._max_cache_fill_gone = 0
         self.abandoned = 0
-        """Messages in flight when their queue was lost or its drain timed out."""
+        """Messages started and left unacknowledged by a drain that timed out or a second
+        stop signal."""
         self.released = 0
-        """Messages pulled but never started, handed back unacknowledged by a drain."""
+        """Messages pulled but never started, handed back unacknowledged by a drain (or a
+        second stop signal)."""
+        self.lost = 0
+        """Messages held unacknowledged when their queue's lease was lost."""
         self._deadline: float | None = None
 
     # -- what the balancer says ----------------------------------------------------------
@@ -97,7 +105,7 @@ class QueueOwner:
             self._orphans,
             self._slots,
             self._settings,
-            may_act=lambda: balancer.lease_valid(queue),
+            owned_until=lambda: balancer.owned_until(queue),
         )
         self.agents[queue] = agent
         agent.start()
@@ -110,7 +118,7 @@ class QueueOwner:
     async def queue_lost(self, queue: int) -> None:
         agent = self.agents.pop(queue, None)
         if agent is not None:
-            self._count_aborted(agent)
+            self._count_lost(agent)
             self._leaving[queue] = agent  # still counted while it stops
             try:
                 await agent.abort()
@@ -118,7 +126,7 @@ class QueueOwner:
                 self._leaving.pop(queue, None)
                 self._forget(agent)
         elif (leaving := self._leaving.get(queue)) is not None:
-            self._count_aborted(leaving)
+            self._count_lost(leaving)
             await leaving.abort()  # its _drain() finishes and accounts for it
 
     def stop_by(self, deadline: float) -> None:
@@ -145,6 +153,11 @@ class QueueOwner:
             released = agent.released
             self.released += released
             self.abandoned += agent.in_flight - released
+
+    def _count_lost(self, agent: PullingAgent) -> None:
+        """Everything an agent whose lease is gone holds goes back unacknowledged."""
+        if not agent.aborted:
+            self.lost += agent.unacknowledged
 
     def _drain_timeout_s(self) -> float:
         timeout = self._worker.drain_timeout_s

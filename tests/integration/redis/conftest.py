@@ -46,12 +46,15 @@ class Worker:
     """A ``conveyor worker`` subprocess running tests.apps.recorder."""
 
     def __init__(self, name: str, config: Path, tmp: Path, *, work_ms: float = 0,
-                 log_level: str = "info") -> None:
+                 log_level: str = "info", record_starts: bool = False) -> None:
         self.name = name
         self.record = tmp / f"{name}.rec"
+        self.starts = tmp / f"{name}.starts"
+        """Handler starts, one line each (only with ``record_starts``)."""
         self.stderr_path = tmp / f"{name}.err"
         env = dict(os.environ, CONVEYOR_TEST_RECORD=str(self.record),
-                   CONVEYOR_TEST_WORK_MS=str(work_ms), PYTHONUNBUFFERED="1")
+                   CONVEYOR_TEST_WORK_MS=str(work_ms), PYTHONUNBUFFERED="1",
+                   CONVEYOR_TEST_STARTS=str(self.starts) if record_starts else "")
         self._err = open(self.stderr_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli", "--log-level", log_level, "worker",

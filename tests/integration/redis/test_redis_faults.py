@@ -329,3 +329,159 @@ def _tokens(stderr: str) -> dict[int, int]:
     for q, t in _ACQ.findall(stderr):
         out[int(q)] = max(out.get(int(q), 0), int(t))
     return out
+
+
+FAST_TTL_S = 2.0
+FAST_LEASES: dict[str, object] = {"lease_ttl_s": FAST_TTL_S, "rebalance_interval_s": 0.2}
+FAST_MEMBERS: dict[str, object] = {"member_ttl_s": 1.0, "heartbeat_interval_s": 0.2}
+
+
+def pending(server: RedisServer, queues: Iterable[int]) -> int:
+    """Entries of app ``rec`` delivered to some consumer and not acknowledged."""
+    client = server.client()
+    try:
+        return sum(int(g["pending"]) for q in queues for g in client.xinfo_groups(f"t:q:{q}")
+                   if g["name"] == b"rec")
+    finally:
+        client.close()
+
+
+def test_a_paused_daemon_starts_no_handler_for_the_queues_it_lost(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    """SIGSTOP past the lease, SIGCONT: what the paused daemon had pulled and not started
+    goes to the new owner; the paused one starts none of it (its own records say so)."""
+    n, streams, slots = 2_000, 200, 4
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": slots},
+                       worker={"cache_capacity": 64}, balancer=FAST_LEASES,
+                       redis=FAST_MEMBERS)
+    # Slow handlers and few slots: the victim's caches are full of unstarted messages.
+    [victim] = start(workers, tmp_path, cfg, 1, work_ms=200, record_starts=True,
+                     log_level="debug")
+    [other] = start(workers, tmp_path, cfg, 1, work_ms=1)
+    wait_split(redis_server, [victim, other])
+    publish(cfg, n, streams)
+    wait_file_lines([victim.starts], 3 * slots, 30, "the victim to be busy")
+
+    lost = member_of(victim, owners(redis_server))
+    victim.signal(signal.SIGSTOP)
+    paused_at = time.time()
+    held_at_pause = pending(redis_server, lost)
+    assert held_at_pause > slots, "the victim held no unstarted message: nothing to test"
+    wait_until_sync(lambda: lost <= member_of(other, owners(redis_server)),
+                    FAST_TTL_S + 10, "the paused daemon's queues to move")
+    resumed_at = time.time()
+    victim.signal(signal.SIGCONT)
+    # It gives each queue up, noticing the lost lease or re-balancing it away first.
+    wait_until_sync(
+        lambda: all(f"lost the lease of queue {q} " in victim.stderr
+                    or f"released queue {q}\n" in victim.stderr for q in lost),
+        15, "the resumed daemon to drop the queues it lost",
+    )
+    assert victim.stop() == 0
+    records = [victim.record, other.record]
+    wait_until_sync(lambda: len({r[5] for r in read_records(records)}) >= n, 60,
+                    "every message to be handled")
+    assert other.stop() == 0
+
+    # A queue the victim leased again after the pause (a later re-balance) is its own
+    # again from the moment the grant was logged.
+    regained: dict[int, float] = {}
+    for when, q, _ in _ACQ_AT.findall(victim.stderr):
+        if int(q) in lost and _log_time(when) >= resumed_at:
+            regained.setdefault(int(q), _log_time(when))
+    starts = read_records([victim.starts])
+    late = [r for r in starts if r[2] in lost and resumed_at <= r[0] < regained.get(r[2], 1e12)]
+    print(f"\nSIGSTOP: victim held {held_at_pause} unacknowledged on queues {sorted(lost)}; "
+          f"started after resuming on lost queues: {len(late)}")
+    assert late == [], "a paused daemon started handlers on queues it had lost"
+
+    rows = read_records(records)
+    handled = Counter((r[3], r[4]) for r in rows)
+    assert set(handled) == {(f"s{i % streams}", i) for i in range(n)}, "lost or foreign"
+    # Duplicates: only the calls the victim had started before the pause, whose acks
+    # were then refused (at most its slots, plus finished calls whose ack was not sent).
+    ids = Counter(r[5] for r in rows)
+    started_before = {r[5] for r in starts if r[0] < paused_at}
+    doubled = {mid for mid, count in ids.items() if count > 1}
+    assert doubled <= started_before, "a message the victim never started ran twice"
+    assert len(doubled) <= held_at_pause
+    check_order(rows)
+
+
+def fences(server: RedisServer) -> dict[int, int]:
+    """Lease grants so far, per queue (the fencing-token counter grows by one a grant)."""
+    client = server.client()
+    try:
+        values = client.mget([f"t:app:rec:fence:{q}" for q in range(TOTAL_QUEUES)])
+    finally:
+        client.close()
+    return {q: int(v or 0) for q, v in enumerate(values)}
+
+
+def grants_since(server: RedisServer, before: dict[int, int]) -> dict[int, int]:
+    return {q: g - before[q] for q, g in fences(server).items() if g != before[q]}
+
+
+_REL_AT = re.compile(r"^(\S+ \S+) INFO conveyor.balancer: released queue (\d+)$", re.M)
+
+
+def unowned_gaps(ws: list[Worker], after: float) -> list[float]:
+    """Per release logged since ``after``: how long until the next grant of that queue."""
+    grants = [(int(q), _log_time(t)) for w in ws for t, q, _ in _ACQ_AT.findall(w.stderr)]
+    gaps = []
+    for w in ws:
+        for t, q in _REL_AT.findall(w.stderr):
+            at = _log_time(t)
+            if at >= after:
+                gaps.append(min(g for qq, g in grants if qq == int(q) and g >= at) - at)
+    return gaps
+
+
+def test_scaling_three_to_four_to_three_moves_only_the_surplus(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    """3 -> 4 daemons over 8 queues: the two holding three give one each; 4 -> 3: the
+    leaver's two go to two of the others. Four hand-offs, none lost or doubled."""
+    # At most 16 slots / 5 ms = 3,200 msgs/s per worker: work is under way at each move.
+    n, streams = 40_000, 400
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 16},
+                       balancer={"rebalance_interval_s": 0.2})
+    first = start(workers, tmp_path, cfg, 3, work_ms=5)
+    wait_split(redis_server, first)
+    publish(cfg, n, streams)
+    records = [w.record for w in first]
+    wait_file_lines(records, 2_000, 60, "the run to be under way")
+
+    held = {w.name: member_of(w, owners(redis_server)) for w in first}
+    before, scaled_at = fences(redis_server), time.time() - 0.01
+    [joiner] = start(workers, tmp_path, cfg, 1, work_ms=5)  # scale out
+    wait_split(redis_server, [*first, joiner])
+    joined = grants_since(redis_server, before)
+    took = member_of(joiner, owners(redis_server))
+    assert outstanding(redis_server, took) > 0, "the joiner's queues were drained already"
+    gave = {w.name for w in first if held[w.name] & took}
+    assert joined == {q: 1 for q in took} and len(took) == 2, f"grants on joining: {joined}"
+    assert gave == {w.name for w in first if len(held[w.name]) == 3}, "moved from a share"
+
+    before = fences(redis_server)
+    assert joiner.stop() == 0  # scale in, gracefully
+    assert "abandoned=0" in joiner.stderr and " lost=0" in joiner.stderr
+    wait_split(redis_server, first)
+    left = grants_since(redis_server, before)
+    assert left == {q: 1 for q in took}, f"grants on leaving: {left}"
+
+    gaps = unowned_gaps([*first, joiner], scaled_at)
+    assert len(gaps) == 4
+    all_records = [w.record for w in workers]
+    wait_until_sync(lambda: len({r[5] for r in read_records(all_records)}) >= n, 90,
+                    "every message to be handled")
+    assert [w.stop() for w in first] == [0, 0, 0]
+    print(f"\nscale 3->4->3: {len(joined)} + {len(left)} hand-offs; queue unowned "
+          f"{min(gaps):.2f}-{max(gaps):.2f}s per hand-off")
+    rows = read_records(all_records)
+    handled = Counter((r[3], r[4]) for r in rows)
+    assert set(handled) == {(f"s{i % streams}", i) for i in range(n)}, "lost or foreign"
+    assert sum(handled.values()) == n, "a graceful hand-off duplicated messages"
+    assert any(r[1] == joiner.proc.pid for r in rows)
+    check_order(rows)
