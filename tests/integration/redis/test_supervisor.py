@@ -90,8 +90,11 @@ def test_a_burst_adds_processes_and_afterwards_they_go_back_to_min_losing_nothin
 def test_a_killed_process_is_replaced_and_its_queues_taken_over_without_loss(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
+    # A lease of 3 s: long enough that the surviving process keeps its leases on a
+    # loaded machine (with 1.5 s it sometimes lost one too, and the duplicates of that
+    # queue came on top of the victim's), short enough for a quick takeover.
     cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 8},
-                       worker={"cache_capacity": 64}, balancer={"lease_ttl_s": 1.5})
+                       worker={"cache_capacity": 64}, balancer={"lease_ttl_s": 3.0})
     record = tmp_path / "handled.rec"
     env = dict(os.environ, PYTHONUNBUFFERED="1", CONVEYOR_TEST_RECORD=str(record),
                CONVEYOR_TEST_WORK_MS="2")
@@ -131,8 +134,10 @@ def test_a_killed_process_is_replaced_and_its_queues_taken_over_without_loss(
             proc.wait()
     ids = [row[5] for row in read_records([record])]
     assert len(set(ids)) == n, "a message was lost"
-    # At least once: only what the killed process had pulled and not acked comes again.
-    assert len(ids) - n <= 64
+    # At least once: only what the killed process had pulled and not acked comes again:
+    # at most its cache (64) on each of the 4 queues it owned. (Slots bound handler calls,
+    # not prefetch: the 8 slots do not bound what a process holds.)
+    assert len(ids) - n <= 4 * 64
 
 
 async def survivor_takes_over(
