@@ -84,9 +84,13 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     "--processes", metavar="MIN:MAX", default=None,
     help="Run MIN..MAX daemon processes, scaled on consumer lag (see [supervisor]).",
 )
+@click.option(
+    "--http-port", type=click.IntRange(1, 65_535), default=None,
+    help="Serve /metrics, /healthz and /readyz on this port (overrides [http] port).",
+)
 def worker(
     app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
-    processes: str | None,
+    processes: str | None, http_port: int | None,
 ) -> None:
     """Run a worker daemon for APP_PATH (MODULE:ATTR or FILE.py:ATTR) until SIGINT/SIGTERM.
 
@@ -99,6 +103,7 @@ def worker(
     """
     from conveyor.loader import load_app
     from conveyor.workers.daemon import DrainReport, WorkerDaemon
+    from conveyor.workers.http_endpoint import daemon_endpoint
     from conveyor.workers.serve import serve
 
     overrides: dict[str, dict[str, Any]] = {}
@@ -106,6 +111,8 @@ def worker(
         overrides["slots"] = {"count": slots}
     if drain_timeout_s is not None:
         overrides["worker"] = {"drain_timeout_s": drain_timeout_s}
+    if http_port is not None:
+        overrides["http"] = {"port": http_port}
     config = _config(config_path, overrides)
     try:
         app = load_app(app_path)
@@ -127,7 +134,11 @@ def worker(
     async def run() -> DrainReport:
         daemon = WorkerDaemon(app, config)
         ready = f"conveyor: worker {daemon.member.id} ready"
-        return await serve(daemon, ready=lambda: click.echo(ready, err=True))
+        endpoint = None
+        if config.http.port is not None:
+            endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
+        return await serve(daemon, ready=lambda: click.echo(ready, err=True),
+                           endpoint=endpoint)
 
     try:
         report = asyncio.run(run())

@@ -155,6 +155,11 @@ class KafkaGroupBalancer(QueueBalancer):
     def lease_valid(self, queue: int) -> bool:
         return queue in self._owned
 
+    def joined(self) -> bool:
+        """A member of the group: the coordinator has answered with an assignment (maybe
+        empty); false while the broker is unreachable at the start."""
+        return self._assigned_once.is_set()
+
 
 def from_config(config: Config, group: str, adapter: QueueAdapter) -> KafkaGroupBalancer:
     if not isinstance(adapter, KafkaAdapter):

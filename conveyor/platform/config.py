@@ -308,6 +308,17 @@ class TelemetryConfig(_Section):
     producer). Spans are the main cost of tracing: lower this on hot paths."""
 
 
+class HttpConfig(_Section):
+    """``[http]``: the worker's HTTP endpoint — ``/metrics`` (Prometheus text format),
+    ``/healthz`` and ``/readyz`` (off by default)."""
+
+    port: Annotated[int, msgspec.Meta(ge=1, le=65_535)] | None = None
+    """TCP port to serve on; unset: no endpoint (``conveyor worker --http-port`` sets it)."""
+    host: str = "0.0.0.0"
+    """Address to listen on: all interfaces by default (a scraper or kubelet is another
+    host); ``127.0.0.1`` keeps it on this machine."""
+
+
 class Config(_Section):
     """A whole Conveyor configuration: one field per TOML section, every field defaulted.
 
@@ -327,6 +338,7 @@ class Config(_Section):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     balancer: BalancerConfig = msgspec.field(default_factory=BalancerConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
 
     def validate(self) -> Config:
         """Cross-field checks msgspec cannot express (:mod:`conveyor.platform.config_checks`)."""

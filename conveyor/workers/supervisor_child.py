@@ -101,6 +101,7 @@ class LeasedSupervisedBalancer(DynamicBalancer):
         me = self._member.id
         if me not in [m.id for m in await self.membership.members()]:
             await self.membership.join(self._member)
+        self._joined = True
         held = set(self._held)
         await asyncio.gather(
             *(self._give_up(q) for q in sorted(held - self._assigned)),
