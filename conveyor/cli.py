@@ -657,10 +657,11 @@ def _run_throughput(
 @click.option("--sample-ratio", type=click.FloatRange(0, 1), default=1.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: bool) -> None:
-    """Throughput uninstrumented (hooks stripped), with telemetry off, and on.
+    """Throughput uninstrumented (hooks stripped), with telemetry off, on, and with
+    only the /metrics meter of [http] port.
 
     Prints each variant's median and spread, off / uninstrumented (the cost of the
-    hooks when tracing is off) and on / off (the cost of tracing).
+    hooks when tracing is off), on / off (the cost of tracing) and /metrics only / off.
     """
     from conveyor.bench.telemetry_cost import telemetry_cost
 

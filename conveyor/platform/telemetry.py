@@ -156,12 +156,17 @@ class Telemetry:
     @classmethod
     def prometheus_only(cls, config: TelemetryConfig, instance_id: str | None = None) -> Telemetry:
         """A meter read only by ``/metrics``: no tracer, no exporter, no export thread."""
+        from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
         from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
         from opentelemetry.sdk.resources import Resource
 
         registry, reader = _prometheus_reader()
         resource = Resource.create(resource_attributes(config, instance_id))
-        return cls(None, SdkMeterProvider(resource=resource, metric_readers=[reader]), registry)
+        # No tracer, so no sampled span for an exemplar to point at: the default
+        # (trace-based) filter would still be asked on every histogram record.
+        provider = SdkMeterProvider(resource=resource, metric_readers=[reader],
+                                    exemplar_filter=AlwaysOffExemplarFilter())
+        return cls(None, provider, registry)
 
     def prometheus_text(self) -> bytes:
         """The meter's instruments now, in the Prometheus text format (``/metrics``).

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -34,7 +35,9 @@ from prometheus_client.registry import Collector
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.http_endpoint import HttpEndpoint
-from conveyor.workers.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from conveyor.workers.supervisor import Supervisor
 
 log = logging.getLogger("conveyor.http")
 
