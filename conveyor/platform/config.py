@@ -292,7 +292,8 @@ class TelemetryConfig(_Section):
     default)."""
 
     exporter: Literal["none", "console", "otlp"] = "none"
-    """``none``: no instrumentation runs at all. ``console``: spans and metrics to stderr.
+    """``none``: no instrumentation runs at all (but ``[http] port`` still gives
+    ``/metrics`` its meter). ``console``: spans and metrics to stderr.
     ``otlp``: OTLP over HTTP/protobuf (Jaeger, an OpenTelemetry collector, ...)."""
     endpoint: str = ""
     """OTLP base URL, e.g. ``http://localhost:4318``; empty: the standard
