@@ -9,7 +9,7 @@ event. One address per pod or host, however many processes run behind it:
     child's, scraped on the spot (concurrently, 2 s at most each) and merged family by
     family with a ``process="N"`` label (N: the child's number, as in the log), so each
     child's series stay apart. A child that does not answer in time is left out of
-    that scrape (logged), never fails it.
+    that scrape (logged at most once a minute per child), never fails it.
 ``/healthz``
     The supervisor's event loop answers.
 ``/readyz``
@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.telemetry import Telemetry
+from conveyor.platform.throttled_log import ThrottledLog
 from conveyor.workers.http_endpoint import HttpEndpoint
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ CHILD_SCRAPE_TIMEOUT_S = 2.0
 def supervisor_endpoint(
     supervisor: Supervisor, telemetry: Telemetry, host: str, port: int
 ) -> HttpEndpoint:
+    silent = ThrottledLog(log, interval_s=60.0)  # a stuck child: a line a minute, not a scrape
+
     async def metrics() -> bytes:
         children = [(c.number, c.http_port) for c in supervisor.children
                     if c.alive and c.http_port is not None]
@@ -55,7 +58,8 @@ def supervisor_endpoint(
         scraped = []
         for (number, _), text in zip(children, texts, strict=True):
             if isinstance(text, BaseException):
-                log.warning("/metrics: process #%d did not answer (%s); left out", number, text)
+                silent.log(logging.WARNING, number, "/metrics: process #%d did not answer "
+                           "(%s); left out", number, text or type(text).__name__)
             else:
                 scraped.append((number, text))
         return merge(telemetry.prometheus_text().decode(), scraped)

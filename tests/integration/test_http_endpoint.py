@@ -10,10 +10,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor import load_config
 from conveyor.platform.errors import ConfigError
+from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.http_endpoint import HttpEndpoint, daemon_endpoint
-from conveyor.workers.supervisor_http import merge
-from tests.conftest import wait_until
+from conveyor.workers.supervisor import ChildProcess, Supervisor, SupervisorSettings
+from conveyor.workers.supervisor_http import merge, supervisor_endpoint
+from tests.conftest import free_port, wait_until
 from tests.integration.memory_harness import Record, fresh_adapter, recording_app
 
 
@@ -123,3 +125,38 @@ def test_the_supervisor_merges_families_and_labels_each_childs_series() -> None:
     assert lag == [{"queue": "0", "process": "1"}, {"queue": "1", "process": "4"}]
     [own_sample] = families["conveyor_supervisor_processes"].samples
     assert own_sample.labels == {} and own_sample.value == 2.0
+
+
+async def test_the_supervisors_metrics_leave_out_a_silent_child_and_still_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = load_config(overrides={"queues": {"adapter": "redis"},
+                                    "balancer": {"membership": "redis"}, "http": {"port": 9}})
+    telemetry = Telemetry.from_config(config.telemetry, prometheus=True)
+    supervisor = Supervisor("x:app", "x", config, SupervisorSettings(1, 2), telemetry=telemetry)
+
+    async def child_metrics() -> bytes:
+        return b"# TYPE conveyor_queues_owned gauge\nconveyor_queues_owned 4.0\n"
+
+    answering = HttpEndpoint("127.0.0.1", 0, metrics=child_metrics, readiness=lambda: None)
+    await answering.start()
+    ok, silent = ChildProcess(1), ChildProcess(2)
+    ok.alive = silent.alive = True
+    ok.http_port, silent.http_port = answering.port, free_port()  # nobody listens there
+    supervisor.children = [ok, silent]
+    endpoint = supervisor_endpoint(supervisor, telemetry, "127.0.0.1", 0)
+    await endpoint.start()
+    try:
+        status, body = await request(endpoint.port, get("/metrics"))
+        assert await request(endpoint.port, get("/readyz")) == (
+            "HTTP/1.1 503 Service Unavailable", "not ready: starting\n")
+    finally:
+        await endpoint.close()
+        await answering.close()
+        telemetry.shutdown()
+    assert status == "HTTP/1.1 200 OK"
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    [owned] = families["conveyor_queues_owned"].samples
+    assert owned.labels == {"process": "1"} and owned.value == 4.0
+    assert [s.value for s in families["conveyor_supervisor_processes"].samples] == [2.0]
+    assert "process #2 did not answer" in caplog.text
