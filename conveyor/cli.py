@@ -67,9 +67,13 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     "--processes", metavar="MIN:MAX", default=None,
     help="Run MIN..MAX daemon processes, scaled on consumer lag (see [supervisor]).",
 )
+@click.option(
+    "--http-port", type=click.IntRange(1, 65_535), default=None,
+    help="Serve /metrics, /healthz and /readyz on this port (overrides [http] port).",
+)
 def worker(
     app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
-    processes: str | None,
+    processes: str | None, http_port: int | None,
 ) -> None:
     """Run a worker daemon for APP_PATH (MODULE:ATTR or FILE.py:ATTR) until SIGINT/SIGTERM.
 
@@ -82,6 +86,7 @@ def worker(
     """
     from conveyor.loader import load_app
     from conveyor.workers.daemon import DrainReport, WorkerDaemon
+    from conveyor.workers.http_endpoint import daemon_endpoint
     from conveyor.workers.serve import serve
 
     overrides: dict[str, dict[str, Any]] = {}
@@ -89,6 +94,8 @@ def worker(
         overrides["slots"] = {"count": slots}
     if drain_timeout_s is not None:
         overrides["worker"] = {"drain_timeout_s": drain_timeout_s}
+    if http_port is not None:
+        overrides["http"] = {"port": http_port}
     config = _config(config_path, overrides)
     try:
         app = load_app(app_path)
@@ -110,7 +117,11 @@ def worker(
     async def run() -> DrainReport:
         daemon = WorkerDaemon(app, config)
         ready = f"conveyor: worker {daemon.member.id} ready"
-        return await serve(daemon, ready=lambda: click.echo(ready, err=True))
+        endpoint = None
+        if config.http.port is not None:
+            endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
+        return await serve(daemon, ready=lambda: click.echo(ready, err=True),
+                           endpoint=endpoint)
 
     try:
         report = asyncio.run(run())
@@ -630,10 +641,11 @@ def _run_throughput(
 @click.option("--sample-ratio", type=click.FloatRange(0, 1), default=1.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: bool) -> None:
-    """Throughput uninstrumented (hooks stripped), with telemetry off, and on.
+    """Throughput uninstrumented (hooks stripped), with telemetry off, on, and with
+    only the /metrics meter of [http] port.
 
     Prints each variant's median and spread, off / uninstrumented (the cost of the
-    hooks when tracing is off) and on / off (the cost of tracing).
+    hooks when tracing is off), on / off (the cost of tracing) and /metrics only / off.
     """
     from conveyor.bench.telemetry_cost import telemetry_cost
 

@@ -197,6 +197,11 @@ class KafkaGroupBalancer(QueueBalancer):
             return -math.inf
         return self._confirmed_at + self._confirmed_for_s
 
+    def joined(self) -> bool:
+        """A member of the group: the coordinator has answered with an assignment (maybe
+        empty); false while the broker is unreachable at the start."""
+        return self._assigned_once.is_set()
+
 
 def from_config(config: Config, group: str, adapter: QueueAdapter) -> KafkaGroupBalancer:
     if not isinstance(adapter, KafkaAdapter):

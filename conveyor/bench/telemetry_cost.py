@@ -5,7 +5,7 @@ through ``Client.publish`` — where the producer span starts when tracing is on
 one daemon started and timed until every message is handled and acknowledged. The
 figure is ``N`` over the wall time of both phases; CPU is ``process_time`` over both.
 
-Three variants, each run in a fresh subprocess so none inherits another's heap:
+Four variants, each run in a fresh subprocess so none inherits another's heap:
 
 ``uninstrumented``
     the current tree with its telemetry hooks stripped (:func:`strip_instrumentation`):
@@ -18,6 +18,11 @@ Three variants, each run in a fresh subprocess so none inherits another's heap:
     SDK tracer and meter, every trace sampled (``sample_ratio``), spans to a batch
     processor whose exporter drops them — the cost of creating, recording and
     exporting spans, not of network I/O.
+``metrics``
+    what ``[http] port`` alone turns on: a meter read by the Prometheus reader of
+    ``/metrics`` (no tracer), its handler-duration histogram recorded per message, and
+    ``/metrics`` rendered every 0.1 s during the run (a scraper asks every 15 s or so:
+    this overstates the rendering share on purpose).
 
 The runs are interleaved (u, off, on, on, off, u, ...) so drift on a shared machine
 falls on every variant alike; each figure is the median of ``repeats`` runs, shown
@@ -41,13 +46,14 @@ from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.bench import BenchmarkError
 from conveyor.bench.throughput import AckCounter, noop_app
 from conveyor.platform.client import Client
-from conveyor.platform.config import Config
+from conveyor.platform.config import Config, TelemetryConfig
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import DaemonMetrics, WorkerDaemon
 
-VARIANTS = ("uninstrumented", "off", "on")
+VARIANTS = ("uninstrumented", "off", "on", "metrics")
+SCRAPE_EVERY_S = 0.1
 STREAMS = 500
 HOOK_NAMES = frozenset({"_traced", "telemetry", "publish_span"})
 """Names the instrumented ``Client.publish`` uses and the stripped one must not."""
@@ -112,12 +118,28 @@ async def _publish_and_handle(n: int, telemetry: Telemetry | None) -> tuple[floa
     daemon = WorkerDaemon(noop_app(counter), Config(), adapter=adapter, telemetry=telemetry)
     client = Client(adapter, daemon.mapper, telemetry=telemetry)
     bodies = [(f"s{i % STREAMS}", {"i": i, "pad": "x" * 32}) for i in range(n)]
+    scrapes = [0]
+
+    async def scrape() -> None:  # what a scraper of /metrics makes the loop do
+        assert telemetry is not None
+        while True:
+            await asyncio.sleep(SCRAPE_EVERY_S)
+            telemetry.prometheus_text()
+            scrapes[0] += 1
+
     t0, c0 = time.perf_counter(), time.process_time()
+    scraping = None
+    if telemetry is not None and telemetry.prometheus is not None:
+        scraping = asyncio.create_task(scrape())
     for key, body in bodies:
         await client.publish("bench", key, body)
     await daemon.start()
     await asyncio.wait_for(acks.done.wait(), timeout=300)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if scraping is not None and telemetry is not None:
+        scraping.cancel()
+        if scrapes[0] == 0:  # a run too short to be scraped measured nothing of it
+            telemetry.prometheus_text()
     report = await daemon.stop()
     assert report.acked == n == counter[0], (report, counter[0])
     return n / wall, cpu / n * 1e6
@@ -135,6 +157,10 @@ def run_variant(variant: str, messages: int, sample_ratio: float) -> dict[str, A
         rate, cpu_us = asyncio.run(_publish_and_handle(messages, telemetry))
         telemetry.shutdown()  # flushes the batch processor into the counting exporter
         spans = exporter.exported
+    elif variant == "metrics":
+        telemetry = Telemetry.prometheus_only(TelemetryConfig())
+        rate, cpu_us = asyncio.run(_publish_and_handle(messages, telemetry))
+        telemetry.shutdown()
     else:
         rate, cpu_us = asyncio.run(_publish_and_handle(messages, None))
     hooks = sorted(HOOK_NAMES & set(Client.publish.__code__.co_names))
@@ -185,6 +211,8 @@ class TelemetryCost:
     on: Figure
     spans_exported: int
     """Spans of one "on" run: a producer and a consumer span per sampled message."""
+    metrics: Figure | None = None
+    """``[http] port`` alone: the meter read by ``/metrics``, no tracer."""
 
     @property
     def off_over_uninstrumented(self) -> float:
@@ -193,6 +221,10 @@ class TelemetryCost:
     @property
     def on_over_off(self) -> float:
         return self.on.msgs_per_s / self.off.msgs_per_s
+
+    @property
+    def metrics_over_off(self) -> float | None:
+        return None if self.metrics is None else self.metrics.msgs_per_s / self.off.msgs_per_s
 
     @property
     def off_within_noise(self) -> bool:
@@ -214,6 +246,8 @@ class TelemetryCost:
             "uninstrumented_spread": self.uninstrumented.spread,
             "off_within_noise": self.off_within_noise,
             "spans_exported": self.spans_exported,
+            "metrics": None if self.metrics is None else asdict(self.metrics),
+            "metrics_over_off": self.metrics_over_off,
             # The common keys of every `conveyor bench ... --json`: the figure is the
             # instrumented run, the floor telemetry off.
             "msgs_per_s": self.on.msgs_per_s,
@@ -236,10 +270,14 @@ class TelemetryCost:
             row("uninstrumented", self.uninstrumented),
             row("telemetry off", self.off),
             row("telemetry on", self.on),
+            *([row("/metrics only", self.metrics)] if self.metrics is not None else []),
             f"off / uninstrumented = {self.off_over_uninstrumented:.3f} ({verdict} the "
             f"uninstrumented runs' spread of {self.uninstrumented.spread:.1%})",
             f"on / off = {self.on_over_off:.3f}; spans exported per on run: "
             f"{self.spans_exported}",
+            *([f"/metrics only / off = {self.metrics_over_off:.3f} (histogram per message, "
+               f"rendered every {SCRAPE_EVERY_S}s)"] if self.metrics_over_off is not None
+              else []),
         ])
 
 
@@ -260,7 +298,7 @@ def telemetry_cost(messages: int, repeats: int = 5, sample_ratio: float = 1.0) -
     return TelemetryCost(
         messages, repeats, sample_ratio,
         Figure.of(runs["uninstrumented"]), Figure.of(runs["off"]), Figure.of(runs["on"]),
-        runs["on"][-1]["spans_exported"],
+        runs["on"][-1]["spans_exported"], Figure.of(runs["metrics"]),
     )
 
 

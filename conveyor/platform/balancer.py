@@ -177,6 +177,12 @@ class QueueBalancer(ABC):
         """May this daemon still act on ``queue``? (fencing, checked before pulls and acks)."""
         return time.monotonic() < self.owned_until(queue)
 
+    def joined(self) -> bool:
+        """Has the daemon joined what shares the queues (its membership, its consumer
+        group) since :meth:`start`, so that its share is held or being taken? Read by
+        ``/readyz``; a balancer that shares with nobody is joined once started."""
+        return True
+
     def set_stats_provider(self, provider: StatsProvider) -> None:  # noqa: B027
         """Stats to publish with this daemon's membership record (ignored when static)."""
 
@@ -232,12 +238,18 @@ class DynamicBalancer(QueueBalancer):
         # queue -> (consecutive failed starts, monotonic time before which not to retry)
         self._failed_starts: dict[int, tuple[int, float]] = {}
         self._start_backoff = Backoff(first_s=rebalance_interval_s, cap_s=lease_ttl_s)
+        self._joined = False
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
 
     def owned(self) -> list[int]:
         return sorted(self._held)
+
+    def joined(self) -> bool:
+        """Registered and the membership read once: the share is computed and taken (a
+        lease a crashed owner still holds is taken when it lapses)."""
+        return self._joined
 
     def owned_until(self, queue: int) -> float:
         lease = self._held.get(queue)
@@ -312,6 +324,7 @@ class DynamicBalancer(QueueBalancer):
         if me not in {m.id for m in members}:  # our record lapsed: register again
             await self.membership.join(self._member)
             members = sorted([*members, self._member], key=lambda m: m.id)
+        self._joined = True
         owners = await self.leases.owners() if self.placement.needs_owners else {}
         target = set(self.placement.split(members, self.total_queues, owners)[me])
         held = set(self._held)

@@ -307,7 +307,8 @@ class TelemetryConfig(_Section):
     default)."""
 
     exporter: Literal["none", "console", "otlp"] = "none"
-    """``none``: no instrumentation runs at all. ``console``: spans and metrics to stderr.
+    """``none``: no instrumentation runs at all (but ``[http] port`` still gives
+    ``/metrics`` its meter). ``console``: spans and metrics to stderr.
     ``otlp``: OTLP over HTTP/protobuf (Jaeger, an OpenTelemetry collector, ...)."""
     endpoint: str = ""
     """OTLP base URL, e.g. ``http://localhost:4318``; empty: the standard
@@ -321,6 +322,17 @@ class TelemetryConfig(_Section):
     sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0
     """Share of traces recorded where they start (parent-based: consumers follow the
     producer). Spans are the main cost of tracing: lower this on hot paths."""
+
+
+class HttpConfig(_Section):
+    """``[http]``: the worker's HTTP endpoint — ``/metrics`` (Prometheus text format),
+    ``/healthz`` and ``/readyz`` (off by default)."""
+
+    port: Annotated[int, msgspec.Meta(ge=1, le=65_535)] | None = None
+    """TCP port to serve on; unset: no endpoint (``conveyor worker --http-port`` sets it)."""
+    host: str = "0.0.0.0"
+    """Address to listen on: all interfaces by default (a scraper or kubelet is another
+    host); ``127.0.0.1`` keeps it on this machine."""
 
 
 class Config(_Section):
@@ -342,6 +354,7 @@ class Config(_Section):
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     balancer: BalancerConfig = msgspec.field(default_factory=BalancerConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+    http: HttpConfig = msgspec.field(default_factory=HttpConfig)
 
     def validate(self) -> Config:
         """Cross-field checks msgspec cannot express (:mod:`conveyor.platform.config_checks`)."""

@@ -1,17 +1,24 @@
 """OpenTelemetry: traces from producer to handler, and the platform's metrics.
 
-Nothing here runs unless ``[telemetry] exporter`` is ``console`` or ``otlp``: with
-``none`` the daemon's delivery chains hold no tracing or metrics step (see
+Nothing here runs unless ``[telemetry] exporter`` is ``console`` or ``otlp``, or
+``[http] port`` asks for ``/metrics`` (then metrics, without traces): otherwise the
+daemon's delivery chains hold no tracing or metrics step (see
 :mod:`conveyor.platform.delivery`) and the client skips span creation behind a single
 flag check (measured against a build without it by ``conveyor bench telemetry``), so
-the hot path is the uninstrumented one. Providers are created per :class:`Telemetry` object and
-passed explicitly; the process-global OpenTelemetry providers are never touched, so
-an application's own OpenTelemetry set-up is left alone.
+the hot path is the uninstrumented one. Providers are created per :class:`Telemetry`
+object and passed explicitly; the process-global OpenTelemetry providers are never
+touched, so an application's own OpenTelemetry set-up is left alone.
 
 The consumer side — spans per delivery, the duration histogram — lives in the
 delivery chain (:mod:`conveyor.platform.delivery.tracing`, ``.metrics``); this module
 holds the providers, the producer span and the attribute names. A daemon's resource
 carries ``service.instance.id`` = its member id.
+
+``/metrics`` is the same meter read by a second reader, OpenTelemetry's
+``PrometheusMetricReader``, into a registry of this object's own (never
+``prometheus_client``'s global one): the names are the OTLP ones translated by the
+exporter's rules (``conveyor.messages.handled`` -> ``conveyor_messages_handled_total``,
+``conveyor.handler.duration`` in ``s`` -> ``conveyor_handler_duration_seconds``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from conveyor.platform.message import Message
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from prometheus_client import CollectorRegistry
+
     from conveyor.platform.config import TelemetryConfig
     from conveyor.platform.delivery.chain import DeliveryStats
 
@@ -50,15 +60,21 @@ ATTEMPT = "conveyor.attempt"
 
 
 class Telemetry:
-    """A tracer and a meter, or neither. Build with :meth:`from_config` or inject providers."""
+    """A tracer and a meter, or neither. Build with :meth:`from_config` or inject providers.
+
+    ``prometheus`` is the registry a ``PrometheusMetricReader`` of ``meter_provider``
+    writes to, when ``/metrics`` is served (:meth:`prometheus_text` renders it).
+    """
 
     def __init__(
         self,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        prometheus: CollectorRegistry | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
+        self.prometheus = prometheus
         self.tracer: Tracer | None = (
             tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else None
         )
@@ -75,11 +91,15 @@ class Telemetry:
         return cls()
 
     @classmethod
-    def from_config(cls, config: TelemetryConfig, instance_id: str | None = None) -> Telemetry:
+    def from_config(
+        cls, config: TelemetryConfig, instance_id: str | None = None, *, prometheus: bool = False
+    ) -> Telemetry:
         """Providers for ``config``; ``instance_id`` (a daemon's member id) becomes the
-        ``service.instance.id`` resource attribute so daemons' metrics can be told apart."""
+        ``service.instance.id`` resource attribute so daemons' metrics can be told apart.
+        ``prometheus`` adds a reader for ``/metrics`` (a meter even with exporter
+        ``none``, but no tracer: the endpoint serves metrics only)."""
         if config.exporter == "none":
-            return cls()
+            return cls.prometheus_only(config, instance_id) if prometheus else cls()
         from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
         from opentelemetry.sdk.metrics.export import (
             ConsoleMetricExporter,
@@ -123,11 +143,40 @@ class Telemetry:
         sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
         tracer_provider = SdkTracerProvider(resource=resource, sampler=sampler)
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        reader = PeriodicExportingMetricReader(
+        readers: list[MetricReader] = [PeriodicExportingMetricReader(
             metric_exporter, export_interval_millis=config.metrics_interval_s * 1000
-        )
-        meter_provider = SdkMeterProvider(resource=resource, metric_readers=[reader])
-        return cls(tracer_provider, meter_provider)
+        )]
+        registry = None
+        if prometheus:
+            registry, reader = _prometheus_reader()
+            readers.append(reader)
+        meter_provider = SdkMeterProvider(resource=resource, metric_readers=readers)
+        return cls(tracer_provider, meter_provider, registry)
+
+    @classmethod
+    def prometheus_only(cls, config: TelemetryConfig, instance_id: str | None = None) -> Telemetry:
+        """A meter read only by ``/metrics``: no tracer, no exporter, no export thread."""
+        from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+        from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+        from opentelemetry.sdk.resources import Resource
+
+        registry, reader = _prometheus_reader()
+        resource = Resource.create(resource_attributes(config, instance_id))
+        # No tracer, so no sampled span for an exemplar to point at: the default
+        # (trace-based) filter would still be asked on every histogram record.
+        provider = SdkMeterProvider(resource=resource, metric_readers=[reader],
+                                    exemplar_filter=AlwaysOffExemplarFilter())
+        return cls(None, provider, registry)
+
+    def prometheus_text(self) -> bytes:
+        """The meter's instruments now, in the Prometheus text format (``/metrics``).
+
+        Collecting runs the observable instruments' callbacks in the caller's thread:
+        the event loop's, for the worker's endpoint."""
+        from prometheus_client import generate_latest
+
+        assert self.prometheus is not None, "built without prometheus=True"
+        return generate_latest(self.prometheus)
 
     def shutdown(self) -> None:
         """Flush and stop exporters (SDK providers only)."""
@@ -172,6 +221,16 @@ class Telemetry:
             self.meter.create_observable_counter(name, [callback], unit, description)
         else:
             self.meter.create_observable_gauge(name, [callback], unit, description)
+
+
+def _prometheus_reader() -> tuple[CollectorRegistry, MetricReader]:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=True)
+    # One instrumentation scope ("conveyor"): its otel_scope_* labels on every series
+    # would tell nothing apart.
+    return registry, PrometheusMetricReader(registry=registry, scope_info_enabled=False)
 
 
 def resource_attributes(config: TelemetryConfig, instance_id: str | None) -> dict[str, str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from conveyor.platform.errors import ConveyorError
 from conveyor.workers.daemon import DrainReport, WorkerDaemon
+from conveyor.workers.http_endpoint import HttpEndpoint
 
 log = logging.getLogger("conveyor.daemon")
 
@@ -33,12 +34,16 @@ async def serve(
     commands: Callable[[], Awaitable[None]] | None = None,
     signals: Sequence[signal.Signals] = STOP_SIGNALS,
     freeze_heap: bool = True,
+    endpoint: HttpEndpoint | None = None,
 ) -> DrainReport:
     """Start ``daemon``, wait to be told to stop, stop it; return what the stop did.
 
     1. Handlers for ``signals`` are installed before the start, and stay until the stop
        is done. A signal during the start cancels it (a worker that cannot reach its
-       broker still stops at once).
+       broker still stops at once). ``endpoint`` (``/metrics`` and the probes) listens
+       before the start — a port it cannot bind fails here, before the daemon joins —
+       and until the stop is done, answering ``/readyz`` with 503 while starting and
+       draining.
     2. The daemon starts; with ``freeze_heap`` what was built so far is exempted from
        later GC passes (:func:`freeze_startup_heap`, for a process that exists to run
        this daemon); ``ready()`` is called.
@@ -58,6 +63,8 @@ async def serve(
     for sig in signals:
         loop.add_signal_handler(sig, stop.signal_received, sig)
     try:
+        if endpoint is not None:
+            await endpoint.start()
         if await _start(daemon, stop):
             if freeze_heap:
                 freeze_startup_heap()
@@ -69,6 +76,8 @@ async def serve(
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+        if endpoint is not None:
+            await endpoint.close()
     failure = daemon.failure
     if failure is not None:  # it can never own a queue: stopped, now say why
         if isinstance(failure, ConveyorError):

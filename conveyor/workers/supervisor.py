@@ -153,6 +153,8 @@ class ChildProcess:
         self.alive = False
         self._exited = False  # its event channel closed: nothing more will come
         self.report = ""
+        self.http_port: int | None = None
+        """The loopback port of its /metrics and probes, when [http] port is set."""
 
     async def start(self, app_path: str, config_path: str, env: Mapping[str, str]) -> None:
         read_fd, write_fd = os.pipe()
@@ -173,7 +175,7 @@ class ChildProcess:
         ready = self._expect("ready", -1)
         self._reader_task = asyncio.create_task(self._read(reader))
         try:
-            await ready
+            self.http_port = (await ready).get("http_port")
         except ChildGone:
             raise ChildGone(
                 f"process #{self.number} exited before it was ready (its error is logged "
@@ -293,6 +295,8 @@ class Supervisor:
         self.errors = 0
         self._was_busy = False
         self._status_at = 0.0
+        self._started = False
+        self._stop: asyncio.Event | None = None
         self._register_metrics(telemetry or Telemetry.disabled())
 
     def _register_metrics(self, t: Telemetry) -> None:
@@ -320,13 +324,26 @@ class Supervisor:
     def processes(self) -> int:
         return len(self.children)
 
+    def readiness(self) -> str | None:
+        """None once the first processes own the queues, while one lives and no stop
+        was asked for; else why not (``/readyz``)."""
+        if self._stop is not None and self._stop.is_set():
+            return "draining"
+        if not self._started:
+            return "starting"
+        if not any(c.alive for c in self.children):
+            return "no daemon process alive"
+        return None
+
     # -- running -----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         adapter = self._adapter or create_adapter(self.config.queues.adapter, self.config)
+        self._stop = stop
         try:
             for _ in range(self.settings.min_processes):
                 await self._spawn()
             await self._assign(list(range(self.config.queues.total)))
+            self._started = True
             log.info("supervisor: %d process(es) own %d queue(s)",
                      self.processes, self.config.queues.total)
             while not stop.is_set():
@@ -546,7 +563,7 @@ def run_supervisor(
 
     low, high = parse_processes(processes)
     settings = SupervisorSettings.from_config(config, low, high)
-    telemetry = Telemetry.from_config(config.telemetry)
+    telemetry = Telemetry.from_config(config.telemetry, prometheus=config.http.port is not None)
     try:
         supervisor = Supervisor(
             app_path, app_name, config, settings,
@@ -562,7 +579,18 @@ def run_supervisor(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await supervisor.run(stop)
+        endpoint = None
+        if config.http.port is not None:  # one endpoint, the children's behind it
+            from conveyor.workers.supervisor_http import supervisor_endpoint
+
+            endpoint = supervisor_endpoint(supervisor, telemetry, config.http.host,
+                                           config.http.port)
+            await endpoint.start()
+        try:
+            await supervisor.run(stop)
+        finally:
+            if endpoint is not None:
+                await endpoint.close()
 
     try:
         asyncio.run(main())

@@ -11,7 +11,9 @@ Wire protocol, one JSON object per line:
   and ``{"op": "stop"}`` (drain everything and exit). End of input means stop too, so
   a child never outlives its supervisor.
 * child → supervisor, on the file descriptor given by ``--events-fd`` (not stdout,
-  which handler code may print to): ``{"event": "ready"}``, ``{"event": "acquired",
+  which handler code may print to): ``{"event": "ready", "id": ..., "pid": ...,
+  "http_port": p|null}`` (``p``: its loopback ``/metrics`` port, when ``[http] port``
+  is set), ``{"event": "acquired",
   "queue": q}``, ``{"event": "released", "queue": q}``, ``{"event": "failed", "op":
   "acquire"|"release", "queue": q, "error": "..."}`` (the child no longer has the
   queue assigned: a lease it still holds is given up or lapses, so whoever acquires
@@ -101,6 +103,7 @@ class LeasedSupervisedBalancer(DynamicBalancer):
         me = self._member.id
         if me not in [m.id for m in await self.membership.members()]:
             await self.membership.join(self._member)
+        self._joined = True
         held = set(self._held)
         await asyncio.gather(
             *(self._give_up(q) for q in sorted(held - self._assigned)),
@@ -198,6 +201,7 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
     from conveyor.loader import load_app
     from conveyor.platform.config import load_config
     from conveyor.workers.daemon import WorkerDaemon
+    from conveyor.workers.http_endpoint import daemon_endpoint
     from conveyor.workers.serve import serve
 
     def emit(event: str, **fields: Any) -> None:
@@ -207,12 +211,17 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
     config = load_config(None if config_path == "-" else config_path)
     balancer = _balancer_for(config, app.name)
     daemon = WorkerDaemon(app, config, balancer=balancer)
+    # [http] port is the supervisor's: a child serves on a loopback port of the kernel's
+    # choosing, which the supervisor scrapes (conveyor.workers.supervisor_http).
+    endpoint = daemon_endpoint(daemon, "127.0.0.1", 0) if config.http.port is not None else None
     # SIGINT stays ignored (see main): the supervisor decides when children stop.
     report = await serve(
         daemon,
-        ready=lambda: emit("ready", id=daemon.member.id, pid=os.getpid()),
+        ready=lambda: emit("ready", id=daemon.member.id, pid=os.getpid(),
+                           http_port=endpoint.port if endpoint is not None else None),
         commands=_command_loop(balancer, emit),
         signals=(signal.SIGTERM,),
+        endpoint=endpoint,
     )
     emit("stopped", report=str(report))
 

@@ -9,11 +9,14 @@ def test_the_uninstrumented_run_publishes_without_the_tracing_hooks() -> None:
     stripped = _run_in_subprocess("uninstrumented", 300, 1.0)
     off = _run_in_subprocess("off", 300, 1.0)
     on = _run_in_subprocess("on", 300, 1.0)
+    metrics = _run_in_subprocess("metrics", 300, 1.0)
     assert stripped["publish_hooks"] == []
-    assert off["publish_hooks"] == on["publish_hooks"] == ["_traced", "publish_span", "telemetry"]
+    assert off["publish_hooks"] == on["publish_hooks"] == metrics["publish_hooks"] == [
+        "_traced", "publish_span", "telemetry"]
     assert stripped["spans_exported"] == off["spans_exported"] == 0
+    assert metrics["spans_exported"] == 0  # /metrics alone traces nothing
     assert on["spans_exported"] == 2 * 300  # producer + consumer span per message
-    assert all(r["msgs_per_s"] > 0 for r in (stripped, off, on))
+    assert all(r["msgs_per_s"] > 0 for r in (stripped, off, on, metrics))
 
 
 def test_off_is_within_noise_only_when_it_differs_less_than_uninstrumented_runs_do() -> None:

@@ -114,6 +114,8 @@ class WorkerDaemon:
         self.failure: BaseException | None = None
         """Why the daemon can no longer work (set with :attr:`failed`); None while fine."""
         self.failed = asyncio.Event()
+        self.draining = False
+        """Set when :meth:`stop` begins: ``/readyz`` answers 503 from then on."""
 
     @property
     def pools(self) -> dict[str, StatelessWorkerPool]:
@@ -152,6 +154,7 @@ class WorkerDaemon:
         drained together, by ``deadline`` — event-loop time, default: now plus
         ``[worker] drain_timeout_s``), drain what it did not hand back, then close the
         parts built here. :meth:`abort` while this runs makes it end at once."""
+        self.draining = True
         loop = asyncio.get_running_loop()
         self.queues.stop_by(
             deadline if deadline is not None
@@ -175,6 +178,20 @@ class WorkerDaemon:
         what was in flight is counted in ``abandoned`` and redelivered to the queues' next
         owners. A :meth:`stop` under way then finishes without waiting for handlers."""
         await self.queues.abort_all()
+
+    def readiness(self) -> str | None:
+        """None when ready to work — started, joined (its share of the queues held or
+        being taken), not draining, not failed; else why not, in a few words (``/readyz``).
+        Owning no queue is ready: more daemons than queues is a valid deployment."""
+        if self.failure is not None:
+            return f"failed: {self.failure}"
+        if self.draining:
+            return "draining"
+        if not self.started:
+            return "starting"
+        if not self.balancer.joined():
+            return "not joined yet (membership or consumer group unreachable?)"
+        return None
 
     def report(self) -> DrainReport:
         return DrainReport(

@@ -142,7 +142,9 @@ def build_parts(
     balancer = balancer or build_balancer(config, app.name, adapter)
     member = member or MemberInfo.for_this_process(f"{app.name}-")
     stats = DeliveryStats()
-    telemetry = telemetry or Telemetry.from_config(config.telemetry, member.id)
+    telemetry = telemetry or Telemetry.from_config(
+        config.telemetry, member.id, prometheus=config.http.port is not None
+    )
     dead_letters = DeadLetterStore(_store_in(adapter, app.name), stats)
     pool_step = PoolInterceptor()
     cell_step = CellInterceptor(config.cells.sizes, config.cells.default_size)

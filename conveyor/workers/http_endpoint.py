@@ -1,0 +1,123 @@
+"""The worker's HTTP endpoint (``[http] port``, ``conveyor worker --http-port``).
+
+``GET /metrics``
+    The daemon's metrics in the Prometheus text format: the instruments the OTLP export
+    has, read by OpenTelemetry's Prometheus reader (see :mod:`conveyor.platform.telemetry`).
+``GET /healthz``
+    ``200 ok`` whenever it answers: it is served by the event loop that runs the daemon,
+    so a handler that blocks the loop makes it time out — what a liveness probe is for.
+``GET /readyz``
+    ``200 ready`` while the daemon has joined, is not draining and its queues are held
+    or being taken; ``503 not ready: <reason>`` otherwise (one line).
+
+It is a small asyncio server rather than ``prometheus_client``'s threaded one, for that
+reason: a probe answered from a thread says nothing about the loop. One request per
+connection, GET or HEAD, headers bounded (8 KiB) and read within 5 s; nothing here runs
+per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from conveyor.platform.errors import ConfigError
+
+if TYPE_CHECKING:
+    from conveyor.workers.daemon import WorkerDaemon
+
+log = logging.getLogger("conveyor.http")
+
+Readiness = Callable[[], str | None]
+"""None when ready, else why not (one line)."""
+MetricsText = Callable[[], Awaitable[bytes]]
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REQUEST_TIMEOUT_S = 5.0
+MAX_HEADER_BYTES = 8192
+
+
+class HttpEndpoint:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free one,
+    then read :attr:`port`). :meth:`start` binds, :meth:`close` stops listening."""
+
+    def __init__(self, host: str, port: int, *, metrics: MetricsText,
+                 readiness: Readiness) -> None:
+        self.host = host
+        self.port = port
+        self._metrics = metrics
+        self._readiness = readiness
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen, or raise a :class:`ConfigError` naming ``$.http.port`` (a port in use,
+        an address this host does not have)."""
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        except OSError as exc:
+            raise ConfigError(
+                f"$.http.port: cannot listen on {self.host}:{self.port} "
+                f"({exc.strerror or exc}); choose another port or [http] host"
+            ) from None
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics and probes on http://%s:%d (/metrics, /healthz, /readyz)",
+                 self.host, self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+            request = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            if len(head) > MAX_HEADER_BYTES or len(request) != 3:
+                return  # not a request this endpoint answers: close
+            method, path, _ = request
+            status, content_type, body = await self._answer(method, path.split("?", 1)[0])
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("latin-1")
+            )
+            if method != "HEAD":
+                writer.write(body)
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError):
+            pass  # a bad or vanished client: nothing to answer
+        finally:
+            writer.close()
+
+    async def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
+        text = "text/plain; charset=utf-8"
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", text, b"only GET and HEAD\n"
+        if path == "/healthz":
+            return "200 OK", text, b"ok\n"
+        if path == "/readyz":
+            reason = self._readiness()
+            if reason is None:
+                return "200 OK", text, b"ready\n"
+            return "503 Service Unavailable", text, f"not ready: {reason}\n".encode()
+        if path == "/metrics":
+            try:
+                return "200 OK", METRICS_CONTENT_TYPE, await self._metrics()
+            except Exception:
+                log.exception("collecting metrics for /metrics failed")
+                return "500 Internal Server Error", text, b"collecting metrics failed\n"
+        return "404 Not Found", text, b"not found: try /metrics, /healthz or /readyz\n"
+
+
+def daemon_endpoint(daemon: WorkerDaemon, host: str, port: int) -> HttpEndpoint:
+    """The endpoint of one daemon: its meter's Prometheus registry, its readiness."""
+    telemetry = daemon.telemetry
+
+    async def metrics() -> bytes:
+        return telemetry.prometheus_text()
+
+    return HttpEndpoint(host, port, metrics=metrics, readiness=daemon.readiness)
