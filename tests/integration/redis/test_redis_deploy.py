@@ -106,3 +106,63 @@ async def test_the_triggers_name_the_daemons_streams_and_group_and_sum_its_lag(
         await client.aclose()
     # No fault here: every message exactly once, none lost, none doubled.
     assert sorted(handled) == sorted((p.key, p.seq) for p in published)
+
+
+def test_the_rendered_container_runs_and_answers_its_probes(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The Deployment's container args, run as the pod would run them (the ConfigMap's
+    file at its mount path, the image's ENTRYPOINT `conveyor`), start a worker whose
+    startup, liveness and readiness probes answer 200 on the rendered port and path,
+    and which stops within the rendered grace period on SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from tests.conftest import free_port, wait_until_sync
+    from tests.integration.redis.conftest import REPO
+
+    file = write_config(tmp_path / "c.toml", redis_server.url, redis={"prefix": "pod"})
+    config = load_config(file, environ={})
+    port = free_port()
+    options = k8s.Options(app_path="tests/apps/recorder.py:app", app_name="rec",
+                          config_text=file.read_text(), image="conveyor:test",
+                          http_port=port)
+    objects = {o["kind"]: o for o in k8s.render(config, options)}
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "config")
+    mounted = tmp_path / mount.lstrip("/")
+    mounted.mkdir(parents=True)
+    for name, text in objects["ConfigMap"]["data"].items():
+        (mounted / name).write_text(text)
+    args = [a.replace(mount, str(mounted)) for a in container["args"]]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", *args], cwd=REPO,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def status(probe: str) -> int:
+        get = container[probe]["httpGet"]
+        url = f"http://127.0.0.1:{ports[get['port']]}{get['path']}"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                return int(reply.status)
+        except OSError:
+            return 0
+
+    try:
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            wait_until_sync(lambda p=probe: status(p) == 200, 30, f"{probe} to answer 200")
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code = proc.wait(pod["terminationGracePeriodSeconds"])
+        assert code == 0, proc.stderr.read() if proc.stderr else b""
+        assert time.monotonic() - started < pod["terminationGracePeriodSeconds"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
