@@ -14,6 +14,8 @@ RetryPolicy      retry_attempts, retry_delay_s,             the retry intercepto
 PoolOptions      stateless, max_workers, scale_down         the stateless-pool interceptor
 CellOptions      cell_key, cell_size, cell_sizes,           the cell interceptor
                  cell_job_timeout_s
+IdempotencyOptions idempotent, idempotency_window_s,        the idempotency interceptor
+                 idempotency_claim_s
 
 User interceptors may declare option types of their own (``Interceptor.options``).
 """
@@ -261,7 +263,50 @@ class CellOptions(HandlerOptions):
         return cls(source, name, size, dict(sizes), timeout)
 
 
-BUILTIN_OPTIONS: tuple[type[HandlerOptions], ...] = (RetryPolicy, PoolOptions, CellOptions)
+DAY_S = 86_400.0
+DEFAULT_CLAIM_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyOptions(HandlerOptions):
+    """``idempotent=True``: a message id this handler completed within ``window_s`` is
+    acknowledged without running the handler again, and two deliveries of one id never
+    run at once (a claim held ``claim_s`` at a time, renewed while the handler runs).
+    See :mod:`conveyor.platform.delivery.idempotency`.
+    """
+
+    window_s: float = DAY_S
+    claim_s: float = DEFAULT_CLAIM_S
+
+    keywords: ClassVar[frozenset[str]] = frozenset({
+        "idempotent", "idempotency_window_s", "idempotency_claim_s",
+    })
+
+    @classmethod
+    def from_keywords(cls, where: str, given: Mapping[str, Any]) -> IdempotencyOptions | None:
+        on = given.get("idempotent", False)
+        if not isinstance(on, bool):
+            raise _bad(where, f"idempotent must be True or False, got {on!r}")
+        if not on:
+            extra = cls.keywords & set(given) - {"idempotent"}
+            if extra:
+                raise _bad(where, f"{sorted(extra)} apply to idempotent=True handlers only")
+            return None
+        values = []
+        for name, default, low, high in (
+            ("idempotency_window_s", DAY_S, 1.0, 365 * DAY_S),
+            ("idempotency_claim_s", DEFAULT_CLAIM_S, 0.1, DAY_S),
+        ):
+            value = given.get(name, default)
+            if not (_is_number(value, low) and value <= high):
+                raise _bad(where, f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+            values.append(float(value))
+        return cls(values[0], values[1])
+
+
+BUILTIN_OPTIONS: tuple[type[HandlerOptions], ...] = (
+    RetryPolicy, PoolOptions, CellOptions, IdempotencyOptions,
+)
 
 
 def parse_options(

@@ -8,6 +8,9 @@ When a daemon subscribes, it builds one chain per handler, outermost first::
                                              stored as a dead letter, then acked
     4. Decode                chain.py        the body, decoded once; a failure is not
                                              retried (dead letter, attempts=0)
+    4½ IdempotencyInterceptor idempotency.py an id completed already is not run again;
+                                             one delivery of an id at a time
+                                             (``idempotent=True`` handlers only)
     5. RetryInterceptor      retry.py        attempts per the handler's RetryPolicy
                                              (absent when retry_attempts=1)
     6. RetrySpans            tracing.py      a `retry <handler>` span per retry (tracing on)
@@ -72,6 +75,7 @@ def chain_interceptors(
     group: str = "",
     app: Sequence[Interceptor] = (),
     hosting: Sequence[Interceptor] = (),
+    idempotency: Interceptor | None = None,
 ) -> list[Interceptor]:
     """The interceptors of every chain of a daemon, outermost first (see above).
 
@@ -92,6 +96,7 @@ def chain_interceptors(
         *outer,
         DeadLetterInterceptor(put_letter, stats),
         Decode(),
+        *([idempotency] if idempotency is not None else []),
         RetryInterceptor(),
         *inner,
         *app,

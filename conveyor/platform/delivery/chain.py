@@ -111,7 +111,8 @@ class DeliveryStats:
     counts handler calls that raised; ``retried`` the calls made after a failure;
     ``skipped`` messages of a namespace no handler of the app subscribes to that were
     acknowledged without a dead letter (``[dead_letters] unroutable = "skip"``);
-    ``dead_letters_evicted`` older letters a ``[dead_letters] max_entries`` bound evicted.
+    ``dead_letters_evicted`` older letters a ``[dead_letters] max_entries`` bound evicted;
+    ``deduplicated`` deliveries an ``idempotent=True`` handler had already completed.
     """
 
     handled: int = 0
@@ -120,3 +121,4 @@ class DeliveryStats:
     dead_lettered: int = 0
     skipped: int = 0
     dead_letters_evicted: int = 0
+    deduplicated: int = 0

@@ -32,11 +32,17 @@ from conveyor.platform.delivery import (
     build_chain,
     chain_interceptors,
 )
+from conveyor.platform.delivery.idempotency import (
+    IdempotencyInterceptor,
+    IdempotencyStore,
+    LocalIdempotencyStore,
+)
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.importing import load_attr
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
+from conveyor.platform.options import IdempotencyOptions
 from conveyor.platform.placement import PlacementWeights
 from conveyor.platform.queue_cache import Route
 from conveyor.platform.slots import SlotSupplier
@@ -108,11 +114,15 @@ class DaemonParts:
     owns_adapter: bool
     owns_slots: bool
     owns_telemetry: bool
+    once_step: IdempotencyInterceptor | None = None
+    """Present when a handler is ``idempotent=True``."""
 
     async def close(self) -> None:
         """Close the pools and cells, and the parts built here (not those handed in)."""
         await self.pool_step.close()
         await self.cell_step.close()
+        if self.once_step is not None:
+            await self.once_step.close()
         close_slots = getattr(self.slots, "close", None)
         if self.owns_slots and close_slots is not None:
             await close_slots()  # e.g. the resource-based supplier's sampling task
@@ -147,6 +157,7 @@ def build_parts(
     )
     dead_letters = DeadLetterStore(_store_in(adapter, app.name), stats)
     pool_step = PoolInterceptor()
+    once_step = _idempotency(app, config, stats)
     cell_step = CellInterceptor(config.cells.sizes, config.cells.default_size)
     put_letter = _put_letter(dead_letters, telemetry)
     interceptors = chain_interceptors(
@@ -158,6 +169,7 @@ def build_parts(
         group=app.name,
         app=app.interceptors,
         hosting=(pool_step, cell_step),
+        idempotency=once_step,
     )
     return DaemonParts(
         app=app, config=config, adapter=adapter, mapper=mapper, slots=slots,
@@ -174,7 +186,25 @@ def build_parts(
         ),
         resources=PlacementResources(member.id, resource_sampler),
         owns_adapter=owns_adapter, owns_slots=owns_slots, owns_telemetry=owns_telemetry,
+        once_step=once_step,
     )
+
+
+def _idempotency(app: App, config: Config, stats: DeliveryStats) -> IdempotencyInterceptor | None:
+    """The idempotency step, with its store, if any handler is ``idempotent=True``:
+    in-process on the embedded adapter (shared by the daemons of one broker), else in
+    Redis at ``[redis] url`` (on Kafka too: a Kafka deployment that uses idempotent
+    handlers needs a Redis)."""
+    if not any(h.option(IdempotencyOptions) is not None for h in app.handlers):
+        return None
+    store: IdempotencyStore
+    if config.queues.adapter == "memory":
+        store = LocalIdempotencyStore.shared(config.memory.broker)
+    else:
+        from conveyor.adapters.redis_idempotency import RedisIdempotencyStore
+
+        store = RedisIdempotencyStore(config.redis, app.name)
+    return IdempotencyInterceptor(store, stats)
 
 
 def subscribe(app: App, interceptors: Sequence[Interceptor]) -> Subscriptions:

@@ -43,22 +43,25 @@ def write_config(path: Path, url: str, **sections: dict[str, object]) -> Path:
 
 
 class Worker:
-    """A ``conveyor worker`` subprocess running tests.apps.recorder."""
+    """A ``conveyor worker`` subprocess running ``app`` (tests.apps.recorder by default)."""
 
     def __init__(self, name: str, config: Path, tmp: Path, *, work_ms: float = 0,
-                 log_level: str = "info", record_starts: bool = False) -> None:
+                 log_level: str = "info", record_starts: bool = False,
+                 app: str = "tests.apps.recorder:app",
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.record = tmp / f"{name}.rec"
         self.starts = tmp / f"{name}.starts"
         """Handler starts, one line each (only with ``record_starts``)."""
         self.stderr_path = tmp / f"{name}.err"
-        env = dict(os.environ, CONVEYOR_TEST_RECORD=str(self.record),
-                   CONVEYOR_TEST_WORK_MS=str(work_ms), PYTHONUNBUFFERED="1",
-                   CONVEYOR_TEST_STARTS=str(self.starts) if record_starts else "")
+        env = {**os.environ, "CONVEYOR_TEST_RECORD": str(self.record),
+               "CONVEYOR_TEST_WORK_MS": str(work_ms), "PYTHONUNBUFFERED": "1",
+               "CONVEYOR_TEST_STARTS": str(self.starts) if record_starts else "",
+               **(env or {})}
         self._err = open(self.stderr_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli", "--log-level", log_level, "worker",
-             "tests.apps.recorder:app", "--config", str(config)],
+             app, "--config", str(config)],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=self._err,
         )
 
