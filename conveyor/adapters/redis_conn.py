@@ -135,6 +135,12 @@ class Keys:
     def queue(self, queue: int) -> str:
         return f"{self.prefix}:q:{int(queue)}"
 
+    def published(self, queue: int, batch_id: str) -> str:
+        """The marker of one published batch: the queue's stream name is its hash tag
+        (``{...}``), so it shares the stream's cluster slot and one script may touch both;
+        stream names themselves stay as they were."""
+        return f"{self.prefix}:pub:{{{self.queue(queue)}}}:{batch_id}"
+
     def dead_letters(self, group: str) -> str:
         return f"{self.prefix}:dlq:{check_name(group, 'app name')}"
 

@@ -31,6 +31,50 @@ if #ids == 0 then return 0 end
 return redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
 """
 
+# Publishing, idempotently. KEYS: stream, marker ("PREFIX:pub:{STREAM}:BATCHID", the
+# stream's name as its hash tag: both keys live in one cluster slot). ARGV: marker ttl
+# ms, the field lengths ("3 5 2 4 ..." : per entry its field count, then the length of
+# each field name and value), the fields back to back. A batch already written (the
+# marker exists: a retry whose first attempt landed but whose reply was lost) writes
+# nothing and returns what the first attempt returned. Returns {ids, replayed}: the new
+# entry ids as runs "MS-SEQ COUNT ..." (ids one apart share a run; a batch is one run
+# unless the clock ticked during it), replayed 1 when nothing was written.
+# Lengths and bytes travel as two arguments: redis-py packs each argument in Python, so
+# one argument per field would cost what the script saves. (cmsgpack in Redis 7.0
+# cannot carry binary strings, so it is not used.)
+ENQUEUE = """
+local done = redis.call('GET', KEYS[2])
+if done then return {done, 1} end
+local lens = {}
+for n in string.gmatch(ARGV[2], '%d+') do lens[#lens + 1] = tonumber(n) end
+local blob, i, pos = ARGV[3], 1, 1
+local runs, start, count, last_ms, last_seq = {}, nil, 0, nil, nil
+while i <= #lens do
+  local nf, args = lens[i], {}
+  i = i + 1
+  for f = 1, nf do
+    local l = lens[i]
+    args[f] = string.sub(blob, pos, pos + l - 1)
+    i, pos = i + 1, pos + l
+  end
+  local id = redis.call('XADD', KEYS[1], '*', unpack(args))
+  local dash = string.find(id, '-', 1, true)
+  local ms, seq_s = string.sub(id, 1, dash - 1), string.sub(id, dash + 1)
+  local seq = #seq_s <= 15 and tonumber(seq_s) or nil
+  if start and ms == last_ms and seq and last_seq and seq == last_seq + 1 then
+    count = count + 1
+  else
+    if start then runs[#runs + 1] = start .. ' ' .. count end
+    start, count = id, 1
+  end
+  last_ms, last_seq = ms, seq
+end
+if start then runs[#runs + 1] = start .. ' ' .. count end
+local result = table.concat(runs, ' ')
+redis.call('SET', KEYS[2], result, 'PX', ARGV[1])
+return {result, 0}
+"""
+
 # KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), count.
 # Moves every pending entry of the group to this consumer; -1 when the lease is gone.
 CLAIM_ALL = """
