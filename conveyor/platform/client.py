@@ -12,6 +12,7 @@ import msgspec
 from opentelemetry.trace import StatusCode
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.coalescer import PublishCoalescer
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -57,7 +58,12 @@ class Client:
 
     Messages of one stream land on one queue (chosen by the hash ring), so they are
     delivered in the order they were published. Holds the adapter's connections;
-    close it (or use ``async with``) when done.
+    close it (or use ``async with``) when done: closing sends what is still waiting.
+
+    ``coalesce_linger_s``: None sends each ``publish`` on its own; a number gathers the
+    calls made concurrently into one send per queue (:mod:`conveyor.platform.coalescer`),
+    the first waiting that long for others (0: one loop turn). :meth:`from_config` takes
+    it from ``[publish]``.
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class Client:
         telemetry: Telemetry | None = None,
         owns_adapter: bool = False,
         owns_telemetry: bool = False,
+        coalesce_linger_s: float | None = None,
     ) -> None:
         self.adapter = adapter
         self.mapper = mapper
@@ -75,6 +82,8 @@ class Client:
         self._traced = self.telemetry.tracer is not None
         self._owns_adapter = owns_adapter
         self._owns_telemetry = owns_telemetry
+        self._coalescer = (None if coalesce_linger_s is None
+                           else PublishCoalescer(adapter.enqueue, coalesce_linger_s))
 
     @classmethod
     def from_config(cls, config: Config) -> Client:
@@ -85,6 +94,7 @@ class Client:
             telemetry=Telemetry.from_config(config.telemetry),
             owns_adapter=True,
             owns_telemetry=True,
+            coalesce_linger_s=config.publish.linger_ms / 1000 if config.publish.coalesce else None,
         )
 
     def build(
@@ -119,19 +129,29 @@ class Client:
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> SequenceToken:
+        """Publish one message; returns once it is stored (its position in the queue).
+
+        Raises :class:`~conveyor.PublishUncertain` when the broker may or may not have
+        stored it (see the README's delivery guarantee).
+        """
         msg = self.build(namespace, key, body, headers, content_type)
         queue = self.mapper.queue_for(msg.stream)
         if not self._traced:
-            return (await self.adapter.enqueue(queue, [msg]))[0]
+            return await self._send(queue, msg)
         span = self.telemetry.publish_span(msg, self.adapter.name, queue)
         try:
-            return (await self.adapter.enqueue(queue, [msg]))[0]
+            return await self._send(queue, msg)
         except BaseException as exc:
             span.record_exception(exc)
             span.set_status(StatusCode.ERROR, str(exc))
             raise
         finally:
             span.end()
+
+    async def _send(self, queue: int, msg: Message) -> SequenceToken:
+        if self._coalescer is not None:
+            return await self._coalescer.submit(queue, msg)
+        return (await self.adapter.enqueue(queue, [msg]))[0]
 
     async def publish_batch(self, items: Iterable[Publish]) -> list[SequenceToken]:
         """Publish many messages with one enqueue per queue; returns tokens in input order."""
@@ -157,6 +177,9 @@ class Client:
         return [tokens[i] for i in range(len(tokens))]
 
     async def close(self) -> None:
+        """Send what ``publish`` calls left waiting, then close what the client owns."""
+        if self._coalescer is not None:
+            await self._coalescer.close()
         if self._owns_adapter:
             await self.adapter.close()
         if self._owns_telemetry:
