@@ -92,54 +92,58 @@ PUBLISH_CHUNK_BYTES = 4 << 20
 _decode_legacy_letter = msgspec.msgpack.Decoder(DeadLetter).decode
 
 
-def entry_fields(msg: Message) -> list[bytes]:
-    """The stream fields of one message, names and values alternating, as bytes (see the
-    module docstring for the names; this order is the one :class:`EntryDecoder` reads
-    fastest)."""
-    fields = [
-        _NS, msg.stream.namespace.encode(),
-        _KEY, msg.stream.key.encode(),
-        _ID, msg.id.encode(),
-        _CT, msg.content_type.encode(),
-        _TS, b"%d" % (msg.enqueued_at_ms or now_ms()),
-        _BODY, msg.body,
-    ]
-    if msg.attempt:
-        fields += (_ATT, b"%d" % msg.attempt)
+def extra_fields(msg: Message) -> list[bytes | str]:
+    """The fields after the fixed ones: ``cv-attempt`` if set, then the user's headers."""
+    extra: list[bytes | str] = [_ATT, b"%d" % msg.attempt] if msg.attempt else []
     for name, value in msg.headers.items():
         if name in _RESERVED:
             raise BrokerError(
                 f"message {msg.id}: header {name!r} is reserved by the Redis wire format "
                 f"(reserved: {', '.join(sorted(_RESERVED))}); rename the header"
             )
-        fields += (name.encode(), value.encode())
-    return fields
+        extra += (name, value)
+    return extra
 
 
 def encode_fields(msg: Message) -> dict[bytes | str, bytes | str]:
-    """The stream fields of one message as a dict (``XADD`` through redis-py)."""
-    flat = entry_fields(msg)
-    return dict(zip(flat[0::2], flat[1::2], strict=True))
+    """The stream fields of one message (see the module docstring), in the order
+    :class:`EntryDecoder` reads fastest."""
+    fields: dict[bytes | str, bytes | str] = {
+        _NS: msg.stream.namespace,
+        _KEY: msg.stream.key,
+        _ID: msg.id,
+        _CT: msg.content_type,
+        _TS: b"%d" % (msg.enqueued_at_ms or now_ms()),
+        _BODY: msg.body,
+    }
+    extra = extra_fields(msg)
+    fields.update(zip(extra[0::2], extra[1::2], strict=True))
+    return fields
 
 
-def pack_entries(messages: Sequence[Message]) -> tuple[bytes, bytes]:
-    """The two arguments :data:`~conveyor.adapters.redis_scripts.ENQUEUE` reads: the
-    field lengths (per entry its field count, then each field's length) and the fields
-    back to back."""
-    lens: list[int] = []
-    parts: list[bytes] = []
+def enqueue_args(messages: Sequence[Message]) -> list[bytes | str | int]:
+    """The entries as :data:`~conveyor.adapters.redis_scripts.ENQUEUE` reads them (after
+    its first argument): per message its extra fields' count, the six metadata values in
+    :func:`encode_fields`' order (the script supplies their names), the extra fields."""
+    args: list[bytes | str | int] = []
     for msg in messages:
-        fields = entry_fields(msg)
-        lens.append(len(fields))
-        lens.extend(map(len, fields))
-        parts += fields
-    return " ".join(map(str, lens)).encode(), b"".join(parts)
+        extra = extra_fields(msg) if msg.attempt or msg.headers else []
+        stream = msg.stream
+        args += (len(extra), stream.namespace, stream.key, msg.id, msg.content_type,
+                 msg.enqueued_at_ms or now_ms(), msg.body)
+        if extra:
+            args += extra
+    return args
 
 
 def publish_chunks(messages: Sequence[Message]) -> list[Sequence[Message]]:
     """``messages`` cut into script calls of at most :data:`PUBLISH_CHUNK` entries and
     about :data:`PUBLISH_CHUNK_BYTES` of bodies (a script blocks the server while it
     runs, and Redis caps one argument at 512 MB)."""
+    if len(messages) <= PUBLISH_CHUNK and sum(
+        [len(m.body) for m in messages]
+    ) <= PUBLISH_CHUNK_BYTES:
+        return [messages]
     chunks: list[Sequence[Message]] = []
     start, size = 0, 0
     for i, msg in enumerate(messages):
@@ -563,8 +567,8 @@ class RedisAdapter(QueueAdapter):
             return []
         stream = self.keys.queue(queue)
         window = self.publish_window_ms
-        calls: list[tuple[list[str], list[bytes | int]]] = [
-            ([stream, self.keys.published(queue, uuid.uuid4().hex)], [window, *pack_entries(c)])
+        calls = [
+            ([stream, self.keys.published(queue, uuid.uuid4().hex)], [window, *enqueue_args(c)])
             for c in publish_chunks(messages)
         ]
 
