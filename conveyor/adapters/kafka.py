@@ -501,14 +501,15 @@ class KafkaAdapter(QueueAdapter):
             with kafka_errors(what):
                 batch, count = producer.create_batch(), 0
                 for msg in messages:
-                    record = {"key": msg.stream.key.encode(), "value": msg.body,
-                              "timestamp": msg.enqueued_at_ms or None,
-                              "headers": message_headers(msg)}
-                    if batch.append(**record) is None:  # full: it goes, a new one starts
+                    key, headers = msg.stream.key.encode(), message_headers(msg)
+                    ts = msg.enqueued_at_ms or None
+                    if batch.append(key=key, value=msg.body, timestamp=ts,
+                                    headers=headers) is None:  # full: send it, start anew
                         sent.append((count, await producer.send_batch(batch, topic,
                                                                       partition=queue)))
                         batch, count = producer.create_batch(), 0
-                        if batch.append(**record) is None:
+                        if batch.append(key=key, value=msg.body, timestamp=ts,
+                                        headers=headers) is None:
                             raise BrokerError(f"kafka: message {msg.id} is larger than a "
                                               "record batch may be")
                     count += 1
