@@ -344,6 +344,7 @@ class KafkaReceiver(QueueReceiver):
 
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
+    gathers_sends = True  # the producer's accumulator batches concurrent sends (linger_ms)
 
     def __init__(self, config: KafkaConfig, total_queues: int) -> None:
         self.config = config
@@ -496,6 +497,8 @@ class KafkaAdapter(QueueAdapter):
         producer = await self.producer()  # unreachable here: nothing was sent
         topic = self.topic
         what = f"publishing {len(messages)} messages to queue {queue}"
+        if len(messages) == 1:  # into the partition's open batch, with concurrent sends
+            return [await self._send_one(producer, queue, messages[0], what)]
         sent: list[tuple[int, asyncio.Future[Any]]] = []
         try:
             with kafka_errors(what):
@@ -524,6 +527,25 @@ class KafkaAdapter(QueueAdapter):
             ) from exc
         return [SequenceToken(queue, meta.offset + i)
                 for (count, _), meta in zip(sent, results, strict=True) for i in range(count)]
+
+    async def _send_one(self, producer: AIOKafkaProducer, queue: int, msg: Message,
+                        what: str) -> SequenceToken:
+        """One record through ``send``: the producer appends it to the partition's open
+        batch, so concurrent single publishes share a request (Client.publish)."""
+        with kafka_errors(what):
+            delivery = await producer.send(
+                self.topic, msg.body, key=msg.stream.key.encode(), partition=queue,
+                headers=message_headers(msg), timestamp_ms=msg.enqueued_at_ms or None,
+            )
+        try:
+            with kafka_errors(what):
+                meta = await delivery
+        except BrokerConnectionError as exc:
+            raise PublishUncertain(
+                f"{exc}: the message may or may not have been written; its id is in "
+                ".message_ids", (msg.id,)
+            ) from exc
+        return SequenceToken(queue, meta.offset)
 
     # -- consuming ---------------------------------------------------------------------
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:

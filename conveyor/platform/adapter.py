@@ -105,6 +105,10 @@ class QueueAdapter(ABC):
     """A queue backend: the producer side plus a factory of receivers."""
 
     name: str = "abstract"
+    gathers_sends: bool = False
+    """True if the backend's own client gathers concurrent ``enqueue`` calls of one
+    queue into one send, in call order (Kafka's producer, with ``linger_ms``): then the
+    client does not gather single publishes itself (:mod:`conveyor.platform.coalescer`)."""
 
     @abstractmethod
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:

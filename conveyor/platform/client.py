@@ -99,7 +99,9 @@ class Client:
             telemetry=Telemetry.from_config(config.telemetry),
             owns_adapter=True,
             owns_telemetry=True,
-            coalesce_linger_s=config.publish.linger_ms / 1000 if config.publish.coalesce else None,
+            coalesce_linger_s=(config.publish.linger_ms / 1000
+                               if config.publish.coalesce and not adapter.gathers_sends
+                               else None),
         )
 
     def build(
