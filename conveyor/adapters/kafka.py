@@ -344,7 +344,7 @@ class KafkaReceiver(QueueReceiver):
 
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
-    gathers_sends = True  # the producer's accumulator batches concurrent sends (linger_ms)
+    coalesce_publishes = False  # the producer batches concurrent sends itself (linger_ms)
 
     def __init__(self, config: KafkaConfig, total_queues: int) -> None:
         self.config = config

@@ -100,7 +100,7 @@ class Client:
             owns_adapter=True,
             owns_telemetry=True,
             coalesce_linger_s=(config.publish.linger_ms / 1000
-                               if config.publish.coalesce and not adapter.gathers_sends
+                               if config.publish.coalesce and adapter.coalesce_publishes
                                else None),
         )
 

@@ -228,7 +228,8 @@ class PublishConfig(_Section):
     made in one turn of the event loop, and those made while the queue's previous send
     is still on its way, go together. Each call still returns only once its message is
     stored (or raises). Adds no timer: a lone publisher waits one loop turn more. Not
-    used on Kafka, whose producer gathers concurrent sends itself (``kafka.linger_ms``)."""
+    used on Kafka, whose producer gathers concurrent sends itself (``kafka.linger_ms``),
+    nor on the memory adapter (an in-process append has no round trip to share)."""
     linger_ms: MillisFloatOrZero = 0.0
     """With ``coalesce``: how long the first call of a batch waits for others to join
     (Kafka's ``linger.ms``); 0 adds no wait. Only worth it for many publishers that
