@@ -182,20 +182,18 @@ class Client:
         build, queue_for, traced = self._build, self.queue_for, self._traced
         stamp = now_ms()
         items = items if isinstance(items, Sequence) else list(items)
-        ids = new_message_ids(len(items))
         by_queue: dict[int, tuple[list[int], list[Message]]] = {}
         spans = []
-        count = 0
-        for count, item in enumerate(items, 1):
+        for i, (item, ident) in enumerate(zip(items, new_message_ids(len(items)), strict=True)):
             msg = build(item.namespace, item.key, item.body, item.headers, item.content_type,
-                        stamp, ids[count - 1])
+                        stamp, ident)
             queue = queue_for(item.namespace, msg.stream.key)
             if traced:
                 spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
             placed = by_queue.get(queue)
             if placed is None:
                 placed = by_queue[queue] = ([], [])
-            placed[0].append(count - 1)
+            placed[0].append(i)
             placed[1].append(msg)
         try:
             results = await asyncio.gather(
@@ -204,7 +202,7 @@ class Client:
         finally:
             for span in spans:
                 span.end()
-        tokens: list[SequenceToken] = [_NO_TOKEN] * count
+        tokens: list[SequenceToken] = [_NO_TOKEN] * len(items)
         for (positions, _), queue_tokens in zip(by_queue.values(), results, strict=True):
             for i, token in zip(positions, queue_tokens, strict=True):
                 tokens[i] = token
