@@ -156,6 +156,14 @@ def publish_chunks(messages: Sequence[Message]) -> list[Sequence[Message]]:
     return chunks
 
 
+def _while_connecting(exc: BaseException) -> bool:
+    """Whether redis-py raised ``exc`` while opening a connection, before any command
+    went out ("Error 111 connecting to …", "Timeout connecting to server"). Read from
+    the message, which redis-py words so for these two cases only: should that change,
+    a publish that failed so reports PublishUncertain, the safe answer."""
+    return isinstance(exc, rex.ConnectionError | rex.TimeoutError) and "connecting to" in str(exc)
+
+
 def tokens_of_runs(runs: bytes, queue: int) -> list[SequenceToken]:
     """The entry ids :data:`~conveyor.adapters.redis_scripts.ENQUEUE` returns as runs
     (``MS-SEQ COUNT ...``), one token each."""
@@ -561,7 +569,9 @@ class RedisAdapter(QueueAdapter):
         trip for all of them), each under a batch id of its own: a retry after a cut
         connection re-sends the same ids, and a chunk the server had already written is
         not written again (its marker lives ``publish_window_ms``). When the retries run
-        out, whether the messages landed is unknown: :class:`PublishUncertain`.
+        out, whether the messages landed is unknown: :class:`PublishUncertain` — unless
+        no attempt got past opening a connection (:class:`BrokerConnectionError`: none
+        was sent).
         """
         if not messages:
             return []
@@ -573,22 +583,30 @@ class RedisAdapter(QueueAdapter):
         ]
 
         script = self.enqueue_script
+        reached = False  # whether some attempt may have got its request to the server
 
         async def send() -> list[Any]:
-            if len(calls) == 1:
-                keys, args = calls[0]
-                return [await script(keys=keys, args=args)]
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.scripts.add(script)  # loaded first should the server not know it
-            for keys, args in calls:
-                pipe.evalsha(script.sha, 2, *keys, *args)
-            replies: list[Any] = await pipe.execute()
-            return replies
+            nonlocal reached
+            try:
+                if len(calls) == 1:
+                    keys, args = calls[0]
+                    return [await script(keys=keys, args=args)]
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.scripts.add(script)  # loaded first should the server not know it
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, 2, *keys, *args)
+                replies: list[Any] = await pipe.execute()
+                return replies
+            except BaseException as exc:
+                reached = reached or not _while_connecting(exc)
+                raise
 
         what = f"publishing {len(messages)} messages to queue {queue}"
         try:
             replies = await self.caller.retrying(what, send)
         except BrokerConnectionError as exc:
+            if not reached:  # every attempt failed to connect: nothing was sent
+                raise
             raise PublishUncertain(
                 f"redis: {what}: the connection failed and retries ran out after "
                 f"{self.caller.retry_max_s:g}s ($.redis.retry_max_s): the messages may or "

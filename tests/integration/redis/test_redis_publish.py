@@ -18,7 +18,7 @@ from redis.crc import key_slot
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import PublishUncertain
+from conveyor.platform.errors import BrokerConnectionError, PublishUncertain
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from tests.conftest import free_port, wait_until
@@ -170,6 +170,16 @@ async def test_retries_that_run_out_after_the_send_raise_publish_uncertain(
         await direct.close()
 
 
+async def test_a_publish_that_never_connected_says_nothing_was_written() -> None:
+    config = config_for(f"redis://127.0.0.1:{free_port()}/0", retry_max_s=0.3,
+                        connect_timeout_s=0.2)  # nothing listens there
+    async with Client.from_config(config) as client:
+        with pytest.raises(BrokerConnectionError) as caught:
+            await client.publish_batch(items(10, 1))
+    assert not isinstance(caught.value, PublishUncertain)
+    assert "connecting to" in str(caught.value)
+
+
 async def test_a_batch_marker_shares_its_streams_cluster_slot(redis_server: RedisServer) -> None:
     config = config_for(redis_server.url)
     async with Client.from_config(config) as client:
@@ -238,9 +248,17 @@ async def test_a_failed_coalesced_send_reaches_every_waiting_publish(
     async with Client.from_config(config) as client:
         await client.publish("orders", "warm", {"seq": -1})
         await proxied.cut()
-        calls = [client.publish("orders", f"k{i % 3}", {"seq": i}) for i in range(30)]
+        keys = [f"k{i % 3}" for i in range(30)]
+        calls = [client.publish("orders", key, {"seq": i}) for i, key in enumerate(keys)]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        assert all(isinstance(r, PublishUncertain) for r in results), results
+        # A queue whose pooled connection was open may have sent (PublishUncertain); one
+        # that had to connect did not (a plain BrokerConnectionError). Either way every
+        # call of a queue gets its send's error.
+        assert all(isinstance(r, BrokerConnectionError) for r in results), results
+        by_queue: dict[int, set[int]] = defaultdict(set)
+        for key, result in zip(keys, results, strict=True):
+            by_queue[client.queue_for("orders", key)].add(id(result))
+        assert all(len(errors) == 1 for errors in by_queue.values())
         await proxied.start()
         token = await client.publish("orders", "after", {"seq": 99})  # starts afresh
         assert isinstance(token, SequenceToken)
