@@ -46,6 +46,7 @@ from conveyor.adapters.kafka_conn import (
     outage_log,
     retrying,
     start_client,
+    start_producer,
 )
 from conveyor.adapters.kafka_handoff import HandoffLog
 from conveyor.adapters.kafka_letters import KafkaLetters
@@ -58,6 +59,7 @@ from conveyor.platform.errors import (
     BrokerError,
     ConfigError,
     DecodeError,
+    PublishUncertain,
 )
 from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -344,6 +346,7 @@ class KafkaReceiver(QueueReceiver):
 
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
+    coalesce_publishes = False  # the producer batches concurrent sends itself (linger_ms)
 
     def __init__(self, config: KafkaConfig, total_queues: int) -> None:
         self.config = config
@@ -354,6 +357,8 @@ class KafkaAdapter(QueueAdapter):
         self.total_queues = total_queues
         self._options = client_options(config)
         self._producer: AIOKafkaProducer | None = None
+        self.idempotent = False
+        """Whether the producer is idempotent (known once it has started)."""
         self._lock = asyncio.Lock()
         self._topic_ready = False
         self._group_consumers: dict[str, AIOKafkaConsumer] = {}
@@ -393,8 +398,8 @@ class KafkaAdapter(QueueAdapter):
         async with self._lock:
             if self._producer is None:
                 await self.ensure_topic()
-                producer = AIOKafkaProducer(linger_ms=self.config.linger_ms, **self._options)
-                await start_client(producer, "connecting the producer")
+                producer = await start_producer(self.config, self._options)
+                self.idempotent = producer._txn_manager is not None
                 self._producer = producer
         return self._producer
 
@@ -487,22 +492,66 @@ class KafkaAdapter(QueueAdapter):
 
     # -- producing ---------------------------------------------------------------------
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
-        producer = await self.producer()
+        """Append in order: record batches built here (``create_batch``), one send each.
+
+        The producer retries a send after a cut connection by itself; idempotent (see
+        ``$.kafka.idempotence``), the broker writes a retried batch once. A send that
+        fails after it may have reached the broker raises :class:`PublishUncertain`.
+        """
+        if not messages:
+            return []
+        producer = await self.producer()  # unreachable here: nothing was sent
         topic = self.topic
-        with kafka_errors(f"producing to queue {queue}"):
-            futures = [
-                await producer.send(
-                    topic,
-                    msg.body,
-                    key=msg.stream.key.encode(),
-                    partition=queue,
-                    headers=message_headers(msg),
-                    timestamp_ms=msg.enqueued_at_ms or None,
-                )
-                for msg in messages
-            ]
-            results = await asyncio.gather(*futures)
-        return [SequenceToken(queue, r.offset) for r in results]
+        what = f"publishing {len(messages)} messages to queue {queue}"
+        if len(messages) == 1:  # into the partition's open batch, with concurrent sends
+            return [await self._send_one(producer, queue, messages[0], what)]
+        sent: list[tuple[int, asyncio.Future[Any]]] = []
+        try:
+            with kafka_errors(what):
+                batch, count = producer.create_batch(), 0
+                for msg in messages:
+                    key, headers = msg.stream.key.encode(), message_headers(msg)
+                    ts = msg.enqueued_at_ms or None
+                    if batch.append(key=key, value=msg.body, timestamp=ts,
+                                    headers=headers) is None:  # full: send it, start anew
+                        sent.append((count, await producer.send_batch(batch, topic,
+                                                                      partition=queue)))
+                        batch, count = producer.create_batch(), 0
+                        if batch.append(key=key, value=msg.body, timestamp=ts,
+                                        headers=headers) is None:
+                            raise BrokerError(f"kafka: message {msg.id} is larger than a "
+                                              "record batch may be")
+                    count += 1
+                sent.append((count, await producer.send_batch(batch, topic, partition=queue)))
+                results = await asyncio.gather(*(future for _, future in sent))
+        except BrokerConnectionError as exc:
+            if not sent:  # failed before the first batch was handed over: none was sent
+                raise
+            raise PublishUncertain(
+                f"{exc}: the messages may or may not have been written; their ids are in "
+                ".message_ids", tuple(m.id for m in messages)
+            ) from exc
+        return [SequenceToken(queue, meta.offset + i)
+                for (count, _), meta in zip(sent, results, strict=True) for i in range(count)]
+
+    async def _send_one(self, producer: AIOKafkaProducer, queue: int, msg: Message,
+                        what: str) -> SequenceToken:
+        """One record through ``send``: the producer appends it to the partition's open
+        batch, so concurrent single publishes share a request (Client.publish)."""
+        with kafka_errors(what):
+            delivery = await producer.send(
+                self.topic, msg.body, key=msg.stream.key.encode(), partition=queue,
+                headers=message_headers(msg), timestamp_ms=msg.enqueued_at_ms or None,
+            )
+        try:
+            with kafka_errors(what):
+                meta = await delivery
+        except BrokerConnectionError as exc:
+            raise PublishUncertain(
+                f"{exc}: the message may or may not have been written; its id is in "
+                ".message_ids", (msg.id,)
+            ) from exc
+        return SequenceToken(queue, meta.offset)
 
     # -- consuming ---------------------------------------------------------------------
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kerrors
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
@@ -174,6 +174,40 @@ async def start_client(client: Any, what: str) -> None:
         with contextlib.suppress(Exception):
             await client.stop()
         raise
+
+
+NO_PRODUCER_IDS = (kerrors.UnknownError, kerrors.UnsupportedVersionError)
+"""What a broker without idempotence answers InitProducerId with (tansu 0.6: UnknownError)."""
+
+
+async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaProducer:
+    """A started producer with ``acks=all``, idempotent as ``$.kafka.idempotence`` asks.
+
+    ``auto`` falls back to a plain producer, with a warning, only when the broker refuses
+    to hand out a producer id; an unreachable broker is an error as always.
+    """
+    common = {"linger_ms": cfg.linger_ms, "acks": "all", **options}
+    if cfg.idempotence != "off":
+        producer = AIOKafkaProducer(enable_idempotence=True, **common)
+        try:
+            await start_client(producer, "connecting the idempotent producer")
+            return producer
+        except BrokerError as exc:
+            if not isinstance(exc.__cause__, NO_PRODUCER_IDS):
+                raise
+            if cfg.idempotence == "on":
+                raise BrokerError(
+                    f"kafka: the broker hands out no producer ids ({exc}), and "
+                    "$.kafka.idempotence is \"on\": set it to \"auto\" or \"off\" to "
+                    "publish without the idempotent producer"
+                ) from exc
+            log.warning(
+                "kafka: the broker hands out no producer ids (%s): publishing without "
+                "idempotence, so a send retried after a cut connection may be written "
+                "twice ($.kafka.idempotence = \"on\" refuses instead)", exc.__cause__)
+    producer = AIOKafkaProducer(**common)
+    await start_client(producer, "connecting the producer")
+    return producer
 
 
 async def fetch_committed(

@@ -237,6 +237,7 @@ class MemoryReceiver(QueueReceiver):
 
 class MemoryAdapter(QueueAdapter):
     name = "memory"
+    coalesce_publishes = False  # an in-process append: no round trip to share
 
     def __init__(self, broker_name: str = "default", *, max_dead_letters: int = 0) -> None:
         self.broker = broker(broker_name)

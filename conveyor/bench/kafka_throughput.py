@@ -3,11 +3,13 @@
 The figures and their order are :mod:`conveyor.bench.throughput`'s, each run on a topic
 of its own (``queues.total`` partitions); what is Kafka's:
 
-* **publish floor** — an ``AIOKafkaProducer`` with the adapter's settings, already
-  started and holding the topic's metadata, sending the records Conveyor writes (key,
-  value, headers, timestamp, already encoded) with ``create_batch`` / ``send_batch`` per
-  partition, :data:`~conveyor.bench.timing.PUBLISH_BATCH` records a round, each round
-  awaited — the shape of ``publish_batch``, and faster here than ``send`` per record.
+* **publish floor** — an ``AIOKafkaProducer`` with the adapter's settings
+  (:func:`~conveyor.adapters.kafka_conn.start_producer`: ``acks=all``, idempotent where
+  the broker allows), already started and holding the topic's metadata, sending the
+  records Conveyor writes (key, value, headers, timestamp, already encoded) with
+  ``create_batch`` / ``send_batch`` per partition,
+  :data:`~conveyor.bench.timing.PUBLISH_BATCH` records a round, each round awaited —
+  the shape of ``publish_batch``, and faster here than ``send`` per record.
 * **consume floor** — an ``AIOKafkaConsumer`` with the adapter's consumer settings,
   started and assigned every partition, ``getmany`` then the no-op awaited on each
   value and ``commit`` after every batch; the clock starts at the first batch with
@@ -41,7 +43,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from conveyor.adapters.kafka import KafkaAdapter, message_headers
-from conveyor.adapters.kafka_conn import client_options
+from conveyor.adapters.kafka_conn import client_options, start_producer
 from conveyor.bench.figures import ThroughputResult
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config
 from conveyor.bench.throughput import Backend, build_messages, measure, noop, queue_chunks
@@ -173,8 +175,7 @@ class KafkaBackend(Backend):
         adapter = KafkaAdapter(cfg, total)
         try:
             await adapter.ensure_topic()
-            producer = AIOKafkaProducer(linger_ms=cfg.linger_ms, **client_options(cfg))
-            await producer.start()
+            producer = await start_producer(cfg, client_options(cfg))  # as the adapter's
             try:
                 published = await publish_floor(producer, cfg.topic, messages, total)
             finally:

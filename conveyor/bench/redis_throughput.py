@@ -4,7 +4,9 @@ The figures and their order are :mod:`conveyor.bench.throughput`'s; what is Redi
 
 * **publish floor** — one redis-py pipeline (``transaction=False``) of
   :data:`~conveyor.bench.timing.PUBLISH_BATCH` ``XADD`` per round trip, of the entries
-  Conveyor writes (the same fields, already encoded), on a connection already open.
+  Conveyor writes (the same fields, already encoded), on a connection already open —
+  made by :func:`~conveyor.adapters.redis_conn.connect`, so its commands are packed by
+  hiredis as Conveyor's are (a stock redis-py client packs in Python, ~1.5x the CPU).
 * **consume floor** — one task per queue on a stock redis-py client (its own reply
   parsing), ``XREADGROUP COUNT 500``, the no-op awaited on each body, ``XACK`` of the
   ids; the group is created and a connection per task opened first, and the clock

@@ -106,6 +106,11 @@ class QueueAdapter(ABC):
     """A queue backend: the producer side plus a factory of receivers."""
 
     name: str = "abstract"
+    coalesce_publishes: bool = True
+    """Whether a client gathers concurrent single publishes into one ``enqueue`` per
+    queue (:mod:`conveyor.platform.coalescer`): worth it where each ``enqueue`` is a
+    round trip. False where there is none (memory) or where the backend's own client
+    gathers concurrent sends already, in call order (Kafka's producer, ``linger_ms``)."""
 
     @abstractmethod
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -12,6 +12,7 @@ import msgspec
 from opentelemetry.trace import StatusCode
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.coalescer import PublishCoalescer
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -22,10 +23,14 @@ from conveyor.platform.message import (
     RESERVED_HEADERS,
     Message,
     new_message_id,
+    new_message_ids,
     now_ms,
 )
 from conveyor.platform.telemetry import Telemetry
 
+_QUEUES_REMEMBERED = 65_536
+"""Streams whose queue a client remembers (then it forgets them all and starts over)."""
+_NO_TOKEN = SequenceToken(-1, -1)
 _json_encode = msgspec.json.Encoder().encode
 _msgpack_encode = msgspec.msgpack.Encoder().encode
 
@@ -57,7 +62,12 @@ class Client:
 
     Messages of one stream land on one queue (chosen by the hash ring), so they are
     delivered in the order they were published. Holds the adapter's connections;
-    close it (or use ``async with``) when done.
+    close it (or use ``async with``) when done: closing sends what is still waiting.
+
+    ``coalesce_linger_s``: None sends each ``publish`` on its own; a number gathers the
+    calls made concurrently into one send per queue (:mod:`conveyor.platform.coalescer`),
+    the first waiting that long for others (0: one loop turn). :meth:`from_config` takes
+    it from ``[publish]``.
     """
 
     def __init__(
@@ -68,6 +78,7 @@ class Client:
         telemetry: Telemetry | None = None,
         owns_adapter: bool = False,
         owns_telemetry: bool = False,
+        coalesce_linger_s: float | None = None,
     ) -> None:
         self.adapter = adapter
         self.mapper = mapper
@@ -75,6 +86,9 @@ class Client:
         self._traced = self.telemetry.tracer is not None
         self._owns_adapter = owns_adapter
         self._owns_telemetry = owns_telemetry
+        self._queues: dict[tuple[str, str], int] = {}
+        self._coalescer = (None if coalesce_linger_s is None
+                           else PublishCoalescer(adapter.enqueue, coalesce_linger_s))
 
     @classmethod
     def from_config(cls, config: Config) -> Client:
@@ -85,6 +99,9 @@ class Client:
             telemetry=Telemetry.from_config(config.telemetry),
             owns_adapter=True,
             owns_telemetry=True,
+            coalesce_linger_s=(config.publish.linger_ms / 1000
+                               if config.publish.coalesce and adapter.coalesce_publishes
+                               else None),
         )
 
     def build(
@@ -95,21 +112,34 @@ class Client:
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> Message:
+        """The message ``publish`` would send (a fresh id, stamped now)."""
+        return self._build(namespace, key, body, headers, content_type, now_ms(),
+                           new_message_id())
+
+    def _build(self, namespace: str, key: str, body: Any, headers: Mapping[str, str] | None,
+               content_type: str | None, stamp: int, ident: str) -> Message:
         if not namespace:
             raise ConveyorError("namespace must be a non-empty string")
         data, ctype = encode_body(body, content_type)
-        hdrs = dict(headers) if headers else {}
-        clash = RESERVED_HEADERS.intersection(hdrs)
-        if clash:
-            raise ConveyorError(f"headers {sorted(clash)} are reserved by Conveyor's wire format")
-        return Message(
-            id=new_message_id(),
-            stream=StreamId(namespace, str(key)),
-            body=data,
-            headers=hdrs,
-            content_type=ctype,
-            enqueued_at_ms=now_ms(),
-        )
+        if headers:
+            hdrs = dict(headers)
+            clash = RESERVED_HEADERS.intersection(hdrs)
+            if clash:
+                raise ConveyorError(
+                    f"headers {sorted(clash)} are reserved by Conveyor's wire format"
+                )
+        else:
+            hdrs = {}  # one per message: tracing writes its context into it
+        return Message(ident, StreamId(namespace, str(key)), data, hdrs, ctype, 0, stamp)
+
+    def queue_for(self, namespace: str, key: str) -> int:
+        """The queue of a stream, remembered: hashing it costs more than a look-up."""
+        queue = self._queues.get((namespace, key))
+        if queue is None:
+            if len(self._queues) >= _QUEUES_REMEMBERED:
+                self._queues.clear()
+            queue = self._queues[(namespace, key)] = self.mapper.queue_for_key(namespace, key)
+        return queue
 
     async def publish(
         self,
@@ -119,13 +149,18 @@ class Client:
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> SequenceToken:
+        """Publish one message; returns once it is stored (its position in the queue).
+
+        Raises :class:`~conveyor.PublishUncertain` when the broker may or may not have
+        stored it (see the README's delivery guarantee).
+        """
         msg = self.build(namespace, key, body, headers, content_type)
-        queue = self.mapper.queue_for(msg.stream)
+        queue = self.queue_for(namespace, msg.stream.key)
         if not self._traced:
-            return (await self.adapter.enqueue(queue, [msg]))[0]
+            return await self._send(queue, msg)
         span = self.telemetry.publish_span(msg, self.adapter.name, queue)
         try:
-            return (await self.adapter.enqueue(queue, [msg]))[0]
+            return await self._send(queue, msg)
         except BaseException as exc:
             span.record_exception(exc)
             span.set_status(StatusCode.ERROR, str(exc))
@@ -133,30 +168,50 @@ class Client:
         finally:
             span.end()
 
+    async def _send(self, queue: int, msg: Message) -> SequenceToken:
+        if self._coalescer is not None:
+            return await self._coalescer.submit(queue, msg)
+        return (await self.adapter.enqueue(queue, [msg]))[0]
+
     async def publish_batch(self, items: Iterable[Publish]) -> list[SequenceToken]:
-        """Publish many messages with one enqueue per queue; returns tokens in input order."""
-        by_queue: dict[int, list[tuple[int, Message]]] = {}
+        """Publish many messages with one enqueue per queue; returns tokens in input order.
+
+        The queues' enqueues run concurrently; each writes its messages once however
+        often the adapter retries it (see the README's delivery guarantee).
+        """
+        build, queue_for, traced = self._build, self.queue_for, self._traced
+        stamp = now_ms()
+        items = items if isinstance(items, Sequence) else list(items)
+        by_queue: dict[int, tuple[list[int], list[Message]]] = {}
         spans = []
-        for i, item in enumerate(items):
-            msg = self.build(item.namespace, item.key, item.body, item.headers, item.content_type)
-            queue = self.mapper.queue_for(msg.stream)
-            if self._traced:
+        for i, (item, ident) in enumerate(zip(items, new_message_ids(len(items)), strict=True)):
+            msg = build(item.namespace, item.key, item.body, item.headers, item.content_type,
+                        stamp, ident)
+            queue = queue_for(item.namespace, msg.stream.key)
+            if traced:
                 spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
-            by_queue.setdefault(queue, []).append((i, msg))
+            placed = by_queue.get(queue)
+            if placed is None:
+                placed = by_queue[queue] = ([], [])
+            placed[0].append(i)
+            placed[1].append(msg)
         try:
             results = await asyncio.gather(
-                *(self.adapter.enqueue(q, [m for _, m in pairs]) for q, pairs in by_queue.items())
+                *(self.adapter.enqueue(q, msgs) for q, (_, msgs) in by_queue.items())
             )
         finally:
             for span in spans:
                 span.end()
-        tokens: dict[int, SequenceToken] = {}
-        for pairs, queue_tokens in zip(by_queue.values(), results, strict=True):
-            for (i, _), token in zip(pairs, queue_tokens, strict=True):
+        tokens: list[SequenceToken] = [_NO_TOKEN] * len(items)
+        for (positions, _), queue_tokens in zip(by_queue.values(), results, strict=True):
+            for i, token in zip(positions, queue_tokens, strict=True):
                 tokens[i] = token
-        return [tokens[i] for i in range(len(tokens))]
+        return tokens
 
     async def close(self) -> None:
+        """Send what ``publish`` calls left waiting, then close what the client owns."""
+        if self._coalescer is not None:
+            await self._coalescer.close()
         if self._owns_adapter:
             await self.adapter.close()
         if self._owns_telemetry:

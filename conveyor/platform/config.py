@@ -138,6 +138,11 @@ class KafkaConfig(_Section):
     """Kafka's field is a 16-bit integer."""
     client_id: str = "conveyor"
     linger_ms: MillisOrZero = 2
+    idempotence: Literal["auto", "on", "off"] = "auto"
+    """The idempotent producer (``acks=all`` always): a send the client retries after a
+    cut connection is written once. ``auto``: on where the broker hands out producer ids,
+    else off with a warning (tansu 0.6 does not); ``on``: refuse to publish without it;
+    ``off``: never (a retried send may be written twice)."""
     fetch_max_wait_ms: Millis = 100
     """Longest a fetch waits on the broker for data (bounds pull latency on idle queues)."""
     session_timeout_ms: Millis = 10_000
@@ -226,6 +231,23 @@ class WorkerConfig(_Section):
     drain_timeout_s: SecondsOrZero = 30.0
     """On shutdown, how long in-flight messages may take to finish before they are abandoned
     unacknowledged (to be redelivered to the next owner)."""
+
+
+class PublishConfig(_Section):
+    """``[publish]``: how a :class:`~conveyor.Client` built from this config sends single
+    ``publish`` calls (``publish_batch`` always sends its messages as they come)."""
+
+    coalesce: bool = True
+    """Gather ``publish`` calls issued concurrently into one send per queue: the calls
+    made in one turn of the event loop, and those made while the queue's previous send
+    is still on its way, go together. Each call still returns only once its message is
+    stored (or raises). Adds no timer: a lone publisher waits one loop turn more. Not
+    used on Kafka, whose producer gathers concurrent sends itself (``kafka.linger_ms``),
+    nor on the memory adapter (an in-process append has no round trip to share)."""
+    linger_ms: MillisFloatOrZero = 0.0
+    """With ``coalesce``: how long the first call of a batch waits for others to join
+    (Kafka's ``linger.ms``); 0 adds no wait. Only worth it for many publishers that
+    each publish rarely."""
 
 
 class DeadLettersConfig(_Section):
@@ -350,6 +372,7 @@ class Config(_Section):
     slots: SlotsConfig = msgspec.field(default_factory=SlotsConfig)
     worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
     cells: CellsConfig = msgspec.field(default_factory=CellsConfig)
+    publish: PublishConfig = msgspec.field(default_factory=PublishConfig)
     dead_letters: DeadLettersConfig = msgspec.field(default_factory=DeadLettersConfig)
     supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
     balancer: BalancerConfig = msgspec.field(default_factory=BalancerConfig)

@@ -60,6 +60,21 @@ class BrokerConnectionError(BrokerError):
     """The backend could not be reached; the operation may succeed if retried."""
 
 
+class PublishUncertain(BrokerConnectionError):
+    """A publish failed in a way that leaves unknown whether its messages were written.
+
+    The connection broke after the messages were sent and the retries (which cannot write
+    a message twice) ran out before the broker answered. Some, all or none of them may be
+    in the queue: ``message_ids`` are their ``cv-id`` values, to look up or to deduplicate
+    by in the handler. Publishing them again as new messages may write them twice. Also a
+    :class:`BrokerConnectionError`, so code that retries on outages keeps catching it.
+    """
+
+    def __init__(self, message: str, message_ids: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.message_ids = message_ids
+
+
 class QueueOwnedError(BrokerError):
     """A queue is still owned by a running receiver of the app: stop its workers first."""
 

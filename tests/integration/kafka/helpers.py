@@ -10,6 +10,7 @@ from typing import Any
 
 from conveyor.platform.app import App
 from conveyor.platform.config import Config, load_config
+from tests.proxy import CuttableProxy as CuttableProxy  # re-exported for the Kafka tests
 
 
 def kafka_config(bootstrap: str, topic: str, **sections: dict[str, Any]) -> Config:
@@ -61,49 +62,3 @@ class Recorder:
             self.seen.append((key, seq))
             self.by_key[key].append(seq)
             self.last_done_at = time.perf_counter()
-
-
-class CuttableProxy:
-    """A TCP proxy in front of a broker that a test can cut (an outage) and restore.
-
-    While cut, it refuses connections and has closed every open one, as a network
-    partition or a broker host that is down would look to the client.
-    """
-
-    def __init__(self, port: int, target_port: int) -> None:
-        self.port = port
-        self.target_port = target_port
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-
-    async def cut(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        for writer in list(self._writers):
-            writer.close()
-        self._writers.clear()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            writer.close()
-            return
-        self._writers.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (OSError, RuntimeError):
-            return  # the proxy was cut: the connection ends here
-        finally:
-            writer.close()
-            self._writers.discard(writer)
