@@ -10,7 +10,10 @@ revoked; this balancer then drains them through the daemon (stop pulling, finish
 commit in-flight messages, under the still valid generation) before it lets the
 coordinator continue, so a graceful re-balance redelivers nothing. A member that
 dies is dropped after ``session_timeout_ms``; its partitions resume elsewhere from
-the committed watermark.
+the committed watermark. A member that stops gracefully drains, then leaves the group
+explicitly (LeaveGroup), so the others take its partitions at their next heartbeat
+instead of after its session timeout. How long each of these pauses partitions, on
+tansu and on Kafka, is in docs/kafka.md ("Failover").
 
 Receivers of the group read and commit through the group's consumer (attached to the
 adapter), since Kafka refuses commits from outside a group's live generation.
@@ -21,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
+from conveyor.adapters import kafka_groups
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka_conn import first_answer, retrying, start_client
 from conveyor.platform.adapter import QueueAdapter
@@ -127,11 +132,20 @@ class KafkaGroupBalancer(QueueBalancer):
         log.info("group %s assigned queues %s", self.group, sorted(self._owned))
 
     async def _revoked(self, partitions: list[int]) -> None:
-        """Drain (finish and commit) before the coordinator may hand the partitions on."""
+        """Drain (finish and commit) before the coordinator may hand the partitions on.
+
+        Every partition is drained at once: the group waits for the slowest, and each
+        drain cancels its pull in flight rather than waiting for the fetch to return.
+        """
         assert self._listener is not None
         gone = [p for p in partitions if p in self._owned]
+        if not gone:
+            return
+        started = time.perf_counter()
         await asyncio.gather(*(self._listener.queue_released(q) for q in gone))
         self._owned.difference_update(gone)
+        log.info("group %s: drained revoked queues %s in %.3fs", self.group, gone,
+                 time.perf_counter() - started)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -145,9 +159,14 @@ class KafkaGroupBalancer(QueueBalancer):
         if self._listener is not None:
             await self._revoked(sorted(self._owned))
         self.adapter.attach_group_consumer(self.group, None)
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        member_id = getattr(coordinator, "member_id", "")
+        generation = getattr(coordinator, "generation", -1)
         with contextlib.suppress(Exception):
-            await self._consumer.stop()
+            await self._consumer.stop()  # sends LeaveGroup itself if the generation is > 0
         self._consumer = None
+        if generation == 0 and member_id:
+            await kafka_groups.leave_group(self.adapter, self.group, member_id)
 
     def owned(self) -> list[int]:
         return sorted(self._owned)

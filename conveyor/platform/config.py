@@ -140,12 +140,16 @@ class KafkaConfig(_Section):
     linger_ms: MillisOrZero = 2
     fetch_max_wait_ms: Millis = 100
     """Longest a fetch waits on the broker for data (bounds pull latency on idle queues)."""
-    session_timeout_ms: Millis = 10_000
-    """``kafka-group`` balancer: a member silent this long is dropped from the group."""
-    heartbeat_interval_ms: Millis = 1_000
-    """Must be below ``session_timeout_ms``."""
+    session_timeout_ms: Millis = 6_000
+    """``kafka-group`` balancer: a member silent this long is dropped from the group, and
+    its partitions move. 6 s is the least a stock Kafka broker accepts
+    (``group.min.session.timeout.ms``); see docs/kafka.md, "Failover"."""
+    heartbeat_interval_ms: Millis = 500
+    """Must be below ``session_timeout_ms``. Members learn of a re-balance on their next
+    heartbeat, so this bounds how long a join or leave waits to be noticed."""
     rebalance_timeout_ms: Millis = 60_000
-    """``kafka-group`` balancer: how long members may take to drain on a re-balance."""
+    """``kafka-group`` balancer: how long members may take to drain on a re-balance (keep
+    it above ``worker.drain_timeout_s``)."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
     sasl_username: str = ""
