@@ -102,6 +102,7 @@ class KafkaGroupBalancer(QueueBalancer):
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             rebalance_timeout_ms=cfg.rebalance_timeout_ms,
+            group_instance_id=cfg.group_instance_id or None,
             # Receivers poll per partition; a member that owns nothing polls nothing and
             # must not be expelled for it. Liveness is the heartbeat's job.
             max_poll_interval_ms=24 * 3600 * 1000,
@@ -163,9 +164,11 @@ class KafkaGroupBalancer(QueueBalancer):
         member_id = getattr(coordinator, "member_id", "")
         generation = getattr(coordinator, "generation", -1)
         with contextlib.suppress(Exception):
-            await self._consumer.stop()  # sends LeaveGroup itself if the generation is > 0
+            # Sends LeaveGroup itself if the generation is above 0 — and never for a
+            # static member, whose partitions wait session_timeout_ms for its return.
+            await self._consumer.stop()
         self._consumer = None
-        if generation == 0 and member_id:
+        if generation == 0 and member_id and not self.adapter.config.group_instance_id:
             await kafka_groups.leave_group(self.adapter, self.group, member_id)
 
     def owned(self) -> list[int]:

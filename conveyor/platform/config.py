@@ -150,6 +150,12 @@ class KafkaConfig(_Section):
     rebalance_timeout_ms: Millis = 60_000
     """``kafka-group`` balancer: how long members may take to drain on a re-balance (keep
     it above ``worker.drain_timeout_s``)."""
+    group_instance_id: str = ""
+    """``kafka-group`` balancer: Kafka static membership (KIP-345, Kafka 2.3+) — this
+    daemon's stable name in the group, unique per daemon (a pod name, a host name). A
+    daemon restarted under the same name within ``session_timeout_ms`` gets its partitions
+    back without a re-balance; a graceful stop does not leave the group. Empty: dynamic
+    membership. tansu (the test broker) does not honour it (docs/kafka.md, "Failover")."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
     sasl_username: str = ""
