@@ -28,6 +28,8 @@ import time
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
 from conveyor.adapters import kafka_groups
 from conveyor.adapters.kafka import KafkaAdapter
@@ -39,6 +41,18 @@ from conveyor.platform.errors import ConfigError
 from conveyor.platform.membership import MemberInfo
 
 log = logging.getLogger("conveyor.kafka_group")
+
+
+def _sticky_assignor() -> type[StickyPartitionAssignor]:
+    """The sticky assignor (KIP-54): a re-balance moves only the partitions that must move
+    (the eager protocol still pauses all of them while it runs).
+
+    aiokafka's keeps its member's last assignment in class attributes: a subclass per
+    balancer keeps two daemons of one process from sharing it."""
+    return type("ConveyorStickyAssignor", (StickyPartitionAssignor,), {
+        "member_assignment": None,
+        "generation": StickyPartitionAssignor.DEFAULT_GENERATION_ID,
+    })
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -103,6 +117,9 @@ class KafkaGroupBalancer(QueueBalancer):
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             rebalance_timeout_ms=cfg.rebalance_timeout_ms,
             group_instance_id=cfg.group_instance_id or None,
+            partition_assignment_strategy=tuple(
+                _sticky_assignor() if name == "sticky" else RoundRobinPartitionAssignor
+                for name in cfg.assignors),
             # Receivers poll per partition; a member that owns nothing polls nothing and
             # must not be expelled for it. Liveness is the heartbeat's job.
             max_poll_interval_ms=24 * 3600 * 1000,

@@ -150,6 +150,13 @@ class KafkaConfig(_Section):
     rebalance_timeout_ms: Millis = 60_000
     """``kafka-group`` balancer: how long members may take to drain on a re-balance (keep
     it above ``worker.drain_timeout_s``)."""
+    assignors: list[Literal["sticky", "roundrobin"]] = msgspec.field(
+        default_factory=lambda: ["sticky"])
+    """``kafka-group`` balancer: the partition assignors a daemon offers, preferred first;
+    the group uses one all its members offer. ``sticky`` keeps partitions with their owners
+    across re-balances (only what must move moves); ``roundrobin`` deals them anew (all
+    earlier Conveyor builds offered only it: list both while upgrading a running app, see
+    docs/kafka.md). Offer one where you can: tansu's re-balance window grows with each."""
     group_instance_id: str = ""
     """``kafka-group`` balancer: Kafka static membership (KIP-345, Kafka 2.3+) — this
     daemon's stable name in the group, unique per daemon (a pod name, a host name). A

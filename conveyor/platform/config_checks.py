@@ -115,6 +115,12 @@ def _check_names(config: Config) -> None:
             f"'.', '_', '-', not '.' or '..' ({KAFKA_TOPIC_MAX} leaves room for "
             f"'<topic>.conveyor-handoff' within Kafka's 249), got {topic!r}"
         )
+    assignors = config.kafka.assignors
+    if not assignors or len(set(assignors)) != len(assignors):
+        raise ConfigError(
+            f"$.kafka.assignors: name 'sticky' and/or 'roundrobin', each once, preferred "
+            f"first, got {assignors!r}"
+        )
     instance = config.kafka.group_instance_id
     if instance and (not _KAFKA_NAME.fullmatch(instance) or instance in (".", "..")):
         raise ConfigError(
