@@ -42,15 +42,16 @@ CACHE = 64
 
 KILL_RESUME_BOUND_S = 13.0
 """kafka-group, SIGKILL -> the dead daemon's partitions handled elsewhere. Measured on
-tansu with the shipped timings (session 6 s, heartbeat 0.5 s): 8.6-9.8 s — the session
-timeout, then tansu's 3 s join window."""
+tansu with the shipped timings (session 6 s, heartbeat 0.5 s): 9.3-10.5 s — the session
+timeout, the survivors' next heartbeat, tansu's round (half a session), the SyncGroup."""
 GRACEFUL_PAUSE_BOUND_S = 6.0
-"""kafka-group, a daemon joins or stops gracefully -> longest gap of any partition.
-Measured on tansu: 3.3-4.2 s — the member's next heartbeat, the drain, tansu's 3 s join
-window."""
+"""kafka-group, a daemon stops gracefully or joins -> longest gap of any partition; also
+the survivors' pause while a dead member's partitions are re-balanced. Measured on
+tansu: leave 3.3-3.5 s, join 3.8-4.4 s, survivors 2.7-4.5 s."""
 LEASE_RESUME_BOUND_S = 10.0
 """dynamic balancer with Redis membership, SIGKILL -> resumed elsewhere. Measured:
-5.2-6.3 s — the lease TTL (5 s), then the next re-balance check (1 s)."""
+3.9-5.1 s, once 8.2 s — the lease lapses 3.3-5 s after the kill (renewed every third of
+its 5 s TTL), then the next re-balance check (1 s)."""
 
 
 def write_config(path: Path, bootstrap: str, topic: str, balancer: str) -> Path:
