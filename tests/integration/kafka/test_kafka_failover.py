@@ -100,8 +100,9 @@ class Fleet:
     tmp: Path
     out: Path
     app: str
-    """The app's name, so its consumer group: one per test, as tansu keeps groups (and a
-    group whose members all left just after a re-balance can stay leaderless there)."""
+    """The app's name, so its consumer group: one per test, as tansu keeps groups, and
+    a group one of whose members died and the rest left is never assigned again there
+    (docs/kafka.md, "tansu's group coordinator")."""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     published: dict[int, tuple[str, int]] = field(default_factory=dict)
     mapper: HashRingQueueMapper = field(default_factory=lambda: HashRingQueueMapper(PARTITIONS))
