@@ -42,7 +42,7 @@ CACHE = 64
 
 KILL_RESUME_BOUND_S = 13.0
 """kafka-group, SIGKILL -> the dead daemon's partitions handled elsewhere. Measured on
-tansu with the shipped timings (session 6 s, heartbeat 0.5 s): 9.3-10.5 s — the session
+tansu with the shipped timings (session 6 s, heartbeat 0.5 s): 9.2-10.5 s — the session
 timeout, the survivors' next heartbeat, tansu's round (half a session), the SyncGroup."""
 GRACEFUL_PAUSE_BOUND_S = 6.0
 """kafka-group, a daemon stops gracefully or joins -> longest gap of any partition; also
