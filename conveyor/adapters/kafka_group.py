@@ -10,7 +10,10 @@ revoked; this balancer then drains them through the daemon (stop pulling, finish
 commit in-flight messages, under the still valid generation) before it lets the
 coordinator continue, so a graceful re-balance redelivers nothing. A member that
 dies is dropped after ``session_timeout_ms``; its partitions resume elsewhere from
-the committed watermark.
+the committed watermark. A member that stops gracefully drains, then leaves the group
+explicitly (LeaveGroup), so the others take its partitions at their next heartbeat
+instead of after its session timeout. How long each of these pauses partitions, on
+tansu and on Kafka, is in docs/kafka.md ("Failover").
 
 Receivers of the group read and commit through the group's consumer (attached to the
 adapter), since Kafka refuses commits from outside a group's live generation.
@@ -31,7 +34,10 @@ import time
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
+from conveyor.adapters import kafka_groups
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka_conn import first_answer, retrying, start_client
 from conveyor.platform.adapter import QueueAdapter
@@ -41,6 +47,18 @@ from conveyor.platform.errors import ConfigError
 from conveyor.platform.membership import MemberInfo
 
 log = logging.getLogger("conveyor.kafka_group")
+
+
+def _sticky_assignor() -> type[StickyPartitionAssignor]:
+    """The sticky assignor (KIP-54): a re-balance moves only the partitions that must move
+    (the eager protocol still pauses all of them while it runs).
+
+    aiokafka's keeps its member's last assignment in class attributes: a subclass per
+    balancer keeps two daemons of one process from sharing it."""
+    return type("ConveyorStickyAssignor", (StickyPartitionAssignor,), {
+        "member_assignment": None,
+        "generation": StickyPartitionAssignor.DEFAULT_GENERATION_ID,
+    })
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -109,6 +127,10 @@ class KafkaGroupBalancer(QueueBalancer):
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             rebalance_timeout_ms=cfg.rebalance_timeout_ms,
+            group_instance_id=cfg.group_instance_id or None,
+            partition_assignment_strategy=tuple(
+                _sticky_assignor() if name == "sticky" else RoundRobinPartitionAssignor
+                for name in cfg.assignors),
             # Receivers poll per partition; a member that owns nothing polls nothing and
             # must not be expelled for it. Liveness is the heartbeat's job.
             max_poll_interval_ms=24 * 3600 * 1000,
@@ -162,9 +184,16 @@ class KafkaGroupBalancer(QueueBalancer):
 
     async def _revoked(self, partitions: list[int]) -> None:
         """Drain (finish and commit) before the coordinator may hand the partitions on;
-        stop at once if the session lapsed (they may be someone else's already)."""
+        stop at once if the session lapsed (they may be someone else's already).
+
+        Every partition is drained at once: the group waits for the slowest, and each
+        drain cancels its pull in flight rather than waiting for the fetch to return.
+        """
         assert self._listener is not None
         gone = [p for p in partitions if p in self._owned]
+        if not gone:
+            return
+        started = time.perf_counter()
         if time.monotonic() < self._confirmed_at + self._confirmed_for_s:
             await asyncio.gather(*(self._listener.queue_released(q) for q in gone))
         else:
@@ -172,6 +201,8 @@ class KafkaGroupBalancer(QueueBalancer):
                         self.group, gone)
             await asyncio.gather(*(self._listener.queue_lost(q) for q in gone))
         self._owned.difference_update(gone)
+        log.info("group %s: drained revoked queues %s in %.3fs", self.group, gone,
+                 time.perf_counter() - started)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -185,9 +216,16 @@ class KafkaGroupBalancer(QueueBalancer):
         if self._listener is not None:
             await self._revoked(sorted(self._owned))
         self.adapter.attach_group_consumer(self.group, None)
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        member_id = getattr(coordinator, "member_id", "")
+        generation = getattr(coordinator, "generation", -1)
         with contextlib.suppress(Exception):
+            # Sends LeaveGroup itself if the generation is above 0 — and never for a
+            # static member, whose partitions wait session_timeout_ms for its return.
             await self._consumer.stop()
         self._consumer = None
+        if generation == 0 and member_id and not self.adapter.config.group_instance_id:
+            await kafka_groups.leave_group(self.adapter, self.group, member_id)
 
     def owned(self) -> list[int]:
         return sorted(self._owned)

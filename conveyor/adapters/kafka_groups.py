@@ -12,11 +12,13 @@ be described is shown without a member count; its members' subscriptions come ba
 empty, so a group that has members but no commit yet is not seen on tansu.
 
 Deleting uses the DeleteGroups request (Kafka 1.1+), which aiokafka's admin client
-does not offer: the request is declared here.
+does not offer: the request is declared here. :func:`leave_group` sends the LeaveGroup
+aiokafka skips on brokers that number generations from 0 (tansu).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -27,6 +29,7 @@ from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.group import LeaveGroupRequest
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 
 from conveyor.adapters import kafka_offsets
@@ -38,6 +41,9 @@ if TYPE_CHECKING:
     from conveyor.adapters.kafka import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
+
+LEAVE_TIMEOUT_S = 2.0
+"""Longest a stopping daemon waits to leave its group (the session timeout is the fallback)."""
 
 _GROUP_ID_NOT_FOUND = 69
 _NON_EMPTY_GROUP = 68
@@ -229,3 +235,36 @@ async def _other_topics(adapter: KafkaAdapter, group: str) -> set[str]:
         with contextlib.suppress(Exception):
             await admin.close()
     return {tp.topic for tp, o in offsets.items() if o.offset >= 0}
+
+
+async def leave_group(adapter: KafkaAdapter, group: str, member_id: str) -> None:
+    """Tell the coordinator that ``member_id`` left ``group`` (LeaveGroup), so the group
+    re-balances at once instead of after the member's session timeout.
+
+    For a consumer that has already stopped: aiokafka sends LeaveGroup itself only when
+    the generation is above 0, and tansu hands out generation 0 first, so a member of a
+    group's first generation would otherwise be waited out. Best effort, like aiokafka's
+    own: an error is logged, and the session timeout remains the fallback.
+    """
+    admin = AIOKafkaAdminClient(**client_options(adapter.config))
+    fallback = "the coordinator drops this member after its session timeout"
+    try:
+        async with asyncio.timeout(LEAVE_TIMEOUT_S):
+            with kafka_errors(f"leaving group {group!r}"):
+                await admin.start()
+                coordinator = await admin.find_coordinator(group)
+                response = await admin._send_request(LeaveGroupRequest(group, member_id),
+                                                     coordinator)
+        if response.error_code:
+            log.warning("group %s: LeaveGroup refused (%s); %s", group,
+                        kerrors.for_code(response.error_code).__name__, fallback)
+        else:
+            log.info("group %s: left the group (LeaveGroup)", group)
+    except TimeoutError:
+        log.warning("group %s: LeaveGroup had no answer in %.0fs; %s", group,
+                    LEAVE_TIMEOUT_S, fallback)
+    except BrokerError as exc:
+        log.warning("group %s: %s; %s", group, exc, fallback)
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()

@@ -145,12 +145,29 @@ class KafkaConfig(_Section):
     ``off``: never (a retried send may be written twice)."""
     fetch_max_wait_ms: Millis = 100
     """Longest a fetch waits on the broker for data (bounds pull latency on idle queues)."""
-    session_timeout_ms: Millis = 10_000
-    """``kafka-group`` balancer: a member silent this long is dropped from the group."""
-    heartbeat_interval_ms: Millis = 1_000
-    """Must be below ``session_timeout_ms``."""
+    session_timeout_ms: Millis = 6_000
+    """``kafka-group`` balancer: a member silent this long is dropped from the group, and
+    its partitions move. 6 s is the least a stock Kafka broker accepts
+    (``group.min.session.timeout.ms``); see docs/kafka.md, "Failover"."""
+    heartbeat_interval_ms: Millis = 500
+    """Must be below ``session_timeout_ms``. Members learn of a re-balance on their next
+    heartbeat, so this bounds how long a join or leave waits to be noticed."""
     rebalance_timeout_ms: Millis = 60_000
-    """``kafka-group`` balancer: how long members may take to drain on a re-balance."""
+    """``kafka-group`` balancer: how long members may take to drain on a re-balance (keep
+    it above ``worker.drain_timeout_s``)."""
+    assignors: list[Literal["sticky", "roundrobin"]] = msgspec.field(
+        default_factory=lambda: ["sticky"])
+    """``kafka-group`` balancer: the partition assignors a daemon offers, preferred first;
+    the group uses one all its members offer. ``sticky`` keeps partitions with their owners
+    across re-balances (only what must move moves); ``roundrobin`` deals them anew (all
+    earlier Conveyor builds offered only it: list both while upgrading a running app, see
+    docs/kafka.md). Offer one where you can: tansu's re-balance window grows with each."""
+    group_instance_id: str = ""
+    """``kafka-group`` balancer: Kafka static membership (KIP-345, Kafka 2.3+) — this
+    daemon's stable name in the group, unique per daemon (a pod name, a host name). A
+    daemon restarted under the same name within ``session_timeout_ms`` gets its partitions
+    back without a re-balance; a graceful stop does not leave the group. Empty: dynamic
+    membership. tansu (the test broker) does not honour it (docs/kafka.md, "Failover")."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
     sasl_username: str = ""

@@ -108,6 +108,8 @@ def _check_text(config: Config) -> None:
 
 
 _KAFKA_TOPIC = re.compile(rf"[A-Za-z0-9._\-]{{1,{KAFKA_TOPIC_MAX}}}")
+_KAFKA_NAME = re.compile(r"[A-Za-z0-9._\-]{1,249}")
+"""Kafka's rule for names it checks like topics (``group.instance.id``)."""
 _ENV_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)?")
 _HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::([0-9]{1,5}))?")
 
@@ -125,6 +127,19 @@ def _check_names(config: Config) -> None:
             f"$.kafka.topic: a Kafka topic name is 1-{KAFKA_TOPIC_MAX} ASCII letters, digits, "
             f"'.', '_', '-', not '.' or '..' ({KAFKA_TOPIC_MAX} leaves room for "
             f"'<topic>.conveyor-handoff' within Kafka's 249), got {topic!r}"
+        )
+    assignors = config.kafka.assignors
+    if not assignors or len(set(assignors)) != len(assignors):
+        raise ConfigError(
+            f"$.kafka.assignors: name 'sticky' and/or 'roundrobin', each once, preferred "
+            f"first, got {assignors!r}"
+        )
+    instance = config.kafka.group_instance_id
+    if instance and (not _KAFKA_NAME.fullmatch(instance) or instance in (".", "..")):
+        raise ConfigError(
+            f"$.kafka.group_instance_id: Kafka checks it like a topic name: 1-249 ASCII "
+            f"letters, digits, '.', '_', '-', not '.' or '..' (empty: dynamic membership), "
+            f"got {instance!r}"
         )
     for item in config.kafka.bootstrap.split(","):
         found = _HOST_PORT.fullmatch(item.strip())

@@ -277,6 +277,11 @@ class Supervisor:
                 "--processes needs a broker shared by processes (redis or kafka): the "
                 "memory adapter lives inside one process"
             )
+        if config.kafka.group_instance_id and config.balancer.kind == "kafka-group":
+            raise ConfigError(
+                "$.kafka.group_instance_id: names one daemon, and --processes runs several "
+                "under one config (the broker would fence all but one); leave it empty"
+            )
         self.app_path = app_path
         self.group = app_name
         self.config = config

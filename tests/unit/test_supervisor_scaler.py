@@ -135,6 +135,15 @@ def test_the_memory_adapter_is_refused_with_a_reason() -> None:
         Supervisor("x:app", "x", config, SupervisorSettings.from_config(config, 1, 2))
 
 
+def test_a_static_group_member_name_is_refused_for_several_processes() -> None:
+    config = load_config(environ={}, overrides={
+        "queues": {"adapter": "kafka"}, "balancer": {"kind": "kafka-group"},
+        "kafka": {"group_instance_id": "pod-1"},
+    })
+    with pytest.raises(ConfigError, match=r"\$\.kafka\.group_instance_id: names one daemon"):
+        Supervisor("x:app", "x", config, SupervisorSettings.from_config(config, 1, 2))
+
+
 def test_settings_come_from_the_supervisor_section() -> None:
     config = load_config(environ={"CONVEYOR_SUPERVISOR__LAG_PER_PROCESS": "400"})
     s = SupervisorSettings.from_config(config, 1, 4)
