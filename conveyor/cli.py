@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 from conveyor.version import version
 
 log = logging.getLogger("conveyor.cli")
@@ -41,6 +41,15 @@ def _usage(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def _refuse_embedded(config: Config, command: str, why: str) -> None:
+    """A usage error for commands that need state outside this process (exit 2)."""
+    if config.queues.adapter == "memory":
+        raise click.UsageError(
+            f"{command}: the memory adapter lives inside one process (the worker's), so {why} "
+            "use --config with a redis or kafka config (e.g. configs/redis.toml)"
+        )
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
@@ -54,6 +63,14 @@ config_option = click.option(
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="TOML config file (see configs/). Defaults: the embedded memory adapter.",
+)
+broker_config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config of a redis or kafka app (configs/redis.toml, configs/kafka.toml). "
+         "Needed: the embedded memory adapter, the default, lives inside the worker's "
+         "process and is refused here.",
 )
 
 
@@ -140,7 +157,7 @@ def worker(
 @click.argument("namespace")
 @click.argument("key")
 @click.argument("body")
-@config_option
+@broker_config_option
 @click.option("--header", "-H", multiple=True, help="NAME=VALUE, repeatable.")
 @click.option("--content-type", default=None, help="Defaults to application/json.")
 def publish(
@@ -153,23 +170,29 @@ def publish(
 ) -> None:
     """Publish BODY to the stream NAMESPACE/KEY and print its sequence token."""
     from conveyor.platform.client import SyncClient
+    from conveyor.platform.message import RESERVED_HEADERS
 
     headers: dict[str, str] = {}
     for item in header:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
+        if name in RESERVED_HEADERS:
+            raise click.BadParameter(
+                f"{name!r} is reserved by the wire format (the command sets it: "
+                f"{', '.join(sorted(RESERVED_HEADERS))}; content type: --content-type)",
+                param_hint="--header",
+            )
         headers[name] = value
     config = _config(config_path)
-    if config.queues.adapter == "memory":
-        raise click.UsageError(
-            "the memory adapter lives inside one process, so a message published from "
-            "here would vanish when this command exits; use --config with a redis or "
-            "kafka config (e.g. configs/redis.toml)"
-        )
+    _refuse_embedded(config, "publish", "a message published from here would vanish when "
+                     "this command exits; publish from the worker's process (an "
+                     "@app.startup hook) or")
     try:
         with SyncClient.from_config(config) as client:
             token = client.publish(namespace, key, body, headers, content_type)
+    except InvalidArgumentError as exc:
+        _usage(str(exc))
     except ConveyorError as exc:
         _fail(exc)
     click.echo(str(token))
@@ -259,7 +282,7 @@ def _num(value: float | None) -> str:
 
 
 @main.command()
-@config_option
+@broker_config_option
 @app_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
@@ -293,6 +316,8 @@ def status(
     if as_json and watch_s is not None:
         raise click.UsageError("--json prints one reading; it cannot be combined with --watch")
     config = _config(config_path)
+    _refuse_embedded(config, "status", "its daemons, queues and lag exist only there and "
+                     "this command would show zeros;")
 
     def read() -> Any:
         try:
@@ -348,7 +373,7 @@ def _parse_rewind_target(text: str) -> Any:
 
 
 @main.command()
-@config_option
+@broker_config_option
 @app_option
 @click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
 @click.option("--queue", "queues", type=int, multiple=True,
@@ -378,6 +403,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 
     config = _config(config_path)
     to = _parse_rewind_target(target)
+    _refuse_embedded(config, "rewind", "its positions exist only there and vanish with it;")
     if isinstance(to, SequenceToken):
         chosen = [to.queue]
     else:
@@ -498,8 +524,10 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
 
 
 @main.command()
-@click.option("--messages", "-n", type=click.IntRange(min=1), default=20_000, show_default=True)
-@click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--messages", "-n", type=click.IntRange(min=1), default=20_000, show_default=True,
+              help="Messages to publish and handle.")
+@click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Stream keys the messages are spread over (each handled in order).")
 @click.option(
     "--poison", type=click.IntRange(min=0), default=0, show_default=True,
     help="Messages whose handler always fails (they are retried, then dead-lettered).",
