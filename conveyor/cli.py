@@ -207,8 +207,10 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
     from rich.console import Group
     from rich.table import Table
 
-    members = Table("daemon", "host", "pid", "slots in use", "slots available", "handled",
-                    "dead-lettered", "skipped", "pools / cells (workers)",
+    from conveyor.platform.groups import queue_ranges
+
+    members = Table("daemon", "host", "pid", "queues", "slots in use", "slots available",
+                    "handled", "dead-lettered", "skipped", "pools / cells (workers)",
                     title=f"app {report.group}: {len(report.members)} daemon(s)")
     warnings: list[str] = []
     for m in report.members:
@@ -218,7 +220,8 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
             if k.startswith(("pool.", "cell.")) and k.endswith(".workers")
         )
         members.add_row(
-            m.id, m.host, str(m.pid), _num(st.get("slots.in_use")),
+            m.id, m.host, str(m.pid) if m.pid else "-", queue_ranges(m.queues) or "-",
+            _num(st.get("slots.in_use")),
             _num(st.get("slots.available")), _num(st.get("handled")),
             _num(st.get("dead_lettered")), _num(st.get("skipped")), hosted or "-",
         )
@@ -326,10 +329,13 @@ def status(
             _fail(exc)
 
     report = read()
-    if not report.has_group:
+    if not report.has_group and not report.members:  # tansu: no group until a commit
         others = ", ".join(g.group for g in report.groups) or "none"
         click.echo(f"conveyor: warning: --app {group!r} has no consumer group on any queue "
                    f"(a typo, or an app that never ran; groups here: {others})", err=True)
+    elif not report.members:
+        click.echo(f"conveyor: warning: no daemon of --app {group!r} is running "
+                   f"({_where_daemons_register(config)})", err=True)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -348,6 +354,14 @@ def status(
                 refreshes += 1
         except KeyboardInterrupt:
             pass
+
+
+def _where_daemons_register(config: Config) -> str:
+    if config.balancer.kind == "kafka-group":
+        return "none in its Kafka group, none reporting to the members topic"
+    if config.balancer.kind == "static":
+        return "static daemons register nowhere, so status cannot see them"
+    return f"none registered in [balancer] membership = {config.balancer.membership!r}"
 
 
 def _parse_rewind_target(text: str) -> Any:
