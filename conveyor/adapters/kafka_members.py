@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 from aiokafka import TopicPartition
@@ -182,14 +182,19 @@ async def _describe(adapter: KafkaAdapter, group: str) -> list[_Described] | Non
 
 
 def _assigned(adapter: KafkaAdapter, raw: bytes) -> list[int] | None:
+    """The coordinator's assignment on our topic; None when it sent none (tansu)."""
+    return sorted(assigned_partitions(raw, adapter.topic)) if raw else None
+
+
+def assigned_partitions(raw: bytes | None, topic: str) -> set[int]:
+    """The partitions of ``topic`` in a member's assignment; none if it cannot be read."""
     if not raw:
-        return None
+        return set()
     try:
-        assignment: Any = ConsumerProtocolMemberAssignment.decode(raw)
-    except Exception:  # another protocol's bytes: no assignment we can read
-        return None
-    return [p for topic, partitions in assignment.assignment if topic == adapter.topic
-            for p in partitions]
+        assignment = ConsumerProtocolMemberAssignment.decode(raw)
+    except Exception:  # another protocol's bytes: not a consumer this check can read
+        return set()
+    return {tp.partition for tp in assignment.partitions() if tp.topic == topic}
 
 
 async def _reports(adapter: KafkaAdapter, group: str, window: int) -> dict[str, MemberReport]:

@@ -173,6 +173,11 @@ def test_status_on_kafka_group_lists_every_running_daemon_and_queue_owner(
         owner_of = {q: m["id"] for m in doc["members"] for q in m["queues"]}
         assert {q["queue"]: q["owner"] for q in doc["queues"]} == owner_of
         assert "warning" not in seen["stderr"], seen["stderr"]
+        # rewind sees the same owners (tansu reports no assignments: the daemons' reports).
+        refused = cli("rewind", "--app", "kafka-sub", "--to", "2000-01-01T00:00:00Z",
+                      "--create-group", "--config", str(cfg))
+        assert refused.returncode == 1, refused.stderr
+        assert f"queue 0 by {owner_of[0]}" in refused.stderr, refused.stderr
         # They do handle: every message published, once (no re-balance runs meanwhile).
         for i in range(12):
             sent = cli("publish", "jobs", f"k{i}", f'{{"id": {i}, "k": "k{i}", "seq": 0}}',
