@@ -209,9 +209,11 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
 
     from conveyor.platform.groups import queue_ranges
 
-    members = Table("daemon", "host", "pid", "queues", "slots in use", "slots available",
-                    "handled", "dead-lettered", "skipped", "pools / cells (workers)",
-                    title=f"app {report.group}: {len(report.members)} daemon(s)")
+    members = Table(title=f"app {report.group}: {len(report.members)} daemon(s)")
+    members.add_column("daemon", no_wrap=True)  # the id logs and metrics carry: never cut
+    for heading in ("host", "pid", "queues", "slots in use", "slots available", "handled",
+                    "dead-lettered", "skipped", "pools / cells (workers)"):
+        members.add_column(heading)
     warnings: list[str] = []
     for m in report.members:
         st = m.stats
