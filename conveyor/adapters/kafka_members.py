@@ -113,7 +113,9 @@ class GroupMember:
 
 
 @dataclass(frozen=True)
-class _Described:
+class Described:
+    """One member as the coordinator describes it."""
+
     member_id: str
     client_id: str
     host: str
@@ -126,11 +128,17 @@ async def group_members(adapter: KafkaAdapter, group: str,
     """The group's live members, ordered by id, with the queues each owns."""
     described = await _describe(adapter, group)
     reports = await _reports(adapter, group, window)
+    return join(described, reports, time.time(), adapter.config.session_timeout_ms / 1000)
+
+
+def join(described: list[Described] | None, reports: Mapping[str, MemberReport],
+         now: float, fresh_s: float) -> list[GroupMember]:
+    """The coordinator's members (``None``: it could not be asked) joined to the reports
+    (see the module docstring), ordered by id."""
     out: dict[str, GroupMember] = {}
     if described is None:  # the coordinator cannot be asked: trust fresh reports
-        fresh_s = adapter.config.session_timeout_ms / 1000
         for r in reports.values():
-            if time.time() - r.at <= fresh_s:
+            if now - r.at <= fresh_s:
                 out[r.id] = GroupMember(_info(r), sorted(r.queues))
         return sorted(out.values(), key=lambda m: m.info.id)
     for d in described:
@@ -149,7 +157,7 @@ def _info(report: MemberReport) -> MemberInfo:
                       dict(report.stats))
 
 
-def _report_of(d: _Described, reports: Mapping[str, MemberReport]) -> MemberReport | None:
+def _report_of(d: Described, reports: Mapping[str, MemberReport]) -> MemberReport | None:
     if d.client_id in reports:
         return reports[d.client_id]
     client, sep, _ = d.member_id.rpartition("-")
@@ -161,7 +169,7 @@ def _report_of(d: _Described, reports: Mapping[str, MemberReport]) -> MemberRepo
     return None
 
 
-async def _describe(adapter: KafkaAdapter, group: str) -> list[_Described] | None:
+async def _describe(adapter: KafkaAdapter, group: str) -> list[Described] | None:
     """The coordinator's members of ``group``; None if it cannot be described."""
     admin = AIOKafkaAdminClient(**client_options(adapter.config))
     try:
@@ -176,7 +184,7 @@ async def _describe(adapter: KafkaAdapter, group: str) -> list[_Described] | Non
             await admin.close()
     if described["error_code"]:
         return None
-    return [_Described(m["member_id"], m["client_id"], m["client_host"].lstrip("/"),
+    return [Described(m["member_id"], m["client_id"], m["client_host"].lstrip("/"),
                        _assigned(adapter, m["member_assignment"]))
             for m in described["members"]]
 
