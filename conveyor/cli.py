@@ -45,7 +45,7 @@ def _refuse_embedded(config: Config, command: str, why: str) -> None:
     """A usage error for commands that need state outside this process (exit 2)."""
     if config.queues.adapter == "memory":
         raise click.UsageError(
-            f"{command}: the memory adapter lives inside one process (the worker's), so {why} "
+            f"{command}: the memory adapter lives inside the worker's process, so {why}; "
             "use --config with a redis or kafka config (e.g. configs/redis.toml)"
         )
 
@@ -186,8 +186,8 @@ def publish(
         headers[name] = value
     config = _config(config_path)
     _refuse_embedded(config, "publish", "a message published from here would vanish when "
-                     "this command exits; publish from the worker's process (an "
-                     "@app.startup hook) or")
+                     "this command exits (publish from the worker's process instead, e.g. "
+                     "in an @app.startup hook)")
     try:
         with SyncClient.from_config(config) as client:
             token = client.publish(namespace, key, body, headers, content_type)
@@ -306,7 +306,10 @@ def status(
     --watch the rate between the heartbeats of two readings. Refreshing faster than
     heartbeats arrive shows the same figures again. The groups show their lag, when
     they last read (Redis), their members (Kafka), and which one trimming waits for.
-    An --app with no group on any queue gets a warning (exit 0).
+    An --app with no group on any queue, or no running daemon, gets a one-line warning
+    (exit 0). On kafka-group, daemons and owners come from the group coordinator and the
+    daemons' own reports. The embedded (memory) adapter is refused (exit 2): its state
+    lives in the worker's process.
     """
     import time
     from dataclasses import asdict
@@ -322,7 +325,7 @@ def status(
         raise click.UsageError("--json prints one reading; it cannot be combined with --watch")
     config = _config(config_path)
     _refuse_embedded(config, "status", "its daemons, queues and lag exist only there and "
-                     "this command would show zeros;")
+                     "this command would show zeros")
 
     def read() -> Any:
         try:
@@ -410,7 +413,8 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     error (exit 2) unless --allow-forward is given. So is an app with no consumer group
     on the queues (a typo, or an app that never ran), unless --create-group is given. A
     queue that a worker of the app still owns (the adapter sees it, or its lease is
-    held) is refused (exit 1).
+    held) is refused (exit 1). The embedded (memory) adapter is refused (exit 2): its
+    positions live in the worker's process.
     """
     from conveyor.platform.adapter import create_adapter
     from conveyor.platform.coordination import lease_owners
@@ -419,7 +423,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 
     config = _config(config_path)
     to = _parse_rewind_target(target)
-    _refuse_embedded(config, "rewind", "its positions exist only there and vanish with it;")
+    _refuse_embedded(config, "rewind", "its positions exist only there and vanish with it")
     if isinstance(to, SequenceToken):
         chosen = [to.queue]
     else:

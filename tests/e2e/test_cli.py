@@ -111,11 +111,11 @@ USER_MISTAKES = [
     (["worker", "tests.apps.drain_app:nope"],
      "APP_PATH", "has no attribute 'nope'"),
     (["rewind", "--app", "shop", "--to", "2:1-0"],
-     "rewind", "the memory adapter lives inside one process"),
+     "rewind", "the memory adapter lives inside the worker's process"),
     (["status", "--app", "shop"],
-     "status", "the memory adapter lives inside one process"),
+     "status", "the memory adapter lives inside the worker's process"),
     (["publish", "orders", "k1", "{}"],
-     "publish", "the memory adapter lives inside one process"),
+     "publish", "the memory adapter lives inside the worker's process"),
 ]
 
 
