@@ -9,8 +9,12 @@ The public API::
     @app.handler("orders")
     async def on_order(order: dict) -> None: ...
 
-    async with conveyor.Client.from_config(conveyor.load_config("configs/local.toml")) as c:
+    # from another process: a broker both sides reach (the embedded adapter lives in
+    # the worker's process; there, publish from an @app.startup hook's client)
+    async with conveyor.Client.from_config(conveyor.load_config("configs/redis.toml")) as c:
         await c.publish("orders", "order-1", {"total": 3})
+
+The README's tour is the walk-through (run as printed by tests/e2e/test_tour.py).
 """
 
 from conveyor.platform.app import App

@@ -13,7 +13,8 @@ import click
 
 from conveyor.cli_common import fail, load_config_or_exit, usage
 from conveyor.deploy.cli import deploy
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.config import Config
+from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 from conveyor.version import version
 
 log = logging.getLogger("conveyor.cli")
@@ -22,6 +23,15 @@ log = logging.getLogger("conveyor.cli")
 _config = load_config_or_exit
 _fail = fail
 _usage = usage
+
+
+def _refuse_embedded(config: Config, command: str, why: str) -> None:
+    """A usage error for commands that need state outside this process (exit 2)."""
+    if config.queues.adapter == "memory":
+        raise click.UsageError(
+            f"{command}: the memory adapter lives inside the worker's process, so {why}; "
+            "use --config with a redis or kafka config (e.g. configs/redis.toml)"
+        )
 
 
 def _setup_logging(level: str) -> None:
@@ -37,6 +47,14 @@ config_option = click.option(
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="TOML config file (see configs/). Defaults: the embedded memory adapter.",
+)
+broker_config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config of a redis or kafka app (configs/redis.toml, configs/kafka.toml). "
+         "Needed: the embedded memory adapter, the default, lives inside the worker's "
+         "process and is refused here.",
 )
 
 
@@ -134,7 +152,7 @@ def worker(
 @click.argument("namespace")
 @click.argument("key")
 @click.argument("body")
-@config_option
+@broker_config_option
 @click.option("--header", "-H", multiple=True, help="NAME=VALUE, repeatable.")
 @click.option("--content-type", default=None, help="Defaults to application/json.")
 def publish(
@@ -147,23 +165,29 @@ def publish(
 ) -> None:
     """Publish BODY to the stream NAMESPACE/KEY and print its sequence token."""
     from conveyor.platform.client import SyncClient
+    from conveyor.platform.message import RESERVED_HEADERS
 
     headers: dict[str, str] = {}
     for item in header:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
+        if name in RESERVED_HEADERS:
+            raise click.BadParameter(
+                f"{name!r} is reserved by the wire format (the command sets it: "
+                f"{', '.join(sorted(RESERVED_HEADERS))}; content type: --content-type)",
+                param_hint="--header",
+            )
         headers[name] = value
     config = _config(config_path)
-    if config.queues.adapter == "memory":
-        raise click.UsageError(
-            "the memory adapter lives inside one process, so a message published from "
-            "here would vanish when this command exits; use --config with a redis or "
-            "kafka config (e.g. configs/redis.toml)"
-        )
+    _refuse_embedded(config, "publish", "a message published from here would vanish when "
+                     "this command exits (publish from the worker's process instead, e.g. "
+                     "in an @app.startup hook)")
     try:
         with SyncClient.from_config(config) as client:
             token = client.publish(namespace, key, body, headers, content_type)
+    except InvalidArgumentError as exc:
+        _usage(str(exc))
     except ConveyorError as exc:
         _fail(exc)
     click.echo(str(token))
@@ -178,10 +202,14 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
     from rich.console import Group
     from rich.table import Table
 
-    members = Table("daemon", "host", "pid", "slots in use", "slots available", "handled",
-                    "dead-lettered", "skipped", "pools / cells (workers)",
-                    title=f"app {report.group}: {len(report.members)} daemon(s), "
+    from conveyor.platform.groups import queue_ranges
+
+    members = Table(title=f"app {report.group}: {len(report.members)} daemon(s), "
                           f"{_num(report.dead_letters)} dead letter(s) stored")
+    members.add_column("daemon", no_wrap=True)  # the id logs and metrics carry: never cut
+    for heading in ("host", "pid", "queues", "slots in use", "slots available", "handled",
+                    "dead-lettered", "skipped", "pools / cells (workers)"):
+        members.add_column(heading)
     warnings: list[str] = []
     for m in report.members:
         st = m.stats
@@ -190,7 +218,8 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
             if k.startswith(("pool.", "cell.")) and k.endswith(".workers")
         )
         members.add_row(
-            m.id, m.host, str(m.pid), _num(st.get("slots.in_use")),
+            m.id, m.host, str(m.pid) if m.pid else "-", queue_ranges(m.queues) or "-",
+            _num(st.get("slots.in_use")),
             _num(st.get("slots.available")), _num(st.get("handled")),
             _num(st.get("dead_lettered")), _num(st.get("skipped")), hosted or "-",
         )
@@ -254,7 +283,7 @@ def _num(value: float | None) -> str:
 
 
 @main.command()
-@config_option
+@broker_config_option
 @app_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
@@ -273,7 +302,10 @@ def status(
     --watch the rate between the heartbeats of two readings. Refreshing faster than
     heartbeats arrive shows the same figures again. The groups show their lag, when
     they last read (Redis), their members (Kafka), and which one trimming waits for.
-    An --app with no group on any queue gets a warning (exit 0).
+    An --app with no group on any queue, or no running daemon, gets a one-line warning
+    (exit 0). On kafka-group, daemons and owners come from the group coordinator and the
+    daemons' own reports. The embedded (memory) adapter is refused (exit 2): its state
+    lives in the worker's process.
     """
     import time
     from dataclasses import asdict
@@ -288,6 +320,8 @@ def status(
     if as_json and watch_s is not None:
         raise click.UsageError("--json prints one reading; it cannot be combined with --watch")
     config = _config(config_path)
+    _refuse_embedded(config, "status", "its daemons, queues and lag exist only there and "
+                     "this command would show zeros")
 
     def read() -> Any:
         try:
@@ -296,10 +330,13 @@ def status(
             _fail(exc)
 
     report = read()
-    if not report.has_group:
+    if not report.has_group and not report.members:  # tansu: no group until a commit
         others = ", ".join(g.group for g in report.groups) or "none"
         click.echo(f"conveyor: warning: --app {group!r} has no consumer group on any queue "
                    f"(a typo, or an app that never ran; groups here: {others})", err=True)
+    elif not report.members:
+        click.echo(f"conveyor: warning: no daemon of --app {group!r} is running "
+                   f"({_where_daemons_register(config)})", err=True)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -318,6 +355,14 @@ def status(
                 refreshes += 1
         except KeyboardInterrupt:
             pass
+
+
+def _where_daemons_register(config: Config) -> str:
+    if config.balancer.kind == "kafka-group":
+        return "none in its Kafka group, none reporting to the members topic"
+    if config.balancer.kind == "static":
+        return "static daemons register nowhere, so status cannot see them"
+    return f"none registered in [balancer] membership = {config.balancer.membership!r}"
 
 
 def _parse_rewind_target(text: str) -> Any:
@@ -343,7 +388,7 @@ def _parse_rewind_target(text: str) -> Any:
 
 
 @main.command()
-@config_option
+@broker_config_option
 @app_option
 @click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
 @click.option("--queue", "queues", type=int, multiple=True,
@@ -364,7 +409,8 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     error (exit 2) unless --allow-forward is given. So is an app with no consumer group
     on the queues (a typo, or an app that never ran), unless --create-group is given. A
     queue that a worker of the app still owns (the adapter sees it, or its lease is
-    held) is refused (exit 1).
+    held) is refused (exit 1). The embedded (memory) adapter is refused (exit 2): its
+    positions live in the worker's process.
     """
     from conveyor.platform.adapter import create_adapter
     from conveyor.platform.coordination import lease_owners
@@ -373,6 +419,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 
     config = _config(config_path)
     to = _parse_rewind_target(target)
+    _refuse_embedded(config, "rewind", "its positions exist only there and vanish with it")
     if isinstance(to, SequenceToken):
         chosen = [to.queue]
     else:
@@ -493,8 +540,10 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
 
 
 @main.command()
-@click.option("--messages", "-n", type=click.IntRange(min=1), default=20_000, show_default=True)
-@click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--messages", "-n", type=click.IntRange(min=1), default=20_000, show_default=True,
+              help="Messages to publish and handle.")
+@click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Stream keys the messages are spread over (each handled in order).")
 @click.option(
     "--poison", type=click.IntRange(min=0), default=0, show_default=True,
     help="Messages whose handler always fails (they are retried, then dead-lettered).",

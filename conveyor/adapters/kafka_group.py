@@ -22,6 +22,10 @@ A partition counts as this daemon's until the coordinator last confirmed the mem
 (the assignment, or a heartbeat answered) plus ``session_timeout_ms`` less a fifth: a
 daemon paused or cut off past its session starts no handler for it, and when the
 partition is then revoked it is stopped at once (lost), not drained.
+
+Each daemon also reports itself — host, pid, owned queues, stats — to the members topic
+(:mod:`conveyor.adapters.kafka_members`), since the coordinator tells ``conveyor status``
+little or, on some brokers, nothing but member ids.
 """
 
 from __future__ import annotations
@@ -34,17 +38,20 @@ import time
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import errors as kafka_errors
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
 from conveyor.adapters import kafka_groups
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka_conn import first_answer, retrying, start_client
+from conveyor.adapters.kafka_members import MemberReporter
 from conveyor.platform.adapter import QueueAdapter
-from conveyor.platform.balancer import BalanceListener, QueueBalancer
+from conveyor.platform.balancer import BalanceListener, QueueBalancer, StatsProvider
 from conveyor.platform.config import Config
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.platform.membership import MemberInfo
+from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.kafka_group")
 
@@ -89,6 +96,14 @@ class KafkaGroupBalancer(QueueBalancer):
         self._confirmed_at = -math.inf
         """When (monotonic, taken before the request) the coordinator last confirmed
         this member; +inf when that cannot be observed (revocation alone then fences)."""
+        self._reporter = MemberReporter(adapter, group)
+        self._stats: StatsProvider | None = None
+        self._reporting: asyncio.Task[None] | None = None
+        self._report_now = asyncio.Event()
+        self._report_log = ThrottledLog(log, 60.0)
+
+    def set_stats_provider(self, provider: StatsProvider) -> None:
+        self._stats = provider
 
     async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
         """Join the group; if the broker is down, keep trying in the background.
@@ -141,6 +156,28 @@ class KafkaGroupBalancer(QueueBalancer):
         self._consumer = consumer
         self.adapter.attach_group_consumer(self.group, consumer)
         consumer.subscribe([self.adapter.topic], listener=_Rebalance(self))
+        if self._reporting is None:
+            self._reporting = asyncio.create_task(self._report_loop(), name="kafka-group-report")
+
+    async def _report_loop(self) -> None:
+        """Report this daemon now and then, and at once when its queues change.
+
+        Best effort: a report that fails is logged (throttled) and tried again at the
+        next turn; it never stops the daemon.
+        """
+        assert self._member is not None
+        while True:
+            self._report_now.clear()
+            stats = self._stats() if self._stats is not None else {}
+            try:
+                await self._reporter.write(self._member, sorted(self._owned), stats)
+            except (ConveyorError, kafka_errors.KafkaError, OSError) as exc:
+                self._report_log.log(logging.WARNING, "report",
+                                     "group %s: reporting this daemon for `conveyor status` "
+                                     "failed: %s", self.group, exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._reporter.interval_s):
+                    await self._report_now.wait()
 
     def _track_heartbeats(self, consumer: Any) -> None:
         """Note each heartbeat the coordinator answers (aiokafka keeps this private)."""
@@ -180,6 +217,7 @@ class KafkaGroupBalancer(QueueBalancer):
         self._owned.update(mine)
         await asyncio.gather(*(self._listener.queue_acquired(q, None) for q in mine))
         self._assigned_once.set()
+        self._report_now.set()
         log.info("group %s assigned queues %s", self.group, sorted(self._owned))
 
     async def _revoked(self, partitions: list[int]) -> None:
@@ -203,6 +241,7 @@ class KafkaGroupBalancer(QueueBalancer):
         self._owned.difference_update(gone)
         log.info("group %s: drained revoked queues %s in %.3fs", self.group, gone,
                  time.perf_counter() - started)
+        self._report_now.set()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -210,11 +249,20 @@ class KafkaGroupBalancer(QueueBalancer):
             self._joining.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # logged when it ended
                 await self._joining
+        if self._reporting is not None:
+            self._reporting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reporting
+            self._reporting = None
         if self._consumer is None:
             return
         # Drain while still a member (commits need the live generation), then leave.
         if self._listener is not None:
             await self._revoked(sorted(self._owned))
+        if self._member is not None:  # status stops showing it at once
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    await self._reporter.leave(self._member.id)
         self.adapter.attach_group_consumer(self.group, None)
         coordinator = getattr(self._consumer, "_coordinator", None)
         member_id = getattr(coordinator, "member_id", "")

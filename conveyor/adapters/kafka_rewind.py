@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.structs import OffsetAndMetadata
 
+from conveyor.adapters import kafka_members
 from conveyor.adapters.kafka_conn import client_options, fetch_committed, kafka_errors
+from conveyor.adapters.kafka_members import assigned_partitions
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken
 
@@ -53,13 +54,14 @@ async def forward_gap(adapter: KafkaAdapter, queue: int, group: str,
 
 
 async def owners(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> dict[int, str]:
-    """The members of consumer group ``group`` whose assignment holds one of ``queues``.
+    """The members of consumer group ``group`` that hold one of ``queues``.
 
-    That sees daemons under the ``kafka-group`` balancer, on any machine, on a broker
-    that reports assignments (Apache Kafka does). It cannot see receivers with a manual
-    assignment — daemons under the ``dynamic`` balancer (their leases live in the
-    membership store: ``conveyor rewind`` reads those) or the ``static`` one — and sees
-    nothing on tansu, which reports no assignments (and keeps members that left).
+    That sees daemons under the ``kafka-group`` balancer, on any machine: by the
+    assignment the coordinator reports (Apache Kafka does), and by the queues each live
+    member reports it owns (:mod:`conveyor.adapters.kafka_members`; tansu reports no
+    assignments). It cannot see receivers with a manual assignment — daemons under the
+    ``dynamic`` balancer (their leases live in the membership store: ``conveyor rewind``
+    reads those) or the ``static`` one.
     """
     with kafka_errors(f"reading the members of group {group!r}"):
         try:
@@ -77,6 +79,9 @@ async def owners(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> di
             holds = assigned_partitions(member.get("member_assignment"), adapter.topic)
             for queue in sorted(holds & wanted):
                 held.setdefault(queue, member.get("client_id") or member.get("member_id", "?"))
+    for live in await kafka_members.group_members(adapter, group):
+        for queue in sorted(set(live.queues) & wanted):
+            held.setdefault(queue, live.info.id)
     return held
 
 
@@ -89,17 +94,6 @@ async def _describe_group(adapter: KafkaAdapter, group: str) -> list[dict[str, A
         with contextlib.suppress(Exception):
             await admin.close()
     return [g for r in responses for g in r.to_object().get("groups", [])]
-
-
-def assigned_partitions(raw: bytes | None, topic: str) -> set[int]:
-    """The partitions of ``topic`` in a member's assignment; none if it cannot be read."""
-    if not raw:
-        return set()
-    try:
-        assignment = ConsumerProtocolMemberAssignment.decode(raw)
-    except Exception:  # another protocol's bytes: not a consumer this check can read
-        return set()
-    return {tp.partition for tp in assignment.partitions() if tp.topic == topic}
 
 
 async def _target_and_position(adapter: KafkaAdapter, queue: int, group: str,

@@ -717,14 +717,7 @@ class RedisAdapter(QueueAdapter):
         stream = self.keys.queue(queue)
         before = _id_before(to, queue)
         if isinstance(to, SequenceToken):
-            first = await self.caller.retrying(
-                "reading the queue", lambda: self.redis.xrange(stream, "-", "+", count=1)
-            )
-            if first and token_of(first[0][0], queue) > to:
-                raise BrokerError(
-                    f"queue {queue}: {to} was already trimmed (oldest kept: "
-                    f"{token_of(first[0][0], queue)}); raise $.redis.retention_s to keep more"
-                )
+            await self._check_not_trimmed(stream, queue, to)
         await self.ensure_group(queue, group)
         # Tell Redis how many entries the group has now read (ENTRIESREAD), so that
         # XINFO keeps reporting its lag: without it, Redis cannot tell after a rewind
@@ -743,6 +736,38 @@ class RedisAdapter(QueueAdapter):
             f"rewinding {group!r} on queue {queue}",
             lambda: self.redis.xgroup_setid(stream, group, before, entries_read=entries_read),
         )
+
+    async def _check_not_trimmed(self, stream: str, queue: int, to: SequenceToken) -> None:
+        """Refuse a token older than the oldest entry only if entries were removed.
+
+        A token before the stream's first entry is fine when the stream never lost an
+        entry (the rewind then starts at the beginning): Redis 7 counts the entries ever
+        added, and ``entries-added == length`` says none was trimmed or deleted. Older
+        Redis keeps no such count, so it is refused there, saying so.
+        """
+        first = await self.caller.retrying(
+            "reading the queue", lambda: self.redis.xrange(stream, "-", "+", count=1)
+        )
+        if not first or token_of(first[0][0], queue) <= to:
+            return
+        oldest = token_of(first[0][0], queue)
+        info = await self.caller.retrying("reading the queue",
+                                          lambda: self.redis.xinfo_stream(stream))
+        added = info.get("entries-added")
+        if added is None:
+            raise BrokerError(
+                f"queue {queue}: {to} is older than the oldest entry kept ({oldest}) and this "
+                "Redis (< 7) cannot tell whether entries were trimmed since; rewind to "
+                f"{oldest} to replay what is kept"
+            )
+        removed = int(added) - int(info["length"])
+        if removed > 0:
+            raise BrokerError(
+                f"queue {queue}: {to} is older than the oldest entry kept ({oldest}): "
+                f"{removed} entr{'y' if removed == 1 else 'ies'} were trimmed or deleted; "
+                f"rewind to {oldest} to replay what is kept, or raise $.redis.retention_s "
+                "to keep more"
+            )
 
     async def _count_after(self, stream: str, first: bytes | str, last: bytes | str) -> int:
         """Entries in ``(first, last]``, counted on the server in bounded steps.

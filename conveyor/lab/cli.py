@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,33 @@ from conveyor.lab.patterns import PATTERNS, TRAINING_PATTERNS
 from conveyor.lab.signals import SIGNALS
 
 REPLAY_COOLDOWN_S = 10.0
+
+
+def _plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Refuse a --plot file that cannot be written before the simulation runs (exit 2)."""
+    if value is None:
+        return None
+    folder = value.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"cannot write {value}: no such directory {folder}")
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"cannot write {value}: directory {folder} is not writable")
+    return value
+
+
+def _write_plot(plot: Path, draw: Callable[[], None]) -> None:
+    """Draw; a file that still cannot be written (a full disk) is one line, exit 2."""
+    try:
+        draw()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {plot}: {exc.strerror or exc}",
+                                 param_hint="--plot") from None
+
+
+plot_option = click.option(
+    "--plot", type=click.Path(dir_okay=False, path_type=Path), callback=_plot_path,
+    help="Write a PNG here.",
+)
 
 
 def _summary(trace: Any) -> dict[str, float]:
@@ -35,9 +64,7 @@ def _summary(trace: Any) -> dict[str, float]:
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@click.option(
-    "--plot", type=click.Path(dir_okay=False, writable=True, path_type=Path), help="Write a PNG."
-)
+@plot_option
 @click.pass_context
 def sim(
     ctx: click.Context,
@@ -82,7 +109,8 @@ def sim(
     if plot is not None:
         from conveyor.lab.plots import plot_comparison
 
-        plot_comparison(cmp, f"{name} (seed {seed}): static vs dynamic", plot)
+        _write_plot(plot, lambda: plot_comparison(
+            cmp, f"{name} (seed {seed}): static vs dynamic", plot))
     if as_json:
         doc = {"pattern": name, "static": _summary(cmp.static), "dynamic": _summary(cmp.dynamic)}
         click.echo(json.dumps(doc))
@@ -114,7 +142,7 @@ def _series_stats(values: Any) -> dict[str, float]:
 @click.option("--signal", "signal_name", type=click.Choice(SIGNALS), required=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@click.option("--plot", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@plot_option
 def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None) -> None:
     """Run a synthetic CPU signal through the CDM-KF: raw vs filtered."""
     from conveyor.lab.signals import make_signal
@@ -148,13 +176,10 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
         from conveyor.platform.kalman import single_filter
 
         samples = [float(v) for v in raw]
-        plot_filter(
-            samples,
-            filtered,
-            f"CDM-KF on '{signal_name}' (seed {seed})",
-            plot,
+        _write_plot(plot, lambda: plot_filter(
+            samples, filtered, f"CDM-KF on '{signal_name}' (seed {seed})", plot,
             extra={"single KF, Q=0": single_filter(samples, 0.0)},
-        )
+        ))
     if as_json:
         click.echo(json.dumps(doc))
         return
@@ -168,7 +193,9 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
         )
     for key in ("stall", "rise"):
         if key in doc:
-            click.echo(f"{key}: " + ", ".join(f"{k}={v}" for k, v in doc[key].items()))
+            click.echo(f"{key}: " + ", ".join(
+                f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in doc[key].items()))
 
 
 @sim.command("placement")
@@ -176,7 +203,7 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
 @click.option("--balls-per-bin", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@click.option("--plot", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@plot_option
 def placement_command(
     trials: int, balls_per_bin: int, seed: int, as_json: bool, plot: Path | None
 ) -> None:
@@ -188,7 +215,7 @@ def placement_command(
     if plot is not None:
         from conveyor.lab.plots import plot_placement
 
-        plot_placement(stats, balls_per_bin, plot, trials)
+        _write_plot(plot, lambda: plot_placement(stats, balls_per_bin, plot, trials))
     if as_json:
         click.echo(
             json.dumps(
@@ -304,22 +331,30 @@ def _tune_doc(joint: Any, per_pattern: dict[str, Any], gains: dict[str, Any],
 
 
 class _TuneProgress:
-    """One progress bar over all GAs of a tuning run, on stderr."""
+    """One progress bar over all GAs of a tuning run, on stderr.
+
+    The bar covers every generation of every GA; the text says which GA runs (``GA 2/7``)
+    and its own generation as ``--generations`` counts them (``gen 0/3`` is the initial
+    population, ``gen 3/3`` the last).
+    """
 
     def __init__(self, generations: int, runs: int, transient: bool) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(
-            TextColumn("tuning {task.fields[run]}"),
+            TextColumn("tuning GA {task.fields[run_no]}/{task.fields[runs]} ({task.fields[run]})"),
             BarColumn(),
-            TextColumn("gen {task.completed}/{task.total}"),
+            TextColumn("gen {task.fields[gen]}/{task.fields[generations]}"),
             TimeElapsedColumn(),
             console=Console(stderr=True),
             transient=transient,
         )
         self._generations = generations
-        self._task = self._progress.add_task("tune", total=generations * runs, run="")
+        self._task = self._progress.add_task(
+            "tune", total=generations * runs, run="", run_no=0, runs=runs, gen=0,
+            generations=generations - 1,
+        )
         self._done_runs = 0
         self._current = ""
 
@@ -336,7 +371,8 @@ class _TuneProgress:
                 self._done_runs += 1
             self._current = run
         done = self._done_runs * self._generations + index + 1
-        self._progress.update(self._task, completed=done, run=run)
+        self._progress.update(self._task, completed=done, run=run, run_no=self._done_runs + 1,
+                              gen=index)
 
     def joint(self, gen: Any) -> None:
         self._advance("all six patterns", gen.index)

@@ -25,7 +25,7 @@ def _pyplot() -> Any:
 
 def plot_comparison(cmp: Comparison, title: str, out: Path) -> None:
     """Four panels over time: message rate, workers, queue length, average waiting count;
-    static (blue) and dynamic (red) overlaid, their means as dotted lines."""
+    static (wide, pale blue) under dynamic (dashed red), their means as dotted lines."""
     plt = _pyplot()
     fig, axes = plt.subplots(4, 1, figsize=(13, 11), sharex=True)
     s, d = cmp.static, cmp.dynamic
@@ -44,8 +44,13 @@ def plot_comparison(cmp: Comparison, title: str, out: Path) -> None:
         (axes[3], "Average waiting count per worker", "messages", s.avg_waiting, d.avg_waiting),
     )
     for ax, panel_title, unit, ys, yd in panels:
-        ax.plot(s.time_s, ys, color=STATIC_COLOUR, linewidth=0.9, label="static")
-        ax.plot(d.time_s, yd, color=DYNAMIC_COLOUR, linewidth=0.9, label="dynamic")
+        # Where the two runs agree (burst's queue, every run's first seconds) the lines
+        # coincide: static is drawn wide and pale underneath, dynamic thin and dashed on
+        # top, so both stay visible.
+        ax.plot(s.time_s, ys, color=STATIC_COLOUR, linewidth=2.6, alpha=0.45, label="static",
+                zorder=2)
+        ax.plot(d.time_s, yd, color=DYNAMIC_COLOUR, linewidth=0.9, linestyle=(0, (4, 2)),
+                label="dynamic", zorder=3)
         ax.axhline(
             float(ys.mean()),
             color=STATIC_COLOUR,

@@ -63,13 +63,12 @@ def load_attr(
             f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
         ) from None
     found = getattr(module, attr, _MISSING)
+    if found is _MISSING:
+        raise error(f"{what}: cannot load {target!r}: module {module.__name__!r} "
+                    f"(from {_origin(module)}) has no attribute {attr!r}")
     if expect is None:
-        if found is _MISSING:
-            raise error(f"{what}: cannot load {target!r}: module {module.__name__!r} "
-                        f"(from {_origin(module)}) has no attribute {attr!r}")
         return found
     if not isinstance(found, expect):
-        found = None if found is _MISSING else found
         public = f"{expect.__module__.partition('.')[0]}.{expect.__qualname__}"
         raise error(
             f"{what}: in {target!r}, {attr!r} is {type(found).__name__}, not a {public} "

@@ -1,6 +1,11 @@
 """What ``conveyor status`` shows: members, queue owners and lag, read from the stores,
 and every app's consumer group on the queues (:mod:`conveyor.platform.groups`).
 
+Members and owners come from where the balancer keeps them: the membership and lease
+stores (``dynamic``, ``static``), or, for a balancer that keeps none of its own
+(``kafka-group``), a reader named in :data:`MEMBER_SOURCES` — the group coordinator
+and the daemons' reports (:mod:`conveyor.adapters.kafka_members`).
+
 Throughput comes from the owners' heartbeats, never from the reader's clock: each
 daemon publishes its per-queue ack counts with the time it took them (``at``) and the
 acks per second it measured itself (:class:`AckRates`). A heartbeat lands every
@@ -14,10 +19,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from conveyor.platform.adapter import create_adapter
+from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
 from conveyor.platform.groups import GroupStatus, summarise
+from conveyor.platform.importing import load_attr
+from conveyor.platform.membership import MemberInfo
+
+MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka_members:group_members"}
+"""Balancer kind: ``async (adapter, group) -> [member with .info and .queues]``."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,8 @@ class MemberStatus:
     host: str
     pid: int
     stats: dict[str, float]
+    queues: list[int] = field(default_factory=list)
+    """The queues it owns."""
 
 
 @dataclass(frozen=True)
@@ -117,12 +129,27 @@ class AckRates:
         return rates
 
 
-async def collect_status(config: Config, group: str) -> StatusReport:
+async def _members_and_owners(
+    config: Config, group: str, adapter: QueueAdapter
+) -> tuple[list[MemberInfo], dict[int, str]]:
+    source = MEMBER_SOURCES.get(config.balancer.kind)
+    if source is not None:
+        read = load_attr(source, f"$.balancer.kind = {config.balancer.kind!r}")
+        found = await read(adapter, group)
+        return ([m.info for m in found],
+                {q: m.info.id for m in found for q in m.queues})
     membership, leases = coordination_from_config(config, group)
+    try:
+        return await membership.members(), await leases.owners()
+    finally:
+        await membership.close()
+        await leases.close()
+
+
+async def collect_status(config: Config, group: str) -> StatusReport:
     adapter = create_adapter(config.queues.adapter, config)
     try:
-        members = await membership.members()
-        owners = await leases.owners()
+        members, owners = await _members_and_owners(config, group, adapter)
         stats = {m.id: m.stats for m in members}
         queues = []
         for q in range(config.queues.total):
@@ -139,9 +166,11 @@ async def collect_status(config: Config, group: str) -> StatusReport:
         dead_letters = await adapter.count_dead_letters(group)
     finally:
         await adapter.close()
-        await membership.close()
-        await leases.close()
+    owned: dict[str, list[int]] = {}
+    for q, owner in sorted(owners.items()):
+        owned.setdefault(owner, []).append(q)
     return StatusReport(
-        group, [MemberStatus(m.id, m.host, m.pid, dict(m.stats)) for m in members], queues,
-        time.time(), groups, adapter.retention_follows_groups, dead_letters,
+        group,
+        [MemberStatus(m.id, m.host, m.pid, dict(m.stats), owned.get(m.id, [])) for m in members],
+        queues, time.time(), groups, adapter.retention_follows_groups, dead_letters,
     )

@@ -78,12 +78,11 @@ def test_bad_config_exits_2_and_names_the_field(tmp_path: Path) -> None:
     [
         (["worker"], "Missing argument 'APP_PATH'"),
         (["worker", "no_such_module:app"], "cannot import"),
-        (["worker", "tests.apps.drain_app:nope"], "not a conveyor.App"),
+        (["worker", "tests.apps.drain_app:nope"], "has no attribute 'nope'"),
         (["worker", "x:app", "--config", "/no/such.toml"], "does not exist"),
         (["worker", "x:app", "--slots", "0"], "--slots"),
         (["demo", "--messages", "0"], "--messages"),
         (["demo", "--poison", "9", "-n", "5"], "--poison"),
-        (["publish", "orders", "k1", "{}"], "memory adapter lives inside one process"),
         (["publish", "orders", "k1", "{}", "-H", "novalue"], "NAME=VALUE"),
         (["rewind", "--app", "a", "--to", "yesterday"], "neither a token"),
         (["bench", "throughput", "--adapter", "nope"], "--adapter"),
@@ -95,6 +94,52 @@ def test_wrong_arguments_get_a_usage_error_not_a_traceback(args: list[str], mess
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# Issue 13's list of user mistakes, each with the words its one-line message must hold.
+USER_MISTAKES = [
+    (["sim", "--pattern", "spike", "--plot", "/nonexistent/x.png"],
+     "--plot", "no such directory /nonexistent"),
+    (["sim", "filter", "--signal", "drop", "--plot", "/nonexistent/x.png"],
+     "--plot", "no such directory /nonexistent"),
+    (["sim", "placement", "--plot", "/nonexistent/x.png"],
+     "--plot", "no such directory /nonexistent"),
+    (["publish", "orders", "k1", "{}", "-H", "cv-ns=x", "--config", "configs/redis.toml"],
+     "--header", "'cv-ns' is reserved by the wire format"),
+    (["worker", "tests.apps.drain_app:app", "--processes", "1:2"],
+     "--processes", "the memory adapter lives inside one process"),
+    (["worker", "tests.apps.drain_app:nope"],
+     "APP_PATH", "has no attribute 'nope'"),
+    (["rewind", "--app", "shop", "--to", "2:1-0"],
+     "rewind", "the memory adapter lives inside the worker's process"),
+    (["status", "--app", "shop"],
+     "status", "the memory adapter lives inside the worker's process"),
+    (["publish", "orders", "k1", "{}"],
+     "publish", "the memory adapter lives inside the worker's process"),
+]
+
+
+@pytest.mark.parametrize(("args", "names", "says"), USER_MISTAKES,
+                         ids=[" ".join(a[:2]) for a, _, _ in USER_MISTAKES])
+def test_each_listed_user_mistake_gets_one_line_naming_it_and_exit_2(
+    args: list[str], names: str, says: str
+) -> None:
+    result = conveyor(*args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    # Click's usage lines may precede it; the error itself is one line.
+    errors = [line for line in result.stderr.splitlines()
+              if line.startswith(("Error:", "conveyor:"))]
+    assert len(errors) == 1, result.stderr
+    assert names in errors[0] and says in errors[0], errors[0]
+
+
+def test_version_prints_the_installed_version() -> None:
+    import conveyor as package
+
+    result = conveyor("--version")
+    assert result.returncode == 0
+    assert result.stdout == f"conveyor {package.__version__}\n"
 
 
 BAD_FILES = {

@@ -55,7 +55,14 @@ def test_an_app_file_with_a_free_name_keeps_it(tmp_path: Path, clean_modules: No
     assert sys.modules["shop_orders"].__file__ == str(path)
 
 
-def test_a_module_that_is_not_the_app_says_where_it_came_from() -> None:
-    with pytest.raises(ConveyorError, match=r"'app' is NoneType, not a conveyor.App "
-                                            r"\(module 'redis' came from .*redis/__init__.py\)"):
+def test_a_module_without_the_app_says_the_attribute_is_missing_and_where_it_looked() -> None:
+    with pytest.raises(ConveyorError, match=r"cannot load 'redis:app': module 'redis' "
+                                            r"\(from .*redis/__init__.py\) has no attribute "
+                                            r"'app'$"):
         load_app("redis:app")
+
+
+def test_an_attribute_that_is_not_an_app_names_its_type() -> None:
+    with pytest.raises(ConveyorError, match=r"'Redis' is \w+, not a conveyor.App "
+                                            r"\(module 'redis' came from .*redis/__init__.py\)"):
+        load_app("redis:Redis")

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,66 @@ def test_rewind_reads_the_leases_a_kafka_app_keeps_in_its_membership_store(
     held_elsewhere = cli("rewind", "--app", "kafka-sub", "--to", "2000-01-01T00:00:00Z",
                          "--queue", "0", "--config", str(cfg))
     assert "still owned" not in held_elsewhere.stderr, held_elsewhere.stderr
+
+
+def test_status_on_kafka_group_lists_every_running_daemon_and_queue_owner(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    """Three daemons on the kafka-group balancer: status --json names each, the queues it
+    owns and every queue's owner, from the coordinator and the daemons' reports (tansu's
+    DescribeGroups gives member ids only); a daemon that stops drops out at once."""
+    cfg = config_file(tansu, topic, tmp_path)
+    cfg.write_text(cfg.read_text().replace("total = 2 ", "total = 4 "))
+    out = tmp_path / "handled.txt"
+    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out)}
+    workers = [subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests/apps/kafka_app.py:app",
+         "--config", str(cfg)], cwd=REPO, env=env, stderr=subprocess.DEVNULL, text=True,
+    ) for _ in range(3)]
+    seen: dict[str, Any] = {}
+
+    def settled(daemons: int) -> bool:
+        result = cli("status", "--app", "kafka-sub", "--json", "--config", str(cfg))
+        assert result.returncode == 0, result.stderr
+        doc = json.loads(result.stdout)
+        owned = sorted(q for m in doc["members"] for q in m["queues"])
+        seen.update(doc=doc, stderr=result.stderr)
+        return len(doc["members"]) == daemons and owned == [0, 1, 2, 3]
+
+    try:
+        wait_until_sync(lambda: settled(3), 60, "three daemons sharing the four queues")
+        doc = seen["doc"]
+        pids = {w.pid for w in workers}
+        assert {m["pid"] for m in doc["members"]} == pids
+        assert all(m["queues"] for m in doc["members"]), "each of three owns one of four"
+        owner_of = {q: m["id"] for m in doc["members"] for q in m["queues"]}
+        assert {q["queue"]: q["owner"] for q in doc["queues"]} == owner_of
+        assert "warning" not in seen["stderr"], seen["stderr"]
+        # rewind sees the same owners (tansu reports no assignments: the daemons' reports).
+        refused = cli("rewind", "--app", "kafka-sub", "--to", "2000-01-01T00:00:00Z",
+                      "--create-group", "--config", str(cfg))
+        assert refused.returncode == 1, refused.stderr
+        assert f"queue 0 by {owner_of[0]}" in refused.stderr, refused.stderr
+        # They do handle: every message published, once (no re-balance runs meanwhile).
+        for i in range(12):
+            sent = cli("publish", "jobs", f"k{i}", f'{{"id": {i}, "k": "k{i}", "seq": 0}}',
+                       "--config", str(cfg))
+            assert sent.returncode == 0, sent.stderr
+        wait_until_sync(lambda: out.exists() and len(out.read_text().splitlines()) >= 12, 30,
+                        "the 12 messages handled")
+        handled = sorted(int(line.split()[0]) for line in out.read_text().splitlines())
+        assert handled == list(range(12))
+        gone = workers.pop()
+        gone.send_signal(signal.SIGTERM)
+        assert gone.wait(30) == 0
+        wait_until_sync(lambda: settled(2), 60, "the two daemons left to share the queues")
+        assert {m["pid"] for m in seen["doc"]["members"]} == {w.pid for w in workers}
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait(10)

@@ -75,7 +75,10 @@ def test_status_lists_every_group_of_the_topic_and_no_group_holds_retention(
         assert done.returncode == 0, done.stderr
 
     result = cli("status", "--app", behind, "--json", "--config", str(cfg))
-    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.returncode == 0, result.stderr
+    # The group exists, no daemon runs: one line says so (and no typo warning).
+    assert result.stderr == (f"conveyor: warning: no daemon of --app '{behind}' is running "
+                             "(none in its Kafka group, none reporting to the members topic)\n")
     report = json.loads(result.stdout)
     assert report["retention_follows_groups"] is False
     rows = {g["group"]: (g["queues"], g["lag"], g["holds_retention"]) for g in report["groups"]}

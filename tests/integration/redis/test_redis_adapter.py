@@ -307,6 +307,34 @@ def test_rewind_replays_a_known_range(redis_server: RedisServer, tmp_path: Path)
     assert len(asyncio.run(replay())) == 10
 
 
+def test_a_token_before_the_first_entry_replays_all_unless_entries_after_it_were_trimmed(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
+                            queues={"adapter": "redis", "total": 1})
+    config = load_config(cfg_path, environ={})
+    tokens = asyncio.run(publish_ten_and_take(config, 10))
+    rewind = ["rewind", "--config", str(cfg_path), "--app", "shop", "--to", "0:1-0"]
+    result = CliRunner().invoke(main, rewind)  # nothing was ever trimmed: from the start
+    assert result.exit_code == 0, result.output
+    assert "trimmed" not in result.output
+
+    async def trim_three() -> int:
+        adapter = RedisAdapter(config.redis)
+        try:
+            assert await adapter.lag(0, "shop") == 10
+            await adapter.redis.xtrim(Keys("t").queue(0), maxlen=7, approximate=False)
+            return int(await adapter.redis.xlen(Keys("t").queue(0)))
+        finally:
+            await adapter.close()
+
+    assert asyncio.run(trim_three()) == 7
+    refused = CliRunner().invoke(main, rewind)
+    assert refused.exit_code == 1, refused.output
+    assert (f"queue 0: 0:1-0 is older than the oldest entry kept ({tokens[3]}): 3 entries "
+            f"were trimmed or deleted; rewind to {tokens[3]}") in refused.output
+
+
 def test_a_forward_rewind_is_refused_unless_allowed(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:

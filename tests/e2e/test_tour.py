@@ -1,0 +1,184 @@
+"""The README's tour, run as printed: its files, its commands, and the outputs it shows.
+
+Each block of the tour follows a ``<!-- tour: NAME -->`` line in README.md. Python
+blocks are files the user writes (``shop.py``, ``publish_orders.py``); ``console``
+blocks are ``$ command`` lines, each followed by the output the README promises (``^C``
+is Ctrl-C); ``sh`` blocks are run by bash as they stand. They run in a directory laid
+out like a clone (``.venv`` and ``configs`` linked in). The Redis part runs against a
+redis-server of its own: ``CONVEYOR_REDIS__URL`` points the shipped config at it and a
+``redis-cli`` on the PATH adds its port, so the commands stay exactly as printed.
+
+What varies from run to run is masked before comparing: a daemon's id, the time part
+of a sequence token (its queue is compared), and the order in which messages of
+different streams are handled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until_sync
+from tests.servers import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+_BLOCK = re.compile(r"<!-- tour: (?P<name>[\w.-]+) -->\n```(?P<lang>\w+)\n(?P<body>.*?)```",
+                    re.DOTALL)
+
+
+def tour_blocks() -> dict[str, str]:
+    blocks: dict[str, str] = {}
+    for m in _BLOCK.finditer(README.read_text()):
+        assert m["name"] not in blocks, f"tour block {m['name']!r} twice"
+        blocks[m["name"]] = m["body"]
+    return blocks
+
+
+@dataclass
+class Step:
+    command: str
+    output: list[str] = field(default_factory=list)
+
+
+def console(block: str) -> list[Step]:
+    steps: list[Step] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            steps.append(Step(line[2:]))
+        else:
+            steps[-1].output.append(line)
+    return steps
+
+
+def masked(line: str) -> str:
+    line = re.sub(r"\bshop-\S+-\d+-[0-9a-f]{8}\b", "<daemon>", line)
+    return re.sub(r"^(\d+):\d+-\d+$", r"\1:<entry>", line)
+
+
+class Shell:
+    """The tour's working directory, as a user's clone looks."""
+
+    def __init__(self, where: Path, env: dict[str, str] | None = None) -> None:
+        self.where = where
+        (where / "configs").symlink_to(ROOT / "configs")
+        (where / ".venv").symlink_to(Path(sys.executable).parent.parent)
+        self.env = {**os.environ, **(env or {})}
+        self.env.pop("PYTHONPATH", None)  # the tour's imports come from the venv and cwd
+
+    def run(self, command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", command], cwd=self.where, env=self.env,
+                              capture_output=True, text=True, timeout=60)
+
+    def start(self, command: str) -> Daemon:
+        proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=self.where,
+                                env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        return Daemon(proc)
+
+
+class Daemon:
+    """A worker whose merged stdout and stderr are read as they come."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, count: int, what: str) -> None:
+        wait_until_sync(lambda: len([x for x in self.lines if x.startswith("handled ")])
+                        >= count or self.proc.poll() is not None, 60, what)
+        assert self.proc.poll() is None, "\n".join(self.lines)
+
+    def interrupt(self) -> list[str]:
+        """Ctrl-C; the whole output once it has exited."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            assert self.proc.wait(30) == 0, "\n".join(self.lines)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(10)
+        return self.lines
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def assert_matches(real: list[str], promised: list[str]) -> None:
+    """Same lines once masked; handled lines in any order, the rest in order."""
+    def split(lines: list[str]) -> tuple[list[str], list[str]]:
+        handled = sorted(masked(x) for x in lines if x.startswith("handled "))
+        return handled, [masked(x) for x in lines if not x.startswith("handled ")]
+
+    assert split(real) == split([x for x in promised if x != "^C"]), "\n".join(real)
+
+
+def test_the_tour_has_every_block_it_is_run_from() -> None:
+    assert set(tour_blocks()) == {"shop.py", "embedded", "redis-worker", "redis-publish",
+                                  "publish_orders.py", "publish-script", "redis-cli"}
+
+
+def test_the_embedded_tour_shows_the_startup_hooks_order_handled(tmp_path: Path) -> None:
+    blocks = tour_blocks()
+    (tmp_path / "shop.py").write_text(blocks["shop.py"])
+    shell = Shell(tmp_path)
+    [step] = console(blocks["embedded"])
+    daemon = shell.start(step.command)
+    try:
+        daemon.wait_for(1, "the startup hook's order handled")
+        assert_matches(daemon.interrupt(), step.output)
+    finally:
+        daemon.kill()
+
+
+@pytest.mark.redis
+def test_the_redis_tour_handles_what_each_recipe_publishes_once(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    blocks = tour_blocks()
+    (tmp_path / "shop.py").write_text(blocks["shop.py"])
+    (tmp_path / "publish_orders.py").write_text(blocks["publish_orders.py"])
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    redis_cli = shims / "redis-cli"
+    redis_cli.write_text(f'#!/bin/sh\nexec /usr/bin/redis-cli -p {redis_server.port} "$@"\n')
+    redis_cli.chmod(0o755)
+    shell = Shell(tmp_path, {"CONVEYOR_REDIS__URL": redis_server.url,
+                             "PATH": f"{shims}:{os.environ['PATH']}"})
+    [worker] = console(blocks["redis-worker"])
+    daemon = shell.start(worker.command)
+    try:
+        daemon.wait_for(1, "the startup hook's order handled")
+        [publish] = console(blocks["redis-publish"])
+        result = shell.run(publish.command)
+        assert result.returncode == 0, result.stderr
+        assert [masked(x) for x in result.stdout.splitlines()] == [
+            masked(x) for x in publish.output]
+        [script] = console(blocks["publish-script"])
+        result = shell.run(script.command)
+        assert result.returncode == 0 and result.stdout == "", result.stderr
+        result = shell.run(blocks["redis-cli"])
+        assert result.returncode == 0, result.stderr
+        daemon.wait_for(6, "orders 1, 17, 18, 19, 20 and 42 handled")
+        # Exactly what was published, each once: no retry or redelivery is expected here.
+        assert_matches(daemon.interrupt(), worker.output)
+    finally:
+        daemon.kill()
