@@ -209,6 +209,10 @@ class StaticBalancer(QueueBalancer):
         return list(self._queues) if self._listener else []
 
 
+TASKS_STOP_S = 5.0
+"""How long a stopping balancer waits for its renew, balance and heartbeat loops to end."""
+
+
 class DynamicBalancer(QueueBalancer):
     def __init__(
         self,
@@ -280,9 +284,19 @@ class DynamicBalancer(QueueBalancer):
         self._stopping = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            # Bounded: a task that swallowed its cancellation (Python 3.11's
+            # asyncio.timeout can turn a cancel that meets an expiry into TimeoutError)
+            # must not stop the hand-over; it is logged and left behind.
+            done, pending = await asyncio.wait(self._tasks, timeout=TASKS_STOP_S)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("balancer task %s failed", task.get_name(),
+                              exc_info=task.exception())
+            if pending:
+                log.error("balancer task(s) %s did not stop within %.0fs of being "
+                          "cancelled; handing the queues over anyway",
+                          sorted(t.get_name() for t in pending), TASKS_STOP_S)
         assert self._member is not None
         # Leave first so the others recompute their shares, then hand every queue over:
         # drained and acknowledged before its lease is released.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conveyor import Client
 from conveyor.platform.balancer import DynamicBalancer, best_fit
 from conveyor.platform.leases import Lease, MemoryLeaseStore
@@ -227,3 +229,47 @@ async def test_a_join_and_a_leave_move_only_the_surplus_between_in_process_daemo
     assert took <= set().union(*(listeners[n].owned for n in "abc"))
     for name in "abc":
         await balancers[name].stop()
+
+
+async def test_a_balancer_loop_that_swallows_its_cancel_does_not_hang_the_stop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A loop task that ignores its cancellation (as Python 3.11's asyncio.timeout can
+    make one do) is logged and left behind: the daemon still hands its queues over and
+    its stop returns."""
+    import asyncio
+    import contextlib
+
+    from conveyor.platform import balancer as balancer_module
+
+    monkeypatch.setattr(balancer_module, "TASKS_STOP_S", 0.2)
+    adapter = fresh_adapter()
+    membership, leases = MemoryMembership(), MemoryLeaseStore()
+    b = balancer(membership, leases)
+    d = daemon(recording_app(Record()), adapter, config(), balancer=b,
+               member=MemberInfo("a", "h", 1, 0.0))
+    await d.start()
+    await wait_until(lambda: len(b.owned()) == 8, what="all queues owned")
+
+    swallow = [True]
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if not swallow[0]:
+                    raise
+                # the bug this guards against: the cancellation is lost
+
+    stuck = asyncio.create_task(stubborn(), name="stubborn")
+    b._tasks.append(stuck)
+    try:
+        await asyncio.wait_for(d.stop(), 10)
+        assert b.owned() == []
+        assert "['stubborn'] did not stop" in caplog.text
+    finally:
+        swallow[0] = False
+        stuck.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stuck
