@@ -50,6 +50,7 @@ from conveyor.platform.errors import (
     BrokerError,
     DecodeError,
     LeaseLostError,
+    PublishNotReplicated,
     PublishUncertain,
 )
 from conveyor.platform.groups import GroupInfo
@@ -70,6 +71,7 @@ from conveyor.platform.message import (
     Undecodable,
     now_ms,
 )
+from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.redis")
 
@@ -463,6 +465,27 @@ class RedisReceiver(QueueReceiver):
             )
         return out
 
+    async def _replicated(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """``script``'s reply; with ``[redis] min_replicas``, after ``WAIT`` on the same
+        connection. An acknowledgement fewer replicas confirmed is kept (the primary has
+        it) and logged: a failover now could deliver those messages again."""
+        adapter = self._adapter
+        replicas = adapter.min_replicas
+        if not replicas:
+            return await script(keys=keys, args=args)
+        pipe = adapter.redis.pipeline(transaction=False)
+        pipe.scripts.add(script)
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+        pipe.execute_command("WAIT", replicas, adapter.replica_timeout_ms)
+        result, confirmed = await pipe.execute()
+        if int(confirmed) < replicas:
+            adapter.replica_log.log(
+                logging.WARNING, ("acks", self._queue),
+                "queue %d: acknowledgements reached %d of %d replicas within %d ms; a "
+                "failover now could deliver them again", self._queue, int(confirmed),
+                replicas, adapter.replica_timeout_ms)
+        return result
+
     async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
         for i in range(0, len(tokens), _ACK_CHUNK):
             await self._ack(tokens[i : i + _ACK_CHUNK])
@@ -472,21 +495,16 @@ class RedisReceiver(QueueReceiver):
 
     async def _ack(self, tokens: Sequence[SequenceToken]) -> None:
         ids = joined_ids(tokens)
+        what = f"acknowledging on queue {self._queue}"
         if not self._lease_value:
-            await self._caller.retrying(
-                f"acknowledging on queue {self._queue}",
-                lambda: self._adapter.ack_script(
-                    keys=[self._stream], args=[self._group, ids]
-                ),
-            )
+            await self._caller.retrying(what, lambda: self._replicated(
+                self._adapter.ack_script, [self._stream], [self._group, ids]))
             return
-        result = await self._caller.retrying(
-            f"acknowledging on queue {self._queue}",
-            lambda: self._adapter.ack_fenced_script(
-                keys=[self._stream, self._lease_key, self._fenced_key],
-                args=[self._group, self._lease_value, ids],
-            ),
-        )
+        result = await self._caller.retrying(what, lambda: self._replicated(
+            self._adapter.ack_fenced_script,
+            [self._stream, self._lease_key, self._fenced_key],
+            [self._group, self._lease_value, ids],
+        ))
         if result == -1:
             raise LeaseLostError(
                 f"queue {self._queue}: lease token {self._token} is no longer valid; "
@@ -550,6 +568,9 @@ class RedisAdapter(QueueAdapter):
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
         self.replay_script = self.redis.register_script(lua.REPLAY_LETTER)
         self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
+        self.min_replicas: int = cfg.min_replicas
+        self.replica_timeout_ms: int = cfg.replica_timeout_ms
+        self.replica_log = ThrottledLog(log, interval_s=30.0)
         self.publish_window_ms = int(2000 * (cfg.retry_max_s + cfg.socket_timeout_s))
         """How long a published batch's marker lives: past any retry of it (a retry
         starts within ``retry_max_s`` of the first attempt and waits at most
@@ -598,16 +619,20 @@ class RedisAdapter(QueueAdapter):
         script = self.enqueue_script
         reached = False  # whether some attempt may have got its request to the server
 
+        replicas = self.min_replicas
+
         async def send() -> list[Any]:
             nonlocal reached
             try:
-                if len(calls) == 1:
+                if len(calls) == 1 and not replicas:
                     keys, args = calls[0]
                     return [await script(keys=keys, args=args)]
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.scripts.add(script)  # loaded first should the server not know it
                 for keys, args in calls:
                     pipe.evalsha(script.sha, 2, *keys, *args)
+                if replicas:  # on the same connection as the writes, as WAIT requires
+                    pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
                 replies: list[Any] = await pipe.execute()
                 return replies
             except BaseException as exc:
@@ -626,6 +651,16 @@ class RedisAdapter(QueueAdapter):
                 f"may not have been written ({exc}); their ids are in .message_ids",
                 tuple(m.id for m in messages),
             ) from exc
+        if replicas:
+            confirmed = int(replies.pop())
+            if confirmed < replicas:
+                raise PublishNotReplicated(
+                    f"redis: {what}: written to the primary, but {confirmed} of the "
+                    f"{replicas} replicas $.redis.min_replicas asks for confirmed it within "
+                    f"{self.replica_timeout_ms} ms ($.redis.replica_timeout_ms); a failover "
+                    "now could lose the messages; their ids are in .message_ids",
+                    tuple(m.id for m in messages),
+                )
         tokens: list[SequenceToken] = []
         for runs, replayed in replies:
             if replayed:

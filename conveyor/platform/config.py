@@ -116,6 +116,12 @@ class RedisConfig(_Section):
     Entries some group has not acknowledged are never trimmed."""
     trim_interval_s: SecondsOrZero = 5.0
     """How often the owner of a queue trims it (checked on acknowledgement; 0: every time)."""
+    min_replicas: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    """Replicated durability: a publish returns only once this many replicas have its
+    entries (``WAIT``), else raises ``PublishNotReplicated``; acknowledgements wait the
+    same way (and log when they could not). 0: the primary's word is enough."""
+    replica_timeout_ms: Millis = 1000
+    """How long a write waits for ``min_replicas`` replicas."""
     member_ttl_s: Seconds = 3.0
     """A daemon whose heartbeats stop vanishes from the membership this long after the last."""
     heartbeat_interval_s: Seconds = 1.0

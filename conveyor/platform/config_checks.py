@@ -35,6 +35,14 @@ def validate(config: Config) -> None:
         )
     if config.slots.resource.min_slots > config.slots.resource.max_slots:
         raise ConfigError("$.slots.resource.min_slots: must not exceed max_slots")
+    if config.redis.min_replicas and (
+        config.redis.replica_timeout_ms >= config.redis.socket_timeout_s * 1000
+    ):
+        raise ConfigError(
+            f"$.redis.replica_timeout_ms: {config.redis.replica_timeout_ms} must be below "
+            f"$.redis.socket_timeout_s ({config.redis.socket_timeout_s:g} s): a WAIT that "
+            "outlasts the socket timeout would look like a lost connection"
+        )
     rate = config.slots.rate
     if (
         rate.per_second is not None

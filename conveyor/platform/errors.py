@@ -75,6 +75,13 @@ class PublishUncertain(BrokerConnectionError):
         self.message_ids = message_ids
 
 
+class PublishNotReplicated(PublishUncertain):
+    """The primary wrote the messages, but fewer replicas than ``[redis] min_replicas``
+    confirmed them within ``replica_timeout_ms``: a failover before they catch up could
+    lose them. ``message_ids`` as for :class:`PublishUncertain`; publishing them again
+    as new messages may write them twice."""
+
+
 class QueueOwnedError(BrokerError):
     """A queue is still owned by a running receiver of the app: stop its workers first."""
 

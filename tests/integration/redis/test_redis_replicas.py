@@ -1,0 +1,94 @@
+"""Replicated durability, ``[redis] min_replicas``, against a real primary and replica."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from conveyor import Client, Publish, PublishNotReplicated
+from conveyor.platform.config import Config, load_config
+from conveyor.platform.errors import ConfigError
+from tests.conftest import free_port, wait_until_sync
+from tests.integration.redis.conftest import RedisServer
+
+
+@pytest.fixture
+def replica(redis_server: RedisServer, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A redis-server replicating ``redis_server``, online before the test starts."""
+    port = free_port()
+    workdir = tmp_path / "replica"
+    workdir.mkdir()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
+         "--save", "", "--replicaof", "127.0.0.1", str(redis_server.port),
+         "--logfile", str(workdir / "redis.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    primary = redis_server.client()
+
+    def online() -> bool:
+        info = primary.info("replication")
+        return bool(info.get("connected_slaves")) and info.get("slave0", {}).get(
+            "state") == "online"
+
+    try:
+        wait_until_sync(online, 15, "the replica online")
+        proc.port = port  # type: ignore[attr-defined]
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def replicated_config(server: RedisServer, replicas: int = 1) -> Config:
+    return load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": 2},
+        "redis": {"url": server.url, "prefix": "rep", "min_replicas": replicas,
+                  "replica_timeout_ms": 300},
+        "balancer": {"membership": "redis"},
+    })
+
+
+async def test_a_publish_returns_once_the_replica_has_it_and_raises_when_none_can(
+    redis_server: RedisServer, replica: subprocess.Popen[bytes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = replicated_config(redis_server)
+    async with Client.from_config(config) as client:
+        await client.publish_batch(Publish("items", f"k{i}", {"i": i}) for i in range(100))
+        on_replica = redis.Redis(port=replica.port)  # type: ignore[attr-defined]
+        # Returned only after WAIT: the replica already holds every entry.
+        assert sum(on_replica.xlen(f"rep:q:{q}") for q in range(2)) == 100
+
+        adapter = client.adapter
+        receiver = adapter.create_receiver(0, "app")
+        await receiver.initialize()
+        got = await receiver.get_messages(100, 0.1)
+        assert got
+
+        replica.kill()
+        replica.wait()
+        with pytest.raises(PublishNotReplicated) as raised:
+            await client.publish_batch(Publish("items", "late", {"i": n}) for n in range(10))
+        assert len(raised.value.message_ids) == 10
+        assert "0 of the 1 replicas" in str(raised.value)
+        assert "$.redis.min_replicas" in str(raised.value)
+        # Written on the primary all the same (not retried, not lost there).
+        assert sum(redis_server.client().xlen(f"rep:q:{q}") for q in range(2)) == 110
+
+        # An acknowledgement no replica confirmed is kept, and said so once.
+        with caplog.at_level(logging.WARNING):
+            await receiver.messages_delivered([m.token for m in got if m.token])
+        assert "reached 0 of 1 replicas" in caplog.text
+        await receiver.shutdown()
+
+
+def test_a_replica_wait_longer_than_the_socket_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"\$\.redis\.replica_timeout_ms"):
+        load_config(None, environ={}, overrides={
+            "redis": {"min_replicas": 1, "replica_timeout_ms": 6000, "socket_timeout_s": 5}})
