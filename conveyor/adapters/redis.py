@@ -41,6 +41,7 @@ from conveyor.adapters.redis_conn import (
     check_name,
     connect,
     joined_ids,
+    run_replicated,
     token_of,
 )
 from conveyor.platform import letters as layout
@@ -471,18 +472,13 @@ class RedisReceiver(QueueReceiver):
         it) and logged: a failover now could deliver those messages again."""
         adapter = self._adapter
         replicas = adapter.min_replicas
-        if not replicas:
-            return await script(keys=keys, args=args)
-        pipe = adapter.redis.pipeline(transaction=False)
-        pipe.scripts.add(script)
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-        pipe.execute_command("WAIT", replicas, adapter.replica_timeout_ms)
-        result, confirmed = await pipe.execute()
-        if int(confirmed) < replicas:
+        result, confirmed = await run_replicated(
+            adapter.redis, script, keys, args, replicas, adapter.replica_timeout_ms)
+        if confirmed < replicas:
             adapter.replica_log.log(
                 logging.WARNING, ("acks", self._queue),
                 "queue %d: acknowledgements reached %d of %d replicas within %d ms; a "
-                "failover now could deliver them again", self._queue, int(confirmed),
+                "failover now could deliver them again", self._queue, confirmed,
                 replicas, adapter.replica_timeout_ms)
         return result
 

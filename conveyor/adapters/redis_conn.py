@@ -249,6 +249,21 @@ def connect(cfg: Any) -> aioredis.Redis:
     return client
 
 
+async def run_replicated(redis: aioredis.Redis, script: Any, keys: Sequence[str],
+                         args: Sequence[Any], replicas: int, timeout_ms: int) -> tuple[Any, int]:
+    """``script``'s reply and how many replicas confirmed the write (``[redis]
+    min_replicas``): one pipeline of the script and ``WAIT``, so both run on one
+    connection, as ``WAIT`` requires. With ``replicas`` 0, the script alone (and 0)."""
+    if not replicas:
+        return await script(keys=keys, args=args), 0
+    pipe = redis.pipeline(transaction=False)
+    pipe.scripts.add(script)  # loaded first should the server not know it
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+    pipe.execute_command("WAIT", replicas, timeout_ms)
+    reply, confirmed = await pipe.execute()
+    return reply, int(confirmed)
+
+
 REPORT_EVERY_S = 5.0
 """How often an outage that lasts is logged again."""
 

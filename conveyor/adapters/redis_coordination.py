@@ -16,16 +16,18 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
 
 from conveyor.adapters import redis_scripts as lua
-from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect
+from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect, run_replicated
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.leases import Lease, LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership
+from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.redis")
 
@@ -129,7 +131,8 @@ class RedisMembership(Membership):
 
 
 class RedisLeaseStore(LeaseStore):
-    def __init__(self, caller: Caller, keys: Keys, group: str, total_queues: int) -> None:
+    def __init__(self, caller: Caller, keys: Keys, group: str, total_queues: int, *,
+                 replicas: int = 0, replica_timeout_ms: int = 1000) -> None:
         self._caller = caller
         self._redis: Any = caller.redis
         self._keys = keys
@@ -140,45 +143,73 @@ class RedisLeaseStore(LeaseStore):
         self._release = self._redis.register_script(lua.LEASE_RELEASE)
         # Local monotonic times at which leases we were refused are due to expire.
         self._blocked_until: dict[int, float] = {}
+        self._replicas = replicas
+        self._replica_timeout_ms = replica_timeout_ms
+        self._replica_log = ThrottledLog(log, interval_s=30.0)
 
     async def close(self) -> None:
         """Close the connection pool the two stores share (the lease store owns it)."""
         await self._redis.aclose()
 
+    def _short(self, what: str, queue: int, confirmed: int) -> None:
+        self._replica_log.log(
+            logging.WARNING, (what, queue),
+            "queue %d: %s reached %d of %d replicas within %d ms", queue, what, confirmed,
+            self._replicas, self._replica_timeout_ms)
+
+    async def _run(self, what: str, script: Any, keys: list[str], args: list[Any],
+                   *, retry: bool = True) -> tuple[Any, int]:
+        """``script`` (with ``WAIT`` when ``[redis] min_replicas`` is set): its reply and
+        the replicas that confirmed it."""
+        def call() -> Awaitable[tuple[Any, int]]:
+            return run_replicated(self._redis, script, keys, args, self._replicas,
+                                  self._replica_timeout_ms)
+
+        if retry:
+            return await self._caller.retrying(what, call)
+        return await self._caller.once(what, call)
+
     async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
+        """The lease, or None while another holds it. With ``min_replicas``, a lease the
+        replicas did not confirm is given back and not taken (a failover could otherwise
+        let two daemons own the queue); the balancer tries again next round."""
         started = time.monotonic()
         keys = [self._keys.lease(self._group, queue), self._keys.fence(self._group, queue)]
-        reply = await self._caller.retrying(
-            f"acquiring the lease of queue {queue}",
-            lambda: self._acquire(keys=keys, args=[owner, int(ttl_s * 1000)]),
-        )
+        reply, confirmed = await self._run(
+            f"acquiring the lease of queue {queue}", self._acquire, keys,
+            [owner, int(ttl_s * 1000)])
         token = int(reply[0])
         if token == 0:
             pttl = int(reply[1])
             self._blocked_until[queue] = started + max(pttl, 0) / 1000
             return None
         self._blocked_until.pop(queue, None)
-        return Lease(queue, owner, token, started + ttl_s)
+        lease = Lease(queue, owner, token, started + ttl_s)
+        if confirmed < self._replicas:
+            self._short("a lease taken", queue, confirmed)
+            await self.release(lease)
+            return None
+        return lease
 
     async def renew(self, lease: Lease, ttl_s: float) -> Lease | None:
+        """The renewed lease; None if it is no longer ours. A renewal the replicas did not
+        confirm leaves the lease as it was (its old deadline), to be renewed again."""
         started = time.monotonic()
         key = self._keys.lease(self._group, lease.queue)
-        ok = await self._caller.once(
-            f"renewing the lease of queue {lease.queue}",
-            lambda: self._renew(
-                keys=[key], args=[f"{lease.token} {lease.owner}", int(ttl_s * 1000)]
-            ),
-        )
+        ok, confirmed = await self._run(
+            f"renewing the lease of queue {lease.queue}", self._renew, [key],
+            [f"{lease.token} {lease.owner}", int(ttl_s * 1000)], retry=False)
         if not ok:
             return None
+        if confirmed < self._replicas:
+            self._short("a lease renewal", lease.queue, confirmed)
+            return lease
         return Lease(lease.queue, lease.owner, lease.token, started + ttl_s)
 
     async def release(self, lease: Lease) -> None:
         key = self._keys.lease(self._group, lease.queue)
-        await self._caller.retrying(
-            f"releasing the lease of queue {lease.queue}",
-            lambda: self._release(keys=[key], args=[f"{lease.token} {lease.owner}"]),
-        )
+        await self._run(f"releasing the lease of queue {lease.queue}", self._release, [key],
+                        [f"{lease.token} {lease.owner}"])
 
     async def owners(self) -> dict[int, str]:
         keys = [self._keys.lease(self._group, q) for q in range(self._total)]
@@ -207,4 +238,6 @@ def redis_coordination(config: Any, group: str) -> tuple[Membership, LeaseStore]
     membership = RedisMembership(
         caller, keys, group, ttl_s=cfg.member_ttl_s, heartbeat_s=cfg.heartbeat_interval_s
     )
-    return membership, RedisLeaseStore(caller, keys, group, config.queues.total)
+    return membership, RedisLeaseStore(caller, keys, group, config.queues.total,
+                                       replicas=cfg.min_replicas,
+                                       replica_timeout_ms=cfg.replica_timeout_ms)

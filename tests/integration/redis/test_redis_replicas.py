@@ -49,7 +49,7 @@ def replicated_config(server: RedisServer, replicas: int = 1) -> Config:
     return load_config(None, environ={}, overrides={
         "queues": {"adapter": "redis", "total": 2},
         "redis": {"url": server.url, "prefix": "rep", "min_replicas": replicas,
-                  "replica_timeout_ms": 300},
+                  "replica_timeout_ms": 2000},
         "balancer": {"membership": "redis"},
     })
 
@@ -92,3 +92,26 @@ def test_a_replica_wait_longer_than_the_socket_timeout_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"\$\.redis\.replica_timeout_ms"):
         load_config(None, environ={}, overrides={
             "redis": {"min_replicas": 1, "replica_timeout_ms": 6000, "socket_timeout_s": 5}})
+
+
+async def test_a_lease_the_replicas_did_not_confirm_is_not_taken_nor_extended(
+    redis_server: RedisServer, replica: subprocess.Popen[bytes],
+) -> None:
+    """A lease (or its fencing counter) lost in a failover could let two daemons own a
+    queue: with ``min_replicas`` a lease is taken only once replicated, and a renewal
+    that was not replicated leaves the old deadline in place."""
+    from conveyor.adapters.redis_coordination import redis_coordination
+
+    membership, leases = redis_coordination(replicated_config(redis_server), "app")
+    try:
+        lease = await leases.acquire(0, "me", 5.0)
+        assert lease is not None
+        replica.kill()
+        replica.wait()
+        assert await leases.acquire(1, "me", 5.0) is None
+        assert redis_server.client().get("rep:app:app:lease:1") is None  # given back
+        renewed = await leases.renew(lease, 5.0)
+        assert renewed == lease  # kept, with its old deadline
+    finally:
+        await membership.close()
+        await leases.close()
