@@ -219,8 +219,11 @@ class DynamicBalancer(QueueBalancer):
         lease_ttl_s: float = 5.0,
         rebalance_interval_s: float = 1.0,
         placement: Placement | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.membership = membership
+        # The lease store's clock (a simulation passes its virtual one).
+        self._clock = clock
         self.placement = placement or BestFitPlacement()
         self.leases = leases
         self.total_queues = total_queues
@@ -254,6 +257,9 @@ class DynamicBalancer(QueueBalancer):
     def owned_until(self, queue: int) -> float:
         lease = self._held.get(queue)
         return -math.inf if lease is None else lease.deadline - self.safety_margin_s
+
+    def lease_valid(self, queue: int) -> bool:
+        return self._clock() < self.owned_until(queue)
 
     async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
         """Join and take this daemon's share.
@@ -342,7 +348,7 @@ class DynamicBalancer(QueueBalancer):
             if queue in self._held or self._stopping:
                 return
             failures, retry_at = self._failed_starts.get(queue, (0, 0.0))
-            if time.monotonic() < retry_at:
+            if self._clock() < retry_at:
                 return  # backing off after a failed start
             lease = await self.leases.acquire(queue, self._member.id, self.lease_ttl_s)
             if lease is None:
@@ -365,7 +371,7 @@ class DynamicBalancer(QueueBalancer):
         """
         assert self._listener is not None
         backoff_s = self._start_backoff.delay(failures)
-        self._failed_starts[queue] = (failures, time.monotonic() + backoff_s)
+        self._failed_starts[queue] = (failures, self._clock() + backoff_s)
         log.warning("queue %d: start failed (%s: %s); releasing it, retrying in %.1fs "
                     "(failure %d)", queue, type(exc).__name__, exc, backoff_s, failures)
         self._held.pop(queue, None)
@@ -403,7 +409,7 @@ class DynamicBalancer(QueueBalancer):
         while True:
             await asyncio.sleep(tick_s)
             for queue, lease in list(self._held.items()):
-                if lease.deadline - time.monotonic() <= renew_when_left_s:
+                if lease.deadline - self._clock() <= renew_when_left_s:
                     try:
                         # asyncio.timeout, not wait_for: wait_for can swallow the
                         # cancellation that stops this loop (Python 3.11), which then
