@@ -3,10 +3,15 @@
 Membership: a sorted set of member ids scored by their expiry (server clock) plus a
 hash of their descriptions. A daemon heartbeats every ``heartbeat_interval_s``; a
 daemon that stops (killed, paused, partitioned) vanishes ``member_ttl_s`` after its
-last heartbeat. Every reader gets the same view, sorted by id.
+last heartbeat. Every reader gets the same view, sorted by id. A version counter grows
+whenever the ids change, so waiting for a change polls one integer, not every record
+(the records carry each daemon's statistics: at a thousand daemons the whole view is
+most of a megabyte — see ``conveyor sim balancer``).
 
 Leases: one key per queue holding ``"<token> <owner>"`` with a TTL, the token drawn
-from a per-queue counter (``INCR``) so it only grows. Acquire, renew and release are
+from a per-queue counter (``INCR``) so it only grows; a generation counter per app
+counts grants and releases, so a settled balancer can tell nothing moved without
+reading every lease. Acquire, renew and release are
 Lua scripts: a check and its write cannot interleave with another daemon's.
 """
 
@@ -40,14 +45,17 @@ class RedisMembership(Membership):
     ) -> None:
         self._caller = caller
         self._redis: Any = caller.redis
-        self._keys = [keys.members(group), keys.member_info(group)]
+        self._keys = [keys.members(group), keys.member_info(group),
+                      keys.members_version(group)]
         self._ttl_ms = int(ttl_s * 1000)
         self._heartbeat_s = heartbeat_s
         self._put = self._redis.register_script(lua.MEMBER_PUT)
         self._list = self._redis.register_script(lua.MEMBERS)
+        self._ids = self._redis.register_script(lua.MEMBER_IDS)
+        self._version = self._redis.register_script(lua.MEMBERS_VERSION)
         self._me: MemberInfo | None = None
         self._beating: asyncio.Task[None] | None = None
-        self._last_view: list[str] | None = None
+        self._last_version: int | None = None
 
     async def _write(self, member: MemberInfo) -> None:
         await self._caller.retrying(
@@ -75,8 +83,12 @@ class RedisMembership(Membership):
         )
 
     async def heartbeat(self, member: MemberInfo) -> None:
+        """Publish ``member``; our own record goes out with the next beat of the loop
+        :meth:`join` started rather than in a second write of its own."""
         if self._me is not None and self._me.id == member.id:
             self._me = member
+            if self._beating is not None and not self._beating.done():
+                return
         await self._write(member)
 
     async def _heartbeat_loop(self) -> None:
@@ -101,20 +113,34 @@ class RedisMembership(Membership):
                 out.append(_decode_member(info))
             except msgspec.DecodeError:
                 out.append(MemberInfo(id=ident, host="?", pid=0, started_at=0.0))
-        self._last_view = [m.id for m in out]
         return out
 
+    async def member_ids(self) -> list[str]:
+        reply = await self._caller.retrying(
+            "reading the membership", lambda: self._ids(keys=self._keys, args=[])
+        )
+        self._last_version = int(reply[0])
+        return [ident.decode() for ident in reply[1:]]
+
+    async def version(self) -> int:
+        reply = await self._caller.retrying(
+            "reading the membership", lambda: self._version(keys=self._keys, args=[])
+        )
+        self._last_version = int(reply)
+        return self._last_version
+
     async def wait_changed(self, timeout_s: float) -> bool:
-        """Poll the view every 0.2 s (expiry has no event) until it differs."""
+        """Poll the view's version every 0.2 s (expiry has no event) until it differs
+        from the last one read."""
         deadline = time.monotonic() + timeout_s
-        before = self._last_view
+        before = self._last_version
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             await asyncio.sleep(min(_POLL_S, left))
             try:
-                now = [m.id for m in await self.members()]
+                now = await self.version()
             except BrokerError:
                 continue
             if before is None or now != before:
@@ -135,6 +161,7 @@ class RedisLeaseStore(LeaseStore):
         self._keys = keys
         self._group = check_name(group, "app name")
         self._total = total_queues
+        self._generation_key = keys.leases_generation(self._group)
         self._acquire = self._redis.register_script(lua.LEASE_ACQUIRE)
         self._renew = self._redis.register_script(lua.LEASE_RENEW)
         self._release = self._redis.register_script(lua.LEASE_RELEASE)
@@ -147,7 +174,8 @@ class RedisLeaseStore(LeaseStore):
 
     async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
         started = time.monotonic()
-        keys = [self._keys.lease(self._group, queue), self._keys.fence(self._group, queue)]
+        keys = [self._keys.lease(self._group, queue), self._keys.fence(self._group, queue),
+                self._generation_key]
         reply = await self._caller.retrying(
             f"acquiring the lease of queue {queue}",
             lambda: self._acquire(keys=keys, args=[owner, int(ttl_s * 1000)]),
@@ -177,7 +205,8 @@ class RedisLeaseStore(LeaseStore):
         key = self._keys.lease(self._group, lease.queue)
         await self._caller.retrying(
             f"releasing the lease of queue {lease.queue}",
-            lambda: self._release(keys=[key], args=[f"{lease.token} {lease.owner}"]),
+            lambda: self._release(keys=[key, self._generation_key],
+                                  args=[f"{lease.token} {lease.owner}"]),
         )
 
     async def owners(self) -> dict[int, str]:
@@ -186,6 +215,11 @@ class RedisLeaseStore(LeaseStore):
         return {
             q: v.decode().partition(" ")[2] for q, v in enumerate(values) if v is not None
         }
+
+    async def generation(self) -> int:
+        value = await self._caller.retrying(
+            "reading the leases' generation", lambda: self._redis.get(self._generation_key))
+        return int(value or 0)
 
     async def wait_released(self, timeout_s: float) -> None:
         """Sleep until the soonest refused lease is due to expire, or ``timeout_s``."""

@@ -152,6 +152,29 @@ class _Listener:
         raise RuntimeError(f"{self.daemon}: balancer failed: {error}")
 
 
+def _stats_like_a_daemon(balancer: DynamicBalancer, clock: Callable[[], float],
+                         rng: random.Random) -> Callable[[], dict[str, float]]:
+    """Stats shaped like ``DaemonMetrics.stats_snapshot``: what a real daemon publishes
+    with every heartbeat (counters, slots, resources, three figures per owned queue, the
+    time they were taken), so membership records weigh what they weigh in production."""
+    base = {"slots.issued": 8.0, "slots.in_use": 5.0, "handled": 1_000_000.0 * rng.random(),
+            "dead_lettered": 17.0, "skipped": 0.0, "dead_letters_evicted": 0.0,
+            "dead_letters.waiting": 0.0, "slots.available": 3.0,
+            "cpu_percent": 41.25, "memory_used_bytes": 1_843_920_896.0,
+            "memory_available_bytes": 6_120_337_408.0, "memory_total_bytes": 8_264_220_672.0}
+
+    def snapshot() -> dict[str, float]:
+        stats = dict(base)
+        for queue in balancer.owned():
+            stats[f"queue.{queue}.cache_fill"] = 12.0
+            stats[f"queue.{queue}.acked"] = 3_456_789.0
+            stats[f"queue.{queue}.acks_per_s"] = 812.4
+        stats["at"] = 1.7e9 + clock()
+        return stats
+
+    return snapshot
+
+
 class _Scenario:
     def __init__(self, config: BalancerSimConfig, loop: VirtualTimeLoop) -> None:
         self.config = config
@@ -187,6 +210,7 @@ class _Scenario:
             lease_ttl_s=cfg.lease_ttl_s, rebalance_interval_s=cfg.rebalance_interval_s,
             clock=self.loop.time,
         )
+        balancer.set_stats_provider(_stats_like_a_daemon(balancer, self.loop.time, self.rng))
         self.balancers[member.id] = balancer
         self.live.add(member.id)
         listener = _Listener(member.id, self.world, cfg.drain_s)

@@ -90,15 +90,20 @@ class SimStore:
         self.heartbeat_s = heartbeat_s
         self.traffic = Traffic()
         app = f"conveyor:app:{group}"
-        self.members_keys = [f"{app}:members", f"{app}:member-info"]
+        self.members_keys = [f"{app}:members", f"{app}:member-info", f"{app}:members-version"]
         self.lease_keys = [f"{app}:lease:{q}" for q in range(total_queues)]
         self.fence_keys = [f"{app}:fence:{q}" for q in range(total_queues)]
+        self.generation_key = f"{app}:leases-generation"
+        self.generation = 0
         self._mget_request = _array(1 + total_queues) + _bulk(4) + sum(
             _bulk(len(k)) for k in self.lease_keys)
         # member id -> (expiry, record, its bytes in a MEMBERS reply)
         self._members: dict[str, tuple[float, MemberInfo, int]] = {}
         self._view: tuple[list[MemberInfo], int] | None = None  # members, reply bytes
-        self._view_until = 0.0  # the view holds until its soonest expiry
+        self._view_index: dict[str, int] = {}
+        self._ids: tuple[list[str], int] | None = None  # ids, MEMBER_IDS reply bytes
+        self._soonest = float("inf")  # no member lapses before this
+        self.version = 0
         self._leases: dict[int, tuple[str, int, float]] = {}  # queue -> owner, token, expiry
         self._tokens: dict[int, int] = {}
         self._owners: tuple[dict[int, str], int] | None = None  # owners, MGET reply bytes
@@ -113,38 +118,80 @@ class SimStore:
         if self.rtt_s > 0:
             await asyncio.sleep(self.rtt_s)
 
-    # -- membership (MEMBER_PUT, MEMBERS) ----------------------------------------------
+    # -- membership (MEMBER_PUT, MEMBERS, MEMBER_IDS, MEMBERS_VERSION) ----------------
+    def _prune(self) -> None:
+        """What every membership script does first: drop lapsed members (and count a
+        change of the ids)."""
+        now = self.now()
+        if now < self._soonest:
+            return
+        gone = [i for i, (exp, _, _) in self._members.items() if exp <= now]
+        for ident in gone:
+            del self._members[ident]
+        if gone:
+            self._changed()
+        self._soonest = min((exp for exp, _, _ in self._members.values()),
+                            default=float("inf"))
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._view = None
+        self._ids = None
+
     def put_member(self, member: MemberInfo | None, member_id: str) -> int:
         """MEMBER_PUT; returns its request + reply bytes."""
-        self._view = None
+        self._prune()
         if member is None:
-            self._members.pop(member_id, None)
+            if self._members.pop(member_id, None) is not None:
+                self._changed()
             return _evalsha(self.members_keys, [member_id, "", ""]) + _int_reply(0)
         info = _encode(member).decode()
         ttl_ms = str(int(self.member_ttl_s * 1000))
-        self._members[member_id] = (self.now() + self.member_ttl_s, member,
-                                    _bulk(len(member_id)) + _bulk(len(info)))
+        size = _bulk(len(member_id)) + _bulk(len(info))
+        old = self._members.get(member_id)
+        expiry = self.now() + self.member_ttl_s
+        self._members[member_id] = (expiry, member, size)
+        self._soonest = min(self._soonest, expiry)
+        if old is None:
+            self._changed()
+        elif self._view is not None:  # a heartbeat: same ids, one record replaced
+            members, reply = self._view
+            members[self._view_index[member_id]] = member
+            self._view = (members, reply - old[2] + size)
         return _evalsha(self.members_keys, [member_id, info, ttl_ms]) + _int_reply(1)
 
     def read_members(self) -> tuple[list[MemberInfo], int]:
-        """MEMBERS: drops lapsed members, returns the live ones by id, and the bytes."""
-        now = self.now()
-        if self._view is None or now >= self._view_until:
-            for ident in [i for i, (exp, _, _) in self._members.items() if exp <= now]:
-                del self._members[ident]
+        """MEMBERS: the live members by id, and the bytes."""
+        self._prune()
+        if self._view is None:
             live = sorted(self._members.items())
             reply = _array(2 * len(live)) + sum(size for _, (_, _, size) in live)
             self._view = ([m for _, (_, m, _) in live], reply)
-            self._view_until = min((exp for _, (exp, _, _) in live), default=float("inf"))
+            self._view_index = {ident: i for i, (ident, _) in enumerate(live)}
         members, reply = self._view
         return members, _evalsha(self.members_keys, []) + reply
 
-    # -- leases (LEASE_ACQUIRE, LEASE_RENEW, LEASE_RELEASE, MGET) ----------------------
+    def read_ids(self) -> tuple[int, list[str], int]:
+        """MEMBER_IDS: the version, the live ids, and the bytes."""
+        self._prune()
+        if self._ids is None:
+            ids = sorted(self._members)
+            self._ids = (ids, _array(1 + len(ids)) + sum(_bulk(len(i)) for i in ids))
+        ids, reply = self._ids
+        return self.version, ids, _evalsha(self.members_keys, []) + reply + _int_reply(
+            self.version)
+
+    def read_version(self) -> tuple[int, int]:
+        """MEMBERS_VERSION: the version, and the bytes."""
+        self._prune()
+        return self.version, _evalsha(self.members_keys, []) + _int_reply(self.version)
+
+    # -- leases (LEASE_ACQUIRE, LEASE_RENEW, LEASE_RELEASE, MGET, GET generation) -----
     def acquire(self, queue: int, owner: str, ttl_s: float) -> tuple[int, float, int]:
         """(token or 0, ms left on the other owner's lease, bytes)."""
         now = self.now()
-        request = _evalsha([self.lease_keys[queue], self.fence_keys[queue]],
-                           [owner, str(int(ttl_s * 1000))])
+        request = _evalsha([self.lease_keys[queue], self.fence_keys[queue],
+                            self.generation_key], [owner, str(int(ttl_s * 1000))])
         held = self._leases.get(queue)
         if held is not None and held[2] > now and held[0] != owner:
             pttl = int((held[2] - now) * 1000)
@@ -153,6 +200,7 @@ class SimStore:
         self._tokens[queue] = token
         self._leases[queue] = (owner, token, now + ttl_s)
         self._owners = None
+        self.generation += 1
         return token, 0.0, request + _array(1) + _int_reply(token)
 
     def renew(self, lease: Lease, ttl_s: float) -> tuple[bool, int]:
@@ -166,11 +214,13 @@ class SimStore:
         return True, request + _int_reply(1)
 
     def release(self, lease: Lease) -> int:
-        request = _evalsha([self.lease_keys[lease.queue]], [f"{lease.token} {lease.owner}"])
+        request = _evalsha([self.lease_keys[lease.queue], self.generation_key],
+                           [f"{lease.token} {lease.owner}"])
         held = self._leases.get(lease.queue)
         if held is not None and held[1] == lease.token and held[2] > self.now():
             del self._leases[lease.queue]
             self._owners = None
+            self.generation += 1
             return request + _int_reply(1)
         return request + _int_reply(0)
 
@@ -194,6 +244,11 @@ class SimStore:
         owners, reply = self._owners
         return owners, self._mget_request + reply
 
+    def read_generation(self) -> tuple[int, int]:
+        """GET of the leases' generation: its value, and the bytes."""
+        request = _array(2) + _bulk(3) + _bulk(len(self.generation_key))
+        return self.generation, request + _bulk(len(str(self.generation)))
+
     def holders(self) -> dict[int, str]:
         """Who holds each queue now (for the simulation's checks; not counted)."""
         now = self.now()
@@ -207,7 +262,7 @@ class SimMembership(Membership):
         self._store = store
         self._me: MemberInfo | None = None
         self._beating: asyncio.Task[None] | None = None
-        self._last_view: list[str] | None = None
+        self._last_version: int | None = None
 
     async def _write(self, member: MemberInfo | None, member_id: str) -> None:
         await self._store.call(HEARTBEAT, self._store.put_member(member, member_id))
@@ -227,6 +282,8 @@ class SimMembership(Membership):
     async def heartbeat(self, member: MemberInfo) -> None:
         if self._me is not None and self._me.id == member.id:
             self._me = member
+            if self._beating is not None and not self._beating.done():
+                return  # goes out with the next beat
         await self._write(member, member.id)
 
     async def _heartbeat_loop(self) -> None:
@@ -237,26 +294,36 @@ class SimMembership(Membership):
                 return
             await self._write(me, me.id)
 
-    async def _read(self, category: str) -> list[MemberInfo]:
+    async def members(self) -> list[MemberInfo]:
         members, nbytes = self._store.read_members()
-        await self._store.call(category, nbytes, keys=2)
-        self._last_view = [m.id for m in members]
+        await self._store.call(REBALANCE, nbytes, keys=len(members) + 1)
         return members
 
-    async def members(self) -> list[MemberInfo]:
-        return await self._read(REBALANCE)
+    async def member_ids(self) -> list[str]:
+        version, ids, nbytes = self._store.read_ids()
+        await self._store.call(REBALANCE, nbytes, keys=2)
+        self._last_version = version
+        return ids
+
+    async def _version(self, category: str) -> int:
+        version, nbytes = self._store.read_version()
+        await self._store.call(category, nbytes, keys=2)
+        self._last_version = version
+        return version
+
+    async def version(self) -> int:
+        return await self._version(REBALANCE)
 
     async def wait_changed(self, timeout_s: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        before = self._last_view
+        before = self._last_version
         while True:
             left = deadline - loop.time()
             if left <= 0:
                 return False
             await asyncio.sleep(min(_POLL_S, left))
-            now = [m.id for m in await self._read(POLL)]
-            if before is None or now != before:
+            if before is None or await self._version(POLL) != before:
                 return True
 
     async def close(self) -> None:
@@ -299,6 +366,11 @@ class SimLeaseStore(LeaseStore):
         owners, nbytes = self._store.owners()
         await self._store.call(REBALANCE, nbytes, keys=self._store.total_queues)
         return owners
+
+    async def generation(self) -> int:
+        generation, nbytes = self._store.read_generation()
+        await self._store.call(REBALANCE, nbytes)
+        return generation
 
     async def wait_released(self, timeout_s: float) -> None:
         now = self._store.now()

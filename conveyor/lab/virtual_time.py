@@ -77,7 +77,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self, loop: asyncio.AbstractEventLoop,
         coro: Coroutine[Any, Any, Any] | Generator[Any, None, Any], **kwargs: Any,
     ) -> asyncio.Task[Any]:
-        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)  # type: ignore[arg-type]
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
         context: contextvars.Context | None = kwargs.get("context")
         owner = owner_var.get() if context is None else context.get(owner_var)
         if owner in self._killed:

@@ -104,6 +104,12 @@ class Placement(ABC):
     needs_owners = False
     """Whether :meth:`split` looks at the current owners (costs one store read)."""
 
+    needs_stats = False
+    """Whether :meth:`split` looks at the members' statistics. Such a split can change
+    while the members stay the same, so it is recomputed every re-balance interval,
+    from the full records; any other only when the members change or a daemon is short
+    of its share."""
+
     @abstractmethod
     def split(
         self, members: Sequence[MemberInfo], total_queues: int, owners: Mapping[int, str]
@@ -126,6 +132,7 @@ class ResourcePlacement(Placement):
     """Power-of-K choices over the CPU and memory statistics members publish."""
 
     needs_owners = True
+    needs_stats = True
 
     def __init__(self, weights: PlacementWeights | None = None) -> None:
         self.weights = weights or PlacementWeights()
@@ -242,6 +249,10 @@ class DynamicBalancer(QueueBalancer):
         self._failed_starts: dict[int, tuple[int, float]] = {}
         self._start_backoff = Backoff(first_s=rebalance_interval_s, cap_s=lease_ttl_s)
         self._joined = False
+        # What the last re-balance aimed at; the membership version and lease generation
+        # it read, kept only if it found every queue where its split put it.
+        self._target: set[int] | None = None
+        self._split_marks: tuple[int | None, int | None] | None = None
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
@@ -319,25 +330,59 @@ class DynamicBalancer(QueueBalancer):
                 for w in waits:
                     w.cancel()
             try:
-                await self._rebalance()
+                if not await self._settled():
+                    await self._rebalance()
             except Exception:
                 log.exception("re-balance failed; retrying in %.1fs", self.rebalance_interval_s)
+
+    async def _settled(self) -> bool:
+        """Nothing for a re-balance to do: the last one found every queue where its split
+        put it, this daemon still holds exactly its share, and since then no member came
+        or went and no lease was granted or released (two small reads).
+
+        Skipping then is what keeps the balancer cheap at scale: a re-balance reads every
+        lease holder (``owners()``), which a thousand daemons doing it every interval turn
+        into millions of key reads a second (``conveyor sim balancer``). A queue this
+        daemon lost, failed to start or still waits for leaves it short of its share, and
+        any hand-off elsewhere changes the generation, so every daemon re-balances until
+        all agree again — as all did every interval before.
+        """
+        if (self.placement.needs_stats or self._split_marks is None
+                or self._target != set(self._held)):
+            return False
+        marks = (await self.membership.version(), await self.leases.generation())
+        return marks == self._split_marks
 
     async def _rebalance(self) -> None:
         assert self._member is not None
         me = self._member.id
-        members = await self.membership.members()
+        # The marks first: a change after them is seen by the next _settled().
+        marks = (await self.membership.version(), await self.leases.generation())
+        members = await self._members()
         if me not in {m.id for m in members}:  # our record lapsed: register again
             await self.membership.join(self._member)
             members = sorted([*members, self._member], key=lambda m: m.id)
+            marks = (None, None)
         self._joined = True
         owners = await self.leases.owners() if self.placement.needs_owners else {}
-        target = set(self.placement.split(members, self.total_queues, owners)[me])
+        split = self.placement.split(members, self.total_queues, owners)
+        target = set(split[me])
+        agreed = (self.placement.needs_owners and None not in marks
+                  and len(owners) == self.total_queues
+                  and all(owners.get(q) == m for m, queues in split.items() for q in queues))
+        self._target, self._split_marks = target, marks if agreed else None
         held = set(self._held)
         await asyncio.gather(
             *(self._give_up(q) for q in sorted(held - target)),
             *(self._take(q) for q in sorted(target - held)),
         )
+
+    async def _members(self) -> list[MemberInfo]:
+        """The live members; without their records when the placement needs no stats."""
+        if self.placement.needs_stats:
+            return await self.membership.members()
+        return [MemberInfo(id=ident, host="", pid=0, started_at=0.0)
+                for ident in await self.membership.member_ids()]
 
     def _lock(self, queue: int) -> asyncio.Lock:
         return self._queue_locks.setdefault(queue, asyncio.Lock())

@@ -57,6 +57,17 @@ class Membership(ABC):
     async def wait_changed(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for a join or leave; True if one happened."""
 
+    async def version(self) -> int | None:
+        """A number that changes whenever a member joins, leaves or lapses — never on a
+        heartbeat — and costs next to nothing to read; None if this store cannot tell
+        (then a balancer re-reads the whole view every interval)."""
+        return None
+
+    async def member_ids(self) -> list[str]:
+        """The live members' ids, sorted: the view without the records (cheaper where
+        records are large and the caller needs no statistics)."""
+        return [m.id for m in await self.members()]
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and background tasks (idempotent)."""
 
@@ -83,6 +94,12 @@ class MemoryMembership(Membership):
 
     async def members(self) -> list[MemberInfo]:
         return [self._members[k] for k in sorted(self._members)]
+
+    async def member_ids(self) -> list[str]:
+        return sorted(self._members)
+
+    async def version(self) -> int:
+        return self._version
 
     def _bump(self) -> None:
         self._version += 1
