@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -106,8 +107,9 @@ class RedisMembership(Membership):
         flat = await self._caller.retrying(
             "reading the membership", lambda: self._list(keys=self._keys, args=[])
         )
+        self._last_version = int(flat[0])
         out: list[MemberInfo] = []
-        for i in range(0, len(flat), 2):
+        for i in range(1, len(flat), 2):
             ident, info = flat[i].decode(), flat[i + 1]
             try:
                 out.append(_decode_member(info))
@@ -222,14 +224,41 @@ class RedisLeaseStore(LeaseStore):
         return int(value or 0)
 
     async def wait_released(self, timeout_s: float) -> None:
-        """Sleep until the soonest refused lease is due to expire, or ``timeout_s``."""
+        """Sleep until the soonest refused lease is due to expire, or ``timeout_s``; while
+        a refused lease is still held, return as soon as any lease is released or granted
+        (the generation moves, polled every 0.2 s), so a daemon waiting for a hand-off
+        takes the queue when it is released, not at the next interval."""
         now = time.monotonic()
         due = [t for t in self._blocked_until.values() if t > now]
-        wait_s = min([timeout_s, *(t - now + 0.02 for t in due)])
+        wait_s = max(min([timeout_s, *(t - now + 0.02 for t in due)]), 0.0)
         if not due and self._blocked_until:
             wait_s = min(timeout_s, 0.05)  # overdue: try again almost at once
             self._blocked_until.clear()
-        await asyncio.sleep(max(wait_s, 0.0))
+        if not due:
+            await asyncio.sleep(wait_s)
+            return
+        await _until_changed(self.generation, wait_s)
+
+
+async def _until_changed(read: Callable[[], Awaitable[int]], timeout_s: float) -> bool:
+    """Poll ``read`` every 0.2 s for up to ``timeout_s``; True once it differs from its
+    first value. A store that cannot be read counts as unchanged."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        before: int | None = await read()
+    except BrokerError:
+        before = None
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(_POLL_S, left))
+        try:
+            now = await read()
+        except BrokerError:
+            continue
+        if before is None:
+            before = now
+        elif now != before:
+            return True
+    return False
 
 
 def redis_coordination(config: Any, group: str) -> tuple[Membership, LeaseStore]:

@@ -221,11 +221,11 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
 
-# Returns {id, info, ...} by id.
+# Returns {version, id, info, id, info, ...} by id.
 MEMBERS = _PRUNE + """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 table.sort(ids)
-local out = {}
+local out = {tonumber(redis.call('GET', KEYS[3]) or '0')}
 for _, id in ipairs(ids) do
   out[#out + 1] = id
   out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''

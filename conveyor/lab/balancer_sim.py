@@ -267,7 +267,9 @@ class _Scenario:
         try:
             startup = await self.settle("start", lambda: [
                 self.start_daemon(self.rng.uniform(0, cfg.ramp_s)) for _ in range(cfg.daemons)])
-            await asyncio.sleep(cfg.gap_s)
+            # Refusals of the start-up scramble are remembered until those leases were
+            # due to lapse (up to a TTL): past that, the load is the steady one.
+            await asyncio.sleep(max(cfg.gap_s, cfg.lease_ttl_s))
             load, peak = await self._steady()
             events = []
             for name, act in (("join", self.join), ("graceful leave", self.leave),

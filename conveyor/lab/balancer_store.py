@@ -32,7 +32,7 @@ from conveyor.platform.membership import MemberInfo, Membership
 
 HEARTBEAT = "heartbeat"
 RENEWAL = "renewal"
-POLL = "membership poll"
+POLL = "change poll"  # membership version, lease generation: polled while waiting
 REBALANCE = "rebalance read"
 GRANT = "acquire/release"
 CATEGORIES = (HEARTBEAT, RENEWAL, POLL, REBALANCE, GRANT)
@@ -165,11 +165,11 @@ class SimStore:
         self._prune()
         if self._view is None:
             live = sorted(self._members.items())
-            reply = _array(2 * len(live)) + sum(size for _, (_, _, size) in live)
+            reply = _array(1 + 2 * len(live)) + sum(size for _, (_, _, size) in live)
             self._view = ([m for _, (_, m, _) in live], reply)
             self._view_index = {ident: i for i, (ident, _) in enumerate(live)}
         members, reply = self._view
-        return members, _evalsha(self.members_keys, []) + reply
+        return members, _evalsha(self.members_keys, []) + reply + _int_reply(self.version)
 
     def read_ids(self) -> tuple[int, list[str], int]:
         """MEMBER_IDS: the version, the live ids, and the bytes."""
@@ -296,7 +296,9 @@ class SimMembership(Membership):
 
     async def members(self) -> list[MemberInfo]:
         members, nbytes = self._store.read_members()
+        version = self._store.version
         await self._store.call(REBALANCE, nbytes, keys=len(members) + 1)
+        self._last_version = version
         return members
 
     async def member_ids(self) -> list[str]:
@@ -367,16 +369,27 @@ class SimLeaseStore(LeaseStore):
         await self._store.call(REBALANCE, nbytes, keys=self._store.total_queues)
         return owners
 
-    async def generation(self) -> int:
+    async def _generation(self, category: str) -> int:
         generation, nbytes = self._store.read_generation()
-        await self._store.call(REBALANCE, nbytes)
+        await self._store.call(category, nbytes)
         return generation
+
+    async def generation(self) -> int:
+        return await self._generation(REBALANCE)
 
     async def wait_released(self, timeout_s: float) -> None:
         now = self._store.now()
         due = [t for t in self._blocked_until.values() if t > now]
-        wait_s = min([timeout_s, *(t - now + 0.02 for t in due)])
+        wait_s = max(min([timeout_s, *(t - now + 0.02 for t in due)]), 0.0)
         if not due and self._blocked_until:
             wait_s = min(timeout_s, 0.05)
             self._blocked_until.clear()
-        await asyncio.sleep(max(wait_s, 0.0))
+        if not due:
+            await asyncio.sleep(wait_s)
+            return
+        deadline = now + wait_s
+        before = await self._generation(POLL)
+        while (left := deadline - self._store.now()) > 0:
+            await asyncio.sleep(min(_POLL_S, left))
+            if await self._generation(POLL) != before:
+                return

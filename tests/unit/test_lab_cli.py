@@ -194,7 +194,7 @@ def test_sim_balancer_json_reports_steady_load_and_every_event(runner: CliRunner
                               "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert set(doc["steady"]) == {"heartbeat", "renewal", "membership_poll", "rebalance_read",
+    assert set(doc["steady"]) == {"heartbeat", "renewal", "change_poll", "rebalance_read",
                                   "acquire_release"}
     assert set(doc["steady"]["renewal"]) == {"ops_per_s", "keys_per_s", "bytes_per_s"}
     assert [e["event"] for e in doc["events"]] == ["join", "graceful leave", "crash"]
@@ -206,7 +206,7 @@ def test_sim_balancer_prints_a_table_and_plots(runner: CliRunner, tmp_path: Path
     res = runner.invoke(sim, ["balancer", "--daemons", "3", "--queues", "8", "--steady", "2",
                               "--plot", str(png)])
     assert res.exit_code == 0, res.output
-    assert "membership poll" in res.output and "graceful leave" in res.output
+    assert "change poll" in res.output and "graceful leave" in res.output
     assert png.stat().st_size > 10_000
 
 
