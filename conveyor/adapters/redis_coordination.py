@@ -31,7 +31,7 @@ from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.leases import Lease, LeaseStore
-from conveyor.platform.membership import MemberInfo, Membership
+from conveyor.platform.membership import MemberInfo, Membership, timer_phase
 
 log = logging.getLogger("conveyor.redis")
 
@@ -93,8 +93,12 @@ class RedisMembership(Membership):
         await self._write(member)
 
     async def _heartbeat_loop(self) -> None:
+        # The first beat comes early by this daemon's phase: out of step with the others.
+        phase = timer_phase(self._me.id) if self._me is not None else 1.0
+        delay_s = self._heartbeat_s * phase
         while self._me is not None:
-            await asyncio.sleep(self._heartbeat_s)
+            await asyncio.sleep(delay_s)
+            delay_s = self._heartbeat_s
             me = self._me
             if me is None:
                 return

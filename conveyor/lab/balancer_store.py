@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from conveyor.platform.leases import Lease, LeaseStore
-from conveyor.platform.membership import MemberInfo, Membership
+from conveyor.platform.membership import MemberInfo, Membership, timer_phase
 
 HEARTBEAT = "heartbeat"
 RENEWAL = "renewal"
@@ -287,8 +287,12 @@ class SimMembership(Membership):
         await self._write(member, member.id)
 
     async def _heartbeat_loop(self) -> None:
+        # The first beat comes early by this daemon's phase: out of step with the others.
+        phase = timer_phase(self._me.id) if self._me is not None else 1.0
+        delay_s = self._store.heartbeat_s * phase
         while self._me is not None:
-            await asyncio.sleep(self._store.heartbeat_s)
+            await asyncio.sleep(delay_s)
+            delay_s = self._store.heartbeat_s
             me = self._me
             if me is None:
                 return

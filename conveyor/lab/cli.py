@@ -255,10 +255,12 @@ def placement_command(
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--steady", "steady_s", type=click.FloatRange(min=1.0), default=10.0,
               show_default=True, help="Seconds (virtual) of steady state to measure.")
+@click.option("--ramp", "ramp_s", type=click.FloatRange(min=0.0), default=2.0,
+              show_default=True, help="Seconds over which the daemons start (0: all at once).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
-def balancer_command(daemons: int, queues: int, seed: int, steady_s: float, as_json: bool,
-                     plot: Path | None) -> None:
+def balancer_command(daemons: int, queues: int, seed: int, steady_s: float, ramp_s: float,
+                     as_json: bool, plot: Path | None) -> None:
     """The dynamic balancer at scale on a virtual clock: the store's steady load
     (ops, keys, bytes per second) and how long a join, a graceful leave and a crash take
     to settle, and how many queues move."""
@@ -270,7 +272,7 @@ def balancer_command(daemons: int, queues: int, seed: int, steady_s: float, as_j
             f"split could never be even; give at most as many daemons as queues",
             param_hint="--daemons")
     result = run(BalancerSimConfig(daemons=daemons, queues=queues, seed=seed,
-                                   steady_s=steady_s))
+                                   steady_s=steady_s, ramp_s=ramp_s))
     if plot is not None:
         from conveyor.lab.plots import plot_balancer
 

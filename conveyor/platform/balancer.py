@@ -40,7 +40,12 @@ import msgspec
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
-from conveyor.platform.membership import MemberInfo, Membership, MemoryMembership
+from conveyor.platform.membership import (
+    MemberInfo,
+    Membership,
+    MemoryMembership,
+    timer_phase,
+)
 from conveyor.platform.placement import PlacementWeights, resource_split
 
 log = logging.getLogger("conveyor.balancer")
@@ -318,12 +323,20 @@ class DynamicBalancer(QueueBalancer):
             await self.leases.close()
 
     # -- re-balancing ------------------------------------------------------------------
+    def _phase(self) -> float:
+        assert self._member is not None
+        return timer_phase(self._member.id)
+
     async def _balance_loop(self) -> None:
+        # The first wait is cut short by this daemon's phase: its intervals then start
+        # at their own point in the second, not in step with every daemon started with it.
+        wait_s = self.rebalance_interval_s * self._phase()
         while not self._stopping:
             waits = [
-                asyncio.ensure_future(self.membership.wait_changed(self.rebalance_interval_s)),
-                asyncio.ensure_future(self.leases.wait_released(self.rebalance_interval_s)),
+                asyncio.ensure_future(self.membership.wait_changed(wait_s)),
+                asyncio.ensure_future(self.leases.wait_released(wait_s)),
             ]
+            wait_s = self.rebalance_interval_s
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -451,8 +464,10 @@ class DynamicBalancer(QueueBalancer):
         """
         tick_s = self.lease_ttl_s / 10
         renew_when_left_s = self.lease_ttl_s * 2 / 3
+        delay_s = tick_s * self._phase()  # the first tick early: out of step with others
         while True:
-            await asyncio.sleep(tick_s)
+            await asyncio.sleep(delay_s)
+            delay_s = tick_s
             for queue, lease in list(self._held.items()):
                 if lease.deadline - self._clock() <= renew_when_left_s:
                     try:
@@ -475,8 +490,10 @@ class DynamicBalancer(QueueBalancer):
 
     async def _heartbeat_loop(self) -> None:
         """Refresh this daemon's membership record (and its stats) every ttl/3."""
+        delay_s = self.lease_ttl_s / 3 * self._phase()  # the first beat early, likewise
         while True:
-            await asyncio.sleep(self.lease_ttl_s / 3)
+            await asyncio.sleep(delay_s)
+            delay_s = self.lease_ttl_s / 3
             assert self._member is not None
             if self._stats is not None:
                 self._member = msgspec.structs.replace(self._member, stats=self._stats())

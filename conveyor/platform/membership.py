@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 import time
 import uuid
@@ -34,6 +35,16 @@ class MemberInfo(msgspec.Struct, frozen=True):
             pid=os.getpid(),
             started_at=time.time(),
         )
+
+
+def timer_phase(member_id: str) -> float:
+    """Where in their periods a member's timers start, as a fraction in [0, 1).
+
+    Drawn from the id (``random.Random`` hashes a ``str`` seed with SHA-512, never with
+    the salted ``hash()``), so a simulation replays it; different for every member, so
+    a thousand daemons started together do not heartbeat, renew and poll in step.
+    """
+    return random.Random(member_id).random()
 
 
 class Membership(ABC):
