@@ -276,9 +276,9 @@ class _Scenario:
                               ("crash", self.crash)):
                 events.append(await self.settle(name, act))
                 await asyncio.sleep(cfg.gap_s)
-            for daemon, balancer in list(self.balancers.items()):
-                await self._spawn(daemon, balancer.stop())
         finally:
+            for daemon in self.balancers:  # the end: no leaves to re-balance after
+                self.loop.kill(daemon)
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
