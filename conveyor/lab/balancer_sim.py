@@ -51,7 +51,7 @@ class BalancerSimConfig:
     rtt_s: float = 0.0005
     drain_s: float = 0.05
     ramp_s: float = 2.0
-    steady_s: float = 10.0
+    steady_s: float = 60.0
     gap_s: float = 2.0
     settle_limit_s: float = 60.0
 

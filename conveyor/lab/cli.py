@@ -253,8 +253,10 @@ def placement_command(
 @click.option("--daemons", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--queues", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--steady", "steady_s", type=click.FloatRange(min=1.0), default=10.0,
-              show_default=True, help="Seconds (virtual) of steady state to measure.")
+@click.option("--steady", "steady_s", type=click.FloatRange(min=1.0), default=60.0,
+              show_default=True,
+              help="Seconds (virtual) of steady state to measure; long enough to include "
+                   "the full re-check a settled daemon makes every 30-60 intervals.")
 @click.option("--ramp", "ramp_s", type=click.FloatRange(min=0.0), default=2.0,
               show_default=True, help="Seconds over which the daemons start (0: all at once).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")

@@ -50,6 +50,9 @@ from conveyor.platform.placement import PlacementWeights, resource_split
 
 log = logging.getLogger("conveyor.balancer")
 
+FULL_RECHECK_INTERVALS = 30
+"""A settled dynamic balancer re-balances in full at least every 30-60 intervals."""
+
 
 def best_fit(member_ids: Sequence[str], total_queues: int) -> dict[str, list[int]]:
     """Split queues ``0..total_queues-1`` as evenly as possible, deterministically.
@@ -258,6 +261,7 @@ class DynamicBalancer(QueueBalancer):
         # it read, kept only if it found every queue where its split put it.
         self._target: set[int] | None = None
         self._split_marks: tuple[int | None, int | None] | None = None
+        self._full_due = 0.0  # when a settled daemon re-balances in full anyway
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
@@ -351,7 +355,8 @@ class DynamicBalancer(QueueBalancer):
     async def _settled(self) -> bool:
         """Nothing for a re-balance to do: the last one found every queue where its split
         put it, this daemon still holds exactly its share, and since then no member came
-        or went and no lease was granted or released (two small reads).
+        or went and no lease was granted or released (two small reads) — for at most
+        30-60 intervals (:data:`FULL_RECHECK_INTERVALS`).
 
         Skipping then is what keeps the balancer cheap at scale: a re-balance reads every
         lease holder (``owners()``), which a thousand daemons doing it every interval turn
@@ -361,7 +366,7 @@ class DynamicBalancer(QueueBalancer):
         all agree again — as all did every interval before.
         """
         if (self.placement.needs_stats or self._split_marks is None
-                or self._target != set(self._held)):
+                or self._target != set(self._held) or self._clock() >= self._full_due):
             return False
         marks = (await self.membership.version(), await self.leases.generation())
         return marks == self._split_marks
@@ -384,6 +389,11 @@ class DynamicBalancer(QueueBalancer):
                   and len(owners) == self.total_queues
                   and all(owners.get(q) == m for m, queues in split.items() for q in queues))
         self._target, self._split_marks = target, marks if agreed else None
+        # Counters can miss a change: a daemon of an older version moves none, a Redis
+        # failover may lose an increment. So a settled daemon still re-balances in full
+        # every 30-60 intervals (where in that range: its phase, so not all at once).
+        self._full_due = self._clock() + FULL_RECHECK_INTERVALS * (
+            1 + self._phase()) * self.rebalance_interval_s
         held = set(self._held)
         await asyncio.gather(
             *(self._give_up(q) for q in sorted(held - target)),

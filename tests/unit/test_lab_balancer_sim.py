@@ -144,3 +144,15 @@ def test_daemons_started_at_once_do_not_hit_the_store_in_step() -> None:
     result = run(BalancerSimConfig(daemons=50, queues=256, steady_s=4.0, ramp_s=0.0))
     mean = sum(entry.ops_per_s for entry in result.load)
     assert result.peak_ops_per_s < 4 * mean
+
+
+def test_a_settled_daemon_still_rebalances_in_full_every_30_to_60_intervals(
+    small: BalancerSimResult,
+) -> None:
+    # A counter can miss a change (a daemon of an older version, a failed-over Redis),
+    # so every 30-60 s (interval 1 s) a settled daemon reads the members and all 8 lease
+    # holders anyway: 13 keys instead of the 3 of a settled check, 10 more per re-check.
+    long = run(BalancerSimConfig(daemons=3, queues=8, steady_s=120.0))
+    extra = ({e.category: e for e in long.load}[REBALANCE].keys_per_s
+             - {e.category: e for e in small.load}[REBALANCE].keys_per_s)
+    assert 3 * 10 / 60 * 0.6 <= extra <= 3 * 10 / 30
