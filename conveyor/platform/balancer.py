@@ -47,6 +47,7 @@ from conveyor.platform.membership import (
     timer_phase,
 )
 from conveyor.platform.placement import PlacementWeights, resource_split
+from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.balancer")
 
@@ -262,6 +263,7 @@ class DynamicBalancer(QueueBalancer):
         self._target: set[int] | None = None
         self._split_marks: tuple[int | None, int | None] | None = None
         self._full_due = 0.0  # when a settled daemon re-balances in full anyway
+        self._unreachable = ThrottledLog(log, interval_s=30.0)
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
@@ -349,6 +351,9 @@ class DynamicBalancer(QueueBalancer):
             try:
                 if not await self._settled():
                     await self._rebalance()
+            except BrokerConnectionError as exc:  # the store's retries gave up: one line
+                self._unreachable.log(logging.WARNING, "store", "re-balance failed (%s); "
+                                      "retrying every %.1fs", exc, self.rebalance_interval_s)
             except Exception:
                 log.exception("re-balance failed; retrying in %.1fs", self.rebalance_interval_s)
 
