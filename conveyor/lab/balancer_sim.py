@@ -87,8 +87,8 @@ class BalancerSimResult:
     events: list[Settle]
     wall_s: float
     timeline: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    """category -> (time, ops/s) per second; ``unsettled`` -> (time, queues not held by
-    exactly one live daemon)."""
+    """``total`` and ``bytes`` -> (time, store ops/s and bytes/s) per second;
+    ``unsettled`` -> (time, queues not held by exactly one live daemon)."""
     markers: list[tuple[float, str]] = field(default_factory=list)
 
 
@@ -317,6 +317,7 @@ def run(config: BalancerSimConfig) -> BalancerSimResult:
         loop.close()
     traffic = scenario.store.traffic
     timeline = {"total": _per_second(dict(traffic.buckets), traffic.bucket_s),
+                "bytes": _per_second(dict(traffic.byte_buckets), traffic.bucket_s),
                 "unsettled": scenario.unsettled}
     return BalancerSimResult(config, startup, load, peak, events,
                              time.perf_counter() - started, timeline, scenario.markers)

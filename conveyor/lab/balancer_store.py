@@ -71,12 +71,15 @@ class Traffic:
     keys: Counter[str] = field(default_factory=Counter)
     """Keys read or written (an MGET of 4,096 leases is one op and 4,096 keys)."""
     buckets: Counter[int] = field(default_factory=Counter)
+    byte_buckets: Counter[int] = field(default_factory=Counter)
 
     def add(self, now: float, category: str, nbytes: int, keys: int = 1) -> None:
         self.ops[category] += 1
         self.bytes[category] += nbytes
         self.keys[category] += keys
-        self.buckets[int(now / self.bucket_s)] += 1
+        bucket = int(now / self.bucket_s)
+        self.buckets[bucket] += 1
+        self.byte_buckets[bucket] += nbytes
 
 
 class SimStore:
