@@ -7,12 +7,13 @@ own :class:`SimMembership` and :class:`SimLeaseStore`, implementations of the
 
 They mirror :mod:`conveyor.adapters.redis_coordination` call for call, because the cost
 of the balancer *is* those calls: the same scripts with the same semantics (member
-expiry on the store's clock, lapsed members dropped by the reader, lease grants refused
-while another owner's key lives, fencing tokens from a counter), the same background
-heartbeat, the same polling in ``wait_changed`` and ``wait_released``, and one ``MGET``
-of every lease key for ``owners()``. Each call is counted as one operation with the
-bytes its RESP request and reply would take on the wire, under the category the
-balancer spends it on. A change to the Redis adapter's calls must be mirrored here.
+expiry on the store's clock, lapsed members dropped by whichever script runs next, lease
+grants refused while another owner's key lives, fencing tokens from a counter, the
+members' version and the leases' generation), the same background heartbeat, the same
+polling in ``wait_changed`` and ``wait_released``, and one ``MGET`` of every lease key
+for ``owners()``. Each call is counted as one operation with the bytes its RESP request
+and reply would take on the wire, under the category the balancer spends it on. A
+change to the Redis adapter's calls must be mirrored here.
 
 Time is the running loop's clock, so under :mod:`conveyor.lab.virtual_time` the store
 and the balancers share one virtual clock.
@@ -251,11 +252,6 @@ class SimStore:
         """GET of the leases' generation: its value, and the bytes."""
         request = _array(2) + _bulk(3) + _bulk(len(self.generation_key))
         return self.generation, request + _bulk(len(str(self.generation)))
-
-    def holders(self) -> dict[int, str]:
-        """Who holds each queue now (for the simulation's checks; not counted)."""
-        now = self.now()
-        return {q: h[0] for q, h in self._leases.items() if h[2] > now}
 
 
 class SimMembership(Membership):
