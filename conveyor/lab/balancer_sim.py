@@ -33,6 +33,7 @@ from typing import Any
 from conveyor.lab.balancer_store import CATEGORIES, SimLeaseStore, SimMembership, SimStore
 from conveyor.lab.virtual_time import VirtualTimeLoop, owner_var
 from conveyor.platform.balancer import DynamicBalancer
+from conveyor.platform.errors import ConveyorError
 from conveyor.platform.leases import Lease
 from conveyor.platform.membership import MemberInfo
 
@@ -149,7 +150,7 @@ class _Listener:
         self.world.drop(self.daemon, queue)
 
     def balancer_failed(self, error: BaseException) -> None:
-        raise RuntimeError(f"{self.daemon}: balancer failed: {error}")
+        raise ConveyorError(f"{self.daemon}: balancer failed: {error}")
 
 
 def _stats_like_a_daemon(balancer: DynamicBalancer, clock: Callable[[], float],

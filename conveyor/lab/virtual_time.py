@@ -17,6 +17,8 @@ import selectors
 from collections.abc import Coroutine, Generator, Mapping
 from typing import Any, TypeVar
 
+from conveyor.platform.errors import ConveyorError
+
 T = TypeVar("T")
 
 owner_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -43,7 +45,7 @@ class _ClockSelector(selectors.BaseSelector):
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         assert self.loop is not None
         if timeout is None:
-            raise RuntimeError("virtual-time loop deadlocked: nothing ready, no timer set")
+            raise ConveyorError("virtual-time loop deadlocked: nothing ready, no timer set")
         self.loop.advance(timeout)
         return []
 
