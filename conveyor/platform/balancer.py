@@ -113,11 +113,12 @@ class Placement(ABC):
     needs_owners = False
     """Whether :meth:`split` looks at the current owners (costs one store read)."""
 
-    needs_stats = False
-    """Whether :meth:`split` looks at the members' statistics. Such a split can change
-    while the members stay the same, so it is recomputed every re-balance interval,
-    from the full records; any other only when the members change or a daemon is short
-    of its share."""
+    needs_stats = True
+    """Whether :meth:`split` looks at more than the members' ids (their statistics).
+    Such a split can change while the members stay the same, so it is recomputed every
+    re-balance interval, from the full records; a split of ids alone (``False``) only
+    when the members change or a daemon is short of its share. True unless a placement
+    says otherwise: the careful default for one written later."""
 
     @abstractmethod
     def split(
@@ -130,6 +131,7 @@ class BestFitPlacement(Placement):
     (:func:`sticky_split`), so a membership change moves only the surplus."""
 
     needs_owners = True
+    needs_stats = False
 
     def split(
         self, members: Sequence[MemberInfo], total_queues: int, owners: Mapping[int, str]
