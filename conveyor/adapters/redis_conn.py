@@ -154,11 +154,17 @@ class Keys:
     def fence(self, group: str, queue: int) -> str:
         return f"{self.app(group)}:fence:{int(queue)}"
 
+    def leases_generation(self, group: str) -> str:
+        return f"{self.app(group)}:leases-generation"
+
     def members(self, group: str) -> str:
         return f"{self.app(group)}:members"
 
     def member_info(self, group: str) -> str:
         return f"{self.app(group)}:member-info"
+
+    def members_version(self, group: str) -> str:
+        return f"{self.app(group)}:members-version"
 
     def fenced_acks(self, group: str) -> str:
         return f"{self.app(group)}:fenced-acks"

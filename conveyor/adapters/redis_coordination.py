@@ -3,10 +3,15 @@
 Membership: a sorted set of member ids scored by their expiry (server clock) plus a
 hash of their descriptions. A daemon heartbeats every ``heartbeat_interval_s``; a
 daemon that stops (killed, paused, partitioned) vanishes ``member_ttl_s`` after its
-last heartbeat. Every reader gets the same view, sorted by id.
+last heartbeat. Every reader gets the same view, sorted by id. A version counter grows
+whenever the ids change, so waiting for a change polls one integer, not every record
+(the records carry each daemon's statistics: at a thousand daemons the whole view is
+most of a megabyte — see ``conveyor sim balancer``).
 
 Leases: one key per queue holding ``"<token> <owner>"`` with a TTL, the token drawn
-from a per-queue counter (``INCR``) so it only grows. Acquire, renew and release are
+from a per-queue counter (``INCR``) so it only grows; a generation counter per app
+counts grants and releases, so a settled balancer can tell nothing moved without
+reading every lease. Acquire, renew and release are
 Lua scripts: a check and its write cannot interleave with another daemon's.
 """
 
@@ -16,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -26,7 +31,7 @@ from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect, run_replicated
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.leases import Lease, LeaseStore
-from conveyor.platform.membership import MemberInfo, Membership
+from conveyor.platform.membership import MemberInfo, Membership, timer_phase
 from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.redis")
@@ -42,14 +47,17 @@ class RedisMembership(Membership):
     ) -> None:
         self._caller = caller
         self._redis: Any = caller.redis
-        self._keys = [keys.members(group), keys.member_info(group)]
+        self._keys = [keys.members(group), keys.member_info(group),
+                      keys.members_version(group)]
         self._ttl_ms = int(ttl_s * 1000)
         self._heartbeat_s = heartbeat_s
         self._put = self._redis.register_script(lua.MEMBER_PUT)
         self._list = self._redis.register_script(lua.MEMBERS)
+        self._ids = self._redis.register_script(lua.MEMBER_IDS)
+        self._version = self._redis.register_script(lua.MEMBERS_VERSION)
         self._me: MemberInfo | None = None
         self._beating: asyncio.Task[None] | None = None
-        self._last_view: list[str] | None = None
+        self._last_version: int | None = None
 
     async def _write(self, member: MemberInfo) -> None:
         await self._caller.retrying(
@@ -77,13 +85,21 @@ class RedisMembership(Membership):
         )
 
     async def heartbeat(self, member: MemberInfo) -> None:
+        """Publish ``member``; our own record goes out with the next beat of the loop
+        :meth:`join` started rather than in a second write of its own."""
         if self._me is not None and self._me.id == member.id:
             self._me = member
+            if self._beating is not None and not self._beating.done():
+                return
         await self._write(member)
 
     async def _heartbeat_loop(self) -> None:
+        # The first beat comes early by this daemon's phase: out of step with the others.
+        phase = timer_phase(self._me.id) if self._me is not None else 1.0
+        delay_s = self._heartbeat_s * phase
         while self._me is not None:
-            await asyncio.sleep(self._heartbeat_s)
+            await asyncio.sleep(delay_s)
+            delay_s = self._heartbeat_s
             me = self._me
             if me is None:
                 return
@@ -96,27 +112,42 @@ class RedisMembership(Membership):
         flat = await self._caller.retrying(
             "reading the membership", lambda: self._list(keys=self._keys, args=[])
         )
+        self._last_version = int(flat[0])
         out: list[MemberInfo] = []
-        for i in range(0, len(flat), 2):
+        for i in range(1, len(flat), 2):
             ident, info = flat[i].decode(), flat[i + 1]
             try:
                 out.append(_decode_member(info))
             except msgspec.DecodeError:
                 out.append(MemberInfo(id=ident, host="?", pid=0, started_at=0.0))
-        self._last_view = [m.id for m in out]
         return out
 
+    async def member_ids(self) -> list[str]:
+        reply = await self._caller.retrying(
+            "reading the membership", lambda: self._ids(keys=self._keys, args=[])
+        )
+        self._last_version = int(reply[0])
+        return [ident.decode() for ident in reply[1:]]
+
+    async def version(self) -> int:
+        reply = await self._caller.retrying(
+            "reading the membership", lambda: self._version(keys=self._keys, args=[])
+        )
+        self._last_version = int(reply)
+        return self._last_version
+
     async def wait_changed(self, timeout_s: float) -> bool:
-        """Poll the view every 0.2 s (expiry has no event) until it differs."""
+        """Poll the view's version every 0.2 s (expiry has no event) until it differs
+        from the last one read."""
         deadline = time.monotonic() + timeout_s
-        before = self._last_view
+        before = self._last_version
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             await asyncio.sleep(min(_POLL_S, left))
             try:
-                now = [m.id for m in await self.members()]
+                now = await self.version()
             except BrokerError:
                 continue
             if before is None or now != before:
@@ -138,6 +169,7 @@ class RedisLeaseStore(LeaseStore):
         self._keys = keys
         self._group = check_name(group, "app name")
         self._total = total_queues
+        self._generation_key = keys.leases_generation(self._group)
         self._acquire = self._redis.register_script(lua.LEASE_ACQUIRE)
         self._renew = self._redis.register_script(lua.LEASE_RENEW)
         self._release = self._redis.register_script(lua.LEASE_RELEASE)
@@ -174,7 +206,8 @@ class RedisLeaseStore(LeaseStore):
         replicas did not confirm is given back and not taken (a failover could otherwise
         let two daemons own the queue); the balancer tries again next round."""
         started = time.monotonic()
-        keys = [self._keys.lease(self._group, queue), self._keys.fence(self._group, queue)]
+        keys = [self._keys.lease(self._group, queue), self._keys.fence(self._group, queue),
+                self._generation_key]
         reply, confirmed = await self._run(
             f"acquiring the lease of queue {queue}", self._acquire, keys,
             [owner, int(ttl_s * 1000)])
@@ -208,8 +241,8 @@ class RedisLeaseStore(LeaseStore):
 
     async def release(self, lease: Lease) -> None:
         key = self._keys.lease(self._group, lease.queue)
-        await self._run(f"releasing the lease of queue {lease.queue}", self._release, [key],
-                        [f"{lease.token} {lease.owner}"])
+        await self._run(f"releasing the lease of queue {lease.queue}", self._release,
+                        [key, self._generation_key], [f"{lease.token} {lease.owner}"])
 
     async def owners(self) -> dict[int, str]:
         keys = [self._keys.lease(self._group, q) for q in range(self._total)]
@@ -218,15 +251,47 @@ class RedisLeaseStore(LeaseStore):
             q: v.decode().partition(" ")[2] for q, v in enumerate(values) if v is not None
         }
 
+    async def generation(self) -> int:
+        value = await self._caller.retrying(
+            "reading the leases' generation", lambda: self._redis.get(self._generation_key))
+        return int(value or 0)
+
     async def wait_released(self, timeout_s: float) -> None:
-        """Sleep until the soonest refused lease is due to expire, or ``timeout_s``."""
+        """Sleep until the soonest refused lease is due to expire, or ``timeout_s``; while
+        a refused lease is still held, return as soon as any lease is released or granted
+        (the generation moves, polled every 0.2 s), so a daemon waiting for a hand-off
+        takes the queue when it is released, not at the next interval."""
         now = time.monotonic()
         due = [t for t in self._blocked_until.values() if t > now]
-        wait_s = min([timeout_s, *(t - now + 0.02 for t in due)])
+        wait_s = max(min([timeout_s, *(t - now + 0.02 for t in due)]), 0.0)
         if not due and self._blocked_until:
             wait_s = min(timeout_s, 0.05)  # overdue: try again almost at once
             self._blocked_until.clear()
-        await asyncio.sleep(max(wait_s, 0.0))
+        if not due:
+            await asyncio.sleep(wait_s)
+            return
+        await _until_changed(self.generation, wait_s)
+
+
+async def _until_changed(read: Callable[[], Awaitable[int]], timeout_s: float) -> bool:
+    """Poll ``read`` every 0.2 s for up to ``timeout_s``; True once it differs from its
+    first value. A store that cannot be read counts as unchanged."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        before: int | None = await read()
+    except BrokerError:
+        before = None
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(_POLL_S, left))
+        try:
+            now = await read()
+        except BrokerError:
+            continue
+        if before is None:
+            before = now
+        elif now != before:
+            return True
+    return False
 
 
 def redis_coordination(config: Any, group: str) -> tuple[Membership, LeaseStore]:

@@ -159,8 +159,9 @@ end
 return {added, last}
 """
 
-# KEYS: lease, fence counter. ARGV: owner, ttl ms.
-# Returns {token} when granted, {0, pttl} when someone else holds it.
+# KEYS: lease, fence counter, leases generation. ARGV: owner, ttl ms.
+# Returns {token} when granted, {0, pttl} when someone else holds it. A grant or a
+# release counts in the generation, which balancers poll to know that nothing moved.
 LEASE_ACQUIRE = """
 local held = redis.call('GET', KEYS[1])
 if held then
@@ -169,6 +170,7 @@ if held then
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+redis.call('INCR', KEYS[3])
 return {token}
 """
 
@@ -181,44 +183,67 @@ end
 return 0
 """
 
-# KEYS: lease. ARGV: lease value.
+# KEYS: lease, leases generation. ARGV: lease value.
 LEASE_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('INCR', KEYS[2])
+  return redis.call('DEL', KEYS[1])
+end
 return 0
 """
 
-# KEYS: members zset, info hash. ARGV: id, info json, ttl ms ('' = leave).
-# Expiry scores use the server's clock, so every daemon agrees on who lapsed.
-MEMBER_PUT = """
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-if ARGV[3] == '' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  return 0
-end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-return 1
-"""
-
-# KEYS: members zset, info hash. Drops lapsed members; returns {id, info, ...} by id.
-MEMBERS = """
+# Membership: KEYS members zset (id -> expiry, server clock), info hash (id -> json),
+# view version counter. The version grows whenever the set of ids changes (a join, a
+# leave, a lapse) and never on a heartbeat, so a daemon can poll it for a few bytes
+# instead of reading every record. Every script first drops lapsed members.
+_PRUNE = """
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('INCR', KEYS[3])
 end
+"""
+
+# ARGV: id, info json, ttl ms ('' = leave).
+MEMBER_PUT = _PRUNE + """
+if ARGV[3] == '' then
+  if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('INCR', KEYS[3]) end
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return 0
+end
+if redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1]) == 1 then
+  redis.call('INCR', KEYS[3])
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+# Returns {version, id, info, id, info, ...} by id.
+MEMBERS = _PRUNE + """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 table.sort(ids)
-local out = {}
+local out = {tonumber(redis.call('GET', KEYS[3]) or '0')}
 for _, id in ipairs(ids) do
   out[#out + 1] = id
   out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
 end
 return out
+"""
+
+# Returns {version, id, id, ...} by id, without the records.
+MEMBER_IDS = _PRUNE + """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+table.sort(ids)
+table.insert(ids, 1, tonumber(redis.call('GET', KEYS[3]) or '0'))
+return ids
+"""
+
+# Returns the view's version.
+MEMBERS_VERSION = _PRUNE + """
+return tonumber(redis.call('GET', KEYS[3]) or '0')
 """
 
 # KEYS: dead-letter stream, queue stream. ARGV: letter id, then the message's fields.

@@ -1,6 +1,6 @@
-"""Click commands of the control lab: ``sim`` (with ``filter`` and ``placement``) and
-``tune``. The main CLI registers them with ``main.add_command(sim)`` and
-``main.add_command(tune)``.
+"""Click commands of the control lab: ``sim`` (with ``filter``, ``placement`` and
+``balancer``) and ``tune``. The main CLI registers them with ``main.add_command(sim)``
+and ``main.add_command(tune)``.
 
 Output goes to stdout (a table, or one JSON document with ``--json``); the progress bar
 of ``tune`` goes to stderr so it never mixes with JSON.
@@ -77,7 +77,8 @@ def sim(
     """Simulate a stateless-worker pool: static (scale-up only) vs dynamic (PID scale-down).
 
     Prints average workers and average queue length of both runs. Subcommands
-    `filter` and `placement` run the CDM-KF and the placement simulations.
+    `filter`, `placement` and `balancer` run the CDM-KF, the placement and the
+    balancer-at-scale simulations.
     """
     if ctx.invoked_subcommand is not None:
         if pattern or arrivals or plot or as_json:
@@ -246,6 +247,101 @@ def placement_command(
         rows.setdefault((s.n, s.stale), []).append(f"{s.max_load:6.1f}/{s.spread:<6.1f}")
     for (n, stale), cells in rows.items():
         click.echo(f"{n:5} {'stale' if stale else 'fresh':6}" + "".join(f" {c:>13}" for c in cells))
+
+
+@sim.command("balancer")
+@click.option("--daemons", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--queues", type=click.IntRange(min=1), default=4096, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--steady", "steady_s", type=click.FloatRange(min=1.0), default=60.0,
+              show_default=True,
+              help="Seconds (virtual) of steady state to measure; long enough to include "
+                   "the full re-check a settled daemon makes every 30-60 intervals.")
+@click.option("--ramp", "ramp_s", type=click.FloatRange(min=0.0), default=2.0,
+              show_default=True, help="Seconds over which the daemons start (0: all at once).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@plot_option
+def balancer_command(daemons: int, queues: int, seed: int, steady_s: float, ramp_s: float,
+                     as_json: bool, plot: Path | None) -> None:
+    """The dynamic balancer at scale on a virtual clock: the store's steady load
+    (ops, keys, bytes per second) and how long a join, a graceful leave and a crash take
+    to settle, and how many queues move."""
+    from conveyor.lab.balancer_sim import BalancerSimConfig, run
+
+    if daemons > queues:
+        raise click.BadParameter(
+            f"{daemons} daemons for {queues} queues: some would own nothing and the "
+            f"split could never be even; give at most as many daemons as queues",
+            param_hint="--daemons")
+    result = run(BalancerSimConfig(daemons=daemons, queues=queues, seed=seed,
+                                   steady_s=steady_s, ramp_s=ramp_s))
+    if plot is not None:
+        from conveyor.lab.plots import plot_balancer
+
+        _write_plot(plot, lambda: plot_balancer(result, plot))
+    if as_json:
+        click.echo(json.dumps(_balancer_doc(result)))
+        return
+    _echo_balancer(result)
+    if plot is not None:
+        click.echo(f"plot written to {plot}")
+
+
+def _settle_doc(s: Any) -> dict[str, Any]:
+    return {"event": s.event, "settle_s": None if s.settle_s is None else round(s.settle_s, 2),
+            "moved": s.moved, "handed_off": s.handed_off, "double_owned": s.double_owned}
+
+
+def _key(category: str) -> str:
+    return category.replace(" ", "_").replace("/", "_")
+
+
+def _balancer_doc(r: Any) -> dict[str, Any]:
+    return {
+        "daemons": r.config.daemons, "queues": r.config.queues, "seed": r.config.seed,
+        "lease_ttl_s": r.config.lease_ttl_s,
+        "rebalance_interval_s": r.config.rebalance_interval_s,
+        "steady": {_key(load.category): {"ops_per_s": round(load.ops_per_s, 1),
+                                         "keys_per_s": round(load.keys_per_s, 1),
+                                         "bytes_per_s": round(load.bytes_per_s)}
+                   for load in r.load},
+        "steady_total": {"ops_per_s": round(sum(load.ops_per_s for load in r.load), 1),
+                         "bytes_per_s": round(sum(load.bytes_per_s for load in r.load)),
+                         "peak_ops_per_s": round(r.peak_ops_per_s, 1)},
+        "startup": _settle_doc(r.startup),
+        "events": [_settle_doc(s) for s in r.events],
+        "wall_s": round(r.wall_s, 2),
+    }
+
+
+def _rate(value: float, unit: str) -> str:
+    for factor, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= factor:
+            return f"{value / factor:.1f} {prefix}{unit}"
+    return f"{value:.1f} {unit}"
+
+
+def _echo_balancer(r: Any) -> None:
+    cfg = r.config
+    click.echo(f"{cfg.daemons} daemons x {cfg.queues} queues, seed {cfg.seed}: lease ttl "
+               f"{cfg.lease_ttl_s:g} s, re-balance every {cfg.rebalance_interval_s:g} s, "
+               f"heartbeat {cfg.heartbeat_s:g} s")
+    click.echo(f"steady state over {cfg.steady_s:g} s (store load):")
+    click.echo(f"  {'':16} {'ops/s':>10} {'keys/s':>10} {'bytes/s':>12}")
+    for load in r.load:
+        click.echo(f"  {load.category:16} {load.ops_per_s:10.1f} {load.keys_per_s:10.1f} "
+                   f"{_rate(load.bytes_per_s, 'B'):>12}")
+    total_ops = sum(load.ops_per_s for load in r.load)
+    total_bytes = sum(load.bytes_per_s for load in r.load)
+    click.echo(f"  {'total':16} {total_ops:10.1f} {'':10} {_rate(total_bytes, 'B'):>12}"
+               f"   (busiest 0.1 s: {r.peak_ops_per_s:.0f} ops/s)")
+    click.echo(f"  {'event':16} {'settled in':>10} {'moved':>10} {'handed off':>12} "
+               f"{'doubled':>8}")
+    for s in (r.startup, *r.events):
+        took = "never" if s.settle_s is None else f"{s.settle_s:.2f} s"
+        click.echo(f"  {s.event:16} {took:>10} {s.moved:10} {s.handed_off:12} "
+                   f"{s.double_owned:8}")
+    click.echo(f"simulated in {r.wall_s:.1f} s of wall-clock time")
 
 
 @click.command()

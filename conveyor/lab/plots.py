@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from conveyor.lab.balancer_sim import BalancerSimResult
     from conveyor.lab.placement_sim import PlacementStats
     from conveyor.lab.sim import Comparison
 
@@ -131,6 +132,42 @@ def plot_placement(
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"power-of-K placement, mean of {trials} trials per point")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def plot_balancer(result: BalancerSimResult, out: Path) -> None:
+    """Three panels over (virtual) time: the store's operations and bytes per second, and
+    the queues not held by exactly one live daemon; the scenario's events marked."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(3, 1, figsize=(12, 8.5), sharex=True)
+    ops, nbytes = result.timeline["total"], result.timeline["bytes"]
+    axes[0].plot([t for t, _ in ops], [n for _, n in ops], color=DYNAMIC_COLOUR, linewidth=1)
+    axes[0].set_ylabel("store ops / s")
+    axes[0].set_title("Store operations (all daemons; 1 s bins)")
+    axes[0].set_ylim(bottom=0)
+    axes[1].plot([t for t, _ in nbytes], [n for _, n in nbytes], color="tab:purple",
+                 linewidth=1)
+    axes[1].set_ylabel("bytes / s")
+    axes[1].set_yscale("log")
+    axes[1].set_title("Store traffic, requests and replies (1 s bins)")
+    unsettled = result.timeline["unsettled"]
+    axes[2].step([t for t, _ in unsettled], [n for _, n in unsettled], where="post",
+                 color=STATIC_COLOUR, linewidth=1)
+    axes[2].set_ylabel("queues")
+    axes[2].set_title("Queues not held by exactly one live daemon")
+    axes[2].set_xlabel("time, s (virtual)")
+    axes[2].set_yscale("symlog", linthresh=1.0)
+    for ax in axes:
+        for t, label in result.markers:
+            ax.axvline(t, color="gray", linestyle=":", linewidth=0.8)
+            ax.annotate(label, (t, 1.0), xycoords=("data", "axes fraction"), fontsize=8,
+                        rotation=90, va="top", ha="right", color="gray")
+        ax.grid(alpha=0.3)
+    cfg = result.config
+    fig.suptitle(f"dynamic balancer: {cfg.daemons} daemons x {cfg.queues} queues "
+                 f"(seed {cfg.seed})")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -40,10 +40,19 @@ import msgspec
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
-from conveyor.platform.membership import MemberInfo, Membership, MemoryMembership
+from conveyor.platform.membership import (
+    MemberInfo,
+    Membership,
+    MemoryMembership,
+    timer_phase,
+)
 from conveyor.platform.placement import PlacementWeights, resource_split
+from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.balancer")
+
+FULL_RECHECK_INTERVALS = 30
+"""A settled dynamic balancer re-balances in full at least every 30-60 intervals."""
 
 
 def best_fit(member_ids: Sequence[str], total_queues: int) -> dict[str, list[int]]:
@@ -104,6 +113,13 @@ class Placement(ABC):
     needs_owners = False
     """Whether :meth:`split` looks at the current owners (costs one store read)."""
 
+    needs_stats = True
+    """Whether :meth:`split` looks at more than the members' ids (their statistics).
+    Such a split can change while the members stay the same, so it is recomputed every
+    re-balance interval, from the full records; a split of ids alone (``False``) only
+    when the members change or a daemon is short of its share. True unless a placement
+    says otherwise: the careful default for one written later."""
+
     @abstractmethod
     def split(
         self, members: Sequence[MemberInfo], total_queues: int, owners: Mapping[int, str]
@@ -115,6 +131,7 @@ class BestFitPlacement(Placement):
     (:func:`sticky_split`), so a membership change moves only the surplus."""
 
     needs_owners = True
+    needs_stats = False
 
     def split(
         self, members: Sequence[MemberInfo], total_queues: int, owners: Mapping[int, str]
@@ -126,6 +143,7 @@ class ResourcePlacement(Placement):
     """Power-of-K choices over the CPU and memory statistics members publish."""
 
     needs_owners = True
+    needs_stats = True
 
     def __init__(self, weights: PlacementWeights | None = None) -> None:
         self.weights = weights or PlacementWeights()
@@ -223,8 +241,11 @@ class DynamicBalancer(QueueBalancer):
         lease_ttl_s: float = 5.0,
         rebalance_interval_s: float = 1.0,
         placement: Placement | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.membership = membership
+        # The lease store's clock (a simulation passes its virtual one).
+        self._clock = clock
         self.placement = placement or BestFitPlacement()
         self.leases = leases
         self.total_queues = total_queues
@@ -243,6 +264,12 @@ class DynamicBalancer(QueueBalancer):
         self._failed_starts: dict[int, tuple[int, float]] = {}
         self._start_backoff = Backoff(first_s=rebalance_interval_s, cap_s=lease_ttl_s)
         self._joined = False
+        # What the last re-balance aimed at; the membership version and lease generation
+        # it read, kept only if it found every queue where its split put it.
+        self._target: set[int] | None = None
+        self._split_marks: tuple[int | None, int | None] | None = None
+        self._full_due = 0.0  # when a settled daemon re-balances in full anyway
+        self._unreachable = ThrottledLog(log, interval_s=30.0)
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
@@ -258,6 +285,9 @@ class DynamicBalancer(QueueBalancer):
     def owned_until(self, queue: int) -> float:
         lease = self._held.get(queue)
         return -math.inf if lease is None else lease.deadline - self.safety_margin_s
+
+    def lease_valid(self, queue: int) -> bool:
+        return self._clock() < self.owned_until(queue)
 
     async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
         """Join and take this daemon's share.
@@ -315,37 +345,88 @@ class DynamicBalancer(QueueBalancer):
             await self.leases.close()
 
     # -- re-balancing ------------------------------------------------------------------
+    def _phase(self) -> float:
+        assert self._member is not None
+        return timer_phase(self._member.id)
+
     async def _balance_loop(self) -> None:
+        # The first wait is cut short by this daemon's phase: its intervals then start
+        # at their own point in the second, not in step with every daemon started with it.
+        wait_s = self.rebalance_interval_s * self._phase()
         while not self._stopping:
             waits = [
-                asyncio.ensure_future(self.membership.wait_changed(self.rebalance_interval_s)),
-                asyncio.ensure_future(self.leases.wait_released(self.rebalance_interval_s)),
+                asyncio.ensure_future(self.membership.wait_changed(wait_s)),
+                asyncio.ensure_future(self.leases.wait_released(wait_s)),
             ]
+            wait_s = self.rebalance_interval_s
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waits:
                     w.cancel()
             try:
-                await self._rebalance()
+                if not await self._settled():
+                    await self._rebalance()
+            except BrokerConnectionError as exc:  # the store's retries gave up: one line
+                self._unreachable.log(logging.WARNING, "store", "re-balance failed (%s); "
+                                      "retrying every %.1fs", exc, self.rebalance_interval_s)
             except Exception:
                 log.exception("re-balance failed; retrying in %.1fs", self.rebalance_interval_s)
+
+    async def _settled(self) -> bool:
+        """Nothing for a re-balance to do: the last one found every queue where its split
+        put it, this daemon still holds exactly its share, and since then no member came
+        or went and no lease was granted or released (two small reads) — for at most
+        30-60 intervals (:data:`FULL_RECHECK_INTERVALS`).
+
+        Skipping then is what keeps the balancer cheap at scale: a re-balance reads every
+        lease holder (``owners()``), which a thousand daemons doing it every interval turn
+        into millions of key reads a second (``conveyor sim balancer``). A queue this
+        daemon lost, failed to start or still waits for leaves it short of its share, and
+        any hand-off elsewhere changes the generation, so every daemon re-balances until
+        all agree again — as all did every interval before.
+        """
+        if (self.placement.needs_stats or self._split_marks is None
+                or self._target != set(self._held) or self._clock() >= self._full_due):
+            return False
+        marks = (await self.membership.version(), await self.leases.generation())
+        return marks == self._split_marks
 
     async def _rebalance(self) -> None:
         assert self._member is not None
         me = self._member.id
-        members = await self.membership.members()
+        # The marks first: a change after them is seen by the next _settled().
+        marks = (await self.membership.version(), await self.leases.generation())
+        members = await self._members()
         if me not in {m.id for m in members}:  # our record lapsed: register again
             await self.membership.join(self._member)
             members = sorted([*members, self._member], key=lambda m: m.id)
+            marks = (None, None)
         self._joined = True
         owners = await self.leases.owners() if self.placement.needs_owners else {}
-        target = set(self.placement.split(members, self.total_queues, owners)[me])
+        split = self.placement.split(members, self.total_queues, owners)
+        target = set(split[me])
+        agreed = (self.placement.needs_owners and None not in marks
+                  and len(owners) == self.total_queues
+                  and all(owners.get(q) == m for m, queues in split.items() for q in queues))
+        self._target, self._split_marks = target, marks if agreed else None
+        # Counters can miss a change: a daemon of an older version moves none, a Redis
+        # failover may lose an increment. So a settled daemon still re-balances in full
+        # every 30-60 intervals (where in that range: its phase, so not all at once).
+        self._full_due = self._clock() + FULL_RECHECK_INTERVALS * (
+            1 + self._phase()) * self.rebalance_interval_s
         held = set(self._held)
         await asyncio.gather(
             *(self._give_up(q) for q in sorted(held - target)),
             *(self._take(q) for q in sorted(target - held)),
         )
+
+    async def _members(self) -> list[MemberInfo]:
+        """The live members; without their records when the placement needs no stats."""
+        if self.placement.needs_stats:
+            return await self.membership.members()
+        return [MemberInfo(id=ident, host="", pid=0, started_at=0.0)
+                for ident in await self.membership.member_ids()]
 
     def _lock(self, queue: int) -> asyncio.Lock:
         return self._queue_locks.setdefault(queue, asyncio.Lock())
@@ -356,7 +437,7 @@ class DynamicBalancer(QueueBalancer):
             if queue in self._held or self._stopping:
                 return
             failures, retry_at = self._failed_starts.get(queue, (0, 0.0))
-            if time.monotonic() < retry_at:
+            if self._clock() < retry_at:
                 return  # backing off after a failed start
             lease = await self.leases.acquire(queue, self._member.id, self.lease_ttl_s)
             if lease is None:
@@ -379,7 +460,7 @@ class DynamicBalancer(QueueBalancer):
         """
         assert self._listener is not None
         backoff_s = self._start_backoff.delay(failures)
-        self._failed_starts[queue] = (failures, time.monotonic() + backoff_s)
+        self._failed_starts[queue] = (failures, self._clock() + backoff_s)
         log.warning("queue %d: start failed (%s: %s); releasing it, retrying in %.1fs "
                     "(failure %d)", queue, type(exc).__name__, exc, backoff_s, failures)
         self._held.pop(queue, None)
@@ -414,10 +495,12 @@ class DynamicBalancer(QueueBalancer):
         """
         tick_s = self.lease_ttl_s / 10
         renew_when_left_s = self.lease_ttl_s * 2 / 3
+        delay_s = tick_s * self._phase()  # the first tick early: out of step with others
         while True:
-            await asyncio.sleep(tick_s)
+            await asyncio.sleep(delay_s)
+            delay_s = tick_s
             for queue, lease in list(self._held.items()):
-                if lease.deadline - time.monotonic() <= renew_when_left_s:
+                if lease.deadline - self._clock() <= renew_when_left_s:
                     try:
                         # asyncio.timeout, not wait_for: wait_for can swallow the
                         # cancellation that stops this loop (Python 3.11), which then
@@ -438,8 +521,10 @@ class DynamicBalancer(QueueBalancer):
 
     async def _heartbeat_loop(self) -> None:
         """Refresh this daemon's membership record (and its stats) every ttl/3."""
+        delay_s = self.lease_ttl_s / 3 * self._phase()  # the first beat early, likewise
         while True:
-            await asyncio.sleep(self.lease_ttl_s / 3)
+            await asyncio.sleep(delay_s)
+            delay_s = self.lease_ttl_s / 3
             assert self._member is not None
             if self._stats is not None:
                 self._member = msgspec.structs.replace(self._member, stats=self._stats())

@@ -51,6 +51,12 @@ class LeaseStore(ABC):
         """Wait up to ``timeout_s`` for some lease to be released (stores may ignore)."""
         await asyncio.sleep(timeout_s)
 
+    async def generation(self) -> int | None:
+        """A number that changes whenever a lease is granted or released (not when one
+        is renewed or lapses) and costs next to nothing to read; None if this store
+        cannot tell (then a balancer re-reads every holder every interval)."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections (idempotent)."""
 
@@ -62,6 +68,7 @@ class MemoryLeaseStore(LeaseStore):
         self._held: dict[int, tuple[str, int, float]] = {}  # queue -> owner, token, expiry
         self._tokens: dict[int, int] = {}
         self._released = asyncio.Event()
+        self._generation = 0
 
     async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
         now = time.monotonic()
@@ -71,6 +78,7 @@ class MemoryLeaseStore(LeaseStore):
         token = self._tokens.get(queue, 0) + 1
         self._tokens[queue] = token
         self._held[queue] = (owner, token, now + ttl_s)
+        self._generation += 1
         return Lease(queue, owner, token, now + ttl_s)
 
     async def renew(self, lease: Lease, ttl_s: float) -> Lease | None:
@@ -85,12 +93,16 @@ class MemoryLeaseStore(LeaseStore):
         held = self._held.get(lease.queue)
         if held is not None and held[1] == lease.token:
             del self._held[lease.queue]
+            self._generation += 1
             self._released.set()
             self._released = asyncio.Event()
 
     async def owners(self) -> dict[int, str]:
         now = time.monotonic()
         return {q: h[0] for q, h in sorted(self._held.items()) if h[2] > now}
+
+    async def generation(self) -> int:
+        return self._generation
 
     async def wait_released(self, timeout_s: float) -> None:
         event = self._released

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 import time
 import uuid
@@ -36,6 +37,16 @@ class MemberInfo(msgspec.Struct, frozen=True):
         )
 
 
+def timer_phase(member_id: str) -> float:
+    """Where in their periods a member's timers start, as a fraction in [0, 1).
+
+    Drawn from the id (``random.Random`` hashes a ``str`` seed with SHA-512, never with
+    the salted ``hash()``), so a simulation replays it; different for every member, so
+    a thousand daemons started together do not heartbeat, renew and poll in step.
+    """
+    return random.Random(member_id).random()
+
+
 class Membership(ABC):
     """A view of live members, plus a way to wait for it to change."""
 
@@ -56,6 +67,17 @@ class Membership(ABC):
     @abstractmethod
     async def wait_changed(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for a join or leave; True if one happened."""
+
+    async def version(self) -> int | None:
+        """A number that changes whenever a member joins, leaves or lapses — never on a
+        heartbeat — and costs next to nothing to read; None if this store cannot tell
+        (then a balancer re-reads the whole view every interval)."""
+        return None
+
+    async def member_ids(self) -> list[str]:
+        """The live members' ids, sorted: the view without the records (cheaper where
+        records are large and the caller needs no statistics)."""
+        return [m.id for m in await self.members()]
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and background tasks (idempotent)."""
@@ -83,6 +105,12 @@ class MemoryMembership(Membership):
 
     async def members(self) -> list[MemberInfo]:
         return [self._members[k] for k in sorted(self._members)]
+
+    async def member_ids(self) -> list[str]:
+        return sorted(self._members)
+
+    async def version(self) -> int:
+        return self._version
 
     def _bump(self) -> None:
         self._version += 1

@@ -88,6 +88,10 @@ class Partitioned(MemoryLeaseStore, MemoryMembership):
     async def wait_released(self, timeout_s: float) -> None:
         await self.leases.wait_released(timeout_s)
 
+    async def generation(self) -> int:
+        self._check()
+        return await self.leases.generation()
+
     async def join(self, member: MemberInfo) -> None:
         self._check()
         await self.membership.join(member)
@@ -103,6 +107,14 @@ class Partitioned(MemoryLeaseStore, MemoryMembership):
     async def members(self) -> list[MemberInfo]:
         self._check()
         return await self.membership.members()
+
+    async def member_ids(self) -> list[str]:
+        self._check()
+        return await self.membership.member_ids()
+
+    async def version(self) -> int:
+        self._check()
+        return await self.membership.version()
 
     async def wait_changed(self, timeout_s: float) -> bool:
         return await self.membership.wait_changed(timeout_s)

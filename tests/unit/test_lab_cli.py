@@ -187,3 +187,31 @@ def test_tune_usage_errors_exit_2(runner: CliRunner, args: list[str]) -> None:
     res = runner.invoke(tune, args)
     assert res.exit_code == 2
     assert "Traceback" not in res.output
+
+
+def test_sim_balancer_json_reports_steady_load_and_every_event(runner: CliRunner) -> None:
+    res = runner.invoke(sim, ["balancer", "--daemons", "3", "--queues", "8", "--steady", "2",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert set(doc["steady"]) == {"heartbeat", "renewal", "change_poll", "rebalance_read",
+                                  "acquire_release"}
+    assert set(doc["steady"]["renewal"]) == {"ops_per_s", "keys_per_s", "bytes_per_s"}
+    assert [e["event"] for e in doc["events"]] == ["join", "graceful leave", "crash"]
+    assert all(e["double_owned"] == 0 and e["settle_s"] is not None for e in doc["events"])
+
+
+def test_sim_balancer_prints_a_table_and_plots(runner: CliRunner, tmp_path: Path) -> None:
+    png = tmp_path / "balancer.png"
+    res = runner.invoke(sim, ["balancer", "--daemons", "3", "--queues", "8", "--steady", "2",
+                              "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    assert "change poll" in res.output and "graceful leave" in res.output
+    assert png.stat().st_size > 10_000
+
+
+def test_sim_balancer_refuses_more_daemons_than_queues(runner: CliRunner) -> None:
+    res = runner.invoke(sim, ["balancer", "--daemons", "9", "--queues", "8"])
+    assert res.exit_code == 2
+    assert "9 daemons for 8 queues" in res.output
+    assert "Traceback" not in res.output

@@ -244,6 +244,49 @@ async def test_membership_is_one_ordered_view_and_dead_members_lapse(
     assert await b.members() == []
 
 
+async def test_the_membership_version_moves_on_joins_leaves_and_lapses_never_on_heartbeats(
+    redis_server: RedisServer,
+) -> None:
+    config = config_for(redis_server, member_ttl_s=0.5, heartbeat_interval_s=0.1)
+    a, _ = redis_coordination(config, "shop")
+    b, _ = redis_coordination(config, "shop")
+    start = await a.version()
+    await a.join(MemberInfo(id="m-b", host="h", pid=1, started_at=0.0))
+    joined = await b.version()
+    assert joined == start + 1
+    await b.heartbeat(MemberInfo(id="m-a", host="h", pid=2, started_at=0.0, stats={"x": 1.0}))
+    assert await a.version() == joined + 1  # a new id, written once
+    await a.heartbeat(MemberInfo(id="m-b", host="h", pid=1, started_at=0.0, stats={"x": 2.0}))
+    await asyncio.sleep(0.3)  # m-b's own beats, every 0.1 s, carry its new stats
+    assert [m.stats for m in await b.members() if m.id == "m-b"] == [{"x": 2.0}]
+    assert await a.version() == joined + 1
+    assert await b.member_ids() == ["m-a", "m-b"]
+    assert await a.wait_changed(3.0)  # m-a lapses: the reader that sees it counts it
+    assert await b.member_ids() == ["m-b"]
+    assert await b.version() == joined + 2
+    await a.leave("m-b")
+    assert await b.version() == joined + 3
+    assert await b.member_ids() == []
+    for store in (a, b):
+        await store.close()
+
+
+async def test_the_lease_generation_counts_grants_and_releases_not_renewals(
+    redis_server: RedisServer,
+) -> None:
+    _, leases = redis_coordination(config_for(redis_server), "shop")
+    start = await leases.generation()
+    lease = await leases.acquire(4, "x", 5)
+    assert lease is not None and await leases.generation() == start + 1
+    assert await leases.acquire(4, "y", 5) is None  # refused: nothing moved
+    assert await leases.renew(lease, 5) is not None
+    assert await leases.generation() == start + 1
+    await leases.release(lease)
+    await leases.release(lease)  # stale: nothing moved
+    assert await leases.generation() == start + 2
+    await leases.close()
+
+
 async def test_leases_grant_growing_tokens_to_one_holder(redis_server: RedisServer) -> None:
     _, leases = redis_coordination(config_for(redis_server), "shop")
     first = await leases.acquire(2, "x", 5)
