@@ -49,6 +49,7 @@ from typing import Any
 
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.backoff import BROKER_WRITE
+from conveyor.platform.batcher import Batcher
 from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError, LeaseLostError
@@ -119,6 +120,8 @@ class PullingAgent:
         self._running = 0
         self._idle: deque[asyncio.Future[None]] = deque()
         self._runners: set[asyncio.Task[None]] = set()
+        self._batchers: dict[int, Batcher] = {}
+        """Route index -> the batcher of a ``batch_size=N`` handler, made on first use."""
         self._to_ack: list[SequenceToken] = []
         self._waking = False
         self._ack_task: asyncio.Task[None] | None = None
@@ -313,6 +316,9 @@ class PullingAgent:
                 continue
             cache.add(Entry(msg, len(routes)), routes)
         self.pulled += len(messages)
+        if self._batchers:
+            for batcher in self._batchers.values():
+                batcher.recount()
         if len(cache) > self.max_cache_fill:
             self.max_cache_fill = len(cache)
         if orphans and self._orphan_task is None:
@@ -340,10 +346,11 @@ class PullingAgent:
         else:
             self._waking = False
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._runners.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._runners.discard(task)
@@ -363,6 +370,9 @@ class PullingAgent:
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
+                if ready[0].route.batch is not None:  # batches take their own slot
+                    self._hand_to_batcher(ready.popleft())
+                    continue
                 if permit is None:
                     permit = slots.try_reserve_slot(ctx)
                     if permit is None:  # every slot busy: wait here, waking no other runner
@@ -410,6 +420,45 @@ class PullingAgent:
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter
+
+    # -- batches (conveyor.platform.batcher) ---------------------------------------------
+    def _hand_to_batcher(self, lane: Lane) -> None:
+        if self._stopping:  # draining: nothing new starts; the lane's messages go back
+            return
+        route = lane.route
+        batcher = self._batchers.get(route.index)
+        if batcher is None:
+            options = route.handler.batch
+            assert options is not None
+            batcher = self._batchers[route.index] = Batcher(self, route, options)
+        batcher.take(lane)
+
+    def spawn_batcher(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A batcher's loop, stopped with the runners."""
+        return self._spawn(coro)
+
+    async def may_start_batch(self) -> bool:
+        """Whether a batch may start now; while the queue is not ours (for now), wait."""
+        while not self._stopping and not self._may_act():  # noqa: ASYNC110 - as _wait_owned
+            await asyncio.sleep(self.settings.poll_timeout_s / 5)
+        return not self._stopping
+
+    async def reserve_slot(self) -> SlotPermit:
+        return self._slots.try_reserve_slot(self._ctx) or await self._slots.reserve_slot(
+            self._ctx)
+
+    def batch_started(self) -> None:
+        self._running += 1
+
+    def batch_ended(self) -> None:
+        self._running -= 1
+
+    def batch_done(self, entries: list[Entry]) -> None:
+        """A batch's messages are done for its handler: acknowledge what is now done."""
+        for entry in entries:
+            if entry.done:
+                self._entry_done(entry)
+        self._check_quiet()
 
     def _regain(self) -> None:
         """The queue is not ours now (a lease renewal is overdue): wake the runners once

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from conveyor.platform.delivery.batch import BatchStep
 from conveyor.platform.delivery.chain import Step
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -28,11 +29,13 @@ from conveyor.platform.message import Message
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A handler as an agent sees it: its place among the app's handlers, its chain."""
+    """A handler as an agent sees it: its place among the app's handlers, its chain
+    (and for a ``batch_size=N`` handler the step its batches run through instead)."""
 
     index: int
     handler: HandlerSpec
     chain: Step
+    batch: BatchStep | None = None
 
 
 class Entry(msgspec.Struct, gc=False):
@@ -107,6 +110,22 @@ class QueueCache:
         if entry.pending == 0:
             entry.done = True
         return entry
+
+    def finish_taken(self, lane: Lane, count: int) -> list[Entry]:
+        """The lane's first ``count`` entries are done for its handler (a batch); drop
+        the lane if it has no more. The lane is *not* made ready again: the batcher that
+        holds it keeps it (see :mod:`conveyor.platform.batcher`)."""
+        entries = lane.entries
+        finished = []
+        for _ in range(count):
+            entry = entries.popleft()
+            entry.pending -= 1
+            if entry.pending == 0:
+                entry.done = True
+            finished.append(entry)
+        if not entries:
+            del self.lanes[lane.key]
+        return finished
 
     def pop_done_prefix(self) -> list[SequenceToken]:
         """Remove the contiguous done entries at the front; their tokens, to acknowledge."""

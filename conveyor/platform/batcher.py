@@ -1,0 +1,145 @@
+"""The batcher: one per (queue, batch handler), it gathers lanes into batches and runs them.
+
+A ``batch_size=N`` handler's lanes (its cursor over one stream each, see
+:mod:`conveyor.platform.queue_cache`) do not run message by message. A runner that takes
+such a lane from the cache's ready list hands it to the handler's batcher, holding no
+slot for it; the batcher keeps it until the lane is empty. Its loop:
+
+1. wait for a first lane; then until the lanes it holds have ``N`` messages between
+   them, or ``batch_wait_ms`` has passed since the first of them was handed over;
+2. reserve **one slot** for the batch (the call is one handler execution);
+3. form the batch: lane after lane, in the order they were handed over, each lane's
+   *consecutive head messages* (as many as fit, so a stream's messages are in queue
+   order and side by side); a lane that does not fit waits for the next batch;
+4. run it through the handler's batch step (decode, call, retry, bisect: see
+   :mod:`conveyor.platform.delivery.batch`), then mark every message of it done at once —
+   the agent acknowledges its contiguous done prefix, as for any handler;
+5. keep the lanes that still have messages (they go first into the next batch).
+
+**Order.** A lane is in exactly one place: the ready list, a runner's hands, the batcher's
+list or the running batch. While a batch runs, its lanes are in it and nowhere else, so
+a stream's later messages never run before a batch that holds earlier ones is done;
+and a batch holds a stream's messages as one run of consecutive messages, in order.
+One batch runs at a time per (queue, handler): batches of different queues run
+concurrently, each on its own slot.
+
+**Draining and fencing.** Like any message, one that no batch has started is not
+started once a drain began (it goes to the next owner unacknowledged); a batch under way
+is finished. On a queue that is not ours for now (an overdue lease renewal) no batch
+starts until it is again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING
+
+from conveyor.platform.message import Message
+from conveyor.platform.options import BatchOptions
+from conveyor.platform.queue_cache import Entry, Lane, Route
+
+if TYPE_CHECKING:
+    from conveyor.platform.agent import PullingAgent
+
+
+class Batcher:
+    def __init__(self, agent: PullingAgent, route: Route, options: BatchOptions) -> None:
+        assert route.batch is not None
+        self._agent = agent
+        self._route = route
+        self._step = route.batch
+        # A batch never waits for more than the cache can hold.
+        self._size = min(options.size, agent.cache.capacity)
+        self._wait_s = options.wait_ms / 1000
+        self._lanes: deque[tuple[Lane, float]] = deque()
+        """Held lanes, with the (loop) time each was handed over."""
+        self._held = 0
+        """Messages in the held lanes when last counted."""
+        self._arrived = asyncio.Event()
+        self._full = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+
+    def take(self, lane: Lane) -> None:
+        """Hold ``lane`` until its messages have run in batches (called by a runner)."""
+        self._lanes.append((lane, asyncio.get_running_loop().time()))
+        self._held += len(lane.entries)
+        if self._held >= self._size:
+            self._full.set()
+        self._arrived.set()
+        if self._task is None:
+            self._task = self._agent.spawn_batcher(self._loop())
+
+    def recount(self) -> None:
+        """Messages were pulled: the held lanes may have grown (called by the agent)."""
+        if self._lanes:
+            self._held = sum(len(lane.entries) for lane, _ in self._lanes)
+            if self._held >= self._size:
+                self._full.set()
+
+    async def _loop(self) -> None:
+        agent = self._agent
+        try:
+            while True:
+                await self._arrived.wait()
+                if self._held < self._size:
+                    try:
+                        async with asyncio.timeout_at(self._lanes[0][1] + self._wait_s):
+                            await self._full.wait()
+                    except TimeoutError:
+                        pass
+                if not await agent.may_start_batch():
+                    return  # draining: what it holds goes to the next owner
+                await self._run_one()
+        finally:
+            self._task = None
+
+    async def _run_one(self) -> None:
+        agent = self._agent
+        permit = await agent.reserve_slot()
+        lanes = self._lanes
+        room = self._size
+        taken: list[tuple[Lane, int]] = []
+        messages: list[Message] = []
+        while lanes and room:
+            lane = lanes[0][0]
+            count = min(len(lane.entries), room)
+            if count == len(lane.entries):
+                lanes.popleft()
+            taken.append((lane, count))
+            room -= count
+            for i in range(count):
+                entry = lane.entries[i]
+                entry.started = True
+                messages.append(entry.msg)
+        if lanes and taken[-1][0] is lanes[0][0]:
+            lanes.popleft()  # partly taken: held by the batch now, kept again below
+        first = messages[0]
+        permit.mark_used(agent.queue, self._route.handler.name, first.id, first.stream.key)
+        taken[0][0].running = True  # slot metrics: one slot per batch
+        agent.batch_started()
+        try:
+            await self._step(messages)
+        except BaseException:
+            permit.release()  # cancelled: the batch did not complete
+            raise
+        finally:
+            taken[0][0].running = False
+            agent.batch_ended()
+        permit.release()
+        self.batches += 1
+        now = asyncio.get_running_loop().time()
+        done: list[Entry] = []
+        kept: list[tuple[Lane, float]] = []
+        for lane, count in taken:
+            done.extend(agent.cache.finish_taken(lane, count))
+            if lane.entries:
+                kept.append((lane, now))
+        lanes.extendleft(reversed(kept))  # a batch's streams go first into the next
+        self._held = sum(len(lane.entries) for lane, _ in lanes)
+        if not lanes:
+            self._arrived.clear()
+        if self._held < self._size:
+            self._full.clear()
+        agent.batch_done(done)
