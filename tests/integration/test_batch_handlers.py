@@ -89,3 +89,129 @@ async def test_batches_keep_each_streams_order_and_every_message_is_handled_once
     assert len(seen.batches) < 3000 / 10, "messages should have been batched"
     assert report.acked == 3000 and report.dead_lettered == 0
     assert sum([await adapter.lag(q, "test") for q in range(8)]) == 0
+
+
+async def test_only_the_poison_messages_are_dead_lettered_with_their_own_reason() -> None:
+    adapter = fresh_adapter()
+    seen = Seen()
+    poison = frozenset({7, 150, 151, 398})
+    d = daemon(batch_app(seen, size=100, attempts=2), adapter, config(queues={"total": 1}))
+    items = clicks(400, streams=5, poison=poison)
+    msgs = await publish(Client(adapter, d.mapper), items)
+    await d.start()
+    await wait_until(lambda: len(seen.handled) == 396 and d.stats.dead_lettered == 4, 30,
+                     what="396 handled, 4 dead-lettered")
+    report = await d.stop()
+    # Each good click in exactly one successful call (bisection never re-runs a half
+    # that succeeded): no duplicate allowed.
+    assert seen.handled == Counter({(c.stream, c.seq): 1 for c in items if not c.poison})
+    for stream, seqs in seen.order.items():
+        assert seqs == sorted(seqs), f"stream {stream} out of order"
+    letters = await adapter.read_dead_letters("test")
+    by_id = {m.id: c.seq for m, c in zip(msgs, items, strict=True)}
+    assert sorted(by_id[letter.message.id] for letter in letters) == sorted(poison)
+    for letter in letters:  # its own reason, after the retry policy's 2 calls on it alone
+        assert letter.error_type == "ValueError"
+        assert letter.error == f"poison in [{by_id[letter.message.id]}]"
+        assert letter.attempts == 2
+    assert report.acked == 400 and report.dead_lettered == 4
+    assert await adapter.lag(0, "test") == 0
+
+
+async def test_a_body_that_does_not_decode_is_dead_lettered_before_the_batch() -> None:
+    adapter = fresh_adapter()
+    seen = Seen()
+    d = daemon(batch_app(seen, size=10), adapter, config(queues={"total": 1}))
+    client = Client(adapter, d.mapper)
+    bad = client.build("clicks", "s0", b'{"stream": "s0", "seq": "NaN"}')
+    good = [client.build("clicks", "s0", c) for c in clicks(3, streams=1)]
+    await adapter.enqueue(0, [good[0], bad, *good[1:]])
+    await d.start()
+    await wait_until(lambda: len(seen.handled) == 3 and d.stats.dead_lettered == 1, 10,
+                     what="3 handled, 1 dead-lettered")
+    await d.stop()
+    assert [[c.seq for c in b] for b in seen.batches] == [[0, 1, 2]]  # never saw it
+    [letter] = await adapter.read_dead_letters("test")
+    assert letter.message.id == bad.id and letter.attempts == 0
+    assert letter.error_type == "DecodeError" and "Click" in letter.error
+    assert await adapter.lag(0, "test") == 0
+
+
+async def test_a_failing_batch_is_retried_whole_before_any_bisection() -> None:
+    adapter = fresh_adapter()
+    calls: list[list[int]] = []
+    app = App("test")
+
+    @app.handler("clicks", batch_size=20, batch_wait_ms=20, retry_attempts=3,
+                 retry_delay_s=0.001)
+    async def flaky(batch: list[Click]) -> None:
+        calls.append([c.seq for c in batch])
+        if len(calls) < 3:
+            raise ConnectionError("database busy")
+
+    d = daemon(app, adapter, config(queues={"total": 1}))
+    await publish(Client(adapter, d.mapper), clicks(20, streams=2))
+    await d.start()
+    await wait_until(lambda: d.stats.handled == 20, 10, what="20 handled")
+    await d.stop()
+    assert len(calls) == 3 and calls[0] == calls[1] == calls[2]  # the same batch, 3 times
+    assert sorted(calls[0]) == list(range(20))
+    assert d.stats.dead_lettered == 0 and d.stats.retried == 2
+    assert await adapter.lag(0, "test") == 0
+
+
+async def test_a_batch_is_acknowledged_only_when_done_and_a_drain_finishes_it() -> None:
+    adapter = fresh_adapter()
+    release = asyncio.Event()
+    batches: list[list[int]] = []
+    app = App("test")
+
+    @app.handler("clicks", batch_size=10, batch_wait_ms=10_000)
+    async def slow(batch: list[Click]) -> None:
+        batches.append([c.seq for c in batch])
+        await release.wait()
+
+    d = daemon(app, adapter, config(queues={"total": 1}, worker={"max_batch": 10}))
+    items = clicks(30, streams=1)
+    await publish(Client(adapter, d.mapper), items)
+    await d.start()
+    await wait_until(lambda: len(batches) == 1, 10, what="the first batch started")
+    # Full at 10 (the wait of 10 s never ran out); nothing acknowledged while it runs.
+    assert batches == [list(range(10))]
+    assert await adapter.lag(0, "test") == 30
+    stopping = asyncio.create_task(d.stop())
+    await asyncio.sleep(0.05)  # the drain is waiting on the batch under way
+    assert not stopping.done()
+    release.set()
+    report = await stopping
+    # The batch under way was finished and acknowledged; the 20 messages no batch had
+    # started were handed back unacknowledged, never started here.
+    assert batches == [list(range(10))]
+    assert report.acked == 10 and await adapter.lag(0, "test") == 20
+    # The next owner runs them, in order, once each.
+    d2 = daemon(app, adapter, config(queues={"total": 1}, worker={"max_batch": 10}))
+    await d2.start()
+    await wait_until(lambda: len(batches) == 3, 10, what="the rest handled")
+    await d2.stop()
+    assert batches == [list(range(10)), list(range(10, 20)), list(range(20, 30))]
+    assert await adapter.lag(0, "test") == 0
+
+
+async def test_a_batch_that_is_not_full_is_handed_over_after_the_wait() -> None:
+    adapter = fresh_adapter()
+    handed: list[tuple[float, list[int]]] = []
+    app = App("test")
+
+    @app.handler("clicks", batch_size=1000, batch_wait_ms=150)
+    async def on_clicks(batch: list[Click]) -> None:
+        handed.append((asyncio.get_running_loop().time(), [c.seq for c in batch]))
+
+    d = daemon(app, adapter, config(queues={"total": 1}))
+    await d.start()
+    start = asyncio.get_running_loop().time()
+    await publish(Client(adapter, d.mapper), clicks(5, streams=3))
+    await wait_until(lambda: len(handed) == 1, 10, what="one batch")
+    await d.stop()
+    at, seqs = handed[0]
+    assert sorted(seqs) == [0, 1, 2, 3, 4]
+    assert 0.15 <= at - start < 1.0, f"handed over after {at - start:.3f}s, not ~0.15s"
