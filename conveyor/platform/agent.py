@@ -455,9 +455,14 @@ class PullingAgent:
 
     def batch_done(self, entries: list[Entry]) -> None:
         """A batch's messages are done for its handler: acknowledge what is now done."""
-        for entry in entries:
-            if entry.done:
-                self._entry_done(entry)
+        note = self._note_out_of_order
+        if note is not None:  # recorded above the watermark; pruned once acknowledged
+            for entry in entries:
+                if entry.done and entry.msg.token is not None:
+                    note(entry.msg.token)
+        head = self.cache.entries[0] if self.cache.entries else None
+        if head is not None and head.done:
+            self._entry_done(head)  # acknowledges the whole done prefix
         self._check_quiet()
 
     def _regain(self) -> None:

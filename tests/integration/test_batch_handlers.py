@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, defaultdict
 
 import msgspec
+import pytest
 
 from conveyor import App, Client
 from conveyor.platform.message import Message
@@ -68,7 +70,10 @@ def batch_app(seen: Seen, *, size: int, wait_ms: float = 20, delay_s: float = 0.
     return app
 
 
-async def test_batches_keep_each_streams_order_and_every_message_is_handled_once() -> None:
+async def test_batches_keep_each_streams_order_and_every_message_is_handled_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="conveyor")
     adapter = fresh_adapter()
     seen = Seen()
     d = daemon(batch_app(seen, size=50, delay_s=0.002), adapter, config(slots={"count": 4}))
@@ -89,6 +94,7 @@ async def test_batches_keep_each_streams_order_and_every_message_is_handled_once
     assert len(seen.batches) < 3000 / 10, "messages should have been batched"
     assert report.acked == 3000 and report.dead_lettered == 0
     assert sum([await adapter.lag(q, "test") for q in range(8)]) == 0
+    assert not caplog.records, "a runner or batcher crashed"
 
 
 async def test_only_the_poison_messages_are_dead_lettered_with_their_own_reason() -> None:
