@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from conveyor.platform.message import Message
@@ -52,8 +53,11 @@ class Batcher:
         # A batch never waits for more than the cache can hold.
         self._size = min(options.size, agent.cache.capacity)
         self._wait_s = options.wait_ms / 1000
-        self._lanes: deque[tuple[Lane, float]] = deque()
-        """Held lanes, with the (loop) time each was handed over."""
+        self._lanes: deque[Lane] = deque()
+        """Held lanes, in the order they were handed over."""
+        self._first_at = 0.0
+        """Loop time the first of the held lanes was handed over (or, for lanes kept
+        from a batch, when that batch ended): the wait runs from there."""
         self._held = 0
         """Messages in the held lanes when last counted."""
         self._arrived = asyncio.Event()
@@ -63,18 +67,21 @@ class Batcher:
 
     def take(self, lane: Lane) -> None:
         """Hold ``lane`` until its messages have run in batches (called by a runner)."""
-        self._lanes.append((lane, asyncio.get_running_loop().time()))
+        lanes = self._lanes
+        if not lanes:
+            self._first_at = asyncio.get_running_loop().time()
+            self._arrived.set()
+        lanes.append(lane)
         self._held += len(lane.entries)
         if self._held >= self._size:
             self._full.set()
-        self._arrived.set()
         if self._task is None:
             self._task = self._agent.spawn_batcher(self._loop())
 
     def recount(self) -> None:
         """Messages were pulled: the held lanes may have grown (called by the agent)."""
         if self._lanes:
-            self._held = sum(len(lane.entries) for lane, _ in self._lanes)
+            self._held = sum(len(lane.entries) for lane in self._lanes)
             if self._held >= self._size:
                 self._full.set()
 
@@ -85,7 +92,7 @@ class Batcher:
                 await self._arrived.wait()
                 if self._held < self._size:
                     try:
-                        async with asyncio.timeout_at(self._lanes[0][1] + self._wait_s):
+                        async with asyncio.timeout_at(self._first_at + self._wait_s):
                             await self._full.wait()
                     except TimeoutError:
                         pass
@@ -102,22 +109,28 @@ class Batcher:
         room = self._size
         taken: list[tuple[Lane, int]] = []
         messages: list[Message] = []
+        add = messages.append
         while lanes and room:
-            lane = lanes[0][0]
-            count = min(len(lane.entries), room)
-            if count == len(lane.entries):
+            lane = lanes[0]
+            entries = lane.entries
+            count = len(entries)
+            if count <= room:
                 lanes.popleft()
+                for entry in entries:
+                    entry.started = True
+                    add(entry.msg)
+            else:  # held by the batch now; kept again below
+                count = room
+                lanes.popleft()
+                for entry in islice(entries, count):
+                    entry.started = True
+                    add(entry.msg)
             taken.append((lane, count))
             room -= count
-            for i in range(count):
-                entry = lane.entries[i]
-                entry.started = True
-                messages.append(entry.msg)
-        if lanes and taken[-1][0] is lanes[0][0]:
-            lanes.popleft()  # partly taken: held by the batch now, kept again below
         first = messages[0]
         permit.mark_used(agent.queue, self._route.handler.name, first.id, first.stream.key)
-        taken[0][0].running = True  # slot metrics: one slot per batch
+        lead = taken[0][0]
+        lead.running = True  # slot metrics: one slot per batch
         agent.batch_started()
         try:
             await self._step(messages)
@@ -125,19 +138,22 @@ class Batcher:
             permit.release()  # cancelled: the batch did not complete
             raise
         finally:
-            taken[0][0].running = False
+            lead.running = False
             agent.batch_ended()
         permit.release()
         self.batches += 1
-        now = asyncio.get_running_loop().time()
         done: list[Entry] = []
-        kept: list[tuple[Lane, float]] = []
+        kept: list[Lane] = []
+        finish = agent.cache.finish_taken
         for lane, count in taken:
-            done.extend(agent.cache.finish_taken(lane, count))
+            finish(lane, count, done)
             if lane.entries:
-                kept.append((lane, now))
-        lanes.extendleft(reversed(kept))  # a batch's streams go first into the next
-        self._held = sum(len(lane.entries) for lane, _ in lanes)
+                kept.append(lane)
+        if kept:  # a batch's streams go first into the next
+            if not lanes:
+                self._first_at = asyncio.get_running_loop().time()
+            lanes.extendleft(reversed(kept))
+        self._held = sum(len(lane.entries) for lane in lanes)
         if not lanes:
             self._arrived.clear()
         if self._held < self._size:

@@ -187,13 +187,22 @@ def build_parts(
             put_letter, stats, telemetry.tracer, adapter.name)),
         settings=AgentSettings(
             cache_capacity=config.worker.cache_capacity,
-            max_batch=config.worker.max_batch,
+            max_batch=_pull_size(app, config),
             poll_timeout_s=config.worker.poll_timeout_ms / 1000,
         ),
         resources=PlacementResources(member.id, resource_sampler),
         owns_adapter=owns_adapter, owns_slots=owns_slots, owns_telemetry=owns_telemetry,
         once_step=once_step,
     )
+
+
+def _pull_size(app: App, config: Config) -> int:
+    """``[worker] max_batch``, raised to the largest ``batch_size`` of the app's batch
+    handlers (within ``cache_capacity``): a batch of N is then one pull, not N / max_batch
+    round trips in a row (conveyor.platform.batcher)."""
+    sizes = [h.batch.size for h in app.handlers if h.batch is not None]
+    largest = min(max(sizes, default=0), config.worker.cache_capacity)
+    return max(config.worker.max_batch, largest)
 
 
 def _idempotency(app: App, config: Config, stats: DeliveryStats) -> IdempotencyInterceptor | None:
