@@ -221,3 +221,34 @@ async def test_a_batch_that_is_not_full_is_handed_over_after_the_wait() -> None:
     at, seqs = handed[0]
     assert sorted(seqs) == [0, 1, 2, 3, 4]
     assert 0.15 <= at - start < 1.0, f"handed over after {at - start:.3f}s, not ~0.15s"
+
+
+async def test_one_consumer_span_per_batch_links_every_producer_span() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    from conveyor.platform.telemetry import Telemetry
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    telemetry = Telemetry(provider, None)
+    adapter = fresh_adapter()
+    seen = Seen()
+    d = daemon(batch_app(seen, size=10, wait_ms=10_000), adapter, config(queues={"total": 1}),
+               telemetry=telemetry)
+    client = Client(adapter, d.mapper, telemetry=telemetry)
+    for c in clicks(10, streams=3):
+        await client.publish("clicks", c.stream, c)
+    await d.start()
+    await wait_until(lambda: len(seen.handled) == 10, 10, what="one batch of 10")
+    await d.stop()
+    finished = spans.get_finished_spans()
+    producers = {s.context.span_id for s in finished if s.kind == SpanKind.PRODUCER}
+    [batch] = [s for s in finished if s.kind == SpanKind.CONSUMER]
+    assert batch.name == "process clicks" and len(producers) == 10
+    assert {link.context.span_id for link in batch.links} == producers
+    assert batch.attributes is not None
+    assert batch.attributes["messaging.batch.message_count"] == 10
