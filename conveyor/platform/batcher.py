@@ -96,17 +96,30 @@ class Batcher:
         try:
             while True:
                 await self._arrived.wait()
-                if self._held < self._size and agent.cache.room > 0:
+                while not self._complete():
+                    self._full.clear()
                     try:
                         async with asyncio.timeout_at(self._first_at + self._wait_s):
-                            await self._full.wait()
+                            await self._full.wait()  # set by take/recount: look again
                     except TimeoutError:
-                        pass
+                        break
                 if not await agent.may_start_batch():
                     return  # draining: what it holds goes to the next owner
                 await self._run_one()
         finally:
             self._task = None
+
+    def _complete(self) -> bool:
+        """Whether the held lanes make a batch as full as it can get: ``N`` messages, or
+        a full cache (nothing more can be pulled) with none of this handler's lanes still
+        waiting for a runner to hand them over."""
+        if self._held >= self._size:
+            return True
+        cache = self._agent.cache
+        if cache.room > 0:
+            return False
+        route = self._route
+        return not any(lane.route is route for lane in cache.ready)
 
     def _form(self) -> tuple[list[tuple[Lane, int]], list[Message]]:
         """The next batch: (lane, messages taken from its head) pairs, and the messages.

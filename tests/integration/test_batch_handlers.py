@@ -252,3 +252,38 @@ async def test_one_consumer_span_per_batch_links_every_producer_span() -> None:
     assert {link.context.span_id for link in batch.links} == producers
     assert batch.attributes is not None
     assert batch.attributes["messaging.batch.message_count"] == 10
+
+
+async def test_a_batch_takes_the_oldest_messages_of_every_stream() -> None:
+    adapter = fresh_adapter()
+    seen = Seen()
+    d = daemon(batch_app(seen, size=6, wait_ms=10_000), adapter, config(queues={"total": 1}))
+    await publish(Client(adapter, d.mapper), clicks(30, streams=3))  # s0: 0, 3, 6 ...
+    await d.start()
+    await wait_until(lambda: len(seen.handled) == 30, 10, what="five batches")
+    await d.stop()
+    # Water-filling: two from the head of each stream, not six of the first stream.
+    assert [sorted(c.seq for c in b) for b in seen.batches] == [
+        list(range(i, i + 6)) for i in range(0, 30, 6)]
+
+
+async def test_a_batch_goes_at_once_when_the_cache_is_full() -> None:
+    adapter = fresh_adapter()
+    seen = Seen()
+    gate = asyncio.Event()
+    app = batch_app(seen, size=10, wait_ms=10_000)
+
+    @app.handler("clicks", name="slow")  # holds every message in the cache until the gate
+    async def slow(click: Click) -> None:
+        await gate.wait()
+
+    cfg = config(queues={"total": 1}, worker={"cache_capacity": 16, "max_batch": 16})
+    d = daemon(app, adapter, cfg)
+    await publish(Client(adapter, d.mapper), clicks(16, streams=4))
+    await d.start()
+    # 10 go as a full batch; the other 6 cannot become 10 while the slow handler keeps
+    # the cache full, so they go at once instead of after 10 s.
+    await wait_until(lambda: len(seen.handled) == 16, 5, what="a batch of 10, then of 6")
+    assert [len(b) for b in seen.batches] == [10, 6]
+    gate.set()
+    await d.stop()
