@@ -120,9 +120,9 @@ class PullingAgent:
         self._running = 0
         self._idle: deque[asyncio.Future[None]] = deque()
         self._runners: set[asyncio.Task[None]] = set()
-        self._batchers: dict[int, Batcher] = {}
-        """Route index -> the batcher of a ``batch_size=N`` handler, made on first use."""
-        self._batching = any(r.batch is not None for rs in subscriptions.values() for r in rs)
+        self._batchers: list[Batcher] = []
+        self._split = self._split_batches(subscriptions)
+        """With batch handlers: namespace -> (handlers, lane routes, batchers)."""
         self._to_ack: list[SequenceToken] = []
         self._waking = False
         self._ack_task: asyncio.Task[None] | None = None
@@ -306,20 +306,20 @@ class PullingAgent:
 
     def _accept(self, messages: list[Message]) -> None:
         cache = self.cache
-        subs = self._subs
         orphans = self._orphan_queue
-        for msg in messages:
-            routes = subs.get(msg.stream.namespace)
-            if routes is None:  # undecodable, or no handler of this app subscribes
-                entry = Entry(msg, 1)
-                cache.entries.append(entry)
-                orphans.append(entry)
-                continue
-            cache.add(Entry(msg, len(routes)), routes)
+        if self._split is not None:
+            self._accept_split(messages)
+        else:
+            subs = self._subs
+            for msg in messages:
+                routes = subs.get(msg.stream.namespace)
+                if routes is None:  # undecodable, or no handler of this app subscribes
+                    entry = Entry(msg, 1)
+                    cache.entries.append(entry)
+                    orphans.append(entry)
+                    continue
+                cache.add(Entry(msg, len(routes)), routes)
         self.pulled += len(messages)
-        if self._batchers:
-            for batcher in self._batchers.values():
-                batcher.recount()
         if len(cache) > self.max_cache_fill:
             self.max_cache_fill = len(cache)
         if orphans and self._orphan_task is None:
@@ -367,14 +367,10 @@ class PullingAgent:
         queue = self.queue
         loop = asyncio.get_running_loop()
         clock = time.monotonic
-        batching = self._batching  # an app without batch handlers pays one bool test
         permit: SlotPermit | None = None
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
-                if batching and ready[0].route.batch is not None:  # they take their own slot
-                    self._hand_to_batcher(ready.popleft())
-                    continue
                 if permit is None:
                     permit = slots.try_reserve_slot(ctx)
                     if permit is None:  # every slot busy: wait here, waking no other runner
@@ -424,16 +420,49 @@ class PullingAgent:
             await waiter
 
     # -- batches (conveyor.platform.batcher) ---------------------------------------------
-    def _hand_to_batcher(self, lane: Lane) -> None:
-        if self._stopping:  # draining: nothing new starts; the lane's messages go back
-            return
-        route = lane.route
-        batcher = self._batchers.get(route.index)
-        if batcher is None:
-            options = route.handler.batch
-            assert options is not None
-            batcher = self._batchers[route.index] = Batcher(self, route, options)
-        batcher.take(lane)
+    def _split_batches(
+        self, subscriptions: Subscriptions
+    ) -> dict[str, tuple[int, tuple[Route, ...], tuple[Batcher, ...]]] | None:
+        """For an app with batch handlers, each namespace's lane routes and batchers
+        (one batcher per batch handler); None without (the common path stays as is)."""
+        if not any(r.batch is not None for rs in subscriptions.values() for r in rs):
+            return None
+        split = {}
+        for ns, routes in subscriptions.items():
+            batchers = []
+            for route in routes:
+                if route.handler.batch is not None:
+                    batchers.append(Batcher(self, route, route.handler.batch))
+            self._batchers.extend(batchers)
+            lanes = tuple(r for r in routes if r.batch is None)
+            split[ns] = (len(routes), lanes, tuple(batchers))
+        return split
+
+    def _accept_split(self, messages: list[Message]) -> None:
+        """:meth:`_accept` with batch handlers: a message goes to the lanes of its
+        ordinary handlers and to the end of each of its batch handlers' batchers."""
+        cache = self.cache
+        split = self._split
+        assert split is not None
+        touched: dict[Batcher, int] = {}
+        for msg in messages:
+            target = split.get(msg.stream.namespace)
+            if target is None:
+                entry = Entry(msg, 1)
+                cache.entries.append(entry)
+                self._orphan_queue.append(entry)
+                continue
+            handlers, routes, batchers = target
+            entry = Entry(msg, handlers)
+            if routes:
+                cache.add(entry, routes)
+            else:
+                cache.entries.append(entry)
+            for batcher in batchers:
+                batcher.entries.append(entry)
+                touched[batcher] = touched.get(batcher, 0) + 1
+        for batcher, count in touched.items():
+            batcher.arrived(count)
 
     def spawn_batcher(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A batcher's loop, stopped with the runners."""

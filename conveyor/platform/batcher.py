@@ -1,50 +1,48 @@
-"""The batcher: one per (queue, batch handler), it gathers lanes into batches and runs them.
+"""The batcher: one per (queue, batch handler), it cuts that queue's messages into batches.
 
-A ``batch_size=N`` handler's lanes (its cursor over one stream each, see
-:mod:`conveyor.platform.queue_cache`) do not run message by message. A runner that takes
-such a lane from the cache's ready list hands it to the handler's batcher, holding no
-slot for it; the batcher keeps it until the lane is empty. Its loop:
+A ``batch_size=N`` handler has no lanes in the queue cache (see
+:mod:`conveyor.platform.queue_cache`): when the agent accepts a pulled message for it,
+the message's cache entry is appended to the handler's batcher, in queue order. The
+batcher's loop:
 
-1. wait for a first lane; then until the lanes it holds have ``N`` messages between
-   them, or the queue's cache is full (nothing more can arrive: the batch is as full as
-   it can get), or ``batch_wait_ms`` has passed since the first of them was handed over;
-2. reserve **one slot** for the batch (the call is one handler execution);
-3. form the batch by *water-filling*: every held lane gives its head messages, up to a
-   level raised as far as ``N`` allows, so a batch holds the oldest messages of every
-   stream (each stream's as one run of consecutive messages, in order) and the cache's
-   done prefix — acknowledgements, and room to pull — moves on by about a batch per
-   batch. (Taking whole lanes in turn instead left the oldest messages of the streams
-   not taken behind, the done prefix stuck, the cache full and batches waiting out
-   ``batch_wait_ms`` at a third of their size: measured 120k msgs/s on the embedded
-   adapter against 460k now.) A lane none of whose messages fit stays held;
-4. run it through the handler's batch step (decode, call, retry, bisect: see
-   :mod:`conveyor.platform.delivery.batch`), then mark every message of it done at once —
-   the agent acknowledges its contiguous done prefix, as for any handler;
-5. hold again the lanes that still have messages.
+1. wait for a first message; then until it holds ``N``, or the queue's cache is full
+   (nothing more can be pulled: the batch is as full as it can get), or ``batch_wait_ms``
+   has passed since the first of them arrived;
+2. reserve **one slot** (a batch is one handler call);
+3. take the ``N`` oldest messages it holds, in queue order, and run them through the
+   handler's batch step (decode, call, retry, bisect: see
+   :mod:`conveyor.platform.delivery.batch`);
+4. mark them all done for this handler — the agent acknowledges its contiguous done
+   prefix, as for any handler — and go round again.
 
-**Order.** A lane is in exactly one place: the ready list, a runner's hands, the batcher's
-list or the running batch. While a batch runs, its lanes are in it and nowhere else, so
-a stream's later messages never run before a batch that holds earlier ones is done;
-and a batch holds a stream's messages as one run of consecutive messages, in order.
-One batch runs at a time per (queue, handler): batches of different queues run
-concurrently, each on its own slot.
+**Order, and why no lanes.** One batch runs at a time per (queue, handler), and batches
+are cut in queue order. So a stream's messages appear in a batch in queue order, and its
+later messages are in later batches, which start only once the earlier batch is done:
+per-stream order holds with no per-stream bookkeeping at all. Lanes (a cursor per
+stream) exist to let *different* streams run at once; a batch already runs many streams
+at once, and a second batch in flight on one queue would need them back (a batch could
+then only take streams no running batch holds) for little gain to a sink that is already
+bulk. Batches of different queues run concurrently, each on its own slot. Queue order
+also keeps the done prefix moving by a whole batch per batch, so acknowledgements and
+room to pull follow at once. (Taking whole lanes in turn, as a first version did, left
+the oldest messages of the streams not taken behind: the done prefix stuck, the cache
+filled, and batches waited out ``batch_wait_ms`` at a third of their size — 120k
+msgs/s on the embedded adapter against 460k.)
 
-**Draining and fencing.** Like any message, one that no batch has started is not
-started once a drain began (it goes to the next owner unacknowledged); a batch under way
-is finished. On a queue that is not ours for now (an overdue lease renewal) no batch
-starts until it is again.
+**Draining and fencing.** As for single messages: a batch under way is finished and
+acknowledged; messages the batcher holds that no batch has started are not started once
+a drain began (they go to the next owner unacknowledged); on a queue that is not ours for
+now (an overdue lease renewal) no batch starts until it is again.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from itertools import islice
 from typing import TYPE_CHECKING
 
-from conveyor.platform.message import Message
 from conveyor.platform.options import BatchOptions
-from conveyor.platform.queue_cache import Entry, Lane, Route
+from conveyor.platform.queue_cache import Entry, Route
 
 if TYPE_CHECKING:
     from conveyor.platform.agent import PullingAgent
@@ -59,48 +57,38 @@ class Batcher:
         # A batch never waits for more than the cache can hold.
         self._size = min(options.size, agent.cache.capacity)
         self._wait_s = options.wait_ms / 1000
-        self._lanes: deque[Lane] = deque()
-        """Held lanes, in the order they were handed over."""
-        self._first_at = 0.0
-        """Loop time the first of the held lanes was handed over (or, for lanes kept
-        from a batch, when that batch ended): the wait runs from there."""
-        self._held = 0
-        """Messages in the held lanes when last counted."""
-        self._arrived = asyncio.Event()
-        self._full = asyncio.Event()
+        self.entries: deque[Entry] = deque()
+        """Accepted for this handler, not in a batch yet: queue order (the agent appends)."""
+        self._arrivals: deque[list[float]] = deque()
+        """[messages, loop time] per accepted pull still held: when each one's wait began."""
+        self._more = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.running = False
+        """A batch is running (it holds one slot)."""
         self.batches = 0
 
-    def take(self, lane: Lane) -> None:
-        """Hold ``lane`` until its messages have run in batches (called by a runner)."""
-        lanes = self._lanes
-        if not lanes:
-            self._first_at = asyncio.get_running_loop().time()
-            self._arrived.set()
-        lanes.append(lane)
-        self._held += len(lane.entries)
-        if self._held >= self._size or self._agent.cache.room <= 0:
-            self._full.set()
+    def arrived(self, count: int) -> None:
+        """The agent appended ``count`` entries to :attr:`entries` (one pull's)."""
+        self._arrivals.append([count, asyncio.get_running_loop().time()])
+        self._more.set()
         if self._task is None:
             self._task = self._agent.spawn_batcher(self._loop())
 
-    def recount(self) -> None:
-        """Messages were pulled: the held lanes may have grown (called by the agent)."""
-        if self._lanes:
-            self._held = sum(len(lane.entries) for lane in self._lanes)
-            if self._held >= self._size or self._agent.cache.room <= 0:
-                self._full.set()
+    def _complete(self) -> bool:
+        return len(self.entries) >= self._size or self._agent.cache.room <= 0
 
     async def _loop(self) -> None:
         agent = self._agent
         try:
             while True:
-                await self._arrived.wait()
+                while not self.entries:
+                    self._more.clear()
+                    await self._more.wait()
                 while not self._complete():
-                    self._full.clear()
+                    self._more.clear()
                     try:
-                        async with asyncio.timeout_at(self._first_at + self._wait_s):
-                            await self._full.wait()  # set by take/recount: look again
+                        async with asyncio.timeout_at(self._arrivals[0][1] + self._wait_s):
+                            await self._more.wait()  # set on every arrival: look again
                     except TimeoutError:
                         break
                 if not await agent.may_start_batch():
@@ -109,72 +97,20 @@ class Batcher:
         finally:
             self._task = None
 
-    def _complete(self) -> bool:
-        """Whether the held lanes make a batch as full as it can get: ``N`` messages, or
-        a full cache (nothing more can be pulled) with none of this handler's lanes still
-        waiting for a runner to hand them over."""
-        if self._held >= self._size:
-            return True
-        cache = self._agent.cache
-        if cache.room > 0:
-            return False
-        route = self._route
-        return not any(lane.route is route for lane in cache.ready)
-
-    def _form(self) -> tuple[list[tuple[Lane, int]], list[Message]]:
-        """The next batch: (lane, messages taken from its head) pairs, and the messages.
-
-        Water-filling: every held lane gives up to ``level`` head messages, the level as
-        high as the batch's room allows (the remainder from the first lanes), so a batch
-        holds the *oldest* messages of each stream rather than whole streams in turn —
-        the cache's done prefix (what can be acknowledged, and room to pull) then moves
-        on by about a batch per batch. A lane that gave messages is the batch's until it
-        ends; the others stay held.
-        """
-        lanes = self._lanes
-        lengths = [len(lane.entries) for lane in lanes]
-        room = self._size
-        level = max(lengths)
-        filled = sum(lengths)
-        extra = 0
-        if filled > room:
-            level = filled = 0
-            while True:  # raise the level while a whole step still fits
-                step = sum(1 for n in lengths if n > level)
-                if filled + step > room:
-                    break
-                filled += step
-                level += 1
-            extra = room - filled  # one more from each of the first ``extra`` longer lanes
-        taken: list[tuple[Lane, int]] = []
-        messages: list[Message] = []
-        add = messages.append
-        stay: list[Lane] = []
-        for lane, n in zip(lanes, lengths, strict=True):
-            count = min(n, level)
-            if extra and n > level:
-                count += 1
-                extra -= 1
-            if not count:
-                stay.append(lane)
-                continue
-            taken.append((lane, count))
-            for entry in islice(lane.entries, count):
-                entry.started = True
-                add(entry.msg)
-        lanes.clear()
-        lanes.extend(stay)
-        return taken, messages
-
     async def _run_one(self) -> None:
         agent = self._agent
         permit = await agent.reserve_slot()
-        taken, messages = self._form()
-        lanes = self._lanes
+        entries = self.entries
+        count = min(len(entries), self._size)
+        batch = [entries.popleft() for _ in range(count)]
+        self._took(count)
+        messages = []
+        for entry in batch:
+            entry.started = True
+            messages.append(entry.msg)
         first = messages[0]
         permit.mark_used(agent.queue, self._route.handler.name, first.id, first.stream.key)
-        lead = taken[0][0]
-        lead.running = True  # slot metrics: one slot per batch
+        self.running = True
         agent.batch_started()
         try:
             await self._step(messages)
@@ -182,24 +118,23 @@ class Batcher:
             permit.release()  # cancelled: the batch did not complete
             raise
         finally:
-            lead.running = False
+            self.running = False
             agent.batch_ended()
         permit.release()
         self.batches += 1
-        done: list[Entry] = []
-        kept: list[Lane] = []
-        finish = agent.cache.finish_taken
-        for lane, count in taken:
-            finish(lane, count, done)
-            if lane.entries:
-                kept.append(lane)
-        if kept:
-            if not lanes:
-                self._first_at = asyncio.get_running_loop().time()
-            lanes.extend(kept)
-        self._held = sum(len(lane.entries) for lane in lanes)
-        if not lanes:
-            self._arrived.clear()
-        if self._held < self._size:
-            self._full.clear()
-        agent.batch_done(done)
+        for entry in batch:
+            entry.pending -= 1
+            if not entry.pending:
+                entry.done = True
+        agent.batch_done(batch)
+
+    def _took(self, count: int) -> None:
+        """``count`` of the oldest held entries went into a batch: forget their arrivals."""
+        arrivals = self._arrivals
+        while count:
+            first = arrivals[0]
+            if first[0] > count:
+                first[0] -= count
+                return
+            count -= int(first[0])
+            arrivals.popleft()

@@ -111,22 +111,6 @@ class QueueCache:
             entry.done = True
         return entry
 
-    def finish_taken(self, lane: Lane, count: int, finished: list[Entry]) -> None:
-        """The lane's first ``count`` entries are done for its handler (a batch): append
-        them to ``finished``, and drop the lane if it has no more. The lane is *not* made
-        ready again: the batcher that holds it keeps it (see conveyor.platform.batcher).
-        """
-        entries = lane.entries
-        pop = entries.popleft
-        for _ in range(count):
-            entry = pop()
-            entry.pending -= 1
-            if not entry.pending:
-                entry.done = True
-            finished.append(entry)
-        if not entries:
-            del self.lanes[lane.key]
-
     def pop_done_prefix(self) -> list[SequenceToken]:
         """Remove the contiguous done entries at the front; their tokens, to acknowledge."""
         entries = self.entries
