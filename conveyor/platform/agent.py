@@ -28,6 +28,11 @@ VM) therefore starts nothing it pulled before the pause once it resumes: the mes
 wait, unstarted, until the lease is renewed or the queue is declared lost, and then go to
 the next owner unacknowledged.
 
+**Batch handlers** (``batch_size=N``) take no lanes: :meth:`_accept` appends their
+entries to the handler's batcher, which cuts them into batches in queue order, one at a
+time, each on one slot (:mod:`conveyor.platform.batcher`). An app without batch handlers
+accepts through the plain loop.
+
 Runners are long-lived coroutines, started on demand up to the cache capacity and
 parked on a future when idle, so a message costs no task of its own. A runner reserves
 a slot *before* it takes a lane (waiting for one if none is free; a runner that waits
@@ -120,7 +125,8 @@ class PullingAgent:
         self._running = 0
         self._idle: deque[asyncio.Future[None]] = deque()
         self._runners: set[asyncio.Task[None]] = set()
-        self._batchers: list[Batcher] = []
+        self.batchers: list[Batcher] = []
+        """One per batch handler (see conveyor.platform.batcher)."""
         self._split = self._split_batches(subscriptions)
         """With batch handlers: namespace -> (handlers, lane routes, batchers)."""
         self._to_ack: list[SequenceToken] = []
@@ -433,7 +439,7 @@ class PullingAgent:
             for route in routes:
                 if route.handler.batch is not None:
                     batchers.append(Batcher(self, route, route.handler.batch))
-            self._batchers.extend(batchers)
+            self.batchers.extend(batchers)
             lanes = tuple(r for r in routes if r.batch is None)
             split[ns] = (len(routes), lanes, tuple(batchers))
         return split

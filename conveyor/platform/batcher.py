@@ -63,6 +63,7 @@ class Batcher:
         """[messages, loop time] per accepted pull still held: when each one's wait began."""
         self._more = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.handler = route.handler.name
         self.running = False
         """A batch is running (it holds one slot)."""
         self.batches = 0
@@ -109,7 +110,7 @@ class Batcher:
             entry.started = True
             messages.append(entry.msg)
         first = messages[0]
-        permit.mark_used(agent.queue, self._route.handler.name, first.id, first.stream.key)
+        permit.mark_used(agent.queue, self.handler, first.id, first.stream.key)
         self.running = True
         agent.batch_started()
         try:

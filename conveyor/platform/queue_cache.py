@@ -8,6 +8,9 @@ its own *lane* — the cursor of one handler over one stream — so:
 * different streams, and different handlers of one stream, run concurrently;
 * a slow handler holds the others back only through the cache's capacity bound.
 
+A batch handler (``batch_size=N``) has no lanes: its entries go to its batcher, in
+queue order (:mod:`conveyor.platform.batcher`).
+
 An entry is *done* when every one of its handlers is done with it. Only the contiguous
 done prefix of the cache is acknowledged, so a crash can only cause redelivery of
 messages that were not (all) finished, never skip one.

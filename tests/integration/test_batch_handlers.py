@@ -186,6 +186,8 @@ async def test_a_batch_is_acknowledged_only_when_done_and_a_drain_finishes_it() 
     # Full at 10 (the wait of 10 s never ran out); nothing acknowledged while it runs.
     assert batches == [list(range(10))]
     assert await adapter.lag(0, "test") == 30
+    slots = d.slot_metrics()  # one slot for the whole batch
+    assert slots["*"]["in_use"] == 1 and slots[app.handlers[0].name]["in_use"] == 1
     stopping = asyncio.create_task(d.stop())
     await asyncio.sleep(0.05)  # the drain is waiting on the batch under way
     assert not stopping.done()
