@@ -44,6 +44,7 @@ from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import DeadLetter, Message, Undecodable
 from conveyor.platform.options import (
+    BatchOptions,
     CellOptions,
     HandlerOptions,
     PoolOptions,
@@ -70,6 +71,7 @@ __version__ = _version()
 __all__ = [
     "App",
     "AppAliveError",
+    "BatchOptions",
     "BrokerConnectionError",
     "BrokerError",
     "CellJobTimeout",

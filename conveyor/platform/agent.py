@@ -474,6 +474,10 @@ class PullingAgent:
         """A batcher's loop, stopped with the runners."""
         return self._spawn(coro)
 
+    @property
+    def draining(self) -> bool:
+        return self._stopping
+
     async def may_start_batch(self) -> bool:
         """Whether a batch may start now; while the queue is not ours (for now), wait."""
         while not self._stopping and not self._may_act():  # noqa: ASYNC110 - as _wait_owned

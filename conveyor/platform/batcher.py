@@ -101,6 +101,9 @@ class Batcher:
     async def _run_one(self) -> None:
         agent = self._agent
         permit = await agent.reserve_slot()
+        if agent.draining:  # the drain began while this waited for a slot
+            permit.release()
+            return
         entries = self.entries
         count = min(len(entries), self._size)
         batch = [entries.popleft() for _ in range(count)]
