@@ -290,3 +290,14 @@ async def test_a_batch_goes_at_once_when_the_cache_is_full() -> None:
     assert [len(b) for b in seen.batches] == [10, 6]
     gate.set()
     await d.stop()
+
+
+def test_bench_batch_on_memory_handles_every_message_once_next_to_its_floor() -> None:
+    from conveyor.bench.shipped import Variant
+    from conveyor.bench.throughput import memory_throughput
+
+    # time_daemon raises unless exactly 3,000 were handled once and acknowledged.
+    result = memory_throughput(3000, 30, repeats=1, variant=Variant(batch=100))
+    assert result.variant == "batch=100"
+    assert result.floor == "for loop awaiting the handler once per 100 messages"
+    assert result.figures["msgs_per_s"].median > 0

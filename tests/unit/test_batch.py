@@ -118,3 +118,15 @@ async def test_undecodable_bodies_are_dead_lettered_and_left_out_of_the_call() -
     [letter] = run.letters
     assert letter.message.id == "m1" and letter.attempts == 0
     assert letter.error_type == "DecodeError"
+
+
+def test_bench_batch_is_refused_on_kafka_as_a_usage_error() -> None:
+    from click.testing import CliRunner
+
+    from conveyor.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "throughput", "--adapter", "kafka",
+                                       "--batch", "500"])
+    assert result.exit_code == 2
+    assert "--batch" in result.output and "not kafka" in result.output
+
