@@ -248,6 +248,8 @@ def subscribe(app: App, interceptors: Sequence[Interceptor],
         step = batch_step(spec, batch_steps.put_letter, batch_steps.stats,
                           tracer=batch_steps.tracer, system=batch_steps.system,
                           group=app.name)
+        # The agent hands batch routes' messages to a batcher, never to the chain; as a
+        # chain the step still runs one message (a batch of one), should anyone call it.
         return Route(index[spec.name], spec, lambda d: step([d.message]), step)
 
     return {ns: tuple(route(s) for s in specs) for ns, specs in app.subscriptions().items()}
