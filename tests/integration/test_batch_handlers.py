@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import Counter, defaultdict
 
 import msgspec
@@ -61,8 +62,8 @@ def batch_app(seen: Seen, *, size: int, wait_ms: float = 20, delay_s: float = 0.
         seen.running += 1
         seen.max_running = max(seen.max_running, seen.running)
         try:
-            if delay_s:
-                await asyncio.sleep(delay_s)
+            if delay_s:  # random, so batches run at once would finish out of order
+                await asyncio.sleep(random.uniform(0, delay_s))
         finally:
             seen.running -= 1
         seen.ok(batch)
@@ -76,7 +77,7 @@ async def test_batches_keep_each_streams_order_and_every_message_is_handled_once
     caplog.set_level(logging.ERROR, logger="conveyor")
     adapter = fresh_adapter()
     seen = Seen()
-    d = daemon(batch_app(seen, size=50, delay_s=0.002), adapter, config(slots={"count": 4}))
+    d = daemon(batch_app(seen, size=50, delay_s=0.004), adapter, config(slots={"count": 4}))
     items = clicks(3000, streams=40)
     await publish(Client(adapter, d.mapper), items)
     await d.start()
