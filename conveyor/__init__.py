@@ -45,6 +45,7 @@ from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import DeadLetter, Message, Undecodable
 from conveyor.platform.options import (
+    BatchOptions,
     CellOptions,
     HandlerOptions,
     PoolOptions,
@@ -71,6 +72,7 @@ __version__ = _version()
 __all__ = [
     "App",
     "AppAliveError",
+    "BatchOptions",
     "BrokerConnectionError",
     "BrokerError",
     "CellJobTimeout",

@@ -623,11 +623,15 @@ def bench() -> None:
               help="kafka: HOST:PORT of a broker (default: start a private tansu).")
 @click.option("--io-messages", type=click.IntRange(min=0), default=20_000, show_default=True,
               help="kafka: messages of the I/O-bound run (0: skip it).")
+@click.option("--batch", type=click.IntRange(min=1, max=100_000), default=None,
+              help="memory, redis: a batch handler of N (batch_size=N) instead of one "
+              "message a call, next to a raw loop awaiting the no-op once per N.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_throughput(
     adapter: str, messages: int, streams: int, repeats: int, slots: int | None,
     settings: tuple[str, ...], config_file: Path | None, redis_url: str | None,
-    daemons: tuple[str, ...], bootstrap: str | None, io_messages: int, as_json: bool,
+    daemons: tuple[str, ...], bootstrap: str | None, io_messages: int, batch: int | None,
+    as_json: bool,
 ) -> None:
     """No-op msgs/s as the adapter's shipped config runs it, next to raw loops, both at
     steady state; and publish msgs/s next to a raw producer, in the same run.
@@ -639,6 +643,9 @@ def bench_throughput(
     memory, a for loop awaiting the handler; redis, XREADGROUP COUNT 500 + XACK; kafka,
     getmany + commit. Publish: Client.publish_batch (500 a call) and single publish
     calls, next to pipelined XADD x500 / aiokafka send_batch / adapter.enqueue.
+    --batch N: the handler is a batch handler of N and the floor reads N at a time
+    (redis: XREADGROUP COUNT N) and awaits the no-op once per batch; redis then measures
+    one daemon only.
     """
     from aiokafka.errors import KafkaError
     from redis.exceptions import RedisError
@@ -646,8 +653,11 @@ def bench_throughput(
     from conveyor.adapters.redis_conn import redact_url
     from conveyor.bench.shipped import Variant, bench_config
 
+    if batch is not None and adapter == "kafka":
+        raise click.BadParameter("is measured on memory and redis, not kafka",
+                                 param_hint="--batch")
     try:  # a variant the config refuses is the caller's mistake, found before any run
-        variant = Variant.of(settings, slots=slots, config_file=config_file)
+        variant = Variant.of(settings, slots=slots, config_file=config_file, batch=batch or 0)
         bench_config(adapter, {}, variant)
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="--set / --slots / --config") from None

@@ -47,6 +47,7 @@ from conveyor.bench.throughput import (
     Backend,
     build_messages,
     noop,
+    noop_batch,
     queue_chunks,
     repeat_once,
     summarize,
@@ -113,9 +114,10 @@ async def publish_floor(r: Any, keys: Keys, messages: Sequence[Message], total: 
 
 
 async def consume_floor(r: Any, streams: Sequence[str], messages: int,
-                        count: int = PUBLISH_BATCH) -> Sample:
+                        count: int = PUBLISH_BATCH, batch: bool = False) -> Sample:
     """``XREADGROUP COUNT count`` + ``XACK`` over ``streams``, one task each, on ``r``;
-    timed from the first reply with entries (set-up is ``startup_s``)."""
+    timed from the first reply with entries (set-up is ``startup_s``). The no-op is
+    awaited on each body, or with ``batch`` once per reply on all its bodies."""
     clock = SteadyClock()
     for key in streams:
         await r.xgroup_create(key, GROUP, "0", mkstream=True)
@@ -129,8 +131,11 @@ async def consume_floor(r: Any, streams: Sequence[str], messages: int,
                 return done
             clock.first()
             entries = reply[0][1]
-            for _, fields in entries:
-                await noop(fields[BODY])
+            if batch:
+                await noop_batch([fields[BODY] for _, fields in entries])
+            else:
+                for _, fields in entries:
+                    await noop(fields[BODY])
             await r.xack(key, GROUP, *[eid for eid, _ in entries])
             done += len(entries)
 
@@ -155,6 +160,9 @@ class RedisBackend(Backend):
     def __init__(self, url: str, variant: Variant | None = None) -> None:
         super().__init__(variant)
         self.url = url
+        if self.variant.batch:
+            self.floor = (f"redis-py XREADGROUP COUNT {self.variant.batch} + XACK, a task "
+                          "per queue, the no-op awaited once per batch")
 
     def config(self, place: str) -> BenchConfig:
         return bench_config("redis", {"redis.url": self.url, "redis.prefix": self.stamp + place},
@@ -180,8 +188,9 @@ class RedisBackend(Backend):
         r = connect(bench.config.redis)
         try:
             published = await publish_floor(r, keys, messages, total)
+            batch = bench.variant.batch
             consumed = await consume_floor(r, [keys.queue(q) for q in range(total)],
-                                           len(messages))
+                                           len(messages), batch or PUBLISH_BATCH, bool(batch))
         finally:
             await r.aclose()
         return published, consumed
@@ -285,7 +294,10 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 async def _measure(backend: RedisBackend, messages: int, streams: int, repeats: int,
                    daemons: tuple[int, ...]) -> dict[str, ThroughputResult]:
     one: list[dict[str, float]] = []
-    more: dict[int, list[dict[str, float]]] = {d: [] for d in daemons if d > 1}
+    # The worker processes run the per-message app (conveyor.bench.noop_app): with
+    # --batch only the in-process daemon is measured.
+    more: dict[int, list[dict[str, float]]] = {
+        d: [] for d in daemons if d > 1 and not backend.variant.batch}
     slots, items, single = 0, bench_items(messages, streams), min(messages, SINGLE_MAX)
     for i in range(repeats):
         tag = f"r{i}"

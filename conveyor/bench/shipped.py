@@ -64,20 +64,25 @@ class Variant:
     changes: tuple[tuple[str, Any], ...] = ()
     config_file: Path | None = None
     """Start from this file instead of the shipped one (``--config``)."""
+    batch: int = 0
+    """``--batch N``: the no-op is a batch handler (``batch_size=N``) and the raw loop
+    reads N at a time and awaits the no-op once per batch; 0: one message a call."""
 
     @classmethod
     def of(cls, settings: Iterable[str] = (), *, slots: int | None = None,
-           config_file: Path | None = None) -> Variant:
+           config_file: Path | None = None, batch: int = 0) -> Variant:
         changes = dict(parse_setting(s) for s in settings)
         if slots is not None:
             changes["slots.count"] = slots
-        return cls(tuple(changes.items()), config_file)
+        return cls(tuple(changes.items()), config_file, batch)
 
     @property
     def name(self) -> str:
         """``shipped``, or what differs from it (``slots.count=1024``)."""
         parts = [f"config={self.config_file}"] if self.config_file else []
         parts += [f"{path}={_text(value)}" for path, value in self.changes]
+        if self.batch:
+            parts.append(f"batch={self.batch}")
         return ", ".join(parts) or "shipped"
 
 

@@ -49,7 +49,7 @@ from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
 
 __all__ = ["AckCounter", "Backend", "MemoryBackend", "measure", "memory_throughput", "noop",
-           "noop_app"]
+           "noop_app", "noop_batch"]
 
 SINGLE_MAX = 20_000
 """Messages of the single-``publish`` run at most (one round trip each without coalescing)."""
@@ -106,6 +106,11 @@ async def noop(body: bytes) -> None:
     return None
 
 
+async def noop_batch(bodies: list[bytes]) -> None:
+    """What the raw loops await per batch with ``--batch N``."""
+    return None
+
+
 _runs = itertools.count()
 
 
@@ -148,7 +153,7 @@ async def _publish_into(backend: Backend, bench: BenchConfig,
 async def _consume(bench: BenchConfig, messages: int) -> tuple[Sample, int]:
     adapter = create_adapter(bench.config.queues.adapter, bench.config)
     try:
-        return await time_daemon(bench.config, adapter, messages)
+        return await time_daemon(bench.config, adapter, messages, bench.variant.batch)
     finally:
         await adapter.close()
 
@@ -220,6 +225,11 @@ class MemoryBackend(Backend):
     floor = "for loop awaiting the handler"
     publish_floor = f"adapter.enqueue of built messages, {PUBLISH_BATCH} at a time"
 
+    def __init__(self, variant: Variant | None = None) -> None:
+        super().__init__(variant)
+        if self.variant.batch:
+            self.floor = f"for loop awaiting the handler once per {self.variant.batch} messages"
+
     def config(self, place: str) -> BenchConfig:
         from conveyor.adapters.memory import reset_broker
 
@@ -244,8 +254,13 @@ class MemoryBackend(Backend):
         publish = clock.stop(len(messages))
         clock = SteadyClock()
         clock.first()
-        for msg in messages:
-            await noop(msg.body)
+        size = bench.variant.batch
+        if size:
+            for i in range(0, len(messages), size):
+                await noop_batch([m.body for m in messages[i : i + size]])
+        else:
+            for msg in messages:
+                await noop(msg.body)
         return publish, clock.stop(len(messages))
 
 

@@ -104,11 +104,21 @@ class AckCounter:
         adapter.create_receiver = create_counted  # type: ignore[method-assign]
 
 
-def first_delivery_app(clock: SteadyClock, counter: list[int]) -> App:
+def first_delivery_app(clock: SteadyClock, counter: list[int], batch: int = 0) -> App:
     """The benchmark's app: ``async def noop(body: bytes) -> None`` on namespace
-    ``bench``, which also starts ``clock`` on its first call and counts its calls."""
+    ``bench``, which also starts ``clock`` on its first call and counts its calls (with
+    ``batch``, ``async def noop(bodies: list[bytes])``, ``batch_size=batch``, counting
+    the bodies)."""
     app = App("bench")
     first = clock.first
+    if batch:
+        @app.handler("bench", batch_size=batch)
+        async def noop_batch(bodies: list[bytes]) -> None:
+            if not counter[0]:
+                first()
+            counter[0] += len(bodies)
+
+        return app
 
     @app.handler("bench")
     async def noop(body: bytes) -> None:
@@ -126,15 +136,17 @@ def bench_items(messages: int, streams: int) -> list[Publish]:
             for i in range(messages)]
 
 
-async def time_daemon(config: Config, adapter: QueueAdapter, messages: int) -> tuple[Sample, int]:
+async def time_daemon(config: Config, adapter: QueueAdapter, messages: int,
+                      batch: int = 0) -> tuple[Sample, int]:
     """Consume ``messages`` already on ``adapter``'s queues with one daemon built from
-    ``config``; returns the sample and the slot count the daemon was built with.
+    ``config`` (a batch handler of ``batch`` when not 0); returns the sample and the
+    slot count the daemon was built with.
 
     The adapter is the daemon's (it is not closed here: the caller owns it).
     """
     clock, counter = SteadyClock(), [0]  # start-up counts from building the daemon
     acks = AckCounter(adapter, messages)
-    daemon = WorkerDaemon(first_delivery_app(clock, counter), config, adapter=adapter)
+    daemon = WorkerDaemon(first_delivery_app(clock, counter, batch), config, adapter=adapter)
     slots = daemon.config.slots.count
     await daemon.start()
     freeze_startup_heap()  # as `conveyor worker` does once its daemon has started

@@ -28,6 +28,11 @@ VM) therefore starts nothing it pulled before the pause once it resumes: the mes
 wait, unstarted, until the lease is renewed or the queue is declared lost, and then go to
 the next owner unacknowledged.
 
+**Batch handlers** (``batch_size=N``) take no lanes: :meth:`_accept` appends their
+entries to the handler's batcher, which cuts them into batches in queue order, one at a
+time, each on one slot (:mod:`conveyor.platform.batcher`). An app without batch handlers
+accepts through the plain loop.
+
 Runners are long-lived coroutines, started on demand up to the cache capacity and
 parked on a future when idle, so a message costs no task of its own. A runner reserves
 a slot *before* it takes a lane (waiting for one if none is free; a runner that waits
@@ -49,6 +54,7 @@ from typing import Any
 
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.backoff import BROKER_WRITE
+from conveyor.platform.batcher import Batcher
 from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError, LeaseLostError
@@ -119,6 +125,10 @@ class PullingAgent:
         self._running = 0
         self._idle: deque[asyncio.Future[None]] = deque()
         self._runners: set[asyncio.Task[None]] = set()
+        self.batchers: list[Batcher] = []
+        """One per batch handler (see conveyor.platform.batcher)."""
+        self._split = self._split_batches(subscriptions)
+        """With batch handlers: namespace -> (handlers, lane routes, batchers)."""
         self._to_ack: list[SequenceToken] = []
         self._waking = False
         self._ack_task: asyncio.Task[None] | None = None
@@ -302,16 +312,19 @@ class PullingAgent:
 
     def _accept(self, messages: list[Message]) -> None:
         cache = self.cache
-        subs = self._subs
         orphans = self._orphan_queue
-        for msg in messages:
-            routes = subs.get(msg.stream.namespace)
-            if routes is None:  # undecodable, or no handler of this app subscribes
-                entry = Entry(msg, 1)
-                cache.entries.append(entry)
-                orphans.append(entry)
-                continue
-            cache.add(Entry(msg, len(routes)), routes)
+        if self._split is not None:
+            self._accept_split(messages)
+        else:
+            subs = self._subs
+            for msg in messages:
+                routes = subs.get(msg.stream.namespace)
+                if routes is None:  # undecodable, or no handler of this app subscribes
+                    entry = Entry(msg, 1)
+                    cache.entries.append(entry)
+                    orphans.append(entry)
+                    continue
+                cache.add(Entry(msg, len(routes)), routes)
         self.pulled += len(messages)
         if len(cache) > self.max_cache_fill:
             self.max_cache_fill = len(cache)
@@ -340,10 +353,11 @@ class PullingAgent:
         else:
             self._waking = False
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._runners.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._runners.discard(task)
@@ -410,6 +424,87 @@ class PullingAgent:
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter
+
+    # -- batches (conveyor.platform.batcher) ---------------------------------------------
+    def _split_batches(
+        self, subscriptions: Subscriptions
+    ) -> dict[str, tuple[int, tuple[Route, ...], tuple[Batcher, ...]]] | None:
+        """For an app with batch handlers, each namespace's lane routes and batchers
+        (one batcher per batch handler); None without (the common path stays as is)."""
+        if not any(r.batch is not None for rs in subscriptions.values() for r in rs):
+            return None
+        split = {}
+        for ns, routes in subscriptions.items():
+            batchers = []
+            for route in routes:
+                if route.handler.batch is not None:
+                    batchers.append(Batcher(self, route, route.handler.batch))
+            self.batchers.extend(batchers)
+            lanes = tuple(r for r in routes if r.batch is None)
+            split[ns] = (len(routes), lanes, tuple(batchers))
+        return split
+
+    def _accept_split(self, messages: list[Message]) -> None:
+        """:meth:`_accept` with batch handlers: a message goes to the lanes of its
+        ordinary handlers and to the end of each of its batch handlers' batchers."""
+        cache = self.cache
+        split = self._split
+        assert split is not None
+        touched: dict[Batcher, int] = {}
+        for msg in messages:
+            target = split.get(msg.stream.namespace)
+            if target is None:
+                entry = Entry(msg, 1)
+                cache.entries.append(entry)
+                self._orphan_queue.append(entry)
+                continue
+            handlers, routes, batchers = target
+            entry = Entry(msg, handlers)
+            if routes:
+                cache.add(entry, routes)
+            else:
+                cache.entries.append(entry)
+            for batcher in batchers:
+                batcher.entries.append(entry)
+                touched[batcher] = touched.get(batcher, 0) + 1
+        for batcher, count in touched.items():
+            batcher.arrived(count)
+
+    def spawn_batcher(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A batcher's loop, stopped with the runners."""
+        return self._spawn(coro)
+
+    @property
+    def draining(self) -> bool:
+        return self._stopping
+
+    async def may_start_batch(self) -> bool:
+        """Whether a batch may start now; while the queue is not ours (for now), wait."""
+        while not self._stopping and not self._may_act():  # noqa: ASYNC110 - as _wait_owned
+            await asyncio.sleep(self.settings.poll_timeout_s / 5)
+        return not self._stopping
+
+    async def reserve_slot(self) -> SlotPermit:
+        return self._slots.try_reserve_slot(self._ctx) or await self._slots.reserve_slot(
+            self._ctx)
+
+    def batch_started(self) -> None:
+        self._running += 1
+
+    def batch_ended(self) -> None:
+        self._running -= 1
+
+    def batch_done(self, entries: list[Entry]) -> None:
+        """A batch's messages are done for its handler: acknowledge what is now done."""
+        note = self._note_out_of_order
+        if note is not None:  # recorded above the watermark; pruned once acknowledged
+            for entry in entries:
+                if entry.done and entry.msg.token is not None:
+                    note(entry.msg.token)
+        head = self.cache.entries[0] if self.cache.entries else None
+        if head is not None and head.done:
+            self._entry_done(head)  # acknowledges the whole done prefix
+        self._check_quiet()
 
     def _regain(self) -> None:
         """The queue is not ours now (a lease renewal is overdue): wake the runners once

@@ -13,7 +13,7 @@ import msgspec.inspect
 
 from conveyor.platform.errors import DecodeError, HandlerDeclarationError
 from conveyor.platform.message import CONTENT_MSGPACK, Message
-from conveyor.platform.options import HandlerOptions, RetryPolicy
+from conveyor.platform.options import BatchOptions, HandlerOptions, RetryPolicy
 
 OptionT = TypeVar("OptionT", bound=HandlerOptions)
 
@@ -96,6 +96,11 @@ class HandlerSpec:
     def retry(self) -> RetryPolicy:
         return self.option(RetryPolicy) or RetryPolicy()
 
+    @property
+    def batch(self) -> BatchOptions | None:
+        """The batch settings of a ``batch_size=N`` handler, else None."""
+        return self.option(BatchOptions)
+
 
 def build_spec(
     fn: HandlerFn,
@@ -126,6 +131,8 @@ def build_spec(
             f"{where}: annotate the first parameter with the body's type "
             "(a msgspec Struct, dict, bytes or str) so Conveyor knows how to decode it"
         )
+    if BatchOptions in options:
+        body_type = _batch_element(body_type, len(params), where)
     return HandlerSpec(
         name=name or f"{fn.__module__}.{fn.__qualname__}",
         namespace=namespace,
@@ -134,6 +141,22 @@ def build_spec(
         takes_context=len(params) == 2,
         options=dict(options),
     )
+
+
+def _batch_element(annotation: Any, params: int, where: str) -> Any:
+    """The element type ``T`` of a batch handler's ``list[T]``: how each body decodes."""
+    if params != 1:
+        raise HandlerDeclarationError(
+            f"{where}: a batch handler (batch_size) takes one parameter, list[T], "
+            f"got {params}"
+        )
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is not list or len(args) != 1:
+        raise HandlerDeclarationError(
+            f"{where}: a batch handler (batch_size) annotates its parameter list[T] "
+            f"(T decodes each body), got {annotation!r}"
+        )
+    return args[0]
 
 
 def handler_where(fn: Any) -> str:

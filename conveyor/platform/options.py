@@ -16,6 +16,8 @@ CellOptions      cell_key, cell_size, cell_sizes,           the cell interceptor
                  cell_job_timeout_s
 IdempotencyOptions idempotent, idempotency_window_s,        the idempotency interceptor
                  idempotency_claim_s
+BatchOptions     batch_size, batch_wait_ms                  the agent's batcher and the
+                                                            batch step (delivery/batch.py)
 
 User interceptors may declare option types of their own (``Interceptor.options``).
 """
@@ -304,8 +306,41 @@ class IdempotencyOptions(HandlerOptions):
         return cls(values[0], values[1])
 
 
+DEFAULT_BATCH_WAIT_MS = 50.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOptions(HandlerOptions):
+    """``batch_size=N``: the handler takes ``list[T]`` and is called with up to ``size``
+    messages at once, handed over when the batch is full or ``wait_ms`` after its first
+    message arrived. See :mod:`conveyor.platform.batcher` (order, slots) and
+    :mod:`conveyor.platform.delivery.batch` (decoding, retry, bisection).
+    """
+
+    size: int
+    wait_ms: float = DEFAULT_BATCH_WAIT_MS
+
+    keywords: ClassVar[frozenset[str]] = frozenset({"batch_size", "batch_wait_ms"})
+
+    @classmethod
+    def from_keywords(cls, where: str, given: Mapping[str, Any]) -> BatchOptions | None:
+        if "batch_size" not in given:
+            if "batch_wait_ms" in given:
+                raise _bad(where, "batch_wait_ms applies to batch handlers only (batch_size=N)")
+            return None
+        size = given["batch_size"]
+        if not (_is_int(size, 1) and size <= MAX_BATCH_SIZE):
+            raise _bad(where, f"batch_size must be an int in [1, {MAX_BATCH_SIZE}], got {size!r}")
+        wait_ms = given.get("batch_wait_ms", DEFAULT_BATCH_WAIT_MS)
+        if not (_is_number(wait_ms, 0.0) and wait_ms <= 60_000):
+            raise _bad(where, f"batch_wait_ms must be a number in [0, 60000], got {wait_ms!r}")
+        return cls(size, float(wait_ms))
+
+
+MAX_BATCH_SIZE = 100_000
+
 BUILTIN_OPTIONS: tuple[type[HandlerOptions], ...] = (
-    RetryPolicy, PoolOptions, CellOptions, IdempotencyOptions,
+    RetryPolicy, PoolOptions, CellOptions, IdempotencyOptions, BatchOptions,
 )
 
 
@@ -330,4 +365,10 @@ def parse_options(
             values[option_type] = value
     if PoolOptions in values and CellOptions in values:
         raise _bad(where, "a handler is either stateless=True or has cells (cell_key), not both")
+    if BatchOptions in values:
+        refused = [k for t, k in ((PoolOptions, "stateless=True"), (CellOptions, "cell_key"),
+                                  (IdempotencyOptions, "idempotent=True")) if t in values]
+        if refused:
+            raise _bad(where, f"batch handlers (batch_size) cannot use {', '.join(refused)}: "
+                              "a batch runs as one call, on the agent's slot")
     return values

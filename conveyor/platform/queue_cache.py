@@ -8,6 +8,9 @@ its own *lane* — the cursor of one handler over one stream — so:
 * different streams, and different handlers of one stream, run concurrently;
 * a slow handler holds the others back only through the cache's capacity bound.
 
+A batch handler (``batch_size=N``) has no lanes: its entries go to its batcher, in
+queue order (:mod:`conveyor.platform.batcher`).
+
 An entry is *done* when every one of its handlers is done with it. Only the contiguous
 done prefix of the cache is acknowledged, so a crash can only cause redelivery of
 messages that were not (all) finished, never skip one.
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from conveyor.platform.delivery.batch import BatchStep
 from conveyor.platform.delivery.chain import Step
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -28,11 +32,13 @@ from conveyor.platform.message import Message
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A handler as an agent sees it: its place among the app's handlers, its chain."""
+    """A handler as an agent sees it: its place among the app's handlers, its chain
+    (and for a ``batch_size=N`` handler the step its batches run through instead)."""
 
     index: int
     handler: HandlerSpec
     chain: Step
+    batch: BatchStep | None = None
 
 
 class Entry(msgspec.Struct, gc=False):

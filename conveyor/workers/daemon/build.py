@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from opentelemetry.trace import Tracer
+
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.agent import AgentSettings, Subscriptions
 from conveyor.platform.app import App
@@ -32,12 +34,15 @@ from conveyor.platform.delivery import (
     build_chain,
     chain_interceptors,
 )
+from conveyor.platform.delivery.batch import batch_step
 from conveyor.platform.delivery.idempotency import (
     IdempotencyInterceptor,
     IdempotencyStore,
     LocalIdempotencyStore,
 )
 from conveyor.platform.delivery.orphans import Orphans
+from conveyor.platform.errors import ConveyorError
+from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.importing import load_attr
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.membership import MemberInfo
@@ -178,16 +183,26 @@ def build_parts(
         stats=stats, dead_letters=dead_letters,
         orphans=Orphans(put_letter, stats, app.name, config.dead_letters.unroutable),
         pool_step=pool_step, cell_step=cell_step, interceptors=interceptors,
-        subscriptions=subscribe(app, interceptors),
+        subscriptions=subscribe(app, interceptors, batch_steps=BatchSteps(
+            put_letter, stats, telemetry.tracer, adapter.name)),
         settings=AgentSettings(
             cache_capacity=config.worker.cache_capacity,
-            max_batch=config.worker.max_batch,
+            max_batch=_pull_size(app, config),
             poll_timeout_s=config.worker.poll_timeout_ms / 1000,
         ),
         resources=PlacementResources(member.id, resource_sampler),
         owns_adapter=owns_adapter, owns_slots=owns_slots, owns_telemetry=owns_telemetry,
         once_step=once_step,
     )
+
+
+def _pull_size(app: App, config: Config) -> int:
+    """``[worker] max_batch``, raised to the largest ``batch_size`` of the app's batch
+    handlers (within ``cache_capacity``): a batch of N is then one pull, not N / max_batch
+    round trips in a row (conveyor.platform.batcher)."""
+    sizes = [h.batch.size for h in app.handlers if h.batch is not None]
+    largest = min(max(sizes, default=0), config.worker.cache_capacity)
+    return max(config.worker.max_batch, largest)
 
 
 def _idempotency(app: App, config: Config, stats: DeliveryStats) -> IdempotencyInterceptor | None:
@@ -207,13 +222,37 @@ def _idempotency(app: App, config: Config, stats: DeliveryStats) -> IdempotencyI
     return IdempotencyInterceptor(store, stats)
 
 
-def subscribe(app: App, interceptors: Sequence[Interceptor]) -> Subscriptions:
-    """Every handler's delivery chain, composed once (see conveyor.platform.delivery)."""
+@dataclass(frozen=True, slots=True)
+class BatchSteps:
+    """What the batch steps of ``batch_size=N`` handlers are built from."""
+
+    put_letter: PutLetter
+    stats: DeliveryStats
+    tracer: Tracer | None
+    system: str
+
+
+def subscribe(app: App, interceptors: Sequence[Interceptor],
+              batch_steps: BatchSteps | None = None) -> Subscriptions:
+    """Every handler's delivery chain, composed once (see conveyor.platform.delivery);
+    a batch handler's route runs its batches through a batch step instead (see
+    conveyor.platform.delivery.batch: app interceptors do not wrap batch handlers)."""
     index = {spec.name: i for i, spec in enumerate(app.handlers)}
-    return {
-        ns: tuple(Route(index[s.name], s, build_chain(s, interceptors)) for s in specs)
-        for ns, specs in app.subscriptions().items()
-    }
+
+    def route(spec: HandlerSpec) -> Route:
+        if spec.batch is None:
+            return Route(index[spec.name], spec, build_chain(spec, interceptors))
+        if batch_steps is None:
+            raise ConveyorError(f"handler {spec.name!r} is a batch handler: subscribe() "
+                                "needs batch_steps")
+        step = batch_step(spec, batch_steps.put_letter, batch_steps.stats,
+                          tracer=batch_steps.tracer, system=batch_steps.system,
+                          group=app.name)
+        # The agent hands batch routes' messages to a batcher, never to the chain; as a
+        # chain the step still runs one message (a batch of one), should anyone call it.
+        return Route(index[spec.name], spec, lambda d: step([d.message]), step)
+
+    return {ns: tuple(route(s) for s in specs) for ns, specs in app.subscriptions().items()}
 
 
 def _store_in(adapter: QueueAdapter, group: str) -> _LetterStore:

@@ -163,6 +163,10 @@ class DaemonMetrics:
                 if lane.running:
                     name = lane.route.handler.name
                     per_handler[name] = per_handler.get(name, 0) + 1
+            for batcher in agent.batchers:  # a running batch holds one slot
+                if batcher.running:
+                    name = batcher.handler
+                    per_handler[name] = per_handler.get(name, 0) + 1
         metrics = {name: {"in_use": n, "available": free} for name, n in per_handler.items()}
         metrics["*"] = {"in_use": slots.in_use, "issued": slots.issued, "available": free}
         return metrics
