@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import free_port, wait_until_sync
+from tests.conftest import free_port, stop_when, wait_until_sync
 from tests.http_scrape import get, scrape, value
 from tests.otlp import Receiver, otlp_receiver
 
@@ -45,14 +45,7 @@ def published_ids(tmp_path: Path) -> set[str]:
 
 def stop(proc: subprocess.Popen[str]) -> str:
     """SIGTERM, a clean exit, its stderr."""
-    try:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr
+    stderr = stop_when(proc, lambda: True, 1, "nothing")
     assert "Traceback" not in stderr, stderr
     return stderr
 

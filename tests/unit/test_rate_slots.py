@@ -7,20 +7,11 @@ import time
 
 import pytest
 
-from conveyor.platform.slots import SlotReleaseReason, SlotReservationContext
+from conveyor.platform.slots import SlotReleaseReason
 from conveyor.workers.fixed_slots import FixedSlotSupplier
 from conveyor.workers.rate_slots import Gcra, RateLimitedSlotSupplier
 from tests.conftest import wait_until
-
-
-class Ctx:
-    queue = 0
-    handler = "*"
-    slots_issued = 0
-    slots_in_use = 0
-
-
-CTX: SlotReservationContext = Ctx()
+from tests.slot_context import CTX
 
 
 class Clock:

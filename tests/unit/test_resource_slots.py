@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from conveyor import load_config
-from conveyor.platform.slots import SlotPermit, SlotReservationContext
+from conveyor.platform.slots import SlotPermit
 from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
 from conveyor.workers.resources import (
     CgroupV2Sampler,
@@ -19,16 +19,7 @@ from conveyor.workers.resources import (
     own_cgroup,
 )
 from conveyor.workers.supplier_config import supplier_from_config
-
-
-class Ctx:
-    queue = 0
-    handler = "*"
-    slots_issued = 0
-    slots_in_use = 0
-
-
-CTX: SlotReservationContext = Ctx()
+from tests.slot_context import CTX
 
 
 class Clock:

@@ -10,16 +10,7 @@ from conveyor.platform.slots import (
     SlotSupplier,
 )
 from conveyor.workers.fixed_slots import FixedSlotSupplier
-
-
-class Ctx:
-    queue = 0
-    handler = "*"
-    slots_issued = 0
-    slots_in_use = 0
-
-
-CTX: SlotReservationContext = Ctx()
+from tests.slot_context import CTX
 
 
 async def test_fixed_supplier_grants_up_to_its_count_then_blocks() -> None:

@@ -22,16 +22,7 @@ from conveyor.workers.fixed_slots import FixedSlotSupplier
 from conveyor.workers.slot_wrappers import GuardedSlotSupplier, PauseableSlotSupplier
 from conveyor.workers.supplier_config import supplier_from_config
 from tests.conftest import wait_until
-
-
-class Ctx:
-    queue = 0
-    handler = "*"
-    slots_issued = 0
-    slots_in_use = 0
-
-
-CTX: SlotReservationContext = Ctx()
+from tests.slot_context import CTX
 
 
 async def test_paused_supplier_makes_reservations_wait_until_resumed() -> None:

@@ -12,7 +12,7 @@ from conveyor import Client, Publish
 from conveyor.adapters.redis_rate import RedisTokenSource, rate_key
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
-from conveyor.platform.slots import SlotReleaseReason, SlotReservationContext
+from conveyor.platform.slots import SlotReleaseReason
 from conveyor.workers.fixed_slots import FixedSlotSupplier
 from conveyor.workers.rate_slots import RateLimitedSlotSupplier
 from tests.conftest import wait_until, wait_until_sync
@@ -24,20 +24,13 @@ from tests.integration.redis.conftest import (
     wait_file_lines,
     write_config,
 )
+from tests.slot_context import CTX
 
 RATE = 50  # handler starts per second, for the whole app
 BURST = 10
 MESSAGES = RATE * 10 + BURST  # ten seconds of work after the burst
 
 
-class Ctx:
-    queue = 0
-    handler = "*"
-    slots_issued = 0
-    slots_in_use = 0
-
-
-CTX: SlotReservationContext = Ctx()
 
 
 def test_three_daemons_share_one_limit(redis_server: RedisServer, tmp_path: Path,
