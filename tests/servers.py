@@ -376,7 +376,10 @@ class RedisClusterServers:
 
     def wait_failover(self, killed_port: int, timeout_s: float = 15.0) -> float:
         """Wait until the killed primary's former replica serves all its slots and every
-        surviving node reports ``cluster_state:ok``; return seconds since the kill."""
+        surviving node reports ``cluster_state:ok``; return seconds since the kill.
+
+        It blocks: an async test whose workers run in its own event loop calls it as
+        ``await asyncio.to_thread(cluster.wait_failover, port)``."""
         kill = self._kills[killed_port]
         assert kill.replica is not None, f"{killed_port} was not a primary when killed"
 
