@@ -24,7 +24,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +208,7 @@ class RedisNode:
     """The cluster bus; chosen free too, since ``port + 10000`` may be taken or > 65535."""
     workdir: Path
     proc: subprocess.Popen[bytes] | None = None
-    _admin: redis.Redis | None = None
+    _admin: redis.Redis | None = field(default=None, repr=False)
 
     @property
     def address(self) -> Address:
@@ -286,7 +286,8 @@ class RedisClusterServers:
     size = 6
 
     def __init__(self, workdir: Path, *, killable: bool = True) -> None:
-        self.nodes = [RedisNode(free_port(), free_port(), workdir / f"node-{i}")
+        ports = distinct_free_ports(2 * self.size)
+        self.nodes = [RedisNode(ports[2 * i], ports[2 * i + 1], workdir / f"node-{i}")
                       for i in range(self.size)]
         self.killable = killable
         """False for a cluster shared by several tests: :meth:`kill` refuses."""
@@ -437,6 +438,16 @@ class RedisClusterServers:
         first = views[0]
         return all(view == first for view in views) and all(
             len(r.replicas) == 1 for r in self.slots())
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """free_port() can hand out a port it handed out a moment ago; twelve must differ."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def _address(entry: list[Any]) -> Address:
