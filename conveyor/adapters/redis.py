@@ -37,10 +37,14 @@ from conveyor.adapters import redis_letters
 from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import (
     Caller,
+    ClusterClient,
     Keys,
     check_name,
+    close,
     connect,
     joined_ids,
+    mget,
+    on_primary,
     run_replicated,
     token_of,
 )
@@ -378,7 +382,7 @@ class RedisReceiver(QueueReceiver):
         self._group = check_name(group, "app name")
         self._stream = adapter.keys.queue(queue)
         self._lease_key = adapter.keys.lease(group, queue)
-        self._fenced_key = adapter.keys.fenced_acks(group)
+        self._fenced_key = adapter.keys.fenced_acks(group, queue)
         self._consumer = _default_consumer()
         self._lease_value = ""
         self._token = 0
@@ -548,9 +552,10 @@ class RedisAdapter(QueueAdapter):
         self.cfg = cfg
         self.max_dead_letters = max_dead_letters
         """``[dead_letters] max_entries``: 0 keeps every letter."""
-        self.keys = Keys(cfg.prefix)
         # Any: redis-py 8 types replies as unions of every protocol shape.
         self.redis: Any = redis if redis is not None else connect(cfg)
+        self.cluster = isinstance(self.redis, ClusterClient)
+        self.keys = Keys(cfg.prefix, cluster=self.cluster)
         # Receivers decode XREADGROUP replies themselves (EntryDecoder), straight from
         # the lists hiredis built: redis-py's parser would add a dict per entry.
         self.redis.set_response_callback("XREADGROUP", _raw_reply)
@@ -563,6 +568,7 @@ class RedisAdapter(QueueAdapter):
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
         self.replay_script = self.redis.register_script(lua.REPLAY_LETTER)
+        self.replay_marked_script = self.redis.register_script(lua.REPLAY_MARKED)
         self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
         self.min_replicas: int = cfg.min_replicas
         self.replica_timeout_ms: int = cfg.replica_timeout_ms
@@ -617,20 +623,23 @@ class RedisAdapter(QueueAdapter):
 
         replicas = self.min_replicas
 
+        async def pipelined(client: aioredis.Redis) -> list[Any]:
+            pipe: Any = client.pipeline(transaction=False)
+            pipe.scripts.add(script)  # loaded first should the server not know it
+            for keys, args in calls:
+                pipe.evalsha(script.sha, 2, *keys, *args)
+            if replicas:  # on the same connection as the writes, as WAIT requires
+                pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
+            replies: list[Any] = await pipe.execute()
+            return replies
+
         async def send() -> list[Any]:
             nonlocal reached
             try:
                 if len(calls) == 1 and not replicas:
                     keys, args = calls[0]
                     return [await script(keys=keys, args=args)]
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.scripts.add(script)  # loaded first should the server not know it
-                for keys, args in calls:
-                    pipe.evalsha(script.sha, 2, *keys, *args)
-                if replicas:  # on the same connection as the writes, as WAIT requires
-                    pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
-                replies: list[Any] = await pipe.execute()
-                return replies
+                return await on_primary(self.redis, stream, pipelined)
             except BaseException as exc:
                 reached = reached or not _while_connecting(exc)
                 raise
@@ -677,8 +686,8 @@ class RedisAdapter(QueueAdapter):
         entries = [letter_entry(letter, group) for letter in letters]
         bound = self.max_dead_letters
 
-        async def send() -> int:
-            pipe = self.redis.pipeline(transaction=False)
+        async def pipelined(client: aioredis.Redis) -> int:
+            pipe = client.pipeline(transaction=False)
             for flat in entries:
                 pipe.execute_command("XADD", key, "*", *flat)
             if bound:
@@ -686,7 +695,8 @@ class RedisAdapter(QueueAdapter):
             results = await pipe.execute()
             return int(results[-1]) if bound else 0
 
-        return await self.caller.retrying(f"storing dead letters of {group!r}", send)
+        return await self.caller.retrying(f"storing dead letters of {group!r}",
+                                          lambda: on_primary(self.redis, key, pipelined))
 
     # -- dead letters, for operators (see conveyor.adapters.redis_letters) --------------
     async def list_dead_letters(self, group: str, limit: int = 100, *,
@@ -738,7 +748,7 @@ class RedisAdapter(QueueAdapter):
         if not queues:
             return {}
         keys = [self.keys.lease(group, q) for q in queues]
-        values = await self.caller.retrying("reading the leases", lambda: self.redis.mget(keys))
+        values = await self.caller.retrying("reading the leases", lambda: mget(self.redis, keys))
         leased = {q: v.decode().partition(" ")[2] for q, v in zip(queues, values, strict=True)
                   if v is not None}
         return {**open_receivers(self._receivers, queues, group), **leased}
@@ -832,7 +842,7 @@ class RedisAdapter(QueueAdapter):
         return await self.caller.retrying(f"reading the lag of queue {queue}", read)
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        await close(self.redis)
 
     # -- consumer groups, for operators (see conveyor.adapters.redis_groups) -----------
     async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:

@@ -20,6 +20,7 @@ import hiredis
 import redis.asyncio as aioredis
 import redis.asyncio.connection as rconn
 import redis.exceptions as rex
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay
@@ -74,8 +75,10 @@ _URL_FIELDS = {
 }
 
 
-def check_url(url: str) -> None:
+def check_url(url: str, *, cluster: bool = False) -> None:
     """Refuse a URL redis-py would misread or reject only when connecting (ConfigError).
+
+    A cluster has database 0 only: another number is refused with ``cluster``.
 
     Errors show the URL through :func:`redact_url` and name options, never their values.
     """
@@ -93,6 +96,12 @@ def check_url(url: str) -> None:
     db = unquote(parts.path).strip("/")
     if db and not db.isdigit():
         raise ConfigError(f"$.redis.url: the path is a database number, got {shown}")
+    query_db = dict(parse_qsl(parts.query)).get("db", "")
+    if cluster and any(d.strip("0") for d in (db, query_db)):
+        raise ConfigError(
+            f"$.redis.url: a Redis Cluster has database 0 only ($.redis.mode is "
+            f"\"cluster\"), got {shown}"
+        )
     for option, _ in parse_qsl(parts.query, keep_blank_values=True):
         if option in _URL_FIELDS:
             raise ConfigError(
@@ -126,9 +135,17 @@ class Keys:
     Streams are per queue and shared by all apps (each app is a consumer group);
     coordination keys are per app. Namespaces and stream keys never appear in key
     names, so message metadata cannot address other keys.
+
+    With ``cluster`` (``[redis] mode = "cluster"``) the keys one script touches together
+    share a hash tag, so they share a cluster slot: a queue's lease, fencing counter and
+    refused-acks count end in ``{PREFIX:q:N}`` — the stream's own name, which hashes like
+    the stream key itself — and an app's three membership keys end in
+    ``{PREFIX:app:APP}``. Every other key is used alone. Standalone servers keep the
+    original names (a rolling upgrade would otherwise run two lease keys per queue).
     """
 
     prefix: str
+    cluster: bool = False
 
     def __post_init__(self) -> None:
         check_name(self.prefix, "$.redis.prefix")
@@ -136,11 +153,24 @@ class Keys:
     def queue(self, queue: int) -> str:
         return f"{self.prefix}:q:{int(queue)}"
 
+    def _of_queue(self, name: str, queue: int) -> str:
+        return f"{name}:{{{self.queue(queue)}}}" if self.cluster else f"{name}:{int(queue)}"
+
+    def _of_app(self, group: str, name: str) -> str:
+        app = self.app(group)
+        return f"{app}:{name}:{{{app}}}" if self.cluster else f"{app}:{name}"
+
     def published(self, queue: int, batch_id: str) -> str:
         """The marker of one published batch: the queue's stream name is its hash tag
         (``{...}``), so it shares the stream's cluster slot and one script may touch both;
         stream names themselves stay as they were."""
         return f"{self.prefix}:pub:{{{self.queue(queue)}}}:{batch_id}"
+
+    def replayed(self, group: str, queue: int, letter_id: str) -> str:
+        """Cluster only: the marker of a dead letter replayed to ``queue`` (in the queue's
+        slot), which makes a replay cut between its two writes safe to run again."""
+        app = check_name(group, "app name")
+        return f"{self.prefix}:replayed:{{{self.queue(queue)}}}:{app}:{letter_id}"
 
     def dead_letters(self, group: str) -> str:
         return f"{self.prefix}:dlq:{check_name(group, 'app name')}"
@@ -149,25 +179,28 @@ class Keys:
         return f"{self.prefix}:app:{check_name(group, 'app name')}"
 
     def lease(self, group: str, queue: int) -> str:
-        return f"{self.app(group)}:lease:{int(queue)}"
+        return self._of_queue(f"{self.app(group)}:lease", queue)
 
     def fence(self, group: str, queue: int) -> str:
-        return f"{self.app(group)}:fence:{int(queue)}"
+        return self._of_queue(f"{self.app(group)}:fence", queue)
 
     def leases_generation(self, group: str) -> str:
         return f"{self.app(group)}:leases-generation"
 
     def members(self, group: str) -> str:
-        return f"{self.app(group)}:members"
+        return self._of_app(group, "members")
 
     def member_info(self, group: str) -> str:
-        return f"{self.app(group)}:member-info"
+        return self._of_app(group, "member-info")
 
     def members_version(self, group: str) -> str:
-        return f"{self.app(group)}:members-version"
+        return self._of_app(group, "members-version")
 
-    def fenced_acks(self, group: str) -> str:
-        return f"{self.app(group)}:fenced-acks"
+    def fenced_acks(self, group: str, queue: int) -> str:
+        """Acknowledgements refused by fencing, a hash by stale lease value: one per app
+        on a standalone server, one per app and queue (in the queue's slot) on a cluster."""
+        name = f"{self.app(group)}:fenced-acks"
+        return self._of_queue(name, queue) if self.cluster else name
 
 
 # Stream entry ids <-> sequence tokens: an entry id ``MS-SEQ`` of queue Q is ``Q:MS-SEQ``.
@@ -215,20 +248,72 @@ _C_PACKED: dict[type[Any], type[Any]] = {
 }
 
 
-def connect(cfg: Any) -> aioredis.Redis:
-    """A client for ``[redis]`` of the config (connections are opened lazily).
+class ClusterClient(RedisCluster):
+    """redis-py's asyncio cluster client (slot routing, ``MOVED``/``ASK``, topology
+    refreshes), plus a plain client per primary for the calls that must share one
+    connection: a publish's pipelined chunks and the ``WAIT`` after them (``WAIT`` counts
+    the replicas of *this connection's* writes). :func:`on_primary` runs such calls.
+    """
+
+    def __init__(self, *args: Any, node_kwargs: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._node_kwargs = node_kwargs
+        self._node_clients: dict[str, aioredis.Redis] = {}
+
+    async def primary_for(self, key: str) -> aioredis.Redis:
+        """A plain client of the primary now serving ``key``'s slot."""
+        if self._initialize:
+            await self.initialize()
+        node = self.get_node_from_key(key)
+        if node is None:  # pragma: no cover - get_node_from_key raises instead
+            raise rex.SlotNotCoveredError(f"no node serves {key!r}")
+        client = self._node_clients.get(node.name)
+        if client is None:
+            client = aioredis.Redis(host=node.host, port=int(node.port), **self._node_kwargs)
+            _c_packed(client)
+            self._node_clients[node.name] = client
+        return client
+
+    def topology_changed(self) -> None:
+        """Re-read the slots before the next call (a node failed or a slot moved)."""
+        self._initialize = True
+
+    async def close_all(self) -> None:
+        for client in self._node_clients.values():
+            await client.aclose()
+        self._node_clients.clear()
+        await self.aclose()
+
+
+Client = aioredis.Redis | ClusterClient
+"""What :func:`connect` returns: a standalone client, or a cluster one."""
+
+CLUSTER_ERRORS = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDownError,
+                  rex.SlotNotCoveredError, rex.ClusterError)
+"""A slot moved, migrating, or not served for now (a failover): worth a retry once the
+client has re-read the cluster's slots."""
+
+
+def _c_packed(client: aioredis.Redis) -> None:
+    pool = client.connection_pool  # connections open lazily: none exists yet
+    pool.connection_class = _C_PACKED.get(pool.connection_class, pool.connection_class)
+
+
+def connect(cfg: Any) -> Any:
+    """A client for ``[redis]`` of the config (connections are opened lazily): an
+    ``aioredis.Redis``, or a :class:`ClusterClient` with ``mode = "cluster"``.
 
     redis-py's own retries are disabled: a blind retry of ``XREADGROUP`` could strand
     entries in the pending list; :class:`Caller` decides what may be retried.
     """
     url = cfg.url
-    check_url(url)
+    cluster = getattr(cfg, "mode", "standalone") == "cluster"
+    check_url(url, cluster=cluster)
     scheme = urlsplit(url).scheme
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": cfg.connect_timeout_s,
         "socket_timeout": cfg.socket_timeout_s,
         "retry": Retry(NoBackoff(), 0),
-        "retry_on_timeout": False,
         "decode_responses": False,
     }
     user, password = _credential(cfg.username_env), _credential(cfg.password_env)
@@ -247,34 +332,86 @@ def connect(cfg: Any) -> aioredis.Redis:
             if value:
                 kwargs[key] = value
     try:
-        client = aioredis.Redis.from_url(url, **kwargs)
+        if cluster:
+            return _connect_cluster(url, kwargs)
+        client = aioredis.Redis.from_url(url, retry_on_timeout=False, **kwargs)
     except ValueError as exc:  # redis-py quotes the URL: do not repeat it
         raise ConfigError(f"$.redis.url {redact_url(url)}: {type(exc).__name__}") from None
-    pool = client.connection_pool  # connections open lazily: none exists yet
-    pool.connection_class = _C_PACKED.get(pool.connection_class, pool.connection_class)
+    _c_packed(client)
     return client
 
 
-async def run_replicated(redis: aioredis.Redis, script: Any, keys: Sequence[str],
+def _connect_cluster(url: str, kwargs: dict[str, Any]) -> ClusterClient:
+    # As redis-py's from_url does for one server: the URL's options win.
+    options = {**kwargs, **rconn.parse_url(url)}
+    options.pop("db", None)
+    if options.pop("connection_class", None) is rconn.SSLConnection:
+        options["ssl"] = True
+    node_kwargs = {k: v for k, v in options.items() if k not in ("host", "port")}
+    client = ClusterClient(**options, node_kwargs=node_kwargs)
+    # The cluster's node connections pack with hiredis too (ClusterNode reads the class
+    # from these keyword arguments when the topology is first read).
+    conn_kwargs = client.nodes_manager.connection_kwargs
+    conn_kwargs["connection_class"] = _C_PACKED.get(conn_kwargs["connection_class"],
+                                                    conn_kwargs["connection_class"])
+    return client
+
+
+async def on_primary(redis: Any, key: str, fn: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+    """``fn`` with a client whose commands all go over the connection(s) of the node
+    serving ``key``: the client itself on a standalone server, the slot's primary on a
+    cluster — where a failure (a node down, a slot moved) makes the next call re-read
+    the slots, and is retried like any connection error by :class:`Caller`."""
+    if not isinstance(redis, ClusterClient):
+        return await fn(redis)
+    node = await redis.primary_for(key)
+    try:
+        return await fn(node)
+    except (rex.ConnectionError, rex.TimeoutError, OSError, *CLUSTER_ERRORS):
+        redis.topology_changed()
+        raise
+
+
+async def mget(redis: Any, keys: Sequence[str]) -> list[Any]:
+    """``MGET``; on a cluster, one per slot (``keys`` may hash anywhere)."""
+    if isinstance(redis, ClusterClient):
+        return list(await redis.mget_nonatomic(list(keys)))
+    return list(await redis.mget(keys))
+
+
+async def close(redis: Any) -> None:
+    """Close a client from :func:`connect`, with its per-node clients on a cluster."""
+    if isinstance(redis, ClusterClient):
+        await redis.close_all()
+    else:
+        await redis.aclose()
+
+
+async def run_replicated(redis: Any, script: Any, keys: Sequence[str],
                          args: Sequence[Any], replicas: int, timeout_ms: int) -> tuple[Any, int]:
     """``script``'s reply and how many replicas confirmed the write (``[redis]
     min_replicas``): one pipeline of the script and ``WAIT``, so both run on one
     connection, as ``WAIT`` requires. With ``replicas`` 0, the script alone (and 0)."""
     if not replicas:
         return await script(keys=keys, args=args), 0
-    pipe = redis.pipeline(transaction=False)
-    pipe.scripts.add(script)  # loaded first should the server not know it
-    pipe.evalsha(script.sha, len(keys), *keys, *args)
-    pipe.execute_command("WAIT", replicas, timeout_ms)
-    reply, confirmed = await pipe.execute()
-    return reply, int(confirmed)
+
+    async def send(client: aioredis.Redis) -> tuple[Any, int]:
+        pipe = client.pipeline(transaction=False)
+        pipe.scripts.add(script)  # loaded first should the server not know it
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        reply, confirmed = await pipe.execute()
+        return reply, int(confirmed)
+
+    return await on_primary(redis, keys[0], send)
 
 
 REPORT_EVERY_S = 5.0
 """How often an outage that lasts is logged again."""
 
 # Errors worth retrying: the server is restarting, loading, or the network is down.
-RETRYABLE = (rex.ConnectionError, rex.TimeoutError, OSError, BrokerConnectionError)
+RETRYABLE = (rex.ConnectionError, rex.TimeoutError, OSError, BrokerConnectionError,
+             *CLUSTER_ERRORS)
 
 
 @contextlib.contextmanager
@@ -286,6 +423,10 @@ def map_errors(what: str) -> Iterator[None]:
         raise BrokerError(f"redis refused the credentials while {what}: {exc}") from None
     except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
         raise BrokerConnectionError(f"redis unreachable while {what}: {exc}") from exc
+    except CLUSTER_ERRORS as exc:
+        raise BrokerConnectionError(
+            f"redis cluster not serving the slot while {what} (a failover or a slot "
+            f"moving): {type(exc).__name__}: {exc}") from exc
     except rex.RedisError as exc:
         raise BrokerError(f"redis error while {what}: {exc}") from exc
 
@@ -298,7 +439,7 @@ class Caller:
     is logged once when it starts, every few seconds while it lasts, and once when it ends.
     """
 
-    def __init__(self, cfg: Any, redis: aioredis.Redis) -> None:
+    def __init__(self, cfg: Any, redis: Any) -> None:
         self.redis = redis
         self.url = redact_url(cfg.url)
         self.retry_max_s = cfg.retry_max_s

@@ -25,10 +25,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 
 from conveyor.adapters import redis_scripts as lua
-from conveyor.adapters.redis_conn import Caller, Keys, check_name, connect, run_replicated
+from conveyor.adapters.redis_conn import (
+    Caller,
+    ClusterClient,
+    Keys,
+    check_name,
+    close,
+    connect,
+    mget,
+    run_replicated,
+)
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.leases import Lease, LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, timer_phase
@@ -170,6 +178,10 @@ class RedisLeaseStore(LeaseStore):
         self._group = check_name(group, "app name")
         self._total = total_queues
         self._generation_key = keys.leases_generation(self._group)
+        # On a cluster the counter cannot share a slot with every queue's lease: the
+        # scripts get no third key and it is bumped by a call of its own (it is a hint:
+        # see generation()).
+        self._bump_apart = keys.cluster
         self._acquire = self._redis.register_script(lua.LEASE_ACQUIRE)
         self._renew = self._redis.register_script(lua.LEASE_RENEW)
         self._release = self._redis.register_script(lua.LEASE_RELEASE)
@@ -181,7 +193,7 @@ class RedisLeaseStore(LeaseStore):
 
     async def close(self) -> None:
         """Close the connection pool the two stores share (the lease store owns it)."""
-        await self._redis.aclose()
+        await close(self._redis)
 
     def _short(self, what: str, queue: int, confirmed: int) -> None:
         self._replica_log.log(
@@ -206,8 +218,9 @@ class RedisLeaseStore(LeaseStore):
         replicas did not confirm is given back and not taken (a failover could otherwise
         let two daemons own the queue); the balancer tries again next round."""
         started = time.monotonic()
-        keys = [self._keys.lease(self._group, queue), self._keys.fence(self._group, queue),
-                self._generation_key]
+        keys = [self._keys.lease(self._group, queue), self._keys.fence(self._group, queue)]
+        if not self._bump_apart:
+            keys.append(self._generation_key)
         reply, confirmed = await self._run(
             f"acquiring the lease of queue {queue}", self._acquire, keys,
             [owner, int(ttl_s * 1000)])
@@ -217,6 +230,7 @@ class RedisLeaseStore(LeaseStore):
             self._blocked_until[queue] = started + max(pttl, 0) / 1000
             return None
         self._blocked_until.pop(queue, None)
+        await self._bump()
         lease = Lease(queue, owner, token, started + ttl_s)
         if confirmed < self._replicas:
             self._short("a lease taken", queue, confirmed)
@@ -241,12 +255,27 @@ class RedisLeaseStore(LeaseStore):
 
     async def release(self, lease: Lease) -> None:
         key = self._keys.lease(self._group, lease.queue)
-        await self._run(f"releasing the lease of queue {lease.queue}", self._release,
-                        [key, self._generation_key], [f"{lease.token} {lease.owner}"])
+        keys = [key] if self._bump_apart else [key, self._generation_key]
+        released, _ = await self._run(f"releasing the lease of queue {lease.queue}",
+                                      self._release, keys, [f"{lease.token} {lease.owner}"])
+        if released:
+            await self._bump()
+
+    async def _bump(self) -> None:
+        """Cluster only: count a grant or release in the generation. A bump lost to an
+        outage only delays a move: a settled balancer re-reads every lease every 30-60
+        intervals whatever the counter says."""
+        if not self._bump_apart:
+            return
+        try:
+            await self._caller.once("counting a lease change",
+                                    lambda: self._redis.incr(self._generation_key))
+        except BrokerError as exc:
+            log.info("the leases' generation was not bumped: %s", exc)
 
     async def owners(self) -> dict[int, str]:
         keys = [self._keys.lease(self._group, q) for q in range(self._total)]
-        values = await self._caller.retrying("reading leases", lambda: self._redis.mget(keys))
+        values = await self._caller.retrying("reading leases", lambda: mget(self._redis, keys))
         return {
             q: v.decode().partition(" ")[2] for q, v in enumerate(values) if v is not None
         }
@@ -297,9 +326,9 @@ async def _until_changed(read: Callable[[], Awaitable[int]], timeout_s: float) -
 def redis_coordination(config: Any, group: str) -> tuple[Membership, LeaseStore]:
     """``[balancer] membership = "redis"``: both stores share one connection pool."""
     cfg = config.redis
-    redis: aioredis.Redis = connect(cfg)
+    redis = connect(cfg)
     caller = Caller(cfg, redis)
-    keys = Keys(cfg.prefix)
+    keys = Keys(cfg.prefix, cluster=isinstance(redis, ClusterClient))
     membership = RedisMembership(
         caller, keys, group, ttl_s=cfg.member_ttl_s, heartbeat_s=cfg.heartbeat_interval_s
     )

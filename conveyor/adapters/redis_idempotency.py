@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from conveyor.adapters.redis_conn import Caller, Keys, connect
+from conveyor.adapters.redis_conn import Caller, Keys, close, connect
 from conveyor.platform.delivery.idempotency import Claim
 
 # KEYS[1]; ARGV owner, claim_ms. Returns {0} claimed, {1} done, {2, pttl} busy.
@@ -76,4 +76,4 @@ class RedisIdempotencyStore:
             keys=[self.prefix + key], args=[owner]))
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await close(self._redis)

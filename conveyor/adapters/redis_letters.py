@@ -80,6 +80,11 @@ async def delete_letters(adapter: RedisAdapter, group: str, ids: Sequence[str]) 
 Fields = dict[bytes | str, bytes | str]
 
 
+REPLAY_MARK_S = 7 * 24 * 3600
+"""Cluster mode: how long a replayed letter's marker lives — the time within which a
+replay killed between its two writes can be run again without doubling that letter."""
+
+
 async def replay_letters(adapter: RedisAdapter, group: str,
                          replays: Sequence[tuple[str, int, Fields]]) -> list[SequenceToken | None]:
     """Each (letter id, queue, the message's fields as every publish writes them) by one
@@ -88,6 +93,8 @@ async def replay_letters(adapter: RedisAdapter, group: str,
     Retried on connection loss: a script that ran before the reply was lost finds its
     letter gone on the retry and reports None — the message was published once.
     """
+    if adapter.cluster:
+        return [await _replay_apart(adapter, group, *r) for r in replays]
     dlq_key = adapter.keys.dead_letters(group)
     calls = [
         ([dlq_key, adapter.keys.queue(queue)],
@@ -105,3 +112,21 @@ async def replay_letters(adapter: RedisAdapter, group: str,
     new_ids = await adapter.caller.retrying(f"replaying {len(calls)} dead letter(s)", send)
     return [None if new_id is None else token_of(new_id, queue)
             for new_id, (_, queue, _) in zip(new_ids, replays, strict=True)]
+
+
+async def _replay_apart(adapter: RedisAdapter, group: str, letter_id: str, queue: int,
+                        fields: Fields) -> SequenceToken | None:
+    """One letter on a cluster, in three steps: is the letter there; append it to its
+    queue unless its marker says it was (:data:`~conveyor.adapters.redis_scripts.
+    REPLAY_MARKED`, in the queue's slot); delete the letter. Killed after the append, a
+    re-run finds the marker and only deletes; two replays racing append once."""
+    check_id(letter_id)
+    if not await find_letter(adapter, group, letter_id):
+        return None
+    keys = [adapter.keys.queue(queue), adapter.keys.replayed(group, queue, letter_id)]
+    args = [REPLAY_MARK_S * 1000, *(x for pair in fields.items() for x in pair)]
+    new_id = await adapter.caller.retrying(
+        f"replaying dead letter {letter_id}",
+        lambda: adapter.replay_marked_script(keys=keys, args=args))
+    await delete_letters(adapter, group, [letter_id])
+    return token_of(new_id, queue)

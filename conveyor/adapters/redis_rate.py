@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from conveyor.adapters.redis_conn import Caller, Keys, connect
+from conveyor.adapters.redis_conn import Caller, Keys, close, connect
 from conveyor.platform.errors import InvalidArgumentError
 
 # KEYS[1] the bucket; ARGV interval_us, tolerance_us, want. Returns {granted, wait_us}.
@@ -66,4 +66,4 @@ class RedisTokenSource:
         return int(granted), int(wait_us) / 1_000_000
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await close(self._redis)

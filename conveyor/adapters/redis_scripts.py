@@ -159,7 +159,8 @@ end
 return {added, last}
 """
 
-# KEYS: lease, fence counter, leases generation. ARGV: owner, ttl ms.
+# KEYS: lease, fence counter, leases generation (left out on a cluster, where the
+# caller bumps it apart). ARGV: owner, ttl ms.
 # Returns {token} when granted, {0, pttl} when someone else holds it. A grant or a
 # release counts in the generation, which balancers poll to know that nothing moved.
 LEASE_ACQUIRE = """
@@ -170,7 +171,7 @@ if held then
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
-redis.call('INCR', KEYS[3])
+if KEYS[3] then redis.call('INCR', KEYS[3]) end
 return {token}
 """
 
@@ -183,10 +184,10 @@ end
 return 0
 """
 
-# KEYS: lease, leases generation. ARGV: lease value.
+# KEYS: lease, leases generation (left out on a cluster). ARGV: lease value.
 LEASE_RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('INCR', KEYS[2])
+  if KEYS[2] then redis.call('INCR', KEYS[2]) end
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -254,5 +255,19 @@ REPLAY_LETTER = """
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return false end
 local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
 redis.call('XDEL', KEYS[1], ARGV[1])
+return id
+"""
+
+# Cluster mode, where the dead-letter stream and the queue's stream live in different
+# slots and no script can touch both. KEYS: queue stream, replay marker (in the
+# stream's slot: "PREFIX:replayed:{STREAM}:APP:LETTER"). ARGV: marker ttl ms, then the
+# message's fields. Appends the message unless the marker says this letter was appended
+# already (a replay cut before it deleted the letter, run again), and returns the
+# entry's id either way; the caller then deletes the letter.
+REPLAY_MARKED = """
+local done = redis.call('GET', KEYS[2])
+if done then return done end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
 return id
 """

@@ -202,7 +202,7 @@ async def _check_fenced(bench: BenchConfig) -> None:
     r = connect(bench.config.redis)
     try:
         tokens = await r.mget([keys.fence(GROUP, q) for q in range(total)])
-        refused = await r.hlen(keys.fenced_acks(GROUP))
+        refused = await r.hlen(keys.fenced_acks(GROUP, 0))
     finally:
         await r.aclose()
     unleased = [q for q, t in enumerate(tokens) if t is None]

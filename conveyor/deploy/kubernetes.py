@@ -394,9 +394,13 @@ def redis_triggers(config: Config, group: str) -> list[dict[str, Any]]:
             f"(see docs/kubernetes.md for scaling on a Prometheus lag metric instead)"
         )
     server = redis_server(config.redis.url)
-    keys = Keys(config.redis.prefix)
-    common = {"address": server.address, "consumerGroup": group,
-              "databaseIndex": str(server.database)}
+    cluster = config.redis.mode == "cluster"
+    keys = Keys(config.redis.prefix, cluster=cluster)
+    # KEDA's redis-cluster-streams scaler discovers the other nodes from the one named.
+    kind = "redis-cluster-streams" if cluster else "redis-streams"
+    common = ({"addresses": server.address, "consumerGroup": group} if cluster else
+              {"address": server.address, "consumerGroup": group,
+               "databaseIndex": str(server.database)})
     if server.tls:
         common["enableTLS"] = "true"
     if config.redis.username_env:
@@ -407,9 +411,9 @@ def redis_triggers(config: Config, group: str) -> list[dict[str, Any]]:
     triggers = []
     for queue in range(total):
         stream = {**common, "stream": keys.queue(queue)}
-        triggers.append({"type": "redis-streams", "name": f"q{queue}_lag",
+        triggers.append({"type": kind, "name": f"q{queue}_lag",
                          "metadata": {**stream, "lagCount": target}})
-        triggers.append({"type": "redis-streams", "name": f"q{queue}_pending",
+        triggers.append({"type": kind, "name": f"q{queue}_pending",
                          "metadata": {**stream, "pendingEntriesCount": target}})
     return triggers
 

@@ -90,6 +90,9 @@ class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6379/0"
     """``redis://`` or ``rediss://`` (TLS). Keep passwords out of files: put them in the
     variables named by ``username_env`` / ``password_env`` (or in CONVEYOR_REDIS__URL)."""
+    mode: Literal["standalone", "cluster"] = "standalone"
+    """``cluster``: ``url`` names any node of a Redis Cluster (database 0); keys are laid
+    out with hash tags so that every script touches one slot (docs/redis.md)."""
     prefix: str = "conveyor"
     """Start of every key Conveyor writes (letters, digits, ``_.-``)."""
     username_env: str = "CONVEYOR_REDIS_USERNAME"

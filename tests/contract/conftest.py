@@ -1,10 +1,11 @@
 """One fresh queue adapter per test, for every adapter: the contract suite's fixture.
 
-``adapter`` is parametrized (ids ``memory``, ``redis``, ``kafka``) the way dramatiq's
-tests run one suite on every broker. Each test gets a namespace of its own: a uniquely
-named memory broker, a redis-server of its own (they start in ~20 ms), or a fresh topic
-on the session's tansu broker. A missing server skips locally and fails under
-``CONVEYOR_REQUIRE_SERVERS=1``.
+``adapter`` is parametrized (ids ``memory``, ``redis``, ``redis-cluster``, ``kafka``) the
+way dramatiq's tests run one suite on every broker. Each test gets a namespace of its
+own: a uniquely named memory broker, a redis-server of its own (they start in ~20 ms), a
+key prefix of its own on the module's Redis Cluster (3 primaries + 3 replicas, ~2.5 s to
+start), or a fresh topic on the session's tansu broker. A missing server skips locally
+and fails under ``CONVEYOR_REQUIRE_SERVERS=1``.
 
 A new adapter joins the suite with one more entry in ``_BUILDERS``; the tests use the
 port (``QueueAdapter``, ``QueueReceiver``) only.
@@ -49,6 +50,19 @@ async def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter
     return adapter
 
 
+async def _redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
+    from conveyor.adapters.redis import RedisAdapter
+
+    cluster = request.getfixturevalue("redis_cluster")  # shared: a prefix per test
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": QUEUES},
+        "redis": {"mode": "cluster", "url": cluster.url,
+                  "prefix": f"contract-{uuid.uuid4().hex[:8]}"},
+        "balancer": {"membership": "redis"},
+    })
+    return RedisAdapter(config.redis)
+
+
 async def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
     from conveyor.adapters.kafka import KafkaAdapter
 
@@ -63,12 +77,14 @@ async def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter
     return adapter
 
 
-_BUILDERS: dict[str, Build] = {"memory": _memory, "redis": _redis, "kafka": _kafka}
+_BUILDERS: dict[str, Build] = {"memory": _memory, "redis": _redis,
+                               "redis-cluster": _redis_cluster, "kafka": _kafka}
 
 
 @pytest.fixture(params=[
     pytest.param("memory"),
     pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=[pytest.mark.redis, pytest.mark.redis_cluster]),
     pytest.param("kafka", marks=pytest.mark.kafka),
 ])
 async def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueAdapter]:

@@ -157,6 +157,17 @@ def test_redis_scales_on_every_queue_streams_lag_and_pending_entries_summed() ->
     assert modifiers["target"] == "250" and modifiers["metricType"] == "AverageValue"
 
 
+def test_a_redis_cluster_scales_with_kedas_cluster_scaler_on_any_node() -> None:
+    cfg = config("redis", redis={"mode": "cluster", "url": "redis://redis-0.data:7000"})
+    triggers = by_kind(k8s.render(cfg, options()))["ScaledObject"]["spec"]["triggers"]
+    assert {t["type"] for t in triggers} == {"redis-cluster-streams"}
+    for trigger in triggers:
+        meta = trigger["metadata"]
+        assert meta["addresses"] == "redis-0.data:7000"
+        assert "address" not in meta and "databaseIndex" not in meta
+    assert triggers[0]["metadata"]["stream"] == Keys("shopq", cluster=True).queue(0)
+
+
 @pytest.mark.parametrize(("url", "address", "db"), [
     ("redis://cache", "cache:6379", "0"),
     ("redis://cache:7000?db=5", "cache:7000", "5"),

@@ -54,3 +54,15 @@ def test_connect_checks_the_url_before_any_connection() -> None:
     with pytest.raises(ConfigError, match=r"\$.redis.url: unknown option 'nope' in "
                                           r"redis://u:\*\*\*@127.0.0.1:1/0\?nope=1"):
         connect(config.redis)
+
+
+@pytest.mark.parametrize("url", ["redis://h:7000/1", "redis://h:7000?db=2"])
+def test_a_cluster_url_naming_a_database_other_than_0_is_refused(url: str) -> None:
+    check_url(url)  # fine for one server
+    with pytest.raises(ConfigError, match=r"^\$.redis.url: a Redis Cluster has database 0 only"):
+        check_url(url, cluster=True)
+
+
+@pytest.mark.parametrize("url", ["redis://h:7000/0", "redis://h:7000", "redis://h:7000/"])
+def test_a_cluster_url_on_database_0_passes(url: str) -> None:
+    check_url(url, cluster=True)

@@ -105,7 +105,7 @@ async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer
         assert [m.id for m in again] == [msg.id]
         await fresh.messages_delivered([msg.token])
         assert await adapter.lag(queue, "shop") == 0
-        refused = await adapter.redis.hgetall(Keys("t").fenced_acks("shop"))
+        refused = await adapter.redis.hgetall(Keys("t").fenced_acks("shop", 0))
         assert refused == {f"{old.token} old".encode(): b"1"}
     finally:
         await adapter.close()

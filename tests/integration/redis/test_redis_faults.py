@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from conveyor.adapters.redis_conn import Keys
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from tests.conftest import wait_until_sync
@@ -28,6 +29,7 @@ from tests.integration.redis.conftest import (
     wait_file_lines,
     write_config,
 )
+from tests.servers import RedisClusterServers
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -36,16 +38,38 @@ LEASE_TTL_S = Config().balancer.lease_ttl_s  # the workers here run with the def
 CACHE = 128
 
 
-def owners(server: RedisServer) -> dict[int, str]:
+Server = RedisServer | RedisClusterServers
+"""A standalone redis-server, or a local Redis Cluster (``mode = "cluster"``)."""
+
+
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.redis_cluster)])
+def target(request: pytest.FixtureRequest) -> Server:
+    """The tests that run on both: a redis-server, or a cluster of their own."""
+    fixture = "redis_server" if request.param == "standalone" else "fresh_redis_cluster"
+    server: Server = request.getfixturevalue(fixture)
+    return server
+
+
+def keys_of(server: Server) -> Keys:
+    return Keys("t", cluster=isinstance(server, RedisClusterServers))
+
+
+def mget(server: Server, keys: list[str]) -> list[bytes | None]:
     client = server.client()
     try:
-        values = client.mget([f"t:app:rec:lease:{q}" for q in range(TOTAL_QUEUES)])
+        if isinstance(client, redis.RedisCluster):
+            return list(client.mget_nonatomic(keys))
+        return list(client.mget(keys))
     finally:
         client.close()
+
+
+def owners(server: Server) -> dict[int, str]:
+    values = mget(server, [keys_of(server).lease("rec", q) for q in range(TOTAL_QUEUES)])
     return {q: v.decode().partition(" ")[2] for q, v in enumerate(values) if v is not None}
 
 
-def outstanding(server: RedisServer, queues: Iterable[int] = range(TOTAL_QUEUES)) -> int:
+def outstanding(server: Server, queues: Iterable[int] = range(TOTAL_QUEUES)) -> int:
     """Entries of app ``rec`` not yet acknowledged on ``queues`` (undelivered + pending).
 
     Read from ``XINFO GROUPS``: no test here deletes entries or rewinds, so Redis always
@@ -84,7 +108,7 @@ def start(workers: list[Worker], tmp: Path, cfg: Path, n: int, **kw: object) -> 
     return new
 
 
-def wait_split(server: RedisServer, ws: list[Worker], timeout_s: float = 30) -> None:
+def wait_split(server: Server, ws: list[Worker], timeout_s: float = 30) -> None:
     """Until every queue is leased and each worker holds its best-fit share."""
     def balanced() -> bool:
         view = owners(server)
@@ -94,17 +118,23 @@ def wait_split(server: RedisServer, ws: list[Worker], timeout_s: float = 30) -> 
 
 
 def run_under_way(
-    server: RedisServer, workers: list[Worker], tmp: Path, *, daemons: int, work_ms: float,
+    server: Server, workers: list[Worker], tmp: Path, *, daemons: int, work_ms: float,
     n: int, streams: int, handled: int, slots: int, cache: int | None = None,
 ) -> tuple[Path, list[Worker]]:
     """Start ``daemons`` workers, wait for their split, publish, and wait for ``handled``."""
     worker: dict[str, object] = {} if cache is None else {"cache_capacity": cache}
-    cfg = write_config(tmp / "c.toml", server.url, worker=worker, slots={"count": slots})
+    cfg = config_for(server, tmp / "c.toml", worker=worker, slots={"count": slots})
     ws = start(workers, tmp, cfg, daemons, work_ms=work_ms)
     wait_split(server, ws)
     publish(cfg, n, streams)
     wait_file_lines([w.record for w in ws], handled, 60, "the run to be under way")
     return cfg, ws
+
+
+def config_for(server: Server, path: Path, **sections: dict[str, object]) -> Path:
+    if isinstance(server, RedisClusterServers):
+        sections = {**sections, "redis": {**sections.get("redis", {}), "mode": "cluster"}}
+    return write_config(path, server.url, **sections)
 
 
 def check_order(rows: list[tuple[float, int, int, str, int, str]]) -> None:
@@ -120,8 +150,9 @@ def check_order(rows: list[tuple[float, int, int, str, int, str]]) -> None:
 
 
 def test_a_killed_daemons_queues_are_taken_over_without_loss(
-    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+    target: Server, workers: list[Worker], tmp_path: Path
 ) -> None:
+    redis_server = target
     n, streams = 50_000, 500
     _, ws = run_under_way(redis_server, workers, tmp_path, daemons=3, work_ms=2, n=n,
                           streams=streams, handled=12_000, slots=32, cache=CACHE)
@@ -157,8 +188,9 @@ def test_a_killed_daemons_queues_are_taken_over_without_loss(
 
 
 def test_graceful_scale_out_and_in_lose_and_duplicate_nothing(
-    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+    target: Server, workers: list[Worker], tmp_path: Path
 ) -> None:
+    redis_server = target
     # Each worker handles at most slots/work = 16 / 5 ms = 3,200 msgs/s, so 30,000
     # messages keep the queues busy through both hand-offs (checked, not assumed).
     n, streams = 30_000, 300
@@ -409,17 +441,13 @@ def test_a_paused_daemon_starts_no_handler_for_the_queues_it_lost(
     check_order(rows)
 
 
-def fences(server: RedisServer) -> dict[int, int]:
+def fences(server: Server) -> dict[int, int]:
     """Lease grants so far, per queue (the fencing-token counter grows by one a grant)."""
-    client = server.client()
-    try:
-        values = client.mget([f"t:app:rec:fence:{q}" for q in range(TOTAL_QUEUES)])
-    finally:
-        client.close()
+    values = mget(server, [keys_of(server).fence("rec", q) for q in range(TOTAL_QUEUES)])
     return {q: int(v or 0) for q, v in enumerate(values)}
 
 
-def grants_since(server: RedisServer, before: dict[int, int]) -> dict[int, int]:
+def grants_since(server: Server, before: dict[int, int]) -> dict[int, int]:
     return {q: g - before[q] for q, g in fences(server).items() if g != before[q]}
 
 
@@ -439,13 +467,14 @@ def unowned_gaps(ws: list[Worker], after: float) -> list[float]:
 
 
 def test_scaling_three_to_four_to_three_moves_only_the_surplus(
-    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+    target: Server, workers: list[Worker], tmp_path: Path
 ) -> None:
     """3 -> 4 daemons over 8 queues: the two holding three give one each; 4 -> 3: the
     leaver's two go to two of the others. Four hand-offs, none lost or doubled."""
     # At most 16 slots / 5 ms = 3,200 msgs/s per worker: work is under way at each move.
     n, streams = 40_000, 400
-    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 16},
+    redis_server = target
+    cfg = config_for(redis_server, tmp_path / "c.toml", slots={"count": 16},
                        balancer={"rebalance_interval_s": 0.2})
     first = start(workers, tmp_path, cfg, 3, work_ms=5)
     wait_split(redis_server, first)
