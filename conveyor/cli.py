@@ -458,7 +458,10 @@ def groups_cmd() -> None:
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def groups_list(config_path: Path | None, as_json: bool) -> None:
-    """Every app's group: queues, lag, last read, members, which one holds retention."""
+    """Every app's group: queues, lag, last read, members, which one holds retention.
+
+    The embedded (memory) adapter is refused (exit 2): its groups live in the worker's
+    process."""
     import time
     from dataclasses import asdict
 
@@ -468,6 +471,8 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
     from conveyor.platform.groups import summarise
 
     config = _config(config_path)
+    _refuse_embedded(config, "groups list", "its consumer groups exist only there and this "
+                     "command would list none")
 
     async def run() -> tuple[list[Any], bool]:
         adapter = create_adapter(config.queues.adapter, config)
@@ -503,7 +508,8 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
     Refused while the app looks alive (daemons registered, leases held, Kafka group
     members, a queue read in the last 10 s) unless --force: exit 1. An app with no group
     on any queue is a usage error (exit 2). On Redis its leases, fencing counters and
-    membership go too; its dead letters only with --with-dead-letters.
+    membership go too; its dead letters only with --with-dead-letters. The embedded
+    (memory) adapter is refused (exit 2): its groups live in the worker's process.
     """
     from conveyor.platform.adapter import create_adapter
     from conveyor.platform.coordination import coordination_from_config
@@ -511,6 +517,8 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
     from conveyor.platform.groups import delete_app_group, queue_ranges
 
     config = _config(config_path)
+    _refuse_embedded(config, "groups delete", "its consumer groups exist only there and "
+                     "vanish with it")
 
     async def run() -> list[int]:
         adapter = create_adapter(config.queues.adapter, config)

@@ -77,6 +77,7 @@ from conveyor.platform.message import (
     Message,
     Undecodable,
 )
+from conveyor.platform.tasks import cancel_and_wait
 
 log = logging.getLogger("conveyor.kafka")
 
@@ -476,9 +477,8 @@ class KafkaAdapter(QueueAdapter):
 
     async def close(self) -> None:
         if self._preparing is not None and not self._preparing.done():
-            self._preparing.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._preparing
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(self._preparing)
         for consumer in [*self._probes.values()]:
             with contextlib.suppress(Exception):
                 await consumer.stop()

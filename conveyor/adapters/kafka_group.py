@@ -51,6 +51,7 @@ from conveyor.platform.balancer import BalanceListener, QueueBalancer, StatsProv
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.platform.membership import MemberInfo
+from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.kafka_group")
@@ -246,13 +247,10 @@ class KafkaGroupBalancer(QueueBalancer):
     async def stop(self) -> None:
         self._stopping = True
         if self._joining is not None:
-            self._joining.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # logged when it ended
-                await self._joining
+            with contextlib.suppress(Exception):  # logged when it ended
+                await cancel_and_wait(self._joining)
         if self._reporting is not None:
-            self._reporting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reporting
+            await cancel_and_wait(self._reporting)
             self._reporting = None
         if self._consumer is None:
             return

@@ -22,7 +22,6 @@ let two daemons act on one queue at once is seen (``double_owned``) — it shoul
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import random
 import time
@@ -36,6 +35,7 @@ from conveyor.platform.balancer import DynamicBalancer
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.leases import Lease
 from conveyor.platform.membership import MemberInfo
+from conveyor.platform.tasks import cancel_and_wait
 
 SAMPLE_S = 0.02  # how often settlement is checked (the settle times' resolution)
 
@@ -280,9 +280,7 @@ class _Scenario:
         finally:
             for daemon in self.balancers:  # the end: no leaves to re-balance after
                 self.loop.kill(daemon)
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+            await cancel_and_wait(sampler)
         return startup, load, peak, events
 
     async def _steady(self) -> tuple[list[Load], float]:

@@ -22,7 +22,6 @@ and the balancers share one virtual clock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ import msgspec
 
 from conveyor.platform.leases import Lease, LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, timer_phase
+from conveyor.platform.tasks import cancel_and_wait
 
 HEARTBEAT = "heartbeat"
 RENEWAL = "renewal"
@@ -333,9 +333,7 @@ class SimMembership(Membership):
 
     async def close(self) -> None:
         if self._beating is not None:
-            self._beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beating
+            await cancel_and_wait(self._beating)
             self._beating = None
 
 

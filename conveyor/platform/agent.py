@@ -62,6 +62,7 @@ from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 from conveyor.platform.queue_cache import Entry, Lane, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
+from conveyor.platform.tasks import cancel_and_wait
 
 log = logging.getLogger("conveyor.agent")
 
@@ -179,9 +180,8 @@ class PullingAgent:
         self._stopping = True
         finished = True
         if self._pull_task is not None:
-            self._pull_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pull_task
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(self._pull_task)
         self._wake()  # an idle runner goes through the ready lanes under the drain's rule
         self._check_quiet()
         try:
@@ -264,20 +264,15 @@ class PullingAgent:
         for task in tasks:
             task.cancel()
         await self._stop_runners()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        with contextlib.suppress(Exception):
+            await cancel_and_wait(*tasks)  # cancelled above, before the runners: not again
         with contextlib.suppress(Exception):
             await self.receiver.shutdown()
 
     async def _stop_runners(self) -> None:
         extra = (self._orphan_task, self._regain_task)
         tasks = [*self._runners, *(t for t in extra if t is not None)]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
         self._runners.clear()
         self._idle.clear()
 

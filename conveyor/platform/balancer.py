@@ -27,7 +27,6 @@ doubles per consecutive failure (from ``rebalance_interval_s`` up to the lease T
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -47,6 +46,7 @@ from conveyor.platform.membership import (
     timer_phase,
 )
 from conveyor.platform.placement import PlacementWeights, resource_split
+from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.balancer")
@@ -338,9 +338,7 @@ class DynamicBalancer(QueueBalancer):
         try:
             await asyncio.gather(*(self._give_up(q) for q in list(self._held)))
         finally:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            await cancel_and_wait(renewing)
             await self.membership.close()
             await self.leases.close()
 

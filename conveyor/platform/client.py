@@ -13,7 +13,7 @@ from opentelemetry.trace import StatusCode
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.coalescer import PublishCoalescer
-from conveyor.platform.config import Config
+from conveyor.platform.config import Config, PublishConfig
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.mapper import HashRingQueueMapper
@@ -57,6 +57,15 @@ def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
     return _json_encode(body), content_type or CONTENT_JSON
 
 
+def coalesce_linger_for(publish: PublishConfig, adapter: QueueAdapter) -> float | None:
+    """``[publish]`` as a :class:`Client`'s ``coalesce_linger_s`` on ``adapter``: None
+    when calls are not gathered — ``coalesce`` off, or an adapter that gathers sends
+    itself or has no round trip to share (``QueueAdapter.coalesce_publishes``)."""
+    if not (publish.coalesce and adapter.coalesce_publishes):
+        return None
+    return publish.linger_ms / 1000
+
+
 class Client:
     """Publishes to streams: ``await client.publish("orders", order_id, order)``.
 
@@ -66,8 +75,9 @@ class Client:
 
     ``coalesce_linger_s``: None sends each ``publish`` on its own; a number gathers the
     calls made concurrently into one send per queue (:mod:`conveyor.platform.coalescer`),
-    the first waiting that long for others (0: one loop turn). :meth:`from_config` takes
-    it from ``[publish]``.
+    the first waiting that long for others (0: one loop turn). :meth:`from_config` (and a
+    worker daemon, for the client it hands to startup hooks) takes it from ``[publish]``
+    (:func:`coalesce_linger_for`).
     """
 
     def __init__(
@@ -87,6 +97,7 @@ class Client:
         self._owns_adapter = owns_adapter
         self._owns_telemetry = owns_telemetry
         self._queues: dict[tuple[str, str], int] = {}
+        self.coalesce_linger_s = coalesce_linger_s
         self._coalescer = (None if coalesce_linger_s is None
                            else PublishCoalescer(adapter.enqueue, coalesce_linger_s))
 
@@ -99,9 +110,7 @@ class Client:
             telemetry=Telemetry.from_config(config.telemetry),
             owns_adapter=True,
             owns_telemetry=True,
-            coalesce_linger_s=(config.publish.linger_ms / 1000
-                               if config.publish.coalesce and adapter.coalesce_publishes
-                               else None),
+            coalesce_linger_s=coalesce_linger_for(config.publish, adapter),
         )
 
     def build(

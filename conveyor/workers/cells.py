@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.tasks import cancel_and_wait
 
 log = logging.getLogger("conveyor.cells")
 
@@ -184,11 +185,7 @@ class Cell:
         self.workers.clear()
         for job in self.dispatcher.pending:
             job.fut.cancel()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
 
 
 def parse_cell_key(spec: str) -> tuple[str, str]:

@@ -20,7 +20,6 @@ handler, so a pool adds parallelism *across* streams only; per-stream order hold
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -30,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conveyor.platform.errors import InvalidArgumentError, ShutdownError
+from conveyor.platform.tasks import cancel_and_wait
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
 
 log = logging.getLogger("conveyor.pool")
@@ -204,10 +204,6 @@ class StatelessWorkerPool:
         for w in self.workers:
             for _, fut in w.inbox:
                 fut.cancel()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
         self.workers.clear()
         self._idle.clear()

@@ -44,6 +44,7 @@ from conveyor.platform.slots import (
     SlotReservationContext,
     SlotSupplier,
 )
+from conveyor.platform.tasks import cancel_and_wait
 from conveyor.workers.resources import ResourceSample, ResourceSampler, default_sampler
 
 log = logging.getLogger("conveyor.slots")
@@ -236,7 +237,5 @@ class ResourceBasedSlotSupplier(SlotSupplier):
             self._throttle_timer.cancel()
             self._throttle_timer = None
         if self._sampling is not None:
-            self._sampling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sampling
+            await cancel_and_wait(self._sampling)
             self._sampling = None

@@ -5,7 +5,6 @@ the children of ``conveyor worker --processes`` both do it through :func:`serve`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import signal
@@ -13,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from conveyor.platform.errors import ConveyorError
+from conveyor.platform.tasks import cancel_and_wait
 from conveyor.workers.daemon import DrainReport, WorkerDaemon
 from conveyor.workers.http_endpoint import HttpEndpoint
 
@@ -95,9 +95,7 @@ async def _start(daemon: WorkerDaemon, stop: _StopRequest) -> bool:
     finally:
         asked.cancel()
     if not starting.done():
-        starting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await starting
+        await cancel_and_wait(starting)
         log.info("stopped while starting")
         return False
     starting.result()  # a failed start is raised, as before
@@ -154,23 +152,18 @@ async def _until_stop(
     """Wait for a signal, the daemon's failure or ``commands`` returning; then cancel
     ``commands`` if it is still running and wait for it to finish. ``commands`` failing
     is logged and stops the daemon like its return."""
-    waits: list[asyncio.Future[Any]] = [
-        asyncio.ensure_future(stop.asked.wait()), asyncio.ensure_future(daemon.failed.wait())
+    waits: list[asyncio.Task[Any]] = [
+        asyncio.create_task(stop.asked.wait()), asyncio.create_task(daemon.failed.wait())
     ]
     if commands is not None:
         waits.append(asyncio.ensure_future(commands()))
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for waiting in waits:
-            waiting.cancel()
-        for waiting in waits:
-            try:
-                await waiting
-            except asyncio.CancelledError:
-                pass
-            except Exception:
-                log.exception("the daemon's commands failed: stopping")
+        try:
+            await cancel_and_wait(*waits)
+        except Exception:
+            log.exception("the daemon's commands failed: stopping")
 
 
 def freeze_startup_heap() -> None:

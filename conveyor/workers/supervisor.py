@@ -6,14 +6,18 @@ consumer lag of every queue from the broker (``QueueAdapter.lag(queue, group)``)
 
 * **up** — when lag per process has stayed above ``lag_per_process`` for
   ``scale_up_cycles`` inspections, it starts one more process (never more than
-  ``MAX``, never more processes than queues) and moves queues to it;
+  ``MAX``, never more processes than queues) and moves its share of the queues to it,
+  taken from the processes above theirs;
 * **down** — the lag, in units of the threshold, is fed to the same PID
   :class:`~conveyor.workers.scaledown.ScaleDownController` that shrinks worker pools;
   a process counts as *idle* when its queues' lag is at most ``idle_lag_per_process``.
   When the controller says so, one idle process (never below ``MIN``) is removed
   gracefully: its queues are released one by one — each drained, its in-flight
-  messages finished and acknowledged — and handed to the remaining processes, then it
-  exits.
+  messages finished and acknowledged — and handed to the remaining processes short of
+  their share, then it exits.
+
+Either way the split stays even and only the surplus moves: the dynamic balancer's
+sticky rule (:func:`plan_moves`, :func:`~conveyor.platform.balancer.sticky_split`).
 
 A queue is moved by releasing it on its owner and only then acquiring it elsewhere,
 so no queue is ever pulled by two processes: nothing is duplicated by a scale change,
@@ -34,12 +38,12 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
-from conveyor.platform.balancer import best_fit
+from conveyor.platform.balancer import sticky_split
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 from conveyor.platform.telemetry import Telemetry
@@ -450,22 +454,31 @@ class Supervisor:
         await src.release(queue)  # drained and acknowledged before anyone else pulls it
         await dst.acquire(queue)
 
+    async def _rebalance(self, keep: list[ChildProcess]) -> int:
+        """Split the queues evenly over ``keep``, moving as few as possible
+        (:func:`plan_moves`): those of a child not kept, and the surplus of those above
+        their share. Returns how many moved (or were to: a failed move leaves its queue
+        owned by whoever confirmed it, and the next tick adopts an orphan)."""
+        by_number = {c.number: c for c in self.children}
+        owners = {q: c.number for c in self.children for q in c.queues}
+        plan = plan_moves(owners, [c.number for c in keep], self.config.queues.total)
+        await _all(
+            by_number[dst].acquire(q) if src is None
+            else self._move(q, by_number[src], by_number[dst])
+            for q, (src, dst) in sorted(plan.items())
+        )
+        return len(plan)
+
     async def _scale_up(self) -> None:
         started = time.monotonic()
-        new = await self._spawn()
+        await self._spawn()
         self.scale_ups += 1
-        plan = best_fit([str(c.number) for c in self.children], self.config.queues.total)
-        moves = []
-        for child in self.children:
-            for queue in sorted(child.queues):
-                if queue in plan[str(new.number)]:
-                    moves.append(self._move(queue, child, new))
-        await _all(moves)
+        moved = await self._rebalance(self.children)
         log.info(
             "supervisor: scale up to %d process(es): lag %d (%.0f/process > %d); "
             "%d queue(s) moved in %.2fs",
             self.processes, self.lag, self.lag_per_process, self.settings.lag_per_process,
-            len(moves), time.monotonic() - started,
+            moved, time.monotonic() - started,
         )
 
     async def _scale_down(self, lag_by_process: list[int]) -> None:
@@ -479,22 +492,18 @@ class Supervisor:
             return
         victim = self.children[index]
         started = time.monotonic()
-        others = sorted((c for c in self.children if c is not victim),
-                        key=lambda c: len(c.queues))
-        queues = sorted(victim.queues)
+        queues = len(victim.queues)
         # The victim stays a child until every queue has moved: if a move fails, what
         # it still owns is still counted, and a queue released but not acquired
         # elsewhere is owned by nobody and adopted at the next tick.
-        await _all(
-            self._move(q, victim, others[i % len(others)]) for i, q in enumerate(queues)
-        )
+        await self._rebalance([c for c in self.children if c is not victim])
         self.children.remove(victim)
         await victim.stop(self.settings.stop_timeout_s)
         self.scale_downs += 1
         log.info(
             "supervisor: scale down to %d process(es): lag %d; process #%d drained "
             "and released %d queue(s) in %.2fs (%s)",
-            self.processes, self.lag, victim.number, len(queues),
+            self.processes, self.lag, victim.number, queues,
             time.monotonic() - started, victim.report,
         )
 
@@ -521,6 +530,24 @@ async def _all(aws: Iterable[Awaitable[None]]) -> None:
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+def plan_moves(
+    owners: Mapping[int, int], processes: Sequence[int], total_queues: int
+) -> dict[int, tuple[int | None, int]]:
+    """The queues to move for an even split over ``processes`` (child numbers), given
+    ``owners`` (queue -> child number): queue -> (from, to), from None for a queue owned
+    by nobody. The dynamic balancer's sticky rule (:func:`sticky_split`): a process
+    keeps what it holds up to its share, so adding or removing one moves only the
+    surplus — the new process's share, or the removed one's queues."""
+    split = sticky_split([str(n) for n in processes], total_queues,
+                         {q: str(n) for q, n in owners.items()})
+    return {
+        q: (owners.get(q), int(member))
+        for member, queues in split.items()
+        for q in queues
+        if owners.get(q) != int(member)
+    }
 
 
 def choose_victim(lag_by_process: list[int], numbers: list[int], idle_lag: int) -> int | None:

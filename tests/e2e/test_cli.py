@@ -116,6 +116,10 @@ USER_MISTAKES = [
      "status", "the memory adapter lives inside the worker's process"),
     (["publish", "orders", "k1", "{}"],
      "publish", "the memory adapter lives inside the worker's process"),
+    (["groups", "list"],
+     "groups list", "would list none; use --config with a redis or kafka config"),
+    (["groups", "delete", "--app", "shop"],
+     "groups delete", "the memory adapter lives inside the worker's process"),
 ]
 
 

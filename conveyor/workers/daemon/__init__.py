@@ -31,6 +31,7 @@ from conveyor.platform.config import Config
 from conveyor.platform.leases import Lease
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.slots import SlotSupplier
+from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.cells import CellRouter
 from conveyor.workers.daemon.build import DaemonParts, build_balancer, build_parts
@@ -160,11 +161,8 @@ class WorkerDaemon:
             deadline if deadline is not None
             else loop.time() + self.config.worker.drain_timeout_s
         )
-        for task in self._hooks:
-            task.cancel()
-        for task in self._hooks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        with contextlib.suppress(Exception):  # a hook's failure was its own business
+            await cancel_and_wait(*self._hooks)
         if self.started:
             await self.balancer.stop()
             self.started = False

@@ -23,7 +23,7 @@ from conveyor.platform.balancer import (
     ResourcePlacement,
     StaticBalancer,
 )
-from conveyor.platform.client import Client
+from conveyor.platform.client import Client, coalesce_linger_for
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
 from conveyor.platform.delivery import (
@@ -128,6 +128,7 @@ class DaemonParts:
         await self.cell_step.close()
         if self.once_step is not None:
             await self.once_step.close()
+        await self.client.close()  # sends what publish calls left waiting; owns nothing
         close_slots = getattr(self.slots, "close", None)
         if self.owns_slots and close_slots is not None:
             await close_slots()  # e.g. the resource-based supplier's sampling task
@@ -179,7 +180,8 @@ def build_parts(
     return DaemonParts(
         app=app, config=config, adapter=adapter, mapper=mapper, slots=slots,
         balancer=balancer, member=member, telemetry=telemetry,
-        client=Client(adapter, mapper, telemetry=telemetry),
+        client=Client(adapter, mapper, telemetry=telemetry,
+                      coalesce_linger_s=coalesce_linger_for(config.publish, adapter)),
         stats=stats, dead_letters=dead_letters,
         orphans=Orphans(put_letter, stats, app.name, config.dead_letters.unroutable),
         pool_step=pool_step, cell_step=cell_step, interceptors=interceptors,

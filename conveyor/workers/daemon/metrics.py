@@ -17,6 +17,7 @@ from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.status import AckRates
+from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry, stats_observations
 from conveyor.workers.cells import CellRouter
 from conveyor.workers.daemon.queues import QueueOwner
@@ -106,9 +107,7 @@ class DaemonMetrics:
     async def close(self) -> None:
         """Stop sampling lag."""
         if self._lag_task is not None:
-            self._lag_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lag_task
+            await cancel_and_wait(self._lag_task)
 
     def stats_snapshot(self) -> dict[str, float]:
         """Flat stats published with the membership record; read by ``conveyor status``

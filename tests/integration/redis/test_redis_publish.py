@@ -262,3 +262,60 @@ async def test_a_failed_coalesced_send_reaches_every_waiting_publish(
         await proxied.start()
         token = await client.publish("orders", "after", {"seq": 99})  # starts afresh
         assert isinstance(token, SequenceToken)
+
+
+@pytest.mark.parametrize(
+    ("publish", "linger_s"),
+    [({"coalesce": True, "linger_ms": 5}, 0.005), ({"coalesce": False}, None)],
+)
+async def test_a_daemons_client_takes_the_publish_section_as_a_users_client_does(
+    redis_server: RedisServer, publish: dict[str, object], linger_s: float | None
+) -> None:
+    from conveyor import App, WorkerDaemon
+
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": QUEUES},
+        "redis": {"url": redis_server.url, "prefix": "t"},
+        "balancer": {"kind": "static"},
+        "publish": publish,
+    })
+    daemon = WorkerDaemon(App("hooks"), config)
+    async with Client.from_config(config) as users:
+        assert daemon.client.coalesce_linger_s == users.coalesce_linger_s == linger_s
+    await daemon.stop()
+
+
+async def test_a_daemons_stop_sends_what_its_clients_publish_calls_left_waiting(
+    redis_server: RedisServer,
+) -> None:
+    from conveyor import App, WorkerDaemon
+
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": QUEUES},
+        "redis": {"url": redis_server.url, "prefix": "t"},
+        "balancer": {"kind": "static"},
+        "publish": {"linger_ms": 1_500},  # longer than the stop takes
+    })
+    app = App("hooks")
+    calls: list[asyncio.Future[SequenceToken]] = []
+    hooked = asyncio.Event()
+
+    @app.startup
+    async def audit(client: Client) -> None:  # publishes, and returns before they are sent
+        calls.extend(asyncio.ensure_future(client.publish("audit", f"k{i}", {"seq": i}))
+                     for i in range(50))
+        hooked.set()
+
+    daemon = WorkerDaemon(app, config)
+    await daemon.start()
+    async with asyncio.timeout(10):
+        await hooked.wait()
+    assert not any(call.done() for call in calls)  # still lingering
+    await daemon.stop()
+    assert all(call.done() and call.exception() is None for call in calls)
+    direct = RedisAdapter(config.redis)
+    try:
+        await assert_written_once(
+            direct, [Publish("audit", f"k{i}", {"seq": i}) for i in range(50)])
+    finally:
+        await direct.close()
