@@ -18,7 +18,6 @@ Lua scripts: a check and its write cannot interleave with another daemon's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -40,6 +39,7 @@ from conveyor.adapters.redis_conn import (
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.leases import Lease, LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, timer_phase
+from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.redis")
@@ -83,9 +83,7 @@ class RedisMembership(Membership):
         if self._me is not None and self._me.id == member_id:
             self._me = None
             if self._beating is not None:
-                self._beating.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._beating
+                await cancel_and_wait(self._beating)
                 self._beating = None
         await self._caller.retrying(
             "leaving the membership",
@@ -163,9 +161,7 @@ class RedisMembership(Membership):
 
     async def close(self) -> None:
         if self._beating is not None:
-            self._beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beating
+            await cancel_and_wait(self._beating)
             self._beating = None
 
 

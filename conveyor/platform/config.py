@@ -260,7 +260,8 @@ class WorkerConfig(_Section):
 
 
 class PublishConfig(_Section):
-    """``[publish]``: how a :class:`~conveyor.Client` built from this config sends single
+    """``[publish]``: how a :class:`~conveyor.Client` built from this config — and the
+    client a worker daemon hands its startup hooks and handlers — sends single
     ``publish`` calls (``publish_batch`` always sends its messages as they come)."""
 
     coalesce: bool = True
