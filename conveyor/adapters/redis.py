@@ -570,6 +570,7 @@ class RedisAdapter(QueueAdapter):
         self.replay_script = self.redis.register_script(lua.REPLAY_LETTER)
         self.replay_marked_script = self.redis.register_script(lua.REPLAY_MARKED)
         self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
+        self.dead_letter_script = self.redis.register_script(lua.DEAD_LETTER)
         self.min_replicas: int = cfg.min_replicas
         self.replica_timeout_ms: int = cfg.replica_timeout_ms
         self.replica_log = ThrottledLog(log, interval_s=30.0)
@@ -679,24 +680,21 @@ class RedisAdapter(QueueAdapter):
         return receiver
 
     async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
-        """One entry per letter on ``PREFIX:dlq:APP`` (see conveyor.platform.letters);
-        with ``[dead_letters] max_entries``, an exact ``XTRIM MAXLEN`` after, whose count of
-        evicted letters is returned."""
+        """One entry per letter on ``PREFIX:dlq:APP`` (see conveyor.platform.letters), by
+        :data:`~conveyor.adapters.redis_scripts.DEAD_LETTER`: under a batch id, so a call
+        retried after its reply was lost stores nothing twice (as a publish). With
+        ``[dead_letters] max_entries``, an exact ``XTRIM MAXLEN`` in the same script,
+        whose count of evicted letters is returned."""
         key = self.keys.dead_letters(group)
-        entries = [letter_entry(letter, group) for letter in letters]
-        bound = self.max_dead_letters
-
-        async def pipelined(client: aioredis.Redis) -> int:
-            pipe = client.pipeline(transaction=False)
-            for flat in entries:
-                pipe.execute_command("XADD", key, "*", *flat)
-            if bound:
-                pipe.xtrim(key, maxlen=bound, approximate=False)
-            results = await pipe.execute()
-            return int(results[-1]) if bound else 0
-
-        return await self.caller.retrying(f"storing dead letters of {group!r}",
-                                          lambda: on_primary(self.redis, key, pipelined))
+        args: list[Any] = [self.publish_window_ms, self.max_dead_letters]
+        for letter in letters:
+            flat = letter_entry(letter, group)
+            args += [len(flat), *flat]
+        keys = [key, self.keys.letters_stored(group, uuid.uuid4().hex)]
+        evicted = await self.caller.retrying(
+            f"storing dead letters of {group!r}",
+            lambda: self.dead_letter_script(keys=keys, args=args))
+        return int(evicted)
 
     # -- dead letters, for operators (see conveyor.adapters.redis_letters) --------------
     async def list_dead_letters(self, group: str, limit: int = 100, *,

@@ -175,6 +175,11 @@ class Keys:
     def dead_letters(self, group: str) -> str:
         return f"{self.prefix}:dlq:{check_name(group, 'app name')}"
 
+    def letters_stored(self, group: str, batch_id: str) -> str:
+        """The marker of one stored batch of dead letters, in the letters' stream's slot
+        (its name is the hash tag), as :meth:`published` is in its queue's."""
+        return f"{self.prefix}:dlq-batch:{{{self.dead_letters(group)}}}:{batch_id}"
+
     def app(self, group: str) -> str:
         return f"{self.prefix}:app:{check_name(group, 'app name')}"
 

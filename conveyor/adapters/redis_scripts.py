@@ -84,6 +84,26 @@ redis.call('SET', KEYS[2], result, 'PX', ARGV[1])
 return {result, 0}
 """
 
+# Storing dead letters, idempotently like ENQUEUE. KEYS: dead-letter stream, marker
+# ("PREFIX:dlq-batch:{DLQ STREAM}:BATCHID", in the stream's slot). ARGV: marker ttl ms,
+# max entries (0: unbounded), then per letter: its number of fields x 2, the fields.
+# A batch already stored (its reply was lost, the call retried) stores nothing again.
+# Returns how many letters the exact MAXLEN trim evicted (0 on a replay).
+DEAD_LETTER = """
+if redis.call('GET', KEYS[2]) then return 0 end
+local i, argc = 3, #ARGV
+while i <= argc do
+  local n = tonumber(ARGV[i])
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, i + 1, i + n))
+  i = i + 1 + n
+end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+if tonumber(ARGV[2]) > 0 then
+  return redis.call('XTRIM', KEYS[1], 'MAXLEN', '=', ARGV[2])
+end
+return 0
+"""
+
 # KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), count.
 # Moves every pending entry of the group to this consumer; -1 when the lease is gone.
 CLAIM_ALL = """

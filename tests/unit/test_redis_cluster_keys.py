@@ -24,6 +24,11 @@ def test_a_queues_stream_lease_fence_refused_acks_and_markers_share_its_slot() -
         assert {slot(k) for k in together} == {slot(keys.queue(queue))}, together
 
 
+def test_a_stored_batch_of_dead_letters_marks_it_in_the_letters_slot() -> None:
+    keys = Keys("conveyor", cluster=True)
+    assert slot(keys.letters_stored("shop", "b1")) == slot(keys.dead_letters("shop"))
+
+
 def test_an_apps_membership_keys_share_one_slot() -> None:
     keys = Keys("conveyor", cluster=True)
     for app in ("shop", "billing", "a.b-c_d"):

@@ -319,3 +319,24 @@ async def test_a_daemons_stop_sends_what_its_clients_publish_calls_left_waiting(
             direct, [Publish("audit", f"k{i}", {"seq": i}) for i in range(50)])
     finally:
         await direct.close()
+
+
+async def test_dead_letters_whose_reply_was_lost_are_stored_once(
+    redis_server: RedisServer, proxied: CuttableProxy
+) -> None:
+    """The dead-letter store is retried on a lost reply like a publish, and like a publish
+    it is keyed by a batch id: the retry finds the batch stored and stores nothing.
+    (Before, a pipeline of ``XADD``s retried whole stored every letter of it twice.)"""
+    from tests.contract.test_dead_letters import letter
+
+    adapter = RedisAdapter(config_for(f"redis://127.0.0.1:{proxied.port}/0").redis,
+                           max_dead_letters=1000)
+    try:
+        await adapter.dead_letter("shop", [letter(0)])  # connection open, script loaded
+        proxied.lose_next_reply()
+        assert await adapter.dead_letter("shop", [letter(n) for n in range(1, 51)]) == 0
+        assert proxied.replies_lost == 1
+        stored = await adapter.list_dead_letters("shop", limit=1000)
+    finally:
+        await adapter.close()
+    assert [s.letter.message.id for s in stored] == [f"m{n}" for n in range(51)]
