@@ -353,7 +353,10 @@ def _connect_cluster(url: str, kwargs: dict[str, Any]) -> ClusterClient:
     if options.pop("connection_class", None) is rconn.SSLConnection:
         options["ssl"] = True
     node_kwargs = {k: v for k, v in options.items() if k not in ("host", "port")}
-    client = ClusterClient(**options, node_kwargs=node_kwargs)
+    # redis-py caps a cluster node's pool at 100 connections and then fails calls at
+    # once; a daemon holds one per queue it is reading (a blocking XREADGROUP), so the
+    # cap is a standalone pool's: none in practice.
+    client = ClusterClient(**options, node_kwargs=node_kwargs, max_connections=2**31)
     # The cluster's node connections pack with hiredis too (ClusterNode reads the class
     # from these keyword arguments when the topology is first read).
     conn_kwargs = client.nodes_manager.connection_kwargs

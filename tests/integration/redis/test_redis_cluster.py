@@ -1,0 +1,39 @@
+"""The Redis adapter on a local Redis Cluster, beyond the contract suite (tests/contract)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from conveyor.adapters.redis import RedisAdapter
+from conveyor.platform.config import load_config
+from tests.servers import RedisClusterServers
+
+pytestmark = [pytest.mark.redis, pytest.mark.redis_cluster]
+
+
+async def test_a_daemon_reads_more_queues_at_once_than_redis_pys_cluster_pool_allows(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    """Each queue being read holds a connection (a blocking XREADGROUP): 400 queues put
+    ~130 on each primary, past the 100 connections redis-py's cluster client allows a
+    node by default, which fails the surplus calls at once (MaxConnectionsError)."""
+    total = 400
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": total},
+        "redis": {"mode": "cluster", "url": redis_cluster.url,
+                  "prefix": f"wide-{uuid.uuid4().hex[:8]}"},
+        "balancer": {"membership": "redis"},
+    })
+    adapter = RedisAdapter(config.redis)
+    try:
+        receivers = [adapter.create_receiver(q, "wide") for q in range(total)]
+        await asyncio.gather(*(r.initialize() for r in receivers))
+        for r in receivers:
+            assert await r.get_messages(10) == []  # the pending list: empty
+        got = await asyncio.gather(*(r.get_messages(10, timeout_s=0.3) for r in receivers))
+        assert got == [[]] * total
+    finally:
+        await adapter.close()
