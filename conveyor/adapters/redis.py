@@ -625,13 +625,16 @@ class RedisAdapter(QueueAdapter):
         replicas = self.min_replicas
 
         async def pipelined(client: aioredis.Redis) -> list[Any]:
-            pipe: Any = client.pipeline(transaction=False)
-            pipe.scripts.add(script)  # loaded first should the server not know it
-            for keys, args in calls:
-                pipe.evalsha(script.sha, 2, *keys, *args)
-            if replicas:  # on the same connection as the writes, as WAIT requires
-                pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
-            replies: list[Any] = await pipe.execute()
+            # ``async with``: a failure while loading the script (before execute's own
+            # clean-up) would otherwise leave the connection checked out of the pool.
+            pipe: Any
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.scripts.add(script)  # loaded first should the server not know it
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, 2, *keys, *args)
+                if replicas:  # on the same connection as the writes, as WAIT requires
+                    pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
+                replies: list[Any] = await pipe.execute()
             return replies
 
         async def send() -> list[Any]:

@@ -404,11 +404,12 @@ async def run_replicated(redis: Any, script: Any, keys: Sequence[str],
         return await script(keys=keys, args=args), 0
 
     async def send(client: aioredis.Redis) -> tuple[Any, int]:
-        pipe = client.pipeline(transaction=False)
-        pipe.scripts.add(script)  # loaded first should the server not know it
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-        pipe.execute_command("WAIT", replicas, timeout_ms)
-        reply, confirmed = await pipe.execute()
+        pipe: Any
+        async with client.pipeline(transaction=False) as pipe:  # released if loading fails
+            pipe.scripts.add(script)  # loaded first should the server not know it
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", replicas, timeout_ms)
+            reply, confirmed = await pipe.execute()
         return reply, int(confirmed)
 
     return await on_primary(redis, keys[0], send)

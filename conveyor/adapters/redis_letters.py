@@ -103,10 +103,10 @@ async def replay_letters(adapter: RedisAdapter, group: str,
     ]
 
     async def send() -> list[Any]:
-        pipe = adapter.redis.pipeline(transaction=False)
-        for keys, args in calls:
-            await adapter.replay_script(keys=keys, args=args, client=pipe)
-        results: list[Any] = await pipe.execute()
+        async with adapter.redis.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                await adapter.replay_script(keys=keys, args=args, client=pipe)
+            results: list[Any] = await pipe.execute()
         return results
 
     new_ids = await adapter.caller.retrying(f"replaying {len(calls)} dead letter(s)", send)

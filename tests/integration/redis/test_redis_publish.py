@@ -340,3 +340,29 @@ async def test_dead_letters_whose_reply_was_lost_are_stored_once(
     finally:
         await adapter.close()
     assert [s.letter.message.id for s in stored] == [f"m{n}" for n in range(51)]
+
+
+async def test_a_connection_lost_while_loading_the_publish_script_goes_back_to_the_pool(
+    redis_server: RedisServer, proxied: CuttableProxy
+) -> None:
+    """A pipelined publish first checks the server knows its script (``SCRIPT EXISTS``);
+    a connection lost on that reply failed before redis-py's own clean-up, so it stayed
+    checked out of the pool for good (one leaked per such failure, and a warning)."""
+    adapter = RedisAdapter(config_for(f"redis://127.0.0.1:{proxied.port}/0").redis)
+    try:
+        batch = _messages(3000)
+        await adapter.enqueue(0, batch[:1500])  # several chunks: the pipelined path
+        proxied.lose_next_reply()  # the next reply: SCRIPT EXISTS of the next publish
+        await adapter.enqueue(0, batch[1500:])  # retried on a new connection
+        assert proxied.replies_lost == 1
+        assert not adapter.redis.connection_pool._in_use_connections
+    finally:
+        await adapter.close()
+
+
+def _messages(n: int) -> list[Any]:
+    from conveyor.platform.ids import StreamId
+    from conveyor.platform.message import Message, now_ms
+
+    return [Message(f"m{i}", StreamId("orders", "k"), b'{"seq": %d}' % i,
+                    enqueued_at_ms=now_ms()) for i in range(n)]
