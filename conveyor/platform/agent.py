@@ -369,10 +369,12 @@ class PullingAgent:
         loop = asyncio.get_running_loop()
         clock = time.monotonic
         permit: SlotPermit | None = None
+        marked = False  # permit.mark_used has run (it acts on a permit's first call only)
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
                 if permit is None:
+                    marked = False
                     permit = slots.try_reserve_slot(ctx)
                     if permit is None:  # every slot busy: wait here, waking no other runner
                         permit = await slots.reserve_slot(ctx)
@@ -385,7 +387,7 @@ class PullingAgent:
                     self._regain()  # not ours (for now): start nothing, wake no one
                     break
                 lane: Lane = ready.popleft()
-                if ready:
+                if ready and not self._waking:
                     self._wake()  # others can start on the next lane while this one runs
                 entry = lane.entries[0]
                 if self._stopping and (fenced or not entry.started):
@@ -395,7 +397,9 @@ class PullingAgent:
                 entry.started = True
                 route = lane.route
                 msg = entry.msg
-                permit.mark_used(queue, route.handler.name, msg.id, msg.stream.key)
+                if not marked:  # not per call: its arguments alone cost a cache miss or two
+                    permit.mark_used(queue, route.handler.name, msg.id, msg.stream.key)
+                    marked = True
                 lane.running = True
                 self._running += 1
                 try:
