@@ -119,6 +119,8 @@ class PullingAgent:
         self._slots = slots
         self._ctx = _Context(queue, slots)
         self._room = asyncio.Event()
+        self._wants_room = False
+        """The pull loop waits on ``_room``: set it once an acknowledgement frees room."""
         self._orphan_queue: deque[Entry] = deque()
         self._orphan_task: asyncio.Task[None] | None = None
         self._quiet = asyncio.Event()
@@ -288,6 +290,7 @@ class PullingAgent:
             room = cache.room
             if room <= 0:
                 self._room.clear()
+                self._wants_room = True
                 await self._room.wait()
                 continue
             try:
@@ -526,11 +529,11 @@ class PullingAgent:
             if self._note_out_of_order is not None and entry.msg.token is not None:
                 self._note_out_of_order(entry.msg.token)
             return
-        tokens = self.cache.pop_done_prefix()
-        self._to_ack.extend(tokens)
+        self.cache.pop_done_prefix(self._to_ack)
         if self._ack_task is None and not self._stopping:
             self._ack_task = asyncio.create_task(self._ack_loop())
-        if not self._room.is_set():
+        if self._wants_room:  # a flag, not Event.is_set(): this runs about once a message
+            self._wants_room = False
             self._room.set()
 
     async def _take_orphans(self) -> None:
