@@ -119,6 +119,8 @@ class PullingAgent:
         self._slots = slots
         self._ctx = _Context(queue, slots)
         self._room = asyncio.Event()
+        self._wants_room = False
+        """The pull loop waits on ``_room``: set it once an acknowledgement frees room."""
         self._orphan_queue: deque[Entry] = deque()
         self._orphan_task: asyncio.Task[None] | None = None
         self._quiet = asyncio.Event()
@@ -288,6 +290,7 @@ class PullingAgent:
             room = cache.room
             if room <= 0:
                 self._room.clear()
+                self._wants_room = True
                 await self._room.wait()
                 continue
             try:
@@ -369,10 +372,12 @@ class PullingAgent:
         loop = asyncio.get_running_loop()
         clock = time.monotonic
         permit: SlotPermit | None = None
+        marked = False  # permit.mark_used has run (it acts on a permit's first call only)
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
                 if permit is None:
+                    marked = False
                     permit = slots.try_reserve_slot(ctx)
                     if permit is None:  # every slot busy: wait here, waking no other runner
                         permit = await slots.reserve_slot(ctx)
@@ -385,7 +390,7 @@ class PullingAgent:
                     self._regain()  # not ours (for now): start nothing, wake no one
                     break
                 lane: Lane = ready.popleft()
-                if ready:
+                if ready and not self._waking:
                     self._wake()  # others can start on the next lane while this one runs
                 entry = lane.entries[0]
                 if self._stopping and (fenced or not entry.started):
@@ -395,7 +400,9 @@ class PullingAgent:
                 entry.started = True
                 route = lane.route
                 msg = entry.msg
-                permit.mark_used(queue, route.handler.name, msg.id, msg.stream.key)
+                if not marked:  # not per call: its arguments alone cost a cache miss or two
+                    permit.mark_used(queue, route.handler.name, msg.id, msg.stream.key)
+                    marked = True
                 lane.running = True
                 self._running += 1
                 try:
@@ -522,11 +529,11 @@ class PullingAgent:
             if self._note_out_of_order is not None and entry.msg.token is not None:
                 self._note_out_of_order(entry.msg.token)
             return
-        tokens = self.cache.pop_done_prefix()
-        self._to_ack.extend(tokens)
+        self.cache.pop_done_prefix(self._to_ack)
         if self._ack_task is None and not self._stopping:
             self._ack_task = asyncio.create_task(self._ack_loop())
-        if not self._room.is_set():
+        if self._wants_room:  # a flag, not Event.is_set(): this runs about once a message
+            self._wants_room = False
             self._room.set()
 
     async def _take_orphans(self) -> None:

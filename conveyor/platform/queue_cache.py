@@ -114,12 +114,11 @@ class QueueCache:
             entry.done = True
         return entry
 
-    def pop_done_prefix(self) -> list[SequenceToken]:
-        """Remove the contiguous done entries at the front; their tokens, to acknowledge."""
+    def pop_done_prefix(self, tokens: list[SequenceToken]) -> None:
+        """Remove the contiguous done entries at the front; append their tokens, to
+        acknowledge, to ``tokens`` (no list of its own: it runs for about every message)."""
         entries = self.entries
-        tokens: list[SequenceToken] = []
         while entries and entries[0].done:
             token = entries.popleft().msg.token
             if token is not None:
                 tokens.append(token)
-        return tokens
