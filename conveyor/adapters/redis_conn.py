@@ -311,7 +311,7 @@ class ClusterClient(RedisCluster):
 
 class SentinelClient(aioredis.Redis):
     """A client of the primary the sentinels name for ``[redis] sentinel_service``
-    (``mode = "sentinel"``); a plain client otherwise, with the standalone key layout.
+    (``mode = "sentinel"``); for the rest a standalone client, keys laid out alike.
 
     Its pool (redis-py's ``SentinelConnectionPool``) asks the sentinels for the primary
     on every new connection, and drops its idle connections when the answer changes. A
@@ -428,8 +428,8 @@ def _connect_sentinel(cfg: Any, url: str, kwargs: dict[str, Any]) -> SentinelCli
     options.pop("host", None)
     options.pop("port", None)
     tls = options.pop("connection_class", None) is rconn.SSLConnection
-    options["connection_class"] = (_CPackedSentinelSSLConnection if tls
-                                   else _CPackedSentinelConnection)
+    options["connection_class"] = _C_PACKED[SentinelManagedSSLConnection if tls
+                                            else SentinelManagedConnection]
     # The sentinels: same timeouts and TLS as the data nodes, credentials of their own.
     sentinel_kwargs: dict[str, Any] = {
         key: value for key, value in kwargs.items()
