@@ -32,6 +32,7 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 DESCRIBED_NOT_EXPORTED = {
     "EntryDecoder", "Evaluator", "QueueCache", "QueueReceiver", "ResourcePlacer",
     "ScaleDownController", "SimConfig",
+    "Caller",  # the Redis adapters' retry runner (docs/redis.md, Cluster and Sentinel)
     # what `conveyor sim balancer` runs and mirrors (docs/lab.md)
     "DaemonMetrics", "DynamicBalancer", "LeaseStore", "Membership",
 }
