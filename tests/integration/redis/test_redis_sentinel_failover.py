@@ -26,6 +26,7 @@ from conveyor import Publish, PublishUncertain, SyncClient
 from conveyor.adapters.redis_conn import Keys
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import BrokerError
+from conveyor.platform.mapper import HashRingQueueMapper
 from tests.conftest import wait_until_sync
 from tests.integration.redis.conftest import Worker, read_records, write_config
 from tests.servers import SENTINEL_SERVICE, RedisSentinelServers
@@ -94,6 +95,29 @@ def leased(servers: RedisSentinelServers) -> int:
                                                       for q in range(TOTAL)]))
 
 
+def unhandled(servers: RedisSentinelServers, wanted: set[int], records: list[Path],
+              ws: list[Worker]) -> str:
+    """What a failure to handle every confirmed message needs explained: which messages,
+    on which queues, what the new primary holds for them, and what the workers said."""
+    missing = sorted(wanted - {r[4] for r in read_records(records)})
+    mapper = HashRingQueueMapper(TOTAL)
+    queues = Counter(mapper.queue_for_key("items", f"s{seq % 100}") for seq in missing)
+    lines = [f"{len(missing)} confirmed, never handled (first {missing[:5]}), by queue "
+             f"{dict(queues)}"]
+    with servers.node(servers.primary()[1]).admin() as admin:
+        for queue in sorted(queues):
+            stream = KEYS.queue(queue)
+            if not admin.exists(stream):
+                lines.append(f"queue {queue}: no stream on the primary")
+                continue
+            on_primary = {json.loads(f["body"])["seq"] for _, f in admin.xrange(stream)}
+            lines.append(f"queue {queue}: {len(set(missing) & on_primary)} of them in the "
+                         f"stream; groups {admin.xinfo_groups(stream)}; lease "
+                         f"{admin.get(KEYS.lease('rec', queue))!r}")
+    lines += [f"-- {w.name} (alive {w.alive()}):\n{w.stderr[-3000:]}" for w in ws]
+    return "\n".join(lines)
+
+
 def test_a_primary_killed_mid_run_loses_no_confirmed_message_and_workers_ride_it_out(
     fresh_redis_sentinel: RedisSentinelServers, workers: list[Worker], tmp_path: Path
 ) -> None:
@@ -119,8 +143,11 @@ def test_a_primary_killed_mid_run_loses_no_confirmed_message_and_workers_ride_it
 
     records = [w.record for w in ws]
     wanted = set(confirmed)
-    wait_until_sync(lambda: wanted <= {r[4] for r in read_records(records)}, 60,
-                    "every confirmed message to be handled")
+    try:
+        wait_until_sync(lambda: wanted <= {r[4] for r in read_records(records)}, 60,
+                        "every confirmed message to be handled")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{unhandled(servers, wanted, records, ws)}") from None
     assert all(w.alive() for w in ws), "a worker died in the failover"
     assert [w.stop() for w in ws] == [0, 0]
     rows = read_records(records)
