@@ -36,14 +36,15 @@ pytestmark = [pytest.mark.redis, pytest.mark.redis_sentinel, pytest.mark.slow]
 TOTAL = 8
 KEYS = Keys("t")
 CACHE_PER_QUEUE = 128
-"""Entries a worker holds per queue, delivered but not yet acknowledged."""
+"""``[worker] cache_capacity``: most entries a worker holds per queue, pulled and not yet
+acknowledged (what a failover may deliver again)."""
 
 
 def sentinel_config(path: Path, servers: RedisSentinelServers) -> Path:
     return write_config(path, "redis:///0", redis={
         "mode": "sentinel", "sentinels": servers.addresses,
         "sentinel_service": SENTINEL_SERVICE, "min_replicas": 1, "replica_timeout_ms": 500,
-    }, slots={"count": 16})
+    }, slots={"count": 16}, worker={"cache_capacity": CACHE_PER_QUEUE})
 
 
 class Publisher:
@@ -158,9 +159,11 @@ def test_a_primary_killed_mid_run_loses_no_confirmed_message_and_workers_ride_it
     assert wanted <= set(handled), "a confirmed message was lost in the failover"
     # Uncertain batches may or may not have been written; nothing else may appear.
     assert set(handled) <= wanted | set(uncertain)
-    # Redelivered: what was in flight when the primary died. Every queue lived on it,
-    # and acknowledgements are replicated (min_replicas) before they count, so only the
-    # entries delivered and not yet acknowledged come again: at most a cache per queue.
+    # Redelivered: what the workers held when the primary died, their acknowledgements
+    # unsent or not yet on the replica (acks wait for min_replicas too, so the rest are
+    # there). Every queue lived on the dead primary: at most a cache per queue, the most
+    # when a split vote among the sentinels makes the outage outlast the leases and
+    # every queue changes hands.
     assert duplicates <= TOTAL * CACHE_PER_QUEUE
     # The workers resumed by themselves: messages confirmed after the failover were
     # handled by the same processes.
