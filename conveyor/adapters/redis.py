@@ -405,16 +405,25 @@ class RedisReceiver(QueueReceiver):
         self._token = lease.token
 
     async def initialize(self) -> None:
-        await self._adapter.ensure_group(self._queue, self._group)
-        claimed = await self._caller.retrying(
+        adapter = self._adapter
+        await adapter.ensure_group(self._queue, self._group)
+        claimed, confirmed = await self._caller.retrying(
             f"claiming pending entries of queue {self._queue}",
-            lambda: self._adapter.claim_script(
-                keys=[self._stream, self._lease_key],
-                args=[self._group, self._consumer, self._lease_value, self._claim_batch],
-            ),
+            lambda: run_replicated(
+                self._redis, adapter.claim_script, [self._stream, self._lease_key],
+                [self._group, self._consumer, self._lease_value, self._claim_batch],
+                adapter.min_replicas, adapter.replica_timeout_ms),
         )
         if claimed == -1:
             raise LeaseLostError(f"queue {self._queue}: lease lost before it could be claimed")
+        if confirmed < adapter.min_replicas:
+            # Started anyway, a failover could take the claim back: the entries would be
+            # pending for the previous owner again, which reads this queue no more, and
+            # no one would claim them until the queue next changes hands.
+            raise BrokerConnectionError(
+                f"queue {self._queue}: the claim of the previous owner's pending entries "
+                f"reached {confirmed} of {adapter.min_replicas} replicas within "
+                f"{adapter.replica_timeout_ms} ms ($.redis.min_replicas); not started")
         if claimed:
             log.info("queue %d: claimed %d pending entr%s of the previous owner",
                      self._queue, claimed, "y" if claimed == 1 else "ies")

@@ -22,10 +22,16 @@ import redis.asyncio.connection as rconn
 import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import (
+    Sentinel,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.backoff import NoBackoff
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay
 
 from conveyor.platform.backoff import Backoff
+from conveyor.platform.config_checks import SENTINEL_PORT
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
 from conveyor.platform.ids import NAME, SequenceToken
 from conveyor.platform.outage import OutageLog
@@ -117,6 +123,14 @@ def check_url(url: str, *, cluster: bool = False) -> None:
         rconn.parse_url(url)
     except ValueError as exc:  # "Invalid value for 'db' in connection URL." (no value)
         raise ConfigError(f"$.redis.url: {exc} ({shown})") from None
+
+
+def server_name(cfg: Any) -> str:
+    """Where ``[redis]`` points, safe to log: the URL (redacted), or with ``mode =
+    "sentinel"`` the service and the sentinels asked for it."""
+    if getattr(cfg, "mode", "standalone") == "sentinel":
+        return f"{cfg.sentinel_service} (sentinels {','.join(cfg.sentinels)})"
+    return redact_url(cfg.url)
 
 
 def check_name(value: str, what: str) -> str:
@@ -248,8 +262,18 @@ class _CPackedSSLConnection(_CPacking, rconn.SSLConnection):
     pass
 
 
+class _CPackedSentinelConnection(_CPacking, SentinelManagedConnection):
+    pass
+
+
+class _CPackedSentinelSSLConnection(_CPacking, SentinelManagedSSLConnection):
+    pass
+
+
 _C_PACKED: dict[type[Any], type[Any]] = {
     rconn.Connection: _CPackedConnection, rconn.SSLConnection: _CPackedSSLConnection,
+    SentinelManagedConnection: _CPackedSentinelConnection,
+    SentinelManagedSSLConnection: _CPackedSentinelSSLConnection,
 }
 
 
@@ -290,8 +314,32 @@ class ClusterClient(RedisCluster):
         await self.aclose()
 
 
+class SentinelClient(aioredis.Redis):
+    """A client of the primary the sentinels name for ``[redis] sentinel_service``
+    (``mode = "sentinel"``); for the rest a standalone client, keys laid out alike.
+
+    Its pool (redis-py's ``SentinelConnectionPool``) asks the sentinels for the primary
+    on every new connection, and drops its idle connections when the answer changes. A
+    connection open to a primary that was demoted gets ``READONLY`` on its next write,
+    which redis-py turns into a ``ConnectionError`` after closing it; a killed primary
+    breaks its connections outright. Either way :class:`Caller` retries as in any
+    outage, and the retry connects anew, to the promoted replica. While the sentinels
+    agree on no primary (the failover itself), connecting raises ``MasterNotFoundError``,
+    a ``ConnectionError`` too. Closing it closes its connections to the sentinels.
+    """
+
+    sentinel_manager: Sentinel | None = None
+    """The sentinels' clients (``sentinel`` would hide redis-py's SENTINEL command)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinel_manager is not None:
+            await self.sentinel_manager.aclose()
+
+
 Client = aioredis.Redis | ClusterClient
-"""What :func:`connect` returns: a standalone client, or a cluster one."""
+"""What :func:`connect` returns: a standalone client (a :class:`SentinelClient` with
+``mode = "sentinel"``), or a cluster one."""
 
 CLUSTER_ERRORS = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDownError,
                   rex.SlotNotCoveredError, rex.ClusterError)
@@ -312,7 +360,8 @@ def connect(cfg: Any) -> Any:
     entries in the pending list; :class:`Caller` decides what may be retried.
     """
     url = cfg.url
-    cluster = getattr(cfg, "mode", "standalone") == "cluster"
+    mode = getattr(cfg, "mode", "standalone")
+    cluster = mode == "cluster"
     check_url(url, cluster=cluster)
     scheme = urlsplit(url).scheme
     kwargs: dict[str, Any] = {
@@ -339,6 +388,8 @@ def connect(cfg: Any) -> Any:
     try:
         if cluster:
             return _connect_cluster(url, kwargs)
+        if mode == "sentinel":
+            return _connect_sentinel(cfg, url, kwargs)
         client = aioredis.Redis.from_url(url, retry_on_timeout=False, **kwargs)
     except ValueError as exc:  # redis-py quotes the URL: do not repeat it
         raise ConfigError(f"$.redis.url {redact_url(url)}: {type(exc).__name__}") from None
@@ -362,6 +413,49 @@ def _connect_cluster(url: str, kwargs: dict[str, Any]) -> ClusterClient:
     conn_kwargs = client.nodes_manager.connection_kwargs
     conn_kwargs["connection_class"] = _C_PACKED.get(conn_kwargs["connection_class"],
                                                     conn_kwargs["connection_class"])
+    return client
+
+
+def sentinel_addresses(sentinels: Sequence[str]) -> list[tuple[str, int]]:
+    """``[redis] sentinels`` (``HOST[:PORT]``, ``[IPV6][:PORT]``; checked when the config
+    loads) as the ``(host, port)`` pairs redis-py takes."""
+    addresses = []
+    for item in sentinels:
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        addresses.append((host, int(port or SENTINEL_PORT)))
+    return addresses
+
+
+def _connect_sentinel(cfg: Any, url: str, kwargs: dict[str, Any]) -> SentinelClient:
+    # The URL's options win, as in from_url; its host and port are the sentinels' to say.
+    options = {**kwargs, **rconn.parse_url(url)}
+    options.pop("host", None)
+    options.pop("port", None)
+    tls = options.pop("connection_class", None) is rconn.SSLConnection
+    options["connection_class"] = _C_PACKED[SentinelManagedSSLConnection if tls
+                                            else SentinelManagedConnection]
+    # The sentinels: same timeouts and TLS as the data nodes, credentials of their own.
+    sentinel_kwargs: dict[str, Any] = {
+        key: value for key, value in kwargs.items()
+        if key.startswith(("socket_", "ssl_")) or key == "retry"
+    }
+    if tls:
+        sentinel_kwargs["ssl"] = True
+    user = _credential(cfg.sentinel_username_env)
+    password = _credential(cfg.sentinel_password_env)
+    if user is not None:
+        sentinel_kwargs["username"] = user
+    if password is not None:
+        sentinel_kwargs["password"] = password
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+        sentinel_addresses(cfg.sentinels), sentinel_kwargs=sentinel_kwargs, **options)
+    client = cast(SentinelClient, sentinel.master_for(cfg.sentinel_service,
+                                                      redis_class=SentinelClient))
+    client.sentinel_manager = sentinel
     return client
 
 
@@ -432,6 +526,11 @@ def map_errors(what: str) -> Iterator[None]:
         raise BrokerError(f"redis refused the credentials while {what}: {exc}") from None
     except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
         raise BrokerConnectionError(f"redis unreachable while {what}: {exc}") from exc
+    except rex.ReadOnlyError as exc:  # with mode = "sentinel" redis-py reconnects instead
+        raise BrokerError(
+            f"redis refused a write while {what}: the server is a replica (READONLY); point "
+            f'[redis] url at the primary, or let Sentinel find it (mode = "sentinel")'
+        ) from exc
     except CLUSTER_ERRORS as exc:
         raise BrokerConnectionError(
             f"redis cluster not serving the slot while {what} (a failover or a slot "
@@ -450,7 +549,7 @@ class Caller:
 
     def __init__(self, cfg: Any, redis: Any) -> None:
         self.redis = redis
-        self.url = redact_url(cfg.url)
+        self.url = server_name(cfg)
         self.retry_max_s = cfg.retry_max_s
         self.retry_max_delay_s = cfg.retry_max_delay_s
         self.backoff = Backoff(first_s=0.05, cap_s=cfg.retry_max_delay_s,

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from redis.asyncio.connection import parse_url
 
-from conveyor.adapters.redis_conn import Keys
+from conveyor.adapters.redis_conn import Keys, sentinel_addresses
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, InvalidArgumentError
 from conveyor.workers.serve import STOP_GRACE_S
@@ -393,20 +393,32 @@ def redis_triggers(config: Config, group: str) -> list[dict[str, Any]]:
             f"triggers; the ScaledObject supports at most {MAX_REDIS_QUEUES} queues "
             f"(see docs/kubernetes.md for scaling on a Prometheus lag metric instead)"
         )
-    server = redis_server(config.redis.url)
-    cluster = config.redis.mode == "cluster"
-    keys = Keys(config.redis.prefix, cluster=cluster)
-    # KEDA's redis-cluster-streams scaler discovers the other nodes from the one named.
-    kind = "redis-cluster-streams" if cluster else "redis-streams"
-    common = ({"addresses": server.address, "consumerGroup": group} if cluster else
-              {"address": server.address, "consumerGroup": group,
-               "databaseIndex": str(server.database)})
+    redis = config.redis
+    server = redis_server(redis.url)
+    cluster = redis.mode == "cluster"
+    keys = Keys(redis.prefix, cluster=cluster)
+    # KEDA's redis-cluster-streams scaler discovers the other nodes from the one named;
+    # its redis-sentinel-streams scaler asks the sentinels for the primary, as we do.
+    kind = {"cluster": "redis-cluster-streams",
+            "sentinel": "redis-sentinel-streams"}.get(redis.mode, "redis-streams")
+    common = {"consumerGroup": group}
+    if cluster:
+        common["addresses"] = server.address
+    elif redis.mode == "sentinel":
+        common.update(addresses=",".join(redis.sentinels), sentinelMaster=redis.sentinel_service,
+                      databaseIndex=str(server.database))
+        for key, env in (("sentinelUsernameFromEnv", redis.sentinel_username_env),
+                         ("sentinelPasswordFromEnv", redis.sentinel_password_env)):
+            if env:
+                common[key] = env
+    else:
+        common.update(address=server.address, databaseIndex=str(server.database))
     if server.tls:
         common["enableTLS"] = "true"
-    if config.redis.username_env:
-        common["usernameFromEnv"] = config.redis.username_env
-    if config.redis.password_env:
-        common["passwordFromEnv"] = config.redis.password_env
+    if redis.username_env:
+        common["usernameFromEnv"] = redis.username_env
+    if redis.password_env:
+        common["passwordFromEnv"] = redis.password_env
     target = str(lag_per_replica(config))
     triggers = []
     for queue in range(total):
@@ -426,9 +438,15 @@ def warnings(config: Config) -> list[str]:
     found = []
     if config.queues.adapter == "redis":
         server = redis_server(config.redis.url)
-        host = server.address.rpartition(":")[0]
-        if host in _LOOPBACK:
-            found.append(f"$.redis.url points at {host}: inside a pod that is the pod itself")
+        field, hosts = "url", [server.address.rpartition(":")[0]]
+        if config.redis.mode == "sentinel":  # the url's host is not used
+            field = "sentinels"
+            hosts = [f"[{h}]" if ":" in h else h
+                     for h, _ in sentinel_addresses(config.redis.sentinels)]
+        loopback = [h for h in hosts if h in _LOOPBACK]
+        if loopback:
+            found.append(f"$.redis.{field} points at {loopback[0]}: inside a pod that is the "
+                         "pod itself")
         if server.has_password:
             found.append("$.redis.url holds a password, which lands in the ConfigMap; put it "
                          f"in the Secret as {config.redis.password_env or 'the password_env'}")

@@ -214,8 +214,14 @@ class PullingAgent:
             self._quiet.set()
 
     async def _last_acks(self) -> None:
-        if self._ack_task is not None:  # one flusher at a time keeps acks in order
-            await self._ack_task
+        flushing = self._ack_task
+        if flushing is not None:  # one flusher at a time keeps acks in order
+            # Waited for, not awaited: an abort (the lease lost meanwhile) cancels it,
+            # which must end this drain, not raise CancelledError into the re-balance
+            # that called it (that ended the balancer's loop for good).
+            await asyncio.wait([flushing])
+            if not flushing.cancelled() and (exc := flushing.exception()) is not None:
+                raise exc
         await self._flush_acks()
         if self._fenced or not self._may_act():
             return

@@ -90,9 +90,26 @@ class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6379/0"
     """``redis://`` or ``rediss://`` (TLS). Keep passwords out of files: put them in the
     variables named by ``username_env`` / ``password_env`` (or in CONVEYOR_REDIS__URL)."""
-    mode: Literal["standalone", "cluster"] = "standalone"
+    mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
     """``cluster``: ``url`` names any node of a Redis Cluster (database 0); keys are laid
-    out with hash tags so that every script touches one slot (docs/redis.md)."""
+    out with hash tags so that every script touches one slot (docs/redis.md).
+    ``sentinel``: the primary is the one ``sentinels`` name for ``sentinel_service``,
+    asked again on every new connection (after a failover too); ``url`` gives the
+    scheme (``rediss://``: TLS to data nodes and sentinels), credentials, database and
+    options of the data nodes, and its host and port are not used. Keys keep the
+    standalone layout."""
+    sentinels: list[str] = msgspec.field(default_factory=list)
+    """``mode = "sentinel"`` only: ``HOST[:PORT]`` of each Sentinel (port 26379 by
+    default); name several, any one that answers will do."""
+    sentinel_service: str = "mymaster"
+    """The name the sentinels monitor the primary under (``sentinel monitor NAME ...``)."""
+    sentinel_username_env: str = ""
+    """Environment variable holding the username for the sentinels (``mode =
+    "sentinel"``), when they require one; empty: none."""
+    sentinel_password_env: str = ""
+    """Environment variable holding the sentinels' password (``requirepass`` in their
+    config); empty: none. The data nodes' credentials are ``username_env`` /
+    ``password_env``."""
     prefix: str = "conveyor"
     """Start of every key Conveyor writes (letters, digits, ``_.-``)."""
     username_env: str = "CONVEYOR_REDIS_USERNAME"

@@ -156,9 +156,12 @@ def _check_names(config: Config) -> None:
                 f"$.kafka.bootstrap: expected HOST:PORT[,HOST:PORT...], got "
                 f"{config.kafka.bootstrap!r}"
             )
+    _check_sentinels(config)
     for path, name in (
         ("$.redis.username_env", config.redis.username_env),
         ("$.redis.password_env", config.redis.password_env),
+        ("$.redis.sentinel_username_env", config.redis.sentinel_username_env),
+        ("$.redis.sentinel_password_env", config.redis.sentinel_password_env),
         ("$.kafka.sasl_password_env", config.kafka.sasl_password_env),
         ("$.kafka.ssl_key_password_env", config.kafka.ssl_key_password_env),
     ):
@@ -168,6 +171,40 @@ def _check_names(config: Config) -> None:
     if endpoint and not _http_url(endpoint):
         raise ConfigError(
             f"$.telemetry.endpoint: expected an http:// or https:// URL, got {endpoint!r}"
+        )
+
+
+SENTINEL_PORT = 26379
+"""Where a sentinel listens unless ``[redis] sentinels`` names a port."""
+
+
+def _check_sentinels(config: Config) -> None:
+    """``[redis] sentinels`` and ``sentinel_service``: set with ``mode = "sentinel"``
+    only, then at least one ``HOST[:PORT]`` and a name sentinels accept."""
+    redis = config.redis
+    if redis.mode != "sentinel":
+        if redis.sentinels:
+            raise ConfigError(
+                f'$.redis.sentinels: only used with mode = "sentinel", got mode = '
+                f'"{redis.mode}"; set mode = "sentinel" or remove sentinels'
+            )
+        return
+    if not redis.sentinels:
+        raise ConfigError(
+            '$.redis.sentinels: mode = "sentinel" needs the sentinels\' addresses, '
+            'e.g. ["10.0.0.1:26379", "10.0.0.2:26379", "10.0.0.3:26379"]'
+        )
+    for i, item in enumerate(redis.sentinels):
+        found = _HOST_PORT.fullmatch(item)
+        if found is None or not 0 < int(found.group(1) or SENTINEL_PORT) < 65536:
+            raise ConfigError(
+                f"$.redis.sentinels[{i}]: expected HOST[:PORT] (port {SENTINEL_PORT} if "
+                f"left out), got {item!r}"
+            )
+    if not NAME.fullmatch(redis.sentinel_service):
+        raise ConfigError(
+            f"$.redis.sentinel_service: the name the sentinels monitor the primary under "
+            f"(1-128 ASCII letters, digits, '_', '.', '-'), got {redis.sentinel_service!r}"
         )
 
 

@@ -1,11 +1,12 @@
 """One fresh queue adapter per test, for every adapter: the contract suite's fixture.
 
-``adapter`` is parametrized (ids ``memory``, ``redis``, ``redis-cluster``, ``kafka``) the
-way dramatiq's tests run one suite on every broker. Each test gets a namespace of its
-own: a uniquely named memory broker, a redis-server of its own (they start in ~20 ms), a
-key prefix of its own on the module's Redis Cluster (3 primaries + 3 replicas, ~2.5 s to
-start), or a fresh topic on the session's tansu broker. A missing server skips locally
-and fails under ``CONVEYOR_REQUIRE_SERVERS=1``.
+``adapter`` is parametrized (ids ``memory``, ``redis``, ``redis-cluster``,
+``redis-sentinel``, ``kafka``) the way dramatiq's tests run one suite on every broker.
+Each test gets a namespace of its own: a uniquely named memory broker, a redis-server of
+its own (they start in ~20 ms), a key prefix of its own on the module's Redis Cluster (3
+primaries + 3 replicas, ~2.5 s to start) or on the module's Sentinel-managed primary (a
+replica and 3 sentinels, ~0.5 s), or a fresh topic on the session's tansu broker. A
+missing server skips locally and fails under ``CONVEYOR_REQUIRE_SERVERS=1``.
 
 A new adapter joins the suite with one more entry in ``_BUILDERS``; the tests use the
 port (``QueueAdapter``, ``QueueReceiver``) only.
@@ -63,6 +64,23 @@ async def _redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Queu
     return RedisAdapter(config.redis)
 
 
+async def _redis_sentinel(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
+    from conveyor.adapters.redis import RedisAdapter, wait_ready
+    from tests.servers import SENTINEL_SERVICE
+
+    servers = request.getfixturevalue("redis_sentinel")  # shared: a prefix per test
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": QUEUES},
+        "redis": {"mode": "sentinel", "url": "redis:///0", "sentinels": servers.addresses,
+                  "sentinel_service": SENTINEL_SERVICE,
+                  "prefix": f"contract-{uuid.uuid4().hex[:8]}"},
+        "balancer": {"membership": "redis"},
+    })
+    adapter = RedisAdapter(config.redis)
+    await wait_ready(adapter)
+    return adapter
+
+
 async def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
     from conveyor.adapters.kafka import KafkaAdapter
 
@@ -78,13 +96,15 @@ async def _kafka(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter
 
 
 _BUILDERS: dict[str, Build] = {"memory": _memory, "redis": _redis,
-                               "redis-cluster": _redis_cluster, "kafka": _kafka}
+                               "redis-cluster": _redis_cluster,
+                               "redis-sentinel": _redis_sentinel, "kafka": _kafka}
 
 
 @pytest.fixture(params=[
     pytest.param("memory"),
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("redis-cluster", marks=[pytest.mark.redis, pytest.mark.redis_cluster]),
+    pytest.param("redis-sentinel", marks=[pytest.mark.redis, pytest.mark.redis_sentinel]),
     pytest.param("kafka", marks=pytest.mark.kafka),
 ])
 async def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueAdapter]:

@@ -168,6 +168,30 @@ def test_a_redis_cluster_scales_with_kedas_cluster_scaler_on_any_node() -> None:
     assert triggers[0]["metadata"]["stream"] == Keys("shopq", cluster=True).queue(0)
 
 
+def test_a_sentinel_config_scales_with_kedas_sentinel_scaler_asking_the_same_sentinels() -> None:
+    cfg = config("redis", redis={
+        "mode": "sentinel", "url": "rediss:///3", "sentinel_service": "orders",
+        "sentinels": ["s-0.data:26379", "s-1.data"],
+        "sentinel_password_env": "SENTINEL_PW"})
+    triggers = by_kind(k8s.render(cfg, options()))["ScaledObject"]["spec"]["triggers"]
+    assert {t["type"] for t in triggers} == {"redis-sentinel-streams"}
+    for trigger in triggers:
+        meta = trigger["metadata"]
+        assert meta["addresses"] == "s-0.data:26379,s-1.data"
+        assert (meta["sentinelMaster"], meta["databaseIndex"]) == ("orders", "3")
+        assert meta["sentinelPasswordFromEnv"] == "SENTINEL_PW"
+        assert "sentinelUsernameFromEnv" not in meta and "address" not in meta
+        assert meta["enableTLS"] == "true"
+        assert meta["passwordFromEnv"] == "CONVEYOR_REDIS_PASSWORD"  # the data nodes'
+    assert triggers[0]["metadata"]["stream"] == Keys("shopq").queue(0)
+    # The url's host is not used: the sentinels' are what a pod must reach.
+    assert k8s.warnings(cfg) == []
+    local = config("redis", redis={"mode": "sentinel", "url": "redis://127.0.0.1/0",
+                                   "sentinels": ["s-0.data", "[::1]:26380"]})
+    assert k8s.warnings(local) == [
+        "$.redis.sentinels points at [::1]: inside a pod that is the pod itself"]
+
+
 @pytest.mark.parametrize(("url", "address", "db"), [
     ("redis://cache", "cache:6379", "0"),
     ("redis://cache:7000?db=5", "cache:7000", "5"),

@@ -115,3 +115,27 @@ async def test_a_lease_the_replicas_did_not_confirm_is_not_taken_nor_extended(
     finally:
         await membership.close()
         await leases.close()
+
+
+async def test_a_claim_the_replicas_did_not_confirm_does_not_start_the_queue(
+    redis_server: RedisServer, replica: subprocess.Popen[bytes],
+) -> None:
+    """A new owner claims the previous owner's pending entries. Lost in a failover, the
+    claim would leave them pending for the previous owner, who reads the queue no more:
+    seen in the Sentinel failover test, 6 confirmed messages never handled. With
+    ``min_replicas`` a queue starts only once its claim is replicated."""
+    from conveyor.adapters.redis import RedisAdapter
+    from conveyor.platform.errors import BrokerConnectionError
+
+    adapter = RedisAdapter(replicated_config(redis_server).redis)
+    try:
+        receiver = adapter.create_receiver(0, "app")
+        await receiver.initialize()  # the replica confirms it
+        await receiver.shutdown()
+        replica.kill()
+        replica.wait()
+        with pytest.raises(BrokerConnectionError, match=r"queue 0: the claim of the previous "
+                                                        r"owner's pending entries reached 0 of 1"):
+            await adapter.create_receiver(0, "app").initialize()
+    finally:
+        await adapter.close()
