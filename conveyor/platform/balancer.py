@@ -368,6 +368,15 @@ class DynamicBalancer(QueueBalancer):
             except BrokerConnectionError as exc:  # the store's retries gave up: one line
                 self._unreachable.log(logging.WARNING, "store", "re-balance failed (%s); "
                                       "retrying every %.1fs", exc, self.rebalance_interval_s)
+            except asyncio.CancelledError:
+                # Ours (stop()), or one a callee let escape (a task it awaited was
+                # cancelled): only the first may end the loop — a daemon whose loop ended
+                # on the second never took a queue again.
+                current = asyncio.current_task()
+                if self._stopping or (current is not None and current.cancelling()):
+                    raise
+                log.error("re-balance failed: a cancellation escaped from what it called; "
+                          "retrying in %.1fs", self.rebalance_interval_s, exc_info=True)
             except Exception:
                 log.exception("re-balance failed; retrying in %.1fs", self.rebalance_interval_s)
 

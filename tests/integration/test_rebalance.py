@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from conveyor import Client
@@ -285,3 +287,36 @@ async def test_a_balancer_loop_that_swallows_its_cancel_does_not_hang_the_stop(
         stuck.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await stuck
+
+
+class CancelledOnce(MemoryLeaseStore):
+    """The second attempt at queue 3 lets a stray ``CancelledError`` escape, as a callee
+    that awaited a task someone else cancelled does (the first is refused: a ghost
+    holds the queue at start, so the attempt that escapes comes from the balance loop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
+        if queue == 3 and owner != "ghost":
+            self.attempts += 1
+            if self.attempts == 2:
+                raise asyncio.CancelledError()
+        return await super().acquire(queue, owner, ttl_s)
+
+
+async def test_a_cancellation_escaping_a_rebalance_does_not_end_the_balancer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    leases, listener = CancelledOnce(), Listener()
+    assert await leases.acquire(3, "ghost", 0.3) is not None  # lapses: never renewed
+    b = balancer(MemoryMembership(), leases)
+    await b.start(MemberInfo("only", "h", 1, 0.0), listener)
+    try:
+        await wait_until(lambda: len(listener.owned) == 8, 10,
+                         what="every queue, queue 3 after the stray cancellation")
+    finally:
+        await b.stop()
+    assert leases.attempts >= 3
+    assert "a cancellation escaped" in caplog.text
