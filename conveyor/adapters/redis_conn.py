@@ -282,12 +282,29 @@ class ClusterClient(RedisCluster):
     refreshes), plus a plain client per primary for the calls that must share one
     connection: a publish's pipelined chunks and the ``WAIT`` after them (``WAIT`` counts
     the replicas of *this connection's* writes). :func:`on_primary` runs such calls.
+
+    Two of redis-py's habits are changed, both found by a daemon starting 400 queues at
+    once (tests/integration/redis/test_redis_cluster.py):
+
+    * a command issued before the slot map was first read is routed by redis-py as if it
+      had no key (to a random primary: ``MOVED``); here every command waits for the map;
+    * every fifth ``MOVED`` made redis-py close *all* its connections and re-read the
+      map, failing the calls in flight on them ("Connection closed by server", or an
+      ``AttributeError`` from a connection closed while it was opening). Here a
+      ``MOVED`` patches the map for its slot (``reinitialize_steps=0``); the whole map is
+      re-read after a connection error, as before.
     """
 
     def __init__(self, *args: Any, node_kwargs: dict[str, Any], **kwargs: Any) -> None:
+        kwargs.setdefault("reinitialize_steps", 0)
         super().__init__(*args, **kwargs)
         self._node_kwargs = node_kwargs
         self._node_clients: dict[str, aioredis.Redis] = {}
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._initialize:  # routed by the map, never by a guess made without it
+            await self.initialize()
+        return await super().execute_command(*args, **kwargs)
 
     async def primary_for(self, key: str) -> aioredis.Redis:
         """A plain client of the primary now serving ``key``'s slot."""
