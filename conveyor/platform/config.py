@@ -274,6 +274,14 @@ class WorkerConfig(_Section):
     drain_timeout_s: SecondsOrZero = 30.0
     """On shutdown, how long in-flight messages may take to finish before they are abandoned
     unacknowledged (to be redelivered to the next owner)."""
+    stall_warn_ms: Millis = 500
+    """A handler (or anything) that blocks the daemon's event loop this long is a stall:
+    logged once it ends — the handler, the message, how long, and the blocking stack — and
+    counted (``conveyor_loop_stalls``). Lease renewals and heartbeats do not wait on the
+    loop, so a stall shorter than ``balancer.lease_ttl_s`` less its fifth costs no queue;
+    a longer one hands the queues over (see docs/handlers.md, "Blocking code")."""
+    stall_log_interval_s: Seconds = 60.0
+    """At most one stall line per handler this often (the others are counted)."""
 
 
 class PublishConfig(_Section):

@@ -35,6 +35,13 @@ class MessageContext(msgspec.Struct, frozen=True):
     def attempt(self) -> int:
         return self.message.attempt
 
+    @property
+    def deliveries(self) -> int:
+        """Times the broker has handed this message to a worker, this one included:
+        above 1, a worker crashed or lost the queue while holding it (see
+        ``max_deliveries``)."""
+        return self.message.deliveries
+
 
 def _body_decoder(tp: Any, where: str) -> Decode:
     """A function from message to handler argument, chosen once per handler."""

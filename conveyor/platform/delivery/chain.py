@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from conveyor.platform.errors import DeliveryLimit
 from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.message import Message
 from conveyor.platform.options import HandlerOptions
@@ -82,17 +83,33 @@ def call_handler(handler: HandlerSpec) -> Step:
 
 class Decode(Interceptor):
     """Decode the body once, before any attempt: a body that does not decode is never
-    retried (the dead-letter step stores it with ``attempts=0``)."""
+    retried (the dead-letter step stores it with ``attempts=0``).
+
+    First, the delivery limit: a message delivered more than the handler's
+    ``max_deliveries`` times is not run again (:class:`DeliveryLimit`, dead-lettered with
+    ``attempts=0``).
+    """
 
     def wrap(self, handler: HandlerSpec, next: Step) -> Step:
         decode = handler.decode
+        limit = handler.retry.max_deliveries
 
         def decoded(delivery: Delivery) -> Awaitable[Any]:
+            if delivery.message.deliveries > limit:
+                raise _over_limit(delivery.message, limit)
             delivery.body = decode(delivery.message)
             delivery.attempt = 1
             return next(delivery)
 
         return decoded
+
+
+def _over_limit(msg: Message, limit: int) -> DeliveryLimit:
+    return DeliveryLimit(
+        f"delivered {msg.deliveries} times without finishing (max_deliveries = {limit}): "
+        "each time, the worker holding it stopped before it was done — it crashed, was "
+        "killed, or blocked its event loop past the lease (the workers' logs name the "
+        "handler and message of a stall)")
 
 
 def compose(handler: HandlerSpec, interceptors: Sequence[Interceptor], innermost: Step) -> Step:

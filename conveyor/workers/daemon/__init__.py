@@ -102,7 +102,7 @@ class WorkerDaemon:
         self.interceptors = parts.interceptors
         self.queues = QueueOwner(
             parts.adapter, app.name, parts.subscriptions, parts.orphans, parts.slots,
-            parts.settings, parts.balancer, parts.config.worker,
+            parts.settings, parts.balancer, parts.config.worker, parts.watchdog,
         )
         self.agents: dict[int, PullingAgent] = self.queues.agents
         self.metrics = DaemonMetrics(
@@ -143,6 +143,7 @@ class WorkerDaemon:
             log.warning("app %r declares no handlers: every message will be dead-lettered",
                         self.app.name)
         self.balancer.set_stats_provider(self.stats_snapshot)
+        self._parts.watchdog.start()
         await self.balancer.start(self.member, self)
         self.started = True
         self.metrics.register()
@@ -169,6 +170,7 @@ class WorkerDaemon:
         await self.queues.drain_all()
         await self.metrics.close()
         await self._parts.close()
+        self._parts.watchdog.stop()
         return self.report()
 
     async def abort(self) -> None:

@@ -52,6 +52,7 @@ from conveyor.platform.placement import PlacementWeights
 from conveyor.platform.queue_cache import Route
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.telemetry import Telemetry
+from conveyor.platform.watchdog import LoopWatchdog
 from conveyor.workers.cell_interceptor import CellInterceptor
 from conveyor.workers.pool_interceptor import PoolInterceptor
 from conveyor.workers.resources import PlacementResources, ResourceSampler
@@ -67,7 +68,8 @@ _BALANCERS = {
 
 
 def build_balancer(
-    config: Config, app_name: str, adapter: QueueAdapter | None = None
+    config: Config, app_name: str, adapter: QueueAdapter | None = None,
+    watchdog: LoopWatchdog | None = None,
 ) -> QueueBalancer:
     target = _BALANCERS.get(config.balancer.kind)
     if target is not None:
@@ -90,6 +92,12 @@ def build_balancer(
         lease_ttl_s=config.balancer.lease_ttl_s,
         rebalance_interval_s=config.balancer.rebalance_interval_s,
         placement=placement,
+        # Renewals and heartbeats on a thread of their own, with stores of their own, so
+        # a handler blocking the loop does not cost the leases (the memory store lives
+        # in this process's loop: nothing to gain there).
+        keeper_stores=None if config.balancer.membership == "memory"
+        else lambda: coordination_from_config(config, app_name),
+        watchdog=watchdog,
     )
 
 
@@ -119,6 +127,8 @@ class DaemonParts:
     owns_adapter: bool
     owns_slots: bool
     owns_telemetry: bool
+    watchdog: LoopWatchdog
+    """Notices handlers that block the event loop (started and stopped by the daemon)."""
     once_step: IdempotencyInterceptor | None = None
     """Present when a handler is ``idempotent=True``."""
 
@@ -155,7 +165,9 @@ def build_parts(
     adapter = adapter or create_adapter(config.queues.adapter, config)
     mapper = HashRingQueueMapper(config.queues.total)
     slots = slots or supplier_from_config(config.slots, redis=config.redis, app=app.name)
-    balancer = balancer or build_balancer(config, app.name, adapter)
+    watchdog = LoopWatchdog(config.worker.stall_warn_ms / 1000,
+                            config.worker.stall_log_interval_s)
+    balancer = balancer or build_balancer(config, app.name, adapter, watchdog)
     member = member or MemberInfo.for_this_process(f"{app.name}-")
     stats = DeliveryStats()
     telemetry = telemetry or Telemetry.from_config(
@@ -194,7 +206,7 @@ def build_parts(
         ),
         resources=PlacementResources(member.id, resource_sampler),
         owns_adapter=owns_adapter, owns_slots=owns_slots, owns_telemetry=owns_telemetry,
-        once_step=once_step,
+        watchdog=watchdog, once_step=once_step,
     )
 
 
