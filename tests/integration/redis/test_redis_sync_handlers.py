@@ -64,7 +64,7 @@ def test_a_worker_with_def_handlers_stuck_in_their_threads_exits_in_time(
     out = tmp_path / "out"
     started = tmp_path / "out.started"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.sync_stop_app:app",
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.stop_app:sync_app",
          "--config", str(config)],
         cwd=REPO, env={**os.environ, "CONVEYOR_TEST_OUT": str(out),
                        "CONVEYOR_TEST_WORK_MS": "600000"},
