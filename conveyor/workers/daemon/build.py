@@ -170,8 +170,10 @@ def build_parts(
     pool_step = PoolInterceptor()
     once_step = _idempotency(app, config, stats)
     cell_step = CellInterceptor(config.cells.sizes, config.cells.default_size)
+    # Plain-def calls on threads are bounded by the slots out now (each call holds one);
+    # at least 1, so a chain called without a slot (a test harness) cannot wait forever.
     issued = slots
-    threads = HandlerThreads(lambda: issued.issued)
+    threads = HandlerThreads(lambda: max(1, issued.issued))
     put_letter = _put_letter(dead_letters, telemetry)
     interceptors = chain_interceptors(
         put_letter,
