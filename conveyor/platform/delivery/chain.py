@@ -10,6 +10,8 @@ cost no coroutine frame of their own.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -73,9 +75,28 @@ class Interceptor:
         return next
 
 
-def call_handler(handler: HandlerSpec) -> Step:
-    """The innermost step: the handler itself, on the decoded body."""
-    fn = handler.fn
+InThread = Callable[..., Awaitable[Any]]
+"""``in_thread(fn, *args)``: runs ``fn(*args)`` on a thread, in a copy of the caller's
+``contextvars`` context (the current span with it), and returns an awaitable of its
+result; cancelling the awaitable abandons the call (a thread cannot be interrupted).
+A daemon passes its :class:`~conveyor.workers.threads.HandlerThreads`' ``run``;
+:func:`asyncio.to_thread` is the default."""
+
+
+def handler_call(handler: HandlerSpec, in_thread: InThread | None = None
+                 ) -> Callable[..., Awaitable[Any]]:
+    """``handler``'s function as something to await: itself for an ``async def``, a call
+    through ``in_thread`` for a plain ``def``. Decided once, when a chain is built."""
+    if not handler.sync:
+        fn: Callable[..., Awaitable[Any]] = handler.fn
+        return fn
+    return functools.partial(in_thread or asyncio.to_thread, handler.fn)
+
+
+def call_handler(handler: HandlerSpec, in_thread: InThread | None = None) -> Step:
+    """The innermost step: the handler itself, on the decoded body (a plain ``def``
+    handler through ``in_thread``, see :func:`handler_call`)."""
+    fn = handler_call(handler, in_thread)
     if handler.takes_context:
         return lambda delivery: fn(delivery.body, delivery.context())
     return lambda delivery: fn(delivery.body)

@@ -39,6 +39,7 @@ from conveyor.workers.daemon.metrics import DaemonMetrics
 from conveyor.workers.daemon.queues import DrainReport, QueueOwner
 from conveyor.workers.pool import StatelessWorkerPool
 from conveyor.workers.resources import ResourceSampler
+from conveyor.workers.threads import HandlerThreads
 
 __all__ = [
     "DaemonMetrics",
@@ -127,6 +128,11 @@ class WorkerDaemon:
     def cells(self) -> dict[str, CellRouter]:
         """Cells by handler name."""
         return self._parts.cell_step.routers
+
+    @property
+    def threads(self) -> HandlerThreads:
+        """Where plain ``def`` handlers run (:mod:`conveyor.workers.threads`)."""
+        return self._parts.threads
 
     @property
     def lag(self) -> dict[int, int]:
