@@ -101,6 +101,12 @@ class TestWorker:
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
 
+    def __repr__(self) -> str:
+        state = ("stopped" if self.drain_report is not None
+                 else "started" if self._daemon is not None else "not started")
+        return (f"TestWorker(app={self.app.name!r}, {state}, "
+                f"settled={len(self._observations.records)})")
+
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> TestWorker:
         if self._daemon is not None:
@@ -191,6 +197,7 @@ class TestWorker:
         ``raise_on_dead_letters=False``) :class:`DeadLettersFound` if any message was
         dead-lettered, with the first failure's exception as the cause.
         """
+        __tracebackhide__ = True  # pytest: the failure is the test's, not this frame's
         timeout = self.settle_timeout_s if timeout_s is None else timeout_s
         changed = self._observations.changed
         try:
