@@ -29,7 +29,7 @@ def test_every_python_block_is_marked_as_a_file_a_script_or_a_fragment() -> None
 def test_the_example_files_shown_are_the_files_make_test_runs() -> None:
     shown = {mark.split(":", 1)[1].strip(): body for mark, body, _ in blocks()
              if mark.startswith("file:")}
-    assert sorted(shown) == ["examples/shop/app.py", "examples/shop/test_app.py"]
+    assert sorted(shown) == ["examples/bookshop/app.py", "examples/bookshop/test_app.py"]
     for path, body in shown.items():
         assert body == (REPO / path).read_text(), f"docs/testing.md shows an old {path}"
 

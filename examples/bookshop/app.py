@@ -1,4 +1,4 @@
-"""A small shop: an order is charged, then a receipt is published and sent once."""
+"""A small bookshop: an order is charged, then a receipt is published and sent once."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import msgspec
 
 import conveyor
 
-app = conveyor.App("shop")
+app = conveyor.App("bookshop")
 
 
 class Order(msgspec.Struct):

@@ -1,4 +1,4 @@
-"""The shop's handlers, tested through Conveyor's real delivery path (conveyor.testing)."""
+"""The bookshop's handlers, tested through Conveyor's real delivery path (conveyor.testing)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-import shop.app
+import bookshop.app
+from bookshop.app import Order, Receipt, app
 from conveyor.testing import TestWorker
 from conveyor.testing.fixtures import worker_fixture
-from shop.app import Order, Receipt, app
 
 worker = worker_fixture(app)
 
@@ -17,8 +17,8 @@ worker = worker_fixture(app)
 @pytest.fixture(autouse=True)
 def fresh_shop() -> Iterator[None]:
     """The services the handlers call start empty in every test."""
-    shop.app.gateway = shop.app.Gateway()
-    shop.app.sent.clear()
+    bookshop.app.gateway = bookshop.app.Gateway()
+    bookshop.app.sent.clear()
     yield
 
 
@@ -26,19 +26,19 @@ async def test_an_order_is_charged_and_its_receipt_sent(worker: TestWorker) -> N
     await worker.publish("orders", "o-1", Order("o-1", 1200))
     await worker.settle()
 
-    assert shop.app.gateway.charged == {"o-1": 1200}
+    assert bookshop.app.gateway.charged == {"o-1": 1200}
     assert worker.bodies("receipts") == [Receipt("o-1", 1200)]
-    assert shop.app.sent == ["o-1"]
+    assert bookshop.app.sent == ["o-1"]
 
 
 async def test_a_gateway_timeout_is_retried(worker: TestWorker) -> None:
-    shop.app.gateway.timeouts_to_come = 2
+    bookshop.app.gateway.timeouts_to_come = 2
     await worker.publish("orders", "o-2", Order("o-2", 500))
     await worker.settle()  # no waiting for the declared back-off: the kit skips it
 
     [order] = worker.handled("orders")
     assert [type(a.error) for a in order.attempts] == [TimeoutError, TimeoutError, type(None)]
-    assert shop.app.gateway.charged == {"o-2": 500}
+    assert bookshop.app.gateway.charged == {"o-2": 500}
 
 
 async def test_an_order_without_a_total_is_dead_lettered(worker: TestWorker) -> None:
@@ -49,7 +49,7 @@ async def test_an_order_without_a_total_is_dead_lettered(worker: TestWorker) -> 
     assert order.body == Order("o-3", 0)
     assert order.letter is not None and order.letter.attempts == 3
     assert order.letter.error == "order o-3: the total must be positive"
-    assert shop.app.gateway.charged == {} and worker.published("receipts") == []
+    assert bookshop.app.gateway.charged == {} and worker.published("receipts") == []
 
 
 async def test_a_receipt_delivered_twice_is_sent_once(worker: TestWorker) -> None:
@@ -60,5 +60,5 @@ async def test_a_receipt_delivered_twice_is_sent_once(worker: TestWorker) -> Non
     await worker.redeliver(receipt)  # as after a crash
     await worker.settle()
 
-    assert shop.app.sent == ["o-4"]
+    assert bookshop.app.sent == ["o-4"]
     assert len(worker.deduplicated("receipts")) == 1
