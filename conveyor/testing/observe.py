@@ -71,7 +71,7 @@ class Observations:
         self._sequence = 0
         self.published: dict[Position, tuple[int, Message]] = {}
         """Published and not settled yet, by position: (publish sequence, message)."""
-        self.messages: list[Message] = []
+        self.messages: dict[Position, Message] = {}
         """Everything published, in order, as stored."""
         self.attempts: dict[Call, list[Attempt]] = {}
         self.bodies: dict[Call, Any] = {}
@@ -90,7 +90,7 @@ class Observations:
             self._sequence += 1
             stored = message.with_token(token)
             self.published[(token.queue, token.major)] = (self._sequence, stored)
-            self.messages.append(stored)
+            self.messages[(token.queue, token.major)] = stored
 
     def dead_lettered(self, letter: DeadLetter) -> None:
         token = letter.message.token

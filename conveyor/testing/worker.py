@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import uuid
 from collections.abc import Callable, Iterable
@@ -115,9 +116,16 @@ class TestWorker:
         adapter = ObservedAdapter(self.broker_name, observations,
                                   max_dead_letters=self.config.dead_letters.max_entries)
         shadow = observed_app(self.app, observations, self.delay_scale)
-        self._daemon = WorkerDaemon(shadow, self.config, adapter=adapter,
-                                    telemetry=self._telemetry)
-        await self._daemon.start()
+        try:
+            self._daemon = WorkerDaemon(shadow, self.config, adapter=adapter,
+                                        telemetry=self._telemetry)
+            await self._daemon.start()
+        except BaseException:
+            if self._daemon is not None:
+                with contextlib.suppress(Exception):  # the start's error is the one to see
+                    await self._daemon.stop(deadline=asyncio.get_running_loop().time())
+            self._forget_broker()
+            raise
         return self
 
     async def stop(self) -> DrainReport:
@@ -127,10 +135,13 @@ class TestWorker:
             loop = asyncio.get_running_loop()
             self.drain_report = await daemon.stop(deadline=loop.time() + self.stop_timeout_s)
         finally:
-            reset_broker(self.broker_name)
-            # The embedded idempotency store lives per broker name, for the process.
-            LocalIdempotencyStore._by_broker.pop(self.broker_name, None)
+            self._forget_broker()
         return self.drain_report
+
+    def _forget_broker(self) -> None:
+        reset_broker(self.broker_name)
+        # The embedded idempotency store lives per broker name, for the process.
+        LocalIdempotencyStore._by_broker.pop(self.broker_name, None)
 
     async def __aenter__(self) -> TestWorker:
         return await self.start()
@@ -175,8 +186,7 @@ class TestWorker:
         return self._stored(token.queue, token.major)
 
     def _stored(self, queue: int, offset: int) -> Message:
-        log = self._broker().log(queue)
-        return log.items[offset - log.base]
+        return self._observations.messages[(queue, offset)]
 
     def _broker(self) -> MemoryBroker:
         broker = self._observations.broker
@@ -339,7 +349,7 @@ class TestWorker:
         """Every message published (by the test, the handlers or the startup hooks), in
         the order published, as stored (with its position)."""
         self._broker()
-        return [m for m in self._observations.messages
+        return [m for m in self._observations.messages.values()
                 if namespace is None or m.stream.namespace == namespace]
 
     def batches(self, handler: HandlerRef | None = None) -> list[BatchCall]:

@@ -12,6 +12,7 @@ import pytest
 
 import conveyor
 from conveyor import App, Delivery, HandlerSpec, Interceptor, MessageContext, Publish, Step
+from conveyor.adapters import memory
 from conveyor.testing import (
     DeadLettersFound,
     NotSettled,
@@ -365,3 +366,18 @@ async def test_the_fixture_yields_a_started_worker(kit_worker: TestWorker) -> No
     await kit_worker.settle()
     assert kit_worker.bodies() == [Order(3)]
     assert kit_worker.daemon.started
+
+
+async def test_a_worker_that_cannot_start_leaves_no_broker_behind() -> None:
+    app, _ = flaky_app({})
+    config = conveyor.load_config(environ={}, overrides={"slots": {
+        "kind": "custom", "path": "no_such_module:Supplier"}})
+    worker = TestWorker(app, config)
+    with pytest.raises(conveyor.ConfigError):
+        async with worker:
+            pass
+    assert worker.broker_name not in memory._BROKERS
+    async with TestWorker(app) as started:
+        name = started.broker_name
+        assert name in memory._BROKERS
+    assert name not in memory._BROKERS
