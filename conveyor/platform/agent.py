@@ -411,6 +411,11 @@ class PullingAgent:
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
+                if watchdog.stalled:
+                    # A call blocked the loop: start nothing before the watchdog's probe
+                    # has run, so that blockers one after another are separate stalls.
+                    await asyncio.sleep(0)
+                    continue
                 if permit is None:
                     marked = False
                     permit = slots.try_reserve_slot(ctx)
@@ -466,8 +471,6 @@ class PullingAgent:
                 if not (ready and keep(permit)):  # the supplier may let it carry the next
                     permit.release(SlotReleaseReason.TASK_COMPLETE)
                     permit = None
-                if watchdog.stalled:  # that call blocked the loop: let the rest run first
-                    await asyncio.sleep(0)
             if permit is not None:
                 permit.release()  # TASK_COMPLETE, or NEVER_USED if fenced before a start
                 permit = None

@@ -110,6 +110,7 @@ class WorkerDaemon:
             parts.telemetry, parts.stats, parts.slots, self.queues, app.handlers,
             parts.pool_step.pools, parts.cell_step.routers, parts.dead_letters,
             parts.resources, lag_interval_s=parts.config.telemetry.metrics_interval_s,
+            watchdog=parts.watchdog,
         )
         self._hooks: list[asyncio.Task[None]] = []
         self.started = False
