@@ -141,7 +141,6 @@ def _escape_outside_code(text: str) -> str:
 
 
 def render() -> str:
-    module_doc = inspect.cleandoc(config_module.__doc__ or "")
     lines = [
         "# Configuration reference",
         "",
@@ -152,12 +151,16 @@ def render() -> str:
         "a value must meet, its default, and what it does. How files, `CONVEYOR_*` "
         "variables and flags combine is in [Configuration](configuration.md).",
         "",
-        module_doc.split("\n\n")[0].replace("``", "`").replace("\n", " "),
+        "Each field is set in its TOML section, or by the environment variable that names "
+        "its path with double underscores (`[slots.resource] min_slots` is "
+        "`CONVEYOR_SLOTS__RESOURCE__MIN_SLOTS`); a `*_s` or `*_ms` field is a duration "
+        "in seconds or milliseconds.",
         "",
     ]
     for path, cls, fields in sections():
         doc = inspect.cleandoc(cls.__doc__ or "")
-        lines += [f"## `[{path}]`", "", _cell(doc.split(": ", 1)[-1]) if doc else "", ""]
+        about = _cell(doc.split(": ", 1)[-1]) if doc else ""
+        lines += [f"## `[{path}]`", "", about[:1].upper() + about[1:], ""]
         if not fields:
             continue
         lines += ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
