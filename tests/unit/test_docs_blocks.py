@@ -13,12 +13,14 @@ tests/e2e/test_tour.py.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import click
 import msgspec
 import pytest
 import yaml
@@ -26,7 +28,7 @@ from click.testing import CliRunner
 
 import conveyor
 from conveyor.cli import main as cli
-from tests.docs_blocks import SHELL, TEXT, Block, all_blocks, blocks, shell_commands
+from tests.docs_blocks import SHELL, TEXT, Block, all_blocks, blocks, doc_files, shell_commands
 
 PRELUDE = '''
 import msgspec
@@ -132,3 +134,51 @@ def test_an_illustrated_conveyor_command_is_one_the_cli_accepts(
 def test_the_cli_check_refuses_an_unknown_command_or_option() -> None:
     assert CliRunner().invoke(cli, ["dlq", "list", "--no-such-option", "--help"]).exit_code == 2
     assert CliRunner().invoke(cli, ["no-such-command", "--help"]).exit_code == 2
+
+
+# -- every `conveyor …` the docs name, in prose, tables and synopses -------------------
+# Subcommands the README names before they land (`conveyor dev kafka`, `conveyor asyncapi`:
+# work in flight); once they exist they are checked like the rest, so empty this then.
+NOT_YET_COMMANDS = {"dev", "asyncapi"}
+
+
+def named_commands() -> list[tuple[str, str]]:
+    """``(file, command)`` for every ``conveyor …`` code span and synopsis line."""
+    found = []
+    for path in doc_files():
+        text = path.read_text()
+        found += [(path.name, m[1]) for m in
+                  re.finditer(r"`((?:\.venv/bin/)?conveyor [^`]+)`", text)]
+        found += [(path.name, line.strip().removeprefix("$ ")) for line in text.splitlines()
+                  if line.strip().removeprefix("$ ").startswith(("conveyor ",
+                                                                 ".venv/bin/conveyor "))]
+    return found
+
+
+def unknown_in(command: str) -> list[str]:
+    """The subcommand or the options of ``command`` the CLI does not have."""
+    words = command.split()[1:]
+    while words[:1] == ["--log-level"]:
+        words = words[2:]
+    cmd: click.Command = cli
+    while words and isinstance(cmd, click.Group) and words[0] in cmd.commands:
+        cmd = cmd.commands[words.pop(0)]
+    if (words and isinstance(cmd, click.Group) and re.fullmatch(r"[a-z][a-z-]*", words[0])
+            and words[0] not in NOT_YET_COMMANDS):
+        return [words[0]]
+    options = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+    named = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", command))
+    return sorted(named - options - {"--log-level"})
+
+
+def test_every_command_and_option_the_docs_name_exists() -> None:
+    commands = named_commands()
+    assert len(commands) > 100
+    assert [(where, command, bad) for where, command in commands
+            if (bad := unknown_in(command))] == []
+
+
+def test_the_command_check_finds_an_unknown_subcommand_or_option() -> None:
+    assert unknown_in("conveyor dlq lst --app shop") == ["lst"]
+    assert unknown_in("conveyor status --app shop --watchh 2") == ["--watchh"]
+    assert unknown_in("conveyor --log-level warning worker shop:app --config x") == []
