@@ -7,6 +7,10 @@ A block is a fenced code block; the line right above it may carry a marker comme
   (``CONVEYOR_REDIS__URL`` points the shipped configs at it);
 - ``<!-- docs: illustrative (why) -->`` — not run (it needs Docker, a cluster or a
   reader's own state); every ``conveyor`` command in it is still checked against the CLI.
+  ``<!-- fragment -->`` says the same of a piece of code;
+- ``<!-- runnable… -->``, ``<!-- run: … -->``, ``<!-- file: PATH -->`` — run by the
+  tests of the page's own subject (the testing kit's examples, the AsyncAPI command…),
+  so not run again here.
 
 Without a marker a block is checked by its language: ``python`` runs, ``toml`` decodes
 as a config, ``json`` / ``yaml`` parse, ``console`` / ``sh`` / ``bash`` run
@@ -24,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<body>.*?)^(?P=indent)```$",
                     re.MULTILINE | re.DOTALL)
-_MARKER = re.compile(r"^<!-- (?P<kind>tour|docs): (?P<value>[^\s>]+)")
+_MARKER = re.compile(r"^<!-- (?P<word>[\w-]+)(?::\s*(?P<value>[^\s>]+))?")
+# What each marker word makes of a block (``docs:`` takes the word after it).
+_KINDS = {"tour": "tour", "fragment": "illustrative", "runnable": "own", "run": "own",
+          "file": "own"}
 
 SHELL = {"console", "sh", "bash"}
 # Languages that are not code to run: text (diagrams, synopses, sample output), Lua
@@ -38,7 +45,7 @@ class Block:
     line: int  # of the block's first line of code
     lang: str
     body: str
-    marker: str = ""  # "tour", "redis", "illustrative" or ""
+    marker: str = ""  # "tour", "redis", "illustrative", "own" or ""
 
     @property
     def where(self) -> str:
@@ -56,7 +63,7 @@ def blocks_of(path: Path) -> list[Block]:
         above = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
         marker = _MARKER.match(above)
         kind = "" if marker is None else (
-            "tour" if marker["kind"] == "tour" else marker["value"])
+            marker["value"] or "" if marker["word"] == "docs" else _KINDS.get(marker["word"], ""))
         body = textwrap.dedent(m["body"]) if m["indent"] else m["body"]
         found.append(Block(path, text.count("\n", 0, m.start("body")) + 1, m["lang"], body,
                            kind))

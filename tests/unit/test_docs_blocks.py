@@ -62,7 +62,7 @@ def test_every_block_is_of_a_language_the_tests_check_or_is_text() -> None:
     known = {"python", "toml", "json", "yaml"} | SHELL | TEXT
     assert [b.where for b in all_blocks() if b.lang not in known] == []
     assert [b.where for b in all_blocks()
-            if b.marker not in {"", "tour", "redis", "illustrative"}] == []
+            if b.marker not in {"", "tour", "redis", "illustrative", "own"}] == []
 
 
 def test_there_are_blocks_of_each_kind_and_few_illustrative_ones() -> None:
