@@ -29,8 +29,14 @@ from tests.e2e.test_tour import masked, tour_blocks
 from tests.servers import RedisServer
 
 SEPARATOR = "\x1e"  # between two commands' output
-RUN = [b for b in blocks({"console", "sh", "bash"}, {"", "redis"})]
-SCRIPTS = [b for b in blocks({"python"}, {"redis"})]
+RUN = blocks({"console", "sh", "bash"}, {"", "redis"})
+SCRIPTS = blocks({"python"}, {"redis"})
+
+
+def params(found: list[Block]) -> list[object]:
+    """One test per block, marked ``redis`` when it needs one (``-m "not redis"``)."""
+    return [pytest.param(b, id=b.where, marks=[pytest.mark.redis] if b.marker == "redis" else [])
+            for b in found]
 
 
 class Clone:
@@ -78,7 +84,7 @@ def test_the_docs_have_shell_blocks_that_run() -> None:
     assert len([b for b in RUN if b.lang == "console"]) >= 3
 
 
-@pytest.mark.parametrize("clone", RUN, ids=[b.where for b in RUN], indirect=True)
+@pytest.mark.parametrize("clone", params(RUN), indirect=True)
 def test_a_shell_block_runs_as_printed(clone: Clone, request: pytest.FixtureRequest) -> None:
     block: Block = request.node.callspec.params["clone"]
     port = free_port()
@@ -98,8 +104,7 @@ def test_a_shell_block_runs_as_printed(clone: Clone, request: pytest.FixtureRequ
         ], f"{block.where}: $ {step.command}"
 
 
-@pytest.mark.redis
-@pytest.mark.parametrize("clone", SCRIPTS, ids=[b.where for b in SCRIPTS], indirect=True)
+@pytest.mark.parametrize("clone", params(SCRIPTS), indirect=True)
 def test_a_python_block_that_needs_a_redis_runs_as_a_script(
     clone: Clone, request: pytest.FixtureRequest
 ) -> None:
