@@ -89,9 +89,12 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     "--http-port", type=click.IntRange(1, 65_535), default=None,
     help="Serve /metrics, /healthz and /readyz on this port (overrides [http] port).",
 )
+@click.option("--reload", is_flag=True,
+              help="Development: drain and restart the worker when a .py file under the "
+                   "app's directory (or the config) changes. Needs watchfiles.")
 def worker(
     app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
-    processes: str | None, http_port: int | None,
+    processes: str | None, http_port: int | None, reload: bool,
 ) -> None:
     """Run a worker daemon for APP_PATH (MODULE:ATTR or FILE.py:ATTR) until SIGINT/SIGTERM.
 
@@ -119,6 +122,10 @@ def worker(
         app = load_app(app_path)
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
+    if reload:
+        from conveyor.reload import worker_with_reload
+
+        sys.exit(worker_with_reload(click.get_current_context(), config))
     if processes is not None:
         from conveyor.workers.supervisor import parse_processes, run_supervisor
 
