@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from conveyor.cli_asyncapi import asyncapi
 from conveyor.cli_common import fail, load_config_or_exit, usage
 from conveyor.deploy.cli import deploy
 from conveyor.platform.config import Config
@@ -764,6 +765,7 @@ def _register_lab() -> None:
 
 _register_lab()
 main.add_command(deploy)
+main.add_command(asyncapi)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
