@@ -13,6 +13,7 @@ import click
 
 from conveyor.cli_asyncapi import asyncapi
 from conveyor.cli_common import fail, load_config_or_exit, usage
+from conveyor.cli_configs import configs
 from conveyor.deploy.cli import deploy
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
@@ -766,6 +767,7 @@ def _register_lab() -> None:
 _register_lab()
 main.add_command(deploy)
 main.add_command(asyncapi)
+main.add_command(configs)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
