@@ -162,3 +162,44 @@ async def test_apps_on_their_own_prefix_or_topic_never_see_each_others_messages(
         reports = [await d.stop() for d in daemons]
     assert sorted(orders) == list(range(200)) and sorted(invoices) == list(range(500, 550))
     assert [r.skipped for r in reports] == [0, 0]
+
+
+@pytest.mark.kafka
+async def test_a_latest_start_on_kafka_is_committed_before_anything_is_handled(
+    tansu: Any,
+) -> None:
+    """Kafka keeps no position for a group until it commits: the start is committed at
+    once, so a daemon stopped before its first acknowledgement restarts where it began,
+    not at a later end (which would skip what was published meanwhile)."""
+    from conveyor.platform.adapter import create_adapter
+
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "kafka", "total": 1, "new_group_start": "latest"},
+        "kafka": {"bootstrap": tansu.bootstrap, "topic": f"latest-{uuid.uuid4().hex[:8]}"},
+        "balancer": {"kind": "static"},
+        "worker": {"poll_timeout_ms": 100, "drain_timeout_s": 5.0},
+    })
+    await publish(config, "b", range(0, 10))  # before the app: not for it
+    app, seen = recording_app("late-joiner", "b")
+    adapter = create_adapter("kafka", config)
+    try:
+        daemon = WorkerDaemon(app, config)
+        await daemon.start()
+        try:
+            async def committed() -> bool:
+                return await adapter.has_group([0], "late-joiner")
+
+            await wait_until(committed, 30, interval_s=0.2, what="the start committed")
+        finally:
+            await daemon.stop()
+    finally:
+        await adapter.close()
+    assert seen == []
+    await publish(config, "b", range(10, 30))  # while no daemon of the app runs
+    daemon = WorkerDaemon(app, config)
+    await daemon.start()
+    try:
+        await wait_until(lambda: len(seen) == 20, 30, what="what was published while down")
+    finally:
+        await daemon.stop()
+    assert sorted(seen) == list(range(10, 30))
