@@ -11,7 +11,9 @@ from typing import Any
 
 import click
 
+from conveyor.cli_asyncapi import asyncapi
 from conveyor.cli_common import fail, load_config_or_exit, usage
+from conveyor.cli_configs import configs
 from conveyor.deploy.cli import deploy
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
@@ -89,9 +91,12 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     "--http-port", type=click.IntRange(1, 65_535), default=None,
     help="Serve /metrics, /healthz and /readyz on this port (overrides [http] port).",
 )
+@click.option("--reload", is_flag=True,
+              help="Development: drain and restart the worker when a .py file under the "
+                   "app's directory (or the config) changes. Needs watchfiles.")
 def worker(
     app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
-    processes: str | None, http_port: int | None,
+    processes: str | None, http_port: int | None, reload: bool,
 ) -> None:
     """Run a worker daemon for APP_PATH (MODULE:ATTR or FILE.py:ATTR) until SIGINT/SIGTERM.
 
@@ -119,6 +124,10 @@ def worker(
         app = load_app(app_path)
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
+    if reload:
+        from conveyor.reload import worker_with_reload
+
+        sys.exit(worker_with_reload(click.get_current_context(), config))
     if processes is not None:
         from conveyor.workers.supervisor import parse_processes, run_supervisor
 
@@ -757,6 +766,8 @@ def _register_lab() -> None:
 
 _register_lab()
 main.add_command(deploy)
+main.add_command(asyncapi)
+main.add_command(configs)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

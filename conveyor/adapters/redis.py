@@ -607,8 +607,10 @@ class RedisAdapter(QueueAdapter):
     name = "redis"
 
     def __init__(self, cfg: Any, *, redis: aioredis.Redis | None = None,
-                 max_dead_letters: int = 0) -> None:
+                 max_dead_letters: int = 0, new_group_start: str = "earliest") -> None:
         self.cfg = cfg
+        self.new_group_id = "$" if new_group_start == "latest" else "0"
+        """Where ``XGROUP CREATE`` puts a new group: ``[queues] new_group_start``."""
         self.max_dead_letters = max_dead_letters
         """``[dead_letters] max_entries``: 0 keeps every letter."""
         # Any: redis-py 8 types replies as unions of every protocol shape.
@@ -644,13 +646,14 @@ class RedisAdapter(QueueAdapter):
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
 
     async def ensure_group(self, queue: int, group: str) -> None:
-        """Create ``group`` on the queue's stream at its start (all retained entries)."""
+        """Create ``group`` on the queue's stream where ``[queues] new_group_start`` says:
+        at its start (every retained entry) or its end (what is added from now on)."""
         stream = self.keys.queue(queue)
 
         async def create() -> None:
             try:
-                await self.redis.xgroup_create(stream, check_name(group, "app name"), "0",
-                                               mkstream=True)
+                await self.redis.xgroup_create(stream, check_name(group, "app name"),
+                                               self.new_group_id, mkstream=True)
             except rex.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
@@ -918,7 +921,8 @@ class RedisAdapter(QueueAdapter):
 
 
 def from_config(config: Any) -> RedisAdapter:
-    return RedisAdapter(config.redis, max_dead_letters=config.dead_letters.max_entries)
+    return RedisAdapter(config.redis, max_dead_letters=config.dead_letters.max_entries,
+                        new_group_start=config.queues.new_group_start)
 
 
 async def wait_ready(adapter: RedisAdapter, timeout_s: float = 10.0) -> None:

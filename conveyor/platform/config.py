@@ -74,6 +74,12 @@ class QueuesConfig(_Section):
     4096: each queue is a Redis stream or a Kafka partition (Kafka advises a few thousand
     partitions per broker at most) and a pulling agent in the daemon that owns it, and a
     ring of 4096 already spreads streams over far more daemons than one app runs."""
+    new_group_start: Literal["earliest", "latest"] = "earliest"
+    """Where an app starts on a queue it has never read (its consumer group is created
+    there): ``earliest``, every message the queue still keeps (nothing published before
+    the app's first daemon is missed); ``latest``, only what is published from then on.
+    A group that exists keeps its position either way (``conveyor rewind`` moves it).
+    See docs/apps-on-one-broker.md."""
 
 
 class MemoryConfig(_Section):
