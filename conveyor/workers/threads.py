@@ -173,7 +173,7 @@ class HandlerThreads:
 
     def _call(self, call: _Call) -> tuple[Any, BaseException | None]:
         """Run ``call``: its result, or what it raised."""
-        loop, future, context, fn, args = call
+        _, future, context, fn, args = call
         result: Any = None
         error: BaseException | None = None
         if not future.cancelled():  # else: abandoned before it started, so never run
