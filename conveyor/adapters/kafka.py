@@ -48,7 +48,7 @@ from conveyor.adapters.kafka_conn import (
     start_client,
     start_producer,
 )
-from conveyor.adapters.kafka_handoff import HandoffLog
+from conveyor.adapters.kafka_handoff import FETCH_LOOKAHEAD, HandoffLog
 from conveyor.adapters.kafka_letters import KafkaLetters
 from conveyor.adapters.kafka_offsets import DoneOffsets
 from conveyor.platform import letters as layout
@@ -201,6 +201,12 @@ class KafkaReceiver(QueueReceiver):
         self._handed_over = False
         self._default_ns = adapter.config.default_namespace
         self._closed = False
+        # Deliveries (see kafka_handoff): offsets up to this one were handed out by a
+        # previous owner that did not finish them; handler starts of redelivered ones;
+        # the ``fetched`` mark our last record declared.
+        self._redelivered_through = -1
+        self._starts: dict[int, int] = {}
+        self._fetched_mark = -1
 
     # -- lifecycle ---------------------------------------------------------------------
     async def initialize(self) -> None:
@@ -232,12 +238,16 @@ class KafkaReceiver(QueueReceiver):
                 committed = await fetch_committed(consumer, self._tp)
                 if committed is None:
                     start = await adapter.new_group_offset(consumer, self._tp, commit=True)
-                    done: set[int] = set()
+                    meta = ""
                 else:
                     start, meta = committed
-                    done = kafka_offsets.decode(start, meta)
-                    if not done:
-                        done = await adapter.handoffs.read(self._group, self._queue, start)
+                # What the previous owners left (kafka_handoff): done offsets when the
+                # broker drops commit metadata, and their unfinished deliveries.
+                state = await adapter.handoffs.read_deliveries(self._group, self._queue, start)
+                done = kafka_offsets.decode(start, meta) or state.done
+                self._redelivered_through = state.redelivered_through
+                self._starts = dict(state.starts)
+                self._fetched_mark = state.redelivered_through
                 self._offsets = DoneOffsets(start, done)
                 self._skip = set(self._offsets.done)
                 consumer.seek(self._tp, self._offsets.watermark)
@@ -282,10 +292,62 @@ class KafkaReceiver(QueueReceiver):
         if skip:
             records = [r for r in records if r.offset not in skip]
             skip.difference_update(r.offset for r in batches[tp])
+        if not records:
+            return []
         try:
-            return [record_to_message(r, queue, ns) for r in records]
+            out = [record_to_message(r, queue, ns) for r in records]
         except Exception:  # a malformed record: decode one by one, isolating it
-            return [decode_record(r, queue, ns) for r in records]
+            out = [decode_record(r, queue, ns) for r in records]
+        last = records[-1].offset
+        if last > self._fetched_mark:
+            try:  # declared before any handler starts one of them (kafka_handoff)
+                await self._record(last + FETCH_LOOKAHEAD)
+            except BaseException:
+                with contextlib.suppress(Exception):  # not handed out: read them again
+                    consumer.seek(tp, records[0].offset)
+                raise
+        if self._starts or self._redelivered_through >= records[0].offset:
+            out = self._with_deliveries(out)
+        return out
+
+    def _with_deliveries(self, out: list[Message]) -> list[Message]:
+        """Messages a previous owner handed out without finishing, marked redelivered
+        (``deliveries`` = its counted handler starts + 1, at least 2)."""
+        through, starts = self._redelivered_through, self._starts
+        replace = msgspec.structs.replace
+        marked = []
+        for m in out:
+            offset = m.token.major if m.token is not None else -1
+            if offset <= through or offset in starts:
+                m = replace(m, deliveries=max(2, starts.get(offset, 0) + 1))
+            marked.append(m)
+        return marked
+
+    async def _record(self, fetched: int) -> None:
+        """Write this partition's record (kafka_handoff): done offsets, the ``fetched``
+        mark (never below a previous owner's unfinished range) and the start counts."""
+        offsets = self._offsets
+        fetched = max(fetched, self._redelivered_through) if fetched >= 0 else -1
+        self._starts = {o: n for o, n in self._starts.items() if o >= offsets.watermark}
+        with kafka_errors(f"recording the deliveries of queue {self._queue}"):
+            await self._adapter.handoffs.write(self._group, self._queue, offsets.watermark,
+                                               offsets.metadata(), fetched, self._starts)
+        self._fetched_mark = fetched
+
+    async def count_start(self, msg: Message) -> int:
+        assert msg.token is not None
+        offset = msg.token.major
+        self._starts[offset] = starts = self._starts.get(offset, 0) + 1
+        await self._record(self._fetched_mark)
+        return starts
+
+    async def handed_back(self, tokens: Sequence[SequenceToken], *,
+                          all_unfinished: bool = False) -> None:
+        """A graceful drain: with nothing started left unfinished, no offset of this
+        owner counts as redelivered (the start counts stay)."""
+        if all_unfinished and self._started and (self._fetched_mark >= 0 or self._starts):
+            self._redelivered_through = -1
+            await self._record(-1)
 
     def message_done_out_of_order(self, token: SequenceToken) -> None:
         self._offsets.mark_done(token.major)
@@ -311,7 +373,9 @@ class KafkaReceiver(QueueReceiver):
         with kafka_errors(f"committing queue {self._queue}"):
             try:
                 if not tokens:
-                    await self._adapter.handoffs.write(self._group, self._queue, watermark, meta)
+                    await self._adapter.handoffs.write(
+                        self._group, self._queue, watermark, meta,
+                        max(self._fetched_mark, self._redelivered_through), self._starts)
                     self._handed_over = True
                 await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
             except kerrors.CommitFailedError as exc:

@@ -8,6 +8,14 @@ a hand-off. A draining owner therefore also writes a record to
 group only if its ``watermark`` equals the committed offset (otherwise someone moved
 on since, and the record is stale). ``rewind`` writes one with no done offsets.
 
+The same record carries what the delivery limit needs (``max_deliveries``), since
+commit metadata cannot: ``fetched`` — the highest offset its writer may have handed to
+handlers without finishing (written ahead of the fetch position, one record per
+:data:`FETCH_LOOKAHEAD` records; -1 after a graceful drain, when nothing was left
+half-done) — and ``starts``, the handler starts counted for redelivered offsets. After a
+crash the next owner takes the offsets from the committed watermark to ``fetched`` for
+redelivered ones.
+
 Only the latest record per (partition, key) matters, so the topic is created with
 ``cleanup.policy=compact``, and a reader scans backwards from the end in windows of
 ``scan_step`` records, stopping at the first window that holds a record of its group:
@@ -33,11 +41,26 @@ log = logging.getLogger("conveyor.kafka")
 TOPIC_CONFIG = {"cleanup.policy": "compact"}
 
 
+FETCH_LOOKAHEAD = 1024
+"""A fetch past the last ``fetched`` mark writes one this many offsets further on."""
+
+
 class Handoff(msgspec.Struct, frozen=True):
-    """What a draining owner leaves for the next one."""
+    """What an owner leaves for the next one (see the module's docstring)."""
 
     watermark: int
     done: str
+    fetched: int = -1
+    starts: dict[int, int] = {}
+
+
+class Deliveries(msgspec.Struct, frozen=True):
+    """What the previous owners' records say of the offsets from ``watermark`` on."""
+
+    done: set[int]
+    redelivered_through: int
+    """Offsets from the watermark up to this one were handed out before (-1: none)."""
+    starts: dict[int, int]
 
 
 _encode = msgspec.json.Encoder().encode
@@ -55,24 +78,32 @@ class HandoffLog:
         """Records the last :meth:`read` fetched (how far back it had to look)."""
         self._ready = False
 
-    async def write(self, group: str, queue: int, watermark: int, done: str) -> None:
+    async def write(self, group: str, queue: int, watermark: int, done: str,
+                    fetched: int = -1, starts: dict[int, int] | None = None) -> None:
         adapter = self.adapter
         producer = await adapter.producer()
         if not self._ready:
             await adapter.create_topics({self.topic: adapter.total_queues}, TOPIC_CONFIG)
             self._ready = True
-        await producer.send_and_wait(self.topic, _encode(Handoff(watermark, done)),
+        record = Handoff(watermark, done, fetched, starts or {})
+        await producer.send_and_wait(self.topic, _encode(record),
                                      key=group.encode(), partition=queue)
 
     async def read(self, group: str, queue: int, watermark: int) -> set[int]:
         """Done offsets the last owner recorded at ``watermark`` (none if it moved on)."""
+        return (await self.read_deliveries(group, queue, watermark)).done
+
+    async def read_deliveries(self, group: str, queue: int, watermark: int) -> Deliveries:
+        """The latest record of ``group`` on ``queue``, as of the committed ``watermark``:
+        its done offsets if it was written at that watermark, and what it says of the
+        redelivered offsets at or above it."""
         tp = TopicPartition(self.topic, queue)
         consumer = self.adapter.new_consumer(None)
         self.last_scan_records = 0
         try:
             await consumer.start()
             if self.topic not in await consumer.topics():
-                return set()
+                return Deliveries(set(), -1, {})
             consumer.assign([tp])
             begin = int((await consumer.beginning_offsets([tp]))[tp])
             end = await self.adapter.high_watermark(consumer, tp, begin)
@@ -85,9 +116,12 @@ class HandoffLog:
             await consumer.stop()
         log.debug("hand-off of %s on queue %d: %d record(s) read", group, queue,
                   self.last_scan_records)
-        if latest is None or latest.watermark != watermark:
-            return set()
-        return kafka_offsets.decode(watermark, latest.done)
+        if latest is None:
+            return Deliveries(set(), -1, {})
+        done = (kafka_offsets.decode(watermark, latest.done)
+                if latest.watermark == watermark else set())
+        return Deliveries(done, latest.fetched if latest.fetched >= watermark else -1,
+                          {o: n for o, n in latest.starts.items() if o >= watermark})
 
     async def _latest_in(self, consumer: AIOKafkaConsumer, tp: TopicPartition, key: bytes,
                          start: int, end: int) -> Handoff | None:

@@ -506,7 +506,8 @@ class RedisReceiver(QueueReceiver):
             marked.append(m if n <= 1 else replace(m, deliveries=n))
         return marked
 
-    async def handed_back(self, tokens: Sequence[SequenceToken]) -> None:
+    async def handed_back(self, tokens: Sequence[SequenceToken], *,
+                          all_unfinished: bool = False) -> None:
         """``XCLAIM ... RETRYCOUNT 0 JUSTID``: the next owner's read of its pending
         list then counts them as first deliveries again."""
         for i in range(0, len(tokens), _ACK_CHUNK):

@@ -93,10 +93,13 @@ class QueueReceiver(ABC):
     async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
         """Acknowledge these messages: they are done for this group."""
 
-    async def handed_back(self, tokens: Sequence[SequenceToken]) -> None:  # noqa: B027
+    async def handed_back(self, tokens: Sequence[SequenceToken], *,  # noqa: B027
+                          all_unfinished: bool = False) -> None:
         """A graceful drain hands these messages back unstarted (on their first
         delivery): the backend may undo the delivery it counted for them, so that the
-        next owner does not take them for redelivered ones (which run one at a time)."""
+        next owner does not take them for redelivered ones (which run one at a time).
+        ``all_unfinished``: nothing else is left unfinished (no handler call was
+        abandoned by the drain)."""
 
     async def count_start(self, msg: Message) -> int:
         """Record, durably, that a handler is about to start ``msg``, which was delivered

@@ -231,11 +231,12 @@ class PullingAgent:
             return
         tokens = [e.msg.token for e in self.cache.entries
                   if not e.started and e.msg.token is not None and e.msg.deliveries == 1]
-        if not tokens:
+        complete = self.unfinished == 0
+        if not tokens and not complete:
             return
         try:
             async with asyncio.timeout(ACK_GRACE_S):
-                await self.receiver.handed_back(tokens)
+                await self.receiver.handed_back(tokens, all_unfinished=complete)
         except Exception as exc:  # best effort: the drain goes on whatever happens
             log.info("queue %d: could not hand back %d unstarted message(s) (%s); the "
                      "next owner counts them as redelivered", self.queue, len(tokens), exc)
