@@ -60,7 +60,14 @@ from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError, LeaseLostError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
-from conveyor.platform.queue_cache import Entry, Lane, QueueCache, Route
+from conveyor.platform.queue_cache import (
+    UNBOUNDED,
+    Entry,
+    Lane,
+    PrefetchBudget,
+    QueueCache,
+    Route,
+)
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
 
@@ -78,6 +85,8 @@ class AgentSettings:
     cache_capacity: int = 1024
     max_batch: int = 256
     poll_timeout_s: float = 0.5
+    prefetch: PrefetchBudget = UNBOUNDED
+    """The daemon's byte budget, shared by its agents (one object per daemon)."""
 
 
 class _Context:
@@ -289,33 +298,37 @@ class PullingAgent:
         settings = self.settings
         receiver = self.receiver
         cache = self.cache
-        while not self._stopping:
-            if not self._may_act():
-                await asyncio.sleep(settings.poll_timeout_s / 5)
-                continue
-            room = cache.room
-            if room <= 0:
-                self._room.clear()
-                self._wants_room = True
-                await self._room.wait()
-                continue
-            try:
-                messages = await receiver.get_messages(
-                    min(room, settings.max_batch), settings.poll_timeout_s
-                )
-            except Exception as exc:  # adapters raise ConveyorErrors; anything else is a bug
-                log.log(
-                    logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
-                    "queue %d: pull failed (%s: %s); retrying in %.1fs",
-                    self.queue, type(exc).__name__, exc, settings.poll_timeout_s,
-                )
-                await asyncio.sleep(settings.poll_timeout_s)
-                continue
-            if messages:
-                self._accept(messages)
+        budget = settings.prefetch
+        budget.pullers += 1  # this agent takes its share of the daemon's bytes
+        try:
+            while not self._stopping:
+                if not self._may_act():
+                    await asyncio.sleep(settings.poll_timeout_s / 5)
+                    continue
+                room = cache.pull_size(settings.max_batch, budget.share_bytes)
+                if room <= 0:  # full, in messages or in bytes: wait for acknowledgements
+                    self._room.clear()
+                    self._wants_room = True
+                    await self._room.wait()
+                    continue
+                try:
+                    messages = await receiver.get_messages(room, settings.poll_timeout_s)
+                except Exception as exc:  # adapters raise ConveyorErrors; else a bug
+                    log.log(
+                        logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
+                        "queue %d: pull failed (%s: %s); retrying in %.1fs",
+                        self.queue, type(exc).__name__, exc, settings.poll_timeout_s,
+                    )
+                    await asyncio.sleep(settings.poll_timeout_s)
+                    continue
+                if messages:
+                    self._accept(messages)
+        finally:
+            budget.pullers -= 1
 
     def _accept(self, messages: list[Message]) -> None:
         cache = self.cache
+        cache.took(messages)
         orphans = self._orphan_queue
         if self._split is not None:
             self._accept_split(messages)

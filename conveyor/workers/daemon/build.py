@@ -49,7 +49,7 @@ from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.options import IdempotencyOptions
 from conveyor.platform.placement import PlacementWeights
-from conveyor.platform.queue_cache import Route
+from conveyor.platform.queue_cache import PrefetchBudget, Route
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.cell_interceptor import CellInterceptor
@@ -192,6 +192,7 @@ def build_parts(
             cache_capacity=config.worker.cache_capacity,
             max_batch=_pull_size(app, config),
             poll_timeout_s=config.worker.poll_timeout_ms / 1000,
+            prefetch=PrefetchBudget(config.worker.prefetch_bytes),
         ),
         resources=PlacementResources(member.id, resource_sampler),
         owns_adapter=owns_adapter, owns_slots=owns_slots, owns_telemetry=owns_telemetry,
