@@ -61,7 +61,6 @@ from conveyor.platform.errors import ConveyorError, LeaseLostError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 from conveyor.platform.queue_cache import (
-    UNBOUNDED,
     Entry,
     Lane,
     PrefetchBudget,
@@ -85,8 +84,9 @@ class AgentSettings:
     cache_capacity: int = 1024
     max_batch: int = 256
     poll_timeout_s: float = 0.5
-    prefetch: PrefetchBudget = UNBOUNDED
-    """The daemon's byte budget, shared by its agents (one object per daemon)."""
+    prefetch: PrefetchBudget | None = None
+    """The daemon's byte budget, shared by its agents (one object per daemon); None:
+    bounded by ``cache_capacity`` alone."""
 
 
 class _Context:
@@ -298,14 +298,14 @@ class PullingAgent:
         settings = self.settings
         receiver = self.receiver
         cache = self.cache
-        budget = settings.prefetch
-        budget.pullers += 1  # this agent takes its share of the daemon's bytes
+        if settings.prefetch is not None:
+            cache.join(settings.prefetch)  # a share of the daemon's bytes
         try:
             while not self._stopping:
                 if not self._may_act():
                     await asyncio.sleep(settings.poll_timeout_s / 5)
                     continue
-                room = cache.pull_size(settings.max_batch, budget.share_bytes)
+                room = cache.pull_size(settings.max_batch)
                 if room <= 0:  # full, in messages or in bytes: wait for acknowledgements
                     self._room.clear()
                     self._wants_room = True
@@ -324,7 +324,7 @@ class PullingAgent:
                 if messages:
                     self._accept(messages)
         finally:
-            budget.pullers -= 1
+            cache.leave()
 
     def _accept(self, messages: list[Message]) -> None:
         cache = self.cache

@@ -37,27 +37,29 @@ from conveyor.platform.message import Message
 
 
 class PrefetchBudget:
-    """Body bytes one daemon's agents may hold pulled and not yet acknowledged, shared
-    evenly by the agents pulling (``[worker] prefetch_bytes``).
+    """Body bytes one daemon's agents may hold pulled and not yet acknowledged
+    (``[worker] prefetch_bytes``), and what they hold.
 
-    Agents join when their pull loop starts and leave when it ends, so the shares follow
-    the queues a daemon owns. An agent over its share (after others joined) pulls
-    nothing until its acknowledgements bring it under. One event loop; no locking.
+    A cache joins when its agent's pull loop starts and leaves when it ends (a draining
+    agent pulls no more; what it still holds stops counting), so the shares follow the
+    queues the daemon owns. A cache pulls while it is under its even share *and* the
+    daemon under its limit: an agent that started first and took more than its share
+    pulls nothing more until its acknowledgements bring it under. An empty cache may
+    always pull one message, so the daemon holds at most ``limit_bytes`` plus one body
+    per queue. One event loop; no locking.
     """
 
-    __slots__ = ("limit_bytes", "pullers")
+    __slots__ = ("held_bytes", "limit_bytes", "pullers")
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self.pullers = 0
+        self.held_bytes = 0
 
-    @property
-    def share_bytes(self) -> int:
-        return self.limit_bytes // max(1, self.pullers)
-
-
-UNBOUNDED = PrefetchBudget(1 << 62)
-"""No byte bound (an agent built without a daemon's budget, as unit tests do)."""
+    def left_for(self, cache_bytes: int) -> int:
+        """Bytes a cache holding ``cache_bytes`` may still pull."""
+        share = self.limit_bytes // max(1, self.pullers)
+        return min(share - cache_bytes, self.limit_bytes - self.held_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,9 @@ class QueueCache:
         """Body size one message is expected to have: the last pull's average, or half
         the estimate before if that is more (it rises at once, falls by halves); 0 until
         the first pull."""
+        self._budget: PrefetchBudget | None = None
+        """The daemon's budget, between :meth:`join` and :meth:`leave`; None: no byte
+        bound."""
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -126,20 +131,43 @@ class QueueCache:
     def room(self) -> int:
         return self.capacity - len(self.entries)
 
-    def pull_size(self, max_batch: int, share_bytes: int) -> int:
+    def join(self, budget: PrefetchBudget) -> None:
+        """Take a share of ``budget`` (the agent's pull loop starts)."""
+        budget.pullers += 1
+        budget.held_bytes += self.bytes
+        self._budget = budget
+
+    def leave(self) -> None:
+        """Give the share back, and stop counting what is held (the pull loop ended)."""
+        budget = self._budget
+        if budget is not None:
+            budget.pullers -= 1
+            budget.held_bytes -= self.bytes
+            self._budget = None
+
+    def pull_size(self, max_batch: int) -> int:
         """How many messages to ask the queue for: within ``max_batch``, the room left
-        in messages and, at the expected body size, in bytes (``share_bytes`` less what
-        is held); 0 to wait for acknowledgements. An empty cache asks for one message at
-        least (a body larger than the share still goes through, alone), and for exactly
-        one before any pull has shown the body size."""
+        in messages and, at the expected body size, in bytes (see
+        :class:`PrefetchBudget`); 0 to wait for acknowledgements. An empty cache asks
+        for one message at least (a body larger than the share still goes through,
+        alone), and for exactly one before any pull has shown the body size."""
         room = min(self.capacity - len(self.entries), max_batch)
+        budget = self._budget
+        if budget is None:
+            return room
         expected = self._body_bytes
         if not expected:
             return min(room, 1)
-        fits = (share_bytes - self.bytes) // expected
+        fits = budget.left_for(self.bytes) // expected
         if fits <= 0:
             return 0 if self.entries else min(room, 1)
         return min(room, fits)
+
+    @property
+    def full(self) -> bool:
+        """Whether the agent pulls nothing more (in messages or in bytes) until
+        acknowledgements free room: a batch handler waiting for more runs what it has."""
+        return self.pull_size(1) <= 0
 
     def took(self, messages: list[Message]) -> None:
         """Count a pull's bodies (before its entries are added)."""
@@ -147,6 +175,8 @@ class QueueCache:
         for msg in messages:
             size += len(msg.body)
         self.bytes += size
+        if self._budget is not None:
+            self._budget.held_bytes += size
         self._body_bytes = max(1, size // len(messages), self._body_bytes // 2)
 
     def add(self, entry: Entry, routes: tuple[Route, ...]) -> None:
@@ -184,3 +214,5 @@ class QueueCache:
             if msg.token is not None:
                 tokens.append(msg.token)
         self.bytes -= freed
+        if self._budget is not None:
+            self._budget.held_bytes -= freed
