@@ -11,12 +11,15 @@ allowed anywhere.
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
 from conveyor.adapters.redis import PUBLISH_CHUNK_BYTES, RedisAdapter
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.errors import BrokerError, MessageTooLargeError, PartialPublishError
+from conveyor.platform.ids import SequenceToken
 from tests.integration.redis.conftest import RedisServer
 from tests.integration.redis.test_redis_publish import (
     QUEUES,
@@ -122,6 +125,40 @@ async def test_a_queue_out_of_memory_mid_pipeline_keeps_what_it_wrote_and_says_s
 
         await client.publish_batch(err.not_published(batch))
         await assert_written_once(adapter, batch)  # once each, in the stream's order
+
+
+async def test_concurrent_publishes_sent_together_each_learn_their_own_messages_fate(
+    redis_server: RedisServer,
+) -> None:
+    """Single ``publish`` calls made at once go in one send ([publish] coalesce); when
+    Redis stores that send in part, each call gets its own message's fate: its token,
+    or the refusal — never the whole send's error for a message that was stored."""
+    config = config_for(redis_server.url)
+    async with Client.from_config(config) as client:
+        adapter = client.adapter
+        assert isinstance(adapter, RedisAdapter)
+        await client.publish("orders", "k", {"seq": -1})
+        await adapter.redis.delete(adapter.keys.queue(client.queue_for("orders", "k")))
+        bodies = [{"seq": i, "pad": "x" * PUBLISH_CHUNK_BYTES} for i in range(3)]
+        redis = adapter.redis
+        used = int((await redis.info("memory"))["used_memory"])
+        await redis.config_set("maxmemory-policy", "noeviction")
+        await redis.config_set("maxmemory", used + PUBLISH_CHUNK_BYTES * 7 // 2)
+        try:
+            outcomes = await asyncio.gather(
+                *(client.publish("orders", "k", body) for body in bodies),
+                return_exceptions=True)
+        finally:
+            await redis.config_set("maxmemory", 0)
+        stored = [o for o in outcomes if isinstance(o, SequenceToken)]
+        refused = [o for o in outcomes if not isinstance(o, SequenceToken)]
+        assert stored and refused, outcomes  # one send, stored in part
+        assert all(isinstance(e, BrokerError) and "maxmemory" in str(e) for e in refused)
+        entries = await stream_contents(adapter)
+        assert [(q, eid) for q, eid, _ in entries] == [
+            (t.queue, b"%d-%d" % (t.major, t.minor)) for t in stored]
+        assert [msgspec.json.decode(f[b"body"])["seq"] for *_, f in entries] == [
+            i for i, o in enumerate(outcomes) if isinstance(o, SequenceToken)]
 
 
 async def test_a_full_redis_under_a_spread_batch_never_hides_what_landed(
