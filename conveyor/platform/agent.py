@@ -2,7 +2,8 @@
 
 Loop, top to bottom:
 
-1. wait until the cache has room (back-pressure: a full cache stops pulling);
+1. wait until the cache has room, in messages and in bytes (back-pressure: a full
+   cache stops pulling);
 2. pull up to ``min(room, max_batch)`` messages, waiting at most ``poll_timeout_s`` for
    the first one (an idle queue is waited on holding no slot);
 3. put them in the cache; runners take ready lanes and run handlers — each handler
@@ -11,8 +12,10 @@ Loop, top to bottom:
    time, coalescing everything that finished meanwhile).
 
 **Two bounds, not one.** The cache bounds *prefetch* — messages pulled and not yet
-acknowledged, per queue (``cache_capacity``) — so memory stays bounded and a no-op
-worker is never starved by round trips. Slots bound *execution* — handler calls running
+acknowledged, per queue (``cache_capacity``), and their bodies' bytes per daemon
+(``prefetch_bytes``, :class:`~conveyor.platform.queue_cache.PrefetchBudget`) — so memory
+stays bounded whatever the body size and a no-op worker is never starved by round
+trips. Slots bound *execution* — handler calls running
 at once in the daemon (``[slots]``) — so the supplier (fixed, resource-based, pauseable,
 custom) keeps deciding how much work runs. What is kept of the reference's "poll no more
 than free slots" rule: a message never *starts* without a slot, and an agent never holds
@@ -60,13 +63,7 @@ from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError, LeaseLostError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
-from conveyor.platform.queue_cache import (
-    Entry,
-    Lane,
-    PrefetchBudget,
-    QueueCache,
-    Route,
-)
+from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
 
@@ -295,36 +292,41 @@ class PullingAgent:
 
     # -- pulling -----------------------------------------------------------------------
     async def _pull_loop(self) -> None:
+        """:meth:`_pull` holding a share of the daemon's byte budget, given back however
+        the loop ends (a drain, or a cancellation when the queue is lost)."""
+        if self.settings.prefetch is not None:
+            self.cache.join(self.settings.prefetch)
+        try:
+            await self._pull()
+        finally:
+            self.cache.leave()
+
+    async def _pull(self) -> None:
         settings = self.settings
         receiver = self.receiver
         cache = self.cache
-        if settings.prefetch is not None:
-            cache.join(settings.prefetch)  # a share of the daemon's bytes
-        try:
-            while not self._stopping:
-                if not self._may_act():
-                    await asyncio.sleep(settings.poll_timeout_s / 5)
-                    continue
-                room = cache.pull_size(settings.max_batch)
-                if room <= 0:  # full, in messages or in bytes: wait for acknowledgements
-                    self._room.clear()
-                    self._wants_room = True
-                    await self._room.wait()
-                    continue
-                try:
-                    messages = await receiver.get_messages(room, settings.poll_timeout_s)
-                except Exception as exc:  # adapters raise ConveyorErrors; else a bug
-                    log.log(
-                        logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
-                        "queue %d: pull failed (%s: %s); retrying in %.1fs",
-                        self.queue, type(exc).__name__, exc, settings.poll_timeout_s,
-                    )
-                    await asyncio.sleep(settings.poll_timeout_s)
-                    continue
-                if messages:
-                    self._accept(messages)
-        finally:
-            cache.leave()
+        while not self._stopping:
+            if not self._may_act():
+                await asyncio.sleep(settings.poll_timeout_s / 5)
+                continue
+            room = cache.pull_size(settings.max_batch)
+            if room <= 0:  # full, in messages or in bytes: wait for acknowledgements
+                self._room.clear()
+                self._wants_room = True
+                await self._room.wait()
+                continue
+            try:
+                messages = await receiver.get_messages(room, settings.poll_timeout_s)
+            except Exception as exc:  # adapters raise ConveyorErrors; anything else is a bug
+                log.log(
+                    logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
+                    "queue %d: pull failed (%s: %s); retrying in %.1fs",
+                    self.queue, type(exc).__name__, exc, settings.poll_timeout_s,
+                )
+                await asyncio.sleep(settings.poll_timeout_s)
+                continue
+            if messages:
+                self._accept(messages)
 
     def _accept(self, messages: list[Message]) -> None:
         cache = self.cache

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from conveyor.platform.ids import SequenceToken
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class ConveyorError(Exception):
@@ -117,7 +117,7 @@ class PartialPublishError(BrokerError):
         self.failed = dict(failed)
         self.uncertain = tuple(uncertain)
 
-    def not_published(self, items: Sequence[T]) -> list[T]:
+    def not_published(self, items: Sequence[_T]) -> list[_T]:
         """The items of the failed batch (as given to ``publish_batch``, same order)
         whose messages are surely not stored: the ones to publish again."""
         if len(items) != len(self.ids):
