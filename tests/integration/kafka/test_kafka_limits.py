@@ -59,6 +59,21 @@ async def test_a_record_over_max_request_size_is_refused_before_anything_is_sent
     assert seqs_of(await read_all(tansu.bootstrap, topic, 1)) == {0: 1}
 
 
+async def test_a_body_over_max_body_bytes_is_refused_on_kafka_too(
+    tansu: Tansu, topic: str
+) -> None:
+    config = kafka_config(tansu.bootstrap, topic, queues={"total": QUEUES,
+                                                          "max_body_bytes": 1000})
+    async with Client.from_config(config) as client:
+        with pytest.raises(MessageTooLargeError, match=r"\$\.queues\.max_body_bytes \(1000\)"):
+            await client.publish("orders", "k", b"x" * 1001)
+        with pytest.raises(MessageTooLargeError):  # the whole batch, its small ones too
+            await client.publish_batch([Publish("orders", f"k{i}", b"x" * (1001 if i == 3 else 10))
+                                        for i in range(8)])
+        await client.publish("orders", "k", {"seq": 0})
+    assert seqs_of(await read_all(tansu.bootstrap, topic, 1)) == {0: 1}
+
+
 async def test_a_raised_max_request_size_lets_large_bodies_through_intact(
     tansu: Tansu, topic: str
 ) -> None:
