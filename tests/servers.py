@@ -127,6 +127,8 @@ class Tansu:
     """Where clients are told to connect (a proxy in front of the broker), if not port."""
     options: tuple[str, ...] = ()
     """More ``tansu broker`` options (``--authentication``)."""
+    cwd: str | None = None
+    """Where the broker runs (tansu resolves ``--schema-registry file://`` paths from it)."""
 
     @property
     def bootstrap(self) -> str:
@@ -139,7 +141,7 @@ class Tansu:
             self.proc = subprocess.Popen(
                 [self.binary, "broker", "--listener-url", url, "--advertised-listener-url",
                  advertised, "--storage-engine", "memory://tansu/", *self.options],
-                stdout=out, stderr=subprocess.STDOUT,
+                stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd,
             )
         deadline = time.monotonic() + timeout_s
         while True:

@@ -34,10 +34,12 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters import kafka_groups, kafka_offsets, kafka_rewind
 from conveyor.adapters.kafka_conn import (
+    CLIENT_ERRORS,
     broker_error,
     client_options,
     fetch_committed,
@@ -59,6 +61,7 @@ from conveyor.platform.errors import (
     BrokerError,
     ConfigError,
     DecodeError,
+    MessageTooLargeError,
     PublishUncertain,
 )
 from conveyor.platform.groups import GroupInfo
@@ -77,6 +80,7 @@ from conveyor.platform.message import (
     Message,
     Undecodable,
 )
+from conveyor.platform.partial_publish import publish_failure
 from conveyor.platform.tasks import cancel_and_wait
 
 log = logging.getLogger("conveyor.kafka")
@@ -174,6 +178,11 @@ def message_headers(msg: Message) -> list[tuple[str, bytes]]:
         headers.append((H_ATTEMPT, str(msg.attempt).encode()))
     headers.extend((k, v.encode()) for k, v in msg.headers.items())
     return headers
+
+
+_FRAMING = 61 + 21
+"""A record batch's header and aiokafka's bound on a record's own overhead: what its
+size check (``estimate_size_in_bytes``) adds to the key, value and headers."""
 
 
 class KafkaReceiver(QueueReceiver):
@@ -561,55 +570,110 @@ class KafkaAdapter(QueueAdapter):
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         """Append in order: record batches built here (``create_batch``), one send each.
 
-        The producer retries a send after a cut connection by itself; idempotent (see
-        ``$.kafka.idempotence``), the broker writes a retried batch once. A send that
-        fails after it may have reached the broker raises :class:`PublishUncertain`.
+        A record over ``$.kafka.max_request_size`` refuses the call before anything is
+        sent. The producer retries a send after a cut connection by itself; idempotent
+        (see ``$.kafka.idempotence``), the broker writes a retried batch once. Each
+        record batch is stored whole or not at all: when some were and others not (or
+        may not have been), :class:`PartialPublishError` says which; when nothing is
+        known stored and some may be, :class:`PublishUncertain`.
         """
         if not messages:
             return []
         producer = await self.producer()  # unreachable here: nothing was sent
-        topic = self.topic
         what = f"publishing {len(messages)} messages to queue {queue}"
         if len(messages) == 1:  # into the partition's open batch, with concurrent sends
             return [await self._send_one(producer, queue, messages[0], what)]
-        sent: list[tuple[int, asyncio.Future[Any]]] = []
+        batches = self._batches(producer, messages)  # all built, so none is sent if one
+        sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # record is too big
+        unsent: BrokerError | None = None
         try:
             with kafka_errors(what):
-                batch, count = producer.create_batch(), 0
-                for msg in messages:
-                    key, headers = msg.stream.key.encode(), message_headers(msg)
-                    ts = msg.enqueued_at_ms or None
-                    if batch.append(key=key, value=msg.body, timestamp=ts,
-                                    headers=headers) is None:  # full: send it, start anew
-                        sent.append((count, await producer.send_batch(batch, topic,
-                                                                      partition=queue)))
-                        batch, count = producer.create_batch(), 0
-                        if batch.append(key=key, value=msg.body, timestamp=ts,
-                                        headers=headers) is None:
-                            raise BrokerError(f"kafka: message {msg.id} is larger than a "
-                                              "record batch may be")
-                    count += 1
-                sent.append((count, await producer.send_batch(batch, topic, partition=queue)))
-                results = await asyncio.gather(*(future for _, future in sent))
-        except BrokerConnectionError as exc:
+                for msgs, batch in batches:
+                    sent.append((msgs, await producer.send_batch(batch, self.topic,
+                                                                 partition=queue)))
+        except BrokerError as exc:
             if not sent:  # failed before the first batch was handed over: none was sent
                 raise
-            raise PublishUncertain(
-                f"{exc}: the messages may or may not have been written; their ids are in "
-                ".message_ids", tuple(m.id for m in messages)
-            ) from exc
-        return [SequenceToken(queue, meta.offset + i)
-                for (count, _), meta in zip(sent, results, strict=True) for i in range(count)]
+            unsent = exc
+        results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+        return self._stored(queue, messages, sent, results, unsent, what)
+
+    def _batches(self, producer: AIOKafkaProducer, messages: Sequence[Message]
+                 ) -> list[tuple[Sequence[Message], Any]]:
+        """``messages`` as record batches (with the messages each holds); a record over
+        ``$.kafka.max_request_size`` refuses them all (aiokafka's ``send`` would refuse
+        it; ``send_batch`` does not check)."""
+        limit = self.config.max_request_size
+        batches: list[tuple[Sequence[Message], Any]] = []
+        start, batch = 0, producer.create_batch()
+        for i, msg in enumerate(messages):
+            key, headers = msg.stream.key.encode(), message_headers(msg)
+            ts = msg.enqueued_at_ms or None
+            meta = batch.append(key=key, value=msg.body, timestamp=ts, headers=headers)
+            if meta is None:  # full: start the next (a batch always takes its first record)
+                batches.append((messages[start:i], batch))
+                start, batch = i, producer.create_batch()
+                meta = batch.append(key=key, value=msg.body, timestamp=ts, headers=headers)
+            if meta.size + _FRAMING > limit:  # near it: as aiokafka's send() counts
+                size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, msg.body, headers)
+                if size > limit:
+                    raise self._too_large(msg, size)
+        batches.append((messages[start:], batch))
+        return batches
+
+    def _too_large(self, msg: Message, size: int) -> MessageTooLargeError:
+        return MessageTooLargeError(
+            f"kafka: message {msg.id} to stream {msg.stream.namespace}/{msg.stream.key} "
+            f"is {size} bytes as a record, larger than $.kafka.max_request_size "
+            f"({self.config.max_request_size}); nothing was sent: raise it together with "
+            "the broker's message.max.bytes, or send less")
+
+    def _stored(self, queue: int, messages: Sequence[Message],
+                sent: list[tuple[Sequence[Message], asyncio.Future[Any]]],
+                results: list[Any], unsent: BrokerError | None,
+                what: str) -> list[SequenceToken]:
+        """The tokens of a multi-batch send, or the error saying which batches failed."""
+        tokens: list[SequenceToken] = []
+        published: dict[str, SequenceToken] = {}
+        failures: list[tuple[list[str], BaseException]] = []
+        for (msgs, _), meta in zip(sent, results, strict=True):
+            if isinstance(meta, BaseException):
+                if not isinstance(meta, CLIENT_ERRORS):
+                    raise meta
+                error = broker_error(what, meta)
+                if isinstance(error, BrokerConnectionError):
+                    error = PublishUncertain(
+                        f"{error}: the messages may or may not have been written; their "
+                        "ids are in .message_ids", tuple(m.id for m in msgs))
+                failures.append(([m.id for m in msgs], error))
+                continue
+            batch_tokens = [SequenceToken(queue, meta.offset + i) for i in range(len(msgs))]
+            published.update(zip((m.id for m in msgs), batch_tokens, strict=True))
+            tokens += batch_tokens
+        if unsent is not None:
+            handed = sum(len(msgs) for msgs, _ in sent)
+            failures.append(([m.id for m in messages[handed:]], unsent))
+        if failures:
+            raise publish_failure(f"kafka: {what}", [m.id for m in messages], published,
+                                  failures)
+        return tokens
 
     async def _send_one(self, producer: AIOKafkaProducer, queue: int, msg: Message,
                         what: str) -> SequenceToken:
         """One record through ``send``: the producer appends it to the partition's open
         batch, so concurrent single publishes share a request (Client.publish)."""
-        with kafka_errors(what):
-            delivery = await producer.send(
-                self.topic, msg.body, key=msg.stream.key.encode(), partition=queue,
-                headers=message_headers(msg), timestamp_ms=msg.enqueued_at_ms or None,
-            )
+        headers = message_headers(msg)
+        try:
+            with kafka_errors(what):
+                delivery = await producer.send(
+                    self.topic, msg.body, key=msg.stream.key.encode(), partition=queue,
+                    headers=headers, timestamp_ms=msg.enqueued_at_ms or None,
+                )
+        except BrokerError as exc:  # aiokafka checks the size before sending
+            if not isinstance(exc.__cause__, kerrors.MessageSizeTooLargeError):
+                raise
+            raise self._too_large(msg, DefaultRecordBatchBuilder.estimate_size_in_bytes(
+                msg.stream.key.encode(), msg.body, headers)) from None
         try:
             with kafka_errors(what):
                 meta = await delivery

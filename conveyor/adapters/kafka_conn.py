@@ -186,7 +186,8 @@ async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaP
     ``auto`` falls back to a plain producer, with a warning, only when the broker refuses
     to hand out a producer id; an unreachable broker is an error as always.
     """
-    common = {"linger_ms": cfg.linger_ms, "acks": "all", **options}
+    common = {"linger_ms": cfg.linger_ms, "acks": "all",
+              "max_request_size": cfg.max_request_size, **options}
     if cfg.idempotence != "off":
         producer = AIOKafkaProducer(enable_idempotence=True, **common)
         try:

@@ -36,6 +36,7 @@ import redis.exceptions as rex
 from conveyor.adapters import redis_letters
 from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import (
+    CLUSTER_ERRORS,
     Caller,
     ClusterClient,
     Keys,
@@ -76,6 +77,7 @@ from conveyor.platform.message import (
     Undecodable,
     now_ms,
 )
+from conveyor.platform.partial_publish import publish_failure
 from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.redis")
@@ -671,15 +673,18 @@ class RedisAdapter(QueueAdapter):
         not written again (its marker lives ``publish_window_ms``). When the retries run
         out, whether the messages landed is unknown: :class:`PublishUncertain` — unless
         no attempt got past opening a connection (:class:`BrokerConnectionError`: none
-        was sent).
+        was sent). A chunk the server refuses (out of memory under ``noeviction``) is
+        written not at all (a script that has not written yet stops at its first write);
+        when others were written, :class:`PartialPublishError` says which.
         """
         if not messages:
             return []
         stream = self.keys.queue(queue)
         window = self.publish_window_ms
+        chunks = publish_chunks(messages)
         calls = [
             ([stream, self.keys.published(queue, uuid.uuid4().hex)], [window, *enqueue_args(c)])
-            for c in publish_chunks(messages)
+            for c in chunks
         ]
 
         script = self.enqueue_script
@@ -697,7 +702,13 @@ class RedisAdapter(QueueAdapter):
                     pipe.evalsha(script.sha, 2, *keys, *args)
                 if replicas:  # on the same connection as the writes, as WAIT requires
                     pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
-                replies: list[Any] = await pipe.execute()
+                # Errors in place: a chunk refused must not hide the ones written.
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+            refused = [r for r in replies if isinstance(r, Exception)]
+            if refused and (len(refused) >= len(calls) or not all(
+                    isinstance(r, rex.ResponseError) and not isinstance(r, CLUSTER_ERRORS)
+                    for r in refused)):
+                raise refused[0]  # none written, or worth a retry (a slot moved)
             return replies
 
         async def send() -> list[Any]:
@@ -723,21 +734,33 @@ class RedisAdapter(QueueAdapter):
                 f"may not have been written ({exc}); their ids are in .message_ids",
                 tuple(m.id for m in messages),
             ) from exc
-        if replicas:
-            confirmed = int(replies.pop())
-            if confirmed < replicas:
-                raise PublishNotReplicated(
-                    f"redis: {what}: written to the primary, but {confirmed} of the "
-                    f"{replicas} replicas $.redis.min_replicas asks for confirmed it within "
-                    f"{self.replica_timeout_ms} ms ($.redis.replica_timeout_ms); a failover "
-                    "now could lose the messages; their ids are in .message_ids",
-                    tuple(m.id for m in messages),
-                )
+        confirmed = int(replies.pop()) if replicas else 0
         tokens: list[SequenceToken] = []
-        for runs, replayed in replies:
+        published: dict[str, SequenceToken] = {}
+        failures: list[tuple[list[str], BaseException]] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, Exception):  # refused whole: see ENQUEUE
+                failures.append(([m.id for m in chunk],
+                                 BrokerError(f"redis error while {what}: {reply}")))
+                continue
+            runs, replayed = reply
             if replayed:
                 self.replayed_batches += 1
-            tokens += tokens_of_runs(runs, queue)
+            chunk_tokens = tokens_of_runs(runs, queue)
+            published.update(zip((m.id for m in chunk), chunk_tokens, strict=True))
+            tokens += chunk_tokens
+        if replicas and confirmed < replicas:
+            unsure = PublishNotReplicated(
+                f"redis: {what}: written to the primary, but {confirmed} of the "
+                f"{replicas} replicas $.redis.min_replicas asks for confirmed it within "
+                f"{self.replica_timeout_ms} ms ($.redis.replica_timeout_ms); a failover "
+                "now could lose the messages; their ids are in .message_ids",
+                tuple(published))
+            failures.append((list(published), unsure))
+            published = {}
+        if failures:
+            raise publish_failure(f"redis: {what}", [m.id for m in messages], published,
+                                  failures)
         return tokens
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:

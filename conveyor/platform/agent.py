@@ -2,7 +2,8 @@
 
 Loop, top to bottom:
 
-1. wait until the cache has room (back-pressure: a full cache stops pulling);
+1. wait until the cache has room, in messages and in bytes (back-pressure: a full
+   cache stops pulling);
 2. pull up to ``min(room, max_batch)`` messages, waiting at most ``poll_timeout_s`` for
    the first one (an idle queue is waited on holding no slot);
 3. put them in the cache; runners take ready lanes and run handlers — each handler
@@ -11,8 +12,10 @@ Loop, top to bottom:
    time, coalescing everything that finished meanwhile).
 
 **Two bounds, not one.** The cache bounds *prefetch* — messages pulled and not yet
-acknowledged, per queue (``cache_capacity``) — so memory stays bounded and a no-op
-worker is never starved by round trips. Slots bound *execution* — handler calls running
+acknowledged, per queue (``cache_capacity``), and their bodies' bytes per daemon
+(``prefetch_bytes``, :class:`~conveyor.platform.queue_cache.PrefetchBudget`) — so memory
+stays bounded whatever the body size and a no-op worker is never starved by round
+trips. Slots bound *execution* — handler calls running
 at once in the daemon (``[slots]``) — so the supplier (fixed, resource-based, pauseable,
 custom) keeps deciding how much work runs. What is kept of the reference's "poll no more
 than free slots" rule: a message never *starts* without a slot, and an agent never holds
@@ -62,7 +65,7 @@ from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError, LeaseLostError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
-from conveyor.platform.queue_cache import Entry, Lane, QueueCache, Route
+from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.watchdog import LoopWatchdog
@@ -84,6 +87,9 @@ class AgentSettings:
     cache_capacity: int = 1024
     max_batch: int = 256
     poll_timeout_s: float = 0.5
+    prefetch: PrefetchBudget | None = None
+    """The daemon's byte budget, shared by its agents (one object per daemon); None:
+    bounded by ``cache_capacity`` alone."""
 
 
 class _Context:
@@ -318,6 +324,16 @@ class PullingAgent:
 
     # -- pulling -----------------------------------------------------------------------
     async def _pull_loop(self) -> None:
+        """:meth:`_pull` holding a share of the daemon's byte budget, given back however
+        the loop ends (a drain, or a cancellation when the queue is lost)."""
+        if self.settings.prefetch is not None:
+            self.cache.join(self.settings.prefetch)
+        try:
+            await self._pull()
+        finally:
+            self.cache.leave()
+
+    async def _pull(self) -> None:
         settings = self.settings
         receiver = self.receiver
         cache = self.cache
@@ -325,16 +341,14 @@ class PullingAgent:
             if not self._may_act():
                 await asyncio.sleep(settings.poll_timeout_s / 5)
                 continue
-            room = cache.room
-            if room <= 0:
+            room = cache.pull_size(settings.max_batch)
+            if room <= 0:  # full, in messages or in bytes: wait for acknowledgements
                 self._room.clear()
                 self._wants_room = True
                 await self._room.wait()
                 continue
             try:
-                messages = await receiver.get_messages(
-                    min(room, settings.max_batch), settings.poll_timeout_s
-                )
+                messages = await receiver.get_messages(room, settings.poll_timeout_s)
             except Exception as exc:  # adapters raise ConveyorErrors; anything else is a bug
                 log.log(
                     logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
@@ -348,6 +362,7 @@ class PullingAgent:
 
     def _accept(self, messages: list[Message]) -> None:
         cache = self.cache
+        cache.took(messages)
         orphans = self._orphan_queue
         if self._split is not None:
             self._accept_split(messages)

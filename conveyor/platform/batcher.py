@@ -76,7 +76,7 @@ class Batcher:
             self._task = self._agent.spawn_batcher(self._loop())
 
     def _complete(self) -> bool:
-        return len(self.entries) >= self._size or self._agent.cache.room <= 0
+        return len(self.entries) >= self._size or self._agent.cache.full
 
     async def _loop(self) -> None:
         agent = self._agent

@@ -13,8 +13,8 @@ from opentelemetry.trace import StatusCode
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.coalescer import PublishCoalescer
-from conveyor.platform.config import Config, PublishConfig
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.config import DEFAULT_MAX_BODY_BYTES, Config, PublishConfig
+from conveyor.platform.errors import ConveyorError, MessageTooLargeError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
@@ -26,6 +26,7 @@ from conveyor.platform.message import (
     new_message_ids,
     now_ms,
 )
+from conveyor.platform.partial_publish import publish_failure
 from conveyor.platform.telemetry import Telemetry
 
 _QUEUES_REMEMBERED = 65_536
@@ -78,6 +79,9 @@ class Client:
     the first waiting that long for others (0: one loop turn). :meth:`from_config` (and a
     worker daemon, for the client it hands to startup hooks) takes it from ``[publish]``
     (:func:`coalesce_linger_for`).
+
+    ``max_body_bytes``: a message whose body is larger is refused before anything is
+    sent (``[queues] max_body_bytes``).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class Client:
         owns_adapter: bool = False,
         owns_telemetry: bool = False,
         coalesce_linger_s: float | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self.adapter = adapter
         self.mapper = mapper
@@ -98,6 +103,7 @@ class Client:
         self._owns_telemetry = owns_telemetry
         self._queues: dict[tuple[str, str], int] = {}
         self.coalesce_linger_s = coalesce_linger_s
+        self.max_body_bytes = max_body_bytes
         self._coalescer = (None if coalesce_linger_s is None
                            else PublishCoalescer(adapter.enqueue, coalesce_linger_s))
 
@@ -111,6 +117,7 @@ class Client:
             owns_adapter=True,
             owns_telemetry=True,
             coalesce_linger_s=coalesce_linger_for(config.publish, adapter),
+            max_body_bytes=config.queues.max_body_bytes,
         )
 
     def build(
@@ -130,6 +137,12 @@ class Client:
         if not namespace:
             raise ConveyorError("namespace must be a non-empty string")
         data, ctype = encode_body(body, content_type)
+        if len(data) > self.max_body_bytes:
+            raise MessageTooLargeError(
+                f"message to stream {namespace}/{key}: its body of {len(data)} bytes is "
+                f"larger than $.queues.max_body_bytes ({self.max_body_bytes}); nothing was "
+                "sent: raise the limit, or store the data elsewhere and send a reference"
+            )
         if headers:
             hdrs = dict(headers)
             clash = RESERVED_HEADERS.intersection(hdrs)
@@ -186,35 +199,55 @@ class Client:
         """Publish many messages with one enqueue per queue; returns tokens in input order.
 
         The queues' enqueues run concurrently; each writes its messages once however
-        often the adapter retries it (see the README's delivery guarantee).
+        often the adapter retries it (see the README's delivery guarantee). A message
+        that cannot be built (a body over ``max_body_bytes``, a reserved header) refuses
+        the whole batch before anything is sent.
+
+        When some queues' messages were stored and others not, raises
+        :class:`~conveyor.PartialPublishError` naming each message's fate (publish
+        ``exc.not_published(items)`` again: that doubles nothing). When nothing was
+        stored, the error of the send that failed; when nothing is known to be stored
+        and some may be, :class:`~conveyor.PublishUncertain`.
         """
         build, queue_for, traced = self._build, self.queue_for, self._traced
         stamp = now_ms()
         items = items if isinstance(items, Sequence) else list(items)
+        ids = new_message_ids(len(items))
         by_queue: dict[int, tuple[list[int], list[Message]]] = {}
         spans = []
-        for i, (item, ident) in enumerate(zip(items, new_message_ids(len(items)), strict=True)):
-            msg = build(item.namespace, item.key, item.body, item.headers, item.content_type,
-                        stamp, ident)
-            queue = queue_for(item.namespace, msg.stream.key)
-            if traced:
-                spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
-            placed = by_queue.get(queue)
-            if placed is None:
-                placed = by_queue[queue] = ([], [])
-            placed[0].append(i)
-            placed[1].append(msg)
         try:
+            for i, (item, ident) in enumerate(zip(items, ids, strict=True)):
+                msg = build(item.namespace, item.key, item.body, item.headers,
+                            item.content_type, stamp, ident)
+                queue = queue_for(item.namespace, msg.stream.key)
+                if traced:
+                    spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
+                placed = by_queue.get(queue)
+                if placed is None:
+                    placed = by_queue[queue] = ([], [])
+                placed[0].append(i)
+                placed[1].append(msg)
             results = await asyncio.gather(
-                *(self.adapter.enqueue(q, msgs) for q, (_, msgs) in by_queue.items())
+                *(self.adapter.enqueue(q, msgs) for q, (_, msgs) in by_queue.items()),
+                return_exceptions=True,
             )
         finally:
             for span in spans:
                 span.end()
         tokens: list[SequenceToken] = [_NO_TOKEN] * len(items)
-        for (positions, _), queue_tokens in zip(by_queue.values(), results, strict=True):
-            for i, token in zip(positions, queue_tokens, strict=True):
+        failures: list[tuple[list[str], BaseException]] = []
+        for (positions, msgs), outcome in zip(by_queue.values(), results, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, ConveyorError):  # a bug, or a cancellation
+                    raise outcome
+                failures.append(([m.id for m in msgs], outcome))
+                continue
+            for i, token in zip(positions, outcome, strict=True):
                 tokens[i] = token
+        if failures:
+            published = {ident: token for ident, token in zip(ids, tokens, strict=True)
+                         if token is not _NO_TOKEN}
+            raise publish_failure("publish_batch", ids, published, failures)
         return tokens
 
     async def close(self) -> None:

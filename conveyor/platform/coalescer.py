@@ -12,7 +12,9 @@ its message's token, and goes on while more arrived during the send. So:
   goes in the next — with no timer on the path of a lone publisher;
 * a call returns only when its message is stored. A failed send fails its calls and
   every call waiting behind it on that queue (sending those would put them before a
-  retry of the failed ones); the next call starts afresh;
+  retry of the failed ones); the next call starts afresh. A send stored in part
+  (:class:`~conveyor.PartialPublishError`) gives each of its calls its own message's
+  fate: its token, the error that refused it, or :class:`~conveyor.PublishUncertain`;
 * a call cancelled before its batch left is not sent; once sent, cancelling does not
   take it back;
 * :meth:`close` waits until every waiting message is sent (or has failed).
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from conveyor.platform.errors import ShutdownError
+from conveyor.platform.errors import PartialPublishError, PublishUncertain, ShutdownError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 
@@ -73,6 +75,11 @@ class PublishCoalescer:
                     continue
                 try:
                     tokens = await self._enqueue(queue, [m for m, _ in batch])
+                except PartialPublishError as exc:  # each caller of the batch its own fate
+                    _settle(batch, exc)
+                    _fail(waiting, next(iter(exc.failed.values()), exc))
+                    waiting.clear()
+                    continue
                 except Exception as exc:  # handed to every caller of the batch
                     batch += waiting
                     waiting.clear()
@@ -97,7 +104,20 @@ class PublishCoalescer:
             await asyncio.gather(*self._flushers.values(), return_exceptions=True)
 
 
-def _fail(batch: _Waiting, exc: Exception) -> None:
+def _settle(batch: _Waiting, exc: PartialPublishError) -> None:
+    for msg, future in batch:
+        if future.done():
+            continue
+        if msg.id in exc.published:
+            future.set_result(exc.published[msg.id])
+        elif msg.id in exc.failed:
+            future.set_exception(exc.failed[msg.id])
+        else:
+            future.set_exception(PublishUncertain(
+                f"{exc}: this message may or may not have been stored", (msg.id,)))
+
+
+def _fail(batch: _Waiting, exc: BaseException) -> None:
     for _, future in batch:
         if not future.done():
             future.set_exception(exc)

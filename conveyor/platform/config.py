@@ -50,6 +50,9 @@ Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
 Weight = Annotated[float, msgspec.Meta(ge=0, le=1000)]
 
 MAX_QUEUES = 4096
+MAX_BODY_BYTES = 512 << 20
+"""Redis' largest bulk argument (``proto-max-bulk-len``'s default)."""
+DEFAULT_MAX_BODY_BYTES = 16 << 20
 MAX_CELL_SIZE = 10_000
 
 ENV_PREFIX = "CONVEYOR_"
@@ -80,6 +83,12 @@ class QueuesConfig(_Section):
     the app's first daemon is missed); ``latest``, only what is published from then on.
     A group that exists keeps its position either way (``conveyor rewind`` moves it).
     See docs/apps-on-one-broker.md."""
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=MAX_BODY_BYTES)] = DEFAULT_MAX_BODY_BYTES
+    """Largest message body a client publishes, in bytes (16 MiB); a larger one is
+    refused before anything is sent (:class:`~conveyor.MessageTooLargeError`; in a
+    ``publish_batch``, the whole batch). At most 512 MiB, Redis' largest argument. On
+    Kafka the whole record must also fit ``[kafka] max_request_size``. See
+    docs/limits.md."""
 
 
 class MemoryConfig(_Section):
@@ -176,6 +185,13 @@ class KafkaConfig(_Section):
     """The ``client.id`` the producer and consumers send (broker logs and quotas)."""
     linger_ms: MillisOrZero = 2
     """How long the producer waits to fill a record batch (Kafka's ``linger.ms``)."""
+    max_request_size: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 1_048_576
+    """Largest produce request, in bytes, as Kafka's producer setting of that name
+    (default 1 MiB, Kafka's): one record — body, key, headers and batch framing — must
+    fit, else it is refused before anything is sent
+    (:class:`~conveyor.MessageTooLargeError`). Raise it together with the broker's
+    ``message.max.bytes`` (and the topic's ``max.message.bytes``), or the broker refuses
+    what the client lets through. See docs/limits.md."""
     idempotence: Literal["auto", "on", "off"] = "auto"
     """The idempotent producer (``acks=all`` always): a send the client retries after a
     cut connection is written once. ``auto``: on where the broker hands out producer ids,
@@ -290,6 +306,12 @@ class WorkerConfig(_Section):
     """Messages one pulling agent may hold (pulled, not yet acked) before it stops pulling."""
     max_batch: PositiveInt = 256
     """Most messages one pull asks the queue for."""
+    prefetch_bytes: PositiveInt = 64 << 20
+    """Message bodies one daemon may hold pulled and not yet acknowledged, in bytes, shared
+    evenly by its pulling agents (beside each agent's ``cache_capacity``): what bounds a
+    daemon's memory when bodies are large. An agent with nothing in its cache still pulls
+    one message, so a body larger than its share still goes through. See
+    docs/limits.md."""
     poll_timeout_ms: Millis = 500
     """How long one blocking pull waits for the first message of an idle queue."""
     drain_timeout_s: SecondsOrZero = 30.0

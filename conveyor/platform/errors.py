@@ -7,6 +7,14 @@ adapter boundary, so callers never need to import a driver to catch a failure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from conveyor.platform.ids import SequenceToken
+
+_T = TypeVar("_T")
+
 
 class ConveyorError(Exception):
     """Root of every error Conveyor raises on purpose."""
@@ -80,6 +88,50 @@ class PublishNotReplicated(PublishUncertain):
     confirmed them within ``replica_timeout_ms``: a failover before they catch up could
     lose them. ``message_ids`` as for :class:`PublishUncertain`; publishing them again
     as new messages may write them twice."""
+
+
+class PartialPublishError(BrokerError):
+    """A ``publish_batch`` stored some of its messages and not others.
+
+    Every message of the batch is in exactly one of three places, by its ``cv-id``:
+
+    - ``published``: stored, with its position in the queue (id -> token);
+    - ``failed``: surely not stored, with why (id -> the error of its queue, or of its
+      Redis chunk / Kafka record batch) — publishing these again doubles nothing;
+    - ``uncertain``: unknown, as for :class:`PublishUncertain` (the connection broke
+      after they were sent): look them up, or let handlers deduplicate by id.
+
+    ``ids`` lists every message's id in the order of the batch, so
+    :meth:`not_published` can hand back the items to publish again. What one queue
+    holds is stored in order, so retrying the failed items in their order keeps each
+    stream's order among them.
+    """
+
+    def __init__(self, message: str, ids: Sequence[str],
+                 published: Mapping[str, SequenceToken],
+                 failed: Mapping[str, BaseException],
+                 uncertain: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.ids = tuple(ids)
+        self.published = dict(published)
+        self.failed = dict(failed)
+        self.uncertain = tuple(uncertain)
+
+    def not_published(self, items: Sequence[_T]) -> list[_T]:
+        """The items of the failed batch (as given to ``publish_batch``, same order)
+        whose messages are surely not stored: the ones to publish again."""
+        if len(items) != len(self.ids):
+            raise InvalidArgumentError(
+                f"not_published takes the {len(self.ids)} items of the failed batch, "
+                f"got {len(items)}")
+        failed = self.failed
+        return [item for item, ident in zip(items, self.ids, strict=True) if ident in failed]
+
+
+class MessageTooLargeError(InvalidArgumentError):
+    """A message is larger than a limit set in the config (``[queues] max_body_bytes``,
+    ``[kafka] max_request_size``); it was refused before anything was sent. The message
+    names the size, the limit and the setting."""
 
 
 class QueueOwnedError(BrokerError):

@@ -14,6 +14,12 @@ queue order (:mod:`conveyor.platform.batcher`).
 An entry is *done* when every one of its handlers is done with it. Only the contiguous
 done prefix of the cache is acknowledged, so a crash can only cause redelivery of
 messages that were not (all) finished, never skip one.
+
+The cache is bounded twice: in messages (``capacity``, ``[worker] cache_capacity``) and
+in body bytes, by its share of the daemon's :class:`PrefetchBudget` (``[worker]
+prefetch_bytes``). A queue cannot be asked for bytes, only for a count, so
+:meth:`QueueCache.pull_size` turns the bytes left into a count with the body size the
+last pulls brought.
 """
 
 from __future__ import annotations
@@ -28,6 +34,32 @@ from conveyor.platform.delivery.chain import Step
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
+
+
+class PrefetchBudget:
+    """Body bytes one daemon's agents may hold pulled and not yet acknowledged
+    (``[worker] prefetch_bytes``), and what they hold.
+
+    A cache joins when its agent's pull loop starts and leaves when it ends (a draining
+    agent pulls no more; what it still holds stops counting), so the shares follow the
+    queues the daemon owns. A cache pulls while it is under its even share *and* the
+    daemon under its limit: an agent that started first and took more than its share
+    pulls nothing more until its acknowledgements bring it under. An empty cache may
+    always pull one message, so the daemon holds at most ``limit_bytes`` plus one body
+    per queue. One event loop; no locking.
+    """
+
+    __slots__ = ("held_bytes", "limit_bytes", "pullers")
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.pullers = 0
+        self.held_bytes = 0
+
+    def left_for(self, cache_bytes: int) -> int:
+        """Bytes a cache holding ``cache_bytes`` may still pull."""
+        share = self.limit_bytes // max(1, self.pullers)
+        return min(share - cache_bytes, self.limit_bytes - self.held_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +114,15 @@ class QueueCache:
         self.entries: deque[Entry] = deque()
         self.lanes: dict[tuple[int, StreamId], Lane] = {}
         self.ready: deque[Lane] = deque()
+        self.bytes = 0
+        """Body bytes of the entries held."""
+        self._body_bytes = 0
+        """Body size one message is expected to have: the last pull's average, or half
+        the estimate before if that is more (it rises at once, falls by halves); 0 until
+        the first pull."""
+        self._budget: PrefetchBudget | None = None
+        """The daemon's budget, between :meth:`join` and :meth:`leave`; None: no byte
+        bound."""
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -89,6 +130,54 @@ class QueueCache:
     @property
     def room(self) -> int:
         return self.capacity - len(self.entries)
+
+    def join(self, budget: PrefetchBudget) -> None:
+        """Take a share of ``budget`` (the agent's pull loop starts)."""
+        budget.pullers += 1
+        budget.held_bytes += self.bytes
+        self._budget = budget
+
+    def leave(self) -> None:
+        """Give the share back, and stop counting what is held (the pull loop ended)."""
+        budget = self._budget
+        if budget is not None:
+            budget.pullers -= 1
+            budget.held_bytes -= self.bytes
+            self._budget = None
+
+    def pull_size(self, max_batch: int) -> int:
+        """How many messages to ask the queue for: within ``max_batch``, the room left
+        in messages and, at the expected body size, in bytes (see
+        :class:`PrefetchBudget`); 0 to wait for acknowledgements. An empty cache asks
+        for one message at least (a body larger than the share still goes through,
+        alone), and for exactly one before any pull has shown the body size."""
+        room = min(self.capacity - len(self.entries), max_batch)
+        budget = self._budget
+        if budget is None:
+            return room
+        expected = self._body_bytes
+        if not expected:
+            return min(room, 1)
+        fits = budget.left_for(self.bytes) // expected
+        if fits <= 0:
+            return 0 if self.entries else min(room, 1)
+        return min(room, fits)
+
+    @property
+    def full(self) -> bool:
+        """Whether the agent pulls nothing more (in messages or in bytes) until
+        acknowledgements free room: a batch handler waiting for more runs what it has."""
+        return self.pull_size(1) <= 0
+
+    def took(self, messages: list[Message]) -> None:
+        """Count a pull's bodies (before its entries are added)."""
+        size = 0
+        for msg in messages:
+            size += len(msg.body)
+        self.bytes += size
+        if self._budget is not None:
+            self._budget.held_bytes += size
+        self._body_bytes = max(1, size // len(messages), self._body_bytes // 2)
 
     def add(self, entry: Entry, routes: tuple[Route, ...]) -> None:
         self.entries.append(entry)
@@ -118,7 +207,12 @@ class QueueCache:
         """Remove the contiguous done entries at the front; append their tokens, to
         acknowledge, to ``tokens`` (no list of its own: it runs for about every message)."""
         entries = self.entries
+        freed = 0
         while entries and entries[0].done:
-            token = entries.popleft().msg.token
-            if token is not None:
-                tokens.append(token)
+            msg = entries.popleft().msg
+            freed += len(msg.body)
+            if msg.token is not None:
+                tokens.append(msg.token)
+        self.bytes -= freed
+        if self._budget is not None:
+            self._budget.held_bytes -= freed

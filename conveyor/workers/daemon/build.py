@@ -50,7 +50,7 @@ from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.options import IdempotencyOptions
 from conveyor.platform.placement import PlacementWeights
-from conveyor.platform.queue_cache import Route
+from conveyor.platform.queue_cache import PrefetchBudget, Route
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.telemetry import Telemetry
 from conveyor.platform.watchdog import LoopWatchdog
@@ -202,7 +202,8 @@ def build_parts(
         app=app, config=config, adapter=adapter, mapper=mapper, slots=slots,
         balancer=balancer, member=member, telemetry=telemetry,
         client=Client(adapter, mapper, telemetry=telemetry,
-                      coalesce_linger_s=coalesce_linger_for(config.publish, adapter)),
+                      coalesce_linger_s=coalesce_linger_for(config.publish, adapter),
+                      max_body_bytes=config.queues.max_body_bytes),
         stats=stats, dead_letters=dead_letters,
         orphans=Orphans(put_letter, stats, app.name, config.dead_letters.unroutable),
         pool_step=pool_step, cell_step=cell_step, threads=threads, interceptors=interceptors,
@@ -212,6 +213,7 @@ def build_parts(
             cache_capacity=config.worker.cache_capacity,
             max_batch=_pull_size(app, config),
             poll_timeout_s=config.worker.poll_timeout_ms / 1000,
+            prefetch=PrefetchBudget(config.worker.prefetch_bytes),
         ),
         resources=PlacementResources(member.id, resource_sampler),
         owns_adapter=owns_adapter, owns_slots=owns_slots, owns_telemetry=owns_telemetry,
