@@ -74,11 +74,17 @@ def sim(
     as_json: bool,
     plot: Path | None,
 ) -> None:
-    """Simulate a stateless-worker pool: static (scale-up only) vs dynamic (PID scale-down).
+    """Simulate a stateless-worker pool: static vs PID scale-down.
 
-    Prints average workers and average queue length of both runs. Subcommands
-    `filter`, `placement` and `balancer` run the CDM-KF, the placement and the
-    balancer-at-scale simulations.
+    Static (scale-up only) vs dynamic (PID scale-down): prints average workers and
+    average queue length of both runs. Subcommands `filter`, `placement` and
+    `balancer` run the CDM-KF, the placement and the balancer-at-scale simulations.
+
+    \b
+    Examples:
+      conveyor sim --pattern spike
+      conveyor sim --pattern burst --seed 3 --plot burst.png
+      conveyor sim filter --signal drop
     """
     if ctx.invoked_subcommand is not None:
         if pattern or arrivals or plot or as_json:
@@ -145,7 +151,13 @@ def _series_stats(values: Any) -> dict[str, float]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None) -> None:
-    """Run a synthetic CPU signal through the CDM-KF: raw vs filtered."""
+    """Run a synthetic CPU signal through the CDM-KF: raw vs filtered.
+
+    \b
+    Examples:
+      conveyor sim filter --signal drop
+      conveyor sim filter --signal wave --plot wave.png
+    """
     from conveyor.lab.signals import make_signal
     from conveyor.platform.kalman import cdm_filter
 
@@ -208,8 +220,16 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
 def placement_command(
     trials: int, balls_per_bin: int, seed: int, as_json: bool, plot: Path | None
 ) -> None:
-    """Balls into bins for 2-1,000 daemons: random, K=2, K=ceil(sqrt n), JSQ;
-    fresh and stale (refreshed every n placements) statistics."""
+    """Balls into bins for 2-1,000 daemons: random, K=2, K=sqrt n, JSQ.
+
+    Random, K=2, K=ceil(sqrt n) and JSQ, with fresh and stale (refreshed every n
+    placements) statistics.
+
+    \b
+    Examples:
+      conveyor sim placement
+      conveyor sim placement --trials 1 --json
+    """
     from conveyor.lab.placement_sim import DEFAULT_SIZES, run
 
     stats = run(DEFAULT_SIZES, balls_per_bin=balls_per_bin, trials=trials, seed=seed)
@@ -263,9 +283,16 @@ def placement_command(
 @plot_option
 def balancer_command(daemons: int, queues: int, seed: int, steady_s: float, ramp_s: float,
                      as_json: bool, plot: Path | None) -> None:
-    """The dynamic balancer at scale on a virtual clock: the store's steady load
-    (ops, keys, bytes per second) and how long a join, a graceful leave and a crash take
-    to settle, and how many queues move."""
+    """The dynamic balancer at scale, on a virtual clock.
+
+    The store's steady load (ops, keys, bytes per second), how long a join, a graceful
+    leave and a crash take to settle, and how many queues move.
+
+    \b
+    Examples:
+      conveyor sim balancer
+      conveyor sim balancer --daemons 100 --queues 512 --json
+    """
     from conveyor.lab.balancer_sim import BalancerSimConfig, run
 
     if daemons > queues:
@@ -357,13 +384,19 @@ def _echo_balancer(r: Any) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def tune(population: int, generations: int, mutation: float, seed: int, as_json: bool) -> None:
-    """Tune the scale-down PID gains with a genetic algorithm on simulated load.
+    """Tune the scale-down PID gains with a genetic algorithm.
 
-    Trains on six arrival patterns (constant, periodic, ramp, spike, burst, chaotic);
+    On simulated load: trains on six arrival patterns (constant, periodic, ramp,
+    spike, burst, chaotic);
     Poisson is held out. Runs one GA on the mean fitness over the six, and the
     reference's method (one GA per pattern, winners averaged). Reports the plateau of
     equally good gains, and how the tuned, the averaged and the shipped default gains
     do on every pattern.
+
+    \b
+    Examples:
+      conveyor tune
+      conveyor tune --population 8 --generations 3 --json
     """
     from conveyor.lab.sim import SimConfig
     from conveyor.lab.tune import Evaluator, average_gains, tune_per_pattern

@@ -226,6 +226,6 @@ def test_a_supervisor_whose_redis_is_down_at_start_ends_with_a_message(tmp_path:
     )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("Error: process #1 could not acquire queue"), done.stderr
+    assert last.startswith("conveyor: error: process #1 could not acquire queue"), done.stderr
     assert "redis unreachable" in last
     assert "Traceback" not in done.stderr, done.stderr
