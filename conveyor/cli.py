@@ -256,10 +256,11 @@ def _parse_rewind_target(text: str) -> Any:
                    "a group nobody runs stops Redis trimming).")
 def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int, ...],
            allow_forward: bool, create_group: bool) -> None:
-    """Move an app's position back to a token or a time (workers stopped).
+    """Move an app's position back to a token or a time.
 
-    Messages from that point on are delivered again (at least once: handlers must
-    tolerate seeing them twice). A target ahead of the app's position (a later token,
+    Run it with the app's workers stopped. Messages from that point on are delivered
+    again (at least once: handlers must tolerate seeing them twice). A target ahead of
+    the app's position (a later token,
     or a time after the last message) would skip messages never handled: it is a usage
     error (exit 2) unless --allow-forward is given. So is an app with no consumer group
     on the queues (a typo, or an app that never ran), unless --create-group is given. A
@@ -269,8 +270,10 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 
     \b
     Examples:
-      conveyor rewind --app shop --to 2026-11-22T10:00:00Z --config configs/redis.toml
-      conveyor rewind --app shop --to 3:1700000000000-3 --config configs/redis.toml
+      conveyor rewind --app shop --to 2026-11-22T10:00:00Z \\
+          --config configs/redis.toml
+      conveyor rewind --app shop --to 3:1700000000000-3 \\
+          --config configs/redis.toml
     """
     from conveyor.platform.adapter import create_adapter
     from conveyor.platform.coordination import lease_owners

@@ -107,9 +107,14 @@ def as_dict(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
     return out
 
 
-def _table(found: list[StoredLetter], group: str, total: int, wide: bool) -> Any:
-    """One line per letter. Compact: id, stream, "Type: error" cut to fit, attempts,
-    time; ``wide``: handler, error type and text apart, and the letter it replays."""
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _table(found: list[StoredLetter], group: str, total: int, wide: bool, width: int) -> Any:
+    """One line per letter. Compact: id, stream, time (to the minute) and "Type: error"
+    cut to what ``width`` leaves it; ``wide``: handler, error type and text apart,
+    attempts, the time to the second and the letter it replays."""
     from rich import box
     from rich.table import Column, Table
 
@@ -120,22 +125,26 @@ def _table(found: list[StoredLetter], group: str, total: int, wide: bool) -> Any
                    Column("failed at (UTC)", no_wrap=True), "replay of"]
     else:
         columns = [Column("id", no_wrap=True), Column("stream", overflow="fold"),
-                   Column("error", no_wrap=True, overflow="ellipsis", min_width=16, ratio=1),
-                   Column("tries", justify="right"), Column("failed (UTC)", no_wrap=True)]
+                   Column("failed (UTC)", no_wrap=True),
+                   Column("error", no_wrap=True, overflow="ellipsis")]
+        # What the other columns take (each padded by 1 a side, 1 between two), so that
+        # the error gets the rest and the row stays one line; a long stream folds.
+        others = (max((len(s.id) for s in found), default=2)
+                  + min(max((len(str(s.letter.message.stream)) for s in found), default=6), 24)
+                  + len("failed (UTC)") + 2 * 4 + 3)
+        error_width = max(width - others, 16)
     table = Table(*columns, title=f"app {group}: {total} dead letter(s)", box=box.SIMPLE_HEAD,
                   show_edge=False, title_justify="left", caption_justify="left")
     for stored in found:
         letter = stored.letter
         if wide:
-            error = letter.error if len(letter.error) <= ERROR_WIDTH else (
-                letter.error[: ERROR_WIDTH - 1] + "…")
             table.add_row(stored.id, str(letter.message.stream), letter.handler or "-",
-                          letter.error_type, error, str(letter.attempts),
+                          letter.error_type, _cut(letter.error, ERROR_WIDTH), str(letter.attempts),
                           _when(letter.failed_at_ms), stored.replay_of or "-")
         else:
+            error = " ".join(f"{letter.error_type}: {letter.error}".split())
             table.add_row(stored.id, str(letter.message.stream),
-                          " ".join(f"{letter.error_type}: {letter.error}".split()),
-                          str(letter.attempts), _when(letter.failed_at_ms)[5:])
+                          _when(letter.failed_at_ms)[5:16], _cut(error, error_width))
     notes = [] if wide else ["`dlq show ID` or --json: a letter in full; --wide: more columns"]
     if len(found) < total:
         notes.insert(0, f"showing {len(found)} of {total}; --limit shows more")
@@ -186,14 +195,15 @@ def dlq() -> None:
               help="Handler, error type and letter replayed apart: for a wide terminal.")
 def list_letters(config_path: Path | None, group: str, handler: str | None,
                  error_type: str | None, limit: int, as_json: bool, wide: bool) -> None:
-    """One line per letter: id, stream, error, attempts, time.
+    """One line per letter: id, stream, time, error.
 
     The error is cut to the terminal's width (`dlq show ID` and --json give it whole).
 
     \b
     Examples:
       conveyor dlq list --app shop --config configs/redis.toml
-      conveyor dlq list --app shop --error-type ValueError --config configs/redis.toml
+      conveyor dlq list --app shop --error-type ValueError \\
+          --config configs/redis.toml
       conveyor dlq list --app shop --config configs/redis.toml --json
     """
     config = _load(config_path)
@@ -209,7 +219,8 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
         return
     from rich.console import Console
 
-    Console().print(_table(found, group, total, wide))
+    console = Console()
+    console.print(_table(found, group, total, wide, console.width))
 
 
 @dlq.command("show")
@@ -261,7 +272,8 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
     \b
     Examples:
       conveyor dlq replay --all --app shop --config configs/redis.toml
-      conveyor dlq replay --id 1700000000000-0 --app shop --config configs/redis.toml
+      conveyor dlq replay --id 1700000000000-0 --app shop \\
+          --config configs/redis.toml
       conveyor dlq replay --all --handler shop.on_order --app shop \\
           --config configs/redis.toml
     """
@@ -300,7 +312,8 @@ def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...
 
     \b
     Examples:
-      conveyor dlq purge --id 1700000000000-0 --yes --app shop --config configs/redis.toml
+      conveyor dlq purge --id 1700000000000-0 --yes --app shop \\
+          --config configs/redis.toml
       conveyor dlq purge --all --error-type DecodeError --yes --app shop \\
           --config configs/redis.toml
     """

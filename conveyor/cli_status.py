@@ -191,7 +191,7 @@ def apps_table(report: Any) -> Any:
 @wide_option
 def status(config_path: Path | None, group: str | None, as_json: bool, watch_s: float | None,
            count: int | None, wide: bool) -> None:
-    """An app's daemons, queues and lag; without --app, the apps on the queues.
+    """An app's daemons, queues and lag; without --app, every app.
 
     With --app: its daemons (queues owned, slots in use/available, handled,
     dead-lettered, skipped), per queue the owner, lag, cache fill and throughput, and
@@ -357,7 +357,8 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
     \b
     Examples:
       conveyor groups delete --app old-app --config configs/redis.toml
-      conveyor groups delete --app old-app --with-dead-letters --config configs/redis.toml
+      conveyor groups delete --app old-app --with-dead-letters \\
+          --config configs/redis.toml
     """
     from conveyor.platform.adapter import create_adapter
     from conveyor.platform.coordination import coordination_from_config
