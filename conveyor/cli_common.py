@@ -145,6 +145,33 @@ def example_lines(text: str | None) -> Sequence[str]:
     return out
 
 
+def titled(title: str, table: Any | None, notes: Sequence[Any] = ()) -> Any:
+    """A table under a title line, with notes under it: lines of the terminal's width,
+    not wrapped to the table's. No table (nothing to list): the title alone."""
+    from rich.console import Group
+    from rich.text import Text
+
+    shown = [Text(title, style="bold")]
+    if table is not None and table.row_count:
+        shown.append(table)
+    shown += [n if isinstance(n, Text) else Text(n) for n in notes]
+    return Group(*shown)
+
+
+def print_table(renderable: Any) -> None:
+    """Print a rich table on stdout: styled on a terminal; plain, without the padding
+    rich puts at the end of lines, for a pipe or a file (grep, diff, docs)."""
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    with console.capture() as captured:
+        console.print(renderable)
+    click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
 def load_config_or_exit(path: Path | None,
                         overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     """Load config; a bad one is a usage error naming the field (exit 2)."""

@@ -18,7 +18,14 @@ from typing import Any, TypeVar
 
 import click
 
-from conveyor.cli_common import fail, load_config_or_exit, usage, warn
+from conveyor.cli_common import (
+    fail,
+    load_config_or_exit,
+    print_table,
+    titled,
+    usage,
+    warn,
+)
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
 from conveyor.platform.dlq import LetterFilter, ReplayReport, letters
@@ -133,8 +140,7 @@ def _table(found: list[StoredLetter], group: str, total: int, wide: bool, width:
                   + min(max((len(str(s.letter.message.stream)) for s in found), default=6), 24)
                   + len("failed (UTC)") + 2 * 4 + 3)
         error_width = max(width - others, 16)
-    table = Table(*columns, title=f"app {group}: {total} dead letter(s)", box=box.SIMPLE_HEAD,
-                  show_edge=False, title_justify="left", caption_justify="left")
+    table = Table(*columns, box=box.SIMPLE_HEAD, show_edge=False)
     for stored in found:
         letter = stored.letter
         if wide:
@@ -148,8 +154,7 @@ def _table(found: list[StoredLetter], group: str, total: int, wide: bool, width:
     notes = [] if wide else ["`dlq show ID` or --json: a letter in full; --wide: more columns"]
     if len(found) < total:
         notes.insert(0, f"showing {len(found)} of {total}; --limit shows more")
-    table.caption = "\n".join(notes)
-    return table
+    return titled(f"app {group}: {total} dead letter(s)", table, notes)
 
 
 async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
@@ -219,8 +224,7 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
         return
     from rich.console import Console
 
-    console = Console()
-    console.print(_table(found, group, total, wide, console.width))
+    print_table(_table(found, group, total, wide, Console().width))
 
 
 @dlq.command("show")

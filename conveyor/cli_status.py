@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from conveyor.cli_common import fail, load_config_or_exit, usage, warn
+from conveyor.cli_common import fail, load_config_or_exit, print_table, titled, usage, warn
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError
 
@@ -37,12 +37,11 @@ def refuse_embedded(config: Config, command: str, why: str) -> None:
               "use --config with a redis or kafka config (e.g. configs/redis.toml)")
 
 
-def _table(*columns: Any, title: str | None = None) -> Any:
+def _table(*columns: Any) -> Any:
     from rich import box
     from rich.table import Table
 
-    return Table(*columns, title=title, box=box.SIMPLE_HEAD, show_edge=False,
-                 title_justify="left", caption_justify="left")
+    return Table(*columns, box=box.SIMPLE_HEAD, show_edge=False)
 
 
 def _right(heading: str) -> Any:
@@ -84,11 +83,11 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
              f"{_plural(report.dead_letters, 'dead letter')} stored, "
              f"lag {report.total_lag:,}")
     members = _table(_whole("daemon"), "queues", _right("slots"), _right("handled"),
-                     _right("dead"), _right("skipped"), title=title)
+                     _right("dead"), _right("skipped"))
     if wide:
         for heading in ("host", "pid", "pools / cells (workers)"):
             members.add_column(heading)
-    warnings: list[str] = []
+    notes: list[Any] = []
     for m in report.members:
         st = m.stats
         row = [m.id, queue_ranges(m.queues) or "-",
@@ -101,8 +100,9 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
             )
             row += [m.host, str(m.pid) if m.pid else "-", hosted or "-"]
         members.add_row(*row)
-        warnings += _member_warnings(m.id, st)
-    members.caption = "\n".join(["slots: in use/available; dead: dead-lettered", *warnings])
+        notes += _member_warnings(m.id, st)
+    if report.members:
+        notes.insert(0, "slots: in use/available; dead: dead-lettered")
     queues = _table(_right("queue"), _whole("owner"), _right("lag"), _right("cache"),
                     _right("acks/s"))
     for q in report.queues:
@@ -110,23 +110,26 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
         queues.add_row(str(q.queue), q.owner or "-", f"{q.lag:,}", _num(q.cache_fill),
                        "-" if rate is None else f"{rate:,.0f}")
     queues.add_row("total", "", f"{report.total_lag:,}", "", "")
-    groups = groups_table(report.groups, report.retention_follows_groups, report.at)
-    return Group(members, "", queues, "", groups)
+    groups = groups_view(report.groups, report.retention_follows_groups, report.at)
+    return Group(titled(title, members, notes), "", queues, "", groups)
 
 
-def _member_warnings(member: str, st: dict[str, float]) -> list[str]:
+def _member_warnings(member: str, st: dict[str, float]) -> list[Any]:
+    from rich.text import Text
+
     out = []
     if st.get("dead_letters.down_s") is not None:
-        out.append(f"[red]{member}: the dead-letter store has failed for "
-                   f"{_age(st['dead_letters.down_s'])}; {st.get('dead_letters.waiting', 0):.0f} "
-                   "message(s) wait unacknowledged[/red]")
+        out.append(Text(f"{member}: the dead-letter store has failed for "
+                        f"{_age(st['dead_letters.down_s'])}; "
+                        f"{st.get('dead_letters.waiting', 0):.0f} message(s) wait "
+                        "unacknowledged", style="red"))
     if st.get("dead_letters_evicted"):
-        out.append(f"{member}: {st['dead_letters_evicted']:.0f} dead letter(s) evicted by "
-                   "[dead_letters] max_entries")
+        out.append(Text(f"{member}: {st['dead_letters_evicted']:.0f} dead letter(s) evicted "
+                        "by [dead_letters] max_entries"))
     return out
 
 
-def groups_table(groups: list[Any], retention_follows_groups: bool, now: float) -> Any:
+def groups_view(groups: list[Any], retention_follows_groups: bool, now: float) -> Any:
     """Every app's group: lag, last read, members, and whom trimming waits for.
 
     "last read" (Redis) and "members" (Kafka) are shown where the backend tells them."""
@@ -134,8 +137,7 @@ def groups_table(groups: list[Any], retention_follows_groups: bool, now: float) 
 
     read = any(g.idle_s is not None for g in groups)
     members = any(g.members is not None for g in groups)
-    table = _table(_whole("group"), "queues", _right("lag"),
-                   title="consumer groups on these queues (every app)")
+    table = _table(_whole("group"), "queues", _right("lag"))
     if read:
         table.add_column("last read", justify="right")
     if members:
@@ -155,28 +157,30 @@ def groups_table(groups: list[Any], retention_follows_groups: bool, now: float) 
         table.add_row(*row, held)
     holders = [g.group for g in groups if g.holds_retention]
     if not retention_follows_groups:
-        table.caption = "retention goes by time or size here: no group holds it back"
+        note = "retention goes by time or size here: no group holds it back"
     elif holders:
-        table.caption = f"trimming waits for: {', '.join(holders)}"
+        note = f"trimming waits for: {', '.join(holders)}"
     else:
-        table.caption = "no group holds retention back"
-    return table
+        note = "no group holds retention back"
+    title = (f"{_plural(len(groups), 'consumer group')} on these queues (every app)"
+             if groups else "no consumer group on these queues")
+    return titled(title, table, [note] if groups else [])
 
 
-def apps_table(report: Any) -> Any:
+def apps_view(report: Any) -> Any:
     """``conveyor status`` without ``--app``: every app found on the queues."""
     from conveyor.platform.groups import queue_ranges
 
     table = _table(_whole("app"), _right("daemons"), "queues", _right("lag"),
-                   _right("last read"), _right("dead letters"),
-                   title=f"{_plural(len(report.apps), 'app')} on these queues")
+                   _right("last read"), _right("dead letters"))
     for a in report.apps:
         table.add_row(a.app, _num(a.daemons), queue_ranges(a.queues), f"{a.lag:,}",
                       "-" if a.idle_s is None else f"{_age(a.idle_s)} ago",
                       _num(a.dead_letters))
-    table.caption = ("conveyor status --app NAME: one app's daemons and queues"
-                     if report.apps else "no app has read these queues yet")
-    return table
+    if not report.apps:
+        return titled("no app on these queues yet (no consumer group on any of them)", None)
+    return titled(f"{_plural(len(report.apps), 'app')} on these queues", table,
+                  ["`conveyor status --app NAME`: one app's daemons and queues"])
 
 
 @click.command()
@@ -233,15 +237,13 @@ def _read(work: Any) -> Any:
 
 
 def _print_apps(config: Config, as_json: bool) -> None:
-    from rich.console import Console
-
     from conveyor.platform.status import collect_apps
 
     report = _read(collect_apps(config))
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
-    Console().print(apps_table(report))
+    print_table(apps_view(report))
 
 
 def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
@@ -261,11 +263,10 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
-    console = Console()
     if watch_s is None:
-        console.print(status_view(report, report.rates(), wide))
+        print_table(status_view(report, report.rates(), wide))
         return
-    with Live(status_view(report, report.rates(), wide), console=console,
+    with Live(status_view(report, report.rates(), wide), console=Console(),
               auto_refresh=False) as live:
         try:
             refreshes = 0
@@ -311,8 +312,6 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
       conveyor groups list --config configs/redis.toml
       conveyor groups list --config configs/kafka.toml --json
     """
-    from rich.console import Console
-
     from conveyor.platform.adapter import create_adapter
     from conveyor.platform.groups import summarise
 
@@ -333,7 +332,7 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
         click.echo(json.dumps({"groups": [asdict(g) for g in found],
                                "retention_follows_groups": follows}))
         return
-    Console().print(groups_table(found, follows, time.time()))
+    print_table(groups_view(found, follows, time.time()))
 
 
 @groups.command("delete")
