@@ -18,13 +18,13 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 
 USAGE_ERROR = 2
 """Exit status of a user's mistake: a bad argument or config (click's own, too)."""
 
 
-class CliError(click.ClickException):
+class CliError(click.ClickException, ConveyorError):
     """An error as every command prints it: ``conveyor: error: MESSAGE``, one line; the
     run failed (exit 1)."""
 
@@ -86,7 +86,8 @@ class TaskGroup(click.Group):
     def add_command(self, cmd: click.Command, name: str | None = None, *,
                     section: str = "operate") -> None:
         if section not in SECTIONS:
-            raise ValueError(f"section {section!r}: not one of {', '.join(SECTIONS)}")
+            raise InvalidArgumentError(
+                f"section {section!r}: not one of {', '.join(SECTIONS)}")
         super().add_command(cmd, name)
         self.sections.setdefault(section, []).append(name or cmd.name or "")
 
