@@ -350,9 +350,9 @@ def _rate(value: float, unit: str) -> str:
 
 def _echo_balancer(r: Any) -> None:
     cfg = r.config
-    click.echo(f"{cfg.daemons} daemons x {cfg.queues} queues, seed {cfg.seed}: lease ttl "
-               f"{cfg.lease_ttl_s:g} s, re-balance every {cfg.rebalance_interval_s:g} s, "
-               f"heartbeat {cfg.heartbeat_s:g} s")
+    click.echo(f"{cfg.daemons} daemons x {cfg.queues} queues, seed {cfg.seed}")
+    click.echo(f"lease ttl {cfg.lease_ttl_s:g} s, re-balance every "
+               f"{cfg.rebalance_interval_s:g} s, heartbeat {cfg.heartbeat_s:g} s")
     click.echo(f"steady state over {cfg.steady_s:g} s (store load):")
     click.echo(f"  {'':16} {'ops/s':>10} {'keys/s':>10} {'bytes/s':>12}")
     for load in r.load:
@@ -360,8 +360,8 @@ def _echo_balancer(r: Any) -> None:
                    f"{_rate(load.bytes_per_s, 'B'):>12}")
     total_ops = sum(load.ops_per_s for load in r.load)
     total_bytes = sum(load.bytes_per_s for load in r.load)
-    click.echo(f"  {'total':16} {total_ops:10.1f} {'':10} {_rate(total_bytes, 'B'):>12}"
-               f"   (busiest 0.1 s: {r.peak_ops_per_s:.0f} ops/s)")
+    click.echo(f"  {'total':16} {total_ops:10.1f} {'':10} {_rate(total_bytes, 'B'):>12}")
+    click.echo(f"  busiest 0.1 s: {r.peak_ops_per_s:.0f} ops/s")
     click.echo(f"  {'event':16} {'settled in':>10} {'moved':>10} {'handed off':>12} "
                f"{'doubled':>8}")
     for s in (r.startup, *r.events):
@@ -549,21 +549,18 @@ def _echo_tune_report(doc: dict[str, Any]) -> None:
         f"{doc['evaluations']} simulated runs in {doc['elapsed_s']:.1f} s"
     )
     labels = ("tuned", "averaged", "default")
-    click.echo(
-        f"{'pattern':9} {'fitness':>26} {'avg workers':>37} {'avg queue':>26}\n"
-        f"{'':9}"
-        + "".join(f" {x[:8]:>8}" for x in labels)
-        + "".join(f" {x[:8]:>8}" for x in (*labels, "static"))
-        + "".join(f" {x[:8]:>8}" for x in labels)
-    )
-    for name, row in doc["patterns"].items():
-        held = "*" if name not in doc["training_patterns"] else " "
-        click.echo(
-            f"{name + held:9}"
-            + "".join(f" {row[x]['fitness']:8.3f}" for x in labels)
-            + "".join(f" {row[x]['avg_workers']:8.2f}" for x in (*labels, "static"))
-            + "".join(f" {row[x]['avg_queue_length']:8.3f}" for x in labels)
-        )
+    # Two blocks of at most 63 columns, so the report reads in an 80-column terminal.
+    for title, columns in (
+        (f"{'fitness':>26} {'avg queue':>26}",
+         [("fitness", x, ".3f") for x in labels]
+         + [("avg_queue_length", x, ".3f") for x in labels]),
+        (f"{'avg workers':>35}", [("avg_workers", x, ".2f") for x in (*labels, "static")]),
+    ):
+        click.echo(f"{'pattern':9}{title}\n{'':9}" + "".join(f" {x[:8]:>8}" for _, x, _ in columns))
+        for name, row in doc["patterns"].items():
+            held = "*" if name not in doc["training_patterns"] else " "
+            click.echo(f"{name + held:9}" + "".join(
+                f" {row[x][key]:8{fmt}}" for key, x, fmt in columns))
     click.echo("* held out of training")
 
 
