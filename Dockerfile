@@ -20,6 +20,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY conveyor ./conveyor
+COPY configs ./configs
 RUN pip install . \
     && rm -rf /src \
     && groupadd --system --gid 10001 conveyor \

@@ -1,11 +1,11 @@
 # The two commands a new user needs: `make demo` and `make test`.
-# Both bootstrap .venv from a fresh clone on first use.
+# Both bootstrap .venv from a fresh clone on first use; `make docs` builds the docs site.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test servers bench clean
+.PHONY: demo test docs servers bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,16 @@ servers:
 	    exit 1; \
 	  fi; }
 
+# The site's --strict build is also a test (tests/unit/test_docs_site.py), so CI fails on
+# a broken link or page as it does on a failing test.
 test: $(STAMP) servers
-	$(BIN)/ruff check conveyor tests benchmarks
+	$(BIN)/ruff check conveyor tests benchmarks tools
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+
+# The docs site, from docs/ into site/: --strict fails on a broken link or a missing page.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Each prints its figure next to a baseline measured in the same run; the throughput
 # runs use the shipped configs/*.toml, and the redis and kafka ones start a private
@@ -43,4 +49,4 @@ bench: $(STAMP)
 	$(BIN)/conveyor bench scale-down
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -4,13 +4,18 @@ Average workers (and workers created) for the static pool and dynamic ones with 
 zones of 2 (shipped), 11 (the reference's, back-off 0), 1 and 4, with the idle
 keep-alive as shipped (5 s) unless ``--keepalive`` says otherwise::
 
-    python benchmarks/dead_zone_table.py [--keepalive 0]
+    .venv/bin/python benchmarks/dead_zone_table.py [--keepalive 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
+
+# Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conveyor.lab.patterns import PATTERNS, generate
 from conveyor.lab.sim import SimConfig, SimTrace, simulate

@@ -1,6 +1,6 @@
 """Where the I/O-bound Kafka run's gap to the ideal slots / latency goes.
 
-    python benchmarks/kafka_io_breakdown.py [--bootstrap HOST:PORT]
+    .venv/bin/python benchmarks/kafka_io_breakdown.py [--bootstrap HOST:PORT]
 
 The same workload as the I/O-bound figure of ``conveyor bench throughput --adapter
 kafka`` (one partition, 1,000 keys, 100 slots, a handler that sleeps 5 ms), sampled
@@ -16,7 +16,12 @@ import argparse
 import asyncio
 import itertools
 import statistics
+import sys
 import time
+from pathlib import Path
+
+# Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conveyor.bench.kafka_throughput import io_config, private_tansu
 from conveyor.bench.throughput import build_messages

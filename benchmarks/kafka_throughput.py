@@ -1,7 +1,7 @@
 """Kafka no-op throughput as configs/kafka.toml ships, next to raw aiokafka loops, and
 the I/O-bound concurrency run.
 
-    python benchmarks/kafka_throughput.py [--bootstrap HOST:PORT] [--messages N]
+    .venv/bin/python benchmarks/kafka_throughput.py [--bootstrap HOST:PORT] [--messages N]
                                           [--slots N] [--set SECTION.FIELD=VALUE] [--json]
 
 Same as ``conveyor bench throughput --adapter kafka``; see conveyor/bench/kafka_throughput.py
@@ -11,6 +11,10 @@ for what is timed. Without --bootstrap a private tansu broker (memory storage) i
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conveyor.cli import main
 

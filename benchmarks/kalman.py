@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from pathlib import Path
+
+# Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conveyor.platform.kalman import CDMKalmanFilter
 

@@ -4,7 +4,7 @@ py-spy is not a dependency of Conveyor; install it where you like, then::
 
     py-spy record -r 1000 -f raw -o /tmp/redis.txt -- \\
         .venv/bin/conveyor bench throughput --adapter redis --daemons 1 --repeats 3
-    python benchmarks/profile_breakdown.py /tmp/redis.txt
+    .venv/bin/python benchmarks/profile_breakdown.py /tmp/redis.txt
 
 Only samples taken inside the daemon's agents are counted (pulling, running,
 acknowledging); publishing and the raw floor loops are left out. Each sample goes to the

@@ -1,6 +1,6 @@
 """Redis no-op throughput as configs/redis.toml ships, next to raw redis-py loops.
 
-    python benchmarks/redis_throughput.py [--redis-url URL] [--messages N] [--daemons 2]
+    .venv/bin/python benchmarks/redis_throughput.py [--redis-url URL] [--messages N] [--daemons 2]
                                           [--slots N] [--set SECTION.FIELD=VALUE] [--json]
 
 Same as ``conveyor bench throughput --adapter redis``; see conveyor/bench/redis_throughput.py
@@ -10,6 +10,10 @@ for what is timed. Without --redis-url a private redis-server is started on a fr
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conveyor.cli import main
 

@@ -1,6 +1,6 @@
 """Stateless-worker pools after a burst: monotonic (Orleans' default) vs PID scale-down.
 
-    python benchmarks/scale_down.py [--cycles N] [--cycle-s S] [--json]
+    .venv/bin/python benchmarks/scale_down.py [--cycles N] [--cycle-s S] [--json]
 
 Same as ``conveyor bench scale-down``; see conveyor/bench/scale_down.py.
 """
@@ -8,6 +8,10 @@ Same as ``conveyor bench scale-down``; see conveyor/bench/scale_down.py.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conveyor.cli import main
 

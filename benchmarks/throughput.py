@@ -1,6 +1,6 @@
 """End-to-end no-op throughput on the embedded adapter (configs/local.toml), next to its floors.
 
-    python benchmarks/throughput.py [--messages N] [--streams S] [--repeats R] [--json]
+    .venv/bin/python benchmarks/throughput.py [--messages N] [--streams S] [--repeats R] [--json]
 
 Same as ``conveyor bench throughput --adapter memory``; see conveyor/bench/throughput.py.
 """
@@ -8,6 +8,10 @@ Same as ``conveyor bench throughput --adapter memory``; see conveyor/bench/throu
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+# Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conveyor.cli import main
 

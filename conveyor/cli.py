@@ -17,9 +17,13 @@ from typing import Any
 
 import click
 
+from conveyor.cli_asyncapi import asyncapi
 from conveyor.cli_common import TaskGroup, fail, load_config_or_exit, usage
+from conveyor.cli_configs import configs
+from conveyor.cli_dlq import dlq
 from conveyor.cli_status import groups, refuse_embedded, status
 from conveyor.deploy.cli import deploy
+from conveyor.lab.cli import sim, tune
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.version import version
 
@@ -92,9 +96,12 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     "--http-port", type=click.IntRange(1, 65_535), default=None,
     help="Serve /metrics, /healthz and /readyz on this port (overrides [http] port).",
 )
+@click.option("--reload", is_flag=True,
+              help="Development: drain and restart the worker when a .py file under the "
+                   "app's directory (or the config) changes. Needs watchfiles.")
 def worker(
     app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
-    processes: str | None, http_port: int | None,
+    processes: str | None, http_port: int | None, reload: bool,
 ) -> None:
     """Run an app's worker daemon until SIGINT/SIGTERM, then drain.
 
@@ -114,6 +121,7 @@ def worker(
       conveyor worker shop:app --config configs/redis.toml --slots 16
       conveyor worker shop:app --config configs/redis.toml --processes 1:4
       conveyor worker shop:app --config configs/redis.toml --http-port 9464
+      conveyor worker shop:app --reload
     """
     from conveyor.loader import load_app
     from conveyor.workers.daemon import DrainReport, WorkerDaemon
@@ -132,6 +140,10 @@ def worker(
         app = load_app(app_path)
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
+    if reload:
+        from conveyor.reload import worker_with_reload
+
+        sys.exit(worker_with_reload(click.get_current_context(), config))
     if processes is not None:
         from conveyor.workers.supervisor import parse_processes, run_supervisor
 
@@ -542,22 +554,20 @@ def bench_scale_down(
 
 
 
-def _register() -> None:
-    """Every command, by section (``--help`` lists them in this order); lab modules are
-    imported here, not at the top, to keep them apart from the operational commands."""
-    from conveyor.cli_dlq import dlq
-    from conveyor.lab.cli import sim, tune
-
-    for command, section in (
-        (worker, "run"), (demo, "run"), (publish, "run"),
-        (status, "inspect"), (dlq, "inspect"), (groups, "inspect"),
-        (rewind, "operate"), (deploy, "operate"),
-        (bench, "lab"), (sim, "lab"), (tune, "lab"),
-    ):
-        main.add_command(command, section=section)
-
-
-_register()
+# Every command, by section (cli_common.SECTIONS): `--help` lists them in this order.
+main.add_command(worker, section="run")
+main.add_command(demo, section="run")
+main.add_command(publish, section="run")
+main.add_command(configs, section="run")
+main.add_command(status, section="inspect")
+main.add_command(dlq, section="inspect")
+main.add_command(groups, section="inspect")
+main.add_command(asyncapi, section="inspect")
+main.add_command(rewind, section="operate")
+main.add_command(deploy, section="operate")
+main.add_command(bench, section="lab")
+main.add_command(sim, section="lab")
+main.add_command(tune, section="lab")
 
 if __name__ == "__main__":  # pragma: no cover
     main(prog_name="conveyor")

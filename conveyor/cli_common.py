@@ -101,8 +101,8 @@ class TaskGroup(click.Group):
             rows = []
             for name in self.sections.get(section, []):
                 cmd = self.get_command(ctx, name)
-                if cmd is not None and not cmd.hidden:
-                    rows.append((name, cmd.get_short_help_str(limit)))
+                if cmd is not None and not cmd.hidden:  # names padded: one column for all
+                    rows.append((name.ljust(width), cmd.get_short_help_str(limit)))
             if rows:
                 with formatter.section(title):
                     formatter.write_dl(rows, col_max=width)

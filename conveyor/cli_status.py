@@ -289,7 +289,7 @@ def _where_daemons_register(config: Config) -> str:
 
 @click.group("groups")
 def groups() -> None:
-    """Consumer groups on the queues: list them, delete one nobody runs.
+    """Consumer groups on the queues: list, delete one nobody runs.
 
     \b
     Examples:

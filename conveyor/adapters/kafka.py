@@ -231,7 +231,7 @@ class KafkaReceiver(QueueReceiver):
                 consumer = self._consumer
                 committed = await fetch_committed(consumer, self._tp)
                 if committed is None:
-                    start = (await consumer.beginning_offsets([self._tp]))[self._tp]
+                    start = await adapter.new_group_offset(consumer, self._tp, commit=True)
                     done: set[int] = set()
                 else:
                     start, meta = committed
@@ -349,8 +349,11 @@ class KafkaAdapter(QueueAdapter):
     name = "kafka"
     coalesce_publishes = False  # the producer batches concurrent sends itself (linger_ms)
 
-    def __init__(self, config: KafkaConfig, total_queues: int) -> None:
+    def __init__(self, config: KafkaConfig, total_queues: int, *,
+                 new_group_start: str = "earliest") -> None:
         self.config = config
+        self.new_group_start = new_group_start
+        """``[queues] new_group_start``: where a group with no committed offset starts."""
         self.topic = config.topic
         self.dlq_topic = f"{config.topic}.conveyor-dlq"
         self._dlq_ready = False
@@ -570,6 +573,24 @@ class KafkaAdapter(QueueAdapter):
             self._probes[group] = consumer
         return consumer
 
+    async def new_group_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition, *,
+                               commit: bool = False) -> int:
+        """Where ``consumer``'s group, which committed nothing on ``tp``, starts: the
+        partition's first offset, or with ``new_group_start = "latest"`` its high
+        watermark — then committed with ``commit``, so that a daemon stopped before its
+        first acknowledgement does not move the start to a later end."""
+        start = int((await consumer.beginning_offsets([tp]))[tp])
+        if self.new_group_start != "latest":
+            return start
+        start = await self.high_watermark(consumer, tp, start)
+        if commit:
+            try:
+                await consumer.commit({tp: OffsetAndMetadata(start, "")})
+            except (kerrors.CommitFailedError, kerrors.IllegalStateError) as exc:
+                log.warning("%s: could not record the new group's start %d (%s)", tp, start,
+                            exc)
+        return start
+
     async def high_watermark(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
                              from_offset: int, timeout_s: float = 5.0) -> int:
         """The partition's high watermark, as a fetch response reports it."""
@@ -590,7 +611,7 @@ class KafkaAdapter(QueueAdapter):
             tp = TopicPartition(self.topic, queue)
             committed = await fetch_committed(consumer, tp)
             if committed is None:
-                start = int((await consumer.beginning_offsets([tp]))[tp])
+                start = await self.new_group_offset(consumer, tp)
                 done = 0
             else:
                 start = int(committed[0])
@@ -700,4 +721,5 @@ def letter_from_record(record: Any, app: str, topic: str, default_ns: str) -> De
 
 
 def from_config(config: Config) -> KafkaAdapter:
-    return KafkaAdapter(config.kafka, config.queues.total)
+    return KafkaAdapter(config.kafka, config.queues.total,
+                        new_group_start=config.queues.new_group_start)

@@ -89,13 +89,14 @@ class MemoryBroker:
             log = self.logs[queue] = _Log()
         return log
 
-    def cursor(self, group: str, queue: int) -> _Cursor:
+    def cursor(self, group: str, queue: int, *, at_end: bool = False) -> _Cursor:
         key = (group, queue)
         cursor = self.cursors.get(key)
         if cursor is None:
-            # A new group starts at the oldest retained message: nothing published
-            # before its first consumer is skipped.
-            cursor = self.cursors[key] = _Cursor(self.log(queue).base)
+            # A new group starts at the oldest retained message (nothing published before
+            # its first consumer is skipped), or with at_end at what comes next.
+            log = self.log(queue)
+            cursor = self.cursors[key] = _Cursor(log.end if at_end else log.base)
         return cursor
 
     def append(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
@@ -151,12 +152,13 @@ def reset_broker(name: str = "default") -> None:
 
 
 class MemoryReceiver(QueueReceiver):
-    def __init__(self, broker: MemoryBroker, queue: int, group: str) -> None:
+    def __init__(self, broker: MemoryBroker, queue: int, group: str, *,
+                 at_end: bool = False) -> None:
         self._broker = broker
         self._queue = queue
         self._group = group
         self._log = broker.log(queue)
-        self._cursor = broker.cursor(group, queue)
+        self._cursor = broker.cursor(group, queue, at_end=at_end)
         self._closed = False
         self._holder = "a receiver in this process"
 
@@ -239,16 +241,18 @@ class MemoryAdapter(QueueAdapter):
     name = "memory"
     coalesce_publishes = False  # an in-process append: no round trip to share
 
-    def __init__(self, broker_name: str = "default", *, max_dead_letters: int = 0) -> None:
+    def __init__(self, broker_name: str = "default", *, max_dead_letters: int = 0,
+                 new_group_start: str = "earliest") -> None:
         self.broker = broker(broker_name)
         self.max_dead_letters = max_dead_letters
         """``[dead_letters] max_entries``: 0 keeps every letter."""
+        self.new_groups_at_end = new_group_start == "latest"
 
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         return self.broker.append(queue, messages)
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
-        receiver = MemoryReceiver(self.broker, queue, group)
+        receiver = MemoryReceiver(self.broker, queue, group, at_end=self.new_groups_at_end)
         self.broker.receivers.add(receiver)
         return receiver
 
@@ -370,4 +374,5 @@ class MemoryAdapter(QueueAdapter):
 
 
 def from_config(config: Any) -> MemoryAdapter:
-    return MemoryAdapter(config.memory.broker, max_dead_letters=config.dead_letters.max_entries)
+    return MemoryAdapter(config.memory.broker, max_dead_letters=config.dead_letters.max_entries,
+                         new_group_start=config.queues.new_group_start)

@@ -472,12 +472,62 @@ class RedisReceiver(QueueReceiver):
             self._history_from = last
         decode = self._decoder.decode
         out = [decode(eid, fields) for eid, fields in entries if fields]
+        if start != b">" and out:
+            out = await self._with_deliveries(out, entries[0][0], last, len(entries))
         if len(out) < len(entries):  # pending, but trimmed or deleted meanwhile: ack them
             queue = self._queue
             await self.messages_delivered(
                 [token_of(eid, queue) for eid, fields in entries if not fields]
             )
         return out
+
+    async def _with_deliveries(self, out: list[Message], first: bytes, last: bytes,
+                               count: int) -> list[Message]:
+        """Entries re-read from this consumer's pending list (after a take-over, or a
+        lost reply) with the delivery count Redis keeps for each (``XPENDING``): the
+        claim moves entries with ``JUSTID``, which counts nothing, and each re-read
+        counts one. Entries read new (``>``) are on their first delivery: no call."""
+        reply = await self._caller.once(
+            f"reading delivery counts on queue {self._queue}",
+            lambda: self._redis.xpending_range(
+                self._stream, self._group, first, last, count, self._consumer),
+        )
+        counts: dict[str, int] = {}
+        for row in reply or ():
+            if isinstance(row, dict):
+                eid, n = row["message_id"], row["times_delivered"]
+            else:
+                eid, n = row[0], row[3]
+            counts[eid.decode() if isinstance(eid, bytes) else str(eid)] = int(n)
+        replace = msgspec.structs.replace
+        marked = []
+        for m in out:
+            n = counts.get(f"{m.token.major}-{m.token.minor}", 1) if m.token else 1
+            marked.append(m if n <= 1 else replace(m, deliveries=n))
+        return marked
+
+    async def handed_back(self, tokens: Sequence[SequenceToken]) -> None:
+        """``XCLAIM ... RETRYCOUNT 0 JUSTID``: the next owner's read of its pending
+        list then counts them as first deliveries again."""
+        for i in range(0, len(tokens), _ACK_CHUNK):
+            ids = [f"{t.major}-{t.minor}" for t in tokens[i:i + _ACK_CHUNK]]
+            await self._caller.once(
+                f"handing back unstarted messages of queue {self._queue}",
+                lambda ids=ids: self._redis.xclaim(  # type: ignore[misc]
+                    self._stream, self._group, self._consumer, 0, ids, retrycount=0,
+                    justid=True))
+
+    async def count_start(self, msg: Message) -> int:
+        """``HINCRBY`` of the message's field in the queue's start counts (a hash beside
+        the stream, same hash slot, kept as long as entries are: ``retention_s``)."""
+        assert msg.token is not None
+        key = f"{self._adapter.keys.prefix}:starts:{{{self._stream}}}"
+        field = f"{self._group} {msg.token.major}-{msg.token.minor}"
+        ttl_s = max(int(self._retention_ms / 1000), 3600)
+        what = f"counting a redelivered message's start on queue {self._queue}"
+        starts = await self._caller.retrying(what, lambda: self._redis.hincrby(key, field, 1))
+        await self._caller.retrying(what, lambda: self._redis.expire(key, ttl_s))
+        return int(starts)
 
     async def _replicated(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """``script``'s reply; with ``[redis] min_replicas``, after ``WAIT`` on the same
@@ -557,8 +607,10 @@ class RedisAdapter(QueueAdapter):
     name = "redis"
 
     def __init__(self, cfg: Any, *, redis: aioredis.Redis | None = None,
-                 max_dead_letters: int = 0) -> None:
+                 max_dead_letters: int = 0, new_group_start: str = "earliest") -> None:
         self.cfg = cfg
+        self.new_group_id = "$" if new_group_start == "latest" else "0"
+        """Where ``XGROUP CREATE`` puts a new group: ``[queues] new_group_start``."""
         self.max_dead_letters = max_dead_letters
         """``[dead_letters] max_entries``: 0 keeps every letter."""
         # Any: redis-py 8 types replies as unions of every protocol shape.
@@ -594,13 +646,14 @@ class RedisAdapter(QueueAdapter):
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
 
     async def ensure_group(self, queue: int, group: str) -> None:
-        """Create ``group`` on the queue's stream at its start (all retained entries)."""
+        """Create ``group`` on the queue's stream where ``[queues] new_group_start`` says:
+        at its start (every retained entry) or its end (what is added from now on)."""
         stream = self.keys.queue(queue)
 
         async def create() -> None:
             try:
-                await self.redis.xgroup_create(stream, check_name(group, "app name"), "0",
-                                               mkstream=True)
+                await self.redis.xgroup_create(stream, check_name(group, "app name"),
+                                               self.new_group_id, mkstream=True)
             except rex.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
@@ -868,7 +921,8 @@ class RedisAdapter(QueueAdapter):
 
 
 def from_config(config: Any) -> RedisAdapter:
-    return RedisAdapter(config.redis, max_dead_letters=config.dead_letters.max_entries)
+    return RedisAdapter(config.redis, max_dead_letters=config.dead_letters.max_entries,
+                        new_group_start=config.queues.new_group_start)
 
 
 async def wait_ready(adapter: RedisAdapter, timeout_s: float = 10.0) -> None:

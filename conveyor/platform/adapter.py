@@ -93,6 +93,25 @@ class QueueReceiver(ABC):
     async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
         """Acknowledge these messages: they are done for this group."""
 
+    async def handed_back(self, tokens: Sequence[SequenceToken]) -> None:  # noqa: B027
+        """A graceful drain hands these messages back unstarted (on their first
+        delivery): the backend may undo the delivery it counted for them, so that the
+        next owner does not take them for redelivered ones (which run one at a time)."""
+
+    async def count_start(self, msg: Message) -> int:
+        """Record, durably, that a handler is about to start ``msg``, which was delivered
+        before (``msg.deliveries > 1``), and return how many times a handler has started
+        it since its first delivery, this time included.
+
+        Only redelivered messages pay this round trip (the agent runs them one at a
+        time, see :mod:`conveyor.platform.agent`): what the next owner needs after
+        another crash is how often the message was *started*, not how often it was
+        read, so the messages held unstarted behind a poison one (in its stream, or in
+        the batch it killed) are not blamed for it. A backend that cannot record it
+        returns ``msg.deliveries - 1`` (every read counted as a start).
+        """
+        return msg.deliveries - 1
+
     @abstractmethod
     async def lag(self) -> int:
         """Messages of this queue the group has not yet finished (undelivered + pending)."""

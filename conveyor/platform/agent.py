@@ -52,6 +52,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.batcher import Batcher
@@ -63,6 +65,7 @@ from conveyor.platform.message import Message
 from conveyor.platform.queue_cache import Entry, Lane, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
+from conveyor.platform.watchdog import LoopWatchdog
 
 log = logging.getLogger("conveyor.agent")
 
@@ -109,6 +112,8 @@ class PullingAgent:
         slots: SlotSupplier,
         settings: AgentSettings,
         owned_until: Callable[[], float] | None = None,
+        watchdog: LoopWatchdog | None = None,
+        redelivery: asyncio.Lock | None = None,
     ) -> None:
         self.queue = queue
         self.receiver = receiver
@@ -150,6 +155,12 @@ class PullingAgent:
         self._note_out_of_order = (
             receiver.message_done_out_of_order if receiver.records_done_out_of_order else None
         )
+        # A handler that blocked the loop: the runner yields before its next start, so
+        # the watchdog's probe (and everything else waiting) runs between two blockers.
+        self._watchdog = watchdog or LoopWatchdog()
+        self._careful = redelivery or asyncio.Lock()
+        """Held while a redelivered message runs (see :meth:`_count_start`); one for the
+        whole daemon, so that a crash is blamed on the one redelivered message running."""
         self.pulled = 0
         self.acked = 0
         self.max_cache_fill = 0
@@ -206,8 +217,25 @@ class PullingAgent:
             log.warning("queue %d: the last acknowledgements did not go through in %.1fs; "
                         "those messages will be redelivered to the next owner",
                         self.queue, grace)
+        await self._hand_back()
         await self.receiver.shutdown()
         return finished
+
+    async def _hand_back(self) -> None:
+        """Tell the receiver which first deliveries go back unstarted (see
+        :meth:`QueueReceiver.handed_back`); best effort, within the ack grace."""
+        if self._fenced or not self._may_act():
+            return
+        tokens = [e.msg.token for e in self.cache.entries
+                  if not e.started and e.msg.token is not None and e.msg.deliveries == 1]
+        if not tokens:
+            return
+        try:
+            async with asyncio.timeout(ACK_GRACE_S):
+                await self.receiver.handed_back(tokens)
+        except Exception as exc:  # best effort: the drain goes on whatever happens
+            log.info("queue %d: could not hand back %d unstarted message(s) (%s); the "
+                     "next owner counts them as redelivered", self.queue, len(tokens), exc)
 
     def _check_quiet(self) -> None:
         if self._stopping and not self._running and not self.cache.ready:
@@ -377,11 +405,17 @@ class PullingAgent:
         queue = self.queue
         loop = asyncio.get_running_loop()
         clock = time.monotonic
+        watchdog = self._watchdog
         permit: SlotPermit | None = None
         marked = False  # permit.mark_used has run (it acts on a permit's first call only)
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
+                if watchdog.stalled:
+                    # A call blocked the loop: start nothing before the watchdog's probe
+                    # has run, so that blockers one after another are separate stalls.
+                    await asyncio.sleep(0)
+                    continue
                 if permit is None:
                     marked = False
                     permit = slots.try_reserve_slot(ctx)
@@ -411,10 +445,17 @@ class PullingAgent:
                     marked = True
                 lane.running = True
                 self._running += 1
+                careful = False  # holding _careful (a redelivered message: _count_start)
                 try:
+                    if msg.deliveries > 1:
+                        await self._careful.acquire()
+                        careful = True
+                        msg = await self._count_start(msg)
                     await route.chain(Delivery(msg, route.handler))
                 except BaseException:
                     permit.release()  # cancelled: the call did not complete
+                    if careful:
+                        self._careful.release()
                     raise
                 finally:
                     lane.running = False
@@ -422,6 +463,11 @@ class PullingAgent:
                 entry = cache.finish_head(lane)
                 if entry.done:
                     self._entry_done(entry)
+                if careful:
+                    try:
+                        await self._acks_sent()
+                    finally:
+                        self._careful.release()
                 if not (ready and keep(permit)):  # the supplier may let it carry the next
                     permit.release(SlotReleaseReason.TASK_COMPLETE)
                     permit = None
@@ -432,6 +478,27 @@ class PullingAgent:
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter
+
+    async def _count_start(self, msg: Message) -> Message:
+        """A redelivered message (its previous holder stopped before finishing it): run
+        one at a time in the daemon (``_careful``, released once its acknowledgement is
+        sent), its start counted durably first, so that a message that kills or stalls
+        every worker is caught by its own count (``max_deliveries``, checked by the
+        decode step) and the messages held beside it are not blamed for it. Messages on
+        their first delivery run as usual beside it: a crash one of them causes counts
+        against the redelivered message running then (at most one start too many)."""
+        try:
+            starts = await self.receiver.count_start(msg)
+        except ConveyorError as exc:
+            log.warning("queue %d: could not count the start of redelivered message %s "
+                        "(%s); counting its deliveries instead", self.queue, msg.id, exc)
+            return msg
+        return msgspec.structs.replace(msg, deliveries=starts + 1)
+
+    async def _acks_sent(self) -> None:
+        """Until the acknowledgements under way (and those they gathered) are sent."""
+        while (task := self._ack_task) is not None:
+            await asyncio.wait([task])
 
     # -- batches (conveyor.platform.batcher) ---------------------------------------------
     def _split_batches(

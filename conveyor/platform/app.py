@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +28,9 @@ class App:
 
         @app.handler("orders")
         async def on_order(order: Order) -> None: ...
+
+        @app.handler("invoices")
+        def on_invoice(invoice: Invoice) -> None: ...  # blocking code: runs on a thread
 
     ``interceptors`` wrap every handler's delivery, in the given order, inside retry
     (see :class:`~conveyor.platform.delivery.chain.Interceptor` for the contract).
@@ -61,7 +65,17 @@ class App:
     def handler(
         self, namespace: str, *, name: str | None = None, **options: Any
     ) -> Callable[[F], F]:
-        """Declare an ``async def`` handler for every message of ``namespace``.
+        """Declare a handler for every message of ``namespace``.
+
+        An ``async def`` handler runs on the event loop and must not block it. A plain
+        ``def`` handler runs on a thread of the daemon's handler threads
+        (:mod:`conveyor.workers.threads`): it may block (sync drivers, ``time.sleep``,
+        CPU work that releases the GIL); each call holds its slot while its thread runs,
+        so ``[slots]`` bounds these calls as any, and the current span and other
+        ``contextvars`` are carried into the thread. A thread cannot be interrupted: a
+        drain that times out abandons a running call (its message is redelivered), it
+        does not stop it. Generators, and plain functions that wrap an ``async def``,
+        are refused.
 
         The first parameter's annotation decides how the body is decoded (a msgspec
         Struct, ``dict``, ``list``, ``bytes`` or ``str``); an optional second parameter
@@ -92,7 +106,17 @@ class App:
         return register
 
     def startup(self, hook: Hook) -> Hook:
-        """Run ``hook(client)`` once when a daemon of this app has started."""
+        """Run ``hook(client)`` once when a daemon of this app has started.
+
+        Hooks are ``async def``: the client they receive publishes with ``await``. Do
+        blocking set-up inside one with ``await asyncio.to_thread(...)``.
+        """
+        if not inspect.iscoroutinefunction(hook):
+            raise HandlerDeclarationError(
+                f"startup hook {getattr(hook, '__qualname__', hook)!r}: declare it "
+                "`async def` (it receives the async Client; run blocking set-up in it "
+                "with `await asyncio.to_thread(...)`)"
+            )
         self.on_startup.append(hook)
         return hook
 

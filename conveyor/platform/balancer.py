@@ -18,6 +18,16 @@ lease as lost once its local deadline, less a safety margin, has passed without 
 renewal; the other re-balances on membership events, lease releases, or every
 ``rebalance_interval_s``. They are separate so a long drain never delays a renewal.
 
+**A blocked event loop costs no lease.** Given ``keeper_stores`` (a factory of a second
+membership and lease store), the renewals and membership heartbeats run on a
+:class:`~conveyor.platform.keeper.Keeper` thread with those stores, so a handler that
+blocks the daemon's loop does not stop them. They go on only while the loop's stall
+(:meth:`LoopWatchdog.stall_s`) stays below the lease's tolerance (``ttl - margin``): a
+longer stall stops the renewals, the leases lapse and are reported lost, and the queues
+go to another daemon — which counts a delivery against every message it takes over, so a
+message that stalls every worker ends as a dead letter (``max_deliveries``) instead of
+looping. Acquiring, releasing and re-balancing stay on the daemon's loop.
+
 A queue whose start fails (the listener raises: the broker stayed unreachable, the
 lease moved while the previous owner's entries were being claimed...) is not kept:
 its lease is released and a later re-balance takes it again, after a back-off that
@@ -29,15 +39,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import BrokerConnectionError
+from conveyor.platform.keeper import Keeper
 from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
 from conveyor.platform.membership import (
     MemberInfo,
@@ -46,8 +58,8 @@ from conveyor.platform.membership import (
     timer_phase,
 )
 from conveyor.platform.placement import PlacementWeights, resource_split
-from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.throttled_log import ThrottledLog
+from conveyor.platform.watchdog import LoopWatchdog
 
 log = logging.getLogger("conveyor.balancer")
 
@@ -242,6 +254,8 @@ class DynamicBalancer(QueueBalancer):
         rebalance_interval_s: float = 1.0,
         placement: Placement | None = None,
         clock: Callable[[], float] = time.monotonic,
+        keeper_stores: Callable[[], tuple[Membership, LeaseStore]] | None = None,
+        watchdog: LoopWatchdog | None = None,
     ) -> None:
         self.membership = membership
         # The lease store's clock (a simulation passes its virtual one).
@@ -256,7 +270,7 @@ class DynamicBalancer(QueueBalancer):
         self._held: dict[int, Lease] = {}
         self._member: MemberInfo | None = None
         self._listener: BalanceListener | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Future[None]] = []
         self._stopping = False
         self._queue_locks: dict[int, asyncio.Lock] = {}
         self._stats: StatsProvider | None = None
@@ -270,6 +284,19 @@ class DynamicBalancer(QueueBalancer):
         self._split_marks: tuple[int | None, int | None] | None = None
         self._full_due = 0.0  # when a settled daemon re-balances in full anyway
         self._unreachable = ThrottledLog(log, interval_s=30.0)
+        # Liveness off the loop (see the module's docstring): where renewals and
+        # heartbeats go — the keeper's own stores, or these when there is no keeper.
+        self._keeper_stores = keeper_stores
+        self._keeper: Keeper | None = None
+        self._live_membership = membership
+        self._live_leases = leases
+        self._watchdog = watchdog
+        self._stall_limit_s = lease_ttl_s - self.safety_margin_s
+        self._stall_reported = False
+        self._stall_left = False
+        self._main_loop: asyncio.AbstractEventLoop | None = None
+        # _held is written by both loops: a check-then-set holds this lock.
+        self._held_lock = threading.Lock()
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
@@ -298,17 +325,50 @@ class DynamicBalancer(QueueBalancer):
         """
         self._member = member
         self._listener = listener
+        self._main_loop = asyncio.get_running_loop()
+        if self._keeper_stores is not None and self._keeper is None:
+            self._keeper = Keeper()
+            self._keeper.start()
+            self._live_membership, self._live_leases = await self._keeper.run(
+                _build(self._keeper_stores))
         try:
-            await self.membership.join(member)
+            await self._live(self._live_membership.join(member))
             await self._rebalance()
         except BrokerConnectionError as exc:
             log.warning("membership store unreachable at start (%s); joining in the "
                         "background every %.1fs", exc, self.rebalance_interval_s)
         self._tasks = [
-            asyncio.create_task(self._renew_loop(), name="balancer-renew"),
+            self._spawn_live(self._renew_loop(), "balancer-renew"),
             asyncio.create_task(self._balance_loop(), name="balancer-balance"),
             asyncio.create_task(self._heartbeat_loop(), name="balancer-heartbeat"),
         ]
+
+    async def _live(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a membership write where the heartbeats run (the keeper, if any)."""
+        if self._keeper is None:
+            await coro
+        else:
+            await self._keeper.run(coro)
+
+    def _spawn_live(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Future[None]:
+        """A liveness loop on the keeper (cancelled through the returned future), or a
+        task of this loop without one."""
+        if self._keeper is None:
+            return asyncio.create_task(coro, name=name)
+        return asyncio.wrap_future(self._keeper.submit(coro))
+
+    def _on_main(self, coro: Coroutine[Any, Any, None]) -> Coroutine[Any, Any, None] | None:
+        """``coro`` to await here when on the daemon's loop; else it is sent there (not
+        waited for: the daemon's loop may be the one that is blocked) and None returned."""
+        loop = self._main_loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is None or here is loop:
+            return coro
+        asyncio.run_coroutine_threadsafe(coro, loop)
+        return None
 
     async def stop(self) -> None:
         self._stopping = True
@@ -321,26 +381,31 @@ class DynamicBalancer(QueueBalancer):
             done, pending = await asyncio.wait(self._tasks, timeout=TASKS_STOP_S)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
-                    log.error("balancer task %s failed", task.get_name(),
+                    log.error("balancer task %s failed", _name(task),
                               exc_info=task.exception())
             if pending:
                 log.error("balancer task(s) %s did not stop within %.0fs of being "
                           "cancelled; handing the queues over anyway",
-                          sorted(t.get_name() for t in pending), TASKS_STOP_S)
+                          sorted(_name(t) for t in pending), TASKS_STOP_S)
         assert self._member is not None
         # Leave first so the others recompute their shares, then hand every queue over:
         # drained and acknowledged before its lease is released.
         try:
-            await self.membership.leave(self._member.id)
+            await self._live(self._live_membership.leave(self._member.id))
         except BrokerConnectionError as exc:  # our record lapses with its TTL instead
             log.warning("could not leave the membership (%s); the record lapses", exc)
-        renewing = asyncio.create_task(self._renew_loop())
+        renewing = self._spawn_live(self._renew_loop(), "balancer-renew-stop")
         try:
             await asyncio.gather(*(self._give_up(q) for q in list(self._held)))
         finally:
-            await cancel_and_wait(renewing)
+            renewing.cancel()
+            await asyncio.wait([renewing], timeout=TASKS_STOP_S)
             await self.membership.close()
             await self.leases.close()
+            if self._keeper is not None:
+                keeper, self._keeper = self._keeper, None
+                await keeper.run(_close(self._live_membership, self._live_leases))
+                keeper.stop()
 
     # -- re-balancing ------------------------------------------------------------------
     def _phase(self) -> float:
@@ -406,7 +471,7 @@ class DynamicBalancer(QueueBalancer):
         marks = (await self.membership.version(), await self.leases.generation())
         members = await self._members()
         if me not in {m.id for m in members}:  # our record lapsed: register again
-            await self.membership.join(self._member)
+            await self._live(self._live_membership.join(self._member))
             members = sorted([*members, self._member], key=lambda m: m.id)
             marks = (None, None)
         self._joined = True
@@ -470,7 +535,8 @@ class DynamicBalancer(QueueBalancer):
         self._failed_starts[queue] = (failures, self._clock() + backoff_s)
         log.warning("queue %d: start failed (%s: %s); releasing it, retrying in %.1fs "
                     "(failure %d)", queue, type(exc).__name__, exc, backoff_s, failures)
-        self._held.pop(queue, None)
+        with self._held_lock:
+            self._held.pop(queue, None)
         try:
             await self._listener.queue_lost(queue)  # whatever the start left behind
         except Exception:
@@ -488,7 +554,8 @@ class DynamicBalancer(QueueBalancer):
             if lease is None:
                 return
             await self._listener.queue_released(queue)
-            self._held.pop(queue, None)
+            with self._held_lock:
+                self._held.pop(queue, None)
             await self.leases.release(lease)
             log.info("released queue %d", queue)
 
@@ -498,33 +565,55 @@ class DynamicBalancer(QueueBalancer):
 
         Ticks every ttl/10, so a lease whose renewals fail is reported lost between
         ``ttl - margin`` and ``ttl - margin + ttl/10`` after its last renewal: before the
-        store can expire it and hand it to someone else.
+        store can expire it and hand it to someone else. Runs on the keeper when there is
+        one; then it renews only while the daemon's loop is not stalled past the lease's
+        tolerance (see the module's docstring).
         """
         tick_s = self.lease_ttl_s / 10
         renew_when_left_s = self.lease_ttl_s * 2 / 3
         delay_s = tick_s * self._phase()  # the first tick early: out of step with others
+        leases = self._live_leases
         while True:
             await asyncio.sleep(delay_s)
             delay_s = tick_s
+            renewing = self._loop_answers()
+            if not renewing and not self._stall_left:
+                await self._leave_stalled()
             for queue, lease in list(self._held.items()):
-                if lease.deadline - self._clock() <= renew_when_left_s:
+                if renewing and lease.deadline - self._clock() <= renew_when_left_s:
                     try:
                         # asyncio.timeout, not wait_for: wait_for can swallow the
                         # cancellation that stops this loop (Python 3.11), which then
                         # never ends and stop() waits on it for ever.
                         async with asyncio.timeout(tick_s * 2):
-                            renewed = await self.leases.renew(lease, self.lease_ttl_s)
+                            renewed = await leases.renew(lease, self.lease_ttl_s)
                     except Exception as exc:  # store unreachable: keep the old deadline
                         log.warning("queue %d: lease renewal failed: %s", queue, exc)
                         renewed = lease
-                    if self._held.get(queue) is not lease:
-                        continue  # released or lost meanwhile
+                    with self._held_lock:
+                        if self._held.get(queue) is not lease:
+                            continue  # released or lost meanwhile
+                        if renewed is not None:
+                            self._held[queue] = renewed
                     if renewed is None:
                         await self._lost(queue)
                         continue
-                    self._held[queue] = renewed
                 if not self.lease_valid(queue) and queue in self._held:
                     await self._lost(queue)
+
+    def _loop_answers(self) -> bool:
+        """False while the daemon's loop is stalled past the leases' tolerance."""
+        stall_s = self._watchdog.stall_s() if self._watchdog is not None else 0.0
+        if stall_s < self._stall_limit_s:
+            self._stall_reported = self._stall_left = False
+            return True
+        if not self._stall_reported and self._held:
+            self._stall_reported = True
+            log.warning("the event loop has been blocked for %.1fs (past the lease's "
+                        "%.1fs tolerance): no longer renewing the leases of queues %s; "
+                        "they go to another daemon", stall_s, self._stall_limit_s,
+                        sorted(self._held))
+        return False
 
     async def _heartbeat_loop(self) -> None:
         """Refresh this daemon's membership record (and its stats) every ttl/3."""
@@ -536,17 +625,50 @@ class DynamicBalancer(QueueBalancer):
             if self._stats is not None:
                 self._member = msgspec.structs.replace(self._member, stats=self._stats())
             try:
-                await self.membership.heartbeat(self._member)
+                await self._live(self._live_membership.heartbeat(self._member))
             except Exception as exc:
                 log.warning("membership heartbeat failed: %s", exc)
 
+    async def _leave_stalled(self) -> None:
+        """Leave the membership while stalled past the tolerance, so that the others'
+        split no longer counts this daemon and they take its queues once the leases lapse
+        (its next re-balance, once its loop answers again, joins again)."""
+        self._stall_left = True
+        if self._member is None:
+            return
+        try:
+            await self._live_membership.leave(self._member.id)
+        except Exception as exc:
+            log.warning("could not leave the membership while stalled: %s", exc)
+
     async def _lost(self, queue: int) -> None:
+        """Drop a lost lease and stop its queue (on the daemon's loop: from the keeper,
+        sent there without waiting)."""
         assert self._listener is not None
-        lease = self._held.pop(queue, None)
+        with self._held_lock:
+            lease = self._held.pop(queue, None)
         if lease is None:
             return
         log.warning("lost the lease of queue %d (token %d); stopping it", queue, lease.token)
-        await self._listener.queue_lost(queue)
+        here = self._on_main(self._listener.queue_lost(queue))
+        if here is not None:
+            await here
+
+
+def _name(task: asyncio.Future[None]) -> str:
+    return task.get_name() if isinstance(task, asyncio.Task) else "balancer-renew"
+
+
+async def _build(
+    factory: Callable[[], tuple[Membership, LeaseStore]],
+) -> tuple[Membership, LeaseStore]:
+    """Build the keeper's stores on the keeper's loop (their pools bind to it)."""
+    return factory()
+
+
+async def _close(membership: Membership, leases: LeaseStore) -> None:
+    await membership.close()
+    await leases.close()
 
 
 _LOCAL: dict[str, tuple[MemoryMembership, MemoryLeaseStore]] = {}

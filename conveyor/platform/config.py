@@ -76,6 +76,12 @@ class QueuesConfig(_Section):
     4096: each queue is a Redis stream or a Kafka partition (Kafka advises a few thousand
     partitions per broker at most) and a pulling agent in the daemon that owns it, and a
     ring of 4096 already spreads streams over far more daemons than one app runs."""
+    new_group_start: Literal["earliest", "latest"] = "earliest"
+    """Where an app starts on a queue it has never read (its consumer group is created
+    there): ``earliest``, every message the queue still keeps (nothing published before
+    the app's first daemon is missed); ``latest``, only what is published from then on.
+    A group that exists keeps its position either way (``conveyor rewind`` moves it).
+    See docs/apps-on-one-broker.md."""
 
 
 class MemoryConfig(_Section):
@@ -119,11 +125,15 @@ class RedisConfig(_Section):
     password_env: str = "CONVEYOR_REDIS_PASSWORD"
     """Environment variable holding the password (overrides the URL's) when set."""
     tls_ca_file: str = ""
+    """CA bundle to verify the server with (``rediss://``); empty: the system's."""
     tls_cert_file: str = ""
+    """Client certificate for mutual TLS (``rediss://``); empty: none."""
     tls_key_file: str = ""
+    """The client certificate's private key (``rediss://``)."""
     tls_verify: bool = True
     """Verify the server's certificate and host name (``rediss://`` only)."""
     connect_timeout_s: Seconds = 2.0
+    """Longest wait for a new connection to be established."""
     socket_timeout_s: Seconds = 5.0
     """Longest wait for one reply; must exceed ``worker.poll_timeout_ms`` (blocking reads)."""
     retry_max_s: Seconds = 10.0
@@ -165,7 +175,9 @@ class KafkaConfig(_Section):
     replication_factor: Annotated[int, msgspec.Meta(ge=1, le=32_767)] = 1
     """Kafka's field is a 16-bit integer."""
     client_id: str = "conveyor"
+    """The ``client.id`` the producer and consumers send (broker logs and quotas)."""
     linger_ms: MillisOrZero = 2
+    """How long the producer waits to fill a record batch (Kafka's ``linger.ms``)."""
     idempotence: Literal["auto", "on", "off"] = "auto"
     """The idempotent producer (``acks=all`` always): a send the client retries after a
     cut connection is written once. ``auto``: on where the broker hands out producer ids,
@@ -197,13 +209,19 @@ class KafkaConfig(_Section):
     back without a re-balance; a graceful stop does not leave the group. Empty: dynamic
     membership. tansu (the test broker) does not honour it (docs/kafka.md, "Failover")."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How the clients talk to the brokers: plain, TLS, SASL, or SASL over TLS."""
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    """The SASL mechanism (``SASL_*`` protocols)."""
     sasl_username: str = ""
+    """The SASL user; its password is read from ``sasl_password_env``."""
     sasl_password_env: str = "CONVEYOR_KAFKA_PASSWORD"
     """Name of the environment variable holding the SASL password (never the password)."""
     ssl_cafile: str = ""
+    """CA bundle to verify the brokers with (``SSL``, ``SASL_SSL``); empty: the system's."""
     ssl_certfile: str = ""
+    """Client certificate for mutual TLS; empty: none."""
     ssl_keyfile: str = ""
+    """The client certificate's private key."""
     ssl_key_password_env: str = ""
     """Name of the environment variable holding the client key's password, if any."""
 
@@ -217,10 +235,13 @@ class ResourceSlotsConfig(_Section):
     target_memory: Fraction = 0.8
     """Fraction of the memory limit (``memory.max``, else host RAM), anonymous memory only."""
     min_slots: PositiveInt = 1
+    """Slots issued whatever the load (raise it to the number of queues a daemon owns)."""
     max_slots: PositiveInt = 10_000
+    """Most slots issued, however idle the machine."""
     ramp_throttle_ms: MillisFloatOrZero = 50.0
     """Least time between two slots issued above ``min_slots``, so load can show up."""
     sample_period_ms: MillisFloat = 100.0
+    """How often CPU and memory are sampled."""
 
 
 class RateSlotsConfig(_Section):
@@ -276,6 +297,14 @@ class WorkerConfig(_Section):
     drain_timeout_s: SecondsOrZero = 30.0
     """On shutdown, how long in-flight messages may take to finish before they are abandoned
     unacknowledged (to be redelivered to the next owner)."""
+    stall_warn_ms: Millis = 500
+    """A handler (or anything) that blocks the daemon's event loop this long is a stall:
+    logged once it ends — the handler, the message, how long, and the blocking stack — and
+    counted (``conveyor_loop_stalls``). Lease renewals and heartbeats do not wait on the
+    loop, so a stall shorter than ``balancer.lease_ttl_s`` less its fifth costs no queue;
+    a longer one hands the queues over (see docs/handlers.md, "Blocking code")."""
+    stall_log_interval_s: Seconds = 60.0
+    """At most one stall line per handler this often (the others are counted)."""
 
 
 class PublishConfig(_Section):
@@ -322,12 +351,15 @@ class SupervisorConfig(_Section):
     """A process whose queues lag by at most this is idle (removable); default: 5% of
     ``lag_per_process``."""
     inspection_period_ms: MillisFloat = 500.0
+    """How often the supervisor reads the lag of every queue and decides."""
     scale_up_cycles: PositiveInt = 2
     """Consecutive inspections above the threshold before a process is added."""
     scale_up_backoff_s: SecondsOrZero = 2.0
     """Least time between two additions (a new process needs a moment to show effect)."""
     scale_down_dead_zone_cycles: PositiveInt = 2
+    """Consecutive inspections the PID controller must say "fewer" before a process goes."""
     scale_down_backoff_s: SecondsOrZero = 2.0
+    """Least time between two removals."""
 
 
 class PlacementConfig(_Section):
@@ -335,8 +367,11 @@ class PlacementConfig(_Section):
     wins): 0 to 1000, not all three zero."""
 
     cpu_usage: Weight = 0.5
+    """Weight of the daemon's CPU use."""
     memory_usage: Weight = 0.25
+    """Weight of the daemon's memory use."""
     available_memory: Weight = 0.25
+    """Weight of the memory the daemon's host has left (less is worse)."""
     local_margin: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     """A queue stays with its owner while the owner's cost is within this of the best."""
 
@@ -351,6 +386,7 @@ class BalancerConfig(_Section):
     ``kafka-group``: let Kafka's consumer-group coordinator share the partitions
     (kafka adapter only; needs no other store)."""
     queues: list[int] = []
+    """``static`` only: the queues this daemon owns; empty: all of them."""
     rebalance_interval_s: Seconds = 1.0
     """How often a daemon re-checks its share even without a membership event."""
     membership: MembershipName = "memory"
@@ -384,7 +420,10 @@ class TelemetryConfig(_Section):
     headers: dict[str, str] = {}
     """Extra OTLP headers (e.g. an API key); the standard OTEL_EXPORTER_OTLP_HEADERS also works."""
     service_name: str = "conveyor"
+    """The ``service.name`` resource attribute; left at the default, ``OTEL_SERVICE_NAME`` wins
+    if set."""
     resource_attributes: dict[str, str] = {}
+    """More resource attributes (they win over ``OTEL_RESOURCE_ATTRIBUTES``)."""
     metrics_interval_s: Seconds = 10.0
     """How often metrics are exported (and queue lag sampled)."""
     sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0

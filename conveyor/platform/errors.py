@@ -94,5 +94,11 @@ class DecodeError(ConveyorError):
     """A message body or envelope could not be decoded; it goes to the dead-letter queue."""
 
 
+class DeliveryLimit(ConveyorError):
+    """A message was delivered more than its handler's ``max_deliveries`` times without
+    finishing (its workers crashed or stalled while holding it): it is not run again but
+    dead-lettered with this error (reason ``DeliveryLimit``)."""
+
+
 class ShutdownError(ConveyorError):
     """An operation was attempted on a component that is shutting down."""

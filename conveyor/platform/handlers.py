@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,7 +18,8 @@ from conveyor.platform.options import BatchOptions, HandlerOptions, RetryPolicy
 
 OptionT = TypeVar("OptionT", bound=HandlerOptions)
 
-HandlerFn = Callable[..., Awaitable[Any]]
+HandlerFn = Callable[..., Any]
+"""An ``async def`` handler, or a plain ``def`` one (run on a thread: ``HandlerSpec.sync``)."""
 Decode = Callable[[Message], Any]
 
 
@@ -34,6 +36,13 @@ class MessageContext(msgspec.Struct, frozen=True):
     @property
     def attempt(self) -> int:
         return self.message.attempt
+
+    @property
+    def deliveries(self) -> int:
+        """Times the broker has handed this message to a worker, this one included:
+        above 1, a worker crashed or lost the queue while holding it (see
+        ``max_deliveries``)."""
+        return self.message.deliveries
 
 
 def _body_decoder(tp: Any, where: str) -> Decode:
@@ -86,6 +95,10 @@ class HandlerSpec:
     decode: Decode
     takes_context: bool
     options: Mapping[type[HandlerOptions], HandlerOptions]
+    sync: bool = False
+    """A plain ``def``: each call runs on a thread of the daemon's handler threads
+    (``conveyor.workers.threads``), holding its slot while the thread runs. Decided here,
+    once, so the chain is built for one kind or the other."""
 
     def option(self, option_type: type[OptionT]) -> OptionT | None:
         """This handler's value of ``option_type``, or None if it does not use it."""
@@ -112,8 +125,7 @@ def build_spec(
     where = handler_where(fn)
     if not namespace or not isinstance(namespace, str):
         raise HandlerDeclarationError(f"{where}: namespace must be a non-empty string")
-    if not inspect.iscoroutinefunction(fn):
-        raise HandlerDeclarationError(f"{where}: handlers must be declared with `async def`")
+    sync = _is_sync(fn, where)
     params = list(inspect.signature(fn).parameters.values())
     if not 1 <= len(params) <= 2 or any(
         p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params
@@ -140,7 +152,32 @@ def build_spec(
         decode=_body_decoder(body_type, where),
         takes_context=len(params) == 2,
         options=dict(options),
+        sync=sync,
     )
+
+
+def _is_sync(fn: Any, where: str) -> bool:
+    """Whether ``fn`` is a plain ``def`` handler (False: ``async def``); refuses the
+    shapes that are neither: generators, and callables that are not functions."""
+    if inspect.iscoroutinefunction(fn):
+        return False
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise HandlerDeclarationError(
+            f"{where}: is a generator (it has `yield`); a handler returns when the message "
+            "is handled: declare it `async def` or `def` without `yield`"
+        )
+    plain = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else fn)
+    if not (inspect.isfunction(plain) or inspect.ismethod(plain)):
+        raise HandlerDeclarationError(
+            f"{where}: is a {type(fn).__name__}, not a function; declare the handler with "
+            "`async def` (or a plain `def`, which runs on a thread)"
+        )
+    if inspect.iscoroutinefunction(plain):
+        raise HandlerDeclarationError(
+            f"{where}: a plain function wrapping an `async def` (a decorator?): it would "
+            "return a coroutine nobody awaits; make the wrapper `async def` too"
+        )
+    return True
 
 
 def _batch_element(annotation: Any, params: int, where: str) -> Any:

@@ -54,7 +54,9 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     """One message as producers create it and handlers' contexts see it.
 
     ``token`` is set by the receiver that delivered it (its position in the queue);
-    ``attempt`` counts deliveries to a handler that failed before (0 on first try).
+    ``attempt`` counts deliveries to a handler that failed before (0 on first try);
+    ``deliveries`` counts the times the broker has handed it to a worker, this one
+    included (1 the first time; more after a worker crashed or lost the queue holding it).
     """
 
     id: str
@@ -65,6 +67,7 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     attempt: int = 0
     enqueued_at_ms: int = 0
     token: SequenceToken | None = None
+    deliveries: int = 1
 
     def with_token(self, token: SequenceToken) -> Message:
         return msgspec.structs.replace(self, token=token)

@@ -8,9 +8,9 @@ A keyword no option type claims is a :class:`HandlerDeclarationError`.
 
 Option type      keywords                                   read by
 ---------------  -----------------------------------------  ----------------------------
-RetryPolicy      retry_attempts, retry_delay_s,             the retry interceptor
-                 retry_max_delay_s, retry_multiplier,
-                 retry_jitter_s
+RetryPolicy      retry_attempts, retry_delay_s,             the retry interceptor, and
+                 retry_max_delay_s, retry_multiplier,       the decode step (the
+                 retry_jitter_s, max_deliveries             delivery limit)
 PoolOptions      stateless, max_workers, scale_down         the stateless-pool interceptor
 CellOptions      cell_key, cell_size, cell_sizes,           the cell interceptor
                  cell_job_timeout_s
@@ -77,6 +77,14 @@ class RetryPolicy(HandlerOptions):
     ``initial_delay_s`` by ``multiplier`` up to ``max_delay_s``, plus up to ``jitter_s``
     of random jitter. Every handler has one (the defaults when no ``retry_*`` keyword
     is given); ``attempts=1`` means no retry.
+
+    ``max_deliveries`` bounds what retries cannot see: deliveries of a message that never
+    finished because its worker died or stalled its event loop past the lease while
+    handling it (a crash, an OOM kill, ``os._exit``, a blocking call). A message the
+    broker has delivered more than this many times is not run again: it becomes a dead
+    letter with reason ``DeliveryLimit`` and its stream flows on. A delivery is counted
+    each time a worker takes the message from the queue, so a message held (not yet
+    started) by a worker that crashed because of another message is counted too.
     """
 
     attempts: int = 3
@@ -84,10 +92,11 @@ class RetryPolicy(HandlerOptions):
     multiplier: float = 2.0
     max_delay_s: float = 5.0
     jitter_s: float = 0.0
+    max_deliveries: int = 5
 
     keywords: ClassVar[frozenset[str]] = frozenset({
         "retry_attempts", "retry_delay_s", "retry_max_delay_s", "retry_multiplier",
-        "retry_jitter_s",
+        "retry_jitter_s", "max_deliveries",
     })
 
     def __post_init__(self) -> None:
@@ -103,6 +112,7 @@ class RetryPolicy(HandlerOptions):
                 multiplier=given.get("retry_multiplier", defaults.multiplier),
                 max_delay_s=given.get("retry_max_delay_s", defaults.max_delay_s),
                 jitter_s=given.get("retry_jitter_s", defaults.jitter_s),
+                max_deliveries=given.get("max_deliveries", defaults.max_deliveries),
             )
         except HandlerDeclarationError as exc:
             raise _bad(where, str(exc).partition(": ")[2]) from None
@@ -111,6 +121,9 @@ class RetryPolicy(HandlerOptions):
         """Type and range checks, naming the ``App.handler`` keyword at fault."""
         if not _is_int(self.attempts, 1):
             raise _bad(where, f"retry_attempts must be an int >= 1, got {self.attempts!r}")
+        if not _is_int(self.max_deliveries, 1):
+            raise _bad(where, f"max_deliveries must be an int >= 1, got "
+                              f"{self.max_deliveries!r}")
         for keyword, value, low in (
             ("retry_delay_s", self.initial_delay_s, 0.0),
             ("retry_max_delay_s", self.max_delay_s, 0.0),

@@ -1,11 +1,12 @@
 """A test app for stop tests: each "jobs" handler call appends "id seq" to
 CONVEYOR_TEST_OUT.started, takes CONVEYOR_TEST_WORK_MS (a stuck handler: a long time),
-then appends "id seq" to CONVEYOR_TEST_OUT."""
+then appends "id seq" to CONVEYOR_TEST_OUT. ``sync_app``: the same as a plain ``def``."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from conveyor import App, MessageContext
 
@@ -21,4 +22,15 @@ _started = open(OUT + ".started", "a", buffering=1)  # noqa: SIM115 - as long as
 async def on_job(job: dict[str, int], ctx: MessageContext) -> None:
     _started.write(f"{ctx.message.id} {job['seq']}\n")
     await asyncio.sleep(WORK_S)
+    _out.write(f"{ctx.message.id} {job['seq']}\n")
+
+
+sync_app = App("stop-test")
+"""The same, with a plain ``def`` handler: it blocks its thread in ``time.sleep``."""
+
+
+@sync_app.handler("jobs")
+def on_job_in_thread(job: dict[str, int], ctx: MessageContext) -> None:
+    _started.write(f"{ctx.message.id} {job['seq']}\n")
+    time.sleep(WORK_S)
     _out.write(f"{ctx.message.id} {job['seq']}\n")

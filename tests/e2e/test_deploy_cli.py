@@ -79,13 +79,15 @@ def test_an_app_that_cannot_be_imported_is_a_usage_error() -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_the_readmes_deploy_command_runs_as_printed(tmp_path: Path) -> None:
-    """With the README's own shop.py (its first snippet) beside the shipped configs."""
+def test_the_docs_deploy_command_runs_as_printed(tmp_path: Path) -> None:
+    """docs/kubernetes.md's command, with the README's own shop.py (its first snippet)
+    beside the shipped configs."""
     readme = (ROOT / "README.md").read_text()
     shop = readme.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "shop.py").write_text(shop)
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
-    block = next(b for b in readme.split("```console\n")[1:]
+    guide = (ROOT / "docs" / "kubernetes.md").read_text()
+    block = next(b for b in guide.split("```console\n")[1:]
                  if "conveyor deploy kubernetes" in b.split("```", 1)[0])
     command = block.split("```", 1)[0].replace("\\\n", " ").splitlines()[0]
     assert command.startswith("$ .venv/bin/conveyor deploy kubernetes")

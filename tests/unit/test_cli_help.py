@@ -3,6 +3,7 @@ cannot rot), 80 columns at most; the main help lists commands by task, worker fi
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,10 +35,10 @@ ALL = list(commands())
 
 def examples(help_text: str) -> list[str]:
     """The command lines of the ``Examples:`` block, continuation lines joined."""
-    _, sep, block = help_text.partition("\n  Examples:\n")
-    assert sep, "no Examples: block"
+    block = re.split(r"\n  Examples?:\n", help_text, maxsplit=1)[1:]
+    assert block, "no Examples: block"
     lines: list[str] = []
-    for line in block.splitlines():
+    for line in block[0].splitlines():
         if not line.startswith("    "):
             break
         if lines and lines[-1].endswith("\\"):
@@ -72,7 +73,7 @@ def test_each_help_has_an_example_that_parses_and_fits_80_columns(
     found = examples(text)
     assert found
     for line in found:
-        argv = shlex.split(line)
+        argv = shlex.split(line, comments=True)
         assert argv[0] == "conveyor", line
         parsed = parse(argv[1:])
         assert parsed.command_path.startswith(ctx.command_path), (line, parsed.command_path)

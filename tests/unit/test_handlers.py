@@ -62,7 +62,10 @@ def test_undecodable_bodies_raise_decode_error_naming_the_type() -> None:
 @pytest.mark.parametrize(
     ("source", "match"),
     [
-        ("def h(body: dict) -> None: ...", "async def"),
+        ("def h(body: dict):\n    yield", "is a generator"),
+        ("async def h(body: dict):\n    yield", "is a generator"),
+        ("h = print", "not a function"),
+        ("h = lambda body: None", "annotate the first parameter"),
         ("async def h(body) -> None: ...", "annotate the first parameter"),
         ("async def h() -> None: ...", "takes \\(body\\)"),
         ("async def h(body: dict, ctx: object, extra: int) -> None: ...", "takes \\(body\\)"),

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 
 import conveyor
+import conveyor.testing
 from conveyor.platform import config as config_module
 from conveyor.platform import errors as errors_module
 from conveyor.version import UNKNOWN, pyproject_version
@@ -36,6 +37,9 @@ DESCRIBED_NOT_EXPORTED = {
     # what `conveyor sim balancer` runs and mirrors (docs/lab.md)
     "DaemonMetrics", "DynamicBalancer", "LeaseStore", "Membership",
 }
+# Sub-modules with a curated public API of their own, imported by name
+# (``from conveyor.testing import TestWorker``): their ``__all__`` is exported too.
+PUBLIC_SUBMODULES = [conveyor.testing]
 # ``raise`` of a builtin exception Conveyor may still write: abstract-method stubs.
 BUILTIN_RAISES_ALLOWED = {"NotImplementedError"}
 # Packages whose code stands for a user's (the demo's poison handler raises ValueError).
@@ -66,9 +70,10 @@ def own_docstring(obj: object) -> str | None:
 
 # -- what `import conveyor` offers --------------------------------------------------------
 def test_every_name_in_all_exists_and_all_is_sorted() -> None:
-    missing = [name for name in conveyor.__all__ if not hasattr(conveyor, name)]
-    assert missing == []
-    assert conveyor.__all__ == sorted(set(conveyor.__all__))
+    for module in (conveyor, *PUBLIC_SUBMODULES):
+        missing = [name for name in module.__all__ if not hasattr(module, name)]
+        assert missing == []
+        assert module.__all__ == sorted(set(module.__all__))
 
 
 def test_every_error_of_the_error_tree_is_exported() -> None:
@@ -92,13 +97,15 @@ def test_every_class_the_docs_name_is_exported_unless_only_described() -> None:
             named |= set(re.findall(r"\b([A-Z][A-Za-z]+)\(", block))
             written_in_docs |= set(re.findall(r"^class ([A-Za-z]+)\b", block, flags=re.M))
     documented = (named & defined) - written_in_docs - DESCRIBED_NOT_EXPORTED
-    assert sorted(documented - set(conveyor.__all__)) == []
+    exported = set(conveyor.__all__).union(*(m.__all__ for m in PUBLIC_SUBMODULES))
+    assert sorted(documented - exported) == []
 
 
 def test_every_public_name_has_a_docstring_of_its_own() -> None:
     undocumented = [
-        name for name in conveyor.__all__
-        if (inspect.isclass(obj := getattr(conveyor, name)) or inspect.isfunction(obj))
+        f"{module.__name__}.{name}"
+        for module in (conveyor, *PUBLIC_SUBMODULES) for name in module.__all__
+        if (inspect.isclass(obj := getattr(module, name)) or inspect.isfunction(obj))
         and not own_docstring(obj)
     ]
     assert undocumented == []

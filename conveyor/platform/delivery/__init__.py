@@ -17,7 +17,8 @@ When a daemon subscribes, it builds one chain per handler, outermost first::
     7. the app's interceptors, in the order given to ``App(interceptors=...)``
     8. PoolInterceptor       workers/pool_interceptor.py   the call runs on the handler's
        or CellInterceptor    workers/cell_interceptor.py   pool or in its tenant's cell
-    9. the handler           chain.py (call_handler)
+    9. the handler           chain.py (call_handler); a plain ``def`` handler on a
+                             thread of workers/threads.py, holding its slot meanwhile
 
 An interceptor that is off is not in the chain: with telemetry off and no pool, cell
 or app interceptor, a message walks steps 3, 4, 5 and 9, and steps 4 and 9 are plain
@@ -40,6 +41,7 @@ from conveyor.platform.delivery.chain import (
     Delivery,
     DeliveryStats,
     Interceptor,
+    InThread,
     Step,
     call_handler,
     compose,
@@ -57,6 +59,7 @@ __all__ = [
     "DeadLetterStore",
     "Delivery",
     "DeliveryStats",
+    "InThread",
     "Interceptor",
     "PutLetter",
     "Step",
@@ -104,6 +107,8 @@ def chain_interceptors(
     ]
 
 
-def build_chain(handler: HandlerSpec, interceptors: Sequence[Interceptor]) -> Step:
-    """The chain of ``handler``: ``interceptors`` (outermost first) around the handler."""
-    return compose(handler, interceptors, call_handler(handler))
+def build_chain(handler: HandlerSpec, interceptors: Sequence[Interceptor],
+                in_thread: InThread | None = None) -> Step:
+    """The chain of ``handler``: ``interceptors`` (outermost first) around the handler;
+    a plain ``def`` handler is called through ``in_thread`` (see :data:`InThread`)."""
+    return compose(handler, interceptors, call_handler(handler, in_thread))

@@ -37,7 +37,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Tracer
 
-from conveyor.platform.delivery.chain import DeliveryStats
+from conveyor.platform.delivery.chain import DeliveryStats, InThread, handler_call
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter, Message
@@ -64,9 +64,10 @@ class _Batch:
 
     __slots__ = ("decode", "fn", "name", "policy", "put", "stats")
 
-    def __init__(self, handler: HandlerSpec, put: PutLetter, stats: DeliveryStats) -> None:
+    def __init__(self, handler: HandlerSpec, put: PutLetter, stats: DeliveryStats,
+                 in_thread: InThread | None = None) -> None:
         self.decode = handler.decode
-        self.fn = handler.fn
+        self.fn = handler_call(handler, in_thread)
         self.name = handler.name
         self.policy: RetryPolicy = handler.retry
         self.put = put
@@ -153,9 +154,11 @@ def batch_step(
     tracer: Tracer | None = None,
     system: str = "",
     group: str = "",
+    in_thread: InThread | None = None,
 ) -> BatchStep:
-    """The step that runs ``handler``'s batches (see the module docstring)."""
-    batch = _Batch(handler, put, stats)
+    """The step that runs ``handler``'s batches (see the module docstring); a plain
+    ``def`` handler is called through ``in_thread``, once per batch."""
+    batch = _Batch(handler, put, stats, in_thread)
     if tracer is None:
         return batch.run
     fixed = {

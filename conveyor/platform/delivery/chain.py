@@ -10,12 +10,15 @@ cost no coroutine frame of their own.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
 
+from conveyor.platform.errors import DeliveryLimit
 from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.message import Message
 from conveyor.platform.options import HandlerOptions
@@ -72,9 +75,28 @@ class Interceptor:
         return next
 
 
-def call_handler(handler: HandlerSpec) -> Step:
-    """The innermost step: the handler itself, on the decoded body."""
-    fn = handler.fn
+InThread = Callable[..., Awaitable[Any]]
+"""``in_thread(fn, *args)``: runs ``fn(*args)`` on a thread, in a copy of the caller's
+``contextvars`` context (the current span with it), and returns an awaitable of its
+result; cancelling the awaitable abandons the call (a thread cannot be interrupted).
+A daemon passes its :class:`~conveyor.workers.threads.HandlerThreads`' ``run``;
+:func:`asyncio.to_thread` is the default."""
+
+
+def handler_call(handler: HandlerSpec, in_thread: InThread | None = None
+                 ) -> Callable[..., Awaitable[Any]]:
+    """``handler``'s function as something to await: itself for an ``async def``, a call
+    through ``in_thread`` for a plain ``def``. Decided once, when a chain is built."""
+    if not handler.sync:
+        fn: Callable[..., Awaitable[Any]] = handler.fn
+        return fn
+    return functools.partial(in_thread or asyncio.to_thread, handler.fn)
+
+
+def call_handler(handler: HandlerSpec, in_thread: InThread | None = None) -> Step:
+    """The innermost step: the handler itself, on the decoded body (a plain ``def``
+    handler through ``in_thread``, see :func:`handler_call`)."""
+    fn = handler_call(handler, in_thread)
     if handler.takes_context:
         return lambda delivery: fn(delivery.body, delivery.context())
     return lambda delivery: fn(delivery.body)
@@ -82,17 +104,33 @@ def call_handler(handler: HandlerSpec) -> Step:
 
 class Decode(Interceptor):
     """Decode the body once, before any attempt: a body that does not decode is never
-    retried (the dead-letter step stores it with ``attempts=0``)."""
+    retried (the dead-letter step stores it with ``attempts=0``).
+
+    First, the delivery limit: a message delivered more than the handler's
+    ``max_deliveries`` times is not run again (:class:`DeliveryLimit`, dead-lettered with
+    ``attempts=0``).
+    """
 
     def wrap(self, handler: HandlerSpec, next: Step) -> Step:
         decode = handler.decode
+        limit = handler.retry.max_deliveries
 
         def decoded(delivery: Delivery) -> Awaitable[Any]:
+            if delivery.message.deliveries > limit:
+                raise _over_limit(delivery.message, limit)
             delivery.body = decode(delivery.message)
             delivery.attempt = 1
             return next(delivery)
 
         return decoded
+
+
+def _over_limit(msg: Message, limit: int) -> DeliveryLimit:
+    return DeliveryLimit(
+        f"delivered {msg.deliveries} times without finishing (max_deliveries = {limit}): "
+        "each time, the worker holding it stopped before it was done — it crashed, was "
+        "killed, or blocked its event loop past the lease (the workers' logs name the "
+        "handler and message of a stall)")
 
 
 def compose(handler: HandlerSpec, interceptors: Sequence[Interceptor], innermost: Step) -> Step:

@@ -10,11 +10,17 @@ The agent asks :meth:`Orphans.take` for each; they never enter a handler's chain
   group on the same queues. By default (``[dead_letters] unroutable = "skip"``) it is
   acknowledged for this app and counted (``skipped``); with ``"dead-letter"`` it is
   dead-lettered first. Either way it is logged at most once per namespace a minute.
+
+When skipped messages are most of what the daemon took (:data:`MOSTLY_SKIPPED` of at least
+:data:`SKIPS_BEFORE_CHECK` in a :data:`SKIP_WINDOW_S` window), the app is almost surely
+sharing its queues with unrelated apps' traffic: one warning a window says so and names
+the fix (its own ``[redis] prefix`` or ``[kafka] topic``; docs/apps-on-one-broker.md).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable
 
 from conveyor.platform.delivery.chain import DeliveryStats
@@ -26,6 +32,11 @@ from conveyor.platform.throttled_log import ThrottledLog
 log = logging.getLogger("conveyor.agent")
 
 UNROUTABLE_POLICIES = ("skip", "dead-letter")
+
+SKIP_WINDOW_S = 60.0
+SKIPS_BEFORE_CHECK = 100
+"""Skips between two looks at the share skipped (the hot path only counts)."""
+MOSTLY_SKIPPED = 0.5
 
 
 class Orphans:
@@ -40,6 +51,7 @@ class Orphans:
         self._app = app
         self._dead_letter_unroutable = unroutable == "dead-letter"
         self._notes = ThrottledLog(log, interval_s=60.0)
+        self._skips = _SkipShare(stats, app)
 
     def take(self, msg: Message) -> Awaitable[None] | None:
         """What to await before ``msg`` may be acknowledged; None: acknowledge it now."""
@@ -52,6 +64,7 @@ class Orphans:
                 f"{namespace!r}", 0, "Unroutable",
             ))
         self._stats.skipped += 1
+        self._skips.note(namespace)
         self._notes.log(
             logging.WARNING, namespace,
             "app %r skips messages of namespace %r: none of its handlers subscribes (another "
@@ -59,3 +72,45 @@ class Orphans:
             "them as dead letters instead)", self._app, namespace,
         )
         return None
+
+
+class _SkipShare:
+    """Warns, once a window, when skipped messages are most of what the daemon took."""
+
+    def __init__(self, stats: DeliveryStats, app: str) -> None:
+        self._stats = stats
+        self._app = app
+        self._namespaces: set[str] = set()
+        self._quiet_until = 0.0
+        self._start(time.monotonic())
+
+    def _start(self, now: float) -> None:
+        stats = self._stats
+        self._window_at = now
+        self._skipped_at_start = stats.skipped
+        self._taken_at_start = stats.handled + stats.dead_lettered
+        self._check_at = stats.skipped + SKIPS_BEFORE_CHECK
+        self._namespaces.clear()
+
+    def note(self, namespace: str) -> None:
+        if len(self._namespaces) < 5:
+            self._namespaces.add(namespace)
+        if self._stats.skipped < self._check_at:
+            return
+        now = time.monotonic()
+        stats = self._stats
+        skipped = stats.skipped - self._skipped_at_start
+        taken = skipped + stats.handled + stats.dead_lettered - self._taken_at_start
+        self._check_at = stats.skipped + SKIPS_BEFORE_CHECK
+        if skipped > MOSTLY_SKIPPED * taken and now >= self._quiet_until:
+            self._quiet_until = now + SKIP_WINDOW_S
+            log.warning(
+                "app %r skipped %d of the %d messages it took in the last %.0f s: no handler "
+                "of it takes their namespaces (%s), so it is reading other apps' traffic. "
+                "Give unrelated apps their own [redis] prefix or [kafka] topic "
+                "(docs/apps-on-one-broker.md); for a new app, [queues] new_group_start = "
+                "\"latest\" skips what was published before it", self._app, skipped, taken,
+                now - self._window_at, ", ".join(sorted(self._namespaces)),
+            )
+        if now - self._window_at >= SKIP_WINDOW_S:
+            self._start(now)

@@ -39,6 +39,7 @@ from conveyor.workers.daemon.metrics import DaemonMetrics
 from conveyor.workers.daemon.queues import DrainReport, QueueOwner
 from conveyor.workers.pool import StatelessWorkerPool
 from conveyor.workers.resources import ResourceSampler
+from conveyor.workers.threads import HandlerThreads
 
 __all__ = [
     "DaemonMetrics",
@@ -102,13 +103,14 @@ class WorkerDaemon:
         self.interceptors = parts.interceptors
         self.queues = QueueOwner(
             parts.adapter, app.name, parts.subscriptions, parts.orphans, parts.slots,
-            parts.settings, parts.balancer, parts.config.worker,
+            parts.settings, parts.balancer, parts.config.worker, parts.watchdog,
         )
         self.agents: dict[int, PullingAgent] = self.queues.agents
         self.metrics = DaemonMetrics(
             parts.telemetry, parts.stats, parts.slots, self.queues, app.handlers,
             parts.pool_step.pools, parts.cell_step.routers, parts.dead_letters,
             parts.resources, lag_interval_s=parts.config.telemetry.metrics_interval_s,
+            watchdog=parts.watchdog,
         )
         self._hooks: list[asyncio.Task[None]] = []
         self.started = False
@@ -129,6 +131,11 @@ class WorkerDaemon:
         return self._parts.cell_step.routers
 
     @property
+    def threads(self) -> HandlerThreads:
+        """Where plain ``def`` handlers run (:mod:`conveyor.workers.threads`)."""
+        return self._parts.threads
+
+    @property
     def lag(self) -> dict[int, int]:
         """Messages not yet finished, per owned queue, as last sampled (metrics on)."""
         return self.metrics.lag
@@ -146,6 +153,7 @@ class WorkerDaemon:
                         "([dead_letters] unroutable = %r)", self.app.name, fate,
                         self.config.dead_letters.unroutable)
         self.balancer.set_stats_provider(self.stats_snapshot)
+        self._parts.watchdog.start()
         await self.balancer.start(self.member, self)
         self.started = True
         self.metrics.register()
@@ -172,6 +180,7 @@ class WorkerDaemon:
         await self.queues.drain_all()
         await self.metrics.close()
         await self._parts.close()
+        self._parts.watchdog.stop()
         return self.report()
 
     async def abort(self) -> None:

@@ -30,6 +30,7 @@ from conveyor.platform.delivery import (
     DeadLetterStore,
     DeliveryStats,
     Interceptor,
+    InThread,
     PutLetter,
     build_chain,
     chain_interceptors,
@@ -52,10 +53,12 @@ from conveyor.platform.placement import PlacementWeights
 from conveyor.platform.queue_cache import Route
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.telemetry import Telemetry
+from conveyor.platform.watchdog import LoopWatchdog
 from conveyor.workers.cell_interceptor import CellInterceptor
 from conveyor.workers.pool_interceptor import PoolInterceptor
 from conveyor.workers.resources import PlacementResources, ResourceSampler
 from conveyor.workers.supplier_config import supplier_from_config
+from conveyor.workers.threads import HandlerThreads
 
 _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
 
@@ -67,7 +70,8 @@ _BALANCERS = {
 
 
 def build_balancer(
-    config: Config, app_name: str, adapter: QueueAdapter | None = None
+    config: Config, app_name: str, adapter: QueueAdapter | None = None,
+    watchdog: LoopWatchdog | None = None,
 ) -> QueueBalancer:
     target = _BALANCERS.get(config.balancer.kind)
     if target is not None:
@@ -90,6 +94,12 @@ def build_balancer(
         lease_ttl_s=config.balancer.lease_ttl_s,
         rebalance_interval_s=config.balancer.rebalance_interval_s,
         placement=placement,
+        # Renewals and heartbeats on a thread of their own, with stores of their own, so
+        # a handler blocking the loop does not cost the leases (the memory store lives
+        # in this process's loop: nothing to gain there).
+        keeper_stores=None if config.balancer.membership == "memory"
+        else lambda: coordination_from_config(config, app_name),
+        watchdog=watchdog,
     )
 
 
@@ -111,6 +121,8 @@ class DaemonParts:
     orphans: Orphans
     pool_step: PoolInterceptor
     cell_step: CellInterceptor
+    threads: HandlerThreads
+    """Where plain ``def`` handlers run, bounded by the slots out (conveyor.workers.threads)."""
     interceptors: list[Interceptor]
     """Every chain's interceptors, outermost first (see conveyor.platform.delivery)."""
     subscriptions: Subscriptions
@@ -119,6 +131,8 @@ class DaemonParts:
     owns_adapter: bool
     owns_slots: bool
     owns_telemetry: bool
+    watchdog: LoopWatchdog
+    """Notices handlers that block the event loop (started and stopped by the daemon)."""
     once_step: IdempotencyInterceptor | None = None
     """Present when a handler is ``idempotent=True``."""
 
@@ -126,6 +140,7 @@ class DaemonParts:
         """Close the pools and cells, and the parts built here (not those handed in)."""
         await self.pool_step.close()
         await self.cell_step.close()
+        self.threads.close()  # after the drain; waits for no abandoned call
         if self.once_step is not None:
             await self.once_step.close()
         await self.client.close()  # sends what publish calls left waiting; owns nothing
@@ -155,7 +170,9 @@ def build_parts(
     adapter = adapter or create_adapter(config.queues.adapter, config)
     mapper = HashRingQueueMapper(config.queues.total)
     slots = slots or supplier_from_config(config.slots, redis=config.redis, app=app.name)
-    balancer = balancer or build_balancer(config, app.name, adapter)
+    watchdog = LoopWatchdog(config.worker.stall_warn_ms / 1000,
+                            config.worker.stall_log_interval_s)
+    balancer = balancer or build_balancer(config, app.name, adapter, watchdog)
     member = member or MemberInfo.for_this_process(f"{app.name}-")
     stats = DeliveryStats()
     telemetry = telemetry or Telemetry.from_config(
@@ -165,6 +182,10 @@ def build_parts(
     pool_step = PoolInterceptor()
     once_step = _idempotency(app, config, stats)
     cell_step = CellInterceptor(config.cells.sizes, config.cells.default_size)
+    # Plain-def calls on threads are bounded by the slots out now (each call holds one);
+    # at least 1, so a chain called without a slot (a test harness) cannot wait forever.
+    issued = slots
+    threads = HandlerThreads(lambda: max(1, issued.issued))
     put_letter = _put_letter(dead_letters, telemetry)
     interceptors = chain_interceptors(
         put_letter,
@@ -184,9 +205,9 @@ def build_parts(
                       coalesce_linger_s=coalesce_linger_for(config.publish, adapter)),
         stats=stats, dead_letters=dead_letters,
         orphans=Orphans(put_letter, stats, app.name, config.dead_letters.unroutable),
-        pool_step=pool_step, cell_step=cell_step, interceptors=interceptors,
+        pool_step=pool_step, cell_step=cell_step, threads=threads, interceptors=interceptors,
         subscriptions=subscribe(app, interceptors, batch_steps=BatchSteps(
-            put_letter, stats, telemetry.tracer, adapter.name)),
+            put_letter, stats, telemetry.tracer, adapter.name, threads.run), in_thread=threads.run),
         settings=AgentSettings(
             cache_capacity=config.worker.cache_capacity,
             max_batch=_pull_size(app, config),
@@ -194,7 +215,7 @@ def build_parts(
         ),
         resources=PlacementResources(member.id, resource_sampler),
         owns_adapter=owns_adapter, owns_slots=owns_slots, owns_telemetry=owns_telemetry,
-        once_step=once_step,
+        watchdog=watchdog, once_step=once_step,
     )
 
 
@@ -232,24 +253,27 @@ class BatchSteps:
     stats: DeliveryStats
     tracer: Tracer | None
     system: str
+    in_thread: InThread | None = None
 
 
 def subscribe(app: App, interceptors: Sequence[Interceptor],
-              batch_steps: BatchSteps | None = None) -> Subscriptions:
+              batch_steps: BatchSteps | None = None,
+              in_thread: InThread | None = None) -> Subscriptions:
     """Every handler's delivery chain, composed once (see conveyor.platform.delivery);
     a batch handler's route runs its batches through a batch step instead (see
-    conveyor.platform.delivery.batch: app interceptors do not wrap batch handlers)."""
+    conveyor.platform.delivery.batch: app interceptors do not wrap batch handlers).
+    Plain ``def`` handlers are called through ``in_thread``."""
     index = {spec.name: i for i, spec in enumerate(app.handlers)}
 
     def route(spec: HandlerSpec) -> Route:
         if spec.batch is None:
-            return Route(index[spec.name], spec, build_chain(spec, interceptors))
+            return Route(index[spec.name], spec, build_chain(spec, interceptors, in_thread))
         if batch_steps is None:
             raise ConveyorError(f"handler {spec.name!r} is a batch handler: subscribe() "
                                 "needs batch_steps")
         step = batch_step(spec, batch_steps.put_letter, batch_steps.stats,
                           tracer=batch_steps.tracer, system=batch_steps.system,
-                          group=app.name)
+                          group=app.name, in_thread=batch_steps.in_thread)
         # The agent hands batch routes' messages to a batcher, never to the chain; as a
         # chain the step still runs one message (a batch of one), should anyone call it.
         return Route(index[spec.name], spec, lambda d: step([d.message]), step)

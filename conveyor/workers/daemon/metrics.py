@@ -19,6 +19,7 @@ from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.status import AckRates
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry, stats_observations
+from conveyor.platform.watchdog import LoopWatchdog
 from conveyor.workers.cells import CellRouter
 from conveyor.workers.daemon.queues import QueueOwner
 from conveyor.workers.pool import StatelessWorkerPool
@@ -41,7 +42,9 @@ class DaemonMetrics:
         resources: PlacementResources,
         *,
         lag_interval_s: float,
+        watchdog: LoopWatchdog | None = None,
     ) -> None:
+        self._watchdog = watchdog
         self._telemetry = telemetry
         self._stats = stats
         self._slots = slots
@@ -84,6 +87,11 @@ class DaemonMetrics:
                   lambda: self._cell_observations("size"))
         t.observe("conveyor.cell.queue_length", "{message}", "Jobs waiting in a cell",
                   lambda: self._cell_observations("queue_length"))
+        if self._watchdog is not None:
+            watchdog = self._watchdog
+            t.observe("conveyor.loop.stalls", "{stall}",
+                      "Times the event loop was blocked past [worker] stall_warn_ms",
+                      lambda: [(watchdog.stalls, {})], counter=True)
         self._lag_task = asyncio.create_task(self._sample_lag())
 
     def _cell_observations(self, field: str) -> list[tuple[float, dict[str, str]]]:

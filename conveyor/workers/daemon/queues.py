@@ -22,6 +22,7 @@ from conveyor.platform.config import WorkerConfig
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.leases import Lease
 from conveyor.platform.slots import SlotSupplier
+from conveyor.platform.watchdog import LoopWatchdog
 
 log = logging.getLogger("conveyor.daemon")
 
@@ -68,7 +69,10 @@ class QueueOwner:
         settings: AgentSettings,
         balancer: QueueBalancer,
         worker: WorkerConfig,
+        watchdog: LoopWatchdog | None = None,
     ) -> None:
+        self._watchdog = watchdog
+        self._redelivery = asyncio.Lock()  # one redelivered message at a time (agent.py)
         self._adapter = adapter
         self._group = group
         self._subscriptions = subscriptions
@@ -106,6 +110,8 @@ class QueueOwner:
             self._slots,
             self._settings,
             owned_until=lambda: balancer.owned_until(queue),
+            watchdog=self._watchdog,
+            redelivery=self._redelivery,
         )
         self.agents[queue] = agent
         agent.start()

@@ -1,0 +1,82 @@
+"""``conveyor configs``: the ready TOML configs that ship with Conveyor — list, print, copy.
+
+The configs of the source tree's ``configs/`` directory are installed with the package (as
+``conveyor/configs/``), so a user who installed Conveyor with pip has the files the
+documentation names (``configs/redis.toml``): ``conveyor configs --copy configs`` puts
+them where those commands expect them. Registered in :mod:`conveyor.cli` with one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+import conveyor
+
+
+def shipped_configs_dir() -> Path:
+    """Where the shipped configs are: ``conveyor/configs/`` when installed from a wheel,
+    the source tree's ``configs/`` when run from a checkout (or an editable install)."""
+    package = Path(conveyor.__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Name (``redis``) -> file of every shipped config, sorted by name."""
+    return {p.stem: p for p in sorted(shipped_configs_dir().glob("*.toml"))}
+
+
+def _summary(path: Path) -> str:
+    """The first comment line of a config: what it is for."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and line.strip("# "):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+@click.command("configs")
+@click.argument("name", required=False)
+@click.option("--copy", "copy_to", type=click.Path(file_okay=False, path_type=Path),
+              default=None, metavar="DIR",
+              help="Write every shipped config into DIR (created if absent); an existing "
+                   "file is left alone.")
+def configs(name: str | None, copy_to: Path | None) -> None:
+    """The configs that ship with Conveyor: list, print one, copy all.
+
+    \b
+    Examples:
+      conveyor configs                  # the names and what each is for
+      conveyor configs redis            # print configs/redis.toml
+      conveyor configs --copy configs   # ./configs/*.toml, as the docs name them
+    """
+    found = shipped_configs()
+    if not found:
+        raise click.ClickException(f"no shipped configs in {shipped_configs_dir()} "
+                                   "(a broken install: reinstall conveyor)")
+    if name is not None:
+        if copy_to is not None:
+            raise click.UsageError("give NAME (print one) or --copy DIR (copy all), not both")
+        key = Path(name).name.removesuffix(".toml")
+        if key not in found:
+            raise click.BadParameter(f"no shipped config {name!r}; there are: "
+                                     f"{', '.join(found)}", param_hint="NAME")
+        click.echo(found[key].read_text(), nl=False)
+        return
+    if copy_to is not None:
+        copy_to.mkdir(parents=True, exist_ok=True)
+        for path in found.values():
+            target = copy_to / path.name
+            if target.exists():
+                click.echo(f"kept {target} (exists)")
+                continue
+            target.write_bytes(path.read_bytes())
+            click.echo(f"wrote {target}")
+        return
+    width = max(len(n) for n in found)
+    room = 79 - width - 2
+    for stem, path in found.items():
+        text = _summary(path)
+        click.echo(f"{stem:<{width}}  {text if len(text) <= room else text[:room - 1] + '…'}")
+    click.echo(f"\n(in {shipped_configs_dir()}; `conveyor configs NAME` prints one)")

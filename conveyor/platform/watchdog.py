@@ -1,0 +1,178 @@
+"""The loop watchdog: notices a handler that blocks the event loop, names it, and tells
+the parts that must not wait on the loop how long it has been blocked.
+
+An ``async def`` handler that calls blocking code (``time.sleep``, a synchronous HTTP or
+database client, a long CPU-bound loop) stops every coroutine of its daemon: pulls, acks,
+other handlers — and, unless they run elsewhere, the lease renewals and heartbeats that
+keep the daemon's queues its own. The watchdog is a thread that posts a probe to the loop
+every ``probe_interval_s`` (``loop.call_soon_threadsafe``) and measures how long the probe
+waits. Its reading does not depend on the loop:
+
+* :meth:`LoopWatchdog.stall_s` — how long the loop has not answered (0 while healthy).
+  The balancer's keeper thread renews leases only while this stays below the lease's
+  tolerance, so a stall shorter than the lease (by its margin) costs no queue, and a longer
+  one gives the queues up (their messages go to another daemon, each such delivery
+  counted against the message: see ``max_deliveries``).
+* :attr:`LoopWatchdog.stalled` — set once a stall passes ``threshold_s``, cleared when the
+  probe gets through. A pulling agent's runner reads it after each handler call and, when
+  set, yields to the loop before starting the next message: blockers that follow one
+  another are then separate stalls, each measured on its own, not one long one.
+* A stall past ``threshold_s`` is logged once it ends — the handler, the message, the queue,
+  how long, and the blocking frame's stack as seen while it blocked — at most once per
+  handler per ``log_interval_s`` (the others are counted in :attr:`stalls`).
+
+Reading the blocked thread's frames from the watchdog thread is what a debugger does: the
+stack is taken with the GIL held, so it is consistent, and it costs nothing while the loop
+is healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("conveyor.watchdog")
+
+STACK_FRAMES = 8
+"""Innermost frames of the blocking stack shown in the log line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Culprit:
+    """What the loop was running when it was seen blocked."""
+
+    handler: str
+    message_id: str
+    queue: int
+    stream: str
+    stack: str
+
+
+class LoopWatchdog:
+    def __init__(self, threshold_s: float = 0.5, log_interval_s: float = 60.0,
+                 probe_interval_s: float = 0.1) -> None:
+        self.threshold_s = threshold_s
+        self.log_interval_s = log_interval_s
+        self.probe_interval_s = min(probe_interval_s, threshold_s / 2)
+        self.stalled = False
+        """Set (by the watchdog thread) while a stall past ``threshold_s`` lasts."""
+        self.stalls = 0
+        """Stalls past ``threshold_s`` seen so far (the ``conveyor_loop_stalls`` count)."""
+        self.longest_s = 0.0
+        """The longest stall seen so far."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._posted_at: float | None = None
+        self._culprit: Culprit | None = None
+        self._logged: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Watch the running loop (call from it)."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="conveyor-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+            self._thread = None
+
+    # -- readings ----------------------------------------------------------------------
+    def stall_s(self) -> float:
+        """How long the loop has left the current probe unanswered (0: it answers)."""
+        posted = self._posted_at
+        if posted is None:
+            return 0.0
+        late = time.monotonic() - posted - self.probe_interval_s
+        return late if late > 0 else 0.0
+
+    # -- the thread --------------------------------------------------------------------
+    def _watch(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        while not self._stop.wait(self.probe_interval_s):
+            if self._posted_at is None:
+                self._posted_at = time.monotonic()
+                try:
+                    loop.call_soon_threadsafe(self._answer, self._posted_at)
+                except RuntimeError:  # the loop is closed
+                    return
+                continue
+            if not self.stalled and self.stall_s() >= self.threshold_s:
+                self._culprit = self._find_culprit()
+                self.stalled = True
+
+    def _answer(self, posted_at: float) -> None:
+        """The probe got through (runs on the loop)."""
+        if self._posted_at != posted_at:
+            return
+        took_s = time.monotonic() - posted_at
+        self._posted_at = None
+        if not self.stalled:
+            return
+        self.stalled = False
+        self.stalls += 1
+        self.longest_s = max(self.longest_s, took_s)
+        culprit, self._culprit = self._culprit, None
+        self._report(took_s, culprit)
+
+    def _report(self, took_s: float, culprit: Culprit | None) -> None:
+        who = culprit.handler if culprit is not None else "?"
+        now = time.monotonic()
+        if now - self._logged.get(who, -self.log_interval_s) < self.log_interval_s:
+            return
+        self._logged[who] = now
+        if culprit is None:
+            log.warning("the event loop was blocked for %.1fs (no handler was running: "
+                        "blocking code elsewhere, or a long garbage collection)", took_s)
+            return
+        log.warning(
+            "handler %s blocked the event loop for %.1fs (queue %d, message %s, stream "
+            "%s): use `def` for blocking code (it runs on a thread) or an async client; "
+            "this handler's next stalls are not logged for %.0fs. It was blocked at:\n%s",
+            culprit.handler, took_s, culprit.queue, culprit.message_id, culprit.stream,
+            self.log_interval_s, culprit.stack,
+        )
+
+    def _find_culprit(self) -> Culprit | None:
+        frame = sys._current_frames().get(self._loop_thread)
+        if frame is None:
+            return None
+        stack = "".join(traceback.format_stack(frame, limit=STACK_FRAMES)).rstrip()
+        probe: FrameType | None = frame
+        while probe is not None:
+            if probe.f_code.co_name == "_runner" and "route" in probe.f_code.co_varnames:
+                found = _runner_culprit(probe, stack)
+                if found is not None:
+                    return found
+            probe = probe.f_back
+        return Culprit("?", "?", -1, "?", stack)
+
+
+def _runner_culprit(frame: FrameType, stack: str) -> Culprit | None:
+    """The handler and message a pulling agent's runner frame is running."""
+    local = frame.f_locals
+    route: Any = local.get("route")
+    msg: Any = local.get("msg")
+    queue: Any = local.get("queue")
+    try:
+        return Culprit(route.handler.name, str(msg.id), int(queue),
+                       f"{msg.stream.namespace}/{msg.stream.key}", stack)
+    except (AttributeError, TypeError, ValueError):
+        return None

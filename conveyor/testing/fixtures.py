@@ -1,0 +1,53 @@
+"""A pytest fixture for an app, made by :func:`worker_fixture` (needs pytest, and
+pytest-asyncio or anyio to run async tests).
+
+In a ``conftest.py`` or a test module::
+
+    from conveyor.testing.fixtures import worker_fixture
+    from shop.app import app
+
+    worker = worker_fixture(app)
+
+    async def test_an_order_is_handled(worker):
+        await worker.publish("orders", "o-1", {"total": 3})
+        await worker.settle()
+
+Each test gets its own started :class:`~conveyor.testing.TestWorker` (its own private
+broker), stopped after the test. No plugin is registered on install: nothing changes in
+the test runs of projects that do not ask for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from conveyor.platform.app import App
+from conveyor.platform.config import Config
+from conveyor.testing.worker import TestWorker
+
+
+def worker_fixture(
+    app: App, config: Config | None = None, *, name: str = "worker", **options: Any
+) -> Callable[..., Any]:
+    """A function-scoped async fixture named ``name`` that yields a started
+    ``TestWorker(app, config, **options)`` and stops it after the test.
+
+    It is a ``pytest_asyncio.fixture`` when pytest-asyncio is installed (so it works in
+    its strict mode too), else a plain ``pytest.fixture`` for anyio's plugin.
+    """
+    TestWorker(app, config, **options)  # a bad option fails where the fixture is made
+
+    async def fixture() -> AsyncIterator[TestWorker]:
+        async with TestWorker(app, config, **options) as worker:
+            yield worker
+
+    fixture.__name__ = fixture.__qualname__ = name
+    fixture.__doc__ = f"A started conveyor.testing.TestWorker of app {app.name!r}."
+    try:
+        import pytest_asyncio
+    except ImportError:
+        return pytest.fixture(name=name)(fixture)
+    return pytest_asyncio.fixture(name=name)(fixture)

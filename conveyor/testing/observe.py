@@ -1,0 +1,306 @@
+"""How the kit watches a real daemon without changing what it does.
+
+* :class:`ObservedAdapter` is the embedded memory adapter, unchanged, that also tells
+  the :class:`Observations` what was published, dead-lettered and acknowledged. An
+  acknowledgement is the end of a message's path (it follows the handlers' return and
+  the dead letter's storage), so it is where a message's records are written and where
+  ``settle()`` is woken.
+* :class:`AttemptRecorder` is one interceptor, put outermost among the app's own (inside
+  decode, idempotency and retry), that notes each attempt and what it raised.
+* :func:`observed_app` is a shallow copy of the user's app with that recorder, startup
+  hooks that report when they end, batch handlers whose calls are noted, and retry and
+  batch waits scaled by ``delay_scale``. The user's ``App`` object is not modified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.adapters.memory import MemoryAdapter, MemoryBroker, MemoryReceiver
+from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.app import App, Hook
+from conveyor.platform.client import Client
+from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
+from conveyor.platform.handlers import HandlerFn, HandlerSpec
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.options import BatchOptions, IdempotencyOptions, RetryPolicy
+from conveyor.testing.records import Attempt, Outcome, Record, raw_body
+
+log = logging.getLogger("conveyor.testing")
+
+Position = tuple[int, int]
+"""A message's place in the broker: (queue, offset)."""
+Call = tuple[int, int, str]
+"""One message and one handler: (queue, offset, handler name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCall:
+    """One call of a batch handler: the bodies it was given, and what it raised."""
+
+    handler: str
+    bodies: tuple[Any, ...]
+    error: Exception | None
+
+
+@dataclass(slots=True)
+class HookRun:
+    name: str
+    running: bool = True
+    error: Exception | None = None
+    reported: bool = False
+
+
+class Observations:
+    """Everything the kit saw, and the event ``settle()`` waits on."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.changed = asyncio.Event()
+        """Set after every acknowledgement and every startup hook's end."""
+        self.specs: dict[str, tuple[HandlerSpec, ...]] = app.subscriptions()
+        self.broker: MemoryBroker | None = None
+        self._sequence = 0
+        self.published: dict[Position, tuple[int, Message]] = {}
+        """Published and not settled yet, by position: (publish sequence, message)."""
+        self.messages: dict[Position, Message] = {}
+        """Everything published, in order, as stored."""
+        self.attempts: dict[Call, list[Attempt]] = {}
+        self.bodies: dict[Call, Any] = {}
+        self.running: dict[Call, tuple[int, float]] = {}
+        """Calls under way: (attempt number, when it started, monotonic)."""
+        self.letters: dict[Call, DeadLetter] = {}
+        self.records: list[tuple[int, int, Record]] = []
+        """(publish sequence, handler index, record), in the order they settled."""
+        self.batches: list[BatchCall] = []
+        self.batches_running: dict[str, int] = {}
+        self.hooks: list[HookRun] = []
+
+    # -- what the adapter reports --------------------------------------------------------
+    def published_to(self, messages: Sequence[Message], tokens: Sequence[SequenceToken]) -> None:
+        for message, token in zip(messages, tokens, strict=True):
+            self._sequence += 1
+            stored = message.with_token(token)
+            self.published[(token.queue, token.major)] = (self._sequence, stored)
+            self.messages[(token.queue, token.major)] = stored
+
+    def dead_lettered(self, letter: DeadLetter) -> None:
+        token = letter.message.token
+        if token is not None:
+            self.letters[(token.queue, token.major, letter.handler)] = letter
+
+    def acknowledged(self, log_of: Callable[[int], tuple[int, list[Message]]],
+                     tokens: Sequence[SequenceToken]) -> None:
+        """Write the records of the messages acknowledged now (still in the log)."""
+        for token in tokens:
+            base, items = log_of(token.queue)
+            if not base <= token.major < base + len(items):
+                continue  # acknowledged twice, or rewound past: nothing new settled
+            position = (token.queue, token.major)
+            seq, _ = self.published.pop(position, (None, None))
+            if seq is None:  # appended without enqueue (a dead letter replayed)
+                self._sequence += 1
+                seq = self._sequence
+            self._settle(seq, items[token.major - base])
+
+    def _settle(self, seq: int, message: Message) -> None:
+        token = message.token
+        assert token is not None
+        specs = self.specs.get(message.stream.namespace, ())
+        if not specs:
+            letter = self.letters.pop((token.queue, token.major, ""), None)
+            outcome = Outcome.SKIPPED if letter is None else Outcome.DEAD_LETTERED
+            self.records.append((seq, 0, Record(message, "", outcome, (), letter,
+                                                raw_body(message))))
+            return
+        for index, spec in enumerate(specs):
+            call = (token.queue, token.major, spec.name)
+            attempts = tuple(self.attempts.pop(call, ()))
+            letter = self.letters.pop(call, None)
+            body = self.bodies.pop(call, None)
+            if letter is not None:
+                outcome = Outcome.DEAD_LETTERED
+            elif (not attempts and spec.batch is None
+                  and spec.option(IdempotencyOptions) is not None):
+                outcome = Outcome.DEDUPLICATED
+            else:
+                outcome = Outcome.HANDLED
+            if body is None:
+                body = _decoded(spec, message)
+            self.records.append((seq, index, Record(message, spec.name, outcome, attempts,
+                                                    letter, body)))
+
+    # -- what the chain reports ------------------------------------------------------------
+    def attempted(self, call: Call, delivery: Delivery, error: Exception | None,
+                  duration_s: float) -> None:
+        self.attempts.setdefault(call, []).append(Attempt(delivery.attempt, error, duration_s))
+        self.bodies[call] = delivery.body
+
+    def hook_ended(self, run: HookRun) -> None:
+        run.running = False
+        self.changed.set()
+
+    # -- reading -------------------------------------------------------------------------
+    def sorted_records(self, since: int = 0) -> list[Record]:
+        return [r for _, _, r in sorted(self.records[since:], key=lambda t: t[:2])]
+
+    def running_calls(self, position: Position) -> list[str]:
+        now = time.monotonic()
+        return [
+            f"{name.rpartition('.')[2]} attempt {attempt} running for {now - since:.1f}s"
+            for (queue, offset, name), (attempt, since) in self.running.items()
+            if (queue, offset) == position
+        ]
+
+
+def _decoded(spec: HandlerSpec, message: Message) -> Any:
+    try:
+        return spec.decode(message)
+    except Exception:
+        return raw_body(message)
+
+
+class ObservedReceiver(MemoryReceiver):
+    def __init__(self, broker: MemoryBroker, queue: int, group: str,
+                 observations: Observations) -> None:
+        super().__init__(broker, queue, group)
+        self._observations = observations
+        self._memory = broker
+
+    def _log_of(self, queue: int) -> tuple[int, list[Message]]:
+        log_ = self._memory.log(queue)
+        return log_.base, log_.items
+
+    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+        self._observations.acknowledged(self._log_of, tokens)
+        await super().messages_delivered(tokens)
+        self._observations.changed.set()
+
+
+class ObservedAdapter(MemoryAdapter):
+    """The memory adapter, reporting to ``observations`` (nothing else differs)."""
+
+    def __init__(self, broker_name: str, observations: Observations, *,
+                 max_dead_letters: int = 0) -> None:
+        super().__init__(broker_name, max_dead_letters=max_dead_letters)
+        self.observations = observations
+        observations.broker = self.broker
+
+    async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
+        tokens = await super().enqueue(queue, messages)
+        self.observations.published_to(messages, tokens)
+        return tokens
+
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        receiver = ObservedReceiver(self.broker, queue, group, self.observations)
+        self.broker.receivers.add(receiver)
+        return receiver
+
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        evicted = await super().dead_letter(group, letters)
+        for letter in letters:
+            self.observations.dead_lettered(letter)
+        return evicted
+
+
+class AttemptRecorder(Interceptor):
+    """Notes every attempt of every (non-batch) handler: number, error, duration."""
+
+    def __init__(self, observations: Observations) -> None:
+        self._observations = observations
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        observations = self._observations
+        running = observations.running
+        name = handler.name
+        clock = time.monotonic
+
+        async def recorded(delivery: Delivery) -> Any:
+            token = delivery.message.token
+            call = (token.queue, token.major, name) if token is not None else (-1, -1, name)
+            started = clock()
+            running[call] = (delivery.attempt, started)
+            try:
+                result = await next(delivery)
+            except Exception as exc:
+                running.pop(call, None)
+                observations.attempted(call, delivery, exc, clock() - started)
+                raise
+            except BaseException:
+                running.pop(call, None)
+                raise
+            running.pop(call, None)
+            observations.attempted(call, delivery, None, clock() - started)
+            return result
+
+        return recorded
+
+
+def observed_app(app: App, observations: Observations, delay_scale: float) -> App:
+    """A copy of ``app`` the kit can watch (see the module docstring)."""
+    shadow = copy.copy(app)
+    shadow.interceptors = (AttemptRecorder(observations), *app.interceptors)
+    shadow.handlers = [_adjusted(spec, observations, delay_scale) for spec in app.handlers]
+    shadow.on_startup = [_watched(hook, observations) for hook in app.on_startup]
+    observations.specs = shadow.subscriptions()
+    return shadow
+
+
+def _adjusted(spec: HandlerSpec, observations: Observations, scale: float) -> HandlerSpec:
+    options = dict(spec.options)
+    fn = spec.fn
+    if scale != 1.0:
+        retry = spec.retry
+        options[RetryPolicy] = RetryPolicy(
+            retry.attempts, retry.initial_delay_s * scale, retry.multiplier,
+            retry.max_delay_s * scale, retry.jitter_s * scale,
+        )
+    batch = spec.batch
+    if batch is not None:
+        options[BatchOptions] = BatchOptions(batch.size, batch.wait_ms * scale)
+        fn = _batch_recorder(spec.name, fn, observations)
+    return dataclasses.replace(spec, fn=fn, options=options)
+
+
+def _batch_recorder(name: str, fn: HandlerFn, observations: Observations) -> HandlerFn:
+    running = observations.batches_running
+
+    async def recorded(bodies: list[Any]) -> Any:
+        kept = tuple(bodies)  # the handler may change its list
+        running[name] = running.get(name, 0) + 1
+        try:
+            result = await fn(bodies)
+        except Exception as exc:
+            observations.batches.append(BatchCall(name, kept, exc))
+            raise
+        finally:
+            running[name] -= 1
+        observations.batches.append(BatchCall(name, kept, None))
+        return result
+
+    return recorded
+
+
+def _watched(hook: Hook, observations: Observations) -> Hook:
+    """The hook, reporting its end; what it raises is kept for ``settle()`` to raise."""
+    run = HookRun(getattr(hook, "__qualname__", repr(hook)))
+    observations.hooks.append(run)
+
+    async def watched(client: Client) -> None:
+        try:
+            await hook(client)
+        except Exception as exc:
+            run.error = exc
+            log.error("startup hook %s raised %s: %s", run.name, type(exc).__name__, exc)
+        finally:
+            observations.hook_ended(run)
+
+    return watched

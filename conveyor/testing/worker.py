@@ -1,0 +1,366 @@
+"""The :class:`TestWorker`: an app's real worker daemon on a private embedded broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import uuid
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+import msgspec
+
+from conveyor.adapters.memory import MemoryBroker, reset_broker
+from conveyor.platform.app import App
+from conveyor.platform.client import Client, Publish
+from conveyor.platform.config import Config
+from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.message import Message
+from conveyor.platform.telemetry import Telemetry
+from conveyor.testing.observe import BatchCall, Observations, ObservedAdapter, observed_app
+from conveyor.testing.records import (
+    DeadLettersFound,
+    NotSettled,
+    Outcome,
+    Record,
+    StartupHookFailed,
+    report,
+)
+from conveyor.workers.daemon import DrainReport, WorkerDaemon
+
+HandlerRef = str | Callable[..., Any]
+"""A handler, named as declared (``module.function`` or ``name=``), by its last part
+(``"on_order"``), or given as the decorated function itself."""
+
+_LISTED = 20
+"""Unsettled messages a NotSettled error lists one by one (then it counts the rest)."""
+
+
+def kit_config(config: Config | None, broker_name: str) -> Config:
+    """``config`` (or the defaults) on the private embedded broker ``broker_name``, with
+    every queue owned by the one daemon and no HTTP endpoint; the rest as given."""
+    base = config or Config()
+    replace = msgspec.structs.replace
+    return replace(
+        base,
+        queues=replace(base.queues, adapter="memory"),
+        memory=replace(base.memory, broker=broker_name),
+        balancer=replace(base.balancer, kind="static", queues=[]),
+        http=replace(base.http, port=None),
+    )
+
+
+class TestWorker:
+    """Runs ``app``'s handlers in this process, through the real daemon, pulling agents
+    and delivery chain, on a private embedded broker. ::
+
+        async with TestWorker(app) as worker:
+            await worker.publish("orders", "o-1", {"total": 3})
+            await worker.settle()
+            assert worker.bodies("orders") == [Order(total=3)]
+
+    ``config`` supplies everything but the broker (slots, cells, dead-letter policy,
+    drain time); its ``[queues] adapter`` is replaced by a private embedded broker and
+    its balancer by one that gives this daemon every queue. ``delay_scale`` multiplies
+    the waits handlers declare — retry back-off (``retry_delay_s``, ``retry_max_delay_s``,
+    ``retry_jitter_s``) and ``batch_wait_ms`` — 0 (the default) retries at once and cuts
+    a batch from what has arrived, 1 keeps them as declared; the number of attempts never
+    changes. ``telemetry`` is off unless given. The ``App`` object is not modified: the
+    daemon runs a copy with one observer added (see :mod:`conveyor.testing.observe`).
+    """
+
+    __test__ = False  # pytest: not a test class, whatever a test module imports
+
+    def __init__(
+        self,
+        app: App,
+        config: Config | None = None,
+        *,
+        delay_scale: float = 0.0,
+        settle_timeout_s: float = 10.0,
+        stop_timeout_s: float = 5.0,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        for name, value in (("delay_scale", delay_scale), ("settle_timeout_s", settle_timeout_s),
+                            ("stop_timeout_s", stop_timeout_s)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise InvalidArgumentError(
+                    f"TestWorker {name} must be a finite number >= 0, got {value!r}")
+        self.app = app
+        self.delay_scale = float(delay_scale)
+        self.settle_timeout_s = settle_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.broker_name = f"conveyor-testing-{uuid.uuid4().hex[:12]}"
+        self.config = kit_config(config, self.broker_name)
+        self._telemetry = telemetry or Telemetry.disabled()
+        self._observations = Observations(app)
+        self._settled = 0  # records already returned by settle()
+        self._daemon: WorkerDaemon | None = None
+        self.drain_report: DrainReport | None = None
+        """What the daemon's stop did (set by :meth:`stop`)."""
+
+    def __repr__(self) -> str:
+        state = ("stopped" if self.drain_report is not None
+                 else "started" if self._daemon is not None else "not started")
+        return (f"TestWorker(app={self.app.name!r}, {state}, "
+                f"settled={len(self._observations.records)})")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> TestWorker:
+        if self._daemon is not None:
+            raise ConveyorError("this TestWorker is started already")
+        observations = self._observations
+        adapter = ObservedAdapter(self.broker_name, observations,
+                                  max_dead_letters=self.config.dead_letters.max_entries)
+        shadow = observed_app(self.app, observations, self.delay_scale)
+        try:
+            self._daemon = WorkerDaemon(shadow, self.config, adapter=adapter,
+                                        telemetry=self._telemetry)
+            await self._daemon.start()
+        except BaseException:
+            if self._daemon is not None:
+                with contextlib.suppress(Exception):  # the start's error is the one to see
+                    await self._daemon.stop(deadline=asyncio.get_running_loop().time())
+            self._forget_broker()
+            raise
+        return self
+
+    async def stop(self) -> DrainReport:
+        """Drain the daemon (within ``stop_timeout_s``) and forget the private broker."""
+        daemon = self.daemon
+        try:
+            loop = asyncio.get_running_loop()
+            self.drain_report = await daemon.stop(deadline=loop.time() + self.stop_timeout_s)
+        finally:
+            self._forget_broker()
+        return self.drain_report
+
+    def _forget_broker(self) -> None:
+        reset_broker(self.broker_name)
+        # The embedded idempotency store lives per broker name, for the process.
+        LocalIdempotencyStore._by_broker.pop(self.broker_name, None)
+
+    async def __aenter__(self) -> TestWorker:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.stop()
+
+    @property
+    def daemon(self) -> WorkerDaemon:
+        """The real :class:`~conveyor.WorkerDaemon` under test (pools, cells, stats)."""
+        if self._daemon is None:
+            raise ConveyorError("the TestWorker is not started: use `async with "
+                                "TestWorker(app) as worker` or `await worker.start()`")
+        return self._daemon
+
+    @property
+    def client(self) -> Client:
+        """The client startup hooks receive: publishing with it is publishing here."""
+        return self.daemon.client
+
+    # -- publishing --------------------------------------------------------------------------
+    async def publish(self, namespace: str, key: str, body: Any,
+                      headers: dict[str, str] | None = None,
+                      content_type: str | None = None) -> Message:
+        """Publish one message (as :meth:`conveyor.Client.publish` does); returns it as
+        stored, with its id and position."""
+        token = await self.client.publish(namespace, key, body, headers, content_type)
+        return self._stored(token.queue, token.major)
+
+    async def publish_batch(self, items: Iterable[Publish]) -> list[Message]:
+        """Publish many messages at once (as :meth:`conveyor.Client.publish_batch`)."""
+        tokens = await self.client.publish_batch(list(items))
+        return [self._stored(t.queue, t.major) for t in tokens]
+
+    async def redeliver(self, message: Message) -> Message:
+        """Deliver ``message`` again, same id and all, as a crash or a lost lease would
+        (what an ``idempotent=True`` handler must absorb). Returns the new copy."""
+        queue = self.client.queue_for(message.stream.namespace, message.stream.key)
+        plain = msgspec.structs.replace(message, token=None)
+        token = (await self.daemon.adapter.enqueue(queue, [plain]))[0]
+        return self._stored(token.queue, token.major)
+
+    def _stored(self, queue: int, offset: int) -> Message:
+        return self._observations.messages[(queue, offset)]
+
+    def _broker(self) -> MemoryBroker:
+        broker = self._observations.broker
+        if broker is None:
+            raise ConveyorError("the TestWorker is not started")
+        return broker
+
+    # -- settling ----------------------------------------------------------------------------
+    async def settle(self, timeout_s: float | None = None, *,
+                     raise_on_dead_letters: bool = True) -> list[Record]:
+        """Wait until every message published so far — and every message their handlers
+        and the startup hooks publish meanwhile — is acknowledged: handled, dead-lettered
+        or skipped, retries included; and until the startup hooks have returned.
+
+        Returns the records settled since the previous call. Raises :class:`NotSettled`
+        after ``timeout_s`` (default ``settle_timeout_s``) naming what is not settled,
+        :class:`StartupHookFailed` if a startup hook raised, and (unless
+        ``raise_on_dead_letters=False``) :class:`DeadLettersFound` if any message was
+        dead-lettered, with the first failure's exception as the cause.
+        """
+        __tracebackhide__ = True  # pytest: the failure is the test's, not this frame's
+        timeout = self.settle_timeout_s if timeout_s is None else timeout_s
+        changed = self._observations.changed
+        try:
+            async with asyncio.timeout(timeout):
+                while not self._quiet():
+                    changed.clear()
+                    await changed.wait()
+        except TimeoutError:
+            raise NotSettled(
+                f"not settled after {timeout:g}s:\n" + "\n".join(self.unsettled())
+            ) from None
+        self._raise_hook_failures()
+        new = self._observations.sorted_records(self._settled)
+        self._settled = len(self._observations.records)
+        letters = [r for r in new if r.outcome is Outcome.DEAD_LETTERED]
+        if letters and raise_on_dead_letters:
+            cause = next((r.error for r in letters if r.error is not None), None)
+            raise DeadLettersFound(
+                f"{len(letters)} message(s) dead-lettered (settle(raise_on_dead_letters="
+                "False) if the test expects that):\n" + report(letters), letters,
+            ) from cause
+        return new
+
+    def _quiet(self) -> bool:
+        observations = self._observations
+        if any(run.running for run in observations.hooks):
+            return False
+        broker = self._broker()
+        group = self.app.name
+        for queue, log in broker.logs.items():
+            cursor = broker.cursors.get((group, queue))
+            if cursor is None:
+                if log.items:
+                    return False
+                continue
+            if cursor.next_offset < log.end or cursor.pending or cursor.redeliver:
+                return False
+        return True
+
+    def unsettled(self) -> list[str]:
+        """What :meth:`settle` is waiting for, one line each (empty when settled)."""
+        observations = self._observations
+        lines = [f"startup hook {run.name} still running"
+                 for run in observations.hooks if run.running]
+        broker = self._broker()
+        group = self.app.name
+        waiting: list[str] = []
+        for queue, log in sorted(broker.logs.items()):
+            cursor = broker.cursors.get((group, queue))
+            start = log.base if cursor is None else cursor.next_offset
+            held: list[tuple[int, Message, str]] = []
+            if cursor is not None:
+                for offset, message in cursor.pending.items():
+                    calls = observations.running_calls((queue, offset))
+                    held.append((offset, message, "; ".join(calls) if calls else
+                                 "pulled, not finished (waiting for a slot, an earlier "
+                                 "message of its stream, a batch or its acknowledgement)"))
+                for message in cursor.redeliver:
+                    offset = message.token.major if message.token else -1
+                    held.append((offset, message, "handed back, to be delivered again"))
+            for _, message, state in sorted(held, key=lambda t: t[0]):
+                waiting.append(f"queue {queue}: {_named(message)}: {state}")
+            for message in log.items[start - log.base:]:
+                waiting.append(f"queue {queue}: {_named(message)}: not pulled yet"
+                               + (" (no receiver for this app)" if cursor is None else ""))
+        for name, count in sorted(observations.batches_running.items()):
+            if count:
+                lines.append(f"batch handler {name.rpartition('.')[2]}: a batch is running")
+        lines.extend(waiting[:_LISTED])
+        if len(waiting) > _LISTED:
+            lines.append(f"... and {len(waiting) - _LISTED} more message(s)")
+        return lines
+
+    def _raise_hook_failures(self) -> None:
+        for run in self._observations.hooks:
+            if run.error is not None and not run.reported:
+                run.reported = True
+                raise StartupHookFailed(
+                    f"startup hook {run.name} raised {type(run.error).__name__}: {run.error}"
+                ) from run.error
+
+    # -- what happened -----------------------------------------------------------------------
+    @property
+    def records(self) -> list[Record]:
+        """Every settled message, per handler, in publish order (then declaration order)."""
+        return self._observations.sorted_records()
+
+    def _select(self, outcome: Outcome | None, namespace: str | None,
+                handler: HandlerRef | None) -> list[Record]:
+        match = self._handler_match(handler)
+        return [
+            r for r in self.records
+            if (outcome is None or r.outcome is outcome)
+            and (namespace is None or r.namespace == namespace)
+            and match(r.handler)
+        ]
+
+    def _handler_match(self, handler: HandlerRef | None) -> Callable[[str], bool]:
+        if handler is None:
+            return lambda name: True
+        if not isinstance(handler, str):
+            names = {spec.name for spec in self.app.handlers if spec.fn is handler}
+            if not names:
+                raise InvalidArgumentError(f"{handler!r} is not a handler of app "
+                                           f"{self.app.name!r}")
+            return names.__contains__
+        return lambda name: name == handler or name.rpartition(".")[2] == handler
+
+    def handled(self, namespace: str | None = None, *,
+                handler: HandlerRef | None = None) -> list[Record]:
+        """Records of messages a handler returned on (after retries or not)."""
+        return self._select(Outcome.HANDLED, namespace, handler)
+
+    def dead_lettered(self, namespace: str | None = None, *,
+                      handler: HandlerRef | None = None) -> list[Record]:
+        """Records of messages stored as dead letters (``record.letter`` says why)."""
+        return self._select(Outcome.DEAD_LETTERED, namespace, handler)
+
+    def retried(self, namespace: str | None = None, *,
+                handler: HandlerRef | None = None) -> list[Record]:
+        """Records of messages a handler was called on more than once."""
+        return [r for r in self._select(None, namespace, handler) if r.retried]
+
+    def skipped(self, namespace: str | None = None) -> list[Record]:
+        """Records of messages of namespaces no handler of the app subscribes to."""
+        return self._select(Outcome.SKIPPED, namespace, None)
+
+    def deduplicated(self, namespace: str | None = None, *,
+                     handler: HandlerRef | None = None) -> list[Record]:
+        """Records of deliveries an ``idempotent=True`` handler had completed already."""
+        return self._select(Outcome.DEDUPLICATED, namespace, handler)
+
+    def bodies(self, namespace: str | None = None, *,
+               handler: HandlerRef | None = None) -> list[Any]:
+        """The bodies handled, as the handler received them, in publish order."""
+        return [r.body for r in self.handled(namespace, handler=handler)]
+
+    def published(self, namespace: str | None = None) -> list[Message]:
+        """Every message published (by the test, the handlers or the startup hooks), in
+        the order published, as stored (with its position)."""
+        self._broker()
+        return [m for m in self._observations.messages.values()
+                if namespace is None or m.stream.namespace == namespace]
+
+    def batches(self, handler: HandlerRef | None = None) -> list[BatchCall]:
+        """Every call of a batch handler, in the order they ended."""
+        match = self._handler_match(handler)
+        return [call for call in self._observations.batches if match(call.handler)]
+
+    def report(self, *, tracebacks: bool = False) -> str:
+        """Every record, one line each (with ``tracebacks``, each failed call's below)."""
+        return report(self.records, tracebacks=tracebacks)
+
+
+def _named(message: Message) -> str:
+    return f"{message.stream.namespace}/{message.stream.key} (message {message.id[:8]})"

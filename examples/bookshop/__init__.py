@@ -1,0 +1,1 @@
+"""An example app and the tests a user writes for it (docs/testing.md shows them)."""

@@ -1,0 +1,65 @@
+"""conveyor.testing as a user's pytest run sees it: a project of its own, in pytest-asyncio's
+strict mode (the default), with the fixture made by worker_fixture."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+USER_TESTS = '''
+import pytest
+
+import conveyor
+from conveyor.testing.fixtures import worker_fixture
+
+app = conveyor.App("shop")
+
+
+@app.handler("orders")
+async def on_order(order: dict[str, int]) -> None:
+    print(order["total_cents"] // order["items"])
+
+
+worker = worker_fixture(app)
+
+
+@pytest.mark.asyncio
+async def test_an_order_with_items(worker):
+    await worker.publish("orders", "o-1", {"total_cents": 1200, "items": 2})
+    await worker.settle()
+    assert worker.bodies() == [{"total_cents": 1200, "items": 2}]
+
+
+@pytest.mark.asyncio
+async def test_an_order_without_items(worker):
+    await worker.publish("orders", "o-2", {"total_cents": 1200, "items": 0})
+    await worker.settle()
+'''
+
+
+def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_error(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_shop.py").write_text(USER_TESTS)
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+         "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), str(tmp_path)],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+    )
+    out = ran.stdout
+    assert ran.returncode == 1, out + ran.stderr
+    assert "1 failed, 1 passed" in out
+    # The handler's own line and error first, then the test's line and the kit's summary.
+    handler_error = out.index('print(order["total_cents"] // order["items"])')
+    assert out.index("ZeroDivisionError: integer division or modulo by zero") > handler_error
+    summary = out.index("dead-lettered orders/o-2 on_order, 3 attempts: ZeroDivisionError")
+    assert out.index("await worker.settle()") < summary
+    assert "conveyor/testing/worker.py" not in out  # the kit's frames are hidden

@@ -1,0 +1,141 @@
+"""Handlers as people write them, on a real Redis with the shipped configs/redis.toml.
+
+An ``async def`` handler that blocks its event loop (``time.sleep`` inside a coroutine)
+must neither cost its daemon the queues it owns nor make two daemons take turns re-running
+the blockers for ever; a message whose handling kills its worker must end as a dead
+letter after ``max_deliveries`` instead of being delivered for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conveyor.platform.adapter import create_adapter
+from conveyor.platform.client import Publish, SyncClient
+from conveyor.platform.config import load_config
+from conveyor.platform.message import DeadLetter
+from tests.conftest import wait_until_sync
+from tests.integration.redis.conftest import REPO, RedisServer, Worker
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+SHIPPED = REPO / "configs" / "redis.toml"
+APP = "tests.apps.blocking_app:app"
+
+
+def rows_of(paths: list[Path]) -> list[list[str]]:
+    """Record lines: time, pid, queue, stream key, seq, message id, deliveries."""
+    rows = []
+    for path in paths:
+        if path.exists():
+            rows.extend(p for p in (line.split() for line in path.read_text().splitlines())
+                        if len(p) == 7)
+    return rows
+
+
+def shipped_env(server: RedisServer) -> dict[str, str]:
+    return {"CONVEYOR_REDIS__URL": server.url}
+
+
+def test_handlers_blocking_the_loop_cost_no_lease_and_run_at_most_twice(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    env = shipped_env(redis_server)
+    ws = [Worker(f"w{i}", SHIPPED, tmp_path, app=APP, env=env) for i in range(2)]
+    workers.extend(ws)
+    config = load_config(SHIPPED, environ=env)
+    n, streams = 200, 20
+    blockers = {i for i in range(n) if i % 20 == 7}  # 10 of 200, spread over the streams
+    assert len(blockers) == 10
+    started = time.monotonic()
+    with SyncClient.from_config(config) as client:
+        client.publish_batch(
+            Publish("items", f"s{i % streams}",
+                    {"seq": i, "block_s": 3.0 if i in blockers else 0.0})
+            for i in range(n))
+    records = [w.record for w in ws]
+
+    def handled() -> set[int]:
+        return {int(r[4]) for r in rows_of(records)}
+
+    wait_until_sync(lambda: len(handled()) == n, 60, "every message to be handled")
+    took_s = time.monotonic() - started
+    assert [w.stop() for w in ws] == [0, 0]
+    rows = rows_of(records)
+    runs = Counter(int(r[4]) for r in rows)
+    assert set(runs) == set(range(n))
+    doubled = {seq: c for seq, c in runs.items() if c > 1}
+    print(f"\nblocked loops: all {n} handled in {took_s:.1f}s; ran twice: {doubled}")
+    # A non-blocking message runs once; a blocker may run twice (its worker can lose the
+    # queue while the blocker holds the loop past the lease, in the worst case).
+    assert all(seq in blockers for seq in doubled), doubled
+    assert max(runs.values()) <= 2, runs
+    logs = ws[0].stderr + ws[1].stderr
+    assert "on_item" in logs and "blocked the event loop" in logs, logs[-3000:]
+
+
+def test_a_message_that_kills_its_worker_becomes_a_dead_letter_after_max_deliveries(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """``os._exit(1)`` on one message under ``--processes 2:2`` (the supervisor replaces
+    the dead process): after ``max_deliveries`` = 3 runs it is a dead letter with reason
+    ``DeliveryLimit``; every other message is handled. Duplicates allowed: the messages
+    the dying processes had finished but not yet acknowledged (each crash's batch on the
+    poisoned queue), never more than 3 runs of any message."""
+    env = {**os.environ, **shipped_env(redis_server), "PYTHONUNBUFFERED": "1",
+           "CONVEYOR_TEST_RECORD": str(tmp_path / "handled.rec"),
+           "CONVEYOR_TEST_STARTS": str(tmp_path / "started.rec"),
+           "CONVEYOR_TEST_EXIT_ON": "57", "CONVEYOR_TEST_MAX_DELIVERIES": "3"}
+    err_path = tmp_path / "supervisor.err"
+    config = load_config(SHIPPED, environ=env)
+    n, streams = 200, 20
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "worker", APP, "--config", str(SHIPPED),
+             "--processes", "2:2"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        with SyncClient.from_config(config) as client:
+            client.publish_batch(Publish("items", f"s{i % streams}", {"seq": i})
+                                 for i in range(n))
+
+        def letters() -> list[DeadLetter]:
+            async def read() -> list[DeadLetter]:
+                adapter = create_adapter("redis", config)
+                try:
+                    return list(await adapter.read_dead_letters("rec"))
+                finally:
+                    await adapter.close()
+            return asyncio.run(read())
+
+        def settled() -> bool:
+            handled = {int(r[4]) for r in rows_of([tmp_path / "handled.rec"])}
+            return handled == set(range(n)) - {57} and len(letters()) >= 1
+
+        wait_until_sync(settled, 90, "every message handled and the poison dead-lettered")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, err_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    [letter] = letters()
+    assert letter.error_type == "DeliveryLimit", letter
+    assert letter.message.body == b'{"seq":57}' or b'"seq":57' in letter.message.body
+    assert "max_deliveries = 3" in letter.error
+    starts = Counter(int(r[4]) for r in rows_of([tmp_path / "started.rec"]))
+    assert starts[57] == 3, starts[57]
+    handled = Counter(int(r[4]) for r in rows_of([tmp_path / "handled.rec"]))
+    assert 57 not in handled
+    assert max(handled.values()) <= 3, handled
+    print(f"\nos._exit poison: started 3 times, dead-lettered; duplicates of others: "
+          f"{sum(c - 1 for c in handled.values())}")

@@ -1,0 +1,383 @@
+"""conveyor.testing: the real daemon and delivery chain, settled without sleeps, reported
+per message. Every test runs the app's real WorkerDaemon on a private embedded broker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import msgspec
+import pytest
+
+import conveyor
+from conveyor import App, Delivery, HandlerSpec, Interceptor, MessageContext, Publish, Step
+from conveyor.adapters import memory
+from conveyor.testing import (
+    DeadLettersFound,
+    NotSettled,
+    Outcome,
+    StartupHookFailed,
+    TestWorker,
+)
+from conveyor.testing.fixtures import worker_fixture
+
+
+class Order(msgspec.Struct):
+    total: int
+    tenant: str = "t1"
+
+
+def flaky_app(fail_times: dict[int, int], **options: Any) -> tuple[App, Counter[str]]:
+    """Orders whose total is in ``fail_times`` fail that many calls first (-1: always)."""
+    app = App("kit")
+    calls: Counter[str] = Counter()
+
+    @app.handler("orders", **options)
+    async def on_order(order: Order, ctx: MessageContext) -> None:
+        calls[ctx.message.id] += 1
+        allowed = fail_times.get(order.total, 0)
+        if allowed < 0 or calls[ctx.message.id] <= allowed:
+            raise ValueError(f"order {order.total} failed on call {calls[ctx.message.id]}")
+
+    return app, calls
+
+
+# -- settling ---------------------------------------------------------------------------
+async def test_settle_waits_for_retries_that_succeed_and_records_each_attempt() -> None:
+    # Declared back-off: 10 s then 20 s. The kit skips it; settle's 5 s would not wait it.
+    app, calls = flaky_app({7: 2}, retry_attempts=3, retry_delay_s=10.0)
+    async with TestWorker(app, settle_timeout_s=5.0) as worker:
+        published = [await worker.publish("orders", f"o-{n}", {"total": n}) for n in (1, 7, 2)]
+        settled = await worker.settle()
+
+    assert [r.message.id for r in settled] == [m.id for m in published]
+    assert [r.outcome for r in settled] == [Outcome.HANDLED] * 3
+    assert worker.bodies("orders") == [Order(1), Order(7), Order(2)]
+    [retried] = worker.retried()
+    assert retried.body == Order(7) and calls[retried.message.id] == 3
+    assert [a.number for a in retried.attempts] == [1, 2, 3]
+    assert [type(a.error) for a in retried.attempts] == [ValueError, ValueError, type(None)]
+    assert str(retried.attempts[1].error) == "order 7 failed on call 2"
+    assert worker.daemon.stats.retried == 2 and worker.daemon.stats.handled == 3
+
+
+async def test_delay_scale_one_keeps_the_declared_back_off() -> None:
+    app, _ = flaky_app({1: 1}, retry_attempts=2, retry_delay_s=0.3)
+    loop = asyncio.get_running_loop()
+    async with TestWorker(app, delay_scale=1.0) as worker:
+        began = loop.time()
+        await worker.publish("orders", "o-1", {"total": 1})
+        await worker.settle()
+        assert loop.time() - began >= 0.3
+    assert len(worker.retried()) == 1
+
+
+async def test_dead_letters_raise_with_the_handlers_exception_as_the_cause() -> None:
+    app, calls = flaky_app({-5: -1}, retry_attempts=3)
+    async with TestWorker(app) as worker:
+        bad = await worker.publish("orders", "o-bad", {"total": -5})
+        good = await worker.publish("orders", "o-good", {"total": 5})
+        with pytest.raises(DeadLettersFound) as caught:
+            await worker.settle()
+        stored = await worker.daemon.adapter.list_dead_letters(app.name)
+
+    error = caught.value
+    assert isinstance(error.__cause__, ValueError)
+    assert str(error.__cause__) == "order -5 failed on call 3"
+    assert "orders/o-bad on_order, 3 attempts: ValueError: order -5 failed on call 3" in str(error)
+    assert [r.message.id for r in error.records] == [bad.id]
+    [letter] = [s.letter for s in stored]
+    assert letter.message.id == bad.id and letter.attempts == 3 and calls[bad.id] == 3
+    [dead] = worker.dead_lettered()
+    assert dead.letter == letter and dead.body == Order(-5)
+    assert [r.message.id for r in worker.handled()] == [good.id]
+
+
+async def test_settle_can_expect_dead_letters_and_a_body_that_does_not_decode_has_no_attempt(
+) -> None:
+    app, calls = flaky_app({})
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "o-1", {"no_total": 1})
+        [record] = await worker.settle(raise_on_dead_letters=False)
+    assert record.outcome is Outcome.DEAD_LETTERED and record.attempts == ()
+    assert record.letter is not None and record.letter.error_type == "DecodeError"
+    assert record.body == {"no_total": 1} and not calls
+
+
+async def test_settle_only_returns_what_settled_since_the_last_call() -> None:
+    app, _ = flaky_app({})
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "a", {"total": 1})
+        first = await worker.settle()
+        await worker.publish("orders", "b", {"total": 2})
+        second = await worker.settle()
+        assert await worker.settle() == []
+    assert [r.key for r in first] == ["a"] and [r.key for r in second] == ["b"]
+    assert [r.key for r in worker.records] == ["a", "b"]
+
+
+async def test_records_come_in_publish_order_across_queues() -> None:
+    app, _ = flaky_app({})
+    async with TestWorker(app) as worker:
+        published = [await worker.publish("orders", f"k{n}", {"total": n}) for n in range(60)]
+        await worker.settle()
+    assert len({m.token.queue for m in published if m.token}) > 1  # spread over queues
+    assert [r.message.id for r in worker.records] == [m.id for m in published]
+
+
+async def test_a_timeout_names_the_unsettled_messages_and_the_running_handler() -> None:
+    app = App("kit")
+    gate = asyncio.Event()
+
+    @app.handler("slow")
+    async def wait_for_gate(body: dict[str, int]) -> None:
+        await gate.wait()
+
+    async with TestWorker(app) as worker:
+        await worker.publish("slow", "s-1", {"n": 1})
+        await worker.publish("slow", "s-1", {"n": 2})  # same stream: waits its turn
+        with pytest.raises(NotSettled) as caught:
+            await worker.settle(timeout_s=0.3)
+        text = str(caught.value)
+        assert text.startswith("not settled after 0.3s:")
+        lines = text.splitlines()[1:]
+        assert len(lines) == 2
+        assert "slow/s-1" in lines[0] and "wait_for_gate attempt 1 running for" in lines[0]
+        assert "slow/s-1" in lines[1] and "pulled, not finished" in lines[1]
+        gate.set()
+        assert len(await worker.settle()) == 2
+        assert worker.unsettled() == []
+
+
+async def test_a_timeout_names_a_startup_hook_still_running() -> None:
+    app, _ = flaky_app({})
+    gate = asyncio.Event()
+
+    @app.startup
+    async def seed(client: conveyor.Client) -> None:
+        await gate.wait()
+
+    async with TestWorker(app) as worker:
+        with pytest.raises(NotSettled, match=r"startup hook .*seed still running"):
+            await worker.settle(timeout_s=0.1)
+        gate.set()
+        await worker.settle()
+
+
+# -- the app's features, through the real chain -------------------------------------------
+async def test_app_interceptors_wrap_every_attempt_and_can_fail_it() -> None:
+    seen: list[tuple[str, int]] = []
+
+    class Audit(Interceptor):
+        def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+            async def audited(delivery: Delivery) -> Any:
+                seen.append((delivery.message.stream.key, delivery.attempt))
+                if delivery.message.headers.get("veto"):
+                    raise PermissionError("vetoed by Audit")
+                return await next(delivery)
+
+            return audited
+
+    app = App("kit", interceptors=[Audit()])
+    calls: Counter[str] = Counter()
+
+    @app.handler("orders", retry_attempts=2)
+    async def on_order(order: Order, ctx: MessageContext) -> None:
+        calls[ctx.message.stream.key] += 1
+        if order.total == 1 and calls["a"] == 1:
+            raise ValueError("first call fails")
+
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "a", {"total": 1})
+        await worker.publish("orders", "b", {"total": 2}, headers={"veto": "yes"})
+        await worker.settle(raise_on_dead_letters=False)
+
+    assert sorted(seen) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    assert calls == {"a": 2}  # the veto never reached the handler
+    [vetoed] = worker.dead_lettered()
+    assert vetoed.key == "b" and [type(a.error) for a in vetoed.attempts] == [PermissionError] * 2
+
+
+async def test_pool_and_cell_handlers_run_on_their_pool_and_cells() -> None:
+    app = App("kit")
+    pooled: list[int] = []
+    by_tenant: dict[str, list[int]] = {}
+
+    @app.handler("jobs", name="pooled_job", stateless=True, max_workers=2)
+    async def pooled_job(order: Order) -> None:
+        pooled.append(order.total)
+
+    @app.handler("jobs", name="per_tenant", cell_key="body:tenant", cell_size=1)
+    async def per_tenant(order: Order) -> None:
+        by_tenant.setdefault(order.tenant, []).append(order.total)
+
+    async with TestWorker(app) as worker:
+        for n in range(6):
+            await worker.publish("jobs", f"j{n}", {"total": n, "tenant": f"t{n % 2}"})
+        settled = await worker.settle()
+        pool = worker.daemon.pools["pooled_job"]
+        cells = worker.daemon.cells["per_tenant"].cells
+        assert pool.created >= 1
+        assert {name: cell.handled for name, cell in cells.items()} == {"t0": 3, "t1": 3}
+
+    assert len(settled) == 12  # 6 messages x 2 handlers, each settled once per handler
+    assert sorted(pooled) == list(range(6))
+    assert {t: sorted(n) for t, n in by_tenant.items()} == {"t0": [0, 2, 4], "t1": [1, 3, 5]}
+    assert [r.handler for r in settled[:2]] == ["pooled_job", "per_tenant"]
+    assert worker.bodies(handler=per_tenant) == [Order(n, f"t{n % 2}") for n in range(6)]
+
+
+async def test_a_batch_handler_is_called_per_batch_and_its_poison_message_dead_lettered(
+) -> None:
+    app = App("kit")
+
+    # batch_wait_ms of 10 s: the kit cuts the batch from what has arrived at once.
+    @app.handler("clicks", batch_size=8, batch_wait_ms=10_000, retry_attempts=2)
+    async def store_clicks(clicks: list[Order]) -> None:
+        if any(c.total < 0 for c in clicks):
+            raise ValueError("a negative click")
+
+    async with TestWorker(app, settle_timeout_s=5.0) as worker:
+        await worker.publish_batch(
+            Publish("clicks", "page", {"total": n}) for n in (1, 2, -3, 4))
+        await worker.settle(raise_on_dead_letters=False)
+
+    [poison] = worker.dead_lettered()
+    assert poison.body == Order(-3) and poison.letter is not None
+    assert poison.letter.attempts == 2 and poison.letter.error == "a negative click"
+    assert worker.bodies() == [Order(1), Order(2), Order(4)]
+    # The batch fails twice (its retry), then the bisection finds the poison message.
+    calls = [([c.total for c in call.bodies], call.error is None)
+             for call in worker.batches(handler="store_clicks")]
+    assert calls == [([1, 2, -3, 4], False), ([1, 2, -3, 4], False), ([1, 2], True),
+                     ([-3, 4], False), ([-3], False), ([-3], False), ([4], True)]
+
+
+async def test_an_idempotent_handler_absorbs_a_redelivered_message() -> None:
+    app = App("kit")
+    runs: Counter[str] = Counter()
+
+    @app.handler("payments", idempotent=True)
+    async def charge(body: dict[str, int], ctx: MessageContext) -> None:
+        runs[ctx.message.id] += 1
+
+    async with TestWorker(app) as worker:
+        paid = await worker.publish("payments", "p-1", {"cents": 500})
+        await worker.settle()
+        again = await worker.redeliver(paid)
+        [record] = await worker.settle()
+
+    assert again.id == paid.id and again.token != paid.token
+    assert runs == {paid.id: 1}
+    assert record.outcome is Outcome.DEDUPLICATED and record.attempts == ()
+    assert [r.outcome for r in worker.records] == [Outcome.HANDLED, Outcome.DEDUPLICATED]
+    assert worker.deduplicated("payments", handler=charge) == [record]
+
+
+async def test_settle_waits_for_startup_hooks_and_what_handlers_publish() -> None:
+    app = App("kit")
+    clients: list[conveyor.Client] = []
+    shipped: list[str] = []
+
+    @app.startup
+    async def seed(client: conveyor.Client) -> None:
+        clients.append(client)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the hook runs on after the daemon started
+        await client.publish("orders", "from-hook", {"total": 9})
+
+    @app.handler("orders")
+    async def on_order(order: Order, ctx: MessageContext) -> None:
+        await clients[0].publish("shipments", ctx.message.stream.key, {"total": order.total})
+
+    @app.handler("shipments")
+    async def on_shipment(order: Order, ctx: MessageContext) -> None:
+        shipped.append(ctx.message.stream.key)
+
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "from-test", {"total": 1})
+        await worker.settle()
+
+    assert sorted(shipped) == ["from-hook", "from-test"]
+    assert sorted(m.stream.key for m in worker.published("shipments")) == sorted(shipped)
+    assert len(worker.published()) == 4 and len(worker.handled()) == 4
+
+
+async def test_a_failing_startup_hook_is_raised_by_settle() -> None:
+    app, _ = flaky_app({})
+
+    @app.startup
+    async def broken(client: conveyor.Client) -> None:
+        raise KeyError("no such table")
+
+    async with TestWorker(app) as worker:
+        with pytest.raises(StartupHookFailed, match="broken raised KeyError") as caught:
+            await worker.settle()
+        assert isinstance(caught.value.__cause__, KeyError)
+        await worker.settle()  # reported once
+
+
+async def test_messages_no_handler_takes_are_skipped_or_dead_lettered_as_configured() -> None:
+    app, _ = flaky_app({})
+    async with TestWorker(app) as worker:
+        await worker.publish("audit", "a-1", {"who": "me"})
+        [skipped] = await worker.settle()
+    assert skipped.outcome is Outcome.SKIPPED and skipped.handler == ""
+    assert skipped.body == {"who": "me"} and worker.skipped("audit") == [skipped]
+
+    config = conveyor.load_config(environ={}, overrides={"dead_letters": {
+        "unroutable": "dead-letter"}})
+    async with TestWorker(app, config) as worker:
+        await worker.publish("audit", "a-1", {"who": "me"})
+        with pytest.raises(DeadLettersFound, match=r"audit/a-1 \(no handler\).*Unroutable"):
+            await worker.settle()
+
+
+# -- isolation and the fixture ------------------------------------------------------------
+async def test_the_users_app_is_left_as_declared_and_workers_share_nothing() -> None:
+    app, _ = flaky_app({})
+    handlers, interceptors = list(app.handlers), app.interceptors
+    async with TestWorker(app) as one, TestWorker(app) as two:
+        assert one.broker_name != two.broker_name
+        await one.publish("orders", "o-1", {"total": 1})
+        await one.settle()
+        await two.settle()
+        assert len(one.records) == 1 and two.records == [] and two.published() == []
+    assert app.handlers == handlers and app.interceptors == interceptors
+    assert conveyor.testing.TestWorker.__test__ is False
+
+
+def test_bad_kit_settings_are_refused_naming_the_setting() -> None:
+    app, _ = flaky_app({})
+    with pytest.raises(conveyor.InvalidArgumentError, match="delay_scale"):
+        TestWorker(app, delay_scale=-1)
+    with pytest.raises(conveyor.InvalidArgumentError, match="settle_timeout_s"):
+        worker_fixture(app, settle_timeout_s=float("nan"))
+
+
+FIXTURE_APP, FIXTURE_CALLS = flaky_app({})
+kit_worker = worker_fixture(FIXTURE_APP, name="kit_worker")
+
+
+async def test_the_fixture_yields_a_started_worker(kit_worker: TestWorker) -> None:
+    await kit_worker.publish("orders", "o-1", {"total": 3})
+    assert kit_worker.bodies() == []
+    await kit_worker.settle()
+    assert kit_worker.bodies() == [Order(3)]
+    assert kit_worker.daemon.started
+
+
+async def test_a_worker_that_cannot_start_leaves_no_broker_behind() -> None:
+    app, _ = flaky_app({})
+    config = conveyor.load_config(environ={}, overrides={"slots": {
+        "kind": "custom", "path": "no_such_module:Supplier"}})
+    worker = TestWorker(app, config)
+    with pytest.raises(conveyor.ConfigError):
+        async with worker:
+            pass
+    assert worker.broker_name not in memory._BROKERS
+    async with TestWorker(app) as started:
+        name = started.broker_name
+        assert name in memory._BROKERS
+    assert name not in memory._BROKERS

@@ -1,0 +1,41 @@
+"""`conveyor configs`: the shipped configs, listed, printed and copied as the docs name them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from conveyor.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_listing_names_every_shipped_config_in_80_columns() -> None:
+    done = CliRunner().invoke(main, ["configs"])
+    assert done.exit_code == 0, done.output
+    rows = [line for line in done.output.splitlines() if line and not line.startswith("(")]
+    assert {r.split()[0] for r in rows} == {p.stem for p in (ROOT / "configs").glob("*.toml")}
+    assert max(len(line) for line in rows) <= 80
+
+
+def test_a_name_prints_that_file_whichever_way_it_is_written() -> None:
+    for name in ("kafka", "kafka.toml", "configs/kafka.toml"):
+        done = CliRunner().invoke(main, ["configs", name])
+        assert done.exit_code == 0 and done.output == (ROOT / "configs/kafka.toml").read_text()
+
+
+def test_copy_writes_the_missing_files_and_keeps_the_existing_ones(tmp_path: Path) -> None:
+    (tmp_path / "redis.toml").write_text("# mine\n")
+    done = CliRunner().invoke(main, ["configs", "--copy", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "redis.toml").read_text() == "# mine\n"
+    assert (tmp_path / "local.toml").read_bytes() == (ROOT / "configs/local.toml").read_bytes()
+    assert f"kept {tmp_path / 'redis.toml'} (exists)" in done.output
+
+
+def test_an_unknown_name_or_name_with_copy_is_a_usage_error(tmp_path: Path) -> None:
+    done = CliRunner().invoke(main, ["configs", "nope"])
+    assert done.exit_code == 2 and "there are: compose, kafka, local" in done.output
+    done = CliRunner().invoke(main, ["configs", "redis", "--copy", str(tmp_path)])
+    assert done.exit_code == 2 and not list(tmp_path.iterdir())
