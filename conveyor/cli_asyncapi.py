@@ -31,8 +31,9 @@ def asyncapi(app_path: str, config_path: Path | None, output: Path | None, fmt: 
     """Write an AsyncAPI 3.0 document of an app.
 
     APP_PATH is MODULE:ATTR or FILE.py:ATTR. One channel per namespace the app
-    handles, message schemas from the handlers' types, the wire format's headers and the broker bindings (Kafka topic, Redis
-    streams) of --config. Nothing is asked of the broker.
+    handles, message schemas from the handlers' types, the wire format's headers and
+    the broker bindings (Kafka topic, Redis streams) of --config. Nothing is asked of
+    the broker.
 
     \b
     Example:
