@@ -247,3 +247,15 @@ def test_processes_option_is_checked_before_anything_starts() -> None:
     assert result.stderr.startswith("conveyor: error: config: ")
     assert "memory adapter" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bench_throughput_table_fits_80_columns_with_its_ranges() -> None:
+    result = conveyor("bench", "throughput", "--messages", "3000", "--repeats", "2",
+                      env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if len(line) > 80] == []
+    # Each figure's median on its row, the range of the two runs under it.
+    [conveyor_row] = [line for line in lines if line.startswith("  conveyor ")]
+    assert len(conveyor_row.split()) == 4, conveyor_row  # label, msgs/s, CPU, start-up
+    assert any(line.startswith("    min..max ") for line in lines), result.stdout
