@@ -151,7 +151,8 @@ def _table(found: list[StoredLetter], group: str, total: int, wide: bool, width:
             error = " ".join(f"{letter.error_type}: {letter.error}".split())
             table.add_row(stored.id, str(letter.message.stream),
                           _when(letter.failed_at_ms)[5:16], _cut(error, error_width))
-    notes = [] if wide else ["`dlq show ID` or --json: a letter in full; --wide: more columns"]
+    notes = [] if wide or not found else [
+        "`dlq show ID` or --json: a letter in full; --wide: more columns"]
     if len(found) < total:
         notes.insert(0, f"showing {len(found)} of {total}; --limit shows more")
     return titled(f"app {group}: {total} dead letter(s)", table, notes)
