@@ -72,6 +72,9 @@ log = logging.getLogger("conveyor.agent")
 ACK_GRACE_S = 1.0
 """A drain whose time is up still gets this long to send the acks of what finished."""
 
+STALL_BREATH_S = 0.01
+"""After a handler blocked the loop, how long the next start waits for the loop's I/O."""
+
 Subscriptions = dict[str, tuple[Route, ...]]
 """Namespace -> the routes (handlers and their delivery chains) subscribed to it."""
 
@@ -413,8 +416,10 @@ class PullingAgent:
             while ready:
                 if watchdog.stalled:
                     # A call blocked the loop: start nothing before the watchdog's probe
-                    # has run, so that blockers one after another are separate stalls.
-                    await asyncio.sleep(0)
+                    # has run, so that blockers one after another are separate stalls,
+                    # and give the loop a moment for the replies that came meanwhile
+                    # (a Kafka group's heartbeats are answered on this loop).
+                    await asyncio.sleep(STALL_BREATH_S)
                     continue
                 if permit is None:
                     marked = False

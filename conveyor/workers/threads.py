@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.platform.errors import ShutdownError
+from conveyor.platform.errors import HandlerDeclarationError, ShutdownError
 
 log = logging.getLogger("conveyor.threads")
 
@@ -144,23 +144,36 @@ class HandlerThreads:
     # -- thread side ----------------------------------------------------------------------
     def _serve(self) -> None:
         lock, work, wake = self._lock, self._work, self._wake
+        idle = False  # counted in self._idle
         while True:
             with lock:
                 while not work:
                     if self._closed:
                         self._threads -= 1
+                        self._idle -= idle
                         return
-                    self._idle += 1
-                    woken = wake.wait(self.idle_s)
-                    self._idle -= 1
-                    if not woken and not work:
+                    if not idle:
+                        self._idle += 1
+                        idle = True
+                    if not wake.wait(self.idle_s) and not work:
                         self._threads -= 1
+                        self._idle -= 1
                         return
                 call = work.popleft()
-            self._call(call)
+                if idle:
+                    self._idle -= 1
+                    idle = False
+            outcome = self._call(call)
+            # Counted idle *before* the loop hears of the return: a call the loop hands
+            # on meanwhile (a held one) then goes to this thread, not to a new one.
+            with lock:
+                self._idle += 1
+                idle = True
+            self._post_return(call, outcome)
 
-    def _call(self, call: _Call) -> None:
-        loop, future, context, fn, args = call
+    def _call(self, call: _Call) -> tuple[Any, BaseException | None]:
+        """Run ``call``: its result, or what it raised."""
+        _, future, context, fn, args = call
         result: Any = None
         error: BaseException | None = None
         if not future.cancelled():  # else: abandoned before it started, so never run
@@ -168,8 +181,14 @@ class HandlerThreads:
                 result = context.run(fn, *args)
                 if inspect.iscoroutine(result):
                     result.close()
-                    raise TypeError(f"{fn!r} returned a coroutine: declare it `async def`")
+                    raise HandlerDeclarationError(
+                        f"{fn!r} returned a coroutine: declare it `async def`")
             except BaseException as exc:  # handed to the awaiter, as asyncio.to_thread does
                 error = exc
+        return result, error
+
+    def _post_return(self, call: _Call, outcome: tuple[Any, BaseException | None]) -> None:
+        loop, future = call[0], call[1]
+        result, error = outcome
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
             loop.call_soon_threadsafe(self._returned, future, result, error)

@@ -41,7 +41,7 @@ class Job(msgspec.Struct):
 '''
 # Blocks that only show what a reader would run elsewhere (Docker, Kubernetes, a cluster,
 # their own app's state). Each is counted here so that more of them is a decision.
-MOST_ILLUSTRATIVE = 12
+MOST_ILLUSTRATIVE = 18
 
 
 def ids(found: list[Block]) -> list[str]:

@@ -49,7 +49,7 @@ async def test_a_plain_function_returning_a_coroutine_fails_clearly() -> None:
     async def inner() -> None: ...
 
     threads = HandlerThreads(lambda: 1)
-    with pytest.raises(TypeError, match="returned a coroutine"):
+    with pytest.raises(HandlerDeclarationError, match="returned a coroutine"):
         await threads.run(inner)  # an async function handed over as if it were plain
     threads.close()
 

@@ -54,8 +54,8 @@ def test_handlers_blocking_the_loop_cost_no_lease_and_run_at_most_twice(
     workers.extend(ws)
     config = load_config(SHIPPED, environ=env)
     n, streams = 200, 20
-    blockers = {i for i in range(n) if i % 20 == 7}  # 10 of 200, spread over the streams
-    assert len(blockers) == 10
+    blockers = {21 * k + 7 for k in range(10)}  # 10 of 200, each on a stream of its own
+    assert len(blockers) == 10 and len({i % streams for i in blockers}) == 10
     started = time.monotonic()
     with SyncClient.from_config(config) as client:
         client.publish_batch(
