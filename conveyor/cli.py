@@ -1,4 +1,10 @@
-"""The ``conveyor`` command: thin — parse, load config, call the library."""
+"""The ``conveyor`` command: thin — parse, load config, call the library.
+
+Commands are listed by task (:data:`conveyor.cli_common.SECTIONS`); each joins the main
+command with one ``main.add_command(command, section=...)`` line at the end of this file.
+Errors, from click, the config or the library, all print as ``conveyor: error: ...``
+(:class:`conveyor.cli_common.TaskGroup`).
+"""
 
 from __future__ import annotations
 
@@ -12,28 +18,16 @@ from typing import Any
 import click
 
 from conveyor.cli_asyncapi import asyncapi
-from conveyor.cli_common import fail, load_config_or_exit, usage
+from conveyor.cli_common import TaskGroup, fail, load_config_or_exit, usage
 from conveyor.cli_configs import configs
+from conveyor.cli_dlq import dlq
+from conveyor.cli_status import groups, refuse_embedded, status
 from conveyor.deploy.cli import deploy
-from conveyor.platform.config import Config
-from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
+from conveyor.lab.cli import sim, tune
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.version import version
 
 log = logging.getLogger("conveyor.cli")
-
-
-_config = load_config_or_exit
-_fail = fail
-_usage = usage
-
-
-def _refuse_embedded(config: Config, command: str, why: str) -> None:
-    """A usage error for commands that need state outside this process (exit 2)."""
-    if config.queues.adapter == "memory":
-        raise click.UsageError(
-            f"{command}: the memory adapter lives inside the worker's process, so {why}; "
-            "use --config with a redis or kafka config (e.g. configs/redis.toml)"
-        )
 
 
 def _setup_logging(level: str) -> None:
@@ -60,7 +54,7 @@ broker_config_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=TaskGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version(), "--version", "-V", prog_name="conveyor",
                       message="%(prog)s %(version)s")
 @click.option(
@@ -71,11 +65,22 @@ broker_config_option = click.option(
 )
 @click.pass_context
 def main(ctx: click.Context, log_level: str | None) -> None:
-    """Conveyor: a worker platform for messages in Kafka, Redis, or in-process."""
+    """Conveyor: a worker platform for messages in Kafka, Redis, or in-process.
+
+    Every error is one line, `conveyor: error: ...`; the exit status is 2 for a bad
+    argument or config, 1 when the run failed. `conveyor COMMAND --help` shows a
+    command's options and examples.
+
+    \b
+    Examples:
+      conveyor demo
+      conveyor worker shop:app --config configs/redis.toml
+      conveyor status --config configs/redis.toml
+    """
     _setup_logging(log_level or ("info" if ctx.invoked_subcommand == "worker" else "warning"))
 
 
-@main.command()
+@click.command()
 @click.argument("app_path")
 @config_option
 @click.option("--slots", type=click.IntRange(min=1), help="Override [slots] count.")
@@ -98,14 +103,25 @@ def worker(
     app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
     processes: str | None, http_port: int | None, reload: bool,
 ) -> None:
-    """Run a worker daemon for APP_PATH (MODULE:ATTR or FILE.py:ATTR) until SIGINT/SIGTERM.
+    """Run an app's worker daemon until SIGINT/SIGTERM, then drain.
 
-    On a signal it drains: stops pulling, finishes in-flight messages within the drain
-    timeout, acknowledges them, releases its queues and exits 0.
+    APP_PATH is MODULE:ATTR or FILE.py:ATTR. It prints `conveyor: worker ID ready` once
+    started. On a signal it drains: stops pulling, finishes in-flight messages within
+    the drain timeout, acknowledges them, releases its queues, prints `conveyor:
+    drained ...` (what it pulled, acknowledged, handled...) and exits 0. With
+    --processes the same two lines cover all its processes.
 
     Exit status: 0 after a drain; 2 for a bad argument or config, or an APP_PATH that
     cannot be imported (a missing module, or an app file that fails at import: a syntax
     error or an exception, reported with its file and line); 1 when the daemon fails.
+
+    \b
+    Examples:
+      conveyor worker shop:app
+      conveyor worker shop:app --config configs/redis.toml --slots 16
+      conveyor worker shop:app --config configs/redis.toml --processes 1:4
+      conveyor worker shop:app --config configs/redis.toml --http-port 9464
+      conveyor worker shop:app --reload
     """
     from conveyor.loader import load_app
     from conveyor.workers.daemon import DrainReport, WorkerDaemon
@@ -119,7 +135,7 @@ def worker(
         overrides["worker"] = {"drain_timeout_s": drain_timeout_s}
     if http_port is not None:
         overrides["http"] = {"port": http_port}
-    config = _config(config_path, overrides)
+    config = load_config_or_exit(config_path, overrides)
     try:
         app = load_app(app_path)
     except ConveyorError as exc:
@@ -136,28 +152,33 @@ def worker(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--processes") from None
         try:
-            run_supervisor(app_path, app.name, config, processes, config_path, overrides)
+            report = run_supervisor(app_path, app.name, config, processes, config_path,
+                                    overrides, ready=_say_ready)
         except ConveyorError as exc:
-            _fail(exc)
+            fail(exc)
+        click.echo(f"conveyor: drained {report}", err=True)
         return
 
     async def run() -> DrainReport:
         daemon = WorkerDaemon(app, config)
-        ready = f"conveyor: worker {daemon.member.id} ready"
         endpoint = None
         if config.http.port is not None:
             endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
-        return await serve(daemon, ready=lambda: click.echo(ready, err=True),
+        return await serve(daemon, ready=lambda: _say_ready(daemon.member.id),
                            endpoint=endpoint)
 
     try:
         report = asyncio.run(run())
     except ConveyorError as exc:
-        _fail(exc)
+        fail(exc)
     click.echo(f"conveyor: drained {report}", err=True)
 
 
-@main.command()
+def _say_ready(what: str) -> None:
+    click.echo(f"conveyor: worker {what} ready", err=True)
+
+
+@click.command()
 @click.argument("namespace")
 @click.argument("key")
 @click.argument("body")
@@ -172,7 +193,16 @@ def publish(
     header: tuple[str, ...],
     content_type: str | None,
 ) -> None:
-    """Publish BODY to the stream NAMESPACE/KEY and print its sequence token."""
+    """Publish one message to a stream and print its sequence token.
+
+    BODY goes to the stream NAMESPACE/KEY as it is (JSON by default); the token printed
+    is QUEUE:MAJOR-MINOR, which `conveyor rewind --to` takes.
+
+    \b
+    Examples:
+      conveyor publish orders order-17 '{"id": 17}' --config configs/redis.toml
+      conveyor publish orders order-17 '{"id": 17}' -H tenant=acme
+    """
     from conveyor.platform.client import SyncClient
     from conveyor.platform.message import RESERVED_HEADERS
 
@@ -188,190 +218,18 @@ def publish(
                 param_hint="--header",
             )
         headers[name] = value
-    config = _config(config_path)
-    _refuse_embedded(config, "publish", "a message published from here would vanish when "
-                     "this command exits (publish from the worker's process instead, e.g. "
-                     "in an @app.startup hook)")
+    config = load_config_or_exit(config_path)
+    refuse_embedded(config, "publish", "a message published from here would vanish when "
+                    "this command exits (publish from the worker's process instead, e.g. "
+                    "in an @app.startup hook)")
     try:
         with SyncClient.from_config(config) as client:
             token = client.publish(namespace, key, body, headers, content_type)
     except InvalidArgumentError as exc:
-        _usage(str(exc))
+        usage(str(exc))
     except ConveyorError as exc:
-        _fail(exc)
+        fail(exc)
     click.echo(str(token))
-
-
-app_option = click.option(
-    "--app", "group", required=True, help="The app's name (its consumer group)."
-)
-
-
-def _status_view(report: Any, rates: dict[int, float]) -> Any:
-    from rich.console import Group
-    from rich.table import Table
-
-    from conveyor.platform.groups import queue_ranges
-
-    members = Table(title=f"app {report.group}: {len(report.members)} daemon(s), "
-                          f"{_num(report.dead_letters)} dead letter(s) stored")
-    members.add_column("daemon", no_wrap=True)  # the id logs and metrics carry: never cut
-    for heading in ("host", "pid", "queues", "slots in use", "slots available", "handled",
-                    "dead-lettered", "skipped", "pools / cells (workers)"):
-        members.add_column(heading)
-    warnings: list[str] = []
-    for m in report.members:
-        st = m.stats
-        hosted = ", ".join(
-            f"{k.split('.', 1)[1].rsplit('.', 1)[0]}={v:.0f}" for k, v in sorted(st.items())
-            if k.startswith(("pool.", "cell.")) and k.endswith(".workers")
-        )
-        members.add_row(
-            m.id, m.host, str(m.pid) if m.pid else "-", queue_ranges(m.queues) or "-",
-            _num(st.get("slots.in_use")),
-            _num(st.get("slots.available")), _num(st.get("handled")),
-            _num(st.get("dead_lettered")), _num(st.get("skipped")), hosted or "-",
-        )
-        if st.get("dead_letters.down_s") is not None:
-            warnings.append(
-                f"[red]{m.id}: the dead-letter store has failed for "
-                f"{_age(st['dead_letters.down_s'])}; {st.get('dead_letters.waiting', 0):.0f} "
-                "message(s) wait unacknowledged[/red]"
-            )
-        if st.get("dead_letters_evicted"):
-            warnings.append(f"{m.id}: {st['dead_letters_evicted']:.0f} dead letter(s) evicted "
-                            "by [dead_letters] max_entries")
-    if warnings:
-        members.caption = "\n".join(warnings)
-    queues = Table("queue", "owner", "lag", "cache fill", "acks/s")
-    for q in report.queues:
-        rate = rates.get(q.queue)
-        queues.add_row(str(q.queue), q.owner or "-", str(q.lag), _num(q.cache_fill),
-                       "-" if rate is None else f"{rate:,.0f}")
-    queues.add_row("total", "", str(report.total_lag), "", "")
-    return Group(members, queues, _groups_table(report.groups, report.retention_follows_groups,
-                                                report.at))
-
-
-def _groups_table(groups: list[Any], retention_follows_groups: bool, now: float) -> Any:
-    """Every app's group: lag, last read, members, and whom trimming waits for."""
-    from rich.table import Table
-
-    from conveyor.platform.groups import queue_ranges
-
-    table = Table("group", "queues", "lag", "last read", "members", "holds retention",
-                  title="consumer groups on these queues (every app)")
-    for g in groups:
-        held = "-"
-        if g.holds_retention:
-            held = f"queue(s) {queue_ranges(g.holds_retention)}"
-            if g.oldest_needed_ms is not None:
-                held += f" (oldest {_age(now - g.oldest_needed_ms / 1000)})"
-        table.add_row(g.group, queue_ranges(g.queues), str(g.lag),
-                      "-" if g.idle_s is None else f"{_age(g.idle_s)} ago", _num(g.members), held)
-    holders = [g.group for g in groups if g.holds_retention]
-    if not retention_follows_groups:
-        table.caption = "retention goes by time or size here: no group holds it back"
-    elif holders:
-        table.caption = f"trimming waits for: {', '.join(holders)}"
-    else:
-        table.caption = "no group holds retention back"
-    return table
-
-
-def _age(seconds: float) -> str:
-    seconds = max(seconds, 0.0)
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.1f}s"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-@main.command()
-@broker_config_option
-@app_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
-              metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C.")
-@click.option("--count", type=click.IntRange(min=1), default=None, metavar="N",
-              help="With --watch: stop after N refreshes.")
-def status(
-    config_path: Path | None, group: str, as_json: bool, watch_s: float | None,
-    count: int | None,
-) -> None:
-    """Daemons (slots, handled), per queue: owner, lag, cache fill, throughput; and every
-    app's consumer group on the queues.
-
-    Cache fill and throughput come from each owner's last heartbeat (every
-    lease_ttl_s / 3): throughput is the acks per second the owner measured, or with
-    --watch the rate between the heartbeats of two readings. Refreshing faster than
-    heartbeats arrive shows the same figures again. The groups show their lag, when
-    they last read (Redis), their members (Kafka), and which one trimming waits for.
-    An --app with no group on any queue, or no running daemon, gets a one-line warning
-    (exit 0). On kafka-group, daemons and owners come from the group coordinator and the
-    daemons' own reports. The embedded (memory) adapter is refused (exit 2): its state
-    lives in the worker's process.
-    """
-    import time
-    from dataclasses import asdict
-
-    from rich.console import Console
-    from rich.live import Live
-
-    from conveyor.platform.status import collect_status
-
-    if count is not None and watch_s is None:
-        raise click.UsageError("--count needs --watch")
-    if as_json and watch_s is not None:
-        raise click.UsageError("--json prints one reading; it cannot be combined with --watch")
-    config = _config(config_path)
-    _refuse_embedded(config, "status", "its daemons, queues and lag exist only there and "
-                     "this command would show zeros")
-
-    def read() -> Any:
-        try:
-            return asyncio.run(collect_status(config, group))
-        except ConveyorError as exc:
-            _fail(exc)
-
-    report = read()
-    if not report.has_group and not report.members:  # tansu: no group until a commit
-        others = ", ".join(g.group for g in report.groups) or "none"
-        click.echo(f"conveyor: warning: --app {group!r} has no consumer group on any queue "
-                   f"(a typo, or an app that never ran; groups here: {others})", err=True)
-    elif not report.members:
-        click.echo(f"conveyor: warning: no daemon of --app {group!r} is running "
-                   f"({_where_daemons_register(config)})", err=True)
-    if as_json:
-        click.echo(json.dumps(asdict(report)))
-        return
-    console = Console()
-    if watch_s is None:
-        console.print(_status_view(report, report.rates()))
-        return
-    with Live(_status_view(report, report.rates()), console=console,
-              auto_refresh=False) as live:
-        try:
-            refreshes = 0
-            while count is None or refreshes < count:
-                time.sleep(watch_s)
-                previous, report = report, read()
-                live.update(_status_view(report, report.rates(previous)), refresh=True)
-                refreshes += 1
-        except KeyboardInterrupt:
-            pass
-
-
-def _where_daemons_register(config: Config) -> str:
-    if config.balancer.kind == "kafka-group":
-        return "none in its Kafka group, none reporting to the members topic"
-    if config.balancer.kind == "static":
-        return "static daemons register nowhere, so status cannot see them"
-    return f"none registered in [balancer] membership = {config.balancer.membership!r}"
 
 
 def _parse_rewind_target(text: str) -> Any:
@@ -396,9 +254,9 @@ def _parse_rewind_target(text: str) -> Any:
     return when.timestamp()
 
 
-@main.command()
+@click.command()
 @broker_config_option
-@app_option
+@click.option("--app", "group", required=True, help="The app's name (its consumer group).")
 @click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
 @click.option("--queue", "queues", type=int, multiple=True,
               help="Queues to rewind to a time (default: all). A token names its own queue.")
@@ -410,25 +268,33 @@ def _parse_rewind_target(text: str) -> Any:
                    "a group nobody runs stops Redis trimming).")
 def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int, ...],
            allow_forward: bool, create_group: bool) -> None:
-    """Move an app's position back to a token or a point in time; run with workers stopped.
+    """Move an app's position back to a token or a time.
 
-    Messages from that point on are delivered again (at least once: handlers must
-    tolerate seeing them twice). A target ahead of the app's position (a later token,
+    Run it with the app's workers stopped. Messages from that point on are delivered
+    again (at least once: handlers must tolerate seeing them twice). A target ahead of
+    the app's position (a later token,
     or a time after the last message) would skip messages never handled: it is a usage
     error (exit 2) unless --allow-forward is given. So is an app with no consumer group
     on the queues (a typo, or an app that never ran), unless --create-group is given. A
     queue that a worker of the app still owns (the adapter sees it, or its lease is
     held) is refused (exit 1). The embedded (memory) adapter is refused (exit 2): its
     positions live in the worker's process.
+
+    \b
+    Examples:
+      conveyor rewind --app shop --to 2026-11-22T10:00:00Z \\
+          --config configs/redis.toml
+      conveyor rewind --app shop --to 3:1700000000000-3 \\
+          --config configs/redis.toml
     """
     from conveyor.platform.adapter import create_adapter
     from conveyor.platform.coordination import lease_owners
     from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
     from conveyor.platform.ids import SequenceToken
 
-    config = _config(config_path)
+    config = load_config_or_exit(config_path)
     to = _parse_rewind_target(target)
-    _refuse_embedded(config, "rewind", "its positions exist only there and vanish with it")
+    refuse_embedded(config, "rewind", "its positions exist only there and vanish with it")
     if isinstance(to, SequenceToken):
         chosen = [to.queue]
     else:
@@ -452,111 +318,13 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     try:
         asyncio.run(run())
     except UnknownGroupError as exc:
-        _usage(f"--app: {exc}")
+        usage(f"--app: {exc}")
     except ConveyorError as exc:
-        _fail(exc)
+        fail(exc)
     click.echo(f"rewound {group} on queue(s) {chosen} to {target}")
 
 
-@main.group("groups")
-def groups_cmd() -> None:
-    """Consumer groups on the queues: every app's, and removing one nobody runs."""
-
-
-@groups_cmd.command("list")
-@config_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def groups_list(config_path: Path | None, as_json: bool) -> None:
-    """Every app's group: queues, lag, last read, members, which one holds retention.
-
-    The embedded (memory) adapter is refused (exit 2): its groups live in the worker's
-    process."""
-    import time
-    from dataclasses import asdict
-
-    from rich.console import Console
-
-    from conveyor.platform.adapter import create_adapter
-    from conveyor.platform.groups import summarise
-
-    config = _config(config_path)
-    _refuse_embedded(config, "groups list", "its consumer groups exist only there and this "
-                     "command would list none")
-
-    async def run() -> tuple[list[Any], bool]:
-        adapter = create_adapter(config.queues.adapter, config)
-        try:
-            infos = await adapter.groups(range(config.queues.total))
-            return summarise(infos), adapter.retention_follows_groups
-        finally:
-            await adapter.close()
-
-    try:
-        found, follows = asyncio.run(run())
-    except ConveyorError as exc:
-        _fail(exc)
-    if as_json:
-        click.echo(json.dumps({"groups": [asdict(g) for g in found],
-                               "retention_follows_groups": follows}))
-        return
-    Console().print(_groups_table(found, follows, time.time()))
-
-
-@groups_cmd.command("delete")
-@config_option
-@app_option
-@click.option("--force", is_flag=True,
-              help="Delete even though the app looks alive (its daemons would recreate the "
-                   "group at the start of each queue and handle every kept message again).")
-@click.option("--with-dead-letters", is_flag=True,
-              help="Also delete the app's dead letters (kept by default).")
-def groups_delete(config_path: Path | None, group: str, force: bool,
-                  with_dead_letters: bool) -> None:
-    """Remove an app's consumer group from every queue, so it no longer holds retention.
-
-    Refused while the app looks alive (daemons registered, leases held, Kafka group
-    members, a queue read in the last 10 s) unless --force: exit 1. An app with no group
-    on any queue is a usage error (exit 2). On Redis its leases, fencing counters and
-    membership go too; its dead letters only with --with-dead-letters. The embedded
-    (memory) adapter is refused (exit 2): its groups live in the worker's process.
-    """
-    from conveyor.platform.adapter import create_adapter
-    from conveyor.platform.coordination import coordination_from_config
-    from conveyor.platform.errors import UnknownGroupError
-    from conveyor.platform.groups import delete_app_group, queue_ranges
-
-    config = _config(config_path)
-    _refuse_embedded(config, "groups delete", "its consumer groups exist only there and "
-                     "vanish with it")
-
-    async def run() -> list[int]:
-        adapter = create_adapter(config.queues.adapter, config)
-        membership, leases = coordination_from_config(config, group)
-        try:
-            return await delete_app_group(
-                adapter, membership, leases, group, range(config.queues.total),
-                force=force, dead_letters=with_dead_letters,
-            )
-        finally:
-            await adapter.close()
-            await membership.close()
-            await leases.close()
-
-    try:
-        removed = asyncio.run(run())
-    except UnknownGroupError as exc:
-        _usage(f"--app: {exc}")
-    except ConfigError as exc:
-        _usage(str(exc))
-    except ConveyorError as exc:
-        raise click.ClickException(str(exc)) from None
-    kept = ("its dead letters too" if with_dead_letters
-            else "dead letters kept (--with-dead-letters deletes them)")
-    click.echo(f"deleted app {group!r}'s consumer group from queue(s) "
-               f"{queue_ranges(removed) or 'none'}; {kept}")
-
-
-@main.command()
+@click.command()
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=20_000, show_default=True,
               help="Messages to publish and handle.")
 @click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True,
@@ -573,13 +341,19 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
 def demo(
     messages: int, streams: int, poison: int, work_ms: float, config_path: Path | None
 ) -> None:
-    """The main job on the embedded adapter: publish, handle, count, summarise.
+    """Publish, handle and count messages, all in this process.
 
-    Everything runs in this process. --config tunes slots, worker and balancer settings
-    but must keep the embedded adapter and membership (queues.adapter = "memory",
-    balancer.membership = "memory", as in configs/local.toml): a redis or kafka config
-    is refused with a usage error. Exit status: 0 when nothing was lost, duplicated or
+    The main job on the embedded adapter, summarised. --config tunes slots, worker
+    and balancer settings but must keep the embedded adapter and membership
+    (queues.adapter = "memory", balancer.membership = "memory", as in
+    configs/local.toml): a redis or kafka config is refused with a usage error. Exit
+    status: 0 when nothing was lost, duplicated or
     reordered; 1 otherwise; 2 for a bad argument or config.
+
+    \b
+    Examples:
+      conveyor demo
+      conveyor demo --messages 100000 --poison 5 --work-ms 2
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -587,7 +361,7 @@ def demo(
 
     if poison > messages:
         raise click.BadParameter("cannot exceed --messages", param_hint="--poison")
-    config = _config(config_path)
+    config = load_config_or_exit(config_path)
     problem = not_embedded(config)
     if problem:
         raise click.UsageError(f"--config: {problem}")
@@ -605,7 +379,7 @@ def demo(
                 )
             )
     except ConveyorError as exc:
-        _fail(exc)
+        fail(exc)
     if result.out_of_order:
         click.echo(f"per-stream order violated {result.out_of_order} times", err=True)
     click.echo(result.summary())
@@ -613,9 +387,15 @@ def demo(
         sys.exit(1)
 
 
-@main.group()
+@click.group()
 def bench() -> None:
-    """Benchmarks that print their figure next to a baseline measured in the same run."""
+    """Benchmarks, each next to a baseline measured in the same run.
+
+    \b
+    Examples:
+      conveyor bench throughput
+      conveyor bench throughput --adapter redis --messages 50000
+    """
 
 
 @bench.command("throughput")
@@ -650,9 +430,10 @@ def bench_throughput(
     daemons: tuple[str, ...], bootstrap: str | None, io_messages: int, batch: int | None,
     as_json: bool,
 ) -> None:
-    """No-op msgs/s as the adapter's shipped config runs it, next to raw loops, both at
-    steady state; and publish msgs/s next to a raw producer, in the same run.
+    """No-op and publish msgs/s of a shipped config, next to raw client loops.
 
+    No-op msgs/s as the adapter's shipped config runs it, next to raw loops, both at
+    steady state; and publish msgs/s next to a raw producer, in the same run.
     The config is configs/local.toml, redis.toml or kafka.toml with only the server and
     a private key prefix / topic changed; --slots, --set and --config make a variant,
     named in the output. Consumers are timed from their first record (Conveyor: the
@@ -663,6 +444,12 @@ def bench_throughput(
     --batch N: the handler is a batch handler of N and the floor reads N at a time
     (redis: XREADGROUP COUNT N) and awaits the no-op once per batch; redis then measures
     one daemon only.
+
+    \b
+    Examples:
+      conveyor bench throughput --messages 20000 --repeats 1
+      conveyor bench throughput --adapter redis --set worker.max_batch=512
+      conveyor bench throughput --adapter kafka --json
     """
     from aiokafka.errors import KafkaError
     from redis.exceptions import RedisError
@@ -717,11 +504,17 @@ def _run_throughput(
 @click.option("--sample-ratio", type=click.FloatRange(0, 1), default=1.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: bool) -> None:
-    """Throughput uninstrumented (hooks stripped), with telemetry off, on, and with
-    only the /metrics meter of [http] port.
+    """Throughput with telemetry off, on, /metrics only, and hooks stripped.
 
-    Prints each variant's median and spread, off / uninstrumented (the cost of the
+    Throughput uninstrumented (hooks stripped), with telemetry off, on, and with only
+    the /metrics meter of [http] port. Prints each variant's median and spread, off /
+    uninstrumented (the cost of the
     hooks when tracing is off), on / off (the cost of tracing) and /metrics only / off.
+
+    \b
+    Examples:
+      conveyor bench telemetry
+      conveyor bench telemetry --sample-ratio 0.1 --json
     """
     from conveyor.bench.telemetry_cost import telemetry_cost
 
@@ -742,7 +535,13 @@ def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: b
 def bench_scale_down(
     cycles: int, cycle_s: float, load_s: float, inspection_period_ms: float, as_json: bool
 ) -> None:
-    """Monotonic vs adaptive stateless-worker pool: workers per cooldown cycle."""
+    """Monotonic vs adaptive stateless-worker pool: workers per cooldown cycle.
+
+    \b
+    Examples:
+      conveyor bench scale-down
+      conveyor bench scale-down --cycles 20 --json
+    """
     from conveyor.bench.scale_down import ScaleDownSettings, scale_down, table
     from conveyor.workers.scaledown import ScaleDownPolicy
 
@@ -755,19 +554,20 @@ def bench_scale_down(
 
 
 
-def _register_lab() -> None:
-    from conveyor.cli_dlq import dlq
-    from conveyor.lab.cli import sim, tune
-
-    main.add_command(sim)
-    main.add_command(tune)
-    main.add_command(dlq)
-
-
-_register_lab()
-main.add_command(deploy)
-main.add_command(asyncapi)
-main.add_command(configs)
+# Every command, by section (cli_common.SECTIONS): `--help` lists them in this order.
+main.add_command(worker, section="run")
+main.add_command(demo, section="run")
+main.add_command(publish, section="run")
+main.add_command(configs, section="run")
+main.add_command(status, section="inspect")
+main.add_command(dlq, section="inspect")
+main.add_command(groups, section="inspect")
+main.add_command(asyncapi, section="inspect")
+main.add_command(rewind, section="operate")
+main.add_command(deploy, section="operate")
+main.add_command(bench, section="lab")
+main.add_command(sim, section="lab")
+main.add_command(tune, section="lab")
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    main(prog_name="conveyor")

@@ -28,11 +28,12 @@ from conveyor.platform.errors import ConveyorError
               help="info.version of the document: the version of your app's API.")
 def asyncapi(app_path: str, config_path: Path | None, output: Path | None, fmt: str | None,
              api_version: str) -> None:
-    """Write an AsyncAPI 3.0 document of APP_PATH (MODULE:ATTR or FILE.py:ATTR).
+    """Write an AsyncAPI 3.0 document of an app.
 
-    One channel per namespace the app handles, message schemas from the handlers'
-    types, the wire format's headers and the broker bindings (Kafka topic, Redis
-    streams) of --config. Nothing is asked of the broker.
+    APP_PATH is MODULE:ATTR or FILE.py:ATTR. One channel per namespace the app
+    handles, message schemas from the handlers' types, the wire format's headers and
+    the broker bindings (Kafka topic, Redis streams) of --config. Nothing is asked of
+    the broker.
 
     \b
     Example:

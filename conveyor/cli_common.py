@@ -1,41 +1,194 @@
-"""What the CLI's command modules share: loading the config and exiting as promised.
+"""What the CLI's command modules share: the main group, loading the config, and the one
+way every command reports an error.
 
-A bad config exits 2 naming the field, a user mistake found after parsing exits 2 in one
-line, a failure of the run exits 1. ``conveyor.cli`` and the command modules registered
-in it (``cli_dlq``) take them from here.
+Every error is one line on stderr, ``conveyor: error: MESSAGE``, whoever found it (click
+while parsing, the config, the command, the library): exit 2 for a user's mistake (a bad
+argument, a bad config, naming something that is not there), 1 when the run itself
+failed. A warning is one line too, ``conveyor: warning: MESSAGE``. ``conveyor.cli`` and
+the command modules registered in it (``cli_dlq``, ``deploy.cli``) take them from here.
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import click
+from click.exceptions import NoArgsIsHelpError
 
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
+
+USAGE_ERROR = 2
+"""Exit status of a user's mistake: a bad argument or config (click's own, too)."""
+
+
+class CliError(click.ClickException, ConveyorError):
+    """An error as every command prints it: ``conveyor: error: MESSAGE``, one line; the
+    run failed (exit 1)."""
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"conveyor: error: {self.format_message()}", file=file, err=True)
+
+
+class CliUsageError(CliError):
+    """The user's mistake: a bad argument or config (exit 2)."""
+
+    exit_code = USAGE_ERROR
+
+
+def warn(message: str) -> None:
+    """``conveyor: warning: MESSAGE`` on stderr: something to know, not a failure."""
+    click.echo(f"conveyor: warning: {message}", err=True)
+
+
+def as_cli_error(exc: BaseException) -> CliError | None:
+    """``exc`` in the CLI's one style, or None to let it through (help, an unknown
+    exception: a bug, whose traceback is worth having)."""
+    if isinstance(exc, (CliError, NoArgsIsHelpError)):
+        return exc if isinstance(exc, CliError) else None
+    if isinstance(exc, click.UsageError):
+        message = " ".join(exc.format_message().split()).rstrip(".")
+        if exc.ctx is not None:
+            message += f" (see '{exc.ctx.command_path} --help')"
+        return CliUsageError(message)
+    if isinstance(exc, click.ClickException):
+        return (CliUsageError if exc.exit_code == USAGE_ERROR else CliError)(
+            exc.format_message())
+    if isinstance(exc, ConfigError):
+        return CliUsageError(f"config: {exc}")
+    if isinstance(exc, ConveyorError):
+        return CliError(str(exc))
+    return None
+
+
+SECTIONS = {
+    "run": "Run",
+    "inspect": "Inspect",
+    "operate": "Operate",
+    "lab": "Lab (simulations and benchmarks)",
+}
+"""The main command's sections, in the order ``--help`` lists them."""
+
+
+class TaskGroup(click.Group):
+    """The main command: subcommands listed by task (``SECTIONS``), in the order they were
+    added; every error in the CLI's one style (:func:`as_cli_error`).
+
+    A command joins with one line: ``main.add_command(command, section="run")``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sections: dict[str, list[str]] = {}
+
+    def add_command(self, cmd: click.Command, name: str | None = None, *,
+                    section: str = "operate") -> None:
+        if section not in SECTIONS:
+            raise InvalidArgumentError(
+                f"section {section!r}: not one of {', '.join(SECTIONS)}")
+        super().add_command(cmd, name)
+        self.sections.setdefault(section, []).append(name or cmd.name or "")
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for section in SECTIONS for name in self.sections.get(section, [])]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        width = max((len(name) for name in self.list_commands(ctx)), default=0)
+        limit = formatter.width - 6 - width
+        for section, title in SECTIONS.items():
+            rows = []
+            for name in self.sections.get(section, []):
+                cmd = self.get_command(ctx, name)
+                if cmd is not None and not cmd.hidden:  # names padded: one column for all
+                    rows.append((name.ljust(width), cmd.get_short_help_str(limit)))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows, col_max=width)
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except Exception as exc:
+            _reraise(exc)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            _reraise(exc)
+
+
+def _reraise(exc: Exception) -> NoReturn:
+    error = as_cli_error(exc)
+    if error is None or error is exc:
+        raise exc
+    raise error from None
+
+
+def examples(*lines: str) -> str:
+    """An ``Examples:`` block for a command's help (click keeps its lines as written)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def example_lines(text: str | None) -> Sequence[str]:
+    """The commands of the ``Examples:`` block in ``text`` (a command's help)."""
+    lines = (text or "").split("\nExamples:\n", 1)
+    if len(lines) < 2:
+        return []
+    out = []
+    for line in lines[1].splitlines():
+        if not line.startswith("  "):
+            break
+        out.append(line.strip())
+    return out
+
+
+def titled(title: str, table: Any | None, notes: Sequence[Any] = ()) -> Any:
+    """A table under a title line, with notes under it: lines of the terminal's width,
+    not wrapped to the table's. No table (nothing to list): the title alone."""
+    from rich.console import Group
+    from rich.text import Text
+
+    shown = [Text(title, style="bold")]
+    if table is not None and table.row_count:
+        shown.append(table)
+    shown += [n if isinstance(n, Text) else Text(n) for n in notes]
+    return Group(*shown)
+
+
+def print_table(renderable: Any) -> None:
+    """Print a rich table on stdout: styled on a terminal; plain, without the padding
+    rich puts at the end of lines, for a pipe or a file (grep, diff, docs)."""
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    with console.capture() as captured:
+        console.print(renderable)
+    click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def load_config_or_exit(path: Path | None,
                         overrides: dict[str, dict[str, Any]] | None = None) -> Config:
-    """Load config or exit 2 with the field named (a bad config is a usage error)."""
+    """Load config; a bad one is a usage error naming the field (exit 2)."""
     try:
         return load_config(path, overrides=overrides)
     except ConfigError as exc:
-        click.echo(f"conveyor: config error: {exc}", err=True)
-        sys.exit(2)
+        fail(exc)
 
 
 def fail(exc: ConveyorError) -> NoReturn:
     """Exit for an error raised after start-up: 2 for a config error, else 1."""
-    if isinstance(exc, ConfigError):
-        click.echo(f"conveyor: config error: {exc}", err=True)
-        sys.exit(2)
-    raise click.ClickException(str(exc)) from None
+    error = as_cli_error(exc)
+    assert error is not None
+    raise error
 
 
 def usage(message: str) -> NoReturn:
-    """A usage error found after start-up (the message names the argument): one line, exit 2."""
-    click.echo(f"conveyor: {message}", err=True)
-    sys.exit(2)
+    """A usage error found after start-up (the message names the argument): exit 2."""
+    raise CliUsageError(message)

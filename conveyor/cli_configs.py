@@ -43,7 +43,7 @@ def _summary(path: Path) -> str:
               help="Write every shipped config into DIR (created if absent); an existing "
                    "file is left alone.")
 def configs(name: str | None, copy_to: Path | None) -> None:
-    """List the configs that ship with Conveyor, print one, or copy them all.
+    """The configs that ship with Conveyor: list, print one, copy all.
 
     \b
     Examples:

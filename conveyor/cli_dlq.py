@@ -18,7 +18,14 @@ from typing import Any, TypeVar
 
 import click
 
-from conveyor.cli_common import fail, load_config_or_exit, usage
+from conveyor.cli_common import (
+    fail,
+    load_config_or_exit,
+    print_table,
+    titled,
+    usage,
+    warn,
+)
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
 from conveyor.platform.dlq import LetterFilter, ReplayReport, letters
@@ -30,7 +37,8 @@ from conveyor.platform.mapper import HashRingQueueMapper
 T = TypeVar("T")
 
 ERROR_WIDTH = 60
-"""Characters of the error text the table shows (``--json`` and ``show`` give it all)."""
+"""Characters of the error text the ``--wide`` table shows (``--json`` and ``show`` give
+it all); the compact table cuts it to the terminal's width, one line per letter."""
 
 MEMORY_REFUSED = (
     "the memory adapter keeps dead letters inside the worker's own process, where this "
@@ -59,7 +67,7 @@ def _filters(fn: Callable[..., None]) -> Callable[..., None]:
 def _load(config_path: Path | None) -> Config:
     config = load_config_or_exit(config_path)
     if config.queues.adapter == "memory":
-        raise click.UsageError(MEMORY_REFUSED)
+        usage(MEMORY_REFUSED)
     return config
 
 
@@ -106,22 +114,48 @@ def as_dict(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
     return out
 
 
-def _table(found: list[StoredLetter], group: str, total: int) -> Any:
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _table(found: list[StoredLetter], group: str, total: int, wide: bool, width: int) -> Any:
+    """One line per letter. Compact: id, stream, time (to the minute) and "Type: error"
+    cut to what ``width`` leaves it; ``wide``: handler, error type and text apart,
+    attempts, the time to the second and the letter it replays."""
+    from rich import box
     from rich.table import Column, Table
 
-    table = Table(Column("id", no_wrap=True), "stream", "handler", "error type", "error",
-                  "attempts", Column("failed at (UTC)", no_wrap=True), "replay of",
-                  title=f"app {group}: {total} dead letter(s)")
+    columns: list[Column | str]
+    if wide:
+        columns = [Column("id", no_wrap=True), "stream", "handler", "error type", "error",
+                   Column("attempts", justify="right"),
+                   Column("failed at (UTC)", no_wrap=True), "replay of"]
+    else:
+        columns = [Column("id", no_wrap=True), Column("stream", overflow="fold"),
+                   Column("failed (UTC)", no_wrap=True),
+                   Column("error", no_wrap=True, overflow="ellipsis")]
+        # What the other columns take (each padded by 1 a side, 1 between two), so that
+        # the error gets the rest and the row stays one line; a long stream folds.
+        others = (max((len(s.id) for s in found), default=2)
+                  + min(max((len(str(s.letter.message.stream)) for s in found), default=6), 24)
+                  + len("failed (UTC)") + 2 * 4 + 3)
+        error_width = max(width - others, 16)
+    table = Table(*columns, box=box.SIMPLE_HEAD, show_edge=False)
     for stored in found:
         letter = stored.letter
-        error = letter.error if len(letter.error) <= ERROR_WIDTH else (
-            letter.error[: ERROR_WIDTH - 1] + "…")
-        table.add_row(stored.id, str(letter.message.stream), letter.handler or "-",
-                      letter.error_type, error, str(letter.attempts),
-                      _when(letter.failed_at_ms), stored.replay_of or "-")
+        if wide:
+            table.add_row(stored.id, str(letter.message.stream), letter.handler or "-",
+                          letter.error_type, _cut(letter.error, ERROR_WIDTH), str(letter.attempts),
+                          _when(letter.failed_at_ms), stored.replay_of or "-")
+        else:
+            error = " ".join(f"{letter.error_type}: {letter.error}".split())
+            table.add_row(stored.id, str(letter.message.stream),
+                          _when(letter.failed_at_ms)[5:16], _cut(error, error_width))
+    notes = [] if wide or not found else [
+        "`dlq show ID` or --json: a letter in full; --wide: more columns"]
     if len(found) < total:
-        table.caption = f"showing {len(found)}; --limit shows more, --json the whole error"
-    return table
+        notes.insert(0, f"showing {len(found)} of {total}; --limit shows more")
+    return titled(f"app {group}: {total} dead letter(s)", table, notes)
 
 
 async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
@@ -140,15 +174,20 @@ async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every
 
 def _one_of(every: bool, ids: tuple[str, ...]) -> None:
     if every == bool(ids):
-        raise click.UsageError("give either --all or --id ID (repeatable), not both or neither")
+        usage("give either --all or --id ID (repeatable), not both or neither")
 
 
 @click.group("dlq")
 def dlq() -> None:
-    """An app's dead letters: list, show, replay and purge them (redis and kafka).
+    """An app's dead letters: list, show, replay, purge.
 
-    Letters are stored in the Redis stream PREFIX:dlq:APP, or the Kafka topic
-    TOPIC.conveyor-dlq; see the README's "Failures" section.
+    On redis and kafka. Letters are stored in the Redis stream PREFIX:dlq:APP, or the
+    Kafka topic TOPIC.conveyor-dlq; see the README's "Failures" section.
+
+    \b
+    Examples:
+      conveyor dlq list --app shop --config configs/redis.toml
+      conveyor dlq replay --all --app shop --config configs/redis.toml
     """
 
 
@@ -158,9 +197,21 @@ def dlq() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
               help="Show at most this many letters, oldest first.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, errors in full.")
+@click.option("--wide", is_flag=True,
+              help="Handler, error type and letter replayed apart: for a wide terminal.")
 def list_letters(config_path: Path | None, group: str, handler: str | None,
-                 error_type: str | None, limit: int, as_json: bool) -> None:
-    """One row per letter: id, stream, handler, error type and text, attempts, time."""
+                 error_type: str | None, limit: int, as_json: bool, wide: bool) -> None:
+    """One line per letter: id, stream, time, error.
+
+    The error is cut to the terminal's width (`dlq show ID` and --json give it whole).
+
+    \b
+    Examples:
+      conveyor dlq list --app shop --config configs/redis.toml
+      conveyor dlq list --app shop --error-type ValueError \\
+          --config configs/redis.toml
+      conveyor dlq list --app shop --config configs/redis.toml --json
+    """
     config = _load(config_path)
 
     async def work(adapter: QueueAdapter) -> tuple[list[StoredLetter], int]:
@@ -174,7 +225,7 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
         return
     from rich.console import Console
 
-    Console().print(_table(found, group, total))
+    print_table(_table(found, group, total, wide, Console().width))
 
 
 @dlq.command("show")
@@ -182,7 +233,12 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
 @_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) -> None:
-    """One letter in full: the reason, the message's metadata, headers and body."""
+    """One letter in full: the reason, the message's metadata, headers and body.
+
+    \b
+    Examples:
+      conveyor dlq show 1700000000000-0 --app shop --config configs/redis.toml
+    """
     config = _load(config_path)
 
     async def work(adapter: QueueAdapter) -> StoredLetter | None:
@@ -210,13 +266,21 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
               help="Letters replayed per round of broker calls.")
 def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...],
            handler: str | None, error_type: str | None, batch: int) -> None:
-    """Publish letters' messages to their streams again, then remove the letters.
+    """Publish letters' messages to their streams again; remove the letters.
 
     Each message goes back as it was published (body, stream, content type, headers,
     trace context, cv-id) with the header cv-replay-of = the letter's id; the letter is
     removed only once the publish is confirmed. Interrupted, run it again: no letter is
     lost or published twice. A message that fails again becomes a new letter whose
     replay-of names this one. Undecodable and bare letters are skipped (and kept).
+
+    \b
+    Examples:
+      conveyor dlq replay --all --app shop --config configs/redis.toml
+      conveyor dlq replay --id 1700000000000-0 --app shop \\
+          --config configs/redis.toml
+      conveyor dlq replay --all --handler shop.on_order --app shop \\
+          --config configs/redis.toml
     """
     _one_of(every, ids)
     config = _load(config_path)
@@ -231,9 +295,9 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
 
     report = _run(config, work)
     for letter_id, why in report.skipped:
-        click.echo(f"conveyor: skipped {letter_id}: {why}", err=True)
+        warn(f"skipped {letter_id}: {why}")
     for letter_id in report.gone:
-        click.echo(f"conveyor: {letter_id} was removed meanwhile; not replayed", err=True)
+        warn(f"{letter_id} was removed meanwhile; not replayed")
     click.echo(f"replayed {len(report.replayed)} letter(s) of app {group!r}"
                + (f"; {len(report.skipped)} skipped and kept" if report.skipped else ""))
 
@@ -246,11 +310,21 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
 @click.option("--yes", is_flag=True, help="Really delete them (required).")
 def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...],
           handler: str | None, error_type: str | None, yes: bool) -> None:
-    """Delete letters for good (Kafka: recorded as purged; the records stay until the
-    topic's retention removes them)."""
+    """Delete letters for good.
+
+    Kafka: recorded as purged; the records stay until the topic's retention removes
+    them.
+
+    \b
+    Examples:
+      conveyor dlq purge --id 1700000000000-0 --yes --app shop \\
+          --config configs/redis.toml
+      conveyor dlq purge --all --error-type DecodeError --yes --app shop \\
+          --config configs/redis.toml
+    """
     _one_of(every, ids)
     if not yes:
-        raise click.UsageError("purge deletes dead letters for good: add --yes to confirm")
+        usage("purge deletes dead letters for good: add --yes to confirm")
     config = _load(config_path)
 
     async def work(adapter: QueueAdapter) -> int:

@@ -87,24 +87,27 @@ class ThroughputResult:
         return out
 
     def table(self) -> str:
+        """Medians in columns, each row's min..max on a line under it (with repeats):
+        80 columns at most."""
         f = self.figures
         lines = [
-            f"{self.adapter}: {self.config}, variant: {self.variant}; {self.messages:,} "
-            f"messages over {self.streams:,} streams, {self.queues} queues, {self.slots} slots",
-            f"median (min..max) of {self.repeats} run(s)",
+            f"{self.adapter}: {self.config}, variant: {self.variant}; median (min..max) of "
+            f"{self.repeats} run(s)",
+            f"{self.messages:,} messages over {self.streams:,} streams, {self.queues} queues, "
+            f"{self.slots} slots",
             _line("consume", "msgs/s", "CPU us/msg", "start-up s"),
-            _row("  conveyor" if self.daemons == 1 else f"  conveyor, {self.daemons} processes",
-                 f, ""),
-            _row("  raw loop", f, "floor_"),
-            _line("  ratio", f["ratio"].text(".3f")),
+            *_rows("  conveyor" if self.daemons == 1 else f"  conveyor, {self.daemons} processes",
+                   f, ""),
+            *_rows("  raw loop", f, "floor_"),
+            *_ratio("  ratio", f["ratio"]),
         ]
         if "publish_msgs_per_s" in f:
             lines += [
                 _line("publish", "msgs/s", "CPU us/msg"),
-                _row(f"  publish_batch x{PUBLISH_BATCH}", f, "publish_"),
-                _row(f"  publish x1 ({PUBLISHERS} tasks)", f, "publish_single_"),
-                _row("  raw loop", f, "publish_floor_"),
-                _line("  ratio (batch / raw)", f["publish_ratio"].text(".3f")),
+                *_rows(f"  publish_batch x{PUBLISH_BATCH}", f, "publish_"),
+                *_rows(f"  publish x1 ({PUBLISHERS} tasks)", f, "publish_single_"),
+                *_rows("  raw loop", f, "publish_floor_"),
+                *_ratio("  ratio (batch / raw)", f["publish_ratio"]),
                 f"raw consume loop: {self.floor}",
                 f"raw publish loop: {self.publish_floor}",
                 f"publish x1 published {self.single_messages:,} messages",
@@ -114,13 +117,29 @@ class ThroughputResult:
         return "\n".join(lines)
 
 
+LABEL_WIDTH = 24
+CELL_WIDTHS = (24, 16, 14)
+"""Label and cells of the table: 78 columns, room for a range of 8-digit rates."""
+
+
 def _line(label: str, *cells: str) -> str:
-    widths = (36, 22, 20)
-    text = f"{label:26}" + "".join(f"{c:{w}}" for c, w in zip(cells, widths, strict=False))
+    text = f"{label:{LABEL_WIDTH}}" + "".join(
+        f"{c:>{w}}" for c, w in zip(cells, CELL_WIDTHS, strict=False))
     return text.rstrip()
 
 
-def _row(label: str, f: Mapping[str, Spread], prefix: str) -> str:
-    cells = [(f.get(prefix + k), fmt) for k, fmt in (
-        ("msgs_per_s", ",.0f"), ("cpu_us_per_msg", ".2f"), ("startup_s", ".2f"))]
-    return _line(label, *(s.text(fmt) if s else "" for s, fmt in cells))
+FIGURES = (("msgs_per_s", ",.0f"), ("cpu_us_per_msg", ".2f"), ("startup_s", ".2f"))
+
+
+def _rows(label: str, f: Mapping[str, Spread], prefix: str) -> list[str]:
+    """The medians; then the ranges, when the repeats differ."""
+    found = [(f.get(prefix + key), fmt) for key, fmt in FIGURES]
+    lines = [_line(label, *(format(s.median, fmt) if s else "" for s, fmt in found))]
+    if any(s is not None and s.low != s.high for s, _ in found):
+        lines.append(_line("    min..max", *(
+            f"{s.low:{fmt}}..{s.high:{fmt}}" if s else "" for s, fmt in found)))
+    return lines
+
+
+def _ratio(label: str, ratio: Spread) -> list[str]:
+    return [_line(label, ratio.text(".3f"))]

@@ -6,23 +6,24 @@ Registered on the main command by ``conveyor/cli.py``; the rendering itself is
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
+from conveyor.cli_common import usage as _usage
+from conveyor.cli_common import warn
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
-
-
-def _usage(message: str) -> NoReturn:
-    click.echo(f"conveyor: {message}", err=True)
-    sys.exit(2)
 
 
 @click.group()
 def deploy() -> None:
-    """Render what runs Conveyor workers past one machine."""
+    """Render Kubernetes manifests for an app's workers.
+
+    \b
+    Examples:
+      conveyor deploy kubernetes --app shop:app --config configs/redis.toml
+    """
 
 
 @deploy.command()
@@ -51,13 +52,21 @@ def deploy() -> None:
 def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: int,
                max_replicas: int | None, namespace: str | None, http_port: int, cpu: str,
                memory: str, output: str) -> None:
-    """Kubernetes manifests for the app's workers: a ConfigMap with the config, a
-    Deployment with probes and a grace period above the drain, and a KEDA ScaledObject
-    on the broker's own lag (Kafka consumer-group lag, Redis stream-group lag).
+    """Kubernetes manifests: ConfigMap, Deployment and KEDA ScaledObject.
+
+    A ConfigMap with the config, a Deployment with probes and a grace period above the
+    drain, and a KEDA ScaledObject on the broker's own lag (Kafka consumer-group lag,
+    Redis stream-group lag).
 
     Names (streams, topic, consumer group) come from the config and the app, so they
     match what the workers use. Exit status 2 for a config that cannot span pods (the
     memory adapter, a static balancer, in-process membership) or a bad argument.
+
+    \b
+    Examples:
+      conveyor deploy kubernetes --app shop:app --config configs/redis.toml
+      conveyor deploy kubernetes --app shop:app --config configs/kafka.toml \\
+          --image registry.example.com/shop:1.4 --replicas 0 -o k8s/
     """
     from conveyor.deploy import kubernetes as k8s
     from conveyor.loader import load_app
@@ -68,7 +77,7 @@ def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: in
         config = load_config(config_path, environ={})  # the pods get this file, not our env
         text = config_path.read_text(encoding="utf-8")
     except ConfigError as exc:
-        _usage(f"config error: {exc}")
+        _usage(f"config: {exc}")
     except (OSError, UnicodeDecodeError) as exc:
         _usage(f"--config: cannot read {config_path} as UTF-8 text: {exc}")
     try:
@@ -88,7 +97,7 @@ def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: in
     except (ConfigError, InvalidArgumentError) as exc:
         _usage(f"deploy kubernetes: {exc}")
     for warning in k8s.warnings(config):
-        click.echo(f"conveyor: warning: {warning}", err=True)
+        warn(warning)
     if output == "-":
         click.echo(to_yaml(objects), nl=False)
         return

@@ -74,11 +74,17 @@ def sim(
     as_json: bool,
     plot: Path | None,
 ) -> None:
-    """Simulate a stateless-worker pool: static (scale-up only) vs dynamic (PID scale-down).
+    """Simulate a stateless-worker pool: static vs PID scale-down.
 
-    Prints average workers and average queue length of both runs. Subcommands
-    `filter`, `placement` and `balancer` run the CDM-KF, the placement and the
-    balancer-at-scale simulations.
+    Static (scale-up only) vs dynamic (PID scale-down): prints average workers and
+    average queue length of both runs. Subcommands `filter`, `placement` and
+    `balancer` run the CDM-KF, the placement and the balancer-at-scale simulations.
+
+    \b
+    Examples:
+      conveyor sim --pattern spike
+      conveyor sim --pattern burst --seed 3 --plot burst.png
+      conveyor sim filter --signal drop
     """
     if ctx.invoked_subcommand is not None:
         if pattern or arrivals or plot or as_json:
@@ -145,7 +151,13 @@ def _series_stats(values: Any) -> dict[str, float]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None) -> None:
-    """Run a synthetic CPU signal through the CDM-KF: raw vs filtered."""
+    """Run a synthetic CPU signal through the CDM-KF: raw vs filtered.
+
+    \b
+    Examples:
+      conveyor sim filter --signal drop
+      conveyor sim filter --signal wave --plot wave.png
+    """
     from conveyor.lab.signals import make_signal
     from conveyor.platform.kalman import cdm_filter
 
@@ -208,8 +220,16 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
 def placement_command(
     trials: int, balls_per_bin: int, seed: int, as_json: bool, plot: Path | None
 ) -> None:
-    """Balls into bins for 2-1,000 daemons: random, K=2, K=ceil(sqrt n), JSQ;
-    fresh and stale (refreshed every n placements) statistics."""
+    """Balls into bins for 2-1,000 daemons: random, K=2, K=sqrt n, JSQ.
+
+    Random, K=2, K=ceil(sqrt n) and JSQ, with fresh and stale (refreshed every n
+    placements) statistics.
+
+    \b
+    Examples:
+      conveyor sim placement
+      conveyor sim placement --trials 1 --json
+    """
     from conveyor.lab.placement_sim import DEFAULT_SIZES, run
 
     stats = run(DEFAULT_SIZES, balls_per_bin=balls_per_bin, trials=trials, seed=seed)
@@ -263,9 +283,16 @@ def placement_command(
 @plot_option
 def balancer_command(daemons: int, queues: int, seed: int, steady_s: float, ramp_s: float,
                      as_json: bool, plot: Path | None) -> None:
-    """The dynamic balancer at scale on a virtual clock: the store's steady load
-    (ops, keys, bytes per second) and how long a join, a graceful leave and a crash take
-    to settle, and how many queues move."""
+    """The dynamic balancer at scale, on a virtual clock.
+
+    The store's steady load (ops, keys, bytes per second), how long a join, a graceful
+    leave and a crash take to settle, and how many queues move.
+
+    \b
+    Examples:
+      conveyor sim balancer
+      conveyor sim balancer --daemons 100 --queues 512 --json
+    """
     from conveyor.lab.balancer_sim import BalancerSimConfig, run
 
     if daemons > queues:
@@ -323,9 +350,9 @@ def _rate(value: float, unit: str) -> str:
 
 def _echo_balancer(r: Any) -> None:
     cfg = r.config
-    click.echo(f"{cfg.daemons} daemons x {cfg.queues} queues, seed {cfg.seed}: lease ttl "
-               f"{cfg.lease_ttl_s:g} s, re-balance every {cfg.rebalance_interval_s:g} s, "
-               f"heartbeat {cfg.heartbeat_s:g} s")
+    click.echo(f"{cfg.daemons} daemons x {cfg.queues} queues, seed {cfg.seed}")
+    click.echo(f"lease ttl {cfg.lease_ttl_s:g} s, re-balance every "
+               f"{cfg.rebalance_interval_s:g} s, heartbeat {cfg.heartbeat_s:g} s")
     click.echo(f"steady state over {cfg.steady_s:g} s (store load):")
     click.echo(f"  {'':16} {'ops/s':>10} {'keys/s':>10} {'bytes/s':>12}")
     for load in r.load:
@@ -333,8 +360,8 @@ def _echo_balancer(r: Any) -> None:
                    f"{_rate(load.bytes_per_s, 'B'):>12}")
     total_ops = sum(load.ops_per_s for load in r.load)
     total_bytes = sum(load.bytes_per_s for load in r.load)
-    click.echo(f"  {'total':16} {total_ops:10.1f} {'':10} {_rate(total_bytes, 'B'):>12}"
-               f"   (busiest 0.1 s: {r.peak_ops_per_s:.0f} ops/s)")
+    click.echo(f"  {'total':16} {total_ops:10.1f} {'':10} {_rate(total_bytes, 'B'):>12}")
+    click.echo(f"  busiest 0.1 s: {r.peak_ops_per_s:.0f} ops/s")
     click.echo(f"  {'event':16} {'settled in':>10} {'moved':>10} {'handed off':>12} "
                f"{'doubled':>8}")
     for s in (r.startup, *r.events):
@@ -357,13 +384,19 @@ def _echo_balancer(r: Any) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def tune(population: int, generations: int, mutation: float, seed: int, as_json: bool) -> None:
-    """Tune the scale-down PID gains with a genetic algorithm on simulated load.
+    """Tune the scale-down PID gains with a genetic algorithm.
 
-    Trains on six arrival patterns (constant, periodic, ramp, spike, burst, chaotic);
+    On simulated load: trains on six arrival patterns (constant, periodic, ramp,
+    spike, burst, chaotic);
     Poisson is held out. Runs one GA on the mean fitness over the six, and the
     reference's method (one GA per pattern, winners averaged). Reports the plateau of
     equally good gains, and how the tuned, the averaged and the shipped default gains
     do on every pattern.
+
+    \b
+    Examples:
+      conveyor tune
+      conveyor tune --population 8 --generations 3 --json
     """
     from conveyor.lab.sim import SimConfig
     from conveyor.lab.tune import Evaluator, average_gains, tune_per_pattern
@@ -516,21 +549,18 @@ def _echo_tune_report(doc: dict[str, Any]) -> None:
         f"{doc['evaluations']} simulated runs in {doc['elapsed_s']:.1f} s"
     )
     labels = ("tuned", "averaged", "default")
-    click.echo(
-        f"{'pattern':9} {'fitness':>26} {'avg workers':>37} {'avg queue':>26}\n"
-        f"{'':9}"
-        + "".join(f" {x[:8]:>8}" for x in labels)
-        + "".join(f" {x[:8]:>8}" for x in (*labels, "static"))
-        + "".join(f" {x[:8]:>8}" for x in labels)
-    )
-    for name, row in doc["patterns"].items():
-        held = "*" if name not in doc["training_patterns"] else " "
-        click.echo(
-            f"{name + held:9}"
-            + "".join(f" {row[x]['fitness']:8.3f}" for x in labels)
-            + "".join(f" {row[x]['avg_workers']:8.2f}" for x in (*labels, "static"))
-            + "".join(f" {row[x]['avg_queue_length']:8.3f}" for x in labels)
-        )
+    # Two blocks of at most 63 columns, so the report reads in an 80-column terminal.
+    for title, columns in (
+        (f"{'fitness':>26} {'avg queue':>26}",
+         [("fitness", x, ".3f") for x in labels]
+         + [("avg_queue_length", x, ".3f") for x in labels]),
+        (f"{'avg workers':>35}", [("avg_workers", x, ".2f") for x in (*labels, "static")]),
+    ):
+        click.echo(f"{'pattern':9}{title}\n{'':9}" + "".join(f" {x[:8]:>8}" for _, x, _ in columns))
+        for name, row in doc["patterns"].items():
+            held = "*" if name not in doc["training_patterns"] else " "
+            click.echo(f"{name + held:9}" + "".join(
+                f" {row[x][key]:8{fmt}}" for key, x, fmt in columns))
     click.echo("* held out of training")
 
 

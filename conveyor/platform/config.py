@@ -21,8 +21,10 @@ year); names that reach a broker are checked against the broker's own rules (see
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping, Set
+import re
+from collections.abc import Iterable, Mapping, Set
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -557,6 +559,37 @@ def _root() -> msgspec.inspect.StructType:
     return root
 
 
+def _did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean `x`?)`` when a choice is close to ``name``, else nothing."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def _struct_at(path: str) -> msgspec.inspect.StructType | None:
+    """The section a ``$.a.b`` path names (``$``: the root), None if it names none."""
+    struct = _root()
+    for part in path.split(".")[1:]:
+        types = {f.name: f.type for f in struct.fields}
+        found = types.get(part)
+        if not isinstance(found, msgspec.inspect.StructType):
+            return None
+        struct = found
+    return struct
+
+
+_UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`(?: - at `(\$[^`]*)`)?")
+_AT_PATH = re.compile(r"- at `(\$[^`]*)`|^(\$[\w.]+):")
+
+
+def _with_suggestion(message: str) -> str:
+    """msgspec's "unknown field `x` - at `$.s`", with the closest field of ``[s]``."""
+    match = _UNKNOWN_FIELD.search(message)
+    struct = _struct_at(match.group(2) or "$") if match else None
+    if match is None or struct is None:
+        return message
+    return message + _did_you_mean(match.group(1), (f.name for f in struct.fields))
+
+
 def _apply_one(raw: dict[str, Any], path: list[str], name: str, value: str) -> None:
     struct, target = _root(), raw
     for depth, part in enumerate(path):
@@ -566,7 +599,8 @@ def _apply_one(raw: dict[str, Any], path: list[str], name: str, value: str) -> N
             what = f"no config section [{part}]" if depth == 0 else (
                 f"unknown field `{part}` at `{here.rpartition('.')[0]}`"
             )
-            raise ConfigError(f"environment variable {name}: {what}")
+            raise ConfigError(f"environment variable {name}: {what}"
+                              + _did_you_mean(part, fields))
         t = fields[part]
         if depth == len(path) - 1:
             if not isinstance(t, msgspec.inspect.StructType):
@@ -589,13 +623,16 @@ def _apply_one(raw: dict[str, Any], path: list[str], name: str, value: str) -> N
 
 
 def apply_env(
-    raw: dict[str, Any], environ: Mapping[str, str], *, skip: Set[str] = frozenset()
+    raw: dict[str, Any], environ: Mapping[str, str], *, skip: Set[str] = frozenset(),
+    applied: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Overlay ``CONVEYOR_SECTION[__SUB...][__FIELD]`` variables onto a raw config mapping.
 
     A name without ``__`` is config only when it names a section (``CONVEYOR_WORKER``);
     others (``CONVEYOR_REDIS_PASSWORD``, ``CONVEYOR_REQUIRE_SERVERS``) and the names in
     ``skip`` are left alone. Sections apply before their fields, so the narrower wins.
+    ``applied`` receives ``environment variable NAME`` for each variable applied, by the
+    ``$.path`` it set (so an error can name the variable at fault).
     """
     sections = {f.name for f in _root().fields}
     found = []
@@ -608,6 +645,8 @@ def apply_env(
         found.append((path, name, value))
     for path, name, value in sorted(found, key=lambda f: (len(f[0]), f[1])):
         _apply_one(raw, path, name, value)
+        if applied is not None:
+            applied["$." + ".".join(path)] = f"environment variable {name}"
     return raw
 
 
@@ -653,11 +692,28 @@ def _secrets(raw: dict[str, Any], environ: Mapping[str, str]) -> set[str]:
     return names
 
 
-def _convert(raw: dict[str, Any], source: str) -> Config:
+def _blame(message: str, source: str, applied: Mapping[str, str]) -> str:
+    """Who set what ``message`` is about: the variable (or option) that set its field or
+    a section above it, else ``source``. A check across fields (``$.a.b: ...``) also
+    names every variable applied, any of which may have taken part."""
+    match = _AT_PATH.search(message)
+    one_field, across = match.groups() if match else (None, None)
+    path = one_field or across or ""
+    while path:
+        if path in applied:
+            return applied[path]
+        path = path.rpartition(".")[0] if "." in path else ""
+    if applied and one_field is None:
+        return f"{source} with {', '.join(sorted(set(applied.values())))}"
+    return source
+
+
+def _convert(raw: dict[str, Any], source: str, applied: Mapping[str, str]) -> Config:
     try:
         return msgspec.convert(raw, Config, strict=False).validate()
     except (msgspec.ValidationError, ConfigError) as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        message = _with_suggestion(str(exc))
+        raise ConfigError(f"{_blame(message, source, applied)}: {message}") from None
     except RecursionError:
         raise ConfigError(f"{source}: a value is nested too deeply for any config field") from None
 
@@ -684,7 +740,10 @@ def load_config(
         except RecursionError:
             raise ConfigError(f"{source}: nested too deeply for any config field") from None
     env = os.environ if environ is None else environ
-    raw = apply_env(raw, env, skip=_secrets(raw, env))
+    applied: dict[str, str] = {}
+    raw = apply_env(raw, env, skip=_secrets(raw, env), applied=applied)
     for section, values in (overrides or {}).items():
         _table(raw, section, f"{source}: $.{section}").update(values)
-    return _convert(raw, source + " (with CONVEYOR_* environment)")
+        for name in values:  # a command-line option wins over the variable it replaces
+            applied[f"$.{section}.{name}"] = f"a command-line option ({section}.{name})"
+    return _convert(raw, source, applied)

@@ -29,6 +29,17 @@ from conveyor.platform.membership import MemberInfo
 MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka_members:group_members"}
 """Balancer kind: ``async (adapter, group) -> [member with .info and .queues]``."""
 
+MEASURES = ("at", "cpu_percent")
+"""Heartbeat stats that are measures (kept as floats, as are ``*_s`` and ``*_per_s``);
+every other one is a count or a size in bytes."""
+
+
+def typed_stats(stats: Mapping[str, float]) -> dict[str, float]:
+    """A heartbeat's stats with counts and sizes as integers (the membership record
+    carries every figure as a float; filtered memory sizes have fractions of a byte)."""
+    return {key: value if key in MEASURES or key.endswith("_s") else round(value)
+            for key, value in stats.items()}
+
 
 @dataclass(frozen=True)
 class QueueStatus:
@@ -150,7 +161,7 @@ async def collect_status(config: Config, group: str) -> StatusReport:
     adapter = create_adapter(config.queues.adapter, config)
     try:
         members, owners = await _members_and_owners(config, group, adapter)
-        stats = {m.id: m.stats for m in members}
+        stats = {m.id: typed_stats(m.stats) for m in members}
         queues = []
         for q in range(config.queues.total):
             owner = owners.get(q)
@@ -171,6 +182,51 @@ async def collect_status(config: Config, group: str) -> StatusReport:
         owned.setdefault(owner, []).append(q)
     return StatusReport(
         group,
-        [MemberStatus(m.id, m.host, m.pid, dict(m.stats), owned.get(m.id, [])) for m in members],
+        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, [])) for m in members],
         queues, time.time(), groups, adapter.retention_follows_groups, dead_letters,
     )
+
+
+@dataclass(frozen=True)
+class AppSummary:
+    """One app found on the queues (a consumer group): a row of ``conveyor status``."""
+
+    app: str
+    daemons: int | None
+    """Running daemons: registered in the membership store (or in Kafka's group);
+    None where daemons register nowhere (``static`` balancer)."""
+    queues: list[int]
+    """Queues it has a position on."""
+    lag: int
+    idle_s: float | None
+    """Since one of its consumers last read any queue (Redis); None: never or unknown."""
+    dead_letters: int | None
+    holds_retention: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AppsReport:
+    """Every app on the queues: what ``conveyor status`` shows without ``--app``."""
+
+    apps: list[AppSummary]
+    retention_follows_groups: bool
+    at: float
+
+
+async def collect_apps(config: Config) -> AppsReport:
+    """Every app with a consumer group on the queues, with its daemons, lag and letters."""
+    adapter = create_adapter(config.queues.adapter, config)
+    try:
+        groups = summarise(await adapter.groups(range(config.queues.total)))
+        apps = []
+        for g in groups:
+            daemons = None
+            if config.balancer.kind != "static":
+                members, _ = await _members_and_owners(config, g.group, adapter)
+                daemons = len(members)
+            apps.append(AppSummary(g.group, daemons, g.queues, g.lag, g.idle_s,
+                                   await adapter.count_dead_letters(g.group),
+                                   g.holds_retention))
+    finally:
+        await adapter.close()
+    return AppsReport(apps, adapter.retention_follows_groups, time.time())

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import json
 import logging
@@ -40,7 +41,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.balancer import sticky_split
@@ -48,6 +49,9 @@ from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
+
+if TYPE_CHECKING:
+    from conveyor.workers.daemon import DrainReport
 
 log = logging.getLogger("conveyor.supervisor")
 STATUS_EVERY_S = 10.0
@@ -157,6 +161,9 @@ class ChildProcess:
         self.alive = False
         self._exited = False  # its event channel closed: nothing more will come
         self.report = ""
+        self.counts: dict[str, int] = {}
+        """The fields of its drain report, once it stopped and sent one."""
+        self.member_id = ""
         self.http_port: int | None = None
         """The loopback port of its /metrics and probes, when [http] port is set."""
 
@@ -179,12 +186,14 @@ class ChildProcess:
         ready = self._expect("ready", -1)
         self._reader_task = asyncio.create_task(self._read(reader))
         try:
-            self.http_port = (await ready).get("http_port")
+            event = await ready
         except ChildGone:
             raise ChildGone(
                 f"process #{self.number} exited before it was ready (its error is logged "
                 "above with its pid)"
             ) from None
+        self.http_port = event.get("http_port")
+        self.member_id = str(event.get("id", ""))
         self.alive = True
 
     def _expect(self, event: str, queue: int) -> asyncio.Future[dict[str, Any]]:
@@ -248,7 +257,9 @@ class ChildProcess:
                 assert self.proc.stdin is not None
                 self.proc.stdin.close()
             with contextlib.suppress(TimeoutError, ChildGone):
-                self.report = (await asyncio.wait_for(stopped, timeout_s)).get("report", "")
+                event = await asyncio.wait_for(stopped, timeout_s)
+                self.report = event.get("report", "")
+                self.counts = {k: int(v) for k, v in event.get("counts", {}).items()}
         try:
             await asyncio.wait_for(self.proc.wait(), timeout_s)
         except TimeoutError:
@@ -302,6 +313,8 @@ class Supervisor:
         self.scale_downs = 0
         self.replaced = 0
         self.errors = 0
+        self.drained: dict[str, int] = {}
+        """The drain reports of every child stopped so far, added up."""
         self._was_busy = False
         self._status_at = 0.0
         self._started = False
@@ -345,7 +358,10 @@ class Supervisor:
         return None
 
     # -- running -----------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event,
+                  ready: Callable[[str], None] | None = None) -> None:
+        """Until ``stop`` is set; ``ready`` gets the first processes' daemon ids once they
+        own every queue."""
         adapter = self._adapter or create_adapter(self.config.queues.adapter, self.config)
         self._stop = stop
         try:
@@ -355,6 +371,8 @@ class Supervisor:
             self._started = True
             log.info("supervisor: %d process(es) own %d queue(s)",
                      self.processes, self.config.queues.total)
+            if ready is not None:
+                ready(", ".join(c.member_id for c in self.children))
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):  # not wait_for: it can lose a cancel
                     async with asyncio.timeout(self.settings.inspection_period_s):
@@ -368,6 +386,7 @@ class Supervisor:
                 return_exceptions=True,
             )
             for child in self.children:
+                self._count_drained(child)
                 log.info("supervisor: process #%d stopped: %s", child.number, child.report)
             if self._adapter is None:
                 await adapter.close()
@@ -499,6 +518,7 @@ class Supervisor:
         await self._rebalance([c for c in self.children if c is not victim])
         self.children.remove(victim)
         await victim.stop(self.settings.stop_timeout_s)
+        self._count_drained(victim)
         self.scale_downs += 1
         log.info(
             "supervisor: scale down to %d process(es): lag %d; process #%d drained "
@@ -506,6 +526,10 @@ class Supervisor:
             self.processes, self.lag, victim.number, queues,
             time.monotonic() - started, victim.report,
         )
+
+    def _count_drained(self, child: ChildProcess) -> None:
+        for name, count in child.counts.items():
+            self.drained[name] = self.drained.get(name, 0) + count
 
     async def _replace_dead(self) -> None:
         """Drop dead children and start new ones up to MIN (their queues are orphans now,
@@ -589,9 +613,16 @@ def run_supervisor(
     processes: str,
     config_path: os.PathLike[str] | str | None,
     overrides: Mapping[str, Mapping[str, Any]],
-) -> None:
-    """What ``conveyor worker --processes`` runs: until SIGINT/SIGTERM, then drain all."""
+    ready: Callable[[str], None] | None = None,
+) -> DrainReport:
+    """What ``conveyor worker --processes`` runs: until SIGINT/SIGTERM, then drain all.
+
+    ``ready`` gets the daemon ids of the first processes once they own every queue; the
+    result adds up the drain reports of every process stopped meanwhile (scaled down,
+    then the rest), as one daemon's drain report reads."""
     import signal
+
+    from conveyor.workers.daemon import DrainReport
 
     low, high = parse_processes(processes)
     settings = SupervisorSettings.from_config(config, low, high)
@@ -619,7 +650,7 @@ def run_supervisor(
                                            config.http.port)
             await endpoint.start()
         try:
-            await supervisor.run(stop)
+            await supervisor.run(stop, ready)
         finally:
             if endpoint is not None:
                 await endpoint.close()
@@ -628,3 +659,5 @@ def run_supervisor(
         asyncio.run(main())
     finally:
         telemetry.shutdown()
+    fields = {f.name for f in dataclasses.fields(DrainReport)}
+    return DrainReport(**{name: supervisor.drained.get(name, 0) for name in fields})

@@ -17,7 +17,8 @@ Wire protocol, one JSON object per line:
   "queue": q}``, ``{"event": "released", "queue": q}``, ``{"event": "failed", "op":
   "acquire"|"release", "queue": q, "error": "..."}`` (the child no longer has the
   queue assigned: a lease it still holds is given up or lapses, so whoever acquires
-  the queue next waits for it), ``{"event": "stopped", "report": "..."}``.
+  the queue next waits for it), ``{"event": "stopped", "report": "...", "counts": {...}}``
+  (the drain report as text and as its fields, which the supervisor adds up).
 
 Run as ``python -m conveyor.workers.supervisor_child APP_PATH CONFIG_PATH EVENTS_FD``.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -223,7 +225,7 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
         signals=(signal.SIGTERM,),
         endpoint=endpoint,
     )
-    emit("stopped", report=str(report))
+    emit("stopped", report=str(report), counts=dataclasses.asdict(report))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -68,7 +68,7 @@ def test_a_static_balancer_is_refused_naming_the_field(tmp_path: Path) -> None:
                       "--config", str(cfg))
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
-    assert line.startswith("conveyor: deploy kubernetes: $.balancer.kind: ")
+    assert line.startswith("conveyor: error: deploy kubernetes: $.balancer.kind: ")
 
 
 def test_an_app_that_cannot_be_imported_is_a_usage_error() -> None:

@@ -150,7 +150,7 @@ def test_a_port_that_cannot_be_bound_exits_2_with_one_line_naming_the_field(
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     [line] = [x for x in result.stderr.splitlines() if x.startswith("conveyor:")]
-    assert line.startswith("conveyor: config error: $.http.port: cannot listen on "
+    assert line.startswith("conveyor: error: config: $.http.port: cannot listen on "
                            f"127.0.0.1:{port}"), line
     assert "daemon" not in result.stderr  # it failed before the daemon started
 

@@ -362,3 +362,67 @@ def test_a_secret_variable_named_by_an_env_field_is_never_read_as_config(
     config = load_config(environ={"CONVEYOR_REDIS": '{"password_env": "CONVEYOR_KAFKA__PW"}',
                                   "CONVEYOR_KAFKA__PW": "pw"})
     assert config.redis.password_env == "CONVEYOR_KAFKA__PW"
+
+
+# -- what an error says -------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "suggestion"), [
+    ("[worker]\ndrain_timout_s = 3\n", "unknown field `drain_timout_s` - at `$.worker` "
+                                       "(did you mean `drain_timeout_s`?)"),
+    ("[workr]\nmax_batch = 3\n", "unknown field `workr` (did you mean `worker`?)"),
+    ("[slots.resorce]\nmin_slots = 3\n", "(did you mean `resource`?)"),
+    ("[slots.resource]\nmin_slot = 3\n", "- at `$.slots.resource` (did you mean `min_slots`?)"),
+])
+def test_an_unknown_key_in_a_file_gets_the_closest_known_one(
+    tmp_path: Path, text: str, suggestion: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), environ={})
+    assert str(caught.value).startswith(f"{tmp_path / 'c.toml'}: "), caught.value
+    assert str(caught.value).endswith(suggestion), caught.value
+
+
+def test_a_key_close_to_nothing_gets_no_suggestion(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, "[worker]\nzzzzzz = 3\n"), environ={})
+    assert str(caught.value).endswith("unknown field `zzzzzz` - at `$.worker`")
+
+
+def test_an_unknown_variable_name_gets_the_closest_section_or_field() -> None:
+    with pytest.raises(ConfigError, match=r"^environment variable CONVEYOR_WORKR__MAX_BATCH: no "
+                                          r"config section \[workr\] \(did you mean `worker`\?\)$"):
+        load_config(environ={"CONVEYOR_WORKR__MAX_BATCH": "3"})
+    with pytest.raises(ConfigError, match=r"unknown field `max_bach` at `\$.worker` "
+                                          r"\(did you mean `max_batch`\?\)$"):
+        load_config(environ={"CONVEYOR_WORKER__MAX_BACH": "3"})
+
+
+def test_a_bad_value_names_the_variable_that_set_it_not_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[worker]\nmax_batch = 5\n")
+    env = {"CONVEYOR_WORKER__DRAIN_TIMEOUT_S": "-1", "CONVEYOR_SLOTS__COUNT": "4"}
+    with pytest.raises(ConfigError, match=r"^environment variable CONVEYOR_WORKER__DRAIN_"
+                                          r"TIMEOUT_S: .* - at `\$.worker.drain_timeout_s`$"):
+        load_config(path, environ=env)
+    # A section's JSON table: the section's variable is the one at fault.
+    with pytest.raises(ConfigError, match=r"^environment variable CONVEYOR_WORKER: "):
+        load_config(path, environ={"CONVEYOR_WORKER": '{"drain_timeout_s": -1}'})
+    with pytest.raises(ConfigError, match=r"^environment variable CONVEYOR_WORKER: .*`max_bach`"
+                                          r" - at `\$.worker` \(did you mean `max_batch`\?\)$"):
+        load_config(path, environ={"CONVEYOR_WORKER": '{"max_bach": 1}'})
+    # A value of the file is the file's fault, even with variables set beside it.
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: .*\$.worker.max_batch"):
+        load_config(write(tmp_path, "[worker]\nmax_batch = 0\n"), environ=env)
+
+
+def test_a_check_across_fields_names_the_variables_that_took_part() -> None:
+    with pytest.raises(ConfigError, match=r"^defaults with environment variable CONVEYOR_QUEUES"
+                                          r"__ADAPTER: \$.balancer.membership: "):
+        load_config(environ={"CONVEYOR_QUEUES__ADAPTER": "redis"})
+    with pytest.raises(ConfigError, match=r"^defaults with a command-line option "
+                                          r"\(queues.adapter\): \$.balancer.membership: "):
+        load_config(environ={}, overrides={"queues": {"adapter": "redis"}})
+
+
+def test_a_bad_command_line_value_is_blamed_on_the_option() -> None:
+    with pytest.raises(ConfigError, match=r"^a command-line option \(slots.count\): .*"
+                                          r"\$.slots.count`$"):
+        load_config(environ={"CONVEYOR_SLOTS__COUNT": "4"}, overrides={"slots": {"count": 0}})

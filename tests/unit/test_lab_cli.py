@@ -105,6 +105,8 @@ def test_tune_text_report_names_the_plateau_and_the_averaged_gains(runner: CliRu
     assert "distinct" in res.output and "plateau" in res.output
     assert "averaged: Kp=" in res.output
     assert "poisson*" in res.output
+    too_wide = [line for line in res.stdout.splitlines() if len(line) > 80]
+    assert not too_wide, "\n".join(too_wide)  # readable in an 80-column terminal
 
 
 def test_placement_json_shape(runner: CliRunner) -> None:

@@ -147,8 +147,11 @@ class WorkerDaemon:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         if not self.app.handlers:
-            log.warning("app %r declares no handlers: every message will be dead-lettered",
-                        self.app.name)
+            fate = ("dead-lettered" if self.config.dead_letters.unroutable == "dead-letter"
+                    else "skipped (acknowledged unhandled)")
+            log.warning("app %r declares no handlers: every message will be %s "
+                        "([dead_letters] unroutable = %r)", self.app.name, fate,
+                        self.config.dead_letters.unroutable)
         self.balancer.set_stats_provider(self.stats_snapshot)
         self._parts.watchdog.start()
         await self.balancer.start(self.member, self)

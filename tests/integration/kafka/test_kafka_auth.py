@@ -69,4 +69,4 @@ def test_a_worker_refused_by_the_broker_stops_with_one_line(
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr and PASSWORD not in result.stderr
     failed = [line for line in result.stderr.splitlines() if "authentication failed" in line]
-    assert len(failed) == 1 and failed[0].startswith("Error: kafka: "), result.stderr
+    assert len(failed) == 1 and failed[0].startswith("conveyor: error: kafka: "), result.stderr

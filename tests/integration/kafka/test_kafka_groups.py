@@ -91,6 +91,12 @@ def test_status_lists_every_group_of_the_topic_and_no_group_holds_retention(
     assert typo.returncode == 0, typo.stderr
     assert "'no-such-app' has no consumer group on any queue" in typo.stderr
 
+    # Without --app: both apps, from the broker's groups, none with a daemon running.
+    apps = cli("status", "--json", "--config", str(cfg))
+    assert apps.returncode == 0, apps.stderr
+    found = {a["app"]: (a["daemons"], a["lag"]) for a in json.loads(apps.stdout)["apps"]}
+    assert found == {behind: (0, 3), ahead: (0, 0)}
+
 
 def test_groups_delete_removes_a_ghost_and_refuses_an_app_whose_daemon_runs(
     tansu: Tansu, topic: str, tmp_path: Path

@@ -125,7 +125,7 @@ def test_status_lists_every_group_names_the_one_holding_retention_and_warns_on_a
 
     table = cli("status", "--app", "live", "--config", str(cfg))
     assert table.returncode == 0, table.stderr
-    assert "consumer groups on these queues" in table.stdout
+    assert "2 consumer group(s) on these queues (every app)" in table.stdout
     assert "trimming waits for: ghost" in table.stdout
 
     typo = cli("status", "--app", "lvie", "--config", str(cfg))

@@ -57,6 +57,8 @@ def test_a_burst_adds_processes_and_afterwards_they_go_back_to_min_losing_nothin
     try:
         wait_until_sync(lambda: "own 8 queue(s)" in stderr(), 30, "the first process")
         assert children() == 1
+        # The line the single-process worker prints, naming the first process's daemon.
+        assert re.search(r"^conveyor: worker rec-\S+ ready$", stderr(), re.M), stderr()
         n = 6000
         with SyncClient.from_config(load_config(cfg)) as client:
             client.publish_batch(Publish("items", f"k{i % 200}", {"seq": i}) for i in range(n))
@@ -81,6 +83,12 @@ def test_a_burst_adds_processes_and_afterwards_they_go_back_to_min_losing_nothin
     ids = [row[5] for row in rows]
     assert len(ids) == n and len(set(ids)) == n, "lost or duplicated across scale changes"
     assert len({row[1] for row in rows}) >= 2, "more than one process should have worked"
+    # One drained line for all processes, the scaled-down ones included: every message
+    # handled and acknowledged once, nothing abandoned.
+    drained = re.findall(r"^conveyor: drained (.*)$", log, re.M)
+    assert len(drained) == 1, log
+    counts = dict(field.split("=") for field in drained[0].split())
+    assert (counts["handled"], counts["acked"], counts["abandoned"]) == (str(n), str(n), "0")
     seqs: dict[str, list[int]] = {}
     for row in rows:
         seqs.setdefault(row[3], []).append(row[4])
@@ -226,6 +234,6 @@ def test_a_supervisor_whose_redis_is_down_at_start_ends_with_a_message(tmp_path:
     )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("Error: process #1 could not acquire queue"), done.stderr
+    assert last.startswith("conveyor: error: process #1 could not acquire queue"), done.stderr
     assert "redis unreachable" in last
     assert "Traceback" not in done.stderr, done.stderr
