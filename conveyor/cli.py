@@ -13,6 +13,7 @@ import click
 
 from conveyor.cli_common import fail, load_config_or_exit, usage
 from conveyor.deploy.cli import deploy
+from conveyor.dev import dev
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 from conveyor.version import version
@@ -134,12 +135,13 @@ def worker(
 
     async def run() -> DrainReport:
         daemon = WorkerDaemon(app, config)
-        ready = f"conveyor: worker {daemon.member.id} ready"
+        said = f"conveyor: worker {daemon.member.id}"
         endpoint = None
         if config.http.port is not None:
             endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
-        return await serve(daemon, ready=lambda: click.echo(ready, err=True),
-                           endpoint=endpoint)
+        return await serve(daemon, endpoint=endpoint, ready=lambda: daemon.when_ready(
+            lambda: click.echo(f"{said} ready", err=True),
+            lambda what: click.echo(f"{said} started; waiting for the {what}", err=True)))
 
     try:
         report = asyncio.run(run())
@@ -757,6 +759,7 @@ def _register_lab() -> None:
 
 _register_lab()
 main.add_command(deploy)
+main.add_command(dev)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
