@@ -1,0 +1,137 @@
+"""Topic drift on Kafka (real tansu, `conveyor worker` processes): a topic with more
+partitions than ``queues.total`` is refused like one with fewer, and a topic deleted
+under a running worker stops it with one line; a worker started then reads the new topic
+from its start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.platform.client import Client, Publish
+from conveyor.platform.config import load_config
+from conveyor.platform.errors import ConfigError
+from tests.conftest import wait_until_sync
+from tests.integration.kafka.conftest import Tansu
+
+pytestmark = pytest.mark.kafka
+
+REPO = Path(__file__).resolve().parents[3]
+QUEUES = 4
+
+
+def config_file(tansu: Tansu, topic: str, where: Path, total: int = QUEUES) -> Path:
+    """configs/kafka.toml (kafka-group) pointed at the test broker and topic."""
+    text = ((REPO / "configs" / "kafka.toml").read_text()
+            .replace('bootstrap = "127.0.0.1:9092"', f'bootstrap = "{tansu.bootstrap}"')
+            .replace('topic = "conveyor"', f'topic = "{topic}"')
+            .replace("total = 8 ", f"total = {total} "))
+    path = where / f"kafka-{total}.toml"
+    path.write_text(text)
+    return path
+
+
+def worker(config: Path, out: Path, app: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_APP": app}
+    return subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "--log-level", "warning", "worker",
+         "tests/apps/kafka_app.py:app", "--config", str(config)],
+        cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+async def publish(config: Path, tag: str, n: int) -> list[str]:
+    """``n`` messages over 12 keys; their ids, as the app writes them."""
+    async with Client.from_config(load_config(config, environ={})) as client:
+        await client.publish_batch([
+            Publish("jobs", f"k{i % 12}", {"id": f"{tag}-{i}", "k": f"k{i % 12}", "seq": i})
+            for i in range(n)])
+    return [f"{tag}-{i}" for i in range(n)]
+
+
+def handled_ids(out: Path) -> list[str]:
+    return [line.split()[0] for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM if still running; its stderr once it has exited."""
+    try:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return stderr
+
+
+async def test_a_topic_with_more_partitions_than_queues_is_refused_at_start(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    wider = KafkaAdapter(load_config(config_file(tansu, topic, tmp_path, 6), environ={}).kafka,
+                         6)
+    try:
+        await wider.ensure_topic()  # the topic, with 6 partitions
+    finally:
+        await wider.close()
+    config = config_file(tansu, topic, tmp_path)
+    proc = worker(config, tmp_path / "out.txt", f"drift-{topic}")
+    try:
+        assert proc.wait(30) == 2
+    finally:
+        stderr = stop(proc)
+    assert stderr.splitlines()[-1] == (
+        f"conveyor: config error: kafka topic {topic!r} has 6 partitions but $.queues.total "
+        f"is {QUEUES}: partitions {QUEUES}-5 would never be read; set $.queues.total = 6"
+    ), stderr
+    with pytest.raises(ConfigError, match="has 6 partitions"):  # a producer is refused too
+        await publish(config, "refused", 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recreated", [False, True], ids=["deleted", "deleted-and-recreated"])
+async def test_a_topic_deleted_under_a_running_worker_stops_it_and_a_new_worker_reads_the_new_one(
+    tansu: Tansu, topic: str, tmp_path: Path, recreated: bool
+) -> None:
+    config = config_file(tansu, topic, tmp_path)
+    app = f"drift-{topic}"
+    first_out, second_out = tmp_path / "first.txt", tmp_path / "second.txt"
+    first = worker(config, first_out, app)
+    try:
+        before = await publish(config, "old", 40)
+        await asyncio.to_thread(wait_until_sync, lambda: len(handled_ids(first_out)) == 40,
+                                30, "the first 40 handled")
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+            if recreated:  # at once, as empty as a new topic
+                await admin.create_topics([NewTopic(topic, QUEUES, 1)])
+        finally:
+            await admin.close()
+        assert await asyncio.to_thread(first.wait, 30) == 1
+    finally:
+        stderr = stop(first)
+    assert stderr.splitlines()[-1].startswith(
+        f"Error: kafka topic {topic!r} was deleted or re-created under this worker "
+        "(partition "), stderr
+    assert sorted(handled_ids(first_out)) == sorted(before)
+    after = await publish(config, "new", 40)  # 40 records in the new topic (created if absent)
+    second = worker(config, second_out, app)
+    try:
+        await asyncio.to_thread(wait_until_sync, lambda: len(handled_ids(second_out)) >= 40,
+                                30, "the new topic's 40 handled by a new worker")
+    finally:
+        stderr = stop(second)
+    assert second.returncode == 0, stderr
+    # Each record of the new topic exactly once (nothing committed from the old topic's
+    # offsets skips any), and none of the old topic's again: no duplicate is allowed.
+    assert sorted(handled_ids(second_out)) == sorted(after)
