@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
-from tests.conftest import wait_until_sync
+from tests.conftest import stop_when, wait_until_sync
 from tests.integration.kafka.conftest import Tansu
 
 pytestmark = pytest.mark.kafka
@@ -60,17 +59,15 @@ def handled_ids(out: Path) -> list[str]:
     return [line.split()[0] for line in out.read_text().splitlines()] if out.exists() else []
 
 
-def stop(proc: subprocess.Popen[str]) -> str:
-    """SIGTERM if still running; its stderr once it has exited."""
+def exited(proc: subprocess.Popen[str], timeout_s: float) -> tuple[int | None, str]:
+    """Its exit status and stderr once it exits by itself within ``timeout_s`` (None: it
+    did not, and was killed)."""
     try:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return stderr
+        _, stderr = proc.communicate(timeout=timeout_s)
+        return proc.returncode, stderr
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None, proc.communicate()[1]
 
 
 async def test_a_topic_with_more_partitions_than_queues_is_refused_at_start(
@@ -83,11 +80,8 @@ async def test_a_topic_with_more_partitions_than_queues_is_refused_at_start(
     finally:
         await wider.close()
     config = config_file(tansu, topic, tmp_path)
-    proc = worker(config, tmp_path / "out.txt", f"drift-{topic}")
-    try:
-        assert proc.wait(30) == 2
-    finally:
-        stderr = stop(proc)
+    status, stderr = exited(worker(config, tmp_path / "out.txt", f"drift-{topic}"), 30)
+    assert status == 2, stderr
     assert stderr.splitlines()[-1] == (
         f"conveyor: config error: kafka topic {topic!r} has 6 partitions but $.queues.total "
         f"is {QUEUES}: partitions {QUEUES}-5 would never be read; set $.queues.total = 6"
@@ -117,21 +111,17 @@ async def test_a_topic_deleted_under_a_running_worker_stops_it_and_a_new_worker_
                 await admin.create_topics([NewTopic(topic, QUEUES, 1)])
         finally:
             await admin.close()
-        assert await asyncio.to_thread(first.wait, 30) == 1
     finally:
-        stderr = stop(first)
+        status, stderr = await asyncio.to_thread(exited, first, 30)
+    assert status == 1, stderr
     assert stderr.splitlines()[-1].startswith(
         f"Error: kafka topic {topic!r} was deleted or re-created under this worker "
         "(partition "), stderr
     assert sorted(handled_ids(first_out)) == sorted(before)
     after = await publish(config, "new", 40)  # 40 records in the new topic (created if absent)
-    second = worker(config, second_out, app)
-    try:
-        await asyncio.to_thread(wait_until_sync, lambda: len(handled_ids(second_out)) >= 40,
-                                30, "the new topic's 40 handled by a new worker")
-    finally:
-        stderr = stop(second)
-    assert second.returncode == 0, stderr
+    await asyncio.to_thread(stop_when, worker(config, second_out, app),
+                            lambda: len(handled_ids(second_out)) >= 40, 30,
+                            "the new topic's 40 handled by a new worker")
     # Each record of the new topic exactly once (nothing committed from the old topic's
     # offsets skips any), and none of the old topic's again: no duplicate is allowed.
     assert sorted(handled_ids(second_out)) == sorted(after)
