@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.adapters.kafka_conn import fetch_committed
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
@@ -125,3 +127,45 @@ async def test_a_topic_deleted_under_a_running_worker_stops_it_and_a_new_worker_
     # Each record of the new topic exactly once (nothing committed from the old topic's
     # offsets skips any), and none of the old topic's again: no duplicate is allowed.
     assert sorted(handled_ids(second_out)) == sorted(after)
+
+
+async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and_commits_no_more(
+    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under the static and dynamic balancers nobody fails the daemon: the adapter says it
+    in one ERROR line, and no receiver reads or commits an old position from then on."""
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "kafka", "total": 1},
+        "kafka": {"bootstrap": tansu.bootstrap, "topic": topic, "idempotence": "off"}})
+    adapter = KafkaAdapter(config.kafka, 1)
+    receiver = adapter.create_receiver(0, "drift")
+    try:
+        async with Client.from_config(config) as client:
+            await client.publish_batch([Publish("jobs", "k", {"seq": i}) for i in range(3)])
+        await receiver.initialize()
+        got = await receiver.get_messages(10, 2.0)
+        assert len(got) == 3
+        await receiver.messages_delivered([m.token for m in got])
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+        for _ in range(5):  # pulls that find the partition ended before offset 3
+            assert await receiver.get_messages(10, 0.2) == []
+        assert adapter.topic_changed is not None
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert errors == [str(adapter.topic_changed)]
+        assert "(partition 0 ends at offset 0, before offset 3 it had reached)" in errors[0]
+        await adapter.create_topics({topic: 1})  # the topic again, empty
+        await receiver.messages_delivered([m.token for m in got])  # commits nothing
+        probe = adapter.new_consumer("drift")
+        await probe.start()
+        try:  # an old watermark committed here would skip the new topic's first 3 records
+            assert await fetch_committed(probe, TopicPartition(topic, 0)) is None
+        finally:
+            await probe.stop()
+    finally:
+        await receiver.shutdown()
+        await adapter.close()
