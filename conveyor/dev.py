@@ -109,7 +109,7 @@ def redis_broker(host: str, port: int, partitions: int, workdir: Path) -> LocalB
     return LocalBroker(
         "Redis",
         (binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
-         "--dir", str(workdir), "--daemonize", "no", "--protected-mode", "no"),
+         "--dir", str(workdir), "--daemonize", "no"),
         host, port,
         f"""\
 # conveyor dev redis: redis-server on {host}:{port}, in memory (gone when it stops)
@@ -158,7 +158,10 @@ def _serve(broker: LocalBroker, command: str, proc: subprocess.Popen[bytes],
         _stop(proc)
         _fail(f"{command}: the broker did not start{_last_words(log_file)}")
     if write_config is not None:
-        write_config.write_text(broker.config)
+        try:
+            write_config.write_text(broker.config)
+        except OSError as exc:
+            _fail(f"{command}: cannot write --write-config {write_config}: {exc.strerror}")
     click.echo(f"conveyor: {command}: {broker.what} listening on {broker.host}:{broker.port}"
                " — Ctrl-C stops it", err=True)
     if write_config is not None:
