@@ -23,6 +23,7 @@ from conveyor.cli_configs import configs
 from conveyor.cli_dlq import dlq
 from conveyor.cli_status import groups, refuse_embedded, status
 from conveyor.deploy.cli import deploy
+from conveyor.dev import dev
 from conveyor.lab.cli import sim, tune
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.version import version
@@ -164,8 +165,10 @@ def worker(
         endpoint = None
         if config.http.port is not None:
             endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
-        return await serve(daemon, ready=lambda: _say_ready(daemon.member.id),
-                           endpoint=endpoint)
+        said = f"conveyor: worker {daemon.member.id}"
+        return await serve(daemon, endpoint=endpoint, ready=lambda: daemon.when_ready(
+            lambda: _say_ready(daemon.member.id),
+            lambda what: click.echo(f"{said} started; waiting for the {what}", err=True)))
 
     try:
         report = asyncio.run(run())
@@ -559,6 +562,7 @@ main.add_command(worker, section="run")
 main.add_command(demo, section="run")
 main.add_command(publish, section="run")
 main.add_command(configs, section="run")
+main.add_command(dev, section="run")
 main.add_command(status, section="inspect")
 main.add_command(dlq, section="inspect")
 main.add_command(groups, section="inspect")

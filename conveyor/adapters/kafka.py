@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -216,6 +216,9 @@ class KafkaReceiver(QueueReceiver):
         self._redelivered_through = -1
         self._starts: dict[int, int] = {}
         self._fetched_mark = -1
+        self._reached = 0
+        """The offset after the last record fetched: a partition that now ends before it
+        (or before the watermark) was deleted and re-created, or truncated."""
 
     # -- lifecycle ---------------------------------------------------------------------
     async def initialize(self) -> None:
@@ -273,6 +276,8 @@ class KafkaReceiver(QueueReceiver):
         return True
 
     async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        if self._adapter.topic_changed is not None:
+            return []  # its offsets mean nothing now: read nothing more (see topic_gone)
         if not self._started and not await self._start(timeout_s):
             return []  # the broker is down: the adapter backs off and logs the outage
         consumer = self._consumer
@@ -295,7 +300,12 @@ class KafkaReceiver(QueueReceiver):
             return []
         records = batches.get(tp)
         if not records:
+            high = consumer.highwater(tp)
+            reached = max(self._reached, self._offsets.watermark)
+            if high is not None and high < reached:
+                self._adapter.topic_gone(self._queue, high, reached)
             return []
+        self._reached = records[-1].offset + 1
         queue, ns = self._queue, self._default_ns
         skip = self._skip
         if skip:
@@ -373,8 +383,8 @@ class KafkaReceiver(QueueReceiver):
             offsets.acknowledge_through(tokens[-1].major)
         elif not offsets.done:
             return
-        if not self._started:
-            return
+        if not self._started or self._adapter.topic_changed is not None:
+            return  # an old watermark committed on a re-created topic would skip records
         meta = offsets.metadata()
         watermark = offsets.watermark
         consumer = self._consumer
@@ -448,6 +458,11 @@ class KafkaAdapter(QueueAdapter):
             record, app, config.topic, config.default_namespace))
         self._preparing: asyncio.Task[None] | None = None
         self._first_answer_awaited = False
+        self.topic_changed: BrokerError | None = None
+        """Set once a receiver finds the topic deleted or re-created under it: from then
+        on no receiver reads or commits (see :meth:`topic_gone`)."""
+        self.on_topic_changed: Callable[[BrokerError], None] | None = None
+        """Told :attr:`topic_changed` (the kafka-group balancer fails the daemon)."""
 
     # -- connections -------------------------------------------------------------------
     def new_consumer(self, group: str | None, **extra: Any) -> AIOKafkaConsumer:
@@ -479,6 +494,24 @@ class KafkaAdapter(QueueAdapter):
                 self.idempotent = producer._txn_manager is not None
                 self._producer = producer
         return self._producer
+
+    def topic_gone(self, queue: int, end: int, reached: int) -> None:
+        """Partition ``queue`` ends at ``end``, before the offset ``reached`` this process
+        had already read or acknowledged: the topic was deleted (and maybe re-created)
+        under it. The group's committed offsets went with the old topic, so a worker
+        started now reads the new one from its start; this one reads and commits nothing
+        more, and says so once (through :attr:`on_topic_changed` if set, else a log)."""
+        if self.topic_changed is not None:
+            return
+        self.topic_changed = BrokerError(
+            f"kafka topic {self.topic!r} was deleted or re-created under this worker "
+            f"(partition {queue} ends at offset {end}, before offset {reached} it had "
+            "reached): nothing more is read or committed; restart the workers, they read "
+            "the new topic from its start")
+        if self.on_topic_changed is not None:
+            self.on_topic_changed(self.topic_changed)
+        else:
+            log.error("%s", self.topic_changed)
 
     async def ensure_topic(self) -> None:
         """Create the topic with ``total_queues`` partitions if absent; check it if present."""
@@ -546,6 +579,13 @@ class KafkaAdapter(QueueAdapter):
                         raise ConfigError(
                             f"kafka topic {self.topic!r} has {have} partitions but "
                             f"$.queues.total is {self.total_queues}; add partitions or lower it"
+                        )
+                    if have > self.total_queues:  # records there would never be read
+                        raise ConfigError(
+                            f"kafka topic {self.topic!r} has {have} partitions but "
+                            f"$.queues.total is {self.total_queues}: partitions "
+                            f"{self.total_queues}-{have - 1} would never be read; set "
+                            f"$.queues.total = {have}"
                         )
         finally:
             with contextlib.suppress(Exception):

@@ -18,6 +18,7 @@ import logging
 import os
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -179,33 +180,59 @@ async def start_client(client: Any, what: str) -> None:
 NO_PRODUCER_IDS = (kerrors.UnknownError, kerrors.UnsupportedVersionError)
 """What a broker without idempotence answers InitProducerId with (tansu 0.6: UnknownError)."""
 
+_starting_producer: ContextVar[bool] = ContextVar("conveyor_starting_producer", default=False)
+"""True in :func:`start_producer` and in the tasks its producer starts (they copy it)."""
+
+
+class _ProducerIdRefusalFilter(logging.Filter):
+    """Drops aiokafka's ``ERROR ... Unexpected error during InitProducerIdRequest`` for a
+    producer :func:`start_producer` starts when the broker refuses producer ids: that
+    function reports the refusal itself, in one line (a warning, or the error under
+    ``idempotence = "on"``). Any other error of aiokafka's sender is left alone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            _starting_producer.get()
+            and str(record.msg).startswith("Unexpected error during InitProducerIdRequest")
+            and isinstance(record.args, tuple) and bool(record.args)
+            and record.args[0] in NO_PRODUCER_IDS
+        )
+
+
+logging.getLogger("aiokafka.producer.sender").addFilter(_ProducerIdRefusalFilter())
+
 
 async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaProducer:
     """A started producer with ``acks=all``, idempotent as ``$.kafka.idempotence`` asks.
 
-    ``auto`` falls back to a plain producer, with a warning, only when the broker refuses
-    to hand out a producer id; an unreachable broker is an error as always.
+    ``auto`` falls back to a plain producer, with a one-line warning, only when the broker
+    refuses to hand out a producer id; an unreachable broker is an error as always.
     """
     common = {"linger_ms": cfg.linger_ms, "acks": "all",
               "max_request_size": cfg.max_request_size, **options}
     if cfg.idempotence != "off":
         producer = AIOKafkaProducer(enable_idempotence=True, **common)
+        asking = _starting_producer.set(True)
         try:
             await start_client(producer, "connecting the idempotent producer")
             return producer
         except BrokerError as exc:
             if not isinstance(exc.__cause__, NO_PRODUCER_IDS):
                 raise
+            refusal = f"InitProducerId answered {type(exc.__cause__).__name__}"
             if cfg.idempotence == "on":
                 raise BrokerError(
-                    f"kafka: the broker hands out no producer ids ({exc}), and "
+                    f"kafka: the broker hands out no producer ids ({refusal}), and "
                     "$.kafka.idempotence is \"on\": set it to \"auto\" or \"off\" to "
                     "publish without the idempotent producer"
                 ) from exc
             log.warning(
-                "kafka: the broker hands out no producer ids (%s): publishing without "
-                "idempotence, so a send retried after a cut connection may be written "
-                "twice ($.kafka.idempotence = \"on\" refuses instead)", exc.__cause__)
+                "kafka: the broker at %s hands out no producer ids (%s): publishing "
+                "without idempotence, so a send retried after a cut connection may be "
+                "written twice ([kafka] idempotence = \"off\" skips asking, \"on\" refuses)",
+                cfg.bootstrap, refusal)
+        finally:
+            _starting_producer.reset(asking)
     producer = AIOKafkaProducer(**common)
     await start_client(producer, "connecting the producer")
     return producer

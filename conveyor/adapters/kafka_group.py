@@ -115,6 +115,7 @@ class KafkaGroupBalancer(QueueBalancer):
         """
         self._listener = listener
         self._member = member
+        self.adapter.on_topic_changed = listener.balancer_failed  # the worker exits, says why
         joining = asyncio.create_task(
             retrying(self.adapter.outage, f"joining group {self.group!r}", self._join),
             name="kafka-group-join",

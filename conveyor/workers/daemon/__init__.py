@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import PullingAgent
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("conveyor.daemon")
+
+READY_CHECK_S = 0.05
+"""How often :meth:`WorkerDaemon.when_ready` looks again while the daemon joins."""
 
 
 class WorkerDaemon:
@@ -113,6 +117,7 @@ class WorkerDaemon:
             watchdog=parts.watchdog,
         )
         self._hooks: list[asyncio.Task[None]] = []
+        self._announcing: asyncio.Task[None] | None = None
         self.started = False
         self.failure: BaseException | None = None
         """Why the daemon can no longer work (set with :attr:`failed`); None while fine."""
@@ -174,6 +179,8 @@ class WorkerDaemon:
         )
         with contextlib.suppress(Exception):  # a hook's failure was its own business
             await cancel_and_wait(*self._hooks)
+        if self._announcing is not None:
+            await cancel_and_wait(self._announcing)
         if self.started:
             await self.balancer.stop()
             self.started = False
@@ -202,6 +209,36 @@ class WorkerDaemon:
         if not self.balancer.joined():
             return "not joined yet (membership or consumer group unreachable?)"
         return None
+
+    def when_ready(self, ready: Callable[[], None],
+                   waiting: Callable[[str], None] | None = None) -> None:
+        """Call ``ready()`` once :meth:`readiness` says ready — at once if the daemon is.
+
+        A started daemon may still be joining: on ``kafka-group`` the consumer group's
+        first round assigns partitions seconds after the start (3 s on tansu), and a
+        broker or store down at the start delays it further. Then ``waiting(what)`` is
+        called at once with what it waits for, and ``ready()`` later, from a task that
+        :meth:`stop` cancels (a daemon that fails or drains first is never ready).
+        """
+        if self.readiness() is None:
+            ready()
+            return
+        if waiting is not None:
+            waiting(self._waiting_for())
+
+        async def announce() -> None:
+            # Readiness has no event to wait on (the balancer port offers joined() only):
+            # a look every READY_CHECK_S, once, while the daemon starts.
+            while self.readiness() is not None:  # noqa: ASYNC110
+                await asyncio.sleep(READY_CHECK_S)
+            ready()
+
+        self._announcing = asyncio.create_task(announce(), name="daemon-ready")
+
+    def _waiting_for(self) -> str:
+        if self.config.balancer.kind == "kafka-group":
+            return f"consumer group {self.app.name!r} to assign its partitions"
+        return f"membership store {self.config.balancer.membership!r} to answer"
 
     def report(self) -> DrainReport:
         return DrainReport(

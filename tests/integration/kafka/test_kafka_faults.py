@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -207,11 +208,12 @@ def test_a_worker_waiting_for_its_broker_drains_on_sigterm(tmp_path: Path) -> No
         assert worker.stderr is not None
         os.set_blocking(worker.stderr.fileno(), False)
 
-        def ready() -> bool:
+        def waiting() -> bool:
             lines.extend(worker.stderr.readlines())  # type: ignore[union-attr]
-            return any("ready" in line for line in lines) or worker.poll() is not None
+            return (any("waiting for the consumer group" in line for line in lines)
+                    or worker.poll() is not None)
 
-        wait_until_sync(ready, 30, "the worker ready while its broker is down")
+        wait_until_sync(waiting, 30, "the worker saying what it waits for, its broker down")
         assert worker.poll() is None, "".join(lines)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(15) == 0, "".join(lines)
@@ -223,4 +225,5 @@ def test_a_worker_waiting_for_its_broker_drains_on_sigterm(tmp_path: Path) -> No
     text = "".join(lines) + worker.stderr.read()
     assert "unreachable while joining group" in text, text
     assert "drained" in text, text
+    assert not re.search(r"worker \S+ ready", text), text  # it never owned a partition
     assert "Unclosed" not in text and "Traceback" not in text, text

