@@ -131,9 +131,22 @@ def assert_matches(real: list[str], promised: list[str]) -> None:
     assert split(real) == split([x for x in promised if x != "^C"]), "\n".join(real)
 
 
+KAFKA_BLOCKS = {"dev-kafka", "kafka-worker", "kafka-publish"}
+"""The README's Kafka tour: docs/local-brokers.md's blocks, run by test_local_brokers.py."""
+
+
 def test_the_tour_has_every_block_it_is_run_from() -> None:
     assert set(tour_blocks()) == {"shop.py", "embedded", "redis-worker", "redis-publish",
-                                  "publish_orders.py", "publish-script", "redis-cli"}
+                                  "publish_orders.py", "publish-script", "redis-cli",
+                                  *KAFKA_BLOCKS}
+
+
+def test_the_readme_kafka_tour_is_the_local_brokers_page_run_as_printed() -> None:
+    from tests.e2e.test_local_brokers import blocks as page_blocks
+
+    readme, page = tour_blocks(), page_blocks()
+    assert {name: readme[name] for name in KAFKA_BLOCKS} == {
+        name: page[name] for name in KAFKA_BLOCKS}
 
 
 def test_the_embedded_tour_shows_the_startup_hooks_order_handled(tmp_path: Path) -> None:
