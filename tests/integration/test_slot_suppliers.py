@@ -13,7 +13,7 @@ from conveyor.adapters.memory import MemoryReceiver
 from conveyor.platform.message import Message
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import WorkerDaemon
-from conveyor.workers.slot_wrappers import PauseableSlotSupplier
+from conveyor.workers.slots.wrappers import PauseableSlotSupplier
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Item,

@@ -18,9 +18,9 @@ from conveyor.platform.slots import (
     SlotReservationContext,
     SlotSupplier,
 )
-from conveyor.workers.fixed_slots import FixedSlotSupplier
-from conveyor.workers.slot_wrappers import GuardedSlotSupplier, PauseableSlotSupplier
-from conveyor.workers.supplier_config import supplier_from_config
+from conveyor.workers.slots.build import supplier_from_config
+from conveyor.workers.slots.fixed import FixedSlotSupplier
+from conveyor.workers.slots.wrappers import GuardedSlotSupplier, PauseableSlotSupplier
 from tests.conftest import wait_until
 from tests.slot_context import CTX
 
