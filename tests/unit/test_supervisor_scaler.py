@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -13,18 +11,15 @@ from conveyor.adapters.memory import MemoryAdapter
 from conveyor.platform.errors import BrokerConnectionError, ConfigError, ConveyorError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.scaledown import ScaleDownPolicy
-from conveyor.workers.supervisor import (
-    ChildCommandFailed,
-    ChildGone,
-    ChildProcess,
+from conveyor.workers.supervisor.process import ChildGone, ChildProcess
+from conveyor.workers.supervisor.run import env_for_overrides, parse_processes
+from conveyor.workers.supervisor.scaler import (
     Decision,
     LagScaler,
-    Supervisor,
     SupervisorSettings,
     choose_victim,
-    env_for_overrides,
-    parse_processes,
 )
+from conveyor.workers.supervisor.supervisor import Supervisor
 from tests.integration.test_telemetry import metric_values
 
 
@@ -242,21 +237,3 @@ async def test_supervisor_metrics_are_exported() -> None:
     assert values["conveyor.supervisor.replaced"] == 1
     assert values["conveyor.supervisor.errors"] == 1
     await adapter.close()
-
-
-async def test_a_child_reporting_a_failed_move_fails_the_wait_instead_of_hanging() -> None:
-    child = ChildProcess(4)
-    acquired = child._expect("acquired", 3)
-    released = child._expect("released", 5)
-    reader = asyncio.StreamReader()
-    reader.feed_data(b'{"event": "failed", "op": "acquire", "queue": 3, '
-                     b'"error": "BrokerConnectionError: redis unreachable"}\n')
-    reader.feed_data(b'{"event": "released", "queue": 5}\n')
-    reader.feed_eof()
-    await child._read(reader)
-    with pytest.raises(ChildCommandFailed, match="#4 could not acquire queue 3: Broker"):
-        await acquired
-    assert (await released)["queue"] == 5
-    late = child._expect("released", 6)  # the channel is closed: fails at once
-    with pytest.raises(ChildGone):
-        await asyncio.wait_for(late, 1)

@@ -18,7 +18,10 @@ import pytest
 from conveyor import Client, Publish, load_config
 from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import SyncClient
-from conveyor.workers.supervisor import ChildGone, ChildProcess, Supervisor, SupervisorSettings
+from conveyor.workers.supervisor.assignment import assign
+from conveyor.workers.supervisor.process import ChildGone, ChildProcess
+from conveyor.workers.supervisor.scaler import SupervisorSettings
+from conveyor.workers.supervisor.supervisor import Supervisor
 from tests.conftest import wait_until, wait_until_sync
 from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
 
@@ -169,7 +172,7 @@ async def survivor_takes_over(
     try:
         await supervisor._spawn()
         await supervisor._spawn()
-        await supervisor._assign(list(range(8)))
+        await assign(supervisor.children, range(8))
         survivor, victim = supervisor.children
         assert len(survivor.queues) == len(victim.queues) == 4
         await fault(supervisor, victim)
