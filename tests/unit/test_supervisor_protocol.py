@@ -10,7 +10,6 @@ import typing
 
 import pytest
 
-from conveyor.platform.leases import Lease
 from conveyor.platform.membership import MemberInfo
 from conveyor.workers.supervisor.child import EventChannel, SupervisedBalancer, _command_loop
 from conveyor.workers.supervisor.process import ChildCommandFailed, ChildGone, ChildProcess
@@ -30,6 +29,7 @@ from conveyor.workers.supervisor.protocol import (
     decode_event,
     encode,
 )
+from tests.integration.test_rebalance import Listener
 
 COMMANDS: list[Command] = [Acquire(3), Release(5), Stop()]
 EVENTS: list[Event] = [
@@ -115,29 +115,10 @@ async def test_a_child_reporting_a_failed_move_fails_the_wait_instead_of_hanging
         await asyncio.wait_for(late, 1)
 
 
-class Pulled:
-    """A daemon that records what its balancer starts and stops."""
-
-    def __init__(self) -> None:
-        self.pulling: set[int] = set()
-
-    async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
-        self.pulling.add(queue)
-
-    async def queue_released(self, queue: int) -> None:
-        self.pulling.discard(queue)
-
-    async def queue_lost(self, queue: int) -> None:
-        self.pulling.discard(queue)
-
-    def balancer_failed(self, error: BaseException) -> None:
-        raise AssertionError(error)
-
-
 async def test_a_child_logs_and_skips_a_line_that_is_not_a_command_and_obeys_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    balancer, daemon = SupervisedBalancer(), Pulled()
+    balancer, daemon = SupervisedBalancer(), Listener()
     await balancer.start(MemberInfo.for_this_process("x-"), daemon)
     stdin = asyncio.StreamReader()
     for line in (b"garbled {\n", encode(Acquire(1)), b'{"op": "explode"}\n',
@@ -160,7 +141,7 @@ async def test_a_child_logs_and_skips_a_line_that_is_not_a_command_and_obeys_the
                 os.close(fd)
     # Moves run concurrently: their answers' order is theirs, each queue's is fixed.
     assert sorted(sent, key=repr) == sorted([Acquired(1), Acquired(2), Released(1)], key=repr)
-    assert daemon.pulling == {2}
+    assert daemon.owned == {2}
     noise = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(noise) == 2 and all("not a command" in m for m in noise)
 
