@@ -64,7 +64,7 @@ async def test_the_documented_custom_supplier_bounds_the_calls_running_at_once(
     adapter = fresh_adapter()
     record = Record()
     d = daemon(recording_app(record, delay_s=0.001), adapter, config(slots={
-        "kind": "custom", "path": "conveyor.examples.custom_slots:RateLimitedSlotSupplier",
+        "kind": "custom", "path": "conveyor.examples.custom_slots:PacedSlotSupplier",
         "options": {"max_slots": 6, "per_second": 2000.0},
     }, queues={"total": 2}))
     asked = spy_on_pulls(monkeypatch, d)

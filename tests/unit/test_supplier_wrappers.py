@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conveyor import load_config
-from conveyor.examples.custom_slots import RateLimitedSlotSupplier
+from conveyor.examples.custom_slots import PacedSlotSupplier
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.slots import (
     SlotInfo,
@@ -131,14 +131,14 @@ async def test_a_permit_of_the_wrong_supplier_is_refused() -> None:
 async def test_the_documented_custom_supplier_loads_from_config_and_limits_rate() -> None:
     config = load_config(environ={}, overrides={"slots": {
         "kind": "custom", "pauseable": True,
-        "path": "conveyor.examples.custom_slots:RateLimitedSlotSupplier",
+        "path": "conveyor.examples.custom_slots:PacedSlotSupplier",
         "options": {"max_slots": 3, "per_second": 50.0},
     }})
     supplier = supplier_from_config(config.slots)
     assert isinstance(supplier, PauseableSlotSupplier)
     guarded = supplier.inner
     assert isinstance(guarded, GuardedSlotSupplier)
-    assert isinstance(guarded.inner, RateLimitedSlotSupplier)
+    assert isinstance(guarded.inner, PacedSlotSupplier)
     started = time.monotonic()
     permits = [await supplier.reserve_slot(CTX) for _ in range(3)]
     assert time.monotonic() - started >= 0.035  # 3 slots at 50/s: two 20 ms gaps
