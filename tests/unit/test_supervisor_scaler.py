@@ -204,13 +204,13 @@ async def test_a_failing_lag_read_is_logged_and_retried_not_fatal(
     adapter = FlakyLag(lag=7)
     await supervisor.tick(adapter)  # raised out of run() before
     await supervisor.tick(adapter)
-    assert supervisor.errors == 2 and supervisor.processes == 1
+    assert supervisor.stats.errors == 2 and supervisor.processes == 1
     assert "inspection failed" in caplog.text and "unreachable" in caplog.text
     assert "Traceback" not in caplog.text  # a ConveyorError is a message, not a trace
     adapter.healthy = True
     await supervisor.tick(adapter)
     total = supervisor.config.queues.total
-    assert supervisor.errors == 2 and supervisor.lag == 7 * total
+    assert supervisor.stats.errors == 2 and supervisor.stats.lag == 7 * total
     await adapter.close()
 
 
@@ -226,7 +226,8 @@ async def test_supervisor_metrics_are_exported() -> None:
     await supervisor.tick(adapter)  # fails: counted as an error
     adapter.healthy = True
     await supervisor.tick(adapter)
-    supervisor.scale_ups, supervisor.scale_downs, supervisor.replaced = 3, 2, 1
+    stats = supervisor.stats
+    stats.scale_ups, stats.scale_downs, stats.replaced = 3, 2, 1
     values = metric_values(reader)
     total = supervisor.config.queues.total
     assert values["conveyor.supervisor.processes"] == 1

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
@@ -30,6 +33,26 @@ from conveyor.workers.supervisor.scaler import (
 
 log = logging.getLogger("conveyor.supervisor")
 STATUS_EVERY_S = 10.0
+
+
+def _metric(unit: str, description: str, *, counter: bool) -> Any:
+    return dataclasses.field(default=0, metadata={"metric": (unit, description, counter)})
+
+
+@dataclass(slots=True)
+class SupervisorStats:
+    """What the supervisor saw and did, exported as ``conveyor.supervisor.<field>``."""
+
+    lag: int = _metric("{message}", "Messages of the app's queues not yet finished",
+                       counter=False)
+    lag_per_process: float = _metric("{message}", "Lag divided by the process count",
+                                     counter=False)
+    scale_ups: int = _metric("{process}", "Processes added on lag", counter=True)
+    scale_downs: int = _metric("{process}", "Idle processes removed", counter=True)
+    replaced: int = _metric("{process}", "Processes that died and were replaced",
+                            counter=True)
+    errors: int = _metric("{inspection}", "Inspections that failed and were retried",
+                          counter=True)
 
 
 class Supervisor:
@@ -67,12 +90,7 @@ class Supervisor:
         self.scaler = LagScaler(settings)
         self.children: list[ChildProcess] = []
         self._serial = 0
-        self.lag = 0
-        self.lag_per_process = 0.0
-        self.scale_ups = 0
-        self.scale_downs = 0
-        self.replaced = 0
-        self.errors = 0
+        self.stats = SupervisorStats()
         self.drained: dict[str, int] = {}
         """The drain reports of every child stopped so far, added up."""
         self._was_busy = False
@@ -82,25 +100,16 @@ class Supervisor:
         self._register_metrics(telemetry or Telemetry.disabled())
 
     def _register_metrics(self, t: Telemetry) -> None:
-        gauges = {
-            "processes": ("{process}", "Daemon processes running", lambda: self.processes),
-            "lag": ("{message}", "Messages of the app's queues not yet finished",
-                    lambda: self.lag),
-            "lag_per_process": ("{message}", "Lag divided by the process count",
-                                lambda: self.lag_per_process),
-        }
-        counters = {
-            "scale_ups": ("{process}", "Processes added on lag", lambda: self.scale_ups),
-            "scale_downs": ("{process}", "Idle processes removed", lambda: self.scale_downs),
-            "replaced": ("{process}", "Processes that died and were replaced",
-                         lambda: self.replaced),
-            "errors": ("{inspection}", "Inspections that failed and were retried",
-                       lambda: self.errors),
-        }
-        for counter, table in ((False, gauges), (True, counters)):
-            for name, (unit, description, value) in table.items():
-                t.observe(f"conveyor.supervisor.{name}", unit, description,
-                          _unlabelled(value), counter=counter)
+        t.observe("conveyor.supervisor.processes", "{process}", "Daemon processes running",
+                  _unlabelled(lambda: self.processes))
+
+        def stat(name: str) -> Callable[[], float]:
+            return lambda: float(getattr(self.stats, name))
+
+        for f in dataclasses.fields(SupervisorStats):
+            unit, description, counter = f.metadata["metric"]
+            t.observe(f"conveyor.supervisor.{f.name}", unit, description,
+                      _unlabelled(stat(f.name)), counter=counter)
 
     @property
     def processes(self) -> int:
@@ -166,7 +175,7 @@ class Supervisor:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.errors += 1
+            self.stats.errors += 1
             log.error("supervisor: inspection failed, retrying in %.1fs: %s: %s",
                       self.settings.inspection_period_s, type(exc).__name__, exc,
                       exc_info=not isinstance(exc, ConveyorError))
@@ -175,19 +184,19 @@ class Supervisor:
         total = self.config.queues.total
         lags = await asyncio.gather(*(adapter.lag(q, self.group) for q in range(total)))
         by_process = [sum(lags[q] for q in c.queues) for c in self.children]
-        self.lag = sum(lags)
-        self.lag_per_process = self.lag / max(1, self.processes)
+        self.stats.lag = sum(lags)
+        self.stats.lag_per_process = self.stats.lag / max(1, self.processes)
         now = time.monotonic()
         decision = self.scaler.decide(now, by_process, total)
         # Lag and process count at INFO when the app goes busy or idle, and every
         # STATUS_EVERY_S while busy; every inspection at DEBUG.
-        busy = self.lag > 0
+        busy = self.stats.lag > 0
         if busy != self._was_busy or (busy and now - self._status_at >= STATUS_EVERY_S):
             log.info("supervisor: lag=%d (%.0f/process) processes=%d",
-                     self.lag, self.lag_per_process, self.processes)
+                     self.stats.lag, self.stats.lag_per_process, self.processes)
             self._was_busy, self._status_at = busy, now
         log.debug("supervisor: lag=%d per_process=%.0f processes=%d decision=%s",
-                  self.lag, self.lag_per_process, self.processes, decision.value)
+                  self.stats.lag, self.stats.lag_per_process, self.processes, decision.value)
         if decision is Decision.UP:
             await self._scale_up()
         elif decision is Decision.DOWN:
@@ -209,13 +218,13 @@ class Supervisor:
     async def _scale_up(self) -> None:
         started = time.monotonic()
         await self._spawn()
-        self.scale_ups += 1
+        self.stats.scale_ups += 1
         moved = await rebalance(self.children, self.children, self.config.queues.total)
         log.info(
             "supervisor: scale up to %d process(es): lag %d (%.0f/process > %d); "
             "%d queue(s) moved in %.2fs",
-            self.processes, self.lag, self.lag_per_process, self.settings.lag_per_process,
-            moved, time.monotonic() - started,
+            self.processes, self.stats.lag, self.stats.lag_per_process,
+            self.settings.lag_per_process, moved, time.monotonic() - started,
         )
 
     async def _scale_down(self, lag_by_process: list[int]) -> None:
@@ -238,11 +247,11 @@ class Supervisor:
         self.children.remove(victim)
         await victim.stop(self.settings.stop_timeout_s)
         self._count_drained(victim)
-        self.scale_downs += 1
+        self.stats.scale_downs += 1
         log.info(
             "supervisor: scale down to %d process(es): lag %d; process #%d drained "
             "and released %d queue(s) in %.2fs (%s)",
-            self.processes, self.lag, victim.number, queues,
+            self.processes, self.stats.lag, victim.number, queues,
             time.monotonic() - started, victim.report,
         )
 
@@ -257,7 +266,7 @@ class Supervisor:
             log.error("supervisor: process #%d died; its queues go to the others", child.number)
             self.children.remove(child)
             await child.stop(1.0)
-            self.replaced += 1
+            self.stats.replaced += 1
         while self.processes < self.settings.min_processes:
             await self._spawn()
 

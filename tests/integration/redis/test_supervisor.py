@@ -192,7 +192,7 @@ async def survivor_takes_over(
         await adapter.close()
     ids = [row[5] for row in read_records([record])]
     assert len(ids) == n and len(set(ids)) == n, "lost or duplicated"
-    assert supervisor.replaced == 1
+    assert supervisor.stats.replaced == 1
     return supervisor
 
 
@@ -221,7 +221,7 @@ async def test_a_replacement_that_fails_to_start_does_not_strand_the_dead_ones_q
         supervisor.app_path = "tests.apps.no_such_module:app"  # replacements cannot start
 
     supervisor = await survivor_takes_over(redis_server, tmp_path, 2, die_and_break_spawning)
-    assert supervisor.errors >= 1  # each failed replacement was logged and retried
+    assert supervisor.stats.errors >= 1  # each failed replacement was logged and retried
 
 
 def test_a_supervisor_whose_redis_is_down_at_start_ends_with_a_message(tmp_path: Path) -> None:
