@@ -57,7 +57,7 @@ from conveyor.platform.watchdog import LoopWatchdog
 from conveyor.workers.cell_interceptor import CellInterceptor
 from conveyor.workers.pool_interceptor import PoolInterceptor
 from conveyor.workers.resources import PlacementResources, ResourceSampler
-from conveyor.workers.supplier_config import supplier_from_config
+from conveyor.workers.slots.build import supplier_from_config
 from conveyor.workers.threads import HandlerThreads
 
 _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
