@@ -204,8 +204,10 @@ def _status_view(report: Any, rates: dict[int, float]) -> Any:
 
     from conveyor.platform.groups import queue_ranges
 
+    evicts = "" if report.eviction_policy is None else (
+        f", maxmemory-policy {report.eviction_policy}")
     members = Table(title=f"app {report.group}: {len(report.members)} daemon(s), "
-                          f"{_num(report.dead_letters)} dead letter(s) stored")
+                          f"{_num(report.dead_letters)} dead letter(s) stored{evicts}")
     members.add_column("daemon", no_wrap=True)  # the id logs and metrics carry: never cut
     for heading in ("host", "pid", "queues", "slots in use", "slots available", "handled",
                     "dead-lettered", "skipped", "pools / cells (workers)"):
@@ -337,6 +339,12 @@ def status(
     elif not report.members:
         click.echo(f"conveyor: warning: no daemon of --app {group!r} is running "
                    f"({_where_daemons_register(config)})", err=True)
+    if report.eviction_policy not in (None, "noeviction"):
+        accepted = ("accepted by [redis] allow_eviction = true" if config.redis.allow_eviction
+                    else "workers refuse it unless [redis] allow_eviction = true")
+        click.echo(f"conveyor: warning: Redis maxmemory-policy is {report.eviction_policy}: a "
+                   f"full server deletes messages and leases ({accepted}; docs/redis.md, "
+                   "\"Eviction policy\")", err=True)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return

@@ -38,6 +38,7 @@ from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import (
     Caller,
     ClusterClient,
+    EvictionGuard,
     Keys,
     check_name,
     close,
@@ -590,8 +591,16 @@ class RedisAdapter(QueueAdapter):
         self.replayed_batches = 0
         """Batches a retry found already written (their first reply was lost)."""
         self._groups_ready: set[tuple[int, str]] = set()
+        self.eviction = EvictionGuard(cfg, self.caller)
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
+
+    async def check_server(self) -> None:
+        """Its eviction policy (see :class:`~conveyor.adapters.redis_conn.EvictionGuard`)."""
+        await self.eviction.check(retry=False)
+
+    async def eviction_policy(self) -> str | None:
+        return await self.eviction.summary()
 
     async def ensure_group(self, queue: int, group: str) -> None:
         """Create ``group`` on the queue's stream at its start (all retained entries)."""
@@ -621,6 +630,8 @@ class RedisAdapter(QueueAdapter):
         """
         if not messages:
             return []
+        if not self.eviction.checked:  # before the first: a server that may evict refuses
+            await self.eviction.check(retry=True)
         stream = self.keys.queue(queue)
         window = self.publish_window_ms
         calls = [
