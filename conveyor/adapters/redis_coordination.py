@@ -9,7 +9,11 @@ whenever the ids change, so waiting for a change polls one integer, not every re
 most of a megabyte — see ``conveyor sim balancer``).
 
 Leases: one key per queue holding ``"<token> <owner>"`` with a TTL, the token drawn
-from a per-queue counter (``INCR``) so it only grows; a generation counter per app
+from a per-queue counter (``INCR``) so it only grows — a new counter starts at the
+server's clock in ms, so a server that lost its data (restarted empty) never hands out
+a token again, which a stale owner's acknowledgements would pass the fence with; a
+lease found gone (not merely renewed late) is reported lost at once, and a receiver
+reads no more on it (:func:`lease_held`); a generation counter per app
 counts grants and releases, so a settled balancer can tell nothing moved without
 reading every lease. Acquire, renew and release are
 Lua scripts: a check and its write cannot interleave with another daemon's.
@@ -36,7 +40,7 @@ from conveyor.adapters.redis_conn import (
     mget,
     run_replicated,
 )
-from conveyor.platform.errors import BrokerError
+from conveyor.platform.errors import BrokerError, LeaseLostError
 from conveyor.platform.leases import Lease, LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, timer_phase
 from conveyor.platform.tasks import cancel_and_wait
@@ -242,7 +246,11 @@ class RedisLeaseStore(LeaseStore):
         ok, confirmed = await self._run(
             f"renewing the lease of queue {lease.queue}", self._renew, [key],
             [f"{lease.token} {lease.owner}", int(ttl_s * 1000)], retry=False)
-        if not ok:
+        if ok != 1:
+            if ok == -1:
+                log.warning("queue %d: the lease (token %d) is gone from the server: "
+                            "it expired before this renewal, or the server lost it "
+                            "(restarted empty, the key evicted)", lease.queue, lease.token)
             return None
         if confirmed < self._replicas:
             self._short("a lease renewal", lease.queue, confirmed)
@@ -296,6 +304,20 @@ class RedisLeaseStore(LeaseStore):
             await asyncio.sleep(wait_s)
             return
         await _until_changed(self.generation, wait_s)
+
+
+async def lease_held(caller: Caller, key: str, value: str, queue: int) -> None:
+    """Raise LeaseLostError unless the lease ``key`` still holds ``value``."""
+    held = await caller.once(f"checking the lease of queue {queue}",
+                             lambda: caller.redis.get(key))
+    if held != value.encode():
+        token = value.partition(" ")[0]
+        raise LeaseLostError(
+            f"queue {queue}: lease token {token} is "
+            + ("gone from the server (expired, or the server restarted empty)"
+               if held is None
+               else "held by another daemon now")
+            + "; reading no more on it")
 
 
 async def _until_changed(read: Callable[[], Awaitable[int]], timeout_s: float) -> bool:

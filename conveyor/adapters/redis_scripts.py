@@ -183,6 +183,10 @@ return {added, last}
 # caller bumps it apart). ARGV: owner, ttl ms.
 # Returns {token} when granted, {0, pttl} when someone else holds it. A grant or a
 # release counts in the generation, which balancers poll to know that nothing moved.
+# Tokens never repeat, even across a server that lost its data (restarted empty, the
+# counter evicted): a new counter starts at the server's clock in ms, past every token
+# the lost one gave out (it would have had to grant more than one a millisecond). A
+# repeated token would let a stale owner's acknowledgements through the fence.
 LEASE_ACQUIRE = """
 local held = redis.call('GET', KEYS[1])
 if held then
@@ -190,18 +194,26 @@ if held then
   if owner ~= ARGV[1] then return {0, redis.call('PTTL', KEYS[1])} end
 end
 local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+if token == 1 then
+  local t = redis.call('TIME')
+  token = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('SET', KEYS[2], string.format('%.0f', token))
+end
+redis.call('SET', KEYS[1], string.format('%.0f', token) .. ' ' .. ARGV[1], 'PX', ARGV[2])
 if KEYS[3] then redis.call('INCR', KEYS[3]) end
 return {token}
 """
 
-# KEYS: lease. ARGV: lease value, ttl ms. 1 renewed, 0 lost.
+# KEYS: lease. ARGV: lease value, ttl ms. 1 renewed, 0 held by another, -1 gone (it
+# expired, or the server lost it: restarted empty, the key evicted).
 LEASE_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-return 0
+if held then return 0 end
+return -1
 """
 
 # KEYS: lease, leases generation (left out on a cluster). ARGV: lease value.
