@@ -7,7 +7,8 @@ What used to wait: on Python 3.11 redis-py bounds a command's write with
 The cancelled call then waited for its reply: a stopping worker sat out each queue's
 blocking ``XREADGROUP`` (``poll_timeout_ms``), and a loop that only a cancellation ends
 (the balancer's lease renewal) ran on until the stop gave up, ``drain_timeout_s + 3 s``
-after the signal. The first test pins the cause; the second is the user's view.
+after the signal. The first test pins the cause; the second is the user's view. The
+third: an OpenTelemetry collector that does not answer held a stopping daemon for 30 s.
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
+from conveyor import App, Client, load_config
 from conveyor.adapters.redis_conn import close, connect
 from conveyor.platform.config import RedisConfig
-from tests.conftest import wait_until_sync
+from conveyor.workers.daemon import WorkerDaemon
+from conveyor.workers.daemon.build import TELEMETRY_STOP_S
+from tests.conftest import free_port, wait_until, wait_until_sync
 from tests.integration.redis.test_redis_stop import (
     config_file,
     pending,
@@ -93,3 +99,39 @@ def test_sigterm_with_a_full_cache_all_handled_exits_at_once(
     assert "leaving now" not in err and "did not stop" not in err, err
     assert elapsed < 1.0, f"SIGTERM to exit took {elapsed:.2f}s (drain_timeout_s = 3)"
     print(f"\nSIGTERM to exit, idle worker with a full cache drained: {elapsed:.3f}s")
+
+
+async def test_an_unreachable_collector_holds_a_stopping_daemon_two_seconds_at_most(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """OTLP to a port nothing listens on: the exporters retry for up to 30 s, which the
+    SDK's shutdown waits out. The daemon's stop waits 2 s for them, then leaves."""
+    sections: dict[str, dict[str, object]] = {
+        "queues": {"adapter": "redis", "total": 2},
+        "redis": {"url": redis_server.url, "prefix": "t"},
+        "balancer": {"kind": "dynamic", "membership": "redis"},
+    }
+    untraced = load_config(None, environ={}, overrides=sections)  # the publisher's
+    config = load_config(None, environ={}, overrides={**sections, "telemetry": {
+        "exporter": "otlp", "endpoint": f"http://127.0.0.1:{free_port()}"}})
+    app = App("otlp")
+    handled: list[int] = []
+
+    @app.handler("jobs")
+    async def on_job(job: dict[str, int]) -> None:
+        handled.append(job["seq"])
+
+    daemon = WorkerDaemon(app, config)
+    await daemon.start()
+    try:
+        async with Client.from_config(untraced) as client:  # the daemon's spans wait
+            for seq in range(20):
+                await client.publish("jobs", f"k{seq}", {"seq": seq})
+        await wait_until(lambda: len(handled) == 20, 10, what="20 handled")
+    finally:
+        started = time.monotonic()
+        await daemon.stop()
+        took_s = time.monotonic() - started
+    assert took_s < TELEMETRY_STOP_S + 1, f"stop took {took_s:.1f}s"
+    assert "telemetry exporters still flushing" in caplog.text
+    print(f"\nstop with an unreachable collector: {took_s:.2f}s")
