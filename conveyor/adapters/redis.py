@@ -38,7 +38,6 @@ from conveyor.adapters import redis_scripts as lua
 from conveyor.adapters.redis_conn import (
     Caller,
     ClusterClient,
-    EvictionGuard,
     Keys,
     check_name,
     close,
@@ -50,6 +49,7 @@ from conveyor.adapters.redis_conn import (
     token_of,
 )
 from conveyor.adapters.redis_coordination import lease_held
+from conveyor.adapters.redis_eviction import EvictionGuard
 from conveyor.platform import letters as layout
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.errors import (
@@ -613,7 +613,7 @@ class RedisAdapter(QueueAdapter):
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
 
     async def check_server(self) -> None:
-        """Its eviction policy (see :class:`~conveyor.adapters.redis_conn.EvictionGuard`)."""
+        """Its eviction policy (see :class:`~conveyor.adapters.redis_eviction.EvictionGuard`)."""
         await self.eviction.check(retry=False)
 
     async def eviction_policy(self) -> str | None:
