@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import Client, ConfigError, load_config
+from conveyor import App, Client, ConfigError, load_config
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.platform.config import RedisConfig
-from tests.conftest import wait_until_sync
+from conveyor.workers.daemon import WorkerDaemon
+from tests.conftest import wait_until, wait_until_sync
 from tests.integration.redis.conftest import REPO, Worker, read_records, write_config
 from tests.servers import (
     SENTINEL_SERVICE,
@@ -163,3 +164,25 @@ async def test_a_sentinel_managed_primary_is_refused_when_it_may_evict(
         await adapter.close()
         with redis_sentinel.node(port).admin() as primary:
             primary.config_set("maxmemory-policy", "noeviction")
+
+
+async def test_a_daemon_started_while_redis_is_down_is_refused_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    """Redis down at start: the daemon starts (owning nothing) and checks in the
+    background; the server comes up evicting, and the daemon fails with the ConfigError
+    (``conveyor worker`` then stops and exits 2)."""
+    server = RedisServer(tmp_path, options=("--maxmemory-policy", "allkeys-lru"))
+    config = load_config(write_config(tmp_path / "c.toml", server.url,
+                                      redis={"retry_max_s": 0.5}), environ={})
+    daemon = WorkerDaemon(App("rec"), config)
+    try:
+        await daemon.start()
+        assert daemon.failure is None and daemon.balancer.owned() == []
+        server.start()
+        await wait_until(daemon.failed.is_set, 20, what="the daemon to check and fail")
+        assert isinstance(daemon.failure, ConfigError)
+        assert "'allkeys-lru'" in str(daemon.failure)
+    finally:
+        await daemon.stop()
+        server.stop()
