@@ -9,14 +9,17 @@ whenever the ids change, so waiting for a change polls one integer, not every re
 most of a megabyte — see ``conveyor sim balancer``).
 
 Leases: one key per queue holding ``"<token> <owner>"`` with a TTL, the token drawn
-from a per-queue counter (``INCR``) so it only grows — a new counter starts at the
-server's clock in ms, so a server that lost its data (restarted empty) never hands out
-a token again, which a stale owner's acknowledgements would pass the fence with; a
-lease found gone (not merely renewed late) is reported lost at once, and a receiver
-reads no more on it (:func:`lease_held`); a generation counter per app
+from a per-queue counter (``INCR``) so it only grows; a generation counter per app
 counts grants and releases, so a settled balancer can tell nothing moved without
 reading every lease. Acquire, renew and release are
 Lua scripts: a check and its write cannot interleave with another daemon's.
+
+A server that lost its data (restarted empty) must not repeat a counter's value: a
+repeated token would pass a stale owner's acknowledgements through the fence, a
+repeated generation or version could tell a balancer that nothing moved. A missing
+counter starts at the server's clock in ms (``_SEEDED`` in
+:mod:`~conveyor.adapters.redis_scripts`). A lease found gone (not merely renewed late)
+is reported lost at once, and a receiver reads no more on it (:func:`lease_held`).
 """
 
 from __future__ import annotations
@@ -185,6 +188,8 @@ class RedisLeaseStore(LeaseStore):
         self._acquire = self._redis.register_script(lua.LEASE_ACQUIRE)
         self._renew = self._redis.register_script(lua.LEASE_RENEW)
         self._release = self._redis.register_script(lua.LEASE_RELEASE)
+        self._bump_script = self._redis.register_script(lua.COUNTER_BUMP)
+        self._read_counter = self._redis.register_script(lua.COUNTER_READ)
         # Local monotonic times at which leases we were refused are due to expire.
         self._blocked_until: dict[int, float] = {}
         self._replicas = replicas
@@ -273,7 +278,7 @@ class RedisLeaseStore(LeaseStore):
             return
         try:
             await self._caller.once("counting a lease change",
-                                    lambda: self._redis.incr(self._generation_key))
+                                    lambda: self._bump_script(keys=[self._generation_key]))
         except BrokerError as exc:
             log.info("the leases' generation was not bumped: %s", exc)
 
@@ -286,8 +291,9 @@ class RedisLeaseStore(LeaseStore):
 
     async def generation(self) -> int:
         value = await self._caller.retrying(
-            "reading the leases' generation", lambda: self._redis.get(self._generation_key))
-        return int(value or 0)
+            "reading the leases' generation",
+            lambda: self._read_counter(keys=[self._generation_key]))
+        return int(value)
 
     async def wait_released(self, timeout_s: float) -> None:
         """Sleep until the soonest refused lease is due to expire, or ``timeout_s``; while

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from conveyor.adapters.redis_conn import Keys
+from conveyor.adapters.redis_coordination import redis_coordination
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import load_config
+from conveyor.platform.membership import MemberInfo
 from tests.conftest import wait_until_sync
 from tests.integration.redis.conftest import Worker, read_records, write_config
 from tests.servers import RedisServer
@@ -45,6 +47,14 @@ def pending(server: RedisServer) -> int:
                     if group["name"] == b"rec":
                         total += int(group["lag"] or 0) + int(group["pending"])
     return total
+
+
+def restart_empty(server: RedisServer) -> None:
+    """Stop the server and start it again on the same port with nothing kept (the
+    fixture's server keeps an AOF: the restarted one does not read it)."""
+    server.stop()
+    server.aof = False
+    server.start()
 
 
 def publish(config: Path, seqs: range) -> None:
@@ -75,9 +85,7 @@ def test_messages_published_after_an_empty_restart_run_exactly_once(
     wait_until_sync(lambda: len(read_records([worker.record])) >= handled_before, 30,
                     f"{handled_before} handled")
 
-    redis_server.stop()
-    redis_server.aof = False  # the fixture's server keeps an AOF: this one starts empty
-    redis_server.start()  # same port
+    restart_empty(redis_server)
     with redis_server.client() as client:  # the first 100 are gone with the server
         assert sum(client.xlen(KEYS.queue(q)) for q in range(TOTAL)) == 0
     after = range(1000, 1100)
@@ -97,3 +105,30 @@ def test_messages_published_after_an_empty_restart_run_exactly_once(
     assert doubled == [], (f"run {run}: {len(doubled)} of 100 ran twice or more: "
                            f"{doubled[:10]}\n{worker.stderr[-6000:]}")
     assert sorted(counts) == list(after), f"lost\n{worker.stderr[-6000:]}"
+
+
+async def test_tokens_generation_and_version_never_repeat_across_an_empty_restart(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """Every counter starts anew after the restart, past every value it had before: the
+    old lease's value is never handed out again (a stale owner's renewals and acks stay
+    refused), and a balancer comparing the generation and version sees them move."""
+    config = load_config(write_config(tmp_path / "c.toml", redis_server.url), environ={})
+    membership, leases = redis_coordination(config, "shop")
+    me = MemberInfo("m", "h", 1, 0.0)
+    try:
+        await membership.join(me)
+        old = await leases.acquire(0, "m", 5)
+        assert old is not None
+        before = (old.token, await leases.generation(), await membership.version())
+        restart_empty(redis_server)
+        await membership.join(me)
+        new = await leases.acquire(0, "m", 5)  # the same owner takes the same queue
+        assert new is not None
+        after = (new.token, await leases.generation(), await membership.version())
+        assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+        assert await leases.renew(old, 5) is None  # was accepted with tokens from 1
+        assert await leases.renew(new, 5) is not None
+    finally:
+        await membership.close()
+        await leases.close()
