@@ -32,7 +32,10 @@ async def _eviction_policy(client: aioredis.Redis) -> str | None:
     except rex.ResponseError:  # unknown command, NOPERM: ask INFO instead
         pass
     if value is None:
-        info: dict[str, Any] = await client.info("memory")
+        try:
+            info: dict[str, Any] = await client.info("memory")
+        except rex.ResponseError:  # INFO refused too: the caller warns
+            return None
         value = info.get("maxmemory_policy")
     if value is None:
         return None

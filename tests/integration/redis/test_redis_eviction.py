@@ -186,3 +186,21 @@ async def test_a_daemon_started_while_redis_is_down_is_refused_once_it_answers(
     finally:
         await daemon.stop()
         server.stop()
+
+
+async def test_a_policy_nobody_may_read_is_warned_about_not_refused(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A user allowed neither CONFIG nor INFO: the check cannot tell, so it warns and
+    lets the daemon run (refusing would lock out a server set up correctly)."""
+    admin = redis_server.client()
+    admin.execute_command("ACL", "SETUSER", "blind", "on", ">secret", "~*", "&*", "+@all",
+                          "-config", "-info")
+    url = f"redis://blind:secret@127.0.0.1:{redis_server.port}/0"
+    adapter = RedisAdapter(RedisConfig(url=url, prefix="t"))
+    try:
+        await adapter.check_server()
+        assert "could not read maxmemory-policy" in caplog.text
+        assert await adapter.eviction_policy() == "unknown"
+    finally:
+        await adapter.close()
