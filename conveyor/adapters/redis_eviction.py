@@ -10,7 +10,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-from conveyor.adapters.redis_conn import Caller, ClusterClient
+from conveyor.adapters.redis_conn import CLUSTER_ERRORS, Caller, ClusterClient
 from conveyor.platform.errors import ConfigError
 
 log = logging.getLogger("conveyor.redis")
@@ -45,10 +45,14 @@ async def _eviction_policy(client: aioredis.Redis) -> str | None:
 async def eviction_policies(redis: Any, server: str) -> dict[str, str | None]:
     """``maxmemory-policy`` by server: ``server`` for one server (the primary Sentinel
     names), every primary's ``host:port`` on a cluster. None: it could not be read."""
-    if isinstance(redis, ClusterClient):
+    if not isinstance(redis, ClusterClient):
+        return {server: await _eviction_policy(redis)}
+    try:
         clients = await redis.primary_clients()
         return {name: await _eviction_policy(client) for name, client in sorted(clients.items())}
-    return {server: await _eviction_policy(redis)}
+    except (rex.ConnectionError, rex.TimeoutError, OSError, *CLUSTER_ERRORS):
+        redis.topology_changed()  # a primary failed over: the retry reads the new ones
+        raise
 
 
 def eviction_summary(policies: dict[str, str | None]) -> str:
