@@ -82,6 +82,8 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
     title = (f"app {report.group}: {_plural(len(report.members), 'daemon')}, "
              f"{_plural(report.dead_letters, 'dead letter')} stored, "
              f"lag {report.total_lag:,}")
+    if report.eviction_policy is not None:
+        title += f", maxmemory-policy {report.eviction_policy}"
     members = _table(_whole("daemon"), "queues", _right("slots"), _right("handled"),
                      _right("dead"), _right("skipped"))
     if wide:
@@ -260,6 +262,11 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
              f"never ran; groups here: {others})")
     elif not report.members:
         warn(f"no daemon of --app {group!r} is running ({_where_daemons_register(config)})")
+    if report.eviction_policy not in (None, "noeviction"):
+        accepted = ("accepted by [redis] allow_eviction = true" if config.redis.allow_eviction
+                    else "workers refuse it unless [redis] allow_eviction = true")
+        warn(f"Redis maxmemory-policy is {report.eviction_policy}: a full server deletes "
+             f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return

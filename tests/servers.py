@@ -41,10 +41,13 @@ from tests.conftest import free_port, server_missing, wait_until_sync
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, *, aof: bool = False) -> None:
+    def __init__(self, workdir: Path, *, aof: bool = False, options: tuple[str, ...] = ()
+                 ) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.aof = aof
+        self.options = options
+        """More ``redis-server`` arguments (``("--maxmemory-policy", "allkeys-lru")``)."""
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,6 +62,7 @@ class RedisServer:
         ]
         if self.aof:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
+        args += self.options
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
 

@@ -279,6 +279,17 @@ class QueueAdapter(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Receivers must have been shut down first."""
 
+    async def check_server(self) -> None:  # noqa: B027 - optional hook
+        """Refuse a broker set up to delete messages (Redis: an eviction policy) with a
+        :class:`ConfigError` naming the setting that accepts the risk. One attempt: a
+        broker that does not answer raises ``BrokerConnectionError`` (check again later).
+        A daemon calls it at start; an adapter checks before its first publish too."""
+
+    async def eviction_policy(self) -> str | None:
+        """What the broker deletes when full, for ``conveyor status`` (Redis: its
+        ``maxmemory-policy``); None where nothing is ever deleted to make room."""
+        return None
+
     # -- consumer groups: every app's, for operators (status, groups, rewind) ----------
 
     retention_follows_groups: bool = True
