@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conveyor.lab.cli import sim, tune
+from conveyor.cli.lab import sim, tune
 
 
 @pytest.fixture

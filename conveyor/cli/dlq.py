@@ -2,7 +2,7 @@
 
 Thin like the rest of the CLI: the work is in :mod:`conveyor.platform.dlq` and the
 adapters' dead-letter methods. Registered in :mod:`conveyor.cli` with one line; the exit
-helpers come from :mod:`conveyor.cli_common` (importing ``conveyor.cli`` back would be a
+helpers come from :mod:`conveyor.cli.common` (importing ``conveyor.cli`` back would be a
 cycle).
 """
 
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from conveyor.cli_common import (
+from conveyor.cli.common import (
     fail,
     load_config_or_exit,
     print_table,

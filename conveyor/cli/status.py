@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from conveyor.cli_common import fail, load_config_or_exit, print_table, titled, usage, warn
+from conveyor.cli.common import fail, load_config_or_exit, print_table, titled, usage, warn
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError
 

@@ -1,9 +1,9 @@
 """The ``conveyor`` command: thin — parse, load config, call the library.
 
-Commands are listed by task (:data:`conveyor.cli_common.SECTIONS`); each joins the main
+Commands are listed by task (:data:`conveyor.cli.common.SECTIONS`); each joins the main
 command with one ``main.add_command(command, section=...)`` line at the end of this file.
 Errors, from click, the config or the library, all print as ``conveyor: error: ...``
-(:class:`conveyor.cli_common.TaskGroup`).
+(:class:`conveyor.cli.common.TaskGroup`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any
 
 import click
 
-from conveyor.cli_asyncapi import asyncapi
-from conveyor.cli_common import TaskGroup, fail, load_config_or_exit, usage
-from conveyor.cli_configs import configs
-from conveyor.cli_dlq import dlq
-from conveyor.cli_status import groups, refuse_embedded, status
-from conveyor.deploy.cli import deploy
-from conveyor.dev import dev
-from conveyor.lab.cli import sim, tune
+from conveyor.cli.asyncapi import asyncapi
+from conveyor.cli.common import TaskGroup, fail, load_config_or_exit, usage
+from conveyor.cli.configs import configs
+from conveyor.cli.deploy import deploy
+from conveyor.cli.dev import dev
+from conveyor.cli.dlq import dlq
+from conveyor.cli.lab import sim, tune
+from conveyor.cli.status import groups, refuse_embedded, status
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.version import version
 
@@ -557,7 +557,7 @@ def bench_scale_down(
 
 
 
-# Every command, by section (cli_common.SECTIONS): `--help` lists them in this order.
+# Every command, by section (common.SECTIONS): `--help` lists them in this order.
 main.add_command(worker, section="run")
 main.add_command(demo, section="run")
 main.add_command(publish, section="run")
@@ -572,6 +572,3 @@ main.add_command(deploy, section="operate")
 main.add_command(bench, section="lab")
 main.add_command(sim, section="lab")
 main.add_command(tune, section="lab")
-
-if __name__ == "__main__":  # pragma: no cover
-    main(prog_name="conveyor")

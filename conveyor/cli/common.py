@@ -5,7 +5,7 @@ Every error is one line on stderr, ``conveyor: error: MESSAGE``, whoever found i
 while parsing, the config, the command, the library): exit 2 for a user's mistake (a bad
 argument, a bad config, naming something that is not there), 1 when the run itself
 failed. A warning is one line too, ``conveyor: warning: MESSAGE``. ``conveyor.cli`` and
-the command modules registered in it (``cli_dlq``, ``deploy.cli``) take them from here.
+the command modules registered in it (``cli.dlq``, ``cli.deploy``) take them from here.
 """
 
 from __future__ import annotations
