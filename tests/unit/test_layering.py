@@ -175,3 +175,34 @@ def test_no_two_modules_of_conveyor_import_each_other_at_run_time() -> None:
         "move the word both modules need into the module they both depend on, "
         "or import it under TYPE_CHECKING if it is only a type:\n" + "\n".join(cycles)
     )
+
+
+CLI = "conveyor.cli"
+CLI_SHARED = ("conveyor.cli.common", "conveyor.cli.render")
+
+
+def test_nothing_outside_the_cli_imports_it() -> None:
+    """The CLI is the top room: the library is usable (and testable) without click's
+    commands, and a command is never a library function in disguise."""
+    imports = all_imports()
+    wrong = sorted({
+        str(i) for i in imports
+        if not (i.module == CLI or i.module.startswith(f"{CLI}."))
+        and (i.target == CLI or i.target.startswith(f"{CLI}."))
+    })
+    assert wrong == [], "move what both need out of conveyor.cli:\n" + "\n".join(wrong)
+
+
+def test_a_command_module_imports_no_other_command_module() -> None:
+    """One module per command group, each on its own: what two commands share lives in
+    ``cli/common.py`` (options, errors) or ``cli/render.py`` (tables); only the package
+    (the main command) imports the command modules, to register them."""
+    imports = all_imports()
+    assert any(i.module == f"{CLI}.dlq" for i in imports)  # it looked
+    wrong = sorted({
+        str(i) for i in imports
+        if i.module.startswith(f"{CLI}.") and i.module != f"{CLI}.__main__"
+        and i.target.startswith(f"{CLI}.") and i.target != i.module
+        and (i.target not in CLI_SHARED or i.module in CLI_SHARED)
+    })
+    assert wrong == [], "\n".join(wrong)
