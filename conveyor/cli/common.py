@@ -19,12 +19,24 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
+from conveyor.platform.errors import (
+    ConfigError,
+    ConveyorError,
+    ForwardRewindError,
+    InvalidArgumentError,
+    UnknownGroupError,
+)
 
 T = TypeVar("T")
 
 USAGE_ERROR = 2
 """Exit status of a user's mistake: a bad argument or config (click's own, too)."""
+
+USER_MISTAKES: tuple[type[ConveyorError], ...] = (ForwardRewindError, UnknownGroupError)
+"""Library errors that, met by a command, are the user's mistake (exit 2) besides a bad
+config: a rewind target ahead of the app (``--to``), an app with no consumer group
+(``--app``). The error tree says what an error is; which ones exit 2 is the CLI's call.
+A command that knows the option to name catches them itself (``--app: ...``)."""
 
 
 class CliError(click.ClickException, ConveyorError):
@@ -61,6 +73,8 @@ def as_cli_error(exc: BaseException) -> CliError | None:
             exc.format_message())
     if isinstance(exc, ConfigError):
         return CliUsageError(f"config: {exc}")
+    if isinstance(exc, USER_MISTAKES):
+        return CliUsageError(str(exc))
     if isinstance(exc, ConveyorError):
         return CliError(str(exc))
     return None
@@ -141,7 +155,8 @@ def load_config_or_exit(path: Path | None,
 
 
 def fail(exc: ConveyorError) -> NoReturn:
-    """Exit for an error raised after start-up: 2 for a config error, else 1."""
+    """Exit for an error raised after start-up: 2 for a config error or another of
+    :data:`USER_MISTAKES`, else 1."""
     error = as_cli_error(exc)
     assert error is not None
     raise error
