@@ -1,20 +1,27 @@
 """The ``conveyor`` command: thin — parse, load config, call the library.
 
-One module per command group, so a command is found by its name:
+One module per command group, so a command is found by its name (in ``--help`` order):
 
-    common.py     the options every command shares, the error style and exit status
-    render.py     the tables of status, groups and dlq
-    worker.py     conveyor worker          demo.py      conveyor demo
-    publish.py    conveyor publish         configs.py   conveyor configs
-    dev.py        conveyor dev kafka|redis
-    status.py     conveyor status          groups.py    conveyor groups list|delete
-    dlq.py        conveyor dlq ...         asyncapi.py  conveyor asyncapi
-    rewind.py     conveyor rewind          deploy.py    conveyor deploy kubernetes
-    bench.py      conveyor bench ...       sim.py       conveyor sim ...
-    tune.py       conveyor tune
+    worker.py    conveyor worker            (reload.py: its --reload, for development)
+    demo.py      conveyor demo
+    publish.py   conveyor publish
+    configs.py   conveyor configs
+    dev.py       conveyor dev kafka|redis
+    status.py    conveyor status
+    dlq.py       conveyor dlq list|show|replay|purge
+    groups.py    conveyor groups list|delete
+    asyncapi.py  conveyor asyncapi
+    rewind.py    conveyor rewind
+    deploy.py    conveyor deploy kubernetes
+    bench.py     conveyor bench throughput|telemetry|scale-down
+    sim.py       conveyor sim [filter|placement|balancer]
+    tune.py      conveyor tune
+
+and what they share: ``common.py`` (the options, the error style and exit status) and
+``render.py`` (the tables of status, groups and dlq). A command module imports no other.
 
 This module is the main command and the list of the others: each joins with one
-``main.add_command(command.command, section=...)`` line at the end (sections:
+``main.add_command(module.command, section=...)`` line at the end (sections:
 :data:`conveyor.cli.common.SECTIONS`). Errors, from click, the config or the library,
 all print as ``conveyor: error: ...`` (:class:`conveyor.cli.common.TaskGroup`).
 """

@@ -80,7 +80,7 @@ def worker(
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
     if reload:
-        from conveyor.reload import worker_with_reload
+        from conveyor.cli.reload import worker_with_reload
 
         sys.exit(worker_with_reload(click.get_current_context(), config))
     if processes is not None:
