@@ -15,7 +15,7 @@ from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import DeadLetter, Message
-from conveyor.workers.fixed_slots import FixedSlotSupplier
+from conveyor.workers.slots.fixed import FixedSlotSupplier
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Item,

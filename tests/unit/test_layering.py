@@ -177,6 +177,36 @@ def test_no_two_modules_of_conveyor_import_each_other_at_run_time() -> None:
     )
 
 
+def test_slot_suppliers_know_nothing_of_the_workers_that_hold_them() -> None:
+    # workers/slots/ is a leaf of workers/: the daemon, pools and supervisor use
+    # suppliers; a supplier reads only the port, its siblings and the machine's samples.
+    allowed = ("conveyor.workers.slots", "conveyor.workers.resources")
+    imports = [i for i in all_imports() if i.module.startswith("conveyor.workers.slots.")]
+    assert imports  # it looked
+    wrong = sorted(
+        str(i) for i in imports
+        if i.target.startswith("conveyor.workers") and not i.target.startswith(allowed)
+    )
+    assert wrong == [], "a slot supplier reaching into the workers that use it:\n" + (
+        "\n".join(wrong))
+
+
+def test_the_supervisor_and_its_child_share_nothing_but_the_protocol() -> None:
+    # Two processes, two sides: what one says to the other is protocol.py, so neither
+    # side can come to depend on the other's internals.
+    room = "conveyor.workers.supervisor"
+    child, shared = f"{room}.child", (f"{room}.protocol", room)
+    imports = [i for i in all_imports() if i.module.startswith(f"{room}.")]
+    assert any(i.module == child for i in imports)  # it looked
+    wrong = sorted(
+        str(i) for i in imports
+        if i.target.startswith(f"{room}.") and i.target not in shared
+        and (i.module == child) != (i.target == child)
+    )
+    assert wrong == [], "parent and child of the supervisor meet in protocol.py:\n" + (
+        "\n".join(wrong))
+
+
 CLI = "conveyor.cli"
 CLI_HELPERS = ("conveyor.cli.common", "conveyor.cli.render", "conveyor.cli.reload")
 """What commands share (options, errors, tables) or lean on (``worker --reload``);

@@ -57,7 +57,7 @@ from conveyor.platform.watchdog import LoopWatchdog
 from conveyor.workers.cell_interceptor import CellInterceptor
 from conveyor.workers.pool_interceptor import PoolInterceptor
 from conveyor.workers.resources import PlacementResources, ResourceSampler
-from conveyor.workers.supplier_config import supplier_from_config
+from conveyor.workers.slots.build import supplier_from_config
 from conveyor.workers.threads import HandlerThreads
 
 _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
@@ -263,7 +263,7 @@ def subscribe(app: App, interceptors: Sequence[Interceptor],
               in_thread: InThread | None = None) -> Subscriptions:
     """Every handler's delivery chain, composed once (see conveyor.platform.delivery);
     a batch handler's route runs its batches through a batch step instead (see
-    conveyor.platform.delivery.batch: app interceptors do not wrap batch handlers).
+    conveyor.platform.delivery.batch: the app's interceptors wrap each batch call).
     Plain ``def`` handlers are called through ``in_thread``."""
     index = {spec.name: i for i, spec in enumerate(app.handlers)}
 
@@ -275,7 +275,8 @@ def subscribe(app: App, interceptors: Sequence[Interceptor],
                                 "needs batch_steps")
         step = batch_step(spec, batch_steps.put_letter, batch_steps.stats,
                           tracer=batch_steps.tracer, system=batch_steps.system,
-                          group=app.name, in_thread=batch_steps.in_thread)
+                          group=app.name, in_thread=batch_steps.in_thread,
+                          interceptors=app.interceptors)
         # The agent hands batch routes' messages to a batcher, never to the chain; as a
         # chain the step still runs one message (a batch of one), should anyone call it.
         return Route(index[spec.name], spec, lambda d: step([d.message]), step)

@@ -18,7 +18,10 @@ import pytest
 from conveyor import Client, Publish, load_config
 from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import SyncClient
-from conveyor.workers.supervisor import ChildGone, ChildProcess, Supervisor, SupervisorSettings
+from conveyor.workers.supervisor.assignment import assign
+from conveyor.workers.supervisor.process import ChildGone, ChildProcess
+from conveyor.workers.supervisor.scaler import SupervisorSettings
+from conveyor.workers.supervisor.supervisor import Supervisor
 from tests.conftest import wait_until, wait_until_sync
 from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
 
@@ -169,7 +172,7 @@ async def survivor_takes_over(
     try:
         await supervisor._spawn()
         await supervisor._spawn()
-        await supervisor._assign(list(range(8)))
+        await assign(supervisor.children, range(8))
         survivor, victim = supervisor.children
         assert len(survivor.queues) == len(victim.queues) == 4
         await fault(supervisor, victim)
@@ -189,7 +192,7 @@ async def survivor_takes_over(
         await adapter.close()
     ids = [row[5] for row in read_records([record])]
     assert len(ids) == n and len(set(ids)) == n, "lost or duplicated"
-    assert supervisor.replaced == 1
+    assert supervisor.stats.replaced == 1
     return supervisor
 
 
@@ -218,7 +221,7 @@ async def test_a_replacement_that_fails_to_start_does_not_strand_the_dead_ones_q
         supervisor.app_path = "tests.apps.no_such_module:app"  # replacements cannot start
 
     supervisor = await survivor_takes_over(redis_server, tmp_path, 2, die_and_break_spawning)
-    assert supervisor.errors >= 1  # each failed replacement was logged and retried
+    assert supervisor.stats.errors >= 1  # each failed replacement was logged and retried
 
 
 def test_a_supervisor_whose_redis_is_down_at_start_ends_with_a_message(tmp_path: Path) -> None:
