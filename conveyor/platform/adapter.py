@@ -50,6 +50,10 @@ from conveyor.platform.message import DeadLetter, Message
 class QueueReceiver(ABC):
     """The consumer side of one queue, for one consumer group."""
 
+    in_process: bool = False
+    """True when the queue lives in this process (the embedded adapter): what is not
+    acknowledged when the process ends is gone, not redelivered."""
+
     records_done_out_of_order: bool = False
     """True if the agent should report messages finished above the ack watermark.
 
