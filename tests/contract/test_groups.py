@@ -182,3 +182,18 @@ async def test_a_group_deleted_and_read_again_starts_as_a_new_group(
     await adapter.delete_group(apps.ahead, [0, 1])
     again = await open_receiver(0, apps.ahead)
     assert len(await take(again, 6)) == 6, "the old position (2 acknowledged) was kept"
+
+
+async def test_rewinding_an_app_with_no_group_is_refused_and_creates_one_only_when_asked(
+    adapter: QueueAdapter, open_receiver: Open, apps: Apps
+) -> None:
+    await two_groups(adapter, open_receiver, apps)
+    ghost = f"ghost-{apps.ahead}"
+    with pytest.raises(UnknownGroupError, match="create_group"):
+        await adapter.rewind_queues([0, 1], ghost, 0.0)
+    assert not await adapter.has_group([0, 1], ghost)
+    assert sorted(apps.rows(await adapter.groups([0, 1]))) == BOTH
+    await adapter.rewind_queues([0, 1], ghost, 0.0, create_group=True)
+    assert {(i.queue, i.lag) for i in await adapter.groups([0, 1]) if i.group == ghost} == {
+        (0, 6), (1, 4)}
+    await adapter.rewind_queues([0], apps.ahead, 0.0)  # an app with a group needs no flag
