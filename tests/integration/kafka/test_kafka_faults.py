@@ -21,7 +21,12 @@ from conveyor.platform.errors import ConfigError
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import free_port, wait_until, wait_until_sync
 from tests.integration.kafka.conftest import Tansu, tansu_binary
-from tests.integration.kafka.helpers import CuttableProxy, Recorder, kafka_config
+from tests.integration.kafka.helpers import (
+    CuttableProxy,
+    Recorder,
+    kafka_config,
+    nothing_left_unacknowledged,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -59,7 +64,8 @@ async def test_a_daemon_whose_broker_is_unreachable_resumes_when_it_comes_up(
             await client.publish_batch(items)
         await wait_until(lambda: len(rec.seen) >= len(items), 60, 0.05,
                          "handled after the outage")
-        await asyncio.sleep(0.3)  # a late duplicate would show up here
+        await wait_until(lambda: nothing_left_unacknowledged(daemon), 15, 0.1,
+                         "every message acknowledged: none can come again")
     finally:
         await daemon.stop()
         broker.stop()
@@ -105,7 +111,8 @@ async def test_a_broker_outage_mid_run_loses_nothing(
             await client.publish_batch(items[300:])
         await wait_until(lambda: len(set(rec.seen)) >= len(items), 60, 0.05,
                          "everything handled after the outage")
-        await asyncio.sleep(0.5)  # a late redelivery would show up here
+        await wait_until(lambda: nothing_left_unacknowledged(daemon), 15, 0.1,
+                         "every message acknowledged: none can come again")
     finally:
         await daemon.stop()
         await proxy.cut()
