@@ -25,7 +25,7 @@ from tests.conftest import wait_until
 from tests.contract.conftest import QUEUES
 from tests.integration.memory_harness import Item, Record, recording_app
 
-MESSAGES, STREAMS = 400, 40
+MESSAGES, STREAMS = 200, 40
 
 
 class Lapsing(StaticBalancer):
@@ -46,9 +46,20 @@ class Lapsing(StaticBalancer):
         return self.deadline
 
 
+async def lapse(balancer: Lapsing, record: Record) -> None:
+    """Stop renewing, and return once the last deadline given has passed (nothing may
+    start from then on) and the calls started before it have finished."""
+    balancer.renewing = False
+    await wait_until(lambda: time.monotonic() > balancer.deadline, 5,
+                     what="the last deadline to pass")
+    await wait_until(lambda: record.active == 0, 5, what="the calls under way to finish")
+
+
 def daemon_config() -> Config:
+    """Four slots, and a pull every 100 ms (an ownership re-check every 20 ms)."""
     return load_config(environ={}, overrides={"queues": {"total": QUEUES},
-                                              "slots": {"count": 2}})
+                                              "slots": {"count": 4},
+                                              "worker": {"poll_timeout_ms": 100}})
 
 
 async def publish(client: Client) -> list[str]:
@@ -70,14 +81,13 @@ async def test_runners_start_nothing_while_ownership_lapsed_and_resume_when_it_r
 ) -> None:
     record = Record()
     balancer = Lapsing()
-    app = recording_app(record, delay_s=0.01, name=f"fenced-{uuid.uuid4().hex[:6]}")
+    app = recording_app(record, delay_s=0.005, name=f"fenced-{uuid.uuid4().hex[:6]}")
     d = WorkerDaemon(app, daemon_config(), adapter=adapter, balancer=balancer)
     ids = await publish(Client(adapter, d.mapper))
     await d.start()
     try:
         await wait_until(lambda: record.handled >= 20, 15, what="handlers at work")
-        balancer.renewing = False  # overdue: nothing may start once the deadline passed
-        await wait_until(lambda: record.active == 0, 5, what="the calls under way to finish")
+        await lapse(balancer, record)
         handled_at_lapse = record.handled
         held = sum(len(a.cache) for a in d.agents.values())
         assert held > 0, "nothing was waiting in the caches: nothing to test"
@@ -100,14 +110,13 @@ async def test_a_lost_queue_runs_nothing_more_and_the_next_owner_gets_all_it_hel
     record = Record()
     balancer = Lapsing()
     name = f"fenced-{uuid.uuid4().hex[:6]}"
-    d = WorkerDaemon(recording_app(record, delay_s=0.01, name=name), daemon_config(),
+    d = WorkerDaemon(recording_app(record, delay_s=0.005, name=name), daemon_config(),
                      adapter=adapter, balancer=balancer)
     ids = await publish(Client(adapter, d.mapper))
     await d.start()
     try:
         await wait_until(lambda: record.handled >= 20, 15, what="handlers at work")
-        balancer.renewing = False
-        await wait_until(lambda: record.active == 0, 5, what="the calls under way to finish")
+        await lapse(balancer, record)
         handled_before = set(record.calls)
         held = sum(a.unacknowledged for a in d.agents.values())
         assert held > 0, "nothing was held: nothing to test"

@@ -227,20 +227,21 @@ def _address(entry: list[Any]) -> Address:
     return (str(entry[0]), int(entry[1]))
 
 
-def _shared(workdir: Path) -> RedisClusterServers:
+def shared_cluster(workdir: Path) -> RedisClusterServers:
     require("redis-server and redis-cli (Redis Cluster)", "redis-server", "redis-cli")
     return RedisClusterServers(workdir, killable=False)
 
 
-def _own(workdir: Path) -> RedisClusterServers:
+def own_cluster(workdir: Path) -> RedisClusterServers:
     require("redis-server and redis-cli (Redis Cluster)", "redis-server", "redis-cli")
     return RedisClusterServers(workdir)
 
 
 redis_cluster = server_fixture(
-    "redis_cluster", _shared, scope="module",
+    "redis_cluster", shared_cluster, scope="module",
     doc="""A cluster shared by a module's tests: they isolate themselves by key prefix and
     may not kill nodes (use ``fresh_redis_cluster`` for that).""")
 
 fresh_redis_cluster = server_fixture(
-    "fresh_redis_cluster", _own, doc="A cluster of the test's own, which it may kill nodes of.")
+    "fresh_redis_cluster", own_cluster,
+    doc="A cluster of the test's own, which it may kill nodes of.")

@@ -47,13 +47,13 @@ def started(server: S) -> S:
 
 
 def server_fixture(name: str, build: Callable[[Path], S], *,
-                   scope: Literal["function", "module"] = "function",
+                   scope: Literal["function", "module", "session"] = "function",
                    doc: str = "") -> Callable[..., Iterator[S]]:
     """A fixture ``name`` yielding ``started(build(a fresh directory))``, stopped after.
 
     ``build`` checks its binaries (:func:`require`) and returns the server unstarted.
-    Scope ``module``: shared by a module's tests, which isolate themselves (key
-    prefixes, topic names); ``function``: a test's own, which it may kill parts of.
+    Scope ``module`` (or ``session``): shared by the tests, which isolate themselves
+    (key prefixes, topic names); ``function``: a test's own, which it may kill parts of.
     """
 
     def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S]:

@@ -176,21 +176,21 @@ class RedisSentinelServers:
         return bool(admin.info("replication")["master_link_status"] == "up")
 
 
-def _shared(workdir: Path) -> RedisSentinelServers:
+def shared_sentinel(workdir: Path) -> RedisSentinelServers:
     require("redis-server (Redis Sentinel)", "redis-server")
     return RedisSentinelServers(workdir, killable=False)
 
 
-def _own(workdir: Path) -> RedisSentinelServers:
+def own_sentinel(workdir: Path) -> RedisSentinelServers:
     require("redis-server (Redis Sentinel)", "redis-server")
     return RedisSentinelServers(workdir)
 
 
 redis_sentinel = server_fixture(
-    "redis_sentinel", _shared, scope="module",
+    "redis_sentinel", shared_sentinel, scope="module",
     doc="""Sentinels shared by a module's tests: they isolate themselves by key prefix and
     may not kill nodes (use ``fresh_redis_sentinel`` for that).""")
 
 fresh_redis_sentinel = server_fixture(
-    "fresh_redis_sentinel", _own,
+    "fresh_redis_sentinel", own_sentinel,
     doc="Sentinels and nodes of the test's own, which it may kill nodes of.")
