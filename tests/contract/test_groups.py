@@ -47,6 +47,14 @@ def apps() -> Apps:
     return Apps(f"ahead-{suffix}", f"behind-{suffix}")
 
 
+def known_to_fail_on(name: str, adapter: QueueAdapter, request: pytest.FixtureRequest,
+                     reason: str) -> None:
+    """Mark this test a strict xfail on adapter ``name``: it must fail there, for
+    ``reason``, until that is fixed (then the xfail is removed)."""
+    if adapter.name == name:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
 async def two_groups(adapter: QueueAdapter, open_receiver: Open, apps: Apps) -> None:
     """Six messages on queue 0, four on queue 1, and two apps that nobody runs now:
 
@@ -82,11 +90,10 @@ async def test_groups_lists_every_group_on_each_queue_with_what_it_has_not_finis
 async def test_a_group_is_listed_only_on_the_queues_it_has_a_position_on(
     adapter: QueueAdapter, open_receiver: Open, apps: Apps, request: pytest.FixtureRequest
 ) -> None:
-    if adapter.name == "kafka":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "bug: KafkaAdapter.groups lists a group on every queue asked for once it "
-            "committed on one (kafka_groups.groups: lag = the whole partition where it has "
-            "no offset), while has_group says it has no position there")))
+    known_to_fail_on("kafka", adapter, request,
+                     "bug: KafkaAdapter.groups lists a group on every queue asked for once it "
+                     "committed on one (kafka_groups.groups: lag = the whole partition where "
+                     "it has no offset), while has_group says it has no position there")
     await adapter.enqueue(0, numbered(range(3)))
     await adapter.enqueue(1, numbered(range(4)))
     receiver = await open_receiver(0, apps.ahead)
@@ -133,10 +140,9 @@ async def test_deleting_a_group_removes_it_and_leaves_the_others(
 async def test_deleting_a_group_from_some_queues_leaves_it_on_the_others(
     adapter: QueueAdapter, open_receiver: Open, apps: Apps, request: pytest.FixtureRequest
 ) -> None:
-    if adapter.name == "kafka":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "limitation: KafkaAdapter.delete_group deletes the whole Kafka group "
-            "(DeleteGroups), on every partition, whatever queues it is given")))
+    known_to_fail_on("kafka", adapter, request,
+                     "limitation: KafkaAdapter.delete_group deletes the whole Kafka group "
+                     "(DeleteGroups), on every partition, whatever queues it is given")
     await two_groups(adapter, open_receiver, apps)
     assert await adapter.delete_group(apps.ahead, [1]) == [1]
     assert sorted(apps.rows(await adapter.groups([0, 1]))) == [
