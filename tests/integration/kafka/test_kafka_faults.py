@@ -20,13 +20,14 @@ from conveyor.platform.client import Client, Publish
 from conveyor.platform.errors import ConfigError
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import free_port, wait_until, wait_until_sync
-from tests.integration.kafka.conftest import Tansu, tansu_binary
+from tests.integration.kafka.conftest import Tansu
 from tests.integration.kafka.helpers import (
     CuttableProxy,
     Recorder,
     kafka_config,
     nothing_left_unacknowledged,
 )
+from tests.servers.tansu import require_tansu
 
 pytestmark = pytest.mark.kafka
 
@@ -34,9 +35,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _late_broker(tmp_path: Path) -> Tansu:
-    binary = tansu_binary()
-    assert binary is not None  # the session fixture already checked
-    return Tansu(binary, free_port(), tmp_path / "late-tansu.log")
+    return Tansu(require_tansu(), free_port(), tmp_path / "late-tansu.log")
 
 
 @pytest.mark.parametrize("balancer", ["static", "kafka-group"])
