@@ -2,8 +2,9 @@
 delete``, rewind's group check): listed with their lag, never created by reading,
 deleted one at a time; the same on every adapter.
 
-A group has a position on a queue once it acknowledged something there: Redis and the
-memory broker create it when a receiver opens, Kafka at its first commit.
+Every test gives its groups a position by acknowledging something: Redis and the memory
+broker create a group when a receiver opens, Kafka (``new_group_start = "earliest"``) at
+its first commit.
 
 What only one backend does stays with it: the CLI's refusals and trimming resuming on
 Redis (tests/integration/redis/test_redis_groups.py), a Kafka group that also reads
