@@ -83,14 +83,20 @@ class RedisServer:
         self.aof = aof
         self.options = options
         """More ``redis-server`` arguments (``("--maxmemory-policy", "allkeys-lru")``)."""
-        durable = ("--appendonly", "yes", "--appendfsync", "always") if aof else ()
-        self.process = RedisProcess(self.port, workdir, "--save", "", *durable, *options)
+        self.process = self._process()
+
+    def _process(self) -> RedisProcess:
+        """Built anew on each start, so a test may change ``aof`` between a stop and a
+        start (a restart that keeps nothing)."""
+        durable = ("--appendonly", "yes", "--appendfsync", "always") if self.aof else ()
+        return RedisProcess(self.port, self.workdir, "--save", "", *durable, *self.options)
 
     @property
     def url(self) -> str:
         return self.process.url
 
     def start(self) -> None:
+        self.process = self._process()
         self.process.start()
         wait_answering(self.process.answers, 10, "redis-server to accept connections",
                        processes=[self.process], errors=REDIS_ERRORS)

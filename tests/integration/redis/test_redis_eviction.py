@@ -40,7 +40,7 @@ def test_a_worker_refuses_a_server_that_may_evict_with_exit_2(
     workers.append(worker)
     assert worker.proc.wait(30) == 2, worker.stderr
     err = worker.stderr
-    assert "config error: $.redis.allow_eviction" in err, err
+    assert "conveyor: error: config: $.redis.allow_eviction" in err, err
     assert "'allkeys-lru'" in err and "allow_eviction = true" in err, err
     assert "Traceback" not in err, err
     assert not redis_server.client().keys("t:app:*"), "a refused worker took leases"
