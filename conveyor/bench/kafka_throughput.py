@@ -4,7 +4,7 @@ The figures and their order are :mod:`conveyor.bench.throughput`'s, each run on 
 of its own (``queues.total`` partitions); what is Kafka's:
 
 * **publish floor** — an ``AIOKafkaProducer`` with the adapter's settings
-  (:func:`~conveyor.adapters.kafka_conn.start_producer`: ``acks=all``, idempotent where
+  (:func:`~conveyor.adapters.kafka.connection.start_producer`: ``acks=all``, idempotent where
   the broker allows), already started and holding the topic's metadata, sending the
   records Conveyor writes (key, value, headers, timestamp, already encoded) with
   ``create_batch`` / ``send_batch`` per partition,
@@ -42,8 +42,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from conveyor.adapters.kafka import KafkaAdapter, message_headers
-from conveyor.adapters.kafka_conn import client_options, start_producer
+from conveyor.adapters.kafka.adapter import KafkaAdapter, message_headers
+from conveyor.adapters.kafka.connection import client_options, start_producer
 from conveyor.bench.figures import ThroughputResult
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config
 from conveyor.bench.throughput import Backend, build_messages, measure, noop, queue_chunks

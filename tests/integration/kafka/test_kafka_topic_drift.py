@@ -16,7 +16,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import fetch_committed
+from conveyor.adapters.kafka.connection import fetch_committed
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError

@@ -41,11 +41,11 @@ from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-from conveyor.adapters.kafka_conn import client_options, kafka_errors
+from conveyor.adapters.kafka.connection import client_options, kafka_errors
 from conveyor.platform.membership import MemberInfo
 
 if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
+    from conveyor.adapters.kafka.adapter import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from conveyor.adapters.kafka_conn import kafka_errors, start_client
+from conveyor.adapters.kafka.connection import kafka_errors, start_client
 from conveyor.platform.dlq import checkpoint
 from conveyor.platform.errors import BrokerConnectionError, InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
@@ -44,7 +44,7 @@ from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import H_REPLAY_OF, DeadLetter
 
 if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
+    from conveyor.adapters.kafka.adapter import KafkaAdapter
 
 ReadLetter = Callable[[Any, str], DeadLetter | None]
 """(record, app) -> the app's letter in that record, or None (the adapter's decoder)."""

@@ -8,13 +8,13 @@ Consumer side: one :class:`KafkaReceiver` per owned partition, manually assigned
 under the ``kafka-group`` balancer, read through the group's consumer). It commits
 the *watermark* — the offset below which everything is done — never past an
 unfinished message, and records the offsets done above it (see
-:mod:`conveyor.adapters.kafka_offsets`) in the commit metadata. Brokers that drop
+:mod:`conveyor.adapters.kafka.offsets`) in the commit metadata. Brokers that drop
 commit metadata (tansu) are covered by a hand-off record written on a graceful
-drain (:mod:`conveyor.adapters.kafka_handoff`). A new owner starts at the watermark
+drain (:mod:`conveyor.adapters.kafka.handoff`). A new owner starts at the watermark
 and skips the recorded offsets, so a hand-off replays only what was really unfinished.
 
 Connections, error translation and outage back-off live in
-:mod:`conveyor.adapters.kafka_conn`; rewinding in :mod:`conveyor.adapters.kafka_rewind`.
+:mod:`conveyor.adapters.kafka.connection`; rewinding in :mod:`conveyor.adapters.kafka.rewind`.
 
 Lag is ``high watermark - committed``, the high watermark taken from fetch
 responses (tansu's ListOffsets(latest) is wrong for multi-record batches).
@@ -37,8 +37,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters import kafka_groups, kafka_offsets, kafka_rewind
-from conveyor.adapters.kafka_conn import (
+from conveyor.adapters.kafka import groups as kafka_groups
+from conveyor.adapters.kafka import offsets as kafka_offsets
+from conveyor.adapters.kafka import rewind as kafka_rewind
+from conveyor.adapters.kafka.connection import (
     CLIENT_ERRORS,
     broker_error,
     client_options,
@@ -50,9 +52,9 @@ from conveyor.adapters.kafka_conn import (
     start_client,
     start_producer,
 )
-from conveyor.adapters.kafka_handoff import FETCH_LOOKAHEAD, HandoffLog
-from conveyor.adapters.kafka_letters import KafkaLetters
-from conveyor.adapters.kafka_offsets import DoneOffsets
+from conveyor.adapters.kafka.handoff import FETCH_LOOKAHEAD, HandoffLog
+from conveyor.adapters.kafka.letters import KafkaLetters
+from conveyor.adapters.kafka.offsets import DoneOffsets
 from conveyor.platform import letters as layout
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.config import Config, KafkaConfig
@@ -524,9 +526,10 @@ class KafkaAdapter(QueueAdapter):
         """Whether the topic is ready, after waiting at most ``timeout_s`` for it.
 
         One task per adapter prepares the topic, backing off while the broker is down
-        (:func:`~conveyor.adapters.kafka_conn.retrying`), however many receivers wait.
-        ``None`` waits for a first answer (:func:`~conveyor.adapters.kafka_conn.first_answer`),
-        once per adapter; later calls with ``None`` do not wait.
+        (:func:`~conveyor.adapters.kafka.connection.retrying`), however many receivers
+        wait. ``None`` waits for a first answer
+        (:func:`~conveyor.adapters.kafka.connection.first_answer`), once per adapter; later
+        calls with ``None`` do not wait.
         A non-retriable failure (a topic with too few partitions) is raised.
         """
         if self._topic_ready:
@@ -795,7 +798,7 @@ class KafkaAdapter(QueueAdapter):
 
     async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
         """This adapter's open receivers, then the group's members that the broker says
-        hold the queues (see :func:`conveyor.adapters.kafka_rewind.owners`)."""
+        hold the queues (see :func:`conveyor.adapters.kafka.rewind.owners`)."""
         return {**open_receivers(self._receivers, queues, group),
                 **await kafka_rewind.owners(self, queues, group)}
 
@@ -818,7 +821,7 @@ class KafkaAdapter(QueueAdapter):
             raise broker_error("writing dead letters", exc) from exc
         return 0
 
-    # -- dead letters, for operators (see conveyor.adapters.kafka_letters) --------------
+    # -- dead letters, for operators (see conveyor.adapters.kafka.letters) --------------
     async def list_dead_letters(self, group: str, limit: int = 100, *,
                                 after: str | None = None) -> list[StoredLetter]:
         return await self.letters.list_letters(group, limit, after)
@@ -836,10 +839,10 @@ class KafkaAdapter(QueueAdapter):
     async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
                                   ) -> list[SequenceToken | None]:
         """Recorded in ``<topic>.conveyor-dlq-ops`` before and after the publish, so a
-        re-run finds a publish that was not recorded (conveyor.adapters.kafka_letters)."""
+        re-run finds a publish that was not recorded (conveyor.adapters.kafka.letters)."""
         return await self.letters.replay(group, replays)
 
-    # -- consumer groups, for operators (see conveyor.adapters.kafka_groups) -----------
+    # -- consumer groups, for operators (see conveyor.adapters.kafka.groups) -----------
     retention_follows_groups = False  # Kafka keeps records by time or size
 
     async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:

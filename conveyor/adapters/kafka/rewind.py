@@ -23,14 +23,14 @@ from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters import kafka_members
-from conveyor.adapters.kafka_conn import client_options, fetch_committed, kafka_errors
-from conveyor.adapters.kafka_members import assigned_partitions
+from conveyor.adapters.kafka import members as kafka_members
+from conveyor.adapters.kafka.connection import client_options, fetch_committed, kafka_errors
+from conveyor.adapters.kafka.members import assigned_partitions
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken
 
 if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
+    from conveyor.adapters.kafka.adapter import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
 
@@ -58,7 +58,7 @@ async def owners(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> di
 
     That sees daemons under the ``kafka-group`` balancer, on any machine: by the
     assignment the coordinator reports (Apache Kafka does), and by the queues each live
-    member reports it owns (:mod:`conveyor.adapters.kafka_members`; tansu reports no
+    member reports it owns (:mod:`conveyor.adapters.kafka.members`; tansu reports no
     assignments). It cannot see receivers with a manual assignment — daemons under the
     ``dynamic`` balancer (their leases live in the membership store: ``conveyor rewind``
     reads those) or the ``static`` one.

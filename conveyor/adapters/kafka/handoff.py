@@ -1,7 +1,7 @@
 """Hand-off records: done offsets left for the next owner when commit metadata is dropped.
 
 Brokers such as tansu keep committed offsets but drop their metadata, so the done
-offsets above the watermark (:mod:`conveyor.adapters.kafka_offsets`) would be lost on
+offsets above the watermark (:mod:`conveyor.adapters.kafka.offsets`) would be lost on
 a hand-off. A draining owner therefore also writes a record to
 ``<topic>.conveyor-handoff``: partition = queue, key = group, value =
 ``{"watermark": W, "done": "cv1:..."}``. The next owner uses the latest record of its
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from conveyor.adapters import kafka_offsets
+from conveyor.adapters.kafka import offsets as kafka_offsets
 
 if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
+    from conveyor.adapters.kafka.adapter import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
 

@@ -32,13 +32,13 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.group import LeaveGroupRequest
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 
-from conveyor.adapters import kafka_offsets
-from conveyor.adapters.kafka_conn import client_options, kafka_errors
+from conveyor.adapters.kafka import offsets as kafka_offsets
+from conveyor.adapters.kafka.connection import client_options, kafka_errors
 from conveyor.platform.errors import BrokerError, ConfigError
 from conveyor.platform.groups import GroupInfo
 
 if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
+    from conveyor.adapters.kafka.adapter import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
 

@@ -24,7 +24,7 @@ daemon paused or cut off past its session starts no handler for it, and when the
 partition is then revoked it is stopped at once (lost), not drained.
 
 Each daemon also reports itself — host, pid, owned queues, stats — to the members topic
-(:mod:`conveyor.adapters.kafka_members`), since the coordinator tells ``conveyor status``
+(:mod:`conveyor.adapters.kafka.members`), since the coordinator tells ``conveyor status``
 little or, on some brokers, nothing but member ids.
 """
 
@@ -42,10 +42,10 @@ from aiokafka import errors as kafka_errors
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
-from conveyor.adapters import kafka_groups
-from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import first_answer, retrying, start_client
-from conveyor.adapters.kafka_members import MemberReporter
+from conveyor.adapters.kafka import groups as kafka_groups
+from conveyor.adapters.kafka.adapter import KafkaAdapter
+from conveyor.adapters.kafka.connection import first_answer, retrying, start_client
+from conveyor.adapters.kafka.members import MemberReporter
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.balancer import BalanceListener, QueueBalancer, StatsProvider
 from conveyor.platform.config import Config
