@@ -26,7 +26,7 @@ from conveyor.platform.groups import GroupStatus, summarise
 from conveyor.platform.importing import load_attr
 from conveyor.platform.membership import MemberInfo
 
-MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka.members:group_members"}
+MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka.group_balancer:group_members"}
 """Balancer kind: ``async (adapter, group) -> [member with .info and .queues]``."""
 
 MEASURES = ("at", "cpu_percent")

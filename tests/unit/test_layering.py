@@ -175,3 +175,25 @@ def test_no_two_modules_of_conveyor_import_each_other_at_run_time() -> None:
         "move the word both modules need into the module they both depend on, "
         "or import it under TYPE_CHECKING if it is only a type:\n" + "\n".join(cycles)
     )
+
+
+KAFKA = "conveyor.adapters.kafka"
+KAFKA_ABOVE_THE_ADAPTER = {f"{KAFKA}", f"{KAFKA}.adapter", f"{KAFKA}.group_balancer"}
+"""The package's entry, the adapter, and the balancer that drives an adapter: the rest
+(codec, receiver, cluster, the helpers) take the cluster, never the adapter."""
+
+
+def test_kafka_modules_form_no_circle_even_through_type_only_imports() -> None:
+    inside = [i for i in all_imports()
+              if i.module.startswith(KAFKA) and i.target.startswith(KAFKA)]
+    assert any(i.target == f"{KAFKA}.cluster" for i in inside)  # it looked
+    cycles = [" -> ".join(c) for c in import_cycles(
+        [Import(i.module, i.target, i.line, type_only=False) for i in inside])]
+    assert cycles == [], "\n".join(cycles)
+
+
+def test_no_kafka_helper_imports_the_adapter() -> None:
+    wrong = sorted(str(i) for i in all_imports()
+                   if i.module.startswith(KAFKA) and i.module not in KAFKA_ABOVE_THE_ADAPTER
+                   and i.target in (f"{KAFKA}.adapter", KAFKA, f"{KAFKA}.group_balancer"))
+    assert wrong == [], "hand the helper the KafkaCluster instead:\n" + "\n".join(wrong)
