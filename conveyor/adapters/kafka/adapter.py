@@ -73,8 +73,11 @@ class KafkaAdapter(QueueAdapter):
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self._receivers: weakref.WeakSet[KafkaReceiver] = weakref.WeakSet()
         self.handoffs = HandoffLog(cluster)
-        self.letters = KafkaLetters(cluster, lambda record, app: letter_from_record(
-            record, app, config.topic, config.default_namespace), self.enqueue)
+        self.letters = KafkaLetters(
+            cluster,
+            lambda record, app: letter_from_record(record, app, config.topic,
+                                                   config.default_namespace),
+            lambda queue, messages: self.enqueue(queue, messages))
 
     # -- the cluster, as callers of the adapter see it ---------------------------------
     @property

@@ -43,6 +43,10 @@ class KafkaReceiver(QueueReceiver):
     With ``shared`` set (``kafka-group`` balancer) records are read and offsets committed
     through the group's consumer, under its generation; otherwise the receiver has a
     consumer of its own, manually assigned to its partition.
+
+    Its attributes are one partition's position (consumer, done offsets, offsets to
+    skip, the offset reached) and its delivery counts (redelivered range, handler
+    starts, the ``fetched`` mark): both go into the one hand-off record it writes.
     """
 
     records_done_out_of_order = True
@@ -59,10 +63,9 @@ class KafkaReceiver(QueueReceiver):
         self._started = False
         self._offsets = DoneOffsets(0)
         self._skip: set[int] = set()
-        self._handed_over = False
         self._default_ns = cluster.config.default_namespace
         self._closed = False
-        # Deliveries (see kafka_handoff): offsets up to this one were handed out by a
+        # Deliveries (see handoff.py): offsets up to this one were handed out by a
         # previous owner that did not finish them; handler starts of redelivered ones;
         # the ``fetched`` mark our last record declared.
         self._redelivered_through = -1
@@ -105,7 +108,7 @@ class KafkaReceiver(QueueReceiver):
                     meta = ""
                 else:
                     start, meta = committed
-                # What the previous owners left (kafka_handoff): done offsets when the
+                # What the previous owners left (handoff.py): done offsets when the
                 # broker drops commit metadata, and their unfinished deliveries.
                 state = await self._handoffs.read_deliveries(self._group, self._queue, start)
                 done = kafka_offsets.decode(start, meta) or state.done
@@ -171,7 +174,7 @@ class KafkaReceiver(QueueReceiver):
             out = [decode_record(r, queue, ns) for r in records]
         last = records[-1].offset
         if last > self._fetched_mark:
-            try:  # declared before any handler starts one of them (kafka_handoff)
+            try:  # declared before any handler starts one of them (handoff.py)
                 await self._record(last + FETCH_LOOKAHEAD)
             except BaseException:
                 with contextlib.suppress(Exception):  # not handed out: read them again
@@ -195,7 +198,7 @@ class KafkaReceiver(QueueReceiver):
         return marked
 
     async def _record(self, fetched: int) -> None:
-        """Write this partition's record (kafka_handoff): done offsets, the ``fetched``
+        """Write this partition's record (handoff.py): done offsets, the ``fetched``
         mark (never below a previous owner's unfinished range) and the start counts."""
         offsets = self._offsets
         fetched = max(fetched, self._redelivered_through) if fetched >= 0 else -1
@@ -247,7 +250,6 @@ class KafkaReceiver(QueueReceiver):
                     await self._handoffs.write(
                         self._group, self._queue, watermark, meta,
                         max(self._fetched_mark, self._redelivered_through), self._starts)
-                    self._handed_over = True
                 await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
             except kerrors.CommitFailedError as exc:
                 # The group re-balanced and the partition may be someone else's now: our
