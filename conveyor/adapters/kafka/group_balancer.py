@@ -76,7 +76,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 class KafkaGroupBalancer(QueueBalancer):
     def __init__(self, adapter: KafkaAdapter, group: str, total_queues: int) -> None:
         self.adapter = adapter
-        self.cluster = adapter.cluster
         self.group = group
         self.total_queues = total_queues
         self._consumer: Any = None
@@ -109,13 +108,14 @@ class KafkaGroupBalancer(QueueBalancer):
         """
         self._listener = listener
         self._member = member
-        self.cluster.on_topic_changed = listener.balancer_failed  # the worker exits, says why
+        cluster = self.adapter.cluster
+        cluster.on_topic_changed = listener.balancer_failed  # the worker exits, says why
         joining = asyncio.create_task(
-            retrying(self.cluster.outage, f"joining group {self.group!r}", self._join),
+            retrying(cluster.outage, f"joining group {self.group!r}", self._join),
             name="kafka-group-join",
         )
         self._joining = joining
-        await first_answer(joining, self.cluster.outage)
+        await first_answer(joining, cluster.outage)
         if joining.done():
             joining.result()  # a configuration error fails the start
         else:
@@ -129,7 +129,7 @@ class KafkaGroupBalancer(QueueBalancer):
                 self._listener.balancer_failed(exc)
 
     async def _join(self) -> None:
-        cluster = self.cluster
+        cluster = self.adapter.cluster
         cfg = cluster.config
         assert self._member is not None
         await cluster.ensure_topic()
@@ -256,8 +256,9 @@ class KafkaGroupBalancer(QueueBalancer):
             # static member, whose partitions wait session_timeout_ms for its return.
             await self._consumer.stop()
         self._consumer = None
-        if generation == 0 and member_id and not self.cluster.config.group_instance_id:
-            await kafka_groups.leave_group(self.cluster, self.group, member_id)
+        cluster = self.adapter.cluster
+        if generation == 0 and member_id and not cluster.config.group_instance_id:
+            await kafka_groups.leave_group(cluster, self.group, member_id)
 
     def owned(self) -> list[int]:
         return sorted(self._owned)
