@@ -85,7 +85,7 @@ async def test_a_topic_with_more_partitions_than_queues_is_refused_at_start(
     status, stderr = exited(worker(config, tmp_path / "out.txt", f"drift-{topic}"), 30)
     assert status == 2, stderr
     assert stderr.splitlines()[-1] == (
-        f"conveyor: config error: kafka topic {topic!r} has 6 partitions but $.queues.total "
+        f"conveyor: error: config: kafka topic {topic!r} has 6 partitions but $.queues.total "
         f"is {QUEUES}: partitions {QUEUES}-5 would never be read; set $.queues.total = 6"
     ), stderr
     with pytest.raises(ConfigError, match="has 6 partitions"):  # a producer is refused too
@@ -117,7 +117,7 @@ async def test_a_topic_deleted_under_a_running_worker_stops_it_and_a_new_worker_
         status, stderr = await asyncio.to_thread(exited, first, 30)
     assert status == 1, stderr
     assert stderr.splitlines()[-1].startswith(
-        f"Error: kafka topic {topic!r} was deleted or re-created under this worker "
+        f"conveyor: error: kafka topic {topic!r} was deleted or re-created under this worker "
         "(partition "), stderr
     assert sorted(handled_ids(first_out)) == sorted(before)
     after = await publish(config, "new", 40)  # 40 records in the new topic (created if absent)
