@@ -29,7 +29,7 @@ BUCKETS = [
      r"decode_record|RedisReceiver\._read|MemoryReceiver\._take"),
     ("decode: body -> handler argument", r"_body_decoder"),
     ("delivery chain (dead letter, decode, retry)", r"conveyor/platform/delivery/"),
-    ("slots (reserve, release)", r"conveyor/platform/slots\.py|fixed_slots\.py|slot_wrappers"),
+    ("slots (reserve, release)", r"conveyor/platform/slots\.py|workers/slots/(fixed|wrappers)\.py"),
     ("acknowledge (adapter side)", r"messages_delivered|RedisReceiver\._ack|_trim|"
      r"KafkaReceiver\.messages_delivered|kafka/offsets\.py"),
     ("agent: cache, lanes, acks bookkeeping", r"conveyor/platform/(agent|queue_cache)\.py"),

@@ -65,9 +65,9 @@ from conveyor.platform.slots import (
 from conveyor.version import version as _version
 from conveyor.workers.cells import CellJobTimeout
 from conveyor.workers.daemon import WorkerDaemon
-from conveyor.workers.fixed_slots import FixedSlotSupplier
-from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
-from conveyor.workers.slot_wrappers import GuardedSlotSupplier, PauseableSlotSupplier
+from conveyor.workers.slots.fixed import FixedSlotSupplier
+from conveyor.workers.slots.resource import ResourceBasedSlotSupplier
+from conveyor.workers.slots.wrappers import GuardedSlotSupplier, PauseableSlotSupplier
 
 __version__ = _version()
 """The installed distribution's version (``conveyor --version`` prints it too)."""

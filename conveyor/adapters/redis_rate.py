@@ -1,5 +1,5 @@
 """A rate limiter's bucket in Redis, shared by every daemon of an app (``[slots.rate]
-store = "redis"``; see :mod:`conveyor.workers.rate_slots` for the algorithm).
+store = "redis"``; see :mod:`conveyor.workers.slots.rate` for the algorithm).
 
 The bucket is one key, ``PREFIX:app:APP:rate`` (next to the app's leases), holding the
 GCRA's theoretical arrival time in microseconds of the *server's* clock (``TIME``), so

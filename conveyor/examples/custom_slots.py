@@ -1,11 +1,14 @@
 """A user-written slot supplier, as shown in docs/workers.md (and exercised by a test).
 
-At most ``max_slots`` messages in flight, and at most ``per_second`` new ones started
-per second — e.g. to stay under a downstream API's rate limit. Configure it with::
+At most ``max_slots`` messages in flight, and new ones started at most ``per_second``
+a second, evenly paced — e.g. to stay under a downstream API's rate limit. (The
+built-in ``[slots.rate]``, :class:`~conveyor.workers.slots.rate.RateLimitedSlotSupplier`,
+does this for any supplier and can share the rate across daemons; this one shows how
+a supplier is written.) Configure it with::
 
     [slots]
     kind = "custom"
-    path = "conveyor.examples.custom_slots:RateLimitedSlotSupplier"
+    path = "conveyor.examples.custom_slots:PacedSlotSupplier"
     options = { max_slots = 32, per_second = 100.0 }
 """
 
@@ -22,7 +25,7 @@ from conveyor import (
 )
 
 
-class RateLimitedSlotSupplier(SlotSupplier):
+class PacedSlotSupplier(SlotSupplier):
     def __init__(self, max_slots: int = 32, per_second: float = 100.0) -> None:
         super().__init__()
         self.max_slots = max_slots

@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -57,14 +56,14 @@ from typing import Any
 
 import msgspec
 
+from conveyor.platform.acks import Acknowledger
 from conveyor.platform.adapter import QueueReceiver
-from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.batcher import Batcher
 from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.orphans import Orphans
-from conveyor.platform.errors import ConveyorError, LeaseLostError
-from conveyor.platform.ids import SequenceToken
+from conveyor.platform.errors import ConveyorError
 from conveyor.platform.message import Message
+from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
@@ -132,9 +131,6 @@ class PullingAgent:
         self._orphans = orphans
         self._slots = slots
         self._ctx = _Context(queue, slots)
-        self._room = asyncio.Event()
-        self._wants_room = False
-        """The pull loop waits on ``_room``: set it once an acknowledgement frees room."""
         self._orphan_queue: deque[Entry] = deque()
         self._orphan_task: asyncio.Task[None] | None = None
         self._quiet = asyncio.Event()
@@ -146,24 +142,14 @@ class PullingAgent:
         """One per batch handler (see conveyor.platform.batcher)."""
         self._split = self._split_batches(subscriptions)
         """With batch handlers: namespace -> (handlers, lane routes, batchers)."""
-        self._to_ack: list[SequenceToken] = []
         self._waking = False
-        self._ack_task: asyncio.Task[None] | None = None
         self._pull_task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._fenced = False
         self._aborted = False
-        # Fencing: until when (monotonic) the queue is ours, asked of the balancer only
-        # once the cached answer has passed; consulted before every handler start, pull
-        # and ack, so a stale owner neither starts, pulls nor acknowledges.
-        self._ask_owned_until = owned_until or (lambda: math.inf)
-        self._owned_until = self._ask_owned_until()
+        self._own = Ownership(owned_until, settings.poll_timeout_s / 5)
+        """Fencing (conveyor.platform.ownership): checked before every start, pull, ack."""
+        self._acks = Acknowledger(queue, receiver, self.cache, self._own)
         self._regain_task: asyncio.Task[None] | None = None
-        # Backends that persist done offsets above the watermark (Kafka) hear about
-        # each message finished out of order; the others cost one None check.
-        self._note_out_of_order = (
-            receiver.message_done_out_of_order if receiver.records_done_out_of_order else None
-        )
         # A handler that blocked the loop: the runner yields before its next start, so
         # the watchdog's probe (and everything else waiting) runs between two blockers.
         self._watchdog = watchdog or LoopWatchdog()
@@ -171,15 +157,14 @@ class PullingAgent:
         """Held while a redelivered message runs (see :meth:`_count_start`); one for the
         whole daemon, so that a crash is blamed on the one redelivered message running."""
         self.pulled = 0
-        self.acked = 0
         self.max_cache_fill = 0
 
-    def _may_act(self) -> bool:
-        now = time.monotonic()
-        if now < self._owned_until:
-            return True
-        self._owned_until = self._ask_owned_until()
-        return now < self._owned_until
+    @property
+    def acked(self) -> int:
+        return self._acks.acked
+
+    def _draining(self) -> bool:
+        return self._stopping
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -199,7 +184,7 @@ class PullingAgent:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        self._stopping = True
+        self._stopping = self._acks.stopping = True
         finished = True
         if self._pull_task is not None:
             with contextlib.suppress(Exception):
@@ -213,27 +198,31 @@ class PullingAgent:
             finished = False
             log.warning(
                 "queue %d: drain timed out with %d handler call(s) running; %d unacknowledged "
-                "message(s) will be redelivered to the next owner",
-                self.queue, self._running, self.unfinished,
-            )
+                "message(s) %s", self.queue, self._running, self.unfinished, self._fate())
         await self._stop_runners()
         grace = max(deadline - loop.time(), ACK_GRACE_S)
         try:
             async with asyncio.timeout(grace):
-                await self._last_acks()
+                await self._acks.last()
         except TimeoutError:
             finished = False
             log.warning("queue %d: the last acknowledgements did not go through in %.1fs; "
-                        "those messages will be redelivered to the next owner",
-                        self.queue, grace)
+                        "those messages %s", self.queue, grace, self._fate())
         await self._hand_back()
         await self.receiver.shutdown()
         return finished
 
+    def _fate(self) -> str:
+        """What becomes of what this agent leaves unacknowledged."""
+        if self.receiver.in_process:
+            return ("are abandoned: the embedded adapter keeps them only while this "
+                    "process runs (another daemon of it takes them; at exit they are gone)")
+        return "will be redelivered to the next owner"
+
     async def _hand_back(self) -> None:
         """Tell the receiver which first deliveries go back unstarted (see
         :meth:`QueueReceiver.handed_back`); best effort, within the ack grace."""
-        if self._fenced or not self._may_act():
+        if self._acks.fenced or not self._own.may_act():
             return
         tokens = [e.msg.token for e in self.cache.entries
                   if not e.started and e.msg.token is not None and e.msg.deliveries == 1]
@@ -251,32 +240,6 @@ class PullingAgent:
         if self._stopping and not self._running and not self.cache.ready:
             self._quiet.set()
 
-    async def _last_acks(self) -> None:
-        flushing = self._ack_task
-        if flushing is not None:  # one flusher at a time keeps acks in order
-            # Waited for, not awaited: an abort (the lease lost meanwhile) cancels it,
-            # which must end this drain, not raise CancelledError into the re-balance
-            # that called it (that ended the balancer's loop for good).
-            await asyncio.wait([flushing])
-            if not flushing.cancelled() and (exc := flushing.exception()) is not None:
-                raise exc
-        await self._flush_acks()
-        if self._fenced or not self._may_act():
-            return
-        try:
-            if self._note_out_of_order is not None:
-                # Persist the done offsets recorded above the watermark, so the next
-                # owner skips them.
-                await self.receiver.messages_delivered([])
-                return
-            beyond = [e.msg.token for e in self.cache.entries if e.done and e.msg.token]
-            if beyond:  # finished behind an unfinished one: acknowledged by id
-                await self.receiver.messages_delivered(beyond)
-                self.acked += len(beyond)
-        except ConveyorError as exc:
-            log.warning("queue %d: could not acknowledge the finished messages: %s",
-                        self.queue, exc)
-
     @property
     def released(self) -> int:
         """Messages pulled that no handler started: handed back unacknowledged by a drain."""
@@ -291,7 +254,7 @@ class PullingAgent:
     def unacknowledged(self) -> int:
         """Messages pulled and not acknowledged: held in the cache, or done with their
         acknowledgement not sent yet."""
-        return len(self.cache) + len(self._to_ack)
+        return len(self.cache) + len(self._acks.to_ack)
 
     @property
     def aborted(self) -> bool:
@@ -303,10 +266,9 @@ class PullingAgent:
         second stop signal): what it held goes unacknowledged to the next owner."""
         self._aborted = True
         self._stopping = True
-        self._fenced = True
-        self._to_ack.clear()
+        flushing = self._acks.abort()
         self._quiet.set()
-        tasks = [t for t in (self._pull_task, self._ack_task) if t is not None]
+        tasks = [t for t in (self._pull_task, flushing) if t is not None]
         for task in tasks:
             task.cancel()
         await self._stop_runners()
@@ -337,15 +299,16 @@ class PullingAgent:
         settings = self.settings
         receiver = self.receiver
         cache = self.cache
+        acks, own = self._acks, self._own
         while not self._stopping:
-            if not self._may_act():
-                await asyncio.sleep(settings.poll_timeout_s / 5)
+            if not own.may_act():
+                await own.wait(self._draining)
                 continue
             room = cache.pull_size(settings.max_batch)
             if room <= 0:  # full, in messages or in bytes: wait for acknowledgements
-                self._room.clear()
-                self._wants_room = True
-                await self._room.wait()
+                acks.room.clear()
+                acks.wants_room = True
+                await acks.room.wait()
                 continue
             try:
                 messages = await receiver.get_messages(room, settings.poll_timeout_s)
@@ -371,9 +334,7 @@ class PullingAgent:
             for msg in messages:
                 routes = subs.get(msg.stream.namespace)
                 if routes is None:  # undecodable, or no handler of this app subscribes
-                    entry = Entry(msg, 1)
-                    cache.entries.append(entry)
-                    orphans.append(entry)
+                    self._orphan(msg)
                     continue
                 cache.add(Entry(msg, len(routes)), routes)
         self.pulled += len(messages)
@@ -382,6 +343,13 @@ class PullingAgent:
         if orphans and self._orphan_task is None:
             self._orphan_task = asyncio.create_task(self._take_orphans())
         self._wake()
+
+    def _orphan(self, msg: Message) -> None:
+        """A message no handler of this app takes: held in queue order for the orphans'
+        task (see :meth:`_take_orphans`)."""
+        entry = Entry(msg, 1)
+        self.cache.entries.append(entry)
+        self._orphan_queue.append(entry)
 
     # -- running -----------------------------------------------------------------------
     def _wake(self) -> None:
@@ -424,6 +392,8 @@ class PullingAgent:
         queue = self.queue
         loop = asyncio.get_running_loop()
         clock = time.monotonic
+        own = self._own
+        entry_done = self._acks.entry_done
         watchdog = self._watchdog
         permit: SlotPermit | None = None
         marked = False  # permit.mark_used has run (it acts on a permit's first call only)
@@ -446,7 +416,7 @@ class PullingAgent:
                             permit.release(SlotReleaseReason.NEVER_USED)
                             permit = None
                             break
-                fenced = clock() >= self._owned_until and not self._may_act()
+                fenced = clock() >= own.until and not own.may_act()
                 if fenced and not self._stopping:
                     self._regain()  # not ours (for now): start nothing, wake no one
                     break
@@ -483,10 +453,10 @@ class PullingAgent:
                     self._running -= 1
                 entry = cache.finish_head(lane)
                 if entry.done:
-                    self._entry_done(entry)
+                    entry_done(entry)
                 if careful:
                     try:
-                        await self._acks_sent()
+                        await self._acks.sent()
                     finally:
                         self._careful.release()
                 if not (ready and keep(permit)):  # the supplier may let it carry the next
@@ -515,11 +485,6 @@ class PullingAgent:
                         "(%s); counting its deliveries instead", self.queue, msg.id, exc)
             return msg
         return msgspec.structs.replace(msg, deliveries=starts + 1)
-
-    async def _acks_sent(self) -> None:
-        """Until the acknowledgements under way (and those they gathered) are sent."""
-        while (task := self._ack_task) is not None:
-            await asyncio.wait([task])
 
     # -- batches (conveyor.platform.batcher) ---------------------------------------------
     def _split_batches(
@@ -550,9 +515,7 @@ class PullingAgent:
         for msg in messages:
             target = split.get(msg.stream.namespace)
             if target is None:
-                entry = Entry(msg, 1)
-                cache.entries.append(entry)
-                self._orphan_queue.append(entry)
+                self._orphan(msg)
                 continue
             handlers, routes, batchers = target
             entry = Entry(msg, handlers)
@@ -576,9 +539,7 @@ class PullingAgent:
 
     async def may_start_batch(self) -> bool:
         """Whether a batch may start now; while the queue is not ours (for now), wait."""
-        while not self._stopping and not self._may_act():  # noqa: ASYNC110 - as _wait_owned
-            await asyncio.sleep(self.settings.poll_timeout_s / 5)
-        return not self._stopping
+        return await self._own.wait(self._draining)
 
     async def reserve_slot(self) -> SlotPermit:
         return self._slots.try_reserve_slot(self._ctx) or await self._slots.reserve_slot(
@@ -592,14 +553,7 @@ class PullingAgent:
 
     def batch_done(self, entries: list[Entry]) -> None:
         """A batch's messages are done for its handler: acknowledge what is now done."""
-        note = self._note_out_of_order
-        if note is not None:  # recorded above the watermark; pruned once acknowledged
-            for entry in entries:
-                if entry.done and entry.msg.token is not None:
-                    note(entry.msg.token)
-        head = self.cache.entries[0] if self.cache.entries else None
-        if head is not None and head.done:
-            self._entry_done(head)  # acknowledges the whole done prefix
+        self._acks.batch_done(entries)
         self._check_quiet()
 
     def _regain(self) -> None:
@@ -610,25 +564,10 @@ class PullingAgent:
 
     async def _wait_owned(self) -> None:
         try:
-            # Polled like the pull loop: a renewal moves a deadline, it sets no event.
-            while not self._stopping and not self._may_act():  # noqa: ASYNC110
-                await asyncio.sleep(self.settings.poll_timeout_s / 5)
+            await self._own.wait(self._draining)
         finally:
             self._regain_task = None
         self._wake()
-
-    def _entry_done(self, entry: Entry) -> None:
-        if self.cache.entries[0] is not entry:
-            # An earlier message is still running: nothing new to acknowledge.
-            if self._note_out_of_order is not None and entry.msg.token is not None:
-                self._note_out_of_order(entry.msg.token)
-            return
-        self.cache.pop_done_prefix(self._to_ack)
-        if self._ack_task is None and not self._stopping:
-            self._ack_task = asyncio.create_task(self._ack_loop())
-        if self._wants_room:  # a flag, not Event.is_set(): this runs about once a message
-            self._wants_room = False
-            self._room.set()
 
     async def _take_orphans(self) -> None:
         """Messages no handler takes, one at a time in queue order (a dead-letter store
@@ -637,8 +576,8 @@ class PullingAgent:
         self._running += 1  # a drain waits for the one under way like for a handler call
         try:
             while orphans and not self._stopping:
-                if not self._may_act():  # not ours now: dead-letter nothing
-                    await asyncio.sleep(self.settings.poll_timeout_s / 5)
+                if not self._own.may_act():  # not ours now: dead-letter nothing
+                    await self._own.wait(self._draining)
                     continue
                 entry = orphans.popleft()
                 entry.started = True
@@ -654,42 +593,7 @@ class PullingAgent:
     def _finish_orphan(self, entry: Entry) -> None:
         entry.pending = 0
         entry.done = True
-        self._entry_done(entry)
-
-    # -- acknowledging -----------------------------------------------------------------
-    async def _ack_loop(self) -> None:
-        try:
-            await self._flush_acks()
-        finally:
-            self._ack_task = None
-
-    async def _flush_acks(self) -> None:
-        failures = 0
-        while self._to_ack and not self._fenced:
-            if not self._may_act():
-                # Lease renewal is overdue: hold the acks until it succeeds or the
-                # queue is declared lost (then they are dropped, never sent late).
-                await BROKER_WRITE.sleep(failures + 1)
-                continue
-            batch, self._to_ack = self._to_ack, []
-            try:
-                await self.receiver.messages_delivered(batch)
-            except LeaseLostError as exc:
-                # The store fenced us off: a newer owner has the queue. Never retry.
-                log.warning("queue %d: ack refused (%s); dropping %d ack(s)",
-                            self.queue, exc, len(batch))
-                self._fenced = True
-                self._to_ack.clear()
-                return
-            except Exception as exc:
-                self._to_ack[:0] = batch
-                failures += 1
-                delay_s = BROKER_WRITE.delay(failures)
-                log.warning("queue %d: ack failed (%s: %s); retrying in %.2fs",
-                            self.queue, type(exc).__name__, exc, delay_s)
-                await asyncio.sleep(delay_s)
-                continue
-            self.acked += len(batch)
+        self._acks.entry_done(entry)
 
     # -- introspection -----------------------------------------------------------------
     @property

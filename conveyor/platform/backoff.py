@@ -18,7 +18,7 @@ Who uses which numbers (first delay, cap, jitter):
 * a queue whose start failed (:class:`~conveyor.platform.balancer.DynamicBalancer`):
   ``rebalance_interval_s`` doubling to ``lease_ttl_s``, no jitter;
 * a user-written slot supplier's ``reserve_slot`` that raised
-  (:class:`~conveyor.workers.slot_wrappers.GuardedSlotSupplier`): 0.01 s doubling to
+  (:class:`~conveyor.workers.slots.wrappers.GuardedSlotSupplier`): 0.01 s doubling to
   ``max_backoff_s`` (1 s), no jitter;
 * a failing handler (:class:`~conveyor.platform.options.RetryPolicy`): the handler's
   ``retry_*`` options; its jitter is added after the cap, as documented for users.

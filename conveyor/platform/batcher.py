@@ -39,17 +39,45 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from conveyor.platform.options import BatchOptions
-from conveyor.platform.queue_cache import Entry, Route
+from conveyor.platform.queue_cache import Entry, QueueCache, Route
+from conveyor.platform.slots import SlotPermit
 
-if TYPE_CHECKING:
-    from conveyor.platform.agent import PullingAgent
+
+class BatchHost(Protocol):
+    """What a batcher needs of the pulling agent that hosts it."""
+
+    queue: int
+    cache: QueueCache
+
+    @property
+    def draining(self) -> bool:
+        """A drain began: no batch starts any more."""
+
+    def spawn_batcher(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run the batcher's loop as one of the agent's tasks (stopped with them)."""
+
+    async def may_start_batch(self) -> bool:
+        """Wait while the queue is not ours (for now); False once draining."""
+
+    async def reserve_slot(self) -> SlotPermit:
+        """A slot of the daemon's supplier for one batch."""
+
+    def batch_started(self) -> None:
+        """A batch holds a slot and runs (a drain waits for it)."""
+
+    def batch_ended(self) -> None:
+        """The batch returned (or was cancelled)."""
+
+    def batch_done(self, entries: list[Entry]) -> None:
+        """The batch's messages are done for this handler: acknowledge what is done."""
 
 
 class Batcher:
-    def __init__(self, agent: PullingAgent, route: Route, options: BatchOptions) -> None:
+    def __init__(self, agent: BatchHost, route: Route, options: BatchOptions) -> None:
         assert route.batch is not None
         self._agent = agent
         self._route = route

@@ -25,6 +25,7 @@ User interceptors may declare option types of their own (``Interceptor.options``
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -132,6 +133,11 @@ class RetryPolicy(HandlerOptions):
         ):
             if not _is_number(value, low):
                 raise _bad(where, f"{keyword} must be a finite number >= {low:g}, got {value!r}")
+
+    def backoff_s(self, retry: int) -> float:
+        """The wait before retry ``retry`` (1, 2, ...), jitter included."""
+        delay = self.delay_before(retry)
+        return delay + random.uniform(0, self.jitter_s) if self.jitter_s else delay
 
     def delay_before(self, retry: int) -> float:
         """The wait before retry ``retry`` (1, 2, ...), jitter not included: the retry

@@ -25,8 +25,8 @@ manager, so a permit cannot leak.
 
 This module is the port: what agents' runners hold (:class:`SlotPermit`) and
 what every supplier implements (:class:`SlotSupplier`). The suppliers themselves live in
-``conveyor.workers``: ``fixed_slots``, ``resource_slots``, ``slot_wrappers`` (pauseable,
-guarded), and ``supplier_config`` builds the one a ``[slots]`` section describes.
+``conveyor.workers.slots``: ``fixed``, ``resource``, ``wrappers`` (pauseable, guarded),
+``rate``, and ``build`` makes the one a ``[slots]`` section describes.
 """
 
 from __future__ import annotations

@@ -224,6 +224,8 @@ class AttemptRecorder(Interceptor):
         clock = time.monotonic
 
         async def recorded(delivery: Delivery) -> Any:
+            if delivery.batch is not None:  # a batch call: recorded by batches() instead
+                return await next(delivery)
             token = delivery.message.token
             call = (token.queue, token.major, name) if token is not None else (-1, -1, name)
             started = clock()

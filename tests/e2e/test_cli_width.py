@@ -47,8 +47,15 @@ def fits(text: str, columns: int = WIDTH) -> list[str]:
 
 
 def row(lines: list[str], *cells: str) -> str:
-    """The one line holding every one of ``cells`` (a row not wrapped nor cut)."""
-    found = [line for line in lines if all(cell in line for cell in cells)]
+    """The one line holding every one of ``cells`` as whole cells (a row not wrapped nor
+    cut; whole, so that a daemon id like ``rec-vm-3980-7157696f`` is no ``0-7``)."""
+    def has(line: str, cell: str) -> bool:
+        words = cell.split()
+        if len(words) == 1:
+            return words[0] in line.split()
+        return cell in line  # a heading of several words
+
+    found = [line for line in lines if all(has(line, cell) for cell in cells)]
     assert len(found) == 1, (cells, "\n".join(lines))
     return found[0]
 

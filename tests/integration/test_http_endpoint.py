@@ -13,8 +13,10 @@ from conveyor.platform.errors import ConfigError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.http_endpoint import HttpEndpoint, daemon_endpoint
-from conveyor.workers.supervisor import ChildProcess, Supervisor, SupervisorSettings
-from conveyor.workers.supervisor_http import merge, supervisor_endpoint
+from conveyor.workers.supervisor.endpoint import merge, supervisor_endpoint
+from conveyor.workers.supervisor.process import ChildProcess
+from conveyor.workers.supervisor.scaler import SupervisorSettings
+from conveyor.workers.supervisor.supervisor import Supervisor
 from tests.conftest import free_port, wait_until
 from tests.integration.memory_harness import Record, fresh_adapter, recording_app
 

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
-from conveyor import App, Client, Delivery, HandlerDeclarationError, HandlerSpec, Interceptor, Step
+from conveyor import (
+    App,
+    Client,
+    Delivery,
+    HandlerDeclarationError,
+    HandlerSpec,
+    Interceptor,
+    Publish,
+    Step,
+)
 from conveyor.examples.audit import Audit
 from tests.conftest import wait_until
 from tests.integration.memory_harness import daemon, fresh_adapter
@@ -84,3 +94,48 @@ async def test_an_interceptor_that_raises_is_retried_then_dead_lettered_and_one_
     assert (letter.handler, letter.error_type, letter.attempts) == (
         "refused", "PermissionError", 2)
     assert sum([await adapter.lag(q, "test") for q in range(8)]) == 0
+
+
+class BatchAudit(Interceptor):
+    """Records what it sees of each call, and fails the calls that carry a poison."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, list[int] | None, int]] = []
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        async def audited(delivery: Delivery) -> Any:
+            batch = delivery.batch
+            self.seen.append((handler.name, None if batch is None else
+                              [msgspec.json.decode(m.body)["n"] for m in batch],
+                              delivery.attempt))
+            if batch is not None and any(b["n"] == 13 for b in delivery.body):
+                raise ValueError("the interceptor refuses 13")
+            return await next(delivery)
+        return audited
+
+
+async def test_an_app_interceptor_wraps_batch_handlers_once_per_call_and_can_fail_it() -> None:
+    audit = BatchAudit()
+    app = App("test", interceptors=[audit])
+    got: list[list[int]] = []
+
+    @app.handler("rows", name="bulk", batch_size=10, batch_wait_ms=50, retry_attempts=1)
+    async def bulk(rows: list[dict[str, int]]) -> None:
+        got.append([r["n"] for r in rows])
+
+    adapter = fresh_adapter()
+    d = daemon(app, adapter)
+    client = Client(adapter, d.mapper)
+    await client.publish_batch(
+        [Publish("rows", "one-stream", {"n": n}) for n in range(10, 16)])
+    await d.start()
+    await wait_until(lambda: d.stats.handled + d.stats.dead_lettered == 6, 10,
+                     what="the batch handled or dead-lettered")
+    await d.stop()
+    # The whole batch first (the interceptor sees it as one delivery: its messages in
+    # queue order, attempt 1), then the bisection's calls: 13 alone is refused by the
+    # interceptor and dead-lettered; the handler never saw it.
+    assert audit.seen[0] == ("bulk", [10, 11, 12, 13, 14, 15], 1)
+    assert all(batch is not None for _, batch, _ in audit.seen)
+    assert sorted(n for rows in got for n in rows) == [10, 11, 12, 14, 15]
+    assert d.stats.dead_lettered == 1 and d.stats.handled == 5

@@ -13,7 +13,7 @@ from conveyor.adapters.memory import MemoryReceiver
 from conveyor.platform.message import Message
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import WorkerDaemon
-from conveyor.workers.slot_wrappers import PauseableSlotSupplier
+from conveyor.workers.slots.wrappers import PauseableSlotSupplier
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Item,
@@ -64,7 +64,7 @@ async def test_the_documented_custom_supplier_bounds_the_calls_running_at_once(
     adapter = fresh_adapter()
     record = Record()
     d = daemon(recording_app(record, delay_s=0.001), adapter, config(slots={
-        "kind": "custom", "path": "conveyor.examples.custom_slots:RateLimitedSlotSupplier",
+        "kind": "custom", "path": "conveyor.examples.custom_slots:PacedSlotSupplier",
         "options": {"max_slots": 6, "per_second": 2000.0},
     }, queues={"total": 2}))
     asked = spy_on_pulls(monkeypatch, d)

@@ -160,7 +160,7 @@ def test_environment_path_errors_name_the_variable() -> None:
 
 def test_environment_written_with_json_dumps_reads_the_same() -> None:
     # The supervisor hands CLI overrides to its children as json.dumps'd variables.
-    from conveyor.workers.supervisor import env_for_overrides
+    from conveyor.workers.supervisor.run import env_for_overrides
 
     overrides = {"slots": {"count": 4}, "worker": {"drain_timeout_s": 2.5},
                  "kafka": {"topic": "orders"}, "redis": {"tls_verify": False},

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from conveyor.platform.slots import SlotReleaseReason
-from conveyor.workers.fixed_slots import FixedSlotSupplier
-from conveyor.workers.rate_slots import Gcra, RateLimitedSlotSupplier
+from conveyor.workers.slots.fixed import FixedSlotSupplier
+from conveyor.workers.slots.rate import Gcra, RateLimitedSlotSupplier
 from tests.conftest import wait_until
 from tests.slot_context import CTX
 

@@ -11,14 +11,14 @@ import pytest
 
 from conveyor import load_config
 from conveyor.platform.slots import SlotPermit
-from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
 from conveyor.workers.resources import (
     CgroupV2Sampler,
     HostSampler,
     ResourceSample,
     own_cgroup,
 )
-from conveyor.workers.supplier_config import supplier_from_config
+from conveyor.workers.slots.build import supplier_from_config
+from conveyor.workers.slots.resource import ResourceBasedSlotSupplier
 from tests.slot_context import CTX
 
 

@@ -9,7 +9,7 @@ from conveyor.platform.slots import (
     SlotReservationContext,
     SlotSupplier,
 )
-from conveyor.workers.fixed_slots import FixedSlotSupplier
+from conveyor.workers.slots.fixed import FixedSlotSupplier
 from tests.slot_context import CTX
 
 

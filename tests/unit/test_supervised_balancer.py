@@ -9,7 +9,7 @@ import pytest
 from conveyor.platform.errors import BrokerConnectionError, BrokerError
 from conveyor.platform.leases import Lease, MemoryLeaseStore
 from conveyor.platform.membership import MemberInfo, MemoryMembership
-from conveyor.workers.supervisor_child import LeasedSupervisedBalancer
+from conveyor.workers.supervisor.child import LeasedSupervisedBalancer
 
 
 class FailingStarts:

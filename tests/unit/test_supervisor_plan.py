@@ -3,7 +3,7 @@ and the split stays even however many changes follow (the dynamic balancer's rul
 
 from __future__ import annotations
 
-from conveyor.workers.supervisor import plan_moves
+from conveyor.workers.supervisor.assignment import plan_moves
 
 
 def started(processes: list[int], total: int) -> dict[int, int]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -13,18 +11,15 @@ from conveyor.adapters.memory import MemoryAdapter
 from conveyor.platform.errors import BrokerConnectionError, ConfigError, ConveyorError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.scaledown import ScaleDownPolicy
-from conveyor.workers.supervisor import (
-    ChildCommandFailed,
-    ChildGone,
-    ChildProcess,
+from conveyor.workers.supervisor.process import ChildGone, ChildProcess
+from conveyor.workers.supervisor.run import env_for_overrides, parse_processes
+from conveyor.workers.supervisor.scaler import (
     Decision,
     LagScaler,
-    Supervisor,
     SupervisorSettings,
     choose_victim,
-    env_for_overrides,
-    parse_processes,
 )
+from conveyor.workers.supervisor.supervisor import Supervisor
 from tests.integration.test_telemetry import metric_values
 
 
@@ -209,13 +204,13 @@ async def test_a_failing_lag_read_is_logged_and_retried_not_fatal(
     adapter = FlakyLag(lag=7)
     await supervisor.tick(adapter)  # raised out of run() before
     await supervisor.tick(adapter)
-    assert supervisor.errors == 2 and supervisor.processes == 1
+    assert supervisor.stats.errors == 2 and supervisor.processes == 1
     assert "inspection failed" in caplog.text and "unreachable" in caplog.text
     assert "Traceback" not in caplog.text  # a ConveyorError is a message, not a trace
     adapter.healthy = True
     await supervisor.tick(adapter)
     total = supervisor.config.queues.total
-    assert supervisor.errors == 2 and supervisor.lag == 7 * total
+    assert supervisor.stats.errors == 2 and supervisor.stats.lag == 7 * total
     await adapter.close()
 
 
@@ -231,7 +226,8 @@ async def test_supervisor_metrics_are_exported() -> None:
     await supervisor.tick(adapter)  # fails: counted as an error
     adapter.healthy = True
     await supervisor.tick(adapter)
-    supervisor.scale_ups, supervisor.scale_downs, supervisor.replaced = 3, 2, 1
+    stats = supervisor.stats
+    stats.scale_ups, stats.scale_downs, stats.replaced = 3, 2, 1
     values = metric_values(reader)
     total = supervisor.config.queues.total
     assert values["conveyor.supervisor.processes"] == 1
@@ -242,21 +238,3 @@ async def test_supervisor_metrics_are_exported() -> None:
     assert values["conveyor.supervisor.replaced"] == 1
     assert values["conveyor.supervisor.errors"] == 1
     await adapter.close()
-
-
-async def test_a_child_reporting_a_failed_move_fails_the_wait_instead_of_hanging() -> None:
-    child = ChildProcess(4)
-    acquired = child._expect("acquired", 3)
-    released = child._expect("released", 5)
-    reader = asyncio.StreamReader()
-    reader.feed_data(b'{"event": "failed", "op": "acquire", "queue": 3, '
-                     b'"error": "BrokerConnectionError: redis unreachable"}\n')
-    reader.feed_data(b'{"event": "released", "queue": 5}\n')
-    reader.feed_eof()
-    await child._read(reader)
-    with pytest.raises(ChildCommandFailed, match="#4 could not acquire queue 3: Broker"):
-        await acquired
-    assert (await released)["queue"] == 5
-    late = child._expect("released", 6)  # the channel is closed: fails at once
-    with pytest.raises(ChildGone):
-        await asyncio.wait_for(late, 1)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conveyor import load_config
-from conveyor.examples.custom_slots import RateLimitedSlotSupplier
+from conveyor.examples.custom_slots import PacedSlotSupplier
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.slots import (
     SlotInfo,
@@ -18,9 +18,9 @@ from conveyor.platform.slots import (
     SlotReservationContext,
     SlotSupplier,
 )
-from conveyor.workers.fixed_slots import FixedSlotSupplier
-from conveyor.workers.slot_wrappers import GuardedSlotSupplier, PauseableSlotSupplier
-from conveyor.workers.supplier_config import supplier_from_config
+from conveyor.workers.slots.build import supplier_from_config
+from conveyor.workers.slots.fixed import FixedSlotSupplier
+from conveyor.workers.slots.wrappers import GuardedSlotSupplier, PauseableSlotSupplier
 from tests.conftest import wait_until
 from tests.slot_context import CTX
 
@@ -131,14 +131,14 @@ async def test_a_permit_of_the_wrong_supplier_is_refused() -> None:
 async def test_the_documented_custom_supplier_loads_from_config_and_limits_rate() -> None:
     config = load_config(environ={}, overrides={"slots": {
         "kind": "custom", "pauseable": True,
-        "path": "conveyor.examples.custom_slots:RateLimitedSlotSupplier",
+        "path": "conveyor.examples.custom_slots:PacedSlotSupplier",
         "options": {"max_slots": 3, "per_second": 50.0},
     }})
     supplier = supplier_from_config(config.slots)
     assert isinstance(supplier, PauseableSlotSupplier)
     guarded = supplier.inner
     assert isinstance(guarded, GuardedSlotSupplier)
-    assert isinstance(guarded.inner, RateLimitedSlotSupplier)
+    assert isinstance(guarded.inner, PacedSlotSupplier)
     started = time.monotonic()
     permits = [await supplier.reserve_slot(CTX) for _ in range(3)]
     assert time.monotonic() - started >= 0.035  # 3 slots at 50/s: two 20 ms gaps

@@ -6,7 +6,9 @@ place (a batch handler has no per-message chain):
 1. **decode** each body with the element type of the handler's ``list[T]``; a body
    that does not decode is dead-lettered at once (``attempts=0``) and left out of the
    batch — the handler never sees it;
-2. **call** the handler with the decoded bodies, in batch order;
+2. **call** the handler with the decoded bodies, in batch order, through the app's
+   interceptors (a batch is one :class:`~conveyor.platform.delivery.chain.Delivery`
+   whose ``batch`` lists its messages);
 3. **retry** a failing batch per the handler's :class:`~conveyor.platform.options.RetryPolicy`
    (the same delays; each attempt decodes afresh);
 4. **bisect** a batch that failed its last attempt: call the handler on each half, left
@@ -30,14 +32,20 @@ dead letters are stored inside it.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind, Tracer
 
-from conveyor.platform.delivery.chain import DeliveryStats, InThread, handler_call
+from conveyor.platform.delivery.chain import (
+    Delivery,
+    DeliveryStats,
+    Interceptor,
+    InThread,
+    compose,
+    handler_call,
+)
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter, Message
@@ -62,12 +70,16 @@ BATCH_COUNT = "messaging.batch.message_count"
 class _Batch:
     """One batch on its way through the step (state of the bisection)."""
 
-    __slots__ = ("decode", "fn", "name", "policy", "put", "stats")
+    __slots__ = ("call", "decode", "handler", "name", "policy", "put", "stats")
 
     def __init__(self, handler: HandlerSpec, put: PutLetter, stats: DeliveryStats,
-                 in_thread: InThread | None = None) -> None:
+                 in_thread: InThread | None = None,
+                 interceptors: Sequence[Interceptor] = ()) -> None:
         self.decode = handler.decode
-        self.fn = handler_call(handler, in_thread)
+        fn = handler_call(handler, in_thread)
+        # The app's interceptors around each call of the handler on a batch.
+        self.call = compose(handler, interceptors, lambda delivery: fn(delivery.body))
+        self.handler = handler
         self.name = handler.name
         self.policy: RetryPolicy = handler.retry
         self.put = put
@@ -108,17 +120,15 @@ class _Batch:
         policy = self.policy
         stats = self.stats
         failure: Exception | None = None
+        batch = list(messages)
         for attempt in range(first, last + 1):
             if attempt > 1:
-                delay = policy.delay_before(attempt - 1)
-                if policy.jitter_s:
-                    delay += random.uniform(0, policy.jitter_s)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(policy.backoff_s(attempt - 1))
                 stats.retried += 1
             if bodies is None or attempt > first:  # an attempt never sees an earlier one's
                 bodies = [self.decode(m) for m in messages]
             try:
-                await self.fn(bodies)
+                await self.call(Delivery(batch[0], self.handler, bodies, attempt, batch))
             except Exception as exc:
                 stats.failed_attempts += 1
                 failure = exc
@@ -155,10 +165,12 @@ def batch_step(
     system: str = "",
     group: str = "",
     in_thread: InThread | None = None,
+    interceptors: Sequence[Interceptor] = (),
 ) -> BatchStep:
     """The step that runs ``handler``'s batches (see the module docstring); a plain
-    ``def`` handler is called through ``in_thread``, once per batch."""
-    batch = _Batch(handler, put, stats, in_thread)
+    ``def`` handler is called through ``in_thread``, once per batch; ``interceptors``
+    (the app's) wrap each call."""
+    batch = _Batch(handler, put, stats, in_thread, interceptors)
     if tracer is None:
         return batch.run
     fixed = {

@@ -31,6 +31,10 @@ class Delivery(msgspec.Struct, gc=False):
     number of the handler call under way: 0 until the body has decoded, 1 for the first
     call, 2 for the first retry ...; a retry also raises ``message.attempt`` (the wire's
     ``cv-attempt``: deliveries that failed before).
+
+    **A batch** (a ``batch_size=N`` handler) is one delivery: ``batch`` holds its
+    messages in queue order, ``message`` is the first of them and ``body`` the list of
+    decoded bodies; None for a single message.
     Interceptors may read everything and keep their own state on themselves, not here.
     (A msgspec Struct: built per message, it costs a third of a slotted class.)
     """
@@ -39,6 +43,7 @@ class Delivery(msgspec.Struct, gc=False):
     handler: HandlerSpec
     body: Any = None
     attempt: int = 0
+    batch: list[Message] | None = None
 
     def context(self) -> MessageContext:
         """What a handler with a second parameter receives."""
@@ -60,6 +65,9 @@ class Interceptor:
       the attempt — the handler's retry policy retries it, then the message is
       dead-lettered with your exception. Returning without calling ``next`` skips the
       handler; the message counts as handled.
+    * They wrap batch handlers too, once per call of the handler on a batch (each attempt,
+      and each call of a bisection that looks for the failing messages): the delivery's
+      ``batch`` lists the messages (see :class:`Delivery`). Raising fails that call.
     * A message is acknowledged only after every handler's chain has returned for it.
     * ``asyncio.CancelledError`` (the daemon stopping) must propagate. Never block the
       event loop.

@@ -12,7 +12,6 @@ has ``attempts=1``.
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Any
 
 import msgspec
@@ -37,10 +36,7 @@ class RetryInterceptor(Interceptor):
             except Exception as exc:
                 failure = exc
             for retry in range(1, policy.attempts):
-                delay = policy.delay_before(retry)
-                if policy.jitter_s:
-                    delay += random.uniform(0, policy.jitter_s)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(policy.backoff_s(retry))
                 message = delivery.message
                 delivery.message = message = msgspec.structs.replace(
                     message, attempt=message.attempt + 1

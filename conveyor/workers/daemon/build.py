@@ -7,6 +7,9 @@ with, in one place. A part handed to it is used as given and left open by
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -57,7 +60,7 @@ from conveyor.platform.watchdog import LoopWatchdog
 from conveyor.workers.cell_interceptor import CellInterceptor
 from conveyor.workers.pool_interceptor import PoolInterceptor
 from conveyor.workers.resources import PlacementResources, ResourceSampler
-from conveyor.workers.supplier_config import supplier_from_config
+from conveyor.workers.slots.build import supplier_from_config
 from conveyor.workers.threads import HandlerThreads
 
 _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
@@ -67,6 +70,8 @@ _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
 _BALANCERS = {
     "kafka-group": "conveyor.adapters.kafka.group_balancer:from_config",
 }
+
+log = logging.getLogger("conveyor.daemon")
 
 
 def build_balancer(
@@ -150,7 +155,33 @@ class DaemonParts:
         if self.owns_adapter:
             await self.adapter.close()
         if self.owns_telemetry:
-            self.telemetry.shutdown()
+            await shutdown_telemetry(self.telemetry)
+
+
+TELEMETRY_STOP_S = 2.0
+"""How long a stopping daemon waits for its exporters' last flush."""
+
+
+async def shutdown_telemetry(telemetry: Telemetry, timeout_s: float = TELEMETRY_STOP_S) -> None:
+    """Flush and stop the exporters, waiting at most ``timeout_s``.
+
+    The SDK's shutdown blocks its caller for up to 30 s while an OTLP exporter retries
+    an unreachable collector: run on the event loop, it kept a stopped worker alive that
+    long (past any drain deadline). It runs in a daemon thread instead, which the
+    process does not wait for at exit; what it had not sent by then is dropped.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            telemetry.shutdown()
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="telemetry-shutdown", daemon=True).start()
+    if not await asyncio.to_thread(done.wait, timeout_s):
+        log.warning("telemetry exporters still flushing after %.0fs (collector "
+                    "unreachable?); leaving without them", timeout_s)
 
 
 def build_parts(
@@ -263,7 +294,7 @@ def subscribe(app: App, interceptors: Sequence[Interceptor],
               in_thread: InThread | None = None) -> Subscriptions:
     """Every handler's delivery chain, composed once (see conveyor.platform.delivery);
     a batch handler's route runs its batches through a batch step instead (see
-    conveyor.platform.delivery.batch: app interceptors do not wrap batch handlers).
+    conveyor.platform.delivery.batch: the app's interceptors wrap each batch call).
     Plain ``def`` handlers are called through ``in_thread``."""
     index = {spec.name: i for i, spec in enumerate(app.handlers)}
 
@@ -275,7 +306,8 @@ def subscribe(app: App, interceptors: Sequence[Interceptor],
                                 "needs batch_steps")
         step = batch_step(spec, batch_steps.put_letter, batch_steps.stats,
                           tracer=batch_steps.tracer, system=batch_steps.system,
-                          group=app.name, in_thread=batch_steps.in_thread)
+                          group=app.name, in_thread=batch_steps.in_thread,
+                          interceptors=app.interceptors)
         # The agent hands batch routes' messages to a batcher, never to the chain; as a
         # chain the step still runs one message (a batch of one), should anyone call it.
         return Route(index[spec.name], spec, lambda d: step([d.message]), step)

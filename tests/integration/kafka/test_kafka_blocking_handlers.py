@@ -5,26 +5,19 @@ one another must not add up to one long stall (the runner yields between them)."
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import load_config
-from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync
 from tests.integration.kafka.conftest import Tansu
+from tests.integration.poison import rows_of, run_poison_under_supervisor
 from tests.integration.redis.conftest import REPO, Worker
 from tests.integration.redis.conftest import workers as workers  # the fixture
-from tests.integration.redis.test_redis_blocking_handlers import rows_of
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -72,50 +65,5 @@ def test_kafka_a_message_that_kills_its_worker_is_dead_lettered_after_max_delive
     unfinished offsets for redelivered ones, counts their starts, and dead-letters the
     poison after ``max_deliveries`` = 3 runs; every other message is handled, none more
     than 3 times (those finished but not yet committed when a process died run again)."""
-    env = {**os.environ, "CONVEYOR_KAFKA__BOOTSTRAP": tansu.bootstrap,
-           "CONVEYOR_KAFKA__TOPIC": topic, "PYTHONUNBUFFERED": "1",
-           "CONVEYOR_TEST_RECORD": str(tmp_path / "handled.rec"),
-           "CONVEYOR_TEST_STARTS": str(tmp_path / "started.rec"),
-           "CONVEYOR_TEST_EXIT_ON": "57", "CONVEYOR_TEST_MAX_DELIVERIES": "3"}
-    config = load_config(SHIPPED, environ=env)
-    err_path = tmp_path / "supervisor.err"
-    n, streams = 200, 20
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.blocking_app:app",
-             "--config", str(SHIPPED), "--processes", "2:2"],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        with SyncClient.from_config(config) as client:
-            client.publish_batch(Publish("items", f"s{i % streams}", {"seq": i})
-                                 for i in range(n))
-
-        def letters() -> list[DeadLetter]:
-            async def read() -> list[DeadLetter]:
-                adapter = create_adapter("kafka", config)
-                try:
-                    return list(await adapter.read_dead_letters("rec"))
-                finally:
-                    await adapter.close()
-            return asyncio.run(read())
-
-        def settled() -> bool:
-            handled = {int(r[4]) for r in rows_of([tmp_path / "handled.rec"])}
-            return handled == set(range(n)) - {57} and len(letters()) >= 1
-
-        wait_until_sync(settled, 120, "every message handled and the poison dead-lettered")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, err_path.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    [letter] = letters()
-    assert letter.error_type == "DeliveryLimit", letter
-    assert b'"seq":57' in letter.message.body
-    starts = Counter(int(r[4]) for r in rows_of([tmp_path / "started.rec"]))
-    assert starts[57] == 3, starts[57]
-    handled = Counter(int(r[4]) for r in rows_of([tmp_path / "handled.rec"]))
-    assert 57 not in handled and max(handled.values()) <= 3, handled
-    print(f"\nkafka os._exit poison: started 3 times, dead-lettered; duplicates of others: "
-          f"{sum(c - 1 for c in handled.values())}")
+    env = {"CONVEYOR_KAFKA__BOOTSTRAP": tansu.bootstrap, "CONVEYOR_KAFKA__TOPIC": topic}
+    print("\n" + run_poison_under_supervisor(SHIPPED, env, tmp_path))

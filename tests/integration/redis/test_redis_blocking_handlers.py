@@ -8,38 +8,22 @@ letter after ``max_deliveries`` instead of being delivered for ever.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import load_config
-from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync
+from tests.integration.poison import rows_of, run_poison_under_supervisor
 from tests.integration.redis.conftest import REPO, RedisServer, Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 SHIPPED = REPO / "configs" / "redis.toml"
 APP = "tests.apps.blocking_app:app"
-
-
-def rows_of(paths: list[Path]) -> list[list[str]]:
-    """Record lines: time, pid, queue, stream key, seq, message id, deliveries."""
-    rows = []
-    for path in paths:
-        if path.exists():
-            rows.extend(p for p in (line.split() for line in path.read_text().splitlines())
-                        if len(p) == 7)
-    return rows
 
 
 def shipped_env(server: RedisServer) -> dict[str, str]:
@@ -91,51 +75,4 @@ def test_a_message_that_kills_its_worker_becomes_a_dead_letter_after_max_deliver
     ``DeliveryLimit``; every other message is handled. Duplicates allowed: the messages
     the dying processes had finished but not yet acknowledged (each crash's batch on the
     poisoned queue), never more than 3 runs of any message."""
-    env = {**os.environ, **shipped_env(redis_server), "PYTHONUNBUFFERED": "1",
-           "CONVEYOR_TEST_RECORD": str(tmp_path / "handled.rec"),
-           "CONVEYOR_TEST_STARTS": str(tmp_path / "started.rec"),
-           "CONVEYOR_TEST_EXIT_ON": "57", "CONVEYOR_TEST_MAX_DELIVERIES": "3"}
-    err_path = tmp_path / "supervisor.err"
-    config = load_config(SHIPPED, environ=env)
-    n, streams = 200, 20
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "conveyor.cli", "worker", APP, "--config", str(SHIPPED),
-             "--processes", "2:2"],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        with SyncClient.from_config(config) as client:
-            client.publish_batch(Publish("items", f"s{i % streams}", {"seq": i})
-                                 for i in range(n))
-
-        def letters() -> list[DeadLetter]:
-            async def read() -> list[DeadLetter]:
-                adapter = create_adapter("redis", config)
-                try:
-                    return list(await adapter.read_dead_letters("rec"))
-                finally:
-                    await adapter.close()
-            return asyncio.run(read())
-
-        def settled() -> bool:
-            handled = {int(r[4]) for r in rows_of([tmp_path / "handled.rec"])}
-            return handled == set(range(n)) - {57} and len(letters()) >= 1
-
-        wait_until_sync(settled, 90, "every message handled and the poison dead-lettered")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, err_path.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    [letter] = letters()
-    assert letter.error_type == "DeliveryLimit", letter
-    assert letter.message.body == b'{"seq":57}' or b'"seq":57' in letter.message.body
-    assert "max_deliveries = 3" in letter.error
-    starts = Counter(int(r[4]) for r in rows_of([tmp_path / "started.rec"]))
-    assert starts[57] == 3, starts[57]
-    handled = Counter(int(r[4]) for r in rows_of([tmp_path / "handled.rec"]))
-    assert 57 not in handled
-    assert max(handled.values()) <= 3, handled
-    print(f"\nos._exit poison: started 3 times, dead-lettered; duplicates of others: "
-          f"{sum(c - 1 for c in handled.values())}")
+    print("\n" + run_poison_under_supervisor(SHIPPED, shipped_env(redis_server), tmp_path))

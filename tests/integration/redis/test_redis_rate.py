@@ -13,8 +13,8 @@ from conveyor.adapters.redis_rate import RedisTokenSource, rate_key
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.slots import SlotReleaseReason
-from conveyor.workers.fixed_slots import FixedSlotSupplier
-from conveyor.workers.rate_slots import RateLimitedSlotSupplier
+from conveyor.workers.slots.fixed import FixedSlotSupplier
+from conveyor.workers.slots.rate import RateLimitedSlotSupplier
 from tests.conftest import wait_until, wait_until_sync
 from tests.integration.memory_harness import Item
 from tests.integration.redis.conftest import (

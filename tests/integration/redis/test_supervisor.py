@@ -18,7 +18,10 @@ import pytest
 from conveyor import Client, Publish, load_config
 from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import SyncClient
-from conveyor.workers.supervisor import ChildGone, ChildProcess, Supervisor, SupervisorSettings
+from conveyor.workers.supervisor.assignment import assign
+from conveyor.workers.supervisor.process import ChildGone, ChildProcess
+from conveyor.workers.supervisor.scaler import SupervisorSettings
+from conveyor.workers.supervisor.supervisor import Supervisor
 from tests.conftest import wait_until, wait_until_sync
 from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
 
@@ -169,27 +172,26 @@ async def survivor_takes_over(
     try:
         await supervisor._spawn()
         await supervisor._spawn()
-        await supervisor._assign(list(range(8)))
+        await assign(supervisor.children, range(8))
         survivor, victim = supervisor.children
         assert len(survivor.queues) == len(victim.queues) == 4
         await fault(supervisor, victim)
         async with Client.from_config(config) as client:
             await client.publish_batch(Publish("items", f"k{i % 50}", {"seq": i})
                                        for i in range(n))
-        deadline = time.monotonic() + 20
-        while True:
+
+        async def adopted() -> bool:
             await supervisor.tick(adapter)
-            if supervisor.children == [survivor] and survivor.queues == set(range(8)):
-                break
-            assert time.monotonic() < deadline, "the dead child's queues were not adopted"
-            await asyncio.sleep(0.2)
+            return supervisor.children == [survivor] and survivor.queues == set(range(8))
+
+        await wait_until(adopted, 20, 0.2, "the dead child's queues adopted by the survivor")
         await wait_until(lambda: len(read_records([record])) >= n, 30, what="all handled")
     finally:
         await asyncio.gather(*(c.stop(30) for c in supervisor.children))
         await adapter.close()
     ids = [row[5] for row in read_records([record])]
     assert len(ids) == n and len(set(ids)) == n, "lost or duplicated"
-    assert supervisor.replaced == 1
+    assert supervisor.stats.replaced == 1
     return supervisor
 
 
@@ -218,7 +220,7 @@ async def test_a_replacement_that_fails_to_start_does_not_strand_the_dead_ones_q
         supervisor.app_path = "tests.apps.no_such_module:app"  # replacements cannot start
 
     supervisor = await survivor_takes_over(redis_server, tmp_path, 2, die_and_break_spawning)
-    assert supervisor.errors >= 1  # each failed replacement was logged and retried
+    assert supervisor.stats.errors >= 1  # each failed replacement was logged and retried
 
 
 def test_a_supervisor_whose_redis_is_down_at_start_ends_with_a_message(tmp_path: Path) -> None:

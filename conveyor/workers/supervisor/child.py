@@ -3,24 +3,12 @@
 The supervisor is the only coordinator, so no two children ever own a queue at once:
 it moves a queue by asking its owner to *release* it (the owner drains it: in-flight
 messages finish and are acknowledged, the receiver shuts down) and only then asking
-another child to *acquire* it.
+another child to *acquire* it. The messages are those of
+:mod:`conveyor.workers.supervisor.protocol`: commands on stdin, events on the file
+descriptor given as ``EVENTS_FD``. A child whose supervisor is gone (its events can no
+longer be written) stops as told by the end of its stdin, quietly.
 
-Wire protocol, one JSON object per line:
-
-* supervisor → child, on the child's stdin: ``{"op": "acquire"|"release", "queue": q}``
-  and ``{"op": "stop"}`` (drain everything and exit). End of input means stop too, so
-  a child never outlives its supervisor.
-* child → supervisor, on the file descriptor given by ``--events-fd`` (not stdout,
-  which handler code may print to): ``{"event": "ready", "id": ..., "pid": ...,
-  "http_port": p|null}`` (``p``: its loopback ``/metrics`` port, when ``[http] port``
-  is set), ``{"event": "acquired",
-  "queue": q}``, ``{"event": "released", "queue": q}``, ``{"event": "failed", "op":
-  "acquire"|"release", "queue": q, "error": "..."}`` (the child no longer has the
-  queue assigned: a lease it still holds is given up or lapses, so whoever acquires
-  the queue next waits for it), ``{"event": "stopped", "report": "...", "counts": {...}}``
-  (the drain report as text and as its fields, which the supervisor adds up).
-
-Run as ``python -m conveyor.workers.supervisor_child APP_PATH CONFIG_PATH EVENTS_FD``.
+Run as ``python -m conveyor.workers.supervisor.child APP_PATH CONFIG_PATH EVENTS_FD``.
 """
 
 from __future__ import annotations
@@ -28,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Literal
 
 from conveyor.platform.balancer import BalanceListener, DynamicBalancer, QueueBalancer
 from conveyor.platform.config import Config
@@ -42,14 +29,45 @@ from conveyor.platform.coordination import coordination_from_config
 from conveyor.platform.errors import BrokerError, ConveyorError, ShutdownError
 from conveyor.platform.leases import LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership
+from conveyor.workers.supervisor.protocol import (
+    Acquire,
+    Acquired,
+    Event,
+    Failed,
+    ProtocolError,
+    Ready,
+    Release,
+    Released,
+    Stop,
+    Stopped,
+    decode_command,
+    encode,
+)
 
 log = logging.getLogger("conveyor.supervised")
 
 
-class Emit(Protocol):
-    """Writes one event to the supervisor: ``emit("acquired", queue=3)``."""
+class EventChannel:
+    """The child's end of its event channel: writes events to the supervisor.
 
-    def __call__(self, event: str, **fields: Any) -> None: ...
+    When the supervisor is gone (its end is closed: the write fails with
+    ``BrokenPipeError``) the event is dropped, and so is every later one: nobody is
+    left to read them, and the child is stopping anyway — its stdin ended with the
+    supervisor, which is a stop.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.supervisor_gone = False
+
+    def send(self, event: Event) -> None:
+        if self.supervisor_gone:
+            return
+        try:
+            os.write(self.fd, encode(event))
+        except BrokenPipeError:
+            self.supervisor_gone = True
+            log.info("the supervisor is gone; stopping without reporting to it")
 
 
 class SupervisedBalancer(QueueBalancer):
@@ -158,39 +176,43 @@ def _balancer_for(config: Config, app_name: str) -> SupervisedBalancer | LeasedS
 
 
 def _command_loop(
-    balancer: SupervisedBalancer | LeasedSupervisedBalancer, emit: Emit
+    balancer: SupervisedBalancer | LeasedSupervisedBalancer,
+    events: EventChannel,
+    lines: Callable[[], Awaitable[asyncio.StreamReader]] = _stdin_lines,
 ) -> Callable[[], Awaitable[None]]:
-    """The supervisor's commands, read from stdin: returns on ``stop`` or end of input.
+    """The supervisor's commands, read from ``lines()`` (stdin): returns on :class:`Stop`
+    or end of input. A line that is not a command is logged and skipped.
 
     Returning or cancelled (a SIGTERM), it first waits for the queue moves it started:
     a move is never cut short, and the daemon stops only after them.
     """
 
-    async def move(op: str, queue: int) -> None:
+    async def move(command: Acquire | Release) -> None:
+        acquiring, queue = isinstance(command, Acquire), command.queue
         try:
-            if op == "acquire":
-                await balancer.acquire(queue)
-            else:
-                await balancer.release(queue)
+            await (balancer.acquire if acquiring else balancer.release)(queue)
         except Exception as exc:  # the supervisor must hear of it, or it waits forever
+            op: Literal["acquire", "release"] = "acquire" if acquiring else "release"
             log.error("could not %s queue %d: %s", op, queue, exc)
-            emit("failed", op=op, queue=queue, error=f"{type(exc).__name__}: {exc}")
+            events.send(Failed(op, queue, f"{type(exc).__name__}: {exc}"))
         else:
-            emit(f"{op}d", queue=queue)
+            events.send(Acquired(queue) if acquiring else Released(queue))
 
     async def commands() -> None:
         moves: set[asyncio.Task[None]] = set()
-        reader = await _stdin_lines()
+        reader = await lines()
         try:
             while line := await reader.readline():
-                command = json.loads(line)
-                op = command.get("op")
-                if op in ("acquire", "release"):
-                    task = asyncio.create_task(move(op, int(command["queue"])))
-                    moves.add(task)
-                    task.add_done_callback(moves.discard)
-                elif op == "stop":
+                try:
+                    command = decode_command(line)
+                except ProtocolError as exc:  # a newer or broken supervisor: read on
+                    log.warning("%s; ignored", exc)
+                    continue
+                if isinstance(command, Stop):
                     return
+                task = asyncio.create_task(move(command))
+                moves.add(task)
+                task.add_done_callback(moves.discard)
         finally:
             while moves:  # asyncio.wait, unlike gather, never cancels what it waits for
                 with contextlib.suppress(asyncio.CancelledError):
@@ -206,26 +228,25 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
     from conveyor.workers.http_endpoint import daemon_endpoint
     from conveyor.workers.serve import serve
 
-    def emit(event: str, **fields: Any) -> None:
-        os.write(events_fd, (json.dumps({"event": event, **fields}) + "\n").encode())
-
+    events = EventChannel(events_fd)
     app = load_app(app_path)
     config = load_config(None if config_path == "-" else config_path)
     balancer = _balancer_for(config, app.name)
     daemon = WorkerDaemon(app, config, balancer=balancer)
     # [http] port is the supervisor's: a child serves on a loopback port of the kernel's
-    # choosing, which the supervisor scrapes (conveyor.workers.supervisor_http).
+    # choosing, which the supervisor scrapes (conveyor.workers.supervisor.endpoint).
     endpoint = daemon_endpoint(daemon, "127.0.0.1", 0) if config.http.port is not None else None
     # SIGINT stays ignored (see main): the supervisor decides when children stop.
     report = await serve(
         daemon,
-        ready=lambda: emit("ready", id=daemon.member.id, pid=os.getpid(),
-                           http_port=endpoint.port if endpoint is not None else None),
-        commands=_command_loop(balancer, emit),
+        ready=lambda: events.send(Ready(
+            daemon.member.id, os.getpid(), endpoint.port if endpoint is not None else None
+        )),
+        commands=_command_loop(balancer, events),
         signals=(signal.SIGTERM,),
         endpoint=endpoint,
     )
-    emit("stopped", report=str(report), counts=dataclasses.asdict(report))
+    events.send(Stopped(str(report), dataclasses.asdict(report)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,7 +46,7 @@ from conveyor.platform.slots import (
     SlotSupplier,
 )
 from conveyor.platform.throttled_log import ThrottledLog
-from conveyor.workers.slot_wrappers import DelegatingSlotSupplier
+from conveyor.workers.slots.wrappers import DelegatingSlotSupplier
 
 log = logging.getLogger("conveyor.slots")
 

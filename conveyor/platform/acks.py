@@ -1,0 +1,157 @@
+"""An agent's acknowledgements: the done prefix, one acknowledgement in flight at a time,
+and the last ones of a drain.
+
+A message is done when every handler it was routed to has finished with it. The cache
+keeps messages in queue order; when the oldest are done, that *done prefix* goes to the
+receiver in one call. One call is in flight at a time, and everything that finished
+meanwhile goes with the next: acknowledgements stay in queue order and coalesce by
+themselves under load. A message done behind an unfinished one waits for it, except on
+backends that record done offsets above their watermark (Kafka), which hear of it at
+once.
+
+Acknowledgements are fenced like handler starts: while the queue is not ours (a lease
+renewal is overdue) they are held, and once the store refuses them (the lease moved on)
+they are dropped, never sent late. Acknowledging frees room in the cache: the pull loop
+waits on :attr:`Acknowledger.room` when the cache is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.backoff import BROKER_WRITE
+from conveyor.platform.errors import ConveyorError, LeaseLostError
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.ownership import Ownership
+from conveyor.platform.queue_cache import Entry, QueueCache
+
+log = logging.getLogger("conveyor.agent")
+
+
+class Acknowledger:
+    def __init__(self, queue: int, receiver: QueueReceiver, cache: QueueCache,
+                 ownership: Ownership) -> None:
+        self.queue = queue
+        self._receiver = receiver
+        self._cache = cache
+        self._own = ownership
+        self.to_ack: list[SequenceToken] = []
+        """Done and not acknowledged yet, in queue order."""
+        self.acked = 0
+        self.fenced = False
+        """The store refused an acknowledgement (a newer owner has the queue), or the agent
+        was aborted: nothing more is acknowledged."""
+        self.stopping = False
+        """A drain began: acknowledgements wait for :meth:`last` instead of a task."""
+        self.room = asyncio.Event()
+        self.wants_room = False
+        """The pull loop waits on :attr:`room`: set it once an acknowledgement frees room."""
+        self.task: asyncio.Task[None] | None = None
+        # Backends that persist done offsets above the watermark (Kafka) hear about
+        # each message finished out of order; the others cost one None check.
+        self.note_out_of_order = (
+            receiver.message_done_out_of_order if receiver.records_done_out_of_order else None
+        )
+
+    def entry_done(self, entry: Entry) -> None:
+        """``entry`` is done for every handler: acknowledge the done prefix if it grew."""
+        cache = self._cache
+        if cache.entries[0] is not entry:
+            # An earlier message is still running: nothing new to acknowledge.
+            if self.note_out_of_order is not None and entry.msg.token is not None:
+                self.note_out_of_order(entry.msg.token)
+            return
+        cache.pop_done_prefix(self.to_ack)
+        if self.task is None and not self.stopping:
+            self.task = asyncio.create_task(self._loop())
+        if self.wants_room:  # a flag, not Event.is_set(): this runs about once a message
+            self.wants_room = False
+            self.room.set()
+
+    def batch_done(self, entries: list[Entry]) -> None:
+        """A batch's messages are done for its handler: acknowledge what is now done."""
+        note = self.note_out_of_order
+        if note is not None:  # recorded above the watermark; pruned once acknowledged
+            for entry in entries:
+                if entry.done and entry.msg.token is not None:
+                    note(entry.msg.token)
+        entries_now = self._cache.entries
+        if entries_now and entries_now[0].done:
+            self.entry_done(entries_now[0])  # acknowledges the whole done prefix
+
+    async def sent(self) -> None:
+        """Until the acknowledgements under way (and those they gathered) are sent."""
+        while (task := self.task) is not None:
+            await asyncio.wait([task])
+
+    async def _loop(self) -> None:
+        try:
+            await self.flush()
+        finally:
+            self.task = None
+
+    async def flush(self) -> None:
+        failures = 0
+        receiver = self._receiver
+        while self.to_ack and not self.fenced:
+            if not self._own.may_act():
+                # Lease renewal is overdue: hold the acks until it succeeds or the
+                # queue is declared lost (then they are dropped, never sent late).
+                await BROKER_WRITE.sleep(failures + 1)
+                continue
+            batch, self.to_ack = self.to_ack, []
+            try:
+                await receiver.messages_delivered(batch)
+            except LeaseLostError as exc:
+                # The store fenced us off: a newer owner has the queue. Never retry.
+                log.warning("queue %d: ack refused (%s); dropping %d ack(s)",
+                            self.queue, exc, len(batch))
+                self.fenced = True
+                self.to_ack.clear()
+                return
+            except Exception as exc:
+                self.to_ack[:0] = batch
+                failures += 1
+                delay_s = BROKER_WRITE.delay(failures)
+                log.warning("queue %d: ack failed (%s: %s); retrying in %.2fs",
+                            self.queue, type(exc).__name__, exc, delay_s)
+                await asyncio.sleep(delay_s)
+                continue
+            self.acked += len(batch)
+
+    async def last(self) -> None:
+        """A drain's last acknowledgements: the done prefix, then what finished behind an
+        unfinished message (by id; or, with done offsets above a watermark, persisted for
+        the next owner to skip)."""
+        flushing = self.task
+        if flushing is not None:  # one flusher at a time keeps acks in order
+            # Waited for, not awaited: an abort (the lease lost meanwhile) cancels it,
+            # which must end this drain, not raise CancelledError into the re-balance
+            # that called it (that ended the balancer's loop for good).
+            await asyncio.wait([flushing])
+            if not flushing.cancelled() and (exc := flushing.exception()) is not None:
+                raise exc
+        await self.flush()
+        if self.fenced or not self._own.may_act():
+            return
+        receiver = self._receiver
+        try:
+            if self.note_out_of_order is not None:
+                await receiver.messages_delivered([])
+                return
+            beyond = [e.msg.token for e in self._cache.entries if e.done and e.msg.token]
+            if beyond:  # finished behind an unfinished one: acknowledged by id
+                await receiver.messages_delivered(beyond)
+                self.acked += len(beyond)
+        except ConveyorError as exc:
+            log.warning("queue %d: could not acknowledge the finished messages: %s",
+                        self.queue, exc)
+
+    def abort(self) -> asyncio.Task[None] | None:
+        """Acknowledge nothing more; the flush under way (returned) is to be cancelled."""
+        self.stopping = True
+        self.fenced = True
+        self.to_ack.clear()
+        return self.task

@@ -1,0 +1,89 @@
+"""A message whose handling kills its worker (``os._exit(1)``), under ``conveyor worker
+--processes 2:2`` on a shipped config: run, then checked — shared by the Redis and Kafka
+tests (tests/apps/blocking_app.py is the app).
+
+Duplicates allowed: the messages a dying process had finished but not yet acknowledged
+(each crash's batch) run again, never more than ``max_deliveries`` times; the poison
+itself starts exactly ``max_deliveries`` times and ends as a ``DeliveryLimit`` letter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from conveyor.platform.adapter import create_adapter
+from conveyor.platform.client import Publish, SyncClient
+from conveyor.platform.config import load_config
+from conveyor.platform.message import DeadLetter
+from tests.conftest import wait_until_sync
+
+REPO = Path(__file__).resolve().parents[2]
+POISON, MAX_DELIVERIES, N, STREAMS = 57, 3, 200, 20
+
+
+def rows_of(paths: list[Path]) -> list[list[str]]:
+    """tests/apps/blocking_app.py's lines: time, pid, queue, stream key, seq, id, deliveries."""
+    rows = []
+    for path in paths:
+        if path.exists():
+            rows.extend(p for p in (line.split() for line in path.read_text().splitlines())
+                        if len(p) == 7)
+    return rows
+
+
+def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path) -> str:
+    """Run the scenario; assert its outcome; return a one-line summary."""
+    env = {**os.environ, **env, "PYTHONUNBUFFERED": "1",
+           "CONVEYOR_TEST_RECORD": str(tmp / "handled.rec"),
+           "CONVEYOR_TEST_STARTS": str(tmp / "started.rec"),
+           "CONVEYOR_TEST_EXIT_ON": str(POISON),
+           "CONVEYOR_TEST_MAX_DELIVERIES": str(MAX_DELIVERIES)}
+    config = load_config(shipped, environ=env)
+    err_path = tmp / "supervisor.err"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.blocking_app:app",
+             "--config", str(shipped), "--processes", "2:2"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+    def letters() -> list[DeadLetter]:
+        async def read() -> list[DeadLetter]:
+            adapter = create_adapter(config.queues.adapter, config)
+            try:
+                return list(await adapter.read_dead_letters("rec"))
+            finally:
+                await adapter.close()
+        return asyncio.run(read())
+
+    def handled() -> Counter[int]:
+        return Counter(int(r[4]) for r in rows_of([tmp / "handled.rec"]))
+
+    try:
+        with SyncClient.from_config(config) as client:
+            client.publish_batch(Publish("items", f"s{i % STREAMS}", {"seq": i})
+                                 for i in range(N))
+        wait_until_sync(lambda: set(handled()) == set(range(N)) - {POISON}
+                        and len(letters()) >= 1, 120,
+                        "every message handled and the poison dead-lettered")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, err_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    [letter] = letters()
+    assert letter.error_type == "DeliveryLimit", letter
+    assert b'"seq":%d' % POISON in letter.message.body
+    assert f"max_deliveries = {MAX_DELIVERIES}" in letter.error
+    starts = Counter(int(r[4]) for r in rows_of([tmp / "started.rec"]))
+    assert starts[POISON] == MAX_DELIVERIES, starts[POISON]
+    runs = handled()
+    assert POISON not in runs and max(runs.values()) <= MAX_DELIVERIES, runs
+    return (f"os._exit poison started {MAX_DELIVERIES} times, dead-lettered; duplicates "
+            f"of the others: {sum(c - 1 for c in runs.values())}")
