@@ -4,7 +4,7 @@ and every app's consumer group on the queues (:mod:`conveyor.platform.groups`).
 Members and owners come from where the balancer keeps them: the membership and lease
 stores (``dynamic``, ``static``), or, for a balancer that keeps none of its own
 (``kafka-group``), a reader named in :data:`MEMBER_SOURCES` — the group coordinator
-and the daemons' reports (:mod:`conveyor.adapters.kafka_members`).
+and the daemons' reports (:mod:`conveyor.adapters.kafka.members`).
 
 Throughput comes from the owners' heartbeats, never from the reader's clock: each
 daemon publishes its per-queue ack counts with the time it took them (``at``) and the
@@ -26,7 +26,7 @@ from conveyor.platform.groups import GroupStatus, summarise
 from conveyor.platform.importing import load_attr
 from conveyor.platform.membership import MemberInfo
 
-MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka_members:group_members"}
+MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka.group_balancer:group_members"}
 """Balancer kind: ``async (adapter, group) -> [member with .info and .queues]``."""
 
 MEASURES = ("at", "cpu_percent")

@@ -93,8 +93,9 @@ async def test_a_group_is_listed_only_on_the_queues_it_has_a_position_on(
 ) -> None:
     known_to_fail_on("kafka", adapter, request,
                      "bug: KafkaAdapter.groups lists a group on every queue asked for once it "
-                     "committed on one (kafka_groups.groups: lag = the whole partition where "
-                     "it has no offset), while has_group says it has no position there")
+                     "committed on one (adapters/kafka/groups.py, groups(): lag = the whole "
+                     "partition where it has no offset), while has_group says it has no "
+                     "position there")
     await adapter.enqueue(0, numbered(range(3)))
     await adapter.enqueue(1, numbered(range(4)))
     receiver = await open_receiver(0, apps.ahead)

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from click.testing import CliRunner
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import client_options
+from conveyor.adapters.kafka.connection import client_options
 from conveyor.adapters.memory import MemoryAdapter, MemoryReceiver, reset_broker
 from conveyor.adapters.redis_conn import Keys
 from conveyor.bench import kafka_throughput, redis_throughput

@@ -255,3 +255,25 @@ def test_only_the_cli_parses_arguments_or_prints_with_click() -> None:
             found += [f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}"
                       for name in names if name == "click" or name.startswith("click.")]
     assert found == [], "\n".join(found)
+
+
+KAFKA = "conveyor.adapters.kafka"
+KAFKA_ABOVE_THE_ADAPTER = {f"{KAFKA}", f"{KAFKA}.adapter", f"{KAFKA}.group_balancer"}
+"""The package's entry, the adapter, and the balancer that drives an adapter: the rest
+(codec, receiver, cluster, the helpers) take the cluster, never the adapter."""
+
+
+def test_kafka_modules_form_no_circle_even_through_type_only_imports() -> None:
+    inside = [i for i in all_imports()
+              if i.module.startswith(KAFKA) and i.target.startswith(KAFKA)]
+    assert any(i.target == f"{KAFKA}.cluster" for i in inside)  # it looked
+    cycles = [" -> ".join(c) for c in import_cycles(
+        [Import(i.module, i.target, i.line, type_only=False) for i in inside])]
+    assert cycles == [], "\n".join(cycles)
+
+
+def test_no_kafka_helper_imports_the_adapter() -> None:
+    wrong = sorted(str(i) for i in all_imports()
+                   if i.module.startswith(KAFKA) and i.module not in KAFKA_ABOVE_THE_ADAPTER
+                   and i.target in (f"{KAFKA}.adapter", KAFKA, f"{KAFKA}.group_balancer"))
+    assert wrong == [], "hand the helper the KafkaCluster instead:\n" + "\n".join(wrong)

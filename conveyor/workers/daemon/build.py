@@ -68,7 +68,7 @@ _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
 # Balancers that live beside a driver, imported by name (like adapters) so that this
 # module imports no driver. Factories take (config, app_name, adapter).
 _BALANCERS = {
-    "kafka-group": "conveyor.adapters.kafka_group:from_config",
+    "kafka-group": "conveyor.adapters.kafka.group_balancer:from_config",
 }
 
 log = logging.getLogger("conveyor.daemon")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import FIRST_ANSWER_S
+from conveyor.adapters.kafka.connection import FIRST_ANSWER_S
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.errors import ConfigError
 from conveyor.workers.daemon import WorkerDaemon

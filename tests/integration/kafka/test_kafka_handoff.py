@@ -9,7 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_group import KafkaGroupBalancer
+from conveyor.adapters.kafka.group_balancer import KafkaGroupBalancer
 from conveyor.platform.client import Client, Publish
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until

@@ -16,7 +16,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import fetch_committed
+from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
@@ -158,9 +158,9 @@ async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert errors == [str(adapter.topic_changed)]
         assert "(partition 0 ends at offset 0, before offset 3 it had reached)" in errors[0]
-        await adapter.create_topics({topic: 1})  # the topic again, empty
+        await adapter.cluster.create_topics({topic: 1})  # the topic again, empty
         await receiver.messages_delivered([m.token for m in got])  # commits nothing
-        probe = adapter.new_consumer("drift")
+        probe = adapter.cluster.new_consumer("drift")
         await probe.start()
         try:  # an old watermark committed here would skip the new topic's first 3 records
             assert await fetch_committed(probe, TopicPartition(topic, 0)) is None
