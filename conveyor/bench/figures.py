@@ -16,6 +16,7 @@ from typing import Any
 from conveyor.bench.timing import PUBLISH_BATCH, PUBLISHERS
 
 RATIOS = {"ratio": ("msgs_per_s", "floor_msgs_per_s"),
+          "metrics_ratio": ("metrics_msgs_per_s", "msgs_per_s"),
           "publish_ratio": ("publish_msgs_per_s", "publish_floor_msgs_per_s")}
 
 
@@ -101,6 +102,9 @@ class ThroughputResult:
             *_rows("  raw loop", f, "floor_"),
             *_ratio("  ratio", f["ratio"]),
         ]
+        if "metrics_msgs_per_s" in f:
+            lines += [*_rows("  conveyor, /metrics on", f, "metrics_"),
+                      *_ratio("  ratio (/metrics on / off)", f["metrics_ratio"])]
         if "publish_msgs_per_s" in f:
             lines += [
                 _line("publish", "msgs/s", "CPU us/msg"),
