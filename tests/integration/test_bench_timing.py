@@ -202,6 +202,8 @@ def _assert_comparable(figures: dict[str, Any], adapter: str) -> None:
         assert figures[key] > 0, key
     assert figures["metrics_ratio"] == pytest.approx(
         figures["metrics_msgs_per_s"] / figures["msgs_per_s"])
+    assert figures["metrics_cpu_ratio"] == pytest.approx(
+        figures["cpu_us_per_msg"] / figures["metrics_cpu_us_per_msg"])
 
 
 def test_the_memory_benchmark_prints_metrics_on_next_to_metrics_off() -> None:
@@ -210,6 +212,7 @@ def test_the_memory_benchmark_prints_metrics_on_next_to_metrics_off() -> None:
     assert result.exit_code == 0, result.output
     assert "conveyor, /metrics on" in result.output
     assert "ratio (/metrics on / off)" in result.output
+    assert "CPU ratio (off / on)" in result.output
     _assert_comparable(_bench_json("--adapter", "memory"), "memory")
 
 
