@@ -222,7 +222,7 @@ def build_parts(
         put_letter,
         stats,
         tracer=telemetry.tracer,
-        meter=telemetry.meter,
+        metrics=telemetry.local,
         system=adapter.name,
         group=app.name,
         app=app.interceptors,
