@@ -22,6 +22,7 @@ from conveyor.cli_common import TaskGroup, fail, load_config_or_exit, usage
 from conveyor.cli_configs import configs
 from conveyor.cli_dlq import dlq
 from conveyor.cli_status import groups, refuse_embedded, status
+from conveyor.console.command import console
 from conveyor.deploy.cli import deploy
 from conveyor.dev import dev
 from conveyor.lab.cli import sim, tune
@@ -567,6 +568,7 @@ main.add_command(status, section="inspect")
 main.add_command(dlq, section="inspect")
 main.add_command(groups, section="inspect")
 main.add_command(asyncapi, section="inspect")
+main.add_command(console, section="inspect")
 main.add_command(rewind, section="operate")
 main.add_command(deploy, section="operate")
 main.add_command(bench, section="lab")

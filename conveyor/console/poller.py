@@ -1,0 +1,143 @@
+"""One poll loop for every open page: what ``conveyor status`` reads, every ``interval_s``.
+
+Pages never reach the broker for the overview, the daemons, the groups or the charts:
+they read the last :class:`Reading` the loop took, so ten open tabs cost the broker what
+one does. The loop rests while nobody looks (no page asked for ``idle_after_s``) and
+wakes on the next request; the history behind the charts is kept from its readings only
+(no Prometheus needed), ``window_s`` of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.platform.config import Config
+from conveyor.platform.errors import ConveyorError
+from conveyor.platform.status import AppsReport, StatusReport, collect_apps, collect_status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One poll: every app found, and each watched app's status."""
+
+    at: float
+    apps: AppsReport | None = None
+    status: dict[str, StatusReport] = field(default_factory=dict)
+    error: str | None = None
+    """Why the last poll failed (the broker down, say); the page shows it."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the charts keep of one reading of one app."""
+
+    at: float
+    counts: dict[str, tuple[int, int]]
+    """Daemon id: (handled, dead-lettered) as its last heartbeat said."""
+    lag: dict[int, int]
+
+
+def _sample(report: StatusReport) -> Sample:
+    counts = {m.id: (int(m.stats.get("handled", 0)), int(m.stats.get("dead_lettered", 0)))
+              for m in report.members}
+    return Sample(report.at, counts, {q.queue: q.lag for q in report.queues})
+
+
+def rates(samples: list[Sample]) -> list[dict[str, Any]]:
+    """Per pair of samples: handled/s and dead-lettered/s, summed over the daemons seen in
+    both (a daemon that left or restarted adds nothing rather than a negative rate)."""
+    out = []
+    for before, after in itertools.pairwise(samples):
+        span = after.at - before.at
+        if span <= 0:
+            continue
+        handled = dead = 0
+        for member, (h, d) in after.counts.items():
+            if member in before.counts:
+                h0, d0 = before.counts[member]
+                handled += max(h - h0, 0)
+                dead += max(d - d0, 0)
+        out.append({"at": after.at, "handled_per_s": handled / span,
+                    "dead_per_s": dead / span,
+                    "lag": {str(q): lag for q, lag in sorted(after.lag.items())}})
+    return out
+
+
+class Poller:
+    """Reads the broker every ``interval_s`` while someone looks; shared by all pages."""
+
+    def __init__(self, config: Config, app: str | None, interval_s: float = 2.0,
+                 window_s: float = 600.0, idle_after_s: float = 30.0) -> None:
+        self.config = config
+        self.app = app
+        self.interval_s = interval_s
+        self.idle_after_s = idle_after_s
+        self.reading = Reading(at=0.0)
+        self.polls = 0
+        self._history: dict[str, deque[Sample]] = {}
+        self._window = max(int(window_s / interval_s), 2)
+        self._wanted = asyncio.Event()
+        self._fresh = asyncio.Event()
+        self._last_seen = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="console-poller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def current(self) -> Reading:
+        """The last reading; the first request after a rest waits for a fresh one."""
+        self._last_seen = time.monotonic()
+        if not self._wanted.is_set():
+            self._fresh.clear()
+            self._wanted.set()
+        if self.polls == 0 or not self._fresh.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fresh.wait(), timeout=10.0)
+        return self.reading
+
+    def history(self, app: str) -> list[Sample]:
+        return list(self._history.get(app, ()))
+
+    async def _run(self) -> None:
+        while True:
+            if time.monotonic() - self._last_seen > self.idle_after_s:
+                self._wanted.clear()
+                await self._wanted.wait()
+            await self.poll()
+            await asyncio.sleep(self.interval_s)
+
+    async def poll(self) -> None:
+        """One reading: the apps, then the status of each watched app."""
+        try:
+            apps = await collect_apps(self.config)
+            names = [self.app] if self.app else [a.app for a in apps.apps]
+            status = {name: await collect_status(self.config, name) for name in names}
+        except ConveyorError as exc:
+            self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
+                                   f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the loop must outlive a broker's bad moment
+            log.exception("console poll failed")
+            self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
+                                   f"{type(exc).__name__} (see the console's log)")
+        else:
+            self.reading = Reading(time.time(), apps, status)
+            for name, report in status.items():
+                self._history.setdefault(name, deque(maxlen=self._window)).append(
+                    _sample(report))
+        self.polls += 1
+        self._fresh.set()
