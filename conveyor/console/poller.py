@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 from collections import deque
@@ -41,34 +40,45 @@ class Sample:
     """What the charts keep of one reading of one app."""
 
     at: float
-    counts: dict[str, tuple[int, int]]
-    """Daemon id: (handled, dead-lettered) as its last heartbeat said."""
+    counts: dict[str, tuple[float, int, int]]
+    """Daemon id: (its heartbeat's time, handled, dead-lettered) as that heartbeat said."""
     lag: dict[int, int]
 
 
 def _sample(report: StatusReport) -> Sample:
-    counts = {m.id: (int(m.stats.get("handled", 0)), int(m.stats.get("dead_lettered", 0)))
+    counts = {m.id: (m.stats.get("at", 0.0), int(m.stats.get("handled", 0)),
+                     int(m.stats.get("dead_lettered", 0)))
               for m in report.members}
     return Sample(report.at, counts, {q.queue: q.lag for q in report.queues})
 
 
 def rates(samples: list[Sample]) -> list[dict[str, Any]]:
-    """Per pair of samples: handled/s and dead-lettered/s, summed over the daemons seen in
-    both (a daemon that left or restarted adds nothing rather than a negative rate)."""
+    """Per sample after the first: handled/s and dead-lettered/s summed over the daemons.
+
+    A daemon's counts change only with its heartbeat (every ``lease_ttl_s / 3``), so each
+    daemon's rate is taken between two of its heartbeats, on its own clock, and held
+    until the next one: polls faster than heartbeats draw steps, not spikes and zeros.
+    A daemon that left or restarted (counts going down) adds nothing until its next
+    heartbeat.
+    """
     out = []
-    for before, after in itertools.pairwise(samples):
-        span = after.at - before.at
-        if span <= 0:
+    last: dict[str, tuple[float, int, int]] = {}
+    per_daemon: dict[str, tuple[float, float]] = {}
+    for i, sample in enumerate(samples):
+        for member, (at, handled, dead) in sample.counts.items():
+            before = last.get(member)
+            if before is not None and at > before[0]:
+                span = at - before[0]
+                per_daemon[member] = (max(handled - before[1], 0) / span,
+                                      max(dead - before[2], 0) / span)
+            if before is None or at > before[0]:
+                last[member] = (at, handled, dead)
+        current = [per_daemon.get(m, (0.0, 0.0)) for m in sample.counts]
+        if i == 0:
             continue
-        handled = dead = 0
-        for member, (h, d) in after.counts.items():
-            if member in before.counts:
-                h0, d0 = before.counts[member]
-                handled += max(h - h0, 0)
-                dead += max(d - d0, 0)
-        out.append({"at": after.at, "handled_per_s": handled / span,
-                    "dead_per_s": dead / span,
-                    "lag": {str(q): lag for q, lag in sorted(after.lag.items())}})
+        out.append({"at": sample.at, "handled_per_s": sum(r[0] for r in current),
+                    "dead_per_s": sum(r[1] for r in current),
+                    "lag": {str(q): lag for q, lag in sorted(sample.lag.items())}})
     return out
 
 

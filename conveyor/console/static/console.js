@@ -133,7 +133,8 @@ async function overview(data) {
   const st = data.status[app];
   if (st) {
     const mine = st.groups.find(g => g.group === app);
-    nodes.push(el("h2", {}, `App ${app}: lag ${num(st.total_lag)}, ${num(st.dead_letters)} dead letter(s)`));
+    nodes.push(el("h2", {}, `App ${app}: lag `, el("span", {id: "total-lag"}, num(st.total_lag)),
+                  ", ", el("span", {id: "dead-count"}, num(st.dead_letters)), " dead letter(s)"));
     nodes.push(table(["queue", "owner", "lag", "pending (cache)", "acks/s"],
       st.queues.map(q => [q.queue, q.owner || "-", num(q.lag), num(q.cache_fill),
                           st.rates[q.queue] === undefined ? "-" : st.rates[q.queue].toFixed(1)]), [0, 2, 3, 4]));
@@ -197,7 +198,8 @@ async function detail(id) {
 
 async function act(kind, payload, what) {
   if (kind === "purge" && !confirm(`Purge ${what}? Dead letters are deleted for good.`)) return;
-  const result = await post("/api/letters/" + kind, payload);
+  const result = await post("/api/letters/" + kind,
+                            kind === "purge" ? Object.assign({confirm: true}, payload) : payload);
   if (result) {
     show("notice", kind === "purge" ? `purged ${result.purged} letter(s)`
       : `replayed ${result.replayed.length} letter(s)` + (result.skipped.length ? `; ${result.skipped.length} skipped` : ""));
