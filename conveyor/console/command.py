@@ -66,4 +66,4 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
         click.echo(f"write actions on: token {token}")
     poller = Poller(config, app, interval_s)
     uvicorn.run(create_app(settings, poller), host=host, port=port, log_level="warning",
-                access_log=False)
+                access_log=False, timeout_graceful_shutdown=5)

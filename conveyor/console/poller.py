@@ -103,11 +103,12 @@ class Poller:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="console-poller")
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Cancel the loop; a poll stuck closing its broker connections is left behind
+        after ``timeout_s`` rather than holding the console's exit."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=timeout_s)
 
     async def current(self) -> Reading:
         """The last reading; the first request after a rest waits for a fresh one."""

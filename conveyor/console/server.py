@@ -117,6 +117,7 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
         return JSONResponse({
             "at": reading.at, "error": reading.error, "broker": settings.broker,
             "write": settings.token is not None, "interval_s": poller.interval_s,
+            "polls": poller.polls,
             "apps": [] if reading.apps is None else [asdict(a) for a in reading.apps.apps],
             "retention_follows_groups": (reading.apps.retention_follows_groups
                                          if reading.apps is not None else None),

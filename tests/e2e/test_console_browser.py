@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -73,7 +74,8 @@ class Console:
         args = ["--port", str(self.port), "--interval", "0.5", *(["--write"] if write else [])]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli", "console", "--config", str(config), *args],
-            cwd=ROOT, env={**os.environ, "CONVEYOR_CONSOLE_TOKEN": TOKEN},
+            cwd=ROOT, env={**os.environ, "CONVEYOR_CONSOLE_TOKEN": TOKEN,
+                           "PYTHONFAULTHANDLER": "1"},  # a hang's stack, when it is aborted
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         wait_until_sync(self.ready, 30, "the console to serve")
@@ -89,7 +91,12 @@ class Console:
 
     def stop(self) -> str:
         self.proc.terminate()
-        out, err = self.proc.communicate(timeout=30)
+        try:
+            out, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)  # faulthandler prints where it hangs
+            out, err = self.proc.communicate()
+            raise AssertionError(f"the console did not stop on SIGTERM: {err}") from None
         assert "Traceback" not in err, err
         return out
 
