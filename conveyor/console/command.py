@@ -21,7 +21,8 @@ TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
               help="Show this app only (its consumer group). Default: every app found.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; anything but loopback exposes the console.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True,
+              envvar="CONVEYOR_CONSOLE_PORT", help="Port to serve on ($CONVEYOR_CONSOLE_PORT).")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0.2), default=2.0,
               show_default=True, metavar="SECONDS",
               help="How often the one shared poll loop reads the broker.")

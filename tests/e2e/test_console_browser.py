@@ -175,6 +175,8 @@ def test_the_overview_shows_the_lag_falling_while_a_worker_drains_a_backlog(
         text = lag.inner_text().replace(",", "")
         if not seen or seen[-1] != int(text):
             seen.append(int(text))
+            if len(seen) == 4:
+                screenshot(page, tmp_path, "overview-draining")
         return seen[-1] == 0
 
     wait_until_sync(drained, 60, "the lag to reach 0 on the page")
