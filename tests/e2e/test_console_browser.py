@@ -14,10 +14,11 @@ import signal
 import subprocess
 import sys
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -28,7 +29,7 @@ from tests.conftest import free_port, server_missing, wait_until_sync
 from tests.integration.redis.conftest import Worker, workers, write_config
 from tests.servers import RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 __all__ = ["workers"]  # the fixture, shared with the redis integration tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,9 +108,27 @@ def config_path(redis_server: RedisServer, tmp_path: Path) -> Path:
                         worker={"drain_timeout_s": 5.0})
 
 
+@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("kafka", marks=pytest.mark.kafka)])
+def any_config_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A redis config on a server of its own, or a kafka one on a fresh topic (2 queues)."""
+    if request.param == "redis":
+        return cast(Path, request.getfixturevalue("config_path"))
+    broker = request.getfixturevalue("tansu")
+    base = (ROOT / "configs" / "kafka.toml").read_text()
+    path = tmp_path / "kafka.toml"
+    path.write_text(
+        base.replace('bootstrap = "127.0.0.1:9092"', f'bootstrap = "{broker.bootstrap}"')
+        .replace('topic = "conveyor"', f'topic = "console-{uuid.uuid4().hex[:10]}"')
+        .replace("total = 8 ", "total = 2 ")
+        .replace("drain_timeout_s = 30", "drain_timeout_s = 5")
+    )
+    return path
+
+
 @pytest.fixture
-def console(config_path: Path) -> Iterator[Console]:
-    running = Console(config_path, write=True)
+def console(any_config_path: Path) -> Iterator[Console]:
+    running = Console(any_config_path, write=True)
     try:
         yield running
     finally:
@@ -154,6 +173,8 @@ def publish(config: Config, messages: list[Publish]) -> None:
     off_loop(send)
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("any_config_path", ["redis"], indirect=True)
 def test_the_overview_shows_the_lag_falling_while_a_worker_drains_a_backlog(
     config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
 ) -> None:
@@ -206,8 +227,9 @@ def handled(out: Path) -> list[tuple[int, str, str]]:
 
 
 def test_a_poison_letter_is_refused_without_the_token_purged_after_asking_and_replayed_once(
-    config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
+    any_config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
 ) -> None:
+    config_path = any_config_path
     config = load_config(config_path)
     out, fixed = tmp_path / "handled.txt", tmp_path / "fixed"
     workers.append(Worker("poison", config_path, tmp_path, app="tests.apps.poison_app:app",
@@ -219,6 +241,10 @@ def test_a_poison_letter_is_refused_without_the_token_purged_after_asking_and_re
     rows = page.locator("#letters tbody tr")
     wait_until_sync(lambda: rows.count() == 2, 60, "two poison letters on the page")
     assert [n for n, _, _ in handled(out)] == [1]
+    overview = page.request.get(console.url + "/api/overview").json()
+    status = overview["status"]["dlq-e2e"]
+    assert overview["error"] is None and status["dead_letters"] == 2
+    assert [q["queue"] for q in status["queues"]] == [0, 1] and len(status["members"]) == 1
 
     def row(key: str) -> Any:
         return page.locator("#letters tbody tr", has_text=f"jobs/{key}")
@@ -227,7 +253,8 @@ def test_a_poison_letter_is_refused_without_the_token_purged_after_asking_and_re
     row("k4").locator("a.letter").click()
     page.locator("#letter-body").wait_for()
     assert page.locator("#letter-body").inner_text() == '{"n":4,"poison":true}'
-    assert "poison 4" in page.locator("#detail").inner_text()
+    detail = page.locator("#detail").inner_text()
+    assert "poison 4" in detail and "null" not in detail and "undefined" not in detail
     screenshot(page, tmp_path, "letters")
 
     # Without the token: refused, on the page and at the broker.
@@ -269,6 +296,7 @@ def test_a_poison_letter_is_refused_without_the_token_purged_after_asking_and_re
     assert 5 not in [n for n, _, _ in rows_handled]  # purged, never handled
 
 
+@pytest.mark.redis
 def test_a_read_only_console_has_no_write_actions_and_refuses_them(
     config_path: Path, page: Any, tmp_path: Path,
 ) -> None:

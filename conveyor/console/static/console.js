@@ -77,8 +77,7 @@ async function post(url, payload) {
 }
 
 function setContent(...nodes) {
-  const content = document.getElementById("content");
-  content.replaceChildren(...nodes);
+  document.getElementById("content").replaceChildren(...nodes.filter(n => n !== null && n !== undefined));
 }
 
 // ---- charts: inline SVG, from what the console polled itself
@@ -186,13 +185,14 @@ async function detail(id) {
     const d = await getJSON("/api/letters/" + encodeURIComponent(id) + "?app=" + encodeURIComponent(app));
     const fields = ["id", "namespace", "key", "handler", "error_type", "attempts", "failed_at",
                     "message_id", "trace_id", "content_type", "replay_of"];
-    box.replaceChildren(el("h2", {}, "Letter " + d.id),
+    box.replaceChildren(...[el("h2", {}, "Letter " + d.id),
       table(["field", "value"], fields.map(f => [f, d[f] === null ? "-" : d[f]])),
       el("h3", {}, "error"), el("pre", {}, d.error),
       el("h3", {}, "headers"), el("pre", {}, JSON.stringify(d.headers, null, 2)),
       el("h3", {}, d.body !== undefined ? "body" : "body (base64)"),
       el("pre", {id: "letter-body"}, d.body !== undefined ? d.body : d.body_base64),
-      d.body_cut_at || d.body_base64_cut_at ? el("p", {class: "muted"}, "cut at 4096 characters") : null);
+      d.body_cut_at || d.body_base64_cut_at ? el("p", {class: "muted"}, "cut at 4096 characters") : null,
+    ].filter(node => node !== null));
   } catch (e) { show("error", e.message); }
 }
 
