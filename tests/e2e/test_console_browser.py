@@ -14,11 +14,10 @@ import signal
 import subprocess
 import sys
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -26,11 +25,13 @@ from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from tests.conftest import free_port, server_missing, wait_until_sync
-from tests.integration.redis.conftest import Worker, workers, write_config
-from tests.servers import RedisServer
+from tests.e2e.test_dlq import config_path
+from tests.integration.redis.conftest import Worker, workers
 
 pytestmark = pytest.mark.slow
-__all__ = ["workers"]  # the fixture, shared with the redis integration tests
+# Fixtures shared with other tests: a redis or a kafka config of 2 queues (the dlq tests'),
+# and the workers a test starts, killed at teardown.
+__all__ = ["config_path", "workers"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CONVEYOR_CHROMIUM", "/usr/bin/chromium")
@@ -103,32 +104,8 @@ class Console:
 
 
 @pytest.fixture
-def config_path(redis_server: RedisServer, tmp_path: Path) -> Path:
-    return write_config(tmp_path / "redis.toml", redis_server.url, queues={"total": 2},
-                        worker={"drain_timeout_s": 5.0})
-
-
-@pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.redis),
-                        pytest.param("kafka", marks=pytest.mark.kafka)])
-def any_config_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    """A redis config on a server of its own, or a kafka one on a fresh topic (2 queues)."""
-    if request.param == "redis":
-        return cast(Path, request.getfixturevalue("config_path"))
-    broker = request.getfixturevalue("tansu")
-    base = (ROOT / "configs" / "kafka.toml").read_text()
-    path = tmp_path / "kafka.toml"
-    path.write_text(
-        base.replace('bootstrap = "127.0.0.1:9092"', f'bootstrap = "{broker.bootstrap}"')
-        .replace('topic = "conveyor"', f'topic = "console-{uuid.uuid4().hex[:10]}"')
-        .replace("total = 8 ", "total = 2 ")
-        .replace("drain_timeout_s = 30", "drain_timeout_s = 5")
-    )
-    return path
-
-
-@pytest.fixture
-def console(any_config_path: Path) -> Iterator[Console]:
-    running = Console(any_config_path, write=True)
+def console(config_path: Path) -> Iterator[Console]:
+    running = Console(config_path, write=True)
     try:
         yield running
     finally:
@@ -174,7 +151,7 @@ def publish(config: Config, messages: list[Publish]) -> None:
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("any_config_path", ["redis"], indirect=True)
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
 def test_the_overview_shows_the_lag_falling_while_a_worker_drains_a_backlog(
     config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
 ) -> None:
@@ -227,9 +204,8 @@ def handled(out: Path) -> list[tuple[int, str, str]]:
 
 
 def test_a_poison_letter_is_refused_without_the_token_purged_after_asking_and_replayed_once(
-    any_config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
+    config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
 ) -> None:
-    config_path = any_config_path
     config = load_config(config_path)
     out, fixed = tmp_path / "handled.txt", tmp_path / "fixed"
     workers.append(Worker("poison", config_path, tmp_path, app="tests.apps.poison_app:app",
@@ -297,6 +273,7 @@ def test_a_poison_letter_is_refused_without_the_token_purged_after_asking_and_re
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
 def test_a_read_only_console_has_no_write_actions_and_refuses_them(
     config_path: Path, page: Any, tmp_path: Path,
 ) -> None:
