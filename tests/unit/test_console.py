@@ -6,6 +6,7 @@ no password in anything served."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message
 from tests.conftest import wait_until_sync
 from tests.integration.redis.conftest import write_config
-from tests.servers import RedisServer
+from tests.servers import SENTINEL_SERVICE, RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -30,11 +31,34 @@ APP = "shop"
 TOKEN = "s3cret-token"
 
 
-@pytest.fixture
-def config(redis_server: RedisServer, tmp_path: Path) -> Config:
+def redis_config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
+    """Two queues on a redis-server of the test's own, or on the module's shared Redis
+    Cluster or Sentinel-managed primary under a prefix of the test's own."""
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        return load_config(write_config(tmp_path / "redis.toml", server.url,
+                                        queues={"total": 2}))
+    prefix = f"console-{uuid.uuid4().hex[:8]}"
+    if request.param == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        redis = {"mode": "cluster", "url": cluster.url, "prefix": prefix}
+    else:
+        servers = request.getfixturevalue("redis_sentinel")
+        redis = {"mode": "sentinel", "url": "redis:///0", "sentinels": servers.addresses,
+                 "sentinel_service": SENTINEL_SERVICE, "prefix": prefix}
+    return load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": 2}, "redis": redis,
+        "balancer": {"membership": "redis"}})
+
+
+@pytest.fixture(params=[
+    pytest.param("redis"),
+    pytest.param("redis-cluster", marks=pytest.mark.redis_cluster),
+    pytest.param("redis-sentinel", marks=pytest.mark.redis_sentinel),
+])
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
     """Two queues with app ``shop``'s group on both, 5 messages waiting, 3 letters."""
-    path = write_config(tmp_path / "redis.toml", redis_server.url, queues={"total": 2})
-    config = load_config(path)
+    config = redis_config(request, tmp_path)
 
     async def prepare() -> None:
         adapter = create_adapter("redis", config)
@@ -83,7 +107,7 @@ def test_the_overview_lists_the_apps_their_queues_lag_and_letters(api: TestClien
     assert [q["queue"] for q in status["queues"]] == [0, 1]
     assert status["total_lag"] == 5 and status["dead_letters"] == 3
     assert [g["group"] for g in status["groups"]] == [APP]
-    assert data["broker"].startswith("redis redis://127.0.0.1:")
+    assert data["broker"].startswith("redis ")
 
 
 def test_charts_are_drawn_from_the_console_s_own_polls(api: TestClient) -> None:
@@ -198,3 +222,19 @@ def test_pages_are_the_shell_with_the_mode_and_a_strict_policy(api: TestClient,
     with client_for(config, app=APP) as one_app:
         assert one_app.get("/api/letters", params={"app": "other"}).status_code == 404
         assert 'data-mode="read-only"' in one_app.get("/").text
+
+
+def test_a_broker_down_is_a_message_on_the_page_not_a_traceback(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
+                                      queues={"total": 2},
+                                      redis={"retry_max_s": 0.5, "connect_timeout_s": 0.5}))
+    with client_for(config) as api:
+        assert api.get("/api/overview").json()["error"] is None
+        redis_server.stop()
+        wait_until_sync(lambda: api.get("/api/overview").json()["error"] is not None, 30,
+                        "the failed poll on the page")
+        letters = api.get("/api/letters", params={"app": APP})
+    assert letters.status_code == 502
+    assert "Traceback" not in letters.text and letters.json()["error"]
