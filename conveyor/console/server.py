@@ -41,6 +41,7 @@ from conveyor.console.actions import Choice, NotFound
 from conveyor.console.poller import Poller, rates
 from conveyor.platform.config import Config
 from conveyor.platform.errors import (
+    AppAliveError,
     ConfigError,
     ConveyorError,
     InvalidArgumentError,
@@ -206,9 +207,10 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]
             return _error(404, str(exc))
         except (InvalidArgumentError, ConfigError) as exc:
             return _error(400, str(exc))
-        except ConveyorError as exc:  # refused (an app alive), or the broker failing
-            return _error(409 if "alive" in str(exc) else 502,
-                          f"{type(exc).__name__}: {exc}")
+        except AppAliveError as exc:
+            return _error(409, str(exc))
+        except ConveyorError as exc:  # the broker failing
+            return _error(502, f"{type(exc).__name__}: {exc}")
         except Exception:
             log.exception("console: %s %s failed", request.method, request.url.path)
             return _error(500, "the console failed on this request (its log says why)")

@@ -238,3 +238,20 @@ def test_a_broker_down_is_a_message_on_the_page_not_a_traceback(
         letters = api.get("/api/letters", params={"app": APP})
     assert letters.status_code == 502
     assert "Traceback" not in letters.text and letters.json()["error"]
+
+
+def test_deleting_the_group_of_an_app_that_looks_alive_is_refused(api: TestClient,
+                                                                  config: Config) -> None:
+    async def read_as_the_app() -> None:  # what a daemon does: a queue read just now
+        adapter: Any = create_adapter("redis", config)
+        try:
+            await adapter.redis.xreadgroup(APP, "someone", {adapter.keys.queue(0): ">"},
+                                           count=1)
+        finally:
+            await adapter.close()
+
+    asyncio.run(read_as_the_app())
+    refused = write(api, "/api/groups/delete", {"confirm": True})
+    assert refused.status_code == 409, refused.text
+    assert "looks alive" in refused.json()["error"]
+    assert api.get("/api/overview").json()["apps"][0]["app"] == APP  # still there
