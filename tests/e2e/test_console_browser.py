@@ -60,11 +60,19 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
+    """A fresh tab; at the end, no script error nor policy violation may have happened
+    (a refused request's status is logged by the browser and is expected)."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
     try:
-        yield context.new_page()
+        tab = context.new_page()
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error"
+               and not msg.text.startswith("Failed to load resource") else None)
+        yield tab
     finally:
         context.close()
+    assert not errors, errors
 
 
 class Console:
