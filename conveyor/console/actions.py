@@ -19,7 +19,7 @@ from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
 from conveyor.platform.dlq import LetterFilter, letters, replay
-from conveyor.platform.errors import InvalidArgumentError
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.groups import delete_app_group
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
@@ -32,8 +32,19 @@ LIST_LIMIT = 200
 """Letters a list shows at most (the count says how many there are)."""
 
 
-class NotFound(Exception):
+class RequestError(ConveyorError):
+    """A request the console refuses, with the HTTP status it answers."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(RequestError):
     """A letter or an app the request named is not there (HTTP 404)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(404, message)
 
 
 @dataclass(frozen=True)

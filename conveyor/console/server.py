@@ -37,7 +37,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from conveyor.console import actions
-from conveyor.console.actions import Choice, NotFound
+from conveyor.console.actions import Choice, RequestError
 from conveyor.console.poller import Poller, rates
 from conveyor.platform.config import Config
 from conveyor.platform.errors import (
@@ -73,12 +73,6 @@ def broker_name(config: Config) -> str:
 
         return f"redis {server_name(config.redis)}"
     return f"kafka {config.kafka.bootstrap} (topic {config.kafka.topic})"
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _shell(settings: Settings, page: str) -> str:
@@ -151,14 +145,14 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
     async def purge(request: Request) -> Response:
         body = await _write_body(request, settings)
         if body.get("confirm") is not True:
-            raise ApiError(400, "purge deletes letters for good: send \"confirm\": true")
+            raise RequestError(400, "purge deletes letters for good: send \"confirm\": true")
         return JSONResponse(await actions.purge_letters(settings.config, _choice(body, settings)))
 
     async def delete_group(request: Request) -> Response:
         body = await _write_body(request, settings)
         app = actions.check_text("app", body.get("app"), required=True) or ""
         if body.get("confirm") is not True:
-            raise ApiError(400, "deleting a group is for good: send \"confirm\": true")
+            raise RequestError(400, "deleting a group is for good: send \"confirm\": true")
         return JSONResponse(await actions.delete_group(settings.config, app))
 
     routes = [
@@ -199,10 +193,8 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]
     async def run(request: Request) -> Response:
         try:
             return await endpoint(request)
-        except ApiError as exc:
+        except RequestError as exc:
             return _error(exc.status, str(exc))
-        except NotFound as exc:
-            return _error(404, str(exc))
         except UnknownGroupError as exc:
             return _error(404, str(exc))
         except (InvalidArgumentError, ConfigError) as exc:
@@ -225,32 +217,32 @@ def _error(status: int, message: str) -> Response:
 def _app_param(value: Any, settings: Settings) -> str:
     app = actions.check_text("app", value) or settings.app
     if app is None:
-        raise ApiError(400, "app: required (the console watches every app: name one)")
+        raise RequestError(400, "app: required (the console watches every app: name one)")
     if settings.app is not None and app != settings.app:
-        raise ApiError(404, f"app: this console shows app {settings.app!r} only")
+        raise RequestError(404, f"app: this console shows app {settings.app!r} only")
     return app
 
 
 async def _write_body(request: Request, settings: Settings) -> dict[str, Any]:
     """The JSON body of a write action, once the token, the origin and the type pass."""
     if settings.token is None:
-        raise ApiError(403, "the console is read-only: start it with --write to replay, "
+        raise RequestError(403, "the console is read-only: start it with --write to replay, "
                             "purge or delete")
     origin = request.headers.get("origin")
     if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
-        raise ApiError(403, "cross-site request refused")
+        raise RequestError(403, "cross-site request refused")
     given = request.headers.get(TOKEN_HEADER, "")
     if not hmac.compare_digest(given.encode(), settings.token.encode()):
-        raise ApiError(403, f"write actions need the console's token in the {TOKEN_HEADER} "
+        raise RequestError(403, f"write actions need the console's token in the {TOKEN_HEADER} "
                             "header (printed when the console started)")
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise ApiError(415, "send the action as application/json")
+        raise RequestError(415, "send the action as application/json")
     try:
         body = json.loads(await request.body())
     except ValueError:
-        raise ApiError(400, "the body is not JSON") from None
+        raise RequestError(400, "the body is not JSON") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+        raise RequestError(400, "the body must be a JSON object")
     return body
 
 
@@ -258,7 +250,7 @@ def _choice(body: dict[str, Any], settings: Settings) -> Choice:
     every = body.get("all") is True
     ids = actions.check_ids(body.get("ids", []))
     if every == bool(ids):
-        raise ApiError(400, "give either \"all\": true or \"ids\": [...], not both or neither")
+        raise RequestError(400, "give either \"all\": true or \"ids\": [...], not both or neither")
     return Choice(_app_param(body.get("app"), settings), ids, every,
                   actions.check_text("handler", body.get("handler")),
                   actions.check_text("error_type", body.get("error_type")),
