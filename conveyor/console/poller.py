@@ -121,6 +121,11 @@ class Poller:
                 await asyncio.wait_for(self._fresh.wait(), timeout=10.0)
         return self.reading
 
+    @property
+    def resting(self) -> bool:
+        """Whether the loop waits for a page to ask before it reads the broker again."""
+        return not self._wanted.is_set()
+
     def history(self, app: str) -> list[Sample]:
         return list(self._history.get(app, ()))
 

@@ -255,3 +255,17 @@ def test_deleting_the_group_of_an_app_that_looks_alive_is_refused(api: TestClien
     assert refused.status_code == 409, refused.text
     assert "looks alive" in refused.json()["error"]
     assert api.get("/api/overview").json()["apps"][0]["app"] == APP  # still there
+
+
+def test_one_poll_loop_serves_every_page_and_rests_while_none_looks(config: Config) -> None:
+    poller = Poller(config, None, interval_s=0.5, idle_after_s=0.5)
+    settings = Settings(config, None, None, "127.0.0.1", broker_name(config))
+    with TestClient(create_app(settings, poller), base_url="http://127.0.0.1:8089") as api:
+        api.get("/api/overview")
+        before = poller.polls
+        for _ in range(40):  # forty pages asking at once cost what one does
+            assert api.get("/api/overview").status_code == 200
+        assert poller.polls - before <= 2
+        wait_until_sync(lambda: poller.resting, 10, "the loop to rest with no page asking")
+        rested = poller.polls
+        assert api.get("/api/overview").json()["polls"] == rested + 1  # woken: a fresh read
