@@ -59,6 +59,9 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     settings = Settings(config, app, token, host, broker_name(config))
     where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
     click.echo(f"conveyor console on {where} ({settings.broker}); Ctrl-C stops it")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: bound to {host}: anyone who can reach it sees your queues and "
+                   "dead letters' bodies", err=True)
     if token is None:
         click.echo("read-only: start with --write to replay, purge or delete groups")
     elif os.environ.get(TOKEN_ENV):
