@@ -79,6 +79,6 @@ def stop_when(
     return stderr
 
 
-# The server fixtures (redis_server, tansu), shared by tests/contract/ and
-# tests/integration/: one tansu per session for both.
+# The server fixtures (redis_server, tansu, redis_cluster, redis_sentinel and the
+# fresh_ ones), shared by tests/contract/ and tests/integration/: tests/servers/.
 pytest_plugins = ["tests.servers"]

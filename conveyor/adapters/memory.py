@@ -152,6 +152,8 @@ def reset_broker(name: str = "default") -> None:
 
 
 class MemoryReceiver(QueueReceiver):
+    in_process = True
+
     def __init__(self, broker: MemoryBroker, queue: int, group: str, *,
                  at_end: bool = False) -> None:
         self._broker = broker

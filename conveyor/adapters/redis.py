@@ -49,6 +49,8 @@ from conveyor.adapters.redis_conn import (
     run_replicated,
     token_of,
 )
+from conveyor.adapters.redis_coordination import lease_held
+from conveyor.adapters.redis_eviction import EvictionGuard
 from conveyor.platform import letters as layout
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.errors import (
@@ -397,6 +399,9 @@ class RedisReceiver(QueueReceiver):
         self._next_trim = 0.0
         self._closed = False
         self._decoder = EntryDecoder(queue)
+        self._check_lease = False
+        """Set by what says the server may have lost the lease (a connection error: it
+        may have restarted empty; a refused ack): the next read first checks it."""
 
     def set_lease(self, lease: Lease | None) -> None:
         if lease is None:
@@ -435,6 +440,8 @@ class RedisReceiver(QueueReceiver):
         self._closed = False
 
     async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        if self._check_lease:
+            await self._lease_held()
         if self._history_from is not None:
             out = await self._read(self._history_from, max_count, None)
             if out:
@@ -456,9 +463,11 @@ class RedisReceiver(QueueReceiver):
         except BrokerConnectionError:
             # The reply may be lost while the server moved entries into our pending list.
             self._history_from = self._last_id
+            self._check_lease = True
             raise
         except BrokerError as exc:
             if "NOGROUP" in str(exc):  # the stream or group was deleted: recreate, go on
+                await self._lease_held()  # unless the lease went with it (an empty restart)
                 await self._adapter.ensure_group(self._queue, self._group)
                 return []
             raise
@@ -568,6 +577,7 @@ class RedisReceiver(QueueReceiver):
             [self._group, self._lease_value, ids],
         ))
         if result == -1:
+            self._check_lease = True
             raise LeaseLostError(
                 f"queue {self._queue}: lease token {self._token} is no longer valid; "
                 f"{len(tokens)} acknowledgement(s) refused"
@@ -579,6 +589,14 @@ class RedisReceiver(QueueReceiver):
             _, sec, usec = result
             log.debug("queue %d: acked %d message(s) under token %d at server time %.6f",
                       self._queue, len(tokens), self._token, int(sec) + int(usec) / 1e6)
+
+    async def _lease_held(self) -> None:
+        """Raise LeaseLostError unless the server still holds this receiver's lease: a
+        server that restarted empty has lost it, and reading on would run messages whose
+        acknowledgements the fence refuses — the next owner runs them again."""
+        if self._lease_value:
+            await lease_held(self._caller, self._lease_key, self._lease_value, self._queue)
+        self._check_lease = False
 
     async def _trim(self) -> None:
         cap_ms = now_ms() - self._retention_ms
@@ -645,8 +663,16 @@ class RedisAdapter(QueueAdapter):
         self.replayed_batches = 0
         """Batches a retry found already written (their first reply was lost)."""
         self._groups_ready: set[tuple[int, str]] = set()
+        self.eviction = EvictionGuard(cfg, self.caller)
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
+
+    async def check_server(self) -> None:
+        """Its eviction policy (see :class:`~conveyor.adapters.redis_eviction.EvictionGuard`)."""
+        await self.eviction.check(retry=False)
+
+    async def eviction_policy(self) -> str | None:
+        return await self.eviction.summary()
 
     async def ensure_group(self, queue: int, group: str) -> None:
         """Create ``group`` on the queue's stream where ``[queues] new_group_start`` says:
@@ -679,6 +705,8 @@ class RedisAdapter(QueueAdapter):
         """
         if not messages:
             return []
+        if not self.eviction.checked:  # before the first: a server that may evict refuses
+            await self.eviction.check(retry=True)
         stream = self.keys.queue(queue)
         window = self.publish_window_ms
         chunks = publish_chunks(messages)

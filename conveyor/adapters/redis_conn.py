@@ -6,10 +6,12 @@ prints a password: URLs are logged through :func:`redact_url` only.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import ssl
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -253,6 +255,34 @@ class _CPacking:
             args = (*first.split(), *args[1:])
         return [cast(bytes, hiredis.pack_command(args))]
 
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """redis-py's, its write bounded by ``asyncio.timeout`` instead of
+        ``asyncio.wait_for`` (Python 3.11 only; 3.12's ``wait_for`` is built on it).
+
+        On 3.11 ``wait_for`` swallows a cancellation that arrives as the write finishes:
+        the cancelled call then went on to wait for its reply. A stopping worker waited
+        out each queue's blocking ``XREADGROUP`` (``poll_timeout_ms``), and a loop
+        stopped by cancellation alone (the balancer's lease renewal) did not stop at all
+        (tests/integration/redis/test_redis_stop_idle.py). redis-py reads the connection's
+        ``socket_timeout`` to pick ``wait_for``: it is unset for the call, and applied
+        around it here instead.
+        """
+        conn: Any = self
+        send = super().send_packed_command  # type: ignore[misc]
+        timeout_s = conn.socket_timeout
+        if not timeout_s or sys.version_info >= (3, 12):
+            await send(command, check_health)
+            return
+        conn.socket_timeout = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                await send(command, check_health)
+        except TimeoutError:  # asyncio's: redis-py's own TimeoutError is no subclass
+            await conn.disconnect(nowait=True)
+            raise rex.TimeoutError("Timeout writing to socket") from None
+        finally:
+            conn.socket_timeout = timeout_s
+
 
 class _CPackedConnection(_CPacking, rconn.Connection):
     pass
@@ -313,11 +343,21 @@ class ClusterClient(RedisCluster):
         node = self.get_node_from_key(key)
         if node is None:  # pragma: no cover - get_node_from_key raises instead
             raise rex.SlotNotCoveredError(f"no node serves {key!r}")
-        client = self._node_clients.get(node.name)
+        return self._node_client(node.name, node.host, int(node.port))
+
+    async def primary_clients(self) -> dict[str, aioredis.Redis]:
+        """A plain client of every primary, by ``host:port``."""
+        if self._initialize:
+            await self.initialize()
+        return {node.name: self._node_client(node.name, node.host, int(node.port))
+                for node in self.get_primaries()}
+
+    def _node_client(self, name: str, host: str, port: int) -> aioredis.Redis:
+        client = self._node_clients.get(name)
         if client is None:
-            client = aioredis.Redis(host=node.host, port=int(node.port), **self._node_kwargs)
+            client = aioredis.Redis(host=host, port=port, **self._node_kwargs)
             _c_packed(client)
-            self._node_clients[node.name] = client
+            self._node_clients[name] = client
         return client
 
     def topology_changed(self) -> None:

@@ -13,6 +13,13 @@ from a per-queue counter (``INCR``) so it only grows; a generation counter per a
 counts grants and releases, so a settled balancer can tell nothing moved without
 reading every lease. Acquire, renew and release are
 Lua scripts: a check and its write cannot interleave with another daemon's.
+
+A server that lost its data (restarted empty) must not repeat a counter's value: a
+repeated token would pass a stale owner's acknowledgements through the fence, a
+repeated generation or version could tell a balancer that nothing moved. A missing
+counter starts at the server's clock in ms (``_SEEDED`` in
+:mod:`~conveyor.adapters.redis_scripts`). A lease found gone (not merely renewed late)
+is reported lost at once, and a receiver reads no more on it (:func:`lease_held`).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from conveyor.adapters.redis_conn import (
     mget,
     run_replicated,
 )
-from conveyor.platform.errors import BrokerError
+from conveyor.platform.errors import BrokerError, LeaseLostError
 from conveyor.platform.leases import Lease, LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, timer_phase
 from conveyor.platform.tasks import cancel_and_wait
@@ -181,6 +188,8 @@ class RedisLeaseStore(LeaseStore):
         self._acquire = self._redis.register_script(lua.LEASE_ACQUIRE)
         self._renew = self._redis.register_script(lua.LEASE_RENEW)
         self._release = self._redis.register_script(lua.LEASE_RELEASE)
+        self._bump_script = self._redis.register_script(lua.COUNTER_BUMP)
+        self._read_counter = self._redis.register_script(lua.COUNTER_READ)
         # Local monotonic times at which leases we were refused are due to expire.
         self._blocked_until: dict[int, float] = {}
         self._replicas = replicas
@@ -242,7 +251,11 @@ class RedisLeaseStore(LeaseStore):
         ok, confirmed = await self._run(
             f"renewing the lease of queue {lease.queue}", self._renew, [key],
             [f"{lease.token} {lease.owner}", int(ttl_s * 1000)], retry=False)
-        if not ok:
+        if ok != 1:
+            if ok == -1:
+                log.warning("queue %d: the lease (token %d) is gone from the server: "
+                            "it expired before this renewal, or the server lost it "
+                            "(restarted empty, the key evicted)", lease.queue, lease.token)
             return None
         if confirmed < self._replicas:
             self._short("a lease renewal", lease.queue, confirmed)
@@ -265,7 +278,7 @@ class RedisLeaseStore(LeaseStore):
             return
         try:
             await self._caller.once("counting a lease change",
-                                    lambda: self._redis.incr(self._generation_key))
+                                    lambda: self._bump_script(keys=[self._generation_key]))
         except BrokerError as exc:
             log.info("the leases' generation was not bumped: %s", exc)
 
@@ -278,8 +291,9 @@ class RedisLeaseStore(LeaseStore):
 
     async def generation(self) -> int:
         value = await self._caller.retrying(
-            "reading the leases' generation", lambda: self._redis.get(self._generation_key))
-        return int(value or 0)
+            "reading the leases' generation",
+            lambda: self._read_counter(keys=[self._generation_key]))
+        return int(value)
 
     async def wait_released(self, timeout_s: float) -> None:
         """Sleep until the soonest refused lease is due to expire, or ``timeout_s``; while
@@ -296,6 +310,20 @@ class RedisLeaseStore(LeaseStore):
             await asyncio.sleep(wait_s)
             return
         await _until_changed(self.generation, wait_s)
+
+
+async def lease_held(caller: Caller, key: str, value: str, queue: int) -> None:
+    """Raise LeaseLostError unless the lease ``key`` still holds ``value``."""
+    held = await caller.once(f"checking the lease of queue {queue}",
+                             lambda: caller.redis.get(key))
+    if held != value.encode():
+        token = value.partition(" ")[0]
+        raise LeaseLostError(
+            f"queue {queue}: lease token {token} is "
+            + ("gone from the server (expired, or the server restarted empty)"
+               if held is None
+               else "held by another daemon now")
+            + "; reading no more on it")
 
 
 async def _until_changed(read: Callable[[], Awaitable[int]], timeout_s: float) -> bool:

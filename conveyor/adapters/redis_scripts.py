@@ -179,35 +179,66 @@ end
 return {added, last}
 """
 
+# Counters (fencing tokens, the leases' generation, the membership's version) must never
+# repeat a value, even across a server that lost its data (restarted empty, a key
+# evicted): a repeated token would let a stale owner's acknowledgements through the
+# fence, a repeated generation or version could make a balancer believe nothing moved.
+# So a missing counter starts at the server's clock in ms, past every value the lost one
+# reached (it would have had to count faster than once a millisecond). seeded(key)
+# creates it so and returns the key, for INCR or GET.
+_SEEDED = """
+local function seeded(key)
+  if redis.call('EXISTS', key) == 0 then
+    local t = redis.call('TIME')
+    local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('SET', key, string.format('%.0f', ms))
+  end
+  return key
+end
+"""
+
 # KEYS: lease, fence counter, leases generation (left out on a cluster, where the
 # caller bumps it apart). ARGV: owner, ttl ms.
 # Returns {token} when granted, {0, pttl} when someone else holds it. A grant or a
 # release counts in the generation, which balancers poll to know that nothing moved.
-LEASE_ACQUIRE = """
+LEASE_ACQUIRE = _SEEDED + """
 local held = redis.call('GET', KEYS[1])
 if held then
   local owner = string.sub(held, string.find(held, ' ', 1, true) + 1)
   if owner ~= ARGV[1] then return {0, redis.call('PTTL', KEYS[1])} end
 end
-local token = redis.call('INCR', KEYS[2])
+local token = redis.call('INCR', seeded(KEYS[2]))
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
-if KEYS[3] then redis.call('INCR', KEYS[3]) end
+if KEYS[3] then redis.call('INCR', seeded(KEYS[3])) end
 return {token}
 """
 
-# KEYS: lease. ARGV: lease value, ttl ms. 1 renewed, 0 lost.
+# KEYS: a counter (the leases' generation on a cluster). Its next value.
+COUNTER_BUMP = _SEEDED + """
+return redis.call('INCR', seeded(KEYS[1]))
+"""
+
+# KEYS: a counter. Its value (created as seeded() does if missing).
+COUNTER_READ = _SEEDED + """
+return tonumber(redis.call('GET', seeded(KEYS[1])))
+"""
+
+# KEYS: lease. ARGV: lease value, ttl ms. 1 renewed, 0 held by another, -1 gone (it
+# expired, or the server lost it: restarted empty, the key evicted).
 LEASE_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-return 0
+if held then return 0 end
+return -1
 """
 
 # KEYS: lease, leases generation (left out on a cluster). ARGV: lease value.
-LEASE_RELEASE = """
+LEASE_RELEASE = _SEEDED + """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if KEYS[2] then redis.call('INCR', KEYS[2]) end
+  if KEYS[2] then redis.call('INCR', seeded(KEYS[2])) end
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -217,7 +248,8 @@ return 0
 # view version counter. The version grows whenever the set of ids changes (a join, a
 # leave, a lapse) and never on a heartbeat, so a daemon can poll it for a few bytes
 # instead of reading every record. Every script first drops lapsed members.
-_PRUNE = """
+_PRUNE = _SEEDED + """
+seeded(KEYS[3])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)

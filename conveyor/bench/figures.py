@@ -16,6 +16,10 @@ from typing import Any
 from conveyor.bench.timing import PUBLISH_BATCH, PUBLISHERS
 
 RATIOS = {"ratio": ("msgs_per_s", "floor_msgs_per_s"),
+          "metrics_ratio": ("metrics_msgs_per_s", "msgs_per_s"),
+          # CPU per message off over on: the rate a CPU-bound worker keeps with /metrics
+          # on, steadier than wall time on a loaded machine
+          "metrics_cpu_ratio": ("cpu_us_per_msg", "metrics_cpu_us_per_msg"),
           "publish_ratio": ("publish_msgs_per_s", "publish_floor_msgs_per_s")}
 
 
@@ -101,6 +105,10 @@ class ThroughputResult:
             *_rows("  raw loop", f, "floor_"),
             *_ratio("  ratio", f["ratio"]),
         ]
+        if "metrics_msgs_per_s" in f:
+            lines += [*_rows("  conveyor, /metrics on", f, "metrics_"),
+                      *_ratio("  ratio (/metrics on / off)", f["metrics_ratio"]),
+                      *_ratio("  CPU ratio (off / on)", f["metrics_cpu_ratio"])]
         if "publish_msgs_per_s" in f:
             lines += [
                 _line("publish", "msgs/s", "CPU us/msg"),

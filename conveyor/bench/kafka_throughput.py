@@ -4,7 +4,7 @@ The figures and their order are :mod:`conveyor.bench.throughput`'s, each run on 
 of its own (``queues.total`` partitions); what is Kafka's:
 
 * **publish floor** — an ``AIOKafkaProducer`` with the adapter's settings
-  (:func:`~conveyor.adapters.kafka_conn.start_producer`: ``acks=all``, idempotent where
+  (:func:`~conveyor.adapters.kafka.connection.start_producer`: ``acks=all``, idempotent where
   the broker allows), already started and holding the topic's metadata, sending the
   records Conveyor writes (key, value, headers, timestamp, already encoded) with
   ``create_batch`` / ``send_batch`` per partition,
@@ -40,10 +40,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
-from conveyor.adapters.kafka import KafkaAdapter, message_headers
-from conveyor.adapters.kafka_conn import client_options, start_producer
+from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.adapters.kafka.codec import message_headers
+from conveyor.adapters.kafka.connection import admin, client_options, start_producer
 from conveyor.bench.figures import ThroughputResult
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config
 from conveyor.bench.throughput import Backend, build_messages, measure, noop, queue_chunks
@@ -162,12 +162,9 @@ class KafkaBackend(Backend):
         await adapter.producer()  # creates the topic and connects
 
     async def cleanup(self, bench: BenchConfig) -> None:
-        admin = AIOKafkaAdminClient(**client_options(bench.config.kafka))
         with contextlib.suppress(Exception):  # a broker that cannot delete keeps it
-            await admin.start()
-            await admin.delete_topics([bench.config.kafka.topic])
-        with contextlib.suppress(Exception):
-            await admin.close()
+            async with admin(client_options(bench.config.kafka)) as client:
+                await client.delete_topics([bench.config.kafka.topic])
 
     async def floors(self, bench: BenchConfig,
                      messages: Sequence[Message]) -> tuple[Sample, Sample]:
@@ -180,7 +177,7 @@ class KafkaBackend(Backend):
                 published = await publish_floor(producer, cfg.topic, messages, total)
             finally:
                 await producer.stop()
-            consumer = adapter.new_consumer(f"{cfg.topic}-raw")
+            consumer = adapter.cluster.new_consumer(f"{cfg.topic}-raw")
             consumed = await consume_floor(consumer, cfg.topic, total, len(messages))
         finally:
             await adapter.close()

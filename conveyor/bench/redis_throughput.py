@@ -301,7 +301,7 @@ async def _measure(backend: RedisBackend, messages: int, streams: int, repeats: 
     slots, items, single = 0, bench_items(messages, streams), min(messages, SINGLE_MAX)
     for i in range(repeats):
         tag = f"r{i}"
-        figures, slots = await repeat_once(backend, items, tag, single)
+        figures, slots = await repeat_once(backend, items, tag, single, i % 2 == 1)
         one.append(figures)
         floor = {k: v for k, v in figures.items() if k.startswith("floor_")}
         for d, runs in more.items():

@@ -3,7 +3,9 @@
 The workload (memory adapter, no-op handler): ``N`` messages published one by one
 through ``Client.publish`` — where the producer span starts when tracing is on — then
 one daemon started and timed until every message is handled and acknowledged. The
-figure is ``N`` over the wall time of both phases; CPU is ``process_time`` over both.
+figure is ``N`` over the wall time of both phases; CPU is ``process_time`` over both,
+and over the second alone ("consume CPU": what a worker pays, the producer's span and
+sampling decision excluded).
 
 Four variants, each run in a fresh subprocess so none inherits another's heap:
 
@@ -20,7 +22,7 @@ Four variants, each run in a fresh subprocess so none inherits another's heap:
     exporting spans, not of network I/O.
 ``metrics``
     what ``[http] port`` alone turns on: a meter read by the Prometheus reader of
-    ``/metrics`` (no tracer), its handler-duration histogram recorded per message, and
+    ``/metrics`` (no tracer), its handler-duration histogram counted per message, and
     ``/metrics`` rendered every 0.1 s during the run (a scraper asks every 15 s or so:
     this overstates the rendering share on purpose).
 
@@ -110,7 +112,8 @@ def _telemetry_on(sample_ratio: float) -> tuple[Telemetry, Any]:
     return Telemetry(provider, meters), exporter
 
 
-async def _publish_and_handle(n: int, telemetry: Telemetry | None) -> tuple[float, float]:
+async def _publish_and_handle(n: int, telemetry: Telemetry | None
+                              ) -> tuple[float, float, float]:
     counter = [0]
     reset_broker("tele")
     adapter = MemoryAdapter("tele")
@@ -133,16 +136,18 @@ async def _publish_and_handle(n: int, telemetry: Telemetry | None) -> tuple[floa
         scraping = asyncio.create_task(scrape())
     for key, body in bodies:
         await client.publish("bench", key, body)
+    consume_c0 = time.process_time()
     await daemon.start()
     await asyncio.wait_for(acks.done.wait(), timeout=300)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    consume_cpu = time.process_time() - consume_c0
     if scraping is not None and telemetry is not None:
         scraping.cancel()
         if scrapes[0] == 0:  # a run too short to be scraped measured nothing of it
             telemetry.prometheus_text()
     report = await daemon.stop()
     assert report.acked == n == counter[0], (report, counter[0])
-    return n / wall, cpu / n * 1e6
+    return n / wall, cpu / n * 1e6, consume_cpu / n * 1e6
 
 
 def run_variant(variant: str, messages: int, sample_ratio: float) -> dict[str, Any]:
@@ -154,18 +159,19 @@ def run_variant(variant: str, messages: int, sample_ratio: float) -> dict[str, A
     spans = 0
     if variant == "on":
         telemetry, exporter = _telemetry_on(sample_ratio)
-        rate, cpu_us = asyncio.run(_publish_and_handle(messages, telemetry))
+        rate, cpu_us, consume_us = asyncio.run(_publish_and_handle(messages, telemetry))
         telemetry.shutdown()  # flushes the batch processor into the counting exporter
         spans = exporter.exported
     elif variant == "metrics":
         telemetry = Telemetry.prometheus_only(TelemetryConfig())
-        rate, cpu_us = asyncio.run(_publish_and_handle(messages, telemetry))
+        rate, cpu_us, consume_us = asyncio.run(_publish_and_handle(messages, telemetry))
         telemetry.shutdown()
     else:
-        rate, cpu_us = asyncio.run(_publish_and_handle(messages, None))
+        rate, cpu_us, consume_us = asyncio.run(_publish_and_handle(messages, None))
     hooks = sorted(HOOK_NAMES & set(Client.publish.__code__.co_names))
     return {"variant": variant, "msgs_per_s": rate, "cpu_us_per_msg": cpu_us,
-            "spans_exported": spans, "publish_hooks": hooks}
+            "consume_cpu_us_per_msg": consume_us, "spans_exported": spans,
+            "publish_hooks": hooks}
 
 
 def _run_in_subprocess(variant: str, messages: int, sample_ratio: float) -> dict[str, Any]:
@@ -182,18 +188,21 @@ def _run_in_subprocess(variant: str, messages: int, sample_ratio: float) -> dict
 
 @dataclass(frozen=True)
 class Figure:
-    """One variant's runs: median and spread of msgs/s, median CPU per message."""
+    """One variant's runs: median and spread of msgs/s, median CPU per message (both
+    phases, and consuming alone)."""
 
     msgs_per_s: float
     min_msgs_per_s: float
     max_msgs_per_s: float
     cpu_us_per_msg: float
+    consume_cpu_us_per_msg: float = 0.0
 
     @classmethod
     def of(cls, runs: list[dict[str, Any]]) -> Figure:
         rates = [r["msgs_per_s"] for r in runs]
         return cls(statistics.median(rates), min(rates), max(rates),
-                   statistics.median(r["cpu_us_per_msg"] for r in runs))
+                   statistics.median(r["cpu_us_per_msg"] for r in runs),
+                   statistics.median(r["consume_cpu_us_per_msg"] for r in runs))
 
     @property
     def spread(self) -> float:
@@ -226,6 +235,14 @@ class TelemetryCost:
     def metrics_over_off(self) -> float | None:
         return None if self.metrics is None else self.metrics.msgs_per_s / self.off.msgs_per_s
 
+    def consume_cpu_ratio(self, variant: Figure | None) -> float | None:
+        """Off's consume CPU per message over ``variant``'s: the rate a CPU-bound worker
+        keeps with it on (1.0: free), read from CPU time, which a loaded machine blurs
+        less than wall time."""
+        if variant is None or not variant.consume_cpu_us_per_msg:
+            return None
+        return self.off.consume_cpu_us_per_msg / variant.consume_cpu_us_per_msg
+
     @property
     def off_within_noise(self) -> bool:
         """Off differs from uninstrumented by no more than uninstrumented runs differ."""
@@ -248,6 +265,8 @@ class TelemetryCost:
             "spans_exported": self.spans_exported,
             "metrics": None if self.metrics is None else asdict(self.metrics),
             "metrics_over_off": self.metrics_over_off,
+            "consume_cpu_on_over_off": self.consume_cpu_ratio(self.on),
+            "consume_cpu_metrics_over_off": self.consume_cpu_ratio(self.metrics),
             # The common keys of every `conveyor bench ... --json`: the figure is the
             # instrumented run, the floor telemetry off.
             "msgs_per_s": self.on.msgs_per_s,
@@ -259,14 +278,15 @@ class TelemetryCost:
     def table(self) -> str:
         def row(name: str, f: Figure) -> str:
             spread = f"{f.min_msgs_per_s:,.0f}..{f.max_msgs_per_s:,.0f}"
-            return f"{name:16}{f.msgs_per_s:>12,.0f}{spread:>22}{f.cpu_us_per_msg:>12.2f}"
+            return (f"{name:16}{f.msgs_per_s:>12,.0f}{spread:>22}{f.cpu_us_per_msg:>12.2f}"
+                    f"{f.consume_cpu_us_per_msg:>14.2f}")
 
         verdict = "within" if self.off_within_noise else "OUTSIDE"
         return "\n".join([
             f"messages={self.messages} x {self.repeats} interleaved runs per variant "
             f"(memory adapter, Client.publish then no-op handler), "
             f"sample_ratio={self.sample_ratio}",
-            f"{'':16}{'msgs/s':>12}{'min..max':>22}{'CPU us/msg':>12}",
+            f"{'':16}{'msgs/s':>12}{'min..max':>22}{'CPU us/msg':>12}{'consume CPU':>14}",
             row("uninstrumented", self.uninstrumented),
             row("telemetry off", self.off),
             row("telemetry on", self.on),
@@ -278,7 +298,17 @@ class TelemetryCost:
             *([f"/metrics only / off = {self.metrics_over_off:.3f} (histogram per message, "
                f"rendered every {SCRAPE_EVERY_S}s)"] if self.metrics_over_off is not None
               else []),
+            *self._consume_line(),
         ])
+
+    def _consume_line(self) -> list[str]:
+        on, metrics = self.consume_cpu_ratio(self.on), self.consume_cpu_ratio(self.metrics)
+        if on is None:
+            return []
+        text = f"consume CPU, off / on = {on:.3f}"
+        if metrics is not None:
+            text += f"; off / /metrics only = {metrics:.3f}"
+        return [text + " (the worker's share: 1.0 costs nothing)"]
 
 
 def telemetry_cost(messages: int, repeats: int = 5, sample_ratio: float = 1.0) -> TelemetryCost:

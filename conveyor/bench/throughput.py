@@ -13,7 +13,12 @@
 4. **consume** — one daemon, built from the config, consuming what 3 published, timed
    from the first delivery to the last acknowledgement
    (:func:`~conveyor.bench.timing.time_daemon`);
-5. **single publish** — ``Client.publish`` one message a call, from concurrent tasks.
+5. **consume, /metrics on** — 3 and 4 again in a fresh place with ``[http] port`` set
+   (on a free loopback port), as ``conveyor deploy kubernetes`` runs a worker: the
+   endpoint served, the meter and its duration histogram on, ``/metrics`` scraped after
+   the run (it must count every call). Every other repeat runs it before 4, so drift on
+   a loaded machine falls on both alike;
+6. **single publish** — ``Client.publish`` one message a call, from concurrent tasks.
 
 Each adapter says what its floors are in a :class:`Backend`; this module runs the
 repeats and reduces them to a :class:`~conveyor.bench.figures.ThroughputResult`.
@@ -26,9 +31,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
+
+import msgspec
 
 from conveyor.bench.figures import ThroughputResult, spreads
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config
@@ -167,7 +176,7 @@ def _figures(prefix: str, sample: Sample, startup: bool = True) -> dict[str, flo
 
 
 async def repeat_once(backend: Backend, items: Sequence[Publish], tag: str,
-                      single: int) -> tuple[dict[str, float], int]:
+                      single: int, metrics_first: bool = False) -> tuple[dict[str, float], int]:
     """One repeat's figures (see the module docstring) and the daemon's slot count."""
     out: dict[str, float] = {}
     floor_bench = backend.config(f"{tag}f")
@@ -178,15 +187,21 @@ async def repeat_once(backend: Backend, items: Sequence[Publish], tag: str,
         await backend.cleanup(floor_bench)
     out |= _figures("publish_floor_", publish_floor, startup=False)
     out |= _figures("floor_", consume_floor)
-    bench = backend.config(f"{tag}c")
-    try:
-        out |= _figures("publish_", await _publish_into(backend, bench, items, False),
-                        startup=False)
-        run, slots = await _consume(bench, len(items))
-        await backend.verify(bench)
-        out |= _figures("", run)
-    finally:
-        await backend.cleanup(bench)
+    slots = 0
+    for metrics in (True, False) if metrics_first else (False, True):
+        bench = backend.config(f"{tag}{'m' if metrics else 'c'}")
+        if metrics:
+            bench = with_metrics_endpoint(bench)
+        try:
+            published = await _publish_into(backend, bench, items, False)
+            run, slots = await _consume(bench, len(items))
+            await backend.verify(bench)
+        finally:
+            await backend.cleanup(bench)
+        if metrics:
+            out |= _figures("metrics_", run)
+        else:
+            out |= _figures("publish_", published, startup=False) | _figures("", run)
     if single:
         single_bench = backend.config(f"{tag}s")
         try:
@@ -208,6 +223,15 @@ def summarize(backend: Backend, runs: Sequence[Mapping[str, float]], messages: i
     )
 
 
+def with_metrics_endpoint(bench: BenchConfig) -> BenchConfig:
+    """``bench`` with ``[http] port`` set to a free loopback port (``/metrics`` on)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    http = msgspec.structs.replace(bench.config.http, port=port, host="127.0.0.1")
+    return replace(bench, config=msgspec.structs.replace(bench.config, http=http))
+
+
 async def measure(backend: Backend, messages: int, streams: int,
                   repeats: int = 3) -> ThroughputResult:
     items = bench_items(messages, streams)
@@ -215,7 +239,7 @@ async def measure(backend: Backend, messages: int, streams: int,
     runs = []
     slots = 0
     for i in range(repeats):
-        figures, slots = await repeat_once(backend, items, f"r{i}", single)
+        figures, slots = await repeat_once(backend, items, f"r{i}", single, i % 2 == 1)
         runs.append(figures)
     return summarize(backend, runs, messages, streams, slots, single)
 

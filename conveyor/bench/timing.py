@@ -10,7 +10,9 @@ they do per message, not on how long their clients take to connect.
   :class:`WorkerDaemon` is built from the benchmark's config, started, and its startup
   heap frozen as ``conveyor worker`` does; the clock starts at the first delivery (the
   no-op handler's first call) and stops when the receivers' acknowledgements for all N
-  have returned (:class:`AckCounter`: the broker has them).
+  have returned (:class:`AckCounter`: the broker has them). With ``[http] port`` set it
+  serves ``/metrics`` and the probes as ``conveyor worker`` does, and ``/metrics`` is
+  scraped once after the run: it must count all N handler calls.
 * Producers (:func:`time_publish_batch`, :func:`time_publish_single`): a client whose
   connection is already open publishes N messages, ``publish_batch`` of
   :data:`PUBLISH_BATCH` at a time, or single ``publish`` calls from
@@ -25,6 +27,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from conveyor.bench import BenchmarkError
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.app import App
@@ -32,6 +36,7 @@ from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import Config
 from conveyor.platform.ids import SequenceToken
 from conveyor.workers.daemon import WorkerDaemon
+from conveyor.workers.http_endpoint import daemon_endpoint
 from conveyor.workers.serve import freeze_startup_heap
 
 PUBLISH_BATCH = 500
@@ -148,18 +153,42 @@ async def time_daemon(config: Config, adapter: QueueAdapter, messages: int,
     acks = AckCounter(adapter, messages)
     daemon = WorkerDaemon(first_delivery_app(clock, counter, batch), config, adapter=adapter)
     slots = daemon.config.slots.count
+    endpoint = None
+    if config.http.port is not None:  # as `conveyor worker` serves it
+        endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
+        await endpoint.start()
     await daemon.start()
     freeze_startup_heap()  # as `conveyor worker` does once its daemon has started
     try:
         await asyncio.wait_for(acks.done.wait(), timeout=RUN_TIMEOUT_S)
         sample = clock.stop(messages)
+        if endpoint is not None:  # a batch handler's calls are not in the histogram
+            await _check_scraped(endpoint.host, endpoint.port, 0 if batch else messages)
     finally:
         report = await daemon.stop()
         gc.unfreeze()
+        if endpoint is not None:
+            await endpoint.close()
     if not report.acked == messages == acks.acked == counter[0]:
         raise BenchmarkError(f"the daemon did not handle exactly {messages} messages once: "
                              f"{report}, {acks.acked} acknowledged, {counter[0]} handled")
     return sample, slots
+
+
+async def _check_scraped(host: str, port: int, messages: int) -> None:
+    """``GET /metrics`` once, after the run: it must have counted ``messages`` handler
+    calls in its duration histogram."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")
+        await writer.drain()
+        body = (await reader.read()).decode().partition("\r\n\r\n")[2]
+    finally:
+        writer.close()
+    counted = sum(s.value for family in text_string_to_metric_families(body)
+                  for s in family.samples if s.name == "conveyor_handler_duration_seconds_count")
+    if counted != messages:
+        raise BenchmarkError(f"/metrics counted {counted} handler calls, not {messages}")
 
 
 async def time_publish_batch(client: Client, items: Sequence[Publish]) -> Sample:

@@ -14,11 +14,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from conveyor.cli_dlq import as_dict
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
 from conveyor.platform.coordination import coordination_from_config
-from conveyor.platform.dlq import LetterFilter, letters, replay
+from conveyor.platform.dlq import LetterFilter, letter_json, letters, replay
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.groups import delete_app_group
 from conveyor.platform.letters import StoredLetter
@@ -83,7 +82,7 @@ async def list_letters(config: Config, choice: Choice,
         found = []
         async for stored in letters(adapter, choice.app):
             if choice.keeps(stored):
-                found.append(as_dict(stored))
+                found.append(letter_json(stored))
                 if len(found) >= limit:
                     break
         return {"app": choice.app, "letters": found,
@@ -101,7 +100,7 @@ async def show_letter(config: Config, app: str, letter_id: str) -> dict[str, Any
     stored = await _on_adapter(config, work)
     if stored is None:
         raise NotFound(f"no dead letter {letter_id!r} of app {app!r} (replayed or purged?)")
-    shown = as_dict(stored, body=True)
+    shown = letter_json(stored, body=True)
     for name in ("body", "body_base64"):
         if name in shown and len(shown[name]) > BODY_PREVIEW:
             shown[f"{name}_cut_at"] = BODY_PREVIEW

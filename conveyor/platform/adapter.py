@@ -50,6 +50,10 @@ from conveyor.platform.message import DeadLetter, Message
 class QueueReceiver(ABC):
     """The consumer side of one queue, for one consumer group."""
 
+    in_process: bool = False
+    """True when the queue lives in this process (the embedded adapter): what is not
+    acknowledged when the process ends is gone, not redelivered."""
+
     records_done_out_of_order: bool = False
     """True if the agent should report messages finished above the ack watermark.
 
@@ -278,6 +282,17 @@ class QueueAdapter(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Receivers must have been shut down first."""
+
+    async def check_server(self) -> None:  # noqa: B027 - optional hook
+        """Refuse a broker set up to delete messages (Redis: an eviction policy) with a
+        :class:`ConfigError` naming the setting that accepts the risk. One attempt: a
+        broker that does not answer raises ``BrokerConnectionError`` (check again later).
+        A daemon calls it at start; an adapter checks before its first publish too."""
+
+    async def eviction_policy(self) -> str | None:
+        """What the broker deletes when full, for ``conveyor status`` (Redis: its
+        ``maxmemory-policy``); None where nothing is ever deleted to make room."""
+        return None
 
     # -- consumer groups: every app's, for operators (status, groups, rewind) ----------
 

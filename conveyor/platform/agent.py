@@ -198,9 +198,7 @@ class PullingAgent:
             finished = False
             log.warning(
                 "queue %d: drain timed out with %d handler call(s) running; %d unacknowledged "
-                "message(s) will be redelivered to the next owner",
-                self.queue, self._running, self.unfinished,
-            )
+                "message(s) %s", self.queue, self._running, self.unfinished, self._fate())
         await self._stop_runners()
         grace = max(deadline - loop.time(), ACK_GRACE_S)
         try:
@@ -209,11 +207,17 @@ class PullingAgent:
         except TimeoutError:
             finished = False
             log.warning("queue %d: the last acknowledgements did not go through in %.1fs; "
-                        "those messages will be redelivered to the next owner",
-                        self.queue, grace)
+                        "those messages %s", self.queue, grace, self._fate())
         await self._hand_back()
         await self.receiver.shutdown()
         return finished
+
+    def _fate(self) -> str:
+        """What becomes of what this agent leaves unacknowledged."""
+        if self.receiver.in_process:
+            return ("are abandoned: the embedded adapter keeps them only while this "
+                    "process runs (another daemon of it takes them; at exit they are gone)")
+        return "will be redelivered to the next owner"
 
     async def _hand_back(self) -> None:
         """Tell the receiver which first deliveries go back unstarted (see

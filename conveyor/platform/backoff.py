@@ -13,7 +13,7 @@ Who uses which numbers (first delay, cap, jitter):
   and the dead-letter store (0.05 s doubling to 5 s, up to 0.25 s of jitter);
 * Redis calls (:class:`~conveyor.adapters.redis_conn.Caller`): 0.05 s doubling to
   ``[redis] retry_max_delay_s``, jitter a quarter of that;
-* Kafka outages (:func:`~conveyor.adapters.kafka_conn.retrying`: topic preparation, the
+* Kafka outages (:func:`~conveyor.adapters.kafka.connection.retrying`: topic preparation, the
   ``kafka-group`` join): 0.1 s doubling to 5 s, jitter 1.25 s;
 * a queue whose start failed (:class:`~conveyor.platform.balancer.DynamicBalancer`):
   ``rebalance_interval_s`` doubling to ``lease_ttl_s``, no jitter;

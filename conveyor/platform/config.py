@@ -167,6 +167,13 @@ class RedisConfig(_Section):
     """A daemon whose heartbeats stop vanishes from the membership this long after the last."""
     heartbeat_interval_s: Seconds = 1.0
     """Must be below ``member_ttl_s``."""
+    allow_eviction: bool = False
+    """Run on a server whose ``maxmemory-policy`` is not ``noeviction`` (a warning is
+    logged). Refused by default — workers exit 2 at start, a client's first publish
+    raises ``ConfigError`` — because a full server then deletes keys: queue streams
+    (confirmed messages lost) and, under ``volatile-*`` too, keys with a TTL (leases:
+    messages run twice; publish markers: retries written twice). See docs/redis.md,
+    "Eviction policy"."""
 
 
 class KafkaConfig(_Section):

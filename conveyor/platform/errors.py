@@ -27,14 +27,6 @@ class ConfigError(ConveyorError):
     """
 
 
-class ForwardRewindError(ConfigError):
-    """A rewind target ahead of an app's position: it would skip messages never handled."""
-
-
-class UnknownGroupError(ConfigError):
-    """An app named where it has no consumer group (a typo, or an app that never ran)."""
-
-
 class AppAliveError(ConveyorError):
     """An operation that needs an app's daemons stopped found signs of one running."""
 
@@ -48,6 +40,16 @@ class InvalidArgumentError(ConveyorError, ValueError):
     one error tree and what Python code expects of a bad value: ``except ValueError``
     keeps working.
     """
+
+
+class ForwardRewindError(InvalidArgumentError):
+    """A rewind target ahead of an app's position: it would skip messages never handled.
+    A bad value of the ``to`` argument, unless ``allow_forward``."""
+
+
+class UnknownGroupError(InvalidArgumentError):
+    """An app named where it has no consumer group (a typo, or an app that never ran): a
+    name that names nothing there."""
 
 
 class SlotSupplierError(ConveyorError, TypeError):

@@ -4,7 +4,7 @@ and every app's consumer group on the queues (:mod:`conveyor.platform.groups`).
 Members and owners come from where the balancer keeps them: the membership and lease
 stores (``dynamic``, ``static``), or, for a balancer that keeps none of its own
 (``kafka-group``), a reader named in :data:`MEMBER_SOURCES` — the group coordinator
-and the daemons' reports (:mod:`conveyor.adapters.kafka_members`).
+and the daemons' reports (:mod:`conveyor.adapters.kafka.members`).
 
 Throughput comes from the owners' heartbeats, never from the reader's clock: each
 daemon publishes its per-queue ack counts with the time it took them (``at``) and the
@@ -26,7 +26,7 @@ from conveyor.platform.groups import GroupStatus, summarise
 from conveyor.platform.importing import load_attr
 from conveyor.platform.membership import MemberInfo
 
-MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka_members:group_members"}
+MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka.group_balancer:group_members"}
 """Balancer kind: ``async (adapter, group) -> [member with .info and .queues]``."""
 
 MEASURES = ("at", "cpu_percent")
@@ -78,6 +78,9 @@ class StatusReport:
     """False where retention goes by time or size alone (Kafka): no group holds it."""
     dead_letters: int | None = None
     """The app's dead letters in the store (``conveyor dlq list`` lists them)."""
+    eviction_policy: str | None = None
+    """What the broker deletes when full (Redis: ``maxmemory-policy``; anything but
+    ``noeviction`` loses messages); None where it deletes nothing."""
 
     @property
     def total_lag(self) -> int:
@@ -175,6 +178,7 @@ async def collect_status(config: Config, group: str) -> StatusReport:
             ))
         groups = summarise(await adapter.groups(range(config.queues.total)))
         dead_letters = await adapter.count_dead_letters(group)
+        eviction = await adapter.eviction_policy()
     finally:
         await adapter.close()
     owned: dict[str, list[int]] = {}
@@ -183,7 +187,7 @@ async def collect_status(config: Config, group: str) -> StatusReport:
     return StatusReport(
         group,
         [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, [])) for m in members],
-        queues, time.time(), groups, adapter.retention_follows_groups, dead_letters,
+        queues, time.time(), groups, adapter.retention_follows_groups, dead_letters, eviction,
     )
 
 

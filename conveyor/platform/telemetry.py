@@ -19,6 +19,11 @@ carries ``service.instance.id`` = its member id.
 ``prometheus_client``'s global one): the names are the OTLP ones translated by the
 exporter's rules (``conveyor.messages.handled`` -> ``conveyor_messages_handled_total``,
 ``conveyor.handler.duration`` in ``s`` -> ``conveyor_handler_duration_seconds``).
+
+Nothing is recorded through the SDK per message: counters are read from plain counts
+when a reader collects, and the duration histogram is counted in plain Python
+(:attr:`Telemetry.local`, :mod:`conveyor.platform.histograms`) and merged into what
+each reader built here collects — the OTLP export and ``/metrics`` alike.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
 
     from conveyor.platform.config import TelemetryConfig
     from conveyor.platform.delivery.chain import DeliveryStats
+    from conveyor.platform.histograms import LocalMetrics
 
 PROPAGATOR = TraceContextTextMapPropagator()
 DEFAULT_SERVICE_NAME = "conveyor"
@@ -64,6 +70,11 @@ class Telemetry:
 
     ``prometheus`` is the registry a ``PrometheusMetricReader`` of ``meter_provider``
     writes to, when ``/metrics`` is served (:meth:`prometheus_text` renders it).
+
+    ``local`` holds the histograms counted in plain Python (with a meter; created when
+    not given). The readers :meth:`from_config` builds merge them into what they
+    collect; a reader of an injected ``meter_provider`` does not: read them with
+    ``telemetry.local.merge(reader_data)``.
     """
 
     def __init__(
@@ -71,10 +82,16 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         prometheus: CollectorRegistry | None = None,
+        local: LocalMetrics | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.prometheus = prometheus
+        if meter_provider is not None and local is None:
+            from conveyor.platform.histograms import LocalMetrics
+
+            local = LocalMetrics(SCOPE)
+        self.local = local if meter_provider is not None else None
         self.tracer: Tracer | None = (
             tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else None
         )
@@ -143,30 +160,33 @@ class Telemetry:
         sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
         tracer_provider = SdkTracerProvider(resource=resource, sampler=sampler)
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        from conveyor.platform.histograms import LocalMetrics, MergingExporter
+
+        local = LocalMetrics(SCOPE, resource)
         readers: list[MetricReader] = [PeriodicExportingMetricReader(
-            metric_exporter, export_interval_millis=config.metrics_interval_s * 1000
+            MergingExporter(metric_exporter, local),
+            export_interval_millis=config.metrics_interval_s * 1000,
         )]
         registry = None
         if prometheus:
-            registry, reader = _prometheus_reader()
+            registry, reader = _prometheus_reader(local)
             readers.append(reader)
         meter_provider = SdkMeterProvider(resource=resource, metric_readers=readers)
-        return cls(tracer_provider, meter_provider, registry)
+        return cls(tracer_provider, meter_provider, registry, local)
 
     @classmethod
     def prometheus_only(cls, config: TelemetryConfig, instance_id: str | None = None) -> Telemetry:
         """A meter read only by ``/metrics``: no tracer, no exporter, no export thread."""
-        from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
         from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
         from opentelemetry.sdk.resources import Resource
 
-        registry, reader = _prometheus_reader()
+        from conveyor.platform.histograms import LocalMetrics
+
         resource = Resource.create(resource_attributes(config, instance_id))
-        # No tracer, so no sampled span for an exemplar to point at: the default
-        # (trace-based) filter would still be asked on every histogram record.
-        provider = SdkMeterProvider(resource=resource, metric_readers=[reader],
-                                    exemplar_filter=AlwaysOffExemplarFilter())
-        return cls(None, provider, registry)
+        local = LocalMetrics(SCOPE, resource)
+        registry, reader = _prometheus_reader(local)
+        provider = SdkMeterProvider(resource=resource, metric_readers=[reader])
+        return cls(None, provider, registry, local)
 
     def prometheus_text(self) -> bytes:
         """The meter's instruments now, in the Prometheus text format (``/metrics``).
@@ -223,14 +243,15 @@ class Telemetry:
             self.meter.create_observable_gauge(name, [callback], unit, description)
 
 
-def _prometheus_reader() -> tuple[CollectorRegistry, MetricReader]:
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+def _prometheus_reader(local: LocalMetrics) -> tuple[CollectorRegistry, MetricReader]:
     from prometheus_client import CollectorRegistry
+
+    from conveyor.platform.histograms import MergingPrometheusReader
 
     registry = CollectorRegistry(auto_describe=True)
     # One instrumentation scope ("conveyor"): its otel_scope_* labels on every series
     # would tell nothing apart.
-    return registry, PrometheusMetricReader(registry=registry, scope_info_enabled=False)
+    return registry, MergingPrometheusReader(local, registry=registry, scope_info_enabled=False)
 
 
 def resource_attributes(config: TelemetryConfig, instance_id: str | None) -> dict[str, str]:

@@ -3,9 +3,10 @@
 ``adapter`` is parametrized (ids ``memory``, ``redis``, ``redis-cluster``,
 ``redis-sentinel``, ``kafka``) the way dramatiq's tests run one suite on every broker.
 Each test gets a namespace of its own: a uniquely named memory broker, a redis-server of
-its own (they start in ~20 ms), a key prefix of its own on the module's Redis Cluster (3
-primaries + 3 replicas, ~2.5 s to start) or on the module's Sentinel-managed primary (a
-replica and 3 sentinels, ~0.5 s), or a fresh topic on the session's tansu broker. A
+its own (they start in ~20 ms), a key prefix of its own on the suite's Redis Cluster (3
+primaries + 3 replicas, ~2.5 s to start) or on the suite's Sentinel-managed primary (a
+replica and 3 sentinels, ~1 s) — one each for the whole session, since no contract test
+kills a node — or a fresh topic on the module's tansu broker. A
 missing server skips locally and fails under ``CONVEYOR_REQUIRE_SERVERS=1``.
 
 A new adapter joins the suite with one more entry in ``_BUILDERS``; the tests use the
@@ -24,11 +25,22 @@ import pytest
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.config import load_config
+from tests.servers.cluster import shared_cluster
+from tests.servers.process import server_fixture
+from tests.servers.sentinel import SENTINEL_SERVICE, shared_sentinel
 
 QUEUES = 2
 """Queues (Kafka: partitions) every test may use: 0 and 1."""
 
 Build = Callable[[pytest.FixtureRequest, Path], Awaitable[QueueAdapter]]
+
+contract_redis_cluster = server_fixture(
+    "contract_redis_cluster", shared_cluster, scope="session",
+    doc="The contract suite's Redis Cluster, shared by all its tests (a prefix each).")
+
+contract_redis_sentinel = server_fixture(
+    "contract_redis_sentinel", shared_sentinel, scope="session",
+    doc="The contract suite's Sentinel-managed primary, shared by all its tests.")
 
 
 async def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
@@ -54,7 +66,7 @@ async def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter
 async def _redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
     from conveyor.adapters.redis import RedisAdapter
 
-    cluster = request.getfixturevalue("redis_cluster")  # shared: a prefix per test
+    cluster = request.getfixturevalue("contract_redis_cluster")  # shared: a prefix per test
     config = load_config(None, environ={}, overrides={
         "queues": {"adapter": "redis", "total": QUEUES},
         "redis": {"mode": "cluster", "url": cluster.url,
@@ -66,9 +78,8 @@ async def _redis_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Queu
 
 async def _redis_sentinel(request: pytest.FixtureRequest, tmp_path: Path) -> QueueAdapter:
     from conveyor.adapters.redis import RedisAdapter, wait_ready
-    from tests.servers import SENTINEL_SERVICE
 
-    servers = request.getfixturevalue("redis_sentinel")  # shared: a prefix per test
+    servers = request.getfixturevalue("contract_redis_sentinel")  # shared: a prefix per test
     config = load_config(None, environ={}, overrides={
         "queues": {"adapter": "redis", "total": QUEUES},
         "redis": {"mode": "sentinel", "url": "redis:///0", "sentinels": servers.addresses,

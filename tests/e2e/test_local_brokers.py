@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.dev import tansu_binary
+from conveyor.cli.dev import tansu_binary
 from tests.conftest import free_port, server_missing, wait_until_sync
 from tests.e2e.test_tour import Daemon, Step, assert_matches, console
 from tests.servers import Tansu

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from click.testing import CliRunner
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import client_options
+from conveyor.adapters.kafka.connection import client_options
 from conveyor.adapters.memory import MemoryAdapter, MemoryReceiver, reset_broker
 from conveyor.adapters.redis_conn import Keys
 from conveyor.bench import kafka_throughput, redis_throughput
@@ -197,6 +197,23 @@ def _assert_comparable(figures: dict[str, Any], adapter: str) -> None:
     assert figures["ratio"] == pytest.approx(figures["msgs_per_s"] / figures["floor_msgs_per_s"])
     assert figures["publish_ratio"] == pytest.approx(
         figures["publish_msgs_per_s"] / figures["publish_floor_msgs_per_s"])
+    # The same daemon with [http] port set (its /metrics scraped and checked after the run)
+    for key in ("metrics_msgs_per_s", "metrics_cpu_us_per_msg"):
+        assert figures[key] > 0, key
+    assert figures["metrics_ratio"] == pytest.approx(
+        figures["metrics_msgs_per_s"] / figures["msgs_per_s"])
+    assert figures["metrics_cpu_ratio"] == pytest.approx(
+        figures["cpu_us_per_msg"] / figures["metrics_cpu_us_per_msg"])
+
+
+def test_the_memory_benchmark_prints_metrics_on_next_to_metrics_off() -> None:
+    result = CliRunner().invoke(main, ["bench", "throughput", "--messages", str(N),
+                                       "--streams", "20", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    assert "conveyor, /metrics on" in result.output
+    assert "ratio (/metrics on / off)" in result.output
+    assert "CPU ratio (off / on)" in result.output
+    _assert_comparable(_bench_json("--adapter", "memory"), "memory")
 
 
 @pytest.mark.kafka

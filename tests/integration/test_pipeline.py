@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import pytest
 
 from conveyor import App, Client, MessageContext
 from conveyor.adapters.memory import MemoryAdapter, MemoryReceiver
@@ -335,3 +337,29 @@ async def test_a_drain_timeout_abandons_only_the_stuck_message() -> None:
     await d2.stop()
     assert sorted(seen) == list(range(10))  # nothing lost, nothing twice
     assert await adapter.lag(0, "test") == 0
+
+
+async def test_a_timed_out_drain_on_the_embedded_adapter_says_its_messages_are_abandoned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Embedded, nothing outlives the process: the drain's warning must not promise a
+    redelivery to a next owner (the issue's slip)."""
+    app = App("abandon")
+    release = asyncio.Event()
+
+    @app.handler("jobs")
+    async def stuck(body: dict[str, int]) -> None:
+        await release.wait()
+
+    adapter = fresh_adapter()
+    d = daemon(app, adapter, config(worker={"drain_timeout_s": 0.2}))
+    await d.start()
+    await Client(adapter, d.mapper).publish("jobs", "k", {"n": 1})
+    await wait_until(lambda: any(a.unfinished for a in d.agents.values()), 5,
+                     what="the handler to start")
+    with caplog.at_level(logging.WARNING, logger="conveyor.agent"):
+        report = await d.stop()
+    release.set()
+    assert report.abandoned == 1
+    assert "abandoned: the embedded adapter keeps them only while this process runs" in caplog.text
+    assert "redelivered to the next owner" not in caplog.text

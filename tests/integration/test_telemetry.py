@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -15,8 +15,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from conveyor import Client
 from conveyor.platform.delivery.metrics import HandlerDuration
 from conveyor.platform.delivery.tracing import ConsumerSpans, RetrySpans
+from conveyor.platform.histograms import LocalMetrics
 from conveyor.platform.message import Message, StreamId
-from conveyor.platform.telemetry import Telemetry
+from conveyor.platform.telemetry import SCOPE, Telemetry
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Item,
@@ -28,12 +29,27 @@ from tests.integration.memory_harness import (
 )
 
 
+class MergingReader(InMemoryMetricReader):
+    """An in-memory reader that merges the locally counted histograms in, as the readers
+    ``Telemetry.from_config`` builds do."""
+
+    def __init__(self, local: LocalMetrics) -> None:
+        super().__init__()
+        self._local = local
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+                         **kwargs: Any) -> None:
+        super()._receive_metrics(self._local.merge(metrics_data, self), timeout_millis)
+
+
 def in_memory() -> tuple[Telemetry, InMemorySpanExporter, InMemoryMetricReader]:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    reader = InMemoryMetricReader()
-    return Telemetry(tracer_provider, MeterProvider(metric_readers=[reader])), spans, reader
+    local = LocalMetrics(SCOPE)
+    reader = MergingReader(local)
+    telemetry = Telemetry(tracer_provider, MeterProvider(metric_readers=[reader]), local=local)
+    return telemetry, spans, reader
 
 
 def by_name(spans: tuple[ReadableSpan, ...], prefix: str) -> list[ReadableSpan]:

@@ -12,7 +12,7 @@ import click
 import pytest
 
 from conveyor.cli import main
-from conveyor.cli_common import SECTIONS
+from conveyor.cli.common import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 

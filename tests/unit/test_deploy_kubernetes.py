@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conveyor.adapters.redis_conn import Keys
+from conveyor.cli.deploy import to_yaml
 from conveyor.deploy import kubernetes as k8s
-from conveyor.deploy.cli import to_yaml
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import ConfigError, InvalidArgumentError
 from conveyor.workers.serve import STOP_GRACE_S

@@ -16,7 +16,7 @@ import pytest
 from aiokafka.client import AIOKafkaClient
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import client_options
+from conveyor.adapters.kafka.connection import client_options
 from conveyor.platform.config import KafkaConfig, load_config
 from conveyor.platform.errors import ConfigError
 from tests.conftest import server_missing

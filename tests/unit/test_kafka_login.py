@@ -15,7 +15,7 @@ import pytest
 from aiokafka import errors as kerrors
 from aiokafka.conn import ScramAuthenticator
 
-from conveyor.adapters.kafka_conn import CLIENT_ERRORS, broker_error, is_login_failure
+from conveyor.adapters.kafka.connection import CLIENT_ERRORS, broker_error, is_login_failure
 from conveyor.platform.errors import BrokerConnectionError, BrokerError
 
 PASSWORD = "s3cret-Pa55word"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.adapters.kafka_members import Described, MemberReport, join
+from conveyor.adapters.kafka.members import Described, MemberReport, join
 
 NOW = 1_000.0
 UUID = "d6a9214d-8538-4432-95c3-25ba6142eef2"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.adapters.kafka_offsets import DoneOffsets, decode, encode
+from conveyor.adapters.kafka.offsets import DoneOffsets, decode, encode
 
 
 def test_done_offsets_above_the_watermark_travel_as_ranges() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-from conveyor.adapters.kafka_members import assigned_partitions
+from conveyor.adapters.kafka.members import assigned_partitions
 
 
 def test_a_members_assignment_names_the_partitions_it_holds_of_the_topic() -> None:

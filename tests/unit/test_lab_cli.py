@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conveyor.lab.cli import sim, tune
+from conveyor.cli.sim import sim
+from conveyor.cli.tune import tune
 
 
 @pytest.fixture

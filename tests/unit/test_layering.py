@@ -205,3 +205,75 @@ def test_the_supervisor_and_its_child_share_nothing_but_the_protocol() -> None:
     )
     assert wrong == [], "parent and child of the supervisor meet in protocol.py:\n" + (
         "\n".join(wrong))
+
+
+CLI = "conveyor.cli"
+CLI_HELPERS = ("conveyor.cli.common", "conveyor.cli.render", "conveyor.cli.reload")
+"""What commands share (options, errors, tables) or lean on (``worker --reload``);
+every other module of ``cli/`` is one command group."""
+
+
+def test_nothing_outside_the_cli_imports_it() -> None:
+    """The CLI is the top room: the library is usable (and testable) without click's
+    commands, and a command is never a library function in disguise."""
+    imports = all_imports()
+    wrong = sorted({
+        str(i) for i in imports
+        if not (i.module == CLI or i.module.startswith(f"{CLI}."))
+        and (i.target == CLI or i.target.startswith(f"{CLI}."))
+    })
+    assert wrong == [], "move what both need out of conveyor.cli:\n" + "\n".join(wrong)
+
+
+def test_a_command_module_imports_no_other_command_module() -> None:
+    """One module per command group, each on its own: what two commands share lives in a
+    helper (``cli/common.py``: options, errors; ``cli/render.py``: tables), and helpers
+    import no command. Only the package (the main command) imports the command modules,
+    to register them."""
+    imports = all_imports()
+    assert any(i.module == f"{CLI}.dlq" for i in imports)  # it looked
+    wrong = sorted({
+        str(i) for i in imports
+        if i.module.startswith(f"{CLI}.") and i.module != f"{CLI}.__main__"
+        and i.target.startswith(f"{CLI}.") and i.target != i.module
+        and (i.target not in CLI_HELPERS or i.module in CLI_HELPERS)
+    })
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_only_the_cli_parses_arguments_or_prints_with_click() -> None:
+    """click is the CLI's: the library reports by returning and raising, never by
+    ``click.echo`` or ``sys.exit`` from deep inside."""
+    cli_dir = PACKAGE_DIR / "cli"
+    found = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        if cli_dir in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}"
+                      for name in names if name == "click" or name.startswith("click.")]
+    assert found == [], "\n".join(found)
+
+
+KAFKA = "conveyor.adapters.kafka"
+KAFKA_ABOVE_THE_ADAPTER = {f"{KAFKA}", f"{KAFKA}.adapter", f"{KAFKA}.group_balancer"}
+"""The package's entry, the adapter, and the balancer that drives an adapter: the rest
+(codec, receiver, cluster, the helpers) take the cluster, never the adapter."""
+
+
+def test_kafka_modules_form_no_circle_even_through_type_only_imports() -> None:
+    inside = [i for i in all_imports()
+              if i.module.startswith(KAFKA) and i.target.startswith(KAFKA)]
+    assert any(i.target == f"{KAFKA}.cluster" for i in inside)  # it looked
+    cycles = [" -> ".join(c) for c in import_cycles(
+        [Import(i.module, i.target, i.line, type_only=False) for i in inside])]
+    assert cycles == [], "\n".join(cycles)
+
+
+def test_no_kafka_helper_imports_the_adapter() -> None:
+    wrong = sorted(str(i) for i in all_imports()
+                   if i.module.startswith(KAFKA) and i.module not in KAFKA_ABOVE_THE_ADAPTER
+                   and i.target in (f"{KAFKA}.adapter", KAFKA, f"{KAFKA}.group_balancer"))
+    assert wrong == [], "hand the helper the KafkaCluster instead:\n" + "\n".join(wrong)

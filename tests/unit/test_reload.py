@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from conveyor.cli import main
-from conveyor.reload import app_directory, child_command
+from conveyor.cli.reload import app_directory, child_command
 
 ROOT = Path(__file__).resolve().parents[2]
 

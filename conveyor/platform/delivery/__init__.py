@@ -3,7 +3,8 @@
 When a daemon subscribes, it builds one chain per handler, outermost first::
 
     1. ConsumerSpans         tracing.py      the `process <ns>` span        (tracing on)
-    2. HandlerDuration       metrics.py      the duration histogram         (metrics on)
+    2. HandlerDuration       metrics.py      the duration histogram, counted
+                                             locally                        (metrics on)
     3. DeadLetterInterceptor dead_letter.py  nothing raised passes it: a failure is
                                              stored as a dead letter, then acked
     4. Decode                chain.py        the body, decoded once; a failure is not
@@ -35,8 +36,8 @@ configured) or skips them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from opentelemetry.metrics import Meter
 from opentelemetry.trace import Tracer
 
 from conveyor.platform.delivery.chain import (
@@ -57,6 +58,9 @@ from conveyor.platform.delivery.dead_letter import (
 from conveyor.platform.delivery.retry import RetryInterceptor
 from conveyor.platform.handlers import HandlerSpec
 
+if TYPE_CHECKING:
+    from conveyor.platform.histograms import LocalMetrics
+
 __all__ = [
     "DeadLetterInterceptor",
     "DeadLetterStore",
@@ -76,7 +80,7 @@ def chain_interceptors(
     stats: DeliveryStats,
     *,
     tracer: Tracer | None = None,
-    meter: Meter | None = None,
+    metrics: LocalMetrics | None = None,
     system: str = "",
     group: str = "",
     app: Sequence[Interceptor] = (),
@@ -87,6 +91,8 @@ def chain_interceptors(
 
     With a tracer, ``put_letter`` should be the traced one
     (:func:`~conveyor.platform.delivery.tracing.traced_dead_letters`), as the agent's.
+    ``metrics``: where the duration histogram is counted (a meter's
+    :attr:`~conveyor.platform.telemetry.Telemetry.local`); None: no metrics step.
     """
     from conveyor.platform.delivery.metrics import HandlerDuration
     from conveyor.platform.delivery.tracing import ConsumerSpans, RetrySpans
@@ -96,8 +102,8 @@ def chain_interceptors(
     if tracer is not None:
         outer.append(ConsumerSpans(tracer, system=system, group=group))
         inner.append(RetrySpans(tracer))
-    if meter is not None:
-        outer.append(HandlerDuration(meter))
+    if metrics is not None:
+        outer.append(HandlerDuration(metrics))
     return [
         *outer,
         DeadLetterInterceptor(put_letter, stats),

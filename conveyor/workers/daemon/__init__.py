@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Callable
 
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import PullingAgent
 from conveyor.platform.app import App
+from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.balancer import QueueBalancer
 from conveyor.platform.config import Config
+from conveyor.platform.errors import BrokerConnectionError, ConfigError
 from conveyor.platform.leases import Lease
 from conveyor.platform.membership import MemberInfo
 from conveyor.platform.slots import SlotSupplier
@@ -157,6 +160,7 @@ class WorkerDaemon:
             log.warning("app %r declares no handlers: every message will be %s "
                         "([dead_letters] unroutable = %r)", self.app.name, fate,
                         self.config.dead_letters.unroutable)
+        await self._check_server()
         self.balancer.set_stats_provider(self.stats_snapshot)
         self._parts.watchdog.start()
         await self.balancer.start(self.member, self)
@@ -165,6 +169,30 @@ class WorkerDaemon:
         for hook in self.app.on_startup:
             self._hooks.append(asyncio.create_task(hook(self.client)))
         log.info("daemon %s started; owns queues %s", self.member.id, self.balancer.owned())
+
+    async def _check_server(self) -> None:
+        """The broker's own settings (Redis: its eviction policy): one refused fails the
+        start (a ConfigError: ``conveyor worker`` exits 2). A broker that does not answer
+        yet is checked in the background until it does, and a refusal then fails the
+        daemon (:attr:`failure`), as a balancer that fails for good does."""
+        try:
+            await self.adapter.check_server()
+        except BrokerConnectionError as exc:
+            log.warning("could not check the broker's settings at start (%s); checking "
+                        "once it answers", exc)
+            self._hooks.append(asyncio.create_task(self._check_server_later(),
+                                                   name="check-server"))
+
+    async def _check_server_later(self) -> None:
+        for failures in itertools.count(1):
+            await BROKER_WRITE.sleep(failures)
+            try:
+                await self.adapter.check_server()
+            except BrokerConnectionError:
+                continue
+            except ConfigError as exc:
+                self.balancer_failed(exc)
+            return
 
     async def stop(self, deadline: float | None = None) -> DrainReport:
         """Drain: stop the startup hooks, release every queue through the balancer (all

@@ -7,6 +7,9 @@ with, in one place. A part handed to it is used as given and left open by
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -65,8 +68,10 @@ _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
 # Balancers that live beside a driver, imported by name (like adapters) so that this
 # module imports no driver. Factories take (config, app_name, adapter).
 _BALANCERS = {
-    "kafka-group": "conveyor.adapters.kafka_group:from_config",
+    "kafka-group": "conveyor.adapters.kafka.group_balancer:from_config",
 }
+
+log = logging.getLogger("conveyor.daemon")
 
 
 def build_balancer(
@@ -150,7 +155,33 @@ class DaemonParts:
         if self.owns_adapter:
             await self.adapter.close()
         if self.owns_telemetry:
-            self.telemetry.shutdown()
+            await shutdown_telemetry(self.telemetry)
+
+
+TELEMETRY_STOP_S = 2.0
+"""How long a stopping daemon waits for its exporters' last flush."""
+
+
+async def shutdown_telemetry(telemetry: Telemetry, timeout_s: float = TELEMETRY_STOP_S) -> None:
+    """Flush and stop the exporters, waiting at most ``timeout_s``.
+
+    The SDK's shutdown blocks its caller for up to 30 s while an OTLP exporter retries
+    an unreachable collector: run on the event loop, it kept a stopped worker alive that
+    long (past any drain deadline). It runs in a daemon thread instead, which the
+    process does not wait for at exit; what it had not sent by then is dropped.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            telemetry.shutdown()
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="telemetry-shutdown", daemon=True).start()
+    if not await asyncio.to_thread(done.wait, timeout_s):
+        log.warning("telemetry exporters still flushing after %.0fs (collector "
+                    "unreachable?); leaving without them", timeout_s)
 
 
 def build_parts(
@@ -191,7 +222,7 @@ def build_parts(
         put_letter,
         stats,
         tracer=telemetry.tracer,
-        meter=telemetry.meter,
+        metrics=telemetry.local,
         system=adapter.name,
         group=app.name,
         app=app.interceptors,

@@ -1,4 +1,4 @@
-"""The Kafka tests share the session's tansu broker (``tansu``, tests/servers.py) and
+"""The Kafka tests share the session's tansu broker (``tansu``, tests/servers/tansu.py) and
 isolate themselves by topic and group names."""
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from conveyor import WorkerDaemon
 from conveyor.platform.app import App
 from conveyor.platform.config import Config, load_config
 from tests.proxy import CuttableProxy as CuttableProxy  # re-exported for the Kafka tests
@@ -24,6 +25,14 @@ def kafka_config(bootstrap: str, topic: str, **sections: dict[str, Any]) -> Conf
     for section, values in sections.items():
         overrides.setdefault(section, {}).update(values)
     return load_config(None, environ={}, overrides=overrides)
+
+
+async def nothing_left_unacknowledged(daemon: WorkerDaemon) -> bool:
+    """Whether the daemon's app has acknowledged everything on every queue: then no
+    message can be delivered again, so a test waits for this instead of sleeping a
+    while for a late redelivery to show up."""
+    queues = range(daemon.config.queues.total)
+    return all([await daemon.adapter.lag(q, daemon.app.name) == 0 for q in queues])
 
 
 class Recorder:

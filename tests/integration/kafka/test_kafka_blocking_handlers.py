@@ -61,7 +61,7 @@ def test_kafka_a_message_that_kills_its_worker_is_dead_lettered_after_max_delive
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
     """``os._exit(1)`` on one message under ``--processes 2:2`` on the shipped kafka.toml:
-    the delivery record (kafka_handoff) makes the next owner take the dead process's
+    the delivery record (kafka/handoff.py) makes the next owner take the dead process's
     unfinished offsets for redelivered ones, counts their starts, and dead-letters the
     poison after ``max_deliveries`` = 3 runs; every other message is handled, none more
     than 3 times (those finished but not yet committed when a process died run again)."""

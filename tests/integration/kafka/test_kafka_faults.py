@@ -15,13 +15,19 @@ from pathlib import Path
 import pytest
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import FIRST_ANSWER_S
+from conveyor.adapters.kafka.connection import FIRST_ANSWER_S
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.errors import ConfigError
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import free_port, wait_until, wait_until_sync
-from tests.integration.kafka.conftest import Tansu, tansu_binary
-from tests.integration.kafka.helpers import CuttableProxy, Recorder, kafka_config
+from tests.integration.kafka.conftest import Tansu
+from tests.integration.kafka.helpers import (
+    CuttableProxy,
+    Recorder,
+    kafka_config,
+    nothing_left_unacknowledged,
+)
+from tests.servers.tansu import require_tansu
 
 pytestmark = pytest.mark.kafka
 
@@ -29,9 +35,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _late_broker(tmp_path: Path) -> Tansu:
-    binary = tansu_binary()
-    assert binary is not None  # the session fixture already checked
-    return Tansu(binary, free_port(), tmp_path / "late-tansu.log")
+    return Tansu(require_tansu(), free_port(), tmp_path / "late-tansu.log")
 
 
 @pytest.mark.parametrize("balancer", ["static", "kafka-group"])
@@ -59,7 +63,8 @@ async def test_a_daemon_whose_broker_is_unreachable_resumes_when_it_comes_up(
             await client.publish_batch(items)
         await wait_until(lambda: len(rec.seen) >= len(items), 60, 0.05,
                          "handled after the outage")
-        await asyncio.sleep(0.3)  # a late duplicate would show up here
+        await wait_until(lambda: nothing_left_unacknowledged(daemon), 15, 0.1,
+                         "every message acknowledged: none can come again")
     finally:
         await daemon.stop()
         broker.stop()
@@ -105,7 +110,8 @@ async def test_a_broker_outage_mid_run_loses_nothing(
             await client.publish_batch(items[300:])
         await wait_until(lambda: len(set(rec.seen)) >= len(items), 60, 0.05,
                          "everything handled after the outage")
-        await asyncio.sleep(0.5)  # a late redelivery would show up here
+        await wait_until(lambda: nothing_left_unacknowledged(daemon), 15, 0.1,
+                         "every message acknowledged: none can come again")
     finally:
         await daemon.stop()
         await proxy.cut()

@@ -1,4 +1,6 @@
-"""kafka-group: a daemon paused past its session starts nothing for the partitions it lost.
+"""kafka-group: a daemon paused past its session starts nothing for the partitions it lost
+(the broker's own fencing, by group generation; what every adapter promises about
+fencing is in tests/contract/test_fencing.py).
 
 Real ``conveyor worker`` processes run tests/apps/recorder.py, which writes a line when
 a handler starts a message and one when it finishes (flushed per line).

@@ -1,5 +1,10 @@
-"""Groups nobody runs on Kafka: rewind creates none by mistake, status lists every group
-of the topic, and `groups delete` removes one (CLI in a subprocess, tansu broker)."""
+"""Groups nobody runs on Kafka, through the CLI (in a subprocess, tansu broker): status
+lists every group of the topic and says no group holds retention; `groups delete`
+refuses a group that also reads another topic, or one whose daemon runs.
+
+What every adapter promises about groups (listing, lag, rewind creating none, delete,
+dead letters kept or refused) is in tests/contract/test_groups.py; the CLI's refusal of
+a rewind with no group in tests/integration/redis/test_redis_groups.py."""
 
 from __future__ import annotations
 
@@ -47,23 +52,6 @@ def publish(cfg: Path, n: int) -> None:
         assert done.returncode == 0, done.stderr
 
 
-def test_rewinding_an_app_with_no_group_exits_2_and_creates_none(
-    tansu: Tansu, topic: str, tmp_path: Path
-) -> None:
-    cfg = config_file(tansu, topic, tmp_path)
-    ghost = f"ghost-{uuid.uuid4().hex[:6]}"
-    publish(cfg, 3)
-    refused = cli("rewind", "--app", ghost, "--to", PAST, "--config", str(cfg))
-    assert refused.returncode == 2, refused.stderr
-    [line] = refused.stderr.splitlines()
-    assert f"'{ghost}' has no consumer group on queue(s) 0-1" in line
-    assert "--create-group" in line
-    assert committed(tansu, topic, ghost) == (False, {})
-    created = cli("rewind", "--app", ghost, "--to", PAST, "--create-group", "--config", str(cfg))
-    assert created.returncode == 0, created.stderr
-    assert committed(tansu, topic, ghost) == (True, {0: 0, 1: 0})
-
-
 def test_status_lists_every_group_of_the_topic_and_no_group_holds_retention(
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
@@ -106,10 +94,6 @@ def test_groups_delete_removes_a_ghost_and_refuses_an_app_whose_daemon_runs(
     publish(cfg, 1)
     created = cli("rewind", "--app", ghost, "--to", PAST, "--create-group", "--config", str(cfg))
     assert created.returncode == 0, created.stderr
-    with_letters = cli("groups", "delete", "--app", ghost, "--with-dead-letters",
-                       "--config", str(cfg))
-    assert with_letters.returncode == 2 and "--with-dead-letters" in with_letters.stderr
-    assert committed(tansu, topic, ghost)[0], "a refused delete removed the group"
     deleted = cli("groups", "delete", "--app", ghost, "--config", str(cfg))
     assert deleted.returncode == 0, deleted.stderr
     assert "from queue(s) 0-1" in deleted.stdout

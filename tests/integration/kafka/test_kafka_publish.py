@@ -24,8 +24,9 @@ from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.errors import BrokerError
 from tests.conftest import free_port
-from tests.integration.kafka.conftest import Tansu, tansu_binary
+from tests.integration.kafka.conftest import Tansu
 from tests.integration.kafka.helpers import CuttableProxy, kafka_config
+from tests.servers.tansu import require_tansu
 
 pytestmark = pytest.mark.kafka
 
@@ -62,9 +63,7 @@ async def read_all(bootstrap: str, topic: str, expected_at_least: int) -> list[A
 async def test_a_produce_response_lost_mid_batch_loses_nothing(
     tansu: Tansu, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    binary = tansu_binary()
-    assert binary is not None
-    broker = Tansu(binary, free_port(), tmp_path / "tansu.log")
+    broker = Tansu(require_tansu(), free_port(), tmp_path / "tansu.log")
     proxy = CuttableProxy(free_port(), broker.port)
     broker.advertised_port = proxy.port  # every connection goes through the proxy
     config = kafka_config(broker.bootstrap, topic, queues={"total": QUEUES})

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from conveyor.adapters.kafka_group import KafkaGroupBalancer
+from conveyor.adapters.kafka.group_balancer import KafkaGroupBalancer
 from conveyor.platform.app import App
 from conveyor.platform.client import Client, Publish
 from conveyor.workers.daemon import WorkerDaemon

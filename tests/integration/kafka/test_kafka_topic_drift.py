@@ -16,7 +16,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import fetch_committed
+from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
@@ -85,7 +85,7 @@ async def test_a_topic_with_more_partitions_than_queues_is_refused_at_start(
     status, stderr = exited(worker(config, tmp_path / "out.txt", f"drift-{topic}"), 30)
     assert status == 2, stderr
     assert stderr.splitlines()[-1] == (
-        f"conveyor: config error: kafka topic {topic!r} has 6 partitions but $.queues.total "
+        f"conveyor: error: config: kafka topic {topic!r} has 6 partitions but $.queues.total "
         f"is {QUEUES}: partitions {QUEUES}-5 would never be read; set $.queues.total = 6"
     ), stderr
     with pytest.raises(ConfigError, match="has 6 partitions"):  # a producer is refused too
@@ -117,7 +117,7 @@ async def test_a_topic_deleted_under_a_running_worker_stops_it_and_a_new_worker_
         status, stderr = await asyncio.to_thread(exited, first, 30)
     assert status == 1, stderr
     assert stderr.splitlines()[-1].startswith(
-        f"Error: kafka topic {topic!r} was deleted or re-created under this worker "
+        f"conveyor: error: kafka topic {topic!r} was deleted or re-created under this worker "
         "(partition "), stderr
     assert sorted(handled_ids(first_out)) == sorted(before)
     after = await publish(config, "new", 40)  # 40 records in the new topic (created if absent)
@@ -158,9 +158,9 @@ async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert errors == [str(adapter.topic_changed)]
         assert "(partition 0 ends at offset 0, before offset 3 it had reached)" in errors[0]
-        await adapter.create_topics({topic: 1})  # the topic again, empty
+        await adapter.cluster.create_topics({topic: 1})  # the topic again, empty
         await receiver.messages_delivered([m.token for m in got])  # commits nothing
-        probe = adapter.new_consumer("drift")
+        probe = adapter.cluster.new_consumer("drift")
         await probe.start()
         try:  # an old watermark committed here would skip the new topic's first 3 records
             assert await fetch_committed(probe, TopicPartition(topic, 0)) is None

@@ -1,5 +1,5 @@
 """Worker processes and config files for the Redis tests; the server itself
-(``redis_server``, :class:`RedisServer`) is in tests/servers.py."""
+(``redis_server``, :class:`RedisServer`) is in tests/servers/redis.py."""
 
 from __future__ import annotations
 

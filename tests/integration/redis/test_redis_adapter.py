@@ -257,9 +257,13 @@ async def test_the_membership_version_moves_on_joins_leaves_and_lapses_never_on_
     await b.heartbeat(MemberInfo(id="m-a", host="h", pid=2, started_at=0.0, stats={"x": 1.0}))
     assert await a.version() == joined + 1  # a new id, written once
     await a.heartbeat(MemberInfo(id="m-b", host="h", pid=1, started_at=0.0, stats={"x": 2.0}))
-    await asyncio.sleep(0.3)  # m-b's own beats, every 0.1 s, carry its new stats
-    assert [m.stats for m in await b.members() if m.id == "m-b"] == [{"x": 2.0}]
-    assert await a.version() == joined + 1
+
+    async def new_stats_out() -> bool:
+        return [m.stats for m in await b.members() if m.id == "m-b"] == [{"x": 2.0}]
+
+    # m-b's own beats (every 0.1 s) carry its new stats: a beat went out...
+    await wait_until(new_stats_out, 5, what="m-b's next beat to carry its new stats")
+    assert await a.version() == joined + 1  # ...and the version did not move
     assert await b.member_ids() == ["m-a", "m-b"]
     assert await a.wait_changed(3.0)  # m-a lapses: the reader that sees it counts it
     assert await b.member_ids() == ["m-b"]

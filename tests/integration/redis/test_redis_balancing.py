@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -16,9 +15,10 @@ from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.membership import MemberInfo
-from tests.conftest import server_missing, wait_until
+from tests.conftest import wait_until
 from tests.integration.memory_harness import Item, Record, recording_app
 from tests.integration.redis.conftest import RedisServer
+from tests.servers.process import require
 
 TOTAL_QUEUES = 8
 FLAKY_QUEUE = 5  # one of the second daemon's share
@@ -118,8 +118,7 @@ async def test_a_daemon_started_while_redis_is_down_joins_when_it_comes_up(
 ) -> None:
     """The store is down for the whole start: the daemon starts owning nothing, joins
     in the background once Redis answers, takes every queue and loses nothing."""
-    if shutil.which("redis-server") is None:
-        server_missing("redis-server")
+    require("redis-server", "redis-server")
     caplog.set_level(logging.WARNING, logger="conveyor.balancer")
     server = RedisServer(tmp_path)  # a port of its own, nothing listening yet
     base = balancing_config(server)

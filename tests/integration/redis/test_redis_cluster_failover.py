@@ -1,6 +1,6 @@
 """A Redis Cluster primary killed (SIGKILL) and its replica promoted, under real workers.
 
-Both tests run on a cluster of their own (3 primaries + 3 replicas, tests/servers.py):
+Both tests run on a cluster of their own (3 primaries + 3 replicas, tests/servers/cluster.py):
 
 * with ``[redis] min_replicas = 1`` (configs/redis-cluster.toml), a publisher keeps
   publishing while a primary dies: every batch whose publish returned is handled, and

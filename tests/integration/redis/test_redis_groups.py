@@ -1,5 +1,9 @@
-"""Groups nobody runs on Redis: rewind does not create one by mistake, status names the
-one that holds retention back, and deleting it lets trimming resume (CLI in a subprocess)."""
+"""Groups nobody runs on Redis, through the CLI (in a subprocess): rewind refuses an app
+with no group (exit 2) and creates none, status names the group that holds retention
+back, and deleting it lets trimming resume while a live app's delete is refused.
+
+What every adapter promises about groups (listing, lag, retention holders, delete, dead
+letters) is in tests/contract/test_groups.py."""
 
 from __future__ import annotations
 

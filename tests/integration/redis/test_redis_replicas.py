@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,22 +12,17 @@ import redis
 from conveyor import Client, Publish, PublishNotReplicated
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import ConfigError
-from tests.conftest import free_port, wait_until_sync
+from tests.conftest import free_port
 from tests.integration.redis.conftest import RedisServer
+from tests.servers.process import wait_answering
+from tests.servers.redis import RedisProcess
 
 
 @pytest.fixture
-def replica(redis_server: RedisServer, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def replica(redis_server: RedisServer, tmp_path: Path) -> Iterator[RedisProcess]:
     """A redis-server replicating ``redis_server``, online before the test starts."""
-    port = free_port()
-    workdir = tmp_path / "replica"
-    workdir.mkdir()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-         "--save", "", "--replicaof", "127.0.0.1", str(redis_server.port),
-         "--logfile", str(workdir / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    node = RedisProcess(free_port(), tmp_path / "replica", "--save", "",
+                        "--replicaof", "127.0.0.1", str(redis_server.port))
     primary = redis_server.client()
 
     def online() -> bool:
@@ -37,12 +31,12 @@ def replica(redis_server: RedisServer, tmp_path: Path) -> Iterator[subprocess.Po
             "state") == "online"
 
     try:
-        wait_until_sync(online, 15, "the replica online")
-        proc.port = port  # type: ignore[attr-defined]
-        yield proc
+        node.start()
+        wait_answering(online, 15, "the replica online", processes=[node])
+        yield node
     finally:
-        proc.kill()
-        proc.wait()
+        node.kill()
+        primary.close()
 
 
 def replicated_config(server: RedisServer, replicas: int = 1) -> Config:
@@ -55,13 +49,13 @@ def replicated_config(server: RedisServer, replicas: int = 1) -> Config:
 
 
 async def test_a_publish_returns_once_the_replica_has_it_and_raises_when_none_can(
-    redis_server: RedisServer, replica: subprocess.Popen[bytes],
+    redis_server: RedisServer, replica: RedisProcess,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     config = replicated_config(redis_server)
     async with Client.from_config(config) as client:
         await client.publish_batch(Publish("items", f"k{i}", {"i": i}) for i in range(100))
-        on_replica = redis.Redis(port=replica.port)  # type: ignore[attr-defined]
+        on_replica = redis.Redis(port=replica.port)
         # Returned only after WAIT: the replica already holds every entry.
         assert sum(on_replica.xlen(f"rep:q:{q}") for q in range(2)) == 100
 
@@ -72,7 +66,6 @@ async def test_a_publish_returns_once_the_replica_has_it_and_raises_when_none_ca
         assert got
 
         replica.kill()
-        replica.wait()
         with pytest.raises(PublishNotReplicated) as raised:
             await client.publish_batch(Publish("items", "late", {"i": n}) for n in range(10))
         assert len(raised.value.message_ids) == 10
@@ -95,7 +88,7 @@ def test_a_replica_wait_longer_than_the_socket_timeout_is_refused() -> None:
 
 
 async def test_a_lease_the_replicas_did_not_confirm_is_not_taken_nor_extended(
-    redis_server: RedisServer, replica: subprocess.Popen[bytes],
+    redis_server: RedisServer, replica: RedisProcess,
 ) -> None:
     """A lease (or its fencing counter) lost in a failover could let two daemons own a
     queue: with ``min_replicas`` a lease is taken only once replicated, and a renewal
@@ -107,7 +100,6 @@ async def test_a_lease_the_replicas_did_not_confirm_is_not_taken_nor_extended(
         lease = await leases.acquire(0, "me", 5.0)
         assert lease is not None
         replica.kill()
-        replica.wait()
         assert await leases.acquire(1, "me", 5.0) is None
         assert redis_server.client().get("rep:app:app:lease:1") is None  # given back
         renewed = await leases.renew(lease, 5.0)
@@ -118,7 +110,7 @@ async def test_a_lease_the_replicas_did_not_confirm_is_not_taken_nor_extended(
 
 
 async def test_a_claim_the_replicas_did_not_confirm_does_not_start_the_queue(
-    redis_server: RedisServer, replica: subprocess.Popen[bytes],
+    redis_server: RedisServer, replica: RedisProcess,
 ) -> None:
     """A new owner claims the previous owner's pending entries. Lost in a failover, the
     claim would leave them pending for the previous owner, who reads the queue no more:
@@ -133,7 +125,6 @@ async def test_a_claim_the_replicas_did_not_confirm_does_not_start_the_queue(
         await receiver.initialize()  # the replica confirms it
         await receiver.shutdown()
         replica.kill()
-        replica.wait()
         with pytest.raises(BrokerConnectionError, match=r"queue 0: the claim of the previous "
                                                         r"owner's pending entries reached 0 of 1"):
             await adapter.create_receiver(0, "app").initialize()

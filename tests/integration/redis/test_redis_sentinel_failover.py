@@ -1,7 +1,7 @@
 """A Sentinel-managed primary replaced by its replica, under real workers and clients.
 
 Each test runs on servers of its own (a primary, one replica, three sentinels:
-tests/servers.py), with ``[redis] mode = "sentinel"`` and ``min_replicas = 1``:
+tests/servers/sentinel.py), with ``[redis] mode = "sentinel"`` and ``min_replicas = 1``:
 
 * the primary is SIGKILLed while a publisher keeps publishing: the sentinels promote the
   replica, every batch whose publish returned is handled, and the workers, which never

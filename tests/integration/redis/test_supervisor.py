@@ -179,13 +179,12 @@ async def survivor_takes_over(
         async with Client.from_config(config) as client:
             await client.publish_batch(Publish("items", f"k{i % 50}", {"seq": i})
                                        for i in range(n))
-        deadline = time.monotonic() + 20
-        while True:
+
+        async def adopted() -> bool:
             await supervisor.tick(adapter)
-            if supervisor.children == [survivor] and survivor.queues == set(range(8)):
-                break
-            assert time.monotonic() < deadline, "the dead child's queues were not adopted"
-            await asyncio.sleep(0.2)
+            return supervisor.children == [survivor] and survivor.queues == set(range(8))
+
+        await wait_until(adopted, 20, 0.2, "the dead child's queues adopted by the survivor")
         await wait_until(lambda: len(read_records([record])) >= n, 30, what="all handled")
     finally:
         await asyncio.gather(*(c.stop(30) for c in supervisor.children))

@@ -1,44 +1,30 @@
 """``conveyor dlq``: an app's dead letters — list, show, replay, purge.
 
 Thin like the rest of the CLI: the work is in :mod:`conveyor.platform.dlq` and the
-adapters' dead-letter methods. Registered in :mod:`conveyor.cli` with one line; the exit
-helpers come from :mod:`conveyor.cli_common` (importing ``conveyor.cli`` back would be a
-cycle).
+adapters' dead-letter methods; the table in :mod:`conveyor.cli.render`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import click
 
-from conveyor.cli_common import (
-    fail,
-    load_config_or_exit,
-    print_table,
-    titled,
-    usage,
-    warn,
-)
+from conveyor.cli.common import fail, load_config_or_exit, usage, warn
+from conveyor.cli.render import letters_view, print_table
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
-from conveyor.platform.dlq import LetterFilter, ReplayReport, letters
+from conveyor.platform.dlq import LetterFilter, ReplayReport, letter_json, letters
 from conveyor.platform.dlq import replay as replay_letters
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 
 T = TypeVar("T")
-
-ERROR_WIDTH = 60
-"""Characters of the error text the ``--wide`` table shows (``--json`` and ``show`` give
-it all); the compact table cuts it to the terminal's width, one line per letter."""
 
 MEMORY_REFUSED = (
     "the memory adapter keeps dead letters inside the worker's own process, where this "
@@ -87,75 +73,6 @@ def _run(config: Config, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
         usage(str(exc))
     except ConveyorError as exc:
         fail(exc)
-
-
-def _when(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def as_dict(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
-    """One letter as ``--json`` prints it (``body`` too for ``show``)."""
-    letter = stored.letter
-    msg = letter.message
-    out: dict[str, Any] = {
-        "id": stored.id, "namespace": msg.stream.namespace, "key": msg.stream.key,
-        "handler": letter.handler, "error_type": letter.error_type, "error": letter.error,
-        "attempts": letter.attempts, "failed_at_ms": letter.failed_at_ms,
-        "failed_at": _when(letter.failed_at_ms), "message_id": msg.id,
-        "content_type": msg.content_type, "headers": msg.headers, "form": letter.form,
-        "token": str(msg.token) if msg.token is not None else None,
-        "replay_of": stored.replay_of or None,
-    }
-    if body:
-        try:
-            out["body"] = msg.body.decode()
-        except UnicodeDecodeError:
-            out["body_base64"] = base64.b64encode(msg.body).decode()
-    return out
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
-
-
-def _table(found: list[StoredLetter], group: str, total: int, wide: bool, width: int) -> Any:
-    """One line per letter. Compact: id, stream, time (to the minute) and "Type: error"
-    cut to what ``width`` leaves it; ``wide``: handler, error type and text apart,
-    attempts, the time to the second and the letter it replays."""
-    from rich import box
-    from rich.table import Column, Table
-
-    columns: list[Column | str]
-    if wide:
-        columns = [Column("id", no_wrap=True), "stream", "handler", "error type", "error",
-                   Column("attempts", justify="right"),
-                   Column("failed at (UTC)", no_wrap=True), "replay of"]
-    else:
-        columns = [Column("id", no_wrap=True), Column("stream", overflow="fold"),
-                   Column("failed (UTC)", no_wrap=True),
-                   Column("error", no_wrap=True, overflow="ellipsis")]
-        # What the other columns take (each padded by 1 a side, 1 between two), so that
-        # the error gets the rest and the row stays one line; a long stream folds.
-        others = (max((len(s.id) for s in found), default=2)
-                  + min(max((len(str(s.letter.message.stream)) for s in found), default=6), 24)
-                  + len("failed (UTC)") + 2 * 4 + 3)
-        error_width = max(width - others, 16)
-    table = Table(*columns, box=box.SIMPLE_HEAD, show_edge=False)
-    for stored in found:
-        letter = stored.letter
-        if wide:
-            table.add_row(stored.id, str(letter.message.stream), letter.handler or "-",
-                          letter.error_type, _cut(letter.error, ERROR_WIDTH), str(letter.attempts),
-                          _when(letter.failed_at_ms), stored.replay_of or "-")
-        else:
-            error = " ".join(f"{letter.error_type}: {letter.error}".split())
-            table.add_row(stored.id, str(letter.message.stream),
-                          _when(letter.failed_at_ms)[5:16], _cut(error, error_width))
-    notes = [] if wide or not found else [
-        "`dlq show ID` or --json: a letter in full; --wide: more columns"]
-    if len(found) < total:
-        notes.insert(0, f"showing {len(found)} of {total}; --limit shows more")
-    return titled(f"app {group}: {total} dead letter(s)", table, notes)
 
 
 async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
@@ -221,11 +138,11 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
 
     found, total = _run(config, work)
     if as_json:
-        click.echo(json.dumps([as_dict(s) for s in found]))
+        click.echo(json.dumps([letter_json(s) for s in found]))
         return
     from rich.console import Console
 
-    print_table(_table(found, group, total, wide, Console().width))
+    print_table(letters_view(found, group, total, wide, Console().width))
 
 
 @dlq.command("show")
@@ -247,7 +164,7 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     stored = _run(config, work)
     if stored is None:
         usage(f"no dead letter {letter_id} of app {group!r} (see `conveyor dlq list`)")
-    shown = as_dict(stored, body=True)
+    shown = letter_json(stored, body=True)
     if as_json:
         click.echo(json.dumps(shown))
         return

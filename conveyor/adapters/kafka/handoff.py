@@ -1,7 +1,7 @@
 """Hand-off records: done offsets left for the next owner when commit metadata is dropped.
 
 Brokers such as tansu keep committed offsets but drop their metadata, so the done
-offsets above the watermark (:mod:`conveyor.adapters.kafka_offsets`) would be lost on
+offsets above the watermark (:mod:`conveyor.adapters.kafka.offsets`) would be lost on
 a hand-off. A draining owner therefore also writes a record to
 ``<topic>.conveyor-handoff``: partition = queue, key = group, value =
 ``{"watermark": W, "done": "cv1:..."}``. The next owner uses the latest record of its
@@ -26,15 +26,12 @@ Reading too little is safe: a missing hand-off only makes the next owner redo wo
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from conveyor.adapters import kafka_offsets
-
-if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.adapters.kafka import offsets as kafka_offsets
+from conveyor.adapters.kafka.cluster import KafkaCluster
 
 log = logging.getLogger("conveyor.kafka")
 
@@ -68,11 +65,11 @@ _decode = msgspec.json.Decoder(Handoff).decode
 
 
 class HandoffLog:
-    """The hand-off topic of one adapter (created on the first write)."""
+    """The hand-off topic of one cluster's topic (created on the first write)."""
 
-    def __init__(self, adapter: KafkaAdapter, scan_step: int = 500) -> None:
-        self.adapter = adapter
-        self.topic = f"{adapter.topic}.conveyor-handoff"
+    def __init__(self, cluster: KafkaCluster, scan_step: int = 500) -> None:
+        self.cluster = cluster
+        self.topic = f"{cluster.topic}.conveyor-handoff"
         self.scan_step = scan_step
         self.last_scan_records = 0
         """Records the last :meth:`read` fetched (how far back it had to look)."""
@@ -80,10 +77,10 @@ class HandoffLog:
 
     async def write(self, group: str, queue: int, watermark: int, done: str,
                     fetched: int = -1, starts: dict[int, int] | None = None) -> None:
-        adapter = self.adapter
-        producer = await adapter.producer()
+        cluster = self.cluster
+        producer = await cluster.producer()
         if not self._ready:
-            await adapter.create_topics({self.topic: adapter.total_queues}, TOPIC_CONFIG)
+            await cluster.create_topics({self.topic: cluster.total_queues}, TOPIC_CONFIG)
             self._ready = True
         record = Handoff(watermark, done, fetched, starts or {})
         await producer.send_and_wait(self.topic, _encode(record),
@@ -98,7 +95,7 @@ class HandoffLog:
         its done offsets if it was written at that watermark, and what it says of the
         redelivered offsets at or above it."""
         tp = TopicPartition(self.topic, queue)
-        consumer = self.adapter.new_consumer(None)
+        consumer = self.cluster.new_consumer(None)
         self.last_scan_records = 0
         try:
             await consumer.start()
@@ -106,7 +103,7 @@ class HandoffLog:
                 return Deliveries(set(), -1, {})
             consumer.assign([tp])
             begin = int((await consumer.beginning_offsets([tp]))[tp])
-            end = await self.adapter.high_watermark(consumer, tp, begin)
+            end = await self.cluster.high_watermark(consumer, tp, begin)
             latest: Handoff | None = None
             while latest is None and end > begin:
                 start = max(begin, end - self.scan_step)

@@ -12,8 +12,9 @@ be described is shown without a member count; its members' subscriptions come ba
 empty, so a group that has members but no commit yet is not seen on tansu.
 
 Deleting uses the DeleteGroups request (Kafka 1.1+), which aiokafka's admin client
-does not offer: the request is declared here. :func:`leave_group` sends the LeaveGroup
-aiokafka skips on brokers that number generations from 0 (tansu).
+does not offer (declared in :mod:`conveyor.adapters.kafka.aiokafka_internals`).
+:func:`leave_group` sends the LeaveGroup aiokafka skips on brokers that number
+generations from 0 (tansu).
 """
 
 from __future__ import annotations
@@ -22,23 +23,24 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.group import LeaveGroupRequest
-from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 
-from conveyor.adapters import kafka_offsets
-from conveyor.adapters.kafka_conn import client_options, kafka_errors
+from conveyor.adapters.kafka import offsets as kafka_offsets
+from conveyor.adapters.kafka.aiokafka_internals import (
+    delete_groups_request,
+    leave_group_request,
+    send_request,
+    subscription,
+)
+from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.connection import kafka_errors
+from conveyor.adapters.kafka.handoff import HandoffLog
 from conveyor.platform.errors import BrokerError, ConfigError
 from conveyor.platform.groups import GroupInfo
-
-if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
 
@@ -49,60 +51,31 @@ _GROUP_ID_NOT_FOUND = 69
 _NON_EMPTY_GROUP = 68
 
 
-class _DeleteGroupsResponseV0(Response):  # type: ignore[misc]
-    API_KEY = 42
-    API_VERSION = 0
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        ("results", Array(("group_id", String("utf-8")), ("error_code", Int16))),
-    )
-
-
-class _DeleteGroupsRequestV0(RequestStruct):  # type: ignore[misc]
-    API_KEY = 42
-    API_VERSION = 0
-    RESPONSE_TYPE = _DeleteGroupsResponseV0
-    SCHEMA = Schema(("groups_names", Array(String("utf-8"))))
-
-
-class _DeleteGroups(Request[_DeleteGroupsRequestV0]):  # type: ignore[misc]
-    API_KEY = 42
-
-    def __init__(self, groups: list[str]) -> None:
-        self._groups = groups
-
-    def build(self, request_struct_class: type[_DeleteGroupsRequestV0]) -> Any:
-        return request_struct_class(self._groups)
-
-
-async def groups(adapter: KafkaAdapter, queues: Sequence[int]) -> list[GroupInfo]:
+async def groups(cluster: KafkaCluster, queues: Sequence[int]) -> list[GroupInfo]:
     """Every group on the topic, on each of ``queues``, with its lag and member count."""
-    admin = AIOKafkaAdminClient(**client_options(adapter.config))
-    consumer = adapter.new_consumer(None)
-    tps = [TopicPartition(adapter.topic, q) for q in queues]
+    consumer = cluster.new_consumer(None)
+    tps = [TopicPartition(cluster.topic, q) for q in queues]
     try:
         with kafka_errors("listing consumer groups"):
-            await admin.start()
-            if adapter.topic not in await admin.list_topics():
-                return []
-            found: dict[str, tuple[dict[int, Any], int | None]] = {}
-            for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
-                committed = await _committed(admin, name, tps)
-                members, reads_topic = await _members(adapter, name)
-                if committed or reads_topic:
-                    found[name] = (committed, members)
-            if not found:
-                return []
-            await consumer.start()
-            consumer.assign(tps)
-            begin = await consumer.beginning_offsets(tps)
-            high = {tp.partition: await adapter.high_watermark(consumer, tp, int(begin[tp]))
-                    for tp in tps}
+            async with cluster.admin() as admin:
+                if cluster.topic not in await admin.list_topics():
+                    return []
+                found: dict[str, tuple[dict[int, Any], int | None]] = {}
+                for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
+                    committed = await _committed(admin, name, tps)
+                    members, reads_topic = await _members(cluster, name)
+                    if committed or reads_topic:
+                        found[name] = (committed, members)
+                if not found:
+                    return []
+                await consumer.start()
+                consumer.assign(tps)
+                begin = await consumer.beginning_offsets(tps)
+                high = {tp.partition: await cluster.high_watermark(consumer, tp, int(begin[tp]))
+                        for tp in tps}
     finally:
         with contextlib.suppress(Exception):
             await consumer.stop()
-        with contextlib.suppress(Exception):
-            await admin.close()
     out = []
     for tp in tps:
         q = tp.partition
@@ -117,19 +90,14 @@ async def groups(adapter: KafkaAdapter, queues: Sequence[int]) -> list[GroupInfo
     return out
 
 
-async def has_group(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> bool:
+async def has_group(cluster: KafkaCluster, queues: Sequence[int], group: str) -> bool:
     """Whether ``group`` committed on one of ``queues`` or has members reading the topic."""
-    admin = AIOKafkaAdminClient(**client_options(adapter.config))
-    try:
-        with kafka_errors(f"reading the offsets of group {group!r}"):
-            await admin.start()
-            tps = [TopicPartition(adapter.topic, q) for q in queues]
+    with kafka_errors(f"reading the offsets of group {group!r}"):
+        async with cluster.admin() as admin:
+            tps = [TopicPartition(cluster.topic, q) for q in queues]
             if await _committed(admin, group, tps):
                 return True
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
-    return (await _members(adapter, group))[1]
+    return (await _members(cluster, group))[1]
 
 
 async def _committed(admin: AIOKafkaAdminClient, group: str,
@@ -140,33 +108,28 @@ async def _committed(admin: AIOKafkaAdminClient, group: str,
     return {tp.partition: o for tp, o in offsets.items() if o.offset >= 0}
 
 
-async def _members(adapter: KafkaAdapter, group: str) -> tuple[int | None, bool]:
+async def _members(cluster: KafkaCluster, group: str) -> tuple[int | None, bool]:
     """(members, whether one subscribes to the topic); (None, False) if undescribable.
 
     A client of its own: a reply that fails to decode closes the connection.
     """
-    admin = AIOKafkaAdminClient(**client_options(adapter.config))
     try:
-        await admin.start()
-        [response] = await admin.describe_consumer_groups([group])
+        async with cluster.admin() as admin:
+            [response] = await admin.describe_consumer_groups([group])
         [described] = response.to_object()["groups"]
     except (kerrors.KafkaError, OSError, ValueError) as exc:
         log.debug("cannot describe group %r: %s", group, exc)
         return None, False
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
     members = described["members"]
     reads = False
     for member in members:
         with contextlib.suppress(Exception):  # empty or foreign metadata: unknown
-            meta = ConsumerProtocolMemberMetadata.decode(member["member_metadata"])
-            reads = reads or adapter.topic in meta.subscription
+            reads = reads or cluster.topic in subscription(member["member_metadata"])
     return len(members), reads
 
 
-async def delete_group(adapter: KafkaAdapter, group: str, queues: Sequence[int], *,
-                       dead_letters: bool) -> list[int]:
+async def delete_group(cluster: KafkaCluster, handoffs: HandoffLog, group: str,
+                       queues: Sequence[int], *, dead_letters: bool) -> list[int]:
     """DeleteGroups for ``group``; the queues it had committed offsets on.
 
     Kafka groups span topics: a group with offsets on another topic is refused (they
@@ -176,17 +139,15 @@ async def delete_group(adapter: KafkaAdapter, group: str, queues: Sequence[int],
     if dead_letters:
         raise ConfigError(
             f"--with-dead-letters: kafka keeps every app's dead letters in one topic "
-            f"({adapter.dlq_topic}), which cannot be deleted per app; delete the group "
+            f"({cluster.dlq_topic}), which cannot be deleted per app; delete the group "
             f"without it, and purge the app's letters with `conveyor dlq purge --all --yes "
             f"--app {group}`"
         )
-    admin = AIOKafkaAdminClient(**client_options(adapter.config))
-    tps = [TopicPartition(adapter.topic, q) for q in queues]
-    try:
-        with kafka_errors(f"deleting group {group!r}"):
-            await admin.start()
+    tps = [TopicPartition(cluster.topic, q) for q in queues]
+    with kafka_errors(f"deleting group {group!r}"):
+        async with cluster.admin() as admin:
             had = sorted(await _committed(admin, group, tps))
-            others = await _other_topics(adapter, group)
+            others = await _other_topics(cluster, handoffs, group)
             if others:
                 raise BrokerError(
                     f"kafka group {group!r} also holds offsets on topic(s) {sorted(others)}, "
@@ -195,7 +156,8 @@ async def delete_group(adapter: KafkaAdapter, group: str, queues: Sequence[int],
                 )
             coordinator = await admin.find_coordinator(group)
             try:
-                response = await admin._send_request(_DeleteGroups([group]), coordinator)
+                response = await send_request(admin, delete_groups_request([group]),
+                                              coordinator)
             except (kerrors.IncompatibleBrokerVersion, NotImplementedError) as exc:
                 raise BrokerError(
                     f"kafka: this broker cannot delete consumer groups (DeleteGroups, Kafka "
@@ -207,37 +169,29 @@ async def delete_group(adapter: KafkaAdapter, group: str, queues: Sequence[int],
                 if code not in (0, _GROUP_ID_NOT_FOUND):
                     raise BrokerError(f"kafka: deleting group {group!r} failed: "
                                       f"{kerrors.for_code(code).__name__}")
-            if had and adapter.handoffs.topic in await admin.list_topics():
+            if had and handoffs.topic in await admin.list_topics():
                 for queue in had:
-                    await adapter.handoffs.write(group, queue, -1, "")
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
+                    await handoffs.write(group, queue, -1, "")
     return had
 
 
-async def _other_topics(adapter: KafkaAdapter, group: str) -> set[str]:
+async def _other_topics(cluster: KafkaCluster, handoffs: HandoffLog, group: str) -> set[str]:
     """Topics other than ours (and its hand-off topic) the group holds offsets on.
 
     The partitions are named in the request: tansu cannot answer one for all of them.
     """
-    admin = AIOKafkaAdminClient(**client_options(adapter.config))
-    try:
-        await admin.start()
-        ours = {adapter.topic, adapter.handoffs.topic}
+    async with cluster.admin() as admin:
+        ours = {cluster.topic, handoffs.topic}
         topics = [t for t in await admin.list_topics() if t not in ours]
         if not topics:
             return set()
         tps = [TopicPartition(d["topic"], p["partition"])
                for d in await admin.describe_topics(topics) for p in d["partitions"]]
         offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
     return {tp.topic for tp, o in offsets.items() if o.offset >= 0}
 
 
-async def leave_group(adapter: KafkaAdapter, group: str, member_id: str) -> None:
+async def leave_group(cluster: KafkaCluster, group: str, member_id: str) -> None:
     """Tell the coordinator that ``member_id`` left ``group`` (LeaveGroup), so the group
     re-balances at once instead of after the member's session timeout.
 
@@ -246,15 +200,14 @@ async def leave_group(adapter: KafkaAdapter, group: str, member_id: str) -> None
     group's first generation would otherwise be waited out. Best effort, like aiokafka's
     own: an error is logged, and the session timeout remains the fallback.
     """
-    admin = AIOKafkaAdminClient(**client_options(adapter.config))
     fallback = "the coordinator drops this member after its session timeout"
     try:
         async with asyncio.timeout(LEAVE_TIMEOUT_S):
             with kafka_errors(f"leaving group {group!r}"):
-                await admin.start()
-                coordinator = await admin.find_coordinator(group)
-                response = await admin._send_request(LeaveGroupRequest(group, member_id),
-                                                     coordinator)
+                async with cluster.admin() as admin:
+                    coordinator = await admin.find_coordinator(group)
+                    response = await send_request(
+                        admin, leave_group_request(group, member_id), coordinator)
         if response.error_code:
             log.warning("group %s: LeaveGroup refused (%s); %s", group,
                         kerrors.for_code(response.error_code).__name__, fallback)
@@ -265,6 +218,3 @@ async def leave_group(adapter: KafkaAdapter, group: str, member_id: str) -> None
                     LEAVE_TIMEOUT_S, fallback)
     except BrokerError as exc:
         log.warning("group %s: %s; %s", group, exc, fallback)
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()

@@ -5,6 +5,7 @@ client (producer, consumer, admin) takes; secrets are read from the environment
 variables the config names, never from the config itself, and never appear in an
 error message. :func:`kafka_errors` translates aiokafka's exceptions at the boundary
 (through :func:`broker_error`); :func:`start_client` starts a producer or consumer so.
+:func:`admin` opens and closes an admin client around a block.
 :func:`outage_log` and :func:`retrying` are how a daemon waits for a broker that is down:
 capped, jittered exponential back-off (tenacity), logged once when the outage starts,
 every ``REPORT_EVERY_S`` while it lasts, and once when it ends.
@@ -17,14 +18,20 @@ import contextlib
 import logging
 import os
 import traceback
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kerrors
+from aiokafka.admin import AIOKafkaAdminClient
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from conveyor.adapters.kafka.aiokafka_internals import (
+    INIT_PRODUCER_ID_ERROR,
+    SCRAM_STEPS,
+    SENDER_LOGGER,
+)
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
@@ -107,8 +114,6 @@ CLIENT_ERRORS: tuple[type[BaseException], ...] = (kerrors.KafkaError, OSError, K
 
 _AUTH_ERRORS = (kerrors.SaslAuthenticationFailed, kerrors.AuthenticationFailedError,
                 kerrors.AuthenticationMethodNotSupported)
-_SCRAM_STEPS = frozenset({"authenticator_scram", "process_server_first_message",
-                          "process_server_final_message"})
 
 
 def is_login_failure(exc: BaseException) -> bool:
@@ -122,7 +127,7 @@ def is_login_failure(exc: BaseException) -> bool:
         return True
     if isinstance(exc, KeyError | ValueError):
         frames = traceback.extract_tb(exc.__traceback__)
-        return any(f.name in _SCRAM_STEPS and "aiokafka" in f.filename for f in frames)
+        return any(f.name in SCRAM_STEPS and "aiokafka" in f.filename for f in frames)
     return False
 
 
@@ -193,13 +198,13 @@ class _ProducerIdRefusalFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not (
             _starting_producer.get()
-            and str(record.msg).startswith("Unexpected error during InitProducerIdRequest")
+            and str(record.msg).startswith(INIT_PRODUCER_ID_ERROR)
             and isinstance(record.args, tuple) and bool(record.args)
             and record.args[0] in NO_PRODUCER_IDS
         )
 
 
-logging.getLogger("aiokafka.producer.sender").addFilter(_ProducerIdRefusalFilter())
+logging.getLogger(SENDER_LOGGER).addFilter(_ProducerIdRefusalFilter())
 
 
 async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaProducer:
@@ -238,15 +243,21 @@ async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaP
     return producer
 
 
-async def fetch_committed(
-    consumer: AIOKafkaConsumer, tp: TopicPartition
-) -> tuple[int, str] | None:
-    """The group's committed offset and metadata (aiokafka's public API drops metadata)."""
-    found = await consumer._coordinator.fetch_committed_offsets([tp])
-    entry = found.get(tp)
-    if entry is None or entry.offset < 0:
-        return None
-    return int(entry.offset), str(entry.metadata or "")
+@contextlib.asynccontextmanager
+async def admin(options: dict[str, Any]) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client for the block, closed after it however the block ends.
+
+    Errors are not translated here: the caller's :func:`kafka_errors` (or its own
+    handler) around the block decides what they mean. A failed start closes the client
+    too.
+    """
+    client = AIOKafkaAdminClient(**options)
+    try:
+        await client.start()
+        yield client
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
 
 
 def outage_log(bootstrap: str) -> OutageLog:

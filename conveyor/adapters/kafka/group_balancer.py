@@ -24,7 +24,7 @@ daemon paused or cut off past its session starts no handler for it, and when the
 partition is then revoked it is stopped at once (lost), not drained.
 
 Each daemon also reports itself — host, pid, owned queues, stats — to the members topic
-(:mod:`conveyor.adapters.kafka_members`), since the coordinator tells ``conveyor status``
+(:mod:`conveyor.adapters.kafka.members`), since the coordinator tells ``conveyor status``
 little or, on some brokers, nothing but member ids.
 """
 
@@ -40,12 +40,17 @@ from typing import Any
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka import errors as kafka_errors
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
-from conveyor.adapters import kafka_groups
-from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.adapters.kafka_conn import first_answer, retrying, start_client
-from conveyor.adapters.kafka_members import MemberReporter
+from conveyor.adapters.kafka import groups as kafka_groups
+from conveyor.adapters.kafka import members as kafka_members
+from conveyor.adapters.kafka.adapter import KafkaAdapter
+from conveyor.adapters.kafka.aiokafka_internals import (
+    membership,
+    observe_heartbeats,
+    sticky_assignor,
+)
+from conveyor.adapters.kafka.connection import first_answer, retrying, start_client
+from conveyor.adapters.kafka.members import GroupMember, MemberReporter
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.balancer import BalanceListener, QueueBalancer, StatsProvider
 from conveyor.platform.config import Config
@@ -55,18 +60,6 @@ from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.kafka_group")
-
-
-def _sticky_assignor() -> type[StickyPartitionAssignor]:
-    """The sticky assignor (KIP-54): a re-balance moves only the partitions that must move
-    (the eager protocol still pauses all of them while it runs).
-
-    aiokafka's keeps its member's last assignment in class attributes: a subclass per
-    balancer keeps two daemons of one process from sharing it."""
-    return type("ConveyorStickyAssignor", (StickyPartitionAssignor,), {
-        "member_assignment": None,
-        "generation": StickyPartitionAssignor.DEFAULT_GENERATION_ID,
-    })
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -97,7 +90,7 @@ class KafkaGroupBalancer(QueueBalancer):
         self._confirmed_at = -math.inf
         """When (monotonic, taken before the request) the coordinator last confirmed
         this member; +inf when that cannot be observed (revocation alone then fences)."""
-        self._reporter = MemberReporter(adapter, group)
+        self._reporter = MemberReporter(adapter.cluster, group)
         self._stats: StatsProvider | None = None
         self._reporting: asyncio.Task[None] | None = None
         self._report_now = asyncio.Event()
@@ -115,13 +108,14 @@ class KafkaGroupBalancer(QueueBalancer):
         """
         self._listener = listener
         self._member = member
-        self.adapter.on_topic_changed = listener.balancer_failed  # the worker exits, says why
+        cluster = self.adapter.cluster
+        cluster.on_topic_changed = listener.balancer_failed  # the worker exits, says why
         joining = asyncio.create_task(
-            retrying(self.adapter.outage, f"joining group {self.group!r}", self._join),
+            retrying(cluster.outage, f"joining group {self.group!r}", self._join),
             name="kafka-group-join",
         )
         self._joining = joining
-        await first_answer(joining, self.adapter.outage)
+        await first_answer(joining, cluster.outage)
         if joining.done():
             joining.result()  # a configuration error fails the start
         else:
@@ -135,10 +129,11 @@ class KafkaGroupBalancer(QueueBalancer):
                 self._listener.balancer_failed(exc)
 
     async def _join(self) -> None:
-        cfg = self.adapter.config
+        cluster = self.adapter.cluster
+        cfg = cluster.config
         assert self._member is not None
-        await self.adapter.ensure_topic()
-        consumer = self.adapter.new_consumer(
+        await cluster.ensure_topic()
+        consumer = cluster.new_consumer(
             self.group,
             client_id=self._member.id,
             session_timeout_ms=cfg.session_timeout_ms,
@@ -146,18 +141,18 @@ class KafkaGroupBalancer(QueueBalancer):
             rebalance_timeout_ms=cfg.rebalance_timeout_ms,
             group_instance_id=cfg.group_instance_id or None,
             partition_assignment_strategy=tuple(
-                _sticky_assignor() if name == "sticky" else RoundRobinPartitionAssignor
+                sticky_assignor() if name == "sticky" else RoundRobinPartitionAssignor
                 for name in cfg.assignors),
             # Receivers poll per partition; a member that owns nothing polls nothing and
             # must not be expelled for it. Liveness is the heartbeat's job.
             max_poll_interval_ms=24 * 3600 * 1000,
         )
         await start_client(consumer, f"joining group {self.group!r}")
-        self.adapter.outage.ok()
+        cluster.outage.ok()
         self._track_heartbeats(consumer)
         self._consumer = consumer
         self.adapter.attach_group_consumer(self.group, consumer)
-        consumer.subscribe([self.adapter.topic], listener=_Rebalance(self))
+        consumer.subscribe([cluster.topic], listener=_Rebalance(self))
         if self._reporting is None:
             self._reporting = asyncio.create_task(self._report_loop(), name="kafka-group-report")
 
@@ -183,23 +178,15 @@ class KafkaGroupBalancer(QueueBalancer):
 
     def _track_heartbeats(self, consumer: Any) -> None:
         """Note each heartbeat the coordinator answers (aiokafka keeps this private)."""
-        coordinator: Any = getattr(consumer, "_coordinator", None)
-        heartbeat = getattr(coordinator, "_do_heartbeat", None)
-        if heartbeat is None:
+
+        def answered(sent: float) -> None:
+            self._confirmed_at = max(self._confirmed_at, sent)
+
+        if not observe_heartbeats(consumer, answered):
             log.warning("group %s: this aiokafka does not let heartbeats be observed; "
                         "a paused daemon is fenced only once its partitions are revoked",
                         self.group)
             self._confirmed_at = math.inf
-            return
-
-        async def observed() -> bool:
-            sent = time.monotonic()
-            answered: bool = await heartbeat()  # True: still a member (even mid-rebalance)
-            if answered:
-                self._confirmed_at = max(self._confirmed_at, sent)
-            return answered
-
-        coordinator._do_heartbeat = observed
 
     async def wait_assigned(self, timeout_s: float) -> bool:
         """Wait for the first assignment (tests, and callers that want a warm start)."""
@@ -263,16 +250,15 @@ class KafkaGroupBalancer(QueueBalancer):
                 async with asyncio.timeout(2.0):
                     await self._reporter.leave(self._member.id)
         self.adapter.attach_group_consumer(self.group, None)
-        coordinator = getattr(self._consumer, "_coordinator", None)
-        member_id = getattr(coordinator, "member_id", "")
-        generation = getattr(coordinator, "generation", -1)
+        member_id, generation = membership(self._consumer)
         with contextlib.suppress(Exception):
             # Sends LeaveGroup itself if the generation is above 0 — and never for a
             # static member, whose partitions wait session_timeout_ms for its return.
             await self._consumer.stop()
         self._consumer = None
-        if generation == 0 and member_id and not self.adapter.config.group_instance_id:
-            await kafka_groups.leave_group(self.adapter, self.group, member_id)
+        cluster = self.adapter.cluster
+        if generation == 0 and member_id and not cluster.config.group_instance_id:
+            await kafka_groups.leave_group(cluster, self.group, member_id)
 
     def owned(self) -> list[int]:
         return sorted(self._owned)
@@ -294,3 +280,14 @@ def from_config(config: Config, group: str, adapter: QueueAdapter) -> KafkaGroup
             f"$.balancer.kind = 'kafka-group' needs the kafka adapter, not {adapter.name!r}"
         )
     return KafkaGroupBalancer(adapter, group, config.queues.total)
+
+
+async def group_members(adapter: QueueAdapter, group: str) -> list[GroupMember]:
+    """Who runs ``group`` on this balancer, for ``conveyor status`` (its member source:
+    the coordinator's members joined to the daemons' reports, see
+    :mod:`conveyor.adapters.kafka.members`)."""
+    if not isinstance(adapter, KafkaAdapter):
+        raise ConfigError(
+            f"$.balancer.kind = 'kafka-group' needs the kafka adapter, not {adapter.name!r}"
+        )
+    return await kafka_members.group_members(adapter.cluster, group)

@@ -1,27 +1,42 @@
-"""What the CLI's command modules share: the main group, loading the config, and the one
-way every command reports an error.
+"""What every command module shares: the options that load a config, and the one way
+every command reports an error (and so its exit status).
 
 Every error is one line on stderr, ``conveyor: error: MESSAGE``, whoever found it (click
 while parsing, the config, the command, the library): exit 2 for a user's mistake (a bad
 argument, a bad config, naming something that is not there), 1 when the run itself
-failed. A warning is one line too, ``conveyor: warning: MESSAGE``. ``conveyor.cli`` and
-the command modules registered in it (``cli_dlq``, ``deploy.cli``) take them from here.
+failed. Which errors are the user's is decided here (:func:`as_cli_error`), not by the
+library's error tree. A warning is one line too, ``conveyor: warning: MESSAGE``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TypeVar
 
 import click
 from click.exceptions import NoArgsIsHelpError
 
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
+from conveyor.platform.errors import (
+    ConfigError,
+    ConveyorError,
+    ForwardRewindError,
+    InvalidArgumentError,
+    UnknownGroupError,
+)
+
+T = TypeVar("T")
 
 USAGE_ERROR = 2
 """Exit status of a user's mistake: a bad argument or config (click's own, too)."""
+
+USER_MISTAKES: tuple[type[ConveyorError], ...] = (ForwardRewindError, UnknownGroupError)
+"""Library errors that, met by a command, are the user's mistake (exit 2) besides a bad
+config: a rewind target ahead of the app (``--to``), an app with no consumer group
+(``--app``). The error tree says what an error is; which ones exit 2 is the CLI's call.
+A command that knows the option to name catches them itself (``--app: ...``)."""
 
 
 class CliError(click.ClickException, ConveyorError):
@@ -58,6 +73,8 @@ def as_cli_error(exc: BaseException) -> CliError | None:
             exc.format_message())
     if isinstance(exc, ConfigError):
         return CliUsageError(f"config: {exc}")
+    if isinstance(exc, USER_MISTAKES):
+        return CliUsageError(str(exc))
     if isinstance(exc, ConveyorError):
         return CliError(str(exc))
     return None
@@ -128,51 +145,6 @@ def _reraise(exc: Exception) -> NoReturn:
     raise error from None
 
 
-def examples(*lines: str) -> str:
-    """An ``Examples:`` block for a command's help (click keeps its lines as written)."""
-    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
-
-
-def example_lines(text: str | None) -> Sequence[str]:
-    """The commands of the ``Examples:`` block in ``text`` (a command's help)."""
-    lines = (text or "").split("\nExamples:\n", 1)
-    if len(lines) < 2:
-        return []
-    out = []
-    for line in lines[1].splitlines():
-        if not line.startswith("  "):
-            break
-        out.append(line.strip())
-    return out
-
-
-def titled(title: str, table: Any | None, notes: Sequence[Any] = ()) -> Any:
-    """A table under a title line, with notes under it: lines of the terminal's width,
-    not wrapped to the table's. No table (nothing to list): the title alone."""
-    from rich.console import Group
-    from rich.text import Text
-
-    shown = [Text(title, style="bold")]
-    if table is not None and table.row_count:
-        shown.append(table)
-    shown += [n if isinstance(n, Text) else Text(n) for n in notes]
-    return Group(*shown)
-
-
-def print_table(renderable: Any) -> None:
-    """Print a rich table on stdout: styled on a terminal; plain, without the padding
-    rich puts at the end of lines, for a pipe or a file (grep, diff, docs)."""
-    from rich.console import Console
-
-    console = Console()
-    if console.is_terminal:
-        console.print(renderable)
-        return
-    with console.capture() as captured:
-        console.print(renderable)
-    click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
-
-
 def load_config_or_exit(path: Path | None,
                         overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     """Load config; a bad one is a usage error naming the field (exit 2)."""
@@ -183,7 +155,8 @@ def load_config_or_exit(path: Path | None,
 
 
 def fail(exc: ConveyorError) -> NoReturn:
-    """Exit for an error raised after start-up: 2 for a config error, else 1."""
+    """Exit for an error raised after start-up: 2 for a config error or another of
+    :data:`USER_MISTAKES`, else 1."""
     error = as_cli_error(exc)
     assert error is not None
     raise error
@@ -192,3 +165,43 @@ def fail(exc: ConveyorError) -> NoReturn:
 def usage(message: str) -> NoReturn:
     """A usage error found after start-up (the message names the argument): exit 2."""
     raise CliUsageError(message)
+
+
+def run_or_exit(work: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(work)``; a Conveyor error exits as :func:`fail` says."""
+    try:
+        return asyncio.run(work)
+    except ConveyorError as exc:
+        fail(exc)
+
+
+def refuse_embedded(config: Config, command: str, why: str) -> None:
+    """A usage error for commands that need state outside this process (exit 2)."""
+    if config.queues.adapter == "memory":
+        usage(f"{command}: the memory adapter lives inside the worker's process, so {why}; "
+              "use --config with a redis or kafka config (e.g. configs/redis.toml)")
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config file (see configs/). Defaults: the embedded memory adapter.",
+)
+"""--config of commands that run the app here (worker, demo): the embedded default."""
+
+broker_config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config of a redis or kafka app (configs/redis.toml, configs/kafka.toml). "
+         "Needed: the embedded memory adapter, the default, lives inside the worker's "
+         "process and is refused here.",
+)
+"""--config of commands that write to a broker from outside the app (publish, rewind)."""
+
+inspect_config_option = click.option(
+    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="TOML config of a redis or kafka app (e.g. configs/redis.toml).",
+)
+"""--config of commands that read a broker's state (status, groups)."""

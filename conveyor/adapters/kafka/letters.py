@@ -29,25 +29,25 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from conveyor.adapters.kafka_conn import kafka_errors, start_client
+from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.connection import kafka_errors, start_client
 from conveyor.platform.dlq import checkpoint
 from conveyor.platform.errors import BrokerConnectionError, InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
-from conveyor.platform.message import H_REPLAY_OF, DeadLetter
-
-if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message
 
 ReadLetter = Callable[[Any, str], DeadLetter | None]
 """(record, app) -> the app's letter in that record, or None (the adapter's decoder)."""
+Publish = Callable[[int, Sequence[Message]], Awaitable[list[SequenceToken]]]
+"""(queue, messages) -> their tokens: the adapter's enqueue, which replays publish with."""
 
 _LETTER_ID = re.compile(r"([0-9]{1,9}):([0-9]{1,19})")
 _BATCH = 500
@@ -97,12 +97,14 @@ def parse_id(letter_id: str) -> tuple[int, int]:
 
 
 class KafkaLetters:
-    """The operator's side of one adapter's dead letters (one reading consumer)."""
+    """The operator's side of one topic's dead letters (one reading consumer)."""
 
-    def __init__(self, adapter: KafkaAdapter, read_letter: ReadLetter) -> None:
-        self.adapter = adapter
+    def __init__(self, cluster: KafkaCluster, read_letter: ReadLetter,
+                 publish: Publish) -> None:
+        self.cluster = cluster
         self._read_letter = read_letter
-        self.ops_topic = f"{adapter.topic}.conveyor-dlq-ops"
+        self._publish = publish
+        self.ops_topic = f"{cluster.topic}.conveyor-dlq-ops"
         self._ops: dict[str, _Ops] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._ops_ready = False
@@ -117,7 +119,7 @@ class KafkaLetters:
     # -- reading -------------------------------------------------------------------------
     async def _reader(self) -> AIOKafkaConsumer:
         if self._consumer is None:
-            consumer = self.adapter.new_consumer(None)
+            consumer = self.cluster.new_consumer(None)
             await start_client(consumer, "connecting a dead-letter reader")
             self._consumer = consumer
         return self._consumer
@@ -137,7 +139,7 @@ class KafkaLetters:
         consumer = await self._reader()
         with kafka_errors(f"reading the end of {tp.topic}"):
             consumer.assign([tp])
-            return await self.adapter.high_watermark(consumer, tp, 0)
+            return await self.cluster.high_watermark(consumer, tp, 0)
 
     async def _records(self, tp: TopicPartition, start: int, end: int) -> AsyncIterator[list[Any]]:
         """Batches of the records of ``tp`` from ``start`` up to ``end`` (exclusive)."""
@@ -177,11 +179,11 @@ class KafkaLetters:
         return state
 
     async def _write(self, group: str, op: LetterOp) -> None:
-        adapter = self.adapter
+        cluster = self.cluster
         if not self._ops_ready:
-            await adapter.create_topics({self.ops_topic: 1}, {"retention.ms": "-1"})
+            await cluster.create_topics({self.ops_topic: 1}, {"retention.ms": "-1"})
             self._ops_ready = True
-        producer = await adapter.producer()
+        producer = await cluster.producer()
         with kafka_errors("recording a dead-letter operation"):
             await producer.send_and_wait(self.ops_topic, _encode(op), key=group.encode(),
                                          partition=0)
@@ -198,10 +200,10 @@ class KafkaLetters:
             _, offset = parse_id(after)
             start = offset + 1
         out: list[StoredLetter] = []
-        if limit <= 0 or not await self._exists(self.adapter.dlq_topic):
+        if limit <= 0 or not await self._exists(self.cluster.dlq_topic):
             return out
         removed = (await self.ops(group)).removed
-        tp = TopicPartition(self.adapter.dlq_topic, 0)
+        tp = TopicPartition(self.cluster.dlq_topic, 0)
         async for batch in self._records(tp, start, await self._high(tp)):
             for record in batch:
                 stored = self._letter(record, group)
@@ -213,11 +215,11 @@ class KafkaLetters:
 
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
         partition, offset = parse_id(letter_id)
-        if not await self._exists(self.adapter.dlq_topic):
+        if not await self._exists(self.cluster.dlq_topic):
             return None
         if letter_id in (await self.ops(group)).removed:
             return None
-        tp = TopicPartition(self.adapter.dlq_topic, partition)
+        tp = TopicPartition(self.cluster.dlq_topic, partition)
         if partition != 0 or offset >= await self._high(tp):
             return None
         async for batch in self._records(tp, offset, offset + 1):
@@ -255,11 +257,11 @@ class KafkaLetters:
         for replay in todo:
             by_queue.setdefault(replay.queue, []).append(replay)
         for queue, batch in by_queue.items():
-            end = await self._high(TopicPartition(self.adapter.topic, queue))
+            end = await self._high(TopicPartition(self.cluster.topic, queue))
             await self._write(group, LetterOp("replaying", [r.letter_id for r in batch],
                                               queue, end))
         published = await asyncio.gather(*(
-            self.adapter.enqueue(queue, [r.message for r in batch])
+            self._publish(queue, [r.message for r in batch])
             for queue, batch in by_queue.items()
         ))
         for batch, queue_tokens in zip(by_queue.values(), published, strict=True):
@@ -272,9 +274,9 @@ class KafkaLetters:
     async def _stored_ids(self, group: str, ids: list[str], removed: set[str]) -> set[str]:
         """Which of ``ids`` are letters of ``group`` still stored (one read of their range)."""
         wanted = {i for i in ids if i not in removed and parse_id(i)[0] == 0}
-        if not wanted or not await self._exists(self.adapter.dlq_topic):
+        if not wanted or not await self._exists(self.cluster.dlq_topic):
             return set()
-        tp = TopicPartition(self.adapter.dlq_topic, 0)
+        tp = TopicPartition(self.cluster.dlq_topic, 0)
         offsets = [parse_id(i)[1] for i in wanted]
         end = min(max(offsets) + 1, await self._high(tp))
         found: set[str] = set()
@@ -293,7 +295,7 @@ class KafkaLetters:
         for queue, from_offset in started.values():
             queues[queue] = min(from_offset, queues.get(queue, from_offset))
         for queue, from_offset in queues.items():
-            tp = TopicPartition(self.adapter.topic, queue)
+            tp = TopicPartition(self.cluster.topic, queue)
             async for batch in self._records(tp, from_offset, await self._high(tp)):
                 for record in batch:
                     for name, value in record.headers:

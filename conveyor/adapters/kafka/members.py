@@ -33,19 +33,15 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import msgspec
 from aiokafka import TopicPartition
 from aiokafka import errors as kerrors
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-from conveyor.adapters.kafka_conn import client_options, kafka_errors
+from conveyor.adapters.kafka.aiokafka_internals import assignment
+from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.platform.membership import MemberInfo
-
-if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
 
@@ -68,8 +64,8 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(MemberReport).decode
 
 
-def members_topic(adapter: KafkaAdapter) -> str:
-    return f"{adapter.topic}.conveyor-members"
+def members_topic(cluster: KafkaCluster) -> str:
+    return f"{cluster.topic}.conveyor-members"
 
 
 def _key(group: str, member_id: str) -> bytes:
@@ -79,11 +75,11 @@ def _key(group: str, member_id: str) -> bytes:
 class MemberReporter:
     """A daemon's side: writes its reports (see the module docstring)."""
 
-    def __init__(self, adapter: KafkaAdapter, group: str) -> None:
-        self.adapter = adapter
+    def __init__(self, cluster: KafkaCluster, group: str) -> None:
+        self.cluster = cluster
         self.group = group
-        self.topic = members_topic(adapter)
-        self.interval_s = max(1.0, adapter.config.heartbeat_interval_ms / 1000)
+        self.topic = members_topic(cluster)
+        self.interval_s = max(1.0, cluster.config.heartbeat_interval_ms / 1000)
         self._ready = False
 
     async def write(self, member: MemberInfo, queues: list[int],
@@ -97,9 +93,9 @@ class MemberReporter:
         await self._send(_key(self.group, member_id), None)
 
     async def _send(self, key: bytes, value: bytes | None) -> None:
-        producer = await self.adapter.producer()
+        producer = await self.cluster.producer()
         if not self._ready:
-            await self.adapter.create_topics({self.topic: 1}, TOPIC_CONFIG)
+            await self.cluster.create_topics({self.topic: 1}, TOPIC_CONFIG)
             self._ready = True
         await producer.send_and_wait(self.topic, value, key=key, partition=0)
 
@@ -123,12 +119,12 @@ class Described:
     """The coordinator's assignment on our topic; None when it gives none (tansu)."""
 
 
-async def group_members(adapter: KafkaAdapter, group: str,
+async def group_members(cluster: KafkaCluster, group: str,
                         window: int = 2000) -> list[GroupMember]:
     """The group's live members, ordered by id, with the queues each owns."""
-    described = await _describe(adapter, group)
-    reports = await _reports(adapter, group, window)
-    return join(described, reports, time.time(), adapter.config.session_timeout_ms / 1000)
+    described = await _describe(cluster, group)
+    reports = await _reports(cluster, group, window)
+    return join(described, reports, time.time(), cluster.config.session_timeout_ms / 1000)
 
 
 def join(described: list[Described] | None, reports: Mapping[str, MemberReport],
@@ -169,29 +165,25 @@ def _report_of(d: Described, reports: Mapping[str, MemberReport]) -> MemberRepor
     return None
 
 
-async def _describe(adapter: KafkaAdapter, group: str) -> list[Described] | None:
+async def _describe(cluster: KafkaCluster, group: str) -> list[Described] | None:
     """The coordinator's members of ``group``; None if it cannot be described."""
-    admin = AIOKafkaAdminClient(**client_options(adapter.config))
     try:
-        await admin.start()
-        [response] = await admin.describe_consumer_groups([group])
+        async with cluster.admin() as admin:
+            [response] = await admin.describe_consumer_groups([group])
         [described] = response.to_object()["groups"]
     except (kerrors.KafkaError, OSError, ValueError) as exc:
         log.debug("cannot describe group %r: %s", group, exc)
         return None
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
     if described["error_code"]:
         return None
     return [Described(m["member_id"], m["client_id"], m["client_host"].lstrip("/"),
-                       _assigned(adapter, m["member_assignment"]))
+                       _assigned(cluster, m["member_assignment"]))
             for m in described["members"]]
 
 
-def _assigned(adapter: KafkaAdapter, raw: bytes) -> list[int] | None:
+def _assigned(cluster: KafkaCluster, raw: bytes) -> list[int] | None:
     """The coordinator's assignment on our topic; None when it sent none (tansu)."""
-    return sorted(assigned_partitions(raw, adapter.topic)) if raw else None
+    return sorted(assigned_partitions(raw, cluster.topic)) if raw else None
 
 
 def assigned_partitions(raw: bytes | None, topic: str) -> set[int]:
@@ -199,17 +191,17 @@ def assigned_partitions(raw: bytes | None, topic: str) -> set[int]:
     if not raw:
         return set()
     try:
-        assignment = ConsumerProtocolMemberAssignment.decode(raw)
+        partitions = assignment(raw)
     except Exception:  # another protocol's bytes: not a consumer this check can read
         return set()
-    return {tp.partition for tp in assignment.partitions() if tp.topic == topic}
+    return {tp.partition for tp in partitions if tp.topic == topic}
 
 
-async def _reports(adapter: KafkaAdapter, group: str, window: int) -> dict[str, MemberReport]:
+async def _reports(cluster: KafkaCluster, group: str, window: int) -> dict[str, MemberReport]:
     """The latest report of each member of ``group`` in the last ``window`` records."""
-    topic = members_topic(adapter)
+    topic = members_topic(cluster)
     tp = TopicPartition(topic, 0)
-    consumer = adapter.new_consumer(None)
+    consumer = cluster.new_consumer(None)
     prefix = f"{group}/".encode()
     latest: dict[str, MemberReport | None] = {}
     try:
@@ -219,7 +211,7 @@ async def _reports(adapter: KafkaAdapter, group: str, window: int) -> dict[str, 
                 return {}
             consumer.assign([tp])
             begin = int((await consumer.beginning_offsets([tp]))[tp])
-            end = await adapter.high_watermark(consumer, tp, begin)
+            end = await cluster.high_watermark(consumer, tp, begin)
             position = max(begin, end - window)
             consumer.seek(tp, position)
             empty = 0

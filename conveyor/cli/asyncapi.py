@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli_common import load_config_or_exit
+from conveyor.cli.common import load_config_or_exit
 from conveyor.platform.errors import ConveyorError
 
 

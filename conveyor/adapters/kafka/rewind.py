@@ -13,59 +13,58 @@ supplies the facts: :func:`forward_gap` and :func:`owners`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata
 
-from conveyor.adapters import kafka_members
-from conveyor.adapters.kafka_conn import client_options, fetch_committed, kafka_errors
-from conveyor.adapters.kafka_members import assigned_partitions
+from conveyor.adapters.kafka import members as kafka_members
+from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
+from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.connection import kafka_errors
+from conveyor.adapters.kafka.handoff import HandoffLog
+from conveyor.adapters.kafka.members import assigned_partitions
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken
-
-if TYPE_CHECKING:
-    from conveyor.adapters.kafka import KafkaAdapter
 
 log = logging.getLogger("conveyor.kafka")
 
 _LIVE_STATES = frozenset({"Stable", "PreparingRebalance", "CompletingRebalance"})
 
 
-async def rewind(adapter: KafkaAdapter, queue: int, group: str, to: SequenceToken | float) -> None:
+async def rewind(cluster: KafkaCluster, handoffs: HandoffLog, queue: int, group: str,
+                 to: SequenceToken | float) -> None:
     """Commit the offset ``to`` names on ``queue`` as ``group``'s position (unchecked)."""
     with kafka_errors(f"rewinding app {group!r} on queue {queue}"):
-        offset = await _target(adapter, await adapter.probe(group), queue, to)
-        await _commit_position(adapter, group, queue, offset)
+        offset = await _target(cluster, await cluster.probe(group), queue, to)
+        await _commit_position(cluster, handoffs, group, queue, offset)
     log.info("moved %s on queue %d to offset %d", group, queue, offset)
 
 
-async def forward_gap(adapter: KafkaAdapter, queue: int, group: str,
+async def forward_gap(cluster: KafkaCluster, queue: int, group: str,
                       to: SequenceToken | float) -> int:
     """Messages between the group's committed position and ``to``, when ``to`` is ahead."""
     with kafka_errors(f"reading app {group!r}'s position"):
-        offset, position = await _target_and_position(adapter, queue, group, to)
+        offset, position = await _target_and_position(cluster, queue, group, to)
     return max(0, offset - position)
 
 
-async def owners(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> dict[int, str]:
+async def owners(cluster: KafkaCluster, queues: Sequence[int], group: str) -> dict[int, str]:
     """The members of consumer group ``group`` that hold one of ``queues``.
 
     That sees daemons under the ``kafka-group`` balancer, on any machine: by the
     assignment the coordinator reports (Apache Kafka does), and by the queues each live
-    member reports it owns (:mod:`conveyor.adapters.kafka_members`; tansu reports no
+    member reports it owns (:mod:`conveyor.adapters.kafka.members`; tansu reports no
     assignments). It cannot see receivers with a manual assignment — daemons under the
     ``dynamic`` balancer (their leases live in the membership store: ``conveyor rewind``
     reads those) or the ``static`` one.
     """
     with kafka_errors(f"reading the members of group {group!r}"):
         try:
-            described = await _describe_group(adapter, group)
+            described = await _describe_group(cluster, group)
         except (kerrors.UnsupportedVersionError, kerrors.IncompatibleBrokerVersion) as exc:
             log.info("kafka: cannot describe group %s (%s); its members are not checked",
                      group, exc)
@@ -76,68 +75,64 @@ async def owners(adapter: KafkaAdapter, queues: Sequence[int], group: str) -> di
         if found.get("group") != group or found.get("state") not in _LIVE_STATES:
             continue
         for member in found.get("members", []):
-            holds = assigned_partitions(member.get("member_assignment"), adapter.topic)
+            holds = assigned_partitions(member.get("member_assignment"), cluster.topic)
             for queue in sorted(holds & wanted):
                 held.setdefault(queue, member.get("client_id") or member.get("member_id", "?"))
-    for live in await kafka_members.group_members(adapter, group):
+    for live in await kafka_members.group_members(cluster, group):
         for queue in sorted(set(live.queues) & wanted):
             held.setdefault(queue, live.info.id)
     return held
 
 
-async def _describe_group(adapter: KafkaAdapter, group: str) -> list[dict[str, Any]]:
-    admin = AIOKafkaAdminClient(**client_options(adapter.config))
-    try:
-        await admin.start()
+async def _describe_group(cluster: KafkaCluster, group: str) -> list[dict[str, Any]]:
+    async with cluster.admin() as admin:
         responses = await admin.describe_consumer_groups([group])
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
     return [g for r in responses for g in r.to_object().get("groups", [])]
 
 
-async def _target_and_position(adapter: KafkaAdapter, queue: int, group: str,
+async def _target_and_position(cluster: KafkaCluster, queue: int, group: str,
                                to: SequenceToken | float) -> tuple[int, int]:
     """The offset ``to`` names on ``queue``, and the group's committed position there."""
-    consumer = await adapter.probe(group)
-    offset = await _target(adapter, consumer, queue, to)
-    tp = TopicPartition(adapter.topic, queue)
+    consumer = await cluster.probe(group)
+    offset = await _target(cluster, consumer, queue, to)
+    tp = TopicPartition(cluster.topic, queue)
     committed = await fetch_committed(consumer, tp)
     position = (int(committed[0]) if committed is not None
                 else int((await consumer.beginning_offsets([tp]))[tp]))
     return offset, position
 
 
-async def _target(adapter: KafkaAdapter, consumer: AIOKafkaConsumer, queue: int,
+async def _target(cluster: KafkaCluster, consumer: AIOKafkaConsumer, queue: int,
                   to: SequenceToken | float) -> int:
     """The offset a token names, or the first at or after a time."""
     if isinstance(to, SequenceToken):
         return to.major
-    return await offset_for_time(adapter, consumer, TopicPartition(adapter.topic, queue),
+    return await offset_for_time(cluster, consumer, TopicPartition(cluster.topic, queue),
                                  int(to * 1000))
 
 
-async def _commit_position(adapter: KafkaAdapter, group: str, queue: int, offset: int) -> None:
-    consumer = await adapter.probe(group)
-    tp = TopicPartition(adapter.topic, queue)
-    await adapter.handoffs.write(group, queue, offset, "")  # forget recorded done offsets
+async def _commit_position(cluster: KafkaCluster, handoffs: HandoffLog, group: str,
+                           queue: int, offset: int) -> None:
+    consumer = await cluster.probe(group)
+    tp = TopicPartition(cluster.topic, queue)
+    await handoffs.write(group, queue, offset, "")  # forget recorded done offsets
     try:
         await consumer.commit({tp: OffsetAndMetadata(offset, "")})
     except kerrors.CommitFailedError:
         # A broker that refuses commits from outside the group's generation
         # (tansu, once a group had members): commit as its only member.
-        await _commit_as_member(adapter, group, {tp: OffsetAndMetadata(offset, "")})
+        await _commit_as_member(cluster, group, {tp: OffsetAndMetadata(offset, "")})
 
 
 async def _commit_as_member(
-    adapter: KafkaAdapter, group: str, offsets: dict[TopicPartition, OffsetAndMetadata]
+    cluster: KafkaCluster, group: str, offsets: dict[TopicPartition, OffsetAndMetadata]
 ) -> None:
-    consumer = adapter.new_consumer(group, session_timeout_ms=adapter.config.session_timeout_ms)
+    consumer = cluster.new_consumer(group, session_timeout_ms=cluster.config.session_timeout_ms)
     await consumer.start()
     try:
-        consumer.subscribe([adapter.topic])
+        consumer.subscribe([cluster.topic])
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + adapter.config.session_timeout_ms / 1000 + 10
+        deadline = loop.time() + cluster.config.session_timeout_ms / 1000 + 10
         while not set(offsets) <= consumer.assignment():
             if loop.time() > deadline:
                 raise BrokerError(
@@ -150,7 +145,7 @@ async def _commit_as_member(
         await consumer.stop()
 
 
-async def offset_for_time(adapter: KafkaAdapter, consumer: AIOKafkaConsumer,
+async def offset_for_time(cluster: KafkaCluster, consumer: AIOKafkaConsumer,
                           tp: TopicPartition, when_ms: int) -> int:
     """The first offset whose timestamp is >= ``when_ms`` (the end if none is)."""
     found = (await consumer.offsets_for_times({tp: when_ms})).get(tp)
@@ -159,7 +154,7 @@ async def offset_for_time(adapter: KafkaAdapter, consumer: AIOKafkaConsumer,
     # No answer, or tansu's (timestamp -1): scan from the start up to the fetch
     # high watermark, comparing record timestamps.
     begin = (await consumer.beginning_offsets([tp]))[tp]
-    high = await adapter.high_watermark(consumer, tp, begin)
+    high = await cluster.high_watermark(consumer, tp, begin)
     consumer.seek(tp, begin)
     position = begin
     while position < high:

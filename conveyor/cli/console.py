@@ -1,4 +1,4 @@
-"""``conveyor console``: serve the web console (registered in the CLI with one line)."""
+"""``conveyor console``: serve the web console (:mod:`conveyor.console`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli_common import load_config_or_exit, usage
+from conveyor.cli.common import load_config_or_exit, usage
 
 TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
 

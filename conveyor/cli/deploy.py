@@ -1,6 +1,6 @@
 """``conveyor deploy kubernetes``: print (or write) the manifests of one app's workers.
 
-Registered on the main command by ``conveyor/cli.py``; the rendering itself is
+Registered on the main command in :mod:`conveyor.cli`; the rendering itself is
 :mod:`conveyor.deploy.kubernetes`.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from conveyor.cli_common import usage as _usage
-from conveyor.cli_common import warn
+from conveyor.cli.common import usage as _usage
+from conveyor.cli.common import warn
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 
 

@@ -1,0 +1,310 @@
+"""The Kafka queue adapter: one topic, partition ``i`` is queue ``i``.
+
+Producer side (here): every message goes to the partition the hash ring chose
+(explicit partition), with key = stream key and Conveyor's metadata in headers
+(:mod:`conveyor.adapters.kafka.codec`; "Wire format" in docs/kafka.md), so kcat or any
+Kafka client can publish. Consumer side: one :class:`KafkaReceiver` per owned partition
+(:mod:`conveyor.adapters.kafka.receiver`).
+
+The adapter owns a :class:`KafkaCluster` (:mod:`conveyor.adapters.kafka.cluster`: the
+connections and the topic) and hands it to the receivers and to the helpers behind the
+operator facets: dead letters (:mod:`~conveyor.adapters.kafka.letters`), consumer groups
+(:mod:`~conveyor.adapters.kafka.groups`), rewinding (:mod:`~conveyor.adapters.kafka.rewind`),
+hand-off records (:mod:`~conveyor.adapters.kafka.handoff`). Connections, error
+translation and outage back-off live in :mod:`conveyor.adapters.kafka.connection`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import errors as kerrors
+
+from conveyor.adapters.kafka import groups as kafka_groups
+from conveyor.adapters.kafka import rewind as kafka_rewind
+from conveyor.adapters.kafka.aiokafka_internals import record_size
+from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.codec import letter_from_record, letter_record, message_headers
+from conveyor.adapters.kafka.connection import CLIENT_ERRORS, broker_error, kafka_errors
+from conveyor.adapters.kafka.handoff import HandoffLog
+from conveyor.adapters.kafka.letters import KafkaLetters
+from conveyor.adapters.kafka.receiver import KafkaReceiver
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
+from conveyor.platform.config import Config, KafkaConfig
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    MessageTooLargeError,
+    PublishUncertain,
+)
+from conveyor.platform.groups import GroupInfo
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.letters import Replay, StoredLetter
+from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.partial_publish import publish_failure
+
+log = logging.getLogger("conveyor.kafka")
+
+_FRAMING = 61 + 21
+"""A record batch's header and aiokafka's bound on a record's own overhead: what its
+size check (``estimate_size_in_bytes``) adds to the key, value and headers."""
+
+
+class KafkaAdapter(QueueAdapter):
+    name = "kafka"
+    coalesce_publishes = False  # the producer batches concurrent sends itself (linger_ms)
+
+    def __init__(self, config: KafkaConfig, total_queues: int, *,
+                 new_group_start: str = "earliest") -> None:
+        self.cluster = cluster = KafkaCluster(config, total_queues,
+                                              new_group_start=new_group_start)
+        self.config = config
+        self.topic = cluster.topic
+        self.dlq_topic = cluster.dlq_topic
+        self.total_queues = total_queues
+        self._dlq_ready = False
+        self._group_consumers: dict[str, AIOKafkaConsumer] = {}
+        # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
+        self._receivers: weakref.WeakSet[KafkaReceiver] = weakref.WeakSet()
+        self.handoffs = HandoffLog(cluster)
+        self.letters = KafkaLetters(
+            cluster,
+            lambda record, app: letter_from_record(record, app, config.topic,
+                                                   config.default_namespace),
+            lambda queue, messages: self.enqueue(queue, messages))
+
+    # -- the cluster, as callers of the adapter see it ---------------------------------
+    @property
+    def idempotent(self) -> bool:
+        """Whether the producer is idempotent (known once it has started)."""
+        return self.cluster.idempotent
+
+    @property
+    def topic_changed(self) -> BrokerError | None:
+        """Set once the topic was deleted or re-created under this process (see
+        :meth:`KafkaCluster.topic_gone`): no receiver reads or commits from then on."""
+        return self.cluster.topic_changed
+
+    async def producer(self) -> AIOKafkaProducer:
+        return await self.cluster.producer()
+
+    async def ensure_topic(self) -> None:
+        """Create the topic with ``total_queues`` partitions if absent; check it if present."""
+        await self.cluster.ensure_topic()
+
+    def attach_group_consumer(self, group: str, consumer: AIOKafkaConsumer | None) -> None:
+        """Receivers of ``group`` read and commit through this consumer (kafka-group)."""
+        if consumer is None:
+            self._group_consumers.pop(group, None)
+        else:
+            self._group_consumers[group] = consumer
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.letters.close()
+        await self.cluster.close()
+
+    # -- producing ---------------------------------------------------------------------
+    async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
+        """Append in order: record batches built here (``create_batch``), one send each.
+
+        A record over ``$.kafka.max_request_size`` refuses the call before anything is
+        sent. The producer retries a send after a cut connection by itself; idempotent
+        (see ``$.kafka.idempotence``), the broker writes a retried batch once. Each
+        record batch is stored whole or not at all: when some were and others not (or
+        may not have been), :class:`PartialPublishError` says which; when nothing is
+        known stored and some may be, :class:`PublishUncertain`.
+        """
+        if not messages:
+            return []
+        producer = await self.cluster.producer()  # unreachable here: nothing was sent
+        what = f"publishing {len(messages)} messages to queue {queue}"
+        if len(messages) == 1:  # into the partition's open batch, with concurrent sends
+            return [await self._send_one(producer, queue, messages[0], what)]
+        batches = self._batches(producer, messages)  # all built, so none is sent if one
+        sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # record is too big
+        unsent: BrokerError | None = None
+        try:
+            with kafka_errors(what):
+                for msgs, batch in batches:
+                    sent.append((msgs, await producer.send_batch(batch, self.topic,
+                                                                 partition=queue)))
+        except BrokerError as exc:
+            if not sent:  # failed before the first batch was handed over: none was sent
+                raise
+            unsent = exc
+        results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+        return self._stored(queue, messages, sent, results, unsent, what)
+
+    def _batches(self, producer: AIOKafkaProducer, messages: Sequence[Message]
+                 ) -> list[tuple[Sequence[Message], Any]]:
+        """``messages`` as record batches (with the messages each holds); a record over
+        ``$.kafka.max_request_size`` refuses them all (aiokafka's ``send`` would refuse
+        it; ``send_batch`` does not check)."""
+        limit = self.config.max_request_size
+        batches: list[tuple[Sequence[Message], Any]] = []
+        start, batch = 0, producer.create_batch()
+        for i, msg in enumerate(messages):
+            key, headers = msg.stream.key.encode(), message_headers(msg)
+            ts = msg.enqueued_at_ms or None
+            meta = batch.append(key=key, value=msg.body, timestamp=ts, headers=headers)
+            if meta is None:  # full: start the next (a batch always takes its first record)
+                batches.append((messages[start:i], batch))
+                start, batch = i, producer.create_batch()
+                meta = batch.append(key=key, value=msg.body, timestamp=ts, headers=headers)
+            if meta.size + _FRAMING > limit:  # near it: as aiokafka's send() counts
+                size = record_size(key, msg.body, headers)
+                if size > limit:
+                    raise self._too_large(msg, size)
+        batches.append((messages[start:], batch))
+        return batches
+
+    def _too_large(self, msg: Message, size: int) -> MessageTooLargeError:
+        return MessageTooLargeError(
+            f"kafka: message {msg.id} to stream {msg.stream.namespace}/{msg.stream.key} "
+            f"is {size} bytes as a record, larger than $.kafka.max_request_size "
+            f"({self.config.max_request_size}); nothing was sent: raise it together with "
+            "the broker's message.max.bytes, or send less")
+
+    def _stored(self, queue: int, messages: Sequence[Message],
+                sent: list[tuple[Sequence[Message], asyncio.Future[Any]]],
+                results: list[Any], unsent: BrokerError | None,
+                what: str) -> list[SequenceToken]:
+        """The tokens of a multi-batch send, or the error saying which batches failed."""
+        tokens: list[SequenceToken] = []
+        published: dict[str, SequenceToken] = {}
+        failures: list[tuple[list[str], BaseException]] = []
+        for (msgs, _), meta in zip(sent, results, strict=True):
+            if isinstance(meta, BaseException):
+                if not isinstance(meta, CLIENT_ERRORS):
+                    raise meta
+                error = broker_error(what, meta)
+                if isinstance(error, BrokerConnectionError):
+                    error = PublishUncertain(
+                        f"{error}: the messages may or may not have been written; their "
+                        "ids are in .message_ids", tuple(m.id for m in msgs))
+                failures.append(([m.id for m in msgs], error))
+                continue
+            batch_tokens = [SequenceToken(queue, meta.offset + i) for i in range(len(msgs))]
+            published.update(zip((m.id for m in msgs), batch_tokens, strict=True))
+            tokens += batch_tokens
+        if unsent is not None:
+            handed = sum(len(msgs) for msgs, _ in sent)
+            failures.append(([m.id for m in messages[handed:]], unsent))
+        if failures:
+            raise publish_failure(f"kafka: {what}", [m.id for m in messages], published,
+                                  failures)
+        return tokens
+
+    async def _send_one(self, producer: AIOKafkaProducer, queue: int, msg: Message,
+                        what: str) -> SequenceToken:
+        """One record through ``send``: the producer appends it to the partition's open
+        batch, so concurrent single publishes share a request (Client.publish)."""
+        headers = message_headers(msg)
+        try:
+            with kafka_errors(what):
+                delivery = await producer.send(
+                    self.topic, msg.body, key=msg.stream.key.encode(), partition=queue,
+                    headers=headers, timestamp_ms=msg.enqueued_at_ms or None,
+                )
+        except BrokerError as exc:  # aiokafka checks the size before sending
+            if not isinstance(exc.__cause__, kerrors.MessageSizeTooLargeError):
+                raise
+            raise self._too_large(msg, record_size(msg.stream.key.encode(), msg.body,
+                                                   headers)) from None
+        try:
+            with kafka_errors(what):
+                meta = await delivery
+        except BrokerConnectionError as exc:
+            raise PublishUncertain(
+                f"{exc}: the message may or may not have been written; its id is in "
+                ".message_ids", (msg.id,)
+            ) from exc
+        return SequenceToken(queue, meta.offset)
+
+    # -- consuming ---------------------------------------------------------------------
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        receiver = KafkaReceiver(self.cluster, self.handoffs, queue, group,
+                                 self._group_consumers.get(group))
+        self._receivers.add(receiver)
+        return receiver
+
+    async def lag(self, queue: int, group: str) -> int:
+        return await self.cluster.lag(queue, group)
+
+    async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+        await kafka_rewind.rewind(self.cluster, self.handoffs, queue, group, to)
+
+    async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
+        return await kafka_rewind.forward_gap(self.cluster, queue, group, to)
+
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """This adapter's open receivers, then the group's members that the broker says
+        hold the queues (see :func:`conveyor.adapters.kafka.rewind.owners`)."""
+        return {**open_receivers(self._receivers, queues, group),
+                **await kafka_rewind.owners(self.cluster, queues, group)}
+
+    # -- dead letters ------------------------------------------------------------------
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        """One record per letter on partition 0 of ``<topic>.conveyor-dlq`` (see
+        conveyor.platform.letters), created with ``retention.ms = -1``: no bound here,
+        the topic's retention is the broker's business (0 evicted, always)."""
+        producer = await self.cluster.producer()
+        if not self._dlq_ready:
+            await self.cluster.create_topics({self.dlq_topic: 1}, {"retention.ms": "-1"})
+            self._dlq_ready = True
+        try:
+            futures = [
+                await producer.send(self.dlq_topic, value, key=key, partition=0, headers=headers)
+                for key, value, headers in (letter_record(letter, group) for letter in letters)
+            ]
+            await asyncio.gather(*futures)
+        except (kerrors.KafkaError, OSError) as exc:
+            raise broker_error("writing dead letters", exc) from exc
+        return 0
+
+    # -- dead letters, for operators (see conveyor.adapters.kafka.letters) --------------
+    async def list_dead_letters(self, group: str, limit: int = 100, *,
+                                after: str | None = None) -> list[StoredLetter]:
+        return await self.letters.list_letters(group, limit, after)
+
+    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
+        return await self.letters.find(group, letter_id)
+
+    async def count_dead_letters(self, group: str) -> int:
+        return await self.letters.count(group)
+
+    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
+        """Recorded as purged in ``<topic>.conveyor-dlq-ops``: Kafka keeps the records."""
+        return await self.letters.delete(group, ids)
+
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
+        """Recorded in ``<topic>.conveyor-dlq-ops`` before and after the publish, so a
+        re-run finds a publish that was not recorded (conveyor.adapters.kafka.letters)."""
+        return await self.letters.replay(group, replays)
+
+    # -- consumer groups, for operators (see conveyor.adapters.kafka.groups) -----------
+    retention_follows_groups = False  # Kafka keeps records by time or size
+
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        return await kafka_groups.groups(self.cluster, queues)
+
+    async def has_group(self, queues: Sequence[int], group: str) -> bool:
+        return await kafka_groups.has_group(self.cluster, queues, group)
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        return await kafka_groups.delete_group(self.cluster, self.handoffs, group, queues,
+                                               dead_letters=dead_letters)
+
+
+def from_config(config: Config) -> KafkaAdapter:
+    return KafkaAdapter(config.kafka, config.queues.total,
+                        new_group_start=config.queues.new_group_start)

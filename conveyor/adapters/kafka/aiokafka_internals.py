@@ -1,0 +1,172 @@
+"""What Conveyor takes from aiokafka beyond its public API, all in this one module.
+
+aiokafka's public API lacks a few things Conveyor needs. Each reach into its private
+parts is here, named for what it gives, and ``tests/unit/test_aiokafka_internals.py``
+pins every name and call shape relied on, so an aiokafka upgrade that moves one fails
+that one test rather than a daemon in production:
+
+* a group's committed offsets *with their metadata* (``consumer.committed()`` drops
+  it): ``consumer._coordinator.fetch_committed_offsets``;
+* the heartbeats the group coordinator answers, and a member's id and generation:
+  ``consumer._coordinator._do_heartbeat``, ``.member_id``, ``.generation``;
+* whether a started producer is idempotent: ``producer._txn_manager``;
+* requests the admin client does not offer (DeleteGroups, LeaveGroup):
+  ``admin._send_request`` and the request classes of ``aiokafka.protocol``;
+* a record's size as the producer's own check counts it:
+  ``DefaultRecordBatchBuilder.estimate_size_in_bytes``;
+* the consumer protocol's member metadata and assignment (``aiokafka.coordinator``);
+* the sticky assignor's state, which it keeps in class attributes;
+* where aiokafka's SCRAM code raises on a refused login, and the log line of its sender
+  for a refused InitProducerId (matched by function names and text).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.group import LeaveGroupRequest
+from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+# -- consumers in a group --------------------------------------------------------------
+
+
+async def fetch_committed(
+    consumer: AIOKafkaConsumer, tp: TopicPartition
+) -> tuple[int, str] | None:
+    """The group's committed offset and metadata (aiokafka's public API drops metadata)."""
+    found = await consumer._coordinator.fetch_committed_offsets([tp])
+    entry = found.get(tp)
+    if entry is None or entry.offset < 0:
+        return None
+    return int(entry.offset), str(entry.metadata or "")
+
+
+def observe_heartbeats(consumer: AIOKafkaConsumer, answered: Callable[[float], None]) -> bool:
+    """Call ``answered(sent)`` for each heartbeat the coordinator answers as a member
+    (``sent``: ``time.monotonic()`` taken before the request); False when this aiokafka
+    does not let heartbeats be observed."""
+    coordinator: Any = getattr(consumer, "_coordinator", None)
+    heartbeat = getattr(coordinator, "_do_heartbeat", None)
+    if heartbeat is None:
+        return False
+
+    async def observed() -> bool:
+        sent = time.monotonic()
+        still_member: bool = await heartbeat()  # True: still a member (even mid-rebalance)
+        if still_member:
+            answered(sent)
+        return still_member
+
+    coordinator._do_heartbeat = observed
+    return True
+
+
+def membership(consumer: AIOKafkaConsumer) -> tuple[str, int]:
+    """The consumer's member id and generation in its group ("", -1 when unknown)."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    return getattr(coordinator, "member_id", ""), getattr(coordinator, "generation", -1)
+
+
+def sticky_assignor() -> type[StickyPartitionAssignor]:
+    """The sticky assignor (KIP-54): a re-balance moves only the partitions that must move
+    (the eager protocol still pauses all of them while it runs).
+
+    aiokafka's keeps its member's last assignment in class attributes: a subclass per
+    balancer keeps two daemons of one process from sharing it."""
+    return type("ConveyorStickyAssignor", (StickyPartitionAssignor,), {
+        "member_assignment": None,
+        "generation": StickyPartitionAssignor.DEFAULT_GENERATION_ID,
+    })
+
+
+def subscription(member_metadata: bytes) -> list[str]:
+    """The topics a member subscribes to, from DescribeGroups' ``member_metadata``
+    (raises on bytes that are not the consumer protocol's)."""
+    return list(ConsumerProtocolMemberMetadata.decode(member_metadata).subscription)
+
+
+def assignment(member_assignment: bytes) -> list[TopicPartition]:
+    """The partitions in DescribeGroups' ``member_assignment`` (raises on foreign bytes)."""
+    return list(ConsumerProtocolMemberAssignment.decode(member_assignment).partitions())
+
+
+# -- producers -------------------------------------------------------------------------
+
+
+def is_idempotent(producer: AIOKafkaProducer) -> bool:
+    """Whether the producer writes idempotently (it has a transaction manager)."""
+    return producer._txn_manager is not None
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: list[Any]) -> int:
+    """A record's size as the producer's ``send`` checks it against max_request_size."""
+    size: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+    return size
+
+
+SENDER_LOGGER = "aiokafka.producer.sender"
+"""The logger of the producer's sender task."""
+INIT_PRODUCER_ID_ERROR = "Unexpected error during InitProducerIdRequest"
+"""How the sender's error line for a refused InitProducerId begins (args: the error type)."""
+
+SCRAM_STEPS = frozenset({"authenticator_scram", "process_server_first_message",
+                         "process_server_final_message"})
+"""Functions of ``aiokafka.conn`` whose ``KeyError`` / ``ValueError`` is a refused login."""
+
+
+# -- requests the admin client does not offer -------------------------------------------
+
+
+class _DeleteGroupsResponseV0(Response):  # type: ignore[misc]
+    API_KEY = 42
+    API_VERSION = 0
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("results", Array(("group_id", String("utf-8")), ("error_code", Int16))),
+    )
+
+
+class _DeleteGroupsRequestV0(RequestStruct):  # type: ignore[misc]
+    API_KEY = 42
+    API_VERSION = 0
+    RESPONSE_TYPE = _DeleteGroupsResponseV0
+    SCHEMA = Schema(("groups_names", Array(String("utf-8"))))
+
+
+class _DeleteGroups(Request[_DeleteGroupsRequestV0]):  # type: ignore[misc]
+    API_KEY = 42
+
+    def __init__(self, groups: list[str]) -> None:
+        self._groups = groups
+
+    def build(self, request_struct_class: type[_DeleteGroupsRequestV0]) -> Any:
+        return request_struct_class(self._groups)
+
+
+def delete_groups_request(groups: list[str]) -> Any:
+    """DeleteGroups (Kafka 1.1+); its response has ``results``: (group, error code)."""
+    return _DeleteGroups(groups)
+
+
+def leave_group_request(group: str, member_id: str) -> Any:
+    """LeaveGroup; its response has ``error_code``."""
+    return LeaveGroupRequest(group, member_id)
+
+
+async def send_request(admin: AIOKafkaAdminClient, request: Any, node_id: int) -> Any:
+    """Send ``request`` to broker ``node_id`` through a started admin client.
+
+    Raises ``IncompatibleBrokerVersion`` or ``NotImplementedError`` when the broker
+    supports no version of it that aiokafka can build."""
+    return await admin._send_request(request, node_id)

@@ -1,0 +1,283 @@
+"""One app's topic on one Kafka cluster: what the adapter and its helpers reach it through.
+
+:class:`KafkaCluster` holds the configuration, the topic names, the client options and
+the connections they share — the producer (started once, creating the topic first),
+consumers made to order, the probe consumers that read lag and positions, and admin
+clients (:meth:`KafkaCluster.admin`). It prepares the topic (created if absent, its
+partition count checked against ``$.queues.total``) and notices the topic being deleted
+or re-created under a running worker (:meth:`KafkaCluster.topic_gone`).
+
+The adapter (:mod:`conveyor.adapters.kafka.adapter`) owns one and hands it to the
+receivers and to the helpers (hand-offs, dead letters, groups, member reports, rewind),
+so none of them needs the adapter.
+
+Lag is ``high watermark - committed``, the high watermark taken from fetch responses
+(tansu's ListOffsets(latest) is wrong for multi-record batches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import errors as kerrors
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import OffsetAndMetadata
+
+from conveyor.adapters.kafka import offsets as kafka_offsets
+from conveyor.adapters.kafka.aiokafka_internals import fetch_committed, is_idempotent
+from conveyor.adapters.kafka.connection import (
+    admin,
+    client_options,
+    first_answer,
+    kafka_errors,
+    outage_log,
+    retrying,
+    start_client,
+    start_producer,
+)
+from conveyor.platform.config import KafkaConfig
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.tasks import cancel_and_wait
+
+log = logging.getLogger("conveyor.kafka")
+
+_TOPIC_EXISTS = 36
+"""CreateTopics' error code for a topic another process created meanwhile."""
+
+
+class KafkaCluster:
+    """The topic ``config.topic`` with ``total_queues`` partitions, and the connections
+    to reach it (see the module's docstring). One per adapter; safe to share between
+    its tasks (the producer and the topic preparation are started once)."""
+
+    def __init__(self, config: KafkaConfig, total_queues: int, *,
+                 new_group_start: str = "earliest") -> None:
+        self.config = config
+        self.topic = config.topic
+        self.total_queues = total_queues
+        self.new_group_start = new_group_start
+        """``[queues] new_group_start``: where a group with no committed offset starts."""
+        self.options = client_options(config)
+        """Connection options every aiokafka client takes (secrets read from the env)."""
+        self.outage = outage_log(config.bootstrap)
+        self.idempotent = False
+        """Whether the producer is idempotent (known once it has started)."""
+        self.topic_changed: BrokerError | None = None
+        """Set once a receiver finds the topic deleted or re-created under it: from then
+        on no receiver reads or commits (see :meth:`topic_gone`)."""
+        self.on_topic_changed: Callable[[BrokerError], None] | None = None
+        """Told :attr:`topic_changed` (the kafka-group balancer fails the daemon)."""
+        self._producer: AIOKafkaProducer | None = None
+        self._lock = asyncio.Lock()
+        self._topic_ready = False
+        self._preparing: asyncio.Task[None] | None = None
+        self._first_answer_awaited = False
+        self._probes: dict[str, AIOKafkaConsumer] = {}
+
+    @property
+    def dlq_topic(self) -> str:
+        """Every app's dead letters on this topic (see :mod:`conveyor.platform.letters`)."""
+        return f"{self.topic}.conveyor-dlq"
+
+    # -- connections -------------------------------------------------------------------
+    def new_consumer(self, group: str | None, **extra: Any) -> AIOKafkaConsumer:
+        """A consumer (not started) of ``group``, committing only when told to."""
+        opts: dict[str, Any] = {
+            "group_id": group,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "fetch_max_wait_ms": self.config.fetch_max_wait_ms,
+            "max_poll_records": 1000,
+            **self.options,
+            **extra,
+        }
+        return AIOKafkaConsumer(**opts)
+
+    def admin(self) -> AbstractAsyncContextManager[AIOKafkaAdminClient]:
+        """``async with cluster.admin() as client:`` — started, closed after the block."""
+        return admin(self.options)
+
+    async def producer(self) -> AIOKafkaProducer:
+        """The shared producer, started on first use (after the topic is prepared)."""
+        if self._producer is not None:
+            return self._producer
+        async with self._lock:
+            if self._producer is None:
+                await self.ensure_topic()
+                producer = await start_producer(self.config, self.options)
+                self.idempotent = is_idempotent(producer)
+                self._producer = producer
+        return self._producer
+
+    async def probe(self, group: str) -> AIOKafkaConsumer:
+        """A consumer of ``group`` assigned every partition, for lag and rewind (no reads)."""
+        consumer = self._probes.get(group)
+        if consumer is None:
+            await self.ensure_topic()
+            consumer = self.new_consumer(group)
+            await start_client(consumer, "connecting a consumer")
+            consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
+            self._probes[group] = consumer
+        return consumer
+
+    async def close(self) -> None:
+        if self._preparing is not None and not self._preparing.done():
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(self._preparing)
+        for consumer in [*self._probes.values()]:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+        self._probes.clear()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+            self._producer = None
+
+    # -- the topic ---------------------------------------------------------------------
+    async def ensure_topic(self) -> None:
+        """Create the topic with ``total_queues`` partitions if absent; check it if present."""
+        if self._topic_ready:
+            return
+        await self.create_topics({self.topic: self.total_queues})
+        self._topic_ready = True
+
+    async def wait_topic_ready(self, timeout_s: float | None) -> bool:
+        """Whether the topic is ready, after waiting at most ``timeout_s`` for it.
+
+        One task per cluster prepares the topic, backing off while the broker is down
+        (:func:`~conveyor.adapters.kafka.connection.retrying`), however many receivers
+        wait. ``None`` waits for a first answer
+        (:func:`~conveyor.adapters.kafka.connection.first_answer`), once per cluster; later
+        calls with ``None`` do not wait.
+        A non-retriable failure (a topic with too few partitions) is raised.
+        """
+        if self._topic_ready:
+            return True
+        task = self._preparing
+        if task is None:
+            task = self._preparing = asyncio.create_task(
+                retrying(self.outage, "preparing the topic", self.ensure_topic),
+                name="kafka-prepare-topic",
+            )
+        if not task.done():
+            if timeout_s is None:
+                if not self._first_answer_awaited:  # one start-up wait, not one per queue
+                    self._first_answer_awaited = True
+                    await first_answer(task, self.outage)
+            elif timeout_s > 0:
+                await asyncio.wait([task], timeout=timeout_s)
+        if not task.done():
+            return False
+        task.result()
+        return True
+
+    async def create_topics(
+        self, wanted: dict[str, int], topic_config: dict[str, str] | None = None
+    ) -> None:
+        """Create the topics of ``wanted`` (name: partitions) that are absent."""
+        with kafka_errors("preparing topics"):
+            async with self.admin() as client:
+                existing = set(await client.list_topics())
+                missing = {t: n for t, n in wanted.items() if t not in existing}
+                if missing and self.config.create_topic:
+                    rf = self.config.replication_factor
+                    topics = [NewTopic(t, n, rf, topic_configs=topic_config)
+                              for t, n in missing.items()]
+                    response = await client.create_topics(topics)
+                    for topic, code, *_ in response.topic_errors:
+                        if code not in (0, _TOPIC_EXISTS):
+                            raise BrokerError(
+                                f"kafka: creating topic {topic!r} failed (error {code})"
+                            )
+                elif missing:
+                    raise ConfigError(f"kafka topic(s) {sorted(missing)} do not exist and "
+                                      "$.kafka.create_topic is false")
+                if self.topic in wanted and self.topic in existing:
+                    described = await client.describe_topics([self.topic])
+                    self._check_partitions(len(described[0]["partitions"]))
+
+    def _check_partitions(self, have: int) -> None:
+        if have < self.total_queues:
+            raise ConfigError(
+                f"kafka topic {self.topic!r} has {have} partitions but "
+                f"$.queues.total is {self.total_queues}; add partitions or lower it"
+            )
+        if have > self.total_queues:  # records there would never be read
+            raise ConfigError(
+                f"kafka topic {self.topic!r} has {have} partitions but "
+                f"$.queues.total is {self.total_queues}: partitions "
+                f"{self.total_queues}-{have - 1} would never be read; set "
+                f"$.queues.total = {have}"
+            )
+
+    def topic_gone(self, queue: int, end: int, reached: int) -> None:
+        """Partition ``queue`` ends at ``end``, before the offset ``reached`` this process
+        had already read or acknowledged: the topic was deleted (and maybe re-created)
+        under it. The group's committed offsets went with the old topic, so a worker
+        started now reads the new one from its start; this one reads and commits nothing
+        more, and says so once (through :attr:`on_topic_changed` if set, else a log)."""
+        if self.topic_changed is not None:
+            return
+        self.topic_changed = BrokerError(
+            f"kafka topic {self.topic!r} was deleted or re-created under this worker "
+            f"(partition {queue} ends at offset {end}, before offset {reached} it had "
+            "reached): nothing more is read or committed; restart the workers, they read "
+            "the new topic from its start")
+        if self.on_topic_changed is not None:
+            self.on_topic_changed(self.topic_changed)
+        else:
+            log.error("%s", self.topic_changed)
+
+    # -- positions ---------------------------------------------------------------------
+    async def new_group_offset(self, consumer: AIOKafkaConsumer, tp: TopicPartition, *,
+                               commit: bool = False) -> int:
+        """Where ``consumer``'s group, which committed nothing on ``tp``, starts: the
+        partition's first offset, or with ``new_group_start = "latest"`` its high
+        watermark — then committed with ``commit``, so that a daemon stopped before its
+        first acknowledgement does not move the start to a later end."""
+        start = int((await consumer.beginning_offsets([tp]))[tp])
+        if self.new_group_start != "latest":
+            return start
+        start = await self.high_watermark(consumer, tp, start)
+        if commit:
+            try:
+                await consumer.commit({tp: OffsetAndMetadata(start, "")})
+            except (kerrors.CommitFailedError, kerrors.IllegalStateError) as exc:
+                log.warning("%s: could not record the new group's start %d (%s)", tp, start,
+                            exc)
+        return start
+
+    async def high_watermark(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
+                             from_offset: int, timeout_s: float = 5.0) -> int:
+        """The partition's high watermark, as a fetch response reports it."""
+        consumer.seek(tp, from_offset)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            await consumer.getmany(tp, timeout_ms=200, max_records=1)
+            high = consumer.highwater(tp)
+            if high is not None:
+                return int(high)
+            if loop.time() > deadline:
+                raise BrokerConnectionError(f"kafka: no fetch response for {tp} in {timeout_s}s")
+
+    async def lag(self, queue: int, group: str) -> int:
+        """Messages of ``queue`` that ``group`` has not finished, from the broker's view."""
+        with kafka_errors(f"reading the lag of queue {queue}"):
+            consumer = await self.probe(group)
+            tp = TopicPartition(self.topic, queue)
+            committed = await fetch_committed(consumer, tp)
+            if committed is None:
+                start = await self.new_group_offset(consumer, tp)
+                done = 0
+            else:
+                start = int(committed[0])
+                done = len(kafka_offsets.decode(start, committed[1]))
+            high = await self.high_watermark(consumer, tp, start)
+        return max(0, high - start - done)

@@ -1,0 +1,163 @@
+"""The Kafka wire format: a record read as a :class:`Message`, a message's headers, a
+dead letter as a record and back.
+
+Metadata lives beside the body (see "Wire format" in docs/kafka.md), so any Kafka client
+can publish: key = stream key; headers carry the namespace, message id, content type,
+enqueue time, attempt and the message's own headers; the value is the body. A record
+without Conveyor's headers is read with the defaults (the configured namespace, JSON).
+Dead letters are records of the dead-letter topic in the layout of
+:mod:`conveyor.platform.letters`.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+
+from conveyor.platform import letters as layout
+from conveyor.platform.errors import DecodeError
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import (
+    CONTENT_BYTES,
+    CONTENT_JSON,
+    H_ATTEMPT,
+    H_CONTENT_TYPE,
+    H_ENQUEUED_MS,
+    H_ID,
+    H_KEY,
+    H_NAMESPACE,
+    DeadLetter,
+    Message,
+    Undecodable,
+)
+
+_decode_legacy_letter = msgspec.json.Decoder(DeadLetter).decode
+
+
+TS_MAX = 2**63 - 1
+ATTEMPT_MAX = 2**31 - 1
+
+
+def _wire_number(raw: bytes | None, field: str, limit: int) -> int | None:
+    """A number header: ASCII digits, at most ``limit``; None when absent or empty."""
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 19 or int(raw) > limit:
+        raise DecodeError(f"{field} is not a whole number from 0 to {limit}: {raw[:40]!r}")
+    return int(raw)
+
+
+def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
+    """A fetched record as a :class:`Message`; foreign records get the defaults.
+
+    Raises on metadata that cannot be read (not UTF-8, a malformed number): see
+    :func:`decode_record`, which isolates such a record instead.
+    """
+    ns = default_ns
+    key = record.key.decode() if record.key is not None else ""
+    msg_id = ""
+    ctype = CONTENT_JSON
+    attempt = 0
+    ts = record.timestamp
+    headers: dict[str, str] = {}
+    for name, raw in record.headers:
+        if name == H_NAMESPACE:  # the headers Conveyor writes, most frequent first
+            ns = raw.decode() if raw else default_ns
+        elif name == H_ID:
+            msg_id = raw.decode() if raw is not None else ""
+        elif name == H_CONTENT_TYPE:
+            ctype = raw.decode() if raw else CONTENT_JSON
+        elif name == H_ENQUEUED_MS:
+            if raw and raw.isdigit() and len(raw) < 19:  # fewer than 19 digits: < TS_MAX
+                ts = int(raw)
+            else:
+                ts = _wire_number(raw, H_ENQUEUED_MS, TS_MAX) or ts
+        elif name == H_ATTEMPT:
+            attempt = _wire_number(raw, H_ATTEMPT, ATTEMPT_MAX) or 0
+        elif name == H_KEY:  # the record key wins; a header that does not read is bad
+            value = raw.decode() if raw is not None else ""
+            key = key or value
+        else:
+            headers[name] = raw.decode() if raw is not None else ""
+    return Message(
+        msg_id or f"{record.topic}-{record.partition}-{record.offset}",
+        StreamId(ns, key),
+        record.value if record.value is not None else b"",
+        headers,
+        ctype,
+        attempt,
+        ts,
+        SequenceToken(queue, record.offset),
+    )
+
+
+def decode_record(record: Any, queue: int, default_ns: str) -> Message:
+    """:func:`record_to_message`, or an :class:`Undecodable` keeping the record's bytes.
+
+    One record that cannot be read never fails the batch fetched with it: its
+    neighbours flow on, and it goes to the dead-letter store with the reason.
+    """
+    try:
+        return record_to_message(record, queue, default_ns)
+    except Exception as exc:  # malformed metadata, whatever the failure: isolate it
+        return Undecodable(
+            id=f"{record.topic}-{record.partition}-{record.offset}",
+            stream=StreamId("", ""),
+            body=record.value if record.value is not None else b"",
+            content_type=CONTENT_BYTES,
+            enqueued_at_ms=record.timestamp if isinstance(record.timestamp, int) else 0,
+            token=SequenceToken(queue, record.offset),
+            reason=f"{type(exc).__name__}: {exc}",
+            raw_fields=tuple((name.encode(), raw) for name, raw in record.headers),
+            raw_key=record.key,
+        )
+
+
+def message_headers(msg: Message) -> list[tuple[str, bytes]]:
+    headers = [
+        (H_NAMESPACE, msg.stream.namespace.encode()),
+        (H_ID, msg.id.encode()),
+        (H_CONTENT_TYPE, msg.content_type.encode()),
+        (H_ENQUEUED_MS, str(msg.enqueued_at_ms).encode()),
+    ]
+    if msg.attempt:
+        headers.append((H_ATTEMPT, str(msg.attempt).encode()))
+    headers.extend((k, v.encode()) for k, v in msg.headers.items())
+    return headers
+
+
+def letter_record(letter: DeadLetter, app: str) -> tuple[bytes | None, bytes, list[Any]]:
+    """A dead letter as (key, value, headers): ``cv-dl-*`` headers first, then the
+    message's own (an undecodable one's byte for byte); see conveyor.platform.letters."""
+    headers: list[tuple[str, bytes | None]] = [
+        (name, value.encode()) for name, value in layout.meta_pairs(letter, app)
+    ]
+    msg = letter.message
+    if isinstance(msg, Undecodable) and letter.form == "full":
+        headers += [(name.decode(), value) for name, value in msg.raw_fields]
+        return msg.raw_key, msg.body, headers
+    headers += message_headers(msg)
+    return msg.stream.key.encode(), msg.body, headers
+
+
+def letter_from_record(record: Any, app: str, topic: str, default_ns: str) -> DeadLetter | None:
+    """A stored dead letter of ``app`` read back; None for another app's, or not a letter."""
+    names = [name for name, _ in record.headers]
+    if not layout.is_letter(names):  # stored by Conveyor 0.1: JSON, keyed by app
+        if record.key == app.encode() and record.value:
+            return _decode_legacy_letter(record.value)
+        return None
+    count = layout.meta_count(record.headers[0][1] or b"")
+    values = [value or b"" for _, value in record.headers[:count]]
+    if layout.app_of(values) != app:
+        return None
+    token_text = values[7].decode("utf-8", "replace")
+    token = SequenceToken.parse(token_text) if token_text else SequenceToken(0, 0)
+    original = SimpleNamespace(
+        topic=topic, partition=token.queue, offset=token.major, key=record.key,
+        value=record.value, timestamp=record.timestamp,
+        headers=record.headers[count:],
+    )
+    return layout.letter_from_meta(values, decode_record(original, token.queue, default_ns))

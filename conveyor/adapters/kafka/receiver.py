@@ -1,0 +1,282 @@
+"""The consumer side of one Kafka partition: :class:`KafkaReceiver`.
+
+One receiver per owned partition, manually assigned (or, under the ``kafka-group``
+balancer, read through the group's consumer). It commits the *watermark* — the offset
+below which everything is done — never past an unfinished message, and records the
+offsets done above it (:mod:`conveyor.adapters.kafka.offsets`) in the commit metadata.
+Brokers that drop commit metadata (tansu) are covered by a hand-off record written on a
+graceful drain (:mod:`conveyor.adapters.kafka.handoff`). A new owner starts at the
+watermark and skips the recorded offsets, so a hand-off replays only what was really
+unfinished. The same hand-off records carry the delivery counts the delivery limit needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import errors as kerrors
+from aiokafka.structs import OffsetAndMetadata
+
+from conveyor.adapters.kafka import offsets as kafka_offsets
+from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
+from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.codec import decode_record, record_to_message
+from conveyor.adapters.kafka.connection import kafka_errors
+from conveyor.adapters.kafka.handoff import FETCH_LOOKAHEAD, HandoffLog
+from conveyor.adapters.kafka.offsets import DoneOffsets
+from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.errors import BrokerError
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.message import Message
+
+log = logging.getLogger("conveyor.kafka")
+
+
+class KafkaReceiver(QueueReceiver):
+    """One partition for one group. Not shared between tasks (the agent is its only user).
+
+    With ``shared`` set (``kafka-group`` balancer) records are read and offsets committed
+    through the group's consumer, under its generation; otherwise the receiver has a
+    consumer of its own, manually assigned to its partition.
+
+    Its attributes are one partition's position (consumer, done offsets, offsets to
+    skip, the offset reached) and its delivery counts (redelivered range, handler
+    starts, the ``fetched`` mark): both go into the one hand-off record it writes.
+    """
+
+    records_done_out_of_order = True
+
+    def __init__(self, cluster: KafkaCluster, handoffs: HandoffLog, queue: int, group: str,
+                 shared: AIOKafkaConsumer | None) -> None:
+        self._cluster = cluster
+        self._handoffs = handoffs
+        self._queue = queue
+        self._group = group
+        self._tp = TopicPartition(cluster.topic, queue)
+        self._shared = shared
+        self._consumer: AIOKafkaConsumer | None = shared
+        self._started = False
+        self._offsets = DoneOffsets(0)
+        self._skip: set[int] = set()
+        self._default_ns = cluster.config.default_namespace
+        self._closed = False
+        # Deliveries (see handoff.py): offsets up to this one were handed out by a
+        # previous owner that did not finish them; handler starts of redelivered ones;
+        # the ``fetched`` mark our last record declared.
+        self._redelivered_through = -1
+        self._starts: dict[int, int] = {}
+        self._fetched_mark = -1
+        self._reached = 0
+        """The offset after the last record fetched: a partition that now ends before it
+        (or before the watermark) was deleted and re-created, or truncated."""
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def initialize(self) -> None:
+        """Position at the committed watermark; a broker that is down is waited for on pull."""
+        try:
+            await self._start(None)
+        except BrokerError as exc:
+            log.warning("queue %d: %s; will retry", self._queue, exc)
+
+    async def _start(self, wait_s: float | None) -> bool:
+        """Position the consumer once the topic is ready; False if it is not yet.
+
+        ``wait_s`` bounds the wait for the cluster's shared topic preparation (which
+        backs off while the broker is down); ``None`` waits for its first answer only.
+        """
+        if self._started:
+            return True
+        cluster = self._cluster
+        if not await cluster.wait_topic_ready(wait_s):
+            return False
+        try:
+            with kafka_errors(f"starting the receiver of queue {self._queue}"):
+                if self._consumer is None:
+                    consumer = cluster.new_consumer(self._group)
+                    await consumer.start()
+                    consumer.assign([self._tp])
+                    self._consumer = consumer
+                consumer = self._consumer
+                committed = await fetch_committed(consumer, self._tp)
+                if committed is None:
+                    start = await cluster.new_group_offset(consumer, self._tp, commit=True)
+                    meta = ""
+                else:
+                    start, meta = committed
+                # What the previous owners left (handoff.py): done offsets when the
+                # broker drops commit metadata, and their unfinished deliveries.
+                state = await self._handoffs.read_deliveries(self._group, self._queue, start)
+                done = kafka_offsets.decode(start, meta) or state.done
+                self._redelivered_through = state.redelivered_through
+                self._starts = dict(state.starts)
+                self._fetched_mark = state.redelivered_through
+                self._offsets = DoneOffsets(start, done)
+                self._skip = set(self._offsets.done)
+                consumer.seek(self._tp, self._offsets.watermark)
+        except Exception:  # a half-started consumer of our own is not kept
+            if self._shared is None and self._consumer is not None:
+                with contextlib.suppress(Exception):
+                    await self._consumer.stop()
+                self._consumer = None
+            raise
+        self._started = True
+        if self._skip:
+            log.info("queue %d: resuming at %d, skipping %d offset(s) done by the last owner",
+                     self._queue, self._offsets.watermark, len(self._skip))
+        return True
+
+    async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        if self._cluster.topic_changed is not None:
+            return []  # its offsets mean nothing now: read nothing more (see topic_gone)
+        if not self._started and not await self._start(timeout_s):
+            return []  # the broker is down: the adapter backs off and logs the outage
+        consumer = self._consumer
+        assert consumer is not None
+        tp = self._tp
+        try:
+            with kafka_errors(f"fetching queue {self._queue}"):
+                if self._shared is None:
+                    batches = await consumer.getmany(
+                        tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
+                    )
+                else:
+                    # A group re-balance parks getmany until the new assignment; bound it
+                    # so a draining agent's pull returns.
+                    async with asyncio.timeout(timeout_s + 1.0):
+                        batches = await consumer.getmany(
+                            tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
+                        )
+        except TimeoutError:
+            return []
+        records = batches.get(tp)
+        if not records:
+            high = consumer.highwater(tp)
+            reached = max(self._reached, self._offsets.watermark)
+            if high is not None and high < reached:
+                self._cluster.topic_gone(self._queue, high, reached)
+            return []
+        self._reached = records[-1].offset + 1
+        queue, ns = self._queue, self._default_ns
+        skip = self._skip
+        if skip:
+            records = [r for r in records if r.offset not in skip]
+            skip.difference_update(r.offset for r in batches[tp])
+        if not records:
+            return []
+        try:
+            out = [record_to_message(r, queue, ns) for r in records]
+        except Exception:  # a malformed record: decode one by one, isolating it
+            out = [decode_record(r, queue, ns) for r in records]
+        last = records[-1].offset
+        if last > self._fetched_mark:
+            try:  # declared before any handler starts one of them (handoff.py)
+                await self._record(last + FETCH_LOOKAHEAD)
+            except BaseException:
+                with contextlib.suppress(Exception):  # not handed out: read them again
+                    consumer.seek(tp, records[0].offset)
+                raise
+        if self._starts or self._redelivered_through >= records[0].offset:
+            out = self._with_deliveries(out)
+        return out
+
+    def _with_deliveries(self, out: list[Message]) -> list[Message]:
+        """Messages a previous owner handed out without finishing, marked redelivered
+        (``deliveries`` = its counted handler starts + 1, at least 2)."""
+        through, starts = self._redelivered_through, self._starts
+        replace = msgspec.structs.replace
+        marked = []
+        for m in out:
+            offset = m.token.major if m.token is not None else -1
+            if offset <= through or offset in starts:
+                m = replace(m, deliveries=max(2, starts.get(offset, 0) + 1))
+            marked.append(m)
+        return marked
+
+    async def _record(self, fetched: int) -> None:
+        """Write this partition's record (handoff.py): done offsets, the ``fetched``
+        mark (never below a previous owner's unfinished range) and the start counts."""
+        offsets = self._offsets
+        fetched = max(fetched, self._redelivered_through) if fetched >= 0 else -1
+        self._starts = {o: n for o, n in self._starts.items() if o >= offsets.watermark}
+        with kafka_errors(f"recording the deliveries of queue {self._queue}"):
+            await self._handoffs.write(self._group, self._queue, offsets.watermark,
+                                       offsets.metadata(), fetched, self._starts)
+        self._fetched_mark = fetched
+
+    async def count_start(self, msg: Message) -> int:
+        assert msg.token is not None
+        offset = msg.token.major
+        self._starts[offset] = starts = self._starts.get(offset, 0) + 1
+        await self._record(self._fetched_mark)
+        return starts
+
+    async def handed_back(self, tokens: Sequence[SequenceToken], *,
+                          all_unfinished: bool = False) -> None:
+        """A graceful drain: with nothing started left unfinished, no offset of this
+        owner counts as redelivered (the start counts stay)."""
+        if all_unfinished and self._started and (self._fetched_mark >= 0 or self._starts):
+            self._redelivered_through = -1
+            await self._record(-1)
+
+    def message_done_out_of_order(self, token: SequenceToken) -> None:
+        self._offsets.mark_done(token.major)
+
+    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+        """Commit the watermark (with the done offsets above it as metadata).
+
+        ``tokens`` is the agent's contiguous done prefix, in queue order. An empty call
+        (on drain) also leaves a hand-off record when done offsets remain above the
+        watermark, for brokers that drop commit metadata.
+        """
+        offsets = self._offsets
+        if tokens:
+            offsets.acknowledge_through(tokens[-1].major)
+        elif not offsets.done:
+            return
+        if not self._started or self._cluster.topic_changed is not None:
+            return  # an old watermark committed on a re-created topic would skip records
+        meta = offsets.metadata()
+        watermark = offsets.watermark
+        consumer = self._consumer
+        assert consumer is not None
+        with kafka_errors(f"committing queue {self._queue}"):
+            try:
+                if not tokens:
+                    await self._handoffs.write(
+                        self._group, self._queue, watermark, meta,
+                        max(self._fetched_mark, self._redelivered_through), self._starts)
+                await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
+            except kerrors.CommitFailedError as exc:
+                # The group re-balanced and the partition may be someone else's now: our
+                # unacknowledged messages will be redelivered there. Nothing to retry.
+                log.warning("queue %d: commit refused (%s); the new owner resumes at its "
+                            "last committed offset", self._queue, exc)
+            except kerrors.IllegalStateError as exc:
+                log.warning("queue %d: partition no longer assigned (%s)", self._queue, exc)
+
+    async def lag(self) -> int:
+        consumer = self._consumer
+        high = consumer.highwater(self._tp) if consumer is not None else None
+        if high is None:
+            return await self._cluster.lag(self._queue, self._group)
+        return max(0, int(high) - self._offsets.watermark - len(self._offsets.done))
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._shared is None and self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+        self._consumer = None
+
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open on ``queue`` for ``group`` (owners())."""
+        if self._closed or self._queue != queue or self._group != group:
+            return None
+        return "a receiver in this process"

@@ -1,0 +1,121 @@
+"""Redis' eviction policy: what a full server deletes, read before it is trusted with
+messages (``[redis] allow_eviction``; docs/redis.md, "Eviction policy")."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+
+from conveyor.adapters.redis_conn import CLUSTER_ERRORS, Caller, ClusterClient
+from conveyor.platform.errors import ConfigError
+
+log = logging.getLogger("conveyor.redis")
+
+SAFE_EVICTION = "noeviction"
+"""The one ``maxmemory-policy`` under which Redis never deletes a key to make room (it
+refuses writes instead). Every other policy may evict a queue's stream — confirmed
+messages lost — or, the ``volatile-*`` ones too, a key with a TTL: a lease (two daemons
+then run the same messages) or a publish's marker (a retried publish is written twice)."""
+
+
+async def _eviction_policy(client: aioredis.Redis) -> str | None:
+    """One server's ``maxmemory-policy``: ``CONFIG GET``, or ``INFO memory`` where
+    ``CONFIG`` is refused (managed services rename or forbid it); None if neither says."""
+    value: Any = None
+    try:
+        reply: dict[Any, Any] = await client.config_get("maxmemory-policy")
+        value = reply.get(b"maxmemory-policy", reply.get("maxmemory-policy"))
+    except rex.ResponseError:  # unknown command, NOPERM: ask INFO instead
+        pass
+    if value is None:
+        try:
+            info: dict[str, Any] = await client.info("memory")
+        except rex.ResponseError:  # INFO refused too: the caller warns
+            return None
+        value = info.get("maxmemory_policy")
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def eviction_policies(redis: Any, server: str) -> dict[str, str | None]:
+    """``maxmemory-policy`` by server: ``server`` for one server (the primary Sentinel
+    names), every primary's ``host:port`` on a cluster. None: it could not be read."""
+    if not isinstance(redis, ClusterClient):
+        return {server: await _eviction_policy(redis)}
+    try:
+        clients = await redis.primary_clients()
+        return {name: await _eviction_policy(client) for name, client in sorted(clients.items())}
+    except (rex.ConnectionError, rex.TimeoutError, OSError, *CLUSTER_ERRORS):
+        redis.topology_changed()  # a primary failed over: the retry reads the new ones
+        raise
+
+
+def eviction_summary(policies: dict[str, str | None]) -> str:
+    """The policy, or each server's when they differ (``conveyor status``)."""
+    values = {p or "unknown" for p in policies.values()}
+    if len(values) == 1:
+        return values.pop()
+    return ", ".join(f"{server}={policy or 'unknown'}" for server, policy in policies.items())
+
+
+def check_eviction(policies: dict[str, str | None], allow: bool) -> None:
+    """Refuse (ConfigError naming ``$.redis.allow_eviction``) a server whose policy may
+    evict keys, unless ``allow``; then, or when a policy could not be read, warn."""
+    risky = {s: p for s, p in policies.items() if p is not None and p != SAFE_EVICTION}
+    unread = sorted(s for s, p in policies.items() if p is None)
+    if unread:
+        log.warning("could not read maxmemory-policy on %s (CONFIG GET and INFO refused); "
+                    "it must be %r or a full server evicts messages and leases",
+                    ", ".join(unread), SAFE_EVICTION)
+    if not risky:
+        return
+    where = ", ".join(f"{policy!r} on {server}" for server, policy in risky.items())
+    if allow:
+        log.warning("redis maxmemory-policy is %s, accepted by [redis] allow_eviction = "
+                    "true: once the server is full it may delete queued messages (lost) "
+                    "and leases (messages run twice)", where)
+        return
+    raise ConfigError(
+        f"$.redis.allow_eviction: the Redis maxmemory-policy is {where}: once the server "
+        "is full it may delete queue streams (confirmed messages lost) and keys with a "
+        "TTL — leases (messages run twice) and publish markers (retries written twice). "
+        f"Set maxmemory-policy {SAFE_EVICTION} (CONFIG SET maxmemory-policy "
+        f"{SAFE_EVICTION}, and in redis.conf), or accept the risk with [redis] "
+        "allow_eviction = true"
+    )
+
+
+class EvictionGuard:
+    """A server's eviction policy, checked (:func:`check_eviction`) before it is trusted
+    with messages: when a daemon starts and before a client's first publish.
+
+    ``checked`` stays False while the policy is refused, so every publish asks again: a
+    server set to ``noeviction`` meanwhile is accepted on the next one.
+    """
+
+    def __init__(self, cfg: Any, caller: Caller) -> None:
+        self._allow = bool(cfg.allow_eviction)
+        self._caller = caller
+        self.checked = False
+
+    async def policies(self, *, retry: bool = True) -> dict[str, str | None]:
+        def read() -> Awaitable[dict[str, str | None]]:
+            return eviction_policies(self._caller.redis, self._caller.url)
+
+        what = "reading the eviction policy"
+        if retry:
+            return await self._caller.retrying(what, read)
+        return await self._caller.once(what, read)
+
+    async def check(self, *, retry: bool) -> None:
+        """Refuse or accept the policy (one attempt unless ``retry``)."""
+        check_eviction(await self.policies(retry=retry), self._allow)
+        self.checked = True
+
+    async def summary(self) -> str:
+        return eviction_summary(await self.policies())

@@ -1,0 +1,110 @@
+"""The ``conveyor`` command: thin — parse, load config, call the library.
+
+One module per command group, so a command is found by its name (in ``--help`` order):
+
+    worker.py    conveyor worker            (reload.py: its --reload, for development)
+    demo.py      conveyor demo
+    publish.py   conveyor publish
+    configs.py   conveyor configs
+    dev.py       conveyor dev kafka|redis
+    status.py    conveyor status
+    dlq.py       conveyor dlq list|show|replay|purge
+    groups.py    conveyor groups list|delete
+    asyncapi.py  conveyor asyncapi
+    console.py   conveyor console         (the web app: conveyor/console/)
+    rewind.py    conveyor rewind
+    deploy.py    conveyor deploy kubernetes
+    bench.py     conveyor bench throughput|telemetry|scale-down
+    sim.py       conveyor sim [filter|placement|balancer]
+    tune.py      conveyor tune
+
+and what they share: ``common.py`` (the options, the error style and exit status) and
+``render.py`` (the tables of status, groups and dlq). A command module imports no other.
+
+This module is the main command and the list of the others: each joins with one
+``main.add_command(module.command, section=...)`` line at the end (sections:
+:data:`conveyor.cli.common.SECTIONS`). Errors, from click, the config or the library,
+all print as ``conveyor: error: ...`` (:class:`conveyor.cli.common.TaskGroup`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from conveyor.cli import (
+    asyncapi,
+    bench,
+    configs,
+    console,
+    demo,
+    deploy,
+    dev,
+    dlq,
+    groups,
+    publish,
+    rewind,
+    sim,
+    status,
+    tune,
+    worker,
+)
+from conveyor.cli.common import TaskGroup
+from conveyor.version import version
+
+__all__ = ["main"]
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@click.group(cls=TaskGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(version(), "--version", "-V", prog_name="conveyor",
+                      message="%(prog)s %(version)s")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default=None,
+    help="Default: info for `worker`, warning for everything else.",
+)
+@click.pass_context
+def main(ctx: click.Context, log_level: str | None) -> None:
+    """Conveyor: a worker platform for messages in Kafka, Redis, or in-process.
+
+    Every error is one line, `conveyor: error: ...`; the exit status is 2 for a bad
+    argument or config, 1 when the run failed. `conveyor COMMAND --help` shows a
+    command's options and examples.
+
+    \b
+    Examples:
+      conveyor demo
+      conveyor worker shop:app --config configs/redis.toml
+      conveyor status --config configs/redis.toml
+    """
+    _setup_logging(log_level or ("info" if ctx.invoked_subcommand == "worker" else "warning"))
+
+
+# Every command (module.command), by section (common.SECTIONS): `--help` lists them in
+# this order.
+main.add_command(worker.worker, section="run")
+main.add_command(demo.demo, section="run")
+main.add_command(publish.publish, section="run")
+main.add_command(configs.configs, section="run")
+main.add_command(dev.dev, section="run")
+main.add_command(status.status, section="inspect")
+main.add_command(dlq.dlq, section="inspect")
+main.add_command(groups.groups, section="inspect")
+main.add_command(asyncapi.asyncapi, section="inspect")
+main.add_command(console.console, section="inspect")
+main.add_command(rewind.rewind, section="operate")
+main.add_command(deploy.deploy, section="operate")
+main.add_command(bench.bench, section="lab")
+main.add_command(sim.sim, section="lab")
+main.add_command(tune.tune, section="lab")

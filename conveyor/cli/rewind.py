@@ -1,0 +1,115 @@
+"""``conveyor rewind``: move an app's position back to a sequence token or a time.
+
+The checks (workers stopped, a group to move, not forward unless asked) and the move are
+the adapter's (:meth:`conveyor.platform.adapter.QueueAdapter.rewind_queues`); this module
+reads the target and says which refusals are the user's (exit 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import click
+
+from conveyor.cli.common import (
+    broker_config_option,
+    fail,
+    load_config_or_exit,
+    refuse_embedded,
+    usage,
+)
+from conveyor.platform.errors import ConveyorError
+
+
+def _parse_rewind_target(text: str) -> Any:
+    from datetime import UTC, datetime
+
+    from conveyor.platform.ids import SequenceToken
+
+    if ":" in text and "T" not in text and "-" not in text.split(":", 1)[0]:
+        try:
+            return SequenceToken.parse(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--to") from None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a token (QUEUE:MAJOR[-MINOR]) nor an ISO time "
+            "(2026-11-22T10:00:00Z)", param_hint="--to",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+@click.command()
+@broker_config_option
+@click.option("--app", "group", required=True, help="The app's name (its consumer group).")
+@click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
+@click.option("--queue", "queues", type=int, multiple=True,
+              help="Queues to rewind to a time (default: all). A token names its own queue.")
+@click.option("--allow-forward", is_flag=True,
+              help="Also move a position forward, skipping the messages in between "
+                   "(refused by default, for every queue, before any is moved).")
+@click.option("--create-group", is_flag=True,
+              help="Create the app's consumer group where it has none (refused by default: "
+                   "a group nobody runs stops Redis trimming).")
+def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int, ...],
+           allow_forward: bool, create_group: bool) -> None:
+    """Move an app's position back to a token or a time.
+
+    Run it with the app's workers stopped. Messages from that point on are delivered
+    again (at least once: handlers must tolerate seeing them twice). A target ahead of
+    the app's position (a later token,
+    or a time after the last message) would skip messages never handled: it is a usage
+    error (exit 2) unless --allow-forward is given. So is an app with no consumer group
+    on the queues (a typo, or an app that never ran), unless --create-group is given. A
+    queue that a worker of the app still owns (the adapter sees it, or its lease is
+    held) is refused (exit 1). The embedded (memory) adapter is refused (exit 2): its
+    positions live in the worker's process.
+
+    \b
+    Examples:
+      conveyor rewind --app shop --to 2026-11-22T10:00:00Z \\
+          --config configs/redis.toml
+      conveyor rewind --app shop --to 3:1700000000000-3 \\
+          --config configs/redis.toml
+    """
+    from conveyor.platform.adapter import create_adapter
+    from conveyor.platform.coordination import lease_owners
+    from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
+    from conveyor.platform.ids import SequenceToken
+
+    config = load_config_or_exit(config_path)
+    to = _parse_rewind_target(target)
+    refuse_embedded(config, "rewind", "its positions exist only there and vanish with it")
+    if isinstance(to, SequenceToken):
+        chosen = [to.queue]
+    else:
+        chosen = list(queues) or list(range(config.queues.total))
+    bad = [q for q in chosen if not 0 <= q < config.queues.total]
+    if bad:
+        raise click.BadParameter(f"no such queue(s) {bad}", param_hint="--queue/--to")
+
+    async def run() -> None:
+        adapter = create_adapter(config.queues.adapter, config)
+        try:
+            held = await lease_owners(config, group)
+            try:
+                await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward,
+                                            create_group=create_group, lease_owners=held)
+            except ForwardRewindError as exc:
+                raise click.BadParameter(str(exc), param_hint="--to") from None
+        finally:
+            await adapter.close()
+
+    try:
+        asyncio.run(run())
+    except UnknownGroupError as exc:
+        usage(f"--app: {exc}")
+    except ConveyorError as exc:
+        fail(exc)
+    click.echo(f"rewound {group} on queue(s) {chosen} to {target}")

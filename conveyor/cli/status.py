@@ -1,0 +1,130 @@
+"""``conveyor status``: what runs on the queues — every app, or one app's daemons, queues
+and lag, once or refreshed (``--watch``).
+
+The reading is in :mod:`conveyor.platform.status`; the tables in :mod:`conveyor.cli.render`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from conveyor.cli.common import (
+    inspect_config_option,
+    load_config_or_exit,
+    refuse_embedded,
+    run_or_exit,
+    usage,
+    warn,
+)
+from conveyor.cli.render import apps_view, print_table, status_view
+from conveyor.platform.config import Config
+
+wide_option = click.option("--wide", is_flag=True,
+                           help="Every column (host, pid, pools and cells): for a wide terminal.")
+
+
+@click.command()
+@inspect_config_option
+@click.option("--app", "group", default=None,
+              help="The app's name (its consumer group). Default: list the apps found.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
+              metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C.")
+@click.option("--count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --watch: stop after N refreshes.")
+@wide_option
+def status(config_path: Path | None, group: str | None, as_json: bool, watch_s: float | None,
+           count: int | None, wide: bool) -> None:
+    """An app's daemons, queues and lag; without --app, every app.
+
+    With --app: its daemons (queues owned, slots in use/available, handled,
+    dead-lettered, skipped), per queue the owner, lag, cache fill and throughput, and
+    every app's consumer group on the queues (lag, last read, which one trimming waits
+    for). Throughput is the acks per second the owner measured at its last heartbeat
+    (every lease_ttl_s / 3), or with --watch the rate between two readings. An --app
+    with no group on any queue, or no running daemon, gets a one-line warning (exit 0).
+    Without --app: every app with a consumer group on the queues, with its running
+    daemons, lag and dead letters. The embedded (memory) adapter is refused (exit 2):
+    its state lives in the worker's process.
+
+    \b
+    Examples:
+      conveyor status --config configs/redis.toml
+      conveyor status --app shop --config configs/redis.toml
+      conveyor status --app shop --config configs/redis.toml --watch 2
+      conveyor status --app shop --config configs/redis.toml --json
+    """
+    if count is not None and watch_s is None:
+        usage("--count needs --watch")
+    if as_json and watch_s is not None:
+        usage("--json prints one reading; it cannot be combined with --watch")
+    config = load_config_or_exit(config_path)
+    refuse_embedded(config, "status", "its daemons, queues and lag exist only there and "
+                    "this command would show zeros")
+    if group is None:
+        if watch_s is not None:
+            usage("--watch needs --app")
+        _print_apps(config, as_json)
+    else:
+        _print_app(config, group, as_json, watch_s, count, wide)
+
+
+def _print_apps(config: Config, as_json: bool) -> None:
+    from conveyor.platform.status import collect_apps
+
+    report = run_or_exit(collect_apps(config))
+    if as_json:
+        click.echo(json.dumps(asdict(report)))
+        return
+    print_table(apps_view(report))
+
+
+def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
+               count: int | None, wide: bool) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    from conveyor.platform.status import collect_status
+
+    report = run_or_exit(collect_status(config, group))
+    if not report.has_group and not report.members:  # tansu: no group until a commit
+        others = ", ".join(g.group for g in report.groups) or "none"
+        warn(f"--app {group!r} has no consumer group on any queue (a typo, or an app that "
+             f"never ran; groups here: {others})")
+    elif not report.members:
+        warn(f"no daemon of --app {group!r} is running ({_where_daemons_register(config)})")
+    if report.eviction_policy not in (None, "noeviction"):
+        accepted = ("accepted by [redis] allow_eviction = true" if config.redis.allow_eviction
+                    else "workers refuse it unless [redis] allow_eviction = true")
+        warn(f"Redis maxmemory-policy is {report.eviction_policy}: a full server deletes "
+             f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
+    if as_json:
+        click.echo(json.dumps(asdict(report)))
+        return
+    if watch_s is None:
+        print_table(status_view(report, report.rates(), wide))
+        return
+    with Live(status_view(report, report.rates(), wide), console=Console(),
+              auto_refresh=False) as live:
+        try:
+            refreshes = 0
+            while count is None or refreshes < count:
+                time.sleep(watch_s)
+                previous, report = report, run_or_exit(collect_status(config, group))
+                live.update(status_view(report, report.rates(previous), wide), refresh=True)
+                refreshes += 1
+        except KeyboardInterrupt:
+            pass
+
+
+def _where_daemons_register(config: Config) -> str:
+    if config.balancer.kind == "kafka-group":
+        return "none in its Kafka group, none reporting to the members topic"
+    if config.balancer.kind == "static":
+        return "static daemons register nowhere, so status cannot see them"
+    return f"none registered in [balancer] membership = {config.balancer.membership!r}"

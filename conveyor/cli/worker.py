@@ -1,0 +1,119 @@
+"""``conveyor worker``: run an app's worker daemon — one process, ``--processes MIN:MAX``
+under the supervisor, or ``--reload`` for development — until a signal, then drain.
+
+The daemon is :class:`conveyor.workers.daemon.WorkerDaemon`; this module parses, loads
+the config and the app, and prints the two lines a user (and the tests) wait for:
+``conveyor: worker ID ready`` and ``conveyor: drained ...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from conveyor.cli.common import config_option, fail, load_config_or_exit
+from conveyor.platform.errors import ConveyorError
+
+
+@click.command()
+@click.argument("app_path")
+@config_option
+@click.option("--slots", type=click.IntRange(min=1), help="Override [slots] count.")
+@click.option(
+    "--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0),
+    help="Override [worker] drain_timeout_s.",
+)
+@click.option(
+    "--processes", metavar="MIN:MAX", default=None,
+    help="Run MIN..MAX daemon processes, scaled on consumer lag (see [supervisor]).",
+)
+@click.option(
+    "--http-port", type=click.IntRange(1, 65_535), default=None,
+    help="Serve /metrics, /healthz and /readyz on this port (overrides [http] port).",
+)
+@click.option("--reload", is_flag=True,
+              help="Development: drain and restart the worker when a .py file under the "
+                   "app's directory (or the config) changes. Needs watchfiles.")
+def worker(
+    app_path: str, config_path: Path | None, slots: int | None, drain_timeout_s: float | None,
+    processes: str | None, http_port: int | None, reload: bool,
+) -> None:
+    """Run an app's worker daemon until SIGINT/SIGTERM, then drain.
+
+    APP_PATH is MODULE:ATTR or FILE.py:ATTR. It prints `conveyor: worker ID ready` once
+    started. On a signal it drains: stops pulling, finishes in-flight messages within
+    the drain timeout, acknowledges them, releases its queues, prints `conveyor:
+    drained ...` (what it pulled, acknowledged, handled...) and exits 0. With
+    --processes the same two lines cover all its processes.
+
+    Exit status: 0 after a drain; 2 for a bad argument or config, or an APP_PATH that
+    cannot be imported (a missing module, or an app file that fails at import: a syntax
+    error or an exception, reported with its file and line); 1 when the daemon fails.
+
+    \b
+    Examples:
+      conveyor worker shop:app
+      conveyor worker shop:app --config configs/redis.toml --slots 16
+      conveyor worker shop:app --config configs/redis.toml --processes 1:4
+      conveyor worker shop:app --config configs/redis.toml --http-port 9464
+      conveyor worker shop:app --reload
+    """
+    from conveyor.loader import load_app
+    from conveyor.workers.daemon import DrainReport, WorkerDaemon
+    from conveyor.workers.http_endpoint import daemon_endpoint
+    from conveyor.workers.serve import serve
+
+    overrides: dict[str, dict[str, Any]] = {}
+    if slots is not None:
+        overrides["slots"] = {"count": slots}
+    if drain_timeout_s is not None:
+        overrides["worker"] = {"drain_timeout_s": drain_timeout_s}
+    if http_port is not None:
+        overrides["http"] = {"port": http_port}
+    config = load_config_or_exit(config_path, overrides)
+    try:
+        app = load_app(app_path)
+    except ConveyorError as exc:
+        raise click.BadParameter(str(exc), param_hint="APP_PATH") from None
+    if reload:
+        from conveyor.cli.reload import worker_with_reload
+
+        sys.exit(worker_with_reload(click.get_current_context(), config))
+    if processes is not None:
+        from conveyor.workers.supervisor import parse_processes, run_supervisor
+
+        try:  # only the argument's own errors are usage errors, not the run's
+            parse_processes(processes)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--processes") from None
+        try:
+            report = run_supervisor(app_path, app.name, config, processes, config_path,
+                                    overrides, ready=_say_ready)
+        except ConveyorError as exc:
+            fail(exc)
+        click.echo(f"conveyor: drained {report}", err=True)
+        return
+
+    async def run() -> DrainReport:
+        daemon = WorkerDaemon(app, config)
+        endpoint = None
+        if config.http.port is not None:
+            endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
+        said = f"conveyor: worker {daemon.member.id}"
+        return await serve(daemon, endpoint=endpoint, ready=lambda: daemon.when_ready(
+            lambda: _say_ready(daemon.member.id),
+            lambda what: click.echo(f"{said} started; waiting for the {what}", err=True)))
+
+    try:
+        report = asyncio.run(run())
+    except ConveyorError as exc:
+        fail(exc)
+    click.echo(f"conveyor: drained {report}", err=True)
+
+
+def _say_ready(what: str) -> None:
+    click.echo(f"conveyor: worker {what} ready", err=True)

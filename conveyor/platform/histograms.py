@@ -1,0 +1,214 @@
+"""Histograms kept in plain Python, handed to OpenTelemetry's readers when they collect.
+
+An SDK histogram's ``record`` costs several microseconds a call (attribute cleaning,
+hashing, locks, exemplar checks): more than everything else a no-op message costs. A
+:class:`Series` here costs a ``bisect`` and two additions, in the caller's thread and
+without a lock. When a reader collects, :meth:`LocalMetrics.merge` adds each family to
+the collected :class:`~opentelemetry.sdk.metrics.export.MetricsData` as the metric an
+SDK histogram of the same name, unit, description and bounds would have been, so
+every reader — the OTLP export, ``/metrics`` — shows the same numbers, under the same
+names and types, as before.
+
+Threads: series are written by the event loop and read by exporters' threads. A read
+copies the bucket list in one step (atomic under the GIL) and derives ``count`` from
+it, so a point's count always equals the sum of its buckets; ``sum`` may lag by the
+message being recorded at that instant.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+
+class Series:
+    """One attribute set of a :class:`HistogramFamily`: bucket counts, sum, min and max.
+
+    ``counts[i]`` counts values ``v`` with ``bounds[i-1] < v <= bounds[i]`` (the last:
+    above every bound), as OpenTelemetry's explicit-bucket histogram counts them.
+    """
+
+    __slots__ = ("attributes", "bounds", "counts", "max", "min", "started_ns", "sum")
+
+    def __init__(self, bounds: Sequence[float], attributes: Mapping[str, str]) -> None:
+        self.bounds = tuple(bounds)
+        self.attributes = dict(attributes)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.started_ns = time.time_ns()
+
+    def record(self, value: float) -> None:
+        """Count ``value`` (the hot path inlines these lines: see ``HandlerDuration``)."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+
+
+class HistogramFamily:
+    """One histogram instrument: its name, unit, description, bounds, and a
+    :class:`Series` per attribute set."""
+
+    def __init__(self, name: str, unit: str, description: str,
+                 bounds: Sequence[float]) -> None:
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self.bounds = tuple(bounds)
+        self._series: dict[tuple[tuple[str, str], ...], Series] = {}
+
+    def series(self, attributes: Mapping[str, str]) -> Series:
+        """The series of ``attributes`` (the same object for the same attributes)."""
+        key = tuple(sorted(attributes.items()))
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = Series(self.bounds, attributes)
+        return found
+
+    def all_series(self) -> list[Series]:
+        return list(self._series.values())
+
+
+_Snapshot = tuple[list[int], float]
+
+
+class LocalMetrics:
+    """The families of one :class:`~conveyor.platform.telemetry.Telemetry`, and what
+    each reader saw of them last (for readers that want deltas)."""
+
+    def __init__(self, scope: str, resource: Resource | None = None) -> None:
+        self.scope = scope
+        self.resource = resource
+        self.families: list[HistogramFamily] = []
+        self._last: dict[tuple[object, Series], tuple[_Snapshot, int]] = {}
+
+    def histogram(self, name: str, unit: str, description: str,
+                  bounds: Sequence[float]) -> HistogramFamily:
+        """The family ``name``, created on first use."""
+        for family in self.families:
+            if family.name == name:
+                return family
+        family = HistogramFamily(name, unit, description, bounds)
+        self.families.append(family)
+        return family
+
+    def merge(self, data: MetricsData | None, reader: object = None,
+              temporality: AggregationTemporality = AggregationTemporality.CUMULATIVE,
+              ) -> MetricsData:
+        """``data`` with every family that has counted something added to its
+        instrumentation scope :attr:`scope` (created when absent).
+
+        ``reader`` (any hashable object: the key of its last snapshot) and ``temporality``: a
+        ``DELTA`` reader gets what was counted since its previous collection, without
+        min and max (known only since the start).
+        """
+        now = time.time_ns()
+        metrics = [m for f in self.families if (m := self._metric(f, reader, temporality, now))]
+        data = data or MetricsData(resource_metrics=[])
+        if not metrics:
+            return data
+        resources = list(data.resource_metrics)
+        if not resources:
+            resources = [ResourceMetrics(self.resource or Resource.get_empty(), [], "")]
+        first = resources[0]
+        scopes = list(first.scope_metrics)
+        at = next((i for i, s in enumerate(scopes) if s.scope.name == self.scope), None)
+        if at is None:
+            scopes.append(ScopeMetrics(InstrumentationScope(self.scope), metrics, ""))
+        else:
+            scopes[at] = replace(scopes[at], metrics=[*scopes[at].metrics, *metrics])
+        resources[0] = replace(first, scope_metrics=scopes)
+        return replace(data, resource_metrics=resources)
+
+    def _metric(self, family: HistogramFamily, reader: object,
+                temporality: AggregationTemporality, now_ns: int) -> Metric | None:
+        delta = temporality == AggregationTemporality.DELTA
+        points = []
+        for series in family.all_series():
+            counts, total = list(series.counts), series.sum  # the copy: see the docstring
+            low, high = series.min, series.max
+            start = series.started_ns
+            if delta:
+                key = (reader, series)
+                (previous, previous_sum), start = self._last.get(key, (([0] * len(counts), 0.0),
+                                                                       start))
+                self._last[key] = ((counts, total), now_ns)
+                counts = [c - p for c, p in zip(counts, previous, strict=True)]
+                total -= previous_sum
+            count = sum(counts)
+            if not count:
+                continue  # nothing counted (in this interval): no point, as the SDK does
+            points.append(HistogramDataPoint(
+                attributes=series.attributes, start_time_unix_nano=start,
+                time_unix_nano=now_ns, count=count, sum=total, bucket_counts=counts,
+                explicit_bounds=family.bounds,
+                # An interval's extremes are unknown: OTLP leaves absent fields unset.
+                min=None if delta else low, max=None if delta else high,  # type: ignore[arg-type]
+            ))
+        if not points:
+            return None
+        return Metric(family.name, family.description, family.unit,
+                      Histogram(points, temporality))
+
+
+class MergingExporter(MetricExporter):
+    """``exporter`` (OTLP, console) with ``local``'s families merged into every export,
+    in the temporality ``exporter`` prefers for histograms."""
+
+    def __init__(self, exporter: MetricExporter, local: LocalMetrics) -> None:
+        # The periodic reader asks its exporter for these: pass the wrapped one's on.
+        preferred = exporter._preferred_temporality
+        super().__init__(preferred, exporter._preferred_aggregation)
+        self._exporter = exporter
+        self._local = local
+        self._temporality = (preferred or {}).get(
+            HistogramInstrument, AggregationTemporality.CUMULATIVE)
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs: Any) -> MetricExportResult:
+        merged = self._local.merge(metrics_data, self, self._temporality)
+        return self._exporter.export(merged, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+class MergingPrometheusReader(PrometheusMetricReader):
+    """OpenTelemetry's Prometheus reader with ``local``'s families merged into what it
+    collects (cumulative, as Prometheus wants)."""
+
+    def __init__(self, local: LocalMetrics, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._local = local
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+                         **kwargs: Any) -> None:
+        super()._receive_metrics(self._local.merge(metrics_data, self),
+                                 timeout_millis=timeout_millis, **kwargs)

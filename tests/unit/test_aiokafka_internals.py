@@ -1,0 +1,174 @@
+"""What conveyor.adapters.kafka.aiokafka_internals relies on in aiokafka's private parts.
+
+Each test names one reach past aiokafka's public API and checks, on the installed
+aiokafka, that it is still there with the call shape the module uses. An aiokafka
+upgrade that moves one fails here, by name, instead of in a running daemon.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import logging
+from pathlib import Path
+
+import aiokafka
+import aiokafka.conn
+import aiokafka.producer.sender
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.consumer.group_coordinator import GroupCoordinator
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+from aiokafka.errors import IncompatibleBrokerVersion
+
+import conveyor
+from conveyor.adapters.kafka import aiokafka_internals as internals
+
+NOWHERE = "127.0.0.1:1"  # clients are built, never started: nothing connects
+
+
+def _params(fn: object) -> list[str]:
+    return [p for p in inspect.signature(fn).parameters if p != "self"]  # type: ignore[arg-type]
+
+
+def test_the_installed_aiokafka_is_the_one_these_pins_were_taken_on() -> None:
+    # Not a pin by itself: when this fails, read the failures below before anything else.
+    assert aiokafka.__version__.startswith("0.1"), aiokafka.__version__
+
+
+async def test_a_consumer_of_a_group_reaches_its_coordinator_through_coordinator() -> None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=NOWHERE, group_id="g")
+    try:
+        assert consumer._coordinator is None  # until started, then a GroupCoordinator:
+    finally:
+        await consumer.stop()
+    assert "self._coordinator = GroupCoordinator(" in inspect.getsource(AIOKafkaConsumer.start)
+
+
+def test_the_coordinator_fetches_committed_offsets_with_their_metadata() -> None:
+    fetch = GroupCoordinator.fetch_committed_offsets
+    assert inspect.iscoroutinefunction(fetch)
+    assert _params(fetch) == ["partitions"]
+    read = inspect.getsource(GroupCoordinator._do_fetch_commit_offsets)
+    assert "self._do_fetch_commit_offsets(" in inspect.getsource(fetch)
+    assert "OffsetAndMetadata(offset, metadata)" in read  # .offset and .metadata
+
+
+def test_heartbeats_go_through_a_replaceable_do_heartbeat_and_membership_is_readable() -> None:
+    heartbeat = GroupCoordinator._do_heartbeat
+    assert inspect.iscoroutinefunction(heartbeat)
+    assert _params(heartbeat) == []
+    assert "self._do_heartbeat()" in inspect.getsource(GroupCoordinator)  # looked up per call
+    init = inspect.getsource(GroupCoordinator.__init__)
+    assert "self.member_id = " in init and "self.generation = " in init
+
+
+def test_heartbeats_cannot_be_observed_on_a_consumer_without_a_coordinator() -> None:
+    class Bare:
+        _coordinator = None
+
+    assert internals.observe_heartbeats(Bare(), lambda sent: None) is False
+    assert internals.membership(Bare()) == ("", -1)
+
+
+async def test_a_producer_is_idempotent_exactly_when_it_has_a_transaction_manager() -> None:
+    plain = AIOKafkaProducer(bootstrap_servers=NOWHERE)
+    idempotent = AIOKafkaProducer(bootstrap_servers=NOWHERE, enable_idempotence=True)
+    try:
+        assert internals.is_idempotent(plain) is False
+        assert internals.is_idempotent(idempotent) is True
+    finally:
+        await plain.stop()
+        await idempotent.stop()
+
+
+def test_the_admin_client_sends_a_request_to_a_node() -> None:
+    send = AIOKafkaAdminClient._send_request
+    assert inspect.iscoroutinefunction(send)
+    assert _params(send) == ["request", "node_id"]
+
+
+def test_delete_groups_is_built_and_its_answer_read_as_the_protocol_defines() -> None:
+    request = internals.delete_groups_request(["app"]).prepare({42: (0, 2)})
+    assert (request.API_KEY, request.API_VERSION) == (42, 0)
+    assert request.encode() == b"\x00\x00\x00\x01\x00\x03app"
+    answer = request.RESPONSE_TYPE(0, [("app", 69)]).encode()
+    assert request.RESPONSE_TYPE.decode(answer).results == [("app", 69)]
+
+
+def test_a_broker_without_delete_groups_refuses_it_as_group_deletion_expects() -> None:
+    with pytest.raises(IncompatibleBrokerVersion):
+        internals.delete_groups_request(["app"]).prepare({})
+
+
+def test_leave_group_is_built_from_group_and_member() -> None:
+    request = internals.leave_group_request("app", "member-1").prepare({13: (0, 0)})
+    assert request.API_KEY == 13
+    assert (request.group, request.member_id) == ("app", "member-1")
+    answer = request.RESPONSE_TYPE(25).encode()
+    assert request.RESPONSE_TYPE.decode(answer).error_code == 25
+
+
+def test_a_records_size_is_estimated_as_the_producer_checks_it() -> None:
+    small = internals.record_size(b"k", b"v", [])
+    large = internals.record_size(b"k", b"v" * 1000, [("h", b"x")])
+    assert isinstance(small, int) and 0 < small < large
+    assert large >= 1000 + len("h") + 1
+
+
+def test_member_metadata_and_assignment_decode_to_topics_and_partitions() -> None:
+    meta = ConsumerProtocolMemberMetadata(0, ["orders", "other"], b"").encode()
+    assert internals.subscription(meta) == ["orders", "other"]
+    raw = ConsumerProtocolMemberAssignment(0, [("orders", [1, 2])], b"").encode()
+    assert sorted(internals.assignment(raw)) == [TopicPartition("orders", 1),
+                                                 TopicPartition("orders", 2)]
+
+
+def test_the_sticky_assignor_keeps_its_state_in_class_attributes_a_subclass_isolates() -> None:
+    assert StickyPartitionAssignor.member_assignment is None
+    one, two = internals.sticky_assignor(), internals.sticky_assignor()
+    assert issubclass(one, StickyPartitionAssignor)
+    assert one.generation == StickyPartitionAssignor.DEFAULT_GENERATION_ID
+    one.on_assignment(ConsumerProtocolMemberAssignment(0, [("orders", [3])], b""))
+    assert one.member_assignment == [TopicPartition("orders", 3)]
+    assert two.member_assignment is None and StickyPartitionAssignor.member_assignment is None
+
+
+def test_a_refused_scram_login_raises_in_the_functions_the_login_check_names() -> None:
+    source = inspect.getsource(aiokafka.conn)
+    for name in internals.SCRAM_STEPS:
+        assert f"def {name}(" in source, name
+
+
+def test_the_senders_init_producer_id_error_is_the_line_the_filter_drops() -> None:
+    assert logging.getLogger(internals.SENDER_LOGGER) is aiokafka.producer.sender.log
+    source = inspect.getsource(aiokafka.producer.sender)
+    assert f'log.error("{internals.INIT_PRODUCER_ID_ERROR}: %s", error_type)' in source
+
+
+PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat"}
+PRIVATE_MODULES = ("aiokafka.protocol", "aiokafka.record", "aiokafka.coordinator.protocol",
+                   "aiokafka.coordinator.assignors.sticky", "aiokafka.conn")
+
+
+def test_no_other_module_of_conveyor_reaches_into_aiokafka() -> None:
+    package = Path(conveyor.__file__).parent
+    home = Path(internals.__file__)
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in PRIVATE_NAMES:
+                found.append(f"{path.relative_to(package)}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.Constant) and node.value in PRIVATE_NAMES:
+                found.append(f"{path.relative_to(package)}:{node.lineno} {node.value!r}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    PRIVATE_MODULES):
+                found.append(f"{path.relative_to(package)}:{node.lineno} {node.module}")
+    assert found == [], "move these into conveyor/adapters/kafka/aiokafka_internals.py"

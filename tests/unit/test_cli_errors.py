@@ -1,0 +1,76 @@
+"""Exit codes are the CLI's call, not the error tree's: a library error says what went
+wrong; ``conveyor.cli.common`` decides which ones are the user's mistake (exit 2)."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from conveyor.cli.common import USAGE_ERROR, TaskGroup, as_cli_error
+from conveyor.platform.errors import (
+    BrokerError,
+    ConfigError,
+    ConveyorError,
+    ForwardRewindError,
+    InvalidArgumentError,
+    QueueOwnedError,
+    UnknownGroupError,
+)
+
+NAMED_WRONG = [
+    ForwardRewindError("that target is ahead of app 'shop''s position"),
+    UnknownGroupError("app 'shpo' has no consumer group on queue(s) 0-3"),
+]
+
+
+@pytest.mark.parametrize("error", NAMED_WRONG, ids=lambda e: type(e).__name__)
+def test_a_bad_rewind_target_or_app_name_is_a_bad_argument_not_a_bad_config(
+    error: ConveyorError,
+) -> None:
+    assert isinstance(error, InvalidArgumentError) and isinstance(error, ValueError)
+    assert not isinstance(error, ConfigError)
+
+
+@pytest.mark.parametrize("error", NAMED_WRONG, ids=lambda e: type(e).__name__)
+def test_the_cli_makes_them_usage_errors_with_their_own_message(error: ConveyorError) -> None:
+    shown = as_cli_error(error)
+    assert shown is not None
+    assert shown.exit_code == USAGE_ERROR
+    assert shown.format_message() == str(error)  # not "config: ...": it is no config
+
+
+@pytest.mark.parametrize(("error", "code", "message"), [
+    (ConfigError("$.slots.count: expected >= 1"), USAGE_ERROR, "config: $.slots.count: "
+     "expected >= 1"),
+    (InvalidArgumentError("a pool of no workers"), 1, "a pool of no workers"),
+    (QueueOwnedError("queue 0 by d-1"), 1, "queue 0 by d-1"),
+    (BrokerError("connection refused"), 1, "connection refused"),
+])
+def test_other_library_errors_keep_their_exit_status(error: ConveyorError, code: int,
+                                                      message: str) -> None:
+    shown = as_cli_error(error)
+    assert shown is not None
+    assert (shown.exit_code, shown.format_message()) == (code, message)
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (NAMED_WRONG[0], USAGE_ERROR), (NAMED_WRONG[1], USAGE_ERROR),
+    (QueueOwnedError("queues of app 'shop' are still owned"), 1),
+])
+def test_an_error_escaping_a_command_is_one_line_with_the_clis_exit_status(
+    error: ConveyorError, code: int,
+) -> None:
+    @click.group(cls=TaskGroup)
+    def main() -> None:
+        pass
+
+    @click.command()
+    def rewind() -> None:
+        raise error
+
+    main.add_command(rewind, section="operate")
+    result = CliRunner().invoke(main, ["rewind"])
+    assert result.exit_code == code
+    assert result.stderr == f"conveyor: error: {error}\n"
+    assert result.stdout == ""
