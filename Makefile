@@ -40,7 +40,7 @@ servers:
 # The site's --strict build is also a test (tests/unit/test_docs_site.py), so CI fails on
 # a broken link or page as it does on a failing test.
 test: $(STAMP) servers
-	$(BIN)/ruff check conveyor tests benchmarks tools
+	$(BIN)/ruff check conveyor tests benchmarks tools examples
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
