@@ -130,3 +130,17 @@ def test_bench_batch_is_refused_on_kafka_as_a_usage_error() -> None:
     assert result.exit_code == 2
     assert "--batch" in result.output and "not kafka" in result.output
 
+
+
+async def test_messages_over_max_deliveries_are_dead_lettered_before_the_batch_runs() -> None:
+    """A batch that killed its worker every time comes back with its deliveries counted:
+    past ``max_deliveries`` (5 by default) those messages are DeliveryLimit letters with
+    no call made, and the others of the batch are handled."""
+    run = Run(set())
+    batch = [msgspec.structs.replace(message(i), deliveries=6 if i in (1, 2) else 5)
+             for i in range(4)]
+    await run.step(batch)
+    assert sorted(x.message.id for x in run.letters) == ["m1", "m2"]
+    assert {x.error_type for x in run.letters} == {"DeliveryLimit"}
+    assert all(x.attempts == 0 and "max_deliveries = 5" in x.error for x in run.letters)
+    assert run.handled == [0, 3]

@@ -45,6 +45,7 @@ from conveyor.platform.delivery.chain import (
     InThread,
     compose,
     handler_call,
+    over_limit,
 )
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.handlers import HandlerSpec
@@ -86,6 +87,21 @@ class _Batch:
         self.stats = stats
 
     async def run(self, messages: Sequence[Message]) -> None:
+        limit = self.policy.max_deliveries
+        if any(m.deliveries > limit for m in messages):
+            # Delivered more than max_deliveries times: a batch that kills or stalls its
+            # worker every time. Batches are not run one message at a time on
+            # redelivery, so its messages' deliveries are counted alike: they become
+            # dead letters together, and the stream flows on.
+            kept = []
+            for m in messages:
+                if m.deliveries > limit:
+                    await self._dead_letter(m, over_limit(m, limit), 0)
+                else:
+                    kept.append(m)
+            messages = kept
+            if not messages:
+                return
         decode = self.decode
         try:
             bodies = [decode(m) for m in messages]

@@ -133,6 +133,11 @@ class Decode(Interceptor):
         return decoded
 
 
+def over_limit(msg: Message, limit: int) -> DeliveryLimit:
+    """The error of a message delivered more than ``limit`` times (see :class:`Decode`)."""
+    return _over_limit(msg, limit)
+
+
 def _over_limit(msg: Message, limit: int) -> DeliveryLimit:
     return DeliveryLimit(
         f"delivered {msg.deliveries} times without finishing (max_deliveries = {limit}): "
