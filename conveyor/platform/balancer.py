@@ -640,6 +640,15 @@ class DynamicBalancer(QueueBalancer):
             await self._live_membership.leave(self._member.id)
         except Exception as exc:
             log.warning("could not leave the membership while stalled: %s", exc)
+        culprit = self._watchdog.culprit if self._watchdog is not None else None
+        if culprit is not None and culprit.queue in self._held:
+            what = (f"handler {culprit.handler} blocked the event loop of daemon "
+                    f"{self._member.id} past the lease's {self._stall_limit_s:.1f}s")
+            try:
+                await self._live_leases.note_stall(culprit.queue, culprit.message_id, what)
+            except Exception as exc:  # the count still catches it; only the cause is lost
+                log.warning("could not record the stall of message %s: %s",
+                            culprit.message_id, exc)
 
     async def _lost(self, queue: int) -> None:
         """Drop a lost lease and stop its queue (on the daemon's loop: from the keeper,

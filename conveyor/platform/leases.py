@@ -51,6 +51,11 @@ class LeaseStore(ABC):
         """Wait up to ``timeout_s`` for some lease to be released (stores may ignore)."""
         await asyncio.sleep(timeout_s)
 
+    async def note_stall(self, queue: int, message_id: str, what: str) -> None:  # noqa: B027
+        """Record, where the next owner of ``queue`` reads it when the message comes back,
+        that ``message_id`` stalled its worker past the lease (``what`` says how); the
+        delivery limit's dead letter then names it. Stores may ignore it."""
+
     async def generation(self) -> int | None:
         """A number that changes whenever a lease is granted or released (not when one
         is renewed or lapses) and costs next to nothing to read; None if this store

@@ -68,6 +68,9 @@ class Message(msgspec.Struct, frozen=True, gc=False):
     enqueued_at_ms: int = 0
     token: SequenceToken | None = None
     deliveries: int = 1
+    last_cause: str = ""
+    """Not on the wire: why the previous delivery did not finish, where a worker recorded
+    it (a stall past the lease); named by the delivery limit's dead letter."""
 
     def with_token(self, token: SequenceToken) -> Message:
         return msgspec.structs.replace(self, token=token)

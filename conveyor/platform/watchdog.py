@@ -94,6 +94,11 @@ class LoopWatchdog:
             self._thread = None
 
     # -- readings ----------------------------------------------------------------------
+    @property
+    def culprit(self) -> Culprit | None:
+        """What the loop was running when the stall under way was seen (None if none)."""
+        return self._culprit if self.stalled else None
+
     def stall_s(self) -> float:
         """How long the loop has left the current probe unanswered (0: it answers)."""
         posted = self._posted_at

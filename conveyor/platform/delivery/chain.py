@@ -139,11 +139,13 @@ def over_limit(msg: Message, limit: int) -> DeliveryLimit:
 
 
 def _over_limit(msg: Message, limit: int) -> DeliveryLimit:
+    why = (f"last time, {msg.last_cause}" if msg.last_cause else
+           "each time, the worker holding it stopped before it was done — it crashed, was "
+           "killed, or blocked its event loop past the lease (the workers' logs name the "
+           "handler and message of a stall)")
     return DeliveryLimit(
         f"delivered {msg.deliveries} times without finishing (max_deliveries = {limit}): "
-        "each time, the worker holding it stopped before it was done — it crashed, was "
-        "killed, or blocked its event loop past the lease (the workers' logs name the "
-        "handler and message of a stall)")
+        f"{why}")
 
 
 def compose(handler: HandlerSpec, interceptors: Sequence[Interceptor], innermost: Step) -> Step:
