@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.adapters.redis_conn import (
+from conveyor.adapters.redis.connections import (
     SentinelClient,
     close,
     connect,

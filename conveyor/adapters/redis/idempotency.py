@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from conveyor.adapters.redis_conn import Caller, Keys, close, connect
+from conveyor.adapters.redis.connections import Caller, Keys, close, connect
 from conveyor.platform.delivery.idempotency import Claim
 
 # KEYS[1]; ARGV owner, claim_ms. Returns {0} claimed, {1} done, {2, pttl} busy.

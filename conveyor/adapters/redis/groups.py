@@ -1,7 +1,7 @@
 """Consumer groups on Redis streams, for operators: listing them and removing one.
 
 Every app is a consumer group on every stream of the prefix. The trim script
-(:data:`~conveyor.adapters.redis_scripts.TRIM_ACKED`) keeps every entry from the oldest
+(:data:`~conveyor.adapters.redis.scripts.TRIM_ACKED`) keeps every entry from the oldest
 one any group still needs — its oldest pending entry, or the entry after its last
 delivered one — so a group nobody reads stops trimming for good; :func:`groups` names
 it (``holds_retention``) and :func:`delete_group` removes it.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from conveyor.adapters.redis_conn import check_name, token_of
+from conveyor.adapters.redis.connections import check_name, token_of
 from conveyor.platform.groups import GroupInfo, with_retention_holders
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ A server that lost its data (restarted empty) must not repeat a counter's value:
 repeated token would pass a stale owner's acknowledgements through the fence, a
 repeated generation or version could tell a balancer that nothing moved. A missing
 counter starts at the server's clock in ms (``_SEEDED`` in
-:mod:`~conveyor.adapters.redis_scripts`). A lease found gone (not merely renewed late)
+:mod:`~conveyor.adapters.redis.scripts`). A lease found gone (not merely renewed late)
 is reported lost at once, and a receiver reads no more on it (:func:`lease_held`).
 """
 
@@ -32,8 +32,8 @@ from typing import Any
 
 import msgspec
 
-from conveyor.adapters import redis_scripts as lua
-from conveyor.adapters.redis_conn import (
+from conveyor.adapters.redis import scripts as lua
+from conveyor.adapters.redis.connections import (
     Caller,
     ClusterClient,
     Keys,

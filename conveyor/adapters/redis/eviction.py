@@ -10,7 +10,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-from conveyor.adapters.redis_conn import CLUSTER_ERRORS, Caller, ClusterClient
+from conveyor.adapters.redis.connections import CLUSTER_ERRORS, Caller, ClusterClient
 from conveyor.platform.errors import ConfigError
 
 log = logging.getLogger("conveyor.redis")

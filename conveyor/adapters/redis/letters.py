@@ -1,10 +1,10 @@
 """Dead letters on Redis, for operators: ``PREFIX:dlq:APP`` is one stream per app.
 
 A letter's id is its entry id in that stream. Listing is ``XRANGE``, counting ``XLEN``,
-purging ``XDEL``. Replaying runs :data:`~conveyor.adapters.redis_scripts.REPLAY_LETTER`:
+purging ``XDEL``. Replaying runs :data:`~conveyor.adapters.redis.scripts.REPLAY_LETTER`:
 one script appends the message to its queue's stream and deletes the letter, atomically,
 so a replay killed at any point has done both or neither. The queue's key comes from the
-same :class:`~conveyor.adapters.redis_conn.Keys` as every publish (``PREFIX:q:N``), N from
+same :class:`~conveyor.adapters.redis.connections.Keys` as every publish (``PREFIX:q:N``), N from
 the caller's mapper.
 """
 
@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from conveyor.adapters.redis_conn import token_of
+from conveyor.adapters.redis.connections import token_of
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 Entries = list[Any]
 """``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``; the
-adapter reads the letters out of it (``conveyor.adapters.redis.stored_letters``)."""
+adapter reads the letters out of it (``conveyor.adapters.redis.codec.stored_letters``)."""
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
@@ -117,7 +117,7 @@ async def replay_letters(adapter: RedisAdapter, group: str,
 async def _replay_apart(adapter: RedisAdapter, group: str, letter_id: str, queue: int,
                         fields: Fields) -> SequenceToken | None:
     """One letter on a cluster, in three steps: is the letter there; append it to its
-    queue unless its marker says it was (:data:`~conveyor.adapters.redis_scripts.
+    queue unless its marker says it was (:data:`~conveyor.adapters.redis.scripts.
     REPLAY_MARKED`, in the queue's slot); delete the letter. Killed after the append, a
     re-run finds the marker and only deletes; two replays racing append once."""
     check_id(letter_id)

@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from conveyor.adapters.redis_conn import Caller, Keys, close, connect
+from conveyor.adapters.redis.connections import Caller, Keys, close, connect
 from conveyor.platform.errors import InvalidArgumentError
 
 # KEYS[1] the bucket; ARGV interval_us, tolerance_us, want. Returns {granted, wait_us}.
