@@ -39,7 +39,8 @@ import psutil
 
 from conveyor.adapters.redis import RedisAdapter, wait_ready
 from conveyor.adapters.redis.codec import encode_fields
-from conveyor.adapters.redis.connections import Keys, connect
+from conveyor.adapters.redis.connections import connect
+from conveyor.adapters.redis.keys import Keys
 from conveyor.bench import BenchmarkError
 from conveyor.bench.figures import ThroughputResult
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config

@@ -12,7 +12,7 @@ from conveyor.adapters.redis.codec import (
     encode_fields,
     undecodable_entry,
 )
-from conveyor.adapters.redis.connections import joined_ids
+from conveyor.adapters.redis.keys import joined_ids
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message, Undecodable

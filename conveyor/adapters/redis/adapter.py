@@ -39,21 +39,13 @@ from conveyor.adapters.redis.codec import (
     stored_letters,
     tokens_of_runs,
 )
-from conveyor.adapters.redis.connections import (
-    CLUSTER_ERRORS,
-    Caller,
-    ClusterClient,
-    Keys,
-    check_name,
-    close,
-    connect,
-    mget,
-    on_primary,
-    token_of,
-)
+from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, on_primary
+from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller
 from conveyor.adapters.redis.eviction import EvictionGuard
+from conveyor.adapters.redis.keys import Keys, check_name, token_of
 from conveyor.adapters.redis.receiver import RedisReceiver
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
+from conveyor.platform.config import Config, RedisConfig
 from conveyor.platform.errors import (
     BrokerConnectionError,
     BrokerError,
@@ -103,7 +95,7 @@ def _id_before(to: SequenceToken | float, queue: int) -> str:
 class RedisAdapter(QueueAdapter):
     name = "redis"
 
-    def __init__(self, cfg: Any, *, redis: aioredis.Redis | None = None,
+    def __init__(self, cfg: RedisConfig, *, redis: aioredis.Redis | None = None,
                  max_dead_letters: int = 0, new_group_start: str = "earliest") -> None:
         self.cfg = cfg
         self.new_group_id = "$" if new_group_start == "latest" else "0"
@@ -448,7 +440,7 @@ class RedisAdapter(QueueAdapter):
         return await redis_groups.delete_group(self, group, queues, dead_letters=dead_letters)
 
 
-def from_config(config: Any) -> RedisAdapter:
+def from_config(config: Config) -> RedisAdapter:
     return RedisAdapter(config.redis, max_dead_letters=config.dead_letters.max_entries,
                         new_group_start=config.queues.new_group_start)
 

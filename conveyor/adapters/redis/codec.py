@@ -14,9 +14,7 @@ from typing import Any
 
 import msgspec
 
-from conveyor.adapters.redis.connections import (
-    token_of,
-)
+from conveyor.adapters.redis.keys import token_of
 from conveyor.platform import letters as layout
 from conveyor.platform.errors import (
     BrokerError,

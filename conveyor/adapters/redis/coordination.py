@@ -33,16 +33,10 @@ from typing import Any
 import msgspec
 
 from conveyor.adapters.redis import scripts as lua
-from conveyor.adapters.redis.connections import (
-    Caller,
-    ClusterClient,
-    Keys,
-    check_name,
-    close,
-    connect,
-    mget,
-    run_replicated,
-)
+from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, run_replicated
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys, check_name
+from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, LeaseLostError
 from conveyor.platform.leases import Lease, LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, timer_phase
@@ -347,7 +341,7 @@ async def _until_changed(read: Callable[[], Awaitable[int]], timeout_s: float) -
     return False
 
 
-def redis_coordination(config: Any, group: str) -> tuple[Membership, LeaseStore]:
+def redis_coordination(config: Config, group: str) -> tuple[Membership, LeaseStore]:
     """``[balancer] membership = "redis"``: both stores share one connection pool."""
     cfg = config.redis
     redis = connect(cfg)

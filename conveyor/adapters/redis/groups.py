@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from conveyor.adapters.redis.connections import check_name, token_of
+from conveyor.adapters.redis.keys import check_name, token_of
 from conveyor.platform.groups import GroupInfo, with_retention_holders
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ A letter's id is its entry id in that stream. Listing is ``XRANGE``, counting ``
 purging ``XDEL``. Replaying runs :data:`~conveyor.adapters.redis.scripts.REPLAY_LETTER`:
 one script appends the message to its queue's stream and deletes the letter, atomically,
 so a replay killed at any point has done both or neither. The queue's key comes from the
-same :class:`~conveyor.adapters.redis.connections.Keys` as every publish (``PREFIX:q:N``), N from
+same :class:`~conveyor.adapters.redis.keys.Keys` as every publish (``PREFIX:q:N``), N from
 the caller's mapper.
 """
 
@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from conveyor.adapters.redis.connections import token_of
+from conveyor.adapters.redis.keys import token_of
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 

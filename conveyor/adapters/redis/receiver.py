@@ -19,15 +19,10 @@ from typing import Any, Protocol
 import msgspec
 
 from conveyor.adapters.redis.codec import EntryDecoder
-from conveyor.adapters.redis.connections import (
-    Caller,
-    Keys,
-    check_name,
-    joined_ids,
-    run_replicated,
-    token_of,
-)
+from conveyor.adapters.redis.connections import run_replicated
 from conveyor.adapters.redis.coordination import lease_held
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys, check_name, joined_ids, token_of
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.errors import (
