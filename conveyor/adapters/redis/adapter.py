@@ -29,6 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
+from conveyor.adapters.redis import groups as redis_groups
 from conveyor.adapters.redis import letters as redis_letters
 from conveyor.adapters.redis import scripts as lua
 from conveyor.adapters.redis.codec import (
@@ -320,7 +321,7 @@ class RedisAdapter(QueueAdapter):
             for g in await self.redis.xinfo_groups(stream):
                 if g["name"].decode() == group:
                     last = g["last-delivered-id"]
-            return await self._count_after(stream, last, before)
+            return await self.count_after(stream, last, before)
 
         return await self.caller.retrying(f"reading {group!r}'s position on queue {queue}", count)
 
@@ -353,7 +354,7 @@ class RedisAdapter(QueueAdapter):
         entries_read: int | None = None  # Redis < 7 keeps no such count
         if int(added) >= 0:
             after = await self.caller.retrying(
-                "counting entries", lambda: self._count_after(stream, before, last)
+                "counting entries", lambda: self.count_after(stream, before, last)
             )
             entries_read = max(int(added) - after, 0)
         await self.caller.retrying(
@@ -393,7 +394,7 @@ class RedisAdapter(QueueAdapter):
                 "to keep more"
             )
 
-    async def _count_after(self, stream: str, first: bytes | str, last: bytes | str) -> int:
+    async def count_after(self, stream: str, first: bytes | str, last: bytes | str) -> int:
         """Entries in ``(first, last]``, counted on the server in bounded steps.
 
         Not retried here (callers retry the whole count): only counts cross the wire.
@@ -418,7 +419,7 @@ class RedisAdapter(QueueAdapter):
                     continue
                 undelivered = g.get("lag")
                 if undelivered is None:  # Redis cannot tell (after deletions): count
-                    undelivered = await self._count_after(stream, g["last-delivered-id"], "+")
+                    undelivered = await self.count_after(stream, g["last-delivered-id"], "+")
                 return int(g["pending"]) + int(undelivered)
             return int(await self.redis.xlen(stream))  # a new group would read everything
 
@@ -429,14 +430,10 @@ class RedisAdapter(QueueAdapter):
 
     # -- consumer groups, for operators (see conveyor.adapters.redis.groups) -----------
     async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
-        from conveyor.adapters.redis import groups as redis_groups  # it builds on this module
-
         return await redis_groups.groups(self, queues)
 
     async def delete_group(self, group: str, queues: Sequence[int], *,
                            dead_letters: bool = False) -> list[int]:
-        from conveyor.adapters.redis import groups as redis_groups
-
         return await redis_groups.delete_group(self, group, queues, dead_letters=dead_letters)
 
 

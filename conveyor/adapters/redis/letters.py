@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from conveyor.adapters.redis.keys import token_of
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys, token_of
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 
-if TYPE_CHECKING:
-    from conveyor.adapters.redis import RedisAdapter
+
+class LetterHost(Protocol):
+    """What the dead-letter commands use of the adapter (a protocol: they import none
+    of it)."""
+
+    redis: Any
+    caller: Caller
+    keys: Keys
+    cluster: bool
+    replay_script: Any
+    replay_marked_script: Any
 
 Entries = list[Any]
 """``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``; the
@@ -37,7 +47,7 @@ def check_id(letter_id: str) -> str:
     return letter_id
 
 
-async def list_letters(adapter: RedisAdapter, group: str, limit: int,
+async def list_letters(adapter: LetterHost, group: str, limit: int,
                        after: str | None) -> Entries:
     key = adapter.keys.dead_letters(group)
     start = "-" if after is None else f"({check_id(after)}"
@@ -47,7 +57,7 @@ async def list_letters(adapter: RedisAdapter, group: str, limit: int,
     return entries
 
 
-async def find_letter(adapter: RedisAdapter, group: str, letter_id: str) -> Entries:
+async def find_letter(adapter: LetterHost, group: str, letter_id: str) -> Entries:
     key = adapter.keys.dead_letters(group)
     check_id(letter_id)
     entries: Entries = await adapter.caller.retrying(
@@ -56,14 +66,14 @@ async def find_letter(adapter: RedisAdapter, group: str, letter_id: str) -> Entr
     return entries
 
 
-async def count_letters(adapter: RedisAdapter, group: str) -> int:
+async def count_letters(adapter: LetterHost, group: str) -> int:
     key = adapter.keys.dead_letters(group)
     count: int = await adapter.caller.retrying("counting dead letters",
                                                lambda: adapter.redis.xlen(key))
     return count
 
 
-async def delete_letters(adapter: RedisAdapter, group: str, ids: Sequence[str]) -> int:
+async def delete_letters(adapter: LetterHost, group: str, ids: Sequence[str]) -> int:
     key = adapter.keys.dead_letters(group)
     checked = [check_id(i) for i in ids]
     deleted = 0
@@ -85,7 +95,7 @@ REPLAY_MARK_S = 7 * 24 * 3600
 replay killed between its two writes can be run again without doubling that letter."""
 
 
-async def replay_letters(adapter: RedisAdapter, group: str,
+async def replay_letters(adapter: LetterHost, group: str,
                          replays: Sequence[tuple[str, int, Fields]]) -> list[SequenceToken | None]:
     """Each (letter id, queue, the message's fields as every publish writes them) by one
     script, atomically (see the module docstring); a batch's scripts go in one pipeline.
@@ -114,7 +124,7 @@ async def replay_letters(adapter: RedisAdapter, group: str,
             for new_id, (_, queue, _) in zip(new_ids, replays, strict=True)]
 
 
-async def _replay_apart(adapter: RedisAdapter, group: str, letter_id: str, queue: int,
+async def _replay_apart(adapter: LetterHost, group: str, letter_id: str, queue: int,
                         fields: Fields) -> SequenceToken | None:
     """One letter on a cluster, in three steps: is the letter there; append it to its
     queue unless its marker says it was (:data:`~conveyor.adapters.redis.scripts.
