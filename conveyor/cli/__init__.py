@@ -11,6 +11,7 @@ One module per command group, so a command is found by its name (in ``--help`` o
     dlq.py       conveyor dlq list|show|replay|purge
     groups.py    conveyor groups list|delete
     asyncapi.py  conveyor asyncapi
+    console.py   conveyor console         (the web app: conveyor/console/)
     rewind.py    conveyor rewind
     deploy.py    conveyor deploy kubernetes
     bench.py     conveyor bench throughput|telemetry|scale-down
@@ -37,6 +38,7 @@ from conveyor.cli import (
     asyncapi,
     bench,
     configs,
+    console,
     demo,
     deploy,
     dev,
@@ -100,6 +102,7 @@ main.add_command(status.status, section="inspect")
 main.add_command(dlq.dlq, section="inspect")
 main.add_command(groups.groups, section="inspect")
 main.add_command(asyncapi.asyncapi, section="inspect")
+main.add_command(console.console, section="inspect")
 main.add_command(rewind.rewind, section="operate")
 main.add_command(deploy.deploy, section="operate")
 main.add_command(bench.bench, section="lab")

@@ -7,19 +7,18 @@ adapters' dead-letter methods; the table in :mod:`conveyor.cli.render`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import click
 
 from conveyor.cli.common import fail, load_config_or_exit, usage, warn
-from conveyor.cli.render import letters_view, print_table, utc_time
+from conveyor.cli.render import letters_view, print_table
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
-from conveyor.platform.dlq import LetterFilter, ReplayReport, letters
+from conveyor.platform.dlq import LetterFilter, ReplayReport, letter_json, letters
 from conveyor.platform.dlq import replay as replay_letters
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.letters import StoredLetter
@@ -74,27 +73,6 @@ def _run(config: Config, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
         usage(str(exc))
     except ConveyorError as exc:
         fail(exc)
-
-
-def as_dict(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
-    """One letter as ``--json`` prints it (``body`` too for ``show``)."""
-    letter = stored.letter
-    msg = letter.message
-    out: dict[str, Any] = {
-        "id": stored.id, "namespace": msg.stream.namespace, "key": msg.stream.key,
-        "handler": letter.handler, "error_type": letter.error_type, "error": letter.error,
-        "attempts": letter.attempts, "failed_at_ms": letter.failed_at_ms,
-        "failed_at": utc_time(letter.failed_at_ms), "message_id": msg.id,
-        "content_type": msg.content_type, "headers": msg.headers, "form": letter.form,
-        "token": str(msg.token) if msg.token is not None else None,
-        "replay_of": stored.replay_of or None,
-    }
-    if body:
-        try:
-            out["body"] = msg.body.decode()
-        except UnicodeDecodeError:
-            out["body_base64"] = base64.b64encode(msg.body).decode()
-    return out
 
 
 async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
@@ -160,7 +138,7 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
 
     found, total = _run(config, work)
     if as_json:
-        click.echo(json.dumps([as_dict(s) for s in found]))
+        click.echo(json.dumps([letter_json(s) for s in found]))
         return
     from rich.console import Console
 
@@ -186,7 +164,7 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     stored = _run(config, work)
     if stored is None:
         usage(f"no dead letter {letter_id} of app {group!r} (see `conveyor dlq list`)")
-    shown = as_dict(stored, body=True)
+    shown = letter_json(stored, body=True)
     if as_json:
         click.echo(json.dumps(shown))
         return

@@ -14,10 +14,13 @@ replay is killed midway and run again (each backend's docstring says how).
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.ids import SequenceToken
@@ -60,6 +63,29 @@ async def letters(adapter: QueueAdapter, group: str, chosen: LetterFilter = Lett
         if len(page) < PAGE:
             return
         after = page[-1].id
+
+
+def letter_json(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
+    """One letter as plain JSON values: what ``conveyor dlq list --json`` prints and the
+    console serves (``body`` too, as text or else base64, for ``dlq show``)."""
+    letter = stored.letter
+    msg = letter.message
+    out: dict[str, Any] = {
+        "id": stored.id, "namespace": msg.stream.namespace, "key": msg.stream.key,
+        "handler": letter.handler, "error_type": letter.error_type, "error": letter.error,
+        "attempts": letter.attempts, "failed_at_ms": letter.failed_at_ms,
+        "failed_at": datetime.fromtimestamp(letter.failed_at_ms / 1000, UTC).strftime(
+            "%Y-%m-%d %H:%M:%S"),
+        "message_id": msg.id, "content_type": msg.content_type, "headers": msg.headers,
+        "form": letter.form, "token": str(msg.token) if msg.token is not None else None,
+        "replay_of": stored.replay_of or None,
+    }
+    if body:
+        try:
+            out["body"] = msg.body.decode()
+        except UnicodeDecodeError:
+            out["body_base64"] = base64.b64encode(msg.body).decode()
+    return out
 
 
 def not_replayable(stored: StoredLetter) -> str | None:

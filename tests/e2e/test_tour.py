@@ -138,7 +138,15 @@ KAFKA_BLOCKS = {"dev-kafka", "kafka-worker", "kafka-publish"}
 def test_the_tour_has_every_block_it_is_run_from() -> None:
     assert set(tour_blocks()) == {"shop.py", "embedded", "redis-worker", "redis-publish",
                                   "publish_orders.py", "publish-script", "redis-cli",
-                                  *KAFKA_BLOCKS}
+                                  "console", *KAFKA_BLOCKS}
+
+
+def test_the_readme_console_block_is_the_console_page_run_as_printed() -> None:
+    """docs/console.md's start block is run as printed by tests/e2e/test_console_cli.py."""
+    page = (ROOT / "docs" / "console.md").read_text()
+    found = re.search(r"<!-- runnable: console [^>]*-->\n```console\n(.*?)```", page, re.S)
+    assert found is not None
+    assert tour_blocks()["console"] == found[1]
 
 
 def test_the_readme_kafka_tour_is_the_local_brokers_page_run_as_printed() -> None:

@@ -8,14 +8,17 @@ letter after ``max_deliveries`` instead of being delivered for ever.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from conveyor.platform.adapter import create_adapter
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import load_config
+from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync
 from tests.integration.poison import rows_of, run_poison_under_supervisor
 from tests.integration.redis.conftest import REPO, RedisServer, Worker
@@ -76,3 +79,48 @@ def test_a_message_that_kills_its_worker_becomes_a_dead_letter_after_max_deliver
     the dying processes had finished but not yet acknowledged (each crash's batch on the
     poisoned queue), never more than 3 runs of any message."""
     print("\n" + run_poison_under_supervisor(SHIPPED, shipped_env(redis_server), tmp_path))
+
+
+def test_a_blocker_longer_than_the_lease_ends_as_a_dead_letter_after_max_deliveries(
+    redis_server: RedisServer, workers: list[Worker], tmp_path: Path
+) -> None:
+    """One message blocks the loop 12 s. The shipped lease (5 s) is renewed through the
+    first 4 s of a stall, so a stall under ~9 s costs nothing; this one outlasts it: each
+    worker that runs it loses its queues, and the next owner counts a start. With
+    ``max_deliveries = 2`` it starts twice (each run finishes its work once the loop
+    returns, but too late to be acknowledged), then is a ``DeliveryLimit`` dead letter;
+    every other message is handled (those held by a stalled worker may run again: at most
+    ``max_deliveries`` times each)."""
+    env = {**shipped_env(redis_server), "CONVEYOR_TEST_MAX_DELIVERIES": "2"}
+    ws = [Worker(f"w{i}", SHIPPED, tmp_path, app=APP, env=env, record_starts=True)
+          for i in range(2)]
+    workers.extend(ws)
+    config = load_config(SHIPPED, environ=env)
+    n, streams, blocker = 60, 10, 13
+    with SyncClient.from_config(config) as client:
+        client.publish_batch(
+            Publish("items", f"s{i % streams}",
+                    {"seq": i, "block_s": 12.0 if i == blocker else 0.0})
+            for i in range(n))
+
+    def letters() -> list[DeadLetter]:
+        async def read() -> list[DeadLetter]:
+            adapter = create_adapter("redis", config)
+            try:
+                return list(await adapter.read_dead_letters("rec"))
+            finally:
+                await adapter.close()
+        return asyncio.run(read())
+
+    records = [w.record for w in ws]
+    wait_until_sync(lambda: {int(r[4]) for r in rows_of(records)} >= set(range(n)) - {blocker}
+                    and len(letters()) == 1, 120, "all handled and the blocker dead-lettered")
+    assert [w.stop() for w in ws] == [0, 0]
+    [letter] = letters()
+    assert letter.error_type == "DeliveryLimit" and b'"seq":13' in letter.message.body
+    starts = Counter(int(r[4]) for r in rows_of([w.starts for w in ws]))
+    assert starts[blocker] == 2, starts
+    runs = Counter(int(r[4]) for r in rows_of(records))
+    assert runs[blocker] <= 2 and max(runs.values()) <= 2, runs
+    logs = ws[0].stderr + ws[1].stderr
+    assert "past the lease's" in logs and "no longer renewing" in logs, logs[-3000:]

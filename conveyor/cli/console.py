@@ -1,0 +1,73 @@
+"""``conveyor console``: serve the web console (:mod:`conveyor.console`)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import click
+
+from conveyor.cli.common import load_config_or_exit, usage
+
+TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
+
+
+@click.command("console")
+@click.option("--config", "config_path", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="TOML config of a redis or kafka app (e.g. configs/redis.toml).")
+@click.option("--app", default=None,
+              help="Show this app only (its consumer group). Default: every app found.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; anything but loopback exposes the console.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True,
+              envvar="CONVEYOR_CONSOLE_PORT", help="Port to serve on ($CONVEYOR_CONSOLE_PORT).")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.2), default=2.0,
+              show_default=True, metavar="SECONDS",
+              help="How often the one shared poll loop reads the broker.")
+@click.option("--write", is_flag=True,
+              help=f"Allow replay, purge and group deletion, with a token (${TOKEN_ENV}, "
+                   "or one printed at start).")
+def console(config_path: Path, app: str | None, host: str, port: int, interval_s: float,
+            write: bool) -> None:
+    """A web console: queues and lag, daemons, dead letters, groups.
+
+    Read-only unless --write; then replay, purge and group deletion need the token
+    printed at start (or set in $CONVEYOR_CONSOLE_TOKEN). Binds 127.0.0.1 by default.
+    The embedded (memory) adapter is refused (exit 2): its state lives in the worker's
+    process.
+
+    \b
+    Examples:
+      conveyor console --config configs/redis.toml
+      conveyor console --config configs/redis.toml --app shop --write
+    """
+    import uvicorn
+
+    from conveyor.console.poller import Poller
+    from conveyor.console.server import Settings, broker_name, create_app
+
+    config = load_config_or_exit(config_path)
+    if config.queues.adapter == "memory":
+        usage("console: the memory adapter lives inside the worker's process, so its "
+              "queues and dead letters exist only there; use --config with a redis or "
+              "kafka config (e.g. configs/redis.toml)")
+    token = None
+    if write:
+        token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    settings = Settings(config, app, token, host, broker_name(config))
+    where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
+    click.echo(f"conveyor console on {where} ({settings.broker}); Ctrl-C stops it")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: bound to {host}: anyone who can reach it sees your queues and "
+                   "dead letters' bodies", err=True)
+    if token is None:
+        click.echo("read-only: start with --write to replay, purge or delete groups")
+    elif os.environ.get(TOKEN_ENV):
+        click.echo(f"write actions on: the token is ${TOKEN_ENV}")
+    else:
+        click.echo(f"write actions on: token {token}")
+    poller = Poller(config, app, interval_s)
+    uvicorn.run(create_app(settings, poller), host=host, port=port, log_level="warning",
+                access_log=False, timeout_graceful_shutdown=5)

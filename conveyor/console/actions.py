@@ -1,0 +1,181 @@
+"""What the console's dead-letter and group pages do, through the functions the CLI uses.
+
+Listing, replaying and purging go through :mod:`conveyor.platform.dlq` and the adapter's
+dead-letter methods exactly as ``conveyor dlq`` does (so a replay has the same once-only
+guarantee: the letter is removed only once its message is stored, and a replay run twice
+publishes once); deleting a group goes through
+:func:`conveyor.platform.groups.delete_app_group`, refused while the app looks alive.
+Each call opens its own adapter and closes it, as a CLI command does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.config import Config
+from conveyor.platform.coordination import coordination_from_config
+from conveyor.platform.dlq import LetterFilter, letter_json, letters, replay
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.groups import delete_app_group
+from conveyor.platform.letters import StoredLetter
+from conveyor.platform.mapper import HashRingQueueMapper
+
+T = TypeVar("T")
+
+BODY_PREVIEW = 4096
+"""Characters of a letter's body its detail shows."""
+LIST_LIMIT = 200
+"""Letters a list shows at most (the count says how many there are)."""
+
+
+class RequestError(ConveyorError):
+    """A request the console refuses, with the HTTP status it answers."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(RequestError):
+    """A letter or an app the request named is not there (HTTP 404)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(404, message)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which letters an action takes: ``ids``, or every letter the filters keep."""
+
+    app: str
+    ids: tuple[str, ...] = ()
+    every: bool = False
+    handler: str | None = None
+    error_type: str | None = None
+    stream: str | None = None
+
+    def keeps(self, stored: StoredLetter) -> bool:
+        if not LetterFilter(self.handler, self.error_type)(stored):
+            return False
+        if self.stream is None:
+            return True
+        stream = stored.letter.message.stream
+        return self.stream in (stream.namespace, str(stream))
+
+
+async def _on_adapter(config: Config, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
+    adapter = create_adapter(config.queues.adapter, config)
+    try:
+        return await work(adapter)
+    finally:
+        await adapter.close()
+
+
+async def list_letters(config: Config, choice: Choice,
+                       limit: int = LIST_LIMIT) -> dict[str, Any]:
+    """The letters the filters keep, oldest first, and how many the app has in all."""
+
+    async def work(adapter: QueueAdapter) -> dict[str, Any]:
+        found = []
+        async for stored in letters(adapter, choice.app):
+            if choice.keeps(stored):
+                found.append(letter_json(stored))
+                if len(found) >= limit:
+                    break
+        return {"app": choice.app, "letters": found,
+                "total": await adapter.count_dead_letters(choice.app), "limit": limit}
+
+    return await _on_adapter(config, work)
+
+
+async def show_letter(config: Config, app: str, letter_id: str) -> dict[str, Any]:
+    """One letter in full, its body cut to :data:`BODY_PREVIEW` characters."""
+
+    async def work(adapter: QueueAdapter) -> StoredLetter | None:
+        return await adapter.find_dead_letter(app, letter_id)
+
+    stored = await _on_adapter(config, work)
+    if stored is None:
+        raise NotFound(f"no dead letter {letter_id!r} of app {app!r} (replayed or purged?)")
+    shown = letter_json(stored, body=True)
+    for name in ("body", "body_base64"):
+        if name in shown and len(shown[name]) > BODY_PREVIEW:
+            shown[f"{name}_cut_at"] = BODY_PREVIEW
+            shown[name] = shown[name][:BODY_PREVIEW]
+    trace = stored.letter.message.headers.get("traceparent", "")
+    shown["trace_id"] = trace.split("-")[1] if trace.count("-") == 3 else None
+    return shown
+
+
+async def _chosen(adapter: QueueAdapter, choice: Choice) -> list[StoredLetter]:
+    if choice.every:
+        return [s async for s in letters(adapter, choice.app) if choice.keeps(s)]
+    found = {i: await adapter.find_dead_letter(choice.app, i) for i in choice.ids}
+    missing = [i for i, s in found.items() if s is None]
+    if missing:
+        raise NotFound(f"no dead letter {', '.join(missing)} of app {choice.app!r}; "
+                       "nothing was done")
+    return [s for s in found.values() if s is not None and choice.keeps(s)]
+
+
+async def replay_letters(config: Config, choice: Choice) -> dict[str, Any]:
+    """Replay the chosen letters as ``conveyor dlq replay`` does."""
+    mapper = HashRingQueueMapper(config.queues.total)
+
+    async def work(adapter: QueueAdapter) -> dict[str, Any]:
+        report = await replay(adapter, mapper, choice.app, await _chosen(adapter, choice))
+        return {"replayed": [[i, str(token)] for i, token in report.replayed],
+                "skipped": [list(s) for s in report.skipped], "gone": report.gone}
+
+    return await _on_adapter(config, work)
+
+
+async def purge_letters(config: Config, choice: Choice) -> dict[str, Any]:
+    """Delete the chosen letters for good, as ``conveyor dlq purge`` does."""
+
+    async def work(adapter: QueueAdapter) -> dict[str, Any]:
+        chosen = await _chosen(adapter, choice)
+        return {"purged": await adapter.delete_dead_letters(choice.app,
+                                                            [s.id for s in chosen])}
+
+    return await _on_adapter(config, work)
+
+
+async def delete_group(config: Config, app: str) -> dict[str, Any]:
+    """Remove a dead app's group from every queue (refused while it looks alive); its
+    dead letters are kept."""
+    adapter = create_adapter(config.queues.adapter, config)
+    membership, leases = coordination_from_config(config, app)
+    try:
+        removed = await delete_app_group(adapter, membership, leases, app,
+                                         range(config.queues.total))
+    finally:
+        await adapter.close()
+        await membership.close()
+        await leases.close()
+    return {"app": app, "removed_from": removed}
+
+
+def check_text(name: str, value: Any, *, required: bool = False,
+               max_len: int = 200) -> str | None:
+    """A short printable string from a request, or an :class:`InvalidArgumentError`
+    naming the field."""
+    if value is None or value == "":
+        if required:
+            raise InvalidArgumentError(f"{name}: required")
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name}: expected a string")
+    if len(value) > max_len or not value.isprintable():
+        raise InvalidArgumentError(f"{name}: at most {max_len} printable characters")
+    return value
+
+
+def check_ids(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) > 1000:
+        raise InvalidArgumentError("ids: expected a list of at most 1000 letter ids")
+    ids = tuple(check_text("ids[]", i, required=True) or "" for i in value)
+    return tuple(dict.fromkeys(ids))

@@ -1,0 +1,159 @@
+"""One poll loop for every open page: what ``conveyor status`` reads, every ``interval_s``.
+
+Pages never reach the broker for the overview, the daemons, the groups or the charts:
+they read the last :class:`Reading` the loop took, so ten open tabs cost the broker what
+one does. The loop rests while nobody looks (no page asked for ``idle_after_s``) and
+wakes on the next request; the history behind the charts is kept from its readings only
+(no Prometheus needed), ``window_s`` of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.platform.config import Config
+from conveyor.platform.errors import ConveyorError
+from conveyor.platform.status import AppsReport, StatusReport, collect_apps, collect_status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One poll: every app found, and each watched app's status."""
+
+    at: float
+    apps: AppsReport | None = None
+    status: dict[str, StatusReport] = field(default_factory=dict)
+    error: str | None = None
+    """Why the last poll failed (the broker down, say); the page shows it."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the charts keep of one reading of one app."""
+
+    at: float
+    counts: dict[str, tuple[float, int, int]]
+    """Daemon id: (its heartbeat's time, handled, dead-lettered) as that heartbeat said."""
+    lag: dict[int, int]
+
+
+def _sample(report: StatusReport) -> Sample:
+    counts = {m.id: (m.stats.get("at", 0.0), int(m.stats.get("handled", 0)),
+                     int(m.stats.get("dead_lettered", 0)))
+              for m in report.members}
+    return Sample(report.at, counts, {q.queue: q.lag for q in report.queues})
+
+
+def rates(samples: list[Sample]) -> list[dict[str, Any]]:
+    """Per sample after the first: handled/s and dead-lettered/s summed over the daemons.
+
+    A daemon's counts change only with its heartbeat (every ``lease_ttl_s / 3``), so each
+    daemon's rate is taken between two of its heartbeats, on its own clock, and held
+    until the next one: polls faster than heartbeats draw steps, not spikes and zeros.
+    A daemon that left or restarted (counts going down) adds nothing until its next
+    heartbeat.
+    """
+    out = []
+    last: dict[str, tuple[float, int, int]] = {}
+    per_daemon: dict[str, tuple[float, float]] = {}
+    for i, sample in enumerate(samples):
+        for member, (at, handled, dead) in sample.counts.items():
+            before = last.get(member)
+            if before is not None and at > before[0]:
+                span = at - before[0]
+                per_daemon[member] = (max(handled - before[1], 0) / span,
+                                      max(dead - before[2], 0) / span)
+            if before is None or at > before[0]:
+                last[member] = (at, handled, dead)
+        current = [per_daemon.get(m, (0.0, 0.0)) for m in sample.counts]
+        if i == 0:
+            continue
+        out.append({"at": sample.at, "handled_per_s": sum(r[0] for r in current),
+                    "dead_per_s": sum(r[1] for r in current),
+                    "lag": {str(q): lag for q, lag in sorted(sample.lag.items())}})
+    return out
+
+
+class Poller:
+    """Reads the broker every ``interval_s`` while someone looks; shared by all pages."""
+
+    def __init__(self, config: Config, app: str | None, interval_s: float = 2.0,
+                 window_s: float = 600.0, idle_after_s: float = 30.0) -> None:
+        self.config = config
+        self.app = app
+        self.interval_s = interval_s
+        self.idle_after_s = idle_after_s
+        self.reading = Reading(at=0.0)
+        self.polls = 0
+        self._history: dict[str, deque[Sample]] = {}
+        self._window = max(int(window_s / interval_s), 2)
+        self._wanted = asyncio.Event()
+        self._fresh = asyncio.Event()
+        self._last_seen = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="console-poller")
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Cancel the loop; a poll stuck closing its broker connections is left behind
+        after ``timeout_s`` rather than holding the console's exit."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=timeout_s)
+
+    async def current(self) -> Reading:
+        """The last reading; the first request after a rest waits for a fresh one."""
+        self._last_seen = time.monotonic()
+        if not self._wanted.is_set():
+            self._fresh.clear()
+            self._wanted.set()
+        if self.polls == 0 or not self._fresh.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fresh.wait(), timeout=10.0)
+        return self.reading
+
+    @property
+    def resting(self) -> bool:
+        """Whether the loop waits for a page to ask before it reads the broker again."""
+        return not self._wanted.is_set()
+
+    def history(self, app: str) -> list[Sample]:
+        return list(self._history.get(app, ()))
+
+    async def _run(self) -> None:
+        while True:
+            if time.monotonic() - self._last_seen > self.idle_after_s:
+                self._wanted.clear()
+                await self._wanted.wait()
+            await self.poll()
+            await asyncio.sleep(self.interval_s)
+
+    async def poll(self) -> None:
+        """One reading: the apps, then the status of each watched app."""
+        try:
+            apps = await collect_apps(self.config)
+            names = [self.app] if self.app else [a.app for a in apps.apps]
+            status = {name: await collect_status(self.config, name) for name in names}
+        except ConveyorError as exc:
+            self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
+                                   f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the loop must outlive a broker's bad moment
+            log.exception("console poll failed")
+            self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
+                                   f"{type(exc).__name__} (see the console's log)")
+        else:
+            self.reading = Reading(time.time(), apps, status)
+            for name, report in status.items():
+                self._history.setdefault(name, deque(maxlen=self._window)).append(
+                    _sample(report))
+        self.polls += 1
+        self._fresh.set()

@@ -1,0 +1,268 @@
+"""The console's web app: pages, the JSON API under ``/api``, and the write guard.
+
+Pages are one server-rendered shell each (navigation, the broker, the mode); the small
+script in ``static/console.js`` fills them from the JSON API at the poll interval. The
+API never shows a secret: the broker is named through the adapters' redacting helpers,
+and nothing of the config beyond queue counts is served.
+
+Write actions (replay, purge, delete a group) exist only when the console was started
+with ``--write``, and then each needs the token in the ``X-Conveyor-Token`` header of a
+JSON POST. Browsers send neither a custom header nor a JSON body cross-site without a
+CORS preflight, which this app never answers, so another site cannot forge one (no
+cookie is ever set); a request whose ``Origin`` is another site is refused as well, and
+the ``Host`` must be the one bound (no DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from importlib.resources import files
+from string import Template
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from conveyor.console import actions
+from conveyor.console.actions import Choice, RequestError
+from conveyor.console.poller import Poller, rates
+from conveyor.platform.config import Config
+from conveyor.platform.errors import (
+    AppAliveError,
+    ConfigError,
+    ConveyorError,
+    InvalidArgumentError,
+    UnknownGroupError,
+)
+
+log = logging.getLogger(__name__)
+
+TOKEN_HEADER = "X-Conveyor-Token"
+PAGES = {"overview": "Overview", "daemons": "Daemons", "letters": "Dead letters",
+         "groups": "Groups"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    config: Config
+    app: str | None
+    token: str | None
+    """None: read-only (no write action exists)."""
+    host: str
+    broker: str
+    """Where the queues are, redacted."""
+
+
+def broker_name(config: Config) -> str:
+    """The broker as the pages name it, with no password in it."""
+    if config.queues.adapter == "redis":
+        from conveyor.adapters.redis_conn import server_name
+
+        return f"redis {server_name(config.redis)}"
+    return f"kafka {config.kafka.bootstrap} (topic {config.kafka.topic})"
+
+
+def _shell(settings: Settings, page: str) -> str:
+    template = Template((files("conveyor.console") / "page.html").read_text())
+    nav = " ".join(
+        f'<a href="/{"" if name == "overview" else name}" '
+        f'class="{"here" if name == page else ""}">{title}</a>'
+        for name, title in PAGES.items())
+    return template.substitute(
+        title=html.escape(PAGES[page]), page=page, nav=nav,
+        broker=html.escape(settings.broker),
+        mode="write" if settings.token is not None else "read-only",
+        app=html.escape(settings.app or ""),
+    )
+
+
+def create_app(settings: Settings, poller: Poller) -> Starlette:
+    """The ASGI app; ``poller`` runs for the app's lifetime."""
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        poller.start()
+        try:
+            yield
+        finally:
+            await poller.stop()
+
+    def page(name: str) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(_: Request) -> Response:
+            return HTMLResponse(_shell(settings, name),
+                                headers={"Content-Security-Policy": CSP})
+        return endpoint
+
+    async def overview(_: Request) -> Response:
+        reading = await poller.current()
+        status = {name: _status_json(report) for name, report in reading.status.items()}
+        return JSONResponse({
+            "at": reading.at, "error": reading.error, "broker": settings.broker,
+            "write": settings.token is not None, "interval_s": poller.interval_s,
+            "polls": poller.polls,
+            "apps": [] if reading.apps is None else [asdict(a) for a in reading.apps.apps],
+            "retention_follows_groups": (reading.apps.retention_follows_groups
+                                         if reading.apps is not None else None),
+            "status": status,
+        })
+
+    async def charts(request: Request) -> Response:
+        await poller.current()
+        app = _app_param(request.query_params.get("app"), settings)
+        return JSONResponse({"app": app, "interval_s": poller.interval_s,
+                             "points": rates(poller.history(app))})
+
+    async def letters(request: Request) -> Response:
+        q = request.query_params
+        choice = Choice(_app_param(q.get("app"), settings),
+                        handler=actions.check_text("handler", q.get("handler")),
+                        error_type=actions.check_text("error_type", q.get("error_type")),
+                        stream=actions.check_text("stream", q.get("stream")))
+        return JSONResponse(await actions.list_letters(settings.config, choice))
+
+    async def letter(request: Request) -> Response:
+        app = _app_param(request.query_params.get("app"), settings)
+        letter_id = actions.check_text("id", request.path_params["letter_id"], required=True)
+        return JSONResponse(await actions.show_letter(settings.config, app, letter_id or ""))
+
+    async def replay(request: Request) -> Response:
+        choice = await _write_choice(request, settings)
+        return JSONResponse(await actions.replay_letters(settings.config, choice))
+
+    async def purge(request: Request) -> Response:
+        body = await _write_body(request, settings)
+        if body.get("confirm") is not True:
+            raise RequestError(400, "purge deletes letters for good: send \"confirm\": true")
+        return JSONResponse(await actions.purge_letters(settings.config, _choice(body, settings)))
+
+    async def delete_group(request: Request) -> Response:
+        body = await _write_body(request, settings)
+        app = actions.check_text("app", body.get("app"), required=True) or ""
+        if body.get("confirm") is not True:
+            raise RequestError(400, "deleting a group is for good: send \"confirm\": true")
+        return JSONResponse(await actions.delete_group(settings.config, app))
+
+    routes = [
+        Route("/", page("overview")),
+        *(Route(f"/{name}", page(name)) for name in PAGES if name != "overview"),
+        Route("/api/overview", _guarded(overview)),
+        Route("/api/charts", _guarded(charts)),
+        Route("/api/letters", _guarded(letters)),
+        Route("/api/letters/replay", _guarded(replay), methods=["POST"]),
+        Route("/api/letters/purge", _guarded(purge), methods=["POST"]),
+        Route("/api/letters/{letter_id:path}", _guarded(letter)),
+        Route("/api/groups/delete", _guarded(delete_group), methods=["POST"]),
+        Mount("/static", StaticFiles(packages=[("conveyor.console", "static")]),
+              name="static"),
+    ]
+    hosts = sorted({settings.host, "127.0.0.1", "localhost", "[::1]"})
+    if settings.host in ("0.0.0.0", "::"):
+        hosts = ["*"]  # bound everywhere on purpose: any name may reach it
+    return Starlette(routes=routes, lifespan=lifespan,
+                     middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)],
+                     exception_handlers={HTTPException: _http_error})
+
+
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; frame-ancestors 'none'; form-action 'none'")
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+
+def _guarded(endpoint: Callable[[Request], Awaitable[Response]]
+             ) -> Callable[[Request], Awaitable[Response]]:
+    """Errors as JSON with a message and a 4xx (bad input) or 5xx (the broker); never a
+    traceback."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except RequestError as exc:
+            return _error(exc.status, str(exc))
+        except UnknownGroupError as exc:
+            return _error(404, str(exc))
+        except (InvalidArgumentError, ConfigError) as exc:
+            return _error(400, str(exc))
+        except AppAliveError as exc:
+            return _error(409, str(exc))
+        except ConveyorError as exc:  # the broker failing
+            return _error(502, f"{type(exc).__name__}: {exc}")
+        except Exception:
+            log.exception("console: %s %s failed", request.method, request.url.path)
+            return _error(500, "the console failed on this request (its log says why)")
+
+    return run
+
+
+def _error(status: int, message: str) -> Response:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _app_param(value: Any, settings: Settings) -> str:
+    app = actions.check_text("app", value) or settings.app
+    if app is None:
+        raise RequestError(400, "app: required (the console watches every app: name one)")
+    if settings.app is not None and app != settings.app:
+        raise RequestError(404, f"app: this console shows app {settings.app!r} only")
+    return app
+
+
+async def _write_body(request: Request, settings: Settings) -> dict[str, Any]:
+    """The JSON body of a write action, once the token, the origin and the type pass."""
+    if settings.token is None:
+        raise RequestError(403, "the console is read-only: start it with --write to replay, "
+                            "purge or delete")
+    origin = request.headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+        raise RequestError(403, "cross-site request refused")
+    given = request.headers.get(TOKEN_HEADER, "")
+    if not hmac.compare_digest(given.encode(), settings.token.encode()):
+        raise RequestError(403, f"write actions need the console's token in the {TOKEN_HEADER} "
+                            "header (printed when the console started)")
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise RequestError(415, "send the action as application/json")
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise RequestError(400, "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, "the body must be a JSON object")
+    return body
+
+
+def _choice(body: dict[str, Any], settings: Settings) -> Choice:
+    every = body.get("all") is True
+    ids = actions.check_ids(body.get("ids", []))
+    if every == bool(ids):
+        raise RequestError(400, "give either \"all\": true or \"ids\": [...], not both or neither")
+    return Choice(_app_param(body.get("app"), settings), ids, every,
+                  actions.check_text("handler", body.get("handler")),
+                  actions.check_text("error_type", body.get("error_type")),
+                  actions.check_text("stream", body.get("stream")))
+
+
+async def _write_choice(request: Request, settings: Settings) -> Choice:
+    return _choice(await _write_body(request, settings), settings)
+
+
+def _status_json(report: Any) -> dict[str, Any]:
+    out = asdict(report)
+    out["total_lag"] = report.total_lag
+    out["rates"] = {str(q): r for q, r in report.rates().items()}
+    return out

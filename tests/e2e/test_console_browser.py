@@ -1,0 +1,299 @@
+"""`conveyor console` in a real headless browser (Debian's chromium, driven by Playwright)
+against a real redis-server and real workers: the overview shows the lag falling while
+a worker drains a backlog; a poison message appears in dead letters; a write without the
+token is refused; purge asks first; a replay from the page is handled exactly once and the
+letter disappears. A screenshot of each page is saved under the test's tmp dir (its path
+is printed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.platform.adapter import create_adapter
+from conveyor.platform.client import Publish, SyncClient
+from conveyor.platform.config import Config, load_config
+from tests.conftest import free_port, server_missing, wait_until_sync
+from tests.e2e.test_dlq import config_path
+from tests.integration.redis.conftest import Worker, workers
+
+pytestmark = pytest.mark.slow
+# Fixtures shared with other tests: a redis or a kafka config of 2 queues (the dlq tests'),
+# and the workers a test starts, killed at teardown.
+__all__ = ["config_path", "workers"]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("CONVEYOR_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+TOKEN = "console-e2e-token"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium through Playwright (never a downloaded browser)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        server_missing("playwright (the dev extra)")
+    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
+        server_missing(f"chromium at {CHROMIUM} (apt-get install chromium; `make servers`)")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh tab; at the end, no script error nor policy violation may have happened
+    (a refused request's status is logged by the browser and is expected)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    try:
+        tab = context.new_page()
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error"
+               and not msg.text.startswith("Failed to load resource") else None)
+        yield tab
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+class Console:
+    """A ``conveyor console`` subprocess on a free port."""
+
+    def __init__(self, config: Path, *, write: bool) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = ["--port", str(self.port), "--interval", "0.5", *(["--write"] if write else [])]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "console", "--config", str(config), *args],
+            cwd=ROOT, env={**os.environ, "CONVEYOR_CONSOLE_TOKEN": TOKEN,
+                           "PYTHONFAULTHANDLER": "1"},  # a hang's stack, when it is aborted
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        wait_until_sync(self.ready, 30, "the console to serve")
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the console exited: {self.proc.communicate()}")
+        try:
+            with urllib.request.urlopen(self.url + "/api/overview", timeout=5) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        try:
+            out, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)  # faulthandler prints where it hangs
+            out, err = self.proc.communicate()
+            raise AssertionError(f"the console did not stop on SIGTERM: {err}") from None
+        assert "Traceback" not in err, err
+        return out
+
+
+@pytest.fixture
+def console(config_path: Path) -> Iterator[Console]:
+    running = Console(config_path, write=True)
+    try:
+        yield running
+    finally:
+        if running.proc.poll() is None:
+            running.stop()
+
+
+def screenshot(page: Any, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"console-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+    return path
+
+
+def ensure_groups(config: Config, app: str) -> None:
+    """The app's group on every queue, as its first daemon would create it: from there the
+    backlog counts as lag before any daemon runs."""
+
+    async def run() -> None:
+        adapter = create_adapter("redis", config)
+        try:
+            for q in range(config.queues.total):
+                await adapter.ensure_group(q, app)  # type: ignore[attr-defined]
+        finally:
+            await adapter.close()
+
+    off_loop(lambda: asyncio.run(run()))
+
+
+def off_loop(work: Callable[[], object]) -> None:
+    """Run ``work`` in a thread of its own: Playwright's sync API holds this thread's
+    event loop, and the broker clients run their own."""
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(work).result()
+
+
+def publish(config: Config, messages: list[Publish]) -> None:
+    def send() -> None:
+        with SyncClient.from_config(config) as client:
+            client.publish_batch(messages)
+
+    off_loop(send)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+def test_the_overview_shows_the_lag_falling_while_a_worker_drains_a_backlog(
+    config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
+) -> None:
+    config = load_config(config_path)
+    ensure_groups(config, "rec")
+    backlog = 240
+    publish(config, [Publish("items", f"k{n % 4}", {"seq": n}) for n in range(backlog)])
+    page.goto(console.url + "/?app=rec")
+    lag = page.locator("#total-lag")
+    wait_until_sync(lambda: lag.count() == 1 and lag.inner_text() == str(backlog), 20,
+                    "the backlog as the app's lag")
+    assert page.locator("table").nth(1).locator("tbody tr").count() == 2  # one row a queue
+    screenshot(page, tmp_path, "overview-backlog")
+
+    workers.append(Worker("w1", config_path, tmp_path, work_ms=40))
+    seen: list[int] = []
+
+    def drained() -> bool:
+        text = lag.inner_text().replace(",", "")
+        if not seen or seen[-1] != int(text):
+            seen.append(int(text))
+            if len(seen) == 4:
+                screenshot(page, tmp_path, "overview-draining")
+        return seen[-1] == 0
+
+    wait_until_sync(drained, 60, "the lag to reach 0 on the page")
+    assert seen[0] == backlog and seen[-1] == 0
+    assert any(0 < value < backlog for value in seen), seen  # seen falling, not jumping
+    assert seen == sorted(seen, reverse=True), seen
+    records = (tmp_path / "w1.rec").read_text().splitlines()
+    assert len(records) == backlog  # all handled, once each (no worker died)
+    page.goto(console.url + "/daemons?app=rec")
+    page.locator("td", has_text="ready").first.wait_for(timeout=15_000)
+    screenshot(page, tmp_path, "daemons")
+    page.goto(console.url + "/groups?app=rec")
+    page.locator("td", has_text="rec").first.wait_for(timeout=15_000)
+    screenshot(page, tmp_path, "groups")
+    page.goto(console.url + "/?app=rec")
+    wait_until_sync(lambda: page.locator("figure").count() == 3, 15, "the three charts")
+    screenshot(page, tmp_path, "overview")
+    charted = page.request.get(console.url + "/api/charts?app=rec").json()["points"]
+    assert max(p["handled_per_s"] for p in charted) > 0
+    assert workers[0].stop() == 0
+
+
+def handled(out: Path) -> list[tuple[int, str, str]]:
+    """(n, message id, replay-of) per handled message, as tests.apps.poison_app wrote."""
+    rows = [line.split() for line in out.read_text().splitlines()] if out.exists() else []
+    return [(int(n), ident, replay_of) for n, ident, replay_of in rows]
+
+
+def test_a_poison_letter_is_refused_without_the_token_purged_after_asking_and_replayed_once(
+    config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
+) -> None:
+    config = load_config(config_path)
+    out, fixed = tmp_path / "handled.txt", tmp_path / "fixed"
+    workers.append(Worker("poison", config_path, tmp_path, app="tests.apps.poison_app:app",
+                          env={"CONVEYOR_TEST_OUT": str(out),
+                               "CONVEYOR_TEST_FIXED": str(fixed)}))
+    publish(config, [Publish("jobs", f"k{n}", {"n": n, "poison": n in (4, 5)})
+                     for n in (1, 4, 5)])
+    page.goto(console.url + "/letters?app=dlq-e2e")
+    rows = page.locator("#letters tbody tr")
+    wait_until_sync(lambda: rows.count() == 2, 60, "two poison letters on the page")
+    assert [n for n, _, _ in handled(out)] == [1]
+    overview = page.request.get(console.url + "/api/overview").json()
+    status = overview["status"]["dlq-e2e"]
+    assert overview["error"] is None and status["dead_letters"] == 2
+    assert [q["queue"] for q in status["queues"]] == [0, 1] and len(status["members"]) == 1
+
+    def row(key: str) -> Any:
+        return page.locator("#letters tbody tr", has_text=f"jobs/{key}")
+
+    letter_4 = row("k4").locator("a.letter").inner_text()
+    row("k4").locator("a.letter").click()
+    page.locator("#letter-body").wait_for()
+    assert page.locator("#letter-body").inner_text() == '{"n":4,"poison":true}'
+    detail = page.locator("#detail").inner_text()
+    assert "poison 4" in detail and "null" not in detail and "undefined" not in detail
+    screenshot(page, tmp_path, "letters")
+
+    # Without the token: refused, on the page and at the broker.
+    row("k4").locator("button.replay").click()
+    error = page.locator("#error")
+    error.wait_for(state="visible")
+    assert "token" in error.inner_text()
+    assert rows.count() == 2
+
+    page.fill("#token", TOKEN)
+    asked: list[str] = []
+
+    def dismiss(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
+
+    page.once("dialog", dismiss)
+    row("k5").locator("button.purge").click()
+    wait_until_sync(lambda: len(asked) == 1, 10, "purge to ask for confirmation")
+    assert "Purge" in asked[0] and "for good" in asked[0]
+    assert rows.count() == 2  # dismissed: nothing purged
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    row("k5").locator("button.purge").click()
+    wait_until_sync(lambda: rows.count() == 1, 15,
+                    f"the purged letter to disappear ({page.locator('#error').text_content()})")
+
+    fixed.touch()  # the fix is deployed
+    row("k4").locator("button.replay").click()
+    page.locator("#no-letters").wait_for(timeout=15_000)
+    assert "replayed 1 letter(s)" in page.locator("#notice").inner_text()
+    wait_until_sync(lambda: len(handled(out)) >= 2, 30, "the replayed letter handled")
+    assert workers[0].stop() == 0  # drained: anything more would be recorded by now
+    # Exactly once, no duplicate allowed: nothing crashed and the worker drained.
+    rows_handled = handled(out)
+    assert sorted(n for n, _, _ in rows_handled) == [1, 4]
+    (replayed,) = [r for r in rows_handled if r[0] == 4]
+    assert replayed[2] == letter_4  # its cv-replay-of names the letter
+    assert 5 not in [n for n, _, _ in rows_handled]  # purged, never handled
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+def test_a_read_only_console_has_no_write_actions_and_refuses_them(
+    config_path: Path, page: Any, tmp_path: Path,
+) -> None:
+    running = Console(config_path, write=False)
+    try:
+        page.goto(running.url + "/letters")
+        assert page.locator(".mode").inner_text() == "read-only"
+        assert page.locator("#token-box").is_hidden()
+        answer = page.request.post(running.url + "/api/letters/purge",
+                                   data={"app": "x", "all": True, "confirm": True},
+                                   headers={"X-Conveyor-Token": TOKEN})
+        assert answer.status == 403 and "--write" in answer.json()["error"]
+    finally:
+        printed = running.stop()
+    assert "read-only" in printed and TOKEN not in printed

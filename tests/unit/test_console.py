@@ -1,0 +1,271 @@
+"""The console's JSON API on a real redis-server, through Starlette's TestClient: what
+the pages read (apps, queues and lag, groups, letters), the write guard (read-only, the
+token, cross-site and non-JSON requests refused), bad input as a 4xx with a message, and
+no password in anything served."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from conveyor.console.poller import Poller
+from conveyor.console.server import TOKEN_HEADER, Settings, broker_name, create_app
+from conveyor.platform.adapter import create_adapter
+from conveyor.platform.client import Publish, SyncClient
+from conveyor.platform.config import Config, load_config
+from conveyor.platform.ids import StreamId
+from conveyor.platform.message import DeadLetter, Message
+from tests.conftest import wait_until_sync
+from tests.integration.redis.conftest import write_config
+from tests.servers import SENTINEL_SERVICE, RedisServer
+
+pytestmark = pytest.mark.redis
+
+APP = "shop"
+TOKEN = "s3cret-token"
+
+
+def redis_config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
+    """Two queues on a redis-server of the test's own, or on the module's shared Redis
+    Cluster or Sentinel-managed primary under a prefix of the test's own."""
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        return load_config(write_config(tmp_path / "redis.toml", server.url,
+                                        queues={"total": 2}))
+    prefix = f"console-{uuid.uuid4().hex[:8]}"
+    if request.param == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        redis = {"mode": "cluster", "url": cluster.url, "prefix": prefix}
+    else:
+        servers = request.getfixturevalue("redis_sentinel")
+        redis = {"mode": "sentinel", "url": "redis:///0", "sentinels": servers.addresses,
+                 "sentinel_service": SENTINEL_SERVICE, "prefix": prefix}
+    return load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": 2}, "redis": redis,
+        "balancer": {"membership": "redis"}})
+
+
+@pytest.fixture(params=[
+    pytest.param("redis"),
+    pytest.param("redis-cluster", marks=pytest.mark.redis_cluster),
+    pytest.param("redis-sentinel", marks=pytest.mark.redis_sentinel),
+])
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
+    """Two queues with app ``shop``'s group on both, 5 messages waiting, 3 letters."""
+    config = redis_config(request, tmp_path)
+
+    async def prepare() -> None:
+        adapter = create_adapter("redis", config)
+        try:
+            for q in range(2):
+                await adapter.ensure_group(q, APP)  # type: ignore[attr-defined]
+            await adapter.dead_letter(APP, [
+                DeadLetter.of(Message(f"m{n}", StreamId(ns, f"k{n}"), f'{{"n":{n}}}'.encode(),
+                                      headers={"traceparent": f"00-{n:032x}-{n:016x}-01"}),
+                              f"{ns}.handle", ValueError(f"bad {n}"), 3)
+                for n, ns in ((1, "orders"), (2, "orders"), (3, "mails"))])
+        finally:
+            await adapter.close()
+
+    asyncio.run(prepare())
+    with SyncClient.from_config(config) as client:
+        client.publish_batch(Publish("orders", f"o{n}", {"n": n}) for n in range(5))
+    return config
+
+
+def client_for(config: Config, *, token: str | None = None,
+               app: str | None = None) -> TestClient:
+    settings = Settings(config, app, token, "127.0.0.1", broker_name(config))
+    return TestClient(create_app(settings, Poller(config, app, interval_s=0.2)),
+                      base_url="http://127.0.0.1:8089")
+
+
+@pytest.fixture
+def api(config: Config) -> Iterator[TestClient]:
+    with client_for(config, token=TOKEN) as client:
+        yield client
+
+
+def write(api: TestClient, path: str, payload: dict[str, object],
+          token: str | None = TOKEN) -> Any:
+    headers = {TOKEN_HEADER: token} if token is not None else {}
+    return api.post(path, json={"app": APP, **payload}, headers=headers)
+
+
+def test_the_overview_lists_the_apps_their_queues_lag_and_letters(api: TestClient) -> None:
+    data = api.get("/api/overview").json()
+    assert data["error"] is None and data["write"] is True
+    (shop,) = data["apps"]
+    assert (shop["app"], shop["queues"], shop["lag"], shop["dead_letters"]) == (APP, [0, 1], 5, 3)
+    status = data["status"][APP]
+    assert [q["queue"] for q in status["queues"]] == [0, 1]
+    assert status["total_lag"] == 5 and status["dead_letters"] == 3
+    assert [g["group"] for g in status["groups"]] == [APP]
+    assert data["broker"].startswith("redis ")
+
+
+def test_charts_are_drawn_from_the_console_s_own_polls(api: TestClient) -> None:
+    wait_until_sync(lambda: len(api.get(f"/api/charts?app={APP}").json()["points"]) >= 2,
+                    10, "three polls (two rates)")
+    points = api.get(f"/api/charts?app={APP}").json()["points"]
+    assert len(points) >= 2
+    assert points[-1]["lag"] == {"0": points[-1]["lag"]["0"], "1": points[-1]["lag"]["1"]}
+    assert sum(points[-1]["lag"].values()) == 5
+    assert points[-1]["handled_per_s"] == 0  # no daemon runs
+
+
+def test_letters_are_listed_filtered_and_shown_in_full(api: TestClient) -> None:
+    listed = api.get("/api/letters", params={"app": APP}).json()
+    assert listed["total"] == 3
+    assert [entry["key"] for entry in listed["letters"]] == ["k1", "k2", "k3"]
+    by_stream = api.get("/api/letters", params={"app": APP, "stream": "mails"}).json()
+    assert [entry["key"] for entry in by_stream["letters"]] == ["k3"]
+    by_handler = api.get("/api/letters", params={"app": APP, "handler": "orders.handle",
+                                                 "error_type": "ValueError"}).json()
+    assert [entry["key"] for entry in by_handler["letters"]] == ["k1", "k2"]
+    letter_id = listed["letters"][0]["id"]
+    shown = api.get(f"/api/letters/{letter_id}", params={"app": APP}).json()
+    assert (shown["body"], shown["error"], shown["attempts"], shown["trace_id"]) == (
+        '{"n":1}', "bad 1", 3, f"{1:032x}")
+
+
+def test_bad_input_gets_a_4xx_with_a_message_never_a_traceback(api: TestClient) -> None:
+    cases = [
+        api.get("/api/letters"),  # no app named, and the console watches every app
+        api.get("/api/letters", params={"app": APP, "handler": "x" * 500}),
+        api.get("/api/letters/not-an-id", params={"app": APP}),
+        api.get("/api/letters/99999999999999-0", params={"app": APP}),
+        api.get("/api/letters", params={"app": "bad name!\x01"}),
+        write(api, "/api/letters/replay", {"ids": "not a list"}),
+        write(api, "/api/letters/replay", {}),
+        write(api, "/api/letters/replay", {"ids": ["1-0"], "all": True}),
+        write(api, "/api/letters/replay", {"ids": ["99999999999999-0"]}),
+        write(api, "/api/letters/purge", {"all": True}),  # not confirmed
+    ]
+    for response in cases:
+        assert 400 <= response.status_code < 500, (response.status_code, response.text)
+        message = response.json()["error"]
+        assert message and "Traceback" not in message
+    assert api.get("/api/letters", params={"app": APP}).json()["total"] == 3  # nothing done
+
+
+def test_write_actions_need_the_token_json_and_the_same_origin(api: TestClient,
+                                                               config: Config) -> None:
+    assert write(api, "/api/letters/purge", {"all": True, "confirm": True},
+                 token=None).status_code == 403
+    assert write(api, "/api/letters/purge", {"all": True, "confirm": True},
+                 token="wrong").status_code == 403
+    form = api.post("/api/letters/purge", data={"app": APP, "all": "true", "confirm": "true"},
+                    headers={TOKEN_HEADER: TOKEN})
+    assert form.status_code == 415
+    cross = api.post("/api/letters/purge", json={"app": APP, "all": True, "confirm": True},
+                     headers={TOKEN_HEADER: TOKEN, "Origin": "https://evil.example"})
+    assert cross.status_code == 403
+    rebound = api.get("/api/overview", headers={"Host": "evil.example"})
+    assert rebound.status_code == 400
+    with client_for(config) as read_only:
+        refused = write(read_only, "/api/letters/purge", {"all": True, "confirm": True})
+        assert refused.status_code == 403
+        assert "--write" in refused.json()["error"]
+    assert api.get("/api/letters", params={"app": APP}).json()["total"] == 3
+
+
+def test_replay_and_purge_act_once_on_what_they_name(api: TestClient, config: Config) -> None:
+    listed = api.get("/api/letters", params={"app": APP}).json()["letters"]
+    first = listed[0]["id"]
+    replayed = write(api, "/api/letters/replay", {"ids": [first]}).json()
+    assert [i for i, _ in replayed["replayed"]] == [first]
+    again = write(api, "/api/letters/replay", {"ids": [first]})
+    assert again.status_code == 404  # gone: it is not published twice
+    purged = write(api, "/api/letters/purge", {"all": True, "stream": "mails", "confirm": True})
+    assert purged.json() == {"purged": 1}
+    left = api.get("/api/letters", params={"app": APP}).json()
+    assert [entry["key"] for entry in left["letters"]] == ["k2"]
+    assert api.get("/api/overview").json()["status"][APP]["total_lag"] >= 6  # 5 + the replay
+
+
+def test_a_group_is_deleted_only_through_the_guard(api: TestClient) -> None:
+    unconfirmed = write(api, "/api/groups/delete", {})
+    assert unconfirmed.status_code == 400
+    unknown = api.post("/api/groups/delete", json={"app": "nobody", "confirm": True},
+                       headers={TOKEN_HEADER: TOKEN})
+    assert unknown.status_code == 404, unknown.text
+    deleted = write(api, "/api/groups/delete", {"confirm": True})
+    assert deleted.json()["removed_from"] == [0, 1], deleted.text
+
+
+def test_no_password_is_ever_served(tmp_path: Path, redis_server: RedisServer) -> None:
+    password = "hunter2-never-shown"
+    redis_server.client().config_set("requirepass", password)
+    url = redis_server.url.replace("redis://", f"redis://:{password}@")
+    config = load_config(write_config(tmp_path / "pw.toml", url, queues={"total": 2}))
+    with client_for(config) as api:
+        served = "".join(api.get(path).text for path in
+                         ("/", "/daemons", "/letters", "/groups", "/api/overview",
+                          "/static/console.js"))
+        assert "***" in api.get("/api/overview").json()["broker"]
+    assert password not in served
+
+
+def test_pages_are_the_shell_with_the_mode_and_a_strict_policy(api: TestClient,
+                                                              config: Config) -> None:
+    page = api.get("/letters")
+    assert 'data-mode="write"' in page.text and 'data-page="letters"' in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert api.get("/static/console.js").status_code == 200
+    with client_for(config, app=APP) as one_app:
+        assert one_app.get("/api/letters", params={"app": "other"}).status_code == 404
+        assert 'data-mode="read-only"' in one_app.get("/").text
+
+
+def test_a_broker_down_is_a_message_on_the_page_not_a_traceback(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
+                                      queues={"total": 2},
+                                      redis={"retry_max_s": 0.5, "connect_timeout_s": 0.5}))
+    with client_for(config) as api:
+        assert api.get("/api/overview").json()["error"] is None
+        redis_server.stop()
+        wait_until_sync(lambda: api.get("/api/overview").json()["error"] is not None, 30,
+                        "the failed poll on the page")
+        letters = api.get("/api/letters", params={"app": APP})
+    assert letters.status_code == 502
+    assert "Traceback" not in letters.text and letters.json()["error"]
+
+
+def test_deleting_the_group_of_an_app_that_looks_alive_is_refused(api: TestClient,
+                                                                  config: Config) -> None:
+    async def read_as_the_app() -> None:  # what a daemon does: a queue read just now
+        adapter: Any = create_adapter("redis", config)
+        try:
+            await adapter.redis.xreadgroup(APP, "someone", {adapter.keys.queue(0): ">"},
+                                           count=1)
+        finally:
+            await adapter.close()
+
+    asyncio.run(read_as_the_app())
+    refused = write(api, "/api/groups/delete", {"confirm": True})
+    assert refused.status_code == 409, refused.text
+    assert "looks alive" in refused.json()["error"]
+    assert api.get("/api/overview").json()["apps"][0]["app"] == APP  # still there
+
+
+def test_one_poll_loop_serves_every_page_and_rests_while_none_looks(config: Config) -> None:
+    poller = Poller(config, None, interval_s=0.5, idle_after_s=0.5)
+    settings = Settings(config, None, None, "127.0.0.1", broker_name(config))
+    with TestClient(create_app(settings, poller), base_url="http://127.0.0.1:8089") as api:
+        api.get("/api/overview")
+        before = poller.polls
+        for _ in range(40):  # forty pages asking at once cost what one does
+            assert api.get("/api/overview").status_code == 200
+        assert poller.polls - before <= 2
+        wait_until_sync(lambda: poller.resting, 10, "the loop to rest with no page asking")
+        rested = poller.polls
+        assert api.get("/api/overview").json()["polls"] == rested + 1  # woken: a fresh read
