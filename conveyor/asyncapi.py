@@ -50,7 +50,7 @@ ASYNCAPI_VERSION = "3.0.0"
 KAFKA_BINDING = "0.5.0"
 REDIS_BINDING = "0.1.0"
 REDIS_BODY_FIELD = "body"
-"""The stream-entry field that holds the body (``conveyor.adapters.redis.F_BODY``)."""
+"""The stream-entry field that holds the body (``conveyor.adapters.redis.codec.F_BODY``)."""
 
 _ID_UNSAFE = re.compile(r"[^\w.\-]")
 

@@ -5,7 +5,7 @@ The figures and their order are :mod:`conveyor.bench.throughput`'s; what is Redi
 * **publish floor** — one redis-py pipeline (``transaction=False``) of
   :data:`~conveyor.bench.timing.PUBLISH_BATCH` ``XADD`` per round trip, of the entries
   Conveyor writes (the same fields, already encoded), on a connection already open —
-  made by :func:`~conveyor.adapters.redis_conn.connect`, so its commands are packed by
+  made by :func:`~conveyor.adapters.redis.connections.connect`, so its commands are packed by
   hiredis as Conveyor's are (a stock redis-py client packs in Python, ~1.5x the CPU).
 * **consume floor** — one task per queue on a stock redis-py client (its own reply
   parsing), ``XREADGROUP COUNT 500``, the no-op awaited on each body, ``XACK`` of the
@@ -37,8 +37,10 @@ from typing import Any
 
 import psutil
 
-from conveyor.adapters.redis import RedisAdapter, encode_fields, wait_ready
-from conveyor.adapters.redis_conn import Keys, connect
+from conveyor.adapters.redis import RedisAdapter, wait_ready
+from conveyor.adapters.redis.codec import encode_fields
+from conveyor.adapters.redis.connections import connect
+from conveyor.adapters.redis.keys import Keys
 from conveyor.bench import BenchmarkError
 from conveyor.bench.figures import ThroughputResult
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config

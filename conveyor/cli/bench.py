@@ -81,7 +81,7 @@ def bench_throughput(
     from aiokafka.errors import KafkaError
     from redis.exceptions import RedisError
 
-    from conveyor.adapters.redis_conn import redact_url
+    from conveyor.adapters.redis.urls import redact_url
     from conveyor.bench.shipped import Variant, bench_config
 
     if batch is not None and adapter == "kafka":

@@ -69,7 +69,7 @@ class Settings:
 def broker_name(config: Config) -> str:
     """The broker as the pages name it, with no password in it."""
     if config.queues.adapter == "redis":
-        from conveyor.adapters.redis_conn import server_name
+        from conveyor.adapters.redis.urls import server_name
 
         return f"redis {server_name(config.redis)}"
     return f"kafka {config.kafka.bootstrap} (topic {config.kafka.topic})"

@@ -34,7 +34,8 @@ from urllib.parse import urlsplit
 
 from redis.asyncio.connection import parse_url
 
-from conveyor.adapters.redis_conn import Keys, sentinel_addresses
+from conveyor.adapters.redis.keys import Keys
+from conveyor.adapters.redis.urls import sentinel_addresses
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, InvalidArgumentError
 from conveyor.workers.serve import STOP_GRACE_S

@@ -5,7 +5,7 @@ own :class:`SimMembership` and :class:`SimLeaseStore`, implementations of the
 :class:`~conveyor.platform.membership.Membership` and
 :class:`~conveyor.platform.leases.LeaseStore` ports.
 
-They mirror :mod:`conveyor.adapters.redis_coordination` call for call, because the cost
+They mirror :mod:`conveyor.adapters.redis.coordination` call for call, because the cost
 of the balancer *is* those calls: the same scripts with the same semantics (member
 expiry on the store's clock, lapsed members dropped by whichever script runs next, lease
 grants refused while another owner's key lives, fencing tokens from a counter, the

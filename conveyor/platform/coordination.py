@@ -15,7 +15,7 @@ from conveyor.platform.membership import Membership
 
 _BUILTIN = {
     "memory": "conveyor.platform.coordination:memory_coordination",
-    "redis": "conveyor.adapters.redis_coordination:redis_coordination",
+    "redis": "conveyor.adapters.redis.coordination:redis_coordination",
 }
 
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka.connection import client_options
 from conveyor.adapters.memory import MemoryAdapter, MemoryReceiver, reset_broker
-from conveyor.adapters.redis_conn import Keys
+from conveyor.adapters.redis.keys import Keys
 from conveyor.bench import kafka_throughput, redis_throughput
 from conveyor.bench.shipped import Variant, bench_config, shipped_path
 from conveyor.bench.throughput import MemoryBackend, build_messages, measure

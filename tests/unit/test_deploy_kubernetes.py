@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conveyor.adapters.redis_conn import Keys
+from conveyor.adapters.redis.keys import Keys
 from conveyor.cli.deploy import to_yaml
 from conveyor.deploy import kubernetes as k8s
 from conveyor.platform.config import Config, load_config

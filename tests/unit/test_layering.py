@@ -263,12 +263,18 @@ KAFKA_ABOVE_THE_ADAPTER = {f"{KAFKA}", f"{KAFKA}.adapter", f"{KAFKA}.group_balan
 (codec, receiver, cluster, the helpers) take the cluster, never the adapter."""
 
 
-def test_kafka_modules_form_no_circle_even_through_type_only_imports() -> None:
+def circles_inside(package: str, one_module: str) -> list[str]:
+    """The import circles among ``package``'s modules, type-only imports counted as
+    run-time ones; ``one_module`` is imported by some module of it (proof it looked)."""
     inside = [i for i in all_imports()
-              if i.module.startswith(KAFKA) and i.target.startswith(KAFKA)]
-    assert any(i.target == f"{KAFKA}.cluster" for i in inside)  # it looked
-    cycles = [" -> ".join(c) for c in import_cycles(
+              if i.module.startswith(package) and i.target.startswith(package)]
+    assert any(i.target == f"{package}.{one_module}" for i in inside)  # it looked
+    return [" -> ".join(c) for c in import_cycles(
         [Import(i.module, i.target, i.line, type_only=False) for i in inside])]
+
+
+def test_kafka_modules_form_no_circle_even_through_type_only_imports() -> None:
+    cycles = circles_inside(KAFKA, "cluster")
     assert cycles == [], "\n".join(cycles)
 
 
@@ -277,3 +283,21 @@ def test_no_kafka_helper_imports_the_adapter() -> None:
                    if i.module.startswith(KAFKA) and i.module not in KAFKA_ABOVE_THE_ADAPTER
                    and i.target in (f"{KAFKA}.adapter", KAFKA, f"{KAFKA}.group_balancer"))
     assert wrong == [], "hand the helper the KafkaCluster instead:\n" + "\n".join(wrong)
+
+
+REDIS = "conveyor.adapters.redis"
+REDIS_ABOVE_THE_ADAPTER = {REDIS, f"{REDIS}.adapter"}
+"""The package's entry and the adapter: the receiver, the letters and the groups take
+what they use of the adapter as a protocol; the rest take a client, a Caller or Keys."""
+
+
+def test_redis_modules_form_no_circle_even_through_type_only_imports() -> None:
+    cycles = circles_inside(REDIS, "keys")
+    assert cycles == [], "\n".join(cycles)
+
+
+def test_no_redis_helper_imports_the_adapter() -> None:
+    wrong = sorted(str(i) for i in all_imports()
+                   if i.module.startswith(f"{REDIS}.") and i.module not in REDIS_ABOVE_THE_ADAPTER
+                   and i.target in (f"{REDIS}.adapter", REDIS))
+    assert wrong == [], "give the helper a protocol of what it uses:\n" + "\n".join(wrong)

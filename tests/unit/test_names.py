@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.adapters.redis_conn import Keys, check_name
+from conveyor.adapters.redis.keys import Keys, check_name
 from conveyor.platform.app import App
 from conveyor.platform.errors import ConfigError, HandlerDeclarationError
 

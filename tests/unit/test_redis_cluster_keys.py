@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from redis.crc import key_slot
 
-from conveyor.adapters.redis_conn import Keys
+from conveyor.adapters.redis.keys import Keys
 
 
 def slot(key: str) -> int:

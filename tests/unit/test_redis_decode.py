@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.adapters.redis import (
+from conveyor.adapters.redis.codec import (
     EntryDecoder,
     decode_entry,
     encode_fields,
-    joined_ids,
     undecodable_entry,
 )
+from conveyor.adapters.redis.keys import joined_ids
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message, Undecodable

@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from conveyor.adapters.redis_conn import (
-    SentinelClient,
-    close,
-    connect,
-    sentinel_addresses,
-    server_name,
-)
+from conveyor.adapters.redis.connections import SentinelClient, close, connect
+from conveyor.adapters.redis.urls import sentinel_addresses, server_name
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
 

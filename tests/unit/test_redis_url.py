@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.adapters.redis_conn import check_url, connect
+from conveyor.adapters.redis.connections import connect
+from conveyor.adapters.redis.urls import check_url
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
 

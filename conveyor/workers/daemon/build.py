@@ -272,7 +272,7 @@ def _idempotency(app: App, config: Config, stats: DeliveryStats) -> IdempotencyI
     if config.queues.adapter == "memory":
         store = LocalIdempotencyStore.shared(config.memory.broker)
     else:
-        from conveyor.adapters.redis_idempotency import RedisIdempotencyStore
+        from conveyor.adapters.redis.idempotency import RedisIdempotencyStore
 
         store = RedisIdempotencyStore(config.redis, app.name)
     return IdempotencyInterceptor(store, stats)

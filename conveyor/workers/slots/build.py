@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.adapters.redis_rate import RedisTokenSource
+from conveyor.adapters.redis.rate import RedisTokenSource
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.importing import load_attr
 from conveyor.platform.slots import SlotSupplier

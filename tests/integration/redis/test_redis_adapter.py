@@ -16,8 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from conveyor.adapters.redis import RedisAdapter
-from conveyor.adapters.redis_conn import Keys, connect, redact_url
-from conveyor.adapters.redis_coordination import redis_coordination
+from conveyor.adapters.redis.connections import connect
+from conveyor.adapters.redis.coordination import redis_coordination
+from conveyor.adapters.redis.keys import Keys
+from conveyor.adapters.redis.urls import redact_url
 from conveyor.cli import main
 from conveyor.platform.client import Client
 from conveyor.platform.config import Config, load_config

@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from conveyor import Client, Publish, WorkerDaemon
-from conveyor.adapters.redis import RedisAdapter, RedisReceiver
+from conveyor.adapters.redis import RedisAdapter
+from conveyor.adapters.redis.receiver import RedisReceiver
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import BrokerConnectionError

@@ -29,7 +29,7 @@ import redis
 from redis.crc import key_slot
 
 from conveyor import Publish, PublishNotReplicated, PublishUncertain, SyncClient
-from conveyor.adapters.redis_conn import Keys
+from conveyor.adapters.redis.keys import Keys
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.mapper import HashRingQueueMapper

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from conveyor.adapters.redis_conn import Keys
+from conveyor.adapters.redis.keys import Keys
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from tests.conftest import wait_until_sync

@@ -16,7 +16,8 @@ import asyncio
 import msgspec
 import pytest
 
-from conveyor.adapters.redis import PUBLISH_CHUNK_BYTES, RedisAdapter
+from conveyor.adapters.redis import RedisAdapter
+from conveyor.adapters.redis.codec import PUBLISH_CHUNK_BYTES
 from conveyor.platform.client import Client, Publish
 from conveyor.platform.errors import BrokerError, MessageTooLargeError, PartialPublishError
 from conveyor.platform.ids import SequenceToken

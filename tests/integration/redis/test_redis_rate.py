@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import Client, Publish
-from conveyor.adapters.redis_rate import RedisTokenSource, rate_key
+from conveyor.adapters.redis.rate import RedisTokenSource, rate_key
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.slots import SlotReleaseReason

@@ -93,7 +93,7 @@ async def test_a_lease_the_replicas_did_not_confirm_is_not_taken_nor_extended(
     """A lease (or its fencing counter) lost in a failover could let two daemons own a
     queue: with ``min_replicas`` a lease is taken only once replicated, and a renewal
     that was not replicated leaves the old deadline in place."""
-    from conveyor.adapters.redis_coordination import redis_coordination
+    from conveyor.adapters.redis.coordination import redis_coordination
 
     membership, leases = redis_coordination(replicated_config(redis_server), "app")
     try:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.adapters.redis_conn import Keys
-from conveyor.adapters.redis_coordination import redis_coordination
+from conveyor.adapters.redis.coordination import redis_coordination
+from conveyor.adapters.redis.keys import Keys
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from conveyor.platform.membership import MemberInfo

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import Publish, PublishUncertain, SyncClient
-from conveyor.adapters.redis_conn import Keys
+from conveyor.adapters.redis.keys import Keys
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.mapper import HashRingQueueMapper

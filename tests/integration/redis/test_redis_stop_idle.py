@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import App, Client, load_config
-from conveyor.adapters.redis_conn import close, connect
+from conveyor.adapters.redis.connections import close, connect
 from conveyor.platform.config import RedisConfig
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.daemon.build import TELEMETRY_STOP_S

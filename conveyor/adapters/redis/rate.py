@@ -10,11 +10,12 @@ leaves nothing behind.
 
 from __future__ import annotations
 
-from typing import Any
-
 from redis.asyncio import Redis
 
-from conveyor.adapters.redis_conn import Caller, Keys, close, connect
+from conveyor.adapters.redis.connections import close, connect
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys
+from conveyor.platform.config import RedisConfig
 from conveyor.platform.errors import InvalidArgumentError
 
 # KEYS[1] the bucket; ARGV interval_us, tolerance_us, want. Returns {granted, wait_us}.
@@ -48,7 +49,7 @@ def rate_key(prefix: str, app: str) -> str:
 class RedisTokenSource:
     """Tokens from the app's bucket in Redis; one script call per :meth:`take`."""
 
-    def __init__(self, redis_cfg: Any, app: str, per_second: float, burst: int) -> None:
+    def __init__(self, redis_cfg: RedisConfig, app: str, per_second: float, burst: int) -> None:
         if per_second <= 0 or burst < 1:
             raise InvalidArgumentError("per_second must be > 0 and burst >= 1")
         self.key = rate_key(redis_cfg.prefix, app)

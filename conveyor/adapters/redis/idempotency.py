@@ -10,11 +10,12 @@ granted, extended or given back only by comparing what is there.
 
 from __future__ import annotations
 
-from typing import Any
-
 from redis.asyncio import Redis
 
-from conveyor.adapters.redis_conn import Caller, Keys, close, connect
+from conveyor.adapters.redis.connections import close, connect
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys
+from conveyor.platform.config import RedisConfig
 from conveyor.platform.delivery.idempotency import Claim
 
 # KEYS[1]; ARGV owner, claim_ms. Returns {0} claimed, {1} done, {2, pttl} busy.
@@ -49,7 +50,7 @@ def _ms(seconds: float) -> int:
 class RedisIdempotencyStore:
     """The app's claims and marks at ``[redis] url``."""
 
-    def __init__(self, redis_cfg: Any, app: str) -> None:
+    def __init__(self, redis_cfg: RedisConfig, app: str) -> None:
         self.prefix = f"{Keys(redis_cfg.prefix).app(app)}:once:"
         self._redis: Redis = connect(redis_cfg)
         self._caller = Caller(redis_cfg, self._redis)

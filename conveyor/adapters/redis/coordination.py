@@ -18,7 +18,7 @@ A server that lost its data (restarted empty) must not repeat a counter's value:
 repeated token would pass a stale owner's acknowledgements through the fence, a
 repeated generation or version could tell a balancer that nothing moved. A missing
 counter starts at the server's clock in ms (``_SEEDED`` in
-:mod:`~conveyor.adapters.redis_scripts`). A lease found gone (not merely renewed late)
+:mod:`~conveyor.adapters.redis.scripts`). A lease found gone (not merely renewed late)
 is reported lost at once, and a receiver reads no more on it (:func:`lease_held`).
 """
 
@@ -32,17 +32,11 @@ from typing import Any
 
 import msgspec
 
-from conveyor.adapters import redis_scripts as lua
-from conveyor.adapters.redis_conn import (
-    Caller,
-    ClusterClient,
-    Keys,
-    check_name,
-    close,
-    connect,
-    mget,
-    run_replicated,
-)
+from conveyor.adapters.redis import scripts as lua
+from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, run_replicated
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys, check_name
+from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, LeaseLostError
 from conveyor.platform.leases import Lease, LeaseStore
 from conveyor.platform.membership import MemberInfo, Membership, timer_phase
@@ -347,7 +341,7 @@ async def _until_changed(read: Callable[[], Awaitable[int]], timeout_s: float) -
     return False
 
 
-def redis_coordination(config: Any, group: str) -> tuple[Membership, LeaseStore]:
+def redis_coordination(config: Config, group: str) -> tuple[Membership, LeaseStore]:
     """``[balancer] membership = "redis"``: both stores share one connection pool."""
     cfg = config.redis
     redis = connect(cfg)

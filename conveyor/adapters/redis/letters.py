@@ -1,10 +1,10 @@
 """Dead letters on Redis, for operators: ``PREFIX:dlq:APP`` is one stream per app.
 
 A letter's id is its entry id in that stream. Listing is ``XRANGE``, counting ``XLEN``,
-purging ``XDEL``. Replaying runs :data:`~conveyor.adapters.redis_scripts.REPLAY_LETTER`:
+purging ``XDEL``. Replaying runs :data:`~conveyor.adapters.redis.scripts.REPLAY_LETTER`:
 one script appends the message to its queue's stream and deletes the letter, atomically,
 so a replay killed at any point has done both or neither. The queue's key comes from the
-same :class:`~conveyor.adapters.redis_conn.Keys` as every publish (``PREFIX:q:N``), N from
+same :class:`~conveyor.adapters.redis.keys.Keys` as every publish (``PREFIX:q:N``), N from
 the caller's mapper.
 """
 
@@ -12,18 +12,28 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from conveyor.adapters.redis_conn import token_of
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys, token_of
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 
-if TYPE_CHECKING:
-    from conveyor.adapters.redis import RedisAdapter
+
+class LetterHost(Protocol):
+    """What the dead-letter commands use of the adapter (a protocol: they import none
+    of it)."""
+
+    redis: Any
+    caller: Caller
+    keys: Keys
+    cluster: bool
+    replay_script: Any
+    replay_marked_script: Any
 
 Entries = list[Any]
 """``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``; the
-adapter reads the letters out of it (``conveyor.adapters.redis.stored_letters``)."""
+adapter reads the letters out of it (``conveyor.adapters.redis.codec.stored_letters``)."""
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
@@ -37,7 +47,7 @@ def check_id(letter_id: str) -> str:
     return letter_id
 
 
-async def list_letters(adapter: RedisAdapter, group: str, limit: int,
+async def list_letters(adapter: LetterHost, group: str, limit: int,
                        after: str | None) -> Entries:
     key = adapter.keys.dead_letters(group)
     start = "-" if after is None else f"({check_id(after)}"
@@ -47,7 +57,7 @@ async def list_letters(adapter: RedisAdapter, group: str, limit: int,
     return entries
 
 
-async def find_letter(adapter: RedisAdapter, group: str, letter_id: str) -> Entries:
+async def find_letter(adapter: LetterHost, group: str, letter_id: str) -> Entries:
     key = adapter.keys.dead_letters(group)
     check_id(letter_id)
     entries: Entries = await adapter.caller.retrying(
@@ -56,14 +66,14 @@ async def find_letter(adapter: RedisAdapter, group: str, letter_id: str) -> Entr
     return entries
 
 
-async def count_letters(adapter: RedisAdapter, group: str) -> int:
+async def count_letters(adapter: LetterHost, group: str) -> int:
     key = adapter.keys.dead_letters(group)
     count: int = await adapter.caller.retrying("counting dead letters",
                                                lambda: adapter.redis.xlen(key))
     return count
 
 
-async def delete_letters(adapter: RedisAdapter, group: str, ids: Sequence[str]) -> int:
+async def delete_letters(adapter: LetterHost, group: str, ids: Sequence[str]) -> int:
     key = adapter.keys.dead_letters(group)
     checked = [check_id(i) for i in ids]
     deleted = 0
@@ -85,7 +95,7 @@ REPLAY_MARK_S = 7 * 24 * 3600
 replay killed between its two writes can be run again without doubling that letter."""
 
 
-async def replay_letters(adapter: RedisAdapter, group: str,
+async def replay_letters(adapter: LetterHost, group: str,
                          replays: Sequence[tuple[str, int, Fields]]) -> list[SequenceToken | None]:
     """Each (letter id, queue, the message's fields as every publish writes them) by one
     script, atomically (see the module docstring); a batch's scripts go in one pipeline.
@@ -114,10 +124,10 @@ async def replay_letters(adapter: RedisAdapter, group: str,
             for new_id, (_, queue, _) in zip(new_ids, replays, strict=True)]
 
 
-async def _replay_apart(adapter: RedisAdapter, group: str, letter_id: str, queue: int,
+async def _replay_apart(adapter: LetterHost, group: str, letter_id: str, queue: int,
                         fields: Fields) -> SequenceToken | None:
     """One letter on a cluster, in three steps: is the letter there; append it to its
-    queue unless its marker says it was (:data:`~conveyor.adapters.redis_scripts.
+    queue unless its marker says it was (:data:`~conveyor.adapters.redis.scripts.
     REPLAY_MARKED`, in the queue's slot); delete the letter. Killed after the append, a
     re-run finds the marker and only deletes; two replays racing append once."""
     check_id(letter_id)

@@ -10,7 +10,9 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-from conveyor.adapters.redis_conn import CLUSTER_ERRORS, Caller, ClusterClient
+from conveyor.adapters.redis.connections import ClusterClient
+from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller
+from conveyor.platform.config import RedisConfig
 from conveyor.platform.errors import ConfigError
 
 log = logging.getLogger("conveyor.redis")
@@ -98,7 +100,7 @@ class EvictionGuard:
     server set to ``noeviction`` meanwhile is accepted on the next one.
     """
 
-    def __init__(self, cfg: Any, caller: Caller) -> None:
+    def __init__(self, cfg: RedisConfig, caller: Caller) -> None:
         self._allow = bool(cfg.allow_eviction)
         self._caller = caller
         self.checked = False

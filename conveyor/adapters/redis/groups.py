@@ -1,7 +1,7 @@
 """Consumer groups on Redis streams, for operators: listing them and removing one.
 
 Every app is a consumer group on every stream of the prefix. The trim script
-(:data:`~conveyor.adapters.redis_scripts.TRIM_ACKED`) keeps every entry from the oldest
+(:data:`~conveyor.adapters.redis.scripts.TRIM_ACKED`) keeps every entry from the oldest
 one any group still needs — its oldest pending entry, or the entry after its last
 delivered one — so a group nobody reads stops trimming for good; :func:`groups` names
 it (``holds_retention``) and :func:`delete_group` removes it.
@@ -10,16 +10,24 @@ it (``holds_retention``) and :func:`delete_group` removes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from conveyor.adapters.redis_conn import check_name, token_of
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys, check_name, token_of
 from conveyor.platform.groups import GroupInfo, with_retention_holders
 
-if TYPE_CHECKING:
-    from conveyor.adapters.redis import RedisAdapter
+
+class GroupHost(Protocol):
+    """What the group commands use of the adapter (a protocol: they import none of it)."""
+
+    redis: Any
+    caller: Caller
+    keys: Keys
+
+    async def count_after(self, stream: str, first: bytes | str, last: bytes | str) -> int: ...
 
 
-async def groups(adapter: RedisAdapter, queues: Sequence[int]) -> list[GroupInfo]:
+async def groups(adapter: GroupHost, queues: Sequence[int]) -> list[GroupInfo]:
     """``XINFO GROUPS`` / ``XINFO CONSUMERS`` of every stream of ``queues``."""
     out: list[GroupInfo] = []
     for queue in queues:
@@ -31,7 +39,7 @@ async def groups(adapter: RedisAdapter, queues: Sequence[int]) -> list[GroupInfo
     return out
 
 
-async def _queue_groups(adapter: RedisAdapter, queue: int) -> list[GroupInfo]:
+async def _queue_groups(adapter: GroupHost, queue: int) -> list[GroupInfo]:
     redis: Any = adapter.redis
     stream = adapter.keys.queue(queue)
     if not await redis.exists(stream):
@@ -43,7 +51,7 @@ async def _queue_groups(adapter: RedisAdapter, queue: int) -> list[GroupInfo]:
         last: bytes = g["last-delivered-id"]
         undelivered = g.get("lag")
         if undelivered is None:  # Redis cannot tell (after deletions): count
-            undelivered = await adapter._count_after(stream, last, "+")
+            undelivered = await adapter.count_after(stream, last, "+")
         consumers = await redis.xinfo_consumers(stream, name)
         idle_s = min(int(c["idle"]) for c in consumers) / 1000 if consumers else None
         if pending:
@@ -59,7 +67,7 @@ async def _queue_groups(adapter: RedisAdapter, queue: int) -> list[GroupInfo]:
     return with_retention_holders(infos)
 
 
-async def delete_group(adapter: RedisAdapter, group: str, queues: Sequence[int], *,
+async def delete_group(adapter: GroupHost, group: str, queues: Sequence[int], *,
                        dead_letters: bool) -> list[int]:
     """``XGROUP DESTROY`` on every stream, then the app's own keys (``{prefix}:app:{app}:*``:
     leases, fencing counters, membership, fenced-ack counts) and, if asked, its dead

@@ -1,0 +1,455 @@
+"""The Redis Streams queue adapter: one stream per queue, one consumer group per app.
+
+Publishing: one :data:`~conveyor.adapters.redis.scripts.ENQUEUE` call per chunk, the
+entries written as :mod:`~conveyor.adapters.redis.codec` lays them out (the metadata as
+fields beside the body, so ``redis-cli XADD`` can publish).
+
+Receiving (:mod:`~conveyor.adapters.redis.receiver`): ``XREADGROUP ... COUNT <free slots>
+BLOCK <poll timeout>``; acknowledging: ``XACK`` through a Lua script that first checks the
+queue's lease still holds this receiver's fencing token. The ids travel as one
+space-separated argument (the script splits them): packing one argument per id cost
+redis-py ~0.5 µs per message. A receiver first claims (``XAUTOCLAIM``) every pending
+entry of its group — a previous owner's unfinished work — and delivers those first.
+
+Dead letters, rewinds and groups are the operator's facets; the dead-letter and group
+commands live in :mod:`~conveyor.adapters.redis.letters` and
+:mod:`~conveyor.adapters.redis.groups`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+
+from conveyor.adapters.redis import groups as redis_groups
+from conveyor.adapters.redis import letters as redis_letters
+from conveyor.adapters.redis import scripts as lua
+from conveyor.adapters.redis.codec import (
+    encode_fields,
+    enqueue_args,
+    letter_entry,
+    publish_chunks,
+    stored_letters,
+    tokens_of_runs,
+)
+from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, on_primary
+from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller
+from conveyor.adapters.redis.eviction import EvictionGuard
+from conveyor.adapters.redis.keys import Keys, check_name, token_of
+from conveyor.adapters.redis.receiver import RedisReceiver
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
+from conveyor.platform.config import Config, RedisConfig
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    PublishNotReplicated,
+    PublishUncertain,
+)
+from conveyor.platform.groups import GroupInfo
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.letters import Replay, StoredLetter
+from conveyor.platform.message import (
+    DeadLetter,
+    Message,
+)
+from conveyor.platform.partial_publish import publish_failure
+from conveyor.platform.throttled_log import ThrottledLog
+
+log = logging.getLogger("conveyor.redis")
+
+_COUNT_STEP = 10_000  # entries counted per script call: each call stays short
+
+
+def _while_connecting(exc: BaseException) -> bool:
+    """Whether redis-py raised ``exc`` while opening a connection, before any command
+    went out ("Error 111 connecting to …", "Timeout connecting to server"). Read from
+    the message, which redis-py words so for these two cases only: should that change,
+    a publish that failed so reports PublishUncertain, the safe answer."""
+    return isinstance(exc, rex.ConnectionError | rex.TimeoutError) and "connecting to" in str(exc)
+
+
+def _raw_reply(response: Any, **_options: Any) -> Any:
+    """A stream reply as hiredis parsed it: redis-py would build a dict per entry, which
+    costs time on reads and loses repeated fields (dead letters keep them all)."""
+    return response
+
+
+def _id_before(to: SequenceToken | float, queue: int) -> str:
+    """The stream id just before a token or a UNIX time: where a rewind puts a group."""
+    if isinstance(to, SequenceToken):
+        ms, seq = to.major, to.minor
+    else:
+        ms, seq = int(to * 1000), 0
+    if ms == 0 and seq == 0:
+        return "0-0"
+    return f"{ms}-{seq - 1}" if seq > 0 else f"{max(ms - 1, 0)}-18446744073709551615"
+
+
+class RedisAdapter(QueueAdapter):
+    name = "redis"
+
+    def __init__(self, cfg: RedisConfig, *, redis: aioredis.Redis | None = None,
+                 max_dead_letters: int = 0, new_group_start: str = "earliest") -> None:
+        self.cfg = cfg
+        self.new_group_id = "$" if new_group_start == "latest" else "0"
+        """Where ``XGROUP CREATE`` puts a new group: ``[queues] new_group_start``."""
+        self.max_dead_letters = max_dead_letters
+        """``[dead_letters] max_entries``: 0 keeps every letter."""
+        # Any: redis-py 8 types replies as unions of every protocol shape.
+        self.redis: Any = redis if redis is not None else connect(cfg)
+        self.cluster = isinstance(self.redis, ClusterClient)
+        self.keys = Keys(cfg.prefix, cluster=self.cluster)
+        # Receivers decode XREADGROUP replies themselves (EntryDecoder), straight from
+        # the lists hiredis built: redis-py's parser would add a dict per entry.
+        self.redis.set_response_callback("XREADGROUP", _raw_reply)
+        self.redis.set_response_callback("XRANGE", _raw_reply)
+        self.caller = Caller(cfg, self.redis)
+        self.ack_script = self.redis.register_script(lua.ACK)
+        self.ack_fenced_script = self.redis.register_script(lua.ACK_FENCED)
+        self.claim_script = self.redis.register_script(lua.CLAIM_ALL)
+        self.trim_script = self.redis.register_script(lua.TRIM_ACKED)
+        self.count_script = self.redis.register_script(lua.COUNT_RANGE)
+        self.added_script = self.redis.register_script(lua.STREAM_ADDED)
+        self.replay_script = self.redis.register_script(lua.REPLAY_LETTER)
+        self.replay_marked_script = self.redis.register_script(lua.REPLAY_MARKED)
+        self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
+        self.dead_letter_script = self.redis.register_script(lua.DEAD_LETTER)
+        self.min_replicas: int = cfg.min_replicas
+        self.replica_timeout_ms: int = cfg.replica_timeout_ms
+        self.replica_log = ThrottledLog(log, interval_s=30.0)
+        self.publish_window_ms = int(2000 * (cfg.retry_max_s + cfg.socket_timeout_s))
+        """How long a published batch's marker lives: past any retry of it (a retry
+        starts within ``retry_max_s`` of the first attempt and waits at most
+        ``socket_timeout_s`` for its reply), with a margin of as much again."""
+        self.replayed_batches = 0
+        """Batches a retry found already written (their first reply was lost)."""
+        self._groups_ready: set[tuple[int, str]] = set()
+        self.eviction = EvictionGuard(cfg, self.caller)
+        # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
+        self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
+
+    async def check_server(self) -> None:
+        """Its eviction policy (see :class:`~conveyor.adapters.redis.eviction.EvictionGuard`)."""
+        await self.eviction.check(retry=False)
+
+    async def eviction_policy(self) -> str | None:
+        return await self.eviction.summary()
+
+    async def ensure_group(self, queue: int, group: str) -> None:
+        """Create ``group`` on the queue's stream where ``[queues] new_group_start`` says:
+        at its start (every retained entry) or its end (what is added from now on)."""
+        stream = self.keys.queue(queue)
+
+        async def create() -> None:
+            try:
+                await self.redis.xgroup_create(stream, check_name(group, "app name"),
+                                               self.new_group_id, mkstream=True)
+            except rex.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+        await self.caller.retrying(f"creating group {group!r} on queue {queue}", create)
+        self._groups_ready.add((queue, group))
+
+    async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
+        """Append in order, each message once, however often the call is retried.
+
+        One :data:`~conveyor.adapters.redis.scripts.ENQUEUE` call per chunk (one round
+        trip for all of them), each under a batch id of its own: a retry after a cut
+        connection re-sends the same ids, and a chunk the server had already written is
+        not written again (its marker lives ``publish_window_ms``). When the retries run
+        out, whether the messages landed is unknown: :class:`PublishUncertain` — unless
+        no attempt got past opening a connection (:class:`BrokerConnectionError`: none
+        was sent). A chunk the server refuses (out of memory under ``noeviction``) is
+        written not at all (a script that has not written yet stops at its first write);
+        when others were written, :class:`PartialPublishError` says which.
+        """
+        if not messages:
+            return []
+        if not self.eviction.checked:  # before the first: a server that may evict refuses
+            await self.eviction.check(retry=True)
+        stream = self.keys.queue(queue)
+        window = self.publish_window_ms
+        chunks = publish_chunks(messages)
+        calls = [
+            ([stream, self.keys.published(queue, uuid.uuid4().hex)], [window, *enqueue_args(c)])
+            for c in chunks
+        ]
+
+        script = self.enqueue_script
+        reached = False  # whether some attempt may have got its request to the server
+
+        replicas = self.min_replicas
+
+        async def pipelined(client: aioredis.Redis) -> list[Any]:
+            # ``async with``: a failure while loading the script (before execute's own
+            # clean-up) would otherwise leave the connection checked out of the pool.
+            pipe: Any
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.scripts.add(script)  # loaded first should the server not know it
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, 2, *keys, *args)
+                if replicas:  # on the same connection as the writes, as WAIT requires
+                    pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
+                # Errors in place: a chunk refused must not hide the ones written.
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+            refused = [r for r in replies if isinstance(r, Exception)]
+            if refused and (len(refused) >= len(calls) or not all(
+                    isinstance(r, rex.ResponseError) and not isinstance(r, CLUSTER_ERRORS)
+                    for r in refused)):
+                raise refused[0]  # none written, or worth a retry (a slot moved)
+            return replies
+
+        async def send() -> list[Any]:
+            nonlocal reached
+            try:
+                if len(calls) == 1 and not replicas:
+                    keys, args = calls[0]
+                    return [await script(keys=keys, args=args)]
+                return await on_primary(self.redis, stream, pipelined)
+            except BaseException as exc:
+                reached = reached or not _while_connecting(exc)
+                raise
+
+        what = f"publishing {len(messages)} messages to queue {queue}"
+        try:
+            replies = await self.caller.retrying(what, send)
+        except BrokerConnectionError as exc:
+            if not reached:  # every attempt failed to connect: nothing was sent
+                raise
+            raise PublishUncertain(
+                f"redis: {what}: the connection failed and retries ran out after "
+                f"{self.caller.retry_max_s:g}s ($.redis.retry_max_s): the messages may or "
+                f"may not have been written ({exc}); their ids are in .message_ids",
+                tuple(m.id for m in messages),
+            ) from exc
+        confirmed = int(replies.pop()) if replicas else 0
+        tokens: list[SequenceToken] = []
+        published: dict[str, SequenceToken] = {}
+        failures: list[tuple[list[str], BaseException]] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, Exception):  # refused whole: see ENQUEUE
+                failures.append(([m.id for m in chunk],
+                                 BrokerError(f"redis error while {what}: {reply}")))
+                continue
+            runs, replayed = reply
+            if replayed:
+                self.replayed_batches += 1
+            chunk_tokens = tokens_of_runs(runs, queue)
+            published.update(zip((m.id for m in chunk), chunk_tokens, strict=True))
+            tokens += chunk_tokens
+        if replicas and confirmed < replicas:
+            unsure = PublishNotReplicated(
+                f"redis: {what}: written to the primary, but {confirmed} of the "
+                f"{replicas} replicas $.redis.min_replicas asks for confirmed it within "
+                f"{self.replica_timeout_ms} ms ($.redis.replica_timeout_ms); a failover "
+                "now could lose the messages; their ids are in .message_ids",
+                tuple(published))
+            failures.append((list(published), unsure))
+            published = {}
+        if failures:
+            raise publish_failure(f"redis: {what}", [m.id for m in messages], published,
+                                  failures)
+        return tokens
+
+    def create_receiver(self, queue: int, group: str) -> QueueReceiver:
+        receiver = RedisReceiver(self, queue, group)
+        self._receivers.add(receiver)
+        return receiver
+
+    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        """One entry per letter on ``PREFIX:dlq:APP`` (see conveyor.platform.letters), by
+        :data:`~conveyor.adapters.redis.scripts.DEAD_LETTER`: under a batch id, so a call
+        retried after its reply was lost stores nothing twice (as a publish). With
+        ``[dead_letters] max_entries``, an exact ``XTRIM MAXLEN`` in the same script,
+        whose count of evicted letters is returned."""
+        key = self.keys.dead_letters(group)
+        args: list[Any] = [self.publish_window_ms, self.max_dead_letters]
+        for letter in letters:
+            flat = letter_entry(letter, group)
+            args += [len(flat), *flat]
+        keys = [key, self.keys.letters_stored(group, uuid.uuid4().hex)]
+        evicted = await self.caller.retrying(
+            f"storing dead letters of {group!r}",
+            lambda: self.dead_letter_script(keys=keys, args=args))
+        return int(evicted)
+
+    # -- dead letters, for operators (see conveyor.adapters.redis.letters) --------------
+    async def list_dead_letters(self, group: str, limit: int = 100, *,
+                                after: str | None = None) -> list[StoredLetter]:
+        return stored_letters(await redis_letters.list_letters(self, group, limit, after))
+
+    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
+        found = stored_letters(await redis_letters.find_letter(self, group, letter_id))
+        return found[0] if found else None
+
+    async def count_dead_letters(self, group: str) -> int:
+        return await redis_letters.count_letters(self, group)
+
+    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
+        return await redis_letters.delete_letters(self, group, ids)
+
+    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
+                                  ) -> list[SequenceToken | None]:
+        """One Lua script per letter (XADD to the queue, XDEL of the letter: atomic), the
+        scripts of a batch in one pipeline."""
+        return await redis_letters.replay_letters(
+            self, group, [(r.letter_id, r.queue, encode_fields(r.message)) for r in replays]
+        )
+
+    async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
+        """Entries the group was never given between its last delivered id and ``to``.
+
+        Its pending entries are not counted: a rewind leaves them pending, and they are
+        claimed and delivered as before.
+        """
+        stream = self.keys.queue(queue)
+        before = _id_before(to, queue)
+
+        async def count() -> int:
+            if not await self.redis.exists(stream):
+                return 0
+            last: bytes | str = "0-0"  # a group created later starts at the beginning
+            for g in await self.redis.xinfo_groups(stream):
+                if g["name"].decode() == group:
+                    last = g["last-delivered-id"]
+            return await self.count_after(stream, last, before)
+
+        return await self.caller.retrying(f"reading {group!r}'s position on queue {queue}", count)
+
+    async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
+        """The queues' lease keys (daemons on any machine, under the dynamic balancer),
+        then this adapter's open receivers. A receiver run without a lease in another
+        process (the static balancer, a hand-made receiver) is not seen."""
+        if not queues:
+            return {}
+        keys = [self.keys.lease(group, q) for q in queues]
+        values = await self.caller.retrying("reading the leases", lambda: mget(self.redis, keys))
+        leased = {q: v.decode().partition(" ")[2] for q, v in zip(queues, values, strict=True)
+                  if v is not None}
+        return {**open_receivers(self._receivers, queues, group), **leased}
+
+    async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
+        """``XGROUP SETID`` to just before the target."""
+        stream = self.keys.queue(queue)
+        before = _id_before(to, queue)
+        if isinstance(to, SequenceToken):
+            await self._check_not_trimmed(stream, queue, to)
+        await self.ensure_group(queue, group)
+        # Tell Redis how many entries the group has now read (ENTRIESREAD), so that
+        # XINFO keeps reporting its lag: without it, Redis cannot tell after a rewind
+        # into the middle of the stream. Entries added meanwhile come after the
+        # snapshot's last id, so they change neither side of the subtraction.
+        added, last = await self.caller.retrying(
+            "reading the stream", lambda: self.added_script(keys=[stream])
+        )
+        entries_read: int | None = None  # Redis < 7 keeps no such count
+        if int(added) >= 0:
+            after = await self.caller.retrying(
+                "counting entries", lambda: self.count_after(stream, before, last)
+            )
+            entries_read = max(int(added) - after, 0)
+        await self.caller.retrying(
+            f"rewinding {group!r} on queue {queue}",
+            lambda: self.redis.xgroup_setid(stream, group, before, entries_read=entries_read),
+        )
+
+    async def _check_not_trimmed(self, stream: str, queue: int, to: SequenceToken) -> None:
+        """Refuse a token older than the oldest entry only if entries were removed.
+
+        A token before the stream's first entry is fine when the stream never lost an
+        entry (the rewind then starts at the beginning): Redis 7 counts the entries ever
+        added, and ``entries-added == length`` says none was trimmed or deleted. Older
+        Redis keeps no such count, so it is refused there, saying so.
+        """
+        first = await self.caller.retrying(
+            "reading the queue", lambda: self.redis.xrange(stream, "-", "+", count=1)
+        )
+        if not first or token_of(first[0][0], queue) <= to:
+            return
+        oldest = token_of(first[0][0], queue)
+        info = await self.caller.retrying("reading the queue",
+                                          lambda: self.redis.xinfo_stream(stream))
+        added = info.get("entries-added")
+        if added is None:
+            raise BrokerError(
+                f"queue {queue}: {to} is older than the oldest entry kept ({oldest}) and this "
+                "Redis (< 7) cannot tell whether entries were trimmed since; rewind to "
+                f"{oldest} to replay what is kept"
+            )
+        removed = int(added) - int(info["length"])
+        if removed > 0:
+            raise BrokerError(
+                f"queue {queue}: {to} is older than the oldest entry kept ({oldest}): "
+                f"{removed} entr{'y' if removed == 1 else 'ies'} were trimmed or deleted; "
+                f"rewind to {oldest} to replay what is kept, or raise $.redis.retention_s "
+                "to keep more"
+            )
+
+    async def count_after(self, stream: str, first: bytes | str, last: bytes | str) -> int:
+        """Entries in ``(first, last]``, counted on the server in bounded steps.
+
+        Not retried here (callers retry the whole count): only counts cross the wire.
+        """
+        total = 0
+        while True:
+            n, upto = await self.count_script(keys=[stream], args=[first, last, _COUNT_STEP])
+            total += int(n)
+            if int(n) < _COUNT_STEP:
+                return total
+            first = upto
+
+    async def lag(self, queue: int, group: str) -> int:
+        """Entries not yet delivered to ``group`` plus those delivered but not acked."""
+        stream = self.keys.queue(queue)
+
+        async def read() -> int:
+            if not await self.redis.exists(stream):
+                return 0
+            for g in await self.redis.xinfo_groups(stream):
+                if g["name"].decode() != group:
+                    continue
+                undelivered = g.get("lag")
+                if undelivered is None:  # Redis cannot tell (after deletions): count
+                    undelivered = await self.count_after(stream, g["last-delivered-id"], "+")
+                return int(g["pending"]) + int(undelivered)
+            return int(await self.redis.xlen(stream))  # a new group would read everything
+
+        return await self.caller.retrying(f"reading the lag of queue {queue}", read)
+
+    async def close(self) -> None:
+        await close(self.redis)
+
+    # -- consumer groups, for operators (see conveyor.adapters.redis.groups) -----------
+    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
+        return await redis_groups.groups(self, queues)
+
+    async def delete_group(self, group: str, queues: Sequence[int], *,
+                           dead_letters: bool = False) -> list[int]:
+        return await redis_groups.delete_group(self, group, queues, dead_letters=dead_letters)
+
+
+def from_config(config: Config) -> RedisAdapter:
+    return RedisAdapter(config.redis, max_dead_letters=config.dead_letters.max_entries,
+                        new_group_start=config.queues.new_group_start)
+
+
+async def wait_ready(adapter: RedisAdapter, timeout_s: float = 10.0) -> None:
+    """Wait until the server answers PING (tools and tests)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await adapter.redis.ping()
+            return
+        except (rex.ConnectionError, rex.TimeoutError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)

@@ -1,0 +1,131 @@
+"""Redis calls as Conveyor sees them: redis-py's exceptions translated into Conveyor's
+error tree (:func:`map_errors`), and :class:`Caller`, which runs a call once or retries it
+with back-off, logging an outage once when it starts and once when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import redis.exceptions as rex
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay
+
+from conveyor.adapters.redis.urls import server_name
+from conveyor.platform.backoff import Backoff
+from conveyor.platform.config import RedisConfig
+from conveyor.platform.errors import BrokerConnectionError, BrokerError
+from conveyor.platform.outage import OutageLog
+
+log = logging.getLogger("conveyor.redis")
+
+T = TypeVar("T")
+
+
+CLUSTER_ERRORS = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDownError,
+                  rex.SlotNotCoveredError, rex.ClusterError)
+"""A slot moved, migrating, or not served for now (a failover): worth a retry once the
+client has re-read the cluster's slots."""
+
+
+
+REPORT_EVERY_S = 5.0
+"""How often an outage that lasts is logged again."""
+
+# Errors worth retrying: the server is restarting, loading, or the network is down.
+RETRYABLE = (rex.ConnectionError, rex.TimeoutError, OSError, BrokerConnectionError,
+             *CLUSTER_ERRORS)
+
+
+@contextlib.contextmanager
+def map_errors(what: str) -> Iterator[None]:
+    """Translate redis-py's exceptions into Conveyor's error tree."""
+    try:
+        yield
+    except (rex.AuthenticationError, rex.AuthorizationError) as exc:
+        raise BrokerError(f"redis refused the credentials while {what}: {exc}") from None
+    except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
+        raise BrokerConnectionError(f"redis unreachable while {what}: {exc}") from exc
+    except rex.ReadOnlyError as exc:  # with mode = "sentinel" redis-py reconnects instead
+        raise BrokerError(
+            f"redis refused a write while {what}: the server is a replica (READONLY); point "
+            f'[redis] url at the primary, or let Sentinel find it (mode = "sentinel")'
+        ) from exc
+    except CLUSTER_ERRORS as exc:
+        raise BrokerConnectionError(
+            f"redis cluster not serving the slot while {what} (a failover or a slot "
+            f"moving): {type(exc).__name__}: {exc}") from exc
+    except rex.RedisError as exc:
+        raise BrokerError(f"redis error while {what}: {exc}") from exc
+
+
+class Caller:
+    """Runs broker calls with translated errors and, where safe, retries.
+
+    Retries use tenacity: exponential back-off from 0.05 s with jitter (up to a quarter
+    of the cap), capped at ``retry_max_delay_s``, for at most ``retry_max_s``. An outage
+    is logged once when it starts, every few seconds while it lasts, and once when it ends.
+    """
+
+    def __init__(self, cfg: RedisConfig, redis: Any) -> None:
+        self.redis = redis
+        self.url = server_name(cfg)
+        self.retry_max_s = cfg.retry_max_s
+        self.retry_max_delay_s = cfg.retry_max_delay_s
+        self.backoff = Backoff(first_s=0.05, cap_s=cfg.retry_max_delay_s,
+                               jitter_s=cfg.retry_max_delay_s / 4)
+        self.outage = OutageLog(log, "redis", self.url, REPORT_EVERY_S)
+
+    def ok(self) -> None:
+        self.outage.ok()
+
+    async def once(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One attempt (for calls that must not be repeated blindly)."""
+        try:
+            with map_errors(what):
+                result = await fn()
+        except BrokerConnectionError as exc:
+            self.outage.failing(what, exc.__cause__ or exc)
+            raise
+        self.ok()
+        return result
+
+    async def retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Retry ``fn`` on connection errors (idempotent calls, or at-least-once ones).
+
+        The first attempt runs bare: building tenacity's retry state costs ~45 µs, more
+        than a whole batch's acknowledgement. Only once it fails does the back-off loop
+        start (its first attempt is immediate), within what is left of ``retry_max_s``.
+        """
+        started = time.monotonic()
+        try:
+            with map_errors(what):
+                result = await fn()
+        except RETRYABLE:
+            left = self.retry_max_s - (time.monotonic() - started)
+            if left <= 0:
+                raise
+        else:
+            self.ok()
+            return result
+
+        def before_sleep(state: RetryCallState) -> None:
+            if state.outcome is not None and (exc := state.outcome.exception()) is not None:
+                self.outage.failing(what, exc)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_delay(left),
+            wait=self.backoff.tenacity_wait(),
+            retry=retry_if_exception_type(RETRYABLE),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        with map_errors(what):
+            async for attempt in retrying:
+                with attempt:
+                    result = await fn()
+        self.ok()
+        return result

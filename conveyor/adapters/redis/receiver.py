@@ -1,0 +1,319 @@
+"""One queue's consumer side for one group: read (``XREADGROUP``), claim the previous
+owner's pending entries, acknowledge under the lease's fence, trim.
+
+A read whose reply is lost (connection dropped, server restarting) has left entries
+in this consumer's pending list; the next read re-reads that list from the last entry
+delivered, so nothing is stranded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from conveyor.adapters.redis.codec import EntryDecoder
+from conveyor.adapters.redis.connections import run_replicated
+from conveyor.adapters.redis.coordination import lease_held
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.keys import Keys, check_name, joined_ids, token_of
+from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.config import RedisConfig
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    LeaseLostError,
+)
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.leases import Lease
+from conveyor.platform.message import (
+    Message,
+    now_ms,
+)
+from conveyor.platform.throttled_log import ThrottledLog
+
+log = logging.getLogger("conveyor.redis")
+
+_ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
+
+
+class ReceiverHost(Protocol):
+    """What a receiver uses of its adapter (:class:`~conveyor.adapters.redis.adapter.\
+RedisAdapter` is one): the connection, the key layout, the scripts, the replica rule.
+    A protocol, so the receiver imports nothing of the adapter that makes it."""
+
+    cfg: RedisConfig
+    redis: Any
+    caller: Caller
+    keys: Keys
+    claim_script: Any
+    ack_script: Any
+    ack_fenced_script: Any
+    trim_script: Any
+    min_replicas: int
+    replica_timeout_ms: int
+    replica_log: ThrottledLog
+
+    async def ensure_group(self, queue: int, group: str) -> None: ...
+
+    async def lag(self, queue: int, group: str) -> int: ...
+
+
+def _default_consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class RedisReceiver(QueueReceiver):
+    """One queue for one group. Not shared between tasks: one agent drives it."""
+
+    def __init__(self, adapter: ReceiverHost, queue: int, group: str) -> None:
+        cfg = adapter.cfg
+        self._adapter = adapter
+        self._redis = adapter.redis
+        self._caller = adapter.caller
+        self._queue = queue
+        self._group = check_name(group, "app name")
+        self._stream = adapter.keys.queue(queue)
+        self._lease_key = adapter.keys.lease(group, queue)
+        self._fenced_key = adapter.keys.fenced_acks(group, queue)
+        self._consumer = _default_consumer()
+        self._lease_value = ""
+        self._token = 0
+        # None: read new entries ('>'); otherwise re-read our pending list after this id.
+        self._history_from: bytes | None = b"0-0"
+        self._last_id = b"0-0"
+        self._claim_batch = cfg.claim_batch
+        self._retention_ms = int(cfg.retention_s * 1000)
+        self._trim_interval_s = cfg.trim_interval_s
+        self._next_trim = 0.0
+        self._closed = False
+        self._decoder = EntryDecoder(queue)
+        self._check_lease = False
+        """Set by what says the server may have lost the lease (a connection error: it
+        may have restarted empty; a refused ack): the next read first checks it."""
+
+    def set_lease(self, lease: Lease | None) -> None:
+        if lease is None:
+            self._lease_value, self._token = "", 0
+            return
+        self._consumer = lease.owner
+        self._lease_value = f"{lease.token} {lease.owner}"
+        self._token = lease.token
+
+    async def initialize(self) -> None:
+        adapter = self._adapter
+        await adapter.ensure_group(self._queue, self._group)
+        claimed, confirmed = await self._caller.retrying(
+            f"claiming pending entries of queue {self._queue}",
+            lambda: run_replicated(
+                self._redis, adapter.claim_script, [self._stream, self._lease_key],
+                [self._group, self._consumer, self._lease_value, self._claim_batch],
+                adapter.min_replicas, adapter.replica_timeout_ms),
+        )
+        if claimed == -1:
+            raise LeaseLostError(f"queue {self._queue}: lease lost before it could be claimed")
+        if confirmed < adapter.min_replicas:
+            # Started anyway, a failover could take the claim back: the entries would be
+            # pending for the previous owner again, which reads this queue no more, and
+            # no one would claim them until the queue next changes hands.
+            raise BrokerConnectionError(
+                f"queue {self._queue}: the claim of the previous owner's pending entries "
+                f"reached {confirmed} of {adapter.min_replicas} replicas within "
+                f"{adapter.replica_timeout_ms} ms ($.redis.min_replicas); not started")
+        if claimed:
+            log.info("queue %d: claimed %d pending entr%s of the previous owner",
+                     self._queue, claimed, "y" if claimed == 1 else "ies")
+        self._history_from = b"0-0"
+        self._last_id = b"0-0"
+        self._next_trim = time.monotonic() + self._trim_interval_s
+        self._closed = False
+
+    async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
+        if self._check_lease:
+            await self._lease_held()
+        if self._history_from is not None:
+            out = await self._read(self._history_from, max_count, None)
+            if out:
+                return out
+            self._history_from = None
+        block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
+        return await self._read(b">", max_count, block)
+
+    async def _read(self, start: bytes, count: int, block_ms: int | None) -> list[Message]:
+        args: list[Any] = ["XREADGROUP", "GROUP", self._group, self._consumer, "COUNT", count]
+        if block_ms is not None:
+            args += ["BLOCK", block_ms]
+        args += ["STREAMS", self._stream, start]
+        try:
+            # The adapter's client returns this reply unparsed (see _raw_reply).
+            reply = await self._caller.once(
+                f"reading queue {self._queue}", lambda: self._redis.execute_command(*args)
+            )
+        except BrokerConnectionError:
+            # The reply may be lost while the server moved entries into our pending list.
+            self._history_from = self._last_id
+            self._check_lease = True
+            raise
+        except BrokerError as exc:
+            if "NOGROUP" in str(exc):  # the stream or group was deleted: recreate, go on
+                await self._lease_held()  # unless the lease went with it (an empty restart)
+                await self._adapter.ensure_group(self._queue, self._group)
+                return []
+            raise
+        if not reply:
+            return []
+        # RESP2: [[stream, entries]]; RESP3: {stream: entries}.
+        entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+        if not entries:
+            return []
+        last = entries[-1][0]
+        self._last_id = last
+        if start != b">":
+            self._history_from = last
+        decode = self._decoder.decode
+        out = [decode(eid, fields) for eid, fields in entries if fields]
+        if start != b">" and out:
+            out = await self._with_deliveries(out, entries[0][0], last, len(entries))
+        if len(out) < len(entries):  # pending, but trimmed or deleted meanwhile: ack them
+            queue = self._queue
+            await self.messages_delivered(
+                [token_of(eid, queue) for eid, fields in entries if not fields]
+            )
+        return out
+
+    async def _with_deliveries(self, out: list[Message], first: bytes, last: bytes,
+                               count: int) -> list[Message]:
+        """Entries re-read from this consumer's pending list (after a take-over, or a
+        lost reply) with the delivery count Redis keeps for each (``XPENDING``): the
+        claim moves entries with ``JUSTID``, which counts nothing, and each re-read
+        counts one. Entries read new (``>``) are on their first delivery: no call."""
+        reply = await self._caller.once(
+            f"reading delivery counts on queue {self._queue}",
+            lambda: self._redis.xpending_range(
+                self._stream, self._group, first, last, count, self._consumer),
+        )
+        counts: dict[str, int] = {}
+        for row in reply or ():
+            if isinstance(row, dict):
+                eid, n = row["message_id"], row["times_delivered"]
+            else:
+                eid, n = row[0], row[3]
+            counts[eid.decode() if isinstance(eid, bytes) else str(eid)] = int(n)
+        replace = msgspec.structs.replace
+        marked = []
+        for m in out:
+            n = counts.get(f"{m.token.major}-{m.token.minor}", 1) if m.token else 1
+            marked.append(m if n <= 1 else replace(m, deliveries=n))
+        return marked
+
+    async def handed_back(self, tokens: Sequence[SequenceToken], *,
+                          all_unfinished: bool = False) -> None:
+        """``XCLAIM ... RETRYCOUNT 0 JUSTID``: the next owner's read of its pending
+        list then counts them as first deliveries again."""
+        for i in range(0, len(tokens), _ACK_CHUNK):
+            ids = [f"{t.major}-{t.minor}" for t in tokens[i:i + _ACK_CHUNK]]
+            await self._caller.once(
+                f"handing back unstarted messages of queue {self._queue}",
+                lambda ids=ids: self._redis.xclaim(  # type: ignore[misc]
+                    self._stream, self._group, self._consumer, 0, ids, retrycount=0,
+                    justid=True))
+
+    async def count_start(self, msg: Message) -> int:
+        """``HINCRBY`` of the message's field in the queue's start counts (a hash beside
+        the stream, same hash slot, kept as long as entries are: ``retention_s``)."""
+        assert msg.token is not None
+        key = f"{self._adapter.keys.prefix}:starts:{{{self._stream}}}"
+        field = f"{self._group} {msg.token.major}-{msg.token.minor}"
+        ttl_s = max(int(self._retention_ms / 1000), 3600)
+        what = f"counting a redelivered message's start on queue {self._queue}"
+        starts = await self._caller.retrying(what, lambda: self._redis.hincrby(key, field, 1))
+        await self._caller.retrying(what, lambda: self._redis.expire(key, ttl_s))
+        return int(starts)
+
+    async def _replicated(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """``script``'s reply; with ``[redis] min_replicas``, after ``WAIT`` on the same
+        connection. An acknowledgement fewer replicas confirmed is kept (the primary has
+        it) and logged: a failover now could deliver those messages again."""
+        adapter = self._adapter
+        replicas = adapter.min_replicas
+        result, confirmed = await run_replicated(
+            adapter.redis, script, keys, args, replicas, adapter.replica_timeout_ms)
+        if confirmed < replicas:
+            adapter.replica_log.log(
+                logging.WARNING, ("acks", self._queue),
+                "queue %d: acknowledgements reached %d of %d replicas within %d ms; a "
+                "failover now could deliver them again", self._queue, confirmed,
+                replicas, adapter.replica_timeout_ms)
+        return result
+
+    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+        for i in range(0, len(tokens), _ACK_CHUNK):
+            await self._ack(tokens[i : i + _ACK_CHUNK])
+        if time.monotonic() >= self._next_trim:
+            self._next_trim = time.monotonic() + self._trim_interval_s
+            await self._trim()
+
+    async def _ack(self, tokens: Sequence[SequenceToken]) -> None:
+        ids = joined_ids(tokens)
+        what = f"acknowledging on queue {self._queue}"
+        if not self._lease_value:
+            await self._caller.retrying(what, lambda: self._replicated(
+                self._adapter.ack_script, [self._stream], [self._group, ids]))
+            return
+        result = await self._caller.retrying(what, lambda: self._replicated(
+            self._adapter.ack_fenced_script,
+            [self._stream, self._lease_key, self._fenced_key],
+            [self._group, self._lease_value, ids],
+        ))
+        if result == -1:
+            self._check_lease = True
+            raise LeaseLostError(
+                f"queue {self._queue}: lease token {self._token} is no longer valid; "
+                f"{len(tokens)} acknowledgement(s) refused"
+            )
+        if log.isEnabledFor(logging.DEBUG):
+            # The server's clock at the moment the fenced XACK ran: what proves (in the
+            # fencing test) that no ack was *accepted* after the lease moved, whatever
+            # time the client got round to logging it.
+            _, sec, usec = result
+            log.debug("queue %d: acked %d message(s) under token %d at server time %.6f",
+                      self._queue, len(tokens), self._token, int(sec) + int(usec) / 1e6)
+
+    async def _lease_held(self) -> None:
+        """Raise LeaseLostError unless the server still holds this receiver's lease: a
+        server that restarted empty has lost it, and reading on would run messages whose
+        acknowledgements the fence refuses — the next owner runs them again."""
+        if self._lease_value:
+            await lease_held(self._caller, self._lease_key, self._lease_value, self._queue)
+        self._check_lease = False
+
+    async def _trim(self) -> None:
+        cap_ms = now_ms() - self._retention_ms
+        try:
+            trimmed = await self._caller.once(
+                f"trimming queue {self._queue}",
+                lambda: self._adapter.trim_script(keys=[self._stream], args=[cap_ms]),
+            )
+        except BrokerError as exc:
+            log.info("queue %d: trim skipped: %s", self._queue, exc)
+            return
+        if trimmed:
+            log.debug("queue %d: trimmed %d acknowledged entries", self._queue, trimmed)
+
+    async def lag(self) -> int:
+        return await self._adapter.lag(self._queue, self._group)
+
+    async def shutdown(self) -> None:
+        self._closed = True
+
+    def holder(self, queue: int, group: str) -> str | None:
+        """Who this receiver is while it is open on ``queue`` for ``group`` (owners())."""
+        if self._closed or self._queue != queue or self._group != group:
+            return None
+        return f"a receiver in this process ({self._consumer})"
