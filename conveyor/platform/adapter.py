@@ -105,19 +105,20 @@ class QueueReceiver(ABC):
         ``all_unfinished``: nothing else is left unfinished (no handler call was
         abandoned by the drain)."""
 
-    async def count_start(self, msg: Message) -> int:
+    async def count_start(self, msg: Message) -> Message:
         """Record, durably, that a handler is about to start ``msg``, which was delivered
-        before (``msg.deliveries > 1``), and return how many times a handler has started
-        it since its first delivery, this time included.
+        before (``msg.deliveries > 1``), and return it with ``deliveries`` = the times a
+        handler has started it since its first delivery, this time included, plus one
+        (the first delivery's), and ``last_cause`` where a worker recorded one.
 
         Only redelivered messages pay this round trip (the agent runs them one at a
         time, see :mod:`conveyor.platform.agent`): what the next owner needs after
         another crash is how often the message was *started*, not how often it was
         read, so the messages held unstarted behind a poison one (in its stream, or in
         the batch it killed) are not blamed for it. A backend that cannot record it
-        returns ``msg.deliveries - 1`` (every read counted as a start).
+        returns ``msg`` as it is (every read counted as a start).
         """
-        return msg.deliveries - 1
+        return msg
 
     @abstractmethod
     async def lag(self) -> int:

@@ -54,8 +54,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from conveyor.platform.acks import Acknowledger
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.batcher import Batcher
@@ -479,12 +477,11 @@ class PullingAgent:
         their first delivery run as usual beside it: a crash one of them causes counts
         against the redelivered message running then (at most one start too many)."""
         try:
-            starts = await self.receiver.count_start(msg)
+            return await self.receiver.count_start(msg)
         except ConveyorError as exc:
             log.warning("queue %d: could not count the start of redelivered message %s "
                         "(%s); counting its deliveries instead", self.queue, msg.id, exc)
             return msg
-        return msgspec.structs.replace(msg, deliveries=starts + 1)
 
     # -- batches (conveyor.platform.batcher) ---------------------------------------------
     def _split_batches(

@@ -208,12 +208,12 @@ class KafkaReceiver(QueueReceiver):
                                        offsets.metadata(), fetched, self._starts)
         self._fetched_mark = fetched
 
-    async def count_start(self, msg: Message) -> int:
+    async def count_start(self, msg: Message) -> Message:
         assert msg.token is not None
         offset = msg.token.major
         self._starts[offset] = starts = self._starts.get(offset, 0) + 1
         await self._record(self._fetched_mark)
-        return starts
+        return msgspec.structs.replace(msg, deliveries=starts + 1)
 
     async def handed_back(self, tokens: Sequence[SequenceToken], *,
                           all_unfinished: bool = False) -> None:

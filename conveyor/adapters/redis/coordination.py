@@ -35,7 +35,7 @@ import msgspec
 from conveyor.adapters.redis import scripts as lua
 from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, run_replicated
 from conveyor.adapters.redis.errors import Caller
-from conveyor.adapters.redis.keys import Keys, check_name
+from conveyor.adapters.redis.keys import Keys, check_name, stall_field
 from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, LeaseLostError
 from conveyor.platform.leases import Lease, LeaseStore
@@ -189,6 +189,18 @@ class RedisLeaseStore(LeaseStore):
         self._replicas = replicas
         self._replica_timeout_ms = replica_timeout_ms
         self._replica_log = ThrottledLog(log, interval_s=30.0)
+
+    async def note_stall(self, queue: int, message_id: str, what: str) -> None:
+        """``HSET`` in the queue's delivery records, read by the next owner's
+        ``count_start`` when the message comes back (kept a day)."""
+        key = self._keys.starts(queue)
+        field = stall_field(self._group, message_id)
+
+        async def note() -> Any:
+            await self._redis.hset(key, field, what)
+            return await self._redis.expire(key, 86_400)
+
+        await self._caller.retrying(f"recording a stall on queue {queue}", note)
 
     async def close(self) -> None:
         """Close the connection pool the two stores share (the lease store owns it)."""

@@ -45,6 +45,11 @@ class Keys:
     def queue(self, queue: int) -> str:
         return f"{self.prefix}:q:{int(queue)}"
 
+    def starts(self, queue: int) -> str:
+        """The queue's delivery records (handler starts of redelivered messages, causes
+        of stalls): a hash in the stream's slot."""
+        return f"{self.prefix}:starts:{{{self.queue(queue)}}}"
+
     def _of_queue(self, name: str, queue: int) -> str:
         return f"{name}:{{{self.queue(queue)}}}" if self.cluster else f"{name}:{int(queue)}"
 
@@ -109,3 +114,8 @@ def token_of(entry_id: bytes, queue: int) -> SequenceToken:
 def joined_ids(tokens: Sequence[SequenceToken]) -> bytes:
     """Entry ids, space-separated: one script argument instead of one per id."""
     return b" ".join([b"%d-%d" % (t.major, t.minor) for t in tokens])
+
+
+def stall_field(group: str, message_id: str) -> str:
+    """The field of a recorded stall in a queue's delivery records (:meth:`Keys.starts`)."""
+    return f"stall {group} {message_id}"

@@ -22,7 +22,7 @@ from conveyor.adapters.redis.codec import EntryDecoder
 from conveyor.adapters.redis.connections import run_replicated
 from conveyor.adapters.redis.coordination import lease_held
 from conveyor.adapters.redis.errors import Caller
-from conveyor.adapters.redis.keys import Keys, check_name, joined_ids, token_of
+from conveyor.adapters.redis.keys import Keys, check_name, joined_ids, stall_field, token_of
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.errors import (
@@ -224,17 +224,22 @@ class RedisReceiver(QueueReceiver):
                     self._stream, self._group, self._consumer, 0, ids, retrycount=0,
                     justid=True))
 
-    async def count_start(self, msg: Message) -> int:
-        """``HINCRBY`` of the message's field in the queue's start counts (a hash beside
-        the stream, same hash slot, kept as long as entries are: ``retention_s``)."""
+    async def count_start(self, msg: Message) -> Message:
+        """``HINCRBY`` of the message's field in the queue's delivery records (a hash
+        beside the stream, same hash slot, kept as long as entries are: ``retention_s``),
+        and the stall a previous owner recorded for it (``note_stall``), if any."""
         assert msg.token is not None
-        key = f"{self._adapter.keys.prefix}:starts:{{{self._stream}}}"
+        key = self._adapter.keys.starts(self._queue)
         field = f"{self._group} {msg.token.major}-{msg.token.minor}"
         ttl_s = max(int(self._retention_ms / 1000), 3600)
         what = f"counting a redelivered message's start on queue {self._queue}"
         starts = await self._caller.retrying(what, lambda: self._redis.hincrby(key, field, 1))
         await self._caller.retrying(what, lambda: self._redis.expire(key, ttl_s))
-        return int(starts)
+        cause = await self._caller.retrying(
+            what, lambda: self._redis.hget(key, stall_field(self._group, msg.id)))
+        return msgspec.structs.replace(
+            msg, deliveries=int(starts) + 1,
+            last_cause=cause.decode() if isinstance(cause, bytes) else (cause or ""))
 
     async def _replicated(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """``script``'s reply; with ``[redis] min_replicas``, after ``WAIT`` on the same

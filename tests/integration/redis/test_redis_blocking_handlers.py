@@ -118,6 +118,9 @@ def test_a_blocker_longer_than_the_lease_ends_as_a_dead_letter_after_max_deliver
     assert [w.stop() for w in ws] == [0, 0]
     [letter] = letters()
     assert letter.error_type == "DeliveryLimit" and b'"seq":13' in letter.message.body
+    # The last known cause, recorded by the worker whose stall lost the lease:
+    assert "last time, handler tests.apps.blocking_app.on_item blocked the event loop of " \
+           "daemon rec-" in letter.error, letter.error
     starts = Counter(int(r[4]) for r in rows_of([w.starts for w in ws]))
     assert starts[blocker] == 2, starts
     runs = Counter(int(r[4]) for r in rows_of(records))
