@@ -41,6 +41,8 @@ from conveyor.platform.throttled_log import ThrottledLog
 log = logging.getLogger("conveyor.redis")
 
 _ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
+UNCONFIRMED_KEPT = 64
+"""Unconfirmed acknowledgement calls remembered for :meth:`RedisReceiver._ack_again`."""
 
 
 class ReceiverHost(Protocol):
@@ -95,6 +97,11 @@ class RedisReceiver(QueueReceiver):
         self._closed = False
         self._decoder = EntryDecoder(queue)
         self._check_lease = False
+        # Acknowledgements the replicas did not confirm ([redis] min_replicas): a
+        # failover may have lost them, leaving the entries pending for this consumer,
+        # which reads only new entries: they are sent again after a lost connection.
+        self._unconfirmed: list[list[SequenceToken]] = []
+        self._reack = False
         """Set by what says the server may have lost the lease (a connection error: it
         may have restarted empty; a refused ack): the next read first checks it."""
 
@@ -137,6 +144,8 @@ class RedisReceiver(QueueReceiver):
     async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
         if self._check_lease:
             await self._lease_held()
+        if self._reack:
+            await self._ack_again()
         if self._history_from is not None:
             out = await self._read(self._history_from, max_count, None)
             if out:
@@ -159,6 +168,7 @@ class RedisReceiver(QueueReceiver):
             # The reply may be lost while the server moved entries into our pending list.
             self._history_from = self._last_id
             self._check_lease = True
+            self._reack = bool(self._unconfirmed)
             raise
         except BrokerError as exc:
             if "NOGROUP" in str(exc):  # the stream or group was deleted: recreate, go on
@@ -173,13 +183,15 @@ class RedisReceiver(QueueReceiver):
         if not entries:
             return []
         last = entries[-1][0]
-        self._last_id = last
-        if start != b">":
-            self._history_from = last
         decode = self._decoder.decode
         out = [decode(eid, fields) for eid, fields in entries if fields]
         if start != b">" and out:
+            # Before moving past these entries: if this call fails (a failover), the
+            # next read of the pending list returns them again.
             out = await self._with_deliveries(out, entries[0][0], last, len(entries))
+        self._last_id = last
+        if start != b">":
+            self._history_from = last
         if len(out) < len(entries):  # pending, but trimmed or deleted meanwhile: ack them
             queue = self._queue
             await self.messages_delivered(
@@ -241,10 +253,13 @@ class RedisReceiver(QueueReceiver):
             msg, deliveries=int(starts) + 1,
             last_cause=cause.decode() if isinstance(cause, bytes) else (cause or ""))
 
-    async def _replicated(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    async def _replicated(self, script: Any, keys: list[str], args: list[Any],
+                          tokens: Sequence[SequenceToken]) -> Any:
         """``script``'s reply; with ``[redis] min_replicas``, after ``WAIT`` on the same
         connection. An acknowledgement fewer replicas confirmed is kept (the primary has
-        it) and logged: a failover now could deliver those messages again."""
+        it), logged, and remembered: after a lost connection (a failover may have lost
+        it) it is sent again (:meth:`_ack_again`). A confirmed one confirms every earlier
+        write too (replication is one stream), so the remembered ones are forgotten."""
         adapter = self._adapter
         replicas = adapter.min_replicas
         result, confirmed = await run_replicated(
@@ -252,10 +267,21 @@ class RedisReceiver(QueueReceiver):
         if confirmed < replicas:
             adapter.replica_log.log(
                 logging.WARNING, ("acks", self._queue),
-                "queue %d: acknowledgements reached %d of %d replicas within %d ms; a "
-                "failover now could deliver them again", self._queue, confirmed,
+                "queue %d: acknowledgements reached %d of %d replicas within %d ms; "
+                "they are sent again after a failover", self._queue, confirmed,
                 replicas, adapter.replica_timeout_ms)
+            self._unconfirmed.append(list(tokens))
+            del self._unconfirmed[:-UNCONFIRMED_KEPT]
+        elif replicas:
+            self._unconfirmed.clear()
         return result
+
+    async def _ack_again(self) -> None:
+        """Send the unconfirmed acknowledgements again (XACK of an acknowledged entry
+        changes nothing; fenced as every acknowledgement)."""
+        again, self._unconfirmed, self._reack = self._unconfirmed, [], False
+        for tokens in again:
+            await self._ack(tokens)
 
     async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
         for i in range(0, len(tokens), _ACK_CHUNK):
@@ -269,12 +295,12 @@ class RedisReceiver(QueueReceiver):
         what = f"acknowledging on queue {self._queue}"
         if not self._lease_value:
             await self._caller.retrying(what, lambda: self._replicated(
-                self._adapter.ack_script, [self._stream], [self._group, ids]))
+                self._adapter.ack_script, [self._stream], [self._group, ids], tokens))
             return
         result = await self._caller.retrying(what, lambda: self._replicated(
             self._adapter.ack_fenced_script,
             [self._stream, self._lease_key, self._fenced_key],
-            [self._group, self._lease_value, ids],
+            [self._group, self._lease_value, ids], tokens,
         ))
         if result == -1:
             self._check_lease = True
