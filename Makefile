@@ -42,7 +42,7 @@ servers:
 test: $(STAMP) servers
 	$(BIN)/ruff check conveyor tests benchmarks tools examples
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=20
 
 # The docs site, from docs/ into site/: --strict fails on a broken link or a missing page.
 docs: $(STAMP)
