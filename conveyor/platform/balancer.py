@@ -331,14 +331,16 @@ class DynamicBalancer(QueueBalancer):
             self._keeper.start()
             self._live_membership, self._live_leases = await self._keeper.run(
                 _build(self._keeper_stores))
+        # Renewing from the start: the first re-balance starts queues whose messages may
+        # already block the loop (a stalled handler) before the last of them is taken.
+        self._tasks = [self._spawn_live(self._renew_loop(), "balancer-renew")]
         try:
             await self._live(self._live_membership.join(member))
             await self._rebalance()
         except BrokerConnectionError as exc:
             log.warning("membership store unreachable at start (%s); joining in the "
                         "background every %.1fs", exc, self.rebalance_interval_s)
-        self._tasks = [
-            self._spawn_live(self._renew_loop(), "balancer-renew"),
+        self._tasks += [
             asyncio.create_task(self._balance_loop(), name="balancer-balance"),
             asyncio.create_task(self._heartbeat_loop(), name="balancer-heartbeat"),
         ]

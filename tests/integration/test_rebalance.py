@@ -320,3 +320,35 @@ async def test_a_cancellation_escaping_a_rebalance_does_not_end_the_balancer(
         await b.stop()
     assert leases.attempts >= 3
     assert "a cancellation escaped" in caplog.text
+
+
+class SlowStart(Listener):
+    """Starting queue 7 takes longer than a lease lives (its messages stall the loop, or
+    its claim is slow): the other queues, taken before it, must not lapse meanwhile."""
+
+    def __init__(self, hold_s: float) -> None:
+        super().__init__()
+        self.hold_s = hold_s
+        self.lost: list[int] = []
+
+    async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
+        await super().queue_acquired(queue, lease)
+        if queue == 7:
+            await asyncio.sleep(self.hold_s)
+
+    async def queue_lost(self, queue: int) -> None:
+        self.lost.append(queue)
+        await super().queue_lost(queue)
+
+
+async def test_leases_are_renewed_while_the_first_rebalance_is_still_starting_queues() -> None:
+    membership, leases = MemoryMembership(), MemoryLeaseStore()
+    ttl_s = 0.3
+    listener = SlowStart(hold_s=ttl_s * 4)
+    b = DynamicBalancer(membership, leases, 8, lease_ttl_s=ttl_s, rebalance_interval_s=0.05)
+    await b.start(MemberInfo("only", "h", 1, 0.0), listener)  # returns after the slow start
+    try:
+        assert listener.lost == [], "a lease lapsed while another queue was starting"
+        assert all(b.lease_valid(q) for q in range(8))
+    finally:
+        await b.stop()

@@ -37,18 +37,20 @@ def test_handlers_blocking_the_loop_cost_no_lease_and_run_at_most_twice(
     redis_server: RedisServer, workers: list[Worker], tmp_path: Path
 ) -> None:
     env = shipped_env(redis_server)
-    ws = [Worker(f"w{i}", SHIPPED, tmp_path, app=APP, env=env) for i in range(2)]
-    workers.extend(ws)
     config = load_config(SHIPPED, environ=env)
     n, streams = 200, 20
     blockers = {21 * k + 7 for k in range(10)}  # 10 of 200, each on a stream of its own
     assert len(blockers) == 10 and len({i % streams for i in blockers}) == 10
     started = time.monotonic()
+    # Published first: the blockers then stall the workers' loops while their first
+    # re-balance is still starting queues (the leases must be renewed from the start).
     with SyncClient.from_config(config) as client:
         client.publish_batch(
             Publish("items", f"s{i % streams}",
                     {"seq": i, "block_s": 3.0 if i in blockers else 0.0})
             for i in range(n))
+    ws = [Worker(f"w{i}", SHIPPED, tmp_path, app=APP, env=env) for i in range(2)]
+    workers.extend(ws)
     records = [w.record for w in ws]
 
     def handled() -> set[int]:
