@@ -225,9 +225,16 @@ def test_a_poison_letter_is_refused_without_the_token_purged_after_asking_and_re
     rows = page.locator("#letters tbody tr")
     wait_until_sync(lambda: rows.count() == 2, 60, "two poison letters on the page")
     assert [n for n, _, _ in handled(out)] == [1]
-    overview = page.request.get(console.url + "/api/overview").json()
-    status = overview["status"]["dlq-e2e"]
-    assert overview["error"] is None and status["dead_letters"] == 2
+    # The overview comes from the console's own poll loop, which may not have read the
+    # app since its letters appeared: wait for its next reading, not the first.
+    def overview() -> Any:
+        return page.request.get(console.url + "/api/overview").json()
+
+    wait_until_sync(lambda: overview()["status"].get("dlq-e2e", {}).get("dead_letters") == 2,
+                    30, "the app and its two letters in the overview")
+    overview_now = overview()
+    status = overview_now["status"]["dlq-e2e"]
+    assert overview_now["error"] is None and status["dead_letters"] == 2
     assert [q["queue"] for q in status["queues"]] == [0, 1] and len(status["members"]) == 1
 
     def row(key: str) -> Any:
