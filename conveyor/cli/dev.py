@@ -271,7 +271,7 @@ def broker_options(name: str, default_port: int) -> Callable[[F], F]:
 
 @click.group()
 def dev() -> None:
-    """Run a local broker for development (in memory, in the foreground).
+    """A local Kafka or Redis broker for development, in memory.
 
     Then run workers with ``--config`` naming the written file, in another terminal.
 
