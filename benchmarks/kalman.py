@@ -18,7 +18,7 @@ from pathlib import Path
 # Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conveyor.platform.kalman import CDMKalmanFilter
+from conveyor.platform.balancing.kalman import CDMKalmanFilter
 
 
 def assign(values: list[float], measurements: list[float]) -> None:

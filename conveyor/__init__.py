@@ -63,7 +63,7 @@ from conveyor.platform.slots import (
     SlotSupplier,
 )
 from conveyor.version import version as _version
-from conveyor.workers.cells import CellJobTimeout
+from conveyor.workers.cells.cells import CellJobTimeout
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.slots.fixed import FixedSlotSupplier
 from conveyor.workers.slots.resource import ResourceBasedSlotSupplier

@@ -1,7 +1,7 @@
 """The configuration reference page, generated from the config schema itself.
 
 Every section of :class:`conveyor.Config` is a msgspec Struct in
-``conveyor/platform/config.py``; each field's type, default and bounds come from
+``conveyor/platform/config/__init__.py``; each field's type, default and bounds come from
 ``msgspec.inspect``, and its meaning from the docstring written under it (read with
 ``ast``, since Python keeps no attribute docstrings at run time). The docs site builds
 this page on every build (``tools/mkdocs_hooks.py``), so it cannot drift from the code.
@@ -144,7 +144,7 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "<!-- Generated at build time from conveyor/platform/config.py "
+        "<!-- Generated at build time from conveyor/platform/config/__init__.py "
         "(tools/config_reference.py): edit the docstrings there, not this page. -->",
         "",
         "Every setting, section by section, as the code declares it: the type and bounds "

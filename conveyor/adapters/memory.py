@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
+from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.errors import BrokerError, InvalidArgumentError, ShutdownError
-from conveyor.platform.groups import GroupInfo, with_retention_holders
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.leases import Lease
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.operations.groups import GroupInfo, with_retention_holders
 
 TRIM_EVERY = 4096
 

@@ -19,8 +19,8 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
-from conveyor.workers.pool import StatelessWorkerPool
-from conveyor.workers.scaledown import ScaleDownPolicy
+from conveyor.workers.pools.pool import StatelessWorkerPool
+from conveyor.workers.pools.scaledown import ScaleDownPolicy
 
 Result = dict[str, dict[str, list[dict[str, int]]]]
 

@@ -170,7 +170,7 @@ def bench_scale_down(
       conveyor bench scale-down --cycles 20 --json
     """
     from conveyor.bench.scale_down import ScaleDownSettings, scale_down, table
-    from conveyor.workers.scaledown import ScaleDownPolicy
+    from conveyor.workers.pools.scaledown import ScaleDownPolicy
 
     period_s = inspection_period_ms / 1000
     policy = ScaleDownPolicy(inspection_period_s=period_s, backoff_s=period_s)

@@ -1,6 +1,6 @@
 """``conveyor dlq``: an app's dead letters — list, show, replay, purge.
 
-Thin like the rest of the CLI: the work is in :mod:`conveyor.platform.dlq` and the
+Thin like the rest of the CLI: the work is in :mod:`conveyor.platform.operations.dlq` and the
 adapters' dead-letter methods; the table in :mod:`conveyor.cli.render`.
 """
 
@@ -18,11 +18,11 @@ from conveyor.cli.common import fail, load_config_or_exit, usage, warn
 from conveyor.cli.render import letters_view, print_table
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.config import Config
-from conveyor.platform.dlq import LetterFilter, ReplayReport, letter_json, letters
-from conveyor.platform.dlq import replay as replay_letters
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.operations.dlq import LetterFilter, ReplayReport, letter_json, letters
+from conveyor.platform.operations.dlq import replay as replay_letters
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """``conveyor groups``: the consumer groups on the queues — list every app's, delete one
 nobody runs.
 
-The reading and the deleting are in :mod:`conveyor.platform.groups` and the adapters'
+The reading and the deleting are in :mod:`conveyor.platform.operations.groups` and the adapters'
 group methods; the table in :mod:`conveyor.cli.render`.
 """
 
@@ -54,7 +54,7 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
       conveyor groups list --config configs/kafka.toml --json
     """
     from conveyor.platform.adapter import create_adapter
-    from conveyor.platform.groups import summarise
+    from conveyor.platform.operations.groups import summarise
 
     config = load_config_or_exit(config_path)
     refuse_embedded(config, "groups list", "its consumer groups exist only there and this "
@@ -101,9 +101,9 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
           --config configs/redis.toml
     """
     from conveyor.platform.adapter import create_adapter
-    from conveyor.platform.coordination import coordination_from_config
+    from conveyor.platform.balancing.coordination import coordination_from_config
     from conveyor.platform.errors import UnknownGroupError
-    from conveyor.platform.groups import delete_app_group, queue_ranges
+    from conveyor.platform.operations.groups import delete_app_group, queue_ranges
 
     config = load_config_or_exit(config_path)
     refuse_embedded(config, "groups delete", "its consumer groups exist only there and "

@@ -3,9 +3,10 @@
 Tables fit 80 columns by default: the columns an operator reads first, short headings,
 numbers right-aligned, no vertical rules; ``--wide`` adds the rest for a wide terminal
 (``--json``, printed by the commands themselves, gives everything). Each view takes what
-the library read (:mod:`conveyor.platform.status`, :mod:`conveyor.platform.groups`,
-:mod:`conveyor.platform.dlq`) and returns a rich renderable; :func:`print_table` prints
-one, plain when stdout is not a terminal.
+the library read (:mod:`conveyor.platform.operations.status`,
+:mod:`conveyor.platform.operations.groups`, :mod:`conveyor.platform.operations.dlq`) and
+returns a rich renderable; :func:`print_table` prints one, plain when stdout is not a
+terminal.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
     """The three tables of ``conveyor status --app``: daemons, queues, groups."""
     from rich.console import Group
 
-    from conveyor.platform.groups import queue_ranges
+    from conveyor.platform.operations.groups import queue_ranges
 
     title = (f"app {report.group}: {_plural(len(report.members), 'daemon')}, "
              f"{_plural(report.dead_letters, 'dead letter')} stored, "
@@ -159,7 +160,7 @@ def groups_view(groups: list[Any], retention_follows_groups: bool, now: float) -
     """Every app's group: lag, last read, members, and whom trimming waits for.
 
     "last read" (Redis) and "members" (Kafka) are shown where the backend tells them."""
-    from conveyor.platform.groups import queue_ranges
+    from conveyor.platform.operations.groups import queue_ranges
 
     read = any(g.idle_s is not None for g in groups)
     members = any(g.members is not None for g in groups)
@@ -195,7 +196,7 @@ def groups_view(groups: list[Any], retention_follows_groups: bool, now: float) -
 
 def apps_view(report: Any) -> Any:
     """``conveyor status`` without ``--app``: every app found on the queues."""
-    from conveyor.platform.groups import queue_ranges
+    from conveyor.platform.operations.groups import queue_ranges
 
     table = _table(_whole("app"), _right("daemons"), "queues", _right("lag"),
                    _right("last read"), _right("dead letters"))

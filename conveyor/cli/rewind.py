@@ -79,7 +79,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
           --config configs/redis.toml
     """
     from conveyor.platform.adapter import create_adapter
-    from conveyor.platform.coordination import lease_owners
+    from conveyor.platform.balancing.coordination import lease_owners
     from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
     from conveyor.platform.ids import SequenceToken
 

@@ -158,7 +158,7 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
       conveyor sim filter --signal wave --plot wave.png
     """
     from conveyor.lab.signals import make_signal
-    from conveyor.platform.kalman import cdm_filter
+    from conveyor.platform.balancing.kalman import cdm_filter
 
     raw = make_signal(signal_name, seed)
     filtered = cdm_filter(float(v) for v in raw)
@@ -185,7 +185,7 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
         doc["rise"] = {"samples_to_90_percent": reached}
     if plot is not None:
         from conveyor.lab.plots import plot_filter
-        from conveyor.platform.kalman import single_filter
+        from conveyor.platform.balancing.kalman import single_filter
 
         samples = [float(v) for v in raw]
         _write_plot(plot, lambda: plot_filter(

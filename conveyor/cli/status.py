@@ -1,7 +1,8 @@
 """``conveyor status``: what runs on the queues — every app, or one app's daemons, queues
 and lag, once or refreshed (``--watch``).
 
-The reading is in :mod:`conveyor.platform.status`; the tables in :mod:`conveyor.cli.render`.
+The reading is in :mod:`conveyor.platform.operations.status`; the tables in
+:mod:`conveyor.cli.render`.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def status(config_path: Path | None, group: str | None, as_json: bool, watch_s: 
 
 
 def _print_apps(config: Config, as_json: bool) -> None:
-    from conveyor.platform.status import collect_apps
+    from conveyor.platform.operations.status import collect_apps
 
     report = run_or_exit(collect_apps(config))
     if as_json:
@@ -89,7 +90,7 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     from rich.console import Console
     from rich.live import Live
 
-    from conveyor.platform.status import collect_status
+    from conveyor.platform.operations.status import collect_status
 
     report = run_or_exit(collect_status(config, group))
     if not report.has_group and not report.members:  # tansu: no group until a commit

@@ -46,7 +46,7 @@ def tune(population: int, generations: int, mutation: float, seed: int, as_json:
     from conveyor.lab.sim import SimConfig
     from conveyor.lab.tune import Evaluator, average_gains, tune_per_pattern
     from conveyor.lab.tune import tune as run_tune
-    from conveyor.workers.scaledown import ScaleDownPolicy
+    from conveyor.workers.pools.scaledown import ScaleDownPolicy
 
     config = SimConfig()
     ga: dict[str, Any] = {

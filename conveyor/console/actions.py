@@ -1,10 +1,10 @@
 """What the console's dead-letter and group pages do, through the functions the CLI uses.
 
-Listing, replaying and purging go through :mod:`conveyor.platform.dlq` and the adapter's
+Listing, replaying and purging go through :mod:`conveyor.platform.operations.dlq` and the adapter's
 dead-letter methods exactly as ``conveyor dlq`` does (so a replay has the same once-only
 guarantee: the letter is removed only once its message is stored, and a replay run twice
 publishes once); deleting a group goes through
-:func:`conveyor.platform.groups.delete_app_group`, refused while the app looks alive.
+:func:`conveyor.platform.operations.groups.delete_app_group`, refused while the app looks alive.
 Each call opens its own adapter and closes it, as a CLI command does.
 """
 
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.balancing.coordination import coordination_from_config
 from conveyor.platform.config import Config
-from conveyor.platform.coordination import coordination_from_config
-from conveyor.platform.dlq import LetterFilter, letter_json, letters, replay
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
-from conveyor.platform.groups import delete_app_group
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.operations.dlq import LetterFilter, letter_json, letters, replay
+from conveyor.platform.operations.groups import delete_app_group
 
 T = TypeVar("T")
 

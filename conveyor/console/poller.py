@@ -19,7 +19,12 @@ from typing import Any
 
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError
-from conveyor.platform.status import AppsReport, StatusReport, collect_apps, collect_status
+from conveyor.platform.operations.status import (
+    AppsReport,
+    StatusReport,
+    collect_apps,
+    collect_status,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The dynamic balancer at scale, simulated: ``conveyor sim balancer``.
 
-Runs the real :class:`~conveyor.platform.balancer.DynamicBalancer` (sticky best-fit
+Runs the real :class:`~conveyor.platform.balancing.balancer.DynamicBalancer` (sticky best-fit
 placement, leases, membership, its renew / heartbeat / balance loops) for every one of
 ``daemons`` simulated daemons in one process, on a virtual clock
 (:mod:`conveyor.lab.virtual_time`), against an in-memory store that counts what Redis
@@ -31,10 +31,10 @@ from typing import Any
 
 from conveyor.lab.balancer_store import CATEGORIES, SimLeaseStore, SimMembership, SimStore
 from conveyor.lab.virtual_time import VirtualTimeLoop, owner_var
-from conveyor.platform.balancer import DynamicBalancer
+from conveyor.platform.balancing.balancer import DynamicBalancer
+from conveyor.platform.balancing.leases import Lease
+from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.errors import ConveyorError
-from conveyor.platform.leases import Lease
-from conveyor.platform.membership import MemberInfo
 from conveyor.platform.tasks import cancel_and_wait
 
 SAMPLE_S = 0.02  # how often settlement is checked (the settle times' resolution)

@@ -2,8 +2,8 @@
 
 :class:`SimStore` holds the shared state; each simulated daemon talks to it through its
 own :class:`SimMembership` and :class:`SimLeaseStore`, implementations of the
-:class:`~conveyor.platform.membership.Membership` and
-:class:`~conveyor.platform.leases.LeaseStore` ports.
+:class:`~conveyor.platform.balancing.membership.Membership` and
+:class:`~conveyor.platform.balancing.leases.LeaseStore` ports.
 
 They mirror :mod:`conveyor.adapters.redis.coordination` call for call, because the cost
 of the balancer *is* those calls: the same scripts with the same semantics (member
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from conveyor.platform.leases import Lease, LeaseStore
-from conveyor.platform.membership import MemberInfo, Membership, timer_phase
+from conveyor.platform.balancing.leases import Lease, LeaseStore
+from conveyor.platform.balancing.membership import MemberInfo, Membership, timer_phase
 from conveyor.platform.tasks import cancel_and_wait
 
 HEARTBEAT = "heartbeat"

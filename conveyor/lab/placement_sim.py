@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conveyor.platform.placement import choices_for, pick_lowest
+from conveyor.platform.balancing.placement import choices_for, pick_lowest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,8 +49,8 @@ def place(n: int, balls: int, k: int, rng: np.random.Generator, refresh_every: i
     """Final loads after placing ``balls`` with best-of-``k``; snapshot every
     ``refresh_every`` placements (1 = always fresh).
 
-    Best-of-``k`` for ``1 < k < n`` is :func:`conveyor.platform.placement.pick_lowest`,
-    the very function :class:`~conveyor.platform.placement.ResourcePlacer` chooses with,
+    Best-of-``k`` for ``1 < k < n`` is :func:`conveyor.platform.balancing.placement.pick_lowest`,
+    the very function :class:`~conveyor.platform.balancing.placement.ResourcePlacer` chooses with,
     so the simulation measures the production chooser. Two cases are not choices the
     placer makes for ``n >= 3`` and stay vectorised: ``k = 1`` (random) and ``k >= n``
     (join the shortest queue, ties to a random one of the shortest).

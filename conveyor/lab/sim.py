@@ -18,7 +18,7 @@ time (mean ``service_s``), not for a whole number of steps.
   dynamic, or two GA candidates, differ only by what the controller did.
 * **Scale-down** (dynamic run only): every ``inspection_period_s``, at the start of a
   step and before that step's arrivals, the pool feeds the
-  :class:`~conveyor.workers.scaledown.ScaleDownController` — the same object the real
+  :class:`~conveyor.workers.pools.scaledown.ScaleDownController` — the same object the real
   pool uses — with the average waiting count and the idle count, and removes the
   highest-numbered idle worker when told to.
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from conveyor.platform.errors import InvalidArgumentError
-from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
+from conveyor.workers.pools.scaledown import ScaleDownController, ScaleDownPolicy
 
 if TYPE_CHECKING:
     import numpy as np

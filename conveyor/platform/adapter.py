@@ -32,6 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.errors import (
     BrokerError,
     ConfigError,
@@ -39,12 +40,11 @@ from conveyor.platform.errors import (
     ForwardRewindError,
     QueueOwnedError,
 )
-from conveyor.platform.groups import GroupInfo, no_group_error
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.importing import load_attr
-from conveyor.platform.leases import Lease
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.operations.groups import GroupInfo, no_group_error
 
 
 class QueueReceiver(ABC):
@@ -162,7 +162,7 @@ class QueueAdapter(ABC):
         """The oldest ``limit`` dead letters of a group (for operators and tests)."""
         return [stored.letter for stored in await self.list_dead_letters(group, limit)]
 
-    # -- dead letters, for operators (``conveyor dlq``, conveyor.platform.dlq) ---------
+    # -- dead letters, for operators (``conveyor dlq``, conveyor.platform.operations.dlq) ---------
     # A letter's id is the store's own (see StoredLetter); a malformed one raises
     # InvalidArgumentError, an unknown one is simply not there.
 
@@ -195,7 +195,7 @@ class QueueAdapter(ABC):
         only once its append is confirmed, and replays interrupted at any point (the
         process killed) and called again publish each message once in all: each backend
         says how in its docstring. The caller builds the messages and picks the queues
-        (conveyor.platform.dlq: the same mapper as every publish).
+        (conveyor.platform.operations.dlq: the same mapper as every publish).
         """
 
     @abstractmethod
@@ -334,7 +334,7 @@ class QueueAdapter(ABC):
         Also removes what the backend keeps for that app alone (Redis: its leases, fencing
         counters and membership); its dead letters only with ``dead_letters``. Unchecked:
         the caller makes sure no daemon of the app runs (see
-        :func:`conveyor.platform.groups.delete_app_group`).
+        :func:`conveyor.platform.operations.groups.delete_app_group`).
         """
 
 

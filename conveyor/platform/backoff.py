@@ -15,7 +15,7 @@ Who uses which numbers (first delay, cap, jitter):
   ``[redis] retry_max_delay_s``, jitter a quarter of that;
 * Kafka outages (:func:`~conveyor.adapters.kafka.connection.retrying`: topic preparation, the
   ``kafka-group`` join): 0.1 s doubling to 5 s, jitter 1.25 s;
-* a queue whose start failed (:class:`~conveyor.platform.balancer.DynamicBalancer`):
+* a queue whose start failed (:class:`~conveyor.platform.balancing.balancer.DynamicBalancer`):
   ``rebalance_interval_s`` doubling to ``lease_ttl_s``, no jitter;
 * a user-written slot supplier's ``reserve_slot`` that raised
   (:class:`~conveyor.workers.slots.wrappers.GuardedSlotSupplier`): 0.01 s doubling to

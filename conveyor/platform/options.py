@@ -163,7 +163,7 @@ class ScaleDownPolicy:
     back-off is ``5 * (int)0.5 = 0`` ms, i.e. at most one removal per inspection. With
     the dead zone of 2 the defaults allow at most one removal per second (after a removal
     the dead-zone counter starts again from zero). The controller that uses these
-    settings is :class:`conveyor.workers.scaledown.ScaleDownController`.
+    settings is :class:`conveyor.workers.pools.scaledown.ScaleDownController`.
     """
 
     kp: float = 0.433

@@ -36,7 +36,7 @@ from typing import Protocol
 
 import psutil
 
-from conveyor.platform.placement import ResourcePlacer
+from conveyor.platform.balancing.placement import ResourcePlacer
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
@@ -201,7 +201,7 @@ def default_sampler() -> ResourceSampler:
 
 
 def placement_stats(sample: ResourceSample) -> dict[str, float]:
-    """``sample`` in the units of :mod:`conveyor.platform.placement`'s ``STAT_KEYS``.
+    """``sample`` in the units of :mod:`conveyor.platform.balancing.placement`'s ``STAT_KEYS``.
 
     CPU is a percent of this worker's CPU limit, memory is in bytes against its memory
     limit: a container at its quota looks busy however idle the host around it is.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.platform import dlq
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -20,6 +19,7 @@ from conveyor.platform.message import (
     Message,
     now_ms,
 )
+from conveyor.platform.operations import dlq
 from tests.contract.conftest import QUEUES, Open
 from tests.contract.support import take, take_rest
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from conveyor import Client, WorkerDaemon, load_config
 from conveyor.platform.adapter import QueueAdapter
-from conveyor.platform.balancer import StaticBalancer
+from conveyor.platform.balancing.balancer import StaticBalancer
 from conveyor.platform.config import Config
 from conveyor.platform.message import Message
 from tests.conftest import wait_until

@@ -20,7 +20,7 @@ import pytest
 
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.errors import ConfigError, UnknownGroupError
-from conveyor.platform.groups import GroupInfo
+from conveyor.platform.operations.groups import GroupInfo
 from tests.contract.conftest import Open
 from tests.contract.support import numbered, take, tokens
 from tests.contract.test_dead_letters import letter

@@ -18,9 +18,9 @@ import pytest
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.dlq import KILL_ENV
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message, now_ms
+from conveyor.platform.operations.dlq import KILL_ENV
 from tests.conftest import stop_when, wait_until_sync
 from tests.integration.redis.conftest import write_config
 

@@ -10,8 +10,8 @@ import pytest
 
 from conveyor import App, Client, MessageContext, Publish
 from conveyor.platform.errors import HandlerDeclarationError
-from conveyor.workers.cells import DEFAULT_CELL
-from conveyor.workers.scaledown import ScaleDownPolicy
+from conveyor.workers.cells.cells import DEFAULT_CELL
+from conveyor.workers.pools.scaledown import ScaleDownPolicy
 from tests.conftest import wait_until
 from tests.integration.memory_harness import config, daemon, fresh_adapter
 

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from conveyor import Client
-from conveyor.platform.balancer import DynamicBalancer, best_fit
-from conveyor.platform.leases import Lease, MemoryLeaseStore
-from conveyor.platform.membership import MemberInfo, MemoryMembership
+from conveyor.platform.balancing.balancer import DynamicBalancer, best_fit
+from conveyor.platform.balancing.leases import Lease, MemoryLeaseStore
+from conveyor.platform.balancing.membership import MemberInfo, MemoryMembership
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Record,
@@ -177,7 +177,7 @@ class Listener:
 
 
 async def test_resource_placement_gives_the_busier_daemon_fewer_queues() -> None:
-    from conveyor.platform.balancer import ResourcePlacement
+    from conveyor.platform.balancing.balancer import ResourcePlacement
 
     membership, leases = MemoryMembership(), MemoryLeaseStore()
     listeners = {"busy": Listener(), "idle": Listener()}
@@ -254,7 +254,7 @@ async def test_a_balancer_loop_that_swallows_its_cancel_does_not_hang_the_stop(
     import asyncio
     import contextlib
 
-    from conveyor.platform import balancer as balancer_module
+    from conveyor.platform.balancing import balancer as balancer_module
 
     monkeypatch.setattr(balancer_module, "TASKS_STOP_S", 0.2)
     adapter = fresh_adapter()

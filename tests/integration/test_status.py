@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conveyor import Client
-from conveyor.platform.status import AckRates, QueueStatus, StatusReport, collect_status
+from conveyor.platform.operations.status import AckRates, QueueStatus, StatusReport, collect_status
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
     Record,

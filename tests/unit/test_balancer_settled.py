@@ -10,9 +10,9 @@ import asyncio
 
 from conveyor.lab.balancer_store import SimLeaseStore, SimMembership, SimStore
 from conveyor.lab.virtual_time import run_virtual
-from conveyor.platform.balancer import FULL_RECHECK_INTERVALS, DynamicBalancer
-from conveyor.platform.leases import Lease
-from conveyor.platform.membership import MemberInfo
+from conveyor.platform.balancing.balancer import FULL_RECHECK_INTERVALS, DynamicBalancer
+from conveyor.platform.balancing.leases import Lease
+from conveyor.platform.balancing.membership import MemberInfo
 
 
 class Holdings:

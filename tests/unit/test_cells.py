@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 
-from conveyor.workers.cells import Cell, CellJobTimeout, CellRouter, _Job, parse_cell_key
+from conveyor.workers.cells.cells import Cell, CellJobTimeout, CellRouter, _Job, parse_cell_key
 from tests.conftest import wait_until
 
 

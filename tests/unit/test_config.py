@@ -5,7 +5,7 @@ import msgspec
 import pytest
 
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.config_checks import KAFKA_TOPIC_MAX
+from conveyor.platform.config.checks import KAFKA_TOPIC_MAX
 from conveyor.platform.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

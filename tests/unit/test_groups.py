@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
+from conveyor.platform.balancing.leases import MemoryLeaseStore
+from conveyor.platform.balancing.membership import MemberInfo, MemoryMembership
 from conveyor.platform.errors import AppAliveError, UnknownGroupError
-from conveyor.platform.groups import (
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import Message
+from conveyor.platform.operations.groups import (
     GroupInfo,
     delete_app_group,
     queue_ranges,
     summarise,
     with_retention_holders,
 )
-from conveyor.platform.ids import SequenceToken, StreamId
-from conveyor.platform.leases import MemoryLeaseStore
-from conveyor.platform.membership import MemberInfo, MemoryMembership
-from conveyor.platform.message import Message
 
 
 def test_queue_lists_are_written_as_ranges() -> None:

@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from conveyor.platform.kalman import (
+from conveyor.platform.balancing.kalman import (
     CDMKalmanFilter,
     Regime,
     ScalarKalmanFilter,

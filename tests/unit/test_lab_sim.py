@@ -128,9 +128,9 @@ def test_a_worker_freed_mid_step_takes_a_later_message_of_the_same_step() -> Non
 def test_the_simulation_drives_the_shared_scale_down_controller(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The dynamic run calls conveyor.workers.scaledown.ScaleDownController.inspect —
+    """The dynamic run calls conveyor.workers.pools.scaledown.ScaleDownController.inspect —
     the object the real pool uses — and removes a worker exactly when it says so."""
-    from conveyor.workers import scaledown
+    from conveyor.workers.pools import scaledown
 
     original = scaledown.ScaleDownController.inspect
     calls: list[tuple[float, bool]] = []

@@ -126,22 +126,22 @@ def test_lazy_imports_count_and_type_checking_imports_are_marked_type_only() -> 
         "from conveyor.platform import ids\n"
         "from . import mapper\n"
         "if TYPE_CHECKING:\n"
-        "    from conveyor.workers.pool import StatelessWorkerPool\n"
+        "    from conveyor.workers.pools.pool import StatelessWorkerPool\n"
         "else:\n"
-        "    import conveyor.platform.pid\n"
+        "    import conveyor.platform.balancing.pid\n"
         "def later() -> None:\n"
         "    from conveyor.adapters import redis\n"
     )
     known = {
         "conveyor.platform.ids", "conveyor.platform.mapper", "conveyor.adapters.redis",
-        "conveyor.platform.pid", "conveyor.workers.pool",
+        "conveyor.platform.balancing.pid", "conveyor.workers.pools.pool",
     }
     found = imports_of("conveyor.platform.x", source, False, known)
     assert [(i.target, i.type_only) for i in found] == [
         ("conveyor.platform.ids", False),
         ("conveyor.platform.mapper", False),
-        ("conveyor.workers.pool", True),
-        ("conveyor.platform.pid", False),
+        ("conveyor.workers.pools.pool", True),
+        ("conveyor.platform.balancing.pid", False),
         ("conveyor.adapters.redis", False),
     ]
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.platform.pid import PIDController
+from conveyor.platform.balancing.pid import PIDController
 
 
 def test_proportional_only_is_gain_times_error() -> None:

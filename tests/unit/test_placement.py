@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conveyor.lab.placement_sim import place
-from conveyor.platform.placement import (
+from conveyor.platform.balancing.placement import (
     STAT_KEYS,
     PlacementWeights,
     ResourcePlacer,
@@ -207,7 +207,7 @@ def test_the_placement_simulation_chooses_with_the_placers_own_function(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import conveyor.lab.placement_sim as placement_sim
-    import conveyor.platform.placement as placement
+    import conveyor.platform.balancing.placement as placement
 
     assert placement_sim.pick_lowest is placement.pick_lowest
     calls: list[int] = []

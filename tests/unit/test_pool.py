@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from conveyor.workers.pool import StatelessWorkerPool
-from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
+from conveyor.workers.pools.pool import StatelessWorkerPool
+from conveyor.workers.pools.scaledown import ScaleDownController, ScaleDownPolicy
 from tests.conftest import wait_until
 
 

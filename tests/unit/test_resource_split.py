@@ -3,7 +3,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.platform.placement import PlacementWeights, resource_split
+from conveyor.platform.balancing.placement import PlacementWeights, resource_split
 
 GB = 1e9
 W = PlacementWeights()

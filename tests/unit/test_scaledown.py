@@ -8,7 +8,7 @@ import pytest
 
 from conveyor.platform.errors import HandlerDeclarationError
 from conveyor.platform.options import PoolOptions
-from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
+from conveyor.workers.pools.scaledown import ScaleDownController, ScaleDownPolicy
 
 PERIOD = 0.5
 

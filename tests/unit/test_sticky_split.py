@@ -7,7 +7,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.platform.balancer import sticky_split
+from conveyor.platform.balancing.balancer import sticky_split
 
 member_ids = st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=7,
                       unique=True)

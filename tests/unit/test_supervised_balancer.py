@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from conveyor.platform.balancing.leases import Lease, MemoryLeaseStore
+from conveyor.platform.balancing.membership import MemberInfo, MemoryMembership
 from conveyor.platform.errors import BrokerConnectionError, BrokerError
-from conveyor.platform.leases import Lease, MemoryLeaseStore
-from conveyor.platform.membership import MemberInfo, MemoryMembership
 from conveyor.workers.supervisor.child import LeasedSupervisedBalancer
 
 

@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-from conveyor.platform.membership import MemberInfo
+from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.workers.supervisor.child import EventChannel, SupervisedBalancer, _command_loop
 from conveyor.workers.supervisor.process import ChildCommandFailed, ChildGone, ChildProcess
 from conveyor.workers.supervisor.protocol import (

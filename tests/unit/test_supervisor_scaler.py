@@ -10,7 +10,7 @@ from conveyor import load_config
 from conveyor.adapters.memory import MemoryAdapter
 from conveyor.platform.errors import BrokerConnectionError, ConfigError, ConveyorError
 from conveyor.platform.telemetry import Telemetry
-from conveyor.workers.scaledown import ScaleDownPolicy
+from conveyor.workers.pools.scaledown import ScaleDownPolicy
 from conveyor.workers.supervisor.process import ChildGone, ChildProcess
 from conveyor.workers.supervisor.run import env_for_overrides, parse_processes
 from conveyor.workers.supervisor.scaler import (

@@ -43,10 +43,10 @@ from conveyor.platform.errors import (
     MessageTooLargeError,
     PublishUncertain,
 )
-from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.operations.groups import GroupInfo
 from conveyor.platform.partial_publish import publish_failure
 
 log = logging.getLogger("conveyor.kafka")

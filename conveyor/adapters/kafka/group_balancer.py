@@ -52,10 +52,10 @@ from conveyor.adapters.kafka.aiokafka_internals import (
 from conveyor.adapters.kafka.connection import first_answer, retrying, start_client
 from conveyor.adapters.kafka.members import GroupMember, MemberReporter
 from conveyor.platform.adapter import QueueAdapter
-from conveyor.platform.balancer import BalanceListener, QueueBalancer, StatsProvider
+from conveyor.platform.balancing.balancer import BalanceListener, QueueBalancer, StatsProvider
+from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError
-from conveyor.platform.membership import MemberInfo
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.throttled_log import ThrottledLog
 

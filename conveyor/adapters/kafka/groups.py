@@ -40,7 +40,7 @@ from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.adapters.kafka.handoff import HandoffLog
 from conveyor.platform.errors import BrokerError, ConfigError
-from conveyor.platform.groups import GroupInfo
+from conveyor.platform.operations.groups import GroupInfo
 
 log = logging.getLogger("conveyor.kafka")
 

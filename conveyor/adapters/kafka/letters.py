@@ -38,11 +38,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.connection import kafka_errors, start_client
-from conveyor.platform.dlq import checkpoint
 from conveyor.platform.errors import BrokerConnectionError, InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message
+from conveyor.platform.operations.dlq import checkpoint
 
 ReadLetter = Callable[[Any, str], DeadLetter | None]
 """(record, app) -> the app's letter in that record, or None (the adapter's decoder)."""

@@ -41,7 +41,7 @@ from aiokafka import errors as kerrors
 from conveyor.adapters.kafka.aiokafka_internals import assignment
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.connection import kafka_errors
-from conveyor.platform.membership import MemberInfo
+from conveyor.platform.balancing.membership import MemberInfo
 
 log = logging.getLogger("conveyor.kafka")
 

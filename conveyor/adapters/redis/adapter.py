@@ -53,13 +53,13 @@ from conveyor.platform.errors import (
     PublishNotReplicated,
     PublishUncertain,
 )
-from conveyor.platform.groups import GroupInfo
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import (
     DeadLetter,
     Message,
 )
+from conveyor.platform.operations.groups import GroupInfo
 from conveyor.platform.partial_publish import publish_failure
 from conveyor.platform.throttled_log import ThrottledLog
 

@@ -36,10 +36,10 @@ from conveyor.adapters.redis import scripts as lua
 from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, run_replicated
 from conveyor.adapters.redis.errors import Caller
 from conveyor.adapters.redis.keys import Keys, check_name, stall_field
+from conveyor.platform.balancing.leases import Lease, LeaseStore
+from conveyor.platform.balancing.membership import MemberInfo, Membership, timer_phase
 from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, LeaseLostError
-from conveyor.platform.leases import Lease, LeaseStore
-from conveyor.platform.membership import MemberInfo, Membership, timer_phase
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.throttled_log import ThrottledLog
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from conveyor.adapters.redis.errors import Caller
 from conveyor.adapters.redis.keys import Keys, check_name, token_of
-from conveyor.platform.groups import GroupInfo, with_retention_holders
+from conveyor.platform.operations.groups import GroupInfo, with_retention_holders
 
 
 class GroupHost(Protocol):

@@ -24,6 +24,7 @@ from conveyor.adapters.redis.coordination import lease_held
 from conveyor.adapters.redis.errors import Caller
 from conveyor.adapters.redis.keys import Keys, check_name, joined_ids, stall_field, token_of
 from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.errors import (
     BrokerConnectionError,
@@ -31,7 +32,6 @@ from conveyor.platform.errors import (
     LeaseLostError,
 )
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.leases import Lease
 from conveyor.platform.message import (
     Message,
     now_ms,

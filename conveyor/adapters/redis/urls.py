@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
 import redis.asyncio.connection as rconn
 
 from conveyor.platform.config import RedisConfig
-from conveyor.platform.config_checks import SENTINEL_PORT
+from conveyor.platform.config.checks import SENTINEL_PORT
 from conveyor.platform.errors import ConfigError
 
 

@@ -16,8 +16,8 @@ When a daemon subscribes, it builds one chain per handler, outermost first::
                                              (absent when retry_attempts=1)
     6. RetrySpans            tracing.py      a `retry <handler>` span per retry (tracing on)
     7. the app's interceptors, in the order given to ``App(interceptors=...)``
-    8. PoolInterceptor       workers/pool_interceptor.py   the call runs on the handler's
-       or CellInterceptor    workers/cell_interceptor.py   pool or in its tenant's cell
+    8. PoolInterceptor       workers/pools/interceptor.py   the call runs on the handler's
+       or CellInterceptor    workers/cells/interceptor.py   pool or in its tenant's cell
     9. the handler           chain.py (call_handler); a plain ``def`` handler on a
                              thread of workers/threads.py, holding its slot meanwhile
 

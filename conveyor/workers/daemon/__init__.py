@@ -29,19 +29,19 @@ from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import PullingAgent
 from conveyor.platform.app import App
 from conveyor.platform.backoff import BROKER_WRITE
-from conveyor.platform.balancer import QueueBalancer
+from conveyor.platform.balancing.balancer import QueueBalancer
+from conveyor.platform.balancing.leases import Lease
+from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerConnectionError, ConfigError
-from conveyor.platform.leases import Lease
-from conveyor.platform.membership import MemberInfo
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry
-from conveyor.workers.cells import CellRouter
+from conveyor.workers.cells.cells import CellRouter
 from conveyor.workers.daemon.build import DaemonParts, build_balancer, build_parts
 from conveyor.workers.daemon.metrics import DaemonMetrics
 from conveyor.workers.daemon.queues import DrainReport, QueueOwner
-from conveyor.workers.pool import StatelessWorkerPool
+from conveyor.workers.pools.pool import StatelessWorkerPool
 from conveyor.workers.resources import ResourceSampler
 from conveyor.workers.threads import HandlerThreads
 

@@ -18,7 +18,7 @@ from opentelemetry.trace import Tracer
 from conveyor.platform.adapter import QueueAdapter, create_adapter
 from conveyor.platform.agent import AgentSettings, Subscriptions
 from conveyor.platform.app import App
-from conveyor.platform.balancer import (
+from conveyor.platform.balancing.balancer import (
     BestFitPlacement,
     DynamicBalancer,
     Placement,
@@ -26,9 +26,11 @@ from conveyor.platform.balancer import (
     ResourcePlacement,
     StaticBalancer,
 )
+from conveyor.platform.balancing.coordination import coordination_from_config
+from conveyor.platform.balancing.membership import MemberInfo
+from conveyor.platform.balancing.placement import PlacementWeights
 from conveyor.platform.client import Client, coalesce_linger_for
 from conveyor.platform.config import Config
-from conveyor.platform.coordination import coordination_from_config
 from conveyor.platform.delivery import (
     DeadLetterStore,
     DeliveryStats,
@@ -49,16 +51,14 @@ from conveyor.platform.errors import ConveyorError
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.importing import load_attr
 from conveyor.platform.mapper import HashRingQueueMapper
-from conveyor.platform.membership import MemberInfo
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.options import IdempotencyOptions
-from conveyor.platform.placement import PlacementWeights
 from conveyor.platform.queue_cache import PrefetchBudget, Route
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.telemetry import Telemetry
 from conveyor.platform.watchdog import LoopWatchdog
-from conveyor.workers.cell_interceptor import CellInterceptor
-from conveyor.workers.pool_interceptor import PoolInterceptor
+from conveyor.workers.cells.interceptor import CellInterceptor
+from conveyor.workers.pools.interceptor import PoolInterceptor
 from conveyor.workers.resources import PlacementResources, ResourceSampler
 from conveyor.workers.slots.build import supplier_from_config
 from conveyor.workers.threads import HandlerThreads

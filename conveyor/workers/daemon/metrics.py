@@ -15,14 +15,14 @@ from collections.abc import Mapping, Sequence
 
 from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
 from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.operations.status import AckRates
 from conveyor.platform.slots import SlotSupplier
-from conveyor.platform.status import AckRates
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry, stats_observations
 from conveyor.platform.watchdog import LoopWatchdog
-from conveyor.workers.cells import CellRouter
+from conveyor.workers.cells.cells import CellRouter
 from conveyor.workers.daemon.queues import QueueOwner
-from conveyor.workers.pool import StatelessWorkerPool
+from conveyor.workers.pools.pool import StatelessWorkerPool
 from conveyor.workers.resources import PlacementResources
 
 

@@ -1,7 +1,7 @@
 """The queues a daemon owns: one pulling agent each, started, drained or aborted as its
 balancer says.
 
-The daemon is the balancer's :class:`~conveyor.platform.balancer.BalanceListener` and
+The daemon is the balancer's :class:`~conveyor.platform.balancing.balancer.BalanceListener` and
 hands each call to :class:`QueueOwner`. A released queue is drained (pulling stops,
 in-flight messages finish within ``[worker] drain_timeout_s`` and are acknowledged); a
 lost one is aborted at once (its lease is gone: nothing more is started or acknowledged,
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import AgentSettings, PullingAgent, Subscriptions
-from conveyor.platform.balancer import QueueBalancer
+from conveyor.platform.balancing.balancer import QueueBalancer
+from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.config import WorkerConfig
 from conveyor.platform.delivery.orphans import Orphans
-from conveyor.platform.leases import Lease
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.watchdog import LoopWatchdog
 

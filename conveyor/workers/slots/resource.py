@@ -3,7 +3,7 @@
 Every ``sample_period_s`` it samples CPU and memory (:mod:`conveyor.workers.resources`:
 cgroup v2 inside a container, the host otherwise; *anonymous* memory, never the page
 cache), smooths each with the cooperative dual-mode Kalman filter
-(:class:`~conveyor.platform.kalman.CDMKalmanFilter`), and runs one PID controller per
+(:class:`~conveyor.platform.balancing.kalman.CDMKalmanFilter`), and runs one PID controller per
 resource on ``target - smoothed``. A slot beyond ``min_slots`` is issued only when both
 controllers' outputs are above their thresholds, fewer than ``max_slots`` are out, and
 ``ramp_throttle_s`` has passed since the last one was issued (new work takes a moment
@@ -35,9 +35,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.platform.balancing.kalman import CDMKalmanFilter
+from conveyor.platform.balancing.pid import PIDController
 from conveyor.platform.errors import InvalidArgumentError
-from conveyor.platform.kalman import CDMKalmanFilter
-from conveyor.platform.pid import PIDController
 from conveyor.platform.slots import (
     SlotPermit,
     SlotReleaseReason,

@@ -9,7 +9,7 @@ owner, as with any receiver).
 A child's ``queues`` only ever holds what it confirmed. A queue whose move failed is
 owned by nobody, and :func:`adopt_orphans` hands it out at the next inspection.
 The split stays even and only the surplus moves: the dynamic balancer's sticky rule
-(:func:`plan_moves`, :func:`~conveyor.platform.balancer.sticky_split`).
+(:func:`plan_moves`, :func:`~conveyor.platform.balancing.balancer.sticky_split`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 
-from conveyor.platform.balancer import sticky_split
+from conveyor.platform.balancing.balancer import sticky_split
 from conveyor.workers.supervisor.process import ChildProcess
 
 log = logging.getLogger("conveyor.supervisor")

@@ -23,12 +23,12 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from conveyor.platform.balancer import BalanceListener, DynamicBalancer, QueueBalancer
+from conveyor.platform.balancing.balancer import BalanceListener, DynamicBalancer, QueueBalancer
+from conveyor.platform.balancing.coordination import coordination_from_config
+from conveyor.platform.balancing.leases import LeaseStore
+from conveyor.platform.balancing.membership import MemberInfo, Membership
 from conveyor.platform.config import Config
-from conveyor.platform.coordination import coordination_from_config
 from conveyor.platform.errors import BrokerError, ConveyorError, ShutdownError
-from conveyor.platform.leases import LeaseStore
-from conveyor.platform.membership import MemberInfo, Membership
 from conveyor.workers.supervisor.protocol import (
     Acquire,
     Acquired,

@@ -7,7 +7,7 @@ Every inspection period the supervisor reads the lag of every queue and asks
   ``scale_up_cycles`` inspections, one more process (never more than ``MAX``, never
   more processes than queues);
 * **down** — the lag, in units of the threshold, is fed to the same PID
-  :class:`~conveyor.workers.scaledown.ScaleDownController` that shrinks worker pools;
+  :class:`~conveyor.workers.pools.scaledown.ScaleDownController` that shrinks worker pools;
   a process counts as *idle* when its queues' lag is at most ``idle_lag_per_process``.
   When the controller says so, one idle process (never below ``MIN``) is removed:
   :func:`choose_victim` picks which.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from conveyor.platform.config import Config
 from conveyor.platform.errors import InvalidArgumentError
-from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
+from conveyor.workers.pools.scaledown import ScaleDownController, ScaleDownPolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,9 @@ from conveyor import Client, Publish, WorkerDaemon
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.adapters.redis.receiver import RedisReceiver
 from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import BrokerConnectionError
-from conveyor.platform.membership import MemberInfo
 from tests.conftest import wait_until
 from tests.integration.memory_harness import Item, Record, recording_app
 from tests.integration.redis.conftest import RedisServer

@@ -1,7 +1,7 @@
 """Stateless-worker pools as a step of the delivery chain (``stateless=True`` handlers).
 
 The rest of the chain — the app's interceptors are outside it, the handler call inside
-— runs as a job on the handler's :class:`~conveyor.workers.pool.StatelessWorkerPool`.
+— runs as a job on the handler's :class:`~conveyor.workers.pools.pool.StatelessWorkerPool`.
 Retry is outside too, so each attempt is a new submission. Absent from the chains of
 handlers without ``stateless=True``.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from conveyor.platform.delivery import Interceptor, Step
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.options import PoolOptions
-from conveyor.workers.pool import StatelessWorkerPool
+from conveyor.workers.pools.pool import StatelessWorkerPool
 
 
 class PoolInterceptor(Interceptor):

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from conveyor.platform import config_checks
+from conveyor.platform.config import checks as config_checks
 from conveyor.platform.errors import ConfigError
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -494,7 +494,7 @@ class Config(_Section):
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
 
     def validate(self) -> Config:
-        """Cross-field checks msgspec cannot express (:mod:`conveyor.platform.config_checks`)."""
+        """Cross-field checks msgspec cannot express (:mod:`conveyor.platform.config.checks`)."""
         config_checks.validate(self)
         return self
 

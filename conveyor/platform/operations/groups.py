@@ -20,8 +20,8 @@ from conveyor.platform.ids import SequenceToken
 
 if TYPE_CHECKING:
     from conveyor.platform.adapter import QueueAdapter
-    from conveyor.platform.leases import LeaseStore
-    from conveyor.platform.membership import Membership
+    from conveyor.platform.balancing.leases import LeaseStore
+    from conveyor.platform.balancing.membership import Membership
 
 RECENT_READ_S = 10.0
 """A group read this recently is taken to have a live daemon: one not in the membership

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import math
 
+from conveyor.platform.balancing.pid import PIDController
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.options import ScaleDownPolicy
-from conveyor.platform.pid import PIDController
 
 __all__ = ["ScaleDownController", "ScaleDownPolicy"]
 

@@ -8,7 +8,7 @@ waiting jobs.
 Scale-down is opt-in (``scale_down=``) and costs nothing when off: no collector task
 runs and no extra state is kept. When on, a collector wakes every inspection period,
 hands the average waiting count and how long the longest-idle worker has been idle to
-the PID :class:`ScaleDownController` from :mod:`conveyor.workers.scaledown` (anti-windup,
+the PID :class:`ScaleDownController` from :mod:`conveyor.workers.pools.scaledown` (anti-windup,
 dead-zone, back-off and the idle keep-alive live there), and removes one random idle
 worker whenever the controller says so — the longest-idle one when it has outlived
 ``idle_keepalive_s``.
@@ -30,7 +30,7 @@ from typing import Any
 
 from conveyor.platform.errors import InvalidArgumentError, ShutdownError
 from conveyor.platform.tasks import cancel_and_wait
-from conveyor.workers.scaledown import ScaleDownController, ScaleDownPolicy
+from conveyor.workers.pools.scaledown import ScaleDownController, ScaleDownPolicy
 
 log = logging.getLogger("conveyor.pool")
 

@@ -5,7 +5,7 @@
 ``DynamicBalancer``
     Daemons register in a :class:`Membership`; each computes the same split of the
     queues from the same view — the live members and the current lease holders — and
-    takes its share through leases (:mod:`conveyor.platform.leases`). The default split
+    takes its share through leases (:mod:`conveyor.platform.balancing.leases`). The default split
     is sticky (:func:`sticky_split`): a daemon keeps what it holds up to its fair share,
     so a join or a leave moves only the surplus. When a daemon joins or leaves, the giving side
     drains the queue (stops pulling, finishes and acknowledges in-flight messages) and
@@ -20,7 +20,7 @@ renewal; the other re-balances on membership events, lease releases, or every
 
 **A blocked event loop costs no lease.** Given ``keeper_stores`` (a factory of a second
 membership and lease store), the renewals and membership heartbeats run on a
-:class:`~conveyor.platform.keeper.Keeper` thread with those stores, so a handler that
+:class:`~conveyor.platform.balancing.keeper.Keeper` thread with those stores, so a handler that
 blocks the daemon's loop does not stop them. They go on only while the loop's stall
 (:meth:`LoopWatchdog.stall_s`) stays below the lease's tolerance (``ttl - margin``): a
 longer stall stops the renewals, the leases lapse and are reported lost, and the queues
@@ -48,16 +48,16 @@ from typing import Any, Protocol
 import msgspec
 
 from conveyor.platform.backoff import Backoff
-from conveyor.platform.errors import BrokerConnectionError
-from conveyor.platform.keeper import Keeper
-from conveyor.platform.leases import Lease, LeaseStore, MemoryLeaseStore
-from conveyor.platform.membership import (
+from conveyor.platform.balancing.keeper import Keeper
+from conveyor.platform.balancing.leases import Lease, LeaseStore, MemoryLeaseStore
+from conveyor.platform.balancing.membership import (
     MemberInfo,
     Membership,
     MemoryMembership,
     timer_phase,
 )
-from conveyor.platform.placement import PlacementWeights, resource_split
+from conveyor.platform.balancing.placement import PlacementWeights, resource_split
+from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.throttled_log import ThrottledLog
 from conveyor.platform.watchdog import LoopWatchdog
 

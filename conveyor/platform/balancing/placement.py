@@ -14,7 +14,7 @@ Score of a daemon (lower is better), from its *filtered* statistics::
 
 Each term is normalised to [0, 1] and the weights are normalised to sum to 1, so each
 statistic contributes in proportion to its weight whatever its unit. Statistics pass
-through one :class:`~conveyor.platform.kalman.CDMKalmanFilter` per daemon and statistic
+through one :class:`~conveyor.platform.balancing.kalman.CDMKalmanFilter` per daemon and statistic
 before scoring: a daemon whose CPU dips for a moment does not suddenly look idle.
 
 Local preference: if the caller names its own daemon (``local``) and that daemon's
@@ -33,8 +33,8 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from conveyor.platform.balancing.kalman import CDMKalmanFilter
 from conveyor.platform.errors import InvalidArgumentError
-from conveyor.platform.kalman import CDMKalmanFilter
 
 STAT_KEYS = ("cpu_percent", "memory_used_bytes", "memory_available_bytes", "memory_total_bytes")
 

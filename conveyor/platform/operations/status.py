@@ -1,5 +1,5 @@
 """What ``conveyor status`` shows: members, queue owners and lag, read from the stores,
-and every app's consumer group on the queues (:mod:`conveyor.platform.groups`).
+and every app's consumer group on the queues (:mod:`conveyor.platform.operations.groups`).
 
 Members and owners come from where the balancer keeps them: the membership and lease
 stores (``dynamic``, ``static``), or, for a balancer that keeps none of its own
@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.balancing.coordination import coordination_from_config
+from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
-from conveyor.platform.coordination import coordination_from_config
-from conveyor.platform.groups import GroupStatus, summarise
 from conveyor.platform.importing import load_attr
-from conveyor.platform.membership import MemberInfo
+from conveyor.platform.operations.groups import GroupStatus, summarise
 
 MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka.group_balancer:group_members"}
 """Balancer kind: ``async (adapter, group) -> [member with .info and .queues]``."""

@@ -3,8 +3,8 @@
 Each message's cell is named by a header (``cell_key="header:tenant"``) or a field of
 its decoded body (``"body:tenant"``; a Struct attribute or dict key); messages without
 it go to the cell ``_default``. The rest of the chain runs as a job in that cell
-(:class:`~conveyor.workers.cells.CellRouter`); a job that outlives
-``cell_job_timeout_s`` fails with :class:`~conveyor.workers.cells.CellJobTimeout`,
+(:class:`~conveyor.workers.cells.cells.CellRouter`); a job that outlives
+``cell_job_timeout_s`` fails with :class:`~conveyor.workers.cells.cells.CellJobTimeout`,
 which retry sees like any handler error. Absent from other handlers' chains.
 
 Sizes: the handler's ``cell_size``/``cell_sizes``, overridden by ``[cells]`` in the
@@ -20,7 +20,7 @@ from typing import Any
 from conveyor.platform.delivery import Delivery, Interceptor, Step
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.options import CellOptions
-from conveyor.workers.cells import DEFAULT_CELL, CellRouter
+from conveyor.workers.cells.cells import DEFAULT_CELL, CellRouter
 
 
 def cell_reader(options: CellOptions) -> Callable[[Delivery], str]:

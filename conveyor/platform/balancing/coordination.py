@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.platform.balancer import local_coordination
+from conveyor.platform.balancing.balancer import local_coordination
+from conveyor.platform.balancing.leases import LeaseStore
+from conveyor.platform.balancing.membership import Membership
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.importing import load_attr
-from conveyor.platform.leases import LeaseStore
-from conveyor.platform.membership import Membership
 
 _BUILTIN = {
-    "memory": "conveyor.platform.coordination:memory_coordination",
+    "memory": "conveyor.platform.balancing.coordination:memory_coordination",
     "redis": "conveyor.adapters.redis.coordination:redis_coordination",
 }
 

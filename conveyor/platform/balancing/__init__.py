@@ -1,0 +1,1 @@
+"""Which daemon pulls which queue: balancers, leases, membership, placement, their maths."""

@@ -1,0 +1,1 @@
+"""What operators run against a broker: status, dead letters, consumer groups."""

@@ -1,0 +1,1 @@
+"""Cells: reserved capacity for tenants."""

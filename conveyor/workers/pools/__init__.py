@@ -1,0 +1,1 @@
+"""Stateless-worker pools: grown on demand, shrunk under a PID controller."""
