@@ -30,8 +30,8 @@ BUCKETS = [
     ("decode: body -> handler argument", r"_body_decoder"),
     ("delivery chain (dead letter, decode, retry)", r"conveyor/platform/delivery/"),
     ("slots (reserve, release)", r"conveyor/platform/slots\.py|workers/slots/(fixed|wrappers)\.py"),
-    ("acknowledge (adapter side)", r"messages_delivered|RedisReceiver\._ack|_trim|"
-     r"KafkaReceiver\.messages_delivered|kafka/offsets\.py"),
+    ("acknowledge (adapter side)", r"acknowledge|RedisReceiver\._ack|_trim|"
+     r"KafkaReceiver\.acknowledge|kafka/offsets\.py"),
     ("agent: cache, lanes, acks bookkeeping", r"conveyor/platform/(agent|queue_cache)\.py"),
     ("broker client (redis-py / aiokafka)", r"(site-packages/|\()(redis|aiokafka|hiredis)/"),
     ("event loop and sockets", r"asyncio/|selectors\.py|socket"),

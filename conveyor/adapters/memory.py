@@ -216,7 +216,7 @@ class MemoryReceiver(QueueReceiver):
             pending[m.token.major] = m  # type: ignore[union-attr]
         return out
 
-    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+    async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         pending = self._cursor.pending
         for token in tokens:
             pending.pop(token.major, None)

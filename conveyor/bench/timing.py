@@ -82,7 +82,7 @@ class SteadyClock:
 class AckCounter:
     """Sets :attr:`done` once an adapter's receivers have acknowledged ``target`` messages.
 
-    It wraps ``messages_delivered`` of every receiver the adapter creates, so a timer
+    It wraps ``acknowledge`` of every receiver the adapter creates, so a timer
     stops on the acknowledgement itself, not when the handler returns (acks are sent
     after, in batches). One extra call per ack batch, none per message.
     """
@@ -95,7 +95,7 @@ class AckCounter:
 
         def create_counted(queue: int, group: str) -> QueueReceiver:
             receiver = create(queue, group)
-            deliver = receiver.messages_delivered
+            deliver = receiver.acknowledge
 
             async def delivered(tokens: Sequence[SequenceToken]) -> None:
                 await deliver(tokens)
@@ -103,7 +103,7 @@ class AckCounter:
                 if self.acked >= self.target:
                     self.done.set()
 
-            receiver.messages_delivered = delivered  # type: ignore[method-assign]
+            receiver.acknowledge = delivered  # type: ignore[method-assign]
             return receiver
 
         adapter.create_receiver = create_counted  # type: ignore[method-assign]

@@ -103,7 +103,7 @@ class Acknowledger:
                 continue
             batch, self.to_ack = self.to_ack, []
             try:
-                await receiver.messages_delivered(batch)
+                await receiver.acknowledge(batch)
             except LeaseLostError as exc:
                 # The store fenced us off: a newer owner has the queue. Never retry.
                 log.warning("queue %d: ack refused (%s); dropping %d ack(s)",
@@ -139,11 +139,11 @@ class Acknowledger:
         receiver = self._receiver
         try:
             if self.note_out_of_order is not None:
-                await receiver.messages_delivered([])
+                await receiver.acknowledge([])
                 return
             beyond = [e.msg.token for e in self._cache.entries if e.done and e.msg.token]
             if beyond:  # finished behind an unfinished one: acknowledged by id
-                await receiver.messages_delivered(beyond)
+                await receiver.acknowledge(beyond)
                 self.acked += len(beyond)
         except ConveyorError as exc:
             log.warning("queue %d: could not acknowledge the finished messages: %s",

@@ -9,7 +9,7 @@ Delivery contract (every adapter, the memory one included):
 * ``get_messages`` returns messages of one queue in queue order, each with its
   ``token`` set; a message returned once is not returned again by the same receiver
   unless the queue is rewound.
-* ``messages_delivered`` acknowledges; an acknowledged message is never delivered to
+* ``acknowledge`` acknowledges; an acknowledged message is never delivered to
   the group again (short of a rewind).
 * A message delivered but not acknowledged when its receiver shuts down (or dies) is
   delivered again by the next receiver of that queue: at least once, never lost.
@@ -17,13 +17,9 @@ Delivery contract (every adapter, the memory one included):
 These promises, lag, rewind's checks and dead letters are one test suite,
 ``tests/contract/``, run against every adapter: a new adapter is done when it passes.
 
-Why ``messages_delivered`` and not ``acknowledge``: it means "acknowledge" (ack or
-commit), and the name was kept on purpose when the delivery path was restructured
-(issue 17). The receiver follows Orleans' persistent-streams receiver name for name
-(``Initialize``, ``GetQueueMessagesAsync``, ``MessagesDeliveredAsync``, ``Shutdown``),
-the README and the design notes describe the port so, and a rename would touch every
-adapter's receive and ack code, the agent and the contract suite (some 50 places)
-while those are being reworked, for no change in behaviour.
+The receiver's life cycle follows Orleans' persistent-streams receiver (``Initialize``,
+``GetQueueMessagesAsync``, ``MessagesDeliveredAsync``, ``Shutdown``); its acknowledging
+call is named for what it does, ``acknowledge``.
 """
 
 from __future__ import annotations
@@ -60,7 +56,7 @@ class QueueReceiver(ABC):
     Backends that commit a single position (Kafka) set it, record those tokens with
     :meth:`message_done_out_of_order`, and persist them with the next acknowledgement,
     so the next owner of the queue can skip them. The agent then also calls
-    ``messages_delivered([])`` once when it drains, to persist what is still recorded.
+    ``acknowledge([])`` once when it drains, to persist what is still recorded.
     """
 
     def message_done_out_of_order(self, token: SequenceToken) -> None:  # noqa: B027
@@ -94,7 +90,7 @@ class QueueReceiver(ABC):
         """
 
     @abstractmethod
-    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+    async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         """Acknowledge these messages: they are done for this group."""
 
     async def handed_back(self, tokens: Sequence[SequenceToken], *,  # noqa: B027

@@ -179,9 +179,9 @@ class ObservedReceiver(MemoryReceiver):
         log_ = self._memory.log(queue)
         return log_.base, log_.items
 
-    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+    async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         self._observations.acknowledged(self._log_of, tokens)
-        await super().messages_delivered(tokens)
+        await super().acknowledge(tokens)
         self._observations.changed.set()
 
 

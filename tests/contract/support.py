@@ -55,5 +55,5 @@ async def take_rest(receiver: QueueReceiver, count: int) -> list[Message]:
 
 async def take_and_ack(receiver: QueueReceiver, count: int) -> list[Message]:
     got = await take(receiver, count)
-    await receiver.messages_delivered(tokens(got))
+    await receiver.acknowledge(tokens(got))
     return got

@@ -24,7 +24,7 @@ async def test_after_acknowledging_a_prefix_the_next_receiver_gets_exactly_the_r
     await adapter.enqueue(0, numbered(range(10)))
     first = await open_receiver(0, "app")
     taken = await take(first, 6)
-    await first.messages_delivered(tokens(taken[:3]))
+    await first.acknowledge(tokens(taken[:3]))
     await first.shutdown()
     second = await open_receiver(0, "app")
     assert numbers(await take_rest(second, 7)) == [3, 4, 5, 6, 7, 8, 9]
@@ -41,12 +41,12 @@ async def test_messages_done_above_an_unfinished_one_are_skipped_only_where_reco
     await adapter.enqueue(0, numbered(range(10)))
     first = await open_receiver(0, "app")
     taken = await take(first, 6)
-    await first.messages_delivered(tokens(taken[:2]))
+    await first.acknowledge(tokens(taken[:2]))
     recorded = first.records_done_out_of_order
     if recorded:
         for token in tokens(taken[3:5]):
             first.message_done_out_of_order(token)
-        await first.messages_delivered([])  # what the agent does when it drains
+        await first.acknowledge([])  # what the agent does when it drains
     await first.shutdown()
     second = await open_receiver(0, "app")
     expected = [2, 5, 6, 7, 8, 9] if recorded else [2, 3, 4, 5, 6, 7, 8, 9]
@@ -61,9 +61,9 @@ async def test_lag_counts_undelivered_and_unacknowledged_messages_per_group(
     receiver = await open_receiver(0, "app")
     taken = await take(receiver, 3)
     assert await receiver.lag() == 5 and await adapter.lag(0, "app") == 5  # 3 taken, 2 not
-    await receiver.messages_delivered(tokens(taken[:2]))
+    await receiver.acknowledge(tokens(taken[:2]))
     assert await receiver.lag() == 3 and await adapter.lag(0, "app") == 3
-    await receiver.messages_delivered(tokens(taken[2:]) + tokens(await take(receiver, 2)))
+    await receiver.acknowledge(tokens(taken[2:]) + tokens(await take(receiver, 2)))
     assert await receiver.lag() == 0 and await adapter.lag(0, "app") == 0
     assert await adapter.lag(0, "other-app") == 5  # another group's lag is its own
     assert await adapter.lag(1, "app") == 0  # an empty queue

@@ -56,7 +56,7 @@ async def test_every_group_receives_every_message_on_its_own(
     await adapter.enqueue(0, numbered(range(4)))
     first = await open_receiver(0, "first")
     got = await take(first, 4)
-    await first.messages_delivered(tokens(got))
+    await first.acknowledge(tokens(got))
     second = await open_receiver(0, "second")  # first's acknowledgements are not its own
     assert numbers(await take_rest(second, 4)) == [0, 1, 2, 3]
 

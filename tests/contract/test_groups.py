@@ -68,7 +68,7 @@ async def two_groups(adapter: QueueAdapter, open_receiver: Open, apps: Apps) -> 
                                      (apps.behind, 0, 1, 1), (apps.behind, 1, 1, 1)):
         receiver = await open_receiver(queue, app)
         got = await take(receiver, taken)
-        await receiver.messages_delivered(tokens(got[:acked]))
+        await receiver.acknowledge(tokens(got[:acked]))
         await receiver.shutdown()
 
 
@@ -99,7 +99,7 @@ async def test_a_group_is_listed_only_on_the_queues_it_has_a_position_on(
     await adapter.enqueue(0, numbered(range(3)))
     await adapter.enqueue(1, numbered(range(4)))
     receiver = await open_receiver(0, apps.ahead)
-    await receiver.messages_delivered(tokens(await take(receiver, 1)))
+    await receiver.acknowledge(tokens(await take(receiver, 1)))
     await receiver.shutdown()
     assert not await adapter.has_group([1], apps.ahead)
     assert apps.rows(await adapter.groups([0, 1])) == [(0, "ahead", 2)]

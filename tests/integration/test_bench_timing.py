@@ -38,9 +38,9 @@ N = 400
 
 
 class SlowAckReceiver(MemoryReceiver):
-    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+    async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         await asyncio.sleep(ACK_DELAY_S)  # the injected fault: a backend slow to ack
-        await super().messages_delivered(tokens)
+        await super().acknowledge(tokens)
 
 
 class SlowAckAdapter(MemoryAdapter):

@@ -81,8 +81,8 @@ class CountingReceiver(QueueReceiver):
         self.check(max_count)
         return await self.inner.get_messages(max_count, timeout_s)
 
-    async def messages_delivered(self, tokens: Any) -> None:
-        await self.inner.messages_delivered(tokens)
+    async def acknowledge(self, tokens: Any) -> None:
+        await self.inner.acknowledge(tokens)
 
     async def lag(self) -> int:
         return await self.inner.lag()
@@ -150,9 +150,9 @@ class AckRecordingReceiver(MemoryReceiver):
         super().__init__(adapter.broker, queue, group)
         self.acks = adapter.acks
 
-    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+    async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         self.acks.update(tokens)
-        await super().messages_delivered(tokens)
+        await super().acknowledge(tokens)
 
 
 class FlakyDeadLetterAdapter(MemoryAdapter):

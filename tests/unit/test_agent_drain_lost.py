@@ -30,7 +30,7 @@ class StalledAcks(MemoryReceiver):
         super().__init__(*args)
         self.ack_started = asyncio.Event()
 
-    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+    async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         self.ack_started.set()
         await asyncio.Event().wait()
 

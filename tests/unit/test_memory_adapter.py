@@ -33,7 +33,7 @@ async def test_messages_acknowledged_out_of_queue_order_are_done_singly(
     await adapter.enqueue(0, make(6))
     first = adapter.create_receiver(0, "g")
     got = await first.get_messages(4)
-    await first.messages_delivered([got[0].token, got[2].token])  # type: ignore[list-item]
+    await first.acknowledge([got[0].token, got[2].token])  # type: ignore[list-item]
     await first.shutdown()
     second = adapter.create_receiver(0, "g")
     await second.initialize()
@@ -46,7 +46,7 @@ async def test_retention_trims_only_what_every_group_acknowledged(
     fast, slow = adapter.create_receiver(0, "fast"), adapter.create_receiver(0, "slow")
     await adapter.enqueue(0, make(10))
     got = await fast.get_messages(10)
-    await fast.messages_delivered([m.token for m in got if m.token])
+    await fast.acknowledge([m.token for m in got if m.token])
     await slow.get_messages(3)  # delivered, never acked
     await adapter.enqueue(0, make(TRIM_EVERY, start=10))  # triggers a trim
     log = adapter.broker.logs[0]
@@ -55,10 +55,10 @@ async def test_retention_trims_only_what_every_group_acknowledged(
     rx = adapter.create_receiver(0, "slow")
     assert bodies(await rx.get_messages(3)) == [0, 1, 2]
     all_slow = await rx.get_messages(TRIM_EVERY + 10)
-    await rx.messages_delivered([SequenceToken(0, i) for i in range(3)])
-    await rx.messages_delivered([m.token for m in all_slow if m.token])
+    await rx.acknowledge([SequenceToken(0, i) for i in range(3)])
+    await rx.acknowledge([m.token for m in all_slow if m.token])
     more = await fast.get_messages(TRIM_EVERY)
-    await fast.messages_delivered([m.token for m in more if m.token])
+    await fast.acknowledge([m.token for m in more if m.token])
     adapter.broker.trim()
     assert log.base == TRIM_EVERY + 10 and log.items == []
 
@@ -96,7 +96,7 @@ async def test_a_forward_rewind_counts_the_taken_messages_a_rewind_would_drop(
     rx = adapter.create_receiver(0, "g")
     await rx.initialize()
     got = await rx.get_messages(4)  # 0..3 taken; 0 and 1 acked, 2 and 3 still pending
-    await rx.messages_delivered([m.token for m in got[:2] if m.token])
+    await rx.acknowledge([m.token for m in got[:2] if m.token])
     await rx.shutdown()
     # Back (or to where it stands) skips nothing; ahead skips the unfinished ones below.
     assert await adapter.forward_gap(0, "g", SequenceToken(0, 1)) == 0
@@ -115,7 +115,7 @@ async def test_rewinding_an_app_with_no_group_is_refused_and_creates_none(
     await adapter.enqueue(0, make(5))
     await adapter.enqueue(1, make(5))
     live = adapter.create_receiver(0, "live")
-    await live.messages_delivered([m.token for m in await live.get_messages(5) if m.token])
+    await live.acknowledge([m.token for m in await live.get_messages(5) if m.token])
     # Reading a ghost's lag or gap creates no group either (status and rewind read them).
     assert await adapter.lag(1, "ghost") == 5 and await adapter.forward_gap(1, "ghost", 0.0) == 0
     with pytest.raises(UnknownGroupError, match=r"'ghost' has no consumer group on queue\(s\) "
@@ -134,7 +134,7 @@ async def test_the_group_nobody_runs_holds_retention_until_it_is_deleted(
 ) -> None:
     await adapter.enqueue(0, make(10, ts=5_000))
     live = adapter.create_receiver(0, "live")
-    await live.messages_delivered([m.token for m in await live.get_messages(10) if m.token])
+    await live.acknowledge([m.token for m in await live.get_messages(10) if m.token])
     await adapter.rewind_queues([0], "ghost", 0.0, create_group=True)
     await adapter.dead_letter("ghost", [])
     adapter.broker.trim()

@@ -226,7 +226,7 @@ class KafkaReceiver(QueueReceiver):
     def message_done_out_of_order(self, token: SequenceToken) -> None:
         self._offsets.mark_done(token.major)
 
-    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+    async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         """Commit the watermark (with the done offsets above it as metadata).
 
         ``tokens`` is the agent's contiguous done prefix, in queue order. An empty call

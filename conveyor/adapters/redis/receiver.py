@@ -194,7 +194,7 @@ class RedisReceiver(QueueReceiver):
             self._history_from = last
         if len(out) < len(entries):  # pending, but trimmed or deleted meanwhile: ack them
             queue = self._queue
-            await self.messages_delivered(
+            await self.acknowledge(
                 [token_of(eid, queue) for eid, fields in entries if not fields]
             )
         return out
@@ -283,7 +283,7 @@ class RedisReceiver(QueueReceiver):
         for tokens in again:
             await self._ack(tokens)
 
-    async def messages_delivered(self, tokens: Sequence[SequenceToken]) -> None:
+    async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         for i in range(0, len(tokens), _ACK_CHUNK):
             await self._ack(tokens[i : i + _ACK_CHUNK])
         if time.monotonic() >= self._next_trim:

@@ -145,7 +145,7 @@ async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and
         await receiver.initialize()
         got = await receiver.get_messages(10, 2.0)
         assert len(got) == 3
-        await receiver.messages_delivered([m.token for m in got])
+        await receiver.acknowledge([m.token for m in got])
         admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
         await admin.start()
         try:
@@ -159,7 +159,7 @@ async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and
         assert errors == [str(adapter.topic_changed)]
         assert "(partition 0 ends at offset 0, before offset 3 it had reached)" in errors[0]
         await adapter.cluster.create_topics({topic: 1})  # the topic again, empty
-        await receiver.messages_delivered([m.token for m in got])  # commits nothing
+        await receiver.acknowledge([m.token for m in got])  # commits nothing
         probe = adapter.cluster.new_consumer("drift")
         await probe.start()
         try:  # an old watermark committed here would skip the new topic's first 3 records

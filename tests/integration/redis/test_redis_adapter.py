@@ -62,7 +62,7 @@ async def test_an_entry_written_by_redis_cli_is_delivered(adapter: RedisAdapter)
     assert msg.headers == {"traceparent": "00-abc-def-01"}
     assert msg.token is not None and msg.enqueued_at_ms == msg.token.major
     assert await receiver.lag() == 1
-    await receiver.messages_delivered([msg.token])
+    await receiver.acknowledge([msg.token])
     assert await receiver.lag() == 0
 
 
@@ -98,14 +98,14 @@ async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer
         assert new is not None and new.token > old.token
         assert msg.token is not None
         with pytest.raises(LeaseLostError):
-            await stale.messages_delivered([msg.token])
+            await stale.acknowledge([msg.token])
         # The new owner claims the entry and gets it first, then acknowledges it.
         fresh = adapter.create_receiver(queue, "shop")
         fresh.set_lease(new)
         await fresh.initialize()
         again = await fresh.get_messages(10, 0.1)
         assert [m.id for m in again] == [msg.id]
-        await fresh.messages_delivered([msg.token])
+        await fresh.acknowledge([msg.token])
         assert await adapter.lag(queue, "shop") == 0
         refused = await adapter.redis.hgetall(Keys("t").fenced_acks("shop", 0))
         assert refused == {f"{old.token} old".encode(): b"1"}
@@ -122,7 +122,7 @@ async def test_pending_entries_come_first_in_order_after_a_takeover(
     first = adapter.create_receiver(0, "g")
     await first.initialize()
     taken = await first.get_messages(4, 0.1)
-    await first.messages_delivered([taken[0].token])  # type: ignore[list-item]
+    await first.acknowledge([taken[0].token])  # type: ignore[list-item]
     # The owner dies with three unacknowledged; the next one sees them first, in order.
     second = adapter.create_receiver(0, "g")
     await second.initialize()
@@ -146,14 +146,14 @@ async def test_retention_trims_only_what_every_group_acknowledged(
         await slow.initialize()
         done = await fast.get_messages(20, 0.1)
         part = await slow.get_messages(5, 0.1)
-        await slow.messages_delivered([m.token for m in part[:3]])  # type: ignore[misc]
+        await slow.acknowledge([m.token for m in part[:3]])  # type: ignore[misc]
         assert await adapter.redis.xlen("t:q:0") == 20  # "fast" holds all 20 pending
-        await fast.messages_delivered([m.token for m in done])  # type: ignore[misc]
+        await fast.acknowledge([m.token for m in done])  # type: ignore[misc]
         # "slow" acknowledged 3 and still holds 2 pending: only the first 3 may go.
         assert await adapter.redis.xlen("t:q:0") == 17
         assert await adapter.lag(0, "slow") == 17 and await adapter.lag(0, "fast") == 0
         rest = await slow.get_messages(100, 0.1)
-        await slow.messages_delivered([m.token for m in part[3:] + rest])  # type: ignore[misc]
+        await slow.acknowledge([m.token for m in part[3:] + rest])  # type: ignore[misc]
         assert await adapter.redis.xlen("t:q:0") == 0
     finally:
         await adapter.close()
@@ -177,7 +177,7 @@ async def test_retention_trims_below_a_group_rewound_to_a_point_in_time(
         await active.initialize()
         done = await active.get_messages(10, 0.1)
         assert len(done) == 5
-        await active.messages_delivered([m.token for m in done])  # type: ignore[misc]
+        await active.acknowledge([m.token for m in done])  # type: ignore[misc]
         # Below the rewound group's floor (2500-0) everyone is done: trimmed.
         kept = [eid for eid, _ in await adapter.redis.xrange(stream)]
         assert kept == [b"3000-0", b"4000-0"]
@@ -197,7 +197,7 @@ async def test_lag_after_a_rewind_is_known_and_counted_without_shipping_entries(
     reader = adapter.create_receiver(0, "g")
     await reader.initialize()
     while batch := await reader.get_messages(1000, 0.05):
-        await reader.messages_delivered([m.token for m in batch])  # type: ignore[misc]
+        await reader.acknowledge([m.token for m in batch])  # type: ignore[misc]
     assert await adapter.lag(0, "g") == 0
 
     async def redis_lag() -> int | None:
@@ -212,7 +212,7 @@ async def test_lag_after_a_rewind_is_known_and_counted_without_shipping_entries(
     await replay.initialize()
     part = await replay.get_messages(100, 0.05)
     assert [m.token.major for m in part] == list(range(1500, 1600))  # type: ignore[union-attr]
-    await replay.messages_delivered([m.token for m in part])  # type: ignore[misc]
+    await replay.acknowledge([m.token for m in part])  # type: ignore[misc]
     assert await redis_lag() == 401 and await adapter.lag(0, "g") == 401
     # A deletion ahead of the group: Redis cannot tell any more; the adapter counts on
     # the server, so the ~400 KB of entries left do not cross the wire.
@@ -316,7 +316,7 @@ async def publish_ten_and_take(config: Config, n: int) -> list[SequenceToken]:
         r = adapter.create_receiver(0, "shop")
         await r.initialize()
         msgs = await r.get_messages(n, 0.1)
-        await r.messages_delivered([m.token for m in msgs])  # type: ignore[misc]
+        await r.acknowledge([m.token for m in msgs])  # type: ignore[misc]
         assert await adapter.lag(0, "shop") == 10 - n
         return tokens
     finally:
@@ -340,7 +340,7 @@ def test_rewind_replays_a_known_range(redis_server: RedisServer, tmp_path: Path)
             await r.initialize()
             msgs = await r.get_messages(100, 0.1)
             msgs += await r.get_messages(100, 0.1)  # past any pending ones: nothing more
-            await r.messages_delivered([m.token for m in msgs])  # type: ignore[misc]
+            await r.acknowledge([m.token for m in msgs])  # type: ignore[misc]
             return [m.body for m in msgs]
         finally:
             await adapter.close()
@@ -521,5 +521,5 @@ async def test_a_pending_entry_deleted_meanwhile_is_acked_not_delivered(
     got = await second.get_messages(10, 0.1)
     assert [m.token for m in got] == [tokens[0], tokens[2]]
     assert (await adapter.redis.xpending(stream, "g"))["pending"] == 2  # the gone one acked
-    await second.messages_delivered([m.token for m in got])  # type: ignore[misc]
+    await second.acknowledge([m.token for m in got])  # type: ignore[misc]
     assert await adapter.lag(0, "g") == 0

@@ -76,7 +76,7 @@ def take_all(cfg: Path, group: str) -> None:
                 rx = adapter.create_receiver(q, group)
                 await rx.initialize()
                 while batch := await rx.get_messages(100, 0.05):
-                    await rx.messages_delivered([m.token for m in batch])  # type: ignore[misc]
+                    await rx.acknowledge([m.token for m in batch])  # type: ignore[misc]
         finally:
             await adapter.close()
 

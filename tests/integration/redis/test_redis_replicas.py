@@ -76,7 +76,7 @@ async def test_a_publish_returns_once_the_replica_has_it_and_raises_when_none_ca
 
         # An acknowledgement no replica confirmed is kept, and said so once.
         with caplog.at_level(logging.WARNING):
-            await receiver.messages_delivered([m.token for m in got if m.token])
+            await receiver.acknowledge([m.token for m in got if m.token])
         assert "reached 0 of 1 replicas" in caplog.text
         await receiver.shutdown()
 
