@@ -28,8 +28,9 @@ from conveyor.platform.balancing.coordination import coordination_from_config
 from conveyor.platform.balancing.leases import LeaseStore
 from conveyor.platform.balancing.membership import MemberInfo, Membership
 from conveyor.platform.config import Config
-from conveyor.platform.errors import BrokerError, ConveyorError, ShutdownError
+from conveyor.platform.errors import BrokerError, ConfigError, ConveyorError, ShutdownError
 from conveyor.workers.supervisor.protocol import (
+    CONFIG_REFUSED,
     Acquire,
     Acquired,
     Event,
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run_child(app_path, config_path, int(events_fd)))
     except ConveyorError as exc:  # a message for the operator, not a traceback
         log.error("%s", exc)
-        sys.exit(1)
+        sys.exit(CONFIG_REFUSED if isinstance(exc, ConfigError) else 1)
 
 
 if __name__ == "__main__":
