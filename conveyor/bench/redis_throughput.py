@@ -55,8 +55,8 @@ from conveyor.bench.throughput import (
     summarize,
 )
 from conveyor.bench.timing import PUBLISH_BATCH, Sample, SteadyClock, bench_items
+from conveyor.client import Client
 from conveyor.platform.adapter import QueueAdapter
-from conveyor.platform.client import Client
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
 

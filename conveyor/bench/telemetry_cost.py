@@ -47,7 +47,7 @@ from typing import Any
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.bench import BenchmarkError
 from conveyor.bench.throughput import AckCounter, noop_app
-from conveyor.platform.client import Client
+from conveyor.client import Client
 from conveyor.platform.config import Config, TelemetryConfig
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken

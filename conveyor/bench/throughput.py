@@ -39,6 +39,7 @@ from typing import Any
 
 import msgspec
 
+from conveyor.backends import create_adapter
 from conveyor.bench.figures import ThroughputResult, spreads
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config
 from conveyor.bench.timing import (
@@ -51,9 +52,9 @@ from conveyor.bench.timing import (
     time_publish_batch,
     time_publish_single,
 )
-from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.client import Client, Publish
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
 

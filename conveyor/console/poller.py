@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.backends import for_config
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.operations.status import (
@@ -145,9 +146,10 @@ class Poller:
     async def poll(self) -> None:
         """One reading: the apps, then the status of each watched app."""
         try:
-            apps = await collect_apps(self.config)
+            backend = for_config(self.config)
+            apps = await collect_apps(self.config, backend)
             names = [self.app] if self.app else [a.app for a in apps.apps]
-            status = {name: await collect_status(self.config, name) for name in names}
+            status = {name: await collect_status(self.config, name, backend) for name in names}
         except ConveyorError as exc:
             self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
                                    f"{type(exc).__name__}: {exc}")

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from conveyor.platform.adapter import create_adapter
-from conveyor.platform.client import Publish, SyncClient
+from conveyor.backends import create_adapter
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from tests.conftest import free_port, server_missing, wait_until_sync
 from tests.e2e.test_dlq import config_path

@@ -24,8 +24,8 @@ from conveyor.bench.shipped import Variant, bench_config, shipped_path
 from conveyor.bench.throughput import MemoryBackend, build_messages, measure
 from conveyor.bench.timing import Sample, bench_items, time_daemon
 from conveyor.cli import main
+from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
-from conveyor.platform.client import Client
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper

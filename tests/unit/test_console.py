@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from conveyor.backends import create_adapter
+from conveyor.client import Publish, SyncClient
 from conveyor.console.poller import Poller
 from conveyor.console.server import TOKEN_HEADER, Settings, broker_name, create_app
-from conveyor.platform.adapter import create_adapter
-from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message

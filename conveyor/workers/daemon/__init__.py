@@ -28,6 +28,7 @@ from collections.abc import Callable
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import PullingAgent
 from conveyor.platform.app import App
+from conveyor.platform.backend import Backend
 from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.balancing.balancer import QueueBalancer
 from conveyor.platform.balancing.leases import Lease
@@ -75,7 +76,8 @@ class WorkerDaemon:
 
     ``resource_sampler`` is where the CPU and memory it publishes for placement are
     read (default: this process's cgroup v2, else the host; see
-    :mod:`conveyor.workers.resources`).
+    :mod:`conveyor.workers.resources`). ``backend`` is what the broker's parts are built
+    from (default: the config's, ``conveyor.backends.for_config``).
     """
 
     def __init__(
@@ -89,10 +91,11 @@ class WorkerDaemon:
         member: MemberInfo | None = None,
         telemetry: Telemetry | None = None,
         resource_sampler: ResourceSampler | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self._parts = parts = build_parts(
             app, config, adapter=adapter, balancer=balancer, slots=slots, member=member,
-            telemetry=telemetry, resource_sampler=resource_sampler,
+            telemetry=telemetry, resource_sampler=resource_sampler, backend=backend,
         )
         self.app = app
         self.config = parts.config

@@ -23,9 +23,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+from conveyor.backends import coordination
 from conveyor.platform.balancing.balancer import BalanceListener, DynamicBalancer, QueueBalancer
-from conveyor.platform.balancing.coordination import coordination_from_config
-from conveyor.platform.balancing.leases import LeaseStore
+from conveyor.platform.balancing.leases import LeaseStore, MemoryLeaseStore
 from conveyor.platform.balancing.membership import MemberInfo, Membership
 from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, ConfigError, ConveyorError, ShutdownError
@@ -166,9 +166,9 @@ async def _stdin_lines() -> asyncio.StreamReader:
 
 
 def _balancer_for(config: Config, app_name: str) -> SupervisedBalancer | LeasedSupervisedBalancer:
-    if config.balancer.membership == "memory":  # nothing shared to hold leases in
+    membership, leases = coordination(config, app_name)
+    if isinstance(leases, MemoryLeaseStore):  # in this process: nothing shared to lease in
         return SupervisedBalancer()
-    membership, leases = coordination_from_config(config, app_name)
     return LeasedSupervisedBalancer(
         membership, leases, config.queues.total,
         lease_ttl_s=config.balancer.lease_ttl_s,
