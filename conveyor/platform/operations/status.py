@@ -64,6 +64,8 @@ class MemberStatus:
     stats: dict[str, float]
     queues: list[int] = field(default_factory=list)
     """The queues it owns."""
+    version: str = ""
+    """Its Conveyor version; ``""`` when its record does not say (an older daemon)."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,8 @@ async def collect_status(config: Config, group: str) -> StatusReport:
         owned.setdefault(owner, []).append(q)
     return StatusReport(
         group,
-        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, [])) for m in members],
+        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version)
+         for m in members],
         queues, time.time(), groups, adapter.retention_follows_groups, dead_letters, eviction,
     )
 
