@@ -40,6 +40,11 @@ class Reading:
     """Why the last poll failed (the broker down, say); the page shows it."""
 
 
+LATENCY_KEYS = {"p50": "latency.p50_s", "p95": "latency.p95_s", "p99": "latency.p99_s"}
+"""Chart series -> the heartbeat stat a daemon publishes (seconds, over the calls since
+its previous heartbeat; absent without a meter or a call)."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """What the charts keep of one reading of one app."""
@@ -48,23 +53,37 @@ class Sample:
     counts: dict[str, tuple[float, int, int]]
     """Daemon id: (its heartbeat's time, handled, dead-lettered) as that heartbeat said."""
     lag: dict[int, int]
+    latency: dict[str, float] = field(default_factory=dict)
+    """Series (``p50``...) -> the slowest daemon's figure, in seconds; absent when no daemon
+    published one."""
 
 
-def _sample(report: StatusReport) -> Sample:
-    counts = {m.id: (m.stats.get("at", 0.0), int(m.stats.get("handled", 0)),
-                     int(m.stats.get("dead_lettered", 0)))
-              for m in report.members}
-    return Sample(report.at, counts, {q.queue: q.lag for q in report.queues})
+def chart_sample(report: StatusReport) -> Sample:
+    counts = {}
+    latency: dict[str, float] = {}
+    for m in report.members:
+        if "at" in m.stats:
+            counts[m.id] = (m.stats["at"], int(m.stats.get("handled", 0)),
+                            int(m.stats.get("dead_lettered", 0)))
+        else:  # the record it joined with, before its first heartbeat: zero at its start
+            counts[m.id] = (m.started_at, 0, 0)
+        for name, key in LATENCY_KEYS.items():
+            if key in m.stats:
+                latency[name] = max(latency.get(name, 0.0), m.stats[key])
+    return Sample(report.at, counts, {q.queue: q.lag for q in report.queues}, latency)
 
 
 def rates(samples: list[Sample]) -> list[dict[str, Any]]:
-    """Per sample after the first: handled/s and dead-lettered/s summed over the daemons.
+    """Per sample after the first: handled/s and dead-lettered/s summed over the daemons,
+    lag per queue, and the handler latency percentiles in milliseconds (None: unknown).
 
     A daemon's counts change only with its heartbeat (every ``lease_ttl_s / 3``), so each
     daemon's rate is taken between two of its heartbeats, on its own clock, and held
     until the next one: polls faster than heartbeats draw steps, not spikes and zeros.
-    A daemon that left or restarted (counts going down) adds nothing until its next
-    heartbeat.
+    The first heartbeat the console sees of a daemon is its baseline — or its start, when
+    the console saw it join (its record then has no counts: they were zero when it
+    started), so a run shorter than two heartbeats still draws its rate. A daemon that
+    left or restarted (counts going down) adds nothing until its next heartbeat.
     """
     out = []
     last: dict[str, tuple[float, int, int]] = {}
@@ -72,7 +91,7 @@ def rates(samples: list[Sample]) -> list[dict[str, Any]]:
     for i, sample in enumerate(samples):
         for member, (at, handled, dead) in sample.counts.items():
             before = last.get(member)
-            if before is not None and at > before[0]:
+            if before is not None and 0 < before[0] < at:
                 span = at - before[0]
                 per_daemon[member] = (max(handled - before[1], 0) / span,
                                       max(dead - before[2], 0) / span)
@@ -83,7 +102,10 @@ def rates(samples: list[Sample]) -> list[dict[str, Any]]:
             continue
         out.append({"at": sample.at, "handled_per_s": sum(r[0] for r in current),
                     "dead_per_s": sum(r[1] for r in current),
-                    "lag": {str(q): lag for q, lag in sorted(sample.lag.items())}})
+                    "lag": {str(q): lag for q, lag in sorted(sample.lag.items())},
+                    "latency_ms": {name: (sample.latency[name] * 1000
+                                          if name in sample.latency else None)
+                                   for name in LATENCY_KEYS}})
     return out
 
 
@@ -159,6 +181,6 @@ class Poller:
             self.reading = Reading(time.time(), apps, status)
             for name, report in status.items():
                 self._history.setdefault(name, deque(maxlen=self._window)).append(
-                    _sample(report))
+                    chart_sample(report))
         self.polls += 1
         self._fresh.set()

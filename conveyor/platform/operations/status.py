@@ -66,6 +66,8 @@ class MemberStatus:
     """The queues it owns."""
     version: str = ""
     """Its Conveyor version; ``""`` when its record does not say (an older daemon)."""
+    started_at: float = 0.0
+    """When it started (its clock); 0 when unknown."""
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,8 @@ async def collect_status(config: Config, group: str) -> StatusReport:
         owned.setdefault(owner, []).append(q)
     return StatusReport(
         group,
-        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version)
-         for m in members],
+        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
+                      m.started_at) for m in members],
         queues, time.time(), groups, adapter.retention_follows_groups, dead_letters, eviction,
     )
 
