@@ -126,13 +126,23 @@ class Poller:
         self._fresh = asyncio.Event()
         self._last_seen = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="console-poller")
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        """Cancel the loop; a poll stuck closing its broker connections is left behind
-        after ``timeout_s`` rather than holding the console's exit."""
+        """End the loop: cancel it, and tell it to stop as well.
+
+        The flag is what makes the exit prompt: a cancel can be lost inside a poll
+        (Python 3.11's ``asyncio.wait_for``, which redis-py calls on every command with a
+        socket timeout, returns the result instead of raising when the command completes
+        as the cancel arrives), and the loop then went on polling until this call gave up
+        — the console's exit hung for ``timeout_s``. Now the loop ends after that poll. A
+        poll stuck closing its broker connections is still left behind after
+        ``timeout_s`` rather than holding the console's exit."""
+        self._stopping = True
+        self._wanted.set()  # a resting loop wakes to see the flag
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=timeout_s)
@@ -157,12 +167,15 @@ class Poller:
         return list(self._history.get(app, ()))
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             if time.monotonic() - self._last_seen > self.idle_after_s:
                 self._wanted.clear()
                 await self._wanted.wait()
+                if self._stopping:
+                    return
             await self.poll()
-            await asyncio.sleep(self.interval_s)
+            if not self._stopping:
+                await asyncio.sleep(self.interval_s)
 
     async def poll(self) -> None:
         """One reading: the apps, then the status of each watched app."""

@@ -3,7 +3,11 @@ heartbeats and held in between, so polls faster than heartbeats draw a steady li
 
 from __future__ import annotations
 
-from conveyor.console.poller import Sample, chart_sample, rates
+import asyncio
+import contextlib
+
+from conveyor.console.poller import Poller, Sample, chart_sample, rates
+from conveyor.platform.config import Config
 from conveyor.platform.operations.status import MemberStatus, QueueStatus, StatusReport
 
 T0 = 1_700_000_000.0  # a daemon's clock: heartbeat times are seconds since the epoch
@@ -70,3 +74,31 @@ def test_latency_is_the_slowest_daemon_s_in_milliseconds_and_none_when_unknown()
     first, second = rates(polls)
     assert first["latency_ms"] == {"p50": 4.0, "p95": None, "p99": 50.0}
     assert second["latency_ms"] == {"p50": None, "p95": None, "p99": None}
+
+
+class LosesACancel(Poller):
+    """A poll that swallows the cancel it gets, as Python 3.11's ``asyncio.wait_for``
+    does when the awaited call completes just as the cancel arrives."""
+
+    def __init__(self) -> None:
+        super().__init__(Config(), None, interval_s=0.05)
+        self.started = asyncio.Event()
+
+    async def poll(self) -> None:
+        self.polls += 1
+        self._fresh.set()
+        self.started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.2)
+
+
+async def test_the_poll_loop_ends_promptly_even_when_a_poll_loses_its_cancel() -> None:
+    poller = LosesACancel()
+    poller.start()
+    await poller.current()  # someone looks: the loop polls
+    await poller.started.wait()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await poller.stop(timeout_s=5.0)
+    assert loop.time() - began < 1.0  # ended after the poll, not at the 5 s cap
+    assert poller._task is not None and poller._task.done()
