@@ -173,7 +173,7 @@ class DaemonMetrics:
             snapshot["loop.stalls"] = self._watchdog.stalls
         if self._latency is not None:
             for quantile, value in self._latency.sample(now).items():
-                snapshot[LATENCY_QUANTILES[quantile]] = value
+                snapshot[LATENCY_QUANTILES[quantile]] = round(value, 5)  # 10 µs: bytes
         if self._rate is not None:
             snapshot["rate.limit_per_s"] = self._rate.per_second
             snapshot["rate.waiting"] = self._rate.waiting
