@@ -134,11 +134,11 @@ class Poller:
     async def stop(self, timeout_s: float = 5.0) -> None:
         """End the loop: cancel it, and tell it to stop as well.
 
-        The flag is what makes the exit prompt: a cancel can be lost inside a poll
-        (Python 3.11's ``asyncio.wait_for``, which redis-py calls on every command with a
-        socket timeout, returns the result instead of raising when the command completes
-        as the cancel arrives), and the loop then went on polling until this call gave up
-        — the console's exit hung for ``timeout_s``. Now the loop ends after that poll. A
+        The flag keeps the exit prompt when a cancel is lost inside a poll (Python
+        3.11's ``asyncio.wait_for``, which redis-py calls on every command write with a
+        socket timeout, returns the result instead of raising when the write completes
+        as the cancel arrives): the loop would go on polling until this call gave up,
+        holding the console's exit for ``timeout_s``; it ends after that poll instead. A
         poll stuck closing its broker connections is still left behind after
         ``timeout_s`` rather than holding the console's exit."""
         self._stopping = True
