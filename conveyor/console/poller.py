@@ -56,6 +56,8 @@ class Sample:
     latency: dict[str, float] = field(default_factory=dict)
     """Series (``p50``...) -> the slowest daemon's figure, in seconds; absent when no daemon
     published one."""
+    appended: dict[int, int] = field(default_factory=dict)
+    """Queue -> messages ever appended to it, where the broker tells."""
 
 
 def chart_sample(report: StatusReport) -> Sample:
@@ -70,12 +72,19 @@ def chart_sample(report: StatusReport) -> Sample:
         for name, key in LATENCY_KEYS.items():
             if key in m.stats:
                 latency[name] = max(latency.get(name, 0.0), m.stats[key])
-    return Sample(report.at, counts, {q.queue: q.lag for q in report.queues}, latency)
+    appended = {q.queue: q.appended for q in report.queues if q.appended is not None}
+    return Sample(report.at, counts, {q.queue: q.lag for q in report.queues}, latency,
+                  appended)
 
 
 def rates(samples: list[Sample]) -> list[dict[str, Any]]:
-    """Per sample after the first: handled/s and dead-lettered/s summed over the daemons,
-    lag per queue, and the handler latency percentiles in milliseconds (None: unknown).
+    """Per sample after the first: messages in per second (per queue and in all; None
+    where the broker does not tell), handled/s and dead-lettered/s summed over the
+    daemons, lag per queue, and the handler latency percentiles in milliseconds (None:
+    unknown).
+
+    Arrivals are read off the queues' end positions on the console's own clock, between
+    two polls: exact, and independent of the daemons.
 
     A daemon's counts change only with its heartbeat (every ``lease_ttl_s / 3``), so each
     daemon's rate is taken between two of its heartbeats, on its own clock, and held
@@ -100,13 +109,27 @@ def rates(samples: list[Sample]) -> list[dict[str, Any]]:
         current = [per_daemon.get(m, (0.0, 0.0)) for m in sample.counts]
         if i == 0:
             continue
-        out.append({"at": sample.at, "handled_per_s": sum(r[0] for r in current),
+        arrivals = _arrivals(samples[i - 1], sample)
+        out.append({"at": sample.at,
+                    "in_per_s": sum(arrivals.values()) if arrivals else None,
+                    "in_per_s_by_queue": {str(q): r for q, r in sorted(arrivals.items())},
+                    "handled_per_s": sum(r[0] for r in current),
                     "dead_per_s": sum(r[1] for r in current),
                     "lag": {str(q): lag for q, lag in sorted(sample.lag.items())},
                     "latency_ms": {name: (sample.latency[name] * 1000
                                           if name in sample.latency else None)
                                    for name in LATENCY_KEYS}})
     return out
+
+
+def _arrivals(before: Sample, after: Sample) -> dict[int, float]:
+    """Messages in per second per queue between two samples; a queue whose end went
+    back (re-created) or that either sample lacks is left out."""
+    span = after.at - before.at
+    if span <= 0:
+        return {}
+    return {q: (end - before.appended[q]) / span for q, end in after.appended.items()
+            if q in before.appended and end >= before.appended[q]}
 
 
 class Poller:

@@ -118,6 +118,9 @@ def test_charts_are_drawn_from_the_console_s_own_polls(api: TestClient) -> None:
     assert points[-1]["lag"] == {"0": points[-1]["lag"]["0"], "1": points[-1]["lag"]["1"]}
     assert sum(points[-1]["lag"].values()) == 5
     assert points[-1]["handled_per_s"] == 0  # no daemon runs
+    assert points[-1]["in_per_s"] == 0  # nothing published since
+    status = api.get("/api/overview").json()["status"][APP]
+    assert sum(q["appended"] for q in status["queues"]) == 5  # the queues' end positions
 
 
 def test_letters_are_listed_filtered_and_shown_in_full(api: TestClient) -> None:

@@ -76,6 +76,18 @@ def test_latency_is_the_slowest_daemon_s_in_milliseconds_and_none_when_unknown()
     assert second["latency_ms"] == {"p50": None, "p95": None, "p99": None}
 
 
+def test_messages_in_per_second_come_from_the_queues_end_positions_between_polls() -> None:
+    def at(t: float, ends: dict[int, int]) -> Sample:
+        return Sample(T0 + t, {}, {}, {}, ends)
+
+    polls = [at(0, {0: 100, 1: 50}), at(2, {0: 140, 1: 70}), at(4, {0: 140}),
+             at(6, {0: 10, 1: 70})]  # queue 0 re-created: no rate, never a negative one
+    points = rates(polls)
+    assert [p["in_per_s"] for p in points] == [30, 0, None]
+    assert points[0]["in_per_s_by_queue"] == {"0": 20, "1": 10}
+    assert rates([at(0, {}), at(1, {})])[0]["in_per_s"] is None  # the broker does not tell
+
+
 class LosesACancel(Poller):
     """A poll that swallows the cancel it gets, as Python 3.11's ``asyncio.wait_for``
     does when the awaited call completes just as the cancel arrives."""

@@ -9,6 +9,7 @@ const params = new URLSearchParams(location.search);
 let app = params.get("app") || body.dataset.app || "";
 let intervalMs = 2000;
 let lastLetterCount = null;
+let pollFailed = false;
 let filters = {handler: params.get("handler") || "", error_type: params.get("error_type") || "",
                stream: params.get("stream") || ""};
 
@@ -71,6 +72,7 @@ async function post(url, payload) {
     body: JSON.stringify(Object.assign({app: app}, payload)),
   });
   const data = await response.json();
+  pollFailed = false;  // what shows now is this action's answer: the next poll keeps it
   if (!response.ok) { show("error", data.error || response.statusText); show("notice", ""); return null; }
   show("error", "");
   return data;
@@ -99,11 +101,17 @@ function chart(caption, series, unit) {
     let run = [];
     for (const p of s.points.concat([[null, null]])) {
       if (p[1] !== null) { run.push(`${x(p[0])},${y(p[1])}`); continue; }
-      if (run.length) {
+      if (run.length > 1) {
         const line = document.createElementNS(ns, "polyline");
         line.setAttribute("stroke", COLORS[i % COLORS.length]);
-        line.setAttribute("points", run.length > 1 ? run.join(" ") : run[0] + " " + run[0]);
+        line.setAttribute("points", run.join(" "));
         svg.append(line);
+      } else if (run.length) {  // one known value between unknowns: a dot
+        const [cx, cy] = run[0].split(",");
+        const dot = document.createElementNS(ns, "circle");
+        dot.setAttribute("cx", cx); dot.setAttribute("cy", cy); dot.setAttribute("r", "2.5");
+        dot.setAttribute("fill", COLORS[i % COLORS.length]);
+        svg.append(dot);
       }
       run = [];
     }
@@ -122,17 +130,15 @@ function chart(caption, series, unit) {
   return el("figure", {}, svg, el("figcaption", {}, caption, ...legend));
 }
 
-async function charts() {
-  if (!app) return el("p", {class: "muted"}, "pick an app to chart");
-  const data = await getJSON("/api/charts?app=" + encodeURIComponent(app));
-  const pts = data.points;
+function charts(pts) {
   if (pts.length < 2) return el("p", {class: "muted"}, "charts appear after a few polls");
   const queues = Object.keys(pts[pts.length - 1].lag);
   const latency = ["p50", "p95", "p99"].map(name =>
     ({name: name, points: pts.map(p => [p.at, p.latency_ms[name]])}));
   const timed = latency.some(s => s.points.some(p => p[1] !== null));
   return el("div", {class: "charts"},
-    chart("handled/s", [{name: "handled", points: pts.map(p => [p.at, p.handled_per_s])}]),
+    chart("messages/s", [{name: "handled", points: pts.map(p => [p.at, p.handled_per_s])},
+                         {name: "in", points: pts.map(p => [p.at, p.in_per_s])}]),
     chart("dead-lettered/s", [{name: "dead", points: pts.map(p => [p.at, p.dead_per_s])}]),
     chart("lag per queue", queues.map(q => ({name: "q" + q, points: pts.map(p => [p.at, p.lag[q] || 0])}))),
     timed ? chart("handler latency (ms)", latency, "ms")
@@ -154,19 +160,22 @@ async function overview(data) {
     data.apps.length ? appsTable(data) : el("p", {class: "muted"}, "no app on these queues yet")];
   const st = data.status[app];
   if (st) {
+    const pts = (await getJSON("/api/charts?app=" + encodeURIComponent(app))).points;
+    const arriving = pts.length ? pts[pts.length - 1].in_per_s_by_queue : {};
     const mine = st.groups.find(g => g.group === app);
     nodes.push(el("h2", {}, `App ${app}: lag `, el("span", {id: "total-lag"}, num(st.total_lag)),
                   ", ", el("span", {id: "dead-count"}, num(st.dead_letters)), " dead letter(s)"));
-    nodes.push(table(["queue", "owner", "lag", "pending (cache)", "acks/s"],
+    const rate = r => r === undefined || r === null ? "-" : r.toFixed(1);
+    nodes.push(table(["queue", "owner", "lag", "pending (cache)", "in/s", "acks/s"],
       st.queues.map(q => [q.queue, q.owner || "-", num(q.lag), num(q.cache_fill),
-                          st.rates[q.queue] === undefined ? "-" : st.rates[q.queue].toFixed(1)]), [0, 2, 3, 4]));
+                          rate(arriving[q.queue]), rate(st.rates[q.queue])]), [0, 2, 3, 4, 5]));
     if (mine && mine.oldest_needed_ms !== null)
       nodes.push(el("p", {}, "oldest message still needed: " + age(data.at - mine.oldest_needed_ms / 1000) + " old"));
     const holders = st.groups.filter(g => g.holds_retention.length).map(g => g.group);
     nodes.push(el("p", {class: "muted"}, st.retention_follows_groups
       ? (holders.length ? "trimming waits for: " + holders.join(", ") : "no group holds retention back")
       : "retention goes by time or size here: no group holds it back"));
-    nodes.push(el("h2", {}, "Last minutes"), await charts());
+    nodes.push(el("h2", {}, "Last minutes"), charts(pts));
   }
   setContent(...nodes);
 }
@@ -329,13 +338,16 @@ async function tick() {
     const data = await getJSON("/api/overview");
     intervalMs = data.interval_s * 1000;
     appChoice(data);
-    show("error", data.error ? "the last poll failed: " + data.error : "");
+    // A poll clears only what a poll said: an action's refusal stays until the next action.
+    if (data.error) { show("error", "the last poll failed: " + data.error); pollFailed = true; }
+    else if (pollFailed) { show("error", ""); pollFailed = false; }
     await RENDER[page](data);
     document.getElementById("updated").textContent =
       "updated " + new Date(data.at * 1000).toLocaleTimeString() + " · every " + data.interval_s + "s";
     body.dataset.polls = String(Number(body.dataset.polls || 0) + 1);
   } catch (e) {
     show("error", e.message);
+    pollFailed = true;
   }
   setTimeout(tick, intervalMs);
 }

@@ -54,6 +54,8 @@ class QueueStatus:
     """Acks per second the owner measured between its last two heartbeats."""
     at: float | None = None
     """When the owner took ``acked`` (its clock, published with the heartbeat)."""
+    appended: int | None = None
+    """Messages ever appended to the queue (:attr:`GroupInfo.appended`), as read now."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,8 @@ async def collect_status(config: Config, group: str) -> StatusReport:
     try:
         members, owners = await _members_and_owners(config, group, adapter)
         stats = {m.id: typed_stats(m.stats) for m in members}
+        infos = await adapter.groups(range(config.queues.total))
+        appended = {i.queue: i.appended for i in infos if i.appended is not None}
         queues = []
         for q in range(config.queues.total):
             owner = owners.get(q)
@@ -178,9 +182,9 @@ async def collect_status(config: Config, group: str) -> StatusReport:
             queues.append(QueueStatus(
                 q, owner, await adapter.lag(q, group),
                 None if fill is None else int(fill), None if acked is None else int(acked),
-                own.get(f"queue.{q}.acks_per_s"), own.get("at"),
+                own.get(f"queue.{q}.acks_per_s"), own.get("at"), appended.get(q),
             ))
-        groups = summarise(await adapter.groups(range(config.queues.total)))
+        groups = summarise(infos)
         dead_letters = await adapter.count_dead_letters(group)
         eviction = await adapter.eviction_policy()
     finally:
