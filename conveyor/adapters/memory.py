@@ -372,6 +372,7 @@ class MemoryAdapter(QueueAdapter):
                     group, queue, await self.lag(queue, group),
                     oldest_needed=needed.token if needed else None,
                     oldest_needed_ms=needed.enqueued_at_ms if needed else None,
+                    appended=log.end,
                 ))
             out += with_retention_holders(infos)
         return out

@@ -52,6 +52,8 @@ class QueueStatus:
     """Acks per second the owner measured between its last two heartbeats."""
     at: float | None = None
     """When the owner took ``acked`` (its clock, published with the heartbeat)."""
+    appended: int | None = None
+    """Messages ever appended to the queue (:attr:`GroupInfo.appended`), as read now."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class MemberStatus:
     stats: dict[str, float]
     queues: list[int] = field(default_factory=list)
     """The queues it owns."""
+    version: str = ""
+    """Its Conveyor version; ``""`` when its record does not say (an older daemon)."""
+    started_at: float = 0.0
+    """When it started (its clock); 0 when unknown."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,8 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
     try:
         members, owners = await _members_and_owners(config, group, adapter, backend)
         stats = {m.id: typed_stats(m.stats) for m in members}
+        infos = await adapter.groups(range(config.queues.total))
+        appended = {i.queue: i.appended for i in infos if i.appended is not None}
         queues = []
         for q in range(config.queues.total):
             owner = owners.get(q)
@@ -176,9 +184,9 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
             queues.append(QueueStatus(
                 q, owner, await adapter.lag(q, group),
                 None if fill is None else int(fill), None if acked is None else int(acked),
-                own.get(f"queue.{q}.acks_per_s"), own.get("at"),
+                own.get(f"queue.{q}.acks_per_s"), own.get("at"), appended.get(q),
             ))
-        groups = summarise(await adapter.groups(range(config.queues.total)))
+        groups = summarise(infos)
         dead_letters = await adapter.count_dead_letters(group)
         eviction = await adapter.eviction_policy()
     finally:
@@ -188,7 +196,8 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
         owned.setdefault(owner, []).append(q)
     return StatusReport(
         group,
-        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, [])) for m in members],
+        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
+                      m.started_at) for m in members],
         queues, time.time(), groups, adapter.retention_follows_groups, dead_letters, eviction,
     )
 

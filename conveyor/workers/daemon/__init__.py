@@ -284,8 +284,14 @@ class WorkerDaemon:
         )
 
     def stats_snapshot(self) -> dict[str, float]:
-        """Flat stats published with the membership record; read by ``conveyor status``."""
-        return self.metrics.stats_snapshot()
+        """Flat stats published with the membership record; read by ``conveyor status``
+        and the console. ``ready`` is 1 when :meth:`readiness` says ready, else 0;
+        ``draining`` (1) is there only while :meth:`stop` drains."""
+        snapshot = self.metrics.stats_snapshot()
+        snapshot["ready"] = 1 if self.readiness() is None else 0
+        if self.draining:
+            snapshot["draining"] = 1
+        return snapshot
 
     def slot_metrics(self) -> dict[str, dict[str, int]]:
         """Slots in use and available, per handler and in total (see DaemonMetrics)."""

@@ -104,6 +104,8 @@ class RateLimitedSlotSupplier(DelegatingSlotSupplier):
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(inner)
         self.source = source
+        self.per_second = per_second
+        """The limit, as configured (published with the daemon's heartbeat)."""
         self.granted = 0
         self._clock = clock
         self._spare_ttl_s = 1.0 / per_second
