@@ -8,10 +8,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from conveyor.client import Publish
 from starlette.testclient import TestClient
 
 import conveyor
+from conveyor.client import Publish
 from conveyor.console.poller import Poller
 from conveyor.console.server import Settings, broker_name, create_app
 from conveyor.workers.daemon import WorkerDaemon
