@@ -190,7 +190,8 @@ def message_headers(msg: Message, full: bool = False) -> list[tuple[str, bytes]]
         headers.append((H_ENQUEUED_MS, str(msg.enqueued_at_ms).encode()))
     if msg.attempt:
         headers.append((H_ATTEMPT, str(msg.attempt).encode()))
-    headers.extend((k, v.encode()) for k, v in msg.headers.items())
+    if msg.headers:  # most messages have none: no generator built for them
+        headers += [(k, v.encode()) for k, v in msg.headers.items()]
     return headers
 
 
