@@ -45,7 +45,7 @@ test: $(STAMP) servers
 	$(BIN)/pytest -q --durations=20
 
 # The dev loop: every test but those marked slow (fault, failover and load runs, worker
-# processes under a supervisor, the wheel install): about half the time of `make test`.
+# processes under a supervisor, the wheel install): about a third of `make test`'s time.
 test-fast: $(STAMP) servers
 	$(BIN)/pytest -q -m "not slow" --durations=10
 

@@ -50,6 +50,7 @@ def config_file(tansu: Tansu, topic: str, tmp_path: Path) -> Path:
     return cfg
 
 
+@pytest.mark.slow
 def test_worker_publish_status_and_rewind_work_against_kafka(
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
@@ -84,6 +85,7 @@ def test_worker_publish_status_and_rewind_work_against_kafka(
     assert sum(q["lag"] for q in json.loads(status.stdout)["queues"]) == 1
 
 
+@pytest.mark.slow
 def test_rewind_to_a_future_time_is_refused_unless_forward_is_allowed(
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
