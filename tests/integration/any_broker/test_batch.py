@@ -11,7 +11,7 @@ import msgspec
 
 from conveyor import App, Client, Publish, WorkerDaemon
 from conveyor.adapters.redis import RedisAdapter
-from conveyor.platform.adapter import create_adapter
+from conveyor.backends import create_adapter
 from tests.conftest import wait_until
 from tests.integration.any_broker.conftest import Broker
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conveyor.adapters.redis.coordination import redis_coordination
-from conveyor.platform.client import Publish, SyncClient
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
 from tests.integration.kafka.conftest import Tansu
