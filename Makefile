@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test docs servers bench clean
+.PHONY: demo test test-fast docs servers bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ test: $(STAMP) servers
 	$(BIN)/ruff check conveyor tests benchmarks tools examples
 	$(BIN)/mypy
 	$(BIN)/pytest -q --durations=20
+
+# The dev loop: every test but those marked slow (fault, failover and load runs, worker
+# processes under a supervisor, the wheel install): about a third of `make test`'s time.
+test-fast: $(STAMP) servers
+	$(BIN)/pytest -q -m "not slow" --durations=10
 
 # The docs site, from docs/ into site/: --strict fails on a broken link or a missing page.
 docs: $(STAMP)

@@ -84,6 +84,7 @@ def handled(out: Path) -> list[tuple[int, str, str]]:
     return [(int(n), ident, replay_of) for n, ident, replay_of in rows]
 
 
+@pytest.mark.slow
 def test_poison_letters_are_listed_with_reasons_and_replayed_once_after_the_fix(
     config_path: Path, tmp_path: Path,
 ) -> None:
@@ -180,6 +181,7 @@ def test_a_replay_killed_midway_and_run_again_publishes_each_letter_once(
     assert len({replay_of for _, _, replay_of in rows}) == 6
 
 
+@pytest.mark.slow
 def test_operator_mistakes_are_usage_errors(config_path: Path) -> None:
     kafka = load_config(config_path).queues.adapter == "kafka"
     where = ["--app", APP, "--config", str(config_path)]

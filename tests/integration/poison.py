@@ -1,6 +1,7 @@
 """A message whose handling kills its worker (``os._exit(1)``), under ``conveyor worker
---processes 2:2`` on a shipped config: run, then checked — shared by the Redis and Kafka
-tests (tests/apps/blocking_app.py is the app).
+--processes 2:2`` on a shipped config: run, then checked, on each broker by
+tests/integration/any_broker/test_a_message_that_kills_its_worker.py
+(tests/apps/blocking_app.py is the app; :func:`rows_of` reads its records).
 
 Duplicates allowed: the messages a dying process had finished but not yet acknowledged
 (each crash's batch) run again, never more than ``max_deliveries`` times; the poison

@@ -190,8 +190,8 @@ async def test_a_batch_is_acknowledged_only_when_done_and_a_drain_finishes_it() 
     slots = d.slot_metrics()  # one slot for the whole batch
     assert slots["*"]["in_use"] == 1 and slots[app.handlers[0].name]["in_use"] == 1
     stopping = asyncio.create_task(d.stop())
-    await asyncio.sleep(0.05)  # the drain is waiting on the batch under way
-    assert not stopping.done()
+    await wait_until(lambda: d.draining, 5, what="the drain to start")
+    assert not stopping.done()  # it waits on the batch under way
     release.set()
     report = await stopping
     # The batch under way was finished and acknowledged; the 20 messages no batch had

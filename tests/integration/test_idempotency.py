@@ -109,6 +109,16 @@ async def test_two_deliveries_of_one_id_never_run_at_once() -> None:
         running.remove(ctx.message.id)
 
     d = daemon(app, adapter)
+    store = LocalIdempotencyStore.shared(d.config.memory.broker)  # the daemon's store
+    answers: list[Claim] = []
+    claim = store.claim
+
+    async def noted(key: str, owner: str, claim_s: float) -> tuple[Claim, float]:
+        answer = await claim(key, owner, claim_s)
+        answers.append(answer[0])
+        return answer
+
+    store.claim = noted  # type: ignore[method-assign]
     await d.start()
     try:
         client = Client(adapter, d.mapper)
@@ -116,8 +126,9 @@ async def test_two_deliveries_of_one_id_never_run_at_once() -> None:
         await adapter.enqueue(0, [msg])
         await adapter.enqueue(1, [msg])
         await wait_until(lambda: len(running) == 1, what="the first delivery running")
-        await asyncio.sleep(0.2)  # the second is claimed-out meanwhile (BUSY), not running
-        assert ran == Counter()
+        await wait_until(lambda: Claim.BUSY in answers, 5,
+                         what="the second delivery told the id is busy")
+        assert ran == Counter() and running == [msg.id]  # it waits, it does not run
         gate.set()
         await wait_until(lambda: d.stats.handled >= 2, what="both deliveries finished")
     finally:

@@ -73,6 +73,7 @@ def assert_png(path: Path) -> None:
     assert len(data) > 10_000  # a drawn figure, not an empty canvas
 
 
+@pytest.mark.slow
 def test_tune_json_shape(runner: CliRunner) -> None:
     res = runner.invoke(tune, ["--population", "2", "--generations", "0", "--seed", "1", "--json"])
     assert res.exit_code == 0, res.output
@@ -100,6 +101,7 @@ def test_tune_json_shape(runner: CliRunner) -> None:
         assert doc["averaged"][k] == pytest.approx(sum(winners) / len(winners))
 
 
+@pytest.mark.slow
 def test_tune_text_report_names_the_plateau_and_the_averaged_gains(runner: CliRunner) -> None:
     res = runner.invoke(tune, ["--population", "2", "--generations", "0"])
     assert res.exit_code == 0, res.output

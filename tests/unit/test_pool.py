@@ -111,8 +111,18 @@ async def test_the_collector_shrinks_a_real_pool_on_its_own() -> None:
     pool = StatelessWorkerPool("p", max_workers=3, scale_down=policy)
     gate = asyncio.Event()
     runs = [asyncio.create_task(pool.run(gate.wait)) for _ in range(9)]
+    inspections = 0
+    inspect = pool.inspect
+
+    def counted(now_s: float | None = None) -> bool:
+        nonlocal inspections
+        inspections += 1
+        return inspect(now_s)
+
+    pool.inspect = counted  # type: ignore[method-assign]
     await wait_until(lambda: pool.size == 3, 2, what="three workers")
-    await asyncio.sleep(0.1)  # let load be observed for a few inspections
+    # The load is observed by a few inspections before it goes away.
+    await wait_until(lambda: inspections >= 3, 2, what="three inspections under load")
     gate.set()
     await asyncio.gather(*runs)
     await wait_until(lambda: pool.size == 0, 5, what="the pool to shrink to zero")

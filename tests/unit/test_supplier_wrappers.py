@@ -30,7 +30,7 @@ async def test_paused_supplier_makes_reservations_wait_until_resumed() -> None:
     supplier.pause()
     assert supplier.try_reserve_slot(CTX) is None and supplier.available == 0
     waiter = asyncio.create_task(supplier.reserve_slot(CTX))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # a window in which nothing may be granted, not a wait
     assert not waiter.done() and supplier.inner.issued == 0
     supplier.resume()
     permit = await asyncio.wait_for(waiter, 1)
@@ -144,7 +144,7 @@ async def test_the_documented_custom_supplier_loads_from_config_and_limits_rate(
     assert time.monotonic() - started >= 0.035  # 3 slots at 50/s: two 20 ms gaps
     assert supplier.try_reserve_slot(CTX) is None  # max_slots reached
     waiter = asyncio.create_task(supplier.reserve_slot(CTX))
-    await asyncio.sleep(0.03)
+    await asyncio.sleep(0.03)  # a window in which nothing may be granted, not a wait
     assert not waiter.done()
     permits[0].release()
     permits.append(await asyncio.wait_for(waiter, 1))

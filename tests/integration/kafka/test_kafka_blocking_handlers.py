@@ -15,7 +15,7 @@ from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
 from tests.integration.kafka.conftest import Tansu
-from tests.integration.poison import rows_of, run_poison_under_supervisor
+from tests.integration.poison import rows_of
 from tests.integration.redis.conftest import REPO, Worker
 from tests.integration.redis.conftest import workers as workers  # the fixture
 
@@ -55,15 +55,3 @@ def test_kafka_group_handlers_blocking_the_loop_run_each_message_at_most_twice(
     assert max(runs.values()) <= 2, runs
     assert all(seq in blockers for seq in doubled), doubled
     assert "blocked the event loop" in ws[0].stderr + ws[1].stderr
-
-
-def test_kafka_a_message_that_kills_its_worker_is_dead_lettered_after_max_deliveries(
-    tansu: Tansu, topic: str, tmp_path: Path
-) -> None:
-    """``os._exit(1)`` on one message under ``--processes 2:2`` on the shipped kafka.toml:
-    the delivery record (kafka/handoff.py) makes the next owner take the dead process's
-    unfinished offsets for redelivered ones, counts their starts, and dead-letters the
-    poison after ``max_deliveries`` = 3 runs; every other message is handled, none more
-    than 3 times (those finished but not yet committed when a process died run again)."""
-    env = {"CONVEYOR_KAFKA__BOOTSTRAP": tansu.bootstrap, "CONVEYOR_KAFKA__TOPIC": topic}
-    print("\n" + run_poison_under_supervisor(SHIPPED, env, tmp_path))

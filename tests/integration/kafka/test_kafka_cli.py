@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from conveyor.adapters.redis.coordination import redis_coordination
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
 from tests.integration.kafka.conftest import Tansu
@@ -29,6 +30,14 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=60, env=env)
 
 
+def publish_jobs(cfg: Path, numbers: range) -> None:
+    """Jobs for tests/apps/kafka_app.py, in one batch from here: ``conveyor publish``
+    itself is the first test's; a process per message (~1 s each) only slowed the rest."""
+    with SyncClient.from_config(load_config(cfg, environ={})) as client:
+        client.publish_batch(Publish("jobs", f"k{i}", {"id": i, "k": f"k{i}", "seq": 0})
+                             for i in numbers)
+
+
 def config_file(tansu: Tansu, topic: str, tmp_path: Path) -> Path:
     """configs/kafka.toml pointed at the test broker and topic, with two partitions."""
     base = (REPO / "configs" / "kafka.toml").read_text()
@@ -41,6 +50,7 @@ def config_file(tansu: Tansu, topic: str, tmp_path: Path) -> Path:
     return cfg
 
 
+@pytest.mark.slow
 def test_worker_publish_status_and_rewind_work_against_kafka(
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
@@ -75,15 +85,13 @@ def test_worker_publish_status_and_rewind_work_against_kafka(
     assert sum(q["lag"] for q in json.loads(status.stdout)["queues"]) == 1
 
 
+@pytest.mark.slow
 def test_rewind_to_a_future_time_is_refused_unless_forward_is_allowed(
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
     """A time after the last message would commit past unhandled ones: exit 2."""
     cfg = config_file(tansu, topic, tmp_path)
-    for i in range(3):
-        done = cli("publish", "jobs", f"k{i}", f'{{"id": {i}, "k": "k{i}", "seq": 0}}',
-                   "--config", str(cfg))
-        assert done.returncode == 0, done.stderr
+    publish_jobs(cfg, range(3))
 
     def lag() -> int:
         status = cli("status", "--app", "kafka-sub", "--json", "--config", str(cfg))
@@ -140,6 +148,7 @@ def test_rewind_reads_the_leases_a_kafka_app_keeps_in_its_membership_store(
     assert "still owned" not in held_elsewhere.stderr, held_elsewhere.stderr
 
 
+@pytest.mark.slow
 def test_status_on_kafka_group_lists_every_running_daemon_and_queue_owner(
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
@@ -179,10 +188,7 @@ def test_status_on_kafka_group_lists_every_running_daemon_and_queue_owner(
         assert refused.returncode == 1, refused.stderr
         assert f"queue 0 by {owner_of[0]}" in refused.stderr, refused.stderr
         # They do handle: every message published, once (no re-balance runs meanwhile).
-        for i in range(12):
-            sent = cli("publish", "jobs", f"k{i}", f'{{"id": {i}, "k": "k{i}", "seq": 0}}',
-                       "--config", str(cfg))
-            assert sent.returncode == 0, sent.stderr
+        publish_jobs(cfg, range(12))
         wait_until_sync(lambda: out.exists() and len(out.read_text().splitlines()) >= 12, 30,
                         "the 12 messages handled")
         handled = sorted(int(line.split()[0]) for line in out.read_text().splitlines())

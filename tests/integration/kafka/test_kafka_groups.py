@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from tests.conftest import wait_until_sync
 from tests.integration.kafka.conftest import Tansu
-from tests.integration.kafka.test_kafka_cli import REPO, cli, config_file
+from tests.integration.kafka.test_kafka_cli import REPO, cli, config_file, publish_jobs
 
 pytestmark = [pytest.mark.kafka]
 
@@ -45,19 +45,13 @@ def committed(tansu: Tansu, topic: str, group: str) -> tuple[bool, dict[int, int
     return asyncio.run(read())
 
 
-def publish(cfg: Path, n: int) -> None:
-    for i in range(n):
-        done = cli("publish", "jobs", f"k{i}", f'{{"id": {i}, "k": "k{i}", "seq": 0}}',
-                   "--config", str(cfg))
-        assert done.returncode == 0, done.stderr
-
-
+@pytest.mark.slow
 def test_status_lists_every_group_of_the_topic_and_no_group_holds_retention(
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
     cfg = config_file(tansu, topic, tmp_path)
     behind, ahead = f"behind-{uuid.uuid4().hex[:6]}", f"ahead-{uuid.uuid4().hex[:6]}"
-    publish(cfg, 3)
+    publish_jobs(cfg, range(3))
     for app, to in ((behind, [PAST]), (ahead, ["2100-01-01T00:00:00Z", "--allow-forward"])):
         done = cli("rewind", "--app", app, "--to", *to, "--create-group", "--config", str(cfg))
         assert done.returncode == 0, done.stderr
@@ -86,12 +80,13 @@ def test_status_lists_every_group_of_the_topic_and_no_group_holds_retention(
     assert found == {behind: (0, 3), ahead: (0, 0)}
 
 
+@pytest.mark.slow
 def test_groups_delete_removes_a_ghost_and_refuses_an_app_whose_daemon_runs(
     tansu: Tansu, topic: str, tmp_path: Path
 ) -> None:
     cfg = config_file(tansu, topic, tmp_path)
     ghost = f"ghost-{uuid.uuid4().hex[:6]}"
-    publish(cfg, 1)
+    publish_jobs(cfg, range(1))
     created = cli("rewind", "--app", ghost, "--to", PAST, "--create-group", "--config", str(cfg))
     assert created.returncode == 0, created.stderr
     deleted = cli("groups", "delete", "--app", ghost, "--config", str(cfg))

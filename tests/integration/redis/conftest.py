@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.config_files import write_toml
 from tests.servers import RedisServer as RedisServer  # re-exported for the tests here
 
 REPO = Path(__file__).resolve().parents[3]
@@ -20,26 +21,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 def write_config(path: Path, url: str, **sections: dict[str, object]) -> Path:
     """A configs/redis.toml-like file pointing at ``url``, with overrides per section."""
-    base: dict[str, dict[str, object]] = {
+    return write_toml(path, {
         "queues": {"adapter": "redis", "total": 8},
         "redis": {"url": url, "prefix": "t"},
         "balancer": {"kind": "dynamic", "membership": "redis"},
-    }
-    for name, values in sections.items():
-        base.setdefault(name, {}).update(values)
-    lines = []
-    for name, values in base.items():
-        lines.append(f"[{name}]")
-        for key, value in values.items():
-            if isinstance(value, bool):
-                text = "true" if value else "false"
-            elif isinstance(value, str):
-                text = f'"{value}"'
-            else:
-                text = repr(value)
-            lines.append(f"{key} = {text}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    }, **sections)
 
 
 class Worker:

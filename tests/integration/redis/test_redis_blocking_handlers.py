@@ -2,8 +2,9 @@
 
 An ``async def`` handler that blocks its event loop (``time.sleep`` inside a coroutine)
 must neither cost its daemon the queues it owns nor make two daemons take turns re-running
-the blockers for ever; a message whose handling kills its worker must end as a dead
-letter after ``max_deliveries`` instead of being delivered for ever.
+the blockers for ever; a blocker longer than the lease must end as a dead letter after
+``max_deliveries`` instead of being delivered for ever. (A message that kills its worker:
+tests/integration/any_broker/test_a_message_that_kills_its_worker.py.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync
-from tests.integration.poison import rows_of, run_poison_under_supervisor
+from tests.integration.poison import rows_of
 from tests.integration.redis.conftest import REPO, RedisServer, Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -70,17 +71,6 @@ def test_handlers_blocking_the_loop_cost_no_lease_and_run_at_most_twice(
     assert max(runs.values()) <= 2, runs
     logs = ws[0].stderr + ws[1].stderr
     assert "on_item" in logs and "blocked the event loop" in logs, logs[-3000:]
-
-
-def test_a_message_that_kills_its_worker_becomes_a_dead_letter_after_max_deliveries(
-    redis_server: RedisServer, tmp_path: Path
-) -> None:
-    """``os._exit(1)`` on one message under ``--processes 2:2`` (the supervisor replaces
-    the dead process): after ``max_deliveries`` = 3 runs it is a dead letter with reason
-    ``DeliveryLimit``; every other message is handled. Duplicates allowed: the messages
-    the dying processes had finished but not yet acknowledged (each crash's batch on the
-    poisoned queue), never more than 3 runs of any message."""
-    print("\n" + run_poison_under_supervisor(SHIPPED, shipped_env(redis_server), tmp_path))
 
 
 def test_a_blocker_longer_than_the_lease_ends_as_a_dead_letter_after_max_deliveries(

@@ -102,6 +102,7 @@ def test_rewinding_an_app_with_no_group_exits_2_and_creates_none(
     assert again.returncode == 0, again.stderr  # an app with a group needs no flag
 
 
+@pytest.mark.slow
 def test_status_lists_every_group_names_the_one_holding_retention_and_warns_on_a_typo(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:

@@ -33,6 +33,7 @@ MESSAGES = RATE * 10 + BURST  # ten seconds of work after the burst
 
 
 
+@pytest.mark.slow
 def test_three_daemons_share_one_limit(redis_server: RedisServer, tmp_path: Path,
                                        workers: list[Worker]) -> None:
     """Three `conveyor worker` processes with `[slots.rate] per_second = 50, burst = 10`
