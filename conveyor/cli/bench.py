@@ -67,8 +67,9 @@ def bench_throughput(
     first delivery) to the last acknowledgement; start-up is reported apart. Two floors
     each: a loop that only counts what it reads (redis: XREADGROUP COUNT 500 + XACK;
     kafka: getmany(max_records=500) + commit) and the same loop awaiting the no-op per
-    record (memory: a for loop awaiting the handler). Publish: Client.publish_batch (500 a call) and single publish
-    calls, next to pipelined XADD x500 / aiokafka send_batch / adapter.enqueue.
+    record (memory: a for loop awaiting the handler). Publish: Client.publish_batch
+    (500 a call) and single publish calls, next to pipelined XADD x500 / aiokafka
+    send_batch / adapter.enqueue.
     --batch N: the handler is a batch handler of N and the floor reads N at a time
     (redis: XREADGROUP COUNT N) and awaits the no-op once per batch; redis then measures
     one daemon only.
