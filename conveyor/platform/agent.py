@@ -328,13 +328,9 @@ class PullingAgent:
         if self._split is not None:
             self._accept_split(messages)
         else:
-            subs = self._subs
-            for msg in messages:
-                routes = subs.get(msg.stream.namespace)
-                if routes is None:  # undecodable, or no handler of this app subscribes
-                    self._orphan(msg)
-                    continue
-                cache.add(Entry(msg, len(routes)), routes)
+            unrouted = cache.add_all(messages, self._subs)
+            if unrouted is not None:  # undecodable, or no handler of this app subscribes
+                orphans.extend(unrouted)
         self.pulled += len(messages)
         if len(cache) > self.max_cache_fill:
             self.max_cache_fill = len(cache)
@@ -384,6 +380,8 @@ class PullingAgent:
     async def _runner(self) -> None:
         cache = self.cache
         ready = cache.ready
+        entries = cache.entries
+        lanes = cache.lanes
         slots = self._slots
         keep = slots.keep_slot
         ctx = self._ctx
@@ -391,7 +389,8 @@ class PullingAgent:
         loop = asyncio.get_running_loop()
         clock = time.monotonic
         own = self._own
-        entry_done = self._acks.entry_done
+        acks = self._acks
+        note = acks.note_out_of_order
         watchdog = self._watchdog
         permit: SlotPermit | None = None
         marked = False  # permit.mark_used has run (it acts on a permit's first call only)
@@ -421,7 +420,8 @@ class PullingAgent:
                 lane: Lane = ready.popleft()
                 if ready and not self._waking:
                     self._wake()  # others can start on the next lane while this one runs
-                entry = lane.entries[0]
+                lane_entries = lane.entries
+                entry = lane_entries[0]
                 if self._stopping and (fenced or not entry.started):
                     # Draining: a message nothing has started goes to the next owner, and
                     # on a queue no longer ours nothing starts at all.
@@ -449,12 +449,24 @@ class PullingAgent:
                 finally:
                     lane.running = False
                     self._running -= 1
-                entry = cache.finish_head(lane)
-                if entry.done:
-                    entry_done(entry)
+                # QueueCache.finish_head and Acknowledger.entry_done, inlined: once a call
+                lane_entries.popleft()
+                if lane_entries:
+                    ready.append(lane)
+                else:
+                    del lanes[lane.key]
+                entry.pending -= 1
+                if not entry.pending:
+                    entry.done = True
+                    if entry is entries[0]:
+                        if not acks.settling:
+                            acks.head_done()
+                    elif note is not None and entry.msg.token is not None:
+                        note(entry.msg.token)  # done above the watermark: recorded at once
                 if careful:
                     try:
-                        await self._acks.sent()
+                        acks.settle()  # its acknowledgement is sent before the next one
+                        await acks.sent()
                     finally:
                         self._careful.release()
                 if not (ready and keep(permit)):  # the supplier may let it carry the next

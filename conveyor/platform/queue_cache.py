@@ -25,6 +25,7 @@ last pulls brought.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -178,6 +179,43 @@ class QueueCache:
         if self._budget is not None:
             self._budget.held_bytes += size
         self._body_bytes = max(1, size // len(messages), self._body_bytes // 2)
+
+    def add_all(self, messages: list[Message],
+                subscriptions: Mapping[str, tuple[Route, ...]]) -> list[Entry] | None:
+        """Add a pull's messages, in queue order, to the lanes of the routes subscribed to
+        their namespaces (``subscriptions``); the entries of those no route takes are kept
+        in order too and returned (None if there are none), for the agent's orphans.
+
+        One call per pull: the namespace's routes are looked up once per run of messages
+        of one namespace, and nothing is called per message."""
+        entries = self.entries
+        lanes = self.lanes
+        ready = self.ready
+        unrouted: list[Entry] | None = None
+        namespace: str | None = None
+        routes: tuple[Route, ...] | None = None
+        for msg in messages:
+            stream = msg.stream
+            if stream.namespace != namespace:
+                namespace = stream.namespace
+                routes = subscriptions.get(namespace)
+            if routes is None:  # undecodable, or no handler of this app subscribes
+                entry = Entry(msg, 1)
+                entries.append(entry)
+                if unrouted is None:
+                    unrouted = []
+                unrouted.append(entry)
+                continue
+            entry = Entry(msg, len(routes))
+            entries.append(entry)
+            for route in routes:
+                key = (route.index, stream)
+                lane = lanes.get(key)
+                if lane is None:
+                    lane = lanes[key] = Lane(key, route)
+                    ready.append(lane)
+                lane.entries.append(entry)
+        return unrouted
 
     def add(self, entry: Entry, routes: tuple[Route, ...]) -> None:
         self.entries.append(entry)
