@@ -75,6 +75,13 @@ ACK_GRACE_S = 1.0
 STALL_BREATH_S = 0.01
 """After a handler blocked the loop, how long the next start waits for the loop's I/O."""
 
+LANE_RUN = 16
+"""Calls a runner makes on one lane before it puts the lane back behind the other ready
+ones: one lane's entries run back to back (the lane is taken, marked running and put
+back once, not once a message), at most this many, so that with few slots the other
+streams are not kept waiting behind a long one. A run also ends when the loop is
+stalled, a drain begins, the ownership deadline passes or the supplier wants the slot."""
+
 Subscriptions = dict[str, tuple[Route, ...]]
 """Namespace -> the routes (handlers and their delivery chains) subscribed to it."""
 
@@ -323,9 +330,9 @@ class PullingAgent:
 
     def _accept(self, messages: list[Message]) -> None:
         cache = self.cache
-        cache.took(messages)
         orphans = self._orphan_queue
         if self._split is not None:
+            cache.took(messages)
             self._accept_split(messages)
         else:
             unrouted = cache.add_all(messages, self._subs)
@@ -385,7 +392,7 @@ class PullingAgent:
         slots = self._slots
         keep = slots.keep_slot
         ctx = self._ctx
-        queue = self.queue
+        queue = self.queue  # route, msg and queue: the watchdog reads them off this frame
         loop = asyncio.get_running_loop()
         clock = time.monotonic
         own = self._own
@@ -421,26 +428,53 @@ class PullingAgent:
                 if ready and not self._waking:
                     self._wake()  # others can start on the next lane while this one runs
                 lane_entries = lane.entries
-                entry = lane_entries[0]
-                if self._stopping and (fenced or not entry.started):
+                if self._stopping and (fenced or not lane_entries[0].started):
                     # Draining: a message nothing has started goes to the next owner, and
                     # on a queue no longer ours nothing starts at all.
                     continue
-                entry.started = True
                 route = lane.route
-                msg = entry.msg
+                chain, handler = route.chain, route.handler
                 if not marked:  # not per call: its arguments alone cost a cache miss or two
-                    permit.mark_used(queue, route.handler.name, msg.id, msg.stream.key)
+                    msg = lane_entries[0].msg
+                    permit.mark_used(queue, handler.name, msg.id, msg.stream.key)
                     marked = True
                 lane.running = True
                 self._running += 1
                 careful = False  # holding _careful (a redelivered message: _count_start)
+                run = LANE_RUN
                 try:
-                    if msg.deliveries > 1:
-                        await self._careful.acquire()
-                        careful = True
-                        msg = await self._count_start(msg)
-                    await route.chain(Delivery(msg, route.handler))
+                    while True:  # the lane's entries, one call each (see LANE_RUN)
+                        entry = lane_entries[0]
+                        entry.started = True
+                        msg = entry.msg
+                        if msg.deliveries > 1:
+                            await self._careful.acquire()
+                            careful = True
+                            msg = await self._count_start(msg)
+                        await chain(Delivery(msg, handler))
+                        # QueueCache.finish_head and Acknowledger.entry_done, inlined
+                        lane_entries.popleft()
+                        entry.pending -= 1
+                        if not entry.pending:
+                            entry.done = True
+                            if entry is entries[0]:
+                                if not acks.settling:
+                                    acks.head_done()
+                            elif note is not None and entry.msg.token is not None:
+                                note(entry.msg.token)  # above the watermark: told at once
+                        if careful:
+                            acks.settle()  # its acknowledgement is sent before the next one
+                            await acks.sent()
+                            careful = False
+                            self._careful.release()
+                        if not lane_entries:
+                            del lanes[lane.key]
+                            break
+                        run -= 1
+                        if (not run or watchdog.stalled or self._stopping
+                                or clock() >= own.until or not keep(permit)):
+                            ready.append(lane)  # the loop above decides what comes next
+                            break
                 except BaseException:
                     permit.release()  # cancelled: the call did not complete
                     if careful:
@@ -449,26 +483,6 @@ class PullingAgent:
                 finally:
                     lane.running = False
                     self._running -= 1
-                # QueueCache.finish_head and Acknowledger.entry_done, inlined: once a call
-                lane_entries.popleft()
-                if lane_entries:
-                    ready.append(lane)
-                else:
-                    del lanes[lane.key]
-                entry.pending -= 1
-                if not entry.pending:
-                    entry.done = True
-                    if entry is entries[0]:
-                        if not acks.settling:
-                            acks.head_done()
-                    elif note is not None and entry.msg.token is not None:
-                        note(entry.msg.token)  # done above the watermark: recorded at once
-                if careful:
-                    try:
-                        acks.settle()  # its acknowledgement is sent before the next one
-                        await acks.sent()
-                    finally:
-                        self._careful.release()
                 if not (ready and keep(permit)):  # the supplier may let it carry the next
                     permit.release(SlotReleaseReason.TASK_COMPLETE)
                     permit = None
