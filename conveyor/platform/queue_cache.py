@@ -199,6 +199,7 @@ class QueueCache:
         unrouted: list[Entry] | None = None
         namespace: str | None = None
         routes: tuple[Route, ...] | None = None
+        handlers = 0
         size = 0
         for msg in messages:
             size += len(msg.body)
@@ -206,6 +207,7 @@ class QueueCache:
             if stream.namespace != namespace:
                 namespace = stream.namespace
                 routes = subscriptions.get(namespace)
+                handlers = len(routes) if routes is not None else 0
             if routes is None:  # undecodable, or no handler of this app subscribes
                 entry = Entry(msg, 1)
                 entries.append(entry)
@@ -213,7 +215,7 @@ class QueueCache:
                     unrouted = []
                 unrouted.append(entry)
                 continue
-            entry = Entry(msg, len(routes))
+            entry = Entry(msg, handlers)
             entries.append(entry)
             for route in routes:
                 key = (route.index, stream.key)

@@ -36,7 +36,7 @@ from conveyor.platform.delivery.chain import (
     over_limit,
 )
 from conveyor.platform.errors import BrokerConnectionError
-from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.handlers import HandlerSpec, body_bytes
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.outage import OutageLog
 from conveyor.platform.throttled_log import ThrottledLog
@@ -165,6 +165,7 @@ class DeadLetterInterceptor(Interceptor):
         stats = self._stats
         failed = self._failed(handler)
         decode = handler.decode
+        raw = decode is body_bytes  # the body as it came: no call to make
         limit = handler.retry.max_deliveries
         takes_context = handler.takes_context
 
@@ -173,7 +174,7 @@ class DeadLetterInterceptor(Interceptor):
                 message = delivery.message
                 if message.deliveries > limit:
                     raise over_limit(message, limit)
-                delivery.body = body = decode(message)
+                delivery.body = body = message.body if raw else decode(message)
                 delivery.attempt = 1
                 failure = None
                 try:
