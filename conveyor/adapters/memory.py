@@ -219,9 +219,9 @@ class MemoryReceiver(QueueReceiver):
         return out
 
     async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
-        pending = self._cursor.pending
+        forget = self._cursor.pending.pop
         for token in tokens:
-            pending.pop(token.major, None)
+            forget(token.major, None)
 
     async def lag(self) -> int:
         c = self._cursor

@@ -40,7 +40,10 @@ Runners are long-lived coroutines, started on demand up to the cache capacity an
 parked on a future when idle, so a message costs no task of its own. A runner reserves
 a slot *before* it takes a lane (waiting for one if none is free; a runner that waits
 wakes no other), then wakes one more runner if other lanes are waiting: with handlers
-that finish without suspending, one runner drains a whole batch in a single step.
+that finish without suspending, one runner drains a whole batch in a single step. It
+runs up to :data:`LANE_RUN` of a lane's entries back to back before it puts the lane
+back; the done prefix such a step leaves is popped once, when the step is over
+(:meth:`~conveyor.platform.acks.Acknowledger.head_done`).
 """
 
 from __future__ import annotations
