@@ -17,8 +17,8 @@ The public API::
 The README's tour is the walk-through (run as printed by tests/e2e/test_tour.py).
 """
 
+from conveyor.client import Client, Publish, SyncClient
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.delivery import Delivery, Interceptor, Step
 from conveyor.platform.errors import (

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conveyor import Client
-from conveyor.platform.adapter import create_adapter
+from conveyor.backends import create_adapter
 from conveyor.platform.config import Config
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import DeadLetter

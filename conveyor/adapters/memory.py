@@ -8,6 +8,10 @@ built on it behaves the same on Redis or Kafka. It does not survive the process.
 Brokers are named; every :class:`MemoryAdapter` created with the same name in one
 process shares one :class:`MemoryBroker`. A broker belongs to the event loop that
 first uses it.
+
+:data:`BACKEND` is the embedded broker's whole offer: this adapter, the in-process
+membership and lease stores and idempotency keys shared by the daemons of one broker
+name (no shared rate bucket: ``[slots.rate] store = "local"`` limits each daemon).
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
-from conveyor.platform.balancing.leases import Lease
+from conveyor.platform.backend import Backend
+from conveyor.platform.balancing.balancer import local_coordination
+from conveyor.platform.balancing.leases import Lease, LeaseStore
+from conveyor.platform.balancing.membership import Membership
+from conveyor.platform.config import Config
+from conveyor.platform.delivery.idempotency import IdempotencyStore, LocalIdempotencyStore
 from conveyor.platform.errors import BrokerError, InvalidArgumentError, ShutdownError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
@@ -365,6 +374,7 @@ class MemoryAdapter(QueueAdapter):
                     group, queue, await self.lag(queue, group),
                     oldest_needed=needed.token if needed else None,
                     oldest_needed_ms=needed.enqueued_at_ms if needed else None,
+                    appended=log.end,
                 ))
             out += with_retention_holders(infos)
         return out
@@ -380,3 +390,21 @@ class MemoryAdapter(QueueAdapter):
 def from_config(config: Any) -> MemoryAdapter:
     return MemoryAdapter(config.memory.broker, max_dead_letters=config.dead_letters.max_entries,
                          new_group_start=config.queues.new_group_start)
+
+
+def coordination(config: Config, group: str) -> tuple[Membership, LeaseStore]:
+    """The stores every daemon of app ``group`` on this process's broker shares."""
+    return local_coordination(f"{config.memory.broker}/{group}")
+
+
+def idempotency_store(config: Config, group: str) -> IdempotencyStore:
+    """Shared by the daemons of one broker name (the keys of every app on it)."""
+    return LocalIdempotencyStore.shared(config.memory.broker)
+
+
+def describe(config: Config) -> str:
+    return f"memory (broker {config.memory.broker!r} in this process)"
+
+
+BACKEND = Backend("memory", from_config, coordination=coordination,
+                  idempotency_store=idempotency_store, describe=describe, in_process=True)

@@ -16,6 +16,10 @@ from typing import Any
 from conveyor.bench.timing import PUBLISH_BATCH, PUBLISHERS
 
 RATIOS = {"ratio": ("msgs_per_s", "floor_msgs_per_s"),
+          "count_ratio": ("msgs_per_s", "count_floor_msgs_per_s"),
+          # CPU per message of the counting loop over Conveyor's: the share of a core's
+          # work per message that is the client's own, steadier on a loaded machine
+          "count_cpu_ratio": ("count_floor_cpu_us_per_msg", "cpu_us_per_msg"),
           "metrics_ratio": ("metrics_msgs_per_s", "msgs_per_s"),
           # CPU per message off over on: the rate a CPU-bound worker keeps with /metrics
           # on, steadier than wall time on a loaded machine
@@ -66,7 +70,10 @@ class ThroughputResult:
     daemons: int = 1
     """Daemons that consumed: 1 in this process, or that many ``conveyor worker`` processes."""
     floor: str = ""
-    """What the consume floor is (``XREADGROUP COUNT 500 + XACK``)."""
+    """What the awaiting consume floor is (``XREADGROUP COUNT 500 + XACK``, the no-op
+    awaited per record)."""
+    count_floor: str = ""
+    """What the counting consume floor is (nothing awaited per record)."""
     publish_floor: str = ""
     single_messages: int = 0
     """Messages of the single-``publish`` run (fewer than ``messages``: it is slower)."""
@@ -80,7 +87,7 @@ class ThroughputResult:
             "adapter": self.adapter, "variant": self.variant, "config": self.config,
             "messages": self.messages, "streams": self.streams, "queues": self.queues,
             "slots": self.slots, "daemons": self.daemons, "repeats": self.repeats,
-            "floor": self.floor,
+            "floor": self.floor, "count_floor": self.count_floor,
         }
         if self.publish_floor:
             out["publish_floor"] = self.publish_floor
@@ -102,8 +109,11 @@ class ThroughputResult:
             _line("consume", "msgs/s", "CPU us/msg", "start-up s"),
             *_rows("  conveyor" if self.daemons == 1 else f"  conveyor, {self.daemons} processes",
                    f, ""),
-            *_rows("  raw loop", f, "floor_"),
-            *_ratio("  ratio", f["ratio"]),
+            *_rows("  raw loop, counting", f, "count_floor_"),
+            *_rows("  raw loop, await each", f, "floor_"),
+            *_ratio("  ratio (/ counting)", f.get("count_ratio")),
+            *_ratio("  ratio (/ await each)", f["ratio"]),
+            *_ratio("  CPU ratio (counting / conveyor)", f.get("count_cpu_ratio")),
         ]
         if "metrics_msgs_per_s" in f:
             lines += [*_rows("  conveyor, /metrics on", f, "metrics_"),
@@ -116,13 +126,19 @@ class ThroughputResult:
                 *_rows(f"  publish x1 ({PUBLISHERS} tasks)", f, "publish_single_"),
                 *_rows("  raw loop", f, "publish_floor_"),
                 *_ratio("  ratio (batch / raw)", f["publish_ratio"]),
-                f"raw consume loop: {self.floor}",
+                *self._floor_lines(),
                 f"raw publish loop: {self.publish_floor}",
                 f"publish x1 published {self.single_messages:,} messages",
             ]
         else:
-            lines.append(f"raw consume loop: {self.floor}")
+            lines += self._floor_lines()
         return "\n".join(lines)
+
+    def _floor_lines(self) -> list[str]:
+        lines = [f"raw consume loop, await each: {self.floor}"]
+        if self.count_floor:
+            lines.insert(0, f"raw consume loop, counting: {self.count_floor}")
+        return lines
 
 
 LABEL_WIDTH = 24
@@ -140,8 +156,11 @@ FIGURES = (("msgs_per_s", ",.0f"), ("cpu_us_per_msg", ".2f"), ("startup_s", ".2f
 
 
 def _rows(label: str, f: Mapping[str, Spread], prefix: str) -> list[str]:
-    """The medians; then the ranges, when the repeats differ."""
+    """The medians; then the ranges, when the repeats differ; nothing for figures the
+    run did not measure."""
     found = [(f.get(prefix + key), fmt) for key, fmt in FIGURES]
+    if all(s is None for s, _ in found):  # a floor this run did not measure
+        return []
     lines = [_line(label, *(format(s.median, fmt) if s else "" for s, fmt in found))]
     if any(s is not None and s.low != s.high for s, _ in found):
         lines.append(_line("    min..max", *(
@@ -149,5 +168,6 @@ def _rows(label: str, f: Mapping[str, Spread], prefix: str) -> list[str]:
     return lines
 
 
-def _ratio(label: str, ratio: Spread) -> list[str]:
-    return [_line(label, ratio.text(".3f"))]
+def _ratio(label: str, ratio: Spread | None) -> list[str]:
+    """The ratio's line; none for a ratio the run did not measure."""
+    return [] if ratio is None else [_line(label, ratio.text(".3f"))]

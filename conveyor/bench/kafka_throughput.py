@@ -10,10 +10,12 @@ of its own (``queues.total`` partitions); what is Kafka's:
   ``create_batch`` / ``send_batch`` per partition,
   :data:`~conveyor.bench.timing.PUBLISH_BATCH` records a round, each round awaited —
   the shape of ``publish_batch``, and faster here than ``send`` per record.
-* **consume floor** — an ``AIOKafkaConsumer`` with the adapter's consumer settings,
-  started and assigned every partition, ``getmany`` then the no-op awaited on each
-  value and ``commit`` after every batch; the clock starts at the first batch with
-  records, so connecting and the first fetch are ``startup_s``, not the figure.
+* **consume floors** — an ``AIOKafkaConsumer`` with the adapter's consumer settings,
+  started and assigned every partition, ``getmany(max_records=500)`` and ``commit``
+  after every batch: the counting loop only counts the records, the awaiting loop
+  awaits the no-op on each value first. Each reads as a group of its own; the clock
+  starts at the first batch with records, so connecting and the first fetch are
+  ``startup_s``, not the figure.
 * **consume** — one daemon in this process with the shipped file, only ``[kafka]
   bootstrap`` and ``topic`` changed: the ``kafka-group`` balancer, offsets committed at
   the contiguous-done watermark; start-up includes joining the group.
@@ -46,7 +48,14 @@ from conveyor.adapters.kafka.codec import message_headers
 from conveyor.adapters.kafka.connection import admin, client_options, start_producer
 from conveyor.bench.figures import ThroughputResult
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config
-from conveyor.bench.throughput import Backend, build_messages, measure, noop, queue_chunks
+from conveyor.bench.throughput import (
+    Backend,
+    Floors,
+    build_messages,
+    measure,
+    noop,
+    queue_chunks,
+)
 from conveyor.bench.timing import PUBLISH_BATCH, Sample, SteadyClock, bench_items
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.app import App
@@ -120,22 +129,24 @@ async def publish_floor(producer: AIOKafkaProducer, topic: str,
 
 
 async def consume_floor(consumer: AIOKafkaConsumer, topic: str, total: int,
-                        messages: int) -> Sample:
-    """``getmany`` + no-op + ``commit`` over the partitions of ``topic``; ``consumer`` is
-    not started yet: starting it is start-up, the clock starts at the first records."""
+                        messages: int, counting: bool = False) -> Sample:
+    """``getmany(max_records=500)`` + no-op per record + ``commit`` over the partitions of
+    ``topic`` (with ``counting``, no no-op: the records are counted); ``consumer`` is not
+    started yet: starting it is start-up, the clock starts at the first records."""
     clock = SteadyClock()
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, q) for q in range(total)])
         seen = 0
         while seen < messages:
-            batches = await consumer.getmany(timeout_ms=500)
+            batches = await consumer.getmany(timeout_ms=500, max_records=PUBLISH_BATCH)
             if not batches:
                 continue
             clock.first()
             for records in batches.values():
-                for record in records:
-                    await noop(record.value)
+                if not counting:
+                    for record in records:
+                        await noop(record.value)
                 seen += len(records)
             await consumer.commit()
         return clock.stop(messages)
@@ -145,7 +156,10 @@ async def consume_floor(consumer: AIOKafkaConsumer, topic: str, total: int,
 
 class KafkaBackend(Backend):
     adapter = "kafka"
-    floor = "aiokafka getmany + commit per batch over the partitions"
+    floor = (f"aiokafka getmany(max_records={PUBLISH_BATCH}) + commit over the "
+             "partitions, the no-op awaited on each value")
+    count_floor = (f"aiokafka getmany(max_records={PUBLISH_BATCH}) + commit over the "
+                   "partitions, the records counted")
     publish_floor = (f"aiokafka create_batch/send_batch per partition, {PUBLISH_BATCH} "
                      "records a round")
 
@@ -166,8 +180,8 @@ class KafkaBackend(Backend):
             async with admin(client_options(bench.config.kafka)) as client:
                 await client.delete_topics([bench.config.kafka.topic])
 
-    async def floors(self, bench: BenchConfig,
-                     messages: Sequence[Message]) -> tuple[Sample, Sample]:
+    async def floors(self, bench: BenchConfig, messages: Sequence[Message],
+                     count_first: bool = False) -> Floors:
         cfg, total = bench.config.kafka, bench.config.queues.total
         adapter = KafkaAdapter(cfg, total)
         try:
@@ -177,11 +191,15 @@ class KafkaBackend(Backend):
                 published = await publish_floor(producer, cfg.topic, messages, total)
             finally:
                 await producer.stop()
-            consumer = adapter.cluster.new_consumer(f"{cfg.topic}-raw")
-            consumed = await consume_floor(consumer, cfg.topic, total, len(messages))
+            consumed: dict[bool, Sample] = {}
+            for counting in (True, False) if count_first else (False, True):
+                consumer = adapter.cluster.new_consumer(
+                    f"{cfg.topic}-{'count' if counting else 'raw'}")
+                consumed[counting] = await consume_floor(consumer, cfg.topic, total,
+                                                         len(messages), counting)
         finally:
             await adapter.close()
-        return published, consumed
+        return Floors(published, consumed[False], consumed[True])
 
 
 def io_config(bootstrap: str, topic: str, slots: int = IO_SLOTS) -> Config:

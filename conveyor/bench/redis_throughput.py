@@ -7,10 +7,11 @@ The figures and their order are :mod:`conveyor.bench.throughput`'s; what is Redi
   Conveyor writes (the same fields, already encoded), on a connection already open —
   made by :func:`~conveyor.adapters.redis.connections.connect`, so its commands are packed by
   hiredis as Conveyor's are (a stock redis-py client packs in Python, ~1.5x the CPU).
-* **consume floor** — one task per queue on a stock redis-py client (its own reply
-  parsing), ``XREADGROUP COUNT 500``, the no-op awaited on each body, ``XACK`` of the
-  ids; the group is created and a connection per task opened first, and the clock
-  starts at the first reply with entries.
+* **consume floors** — one task per queue on a stock redis-py client (its own reply
+  parsing), ``XREADGROUP COUNT 500`` then ``XACK`` of the ids: the counting loop only
+  counts the entries of each reply, the awaiting loop awaits the no-op on each body
+  first. Each reads with a group of its own (created, and a connection per task opened,
+  before its clock); the clock starts at the first reply with entries.
 * **1 daemon** — in this process, from the shipped file with only ``[redis] url`` and
   ``prefix`` changed: the dynamic balancer with Redis membership, so every queue is
   leased and acknowledged through the fenced script (checked after the run).
@@ -47,6 +48,7 @@ from conveyor.bench.shipped import BenchConfig, Variant, bench_config
 from conveyor.bench.throughput import (
     SINGLE_MAX,
     Backend,
+    Floors,
     build_messages,
     noop,
     noop_batch,
@@ -55,12 +57,13 @@ from conveyor.bench.throughput import (
     summarize,
 )
 from conveyor.bench.timing import PUBLISH_BATCH, Sample, SteadyClock, bench_items
+from conveyor.client import Client
 from conveyor.platform.adapter import QueueAdapter
-from conveyor.platform.client import Client
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
 
 GROUP = "bench"
+COUNT_GROUP = "bench-count"
 BODY = b"body"
 LEASED_TIMEOUT_S = 60.0
 
@@ -116,29 +119,32 @@ async def publish_floor(r: Any, keys: Keys, messages: Sequence[Message], total: 
 
 
 async def consume_floor(r: Any, streams: Sequence[str], messages: int,
-                        count: int = PUBLISH_BATCH, batch: bool = False) -> Sample:
-    """``XREADGROUP COUNT count`` + ``XACK`` over ``streams``, one task each, on ``r``;
-    timed from the first reply with entries (set-up is ``startup_s``). The no-op is
-    awaited on each body, or with ``batch`` once per reply on all its bodies."""
+                        count: int = PUBLISH_BATCH, batch: bool = False,
+                        counting: bool = False, group: str = GROUP) -> Sample:
+    """``XREADGROUP COUNT count`` + ``XACK`` over ``streams``, one task each, on ``r``,
+    reading as ``group`` (created here, from the start); timed from the first reply with
+    entries (set-up is ``startup_s``). The no-op is awaited on each body, or with
+    ``batch`` once per reply on all its bodies; with ``counting`` nothing is awaited
+    but the two commands: each reply's entries are counted."""
     clock = SteadyClock()
     for key in streams:
-        await r.xgroup_create(key, GROUP, "0", mkstream=True)
+        await r.xgroup_create(key, group, "0", mkstream=True)
     await asyncio.gather(*(r.ping() for _ in streams))  # a connection per reader, open
 
     async def drain(key: str) -> int:
         done = 0
         while True:
-            reply = await r.xreadgroup(GROUP, "raw", {key: ">"}, count=count)
+            reply = await r.xreadgroup(group, "raw", {key: ">"}, count=count)
             if not reply or not reply[0][1]:
                 return done
             clock.first()
             entries = reply[0][1]
-            if batch:
+            if batch and not counting:
                 await noop_batch([fields[BODY] for _, fields in entries])
-            else:
+            elif not counting:
                 for _, fields in entries:
                     await noop(fields[BODY])
-            await r.xack(key, GROUP, *[eid for eid, _ in entries])
+            await r.xack(key, group, *[eid for eid, _ in entries])
             done += len(entries)
 
     done = sum(await asyncio.gather(*(drain(k) for k in streams)))
@@ -156,7 +162,10 @@ async def _drop(r: Any, prefix: str) -> None:
 
 class RedisBackend(Backend):
     adapter = "redis"
-    floor = f"redis-py XREADGROUP COUNT {PUBLISH_BATCH} + XACK, a task per queue"
+    floor = (f"redis-py XREADGROUP COUNT {PUBLISH_BATCH} + XACK, a task per queue, the "
+             "no-op awaited on each body")
+    count_floor = (f"redis-py XREADGROUP COUNT {PUBLISH_BATCH} + XACK, a task per queue, "
+                   "the entries counted")
     publish_floor = f"redis-py pipeline (transaction=False) of {PUBLISH_BATCH} XADD"
 
     def __init__(self, url: str, variant: Variant | None = None) -> None:
@@ -184,18 +193,21 @@ class RedisBackend(Backend):
     async def verify(self, bench: BenchConfig) -> None:
         await _check_fenced(bench)
 
-    async def floors(self, bench: BenchConfig,
-                     messages: Sequence[Message]) -> tuple[Sample, Sample]:
+    async def floors(self, bench: BenchConfig, messages: Sequence[Message],
+                     count_first: bool = False) -> Floors:
         keys, total = Keys(bench.config.redis.prefix), bench.config.queues.total
+        streams, batch = [keys.queue(q) for q in range(total)], bench.variant.batch
         r = connect(bench.config.redis)
         try:
             published = await publish_floor(r, keys, messages, total)
-            batch = bench.variant.batch
-            consumed = await consume_floor(r, [keys.queue(q) for q in range(total)],
-                                           len(messages), batch or PUBLISH_BATCH, bool(batch))
+            consumed: dict[bool, Sample] = {}
+            for counting in (True, False) if count_first else (False, True):
+                consumed[counting] = await consume_floor(
+                    r, streams, len(messages), batch or PUBLISH_BATCH, bool(batch),
+                    counting=counting, group=COUNT_GROUP if counting else GROUP)
         finally:
             await r.aclose()
-        return published, consumed
+        return Floors(published, consumed[False], consumed[True])
 
 
 async def _check_fenced(bench: BenchConfig) -> None:
@@ -305,7 +317,7 @@ async def _measure(backend: RedisBackend, messages: int, streams: int, repeats: 
         tag = f"r{i}"
         figures, slots = await repeat_once(backend, items, tag, single, i % 2 == 1)
         one.append(figures)
-        floor = {k: v for k, v in figures.items() if k.startswith("floor_")}
+        floor = {k: v for k, v in figures.items() if k.startswith(("floor_", "count_floor_"))}
         for d, runs in more.items():
             runs.append(floor | await _processes(backend, f"{tag}p{d}", messages, streams, d))
     out = {"1": summarize(backend, one, messages, streams, slots, single)}

@@ -23,22 +23,20 @@ import msgspec
 
 from conveyor.bench import BenchmarkError
 from conveyor.platform.config import Config, load_config
+from conveyor.platform.config.shipped import shipped_configs_dir
 from conveyor.platform.errors import ConfigError
 
 SHIPPED_FILES = {"memory": "local.toml", "redis": "redis.toml", "kafka": "kafka.toml"}
 
 
 def shipped_path(adapter: str) -> Path:
-    """``configs/<file>`` of the source tree this package runs from.
-
-    The files are not part of the installed package: they are the ones in the repository
-    a user starts from, so the benchmark reads them there.
-    """
-    path = Path(__file__).resolve().parents[2] / "configs" / SHIPPED_FILES[adapter]
+    """The shipped ``<file>`` for ``adapter`` (:mod:`conveyor.platform.config.shipped`:
+    installed with the package, or a checkout's ``configs/``)."""
+    path = shipped_configs_dir() / SHIPPED_FILES[adapter]
     if not path.is_file():
         raise BenchmarkError(
-            f"the shipped config {path} is not there (the configs/ directory of a source "
-            "checkout); run from a clone, or pass --config FILE"
+            f"the shipped config {path} is not there (an install without its configs?); "
+            "pass --config FILE"
         )
     return path
 

@@ -47,7 +47,7 @@ from typing import Any
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.bench import BenchmarkError
 from conveyor.bench.throughput import AckCounter, noop_app
-from conveyor.platform.client import Client
+from conveyor.client import Client
 from conveyor.platform.config import Config, TelemetryConfig
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
@@ -89,13 +89,14 @@ def strip_instrumentation() -> None:
 def _telemetry_on(sample_ratio: float) -> tuple[Telemetry, Any]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.trace.export import (
         BatchSpanProcessor,
         SpanExporter,
         SpanExportResult,
     )
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from conveyor.platform.sampling import ratio_tracer_provider
 
     class Discard(SpanExporter):
         def __init__(self) -> None:
@@ -106,7 +107,7 @@ def _telemetry_on(sample_ratio: float) -> tuple[Telemetry, Any]:
             return SpanExportResult.SUCCESS
 
     exporter = Discard()
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+    provider = ratio_tracer_provider(sample_ratio)  # as Telemetry.from_config builds it
     provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 18))
     meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
     return Telemetry(provider, meters), exporter

@@ -6,9 +6,13 @@
 
 1. the **publish floor** — the adapter's raw producer writing the same entries (already
    built: ids, bodies, fields) :data:`~conveyor.bench.timing.PUBLISH_BATCH` at a time;
-2. the **consume floor** — the adapter's raw consumer loop reading those entries back,
-   awaiting the same no-op handler on each body and acknowledging, timed from its first
-   record (:class:`~conveyor.bench.timing.SteadyClock`);
+2. the two **consume floors**, each reading those entries back with the adapter's raw
+   consumer loop, :data:`~conveyor.bench.timing.PUBLISH_BATCH` a read, timed from its
+   first record (:class:`~conveyor.bench.timing.SteadyClock`): the **counting loop** only
+   counts what each read returns and acknowledges it — the physical limit of a consumer
+   on that client — and the **awaiting loop** also awaits the same no-op handler on each
+   body, the least a per-message handler adds (``--batch N``: once per read). Every other
+   repeat runs the counting loop first;
 3. **publish** — ``Client.publish_batch`` of the same items into a fresh place;
 4. **consume** — one daemon, built from the config, consuming what 3 published, timed
    from the first delivery to the last acknowledgement
@@ -34,11 +38,13 @@ import os
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
 
+from conveyor.backends import create_adapter
+from conveyor.bench import BenchmarkError
 from conveyor.bench.figures import ThroughputResult, spreads
 from conveyor.bench.shipped import BenchConfig, Variant, bench_config
 from conveyor.bench.timing import (
@@ -51,14 +57,14 @@ from conveyor.bench.timing import (
     time_publish_batch,
     time_publish_single,
 )
-from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.client import Client, Publish
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
 
-__all__ = ["AckCounter", "Backend", "MemoryBackend", "measure", "memory_throughput", "noop",
-           "noop_app", "noop_batch"]
+__all__ = ["AckCounter", "Backend", "Floors", "MemoryBackend", "measure", "memory_throughput",
+           "noop", "noop_app", "noop_batch"]
 
 SINGLE_MAX = 20_000
 """Messages of the single-``publish`` run at most (one round trip each without coalescing)."""
@@ -82,7 +88,10 @@ class Backend(ABC):
 
     adapter: str
     floor: str
-    """The consume floor, as printed (``XREADGROUP COUNT 500 + XACK``)."""
+    """The awaiting consume floor, as printed (``XREADGROUP COUNT 500 + XACK``, the no-op
+    awaited on each body)."""
+    count_floor: str
+    """The counting consume floor, as printed."""
     publish_floor: str
 
     def __init__(self, variant: Variant | None = None) -> None:
@@ -103,11 +112,23 @@ class Backend(ABC):
         """Fail if the daemon's run in ``bench``'s place did not run as configured."""
 
     @abstractmethod
-    async def floors(self, bench: BenchConfig,
-                     messages: Sequence[Message]) -> tuple[Sample, Sample]:
-        """(publish floor, consume floor): write ``messages`` with the raw producer to
-        ``bench``'s place, then read them back with the raw consumer, awaiting
-        :func:`noop` on each body. Both timed from their first record."""
+    async def floors(self, bench: BenchConfig, messages: Sequence[Message],
+                     count_first: bool = False) -> Floors:
+        """Write ``messages`` with the raw producer to ``bench``'s place, then read them
+        back twice with the raw consumer (two groups): counting only, and awaiting
+        :func:`noop` on each body; the counting read first with ``count_first``. Each
+        timed from its first record."""
+
+
+@dataclass(frozen=True)
+class Floors:
+    """One repeat's raw loops: the publish floor and the two consume floors."""
+
+    publish: Sample
+    consume: Sample
+    """The awaiting loop: the no-op awaited on each body."""
+    count: Sample
+    """The counting loop: records counted per read, nothing awaited per record."""
 
 
 async def noop(body: bytes) -> None:
@@ -182,11 +203,12 @@ async def repeat_once(backend: Backend, items: Sequence[Publish], tag: str,
     floor_bench = backend.config(f"{tag}f")
     built = build_messages(items, floor_bench.config.queues.total)
     try:
-        publish_floor, consume_floor = await backend.floors(floor_bench, built)
+        floors = await backend.floors(floor_bench, built, count_first=metrics_first)
     finally:
         await backend.cleanup(floor_bench)
-    out |= _figures("publish_floor_", publish_floor, startup=False)
-    out |= _figures("floor_", consume_floor)
+    out |= _figures("publish_floor_", floors.publish, startup=False)
+    out |= _figures("floor_", floors.consume)
+    out |= _figures("count_floor_", floors.count)
     slots = 0
     for metrics in (True, False) if metrics_first else (False, True):
         bench = backend.config(f"{tag}{'m' if metrics else 'c'}")
@@ -219,6 +241,7 @@ def summarize(backend: Backend, runs: Sequence[Mapping[str, float]], messages: i
         adapter=backend.adapter, variant=backend.variant.name, config=bench.label,
         messages=messages, streams=streams, queues=bench.config.queues.total, slots=slots,
         figures=spreads(runs), repeats=len(runs), floor=backend.floor,
+        count_floor=backend.count_floor,
         publish_floor=backend.publish_floor if single else "", single_messages=single,
     )
 
@@ -247,6 +270,7 @@ async def measure(backend: Backend, messages: int, streams: int,
 class MemoryBackend(Backend):
     adapter = "memory"
     floor = "for loop awaiting the handler"
+    count_floor = f"for loop counting the messages, {PUBLISH_BATCH} at a time"
     publish_floor = f"adapter.enqueue of built messages, {PUBLISH_BATCH} at a time"
 
     def __init__(self, variant: Variant | None = None) -> None:
@@ -266,8 +290,8 @@ class MemoryBackend(Backend):
 
         reset_broker(bench.config.memory.broker)
 
-    async def floors(self, bench: BenchConfig,
-                     messages: Sequence[Message]) -> tuple[Sample, Sample]:
+    async def floors(self, bench: BenchConfig, messages: Sequence[Message],
+                     count_first: bool = False) -> Floors:
         adapter = create_adapter("memory", bench.config)
         chunks = queue_chunks(messages, bench.config.queues.total)
         clock = SteadyClock()
@@ -276,16 +300,36 @@ class MemoryBackend(Backend):
             for queue, batch in chunk:
                 await adapter.enqueue(queue, batch)
         publish = clock.stop(len(messages))
+        if count_first:
+            count = _count_loop(messages)
+            consume = await self._await_loop(messages, bench.variant.batch)
+        else:
+            consume = await self._await_loop(messages, bench.variant.batch)
+            count = _count_loop(messages)
+        return Floors(publish, consume, count)
+
+    @staticmethod
+    async def _await_loop(messages: Sequence[Message], size: int) -> Sample:
         clock = SteadyClock()
         clock.first()
-        size = bench.variant.batch
         if size:
             for i in range(0, len(messages), size):
                 await noop_batch([m.body for m in messages[i : i + size]])
         else:
             for msg in messages:
                 await noop(msg.body)
-        return publish, clock.stop(len(messages))
+        return clock.stop(len(messages))
+
+
+def _count_loop(messages: Sequence[Message]) -> Sample:
+    clock = SteadyClock()
+    clock.first()
+    seen = 0
+    for i in range(0, len(messages), PUBLISH_BATCH):
+        seen += len(messages[i : i + PUBLISH_BATCH])
+    if seen != len(messages):
+        raise BenchmarkError(f"the counting loop saw {seen} messages, not {len(messages)}")
+    return clock.stop(len(messages))
 
 
 def memory_throughput(messages: int, streams: int, repeats: int = 3,

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.bench import BenchmarkError
+from conveyor.client import Client, Publish
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import Config
 from conveyor.platform.ids import SequenceToken
 from conveyor.workers.daemon import WorkerDaemon

@@ -64,9 +64,10 @@ def bench_throughput(
     The config is configs/local.toml, redis.toml or kafka.toml with only the server and
     a private key prefix / topic changed; --slots, --set and --config make a variant,
     named in the output. Consumers are timed from their first record (Conveyor: the
-    first delivery) to the last acknowledgement; start-up is reported apart. Floors:
-    memory, a for loop awaiting the handler; redis, XREADGROUP COUNT 500 + XACK; kafka,
-    getmany + commit. Publish: Client.publish_batch (500 a call) and single publish
+    first delivery) to the last acknowledgement; start-up is reported apart. Two floors
+    each: a loop that only counts what it reads (redis: XREADGROUP COUNT 500 + XACK;
+    kafka: getmany(max_records=500) + commit) and the same loop awaiting the no-op per
+    record (memory: a for loop awaiting the handler). Publish: Client.publish_batch (500 a call) and single publish
     calls, next to pipelined XADD x500 / aiokafka send_batch / adapter.enqueue.
     --batch N: the handler is a batch handler of N and the floor reads N at a time
     (redis: XREADGROUP COUNT N) and awaits the no-op once per batch; redis then measures

@@ -177,8 +177,11 @@ def run_or_exit(work: Coroutine[Any, Any, T]) -> T:
 
 def refuse_embedded(config: Config, command: str, why: str) -> None:
     """A usage error for commands that need state outside this process (exit 2)."""
-    if config.queues.adapter == "memory":
-        usage(f"{command}: the memory adapter lives inside the worker's process, so {why}; "
+    from conveyor.backends import backend
+
+    if backend(config.queues.adapter).in_process:
+        usage(f"{command}: the {config.queues.adapter} adapter lives inside the worker's "
+              f"process, so {why}; "
               "use --config with a redis or kafka config (e.g. configs/redis.toml)")
 
 

@@ -1,9 +1,9 @@
 """``conveyor configs``: the ready TOML configs that ship with Conveyor — list, print, copy.
 
-The configs of the source tree's ``configs/`` directory are installed with the package (as
-``conveyor/configs/``), so a user who installed Conveyor with pip has the files the
-documentation names (``configs/redis.toml``): ``conveyor configs --copy configs`` puts
-them where those commands expect them. Registered in :mod:`conveyor.cli` with one line.
+Where they are: :mod:`conveyor.platform.config.shipped` (installed with the package, or
+a checkout's ``configs/``); ``conveyor configs --copy configs`` puts them where the
+documentation's commands expect them (``configs/redis.toml``). Registered in
+:mod:`conveyor.cli` with one line.
 """
 
 from __future__ import annotations
@@ -12,20 +12,7 @@ from pathlib import Path
 
 import click
 
-import conveyor
-
-
-def shipped_configs_dir() -> Path:
-    """Where the shipped configs are: ``conveyor/configs/`` when installed from a wheel,
-    the source tree's ``configs/`` when run from a checkout (or an editable install)."""
-    package = Path(conveyor.__file__).resolve().parent
-    installed = package / "configs"
-    return installed if installed.is_dir() else package.parent / "configs"
-
-
-def shipped_configs() -> dict[str, Path]:
-    """Name (``redis``) -> file of every shipped config, sorted by name."""
-    return {p.stem: p for p in sorted(shipped_configs_dir().glob("*.toml"))}
+from conveyor.platform.config.shipped import shipped_configs, shipped_configs_dir
 
 
 def _summary(path: Path) -> str:

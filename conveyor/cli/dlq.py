@@ -14,9 +14,10 @@ from typing import TypeVar
 
 import click
 
+from conveyor.backends import create_adapter
 from conveyor.cli.common import fail, load_config_or_exit, usage, warn
 from conveyor.cli.render import letters_view, print_table
-from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.letters import StoredLetter

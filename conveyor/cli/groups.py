@@ -53,7 +53,7 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
       conveyor groups list --config configs/redis.toml
       conveyor groups list --config configs/kafka.toml --json
     """
-    from conveyor.platform.adapter import create_adapter
+    from conveyor.backends import create_adapter
     from conveyor.platform.operations.groups import summarise
 
     config = load_config_or_exit(config_path)
@@ -100,8 +100,7 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
       conveyor groups delete --app old-app --with-dead-letters \\
           --config configs/redis.toml
     """
-    from conveyor.platform.adapter import create_adapter
-    from conveyor.platform.balancing.coordination import coordination_from_config
+    from conveyor.backends import coordination, create_adapter
     from conveyor.platform.errors import UnknownGroupError
     from conveyor.platform.operations.groups import delete_app_group, queue_ranges
 
@@ -111,7 +110,7 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
 
     async def run() -> list[int]:
         adapter = create_adapter(config.queues.adapter, config)
-        membership, leases = coordination_from_config(config, group)
+        membership, leases = coordination(config, group)
         try:
             return await delete_app_group(
                 adapter, membership, leases, group, range(config.queues.total),

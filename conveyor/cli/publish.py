@@ -42,7 +42,7 @@ def publish(
       conveyor publish orders order-17 '{"id": 17}' --config configs/redis.toml
       conveyor publish orders order-17 '{"id": 17}' -H tenant=acme
     """
-    from conveyor.platform.client import SyncClient
+    from conveyor.client import SyncClient
     from conveyor.platform.message import RESERVED_HEADERS
 
     headers: dict[str, str] = {}

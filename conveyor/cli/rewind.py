@@ -78,8 +78,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
       conveyor rewind --app shop --to 3:1700000000000-3 \\
           --config configs/redis.toml
     """
-    from conveyor.platform.adapter import create_adapter
-    from conveyor.platform.balancing.coordination import lease_owners
+    from conveyor.backends import create_adapter, lease_owners
     from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
     from conveyor.platform.ids import SequenceToken
 

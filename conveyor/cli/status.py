@@ -76,9 +76,10 @@ def status(config_path: Path | None, group: str | None, as_json: bool, watch_s: 
 
 
 def _print_apps(config: Config, as_json: bool) -> None:
+    from conveyor.backends import for_config
     from conveyor.platform.operations.status import collect_apps
 
-    report = run_or_exit(collect_apps(config))
+    report = run_or_exit(collect_apps(config, for_config(config)))
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -90,9 +91,11 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     from rich.console import Console
     from rich.live import Live
 
+    from conveyor.backends import for_config
     from conveyor.platform.operations.status import collect_status
 
-    report = run_or_exit(collect_status(config, group))
+    backend = for_config(config)
+    report = run_or_exit(collect_status(config, group, backend))
     if not report.has_group and not report.members:  # tansu: no group until a commit
         others = ", ".join(g.group for g in report.groups) or "none"
         warn(f"--app {group!r} has no consumer group on any queue (a typo, or an app that "
@@ -116,7 +119,7 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
             refreshes = 0
             while count is None or refreshes < count:
                 time.sleep(watch_s)
-                previous, report = report, run_or_exit(collect_status(config, group))
+                previous, report = report, run_or_exit(collect_status(config, group, backend))
                 live.update(status_view(report, report.rates(previous), wide), refresh=True)
                 refreshes += 1
         except KeyboardInterrupt:

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from conveyor.platform.adapter import QueueAdapter, create_adapter
-from conveyor.platform.balancing.coordination import coordination_from_config
+from conveyor.backends import coordination, create_adapter
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.letters import StoredLetter
@@ -148,7 +148,7 @@ async def delete_group(config: Config, app: str) -> dict[str, Any]:
     """Remove a dead app's group from every queue (refused while it looks alive); its
     dead letters are kept."""
     adapter = create_adapter(config.queues.adapter, config)
-    membership, leases = coordination_from_config(config, app)
+    membership, leases = coordination(config, app)
     try:
         removed = await delete_app_group(adapter, membership, leases, app,
                                          range(config.queues.total))

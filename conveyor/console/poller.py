@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.backends import for_config
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.operations.status import (
@@ -40,6 +41,11 @@ class Reading:
     """Why the last poll failed (the broker down, say); the page shows it."""
 
 
+LATENCY_KEYS = {"p50": "latency.p50_s", "p95": "latency.p95_s", "p99": "latency.p99_s"}
+"""Chart series -> the heartbeat stat a daemon publishes (seconds, over the calls since
+its previous heartbeat; absent without a meter or a call)."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """What the charts keep of one reading of one app."""
@@ -48,23 +54,46 @@ class Sample:
     counts: dict[str, tuple[float, int, int]]
     """Daemon id: (its heartbeat's time, handled, dead-lettered) as that heartbeat said."""
     lag: dict[int, int]
+    latency: dict[str, float] = field(default_factory=dict)
+    """Series (``p50``...) -> the slowest daemon's figure, in seconds; absent when no daemon
+    published one."""
+    appended: dict[int, int] = field(default_factory=dict)
+    """Queue -> messages ever appended to it, where the broker tells."""
 
 
-def _sample(report: StatusReport) -> Sample:
-    counts = {m.id: (m.stats.get("at", 0.0), int(m.stats.get("handled", 0)),
-                     int(m.stats.get("dead_lettered", 0)))
-              for m in report.members}
-    return Sample(report.at, counts, {q.queue: q.lag for q in report.queues})
+def chart_sample(report: StatusReport) -> Sample:
+    counts = {}
+    latency: dict[str, float] = {}
+    for m in report.members:
+        if "at" in m.stats:
+            counts[m.id] = (m.stats["at"], int(m.stats.get("handled", 0)),
+                            int(m.stats.get("dead_lettered", 0)))
+        else:  # the record it joined with, before its first heartbeat: zero at its start
+            counts[m.id] = (m.started_at, 0, 0)
+        for name, key in LATENCY_KEYS.items():
+            if key in m.stats:
+                latency[name] = max(latency.get(name, 0.0), m.stats[key])
+    appended = {q.queue: q.appended for q in report.queues if q.appended is not None}
+    return Sample(report.at, counts, {q.queue: q.lag for q in report.queues}, latency,
+                  appended)
 
 
 def rates(samples: list[Sample]) -> list[dict[str, Any]]:
-    """Per sample after the first: handled/s and dead-lettered/s summed over the daemons.
+    """Per sample after the first: messages in per second (per queue and in all; None
+    where the broker does not tell), handled/s and dead-lettered/s summed over the
+    daemons, lag per queue, and the handler latency percentiles in milliseconds (None:
+    unknown).
+
+    Arrivals are read off the queues' end positions on the console's own clock, between
+    two polls: exact, and independent of the daemons.
 
     A daemon's counts change only with its heartbeat (every ``lease_ttl_s / 3``), so each
     daemon's rate is taken between two of its heartbeats, on its own clock, and held
     until the next one: polls faster than heartbeats draw steps, not spikes and zeros.
-    A daemon that left or restarted (counts going down) adds nothing until its next
-    heartbeat.
+    The first heartbeat the console sees of a daemon is its baseline — or its start, when
+    the console saw it join (its record then has no counts: they were zero when it
+    started), so a run shorter than two heartbeats still draws its rate. A daemon that
+    left or restarted (counts going down) adds nothing until its next heartbeat.
     """
     out = []
     last: dict[str, tuple[float, int, int]] = {}
@@ -72,7 +101,7 @@ def rates(samples: list[Sample]) -> list[dict[str, Any]]:
     for i, sample in enumerate(samples):
         for member, (at, handled, dead) in sample.counts.items():
             before = last.get(member)
-            if before is not None and at > before[0]:
+            if before is not None and 0 < before[0] < at:
                 span = at - before[0]
                 per_daemon[member] = (max(handled - before[1], 0) / span,
                                       max(dead - before[2], 0) / span)
@@ -81,10 +110,27 @@ def rates(samples: list[Sample]) -> list[dict[str, Any]]:
         current = [per_daemon.get(m, (0.0, 0.0)) for m in sample.counts]
         if i == 0:
             continue
-        out.append({"at": sample.at, "handled_per_s": sum(r[0] for r in current),
+        arrivals = _arrivals(samples[i - 1], sample)
+        out.append({"at": sample.at,
+                    "in_per_s": sum(arrivals.values()) if arrivals else None,
+                    "in_per_s_by_queue": {str(q): r for q, r in sorted(arrivals.items())},
+                    "handled_per_s": sum(r[0] for r in current),
                     "dead_per_s": sum(r[1] for r in current),
-                    "lag": {str(q): lag for q, lag in sorted(sample.lag.items())}})
+                    "lag": {str(q): lag for q, lag in sorted(sample.lag.items())},
+                    "latency_ms": {name: (sample.latency[name] * 1000
+                                          if name in sample.latency else None)
+                                   for name in LATENCY_KEYS}})
     return out
+
+
+def _arrivals(before: Sample, after: Sample) -> dict[int, float]:
+    """Messages in per second per queue between two samples; a queue whose end went
+    back (re-created) or that either sample lacks is left out."""
+    span = after.at - before.at
+    if span <= 0:
+        return {}
+    return {q: (end - before.appended[q]) / span for q, end in after.appended.items()
+            if q in before.appended and end >= before.appended[q]}
 
 
 class Poller:
@@ -104,13 +150,23 @@ class Poller:
         self._fresh = asyncio.Event()
         self._last_seen = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="console-poller")
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        """Cancel the loop; a poll stuck closing its broker connections is left behind
-        after ``timeout_s`` rather than holding the console's exit."""
+        """End the loop: cancel it, and tell it to stop as well.
+
+        The flag keeps the exit prompt when a cancel is lost inside a poll (Python
+        3.11's ``asyncio.wait_for``, which redis-py calls on every command write with a
+        socket timeout, returns the result instead of raising when the write completes
+        as the cancel arrives): the loop would go on polling until this call gave up,
+        holding the console's exit for ``timeout_s``; it ends after that poll instead. A
+        poll stuck closing its broker connections is still left behind after
+        ``timeout_s`` rather than holding the console's exit."""
+        self._stopping = True
+        self._wanted.set()  # a resting loop wakes to see the flag
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=timeout_s)
@@ -135,19 +191,23 @@ class Poller:
         return list(self._history.get(app, ()))
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             if time.monotonic() - self._last_seen > self.idle_after_s:
                 self._wanted.clear()
                 await self._wanted.wait()
+                if self._stopping:
+                    return
             await self.poll()
-            await asyncio.sleep(self.interval_s)
+            if not self._stopping:
+                await asyncio.sleep(self.interval_s)
 
     async def poll(self) -> None:
         """One reading: the apps, then the status of each watched app."""
         try:
-            apps = await collect_apps(self.config)
+            backend = for_config(self.config)
+            apps = await collect_apps(self.config, backend)
             names = [self.app] if self.app else [a.app for a in apps.apps]
-            status = {name: await collect_status(self.config, name) for name in names}
+            status = {name: await collect_status(self.config, name, backend) for name in names}
         except ConveyorError as exc:
             self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
                                    f"{type(exc).__name__}: {exc}")
@@ -159,6 +219,6 @@ class Poller:
             self.reading = Reading(time.time(), apps, status)
             for name, report in status.items():
                 self._history.setdefault(name, deque(maxlen=self._window)).append(
-                    _sample(report))
+                    chart_sample(report))
         self.polls += 1
         self._fresh.set()

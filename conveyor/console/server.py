@@ -68,11 +68,9 @@ class Settings:
 
 def broker_name(config: Config) -> str:
     """The broker as the pages name it, with no password in it."""
-    if config.queues.adapter == "redis":
-        from conveyor.adapters.redis.urls import server_name
+    from conveyor.backends import backend
 
-        return f"redis {server_name(config.redis)}"
-    return f"kafka {config.kafka.bootstrap} (topic {config.kafka.topic})"
+    return backend(config.queues.adapter).where(config)
 
 
 def _shell(settings: Settings, page: str) -> str:

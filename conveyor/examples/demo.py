@@ -20,8 +20,8 @@ from typing import TypeVar
 import msgspec
 
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
+from conveyor.client import Client, Publish
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import Config
 from conveyor.platform.handlers import MessageContext
 from conveyor.workers.daemon import WorkerDaemon

@@ -1,6 +1,6 @@
 """The queue-adapter port: what the platform needs from a durable queue backend.
 
-The platform owns these interfaces; ``conveyor.adapters`` implements them. An adapter
+The platform owns these interfaces; each broker's adapter implements them. An adapter
 knows nothing of handlers: it moves :class:`Message` values in and out of numbered
 queues and remembers, per consumer group, what was acknowledged.
 
@@ -25,19 +25,16 @@ call is named for what it does, ``acknowledge``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.errors import (
     BrokerError,
-    ConfigError,
     ConveyorError,
     ForwardRewindError,
     QueueOwnedError,
 )
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.importing import load_attr
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.operations.groups import GroupInfo, no_group_error
@@ -344,29 +341,3 @@ def open_receivers(receivers: Iterable[QueueReceiver], queues: Sequence[int],
             if queue not in held and (holder := receiver.holder(queue, group)):
                 held[queue] = holder
     return held
-
-
-AdapterFactory = Callable[[Any], QueueAdapter]
-
-# Adapters are imported lazily by name so that `platform` never imports a driver and a
-# user without aiokafka installed can still run the embedded adapter.
-_BUILTIN_ADAPTERS = {
-    "memory": "conveyor.adapters.memory:from_config",
-    "redis": "conveyor.adapters.redis:from_config",
-    "kafka": "conveyor.adapters.kafka:from_config",
-}
-
-
-def adapter_names() -> list[str]:
-    return sorted(_BUILTIN_ADAPTERS)
-
-
-def create_adapter(name: str, config: Any) -> QueueAdapter:
-    """Build the adapter called ``name`` from the platform config."""
-    target = _BUILTIN_ADAPTERS.get(name)
-    if target is None:
-        raise ConfigError(
-            f"unknown adapter {name!r} at $.queues.adapter (choose one of {adapter_names()})"
-        )
-    factory: AdapterFactory = load_attr(target, f"$.queues.adapter = {name!r}")
-    return factory(config)

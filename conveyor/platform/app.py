@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from conveyor.platform.delivery.chain import Interceptor
 from conveyor.platform.errors import HandlerDeclarationError
@@ -12,11 +12,11 @@ from conveyor.platform.handlers import HandlerFn, HandlerSpec, build_spec, handl
 from conveyor.platform.ids import NAME
 from conveyor.platform.options import BUILTIN_OPTIONS, HandlerOptions, parse_options
 
-if TYPE_CHECKING:
-    from conveyor.platform.client import Client
-
 F = TypeVar("F", bound=HandlerFn)
-Hook = Callable[["Client"], Coroutine[Any, Any, None]]
+Hook = Callable[[Any], Coroutine[Any, Any, None]]
+"""``async (client) -> None``: the client is the daemon's :class:`conveyor.Client` (a
+room above this one, so not named here)."""
+H = TypeVar("H", bound=Hook)
 
 
 class App:
@@ -105,7 +105,7 @@ class App:
         parse_options(where, options, self._option_types)  # a bad option fails at the call
         return register
 
-    def startup(self, hook: Hook) -> Hook:
+    def startup(self, hook: H) -> H:
         """Run ``hook(client)`` once when a daemon of this app has started.
 
         Hooks are ``async def``: the client they receive publishes with ``await``. Do

@@ -11,10 +11,10 @@ Who uses which numbers (first delay, cap, jitter):
 
 * :data:`BROKER_WRITE` — a write the daemon cannot skip: the agent's acknowledgements
   and the dead-letter store (0.05 s doubling to 5 s, up to 0.25 s of jitter);
-* Redis calls (:class:`~conveyor.adapters.redis.errors.Caller`): 0.05 s doubling to
-  ``[redis] retry_max_delay_s``, jitter a quarter of that;
-* Kafka outages (:func:`~conveyor.adapters.kafka.connection.retrying`: topic preparation, the
-  ``kafka-group`` join): 0.1 s doubling to 5 s, jitter 1.25 s;
+* Redis calls (the Redis adapter's ``Caller``, in its ``errors`` module): 0.05 s doubling
+  to ``[redis] retry_max_delay_s``, jitter a quarter of that;
+* Kafka outages (the Kafka adapter's ``retrying``, in its ``connection`` module: topic
+  preparation, the ``kafka-group`` join): 0.1 s doubling to 5 s, jitter 1.25 s;
 * a queue whose start failed (:class:`~conveyor.platform.balancing.balancer.DynamicBalancer`):
   ``rebalance_interval_s`` doubling to ``lease_ttl_s``, no jitter;
 * a user-written slot supplier's ``reserve_slot`` that raised

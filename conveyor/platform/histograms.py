@@ -92,6 +92,62 @@ class HistogramFamily:
     def all_series(self) -> list[Series]:
         return list(self._series.values())
 
+    def merged_counts(self) -> list[int]:
+        """Every series' bucket counts added up (each copied in one step, as a reader does)."""
+        total = [0] * (len(self.bounds) + 1)
+        for series in self.all_series():
+            for i, n in enumerate(list(series.counts)):
+                total[i] += n
+        return total
+
+
+def percentile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float | None:
+    """The ``q``-quantile (0 < q <= 1) of values counted in buckets, interpolated linearly
+    inside its bucket (the first bucket starts at 0; a value above every bound counts as
+    the last bound, the most a bucket can say); None when nothing was counted."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(counts):
+        if n and seen + n >= rank:
+            if i == len(bounds):
+                return float(bounds[-1])
+            low = bounds[i - 1] if i else 0.0
+            return low + (bounds[i] - low) * (rank - seen) / n
+        seen += n
+    return float(bounds[-1])
+
+
+class RecentPercentiles:
+    """Percentiles of what a :class:`HistogramFamily` counted since the last call: the
+    latency of the last few seconds, not of the process's life.
+
+    Calls closer together than ``min_window_s`` repeat the last answer (a window of a few
+    milliseconds holds too few values to say anything).
+    """
+
+    def __init__(self, family: HistogramFamily, quantiles: Sequence[float],
+                 min_window_s: float = 0.5) -> None:
+        self.family = family
+        self.quantiles = tuple(quantiles)
+        self.min_window_s = min_window_s
+        self._since: tuple[list[int], float] | None = None
+        self._last: dict[float, float] = {}
+
+    def sample(self, now: float) -> dict[float, float]:
+        """Quantile -> value over the window ending ``now``; empty if nothing was counted."""
+        counts = self.family.merged_counts()
+        if self._since is not None and now - self._since[1] < self.min_window_s:
+            return self._last
+        before = self._since[0] if self._since is not None else [0] * len(counts)
+        window = [max(n - b, 0) for n, b in zip(counts, before, strict=True)]
+        self._since = (counts, now)
+        found = {q: percentile(self.family.bounds, window, q) for q in self.quantiles}
+        self._last = {q: v for q, v in found.items() if v is not None}
+        return self._last
+
 
 _Snapshot = tuple[list[int], float]
 

@@ -1,4 +1,4 @@
-"""Loading ``"package.module:attr"`` strings: apps, adapters, balancers, stores, suppliers.
+"""Loading ``"package.module:attr"`` strings a user writes: apps, user-written slot suppliers.
 
 One function, :func:`load_attr`, so that every such string fails the same way: one
 line, naming the setting it came from (``what``), the string, and what went wrong —

@@ -199,3 +199,13 @@ class SlotSupplier(ABC):
             self.release_slot(reason, permit)
         except Exception:
             log.exception("slot supplier %s failed in release_slot", type(self).__name__)
+
+
+class TokenSource(Protocol):
+    """A rate limiter's tokens for ``[slots.rate]``: in the daemon, or a bucket a backend
+    shares between daemons. ``take(want)`` returns how many were granted (0..want) and,
+    when fewer than wanted, how long until the next one is due."""
+
+    async def take(self, want: int) -> tuple[int, float]: ...
+
+    async def close(self) -> None: ...

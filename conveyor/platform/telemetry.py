@@ -31,11 +31,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
-from opentelemetry.trace import SpanKind, Tracer, TracerProvider
+from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from conveyor.platform.message import Message
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from conveyor.platform.config import TelemetryConfig
     from conveyor.platform.delivery.chain import DeliveryStats
     from conveyor.platform.histograms import LocalMetrics
+    from conveyor.platform.sampling import RatioRoots
 
 PROPAGATOR = TraceContextTextMapPropagator()
 DEFAULT_SERVICE_NAME = "conveyor"
@@ -95,6 +96,11 @@ class Telemetry:
         self.tracer: Tracer | None = (
             tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else None
         )
+        self.roots: RatioRoots | None = None
+        if self.tracer is not None:
+            from conveyor.platform.sampling import ratio_roots
+
+            self.roots = ratio_roots(self.tracer)
         self.meter: Meter | None = (
             meter_provider.get_meter(SCOPE) if meter_provider is not None else None
         )
@@ -124,7 +130,6 @@ class Telemetry:
             PeriodicExportingMetricReader,
         )
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
         from opentelemetry.sdk.trace.export import (
             BatchSpanProcessor,
             ConsoleSpanExporter,
@@ -153,12 +158,9 @@ class Telemetry:
             metric_exporter = OTLPMetricExporter(
                 endpoint=f"{base}/v1/metrics" if base else None, headers=headers
             )
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from conveyor.platform.sampling import ratio_tracer_provider
 
-        # Parent-based: a consumer follows its producer's decision, so a trace is whole
-        # or absent; the ratio applies where a trace starts.
-        sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
-        tracer_provider = SdkTracerProvider(resource=resource, sampler=sampler)
+        tracer_provider = ratio_tracer_provider(config.sample_ratio, resource)
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
         from conveyor.platform.histograms import LocalMetrics, MergingExporter
 
@@ -206,9 +208,19 @@ class Telemetry:
                 shutdown()
 
     # -- producer side -----------------------------------------------------------------
-    def publish_span(self, msg: Message, system: str, queue: int) -> Any:
-        """Start the producer span of ``msg`` and write its context into the headers."""
+    def publish_span(self, msg: Message, system: str, queue: int) -> Span:
+        """Start the producer span of ``msg`` and write its context into the headers.
+
+        A new trace the ratio drops gets only its ``traceparent`` (see
+        :class:`RatioRoots`) and a non-recording span."""
         assert self.tracer is not None
+        if self.roots is not None and not trace.get_current_span().get_span_context().is_valid:
+            trace_id = self.roots.dropped_root()
+            if trace_id is not None:
+                dropped = self.roots.dropped_span(trace_id)
+                msg.headers["traceparent"] = (
+                    f"00-{trace_id:032x}-{dropped.get_span_context().span_id:016x}-02")
+                return dropped
         span = self.tracer.start_span(
             f"publish {msg.stream.namespace}",
             kind=SpanKind.PRODUCER,

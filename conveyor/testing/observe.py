@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.adapters.memory import MemoryAdapter, MemoryBroker, MemoryReceiver
+from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.app import App, Hook
-from conveyor.platform.client import Client
 from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 
 from conveyor.adapters.memory import MemoryBroker, reset_broker
+from conveyor.client import Client, Publish
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import Config
 from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError

@@ -88,6 +88,16 @@ async def test_groups_lists_every_group_on_each_queue_with_what_it_has_not_finis
     assert await adapter.has_group([1], apps.behind)
 
 
+async def test_every_group_on_a_queue_tells_how_many_messages_it_was_ever_given(
+    adapter: QueueAdapter, open_receiver: Open, apps: Apps
+) -> None:
+    """The queue's end position, whatever each group read of it (the console's in/s)."""
+    await two_groups(adapter, open_receiver, apps)
+    await adapter.enqueue(1, numbered(range(4, 7)))  # more arrives after the reads
+    listed = await adapter.groups([0, 1])
+    assert sorted((i.queue, i.appended) for i in listed) == [(0, 6), (0, 6), (1, 7), (1, 7)]
+
+
 async def test_a_group_is_listed_only_on_the_queues_it_has_a_position_on(
     adapter: QueueAdapter, open_receiver: Open, apps: Apps, request: pytest.FixtureRequest
 ) -> None:

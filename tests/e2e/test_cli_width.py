@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.platform.adapter import create_adapter
+from conveyor.backends import create_adapter
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message, now_ms

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from conveyor.platform.adapter import create_adapter
-from conveyor.platform.client import Publish, SyncClient
+import conveyor
+from conveyor.backends import create_adapter
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from tests.conftest import free_port, server_missing, wait_until_sync
 from tests.e2e.test_dlq import config_path
@@ -129,14 +130,14 @@ def screenshot(page: Any, tmp_path: Path, name: str) -> Path:
 
 
 def ensure_groups(config: Config, app: str) -> None:
-    """The app's group on every queue, as its first daemon would create it: from there the
-    backlog counts as lag before any daemon runs."""
+    """The app's group on every queue at the first message, as its first daemon would
+    start it: from there the backlog counts as lag before any daemon runs."""
 
     async def run() -> None:
-        adapter = create_adapter("redis", config)
+        adapter = create_adapter(config.queues.adapter, config)
         try:
-            for q in range(config.queues.total):
-                await adapter.ensure_group(q, app)  # type: ignore[attr-defined]
+            await adapter.rewind_queues(range(config.queues.total), app, 0.0,
+                                        create_group=True)
         finally:
             await adapter.close()
 
@@ -158,15 +159,16 @@ def publish(config: Config, messages: list[Publish]) -> None:
     off_loop(send)
 
 
-@pytest.mark.redis
-@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+@pytest.mark.parametrize("config_path", [pytest.param("redis", marks=pytest.mark.redis),
+                                         pytest.param("kafka", marks=pytest.mark.kafka)],
+                         indirect=True)
 def test_the_overview_shows_the_lag_falling_while_a_worker_drains_a_backlog(
     config_path: Path, console: Console, page: Any, tmp_path: Path, workers: list[Worker],
 ) -> None:
     config = load_config(config_path)
-    ensure_groups(config, "rec")
     backlog = 240
     publish(config, [Publish("items", f"k{n % 4}", {"seq": n}) for n in range(backlog)])
+    ensure_groups(config, "rec")
     page.goto(console.url + "/?app=rec")
     lag = page.locator("#total-lag")
     wait_until_sync(lambda: lag.count() == 1 and lag.inner_text() == str(backlog), 20,
@@ -174,7 +176,10 @@ def test_the_overview_shows_the_lag_falling_while_a_worker_drains_a_backlog(
     assert page.locator("table").nth(1).locator("tbody tr").count() == 2  # one row a queue
     screenshot(page, tmp_path, "overview-backlog")
 
-    workers.append(Worker("w1", config_path, tmp_path, work_ms=40))
+    # With an [http] port the worker has a meter: it publishes its handler latency.
+    workers.append(Worker("w1", config_path, tmp_path, work_ms=40,
+                          env={"CONVEYOR_HTTP__PORT": str(free_port()),
+                               "CONVEYOR_HTTP__HOST": "127.0.0.1"}))
     seen: list[int] = []
 
     def drained() -> bool:
@@ -192,16 +197,21 @@ def test_the_overview_shows_the_lag_falling_while_a_worker_drains_a_backlog(
     records = (tmp_path / "w1.rec").read_text().splitlines()
     assert len(records) == backlog  # all handled, once each (no worker died)
     page.goto(console.url + "/daemons?app=rec")
-    page.locator("td", has_text="ready").first.wait_for(timeout=15_000)
+    page.locator("td span.state", has_text="ready").first.wait_for(timeout=15_000)
+    row = page.locator("tbody tr").first.inner_text()
+    assert conveyor.__version__ in row, row
     screenshot(page, tmp_path, "daemons")
     page.goto(console.url + "/groups?app=rec")
     page.locator("td", has_text="rec").first.wait_for(timeout=15_000)
     screenshot(page, tmp_path, "groups")
     page.goto(console.url + "/?app=rec")
-    wait_until_sync(lambda: page.locator("figure").count() == 3, 15, "the three charts")
+    wait_until_sync(lambda: page.locator("figure svg").count() == 4, 15,
+                    "the four charts (handled, dead-lettered, lag, latency)")
     screenshot(page, tmp_path, "overview")
     charted = page.request.get(console.url + "/api/charts?app=rec").json()["points"]
     assert max(p["handled_per_s"] for p in charted) > 0
+    p50 = [p["latency_ms"]["p50"] for p in charted if p["latency_ms"]["p50"] is not None]
+    assert p50 and 25 <= max(p50) <= 250, p50  # 40 ms calls: the (25, 50] ms bucket
     assert workers[0].stop() == 0
 
 

@@ -15,7 +15,7 @@ from typing import Any, cast
 import psutil
 import pytest
 
-from conveyor.platform.client import Publish, SyncClient
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
 from tests.e2e.test_console_browser import Console

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.platform.adapter import QueueAdapter, create_adapter
-from conveyor.platform.client import Publish, SyncClient
+from conveyor.backends import create_adapter
+from conveyor.client import Publish, SyncClient
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message, now_ms

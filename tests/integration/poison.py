@@ -17,8 +17,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from conveyor.platform.adapter import create_adapter
-from conveyor.platform.client import Publish, SyncClient
+from conveyor.backends import create_adapter
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync

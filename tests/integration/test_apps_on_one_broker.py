@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from conveyor.client import Client, Publish
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import Config, load_config
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until
@@ -171,7 +171,7 @@ async def test_a_latest_start_on_kafka_is_committed_before_anything_is_handled(
     """Kafka keeps no position for a group until it commits: the start is committed at
     once, so a daemon stopped before its first acknowledgement restarts where it began,
     not at a later end (which would skip what was published meanwhile)."""
-    from conveyor.platform.adapter import create_adapter
+    from conveyor.backends import create_adapter
 
     config = load_config(None, environ={}, overrides={
         "queues": {"adapter": "kafka", "total": 1, "new_group_start": "latest"},

@@ -24,8 +24,8 @@ from conveyor.bench.shipped import Variant, bench_config, shipped_path
 from conveyor.bench.throughput import MemoryBackend, build_messages, measure
 from conveyor.bench.timing import Sample, bench_items, time_daemon
 from conveyor.cli import main
+from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
-from conveyor.platform.client import Client
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
@@ -192,9 +192,14 @@ def _assert_comparable(figures: dict[str, Any], adapter: str) -> None:
     assert (figures["variant"], figures["slots"]) == ("shipped", shipped.slots.count)
     assert figures["queues"] == shipped.queues.total
     for key in ("msgs_per_s", "cpu_us_per_msg", "startup_s", "floor_msgs_per_s",
+                "count_floor_msgs_per_s", "count_floor_cpu_us_per_msg",
                 "publish_msgs_per_s", "publish_floor_msgs_per_s", "publish_single_msgs_per_s"):
         assert figures[key] > 0, key
     assert figures["ratio"] == pytest.approx(figures["msgs_per_s"] / figures["floor_msgs_per_s"])
+    # Both floors, measured in the same run: the counting loop and the awaiting loop.
+    assert figures["count_ratio"] == pytest.approx(
+        figures["msgs_per_s"] / figures["count_floor_msgs_per_s"])
+    assert figures["count_floor"] and figures["floor"] != figures["count_floor"]
     assert figures["publish_ratio"] == pytest.approx(
         figures["publish_msgs_per_s"] / figures["publish_floor_msgs_per_s"])
     # The same daemon with [http] port set (its /metrics scraped and checked after the run)
@@ -214,6 +219,34 @@ def test_the_memory_benchmark_prints_metrics_on_next_to_metrics_off() -> None:
     assert "ratio (/metrics on / off)" in result.output
     assert "CPU ratio (off / on)" in result.output
     _assert_comparable(_bench_json("--adapter", "memory"), "memory")
+
+
+@pytest.mark.redis
+def test_the_redis_benchmark_runs_the_shipped_file_next_to_both_floors(
+    redis_server: RedisServer,
+) -> None:
+    figures = _bench_json("--adapter", "redis", "--redis-url", redis_server.url,
+                          "--daemons", "1")
+    _assert_comparable(figures, "redis")
+
+
+@pytest.mark.redis
+async def test_the_redis_counting_floor_reads_every_entry_in_its_own_group(
+    redis_server: RedisServer,
+) -> None:
+    keys, total = Keys(f"count{uuid.uuid4().hex[:6]}"), 4
+    r = aioredis.from_url(redis_server.url)
+    try:
+        await redis_throughput.publish_floor(r, keys, build_messages(bench_items(N, 20), total),
+                                             total)
+        streams = [keys.queue(q) for q in range(total)]
+        await redis_throughput.consume_floor(r, streams, N)
+        # The same entries again, counted: the awaiting loop's acks do not hide them.
+        sample = await redis_throughput.consume_floor(r, streams, N, counting=True,
+                                                      group=redis_throughput.COUNT_GROUP)
+    finally:
+        await r.aclose()
+    assert sample.msgs_per_s > 0
 
 
 @pytest.mark.kafka

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conveyor import Client
+from conveyor.backends import for_config
 from conveyor.platform.operations.status import AckRates, QueueStatus, StatusReport, collect_status
 from tests.conftest import wait_until
 from tests.integration.memory_harness import (
@@ -21,19 +22,19 @@ async def test_status_shows_owners_lag_and_heartbeat_stats() -> None:
     cfg = config(balancer={"lease_ttl_s": 0.6}, slots={"count": 9})
     d = daemon(recording_app(record, delay_s=0.001), adapter, cfg)
     await publish_items(Client(adapter, d.mapper), 500, streams=20)
-    before = await collect_status(cfg, "test")
+    before = await collect_status(cfg, "test", for_config(cfg))
     assert before.members == [] and before.total_lag == 500
     assert all(q.owner is None for q in before.queues)
     await d.start()
     await wait_until(lambda: record.handled == 500, 20, what="all handled")
 
     async def heartbeat_caught_up() -> bool:
-        report = await collect_status(cfg, "test")
+        report = await collect_status(cfg, "test", for_config(cfg))
         return (bool(report.members) and report.members[0].stats.get("handled") == 500
                 and all(q.acks_per_s is not None for q in report.queues))
 
     await wait_until(heartbeat_caught_up, 10, what="a heartbeat with final stats and rates")
-    report = await collect_status(cfg, "test")
+    report = await collect_status(cfg, "test", for_config(cfg))
     await d.stop()
     [member] = report.members
     assert member.id == d.member.id
@@ -48,7 +49,7 @@ async def test_status_shows_owners_lag_and_heartbeat_stats() -> None:
     assert all(q.at == member.stats["at"] for q in report.queues)
     assert all(q.acks_per_s is not None and q.acks_per_s >= 0 for q in report.queues)
     assert report.rates() == {q.queue: q.acks_per_s for q in report.queues}
-    later = await collect_status(cfg, "test")
+    later = await collect_status(cfg, "test", for_config(cfg))
     assert later.members == [] and all(q.owner is None for q in later.queues)
 
 

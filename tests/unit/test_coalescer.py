@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
-from conveyor.platform.client import Client
+from conveyor.client import Client
 from conveyor.platform.errors import BrokerConnectionError, ShutdownError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper

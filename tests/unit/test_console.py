@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from conveyor.backends import create_adapter
+from conveyor.client import Publish, SyncClient
 from conveyor.console.poller import Poller
 from conveyor.console.server import TOKEN_HEADER, Settings, broker_name, create_app
-from conveyor.platform.adapter import create_adapter
-from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message
@@ -118,6 +118,9 @@ def test_charts_are_drawn_from_the_console_s_own_polls(api: TestClient) -> None:
     assert points[-1]["lag"] == {"0": points[-1]["lag"]["0"], "1": points[-1]["lag"]["1"]}
     assert sum(points[-1]["lag"].values()) == 5
     assert points[-1]["handled_per_s"] == 0  # no daemon runs
+    assert points[-1]["in_per_s"] == 0  # nothing published since
+    status = api.get("/api/overview").json()["status"][APP]
+    assert sum(q["appended"] for q in status["queues"]) == 5  # the queues' end positions
 
 
 def test_letters_are_listed_filtered_and_shown_in_full(api: TestClient) -> None:
@@ -269,3 +272,37 @@ def test_one_poll_loop_serves_every_page_and_rests_while_none_looks(config: Conf
         wait_until_sync(lambda: poller.resting, 10, "the loop to rest with no page asking")
         rested = poller.polls
         assert api.get("/api/overview").json()["polls"] == rested + 1  # woken: a fresh read
+
+
+def test_the_daemons_json_carries_version_health_and_latency_from_the_heartbeat(
+        api: TestClient, config: Config) -> None:
+    """What the daemons page shows comes with each daemon's membership record; a record
+    of a daemon older than those fields is served with what it has (version ``""``)."""
+    from conveyor.backends import coordination
+    from conveyor.platform.balancing.membership import MemberInfo
+
+    health = {"at": 1_700_000_000.0, "handled": 12.0, "ready": 1.0, "loop.stalls": 2.0,
+              "rate.limit_per_s": 50.0, "rate.waiting": 3.0, "latency.p50_s": 0.0042,
+              "latency.p95_s": 0.02, "latency.p99_s": 0.08}
+
+    async def join() -> None:
+        membership, leases = coordination(config, APP)
+        try:
+            await membership.join(MemberInfo("shop-new", "h1", 11, 1.0, health, "9.9.9"))
+            await membership.join(MemberInfo("shop-old", "h2", 12, 1.0, {"handled": 1.0}))
+        finally:
+            await membership.close()
+            await leases.close()
+
+    asyncio.run(join())
+
+    def members() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = api.get("/api/overview").json()["status"][APP]["members"]
+        return found
+
+    wait_until_sync(lambda: len(members()) == 2, 10, "both daemons in the console's poll")
+    new, old = members()
+    assert (new["id"], new["version"], new["started_at"]) == ("shop-new", "9.9.9", 1.0)
+    assert new["stats"] == {**health, "handled": 12, "ready": 1, "loop.stalls": 2,
+                            "rate.limit_per_s": 50.0, "rate.waiting": 3}
+    assert (old["id"], old["version"], old["stats"]) == ("shop-old", "", {"handled": 1})

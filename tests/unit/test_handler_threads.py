@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conveyor import App, HandlerDeclarationError
-from conveyor.platform.client import Client
+from conveyor.client import Client
 from conveyor.platform.errors import ShutdownError
 from conveyor.workers.threads import HandlerThreads
 from tests.conftest import wait_until

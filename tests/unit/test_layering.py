@@ -1,12 +1,15 @@
 """The package's rooms and the direction of their imports, read from the source with ``ast``.
 
-``platform/`` is the broker-agnostic core: it imports nothing from ``workers/`` or
-``adapters/`` (nor the package root, which re-exports them). And no module of
-``conveyor`` imports another that imports it back at run time, directly or round a
-longer cycle. Imports inside functions count (they run); imports under
-``if TYPE_CHECKING:`` do not, except that ``platform/`` may not even name the other rooms
-there. Modules chosen by name at run time (``importlib``, the adapter and membership
-registries) are not imports and are not checked here.
+``platform/`` is the broker-agnostic core: it imports nothing from ``workers/``,
+``adapters/``, the backend registry (``conveyor.backends``), the client above it, nor the
+package root, which re-exports them, and it names none of them in a string either (a
+``"module:attr"`` looked up at run time is an import the rules could not see).
+``adapters/`` sit under the registry, which alone names them to the rooms above: the
+workers never import an adapter. And no module of ``conveyor`` imports another that
+imports it back at run time, directly or round a longer cycle. Imports inside functions
+count (they run); imports under ``if TYPE_CHECKING:`` do not, except that ``platform/``
+may not even name the other rooms there. Docstrings may name any module (a reader's
+cross-reference is not a lookup).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 import conveyor
 
 PACKAGE_DIR = Path(conveyor.__file__).parent
-FOREIGN_TO_PLATFORM = ("conveyor.workers", "conveyor.adapters")
+REGISTRY = "conveyor.backends"
+FOREIGN_TO_PLATFORM = ("conveyor.workers", "conveyor.adapters", REGISTRY, "conveyor.client")
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,80 @@ def test_platform_imports_nothing_from_workers_adapters_or_the_package_root() ->
     )
 
 
+def strings_naming(source: str, rooms: tuple[str, ...]) -> list[tuple[int, str]]:
+    """The string constants of ``source`` that name a module of ``rooms`` (``"a.b:c"``,
+    ``"a.b"``), with their lines. Docstrings are left out — a string that is a statement
+    of its own (a module's, class's or function's, or one under an attribute) does
+    nothing when it runs."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.value) for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and id(node) not in docstrings and any(room in node.value for room in rooms)
+    ]
+
+
+def test_a_string_naming_a_room_is_found_and_a_docstring_is_not() -> None:
+    source = (
+        '"""Says conveyor.adapters.redis for the reader."""\n'
+        'TABLE = {"redis": "conveyor.adapters.redis:from_config"}\n'
+        '"""The table (conveyor.adapters.redis is in it)."""\n'
+        "def f() -> None:\n"
+        '    """Also conveyor.workers.daemon."""\n'
+        '    load(f"conveyor.workers.{name}")\n'
+    )
+    found = strings_naming(source, FOREIGN_TO_PLATFORM)
+    assert found == [(2, "conveyor.adapters.redis:from_config"), (6, "conveyor.workers.")]
+
+
+def test_platform_names_no_other_room_even_in_a_string() -> None:
+    # Which broker is used is chosen in one visible place (conveyor.backends), from
+    # which platform/ is handed a Backend: a table of "module:attr" strings in platform/
+    # would be a dependency the import rules above cannot see.
+    wrong = sorted(
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{line}: {text!r}"
+        for path in sorted((PACKAGE_DIR / "platform").rglob("*.py"))
+        for line, text in strings_naming(path.read_text(), FOREIGN_TO_PLATFORM)
+    )
+    assert wrong == [], "hand platform/ what it needs (a Backend), do not name it:\n" + (
+        "\n".join(wrong))
+
+
+def test_only_the_registry_imports_an_adapter_for_the_rooms_above() -> None:
+    # The workers, the CLI, the console and the rest reach a broker through
+    # conveyor.backends; adapters import neither the registry nor the workers.
+    # (The testing kit, the benchmarks — `conveyor bench` among them —, the examples and
+    # deploy's renderer name the memory, Redis or Kafka adapter on purpose: they are
+    # about that broker.)
+    imports = all_imports()
+    above = ("conveyor.workers", "conveyor.cli", "conveyor.console", "conveyor.client")
+    about_a_broker = ("conveyor.cli.bench",)
+    wrong = sorted({
+        str(i) for i in imports
+        if (i.module.startswith(above) and i.module not in about_a_broker
+            and i.target.startswith("conveyor.adapters"))
+        or (i.module.startswith("conveyor.adapters")
+            and i.target.startswith((REGISTRY, "conveyor.workers", "conveyor.client")))
+    })
+    assert any(i.module == REGISTRY and i.target.startswith("conveyor.adapters")
+               for i in imports)  # it looked
+    assert wrong == [], "ask conveyor.backends for the broker's part:\n" + "\n".join(wrong)
+
+
+def test_the_registry_sits_on_platform_and_the_adapters_alone() -> None:
+    wrong = sorted(
+        str(i) for i in all_imports()
+        if i.module == REGISTRY
+        and not i.target.startswith(("conveyor.platform", "conveyor.adapters"))
+    )
+    assert wrong == [], "\n".join(wrong)
+
+
 def test_no_two_modules_of_conveyor_import_each_other_at_run_time() -> None:
     cycles = [" -> ".join(c) for c in import_cycles(all_imports())]
     assert cycles == [], (
@@ -258,9 +336,11 @@ def test_only_the_cli_parses_arguments_or_prints_with_click() -> None:
 
 
 KAFKA = "conveyor.adapters.kafka"
-KAFKA_ABOVE_THE_ADAPTER = {f"{KAFKA}", f"{KAFKA}.adapter", f"{KAFKA}.group_balancer"}
-"""The package's entry, the adapter, and the balancer that drives an adapter: the rest
-(codec, receiver, cluster, the helpers) take the cluster, never the adapter."""
+KAFKA_ABOVE_THE_ADAPTER = {
+    f"{KAFKA}", f"{KAFKA}.adapter", f"{KAFKA}.group_balancer", f"{KAFKA}.backend"}
+"""The package's entry, the adapter, the balancer that drives an adapter, and the backend
+that offers both: the rest (codec, receiver, cluster, the helpers) take the cluster,
+never the adapter."""
 
 
 def circles_inside(package: str, one_module: str) -> list[str]:
@@ -286,9 +366,10 @@ def test_no_kafka_helper_imports_the_adapter() -> None:
 
 
 REDIS = "conveyor.adapters.redis"
-REDIS_ABOVE_THE_ADAPTER = {REDIS, f"{REDIS}.adapter"}
-"""The package's entry and the adapter: the receiver, the letters and the groups take
-what they use of the adapter as a protocol; the rest take a client, a Caller or Keys."""
+REDIS_ABOVE_THE_ADAPTER = {REDIS, f"{REDIS}.adapter", f"{REDIS}.backend"}
+"""The package's entry, the adapter and the backend that offers it: the receiver, the
+letters and the groups take what they use of the adapter as a protocol; the rest take a
+client, a Caller or Keys."""
 
 
 def test_redis_modules_form_no_circle_even_through_type_only_imports() -> None:

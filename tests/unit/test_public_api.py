@@ -36,6 +36,7 @@ DESCRIBED_NOT_EXPORTED = {
     "Caller",  # the Redis adapters' retry runner (docs/redis.md, Cluster and Sentinel)
     # what `conveyor sim balancer` runs and mirrors (docs/lab.md)
     "DaemonMetrics", "DynamicBalancer", "LeaseStore", "Membership",
+    "Backend",  # what one broker offers (docs/development.md): a contributor's word
 }
 # Sub-modules with a curated public API of their own, imported by name
 # (``from conveyor.testing import TestWorker``): their ``__all__`` is exported too.

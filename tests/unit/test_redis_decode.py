@@ -149,3 +149,41 @@ def test_headers_that_only_look_alike_pass_through() -> None:
     msg = Message("m1", StreamId("n", "k"), b"{}", headers)
     flat = _flat(encode_fields(msg))
     assert EntryDecoder(0).decode(b"1-0", flat).headers == headers
+
+
+@given(
+    entries=st.lists(st.tuples(
+        st.integers(0, 2**45), st.integers(0, 2**20), text.filter(bool), text, text,
+        st.sampled_from([b"", b"7", b"0", b"007", b"1700000000000", b"12x",
+                         b"99999999999999999999"]),
+        st.sampled_from([b"", b"application/json", b"text/plain", b"\xff"]),
+        st.booleans(),
+    ), max_size=6),
+)
+def test_a_reply_decodes_as_its_entries_one_by_one(
+    entries: list[tuple[int, int, str, str, str, bytes, bytes, bool]],
+) -> None:
+    # The batch path (all entries in the layout, numbers read in one call) and its
+    # fall-backs (a bad number, leading zeros, a bad content type, an extra field, an
+    # entry without fields) give what decoding each entry gives.
+    reply: list[tuple[bytes, list[bytes]]] = []
+    for ms, seq, ns, key, ident, ts, ctype, extra in entries:
+        flat = [b"cv-ns", ns.encode(), b"cv-key", key.encode(), b"cv-id", ident.encode(),
+                b"content-type", ctype, b"cv-ts", ts, b"body", b"{}"]
+        reply.append((b"%d-%d" % (ms, seq), [*flat, b"x-h", b"v"] if extra else flat))
+    reply.append((b"1-1", []))  # trimmed while pending: no message
+    one_by_one = [EntryDecoder(2).decode(eid, fl) for eid, fl in reply if fl]
+    got = EntryDecoder(2).decode_all(reply)
+    assert len(got) == len(one_by_one)
+    assert all(_same(a, b) for a, b in zip(got, one_by_one, strict=True))
+
+
+def test_a_common_reply_shares_its_stream_ids_and_reads_every_number() -> None:
+    msgs = [Message(f"m{i}", StreamId("orders", "o-1"), b"{}", {}, "application/json", 0,
+                    1_700_000_000_000 + i) for i in range(3)]
+    reply = [(b"1700000000005-%d" % i, _flat(encode_fields(m))) for i, m in enumerate(msgs)]
+    got = EntryDecoder(4).decode_all(reply)
+    assert got[0].stream is got[1].stream is got[2].stream
+    assert [m.token for m in got] == [SequenceToken(4, 1700000000005, i) for i in range(3)]
+    assert [m.enqueued_at_ms for m in got] == [m.enqueued_at_ms for m in msgs]
+    assert [m.id for m in got] == ["m0", "m1", "m2"]

@@ -150,14 +150,16 @@ class KafkaAdapter(QueueAdapter):
         limit = self.config.max_request_size
         batches: list[tuple[Sequence[Message], Any]] = []
         start, batch = 0, producer.create_batch()
+        append = batch.append
         for i, msg in enumerate(messages):
             key, headers = msg.stream.key.encode(), message_headers(msg)
-            ts = msg.enqueued_at_ms or None
-            meta = batch.append(key=key, value=msg.body, timestamp=ts, headers=headers)
+            ts = msg.enqueued_at_ms or None  # the record's timestamp: no cv-ts header
+            meta = append(key=key, value=msg.body, timestamp=ts, headers=headers)
             if meta is None:  # full: start the next (a batch always takes its first record)
                 batches.append((messages[start:i], batch))
                 start, batch = i, producer.create_batch()
-                meta = batch.append(key=key, value=msg.body, timestamp=ts, headers=headers)
+                append = batch.append
+                meta = append(key=key, value=msg.body, timestamp=ts, headers=headers)
             if meta.size + _FRAMING > limit:  # near it: as aiokafka's send() counts
                 size = record_size(key, msg.body, headers)
                 if size > limit:

@@ -86,7 +86,7 @@ async def groups(cluster: KafkaCluster, queues: Sequence[int]) -> list[GroupInfo
             else:
                 start = int(entry.offset)
                 lag = high[q] - start - len(kafka_offsets.decode(start, entry.metadata or ""))
-            out.append(GroupInfo(name, q, max(0, lag), members=members))
+            out.append(GroupInfo(name, q, max(0, lag), members=members, appended=high[q]))
     return out
 
 

@@ -8,7 +8,7 @@ Two sources, because brokers differ:
   assignment.
 * **The daemons' own reports**: each daemon of a ``kafka-group`` app writes a record
   to ``<topic>.conveyor-members`` (one partition, ``cleanup.policy=compact``; key =
-  ``APP/MEMBER``, value = a JSON :class:`MemberReport`: host, pid, the queues it owns
+  ``APP/MEMBER``, value = a JSON :class:`MemberReport`: host, pid, version, the queues it owns
   and the stats snapshot ``status`` shows) when its queues change and every
   ``max(1 s, heartbeat_interval_ms)``, and a tombstone when it leaves.
 
@@ -58,6 +58,8 @@ class MemberReport(msgspec.Struct, frozen=True):
     queues: list[int]
     stats: dict[str, float]
     at: float
+    version: str = ""
+    """The daemon's Conveyor version; absent from a report of an older daemon."""
 
 
 _encode = msgspec.json.Encoder().encode
@@ -85,7 +87,7 @@ class MemberReporter:
     async def write(self, member: MemberInfo, queues: list[int],
                     stats: Mapping[str, float]) -> None:
         report = MemberReport(member.id, member.host, member.pid, member.started_at,
-                              queues, dict(stats), time.time())
+                              queues, dict(stats), time.time(), member.version)
         await self._send(_key(self.group, member.id), _encode(report))
 
     async def leave(self, member_id: str) -> None:
@@ -150,7 +152,7 @@ def join(described: list[Described] | None, reports: Mapping[str, MemberReport],
 
 def _info(report: MemberReport) -> MemberInfo:
     return MemberInfo(report.id, report.host, report.pid, report.started_at,
-                      dict(report.stats))
+                      dict(report.stats), report.version)
 
 
 def _report_of(d: Described, reports: Mapping[str, MemberReport]) -> MemberReport | None:

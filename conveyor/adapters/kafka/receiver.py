@@ -25,7 +25,7 @@ from aiokafka.structs import OffsetAndMetadata
 from conveyor.adapters.kafka import offsets as kafka_offsets
 from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
 from conveyor.adapters.kafka.cluster import KafkaCluster
-from conveyor.adapters.kafka.codec import decode_record, record_to_message
+from conveyor.adapters.kafka.codec import RecordDecoder
 from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.adapters.kafka.handoff import FETCH_LOOKAHEAD, HandoffLog
 from conveyor.adapters.kafka.offsets import DoneOffsets
@@ -63,7 +63,7 @@ class KafkaReceiver(QueueReceiver):
         self._started = False
         self._offsets = DoneOffsets(0)
         self._skip: set[int] = set()
-        self._default_ns = cluster.config.default_namespace
+        self._decoder = RecordDecoder(queue, cluster.config.default_namespace)
         self._closed = False
         # Deliveries (see handoff.py): offsets up to this one were handed out by a
         # previous owner that did not finish them; handler starts of redelivered ones;
@@ -161,17 +161,13 @@ class KafkaReceiver(QueueReceiver):
                 self._cluster.topic_gone(self._queue, high, reached)
             return []
         self._reached = records[-1].offset + 1
-        queue, ns = self._queue, self._default_ns
         skip = self._skip
         if skip:
             records = [r for r in records if r.offset not in skip]
             skip.difference_update(r.offset for r in batches[tp])
         if not records:
             return []
-        try:
-            out = [record_to_message(r, queue, ns) for r in records]
-        except Exception:  # a malformed record: decode one by one, isolating it
-            out = [decode_record(r, queue, ns) for r in records]
+        out = self._decoder.decode(records)
         last = records[-1].offset
         if last > self._fetched_mark:
             try:  # declared before any handler starts one of them (handoff.py)

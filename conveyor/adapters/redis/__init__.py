@@ -1,7 +1,8 @@
 """The Redis backend: one stream per queue, one consumer group per app.
 
-:func:`from_config` builds the :class:`RedisAdapter` (the adapter table names it
-``conveyor.adapters.redis:from_config``). The modules, each with one job:
+:func:`from_config` builds the :class:`RedisAdapter`; ``backend`` holds Redis's whole
+offer (:data:`~conveyor.adapters.redis.backend.BACKEND`, named ``"redis"`` by the
+registry, :mod:`conveyor.backends`). The modules, each with one job:
 
 * ``adapter`` — the queue-adapter port: publishing, receivers, the operator facets;
 * ``receiver`` — one queue's consumer side: read, claim, fenced acknowledgement, trim;
@@ -12,9 +13,11 @@
 * ``coordination`` — leases and membership on the server (the ``redis`` balancer's store);
 * ``letters``, ``groups`` — the operator's side: dead letters, consumer groups;
 * ``eviction``, ``idempotency``, ``rate`` — the eviction-policy guard, the idempotency
-  store, the shared rate limit's token bucket.
+  store, the shared rate limit's token bucket;
+* ``backend`` — what the registry hands out: the adapter and every store above.
 
-Only ``adapter`` knows the adapter; the receiver takes what it needs as a protocol.
+Only ``adapter`` and ``backend`` know the adapter; the receiver takes what it needs as a
+protocol.
 """
 
 from conveyor.adapters.redis.adapter import RedisAdapter, from_config, wait_ready

@@ -50,6 +50,7 @@ async def _queue_groups(adapter: GroupHost, queue: int) -> list[GroupInfo]:
         pending = int(g["pending"])
         last: bytes = g["last-delivered-id"]
         undelivered = g.get("lag")
+        appended = _appended(g.get("entries-read"), undelivered, last)
         if undelivered is None:  # Redis cannot tell (after deletions): count
             undelivered = await adapter.count_after(stream, last, "+")
         consumers = await redis.xinfo_consumers(stream, name)
@@ -62,9 +63,20 @@ async def _queue_groups(adapter: GroupHost, queue: int) -> list[GroupInfo]:
         needed = token_of(first, queue) if first else None
         infos.append(GroupInfo(
             name, queue, pending + int(undelivered), idle_s=idle_s, oldest_needed=needed,
-            oldest_needed_ms=needed.major if needed else None,
+            oldest_needed_ms=needed.major if needed else None, appended=appended,
         ))
     return with_retention_holders(infos)
+
+
+def _appended(read: Any, undelivered: Any, last: bytes) -> int | None:
+    """Entries ever added to the stream, from ``XINFO GROUPS`` alone (Redis 7: lag =
+    entries-added - entries-read); a group that never read has no entries-read, and
+    then its lag is all of them. None when Redis cannot tell."""
+    if undelivered is None:
+        return None
+    if read is None:
+        return int(undelivered) if last in (b"0-0", "0-0") else None
+    return int(read) + int(undelivered)
 
 
 async def delete_group(adapter: GroupHost, group: str, queues: Sequence[int], *,

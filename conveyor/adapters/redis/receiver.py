@@ -183,8 +183,7 @@ class RedisReceiver(QueueReceiver):
         if not entries:
             return []
         last = entries[-1][0]
-        decode = self._decoder.decode
-        out = [decode(eid, fields) for eid, fields in entries if fields]
+        out = self._decoder.decode_all(entries)
         if start != b">" and out:
             # Before moving past these entries: if this call fails (a failover), the
             # next read of the pending list returns them again.

@@ -9,6 +9,7 @@ const params = new URLSearchParams(location.search);
 let app = params.get("app") || body.dataset.app || "";
 let intervalMs = 2000;
 let lastLetterCount = null;
+let pollFailed = false;
 let filters = {handler: params.get("handler") || "", error_type: params.get("error_type") || "",
                stream: params.get("stream") || ""};
 
@@ -71,6 +72,7 @@ async function post(url, payload) {
     body: JSON.stringify(Object.assign({app: app}, payload)),
   });
   const data = await response.json();
+  pollFailed = false;  // what shows now is this action's answer: the next poll keeps it
   if (!response.ok) { show("error", data.error || response.statusText); show("notice", ""); return null; }
   show("error", "");
   return data;
@@ -83,39 +85,66 @@ function setContent(...nodes) {
 // ---- charts: inline SVG, from what the console polled itself
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
 
-function chart(caption, series) {
+function chart(caption, series, unit) {
   const w = 360, h = 120, ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("width", w); svg.setAttribute("height", h);
   svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
   const all = series.flatMap(s => s.points);
+  const known = all.filter(p => p[1] !== null);
   const t0 = Math.min(...all.map(p => p[0])), t1 = Math.max(...all.map(p => p[0]));
-  const top = Math.max(1, ...all.map(p => p[1]));
+  const top = Math.max(1, ...known.map(p => p[1]));
+  const x = t => ((t - t0) / Math.max(t1 - t0, 1e-9) * (w - 4) + 2).toFixed(1);
+  const y = v => (h - 2 - v / top * (h - 14)).toFixed(1);
   series.forEach((s, i) => {
-    const line = document.createElementNS(ns, "polyline");
-    line.setAttribute("stroke", COLORS[i % COLORS.length]);
-    line.setAttribute("points", s.points.map(([t, v]) =>
-      `${((t - t0) / Math.max(t1 - t0, 1e-9) * (w - 4) + 2).toFixed(1)},${(h - 2 - v / top * (h - 14)).toFixed(1)}`).join(" "));
-    svg.append(line);
+    // A value of null (not known then) breaks the line: one polyline per known run.
+    let run = [];
+    for (const p of s.points.concat([[null, null]])) {
+      if (p[1] !== null) { run.push(`${x(p[0])},${y(p[1])}`); continue; }
+      if (run.length > 1) {
+        const line = document.createElementNS(ns, "polyline");
+        line.setAttribute("stroke", COLORS[i % COLORS.length]);
+        line.setAttribute("points", run.join(" "));
+        svg.append(line);
+      } else if (run.length) {  // one known value between unknowns: a dot
+        const [cx, cy] = run[0].split(",");
+        const dot = document.createElementNS(ns, "circle");
+        dot.setAttribute("cx", cx); dot.setAttribute("cy", cy); dot.setAttribute("r", "2.5");
+        dot.setAttribute("fill", COLORS[i % COLORS.length]);
+        svg.append(dot);
+      }
+      run = [];
+    }
   });
   const label = document.createElementNS(ns, "text");
   label.setAttribute("x", 4); label.setAttribute("y", 11); label.setAttribute("font-size", "10");
-  label.textContent = "max " + num(top);
+  label.textContent = "max " + (unit === "ms" ? top.toFixed(top < 10 ? 1 : 0) + " ms" : num(top));
   svg.append(label);
-  const legend = series.length > 1 ? " · " + series.map((s, i) => s.name).join(", ") : "";
-  return el("figure", {}, svg, el("figcaption", {}, caption + legend));
+  // Each series' name in its line's colour (set through the DOM: the policy allows no
+  // inline style attribute).
+  const legend = series.length < 2 ? [] : [" · ", ...series.flatMap((s, i) => {
+    const name = el("span", {}, s.name);
+    name.style.color = COLORS[i % COLORS.length];
+    return i ? [", ", name] : [name];
+  })];
+  return el("figure", {}, svg, el("figcaption", {}, caption, ...legend));
 }
 
-async function charts() {
-  if (!app) return el("p", {class: "muted"}, "pick an app to chart");
-  const data = await getJSON("/api/charts?app=" + encodeURIComponent(app));
-  const pts = data.points;
+function charts(pts) {
   if (pts.length < 2) return el("p", {class: "muted"}, "charts appear after a few polls");
   const queues = Object.keys(pts[pts.length - 1].lag);
+  const latency = ["p50", "p95", "p99"].map(name =>
+    ({name: name, points: pts.map(p => [p.at, p.latency_ms[name]])}));
+  const timed = latency.some(s => s.points.some(p => p[1] !== null));
   return el("div", {class: "charts"},
-    chart("handled/s", [{name: "handled", points: pts.map(p => [p.at, p.handled_per_s])}]),
+    chart("messages/s", [{name: "handled", points: pts.map(p => [p.at, p.handled_per_s])},
+                         {name: "in", points: pts.map(p => [p.at, p.in_per_s])}]),
     chart("dead-lettered/s", [{name: "dead", points: pts.map(p => [p.at, p.dead_per_s])}]),
-    chart("lag per queue", queues.map(q => ({name: "q" + q, points: pts.map(p => [p.at, p.lag[q] || 0])}))));
+    chart("lag per queue", queues.map(q => ({name: "q" + q, points: pts.map(p => [p.at, p.lag[q] || 0])}))),
+    timed ? chart("handler latency (ms)", latency, "ms")
+      : el("figure", {class: "empty"}, el("p", {class: "muted"},
+          "handler latency: no daemon publishes it (it needs a meter: [http] port or a telemetry exporter)"),
+        el("figcaption", {}, "handler latency (ms)")));
 }
 
 // ---- pages
@@ -131,19 +160,22 @@ async function overview(data) {
     data.apps.length ? appsTable(data) : el("p", {class: "muted"}, "no app on these queues yet")];
   const st = data.status[app];
   if (st) {
+    const pts = (await getJSON("/api/charts?app=" + encodeURIComponent(app))).points;
+    const arriving = pts.length ? pts[pts.length - 1].in_per_s_by_queue : {};
     const mine = st.groups.find(g => g.group === app);
     nodes.push(el("h2", {}, `App ${app}: lag `, el("span", {id: "total-lag"}, num(st.total_lag)),
                   ", ", el("span", {id: "dead-count"}, num(st.dead_letters)), " dead letter(s)"));
-    nodes.push(table(["queue", "owner", "lag", "pending (cache)", "acks/s"],
+    const rate = r => r === undefined || r === null ? "-" : r.toFixed(1);
+    nodes.push(table(["queue", "owner", "lag", "pending (cache)", "in/s", "acks/s"],
       st.queues.map(q => [q.queue, q.owner || "-", num(q.lag), num(q.cache_fill),
-                          st.rates[q.queue] === undefined ? "-" : st.rates[q.queue].toFixed(1)]), [0, 2, 3, 4]));
+                          rate(arriving[q.queue]), rate(st.rates[q.queue])]), [0, 2, 3, 4, 5]));
     if (mine && mine.oldest_needed_ms !== null)
       nodes.push(el("p", {}, "oldest message still needed: " + age(data.at - mine.oldest_needed_ms / 1000) + " old"));
     const holders = st.groups.filter(g => g.holds_retention.length).map(g => g.group);
     nodes.push(el("p", {class: "muted"}, st.retention_follows_groups
       ? (holders.length ? "trimming waits for: " + holders.join(", ") : "no group holds retention back")
       : "retention goes by time or size here: no group holds it back"));
-    nodes.push(el("h2", {}, "Last minutes"), await charts());
+    nodes.push(el("h2", {}, "Last minutes"), charts(pts));
   }
   setContent(...nodes);
 }
@@ -153,22 +185,46 @@ function hosted(stats) {
     .sort().map(k => k.slice(k.indexOf(".") + 1, k.lastIndexOf(".")) + "=" + num(stats[k])).join(", ") || "-";
 }
 
+function ms(seconds) {
+  if (seconds === undefined || seconds === null) return "-";
+  const v = seconds * 1000;
+  return v < 10 ? v.toFixed(1) : num(v);
+}
+
+function rateLimit(s) {
+  if (s["rate.limit_per_s"] === undefined) return "-";
+  const waiting = s["rate.waiting"] ? ` (${num(s["rate.waiting"])} waiting)` : "";
+  return num(s["rate.limit_per_s"]) + "/s" + waiting;
+}
+
+function state(s, stale) {
+  // "ready" and "draining" come with the heartbeat; a daemon older than them says neither.
+  if (stale) return "stale";
+  if (s.draining) return "draining";
+  if (s["dead_letters.down_s"] !== undefined) return "dead-letter store down";
+  if (s.ready === 0) return "not ready";
+  return s.ready === 1 ? "ready" : "up";
+}
+
 function daemons(data) {
   const nodes = [];
   for (const [name, st] of Object.entries(data.status)) {
     nodes.push(el("h2", {}, `App ${name}: ${st.members.length} daemon(s)`));
     if (!st.members.length) { nodes.push(el("p", {class: "muted"}, "no daemon running")); continue; }
-    nodes.push(table(["daemon", "host", "pid", "queues", "slots", "pools / cells", "handled", "dead",
-                      "cpu %", "last heartbeat", "state"],
+    nodes.push(table(["daemon", "version", "host", "pid", "queues", "slots", "pools / cells", "rate limit",
+                      "handled", "dead", "latency p50 / p95 / p99 ms", "loop stalls", "cpu %",
+                      "last heartbeat", "state"],
       st.members.map(m => {
         const s = m.stats, beat = s.at === undefined ? null : data.at - s.at;
         const stale = beat !== null && beat > Math.max(30, 10 * data.interval_s);
-        return [m.id, m.host, m.pid || "-", ranges(m.queues),
-          num(s["slots.in_use"]) + "/" + num(s["slots.available"]), hosted(s), num(s.handled),
-          num(s.dead_lettered), s.cpu_percent === undefined ? "-" : s.cpu_percent.toFixed(0),
-          beat === null ? "-" : age(beat) + " ago",
-          stale ? "stale" : (s["dead_letters.down_s"] !== undefined ? "dead-letter store down" : "ready")];
-      }), [2, 6, 7, 8]));
+        const latency = s["latency.p50_s"] === undefined ? "-"
+          : [s["latency.p50_s"], s["latency.p95_s"], s["latency.p99_s"]].map(ms).join(" / ");
+        return [m.id, m.version || "-", m.host, m.pid || "-", ranges(m.queues),
+          num(s["slots.in_use"]) + "/" + num(s["slots.available"]), hosted(s), rateLimit(s),
+          num(s.handled), num(s.dead_lettered), latency, num(s["loop.stalls"]),
+          s.cpu_percent === undefined ? "-" : s.cpu_percent.toFixed(0),
+          beat === null ? "-" : age(beat) + " ago", el("span", {class: "state"}, state(s, stale))];
+      }), [3, 8, 9, 10, 11, 12]));
   }
   setContent(...(nodes.length ? nodes : [el("p", {class: "muted"}, "no app on these queues yet")]));
 }
@@ -282,13 +338,16 @@ async function tick() {
     const data = await getJSON("/api/overview");
     intervalMs = data.interval_s * 1000;
     appChoice(data);
-    show("error", data.error ? "the last poll failed: " + data.error : "");
+    // A poll clears only what a poll said: an action's refusal stays until the next action.
+    if (data.error) { show("error", "the last poll failed: " + data.error); pollFailed = true; }
+    else if (pollFailed) { show("error", ""); pollFailed = false; }
     await RENDER[page](data);
     document.getElementById("updated").textContent =
       "updated " + new Date(data.at * 1000).toLocaleTimeString() + " · every " + data.interval_s + "s";
     body.dataset.polls = String(Number(body.dataset.polls || 0) + 1);
   } catch (e) {
     show("error", e.message);
+    pollFailed = true;
   }
   setTimeout(tick, intervalMs);
 }

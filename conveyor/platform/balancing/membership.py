@@ -17,13 +17,26 @@ from abc import ABC, abstractmethod
 
 import msgspec
 
+from conveyor.version import version
+
 
 class MemberInfo(msgspec.Struct, frozen=True):
+    """A daemon as its membership record says, rewritten with fresh ``stats`` every
+    heartbeat.
+
+    Fields added later have defaults, so a record written by an older daemon still
+    decodes (as ``""``: version unknown). What changes while a daemon runs is a number
+    in ``stats`` (see ``DaemonMetrics.stats_snapshot``); only what is fixed for its life
+    is a field of its own.
+    """
+
     id: str
     host: str
     pid: int
     started_at: float
     stats: dict[str, float] = {}
+    version: str = ""
+    """Conveyor's version the daemon runs; ``""`` from a daemon that predates the field."""
 
     @classmethod
     def for_this_process(cls, prefix: str = "") -> MemberInfo:
@@ -34,6 +47,7 @@ class MemberInfo(msgspec.Struct, frozen=True):
             host=host,
             pid=os.getpid(),
             started_at=time.time(),
+            version=version(),
         )
 
 

@@ -18,12 +18,22 @@ from __future__ import annotations
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.context import Context, attach, detach
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    set_span_in_context,
+)
 
 from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter
+from conveyor.platform.sampling import ratio_roots, remote_parent
 from conveyor.platform.telemetry import (
     ATTEMPT,
     CONSUMER_GROUP,
@@ -58,8 +68,9 @@ class ConsumerSpans(Interceptor):
             HANDLER: handler.name,
         }
         span_name = f"process {handler.namespace}"
+        roots = ratio_roots(tracer)
 
-        async def traced(delivery: Delivery) -> Any:
+        async def spanned(delivery: Delivery, parent: Context) -> Any:
             msg = delivery.message
             attributes = dict(fixed)
             attributes[MESSAGE_ID] = msg.id
@@ -67,12 +78,38 @@ class ConsumerSpans(Interceptor):
             if msg.token is not None:
                 attributes[PARTITION] = str(msg.token.queue)
             with tracer.start_as_current_span(
-                span_name, context=PROPAGATOR.extract(msg.headers), kind=SpanKind.CONSUMER,
-                attributes=attributes,
+                span_name, context=parent, kind=SpanKind.CONSUMER, attributes=attributes,
             ):
                 return await next(delivery)
 
-        return traced
+        async def dropped(delivery: Delivery, span: Span) -> Any:
+            token = attach(set_span_in_context(span))
+            try:
+                return await next(delivery)
+            finally:
+                detach(token)
+
+        async def traced(delivery: Delivery) -> Any:
+            return await spanned(delivery, PROPAGATOR.extract(delivery.message.headers))
+
+        def sampled_first(delivery: Delivery) -> Any:
+            # The shortcut of conveyor.platform.sampling: a dropped trace runs the
+            # handler in its context, without the SDK.
+            headers = delivery.message.headers
+            parent = remote_parent(headers)
+            if parent is not None:
+                if not parent.trace_flags.sampled:
+                    return dropped(delivery, NonRecordingSpan(parent))
+                return spanned(delivery, set_span_in_context(NonRecordingSpan(parent)))
+            if "traceparent" in headers:  # malformed or with a tracestate: the SDK's way
+                return traced(delivery)
+            assert roots is not None
+            trace_id = roots.dropped_root()
+            if trace_id is not None:
+                return dropped(delivery, roots.dropped_span(trace_id))
+            return spanned(delivery, Context())
+
+        return traced if roots is None else sampled_first
 
 
 class RetrySpans(Interceptor):

@@ -50,6 +50,10 @@ class GroupInfo:
     holds_retention: bool = False
     """Trimming of this queue waits for this group: its ``oldest_needed`` is the
     queue's oldest needed by any group."""
+    appended: int | None = None
+    """Messages ever appended to the queue — its end position, the same for every group
+    (Redis: entries-added; Kafka: the high watermark); read twice, it gives the rate
+    messages arrive at. None where the backend cannot tell."""
 
 
 def with_retention_holders(infos: Sequence[GroupInfo]) -> list[GroupInfo]:

@@ -2,9 +2,10 @@
 and every app's consumer group on the queues (:mod:`conveyor.platform.operations.groups`).
 
 Members and owners come from where the balancer keeps them: the membership and lease
-stores (``dynamic``, ``static``), or, for a balancer that keeps none of its own
-(``kafka-group``), a reader named in :data:`MEMBER_SOURCES` — the group coordinator
-and the daemons' reports (:mod:`conveyor.adapters.kafka.members`).
+stores (``dynamic``, ``static``), or, for a balancer a backend brings that keeps none
+of its own (``kafka-group``), that balancer's member source (Kafka: the group
+coordinator and the daemons' reports). Which is which comes with the
+:class:`~conveyor.platform.backend.Backend` the caller hands in.
 
 Throughput comes from the owners' heartbeats, never from the reader's clock: each
 daemon publishes its per-queue ack counts with the time it took them (``at``) and the
@@ -19,15 +20,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from conveyor.platform.adapter import QueueAdapter, create_adapter
-from conveyor.platform.balancing.coordination import coordination_from_config
+from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.backend import Backend
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
-from conveyor.platform.importing import load_attr
+from conveyor.platform.errors import ConfigError
 from conveyor.platform.operations.groups import GroupStatus, summarise
-
-MEMBER_SOURCES = {"kafka-group": "conveyor.adapters.kafka.group_balancer:group_members"}
-"""Balancer kind: ``async (adapter, group) -> [member with .info and .queues]``."""
 
 MEASURES = ("at", "cpu_percent")
 """Heartbeat stats that are measures (kept as floats, as are ``*_s`` and ``*_per_s``);
@@ -54,6 +52,8 @@ class QueueStatus:
     """Acks per second the owner measured between its last two heartbeats."""
     at: float | None = None
     """When the owner took ``acked`` (its clock, published with the heartbeat)."""
+    appended: int | None = None
+    """Messages ever appended to the queue (:attr:`GroupInfo.appended`), as read now."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,10 @@ class MemberStatus:
     stats: dict[str, float]
     queues: list[int] = field(default_factory=list)
     """The queues it owns."""
+    version: str = ""
+    """Its Conveyor version; ``""`` when its record does not say (an older daemon)."""
+    started_at: float = 0.0
+    """When it started (its clock); 0 when unknown."""
 
 
 @dataclass(frozen=True)
@@ -144,15 +148,17 @@ class AckRates:
 
 
 async def _members_and_owners(
-    config: Config, group: str, adapter: QueueAdapter
+    config: Config, group: str, adapter: QueueAdapter, backend: Backend
 ) -> tuple[list[MemberInfo], dict[int, str]]:
-    source = MEMBER_SOURCES.get(config.balancer.kind)
-    if source is not None:
-        read = load_attr(source, f"$.balancer.kind = {config.balancer.kind!r}")
-        found = await read(adapter, group)
+    kind = backend.balancer(config.balancer.kind)
+    if kind is not None:
+        found = await kind.members(adapter, group)
         return ([m.info for m in found],
                 {q: m.info.id for m in found for q in m.queues})
-    membership, leases = coordination_from_config(config, group)
+    if backend.coordination is None:
+        raise ConfigError(f"$.balancer.membership: the {backend.name!r} backend keeps no "
+                          "membership")
+    membership, leases = backend.coordination(config, group)
     try:
         return await membership.members(), await leases.owners()
     finally:
@@ -160,11 +166,15 @@ async def _members_and_owners(
         await leases.close()
 
 
-async def collect_status(config: Config, group: str) -> StatusReport:
-    adapter = create_adapter(config.queues.adapter, config)
+async def collect_status(config: Config, group: str, backend: Backend) -> StatusReport:
+    """App ``group``'s members, queues and figures, read through ``backend`` (what
+    ``config`` runs on: ``conveyor.backends.for_config``)."""
+    adapter = backend.adapter(config)
     try:
-        members, owners = await _members_and_owners(config, group, adapter)
+        members, owners = await _members_and_owners(config, group, adapter, backend)
         stats = {m.id: typed_stats(m.stats) for m in members}
+        infos = await adapter.groups(range(config.queues.total))
+        appended = {i.queue: i.appended for i in infos if i.appended is not None}
         queues = []
         for q in range(config.queues.total):
             owner = owners.get(q)
@@ -174,9 +184,9 @@ async def collect_status(config: Config, group: str) -> StatusReport:
             queues.append(QueueStatus(
                 q, owner, await adapter.lag(q, group),
                 None if fill is None else int(fill), None if acked is None else int(acked),
-                own.get(f"queue.{q}.acks_per_s"), own.get("at"),
+                own.get(f"queue.{q}.acks_per_s"), own.get("at"), appended.get(q),
             ))
-        groups = summarise(await adapter.groups(range(config.queues.total)))
+        groups = summarise(infos)
         dead_letters = await adapter.count_dead_letters(group)
         eviction = await adapter.eviction_policy()
     finally:
@@ -186,7 +196,8 @@ async def collect_status(config: Config, group: str) -> StatusReport:
         owned.setdefault(owner, []).append(q)
     return StatusReport(
         group,
-        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, [])) for m in members],
+        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
+                      m.started_at) for m in members],
         queues, time.time(), groups, adapter.retention_follows_groups, dead_letters, eviction,
     )
 
@@ -217,16 +228,17 @@ class AppsReport:
     at: float
 
 
-async def collect_apps(config: Config) -> AppsReport:
-    """Every app with a consumer group on the queues, with its daemons, lag and letters."""
-    adapter = create_adapter(config.queues.adapter, config)
+async def collect_apps(config: Config, backend: Backend) -> AppsReport:
+    """Every app with a consumer group on the queues, with its daemons, lag and letters,
+    read through ``backend`` (as :func:`collect_status`)."""
+    adapter = backend.adapter(config)
     try:
         groups = summarise(await adapter.groups(range(config.queues.total)))
         apps = []
         for g in groups:
             daemons = None
             if config.balancer.kind != "static":
-                members, _ = await _members_and_owners(config, g.group, adapter)
+                members, _ = await _members_and_owners(config, g.group, adapter, backend)
                 daemons = len(members)
             apps.append(AppSummary(g.group, daemons, g.queues, g.lag, g.idle_s,
                                    await adapter.count_dead_letters(g.group),

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import PullingAgent
 from conveyor.platform.app import App
+from conveyor.platform.backend import Backend
 from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.balancing.balancer import QueueBalancer
 from conveyor.platform.balancing.leases import Lease
@@ -75,7 +76,8 @@ class WorkerDaemon:
 
     ``resource_sampler`` is where the CPU and memory it publishes for placement are
     read (default: this process's cgroup v2, else the host; see
-    :mod:`conveyor.workers.resources`).
+    :mod:`conveyor.workers.resources`). ``backend`` is what the broker's parts are built
+    from (default: the config's, ``conveyor.backends.for_config``).
     """
 
     def __init__(
@@ -89,10 +91,11 @@ class WorkerDaemon:
         member: MemberInfo | None = None,
         telemetry: Telemetry | None = None,
         resource_sampler: ResourceSampler | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self._parts = parts = build_parts(
             app, config, adapter=adapter, balancer=balancer, slots=slots, member=member,
-            telemetry=telemetry, resource_sampler=resource_sampler,
+            telemetry=telemetry, resource_sampler=resource_sampler, backend=backend,
         )
         self.app = app
         self.config = parts.config
@@ -281,8 +284,14 @@ class WorkerDaemon:
         )
 
     def stats_snapshot(self) -> dict[str, float]:
-        """Flat stats published with the membership record; read by ``conveyor status``."""
-        return self.metrics.stats_snapshot()
+        """Flat stats published with the membership record; read by ``conveyor status``
+        and the console. ``ready`` is 1 when :meth:`readiness` says ready, else 0;
+        ``draining`` (1) is there only while :meth:`stop` drains."""
+        snapshot = self.metrics.stats_snapshot()
+        snapshot["ready"] = 1 if self.readiness() is None else 0
+        if self.draining:
+            snapshot["draining"] = 1
+        return snapshot
 
     def slot_metrics(self) -> dict[str, dict[str, int]]:
         """Slots in use and available, per handler and in total (see DaemonMetrics)."""

@@ -2,7 +2,10 @@
 
 :func:`build_parts` makes what a :class:`~conveyor.workers.daemon.WorkerDaemon` runs
 with, in one place. A part handed to it is used as given and left open by
-:meth:`DaemonParts.close`; a part it built is closed there.
+:meth:`DaemonParts.close`; a part it built is closed there. What comes from a broker
+(the adapter, leases, a broker's own balancer, the idempotency store, the shared rate
+bucket) comes from the config's :class:`~conveyor.platform.backend.Backend`
+(``conveyor.backends.for_config``, or one handed in).
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Tracer
 
-from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.backends import for_config
+from conveyor.client import Client, coalesce_linger_for
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import AgentSettings, Subscriptions
 from conveyor.platform.app import App
+from conveyor.platform.backend import Backend
 from conveyor.platform.balancing.balancer import (
     BestFitPlacement,
     DynamicBalancer,
@@ -26,10 +32,9 @@ from conveyor.platform.balancing.balancer import (
     ResourcePlacement,
     StaticBalancer,
 )
-from conveyor.platform.balancing.coordination import coordination_from_config
+from conveyor.platform.balancing.leases import MemoryLeaseStore
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.balancing.placement import PlacementWeights
-from conveyor.platform.client import Client, coalesce_linger_for
 from conveyor.platform.config import Config
 from conveyor.platform.delivery import (
     DeadLetterStore,
@@ -43,13 +48,10 @@ from conveyor.platform.delivery import (
 from conveyor.platform.delivery.batch import batch_step
 from conveyor.platform.delivery.idempotency import (
     IdempotencyInterceptor,
-    IdempotencyStore,
-    LocalIdempotencyStore,
 )
 from conveyor.platform.delivery.orphans import Orphans
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.platform.handlers import HandlerSpec
-from conveyor.platform.importing import load_attr
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.options import IdempotencyOptions
@@ -60,32 +62,31 @@ from conveyor.platform.watchdog import LoopWatchdog
 from conveyor.workers.cells.interceptor import CellInterceptor
 from conveyor.workers.pools.interceptor import PoolInterceptor
 from conveyor.workers.resources import PlacementResources, ResourceSampler
-from conveyor.workers.slots.build import supplier_from_config
+from conveyor.workers.slots.build import SharedBucket, supplier_from_config
 from conveyor.workers.threads import HandlerThreads
 
 _LetterStore = Callable[[Sequence[DeadLetter]], Awaitable[int]]
-
-# Balancers that live beside a driver, imported by name (like adapters) so that this
-# module imports no driver. Factories take (config, app_name, adapter).
-_BALANCERS = {
-    "kafka-group": "conveyor.adapters.kafka.group_balancer:from_config",
-}
 
 log = logging.getLogger("conveyor.daemon")
 
 
 def build_balancer(
-    config: Config, app_name: str, adapter: QueueAdapter | None = None,
-    watchdog: LoopWatchdog | None = None,
+    config: Config, app_name: str, adapter: QueueAdapter,
+    watchdog: LoopWatchdog | None = None, backend: Backend | None = None,
 ) -> QueueBalancer:
-    target = _BALANCERS.get(config.balancer.kind)
-    if target is not None:
-        factory = load_attr(target, f"$.balancer.kind = {config.balancer.kind!r}")
-        balancer: QueueBalancer = factory(config, app_name, adapter)
-        return balancer
+    """The balancer ``[balancer] kind`` names: one the backend brings (``kafka-group``),
+    or the platform's ``static`` or ``dynamic`` with the backend's leases."""
+    backend = backend or for_config(config)
+    kind = backend.balancer(config.balancer.kind)
+    if kind is not None:
+        return kind.build(config, app_name, adapter)
     if config.balancer.kind == "static":
         return StaticBalancer(config.balancer.queues or range(config.queues.total))
-    membership, leases = coordination_from_config(config, app_name)
+    coordination = backend.coordination
+    if coordination is None:
+        raise ConfigError(f"$.balancer.membership: the {backend.name!r} backend keeps no "
+                          "leases")
+    membership, leases = coordination(config, app_name)
     placement: Placement = BestFitPlacement()
     if config.balancer.placement == "resource":
         w = config.balancer.weights
@@ -100,10 +101,10 @@ def build_balancer(
         rebalance_interval_s=config.balancer.rebalance_interval_s,
         placement=placement,
         # Renewals and heartbeats on a thread of their own, with stores of their own, so
-        # a handler blocking the loop does not cost the leases (the memory store lives
+        # a handler blocking the loop does not cost the leases (an in-process store lives
         # in this process's loop: nothing to gain there).
-        keeper_stores=None if config.balancer.membership == "memory"
-        else lambda: coordination_from_config(config, app_name),
+        keeper_stores=None if isinstance(leases, MemoryLeaseStore)
+        else lambda: coordination(config, app_name),
         watchdog=watchdog,
     )
 
@@ -194,16 +195,20 @@ def build_parts(
     member: MemberInfo | None = None,
     telemetry: Telemetry | None = None,
     resource_sampler: ResourceSampler | None = None,
+    backend: Backend | None = None,
 ) -> DaemonParts:
-    """A daemon's parts from ``config``; any part given is used instead of building it."""
+    """A daemon's parts from ``config``; any part given is used instead of building it.
+    ``backend`` is what the broker's parts are built from (default: the config's)."""
     config = config or Config()
+    backend = backend or for_config(config)
     owns_adapter, owns_slots, owns_telemetry = adapter is None, slots is None, telemetry is None
-    adapter = adapter or create_adapter(config.queues.adapter, config)
+    adapter = adapter or backend.adapter(config)
     mapper = HashRingQueueMapper(config.queues.total)
-    slots = slots or supplier_from_config(config.slots, redis=config.redis, app=app.name)
+    slots = slots or supplier_from_config(config.slots,
+                                          shared_bucket=_shared_bucket(config, app, backend))
     watchdog = LoopWatchdog(config.worker.stall_warn_ms / 1000,
                             config.worker.stall_log_interval_s)
-    balancer = balancer or build_balancer(config, app.name, adapter, watchdog)
+    balancer = balancer or build_balancer(config, app.name, adapter, watchdog, backend)
     member = member or MemberInfo.for_this_process(f"{app.name}-")
     stats = DeliveryStats()
     telemetry = telemetry or Telemetry.from_config(
@@ -211,7 +216,7 @@ def build_parts(
     )
     dead_letters = DeadLetterStore(_store_in(adapter, app.name), stats)
     pool_step = PoolInterceptor()
-    once_step = _idempotency(app, config, stats)
+    once_step = _idempotency(app, config, stats, backend)
     cell_step = CellInterceptor(config.cells.sizes, config.cells.default_size)
     # Plain-def calls on threads are bounded by the slots out now (each call holds one);
     # at least 1, so a chain called without a slot (a test harness) cannot wait forever.
@@ -261,21 +266,25 @@ def _pull_size(app: App, config: Config) -> int:
     return max(config.worker.max_batch, largest)
 
 
-def _idempotency(app: App, config: Config, stats: DeliveryStats) -> IdempotencyInterceptor | None:
-    """The idempotency step, with its store, if any handler is ``idempotent=True``:
-    in-process on the embedded adapter (shared by the daemons of one broker), else in
-    Redis at ``[redis] url`` (on Kafka too: a Kafka deployment that uses idempotent
-    handlers needs a Redis)."""
+def _idempotency(app: App, config: Config, stats: DeliveryStats,
+                 backend: Backend) -> IdempotencyInterceptor | None:
+    """The idempotency step, with the backend's store, if any handler is
+    ``idempotent=True`` (the config's backend keeps the keys in-process on the embedded
+    adapter, shared by the daemons of one broker, else in Redis: on Kafka too)."""
     if not any(h.option(IdempotencyOptions) is not None for h in app.handlers):
         return None
-    store: IdempotencyStore
-    if config.queues.adapter == "memory":
-        store = LocalIdempotencyStore.shared(config.memory.broker)
-    else:
-        from conveyor.adapters.redis.idempotency import RedisIdempotencyStore
+    if backend.idempotency_store is None:
+        raise ConfigError(f"idempotent handlers: the {backend.name!r} backend keeps no "
+                          "idempotency keys")
+    return IdempotencyInterceptor(backend.idempotency_store(config, app.name), stats)
 
-        store = RedisIdempotencyStore(config.redis, app.name)
-    return IdempotencyInterceptor(store, stats)
+
+def _shared_bucket(config: Config, app: App, backend: Backend) -> SharedBucket | None:
+    """``[slots.rate]``'s bucket shared by the app's daemons, from the backend."""
+    bucket = backend.rate_bucket
+    if bucket is None:
+        return None
+    return lambda per_second, burst: bucket(config, app.name, per_second, burst)
 
 
 @dataclass(frozen=True, slots=True)

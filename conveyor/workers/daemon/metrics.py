@@ -14,7 +14,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
+from conveyor.platform.delivery.metrics import duration_histogram
 from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.histograms import RecentPercentiles
 from conveyor.platform.operations.status import AckRates
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
@@ -24,6 +26,11 @@ from conveyor.workers.cells.cells import CellRouter
 from conveyor.workers.daemon.queues import QueueOwner
 from conveyor.workers.pools.pool import StatelessWorkerPool
 from conveyor.workers.resources import PlacementResources
+from conveyor.workers.slots.rate import RateLimitedSlotSupplier
+from conveyor.workers.slots.wrappers import DelegatingSlotSupplier
+
+LATENCY_QUANTILES = {0.5: "latency.p50_s", 0.95: "latency.p95_s", 0.99: "latency.p99_s"}
+"""Handler latency published with each heartbeat: quantile -> stats key (seconds)."""
 
 
 class DaemonMetrics:
@@ -56,6 +63,12 @@ class DaemonMetrics:
         self._resources = resources
         self._lag_interval_s = lag_interval_s
         self._ack_rates = AckRates()
+        # Handler latency between heartbeats, from the histogram the delivery chain
+        # counts anyway; a daemon without a meter counts none and publishes none.
+        self._latency = (None if telemetry.local is None else
+                         RecentPercentiles(duration_histogram(telemetry.local),
+                                           tuple(LATENCY_QUANTILES)))
+        self._rate = _rate_limiter(slots)
         self.lag: dict[int, int] = {}
         """Messages not yet finished, per owned queue, as last sampled."""
         self._lag_task: asyncio.Task[None] | None = None
@@ -148,7 +161,22 @@ class DaemonMetrics:
         acked = {queue: agent.acked for queue, agent in agents.items()}
         for queue, rate in self._ack_rates.sample(acked, now).items():
             snapshot[f"queue.{queue}.acks_per_s"] = rate
+        self._add_health(snapshot, now)
         return snapshot
+
+    def _add_health(self, snapshot: dict[str, float], now: float) -> None:
+        """What the console's daemons page shows beside the counts: loop stalls, the
+        handler latency since the last heartbeat (absent without a meter or without a
+        call), the rate limit in force and the calls waiting for it. A few keys: the
+        record is rewritten every heartbeat."""
+        if self._watchdog is not None:
+            snapshot["loop.stalls"] = self._watchdog.stalls
+        if self._latency is not None:
+            for quantile, value in self._latency.sample(now).items():
+                snapshot[LATENCY_QUANTILES[quantile]] = round(value, 5)  # 10 µs: bytes
+        if self._rate is not None:
+            snapshot["rate.limit_per_s"] = self._rate.per_second
+            snapshot["rate.waiting"] = self._rate.waiting
 
     def slot_metrics(self) -> dict[str, dict[str, int]]:
         """Gauges for exporters: slots in use and available, per handler and in total.
@@ -177,3 +205,13 @@ class DaemonMetrics:
         metrics = {name: {"in_use": n, "available": free} for name, n in per_handler.items()}
         metrics["*"] = {"in_use": slots.in_use, "issued": slots.issued, "available": free}
         return metrics
+
+
+def _rate_limiter(slots: SlotSupplier) -> RateLimitedSlotSupplier | None:
+    """The rate limit among ``slots`` and the suppliers it wraps, if any."""
+    supplier: SlotSupplier | None = slots
+    while supplier is not None:
+        if isinstance(supplier, RateLimitedSlotSupplier):
+            return supplier
+        supplier = supplier.inner if isinstance(supplier, DelegatingSlotSupplier) else None
+    return None

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from conveyor.adapters.redis.rate import RedisTokenSource
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.importing import load_attr
-from conveyor.platform.slots import SlotSupplier
+from conveyor.platform.slots import SlotSupplier, TokenSource
 from conveyor.workers.slots.fixed import FixedSlotSupplier
-from conveyor.workers.slots.rate import Gcra, RateLimitedSlotSupplier, TokenSource
+from conveyor.workers.slots.rate import Gcra, RateLimitedSlotSupplier
 from conveyor.workers.slots.resource import ResourceBasedSlotSupplier
 from conveyor.workers.slots.wrappers import GuardedSlotSupplier, PauseableSlotSupplier
 
+SharedBucket = Callable[[float, int], TokenSource]
+"""``(per_second, burst) -> bucket`` shared by the app's daemons, in the store ``[slots.rate]
+store`` names (its backend's rate bucket, bound to the config and the app)."""
 
-def supplier_from_config(config: Any, *, redis: Any = None, app: str = "") -> SlotSupplier:
+
+def supplier_from_config(config: Any, *, shared_bucket: SharedBucket | None = None
+                         ) -> SlotSupplier:
     """The slot supplier a ``[slots]`` config section describes.
 
     ``custom`` suppliers are user code: they are wrapped in a
     :class:`~conveyor.workers.slots.wrappers.GuardedSlotSupplier` so their exceptions are
     contained. ``[slots.rate]`` wraps any kind in a
-    :class:`~conveyor.workers.slots.rate.RateLimitedSlotSupplier` (with ``store =
-    "redis"`` its bucket is at ``redis.url``, keyed by ``app``), and ``pauseable = true``
+    :class:`~conveyor.workers.slots.rate.RateLimitedSlotSupplier` (with a ``store``
+    other than ``"local"`` its bucket is ``shared_bucket``'s), and ``pauseable = true``
     wraps the result in a :class:`~conveyor.workers.slots.wrappers.PauseableSlotSupplier`.
     """
     supplier: SlotSupplier
@@ -37,22 +42,23 @@ def supplier_from_config(config: Any, *, redis: Any = None, app: str = "") -> Sl
         raise ConfigError(f"unknown slot supplier kind {config.kind!r} at $.slots.kind")
     rate = getattr(config, "rate", None)
     if rate is not None and rate.per_second is not None:
-        supplier = rate_limited(supplier, rate, redis, app)
+        supplier = rate_limited(supplier, rate, shared_bucket)
     if getattr(config, "pauseable", False):
         supplier = PauseableSlotSupplier(supplier)
     return supplier
 
 
-def rate_limited(supplier: SlotSupplier, rate: Any, redis: Any, app: str) -> SlotSupplier:
+def rate_limited(supplier: SlotSupplier, rate: Any,
+                 shared_bucket: SharedBucket | None = None) -> SlotSupplier:
     """``supplier`` wrapped in the rate limit of ``rate`` (``[slots.rate]``)."""
     source: TokenSource
-    if rate.store == "redis":
-        if redis is None or not app:
-            raise ConfigError('$.slots.rate.store: "redis" needs the [redis] section and '
-                              "the app's name")
-        source = RedisTokenSource(redis, app, rate.per_second, rate.burst)
-    else:
+    if rate.store == "local":
         source = Gcra(rate.per_second, rate.burst)
+    elif shared_bucket is None:
+        raise ConfigError(f"$.slots.rate.store: {rate.store!r} needs the app's shared bucket "
+                          "(a daemon built from the config has one)")
+    else:
+        source = shared_bucket(rate.per_second, rate.burst)
     return RateLimitedSlotSupplier(supplier, source, per_second=rate.per_second)
 
 

@@ -35,7 +35,6 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import InvalidArgumentError
@@ -44,6 +43,7 @@ from conveyor.platform.slots import (
     SlotReleaseReason,
     SlotReservationContext,
     SlotSupplier,
+    TokenSource,
 )
 from conveyor.platform.throttled_log import ThrottledLog
 from conveyor.workers.slots.wrappers import DelegatingSlotSupplier
@@ -52,15 +52,6 @@ log = logging.getLogger("conveyor.slots")
 
 MIN_SLEEP_S = 0.001
 """Shortest wait before asking again for a token that is not due yet."""
-
-
-class TokenSource(Protocol):
-    """Grants tokens: ``take(want)`` returns how many were granted (0..want) and, when
-    fewer than wanted, how long until the next one is due."""
-
-    async def take(self, want: int) -> tuple[int, float]: ...
-
-    async def close(self) -> None: ...
 
 
 class Gcra:
@@ -113,6 +104,8 @@ class RateLimitedSlotSupplier(DelegatingSlotSupplier):
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(inner)
         self.source = source
+        self.per_second = per_second
+        """The limit, as configured (published with the daemon's heartbeat)."""
         self.granted = 0
         self._clock = clock
         self._spare_ttl_s = 1.0 / per_second

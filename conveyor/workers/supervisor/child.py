@@ -23,13 +23,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+from conveyor.backends import coordination
 from conveyor.platform.balancing.balancer import BalanceListener, DynamicBalancer, QueueBalancer
-from conveyor.platform.balancing.coordination import coordination_from_config
-from conveyor.platform.balancing.leases import LeaseStore
+from conveyor.platform.balancing.leases import LeaseStore, MemoryLeaseStore
 from conveyor.platform.balancing.membership import MemberInfo, Membership
 from conveyor.platform.config import Config
-from conveyor.platform.errors import BrokerError, ConveyorError, ShutdownError
+from conveyor.platform.errors import BrokerError, ConfigError, ConveyorError, ShutdownError
 from conveyor.workers.supervisor.protocol import (
+    CONFIG_REFUSED,
     Acquire,
     Acquired,
     Event,
@@ -165,9 +166,9 @@ async def _stdin_lines() -> asyncio.StreamReader:
 
 
 def _balancer_for(config: Config, app_name: str) -> SupervisedBalancer | LeasedSupervisedBalancer:
-    if config.balancer.membership == "memory":  # nothing shared to hold leases in
+    membership, leases = coordination(config, app_name)
+    if isinstance(leases, MemoryLeaseStore):  # in this process: nothing shared to lease in
         return SupervisedBalancer()
-    membership, leases = coordination_from_config(config, app_name)
     return LeasedSupervisedBalancer(
         membership, leases, config.queues.total,
         lease_ttl_s=config.balancer.lease_ttl_s,
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run_child(app_path, config_path, int(events_fd)))
     except ConveyorError as exc:  # a message for the operator, not a traceback
         log.error("%s", exc)
-        sys.exit(1)
+        sys.exit(CONFIG_REFUSED if isinstance(exc, ConfigError) else 1)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.workers.supervisor.protocol import (
+    CONFIG_REFUSED,
     Acquire,
     Acquired,
     Command,
@@ -47,6 +48,7 @@ _ANSWER_TO: dict[str, type[Acquired] | type[Released]] = {
 
 class ChildGone(ConveyorError):
     """A child process exited while the supervisor was waiting for it."""
+
 
 
 class ChildCommandFailed(ConveyorError):
@@ -91,10 +93,14 @@ class ChildProcess:
         try:
             event = await ready
         except ChildGone:
-            raise ChildGone(
-                f"process #{self.number} exited before it was ready (its error is logged "
-                "above with its pid)"
-            ) from None
+            where = f"process #{self.number} exited before it was ready"
+            with contextlib.suppress(TimeoutError):
+                if await asyncio.wait_for(self.proc.wait(), 5.0) == CONFIG_REFUSED:
+                    raise ConfigError(
+                        f"{where}: it refused the configuration (its error is logged "
+                        "above with its pid)"
+                    ) from None
+            raise ChildGone(f"{where} (its error is logged above with its pid)") from None
         self.http_port = event.http_port
         self.member_id = event.id
         self.alive = True

@@ -29,6 +29,12 @@ from conveyor.platform.errors import ConveyorError
 
 # -- supervisor -> child ----------------------------------------------------------------
 
+CONFIG_REFUSED = 2
+"""A child's exit status when it refused the configuration or the broker's settings
+(a :class:`ConfigError`, e.g. a Redis that may evict): the same status the CLI gives a
+bad config, so ``worker --processes`` exits as ``worker`` does."""
+
+
 
 class Acquire(msgspec.Struct, frozen=True, tag_field="op", tag="acquire"):
     """Start pulling ``queue``; answered by :class:`Acquired` once it is pulled, or

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.backends import backend, create_adapter
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.platform.telemetry import Telemetry
@@ -70,10 +71,10 @@ class Supervisor:
         adapter: QueueAdapter | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
-        if config.queues.adapter == "memory":
+        if backend(config.queues.adapter).in_process:
             raise ConfigError(
                 "--processes needs a broker shared by processes (redis or kafka): the "
-                "memory adapter lives inside one process"
+                f"{config.queues.adapter} adapter lives inside one process"
             )
         if config.kafka.group_instance_id and config.balancer.kind == "kafka-group":
             raise ConfigError(

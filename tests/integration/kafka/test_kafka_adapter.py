@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from conveyor.client import Client, Publish
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.platform.config import Config
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from conveyor.platform.adapter import create_adapter
+from conveyor.backends import create_adapter
 from conveyor.platform.config import Config
 from conveyor.platform.message import Undecodable
 from tests.bad_input import (

@@ -8,9 +8,9 @@ from collections import Counter, defaultdict
 import msgspec
 import pytest
 
-from conveyor.platform.adapter import create_adapter
+from conveyor.backends import create_adapter
+from conveyor.client import Client, Publish
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu

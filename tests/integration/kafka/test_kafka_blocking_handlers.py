@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.platform.client import Publish, SyncClient
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
 from tests.integration.kafka.conftest import Tansu

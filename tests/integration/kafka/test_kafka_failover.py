@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.platform.client import Client
+from conveyor.client import Client
 from conveyor.platform.config import Config
 from conveyor.platform.ids import StreamId
 from conveyor.platform.mapper import HashRingQueueMapper

@@ -16,7 +16,7 @@ import pytest
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka.connection import FIRST_ANSWER_S
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.platform.errors import ConfigError
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import free_port, wait_until, wait_until_sync

@@ -10,7 +10,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka.group_balancer import KafkaGroupBalancer
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import free_port, wait_until
 from tests.integration.kafka.conftest import Tansu

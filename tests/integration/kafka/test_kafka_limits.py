@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.platform.errors import (
     BrokerError,
     MessageTooLargeError,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu
 from tests.integration.kafka.helpers import kafka_config

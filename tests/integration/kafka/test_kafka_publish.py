@@ -21,7 +21,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from conveyor.adapters.kafka import KafkaAdapter
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.platform.errors import BrokerError
 from tests.conftest import free_port
 from tests.integration.kafka.conftest import Tansu

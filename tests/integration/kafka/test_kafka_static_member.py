@@ -15,8 +15,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from conveyor.adapters.kafka.group_balancer import KafkaGroupBalancer
+from conveyor.client import Client, Publish
 from conveyor.platform.app import App
-from conveyor.platform.client import Client, Publish
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu

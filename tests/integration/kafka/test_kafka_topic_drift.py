@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
 from tests.conftest import stop_when, wait_until_sync

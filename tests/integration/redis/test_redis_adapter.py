@@ -21,8 +21,8 @@ from conveyor.adapters.redis.coordination import redis_coordination
 from conveyor.adapters.redis.keys import Keys
 from conveyor.adapters.redis.urls import redact_url
 from conveyor.cli import main
+from conveyor.client import Client
 from conveyor.platform.balancing.membership import MemberInfo
-from conveyor.platform.client import Client
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import BrokerError, ConfigError, LeaseLostError, QueueOwnedError
 from conveyor.platform.ids import SequenceToken

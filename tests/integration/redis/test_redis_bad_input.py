@@ -85,7 +85,7 @@ async def test_every_malformed_entry_is_dead_lettered_and_its_neighbours_are_han
 
 
 async def _read_letters(config: Config) -> list[Any]:
-    from conveyor.platform.adapter import create_adapter
+    from conveyor.backends import create_adapter
 
     adapter = create_adapter("redis", config)
     try:

@@ -10,6 +10,7 @@ Sentinel: the primary it names. Where ``CONFIG`` is forbidden, ``INFO memory`` t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,26 @@ def test_a_worker_refuses_a_server_that_may_evict_with_exit_2(
     assert "conveyor: error: config: $.redis.allow_eviction" in err, err
     assert "'allkeys-lru'" in err and "allow_eviction = true" in err, err
     assert "Traceback" not in err, err
+    assert not redis_server.client().keys("t:app:*"), "a refused worker took leases"
+
+
+def test_a_supervised_worker_refuses_it_with_exit_2_too(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """Under ``--processes`` the children read the policy; the one that refuses exits
+    with the config status and the supervisor passes it on: exit 2, not 1."""
+    redis_server.client().config_set("maxmemory-policy", "allkeys-lru")
+    config = write_config(tmp_path / "c.toml", redis_server.url)
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.recorder:app",
+         "--config", str(config), "--processes", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "CONVEYOR_TEST_RECORD": str(tmp_path / "w.rec")},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "it refused the configuration" in done.stderr, done.stderr
+    assert "$.redis.allow_eviction" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
     assert not redis_server.client().keys("t:app:*"), "a refused worker took leases"
 
 

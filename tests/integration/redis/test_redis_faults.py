@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from conveyor.adapters.redis.keys import Keys
-from conveyor.platform.client import Publish, SyncClient
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
 from tests.conftest import wait_until_sync
 from tests.integration.redis.conftest import (

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import Publish, load_config
-from conveyor.platform.client import SyncClient
+from conveyor.client import SyncClient
 from tests.conftest import free_port, wait_until_sync
 from tests.http_scrape import get, scrape, value
 from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config

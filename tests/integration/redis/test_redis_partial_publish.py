@@ -18,7 +18,7 @@ import pytest
 
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.adapters.redis.codec import PUBLISH_CHUNK_BYTES
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.platform.errors import BrokerError, MessageTooLargeError, PartialPublishError
 from conveyor.platform.ids import SequenceToken
 from tests.integration.redis.conftest import RedisServer

@@ -16,7 +16,7 @@ import pytest
 from redis.crc import key_slot
 
 from conveyor.adapters.redis import RedisAdapter
-from conveyor.platform.client import Client, Publish
+from conveyor.client import Client, Publish
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import BrokerConnectionError, PublishUncertain
 from conveyor.platform.ids import SequenceToken

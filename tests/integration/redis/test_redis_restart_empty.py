@@ -18,8 +18,8 @@ import pytest
 
 from conveyor.adapters.redis.coordination import redis_coordination
 from conveyor.adapters.redis.keys import Keys
+from conveyor.client import Publish, SyncClient
 from conveyor.platform.balancing.membership import MemberInfo
-from conveyor.platform.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
 from tests.integration.redis.conftest import Worker, read_records, write_config

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from conveyor import Client, Publish, load_config
-from conveyor.platform.adapter import create_adapter
-from conveyor.platform.client import SyncClient
+from conveyor.backends import create_adapter
+from conveyor.client import SyncClient
 from conveyor.workers.supervisor.assignment import assign
 from conveyor.workers.supervisor.process import ChildGone, ChildProcess
 from conveyor.workers.supervisor.scaler import SupervisorSettings

@@ -1,4 +1,9 @@
-"""The producer side: publish messages to streams."""
+"""The producer side: publish messages to streams.
+
+It sits above ``platform/`` (whose port, mapper and coalescer it drives) because
+:meth:`Client.from_config` chooses the broker: the adapter comes from
+:mod:`conveyor.backends`, the one place a broker's name meets its code.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from typing import Any
 import msgspec
 from opentelemetry.trace import StatusCode
 
-from conveyor.platform.adapter import QueueAdapter, create_adapter
+from conveyor.backends import create_adapter
+from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.coalescer import PublishCoalescer
 from conveyor.platform.config import DEFAULT_MAX_BODY_BYTES, Config, PublishConfig
 from conveyor.platform.errors import ConveyorError, MessageTooLargeError

@@ -1,0 +1,107 @@
+"""Trace sampling without the SDK where the answer is "drop": the cheap path of tracing.
+
+With ``[telemetry] sample_ratio`` below 1, most messages belong to a dropped trace, and
+the OpenTelemetry SDK costs nearly as much to drop a span as to record one: the
+parent-based sampler's call, a non-recording span, its context — measured at about
+18 µs a message at the consumer (4 of them reading ``traceparent``) and 10 µs at the
+producer. Conveyor takes those decisions first, the SDK's way, and calls the SDK only
+for the traces it keeps:
+
+* **A message whose producer dropped its trace** (``traceparent`` flags without the
+  sampled bit): the consumer attaches the producer's context as a non-recording span
+  and runs the handler in it — what the parent-based sampler does, so spans the
+  handler starts and messages it publishes continue the same dropped trace.
+* **A new trace** (a publish outside any span, a message without ``traceparent``):
+  :class:`RatioRoots` draws the trace id and applies ``TraceIdRatioBased``'s rule to
+  it. Dropped: only the context is propagated (a ``traceparent`` written by hand, a
+  non-recording span). Kept: the SDK starts the span, and its next root trace id is
+  the one drawn, so its sampler agrees.
+
+Everything else — a sampled parent, a ``tracestate``, a header that does not parse
+cleanly — goes through the SDK and its propagator as before. Only a provider built by
+:meth:`~conveyor.platform.telemetry.Telemetry.from_config` (whose sampler is known:
+parent-based, ratio at the root) has :class:`RatioRoots`; an injected provider gets no
+shortcut.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+from collections.abc import Mapping
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Tracer
+
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_RANDOM_TRACE_ID = 0x02
+"""The W3C level-2 trace flag the SDK sets on the trace ids it draws at random."""
+
+
+def remote_parent(headers: Mapping[str, str]) -> SpanContext | None:
+    """The producer's span context from a well-formed version-00 ``traceparent``
+    header, as the SDK's propagator reads it; None when it is absent, malformed, or
+    comes with a ``tracestate`` (then the propagator must read both)."""
+    header = headers.get("traceparent")
+    if header is None or "tracestate" in headers:
+        return None
+    match = _TRACEPARENT.fullmatch(header)
+    if match is None:
+        return None
+    trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    if not trace_id or not span_id:
+        return None
+    return SpanContext(trace_id, span_id, True, TraceFlags(int(match[3], 16)))
+
+
+class RatioRoots(RandomIdGenerator):
+    """The id generator that decides new traces ahead of the SDK's ratio sampler."""
+
+    def __init__(self, ratio: float) -> None:
+        self._bound = TraceIdRatioBased.get_bound_for_rate(ratio)
+        self._next = threading.local()
+
+    def dropped_root(self) -> int | None:
+        """A new trace's id when the ratio drops it; None when it is kept (the SDK's
+        next root trace, in this thread, then takes the id the decision was made on)."""
+        trace_id = random.getrandbits(128) or 1
+        if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT >= self._bound:
+            return trace_id
+        self._next.trace_id = trace_id
+        return None
+
+    @staticmethod
+    def dropped_span(trace_id: int) -> NonRecordingSpan:
+        """A new root span of trace ``trace_id`` that the ratio dropped, as the SDK
+        makes it."""
+        return NonRecordingSpan(SpanContext(
+            trace_id, random.getrandbits(64) or 1, False, TraceFlags(_RANDOM_TRACE_ID)))
+
+    def generate_trace_id(self) -> int:
+        trace_id: int = getattr(self._next, "trace_id", 0)
+        if trace_id:
+            self._next.trace_id = 0
+            return trace_id
+        return super().generate_trace_id()
+
+
+def ratio_tracer_provider(ratio: float, resource: Resource | None = None) -> TracerProvider:
+    """The tracer provider of Conveyor's telemetry (span processors to be added).
+
+    Parent-based: a consumer follows its producer's decision, so a trace is whole or
+    absent; the ratio applies where a trace starts, decided first by
+    :class:`RatioRoots`."""
+    return TracerProvider(
+        resource=resource, sampler=ParentBased(TraceIdRatioBased(ratio)),
+        id_generator=RatioRoots(ratio),
+    )
+
+
+def ratio_roots(tracer: Tracer) -> RatioRoots | None:
+    """The :class:`RatioRoots` of ``tracer``'s provider, if it was built with one."""
+    roots = getattr(tracer, "id_generator", None)
+    return roots if isinstance(roots, RatioRoots) else None

@@ -1,0 +1,167 @@
+"""The sampling shortcut (conveyor.platform.sampling): dropped traces skip the SDK, and
+every decision is the one the SDK's ParentBased(TraceIdRatioBased) sampler makes.
+
+In process, on the memory adapter, with a provider built as ``Telemetry.from_config``
+builds it (the ratio sampler and :class:`RatioRoots`) but exporting to memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sized
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from conveyor import App, Client, MessageContext
+from conveyor.platform.ids import StreamId
+from conveyor.platform.message import Message
+from conveyor.platform.sampling import ratio_tracer_provider, remote_parent
+from conveyor.platform.telemetry import Telemetry
+from tests.conftest import wait_until
+from tests.integration.memory_harness import Item, daemon, fresh_adapter
+
+RATIO = 0.25
+
+
+def ratio_telemetry(ratio: float = RATIO) -> tuple[Telemetry, InMemorySpanExporter]:
+    spans = InMemorySpanExporter()
+    provider = ratio_tracer_provider(ratio)
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    telemetry = Telemetry(provider)
+    assert telemetry.roots is not None
+    return telemetry, spans
+
+
+def within_binomial(hits: int, n: int, p: float) -> bool:
+    """``hits`` out of ``n`` is within six standard deviations of ``n·p`` (a false
+    failure about once in 10⁹ runs)."""
+    return abs(hits - n * p) <= 6 * math.sqrt(n * p * (1 - p))
+
+
+async def publish_and_handle(app: App, telemetry: Telemetry, n: int, handled: Sized, *,
+                             traced_producer: bool) -> None:
+    """Publish ``n`` items (through a traced client, or one without telemetry: no
+    ``traceparent``), run a daemon until ``handled`` holds every one, once each."""
+    adapter = fresh_adapter()
+    d = daemon(app, adapter, telemetry=telemetry)
+    client = Client(adapter, d.mapper, telemetry=telemetry if traced_producer else None)
+    for i in range(n):
+        await client.publish("items", f"k{i % 50}", Item(i))
+    await d.start()
+    await wait_until(lambda: len(handled) == n, 20, what="every message handled")
+    await d.stop()
+    assert len(handled) == n
+
+
+def flags_of(headers: dict[str, str]) -> int:
+    return int(headers["traceparent"].split("-")[3], 16)
+
+
+def test_a_new_trace_is_kept_at_the_ratio_and_its_header_says_so() -> None:
+    telemetry, spans = ratio_telemetry()
+    n = 4000
+    sent: list[Message] = []
+    for i in range(n):
+        msg = Message(f"m{i}", StreamId("ns", "k"), b"{}", headers={})
+        telemetry.publish_span(msg, "memory", 0).end()
+        sent.append(msg)
+    recorded = {s.context.trace_id for s in spans.get_finished_spans()}
+    kept = [m for m in sent if flags_of(m.headers) & 1]
+    assert within_binomial(len(kept), n, RATIO), len(kept)
+    # A kept trace's header names the span the SDK recorded; a dropped one is valid
+    # W3C with the sampled bit clear (and the random-trace-id bit, as the SDK sets).
+    assert {remote_parent(m.headers).trace_id for m in kept} == recorded  # type: ignore[union-attr]
+    for m in sent:
+        parent = remote_parent(m.headers)
+        assert parent is not None and parent.is_valid
+        assert flags_of(m.headers) in (0x02, 0x03)
+    assert len(recorded) == len(kept)
+
+
+def test_a_publish_inside_a_span_follows_its_parent_not_the_ratio() -> None:
+    telemetry, spans = ratio_telemetry(ratio=0.0)  # the ratio alone would keep nothing
+    assert telemetry.tracer is not None
+    with telemetry.tracer.start_as_current_span("outer", context=None):
+        pass
+    # A sampled parent (forced by a remote sampled context) keeps its child publish.
+    parent = remote_parent({"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"})
+    assert parent is not None
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    with telemetry.tracer.start_as_current_span("handler", context=ctx):
+        msg = Message("m", StreamId("ns", "k"), b"{}", headers={})
+        telemetry.publish_span(msg, "memory", 0).end()
+    assert msg.headers["traceparent"].startswith(f"00-{'ab' * 16}-")
+    assert flags_of(msg.headers) & 1
+    assert [s.name for s in spans.get_finished_spans()] == ["publish ns", "handler"]
+
+
+async def test_the_consumer_follows_the_producers_decision_and_keeps_the_trace() -> None:
+    """Each message handled once (no fault here: no duplicates allowed); a consumer span
+    exactly for the kept traces, parented on the producer span; the handler of a
+    dropped trace runs in that trace's context, and what it publishes carries it on."""
+    telemetry, spans = ratio_telemetry()
+    calls: list[int] = []
+    seen: dict[int, tuple[int, bool]] = {}
+    published: dict[int, str] = {}
+    onward: dict[int, str] = {}
+    app = App("test")
+
+    @app.handler("items")
+    async def handle(item: Item, ctx: MessageContext) -> None:
+        calls.append(item.seq)
+        context = trace.get_current_span().get_span_context()
+        seen[item.seq] = (context.trace_id, trace.get_current_span().is_recording())
+        published[item.seq] = ctx.headers["traceparent"]
+        child = Message(f"c{item.seq}", StreamId("out", "k"), b"{}", headers={})
+        telemetry.publish_span(child, "memory", 0).end()
+        onward[item.seq] = child.headers["traceparent"]
+
+    n = 600
+    await publish_and_handle(app, telemetry, n, calls, traced_producer=True)
+    assert sorted(calls) == list(range(n))
+    finished = spans.get_finished_spans()
+    producers = {s.context.trace_id: s for s in finished if s.kind == SpanKind.PRODUCER
+                 and s.name == "publish items"}
+    consumers = {s.context.trace_id: s for s in finished if s.kind == SpanKind.CONSUMER}
+    assert set(consumers) == set(producers)
+    assert within_binomial(len(producers), n, RATIO), len(producers)
+    for trace_id, consumer in consumers.items():
+        assert consumer.parent is not None
+        assert consumer.parent.span_id == producers[trace_id].context.span_id
+    for i, header in published.items():
+        trace_id = int(header.split("-")[1], 16)
+        kept = bool(flags_of({"traceparent": header}) & 1)
+        assert seen[i] == (trace_id, kept)
+        assert onward[i].split("-")[1] == header.split("-")[1]  # same trace onward
+        assert bool(flags_of({"traceparent": onward[i]}) & 1) == kept
+
+
+async def test_a_message_without_a_traceparent_starts_traces_at_the_ratio() -> None:
+    telemetry, spans = ratio_telemetry()
+    handled: list[int] = []
+    app = App("test")
+
+    @app.handler("items")
+    async def handle(item: Item, ctx: MessageContext) -> None:
+        assert trace.get_current_span().get_span_context().is_valid
+        handled.append(item.seq)
+
+    n = 2000
+    await publish_and_handle(app, telemetry, n, handled, traced_producer=False)
+    assert sorted(handled) == list(range(n))
+    consumers = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
+    assert within_binomial(len(consumers), n, RATIO), len(consumers)
+    assert all(s.parent is None for s in consumers)
+
+
+def test_a_malformed_or_stated_traceparent_is_left_to_the_sdk() -> None:
+    good = f"00-{'ab' * 16}-{'cd' * 8}-00"
+    assert remote_parent({"traceparent": good}) is not None
+    for bad in ("", good.upper(), good + "-", "01" + good[2:], f"00-{'0' * 32}-{'cd' * 8}-00",
+                f"00-{'ab' * 16}-{'0' * 16}-00", f"00-{'ab' * 16}-{'cd' * 8}-0x",
+                good.replace("-", "_")):
+        assert remote_parent({"traceparent": bad}) is None, bad
+    assert remote_parent({"traceparent": good, "tracestate": "a=b"}) is None

@@ -1,0 +1,121 @@
+"""The Kafka wire format: a JSON message is written with two headers (``cv-ns``,
+``cv-id``; the record's timestamp is its enqueue time), and every record — that layout,
+the four-header one older Conveyor versions wrote, foreign and malformed ones — reads
+back as the same message through :class:`RecordDecoder` as through ``decode_record``."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import pytest
+
+from conveyor.adapters.kafka.codec import (
+    RecordDecoder,
+    decode_record,
+    letter_from_record,
+    letter_record,
+    message_headers,
+)
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import (
+    CONTENT_JSON,
+    CONTENT_MSGPACK,
+    DeadLetter,
+    Message,
+    Undecodable,
+)
+
+TS = 1_700_000_000_123
+
+
+def _message(**changes: Any) -> Message:
+    fields: dict[str, Any] = {"id": "m1", "stream": StreamId("orders", "o-7"),
+                              "body": b'{"n":1}', "enqueued_at_ms": TS}
+    return Message(**(fields | changes))
+
+
+def _record(msg: Message, headers: list[tuple[str, bytes | None]], offset: int = 5,
+            timestamp: int | None = None) -> Any:
+    """What aiokafka's fetcher hands out, for a record written as the adapter writes it
+    (``timestamp=msg.enqueued_at_ms``)."""
+    return SimpleNamespace(topic="t", partition=0, offset=offset, key=msg.stream.key.encode(),
+                           value=msg.body, headers=tuple(headers),
+                           timestamp=msg.enqueued_at_ms if timestamp is None else timestamp)
+
+
+def _older(msg: Message) -> list[tuple[str, bytes | None]]:
+    """The four headers Conveyor wrote before the lean layout."""
+    return [("cv-ns", msg.stream.namespace.encode()), ("cv-id", msg.id.encode()),
+            ("content-type", msg.content_type.encode()),
+            ("cv-ts", str(msg.enqueued_at_ms).encode())]
+
+
+def test_a_json_message_is_written_with_two_headers() -> None:
+    assert message_headers(_message()) == [("cv-ns", b"orders"), ("cv-id", b"m1")]
+
+
+def test_what_a_default_cannot_say_is_still_written() -> None:
+    headers = dict(message_headers(_message(content_type=CONTENT_MSGPACK, attempt=2,
+                                            headers={"x-h": "v"})))
+    assert headers == {"cv-ns": b"orders", "cv-id": b"m1",
+                       "content-type": CONTENT_MSGPACK.encode(), "cv-attempt": b"2",
+                       "x-h": b"v"}
+
+
+@pytest.mark.parametrize("layout", ["lean", "older"])
+def test_both_layouts_read_back_as_the_message_written(layout: str) -> None:
+    msg = _message()
+    headers = message_headers(msg) if layout == "lean" else _older(msg)
+    # An older record on a topic with broker-side timestamps still has its cv-ts.
+    record = _record(msg, headers, timestamp=TS if layout == "lean" else 1)
+    [read] = RecordDecoder(3, "default").decode([record])
+    assert read == msgspec.structs.replace(msg, token=SequenceToken(3, 5))
+    assert read == decode_record(record, 3, "default")
+
+
+def test_a_batch_of_one_stream_shares_one_stream_id() -> None:
+    msgs = [_message(id=f"m{i}") for i in range(3)]
+    read = RecordDecoder(0, "default").decode(
+        [_record(m, message_headers(m), offset=i) for i, m in enumerate(msgs)])
+    assert read[0].stream is read[1].stream is read[2].stream
+    assert [m.token for m in read] == [SequenceToken(0, i) for i in range(3)]
+
+
+@pytest.mark.parametrize("headers", [
+    [],  # a foreign record: the defaults
+    [("cv-id", b"m1"), ("cv-ns", b"orders")],  # another order
+    [("cv-ns", b""), ("cv-id", b"m1")],  # an empty namespace: the default
+    [("cv-ns", b"orders"), ("cv-id", None)],  # no id: topic-partition-offset
+    [("cv-ns", b"orders"), ("x-h", b"v")],
+])
+def test_other_records_read_as_the_general_decoder_reads_them(
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    record = _record(_message(), headers)
+    assert RecordDecoder(0, "default").decode([record]) == [decode_record(record, 0, "default")]
+
+
+def test_a_malformed_record_does_not_fail_its_batch() -> None:
+    good, bad = _message(id="g"), _message(id="b")
+    records = [_record(good, message_headers(good), offset=1),
+               _record(bad, [("cv-ns", b"\xff"), ("cv-id", b"b")], offset=2),
+               _record(good, message_headers(good), offset=3)]
+    read = RecordDecoder(0, "default").decode(records)
+    assert [type(m) for m in read] == [Message, Undecodable, Message]
+    assert [m.token for m in read] == [SequenceToken(0, o) for o in (1, 2, 3)]
+
+
+def test_a_dead_letter_keeps_every_header_of_its_message() -> None:
+    msg = _message(token=SequenceToken(0, 9))
+    letter = DeadLetter(message=msg, handler="h", error_type="ValueError", error="boom",
+                        attempts=3, failed_at_ms=TS + 5)
+    key, value, headers = letter_record(letter, "shop")
+    names = [name for name, _ in headers]
+    assert {"content-type", "cv-ts"} <= set(names)
+    # Read back with the letter record's own timestamp: cv-ts still says the enqueue time.
+    stored = SimpleNamespace(key=key, value=value, headers=tuple(headers), timestamp=TS + 5)
+    read = letter_from_record(stored, "shop", "t", "default")
+    assert read is not None
+    assert (read.message.enqueued_at_ms, read.message.content_type) == (TS, CONTENT_JSON)
