@@ -217,18 +217,20 @@ class MemoryReceiver(QueueReceiver):
         start = cursor.next_offset - log.base
         if start < 0:  # trimmed past our position (cannot happen while we hold pending)
             raise BrokerError(f"queue {self._queue}: position {cursor.next_offset} was trimmed")
-        fresh = log.items[start : start + max_count - len(out)]
-        cursor.next_offset += len(fresh)
-        out.extend(fresh)
         pending = cursor.pending
-        for m in out:
+        for m in out:  # redelivered
             pending[m.token.major] = m  # type: ignore[union-attr]
+        fresh = log.items[start : start + max_count - len(out)]
+        first = cursor.next_offset
+        cursor.next_offset += len(fresh)
+        pending.update(zip(range(first, first + len(fresh)), fresh, strict=True))
+        out.extend(fresh)
         return out
 
     async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
-        pending = self._cursor.pending
+        forget = self._cursor.pending.pop
         for token in tokens:
-            pending.pop(token.major, None)
+            forget(token.major, None)
 
     async def lag(self) -> int:
         c = self._cursor

@@ -49,6 +49,8 @@ class Acknowledger:
         self.wants_room = False
         """The pull loop waits on :attr:`room`: set it once an acknowledgement frees room."""
         self.task: asyncio.Task[None] | None = None
+        self.settling = False
+        """A :meth:`settle` is scheduled (see :meth:`head_done`)."""
         # Backends that persist done offsets above the watermark (Kafka) hear about
         # each message finished out of order; the others cost one None check.
         self.note_out_of_order = (
@@ -57,11 +59,31 @@ class Acknowledger:
 
     def entry_done(self, entry: Entry) -> None:
         """``entry`` is done for every handler: acknowledge the done prefix if it grew."""
-        cache = self._cache
-        if cache.entries[0] is not entry:
+        if self._cache.entries[0] is not entry:
             # An earlier message is still running: nothing new to acknowledge.
             if self.note_out_of_order is not None and entry.msg.token is not None:
                 self.note_out_of_order(entry.msg.token)
+            return
+        self.settle()
+
+    def head_done(self) -> None:
+        """The cache's first entry is done: acknowledge the done prefix — once the
+        loop's running step is over (:attr:`settling`), so that a runner finishing a
+        whole pull in one step pops the prefix and wakes the flusher once, not once a
+        message. At once on backends told of messages done out of order
+        (:attr:`note_out_of_order`): the runner tells them of every message done behind
+        the first, so the first must never be a done one waiting to be popped."""
+        if self.note_out_of_order is not None:
+            self.settle()
+        elif not self.settling:
+            self.settling = True
+            asyncio.get_running_loop().call_soon(self.settle)
+
+    def settle(self) -> None:
+        """Move the done prefix of the cache to :attr:`to_ack` and start sending it."""
+        self.settling = False
+        cache = self._cache
+        if not (cache.entries and cache.entries[0].done):
             return
         cache.pop_done_prefix(self.to_ack)
         if self.task is None and not self.stopping:
@@ -125,6 +147,7 @@ class Acknowledger:
         """A drain's last acknowledgements: the done prefix, then what finished behind an
         unfinished message (by id; or, with done offsets above a watermark, persisted for
         the next owner to skip)."""
+        self.settle()  # a prefix whose settle is still scheduled goes first, in order
         flushing = self.task
         if flushing is not None:  # one flusher at a time keeps acks in order
             # Waited for, not awaited: an abort (the lease lost meanwhile) cancels it,

@@ -40,7 +40,10 @@ Runners are long-lived coroutines, started on demand up to the cache capacity an
 parked on a future when idle, so a message costs no task of its own. A runner reserves
 a slot *before* it takes a lane (waiting for one if none is free; a runner that waits
 wakes no other), then wakes one more runner if other lanes are waiting: with handlers
-that finish without suspending, one runner drains a whole batch in a single step.
+that finish without suspending, one runner drains a whole batch in a single step. It
+runs up to :data:`LANE_RUN` of a lane's entries back to back before it puts the lane
+back; the done prefix such a step leaves is popped once, when the step is over
+(:meth:`~conveyor.platform.acks.Acknowledger.head_done`).
 """
 
 from __future__ import annotations
@@ -74,6 +77,13 @@ ACK_GRACE_S = 1.0
 
 STALL_BREATH_S = 0.01
 """After a handler blocked the loop, how long the next start waits for the loop's I/O."""
+
+LANE_RUN = 16
+"""Calls a runner makes on one lane before it puts the lane back behind the other ready
+ones: one lane's entries run back to back (the lane is taken, marked running and put
+back once, not once a message), at most this many, so that with few slots the other
+streams are not kept waiting behind a long one. A run also ends when the loop is
+stalled, a drain begins, the ownership deadline passes or the supplier wants the slot."""
 
 Subscriptions = dict[str, tuple[Route, ...]]
 """Namespace -> the routes (handlers and their delivery chains) subscribed to it."""
@@ -323,18 +333,14 @@ class PullingAgent:
 
     def _accept(self, messages: list[Message]) -> None:
         cache = self.cache
-        cache.took(messages)
         orphans = self._orphan_queue
         if self._split is not None:
+            cache.took(messages)
             self._accept_split(messages)
         else:
-            subs = self._subs
-            for msg in messages:
-                routes = subs.get(msg.stream.namespace)
-                if routes is None:  # undecodable, or no handler of this app subscribes
-                    self._orphan(msg)
-                    continue
-                cache.add(Entry(msg, len(routes)), routes)
+            unrouted = cache.add_all(messages, self._subs)
+            if unrouted is not None:  # undecodable, or no handler of this app subscribes
+                orphans.extend(unrouted)
         self.pulled += len(messages)
         if len(cache) > self.max_cache_fill:
             self.max_cache_fill = len(cache)
@@ -384,14 +390,17 @@ class PullingAgent:
     async def _runner(self) -> None:
         cache = self.cache
         ready = cache.ready
+        entries = cache.entries
+        lanes = cache.lanes
         slots = self._slots
         keep = slots.keep_slot
         ctx = self._ctx
-        queue = self.queue
+        queue = self.queue  # route, msg and queue: the watchdog reads them off this frame
         loop = asyncio.get_running_loop()
         clock = time.monotonic
         own = self._own
-        entry_done = self._acks.entry_done
+        acks = self._acks
+        note = acks.note_out_of_order
         watchdog = self._watchdog
         permit: SlotPermit | None = None
         marked = False  # permit.mark_used has run (it acts on a permit's first call only)
@@ -421,26 +430,54 @@ class PullingAgent:
                 lane: Lane = ready.popleft()
                 if ready and not self._waking:
                     self._wake()  # others can start on the next lane while this one runs
-                entry = lane.entries[0]
-                if self._stopping and (fenced or not entry.started):
+                lane_entries = lane.entries
+                if self._stopping and (fenced or not lane_entries[0].started):
                     # Draining: a message nothing has started goes to the next owner, and
                     # on a queue no longer ours nothing starts at all.
                     continue
-                entry.started = True
                 route = lane.route
-                msg = entry.msg
+                chain, handler = route.chain, route.handler
                 if not marked:  # not per call: its arguments alone cost a cache miss or two
-                    permit.mark_used(queue, route.handler.name, msg.id, msg.stream.key)
+                    msg = lane_entries[0].msg
+                    permit.mark_used(queue, handler.name, msg.id, msg.stream.key)
                     marked = True
                 lane.running = True
                 self._running += 1
                 careful = False  # holding _careful (a redelivered message: _count_start)
+                run = LANE_RUN
                 try:
-                    if msg.deliveries > 1:
-                        await self._careful.acquire()
-                        careful = True
-                        msg = await self._count_start(msg)
-                    await route.chain(Delivery(msg, route.handler))
+                    while True:  # the lane's entries, one call each (see LANE_RUN)
+                        entry = lane_entries[0]
+                        entry.started = True
+                        msg = entry.msg
+                        if msg.deliveries > 1:
+                            await self._careful.acquire()
+                            careful = True
+                            msg = await self._count_start(msg)
+                        await chain(Delivery(msg, handler))
+                        # QueueCache.finish_head and Acknowledger.entry_done, inlined
+                        lane_entries.popleft()
+                        entry.pending -= 1
+                        if not entry.pending:
+                            entry.done = True
+                            if entry is entries[0]:
+                                if not acks.settling:
+                                    acks.head_done()
+                            elif note is not None and entry.msg.token is not None:
+                                note(entry.msg.token)  # above the watermark: told at once
+                        if careful:
+                            acks.settle()  # its acknowledgement is sent before the next one
+                            await acks.sent()
+                            careful = False
+                            self._careful.release()
+                        if not lane_entries:
+                            del lanes[lane.key]
+                            break
+                        run -= 1
+                        if (not run or watchdog.stalled or self._stopping
+                                or clock() >= own.until or not keep(permit)):
+                            ready.append(lane)  # the loop above decides what comes next
+                            break
                 except BaseException:
                     permit.release()  # cancelled: the call did not complete
                     if careful:
@@ -449,14 +486,6 @@ class PullingAgent:
                 finally:
                     lane.running = False
                     self._running -= 1
-                entry = cache.finish_head(lane)
-                if entry.done:
-                    entry_done(entry)
-                if careful:
-                    try:
-                        await self._acks.sent()
-                    finally:
-                        self._careful.release()
                 if not (ready and keep(permit)):  # the supplier may let it carry the next
                     permit.release(SlotReleaseReason.TASK_COMPLETE)
                     permit = None

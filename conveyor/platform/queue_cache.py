@@ -25,6 +25,7 @@ last pulls brought.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -32,7 +33,7 @@ import msgspec
 from conveyor.platform.delivery.batch import BatchStep
 from conveyor.platform.delivery.chain import Step
 from conveyor.platform.handlers import HandlerSpec
-from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 
 
@@ -92,10 +93,11 @@ class Entry(msgspec.Struct, gc=False):
 class Lane(msgspec.Struct, gc=False):
     """One handler's cursor over one stream: the entries it still has to run, in order.
 
-    ``running`` is set while a runner executes the head entry (holding a slot for it).
+    ``running`` is set while a runner executes its entries (holding a slot for it).
     """
 
-    key: tuple[int, StreamId]
+    key: tuple[int, str]
+    """The route's index and the stream's key (a route takes one namespace)."""
     route: Route
     entries: deque[Entry] = msgspec.field(default_factory=deque)
     running: bool = False
@@ -112,7 +114,7 @@ class QueueCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.entries: deque[Entry] = deque()
-        self.lanes: dict[tuple[int, StreamId], Lane] = {}
+        self.lanes: dict[tuple[int, str], Lane] = {}
         self.ready: deque[Lane] = deque()
         self.bytes = 0
         """Body bytes of the entries held."""
@@ -174,17 +176,63 @@ class QueueCache:
         size = 0
         for msg in messages:
             size += len(msg.body)
+        self._count_taken(size, len(messages))
+
+    def _count_taken(self, size: int, count: int) -> None:
         self.bytes += size
         if self._budget is not None:
             self._budget.held_bytes += size
-        self._body_bytes = max(1, size // len(messages), self._body_bytes // 2)
+        self._body_bytes = max(1, size // count, self._body_bytes // 2)
+
+    def add_all(self, messages: list[Message],
+                subscriptions: Mapping[str, tuple[Route, ...]]) -> list[Entry] | None:
+        """Add a pull's messages, in queue order, to the lanes of the routes subscribed to
+        their namespaces (``subscriptions``); the entries of those no route takes are kept
+        in order too and returned (None if there are none), for the agent's orphans. Their
+        bodies are counted as :meth:`took` counts them.
+
+        One call per pull: the namespace's routes are looked up once per run of messages
+        of one namespace, and nothing is called per message."""
+        entries = self.entries
+        lanes = self.lanes
+        ready = self.ready
+        unrouted: list[Entry] | None = None
+        namespace: str | None = None
+        routes: tuple[Route, ...] | None = None
+        handlers = 0
+        size = 0
+        for msg in messages:
+            size += len(msg.body)
+            stream = msg.stream
+            if stream.namespace != namespace:
+                namespace = stream.namespace
+                routes = subscriptions.get(namespace)
+                handlers = len(routes) if routes is not None else 0
+            if routes is None:  # undecodable, or no handler of this app subscribes
+                entry = Entry(msg, 1)
+                entries.append(entry)
+                if unrouted is None:
+                    unrouted = []
+                unrouted.append(entry)
+                continue
+            entry = Entry(msg, handlers)
+            entries.append(entry)
+            for route in routes:
+                key = (route.index, stream.key)
+                lane = lanes.get(key)
+                if lane is None:
+                    lane = lanes[key] = Lane(key, route)
+                    ready.append(lane)
+                lane.entries.append(entry)
+        self._count_taken(size, len(messages))
+        return unrouted
 
     def add(self, entry: Entry, routes: tuple[Route, ...]) -> None:
         self.entries.append(entry)
         stream = entry.msg.stream
         lanes = self.lanes
         for route in routes:
-            key = (route.index, stream)
+            key = (route.index, stream.key)
             lane = lanes.get(key)
             if lane is None:
                 lane = lanes[key] = Lane(key, route)

@@ -22,8 +22,8 @@ When a daemon subscribes, it builds one chain per handler, outermost first::
                              thread of workers/threads.py, holding its slot meanwhile
 
 An interceptor that is off is not in the chain: with telemetry off and no pool, cell
-or app interceptor, a message walks steps 3, 4, 5 and 9, and steps 4 and 9 are plain
-functions that add no coroutine frame. The agent hands a message to each of its
+or app interceptor, a message walks steps 3, 4, 5 and 9 — built as one step that does
+what the four do (see :func:`build_chain`). The agent hands a message to each of its
 handlers' chains (through the queue cache's lanes) and acknowledges it when every
 chain has returned. A batch handler (``batch_size=N``) has no per-message chain: its
 batches go through the batch step (batch.py: decode, retry, bisection, dead letters),
@@ -49,6 +49,7 @@ from conveyor.platform.delivery.chain import (
     Step,
     call_handler,
     compose,
+    handler_call,
 )
 from conveyor.platform.delivery.dead_letter import (
     DeadLetterInterceptor,
@@ -119,5 +120,34 @@ def chain_interceptors(
 def build_chain(handler: HandlerSpec, interceptors: Sequence[Interceptor],
                 in_thread: InThread | None = None) -> Step:
     """The chain of ``handler``: ``interceptors`` (outermost first) around the handler;
-    a plain ``def`` handler is called through ``in_thread`` (see :data:`InThread`)."""
-    return compose(handler, interceptors, call_handler(handler, in_thread))
+    a plain ``def`` handler is called through ``in_thread`` (see :data:`InThread`).
+
+    One shortcut, exact in what it does: where, for this handler, nothing is on inside
+    the dead-letter step but :class:`Decode` and :class:`RetryInterceptor` (in that
+    order; retry may be off) — the shipped chain without app interceptors, pool, cell or
+    idempotency — those steps and the handler call are one step
+    (:meth:`DeadLetterInterceptor.first_attempt`): two frames and two calls less a
+    message (about 0.2 µs measured on the no-op benchmark). Each interceptor's ``wrap``
+    still runs once."""
+    innermost = call_handler(handler, in_thread)
+    split = next((i for i, step in enumerate(interceptors)
+                  if isinstance(step, DeadLetterInterceptor)), None)
+    if split is None:
+        return compose(handler, interceptors, innermost)
+    inside = innermost
+    on: list[Interceptor] = []  # innermost first
+    for interceptor in reversed(interceptors[split + 1:]):
+        wrapped = interceptor.wrap(handler, inside)
+        if wrapped is not inside:
+            on.append(interceptor)
+        inside = wrapped
+    dead_letters = interceptors[split]
+    assert isinstance(dead_letters, DeadLetterInterceptor)
+    kinds = [type(i) for i in on]
+    if kinds == [Decode] or kinds == [RetryInterceptor, Decode]:
+        retry = on[0] if isinstance(on[0], RetryInterceptor) else None
+        again = retry.again(handler, innermost) if retry is not None else None
+        step = dead_letters.first_attempt(handler, handler_call(handler, in_thread), again)
+    else:
+        step = dead_letters.wrap(handler, inside)
+    return compose(handler, interceptors[:split], step)

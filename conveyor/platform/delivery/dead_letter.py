@@ -25,15 +25,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.platform.backoff import BROKER_WRITE, Backoff
-from conveyor.platform.delivery.chain import Delivery, DeliveryStats, Interceptor, Step
+from conveyor.platform.delivery.chain import (
+    Delivery,
+    DeliveryStats,
+    Interceptor,
+    Step,
+    over_limit,
+)
 from conveyor.platform.errors import BrokerConnectionError
-from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.handlers import HandlerSpec, body_bytes
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.outage import OutageLog
 from conveyor.platform.throttled_log import ThrottledLog
+
+if TYPE_CHECKING:
+    from conveyor.platform.delivery.retry import Again
 
 log = logging.getLogger("conveyor.dead_letters")
 
@@ -129,25 +138,84 @@ class DeadLetterInterceptor(Interceptor):
 
     def wrap(self, handler: HandlerSpec, next: Step) -> Step:
         stats = self._stats
-        put = self._put
-        name = handler.name
+        failed = self._failed(handler)
 
         async def guarded(delivery: Delivery) -> Any:
             try:
                 await next(delivery)
             except Exception as exc:
-                calls = delivery.attempt
-                stats.failed_attempts += calls
-                if calls > 1:
-                    stats.retried += calls - 1
-                await put(DeadLetter.of(delivery.message, name, exc, calls))
+                await failed(delivery, exc)
                 return
             stats.handled += 1
             if delivery.attempt > 1:
-                stats.failed_attempts += delivery.attempt - 1
-                stats.retried += delivery.attempt - 1
+                retried(stats, delivery.attempt)
 
         return guarded
+
+    def first_attempt(self, handler: HandlerSpec, call: Callable[..., Awaitable[Any]],
+                      again: Again | None) -> Step:
+        """This step, :class:`~conveyor.platform.delivery.chain.Decode` and the first
+        attempt of :class:`~conveyor.platform.delivery.retry.RetryInterceptor` as one
+        step that calls the handler function ``call`` itself — what ``wrap`` around
+        ``Decode`` around ``RetryInterceptor`` around the handler does, with two frames
+        and two calls less a message. :func:`~conveyor.platform.delivery.build_chain`
+        uses it for a handler whose chain has nothing else inside this step (the shipped
+        chain, with no app interceptor, pool, cell or idempotency for that handler).
+        ``again`` runs the retries (:meth:`RetryInterceptor.again`); None: one attempt."""
+        stats = self._stats
+        failed = self._failed(handler)
+        decode = handler.decode
+        raw = decode is body_bytes  # the body as it came: no call to make
+        limit = handler.retry.max_deliveries
+        takes_context = handler.takes_context
+
+        async def guarded(delivery: Delivery) -> Any:
+            try:
+                message = delivery.message
+                if message.deliveries > limit:
+                    raise over_limit(message, limit)
+                delivery.body = body = message.body if raw else decode(message)
+                delivery.attempt = 1
+                failure = None
+                try:
+                    if takes_context:
+                        await call(body, delivery.context())
+                    else:
+                        await call(body)
+                except Exception as exc:
+                    if again is None:
+                        raise
+                    failure = exc
+                if again is not None and failure is not None:  # out of the handler's
+                    await again(delivery, failure)  # except: chained as before
+                    retried(stats, delivery.attempt)  # a retry succeeded
+            except Exception as exc:
+                await failed(delivery, exc)
+                return
+            stats.handled += 1
+
+        return guarded
+
+    def _failed(self, handler: HandlerSpec) -> Callable[[Delivery, Exception], Awaitable[None]]:
+        """What a delivery that raised becomes: counted, and stored as a dead letter."""
+        stats = self._stats
+        put = self._put
+        name = handler.name
+
+        async def failed(delivery: Delivery, exc: Exception) -> None:
+            calls = delivery.attempt
+            stats.failed_attempts += calls
+            if calls > 1:
+                stats.retried += calls - 1
+            await put(DeadLetter.of(delivery.message, name, exc, calls))
+
+        return failed
+
+
+def retried(stats: DeliveryStats, calls: int) -> None:
+    """Count ``calls`` handler calls of one delivery, the first ``calls - 1`` failed."""
+    stats.failed_attempts += calls - 1
+    stats.retried += calls - 1
 
 
 def outage_age_s(store: DeadLetterStore) -> float | None:

@@ -12,6 +12,7 @@ has ``attempts=1``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -20,21 +21,38 @@ from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.options import RetryPolicy
 
+Again = Callable[[Delivery, Exception], Awaitable[Any]]
+"""``again(delivery, failure)``: the attempts after a failed first one; returns what the
+first successful attempt returns, or raises the last failure."""
+
 
 class RetryInterceptor(Interceptor):
     options = RetryPolicy
 
     def wrap(self, handler: HandlerSpec, next: Step) -> Step:
-        policy = handler.retry
-        if policy.attempts == 1:
+        again = self.again(handler, next)
+        if again is None:
             return next
-        decode = handler.decode
 
         async def retrying(delivery: Delivery) -> Any:
             try:
                 return await next(delivery)
             except Exception as exc:
                 failure = exc
+            return await again(delivery, failure)
+
+        return retrying
+
+    def again(self, handler: HandlerSpec, next: Step) -> Again | None:
+        """The retries of ``handler`` around ``next``, once its first attempt has failed;
+        None when its policy makes one attempt only. (Also what the dead-letter step runs
+        when it makes the first attempt itself: ``DeadLetterInterceptor.first_attempt``.)"""
+        policy = handler.retry
+        if policy.attempts == 1:
+            return None
+        decode = handler.decode
+
+        async def again(delivery: Delivery, failure: Exception) -> Any:
             for retry in range(1, policy.attempts):
                 await asyncio.sleep(policy.backoff_s(retry))
                 message = delivery.message
@@ -49,4 +67,4 @@ class RetryInterceptor(Interceptor):
                     failure = exc
             raise failure
 
-        return retrying
+        return again

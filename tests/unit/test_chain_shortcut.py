@@ -1,0 +1,164 @@
+"""The shipped chain's shortcut (build_chain -> DeadLetterInterceptor.first_attempt) does
+exactly what the dead-letter, decode and retry steps composed one around the other do."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+
+from conveyor.platform.app import App
+from conveyor.platform.delivery import (
+    Delivery,
+    DeliveryStats,
+    Interceptor,
+    Step,
+    build_chain,
+    chain_interceptors,
+)
+from conveyor.platform.delivery.chain import call_handler, compose
+from conveyor.platform.handlers import HandlerSpec, MessageContext
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import DeadLetter, Message
+
+
+class Order(msgspec.Struct):
+    n: int
+
+
+def _app() -> tuple[App, dict[str, list[Any]]]:
+    app = App("shortcut")
+    seen: dict[str, list[Any]] = {"flaky": [], "ctx": [], "sync": []}
+
+    @app.handler("ok", retry_delay_s=0.0, retry_jitter_s=0.0)
+    async def ok(body: Order) -> None:
+        return None
+
+    @app.handler("flaky", retry_delay_s=0.0, retry_jitter_s=0.0)
+    async def flaky(body: Order, ctx: MessageContext) -> None:
+        seen["flaky"].append((body.n, ctx.attempt))
+        if ctx.attempt < 2:
+            raise ValueError(f"attempt {ctx.attempt}")
+
+    @app.handler("broken", retry_attempts=2, retry_delay_s=0.0, retry_jitter_s=0.0)
+    async def broken(body: Order) -> None:
+        raise RuntimeError(f"always {body.n}")
+
+    @app.handler("once", retry_attempts=1)
+    async def once(body: bytes) -> None:
+        raise KeyError("no retry")
+
+    @app.handler("ctx", max_deliveries=2)
+    async def with_ctx(body: bytes, ctx: MessageContext) -> None:
+        seen["ctx"].append((body, ctx.deliveries))
+
+    @app.handler("sync", retry_delay_s=0.0, retry_jitter_s=0.0)
+    def blocking(body: str) -> None:
+        seen["sync"].append(body)
+        if len(seen["sync"]) == 1:
+            raise OSError("first call fails")
+
+    return app, seen
+
+
+def _message(namespace: str, body: bytes, deliveries: int = 1) -> Message:
+    return Message("m1", StreamId(namespace, "k"), body, token=SequenceToken(0, 1),
+                   deliveries=deliveries)
+
+
+CASES = [
+    ("ok", b'{"n": 1}', 1),
+    ("ok", b"not json", 1),  # undecodable: attempts=0, never retried
+    ("ok", b'{"n": 1}', 6),  # past max_deliveries
+    ("flaky", b'{"n": 2}', 1),  # fails once, retried, handled
+    ("broken", b'{"n": 3}', 1),  # every attempt fails: dead letter, attempts=2
+    ("once", b"x", 1),  # retry off
+    ("ctx", b"y", 2),
+    ("ctx", b"y", 3),  # past max_deliveries=2
+    ("sync", b"z", 1),  # a plain def on a thread, retried once
+]
+
+
+async def _run(build: Any) -> tuple[DeliveryStats, list[tuple[str, str, str, int]], Any]:
+    app, seen = _app()
+    stats = DeliveryStats()
+    letters: list[DeadLetter] = []
+
+    async def put(letter: DeadLetter) -> None:
+        letters.append(letter)
+
+    interceptors = chain_interceptors(put, stats)
+    chains = {spec.namespace: (spec, build(spec, interceptors)) for spec in app.handlers}
+    for namespace, body, deliveries in CASES:
+        spec, chain = chains[namespace]
+        await chain(Delivery(_message(namespace, body, deliveries), spec))
+    return stats, [(x.handler, x.error_type, x.error, x.attempts) for x in letters], seen
+
+
+def _composed(spec: HandlerSpec, interceptors: list[Interceptor]) -> Step:
+    return compose(spec, interceptors, call_handler(spec))
+
+
+def test_the_shortcut_counts_retries_and_dead_letters_as_the_composed_steps_do() -> None:
+    shortcut = asyncio.run(_run(build_chain))
+    composed = asyncio.run(_run(_composed))
+    assert shortcut == composed
+    stats, letters, seen = shortcut
+    assert stats.handled == 4 and stats.dead_lettered == 0  # the store counts, not put
+    assert [attempts for *_, attempts in letters] == [0, 0, 2, 1, 0]
+    assert seen["flaky"] == [(2, 0), (2, 1), (2, 2)]
+    assert seen["ctx"] == [(b"y", 2)]
+
+
+def test_the_shortcut_is_taken_only_when_nothing_else_is_on_inside_the_dead_letter_step(
+) -> None:
+    app, _ = _app()
+    spec = app.handlers[0]
+
+    async def put(letter: DeadLetter) -> None:
+        return None
+
+    class Tag(Interceptor):
+        def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+            async def tagged(delivery: Delivery) -> Any:
+                return await next(delivery)
+            return tagged
+
+    class Off(Interceptor):
+        pass
+
+    shipped = build_chain(spec, chain_interceptors(put, DeliveryStats(), app=[Off()]))
+    with_app = build_chain(spec, chain_interceptors(put, DeliveryStats(), app=[Tag()]))
+    assert shipped.__qualname__.startswith("DeadLetterInterceptor.first_attempt")
+    assert with_app.__qualname__.startswith("DeadLetterInterceptor.wrap")
+
+
+@pytest.mark.parametrize("takes_context", [False, True])
+def test_a_cancelled_handler_call_propagates_through_the_shortcut(takes_context: bool) -> None:
+    app = App("cancel")
+    if takes_context:
+        @app.handler("c")
+        async def slow_ctx(body: bytes, ctx: MessageContext) -> None:
+            await asyncio.sleep(10)
+    else:
+        @app.handler("c")
+        async def slow(body: bytes) -> None:
+            await asyncio.sleep(10)
+    spec = app.handlers[0]
+    letters: list[DeadLetter] = []
+
+    async def put(letter: DeadLetter) -> None:
+        letters.append(letter)
+
+    async def main() -> None:
+        chain = build_chain(spec, chain_interceptors(put, DeliveryStats()))
+        task = asyncio.create_task(chain(Delivery(_message("c", b"x"), spec)))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert letters == []
