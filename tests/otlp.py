@@ -158,7 +158,7 @@ def run_traced_worker(
 
     async def dead_letters() -> list[DeadLetter]:
         async with client() as c:
-            return await c.adapter.read_dead_letters(app_name)
+            return await c.adapter.dead_letters.read(app_name)
 
     def finished() -> bool:
         names = [s.name for _, s in received.spans]

@@ -24,7 +24,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
+from conveyor.platform.adapter import (
+    ConsumerGroups,
+    DeadLetters,
+    QueueAdapter,
+    QueueReceiver,
+    open_receivers,
+)
 from conveyor.platform.backend import Backend
 from conveyor.platform.balancing.balancer import local_coordination
 from conveyor.platform.balancing.leases import Lease, LeaseStore
@@ -118,6 +124,13 @@ class MemoryBroker:
             self.trim()
         log.wake()
         return tokens
+
+    def lag(self, queue: int, group: str) -> int:
+        log = self.log(queue)
+        c = self.cursors.get((group, queue))  # reading creates no group
+        if c is None:
+            return log.end - log.base  # a new group would read everything retained
+        return (log.end - c.next_offset) + len(c.pending) + len(c.redeliver)
 
     def letter_id(self) -> str:
         self._letters_stored += 1
@@ -250,6 +263,98 @@ class MemoryReceiver(QueueReceiver):
         c.redeliver = deque(back)
 
 
+class MemoryDeadLetters(DeadLetters):
+    """Dead letters in the broker, per app; ids are a counter per broker."""
+
+    def __init__(self, broker: MemoryBroker, max_entries: int = 0) -> None:
+        self._broker = broker
+        self._max_entries = max_entries
+        """``[dead_letters] max_entries``: 0 keeps every letter."""
+
+    async def put(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        kept = self._broker.dead_letters.setdefault(group, [])
+        kept.extend(StoredLetter(self._broker.letter_id(), letter) for letter in letters)
+        evicted = len(kept) - self._max_entries if self._max_entries else 0
+        if evicted > 0:
+            del kept[:evicted]
+        return max(evicted, 0)
+
+    async def page(self, group: str, limit: int = 100, *,
+                   after: str | None = None) -> list[StoredLetter]:
+        kept = self._broker.dead_letters.get(group, [])
+        start = 0
+        if after is not None:
+            last = _letter_number(after)
+            start = next((i for i, s in enumerate(kept) if int(s.id) > last), len(kept))
+        return kept[start : start + limit]
+
+    async def find(self, group: str, letter_id: str) -> StoredLetter | None:
+        _letter_number(letter_id)
+        return next((s for s in self._broker.dead_letters.get(group, []) if s.id == letter_id),
+                    None)
+
+    async def count(self, group: str) -> int:
+        return len(self._broker.dead_letters.get(group, []))
+
+    async def delete(self, group: str, ids: Sequence[str]) -> int:
+        for letter_id in ids:
+            _letter_number(letter_id)
+        kept = self._broker.dead_letters.get(group, [])
+        gone = set(ids)
+        self._broker.dead_letters[group] = [s for s in kept if s.id not in gone]
+        return len(kept) - len(self._broker.dead_letters[group])
+
+    async def replay(self, group: str, replays: Sequence[Replay]
+                     ) -> list[SequenceToken | None]:
+        """Append and remove with no await in between: nothing can interrupt it."""
+        for replay in replays:
+            _letter_number(replay.letter_id)
+        kept = self._broker.dead_letters.get(group, [])
+        stored = {s.id for s in kept}
+        out: list[SequenceToken | None] = []
+        for replay in replays:
+            if replay.letter_id in stored:
+                stored.discard(replay.letter_id)
+                out.append(self._broker.append(replay.queue, [replay.message])[0])
+            else:
+                out.append(None)
+        self._broker.dead_letters[group] = [s for s in kept if s.id in stored]
+        return out
+
+
+class MemoryGroups(ConsumerGroups):
+    """The broker's cursors: one per group and queue it read."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self._broker = broker
+
+    async def on(self, queues: Sequence[int]) -> list[GroupInfo]:
+        out: list[GroupInfo] = []
+        for queue in queues:
+            log = self._broker.log(queue)
+            infos = []
+            for (group, q), c in sorted(self._broker.cursors.items()):
+                if q != queue:
+                    continue
+                floor = c.floor()
+                needed = log.items[floor - log.base] if log.base <= floor < log.end else None
+                infos.append(GroupInfo(
+                    group, queue, self._broker.lag(queue, group),
+                    oldest_needed=needed.token if needed else None,
+                    oldest_needed_ms=needed.enqueued_at_ms if needed else None,
+                    appended=log.end,
+                ))
+            out += with_retention_holders(infos)
+        return out
+
+    async def delete(self, group: str, queues: Sequence[int], *,
+                     dead_letters: bool = False) -> list[int]:
+        removed = [q for q in queues if self._broker.cursors.pop((group, q), None) is not None]
+        if dead_letters:
+            self._broker.dead_letters.pop(group, None)
+        return removed
+
+
 class MemoryAdapter(QueueAdapter):
     name = "memory"
     coalesce_publishes = False  # an in-process append: no round trip to share
@@ -257,8 +362,8 @@ class MemoryAdapter(QueueAdapter):
     def __init__(self, broker_name: str = "default", *, max_dead_letters: int = 0,
                  new_group_start: str = "earliest") -> None:
         self.broker = broker(broker_name)
-        self.max_dead_letters = max_dead_letters
-        """``[dead_letters] max_entries``: 0 keeps every letter."""
+        self.dead_letters = MemoryDeadLetters(self.broker, max_dead_letters)
+        self.groups = MemoryGroups(self.broker)
         self.new_groups_at_end = new_group_start == "latest"
 
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
@@ -268,57 +373,6 @@ class MemoryAdapter(QueueAdapter):
         receiver = MemoryReceiver(self.broker, queue, group, at_end=self.new_groups_at_end)
         self.broker.receivers.add(receiver)
         return receiver
-
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
-        kept = self.broker.dead_letters.setdefault(group, [])
-        kept.extend(StoredLetter(self.broker.letter_id(), letter) for letter in letters)
-        evicted = len(kept) - self.max_dead_letters if self.max_dead_letters else 0
-        if evicted > 0:
-            del kept[:evicted]
-        return max(evicted, 0)
-
-    # -- dead letters, for operators: ids are a counter per broker ----------------------
-    async def list_dead_letters(self, group: str, limit: int = 100, *,
-                                after: str | None = None) -> list[StoredLetter]:
-        kept = self.broker.dead_letters.get(group, [])
-        start = 0
-        if after is not None:
-            last = _letter_number(after)
-            start = next((i for i, s in enumerate(kept) if int(s.id) > last), len(kept))
-        return kept[start : start + limit]
-
-    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
-        _letter_number(letter_id)
-        return next((s for s in self.broker.dead_letters.get(group, []) if s.id == letter_id),
-                    None)
-
-    async def count_dead_letters(self, group: str) -> int:
-        return len(self.broker.dead_letters.get(group, []))
-
-    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
-        for letter_id in ids:
-            _letter_number(letter_id)
-        kept = self.broker.dead_letters.get(group, [])
-        gone = set(ids)
-        self.broker.dead_letters[group] = [s for s in kept if s.id not in gone]
-        return len(kept) - len(self.broker.dead_letters[group])
-
-    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
-                                  ) -> list[SequenceToken | None]:
-        """Append and remove with no await in between: nothing can interrupt it."""
-        for replay in replays:
-            _letter_number(replay.letter_id)
-        kept = self.broker.dead_letters.get(group, [])
-        stored = {s.id for s in kept}
-        out: list[SequenceToken | None] = []
-        for replay in replays:
-            if replay.letter_id in stored:
-                stored.discard(replay.letter_id)
-                out.append(self.broker.append(replay.queue, [replay.message])[0])
-            else:
-                out.append(None)
-        self.broker.dead_letters[group] = [s for s in kept if s.id in stored]
-        return out
 
     def _offset(self, queue: int, to: SequenceToken | float) -> int:
         log = self.broker.log(queue)
@@ -354,37 +408,7 @@ class MemoryAdapter(QueueAdapter):
         cursor.redeliver.clear()
 
     async def lag(self, queue: int, group: str) -> int:
-        log = self.broker.log(queue)
-        c = self.broker.cursors.get((group, queue))  # reading creates no group
-        if c is None:
-            return log.end - log.base  # a new group would read everything retained
-        return (log.end - c.next_offset) + len(c.pending) + len(c.redeliver)
-
-    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
-        out: list[GroupInfo] = []
-        for queue in queues:
-            log = self.broker.log(queue)
-            infos = []
-            for (group, q), c in sorted(self.broker.cursors.items()):
-                if q != queue:
-                    continue
-                floor = c.floor()
-                needed = log.items[floor - log.base] if log.base <= floor < log.end else None
-                infos.append(GroupInfo(
-                    group, queue, await self.lag(queue, group),
-                    oldest_needed=needed.token if needed else None,
-                    oldest_needed_ms=needed.enqueued_at_ms if needed else None,
-                    appended=log.end,
-                ))
-            out += with_retention_holders(infos)
-        return out
-
-    async def delete_group(self, group: str, queues: Sequence[int], *,
-                           dead_letters: bool = False) -> list[int]:
-        removed = [q for q in queues if self.broker.cursors.pop((group, q), None) is not None]
-        if dead_letters:
-            self.broker.dead_letters.pop(group, None)
-        return removed
+        return self.broker.lag(queue, group)
 
 
 def from_config(config: Any) -> MemoryAdapter:

@@ -30,7 +30,7 @@ T = TypeVar("T")
 MEMORY_REFUSED = (
     "the memory adapter keeps dead letters inside the worker's own process, where this "
     "command cannot reach them; use --config with a redis or kafka config (e.g. "
-    "configs/redis.toml), or read them in-process with adapter.list_dead_letters()"
+    "configs/redis.toml), or read them in-process with adapter.dead_letters.page()"
 )
 
 
@@ -82,7 +82,7 @@ async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every
     keep = LetterFilter(handler, error_type)
     if every:
         return [s async for s in letters(adapter, group, keep)]
-    found = {i: await adapter.find_dead_letter(group, i) for i in dict.fromkeys(ids)}
+    found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
     missing = [i for i, s in found.items() if s is None]
     if missing:
         usage(f"--id: no dead letter {', '.join(missing)} of app {group!r} (see "
@@ -135,7 +135,7 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
     async def work(adapter: QueueAdapter) -> tuple[list[StoredLetter], int]:
         found = [s async for s in letters(adapter, group, LetterFilter(handler, error_type),
                                           limit)]
-        return found, await adapter.count_dead_letters(group)
+        return found, await adapter.dead_letters.count(group)
 
     found, total = _run(config, work)
     if as_json:
@@ -160,7 +160,7 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     config = _load(config_path)
 
     async def work(adapter: QueueAdapter) -> StoredLetter | None:
-        return await adapter.find_dead_letter(group, letter_id)
+        return await adapter.dead_letters.find(group, letter_id)
 
     stored = _run(config, work)
     if stored is None:
@@ -247,6 +247,6 @@ def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...
 
     async def work(adapter: QueueAdapter) -> int:
         chosen = await _chosen(adapter, group, ids, every, handler, error_type)
-        return await adapter.delete_dead_letters(group, [s.id for s in chosen])
+        return await adapter.dead_letters.delete(group, [s.id for s in chosen])
 
     click.echo(f"purged {_run(config, work)} letter(s) of app {group!r}")

@@ -63,8 +63,8 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
     async def run() -> tuple[list[Any], bool]:
         adapter = create_adapter(config.queues.adapter, config)
         try:
-            infos = await adapter.groups(range(config.queues.total))
-            return summarise(infos), adapter.retention_follows_groups
+            infos = await adapter.groups.on(range(config.queues.total))
+            return summarise(infos), adapter.groups.retention_follows_groups
         finally:
             await adapter.close()
 

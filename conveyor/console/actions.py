@@ -86,7 +86,7 @@ async def list_letters(config: Config, choice: Choice,
                 if len(found) >= limit:
                     break
         return {"app": choice.app, "letters": found,
-                "total": await adapter.count_dead_letters(choice.app), "limit": limit}
+                "total": await adapter.dead_letters.count(choice.app), "limit": limit}
 
     return await _on_adapter(config, work)
 
@@ -95,7 +95,7 @@ async def show_letter(config: Config, app: str, letter_id: str) -> dict[str, Any
     """One letter in full, its body cut to :data:`BODY_PREVIEW` characters."""
 
     async def work(adapter: QueueAdapter) -> StoredLetter | None:
-        return await adapter.find_dead_letter(app, letter_id)
+        return await adapter.dead_letters.find(app, letter_id)
 
     stored = await _on_adapter(config, work)
     if stored is None:
@@ -113,7 +113,7 @@ async def show_letter(config: Config, app: str, letter_id: str) -> dict[str, Any
 async def _chosen(adapter: QueueAdapter, choice: Choice) -> list[StoredLetter]:
     if choice.every:
         return [s async for s in letters(adapter, choice.app) if choice.keeps(s)]
-    found = {i: await adapter.find_dead_letter(choice.app, i) for i in choice.ids}
+    found = {i: await adapter.dead_letters.find(choice.app, i) for i in choice.ids}
     missing = [i for i, s in found.items() if s is None]
     if missing:
         raise NotFound(f"no dead letter {', '.join(missing)} of app {choice.app!r}; "
@@ -138,7 +138,7 @@ async def purge_letters(config: Config, choice: Choice) -> dict[str, Any]:
 
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
         chosen = await _chosen(adapter, choice)
-        return {"purged": await adapter.delete_dead_letters(choice.app,
+        return {"purged": await adapter.dead_letters.delete(choice.app,
                                                             [s.id for s in chosen])}
 
     return await _on_adapter(config, work)

@@ -172,7 +172,7 @@ async def run_demo(
         on_progress(len(ledger.handled) + daemon.stats.dead_lettered)
     await daemon.stop()
     elapsed = time.perf_counter() - started
-    letters = await adapter.read_dead_letters("demo", limit=2 * messages)
+    letters = await adapter.dead_letters.read("demo", limit=2 * messages)
     return summarize(
         published,
         ledger.handled,

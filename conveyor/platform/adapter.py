@@ -14,6 +14,16 @@ Delivery contract (every adapter, the memory one included):
 * A message delivered but not acknowledged when its receiver shuts down (or dies) is
   delivered again by the next receiver of that queue: at least once, never lost.
 
+The port is narrow on purpose: :class:`QueueAdapter` is the hot path (``enqueue``,
+``create_receiver``, ``lag``) plus rewinding, which the workers and ``conveyor rewind``
+need; the rest is two **facets**, objects of their own that an adapter
+hands out as attributes: ``adapter.dead_letters`` (:class:`DeadLetters`: put, read,
+page, find, count, delete, replay — the agent's one write goes there too) and
+``adapter.groups`` (:class:`ConsumerGroups`: on, has, require, delete). Each backend
+implements a facet in its own module (``adapters/redis/letters.py``, ...) holding only
+the connections it needs. The ABCs stay in this one module, beside the adapter, so the
+whole port still reads in one sitting.
+
 These promises, lag, rewind's checks and dead letters are one test suite,
 ``tests/contract/``, run against every adapter: a new adapter is done when it passes.
 
@@ -122,8 +132,118 @@ class QueueReceiver(ABC):
         """Stop receiving; unacknowledged messages become deliverable to the next owner."""
 
 
+class DeadLetters(ABC):
+    """The dead-letter facet (``QueueAdapter.dead_letters``): every app's letters.
+
+    The agent stores through :meth:`put` (via
+    :class:`conveyor.platform.delivery.DeadLetterStore`, which retries and shortens);
+    operators (``conveyor dlq``, the console, :mod:`conveyor.platform.operations.dlq`)
+    use the rest. Letters are in the layout of :mod:`conveyor.platform.letters`. A
+    letter's id is the store's own (see :class:`StoredLetter`); a malformed one raises
+    :class:`InvalidArgumentError`, an unknown one is simply not there.
+    """
+
+    @abstractmethod
+    async def put(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        """Store messages that could not be handled, durably, before they are acked.
+
+        Returns how many older letters a configured bound (``[dead_letters]
+        max_entries``) evicted to make room; 0 without one. Raises
+        :class:`BrokerConnectionError` while the store cannot be reached (the caller
+        retries), anything else when these letters cannot be stored as they are (the
+        caller stores a shorter form, see ``DeadLetter.shortened``).
+        """
+
+    async def read(self, group: str, limit: int = 100) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters of a group (for operators and tests)."""
+        return [stored.letter for stored in await self.page(group, limit)]
+
+    @abstractmethod
+    async def page(self, group: str, limit: int = 100, *,
+                   after: str | None = None) -> list[StoredLetter]:
+        """Up to ``limit`` of ``group``'s letters, oldest first, from just after the
+        letter ``after`` (None: from the oldest). Removed letters are not listed."""
+
+    @abstractmethod
+    async def find(self, group: str, letter_id: str) -> StoredLetter | None:
+        """The letter of ``group`` with that id, or None if it is not (or no longer) stored."""
+
+    @abstractmethod
+    async def count(self, group: str) -> int:
+        """How many letters of ``group`` are stored (what :meth:`page` lists)."""
+
+    @abstractmethod
+    async def delete(self, group: str, ids: Sequence[str]) -> int:
+        """Remove these letters of ``group``; returns how many were stored. Unknown ids
+        are skipped."""
+
+    @abstractmethod
+    async def replay(self, group: str, replays: Sequence[Replay]) -> list[SequenceToken | None]:
+        """For each replay, append its message to its queue, then remove its letter.
+
+        Returns, in order, where each message went; None for a letter no longer stored
+        (replayed or purged meanwhile), for which nothing is published. A letter goes
+        only once its append is confirmed, and replays interrupted at any point (the
+        process killed) and called again publish each message once in all: each backend
+        says how in its docstring. The caller builds the messages and picks the queues
+        (conveyor.platform.operations.dlq: the same mapper as every publish).
+        """
+
+
+class ConsumerGroups(ABC):
+    """The consumer-group facet (``QueueAdapter.groups``): every app's groups, for
+    operators (``conveyor status``, ``conveyor groups``, rewind's check)."""
+
+    retention_follows_groups: bool = True
+    """True where retention keeps what any group still needs (memory, Redis), so a group
+    nobody runs stops trimming; False where it goes by time or size alone (Kafka)."""
+
+    @abstractmethod
+    async def on(self, queues: Sequence[int]) -> list[GroupInfo]:
+        """Every consumer group on ``queues`` (every app's, not one): one
+        :class:`GroupInfo` per group and queue it has a position on, ordered by queue.
+
+        Reading creates no group. ``holds_retention`` is set as the backend trims:
+        never where :attr:`retention_follows_groups` is False.
+        """
+
+    async def has(self, queues: Sequence[int], group: str) -> bool:
+        """Whether ``group`` has a position on any of ``queues``."""
+        return any(info.group == group for info in await self.on(queues))
+
+    async def require(self, queues: Sequence[int], group: str, *,
+                      create_group: bool = False) -> None:
+        """Refuse (:class:`UnknownGroupError`) an app with no group on any of ``queues``.
+
+        Moving such an app would create a group nobody runs, which on backends whose
+        retention follows groups stops trimming for good. ``create_group`` allows it.
+        """
+        if not create_group and not await self.has(queues, group):
+            raise no_group_error(
+                group, queues, "pass --create-group (create_group=True) to create it there"
+            )
+
+    @abstractmethod
+    async def delete(self, group: str, queues: Sequence[int], *,
+                     dead_letters: bool = False) -> list[int]:
+        """Remove ``group`` from every queue of ``queues``; the queues it was on.
+
+        Also removes what the backend keeps for that app alone (Redis: its leases, fencing
+        counters and membership); its dead letters only with ``dead_letters``. Unchecked:
+        the caller makes sure no daemon of the app runs (see
+        :func:`conveyor.platform.operations.groups.delete_app_group`).
+        """
+
+
 class QueueAdapter(ABC):
-    """A queue backend: the producer side plus a factory of receivers."""
+    """A queue backend: the producer side, a factory of receivers, rewinding — and two
+    facets for operators, set by each adapter's constructor as objects of their own."""
+
+    dead_letters: DeadLetters
+    """Every app's dead letters: stored by the agent, read and replayed by operators."""
+
+    groups: ConsumerGroups
+    """Every app's consumer groups on the queues."""
 
     name: str = "abstract"
     coalesce_publishes: bool = True
@@ -139,57 +259,6 @@ class QueueAdapter(ABC):
     @abstractmethod
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
         """A receiver of ``queue`` for consumer group ``group`` (not yet initialized)."""
-
-    @abstractmethod
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
-        """Store messages that could not be handled, durably, before they are acked.
-
-        In the layout of :mod:`conveyor.platform.letters`. Returns how many older letters
-        a configured bound (``[dead_letters] max_entries``) evicted to make room; 0
-        without one. Raises :class:`BrokerConnectionError` while the store cannot be
-        reached (the caller retries), anything else when these letters cannot be stored
-        as they are (the caller stores a shorter form, see ``DeadLetter.shortened``).
-        """
-
-    async def read_dead_letters(self, group: str, limit: int = 100) -> list[DeadLetter]:
-        """The oldest ``limit`` dead letters of a group (for operators and tests)."""
-        return [stored.letter for stored in await self.list_dead_letters(group, limit)]
-
-    # -- dead letters, for operators (``conveyor dlq``, conveyor.platform.operations.dlq) ---------
-    # A letter's id is the store's own (see StoredLetter); a malformed one raises
-    # InvalidArgumentError, an unknown one is simply not there.
-
-    @abstractmethod
-    async def list_dead_letters(self, group: str, limit: int = 100, *,
-                                after: str | None = None) -> list[StoredLetter]:
-        """Up to ``limit`` of ``group``'s letters, oldest first, from just after the
-        letter ``after`` (None: from the oldest). Removed letters are not listed."""
-
-    @abstractmethod
-    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
-        """The letter of ``group`` with that id, or None if it is not (or no longer) stored."""
-
-    @abstractmethod
-    async def count_dead_letters(self, group: str) -> int:
-        """How many letters of ``group`` are stored (what :meth:`list_dead_letters` lists)."""
-
-    @abstractmethod
-    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
-        """Remove these letters of ``group``; returns how many were stored. Unknown ids
-        are skipped."""
-
-    @abstractmethod
-    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
-                                  ) -> list[SequenceToken | None]:
-        """For each replay, append its message to its queue, then remove its letter.
-
-        Returns, in order, where each message went; None for a letter no longer stored
-        (replayed or purged meanwhile), for which nothing is published. A letter goes
-        only once its append is confirmed, and replays interrupted at any point (the
-        process killed) and called again publish each message once in all: each backend
-        says how in its docstring. The caller builds the messages and picks the queues
-        (conveyor.platform.operations.dlq: the same mapper as every publish).
-        """
 
     @abstractmethod
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
@@ -225,7 +294,7 @@ class QueueAdapter(ABC):
           in ``lease_owners`` (queue: holder, e.g. the daemons' lease store, which
           ``conveyor rewind`` reads) — (:class:`QueueOwnedError`): moving a position
           under a running receiver is undone by its next acknowledgement;
-        * an app with no group on any of ``queues`` (:meth:`require_group`), unless
+        * an app with no group on any of ``queues`` (:meth:`ConsumerGroups.require`), unless
           ``create_group``: moving it would create a group nobody runs;
         * a target ahead of the group's position, which would skip messages never
           handled (:class:`ForwardRewindError`), unless ``allow_forward``.
@@ -244,7 +313,7 @@ class QueueAdapter(ABC):
                 f"queues of app {group!r} are still owned ({'; '.join(owned)}): stop the "
                 "app's workers before rewinding"
             )
-        await self.require_group(queues, group, create_group=create_group)
+        await self.groups.require(queues, group, create_group=create_group)
         if not allow_forward:
             ahead = []
             for queue in queues:
@@ -287,48 +356,6 @@ class QueueAdapter(ABC):
         """What the broker deletes when full, for ``conveyor status`` (Redis: its
         ``maxmemory-policy``); None where nothing is ever deleted to make room."""
         return None
-
-    # -- consumer groups: every app's, for operators (status, groups, rewind) ----------
-
-    retention_follows_groups: bool = True
-    """True where retention keeps what any group still needs (memory, Redis), so a group
-    nobody runs stops trimming; False where it goes by time or size alone (Kafka)."""
-
-    @abstractmethod
-    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
-        """Every consumer group on ``queues`` (every app's, not one): one
-        :class:`GroupInfo` per group and queue it has a position on, ordered by queue.
-
-        Reading creates no group. ``holds_retention`` is set as the backend trims:
-        never where :attr:`retention_follows_groups` is False.
-        """
-
-    async def has_group(self, queues: Sequence[int], group: str) -> bool:
-        """Whether ``group`` has a position on any of ``queues``."""
-        return any(info.group == group for info in await self.groups(queues))
-
-    async def require_group(self, queues: Sequence[int], group: str, *,
-                            create_group: bool = False) -> None:
-        """Refuse (:class:`UnknownGroupError`) an app with no group on any of ``queues``.
-
-        Moving such an app would create a group nobody runs, which on backends whose
-        retention follows groups stops trimming for good. ``create_group`` allows it.
-        """
-        if not create_group and not await self.has_group(queues, group):
-            raise no_group_error(
-                group, queues, "pass --create-group (create_group=True) to create it there"
-            )
-
-    @abstractmethod
-    async def delete_group(self, group: str, queues: Sequence[int], *,
-                           dead_letters: bool = False) -> list[int]:
-        """Remove ``group`` from every queue of ``queues``; the queues it was on.
-
-        Also removes what the backend keeps for that app alone (Redis: its leases, fencing
-        counters and membership); its dead letters only with ``dead_letters``. Unchecked:
-        the caller makes sure no daemon of the app runs (see
-        :func:`conveyor.platform.operations.groups.delete_app_group`).
-        """
 
 
 def open_receivers(receivers: Iterable[QueueReceiver], queues: Sequence[int],

@@ -23,7 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.adapters.memory import MemoryAdapter, MemoryBroker, MemoryReceiver
+from conveyor.adapters.memory import (
+    MemoryAdapter,
+    MemoryBroker,
+    MemoryDeadLetters,
+    MemoryReceiver,
+)
 from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.app import App, Hook
@@ -185,12 +190,28 @@ class ObservedReceiver(MemoryReceiver):
         self._observations.changed.set()
 
 
+class ObservedDeadLetters(MemoryDeadLetters):
+    """The memory dead-letter store, reporting every letter it stores."""
+
+    def __init__(self, broker: MemoryBroker, max_entries: int,
+                 observations: Observations) -> None:
+        super().__init__(broker, max_entries)
+        self._observations = observations
+
+    async def put(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        evicted = await super().put(group, letters)
+        for letter in letters:
+            self._observations.dead_lettered(letter)
+        return evicted
+
+
 class ObservedAdapter(MemoryAdapter):
     """The memory adapter, reporting to ``observations`` (nothing else differs)."""
 
     def __init__(self, broker_name: str, observations: Observations, *,
                  max_dead_letters: int = 0) -> None:
-        super().__init__(broker_name, max_dead_letters=max_dead_letters)
+        super().__init__(broker_name)
+        self.dead_letters = ObservedDeadLetters(self.broker, max_dead_letters, observations)
         self.observations = observations
         observations.broker = self.broker
 
@@ -203,12 +224,6 @@ class ObservedAdapter(MemoryAdapter):
         receiver = ObservedReceiver(self.broker, queue, group, self.observations)
         self.broker.receivers.add(receiver)
         return receiver
-
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
-        evicted = await super().dead_letter(group, letters)
-        for letter in letters:
-            self.observations.dead_lettered(letter)
-        return evicted
 
 
 class AttemptRecorder(Interceptor):

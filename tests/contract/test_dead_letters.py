@@ -35,18 +35,18 @@ async def test_dead_letters_are_read_back_as_stored_per_group_oldest_first(
     adapter: QueueAdapter,
 ) -> None:
     first, second, third, other = letter(1), letter(2), letter(3), letter(9, handler="x")
-    await adapter.dead_letter("app", [first, second])
-    await adapter.dead_letter("other-app", [other])
-    await adapter.dead_letter("app", [third])
-    assert await adapter.read_dead_letters("app") == [first, second, third]
-    assert await adapter.read_dead_letters("other-app") == [other]
-    assert await adapter.read_dead_letters("app", limit=2) == [first, second]
+    await adapter.dead_letters.put("app", [first, second])
+    await adapter.dead_letters.put("other-app", [other])
+    await adapter.dead_letters.put("app", [third])
+    assert await adapter.dead_letters.read("app") == [first, second, third]
+    assert await adapter.dead_letters.read("other-app") == [other]
+    assert await adapter.dead_letters.read("app", limit=2) == [first, second]
 
 
 async def test_a_group_without_dead_letters_reads_none(adapter: QueueAdapter) -> None:
-    assert await adapter.read_dead_letters("app") == []
-    await adapter.dead_letter("other-app", [letter(1)])
-    assert await adapter.read_dead_letters("app") == []
+    assert await adapter.dead_letters.read("app") == []
+    await adapter.dead_letters.put("other-app", [letter(1)])
+    assert await adapter.dead_letters.read("app") == []
 
 
 async def test_a_dead_letter_keeps_every_field_of_its_message(adapter: QueueAdapter) -> None:
@@ -56,8 +56,8 @@ async def test_a_dead_letter_keeps_every_field_of_its_message(adapter: QueueAdap
                       content_type=CONTENT_MSGPACK, attempt=1, enqueued_at_ms=now_ms(),
                       token=SequenceToken(1, 41, 2))
     stored = DeadLetter(message, "blobs.handle", "DecodeError", "not msgpack", 1, now_ms())
-    await adapter.dead_letter("app", [stored])
-    assert await adapter.read_dead_letters("app") == [stored]
+    await adapter.dead_letters.put("app", [stored])
+    assert await adapter.dead_letters.read("app") == [stored]
 
 
 # -- the operator's side: ids, find, count, delete, replay (conveyor dlq) -----------------
@@ -67,49 +67,49 @@ async def test_letters_are_listed_under_stable_ids_found_counted_and_paged(
     adapter: QueueAdapter,
 ) -> None:
     stored = [letter(1), letter(2), letter(3)]
-    await adapter.dead_letter("app", stored[:2])
-    await adapter.dead_letter("other-app", [letter(9)])
-    await adapter.dead_letter("app", stored[2:])
-    listed = await adapter.list_dead_letters("app")
+    await adapter.dead_letters.put("app", stored[:2])
+    await adapter.dead_letters.put("other-app", [letter(9)])
+    await adapter.dead_letters.put("app", stored[2:])
+    listed = await adapter.dead_letters.page("app")
     assert [s.letter for s in listed] == stored
     ids = [s.id for s in listed]
     assert len(set(ids)) == 3
-    assert [s.id for s in await adapter.list_dead_letters("app")] == ids  # stable
-    assert await adapter.count_dead_letters("app") == 3
-    assert await adapter.count_dead_letters("other-app") == 1
-    assert await adapter.count_dead_letters("no-such-app") == 0
+    assert [s.id for s in await adapter.dead_letters.page("app")] == ids  # stable
+    assert await adapter.dead_letters.count("app") == 3
+    assert await adapter.dead_letters.count("other-app") == 1
+    assert await adapter.dead_letters.count("no-such-app") == 0
     for one in listed:
-        assert await adapter.find_dead_letter("app", one.id) == one
+        assert await adapter.dead_letters.find("app", one.id) == one
         # Ids are per app: on Redis another app's letter may have the same one.
-        assert await adapter.find_dead_letter("other-app", one.id) != one
-    assert await adapter.list_dead_letters("app", 1) == listed[:1]
-    assert await adapter.list_dead_letters("app", after=ids[0]) == listed[1:]
-    assert await adapter.list_dead_letters("app", 1, after=ids[1]) == listed[2:]
-    assert await adapter.list_dead_letters("app", after=ids[2]) == []
+        assert await adapter.dead_letters.find("other-app", one.id) != one
+    assert await adapter.dead_letters.page("app", 1) == listed[:1]
+    assert await adapter.dead_letters.page("app", after=ids[0]) == listed[1:]
+    assert await adapter.dead_letters.page("app", 1, after=ids[1]) == listed[2:]
+    assert await adapter.dead_letters.page("app", after=ids[2]) == []
 
 
 async def test_deleted_letters_are_gone_and_ids_not_stored_are_skipped(
     adapter: QueueAdapter,
 ) -> None:
-    await adapter.dead_letter("app", [letter(1), letter(2), letter(3)])
-    await adapter.dead_letter("other-app", [letter(9)])
-    first, second, third = await adapter.list_dead_letters("app")
-    assert await adapter.delete_dead_letters("app", [first.id, third.id]) == 2
-    assert await adapter.list_dead_letters("app") == [second]
-    assert await adapter.count_dead_letters("app") == 1
-    assert await adapter.find_dead_letter("app", first.id) is None
-    assert await adapter.delete_dead_letters("app", [first.id]) == 0  # already gone
-    assert await adapter.read_dead_letters("app") == [second.letter]
-    assert await adapter.count_dead_letters("other-app") == 1
+    await adapter.dead_letters.put("app", [letter(1), letter(2), letter(3)])
+    await adapter.dead_letters.put("other-app", [letter(9)])
+    first, second, third = await adapter.dead_letters.page("app")
+    assert await adapter.dead_letters.delete("app", [first.id, third.id]) == 2
+    assert await adapter.dead_letters.page("app") == [second]
+    assert await adapter.dead_letters.count("app") == 1
+    assert await adapter.dead_letters.find("app", first.id) is None
+    assert await adapter.dead_letters.delete("app", [first.id]) == 0  # already gone
+    assert await adapter.dead_letters.read("app") == [second.letter]
+    assert await adapter.dead_letters.count("other-app") == 1
 
 
 async def test_a_malformed_letter_id_is_refused_with_the_expected_form(
     adapter: QueueAdapter,
 ) -> None:
     with pytest.raises(InvalidArgumentError, match="not a dead-letter id"):
-        await adapter.find_dead_letter("app", "not an id")
+        await adapter.dead_letters.find("app", "not an id")
     with pytest.raises(InvalidArgumentError, match="not a dead-letter id"):
-        await adapter.delete_dead_letters("app", ["x"])
+        await adapter.dead_letters.delete("app", ["x"])
 
 
 async def test_a_replay_publishes_the_message_once_to_its_queue_then_removes_the_letter(
@@ -120,9 +120,9 @@ async def test_a_replay_publishes_the_message_once_to_its_queue_then_removes_the
                        headers={"x-tenant": "t1", "traceparent": trace},
                        content_type=CONTENT_MSGPACK, attempt=3, enqueued_at_ms=now_ms(),
                        token=SequenceToken(0, 7))
-    await adapter.dead_letter("app", [DeadLetter.of(original, "orders.handle", "bad", 3),
+    await adapter.dead_letters.put("app", [DeadLetter.of(original, "orders.handle", "bad", 3),
                                       letter(8)])
-    seven, eight = await adapter.list_dead_letters("app")
+    seven, eight = await adapter.dead_letters.page("app")
     mapper = HashRingQueueMapper(QUEUES)
     report = await dlq.replay(adapter, mapper, "app", [seven])
     assert report.skipped == [] and report.gone == []
@@ -135,20 +135,20 @@ async def test_a_replay_publishes_the_message_once_to_its_queue_then_removes_the
     assert (got.id, got.stream, got.body, got.content_type, got.attempt, got.token) == (
         original.id, original.stream, original.body, original.content_type, 0, token)
     assert got.headers == {"x-tenant": "t1", "traceparent": trace, H_REPLAY_OF: seven.id}
-    assert await adapter.list_dead_letters("app") == [eight]
+    assert await adapter.dead_letters.page("app") == [eight]
 
 
 async def test_a_replayed_message_that_fails_again_is_a_new_letter_naming_the_first(
     adapter: QueueAdapter, open_receiver: Open,
 ) -> None:
-    await adapter.dead_letter("app", [letter(1)])
-    [first] = await adapter.list_dead_letters("app")
+    await adapter.dead_letters.put("app", [letter(1)])
+    [first] = await adapter.dead_letters.page("app")
     mapper = HashRingQueueMapper(QUEUES)
     await dlq.replay(adapter, mapper, "app", [first])
     [again] = await take(await open_receiver(mapper.queue_for(first.letter.message.stream),
                                              "app"), 1)
-    await adapter.dead_letter("app", [DeadLetter.of(again, "orders.handle", "still bad", 3)])
-    [second] = await adapter.list_dead_letters("app")
+    await adapter.dead_letters.put("app", [DeadLetter.of(again, "orders.handle", "still bad", 3)])
+    [second] = await adapter.dead_letters.page("app")
     assert second.id != first.id and second.replay_of == first.id
     assert first.replay_of == ""
     assert second.letter.message.token == again.token  # its new place, not the first's
@@ -159,22 +159,22 @@ async def test_letters_that_cannot_be_replayed_are_skipped_and_kept(adapter: Que
     assert bare is not None
     bare = bare.shortened("still too big")
     assert bare is not None and bare.form == "bare"
-    await adapter.dead_letter("app", [bare])
-    [stored] = await adapter.list_dead_letters("app")
+    await adapter.dead_letters.put("app", [bare])
+    [stored] = await adapter.dead_letters.page("app")
     report = await dlq.replay(adapter, HashRingQueueMapper(QUEUES), "app", [stored])
     assert report.replayed == [] and [i for i, _ in report.skipped] == [stored.id]
-    assert await adapter.count_dead_letters("app") == 1
+    assert await adapter.dead_letters.count("app") == 1
 
 
 async def test_a_batch_replay_skips_letters_already_gone_and_replays_the_rest_in_order(
     adapter: QueueAdapter, open_receiver: Open,
 ) -> None:
-    await adapter.dead_letter("app", [letter(1), letter(2), letter(3)])
-    one, two, three = await adapter.list_dead_letters("app")
-    await adapter.delete_dead_letters("app", [two.id])
+    await adapter.dead_letters.put("app", [letter(1), letter(2), letter(3)])
+    one, two, three = await adapter.dead_letters.page("app")
+    await adapter.dead_letters.delete("app", [two.id])
     replays = [Replay(s.id, 0, dlq.replay_message(s)) for s in (one, two, three)]
-    first, gone, last = await adapter.replay_dead_letters("app", replays)
+    first, gone, last = await adapter.dead_letters.replay("app", replays)
     assert gone is None and first is not None and last is not None and first < last
     got = await take_rest(await open_receiver(0, "app"), 2)
     assert [m.headers[H_REPLAY_OF] for m in got] == [one.id, three.id]
-    assert await adapter.count_dead_letters("app") == 0
+    assert await adapter.dead_letters.count("app") == 0

@@ -64,7 +64,7 @@ def store_letters(config: Config, app: str, count: int) -> None:
     async def run() -> None:
         adapter = create_adapter(config.queues.adapter, config)
         try:
-            await adapter.dead_letter(app, [
+            await adapter.dead_letters.put(app, [
                 DeadLetter.of(Message(f"m{n}", StreamId("payments", f"customer-{n:04d}"),
                                       b'{"cents": 100}', enqueued_at_ms=now_ms()),
                               "payments.charge", RuntimeError(LONG_ERROR), 3)

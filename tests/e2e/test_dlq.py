@@ -57,12 +57,16 @@ def config_path(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path
 
 
 def on_adapter(config: Config, work: str, *args: object) -> object:
-    """``adapter.<work>(*args)`` on a fresh adapter (closed after)."""
+    """``adapter.<work>(*args)`` on a fresh adapter (closed after); ``work`` may name a
+    facet's method (``dead_letters.count``)."""
 
     async def run() -> object:
         adapter: QueueAdapter = create_adapter(config.queues.adapter, config)
         try:
-            return await getattr(adapter, work)(*args)
+            target: object = adapter
+            for name in work.split("."):
+                target = getattr(target, name)
+            return await target(*args)  # type: ignore[operator]
         finally:
             await adapter.close()
 
@@ -97,7 +101,7 @@ def test_poison_letters_are_listed_with_reasons_and_replayed_once_after_the_fix(
             client.publish_batch(Publish("jobs", f"k{n}", {"n": n, "poison": n in poison})
                                  for n in good + poison)
         wait_until_sync(lambda: len(handled(out)) == 3
-                        and on_adapter(config, "count_dead_letters", APP) == 4,
+                        and on_adapter(config, "dead_letters.count", APP) == 4,
                         60, "3 handled and 4 dead-lettered")
 
         listed = conveyor("dlq", "list", "--app", APP, "--config", str(config_path), "--json")
@@ -144,7 +148,7 @@ def test_a_replay_killed_midway_and_run_again_publishes_each_letter_once(
     config = load_config(config_path)
     kafka = config.queues.adapter == "kafka"
     numbers = range(10, 16)
-    on_adapter(config, "dead_letter", APP, [
+    on_adapter(config, "dead_letters.put", APP, [
         DeadLetter.of(Message(f"m{n}", StreamId("jobs", f"k{n}"),
                               json.dumps({"n": n, "poison": True}).encode(),
                               enqueued_at_ms=now_ms()), "jobs.handle", f"poison {n}", 2)
@@ -158,13 +162,13 @@ def test_a_replay_killed_midway_and_run_again_publishes_each_letter_once(
                      str(config_path), env={KILL_ENV: kill_at})
     assert first.returncode == -9, (first.returncode, first.stderr)
     assert first.stdout.count("replayed ") == (2 if kafka else 4)
-    left = on_adapter(config, "count_dead_letters", APP)
+    left = on_adapter(config, "dead_letters.count", APP)
     assert left == (4 if kafka else 2)  # kafka: the 2nd batch is published, still listed
     again = conveyor("dlq", "replay", "--all", "--batch", "2", "--app", APP, "--config",
                      str(config_path))
     assert again.returncode == 0, again.stderr
     assert f"replayed {left} letter(s)" in again.stdout
-    assert on_adapter(config, "count_dead_letters", APP) == 0
+    assert on_adapter(config, "dead_letters.count", APP) == 0
     # What the queues hold for the app (no worker of it has read them yet): one each.
     assert sum(int(str(on_adapter(config, "lag", q, APP)))
                for q in range(config.queues.total)) == 6

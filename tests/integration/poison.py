@@ -57,7 +57,7 @@ def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path) -
         async def read() -> list[DeadLetter]:
             adapter = create_adapter(config.queues.adapter, config)
             try:
-                return list(await adapter.read_dead_letters("rec"))
+                return list(await adapter.dead_letters.read("rec"))
             finally:
                 await adapter.close()
         return asyncio.run(read())

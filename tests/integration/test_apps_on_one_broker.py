@@ -187,7 +187,7 @@ async def test_a_latest_start_on_kafka_is_committed_before_anything_is_handled(
         await daemon.start()
         try:
             async def committed() -> bool:
-                return await adapter.has_group([0], "late-joiner")
+                return await adapter.groups.has([0], "late-joiner")
 
             await wait_until(committed, 30, interval_s=0.2, what="the start committed")
         finally:

@@ -115,7 +115,7 @@ async def test_only_the_poison_messages_are_dead_lettered_with_their_own_reason(
     assert seen.handled == Counter({(c.stream, c.seq): 1 for c in items if not c.poison})
     for stream, seqs in seen.order.items():
         assert seqs == sorted(seqs), f"stream {stream} out of order"
-    letters = await adapter.read_dead_letters("test")
+    letters = await adapter.dead_letters.read("test")
     by_id = {m.id: c.seq for m, c in zip(msgs, items, strict=True)}
     assert sorted(by_id[letter.message.id] for letter in letters) == sorted(poison)
     for letter in letters:  # its own reason, after the retry policy's 2 calls on it alone
@@ -139,7 +139,7 @@ async def test_a_body_that_does_not_decode_is_dead_lettered_before_the_batch() -
                      what="3 handled, 1 dead-lettered")
     await d.stop()
     assert [[c.seq for c in b] for b in seen.batches] == [[0, 1, 2]]  # never saw it
-    [letter] = await adapter.read_dead_letters("test")
+    [letter] = await adapter.dead_letters.read("test")
     assert letter.message.id == bad.id and letter.attempts == 0
     assert letter.error_type == "DecodeError" and "Click" in letter.error
     assert await adapter.lag(0, "test") == 0

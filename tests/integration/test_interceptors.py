@@ -90,7 +90,7 @@ async def test_an_interceptor_that_raises_is_retried_then_dead_lettered_and_one_
                      what="one dead letter, one skip")
     await d.stop()
     assert ran == []  # neither handler ran
-    [letter] = await adapter.read_dead_letters("test")
+    [letter] = await adapter.dead_letters.read("test")
     assert (letter.handler, letter.error_type, letter.attempts) == (
         "refused", "PermissionError", 2)
     assert sum([await adapter.lag(q, "test") for q in range(8)]) == 0

@@ -12,7 +12,12 @@ import msgspec
 import pytest
 
 from conveyor import App, Client, MessageContext
-from conveyor.adapters.memory import MemoryAdapter, MemoryReceiver
+from conveyor.adapters.memory import (
+    MemoryAdapter,
+    MemoryBroker,
+    MemoryDeadLetters,
+    MemoryReceiver,
+)
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken
@@ -130,7 +135,7 @@ async def test_failing_handler_is_retried_then_dead_lettered_with_reason_and_ack
     await wait_until(lambda: record.handled == 29 and d.stats.dead_lettered == 1, 10,
                      what="29 handled and 1 dead-lettered")
     await d.stop()
-    letters = await adapter.read_dead_letters("test")
+    letters = await adapter.dead_letters.read("test")
     assert len(letters) == 1
     letter = letters[0]
     assert letter.message.id == ids[4]
@@ -155,23 +160,31 @@ class AckRecordingReceiver(MemoryReceiver):
         await super().acknowledge(tokens)
 
 
+class FlakyDeadLetters(MemoryDeadLetters):
+    """The memory dead-letter store, failing while ``broken`` is set."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        super().__init__(broker)
+        self.broken = True
+        self.store_failures = 0
+
+    async def put(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        if self.broken:
+            self.store_failures += 1
+            raise BrokerError("dead-letter store unavailable")
+        return await super().put(group, letters)
+
+
 class FlakyDeadLetterAdapter(MemoryAdapter):
     """A memory adapter whose dead-letter store fails while ``broken`` is set."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
-        self.broken = True
-        self.store_failures = 0
+        self.flaky = self.dead_letters = FlakyDeadLetters(self.broker)
         self.acks: Counter[SequenceToken] = Counter()
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
         return AckRecordingReceiver(self, queue, group)
-
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> None:
-        if self.broken:
-            self.store_failures += 1
-            raise BrokerError("dead-letter store unavailable")
-        await super().dead_letter(group, letters)
 
 
 async def test_a_failing_dead_letter_store_holds_back_the_ack_until_it_succeeds() -> None:
@@ -183,17 +196,17 @@ async def test_a_failing_dead_letter_store_holds_back_the_ack_until_it_succeeds(
     # (items 0, 4, 8, ...) waits for it in order; the 15 of the other streams do not.
     ids = await publish_items(Client(adapter, d.mapper), 20, streams=4, fail={0: -1})
     await d.start()
-    await wait_until(lambda: record.handled == 15 and adapter.store_failures >= 3, 10,
+    await wait_until(lambda: record.handled == 15 and adapter.flaky.store_failures >= 3, 10,
                      what="the other streams handled and the dead-letter store failing")
     # The failed message is not acked while its dead letter is not stored, and neither
     # is anything behind it (acks cover the contiguous done prefix only).
     assert d.stats.dead_lettered == 0 and not adapter.acks
     assert await adapter.lag(0, "test") == 20
-    adapter.broken = False
+    adapter.flaky.broken = False
     await wait_until(lambda: d.stats.dead_lettered == 1, 10, what="the dead letter stored")
     await wait_until(lambda: sum(adapter.acks.values()) == 20, 10, what="all acked")
     report = await d.stop()
-    [letter] = await adapter.read_dead_letters("test")
+    [letter] = await adapter.dead_letters.read("test")
     assert letter.message.id == ids[0] and letter.attempts == 3
     assert set(record.calls) == set(ids[1:]) and record.duplicates == 0  # nothing lost
     assert letter.message.token is not None and adapter.acks[letter.message.token] == 1
@@ -213,7 +226,7 @@ async def test_undecodable_body_goes_to_dead_letter_at_once() -> None:
     await wait_until(lambda: record.handled == 1 and d.stats.dead_lettered == 1, 10,
                      what="good handled, bad dead-lettered")
     await d.stop()
-    [letter] = await adapter.read_dead_letters("test")
+    [letter] = await adapter.dead_letters.read("test")
     assert letter.message.id == bad.id and letter.attempts == 0
     assert letter.error_type == "DecodeError" and "Item" in letter.error
     assert await total_lag(adapter) == 0
@@ -231,7 +244,7 @@ async def test_another_apps_namespace_is_skipped_and_counted_by_default() -> Non
     await wait_until(lambda: d.stats.skipped == 1 and record.handled == 3, 10,
                      what="one skipped, three handled")
     await d.stop()
-    assert await adapter.read_dead_letters("test") == []
+    assert await adapter.dead_letters.read("test") == []
     assert d.stats.dead_lettered == 0
     assert await total_lag(adapter) == 0
 
@@ -244,7 +257,7 @@ async def test_unroutable_messages_are_dead_lettered_when_configured() -> None:
     await d.start()
     await wait_until(lambda: d.stats.dead_lettered == 1, 10, what="dead letter")
     await d.stop()
-    [letter] = await adapter.read_dead_letters("test")
+    [letter] = await adapter.dead_letters.read("test")
     assert letter.error_type == "Unroutable"
     assert "no handler" in letter.error and letter.message.id == msg.id
     assert await total_lag(adapter) == 0

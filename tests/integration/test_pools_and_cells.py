@@ -67,7 +67,7 @@ async def test_a_failing_pooled_handler_is_retried_then_dead_lettered() -> None:
     await wait_until(lambda: d.stats.dead_lettered == 1, 10, what="the dead letter")
     await d.stop()
     assert calls == 3
-    letters = await adapter.read_dead_letters("test")
+    letters = await adapter.dead_letters.read("test")
     assert letters[0].error_type == "RuntimeError" and letters[0].attempts == 3
 
 
@@ -85,7 +85,7 @@ async def test_a_cell_job_that_times_out_goes_the_retry_and_dead_letter_path() -
     await d.start()
     await wait_until(lambda: d.stats.dead_lettered == 1, 10, what="the dead letter")
     await d.stop()
-    letters = await adapter.read_dead_letters("test")
+    letters = await adapter.dead_letters.read("test")
     assert letters[0].error_type == "CellJobTimeout" and letters[0].attempts == 2
 
 

@@ -162,7 +162,7 @@ async def test_a_failing_def_handler_is_retried_then_dead_lettered_like_an_async
     report = await d.stop()
     assert attempts == Counter({1: 2, 2: 3})  # one retry that succeeds; three then a letter
     assert d.stats.handled == 1 and d.stats.dead_lettered == 1 and d.stats.retried == 3
-    letters = await adapter.read_dead_letters("fails")
+    letters = await adapter.dead_letters.read("fails")
     assert [(x.error_type, x.attempts) for x in letters] == [("RuntimeError", 3)]
     assert "nap 2 failed on purpose" in letters[0].error
     assert report.acked == 2
@@ -236,7 +236,7 @@ async def test_def_batch_idempotent_pooled_and_cell_handlers_run_on_threads() ->
     assert where["batch"] == Counter(i for i in range(30) if i != 7)  # 7: bisected out
     for kind in ("once", "pool", "cell"):
         assert where[kind] == Counter(range(30)), kind
-    (letter,) = await adapter.read_dead_letters("kinds")
+    (letter,) = await adapter.dead_letters.read("kinds")
     assert letter.error_type == "ValueError"
 
 

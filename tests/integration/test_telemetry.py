@@ -233,7 +233,7 @@ async def test_an_unroutable_messages_dead_letter_span_continues_the_producers_t
     assert dead.parent is not None and dead.parent.span_id == producer.context.span_id
     assert dead.context.trace_id == producer.context.trace_id
     assert dead.status.status_code == StatusCode.ERROR
-    [letter] = await adapter.read_dead_letters("test")
+    [letter] = await adapter.dead_letters.read("test")
     assert letter.error_type == "Unroutable" and letter.message.id == producer.attributes[
         "messaging.message.id"]  # type: ignore[index]
 

@@ -80,7 +80,7 @@ async def test_dead_letters_raise_with_the_handlers_exception_as_the_cause() -> 
         good = await worker.publish("orders", "o-good", {"total": 5})
         with pytest.raises(DeadLettersFound) as caught:
             await worker.settle()
-        stored = await worker.daemon.adapter.list_dead_letters(app.name)
+        stored = await worker.daemon.adapter.dead_letters.page(app.name)
 
     error = caught.value
     assert isinstance(error.__cause__, ValueError)

@@ -65,7 +65,7 @@ def config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
         try:
             for q in range(2):
                 await adapter.ensure_group(q, APP)  # type: ignore[attr-defined]
-            await adapter.dead_letter(APP, [
+            await adapter.dead_letters.put(APP, [
                 DeadLetter.of(Message(f"m{n}", StreamId(ns, f"k{n}"), f'{{"n":{n}}}'.encode(),
                                       headers={"traceparent": f"00-{n:032x}-{n:016x}-01"}),
                               f"{ns}.handle", ValueError(f"bad {n}"), 3)

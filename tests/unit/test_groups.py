@@ -64,16 +64,16 @@ async def test_deleting_an_app_that_looks_alive_is_refused_unless_forced(
     with pytest.raises(AppAliveError, match=r"daemon\(s\) d-1 registered; leases held on "
                                             r"queue\(s\) 0.*--force"):
         await delete_app_group(adapter, membership, leases, "old", [0, 1])
-    assert await adapter.has_group([0], "old")
+    assert await adapter.groups.has([0], "old")
     assert await delete_app_group(adapter, membership, leases, "old", [0, 1], force=True) == [0]
-    assert not await adapter.has_group([0, 1], "old")
+    assert not await adapter.groups.has([0, 1], "old")
 
 
 async def test_deleting_an_app_with_no_group_is_refused_and_deletes_nothing(
     adapter: MemoryAdapter,
 ) -> None:
-    await adapter.dead_letter("olf", [])
+    await adapter.dead_letters.put("olf", [])
     with pytest.raises(UnknownGroupError, match=r"'olf' has no consumer group.*nothing was"):
         await delete_app_group(adapter, MemoryMembership(), MemoryLeaseStore(), "olf", [0],
                                dead_letters=True)
-    assert "olf" in adapter.broker.dead_letters and await adapter.has_group([0], "old")
+    assert "olf" in adapter.broker.dead_letters and await adapter.groups.has([0], "old")

@@ -136,21 +136,21 @@ async def test_the_group_nobody_runs_holds_retention_until_it_is_deleted(
     live = adapter.create_receiver(0, "live")
     await live.acknowledge([m.token for m in await live.get_messages(10) if m.token])
     await adapter.rewind_queues([0], "ghost", 0.0, create_group=True)
-    await adapter.dead_letter("ghost", [])
+    await adapter.dead_letters.put("ghost", [])
     adapter.broker.trim()
     assert adapter.broker.log(0).base == 0  # the ghost still needs message 0
-    ghost_info, live_info = await adapter.groups([0, 1])  # by name; queue 1: nobody there
+    ghost_info, live_info = await adapter.groups.on([0, 1])  # by name; queue 1: nobody there
     assert (live_info.group, live_info.lag, live_info.holds_retention) == ("live", 0, False)
     assert live_info.oldest_needed is None  # it needs nothing kept
     assert (ghost_info.group, ghost_info.lag, ghost_info.holds_retention) == ("ghost", 10, True)
     assert ghost_info.oldest_needed == SequenceToken(0, 0)
     assert ghost_info.oldest_needed_ms == 5_000
-    assert await adapter.has_group([1], "ghost") is False
-    assert await adapter.delete_group("ghost", [0, 1]) == [0]
+    assert await adapter.groups.has([1], "ghost") is False
+    assert await adapter.groups.delete("ghost", [0, 1]) == [0]
     assert "ghost" in adapter.broker.dead_letters  # kept unless asked
     adapter.broker.trim()
     assert adapter.broker.log(0).base == 10  # trimming resumed
-    assert [g.group for g in await adapter.groups([0])] == ["live"]
+    assert [g.group for g in await adapter.groups.on([0])] == ["live"]
     await adapter.rewind_queues([0], "ghost", 0.0, create_group=True)
-    await adapter.delete_group("ghost", [0], dead_letters=True)
+    await adapter.groups.delete("ghost", [0], dead_letters=True)
     assert "ghost" not in adapter.broker.dead_letters

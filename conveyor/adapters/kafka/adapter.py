@@ -7,10 +7,11 @@ Kafka client can publish. Consumer side: one :class:`KafkaReceiver` per owned pa
 (:mod:`conveyor.adapters.kafka.receiver`).
 
 The adapter owns a :class:`KafkaCluster` (:mod:`conveyor.adapters.kafka.cluster`: the
-connections and the topic) and hands it to the receivers and to the helpers behind the
-operator facets: dead letters (:mod:`~conveyor.adapters.kafka.letters`), consumer groups
-(:mod:`~conveyor.adapters.kafka.groups`), rewinding (:mod:`~conveyor.adapters.kafka.rewind`),
-hand-off records (:mod:`~conveyor.adapters.kafka.handoff`). Connections, error
+connections and the topic) and hands it to the receivers, to its two facets — dead
+letters (:mod:`~conveyor.adapters.kafka.letters`) and consumer groups
+(:mod:`~conveyor.adapters.kafka.groups`) — and to the helpers behind rewinding
+(:mod:`~conveyor.adapters.kafka.rewind`) and hand-off records
+(:mod:`~conveyor.adapters.kafka.handoff`). Connections, error
 translation and outage back-off live in :mod:`conveyor.adapters.kafka.connection`.
 """
 
@@ -26,14 +27,14 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import errors as kerrors
 
-from conveyor.adapters.kafka import groups as kafka_groups
 from conveyor.adapters.kafka import rewind as kafka_rewind
 from conveyor.adapters.kafka.aiokafka_internals import record_size
 from conveyor.adapters.kafka.cluster import KafkaCluster
-from conveyor.adapters.kafka.codec import letter_from_record, letter_record, message_headers
+from conveyor.adapters.kafka.codec import letter_from_record, message_headers
 from conveyor.adapters.kafka.connection import CLIENT_ERRORS, broker_error, kafka_errors
+from conveyor.adapters.kafka.groups import KafkaGroups
 from conveyor.adapters.kafka.handoff import HandoffLog
-from conveyor.adapters.kafka.letters import KafkaLetters
+from conveyor.adapters.kafka.letters import KafkaDeadLetters
 from conveyor.adapters.kafka.receiver import KafkaReceiver
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.config import Config, KafkaConfig
@@ -44,9 +45,7 @@ from conveyor.platform.errors import (
     PublishUncertain,
 )
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.letters import Replay, StoredLetter
-from conveyor.platform.message import DeadLetter, Message
-from conveyor.platform.operations.groups import GroupInfo
+from conveyor.platform.message import Message
 from conveyor.platform.partial_publish import publish_failure
 
 log = logging.getLogger("conveyor.kafka")
@@ -68,16 +67,16 @@ class KafkaAdapter(QueueAdapter):
         self.topic = cluster.topic
         self.dlq_topic = cluster.dlq_topic
         self.total_queues = total_queues
-        self._dlq_ready = False
         self._group_consumers: dict[str, AIOKafkaConsumer] = {}
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self._receivers: weakref.WeakSet[KafkaReceiver] = weakref.WeakSet()
         self.handoffs = HandoffLog(cluster)
-        self.letters = KafkaLetters(
+        self.dead_letters: KafkaDeadLetters = KafkaDeadLetters(
             cluster,
             lambda record, app: letter_from_record(record, app, config.topic,
                                                    config.default_namespace),
             lambda queue, messages: self.enqueue(queue, messages))
+        self.groups = KafkaGroups(cluster, self.handoffs)
 
     # -- the cluster, as callers of the adapter see it ---------------------------------
     @property
@@ -107,7 +106,7 @@ class KafkaAdapter(QueueAdapter):
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
-            await self.letters.close()
+            await self.dead_letters.close()
         await self.cluster.close()
 
     # -- producing ---------------------------------------------------------------------
@@ -251,60 +250,6 @@ class KafkaAdapter(QueueAdapter):
         hold the queues (see :func:`conveyor.adapters.kafka.rewind.owners`)."""
         return {**open_receivers(self._receivers, queues, group),
                 **await kafka_rewind.owners(self.cluster, queues, group)}
-
-    # -- dead letters ------------------------------------------------------------------
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
-        """One record per letter on partition 0 of ``<topic>.conveyor-dlq`` (see
-        conveyor.platform.letters), created with ``retention.ms = -1``: no bound here,
-        the topic's retention is the broker's business (0 evicted, always)."""
-        producer = await self.cluster.producer()
-        if not self._dlq_ready:
-            await self.cluster.create_topics({self.dlq_topic: 1}, {"retention.ms": "-1"})
-            self._dlq_ready = True
-        try:
-            futures = [
-                await producer.send(self.dlq_topic, value, key=key, partition=0, headers=headers)
-                for key, value, headers in (letter_record(letter, group) for letter in letters)
-            ]
-            await asyncio.gather(*futures)
-        except (kerrors.KafkaError, OSError) as exc:
-            raise broker_error("writing dead letters", exc) from exc
-        return 0
-
-    # -- dead letters, for operators (see conveyor.adapters.kafka.letters) --------------
-    async def list_dead_letters(self, group: str, limit: int = 100, *,
-                                after: str | None = None) -> list[StoredLetter]:
-        return await self.letters.list_letters(group, limit, after)
-
-    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
-        return await self.letters.find(group, letter_id)
-
-    async def count_dead_letters(self, group: str) -> int:
-        return await self.letters.count(group)
-
-    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
-        """Recorded as purged in ``<topic>.conveyor-dlq-ops``: Kafka keeps the records."""
-        return await self.letters.delete(group, ids)
-
-    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
-                                  ) -> list[SequenceToken | None]:
-        """Recorded in ``<topic>.conveyor-dlq-ops`` before and after the publish, so a
-        re-run finds a publish that was not recorded (conveyor.adapters.kafka.letters)."""
-        return await self.letters.replay(group, replays)
-
-    # -- consumer groups, for operators (see conveyor.adapters.kafka.groups) -----------
-    retention_follows_groups = False  # Kafka keeps records by time or size
-
-    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
-        return await kafka_groups.groups(self.cluster, queues)
-
-    async def has_group(self, queues: Sequence[int], group: str) -> bool:
-        return await kafka_groups.has_group(self.cluster, queues, group)
-
-    async def delete_group(self, group: str, queues: Sequence[int], *,
-                           dead_letters: bool = False) -> list[int]:
-        return await kafka_groups.delete_group(self.cluster, self.handoffs, group, queues,
-                                               dead_letters=dead_letters)
 
 
 def from_config(config: Config) -> KafkaAdapter:

@@ -1,4 +1,5 @@
-"""Consumer groups on Kafka, for operators: the groups reading the topic, removing one.
+"""Consumer groups on Kafka (the adapter's ``groups`` facet): the groups reading the
+topic, removing one.
 
 Kafka groups are cluster-wide; a group is *on the topic* when it has a committed offset
 on one of its partitions, or members whose subscription names it. Such a group is listed
@@ -39,6 +40,7 @@ from conveyor.adapters.kafka.aiokafka_internals import (
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.adapters.kafka.handoff import HandoffLog
+from conveyor.platform.adapter import ConsumerGroups
 from conveyor.platform.errors import BrokerError, ConfigError
 from conveyor.platform.operations.groups import GroupInfo
 
@@ -51,53 +53,109 @@ _GROUP_ID_NOT_FOUND = 69
 _NON_EMPTY_GROUP = 68
 
 
-async def groups(cluster: KafkaCluster, queues: Sequence[int]) -> list[GroupInfo]:
-    """Every group on the topic, on each of ``queues``, with its lag and member count."""
-    consumer = cluster.new_consumer(None)
-    tps = [TopicPartition(cluster.topic, q) for q in queues]
-    try:
-        with kafka_errors("listing consumer groups"):
-            async with cluster.admin() as admin:
-                if cluster.topic not in await admin.list_topics():
-                    return []
-                found: dict[str, tuple[dict[int, Any], int | None]] = {}
-                for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
-                    committed = await _committed(admin, name, tps)
-                    members, reads_topic = await _members(cluster, name)
-                    if committed or reads_topic:
-                        found[name] = (committed, members)
-                if not found:
-                    return []
-                await consumer.start()
-                consumer.assign(tps)
-                begin = await consumer.beginning_offsets(tps)
-                high = {tp.partition: await cluster.high_watermark(consumer, tp, int(begin[tp]))
-                        for tp in tps}
-    finally:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
-    out = []
-    for tp in tps:
-        q = tp.partition
-        for name, (committed, members) in found.items():
-            entry = committed.get(q)
-            if entry is None:
-                lag = high[q] - int(begin[tp])
-            else:
-                start = int(entry.offset)
-                lag = high[q] - start - len(kafka_offsets.decode(start, entry.metadata or ""))
-            out.append(GroupInfo(name, q, max(0, lag), members=members, appended=high[q]))
-    return out
+class KafkaGroups(ConsumerGroups):
+    """The groups reading one topic (see the module docstring)."""
 
+    retention_follows_groups = False  # Kafka keeps records by time or size
 
-async def has_group(cluster: KafkaCluster, queues: Sequence[int], group: str) -> bool:
-    """Whether ``group`` committed on one of ``queues`` or has members reading the topic."""
-    with kafka_errors(f"reading the offsets of group {group!r}"):
-        async with cluster.admin() as admin:
-            tps = [TopicPartition(cluster.topic, q) for q in queues]
-            if await _committed(admin, group, tps):
-                return True
-    return (await _members(cluster, group))[1]
+    def __init__(self, cluster: KafkaCluster, handoffs: HandoffLog) -> None:
+        self._cluster = cluster
+        self._handoffs = handoffs
+
+    async def on(self, queues: Sequence[int]) -> list[GroupInfo]:
+        """Every group on the topic, on each of ``queues``, with its lag and member count."""
+        consumer = self._cluster.new_consumer(None)
+        tps = [TopicPartition(self._cluster.topic, q) for q in queues]
+        try:
+            with kafka_errors("listing consumer groups"):
+                async with self._cluster.admin() as admin:
+                    if self._cluster.topic not in await admin.list_topics():
+                        return []
+                    found: dict[str, tuple[dict[int, Any], int | None]] = {}
+                    for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
+                        committed = await _committed(admin, name, tps)
+                        members, reads_topic = await _members(self._cluster, name)
+                        if committed or reads_topic:
+                            found[name] = (committed, members)
+                    if not found:
+                        return []
+                    await consumer.start()
+                    consumer.assign(tps)
+                    begin = await consumer.beginning_offsets(tps)
+                    high = {tp.partition: await self._cluster.high_watermark(consumer, tp,
+                                                                             int(begin[tp]))
+                            for tp in tps}
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+        out = []
+        for tp in tps:
+            q = tp.partition
+            for name, (committed, members) in found.items():
+                entry = committed.get(q)
+                if entry is None:
+                    lag = high[q] - int(begin[tp])
+                else:
+                    start = int(entry.offset)
+                    lag = high[q] - start - len(kafka_offsets.decode(start, entry.metadata or ""))
+                out.append(GroupInfo(name, q, max(0, lag), members=members, appended=high[q]))
+        return out
+
+    async def has(self, queues: Sequence[int], group: str) -> bool:
+        """Whether ``group`` committed on one of ``queues`` or has members reading the topic."""
+        with kafka_errors(f"reading the offsets of group {group!r}"):
+            async with self._cluster.admin() as admin:
+                tps = [TopicPartition(self._cluster.topic, q) for q in queues]
+                if await _committed(admin, group, tps):
+                    return True
+        return (await _members(self._cluster, group))[1]
+
+    async def delete(self, group: str, queues: Sequence[int], *,
+                     dead_letters: bool = False) -> list[int]:
+        """DeleteGroups for ``group``; the queues it had committed offsets on.
+
+        Kafka groups span topics: a group with offsets on another topic is refused (they
+        would go too). Its hand-off records are overwritten, so that a new group of the same
+        name never mistakes one for its own.
+        """
+        if dead_letters:
+            raise ConfigError(
+                f"--with-dead-letters: kafka keeps every app's dead letters in one topic "
+                f"({self._cluster.dlq_topic}), which cannot be deleted per app; delete the group "
+                f"without it, and purge the app's letters with `conveyor dlq purge --all --yes "
+                f"--app {group}`"
+            )
+        tps = [TopicPartition(self._cluster.topic, q) for q in queues]
+        with kafka_errors(f"deleting group {group!r}"):
+            async with self._cluster.admin() as admin:
+                had = sorted(await _committed(admin, group, tps))
+                others = await _other_topics(self._cluster, self._handoffs, group)
+                if others:
+                    raise BrokerError(
+                        f"kafka group {group!r} also holds offsets on topic(s) {sorted(others)}, "
+                        "which deleting it would remove too; delete it with Kafka's own tools "
+                        "(kafka-consumer-groups --delete-offsets) if that is meant"
+                    )
+                coordinator = await admin.find_coordinator(group)
+                try:
+                    response = await send_request(admin, delete_groups_request([group]),
+                                                  coordinator)
+                except (kerrors.IncompatibleBrokerVersion, NotImplementedError) as exc:
+                    raise BrokerError(
+                        f"kafka: this broker cannot delete consumer groups (DeleteGroups, Kafka "
+                        f"1.1+: {exc}); delete {group!r} with the broker's own tools"
+                    ) from None
+                for _, code in response.results:
+                    if code == _NON_EMPTY_GROUP:
+                        raise BrokerError(
+                            f"kafka group {group!r} has live members: stop its workers")
+                    if code not in (0, _GROUP_ID_NOT_FOUND):
+                        raise BrokerError(f"kafka: deleting group {group!r} failed: "
+                                          f"{kerrors.for_code(code).__name__}")
+                if had and self._handoffs.topic in await admin.list_topics():
+                    for queue in had:
+                        await self._handoffs.write(group, queue, -1, "")
+        return had
 
 
 async def _committed(admin: AIOKafkaAdminClient, group: str,
@@ -126,53 +184,6 @@ async def _members(cluster: KafkaCluster, group: str) -> tuple[int | None, bool]
         with contextlib.suppress(Exception):  # empty or foreign metadata: unknown
             reads = reads or cluster.topic in subscription(member["member_metadata"])
     return len(members), reads
-
-
-async def delete_group(cluster: KafkaCluster, handoffs: HandoffLog, group: str,
-                       queues: Sequence[int], *, dead_letters: bool) -> list[int]:
-    """DeleteGroups for ``group``; the queues it had committed offsets on.
-
-    Kafka groups span topics: a group with offsets on another topic is refused (they
-    would go too). Its hand-off records are overwritten, so that a new group of the same
-    name never mistakes one for its own.
-    """
-    if dead_letters:
-        raise ConfigError(
-            f"--with-dead-letters: kafka keeps every app's dead letters in one topic "
-            f"({cluster.dlq_topic}), which cannot be deleted per app; delete the group "
-            f"without it, and purge the app's letters with `conveyor dlq purge --all --yes "
-            f"--app {group}`"
-        )
-    tps = [TopicPartition(cluster.topic, q) for q in queues]
-    with kafka_errors(f"deleting group {group!r}"):
-        async with cluster.admin() as admin:
-            had = sorted(await _committed(admin, group, tps))
-            others = await _other_topics(cluster, handoffs, group)
-            if others:
-                raise BrokerError(
-                    f"kafka group {group!r} also holds offsets on topic(s) {sorted(others)}, "
-                    "which deleting it would remove too; delete it with Kafka's own tools "
-                    "(kafka-consumer-groups --delete-offsets) if that is meant"
-                )
-            coordinator = await admin.find_coordinator(group)
-            try:
-                response = await send_request(admin, delete_groups_request([group]),
-                                              coordinator)
-            except (kerrors.IncompatibleBrokerVersion, NotImplementedError) as exc:
-                raise BrokerError(
-                    f"kafka: this broker cannot delete consumer groups (DeleteGroups, Kafka "
-                    f"1.1+: {exc}); delete {group!r} with the broker's own tools"
-                ) from None
-            for _, code in response.results:
-                if code == _NON_EMPTY_GROUP:
-                    raise BrokerError(f"kafka group {group!r} has live members: stop its workers")
-                if code not in (0, _GROUP_ID_NOT_FOUND):
-                    raise BrokerError(f"kafka: deleting group {group!r} failed: "
-                                      f"{kerrors.for_code(code).__name__}")
-            if had and handoffs.topic in await admin.list_topics():
-                for queue in had:
-                    await handoffs.write(group, queue, -1, "")
-    return had
 
 
 async def _other_topics(cluster: KafkaCluster, handoffs: HandoffLog, group: str) -> set[str]:

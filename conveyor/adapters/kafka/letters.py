@@ -1,4 +1,5 @@
-"""Dead letters on Kafka, for operators: list, find, count, purge and replay them.
+"""Dead letters on Kafka (the adapter's ``dead_letters`` facet): store, list, find,
+count, purge and replay them.
 
 Letters are records of ``<topic>.conveyor-dlq`` (partition 0, every app's, see
 :mod:`conveyor.platform.letters`); a letter's id is ``PARTITION:OFFSET`` there. Kafka
@@ -35,9 +36,12 @@ from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka.cluster import KafkaCluster
-from conveyor.adapters.kafka.connection import kafka_errors, start_client
+from conveyor.adapters.kafka.codec import letter_record
+from conveyor.adapters.kafka.connection import broker_error, kafka_errors, start_client
+from conveyor.platform.adapter import DeadLetters
 from conveyor.platform.errors import BrokerConnectionError, InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
@@ -96,8 +100,9 @@ def parse_id(letter_id: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-class KafkaLetters:
-    """The operator's side of one topic's dead letters (one reading consumer)."""
+class KafkaDeadLetters(DeadLetters):
+    """One topic's dead letters: written by the cluster's producer, read by a consumer
+    of their own."""
 
     def __init__(self, cluster: KafkaCluster, read_letter: ReadLetter,
                  publish: Publish) -> None:
@@ -109,6 +114,7 @@ class KafkaLetters:
         self._consumer: AIOKafkaConsumer | None = None
         self._ops_ready = False
         self._existing: set[str] = set()
+        self._dlq_ready = False
 
     async def close(self) -> None:
         if self._consumer is not None:
@@ -194,7 +200,27 @@ class KafkaLetters:
                                                         letter)
 
     # -- the port --------------------------------------------------------------------------
-    async def list_letters(self, group: str, limit: int, after: str | None) -> list[StoredLetter]:
+    async def put(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        """One record per letter on partition 0 of ``<topic>.conveyor-dlq`` (see
+        conveyor.platform.letters), created with ``retention.ms = -1``: no bound here,
+        the topic's retention is the broker's business (0 evicted, always)."""
+        producer = await self.cluster.producer()
+        if not self._dlq_ready:
+            await self.cluster.create_topics({self.cluster.dlq_topic: 1}, {"retention.ms": "-1"})
+            self._dlq_ready = True
+        try:
+            futures = [
+                await producer.send(self.cluster.dlq_topic, value, key=key, partition=0,
+                                    headers=headers)
+                for key, value, headers in (letter_record(letter, group) for letter in letters)
+            ]
+            await asyncio.gather(*futures)
+        except (kerrors.KafkaError, OSError) as exc:
+            raise broker_error("writing dead letters", exc) from exc
+        return 0
+
+    async def page(self, group: str, limit: int = 100, *,
+                   after: str | None = None) -> list[StoredLetter]:
         start = 0
         if after is not None:
             _, offset = parse_id(after)
@@ -229,12 +255,13 @@ class KafkaLetters:
         return None
 
     async def count(self, group: str) -> int:
-        return len(await self.list_letters(group, sys.maxsize, None))
+        return len(await self.page(group, sys.maxsize))
 
     async def delete(self, group: str, ids: Sequence[str]) -> int:
+        """Recorded as purged in ``<topic>.conveyor-dlq-ops``: Kafka keeps the records."""
         for letter_id in ids:
             parse_id(letter_id)
-        stored = {s.id for s in await self.list_letters(group, sys.maxsize, None)}
+        stored = {s.id for s in await self.page(group, sys.maxsize)}
         gone = sorted(stored.intersection(ids), key=parse_id)
         if gone:
             await self._write(group, LetterOp("purged", gone))
@@ -242,7 +269,9 @@ class KafkaLetters:
 
     async def replay(self, group: str, replays: Sequence[Replay]
                      ) -> list[SequenceToken | None]:
-        """See the module docstring: replaying, publish, replayed — per batch."""
+        """Recorded in ``<topic>.conveyor-dlq-ops`` before and after the publish, so a
+        re-run finds a publish that was not recorded: see the module docstring
+        (replaying, publish, replayed — per batch)."""
         for replay in replays:
             parse_id(replay.letter_id)
         state = await self.ops(group)

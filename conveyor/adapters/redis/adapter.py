@@ -11,8 +11,8 @@ space-separated argument (the script splits them): packing one argument per id c
 redis-py ~0.5 µs per message. A receiver first claims (``XAUTOCLAIM``) every pending
 entry of its group — a previous owner's unfinished work — and delivers those first.
 
-Dead letters, rewinds and groups are the operator's facets; the dead-letter and group
-commands live in :mod:`~conveyor.adapters.redis.letters` and
+Dead letters and groups are the adapter's facets (``adapter.dead_letters``,
+``adapter.groups``): :mod:`~conveyor.adapters.redis.letters` and
 :mod:`~conveyor.adapters.redis.groups`.
 """
 
@@ -29,21 +29,14 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-from conveyor.adapters.redis import groups as redis_groups
-from conveyor.adapters.redis import letters as redis_letters
 from conveyor.adapters.redis import scripts as lua
-from conveyor.adapters.redis.codec import (
-    encode_fields,
-    enqueue_args,
-    letter_entry,
-    publish_chunks,
-    stored_letters,
-    tokens_of_runs,
-)
+from conveyor.adapters.redis.codec import enqueue_args, publish_chunks, tokens_of_runs
 from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, on_primary
 from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller
 from conveyor.adapters.redis.eviction import EvictionGuard
+from conveyor.adapters.redis.groups import RedisGroups
 from conveyor.adapters.redis.keys import Keys, check_name, token_of
+from conveyor.adapters.redis.letters import RedisDeadLetters
 from conveyor.adapters.redis.receiver import RedisReceiver
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.config import Config, RedisConfig
@@ -54,12 +47,7 @@ from conveyor.platform.errors import (
     PublishUncertain,
 )
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.letters import Replay, StoredLetter
-from conveyor.platform.message import (
-    DeadLetter,
-    Message,
-)
-from conveyor.platform.operations.groups import GroupInfo
+from conveyor.platform.message import Message
 from conveyor.platform.partial_publish import publish_failure
 from conveyor.platform.throttled_log import ThrottledLog
 
@@ -101,8 +89,6 @@ class RedisAdapter(QueueAdapter):
         self.cfg = cfg
         self.new_group_id = "$" if new_group_start == "latest" else "0"
         """Where ``XGROUP CREATE`` puts a new group: ``[queues] new_group_start``."""
-        self.max_dead_letters = max_dead_letters
-        """``[dead_letters] max_entries``: 0 keeps every letter."""
         # Any: redis-py 8 types replies as unions of every protocol shape.
         self.redis: Any = redis if redis is not None else connect(cfg)
         self.cluster = isinstance(self.redis, ClusterClient)
@@ -118,10 +104,7 @@ class RedisAdapter(QueueAdapter):
         self.trim_script = self.redis.register_script(lua.TRIM_ACKED)
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
-        self.replay_script = self.redis.register_script(lua.REPLAY_LETTER)
-        self.replay_marked_script = self.redis.register_script(lua.REPLAY_MARKED)
         self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
-        self.dead_letter_script = self.redis.register_script(lua.DEAD_LETTER)
         self.min_replicas: int = cfg.min_replicas
         self.replica_timeout_ms: int = cfg.replica_timeout_ms
         self.replica_log = ThrottledLog(log, interval_s=30.0)
@@ -135,6 +118,10 @@ class RedisAdapter(QueueAdapter):
         self.eviction = EvictionGuard(cfg, self.caller)
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
+        self.dead_letters = RedisDeadLetters(
+            self.redis, self.caller, self.keys, cluster=self.cluster,
+            max_entries=max_dead_letters, publish_window_ms=self.publish_window_ms)
+        self.groups = RedisGroups(self.redis, self.caller, self.keys, self.count_after)
 
     async def check_server(self) -> None:
         """Its eviction policy (see :class:`~conveyor.adapters.redis.eviction.EvictionGuard`)."""
@@ -265,46 +252,6 @@ class RedisAdapter(QueueAdapter):
         self._receivers.add(receiver)
         return receiver
 
-    async def dead_letter(self, group: str, letters: Sequence[DeadLetter]) -> int:
-        """One entry per letter on ``PREFIX:dlq:APP`` (see conveyor.platform.letters), by
-        :data:`~conveyor.adapters.redis.scripts.DEAD_LETTER`: under a batch id, so a call
-        retried after its reply was lost stores nothing twice (as a publish). With
-        ``[dead_letters] max_entries``, an exact ``XTRIM MAXLEN`` in the same script,
-        whose count of evicted letters is returned."""
-        key = self.keys.dead_letters(group)
-        args: list[Any] = [self.publish_window_ms, self.max_dead_letters]
-        for letter in letters:
-            flat = letter_entry(letter, group)
-            args += [len(flat), *flat]
-        keys = [key, self.keys.letters_stored(group, uuid.uuid4().hex)]
-        evicted = await self.caller.retrying(
-            f"storing dead letters of {group!r}",
-            lambda: self.dead_letter_script(keys=keys, args=args))
-        return int(evicted)
-
-    # -- dead letters, for operators (see conveyor.adapters.redis.letters) --------------
-    async def list_dead_letters(self, group: str, limit: int = 100, *,
-                                after: str | None = None) -> list[StoredLetter]:
-        return stored_letters(await redis_letters.list_letters(self, group, limit, after))
-
-    async def find_dead_letter(self, group: str, letter_id: str) -> StoredLetter | None:
-        found = stored_letters(await redis_letters.find_letter(self, group, letter_id))
-        return found[0] if found else None
-
-    async def count_dead_letters(self, group: str) -> int:
-        return await redis_letters.count_letters(self, group)
-
-    async def delete_dead_letters(self, group: str, ids: Sequence[str]) -> int:
-        return await redis_letters.delete_letters(self, group, ids)
-
-    async def replay_dead_letters(self, group: str, replays: Sequence[Replay]
-                                  ) -> list[SequenceToken | None]:
-        """One Lua script per letter (XADD to the queue, XDEL of the letter: atomic), the
-        scripts of a batch in one pipeline."""
-        return await redis_letters.replay_letters(
-            self, group, [(r.letter_id, r.queue, encode_fields(r.message)) for r in replays]
-        )
-
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         """Entries the group was never given between its last delivered id and ``to``.
 
@@ -427,14 +374,6 @@ class RedisAdapter(QueueAdapter):
 
     async def close(self) -> None:
         await close(self.redis)
-
-    # -- consumer groups, for operators (see conveyor.adapters.redis.groups) -----------
-    async def groups(self, queues: Sequence[int]) -> list[GroupInfo]:
-        return await redis_groups.groups(self, queues)
-
-    async def delete_group(self, group: str, queues: Sequence[int], *,
-                           dead_letters: bool = False) -> list[int]:
-        return await redis_groups.delete_group(self, group, queues, dead_letters=dead_letters)
 
 
 def from_config(config: Config) -> RedisAdapter:

@@ -1,71 +1,109 @@
-"""Consumer groups on Redis streams, for operators: listing them and removing one.
+"""Consumer groups on Redis streams (the adapter's ``groups`` facet): listing them and
+removing one.
 
 Every app is a consumer group on every stream of the prefix. The trim script
 (:data:`~conveyor.adapters.redis.scripts.TRIM_ACKED`) keeps every entry from the oldest
 one any group still needs — its oldest pending entry, or the entry after its last
-delivered one — so a group nobody reads stops trimming for good; :func:`groups` names
-it (``holds_retention``) and :func:`delete_group` removes it.
+delivered one — so a group nobody reads stops trimming for good; :meth:`RedisGroups.on`
+names it (``holds_retention``) and :meth:`RedisGroups.delete` removes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from conveyor.adapters.redis.errors import Caller
 from conveyor.adapters.redis.keys import Keys, check_name, token_of
+from conveyor.platform.adapter import ConsumerGroups
 from conveyor.platform.operations.groups import GroupInfo, with_retention_holders
 
-
-class GroupHost(Protocol):
-    """What the group commands use of the adapter (a protocol: they import none of it)."""
-
-    redis: Any
-    caller: Caller
-    keys: Keys
-
-    async def count_after(self, stream: str, first: bytes | str, last: bytes | str) -> int: ...
+CountAfter = Callable[[str, bytes | str, bytes | str], Awaitable[int]]
+"""Entries of a stream in ``(first, last]``, counted on the server (the adapter's)."""
 
 
-async def groups(adapter: GroupHost, queues: Sequence[int]) -> list[GroupInfo]:
-    """``XINFO GROUPS`` / ``XINFO CONSUMERS`` of every stream of ``queues``."""
-    out: list[GroupInfo] = []
-    for queue in queues:
+class RedisGroups(ConsumerGroups):
+    """Every app's consumer groups on one Redis prefix."""
 
-        async def read(queue: int = queue) -> list[GroupInfo]:
-            return await _queue_groups(adapter, queue)
+    def __init__(self, redis: Any, caller: Caller, keys: Keys, count_after: CountAfter) -> None:
+        self._redis = redis
+        self._caller = caller
+        self._keys = keys
+        self._count_after = count_after
 
-        out += await adapter.caller.retrying(f"reading the groups of queue {queue}", read)
-    return out
+    async def on(self, queues: Sequence[int]) -> list[GroupInfo]:
+        """``XINFO GROUPS`` / ``XINFO CONSUMERS`` of every stream of ``queues``."""
+        out: list[GroupInfo] = []
+        for queue in queues:
 
+            async def read(queue: int = queue) -> list[GroupInfo]:
+                return await self._queue_groups(queue)
 
-async def _queue_groups(adapter: GroupHost, queue: int) -> list[GroupInfo]:
-    redis: Any = adapter.redis
-    stream = adapter.keys.queue(queue)
-    if not await redis.exists(stream):
-        return []
-    infos = []
-    for g in await redis.xinfo_groups(stream):
-        name = g["name"].decode()
-        pending = int(g["pending"])
-        last: bytes = g["last-delivered-id"]
-        undelivered = g.get("lag")
-        appended = _appended(g.get("entries-read"), undelivered, last)
-        if undelivered is None:  # Redis cannot tell (after deletions): count
-            undelivered = await adapter.count_after(stream, last, "+")
-        consumers = await redis.xinfo_consumers(stream, name)
-        idle_s = min(int(c["idle"]) for c in consumers) / 1000 if consumers else None
-        if pending:
-            first = (await redis.xpending(stream, name))["min"]
-        else:
-            after = await redis.xrange(stream, b"(" + last, "+", count=1)
-            first = after[0][0] if after else None
-        needed = token_of(first, queue) if first else None
-        infos.append(GroupInfo(
-            name, queue, pending + int(undelivered), idle_s=idle_s, oldest_needed=needed,
-            oldest_needed_ms=needed.major if needed else None, appended=appended,
-        ))
-    return with_retention_holders(infos)
+            out += await self._caller.retrying(f"reading the groups of queue {queue}", read)
+        return out
+
+    async def _queue_groups(self, queue: int) -> list[GroupInfo]:
+        redis = self._redis
+        stream = self._keys.queue(queue)
+        if not await redis.exists(stream):
+            return []
+        infos = []
+        for g in await redis.xinfo_groups(stream):
+            name = g["name"].decode()
+            pending = int(g["pending"])
+            last: bytes = g["last-delivered-id"]
+            undelivered = g.get("lag")
+            appended = _appended(g.get("entries-read"), undelivered, last)
+            if undelivered is None:  # Redis cannot tell (after deletions): count
+                undelivered = await self._count_after(stream, last, "+")
+            consumers = await redis.xinfo_consumers(stream, name)
+            idle_s = min(int(c["idle"]) for c in consumers) / 1000 if consumers else None
+            if pending:
+                first = (await redis.xpending(stream, name))["min"]
+            else:
+                after = await redis.xrange(stream, b"(" + last, "+", count=1)
+                first = after[0][0] if after else None
+            needed = token_of(first, queue) if first else None
+            infos.append(GroupInfo(
+                name, queue, pending + int(undelivered), idle_s=idle_s, oldest_needed=needed,
+                oldest_needed_ms=needed.major if needed else None, appended=appended,
+            ))
+        return with_retention_holders(infos)
+
+    async def delete(self, group: str, queues: Sequence[int], *,
+                     dead_letters: bool = False) -> list[int]:
+        """``XGROUP DESTROY`` on every stream, then the app's own keys
+        (``{prefix}:app:{app}:*``: leases, fencing counters, membership, fenced-ack
+        counts) and, if asked, its dead letters. Each step is idempotent: re-running a
+        delete that failed half-way finishes it.
+        """
+        check_name(group, "app name")
+        redis = self._redis
+        removed = []
+        for queue in queues:
+            stream = self._keys.queue(queue)
+
+            async def destroy(stream: str = stream) -> bool:
+                return bool(await redis.exists(stream)) and bool(
+                    await redis.xgroup_destroy(stream, group)
+                )
+
+            if await self._caller.retrying(f"deleting group {group!r} on queue {queue}",
+                                           destroy):
+                removed.append(queue)
+
+        async def delete_keys() -> None:
+            # The app name and prefix hold no glob characters (check_name), so the pattern
+            # matches this app's keys only.
+            keys = [k async for k in redis.scan_iter(match=f"{self._keys.app(group)}:*",
+                                                       count=1000)]
+            if dead_letters:
+                keys.append(self._keys.dead_letters(group))
+            if keys:
+                await redis.delete(*keys)
+
+        await self._caller.retrying(f"deleting the keys of app {group!r}", delete_keys)
+        return removed
 
 
 def _appended(read: Any, undelivered: Any, last: bytes) -> int | None:
@@ -77,37 +115,3 @@ def _appended(read: Any, undelivered: Any, last: bytes) -> int | None:
     if read is None:
         return int(undelivered) if last in (b"0-0", "0-0") else None
     return int(read) + int(undelivered)
-
-
-async def delete_group(adapter: GroupHost, group: str, queues: Sequence[int], *,
-                       dead_letters: bool) -> list[int]:
-    """``XGROUP DESTROY`` on every stream, then the app's own keys (``{prefix}:app:{app}:*``:
-    leases, fencing counters, membership, fenced-ack counts) and, if asked, its dead
-    letters. Each step is idempotent: re-running a delete that failed half-way finishes it.
-    """
-    check_name(group, "app name")
-    redis: Any = adapter.redis
-    removed = []
-    for queue in queues:
-        stream = adapter.keys.queue(queue)
-
-        async def destroy(stream: str = stream) -> bool:
-            return bool(await redis.exists(stream)) and bool(
-                await redis.xgroup_destroy(stream, group)
-            )
-
-        if await adapter.caller.retrying(f"deleting group {group!r} on queue {queue}", destroy):
-            removed.append(queue)
-
-    async def delete_keys() -> None:
-        # The app name and prefix hold no glob characters (check_name), so the pattern
-        # matches this app's keys only.
-        keys = [k async for k in redis.scan_iter(match=f"{adapter.keys.app(group)}:*",
-                                                   count=1000)]
-        if dead_letters:
-            keys.append(adapter.keys.dead_letters(group))
-        if keys:
-            await redis.delete(*keys)
-
-    await adapter.caller.retrying(f"deleting the keys of app {group!r}", delete_keys)
-    return removed

@@ -1,41 +1,43 @@
-"""Dead letters on Redis, for operators: ``PREFIX:dlq:APP`` is one stream per app.
+"""Dead letters on Redis (the adapter's ``dead_letters`` facet): ``PREFIX:dlq:APP`` is
+one stream per app.
 
-A letter's id is its entry id in that stream. Listing is ``XRANGE``, counting ``XLEN``,
-purging ``XDEL``. Replaying runs :data:`~conveyor.adapters.redis.scripts.REPLAY_LETTER`:
-one script appends the message to its queue's stream and deletes the letter, atomically,
-so a replay killed at any point has done both or neither. The queue's key comes from the
-same :class:`~conveyor.adapters.redis.keys.Keys` as every publish (``PREFIX:q:N``), N from
+Storing runs :data:`~conveyor.adapters.redis.scripts.DEAD_LETTER` (see
+:meth:`RedisDeadLetters.put`). A letter's id is its entry id in that stream. Listing is
+``XRANGE``, counting ``XLEN``, purging ``XDEL``. Replaying runs
+:data:`~conveyor.adapters.redis.scripts.REPLAY_LETTER`: one script appends the message
+to its queue's stream and deletes the letter, atomically, so a replay killed at any
+point has done both or neither. The queue's key comes from the same
+:class:`~conveyor.adapters.redis.keys.Keys` as every publish (``PREFIX:q:N``), N from
 the caller's mapper.
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
+from conveyor.adapters.redis import scripts as lua
+from conveyor.adapters.redis.codec import encode_fields, letter_entry, stored_letters
 from conveyor.adapters.redis.errors import Caller
 from conveyor.adapters.redis.keys import Keys, token_of
+from conveyor.platform.adapter import DeadLetters
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
-
-
-class LetterHost(Protocol):
-    """What the dead-letter commands use of the adapter (a protocol: they import none
-    of it)."""
-
-    redis: Any
-    caller: Caller
-    keys: Keys
-    cluster: bool
-    replay_script: Any
-    replay_marked_script: Any
+from conveyor.platform.letters import Replay, StoredLetter
+from conveyor.platform.message import DeadLetter
 
 Entries = list[Any]
-"""``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``; the
-adapter reads the letters out of it (``conveyor.adapters.redis.codec.stored_letters``)."""
+"""``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``."""
+
+Fields = dict[bytes | str, bytes | str]
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+REPLAY_MARK_S = 7 * 24 * 3600
+"""Cluster mode: how long a replayed letter's marker lives — the time within which a
+replay killed between its two writes can be run again without doubling that letter."""
 
 
 def check_id(letter_id: str) -> str:
@@ -47,96 +49,121 @@ def check_id(letter_id: str) -> str:
     return letter_id
 
 
-async def list_letters(adapter: LetterHost, group: str, limit: int,
-                       after: str | None) -> Entries:
-    key = adapter.keys.dead_letters(group)
-    start = "-" if after is None else f"({check_id(after)}"
-    entries: Entries = await adapter.caller.retrying(
-        "reading dead letters", lambda: adapter.redis.xrange(key, start, "+", count=limit)
-    )
-    return entries
+class RedisDeadLetters(DeadLetters):
+    """Every app's dead letters on one Redis prefix: the adapter's connection, caller
+    (retries, error translation) and keys, and the scripts of its own."""
 
+    def __init__(self, redis: Any, caller: Caller, keys: Keys, *, cluster: bool,
+                 max_entries: int, publish_window_ms: int) -> None:
+        self._redis = redis
+        self._caller = caller
+        self._keys = keys
+        self._cluster = cluster
+        self._max_entries = max_entries
+        """``[dead_letters] max_entries``: 0 keeps every letter."""
+        self._publish_window_ms = publish_window_ms
+        self._put_script = redis.register_script(lua.DEAD_LETTER)
+        self._replay_script = redis.register_script(lua.REPLAY_LETTER)
+        self._replay_marked_script = redis.register_script(lua.REPLAY_MARKED)
 
-async def find_letter(adapter: LetterHost, group: str, letter_id: str) -> Entries:
-    key = adapter.keys.dead_letters(group)
-    check_id(letter_id)
-    entries: Entries = await adapter.caller.retrying(
-        "reading a dead letter", lambda: adapter.redis.xrange(key, letter_id, letter_id)
-    )
-    return entries
+    async def put(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        """One entry per letter on ``PREFIX:dlq:APP`` (see conveyor.platform.letters), by
+        :data:`~conveyor.adapters.redis.scripts.DEAD_LETTER`: under a batch id, so a call
+        retried after its reply was lost stores nothing twice (as a publish). With
+        ``[dead_letters] max_entries``, an exact ``XTRIM MAXLEN`` in the same script,
+        whose count of evicted letters is returned."""
+        args: list[Any] = [self._publish_window_ms, self._max_entries]
+        for letter in letters:
+            flat = letter_entry(letter, group)
+            args += [len(flat), *flat]
+        keys = [self._keys.dead_letters(group), self._keys.letters_stored(group, uuid.uuid4().hex)]
+        evicted = await self._caller.retrying(
+            f"storing dead letters of {group!r}",
+            lambda: self._put_script(keys=keys, args=args))
+        return int(evicted)
 
+    async def page(self, group: str, limit: int = 100, *,
+                   after: str | None = None) -> list[StoredLetter]:
+        key = self._keys.dead_letters(group)
+        start = "-" if after is None else f"({check_id(after)}"
+        entries: Entries = await self._caller.retrying(
+            "reading dead letters", lambda: self._redis.xrange(key, start, "+", count=limit)
+        )
+        return stored_letters(entries)
 
-async def count_letters(adapter: LetterHost, group: str) -> int:
-    key = adapter.keys.dead_letters(group)
-    count: int = await adapter.caller.retrying("counting dead letters",
-                                               lambda: adapter.redis.xlen(key))
-    return count
+    async def find(self, group: str, letter_id: str) -> StoredLetter | None:
+        found = stored_letters(await self._entry(group, letter_id))
+        return found[0] if found else None
 
+    async def _entry(self, group: str, letter_id: str) -> Entries:
+        key = self._keys.dead_letters(group)
+        check_id(letter_id)
+        entries: Entries = await self._caller.retrying(
+            "reading a dead letter", lambda: self._redis.xrange(key, letter_id, letter_id)
+        )
+        return entries
 
-async def delete_letters(adapter: LetterHost, group: str, ids: Sequence[str]) -> int:
-    key = adapter.keys.dead_letters(group)
-    checked = [check_id(i) for i in ids]
-    deleted = 0
-    for i in range(0, len(checked), 1000):
-        chunk = checked[i : i + 1000]
+    async def count(self, group: str) -> int:
+        key = self._keys.dead_letters(group)
+        count: int = await self._caller.retrying("counting dead letters",
+                                                 lambda: self._redis.xlen(key))
+        return count
 
-        async def xdel(chunk: list[str] = chunk) -> int:
-            return int(await adapter.redis.xdel(key, *chunk))
+    async def delete(self, group: str, ids: Sequence[str]) -> int:
+        key = self._keys.dead_letters(group)
+        checked = [check_id(i) for i in ids]
+        deleted = 0
+        for i in range(0, len(checked), 1000):
+            chunk = checked[i : i + 1000]
 
-        deleted += await adapter.caller.retrying("deleting dead letters", xdel)
-    return deleted
+            async def xdel(chunk: list[str] = chunk) -> int:
+                return int(await self._redis.xdel(key, *chunk))
 
+            deleted += await self._caller.retrying("deleting dead letters", xdel)
+        return deleted
 
-Fields = dict[bytes | str, bytes | str]
+    async def replay(self, group: str, replays: Sequence[Replay]) -> list[SequenceToken | None]:
+        """Each letter by one script (XADD to the queue, XDEL of the letter), atomically
+        (see the module docstring), the message's fields as every publish writes them; a
+        batch's scripts go in one pipeline.
 
+        Retried on connection loss: a script that ran before the reply was lost finds its
+        letter gone on the retry and reports None — the message was published once.
+        """
+        fields = [(r.letter_id, r.queue, encode_fields(r.message)) for r in replays]
+        if self._cluster:
+            return [await self._replay_apart(group, *f) for f in fields]
+        dlq_key = self._keys.dead_letters(group)
+        calls = [
+            ([dlq_key, self._keys.queue(queue)],
+             [check_id(letter_id), *(x for pair in flat.items() for x in pair)])
+            for letter_id, queue, flat in fields
+        ]
 
-REPLAY_MARK_S = 7 * 24 * 3600
-"""Cluster mode: how long a replayed letter's marker lives — the time within which a
-replay killed between its two writes can be run again without doubling that letter."""
+        async def send() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    await self._replay_script(keys=keys, args=args, client=pipe)
+                results: list[Any] = await pipe.execute()
+            return results
 
+        new_ids = await self._caller.retrying(f"replaying {len(calls)} dead letter(s)", send)
+        return [None if new_id is None else token_of(new_id, r.queue)
+                for new_id, r in zip(new_ids, replays, strict=True)]
 
-async def replay_letters(adapter: LetterHost, group: str,
-                         replays: Sequence[tuple[str, int, Fields]]) -> list[SequenceToken | None]:
-    """Each (letter id, queue, the message's fields as every publish writes them) by one
-    script, atomically (see the module docstring); a batch's scripts go in one pipeline.
-
-    Retried on connection loss: a script that ran before the reply was lost finds its
-    letter gone on the retry and reports None — the message was published once.
-    """
-    if adapter.cluster:
-        return [await _replay_apart(adapter, group, *r) for r in replays]
-    dlq_key = adapter.keys.dead_letters(group)
-    calls = [
-        ([dlq_key, adapter.keys.queue(queue)],
-         [check_id(letter_id), *(x for pair in fields.items() for x in pair)])
-        for letter_id, queue, fields in replays
-    ]
-
-    async def send() -> list[Any]:
-        async with adapter.redis.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                await adapter.replay_script(keys=keys, args=args, client=pipe)
-            results: list[Any] = await pipe.execute()
-        return results
-
-    new_ids = await adapter.caller.retrying(f"replaying {len(calls)} dead letter(s)", send)
-    return [None if new_id is None else token_of(new_id, queue)
-            for new_id, (_, queue, _) in zip(new_ids, replays, strict=True)]
-
-
-async def _replay_apart(adapter: LetterHost, group: str, letter_id: str, queue: int,
-                        fields: Fields) -> SequenceToken | None:
-    """One letter on a cluster, in three steps: is the letter there; append it to its
-    queue unless its marker says it was (:data:`~conveyor.adapters.redis.scripts.
-    REPLAY_MARKED`, in the queue's slot); delete the letter. Killed after the append, a
-    re-run finds the marker and only deletes; two replays racing append once."""
-    check_id(letter_id)
-    if not await find_letter(adapter, group, letter_id):
-        return None
-    keys = [adapter.keys.queue(queue), adapter.keys.replayed(group, queue, letter_id)]
-    args = [REPLAY_MARK_S * 1000, *(x for pair in fields.items() for x in pair)]
-    new_id = await adapter.caller.retrying(
-        f"replaying dead letter {letter_id}",
-        lambda: adapter.replay_marked_script(keys=keys, args=args))
-    await delete_letters(adapter, group, [letter_id])
-    return token_of(new_id, queue)
+    async def _replay_apart(self, group: str, letter_id: str, queue: int,
+                            fields: Fields) -> SequenceToken | None:
+        """One letter on a cluster, in three steps: is the letter there; append it to its
+        queue unless its marker says it was (:data:`~conveyor.adapters.redis.scripts.
+        REPLAY_MARKED`, in the queue's slot); delete the letter. Killed after the append, a
+        re-run finds the marker and only deletes; two replays racing append once."""
+        check_id(letter_id)
+        if not await self._entry(group, letter_id):
+            return None
+        keys = [self._keys.queue(queue), self._keys.replayed(group, queue, letter_id)]
+        args = [REPLAY_MARK_S * 1000, *(x for pair in fields.items() for x in pair)]
+        new_id = await self._caller.retrying(
+            f"replaying dead letter {letter_id}",
+            lambda: self._replay_marked_script(keys=keys, args=args))
+        await self.delete(group, [letter_id])
+        return token_of(new_id, queue)

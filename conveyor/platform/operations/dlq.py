@@ -7,9 +7,10 @@ Replaying a letter re-publishes its message as it was published — body, stream
 type, user headers, trace context (``traceparent`` / ``tracestate`` travel as headers),
 ``cv-id`` — with a fresh ``cv-ts``, no ``cv-attempt``, and the header ``cv-replay-of`` set
 to the letter's id. It goes to the queue the same :class:`HashRingQueueMapper` picks for
-every publish, through the adapter's :meth:`~QueueAdapter.replay_dead_letters`, which
-removes the letter only once the message is stored and publishes it once even when a
-replay is killed midway and run again (each backend's docstring says how).
+every publish, through the adapter's dead-letter facet
+(:meth:`~conveyor.platform.adapter.DeadLetters.replay`), which removes the letter only
+once the message is stored and publishes it once even when a replay is killed midway
+and run again (each backend's docstring says how).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ async def letters(adapter: QueueAdapter, group: str, chosen: LetterFilter = Lett
     after: str | None = None
     found = 0
     while limit is None or found < limit:
-        page = await adapter.list_dead_letters(group, PAGE, after=after)
+        page = await adapter.dead_letters.page(group, PAGE, after=after)
         for stored in page:
             if chosen(stored):
                 yield stored
@@ -130,7 +131,7 @@ async def replay(adapter: QueueAdapter, mapper: HashRingQueueMapper, group: str,
     pending: list[Replay] = []
 
     async def flush() -> None:
-        tokens = await adapter.replay_dead_letters(group, pending)
+        tokens = await adapter.dead_letters.replay(group, pending)
         for replay_, token in zip(pending, tokens, strict=True):
             if token is None:
                 report.gone.append(replay_.letter_id)

@@ -161,7 +161,7 @@ async def delete_app_group(adapter: QueueAdapter, membership: Membership, leases
     queue it reads and handle every retained message again. Both checks come before
     anything is removed. Dead letters are kept unless ``dead_letters``.
     """
-    infos = await adapter.groups(queues)
+    infos = await adapter.groups.on(queues)
     if not any(i.group == group for i in infos):
         raise no_group_error(group, queues, "nothing was deleted")
     if not force:
@@ -171,4 +171,4 @@ async def delete_app_group(adapter: QueueAdapter, membership: Membership, leases
                 f"app {group!r} looks alive ({'; '.join(signs)}): stop its workers first, "
                 "or pass --force (force=True) to delete its group anyway"
             )
-    return await adapter.delete_group(group, queues, dead_letters=dead_letters)
+    return await adapter.groups.delete(group, queues, dead_letters=dead_letters)

@@ -173,7 +173,7 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
     try:
         members, owners = await _members_and_owners(config, group, adapter, backend)
         stats = {m.id: typed_stats(m.stats) for m in members}
-        infos = await adapter.groups(range(config.queues.total))
+        infos = await adapter.groups.on(range(config.queues.total))
         appended = {i.queue: i.appended for i in infos if i.appended is not None}
         queues = []
         for q in range(config.queues.total):
@@ -187,7 +187,7 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
                 own.get(f"queue.{q}.acks_per_s"), own.get("at"), appended.get(q),
             ))
         groups = summarise(infos)
-        dead_letters = await adapter.count_dead_letters(group)
+        dead_letters = await adapter.dead_letters.count(group)
         eviction = await adapter.eviction_policy()
     finally:
         await adapter.close()
@@ -198,7 +198,8 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
         group,
         [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
                       m.started_at) for m in members],
-        queues, time.time(), groups, adapter.retention_follows_groups, dead_letters, eviction,
+        queues, time.time(), groups, adapter.groups.retention_follows_groups, dead_letters,
+        eviction,
     )
 
 
@@ -233,7 +234,7 @@ async def collect_apps(config: Config, backend: Backend) -> AppsReport:
     read through ``backend`` (as :func:`collect_status`)."""
     adapter = backend.adapter(config)
     try:
-        groups = summarise(await adapter.groups(range(config.queues.total)))
+        groups = summarise(await adapter.groups.on(range(config.queues.total)))
         apps = []
         for g in groups:
             daemons = None
@@ -241,8 +242,8 @@ async def collect_apps(config: Config, backend: Backend) -> AppsReport:
                 members, _ = await _members_and_owners(config, g.group, adapter, backend)
                 daemons = len(members)
             apps.append(AppSummary(g.group, daemons, g.queues, g.lag, g.idle_s,
-                                   await adapter.count_dead_letters(g.group),
+                                   await adapter.dead_letters.count(g.group),
                                    g.holds_retention))
     finally:
         await adapter.close()
-    return AppsReport(apps, adapter.retention_follows_groups, time.time())
+    return AppsReport(apps, adapter.groups.retention_follows_groups, time.time())

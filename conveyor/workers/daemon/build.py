@@ -20,7 +20,7 @@ from opentelemetry.trace import Tracer
 
 from conveyor.backends import for_config
 from conveyor.client import Client, coalesce_linger_for
-from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.adapter import DeadLetters, QueueAdapter
 from conveyor.platform.agent import AgentSettings, Subscriptions
 from conveyor.platform.app import App
 from conveyor.platform.backend import Backend
@@ -214,7 +214,7 @@ def build_parts(
     telemetry = telemetry or Telemetry.from_config(
         config.telemetry, member.id, prometheus=config.http.port is not None
     )
-    dead_letters = DeadLetterStore(_store_in(adapter, app.name), stats)
+    dead_letters = DeadLetterStore(_store_in(adapter.dead_letters, app.name), stats)
     pool_step = PoolInterceptor()
     once_step = _idempotency(app, config, stats, backend)
     cell_step = CellInterceptor(config.cells.sizes, config.cells.default_size)
@@ -324,9 +324,9 @@ def subscribe(app: App, interceptors: Sequence[Interceptor],
     return {ns: tuple(route(s) for s in specs) for ns, specs in app.subscriptions().items()}
 
 
-def _store_in(adapter: QueueAdapter, group: str) -> _LetterStore:
+def _store_in(dead_letters: DeadLetters, group: str) -> _LetterStore:
     async def store(letters: Sequence[DeadLetter]) -> int:
-        return await adapter.dead_letter(group, letters)
+        return await dead_letters.put(group, letters)
 
     return store
 

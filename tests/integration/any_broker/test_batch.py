@@ -67,7 +67,7 @@ async def test_a_batch_handler_handles_each_once_in_stream_order_and_acknowledge
     assert report.acked == N and report.dead_lettered == 1
     adapter = create_adapter(broker.name, config)
     try:
-        [letter] = await adapter.read_dead_letters("batch")
+        [letter] = await adapter.dead_letters.read("batch")
         assert letter.error == f"click {POISON} is poison" and letter.attempts == 2
         assert [await adapter.lag(q, "batch") for q in range(QUEUES)] == [0] * QUEUES
         if isinstance(adapter, RedisAdapter):

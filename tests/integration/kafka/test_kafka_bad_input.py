@@ -68,7 +68,7 @@ async def test_every_malformed_record_is_dead_lettered_and_its_neighbours_are_ha
     assert len(out.probe.handled) == len(set(out.probe.handled))
     adapter = create_adapter("kafka", config)
     try:
-        letters = await adapter.read_dead_letters(APP, limit=1000)
+        letters = await adapter.dead_letters.read(APP, limit=1000)
         # the committed watermark covers every record of every partition
         assert [await adapter.lag(q, APP) for q in range(2)] == [0, 0]
     finally:
@@ -111,7 +111,7 @@ async def test_a_letter_too_large_for_the_broker_is_stored_shorter_and_the_queue
         await daemon.stop()
     adapter = create_adapter("kafka", config)
     try:
-        [letter] = await adapter.read_dead_letters(APP)
+        [letter] = await adapter.dead_letters.read(APP)
     finally:
         await adapter.close()
     assert letter.form == "bare" and letter.message.body == b""

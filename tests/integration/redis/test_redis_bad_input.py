@@ -89,7 +89,7 @@ async def _read_letters(config: Config) -> list[Any]:
 
     adapter = create_adapter("redis", config)
     try:
-        return await adapter.read_dead_letters(APP, limit=1000)
+        return await adapter.dead_letters.read(APP, limit=1000)
     finally:
         await adapter.close()
 

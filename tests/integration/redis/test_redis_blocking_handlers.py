@@ -99,7 +99,7 @@ def test_a_blocker_longer_than_the_lease_ends_as_a_dead_letter_after_max_deliver
         async def read() -> list[DeadLetter]:
             adapter = create_adapter("redis", config)
             try:
-                return list(await adapter.read_dead_letters("rec"))
+                return list(await adapter.dead_letters.read("rec"))
             finally:
                 await adapter.close()
         return asyncio.run(read())

@@ -332,11 +332,11 @@ async def test_dead_letters_whose_reply_was_lost_are_stored_once(
     adapter = RedisAdapter(config_for(f"redis://127.0.0.1:{proxied.port}/0").redis,
                            max_dead_letters=1000)
     try:
-        await adapter.dead_letter("shop", [letter(0)])  # connection open, script loaded
+        await adapter.dead_letters.put("shop", [letter(0)])  # connection open, script loaded
         proxied.lose_next_reply()
-        assert await adapter.dead_letter("shop", [letter(n) for n in range(1, 51)]) == 0
+        assert await adapter.dead_letters.put("shop", [letter(n) for n in range(1, 51)]) == 0
         assert proxied.replies_lost == 1
-        stored = await adapter.list_dead_letters("shop", limit=1000)
+        stored = await adapter.dead_letters.page("shop", limit=1000)
     finally:
         await adapter.close()
     assert [s.letter.message.id for s in stored] == [f"m{n}" for n in range(51)]
