@@ -24,7 +24,7 @@ from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.supervisor.assignment import adopt_orphans, assign, rebalance
-from conveyor.workers.supervisor.process import ChildProcess
+from conveyor.workers.supervisor.process import ChildCommandFailed, ChildGone, ChildProcess
 from conveyor.workers.supervisor.scaler import (
     Decision,
     LagScaler,
@@ -137,7 +137,14 @@ class Supervisor:
         try:
             for _ in range(self.settings.min_processes):
                 await self._spawn()
-            await assign(self.children, range(self.config.queues.total))
+            try:
+                await assign(self.children, range(self.config.queues.total))
+            except (ChildGone, ChildCommandFailed) as exc:
+                # A child that died taking its first queues (a message that kills its
+                # worker, at the head of a backlog) is what every inspection handles:
+                # replaced, its queues adopted, now rather than a period later.
+                log.warning("supervisor: %s while the queues were first assigned", exc)
+                await self.tick(adapter)
             self._started = True
             log.info("supervisor: %d process(es) own %d queue(s)",
                      self.processes, self.config.queues.total)
