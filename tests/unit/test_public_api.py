@@ -37,6 +37,7 @@ DESCRIBED_NOT_EXPORTED = {
     # what `conveyor sim balancer` runs and mirrors (docs/lab.md)
     "DaemonMetrics", "DynamicBalancer", "LeaseStore", "Membership",
     "Backend",  # what one broker offers (docs/development.md): a contributor's word
+    "ConsumerGroups", "DeadLetters",  # the adapter port's facets (docs/development.md)
 }
 # Sub-modules with a curated public API of their own, imported by name
 # (``from conveyor.testing import TestWorker``): their ``__all__`` is exported too.

@@ -24,7 +24,7 @@ from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.supervisor.assignment import adopt_orphans, assign, rebalance
-from conveyor.workers.supervisor.process import ChildCommandFailed, ChildGone, ChildProcess
+from conveyor.workers.supervisor.process import ChildGone, ChildProcess
 from conveyor.workers.supervisor.scaler import (
     Decision,
     LagScaler,
@@ -139,10 +139,12 @@ class Supervisor:
                 await self._spawn()
             try:
                 await assign(self.children, range(self.config.queues.total))
-            except (ChildGone, ChildCommandFailed) as exc:
+            except ChildGone as exc:
                 # A child that died taking its first queues (a message that kills its
                 # worker, at the head of a backlog) is what every inspection handles:
-                # replaced, its queues adopted, now rather than a period later.
+                # replaced, its queues adopted, now rather than a period later. A child
+                # that reports it cannot take them (ChildCommandFailed: the broker is
+                # unreachable) ends the start with the reason.
                 log.warning("supervisor: %s while the queues were first assigned", exc)
                 await self.tick(adapter)
             self._started = True
