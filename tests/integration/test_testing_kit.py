@@ -154,15 +154,20 @@ async def test_a_timeout_names_a_startup_hook_still_running() -> None:
     app, _ = flaky_app({})
     gate = asyncio.Event()
 
+    seeded: list[bool] = []
+
     @app.startup
     async def seed(client: conveyor.Client) -> None:
         await gate.wait()
+        seeded.append(True)
 
     async with TestWorker(app) as worker:
         with pytest.raises(NotSettled, match=r"startup hook .*seed still running"):
             await worker.settle(timeout_s=0.1)
+        assert seeded == []
         gate.set()
         await worker.settle()
+        assert seeded == [True]  # settle returned once the hook had finished
 
 
 # -- the app's features, through the real chain -------------------------------------------
@@ -350,10 +355,13 @@ async def test_the_users_app_is_left_as_declared_and_workers_share_nothing() -> 
 
 def test_bad_kit_settings_are_refused_naming_the_setting() -> None:
     app, _ = flaky_app({})
-    with pytest.raises(conveyor.InvalidArgumentError, match="delay_scale"):
+    with pytest.raises(conveyor.InvalidArgumentError, match="delay_scale") as bad_scale:
         TestWorker(app, delay_scale=-1)
-    with pytest.raises(conveyor.InvalidArgumentError, match="settle_timeout_s"):
+    with pytest.raises(conveyor.InvalidArgumentError, match="settle_timeout_s") as bad_timeout:
         worker_fixture(app, settle_timeout_s=float("nan"))
+    for error in (bad_scale.value, bad_timeout.value):
+        assert "\n" not in str(error)  # one line, naming the setting
+    assert TestWorker(app, delay_scale=0).delay_scale == 0  # the bound itself is fine
 
 
 FIXTURE_APP, FIXTURE_CALLS = flaky_app({})

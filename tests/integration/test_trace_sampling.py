@@ -142,16 +142,18 @@ async def test_the_consumer_follows_the_producers_decision_and_keeps_the_trace()
 async def test_a_message_without_a_traceparent_starts_traces_at_the_ratio() -> None:
     telemetry, spans = ratio_telemetry()
     handled: list[int] = []
+    in_a_trace: list[bool] = []
     app = App("test")
 
     @app.handler("items")
     async def handle(item: Item, ctx: MessageContext) -> None:
-        assert trace.get_current_span().get_span_context().is_valid
+        in_a_trace.append(trace.get_current_span().get_span_context().is_valid)
         handled.append(item.seq)
 
     n = 2000
     await publish_and_handle(app, telemetry, n, handled, traced_producer=False)
     assert sorted(handled) == list(range(n))
+    assert in_a_trace == [True] * n  # kept or dropped, every handler runs in a trace
     consumers = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
     assert within_binomial(len(consumers), n, RATIO), len(consumers)
     assert all(s.parent is None for s in consumers)
