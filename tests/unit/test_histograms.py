@@ -96,6 +96,47 @@ def test_the_interceptor_counts_each_delivery_in_its_bucket_with_exact_count_and
     assert other.counts == series.counts and other.sum == sum(DURATIONS_S)
 
 
+def test_the_shipped_chain_times_in_its_one_step_exactly_as_the_interceptor_does() -> None:
+    """With metrics on, build_chain hands HandlerDuration's series to the shipped chain's
+    one step (no frame of its own): the same buckets, count, sum, min and max, a
+    failing delivery (dead-lettered, its time counted too) included."""
+    from conveyor.platform.delivery import DeliveryStats, build_chain, chain_interceptors
+    from conveyor.platform.message import DeadLetter
+
+    letters: list[DeadLetter] = []
+
+    async def put(letter: DeadLetter) -> None:
+        letters.append(letter)
+
+    app = App("shop")
+
+    @app.handler("orders", name="shop.on_order", retry_attempts=1)
+    async def on_order(body: dict[str, Any]) -> None:
+        if body.get("fail"):
+            raise ValueError("refused")
+
+    [spec] = app.handlers
+    shipped = build_chain(spec, chain_interceptors(put, DeliveryStats(),
+                                                   metrics=LocalMetrics(SCOPE)))
+    assert shipped.__qualname__.startswith("DeadLetterInterceptor.first_attempt")
+    local = LocalMetrics(SCOPE)  # the same chain, on a scripted clock
+    timing = HandlerDuration(local, clock=ScriptedClock(DURATIONS_S))
+    chain = build_chain(spec, [timing, *chain_interceptors(put, DeliveryStats())])
+    assert chain.__qualname__ == shipped.__qualname__
+    bodies = [b'{"fail": true}' if i % 3 == 0 else b"{}" for i in range(len(DURATIONS_S))]
+
+    async def run() -> None:
+        for body in bodies:
+            await chain(Delivery(Message("m", StreamId("orders", "k"), body), spec))
+
+    asyncio.run(run())
+    assert len(letters) == len(DURATIONS_S[::3])
+    [series] = [s for f in local.families for s in f.all_series()]
+    assert series.counts == expected_buckets(DURATIONS_S)
+    assert series.sum == sum(DURATIONS_S)
+    assert (series.min, series.max) == (0.0, 61.0)
+
+
 class Captured(MetricExporter):
     def __init__(self, temporality: AggregationTemporality) -> None:
         super().__init__({HistogramInstrument: temporality})

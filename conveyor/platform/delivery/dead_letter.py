@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from conveyor.platform.outage import OutageLog
 from conveyor.platform.throttled_log import ThrottledLog
 
 if TYPE_CHECKING:
+    from conveyor.platform.delivery.metrics import Timer
     from conveyor.platform.delivery.retry import Again
 
 log = logging.getLogger("conveyor.dead_letters")
@@ -153,7 +155,7 @@ class DeadLetterInterceptor(Interceptor):
         return guarded
 
     def first_attempt(self, handler: HandlerSpec, call: Callable[..., Awaitable[Any]],
-                      again: Again | None) -> Step:
+                      again: Again | None, timer: Timer | None = None) -> Step:
         """This step, :class:`~conveyor.platform.delivery.chain.Decode` and the first
         attempt of :class:`~conveyor.platform.delivery.retry.RetryInterceptor` as one
         step that calls the handler function ``call`` itself — what ``wrap`` around
@@ -161,7 +163,11 @@ class DeadLetterInterceptor(Interceptor):
         and two calls less a message. :func:`~conveyor.platform.delivery.build_chain`
         uses it for a handler whose chain has nothing else inside this step (the shipped
         chain, with no app interceptor, pool, cell or idempotency for that handler).
-        ``again`` runs the retries (:meth:`RetryInterceptor.again`); None: one attempt."""
+        ``again`` runs the retries (:meth:`RetryInterceptor.again`); None: one attempt.
+        ``timer``: the duration histogram of a
+        :class:`~conveyor.platform.delivery.metrics.HandlerDuration` just outside this
+        step, timed here (the same two clock reads around the same work) instead of in a
+        frame of its own; None: not timed."""
         stats = self._stats
         failed = self._failed(handler)
         decode = handler.decode
@@ -169,7 +175,12 @@ class DeadLetterInterceptor(Interceptor):
         limit = handler.retry.max_deliveries
         takes_context = handler.takes_context
 
+        clock, series = timer if timer is not None else (time.perf_counter, None)
+        counts, bounds = (series.counts, series.bounds) if series is not None else ([], ())
+        first = bounds[0] if bounds else 0.0
+
         async def guarded(delivery: Delivery) -> Any:
+            started = clock() if series is not None else 0.0
             try:
                 message = delivery.message
                 if message.deliveries > limit:
@@ -192,7 +203,17 @@ class DeadLetterInterceptor(Interceptor):
             except Exception as exc:
                 await failed(delivery, exc)
                 return
-            stats.handled += 1
+            else:
+                stats.handled += 1
+            finally:
+                if series is not None:  # HandlerDuration's lines (metrics.py), inlined
+                    elapsed = clock() - started
+                    counts[0 if elapsed <= first else bisect_left(bounds, elapsed)] += 1
+                    series.sum += elapsed
+                    if elapsed > series.max:
+                        series.max = elapsed
+                    if elapsed < series.min:
+                        series.min = elapsed
 
         return guarded
 

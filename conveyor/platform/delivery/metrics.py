@@ -20,7 +20,11 @@ from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.telemetry import DESTINATION, HANDLER
 
 if TYPE_CHECKING:
-    from conveyor.platform.histograms import HistogramFamily, LocalMetrics
+    from conveyor.platform.histograms import HistogramFamily, LocalMetrics, Series
+
+Timer = tuple[Callable[[], float], "Series"]
+"""A clock and the series it times into: what the shipped chain's one step takes to time
+a delivery itself (see :meth:`HandlerDuration.timer`)."""
 
 DURATION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                       1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -42,11 +46,18 @@ class HandlerDuration(Interceptor):
         self._family = duration_histogram(local)
         self._clock = clock
 
+    def timer(self, handler: HandlerSpec) -> Timer:
+        """``handler``'s series and the clock, for a step that times deliveries itself:
+        :func:`~conveyor.platform.delivery.build_chain` hands them to the shipped chain's
+        one step (``DeadLetterInterceptor.first_attempt``) when this interceptor is just
+        outside it: a coroutine frame less a message."""
+        return self._clock, self._family.series(
+            {DESTINATION: handler.namespace, HANDLER: handler.name})
+
     def wrap(self, handler: HandlerSpec, next: Step) -> Step:
-        series = self._family.series({DESTINATION: handler.namespace, HANDLER: handler.name})
+        clock, series = self.timer(handler)
         counts, bounds = series.counts, series.bounds
         first = bounds[0]
-        clock = self._clock
 
         async def timed(delivery: Delivery) -> Any:
             started = clock()
