@@ -41,8 +41,9 @@ parked on a future when idle, so a message costs no task of its own. A runner re
 a slot *before* it takes a lane (waiting for one if none is free; a runner that waits
 wakes no other), then wakes one more runner if other lanes are waiting: with handlers
 that finish without suspending, one runner drains a whole batch in a single step. It
-runs up to :data:`LANE_RUN` of a lane's entries back to back before it puts the lane
-back; the done prefix such a step leaves is popped once, when the step is over
+runs up to :data:`LANE_RUN` of a lane's entries back to back, for at most
+:data:`RUN_BUDGET_S`, before it puts the lane back; the done prefix such a step leaves
+is popped once, when the step is over
 (:meth:`~conveyor.platform.acks.Acknowledger.head_done`).
 """
 
@@ -78,15 +79,20 @@ ACK_GRACE_S = 1.0
 STALL_BREATH_S = 0.01
 """After a handler blocked the loop, how long the next start waits for the loop's I/O."""
 
-LANE_RUN = 1
+LANE_RUN = 16
 """Calls a runner makes on one lane before it puts the lane back behind the other ready
-ones (a run also ends when the loop is stalled, a drain begins, the ownership deadline
-passes or the supplier wants the slot). 1: one call, then the lane goes back. Runs of 16
-saved CPU on no-op handlers, but with slow handlers they run deep into one stream while
-older messages of other streams wait, the gap-free ack watermark stops, the cache fills
-and pulls stall: a Redis fault test with 20 ms handlers went from 20 s to 70 s
-(tests/integration/redis/test_redis_faults.py, the paused daemon). Kept as a knob for a
-run length that adapts to handler time."""
+ones, while the run lasts less than :data:`RUN_BUDGET_S` (a run also ends when the loop
+is stalled, a drain begins, the ownership deadline passes or the supplier wants the
+slot). Handlers that finish in microseconds run up to 16 of a stream's messages in one
+go, the lane taken and put back once; handlers slower than the budget run one call a
+turn. (Runs of 16 with no time bound ran deep into one stream with 20 ms handlers while
+older messages of other streams waited: the gap-free ack watermark stopped and pulls
+stalled, a Redis fault test with such handlers taking 70 s instead of 20,
+tests/integration/redis/test_redis_faults.py, the paused daemon.)"""
+
+RUN_BUDGET_S = 0.001
+"""How long one lane's run may take before the lane goes back (see :data:`LANE_RUN`):
+the most a run delays the other ready lanes of its agent."""
 
 Subscriptions = dict[str, tuple[Route, ...]]
 """Namespace -> the routes (handlers and their delivery chains) subscribed to it."""
@@ -426,7 +432,8 @@ class PullingAgent:
                             permit.release(SlotReleaseReason.NEVER_USED)
                             permit = None
                             break
-                fenced = clock() >= own.until and not own.may_act()
+                began = clock()
+                fenced = began >= own.until and not own.may_act()
                 if fenced and not self._stopping:
                     self._regain()  # not ours (for now): start nothing, wake no one
                     break
@@ -477,8 +484,9 @@ class PullingAgent:
                             del lanes[lane.key]
                             break
                         run -= 1
-                        if (not run or watchdog.stalled or self._stopping
-                                or clock() >= own.until or not keep(permit)):
+                        now = clock()
+                        if (not run or now - began >= RUN_BUDGET_S or watchdog.stalled
+                                or self._stopping or now >= own.until or not keep(permit)):
                             ready.append(lane)  # the loop above decides what comes next
                             break
                 except BaseException:
