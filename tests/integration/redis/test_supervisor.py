@@ -239,3 +239,61 @@ def test_a_supervisor_whose_redis_is_down_at_start_ends_with_a_message(tmp_path:
     assert last.startswith("conveyor: error: process #1 could not acquire queue"), done.stderr
     assert "redis unreachable" in last
     assert "Traceback" not in done.stderr, done.stderr
+
+
+async def test_a_process_dying_as_the_queues_are_first_assigned_is_replaced_not_fatal(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child that dies while the supervisor first hands out the queues (a message that
+    kills its worker, at the head of a backlog) is replaced and its queues adopted, as an
+    inspection would; before, the ChildGone ended the whole worker. Here the second
+    child is killed as the first queue is sent to it (a child that is dead before the
+    assignment is simply given nothing); then every one of 800 messages published is
+    handled exactly once (none was pulled before)."""
+    monkeypatch.chdir(REPO)  # the children import tests.apps.recorder
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 8},
+                       balancer={"lease_ttl_s": 1.5})
+    record = tmp_path / "handled.rec"
+    config = load_config(cfg)
+    supervisor = Supervisor(
+        "tests.apps.recorder:app", "rec", config, SupervisorSettings.from_config(config, 2, 2),
+        config_path=str(cfg), env={"CONVEYOR_TEST_RECORD": str(record)},
+    )
+    spawn = supervisor._spawn
+    killed: list[ChildProcess] = []
+
+    async def spawn_and_kill_the_second() -> ChildProcess:
+        child = await spawn()
+        if len(supervisor.children) == 2 and not killed:
+            acquire = child.acquire
+
+            async def killed_on_acquiring(queue: int) -> None:
+                if not killed:
+                    assert child.proc is not None
+                    child.proc.kill()
+                    killed.append(child)
+                await acquire(queue)
+
+            monkeypatch.setattr(child, "acquire", killed_on_acquiring)
+        return child
+
+    monkeypatch.setattr(supervisor, "_spawn", spawn_and_kill_the_second)
+    stop = asyncio.Event()
+    ready: list[str] = []
+    running = asyncio.create_task(supervisor.run(stop, ready.append))
+    n = 800
+    try:
+        await wait_until(lambda: bool(ready) or running.done(), 30, what="the first start")
+        assert not running.done(), running.exception()  # the death did not end the start
+        assert killed and killed[0] not in supervisor.children
+        assert supervisor.processes == 2 and supervisor.stats.replaced == 1
+        assert set().union(*(c.queues for c in supervisor.children)) == set(range(8))
+        async with Client.from_config(config) as client:
+            await client.publish_batch(Publish("items", f"k{i % 50}", {"seq": i})
+                                       for i in range(n))
+        await wait_until(lambda: len(read_records([record])) >= n, 30, what="all handled")
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 60)
+    ids = [row[5] for row in read_records([record])]
+    assert len(ids) == n and len(set(ids)) == n, "lost or duplicated"
