@@ -112,8 +112,9 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
     members = _table(_whole("daemon"), "queues", _right("slots"), _right("handled"),
                      _right("dead"), _right("skipped"))
     if wide:
-        for heading in ("host", "pid", "pools / cells (workers)"):
-            members.add_column(heading)
+        for heading in ("host", "pid", "version", "p95", "stalls", "pools / cells (workers)"):
+            members.add_column(heading, justify="right" if heading in ("p95", "stalls")
+                               else "left")
     notes: list[Any] = []
     for m in report.members:
         st = m.stats
@@ -125,7 +126,10 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
                 f"{k.split('.', 1)[1].rsplit('.', 1)[0]}={v:.0f}" for k, v in sorted(st.items())
                 if k.startswith(("pool.", "cell.")) and k.endswith(".workers")
             )
-            row += [m.host, str(m.pid) if m.pid else "-", hosted or "-"]
+            p95 = st.get("latency.p95_s")
+            row += [m.host, str(m.pid) if m.pid else "-", m.version or "-",
+                    "-" if p95 is None else f"{p95 * 1000:,.1f}ms",
+                    _num(st.get("loop.stalls")), hosted or "-"]
         members.add_row(*row)
         notes += _member_warnings(m.id, st)
     if report.members:
@@ -142,9 +146,23 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
 
 
 def _member_warnings(member: str, st: dict[str, float]) -> list[Any]:
+    """Lines under the daemons table for what needs a look: a daemon draining or not
+    ready, loop stalls, calls waiting on the rate limit, the dead-letter store."""
     from rich.text import Text
 
     out = []
+    if st.get("draining"):
+        out.append(Text(f"{member}: draining (stopping: its queues go to the others)"))
+    elif st.get("ready") == 0:
+        out.append(Text(f"{member}: not ready (taking its queues, or failed: /readyz "
+                        "says why)", style="yellow"))
+    if st.get("loop.stalls"):
+        out.append(Text(f"{member}: {st['loop.stalls']:.0f} loop stall(s): a handler blocked "
+                        "the event loop (its log names the handler and message)",
+                        style="yellow"))
+    if st.get("rate.waiting"):
+        out.append(Text(f"{member}: {st['rate.waiting']:.0f} call(s) waiting for the rate "
+                        f"limit ({st.get('rate.limit_per_s', 0):,.0f}/s)"))
     if st.get("dead_letters.down_s") is not None:
         out.append(Text(f"{member}: the dead-letter store has failed for "
                         f"{_age(st['dead_letters.down_s'])}; "

@@ -117,7 +117,10 @@ def test_status_of_an_app_fits_80_columns(busy_app: tuple[Path, Worker]) -> None
 
     wide = fits(cli("status", "--app", "rec", "--wide", "--config", str(cfg),
                     columns=200).stdout, 200)
-    row(wide, "daemon", "queues", "host", "pid", "pools / cells (workers)")
+    row(wide, "daemon", "queues", "host", "pid", "version", "p95", "stalls",
+        "pools / cells (workers)")
+    from conveyor import __version__
+    row(wide, daemon, "0-7", __version__)  # no meter here: p95 "-", no stall: "0"
 
 
 def test_status_without_app_lists_the_apps_in_80_columns(busy_app: tuple[Path, Worker]) -> None:
