@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor import Client
+from conveyor import App, Client
 from conveyor.backends import for_config
 from conveyor.platform.operations.status import AckRates, QueueStatus, StatusReport, collect_status
 from tests.conftest import wait_until
@@ -85,3 +85,44 @@ def test_the_daemons_ack_rate_covers_at_least_its_window() -> None:
     assert rates.sample({0: 300, 1: 0}, now=12.0) == {0: 200.0, 1: 0.0}
     assert rates.sample({0: 5}, now=13.0) == {}  # count went down: a new window starts
     assert rates.sample({0: 55}, now=13.5) == {0: 100.0}
+
+
+async def test_a_drain_after_the_last_heartbeat_shows_no_stale_cache_fill() -> None:
+    """The cache fill comes from the owner's last heartbeat; read after a drain that came
+    after that heartbeat, it is capped at the lag read now (what a cache holds is pulled
+    and not acknowledged, which the lag counts): 0 on an empty queue, not the old fill."""
+    import asyncio
+
+    adapter = fresh_adapter()
+    gate = asyncio.Event()
+    handled = 0
+    app = App("test")
+
+    @app.handler("items")
+    async def held(body: bytes) -> None:
+        nonlocal handled
+        await gate.wait()
+        handled += 1
+
+    cfg = config(balancer={"lease_ttl_s": 6.0}, queues={"total": 1})  # a beat every 2 s
+    d = daemon(app, adapter, cfg)
+    await publish_items(Client(adapter, d.mapper), 200, streams=20)
+    await d.start()
+    try:
+        seen: list[StatusReport] = []
+
+        async def holding() -> bool:
+            report = await collect_status(cfg, "test", for_config(cfg))
+            seen.append(report)
+            return bool(report.members) and (report.queues[0].cache_fill or 0) > 0
+
+        await wait_until(holding, 10, 0.02, what="a heartbeat while the cache holds")
+        beat = seen[-1].members[0].stats["at"]
+        gate.set()
+        await wait_until(lambda: handled == 200 and d.queues.acked == 200, 10,
+                         what="all acked")
+        report = await collect_status(cfg, "test", for_config(cfg))
+        assert report.members[0].stats["at"] == beat, "no heartbeat since: the test shows it"
+        assert report.total_lag == 0 and report.queues[0].cache_fill == 0
+    finally:
+        await d.stop()

@@ -45,7 +45,10 @@ class QueueStatus:
     owner: str | None
     lag: int
     cache_fill: int | None = None
-    """Messages its agent holds, from the owner's last heartbeat."""
+    """Messages its agent holds, from the owner's last heartbeat, and at most ``lag``:
+    what an agent holds is pulled and not acknowledged, which every backend's lag
+    counts, so a heartbeat's figure above the lag read now is older than the drain that
+    emptied the queue (shown as the lag until the next heartbeat)."""
     acked: int | None = None
     """Messages its agent acknowledged since it took the queue (owner's last heartbeat)."""
     acks_per_s: float | None = None
@@ -181,9 +184,11 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
             own = stats.get(owner or "", {})
             fill = own.get(f"queue.{q}.cache_fill")
             acked = own.get(f"queue.{q}.acked")
+            lag = await adapter.lag(q, group)
             queues.append(QueueStatus(
-                q, owner, await adapter.lag(q, group),
-                None if fill is None else int(fill), None if acked is None else int(acked),
+                q, owner, lag,
+                None if fill is None else min(int(fill), lag),
+                None if acked is None else int(acked),
                 own.get(f"queue.{q}.acks_per_s"), own.get("at"), appended.get(q),
             ))
         groups = summarise(infos)
