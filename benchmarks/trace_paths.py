@@ -6,7 +6,8 @@ Each path runs ``--calls`` times in a loop that does nothing else, best of
 
 * *consumer, dropped parent*: a message whose ``traceparent`` says "not sampled" —
   the SDK: extract the header, start a non-recording consumer span as the current
-  span, end it; the shortcut: parse the header, attach the parent's context, detach.
+  span, end it; the shortcut: match the header, attach the parent's span (its ids
+  parsed only if asked for), detach.
 * *consumer, new trace, dropped*: a message without ``traceparent`` at a ratio that
   drops it (the SDK: a root span through the ratio sampler; the shortcut: the
   decision on a drawn trace id and a non-recording span attached).
@@ -32,11 +33,11 @@ from opentelemetry import context, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import NonRecordingSpan, SpanKind
+from opentelemetry.trace import SpanKind
 
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import Message
-from conveyor.platform.sampling import ratio_tracer_provider, remote_parent
+from conveyor.platform.sampling import ratio_tracer_provider, remote_span
 from conveyor.platform.telemetry import PROPAGATOR, Telemetry
 
 ATTRIBUTES = {
@@ -96,9 +97,9 @@ def main() -> None:
         return run
 
     def fast_dropped_parent() -> None:
-        parent = remote_parent(DROPPED)
-        assert parent is not None and not parent.trace_flags.sampled
-        token = context.attach(trace.set_span_in_context(NonRecordingSpan(parent)))
+        parent = remote_span(DROPPED)
+        assert parent is not None and not parent.sampled
+        token = context.attach(trace.set_span_in_context(parent))
         context.detach(token)
 
     def fast_new_dropped() -> None:

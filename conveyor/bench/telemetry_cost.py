@@ -5,7 +5,8 @@ through ``Client.publish`` — where the producer span starts when tracing is on
 one daemon started and timed until every message is handled and acknowledged. The
 figure is ``N`` over the wall time of both phases; CPU is ``process_time`` over both,
 and over the second alone ("consume CPU": what a worker pays, the producer's span and
-sampling decision excluded).
+sampling decision excluded; the producer's spans still queued when publishing ends are
+exported before the second phase starts).
 
 Four variants, each run in a fresh subprocess so none inherits another's heap:
 
@@ -17,9 +18,14 @@ Four variants, each run in a fresh subprocess so none inherits another's heap:
 ``off``
     the shipped default, ``[telemetry] exporter = "none"``.
 ``on``
-    SDK tracer and meter, every trace sampled (``sample_ratio``), spans to a batch
-    processor whose exporter drops them — the cost of creating, recording and
-    exporting spans, not of network I/O.
+    what ``[telemetry] exporter = "otlp"`` builds (``Telemetry.from_config``): the
+    ratio sampler (``sample_ratio``), ``BatchSpanProcessor`` at its shipped settings,
+    the OTLP/HTTP exporters, to an OTLP endpoint in another process
+    (:mod:`conveyor.bench.otlp_sink`, a collector's stand-in that decodes what it
+    gets) — creating, recording, encoding and posting spans, all in the worker's CPU
+    time; the endpoint's decoding is not. Spans the endpoint did not get (a trace
+    without its producer or consumer span, or the batch queue overflowing) are
+    reported as lost.
 ``metrics``
     what ``[http] port`` alone turns on: a meter read by the Prometheus reader of
     ``/metrics`` (no tracer), its handler-duration histogram counted per message, and
@@ -36,11 +42,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -86,31 +93,51 @@ def strip_instrumentation() -> None:
     setattr(DaemonMetrics, "register", no_metrics)  # noqa: B010
 
 
-def _telemetry_on(sample_ratio: float) -> tuple[Telemetry, Any]:
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.sdk.trace.export import (
-        BatchSpanProcessor,
-        SpanExporter,
-        SpanExportResult,
-    )
+class Collector:
+    """An OTLP/HTTP endpoint in a process of its own (:mod:`conveyor.bench.otlp_sink`):
+    what the traced run exports to, as a deployment exports to a collector."""
 
-    from conveyor.platform.sampling import ratio_tracer_provider
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.bench.otlp_sink"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self._proc.stdout is not None
+        self.endpoint = self._proc.stdout.readline().strip()
+        if not self.endpoint.startswith("http://"):
+            self.close()
+            raise BenchmarkError("the OTLP endpoint of the traced run did not start")
 
-    class Discard(SpanExporter):
-        def __init__(self) -> None:
-            self.exported = 0
+    def count(self) -> dict[str, Any]:
+        """Spans decoded so far (``spans``, ``by_kind``, ``incomplete_traces``)."""
+        with urllib.request.urlopen(f"{self.endpoint}/count", timeout=10) as reply:
+            result: dict[str, Any] = json.loads(reply.read())
+        return result
 
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            self.exported += len(spans)
-            return SpanExportResult.SUCCESS
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        self._proc.wait(timeout=10)
 
-    exporter = Discard()
-    provider = ratio_tracer_provider(sample_ratio)  # as Telemetry.from_config builds it
-    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 18))
-    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    return Telemetry(provider, meters), exporter
+
+class QueueOverflow(logging.Handler):
+    """Notices the batch processor's "Queue full, dropping" warning: spans the SDK lost
+    before export (its own processor metrics are off by default)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen = self.seen or "Queue full" in record.getMessage()
+
+
+def _telemetry_on(sample_ratio: float, endpoint: str) -> Telemetry:
+    """What ``[telemetry] exporter = "otlp"`` builds (docs/telemetry.md), to ``endpoint``:
+    the shipped OTLP/HTTP span and metric exporters, ``BatchSpanProcessor`` at its
+    settings, the ratio sampler."""
+    config = TelemetryConfig(exporter="otlp", endpoint=endpoint, sample_ratio=sample_ratio)
+    return Telemetry.from_config(config)
 
 
 async def _publish_and_handle(n: int, telemetry: Telemetry | None
@@ -137,6 +164,12 @@ async def _publish_and_handle(n: int, telemetry: Telemetry | None
         scraping = asyncio.create_task(scrape())
     for key, body in bodies:
         await client.publish("bench", key, body)
+    if telemetry is not None:
+        # The producer's spans still queued are exported now, by the producer: a
+        # worker does not encode the spans of the process that published to it.
+        flush = getattr(telemetry.tracer_provider, "force_flush", None)
+        if callable(flush):
+            flush()
     consume_c0 = time.process_time()
     await daemon.start()
     await asyncio.wait_for(acks.done.wait(), timeout=300)
@@ -157,12 +190,20 @@ def run_variant(variant: str, messages: int, sample_ratio: float) -> dict[str, A
         raise InvalidArgumentError(f"variant must be one of {VARIANTS}, not {variant!r}")
     if variant == "uninstrumented":
         strip_instrumentation()
-    spans = 0
+    spans = lost = 0
     if variant == "on":
-        telemetry, exporter = _telemetry_on(sample_ratio)
-        rate, cpu_us, consume_us = asyncio.run(_publish_and_handle(messages, telemetry))
-        telemetry.shutdown()  # flushes the batch processor into the counting exporter
-        spans = exporter.exported
+        collector = Collector()
+        overflow = QueueOverflow()
+        logging.getLogger("opentelemetry").addHandler(overflow)
+        try:
+            telemetry = _telemetry_on(sample_ratio, collector.endpoint)
+            rate, cpu_us, consume_us = asyncio.run(_publish_and_handle(messages, telemetry))
+            telemetry.shutdown()  # flushes the batch processor to the endpoint
+            received = collector.count()
+        finally:
+            collector.close()
+        spans = received["spans"]
+        lost = received["incomplete_traces"] + (1 if overflow.seen else 0)
     elif variant == "metrics":
         telemetry = Telemetry.prometheus_only(TelemetryConfig())
         rate, cpu_us, consume_us = asyncio.run(_publish_and_handle(messages, telemetry))
@@ -172,6 +213,7 @@ def run_variant(variant: str, messages: int, sample_ratio: float) -> dict[str, A
     hooks = sorted(HOOK_NAMES & set(Client.publish.__code__.co_names))
     return {"variant": variant, "msgs_per_s": rate, "cpu_us_per_msg": cpu_us,
             "consume_cpu_us_per_msg": consume_us, "spans_exported": spans,
+            "spans_lost": lost,
             "publish_hooks": hooks}
 
 
@@ -223,6 +265,9 @@ class TelemetryCost:
     """Spans of one "on" run: a producer and a consumer span per sampled message."""
     metrics: Figure | None = None
     """``[http] port`` alone: the meter read by ``/metrics``, no tracer."""
+    spans_lost: int = 0
+    """Of the "on" runs: traces the endpoint got incomplete, plus one per run whose
+    batch queue overflowed (0: every span recorded reached the endpoint)."""
 
     @property
     def off_over_uninstrumented(self) -> float:
@@ -264,6 +309,7 @@ class TelemetryCost:
             "uninstrumented_spread": self.uninstrumented.spread,
             "off_within_noise": self.off_within_noise,
             "spans_exported": self.spans_exported,
+            "spans_lost": self.spans_lost,
             "metrics": None if self.metrics is None else asdict(self.metrics),
             "metrics_over_off": self.metrics_over_off,
             "consume_cpu_on_over_off": self.consume_cpu_ratio(self.on),
@@ -294,8 +340,9 @@ class TelemetryCost:
             *([row("/metrics only", self.metrics)] if self.metrics is not None else []),
             f"off / uninstrumented = {self.off_over_uninstrumented:.3f} ({verdict} the "
             f"uninstrumented runs' spread of {self.uninstrumented.spread:.1%})",
-            f"on / off = {self.on_over_off:.3f}; spans exported per on run: "
-            f"{self.spans_exported}",
+            f"on / off = {self.on_over_off:.3f}; spans exported per on run (OTLP/HTTP to "
+            f"an endpoint in another process): {self.spans_exported}, lost in all on runs: "
+            f"{self.spans_lost}",
             *([f"/metrics only / off = {self.metrics_over_off:.3f} (histogram per message, "
                f"rendered every {SCRAPE_EVERY_S}s)"] if self.metrics_over_off is not None
               else []),
@@ -330,6 +377,7 @@ def telemetry_cost(messages: int, repeats: int = 5, sample_ratio: float = 1.0) -
         messages, repeats, sample_ratio,
         Figure.of(runs["uninstrumented"]), Figure.of(runs["off"]), Figure.of(runs["on"]),
         runs["on"][-1]["spans_exported"], Figure.of(runs["metrics"]),
+        sum(r["spans_lost"] for r in runs["on"]),
     )
 
 

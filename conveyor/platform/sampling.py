@@ -10,7 +10,9 @@ for the traces it keeps:
 * **A message whose producer dropped its trace** (``traceparent`` flags without the
   sampled bit): the consumer attaches the producer's context as a non-recording span
   and runs the handler in it — what the parent-based sampler does, so spans the
-  handler starts and messages it publishes continue the same dropped trace.
+  handler starts and messages it publishes continue the same dropped trace. That
+  span (:class:`RemoteSpan`) parses the ids only when someone asks for its context: a
+  handler that neither traces nor publishes costs the header's match alone.
 * **A new trace** (a publish outside any span, a message without ``traceparent``):
   :class:`RatioRoots` draws the trace id and applies ``TraceIdRatioBased``'s rule to
   it. Dropped: only the context is propagated (a ``traceparent`` written by hand, a
@@ -37,25 +39,51 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Tracer
 
-_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_ODD_HEX = frozenset("13579bdf")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 _RANDOM_TRACE_ID = 0x02
 """The W3C level-2 trace flag the SDK sets on the trace ids it draws at random."""
 
 
-def remote_parent(headers: Mapping[str, str]) -> SpanContext | None:
-    """The producer's span context from a well-formed version-00 ``traceparent``
-    header, as the SDK's propagator reads it; None when it is absent, malformed, or
-    comes with a ``tracestate`` (then the propagator must read both)."""
+def remote_span(headers: Mapping[str, str]) -> RemoteSpan | None:
+    """The producer's span from a well-formed version-00 ``traceparent`` header, as the
+    SDK's propagator reads it; None when it is absent, malformed, or comes with a
+    ``tracestate`` (then the propagator must read both)."""
     header = headers.get("traceparent")
-    if header is None or "tracestate" in headers:
+    if header is None or "tracestate" in headers or _TRACEPARENT.fullmatch(header) is None:
         return None
-    match = _TRACEPARENT.fullmatch(header)
-    if match is None:
+    if header.startswith(_ZERO_TRACE, 3) or header.startswith(_ZERO_SPAN, 36):
         return None
-    trace_id, span_id = int(match[1], 16), int(match[2], 16)
-    if not trace_id or not span_id:
-        return None
-    return SpanContext(trace_id, span_id, True, TraceFlags(int(match[3], 16)))
+    return RemoteSpan(header)
+
+
+def remote_parent(headers: Mapping[str, str]) -> SpanContext | None:
+    """The producer's span context from ``traceparent`` (see :func:`remote_span`)."""
+    span = remote_span(headers)
+    return None if span is None else span.get_span_context()
+
+
+class RemoteSpan(NonRecordingSpan):
+    """The producer's span, read from a ``traceparent`` that :func:`remote_span` checked:
+    what the propagator would put in the context, its :class:`SpanContext` built on
+    first use."""
+
+    def __init__(self, traceparent: str) -> None:
+        self._traceparent = traceparent
+        self.sampled = traceparent[54] in _ODD_HEX
+        """The flags' sampled bit (the lowest bit of the last hex digit)."""
+        self._context: SpanContext | None = None  # type: ignore[assignment]
+
+    def get_span_context(self) -> SpanContext:
+        if self._context is None:
+            header = self._traceparent
+            self._context = SpanContext(int(header[3:35], 16), int(header[36:52], 16), True,
+                                        TraceFlags(int(header[53:55], 16)))
+        return self._context
+
+    def __repr__(self) -> str:
+        return f"RemoteSpan({self.get_span_context()!r})"
 
 
 class RatioRoots(RandomIdGenerator):

@@ -129,14 +129,15 @@ class Telemetry:
             MetricExporter,
             PeriodicExportingMetricReader,
         )
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.export import (
             BatchSpanProcessor,
             ConsoleSpanExporter,
             SpanExporter,
         )
 
-        resource = Resource.create(resource_attributes(config, instance_id))
+        from conveyor.platform.resources import create_resource
+
+        resource = create_resource(resource_attributes(config, instance_id))
         span_exporter: SpanExporter
         metric_exporter: MetricExporter
         if config.exporter == "console":
@@ -180,11 +181,11 @@ class Telemetry:
     def prometheus_only(cls, config: TelemetryConfig, instance_id: str | None = None) -> Telemetry:
         """A meter read only by ``/metrics``: no tracer, no exporter, no export thread."""
         from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
-        from opentelemetry.sdk.resources import Resource
 
         from conveyor.platform.histograms import LocalMetrics
+        from conveyor.platform.resources import create_resource
 
-        resource = Resource.create(resource_attributes(config, instance_id))
+        resource = create_resource(resource_attributes(config, instance_id))
         local = LocalMetrics(SCOPE, resource)
         registry, reader = _prometheus_reader(local)
         provider = SdkMeterProvider(resource=resource, metric_readers=[reader])
@@ -234,7 +235,12 @@ class Telemetry:
                 KEY: msg.stream.key,
             },
         )
-        PROPAGATOR.inject(msg.headers, context=trace.set_span_in_context(span))
+        context = span.get_span_context()
+        if context.trace_state or not context.is_valid:
+            PROPAGATOR.inject(msg.headers, context=trace.set_span_in_context(span))
+        else:  # what the propagator writes for a span without a tracestate
+            msg.headers["traceparent"] = (
+                f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}")
         return span
 
     # -- metrics -----------------------------------------------------------------------

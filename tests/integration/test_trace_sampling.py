@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sized
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from conveyor import App, Client, MessageContext
+from conveyor.platform.delivery.chain import Delivery
+from conveyor.platform.delivery.tracing import ConsumerSpans
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import Message
 from conveyor.platform.sampling import ratio_tracer_provider, remote_parent
@@ -167,3 +170,40 @@ def test_a_malformed_or_stated_traceparent_is_left_to_the_sdk() -> None:
                 good.replace("-", "_")):
         assert remote_parent({"traceparent": bad}) is None, bad
     assert remote_parent({"traceparent": good, "tracestate": "a=b"}) is None
+
+
+async def test_an_exception_leaving_the_consumer_span_is_recorded_as_use_span_records_it(
+) -> None:
+    """The consumer step starts its span without ``start_as_current_span``: an error
+    that leaves the chain still ends the span with the exception event and error status
+    the SDK's context manager gives, and the handler ran inside it."""
+    telemetry, spans = ratio_telemetry(1.0)
+    assert telemetry.tracer is not None
+    app = App("test")
+
+    @app.handler("items")
+    async def handle(item: Item) -> None:
+        return None
+
+    [spec] = app.handlers
+    inside: list[int] = []
+
+    async def failing(delivery: Delivery) -> None:
+        inside.append(trace.get_current_span().get_span_context().span_id)
+        raise ValueError("boom")
+
+    step = ConsumerSpans(telemetry.tracer, system="memory", group="test").wrap(spec, failing)
+    parent = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    msg = Message("m-1", StreamId("items", "k"), b"{}", headers={"traceparent": parent})
+    with pytest.raises(ValueError, match="boom"):
+        await step(Delivery(msg, spec))
+    [span] = spans.get_finished_spans()
+    assert span.kind == SpanKind.CONSUMER and span.context.span_id == inside[0]
+    assert span.parent is not None and span.parent.span_id == int("cd" * 8, 16)
+    assert span.parent.is_remote and span.context.trace_id == int("ab" * 16, 16)
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.status.description == "ValueError: boom"
+    [event] = span.events
+    assert event.name == "exception" and event.attributes is not None
+    assert event.attributes["exception.type"] == "ValueError"
+    assert trace.get_current_span() is trace.INVALID_SPAN  # the context was detached

@@ -20,7 +20,6 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context, attach, detach
 from opentelemetry.trace import (
-    NonRecordingSpan,
     Span,
     SpanKind,
     Status,
@@ -33,7 +32,7 @@ from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter
-from conveyor.platform.sampling import ratio_roots, remote_parent
+from conveyor.platform.sampling import ratio_roots, remote_span
 from conveyor.platform.telemetry import (
     ATTEMPT,
     CONSUMER_GROUP,
@@ -69,18 +68,33 @@ class ConsumerSpans(Interceptor):
         }
         span_name = f"process {handler.namespace}"
         roots = ratio_roots(tracer)
+        partitions: dict[int, str] = {}
 
         async def spanned(delivery: Delivery, parent: Context) -> Any:
+            # start_span and use_span's own steps, without its two context managers:
+            # the same span, context, exception event and error status, a few µs less.
             msg = delivery.message
-            attributes = dict(fixed)
+            attributes = fixed.copy()
             attributes[MESSAGE_ID] = msg.id
             attributes[KEY] = msg.stream.key
             if msg.token is not None:
-                attributes[PARTITION] = str(msg.token.queue)
-            with tracer.start_as_current_span(
-                span_name, context=parent, kind=SpanKind.CONSUMER, attributes=attributes,
-            ):
+                queue = msg.token.queue
+                partition = partitions.get(queue)
+                if partition is None:
+                    partition = partitions[queue] = str(queue)
+                attributes[PARTITION] = partition
+            span = tracer.start_span(span_name, parent, SpanKind.CONSUMER, attributes)
+            token = attach(set_span_in_context(span))
+            try:
                 return await next(delivery)
+            except Exception as exc:  # what use_span records (BaseException is no error)
+                if span.is_recording():
+                    span.record_exception(exc)
+                    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                raise
+            finally:
+                detach(token)
+                span.end()
 
         async def dropped(delivery: Delivery, span: Span) -> Any:
             token = attach(set_span_in_context(span))
@@ -96,11 +110,11 @@ class ConsumerSpans(Interceptor):
             # The shortcut of conveyor.platform.sampling: a dropped trace runs the
             # handler in its context, without the SDK.
             headers = delivery.message.headers
-            parent = remote_parent(headers)
+            parent = remote_span(headers)
             if parent is not None:
-                if not parent.trace_flags.sampled:
-                    return dropped(delivery, NonRecordingSpan(parent))
-                return spanned(delivery, set_span_in_context(NonRecordingSpan(parent)))
+                if not parent.sampled:
+                    return dropped(delivery, parent)
+                return spanned(delivery, set_span_in_context(parent))
             if "traceparent" in headers:  # malformed or with a tracestate: the SDK's way
                 return traced(delivery)
             assert roots is not None
