@@ -11,9 +11,11 @@ import ast
 import inspect
 import logging
 from pathlib import Path
+from typing import Any
 
 import aiokafka
 import aiokafka.conn
+import aiokafka.consumer.fetcher as aiokafka_fetcher
 import aiokafka.producer.sender
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -25,10 +27,14 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 from aiokafka.errors import IncompatibleBrokerVersion
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.structs import ConsumerRecord
 
 import conveyor
 from conveyor.adapters.kafka import aiokafka_internals as internals
 
+TS = 1_700_000_000_000
 NOWHERE = "127.0.0.1:1"  # clients are built, never started: nothing connects
 
 
@@ -151,9 +157,49 @@ def test_the_senders_init_producer_id_error_is_the_line_the_filter_drops() -> No
     assert f'log.error("{internals.INIT_PRODUCER_ID_ERROR}: %s", error_type)' in source
 
 
-PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat"}
+def _batch(count: int) -> bytes:
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0,
+                                        producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                        batch_size=2**20)
+    for i in range(count):
+        builder.append(i, timestamp=TS + i, key=f"k{i % 3}".encode(), value=b"{}",
+                       headers=[("cv-ns", b"orders"), ("cv-id", f"m{i}".encode())])
+    return bytes(builder.build())
+
+
+def test_the_fetcher_builds_partition_records_from_the_module_global_with_its_key_deserializer(
+) -> None:
+    build = inspect.getsource(aiokafka_fetcher.Fetcher._proc_fetch_request)
+    assert "partition_records = PartitionRecords(" in build  # the global, looked up per fetch
+    assert _params(aiokafka_fetcher.PartitionRecords.__init__)[:5] == [
+        "tp", "records", "aborted_transactions", "fetch_offset", "key_deserializer"]
+    assert "self._key_deserializer," in build.split("PartitionRecords(")[1].split(")")[0]
+    unpack = inspect.getsource(aiokafka_fetcher.PartitionRecords._unpack_records)
+    assert "self._consumer_record(tp, record)" in unpack  # looked up on the instance
+
+
+def test_a_consumer_marked_for_raw_records_gets_them_as_the_batch_parsed_them() -> None:
+    raw = internals.raw_records()["key_deserializer"]
+    tp = TopicPartition("t", 2)
+
+    def fetched(key_deserializer: Any) -> list[Any]:
+        return list(aiokafka_fetcher.PartitionRecords(
+            tp, MemoryRecords(_batch(5)), [], 1, key_deserializer, None, True, 0))
+
+    records, plain = fetched(raw), fetched(None)
+    assert [type(r) for r in plain] == [ConsumerRecord] * 4  # other consumers: unchanged
+    assert not any(isinstance(r, ConsumerRecord) for r in records)
+    assert [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in records] == [
+        (r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in plain]
+    assert internals.raw_records()["key_deserializer"] is raw  # installed once
+    assert raw(b"k") == b"k"  # were it called as a deserializer: keys pass unchanged
+
+
+PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat",
+                 "PartitionRecords", "_consumer_record"}
 PRIVATE_MODULES = ("aiokafka.protocol", "aiokafka.record", "aiokafka.coordinator.protocol",
-                   "aiokafka.coordinator.assignors.sticky", "aiokafka.conn")
+                   "aiokafka.coordinator.assignors.sticky", "aiokafka.conn",
+                   "aiokafka.consumer.fetcher")
 
 
 def test_no_other_module_of_conveyor_reaches_into_aiokafka() -> None:

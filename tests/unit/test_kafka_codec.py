@@ -97,6 +97,20 @@ def test_other_records_read_as_the_general_decoder_reads_them(
     assert RecordDecoder(0, "default").decode([record]) == [decode_record(record, 0, "default")]
 
 
+def test_raw_records_read_as_the_records_aiokafka_builds_with_the_decoders_topic() -> None:
+    # raw_records(): what the batch parsed, no topic or partition on the record.
+    msg = _message()
+    records = [_record(msg, message_headers(msg), offset=1),
+               _record(msg, [("cv-ns", b"orders")], offset=2),  # no id: topic-queue-offset
+               _record(msg, [("cv-ns", b"\xff"), ("cv-id", b"b")], offset=3)]
+    raw = [SimpleNamespace(**{k: v for k, v in vars(r).items() if k not in ("topic", "partition")})
+           for r in records]
+    read = RecordDecoder(0, "default", "t").decode(raw)
+    assert read == RecordDecoder(0, "default").decode(records)
+    assert read[1].id == "t-0-2" and read[2].id == "t-0-3"
+    assert [decode_record(r, 0, "default", "t") for r in raw] == read
+
+
 def test_a_malformed_record_does_not_fail_its_batch() -> None:
     good, bad = _message(id="g"), _message(id="b")
     records = [_record(good, message_headers(good), offset=1),

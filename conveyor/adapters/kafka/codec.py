@@ -59,9 +59,17 @@ def _wire_number(raw: bytes | None, field: str, limit: int) -> int | None:
     return int(raw)
 
 
-def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
+def _record_id(record: Any, queue: int, topic: str | None) -> str:
+    """The id of a record without ``cv-id``: topic, partition (= queue) and offset."""
+    return f"{record.topic if topic is None else topic}-{queue}-{record.offset}"
+
+
+def record_to_message(record: Any, queue: int, default_ns: str,
+                      topic: str | None = None) -> Message:
     """A fetched record as a :class:`Message`; foreign records get the defaults.
 
+    ``topic``: the record's topic, for a record that does not say it (as
+    :func:`~conveyor.adapters.kafka.aiokafka_internals.raw_records` hands them over).
     Raises on metadata that cannot be read (not UTF-8, a malformed number): see
     :func:`decode_record`, which isolates such a record instead.
     """
@@ -92,7 +100,7 @@ def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
         else:
             headers[name] = raw.decode() if raw is not None else ""
     return Message(
-        msg_id or f"{record.topic}-{record.partition}-{record.offset}",
+        msg_id or _record_id(record, queue, topic),
         StreamId(ns, key),
         record.value if record.value is not None else b"",
         headers,
@@ -103,17 +111,18 @@ def record_to_message(record: Any, queue: int, default_ns: str) -> Message:
     )
 
 
-def decode_record(record: Any, queue: int, default_ns: str) -> Message:
+def decode_record(record: Any, queue: int, default_ns: str,
+                  topic: str | None = None) -> Message:
     """:func:`record_to_message`, or an :class:`Undecodable` keeping the record's bytes.
 
     One record that cannot be read never fails the batch fetched with it: its
     neighbours flow on, and it goes to the dead-letter store with the reason.
     """
     try:
-        return record_to_message(record, queue, default_ns)
+        return record_to_message(record, queue, default_ns, topic)
     except Exception as exc:  # malformed metadata, whatever the failure: isolate it
         return Undecodable(
-            id=f"{record.topic}-{record.partition}-{record.offset}",
+            id=_record_id(record, queue, topic),
             stream=StreamId("", ""),
             body=record.value if record.value is not None else b"",
             content_type=CONTENT_BYTES,
@@ -134,25 +143,26 @@ class RecordDecoder:
     interned: a batch of one stream's records shares one :class:`StreamId` (the cache's
     lane lookups compare it by identity). Any other record goes the general way; a
     record that cannot be read becomes an :class:`Undecodable` without failing the
-    batch.
+    batch. ``topic``: the records' topic, for records that do not say it (raw ones).
     """
 
-    __slots__ = ("_ns", "_queue", "_streams")
+    __slots__ = ("_ns", "_queue", "_streams", "_topic")
 
-    def __init__(self, queue: int, default_ns: str) -> None:
+    def __init__(self, queue: int, default_ns: str, topic: str | None = None) -> None:
         self._queue = queue
         self._ns = default_ns
+        self._topic = topic
         self._streams = StreamIds()
 
     def decode(self, records: Sequence[Any]) -> list[Message]:
         try:
             return self._decode(records)
         except Exception:  # a malformed record: decode one by one, isolating it
-            queue, ns = self._queue, self._ns
-            return [decode_record(r, queue, ns) for r in records]
+            queue, ns, topic = self._queue, self._ns, self._topic
+            return [decode_record(r, queue, ns, topic) for r in records]
 
     def _decode(self, records: Sequence[Any]) -> list[Message]:
-        queue, default_ns = self._queue, self._ns
+        queue, default_ns, topic = self._queue, self._ns, self._topic
         streams = self._streams
         out: list[Message] = []
         append = out.append
@@ -174,7 +184,7 @@ class RecordDecoder:
                         SequenceToken(queue, r.offset),
                     ))
                     continue
-            append(record_to_message(r, queue, default_ns))
+            append(record_to_message(r, queue, default_ns, topic))
         return out
 
 

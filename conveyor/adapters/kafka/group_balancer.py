@@ -47,6 +47,7 @@ from conveyor.adapters.kafka.adapter import KafkaAdapter
 from conveyor.adapters.kafka.aiokafka_internals import (
     membership,
     observe_heartbeats,
+    raw_records,
     sticky_assignor,
 )
 from conveyor.adapters.kafka.connection import first_answer, retrying, start_client
@@ -146,6 +147,7 @@ class KafkaGroupBalancer(QueueBalancer):
             # Receivers poll per partition; a member that owns nothing polls nothing and
             # must not be expelled for it. Liveness is the heartbeat's job.
             max_poll_interval_ms=24 * 3600 * 1000,
+            **raw_records(),  # the receivers read through it
         )
         await start_client(consumer, f"joining group {self.group!r}")
         cluster.outage.ok()

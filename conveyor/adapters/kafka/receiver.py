@@ -23,7 +23,7 @@ from aiokafka import errors as kerrors
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
-from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
+from conveyor.adapters.kafka.aiokafka_internals import fetch_committed, raw_records
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.codec import RecordDecoder
 from conveyor.adapters.kafka.connection import kafka_errors
@@ -63,7 +63,7 @@ class KafkaReceiver(QueueReceiver):
         self._started = False
         self._offsets = DoneOffsets(0)
         self._skip: set[int] = set()
-        self._decoder = RecordDecoder(queue, cluster.config.default_namespace)
+        self._decoder = RecordDecoder(queue, cluster.config.default_namespace, cluster.topic)
         self._closed = False
         # Deliveries (see handoff.py): offsets up to this one were handed out by a
         # previous owner that did not finish them; handler starts of redelivered ones;
@@ -97,7 +97,7 @@ class KafkaReceiver(QueueReceiver):
         try:
             with kafka_errors(f"starting the receiver of queue {self._queue}"):
                 if self._consumer is None:
-                    consumer = cluster.new_consumer(self._group)
+                    consumer = cluster.new_consumer(self._group, **raw_records())
                     await consumer.start()
                     consumer.assign([self._tp])
                     self._consumer = consumer
