@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import msgspec
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import Span, StatusCode
 
 from conveyor.backends import create_adapter
 from conveyor.platform.adapter import QueueAdapter
@@ -35,7 +35,7 @@ from conveyor.platform.message import (
 from conveyor.platform.partial_publish import publish_failure
 from conveyor.platform.telemetry import Telemetry
 
-_QUEUES_REMEMBERED = 65_536
+_STREAMS_REMEMBERED = 65_536
 """Streams whose queue a client remembers (then it forgets them all and starts over)."""
 _NO_TOKEN = SequenceToken(-1, -1)
 _json_encode = msgspec.json.Encoder().encode
@@ -107,7 +107,7 @@ class Client:
         self._traced = self.telemetry.tracer is not None
         self._owns_adapter = owns_adapter
         self._owns_telemetry = owns_telemetry
-        self._queues: dict[tuple[str, str], int] = {}
+        self._streams: dict[tuple[str, str], tuple[int, StreamId]] = {}
         self.coalesce_linger_s = coalesce_linger_s
         self.max_body_bytes = max_body_bytes
         self._coalescer = (None if coalesce_linger_s is None
@@ -140,34 +140,48 @@ class Client:
 
     def _build(self, namespace: str, key: str, body: Any, headers: Mapping[str, str] | None,
                content_type: str | None, stamp: int, ident: str) -> Message:
-        if not namespace:
-            raise ConveyorError("namespace must be a non-empty string")
+        stream = self._stream(namespace, key)[1]
         data, ctype = encode_body(body, content_type)
         if len(data) > self.max_body_bytes:
-            raise MessageTooLargeError(
-                f"message to stream {namespace}/{key}: its body of {len(data)} bytes is "
-                f"larger than $.queues.max_body_bytes ({self.max_body_bytes}); nothing was "
-                "sent: raise the limit, or store the data elsewhere and send a reference"
-            )
-        if headers:
-            hdrs = dict(headers)
-            clash = RESERVED_HEADERS.intersection(hdrs)
-            if clash:
-                raise ConveyorError(
-                    f"headers {sorted(clash)} are reserved by Conveyor's wire format"
-                )
-        else:
-            hdrs = {}  # one per message: tracing writes its context into it
-        return Message(ident, StreamId(namespace, str(key)), data, hdrs, ctype, 0, stamp)
+            raise self._too_large(namespace, key, data)
+        return Message(ident, stream, data, self._own_headers(headers) if headers else {},
+                       ctype, 0, stamp)
+
+    def _too_large(self, namespace: str, key: str, data: bytes) -> MessageTooLargeError:
+        return MessageTooLargeError(
+            f"message to stream {namespace}/{key}: its body of {len(data)} bytes is "
+            f"larger than $.queues.max_body_bytes ({self.max_body_bytes}); nothing was "
+            "sent: raise the limit, or store the data elsewhere and send a reference"
+        )
+
+    @staticmethod
+    def _own_headers(headers: Mapping[str, str]) -> dict[str, str]:
+        """A copy of a message's own headers (tracing writes its context into it), none
+        of them a name the wire format reserves. A message without headers gets a fresh
+        empty dict."""
+        hdrs = dict(headers)
+        clash = RESERVED_HEADERS.intersection(hdrs)
+        if clash:
+            raise ConveyorError(f"headers {sorted(clash)} are reserved by Conveyor's wire format")
+        return hdrs
+
+    def _stream(self, namespace: str, key: str) -> tuple[int, StreamId]:
+        """A stream's queue and id, remembered: hashing it costs more than a look-up, and
+        the messages of one stream share one :class:`StreamId`."""
+        known = self._streams.get((namespace, key))
+        if known is None:
+            if not namespace:
+                raise ConveyorError("namespace must be a non-empty string")
+            if len(self._streams) >= _STREAMS_REMEMBERED:
+                self._streams.clear()
+            stream = StreamId(namespace, str(key))
+            known = self._streams[namespace, key] = (
+                self.mapper.queue_for_key(namespace, stream.key), stream)
+        return known
 
     def queue_for(self, namespace: str, key: str) -> int:
-        """The queue of a stream, remembered: hashing it costs more than a look-up."""
-        queue = self._queues.get((namespace, key))
-        if queue is None:
-            if len(self._queues) >= _QUEUES_REMEMBERED:
-                self._queues.clear()
-            queue = self._queues[(namespace, key)] = self.mapper.queue_for_key(namespace, key)
-        return queue
+        """The queue of a stream."""
+        return self._stream(namespace, key)[0]
 
     async def publish(
         self,
@@ -215,24 +229,11 @@ class Client:
         stored, the error of the send that failed; when nothing is known to be stored
         and some may be, :class:`~conveyor.PublishUncertain`.
         """
-        build, queue_for, traced = self._build, self.queue_for, self._traced
-        stamp = now_ms()
         items = items if isinstance(items, Sequence) else list(items)
         ids = new_message_ids(len(items))
-        by_queue: dict[int, tuple[list[int], list[Message]]] = {}
-        spans = []
+        spans: list[Span] = []
         try:
-            for i, (item, ident) in enumerate(zip(items, ids, strict=True)):
-                msg = build(item.namespace, item.key, item.body, item.headers,
-                            item.content_type, stamp, ident)
-                queue = queue_for(item.namespace, msg.stream.key)
-                if traced:
-                    spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
-                placed = by_queue.get(queue)
-                if placed is None:
-                    placed = by_queue[queue] = ([], [])
-                placed[0].append(i)
-                placed[1].append(msg)
+            by_queue = self._by_queue(items, ids, spans if self._traced else None)
             results = await asyncio.gather(
                 *(self.adapter.enqueue(q, msgs) for q, (_, msgs) in by_queue.items()),
                 return_exceptions=True,
@@ -255,6 +256,36 @@ class Client:
                          if token is not _NO_TOKEN}
             raise publish_failure("publish_batch", ids, published, failures)
         return tokens
+
+    def _by_queue(self, items: Sequence[Publish], ids: Sequence[str], spans: list[Span] | None
+                  ) -> dict[int, tuple[list[int], list[Message]]]:
+        """``items`` as messages (ids from ``ids``, stamped now) grouped by queue, with
+        their positions in ``items``; traced (``spans`` given), a publish span started
+        for each. :meth:`_build` and :meth:`queue_for` of each item, inlined: the common
+        one (an object body sent as JSON, no headers, a stream seen before) costs no call.
+        """
+        stamp, limit, streams = now_ms(), self.max_body_bytes, self._streams
+        by_queue: dict[int, tuple[list[int], list[Message]]] = {}
+        for i, item in enumerate(items):
+            body, ctype, ns, key = item.body, item.content_type, item.namespace, item.key
+            queue, stream = streams.get((ns, key)) or self._stream(ns, key)
+            if ctype is None and type(body) is dict:
+                data, ctype = _json_encode(body), CONTENT_JSON
+            else:
+                data, ctype = encode_body(body, ctype)
+            if len(data) > limit:
+                raise self._too_large(ns, key, data)
+            hdrs = item.headers
+            msg = Message(ids[i], stream, data, self._own_headers(hdrs) if hdrs else {},
+                          ctype, 0, stamp)
+            if spans is not None:
+                spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
+            placed = by_queue.get(queue)
+            if placed is None:
+                placed = by_queue[queue] = ([], [])
+            placed[0].append(i)
+            placed[1].append(msg)
+        return by_queue
 
     async def close(self) -> None:
         """Send what ``publish`` calls left waiting, then close what the client owns."""

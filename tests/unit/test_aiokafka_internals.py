@@ -27,6 +27,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 from aiokafka.errors import IncompatibleBrokerVersion
+from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator, MessageBatch
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
@@ -127,6 +128,24 @@ def test_a_records_size_is_estimated_as_the_producer_checks_it() -> None:
     assert large >= 1000 + len("h") + 1
 
 
+def test_records_go_into_a_batchs_record_builder_and_a_sealed_batch_does_not_linger() -> None:
+    batch = BatchBuilder(16_384, 0)
+    append = internals.record_appender(batch)
+    for offset in range(3):
+        meta = append(offset, 1_700_000_000_000, b"k", b"v%d" % offset, [("h", b"x")])
+        assert meta is not None and meta.size > 0
+    internals.seal(batch, 3)
+    assert batch.closed() and batch.record_count() == 3  # as three BatchBuilder.append
+    assert batch.append(timestamp=None, key=b"k", value=b"late") is None
+    records = MemoryRecords(bytes(batch._build())).next_batch()
+    assert [bytes(r.value) for r in records] == [b"v0", b"v1", b"v2"]
+    # The sender sends a closed batch at once, not after linger_ms; the idempotent
+    # producer numbers a batch's sequence by its record count.
+    assert "self._builder.closed()" in inspect.getsource(MessageBatch.remaining_linger)
+    assert "record_count" in inspect.getsource(MessageAccumulator._pop_batch)
+    assert "self._relative_offset" in inspect.getsource(BatchBuilder.record_count)
+
+
 def test_member_metadata_and_assignment_decode_to_topics_and_partitions() -> None:
     meta = ConsumerProtocolMemberMetadata(0, ["orders", "other"], b"").encode()
     assert internals.subscription(meta) == ["orders", "other"]
@@ -196,10 +215,10 @@ def test_a_consumer_marked_for_raw_records_gets_them_as_the_batch_parsed_them() 
 
 
 PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat",
-                 "PartitionRecords", "_consumer_record"}
+                 "PartitionRecords", "_consumer_record", "_builder", "_relative_offset"}
 PRIVATE_MODULES = ("aiokafka.protocol", "aiokafka.record", "aiokafka.coordinator.protocol",
                    "aiokafka.coordinator.assignors.sticky", "aiokafka.conn",
-                   "aiokafka.consumer.fetcher")
+                   "aiokafka.consumer.fetcher", "aiokafka.producer")
 
 
 def test_no_other_module_of_conveyor_reaches_into_aiokafka() -> None:

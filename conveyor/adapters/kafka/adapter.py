@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka import rewind as kafka_rewind
-from conveyor.adapters.kafka.aiokafka_internals import record_size
+from conveyor.adapters.kafka.aiokafka_internals import record_appender, record_size, seal
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.codec import letter_from_record, message_headers
 from conveyor.adapters.kafka.connection import CLIENT_ERRORS, broker_error, kafka_errors
@@ -45,7 +45,7 @@ from conveyor.platform.errors import (
     PublishUncertain,
 )
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.message import Message
+from conveyor.platform.message import CONTENT_JSON, H_ID, H_NAMESPACE, Message
 from conveyor.platform.partial_publish import publish_failure
 
 log = logging.getLogger("conveyor.kafka")
@@ -123,14 +123,13 @@ class KafkaAdapter(QueueAdapter):
         if not messages:
             return []
         producer = await self.cluster.producer()  # unreachable here: nothing was sent
-        what = f"publishing {len(messages)} messages to queue {queue}"
         if len(messages) == 1:  # into the partition's open batch, with concurrent sends
-            return [await self._send_one(producer, queue, messages[0], what)]
+            return [await self._send_one(producer, queue, messages[0])]
         batches = self._batches(producer, messages)  # all built, so none is sent if one
         sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # record is too big
         unsent: BrokerError | None = None
         try:
-            with kafka_errors(what):
+            with kafka_errors(self._what(queue, messages)):
                 for msgs, batch in batches:
                     sent.append((msgs, await producer.send_batch(batch, self.topic,
                                                                  partition=queue)))
@@ -139,30 +138,60 @@ class KafkaAdapter(QueueAdapter):
                 raise
             unsent = exc
         results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
-        return self._stored(queue, messages, sent, results, unsent, what)
+        if unsent is None:
+            tokens: list[SequenceToken] = []
+            for (msgs, _), meta in zip(sent, results, strict=True):
+                if isinstance(meta, BaseException):
+                    break
+                tokens += [SequenceToken(queue, offset)
+                           for offset in range(meta.offset, meta.offset + len(msgs))]
+            else:
+                return tokens
+        return self._stored(queue, messages, sent, results, unsent)
+
+    @staticmethod
+    def _what(queue: int, messages: Sequence[Message]) -> str:
+        return f"publishing {len(messages)} messages to queue {queue}"
 
     def _batches(self, producer: AIOKafkaProducer, messages: Sequence[Message]
                  ) -> list[tuple[Sequence[Message], Any]]:
-        """``messages`` as record batches (with the messages each holds); a record over
-        ``$.kafka.max_request_size`` refuses them all (aiokafka's ``send`` would refuse
-        it; ``send_batch`` does not check)."""
-        limit = self.config.max_request_size
+        """``messages`` as sealed record batches (with the messages each holds); a record
+        over ``$.kafka.max_request_size`` refuses them all (aiokafka's ``send`` would
+        refuse it; ``send_batch`` does not check).
+
+        Records go straight into each batch's record builder (:func:`record_appender`);
+        each batch is sealed, so the producer sends it without waiting ``linger_ms``."""
+        near = self.config.max_request_size - _FRAMING  # a record this big is checked
         batches: list[tuple[Sequence[Message], Any]] = []
         start, batch = 0, producer.create_batch()
-        append = batch.append
+        append = record_appender(batch)
+        namespace, common = "", [(H_NAMESPACE, b""), (H_ID, b"")]
         for i, msg in enumerate(messages):
-            key, headers = msg.stream.key.encode(), message_headers(msg)
-            ts = msg.enqueued_at_ms or None  # the record's timestamp: no cv-ts header
-            meta = append(key=key, value=msg.body, timestamp=ts, headers=headers)
+            stream = msg.stream
+            if msg.content_type == CONTENT_JSON and not msg.attempt and not msg.headers:
+                # message_headers(msg) of the common message, without the call: cv-ns
+                # (encoded once a namespace), cv-id. The builder copies the list's bytes
+                # as it appends, so one list serves every such record.
+                if stream.namespace != namespace:
+                    namespace = stream.namespace
+                    common[0] = (H_NAMESPACE, namespace.encode())
+                common[1] = (H_ID, msg.id.encode())
+                headers = common
+            else:
+                headers = message_headers(msg)
+            key, ts = stream.key.encode(), msg.enqueued_at_ms or None  # ts: no cv-ts
+            meta = append(i - start, ts, key, msg.body, headers)
             if meta is None:  # full: start the next (a batch always takes its first record)
+                seal(batch, i - start)
                 batches.append((messages[start:i], batch))
                 start, batch = i, producer.create_batch()
-                append = batch.append
-                meta = append(key=key, value=msg.body, timestamp=ts, headers=headers)
-            if meta.size + _FRAMING > limit:  # near it: as aiokafka's send() counts
+                append = record_appender(batch)
+                meta = append(0, ts, key, msg.body, headers)
+            if meta.size > near:  # near the limit: count as aiokafka's send() counts
                 size = record_size(key, msg.body, headers)
-                if size > limit:
+                if size > self.config.max_request_size:
                     raise self._too_large(msg, size)
+        seal(batch, len(messages) - start)
         batches.append((messages[start:], batch))
         return batches
 
@@ -175,9 +204,11 @@ class KafkaAdapter(QueueAdapter):
 
     def _stored(self, queue: int, messages: Sequence[Message],
                 sent: list[tuple[Sequence[Message], asyncio.Future[Any]]],
-                results: list[Any], unsent: BrokerError | None,
-                what: str) -> list[SequenceToken]:
-        """The tokens of a multi-batch send, or the error saying which batches failed."""
+                results: list[Any], unsent: BrokerError | None) -> list[SequenceToken]:
+        """The tokens of a multi-batch send some of whose batches failed, or were not
+        handed over: the error saying which batches failed (or, when none did in the
+        end, the tokens)."""
+        what = self._what(queue, messages)
         tokens: list[SequenceToken] = []
         published: dict[str, SequenceToken] = {}
         failures: list[tuple[list[str], BaseException]] = []
@@ -203,10 +234,11 @@ class KafkaAdapter(QueueAdapter):
                                   failures)
         return tokens
 
-    async def _send_one(self, producer: AIOKafkaProducer, queue: int, msg: Message,
-                        what: str) -> SequenceToken:
+    async def _send_one(self, producer: AIOKafkaProducer, queue: int,
+                        msg: Message) -> SequenceToken:
         """One record through ``send``: the producer appends it to the partition's open
         batch, so concurrent single publishes share a request (Client.publish)."""
+        what = self._what(queue, (msg,))
         headers = message_headers(msg)
         try:
             with kafka_errors(what):
