@@ -248,14 +248,16 @@ def _log_time(text: str) -> float:
 def test_a_paused_daemon_never_acks_after_losing_its_lease(
     redis_server: RedisServer, workers: list[Worker], tmp_path: Path
 ) -> None:
-    # 2,000 messages, not 6,000: the victim's queues come back to it after the pause with
-    # every unstarted message handed back, re-read from its pending list (much slower
-    # than new entries): the test's time grew with n while what it shows did not.
+    # 2,000 messages, not 6,000, and caches of 64: the victim's queues come back to it
+    # after the pause with every cached message handed back, re-read as redelivered
+    # messages (one at a time per daemon, their starts counted first): the test's time
+    # grew with what the caches held while what it shows did not.
     n = 2_000
     # The default re-balance interval: a resumed daemon notices the lost lease (logged
     # below) before a re-balance could release the queue.
     cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 16},
-                       balancer={"lease_ttl_s": FAST_TTL_S}, redis=FAST_MEMBERS)
+                       worker={"cache_capacity": 64}, balancer={"lease_ttl_s": FAST_TTL_S},
+                       redis=FAST_MEMBERS)
     [victim] = start(workers, tmp_path, cfg, 1, work_ms=20, log_level="debug")
     [other] = start(workers, tmp_path, cfg, 1, work_ms=2)
     wait_split(redis_server, [victim, other])
