@@ -8,12 +8,16 @@ start it themselves. If its binary is missing they skip locally, but fail when
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -27,10 +31,42 @@ def server_missing(what: str) -> None:
     pytest.skip(f"{what} unavailable")
 
 
+PORTS = range(20_000, 32_000)
+"""Where :func:`free_port` picks: below the kernel's ephemeral range (32768-60999 by
+default), which ``bind(0)`` and outgoing connections draw from, so only a caller of
+free_port() is ever handed one of these."""
+_PORT_LOCKS = Path(tempfile.gettempdir()) / "conveyor-test-ports"
+_reserved: dict[int, int] = {}
+"""Port -> the descriptor holding its lock file, for as long as this process lives."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port to start a server on that no other caller on this machine is handed while
+    this process lives (not this process again, nor a test run beside it): reserved by
+    an exclusive lock on a file named for it, and free to bind now. ``bind(0)`` was not
+    enough: its port is free again the moment it returns, so the next call (or another
+    run) could be handed the same one before the server bound it."""
+    _PORT_LOCKS.mkdir(exist_ok=True)
+    first = random.randrange(len(PORTS))
+    for i in range(len(PORTS)):
+        port = PORTS[(first + i) % len(PORTS)]
+        if port in _reserved:
+            continue
+        fd = os.open(_PORT_LOCKS / str(port), os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process holds it
+            os.close(fd)
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # in use by something that is not a test
+                os.close(fd)
+                continue
+        _reserved[port] = fd
+        return port
+    raise RuntimeError(f"no free port left in {PORTS}")
 
 
 async def wait_until(

@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 SHIPPED = REPO / "configs" / "redis.toml"
 APP = "tests.apps.blocking_app:app"
+SHORT_LEASE_S = 2.5
+"""A lease TTL for the test that needs a stall past it (the shipped one is 5 s)."""
 
 
 def shipped_env(server: RedisServer) -> dict[str, str]:
@@ -76,14 +78,18 @@ def test_handlers_blocking_the_loop_cost_no_lease_and_run_at_most_twice(
 def test_a_blocker_longer_than_the_lease_ends_as_a_dead_letter_after_max_deliveries(
     redis_server: RedisServer, workers: list[Worker], tmp_path: Path
 ) -> None:
-    """One message blocks the loop 12 s. The shipped lease (5 s) is renewed through the
-    first 4 s of a stall, so a stall under ~9 s costs nothing; this one outlasts it: each
-    worker that runs it loses its queues, and the next owner counts a start. With
+    """One message blocks the loop 7.5 s, on the shipped config with its lease cut to
+    2.5 s: what this shows needs a stall past the lease, not the shipped length (with
+    5 s the stall had to be 12 s, and the test took 10 s longer). A lease is renewed
+    through a stall's first four fifths of its TTL (2 s) and lapses a TTL later, so a
+    stall past ~4.5 s costs the queues; this one outlasts that by 3 s: each worker that
+    runs it loses its queues, and the next owner counts a start. With
     ``max_deliveries = 2`` it starts twice (each run finishes its work once the loop
     returns, but too late to be acknowledged), then is a ``DeliveryLimit`` dead letter;
     every other message is handled (those held by a stalled worker may run again: at most
     ``max_deliveries`` times each)."""
-    env = {**shipped_env(redis_server), "CONVEYOR_TEST_MAX_DELIVERIES": "2"}
+    env = {**shipped_env(redis_server), "CONVEYOR_TEST_MAX_DELIVERIES": "2",
+           "CONVEYOR_BALANCER__LEASE_TTL_S": str(SHORT_LEASE_S)}
     ws = [Worker(f"w{i}", SHIPPED, tmp_path, app=APP, env=env, record_starts=True)
           for i in range(2)]
     workers.extend(ws)
@@ -92,7 +98,7 @@ def test_a_blocker_longer_than_the_lease_ends_as_a_dead_letter_after_max_deliver
     with SyncClient.from_config(config) as client:
         client.publish_batch(
             Publish("items", f"s{i % streams}",
-                    {"seq": i, "block_s": 12.0 if i == blocker else 0.0})
+                    {"seq": i, "block_s": 7.5 if i == blocker else 0.0})
             for i in range(n))
 
     def letters() -> list[DeadLetter]:

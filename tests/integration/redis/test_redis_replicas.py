@@ -31,6 +31,9 @@ def replica(redis_server: RedisServer, tmp_path: Path) -> Iterator[RedisProcess]
             "state") == "online"
 
     try:
+        # Redis waits 5 s for more replicas before a diskless full sync (the default
+        # repl-diskless-sync-delay); there is one: sync at once, as tests/servers/ does.
+        primary.config_set("repl-diskless-sync-delay", 0)
         node.start()
         wait_answering(online, 15, "the replica online", processes=[node])
         yield node
