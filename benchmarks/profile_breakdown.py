@@ -25,13 +25,15 @@ ROOTS = ("PullingAgent._runner", "PullingAgent._pull_loop", "PullingAgent._ack_l
 # (bucket, pattern on "function (file)"), first match from the innermost frame outwards.
 BUCKETS = [
     ("handler (the no-op)", r"noop|first_delivery_app"),
-    ("decode: entry/record -> Message", r"EntryDecoder|decode_entry|record_to_message|"
+    ("decode: entry/record -> Message", r"EntryDecoder|RecordDecoder|decode_entry|record_to_message|"
      r"decode_record|RedisReceiver\._read|MemoryReceiver\._take"),
     ("decode: body -> handler argument", r"_body_decoder"),
     ("delivery chain (dead letter, decode, retry)", r"conveyor/platform/delivery/"),
     ("slots (reserve, release)", r"conveyor/platform/slots\.py|workers/slots/(fixed|wrappers)\.py"),
     ("acknowledge (adapter side)", r"acknowledge|RedisReceiver\._ack|_trim|"
      r"KafkaReceiver\.acknowledge|kafka/offsets\.py"),
+    ("pull, adapter side (receiver's own code)",
+     r"Receiver\.get_messages|adapters/(kafka|redis)/receiver\.py|adapters/memory\.py"),
     ("agent: cache, lanes, acks bookkeeping", r"conveyor/platform/(agent|queue_cache)\.py"),
     ("broker client (redis-py / aiokafka)", r"(site-packages/|\()(redis|aiokafka|hiredis)/"),
     ("event loop and sockets", r"asyncio/|selectors\.py|socket"),
