@@ -25,8 +25,8 @@ ROOTS = ("PullingAgent._runner", "PullingAgent._pull_loop", "PullingAgent._ack_l
 # (bucket, pattern on "function (file)"), first match from the innermost frame outwards.
 BUCKETS = [
     ("handler (the no-op)", r"noop|first_delivery_app"),
-    ("decode: entry/record -> Message", r"EntryDecoder|RecordDecoder|decode_entry|record_to_message|"
-     r"decode_record|RedisReceiver\._read|MemoryReceiver\._take"),
+    ("decode: entry/record -> Message", r"EntryDecoder|RecordDecoder|decode_entry|"
+     r"record_to_message|decode_record|RedisReceiver\._read|MemoryReceiver\._take"),
     ("decode: body -> handler argument", r"_body_decoder"),
     ("delivery chain (dead letter, decode, retry)", r"conveyor/platform/delivery/"),
     ("slots (reserve, release)", r"conveyor/platform/slots\.py|workers/slots/(fixed|wrappers)\.py"),
