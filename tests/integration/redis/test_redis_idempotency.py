@@ -119,7 +119,12 @@ def test_a_paused_owner_and_the_next_owner_never_both_complete_a_message(
     takes the queue, skips the 155 completed messages, and finds 20 claimed by the paused
     daemon (``idempotency_claim_s`` = 15), so it waits. SIGCONT: the paused handler
     completes 20 and marks it done; the second daemon then skips it and runs s0's rest.
-    Every message starts and completes exactly once."""
+    Every message completes exactly once, and starts once — but for 20 when the resumed
+    daemon's abort wins the race with its handler: its keeper thread finds the lease
+    lost the moment the process runs again and cancels the call before the handler's
+    next poll sees the gate; the cancelled call releases its claim, so the second daemon
+    runs 20 (a start that never completed: no side effect twice). Seen 3 times in about
+    25 runs on a quiet machine."""
     config, gate, env = setup(redis_server, tmp_path, workers, claim_s=15.0)
     first = workers[0]
     first.signal(signal.SIGSTOP)
@@ -134,7 +139,12 @@ def test_a_paused_owner_and_the_next_owner_never_both_complete_a_message(
                     "every message's side effect")
     assert second.stop() == 0
     rows = check_each_side_effect_once(record)
-    starts = sorted(r[2] for r in rows if r[0] == "start")
-    assert starts == list(range(N))
+    starts = sorted(r[2] for r in rows if r[0] == "start" and r[2] != GATE_SEQ)
+    assert starts == [s for s in range(N) if s != GATE_SEQ]
+    gate_starts = [r[1] for r in rows if r[0] == "start" and r[2] == GATE_SEQ]
     by_pid = {r[2]: r[1] for r in rows if r[0] == "end"}
-    assert by_pid[GATE_SEQ] == first.proc.pid  # the paused run completed it
+    if len(gate_starts) == 1:  # the paused run completed it
+        assert gate_starts == [first.proc.pid] and by_pid[GATE_SEQ] == first.proc.pid
+    else:  # the paused run was cancelled before it ended; the second ran it, once
+        assert gate_starts == [first.proc.pid, second.proc.pid], gate_starts
+        assert by_pid[GATE_SEQ] == second.proc.pid
