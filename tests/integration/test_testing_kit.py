@@ -320,7 +320,7 @@ async def test_a_failing_startup_hook_is_raised_by_settle() -> None:
         with pytest.raises(StartupHookFailed, match="broken raised KeyError") as caught:
             await worker.settle()
         assert isinstance(caught.value.__cause__, KeyError)
-        await worker.settle()  # reported once
+        assert await worker.settle() == []  # reported once: the next settle is quiet
 
 
 async def test_messages_no_handler_takes_are_skipped_or_dead_lettered_as_configured() -> None:
@@ -337,6 +337,10 @@ async def test_messages_no_handler_takes_are_skipped_or_dead_lettered_as_configu
         await worker.publish("audit", "a-1", {"who": "me"})
         with pytest.raises(DeadLettersFound, match=r"audit/a-1 \(no handler\).*Unroutable"):
             await worker.settle()
+        stored = await worker.daemon.adapter.dead_letters.page(app.name)
+    [letter] = [s.letter for s in stored]  # stored, with its reason and the body as sent
+    assert letter.error_type == "Unroutable" and letter.message.stream.key == "a-1"
+    assert letter.attempts == 0 and msgspec.json.decode(letter.message.body) == {"who": "me"}
 
 
 # -- isolation and the fixture ------------------------------------------------------------

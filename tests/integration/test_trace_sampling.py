@@ -125,6 +125,7 @@ async def test_the_consumer_follows_the_producers_decision_and_keeps_the_trace()
     n = 600
     await publish_and_handle(app, telemetry, n, calls, traced_producer=True)
     assert sorted(calls) == list(range(n))
+    assert len(seen) == len(published) == len(onward) == n  # the checks below cover all
     finished = spans.get_finished_spans()
     producers = {s.context.trace_id: s for s in finished if s.kind == SpanKind.PRODUCER
                  and s.name == "publish items"}

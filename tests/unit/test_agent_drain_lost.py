@@ -40,9 +40,11 @@ async def test_a_drain_whose_queue_is_lost_meanwhile_returns() -> None:
     adapter = MemoryAdapter("drain-lost")
     app = App("drain-lost")
 
+    handled: list[int] = []
+
     @app.handler("items")
     async def handle(item: dict[str, int], ctx: MessageContext) -> None:
-        pass
+        handled.append(item["seq"])
 
     config = load_config(None, environ={}, overrides={
         "memory": {"broker": "drain-lost"}, "queues": {"total": 1}})
@@ -56,14 +58,21 @@ async def test_a_drain_whose_queue_is_lost_meanwhile_returns() -> None:
     agent.start()
     await wait_until(receiver.ack_started.is_set, 5, what="an acknowledgement in flight")
 
+    await wait_until(lambda: sorted(handled) == list(range(5)), 5, what="all 5 handled")
     drain = asyncio.create_task(agent.drain(5.0))
-    await wait_until(lambda: agent._stopping, 5, what="the drain to start")
-    # A few loop turns: the acknowledgement never returns, so the drain is still
-    # waiting on it when the lease is lost.
-    await asyncio.sleep(0.05)
+    # The handler calls are over, so the drain goes on to the last acknowledgements and
+    # waits there: the one in flight never returns. A few loop turns take it that far.
+    await wait_until(lambda: agent._stopping and agent._quiet.is_set(), 5,
+                     what="the drain past its handler calls")
+    for _ in range(10):
+        await asyncio.sleep(0)
     assert not drain.done(), "the drain ended before the abort: nothing was shown"
     await agent.abort()  # the lease is lost meanwhile
     async with asyncio.timeout(5):
         drained = await drain  # before the fix: CancelledError raised here
     assert drained is True  # the handler calls finished in time (False: abandoned ones)
     assert not drain.cancelled() and agent.aborted
+    # Nothing lost: each message ran once, and none was acknowledged, so all 5 wait for
+    # the queue's next owner (no duplicates here: nothing was redelivered yet).
+    assert handled == sorted(handled) == list(range(5))
+    assert await adapter.lag(0, app.name) == 5
