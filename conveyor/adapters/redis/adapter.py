@@ -103,6 +103,7 @@ class RedisAdapter(QueueAdapter):
         self.claim_script = self.redis.register_script(lua.CLAIM_ALL)
         self.trim_script = self.redis.register_script(lua.TRIM_ACKED)
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
+        self.count_start_script = self.redis.register_script(lua.COUNT_START)
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
         self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
         self.min_replicas: int = cfg.min_replicas

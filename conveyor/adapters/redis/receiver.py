@@ -58,6 +58,7 @@ RedisAdapter` is one): the connection, the key layout, the scripts, the replica 
     ack_script: Any
     ack_fenced_script: Any
     trim_script: Any
+    count_start_script: Any
     min_replicas: int
     replica_timeout_ms: int
     replica_log: ThrottledLog
@@ -238,16 +239,16 @@ class RedisReceiver(QueueReceiver):
     async def count_start(self, msg: Message) -> Message:
         """``HINCRBY`` of the message's field in the queue's delivery records (a hash
         beside the stream, same hash slot, kept as long as entries are: ``retention_s``),
-        and the stall a previous owner recorded for it (``note_stall``), if any."""
+        and the stall a previous owner recorded for it (``note_stall``), if any: one
+        script call (``COUNT_START``), since recovery runs these one at a time."""
         assert msg.token is not None
         key = self._adapter.keys.starts(self._queue)
         field = f"{self._group} {msg.token.major}-{msg.token.minor}"
         ttl_s = max(int(self._retention_ms / 1000), 3600)
-        what = f"counting a redelivered message's start on queue {self._queue}"
-        starts = await self._caller.retrying(what, lambda: self._redis.hincrby(key, field, 1))
-        await self._caller.retrying(what, lambda: self._redis.expire(key, ttl_s))
-        cause = await self._caller.retrying(
-            what, lambda: self._redis.hget(key, stall_field(self._group, msg.id)))
+        script = self._adapter.count_start_script
+        starts, cause = await self._caller.retrying(
+            f"counting a redelivered message's start on queue {self._queue}",
+            lambda: script(keys=[key], args=[field, ttl_s, stall_field(self._group, msg.id)]))
         return msgspec.structs.replace(
             msg, deliveries=int(starts) + 1,
             last_cause=cause.decode() if isinstance(cause, bytes) else (cause or ""))

@@ -167,6 +167,15 @@ if #r == 0 then return {0, ''} end
 return {#r, r[#r][1]}
 """
 
+# KEYS: the queue's delivery records (Keys.starts). ARGV: the start's field, the hash's
+# ttl in s, a recorded stall's field. Counts a redelivered message's start and returns
+# {starts, the recorded stall or false}: one round trip where three were.
+COUNT_START = """
+local n = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return {n, redis.call('HGET', KEYS[1], ARGV[3])}
+"""
+
 # KEYS: stream. {entries ever added, last generated id} from one XINFO STREAM;
 # entries added is -1 on servers older than Redis 7 (no such counter).
 STREAM_ADDED = """

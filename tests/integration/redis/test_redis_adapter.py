@@ -132,6 +132,39 @@ async def test_pending_entries_come_first_in_order_after_a_takeover(
     assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in range(1, 10)]
 
 
+async def test_a_redelivered_start_is_counted_in_one_round_trip(
+    redis_server: RedisServer,
+) -> None:
+    """Recovery runs redelivered messages one at a time, each after ``count_start``: the
+    count, its expiry and the recorded stall are one script call, not three commands."""
+    config = config_for(redis_server)
+    adapter = RedisAdapter(config.redis)
+    _, leases = redis_coordination(config, "g")
+    try:
+        await Client(adapter, HashRingQueueMapper(1)).publish("n", "k", {})
+        receiver = adapter.create_receiver(0, "g")
+        await receiver.initialize()
+        [msg] = await receiver.get_messages(1, 0.5)
+        await leases.note_stall(0, msg.id, "handler h blocked the event loop")  # type: ignore[attr-defined]
+        first = await receiver.count_start(msg)  # loads the script
+        await adapter.redis.execute_command("CONFIG", "RESETSTAT")
+        second = await receiver.count_start(msg)
+        third = await receiver.count_start(msg)
+        assert (first.deliveries, second.deliveries, third.deliveries) == (2, 3, 4)
+        assert third.last_cause == "handler h blocked the event loop"
+        stats = await adapter.redis.info("commandstats")
+        calls = {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()}
+        # Redis counts the commands a script runs too: two calls, each one EVALSHA that
+        # ran the three commands (three round trips apiece would show no EVALSHA).
+        assert calls["evalsha"] == 2
+        assert (calls["hincrby"], calls["expire"], calls["hget"]) == (2, 2, 2)
+        ttl = await adapter.redis.ttl(adapter.keys.starts(0))
+        assert ttl > 0
+    finally:
+        await leases.close()  # type: ignore[attr-defined]
+        await adapter.close()
+
+
 async def test_retention_trims_only_what_every_group_acknowledged(
     redis_server: RedisServer,
 ) -> None:
