@@ -11,8 +11,10 @@ once.
 
 Acknowledgements are fenced like handler starts: while the queue is not ours (a lease
 renewal is overdue) they are held, and once the store refuses them (the lease moved on)
-they are dropped, never sent late. Acknowledging frees room in the cache: the pull loop
-waits on :attr:`Acknowledger.room` when the cache is full.
+they are dropped, never sent late. A confirmed acknowledgement frees room in the cache
+(taking the done prefix out does not: until the broker has the acknowledgement, those
+messages are pulled and not acknowledged, and count against ``cache_capacity``); the
+pull loop waits on :attr:`Acknowledger.room` when the cache is full.
 """
 
 from __future__ import annotations
@@ -85,10 +87,15 @@ class Acknowledger:
         cache = self._cache
         if not (cache.entries and cache.entries[0].done):
             return
+        before = len(self.to_ack)
         cache.pop_done_prefix(self.to_ack)
+        cache.unconfirmed += len(self.to_ack) - before
         if self.task is None and not self.stopping:
             self.task = asyncio.create_task(self._loop())
-        if self.wants_room:  # a flag, not Event.is_set(): this runs about once a message
+        # A flag, not Event.is_set(): this runs about once a message. Taking the prefix
+        # out frees room only for messages with nothing to acknowledge (no token); the
+        # others free it once their acknowledgement is confirmed (flush).
+        if self.wants_room and cache.room > 0:
             self.wants_room = False
             self.room.set()
 
@@ -131,7 +138,7 @@ class Acknowledger:
                 log.warning("queue %d: ack refused (%s); dropping %d ack(s)",
                             self.queue, exc, len(batch))
                 self.fenced = True
-                self.to_ack.clear()
+                self._forget(len(batch))
                 return
             except Exception as exc:
                 self.to_ack[:0] = batch
@@ -142,6 +149,21 @@ class Acknowledger:
                 await asyncio.sleep(delay_s)
                 continue
             self.acked += len(batch)
+            self._cache.unconfirmed -= len(batch)
+            self._wake_puller()
+
+    def _forget(self, in_flight: int) -> None:
+        """Drop the acknowledgements not sent (and ``in_flight`` of a refused call): the
+        queue's next owner has those messages; they hold no room here any more."""
+        self._cache.unconfirmed -= in_flight + len(self.to_ack)
+        self.to_ack.clear()
+        self._wake_puller()
+
+    def _wake_puller(self) -> None:
+        """Room was freed: wake the pull loop if it waits for it."""
+        if self.wants_room:
+            self.wants_room = False
+            self.room.set()
 
     async def last(self) -> None:
         """A drain's last acknowledgements: the done prefix, then what finished behind an
@@ -176,5 +198,5 @@ class Acknowledger:
         """Acknowledge nothing more; the flush under way (returned) is to be cancelled."""
         self.stopping = True
         self.fenced = True
-        self.to_ack.clear()
+        self._forget(0)
         return self.task

@@ -118,6 +118,11 @@ class QueueCache:
         self.ready: deque[Lane] = deque()
         self.bytes = 0
         """Body bytes of the entries held."""
+        self.unconfirmed = 0
+        """Entries done and taken out (:meth:`pop_done_prefix`) whose acknowledgement the
+        broker has not confirmed yet (the :class:`~conveyor.platform.acks.Acknowledger`
+        counts them): they still count against ``capacity``, which bounds what was
+        pulled and not acknowledged — what a crash or a lost lease may run again."""
         self._body_bytes = 0
         """Body size one message is expected to have: the last pull's average, or half
         the estimate before if that is more (it rises at once, falls by halves); 0 until
@@ -131,7 +136,7 @@ class QueueCache:
 
     @property
     def room(self) -> int:
-        return self.capacity - len(self.entries)
+        return self.capacity - len(self.entries) - self.unconfirmed
 
     def join(self, budget: PrefetchBudget) -> None:
         """Take a share of ``budget`` (the agent's pull loop starts)."""
@@ -150,10 +155,12 @@ class QueueCache:
     def pull_size(self, max_batch: int) -> int:
         """How many messages to ask the queue for: within ``max_batch``, the room left
         in messages and, at the expected body size, in bytes (see
-        :class:`PrefetchBudget`); 0 to wait for acknowledgements. An empty cache asks
-        for one message at least (a body larger than the share still goes through,
-        alone), and for exactly one before any pull has shown the body size."""
-        room = min(self.capacity - len(self.entries), max_batch)
+        :class:`PrefetchBudget`); 0 to wait for acknowledgements (the room counts the
+        entries held and those whose acknowledgement is unconfirmed, :attr:`unconfirmed`).
+        An empty cache asks for one message at least, room permitting (a body larger
+        than the share still goes through, alone), and for exactly one before any pull
+        has shown the body size."""
+        room = min(self.capacity - len(self.entries) - self.unconfirmed, max_batch)
         budget = self._budget
         if budget is None:
             return room
