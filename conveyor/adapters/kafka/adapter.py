@@ -163,12 +163,14 @@ class KafkaAdapter(QueueAdapter):
         each batch is sealed, so the producer sends it without waiting ``linger_ms``."""
         near = self.config.max_request_size - _FRAMING  # a record this big is checked
         batches: list[tuple[Sequence[Message], Any]] = []
-        start, batch = 0, producer.create_batch()
+        start, count, batch = 0, 0, producer.create_batch()  # count: records in batch
         append = record_appender(batch)
         namespace, common = "", [(H_NAMESPACE, b""), (H_ID, b"")]
-        for i, msg in enumerate(messages):
+        for msg in messages:
             stream = msg.stream
-            if msg.content_type == CONTENT_JSON and not msg.attempt and not msg.headers:
+            if msg.headers or msg.attempt or msg.content_type != CONTENT_JSON:
+                headers = message_headers(msg)
+            else:
                 # message_headers(msg) of the common message, without the call: cv-ns
                 # (encoded once a namespace), cv-id. The builder copies the list's bytes
                 # as it appends, so one list serves every such record.
@@ -177,21 +179,20 @@ class KafkaAdapter(QueueAdapter):
                     common[0] = (H_NAMESPACE, namespace.encode())
                 common[1] = (H_ID, msg.id.encode())
                 headers = common
-            else:
-                headers = message_headers(msg)
-            key, ts = stream.key.encode(), msg.enqueued_at_ms or None  # ts: no cv-ts
-            meta = append(i - start, ts, key, msg.body, headers)
+            key, ts, body = stream.key.encode(), msg.enqueued_at_ms or None, msg.body
+            meta = append(count, ts, key, body, headers)  # ts: no cv-ts (see codec)
             if meta is None:  # full: start the next (a batch always takes its first record)
-                seal(batch, i - start)
-                batches.append((messages[start:i], batch))
-                start, batch = i, producer.create_batch()
+                seal(batch, count)
+                batches.append((messages[start:start + count], batch))
+                start, count, batch = start + count, 0, producer.create_batch()
                 append = record_appender(batch)
-                meta = append(0, ts, key, msg.body, headers)
+                meta = append(0, ts, key, body, headers)
+            count += 1
             if meta.size > near:  # near the limit: count as aiokafka's send() counts
-                size = record_size(key, msg.body, headers)
+                size = record_size(key, body, headers)
                 if size > self.config.max_request_size:
                     raise self._too_large(msg, size)
-        seal(batch, len(messages) - start)
+        seal(batch, count)
         batches.append((messages[start:], batch))
         return batches
 
