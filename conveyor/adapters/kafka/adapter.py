@@ -22,6 +22,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -143,8 +144,8 @@ class KafkaAdapter(QueueAdapter):
             for (msgs, _), meta in zip(sent, results, strict=True):
                 if isinstance(meta, BaseException):
                     break
-                tokens += [SequenceToken(queue, offset)
-                           for offset in range(meta.offset, meta.offset + len(msgs))]
+                tokens += map(SequenceToken, repeat(queue, len(msgs)),
+                              range(meta.offset, meta.offset + len(msgs)))
             else:
                 return tokens
         return self._stored(queue, messages, sent, results, unsent)
