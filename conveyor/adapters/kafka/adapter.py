@@ -56,6 +56,12 @@ _FRAMING = 61 + 21
 size check (``estimate_size_in_bytes``) adds to the key, value and headers."""
 
 
+def _tokens(queue: int, offset: int, count: int) -> list[SequenceToken]:
+    """The tokens of ``count`` records stored from ``offset`` on (a map over a repeat: no
+    comprehension frame a token)."""
+    return list(map(SequenceToken, repeat(queue, count), range(offset, offset + count)))
+
+
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
     coalesce_publishes = False  # the producer batches concurrent sends itself (linger_ms)
@@ -138,14 +144,18 @@ class KafkaAdapter(QueueAdapter):
             if not sent:  # failed before the first batch was handed over: none was sent
                 raise
             unsent = exc
+        if unsent is None and len(sent) == 1:  # the common call: one batch, no gather
+            try:
+                return _tokens(queue, (await sent[0][1]).offset, len(messages))
+            except Exception as exc:  # as gather(return_exceptions=True) would hand it
+                return self._stored(queue, messages, sent, [exc], None)
         results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
         if unsent is None:
             tokens: list[SequenceToken] = []
             for (msgs, _), meta in zip(sent, results, strict=True):
                 if isinstance(meta, BaseException):
                     break
-                tokens += map(SequenceToken, repeat(queue, len(msgs)),
-                              range(meta.offset, meta.offset + len(msgs)))
+                tokens += _tokens(queue, meta.offset, len(msgs))
             else:
                 return tokens
         return self._stored(queue, messages, sent, results, unsent)
@@ -225,7 +235,7 @@ class KafkaAdapter(QueueAdapter):
                         "ids are in .message_ids", tuple(m.id for m in msgs))
                 failures.append(([m.id for m in msgs], error))
                 continue
-            batch_tokens = [SequenceToken(queue, meta.offset + i) for i in range(len(msgs))]
+            batch_tokens = _tokens(queue, meta.offset, len(msgs))
             published.update(zip((m.id for m in msgs), batch_tokens, strict=True))
             tokens += batch_tokens
         if unsent is not None:
