@@ -8,6 +8,7 @@ from conveyor import client as client_module
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.client import Client, Publish
 from conveyor.platform.errors import ConveyorError, MessageTooLargeError
+from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import new_message_ids
 
@@ -68,3 +69,11 @@ async def test_a_bad_item_refuses_the_whole_batch(client: Client) -> None:
     with pytest.raises(ConveyorError, match="namespace"):
         await client.publish_batch([*good, Publish("", "k", {})])
     assert stored(client) == {}
+
+
+async def test_a_one_queue_batch_returns_its_tokens_in_order(client: Client) -> None:
+    items = [Publish("a", "k", {"i": i}) for i in range(5)]
+    first = await client.publish_batch(items[:2])
+    tokens = await client.publish_batch(items[2:])
+    queue = client.queue_for("a", "k")
+    assert [*first, *tokens] == [SequenceToken(queue, i) for i in range(5)]
