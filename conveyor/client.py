@@ -107,7 +107,10 @@ class Client:
         self._traced = self.telemetry.tracer is not None
         self._owns_adapter = owns_adapter
         self._owns_telemetry = owns_telemetry
-        self._streams: dict[tuple[str, str], tuple[int, StreamId]] = {}
+        # namespace -> stream key -> (queue, StreamId): by namespace, so a look-up
+        # builds no (namespace, key) tuple; ``_remembered`` counts the streams held.
+        self._streams: dict[str, dict[str, tuple[int, StreamId]]] = {}
+        self._remembered = 0
         self.coalesce_linger_s = coalesce_linger_s
         self.max_body_bytes = max_body_bytes
         self._coalescer = (None if coalesce_linger_s is None
@@ -168,15 +171,19 @@ class Client:
     def _stream(self, namespace: str, key: str) -> tuple[int, StreamId]:
         """A stream's queue and id, remembered: hashing it costs more than a look-up, and
         the messages of one stream share one :class:`StreamId`."""
-        known = self._streams.get((namespace, key))
+        streams = self._streams.get(namespace)
+        known = None if streams is None else streams.get(key)
         if known is None:
             if not namespace:
                 raise ConveyorError("namespace must be a non-empty string")
-            if len(self._streams) >= _STREAMS_REMEMBERED:
+            if self._remembered >= _STREAMS_REMEMBERED:
                 self._streams.clear()
+                self._remembered, streams = 0, None
+            if streams is None:
+                streams = self._streams[namespace] = {}
             stream = StreamId(namespace, str(key))
-            known = self._streams[namespace, key] = (
-                self.mapper.queue_for_key(namespace, stream.key), stream)
+            known = streams[key] = (self.mapper.queue_for_key(namespace, stream.key), stream)
+            self._remembered += 1
         return known
 
     def queue_for(self, namespace: str, key: str) -> int:
@@ -241,6 +248,9 @@ class Client:
         finally:
             for span in spans:
                 span.end()
+        only = results[0] if len(results) == 1 else None
+        if isinstance(only, list) and len(only) == len(items):
+            return only  # one queue: its tokens are in the items' order already
         tokens: list[SequenceToken] = [_NO_TOKEN] * len(items)
         failures: list[tuple[list[str], BaseException]] = []
         for (positions, msgs), outcome in zip(by_queue.values(), results, strict=True):
@@ -264,11 +274,18 @@ class Client:
         for each. :meth:`_build` and :meth:`queue_for` of each item, inlined: the common
         one (an object body sent as JSON, no headers, a stream seen before) costs no call.
         """
-        stamp, limit, streams = now_ms(), self.max_body_bytes, self._streams
+        stamp, limit, known = now_ms(), self.max_body_bytes, self._streams
         by_queue: dict[int, tuple[list[int], list[Message]]] = {}
+        namespace, streams = None, None  # the last item's, looked up once for a run of them
         for i, item in enumerate(items):
             body, ctype, ns, key = item.body, item.content_type, item.namespace, item.key
-            queue, stream = streams.get((ns, key)) or self._stream(ns, key)
+            if ns is not namespace:
+                namespace, streams = ns, known.get(ns)
+            queue_stream = None if streams is None else streams.get(key)
+            if queue_stream is None:
+                queue_stream = self._stream(ns, key)
+                namespace, streams = ns, known[ns]  # _stream may have started over
+            queue, stream = queue_stream
             if ctype is None and type(body) is dict:
                 data, ctype = _json_encode(body), CONTENT_JSON
             else:

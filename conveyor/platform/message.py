@@ -39,11 +39,24 @@ def new_message_id() -> str:
     return os.urandom(16).hex()
 
 
+_ID_SUFFIXES = tuple(f"{i:08x}" for i in range(1024))
+"""The last 8 hex digits of a batch's first 1,024 ids (see :func:`new_message_ids`)."""
+
+
 def new_message_ids(count: int) -> list[str]:
-    """``count`` ids as :func:`new_message_id` makes them, from one read of the random
-    source (a batch's ids: a system call per id costs ~1 us)."""
-    digits = os.urandom(16 * count).hex()
-    return [digits[i : i + 32] for i in range(0, 32 * count, 32)]
+    """``count`` ids for one batch, 32 hex digits each like :func:`new_message_id`'s:
+    96 random bits drawn once for the batch, then the message's place in it as 8 hex
+    digits (``…00000000``, ``…00000001``, …).
+
+    Unique across processes and restarts as random ids are (a batch's 96 bits repeat
+    with odds of 2**-96 per pair of batches), at the cost of one concatenation a
+    message instead of 16 random bytes read and cut out of a hex string. Ids are
+    opaque: nothing reads their parts, and any string is a valid id on the wire."""
+    prefix = os.urandom(12).hex()
+    ids = list(map(prefix.__add__, _ID_SUFFIXES[:count]))
+    if count > len(_ID_SUFFIXES):
+        ids += [f"{prefix}{i:08x}" for i in range(len(_ID_SUFFIXES), count)]
+    return ids
 
 
 def now_ms() -> int:

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -53,6 +54,12 @@ log = logging.getLogger("conveyor.kafka")
 _FRAMING = 61 + 21
 """A record batch's header and aiokafka's bound on a record's own overhead: what its
 size check (``estimate_size_in_bytes``) adds to the key, value and headers."""
+
+
+def _tokens(queue: int, offset: int, count: int) -> list[SequenceToken]:
+    """The tokens of ``count`` records stored from ``offset`` on (a map over a repeat: no
+    comprehension frame a token)."""
+    return list(map(SequenceToken, repeat(queue, count), range(offset, offset + count)))
 
 
 class KafkaAdapter(QueueAdapter):
@@ -137,14 +144,18 @@ class KafkaAdapter(QueueAdapter):
             if not sent:  # failed before the first batch was handed over: none was sent
                 raise
             unsent = exc
+        if unsent is None and len(sent) == 1:  # the common call: one batch, no gather
+            try:
+                return _tokens(queue, (await sent[0][1]).offset, len(messages))
+            except Exception as exc:  # as gather(return_exceptions=True) would hand it
+                return self._stored(queue, messages, sent, [exc], None)
         results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
         if unsent is None:
             tokens: list[SequenceToken] = []
             for (msgs, _), meta in zip(sent, results, strict=True):
                 if isinstance(meta, BaseException):
                     break
-                tokens += [SequenceToken(queue, offset)
-                           for offset in range(meta.offset, meta.offset + len(msgs))]
+                tokens += _tokens(queue, meta.offset, len(msgs))
             else:
                 return tokens
         return self._stored(queue, messages, sent, results, unsent)
@@ -163,12 +174,14 @@ class KafkaAdapter(QueueAdapter):
         each batch is sealed, so the producer sends it without waiting ``linger_ms``."""
         near = self.config.max_request_size - _FRAMING  # a record this big is checked
         batches: list[tuple[Sequence[Message], Any]] = []
-        start, batch = 0, producer.create_batch()
+        start, count, batch = 0, 0, producer.create_batch()  # count: records in batch
         append = record_appender(batch)
         namespace, common = "", [(H_NAMESPACE, b""), (H_ID, b"")]
-        for i, msg in enumerate(messages):
+        for msg in messages:
             stream = msg.stream
-            if msg.content_type == CONTENT_JSON and not msg.attempt and not msg.headers:
+            if msg.headers or msg.attempt or msg.content_type != CONTENT_JSON:
+                headers = message_headers(msg)
+            else:
                 # message_headers(msg) of the common message, without the call: cv-ns
                 # (encoded once a namespace), cv-id. The builder copies the list's bytes
                 # as it appends, so one list serves every such record.
@@ -177,21 +190,20 @@ class KafkaAdapter(QueueAdapter):
                     common[0] = (H_NAMESPACE, namespace.encode())
                 common[1] = (H_ID, msg.id.encode())
                 headers = common
-            else:
-                headers = message_headers(msg)
-            key, ts = stream.key.encode(), msg.enqueued_at_ms or None  # ts: no cv-ts
-            meta = append(i - start, ts, key, msg.body, headers)
+            key, ts, body = stream.key.encode(), msg.enqueued_at_ms or None, msg.body
+            meta = append(count, ts, key, body, headers)  # ts: no cv-ts (see codec)
             if meta is None:  # full: start the next (a batch always takes its first record)
-                seal(batch, i - start)
-                batches.append((messages[start:i], batch))
-                start, batch = i, producer.create_batch()
+                seal(batch, count)
+                batches.append((messages[start:start + count], batch))
+                start, count, batch = start + count, 0, producer.create_batch()
                 append = record_appender(batch)
-                meta = append(0, ts, key, msg.body, headers)
+                meta = append(0, ts, key, body, headers)
+            count += 1
             if meta.size > near:  # near the limit: count as aiokafka's send() counts
-                size = record_size(key, msg.body, headers)
+                size = record_size(key, body, headers)
                 if size > self.config.max_request_size:
                     raise self._too_large(msg, size)
-        seal(batch, len(messages) - start)
+        seal(batch, count)
         batches.append((messages[start:], batch))
         return batches
 
@@ -223,7 +235,7 @@ class KafkaAdapter(QueueAdapter):
                         "ids are in .message_ids", tuple(m.id for m in msgs))
                 failures.append(([m.id for m in msgs], error))
                 continue
-            batch_tokens = [SequenceToken(queue, meta.offset + i) for i in range(len(msgs))]
+            batch_tokens = _tokens(queue, meta.offset, len(msgs))
             published.update(zip((m.id for m in msgs), batch_tokens, strict=True))
             tokens += batch_tokens
         if unsent is not None:

@@ -93,7 +93,8 @@ def enqueue_args(messages: Sequence[Message]) -> list[bytes | str | int]:
     :func:`encode_fields`' order (the script supplies their names), the extra fields."""
     args: list[bytes | str | int] = []
     for msg in messages:
-        extra = extra_fields(msg) if msg.attempt or msg.headers else []
+        extra: Sequence[bytes | str] = (
+            extra_fields(msg) if msg.attempt or msg.headers else ())  # () is not built anew
         stream = msg.stream
         args += (len(extra), stream.namespace, stream.key, msg.id, msg.content_type,
                  msg.enqueued_at_ms or now_ms(), msg.body)

@@ -162,3 +162,25 @@ async def test_a_batch_the_broker_refuses_mid_partition_is_named_and_the_rest_go
         await client.publish_batch(rest)
     everything = await read_all(validating.bootstrap, topic, len(batch))
     assert seqs_of(everything) == Counter(range(len(batch)))  # each once: none lost or doubled
+
+
+async def test_a_partitions_one_batch_refused_fails_that_partition_only(
+    validating: Tansu, topic: str, tmp_path: Path
+) -> None:
+    """A partition's messages in one record batch (the common call, awaited without a
+    gather) refused by the broker: on their own, the broker's error and nothing stored;
+    next to another partition's, a PartialPublishError naming them."""
+    (tmp_path / f"{topic}.json").write_text(SEQ_IS_A_NUMBER)
+    config = kafka_config(validating.bootstrap, topic, queues={"total": QUEUES})
+    async with Client.from_config(config) as client:
+        bad = [Publish("orders", "k", {"seq": "zero"}), Publish("orders", "k", {"seq": 1})]
+        with pytest.raises(BrokerError) as refused:
+            await client.publish_batch(bad)
+        assert not isinstance(refused.value, PartialPublishError | PublishUncertain)
+        other = next(f"o{i}" for i in range(64)
+                     if client.queue_for("orders", f"o{i}") != client.queue_for("orders", "k"))
+        with pytest.raises(PartialPublishError) as caught:
+            await client.publish_batch([*bad, Publish("orders", other, {"seq": 2})])
+    err = caught.value
+    assert sorted(err.failed) == sorted(err.ids[:2]) and list(err.published) == [err.ids[2]]
+    assert seqs_of(await read_all(validating.bootstrap, topic, 1)) == {2: 1}

@@ -1,0 +1,79 @@
+"""Client.publish_batch's own work on the memory adapter: ids, the stream cache, refusals."""
+
+import re
+
+import pytest
+
+from conveyor import client as client_module
+from conveyor.adapters.memory import MemoryAdapter, reset_broker
+from conveyor.client import Client, Publish
+from conveyor.platform.errors import ConveyorError, MessageTooLargeError
+from conveyor.platform.ids import SequenceToken
+from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.message import new_message_ids
+
+
+@pytest.fixture
+def client() -> Client:
+    reset_broker("client-publish")
+    return Client(MemoryAdapter("client-publish"), HashRingQueueMapper(4))
+
+
+def stored(client: Client) -> dict[str, tuple[int, str, str]]:
+    """Every stored message by id: (queue, namespace, key)."""
+    adapter = client.adapter
+    assert isinstance(adapter, MemoryAdapter)
+    return {m.id: (q, m.stream.namespace, m.stream.key)
+            for q, log in adapter.broker.logs.items() for m in log.items}
+
+
+def test_a_batchs_ids_are_32_hex_digits_and_unique_across_batches() -> None:
+    batches = [new_message_ids(n) for n in (0, 1, 500, 3000, 3000)]
+    assert [len(b) for b in batches] == [0, 1, 500, 3000, 3000]
+    ids = [i for batch in batches for i in batch]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
+    # within a batch: one random part, then the place in the batch (past the table too)
+    assert {i[:24] for i in batches[3]} == {batches[3][0][:24]}
+    assert [int(i[24:], 16) for i in batches[3]] == list(range(3000))
+    assert batches[3][0][:24] != batches[4][0][:24]
+
+
+async def test_streams_land_on_their_queues_when_the_cache_starts_over_mid_batch(
+        client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "_STREAMS_REMEMBERED", 3)
+    items = [Publish(ns, f"k{i % 5}", {"i": i}) for i in range(20) for ns in ("a", "b")]
+    tokens = await client.publish_batch(items)
+    assert len(tokens) == len(items) and len(set(tokens)) == len(items)
+    found = stored(client)
+    mapper = client.mapper
+    assert len(found) == len(items)
+    assert all(q == mapper.queue_for_key(ns, key) for q, ns, key in found.values())
+    assert client._remembered <= 3
+    assert sum(len(s) for s in client._streams.values()) == client._remembered
+    # each token names its own message's place, in input order per queue
+    adapter = client.adapter
+    assert isinstance(adapter, MemoryAdapter)
+    by_token = {m.token: m for log in adapter.broker.logs.values() for m in log.items}
+    assert [by_token[t].body for t in tokens] == [f'{{"i":{it.body["i"]}}}'.encode()
+                                                    for it in items]
+
+
+async def test_a_bad_item_refuses_the_whole_batch(client: Client) -> None:
+    client.max_body_bytes = 100
+    good = [Publish("a", "k", {"i": i}) for i in range(3)]
+    with pytest.raises(MessageTooLargeError):
+        await client.publish_batch([*good, Publish("a", "k", "x" * 101)])
+    with pytest.raises(ConveyorError, match="reserved"):
+        await client.publish_batch([*good, Publish("a", "k", {}, {"cv-id": "mine"})])
+    with pytest.raises(ConveyorError, match="namespace"):
+        await client.publish_batch([*good, Publish("", "k", {})])
+    assert stored(client) == {}
+
+
+async def test_a_one_queue_batch_returns_its_tokens_in_order(client: Client) -> None:
+    items = [Publish("a", "k", {"i": i}) for i in range(5)]
+    first = await client.publish_batch(items[:2])
+    tokens = await client.publish_batch(items[2:])
+    queue = client.queue_for("a", "k")
+    assert [*first, *tokens] == [SequenceToken(queue, i) for i in range(5)]
