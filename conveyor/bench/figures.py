@@ -24,7 +24,10 @@ RATIOS = {"ratio": ("msgs_per_s", "floor_msgs_per_s"),
           # CPU per message off over on: the rate a CPU-bound worker keeps with /metrics
           # on, steadier than wall time on a loaded machine
           "metrics_cpu_ratio": ("cpu_us_per_msg", "metrics_cpu_us_per_msg"),
-          "publish_ratio": ("publish_msgs_per_s", "publish_floor_msgs_per_s")}
+          "publish_ratio": ("publish_msgs_per_s", "publish_floor_msgs_per_s"),
+          # against a second publish floor where the adapter has one (Kafka: send per
+          # record, the producer batching as configured)
+          "publish_send_ratio": ("publish_msgs_per_s", "publish_send_floor_msgs_per_s")}
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class ThroughputResult:
     count_floor: str = ""
     """What the counting consume floor is (nothing awaited per record)."""
     publish_floor: str = ""
+    publish_send_floor: str = ""
+    """What the second publish floor is, where the adapter has one (Kafka: ``send`` per
+    record); empty otherwise."""
     single_messages: int = 0
     """Messages of the single-``publish`` run (fewer than ``messages``: it is slower)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -92,6 +98,8 @@ class ThroughputResult:
         if self.publish_floor:
             out["publish_floor"] = self.publish_floor
             out["publish_single_messages"] = self.single_messages
+        if self.publish_send_floor:
+            out["publish_send_floor"] = self.publish_send_floor
         out.update({k: s.median for k, s in self.figures.items()})
         out["spread"] = {k: [s.low, s.high] for k, s in self.figures.items()}
         out.update(self.extra)
@@ -125,9 +133,13 @@ class ThroughputResult:
                 *_rows(f"  publish_batch x{PUBLISH_BATCH}", f, "publish_"),
                 *_rows(f"  publish x1 ({PUBLISHERS} tasks)", f, "publish_single_"),
                 *_rows("  raw loop", f, "publish_floor_"),
+                *_rows("  raw loop, send each", f, "publish_send_floor_"),
                 *_ratio("  ratio (batch / raw)", f["publish_ratio"]),
+                *_ratio("  ratio (batch / send)", f.get("publish_send_ratio")),
                 *self._floor_lines(),
                 f"raw publish loop: {self.publish_floor}",
+                *([f"raw publish loop, send each: {self.publish_send_floor}"]
+                  if self.publish_send_floor else []),
                 f"publish x1 published {self.single_messages:,} messages",
             ]
         else:

@@ -14,6 +14,14 @@ of its own (``queues.total`` partitions); what is Kafka's:
   the record builder, closed before ``send_batch``, so no batch waits ``linger_ms`` for
   records that will not come (left open, every round waited the 5 ms linger, and the
   floor measured the linger, not the producer).
+* **publish floor, send each** — the floor "Close to the wire" (issue 24) measured: the
+  same producer, the same encoded records, ``send`` per record into the partition
+  ``publish_batch`` would pick, :data:`~conveyor.bench.timing.PUBLISH_BATCH` sends a round,
+  then the round's futures awaited; aiokafka batches the records itself, each batch
+  sent once full or after ``linger_ms`` (the shipped producer settings, as
+  :func:`~conveyor.adapters.kafka.connection.start_producer` gives them). It writes to a
+  topic of its own (``<topic>-send``, deleted after), so the consume floors read the
+  same records either way; every other repeat runs it before the other publish floor.
 * **consume floors** — an ``AIOKafkaConsumer`` with the adapter's consumer settings,
   started and assigned every partition, ``getmany(max_records=500)`` and ``commit``
   after every batch: the counting loop only counts the records, the awaiting loop
@@ -64,7 +72,7 @@ from conveyor.bench.throughput import (
 from conveyor.bench.timing import PUBLISH_BATCH, Sample, SteadyClock, bench_items
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.app import App
-from conveyor.platform.config import Config
+from conveyor.platform.config import Config, KafkaConfig
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.message import Message
 from conveyor.workers.daemon import WorkerDaemon
@@ -140,6 +148,28 @@ async def publish_floor(producer: AIOKafkaProducer, topic: str,
     return clock.stop(len(messages))
 
 
+async def publish_send_floor(producer: AIOKafkaProducer, topic: str,
+                             messages: Sequence[Message], total: int) -> Sample:
+    """``send`` per record, :data:`PUBLISH_BATCH` sends a round, then the round's futures
+    awaited (see the module docstring); ``producer`` is started. The records are
+    encoded before the clock starts, as :func:`publish_floor`'s are; each goes to the
+    partition ``publish_batch`` sends its message to, with the headers and timestamp the
+    adapter's ``send`` gives it."""
+    rounds = [[(q, m.stream.key.encode(), m.body, message_headers(m), m.enqueued_at_ms or None)
+               for q, batch in chunk for m in batch]
+              for chunk in queue_chunks(messages, total)]
+    await producer.partitions_for(topic)  # metadata in hand before the clock starts
+    send = producer.send
+    clock = SteadyClock()
+    clock.first()
+    for records in rounds:
+        sent = [await send(topic, value, key, partition, ts, headers)
+                for partition, key, value, headers, ts in records]
+        for delivery in sent:  # done ones return at once, no gather around 500 futures
+            await delivery
+    return clock.stop(len(messages))
+
+
 async def consume_floor(consumer: AIOKafkaConsumer, topic: str, total: int,
                         messages: int, counting: bool = False) -> Sample:
     """``getmany(max_records=500)`` + no-op per record + ``commit`` over the partitions of
@@ -178,6 +208,9 @@ class KafkaBackend(Backend):
     def __init__(self, bootstrap: str, variant: Variant | None = None) -> None:
         super().__init__(variant)
         self.bootstrap = bootstrap
+        linger = self.config("").config.kafka.linger_ms
+        self.publish_send_floor = (f"aiokafka send per record, {PUBLISH_BATCH} a round, "
+                                   f"then their futures awaited (linger_ms {linger})")
 
     def config(self, place: str) -> BenchConfig:
         return bench_config("kafka", {"kafka.bootstrap": self.bootstrap,
@@ -188,21 +221,28 @@ class KafkaBackend(Backend):
         await adapter.producer()  # creates the topic and connects
 
     async def cleanup(self, bench: BenchConfig) -> None:
-        with contextlib.suppress(Exception):  # a broker that cannot delete keeps it
-            async with admin(client_options(bench.config.kafka)) as client:
-                await client.delete_topics([bench.config.kafka.topic])
+        await _delete_topic(bench.config.kafka, bench.config.kafka.topic)
 
     async def floors(self, bench: BenchConfig, messages: Sequence[Message],
                      count_first: bool = False) -> Floors:
+        """The module docstring's floors; with ``count_first``, the send-each publish
+        floor and the counting consume floor run first."""
         cfg, total = bench.config.kafka, bench.config.queues.total
+        send_topic = f"{cfg.topic}-send"
         adapter = KafkaAdapter(cfg, total)
         try:
             await adapter.ensure_topic()
+            await adapter.cluster.create_topics({send_topic: total})
             producer = await start_producer(cfg, client_options(cfg))  # as the adapter's
             try:
-                published = await publish_floor(producer, cfg.topic, messages, total)
+                published: dict[bool, Sample] = {}
+                for each in (True, False) if count_first else (False, True):
+                    published[each] = await (
+                        publish_send_floor(producer, send_topic, messages, total) if each
+                        else publish_floor(producer, cfg.topic, messages, total))
             finally:
                 await producer.stop()
+                await _delete_topic(cfg, send_topic)
             consumed: dict[bool, Sample] = {}
             for counting in (True, False) if count_first else (False, True):
                 consumer = adapter.cluster.new_consumer(
@@ -211,7 +251,13 @@ class KafkaBackend(Backend):
                                                          len(messages), counting)
         finally:
             await adapter.close()
-        return Floors(published, consumed[False], consumed[True])
+        return Floors(published[False], consumed[False], consumed[True], published[True])
+
+
+async def _delete_topic(cfg: KafkaConfig, topic: str) -> None:
+    with contextlib.suppress(Exception):  # a broker that cannot delete keeps it
+        async with admin(client_options(cfg)) as client:
+            await client.delete_topics([topic])
 
 
 def io_config(bootstrap: str, topic: str, slots: int = IO_SLOTS) -> Config:

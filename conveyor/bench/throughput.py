@@ -5,7 +5,8 @@
 ``async def noop(body: bytes) -> None``. Each repeat measures, one after another:
 
 1. the **publish floor** — the adapter's raw producer writing the same entries (already
-   built: ids, bodies, fields) :data:`~conveyor.bench.timing.PUBLISH_BATCH` at a time;
+   built: ids, bodies, fields) :data:`~conveyor.bench.timing.PUBLISH_BATCH` at a time
+   (Kafka has two, interleaved as the consume floors are: see its backend);
 2. the two **consume floors**, each reading those entries back with the adapter's raw
    consumer loop, :data:`~conveyor.bench.timing.PUBLISH_BATCH` a read, timed from its
    first record (:class:`~conveyor.bench.timing.SteadyClock`): the **counting loop** only
@@ -93,6 +94,9 @@ class Backend(ABC):
     count_floor: str
     """The counting consume floor, as printed."""
     publish_floor: str
+    publish_send_floor = ""
+    """The second publish floor, as printed, where the adapter has one (Kafka: ``send``
+    per record, :attr:`Floors.publish_send`)."""
 
     def __init__(self, variant: Variant | None = None) -> None:
         self.variant = variant or Variant()
@@ -116,8 +120,9 @@ class Backend(ABC):
                      count_first: bool = False) -> Floors:
         """Write ``messages`` with the raw producer to ``bench``'s place, then read them
         back twice with the raw consumer (two groups): counting only, and awaiting
-        :func:`noop` on each body; the counting read first with ``count_first``. Each
-        timed from its first record."""
+        :func:`noop` on each body; the counting read first with ``count_first`` (and a
+        second publish floor, where there is one, before the first). Each timed from
+        its first record."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,9 @@ class Floors:
     """The awaiting loop: the no-op awaited on each body."""
     count: Sample
     """The counting loop: records counted per read, nothing awaited per record."""
+    publish_send: Sample | None = None
+    """A second publish floor, where the adapter has one (Kafka: ``send`` per record,
+    the client batching as the shipped producer settings say)."""
 
 
 async def noop(body: bytes) -> None:
@@ -207,6 +215,8 @@ async def repeat_once(backend: Backend, items: Sequence[Publish], tag: str,
     finally:
         await backend.cleanup(floor_bench)
     out |= _figures("publish_floor_", floors.publish, startup=False)
+    if floors.publish_send is not None:
+        out |= _figures("publish_send_floor_", floors.publish_send, startup=False)
     out |= _figures("floor_", floors.consume)
     out |= _figures("count_floor_", floors.count)
     slots = 0
@@ -243,6 +253,7 @@ def summarize(backend: Backend, runs: Sequence[Mapping[str, float]], messages: i
         figures=spreads(runs), repeats=len(runs), floor=backend.floor,
         count_floor=backend.count_floor,
         publish_floor=backend.publish_floor if single else "", single_messages=single,
+        publish_send_floor=backend.publish_send_floor if single else "",
     )
 
 

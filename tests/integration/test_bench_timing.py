@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from click.testing import CliRunner
 
 from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.adapters.kafka.codec import message_headers
 from conveyor.adapters.kafka.connection import client_options
 from conveyor.adapters.memory import MemoryAdapter, MemoryReceiver, reset_broker
 from conveyor.adapters.redis.keys import Keys
@@ -158,9 +159,13 @@ class SlowStartConsumer(AIOKafkaConsumer):  # type: ignore[misc]
         await super().start()
 
 
-@pytest.mark.kafka
-async def test_the_kafka_floor_timer_starts_at_its_first_record(tansu: Tansu) -> None:
-    topic, total = f"floor-{uuid.uuid4().hex[:8]}", 4
+PublishFloor = Callable[[AIOKafkaProducer, str, Sequence[Message], int], Awaitable[Sample]]
+
+
+async def _write_with(floor: PublishFloor, tansu: Tansu, topic: str, total: int,
+                      messages: Sequence[Message]) -> Sample:
+    """``floor`` (a Kafka publish floor) writing ``messages`` to a new ``topic`` of
+    ``total`` partitions, through a plain producer."""
     cfg = load_config(None, environ={}, overrides={
         "queues": {"adapter": "kafka", "total": total},
         "kafka": {"bootstrap": tansu.bootstrap, "topic": topic}}).kafka
@@ -170,13 +175,48 @@ async def test_the_kafka_floor_timer_starts_at_its_first_record(tansu: Tansu) ->
     producer = AIOKafkaProducer(**client_options(cfg))
     await producer.start()
     try:
-        await kafka_throughput.publish_floor(
-            producer, topic, build_messages(bench_items(N, 20), total), total)
+        return await floor(producer, topic, messages, total)
     finally:
         await producer.stop()
+
+
+@pytest.mark.kafka
+async def test_the_kafka_floor_timer_starts_at_its_first_record(tansu: Tansu) -> None:
+    topic, total = f"floor-{uuid.uuid4().hex[:8]}", 4
+    await _write_with(kafka_throughput.publish_floor, tansu, topic, total,
+                      build_messages(bench_items(N, 20), total))
     consumer = SlowStartConsumer(bootstrap_servers=tansu.bootstrap, group_id=f"{topic}-raw",
                                  enable_auto_commit=False, auto_offset_reset="earliest")
     _timed_after_setup(await kafka_throughput.consume_floor(consumer, topic, total, N))
+
+
+@pytest.mark.kafka
+async def test_the_kafka_send_floor_writes_what_publish_batch_writes(tansu: Tansu) -> None:
+    """The per-record publish floor sends each record where ``publish_batch`` sends its
+    message, with the key, headers and timestamp the adapter writes."""
+    topic, total = f"send-{uuid.uuid4().hex[:8]}", 4
+    messages = build_messages(bench_items(N, 20), total)
+    sample = await _write_with(kafka_throughput.publish_send_floor, tansu, topic, total,
+                               messages)
+    assert sample.msgs_per_s > 0 and sample.cpu_us_per_msg > 0
+    mapper = HashRingQueueMapper(total)
+    wanted: dict[int, list[tuple[Any, ...]]] = {q: [] for q in range(total)}
+    for m in messages:
+        wanted[mapper.queue_for(m.stream)].append(
+            (m.stream.key.encode(), m.body, tuple(message_headers(m)), m.enqueued_at_ms))
+    consumer = AIOKafkaConsumer(bootstrap_servers=tansu.bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, q) for q in range(total)])
+        await consumer.seek_to_beginning()
+        got: dict[int, list[tuple[Any, ...]]] = {q: [] for q in range(total)}
+        while sum(map(len, got.values())) < N:
+            for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
+                got[tp.partition] += [(r.key, r.value, tuple(r.headers), r.timestamp)
+                                      for r in records]
+    finally:
+        await consumer.stop()
+    assert got == wanted
 
 
 def _bench_json(*args: str) -> dict[str, Any]:
@@ -218,7 +258,9 @@ def test_the_memory_benchmark_prints_metrics_on_next_to_metrics_off() -> None:
     assert "conveyor, /metrics on" in result.output
     assert "ratio (/metrics on / off)" in result.output
     assert "CPU ratio (off / on)" in result.output
-    _assert_comparable(_bench_json("--adapter", "memory"), "memory")
+    figures = _bench_json("--adapter", "memory")
+    _assert_comparable(figures, "memory")
+    assert "publish_send_floor_msgs_per_s" not in figures  # one publish floor, no second
 
 
 @pytest.mark.redis
@@ -255,3 +297,15 @@ def test_the_kafka_benchmark_runs_the_shipped_file_next_to_its_floors(tansu: Tan
                           "--io-messages", "0")
     _assert_comparable(figures, "kafka")
     assert figures["bootstrap"] == tansu.bootstrap
+    # Both publish floors, measured in the same run: send_batch of closed batches, and
+    # send per record at the shipped producer settings (the floor of issue 24).
+    for key in ("publish_send_floor_msgs_per_s", "publish_send_floor_cpu_us_per_msg",
+                "publish_send_ratio"):
+        assert 0 < figures[key] < float("inf"), key
+        low, high = figures["spread"][key]
+        assert low <= figures[key] <= high, key
+    assert figures["publish_send_ratio"] == pytest.approx(
+        figures["publish_msgs_per_s"] / figures["publish_send_floor_msgs_per_s"])
+    linger = load_config(shipped_path("kafka"), environ={}).kafka.linger_ms
+    assert f"linger_ms {linger}" in figures["publish_send_floor"]
+    assert figures["publish_floor"] != figures["publish_send_floor"]
