@@ -69,7 +69,8 @@ def bench_throughput(
     kafka: getmany(max_records=500) + commit) and the same loop awaiting the no-op per
     record (memory: a for loop awaiting the handler). Publish: Client.publish_batch
     (500 a call) and single publish calls, next to pipelined XADD x500 / aiokafka
-    send_batch / adapter.enqueue.
+    send_batch / adapter.enqueue; kafka also next to aiokafka send per record (500
+    sends, then their futures awaited; the shipped linger_ms).
     --batch N: the handler is a batch handler of N and the floor reads N at a time
     (redis: XREADGROUP COUNT N) and awaits the no-op once per batch; redis then measures
     one daemon only.
