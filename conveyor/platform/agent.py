@@ -447,6 +447,7 @@ class PullingAgent:
                     continue
                 route = lane.route
                 chain, handler = route.chain, route.handler
+                by_key = lanes[route.index]
                 if not marked:  # not per call: its arguments alone cost a cache miss or two
                     msg = lane_entries[0].msg
                     permit.mark_used(queue, handler.name, msg.id, msg.stream.key)
@@ -457,7 +458,7 @@ class PullingAgent:
                 run = LANE_RUN
                 try:
                     while True:  # the lane's entries, one call each (see LANE_RUN)
-                        entry = lane_entries[0]
+                        entry = lane_entries.popleft()  # the lane is not ready meanwhile
                         entry.started = True
                         msg = entry.msg
                         if msg.deliveries > 1:
@@ -466,7 +467,6 @@ class PullingAgent:
                             msg = await self._count_start(msg)
                         await chain(Delivery(msg, handler))
                         # QueueCache.finish_head and Acknowledger.entry_done, inlined
-                        lane_entries.popleft()
                         entry.pending -= 1
                         if not entry.pending:
                             entry.done = True
@@ -480,11 +480,30 @@ class PullingAgent:
                             await acks.sent()
                             careful = False
                             self._careful.release()
-                        if not lane_entries:
-                            del lanes[lane.key]
-                            break
-                        run -= 1
                         now = clock()
+                        if not lane_entries:
+                            del by_key[lane.key]
+                            lane.running = False
+                            # On to the next ready lane in the same run, unless something
+                            # asks the runner to stop (the checks of the loop above, which
+                            # then decides): a pull over many streams leaves lanes of one
+                            # or two entries, each taken here for a few checks.
+                            if (not ready or watchdog.stalled or self._stopping
+                                    or now >= own.until or not keep(permit)):
+                                break
+                            lane = ready.popleft()
+                            if ready and not self._waking:
+                                self._wake()
+                            lane_entries = lane.entries
+                            if lane.route is not route:
+                                route = lane.route
+                                chain, handler = route.chain, route.handler
+                                by_key = lanes[route.index]
+                            lane.running = True
+                            run = LANE_RUN
+                            began = now
+                            continue
+                        run -= 1
                         if (not run or now - began >= RUN_BUDGET_S or watchdog.stalled
                                 or self._stopping or now >= own.until or not keep(permit)):
                             ready.append(lane)  # the loop above decides what comes next
