@@ -446,7 +446,9 @@ class PullingAgent:
                     # on a queue no longer ours nothing starts at all.
                     continue
                 route = lane.route
-                chain, handler = route.chain, route.handler
+                chain, handler, direct = route.chain, route.handler, route.direct
+                if direct is not None:
+                    start, finish, stats = direct
                 by_key = lanes[route.index]
                 if not marked:  # not per call: its arguments alone cost a cache miss or two
                     msg = lane_entries[0].msg
@@ -465,7 +467,17 @@ class PullingAgent:
                             await self._careful.acquire()
                             careful = True
                             msg = await self._count_start(msg)
-                        await chain(Delivery(msg, handler))
+                        if direct is not None:  # DirectCall.run, inlined
+                            failure = None
+                            try:
+                                await start(msg)
+                                stats.handled += 1
+                            except Exception as exc:
+                                failure = exc
+                            if failure is not None:
+                                await finish(msg, failure)
+                        else:
+                            await chain(Delivery(msg, handler))
                         # QueueCache.finish_head and Acknowledger.entry_done, inlined
                         entry.pending -= 1
                         if not entry.pending:
@@ -497,7 +509,9 @@ class PullingAgent:
                             lane_entries = lane.entries
                             if lane.route is not route:
                                 route = lane.route
-                                chain, handler = route.chain, route.handler
+                                chain, handler, direct = route.chain, route.handler, route.direct
+                                if direct is not None:
+                                    start, finish, stats = direct
                                 by_key = lanes[route.index]
                             lane.running = True
                             run = LANE_RUN

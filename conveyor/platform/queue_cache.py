@@ -24,7 +24,6 @@ last pulls brought.
 
 from __future__ import annotations
 
-import operator
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import msgspec
 
 from conveyor.platform.delivery.batch import BatchStep
 from conveyor.platform.delivery.chain import Step
+from conveyor.platform.delivery.dead_letter import DirectCall
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
@@ -73,6 +73,10 @@ class Route:
     handler: HandlerSpec
     chain: Step
     batch: BatchStep | None = None
+    direct: DirectCall | None = None
+    """The chain's one step in parts, for the runner to call (the shipped chain with
+    metrics off: :class:`~conveyor.platform.delivery.dead_letter.DirectCall`); None:
+    the runner awaits ``chain``."""
 
 
 class Entry(msgspec.Struct, gc=False):
@@ -289,14 +293,16 @@ class QueueCache:
         acknowledge, to ``tokens`` (no list of its own: it runs for about every message).
 
         When every entry held is done — a runner finished what was pulled before this
-        ran, the common case of fast handlers — they go in bulk: checked and read by
-        C-level maps, the bytes freed being all the cache counts."""
+        ran, the common case of fast handlers — they go in bulk: one pass to check, one
+        comprehension for the tokens, the bytes freed being all the cache counts."""
         entries = self.entries
-        if entries and entries[-1].done and all(map(_done, entries)):
-            popped = list(map(_token, entries))
-            if None in popped:
-                popped = [token for token in popped if token is not None]
-            tokens += popped
+        bulk = bool(entries)
+        for entry in entries:
+            if not entry.done:
+                bulk = False
+                break
+        if bulk:
+            tokens += [token for entry in entries if (token := entry.msg.token) is not None]
             entries.clear()
             freed = self.bytes
         else:
@@ -310,6 +316,3 @@ class QueueCache:
         if self._budget is not None:
             self._budget.held_bytes -= freed
 
-
-_done = operator.attrgetter("done")
-_token = operator.attrgetter("msg.token")
