@@ -458,6 +458,10 @@ class PullingAgent:
                 self._running += 1
                 careful = False  # holding _careful (a redelivered message: _count_start)
                 run = LANE_RUN
+                # The run ends by RUN_BUDGET_S or the ownership deadline, whichever is
+                # first: one comparison a call. (The deadline only moves once it has
+                # passed, so the run has ended by then whatever it moves to.)
+                stop_at = min(began + RUN_BUDGET_S, own.until)
                 try:
                     while True:  # the lane's entries, one call each (see LANE_RUN)
                         entry = lane_entries.popleft()  # the lane is not ready meanwhile
@@ -482,10 +486,12 @@ class PullingAgent:
                         entry.pending -= 1
                         if not entry.pending:
                             entry.done = True
-                            if entry is entries[0]:
-                                if not acks.settling:
+                            if note is None:  # a settle already scheduled pops it too
+                                if not acks.settling and entry is entries[0]:
                                     acks.head_done()
-                            elif note is not None and entry.msg.token is not None:
+                            elif entry is entries[0]:
+                                acks.head_done()
+                            elif entry.msg.token is not None:
                                 note(entry.msg.token)  # above the watermark: told at once
                         if careful:
                             acks.settle()  # its acknowledgement is sent before the next one
@@ -515,11 +521,11 @@ class PullingAgent:
                                 by_key = lanes[route.index]
                             lane.running = True
                             run = LANE_RUN
-                            began = now
+                            stop_at = min(now + RUN_BUDGET_S, own.until)
                             continue
                         run -= 1
-                        if (not run or now - began >= RUN_BUDGET_S or watchdog.stalled
-                                or self._stopping or now >= own.until or not keep(permit)):
+                        if (not run or now >= stop_at or watchdog.stalled or self._stopping
+                                or not keep(permit)):
                             ready.append(lane)  # the loop above decides what comes next
                             break
                 except BaseException:
