@@ -448,7 +448,7 @@ class PullingAgent:
                 route = lane.route
                 chain, handler, direct = route.chain, route.handler, route.direct
                 if direct is not None:
-                    start, finish, stats = direct
+                    start, finish, stats, timer, record = direct
                 by_key = lanes[route.index]
                 if not marked:  # not per call: its arguments alone cost a cache miss or two
                     msg = lane_entries[0].msg
@@ -472,6 +472,8 @@ class PullingAgent:
                             careful = True
                             msg = await self._count_start(msg)
                         if direct is not None:  # DirectCall.run, inlined
+                            if record is not None:
+                                timed = timer()
                             failure = None
                             try:
                                 await start(msg)
@@ -480,6 +482,8 @@ class PullingAgent:
                                 failure = exc
                             if failure is not None:
                                 await finish(msg, failure)
+                            if record is not None:
+                                record(timer() - timed)
                         else:
                             await chain(Delivery(msg, handler))
                         # QueueCache.finish_head and Acknowledger.entry_done, inlined
@@ -517,7 +521,7 @@ class PullingAgent:
                                 route = lane.route
                                 chain, handler, direct = route.chain, route.handler, route.direct
                                 if direct is not None:
-                                    start, finish, stats = direct
+                                    start, finish, stats, timer, record = direct
                                 by_key = lanes[route.index]
                             lane.running = True
                             run = LANE_RUN

@@ -25,6 +25,7 @@ from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.histograms import LocalMetrics
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.telemetry import DESTINATION
 
 
 class Order(msgspec.Struct):
@@ -147,18 +148,42 @@ def test_the_runners_direct_call_counts_retries_and_dead_letters_as_the_steps_do
     assert asyncio.run(_run(_direct)) == asyncio.run(_run(_composed))
 
 
-def test_the_direct_call_is_offered_only_for_the_one_step_with_metrics_off() -> None:
+def test_the_direct_call_is_offered_only_for_the_one_step() -> None:
     app, _ = _app()
     spec = app.handlers[0]
-
     put = _discard
-    shipped = chain_interceptors(put, DeliveryStats())
-    assert direct_call(build_chain(spec, shipped)) is not None
+    shipped = direct_call(build_chain(spec, chain_interceptors(put, DeliveryStats())))
+    assert shipped is not None and shipped.record is None
     assert direct_call(build_chain(spec, chain_interceptors(put, DeliveryStats(),
                                                             app=[_Tag()]))) is None
     metered = chain_interceptors(put, DeliveryStats(), metrics=LocalMetrics("test"))
     assert isinstance(metered[0], HandlerDuration)
-    assert direct_call(build_chain(spec, metered)) is None  # timed inside the step
+    timed = direct_call(build_chain(spec, metered))  # timed inside the step, as before
+    assert timed is not None and timed.record is not None
+
+
+@pytest.mark.parametrize("build", [build_chain, _direct])
+def test_with_metrics_on_each_delivery_is_timed_once_however_the_step_is_called(
+        build: Any) -> None:
+    """The runner's direct call times what the step timed: every delivery once, handled
+    or dead-lettered, into the handler's series of the duration histogram."""
+    app, _ = _app()
+    local = LocalMetrics("test")
+    interceptors = chain_interceptors(_discard, DeliveryStats(), metrics=local)
+    chains = {spec.namespace: (spec, build(spec, interceptors)) for spec in app.handlers}
+
+    async def main() -> None:
+        for namespace, body, deliveries in CASES:
+            spec, chain = chains[namespace]
+            await chain(Delivery(_message(namespace, body, deliveries), spec))
+
+    asyncio.run(main())
+    (family,) = local.families
+    per_handler = {s.attributes[DESTINATION]: sum(s.counts) for s in family.all_series()}
+    expected: dict[str, int] = {}
+    for namespace, *_ in CASES:
+        expected[namespace] = expected.get(namespace, 0) + 1
+    assert per_handler == expected
 
 
 def test_the_shortcut_is_taken_only_when_nothing_else_is_on_inside_the_dead_letter_step(
