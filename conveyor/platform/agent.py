@@ -45,6 +45,16 @@ runs up to :data:`LANE_RUN` of a lane's entries back to back, for at most
 :data:`RUN_BUDGET_S`, before it puts the lane back; the done prefix such a step leaves
 is popped once, when the step is over
 (:meth:`~conveyor.platform.acks.Acknowledger.head_done`).
+
+**Per batch, not per message.** What a pull brings is resolved once: its lanes in one
+call (:meth:`~conveyor.platform.queue_cache.QueueCache.add_all`), the done prefix in
+bulk when all of it is done. A runner whose lane runs dry goes on to the next ready
+lane in the same run, after the same stop checks its loop makes (stall, drain,
+ownership, the supplier wanting the slot), keeping its permit. Per message there is
+left: the slot's keep check, one clock read against the run's deadline, the entry's
+flags, and the handler call — which the runner makes itself for the shipped chain
+(:class:`~conveyor.platform.delivery.dead_letter.DirectCall`: no step frame, no
+``Delivery`` unless the call fails).
 """
 
 from __future__ import annotations
