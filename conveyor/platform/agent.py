@@ -498,8 +498,7 @@ class PullingAgent:
                             await chain(Delivery(msg, handler))
                         # QueueCache.finish_head and Acknowledger.entry_done, inlined
                         entry.pending -= 1
-                        if not entry.pending:
-                            entry.done = True
+                        if not entry.pending:  # done
                             if note is None:  # a settle already scheduled pops it too
                                 if not acks.settling and entry is entries[0]:
                                     acks.head_done()
@@ -682,7 +681,6 @@ class PullingAgent:
 
     def _finish_orphan(self, entry: Entry) -> None:
         entry.pending = 0
-        entry.done = True
         self._acks.entry_done(entry)
 
     # -- introspection -----------------------------------------------------------------

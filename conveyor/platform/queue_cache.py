@@ -80,19 +80,25 @@ class Route:
 
 
 class Entry(msgspec.Struct, gc=False):
-    """One pulled message: how many of its handlers still have to run it.
+    """One pulled message: how many of its handlers still have to run it (``pending``;
+    0: :attr:`done`).
 
     Entries and lanes are built per message and per stream, many thousands a second:
     as msgspec Structs untracked by the garbage collector (they hold no cycles: an entry
     refers only to its message, a lane to its entries and route) they cost a third of
-    a slotted class to build and do not make the collector run more often.
+    a slotted class to build and do not make the collector run more often. (``done`` is
+    read off ``pending``, not stored: one field and one store a message less.)
     """
 
     msg: Message
     pending: int
-    done: bool = False
     started: bool = False
     """A handler call on it has begun (a drain finishes such a message, hands others back)."""
+
+    @property
+    def done(self) -> bool:
+        """Every handler it was routed to is done with it."""
+        return not self.pending
 
 
 class Lane(msgspec.Struct, gc=False):
@@ -284,8 +290,6 @@ class QueueCache:
         else:
             self.drop_lane(lane)
         entry.pending -= 1
-        if entry.pending == 0:
-            entry.done = True
         return entry
 
     def pop_done_prefix(self, tokens: list[SequenceToken]) -> None:
@@ -298,7 +302,7 @@ class QueueCache:
         entries = self.entries
         bulk = bool(entries)
         for entry in entries:
-            if not entry.done:
+            if entry.pending:
                 bulk = False
                 break
         if bulk:
@@ -307,7 +311,7 @@ class QueueCache:
             freed = self.bytes
         else:
             freed = 0
-            while entries and entries[0].done:
+            while entries and not entries[0].pending:
                 msg = entries.popleft().msg
                 freed += len(msg.body)
                 if msg.token is not None:
