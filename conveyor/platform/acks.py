@@ -85,7 +85,7 @@ class Acknowledger:
         """Move the done prefix of the cache to :attr:`to_ack` and start sending it."""
         self.settling = False
         cache = self._cache
-        if not (cache.entries and cache.entries[0].done):
+        if not cache.entries or cache.entries[0].pending:
             return
         before = len(self.to_ack)
         cache.pop_done_prefix(self.to_ack)

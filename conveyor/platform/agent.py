@@ -45,6 +45,16 @@ runs up to :data:`LANE_RUN` of a lane's entries back to back, for at most
 :data:`RUN_BUDGET_S`, before it puts the lane back; the done prefix such a step leaves
 is popped once, when the step is over
 (:meth:`~conveyor.platform.acks.Acknowledger.head_done`).
+
+**Per batch, not per message.** What a pull brings is resolved once: its lanes in one
+call (:meth:`~conveyor.platform.queue_cache.QueueCache.add_all`), the done prefix in
+bulk when all of it is done. A runner whose lane runs dry goes on to the next ready
+lane in the same run, after the same stop checks its loop makes (stall, drain,
+ownership, the supplier wanting the slot), keeping its permit. Per message there is
+left: the slot's keep check, one clock read against the run's deadline, the entry's
+flags, and the handler call — which the runner makes itself for the shipped chain
+(:class:`~conveyor.platform.delivery.dead_letter.DirectCall`: no step frame, no
+``Delivery`` unless the call fails).
 """
 
 from __future__ import annotations
@@ -446,7 +456,10 @@ class PullingAgent:
                     # on a queue no longer ours nothing starts at all.
                     continue
                 route = lane.route
-                chain, handler = route.chain, route.handler
+                chain, handler, direct = route.chain, route.handler, route.direct
+                if direct is not None:
+                    start, finish, stats, timer, record = direct
+                by_key = lanes[route.index]
                 if not marked:  # not per call: its arguments alone cost a cache miss or two
                     msg = lane_entries[0].msg
                     permit.mark_used(queue, handler.name, msg.id, msg.stream.key)
@@ -455,38 +468,77 @@ class PullingAgent:
                 self._running += 1
                 careful = False  # holding _careful (a redelivered message: _count_start)
                 run = LANE_RUN
+                # The run ends by RUN_BUDGET_S or the ownership deadline, whichever is
+                # first: one comparison a call. (The deadline only moves once it has
+                # passed, so the run has ended by then whatever it moves to.)
+                stop_at = min(began + RUN_BUDGET_S, own.until)
                 try:
                     while True:  # the lane's entries, one call each (see LANE_RUN)
-                        entry = lane_entries[0]
+                        entry = lane_entries.popleft()  # the lane is not ready meanwhile
                         entry.started = True
                         msg = entry.msg
                         if msg.deliveries > 1:
                             await self._careful.acquire()
                             careful = True
                             msg = await self._count_start(msg)
-                        await chain(Delivery(msg, handler))
+                        if direct is not None:  # DirectCall.run, inlined
+                            if record is not None:
+                                timed = timer()
+                            failure = None
+                            try:
+                                await start(msg)
+                                stats.handled += 1
+                            except Exception as exc:
+                                failure = exc
+                            if failure is not None:
+                                await finish(msg, failure)
+                            if record is not None:
+                                record(timer() - timed)
+                        else:
+                            await chain(Delivery(msg, handler))
                         # QueueCache.finish_head and Acknowledger.entry_done, inlined
-                        lane_entries.popleft()
                         entry.pending -= 1
-                        if not entry.pending:
-                            entry.done = True
-                            if entry is entries[0]:
-                                if not acks.settling:
+                        if not entry.pending:  # done
+                            if note is None:  # a settle already scheduled pops it too
+                                if not acks.settling and entry is entries[0]:
                                     acks.head_done()
-                            elif note is not None and entry.msg.token is not None:
+                            elif entry is entries[0]:
+                                acks.head_done()
+                            elif entry.msg.token is not None:
                                 note(entry.msg.token)  # above the watermark: told at once
                         if careful:
                             acks.settle()  # its acknowledgement is sent before the next one
                             await acks.sent()
                             careful = False
                             self._careful.release()
-                        if not lane_entries:
-                            del lanes[lane.key]
-                            break
-                        run -= 1
                         now = clock()
-                        if (not run or now - began >= RUN_BUDGET_S or watchdog.stalled
-                                or self._stopping or now >= own.until or not keep(permit)):
+                        if not lane_entries:
+                            del by_key[lane.key]
+                            lane.running = False
+                            # On to the next ready lane in the same run, unless something
+                            # asks the runner to stop (the checks of the loop above, which
+                            # then decides): a pull over many streams leaves lanes of one
+                            # or two entries, each taken here for a few checks.
+                            if (not ready or watchdog.stalled or self._stopping
+                                    or now >= own.until or not keep(permit)):
+                                break
+                            lane = ready.popleft()
+                            if ready and not self._waking:
+                                self._wake()
+                            lane_entries = lane.entries
+                            if lane.route is not route:
+                                route = lane.route
+                                chain, handler, direct = route.chain, route.handler, route.direct
+                                if direct is not None:
+                                    start, finish, stats, timer, record = direct
+                                by_key = lanes[route.index]
+                            lane.running = True
+                            run = LANE_RUN
+                            stop_at = min(now + RUN_BUDGET_S, own.until)
+                            continue
+                        run -= 1
+                        if (not run or now >= stop_at or watchdog.stalled or self._stopping
+                                or not keep(permit)):
                             ready.append(lane)  # the loop above decides what comes next
                             break
                 except BaseException:
@@ -629,7 +681,6 @@ class PullingAgent:
 
     def _finish_orphan(self, entry: Entry) -> None:
         entry.pending = 0
-        entry.done = True
         self._acks.entry_done(entry)
 
     # -- introspection -----------------------------------------------------------------

@@ -156,8 +156,6 @@ class Batcher:
         self.batches += 1
         for entry in batch:
             entry.pending -= 1
-            if not entry.pending:
-                entry.done = True
         agent.batch_done(batch)
 
     def _took(self, count: int) -> None:

@@ -60,7 +60,7 @@ class Series:
         self.started_ns = time.time_ns()
 
     def record(self, value: float) -> None:
-        """Count ``value`` (the hot path inlines these lines: see ``HandlerDuration``)."""
+        """Count ``value`` (the hot path counts with ``delivery.metrics.recorder``)."""
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
         if value < self.min:

@@ -32,6 +32,7 @@ import msgspec
 
 from conveyor.platform.delivery.batch import BatchStep
 from conveyor.platform.delivery.chain import Step
+from conveyor.platform.delivery.dead_letter import DirectCall
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
@@ -72,22 +73,32 @@ class Route:
     handler: HandlerSpec
     chain: Step
     batch: BatchStep | None = None
+    direct: DirectCall | None = None
+    """The chain's one step in parts, for the runner to call (the shipped chain with
+    metrics off: :class:`~conveyor.platform.delivery.dead_letter.DirectCall`); None:
+    the runner awaits ``chain``."""
 
 
 class Entry(msgspec.Struct, gc=False):
-    """One pulled message: how many of its handlers still have to run it.
+    """One pulled message: how many of its handlers still have to run it (``pending``;
+    0: :attr:`done`).
 
     Entries and lanes are built per message and per stream, many thousands a second:
     as msgspec Structs untracked by the garbage collector (they hold no cycles: an entry
     refers only to its message, a lane to its entries and route) they cost a third of
-    a slotted class to build and do not make the collector run more often.
+    a slotted class to build and do not make the collector run more often. (``done`` is
+    read off ``pending``, not stored: one field and one store a message less.)
     """
 
     msg: Message
     pending: int
-    done: bool = False
     started: bool = False
     """A handler call on it has begun (a drain finishes such a message, hands others back)."""
+
+    @property
+    def done(self) -> bool:
+        """Every handler it was routed to is done with it."""
+        return not self.pending
 
 
 class Lane(msgspec.Struct, gc=False):
@@ -96,8 +107,9 @@ class Lane(msgspec.Struct, gc=False):
     ``running`` is set while a runner executes its entries (holding a slot for it).
     """
 
-    key: tuple[int, str]
-    """The route's index and the stream's key (a route takes one namespace)."""
+    key: str
+    """The stream's key (a route takes one namespace): the lane's key in its route's
+    dict of :attr:`QueueCache.lanes`."""
     route: Route
     entries: deque[Entry] = msgspec.field(default_factory=deque)
     running: bool = False
@@ -114,7 +126,9 @@ class QueueCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.entries: deque[Entry] = deque()
-        self.lanes: dict[tuple[int, str], Lane] = {}
+        self.lanes: dict[int, dict[str, Lane]] = {}
+        """Route index -> stream key -> the lane with work (a str key: its hash is
+        cached, where a (route, stream) tuple is built and hashed per message)."""
         self.ready: deque[Lane] = deque()
         self.bytes = 0
         """Body bytes of the entries held."""
@@ -198,14 +212,19 @@ class QueueCache:
         in order too and returned (None if there are none), for the agent's orphans. Their
         bodies are counted as :meth:`took` counts them.
 
-        One call per pull: the namespace's routes are looked up once per run of messages
-        of one namespace, and nothing is called per message."""
+        One call per pull: the namespace's routes (and their lanes' dicts) are looked up
+        once per run of messages of one namespace, and nothing is called per message; a
+        namespace with one handler (the common case) takes no loop over its routes."""
         entries = self.entries
+        append = entries.append
         lanes = self.lanes
-        ready = self.ready
+        ready_append = self.ready.append
         unrouted: list[Entry] | None = None
         namespace: str | None = None
         routes: tuple[Route, ...] | None = None
+        route: Route | None = None  # the namespace's only route
+        by_key: dict[str, Lane] = {}  # its lanes
+        several: list[tuple[Route, dict[str, Lane]]] = []  # or its routes and their lanes
         handlers = 0
         size = 0
         for msg in messages:
@@ -215,36 +234,53 @@ class QueueCache:
                 namespace = stream.namespace
                 routes = subscriptions.get(namespace)
                 handlers = len(routes) if routes is not None else 0
+                if handlers == 1:
+                    assert routes is not None
+                    route = routes[0]
+                    by_key = lanes.setdefault(route.index, {})
+                elif routes is not None:
+                    route = None
+                    several = [(r, lanes.setdefault(r.index, {})) for r in routes]
             if routes is None:  # undecodable, or no handler of this app subscribes
                 entry = Entry(msg, 1)
-                entries.append(entry)
+                append(entry)
                 if unrouted is None:
                     unrouted = []
                 unrouted.append(entry)
                 continue
             entry = Entry(msg, handlers)
-            entries.append(entry)
-            for route in routes:
-                key = (route.index, stream.key)
-                lane = lanes.get(key)
+            append(entry)
+            if route is not None:
+                lane = by_key.get(stream.key)
                 if lane is None:
-                    lane = lanes[key] = Lane(key, route)
-                    ready.append(lane)
+                    lane = by_key[stream.key] = Lane(stream.key, route)
+                    ready_append(lane)
+                lane.entries.append(entry)
+                continue
+            for one, its_lanes in several:
+                lane = its_lanes.get(stream.key)
+                if lane is None:
+                    lane = its_lanes[stream.key] = Lane(stream.key, one)
+                    ready_append(lane)
                 lane.entries.append(entry)
         self._count_taken(size, len(messages))
         return unrouted
 
     def add(self, entry: Entry, routes: tuple[Route, ...]) -> None:
         self.entries.append(entry)
-        stream = entry.msg.stream
+        key = entry.msg.stream.key
         lanes = self.lanes
         for route in routes:
-            key = (route.index, stream.key)
-            lane = lanes.get(key)
+            by_key = lanes.setdefault(route.index, {})
+            lane = by_key.get(key)
             if lane is None:
-                lane = lanes[key] = Lane(key, route)
+                lane = by_key[key] = Lane(key, route)
                 self.ready.append(lane)
             lane.entries.append(entry)
+
+    def drop_lane(self, lane: Lane) -> None:
+        """``lane`` has no entries left: forget it."""
+        del self.lanes[lane.route.index][lane.key]
 
     def finish_head(self, lane: Lane) -> Entry:
         """The lane's head entry is done for its handler; requeue the lane or drop it."""
@@ -252,22 +288,35 @@ class QueueCache:
         if lane.entries:
             self.ready.append(lane)
         else:
-            del self.lanes[lane.key]
+            self.drop_lane(lane)
         entry.pending -= 1
-        if entry.pending == 0:
-            entry.done = True
         return entry
 
     def pop_done_prefix(self, tokens: list[SequenceToken]) -> None:
         """Remove the contiguous done entries at the front; append their tokens, to
-        acknowledge, to ``tokens`` (no list of its own: it runs for about every message)."""
+        acknowledge, to ``tokens`` (no list of its own: it runs for about every message).
+
+        When every entry held is done — a runner finished what was pulled before this
+        ran, the common case of fast handlers — they go in bulk: one pass to check, one
+        comprehension for the tokens, the bytes freed being all the cache counts."""
         entries = self.entries
-        freed = 0
-        while entries and entries[0].done:
-            msg = entries.popleft().msg
-            freed += len(msg.body)
-            if msg.token is not None:
-                tokens.append(msg.token)
+        bulk = bool(entries)
+        for entry in entries:
+            if entry.pending:
+                bulk = False
+                break
+        if bulk:
+            tokens += [token for entry in entries if (token := entry.msg.token) is not None]
+            entries.clear()
+            freed = self.bytes
+        else:
+            freed = 0
+            while entries and not entries[0].pending:
+                msg = entries.popleft().msg
+                freed += len(msg.body)
+                if msg.token is not None:
+                    tokens.append(msg.token)
         self.bytes -= freed
         if self._budget is not None:
             self._budget.held_bytes -= freed
+

@@ -19,9 +19,13 @@ from conveyor.platform.delivery import (
     chain_interceptors,
 )
 from conveyor.platform.delivery.chain import call_handler, compose
+from conveyor.platform.delivery.dead_letter import direct_call
+from conveyor.platform.delivery.metrics import HandlerDuration
 from conveyor.platform.handlers import HandlerSpec, MessageContext
+from conveyor.platform.histograms import LocalMetrics
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.telemetry import DESTINATION
 
 
 class Order(msgspec.Struct):
@@ -112,19 +116,82 @@ def test_the_shortcut_counts_retries_and_dead_letters_as_the_composed_steps_do()
     assert seen["ctx"] == [(b"y", 2)]
 
 
+async def _discard(letter: DeadLetter) -> None:
+    return None
+
+
+class _Tag(Interceptor):
+    """An app interceptor that is on: it passes the delivery on."""
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        async def tagged(delivery: Delivery) -> Any:
+            return await next(delivery)
+        return tagged
+
+
+def _direct(spec: HandlerSpec, interceptors: list[Interceptor]) -> Step:
+    """The chain as the agent's runner calls it: its DirectCall's two parts."""
+    direct = direct_call(build_chain(spec, interceptors))
+    assert direct is not None
+
+    async def run(delivery: Delivery) -> None:
+        await direct.run(delivery.message)
+
+    return run
+
+
+def test_the_runners_direct_call_counts_retries_and_dead_letters_as_the_steps_do() -> None:
+    """The runner calls the shipped step in two parts (DirectCall: start, then finish on
+    a failure), with no Delivery unless the call fails: the same handler calls, counts
+    and letters (attempts 0 for a body that does not decode or a delivery past the
+    limit, then the retries) as the composed steps."""
+    assert asyncio.run(_run(_direct)) == asyncio.run(_run(_composed))
+
+
+def test_the_direct_call_is_offered_only_for_the_one_step() -> None:
+    app, _ = _app()
+    spec = app.handlers[0]
+    put = _discard
+    shipped = direct_call(build_chain(spec, chain_interceptors(put, DeliveryStats())))
+    assert shipped is not None and shipped.record is None
+    assert direct_call(build_chain(spec, chain_interceptors(put, DeliveryStats(),
+                                                            app=[_Tag()]))) is None
+    metered = chain_interceptors(put, DeliveryStats(), metrics=LocalMetrics("test"))
+    assert isinstance(metered[0], HandlerDuration)
+    timed = direct_call(build_chain(spec, metered))  # timed inside the step, as before
+    assert timed is not None and timed.record is not None
+
+
+@pytest.mark.parametrize("build", [build_chain, _direct])
+def test_with_metrics_on_each_delivery_is_timed_once_however_the_step_is_called(
+        build: Any) -> None:
+    """The runner's direct call times what the step timed: every delivery once, handled
+    or dead-lettered, into the handler's series of the duration histogram."""
+    app, _ = _app()
+    local = LocalMetrics("test")
+    interceptors = chain_interceptors(_discard, DeliveryStats(), metrics=local)
+    chains = {spec.namespace: (spec, build(spec, interceptors)) for spec in app.handlers}
+
+    async def main() -> None:
+        for namespace, body, deliveries in CASES:
+            spec, chain = chains[namespace]
+            await chain(Delivery(_message(namespace, body, deliveries), spec))
+
+    asyncio.run(main())
+    (family,) = local.families
+    per_handler = {s.attributes[DESTINATION]: sum(s.counts) for s in family.all_series()}
+    expected: dict[str, int] = {}
+    for namespace, *_ in CASES:
+        expected[namespace] = expected.get(namespace, 0) + 1
+    assert per_handler == expected
+
+
 def test_the_shortcut_is_taken_only_when_nothing_else_is_on_inside_the_dead_letter_step(
 ) -> None:
     app, _ = _app()
     spec = app.handlers[0]
 
-    async def put(letter: DeadLetter) -> None:
-        return None
-
-    class Tag(Interceptor):
-        def wrap(self, handler: HandlerSpec, next: Step) -> Step:
-            async def tagged(delivery: Delivery) -> Any:
-                return await next(delivery)
-            return tagged
+    put, Tag = _discard, _Tag
 
     class Off(Interceptor):
         pass
@@ -135,8 +202,10 @@ def test_the_shortcut_is_taken_only_when_nothing_else_is_on_inside_the_dead_lett
     assert with_app.__qualname__.startswith("DeadLetterInterceptor.wrap")
 
 
+@pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("takes_context", [False, True])
-def test_a_cancelled_handler_call_propagates_through_the_shortcut(takes_context: bool) -> None:
+def test_a_cancelled_handler_call_propagates_through_the_shortcut(takes_context: bool,
+                                                                   direct: bool) -> None:
     app = App("cancel")
     if takes_context:
         @app.handler("c")
@@ -153,7 +222,7 @@ def test_a_cancelled_handler_call_propagates_through_the_shortcut(takes_context:
         letters.append(letter)
 
     async def main() -> None:
-        chain = build_chain(spec, chain_interceptors(put, DeliveryStats()))
+        chain = (_direct if direct else build_chain)(spec, chain_interceptors(put, DeliveryStats()))
         task = asyncio.create_task(chain(Delivery(_message("c", b"x"), spec)))
         await asyncio.sleep(0.01)
         task.cancel()

@@ -19,7 +19,7 @@ def pulled(cache: QueueCache, count: int, body: int) -> None:
 
 def acknowledge(cache: QueueCache, count: int) -> None:
     for entry in list(cache.entries)[:count]:
-        entry.done = True
+        entry.pending = 0
     cache.pop_done_prefix([])
 
 

@@ -39,7 +39,7 @@ DESCRIBED_NOT_EXPORTED = {
     "Backend",  # what one broker offers (docs/development.md): a contributor's word
     "ConsumerGroups", "DeadLetters",  # the adapter port's facets (docs/development.md)
     # where a message's time goes (docs/performance.md): the agent's and chain's parts
-    "DeadLetterInterceptor", "DeliveryStats", "Entry", "HandlerDuration", "Lane",
+    "DeadLetterInterceptor", "DeliveryStats", "DirectCall", "Entry", "HandlerDuration", "Lane",
     "RecordDecoder",
 }
 # Sub-modules with a curated public API of their own, imported by name

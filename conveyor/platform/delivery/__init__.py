@@ -23,14 +23,15 @@ When a daemon subscribes, it builds one chain per handler, outermost first::
 
 An interceptor that is off is not in the chain: with telemetry off and no pool, cell
 or app interceptor, a message walks steps 3, 4, 5 and 9 — built as one step that does
-what the four do (see :func:`build_chain`). The agent hands a message to each of its
-handlers' chains (through the queue cache's lanes) and acknowledges it when every
-chain has returned. A batch handler (``batch_size=N``) has no per-message chain: its
-batches go through the batch step (batch.py: decode, retry, bisection, dead letters),
-which calls the handler through steps 7-9 — the app's interceptors see one delivery per
-call, whose ``batch`` lists the messages. Messages no handler takes never enter a chain:
-the agent stores them as dead letters (undecodable entries, and unroutable ones when so
-configured) or skips them.
+what the four do (see :func:`build_chain`), which the agent's runner calls in parts
+(:class:`~conveyor.platform.delivery.dead_letter.DirectCall`). The agent hands a
+message to each of its handlers' chains (through the queue cache's lanes) and
+acknowledges it when every chain has returned. A batch handler (``batch_size=N``) has
+no per-message chain: its batches go through the batch step (batch.py: decode, retry,
+bisection, dead letters), which calls the handler through steps 7-9 — the app's
+interceptors see one delivery per call, whose ``batch`` lists the messages. Messages
+no handler takes never enter a chain: the agent stores them as dead letters
+(undecodable entries, and unroutable ones when so configured) or skips them.
 """
 
 from __future__ import annotations

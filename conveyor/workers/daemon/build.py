@@ -46,6 +46,7 @@ from conveyor.platform.delivery import (
     chain_interceptors,
 )
 from conveyor.platform.delivery.batch import batch_step
+from conveyor.platform.delivery.dead_letter import direct_call
 from conveyor.platform.delivery.idempotency import (
     IdempotencyInterceptor,
 )
@@ -309,7 +310,8 @@ def subscribe(app: App, interceptors: Sequence[Interceptor],
 
     def route(spec: HandlerSpec) -> Route:
         if spec.batch is None:
-            return Route(index[spec.name], spec, build_chain(spec, interceptors, in_thread))
+            chain = build_chain(spec, interceptors, in_thread)
+            return Route(index[spec.name], spec, chain, direct=direct_call(chain))
         if batch_steps is None:
             raise ConveyorError(f"handler {spec.name!r} is a batch handler: subscribe() "
                                 "needs batch_steps")

@@ -194,10 +194,11 @@ class DaemonMetrics:
         # Exporters call this from their own thread while the loop adds and drops lanes:
         # copy each dict in one step (atomic under the GIL) before walking it.
         for agent in self._queues.holding():
-            for lane in list(agent.cache.lanes.values()):
-                if lane.running:
-                    name = lane.route.handler.name
-                    per_handler[name] = per_handler.get(name, 0) + 1
+            for by_key in list(agent.cache.lanes.values()):
+                for lane in list(by_key.values()):
+                    if lane.running:
+                        name = lane.route.handler.name
+                        per_handler[name] = per_handler.get(name, 0) + 1
             for batcher in agent.batchers:  # a running batch holds one slot
                 if batcher.running:
                     name = batcher.handler
