@@ -214,6 +214,44 @@ def test_a_consumer_marked_for_raw_records_gets_them_as_the_batch_parsed_them() 
     assert raw(b"k") == b"k"  # were it called as a deserializer: keys pass unchanged
 
 
+def test_raw_records_unpack_as_aiokafka_unpacks_them() -> None:
+    # _raw_unpack mirrors _unpack_records for uncommitted reads: the CRC check, control
+    # batches skipped, records below the fetch offset skipped, next_fetch_offset kept.
+    unpack = inspect.getsource(aiokafka_fetcher.PartitionRecords._unpack_records)
+    for step in ("self._check_crcs and not next_batch.validate_crc()",
+                 "self._isolation_level == READ_COMMITTED",
+                 "if next_batch.is_control_batch:",
+                 "if record.offset < self.next_fetch_offset:",
+                 "self.next_fetch_offset = record.offset + 1",
+                 "self.next_fetch_offset = next_batch.next_offset"):
+        assert step in unpack, step
+    # getall steps what iter() of the records gives (our generator, for raw records)
+    assert "for msg in self._partition_records:" in inspect.getsource(
+        aiokafka_fetcher.FetchResult.getall)
+    raw = internals.raw_records()["key_deserializer"]
+    tp = TopicPartition("t", 0)
+    batches = _batch(5) + _batch(5)  # offsets 0-4 twice: the second batch is all skipped
+
+    def read(key_deserializer: Any, max_records: int) -> tuple[list[int], list[int]]:
+        records = aiokafka_fetcher.PartitionRecords(
+            tp, MemoryRecords(batches), [], 2, key_deserializer, None, True, 0)
+        offsets, positions = [], []
+        while True:  # as FetchResult.getall takes them, max_records at a time
+            taken = []
+            for record in records:
+                taken.append(record.offset)
+                if len(taken) >= max_records:
+                    break
+            offsets += taken
+            positions.append(records.next_fetch_offset)
+            if len(taken) < max_records:  # exhausted (getall drops the records then)
+                return offsets, positions
+
+    for size in (1, 2, 500):
+        assert read(raw, size) == read(None, size)
+    assert read(raw, 2)[0] == [2, 3, 4]
+
+
 PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat",
                  "PartitionRecords", "_consumer_record", "_builder", "_relative_offset"}
 PRIVATE_MODULES = ("aiokafka.protocol", "aiokafka.record", "aiokafka.coordinator.protocol",

@@ -28,11 +28,12 @@ that one test rather than a daemon in production:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiokafka.consumer.fetcher as aiokafka_fetcher
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.coordinator.protocol import (
@@ -125,14 +126,47 @@ def _as_read(tp: TopicPartition, record: Any) -> Any:
 
 class _PartitionRecords(aiokafka_fetcher.PartitionRecords):  # type: ignore[misc]
     """aiokafka's records of one fetched partition; a consumer marked by
-    :func:`raw_records` gets each record as the batch parsed it."""
+    :func:`raw_records` gets each record as the batch parsed it.
+
+    Reading uncommitted records (Conveyor's consumers), such a consumer's records come
+    from :meth:`_raw_unpack`, and ``getall``'s loop steps that generator itself
+    (:meth:`__iter__`): no Python call a record beside the generator's own step."""
+
+    next_fetch_offset: int
 
     def __init__(self, tp: TopicPartition, records: Any, aborted_transactions: Any,
                  fetch_offset: int, key_deserializer: Any, *rest: Any) -> None:
         super().__init__(tp, records, aborted_transactions, fetch_offset, key_deserializer,
                          *rest)
-        if key_deserializer is RAW_RECORDS:  # the instance's own, looked up per record
+        self._raw = key_deserializer is RAW_RECORDS
+        if self._raw:  # the instance's own, looked up per record
             self._consumer_record = _as_read
+            if self._isolation_level != aiokafka_fetcher.READ_COMMITTED:
+                self._records_iterator = self._raw_unpack()
+
+    def __iter__(self) -> Any:
+        iterator = self._records_iterator
+        if self._raw:  # aiokafka's __next__ only adds a frame around it
+            return iterator if iterator is not None else iter(())
+        return self
+
+    def _raw_unpack(self) -> Iterator[Any]:
+        """``_unpack_records`` for uncommitted reads with each record as parsed: the same
+        CRC check, control batches skipped, offsets below the fetch offset skipped and
+        ``next_fetch_offset`` kept after each record and each batch."""
+        records = self._records
+        while records.has_next():
+            batch = records.next_batch()
+            if self._check_crcs and not batch.validate_crc():
+                raise kerrors.CorruptRecordException(f"Invalid CRC - {self._tp}")
+            if not batch.is_control_batch:
+                for record in batch:
+                    offset = record.offset
+                    if offset < self.next_fetch_offset:
+                        continue  # a compressed batch's records before the fetch offset
+                    self.next_fetch_offset = offset + 1
+                    yield record
+            self.next_fetch_offset = batch.next_offset
 
 
 def raw_records() -> dict[str, Any]:

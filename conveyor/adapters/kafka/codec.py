@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from conveyor.adapters.interning import StreamIds
+from conveyor.adapters.interning import INTERN_MAX, StreamIds
 from conveyor.platform import letters as layout
 from conveyor.platform.errors import DecodeError
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -146,13 +146,18 @@ class RecordDecoder:
     batch. ``topic``: the records' topic, for records that do not say it (raw ones).
     """
 
-    __slots__ = ("_ns", "_queue", "_streams", "_topic")
+    __slots__ = ("_keys", "_last_ns", "_ns", "_queue", "_streams", "_topic")
 
     def __init__(self, queue: int, default_ns: str, topic: str | None = None) -> None:
         self._queue = queue
         self._ns = default_ns
         self._topic = topic
         self._streams = StreamIds()
+        # The last namespace read (as the wire has it) and its keys' stream ids: most
+        # records share one namespace, whose ids are then found by key alone (no tuple
+        # built and hashed a record). Bounded as the interning is (INTERN_MAX).
+        self._last_ns = b""
+        self._keys: dict[bytes, StreamId] = {}
 
     def decode(self, records: Sequence[Any]) -> list[Message]:
         try:
@@ -164,6 +169,7 @@ class RecordDecoder:
     def _decode(self, records: Sequence[Any]) -> list[Message]:
         queue, default_ns, topic = self._queue, self._ns, self._topic
         streams = self._streams
+        last_ns, keys = self._last_ns, self._keys
         out: list[Message] = []
         append = out.append
         for r in records:
@@ -173,9 +179,17 @@ class RecordDecoder:
                 (n0, ns), (n1, ident) = headers
                 value = r.value
                 if n0 == H_NAMESPACE and n1 == H_ID and ns and ident and value is not None:
+                    if ns != last_ns:  # another namespace: its own keys from now on
+                        last_ns = self._last_ns = ns
+                        keys = self._keys = {}
+                    sid = keys.get(key)
+                    if sid is None:
+                        if len(keys) >= INTERN_MAX:
+                            keys.clear()
+                        sid = keys[key] = streams[ns, key]
                     append(Message(
                         ident.decode(),
-                        streams[ns, key],
+                        sid,
                         value,
                         {},
                         CONTENT_JSON,

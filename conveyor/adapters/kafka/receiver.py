@@ -62,6 +62,11 @@ class KafkaReceiver(QueueReceiver):
         self._consumer: AIOKafkaConsumer | None = shared
         self._started = False
         self._offsets = DoneOffsets(0)
+        self._noted: list[SequenceToken] = []
+        """Tokens the agent reported done out of order, not yet in ``_offsets`` (see
+        :meth:`_fold`): the agent's call is this list's ``append``, one C call a message."""
+        # The agent calls this once a message finished above the watermark: as a C call.
+        self.message_done_out_of_order = self._noted.append  # type: ignore[method-assign,assignment]
         self._skip: set[int] = set()
         self._decoder = RecordDecoder(queue, cluster.config.default_namespace, cluster.topic)
         self._closed = False
@@ -196,7 +201,7 @@ class KafkaReceiver(QueueReceiver):
     async def _record(self, fetched: int) -> None:
         """Write this partition's record (handoff.py): done offsets, the ``fetched``
         mark (never below a previous owner's unfinished range) and the start counts."""
-        offsets = self._offsets
+        offsets = self._fold()
         fetched = max(fetched, self._redelivered_through) if fetched >= 0 else -1
         self._starts = {o: n for o, n in self._starts.items() if o >= offsets.watermark}
         with kafka_errors(f"recording the deliveries of queue {self._queue}"):
@@ -220,7 +225,19 @@ class KafkaReceiver(QueueReceiver):
             await self._record(-1)
 
     def message_done_out_of_order(self, token: SequenceToken) -> None:
-        self._offsets.mark_done(token.major)
+        """Each instance has ``self._noted.append`` instead (see ``__init__``)."""
+        self._noted.append(token)
+
+    def _fold(self, through: int = -1) -> DoneOffsets:
+        """The done offsets with the reported tokens in: once per acknowledgement or
+        record rather than once a message. Offsets below the watermark, or up to
+        ``through`` (being acknowledged), are dropped."""
+        offsets, noted = self._offsets, self._noted
+        if noted:
+            least = max(offsets.watermark, through + 1)
+            offsets.done.update([o for t in noted if (o := t.major) >= least])
+            noted.clear()
+        return offsets
 
     async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         """Commit the watermark (with the done offsets above it as metadata).
@@ -229,10 +246,11 @@ class KafkaReceiver(QueueReceiver):
         (on drain) also leaves a hand-off record when done offsets remain above the
         watermark, for brokers that drop commit metadata.
         """
-        offsets = self._offsets
         if tokens:
-            offsets.acknowledge_through(tokens[-1].major)
-        elif not offsets.done:
+            through = tokens[-1].major
+            offsets = self._fold(through)  # what this acknowledges never enters the set
+            offsets.acknowledge_through(through)
+        elif not (offsets := self._fold()).done:
             return
         if not self._started or self._cluster.topic_changed is not None:
             return  # an old watermark committed on a re-created topic would skip records
@@ -260,7 +278,8 @@ class KafkaReceiver(QueueReceiver):
         high = consumer.highwater(self._tp) if consumer is not None else None
         if high is None:
             return await self._cluster.lag(self._queue, self._group)
-        return max(0, int(high) - self._offsets.watermark - len(self._offsets.done))
+        offsets = self._fold()
+        return max(0, int(high) - offsets.watermark - len(offsets.done))
 
     async def shutdown(self) -> None:
         if self._closed:
