@@ -135,7 +135,8 @@ def decode_record(record: Any, queue: int, default_ns: str,
 
 
 class RecordDecoder:
-    """Turns one partition's fetched records into messages, a batch at a time.
+    """Turns one partition's fetched records into messages: a record at a time
+    (:meth:`one`, which the receiver's consumer calls as it unpacks a fetch) or a batch.
 
     Same result as :func:`decode_record` on each record. The common record —
     exactly ``cv-ns`` and ``cv-id`` (as :func:`message_headers` writes a JSON message), a
@@ -160,34 +161,29 @@ class RecordDecoder:
         self._keys: dict[bytes, StreamId] = {}
 
     def decode(self, records: Sequence[Any]) -> list[Message]:
-        try:
-            return self._decode(records)
-        except Exception:  # a malformed record: decode one by one, isolating it
-            queue, ns, topic = self._queue, self._ns, self._topic
-            return [decode_record(r, queue, ns, topic) for r in records]
+        one = self.one
+        return [one(r) for r in records]
 
-    def _decode(self, records: Sequence[Any]) -> list[Message]:
-        queue, default_ns, topic = self._queue, self._ns, self._topic
-        streams = self._streams
-        last_ns, keys = self._last_ns, self._keys
-        out: list[Message] = []
-        append = out.append
-        for r in records:
-            headers = r.headers
-            key = r.key
-            if len(headers) == 2 and key is not None:
-                (n0, ns), (n1, ident) = headers
-                value = r.value
-                if n0 == H_NAMESPACE and n1 == H_ID and ns and ident and value is not None:
-                    if ns != last_ns:  # another namespace: its own keys from now on
-                        last_ns = self._last_ns = ns
-                        keys = self._keys = {}
+    def one(self, r: Any) -> Message:
+        """One record as :func:`decode_record` reads it (what a receiver's consumer
+        calls on each record as it unpacks a fetch: ``record_converters``)."""
+        headers = r.headers
+        key = r.key
+        if len(headers) == 2 and key is not None:
+            (n0, ns), (n1, ident) = headers
+            value = r.value
+            if n0 == H_NAMESPACE and n1 == H_ID and ns and ident and value is not None:
+                try:
+                    if ns != self._last_ns:  # another namespace: its own keys from now on
+                        self._last_ns = ns
+                        self._keys = {}
+                    keys = self._keys
                     sid = keys.get(key)
                     if sid is None:
                         if len(keys) >= INTERN_MAX:
                             keys.clear()
-                        sid = keys[key] = streams[ns, key]
-                    append(Message(
+                        sid = keys[key] = self._streams[ns, key]
+                    return Message(
                         ident.decode(),
                         sid,
                         value,
@@ -195,11 +191,11 @@ class RecordDecoder:
                         CONTENT_JSON,
                         0,
                         r.timestamp,
-                        SequenceToken(queue, r.offset),
-                    ))
-                    continue
-            append(record_to_message(r, queue, default_ns, topic))
-        return out
+                        SequenceToken(self._queue, r.offset),
+                    )
+                except Exception:  # not UTF-8: the general way isolates it
+                    pass
+        return decode_record(r, self._queue, self._ns, self._topic)
 
 
 def message_headers(msg: Message, full: bool = False) -> list[tuple[str, bytes]]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -23,7 +24,11 @@ from aiokafka import errors as kerrors
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
-from conveyor.adapters.kafka.aiokafka_internals import fetch_committed, raw_records
+from conveyor.adapters.kafka.aiokafka_internals import (
+    fetch_committed,
+    raw_records,
+    record_converters,
+)
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.codec import RecordDecoder
 from conveyor.adapters.kafka.connection import kafka_errors
@@ -35,6 +40,13 @@ from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 
 log = logging.getLogger("conveyor.kafka")
+
+
+def _offset(msg: Message) -> int:
+    """The offset of a message this receiver decoded (its token is always set)."""
+    token = msg.token
+    assert token is not None
+    return token.major
 
 
 class KafkaReceiver(QueueReceiver):
@@ -69,6 +81,8 @@ class KafkaReceiver(QueueReceiver):
         self.message_done_out_of_order = self._noted.append  # type: ignore[method-assign,assignment]
         self._skip: set[int] = set()
         self._decoder = RecordDecoder(queue, cluster.config.default_namespace, cluster.topic)
+        self._converters: dict[TopicPartition, Callable[[Any], Any]] = {}
+        """The consumer's record converters, once this receiver's decoder is in them."""
         self._closed = False
         # Deliveries (see handoff.py): offsets up to this one were handed out by a
         # previous owner that did not finish them; handler starts of redelivered ones;
@@ -107,6 +121,10 @@ class KafkaReceiver(QueueReceiver):
                     consumer.assign([self._tp])
                     self._consumer = consumer
                 consumer = self._consumer
+                # Its records come decoded out of the fetch (aiokafka_internals).
+                converters = record_converters(consumer)
+                converters[self._tp] = self._decoder.one
+                self._converters = converters
                 committed = await fetch_committed(consumer, self._tp)
                 if committed is None:
                     start = await cluster.new_group_offset(consumer, self._tp, commit=True)
@@ -158,30 +176,32 @@ class KafkaReceiver(QueueReceiver):
                         )
         except TimeoutError:
             return []
-        records = batches.get(tp)
-        if not records:
+        fetched = batches.get(tp)
+        if not fetched:
             high = consumer.highwater(tp)
             reached = max(self._reached, self._offsets.watermark)
             if high is not None and high < reached:
                 self._cluster.topic_gone(self._queue, high, reached)
             return []
-        self._reached = records[-1].offset + 1
+        if not isinstance(fetched[0], Message):  # fetched before the decoder was given
+            fetched = self._decoder.decode(fetched)
+        out: list[Message] = fetched
+        self._reached = _offset(out[-1]) + 1
         skip = self._skip
         if skip:
-            records = [r for r in records if r.offset not in skip]
-            skip.difference_update(r.offset for r in batches[tp])
-        if not records:
+            out = [m for m in out if _offset(m) not in skip]
+            skip.difference_update(_offset(m) for m in fetched)
+        if not out:
             return []
-        out = self._decoder.decode(records)
-        last = records[-1].offset
+        first, last = _offset(out[0]), _offset(out[-1])
         if last > self._fetched_mark:
             try:  # declared before any handler starts one of them (handoff.py)
                 await self._record(last + FETCH_LOOKAHEAD)
             except BaseException:
                 with contextlib.suppress(Exception):  # not handed out: read them again
-                    consumer.seek(tp, records[0].offset)
+                    consumer.seek(tp, first)
                 raise
-        if self._starts or self._redelivered_through >= records[0].offset:
+        if self._starts or self._redelivered_through >= first:
             out = self._with_deliveries(out)
         return out
 
@@ -285,6 +305,8 @@ class KafkaReceiver(QueueReceiver):
         if self._closed:
             return
         self._closed = True
+        if self._converters.get(self._tp) == self._decoder.one:  # not a successor's
+            del self._converters[self._tp]
         if self._shared is None and self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
