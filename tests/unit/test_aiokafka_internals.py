@@ -283,7 +283,8 @@ def test_raw_records_unpack_as_aiokafka_unpacks_them() -> None:
 
 
 PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat",
-                 "PartitionRecords", "_consumer_record", "_builder", "_relative_offset"}
+                 "PartitionRecords", "_consumer_record", "_builder", "_relative_offset",
+                 "_key_deserializer"}
 PRIVATE_MODULES = ("aiokafka.protocol", "aiokafka.record", "aiokafka.coordinator.protocol",
                    "aiokafka.coordinator.assignors.sticky", "aiokafka.conn",
                    "aiokafka.consumer.fetcher", "aiokafka.producer")

@@ -15,8 +15,11 @@ that one test rather than a daemon in production:
 * a record's size as the producer's own check counts it:
   ``DefaultRecordBatchBuilder.estimate_size_in_bytes``;
 * records handed over as the record batch holds them, without a ``ConsumerRecord``
-  built for each (:func:`raw_records`): ``aiokafka.consumer.fetcher.PartitionRecords``
-  and its ``_consumer_record``;
+  built for each (:func:`raw_records`), or converted as a fetch is unpacked
+  (:func:`record_converters`): ``aiokafka.consumer.fetcher.PartitionRecords``, its
+  ``_consumer_record``, ``_unpack_records`` (mirrored for uncommitted reads) and
+  ``__next__`` (bypassed by ``FetchResult.getall``), and a consumer's
+  ``_key_deserializer``;
 * a batch's record builder, appended to without the keyword wrapper per record:
   ``batch._builder.append`` and the count it keeps, ``batch._relative_offset``;
 * the consumer protocol's member metadata and assignment (``aiokafka.coordinator``);
