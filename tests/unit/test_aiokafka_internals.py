@@ -8,6 +8,7 @@ upgrade that moves one fails here, by name, instead of in a running daemon.
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 import logging
 from pathlib import Path
@@ -210,12 +211,80 @@ def test_a_consumer_marked_for_raw_records_gets_them_as_the_batch_parsed_them() 
     assert not any(isinstance(r, ConsumerRecord) for r in records)
     assert [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in records] == [
         (r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in plain]
-    assert internals.raw_records()["key_deserializer"] is raw  # installed once
+    assert aiokafka_fetcher.PartitionRecords is type(
+        aiokafka_fetcher.PartitionRecords(tp, MemoryRecords(b""), [], 0, None, None, True, 0))
+    assert internals.raw_records()["key_deserializer"] is not raw  # one per consumer
     assert raw(b"k") == b"k"  # were it called as a deserializer: keys pass unchanged
 
 
+async def test_a_partition_given_a_converter_yields_its_records_converted_as_unpacked() -> None:
+    # What a receiver's decoder rides on: each record converted as the fetch is unpacked,
+    # so the parsed records (tracked by the garbage collector) are freed one by one
+    # instead of all being alive at once in the list getall returns.
+    consumer = AIOKafkaConsumer(bootstrap_servers=NOWHERE, **internals.raw_records())
+    converters = internals.record_converters(consumer)
+    assert converters == {}
+    tp, other = TopicPartition("t", 1), TopicPartition("t", 2)
+    alive: list[int] = []
+
+    def convert(record: Any) -> tuple[int, bytes]:
+        alive.append(sum(1 for o in gc.get_objects() if type(o) is type(record)))
+        return record.offset, record.key
+
+    converters[tp] = convert
+
+    def fetched(partition: TopicPartition) -> list[Any]:
+        return list(aiokafka_fetcher.PartitionRecords(
+            partition, MemoryRecords(_batch(200)), [], 0, consumer._key_deserializer,
+            None, True, 0))
+
+    assert fetched(tp) == [(i, f"k{i % 3}".encode()) for i in range(200)]
+    assert max(alive) <= 2  # the one being converted (and the batch's iterator state)
+    assert [r.offset for r in fetched(other)] == list(range(200))  # no converter: raw
+    assert internals.record_converters(AIOKafkaConsumer(bootstrap_servers=NOWHERE)) == {}
+
+
+def test_raw_records_unpack_as_aiokafka_unpacks_them() -> None:
+    # _raw_unpack mirrors _unpack_records for uncommitted reads: the CRC check, control
+    # batches skipped, records below the fetch offset skipped, next_fetch_offset kept.
+    unpack = inspect.getsource(aiokafka_fetcher.PartitionRecords._unpack_records)
+    for step in ("self._check_crcs and not next_batch.validate_crc()",
+                 "self._isolation_level == READ_COMMITTED",
+                 "if next_batch.is_control_batch:",
+                 "if record.offset < self.next_fetch_offset:",
+                 "self.next_fetch_offset = record.offset + 1",
+                 "self.next_fetch_offset = next_batch.next_offset"):
+        assert step in unpack, step
+    # getall steps what iter() of the records gives (our generator, for raw records)
+    assert "for msg in self._partition_records:" in inspect.getsource(
+        aiokafka_fetcher.FetchResult.getall)
+    raw = internals.raw_records()["key_deserializer"]
+    tp = TopicPartition("t", 0)
+    batches = _batch(5) + _batch(5)  # offsets 0-4 twice: the second batch is all skipped
+
+    def read(key_deserializer: Any, max_records: int) -> tuple[list[int], list[int]]:
+        records = aiokafka_fetcher.PartitionRecords(
+            tp, MemoryRecords(batches), [], 2, key_deserializer, None, True, 0)
+        offsets, positions = [], []
+        while True:  # as FetchResult.getall takes them, max_records at a time
+            taken = []
+            for record in records:
+                taken.append(record.offset)
+                if len(taken) >= max_records:
+                    break
+            offsets += taken
+            positions.append(records.next_fetch_offset)
+            if len(taken) < max_records:  # exhausted (getall drops the records then)
+                return offsets, positions
+
+    for size in (1, 2, 500):
+        assert read(raw, size) == read(None, size)
+    assert read(raw, 2)[0] == [2, 3, 4]
+
+
 PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat",
-                 "PartitionRecords", "_consumer_record", "_builder", "_relative_offset"}
+                 "PartitionRecords", "_consumer_record", "_builder", "_relative_offset",
+                 "_key_deserializer"}
 PRIVATE_MODULES = ("aiokafka.protocol", "aiokafka.record", "aiokafka.coordinator.protocol",
                    "aiokafka.coordinator.assignors.sticky", "aiokafka.conn",
                    "aiokafka.consumer.fetcher", "aiokafka.producer")

@@ -83,6 +83,22 @@ def test_a_batch_of_one_stream_shares_one_stream_id() -> None:
     assert [m.token for m in read] == [SequenceToken(0, i) for i in range(3)]
 
 
+def test_one_key_in_two_namespaces_reads_as_two_streams_across_batches() -> None:
+    # The decoder finds a namespace's stream ids by key alone: a key read under one
+    # namespace must not lend its stream to the same key under another.
+    decoder = RecordDecoder(0, "default")
+    msgs = [_message(id=f"m{i}", stream=StreamId(ns, "k"))
+            for i, ns in enumerate(["a", "b", "a", "a", "b"])]
+    first = decoder.decode([_record(m, message_headers(m), offset=i)
+                            for i, m in enumerate(msgs[:3])])
+    second = decoder.decode([_record(m, message_headers(m), offset=i)
+                             for i, m in enumerate(msgs[3:], start=3)])
+    read = first + second
+    assert [m.stream for m in read] == [m.stream for m in msgs]
+    assert read[0].stream is read[2].stream is read[3].stream  # still interned
+    assert read[1].stream is read[4].stream
+
+
 @pytest.mark.parametrize("headers", [
     [],  # a foreign record: the defaults
     [("cv-id", b"m1"), ("cv-ns", b"orders")],  # another order

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from conveyor.adapters.interning import StreamIds
+from conveyor.adapters.interning import INTERN_MAX, StreamIds
 from conveyor.platform import letters as layout
 from conveyor.platform.errors import DecodeError
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -135,7 +135,8 @@ def decode_record(record: Any, queue: int, default_ns: str,
 
 
 class RecordDecoder:
-    """Turns one partition's fetched records into messages, a batch at a time.
+    """Turns one partition's fetched records into messages: a record at a time
+    (:meth:`one`, which the receiver's consumer calls as it unpacks a fetch) or a batch.
 
     Same result as :func:`decode_record` on each record. The common record —
     exactly ``cv-ns`` and ``cv-id`` (as :func:`message_headers` writes a JSON message), a
@@ -146,46 +147,55 @@ class RecordDecoder:
     batch. ``topic``: the records' topic, for records that do not say it (raw ones).
     """
 
-    __slots__ = ("_ns", "_queue", "_streams", "_topic")
+    __slots__ = ("_keys", "_last_ns", "_ns", "_queue", "_streams", "_topic")
 
     def __init__(self, queue: int, default_ns: str, topic: str | None = None) -> None:
         self._queue = queue
         self._ns = default_ns
         self._topic = topic
         self._streams = StreamIds()
+        # The last namespace read (as the wire has it) and its keys' stream ids: most
+        # records share one namespace, whose ids are then found by key alone (no tuple
+        # built and hashed a record). Bounded as the interning is (INTERN_MAX).
+        self._last_ns = b""
+        self._keys: dict[bytes, StreamId] = {}
 
     def decode(self, records: Sequence[Any]) -> list[Message]:
-        try:
-            return self._decode(records)
-        except Exception:  # a malformed record: decode one by one, isolating it
-            queue, ns, topic = self._queue, self._ns, self._topic
-            return [decode_record(r, queue, ns, topic) for r in records]
+        one = self.one
+        return [one(r) for r in records]
 
-    def _decode(self, records: Sequence[Any]) -> list[Message]:
-        queue, default_ns, topic = self._queue, self._ns, self._topic
-        streams = self._streams
-        out: list[Message] = []
-        append = out.append
-        for r in records:
-            headers = r.headers
-            key = r.key
-            if len(headers) == 2 and key is not None:
-                (n0, ns), (n1, ident) = headers
-                value = r.value
-                if n0 == H_NAMESPACE and n1 == H_ID and ns and ident and value is not None:
-                    append(Message(
+    def one(self, r: Any) -> Message:
+        """One record as :func:`decode_record` reads it (what a receiver's consumer
+        calls on each record as it unpacks a fetch: ``record_converters``)."""
+        headers = r.headers
+        key = r.key
+        if len(headers) == 2 and key is not None:
+            (n0, ns), (n1, ident) = headers
+            value = r.value
+            if n0 == H_NAMESPACE and n1 == H_ID and ns and ident and value is not None:
+                try:
+                    if ns != self._last_ns:  # another namespace: its own keys from now on
+                        self._last_ns = ns
+                        self._keys = {}
+                    keys = self._keys
+                    sid = keys.get(key)
+                    if sid is None:
+                        if len(keys) >= INTERN_MAX:
+                            keys.clear()
+                        sid = keys[key] = self._streams[ns, key]
+                    return Message(
                         ident.decode(),
-                        streams[ns, key],
+                        sid,
                         value,
                         {},
                         CONTENT_JSON,
                         0,
                         r.timestamp,
-                        SequenceToken(queue, r.offset),
-                    ))
-                    continue
-            append(record_to_message(r, queue, default_ns, topic))
-        return out
+                        SequenceToken(self._queue, r.offset),
+                    )
+                except Exception:  # not UTF-8: the general way isolates it
+                    pass
+        return decode_record(r, self._queue, self._ns, self._topic)
 
 
 def message_headers(msg: Message, full: bool = False) -> list[tuple[str, bytes]]:

@@ -25,6 +25,7 @@ Reading too little is safe: a missing hand-off only makes the next owner redo wo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import msgspec
@@ -74,14 +75,20 @@ class HandoffLog:
         self.last_scan_records = 0
         """Records the last :meth:`read` fetched (how far back it had to look)."""
         self._ready = False
+        self._preparing = asyncio.Lock()
+        """Held while the topic is prepared: the first writes of a daemon's receivers
+        come together, and one admin client does for all of them."""
 
     async def write(self, group: str, queue: int, watermark: int, done: str,
                     fetched: int = -1, starts: dict[int, int] | None = None) -> None:
         cluster = self.cluster
         producer = await cluster.producer()
         if not self._ready:
-            await cluster.create_topics({self.topic: cluster.total_queues}, TOPIC_CONFIG)
-            self._ready = True
+            async with self._preparing:
+                if not self._ready:
+                    await cluster.create_topics({self.topic: cluster.total_queues},
+                                                TOPIC_CONFIG)
+                    self._ready = True
         record = Handoff(watermark, done, fetched, starts or {})
         await producer.send_and_wait(self.topic, _encode(record),
                                      key=group.encode(), partition=queue)

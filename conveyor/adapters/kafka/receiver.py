@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -23,7 +24,11 @@ from aiokafka import errors as kerrors
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
-from conveyor.adapters.kafka.aiokafka_internals import fetch_committed, raw_records
+from conveyor.adapters.kafka.aiokafka_internals import (
+    fetch_committed,
+    raw_records,
+    record_converters,
+)
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.codec import RecordDecoder
 from conveyor.adapters.kafka.connection import kafka_errors
@@ -35,6 +40,13 @@ from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 
 log = logging.getLogger("conveyor.kafka")
+
+
+def _offset(msg: Message) -> int:
+    """The offset of a message this receiver decoded (its token is always set)."""
+    token = msg.token
+    assert token is not None
+    return token.major
 
 
 class KafkaReceiver(QueueReceiver):
@@ -62,8 +74,15 @@ class KafkaReceiver(QueueReceiver):
         self._consumer: AIOKafkaConsumer | None = shared
         self._started = False
         self._offsets = DoneOffsets(0)
+        self._noted: list[SequenceToken] = []
+        """Tokens the agent reported done out of order, not yet in ``_offsets`` (see
+        :meth:`_fold`): the agent's call is this list's ``append``, one C call a message."""
+        # The agent calls this once a message finished above the watermark: as a C call.
+        self.message_done_out_of_order = self._noted.append  # type: ignore[method-assign,assignment]
         self._skip: set[int] = set()
         self._decoder = RecordDecoder(queue, cluster.config.default_namespace, cluster.topic)
+        self._converters: dict[TopicPartition, Callable[[Any], Any]] = {}
+        """The consumer's record converters, once this receiver's decoder is in them."""
         self._closed = False
         # Deliveries (see handoff.py): offsets up to this one were handed out by a
         # previous owner that did not finish them; handler starts of redelivered ones;
@@ -102,6 +121,10 @@ class KafkaReceiver(QueueReceiver):
                     consumer.assign([self._tp])
                     self._consumer = consumer
                 consumer = self._consumer
+                # Its records come decoded out of the fetch (aiokafka_internals).
+                converters = record_converters(consumer)
+                converters[self._tp] = self._decoder.one
+                self._converters = converters
                 committed = await fetch_committed(consumer, self._tp)
                 if committed is None:
                     start = await cluster.new_group_offset(consumer, self._tp, commit=True)
@@ -153,30 +176,32 @@ class KafkaReceiver(QueueReceiver):
                         )
         except TimeoutError:
             return []
-        records = batches.get(tp)
-        if not records:
+        fetched = batches.get(tp)
+        if not fetched:
             high = consumer.highwater(tp)
             reached = max(self._reached, self._offsets.watermark)
             if high is not None and high < reached:
                 self._cluster.topic_gone(self._queue, high, reached)
             return []
-        self._reached = records[-1].offset + 1
+        if not isinstance(fetched[0], Message):  # fetched before the decoder was given
+            fetched = self._decoder.decode(fetched)
+        out: list[Message] = fetched
+        self._reached = _offset(out[-1]) + 1
         skip = self._skip
         if skip:
-            records = [r for r in records if r.offset not in skip]
-            skip.difference_update(r.offset for r in batches[tp])
-        if not records:
+            out = [m for m in out if _offset(m) not in skip]
+            skip.difference_update(_offset(m) for m in fetched)
+        if not out:
             return []
-        out = self._decoder.decode(records)
-        last = records[-1].offset
+        first, last = _offset(out[0]), _offset(out[-1])
         if last > self._fetched_mark:
             try:  # declared before any handler starts one of them (handoff.py)
                 await self._record(last + FETCH_LOOKAHEAD)
             except BaseException:
                 with contextlib.suppress(Exception):  # not handed out: read them again
-                    consumer.seek(tp, records[0].offset)
+                    consumer.seek(tp, first)
                 raise
-        if self._starts or self._redelivered_through >= records[0].offset:
+        if self._starts or self._redelivered_through >= first:
             out = self._with_deliveries(out)
         return out
 
@@ -196,7 +221,7 @@ class KafkaReceiver(QueueReceiver):
     async def _record(self, fetched: int) -> None:
         """Write this partition's record (handoff.py): done offsets, the ``fetched``
         mark (never below a previous owner's unfinished range) and the start counts."""
-        offsets = self._offsets
+        offsets = self._fold()
         fetched = max(fetched, self._redelivered_through) if fetched >= 0 else -1
         self._starts = {o: n for o, n in self._starts.items() if o >= offsets.watermark}
         with kafka_errors(f"recording the deliveries of queue {self._queue}"):
@@ -220,7 +245,19 @@ class KafkaReceiver(QueueReceiver):
             await self._record(-1)
 
     def message_done_out_of_order(self, token: SequenceToken) -> None:
-        self._offsets.mark_done(token.major)
+        """Each instance has ``self._noted.append`` instead (see ``__init__``)."""
+        self._noted.append(token)
+
+    def _fold(self, through: int = -1) -> DoneOffsets:
+        """The done offsets with the reported tokens in: once per acknowledgement or
+        record rather than once a message. Offsets below the watermark, or up to
+        ``through`` (being acknowledged), are dropped."""
+        offsets, noted = self._offsets, self._noted
+        if noted:
+            least = max(offsets.watermark, through + 1)
+            offsets.done.update([o for t in noted if (o := t.major) >= least])
+            noted.clear()
+        return offsets
 
     async def acknowledge(self, tokens: Sequence[SequenceToken]) -> None:
         """Commit the watermark (with the done offsets above it as metadata).
@@ -229,10 +266,11 @@ class KafkaReceiver(QueueReceiver):
         (on drain) also leaves a hand-off record when done offsets remain above the
         watermark, for brokers that drop commit metadata.
         """
-        offsets = self._offsets
         if tokens:
-            offsets.acknowledge_through(tokens[-1].major)
-        elif not offsets.done:
+            through = tokens[-1].major
+            offsets = self._fold(through)  # what this acknowledges never enters the set
+            offsets.acknowledge_through(through)
+        elif not (offsets := self._fold()).done:
             return
         if not self._started or self._cluster.topic_changed is not None:
             return  # an old watermark committed on a re-created topic would skip records
@@ -260,12 +298,15 @@ class KafkaReceiver(QueueReceiver):
         high = consumer.highwater(self._tp) if consumer is not None else None
         if high is None:
             return await self._cluster.lag(self._queue, self._group)
-        return max(0, int(high) - self._offsets.watermark - len(self._offsets.done))
+        offsets = self._fold()
+        return max(0, int(high) - offsets.watermark - len(offsets.done))
 
     async def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._converters.get(self._tp) == self._decoder.one:  # not a successor's
+            del self._converters[self._tp]
         if self._shared is None and self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()

@@ -164,3 +164,30 @@ async def test_the_handoff_topic_is_compacted_and_read_backwards_from_the_end(
         assert settings["cleanup.policy"] == "compact"
     finally:
         await adapter.close()
+
+
+async def test_the_first_writes_of_many_receivers_prepare_the_topic_once(
+    tansu: Tansu, topic: str
+) -> None:
+    # A daemon's receivers write their first records together (each before its first
+    # delivery): one admin client prepares the topic for all, not one each.
+    adapter = KafkaAdapter(kafka_config(tansu.bootstrap, topic).kafka, 8)
+    prepared: list[list[str]] = []
+    create = adapter.cluster.create_topics
+
+    async def counted(wanted: dict[str, int], topic_config: dict[str, str] | None = None,
+                      ) -> None:
+        prepared.append(sorted(wanted))
+        await create(wanted, topic_config)
+
+    adapter.cluster.create_topics = counted  # type: ignore[method-assign]
+    try:
+        await adapter.ensure_topic()
+        prepared.clear()
+        handoffs = adapter.handoffs
+        await asyncio.gather(*(handoffs.write("g", q, 0, "", 1024) for q in range(8)))
+        assert prepared == [[handoffs.topic]]
+        for q in range(8):
+            assert (await handoffs.read_deliveries("g", q, 0)).redelivered_through == 1024
+    finally:
+        await adapter.close()
