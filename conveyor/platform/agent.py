@@ -492,10 +492,12 @@ class PullingAgent:
                                 failure = exc
                             if failure is not None:
                                 await finish(msg, failure)
-                            if record is not None:
-                                record(timer() - timed)
+                            now = clock()
+                            if record is not None:  # the run's clock is the timer's, mostly
+                                record((now if timer is clock else timer()) - timed)
                         else:
                             await chain(Delivery(msg, handler))
+                            now = clock()
                         # QueueCache.finish_head and Acknowledger.entry_done, inlined
                         entry.pending -= 1
                         if not entry.pending:  # done
@@ -511,7 +513,7 @@ class PullingAgent:
                             await acks.sent()
                             careful = False
                             self._careful.release()
-                        now = clock()
+                            now = clock()
                         if not lane_entries:
                             del by_key[lane.key]
                             lane.running = False

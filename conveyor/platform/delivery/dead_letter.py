@@ -35,7 +35,7 @@ from conveyor.platform.delivery.chain import (
     Step,
     over_limit,
 )
-from conveyor.platform.delivery.metrics import recorder
+from conveyor.platform.delivery.metrics import DURATION_CLOCK, recorder
 from conveyor.platform.errors import BrokerConnectionError, ConveyorError
 from conveyor.platform.handlers import HandlerSpec, MessageContext, body_bytes
 from conveyor.platform.message import DeadLetter, Message
@@ -310,7 +310,7 @@ class DirectCall(NamedTuple):
     start: Callable[[Message], Awaitable[Any]]
     finish: Callable[[Message, Exception], Awaitable[None]]
     stats: DeliveryStats
-    clock: Callable[[], float] = time.perf_counter
+    clock: Callable[[], float] = DURATION_CLOCK
     record: Callable[[float], None] | None = None
     """The duration histogram's series' count of one delivery; None: metrics off."""
 

@@ -1,11 +1,13 @@
 """Metrics: the handler-duration histogram, per delivery (decode, attempts, dead letter).
 
 Counted in plain Python (:mod:`conveyor.platform.histograms`): per message two clock
-reads, a ``bisect`` and a few additions, no SDK call; readers merge the counts in when
-they collect. The counters (handled, failed, retried, dead-lettered) cost nothing
-extra: they are the plain :class:`~conveyor.platform.delivery.chain.DeliveryStats` the
-dead-letter step keeps anyway, observed by the meter when it collects. Present only
-when a meter is configured.
+reads (one where the agent's runner times the call: the end is its run-budget read,
+see :data:`DURATION_CLOCK`), a ``bisect`` and a few additions, no SDK call; readers
+merge the counts in when they collect. The counters (handled, failed, retried,
+dead-lettered) cost nothing extra: they are the plain
+:class:`~conveyor.platform.delivery.chain.DeliveryStats` the dead-letter step keeps
+anyway, observed by the meter when it collects. Present only when a meter is
+configured.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ if TYPE_CHECKING:
 Timer = tuple[Callable[[], float], "Series"]
 """A clock and the series it times into: what the shipped chain's one step takes to time
 a delivery itself (see :meth:`HandlerDuration.timer`)."""
+
+DURATION_CLOCK: Callable[[], float] = (
+    time.monotonic if time.get_clock_info("monotonic").resolution <= 1e-6
+    else time.perf_counter)
+"""The handler-duration histogram's clock: ``time.monotonic`` where it has a fine
+resolution (Linux and macOS: the clock ``perf_counter`` reads too), so the agent's
+runner, which reads it after each call for its run budget anyway, takes a call's end
+time from that one read; ``perf_counter`` elsewhere (Windows' monotonic ticks in ~16 ms)."""
 
 DURATION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                       1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -59,7 +69,7 @@ class HandlerDuration(Interceptor):
     """Times each delivery with ``clock`` (seconds) into ``local``'s duration histogram."""
 
     def __init__(self, local: LocalMetrics,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = DURATION_CLOCK) -> None:
         self._family = duration_histogram(local)
         self._clock = clock
 
