@@ -363,4 +363,4 @@ class TestWorker:
 
 
 def _named(message: Message) -> str:
-    return f"{message.stream.namespace}/{message.stream.key} (message {message.id[:8]})"
+    return f"{message.stream.namespace}/{message.stream.key} (message {message.id[-8:]})"

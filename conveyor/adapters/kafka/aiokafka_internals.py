@@ -177,8 +177,9 @@ class _PartitionRecords(aiokafka_fetcher.PartitionRecords):  # type: ignore[misc
                     offset = record.offset
                     if offset < self.next_fetch_offset:
                         continue  # a compressed batch's records before the fetch offset
-                    self.next_fetch_offset = offset + 1
-                    yield record if convert is None else convert(record)
+                    converted = record if convert is None else convert(record)
+                    self.next_fetch_offset = offset + 1  # once it is converted: a
+                    yield converted  # converter that raised leaves the record to read
             self.next_fetch_offset = batch.next_offset
 
 
