@@ -89,6 +89,10 @@ class Acknowledger:
             return
         before = len(self.to_ack)
         cache.pop_done_prefix(self.to_ack)
+        # Counted even when fenced (the store refused an acknowledgement: the queue has a
+        # newer owner), though never sent: the pull loop then stops at the capacity
+        # instead of starting more work the next owner runs too, until the balancer,
+        # whose renewal fails the same way, aborts this agent.
         cache.unconfirmed += len(self.to_ack) - before
         if self.task is None and not self.stopping:
             self.task = asyncio.create_task(self._loop())

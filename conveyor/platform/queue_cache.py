@@ -74,9 +74,9 @@ class Route:
     chain: Step
     batch: BatchStep | None = None
     direct: DirectCall | None = None
-    """The chain's one step in parts, for the runner to call (the shipped chain with
-    metrics off: :class:`~conveyor.platform.delivery.dead_letter.DirectCall`); None:
-    the runner awaits ``chain``."""
+    """The chain's one step in parts, for the runner to call (the shipped chain, with
+    metrics on or off: :class:`~conveyor.platform.delivery.dead_letter.DirectCall`);
+    None: the runner awaits ``chain``."""
 
 
 class Entry(msgspec.Struct, gc=False):

@@ -75,23 +75,37 @@ class HandoffLog:
         self.last_scan_records = 0
         """Records the last :meth:`read` fetched (how far back it had to look)."""
         self._ready = False
-        self._preparing = asyncio.Lock()
-        """Held while the topic is prepared: the first writes of a daemon's receivers
-        come together, and one admin client does for all of them."""
+        self._preparing: asyncio.Future[None] | None = None
+        """The topic's preparation under way: the first writes of a daemon's receivers
+        come together, and one attempt (one admin client) serves all of them — they
+        share its outcome, so a broker that is down fails them together rather than one
+        after another; the next write after a failure tries again."""
 
     async def write(self, group: str, queue: int, watermark: int, done: str,
                     fetched: int = -1, starts: dict[int, int] | None = None) -> None:
         cluster = self.cluster
         producer = await cluster.producer()
         if not self._ready:
-            async with self._preparing:
-                if not self._ready:
-                    await cluster.create_topics({self.topic: cluster.total_queues},
-                                                TOPIC_CONFIG)
-                    self._ready = True
+            await self._prepared()
         record = Handoff(watermark, done, fetched, starts or {})
         await producer.send_and_wait(self.topic, _encode(record),
                                      key=group.encode(), partition=queue)
+
+    async def _prepared(self) -> None:
+        attempt = self._preparing
+        if attempt is None:
+            attempt = self._preparing = asyncio.ensure_future(self._prepare())
+            # Retrieved here, so an attempt every waiter gave up on logs nothing.
+            attempt.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.shield(attempt)  # a cancelled writer leaves it to the others
+
+    async def _prepare(self) -> None:
+        cluster = self.cluster
+        try:
+            await cluster.create_topics({self.topic: cluster.total_queues}, TOPIC_CONFIG)
+            self._ready = True
+        finally:
+            self._preparing = None
 
     async def read(self, group: str, queue: int, watermark: int) -> set[int]:
         """Done offsets the last owner recorded at ``watermark`` (none if it moved on)."""

@@ -11,6 +11,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka.group_balancer import KafkaGroupBalancer
 from conveyor.client import Client, Publish
+from conveyor.platform.errors import BrokerError
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu
@@ -189,5 +190,39 @@ async def test_the_first_writes_of_many_receivers_prepare_the_topic_once(
         assert prepared == [[handoffs.topic]]
         for q in range(8):
             assert (await handoffs.read_deliveries("g", q, 0)).redelivered_through == 1024
+    finally:
+        await adapter.close()
+
+
+async def test_the_first_writes_share_a_failed_preparation_and_the_next_one_tries_again(
+    tansu: Tansu, topic: str
+) -> None:
+    # The broker refuses the first preparation: every write waiting on it fails with
+    # its error at once (one attempt, not one after another), and a later write makes
+    # a new attempt, which succeeds.
+    adapter = KafkaAdapter(kafka_config(tansu.bootstrap, topic).kafka, 8)
+    attempts: list[str] = []
+    create = adapter.cluster.create_topics
+
+    async def refused_once(wanted: dict[str, int],
+                           topic_config: dict[str, str] | None = None) -> None:
+        attempts.append("refused" if not attempts else "created")
+        if len(attempts) == 1:
+            await asyncio.sleep(0.05)  # the other writers queue up meanwhile
+            raise BrokerError("kafka: creating the hand-off topic: refused (test)")
+        await create(wanted, topic_config)
+
+    try:
+        await adapter.ensure_topic()
+        adapter.cluster.create_topics = refused_once  # type: ignore[method-assign]
+        handoffs = adapter.handoffs
+        outcomes = await asyncio.gather(*(handoffs.write("g", q, 0, "", 1024)
+                                          for q in range(8)), return_exceptions=True)
+        assert attempts == ["refused"]
+        assert all(isinstance(o, BrokerError) and "refused (test)" in str(o)
+                   for o in outcomes), outcomes
+        await handoffs.write("g", 0, 0, "", 1024)
+        assert attempts == ["refused", "created"]
+        assert (await handoffs.read_deliveries("g", 0, 0)).redelivered_through == 1024
     finally:
         await adapter.close()
