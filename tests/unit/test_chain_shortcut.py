@@ -64,6 +64,16 @@ def _app() -> tuple[App, dict[str, list[Any]]]:
         if len(seen["sync"]) == 1:
             raise OSError("first call fails")
 
+    @app.handler("stray", retry_attempts=2, retry_delay_s=0.0, retry_jitter_s=0.0)
+    async def stray(body: bytes) -> None:
+        task = asyncio.ensure_future(asyncio.sleep(10))
+        task.cancel()
+        await task  # CancelledError, though nothing cancelled this call
+
+    @app.handler("stray1", retry_attempts=1)
+    async def stray_once(body: bytes) -> None:
+        raise asyncio.CancelledError
+
     return app, seen
 
 
@@ -82,6 +92,8 @@ CASES = [
     ("ctx", b"y", 2),
     ("ctx", b"y", 3),  # past max_deliveries=2
     ("sync", b"z", 1),  # a plain def on a thread, retried once
+    ("stray", b"s", 1),  # CancelledError not from a cancel: retried, then a letter
+    ("stray1", b"s", 1),  # the same with retry off
 ]
 
 
@@ -111,7 +123,8 @@ def test_the_shortcut_counts_retries_and_dead_letters_as_the_composed_steps_do()
     assert shortcut == composed
     stats, letters, seen = shortcut
     assert stats.handled == 4 and stats.dead_lettered == 0  # the store counts, not put
-    assert [attempts for *_, attempts in letters] == [0, 0, 2, 1, 0]
+    assert [attempts for *_, attempts in letters] == [0, 0, 2, 1, 0, 2, 1]
+    assert [error_type for _, error_type, *_ in letters[-2:]] == ["HandlerCancelled"] * 2
     assert seen["flaky"] == [(2, 0), (2, 1), (2, 2)]
     assert seen["ctx"] == [(b"y", 2)]
 

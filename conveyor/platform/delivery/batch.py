@@ -43,6 +43,7 @@ from conveyor.platform.delivery.chain import (
     DeliveryStats,
     Interceptor,
     InThread,
+    cancel_as_failure,
     compose,
     handler_call,
     over_limit,
@@ -148,6 +149,10 @@ class _Batch:
             except Exception as exc:
                 stats.failed_attempts += 1
                 failure = exc
+                continue
+            except asyncio.CancelledError as exc:  # raised again if this call is cancelled
+                stats.failed_attempts += 1
+                failure = cancel_as_failure(exc)
                 continue
             return None
         return failure

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from conveyor.platform.errors import DeliveryLimit
+from conveyor.platform.errors import ConveyorError, DeliveryLimit
 from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.message import Message
 from conveyor.platform.options import HandlerOptions
@@ -89,6 +89,27 @@ InThread = Callable[..., Awaitable[Any]]
 result; cancelling the awaitable abandons the call (a thread cannot be interrupted).
 A daemon passes its :class:`~conveyor.workers.threads.HandlerThreads`' ``run``;
 :func:`asyncio.to_thread` is the default."""
+
+
+class HandlerCancelled(ConveyorError):
+    """A handler raised :class:`asyncio.CancelledError` though nothing cancelled its call:
+    it awaited a task or future that was cancelled elsewhere, or raised it itself. To
+    the agent a ``CancelledError`` means "stop" (the daemon stopping, the queue lost);
+    left to propagate, this one ended the runner and left the message unfinished, its
+    stream stuck behind it for good. It is a failure of the call like any other:
+    retried by the handler's policy, then dead-lettered with this reason."""
+
+
+def cancel_as_failure(exc: asyncio.CancelledError) -> HandlerCancelled:
+    """``exc``, raised by a handler's call, as that call's failure — or raised again when
+    the task running the call is itself being cancelled (a stop, a lost queue), which
+    must propagate."""
+    task = asyncio.current_task()
+    if task is None or task.cancelling():
+        raise exc
+    return HandlerCancelled(
+        "the handler raised CancelledError though its call was not cancelled (it awaited "
+        "a task or future cancelled elsewhere, or raised it itself)")
 
 
 def handler_call(handler: HandlerSpec, in_thread: InThread | None = None

@@ -22,6 +22,7 @@ agent acknowledge it. It also keeps the delivery counters.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,7 @@ from conveyor.platform.delivery.chain import (
     DeliveryStats,
     Interceptor,
     Step,
+    cancel_as_failure,
     over_limit,
 )
 from conveyor.platform.delivery.metrics import DURATION_CLOCK, recorder
@@ -148,6 +150,9 @@ class DeadLetterInterceptor(Interceptor):
             except Exception as exc:
                 await failed(delivery, exc)
                 return
+            except asyncio.CancelledError as exc:
+                await failed(delivery, cancel_as_failure(exc))
+                return
             stats.handled += 1
             if delivery.attempt > 1:
                 retried(stats, delivery.attempt)
@@ -196,6 +201,10 @@ class DeadLetterInterceptor(Interceptor):
                     if again is None:
                         raise
                     failure = exc
+                except asyncio.CancelledError as exc:
+                    failure = cancel_as_failure(exc)
+                    if again is None:
+                        raise failure from exc
                 if again is not None and failure is not None:  # out of the handler's
                     await again(delivery, failure)  # except: chained as before
                     retried(stats, delivery.attempt)  # a retry succeeded
@@ -324,6 +333,8 @@ class DirectCall(NamedTuple):
             self.stats.handled += 1
         except Exception as exc:
             failure = exc
+        except asyncio.CancelledError as exc:  # raised again if this call is cancelled
+            failure = cancel_as_failure(exc)
         if failure is not None:  # out of the except, as the step calls its retries
             await self.finish(message, failure)
         if record is not None:

@@ -1,0 +1,113 @@
+"""A handler that raises ``asyncio.CancelledError`` though nothing cancelled its call —
+it awaited a task or future cancelled elsewhere, or raised it itself — fails that call
+like any other exception: retried, then dead-lettered with the reason, and its stream's
+later messages run. (It used to end the agent's runner: the message stayed unfinished
+and its stream stuck behind it, silently, for good.) A real stop still cancels."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from conveyor import App, MessageContext
+from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.testing import TestWorker
+
+N = 6
+POISON = 2  # stream "k": messages 3..5 wait behind it
+
+
+async def _cancelled_elsewhere() -> None:
+    """What a handler meets when it awaits a task that another task cancelled."""
+    task = asyncio.ensure_future(asyncio.sleep(10))
+    task.cancel()
+    await task
+
+
+class Passing(Interceptor):
+    """An app interceptor: the handler's chain is no longer the shipped one-step chain."""
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        async def passing(delivery: Delivery) -> Any:
+            return await next(delivery)
+        return passing
+
+
+def _app(name: str, interceptor: bool) -> tuple[App, list[int]]:
+    app = App(name, interceptors=[Passing()] if interceptor else [])
+    calls: list[int] = []
+
+    @app.handler("items", retry_attempts=2)
+    async def handle(item: dict[str, int], ctx: MessageContext) -> None:
+        calls.append(item["seq"])
+        if item["seq"] == POISON:
+            await _cancelled_elsewhere()
+
+    return app, calls
+
+
+async def _check(app: App, calls: list[int]) -> None:
+    async with TestWorker(app, settle_timeout_s=10.0) as worker:
+        for seq in range(N):
+            await worker.publish("items", "k", {"seq": seq})
+        await worker.settle(raise_on_dead_letters=False)
+        [letter] = worker.dead_lettered("items")
+        assert letter.body == {"seq": POISON}
+        assert letter.letter is not None and letter.letter.attempts == 2
+        assert "CancelledError though its call was not cancelled" in letter.letter.error
+        # Every message ran, in order; only the poison one twice (its two attempts).
+        assert calls == [0, 1, POISON, POISON, 3, 4, 5]
+        assert sorted(m.body["seq"] for m in worker.handled("items")) == [0, 1, 3, 4, 5]
+
+
+async def test_on_the_shipped_chain_it_is_retried_then_dead_lettered() -> None:
+    await _check(*_app("cancelled-shipped", interceptor=False))
+
+
+async def test_through_an_app_interceptor_it_is_retried_then_dead_lettered() -> None:
+    await _check(*_app("cancelled-chain", interceptor=True))
+
+
+async def test_a_batch_handler_that_raises_it_fails_its_batch_and_the_rest_run() -> None:
+    app = App("cancelled-batch")
+    seen: list[int] = []
+
+    @app.handler("items", batch_size=3, batch_wait_ms=50, retry_attempts=1)
+    async def handle(items: list[dict[str, int]]) -> None:
+        seqs = [i["seq"] for i in items]
+        if POISON in seqs:
+            await _cancelled_elsewhere()
+        seen.extend(seqs)
+
+    async with TestWorker(app, settle_timeout_s=10.0) as worker:
+        for seq in range(N):
+            await worker.publish("items", f"k{seq}", {"seq": seq})
+        await worker.settle(raise_on_dead_letters=False)
+        [letter] = worker.dead_lettered("items")
+        assert letter.body == {"seq": POISON}
+        assert sorted(seen) == [s for s in range(N) if s != POISON]
+
+
+async def test_a_stop_still_cancels_a_handler_that_waits() -> None:
+    app = App("cancelled-stop")
+    started = asyncio.Event()
+    ended: list[str] = []
+
+    @app.handler("items")
+    async def handle(item: dict[str, int]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    worker = TestWorker(app, settle_timeout_s=10.0)
+    await worker.start()
+    await worker.publish("items", "k", {"seq": 0})
+    await asyncio.wait_for(started.wait(), 5)
+    async with asyncio.timeout(10):
+        await worker.stop()
+    assert ended == ["cancelled"]
+    assert worker.dead_lettered("items") == []
