@@ -71,7 +71,7 @@ from typing import Any
 from conveyor.platform.acks import Acknowledger
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.batcher import Batcher
-from conveyor.platform.delivery.chain import Delivery, cancel_as_failure
+from conveyor.platform.delivery.chain import Delivery, as_failure
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.message import Message
@@ -490,8 +490,8 @@ class PullingAgent:
                                 stats.handled += 1
                             except Exception as exc:
                                 failure = exc
-                            except asyncio.CancelledError as exc:  # raised again if
-                                failure = cancel_as_failure(exc)  # the runner is cancelled
+                            except BaseException as exc:  # raised again for a
+                                failure = as_failure(exc)  # stop (as_failure)
                             if failure is not None:
                                 await finish(msg, failure)
                             now = clock()

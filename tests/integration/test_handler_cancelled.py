@@ -2,7 +2,8 @@
 it awaited a task or future cancelled elsewhere, or raised it itself — fails that call
 like any other exception: retried, then dead-lettered with the reason, and its stream's
 later messages run. (It used to end the agent's runner: the message stayed unfinished
-and its stream stuck behind it, silently, for good.) A real stop still cancels."""
+and its stream stuck behind it, silently, for good.) So does a ``BaseException`` class
+of the handler's own. A real stop still cancels."""
 
 from __future__ import annotations
 
@@ -34,7 +35,12 @@ class Passing(Interceptor):
         return passing
 
 
-def _app(name: str, interceptor: bool) -> tuple[App, list[int]]:
+class Abort(BaseException):
+    """A handler's own BaseException, not an Exception."""
+
+
+def _app(name: str, interceptor: bool, raising: str = "cancelled"
+         ) -> tuple[App, list[int], str]:
     app = App(name, interceptors=[Passing()] if interceptor else [])
     calls: list[int] = []
 
@@ -42,12 +48,16 @@ def _app(name: str, interceptor: bool) -> tuple[App, list[int]]:
     async def handle(item: dict[str, int], ctx: MessageContext) -> None:
         calls.append(item["seq"])
         if item["seq"] == POISON:
-            await _cancelled_elsewhere()
+            if raising == "cancelled":
+                await _cancelled_elsewhere()
+            raise Abort("gave up")
 
-    return app, calls
+    reason = ("CancelledError though its call was not cancelled" if raising == "cancelled"
+              else "the handler raised Abort: gave up")
+    return app, calls, reason
 
 
-async def _check(app: App, calls: list[int]) -> None:
+async def _check(app: App, calls: list[int], reason: str) -> None:
     async with TestWorker(app, settle_timeout_s=10.0) as worker:
         for seq in range(N):
             await worker.publish("items", "k", {"seq": seq})
@@ -55,7 +65,7 @@ async def _check(app: App, calls: list[int]) -> None:
         [letter] = worker.dead_lettered("items")
         assert letter.body == {"seq": POISON}
         assert letter.letter is not None and letter.letter.attempts == 2
-        assert "CancelledError though its call was not cancelled" in letter.letter.error
+        assert reason in letter.letter.error
         # Every message ran, in order; only the poison one twice (its two attempts).
         assert calls == [0, 1, POISON, POISON, 3, 4, 5]
         assert sorted(m.body["seq"] for m in worker.handled("items")) == [0, 1, 3, 4, 5]
@@ -67,6 +77,10 @@ async def test_on_the_shipped_chain_it_is_retried_then_dead_lettered() -> None:
 
 async def test_through_an_app_interceptor_it_is_retried_then_dead_lettered() -> None:
     await _check(*_app("cancelled-chain", interceptor=True))
+
+
+async def test_a_base_exception_of_the_handler_s_own_is_retried_then_dead_lettered() -> None:
+    await _check(*_app("abort-shipped", interceptor=False, raising="abort"))
 
 
 async def test_a_batch_handler_that_raises_it_fails_its_batch_and_the_rest_run() -> None:

@@ -74,7 +74,15 @@ def _app() -> tuple[App, dict[str, list[Any]]]:
     async def stray_once(body: bytes) -> None:
         raise asyncio.CancelledError
 
+    @app.handler("odd", retry_attempts=2, retry_delay_s=0.0, retry_jitter_s=0.0)
+    async def odd(body: bytes) -> None:
+        raise Odd("not an Exception")
+
     return app, seen
+
+
+class Odd(BaseException):
+    """A handler's own BaseException (not an Exception)."""
 
 
 def _message(namespace: str, body: bytes, deliveries: int = 1) -> Message:
@@ -94,6 +102,7 @@ CASES = [
     ("sync", b"z", 1),  # a plain def on a thread, retried once
     ("stray", b"s", 1),  # CancelledError not from a cancel: retried, then a letter
     ("stray1", b"s", 1),  # the same with retry off
+    ("odd", b"o", 1),  # a BaseException of the handler's own: retried, then a letter
 ]
 
 
@@ -123,8 +132,9 @@ def test_the_shortcut_counts_retries_and_dead_letters_as_the_composed_steps_do()
     assert shortcut == composed
     stats, letters, seen = shortcut
     assert stats.handled == 4 and stats.dead_lettered == 0  # the store counts, not put
-    assert [attempts for *_, attempts in letters] == [0, 0, 2, 1, 0, 2, 1]
-    assert [error_type for _, error_type, *_ in letters[-2:]] == ["HandlerCancelled"] * 2
+    assert [attempts for *_, attempts in letters] == [0, 0, 2, 1, 0, 2, 1, 2]
+    assert [error_type for _, error_type, *_ in letters[-3:]] == [
+        "HandlerCancelled", "HandlerCancelled", "HandlerBaseException"]
     assert seen["flaky"] == [(2, 0), (2, 1), (2, 2)]
     assert seen["ctx"] == [(b"y", 2)]
 
@@ -243,4 +253,25 @@ def test_a_cancelled_handler_call_propagates_through_the_shortcut(takes_context:
             await task
 
     asyncio.run(main())
+    assert letters == []
+
+
+@pytest.mark.parametrize("build", [build_chain, _composed, _direct])
+def test_system_exit_from_a_handler_is_not_taken_for_its_failure(build: Any) -> None:
+    """SystemExit (and KeyboardInterrupt) stop the worker: never retried, never a letter;
+    the message comes back to the next worker as a redelivered one."""
+    app = App("exits")
+    letters: list[DeadLetter] = []
+
+    @app.handler("x", retry_delay_s=0.0, retry_jitter_s=0.0)
+    async def leave(body: bytes) -> None:
+        raise SystemExit(3)
+
+    async def put(letter: DeadLetter) -> None:
+        letters.append(letter)
+
+    [spec] = app.handlers
+    chain = build(spec, chain_interceptors(put, DeliveryStats()))
+    with pytest.raises(SystemExit):
+        asyncio.run(chain(Delivery(_message("x", b"x"), spec)))
     assert letters == []

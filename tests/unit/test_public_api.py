@@ -34,7 +34,8 @@ DESCRIBED_NOT_EXPORTED = {
     "EntryDecoder", "Evaluator", "QueueCache", "QueueReceiver", "ResourcePlacer",
     "ScaleDownController", "SimConfig",
     "Caller",  # the Redis adapters' retry runner (docs/redis.md, Cluster and Sentinel)
-    "HandlerCancelled",  # a dead letter's error type (docs/writing-handlers.md)
+    # dead letters' error types (docs/writing-handlers.md)
+    "HandlerCancelled", "HandlerBaseException",
     # what `conveyor sim balancer` runs and mirrors (docs/lab.md)
     "DaemonMetrics", "DynamicBalancer", "LeaseStore", "Membership",
     "Backend",  # what one broker offers (docs/development.md): a contributor's word

@@ -43,7 +43,7 @@ from conveyor.platform.delivery.chain import (
     DeliveryStats,
     Interceptor,
     InThread,
-    cancel_as_failure,
+    as_failure,
     compose,
     handler_call,
     over_limit,
@@ -150,9 +150,9 @@ class _Batch:
                 stats.failed_attempts += 1
                 failure = exc
                 continue
-            except asyncio.CancelledError as exc:  # raised again if this call is cancelled
+            except BaseException as exc:  # raised again for a stop (as_failure)
                 stats.failed_attempts += 1
-                failure = cancel_as_failure(exc)
+                failure = as_failure(exc)
                 continue
             return None
         return failure

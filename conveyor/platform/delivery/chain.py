@@ -100,16 +100,36 @@ class HandlerCancelled(ConveyorError):
     retried by the handler's policy, then dead-lettered with this reason."""
 
 
-def cancel_as_failure(exc: asyncio.CancelledError) -> HandlerCancelled:
-    """``exc``, raised by a handler's call, as that call's failure — or raised again when
-    the task running the call is itself being cancelled (a stop, a lost queue), which
-    must propagate."""
-    task = asyncio.current_task()
-    if task is None or task.cancelling():
+class HandlerBaseException(ConveyorError):
+    """A handler raised a ``BaseException`` that is not an ``Exception`` (a class of its
+    own deriving from ``BaseException``): like :class:`HandlerCancelled`, a failure of
+    the call — retried, then dead-lettered — rather than the end of the runner.
+    ``KeyboardInterrupt`` and ``SystemExit`` are not caught: they stop the worker, and
+    the message comes back to the next one as a redelivered message (counted, and
+    dead-lettered after ``max_deliveries``)."""
+
+
+STOPS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+"""What a handler may raise that is never taken for its failure: it stops the worker
+(or, ``GeneratorExit``, closes the coroutine)."""
+
+
+def as_failure(exc: BaseException) -> ConveyorError:
+    """``exc``, a ``BaseException`` a handler's call raised, as that call's failure — or
+    raised again when it must propagate: the task running the call is itself being
+    cancelled (a stop, a lost queue), or it is one of :data:`STOPS`."""
+    if isinstance(exc, STOPS):
         raise exc
-    return HandlerCancelled(
-        "the handler raised CancelledError though its call was not cancelled (it awaited "
-        "a task or future cancelled elsewhere, or raised it itself)")
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise exc
+        return HandlerCancelled(
+            "the handler raised CancelledError though its call was not cancelled (it "
+            "awaited a task or future cancelled elsewhere, or raised it itself)")
+    return HandlerBaseException(
+        f"the handler raised {type(exc).__name__}: {exc} (a BaseException, not an "
+        "Exception)")
 
 
 def handler_call(handler: HandlerSpec, in_thread: InThread | None = None

@@ -22,7 +22,6 @@ agent acknowledge it. It also keeps the delivery counters.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,7 +33,7 @@ from conveyor.platform.delivery.chain import (
     DeliveryStats,
     Interceptor,
     Step,
-    cancel_as_failure,
+    as_failure,
     over_limit,
 )
 from conveyor.platform.delivery.metrics import DURATION_CLOCK, recorder
@@ -150,8 +149,8 @@ class DeadLetterInterceptor(Interceptor):
             except Exception as exc:
                 await failed(delivery, exc)
                 return
-            except asyncio.CancelledError as exc:
-                await failed(delivery, cancel_as_failure(exc))
+            except BaseException as exc:
+                await failed(delivery, as_failure(exc))
                 return
             stats.handled += 1
             if delivery.attempt > 1:
@@ -201,8 +200,8 @@ class DeadLetterInterceptor(Interceptor):
                     if again is None:
                         raise
                     failure = exc
-                except asyncio.CancelledError as exc:
-                    failure = cancel_as_failure(exc)
+                except BaseException as exc:
+                    failure = as_failure(exc)
                     if again is None:
                         raise failure from exc
                 if again is not None and failure is not None:  # out of the handler's
@@ -333,8 +332,8 @@ class DirectCall(NamedTuple):
             self.stats.handled += 1
         except Exception as exc:
             failure = exc
-        except asyncio.CancelledError as exc:  # raised again if this call is cancelled
-            failure = cancel_as_failure(exc)
+        except BaseException as exc:  # raised again for a stop (as_failure)
+            failure = as_failure(exc)
         if failure is not None:  # out of the except, as the step calls its retries
             await self.finish(message, failure)
         if record is not None:

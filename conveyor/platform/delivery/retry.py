@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from conveyor.platform.delivery.chain import Delivery, Interceptor, Step, cancel_as_failure
+from conveyor.platform.delivery.chain import Delivery, Interceptor, Step, as_failure
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.options import RetryPolicy
 
@@ -39,8 +39,8 @@ class RetryInterceptor(Interceptor):
                 return await next(delivery)
             except Exception as exc:
                 failure = exc
-            except asyncio.CancelledError as exc:
-                failure = cancel_as_failure(exc)
+            except BaseException as exc:
+                failure = as_failure(exc)
             return await again(delivery, failure)
 
         return retrying
@@ -67,8 +67,8 @@ class RetryInterceptor(Interceptor):
                     return await next(delivery)
                 except Exception as exc:
                     failure = exc
-                except asyncio.CancelledError as exc:
-                    failure = cancel_as_failure(exc)
+                except BaseException as exc:
+                    failure = as_failure(exc)
             raise failure
 
         return again
