@@ -141,4 +141,12 @@ async def test_a_paused_group_member_starts_no_handler_for_the_partitions_it_los
     # group then refused.
     ids = Counter(r[5] for r in rows)
     doubled = {mid for mid, count in ids.items() if count > 1}
-    assert doubled <= {r[5] for r in starts if r[0] < paused_at}
+    unexplained = doubled - {r[5] for r in starts if r[0] < paused_at}
+    # Seen rarely under a loaded full run (an earlier stop once, this one once): then
+    # say who ran each such message when, against the pause and the assignments.
+    who = {victim.proc.pid: "victim", other.proc.pid: "other"}
+    runs = sorted((r[0], who.get(r[1], r[1]), r[2], r[4]) for r in rows if r[5] in unexplained)
+    assert not unexplained, (
+        f"ran twice, not started by the victim before the pause (paused {paused_at:.3f}, "
+        f"resumed {resumed_at:.3f}): {runs}; victim assignments "
+        f"{assignments(victim.stderr)}; other assignments {assignments(other.stderr)}")
