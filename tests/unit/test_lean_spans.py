@@ -1,0 +1,435 @@
+"""Lean spans: the bytes the SDK's OTLP encoder would write for the same span, the Span
+API with the SDK span's rules, and the recorder posting to a real OTLP/HTTP endpoint."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider, _Span
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
+
+from conveyor.platform.spans import LeanRecorder, LeanSpan, SpanShape
+
+RESOURCE = Resource.create({"service.name": "orders", "service.instance.id": "m-1",
+                            "host.cpus": 2, "zone": "é-1"})
+SCOPE = InstrumentationScope("conveyor", "1.2.3", "https://schema.example/1",
+                             {"scope.attr": True})
+FIXED = {
+    "messaging.system": "memory",
+    "messaging.destination.name": "orders",
+    "messaging.operation.type": "process",
+    "messaging.operation.name": "process",
+    "messaging.consumer.group.name": "g",
+    "conveyor.handler": "handle_order",
+}
+TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
+SPAN_ID, PARENT_ID = 0xB7AD6B7169203331, 0x00F067AA0BA902B7
+SAMPLED = TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID
+
+
+def per_message(key: str = "s12", message_id: str = "0123456789abcdef") -> dict[str, str]:
+    return {"messaging.message.id": message_id, "conveyor.stream.key": key,
+            "messaging.destination.partition.id": "3"}
+
+
+class Payloads:
+    """A ``send`` that keeps what it is given (for the encoding tests: no network)."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def __call__(self, data: bytes) -> bool:
+        self.sent.append(data)
+        return True
+
+
+@pytest.fixture
+def payloads() -> Payloads:
+    return Payloads()
+
+
+@pytest.fixture
+def recorder(payloads: Payloads) -> Iterator[LeanRecorder]:
+    recorder = LeanRecorder(payloads, RESOURCE, SCOPE, schedule_delay_millis=60_000)
+    yield recorder
+    recorder.shutdown()
+
+
+def sdk_twin(lean: LeanSpan, fixed: dict[str, str], attributes: dict[str, str] | None,
+             parent_is_remote: bool = True, trace_state: TraceState | None = None,
+             limits: SpanLimits | None = None) -> _Span:
+    """The SDK span ``tracer.start_span`` would make for the same ids, started at the
+    same time with the same attributes."""
+    context = lean.get_span_context()
+    parent = None
+    if lean._parent_id:
+        parent = SpanContext(TRACE_ID, lean._parent_id, parent_is_remote, SAMPLED)
+    span = _Span(lean.name, SpanContext(context.trace_id, context.span_id, False,
+                                        context.trace_flags, trace_state),
+                 parent=parent, resource=RESOURCE, attributes={**fixed, **(attributes or {})},
+                 kind=lean._shape.kind, limits=limits or SpanLimits(),
+                 instrumentation_scope=SCOPE)
+    span.start(start_time=lean.start_time)
+    return span
+
+
+def twins(recorder: LeanRecorder, attributes: dict[str, str] | None = None,
+          fixed: dict[str, str] = FIXED, name: str = "process orders",
+          limits: SpanLimits | None = None, **options: Any) -> tuple[LeanSpan, _Span]:
+    """A consumer span and its SDK twin, with ``limits`` or the recorder's (``options``:
+    ``parent_is_remote``, ``trace_state``)."""
+    shape = SpanShape(recorder, name, SpanKind.CONSUMER, fixed)
+    lean = LeanSpan(shape, TRACE_ID, SPAN_ID, PARENT_ID, SAMPLED, attributes, **options)
+    return lean, sdk_twin(lean, fixed, attributes, limits=limits or recorder.limits, **options)
+
+
+def end_and_compare(recorder: LeanRecorder, payloads: Payloads,
+                    *spans: tuple[LeanSpan, _Span]) -> None:
+    for lean, sdk in spans:
+        lean.end()
+        sdk.end(end_time=lean.end_time)
+    assert_same_encoding(exported(recorder, payloads), [sdk for _, sdk in spans])
+
+
+def exported(recorder: LeanRecorder, payloads: Payloads) -> bytes:
+    assert recorder.force_flush()
+    assert len(payloads.sent) == 1
+    return payloads.sent.pop()
+
+
+def assert_same_encoding(ours: bytes, sdk_spans: list[ReadableSpan]) -> None:
+    """Decoded field by field first (in text, for a readable diff, and so that NaN
+    equals NaN), then byte for byte."""
+    expected = encode_spans(sdk_spans)
+    decoded = ExportTraceServiceRequest.FromString(ours)
+    assert str(decoded).splitlines() == str(expected).splitlines()
+    assert ours == expected.SerializeToString()
+
+
+def fail(message: str) -> None:
+    raise RuntimeError(message)
+
+
+def both(lean: LeanSpan, sdk: _Span, call: Callable[[Any], None]) -> None:
+    call(lean)
+    call(sdk)
+
+
+# -- encoding --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parent_is_remote", [True, False])
+def test_a_consumer_span_is_encoded_as_the_sdk_encodes_it(
+    recorder: LeanRecorder, payloads: Payloads, parent_is_remote: bool
+) -> None:
+    lean, sdk = twins(recorder, per_message(), parent_is_remote=parent_is_remote)
+    end_and_compare(recorder, payloads, (lean, sdk))
+
+
+def test_a_root_span_and_a_span_without_attributes_are_encoded_as_the_sdk_does(
+    recorder: LeanRecorder, payloads: Payloads
+) -> None:
+    shape = SpanShape(recorder, "tick", SpanKind.INTERNAL, {})
+    spans = [LeanSpan(shape, TRACE_ID, SPAN_ID, 0, SAMPLED, None),
+             LeanSpan(shape, TRACE_ID, SPAN_ID + 1, PARENT_ID, SAMPLED, {})]
+    twins = [sdk_twin(span, {}, None) for span in spans]
+    for lean, sdk in zip(spans, twins, strict=True):
+        lean.end()
+        sdk.end(end_time=lean.end_time)
+    assert_same_encoding(exported(recorder, payloads), list(twins))
+
+
+@pytest.mark.parametrize("size", [1, 126, 127, 200, 16_383, 20_000])
+def test_strings_of_every_length_class_and_non_ascii_text_are_encoded_as_the_sdk_does(
+    recorder: LeanRecorder, payloads: Payloads, size: int
+) -> None:
+    """Lengths around the one- and two-byte varint bounds, for a value, for the key
+    value around it, and for the span: in ASCII and in 2-, 3- and 4-byte UTF-8."""
+    for text in ("x" * size, ("é漢😀" * size)[:size]):
+        fixed = {**FIXED, "fixed.long": text, f"ключ.{text[:50]}": "значение"}
+        attributes = per_message(key=text, message_id=text[: size // 2])
+        lean, sdk = twins(recorder, attributes, fixed, f"process {text[:300]}")
+        end_and_compare(recorder, payloads, (lean, sdk))
+
+
+class Unprintable:
+    """An attribute value the SDK replaces by None (no ``__str__`` of its own)."""
+
+
+class Printable:
+    def __str__(self) -> str:
+        return "printable"
+
+
+MIXED = {
+    "int": 42, "negative": -7, "zero": 0, "big": 2**63 - 1, "float": 2.5, "nan": float("nan"),
+    "true": True, "false": False, "empty": "", "bytes": b"\x00\xff", "none": None,
+    "ints": [1, -2, 3], "floats": (0.5, 1.5), "bools": [True, False], "strs": ["a", "ñ"],
+    "nested": {"a": 1, "b": [1, "x"], "c": {"d": None}}, "mixed": [1, "a", None],
+    "printable": Printable(), "unprintable": Unprintable(), "too.big": 2**64,
+}
+
+
+def test_attributes_of_every_type_are_kept_and_encoded_as_by_the_sdk(
+    recorder: LeanRecorder, payloads: Payloads
+) -> None:
+    """Set at start, one by one and together — including the values the SDK's span
+    converts (to ``str`` or None) and the int its encoder cannot encode (left out)."""
+    lean, sdk = twins(recorder, per_message())
+    items = list(MIXED.items())
+    for key, value in items[:10]:
+        both(lean, sdk, lambda span, k=key, v=value: span.set_attribute(k, v))
+    both(lean, sdk, lambda span: span.set_attributes(dict(items[10:])))
+    both(lean, sdk, lambda span: span.set_attribute("messaging.system", "kafka"))  # overrides
+    assert lean.attributes == sdk.attributes
+    end_and_compare(recorder, payloads, (lean, sdk))
+
+
+def test_events_exceptions_links_status_and_a_new_name_are_encoded_as_by_the_sdk(
+    recorder: LeanRecorder, payloads: Payloads
+) -> None:
+    lean, sdk = twins(recorder, per_message(),
+                      trace_state=TraceState([("vendor", "v1"), ("other", "x")]))
+    try:
+        raise KeyError("naïve — 漢字")
+    except KeyError as error:
+        exception = error
+    linked = SpanContext(0xABC, 0xDEF, True, SAMPLED)
+    calls: list[Callable[[Any], None]] = [
+        lambda span: span.add_event("received", {"size": 3, "tags": ["a"]}, timestamp=123),
+        lambda span: span.add_event("bare", timestamp=456),
+        lambda span: span.record_exception(exception, {"extra": 1}, timestamp=789),
+        lambda span: span.record_exception(ValueError("escaping"), escaped=True, timestamp=790),
+        lambda span: span.add_link(linked, {"link.kind": "batch"}),
+        lambda span: span.add_link(SpanContext(0x1, 0x2, False)),
+        lambda span: span.add_link(SpanContext(0, 0, False)),  # invalid: ignored
+        lambda span: span.update_name("process orders again"),
+        lambda span: span.set_status(Status(StatusCode.ERROR, "KeyError: boom")),
+    ]
+    for call in calls:
+        both(lean, sdk, call)
+    assert lean.name == sdk.name
+    end_and_compare(recorder, payloads, (lean, sdk))
+
+
+def test_an_exception_leaving_with_span_is_recorded_with_an_error_status_as_by_the_sdk(
+    recorder: LeanRecorder, payloads: Payloads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lean, sdk = twins(recorder, per_message())
+    # The same event time and end time in both: the clock stands still meanwhile.
+    monkeypatch.setattr(time, "time_ns", lambda: lean.start_time + 1000)
+    import opentelemetry.sdk.trace as sdk_trace
+
+    monkeypatch.setattr(sdk_trace, "time_ns", time.time_ns)
+    for span in (lean, sdk):
+        with pytest.raises(RuntimeError), span:
+            fail("handler failed")  # the same line in both stack traces
+    monkeypatch.undo()
+    assert sdk.status.status_code is StatusCode.ERROR
+    assert_same_encoding(exported(recorder, payloads), [sdk])
+
+
+@pytest.mark.parametrize("env", [
+    {"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "8"},
+    {"OTEL_ATTRIBUTE_COUNT_LIMIT": "4"},
+    {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "5"},
+    {"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "3", "OTEL_SPAN_EVENT_COUNT_LIMIT": "2",
+     "OTEL_SPAN_LINK_COUNT_LIMIT": "1"},
+])
+def test_span_limits_from_the_environment_bound_and_count_as_in_the_sdk(
+    payloads: Payloads, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    recorder = LeanRecorder(payloads, RESOURCE, SCOPE, schedule_delay_millis=60_000)
+    try:
+        lean, sdk = twins(recorder, per_message(), limits=SpanLimits())  # read by the SDK
+        for i in range(4):
+            both(lean, sdk, lambda span, i=i: span.set_attribute(f"extra.{i}", "long value"))
+            both(lean, sdk, lambda span, i=i: span.add_event(
+                f"e{i}", {"a": "long value", "b": 1, "c": 2, "d": 3, "e": 4}, timestamp=i + 1))
+            both(lean, sdk, lambda span, i=i: span.add_link(
+                SpanContext(i + 1, i + 1, False), {"a": "long value", "b": 1, "c": 2,
+                                                  "d": 3, "e": 4}))
+        lean.end()
+        sdk.end(end_time=lean.end_time)
+        assert sdk.dropped_attributes or sdk.dropped_events or env.keys() == {
+            "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"}
+        assert_same_encoding(exported(recorder, payloads), [sdk])
+    finally:
+        recorder.shutdown()
+
+
+def test_per_message_attributes_past_the_count_limit_are_dropped_oldest_first(
+    payloads: Payloads,
+) -> None:
+    limits = SpanLimits(max_span_attributes=7)
+    recorder = LeanRecorder(payloads, RESOURCE, SCOPE, span_limits=limits)
+    try:
+        lean, sdk = twins(recorder, per_message())
+        lean.end()
+        sdk.end(end_time=lean.end_time)
+        assert sdk.dropped_attributes == 2
+        assert_same_encoding(exported(recorder, payloads), [sdk])
+    finally:
+        recorder.shutdown()
+
+
+def test_a_per_message_key_equal_to_a_fixed_one_replaces_it_as_in_the_sdk(
+    recorder: LeanRecorder, payloads: Payloads
+) -> None:
+    lean, sdk = twins(recorder, {**per_message(), "conveyor.handler": "other"})
+    end_and_compare(recorder, payloads, (lean, sdk))
+
+
+# -- the Span API ----------------------------------------------------------------------
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    caplog.clear()
+    return messages
+
+
+def test_a_span_records_until_it_ends_once_and_a_second_end_warns_as_in_the_sdk(
+    recorder: LeanRecorder, payloads: Payloads, caplog: pytest.LogCaptureFixture
+) -> None:
+    lean, sdk = twins(recorder, per_message())
+    assert lean.is_recording() and sdk.is_recording()
+    lean.end(end_time=lean.start_time + 5)
+    sdk.end(end_time=lean.start_time + 5)
+    assert not lean.is_recording() and not sdk.is_recording()
+    assert lean.end_time == sdk.end_time
+    for span in (lean, sdk):
+        span.end()
+    assert warnings_of(caplog) == ["Calling end() on an ended span."] * 2
+    assert_same_encoding(exported(recorder, payloads), [sdk])  # exported once
+
+
+def test_changes_after_end_are_ignored_with_the_sdk_spans_warnings(
+    recorder: LeanRecorder, payloads: Payloads, caplog: pytest.LogCaptureFixture
+) -> None:
+    lean, sdk = twins(recorder, per_message())
+    lean.end()
+    sdk.end(end_time=lean.end_time)
+    calls: list[Callable[[Any], None]] = [
+        lambda span: span.set_attribute("late", 1),
+        lambda span: span.set_attributes({"late": 1}),
+        lambda span: span.add_event("late"),
+        lambda span: span.add_link(SpanContext(1, 2, False)),
+        lambda span: span.update_name("late"),
+        lambda span: span.set_status(StatusCode.ERROR),
+        lambda span: span.record_exception(ValueError("late")),
+    ]
+    for call in calls:
+        call(lean)
+        ours = warnings_of(caplog)
+        call(sdk)
+        assert ours == warnings_of(caplog) != []
+    assert_same_encoding(exported(recorder, payloads), [sdk])
+
+
+STATUS_SEQUENCES: list[list[tuple[Any, ...]]] = [
+    [(StatusCode.ERROR, "boom")],
+    [(StatusCode.OK, "ignored with OK")],
+    [(Status(StatusCode.ERROR, "a"),), (StatusCode.ERROR, "b")],
+    [(StatusCode.OK,), (StatusCode.ERROR, "after OK")],
+    [(StatusCode.ERROR, "x"), (StatusCode.UNSET,), (Status(StatusCode.UNSET),)],
+    [(Status(StatusCode.ERROR, "kept"), "and a warning")],
+    [(Status(StatusCode.OK, "dropped description"),)],
+]
+
+
+@pytest.mark.parametrize("calls", STATUS_SEQUENCES)
+def test_status_follows_the_sdk_rules_ok_is_final_and_a_description_only_with_error(
+    recorder: LeanRecorder, caplog: pytest.LogCaptureFixture, calls: list[tuple[Any, ...]]
+) -> None:
+    lean, sdk = twins(recorder, per_message())
+    for args in calls:
+        lean.set_status(*args)
+        ours = warnings_of(caplog)
+        sdk.set_status(*args)
+        assert ours == warnings_of(caplog)
+    assert (lean.status.status_code, lean.status.description) == (
+        sdk.status.status_code, sdk.status.description)
+
+
+def test_invalid_attribute_keys_and_values_are_dropped_or_converted_with_the_sdk_warnings(
+    recorder: LeanRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    lean, sdk = twins(recorder, per_message())
+    calls: list[Callable[[Any], None]] = [
+        lambda span: span.set_attribute("", 1),
+        lambda span: span.set_attribute("object", Unprintable()),
+        lambda span: span.set_attributes({"": 1, "ok": Printable()}),
+        lambda span: span.add_event("e", {"": 1}),
+    ]
+    for call in calls:
+        call(lean)
+        ours = warnings_of(caplog)
+        call(sdk)
+        assert ours == warnings_of(caplog) != []
+    assert lean.attributes == sdk.attributes
+
+
+def test_the_span_context_is_local_sampled_and_carries_the_trace_flags(
+    recorder: LeanRecorder,
+) -> None:
+    shape = SpanShape(recorder, "process orders", SpanKind.CONSUMER, FIXED)
+    state = TraceState([("vendor", "v1")])
+    lean = LeanSpan(shape, TRACE_ID, SPAN_ID, PARENT_ID, SAMPLED, per_message(),
+                    trace_state=state)
+    context = lean.get_span_context()
+    assert context == SpanContext(TRACE_ID, SPAN_ID, False, TraceFlags(SAMPLED), state)
+    assert context.trace_flags.sampled and context.trace_flags.random_trace_id
+    assert context.is_valid and not context.is_remote
+    assert lean.get_span_context() is context
+
+
+def test_a_span_without_the_sampled_flag_records_but_is_not_exported(
+    recorder: LeanRecorder, payloads: Payloads
+) -> None:
+    shape = SpanShape(recorder, "process orders", SpanKind.CONSUMER, FIXED)
+    lean = LeanSpan(shape, TRACE_ID, SPAN_ID, PARENT_ID, TraceFlags.DEFAULT, per_message())
+    assert lean.is_recording()
+    lean.end()
+    assert recorder.force_flush()
+    assert payloads.sent == []
+
+
+def test_a_child_sdk_span_under_a_lean_span_continues_its_trace_and_is_sampled(
+    recorder: LeanRecorder,
+) -> None:
+    """With a sampler that drops every new trace: only the parent can make it sampled."""
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)), resource=RESOURCE)
+    tracer = provider.get_tracer("conveyor")
+    shape = SpanShape(recorder, "process orders", SpanKind.CONSUMER, FIXED)
+    lean = LeanSpan(shape, TRACE_ID, SPAN_ID, PARENT_ID, SAMPLED, per_message())
+    with trace.use_span(lean, end_on_exit=True):
+        current = tracer.start_span("query")
+    explicit = tracer.start_span("query", trace.set_span_in_context(lean))
+    for child in (current, explicit):
+        assert isinstance(child, ReadableSpan) and child.parent is not None
+        assert child.parent.span_id == SPAN_ID and not child.parent.is_remote
+        context = child.get_span_context()
+        assert context.trace_id == TRACE_ID and context.span_id != SPAN_ID
+        assert context.trace_flags.sampled and context.trace_flags.random_trace_id
+    assert not lean.is_recording()  # use_span ended it
+    provider.shutdown()
