@@ -4,16 +4,21 @@ API with the SDK span's rules, and the recorder posting to a real OTLP/HTTP endp
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider, _Span
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -25,7 +30,8 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from conveyor.platform.spans import LeanRecorder, LeanSpan, SpanShape
+from conveyor.bench.telemetry_cost import Collector
+from conveyor.platform.spans import LeanRecorder, LeanSpan, SpanShape, otlp_sender
 
 RESOURCE = Resource.create({"service.name": "orders", "service.instance.id": "m-1",
                             "host.cpus": 2, "zone": "é-1"})
@@ -433,3 +439,207 @@ def test_a_child_sdk_span_under_a_lean_span_continues_its_trace_and_is_sampled(
         assert context.trace_flags.sampled and context.trace_flags.random_trace_id
     assert not lean.is_recording()  # use_span ended it
     provider.shutdown()
+
+
+# -- the recorder, to a real OTLP/HTTP endpoint ------------------------------------------
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    collector = Collector()
+    yield collector
+    collector.close()
+
+
+@pytest.fixture
+def exporter(collector: Collector) -> Iterator[OTLPSpanExporter]:
+    exporter = OTLPSpanExporter(endpoint=f"{collector.endpoint}/v1/traces")
+    yield exporter
+    exporter.shutdown()
+
+
+@dataclass
+class Posts:
+    """The real sender, noting how many spans each request held and when it went."""
+
+    send: Callable[[bytes], bool]
+    batches: list[tuple[float, int]] = field(default_factory=list)
+    gate: threading.Event = field(default_factory=threading.Event)
+    waiting: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    def __call__(self, data: bytes) -> bool:
+        self.waiting.set()
+        self.gate.wait()
+        request = ExportTraceServiceRequest.FromString(data)
+        self.batches.append((time.monotonic(), len(
+            request.resource_spans[0].scope_spans[0].spans)))
+        return self.send(data)
+
+
+@pytest.fixture
+def posts(exporter: OTLPSpanExporter) -> Posts:
+    send = otlp_sender(exporter)
+    assert send is not None
+    return Posts(send)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout_s} s: {what}")
+        time.sleep(0.01)
+
+
+def arrived(collector: Collector) -> int:
+    return int(collector.count()["spans"])
+
+
+def record(shape: SpanShape, n: int, first_id: int = 1) -> None:
+    for i in range(first_id, first_id + n):
+        LeanSpan(shape, TRACE_ID + i, i, PARENT_ID, SAMPLED, per_message(f"s{i}")).end()
+
+
+def consumer(recorder: LeanRecorder) -> SpanShape:
+    return SpanShape(recorder, "process orders", SpanKind.CONSUMER, FIXED)
+
+
+@contextmanager
+def recording(send: Callable[[bytes], bool], **settings: Any) -> Iterator[LeanRecorder]:
+    recorder = LeanRecorder(send, RESOURCE, SCOPE, **settings)
+    try:
+        yield recorder
+    finally:
+        recorder.shutdown()
+
+
+def test_every_span_recorded_arrives_in_batches_of_at_most_the_batch_size(
+    collector: Collector, posts: Posts
+) -> None:
+    with recording(posts, max_export_batch_size=50, schedule_delay_millis=200) as recorder:
+        record(consumer(recorder), 1234)
+        wait_for(lambda: arrived(collector) == 1234, "all 1234 spans at the endpoint")
+    sizes = [n for _, n in posts.batches]
+    assert sum(sizes) == 1234 and max(sizes) == 50
+    assert collector.count()["by_kind"] == {"SPAN_KIND_CONSUMER": 1234}
+    assert recorder.dropped_spans == 0
+
+
+def test_a_full_batch_goes_at_once_and_a_partial_one_after_the_schedule_delay(
+    collector: Collector, posts: Posts
+) -> None:
+    with recording(posts, max_export_batch_size=10, schedule_delay_millis=2000) as recorder:
+        shape = consumer(recorder)
+        started = time.monotonic()
+        record(shape, 10)
+        wait_for(lambda: arrived(collector) == 10, "a full batch")
+        full_at = posts.batches[0][0]
+        assert full_at - started < 1.5  # did not wait for the delay
+        record(shape, 3, first_id=100)
+        wait_for(lambda: arrived(collector) == 13, "the partial batch, after the delay")
+        assert posts.batches[1][0] - full_at >= 1.9
+        assert [n for _, n in posts.batches] == [10, 3]
+
+
+def test_force_flush_and_shutdown_post_what_is_queued_and_later_spans_are_dropped(
+    collector: Collector, posts: Posts
+) -> None:
+    recorder = LeanRecorder(posts, RESOURCE, SCOPE, schedule_delay_millis=60_000)
+    shape = consumer(recorder)
+    record(shape, 7)
+    assert recorder.force_flush(timeout_millis=10_000)
+    assert arrived(collector) == 7
+    record(shape, 5, first_id=100)
+    recorder.shutdown()
+    assert arrived(collector) == 12
+    record(shape, 1, first_id=200)
+    assert not recorder.force_flush()
+    assert recorder.dropped_spans == 1 and arrived(collector) == 12
+
+
+def test_a_full_queue_drops_spans_and_warns_once_per_overflow(
+    collector: Collector, posts: Posts, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = LeanRecorder(posts, RESOURCE, SCOPE, max_queue_size=10,
+                            max_export_batch_size=5, schedule_delay_millis=60_000)
+    shape = consumer(recorder)
+    try:
+        for episode in range(2):
+            posts.gate.clear()
+            posts.waiting.clear()
+            record(shape, 5, first_id=1000 * episode)  # a batch: the thread takes it...
+            assert posts.waiting.wait(10)  # ...and is stuck posting it
+            record(shape, 13, first_id=1000 * episode + 100)  # 10 fit, 3 do not
+            assert recorder.dropped_spans == 3 * (episode + 1)
+            assert [r.getMessage() for r in caplog.records
+                    if "Queue full" in r.getMessage()] == ["Queue full, dropping spans "
+                                                           "(max_queue_size=10)."] * (
+                episode + 1)
+            posts.gate.set()
+            wait_for(lambda e=episode: arrived(collector) == 15 * (e + 1),
+                     "what the queue held")
+    finally:
+        posts.gate.set()
+        recorder.shutdown()
+
+
+def test_the_tracer_providers_flush_and_shutdown_cover_the_recorder_beside_sdk_spans(
+    collector: Collector, posts: Posts
+) -> None:
+    """The recorder first (it is shut down first), then the SDK's processor, each with
+    an exporter of its own."""
+    provider = TracerProvider(resource=RESOURCE)
+    recorder = LeanRecorder(posts, RESOURCE, SCOPE, schedule_delay_millis=60_000)
+    provider.add_span_processor(recorder)
+    sdk_exporter = OTLPSpanExporter(endpoint=f"{collector.endpoint}/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(sdk_exporter, schedule_delay_millis=60_000))
+    tracer = provider.get_tracer("conveyor")
+    shape = consumer(recorder)
+    lean = LeanSpan(shape, TRACE_ID, SPAN_ID, PARENT_ID, SAMPLED, per_message())
+    with trace.use_span(lean, end_on_exit=True):
+        tracer.start_span("retry handle_order").end()  # to the SDK's processor only
+    assert provider.force_flush()
+    assert collector.count()["by_kind"] == {"SPAN_KIND_CONSUMER": 1, "SPAN_KIND_INTERNAL": 1}
+    record(shape, 4)
+    provider.shutdown()
+    assert collector.count()["by_kind"] == {"SPAN_KIND_CONSUMER": 5, "SPAN_KIND_INTERNAL": 1}
+
+
+# -- the sender ------------------------------------------------------------------------
+
+
+def test_the_shipped_exporter_still_has_the_private_client_the_sender_posts_through(
+    exporter: OTLPSpanExporter,
+) -> None:
+    """If this fails, an opentelemetry-exporter-otlp-proto-http upgrade moved
+    ``_client.export`` or ``_max_request_size``: ``otlp_sender`` returns None (or
+    ignores the size limit) and tracing falls back to SDK spans."""
+    client = getattr(exporter, "_client", None)
+    assert callable(getattr(client, "export", None))
+    assert isinstance(getattr(exporter, "_max_request_size", None), int)
+    assert otlp_sender(exporter) is not None
+
+
+def test_no_sender_for_an_exporter_without_the_private_client() -> None:
+    bare = OTLPSpanExporter.__new__(OTLPSpanExporter)  # as if a version had no _client
+    assert otlp_sender(bare) is None
+
+
+def test_the_sender_drops_a_request_over_the_exporters_max_request_size(
+    collector: Collector, caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = OTLPSpanExporter(endpoint=f"{collector.endpoint}/v1/traces",
+                                max_request_size=3000)
+    send = otlp_sender(exporter)
+    assert send is not None
+    with recording(send, schedule_delay_millis=60_000) as recorder:
+        shape = consumer(recorder)
+        record(shape, 1)
+        assert recorder.force_flush() and arrived(collector) == 1
+        record(shape, 20, first_id=100)  # ~450 bytes a span
+        assert recorder.force_flush() and arrived(collector) == 1
+        assert any("exceeds max_request_size 3000" in r.getMessage() for r in caplog.records)
+    exporter.shutdown()
