@@ -47,7 +47,7 @@ FIXED = {
 }
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
 SPAN_ID, PARENT_ID = 0xB7AD6B7169203331, 0x00F067AA0BA902B7
-SAMPLED = TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID
+SAMPLED = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 
 
 def per_message(key: str = "s12", message_id: str = "0123456789abcdef") -> dict[str, str]:
