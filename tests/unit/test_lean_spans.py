@@ -283,19 +283,19 @@ def test_span_limits_from_the_environment_bound_and_count_as_in_the_sdk(
         recorder.shutdown()
 
 
-def test_per_message_attributes_past_the_count_limit_are_dropped_oldest_first(
-    payloads: Payloads,
+@pytest.mark.parametrize(("limits", "attributes"), [
+    (SpanLimits(max_span_attributes=7), per_message()),  # two fixed ones dropped
+    (SpanLimits(max_span_attributes=4), None),
+    (SpanLimits(max_span_attribute_length=3), per_message()),
+    (SpanLimits(max_span_attribute_length=3), None),
+])
+def test_limits_that_bite_at_start_bound_fixed_and_per_message_attributes_as_in_the_sdk(
+    payloads: Payloads, limits: SpanLimits, attributes: dict[str, str] | None
 ) -> None:
-    limits = SpanLimits(max_span_attributes=7)
-    recorder = LeanRecorder(payloads, RESOURCE, SCOPE, span_limits=limits)
-    try:
-        lean, sdk = twins(recorder, per_message())
-        lean.end()
-        sdk.end(end_time=lean.end_time)
-        assert sdk.dropped_attributes == 2
-        assert_same_encoding(exported(recorder, payloads), [sdk])
-    finally:
-        recorder.shutdown()
+    with recording(payloads, span_limits=limits) as recorder:
+        lean, sdk = twins(recorder, attributes)
+        end_and_compare(recorder, payloads, (lean, sdk))
+        assert sdk.dropped_attributes or sdk.attributes["conveyor.handler"] == "han"
 
 
 def test_a_per_message_key_equal_to_a_fixed_one_replaces_it_as_in_the_sdk(
