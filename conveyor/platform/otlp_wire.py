@@ -20,6 +20,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from conveyor.platform.errors import InvalidArgumentError
+
 _logger = logging.getLogger(__name__)
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -67,7 +69,7 @@ def any_value(value: Any) -> bytes:
         return field(0x0A, value.encode())
     if isinstance(value, int):
         if not _INT64_MIN <= value <= _INT64_MAX:
-            raise ValueError(f"Value out of range: {value}")
+            raise InvalidArgumentError(f"Value out of range: {value}")
         return b"\x18" + varint(value & _MASK64)
     if isinstance(value, float):
         return b"\x21" + _DOUBLE.pack(value)
@@ -77,7 +79,7 @@ def any_value(value: Any) -> bytes:
         return field(0x2A, b"".join(field(0x0A, any_value(v)) for v in value))
     if isinstance(value, Mapping):
         return field(0x32, b"".join(field(0x0A, key_value(str(k), v)) for k, v in value.items()))
-    raise TypeError(f"Invalid type {type(value)} of value {value}")
+    raise InvalidArgumentError(f"Invalid type {type(value)} of value {value}")
 
 
 def key_value(key: str, value: Any) -> bytes:

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import SpanLimits, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from conveyor.platform import otlp_wire as wire
+from conveyor.platform.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -89,13 +90,13 @@ class LeanRecorder(SpanProcessor):
             export_timeout_millis if export_timeout_millis is not None
             else _env_int(OTEL_BSP_EXPORT_TIMEOUT, 30000))
         if self.max_queue_size <= 0:
-            raise ValueError("max_queue_size must be a positive integer.")
+            raise InvalidArgumentError("max_queue_size must be a positive integer.")
         if self.schedule_delay_millis <= 0:
-            raise ValueError("schedule_delay_millis must be positive.")
+            raise InvalidArgumentError("schedule_delay_millis must be positive.")
         if self.max_export_batch_size <= 0:
-            raise ValueError("max_export_batch_size must be a positive integer.")
+            raise InvalidArgumentError("max_export_batch_size must be a positive integer.")
         if self.max_export_batch_size > self.max_queue_size:
-            raise ValueError("max_export_batch_size must be less than or equal to "
+            raise InvalidArgumentError("max_export_batch_size must be less than or equal to "
                              "max_queue_size.")
         self.limits = span_limits if span_limits is not None else SpanLimits()
         self.dropped_spans = 0
