@@ -66,7 +66,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.platform.acks import Acknowledger
 from conveyor.platform.adapter import QueueReceiver
@@ -80,6 +80,9 @@ from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCach
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.watchdog import LoopWatchdog
+
+if TYPE_CHECKING:
+    from conveyor.platform.delivery.tracing import Entered
 
 log = logging.getLogger("conveyor.agent")
 
@@ -423,6 +426,7 @@ class PullingAgent:
         watchdog = self._watchdog
         permit: SlotPermit | None = None
         marked = False  # permit.mark_used has run (it acts on a permit's first call only)
+        entered: Entered | None = None  # a consumer span's scope, while its call runs
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
@@ -458,7 +462,7 @@ class PullingAgent:
                 route = lane.route
                 chain, handler, direct = route.chain, route.handler, route.direct
                 if direct is not None:
-                    start, finish, stats, timer, record = direct
+                    start, finish, stats, timer, record, scope = direct
                 by_key = lanes[route.index]
                 if not marked:  # not per call: its arguments alone cost a cache miss or two
                     msg = lane_entries[0].msg
@@ -482,6 +486,8 @@ class PullingAgent:
                             careful = True
                             msg = await self._count_start(msg)
                         if direct is not None:  # DirectCall.run, inlined
+                            if scope is not None:  # tracing on: its span is current
+                                entered = scope.enter(msg)
                             if record is not None:
                                 timed = timer()
                             failure = None
@@ -497,6 +503,9 @@ class PullingAgent:
                             now = clock()
                             if record is not None:  # the run's clock is the timer's, mostly
                                 record((now if timer is clock else timer()) - timed)
+                            if entered is not None and scope is not None:
+                                scope.leave(entered)
+                                entered = None
                         else:
                             await chain(Delivery(msg, handler))
                             now = clock()
@@ -534,7 +543,7 @@ class PullingAgent:
                                 route = lane.route
                                 chain, handler, direct = route.chain, route.handler, route.direct
                                 if direct is not None:
-                                    start, finish, stats, timer, record = direct
+                                    start, finish, stats, timer, record, scope = direct
                                 by_key = lanes[route.index]
                             lane.running = True
                             run = LANE_RUN
@@ -546,6 +555,9 @@ class PullingAgent:
                             ready.append(lane)  # the loop above decides what comes next
                             break
                 except BaseException:
+                    if entered is not None and scope is not None:  # its span ends as
+                        scope.leave(entered)  # the chain's step ends it
+                        entered = None
                     permit.release()  # cancelled: the call did not complete
                     if careful:
                         self._careful.release()

@@ -39,9 +39,11 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Tracer
 
-_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-_ODD_HEX = frozenset("13579bdf")
-_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+"""A version-00 ``traceparent`` with valid (not all-zero) ids: one match, no other test."""
+well_formed = _TRACEPARENT.fullmatch
+ODD_HEX = frozenset("13579bdf")
+"""The last hex digits of flags with the sampled bit set."""
 _RANDOM_TRACE_ID = 0x02
 """The W3C level-2 trace flag the SDK sets on the trace ids it draws at random."""
 
@@ -51,9 +53,7 @@ def remote_span(headers: Mapping[str, str]) -> RemoteSpan | None:
     SDK's propagator reads it; None when it is absent, malformed, or comes with a
     ``tracestate`` (then the propagator must read both)."""
     header = headers.get("traceparent")
-    if header is None or "tracestate" in headers or _TRACEPARENT.fullmatch(header) is None:
-        return None
-    if header.startswith(_ZERO_TRACE, 3) or header.startswith(_ZERO_SPAN, 36):
+    if header is None or "tracestate" in headers or well_formed(header) is None:
         return None
     return RemoteSpan(header)
 
@@ -69,17 +69,25 @@ class RemoteSpan(NonRecordingSpan):
     what the propagator would put in the context, its :class:`SpanContext` built on
     first use."""
 
-    def __init__(self, traceparent: str) -> None:
+    _context: SpanContext | None = None  # type: ignore[assignment]
+
+    def __init__(self, traceparent: str) -> None:  # one attribute: one per message
         self._traceparent = traceparent
-        self.sampled = traceparent[54] in _ODD_HEX
+
+    @property
+    def sampled(self) -> bool:
         """The flags' sampled bit (the lowest bit of the last hex digit)."""
-        self._context: SpanContext | None = None  # type: ignore[assignment]
+        return self._traceparent[54] in ODD_HEX
+
+    def ids(self) -> tuple[int, int, int]:
+        """The trace id, span id and flags the header gives."""
+        header = self._traceparent
+        return int(header[3:35], 16), int(header[36:52], 16), int(header[53:55], 16)
 
     def get_span_context(self) -> SpanContext:
         if self._context is None:
-            header = self._traceparent
-            self._context = SpanContext(int(header[3:35], 16), int(header[36:52], 16), True,
-                                        TraceFlags(int(header[53:55], 16)))
+            trace_id, span_id, flags = self.ids()
+            self._context = SpanContext(trace_id, span_id, True, TraceFlags(flags))
         return self._context
 
     def __repr__(self) -> str:
@@ -93,13 +101,24 @@ class RatioRoots(RandomIdGenerator):
         self._bound = TraceIdRatioBased.get_bound_for_rate(ratio)
         self._next = threading.local()
 
+    def draw(self) -> tuple[int, bool]:
+        """A new trace's id, and whether the ratio keeps it (``TraceIdRatioBased``'s
+        rule, on the id's lower 64 bits)."""
+        trace_id = random.getrandbits(128) or 1
+        return trace_id, trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
+
+    def take_next(self, trace_id: int) -> None:
+        """Make ``trace_id`` the id of the SDK's next root trace in this thread (one the
+        ratio keeps: the SDK's sampler then agrees)."""
+        self._next.trace_id = trace_id
+
     def dropped_root(self) -> int | None:
         """A new trace's id when the ratio drops it; None when it is kept (the SDK's
         next root trace, in this thread, then takes the id the decision was made on)."""
-        trace_id = random.getrandbits(128) or 1
-        if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT >= self._bound:
+        trace_id, kept = self.draw()
+        if not kept:
             return trace_id
-        self._next.trace_id = trace_id
+        self.take_next(trace_id)
         return None
 
     @staticmethod

@@ -21,10 +21,11 @@ When a daemon subscribes, it builds one chain per handler, outermost first::
     9. the handler           chain.py (call_handler); a plain ``def`` handler on a
                              thread of workers/threads.py, holding its slot meanwhile
 
-An interceptor that is off is not in the chain: with telemetry off and no pool, cell
-or app interceptor, a message walks steps 3, 4, 5 and 9 — built as one step that does
-what the four do (see :func:`build_chain`), which the agent's runner calls in parts
-(:class:`~conveyor.platform.delivery.dead_letter.DirectCall`). The agent hands a
+An interceptor that is off is not in the chain: with no pool, cell or app interceptor,
+a message walks steps 3, 4, 5 (6) and 9 — built as one step that does what they do (see
+:func:`build_chain`), which the agent's runner calls in parts
+(:class:`~conveyor.platform.delivery.dead_letter.DirectCall`), timing it for step 2 and
+entering step 1's span around it itself. The agent hands a
 message to each of its handlers' chains (through the queue cache's lanes) and
 acknowledges it when every chain has returned. A batch handler (``batch_size=N``) has
 no per-message chain: its batches go through the batch step (batch.py: decode, retry,
@@ -53,9 +54,11 @@ from conveyor.platform.delivery.chain import (
     handler_call,
 )
 from conveyor.platform.delivery.dead_letter import (
+    DIRECT,
     DeadLetterInterceptor,
     DeadLetterStore,
     PutLetter,
+    direct_call,
 )
 from conveyor.platform.delivery.metrics import HandlerDuration
 from conveyor.platform.delivery.retry import RetryInterceptor
@@ -63,6 +66,7 @@ from conveyor.platform.handlers import HandlerSpec
 
 if TYPE_CHECKING:
     from conveyor.platform.histograms import LocalMetrics
+    from conveyor.platform.spans import LeanRecorder
 
 __all__ = [
     "DeadLetterInterceptor",
@@ -83,6 +87,7 @@ def chain_interceptors(
     stats: DeliveryStats,
     *,
     tracer: Tracer | None = None,
+    recorder: LeanRecorder | None = None,
     metrics: LocalMetrics | None = None,
     system: str = "",
     group: str = "",
@@ -92,6 +97,8 @@ def chain_interceptors(
 ) -> list[Interceptor]:
     """The interceptors of every chain of a daemon, outermost first (see above).
 
+    ``recorder``: where the consumer spans go when the SDK does not record them
+    (:attr:`~conveyor.platform.telemetry.Telemetry.recorder`).
     With a tracer, ``put_letter`` should be the traced one
     (:func:`~conveyor.platform.delivery.tracing.traced_dead_letters`), as the agent's.
     ``metrics``: where the duration histogram is counted (a meter's
@@ -102,7 +109,7 @@ def chain_interceptors(
     outer: list[Interceptor] = []
     inner: list[Interceptor] = []
     if tracer is not None:
-        outer.append(ConsumerSpans(tracer, system=system, group=group))
+        outer.append(ConsumerSpans(tracer, system=system, group=group, recorder=recorder))
         inner.append(RetrySpans(tracer))
     if metrics is not None:
         outer.append(HandlerDuration(metrics))
@@ -124,41 +131,55 @@ def build_chain(handler: HandlerSpec, interceptors: Sequence[Interceptor],
     a plain ``def`` handler is called through ``in_thread`` (see :data:`InThread`).
 
     One shortcut, exact in what it does: where, for this handler, nothing is on inside
-    the dead-letter step but :class:`Decode` and :class:`RetryInterceptor` (in that
-    order; retry may be off) — the shipped chain without app interceptors, pool, cell or
-    idempotency — those steps and the handler call are one step
-    (:meth:`DeadLetterInterceptor.first_attempt`): two frames and two calls less a
-    message (about 0.2 µs measured on the no-op benchmark). With metrics on, the
-    :class:`~conveyor.platform.delivery.metrics.HandlerDuration` just outside it times
-    the deliveries inside that step too (:meth:`HandlerDuration.timer`), a coroutine
-    frame less again. Each interceptor's ``wrap`` still runs once (but that fused
-    ``HandlerDuration``'s)."""
+    the dead-letter step but :class:`Decode`, :class:`RetryInterceptor` and its
+    ``RetrySpans`` (in that order; retry and its spans may be off) — the shipped chain
+    without app interceptors, pool, cell or idempotency — those steps and the handler
+    call are one step (:meth:`DeadLetterInterceptor.first_attempt`): two frames and two
+    calls less a message (about 0.2 µs measured on the no-op benchmark). With metrics
+    on, the :class:`~conveyor.platform.delivery.metrics.HandlerDuration` just outside it
+    times the deliveries inside that step too (:meth:`HandlerDuration.timer`), a
+    coroutine frame less again; with tracing on, the ``ConsumerSpans`` outside that
+    gives the step's :class:`~conveyor.platform.delivery.dead_letter.DirectCall` its
+    :class:`~conveyor.platform.delivery.tracing.ConsumerScope`, so the agent's runner
+    enters the consumer span itself. Each interceptor's ``wrap`` still runs once (but
+    the fused ``HandlerDuration``'s and ``ConsumerSpans``')."""
+    from conveyor.platform.delivery.tracing import ConsumerSpans, RetrySpans
+
     innermost = call_handler(handler, in_thread)
     split = next((i for i, step in enumerate(interceptors)
                   if isinstance(step, DeadLetterInterceptor)), None)
     if split is None:
         return compose(handler, interceptors, innermost)
     inside = innermost
-    on: list[Interceptor] = []  # innermost first
+    on: list[tuple[Interceptor, Step]] = []  # innermost first, with what each wrapped
     for interceptor in reversed(interceptors[split + 1:]):
         wrapped = interceptor.wrap(handler, inside)
         if wrapped is not inside:
-            on.append(interceptor)
+            on.append((interceptor, inside))
         inside = wrapped
     dead_letters = interceptors[split]
     assert isinstance(dead_letters, DeadLetterInterceptor)
-    kinds = [type(i) for i in on]
+    kinds = [type(i) for i, _ in on]
     outside = list(interceptors[:split])
-    if kinds == [Decode] or kinds == [RetryInterceptor, Decode]:
-        retry = on[0] if isinstance(on[0], RetryInterceptor) else None
-        again = retry.again(handler, innermost) if retry is not None else None
-        timer = None
-        timed = outside[-1] if outside else None
-        if isinstance(timed, HandlerDuration):  # metrics on: timed in the same step
-            timer = timed.timer(handler)
-            outside.pop()
-        step = dead_letters.first_attempt(handler, handler_call(handler, in_thread), again,
-                                          timer)
-    else:
-        step = dead_letters.wrap(handler, inside)
+    # What may be on inside the dead-letter step for the shortcut, innermost first
+    # (retry and its spans are off when the handler makes one attempt).
+    if kinds not in ([Decode], [RetryInterceptor, Decode], [RetrySpans, RetryInterceptor, Decode]):
+        return compose(handler, outside, dead_letters.wrap(handler, inside))
+    # Retries run what the retry step wrapped: the handler, in a retry span if on.
+    again = next((retry.again(handler, wrapped) for retry, wrapped in on
+                  if isinstance(retry, RetryInterceptor)), None)
+    timer = None
+    timed = outside[-1] if outside else None
+    if isinstance(timed, HandlerDuration):  # timed in the same step
+        timer = timed.timer(handler)
+        outside.pop()
+    step = dead_letters.first_attempt(handler, handler_call(handler, in_thread), again, timer)
+    spans = outside[-1] if outside else None
+    if isinstance(spans, ConsumerSpans):  # the span entered around it
+        scope = spans.scope(handler)
+        outside.pop()
+        direct = direct_call(step)
+        step = ConsumerSpans.around(scope, step)
+        if direct is not None:
+            setattr(step, DIRECT, direct._replace(scope=scope))
     return compose(handler, outside, step)

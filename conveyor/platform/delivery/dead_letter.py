@@ -46,6 +46,7 @@ from conveyor.platform.throttled_log import ThrottledLog
 if TYPE_CHECKING:
     from conveyor.platform.delivery.metrics import Timer
     from conveyor.platform.delivery.retry import Again
+    from conveyor.platform.delivery.tracing import ConsumerScope
 
 log = logging.getLogger("conveyor.dead_letters")
 
@@ -313,7 +314,8 @@ class DirectCall(NamedTuple):
     branches do, so a chain run this way counts, retries and dead-letters exactly as
     when it is awaited (tests/unit/test_chain_shortcut.py). With metrics on, ``record``
     takes the time ``clock`` measured around the same work, as the step's ``finally``
-    does (a call cancelled by a stop is not timed: the step timed it)."""
+    does (a call cancelled by a stop is not timed: the step timed it). With tracing on,
+    ``scope`` is entered around all of it."""
 
     start: Callable[[Message], Awaitable[Any]]
     finish: Callable[[Message, Exception], Awaitable[None]]
@@ -322,22 +324,33 @@ class DirectCall(NamedTuple):
     record: Callable[[float], None] | None = None
     """The duration histogram's series' count of one delivery; None: metrics off."""
 
+    scope: ConsumerScope | None = None
+    """The consumer span's scope of a :class:`~conveyor.platform.delivery.tracing.
+    ConsumerSpans` just outside the step, entered before and left after the rest, as
+    its step does (None: tracing off)."""
+
     async def run(self, message: Message) -> None:
         """One message through the step, as the runner runs it."""
-        record = self.record
-        started = self.clock() if record is not None else 0.0
-        failure = None
+        scope = self.scope
+        entered = scope.enter(message) if scope is not None else None
         try:
-            await self.start(message)
-            self.stats.handled += 1
-        except Exception as exc:
-            failure = exc
-        except BaseException as exc:  # raised again for a stop (as_failure)
-            failure = as_failure(exc)
-        if failure is not None:  # out of the except, as the step calls its retries
-            await self.finish(message, failure)
-        if record is not None:
-            record(self.clock() - started)
+            record = self.record
+            started = self.clock() if record is not None else 0.0
+            failure = None
+            try:
+                await self.start(message)
+                self.stats.handled += 1
+            except Exception as exc:
+                failure = exc
+            except BaseException as exc:  # raised again for a stop (as_failure)
+                failure = as_failure(exc)
+            if failure is not None:  # out of the except, as the step calls its retries
+                await self.finish(message, failure)
+            if record is not None:
+                record(self.clock() - started)
+        finally:
+            if scope is not None and entered is not None:
+                scope.leave(entered)
 
 
 def direct_call(step: Step) -> DirectCall | None:

@@ -15,24 +15,33 @@ only when a tracer is configured.
 
 from __future__ import annotations
 
-from typing import Any
+import random
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.context import Context, attach, detach
+from opentelemetry.context import _RUNTIME_CONTEXT, Context, attach, detach, get_current
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import (
+    INVALID_SPAN,
     Span,
     SpanKind,
     Status,
     StatusCode,
+    TraceFlags,
     Tracer,
     set_span_in_context,
 )
+from opentelemetry.trace import propagation as trace_propagation
+from opentelemetry.util.types import AttributeValue
 
 from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.handlers import HandlerSpec
-from conveyor.platform.message import DeadLetter
-from conveyor.platform.sampling import ratio_roots, remote_span
+from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.sampling import ODD_HEX, RemoteSpan, ratio_roots, well_formed
 from conveyor.platform.telemetry import (
     ATTEMPT,
     CONSUMER_GROUP,
@@ -47,83 +56,201 @@ from conveyor.platform.telemetry import (
     SYSTEM,
 )
 
+if TYPE_CHECKING:
+    from conveyor.platform.spans import LeanRecorder, LeanSpan
+
+SAMPLED = TraceFlags.SAMPLED
+RANDOM_TRACE_ID = 0x02
+"""The W3C level-2 flag: the trace id's right 7 bytes are random (the SDK's ids are)."""
+ROOT_FLAGS = SAMPLED | RANDOM_TRACE_ID
+"""A kept new trace's flags, as the SDK sets them on a root whose id it drew."""
+
+
+def random_span_id() -> int:
+    """A span id as the SDK's ``RandomIdGenerator`` draws it (never 0)."""
+    return random.getrandbits(64) or 1
+
 
 class ConsumerSpans(Interceptor):
-    """``process <namespace>``, continuing the producer's trace from the headers."""
+    """``process <namespace>``, continuing the producer's trace from the headers.
 
-    def __init__(self, tracer: Tracer, *, system: str, group: str) -> None:
+    Each handler's deliveries go through one :class:`ConsumerScope` (:meth:`scope`):
+    the step this interceptor wraps around the rest of the chain enters it and leaves
+    it around each delivery, and the agent's runner does the same around the shipped
+    chain's one step (:class:`~conveyor.platform.delivery.dead_letter.DirectCall`).
+    With a ``recorder`` (what :meth:`~conveyor.platform.telemetry.Telemetry.from_config`
+    builds for the OTLP exporter) a kept trace's consumer span is a
+    :class:`~conveyor.platform.spans.LeanSpan`, recorded and encoded without the SDK;
+    without one, the SDK's tracer starts it."""
+
+    def __init__(self, tracer: Tracer, *, system: str, group: str,
+                 recorder: LeanRecorder | None = None) -> None:
         self._tracer = tracer
         self._system = system
         self._group = group
+        self._recorder = recorder
+
+    def scope(self, handler: HandlerSpec) -> ConsumerScope:
+        """The consumer span of ``handler``'s deliveries."""
+        return ConsumerScope(self._tracer, handler, system=self._system, group=self._group,
+                             recorder=self._recorder)
 
     def wrap(self, handler: HandlerSpec, next: Step) -> Step:
-        tracer = self._tracer
-        fixed = {
-            SYSTEM: self._system,
+        return self.around(self.scope(handler), next)
+
+    @staticmethod
+    def around(scope: ConsumerScope, next: Step) -> Step:
+        """``next`` inside ``scope``: what use_span does (an exception leaving the span
+        is recorded on it, and sets its status to error; a BaseException is no error)."""
+        enter, leave = scope.enter, scope.leave
+
+        async def spanned(delivery: Delivery) -> Any:
+            entered = enter(delivery.message)
+            failure = None
+            try:
+                return await next(delivery)
+            except Exception as exc:
+                failure = exc
+                raise
+            finally:
+                leave(entered, failure)
+
+        return spanned
+
+
+_get_context: Callable[[], Context] = get_current
+_set_context: Callable[[Context], Token[Context]] = attach
+_reset_context: Callable[[Token[Context]], None] = detach
+if isinstance(_RUNTIME_CONTEXT, ContextVarsRuntimeContext):  # the API's default
+    # attach, detach and get_current call these through two functions each; the
+    # same three operations on the same variable, without the calls.
+    _variable = getattr(_RUNTIME_CONTEXT, "_current_context", None)
+    if isinstance(_variable, ContextVar):
+        _get_context, _set_context, _reset_context = (
+            _variable.get, _variable.set, _variable.reset)
+
+_SPAN_KEY: str = getattr(trace_propagation, "_SPAN_KEY", "")
+"""The key :func:`set_span_in_context` stores the span under (private to the API,
+checked below: where it is missing, the API's function is called)."""
+
+
+def _span_in_context(span: Span) -> Context:
+    """What ``set_span_in_context(span)`` returns, a call and a lookup less (and no copy
+    of an empty context: the agent's runners run in one)."""
+    current = _get_context()
+    if not current:
+        return Context({_SPAN_KEY: span})
+    values = current.copy()
+    values[_SPAN_KEY] = span
+    return Context(values)
+
+
+_in_context: Callable[[Span], Context] = (
+    _span_in_context if _SPAN_KEY and trace.get_current_span(
+        _span_in_context(INVALID_SPAN)) is INVALID_SPAN
+    else set_span_in_context)  # the API's own way, where its key is not where it was
+
+Entered = tuple[Token[Context], Span | None]
+"""What :meth:`ConsumerScope.enter` returns for :meth:`ConsumerScope.leave`: the
+context to restore and the span to end (None: a dropped trace's, nothing to end)."""
+
+
+class ConsumerScope:
+    """The ``process <namespace>`` span of one handler's deliveries, entered before the
+    handler is called and left after: the span (or, for a dropped trace, the producer's
+    context) is the current one meanwhile, so spans the handler starts and messages it
+    publishes continue the trace.
+
+    Which trace a delivery belongs to is decided the SDK's way
+    (:mod:`conveyor.platform.sampling`): the producer's ``traceparent`` when it has
+    one, else a new trace kept at the sampler's ratio. A dropped trace costs no span,
+    only its context. A kept one starts a :class:`~conveyor.platform.spans.LeanSpan`
+    when there is a ``recorder``, else an SDK span. A ``traceparent`` with a
+    ``tracestate``, or one that does not parse cleanly, and a tracer whose provider
+    Conveyor did not build (no :class:`~conveyor.platform.sampling.RatioRoots`), go to
+    the SDK and its propagator, as they would without any of this."""
+
+    def __init__(self, tracer: Tracer, handler: HandlerSpec, *, system: str, group: str,
+                 recorder: LeanRecorder | None = None) -> None:
+        self._tracer = tracer
+        self._fixed = {
+            SYSTEM: system,
             DESTINATION: handler.namespace,
             OPERATION_TYPE: "process",
             OPERATION_NAME: "process",
-            CONSUMER_GROUP: self._group,
+            CONSUMER_GROUP: group,
             HANDLER: handler.name,
         }
-        span_name = f"process {handler.namespace}"
-        roots = ratio_roots(tracer)
-        partitions: dict[int, str] = {}
+        self._name = f"process {handler.namespace}"
+        self._roots = ratio_roots(tracer)
+        self._partitions: dict[int, str] = {}
+        self._lean: Callable[[int, int, int, int, dict[str, str]], LeanSpan] | None = None
+        """A kept trace's span, recorded by ``recorder`` (given trace id, span id, parent
+        span id, flags and the per-message attributes); None: the SDK's."""
+        if recorder is not None and self._roots is not None:
+            from conveyor.platform.spans import LeanSpan, SpanShape
 
-        async def spanned(delivery: Delivery, parent: Context) -> Any:
-            # start_span and use_span's own steps, without its two context managers:
-            # the same span, context, exception event and error status, a few µs less.
-            msg = delivery.message
-            attributes = fixed.copy()
-            attributes[MESSAGE_ID] = msg.id
-            attributes[KEY] = msg.stream.key
-            if msg.token is not None:
-                queue = msg.token.queue
-                partition = partitions.get(queue)
-                if partition is None:
-                    partition = partitions[queue] = str(queue)
-                attributes[PARTITION] = partition
-            span = tracer.start_span(span_name, parent, SpanKind.CONSUMER, attributes)
-            token = attach(set_span_in_context(span))
-            try:
-                return await next(delivery)
-            except Exception as exc:  # what use_span records (BaseException is no error)
-                if span.is_recording():
-                    span.record_exception(exc)
-                    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                raise
-            finally:
-                detach(token)
-                span.end()
+            self._lean = partial(LeanSpan, SpanShape(recorder, self._name, SpanKind.CONSUMER,
+                                                     self._fixed))
 
-        async def dropped(delivery: Delivery, span: Span) -> Any:
-            token = attach(set_span_in_context(span))
-            try:
-                return await next(delivery)
-            finally:
-                detach(token)
+    def _attributes(self, msg: Message) -> dict[str, str]:
+        """The attributes that differ from message to message."""
+        attributes = {MESSAGE_ID: msg.id, KEY: msg.stream.key}
+        if msg.token is not None:
+            queue = msg.token.queue
+            partition = self._partitions.get(queue)
+            if partition is None:
+                partition = self._partitions[queue] = str(queue)
+            attributes[PARTITION] = partition
+        return attributes
 
-        async def traced(delivery: Delivery) -> Any:
-            return await spanned(delivery, PROPAGATOR.extract(delivery.message.headers))
+    def enter(self, msg: Message) -> Entered:
+        """Make ``msg``'s consumer span (or dropped context) the current one."""
+        headers = msg.headers
+        roots = self._roots
+        header = headers.get("traceparent")
+        if header is not None and roots is not None:  # remote_span, inlined
+            if "tracestate" in headers or well_formed(header) is None:
+                return self._sdk(msg, PROPAGATOR.extract(headers))  # the SDK's way
+            if header[54] not in ODD_HEX:  # the producer dropped its trace
+                return _set_context(_in_context(RemoteSpan(header))), None
+            lean = self._lean
+            if lean is None:
+                return self._sdk(msg, _in_context(RemoteSpan(header)))
+            trace_id, parent_id, flags = RemoteSpan(header).ids()
+            span: Span = lean(trace_id, random_span_id(), parent_id,
+                              SAMPLED | (flags & RANDOM_TRACE_ID), self._attributes(msg))
+            return _set_context(_in_context(span)), span
+        if roots is None:  # not our provider: all the SDK's way
+            return self._sdk(msg, PROPAGATOR.extract(headers))
+        trace_id, kept = roots.draw()  # a new trace
+        if not kept:
+            return _set_context(_in_context(roots.dropped_span(trace_id))), None
+        lean = self._lean
+        if lean is None:
+            roots.take_next(trace_id)
+            return self._sdk(msg, Context())
+        span = lean(trace_id, random_span_id(), 0, ROOT_FLAGS,
+                    self._attributes(msg))
+        return _set_context(_in_context(span)), span
 
-        def sampled_first(delivery: Delivery) -> Any:
-            # The shortcut of conveyor.platform.sampling: a dropped trace runs the
-            # handler in its context, without the SDK.
-            headers = delivery.message.headers
-            parent = remote_span(headers)
-            if parent is not None:
-                if not parent.sampled:
-                    return dropped(delivery, parent)
-                return spanned(delivery, set_span_in_context(parent))
-            if "traceparent" in headers:  # malformed or with a tracestate: the SDK's way
-                return traced(delivery)
-            assert roots is not None
-            trace_id = roots.dropped_root()
-            if trace_id is not None:
-                return dropped(delivery, roots.dropped_span(trace_id))
-            return spanned(delivery, Context())
+    def _sdk(self, msg: Message, parent: Context) -> Entered:
+        attributes: dict[str, AttributeValue] = {**self._fixed, **self._attributes(msg)}
+        span = self._tracer.start_span(self._name, parent, SpanKind.CONSUMER, attributes)
+        return _set_context(_in_context(span)), span
 
-        return traced if roots is None else sampled_first
+    @staticmethod
+    def leave(entered: Entered, exc: BaseException | None = None) -> None:
+        """Restore the context :meth:`enter` found and end the span; ``exc``, an
+        exception that left the span, is recorded on it and sets its status to error,
+        as use_span does."""
+        token, span = entered
+        _reset_context(token)
+        if span is not None:
+            if exc is not None and span.is_recording():
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.end()
 
 
 class RetrySpans(Interceptor):

@@ -1,0 +1,218 @@
+"""The consumer span, however the chain is called: the shipped chain's one step awaited,
+the agent's runner calling it in parts (DirectCall, which enters the span's scope
+itself), and the interceptors composed one around the other all record the same spans
+— same names, kinds, parents, attributes and statuses — and leave the context as they
+found it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.context import get_current
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from opentelemetry.proto.trace.v1.trace_pb2 import Status as PbStatus
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Tracer
+
+from conveyor import App, Client
+from conveyor.adapters.memory import MemoryAdapter, reset_broker
+from conveyor.platform.config import Config, WorkerConfig
+from conveyor.platform.delivery import (
+    Delivery,
+    DeliveryStats,
+    Interceptor,
+    Step,
+    build_chain,
+    chain_interceptors,
+)
+from conveyor.platform.delivery.chain import call_handler, compose
+from conveyor.platform.delivery.dead_letter import direct_call
+from conveyor.platform.delivery.tracing import traced_dead_letters
+from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.message import DeadLetter
+from conveyor.platform.sampling import ratio_tracer_provider
+from conveyor.platform.spans import LeanRecorder
+from conveyor.platform.telemetry import Telemetry
+from conveyor.workers.daemon import WorkerDaemon
+from tests.unit.test_chain_shortcut import CASES, _app, _message
+
+SAMPLED = f"00-{'ab' * 16}-{'cd' * 8}-01"
+DROPPED = f"00-{'ef' * 16}-{'12' * 8}-00"
+STATED = {"traceparent": SAMPLED, "tracestate": "k=v"}  # the SDK's way
+
+
+def _composed(spec: HandlerSpec, interceptors: list[Interceptor]) -> Step:
+    return compose(spec, interceptors, call_handler(spec))
+
+
+def _direct(spec: HandlerSpec, interceptors: list[Interceptor]) -> Step:
+    direct = direct_call(build_chain(spec, interceptors))
+    assert direct is not None and direct.scope is not None
+
+    async def run(delivery: Delivery) -> None:
+        await direct.run(delivery.message)
+
+    return run
+
+
+class Traced:
+    """A ratio provider, its SDK spans kept in memory; with ``lean``, consumer spans go
+    to a :class:`LeanRecorder` whose posts are kept. :meth:`spans` gives them all as the
+    OTLP protobuf spans an endpoint gets."""
+
+    def __init__(self, ratio: float, lean: bool = False) -> None:
+        self.sdk = InMemorySpanExporter()
+        self.posts: list[bytes] = []
+        self.provider = ratio_tracer_provider(ratio)
+        self.recorder = None
+        if lean:
+            self.recorder = LeanRecorder(self._post, Resource.create({}),
+                                         InstrumentationScope("conveyor"))
+            self.provider.add_span_processor(self.recorder)
+        self.provider.add_span_processor(SimpleSpanProcessor(self.sdk))
+        self.tracer = self.provider.get_tracer("conveyor")
+
+    def _post(self, data: bytes) -> bool:
+        self.posts.append(data)
+        return True
+
+    def spans(self) -> list[Any]:
+        self.provider.force_flush()
+        requests = [ExportTraceServiceRequest.FromString(p) for p in self.posts]
+        requests.append(encode_spans(self.sdk.get_finished_spans()))
+        return [span for request in requests for rs in request.resource_spans
+                for ss in rs.scope_spans for span in ss.spans]
+
+
+def _summary(spans: list[Any]) -> list[tuple[Any, ...]]:
+    """What each span says, but its ids and times: its parent by name (or the remote
+    parent's span id) and its flags."""
+    by_id = {s.span_id: s for s in spans}
+    out = []
+    for s in spans:
+        parent = s.parent_span_id
+        parent_name = (None if not parent else by_id[parent].name if parent in by_id
+                       else f"remote {parent.hex()}")
+        attributes = sorted((a.key, str(a.value).strip()) for a in s.attributes)
+        out.append((s.name, s.kind, s.status.code, s.status.message, parent_name, s.flags,
+                    attributes, [e.name for e in s.events]))
+    return sorted(out, key=repr)
+
+
+async def _run(build: Any, tracer: Tracer, recorder: LeanRecorder | None,
+               headers: dict[str, str]) -> tuple[DeliveryStats, list[tuple[str, str, int]]]:
+    app, _ = _app()
+    stats = DeliveryStats()
+    letters: list[DeadLetter] = []
+
+    async def put(letter: DeadLetter) -> None:
+        letters.append(letter)
+
+    interceptors = chain_interceptors(traced_dead_letters(put, tracer), stats,
+                                      tracer=tracer, recorder=recorder, system="memory",
+                                      group="g")
+    chains = {spec.namespace: (spec, build(spec, interceptors)) for spec in app.handlers}
+    before = get_current()
+    for namespace, body, deliveries in CASES:
+        spec, chain = chains[namespace]
+        msg = _message(namespace, body, deliveries)
+        msg.headers.update(headers)
+        await chain(Delivery(msg, spec))
+        assert get_current() is before  # the scope restored the context it found
+    return stats, [(x.handler, x.error_type, x.attempts) for x in letters]
+
+
+@pytest.mark.parametrize("lean", [False, True], ids=["sdk spans", "lean spans"])
+@pytest.mark.parametrize("headers", [{}, {"traceparent": SAMPLED},
+                                     {"traceparent": DROPPED}, STATED],
+                         ids=["new trace", "sampled parent", "dropped parent", "tracestate"])
+def test_every_way_of_calling_the_chain_records_the_same_spans(
+        headers: dict[str, str], lean: bool) -> None:
+    """The composed interceptors with SDK spans are the reference: the shipped step and
+    the runner's direct call, with SDK or lean consumer spans, record what it does."""
+    reference = Traced(1.0)
+    expected = asyncio.run(_run(_composed, reference.tracer, None, headers)), _summary(
+        reference.spans())
+    for build in (build_chain, _direct):
+        traced = Traced(1.0, lean)
+        outcome = asyncio.run(_run(build, traced.tracer, traced.recorder, headers))
+        assert (outcome, _summary(traced.spans())) == expected, build.__name__
+        # Lean spans where the scope decides (no tracestate) and the trace is kept.
+        assert bool(traced.posts) == (lean and headers.get("traceparent", SAMPLED) == SAMPLED
+                                      and "tracestate" not in headers)
+    (_, letters), summary = expected
+    assert len(letters) == 8
+    consumers = [s for s in summary if s[1] == PbSpan.SPAN_KIND_CONSUMER]
+    if headers.get("traceparent") == DROPPED:  # the producer's decision is followed
+        assert summary == []
+    else:
+        assert len(consumers) == len(CASES)
+        errors = [s for s in consumers if s[2] == PbStatus.STATUS_CODE_ERROR]
+        assert len(errors) == 8  # each dead-lettered message's consumer span
+        assert sum(1 for s in summary if s[0].startswith("retry ")) > 0
+
+
+def test_a_dropped_trace_is_the_handlers_context_and_records_nothing() -> None:
+    traced = Traced(0.0, lean=True)
+    tracer = traced.tracer
+    app, _ = _app()
+    seen: list[Any] = []
+
+    @app.handler("peek")
+    async def peek(body: bytes) -> None:
+        seen.append(trace.get_current_span().get_span_context())
+        with tracer.start_as_current_span("child") as child:
+            seen.append(child.is_recording())
+
+    spec = next(s for s in app.handlers if s.namespace == "peek")
+    step = _direct(spec, chain_interceptors(traced_dead_letters(_discard, tracer),
+                                            DeliveryStats(), tracer=tracer))
+    msg = _message("peek", b"x")
+    msg.headers["traceparent"] = DROPPED
+    asyncio.run(step(Delivery(msg, spec)))
+    context, child_recording = seen
+    assert (context.trace_id, context.span_id) == (int("ef" * 16, 16), int("12" * 8, 16))
+    assert not context.trace_flags.sampled and child_recording is False
+    assert traced.spans() == []
+
+
+async def _discard(letter: DeadLetter) -> None:
+    return None
+
+
+async def test_a_stop_that_cancels_a_call_ends_its_consumer_span_as_the_step_did() -> None:
+    """The runner enters the span itself (the shipped chain: no app interceptor): a call
+    a stop cancels still ends its span (no error status: a cancel is no failure), as
+    the chain's step ended it."""
+    app = App("scope-stop")
+    started = asyncio.Event()
+
+    @app.handler("items")
+    async def handle(item: dict[str, int]) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    traced = Traced(1.0, lean=True)
+    reset_broker("scope-stop")
+    adapter = MemoryAdapter("scope-stop")
+    config = Config(worker=WorkerConfig(drain_timeout_s=0.2))
+    daemon = WorkerDaemon(app, config, adapter=adapter,
+                          telemetry=Telemetry(traced.provider, recorder=traced.recorder))
+    client = Client(adapter, daemon.mapper)
+    await daemon.start()
+    await client.publish("items", "k", {"seq": 0})
+    await asyncio.wait_for(started.wait(), 5)
+    async with asyncio.timeout(10):
+        await daemon.stop()
+    consumers = [s for s in traced.spans() if s.kind == PbSpan.SPAN_KIND_CONSUMER]
+    assert [(s.name, s.status.code) for s in consumers] == [
+        ("process items", PbStatus.STATUS_CODE_UNSET)]
+    assert consumers[0].end_time_unix_nano >= consumers[0].start_time_unix_nano > 0
