@@ -42,12 +42,14 @@ from conveyor.platform.message import Message
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.trace.export import SpanExporter
     from prometheus_client import CollectorRegistry
 
     from conveyor.platform.config import TelemetryConfig
     from conveyor.platform.delivery.chain import DeliveryStats
     from conveyor.platform.histograms import LocalMetrics
     from conveyor.platform.sampling import RatioRoots
+    from conveyor.platform.spans import LeanRecorder
 
 PROPAGATOR = TraceContextTextMapPropagator()
 DEFAULT_SERVICE_NAME = "conveyor"
@@ -84,8 +86,16 @@ class Telemetry:
         meter_provider: MeterProvider | None = None,
         prometheus: CollectorRegistry | None = None,
         local: LocalMetrics | None = None,
+        *,
+        recorder: LeanRecorder | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
+        self._closing: list[SpanExporter] = []
+        """Exporters to shut down after the providers (none the caller gave)."""
+        self.recorder = recorder if tracer_provider is not None else None
+        """Where consumer spans go when they are not the SDK's (a processor of
+        ``tracer_provider``, so its flush and shutdown cover them): what
+        :meth:`from_config` builds for the OTLP exporter; None: the SDK records them."""
         self.meter_provider = meter_provider
         self.prometheus = prometheus
         if meter_provider is not None and local is None:
@@ -132,7 +142,6 @@ class Telemetry:
         from opentelemetry.sdk.trace.export import (
             BatchSpanProcessor,
             ConsoleSpanExporter,
-            SpanExporter,
         )
 
         from conveyor.platform.resources import create_resource
@@ -140,6 +149,7 @@ class Telemetry:
         resource = create_resource(resource_attributes(config, instance_id))
         span_exporter: SpanExporter
         metric_exporter: MetricExporter
+        lean_exporter = None
         if config.exporter == "console":
             span_exporter = ConsoleSpanExporter(out=sys.stderr)
             metric_exporter = ConsoleMetricExporter(out=sys.stderr)
@@ -156,12 +166,31 @@ class Telemetry:
             span_exporter = OTLPSpanExporter(
                 endpoint=f"{base}/v1/traces" if base else None, headers=headers
             )
+            # The consumer spans' own (see below): its thread and the batch processor's
+            # must not share one HTTP session.
+            lean_exporter = OTLPSpanExporter(
+                endpoint=f"{base}/v1/traces" if base else None, headers=headers
+            )
             metric_exporter = OTLPMetricExporter(
                 endpoint=f"{base}/v1/metrics" if base else None, headers=headers
             )
         from conveyor.platform.sampling import ratio_tracer_provider
 
         tracer_provider = ratio_tracer_provider(config.sample_ratio, resource)
+        recorder = None
+        closing: list[SpanExporter] = []
+        if lean_exporter is not None:  # consumer spans encoded by hand (docs/telemetry.md)
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+            from conveyor.platform.spans import LeanRecorder, otlp_sender
+
+            send = otlp_sender(lean_exporter)
+            if send is not None:
+                recorder = LeanRecorder(send, resource, InstrumentationScope(SCOPE))
+                # A processor of the provider: its flush and shutdown cover the
+                # recorder, which it shuts down first (in the order they were added).
+                tracer_provider.add_span_processor(recorder)
+                closing.append(lean_exporter)
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
         from conveyor.platform.histograms import LocalMetrics, MergingExporter
 
@@ -175,7 +204,9 @@ class Telemetry:
             registry, reader = _prometheus_reader(local)
             readers.append(reader)
         meter_provider = SdkMeterProvider(resource=resource, metric_readers=readers)
-        return cls(tracer_provider, meter_provider, registry, local)
+        telemetry = cls(tracer_provider, meter_provider, registry, local, recorder=recorder)
+        telemetry._closing = closing
+        return telemetry
 
     @classmethod
     def prometheus_only(cls, config: TelemetryConfig, instance_id: str | None = None) -> Telemetry:
@@ -207,6 +238,9 @@ class Telemetry:
             shutdown = getattr(provider, "shutdown", None)
             if callable(shutdown):
                 shutdown()
+        for exporter in self._closing:  # the recorder's: the provider does not own it
+            exporter.shutdown()
+        self._closing = []
 
     # -- producer side -----------------------------------------------------------------
     def publish_span(self, msg: Message, system: str, queue: int) -> Span:

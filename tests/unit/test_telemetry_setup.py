@@ -78,3 +78,36 @@ def test_console_exporter_writes_spans_and_metrics_to_stderr(
 def test_exporter_none_builds_no_providers() -> None:
     telemetry = Telemetry.from_config(TelemetryConfig(), instance_id="x")
     assert not telemetry.enabled and telemetry.tracer_provider is None
+
+
+def test_consumer_spans_recorded_without_the_sdk_go_to_the_same_endpoint_and_resource(
+    otlp_receiver: tuple[str, Receiver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OTLP exporter builds a recorder for lean consumer spans (docs/telemetry.md):
+    they reach the configured endpoint with its headers and the resource the SDK's spans
+    carry, and shutdown flushes them."""
+    from opentelemetry.trace import SpanKind
+
+    from conveyor.platform.spans import LeanSpan, SpanShape
+
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    endpoint, received = otlp_receiver
+    config = TelemetryConfig(exporter="otlp", endpoint=endpoint, headers={"x-api-key": "k"},
+                             service_name="orders")
+    telemetry = Telemetry.from_config(config, instance_id="orders-host-2")
+    assert telemetry.recorder is not None
+    shape = SpanShape(telemetry.recorder, "process orders", SpanKind.CONSUMER,
+                      {"messaging.system": "memory"})
+    LeanSpan(shape, 0xABC, 0xDEF, 0x123, 0x01, {"conveyor.stream.key": "k1"}).end()
+    export_one_span_and_gauge(telemetry)
+    assert received.paths.count("/v1/traces") == 2  # the SDK's post and the recorder's
+    assert all(h["x-api-key"] == "k" for h in received.headers)
+    by_name = {span.name: resource for resource, span in received.spans}
+    assert set(by_name) == {"hello", "process orders"}
+    assert by_name["process orders"] == by_name["hello"]
+    assert by_name["hello"]["service.instance.id"] == "orders-host-2"
+
+
+def test_no_recorder_without_the_otlp_exporter() -> None:
+    assert Telemetry.from_config(TelemetryConfig(exporter="console")).recorder is None
+    assert Telemetry.from_config(TelemetryConfig(exporter="none")).recorder is None

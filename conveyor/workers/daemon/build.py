@@ -228,6 +228,7 @@ def build_parts(
         put_letter,
         stats,
         tracer=telemetry.tracer,
+        recorder=telemetry.recorder,
         metrics=telemetry.local,
         system=adapter.name,
         group=app.name,
