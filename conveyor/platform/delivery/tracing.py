@@ -217,9 +217,9 @@ class ConsumerScope:
             lean = self._lean
             if lean is None:
                 return self._sdk(msg, _in_context(RemoteSpan(header)))
-            trace_id, parent_id, flags = RemoteSpan(header).ids()
-            span: Span = lean(trace_id, random_span_id(), parent_id,
-                              SAMPLED | (flags & RANDOM_TRACE_ID), self._attributes(msg))
+            span: Span = lean(int(header[3:35], 16), random_span_id(), int(header[36:52], 16),
+                              SAMPLED | (int(header[53:55], 16) & RANDOM_TRACE_ID),
+                              self._attributes(msg))
             return _set_context(_in_context(span)), span
         if roots is None:  # not our provider: all the SDK's way
             return self._sdk(msg, PROPAGATOR.extract(headers))
