@@ -1,19 +1,24 @@
 """Microseconds of CPU per message for each tracing path, the SDK's way and Conveyor's
-shortcut (conveyor.platform.sampling) side by side, in the same run.
+(``ConsumerScope``, ``conveyor.platform.sampling``, lean spans) side by side, in the
+same run.
 
 Each path runs ``--calls`` times in a loop that does nothing else, best of
-``--repeats``; the ratio column is SDK / shortcut. What is timed:
+``--repeats``; the ratio column is SDK / Conveyor. What is timed:
 
 * *consumer, dropped parent*: a message whose ``traceparent`` says "not sampled" —
   the SDK: extract the header, start a non-recording consumer span as the current
-  span, end it; the shortcut: match the header, attach the parent's span (its ids
-  parsed only if asked for), detach.
+  span, end it; Conveyor: ``ConsumerScope.enter`` and ``leave`` (match the header,
+  make the parent's span current — its ids parsed only if asked for — and restore).
 * *consumer, new trace, dropped*: a message without ``traceparent`` at a ratio that
-  drops it (the SDK: a root span through the ratio sampler; the shortcut: the
-  decision on a drawn trace id and a non-recording span attached).
+  drops it (the SDK: a root span through the ratio sampler; Conveyor: the decision on
+  a drawn trace id and a non-recording span made current).
+* *consumer, kept*: a message whose ``traceparent`` says "sampled": the span started
+  as the current one, ended and encoded to OTLP protobuf, not posted — the SDK's
+  span through ``BatchSpanProcessor`` to an exporter that encodes and discards
+  (flushed inside the timing); Conveyor's lean span (``conveyor.platform.spans``,
+  encoded as it ends) to a recorder that discards.
 * *producer, new trace, dropped*: ``Telemetry.publish_span`` outside any span at a
   ratio that drops it (SDK span + ``inject`` against a hand-written ``traceparent``).
-* *consumer, kept* (no shortcut: the SDK records it either way) — for scale.
 
     .venv/bin/python benchmarks/trace_paths.py [--calls 20000] [--repeats 5]
 """
@@ -23,21 +28,29 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import msgspec
 
 # Run from a clone as `.venv/bin/python benchmarks/NAME.py`: import this checkout's conveyor.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from opentelemetry import context, trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
-from conveyor.platform.ids import StreamId
+from conveyor.platform.app import App
+from conveyor.platform.delivery.tracing import ConsumerScope
+from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
-from conveyor.platform.sampling import ratio_tracer_provider, remote_span
+from conveyor.platform.sampling import ratio_tracer_provider
+from conveyor.platform.spans import LeanRecorder
 from conveyor.platform.telemetry import PROPAGATOR, Telemetry
 
 ATTRIBUTES = {
@@ -56,9 +69,18 @@ class Discard(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def sdk_provider(ratio: float) -> TracerProvider:
+class EncodeAndDiscard(SpanExporter):
+    """What the OTLP exporter does but the post."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        encode_spans(spans).SerializePartialToString()
+        return SpanExportResult.SUCCESS
+
+
+def sdk_provider(ratio: float, exporter: SpanExporter | None = None) -> TracerProvider:
     provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
-    provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=1 << 18))
+    provider.add_span_processor(BatchSpanProcessor(exporter or Discard(),
+                                                   max_queue_size=1 << 18))
     return provider
 
 
@@ -66,6 +88,25 @@ def shortcut_provider(ratio: float) -> TracerProvider:
     provider = ratio_tracer_provider(ratio)
     provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=1 << 18))
     return provider
+
+
+def scope(ratio: float, lean: bool) -> ConsumerScope:
+    """Conveyor's consumer span of an ``orders`` handler, at ``ratio``."""
+    provider = ratio_tracer_provider(ratio)
+    recorder = None
+    if lean:
+        recorder = LeanRecorder(lambda data: True, Resource.create({}),
+                                InstrumentationScope("conveyor"), max_queue_size=1 << 18,
+                                max_export_batch_size=512)
+        provider.add_span_processor(recorder)
+    app = App("shop")
+
+    @app.handler("orders")
+    async def orders(body: bytes) -> None:
+        return None
+
+    return ConsumerScope(provider.get_tracer("conveyor"), app.handlers[0], system="redis",
+                         group="shop", recorder=recorder)
 
 
 def best_us(fn: Callable[[], object], calls: int, repeats: int) -> float:
@@ -85,9 +126,11 @@ def main() -> None:
     args = parser.parse_args()
     sdk = sdk_provider(0.0).get_tracer("bench")
     fast = Telemetry(shortcut_provider(0.0))
-    kept = sdk_provider(1.0).get_tracer("bench")
-    roots = fast.roots
-    assert roots is not None
+    kept_provider = sdk_provider(1.0, EncodeAndDiscard())
+    kept = kept_provider.get_tracer("bench")
+    dropping, lean = scope(0.0, lean=False), scope(1.0, lean=True)
+    message = Message("1764000000000-0", StreamId("orders", "customer-1"), b"{}",
+                      token=SequenceToken(3, 1))
 
     def sdk_consumer(headers: dict[str, str]) -> Callable[[], object]:
         def run() -> None:
@@ -96,17 +139,12 @@ def main() -> None:
                 pass
         return run
 
-    def fast_dropped_parent() -> None:
-        parent = remote_span(DROPPED)
-        assert parent is not None and not parent.sampled
-        token = context.attach(trace.set_span_in_context(parent))
-        context.detach(token)
+    def entered(scope: ConsumerScope, headers: dict[str, str]) -> Callable[[], object]:
+        msg = msgspec.structs.replace(message, headers=headers)
 
-    def fast_new_dropped() -> None:
-        trace_id = roots.dropped_root()
-        assert trace_id is not None
-        token = context.attach(trace.set_span_in_context(roots.dropped_span(trace_id)))
-        context.detach(token)
+        def run() -> None:
+            scope.leave(scope.enter(msg))
+        return run
 
     def sdk_publish() -> None:
         msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
@@ -124,18 +162,29 @@ def main() -> None:
                                         kind=SpanKind.CONSUMER, attributes=dict(ATTRIBUTES)):
             pass
 
+    def kept_flushed(run: Callable[[], object], provider: TracerProvider
+                     ) -> Callable[[], object]:
+        calls = [0]
+
+        def flushed() -> None:  # the batch's encoding inside the timing
+            run()
+            calls[0] += 1
+            if calls[0] % args.calls == 0:
+                provider.force_flush()
+        return flushed
+
     rows = [
-        ("consumer, dropped parent", sdk_consumer(DROPPED), fast_dropped_parent),
-        ("consumer, new trace, dropped", sdk_consumer({}), fast_new_dropped),
+        ("consumer, dropped parent", sdk_consumer(DROPPED), entered(dropping, DROPPED)),
+        ("consumer, new trace, dropped", sdk_consumer({}), entered(dropping, {})),
+        ("consumer, kept", kept_flushed(kept_consumer, kept_provider),
+         entered(lean, KEPT)),
         ("producer, new trace, dropped", sdk_publish, fast_publish),
     ]
     print(f"CPU µs per call, best of {args.repeats} x {args.calls:,} calls")
-    print(f"{'path':<30} {'SDK':>8} {'shortcut':>9} {'ratio':>7}")
+    print(f"{'path':<30} {'SDK':>8} {'Conveyor':>9} {'ratio':>7}")
     for name, slow, quick in rows:
         s, q = best_us(slow, args.calls, args.repeats), best_us(quick, args.calls, args.repeats)
         print(f"{name:<30} {s:>8.2f} {q:>9.2f} {s / q:>6.1f}x")
-    k = best_us(kept_consumer, args.calls, args.repeats)
-    print(f"{'consumer, kept (SDK only)':<30} {k:>8.2f}")
 
 
 if __name__ == "__main__":
