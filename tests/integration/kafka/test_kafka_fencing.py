@@ -35,6 +35,16 @@ _ASSIGNED = re.compile(r"^(\S+ \S+) INFO conveyor.kafka_group: group rec assigne
                        r"\[([\d, ]*)\]$", re.M)
 
 
+_NOTABLE = re.compile(r"^\S+ (\S+) \w+ conveyor\.[\w.]+: (.*(?:session lapsed|commit refused|"
+                      r"no longer assigned|drain timed out|took longer|could not|"
+                      r"resuming at|received: draining).*)$", re.M)
+
+
+def notable(stderr: str) -> list[str]:
+    """A worker's log lines that tell how its queues changed hands (time, text)."""
+    return [f"{t} {text[:120]}" for t, text in _NOTABLE.findall(stderr)]
+
+
 def _log_time(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
@@ -149,4 +159,5 @@ async def test_a_paused_group_member_starts_no_handler_for_the_partitions_it_los
     assert not unexplained, (
         f"ran twice, not started by the victim before the pause (paused {paused_at:.3f}, "
         f"resumed {resumed_at:.3f}): {runs}; victim assignments "
-        f"{assignments(victim.stderr)}; other assignments {assignments(other.stderr)}")
+        f"{assignments(victim.stderr)}; other assignments {assignments(other.stderr)}; "
+        f"victim's hand-overs {notable(victim.stderr)}; other's {notable(other.stderr)}")
