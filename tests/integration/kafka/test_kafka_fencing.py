@@ -45,6 +45,18 @@ def notable(stderr: str) -> list[str]:
     return [f"{t} {text[:120]}" for t, text in _NOTABLE.findall(stderr)]
 
 
+_GIVEN = re.compile(r"^(\S+ \S+) INFO aiokafka\.consumer\.group_coordinator: Setting newly "
+                    r"assigned partitions \{(.*)\} for group", re.M)
+
+
+def given(stderr: str) -> list[tuple[float, set[int]]]:
+    """(when, the partitions) for each assignment the group handed a worker, as its
+    consumer logged it — before the worker starts acquiring them (its own "assigned
+    queues" line comes once all are acquired, after the first may have started work)."""
+    return [(_log_time(t), {int(p) for p in re.findall(r"partition=(\d+)", tps)})
+            for t, tps in _GIVEN.findall(stderr)]
+
+
 def _log_time(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
@@ -134,7 +146,7 @@ async def test_a_paused_group_member_starts_no_handler_for_the_partitions_it_los
 
     # Partitions the group gave the victim again after the pause are its own from then.
     regained: dict[int, float] = {}
-    for when, owned in assignments(victim.stderr):
+    for when, owned in given(victim.stderr):
         if when >= resumed_at:
             for p in owned:
                 regained.setdefault(p, when)
