@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 
@@ -21,13 +22,32 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
     wrap the call in ``contextlib.suppress(Exception)``).
 
     A task already cancelled is not cancelled again, so a clean-up it runs on
-    cancellation is interrupted once, not twice.
+    cancellation is interrupted once, not twice — unless that cancel was its own
+    ``asyncio.timeout`` firing, which takes it back (``uncancel``) and carries on as if it
+    had merely timed out: such a task is cancelled once it has run that far (one loop
+    turn), or it would run on and this wait with it. (A kafka-group balancer's member
+    report loop, a timeout a second, is such a task: a stop that came in the turn its
+    timeout fired would wait for it for ever; a stopping worker was seen held for
+    ``drain_timeout_s`` + 3 s, running the queues it had just been assigned.)
     """
     caller = asyncio.current_task()
     cancels_before = caller.cancelling() if caller is not None else 0
+    taken_back: list[asyncio.Task[Any]] = []  # cancelled already: maybe by a timeout
     for task in tasks:
-        if not task.done() and not task.cancelling():
+        if task.done():
+            continue
+        if task.cancelling():
+            taken_back.append(task)
+        else:
             task.cancel()
+    if taken_back:
+        # The cancel's wake-up is queued ahead of ours: after one turn a task still
+        # counting it is cleaning up (left alone); one counting none took it back.
+        with contextlib.suppress(asyncio.CancelledError):  # ours: raised once every
+            await asyncio.sleep(0)  # task has finished (the count below says so)
+        for task in taken_back:
+            if not task.done() and not task.cancelling():
+                task.cancel()
     failure: BaseException | None = None
     for task in tasks:
         try:

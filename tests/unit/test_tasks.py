@@ -181,3 +181,31 @@ async def test_a_timeout_around_it_becomes_a_timeout_error_and_is_then_forgotten
     later = asyncio.create_task(asyncio.Event().wait())
     await cancel_and_wait(later)  # the timeout's cancel was taken back: nothing raised
     assert later.cancelled()
+
+
+async def test_a_task_whose_own_timeout_fired_in_the_same_turn_is_still_stopped() -> None:
+    """The task counts a cancel when the helper looks (its ``asyncio.timeout`` fired in
+    this loop turn), which the timeout then takes back: it is cancelled after all. (A
+    daemon's member report loop, a timeout per turn, kept its stop waiting for ever.)"""
+    loop = asyncio.get_running_loop()
+    turns: list[float] = []
+
+    async def reports_each_turn(first_deadline: float) -> None:
+        deadline = first_deadline
+        while True:
+            turns.append(loop.time())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.Event().wait()
+            deadline = loop.time() + 3600
+
+    at = loop.time() + 0.05
+    woken = loop.create_future()
+    loop.call_at(at, woken.set_result, None)  # the stop's turn, due first at that instant
+    child = asyncio.create_task(reports_each_turn(at))
+    await woken
+    assert child.cancelling() == 1, "the child's timeout fired in this very turn"
+    async with asyncio.timeout(DEADLINE_S):
+        await cancel_and_wait(child)
+    assert child.cancelled()
+    assert len(turns) == 2, "the timeout took its cancel back: the child went round again"

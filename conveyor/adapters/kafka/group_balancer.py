@@ -84,6 +84,9 @@ class KafkaGroupBalancer(QueueBalancer):
         self._owned: set[int] = set()
         self._assigned_once = asyncio.Event()
         self._stopping = False
+        self._changing = asyncio.Lock()
+        """Held while queues are acquired or released: a stop's release waits for an
+        assignment under way, so every queue it acquired is drained (see :meth:`stop`)."""
         self._member: MemberInfo | None = None
         self._joining: asyncio.Task[None] | None = None
         session_s = adapter.config.session_timeout_ms / 1000
@@ -200,6 +203,10 @@ class KafkaGroupBalancer(QueueBalancer):
         return True
 
     async def _assigned(self, partitions: list[int]) -> None:
+        async with self._changing:
+            await self._acquire(partitions)
+
+    async def _acquire(self, partitions: list[int]) -> None:
         assert self._listener is not None
         if self._stopping:
             return
@@ -218,6 +225,10 @@ class KafkaGroupBalancer(QueueBalancer):
         Every partition is drained at once: the group waits for the slowest, and each
         drain cancels its pull in flight rather than waiting for the fetch to return.
         """
+        async with self._changing:
+            await self._release(partitions)
+
+    async def _release(self, partitions: list[int]) -> None:
         assert self._listener is not None
         gone = [p for p in partitions if p in self._owned]
         if not gone:
@@ -245,8 +256,14 @@ class KafkaGroupBalancer(QueueBalancer):
         if self._consumer is None:
             return
         # Drain while still a member (commits need the live generation), then leave.
+        # An assignment under way (a stop signal as the group re-balances) is waited for,
+        # so the queues it acquires are drained here too: released before their agents
+        # existed, they were drained only after the LeaveGroup, when the group may
+        # already have given them to another member (tests/integration/kafka/
+        # test_kafka_group_stop.py).
         if self._listener is not None:
-            await self._revoked(sorted(self._owned))
+            async with self._changing:
+                await self._release(sorted(self._owned))
         if self._member is not None:  # status stops showing it at once
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):

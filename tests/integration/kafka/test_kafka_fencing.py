@@ -35,6 +35,28 @@ _ASSIGNED = re.compile(r"^(\S+ \S+) INFO conveyor.kafka_group: group rec assigne
                        r"\[([\d, ]*)\]$", re.M)
 
 
+_NOTABLE = re.compile(r"^\S+ (\S+) \w+ conveyor\.[\w.]+: (.*(?:session lapsed|commit refused|"
+                      r"no longer assigned|drain timed out|took longer|could not|"
+                      r"resuming at|received: draining).*)$", re.M)
+
+
+def notable(stderr: str) -> list[str]:
+    """A worker's log lines that tell how its queues changed hands (time, text)."""
+    return [f"{t} {text[:120]}" for t, text in _NOTABLE.findall(stderr)]
+
+
+_GIVEN = re.compile(r"^(\S+ \S+) INFO aiokafka\.consumer\.group_coordinator: Setting newly "
+                    r"assigned partitions \{(.*)\} for group", re.M)
+
+
+def given(stderr: str) -> list[tuple[float, set[int]]]:
+    """(when, the partitions) for each assignment the group handed a worker, as its
+    consumer logged it — before the worker starts acquiring them (its own "assigned
+    queues" line comes once all are acquired, after the first may have started work)."""
+    return [(_log_time(t), {int(p) for p in re.findall(r"partition=(\d+)", tps)})
+            for t, tps in _GIVEN.findall(stderr)]
+
+
 def _log_time(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
@@ -124,7 +146,7 @@ async def test_a_paused_group_member_starts_no_handler_for_the_partitions_it_los
 
     # Partitions the group gave the victim again after the pause are its own from then.
     regained: dict[int, float] = {}
-    for when, owned in assignments(victim.stderr):
+    for when, owned in given(victim.stderr):
         if when >= resumed_at:
             for p in owned:
                 regained.setdefault(p, when)
@@ -149,4 +171,5 @@ async def test_a_paused_group_member_starts_no_handler_for_the_partitions_it_los
     assert not unexplained, (
         f"ran twice, not started by the victim before the pause (paused {paused_at:.3f}, "
         f"resumed {resumed_at:.3f}): {runs}; victim assignments "
-        f"{assignments(victim.stderr)}; other assignments {assignments(other.stderr)}")
+        f"{assignments(victim.stderr)}; other assignments {assignments(other.stderr)}; "
+        f"victim's hand-overs {notable(victim.stderr)}; other's {notable(other.stderr)}")
