@@ -94,6 +94,28 @@ class RemoteSpan(NonRecordingSpan):
         return f"RemoteSpan({self.get_span_context()!r})"
 
 
+class DroppedRoot(NonRecordingSpan):
+    """A new trace's root span that the ratio dropped (:meth:`RatioRoots.dropped_span`):
+    what the SDK would put in the context — a non-recording span, its flags saying "not
+    sampled, random trace id" — with its span id drawn and its :class:`SpanContext`
+    built only when someone asks (a handler that neither traces nor publishes never
+    does)."""
+
+    _context: SpanContext | None = None  # type: ignore[assignment]
+
+    def __init__(self, trace_id: int) -> None:
+        self._trace_id = trace_id
+
+    def get_span_context(self) -> SpanContext:
+        if self._context is None:
+            self._context = SpanContext(self._trace_id, random.getrandbits(64) or 1, False,
+                                        TraceFlags(_RANDOM_TRACE_ID))
+        return self._context
+
+    def __repr__(self) -> str:
+        return f"DroppedRoot({self.get_span_context()!r})"
+
+
 class RatioRoots(RandomIdGenerator):
     """The id generator that decides new traces ahead of the SDK's ratio sampler."""
 
@@ -124,9 +146,8 @@ class RatioRoots(RandomIdGenerator):
     @staticmethod
     def dropped_span(trace_id: int) -> NonRecordingSpan:
         """A new root span of trace ``trace_id`` that the ratio dropped, as the SDK
-        makes it."""
-        return NonRecordingSpan(SpanContext(
-            trace_id, random.getrandbits(64) or 1, False, TraceFlags(_RANDOM_TRACE_ID)))
+        makes it (its span id drawn, and its context built, on first use)."""
+        return DroppedRoot(trace_id)
 
     def generate_trace_id(self) -> int:
         trace_id: int = getattr(self._next, "trace_id", 0)

@@ -216,3 +216,27 @@ async def test_a_stop_that_cancels_a_call_ends_its_consumer_span_as_the_step_did
     assert [(s.name, s.status.code) for s in consumers] == [
         ("process items", PbStatus.STATUS_CODE_UNSET)]
     assert consumers[0].end_time_unix_nano >= consumers[0].start_time_unix_nano > 0
+
+
+def test_a_new_trace_the_ratio_drops_is_a_root_drawn_once_as_the_sdk_draws_it() -> None:
+    """No ``traceparent``, dropped at the ratio: the handler runs in a non-recording
+    root span whose context — built when first asked for — is valid, says "not sampled,
+    random trace id" (0x02) as the SDK's would, and stays the same when asked again."""
+    traced = Traced(0.0, lean=True)
+    tracer = traced.tracer
+    app, _ = _app()
+    seen: list[Any] = []
+
+    @app.handler("root")
+    async def root(body: bytes) -> None:
+        span = trace.get_current_span()
+        seen.extend([span.is_recording(), span.get_span_context(), span.get_span_context()])
+
+    spec = next(s for s in app.handlers if s.namespace == "root")
+    step = _direct(spec, chain_interceptors(traced_dead_letters(_discard, tracer),
+                                            DeliveryStats(), tracer=tracer))
+    asyncio.run(step(Delivery(_message("root", b"x"), spec)))
+    recording, first, again = seen
+    assert recording is False and first is again and first.is_valid
+    assert first.trace_flags == 0x02 and not first.is_remote
+    assert traced.spans() == []
