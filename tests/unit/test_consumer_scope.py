@@ -7,6 +7,7 @@ found it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -160,25 +161,35 @@ def test_every_way_of_calling_the_chain_records_the_same_spans(
         assert sum(1 for s in summary if s[0].startswith("retry ")) > 0
 
 
-def test_a_dropped_trace_is_the_handlers_context_and_records_nothing() -> None:
-    traced = Traced(0.0, lean=True)
-    tracer = traced.tracer
+def _in_handler(traced: Traced, look: Callable[[], list[Any]],
+                headers: dict[str, str]) -> list[Any]:
+    """What ``look`` sees, called in a handler run through the runner's direct call
+    with a message carrying ``headers``."""
     app, _ = _app()
     seen: list[Any] = []
 
     @app.handler("peek")
     async def peek(body: bytes) -> None:
-        seen.append(trace.get_current_span().get_span_context())
-        with tracer.start_as_current_span("child") as child:
-            seen.append(child.is_recording())
+        seen.extend(look())
 
     spec = next(s for s in app.handlers if s.namespace == "peek")
-    step = _direct(spec, chain_interceptors(traced_dead_letters(_discard, tracer),
-                                            DeliveryStats(), tracer=tracer))
+    step = _direct(spec, chain_interceptors(traced_dead_letters(_discard, traced.tracer),
+                                            DeliveryStats(), tracer=traced.tracer))
     msg = _message("peek", b"x")
-    msg.headers["traceparent"] = DROPPED
+    msg.headers.update(headers)
     asyncio.run(step(Delivery(msg, spec)))
-    context, child_recording = seen
+    return seen
+
+
+def test_a_dropped_trace_is_the_handlers_context_and_records_nothing() -> None:
+    traced = Traced(0.0, lean=True)
+
+    def look() -> list[Any]:
+        context = trace.get_current_span().get_span_context()
+        with traced.tracer.start_as_current_span("child") as child:
+            return [context, child.is_recording()]
+
+    context, child_recording = _in_handler(traced, look, {"traceparent": DROPPED})
     assert (context.trace_id, context.span_id) == (int("ef" * 16, 16), int("12" * 8, 16))
     assert not context.trace_flags.sampled and child_recording is False
     assert traced.spans() == []
@@ -223,20 +234,12 @@ def test_a_new_trace_the_ratio_drops_is_a_root_drawn_once_as_the_sdk_draws_it() 
     root span whose context — built when first asked for — is valid, says "not sampled,
     random trace id" (0x02) as the SDK's would, and stays the same when asked again."""
     traced = Traced(0.0, lean=True)
-    tracer = traced.tracer
-    app, _ = _app()
-    seen: list[Any] = []
 
-    @app.handler("root")
-    async def root(body: bytes) -> None:
+    def look() -> list[Any]:
         span = trace.get_current_span()
-        seen.extend([span.is_recording(), span.get_span_context(), span.get_span_context()])
+        return [span.is_recording(), span.get_span_context(), span.get_span_context()]
 
-    spec = next(s for s in app.handlers if s.namespace == "root")
-    step = _direct(spec, chain_interceptors(traced_dead_letters(_discard, tracer),
-                                            DeliveryStats(), tracer=tracer))
-    asyncio.run(step(Delivery(_message("root", b"x"), spec)))
-    recording, first, again = seen
+    recording, first, again = _in_handler(traced, look, {})
     assert recording is False and first is again and first.is_valid
     assert first.trace_flags == 0x02 and not first.is_remote
     assert traced.spans() == []
