@@ -131,7 +131,13 @@ class LeanRecorder(SpanProcessor):
         if len(queue) >= self.max_queue_size or self._stopping:
             self._drop()
             return
-        queue.append(span._encode())
+        try:
+            encoded = span._encode()
+        except Exception:  # never the caller's failure: it ends a span on the hot path
+            self.dropped_spans += 1
+            logger.exception("Failed to encode a span: dropped.")
+            return
+        queue.append(encoded)
         if len(queue) >= self.max_export_batch_size and not self._wake.is_set():
             self._wake.set()
 

@@ -643,3 +643,20 @@ def test_the_sender_drops_a_request_over_the_exporters_max_request_size(
         assert recorder.force_flush() and arrived(collector) == 1
         assert any("exceeds max_request_size 3000" in r.getMessage() for r in caplog.records)
     exporter.shutdown()
+
+
+def test_a_span_that_does_not_encode_is_dropped_and_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ending a span runs on the worker's hot path: a span that fails to encode (here a
+    per-message value that is not the string the shape promises) is dropped, counted and
+    logged, and the caller goes on."""
+    with recording(lambda data: True) as recorder:
+        shape = consumer(recorder)
+        bad = LeanSpan(shape, TRACE_ID, 1, PARENT_ID, SAMPLED,
+                       {"conveyor.stream.key": 5})  # type: ignore[dict-item]
+        with caplog.at_level(logging.ERROR, logger="conveyor.platform.spans"):
+            bad.end()
+        LeanSpan(shape, TRACE_ID, 2, PARENT_ID, SAMPLED, per_message()).end()
+        assert recorder.dropped_spans == 1 and len(recorder._queue) == 1
+    assert "Failed to encode a span" in caplog.text
