@@ -41,7 +41,8 @@ DESCRIBED_NOT_EXPORTED = {
     "Backend",  # what one broker offers (docs/development.md): a contributor's word
     "ConsumerGroups", "DeadLetters",  # the adapter port's facets (docs/development.md)
     # where a message's time goes (docs/performance.md): the agent's and chain's parts
-    "DeadLetterInterceptor", "DeliveryStats", "DirectCall", "Entry", "HandlerDuration", "Lane",
+    "ConsumerScope", "DeadLetterInterceptor", "DeliveryStats", "DirectCall", "Entry",
+    "HandlerDuration", "Lane",
     "RecordDecoder",
 }
 # Sub-modules with a curated public API of their own, imported by name
