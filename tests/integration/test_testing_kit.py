@@ -363,8 +363,9 @@ def test_bad_kit_settings_are_refused_naming_the_setting() -> None:
         TestWorker(app, delay_scale=-1)
     with pytest.raises(conveyor.InvalidArgumentError, match="settle_timeout_s") as bad_timeout:
         worker_fixture(app, settle_timeout_s=float("nan"))
-    for error in (bad_scale.value, bad_timeout.value):
-        assert "\n" not in str(error)  # one line, naming the setting
+    # One line each, naming the setting.
+    assert ["\n" in str(error) for error in (bad_scale.value, bad_timeout.value)] == [
+        False, False]
     assert TestWorker(app, delay_scale=0).delay_scale == 0  # the bound itself is fine
 
 
