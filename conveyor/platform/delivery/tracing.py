@@ -41,7 +41,7 @@ from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter, Message
-from conveyor.platform.sampling import ODD_HEX, RemoteSpan, ratio_roots, well_formed
+from conveyor.platform.sampling import ratio_roots, remote_span
 from conveyor.platform.telemetry import (
     ATTEMPT,
     CONSUMER_GROUP,
@@ -208,21 +208,19 @@ class ConsumerScope:
         """Make ``msg``'s consumer span (or dropped context) the current one."""
         headers = msg.headers
         roots = self._roots
-        header = headers.get("traceparent")
-        if header is not None and roots is not None:  # remote_span, inlined
-            if "tracestate" in headers or well_formed(header) is None:
-                return self._sdk(msg, PROPAGATOR.extract(headers))  # the SDK's way
-            if header[54] not in ODD_HEX:  # the producer dropped its trace
-                return _set_context(_in_context(RemoteSpan(header))), None
+        parent = remote_span(headers) if roots is not None else None
+        if parent is not None:
+            if not parent.sampled:  # the producer dropped its trace
+                return _set_context(_in_context(parent)), None
             lean = self._lean
             if lean is None:
-                return self._sdk(msg, _in_context(RemoteSpan(header)))
-            span: Span = lean(int(header[3:35], 16), random_span_id(), int(header[36:52], 16),
-                              SAMPLED | (int(header[53:55], 16) & RANDOM_TRACE_ID),
-                              self._attributes(msg))
+                return self._sdk(msg, _in_context(parent))
+            trace_id, parent_id, flags = parent.ids()
+            span: Span = lean(trace_id, random_span_id(), parent_id,
+                              SAMPLED | (flags & RANDOM_TRACE_ID), self._attributes(msg))
             return _set_context(_in_context(span)), span
-        if roots is None:  # not our provider: all the SDK's way
-            return self._sdk(msg, PROPAGATOR.extract(headers))
+        if roots is None or "traceparent" in headers:  # not our provider, or a header
+            return self._sdk(msg, PROPAGATOR.extract(headers))  # to read the SDK's way
         trace_id, kept = roots.draw()  # a new trace
         if not kept:
             return _set_context(_in_context(roots.dropped_span(trace_id))), None
@@ -230,8 +228,7 @@ class ConsumerScope:
         if lean is None:
             roots.take_next(trace_id)
             return self._sdk(msg, Context())
-        span = lean(trace_id, random_span_id(), 0, ROOT_FLAGS,
-                    self._attributes(msg))
+        span = lean(trace_id, random_span_id(), 0, ROOT_FLAGS, self._attributes(msg))
         return _set_context(_in_context(span)), span
 
     def _sdk(self, msg: Message, parent: Context) -> Entered:
