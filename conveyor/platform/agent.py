@@ -476,7 +476,6 @@ class PullingAgent:
                 # first: one comparison a call. (The deadline only moves once it has
                 # passed, so the run has ended by then whatever it moves to.)
                 stop_at = min(began + RUN_BUDGET_S, own.until)
-                now = began  # the last clock read, with no await since (see below)
                 try:
                     while True:  # the lane's entries, one call each (see LANE_RUN)
                         entry = lane_entries.popleft()  # the lane is not ready meanwhile
@@ -486,14 +485,11 @@ class PullingAgent:
                             await self._careful.acquire()
                             careful = True
                             msg = await self._count_start(msg)
-                            now = clock()
                         if direct is not None:  # DirectCall.run, inlined
                             if scope is not None:  # tracing on: its span is current
                                 entered = scope.enter(msg)
                             if record is not None:
-                                # A call's start is the end of the one before when they
-                                # run back to back, as a call's end is the run's read.
-                                timed = now if timer is clock else timer()
+                                timed = timer()
                             failure = None
                             try:
                                 await start(msg)

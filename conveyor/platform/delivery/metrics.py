@@ -1,8 +1,8 @@
 """Metrics: the handler-duration histogram, per delivery (decode, attempts, dead letter).
 
 Counted in plain Python (:mod:`conveyor.platform.histograms`): per message two clock
-reads where a step times the call, none of its own where the agent's runner does (see
-:data:`DURATION_CLOCK`), a ``bisect`` and a few additions, no SDK call; readers
+reads (one where the agent's runner times the call: the end is its run-budget read,
+see :data:`DURATION_CLOCK`), a ``bisect`` and a few additions, no SDK call; readers
 merge the counts in when they collect. The counters (handled, failed, retried,
 dead-lettered) cost nothing extra: they are the plain
 :class:`~conveyor.platform.delivery.chain.DeliveryStats` the dead-letter step keeps
@@ -34,11 +34,7 @@ DURATION_CLOCK: Callable[[], float] = (
 """The handler-duration histogram's clock: ``time.monotonic`` where it has a fine
 resolution (Linux and macOS: the clock ``perf_counter`` reads too), so the agent's
 runner, which reads it after each call for its run budget anyway, takes a call's end
-time from that one read — and its start from the read before, the end of the call
-before it in the same run, when nothing was awaited in between (else from a read of
-its own). So a call's time includes the runner's bookkeeping since that read (the
-acknowledgement's, the next lane's: well under a microsecond, against a first bucket
-of 0.5 ms). ``perf_counter`` elsewhere (Windows' monotonic ticks in ~16 ms), read twice."""
+time from that one read; ``perf_counter`` elsewhere (Windows' monotonic ticks in ~16 ms)."""
 
 DURATION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                       1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
