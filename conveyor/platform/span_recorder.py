@@ -77,7 +77,8 @@ class LeanRecorder(SpanProcessor):
                  schedule_delay_millis: float | None = None,
                  max_export_batch_size: int | None = None,
                  export_timeout_millis: float | None = None,
-                 span_limits: SpanLimits | None = None) -> None:
+                 span_limits: SpanLimits | None = None,
+                 close: Callable[[], object] | None = None) -> None:
         self.max_queue_size = max_queue_size if max_queue_size is not None else _env_int(
             OTEL_BSP_MAX_QUEUE_SIZE, 2048)
         self.schedule_delay_millis = (
@@ -101,6 +102,7 @@ class LeanRecorder(SpanProcessor):
         self.limits = span_limits if span_limits is not None else SpanLimits()
         self.dropped_spans = 0
         self._send = send
+        self._close = close
         self._resource_head, self._scope_head, self._scope_tail, self._resource_tail = (
             _envelope(resource, scope))
         self._queue: deque[bytes] = deque()
@@ -204,13 +206,15 @@ class LeanRecorder(SpanProcessor):
 
     def shutdown(self) -> None:
         """Post what is queued and stop the thread (waiting at most
-        ``export_timeout_millis``); spans ended later are dropped. ``send``'s exporter
-        is the caller's to shut down."""
+        ``export_timeout_millis``), then call ``close`` (what ``send`` posts through,
+        when the recorder owns it); spans ended later are dropped."""
         if self._stopping:
             return
         self._stopping = True
         self._wake.set()
         self._thread.join(self.export_timeout_millis / 1e3)
+        if self._close is not None:
+            self._close()
 
 
 def _envelope(resource: Resource, scope: InstrumentationScope

@@ -90,8 +90,6 @@ class Telemetry:
         recorder: LeanRecorder | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
-        self._closing: list[SpanExporter] = []
-        """Exporters to shut down after the providers (none the caller gave)."""
         self.recorder = recorder if tracer_provider is not None else None
         """Where consumer spans go when they are not the SDK's (a processor of
         ``tracer_provider``, so its flush and shutdown cover them): what
@@ -178,7 +176,6 @@ class Telemetry:
 
         tracer_provider = ratio_tracer_provider(config.sample_ratio, resource)
         recorder = None
-        closing: list[SpanExporter] = []
         if lean_exporter is not None:  # consumer spans encoded by hand (docs/telemetry.md)
             from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -186,11 +183,11 @@ class Telemetry:
 
             send = otlp_sender(lean_exporter)
             if send is not None:
-                recorder = LeanRecorder(send, resource, InstrumentationScope(SCOPE))
+                recorder = LeanRecorder(send, resource, InstrumentationScope(SCOPE),
+                                        close=lean_exporter.shutdown)
                 # A processor of the provider: its flush and shutdown cover the
                 # recorder, which it shuts down first (in the order they were added).
                 tracer_provider.add_span_processor(recorder)
-                closing.append(lean_exporter)
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
         from conveyor.platform.histograms import LocalMetrics, MergingExporter
 
@@ -204,9 +201,7 @@ class Telemetry:
             registry, reader = _prometheus_reader(local)
             readers.append(reader)
         meter_provider = SdkMeterProvider(resource=resource, metric_readers=readers)
-        telemetry = cls(tracer_provider, meter_provider, registry, local, recorder=recorder)
-        telemetry._closing = closing
-        return telemetry
+        return cls(tracer_provider, meter_provider, registry, local, recorder=recorder)
 
     @classmethod
     def prometheus_only(cls, config: TelemetryConfig, instance_id: str | None = None) -> Telemetry:
@@ -238,9 +233,6 @@ class Telemetry:
             shutdown = getattr(provider, "shutdown", None)
             if callable(shutdown):
                 shutdown()
-        for exporter in self._closing:  # the recorder's: the provider does not own it
-            exporter.shutdown()
-        self._closing = []
 
     # -- producer side -----------------------------------------------------------------
     def publish_span(self, msg: Message, system: str, queue: int) -> Span:

@@ -660,3 +660,17 @@ def test_a_span_that_does_not_encode_is_dropped_and_logged_not_raised(
         LeanSpan(shape, TRACE_ID, 2, PARENT_ID, SAMPLED, per_message()).end()
         assert recorder.dropped_spans == 1 and len(recorder._queue) == 1
     assert "Failed to encode a span" in caplog.text
+
+
+def test_shutdown_posts_what_is_queued_then_closes_what_it_posts_through() -> None:
+    events: list[str] = []
+
+    def send(data: bytes) -> bool:
+        events.append("post")
+        return True
+
+    recorder = LeanRecorder(send, RESOURCE, SCOPE, close=lambda: events.append("close"))
+    record(consumer(recorder), 3)
+    recorder.shutdown()
+    recorder.shutdown()  # once only
+    assert events == ["post", "close"]
