@@ -213,11 +213,13 @@ class RedisLeaseStore(LeaseStore):
             self._replicas, self._replica_timeout_ms)
 
     async def _run(self, what: str, script: Any, keys: list[str], args: list[Any],
-                   *, retry: bool = True) -> tuple[Any, int]:
-        """``script`` (with ``WAIT`` when ``[redis] min_replicas`` is set): its reply and
-        the replicas that confirmed it."""
+                   *, retry: bool = True, replicated: bool = True) -> tuple[Any, int]:
+        """``script`` (with ``WAIT`` when ``[redis] min_replicas`` is set and
+        ``replicated``): its reply and the replicas that confirmed it."""
+        replicas = self._replicas if replicated else 0
+
         def call() -> Awaitable[tuple[Any, int]]:
-            return run_replicated(self._redis, script, keys, args, self._replicas,
+            return run_replicated(self._redis, script, keys, args, replicas,
                                   self._replica_timeout_ms)
 
         if retry:
@@ -269,10 +271,15 @@ class RedisLeaseStore(LeaseStore):
         return Lease(lease.queue, lease.owner, lease.token, started + ttl_s)
 
     async def release(self, lease: Lease) -> None:
+        """Give the lease back. Not waited on the replicas: a release lost in a failover
+        leaves the lease to expire at its deadline, as a crashed owner's does, so waiting
+        would only hold the caller (``replica_timeout_ms`` more for a lease taken short
+        of its replicas, while they are down)."""
         key = self._keys.lease(self._group, lease.queue)
         keys = [key] if self._bump_apart else [key, self._generation_key]
         released, _ = await self._run(f"releasing the lease of queue {lease.queue}",
-                                      self._release, keys, [f"{lease.token} {lease.owner}"])
+                                      self._release, keys, [f"{lease.token} {lease.owner}"],
+                                      replicated=False)
         if released:
             await self._bump()
 

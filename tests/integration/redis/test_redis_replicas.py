@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,12 +101,17 @@ async def test_a_lease_the_replicas_did_not_confirm_is_not_taken_nor_extended(
 
     membership, leases = redis_coordination(replicated_config(redis_server), "app")
     try:
-        lease = await leases.acquire(0, "me", 5.0)
+        # A TTL far beyond the two replica waits below (2 s each), so a loaded machine
+        # cannot let the lease expire before its renewal.
+        lease = await leases.acquire(0, "me", 60.0)
         assert lease is not None
         replica.kill()
+        started = time.monotonic()
         assert await leases.acquire(1, "me", 5.0) is None
+        # One wait on the replicas, not two: the give-back is not waited on.
+        assert time.monotonic() - started < 3.5
         assert redis_server.client().get("rep:app:app:lease:1") is None  # given back
-        renewed = await leases.renew(lease, 5.0)
+        renewed = await leases.renew(lease, 60.0)
         assert renewed == lease  # kept, with its old deadline
     finally:
         await membership.close()
