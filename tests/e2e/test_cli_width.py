@@ -20,6 +20,8 @@ from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message, now_ms
 from tests.conftest import wait_until_sync
 from tests.integration.redis.conftest import REPO, RedisServer, Worker, write_config
+from tests.servers.process import server_fixture
+from tests.servers.redis import _aof_server
 
 pytestmark = pytest.mark.redis
 
@@ -76,11 +78,18 @@ def store_letters(config: Config, app: str, count: int) -> None:
     asyncio.run(run())
 
 
-@pytest.fixture
-def busy_app(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[Path, Worker]]:
+width_redis = server_fixture("width_redis", _aof_server, scope="module",
+                             doc="One redis-server for this module's tests, which only read.")
+
+
+@pytest.fixture(scope="module")
+def busy_app(width_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[Path, Worker]]:
     """App ``rec`` with a running worker, three dead letters with a long error, and a
-    ghost app whose group holds retention back."""
-    cfg = write_config(tmp_path / "c.toml", redis_server.url, balancer={"lease_ttl_s": 0.9})
+    ghost app whose group holds retention back: one for the module, as the tests only
+    read what it shows (1.7 s to set up)."""
+    tmp_path = tmp_path_factory.mktemp("busy_app")
+    cfg = write_config(tmp_path / "c.toml", width_redis.url, balancer={"lease_ttl_s": 0.9})
     cli("rewind", "--app", "ghost", "--to", PAST, "--create-group", "--config", str(cfg))
     worker = Worker("w", cfg, tmp_path)
     try:
