@@ -20,26 +20,24 @@ ROOT = Path(__file__).resolve().parents[2]
 D = "conveyor/platform/delivery/"
 CORE = ["conveyor/platform/agent.py", "conveyor/platform/queue_cache.py",
         "conveyor/platform/acks.py"]
+SLOTS = ["conveyor/platform/slots.py", "conveyor/workers/slots/fixed.py"]
+CHAIN = [D + "__init__.py", D + "chain.py", D + "dead_letter.py"]
 SUBSETS = {
     "agent": ["conveyor/platform/agent.py"],
     "core": CORE,
-    "core+slots": CORE + ["conveyor/platform/slots.py", "conveyor/workers/slots/fixed.py"],
+    "core+slots": [*CORE, *SLOTS],
     "core+delivery": CORE + [D + m for m in ("__init__.py", "chain.py", "dead_letter.py")],
     # core+delivery+slots: the largest subset that passes the unit tests touching it
     # (but for one __qualname__ introspection) and does not crash.
-    "safe": CORE + ["conveyor/platform/slots.py", "conveyor/workers/slots/fixed.py",
-                    D + "__init__.py", D + "chain.py", D + "dead_letter.py"],
+    "safe": [*CORE, *SLOTS, *CHAIN],
     # fast = safe + ownership + watchdog; measured with mypyc-source-changes.patch applied
     # (Entry/Lane as plain slotted classes, watchdog's _thread renamed: see README.md).
-    "fast": CORE + ["conveyor/platform/slots.py", "conveyor/workers/slots/fixed.py",
-                    D + "__init__.py", D + "chain.py", D + "dead_letter.py",
-                    "conveyor/platform/ownership.py", "conveyor/platform/watchdog.py"],
+    "fast": [*CORE, *SLOTS, *CHAIN, "conveyor/platform/ownership.py",
+             "conveyor/platform/watchdog.py"],
     # hot = safe + adapters/memory.py: runs the bench, but segfaults in the GC in the unit
     # tests (interpreted subclasses of MemoryReceiver/MemoryAdapter, allowed with
     # @mypyc_attr(allow_interpreted_subclasses=True)); without it they cannot subclass.
-    "hot": CORE + ["conveyor/platform/slots.py", "conveyor/workers/slots/fixed.py",
-                   D + "__init__.py", D + "chain.py", D + "dead_letter.py",
-                   "conveyor/adapters/memory.py"],
+    "hot": [*CORE, *SLOTS, *CHAIN, "conveyor/adapters/memory.py"],
     "all": CORE + ["conveyor/platform/slots.py", "conveyor/workers/slots/fixed.py",
                    "conveyor/platform/message.py", "conveyor/adapters/memory.py"]
            + [D + m for m in ("__init__.py", "batch.py", "chain.py", "dead_letter.py",

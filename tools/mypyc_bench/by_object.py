@@ -1,5 +1,8 @@
 """Self Ir per object file (libpython, the mypyc .so, msgspec, libc...) of a callgrind out file."""
-import collections, re, sys
+import collections
+import re
+import sys
+
 
 def by_object(path):
     names, totals, ob = {}, collections.Counter(), None
@@ -8,7 +11,8 @@ def by_object(path):
         for line in f:
             if line.startswith(("ob=", "cob=")):
                 m = re.match(r"c?ob=\((\d+)\)(?: (.*))?", line.strip())
-                if m.group(2): names[m.group(1)] = m.group(2)
+                if m.group(2):
+                    names[m.group(1)] = m.group(2)
                 if line.startswith("ob="):
                     ob = names[m.group(1)]
             elif line.startswith("calls="):
@@ -23,7 +27,8 @@ def by_object(path):
     return totals
 
 for p in sys.argv[1:]:
-    t = by_object(p); s = sum(t.values())
+    t = by_object(p)
+    s = sum(t.values())
     print(p, s)
     for ob, v in t.most_common(6):
         print(f"  {v/s*100:5.1f}% {v:>12,} {ob}")

@@ -5,7 +5,8 @@ Reuses the bench's own code (publish_batch into a fresh broker, then time_daemon
 the bench's SteadyClock swapped for one that also toggles callgrind collection on at the
 first delivery and off when the last acknowledgement is in. So under
 
-    valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=X python consume_cost.py -n N
+    valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=X \
+        python consume_cost.py -n N
 
 the Ir total in X is the timed window only. Natively it prints CPU µs/message (process_time)
 per repeat. Run it with PYTHONPATH pointing at the tree to measure (pure or mypyc-built).
