@@ -490,10 +490,31 @@ class DynamicBalancer(QueueBalancer):
         self._full_due = self._clock() + FULL_RECHECK_INTERVALS * (
             1 + self._phase()) * self.rebalance_interval_s
         held = set(self._held)
+        await self._move(give=held - target, take=target - held)
+
+    async def _move(self, *, give: set[int], take: set[int]) -> None:
+        """Give up the queues of ``give`` and take those of ``take``, all at once.
+
+        A stop does not cut a hand-over short: cancelled halfway through its drain, a
+        queue lost the acknowledgements still to be sent, the stop's own give-up found
+        no agent left to drain and released the lease, and the next owner ran those
+        finished messages again. Shielded, the hand-over goes on and the stop's give-up
+        of the queue waits for it on the queue's lock. Takes are cancelled as before (a
+        stopping daemon starts nothing)."""
+        handing = (asyncio.ensure_future(self._give_up_all(sorted(give)))
+                   if give else None)
         await asyncio.gather(
-            *(self._give_up(q) for q in sorted(held - target)),
-            *(self._take(q) for q in sorted(target - held)),
+            *([asyncio.shield(handing)] if handing is not None else []),
+            *(self._take(q) for q in sorted(take)),
         )
+
+    async def _give_up_all(self, queues: list[int]) -> None:
+        try:
+            await asyncio.gather(*(self._give_up(q) for q in queues))
+        except Exception:
+            if not self._stopping:
+                raise  # to the re-balance, which logs it
+            log.exception("handing over queues %s failed", queues)
 
     async def _members(self) -> list[MemberInfo]:
         """The live members; without their records when the placement needs no stats."""

@@ -126,10 +126,7 @@ class LeasedSupervisedBalancer(DynamicBalancer):
             await self.membership.join(self._member)
         self._joined = True
         held = set(self._held)
-        await asyncio.gather(
-            *(self._give_up(q) for q in sorted(held - self._assigned)),
-            *(self._take(q) for q in sorted(self._assigned - held)),
-        )
+        await self._move(give=held - self._assigned, take=self._assigned - held)
 
     async def acquire(self, queue: int) -> None:
         """Returns once the lease is held and the queue is being pulled."""

@@ -55,7 +55,7 @@ def test_handlers_blocking_the_loop_cost_no_lease_and_run_at_most_twice(
             Publish("items", f"s{i % streams}",
                     {"seq": i, "block_s": 3.0 if i in blockers else 0.0})
             for i in range(n))
-    ws = [Worker(f"w{i}", SHIPPED, tmp_path, app=APP, env=env, log_level="debug") for i in range(2)]  # XXX
+    ws = [Worker(f"w{i}", SHIPPED, tmp_path, app=APP, env=env) for i in range(2)]
     workers.extend(ws)
     records = [w.record for w in ws]
 
@@ -70,7 +70,6 @@ def test_handlers_blocking_the_loop_cost_no_lease_and_run_at_most_twice(
     assert set(runs) == set(range(n))
     doubled = {seq: c for seq, c in runs.items() if c > 1}
     print(f"\nblocked loops: all {n} handled in {took_s:.1f}s; ran twice: {doubled}")
-    if doubled: open(f"/tmp/dbg-{time.time():.0f}.log", "w").write(ws[0].stderr + "\n=====\n" + ws[1].stderr)  # XXX
     # A non-blocking message runs once; a blocker may run twice (its worker can lose the
     # queue while the blocker holds the loop past the lease, in the worst case).
     assert all(seq in blockers for seq in doubled), doubled
