@@ -28,6 +28,7 @@ from conveyor.platform.errors import ConveyorError, LeaseLostError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, QueueCache
+from conveyor.platform.watchdog import stall_note
 
 log = logging.getLogger("conveyor.agent")
 
@@ -148,8 +149,8 @@ class Acknowledger:
                 self.to_ack[:0] = batch
                 failures += 1
                 delay_s = BROKER_WRITE.delay(failures)
-                log.warning("queue %d: ack failed (%s: %s); retrying in %.2fs",
-                            self.queue, type(exc).__name__, exc, delay_s)
+                log.warning("queue %d: ack failed (%s: %s)%s; retrying in %.2fs",
+                            self.queue, type(exc).__name__, exc, stall_note(), delay_s)
                 await asyncio.sleep(delay_s)
                 continue
             self.acked += len(batch)

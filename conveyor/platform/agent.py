@@ -79,7 +79,7 @@ from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
-from conveyor.platform.watchdog import LoopWatchdog
+from conveyor.platform.watchdog import LoopWatchdog, stall_note
 
 if TYPE_CHECKING:
     from conveyor.platform.delivery.tracing import Entered
@@ -345,8 +345,9 @@ class PullingAgent:
             except Exception as exc:  # adapters raise ConveyorErrors; anything else is a bug
                 log.log(
                     logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
-                    "queue %d: pull failed (%s: %s); retrying in %.1fs",
-                    self.queue, type(exc).__name__, exc, settings.poll_timeout_s,
+                    "queue %d: pull failed (%s: %s)%s; retrying in %.1fs",
+                    self.queue, type(exc).__name__, exc, stall_note(),
+                    settings.poll_timeout_s,
                 )
                 await asyncio.sleep(settings.poll_timeout_s)
                 continue

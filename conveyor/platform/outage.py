@@ -6,6 +6,8 @@ import asyncio
 import logging
 import time
 
+from conveyor.platform.watchdog import stall_note
+
 
 class OutageLog:
     """Whether a broker is reachable, logged once when an outage starts, every
@@ -32,8 +34,9 @@ class OutageLog:
         if self.down_since is None:
             self.down_since = self._last_report = now
             self.reported.set()
-            self._log.warning("%s at %s unreachable while %s (%s); retrying with back-off%s",
-                              self.system, self.address, what, exc, self._retry_note)
+            self._log.warning("%s at %s unreachable while %s (%s)%s; retrying with back-off%s",
+                              self.system, self.address, what, exc, stall_note(),
+                              self._retry_note)
         elif now - self._last_report >= self.report_every_s:
             self._last_report = now
             self._log.warning("still waiting for %s at %s (down for %.0fs): %s",

@@ -17,6 +17,10 @@ waits. Its reading does not depend on the loop:
   probe gets through. A pulling agent's runner reads it after each handler call and, when
   set, yields to the loop before starting the next message: blockers that follow one
   another are then separate stalls, each measured on its own, not one long one.
+* :func:`stall_note` — for a broker error's log line: a call whose deadline passed while
+  the loop was blocked fails as a timeout when it resumes (asyncio runs the timeout
+  before the task that would read the answer waiting in the socket), so "unreachable"
+  right after a stall says so.
 * A stall past ``threshold_s`` is logged once it ends — the handler, the message, the queue,
   how long, and the blocking frame's stack as seen while it blocked — at most once per
   handler per ``log_interval_s`` (the others are counted in :attr:`stalls`).
@@ -42,6 +46,25 @@ log = logging.getLogger("conveyor.watchdog")
 
 STACK_FRAMES = 8
 """Innermost frames of the blocking stack shown in the log line."""
+
+STALL_NOTE_WITHIN_S = 1.0
+"""How soon after a stall a broker error's log line names it (:func:`stall_note`)."""
+
+_last_stall = (-float("inf"), 0.0)
+"""When (``time.monotonic()``) the last stall past a watchdog's threshold ended in this
+process, and how long it lasted."""
+
+
+def stall_note(within_s: float = STALL_NOTE_WITHIN_S) -> str:
+    """A note for the log line of a broker call that failed: empty, or, when an event
+    loop's stall ended less than ``within_s`` ago, that the failure may be the stall's.
+    A read or connect whose deadline passed during the stall times out as the loop
+    resumes, its answer maybe already waiting, so the broker is not necessarily down."""
+    ended, lasted_s = _last_stall
+    if time.monotonic() - ended > within_s:
+        return ""
+    return (f" — just after the event loop was blocked {lasted_s:.1f}s: a timeout then "
+            f"is likely the stall's, not the broker's")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +157,8 @@ class LoopWatchdog:
         self.stalled = False
         self.stalls += 1
         self.longest_s = max(self.longest_s, took_s)
+        global _last_stall
+        _last_stall = (time.monotonic(), took_s)
         culprit, self._culprit = self._culprit, None
         self._report(took_s, culprit)
 

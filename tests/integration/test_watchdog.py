@@ -11,6 +11,7 @@ import pytest
 from conveyor import App
 from conveyor.platform.config import Config, WorkerConfig
 from conveyor.testing import TestWorker
+from tests.conftest import wait_until
 
 
 def blocking_app() -> App:
@@ -48,3 +49,31 @@ async def test_a_handler_blocking_the_loop_is_named_with_its_message_and_stack(
     assert "handler tests.integration.test_watchdog.on_job" in line or "on_job" in line
     assert blocker.id in line or second.id in line
     assert "time.sleep" in line and "test_watchdog.py" in line
+
+
+async def test_a_broker_error_just_after_a_stall_names_the_stall(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A read whose deadline passed during a stall times out as the loop resumes (the
+    # answer maybe already in the socket): its "unreachable" line says so, instead of
+    # blaming the broker alone.
+    from conveyor.platform.outage import OutageLog
+    from conveyor.platform.watchdog import LoopWatchdog, stall_note
+
+    watchdog = LoopWatchdog(threshold_s=0.2, probe_interval_s=0.05)
+    watchdog.start()
+    try:
+        time.sleep(0.5)  # noqa: ASYNC251 - the stall under test
+        await wait_until(lambda: watchdog.stalls == 1, 5, 0.01, "the probe answered")
+        outage = OutageLog(logging.getLogger("tests.outage"), "redis", "redis://h:1/0", 30)
+        with caplog.at_level(logging.WARNING, logger="tests.outage"):
+            outage.failing("reading queue 0", TimeoutError("Timeout reading from h:1"))
+        [line] = [r.getMessage() for r in caplog.records if r.name == "tests.outage"]
+        assert line.startswith("redis at redis://h:1/0 unreachable while reading queue 0 "
+                               "(Timeout reading from h:1) — just after the event loop was "
+                               "blocked 0.")
+        assert line.endswith("a timeout then is likely the stall's, not the broker's; "
+                             "retrying with back-off")
+        assert stall_note(within_s=0.0) == ""  # longer ago than that: no note
+    finally:
+        watchdog.stop()
