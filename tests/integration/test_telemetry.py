@@ -237,26 +237,30 @@ async def test_slots_cache_fill_and_lag_gauges_follow_a_held_workload() -> None:
             attrs = (("handler", handler),)
         return metric_points(reader).get(name, {}).get(attrs)
 
+    def readings() -> dict[str, Any]:
+        return {"cache": point("conveyor.cache.fill", q),
+                "slots": point("conveyor.slots.in_use", handler="*"),  # the daemon's total
+                "other queues' caches": [
+                    v for (attrs), v in metric_points(reader)["conveyor.cache.fill"].items()
+                    if attrs != (("queue", q),)]}
+
     await d.start()
     try:
         await wait_until(lambda: point("conveyor.cache.fill", q) == 3, 10,
                          what="the held queue's agent to cache all three")
         await wait_until(lambda: point("conveyor.queue.lag", q) == 3, 10,
                          what="lag 3 sampled on the held queue")
-        assert point("conveyor.cache.fill", q) == 3
-        # one stream: one handler at a time (the daemon's total is the "*" point)
-        assert point("conveyor.slots.in_use", handler="*") == 1
-        others = [v for (attrs), v in metric_points(reader)["conveyor.cache.fill"].items()
-                  if attrs != (("queue", q),)]
-        assert len(others) == 7 and not any(others)
+        held = readings()
         gate.set()
         await wait_until(lambda: seen == [0, 1, 2], 10, what="all three handled in order")
         await wait_until(lambda: point("conveyor.queue.lag", q) == 0, 10, what="lag back to 0")
-        assert point("conveyor.cache.fill", q) == 0
-        assert point("conveyor.slots.in_use", handler="*") == 0
+        released = readings()
     finally:
         gate.set()
         await d.stop()
+    # One stream: one handler at a time.
+    assert held == {"cache": 3, "slots": 1, "other queues' caches": [0] * 7}
+    assert released == {"cache": 0, "slots": 0, "other queues' caches": [0] * 7}
 
 
 async def test_an_unroutable_messages_dead_letter_span_continues_the_producers_trace() -> None:

@@ -88,6 +88,7 @@ def test_a_publish_inside_a_span_follows_its_parent_not_the_ratio() -> None:
     assert telemetry.tracer is not None
     with telemetry.tracer.start_as_current_span("outer", context=None):
         pass
+    assert list(spans.get_finished_spans()) == []  # a new root at ratio 0: dropped
     # A sampled parent (forced by a remote sampled context) keeps its child publish.
     parent = remote_parent({"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"})
     assert parent is not None
