@@ -20,7 +20,8 @@ waits. Its reading does not depend on the loop:
 * :func:`stall_note` — for a broker error's log line: a call whose deadline passed while
   the loop was blocked fails as a timeout when it resumes (asyncio runs the timeout
   before the task that would read the answer waiting in the socket), so "unreachable"
-  right after a stall says so.
+  right after a stall says so. (Redis calls put such a deadline off instead:
+  :mod:`conveyor.platform.deadlines`.)
 * A stall past ``threshold_s`` is logged once it ends — the handler, the message, the queue,
   how long, and the blocking frame's stack as seen while it blocked — at most once per
   handler per ``log_interval_s`` (the others are counted in :attr:`stalls`).

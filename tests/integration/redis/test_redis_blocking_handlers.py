@@ -76,6 +76,11 @@ def test_handlers_blocking_the_loop_cost_no_lease_and_run_at_most_twice(
     assert max(runs.values()) <= 2, runs
     logs = ws[0].stderr + ws[1].stderr
     assert "on_item" in logs and "blocked the event loop" in logs, logs[-3000:]
+    # Redis answered throughout: no call may fail for the stalls' sake (a read whose
+    # deadline passed during one used to, as the loop resumed; 1-7 such lines a run).
+    failed = [line for line in logs.splitlines()
+              if any(k in line for k in ("unreachable", "pull failed", "ack failed"))]
+    assert not failed, failed
 
 
 def test_a_blocker_longer_than_the_lease_ends_as_a_dead_letter_after_max_deliveries(

@@ -1,0 +1,86 @@
+"""A deadline for a broker call that does not blame the broker for the event loop's stall.
+
+``asyncio.timeout`` fires when its time comes, however late the loop gets there. A read
+whose deadline passes while a handler blocks the loop (``time.sleep``, a synchronous
+client) times out as the loop resumes, though its answer is usually already waiting in
+the socket: in the loop's first pass after the stall the socket's reader callback runs
+and schedules the reading task for the *next* pass, but the timeout's callback runs in
+this one and cancels the task. The call then fails as if the broker had gone quiet, and
+its connection is dropped and opened again.
+
+:class:`StallTolerantTimeout` puts such a deadline off: when its callback runs more than
+:data:`LATE_S` after the deadline (the loop was blocked when it came due), the deadline
+becomes :data:`GRACE_S` from then, so the call fails only once the loop has run that
+long without a stall and the answer has still not come. A broker that is really down is
+found out at most ``GRACE_S`` later than the deadline, after every stall that hid it.
+
+Decisions: ``LATE_S`` is far above how late a timer fires on a busy but unblocked loop
+(milliseconds) and below the loop watchdog's stall threshold (0.5 s); ``GRACE_S``
+gives the loop many passes to read what is waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+
+LATE_S = 0.25
+"""A deadline whose callback runs this much after it was due passed during a stall."""
+
+GRACE_S = 0.25
+"""How long the loop runs, after a stall that hid a deadline, before the call fails."""
+
+
+class StallTolerantTimeout:
+    """``async with StallTolerantTimeout(delay_s):`` — ``asyncio.timeout(delay_s)``
+    (``TimeoutError`` when the deadline passes; ``None``: no deadline), its deadline put
+    off while the loop was blocked (module docstring). A cancellation from elsewhere is
+    left a ``CancelledError``, as with ``asyncio.timeout``."""
+
+    __slots__ = ("_cancelling", "_delay_s", "_due", "_expired", "_handle", "_loop",
+                 "_task")
+
+    def __init__(self, delay_s: float | None) -> None:
+        self._delay_s = delay_s
+        self._handle: asyncio.TimerHandle | None = None
+        self._expired = False
+        self._due = 0.0
+        self._cancelling = 0
+
+    async def __aenter__(self) -> StallTolerantTimeout:
+        if self._delay_s is None:
+            return self
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("StallTolerantTimeout should be used inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._loop = asyncio.get_running_loop()
+        self._due = self._loop.time() + self._delay_s
+        self._handle = self._loop.call_at(self._due, self._on_due)
+        return self
+
+    def _on_due(self) -> None:
+        now = self._loop.time()
+        if now - self._due > LATE_S:  # the loop was blocked when the deadline came
+            self._due = now + GRACE_S
+            self._handle = self._loop.call_at(self._due, self._on_due)
+            return
+        self._handle = None
+        self._expired = True
+        self._task.cancel()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._expired:  # as asyncio.timeout's exit does
+            uncancelled = self._task.uncancel()
+            if uncancelled <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc
+
+    @property
+    def expired(self) -> bool:
+        """Whether the deadline passed and cancelled the call."""
+        return self._expired

@@ -1,0 +1,87 @@
+"""StallTolerantTimeout keeps asyncio.timeout's contract where the loop is not blocked:
+a deadline that passes raises TimeoutError, a cancellation from elsewhere stays a
+cancellation, no deadline means none. What a stall changes is tested against a real
+socket here and a real Redis in tests/integration/redis/test_redis_stall_deadlines.py."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from conveyor.platform.deadlines import GRACE_S, StallTolerantTimeout
+
+
+async def test_a_deadline_that_passes_on_a_running_loop_raises_timeout_error_on_time() -> None:
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with StallTolerantTimeout(0.1) as deadline:
+            await asyncio.sleep(5)
+    assert deadline.expired
+    assert 0.09 < time.monotonic() - started < 0.09 + GRACE_S
+
+
+async def test_a_call_that_ends_in_time_is_left_alone() -> None:
+    async with StallTolerantTimeout(0.2) as deadline:
+        await asyncio.sleep(0.01)
+    assert not deadline.expired
+    await asyncio.sleep(0.3)  # the deadline's callback was cancelled: nothing fires
+
+
+async def test_no_deadline_never_fires() -> None:
+    async with StallTolerantTimeout(None) as deadline:
+        await asyncio.sleep(0.05)
+    assert not deadline.expired
+
+
+async def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
+    async def call() -> None:
+        async with StallTolerantTimeout(5.0):
+            await asyncio.sleep(5)
+
+    task = asyncio.create_task(call())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_reply_that_arrives_while_the_loop_is_blocked_past_the_deadline_is_read(
+) -> None:
+    """A peer thread answers 0.1 s into a 0.6 s stall of the loop; the deadline is
+    0.3 s. asyncio.timeout cancels the read as the loop resumes; this one lets it in."""
+
+    def answering(delay_s: float) -> int:
+        listener = socket.create_server(("127.0.0.1", 0))
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            conn.recv(16)
+            time.sleep(delay_s)
+            conn.sendall(b"pong\n")
+            time.sleep(2)
+            conn.close()
+            listener.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        return int(listener.getsockname()[1])
+
+    async def read_during_stall(tolerant: bool) -> bytes | str:
+        port = answering(0.1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"ping\n")
+        await writer.drain()
+        asyncio.get_running_loop().call_later(0.01, time.sleep, 0.6)
+        try:
+            async with (StallTolerantTimeout(0.3) if tolerant else asyncio.timeout(0.3)):
+                return await reader.readline()
+        except TimeoutError:
+            return "timeout"
+        finally:
+            writer.close()
+
+    assert await read_during_stall(tolerant=False) == "timeout"
+    assert await read_during_stall(tolerant=True) == b"pong\n"
