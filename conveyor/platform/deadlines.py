@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
+from typing import Any, cast
 
 LATE_S = 0.25
 """A deadline whose callback runs this much after it was due passed during a stall."""
@@ -33,9 +34,10 @@ GRACE_S = 0.25
 
 class StallTolerantTimeout:
     """``async with StallTolerantTimeout(delay_s):`` — ``asyncio.timeout(delay_s)``
-    (``TimeoutError`` when the deadline passes; ``None``: no deadline), its deadline put
-    off while the loop was blocked (module docstring). A cancellation from elsewhere is
-    left a ``CancelledError``, as with ``asyncio.timeout``."""
+    (the builtin ``TimeoutError`` when the deadline passes, as there; ``None``: no
+    deadline), its deadline put off while the loop was blocked (module docstring). A
+    cancellation from elsewhere is left a ``CancelledError``, as with ``asyncio.timeout``.
+    Entered in a task (as ``asyncio.timeout``)."""
 
     __slots__ = ("_cancelling", "_delay_s", "_due", "_expired", "_handle", "_loop",
                  "_task")
@@ -46,15 +48,14 @@ class StallTolerantTimeout:
         self._expired = False
         self._due = 0.0
         self._cancelling = 0
+        self._task: asyncio.Task[Any]
+        self._loop: asyncio.AbstractEventLoop
 
     async def __aenter__(self) -> StallTolerantTimeout:
         if self._delay_s is None:
             return self
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("StallTolerantTimeout should be used inside a task")
-        self._task = task
-        self._cancelling = task.cancelling()
+        self._task = cast("asyncio.Task[Any]", asyncio.current_task())  # in a task
+        self._cancelling = self._task.cancelling()
         self._loop = asyncio.get_running_loop()
         self._due = self._loop.time() + self._delay_s
         self._handle = self._loop.call_at(self._due, self._on_due)
