@@ -12,7 +12,6 @@ unfinished. The same hand-off records carry the delivery counts the delivery lim
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.adapters.kafka.handoff import FETCH_LOOKAHEAD, HandoffLog
 from conveyor.adapters.kafka.offsets import DoneOffsets
 from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.deadlines import StallTolerantTimeout
 from conveyor.platform.errors import BrokerError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
@@ -161,19 +161,18 @@ class KafkaReceiver(QueueReceiver):
         consumer = self._consumer
         assert consumer is not None
         tp = self._tp
+        # A group re-balance parks getmany until the new assignment; it is bounded so a
+        # draining agent's pull returns (empty). The bound is outside kafka_errors, which
+        # would make its TimeoutError (an OSError) a broker error, and tolerant of a
+        # stall: a handler that blocked the loop past it is no reason to call the pull
+        # failed and back off (tests/integration/kafka/test_kafka_blocking_handlers.py).
+        bound_s = None if self._shared is None else timeout_s + 1.0
         try:
-            with kafka_errors(f"fetching queue {self._queue}"):
-                if self._shared is None:
+            async with StallTolerantTimeout(bound_s):
+                with kafka_errors(f"fetching queue {self._queue}"):
                     batches = await consumer.getmany(
                         tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
                     )
-                else:
-                    # A group re-balance parks getmany until the new assignment; bound it
-                    # so a draining agent's pull returns.
-                    async with asyncio.timeout(timeout_s + 1.0):
-                        batches = await consumer.getmany(
-                            tp, timeout_ms=int(timeout_s * 1000), max_records=max_count
-                        )
         except TimeoutError:
             return []
         fetched = batches.get(tp)

@@ -57,6 +57,7 @@ from conveyor.platform.balancing.membership import (
     timer_phase,
 )
 from conveyor.platform.balancing.placement import PlacementWeights, resource_split
+from conveyor.platform.deadlines import StallTolerantTimeout
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.throttled_log import ThrottledLog
 from conveyor.platform.watchdog import LoopWatchdog
@@ -605,10 +606,11 @@ class DynamicBalancer(QueueBalancer):
             for queue, lease in list(self._held.items()):
                 if renewing and lease.deadline - self._clock() <= renew_when_left_s:
                     try:
-                        # asyncio.timeout, not wait_for: wait_for can swallow the
+                        # A timeout, not wait_for: wait_for can swallow the
                         # cancellation that stops this loop (Python 3.11), which then
-                        # never ends and stop() waits on it for ever.
-                        async with asyncio.timeout(tick_s * 2):
+                        # never ends and stop() waits on it for ever. Tolerant of a
+                        # stall: a renewal whose answer came meanwhile did not fail.
+                        async with StallTolerantTimeout(tick_s * 2):
                             renewed = await leases.renew(lease, self.lease_ttl_s)
                     except Exception as exc:  # store unreachable: keep the old deadline
                         log.warning("queue %d: lease renewal failed: %s", queue, exc)
