@@ -27,7 +27,7 @@ import redis.exceptions as rex
 from conveyor.adapters.redis.connections import close, connect
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.deadlines import GRACE_S
-from tests.servers import RedisServer
+from tests.servers import SENTINEL_SERVICE, RedisServer
 
 TIMEOUT_S = 0.5
 STALL_S = 1.5  # three deadlines long
@@ -80,6 +80,34 @@ async def test_a_blocking_read_whose_reply_came_during_a_stall_returns_it_on_its
     assert took_s < STALL_S + GRACE_S + 0.5
     assert plain_outcome == "TimeoutError", (
         f"redis-py alone got {plain_outcome}: the stall no longer hides a deadline there")
+
+
+@pytest.mark.parametrize("mode", ["cluster", "sentinel"])
+async def test_a_cluster_or_sentinel_clients_blocking_read_during_a_stall_returns_its_reply(
+    mode: str, request: pytest.FixtureRequest,
+) -> None:
+    """The same read through the other two kinds of client :func:`connect` builds (their
+    connections are the same hiredis-packed kind), the stall starting once the command
+    is surely sent (these clients take a few more loop turns to send it)."""
+    timeouts = {"socket_timeout_s": TIMEOUT_S, "connect_timeout_s": TIMEOUT_S}
+    if mode == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        cfg = RedisConfig(url=cluster.url, mode="cluster", **timeouts)
+    else:
+        sentinel = request.getfixturevalue("redis_sentinel")
+        cfg = RedisConfig(url="redis:///0", mode="sentinel", sentinels=sentinel.addresses,
+                          sentinel_service=SENTINEL_SERVICE, **timeouts)
+
+    client = connect(cfg)
+    try:
+        key = f"stall-{mode}"
+        await client.xgroup_create(key, "g", "0", mkstream=True)
+        outcome, result, _ = await during_stall(
+            lambda: client.xreadgroup("g", "c", {key: ">"}, count=10, block=300),
+            after_s=0.1)
+    finally:
+        await close(client)
+    assert (outcome, result) == ("ok", []), (outcome, result)
 
 
 async def test_a_pipeline_whose_replies_came_during_a_stall_gets_them(
