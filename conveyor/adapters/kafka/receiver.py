@@ -187,9 +187,11 @@ class KafkaReceiver(QueueReceiver):
         out: list[Message] = fetched
         self._reached = _offset(out[-1]) + 1
         skip = self._skip
+        skipped: list[int] = []
         if skip:
             out = [m for m in out if _offset(m) not in skip]
-            skip.difference_update(_offset(m) for m in fetched)
+            skipped = [o for m in fetched if (o := _offset(m)) in skip]
+            skip.difference_update(skipped)
         if not out:
             return []
         first, last = _offset(out[0]), _offset(out[-1])
@@ -197,7 +199,10 @@ class KafkaReceiver(QueueReceiver):
             try:  # declared before any handler starts one of them (handoff.py)
                 await self._record(last + FETCH_LOOKAHEAD)
             except BaseException:
-                with contextlib.suppress(Exception):  # not handed out: read them again
+                # Not handed out: read them again from ``first`` — skipping again the
+                # offsets the last owner finished among them, or they would run twice.
+                skip.update(o for o in skipped if o > first)
+                with contextlib.suppress(Exception):
                     consumer.seek(tp, first)
                 raise
         if self._starts or self._redelivered_through >= first:
