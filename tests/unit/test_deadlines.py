@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conveyor.platform.deadlines import GRACE_S, StallTolerantTimeout
+from conveyor.platform.deadlines import StallTolerantTimeout
 
 
 async def test_a_deadline_that_passes_on_a_running_loop_raises_timeout_error_on_time() -> None:
@@ -21,7 +21,7 @@ async def test_a_deadline_that_passes_on_a_running_loop_raises_timeout_error_on_
         async with StallTolerantTimeout(0.1) as deadline:
             await asyncio.sleep(5)
     assert deadline.expired
-    assert 0.09 < time.monotonic() - started < 0.09 + GRACE_S
+    assert 0.09 < time.monotonic() - started < 1.0  # not the sleep's 5 s
 
 
 async def test_a_call_that_ends_in_time_is_left_alone() -> None:
