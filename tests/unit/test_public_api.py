@@ -44,6 +44,7 @@ DESCRIBED_NOT_EXPORTED = {
     "ConsumerScope", "DeadLetterInterceptor", "DeliveryStats", "DirectCall", "Entry",
     "HandlerDuration", "Lane",
     "RecordDecoder",
+    "StallTolerantTimeout",  # the pull's deadline (docs/performance.md), internal
 }
 # Sub-modules with a curated public API of their own, imported by name
 # (``from conveyor.testing import TestWorker``): their ``__all__`` is exported too.
