@@ -13,6 +13,9 @@ its connection is dropped and opened again.
 becomes :data:`GRACE_S` from then, so the call fails only once the loop has run that
 long without a stall and the answer has still not come. A broker that is really down is
 found out at most ``GRACE_S`` later than the deadline, after every stall that hid it.
+A deadline whose callback runs less late (a stall that ended just after it, or none)
+cancels the call one loop pass later, after the tasks the socket callbacks of that
+pass woke: an answer already waiting is read, not cancelled.
 
 Decisions: ``LATE_S`` is far above how late a timer fires on a busy but unblocked loop
 (milliseconds) and below the loop watchdog's stall threshold (0.5 s); ``GRACE_S``
@@ -44,7 +47,7 @@ class StallTolerantTimeout:
 
     def __init__(self, delay_s: float | None) -> None:
         self._delay_s = delay_s
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: asyncio.Handle | None = None
         self._expired = False
         self._due = 0.0
         self._cancelling = 0
@@ -56,8 +59,10 @@ class StallTolerantTimeout:
             return self
         self._task = cast("asyncio.Task[Any]", asyncio.current_task())  # in a task
         self._cancelling = self._task.cancelling()
+        self._expired = False  # a reused instance must not uncancel for its last use
         self._loop = asyncio.get_running_loop()
-        self._due = self._loop.time() + self._delay_s
+        # Clamped: a deadline already past is due now, not a stall to put off.
+        self._due = self._loop.time() + max(self._delay_s, 0.0)
         self._handle = self._loop.call_at(self._due, self._on_due)
         return self
 
@@ -67,6 +72,13 @@ class StallTolerantTimeout:
             self._due = now + GRACE_S
             self._handle = self._loop.call_at(self._due, self._on_due)
             return
+        # Not cancelled in this pass: the socket callbacks of this pass (run before the
+        # timers) may have just woken the task with its answer, which it reads in the
+        # next pass; a stall that ended less than LATE_S after the deadline leaves
+        # exactly that. Expire after those wake-ups instead.
+        self._handle = self._loop.call_soon(self._expire)
+
+    def _expire(self) -> None:
         self._handle = None
         self._expired = True
         self._task.cancel()

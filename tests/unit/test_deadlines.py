@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conveyor.platform.deadlines import StallTolerantTimeout
+from conveyor.platform.deadlines import GRACE_S, StallTolerantTimeout
 
 
 async def test_a_deadline_that_passes_on_a_running_loop_raises_timeout_error_on_time() -> None:
@@ -49,10 +49,13 @@ async def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
         await task
 
 
+@pytest.mark.parametrize("stall_s", [0.6, 0.4])
 async def test_a_reply_that_arrives_while_the_loop_is_blocked_past_the_deadline_is_read(
+    stall_s: float,
 ) -> None:
-    """A peer thread answers 0.1 s into a 0.6 s stall of the loop; the deadline is
-    0.3 s. asyncio.timeout cancels the read as the loop resumes; this one lets it in."""
+    """A peer thread answers 0.1 s into a stall of the loop; the deadline is 0.3 s.
+    asyncio.timeout cancels the read as the loop resumes; this one lets it in — also
+    when the stall ends less than ``LATE_S`` after the deadline (0.4 s: about 0.1 s)."""
 
     def answering(delay_s: float) -> int:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -74,7 +77,7 @@ async def test_a_reply_that_arrives_while_the_loop_is_blocked_past_the_deadline_
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"ping\n")
         await writer.drain()
-        asyncio.get_running_loop().call_later(0.01, time.sleep, 0.6)
+        asyncio.get_running_loop().call_later(0.01, time.sleep, stall_s)
         try:
             async with (StallTolerantTimeout(0.3) if tolerant else asyncio.timeout(0.3)):
                 return await reader.readline()
@@ -85,3 +88,28 @@ async def test_a_reply_that_arrives_while_the_loop_is_blocked_past_the_deadline_
 
     assert await read_during_stall(tolerant=False) == "timeout"
     assert await read_during_stall(tolerant=True) == b"pong\n"
+
+
+async def test_a_deadline_already_past_expires_at_once() -> None:
+    """A negative delay is due now (as with asyncio.timeout), not a stall put off."""
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with StallTolerantTimeout(-1.0):
+            await asyncio.sleep(5)
+    assert time.monotonic() - started < GRACE_S
+
+
+async def test_a_reused_deadline_does_not_uncancel_for_its_last_use() -> None:
+    deadline = StallTolerantTimeout(0.01)
+    with pytest.raises(TimeoutError):
+        async with deadline:
+            await asyncio.sleep(5)
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()  # a cancellation of this task pending while the deadline is reused
+    async with deadline:
+        pass
+    assert task.cancelling() == 1  # still counted: the caller's, not the deadline's
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(0)
+    task.uncancel()
