@@ -113,19 +113,29 @@ async def test_a_cluster_or_sentinel_clients_blocking_read_during_a_stall_return
 async def test_a_pipeline_whose_replies_came_during_a_stall_gets_them(
     pair: tuple[Any, aioredis.Redis],
 ) -> None:
-    """A publish-like pipeline of 200 ``XADD`` answered within the stall."""
-    ours, _ = pair
+    """A publish-like pipeline of 200 ``XADD`` answered within the stall: sent on an
+    open connection before the stall starts, its replies held back 0.2 s by a ``BLPOP``
+    ahead of them (200 ``XADD`` alone are answered before a stall could start)."""
+    ours, plain = pair
 
-    async def publish() -> Any:
-        pipe = ours.pipeline(transaction=False)
-        for n in range(200):
-            pipe.xadd("out", {"n": n})
-        return await pipe.execute()
+    def publish(client: Any) -> Callable[[], Awaitable[Any]]:
+        async def call() -> Any:
+            pipe = client.pipeline(transaction=False)
+            pipe.blpop(["nothing"], 0.2)
+            for n in range(200):
+                pipe.xadd("out", {"n": n})
+            return await pipe.execute()
+        return call
 
-    outcome, result, _ = await during_stall(publish, after_s=0.0)
+    await ours.ping()
+    await plain.ping()  # the connects are not what this tests
+    outcome, result, _ = await during_stall(publish(ours))
+    plain_outcome, _, _ = await during_stall(publish(plain))
     assert outcome == "ok", result
-    assert len(result) == 200
-    assert await ours.xlen("out") == 200
+    assert len(result) == 201
+    assert await ours.xlen("out") == 400  # the plain client's pipeline ran too
+    assert plain_outcome == "TimeoutError", (
+        f"redis-py alone got {plain_outcome}: the stall no longer hides a deadline there")
 
 
 async def test_a_connect_that_completed_during_a_stall_is_used(
