@@ -12,7 +12,8 @@ its connection is dropped and opened again.
 :data:`LATE_S` after the deadline (the loop was blocked when it came due), the deadline
 becomes :data:`GRACE_S` from then, so the call fails only once the loop has run that
 long without a stall and the answer has still not come. A broker that is really down is
-found out at most ``GRACE_S`` later than the deadline, after every stall that hid it.
+found out at most ``GRACE_S`` after the stall that hid the deadline ends — or, on a loop
+that keeps stalling, once the deadline has been put off :data:`MAX_PUT_OFFS` times.
 A deadline whose callback runs less late (a stall that ended just after it, or none)
 cancels the call one loop pass later, after the tasks the socket callbacks of that
 pass woke: an answer already waiting is read, not cancelled.
@@ -34,6 +35,12 @@ LATE_S = 0.25
 GRACE_S = 0.25
 """How long the loop runs, after a stall that hid a deadline, before the call fails."""
 
+MAX_PUT_OFFS = 4
+"""How many stalls in a row may put one deadline off. A loop whose handlers block it
+again and again (a stall, a few passes, a stall) would otherwise hide a broker that is
+gone for as long as they do; after these, the call fails one pass after its deadline
+(an answer already waiting is still read)."""
+
 
 class StallTolerantTimeout:
     """``async with StallTolerantTimeout(delay_s):`` — ``asyncio.timeout(delay_s)``
@@ -43,7 +50,7 @@ class StallTolerantTimeout:
     Entered in a task (as ``asyncio.timeout``)."""
 
     __slots__ = ("_cancelling", "_delay_s", "_due", "_expired", "_handle", "_loop",
-                 "_task")
+                 "_put_offs", "_task")
 
     def __init__(self, delay_s: float | None) -> None:
         self._delay_s = delay_s
@@ -51,6 +58,7 @@ class StallTolerantTimeout:
         self._expired = False
         self._due = 0.0
         self._cancelling = 0
+        self._put_offs = 0
         self._task: asyncio.Task[Any]
         self._loop: asyncio.AbstractEventLoop
 
@@ -60,6 +68,7 @@ class StallTolerantTimeout:
         self._task = cast("asyncio.Task[Any]", asyncio.current_task())  # in a task
         self._cancelling = self._task.cancelling()
         self._expired = False  # a reused instance must not uncancel for its last use
+        self._put_offs = 0
         self._loop = asyncio.get_running_loop()
         # Clamped: a deadline already past is due now, not a stall to put off.
         self._due = self._loop.time() + max(self._delay_s, 0.0)
@@ -68,7 +77,9 @@ class StallTolerantTimeout:
 
     def _on_due(self) -> None:
         now = self._loop.time()
-        if now - self._due > LATE_S:  # the loop was blocked when the deadline came
+        if now - self._due > LATE_S and self._put_offs < MAX_PUT_OFFS:
+            # the loop was blocked when the deadline came
+            self._put_offs += 1
             self._due = now + GRACE_S
             self._handle = self._loop.call_at(self._due, self._on_due)
             return

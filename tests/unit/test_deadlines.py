@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conveyor.platform.deadlines import GRACE_S, StallTolerantTimeout
+from conveyor.platform.deadlines import GRACE_S, MAX_PUT_OFFS, StallTolerantTimeout
 
 
 async def test_a_deadline_that_passes_on_a_running_loop_raises_timeout_error_on_time() -> None:
@@ -113,3 +113,28 @@ async def test_a_reused_deadline_does_not_uncancel_for_its_last_use() -> None:
     with pytest.raises(asyncio.CancelledError):
         await asyncio.sleep(0)
     task.uncancel()
+
+
+async def test_a_loop_that_keeps_stalling_puts_a_deadline_off_only_so_often() -> None:
+    """Blockers of 0.6 s with 10 ms between them, for 4.2 s; a 0.05 s deadline on a call
+    that never ends. Each stall hides the deadline again: without a bound it would fire
+    only 0.25 s after the last blocker (~4.5 s); it fails after MAX_PUT_OFFS + 1 stalls."""
+    loop = asyncio.get_running_loop()
+    blocking_until = time.monotonic() + 4.2
+    blockers_done = asyncio.Event()
+
+    def blocker() -> None:
+        time.sleep(0.6)
+        if time.monotonic() < blocking_until:
+            loop.call_later(0.01, blocker)
+        else:
+            blockers_done.set()
+
+    loop.call_later(0.01, blocker)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        async with StallTolerantTimeout(0.05):
+            await asyncio.Event().wait()
+    took_s = time.monotonic() - started
+    assert (MAX_PUT_OFFS + 1) * 0.6 - 0.1 < took_s < 4.0, took_s
+    await blockers_done.wait()  # the blockers end before the next test

@@ -104,7 +104,8 @@ class _CPacking:
                             push_request: bool | None = False) -> Any:
         """redis-py's, its ``socket_timeout`` applied here, tolerant of a stall (an
         explicit ``timeout`` is redis-py's to apply). redis-py disconnects on the
-        cancellation as it does on its own timeout."""
+        cancellation as it does on its own timeout. (redis-py would let RESP3
+        maintenance notices relax a read in flight; Conveyor's connections are RESP2.)"""
         conn: Any = self
         read = super().read_response  # type: ignore[misc]
         timeout_s = conn.socket_timeout
@@ -122,7 +123,11 @@ class _CPacking:
 
     async def _connect(self) -> None:
         """redis-py's, bounded by ``socket_connect_timeout`` tolerant of a stall
-        (redis-py turns the ``TimeoutError`` into its own)."""
+        (redis-py turns the ``TimeoutError`` into its own). The attribute is blank
+        meanwhile and put back however the connect ends; what else reads it (a
+        ``disconnect``, which returns early on a connection not yet open; RESP3's
+        maintenance notices, which Conveyor's RESP2 connections never get) does not
+        run during it."""
         conn: Any = self
         connect = super()._connect  # type: ignore[misc]
         timeout_s = conn.socket_connect_timeout
@@ -316,8 +321,12 @@ def _connect_cluster(url: str, kwargs: dict[str, Any]) -> ClusterClient:
     # The cluster's node connections pack with hiredis too (ClusterNode reads the class
     # from these keyword arguments when the topology is first read).
     conn_kwargs = client.nodes_manager.connection_kwargs
-    conn_kwargs["connection_class"] = _C_PACKED.get(conn_kwargs["connection_class"],
-                                                    conn_kwargs["connection_class"])
+    packed = _C_PACKED.get(conn_kwargs["connection_class"], conn_kwargs["connection_class"])
+    conn_kwargs["connection_class"] = packed
+    # The start-up nodes were built already, and redis-py keeps reading the slots through
+    # them: their (not yet opened) connections are of the same kind.
+    for node in client.nodes_manager.startup_nodes.values():
+        node.connection_class = packed
     return client
 
 

@@ -613,7 +613,8 @@ class DynamicBalancer(QueueBalancer):
                         async with StallTolerantTimeout(tick_s * 2):
                             renewed = await leases.renew(lease, self.lease_ttl_s)
                     except Exception as exc:  # store unreachable: keep the old deadline
-                        log.warning("queue %d: lease renewal failed: %s", queue, exc)
+                        log.warning("queue %d: lease renewal failed: %s: %s", queue,
+                                    type(exc).__name__, exc)
                         renewed = lease
                     with self._held_lock:
                         if self._held.get(queue) is not lease:

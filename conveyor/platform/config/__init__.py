@@ -146,7 +146,8 @@ class RedisConfig(_Section):
     socket_timeout_s: Seconds = 5.0
     """Longest wait for one reply; must exceed ``worker.poll_timeout_ms`` (blocking reads).
     A deadline that passes while the event loop is blocked is put off until the loop has
-    run 0.25 s (``conveyor.platform.deadlines``), as is ``connect_timeout_s``."""
+    run 0.25 s, at most 4 times in a row (``conveyor.platform.deadlines``), as is
+    ``connect_timeout_s``'s."""
     retry_max_s: Seconds = 10.0
     """How long one broker call is retried (exponential back-off with jitter) before the
     error reaches its caller, which retries in turn: a daemon outlives any outage."""
