@@ -138,3 +138,33 @@ async def test_a_loop_that_keeps_stalling_puts_a_deadline_off_only_so_often() ->
     took_s = time.monotonic() - started
     assert (MAX_PUT_OFFS + 1) * 0.6 - 0.1 < took_s < 4.0, took_s
     await blockers_done.wait()  # the blockers end before the next test
+
+
+async def test_nested_deadlines_each_raise_for_their_own_expiry_only() -> None:
+    async with StallTolerantTimeout(1.0) as outer:
+        with pytest.raises(TimeoutError):
+            async with StallTolerantTimeout(0.05) as inner:
+                await asyncio.sleep(5)
+    assert inner.expired and not outer.expired
+
+    with pytest.raises(TimeoutError):
+        async with StallTolerantTimeout(0.05) as outer, StallTolerantTimeout(5.0) as inner:
+            await asyncio.sleep(5)
+    assert outer.expired and not inner.expired
+
+
+async def test_a_cancellation_from_elsewhere_as_the_deadline_comes_stays_a_cancellation(
+) -> None:
+    """The deadline and a cancel from outside in the same loop pass: the caller asked
+    to stop, which is not a timeout."""
+    loop = asyncio.get_running_loop()
+
+    async def call() -> None:
+        async with StallTolerantTimeout(0.05):
+            await asyncio.sleep(5)
+
+    task = asyncio.create_task(call())
+    await asyncio.sleep(0)  # the deadline's timer is registered first
+    loop.call_at(loop.time() + 0.05, task.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await task

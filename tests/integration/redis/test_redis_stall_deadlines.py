@@ -46,11 +46,19 @@ async def pair(redis_server: RedisServer) -> AsyncIterator[tuple[Any, aioredis.R
 
 
 async def during_stall(call: Callable[[], Awaitable[Any]], *, after_s: float = 0.05,
+                       first: Callable[[], None] | None = None,
                        ) -> tuple[str, Any, float]:
-    """Run ``call`` while the loop is blocked for ``STALL_S`` from ``after_s`` on: its
-    outcome ("ok" or the error's class name), its result or error, and its seconds."""
+    """Run ``call`` while the loop is blocked for ``STALL_S`` from ``after_s`` on (the
+    blocker calls ``first`` before it sleeps): its outcome ("ok" or the error's class
+    name), its result or error, and its seconds."""
     loop = asyncio.get_running_loop()
-    loop.call_later(after_s, time.sleep, STALL_S)
+
+    def block() -> None:
+        if first is not None:
+            first()
+        time.sleep(STALL_S)
+
+    loop.call_later(after_s, block)
     started = time.monotonic()
     try:
         result = await call()
@@ -87,16 +95,25 @@ async def test_a_cluster_or_sentinel_clients_blocking_read_during_a_stall_return
     mode: str, request: pytest.FixtureRequest,
 ) -> None:
     """The same read through the other two kinds of client :func:`connect` builds (their
-    connections are the same hiredis-packed kind), the stall starting once the command
-    is surely sent (these clients take a few more loop turns to send it)."""
+    connections are the same hiredis-packed kind), the stall starting 0.1 s in (these
+    clients take a few more loop turns to send the command). As the stall starts, the
+    servers are asked whether the read is blocked there, i.e. was sent before it."""
     timeouts = {"socket_timeout_s": TIMEOUT_S, "connect_timeout_s": TIMEOUT_S}
     if mode == "cluster":
         cluster = request.getfixturevalue("redis_cluster")
+        nodes = cluster.nodes
         cfg = RedisConfig(url=cluster.url, mode="cluster", **timeouts)
     else:
         sentinel = request.getfixturevalue("redis_sentinel")
+        nodes = sentinel.data
         cfg = RedisConfig(url="redis:///0", mode="sentinel", sentinels=sentinel.addresses,
                           sentinel_service=SENTINEL_SERVICE, **timeouts)
+    sent_before_stall: list[bool] = []
+
+    def read_is_blocked() -> None:
+        sent_before_stall.append(any(
+            c["cmd"] == "xreadgroup" and "b" in c["flags"]
+            for node in nodes for c in node.admin().client_list()))
 
     client = connect(cfg)
     try:
@@ -104,9 +121,10 @@ async def test_a_cluster_or_sentinel_clients_blocking_read_during_a_stall_return
         await client.xgroup_create(key, "g", "0", mkstream=True)
         outcome, result, _ = await during_stall(
             lambda: client.xreadgroup("g", "c", {key: ">"}, count=10, block=300),
-            after_s=0.1)
+            after_s=0.1, first=read_is_blocked)
     finally:
         await close(client)
+    assert sent_before_stall == [True]
     assert (outcome, result) == ("ok", []), (outcome, result)
 
 
@@ -157,7 +175,8 @@ async def test_a_server_that_does_not_answer_still_times_out_after_a_stall(
 ) -> None:
     """The server paused (``CLIENT PAUSE``) for longer than the stall and the deadline
     together: the read fails with redis-py's TimeoutError, once the loop has run
-    ``GRACE_S`` after the stall — and without a stall, at its deadline."""
+    ``GRACE_S`` after the stall — and without a stall, at its deadline (there, on a new
+    connection, the read that times out is that of its first setup command)."""
     ours, _ = pair
     await ours.set("k", "v")
     pauser = aioredis.Redis.from_url(redis_server.url)
