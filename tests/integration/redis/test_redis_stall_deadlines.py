@@ -157,17 +157,17 @@ async def test_a_pipeline_whose_replies_came_during_a_stall_gets_them(
 
 
 async def test_a_connect_that_completed_during_a_stall_is_used(
-    redis_server: RedisServer,
+    pair: tuple[Any, aioredis.Redis],
 ) -> None:
     """A new client's first command: its connect and handshake fall in a 1.5 s stall
     that starts as they begin; the connect deadline is 0.5 s."""
-    ours = connect(RedisConfig(url=redis_server.url, socket_timeout_s=TIMEOUT_S,
-                               connect_timeout_s=TIMEOUT_S))
-    try:
-        outcome, result, _ = await during_stall(ours.ping, after_s=0.0)
-    finally:
-        await close(ours)
+    ours, plain = pair
+    outcome, result, _ = await during_stall(ours.ping, after_s=0.0)
+    plain_outcome, plain_error, _ = await during_stall(plain.ping, after_s=0.0)
     assert (outcome, result) == ("ok", True), (outcome, result)
+    assert plain_outcome == "TimeoutError", (
+        f"redis-py alone got {plain_outcome} ({plain_error}): the stall no longer hides "
+        "a deadline there")
 
 
 async def test_a_server_that_does_not_answer_still_times_out_after_a_stall(
