@@ -78,7 +78,7 @@ def test_a_new_trace_is_kept_at_the_ratio_and_its_header_says_so() -> None:
     # W3C with the sampled bit clear (and the random-trace-id bit, as the SDK sets).
     assert {remote_parent(m.headers).trace_id for m in kept} == recorded  # type: ignore[union-attr]
     parents = [remote_parent(m.headers) for m in sent]
-    assert len(parents) == n and all(p is not None and p.is_valid for p in parents)
+    assert [p is not None and p.is_valid for p in parents] == [True] * n
     assert {flags_of(m.headers) for m in sent} == {0x02, 0x03}
     assert len(recorded) == len(kept)
 
@@ -162,7 +162,7 @@ async def test_a_message_without_a_traceparent_starts_traces_at_the_ratio() -> N
     assert in_a_trace == [True] * n  # kept or dropped, every handler runs in a trace
     consumers = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
     assert within_binomial(len(consumers), n, RATIO), len(consumers)
-    assert all(s.parent is None for s in consumers)
+    assert [s.parent for s in consumers] == [None] * len(consumers)
 
 
 def test_a_malformed_or_stated_traceparent_is_left_to_the_sdk() -> None:
