@@ -4,7 +4,7 @@
 ``redis-sentinel``, ``kafka``) the way dramatiq's tests run one suite on every broker.
 Each test gets a namespace of its own: a uniquely named memory broker, a redis-server of
 its own (they start in ~20 ms), a key prefix of its own on the suite's Redis Cluster (3
-primaries + 3 replicas, ~2.5 s to start) or on the suite's Sentinel-managed primary (a
+primaries + 3 replicas, ~2 s to start) or on the suite's Sentinel-managed primary (a
 replica and 3 sentinels, ~1 s) — one each for the whole session, since no contract test
 kills a node — or a fresh topic on the module's tansu broker. A
 missing server skips locally and fails under ``CONVEYOR_REQUIRE_SERVERS=1``.

@@ -37,7 +37,8 @@ def test_an_apps_membership_keys_share_one_slot() -> None:
 
 
 def test_queues_spread_over_the_slots_of_a_three_primary_cluster() -> None:
-    # redis-cli --cluster create splits 16384 slots in three even ranges.
+    # redis-cli --cluster create, and tests/servers/cluster.py like it, splits 16384
+    # slots in three even ranges.
     keys = Keys("conveyor", cluster=True)
     per_primary = [0, 0, 0]
     for queue in range(64):
