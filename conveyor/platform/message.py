@@ -130,8 +130,14 @@ class DeadLetter(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, message: Message, handler: str, error: BaseException | str, attempts: int,
            error_type: str | None = None) -> DeadLetter:
-        """A full letter for ``message``, its error text bounded (``ERROR_TEXT_MAX``)."""
-        text = str(error)
+        """A full letter for ``message``, its error text bounded (``ERROR_TEXT_MAX``).
+
+        An exception whose ``str()`` itself raises gets a placeholder text (as a
+        traceback shows it): storing its letter must not fail with it."""
+        try:
+            text = str(error)
+        except Exception as exc:  # the error's own __str__ is broken: keep the letter
+            text = f"<str() of the error failed: {type(exc).__name__}>"
         if len(text) > ERROR_TEXT_MAX:
             text = text[:ERROR_TEXT_MAX] + f"... ({len(text)} characters)"
         kind = error_type or (type(error).__name__ if isinstance(error, BaseException) else "")

@@ -183,6 +183,9 @@ class HandlerThreads:
                     result.close()
                     raise HandlerDeclarationError(
                         f"{fn!r} returned a coroutine: declare it `async def`")
+            except StopIteration as exc:  # a Future refuses it: as a coroutine's would be
+                error = RuntimeError(f"{fn!r} raised StopIteration")
+                error.__cause__ = exc
             except BaseException as exc:  # handed to the awaiter, as asyncio.to_thread does
                 error = exc
         return result, error

@@ -125,3 +125,41 @@ async def test_a_stop_still_cancels_a_handler_that_waits() -> None:
         await worker.stop()
     assert ended == ["cancelled"]
     assert worker.dead_lettered("items") == []
+
+
+class Unprintable(Exception):
+    """An exception whose ``str()`` raises (a buggy ``__str__``)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ is broken")
+
+
+async def test_an_exception_whose_str_raises_is_dead_lettered_and_the_stream_flows_on() -> None:
+    # Its letter's text used to be str(exc), which raised in the runner: the runner
+    # ended ("runner crashed"), the message stayed unfinished and its stream stuck.
+    app = App("unprintable")
+    calls: list[int] = []
+
+    @app.handler("items", retry_attempts=2)
+    async def handle(item: dict[str, int]) -> None:
+        calls.append(item["seq"])
+        if item["seq"] == POISON:
+            raise Unprintable()
+
+    await _check(app, calls, "<str() of the error failed: RuntimeError>")
+
+
+async def test_a_def_handler_that_raises_stop_iteration_is_dead_lettered_and_the_stream_flows_on(
+) -> None:
+    # A Future refuses StopIteration (TypeError in the loop's callback): the call never
+    # returned, holding its slot and its stream, until the drain abandoned it.
+    app = App("stop-iteration")
+    calls: list[int] = []
+
+    @app.handler("items", retry_attempts=2)
+    def handle(item: dict[str, int]) -> None:
+        calls.append(item["seq"])
+        if item["seq"] == POISON:
+            raise StopIteration
+
+    await _check(app, calls, "raised StopIteration")
