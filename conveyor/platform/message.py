@@ -133,11 +133,16 @@ class DeadLetter(msgspec.Struct, frozen=True):
         """A full letter for ``message``, its error text bounded (``ERROR_TEXT_MAX``).
 
         An exception whose ``str()`` itself raises gets a placeholder text (as a
-        traceback shows it): storing its letter must not fail with it."""
+        traceback shows it), and text that is not UTF-8 (lone surrogates) is escaped:
+        storing its letter must not fail with it."""
         try:
             text = str(error)
         except Exception as exc:  # the error's own __str__ is broken: keep the letter
             text = f"<str() of the error failed: {type(exc).__name__}>"
+        if not text.isascii():
+            # A lone surrogate (a path decoded with surrogateescape, say) is no UTF-8:
+            # every store would refuse every form of the letter, for good.
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         if len(text) > ERROR_TEXT_MAX:
             text = text[:ERROR_TEXT_MAX] + f"... ({len(text)} characters)"
         kind = error_type or (type(error).__name__ if isinstance(error, BaseException) else "")

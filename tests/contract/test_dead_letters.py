@@ -43,6 +43,18 @@ async def test_dead_letters_are_read_back_as_stored_per_group_oldest_first(
     assert await adapter.dead_letters.read("app", limit=2) == [first, second]
 
 
+async def test_a_letter_of_an_error_whose_text_is_not_utf8_is_stored_whole(
+    adapter: QueueAdapter,
+) -> None:
+    # A lone surrogate (a path decoded with surrogateescape) made every store refuse
+    # every form of the letter: its message waited unacknowledged, retried for good.
+    error = ValueError("no such file: /data/caf\udce9.csv")
+    stored = DeadLetter.of(letter(1).message, "orders.handle", error, 3)
+    assert stored.error == "no such file: /data/caf\\udce9.csv"
+    await adapter.dead_letters.put("app", [stored])
+    assert await adapter.dead_letters.read("app") == [stored]
+
+
 async def test_a_group_without_dead_letters_reads_none(adapter: QueueAdapter) -> None:
     assert await adapter.dead_letters.read("app") == []
     await adapter.dead_letters.put("other-app", [letter(1)])
