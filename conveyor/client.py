@@ -20,7 +20,7 @@ from conveyor.backends import create_adapter
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.coalescer import PublishCoalescer
 from conveyor.platform.config import DEFAULT_MAX_BODY_BYTES, Config, PublishConfig
-from conveyor.platform.errors import ConveyorError, MessageTooLargeError
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError, MessageTooLargeError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
@@ -53,8 +53,26 @@ class Publish:
     content_type: str | None = None
 
 
+def _is_text(value: object) -> bool:
+    """Whether ``value`` is a str that UTF-8 can encode (no lone surrogates): what a
+    header or a content type must be for every broker's wire format."""
+    if type(value) is not str:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
     """Bytes and str go as given (JSON unless told otherwise); objects are encoded."""
+    if content_type is not None and not _is_text(content_type):
+        raise InvalidArgumentError(
+            f"content type {content_type!r}: it is text that UTF-8 can encode (str); "
+            "nothing was sent")
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body), content_type or CONTENT_JSON
     if isinstance(body, str):
@@ -165,7 +183,13 @@ class Client:
         hdrs = dict(headers)
         clash = RESERVED_HEADERS.intersection(hdrs)
         if clash:
-            raise ConveyorError(f"headers {sorted(clash)} are reserved by Conveyor's wire format")
+            raise InvalidArgumentError(
+                f"headers {sorted(clash)} are reserved by Conveyor's wire format")
+        for name, value in hdrs.items():
+            if not (_is_text(name) and _is_text(value)):
+                raise InvalidArgumentError(
+                    f"header {name!r}: {value!r} ({type(value).__name__}): header names and "
+                    "values are text that UTF-8 can encode (str); nothing was sent")
         return hdrs
 
     def _stream(self, namespace: str, key: str) -> tuple[int, StreamId]:
@@ -175,7 +199,11 @@ class Client:
         known = None if streams is None else streams.get(key)
         if known is None:
             if not namespace:
-                raise ConveyorError("namespace must be a non-empty string")
+                raise InvalidArgumentError("namespace must be a non-empty string")
+            if not (_is_text(namespace) and _is_text(str(key))):
+                raise InvalidArgumentError(
+                    f"stream {namespace!r}/{key!r}: a namespace and a stream key are text "
+                    "that UTF-8 can encode (str); nothing was sent")
             if self._remembered >= _STREAMS_REMEMBERED:
                 self._streams.clear()
                 self._remembered, streams = 0, None

@@ -7,7 +7,7 @@ import pytest
 from conveyor import client as client_module
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.client import Client, Publish
-from conveyor.platform.errors import ConveyorError, MessageTooLargeError
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError, MessageTooLargeError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import new_message_ids
@@ -68,6 +68,33 @@ async def test_a_bad_item_refuses_the_whole_batch(client: Client) -> None:
         await client.publish_batch([*good, Publish("a", "k", {}, {"cv-id": "mine"})])
     with pytest.raises(ConveyorError, match="namespace"):
         await client.publish_batch([*good, Publish("", "k", {})])
+    assert stored(client) == {}
+
+
+@pytest.mark.parametrize(
+    ("headers", "content_type", "key"),
+    [
+        ({"tenant": b"\xff"}, None, "k"),  # bytes: Redis stored it, its worker could not read it
+        ({"tenant": 1}, None, "k"),  # Redis stored "1", the memory adapter 1
+        ({"tenant": None}, None, "k"),  # redis-py: "A tuple item must be str, int, ..."
+        ({b"tenant": "acme"}, None, "k"),
+        ({"tenant": "caf\udce9"}, None, "k"),  # a lone surrogate: UnicodeEncodeError at send
+        ({}, "text/\udce9", "k"),
+        ({}, None, "caf\udce9"),
+    ],
+)
+async def test_headers_content_types_and_keys_that_are_not_utf8_text_are_refused(
+    client: Client, headers: dict[object, object], content_type: str | None, key: str
+) -> None:
+    # Refused while the message is built, as one line, before anything is sent: the
+    # brokers' wire formats carry text, and the memory adapter must not accept more.
+    good = [Publish("a", "k", {"i": i}) for i in range(3)]
+    bad = Publish("a", key, {}, headers, content_type)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="nothing was sent") as raised:
+        await client.publish_batch([*good, bad])
+    assert "\n" not in str(raised.value)
+    with pytest.raises(InvalidArgumentError, match="nothing was sent"):
+        await client.publish("a", key, {}, headers, content_type)  # type: ignore[arg-type]
     assert stored(client) == {}
 
 
