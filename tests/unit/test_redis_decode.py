@@ -129,6 +129,16 @@ def test_malformed_metadata_is_isolated_with_its_reason(
     assert got.body == b"{}" and (field, value) in got.raw_fields
 
 
+def test_an_entry_without_a_body_field_is_undecodable() -> None:
+    # It was handled as an empty body; an empty body is an empty field.
+    flat = [b"cv-ns", b"good", b"cv-key", b"k"]
+    got = EntryDecoder(0).decode(b"5-0", flat)
+    assert isinstance(got, Undecodable) and "no body field" in got.reason
+    assert got.raw_fields == ((b"cv-ns", b"good"), (b"cv-key", b"k"))
+    empty = EntryDecoder(0).decode(b"5-1", [*flat, b"body", b""])
+    assert not isinstance(empty, Undecodable) and empty.body == b""
+
+
 def test_joined_ids_are_the_entry_ids() -> None:
     tokens = [SequenceToken(1, 1700000000000, 0), SequenceToken(1, 1700000000001, 12)]
     assert joined_ids(tokens) == b"1700000000000-0 1700000000001-12"

@@ -151,13 +151,17 @@ def wire_number(raw: bytes, field: str, limit: int) -> int:
 def decode_entry(queue: int, eid: bytes, fields: dict[bytes, bytes]) -> Message:
     """A message from a stream entry (raises on malformed metadata: see EntryDecoder).
 
-    Missing optional metadata gets neutral defaults; ``cv-ns`` is required.
+    Missing optional metadata gets neutral defaults; ``cv-ns`` and ``body`` are required
+    (an empty body is an empty field).
     """
     get = fields.get
     token = token_of(eid, queue)
     ns = get(_NS)
     if not ns:
         raise DecodeError("no cv-ns field (the namespace that selects the handlers)")
+    body = get(_BODY)
+    if body is None:
+        raise DecodeError("no body field (an empty body is written as an empty field)")
     headers = {k.decode(): v.decode() for k, v in fields.items() if k not in _KNOWN}
     ts = get(_TS)
     att = get(_ATT)
@@ -166,7 +170,7 @@ def decode_entry(queue: int, eid: bytes, fields: dict[bytes, bytes]) -> Message:
     return Message(
         id=ident.decode() if ident else eid.decode(),
         stream=StreamId(ns.decode(), (get(_KEY) or b"").decode()),
-        body=get(_BODY) or b"",
+        body=body,
         headers=headers,
         content_type=ctype.decode() if ctype else CONTENT_JSON,
         attempt=wire_number(att, H_ATTEMPT, ATTEMPT_MAX) if att else 0,

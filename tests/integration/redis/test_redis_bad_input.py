@@ -42,6 +42,7 @@ CASES = [
     Case("header-name-not-utf8", (NS, K, (b"\xff\xfe", b"v"))),
     Case("ns-repeated-second-bad", (NS, K, (b"cv-ns", b"\xff"))),
     Case("body-not-json", (NS, K), body=b"not json", expect="DecodeError"),
+    Case("body-missing", (NS, K), body=None),  # was handled as an empty body
 ]
 
 
@@ -60,7 +61,9 @@ def redis_config(server: RedisServer, **sections: dict[str, Any]) -> Config:
 def xadd_writer(server: RedisServer) -> Any:
     async def write(queue: int, case: Case, key: str) -> None:
         client = aioredis.Redis(port=server.port)
-        flat = [x for pair in case_fields(case, key) for x in pair] + [b"body", case.body]
+        flat = [x for pair in case_fields(case, key) for x in pair]
+        if case.body is not None:
+            flat += [b"body", case.body]
         await client.execute_command("XADD", f"conveyor:q:{queue}", "*", *flat)
         await client.aclose()
 
