@@ -13,7 +13,7 @@ from conveyor.adapters.redis.codec import (
     undecodable_entry,
 )
 from conveyor.adapters.redis.keys import joined_ids
-from conveyor.platform.errors import BrokerError
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message, Undecodable
 
@@ -149,8 +149,10 @@ def test_joined_ids_are_the_entry_ids() -> None:
 )
 def test_a_header_named_like_a_wire_field_is_refused_at_publish(name: str) -> None:
     # Written as is, it would come back as metadata (or the body), not as a header.
+    # The caller's mistake, not the broker's: InvalidArgumentError (`conveyor publish
+    # -H body=1` exits 2), not a BrokerError a caller would retry.
     msg = Message("m1", StreamId("n", "k"), b"{}", {"x-ok": "1", name: "spoof"})
-    with pytest.raises(BrokerError, match=f"header '{name}' is reserved"):
+    with pytest.raises(InvalidArgumentError, match=f"header '{name}' is reserved"):
         encode_fields(msg)
 
 

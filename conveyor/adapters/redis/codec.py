@@ -18,8 +18,8 @@ from conveyor.adapters.interning import StreamIds
 from conveyor.adapters.redis.keys import token_of
 from conveyor.platform import letters as layout
 from conveyor.platform.errors import (
-    BrokerError,
     DecodeError,
+    InvalidArgumentError,
 )
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.letters import StoredLetter
@@ -62,8 +62,8 @@ def extra_fields(msg: Message) -> list[bytes | str]:
     """The fields after the fixed ones: ``cv-attempt`` if set, then the user's headers."""
     extra: list[bytes | str] = [_ATT, b"%d" % msg.attempt] if msg.attempt else []
     for name, value in msg.headers.items():
-        if name in _RESERVED:
-            raise BrokerError(
+        if name in _RESERVED:  # the caller's data: no retry can store it
+            raise InvalidArgumentError(
                 f"message {msg.id}: header {name!r} is reserved by the Redis wire format "
                 f"(reserved: {', '.join(sorted(_RESERVED))}); rename the header"
             )

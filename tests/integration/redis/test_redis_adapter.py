@@ -24,7 +24,12 @@ from conveyor.cli import main
 from conveyor.client import Client
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import BrokerError, ConfigError, LeaseLostError, QueueOwnedError
+from conveyor.platform.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    LeaseLostError,
+    QueueOwnedError,
+)
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from tests.conftest import wait_until
@@ -71,7 +76,7 @@ async def test_a_batch_with_a_reserved_header_is_refused_whole(adapter: RedisAda
     good = client.build("orders", "k", {"a": 1})
     # Client.build refuses reserved names; a message built by hand reaches the adapter.
     spoof = msgspec.structs.replace(good, id="m2", headers={"cv-ns": "admin"})
-    with pytest.raises(BrokerError, match="'cv-ns' is reserved"):
+    with pytest.raises(InvalidArgumentError, match="'cv-ns' is reserved"):
         await adapter.enqueue(0, [good, spoof])
     assert await adapter.redis.xlen(adapter.keys.queue(0)) == 0  # not half a batch
 
@@ -519,6 +524,26 @@ def test_publish_and_status_commands_work_against_redis(
     assert {q["queue"]: q["lag"] for q in report["queues"]}[token.queue] == 1
     result = runner.invoke(main, ["status", "--config", str(cfg), "--app", "rec"])
     assert "total" in result.output and "lag" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["", "k1", "{}"], "namespace must be a non-empty string"),
+        (["items", "k1", "{}", "-H", "body=x"], "header 'body' is reserved by the Redis"),
+    ],
+)
+def test_a_publish_the_caller_got_wrong_exits_2_in_one_line(
+    redis_server: RedisServer, tmp_path: Path, args: list[str], says: str,
+) -> None:
+    # Both exited 1, as a broker's failure would: the first a plain ConveyorError, the
+    # second a BrokerError raised by the Redis wire format.
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+    result = CliRunner().invoke(main, ["publish", *args, "--config", str(cfg)])
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: ") and says in line, line
+    assert redis_server.client().keys("*:q:*") == []  # nothing was sent
 
 
 def test_the_redis_benchmark_reports_its_figures_next_to_the_raw_floor(
