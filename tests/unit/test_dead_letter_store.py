@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
+
+import pytest
 
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
@@ -83,3 +86,22 @@ async def test_a_store_refusing_even_a_bare_letter_holds_the_message_until_it_ta
     store.refuse = set()
     await asyncio.wait_for(put, 5)
     assert [ltr.form for ltr in store.kept] == ["bare"] and stats.dead_lettered == 1
+
+
+async def test_the_log_line_of_a_letter_stays_one_line_whatever_its_error_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An error text with line breaks was logged as is: a multi-line warning, whose
+    # later lines could pass for log lines of their own. The letter keeps it as raised.
+    store, stats = Store(), DeliveryStats()
+    forged = "bad input\n2026-11-27 08:00:00,000 ERROR conveyor.daemon: forged\r"
+    msg = Message("m1", StreamId("orders", "k"), b"{}", token=SequenceToken(2, 40))
+    with caplog.at_level(logging.WARNING, logger="conveyor"):
+        await DeadLetterStore(store, stats, backoff=FAST).put(
+            DeadLetter.of(msg, "orders.handle", ValueError(forged), 3))
+    [record] = [r for r in caplog.records if "dead-lettering" in r.getMessage()]
+    line = record.getMessage()
+    assert "\n" not in line and "\r" not in line
+    assert line.endswith("ValueError: bad input\\n2026-11-27 08:00:00,000 ERROR "
+                         "conveyor.daemon: forged\\r")
+    assert [kept.error for kept in store.kept] == [forged]

@@ -54,6 +54,15 @@ PutLetter = Callable[[DeadLetter], Awaitable[None]]
 STORE_BACKOFF = BROKER_WRITE
 
 
+def one_line(text: str) -> str:
+    """``text`` for a log line: its line breaks escaped, so that an error's text can
+    neither spread over lines nor pass for log lines of its own (the letter keeps it
+    as raised)."""
+    if "\n" not in text and "\r" not in text:
+        return text
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 class DeadLetterStore:
     """Stores one app's dead letters; :meth:`put` returns once the letter is stored."""
 
@@ -83,7 +92,7 @@ class DeadLetterStore:
             logging.WARNING, (letter.handler, letter.error_type),
             "dead-lettering message %s of %s (handler %r) after %d attempt(s): %s: %s",
             letter.message.id, letter.message.stream, letter.handler, letter.attempts,
-            letter.error_type, letter.error,
+            letter.error_type, one_line(letter.error),
         )
         failures = 0
         counted = False
