@@ -124,6 +124,23 @@ USER_MISTAKES = [
 ]
 
 
+@pytest.mark.parametrize("args", [
+    ["asyncapi", "tests.apps.drain_app:app", "--output", "{file}/doc.yaml"],
+    ["configs", "--copy", "{file}/configs"],
+], ids=["asyncapi --output", "configs --copy"])
+def test_a_path_that_cannot_be_written_is_one_line_naming_its_option(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # A path under a regular file: not writable by anyone, root included.
+    file = tmp_path / "a-file"
+    file.write_text("")
+    result = conveyor(*[a.replace("{file}", str(file)) for a in args])
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()  # no traceback
+    assert line.startswith("conveyor: error: ") and args[-2] in line, line
+    assert f"{file}/" in line and "Not a directory" in line, line
+
+
 @pytest.mark.parametrize(("args", "names", "says"), USER_MISTAKES,
                          ids=[" ".join(a[:2]) for a, _, _ in USER_MISTAKES])
 def test_each_listed_user_mistake_gets_one_line_naming_it_and_exit_2(
