@@ -20,7 +20,7 @@ from conveyor.backends import create_adapter
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.coalescer import PublishCoalescer
 from conveyor.platform.config import DEFAULT_MAX_BODY_BYTES, Config, PublishConfig
-from conveyor.platform.errors import ConveyorError, MessageTooLargeError
+from conveyor.platform.errors import ConveyorError, InvalidArgumentError, MessageTooLargeError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
@@ -175,7 +175,7 @@ class Client:
         known = None if streams is None else streams.get(key)
         if known is None:
             if not namespace:
-                raise ConveyorError("namespace must be a non-empty string")
+                raise InvalidArgumentError("namespace must be a non-empty string")
             if self._remembered >= _STREAMS_REMEMBERED:
                 self._streams.clear()
                 self._remembered, streams = 0, None

@@ -121,6 +121,9 @@ USER_MISTAKES = [
      "groups list", "would list none; use --config with a redis or kafka config"),
     (["groups", "delete", "--app", "shop"],
      "groups delete", "the memory adapter lives inside the worker's process"),
+    # Checked before the config's broker is asked anything: no server needed.
+    (["publish", "", "k1", "{}", "--config", "configs/redis.toml"],
+     "NAMESPACE", "must be a non-empty string"),
 ]
 
 
