@@ -144,6 +144,39 @@ def test_a_path_that_cannot_be_written_is_one_line_naming_its_option(
     assert f"{file}/" in line and "Not a directory" in line, line
 
 
+def test_console_reports_an_address_it_cannot_listen_on_before_its_banner() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = conveyor("console", "--config", "configs/redis.toml", "--port", port)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""  # no "conveyor console on http://..." for a server not there
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: --host/--port: ") and f":{port}:" in line, line
+    assert "choose another --port" in line, line
+    result = conveyor("console", "--config", "configs/redis.toml", "--host", "999.1.1.1")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: --host 999.1.1.1: "), line
+
+
+def test_console_on_port_0_prints_the_port_it_listens_on() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "console", "--config", "configs/redis.toml",
+         "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    match = re.match(r"conveyor console on http://127\.0\.0\.1:(\d+)/ ", banner)
+    assert match and int(match[1]) > 0, banner
+
+
 @pytest.mark.parametrize(("args", "names", "says"), USER_MISTAKES,
                          ids=[" ".join(a[:2]) for a, _, _ in USER_MISTAKES])
 def test_each_listed_user_mistake_gets_one_line_naming_it_and_exit_2(
