@@ -53,4 +53,8 @@ def asyncapi(app_path: str, config_path: Path | None, output: Path | None, fmt: 
     if output is None:
         click.echo(text, nl=False)
     else:
-        output.write_text(text)
+        try:
+            output.write_text(text)
+        except OSError as exc:  # a user's path: one line, not a traceback
+            raise click.BadParameter(f"cannot write {output}: {exc.strerror or exc}",
+                                     param_hint="--output") from None

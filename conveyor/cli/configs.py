@@ -52,14 +52,18 @@ def configs(name: str | None, copy_to: Path | None) -> None:
         click.echo(found[key].read_text(), nl=False)
         return
     if copy_to is not None:
-        copy_to.mkdir(parents=True, exist_ok=True)
-        for path in found.values():
-            target = copy_to / path.name
-            if target.exists():
-                click.echo(f"kept {target} (exists)")
-                continue
-            target.write_bytes(path.read_bytes())
-            click.echo(f"wrote {target}")
+        try:
+            copy_to.mkdir(parents=True, exist_ok=True)
+            for path in found.values():
+                target = copy_to / path.name
+                if target.exists():
+                    click.echo(f"kept {target} (exists)")
+                    continue
+                target.write_bytes(path.read_bytes())
+                click.echo(f"wrote {target}")
+        except OSError as exc:  # a user's path: one line, not a traceback
+            raise click.BadParameter(f"cannot write to {copy_to}: {exc.strerror or exc}",
+                                     param_hint="--copy") from None
         return
     width = max(len(n) for n in found)
     room = 79 - width - 2

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import secrets
+import socket
 from pathlib import Path
 
 import click
@@ -57,6 +60,8 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     if write:
         token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
     settings = Settings(config, app, token, host, broker_name(config))
+    listener = _listen(host, port)  # before the banner: a port in use is one line, exit 2
+    port = listener.getsockname()[1]  # --port 0: the port the system chose
     where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
     click.echo(f"conveyor console on {where} ({settings.broker}); Ctrl-C stops it")
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -69,5 +74,29 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     else:
         click.echo(f"write actions on: token {token}")
     poller = Poller(config, app, interval_s)
-    uvicorn.run(create_app(settings, poller), host=host, port=port, log_level="warning",
-                access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(settings, poller), host=host, port=port, log_level="warning",
+        access_log=False, timeout_graceful_shutdown=5))
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C stops it quietly
+        server.run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` for the server; an address that cannot be bound
+    (a port in use, a host that is no address here) is a usage error naming both."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        usage(f"--host {host}: not an address to listen on ({exc.strerror or exc})")
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as exc:
+        listener.close()
+        taken = exc.errno == errno.EADDRINUSE
+        usage(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}"
+              + ("; choose another --port" if taken else ""))
+    listener.set_inheritable(True)
+    return listener

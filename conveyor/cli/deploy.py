@@ -6,6 +6,7 @@ Registered on the main command in :mod:`conveyor.cli`; the rendering itself is
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,28 @@ import click
 from conveyor.cli.common import usage as _usage
 from conveyor.cli.common import warn
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
+
+_QUANTITY = re.compile(r"(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?\d+)?")
+"""A Kubernetes resource quantity, as a request takes it: ``500m``, ``2``, ``512Mi``."""
+
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A namespace's name: a DNS-1123 label."""
+
+
+def _quantity(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--cpu, --memory: refused here, not by the API server at ``kubectl apply``."""
+    if not _QUANTITY.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 512Mi, 1Gi)")
+    return value
+
+
+def _namespace(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not _NAMESPACE.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!r} is not a namespace name (lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63)")
+    return value
 
 
 @click.group()
@@ -39,12 +62,13 @@ def deploy() -> None:
               help="KEDA's minimum replicas (0: scale to zero when there is no lag).")
 @click.option("--max-replicas", type=click.IntRange(min=1), default=None,
               help="KEDA's maximum. Default: [queues] total (one pod per queue at most).")
-@click.option("--namespace", default=None, help="Namespace of every object (default: none "
-              "set, kubectl's current one).")
+@click.option("--namespace", default=None, callback=_namespace,
+              help="Namespace of every object (default: none set, kubectl's current one).")
 @click.option("--http-port", type=click.IntRange(1, 65535), default=9464, show_default=True,
               help="Port of /metrics, /healthz and /readyz in the pod.")
-@click.option("--cpu", default="500m", show_default=True, help="CPU request per pod.")
-@click.option("--memory", default="512Mi", show_default=True,
+@click.option("--cpu", default="500m", show_default=True, callback=_quantity,
+              help="CPU request per pod.")
+@click.option("--memory", default="512Mi", show_default=True, callback=_quantity,
               help="Memory request and limit per pod.")
 @click.option("--output", "-o", default="-", show_default=True, metavar="DIR|-",
               help="'-': one YAML stream on stdout; DIR: one file per object, in apply "

@@ -273,13 +273,13 @@ def broker_options(name: str, default_port: int) -> Callable[[F], F]:
 def dev() -> None:
     """A local Kafka or Redis broker for development, in memory.
 
-    Then run workers with ``--config`` naming the written file, in another terminal.
+    Then run workers with `--config` naming the written file, in another terminal.
 
     \b
     Examples:
-      conveyor dev kafka                       # tansu on 127.0.0.1:9092
+      conveyor dev kafka                        # tansu on 127.0.0.1:9092
       conveyor dev kafka --write-config k.toml  # and a config for --config
-      conveyor dev redis --port 6380           # redis-server, in memory
+      conveyor dev redis --port 6380            # redis-server, in memory
     """
 
 

@@ -45,6 +45,8 @@ def publish(
     from conveyor.client import SyncClient
     from conveyor.platform.message import RESERVED_HEADERS
 
+    if not namespace:  # an empty '' argument: the user's mistake, before any I/O
+        raise click.BadParameter("must be a non-empty string", param_hint="NAMESPACE")
     headers: dict[str, str] = {}
     for item in header:
         name, sep, value = item.partition("=")

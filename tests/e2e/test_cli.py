@@ -121,7 +121,60 @@ USER_MISTAKES = [
      "groups list", "would list none; use --config with a redis or kafka config"),
     (["groups", "delete", "--app", "shop"],
      "groups delete", "the memory adapter lives inside the worker's process"),
+    # Checked before the config's broker is asked anything: no server needed.
+    (["publish", "", "k1", "{}", "--config", "configs/redis.toml"],
+     "NAMESPACE", "must be a non-empty string"),
 ]
+
+
+@pytest.mark.parametrize("args", [
+    ["asyncapi", "tests.apps.drain_app:app", "--output", "{file}/doc.yaml"],
+    ["configs", "--copy", "{file}/configs"],
+], ids=["asyncapi --output", "configs --copy"])
+def test_a_path_that_cannot_be_written_is_one_line_naming_its_option(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # A path under a regular file: not writable by anyone, root included.
+    file = tmp_path / "a-file"
+    file.write_text("")
+    result = conveyor(*[a.replace("{file}", str(file)) for a in args])
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()  # no traceback
+    assert line.startswith("conveyor: error: ") and args[-2] in line, line
+    assert f"{file}/" in line and "Not a directory" in line, line
+
+
+def test_console_reports_an_address_it_cannot_listen_on_before_its_banner() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = conveyor("console", "--config", "configs/redis.toml", "--port", port)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""  # no "conveyor console on http://..." for a server not there
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: --host/--port: ") and f":{port}:" in line, line
+    assert "choose another --port" in line, line
+    result = conveyor("console", "--config", "configs/redis.toml", "--host", "999.1.1.1")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: --host 999.1.1.1: "), line
+
+
+def test_console_on_port_0_prints_the_port_it_listens_on() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "console", "--config", "configs/redis.toml",
+         "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    match = re.match(r"conveyor console on http://127\.0\.0\.1:(\d+)/ ", banner)
+    assert match and int(match[1]) > 0, banner
 
 
 @pytest.mark.parametrize(("args", "names", "says"), USER_MISTAKES,

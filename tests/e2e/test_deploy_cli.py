@@ -52,6 +52,13 @@ def test_output_dir_gets_one_file_per_object_in_apply_order(tmp_path: Path) -> N
         (["--config", "configs/redis.toml", "--max-replicas", "9"],
          "--max-replicas 9 exceeds [queues] total = 8"),
         (["--config", "configs/redis.toml", "--replicas", "-1"], "--replicas"),
+        # Refused here, not later by the API server at `kubectl apply`.
+        (["--config", "configs/redis.toml", "--cpu", "lots"],
+         "Invalid value for '--cpu': 'lots' is not a Kubernetes quantity"),
+        (["--config", "configs/redis.toml", "--memory", "512MB"],
+         "Invalid value for '--memory': '512MB' is not a Kubernetes quantity"),
+        (["--config", "configs/redis.toml", "--namespace", "Team_A"],
+         "Invalid value for '--namespace': 'Team_A' is not a namespace name"),
     ],
 )
 def test_user_mistakes_exit_2_with_one_line(args: list[str], message: str) -> None:

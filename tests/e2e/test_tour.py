@@ -141,6 +141,22 @@ def test_the_tour_has_every_block_it_is_run_from() -> None:
                                   "console", *KAFKA_BLOCKS}
 
 
+def test_a_tour_command_without_the_venvs_path_is_told_to_activate_the_venv() -> None:
+    # `make demo` installs into .venv without activating it: a bare `conveyor` is "command
+    # not found" unless the section it is in says to activate the venv first.
+    text = README.read_text()
+    bare = []
+    for m in _BLOCK.finditer(text):
+        if m["lang"] != "console":
+            continue
+        heading = max(text.rfind(f"\n{'#' * n} ", 0, m.start()) for n in (2, 3))
+        section = text[heading:m.start()]
+        bare += [(m["name"], step.command) for step in console(m["body"])
+                 if step.command.startswith("conveyor ")
+                 and ". .venv/bin/activate" not in section]
+    assert bare == []
+
+
 def test_the_readme_console_block_is_the_console_page_run_as_printed() -> None:
     """docs/console.md's start block is run as printed by tests/e2e/test_console_cli.py."""
     page = (ROOT / "docs" / "console.md").read_text()

@@ -70,6 +70,7 @@ def test_each_help_has_an_example_that_parses_and_fits_80_columns(
     text = cmd.get_help(ctx)
     too_wide = [line for line in text.splitlines() if len(line) > 80]
     assert not too_wide, "\n".join(too_wide)
+    assert "``" not in text, "reST markup in a help a terminal shows as it is"
     found = examples(text)
     assert found
     for line in found:

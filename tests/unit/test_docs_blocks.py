@@ -178,6 +178,35 @@ def test_every_command_and_option_the_docs_name_exists() -> None:
             if (bad := unknown_in(command))] == []
 
 
+def reference_rows() -> list[str]:
+    """Every ``conveyor …`` a row of docs/commands.md's table starts with or names."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "commands.md").read_text()
+    return [m[1] for line in text.splitlines() if line.startswith("| `conveyor ")
+            for m in re.finditer(r"`(conveyor [^`]+)`", line.split(" | ")[0])]
+
+
+def unlisted_commands(group: click.Group, rows: list[str], path: str = "conveyor") -> list[str]:
+    """The commands of ``group`` no row names; a group with a row ``conveyor NAME …``
+    has its subcommands listed where that row points (``conveyor sim …``)."""
+    missing = []
+    for name, command in group.commands.items():
+        here = f"{path} {name}"
+        if isinstance(command, click.Group) and f"{here} …" not in rows:
+            missing += unlisted_commands(command, rows, here)
+        elif not any(row == here or row.startswith(f"{here} ")
+                     for row in rows):
+            missing.append(here)
+    return missing
+
+
+def test_the_command_reference_has_a_row_for_every_command() -> None:
+    # "Every command, its options and what it prints": a command added to the CLI is
+    # added to docs/commands.md too (configs, dev, asyncapi and console were missing).
+    rows = reference_rows()
+    assert len(rows) > 15
+    assert unlisted_commands(cli, rows) == []
+
+
 def test_the_command_check_finds_an_unknown_subcommand_or_option() -> None:
     assert unknown_in("conveyor dlq lst --app shop") == ["lst"]
     assert unknown_in("conveyor status --app shop --watchh 2") == ["--watchh"]
