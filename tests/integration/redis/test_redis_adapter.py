@@ -529,7 +529,7 @@ def test_publish_and_status_commands_work_against_redis(
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["", "k1", "{}"], "namespace must be a non-empty string"),
+        (["", "k1", "{}"], "NAMESPACE: must be a non-empty string"),
         (["items", "k1", "{}", "-H", "body=x"], "header 'body' is reserved by the Redis"),
     ],
 )
