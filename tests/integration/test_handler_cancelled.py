@@ -3,7 +3,7 @@ it awaited a task or future cancelled elsewhere, or raised it itself — fails t
 like any other exception: retried, then dead-lettered with the reason, and its stream's
 later messages run. (It used to end the agent's runner: the message stayed unfinished
 and its stream stuck behind it, silently, for good.) So does a ``BaseException`` class
-of the handler's own. A real stop still cancels."""
+of the handler's own, and ``GeneratorExit`` raised by one. A real stop still cancels."""
 
 from __future__ import annotations
 
@@ -50,10 +50,13 @@ def _app(name: str, interceptor: bool, raising: str = "cancelled"
         if item["seq"] == POISON:
             if raising == "cancelled":
                 await _cancelled_elsewhere()
+            if raising == "generator-exit":
+                raise GeneratorExit("closed by hand")
             raise Abort("gave up")
 
-    reason = ("CancelledError though its call was not cancelled" if raising == "cancelled"
-              else "the handler raised Abort: gave up")
+    reason = {"cancelled": "CancelledError though its call was not cancelled",
+              "abort": "the handler raised Abort: gave up",
+              "generator-exit": "the handler raised GeneratorExit: closed by hand"}[raising]
     return app, calls, reason
 
 
@@ -81,6 +84,14 @@ async def test_through_an_app_interceptor_it_is_retried_then_dead_lettered() -> 
 
 async def test_a_base_exception_of_the_handler_s_own_is_retried_then_dead_lettered() -> None:
     await _check(*_app("abort-shipped", interceptor=False, raising="abort"))
+
+
+async def test_generator_exit_raised_by_a_handler_is_retried_then_dead_lettered() -> None:
+    # It was taken for the runner's coroutine being closed and raised again: the runner
+    # ended ("runner crashed"), its message stayed unfinished and the queue's
+    # acknowledgements stopped behind it until a restart.
+    await _check(*_app("generator-exit-shipped", interceptor=False, raising="generator-exit"))
+    await _check(*_app("generator-exit-chain", interceptor=True, raising="generator-exit"))
 
 
 async def test_a_batch_handler_that_raises_it_fails_its_batch_and_the_rest_run() -> None:

@@ -109,17 +109,29 @@ class HandlerBaseException(ConveyorError):
     dead-lettered after ``max_deliveries``)."""
 
 
-STOPS = (KeyboardInterrupt, SystemExit, GeneratorExit)
-"""What a handler may raise that is never taken for its failure: it stops the worker
-(or, ``GeneratorExit``, closes the coroutine)."""
+STOPS = (KeyboardInterrupt, SystemExit)
+"""What a handler may raise that is never taken for its failure: it stops the worker.
+
+``GeneratorExit`` is not one: the only way it reaches a call's awaiter is a handler (or
+a library it uses) raising it, since a coroutine is closed only when it is collected,
+never while a task awaits it — so it is the call's failure like any other
+``BaseException`` (:func:`as_failure`). Raised again, it ended the runner and left its
+message unfinished, holding up its queue's acknowledgements until a restart."""
+
+
+def _in_task() -> bool:
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no running loop
+        return False
 
 
 def as_failure(exc: BaseException) -> ConveyorError:
     """``exc``, a ``BaseException`` a handler's call raised, as that call's failure — or
     raised again when it must propagate: the task running the call is itself being
     cancelled (a stop, a lost queue), or it is one of :data:`STOPS`."""
-    if isinstance(exc, STOPS):
-        raise exc
+    if isinstance(exc, STOPS) or (isinstance(exc, GeneratorExit) and not _in_task()):
+        raise exc  # (GeneratorExit with no task running: a coroutine really closed)
     if isinstance(exc, asyncio.CancelledError):
         task = asyncio.current_task()
         if task is None or task.cancelling():
