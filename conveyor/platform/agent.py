@@ -152,8 +152,11 @@ class PullingAgent:
         owned_until: Callable[[], float] | None = None,
         watchdog: LoopWatchdog | None = None,
         redelivery: asyncio.Lock | None = None,
+        crashed: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.queue = queue
+        self._crashed = crashed
+        """Told of an error that ended one of this agent's tasks (see :meth:`_task_done`)."""
         self.receiver = receiver
         self.cache = QueueCache(settings.cache_capacity)
         self.settings = settings
@@ -199,6 +202,7 @@ class PullingAgent:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         self._pull_task = asyncio.create_task(self._pull_loop(), name=f"agent-{self.queue}-pull")
+        self._pull_task.add_done_callback(self._task_done)
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop pulling, finish the handler calls under way, ack, shut the receiver down.
@@ -406,9 +410,22 @@ class PullingAgent:
         return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A runner or the pull loop ended. An error ending one is Conveyor's own (a
+        handler's are its call's failures, :func:`as_failure`): the message a runner held
+        stays unfinished, the acknowledgements stop behind it and the queue with them.
+        It is logged and ``crashed`` is told — the daemon then fails, so that a restart
+        redelivers what this agent held (a redelivered message is counted, and
+        dead-lettered after ``max_deliveries`` if it crashes every time)."""
         self._runners.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("queue %d: runner crashed", self.queue, exc_info=task.exception())
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            return
+        log.error("queue %d: %s crashed", self.queue,
+                  "pull loop" if task is self._pull_task else "runner", exc_info=error)
+        if self._crashed is not None:
+            self._crashed(error)
 
     async def _runner(self) -> None:
         cache = self.cache

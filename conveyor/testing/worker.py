@@ -216,9 +216,11 @@ class TestWorker:
                     changed.clear()
                     await changed.wait()
         except TimeoutError:
+            failure = self._daemon.failure if self._daemon is not None else None
+            said = [] if failure is None else [f"the daemon failed: {failure}"]
             raise NotSettled(
-                f"not settled after {timeout:g}s:\n" + "\n".join(self.unsettled())
-            ) from None
+                f"not settled after {timeout:g}s:\n" + "\n".join([*said, *self.unsettled()])
+            ) from failure
         self._raise_hook_failures()
         new = self._observations.sorted_records(self._settled)
         self._settled = len(self._observations.records)

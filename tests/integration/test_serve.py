@@ -13,6 +13,7 @@ import signal
 import pytest
 
 from conveyor import Client
+from conveyor.platform.acks import Acknowledger
 from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.serve import serve
@@ -95,3 +96,46 @@ async def test_a_signal_cancels_commands_and_waits_for_them_before_stopping() ->
     await serve(d, commands=commands, signals=SIGNALS, freeze_heap=False)
     assert finished == [True]  # they finished while the daemon still ran
     assert not d.started
+
+
+async def test_an_agent_task_that_crashes_fails_the_daemon_and_a_restart_redelivers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An error of Conveyor's own in a runner (here injected into the acknowledgement
+    # bookkeeping right after a handler call): the runner used to end with a log line
+    # alone, its message unfinished and the queue's acknowledgements stopped behind it
+    # until someone restarted the worker. Now the daemon fails, serve() drains it and
+    # raises, and the next daemon on the queues gets what the first did not acknowledge.
+    record = Record()
+    adapter = fresh_adapter()
+    first = daemon(recording_app(record), adapter)
+    ids = await publish_items(Client(adapter, first.mapper), 40, streams=4)
+    crashed: list[str] = []
+    real_head_done = Acknowledger.head_done
+
+    def head_done(self: Acknowledger) -> None:
+        if not crashed:
+            crashed.append("once")
+            raise RuntimeError("a bug in the bookkeeping")
+        real_head_done(self)
+
+    monkeypatch.setattr(Acknowledger, "head_done", head_done)
+    with pytest.raises(ConveyorError, match=r"queue \d+: an agent task crashed "
+                                            r"\(RuntimeError: a bug in the bookkeeping\)"):
+        async with asyncio.timeout(10):
+            await serve(first, signals=SIGNALS, freeze_heap=False)
+    assert crashed == ["once"] and not first.started
+    monkeypatch.undo()
+
+    second = daemon(recording_app(record), adapter)
+    await second.start()
+    try:
+        await wait_until(lambda: record.handled == len(ids), 10, what="every message handled")
+    finally:
+        await second.stop()
+    # Every message published was handled; the one whose bookkeeping crashed ran in
+    # both daemons (its handler had returned when the runner crashed, and it was never
+    # acknowledged): one duplicate at most, and only that one.
+    assert sorted(record.calls) == sorted(ids)
+    assert record.duplicates <= 1
+    assert [key for key, order in record.order.items() if order != sorted(order)] == []

@@ -34,7 +34,7 @@ from conveyor.platform.balancing.balancer import QueueBalancer
 from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
-from conveyor.platform.errors import BrokerConnectionError, ConfigError
+from conveyor.platform.errors import BrokerConnectionError, ConfigError, ConveyorError
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry
@@ -114,6 +114,7 @@ class WorkerDaemon:
         self.queues = QueueOwner(
             parts.adapter, app.name, parts.subscriptions, parts.orphans, parts.slots,
             parts.settings, parts.balancer, parts.config.worker, parts.watchdog,
+            self.agent_crashed,
         )
         self.agents: dict[int, PullingAgent] = self.queues.agents
         self.metrics = DaemonMetrics(
@@ -311,6 +312,19 @@ class WorkerDaemon:
 
     async def queue_lost(self, queue: int) -> None:
         await self.queues.queue_lost(queue)
+
+    def agent_crashed(self, queue: int, error: BaseException) -> None:
+        """An error of Conveyor's own ended a task of ``queue``'s agent (a handler's
+        errors are its calls' failures, never this): the message it held would stay
+        unfinished and the queue's acknowledgements stopped behind it for good. The
+        daemon fails instead — drained and stopped by whoever runs it, ``conveyor
+        worker`` exiting 1 — so that its restart (a supervisor, Kubernetes) redelivers
+        what it held; a message that crashes it every time is counted and
+        dead-lettered after ``max_deliveries``, as one that kills its worker is."""
+        if self.failure is None:
+            self.balancer_failed(ConveyorError(
+                f"queue {queue}: an agent task crashed ({type(error).__name__}: {error}); "
+                "the worker stops so that a restart redelivers what it held"))
 
     def balancer_failed(self, error: BaseException) -> None:
         """Recorded for whoever runs the daemon (:func:`~conveyor.workers.serve.serve`

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import AgentSettings, PullingAgent, Subscriptions
@@ -70,8 +72,11 @@ class QueueOwner:
         balancer: QueueBalancer,
         worker: WorkerConfig,
         watchdog: LoopWatchdog | None = None,
+        crashed: Callable[[int, BaseException], None] | None = None,
     ) -> None:
         self._watchdog = watchdog
+        self._crashed = crashed
+        """Told of an error that ended an agent's task (:meth:`PullingAgent._task_done`)."""
         self._redelivery = asyncio.Lock()  # one redelivered message at a time (agent.py)
         self._adapter = adapter
         self._group = group
@@ -112,6 +117,7 @@ class QueueOwner:
             owned_until=lambda: balancer.owned_until(queue),
             watchdog=self._watchdog,
             redelivery=self._redelivery,
+            crashed=None if self._crashed is None else partial(self._crashed, queue),
         )
         self.agents[queue] = agent
         agent.start()
