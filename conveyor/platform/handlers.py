@@ -86,7 +86,8 @@ def _body_decoder(tp: Any, where: str) -> Decode:
                 return pack_decode(m.body)
             return json_decode(m.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise DecodeError(f"cannot decode body as {type_name}: {exc}") from None
+            why = "the body is empty" if not m.body else str(exc)  # not "truncated"
+            raise DecodeError(f"cannot decode body as {type_name}: {why}") from None
 
     return decode
 
@@ -151,6 +152,13 @@ def build_spec(
         )
     if BatchOptions in options:
         body_type = _batch_element(body_type, len(params), where)
+    if len(params) == 2:
+        ctx_type = hints.get(params[1].name)
+        if ctx_type is not None and ctx_type is not MessageContext:
+            # Unannotated is fine; another type is a mistake the first call would hide.
+            raise HandlerDeclarationError(
+                f"{where}: the second parameter {params[1].name!r} is the message's "
+                f"context: annotate it MessageContext (or not at all), not {ctx_type!r}")
     return HandlerSpec(
         name=name or f"{fn.__module__}.{fn.__qualname__}",
         namespace=namespace,

@@ -55,6 +55,8 @@ def test_undecodable_bodies_raise_decode_error_naming_the_type() -> None:
         app.handlers[0].decode(msg(b'{"id": "not an int"}'))
     with pytest.raises(DecodeError, match="Order"):
         app.handlers[0].decode(msg(b"not json"))
+    with pytest.raises(DecodeError, match="cannot decode body as .*Order.*: the body is empty"):
+        app.handlers[0].decode(msg(b""))
     with pytest.raises(DecodeError, match="UTF-8"):
         app.handlers[1].decode(msg(b"\xff"))
 
@@ -70,6 +72,8 @@ def test_undecodable_bodies_raise_decode_error_naming_the_type() -> None:
         ("async def h() -> None: ...", "takes \\(body\\)"),
         ("async def h(body: dict, ctx: object, extra: int) -> None: ...", "takes \\(body\\)"),
         ("async def h(body: complex) -> None: ...", "cannot decode"),
+        ("async def h(body: dict, ctx: int) -> None: ...",
+         "second parameter 'ctx' is the message's context: annotate it MessageContext"),
     ],
 )
 def test_bad_handlers_are_rejected_at_declaration(source: str, match: str) -> None:
@@ -126,3 +130,12 @@ def test_sensible_retry_options_are_accepted() -> None:
 
     App("t").handler("orders", retry_attempts=1, retry_delay_s=0, retry_max_delay_s=2,
                      retry_jitter_s=0.5, retry_multiplier=1)(h)
+
+
+def test_the_context_parameter_may_go_unannotated() -> None:
+    app = App("t")
+
+    @app.handler("orders")
+    async def h(body: dict, ctx) -> None: ...  # type: ignore[no-untyped-def, type-arg]
+
+    assert app.handlers[0].takes_context
