@@ -37,7 +37,6 @@ from conveyor.platform.config import Config
 from conveyor.platform.ids import SequenceToken
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.http_endpoint import daemon_endpoint
-from conveyor.workers.serve import freeze_startup_heap
 
 PUBLISH_BATCH = 500
 """Messages per ``publish_batch`` call, and per pipeline / batch of the raw producers."""
@@ -157,8 +156,7 @@ async def time_daemon(config: Config, adapter: QueueAdapter, messages: int,
     if config.http.port is not None:  # as `conveyor worker` serves it
         endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
         await endpoint.start()
-    await daemon.start()
-    freeze_startup_heap()  # as `conveyor worker` does once its daemon has started
+    await daemon.start(freeze_heap=True)  # as `conveyor worker` starts its daemon
     try:
         await asyncio.wait_for(acks.done.wait(), timeout=RUN_TIMEOUT_S)
         sample = clock.stop(messages)

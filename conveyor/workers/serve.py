@@ -5,7 +5,6 @@ the children of ``conveyor worker --processes`` both do it through :func:`serve`
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,9 +43,9 @@ async def serve(
        before the start — a port it cannot bind fails here, before the daemon joins —
        and until the stop is done, answering ``/readyz`` with 503 while starting and
        draining.
-    2. The daemon starts; with ``freeze_heap`` what was built so far is exempted from
-       later GC passes (:func:`freeze_startup_heap`, for a process that exists to run
-       this daemon); ``ready()`` is called.
+    2. The daemon starts; with ``freeze_heap`` what was built until it takes its first
+       queue is exempted from later GC passes (:func:`freeze_startup_heap`, for a
+       process that exists to run this daemon); ``ready()`` is called.
     3. It runs until a signal arrives, ``commands()`` (run once ready, e.g. a
        supervisor's command stream) returns, or the daemon fails
        (:attr:`WorkerDaemon.failed`). ``commands`` still running then is cancelled and
@@ -65,9 +64,7 @@ async def serve(
     try:
         if endpoint is not None:
             await endpoint.start()
-        if await _start(daemon, stop):
-            if freeze_heap:
-                freeze_startup_heap()
+        if await _start(daemon, stop, freeze_heap):
             if ready is not None:
                 ready()
             await _until_stop(daemon, stop, commands)
@@ -86,9 +83,9 @@ async def serve(
     return report
 
 
-async def _start(daemon: WorkerDaemon, stop: _StopRequest) -> bool:
+async def _start(daemon: WorkerDaemon, stop: _StopRequest, freeze_heap: bool) -> bool:
     """Start the daemon unless a stop signal comes first (then the start is cancelled)."""
-    starting = asyncio.ensure_future(daemon.start())
+    starting = asyncio.ensure_future(daemon.start(freeze_heap=freeze_heap))
     asked = asyncio.ensure_future(stop.asked.wait())
     try:
         await asyncio.wait([starting, asked], return_when=asyncio.FIRST_COMPLETED)
@@ -166,14 +163,3 @@ async def _until_stop(
             log.exception("the daemon's commands failed: stopping")
 
 
-def freeze_startup_heap() -> None:
-    """Exempt what a worker process built at startup from later full GC passes.
-
-    For processes that exist to run one daemon (``conveyor worker`` and its supervised
-    children), called once the daemon has started: modules, the app, config and
-    connections live as long as the process, yet every full collection re-scanned them
-    (~10 ms per pass for a ~25k-object heap on a 2-core VM, a pass every ~20k messages
-    under load). ``gc.collect()`` first, so nothing already garbage is kept.
-    """
-    gc.collect()
-    gc.freeze()
