@@ -36,7 +36,7 @@ class Case:
     name: str
     fields: tuple[tuple[bytes, bytes], ...]
     body: bytes | None = b'{"seq": -1}'
-    """None: no body at all (Redis: no ``body`` field)."""
+    """None: no body at all (Redis: no ``body`` field; Kafka: a null value)."""
     expect: str = "Undecodable"
     key: bytes | None = None
     """Kafka: the record key (None: the good stream's key)."""

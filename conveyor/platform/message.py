@@ -95,13 +95,16 @@ class Undecodable(Message, frozen=True, gc=False):
     Receivers build one instead of failing the whole batch it came with, so its
     neighbours flow on. ``raw_fields`` are the entry's fields (Redis) or headers (Kafka)
     byte for byte, in their order; ``raw_key`` the Kafka record key; ``body`` the raw
-    payload. ``stream.namespace`` is ``""``, which no handler can subscribe to, so the
-    agent routes it to the dead-letter path without a lookup of its own.
+    payload, and ``null_value`` whether a Kafka record had none at all (a null value, a
+    tombstone: ``body`` is then ``b""``, and its dead letter's value is null again).
+    ``stream.namespace`` is ``""``, which no handler can subscribe to, so the agent
+    routes it to the dead-letter path without a lookup of its own.
     """
 
     reason: str = ""
     raw_fields: tuple[tuple[bytes, bytes | None], ...] = ()
     raw_key: bytes | None = None
+    null_value: bool = False
 
 
 ERROR_TEXT_MAX = 4096

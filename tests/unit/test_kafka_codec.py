@@ -102,7 +102,7 @@ def test_one_key_in_two_namespaces_reads_as_two_streams_across_batches() -> None
 @pytest.mark.parametrize("headers", [
     [],  # a foreign record: the defaults
     [("cv-id", b"m1"), ("cv-ns", b"orders")],  # another order
-    [("cv-ns", b""), ("cv-id", b"m1")],  # an empty namespace: the default
+    [("cv-ns", b""), ("cv-id", b"m1")],  # an empty namespace: undecodable
     [("cv-ns", b"orders"), ("cv-id", None)],  # no id: topic-partition-offset
     [("cv-ns", b"orders"), ("x-h", b"v")],
 ])
@@ -111,6 +111,75 @@ def test_other_records_read_as_the_general_decoder_reads_them(
 ) -> None:
     record = _record(_message(), headers)
     assert RecordDecoder(0, "default").decode([record]) == [decode_record(record, 0, "default")]
+
+
+@pytest.mark.parametrize("ns", [b"", None])
+def test_an_empty_namespace_is_undecodable_not_the_default(ns: bytes | None) -> None:
+    # It was read under the default namespace (then handled there, or skipped when no
+    # handler took it); absent, the header still means the default.
+    record = _record(_message(), [("cv-ns", ns), ("cv-id", b"m1")])
+    [read] = RecordDecoder(0, "default").decode([record])
+    assert isinstance(read, Undecodable) and "cv-ns header is empty" in read.reason
+    assert read.raw_fields == ((b"cv-ns", ns), (b"cv-id", b"m1"))
+    assert read.body == b'{"n":1}' and read.raw_key == b"o-7" and not read.null_value
+    absent = decode_record(_record(_message(), [("cv-id", b"m1")]), 0, "default")
+    assert not isinstance(absent, Undecodable) and absent.stream == StreamId("default", "o-7")
+
+
+@pytest.mark.parametrize("headers", [
+    message_headers(_message()),  # Conveyor's: the fast path's shape
+    [("cv-ns", b"orders"), ("cv-id", b"m1"), ("content-type", b"text/plain")],
+    [],  # a foreign tombstone (a compacted topic's delete marker)
+    [("x-h", b"v")],
+], ids=["conveyor", "conveyor-general", "foreign", "foreign-with-headers"])
+def test_a_null_value_is_undecodable_foreign_or_not(
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    # It was handed over as an empty body: a handler could not tell it from one.
+    record = _record(_message(), headers)
+    record.value = None
+    [read] = RecordDecoder(0, "default").decode([record])
+    assert read == decode_record(record, 0, "default")
+    assert isinstance(read, Undecodable) and "null value (a Kafka tombstone)" in read.reason
+    assert (read.body, read.null_value, read.raw_key) == (b"", True, b"o-7")
+    assert read.raw_fields == tuple((n.encode(), v) for n, v in headers)
+    empty = _record(_message(body=b""), headers)  # an empty body is an empty value
+    assert not isinstance(decode_record(empty, 0, "default"), Undecodable)
+    assert RecordDecoder(0, "default").one(empty).body == b""
+
+
+def test_a_tombstones_dead_letter_keeps_its_value_null_and_is_not_replayable() -> None:
+    from conveyor.platform.letters import StoredLetter
+    from conveyor.platform.operations.dlq import not_replayable
+
+    record = _record(_message(), message_headers(_message()))
+    record.value = None
+    undecodable = decode_record(record, 0, "default")
+    key, value, headers = letter_record(DeadLetter.of(undecodable, "", "x", 0, "Undecodable"),
+                                        "shop")
+    assert (key, value) == (b"o-7", None)
+    stored = SimpleNamespace(key=key, value=value, headers=tuple(headers), timestamp=TS)
+    letter = letter_from_record(stored, "shop", "t", "default")
+    assert letter is not None and isinstance(letter.message, Undecodable)
+    assert letter.message.null_value and letter.error_type == "Undecodable"
+    assert not_replayable(StoredLetter("0:1", letter)) is not None  # not an empty body
+
+
+def test_an_undecodable_letter_stored_short_reads_back_undecodable() -> None:
+    # The minimal form writes the placeholder stream's empty cv-ns; read back under the
+    # default namespace, the letter was replayable there.
+    from conveyor.platform.letters import StoredLetter
+    from conveyor.platform.operations.dlq import not_replayable
+
+    bad = decode_record(_record(_message(), [("cv-ns", b"\xff")]), 0, "default")
+    letter = DeadLetter.of(bad, "", "x", 0, "Undecodable").shortened("too large")
+    assert letter is not None and letter.form == "minimal"
+    key, value, headers = letter_record(letter, "shop")
+    stored = SimpleNamespace(key=key, value=value, headers=tuple(headers), timestamp=TS)
+    read = letter_from_record(stored, "shop", "t", "default")
+    assert read is not None and isinstance(read.message, Undecodable)
+    assert read.message.body == b'{"n":1}'
+    assert not_replayable(StoredLetter("0:1", read)) is not None
 
 
 def test_raw_records_read_as_the_records_aiokafka_builds_with_the_decoders_topic() -> None:

@@ -5,6 +5,8 @@ Metadata lives beside the body (see "Wire format" in docs/kafka.md), so any Kafk
 can publish: key = stream key; headers carry the namespace, message id, content type,
 enqueue time, attempt and the message's own headers; the value is the body. A record
 without Conveyor's headers is read with the defaults (the configured namespace, JSON).
+A record that is not a message — a null value (a tombstone), an empty ``cv-ns`` — is an
+:class:`Undecodable`, dead-lettered with the reason, as malformed metadata is.
 Dead letters are records of the dead-letter topic in the layout of
 :mod:`conveyor.platform.letters`.
 
@@ -59,6 +61,12 @@ def _wire_number(raw: bytes | None, field: str, limit: int) -> int | None:
     return int(raw)
 
 
+NULL_VALUE = ("null value (a Kafka tombstone): no message to handle (an empty body is an "
+              "empty value, not a null one)")
+EMPTY_NAMESPACE = ("cv-ns header is empty (the namespace that selects the handlers; a record "
+                   "without the header is read under [kafka] default_namespace)")
+
+
 def _record_id(record: Any, queue: int, topic: str | None) -> str:
     """The id of a record without ``cv-id``: topic, partition (= queue) and offset."""
     return f"{record.topic if topic is None else topic}-{queue}-{record.offset}"
@@ -70,9 +78,15 @@ def record_to_message(record: Any, queue: int, default_ns: str,
 
     ``topic``: the record's topic, for a record that does not say it (as
     :func:`~conveyor.adapters.kafka.aiokafka_internals.raw_records` hands them over).
-    Raises on metadata that cannot be read (not UTF-8, a malformed number): see
+    Raises on a record that is no message — a null value (:data:`NULL_VALUE`: foreign
+    or not, a tombstone has no body to hand over), an empty ``cv-ns``
+    (:data:`EMPTY_NAMESPACE`: absent means the default, empty is a producer's mistake) —
+    and on metadata that cannot be read (not UTF-8, a malformed number): see
     :func:`decode_record`, which isolates such a record instead.
     """
+    body = record.value
+    if body is None:
+        raise DecodeError(NULL_VALUE)
     ns = default_ns
     key = record.key.decode() if record.key is not None else ""
     msg_id = ""
@@ -82,7 +96,9 @@ def record_to_message(record: Any, queue: int, default_ns: str,
     headers: dict[str, str] = {}
     for name, raw in record.headers:
         if name == H_NAMESPACE:  # the headers Conveyor writes, most frequent first
-            ns = raw.decode() if raw else default_ns
+            if not raw:  # b"" or None: not the default a missing header means
+                raise DecodeError(EMPTY_NAMESPACE)
+            ns = raw.decode()
         elif name == H_ID:
             msg_id = raw.decode() if raw is not None else ""
         elif name == H_CONTENT_TYPE:
@@ -102,7 +118,7 @@ def record_to_message(record: Any, queue: int, default_ns: str,
     return Message(
         msg_id or _record_id(record, queue, topic),
         StreamId(ns, key),
-        record.value if record.value is not None else b"",
+        body,
         headers,
         ctype,
         attempt,
@@ -131,6 +147,7 @@ def decode_record(record: Any, queue: int, default_ns: str,
             reason=f"{type(exc).__name__}: {exc}",
             raw_fields=tuple((name.encode(), raw) for name, raw in record.headers),
             raw_key=record.key,
+            null_value=record.value is None,
         )
 
 
@@ -215,16 +232,17 @@ def message_headers(msg: Message, full: bool = False) -> list[tuple[str, bytes]]
     return headers
 
 
-def letter_record(letter: DeadLetter, app: str) -> tuple[bytes | None, bytes, list[Any]]:
+def letter_record(letter: DeadLetter, app: str) -> tuple[bytes | None, bytes | None, list[Any]]:
     """A dead letter as (key, value, headers): ``cv-dl-*`` headers first, then the
-    message's own (an undecodable one's byte for byte); see conveyor.platform.letters."""
+    message's own (an undecodable one's byte for byte, its value null if it was: read
+    back, it is undecodable again, not an empty body); see conveyor.platform.letters."""
     headers: list[tuple[str, bytes | None]] = [
         (name, value.encode()) for name, value in layout.meta_pairs(letter, app)
     ]
     msg = letter.message
     if isinstance(msg, Undecodable) and letter.form == "full":
         headers += [(name.decode(), value) for name, value in msg.raw_fields]
-        return msg.raw_key, msg.body, headers
+        return msg.raw_key, None if msg.null_value else msg.body, headers
     headers += message_headers(msg, full=True)  # read back with the letter's timestamp
     return msg.stream.key.encode(), msg.body, headers
 

@@ -40,6 +40,9 @@ CASES = [
          body=b"not json"),
     Case("cv-key-not-utf8", (NS, (b"cv-key", b"\xff"))),
     Case("body-not-json", (NS, (b"cv-key", KEY)), body=b"not json", expect="DecodeError"),
+    Case("ns-empty", ((b"cv-ns", b""),)),  # was handled under default_namespace, or skipped
+    Case("value-null", (NS,), body=None),  # was handled as an empty body
+    Case("value-null-foreign", (), body=None),  # a tombstone; was default_namespace's b""
 ]
 
 
@@ -76,6 +79,9 @@ async def test_every_malformed_record_is_dead_lettered_and_its_neighbours_are_ha
     assert_cases_dead_lettered(letters, CASES, out.key)
     stored = letters_by_case(letters)["key-not-utf8"].message
     assert isinstance(stored, Undecodable) and stored.raw_key == b"\xff\xfe"
+    for name in ("value-null", "value-null-foreign"):  # the letter's value is null too
+        tombstone = letters_by_case(letters)[name].message
+        assert isinstance(tombstone, Undecodable) and tombstone.null_value, name
 
 
 async def test_a_letter_too_large_for_the_broker_is_stored_shorter_and_the_queue_flows(
