@@ -55,7 +55,7 @@ def test_undecodable_bodies_raise_decode_error_naming_the_type() -> None:
         app.handlers[0].decode(msg(b'{"id": "not an int"}'))
     with pytest.raises(DecodeError, match="Order"):
         app.handlers[0].decode(msg(b"not json"))
-    with pytest.raises(DecodeError, match="cannot decode body as .*Order.*: the body is empty"):
+    with pytest.raises(DecodeError, match=r"cannot decode body as .*Order.*: the body is empty"):
         app.handlers[0].decode(msg(b""))
     with pytest.raises(DecodeError, match="UTF-8"):
         app.handlers[1].decode(msg(b"\xff"))
