@@ -107,8 +107,11 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
     title = (f"app {report.group}: {_plural(len(report.members), 'daemon')}, "
              f"{_plural(report.dead_letters, 'dead letter')} stored, "
              f"lag {report.total_lag:,}")
-    if report.eviction_policy is not None:
-        title += f", maxmemory-policy {report.eviction_policy}"
+    settings = [f"{name} {value}" for name, value in (
+        ("maxmemory-policy", report.eviction_policy), ("persistence", report.persistence),
+    ) if value is not None]
+    if settings:  # a line of its own: on the first one it would wrap at 80 columns
+        title += "\nredis: " + ", ".join(settings)
     members = _table(_whole("daemon"), "queues", _right("slots"), _right("handled"),
                      _right("dead"), _right("skipped"))
     if wide:

@@ -107,6 +107,9 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
                     else "workers refuse it unless [redis] allow_eviction = true")
         warn(f"Redis maxmemory-policy is {report.eviction_policy}: a full server deletes "
              f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
+    if (lost := _restart_loses(report.persistence)) is not None:
+        warn(f"Redis persistence is {report.persistence}{lost} (docs/redis.md, "
+             "\"Persistence\")")
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -124,6 +127,25 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
                 refreshes += 1
         except KeyboardInterrupt:
             pass
+
+
+def _restart_loses(persistence: str | None) -> str | None:
+    """Why, and what a restart loses, where the reading is ``none`` or ``unknown`` (on
+    some server of a cluster: ``host:port=none, …``); None where the server keeps its
+    messages (``aof``) or most of them (``rdb``: not warned about, docs/redis.md says
+    why)."""
+    if persistence is None:
+        return None
+    readings = {part.rsplit("=", 1)[-1] for part in persistence.split(", ")}
+    if not readings & {"none", "unknown"}:
+        return None
+    if readings == {"none"}:
+        return (' (save "", appendonly no): a restart loses every queued and pending '
+                "message")
+    if readings == {"unknown"}:
+        return (" (CONFIG GET refused, INFO shows no AOF): unless the server snapshots, a "
+                "restart loses every queued and pending message")
+    return ": a restart of a server at none (or unknown) loses every message it holds"
 
 
 def _where_daemons_register(config: Config) -> str:
