@@ -22,11 +22,12 @@ from conveyor.cli.common import (
     usage,
     warn,
 )
-from conveyor.cli.render import apps_view, print_table, status_view
+from conveyor.cli.render import apps_view, fit_rows, print_table, status_view
 from conveyor.platform.config import Config
 
 wide_option = click.option("--wide", is_flag=True,
-                           help="Every column (host, pid, pools and cells): for a wide terminal.")
+                           help="Every column (host, pid, pools and cells), rows never cut: "
+                                "for a wide terminal.")
 
 
 @click.command()
@@ -113,17 +114,23 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
+    view = status_view(report, report.rates(), wide)
     if watch_s is None:
-        print_table(status_view(report, report.rates(), wide))
+        print_table(view, whole_rows=wide)
         return
-    with Live(status_view(report, report.rates(), wide), console=Console(),
-              auto_refresh=False) as live:
+    console = Console()
+    if wide:
+        fit_rows(console, view)
+    with Live(view, console=console, auto_refresh=False) as live:
         try:
             refreshes = 0
             while count is None or refreshes < count:
                 time.sleep(watch_s)
                 previous, report = report, run_or_exit(collect_status(config, group, backend))
-                live.update(status_view(report, report.rates(previous), wide), refresh=True)
+                view = status_view(report, report.rates(previous), wide)
+                if wide:
+                    fit_rows(console, view)
+                live.update(view, refresh=True)
                 refreshes += 1
         except KeyboardInterrupt:
             pass
