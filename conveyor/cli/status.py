@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from conveyor.cli.common import (
+    app_name,
     inspect_config_option,
     load_config_or_exit,
     refuse_embedded,
@@ -32,7 +33,7 @@ wide_option = click.option("--wide", is_flag=True,
 
 @click.command()
 @inspect_config_option
-@click.option("--app", "group", default=None,
+@click.option("--app", "group", default=None, callback=app_name,
               help="The app's name (its consumer group). Default: list the apps found.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,

@@ -71,3 +71,14 @@ def test_wide_prints_whole_rows_and_cuts_no_heading(config_file: Path) -> None:
     assert "…" not in result.stdout
     [row] = [line for line in lines if line.split()[:1] == [DAEMON]]
     assert "worker-host-1.example.internal" in row.split() and "1,234,567" in row
+
+
+@pytest.mark.parametrize("app", ["", "a b", "shop:orders", "x" * 129])
+def test_an_app_that_is_no_app_name_is_a_usage_error_naming_app(
+    config_file: Path, app: str,
+) -> None:
+    result = status(config_file, "--app", app)
+    assert result.exit_code == 2 and result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '--app': {app!r} is not an "
+                           "app name: use 1-128 ASCII letters"), line
