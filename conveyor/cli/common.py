@@ -208,3 +208,16 @@ inspect_config_option = click.option(
     help="TOML config of a redis or kafka app (e.g. configs/redis.toml).",
 )
 """--config of commands that read a broker's state (status, groups)."""
+
+
+def app_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--app`` of the commands that name a consumer group: checked as ``App(name)``
+    checks it, so a bad one is a usage error naming the option (exit 2), not a config
+    error found while reading the broker."""
+    from conveyor.platform.ids import NAME
+
+    if value is not None and not NAME.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!r} is not an app name: use 1-128 ASCII letters, digits, '-', '_' or "
+            "'.' (it names the consumer group)")
+    return value

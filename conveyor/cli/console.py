@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli.common import load_config_or_exit, usage
+from conveyor.cli.common import app_name, load_config_or_exit, usage
 
 TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
 
@@ -20,7 +20,7 @@ TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
 @click.option("--config", "config_path", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="TOML config of a redis or kafka app (e.g. configs/redis.toml).")
-@click.option("--app", default=None,
+@click.option("--app", default=None, callback=app_name,
               help="Show this app only (its consumer group). Default: every app found.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; anything but loopback exposes the console.")

@@ -15,7 +15,7 @@ from typing import TypeVar
 import click
 
 from conveyor.backends import create_adapter
-from conveyor.cli.common import fail, load_config_or_exit, usage, warn
+from conveyor.cli.common import app_name, fail, load_config_or_exit, usage, warn
 from conveyor.cli.render import letters_view, print_table
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
@@ -36,7 +36,7 @@ MEMORY_REFUSED = (
 
 def _options(fn: Callable[..., None]) -> Callable[..., None]:
     """--config and --app, as every other command that reads an app's state has them."""
-    fn = click.option("--app", "group", required=True,
+    fn = click.option("--app", "group", required=True, callback=app_name,
                       help="The app's name (its consumer group).")(fn)
     return click.option(
         "--config", "config_path",

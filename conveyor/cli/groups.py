@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from conveyor.cli.common import (
+    app_name,
     fail,
     inspect_config_option,
     load_config_or_exit,
@@ -78,7 +79,8 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
 
 @groups.command("delete")
 @inspect_config_option
-@click.option("--app", "group", required=True, help="The app's name (its consumer group).")
+@click.option("--app", "group", required=True, callback=app_name,
+              help="The app's name (its consumer group).")
 @click.option("--force", is_flag=True,
               help="Delete even though the app looks alive (its daemons would recreate the "
                    "group at the start of each queue and handle every kept message again).")

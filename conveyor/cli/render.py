@@ -38,18 +38,32 @@ def titled(title: str, table: Any | None, notes: Sequence[Any] = ()) -> Any:
     return Group(*shown)
 
 
-def print_table(renderable: Any) -> None:
+def print_table(renderable: Any, *, whole_rows: bool = False) -> None:
     """Print a rich table on stdout: styled on a terminal; plain, without the padding
-    rich puts at the end of lines, for a pipe or a file (grep, diff, docs)."""
+    rich puts at the end of lines, for a pipe or a file (grep, diff, docs).
+
+    ``whole_rows`` (``--wide``): at least as wide as its rows need, never cutting a
+    heading or a cell to fit a narrower terminal (which then wraps the lines)."""
     from rich.console import Console
 
     console = Console()
+    if whole_rows:
+        fit_rows(console, renderable)
     if console.is_terminal:
         console.print(renderable)
         return
     with console.capture() as captured:
         console.print(renderable)
     click.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
+
+
+def fit_rows(console: Any, renderable: Any) -> None:
+    """Widen ``console`` to what ``renderable`` needs to print every row whole."""
+    from rich.measure import Measurement
+
+    unbounded = console.options.update_width(10_000)
+    needed = Measurement.get(console, unbounded, renderable).maximum
+    console.width = max(console.width, needed)
 
 
 def _table(*columns: Any) -> Any:
@@ -107,8 +121,11 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
     title = (f"app {report.group}: {_plural(len(report.members), 'daemon')}, "
              f"{_plural(report.dead_letters, 'dead letter')} stored, "
              f"lag {report.total_lag:,}")
-    if report.eviction_policy is not None:
-        title += f", maxmemory-policy {report.eviction_policy}"
+    settings = [f"{name} {value}" for name, value in (
+        ("maxmemory-policy", report.eviction_policy), ("persistence", report.persistence),
+    ) if value is not None]
+    if settings:  # a line of its own: on the first one it would wrap at 80 columns
+        title += "\nredis: " + ", ".join(settings)
     members = _table(_whole("daemon"), "queues", _right("slots"), _right("handled"),
                      _right("dead"), _right("skipped"))
     if wide:

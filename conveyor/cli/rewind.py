@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from conveyor.cli.common import (
+    app_name,
     broker_config_option,
     fail,
     load_config_or_exit,
@@ -47,7 +48,8 @@ def _parse_rewind_target(text: str) -> Any:
 
 @click.command()
 @broker_config_option
-@click.option("--app", "group", required=True, help="The app's name (its consumer group).")
+@click.option("--app", "group", required=True, callback=app_name,
+              help="The app's name (its consumer group).")
 @click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
 @click.option("--queue", "queues", type=int, multiple=True,
               help="Queues to rewind to a time (default: all). A token names its own queue.")

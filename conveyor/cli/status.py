@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from conveyor.cli.common import (
+    app_name,
     inspect_config_option,
     load_config_or_exit,
     refuse_embedded,
@@ -22,16 +23,17 @@ from conveyor.cli.common import (
     usage,
     warn,
 )
-from conveyor.cli.render import apps_view, print_table, status_view
+from conveyor.cli.render import apps_view, fit_rows, print_table, status_view
 from conveyor.platform.config import Config
 
 wide_option = click.option("--wide", is_flag=True,
-                           help="Every column (host, pid, pools and cells): for a wide terminal.")
+                           help="Every column (host, pid, pools and cells), rows never cut: "
+                                "for a wide terminal.")
 
 
 @click.command()
 @inspect_config_option
-@click.option("--app", "group", default=None,
+@click.option("--app", "group", default=None, callback=app_name,
               help="The app's name (its consumer group). Default: list the apps found.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
@@ -107,23 +109,51 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
                     else "workers refuse it unless [redis] allow_eviction = true")
         warn(f"Redis maxmemory-policy is {report.eviction_policy}: a full server deletes "
              f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
+    if (lost := _restart_loses(report.persistence)) is not None:
+        warn(f"Redis persistence is {report.persistence}{lost} (docs/redis.md, "
+             "\"Persistence\")")
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
+    view = status_view(report, report.rates(), wide)
     if watch_s is None:
-        print_table(status_view(report, report.rates(), wide))
+        print_table(view, whole_rows=wide)
         return
-    with Live(status_view(report, report.rates(), wide), console=Console(),
-              auto_refresh=False) as live:
+    console = Console()
+    if wide:
+        fit_rows(console, view)
+    with Live(view, console=console, auto_refresh=False) as live:
         try:
             refreshes = 0
             while count is None or refreshes < count:
                 time.sleep(watch_s)
                 previous, report = report, run_or_exit(collect_status(config, group, backend))
-                live.update(status_view(report, report.rates(previous), wide), refresh=True)
+                view = status_view(report, report.rates(previous), wide)
+                if wide:
+                    fit_rows(console, view)
+                live.update(view, refresh=True)
                 refreshes += 1
         except KeyboardInterrupt:
             pass
+
+
+def _restart_loses(persistence: str | None) -> str | None:
+    """Why, and what a restart loses, where the reading is ``none`` or ``unknown`` (on
+    some server of a cluster: ``host:port=none, …``); None where the server keeps its
+    messages (``aof``) or most of them (``rdb``: not warned about, docs/redis.md says
+    why)."""
+    if persistence is None:
+        return None
+    readings = {part.rsplit("=", 1)[-1] for part in persistence.split(", ")}
+    if not readings & {"none", "unknown"}:
+        return None
+    if readings == {"none"}:
+        return (' (save "", appendonly no): a restart loses every queued and pending '
+                "message")
+    if readings == {"unknown"}:
+        return (" (CONFIG GET refused, INFO shows no AOF): unless the server snapshots, a "
+                "restart loses every queued and pending message")
+    return ": a restart of a server at none (or unknown) loses every message it holds"
 
 
 def _where_daemons_register(config: Config) -> str:

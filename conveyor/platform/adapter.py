@@ -348,13 +348,21 @@ class QueueAdapter(ABC):
 
     async def check_server(self) -> None:  # noqa: B027 - optional hook
         """Refuse a broker set up to delete messages (Redis: an eviction policy) with a
-        :class:`ConfigError` naming the setting that accepts the risk. One attempt: a
-        broker that does not answer raises ``BrokerConnectionError`` (check again later).
-        A daemon calls it at start; an adapter checks before its first publish too."""
+        :class:`ConfigError` naming the setting that accepts the risk, and log a warning
+        for one set up to lose them on a restart (Redis: no persistence), which is not
+        refused. One attempt: a broker that does not answer raises
+        ``BrokerConnectionError`` (check again later). A daemon calls it at start; an
+        adapter checks its eviction policy before its first publish too."""
 
     async def eviction_policy(self) -> str | None:
         """What the broker deletes when full, for ``conveyor status`` (Redis: its
         ``maxmemory-policy``); None where nothing is ever deleted to make room."""
+        return None
+
+    async def persistence(self) -> str | None:
+        """What the broker keeps across a restart, for ``conveyor status`` (Redis:
+        ``aof``, ``rdb``, ``none`` or ``unknown``); None where the broker's log is its
+        store (Kafka) or it lives in the process (memory)."""
         return None
 
 

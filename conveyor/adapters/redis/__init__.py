@@ -12,8 +12,8 @@ registry, :mod:`conveyor.backends`). The modules, each with one job:
 * ``scripts`` — the Lua scripts the others run;
 * ``coordination`` — leases and membership on the server (the ``redis`` balancer's store);
 * ``letters``, ``groups`` — the operator's side: dead letters, consumer groups;
-* ``eviction``, ``idempotency``, ``rate`` — the eviction-policy guard, the idempotency
-  store, the shared rate limit's token bucket;
+* ``eviction``, ``persistence``, ``idempotency``, ``rate`` — the eviction-policy guard,
+  the persistence report, the idempotency store, the shared rate limit's token bucket;
 * ``backend`` — what the registry hands out: the adapter and every store above.
 
 Only ``adapter`` and ``backend`` know the adapter; the receiver takes what it needs as a

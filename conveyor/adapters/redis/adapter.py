@@ -37,6 +37,7 @@ from conveyor.adapters.redis.eviction import EvictionGuard
 from conveyor.adapters.redis.groups import RedisGroups
 from conveyor.adapters.redis.keys import Keys, check_name, token_of
 from conveyor.adapters.redis.letters import RedisDeadLetters
+from conveyor.adapters.redis.persistence import PersistenceReader
 from conveyor.adapters.redis.receiver import RedisReceiver
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
 from conveyor.platform.config import Config, RedisConfig
@@ -117,6 +118,7 @@ class RedisAdapter(QueueAdapter):
         """Batches a retry found already written (their first reply was lost)."""
         self._groups_ready: set[tuple[int, str]] = set()
         self.eviction = EvictionGuard(cfg, self.caller)
+        self.persistence_reader = PersistenceReader(self.caller)
         # Receivers handed out and not yet shut down (weakly: a dropped one stops counting).
         self._receivers: weakref.WeakSet[RedisReceiver] = weakref.WeakSet()
         self.dead_letters = RedisDeadLetters(
@@ -125,11 +127,17 @@ class RedisAdapter(QueueAdapter):
         self.groups = RedisGroups(self.redis, self.caller, self.keys, self.count_after)
 
     async def check_server(self) -> None:
-        """Its eviction policy (see :class:`~conveyor.adapters.redis.eviction.EvictionGuard`)."""
+        """Its eviction policy (see :class:`~conveyor.adapters.redis.eviction.EvictionGuard`),
+        then its persistence, reported, never refused (see
+        :mod:`~conveyor.adapters.redis.persistence`)."""
         await self.eviction.check(retry=False)
+        await self.persistence_reader.report()
 
     async def eviction_policy(self) -> str | None:
         return await self.eviction.summary()
+
+    async def persistence(self) -> str | None:
+        return await self.persistence_reader.summary()
 
     async def ensure_group(self, queue: int, group: str) -> None:
         """Create ``group`` on the queue's stream where ``[queues] new_group_start`` says:

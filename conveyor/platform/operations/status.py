@@ -88,6 +88,10 @@ class StatusReport:
     eviction_policy: str | None = None
     """What the broker deletes when full (Redis: ``maxmemory-policy``; anything but
     ``noeviction`` loses messages); None where it deletes nothing."""
+    persistence: str | None = None
+    """What the broker keeps across a restart (Redis: ``aof``, ``rdb``, ``none`` — a
+    restart loses every message — or ``unknown``; each server's where they differ);
+    None where the question does not arise (Kafka)."""
 
     @property
     def total_lag(self) -> int:
@@ -194,6 +198,7 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
         groups = summarise(infos)
         dead_letters = await adapter.dead_letters.count(group)
         eviction = await adapter.eviction_policy()
+        persistence = await adapter.persistence()
     finally:
         await adapter.close()
     owned: dict[str, list[int]] = {}
@@ -204,7 +209,7 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
         [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
                       m.started_at) for m in members],
         queues, time.time(), groups, adapter.groups.retention_follows_groups, dead_letters,
-        eviction,
+        eviction, persistence,
     )
 
 

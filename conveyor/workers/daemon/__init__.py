@@ -185,8 +185,9 @@ class WorkerDaemon:
         log.info("daemon %s started; owns queues %s", self.member.id, self.balancer.owned())
 
     async def _check_server(self) -> None:
-        """The broker's own settings (Redis: its eviction policy): one refused fails the
-        start (a ConfigError: ``conveyor worker`` exits 2). A broker that does not answer
+        """The broker's own settings (Redis: its eviction policy, and its persistence,
+        which is only logged): one refused fails the start (a ConfigError: ``conveyor
+        worker`` exits 2). A broker that does not answer
         yet is checked in the background until it does, and a refusal then fails the
         daemon (:attr:`failure`), as a balancer that fails for good does."""
         try:

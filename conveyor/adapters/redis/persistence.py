@@ -1,0 +1,140 @@
+"""Redis' persistence: what a server keeps across a restart, read when a daemon starts
+and by ``conveyor status`` (docs/redis.md, "Persistence").
+
+Never refused: a deployment may use Redis as a cache of work it can re-create, and
+choose to keep nothing. Reported instead, by how much a restart can lose:
+
+* ``none`` (``save ""`` and ``appendonly no``): a restart, even a clean one, comes back
+  empty — every queued and pending message lost. A warning when a daemon starts, and in
+  ``conveyor status``.
+* ``unknown`` (``CONFIG`` refused, as managed services do, and ``INFO persistence`` shows
+  no AOF): ``INFO`` gives no RDB save schedule, so nothing tells ``rdb`` from ``none``.
+  Warned about as ``none`` is, saying it could not be read.
+* ``rdb`` (a save schedule, ``appendonly no``): a crash loses what was written since the
+  last snapshot — with Redis' default schedule, up to the last hour of acknowledged
+  publishes on a quiet server, a minute on a busy one; a clean shutdown saves first.
+  A weaker note: an info line when a daemon starts, and the value in ``conveyor
+  status``, with no warning. It is Redis' own default, a choice many deployments make
+  knowingly, and a warning at every start for it would teach operators to ignore the
+  one that matters (``none``).
+* ``aof`` (``appendonly yes``): nothing more said. ``appendfsync everysec``, Redis'
+  default, can still lose about a second of writes on a crash of the machine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions as rex
+
+from conveyor.adapters.redis.connections import ClusterClient
+from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller
+
+log = logging.getLogger("conveyor.redis")
+
+AOF, RDB, NONE, UNKNOWN = "aof", "rdb", "none", "unknown"
+"""What a server keeps across a restart (the module's docstring says what each costs)."""
+
+LOSES_EVERYTHING = (NONE, UNKNOWN)
+"""The readings warned about: a restart may come back with no message at all."""
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def _config(client: aioredis.Redis, name: str) -> str | None:
+    reply: dict[Any, Any] = await client.config_get(name)
+    return _text(reply.get(name.encode(), reply.get(name)))
+
+
+async def _persistence(client: aioredis.Redis) -> str:
+    """One server's persistence: ``CONFIG GET appendonly`` and ``save``, or where
+    ``CONFIG`` is refused, ``aof_enabled`` from ``INFO persistence``."""
+    try:
+        appendonly = await _config(client, "appendonly")
+        save = await _config(client, "save")
+    except rex.ResponseError:  # unknown command, NOPERM: ask INFO instead
+        pass
+    else:
+        if appendonly is not None and save is not None:
+            if appendonly == "yes":
+                return AOF
+            return RDB if save.strip() else NONE
+    try:
+        info: dict[str, Any] = await client.info("persistence")
+    except rex.ResponseError:  # INFO refused too
+        return UNKNOWN
+    # INFO tells AOF, not the save schedule: with AOF off, rdb and none look alike
+    # (rdb_last_save_time and rdb_changes_since_last_save say when, not whether, next).
+    return AOF if str(info.get("aof_enabled")) == "1" else UNKNOWN
+
+
+async def persistence(redis: Any, server: str) -> dict[str, str]:
+    """Persistence by server: ``server`` for one server (the primary Sentinel names),
+    every primary's ``host:port`` on a cluster."""
+    if not isinstance(redis, ClusterClient):
+        return {server: await _persistence(redis)}
+    try:
+        clients = await redis.primary_clients()
+        return {name: await _persistence(client) for name, client in sorted(clients.items())}
+    except (rex.ConnectionError, rex.TimeoutError, OSError, *CLUSTER_ERRORS):
+        redis.topology_changed()  # a primary failed over: the retry reads the new ones
+        raise
+
+
+def persistence_summary(readings: dict[str, str]) -> str:
+    """The reading, or each server's when they differ (``conveyor status``)."""
+    values = set(readings.values())
+    if len(values) == 1:
+        return values.pop()
+    return ", ".join(f"{server}={reading}" for server, reading in readings.items())
+
+
+def report_persistence(readings: dict[str, str]) -> None:
+    """Log what a restart of these servers may lose: a warning naming the servers that
+    keep nothing (or may: ``unknown``), an info line for RDB snapshots alone; one line
+    for each kind, each server named once."""
+    def on(kind: str) -> str:
+        return ", ".join(s for s, r in readings.items() if r == kind)
+
+    if none := on(NONE):
+        log.warning("redis at %s keeps no data across a restart (save \"\", appendonly "
+                    "no): a restart loses every queued and pending message; set "
+                    "appendonly yes to keep them (docs/redis.md, \"Persistence\")", none)
+    if unknown := on(UNKNOWN):
+        log.warning("could not read the persistence of redis at %s (CONFIG GET refused, "
+                    "and INFO persistence shows no AOF and never the RDB save schedule): "
+                    "unless it snapshots, a restart loses every queued and pending "
+                    "message (docs/redis.md, \"Persistence\")", unknown)
+    if rdb := on(RDB):
+        log.info("redis at %s persists by RDB snapshots only: a crash loses what was "
+                 "published since the last snapshot; appendonly yes keeps it", rdb)
+
+
+class PersistenceReader:
+    """A server's persistence read through the adapter's :class:`Caller`: one attempt
+    when a daemon starts (it logs :func:`report_persistence`), retried for status."""
+
+    def __init__(self, caller: Caller) -> None:
+        self._caller = caller
+
+    async def read(self, *, retry: bool = True) -> dict[str, str]:
+        def read() -> Awaitable[dict[str, str]]:
+            return persistence(self._caller.redis, self._caller.url)
+
+        what = "reading the persistence settings"
+        if retry:
+            return await self._caller.retrying(what, read)
+        return await self._caller.once(what, read)
+
+    async def report(self) -> None:
+        report_persistence(await self.read(retry=False))
+
+    async def summary(self) -> str:
+        return persistence_summary(await self.read())
