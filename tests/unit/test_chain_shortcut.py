@@ -202,6 +202,7 @@ def test_with_metrics_on_each_delivery_is_timed_once_however_the_step_is_called(
 
     asyncio.run(main())
     (family,) = local.families
+    family.fold()
     per_handler = {s.attributes[DESTINATION]: sum(s.counts) for s in family.all_series()}
     expected: dict[str, int] = {}
     for namespace, *_ in CASES:

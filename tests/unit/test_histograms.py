@@ -85,6 +85,9 @@ def test_the_interceptor_counts_each_delivery_in_its_bucket_with_exact_count_and
     [series] = family.all_series()
     assert series.attributes == {"messaging.destination.name": "orders",
                                  "conveyor.handler": "shop.on_order"}
+    assert sum(series.counts) == 0 and len(series.pending) == len(DURATIONS_S)  # recorded
+    series.fold()  # counted (what every reader does first)
+    assert series.pending == []
     assert series.counts == expected_buckets(DURATIONS_S)
     assert sum(series.counts) == len(DURATIONS_S)
     assert series.sum == sum(DURATIONS_S)  # the same additions in the same order
@@ -93,6 +96,7 @@ def test_the_interceptor_counts_each_delivery_in_its_bucket_with_exact_count_and
     other = LocalMetrics(SCOPE).histogram("x", "s", "", DURATION_BUCKETS_S).series({})
     for d in DURATIONS_S:
         other.record(d)
+    other.fold()
     assert other.counts == series.counts and other.sum == sum(DURATIONS_S)
 
 
@@ -132,6 +136,7 @@ def test_the_shipped_chain_times_in_its_one_step_exactly_as_the_interceptor_does
     asyncio.run(run())
     assert len(letters) == len(DURATIONS_S[::3])
     [series] = [s for f in local.families for s in f.all_series()]
+    series.fold()
     assert series.counts == expected_buckets(DURATIONS_S)
     assert series.sum == sum(DURATIONS_S)
     assert (series.min, series.max) == (0.0, 61.0)
@@ -225,7 +230,8 @@ def test_a_delta_reader_gets_what_was_counted_since_its_last_collection() -> Non
     assert r.export() == []  # nothing new: no point
     assert (first.count, second.count) == (len(DURATIONS_S), 2)
     assert list(second.bucket_counts) == expected_buckets([0.002, 0.002])
-    assert second.sum == sum(DURATIONS_S) + 0.002 + 0.002 - sum(DURATIONS_S)
+    # A fold adds the sum of the values it counts: (D) + (0.002 + 0.002), then the delta.
+    assert second.sum == sum(DURATIONS_S) + sum([0.002, 0.002]) - sum(DURATIONS_S)
     assert second.start_time_unix_nano == first.time_unix_nano
     # Prometheus stays cumulative on the same counts.
     count = [s.value for f in r.scrape() for s in f.samples
@@ -239,3 +245,75 @@ def test_nothing_counted_adds_no_metric() -> None:
     local.histogram("conveyor.handler.duration", "s", "", DURATION_BUCKETS_S).series({})
     empty = MetricsData(resource_metrics=[])
     assert local.merge(empty) is empty
+
+
+def test_a_fold_counts_what_was_recorded_and_leaves_what_comes_after_it() -> None:
+    series = LocalMetrics(SCOPE).histogram("x", "s", "", DURATION_BUCKETS_S).series({})
+    fast = [0.0001, 0.0005, 0.0002]  # all in the first bucket: the bulk way
+    for d in fast:
+        series.record(d)
+    series.fold()
+    assert series.counts == expected_buckets(fast) and series.pending == []
+    assert (series.min, series.max, series.sum) == (0.0001, 0.0005, sum(fast))
+    for d in DURATIONS_S:  # every bucket edge: the per-value way
+        series.record(d)
+    series.fold()
+    assert series.counts == expected_buckets([*fast, *DURATIONS_S])
+    assert (series.min, series.max) == (0.0, 61.0)
+    series.fold()  # nothing new: nothing changes
+    assert sum(series.counts) == len(fast) + len(DURATIONS_S)
+
+
+def test_folds_from_another_thread_lose_and_double_nothing_while_values_arrive() -> None:
+    # Exporters fold from their own threads while the loop appends: every value is
+    # counted once, whichever fold takes it.
+    import threading
+
+    series = LocalMetrics(SCOPE).histogram("x", "s", "", DURATION_BUCKETS_S).series({})
+    n, stop = 200_000, threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            series.fold()
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in readers:
+        t.start()
+    record = series.pending.append  # what the agent's runner holds
+    for i in range(n):
+        record(0.0001 if i % 10 else 0.002)
+    stop.set()
+    for t in readers:
+        t.join()
+    series.fold()
+    assert series.counts == expected_buckets([0.0001] * (n - n // 10) + [0.002] * (n // 10))
+    assert math.isclose(series.sum, 0.0001 * (n - n // 10) + 0.002 * (n // 10))
+
+
+async def test_a_daemon_with_a_meter_folds_its_histograms_without_a_reader() -> None:
+    # What bounds the values a series holds: the daemon folds every FOLD_EVERY_S.
+    from conveyor.platform.config import TelemetryConfig
+    from conveyor.platform.histograms import FOLD_EVERY_S
+    from conveyor.platform.telemetry import Telemetry
+    from conveyor.testing import TestWorker
+    from tests.conftest import wait_until
+
+    app = App("folds")
+
+    @app.handler("orders")
+    async def on_order(body: dict[str, Any]) -> None:
+        return None
+
+    telemetry = Telemetry.prometheus_only(TelemetryConfig())  # what [http] port turns on
+    async with TestWorker(app, telemetry=telemetry) as worker:
+        for i in range(50):
+            await worker.publish("orders", f"k{i % 5}", {"i": i})
+        await worker.settle()
+        local = worker.daemon.telemetry.local
+        assert local is not None
+        [series] = [s for f in local.families for s in f.all_series()]
+        await wait_until(lambda: not series.pending, 10 * FOLD_EVERY_S + 5,
+                         what="the daemon's fold")
+        counted = sum(series.counts)
+    telemetry.shutdown()
+    assert counted == 50

@@ -2,8 +2,9 @@
 
 Counted in plain Python (:mod:`conveyor.platform.histograms`): per message two clock
 reads (one where the agent's runner times the call: the end is its run-budget read,
-see :data:`DURATION_CLOCK`), a ``bisect`` and a few additions, no SDK call; readers
-merge the counts in when they collect. The counters (handled, failed, retried,
+see :data:`DURATION_CLOCK`) and a ``list.append`` of the duration, no SDK call; the
+values are counted in bulk when the series is folded (readers fold before they merge
+the counts in, and a daemon every ``FOLD_EVERY_S``). The counters (handled, failed, retried,
 dead-lettered) cost nothing extra: they are the plain
 :class:`~conveyor.platform.delivery.chain.DeliveryStats` the dead-letter step keeps
 anyway, observed by the meter when it collects. Present only when a meter is
@@ -13,7 +14,6 @@ configured.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,20 +49,10 @@ def duration_histogram(local: LocalMetrics) -> HistogramFamily:
 
 
 def recorder(series: Series) -> Callable[[float], None]:
-    """:meth:`Series.record` as the hot path counts a delivery: a fast handler's bucket
-    without the bisect (the agent's runner calls it once a message with metrics on)."""
-    counts, bounds = series.counts, series.bounds
-    first = bounds[0]
-
-    def record(elapsed: float) -> None:
-        counts[0 if elapsed <= first else bisect_left(bounds, elapsed)] += 1
-        series.sum += elapsed
-        if elapsed > series.max:
-            series.max = elapsed
-        if elapsed < series.min:
-            series.min = elapsed
-
-    return record
+    """:meth:`Series.record` as the hot path records a delivery: the series' list's own
+    ``append``, a C call with no Python frame (the agent's runner calls it once a
+    message with metrics on); the values are counted when the series is folded."""
+    return series.pending.append
 
 
 class HandlerDuration(Interceptor):

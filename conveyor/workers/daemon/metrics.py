@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
 from conveyor.platform.delivery.metrics import duration_histogram
 from conveyor.platform.handlers import HandlerSpec
-from conveyor.platform.histograms import RecentPercentiles
+from conveyor.platform.histograms import FOLD_EVERY_S, LocalMetrics, RecentPercentiles
 from conveyor.platform.operations.status import AckRates
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
@@ -72,6 +72,7 @@ class DaemonMetrics:
         self.lag: dict[int, int] = {}
         """Messages not yet finished, per owned queue, as last sampled."""
         self._lag_task: asyncio.Task[None] | None = None
+        self._fold_task: asyncio.Task[None] | None = None
 
     def register(self) -> None:
         """Register the instruments and start sampling lag (nothing without a meter)."""
@@ -106,6 +107,16 @@ class DaemonMetrics:
                       "Times the event loop was blocked past [worker] stall_warn_ms",
                       lambda: [(watchdog.stalls, {})], counter=True)
         self._lag_task = asyncio.create_task(self._sample_lag())
+        if t.local is not None:
+            self._fold_task = asyncio.create_task(self._fold(t.local))
+
+    @staticmethod
+    async def _fold(local: LocalMetrics) -> None:
+        """Count what the histograms recorded, every ``FOLD_EVERY_S``: bounds the values
+        they hold (readers fold too, so what they report is never behind)."""
+        while True:
+            await asyncio.sleep(FOLD_EVERY_S)
+            local.fold()
 
     def _cell_observations(self, field: str) -> list[tuple[float, dict[str, str]]]:
         return [
@@ -126,9 +137,12 @@ class DaemonMetrics:
             await asyncio.sleep(self._lag_interval_s)
 
     async def close(self) -> None:
-        """Stop sampling lag."""
-        if self._lag_task is not None:
-            await cancel_and_wait(self._lag_task)
+        """Stop sampling lag and folding."""
+        tasks = [t for t in (self._lag_task, self._fold_task) if t is not None]
+        if tasks:
+            await cancel_and_wait(*tasks)
+        if self._telemetry.local is not None:
+            self._telemetry.local.fold()
 
     def stats_snapshot(self) -> dict[str, float]:
         """Flat stats published with the membership record; read by ``conveyor status``
