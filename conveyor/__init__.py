@@ -23,6 +23,7 @@ from conveyor.platform.config import Config, load_config
 from conveyor.platform.delivery import Delivery, Interceptor, Step
 from conveyor.platform.errors import (
     AppAliveError,
+    BodyEncodeError,
     BrokerConnectionError,
     BrokerError,
     ConfigError,
@@ -76,6 +77,7 @@ __all__ = [
     "App",
     "AppAliveError",
     "BatchOptions",
+    "BodyEncodeError",
     "BrokerConnectionError",
     "BrokerError",
     "CellJobTimeout",

@@ -34,19 +34,31 @@ def publish(
 ) -> None:
     """Publish one message to a stream and print its sequence token.
 
-    BODY goes to the stream NAMESPACE/KEY as it is (JSON by default); the token printed
-    is QUEUE:MAJOR-MINOR, which `conveyor rewind --to` takes.
+    BODY goes to the stream NAMESPACE/KEY as it is (JSON by default: a BODY that is not
+    JSON is refused unless --content-type says otherwise); the token printed is
+    QUEUE:MAJOR-MINOR, which `conveyor rewind --to` takes.
 
     \b
     Examples:
       conveyor publish orders order-17 '{"id": 17}' --config configs/redis.toml
       conveyor publish orders order-17 '{"id": 17}' -H tenant=acme
     """
+    import msgspec
+
     from conveyor.client import SyncClient
-    from conveyor.platform.message import RESERVED_HEADERS
+    from conveyor.platform.message import CONTENT_JSON, CONTENT_TEXT, RESERVED_HEADERS
 
     if not namespace:  # an empty '' argument: the user's mistake, before any I/O
         raise click.BadParameter("must be a non-empty string", param_hint="NAMESPACE")
+    if content_type in (None, CONTENT_JSON):
+        # Sent as it is, a body that is not JSON was dead-lettered later by its worker.
+        try:
+            msgspec.json.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            shown = body if len(body) <= 60 else f"{body[:57]}..."
+            raise click.BadParameter(
+                f"{shown!r} is not JSON ({exc}); to send it as text, add "
+                f"--content-type {CONTENT_TEXT}", param_hint="BODY") from None
     headers: dict[str, str] = {}
     for item in header:
         name, sep, value = item.partition("=")

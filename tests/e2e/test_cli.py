@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import stop_when
+from tests.conftest import free_port, stop_when
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -188,6 +188,20 @@ def test_each_listed_user_mistake_gets_one_line_naming_it_and_exit_2(
     [line] = result.stderr.splitlines()  # no usage block, no traceback: one line
     assert line.startswith("conveyor: error: "), line
     assert names in line and says in line, line
+
+
+def test_publish_refuses_a_body_that_is_not_json_before_connecting() -> None:
+    # Was stored, then dead-lettered by its worker; a URL where nothing listens shows
+    # that the refusal comes before any connection (none is tried, nothing is stored).
+    nowhere = {"CONVEYOR_REDIS__URL": f"redis://127.0.0.1:{free_port()}/0"}
+    result = conveyor("publish", "orders", "k1", "not json", "--config",
+                      "configs/redis.toml", env=nowhere, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for BODY: 'not json' is not "
+                           "JSON ("), line
+    assert "add --content-type text/plain" in line, line
 
 
 def test_version_prints_the_installed_version() -> None:

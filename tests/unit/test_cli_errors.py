@@ -7,6 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from conveyor.cli import main
 from conveyor.cli.common import USAGE_ERROR, TaskGroup, as_cli_error
 from conveyor.platform.errors import (
     BrokerError,
@@ -17,6 +18,7 @@ from conveyor.platform.errors import (
     QueueOwnedError,
     UnknownGroupError,
 )
+from tests.conftest import free_port
 
 NAMED_WRONG = [
     ForwardRewindError("that target is ahead of app 'shop''s position"),
@@ -74,3 +76,33 @@ def test_an_error_escaping_a_command_is_one_line_with_the_clis_exit_status(
     assert result.exit_code == code
     assert result.stderr == f"conveyor: error: {error}\n"
     assert result.stdout == ""
+
+
+def nowhere() -> dict[str, str]:
+    """A Redis config's URL where nothing listens, given up on quickly: a publish that
+    got past the CLI's own checks fails to connect (exit 1), and stores nothing."""
+    return {"CONVEYOR_REDIS__URL": f"redis://127.0.0.1:{free_port()}/0",
+            "CONVEYOR_REDIS__RETRY_MAX_S": "0.2", "CONVEYOR_REDIS__CONNECT_TIMEOUT_S": "0.1"}
+
+
+@pytest.mark.parametrize("body", ["not json", '{"id": 17', "NaN", "", "x" * 500])
+def test_publish_refuses_a_body_that_is_not_json_as_a_usage_error(body: str) -> None:
+    # Sent as it was, a worker dead-lettered it later: "cannot decode body".
+    args = ["publish", "orders", "k1", body, "--config", "configs/redis.toml"]
+    result = CliRunner().invoke(main, args, env=nowhere())
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for BODY: "), line
+    assert "is not JSON (" in line and "add --content-type text/plain" in line, line
+    assert len(line) < 250, line  # a long BODY is cut short, not repeated whole
+    result = CliRunner().invoke(main, [*args, "--content-type", "application/json"],
+                                env=nowhere())
+    assert result.exit_code == USAGE_ERROR and "BODY" in result.stderr, result.output
+
+
+def test_publish_sends_a_body_that_is_not_json_when_the_content_type_says_so() -> None:
+    args = ["publish", "orders", "k1", "not json", "--config", "configs/redis.toml",
+            "--content-type", "text/plain"]
+    result = CliRunner().invoke(main, args, env=nowhere())
+    assert result.exit_code == 1, result.output  # past the check: no server there
+    assert "BODY" not in result.stderr

@@ -1,13 +1,20 @@
 """Client.publish_batch's own work on the memory adapter: ids, the stream cache, refusals."""
 
+import math
 import re
 
+import msgspec
 import pytest
 
 from conveyor import client as client_module
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.client import Client, Publish
-from conveyor.platform.errors import ConveyorError, InvalidArgumentError, MessageTooLargeError
+from conveyor.platform.errors import (
+    BodyEncodeError,
+    ConveyorError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+)
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import new_message_ids
@@ -104,3 +111,82 @@ async def test_a_one_queue_batch_returns_its_tokens_in_order(client: Client) -> 
     tokens = await client.publish_batch(items[2:])
     queue = client.queue_for("a", "k")
     assert [*first, *tokens] == [SequenceToken(queue, i) for i in range(5)]
+
+
+class Line(msgspec.Struct):
+    sku: str
+    price: float
+
+
+def nested(depth: int) -> list[object]:
+    top: list[object] = []
+    inner = top
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    return top
+
+
+@pytest.mark.parametrize(("body", "where"), [
+    ({"total": float("nan")}, "nan at $.total"),
+    ({"lines": [{"price": 1.5}, {"price": float("inf")}]}, "inf at $.lines[1].price"),
+    ({"coupon": None, "lines": [Line("a", 2.0), Line("b", float("-inf"))]},
+     "-inf at $.lines[1].price"),
+    (float("nan"), "nan at $"),
+])
+async def test_a_float_json_cannot_carry_is_refused_not_sent_as_null(
+        client: Client, body: object, where: str) -> None:
+    # msgspec writes NaN and infinity as null: a dict handler got None for a number.
+    good = [Publish("typed", f"t{i}", {"i": i, "note": None}) for i in range(20)]
+    with pytest.raises(BodyEncodeError, match="nothing was sent") as raised:
+        await client.publish_batch([*good, Publish("typed", "t1", body)])
+    with pytest.raises(InvalidArgumentError, match="nothing was sent") as single:
+        await client.publish("typed", "t1", body)
+    for error in (raised.value, single.value):
+        assert "\n" not in str(error)
+        assert "stream typed/t1" in str(error) and where in str(error), str(error)
+    assert stored(client) == {}
+
+
+async def test_nulls_of_nones_and_of_text_go_as_they_are_and_msgpack_keeps_nan(
+        client: Client) -> None:
+    bodies = [{"coupon": None}, {"note": "null"}, [None, 1.5], None]
+    await client.publish_batch([Publish("a", "k", body) for body in bodies])
+    for body in bodies:
+        await client.publish("a", "k", body)
+    await client.publish("a", "k", {"x": float("nan")}, content_type="application/msgpack")
+    adapter = client.adapter
+    assert isinstance(adapter, MemoryAdapter)
+    [log] = [log for log in adapter.broker.logs.values() if log.items]
+    json = [msgspec.json.encode(body) for body in bodies]
+    assert [m.body for m in log.items[:8]] == [*json, *json]
+    assert math.isnan(msgspec.msgpack.decode(log.items[8].body)["x"])  # kept
+
+
+DEEP = nested(100_000)
+
+
+@pytest.mark.parametrize(("body", "content_type", "why"), [
+    (object(), None, "as JSON: Encoding objects of type object is unsupported"),
+    ({(1, 2): 3}, None, "as JSON: Only dicts with str-like or number-like keys"),
+    (DEEP, None, "as JSON: it is nested too deeply"),
+    ("caf\udce9", None, "as UTF-8 text: it holds a lone surrogate ('\\udce9')"),
+    ({"name": "caf\udce9"}, None, "as JSON: it holds a lone surrogate"),
+    ({"n": 2**70}, "application/msgpack", "as msgpack: can't serialize ints"),
+    (object(), "application/msgpack", "as msgpack: Encoding objects of type object"),
+], ids=["object", "tuple-key", "deep", "surrogate-str", "surrogate-in-dict", "big-int",
+        "msgpack-object"])
+async def test_a_body_that_cannot_be_encoded_is_one_error_naming_the_stream(
+        client: Client, body: object, content_type: str | None, why: str) -> None:
+    good = [Publish("a", "k", {"i": i}) for i in range(3)]
+    with pytest.raises(BodyEncodeError) as raised:
+        await client.publish_batch([*good, Publish("a", "k", body, content_type=content_type)])
+    with pytest.raises(BodyEncodeError) as single:
+        await client.publish("a", "k", body, content_type=content_type)
+    for error in (raised.value, single.value):
+        # Callers that caught what encoding raised before keep catching it.
+        assert isinstance(error, TypeError) and isinstance(error, ValueError)
+        assert str(error).startswith("message to stream a/k: its body cannot be encoded ")
+        assert why in str(error) and str(error).endswith("; nothing was sent"), str(error)
+        assert "\n" not in str(error)
+    assert stored(client) == {}

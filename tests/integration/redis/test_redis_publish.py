@@ -18,7 +18,7 @@ from redis.crc import key_slot
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.client import Client, Publish
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import BrokerConnectionError, PublishUncertain
+from conveyor.platform.errors import BodyEncodeError, BrokerConnectionError, PublishUncertain
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from tests.conftest import free_port, wait_until
@@ -178,6 +178,22 @@ async def test_a_publish_that_never_connected_says_nothing_was_written() -> None
             await client.publish_batch(items(10, 1))
     assert not isinstance(caught.value, PublishUncertain)
     assert "connecting to" in str(caught.value)
+
+
+@pytest.mark.parametrize("body", [{"total": float("nan")}, {"at": object()}, "caf\udce9"],
+                         ids=["nan", "object", "surrogate"])
+async def test_a_body_that_cannot_be_sent_as_it_is_leaves_redis_untouched(
+        redis_server: RedisServer, body: object) -> None:
+    # NaN used to be stored as null; the others failed with bare Python errors.
+    async with Client.from_config(config_for(redis_server.url)) as client:
+        adapter = client.adapter
+        assert isinstance(adapter, RedisAdapter)
+        with pytest.raises(BodyEncodeError, match=r"^message to stream orders/k1: .*nothing "
+                           r"was sent"):
+            await client.publish_batch([*items(10, 5), Publish("orders", "k1", body)])
+        with pytest.raises(BodyEncodeError, match="nothing was sent"):
+            await client.publish("orders", "k1", body)
+        assert await stream_contents(adapter) == []
 
 
 async def test_a_batch_marker_shares_its_streams_cluster_slot(redis_server: RedisServer) -> None:
