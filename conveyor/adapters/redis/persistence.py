@@ -96,10 +96,19 @@ def persistence_summary(readings: dict[str, str]) -> str:
     return ", ".join(f"{server}={reading}" for server, reading in readings.items())
 
 
+_REPORTED: set[tuple[str, str]] = set()
+"""(server, reading) pairs this process has logged: a process that starts daemon after
+daemon on one server (``--reload``, a benchmark's repeats) says it once."""
+
+
 def report_persistence(readings: dict[str, str]) -> None:
     """Log what a restart of these servers may lose: a warning naming the servers that
     keep nothing (or may: ``unknown``), an info line for RDB snapshots alone; one line
-    for each kind, each server named once."""
+    for each kind, each server named once — and once a process for what it reads the
+    same again."""
+    readings = {s: r for s, r in readings.items() if (s, r) not in _REPORTED}
+    _REPORTED.update(readings.items())
+
     def on(kind: str) -> str:
         return ", ".join(s for s, r in readings.items() if r == kind)
 

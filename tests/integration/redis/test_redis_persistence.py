@@ -188,3 +188,19 @@ async def test_a_sentinel_managed_primary_is_read(
         await adapter.close()
         with redis_sentinel.node(port).admin() as primary:
             primary.config_set("appendonly", "no")
+
+
+async def test_a_process_says_it_once_for_daemon_after_daemon_on_one_server(
+    bare_redis: RedisServer, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A worker under --reload, or a benchmark's repeats, start one daemon after another:
+    # each checks the server, the process warns the first time only.
+    with caplog.at_level(logging.WARNING, logger="conveyor.redis"):
+        for _ in range(3):
+            adapter = RedisAdapter(RedisConfig(url=bare_redis.url, prefix="t"))
+            try:
+                await adapter.check_server()
+            finally:
+                await adapter.close()
+    said = [r.getMessage() for r in caplog.records if "keeps no data" in r.getMessage()]
+    assert len(said) == 1 and bare_redis.url in said[0], said
