@@ -7,7 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from conveyor.cli.common import USAGE_ERROR, TaskGroup, as_cli_error
+from conveyor.cli.common import INTERRUPTED, USAGE_ERROR, TaskGroup, as_cli_error
 from conveyor.platform.errors import (
     BrokerError,
     ConfigError,
@@ -74,3 +74,18 @@ def test_an_error_escaping_a_command_is_one_line_with_the_clis_exit_status(
     assert result.exit_code == code
     assert result.stderr == f"conveyor: error: {error}\n"
     assert result.stdout == ""
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130_not_clicks_aborted() -> None:
+    @click.group(cls=TaskGroup)
+    def main() -> None:
+        pass
+
+    @click.command()
+    def publish() -> None:
+        raise KeyboardInterrupt
+
+    main.add_command(publish, section="run")
+    result = CliRunner().invoke(main, ["publish"])
+    assert (result.exit_code, result.stderr, result.stdout) == (
+        INTERRUPTED, "conveyor: interrupted\n", "")
