@@ -52,17 +52,35 @@ from conveyor.cli import (
     worker,
 )
 from conveyor.cli.common import TaskGroup
+from conveyor.platform.outage import OUTAGE_REPEAT
 from conveyor.version import version
 
 __all__ = ["main"]
 
 
-def _setup_logging(level: str) -> None:
+SERVING = frozenset({"worker", "console"})
+"""Commands that serve until stopped: they log as a service does, outages included."""
+
+
+def _setup_logging(level: str | None, command: str | None) -> None:
+    """Logging on stderr. A one-shot command (any but :data:`SERVING`), at the default
+    level, drops aiokafka's own lines (its failure reaches the user as the command's
+    one-line error, which names the address) and the repeats of an outage note ("still
+    waiting for ..."): a broker that is down costs the first note and the final error."""
+    serving = command in SERVING
     logging.basicConfig(
-        level=getattr(logging, level.upper()),
+        level=getattr(logging, (level or ("info" if command == "worker" else "warning")).upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if level is None and not serving:
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_no_outage_repeats)
+
+
+def _no_outage_repeats(record: logging.LogRecord) -> bool:
+    return not getattr(record, OUTAGE_REPEAT, False)
 
 
 @click.group(cls=TaskGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,8 +97,9 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     """Conveyor: a worker platform for messages in Kafka, Redis, or in-process.
 
     Every error is one line, `conveyor: error: ...`; the exit status is 2 for a bad
-    argument or config, 1 when the run failed. `conveyor COMMAND --help` shows a
-    command's options and examples.
+    argument or config, 1 when the run failed, 130 after Ctrl-C (`conveyor:
+    interrupted`; commands that run until Ctrl-C stop and exit 0). `conveyor COMMAND
+    --help` shows a command's options and examples.
 
     \b
     Examples:
@@ -88,7 +107,7 @@ def main(ctx: click.Context, log_level: str | None) -> None:
       conveyor worker shop:app --config configs/redis.toml
       conveyor status --config configs/redis.toml
     """
-    _setup_logging(log_level or ("info" if ctx.invoked_subcommand == "worker" else "warning"))
+    _setup_logging(log_level, ctx.invoked_subcommand)
 
 
 # Every command (module.command), by section (common.SECTIONS): `--help` lists them in

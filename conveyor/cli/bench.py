@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from conveyor.cli.common import usage
 from conveyor.platform.errors import ConveyorError
 
 
@@ -87,6 +88,13 @@ def bench_throughput(
     from conveyor.adapters.redis.urls import redact_url
     from conveyor.bench.shipped import Variant, bench_config
 
+    if redis_url is not None:  # a URL redis-py would refuse only after the start-up
+        from conveyor.platform.config.redis_url import check_url
+
+        try:
+            check_url(redis_url, field="--redis-url")
+        except ConveyorError as exc:
+            usage(str(exc))
     if batch is not None and adapter == "kafka":
         raise click.BadParameter("is measured on memory and redis, not kafka",
                                  param_hint="--batch")

@@ -6,6 +6,11 @@ while parsing, the config, the command, the library): exit 2 for a user's mistak
 argument, a bad config, naming something that is not there), 1 when the run itself
 failed. Which errors are the user's is decided here (:func:`as_cli_error`), not by the
 library's error tree. A warning is one line too, ``conveyor: warning: MESSAGE``.
+
+Ctrl-C (SIGINT) ends a command in one line too, ``conveyor: interrupted``, with exit
+status 130 (128 + SIGINT, the shell's convention), whatever it was doing. The commands
+that run until Ctrl-C (``worker``, ``console``, ``dev``, ``status --watch``) are not
+interrupted by it: it is how they end, and they exit 0.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ T = TypeVar("T")
 USAGE_ERROR = 2
 """Exit status of a user's mistake: a bad argument or config (click's own, too)."""
 
+INTERRUPTED = 130
+"""Exit status of a command ended by Ctrl-C (SIGINT): 128 + the signal's number."""
+
 USER_MISTAKES: tuple[type[ConveyorError], ...] = (ForwardRewindError, UnknownGroupError)
 """Library errors that, met by a command, are the user's mistake (exit 2) besides a bad
 config: a rewind target ahead of the app (``--to``), an app with no consumer group
@@ -51,6 +59,19 @@ class CliUsageError(CliError):
     """The user's mistake: a bad argument or config (exit 2)."""
 
     exit_code = USAGE_ERROR
+
+
+class Interrupted(CliError):
+    """Ctrl-C ended the command: ``conveyor: interrupted``, exit 130, no traceback (and
+    not click's ``Aborted!``, exit 1)."""
+
+    exit_code = INTERRUPTED
+
+    def __init__(self) -> None:
+        super().__init__("interrupted")
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo("conveyor: interrupted", file=file, err=True)
 
 
 def warn(message: str) -> None:
@@ -124,16 +145,22 @@ class TaskGroup(click.Group):
                 with formatter.section(title):
                     formatter.write_dl(rows, col_max=width)
 
+    # KeyboardInterrupt is caught here, inside click's standalone mode, which would
+    # otherwise turn it into Abort ("Aborted!", exit 1).
     def make_context(self, info_name: str | None, args: list[str],
                      parent: click.Context | None = None, **extra: Any) -> click.Context:
         try:
             return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
         except Exception as exc:
             _reraise(exc)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
         except Exception as exc:
             _reraise(exc)
 

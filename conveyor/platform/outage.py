@@ -8,6 +8,11 @@ import time
 
 from conveyor.platform.watchdog import stall_note
 
+OUTAGE_REPEAT = "conveyor_outage_repeat"
+"""Set (True) on the log records that repeat an outage already reported ("still waiting
+for ..."): a one-shot command drops them (``conveyor.cli``), so the first note and the
+final error are all it prints."""
+
 
 class OutageLog:
     """Whether a broker is reachable, logged once when an outage starts, every
@@ -40,7 +45,8 @@ class OutageLog:
         elif now - self._last_report >= self.report_every_s:
             self._last_report = now
             self._log.warning("still waiting for %s at %s (down for %.0fs): %s",
-                              self.system, self.address, now - self.down_since, exc)
+                              self.system, self.address, now - self.down_since, exc,
+                              extra={OUTAGE_REPEAT: True})
 
     def ok(self) -> None:
         if self.down_since is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +126,8 @@ USER_MISTAKES = [
     # Checked before the config's broker is asked anything: no server needed.
     (["publish", "", "k1", "{}", "--config", "configs/redis.toml"],
      "NAMESPACE", "must be a non-empty string"),
+    (["bench", "throughput", "--adapter", "redis", "--redis-url", "htp://x"],
+     "--redis-url", "expected redis:// or rediss://, got htp://x"),
 ]
 
 
@@ -220,6 +224,8 @@ BAD_FILES = {
     "redis_memory.toml": '[queues]\nadapter = "redis"\n',
     "syntax_app.py": "import conveyor\napp = conveyor.App('x')\ndef broken(:\n",
     "raising_app.py": "import conveyor\napp = conveyor.App('x')\nraise RuntimeError('no db')\n",
+    "redis_url.toml": '[queues]\nadapter = "redis"\n[redis]\nurl = "htp://x"\n'
+                      '[balancer]\nmembership = "redis"\n',
 }
 
 
@@ -239,6 +245,9 @@ BAD_FILES = {
          'membership = "redis"'),
         (["worker", "{syntax_app.py}:app"], "SyntaxError"),
         (["worker", "{raising_app.py}:app"], "raising_app.py:3: RuntimeError: no db"),
+        # Checked when the config loads, like every other field, so the file is named.
+        (["status", "--config", "{redis_url.toml}"],
+         "redis_url.toml: $.redis.url: expected redis:// or rediss://, got htp://x"),
     ],
 )
 def test_bad_config_or_app_file_gets_a_clear_error_not_a_traceback(
@@ -330,3 +339,73 @@ def test_bench_throughput_table_fits_80_columns_with_its_ranges() -> None:
     [conveyor_row] = [line for line in lines if line.startswith("  conveyor ")]
     assert len(conveyor_row.split()) == 4, conveyor_row  # label, msgs/s, CPU, start-up
     assert any(line.startswith("    min..max ") for line in lines), result.stdout
+
+
+def broker_config(tmp_path: Path, adapter: str, port: int) -> Path:
+    config = tmp_path / f"{adapter}.toml"
+    config.write_text(
+        f'[queues]\nadapter = "redis"\n[redis]\nurl = "redis://127.0.0.1:{port}/0"\n'
+        '[balancer]\nmembership = "redis"\n' if adapter == "redis" else
+        f'[queues]\nadapter = "kafka"\n[kafka]\nbootstrap = "127.0.0.1:{port}"\n'
+        '[balancer]\nkind = "kafka-group"\n')
+    return config
+
+
+@pytest.mark.parametrize("adapter", ["redis", "kafka"])
+@pytest.mark.parametrize("command", [["publish", "orders", "k1", "{}"], ["status"],
+                                     ["dlq", "list", "--app", "shop"]],
+                         ids=lambda c: " ".join(c[:2]))
+def test_ctrl_c_ends_a_command_waiting_for_its_broker_in_one_line_with_exit_130(
+    tmp_path: Path, adapter: str, command: list[str]
+) -> None:
+    # A "broker" that accepts connections and never answers: the command waits on it.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(30)
+        config = broker_config(tmp_path, adapter, silent.getsockname()[1])
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", *command, "--config",
+                                 str(config)], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            connection, _ = silent.accept()  # the command is now waiting for an answer
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=30)
+            connection.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
+
+
+@pytest.mark.parametrize("command", [["publish", "orders", "k1", "{}"], ["status"]],
+                         ids=lambda c: c[0])
+def test_a_kafka_broker_that_is_down_is_one_line_naming_the_bootstrap_address(
+    tmp_path: Path, command: list[str]
+) -> None:
+    with socket.socket() as closed:  # a free port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = conveyor(*command, "--config", str(broker_config(tmp_path, "kafka", port)))
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.splitlines()  # not aiokafka's own "Unable connect" line too
+    assert re.fullmatch(rf"conveyor: error: kafka: [a-z ]+ failed: no broker reachable at "
+                        rf"127\.0\.0\.1:{port} \(\$\.kafka\.bootstrap\)", line), line
+
+
+def test_a_redis_that_is_down_costs_one_retrying_note_and_the_error(tmp_path: Path) -> None:
+    """A one-shot command retries a call for [redis] retry_max_s (a Redis restarting
+    should not fail a publish), says so once, and fails in one line; the outage's
+    "still waiting" repeats (every 5 s) are a worker's, not a one-shot command's."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = conveyor("publish", "orders", "k1", "{}", "--config",
+                      str(broker_config(tmp_path, "redis", port)),
+                      env={"CONVEYOR_REDIS__RETRY_MAX_S": "6"})
+    assert result.returncode == 1, result.stderr
+    note, error = result.stderr.splitlines()
+    assert note.endswith("retrying with back-off for up to 6s a call ([redis] retry_max_s)")
+    assert f"redis at redis://127.0.0.1:{port}/0 unreachable while " in note, note
+    assert error.startswith("conveyor: error: redis unreachable while "), error

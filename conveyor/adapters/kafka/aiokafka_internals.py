@@ -25,11 +25,14 @@ that one test rather than a daemon in production:
 * the consumer protocol's member metadata and assignment (``aiokafka.coordinator``);
 * the sticky assignor's state, which it keeps in class attributes;
 * where aiokafka's SCRAM code raises on a refused login, and the log line of its sender
-  for a refused InitProducerId (matched by function names and text).
+  for a refused InitProducerId (matched by function names and text);
+* the addresses in the error of a client that reached no bootstrap server
+  (:func:`bootstrap_unreachable`, matched by text).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -297,3 +300,23 @@ async def send_request(admin: AIOKafkaAdminClient, request: Any, node_id: int) -
     Raises ``IncompatibleBrokerVersion`` or ``NotImplementedError`` when the broker
     supports no version of it that aiokafka can build."""
     return await admin._send_request(request, node_id)
+
+
+# -- errors ------------------------------------------------------------------------------
+
+BOOTSTRAP_ERROR = "Unable to bootstrap from "
+"""How aiokafka's ``KafkaConnectionError`` starts when no bootstrap server answered; the
+rest is the repr of its host list, ``[('127.0.0.1', 9092, <AddressFamily.AF_INET: 2>)]``."""
+_BOOTSTRAP_HOST = re.compile(r"\('([^']*)', (\d+),")
+
+
+def bootstrap_unreachable(exc: BaseException) -> list[str] | None:
+    """The ``HOST:PORT`` addresses a client tried if ``exc`` says it reached none of its
+    bootstrap servers, else None."""
+    text = str(exc.args[0]) if isinstance(exc, kerrors.KafkaConnectionError) and exc.args \
+        else ""
+    if not text.startswith(BOOTSTRAP_ERROR):
+        return None
+    hosts = [f"{h}:{p}" if ":" not in h else f"[{h}]:{p}"
+             for h, p in _BOOTSTRAP_HOST.findall(text)]
+    return hosts or None

@@ -31,6 +31,7 @@ from conveyor.adapters.kafka.aiokafka_internals import (
     INIT_PRODUCER_ID_ERROR,
     SCRAM_STEPS,
     SENDER_LOGGER,
+    bootstrap_unreachable,
 )
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import KafkaConfig
@@ -150,7 +151,13 @@ def broker_error(what: str, exc: BaseException) -> BrokerError:
     if isinstance(exc, kerrors.KafkaError) and exc.retriable:
         retriable = True
     cls = BrokerConnectionError if retriable else BrokerError
-    return cls(f"kafka: {what} failed: {type(exc).__name__}: {exc}")
+    unreachable = bootstrap_unreachable(exc)
+    if unreachable is not None:
+        return cls(f"kafka: {what} failed: no broker reachable at {', '.join(unreachable)} "
+                   "($.kafka.bootstrap)")
+    # aiokafka's errors name their class themselves ("KafkaConnectionError: ...").
+    detail = str(exc) if isinstance(exc, kerrors.KafkaError) else f"{type(exc).__name__}: {exc}"
+    return cls(f"kafka: {what} failed: {detail}")
 
 
 @contextlib.contextmanager

@@ -77,7 +77,8 @@ class Caller:
         self.retry_max_delay_s = cfg.retry_max_delay_s
         self.backoff = Backoff(first_s=0.05, cap_s=cfg.retry_max_delay_s,
                                jitter_s=cfg.retry_max_delay_s / 4)
-        self.outage = OutageLog(log, "redis", self.url, REPORT_EVERY_S)
+        self.outage = OutageLog(log, "redis", self.url, REPORT_EVERY_S,
+                                f" for up to {cfg.retry_max_s:g}s a call ([redis] retry_max_s)")
 
     def ok(self) -> None:
         self.outage.ok()

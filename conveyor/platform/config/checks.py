@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from conveyor.platform.config.redis_url import check_url as check_redis_url
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.ids import NAME
 
@@ -157,6 +158,7 @@ def _check_names(config: Config) -> None:
                 f"{config.kafka.bootstrap!r}"
             )
     _check_sentinels(config)
+    check_redis_url(config.redis.url, cluster=config.redis.mode == "cluster")
     for path, name in (
         ("$.redis.username_env", config.redis.username_env),
         ("$.redis.password_env", config.redis.password_env),

@@ -1,0 +1,93 @@
+"""``[redis] url``: checked when a config loads (:func:`check_url`), shown with its
+password masked (:func:`redact_url`). Plain ``urllib``: no Redis client is imported to
+load a config; the adapter (``conveyor.adapters.redis.urls``) adds redis-py's own parse
+before it connects.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
+
+from conveyor.platform.errors import ConfigError
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to log or print).
+
+    Both places redis-py reads a password from are covered: the user-info part
+    (``redis://user:pw@host``) and the ``password`` query parameter (``?password=pw``).
+    """
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            host = parts.hostname or ""
+            if parts.port is not None:
+                host = f"{host}:{parts.port}"
+            netloc = f"{parts.username or ''}:***@{host}"
+    except ValueError:
+        return "<unparseable redis url>"
+    query = "&".join(
+        f"{field.partition('=')[0]}=***"
+        if unquote_plus(field.partition("=")[0]).lower() == "password" else field
+        for field in parts.query.split("&")
+    ) if parts.query else parts.query
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+URL_OPTIONS = ("db", "username", "password", "client_name", "health_check_interval",
+               "socket_keepalive")
+"""Query parameters a Redis URL may carry; the others redis-py knows are set in ``[redis]``
+(below) or by Conveyor itself, and anything else would fail only when connecting."""
+_URL_FIELDS = {
+    "socket_timeout": "socket_timeout_s", "timeout": "socket_timeout_s",
+    "socket_connect_timeout": "connect_timeout_s", "retry_on_timeout": "retry_max_s",
+    "ssl_check_hostname": "tls_verify", "ssl_cert_reqs": "tls_verify",
+    "ssl_ca_certs": "tls_ca_file", "ssl_certfile": "tls_cert_file",
+    "ssl_keyfile": "tls_key_file",
+}
+
+
+def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") -> None:
+    """Refuse a URL redis-py would misread or reject only when connecting (ConfigError
+    naming ``field``): run when a config loads, and by the adapter before it connects.
+
+    A cluster has database 0 only: another number is refused with ``cluster``.
+
+    Errors show the URL through :func:`redact_url` and name options, never their values.
+    """
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number in 0..65535
+    except ValueError:
+        raise ConfigError(
+            f"{field}: not a valid URL ({shown}); expected "
+            "redis[s]://[USER:PASSWORD@]HOST[:PORT][/DB][?OPTION=VALUE...]"
+        ) from None
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigError(f"{field}: expected redis:// or rediss://, got {shown}")
+    db = unquote(parts.path).strip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"{field}: the path is a database number, got {shown}")
+    query_db = dict(parse_qsl(parts.query)).get("db", "")
+    if query_db and not query_db.isdigit():
+        raise ConfigError(f"{field}: the db option is a database number, got {shown}")
+    if cluster and any(d.strip("0") for d in (db, query_db)):
+        raise ConfigError(
+            f"{field}: a Redis Cluster has database 0 only ($.redis.mode is "
+            f"\"cluster\"), got {shown}"
+        )
+    for option, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if option in _URL_FIELDS:
+            raise ConfigError(
+                f"{field}: set {option!r} as [redis] {_URL_FIELDS[option]}, "
+                f"not in the URL ({shown})"
+            )
+        if option not in URL_OPTIONS:
+            raise ConfigError(
+                f"{field}: unknown option {option!r} in {shown} "
+                f"(accepted: {', '.join(URL_OPTIONS)})"
+            )
