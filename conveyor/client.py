@@ -72,9 +72,10 @@ class Publish:
 
 
 def _is_text(value: object) -> bool:
-    """Whether ``value`` is a str that UTF-8 can encode (no lone surrogates): what a
-    header or a content type must be for every broker's wire format."""
-    if type(value) is not str:
+    """Whether ``value`` is a str (a ``StrEnum`` member too) that UTF-8 can encode (no
+    lone surrogates): what a header or a content type must be for every broker's wire
+    format."""
+    if not isinstance(value, str):
         return False
     if value.isascii():
         return True
@@ -135,7 +136,11 @@ def _refuse_non_finite(stream: StreamId, body: Any) -> None:
             return
     except _ENCODE_ERRORS:
         pass  # what msgpack cannot hold (an int over 64 bits): the walk decides
-    found = _non_finite(msgspec.to_builtins(body))
+    try:
+        plain = msgspec.to_builtins(body)
+    except _ENCODE_ERRORS:  # what it cannot convert (msgspec.Raw): no float to look at
+        return
+    found = _non_finite(plain)
     if found is not None:
         path, value = found
         raise BodyEncodeError(

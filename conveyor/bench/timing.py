@@ -156,8 +156,8 @@ async def time_daemon(config: Config, adapter: QueueAdapter, messages: int,
     if config.http.port is not None:  # as `conveyor worker` serves it
         endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
         await endpoint.start()
-    await daemon.start(freeze_heap=True)  # as `conveyor worker` starts its daemon
     try:
+        await daemon.start(freeze_heap=True)  # as `conveyor worker` starts its daemon
         await asyncio.wait_for(acks.done.wait(), timeout=RUN_TIMEOUT_S)
         sample = clock.stop(messages)
         if endpoint is not None:  # a batch handler's calls are not in the histogram

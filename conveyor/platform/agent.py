@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.platform.acks import Acknowledger
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.batcher import Batcher
-from conveyor.platform.delivery.chain import Delivery, as_failure
+from conveyor.platform.delivery.chain import STOPS, Delivery, as_failure
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.message import Message
@@ -372,7 +372,9 @@ class PullingAgent:
         if len(cache) > self.max_cache_fill:
             self.max_cache_fill = len(cache)
         if orphans and self._orphan_task is None:
-            self._orphan_task = asyncio.create_task(self._take_orphans())
+            self._orphan_task = asyncio.create_task(self._take_orphans(),
+                                                    name=f"agent-{self.queue}-orphans")
+            self._orphan_task.add_done_callback(self._task_done)
         self._wake()
 
     def _orphan(self, msg: Message) -> None:
@@ -403,8 +405,8 @@ class PullingAgent:
         else:
             self._waking = False
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.create_task(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str = "runner") -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=f"agent-{self.queue}-{what}")
         self._runners.add(task)
         task.add_done_callback(self._task_done)
         return task
@@ -420,10 +422,9 @@ class PullingAgent:
         if task.cancelled():
             return
         error = task.exception()
-        if error is None:
+        if error is None or isinstance(error, STOPS):  # those stop the process anyway
             return
-        log.error("queue %d: %s crashed", self.queue,
-                  "pull loop" if task is self._pull_task else "runner", exc_info=error)
+        log.error("queue %d: task %s crashed", self.queue, task.get_name(), exc_info=error)
         if self._crashed is not None:
             self._crashed(error)
 
@@ -654,7 +655,7 @@ class PullingAgent:
 
     def spawn_batcher(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A batcher's loop, stopped with the runners."""
-        return self._spawn(coro)
+        return self._spawn(coro, "batcher")
 
     @property
     def draining(self) -> bool:
@@ -683,7 +684,9 @@ class PullingAgent:
         """The queue is not ours now (a lease renewal is overdue): wake the runners once
         it is again; if it is lost instead, :meth:`abort` cancels the wait."""
         if self._regain_task is None:
-            self._regain_task = asyncio.create_task(self._wait_owned())
+            self._regain_task = asyncio.create_task(self._wait_owned(),
+                                                    name=f"agent-{self.queue}-regain")
+            self._regain_task.add_done_callback(self._task_done)
 
     async def _wait_owned(self) -> None:
         try:

@@ -14,11 +14,12 @@ OTLP export, ``/metrics`` — shows the same numbers, under the same names and t
 before.
 
 Threads: values are appended by the event loop and folded by whoever reads (the loop,
-exporters' threads), one fold at a time (a lock); the counts are written by folds
+exporters' threads), under a lock; the counts, sum, min and max are written by folds
 only. A fold takes the values recorded so far in one step and removes exactly those
 (each atomic under the GIL), so a value appended meanwhile waits for the next fold. A
-read copies the bucket list in one step and derives ``count`` from it, so a point's
-count always equals the sum of its buckets; ``sum`` may lag by the fold under way.
+reader folds and copies counts, sum, min and max under the same lock
+(:meth:`Series.snapshot`), so they always describe the same values, and derives
+``count`` from the buckets.
 """
 
 from __future__ import annotations
@@ -82,29 +83,39 @@ class Series:
 
     def fold(self) -> None:
         """Count the values recorded since the last fold (any thread, one at a time)."""
-        pending = self.pending
-        if not pending:
-            return
         with self._folding:
-            n = len(pending)
-            values = pending[:n]
-            del pending[:n]  # exactly those: values appended meanwhile stay
-            if not values:
-                return
-            counts, bounds = self.counts, self.bounds
-            low, high = min(values), max(values)
-            if high <= bounds[0]:  # fast handlers: all in the first bucket
-                counts[0] += n
-            else:
-                slow = [v for v in values if v > bounds[0]]
-                counts[0] += n - len(slow)
-                for value in slow:
-                    counts[bisect_left(bounds, value)] += 1
-            self.sum += sum(values)
-            if low < self.min:
-                self.min = low
-            if high > self.max:
-                self.max = high
+            self._fold()
+
+    def snapshot(self) -> tuple[list[int], float, float, float]:
+        """Fold, then copy the counts, sum, min and max — under the fold's lock, so they
+        agree: no fold of another thread lands between them (a reader that copied the
+        counts of a fold and the sum from before it gave a delta reader a count with
+        no sum, for good)."""
+        with self._folding:
+            self._fold()
+            return list(self.counts), self.sum, self.min, self.max
+
+    def _fold(self) -> None:
+        pending = self.pending
+        n = len(pending)
+        if not n:
+            return
+        values = pending[:n]
+        del pending[:n]  # exactly those: values appended meanwhile stay
+        counts, bounds = self.counts, self.bounds
+        low, high = min(values), max(values)
+        if high <= bounds[0]:  # fast handlers: all in the first bucket
+            counts[0] += n
+        else:
+            slow = [v for v in values if v > bounds[0]]
+            counts[0] += n - len(slow)
+            for value in slow:
+                counts[bisect_left(bounds, value)] += 1
+        self.sum += sum(values)
+        if low < self.min:
+            self.min = low
+        if high > self.max:
+            self.max = high
 
 
 class HistogramFamily:
@@ -140,8 +151,7 @@ class HistogramFamily:
         as a reader does)."""
         total = [0] * (len(self.bounds) + 1)
         for series in self.all_series():
-            series.fold()
-            for i, n in enumerate(list(series.counts)):
+            for i, n in enumerate(series.snapshot()[0]):
                 total[i] += n
         return total
 
@@ -255,9 +265,7 @@ class LocalMetrics:
         delta = temporality == AggregationTemporality.DELTA
         points = []
         for series in family.all_series():
-            series.fold()
-            counts, total = list(series.counts), series.sum  # the copy: see the docstring
-            low, high = series.min, series.max
+            counts, total, low, high = series.snapshot()
             start = series.started_ns
             if delta:
                 key = (reader, series)

@@ -190,3 +190,27 @@ async def test_a_body_that_cannot_be_encoded_is_one_error_naming_the_stream(
         assert why in str(error) and str(error).endswith("; nothing was sent"), str(error)
         assert "\n" not in str(error)
     assert stored(client) == {}
+
+
+async def test_a_null_beside_bytes_that_look_like_a_packed_nan_goes_as_it_is(
+        client: Client) -> None:
+    # The msgpack hint matched (0xcb 0x7f 0xf8 in the bytes) and the walk could not
+    # convert a msgspec.Raw: that raised a bare TypeError for a body with no NaN at all.
+    body = {"doc": msgspec.Raw(b'{"parent":null}'), "sig": bytes.fromhex("00cb7ff812")}
+    await client.publish("a", "k", body)
+    await client.publish_batch([Publish("a", "k", body)])
+    assert len(stored(client)) == 2
+
+
+async def test_str_enum_members_are_text_for_streams_headers_and_content_types(
+        client: Client) -> None:
+    import enum
+
+    class Names(enum.StrEnum):
+        ORDERS = "orders"
+        TENANT = "tenant"
+        JSON = "application/json"
+
+    await client.publish(Names.ORDERS, "k", {"i": 1}, {Names.TENANT: Names.ORDERS},
+                         Names.JSON)
+    assert [ns for _, ns, _ in stored(client).values()] == ["orders"]

@@ -317,3 +317,48 @@ async def test_a_daemon_with_a_meter_folds_its_histograms_without_a_reader() -> 
         counted = sum(series.counts)
     telemetry.shutdown()
     assert counted == 50
+
+
+def test_a_reader_sees_counts_and_sum_of_the_same_values_while_another_thread_folds() -> None:
+    # A reader that copied the counts of a fold and the sum from before it gave a point
+    # whose sum missed a fold's values — for good, to a delta reader (its next interval
+    # counted nothing new, so had no point to carry the sum).
+    import sys
+    import threading
+
+    local = LocalMetrics(SCOPE)
+    series = local.histogram("h", "s", "", (0.5, 1.0)).series({"a": "b"})
+    stop = threading.Event()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+
+    def loop() -> None:  # the event loop: records (the per-value way: 2.0 > every bound)
+        while not stop.is_set():
+            for _ in range(5000):
+                series.pending.append(2.0)
+            series.fold()
+
+    folding = threading.Thread(target=loop)
+    folding.start()
+    mismatched, seen = [], 0
+    delta_count, delta_sum = 0, 0.0
+    try:
+        for _ in range(300):
+            for temporality, key in ((AggregationTemporality.CUMULATIVE, "c"),
+                                     (AggregationTemporality.DELTA, "d")):
+                data = local.merge(None, key, temporality)
+                points = [p for rm in data.resource_metrics for sm in rm.scope_metrics
+                          for m in sm.metrics for p in m.data.data_points]
+                for point in points:
+                    seen += 1
+                    if point.sum != 2.0 * point.count:
+                        mismatched.append((temporality.name, point.count, point.sum))
+                    if temporality is AggregationTemporality.DELTA:
+                        delta_count += point.count
+                        delta_sum += point.sum
+    finally:
+        stop.set()
+        folding.join()
+        sys.setswitchinterval(switch)
+    assert seen > 0 and mismatched == []
+    assert delta_sum == 2.0 * delta_count  # every interval's sum reached a delta reader

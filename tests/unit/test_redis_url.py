@@ -64,14 +64,33 @@ def test_a_bad_url_in_a_config_file_fails_at_load_naming_the_file_and_the_field(
     tmp_path: Path,
 ) -> None:
     file = tmp_path / "redis.toml"
-    file.write_text(f'[redis]\nurl = "htp://u:{SECRET}@x"\n')
+    file.write_text(f'[queues]\nadapter = "redis"\n[balancer]\nmembership = "redis"\n'
+                    f'[redis]\nurl = "htp://u:{SECRET}@x"\n')
     with pytest.raises(ConfigError) as caught:
         load_config(file, environ={})
     assert str(caught.value) == (f"{file}: $.redis.url: expected redis:// or rediss://, "
                                  "got htp://u:***@x")
     with pytest.raises(ConfigError, match=r"^environment variable CONVEYOR_REDIS__URL: "
                                           r"\$.redis.url: the path is a database number"):
-        load_config(environ={"CONVEYOR_REDIS__URL": "redis://h/zero"})
+        load_config(environ={"CONVEYOR_REDIS__URL": "redis://h/zero",
+                             "CONVEYOR_QUEUES__ADAPTER": "redis",
+                             "CONVEYOR_BALANCER__MEMBERSHIP": "redis"})
+
+
+def test_redis_membership_checks_the_url_too() -> None:
+    with pytest.raises(ConfigError, match=r"\$.redis.url: expected redis://"):
+        load_config(environ={"CONVEYOR_REDIS__URL": "unix:///tmp/r.sock",
+                             "CONVEYOR_QUEUES__ADAPTER": "kafka",
+                             "CONVEYOR_BALANCER__MEMBERSHIP": "redis"})
+
+
+@pytest.mark.parametrize("adapter", ["memory", "kafka"])
+def test_an_unused_redis_url_is_no_error(adapter: str) -> None:
+    # A shell's CONVEYOR_REDIS__URL (say, a unix socket for another tool) must not stop
+    # a kafka or embedded config from loading: nothing connects to it.
+    config = load_config(environ={"CONVEYOR_REDIS__URL": "unix:///tmp/r.sock",
+                                  "CONVEYOR_QUEUES__ADAPTER": adapter})
+    assert config.redis.url == "unix:///tmp/r.sock"
 
 
 @pytest.mark.parametrize("url", ["redis://h:7000/1", "redis://h:7000?db=2"])

@@ -158,7 +158,8 @@ def _check_names(config: Config) -> None:
                 f"{config.kafka.bootstrap!r}"
             )
     _check_sentinels(config)
-    check_redis_url(config.redis.url, cluster=config.redis.mode == "cluster")
+    if _uses_redis(config):  # an unused [redis] url (a shell's CONVEYOR_REDIS__URL) is no error
+        check_redis_url(config.redis.url, cluster=config.redis.mode == "cluster")
     for path, name in (
         ("$.redis.username_env", config.redis.username_env),
         ("$.redis.password_env", config.redis.password_env),
@@ -241,3 +242,9 @@ def _check_timing(config: Config) -> None:
             f"({config.worker.poll_timeout_ms} ms), the longest blocking read; "
             f"got {redis.socket_timeout_s}"
         )
+
+
+def _uses_redis(config: Config) -> bool:
+    """Whether anything in ``config`` connects to ``[redis] url``: the redis adapter or
+    redis membership (an app-wide rate limit kept in Redis needs one of them)."""
+    return config.queues.adapter == "redis" or config.balancer.membership == "redis"

@@ -114,7 +114,9 @@ STOPS = (KeyboardInterrupt, SystemExit)
 
 ``GeneratorExit`` is not one: the only way it reaches a call's awaiter is a handler (or
 a library it uses) raising it, since a coroutine is closed only when it is collected,
-never while a task awaits it — so it is the call's failure like any other
+never while a task awaits it (the agent holds its runners' tasks; a call collected
+while some other task runs would be taken for a failure, and then complain that it
+ignored GeneratorExit) — so it is the call's failure like any other
 ``BaseException`` (:func:`as_failure`). Raised again, it ended the runner and left its
 message unfinished, holding up its queue's acknowledgements until a restart."""
 
