@@ -60,6 +60,7 @@ def console(block: str) -> list[Step]:
 
 
 def masked(line: str) -> str:
+    line = re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", "<log time> ", line)
     line = re.sub(r"\bshop-\S+-\d+-[0-9a-f]{8}\b", "<daemon>", line)
     return re.sub(r"^(\d+):\d+-\d+$", r"\1:<entry>", line)
 
