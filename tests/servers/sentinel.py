@@ -19,6 +19,10 @@ SENTINEL_SERVICE = "conveyor-test"
 DATA_NODE_OPTIONS = ("--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
                      "--repl-ping-replica-period", "1")
 
+INFO_FRESH_MS = 1000
+"""A replica a sentinel read INFO from longer ago than this is not ready: it promotes only
+replicas whose INFO is fresher than 3 info periods (1.5 s here)."""
+
 SENTINEL_DEBUG = ("info-period", "500", "publish-period", "500", "ask-period", "500",
                   "ping-period", "200")
 """``SENTINEL DEBUG`` timings (Redis 7): by default a sentinel reads a node's INFO every
@@ -171,6 +175,17 @@ class RedisSentinelServers:
             if ((state["ip"], int(state["port"])) != primary or state["flags"] != "master"
                     or int(state["num-slaves"]) != 1
                     or int(state["num-other-sentinels"]) != len(self.sentinels) - 1):
+                return False
+            # The replica as this sentinel sees it must be one it would promote: counted
+            # from the primary's INFO, it was not yet (no INFO of its own read, or too
+            # long ago: a SENTINEL FAILOVER then failed with NOGOODSLAVE, once in CI).
+            replicas = admin.sentinel_slaves(SENTINEL_SERVICE)
+            if len(replicas) != 1:
+                return False
+            replica = replicas[0]
+            if (not replica["is_slave"] or replica["is_disconnected"] or replica["is_sdown"]
+                    or replica["master-link-status"] != "ok"
+                    or int(replica["info-refresh"]) > INFO_FRESH_MS):
                 return False
         admin = self.data[1].admin()
         return bool(admin.info("replication")["master_link_status"] == "up")
