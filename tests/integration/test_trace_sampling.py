@@ -162,7 +162,7 @@ async def test_a_message_without_a_traceparent_starts_traces_at_the_ratio() -> N
     assert in_a_trace == [True] * n  # kept or dropped, every handler runs in a trace
     consumers = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
     assert within_binomial(len(consumers), n, RATIO), len(consumers)
-    assert [s.parent for s in consumers] == [None] * len(consumers)
+    assert {s.parent for s in consumers} == {None}  # some consumer spans, every one a root
 
 
 def test_a_malformed_or_stated_traceparent_is_left_to_the_sdk() -> None:
@@ -171,7 +171,7 @@ def test_a_malformed_or_stated_traceparent_is_left_to_the_sdk() -> None:
     bad = ("", good.upper(), good + "-", "01" + good[2:], f"00-{'0' * 32}-{'cd' * 8}-00",
            f"00-{'ab' * 16}-{'0' * 16}-00", f"00-{'ab' * 16}-{'cd' * 8}-0x",
            good.replace("-", "_"))
-    assert [remote_parent({"traceparent": b}) for b in bad] == [None] * len(bad)
+    assert [remote_parent({"traceparent": b}) for b in bad] == [None] * 8  # all 8 refused
     assert remote_parent({"traceparent": good, "tracestate": "a=b"}) is None
 
 
