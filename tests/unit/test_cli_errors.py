@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from conveyor.cli import main
 from conveyor.cli.common import INTERRUPTED, USAGE_ERROR, TaskGroup, as_cli_error
@@ -56,6 +56,20 @@ def test_other_library_errors_keep_their_exit_status(error: ConveyorError, code:
     assert (shown.exit_code, shown.format_message()) == (code, message)
 
 
+def invoke_raising(name: str, error: BaseException) -> Result:
+    """Run a one-command group of the CLI's kind whose command ``name`` raises ``error``."""
+    @click.group(cls=TaskGroup)
+    def group() -> None:
+        pass
+
+    @click.command(name)
+    def command() -> None:
+        raise error
+
+    group.add_command(command, section="run")
+    return CliRunner().invoke(group, [name])
+
+
 @pytest.mark.parametrize(("error", "code"), [
     (NAMED_WRONG[0], USAGE_ERROR), (NAMED_WRONG[1], USAGE_ERROR),
     (QueueOwnedError("queues of app 'shop' are still owned"), 1),
@@ -63,16 +77,7 @@ def test_other_library_errors_keep_their_exit_status(error: ConveyorError, code:
 def test_an_error_escaping_a_command_is_one_line_with_the_clis_exit_status(
     error: ConveyorError, code: int,
 ) -> None:
-    @click.group(cls=TaskGroup)
-    def main() -> None:
-        pass
-
-    @click.command()
-    def rewind() -> None:
-        raise error
-
-    main.add_command(rewind, section="operate")
-    result = CliRunner().invoke(main, ["rewind"])
+    result = invoke_raising("rewind", error)
     assert result.exit_code == code
     assert result.stderr == f"conveyor: error: {error}\n"
     assert result.stdout == ""
@@ -109,15 +114,6 @@ def test_publish_sends_a_body_that_is_not_json_when_the_content_type_says_so() -
 
 
 def test_ctrl_c_in_a_command_is_one_line_and_exit_130_not_clicks_aborted() -> None:
-    @click.group(cls=TaskGroup)
-    def main() -> None:
-        pass
-
-    @click.command()
-    def publish() -> None:
-        raise KeyboardInterrupt
-
-    main.add_command(publish, section="run")
-    result = CliRunner().invoke(main, ["publish"])
+    result = invoke_raising("publish", KeyboardInterrupt())
     assert (result.exit_code, result.stderr, result.stdout) == (
         INTERRUPTED, "conveyor: interrupted\n", "")

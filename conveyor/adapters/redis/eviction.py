@@ -4,14 +4,13 @@ messages (``[redis] allow_eviction``; docs/redis.md, "Eviction policy")."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
 from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-from conveyor.adapters.redis.connections import ClusterClient
-from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.server_settings import config_value, per_server, summary, text
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.errors import ConfigError
 
@@ -27,42 +26,17 @@ then run the same messages) or a publish's marker (a retried publish is written 
 async def _eviction_policy(client: aioredis.Redis) -> str | None:
     """One server's ``maxmemory-policy``: ``CONFIG GET``, or ``INFO memory`` where
     ``CONFIG`` is refused (managed services rename or forbid it); None if neither says."""
-    value: Any = None
     try:
-        reply: dict[Any, Any] = await client.config_get("maxmemory-policy")
-        value = reply.get(b"maxmemory-policy", reply.get("maxmemory-policy"))
+        value = await config_value(client, "maxmemory-policy")
     except rex.ResponseError:  # unknown command, NOPERM: ask INFO instead
-        pass
+        value = None
     if value is None:
         try:
             info: dict[str, Any] = await client.info("memory")
         except rex.ResponseError:  # INFO refused too: the caller warns
             return None
-        value = info.get("maxmemory_policy")
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-async def eviction_policies(redis: Any, server: str) -> dict[str, str | None]:
-    """``maxmemory-policy`` by server: ``server`` for one server (the primary Sentinel
-    names), every primary's ``host:port`` on a cluster. None: it could not be read."""
-    if not isinstance(redis, ClusterClient):
-        return {server: await _eviction_policy(redis)}
-    try:
-        clients = await redis.primary_clients()
-        return {name: await _eviction_policy(client) for name, client in sorted(clients.items())}
-    except (rex.ConnectionError, rex.TimeoutError, OSError, *CLUSTER_ERRORS):
-        redis.topology_changed()  # a primary failed over: the retry reads the new ones
-        raise
-
-
-def eviction_summary(policies: dict[str, str | None]) -> str:
-    """The policy, or each server's when they differ (``conveyor status``)."""
-    values = {p or "unknown" for p in policies.values()}
-    if len(values) == 1:
-        return values.pop()
-    return ", ".join(f"{server}={policy or 'unknown'}" for server, policy in policies.items())
+        value = text(info.get("maxmemory_policy"))
+    return value
 
 
 def check_eviction(policies: dict[str, str | None], allow: bool) -> None:
@@ -106,13 +80,8 @@ class EvictionGuard:
         self.checked = False
 
     async def policies(self, *, retry: bool = True) -> dict[str, str | None]:
-        def read() -> Awaitable[dict[str, str | None]]:
-            return eviction_policies(self._caller.redis, self._caller.url)
-
-        what = "reading the eviction policy"
-        if retry:
-            return await self._caller.retrying(what, read)
-        return await self._caller.once(what, read)
+        return await per_server(self._caller, "reading the eviction policy",
+                                _eviction_policy, retry=retry)
 
     async def check(self, *, retry: bool) -> None:
         """Refuse or accept the policy (one attempt unless ``retry``)."""
@@ -120,4 +89,4 @@ class EvictionGuard:
         self.checked = True
 
     async def summary(self) -> str:
-        return eviction_summary(await self.policies())
+        return summary({s: p or "unknown" for s, p in (await self.policies()).items()})

@@ -24,14 +24,13 @@ choose to keep nothing. Reported instead, by how much a restart can lose:
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
 from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-from conveyor.adapters.redis.connections import ClusterClient
-from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller
+from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.server_settings import config_value, per_server, summary
 
 log = logging.getLogger("conveyor.redis")
 
@@ -42,23 +41,12 @@ LOSES_EVERYTHING = (NONE, UNKNOWN)
 """The readings warned about: a restart may come back with no message at all."""
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-async def _config(client: aioredis.Redis, name: str) -> str | None:
-    reply: dict[Any, Any] = await client.config_get(name)
-    return _text(reply.get(name.encode(), reply.get(name)))
-
-
 async def _persistence(client: aioredis.Redis) -> str:
     """One server's persistence: ``CONFIG GET appendonly`` and ``save``, or where
     ``CONFIG`` is refused, ``aof_enabled`` from ``INFO persistence``."""
     try:
-        appendonly = await _config(client, "appendonly")
-        save = await _config(client, "save")
+        appendonly = await config_value(client, "appendonly")
+        save = await config_value(client, "save")
     except rex.ResponseError:  # unknown command, NOPERM: ask INFO instead
         pass
     else:
@@ -73,27 +61,6 @@ async def _persistence(client: aioredis.Redis) -> str:
     # INFO tells AOF, not the save schedule: with AOF off, rdb and none look alike
     # (rdb_last_save_time and rdb_changes_since_last_save say when, not whether, next).
     return AOF if str(info.get("aof_enabled")) == "1" else UNKNOWN
-
-
-async def persistence(redis: Any, server: str) -> dict[str, str]:
-    """Persistence by server: ``server`` for one server (the primary Sentinel names),
-    every primary's ``host:port`` on a cluster."""
-    if not isinstance(redis, ClusterClient):
-        return {server: await _persistence(redis)}
-    try:
-        clients = await redis.primary_clients()
-        return {name: await _persistence(client) for name, client in sorted(clients.items())}
-    except (rex.ConnectionError, rex.TimeoutError, OSError, *CLUSTER_ERRORS):
-        redis.topology_changed()  # a primary failed over: the retry reads the new ones
-        raise
-
-
-def persistence_summary(readings: dict[str, str]) -> str:
-    """The reading, or each server's when they differ (``conveyor status``)."""
-    values = set(readings.values())
-    if len(values) == 1:
-        return values.pop()
-    return ", ".join(f"{server}={reading}" for server, reading in readings.items())
 
 
 _REPORTED: set[tuple[str, str]] = set()
@@ -134,16 +101,11 @@ class PersistenceReader:
         self._caller = caller
 
     async def read(self, *, retry: bool = True) -> dict[str, str]:
-        def read() -> Awaitable[dict[str, str]]:
-            return persistence(self._caller.redis, self._caller.url)
-
-        what = "reading the persistence settings"
-        if retry:
-            return await self._caller.retrying(what, read)
-        return await self._caller.once(what, read)
+        return await per_server(self._caller, "reading the persistence settings",
+                                _persistence, retry=retry)
 
     async def report(self) -> None:
         report_persistence(await self.read(retry=False))
 
     async def summary(self) -> str:
-        return persistence_summary(await self.read())
+        return summary(await self.read())

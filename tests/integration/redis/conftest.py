@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,16 @@ from tests.config_files import write_toml
 from tests.servers import RedisServer as RedisServer  # re-exported for the tests here
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def status_json(path: Path) -> tuple[dict[str, object], str]:
+    """``conveyor status --app rec --json`` on the config at ``path``: the report and
+    what it said on stderr (it must exit 0)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "status", "--config", str(path), "--app", "rec",
+         "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), done.stderr
 
 
 def write_config(path: Path, url: str, **sections: dict[str, object]) -> Path:

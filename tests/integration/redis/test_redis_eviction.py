@@ -9,7 +9,6 @@ Sentinel: the primary it names. Where ``CONFIG`` is forbidden, ``INFO memory`` t
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,7 +21,13 @@ from conveyor.adapters.redis import RedisAdapter
 from conveyor.platform.config import RedisConfig
 from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until, wait_until_sync
-from tests.integration.redis.conftest import REPO, Worker, read_records, write_config
+from tests.integration.redis.conftest import (
+    REPO,
+    Worker,
+    read_records,
+    status_json,
+    write_config,
+)
 from tests.servers import (
     SENTINEL_SERVICE,
     RedisClusterServers,
@@ -127,23 +132,15 @@ async def test_where_config_is_forbidden_info_memory_tells(
         await adapter.close()
 
 
-def status(path: Path) -> tuple[dict[str, object], str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "conveyor.cli", "status", "--config", str(path), "--app", "rec",
-         "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout), done.stderr
-
-
 def test_status_shows_the_policy_and_warns_of_an_evicting_one(
     redis_server: RedisServer, tmp_path: Path,
 ) -> None:
     path = write_config(tmp_path / "c.toml", redis_server.url)
-    report, err = status(path)
+    report, err = status_json(path)
     assert report["eviction_policy"] == "noeviction"
     assert "maxmemory-policy" not in err, err
     redis_server.client().config_set("maxmemory-policy", "allkeys-lru")
-    report, err = status(path)
+    report, err = status_json(path)
     assert report["eviction_policy"] == "allkeys-lru"
     assert "maxmemory-policy is allkeys-lru" in err
     assert "workers refuse it unless [redis] allow_eviction = true" in err, err

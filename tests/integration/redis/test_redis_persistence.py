@@ -9,10 +9,7 @@ Sentinel: the primary it names.
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +18,7 @@ import pytest
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.platform.config import RedisConfig
 from tests.conftest import wait_until_sync
-from tests.integration.redis.conftest import REPO, Worker, write_config
+from tests.integration.redis.conftest import Worker, status_json, write_config
 from tests.servers import (
     SENTINEL_SERVICE,
     RedisClusterServers,
@@ -85,27 +82,19 @@ async def test_rdb_snapshots_alone_are_an_info_line_not_a_warning(
     assert "RDB snapshots only: a crash loses what was published since" in note.getMessage()
 
 
-def status(path: Path) -> tuple[dict[str, object], str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "conveyor.cli", "status", "--config", str(path), "--app", "rec",
-         "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout), done.stderr
-
-
 def test_status_shows_persistence_and_warns_of_none_only(
     bare_redis: RedisServer, redis_server: RedisServer, tmp_path: Path,
 ) -> None:
-    report, err = status(write_config(tmp_path / "bare.toml", bare_redis.url))
+    report, err = status_json(write_config(tmp_path / "bare.toml", bare_redis.url))
     assert report["persistence"] == "none"
     [warning] = [x for x in err.splitlines() if "persistence" in x]
     assert warning == ('conveyor: warning: Redis persistence is none (save "", appendonly '
                        "no): a restart loses every queued and pending message "
                        '(docs/redis.md, "Persistence")')
     bare_redis.client().config_set("save", "60 1")
-    report, err = status(write_config(tmp_path / "bare.toml", bare_redis.url))
+    report, err = status_json(write_config(tmp_path / "bare.toml", bare_redis.url))
     assert report["persistence"] == "rdb" and "persistence" not in err, err
-    report, err = status(write_config(tmp_path / "aof.toml", redis_server.url))
+    report, err = status_json(write_config(tmp_path / "aof.toml", redis_server.url))
     assert report["persistence"] == "aof" and "persistence" not in err, err
 
 
