@@ -79,7 +79,7 @@ async def breakdown(bootstrap: str) -> None:
     print(f"slots {SLOTS}: issued {issued:.1f}, in use {in_use:.1f} "
           f"(pulled, not started — behind their key or not yet reached by a runner: "
           f"{issued - in_use:.1f}; "
-          f"free, waiting for the next pull {SLOTS - issued:.1f})")
+          f"free, between a release and the next reservation {SLOTS - issued:.1f})")
     print(f"handlers running {run:.1f}; asyncio.sleep(0.005) took {sleep_ms:.3f} ms on average")
     print(f"reached {MESSAGES / wall:,.0f} msgs/s (first call to last); running / sleep = "
           f"{run / sleep_ms * 1e3:,.0f}; ideal {SLOTS / SLEEP_S:,.0f}")

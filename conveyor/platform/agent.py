@@ -164,6 +164,9 @@ class PullingAgent:
         self._orphans = orphans
         self._slots = slots
         self._ctx = _Context(queue, slots)
+        # Batchers reserve apart: a fixed supplier lets runners keep a slot while only
+        # their own context waits (FixedSlotSupplier.keep_slot), never past a batcher.
+        self._batch_ctx = _Context(queue, slots)
         self._orphan_queue: deque[Entry] = deque()
         self._orphan_task: asyncio.Task[None] | None = None
         self._quiet = asyncio.Event()
@@ -460,7 +463,14 @@ class PullingAgent:
                     marked = False
                     permit = slots.try_reserve_slot(ctx)
                     if permit is None:  # every slot busy: wait here, waking no other runner
-                        permit = await slots.reserve_slot(ctx)
+                        # meanwhile (_waking held) — this one stands for the queue's want
+                        # of a slot; more would only queue behind it, for slots that the
+                        # queue's busy runners keep (FixedSlotSupplier.keep_slot)
+                        self._waking = True
+                        try:
+                            permit = await slots.reserve_slot(ctx)
+                        finally:
+                            self._waking = False
                         if not ready:  # the lanes went to other runners meanwhile
                             permit.release(SlotReleaseReason.NEVER_USED)
                             permit = None
@@ -666,8 +676,8 @@ class PullingAgent:
         return await self._own.wait(self._draining)
 
     async def reserve_slot(self) -> SlotPermit:
-        return self._slots.try_reserve_slot(self._ctx) or await self._slots.reserve_slot(
-            self._ctx)
+        ctx = self._batch_ctx  # its own context, not the runners' (see __init__)
+        return self._slots.try_reserve_slot(ctx) or await self._slots.reserve_slot(ctx)
 
     def batch_started(self) -> None:
         self._running += 1
@@ -724,6 +734,11 @@ class PullingAgent:
     @property
     def in_flight(self) -> int:
         return len(self.cache)
+
+    @property
+    def runners(self) -> int:
+        """Tasks this agent runs handlers in (runners and batchers), parked ones too."""
+        return len(self._runners)
 
     def snapshot(self) -> dict[str, float]:
         return {
