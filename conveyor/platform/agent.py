@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.platform.acks import Acknowledger
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.batcher import Batcher
-from conveyor.platform.delivery.chain import STOPS, Delivery, as_failure
+from conveyor.platform.delivery.chain import STOPS, Delivery, as_failure, check_returned
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.message import Message
@@ -521,7 +521,9 @@ class PullingAgent:
                                 timed = timer()
                             failure = None
                             try:
-                                await start(msg)
+                                result = await start(msg)
+                                if result is not None:
+                                    check_returned(result)
                                 stats.handled += 1
                             except Exception as exc:
                                 failure = exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -51,8 +52,24 @@ def body_bytes(m: Message) -> bytes:
     return m.body
 
 
+def _raw_or_text(tp: Any) -> Any:
+    """``bytes`` or ``str`` for ``bytes | None`` / ``Optional[str]`` (a body is never
+    None: the ``None`` could only make a raw body decode as JSON, a base64 string for
+    ``bytes``); ``tp`` otherwise."""
+    args = typing.get_args(tp)
+    if len(args) == 2 and type(None) in args and typing.get_origin(tp) in _UNIONS:
+        other = args[0] if args[1] is type(None) else args[1]
+        if other is bytes or other is str:
+            return other
+    return tp
+
+
+_UNIONS = (typing.Union, types.UnionType)
+
+
 def _body_decoder(tp: Any, where: str) -> Decode:
     """A function from message to handler argument, chosen once per handler."""
+    tp = _raw_or_text(tp)
     if tp is bytes:
         return body_bytes
     if tp is str:

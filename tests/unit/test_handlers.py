@@ -1,3 +1,4 @@
+import typing
 from typing import Any
 
 import msgspec
@@ -40,6 +41,27 @@ def test_first_parameter_type_decides_decoding() -> None:
     assert specs["bytes"].decode(msg(b"\xff\x00")) == b"\xff\x00"
     assert specs["str"].decode(msg("héllo".encode())) == "héllo"
     assert list(app.subscriptions()) == ["orders"] and len(app.subscriptions()["orders"]) == 4
+
+
+def test_optional_bytes_and_str_take_the_body_as_it_came() -> None:
+    """A body is never None: ``bytes | None`` decoded JSON (a base64 string) before, so
+    a raw body was dead-lettered as undecodable."""
+    app = App("t")
+
+    @app.handler("orders", name="bytes")
+    async def a(body: bytes | None) -> None: ...
+
+    @app.handler("orders", name="str")
+    async def b(body: typing.Optional[str]) -> None: ...  # noqa: UP045 (its spelling)
+
+    @app.handler("orders", name="dict")
+    async def c(body: dict[str, int] | None) -> None: ...
+
+    specs = {s.name: s for s in app.handlers}
+    assert specs["bytes"].decode(msg(b"\xff\x00")) == b"\xff\x00"
+    assert specs["str"].decode(msg("héllo".encode())) == "héllo"
+    assert specs["dict"].decode(msg(b"null")) is None  # JSON types keep JSON's null
+    assert specs["dict"].decode(msg(b'{"a": 1}')) == {"a": 1}
 
 
 def test_undecodable_bodies_raise_decode_error_naming_the_type() -> None:

@@ -44,8 +44,8 @@ from conveyor.platform.delivery.chain import (
     Interceptor,
     InThread,
     as_failure,
+    call_handler,
     compose,
-    handler_call,
     over_limit,
 )
 from conveyor.platform.delivery.dead_letter import PutLetter
@@ -78,9 +78,8 @@ class _Batch:
                  in_thread: InThread | None = None,
                  interceptors: Sequence[Interceptor] = ()) -> None:
         self.decode = handler.decode
-        fn = handler_call(handler, in_thread)
         # The app's interceptors around each call of the handler on a batch.
-        self.call = compose(handler, interceptors, lambda delivery: fn(delivery.body))
+        self.call = compose(handler, interceptors, call_handler(handler, in_thread))
         self.handler = handler
         self.name = handler.name
         self.policy: RetryPolicy = handler.retry

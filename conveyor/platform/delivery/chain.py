@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
 
-from conveyor.platform.errors import ConveyorError, DeliveryLimit
+from conveyor.platform.errors import ConveyorError, DeliveryLimit, HandlerDeclarationError
 from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.message import Message
 from conveyor.platform.options import HandlerOptions
@@ -156,13 +157,44 @@ def handler_call(handler: HandlerSpec, in_thread: InThread | None = None
     return functools.partial(in_thread or asyncio.to_thread, handler.fn)
 
 
+def check_returned(result: object) -> None:
+    """What a handler returned, when not None: a coroutine it returned instead of
+    awaiting (``return save(x)`` where ``return await save(x)`` was meant) never ran, so
+    the call fails — retried, then dead-lettered — rather than counting as handled with
+    its work lost. The coroutine is closed (no "never awaited" warning). Anything else a
+    handler returns is ignored, as before. (A plain ``def`` handler returning one is
+    caught on its thread: :mod:`conveyor.workers.threads`.)"""
+    if inspect.iscoroutine(result):
+        name = getattr(result, "__qualname__", type(result).__name__)
+        result.close()
+        raise HandlerDeclarationError(
+            f"the handler returned the coroutine {name}() without awaiting it, so it never "
+            "ran (`return f(...)` where `return await f(...)` was meant?)")
+
+
 def call_handler(handler: HandlerSpec, in_thread: InThread | None = None) -> Step:
     """The innermost step: the handler itself, on the decoded body (a plain ``def``
-    handler through ``in_thread``, see :func:`handler_call`)."""
+    handler through ``in_thread``, see :func:`handler_call`), what it returns checked by
+    :func:`check_returned`. (The shipped chain's first attempt calls the handler in
+    :meth:`~conveyor.platform.delivery.dead_letter.DeadLetterInterceptor.first_attempt`
+    or the agent's runner instead, which check the same.)"""
     fn = handler_call(handler, in_thread)
     if handler.takes_context:
-        return lambda delivery: fn(delivery.body, delivery.context())
-    return lambda delivery: fn(delivery.body)
+        async def called_with_context(delivery: Delivery) -> Any:
+            result = await fn(delivery.body, delivery.context())
+            if result is not None:
+                check_returned(result)
+            return result
+
+        return called_with_context
+
+    async def called(delivery: Delivery) -> Any:
+        result = await fn(delivery.body)
+        if result is not None:
+            check_returned(result)
+        return result
+
+    return called
 
 
 class Decode(Interceptor):

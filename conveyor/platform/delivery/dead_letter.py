@@ -34,6 +34,7 @@ from conveyor.platform.delivery.chain import (
     Interceptor,
     Step,
     as_failure,
+    check_returned,
     over_limit,
 )
 from conveyor.platform.delivery.metrics import DURATION_CLOCK, recorder
@@ -203,9 +204,11 @@ class DeadLetterInterceptor(Interceptor):
                 failure = None
                 try:
                     if takes_context:
-                        await call(body, delivery.context())
+                        result = await call(body, delivery.context())
                     else:
-                        await call(body)
+                        result = await call(body)
+                    if result is not None:
+                        check_returned(result)
                 except Exception as exc:
                     if again is None:
                         raise
