@@ -65,8 +65,8 @@ class FixedSlotSupplier(SlotSupplier):
         idle between a release and the waiter's start (docs/kafka.md, "Benchmarks").
         Anyone else waiting (another queue's agent, a batch handler) gets the slot at
         the holder's next call, first come first served."""
-        waiters = self._waiters
-        return not waiters or self._waiting.get(id(permit.user_data), 0) == len(waiters)
+        return not self._waiters or (  # (the common case first: one attribute load)
+            self._waiting.get(id(permit.user_data), 0) == len(self._waiters))
 
     def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
         if self._waiters:
