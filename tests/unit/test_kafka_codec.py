@@ -28,6 +28,7 @@ from conveyor.platform.message import (
 )
 
 TS = 1_700_000_000_123
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _message(**changes: Any) -> Message:
@@ -105,12 +106,30 @@ def test_one_key_in_two_namespaces_reads_as_two_streams_across_batches() -> None
     [("cv-ns", b""), ("cv-id", b"m1")],  # an empty namespace: undecodable
     [("cv-ns", b"orders"), ("cv-id", None)],  # no id: topic-partition-offset
     [("cv-ns", b"orders"), ("x-h", b"v")],
+    # User headers after cv-ns and cv-id (a traceparent, with tracing on): the same
+    # message whichever path reads it — several, repeated (the last wins), None ...
+    [("cv-ns", b"orders"), ("cv-id", b"m1"), ("traceparent", TRACEPARENT)],
+    [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-h", b"a"), ("x-2", None), ("x-h", b"b")],
+    # ... and after them one of Conveyor's own, or a value that is not UTF-8
+    [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-h", b"v"), ("content-type", b"text/plain")],
+    [("cv-ns", b"orders"), ("cv-id", b"m1"), ("cv-attempt", b"2")],
+    [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-h", b"v"), ("cv-ns", b"other")],
+    [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-h", b"\xff")],
 ])
 def test_other_records_read_as_the_general_decoder_reads_them(
     headers: list[tuple[str, bytes | None]],
 ) -> None:
     record = _record(_message(), headers)
     assert RecordDecoder(0, "default").decode([record]) == [decode_record(record, 0, "default")]
+
+
+def test_user_headers_keep_a_record_on_the_interned_path() -> None:
+    msgs = [_message(id=f"m{i}", headers={"traceparent": TRACEPARENT.decode()})
+            for i in range(2)]
+    records = [_record(m, [*message_headers(m)], offset=i) for i, m in enumerate(msgs)]
+    read = RecordDecoder(0, "default").decode(records)
+    assert read[0].stream is read[1].stream  # interned: not the general way
+    assert [m.headers for m in read] == [m.headers for m in msgs]
 
 
 @pytest.mark.parametrize("ns", [b"", None])

@@ -163,31 +163,59 @@ def test_headers_that_only_look_alike_pass_through() -> None:
     assert EntryDecoder(0).decode(b"1-0", flat).headers == headers
 
 
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+EXTRAS: list[tuple[bytes, ...]] = [
+    (), (b"x-h", b"v"), (b"traceparent", TRACEPARENT), (b"traceparent", TRACEPARENT, b"x-2", b""),
+    (b"x-h", b"a", b"x-h", b"b"), (b"cv-attempt", b"2"), (b"x-h", b"v", b"cv-ns", b"other"),
+    (b"x-h", b"\xff"), (b"x-h",),
+]
+"""Fields after the layout: user headers (one, several, repeated), an attempt, a
+repeated field, a header that is not UTF-8, an odd field count."""
+
+
 @given(
     entries=st.lists(st.tuples(
         st.integers(0, 2**45), st.integers(0, 2**20), text.filter(bool), text, text,
         st.sampled_from([b"", b"7", b"0", b"007", b"1700000000000", b"12x",
                          b"99999999999999999999"]),
         st.sampled_from([b"", b"application/json", b"text/plain", b"\xff"]),
-        st.booleans(),
+        st.sampled_from(EXTRAS),
     ), max_size=6),
 )
 def test_a_reply_decodes_as_its_entries_one_by_one(
-    entries: list[tuple[int, int, str, str, str, bytes, bytes, bool]],
+    entries: list[tuple[int, int, str, str, str, bytes, bytes, tuple[bytes, ...]]],
 ) -> None:
-    # The batch path (all entries in the layout, numbers read in one call) and its
-    # fall-backs (a bad number, leading zeros, a bad content type, an extra field, an
-    # entry without fields) give what decoding each entry gives.
+    # The batch path (all entries in the layout, user headers after it, numbers read in
+    # one call) and its fall-backs (a bad number, leading zeros, a bad content type, an
+    # attempt or a repeated field after the layout, a header that is not UTF-8, an entry
+    # without fields) give what decoding each entry gives.
     reply: list[tuple[bytes, list[bytes]]] = []
     for ms, seq, ns, key, ident, ts, ctype, extra in entries:
         flat = [b"cv-ns", ns.encode(), b"cv-key", key.encode(), b"cv-id", ident.encode(),
                 b"content-type", ctype, b"cv-ts", ts, b"body", b"{}"]
-        reply.append((b"%d-%d" % (ms, seq), [*flat, b"x-h", b"v"] if extra else flat))
+        reply.append((b"%d-%d" % (ms, seq), [*flat, *extra]))
     reply.append((b"1-1", []))  # trimmed while pending: no message
     one_by_one = [EntryDecoder(2).decode(eid, fl) for eid, fl in reply if fl]
     got = EntryDecoder(2).decode_all(reply)
     assert len(got) == len(one_by_one)
     assert all(_same(a, b) for a, b in zip(got, one_by_one, strict=True))
+
+
+def test_user_headers_stay_on_the_batch_path() -> None:
+    """A traceparent on every message (tracing on) no longer sends a reply entry by
+    entry: its stream ids are interned as on the common reply."""
+    msgs = [Message(f"m{i}", StreamId("orders", "o-1"), b"{}",
+                    {"traceparent": TRACEPARENT.decode()}, "application/json", 0,
+                    1_700_000_000_000 + i) for i in range(3)]
+    reply = [(b"1700000000005-%d" % i, _flat(encode_fields(m))) for i, m in enumerate(msgs)]
+    class BatchOnly(EntryDecoder):
+        def decode(self, eid: bytes, fl: list[bytes]) -> Message:
+            raise AssertionError("decoded entry by entry")
+
+    got = BatchOnly(4).decode_all(reply)
+    assert got[0].stream is got[1].stream is got[2].stream
+    assert [m.headers for m in got] == [m.headers for m in msgs]
+    assert [m.token for m in got] == [SequenceToken(4, 1700000000005, i) for i in range(3)]
 
 
 def test_a_common_reply_shares_its_stream_ids_and_reads_every_number() -> None:

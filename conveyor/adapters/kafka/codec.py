@@ -151,13 +151,31 @@ def decode_record(record: Any, queue: int, default_ns: str,
         )
 
 
+_OWN_HEADERS = frozenset({H_NAMESPACE, H_ID, H_CONTENT_TYPE, H_ENQUEUED_MS, H_ATTEMPT, H_KEY})
+
+
+def _user_headers(headers: Sequence[tuple[str, bytes | None]]) -> dict[str, str] | None:
+    """The headers after ``cv-ns`` and ``cv-id`` as a message's user headers (a
+    ``traceparent`` with tracing on), as :func:`record_to_message` reads them; None when
+    one of them is Conveyor's own (a content type, an attempt: the general way reads
+    it). Raises on a value that is not UTF-8."""
+    user: dict[str, str] = {}
+    own = _OWN_HEADERS
+    for name, raw in headers[2:]:
+        if name in own:
+            return None
+        user[name] = raw.decode() if raw is not None else ""
+    return user
+
+
 class RecordDecoder:
     """Turns one partition's fetched records into messages: a record at a time
     (:meth:`one`, which the receiver's consumer calls as it unpacks a fetch) or a batch.
 
     Same result as :func:`decode_record` on each record. The common record —
-    exactly ``cv-ns`` and ``cv-id`` (as :func:`message_headers` writes a JSON message), a
-    key and a value — is read without a loop over its headers, and its stream id is
+    ``cv-ns`` and ``cv-id`` first (as :func:`message_headers` writes a JSON message),
+    then user headers if any, a key and a value — is read without a loop over
+    Conveyor's headers, and its stream id is
     interned: a batch of one stream's records shares one :class:`StreamId` (the cache's
     lane lookups compare it by identity). Any other record goes the general way; a
     record that cannot be read becomes an :class:`Undecodable` without failing the
@@ -177,6 +195,19 @@ class RecordDecoder:
         self._last_ns = b""
         self._keys: dict[bytes, StreamId] = {}
 
+    def _stream(self, ns: bytes, key: bytes) -> StreamId:
+        """The interned stream id of ``key`` in namespace ``ns`` (as the wire has them)."""
+        if ns != self._last_ns:  # another namespace: its own keys from now on
+            self._last_ns = ns
+            self._keys = {}
+        keys = self._keys
+        sid = keys.get(key)
+        if sid is None:
+            if len(keys) >= INTERN_MAX:
+                keys.clear()
+            sid = keys[key] = self._streams[ns, key]
+        return sid
+
     def decode(self, records: Sequence[Any]) -> list[Message]:
         one = self.one
         return [one(r) for r in records]
@@ -190,16 +221,14 @@ class RecordDecoder:
             (n0, ns), (n1, ident) = headers
             value = r.value
             if n0 == H_NAMESPACE and n1 == H_ID and ns and ident and value is not None:
-                try:
-                    if ns != self._last_ns:  # another namespace: its own keys from now on
+                try:  # (self._stream, inlined: this is every plain record)
+                    if ns != self._last_ns:
                         self._last_ns = ns
                         self._keys = {}
                     keys = self._keys
                     sid = keys.get(key)
                     if sid is None:
-                        if len(keys) >= INTERN_MAX:
-                            keys.clear()
-                        sid = keys[key] = self._streams[ns, key]
+                        sid = self._stream(ns, key)
                     return Message(
                         ident.decode(),
                         sid,
@@ -210,6 +239,18 @@ class RecordDecoder:
                         r.timestamp,
                         SequenceToken(self._queue, r.offset),
                     )
+                except Exception:  # not UTF-8: the general way isolates it
+                    pass
+        elif len(headers) > 2 and key is not None:
+            (n0, ns), (n1, ident) = headers[0], headers[1]
+            value = r.value
+            if n0 == H_NAMESPACE and n1 == H_ID and ns and ident and value is not None:
+                try:  # user headers after Conveyor's two (a traceparent, tracing on)
+                    user = _user_headers(headers)
+                    if user is not None:
+                        return Message(ident.decode(), self._stream(ns, key), value, user,
+                                       CONTENT_JSON, 0, r.timestamp,
+                                       SequenceToken(self._queue, r.offset))
                 except Exception:  # not UTF-8: the general way isolates it
                     pass
         return decode_record(r, self._queue, self._ns, self._topic)

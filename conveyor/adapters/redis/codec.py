@@ -228,6 +228,28 @@ def stored_letters(entries: list[Any]) -> list[StoredLetter]:
             out.append(StoredLetter(eid.decode(), letter))
     return out
 
+class _NotPlain(Exception):
+    """An entry :meth:`EntryDecoder._build` leaves to the entry-at-a-time path."""
+
+
+def _user_headers(fl: list[bytes]) -> dict[str, str]:
+    """The user headers after :func:`encode_fields`' layout; :class:`_NotPlain` for a
+    ``cv-attempt`` or a repeated field (the entry-at-a-time path reads those)."""
+    known = _KNOWN
+    if len(fl) == _LAYOUT_LEN + 2:  # one header (a traceparent): no loop
+        name = fl[_LAYOUT_LEN]
+        if name in known:
+            raise _NotPlain
+        return {name.decode(): fl[_LAYOUT_LEN + 1].decode()}
+    headers: dict[str, str] = {}
+    for at in range(_LAYOUT_LEN, len(fl), 2):
+        name = fl[at]
+        if name in known:
+            raise _NotPlain
+        headers[name.decode()] = fl[at + 1].decode()
+    return headers
+
+
 class EntryDecoder:
     """Turns raw entries (``[id, [field, value, ...]]``) of one queue into messages.
 
@@ -293,16 +315,22 @@ class EntryDecoder:
         """The messages of a reply's entries (``[id, fields]``; entries without fields —
         trimmed or deleted while pending — are left out), as :meth:`decode` reads each.
 
-        A batch whose every entry is in :func:`encode_fields`' layout without
-        ``cv-attempt`` or user headers (the common reply) has its numbers — each id's
-        two parts and each ``cv-ts`` — read in one call rather than three ``int()`` an
-        entry; any other batch is read an entry at a time.
+        A batch whose every entry is in :func:`encode_fields`' layout, followed by
+        user headers if any (a ``traceparent`` with tracing on) but no ``cv-attempt``
+        (the common reply), has its numbers — each id's two parts and each ``cv-ts`` —
+        read in one call rather than three ``int()`` an entry; any other batch is read
+        an entry at a time.
         """
         layout, length = _LAYOUT, _LAYOUT_LEN
         numbers: list[bytes] = []
+        with_headers = False
         for eid, fl in entries:
-            if not fl or len(fl) != length or fl[0:length:2] != layout:
+            if not fl or fl[0:length:2] != layout:
                 return self._each(entries)
+            if len(fl) != length:
+                if len(fl) < length or len(fl) & 1:
+                    return self._each(entries)
+                with_headers = True
             ts = fl[9]
             if not (ts.isdigit() and len(ts) < 19) or not fl[1]:
                 return self._each(entries)
@@ -314,11 +342,12 @@ class EntryDecoder:
         if len(parsed) != 3 * len(entries):
             return self._each(entries)
         try:
-            return self._build(entries, parsed)
+            return self._build(entries, parsed, with_headers)
         except Exception:  # metadata that does not read (not UTF-8): isolate the entry
             return self._each(entries)
 
-    def _build(self, entries: Sequence[Any], parsed: list[int]) -> list[Message]:
+    def _build(self, entries: Sequence[Any], parsed: list[int], with_headers: bool
+               ) -> list[Message]:
         queue, streams, types = self._queue, self._streams, self._types
         out: list[Message] = []
         append = out.append
@@ -329,7 +358,7 @@ class EntryDecoder:
                 ident.decode() if ident else eid.decode(),
                 streams[ns, key],
                 fl[11],
-                {},
+                _user_headers(fl) if with_headers else {},
                 (types.get(ctype) or self._type(ctype)) if ctype else CONTENT_JSON,
                 0,
                 parsed[j + 2],
