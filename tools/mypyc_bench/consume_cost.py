@@ -37,7 +37,12 @@ def _cg() -> tuple[object, bool]:
 CG, ON_VALGRIND = _cg()
 
 import conveyor.bench.timing as timing  # noqa: E402
-from conveyor.bench.throughput import MemoryBackend, _consume, _publish_into  # noqa: E402
+from conveyor.bench.throughput import (  # noqa: E402
+    MemoryBackend,
+    _consume,
+    _publish_into,
+    with_metrics_endpoint,
+)
 from conveyor.bench.timing import bench_items  # noqa: E402
 
 
@@ -62,9 +67,12 @@ def compiled_modules() -> list[str]:
                   m.__file__.endswith(".so"))
 
 
-async def one(backend: MemoryBackend, n: int, streams: int, tag: str) -> float:
+async def one(backend: MemoryBackend, n: int, streams: int, tag: str,
+              metrics: bool = False) -> float:
     items = bench_items(n, streams)
     bench = backend.config(tag)
+    if metrics:  # [http] port set, as the bench's metrics-on run
+        bench = with_metrics_endpoint(bench)
     try:
         await _publish_into(backend, bench, items, False)
         timing.SteadyClock = ToggleClock  # type: ignore[misc]  # the daemon's clock only
@@ -82,9 +90,11 @@ def main() -> None:
     p.add_argument("-n", "--messages", type=int, default=100_000)
     p.add_argument("-s", "--streams", type=int, default=1000)
     p.add_argument("-r", "--repeats", type=int, default=1)
+    p.add_argument("--metrics", action="store_true", default=bool(os.environ.get("METRICS")),
+                   help="with [http] port set (default from $METRICS)")
     args = p.parse_args()
     backend = MemoryBackend()
-    cpu = [asyncio.run(one(backend, args.messages, args.streams, f"r{i}"))
+    cpu = [asyncio.run(one(backend, args.messages, args.streams, f"r{i}", args.metrics))
            for i in range(args.repeats)]
     print(json.dumps({"messages": args.messages, "repeats": args.repeats,
                       "cpu_us_per_msg": [round(c, 3) for c in cpu],
