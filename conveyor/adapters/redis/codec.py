@@ -18,6 +18,7 @@ from conveyor.adapters.interning import StreamIds
 from conveyor.adapters.redis.keys import token_of
 from conveyor.platform import letters as layout
 from conveyor.platform.errors import (
+    ConveyorError,
     DecodeError,
     InvalidArgumentError,
 )
@@ -228,7 +229,7 @@ def stored_letters(entries: list[Any]) -> list[StoredLetter]:
             out.append(StoredLetter(eid.decode(), letter))
     return out
 
-class _NotPlain(Exception):
+class _NotPlain(ConveyorError):
     """An entry :meth:`EntryDecoder._build` leaves to the entry-at-a-time path."""
 
 
