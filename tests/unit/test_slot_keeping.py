@@ -16,6 +16,7 @@ from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason
 from conveyor.workers.daemon.build import build_parts
 from conveyor.workers.slots.fixed import FixedSlotSupplier
+from conveyor.workers.slots.wrappers import GuardedSlotSupplier, PauseableSlotSupplier
 from tests.conftest import wait_until
 from tests.slot_context import Ctx
 
@@ -135,3 +136,29 @@ async def test_queues_sharing_the_slots_take_turns() -> None:
     assert min(totals) > 100, totals  # both queues hold a fair part of the streams
     slower = min(range(2), key=lambda q: first_done[q] / totals[q])
     assert first_done[slower] / totals[slower] > 0.6, (first_done, totals)
+
+
+async def test_the_wrappers_pass_keep_slot_through_and_a_pause_stops_it() -> None:
+    mine, other = Ctx(), Ctx()
+    pauseable = PauseableSlotSupplier(FixedSlotSupplier(1))
+    permit = pauseable.try_reserve_slot(mine)
+    assert permit is not None and pauseable.keep_slot(permit)  # the fixed rule, wrapped
+    pauseable.pause()
+    assert not pauseable.keep_slot(permit)  # paused: the next call reserves anew, and waits
+    pauseable.resume()
+    waiter = asyncio.create_task(pauseable.reserve_slot(other))
+    await asyncio.sleep(0)
+    assert not pauseable.keep_slot(permit)  # another context waits
+    permit.release()
+    (await asyncio.wait_for(waiter, 1)).release()
+
+    class Broken(FixedSlotSupplier):
+        def keep_slot(self, permit: SlotPermit) -> bool:
+            raise RuntimeError("a user's bug")
+
+    guarded = GuardedSlotSupplier(FixedSlotSupplier(1))
+    kept = guarded.try_reserve_slot(mine)
+    assert kept is not None and guarded.keep_slot(kept)
+    broken = GuardedSlotSupplier(Broken(1))
+    held = broken.try_reserve_slot(mine)
+    assert held is not None and not broken.keep_slot(held) and broken.errors == 1

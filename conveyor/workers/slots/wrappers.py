@@ -59,6 +59,11 @@ class DelegatingSlotSupplier(SlotSupplier):
         inner: SlotPermit = permit.user_data
         inner.release(reason)
 
+    def keep_slot(self, permit: SlotPermit) -> bool:
+        """What the inner supplier says of the inner permit (without this, a wrapped
+        fixed supplier reserved every call anew: a wake-up a call under I/O load)."""
+        return self.inner.keep_slot(permit.user_data)
+
 
 class PauseableSlotSupplier(DelegatingSlotSupplier):
     """Wraps any supplier; while paused no new slot is handed out.
@@ -101,6 +106,10 @@ class PauseableSlotSupplier(DelegatingSlotSupplier):
         if self.paused:
             return None
         return super().try_reserve_slot(ctx)
+
+    def keep_slot(self, permit: SlotPermit) -> bool:
+        """Never while paused: a kept slot would start the next call."""
+        return not self.paused and super().keep_slot(permit)
 
 
 class GuardedSlotSupplier(DelegatingSlotSupplier):
@@ -157,6 +166,15 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
                 await asyncio.sleep(delay_s)
                 continue
             return self._wrap(permit)
+
+    def keep_slot(self, permit: SlotPermit) -> bool:
+        """The inner supplier's answer; raising counts as no."""
+        try:
+            return bool(self.inner.keep_slot(permit.user_data))
+        except Exception:
+            self.errors += 1
+            log.exception("slot supplier %s failed in keep_slot", type(self.inner).__name__)
+            return False
 
     def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
         try:
