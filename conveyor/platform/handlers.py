@@ -52,6 +52,9 @@ def body_bytes(m: Message) -> bytes:
     return m.body
 
 
+_UNIONS = (typing.Union, types.UnionType)
+
+
 def _raw_or_text(tp: Any) -> Any:
     """``bytes`` or ``str`` for ``bytes | None`` / ``Optional[str]`` (a body is never
     None: the ``None`` could only make a raw body decode as JSON, a base64 string for
@@ -62,9 +65,6 @@ def _raw_or_text(tp: Any) -> Any:
         if other is bytes or other is str:
             return other
     return tp
-
-
-_UNIONS = (typing.Union, types.UnionType)
 
 
 def _body_decoder(tp: Any, where: str) -> Decode:

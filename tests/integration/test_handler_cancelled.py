@@ -8,12 +8,10 @@ of the handler's own, and ``GeneratorExit`` raised by one. A real stop still can
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from conveyor import App, MessageContext
-from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
-from conveyor.platform.handlers import HandlerSpec
 from conveyor.testing import TestWorker
+from tests.integration.one_poison import Passing, settle_one_poison
 
 N = 6
 POISON = 2  # stream "k": messages 3..5 wait behind it
@@ -24,15 +22,6 @@ async def _cancelled_elsewhere() -> None:
     task = asyncio.ensure_future(asyncio.sleep(10))
     task.cancel()
     await task
-
-
-class Passing(Interceptor):
-    """An app interceptor: the handler's chain is no longer the shipped one-step chain."""
-
-    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
-        async def passing(delivery: Delivery) -> Any:
-            return await next(delivery)
-        return passing
 
 
 class Abort(BaseException):
@@ -61,17 +50,13 @@ def _app(name: str, interceptor: bool, raising: str = "cancelled"
 
 
 async def _check(app: App, calls: list[int], reason: str) -> None:
-    async with TestWorker(app, settle_timeout_s=10.0) as worker:
-        for seq in range(N):
-            await worker.publish("items", "k", {"seq": seq})
-        await worker.settle(raise_on_dead_letters=False)
-        [letter] = worker.dead_lettered("items")
-        assert letter.body == {"seq": POISON}
-        assert letter.letter is not None and letter.letter.attempts == 2
-        assert reason in letter.letter.error
-        # Every message ran, in order; only the poison one twice (its two attempts).
-        assert calls == [0, 1, POISON, POISON, 3, 4, 5]
-        assert sorted(m.body["seq"] for m in worker.handled("items")) == [0, 1, 3, 4, 5]
+    letter, handled = await settle_one_poison(app, N)
+    assert letter.body == {"seq": POISON}
+    assert letter.letter is not None and letter.letter.attempts == 2
+    assert reason in letter.letter.error
+    # Every message ran, in order; only the poison one twice (its two attempts).
+    assert calls == [0, 1, POISON, POISON, 3, 4, 5]
+    assert handled == [0, 1, 3, 4, 5]
 
 
 async def test_on_the_shipped_chain_it_is_retried_then_dead_lettered() -> None:

@@ -13,22 +13,12 @@ from typing import Any
 import pytest
 
 from conveyor import App
-from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
-from conveyor.platform.handlers import HandlerSpec
 from conveyor.testing import TestWorker
+from tests.integration.one_poison import Passing, settle_one_poison
 
 N = 5
 POISON = 2
 REASON = "returned the coroutine _app.<locals>.save() without awaiting it"
-
-
-class Passing(Interceptor):
-    """An app interceptor: the handler's chain is no longer the shipped one-step chain."""
-
-    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
-        async def passing(delivery: Delivery) -> Any:
-            return await next(delivery)
-        return passing
 
 
 def _app(name: str, interceptor: bool, attempts: int
@@ -58,17 +48,12 @@ async def test_it_fails_the_call_and_is_dead_lettered(interceptor: bool, attempt
                              attempts)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        async with TestWorker(app, settle_timeout_s=10.0) as worker:
-            for seq in range(N):
-                await worker.publish("items", "k", {"seq": seq})
-            await worker.settle(raise_on_dead_letters=False)
-            [letter] = worker.dead_lettered("items")
-            assert letter.body == {"seq": POISON}
-            assert letter.letter is not None and letter.letter.attempts == attempts
-            assert letter.letter.error_type == "HandlerDeclarationError"
-            assert REASON in letter.letter.error
-            handled = sorted(m.body["seq"] for m in worker.handled("items"))
+        letter, handled = await settle_one_poison(app, N)
         gc.collect()
+    assert letter.body == {"seq": POISON}
+    assert letter.letter is not None and letter.letter.attempts == attempts
+    assert letter.letter.error_type == "HandlerDeclarationError"
+    assert REASON in letter.letter.error
     # Every message was called in order (the poison one once per attempt); only the
     # others' work ran, each once: exactly what was published, nothing lost.
     assert calls == [0, 1, *[POISON] * attempts, 3, 4]
