@@ -188,7 +188,11 @@ class Telemetry:
                 # A processor of the provider: its flush and shutdown cover the
                 # recorder, which it shuts down first (in the order they were added).
                 tracer_provider.add_span_processor(recorder)
-        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        from conveyor.platform.span_recorder import batch_settings
+
+        queue, batch = batch_settings()  # Conveyor's defaults: a producer's bursts too
+        tracer_provider.add_span_processor(BatchSpanProcessor(
+            span_exporter, max_queue_size=queue, max_export_batch_size=batch))
         from conveyor.platform.histograms import LocalMetrics, MergingExporter
 
         local = LocalMetrics(SCOPE, resource)

@@ -5,12 +5,14 @@ handler, 1,000 streams), with ``[telemetry]`` off or ``exporter = "otlp"``,
 ``sample_ratio = 0.1`` to an OTLP endpoint (``$SINK``: start one with
 ``python -m conveyor.bench.otlp_sink``). The messages are published first by a client
 without telemetry, as a producer in another process: no ``traceparent``, so the worker
-decides each new trace (9 in 10 dropped, 1 in 10 a lean span exported). Collection is
+decides each new trace (9 in 10 dropped, 1 in 10 a lean span exported). ``parent``:
+tracing on, and the producer traces too (every message carries a ``traceparent``; the
+worker follows its decision). Collection is
 toggled on at the first delivery and off at the last acknowledgement, as in
 ``consume_cost.py``, so under
 
     SINK=http://127.0.0.1:PORT valgrind --tool=callgrind --collect-atstart=no \\
-        --callgrind-out-file=X python redis_trace_cost.py on|off N
+        --callgrind-out-file=X python redis_trace_cost.py on|off|parent N
 
 X's total is the window only (all threads: the span exporter's too); the slope
 between two N is the cost a message. Needs a Redis at 127.0.0.1:6379.
@@ -39,10 +41,11 @@ async def main(mode: str, n: int) -> None:
         ("telemetry.endpoint", os.environ["SINK"]))
     backend = RedisBackend("redis://127.0.0.1:6379/0")
     plain = backend.config(f"trace{os.getpid()}")
-    await _publish_into(backend, plain, bench_items(n, 1000), False)
     worker = bench_config("redis", {"redis.url": backend.url,
                                     "redis.prefix": plain.config.redis.prefix},
                           Variant(tracing))
+    producer = worker if mode == "parent" else plain
+    await _publish_into(backend, producer, bench_items(n, 1000), False)
     timing.SteadyClock = consume_cost.ToggleClock  # type: ignore[misc]
     try:
         sample, _ = await _consume(worker, n)
