@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import SpanLimits, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from conveyor.platform import otlp_wire as wire
-from conveyor.platform.errors import InvalidArgumentError
+from conveyor.platform.errors import ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -54,19 +54,35 @@ about four times that."""
 
 def batch_settings() -> tuple[int, int]:
     """``max_queue_size`` and ``max_export_batch_size`` as ``OTEL_BSP_*`` set them, with
-    Conveyor's defaults (a batch no larger than the queue when only the queue is set):
-    for a ``BatchSpanProcessor`` beside the recorder."""
+    Conveyor's defaults (a batch no larger than the queue when only the queue is set),
+    for the recorder and a ``BatchSpanProcessor`` beside it.
+
+    A value that is not an integer is warned about and defaulted, as the SDK does; one
+    no processor takes (not positive, or a batch larger than the queue) is a
+    :class:`~conveyor.platform.errors.ConfigError` naming the variables."""
     queue = _env_int(OTEL_BSP_MAX_QUEUE_SIZE, QUEUE_SIZE)
-    return queue, _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, min(EXPORT_BATCH_SIZE, queue))
+    batch = _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, min(EXPORT_BATCH_SIZE, queue))
+    for name, value in ((OTEL_BSP_MAX_QUEUE_SIZE, queue),
+                        (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, batch)):
+        if value <= 0:
+            raise ConfigError(f"{name}={value}: must be a positive integer")
+    if batch > queue:
+        raise ConfigError(f"{OTEL_BSP_MAX_EXPORT_BATCH_SIZE}={batch} is larger than "
+                          f"{OTEL_BSP_MAX_QUEUE_SIZE} ({queue}): a post takes at most "
+                          "what the queue holds")
+    return queue, batch
 
 
 def _env_int(name: str, default: int) -> int:
-    """An ``OTEL_BSP_*`` setting, read as ``BatchSpanProcessor`` reads it."""
+    """An ``OTEL_BSP_*`` setting, read as ``BatchSpanProcessor`` reads it (a value that
+    is not an integer: a one-line warning, and the default)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
     try:
-        return int(os.environ.get(name, default))
+        return int(raw)
     except ValueError:
-        logger.exception("Unable to parse value for %s as integer. Defaulting to %s.",
-                         name, default)
+        logger.warning("%s=%r is not an integer: using %d.", name, raw, default)
         return default
 
 

@@ -173,7 +173,9 @@ class Telemetry:
                 endpoint=f"{base}/v1/metrics" if base else None, headers=headers
             )
         from conveyor.platform.sampling import ratio_tracer_provider
+        from conveyor.platform.span_recorder import batch_settings
 
+        queue, batch = batch_settings()  # Conveyor's defaults: a producer's bursts too
         tracer_provider = ratio_tracer_provider(config.sample_ratio, resource)
         recorder = None
         if lean_exporter is not None:  # consumer spans encoded by hand (docs/telemetry.md)
@@ -184,13 +186,11 @@ class Telemetry:
             send = otlp_sender(lean_exporter)
             if send is not None:
                 recorder = LeanRecorder(send, resource, InstrumentationScope(SCOPE),
+                                        max_queue_size=queue, max_export_batch_size=batch,
                                         close=lean_exporter.shutdown)
                 # A processor of the provider: its flush and shutdown cover the
                 # recorder, which it shuts down first (in the order they were added).
                 tracer_provider.add_span_processor(recorder)
-        from conveyor.platform.span_recorder import batch_settings
-
-        queue, batch = batch_settings()  # Conveyor's defaults: a producer's bursts too
         tracer_provider.add_span_processor(BatchSpanProcessor(
             span_exporter, max_queue_size=queue, max_export_batch_size=batch))
         from conveyor.platform.histograms import LocalMetrics, MergingExporter

@@ -4,11 +4,15 @@ API with the SDK span's rules, and the recorder posting to a real OTLP/HTTP endp
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +36,7 @@ from opentelemetry.trace import (
 
 from conveyor.bench.telemetry_cost import Collector
 from conveyor.platform.config import TelemetryConfig
+from conveyor.platform.errors import ConfigError
 from conveyor.platform.span_recorder import batch_settings
 from conveyor.platform.spans import LeanRecorder, LeanSpan, SpanShape, otlp_sender
 from conveyor.platform.telemetry import Telemetry
@@ -593,6 +598,41 @@ def test_the_otel_bsp_variables_still_win_and_a_batch_is_never_larger_than_the_q
     assert batch_settings() == (1000, 100)
     with recording(lambda data: True) as recorder:
         assert (recorder.max_queue_size, recorder.max_export_batch_size) == (1000, 100)
+
+
+def test_bsp_variables_no_processor_takes_are_refused_naming_them_and_a_word_is_defaulted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "10000")
+    with pytest.raises(ConfigError, match=r"OTEL_BSP_MAX_EXPORT_BATCH_SIZE=10000 is larger "
+                                          r"than OTEL_BSP_MAX_QUEUE_SIZE \(8192\)"):
+        batch_settings()
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0")
+    with pytest.raises(ConfigError, match="OTEL_BSP_MAX_EXPORT_BATCH_SIZE=0: must be a positive"):
+        batch_settings()
+    monkeypatch.delenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "lots")
+    with caplog.at_level(logging.WARNING, logger="conveyor.platform.spans"):
+        assert batch_settings() == (8192, 2048)
+    assert [r.getMessage() for r in caplog.records] == [
+        "OTEL_BSP_MAX_QUEUE_SIZE='lots' is not an integer: using 8192."]
+    assert all(r.exc_info is None for r in caplog.records)  # one line, no traceback
+
+
+def test_a_worker_refuses_bsp_variables_no_processor_takes_with_exit_2_and_one_line(
+    tmp_path: Path
+) -> None:
+    (tmp_path / "one_handler.py").write_text(
+        "from conveyor import App\napp = App('bsp')\n\n"
+        "@app.handler('orders')\nasync def orders(body: bytes) -> None:\n    pass\n")
+    env = {**os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "10000",
+           "CONVEYOR_TELEMETRY__EXPORTER": "otlp", "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli", "worker", "one_handler:app"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "conveyor: error: config: OTEL_BSP_MAX_EXPORT_BATCH_SIZE=10000 is larger than "
+        "OTEL_BSP_MAX_QUEUE_SIZE (8192): a post takes at most what the queue holds"]
 
 
 def test_the_daemons_batch_processor_takes_the_same_settings_as_the_recorder(
