@@ -19,6 +19,9 @@ Each path runs ``--calls`` times in a loop that does nothing else, best of
   encoded as it ends) to a recorder that discards.
 * *producer, new trace, dropped*: ``Telemetry.publish_span`` outside any span at a
   ratio that drops it (SDK span + ``inject`` against a hand-written ``traceparent``).
+* *producer, kept*: the same at a ratio that keeps it: the SDK's span through
+  ``BatchSpanProcessor`` to an exporter that encodes and discards (flushed inside the
+  timing) against ``publish_span`` with a recorder (a lean span, encoded as it ends).
 
     .venv/bin/python benchmarks/trace_paths.py [--calls 20000] [--repeats 5]
 """
@@ -60,6 +63,13 @@ ATTRIBUTES = {
     "messaging.message.id": "1764000000000-0", "conveyor.stream.key": "customer-1",
     "messaging.destination.partition.id": "3",
 }
+PRODUCER_ATTRIBUTES = {
+    "messaging.system": "redis", "messaging.destination.name": "orders",
+    "messaging.operation.type": "send", "messaging.operation.name": "publish",
+    "messaging.destination.partition.id": "3", "messaging.message.id": "m",
+    "conveyor.stream.key": "customer-1",
+}
+"""What ``Telemetry.publish_span`` puts on a producer span."""
 DROPPED = {"traceparent": f"00-{'4b' * 16}-{'00f0' * 4}-02"}
 KEPT = {"traceparent": f"00-{'4b' * 16}-{'00f0' * 4}-03"}
 
@@ -90,14 +100,27 @@ def shortcut_provider(ratio: float) -> TracerProvider:
     return provider
 
 
+def discarding_recorder() -> LeanRecorder:
+    """A recorder that encodes lean spans as they end and discards the posts."""
+    return LeanRecorder(lambda data: True, Resource.create({}),
+                        InstrumentationScope("conveyor"), max_queue_size=1 << 18,
+                        max_export_batch_size=512)
+
+
+def lean_telemetry(ratio: float) -> Telemetry:
+    """What ``[telemetry] exporter = "otlp"`` builds, its lean spans discarded."""
+    provider = ratio_tracer_provider(ratio)
+    recorder = discarding_recorder()
+    provider.add_span_processor(recorder)
+    return Telemetry(provider, recorder=recorder)
+
+
 def scope(ratio: float, lean: bool) -> ConsumerScope:
     """Conveyor's consumer span of an ``orders`` handler, at ``ratio``."""
     provider = ratio_tracer_provider(ratio)
     recorder = None
     if lean:
-        recorder = LeanRecorder(lambda data: True, Resource.create({}),
-                                InstrumentationScope("conveyor"), max_queue_size=1 << 18,
-                                max_export_batch_size=512)
+        recorder = discarding_recorder()
         provider.add_span_processor(recorder)
     app = App("shop")
 
@@ -149,13 +172,26 @@ def main() -> None:
     def sdk_publish() -> None:
         msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
         span = sdk.start_span("publish orders", kind=SpanKind.PRODUCER,
-                              attributes=dict(ATTRIBUTES))
+                              attributes=dict(PRODUCER_ATTRIBUTES))
         PROPAGATOR.inject(msg.headers, context=trace.set_span_in_context(span))
         span.end()
 
     def fast_publish() -> None:
         msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
         fast.publish_span(msg, "redis", 3).end()
+
+    def sdk_kept_publish() -> None:
+        msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
+        span = kept.start_span("publish orders", kind=SpanKind.PRODUCER,
+                               attributes=dict(PRODUCER_ATTRIBUTES))
+        PROPAGATOR.inject(msg.headers, context=trace.set_span_in_context(span))
+        span.end()
+
+    lean_publisher = lean_telemetry(1.0)
+
+    def lean_publish() -> None:
+        msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
+        lean_publisher.publish_span(msg, "redis", 3).end()
 
     def kept_consumer() -> None:
         with kept.start_as_current_span("process orders", context=PROPAGATOR.extract(KEPT),
@@ -179,6 +215,7 @@ def main() -> None:
         ("consumer, kept", kept_flushed(kept_consumer, kept_provider),
          entered(lean, KEPT)),
         ("producer, new trace, dropped", sdk_publish, fast_publish),
+        ("producer, kept", kept_flushed(sdk_kept_publish, kept_provider), lean_publish),
     ]
     print(f"CPU µs per call, best of {args.repeats} x {args.calls:,} calls")
     print(f"{'path':<30} {'SDK':>8} {'Conveyor':>9} {'ratio':>7}")

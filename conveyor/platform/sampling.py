@@ -103,12 +103,16 @@ class DroppedRoot(NonRecordingSpan):
 
     _context: SpanContext | None = None  # type: ignore[assignment]
 
-    def __init__(self, trace_id: int) -> None:
+    def __init__(self, trace_id: int, span_id: int = 0) -> None:
         self._trace_id = trace_id
+        self._span_id = span_id
+        """Its span id when it was drawn already (a producer writes it into the
+        message's ``traceparent``); 0: drawn on first use."""
 
     def get_span_context(self) -> SpanContext:
         if self._context is None:
-            self._context = SpanContext(self._trace_id, random.getrandbits(64) or 1, False,
+            self._context = SpanContext(self._trace_id,
+                                        self._span_id or random.getrandbits(64) or 1, False,
                                         TraceFlags(_RANDOM_TRACE_ID))
         return self._context
 
@@ -144,10 +148,11 @@ class RatioRoots(RandomIdGenerator):
         return None
 
     @staticmethod
-    def dropped_span(trace_id: int) -> NonRecordingSpan:
+    def dropped_span(trace_id: int, span_id: int = 0) -> NonRecordingSpan:
         """A new root span of trace ``trace_id`` that the ratio dropped, as the SDK
-        makes it (its span id drawn, and its context built, on first use)."""
-        return DroppedRoot(trace_id)
+        makes it (its span id, unless given, drawn, and its context built, on first
+        use)."""
+        return DroppedRoot(trace_id, span_id)
 
     def generate_trace_id(self) -> int:
         trace_id: int = getattr(self._next, "trace_id", 0)

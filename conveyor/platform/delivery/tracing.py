@@ -15,7 +15,6 @@ only when a tracer is configured.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from functools import partial
@@ -30,7 +29,6 @@ from opentelemetry.trace import (
     SpanKind,
     Status,
     StatusCode,
-    TraceFlags,
     Tracer,
     set_span_in_context,
 )
@@ -53,23 +51,15 @@ from conveyor.platform.telemetry import (
     OPERATION_TYPE,
     PARTITION,
     PROPAGATOR,
+    RANDOM_TRACE_ID,
+    ROOT_FLAGS,
+    SAMPLED,
     SYSTEM,
+    random_span_id,
 )
 
 if TYPE_CHECKING:
     from conveyor.platform.spans import LeanRecorder, LeanSpan
-
-SAMPLED = TraceFlags.SAMPLED
-RANDOM_TRACE_ID = 0x02
-"""The W3C level-2 flag: the trace id's right 7 bytes are random (the SDK's ids are)."""
-ROOT_FLAGS = SAMPLED | RANDOM_TRACE_ID
-"""A kept new trace's flags, as the SDK sets them on a root whose id it drew."""
-
-
-def random_span_id() -> int:
-    """A span id as the SDK's ``RandomIdGenerator`` draws it (never 0)."""
-    return random.getrandbits(64) or 1
-
 
 class ConsumerSpans(Interceptor):
     """``process <namespace>``, continuing the producer's trace from the headers.
