@@ -19,6 +19,9 @@ Each path runs ``--calls`` times in a loop that does nothing else, best of
   encoded as it ends) to a recorder that discards.
 * *producer, new trace, dropped*: ``Telemetry.publish_span`` outside any span at a
   ratio that drops it (SDK span + ``inject`` against a hand-written ``traceparent``).
+* *producer, dropped parent*: the same under a current span whose trace was dropped
+  (a handler's publish, its message's producer having dropped the trace): the SDK's
+  non-recording child against ``publish_span``'s.
 * *producer, kept*: the same at a ratio that keeps it: the SDK's span through
   ``BatchSpanProcessor`` to an exporter that encodes and discards (flushed inside the
   timing) against ``publish_span`` with a recorder (a lean span, encoded as it ends).
@@ -40,13 +43,14 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opentelemetry import trace
+from opentelemetry.context import attach, detach
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from conveyor.platform.app import App
 from conveyor.platform.delivery.tracing import ConsumerScope
@@ -180,6 +184,18 @@ def main() -> None:
         msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
         fast.publish_span(msg, "redis", 3).end()
 
+    def under_dropped_parent(run: Callable[[], None]) -> Callable[[], object]:
+        parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+            0x4B4B << 64, 0xF0F0, True, TraceFlags(0x02))))
+
+        def publish() -> None:
+            token = attach(parent)
+            try:
+                run()
+            finally:
+                detach(token)
+        return publish
+
     def sdk_kept_publish() -> None:
         msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
         span = kept.start_span("publish orders", kind=SpanKind.PRODUCER,
@@ -215,6 +231,8 @@ def main() -> None:
         ("consumer, kept", kept_flushed(kept_consumer, kept_provider),
          entered(lean, KEPT)),
         ("producer, new trace, dropped", sdk_publish, fast_publish),
+        ("producer, dropped parent", under_dropped_parent(sdk_publish),
+         under_dropped_parent(fast_publish)),
         ("producer, kept", kept_flushed(sdk_kept_publish, kept_provider), lean_publish),
     ]
     print(f"CPU µs per call, best of {args.repeats} x {args.calls:,} calls")

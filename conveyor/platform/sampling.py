@@ -94,30 +94,33 @@ class RemoteSpan(NonRecordingSpan):
         return f"RemoteSpan({self.get_span_context()!r})"
 
 
-class DroppedRoot(NonRecordingSpan):
-    """A new trace's root span that the ratio dropped (:meth:`RatioRoots.dropped_span`):
-    what the SDK would put in the context — a non-recording span, its flags saying "not
-    sampled, random trace id" — with its span id drawn and its :class:`SpanContext`
-    built only when someone asks (a handler that neither traces nor publishes never
-    does)."""
+class DroppedSpan(NonRecordingSpan):
+    """A span the sampler dropped, as the SDK would put it in the context — a
+    non-recording span of trace ``trace_id``, its flags without the sampled bit — with
+    its span id (unless given) drawn, and its :class:`SpanContext` built, only when
+    someone asks (a handler that neither traces nor publishes never does). A new
+    trace's root (:meth:`RatioRoots.dropped_span`) has the flags "random trace id";
+    a producer's child of a dropped parent keeps its parent's."""
 
     _context: SpanContext | None = None  # type: ignore[assignment]
 
-    def __init__(self, trace_id: int, span_id: int = 0) -> None:
+    def __init__(self, trace_id: int, span_id: int = 0,
+                 flags: int = _RANDOM_TRACE_ID) -> None:
         self._trace_id = trace_id
         self._span_id = span_id
         """Its span id when it was drawn already (a producer writes it into the
         message's ``traceparent``); 0: drawn on first use."""
+        self._flags = flags
 
     def get_span_context(self) -> SpanContext:
         if self._context is None:
             self._context = SpanContext(self._trace_id,
                                         self._span_id or random.getrandbits(64) or 1, False,
-                                        TraceFlags(_RANDOM_TRACE_ID))
+                                        TraceFlags(self._flags))
         return self._context
 
     def __repr__(self) -> str:
-        return f"DroppedRoot({self.get_span_context()!r})"
+        return f"DroppedSpan({self.get_span_context()!r})"
 
 
 class RatioRoots(RandomIdGenerator):
@@ -148,11 +151,12 @@ class RatioRoots(RandomIdGenerator):
         return None
 
     @staticmethod
-    def dropped_span(trace_id: int, span_id: int = 0) -> NonRecordingSpan:
-        """A new root span of trace ``trace_id`` that the ratio dropped, as the SDK
-        makes it (its span id, unless given, drawn, and its context built, on first
-        use)."""
-        return DroppedRoot(trace_id, span_id)
+    def dropped_span(trace_id: int, span_id: int = 0,
+                     flags: int = _RANDOM_TRACE_ID) -> NonRecordingSpan:
+        """A span of trace ``trace_id`` that the sampler dropped, as the SDK makes it:
+        by default a new root the ratio dropped; ``flags``, a dropped parent's (see
+        :class:`DroppedSpan`)."""
+        return DroppedSpan(trace_id, span_id, flags)
 
     def generate_trace_id(self) -> int:
         trace_id: int = getattr(self._next, "trace_id", 0)

@@ -1,8 +1,10 @@
-"""Producer spans: lean (a telemetry with a recorder, as ``[telemetry] exporter = "otlp"``
-builds it) and the SDK's record the same spans — names, kinds, parents, flags,
-attributes, statuses, events — and write the same ``traceparent``, in every context a
-publish can happen in: a new trace kept or dropped, under a local or a remote sampled
-parent (with or without a ``tracestate``), under a dropped parent, and a publish that
+"""Producer spans: Conveyor's (lean spans with a recorder, as ``[telemetry] exporter =
+"otlp"`` builds it; the sampling shortcuts with or without one) and the plain SDK's
+(a provider with the same sampler, no shortcut) record the same spans — names, kinds,
+parents, flags, attributes, statuses, events — and write the same ``traceparent``, in
+every context a publish can happen in: a new trace kept or dropped, under a local or a
+remote sampled parent (with or without a ``tracestate``), under a dropped parent (with
+or without the random-trace-id flag, with a ``tracestate``), and a publish that
 fails."""
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from typing import Any
 import pytest
 from opentelemetry import trace
 from opentelemetry.context import attach, detach
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from conveyor import Client
@@ -56,12 +62,32 @@ PARENTS = {
     "remote sampled parent": remote(0x03),
     "remote parent with tracestate": remote(0x01, TraceState([("k", "v")])),
     "dropped parent": remote(0x00),
+    "dropped parent, random trace id": remote(0x02),
+    "dropped parent with tracestate": remote(0x02, TraceState([("k", "v")])),
 }
 
 
-def publish(lean: bool, ratio: float, parent: Any) -> tuple[list[Any], dict[str, str], Any]:
-    traced = Traced(ratio, lean=lean)
+class PlainSdk(Traced):
+    """The reference: the SDK's own provider, same sampler, no Conveyor shortcut."""
+
+    def __init__(self, ratio: float) -> None:
+        self.sdk = InMemorySpanExporter()
+        self.posts = []
+        self.recorder = None
+        self.provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
+        self.provider.add_span_processor(SimpleSpanProcessor(self.sdk))
+        self.tracer = self.provider.get_tracer("conveyor")
+
+
+WAYS = {"plain sdk": lambda ratio: PlainSdk(ratio),
+        "shortcuts": lambda ratio: Traced(ratio),
+        "lean": lambda ratio: Traced(ratio, lean=True)}
+
+
+def publish(way: str, ratio: float, parent: Any) -> tuple[list[Any], dict[str, str], Any]:
+    traced = WAYS[way](ratio)
     telemetry = Telemetry(traced.provider, recorder=traced.recorder)
+    assert (telemetry.roots is None) == (way == "plain sdk")
     msg = Message("m1", StreamId("orders", "customer-1"), b"{}", headers={})
     with under(parent, traced):
         span = telemetry.publish_span(msg, "redis", 3)
@@ -69,37 +95,41 @@ def publish(lean: bool, ratio: float, parent: Any) -> tuple[list[Any], dict[str,
     return _summary(traced.spans()), msg.headers, span
 
 
+@pytest.mark.parametrize("way", ["shortcuts", "lean"])
 @pytest.mark.parametrize("parent", list(PARENTS), ids=list(PARENTS))
-def test_lean_and_sdk_producer_spans_record_the_same_and_write_the_same_traceparent(
-    parent: str
+def test_producer_spans_record_what_the_sdk_records_and_write_the_same_traceparent(
+    parent: str, way: str
 ) -> None:
-    sdk_spans, sdk_headers, sdk_span = publish(False, 1.0, PARENTS[parent])
-    lean_spans, lean_headers, lean_span = publish(True, 1.0, PARENTS[parent])
-    assert lean_spans == sdk_spans
-    assert sorted(lean_headers) == sorted(sdk_headers)
-    version, trace_id, span_id, flags = lean_headers["traceparent"].split("-")
+    sdk_spans, sdk_headers, sdk_span = publish("plain sdk", 1.0, PARENTS[parent])
+    spans, headers, span = publish(way, 1.0, PARENTS[parent])
+    assert spans == sdk_spans
+    assert sorted(headers) == sorted(sdk_headers)
+    version, trace_id, span_id, flags = headers["traceparent"].split("-")
     assert (version, flags) == ("00", sdk_headers["traceparent"].split("-")[3])
-    assert lean_headers.get("tracestate") == sdk_headers.get("tracestate")
-    context = lean_span.get_span_context()
+    assert headers.get("tracestate") == sdk_headers.get("tracestate")
+    context, sdk_context = span.get_span_context(), sdk_span.get_span_context()
     assert (int(trace_id, 16), int(span_id, 16)) == (context.trace_id, context.span_id)
-    if parent == "dropped parent":  # the SDK decides: a non-recording child, no span
-        assert not sdk_spans and not isinstance(lean_span, LeanSpan)
-        assert int(trace_id, 16) == TRACE_ID and flags == "00"
-    else:  # a kept span, lean where there is a recorder
+    assert (context.trace_flags, context.is_remote, context.trace_state) == (
+        sdk_context.trace_flags, sdk_context.is_remote, sdk_context.trace_state)
+    assert span.is_recording() == sdk_span.is_recording()
+    if parent.startswith("remote") or parent.startswith("dropped"):
+        assert context.trace_id == sdk_context.trace_id == TRACE_ID  # the parent's trace
+    if parent.startswith("dropped"):  # the sampler drops the child: no span recorded
+        assert not sdk_spans and not span.is_recording()
+        assert not isinstance(span, LeanSpan)
+    else:  # kept: a lean span where there is a recorder
         assert len(sdk_spans) == 1 + (parent == "local sampled parent")
-        assert isinstance(lean_span, LeanSpan) and not isinstance(sdk_span, LeanSpan)
-        assert dict(lean_span.attributes) == dict(sdk_span.attributes) == {
+        assert isinstance(span, LeanSpan) == (way == "lean")
+        assert dict(span.attributes) == dict(sdk_span.attributes) == {
             "messaging.system": "redis", "messaging.destination.name": "orders",
             "messaging.operation.type": "send", "messaging.operation.name": "publish",
             "messaging.destination.partition.id": "3", "messaging.message.id": "m1",
             "conveyor.stream.key": "customer-1"}
-        if parent.startswith("remote"):
-            assert int(trace_id, 16) == TRACE_ID  # the parent's trace
 
 
-def test_a_new_trace_the_ratio_drops_is_only_a_traceparent_both_ways() -> None:
-    for lean in (False, True):
-        spans, headers, span = publish(lean, 0.0, None)
+def test_a_new_trace_the_ratio_drops_is_only_a_traceparent_every_way() -> None:
+    for way in WAYS:
+        spans, headers, span = publish(way, 0.0, None)
         assert spans == [] and not span.is_recording()
         assert headers["traceparent"].endswith("-02")  # not sampled, random trace id
         assert int(headers["traceparent"].split("-")[1], 16) == (
@@ -116,9 +146,9 @@ async def test_a_publish_that_fails_records_the_exception_on_its_lean_span_as_on
             raise ConnectionError("broker gone")
 
     summaries = []
-    for lean in (False, True):
+    for way in ("plain sdk", "lean"):
         reset_broker()
-        traced = Traced(1.0, lean=lean)
+        traced = WAYS[way](1.0)
         client = Client(Refusing(), HashRingQueueMapper(8),
                         telemetry=Telemetry(traced.provider, recorder=traced.recorder))
         with pytest.raises(ConnectionError, match="broker gone"):
