@@ -332,8 +332,7 @@ class Client:
         try:
             return await self._send(queue, msg)
         except BaseException as exc:
-            span.record_exception(exc)
-            span.set_status(StatusCode.ERROR, str(exc))
+            _failed(span, exc)
             raise
         finally:
             span.end()
@@ -366,6 +365,15 @@ class Client:
                 *(self.adapter.enqueue(q, msgs) for q, (_, msgs) in by_queue.items()),
                 return_exceptions=True,
             )
+            if spans:  # the spans of a queue whose enqueue failed end in its error
+                for (positions, _), outcome in zip(by_queue.values(), results, strict=True):
+                    if isinstance(outcome, BaseException):
+                        for i in positions:
+                            _failed(spans[i], outcome)
+        except BaseException as exc:  # refused before sending, or cancelled: every span
+            for span in spans:
+                _failed(span, exc)
+            raise
         finally:
             for span in spans:
                 span.end()
@@ -459,6 +467,12 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+def _failed(span: Span, exc: BaseException) -> None:
+    """Record on a producer span the error its publish ended in, as ``use_span`` does."""
+    span.record_exception(exc)
+    span.set_status(StatusCode.ERROR, str(exc))
 
 
 class SyncClient:

@@ -15,7 +15,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, attach, detach, set_value
 from opentelemetry.sdk.environment_variables import (
@@ -50,34 +50,59 @@ hand-over. A post then takes some 30 ms whatever its size: 512 spans a post kept
 about 17,000 spans a second, fewer than a Redis worker at full speed makes at a 10 %
 sampler, and a third of them were dropped. 2,048 a post (some 900 KB) keeps up with
 about four times that."""
+SCHEDULE_DELAY_MS = 5000
+"""``OTEL_BSP_SCHEDULE_DELAY``'s default (the SDK's)."""
+EXPORT_TIMEOUT_MS = 30000
+"""``OTEL_BSP_EXPORT_TIMEOUT``'s default (the SDK's)."""
 
 
-def batch_settings() -> tuple[int, int]:
-    """``max_queue_size`` and ``max_export_batch_size`` as ``OTEL_BSP_*`` set them, with
-    Conveyor's defaults (a batch no larger than the queue when only the queue is set),
-    for the recorder and a ``BatchSpanProcessor`` beside it.
+class BatchSettings(NamedTuple):
+    """A batch span processor's settings (``BatchSpanProcessor``'s argument names)."""
 
-    A value that is not an integer is warned about and defaulted, as the SDK does; one
-    no processor takes (not positive, or a batch larger than the queue) is a
+    max_queue_size: int
+    schedule_delay_millis: int
+    max_export_batch_size: int
+    export_timeout_millis: int
+
+
+def batch_settings() -> BatchSettings:
+    """The four ``OTEL_BSP_*`` settings, with Conveyor's defaults, for the recorder and a
+    ``BatchSpanProcessor`` beside it. With only the queue set, a batch defaults to a
+    quarter of it (as 2,048 is of 8,192): a batch as large as the queue would be posted
+    only once the queue is full, and what arrives before the export thread runs would
+    be dropped.
+
+    A value that is empty is unset; one that is not an integer is warned about and
+    defaulted, as the SDK does; one no processor takes (a size or delay not positive, a
+    negative timeout, a batch larger than the queue) is a
     :class:`~conveyor.platform.errors.ConfigError` naming the variables."""
     queue = _env_int(OTEL_BSP_MAX_QUEUE_SIZE, QUEUE_SIZE)
-    batch = _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, min(EXPORT_BATCH_SIZE, queue))
-    for name, value in ((OTEL_BSP_MAX_QUEUE_SIZE, queue),
-                        (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, batch)):
-        if value <= 0:
-            raise ConfigError(f"{name}={value}: must be a positive integer")
-    if batch > queue:
-        raise ConfigError(f"{OTEL_BSP_MAX_EXPORT_BATCH_SIZE}={batch} is larger than "
+    settings = BatchSettings(
+        queue, _env_int(OTEL_BSP_SCHEDULE_DELAY, SCHEDULE_DELAY_MS),
+        _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+                 max(1, min(EXPORT_BATCH_SIZE, queue // 4))),
+        _env_int(OTEL_BSP_EXPORT_TIMEOUT, EXPORT_TIMEOUT_MS))
+    for name, value, least in ((OTEL_BSP_MAX_QUEUE_SIZE, queue, 1),
+                               (OTEL_BSP_SCHEDULE_DELAY, settings.schedule_delay_millis, 1),
+                               (OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+                                settings.max_export_batch_size, 1),
+                               (OTEL_BSP_EXPORT_TIMEOUT, settings.export_timeout_millis, 0)):
+        if value < least:
+            raise ConfigError(f"{name}={value}: must be "
+                              f"{'a positive' if least else 'a non-negative'} integer")
+    if settings.max_export_batch_size > queue:
+        raise ConfigError(f"{OTEL_BSP_MAX_EXPORT_BATCH_SIZE}="
+                          f"{settings.max_export_batch_size} is larger than "
                           f"{OTEL_BSP_MAX_QUEUE_SIZE} ({queue}): a post takes at most "
                           "what the queue holds")
-    return queue, batch
+    return settings
 
 
 def _env_int(name: str, default: int) -> int:
-    """An ``OTEL_BSP_*`` setting, read as ``BatchSpanProcessor`` reads it (a value that
-    is not an integer: a one-line warning, and the default)."""
-    raw = os.environ.get(name)
-    if raw is None:
+    """An ``OTEL_BSP_*`` setting, read as ``BatchSpanProcessor`` reads it (empty: unset;
+    not an integer: a one-line warning, and the default)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
         return default
     try:
         return int(raw)
@@ -121,14 +146,14 @@ class LeanRecorder(SpanProcessor):
             OTEL_BSP_MAX_QUEUE_SIZE, QUEUE_SIZE)
         self.schedule_delay_millis = (
             schedule_delay_millis if schedule_delay_millis is not None
-            else _env_int(OTEL_BSP_SCHEDULE_DELAY, 5000))
+            else _env_int(OTEL_BSP_SCHEDULE_DELAY, SCHEDULE_DELAY_MS))
         self.max_export_batch_size = (
             max_export_batch_size if max_export_batch_size is not None
             else _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
-                          min(EXPORT_BATCH_SIZE, self.max_queue_size)))
+                          max(1, min(EXPORT_BATCH_SIZE, self.max_queue_size // 4))))
         self.export_timeout_millis = (
             export_timeout_millis if export_timeout_millis is not None
-            else _env_int(OTEL_BSP_EXPORT_TIMEOUT, 30000))
+            else _env_int(OTEL_BSP_EXPORT_TIMEOUT, EXPORT_TIMEOUT_MS))
         if self.max_queue_size <= 0:
             raise InvalidArgumentError("max_queue_size must be a positive integer.")
         if self.schedule_delay_millis <= 0:

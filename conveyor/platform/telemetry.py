@@ -183,7 +183,7 @@ class Telemetry:
         from conveyor.platform.sampling import ratio_tracer_provider
         from conveyor.platform.span_recorder import batch_settings
 
-        queue, batch = batch_settings()  # Conveyor's defaults: a producer's bursts too
+        batching = batch_settings()  # Conveyor's defaults: a producer's bursts too
         tracer_provider = ratio_tracer_provider(config.sample_ratio, resource)
         recorder = None
         if lean_exporter is not None:  # consumer spans encoded by hand (docs/telemetry.md)
@@ -194,13 +194,12 @@ class Telemetry:
             send = otlp_sender(lean_exporter)
             if send is not None:
                 recorder = LeanRecorder(send, resource, InstrumentationScope(SCOPE),
-                                        max_queue_size=queue, max_export_batch_size=batch,
-                                        close=lean_exporter.shutdown)
+                                        **batching._asdict(), close=lean_exporter.shutdown)
                 # A processor of the provider: its flush and shutdown cover the
                 # recorder, which it shuts down first (in the order they were added).
                 tracer_provider.add_span_processor(recorder)
-        tracer_provider.add_span_processor(BatchSpanProcessor(
-            span_exporter, max_queue_size=queue, max_export_batch_size=batch))
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter,
+                                                              **batching._asdict()))
         from conveyor.platform.histograms import LocalMetrics, MergingExporter
 
         local = LocalMetrics(SCOPE, resource)
@@ -257,7 +256,9 @@ class Telemetry:
         (the SDK span costs some 50 µs to start, end and encode; a lean one 7), else
         the SDK's. A child of a dropped parent is what the parent-based sampler makes,
         a non-recording span of the parent's trace, made here, but for a parent with a
-        ``tracestate`` (the SDK's, to carry it)."""
+        ``tracestate`` (the SDK's, to carry it). A lean span goes to the recorder only:
+        span processors added to the provider later do not see it, and the recorder's
+        span limits apply (see docs/telemetry.md)."""
         assert self.tracer is not None
         roots = self.roots
         if roots is not None:
