@@ -95,7 +95,7 @@ class Traced:
 
 def _summary(spans: list[Any]) -> list[tuple[Any, ...]]:
     """What each span says, but its ids and times: its parent by name (or the remote
-    parent's span id) and its flags."""
+    parent's span id), its flags and its W3C tracestate."""
     by_id = {s.span_id: s for s in spans}
     out = []
     for s in spans:
@@ -104,7 +104,7 @@ def _summary(spans: list[Any]) -> list[tuple[Any, ...]]:
                        else f"remote {parent.hex()}")
         attributes = sorted((a.key, str(a.value).strip()) for a in s.attributes)
         out.append((s.name, s.kind, s.status.code, s.status.message, parent_name, s.flags,
-                    attributes, [e.name for e in s.events]))
+                    attributes, [e.name for e in s.events], s.trace_state))
     return sorted(out, key=repr)
 
 
