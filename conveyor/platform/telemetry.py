@@ -60,6 +60,10 @@ RANDOM_TRACE_ID = 0x02
 """The W3C level-2 flag: the trace id's right 7 bytes are random (the SDK's ids are)."""
 ROOT_FLAGS = SAMPLED | RANDOM_TRACE_ID
 """A kept new trace's flags, as the SDK sets them on a root whose id it drew."""
+_PUBLISH_SHAPES = 1024
+"""Producer span shapes a telemetry keeps (one a namespace and system); past that it
+forgets them all and starts over, so a client publishing to namespaces it makes up
+(one per tenant, say) holds a bounded set."""
 
 # Semantic-convention attribute names (messaging, v1.27+).
 SYSTEM = "messaging.system"
@@ -304,10 +308,13 @@ class Telemetry:
         from conveyor.platform.spans import LeanSpan, SpanShape
 
         namespace = msg.stream.namespace
-        shape = self._publish_shapes.get((namespace, system))
+        shapes = self._publish_shapes
+        shape = shapes.get((namespace, system))
         if shape is None:
             assert self.recorder is not None
-            shape = self._publish_shapes[namespace, system] = SpanShape(
+            if len(shapes) >= _PUBLISH_SHAPES:  # namespaces made up on the fly: forget
+                shapes.clear()
+            shape = shapes[namespace, system] = SpanShape(
                 self.recorder, f"publish {namespace}", SpanKind.PRODUCER,
                 self._publish_fixed(namespace, system))
         span = LeanSpan(shape, trace_id, random_span_id(), parent_id, flags,

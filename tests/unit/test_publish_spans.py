@@ -26,6 +26,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 
 from conveyor import Client, Publish
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
+from conveyor.platform import telemetry as telemetry_module
 from conveyor.platform.errors import BrokerConnectionError, PartialPublishError
 from conveyor.platform.ids import StreamId
 from conveyor.platform.mapper import HashRingQueueMapper
@@ -235,3 +236,19 @@ async def test_a_partly_failed_publish_batch_ends_the_failed_queues_spans_in_its
             assert [e.name for e in span.events] == (["exception"] if failed else [])
         seen.append(bare(traced))
     assert seen[0] == seen[1]
+
+
+def test_a_telemetry_keeps_a_bounded_set_of_producer_span_shapes(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client publishing to namespaces it makes up holds at most a bounded number of
+    shapes; the spans stay right after it starts over."""
+    monkeypatch.setattr(telemetry_module, "_PUBLISH_SHAPES", 4)
+    traced = WAYS["lean"](1.0)
+    telemetry = Telemetry(traced.provider, recorder=traced.recorder)
+    for i in range(10):
+        msg = Message(f"m{i}", StreamId(f"tenant-{i}", "k"), b"{}", headers={})
+        telemetry.publish_span(msg, "redis", 0).end()
+        assert len(telemetry._publish_shapes) <= 4
+    names = sorted(PbSpan.FromString(d).name for d in bare(traced))
+    assert names == sorted(f"publish tenant-{i}" for i in range(10))
