@@ -16,11 +16,15 @@ for the traces it keeps:
 * **A new trace** (a publish outside any span, a message without ``traceparent``):
   :class:`RatioRoots` draws the trace id and applies ``TraceIdRatioBased``'s rule to
   it. Dropped: only the context is propagated (a ``traceparent`` written by hand, a
-  non-recording span). Kept: the SDK starts the span, and its next root trace id is
-  the one drawn, so its sampler agrees.
+  non-recording :class:`DroppedSpan`). Kept: a lean span of that trace where there is
+  a recorder (:mod:`conveyor.platform.spans`), else the SDK starts the span, and its
+  next root trace id is the one drawn, so its sampler agrees.
+* **A publish under a dropped parent** (a handler's, in a trace its producer dropped):
+  the parent-based sampler's non-recording child, a :class:`DroppedSpan` of the
+  parent's trace, its ``traceparent`` written by hand.
 
-Everything else — a sampled parent, a ``tracestate``, a header that does not parse
-cleanly — goes through the SDK and its propagator as before. Only a provider built by
+Everything else — a ``tracestate``, a header that does not parse cleanly, a sampled
+parent without a recorder — goes through the SDK and its propagator as before. Only a provider built by
 :meth:`~conveyor.platform.telemetry.Telemetry.from_config` (whose sampler is known:
 parent-based, ratio at the root) has :class:`RatioRoots`; an injected provider gets no
 shortcut.
@@ -140,15 +144,6 @@ class RatioRoots(RandomIdGenerator):
         """Make ``trace_id`` the id of the SDK's next root trace in this thread (one the
         ratio keeps: the SDK's sampler then agrees)."""
         self._next.trace_id = trace_id
-
-    def dropped_root(self) -> int | None:
-        """A new trace's id when the ratio drops it; None when it is kept (the SDK's
-        next root trace, in this thread, then takes the id the decision was made on)."""
-        trace_id, kept = self.draw()
-        if not kept:
-            return trace_id
-        self.take_next(trace_id)
-        return None
 
     @staticmethod
     def dropped_span(trace_id: int, span_id: int = 0,
