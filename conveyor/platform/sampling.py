@@ -24,10 +24,10 @@ for the traces it keeps:
   parent's trace, its ``traceparent`` written by hand.
 
 Everything else — a ``tracestate``, a header that does not parse cleanly, a sampled
-parent without a recorder — goes through the SDK and its propagator as before. Only a provider built by
-:meth:`~conveyor.platform.telemetry.Telemetry.from_config` (whose sampler is known:
-parent-based, ratio at the root) has :class:`RatioRoots`; an injected provider gets no
-shortcut.
+parent without a recorder — goes through the SDK and its propagator as before. Only a
+provider built by :meth:`~conveyor.platform.telemetry.Telemetry.from_config` (whose
+sampler is known: parent-based, ratio at the root) has :class:`RatioRoots`; an injected
+provider gets no shortcut.
 """
 
 from __future__ import annotations
