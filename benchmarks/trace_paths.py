@@ -173,16 +173,23 @@ def main() -> None:
             scope.leave(scope.enter(msg))
         return run
 
-    def sdk_publish() -> None:
-        msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
-        span = sdk.start_span("publish orders", kind=SpanKind.PRODUCER,
-                              attributes=dict(PRODUCER_ATTRIBUTES))
-        PROPAGATOR.inject(msg.headers, context=trace.set_span_in_context(span))
-        span.end()
+    def sdk_publisher(tracer: trace.Tracer) -> Callable[[], None]:
+        """An SDK producer span and ``inject``, as ``publish_span`` did before."""
+        def publish() -> None:
+            msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
+            span = tracer.start_span("publish orders", kind=SpanKind.PRODUCER,
+                                     attributes=dict(PRODUCER_ATTRIBUTES))
+            PROPAGATOR.inject(msg.headers, context=trace.set_span_in_context(span))
+            span.end()
+        return publish
 
-    def fast_publish() -> None:
-        msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
-        fast.publish_span(msg, "redis", 3).end()
+    def publisher(telemetry: Telemetry) -> Callable[[], None]:
+        def publish() -> None:
+            msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
+            telemetry.publish_span(msg, "redis", 3).end()
+        return publish
+
+    sdk_publish, fast_publish = sdk_publisher(sdk), publisher(fast)
 
     def under_dropped_parent(run: Callable[[], None]) -> Callable[[], object]:
         parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(
@@ -196,18 +203,7 @@ def main() -> None:
                 detach(token)
         return publish
 
-    def sdk_kept_publish() -> None:
-        msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
-        span = kept.start_span("publish orders", kind=SpanKind.PRODUCER,
-                               attributes=dict(PRODUCER_ATTRIBUTES))
-        PROPAGATOR.inject(msg.headers, context=trace.set_span_in_context(span))
-        span.end()
-
-    lean_publisher = lean_telemetry(1.0)
-
-    def lean_publish() -> None:
-        msg = Message("m", StreamId("orders", "customer-1"), b"{}", headers={})
-        lean_publisher.publish_span(msg, "redis", 3).end()
+    sdk_kept_publish, lean_publish = sdk_publisher(kept), publisher(lean_telemetry(1.0))
 
     def kept_consumer() -> None:
         with kept.start_as_current_span("process orders", context=PROPAGATOR.extract(KEPT),
