@@ -79,8 +79,7 @@ def batch_settings() -> BatchSettings:
     queue = _env_int(OTEL_BSP_MAX_QUEUE_SIZE, QUEUE_SIZE)
     settings = BatchSettings(
         queue, _env_int(OTEL_BSP_SCHEDULE_DELAY, SCHEDULE_DELAY_MS),
-        _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
-                 max(1, min(EXPORT_BATCH_SIZE, queue // 4))),
+        _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, _batch_for(queue)),
         _env_int(OTEL_BSP_EXPORT_TIMEOUT, EXPORT_TIMEOUT_MS))
     for name, value, least in ((OTEL_BSP_MAX_QUEUE_SIZE, queue, 1),
                                (OTEL_BSP_SCHEDULE_DELAY, settings.schedule_delay_millis, 1),
@@ -96,6 +95,13 @@ def batch_settings() -> BatchSettings:
                           f"{OTEL_BSP_MAX_QUEUE_SIZE} ({queue}): a post takes at most "
                           "what the queue holds")
     return settings
+
+
+def _batch_for(queue: int) -> int:
+    """The default batch for a queue of ``queue`` spans: a quarter of it, at most
+    :data:`EXPORT_BATCH_SIZE` (a batch as large as the queue is posted only once the
+    queue is full)."""
+    return max(1, min(EXPORT_BATCH_SIZE, queue // 4))
 
 
 def _env_int(name: str, default: int) -> int:
@@ -149,8 +155,7 @@ class LeanRecorder(SpanProcessor):
             else _env_int(OTEL_BSP_SCHEDULE_DELAY, SCHEDULE_DELAY_MS))
         self.max_export_batch_size = (
             max_export_batch_size if max_export_batch_size is not None
-            else _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
-                          max(1, min(EXPORT_BATCH_SIZE, self.max_queue_size // 4))))
+            else _env_int(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, _batch_for(self.max_queue_size)))
         self.export_timeout_millis = (
             export_timeout_millis if export_timeout_millis is not None
             else _env_int(OTEL_BSP_EXPORT_TIMEOUT, EXPORT_TIMEOUT_MS))

@@ -32,6 +32,7 @@ import os
 import random
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from conveyor.platform.delivery.chain import DeliveryStats
     from conveyor.platform.histograms import LocalMetrics
     from conveyor.platform.sampling import RatioRoots
-    from conveyor.platform.spans import LeanRecorder, SpanShape
+    from conveyor.platform.spans import LeanRecorder, LeanSpan
 
 PROPAGATOR = TraceContextTextMapPropagator()
 DEFAULT_SERVICE_NAME = "conveyor"
@@ -114,8 +115,9 @@ class Telemetry:
         self.tracer: Tracer | None = (
             tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else None
         )
-        self._publish_shapes: dict[tuple[str, str], SpanShape] = {}
-        """Lean producer spans' shapes, by namespace and messaging system."""
+        self._publish_shapes: dict[tuple[str, str], Callable[..., LeanSpan]] = {}
+        """Lean producer spans' makers (a shape each), by namespace and messaging
+        system."""
         self.roots: RatioRoots | None = None
         if self.tracer is not None:
             from conveyor.platform.sampling import ratio_roots
@@ -257,7 +259,7 @@ class Telemetry:
         :class:`RatioRoots`) and a non-recording span. A kept one — a new trace the
         ratio keeps, or a child of a sampled span — is a
         :class:`~conveyor.platform.spans.LeanSpan` when there is a :attr:`recorder`
-        (the SDK span costs some 50 µs to start, end and encode; a lean one 7), else
+        (the SDK span costs some 50 µs to start, end and encode; a lean one 6), else
         the SDK's. A child of a dropped parent is what the parent-based sampler makes,
         a non-recording span of the parent's trace, made here, but for a parent with a
         ``tracestate`` (the SDK's, to carry it). A lean span goes to the recorder only:
@@ -291,35 +293,30 @@ class Telemetry:
         span = self.tracer.start_span(
             f"publish {msg.stream.namespace}",
             kind=SpanKind.PRODUCER,
-            attributes={**self._publish_fixed(msg.stream.namespace, system),
+            attributes={**_publish_fixed(msg.stream.namespace, system),
                         **_publish_attributes(msg, queue)},
         )
         _write_traceparent(msg, span)
         return span
 
-    def _publish_fixed(self, namespace: str, system: str) -> dict[str, str]:
-        """The attributes every producer span of ``namespace`` on ``system`` has."""
-        return {SYSTEM: system, DESTINATION: namespace, OPERATION_TYPE: "send",
-                OPERATION_NAME: "publish"}
-
     def _lean_publish(self, msg: Message, system: str, queue: int, trace_id: int,
                       parent_id: int, flags: int, remote: bool,
                       trace_state: TraceState | None) -> Span:
-        from conveyor.platform.spans import LeanSpan, SpanShape
-
         namespace = msg.stream.namespace
         shapes = self._publish_shapes
-        shape = shapes.get((namespace, system))
-        if shape is None:
+        lean = shapes.get((namespace, system))
+        if lean is None:  # a span of this shape, as ConsumerScope makes its own
+            from conveyor.platform.spans import LeanSpan, SpanShape
+
             assert self.recorder is not None
             if len(shapes) >= _PUBLISH_SHAPES:  # namespaces made up on the fly: forget
                 shapes.clear()
-            shape = shapes[namespace, system] = SpanShape(
+            lean = shapes[namespace, system] = partial(LeanSpan, SpanShape(
                 self.recorder, f"publish {namespace}", SpanKind.PRODUCER,
-                self._publish_fixed(namespace, system))
-        span = LeanSpan(shape, trace_id, random_span_id(), parent_id, flags,
-                        _publish_attributes(msg, queue), parent_is_remote=remote,
-                        trace_state=trace_state)
+                _publish_fixed(namespace, system)))
+        span = lean(trace_id, random_span_id(), parent_id, flags,
+                    _publish_attributes(msg, queue), parent_is_remote=remote,
+                    trace_state=trace_state)
         _write_traceparent(msg, span)
         return span
 
@@ -344,6 +341,12 @@ class Telemetry:
 def random_span_id() -> int:
     """A span id as the SDK's ``RandomIdGenerator`` draws it (never 0)."""
     return random.getrandbits(64) or 1
+
+
+def _publish_fixed(namespace: str, system: str) -> dict[str, str]:
+    """The attributes every producer span of ``namespace`` on ``system`` has."""
+    return {SYSTEM: system, DESTINATION: namespace, OPERATION_TYPE: "send",
+            OPERATION_NAME: "publish"}
 
 
 def _publish_attributes(msg: Message, queue: int) -> dict[str, str]:
