@@ -41,7 +41,7 @@ from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter
 from conveyor.platform.sampling import ratio_tracer_provider
 from conveyor.platform.spans import LeanRecorder
-from conveyor.platform.telemetry import Telemetry
+from conveyor.platform.telemetry import PROPAGATOR, Telemetry
 from conveyor.workers.daemon import WorkerDaemon
 from tests.unit.test_chain_shortcut import CASES, _app, _message
 
@@ -243,3 +243,48 @@ def test_a_new_trace_the_ratio_drops_is_a_root_drawn_once_as_the_sdk_draws_it() 
     assert recording is False and first is again and first.is_valid
     assert first.trace_flags == 0x02 and not first.is_remote
     assert traced.spans() == []
+
+
+UNCHECKED = [  # 55 characters, last digit even: taken as a dropped parent before a check
+    DROPPED.upper(), "01" + DROPPED[2:], "ff" + DROPPED[2:], f"00-{'0' * 32}-{'12' * 8}-00",
+    f"00-{'ef' * 16}-{'0' * 16}-00", DROPPED.replace("-", "_"), f"00-{'eg' * 16}-{'12' * 8}-00",
+]
+
+
+@pytest.mark.parametrize("header", UNCHECKED)
+def test_a_header_taken_unchecked_gives_the_context_the_sdks_propagator_reads(
+        header: str) -> None:
+    """The decision written in ``conveyor.platform.sampling``: a ``traceparent`` of the
+    right length whose flags say "not sampled" is the producer's decision, checked only
+    when something asks for the context. Then the handler sees what the SDK's
+    propagator reads from it — the same ids for a future version it accepts, the
+    invalid context for a header it refuses (so the handler's spans and publishes start
+    new traces) — and no consumer span is recorded for it, at any ratio."""
+    traced = Traced(1.0, lean=True)
+
+    def look() -> list[Any]:
+        return [trace.get_current_span().get_span_context()]
+
+    [seen] = _in_handler(traced, look, {"traceparent": header})
+    expected = trace.get_current_span(
+        PROPAGATOR.extract({"traceparent": header})).get_span_context()
+    assert seen == expected
+    assert seen.is_valid == (header[:2] == "01")  # of these, the SDK reads only version 01
+    assert traced.spans() == []
+
+
+def test_a_malformed_header_of_another_shape_is_still_the_sdks_to_read() -> None:
+    """Only the right length with an even last digit is taken unchecked: a header the
+    SDK refuses otherwise (here too long, and sampled but malformed) makes the consumer
+    span a new trace, as the SDK makes it."""
+    for header in (DROPPED + "0", SAMPLED.upper()):
+        traced = Traced(1.0, lean=True)
+
+        def look() -> list[Any]:
+            return [trace.get_current_span().get_span_context()]
+
+        [seen] = _in_handler(traced, look, {"traceparent": header})
+        [span] = [s for s in traced.spans() if s.kind == PbSpan.SPAN_KIND_CONSUMER]
+        assert seen.is_valid and seen.trace_flags.sampled, header
+        assert int.from_bytes(span.trace_id, "big") == seen.trace_id
+        assert not span.parent_span_id, header  # a root: the header was refused

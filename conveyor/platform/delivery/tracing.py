@@ -18,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from functools import partial
+from random import getrandbits
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import _RUNTIME_CONTEXT, Context, attach, detach, get_current
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.trace import (
     INVALID_SPAN,
     Span,
@@ -39,7 +41,14 @@ from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter, Message
-from conveyor.platform.sampling import ratio_roots, remote_span
+from conveyor.platform.sampling import (
+    EVEN_HEX,
+    TRACEPARENT_LENGTH,
+    DroppedSpan,
+    RemoteSpan,
+    ratio_roots,
+    remote_span,
+)
 from conveyor.platform.telemetry import (
     ATTEMPT,
     CONSUMER_GROUP,
@@ -119,6 +128,8 @@ if isinstance(_RUNTIME_CONTEXT, ContextVarsRuntimeContext):  # the API's default
         _get_context, _set_context, _reset_context = (
             _variable.get, _variable.set, _variable.reset)
 
+_ID_LIMIT = TraceIdRatioBased.TRACE_ID_LIMIT
+"""The lower 64 bits of a trace id, which the ratio's rule compares."""
 _SPAN_KEY: str = getattr(trace_propagation, "_SPAN_KEY", "")
 """The key :func:`set_span_in_context` stores the span under (private to the API,
 checked below: where it is missing, the API's function is called)."""
@@ -173,6 +184,8 @@ class ConsumerScope:
         }
         self._name = f"process {handler.namespace}"
         self._roots = ratio_roots(tracer)
+        self._bound = self._roots.bound if self._roots is not None else 0
+        """The ratio's bound on a new trace id's lower 64 bits (TraceIdRatioBased's)."""
         self._partitions: dict[int, str] = {}
         self._lean: Callable[[int, int, int, int, dict[str, str]], LeanSpan] | None = None
         """A kept trace's span, recorded by ``recorder`` (given trace id, span id, parent
@@ -197,28 +210,34 @@ class ConsumerScope:
     def enter(self, msg: Message) -> Entered:
         """Make ``msg``'s consumer span (or dropped context) the current one."""
         headers = msg.headers
+        header = headers.get("traceparent")
         roots = self._roots
-        parent = remote_span(headers) if roots is not None else None
-        if parent is not None:
-            if not parent.sampled:  # the producer dropped its trace
-                return _set_context(_in_context(parent)), None
+        if roots is None:  # not our provider: the SDK's way
+            return self._sdk(msg, PROPAGATOR.extract(headers))
+        if header is None:  # a new trace (RatioRoots.draw, inlined)
+            trace_id = getrandbits(128) or 1
+            if trace_id & _ID_LIMIT >= self._bound:  # dropped
+                return _set_context(_in_context(DroppedSpan(trace_id))), None
             lean = self._lean
             if lean is None:
-                return self._sdk(msg, _in_context(parent))
-            trace_id, parent_id, flags = parent.ids()
-            span: Span = lean(trace_id, random_span_id(), parent_id,
-                              SAMPLED | (flags & RANDOM_TRACE_ID), self._attributes(msg))
+                roots.take_next(trace_id)
+                return self._sdk(msg, Context())
+            span: Span = lean(trace_id, random_span_id(), 0, ROOT_FLAGS,
+                              self._attributes(msg))
             return _set_context(_in_context(span)), span
-        if roots is None or "traceparent" in headers:  # not our provider, or a header
-            return self._sdk(msg, PROPAGATOR.extract(headers))  # to read the SDK's way
-        trace_id, kept = roots.draw()  # a new trace
-        if not kept:
-            return _set_context(_in_context(roots.dropped_span(trace_id))), None
-        lean = self._lean
+        if (len(header) == TRACEPARENT_LENGTH and header[54] in EVEN_HEX
+                and "tracestate" not in headers):  # the producer dropped its trace
+            # (taken unchecked: RemoteSpan checks it if someone asks, see sampling)
+            return _set_context(_in_context(RemoteSpan(header))), None
+        parent = remote_span(headers)
+        if parent is None:  # a header to read the SDK's way
+            return self._sdk(msg, PROPAGATOR.extract(headers))
+        lean = self._lean  # a sampled parent (the dropped ones are above)
         if lean is None:
-            roots.take_next(trace_id)
-            return self._sdk(msg, Context())
-        span = lean(trace_id, random_span_id(), 0, ROOT_FLAGS, self._attributes(msg))
+            return self._sdk(msg, _in_context(parent))
+        trace_id, parent_id, flags = parent.ids()
+        span = lean(trace_id, random_span_id(), parent_id,
+                    SAMPLED | (flags & RANDOM_TRACE_ID), self._attributes(msg))
         return _set_context(_in_context(span)), span
 
     def _sdk(self, msg: Message, parent: Context) -> Entered:
