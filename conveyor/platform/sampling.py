@@ -12,28 +12,32 @@ for the traces it keeps:
   and runs the handler in it — what the parent-based sampler does, so spans the
   handler starts and messages it publishes continue the same dropped trace. That
   span (:class:`RemoteSpan`) checks and parses the header only when someone asks for
-  its context: a handler that neither traces nor publishes costs a look at the
+  its context (the handler's spans and publishes, a retry's or dead letter's span):
+  a handler that neither traces nor publishes costs a look at the
   header's length and last digit (in :meth:`ConsumerScope.enter
   <conveyor.platform.delivery.tracing.ConsumerScope.enter>`). *Decided:* a header of the
   right length whose flags say "not sampled" is taken as the producer's decision
   before its check; if the check then fails (the SDK's propagator would refuse it),
   the span's context is the invalid one, so spans and messages the handler starts
-  begin new traces — where the SDK would have started the consumer span as a new
-  trace at the sampler's ratio. A malformed header costs that consumer span only;
+  begin new traces (each its own, at the sampler's ratio; a retry's span too) — where
+  the SDK would have started the consumer span as a new trace at the ratio, the
+  others its children. A malformed header costs that consumer span only;
   checking every header first cost about half a microsecond a message, a third of the
   dropped path.
 * **A new trace** (a publish outside any span, a message without ``traceparent``):
-  :class:`RatioRoots` draws the trace id and applies ``TraceIdRatioBased``'s rule to
-  it. Dropped: only the context is propagated (a ``traceparent`` written by hand, a
-  non-recording :class:`DroppedSpan`). Kept: a lean span of that trace where there is
-  a recorder (:mod:`conveyor.platform.spans`), else the SDK starts the span, and its
-  next root trace id is the one drawn, so its sampler agrees.
+  the trace id is drawn and ``TraceIdRatioBased``'s rule applied to it
+  (:meth:`RatioRoots.draw`; the consumer's ``enter`` does the same inline). Dropped:
+  only the context is propagated (a ``traceparent`` written by hand, a non-recording
+  :class:`DroppedSpan`). Kept: a lean span of that trace where there is a recorder
+  (:mod:`conveyor.platform.spans`), else the SDK starts the span, and its next root
+  trace id is the one drawn, so its sampler agrees.
 * **A publish under a dropped parent** (a handler's, in a trace its producer dropped):
   the parent-based sampler's non-recording child, a :class:`DroppedSpan` of the
   parent's trace, its ``traceparent`` written by hand.
 
-Everything else — a ``tracestate``, a header that does not parse cleanly, a sampled
-parent without a recorder — goes through the SDK and its propagator as before. Only a
+Everything else — a ``tracestate``, a header of another length or with the sampled
+bit that does not parse cleanly, a sampled parent without a recorder — goes through the
+SDK and its propagator as before. Only a
 provider built by :meth:`~conveyor.platform.telemetry.Telemetry.from_config` (whose
 sampler is known: parent-based, ratio at the root) has :class:`RatioRoots`; an injected
 provider gets no shortcut.
@@ -62,13 +66,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 _TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 """A version-00 ``traceparent`` with valid (not all-zero) ids: one match, no other test."""
 well_formed = _TRACEPARENT.fullmatch
-ODD_HEX = frozenset("13579bdf")
-"""The last hex digits of flags with the sampled bit set."""
 EVEN_HEX = frozenset("02468ace")
-"""The last hex digits of flags without it."""
+"""The last hex digits of flags without the sampled bit."""
 TRACEPARENT_LENGTH = 55
-"""A version-00 ``traceparent``'s length: the only length of a header the SDK's
-propagator reads whose flags are its last two digits."""
+"""A version-00 ``traceparent``'s length. Any header of this length that the SDK's
+propagator reads has its flags as its last two digits (longer ones may start with
+blanks); the last is at :data:`FLAGS_LAST`."""
+FLAGS_LAST = TRACEPARENT_LENGTH - 1
 _PROPAGATOR = TraceContextTextMapPropagator()
 _RANDOM_TRACE_ID = 0x02
 """The W3C level-2 trace flag the SDK sets on the trace ids it draws at random."""

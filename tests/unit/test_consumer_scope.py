@@ -38,7 +38,8 @@ from conveyor.platform.delivery.chain import call_handler, compose
 from conveyor.platform.delivery.dead_letter import direct_call
 from conveyor.platform.delivery.tracing import traced_dead_letters
 from conveyor.platform.handlers import HandlerSpec
-from conveyor.platform.message import DeadLetter
+from conveyor.platform.ids import StreamId
+from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.sampling import ratio_tracer_provider
 from conveyor.platform.spans import LeanRecorder
 from conveyor.platform.telemetry import PROPAGATOR, Telemetry
@@ -259,25 +260,38 @@ def test_a_header_taken_unchecked_gives_the_context_the_sdks_propagator_reads(
     when something asks for the context. Then the handler sees what the SDK's
     propagator reads from it — the same ids for a future version it accepts, the
     invalid context for a header it refuses (so the handler's spans and publishes start
-    new traces) — and no consumer span is recorded for it, at any ratio."""
+    new traces) — and no consumer span is recorded for it."""
     traced = Traced(1.0, lean=True)
+    telemetry = Telemetry(traced.provider, recorder=traced.recorder)
 
     def look() -> list[Any]:
-        return [trace.get_current_span().get_span_context()]
+        onward = Message("m-2", StreamId("next", "k"), b"{}", headers={})
+        telemetry.publish_span(onward, "memory", 0).end()  # the handler publishes
+        return [trace.get_current_span().get_span_context(), onward.headers["traceparent"]]
 
-    [seen] = _in_handler(traced, look, {"traceparent": header})
+    seen, onward = _in_handler(traced, look, {"traceparent": header})
     expected = trace.get_current_span(
         PROPAGATOR.extract({"traceparent": header})).get_span_context()
     assert seen == expected
     assert seen.is_valid == (header[:2] == "01")  # of these, the SDK reads only version 01
-    assert traced.spans() == []
+    published = trace.get_current_span(
+        PROPAGATOR.extract({"traceparent": onward})).get_span_context()
+    if seen.is_valid:  # the publish continues the producer's dropped trace
+        assert (published.trace_id, published.trace_flags.sampled) == (seen.trace_id, False)
+    else:  # a new trace, kept at this ratio (1.0): its producer span is the only span
+        assert published.is_valid and published.trace_flags.sampled
+        [producer] = traced.spans()
+        assert int.from_bytes(producer.trace_id, "big") == published.trace_id
+        assert not producer.parent_span_id and producer.kind == PbSpan.SPAN_KIND_PRODUCER
+    if seen.is_valid:
+        assert traced.spans() == []  # no consumer span, and the publish's was dropped
 
 
 def test_a_malformed_header_of_another_shape_is_still_the_sdks_to_read() -> None:
     """Only the right length with an even last digit is taken unchecked: a header the
-    SDK refuses otherwise (here too long, and sampled but malformed) makes the consumer
-    span a new trace, as the SDK makes it."""
-    for header in (DROPPED + "0", SAMPLED.upper()):
+    SDK refuses otherwise (here too long, sampled but malformed, or ending in a character
+    no flags end in) makes the consumer span a new trace, as the SDK makes it."""
+    for header in (DROPPED + "0", SAMPLED.upper(), DROPPED[:-1] + "g", DROPPED[:-1] + "A"):
         traced = Traced(1.0, lean=True)
 
         def look() -> list[Any]:
@@ -288,3 +302,22 @@ def test_a_malformed_header_of_another_shape_is_still_the_sdks_to_read() -> None
         assert seen.is_valid and seen.trace_flags.sampled, header
         assert int.from_bytes(span.trace_id, "big") == seen.trace_id
         assert not span.parent_span_id, header  # a root: the header was refused
+
+
+def test_a_dropped_parent_with_a_tracestate_is_the_sdks_and_keeps_its_state() -> None:
+    """A ``tracestate`` beside a "not sampled" header sends both to the SDK's
+    propagator, which carries the state: the handler's context has it, and so has what
+    the handler publishes."""
+    traced = Traced(1.0, lean=True)
+    telemetry = Telemetry(traced.provider, recorder=traced.recorder)
+
+    def look() -> list[Any]:
+        onward = Message("m-2", StreamId("next", "k"), b"{}", headers={})
+        telemetry.publish_span(onward, "memory", 0).end()
+        return [trace.get_current_span().get_span_context(), onward.headers]
+
+    seen, onward = _in_handler(traced, look, {"traceparent": DROPPED, "tracestate": "k=v"})
+    assert seen.trace_id == int("ef" * 16, 16) and not seen.trace_flags.sampled
+    assert list(seen.trace_state.items()) == [("k", "v")]
+    assert onward["tracestate"] == "k=v" and onward["traceparent"][3:35] == "ef" * 16
+    assert traced.spans() == []

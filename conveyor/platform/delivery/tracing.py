@@ -43,6 +43,7 @@ from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.sampling import (
     EVEN_HEX,
+    FLAGS_LAST,
     TRACEPARENT_LENGTH,
     DroppedSpan,
     RemoteSpan,
@@ -165,11 +166,13 @@ class ConsumerScope:
     Which trace a delivery belongs to is decided the SDK's way
     (:mod:`conveyor.platform.sampling`): the producer's ``traceparent`` when it has
     one, else a new trace kept at the sampler's ratio. A dropped trace costs no span,
-    only its context. A kept one starts a :class:`~conveyor.platform.spans.LeanSpan`
-    when there is a ``recorder``, else an SDK span. A ``traceparent`` with a
-    ``tracestate``, or one that does not parse cleanly, and a tracer whose provider
-    Conveyor did not build (no :class:`~conveyor.platform.sampling.RatioRoots`), go to
-    the SDK and its propagator, as they would without any of this."""
+    only its context; a header that says "not sampled" is taken on its length and last
+    digit and checked only when asked for (that module's "Decided"). A kept one starts
+    a :class:`~conveyor.platform.spans.LeanSpan` when there is a ``recorder``, else an
+    SDK span. A ``traceparent`` with a ``tracestate``, a sampled or other-length one
+    that does not parse cleanly, and a tracer whose provider Conveyor did not build (no
+    :class:`~conveyor.platform.sampling.RatioRoots`), go to the SDK and its
+    propagator, as they would without any of this."""
 
     def __init__(self, tracer: Tracer, handler: HandlerSpec, *, system: str, group: str,
                  recorder: LeanRecorder | None = None) -> None:
@@ -185,7 +188,8 @@ class ConsumerScope:
         self._name = f"process {handler.namespace}"
         self._roots = ratio_roots(tracer)
         self._bound = self._roots.bound if self._roots is not None else 0
-        """The ratio's bound on a new trace id's lower 64 bits (TraceIdRatioBased's)."""
+        """The ratio's bound on a new trace id's lower 64 bits (TraceIdRatioBased's);
+        unused without :class:`~conveyor.platform.sampling.RatioRoots`."""
         self._partitions: dict[int, str] = {}
         self._lean: Callable[[int, int, int, int, dict[str, str]], LeanSpan] | None = None
         """A kept trace's span, recorded by ``recorder`` (given trace id, span id, parent
@@ -225,7 +229,7 @@ class ConsumerScope:
             span: Span = lean(trace_id, random_span_id(), 0, ROOT_FLAGS,
                               self._attributes(msg))
             return _set_context(_in_context(span)), span
-        if (len(header) == TRACEPARENT_LENGTH and header[54] in EVEN_HEX
+        if (len(header) == TRACEPARENT_LENGTH and header[FLAGS_LAST] in EVEN_HEX
                 and "tracestate" not in headers):  # the producer dropped its trace
             # (taken unchecked: RemoteSpan checks it if someone asks, see sampling)
             return _set_context(_in_context(RemoteSpan(header))), None
