@@ -43,10 +43,15 @@ TOTAL = 8
 KEYS = Keys("t", cluster=True)
 
 
+CACHE = 128
+"""Each agent's ``[worker] cache_capacity``: what it holds pulled and not yet
+acknowledged, a queue's bound on what a failover can deliver twice."""
+
+
 def cluster_config(path: Path, cluster: RedisClusterServers, min_replicas: int) -> Path:
     return write_config(path, cluster.url, redis={
         "mode": "cluster", "min_replicas": min_replicas, "replica_timeout_ms": 500,
-    }, slots={"count": 16})
+    }, slots={"count": 16}, worker={"cache_capacity": CACHE})
 
 
 def leased(cluster: RedisClusterServers) -> int:
@@ -160,7 +165,9 @@ def test_a_primary_killed_mid_run_loses_no_confirmed_message_and_workers_ride_it
     assert set(handled) <= wanted | set(uncertain)
     # Redelivered: what was in flight on the dead primary's queues (acknowledgements
     # replicated too, so only those not yet acknowledged): at most a cache per queue.
-    assert duplicates <= by_primary[victim] * 128
+    # (With the default cache of 1,024, a run on an overloaded machine redelivered 614
+    # over 4 queues, more than 128 a queue: the cache is what bounds it, so it is set.)
+    assert duplicates <= by_primary[victim] * CACHE
     # The workers resumed by themselves: messages confirmed after the failover were
     # handled by the same processes.
     assert {r[1] for r in rows if r[4] >= confirmed[resumed_at - 1]} <= {w.proc.pid for w in ws}
