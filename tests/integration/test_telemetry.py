@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -13,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from conveyor import App, Client
+from conveyor import App, Client, MessageContext
 from conveyor.platform.delivery.metrics import HandlerDuration
 from conveyor.platform.delivery.tracing import ConsumerSpans, RetrySpans
 from conveyor.platform.histograms import LocalMetrics
@@ -131,17 +132,31 @@ async def test_one_trace_from_producer_to_handler_with_retries_and_dead_letter()
 
 
 async def test_a_message_without_trace_context_starts_a_new_trace() -> None:
+    """No ``traceparent`` (a producer without telemetry): the consumer span is the root
+    of a trace of its own, and the handler runs inside it."""
     telemetry, spans, _ = in_memory()
     adapter = fresh_adapter()
-    record = Record()
-    d = daemon(recording_app(record), adapter, telemetry=telemetry)
+    inside: list[tuple[int, int, str, bool]] = []
+    app = App("test")
+
+    @app.handler("items")
+    async def handle(item: Item, ctx: MessageContext) -> None:
+        context = trace.get_current_span().get_span_context()
+        inside.append((context.trace_id, context.span_id, ctx.message.id,
+                       "traceparent" in ctx.headers))
+
+    d = daemon(app, adapter, telemetry=telemetry)
     plain = Client(adapter, d.mapper)  # no telemetry: no traceparent header
     await plain.publish("items", "k", Item(1))
     await d.start()
-    await wait_until(lambda: record.handled == 1, 10, what="handled")
+    await wait_until(lambda: len(inside) == 1, 10, what="handled")
     await d.stop()
     [consumer] = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
-    assert consumer.context.is_valid and consumer.parent is None  # a trace of its own
+    assert consumer.name == "process items" and consumer.parent is None  # a root
+    assert consumer.context.trace_flags.sampled
+    assert consumer.attributes is not None
+    assert inside == [(consumer.context.trace_id, consumer.context.span_id,
+                       consumer.attributes["messaging.message.id"], False)]
 
 
 async def test_metrics_count_exactly_the_known_workload() -> None:
@@ -298,13 +313,17 @@ def test_telemetry_off_leaves_no_tracing_or_metrics_step_in_the_chain() -> None:
 
 
 def test_producer_writes_w3c_traceparent_into_headers() -> None:
-    telemetry, _spans, _ = in_memory()
+    telemetry, spans, _ = in_memory()
     msg = Message("m", StreamId("ns", "k"), b"{}", headers={})
     span = telemetry.publish_span(msg, "memory", 3)
     span.end()
-    version, trace_id, span_id, _flags = msg.headers["traceparent"].split("-")
+    version, trace_id, span_id, flags = msg.headers["traceparent"].split("-")
     assert version == "00" and int(trace_id, 16) == span.get_span_context().trace_id
     assert int(span_id, 16) == span.get_span_context().span_id
+    assert int(flags, 16) & 1  # the default sampler keeps it, and the header says so
+    [exported] = spans.get_finished_spans()  # the span the header names was recorded
+    assert (exported.name, exported.kind) == ("publish ns", SpanKind.PRODUCER)
+    assert exported.context.span_id == int(span_id, 16)
 
 
 async def test_pool_and_cell_sizes_are_exported_and_published_with_the_heartbeat() -> None:

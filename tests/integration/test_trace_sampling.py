@@ -165,13 +165,19 @@ async def test_a_message_without_a_traceparent_starts_traces_at_the_ratio() -> N
     assert {s.parent for s in consumers} == {None}  # some consumer spans, every one a root
 
 
-def test_a_malformed_or_stated_traceparent_is_left_to_the_sdk() -> None:
+def test_remote_parent_refuses_a_malformed_or_stated_traceparent() -> None:
+    """``remote_parent`` (what a sampled parent's ids are read through) refuses what the
+    SDK's propagator must read. A consumer takes a "not sampled" header of the right
+    length unchecked, and checks it later: tests/unit/test_consumer_scope.py."""
     good = f"00-{'ab' * 16}-{'cd' * 8}-00"
     assert remote_parent({"traceparent": good}) is not None
     bad = ("", good.upper(), good + "-", "01" + good[2:], f"00-{'0' * 32}-{'cd' * 8}-00",
            f"00-{'ab' * 16}-{'0' * 16}-00", f"00-{'ab' * 16}-{'cd' * 8}-0x",
            good.replace("-", "_"))
     assert [remote_parent({"traceparent": b}) for b in bad] == [None] * 8  # all 8 refused
+    parent = remote_parent({"traceparent": good})
+    assert parent is not None and (parent.trace_id, parent.span_id, parent.trace_flags) == (
+        int("ab" * 16, 16), int("cd" * 8, 16), 0)
     assert remote_parent({"traceparent": good, "tracestate": "a=b"}) is None
 
 
