@@ -192,8 +192,9 @@ class Client:
     close it (or use ``async with``) when done: closing sends what is still waiting.
 
     ``coalesce_linger_s``: None sends each ``publish`` on its own; a number gathers the
-    calls made concurrently into one send per queue (:mod:`conveyor.platform.coalescer`),
-    the first waiting that long for others (0: one loop turn). :meth:`from_config` (and a
+    calls made concurrently into rounds, one send for all queues
+    (:mod:`conveyor.platform.coalescer`), the first waiting that long for others (0: one
+    loop turn). :meth:`from_config` (and a
     worker daemon, for the client it hands to startup hooks) takes it from ``[publish]``
     (:func:`coalesce_linger_for`).
 
@@ -225,7 +226,7 @@ class Client:
         self.coalesce_linger_s = coalesce_linger_s
         self.max_body_bytes = max_body_bytes
         self._coalescer = (None if coalesce_linger_s is None
-                           else PublishCoalescer(adapter.enqueue, coalesce_linger_s))
+                           else PublishCoalescer(adapter.enqueue_queues, coalesce_linger_s))
 
     @classmethod
     def from_config(cls, config: Config) -> Client:
@@ -346,7 +347,10 @@ class Client:
         """Publish many messages with one enqueue per queue; returns tokens in input order.
 
         The queues' enqueues run concurrently; each writes its messages once however
-        often the adapter retries it (see the README's delivery guarantee). A message
+        often the adapter retries it (see the README's delivery guarantee). Concurrently,
+        not in one ``enqueue_queues`` (one pipeline on Redis): then the server works on
+        one queue's messages while the client encodes the next queue's; one pipeline was
+        measured no faster (docs/performance.md, "Single publishes"). A message
         that cannot be built (a body over ``max_body_bytes`` or that cannot be encoded, a
         reserved header) refuses the whole batch before anything is sent.
 

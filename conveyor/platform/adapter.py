@@ -34,6 +34,7 @@ call is named for what it does, ``acknowledge``.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -247,14 +248,33 @@ class QueueAdapter(ABC):
 
     name: str = "abstract"
     coalesce_publishes: bool = True
-    """Whether a client gathers concurrent single publishes into one ``enqueue`` per
-    queue (:mod:`conveyor.platform.coalescer`): worth it where each ``enqueue`` is a
-    round trip. False where there is none (memory) or where the backend's own client
+    """Whether a client gathers concurrent single publishes into rounds, one
+    :meth:`enqueue_queues` each (:mod:`conveyor.platform.coalescer`): worth it where
+    each send is a round trip. False where there is none (memory) or where the backend's own client
     gathers concurrent sends already, in call order (Kafka's producer, ``linger_ms``)."""
 
     @abstractmethod
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         """Append messages to a queue, in order; returns their positions."""
+
+    async def enqueue_queues(
+        self, batches: Mapping[int, Sequence[Message]]
+    ) -> dict[int, list[SequenceToken] | Exception]:
+        """:meth:`enqueue` of several queues at once: each queue's positions, or the error
+        its messages got (what :meth:`enqueue` of that queue alone would have raised).
+        Queues do not wait on each other's fate; a queue's messages are appended in
+        order. Here one :meth:`enqueue` per queue, concurrently; an adapter whose sends
+        are round trips overrides it with one round trip for all (Redis: one pipeline),
+        which is what gathered single publishes use (:mod:`conveyor.platform.coalescer`)."""
+        queues = list(batches)
+        outcomes = await asyncio.gather(*(self.enqueue(q, batches[q]) for q in queues),
+                                        return_exceptions=True)
+        out: dict[int, list[SequenceToken] | Exception] = {}
+        for queue, outcome in zip(queues, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancelled, or the process is going down
+            out[queue] = outcome
+        return out
 
     @abstractmethod
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:

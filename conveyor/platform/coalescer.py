@@ -1,21 +1,27 @@
-"""Gathering single ``publish`` calls into one send per queue.
+"""Gathering single ``publish`` calls into rounds: one send for every queue's waiting
+messages.
 
-Each queue has a list of waiting messages and at most one send on its way. A call
-appends its message and gets a future; the queue's flusher (started by the first call
-that finds none) waits one loop turn — or ``linger_s`` — so that the calls made
-meanwhile join, sends what is waiting (at most ``max_batch``), resolves each future with
-its message's token, and goes on while more arrived during the send. So:
+Each queue has a list of waiting messages; one flusher sends them in rounds. A call
+appends its message and gets a future; the flusher (started by the first call that
+finds none) waits one loop turn — or ``linger_s`` — so that the calls made meanwhile
+join, sends what every queue has waiting (at most ``max_batch`` a queue) in one
+:meth:`~conveyor.platform.adapter.QueueAdapter.enqueue_queues` — on Redis one pipeline,
+one round trip — resolves each future with its message's token, and goes on while more
+arrived during the send. So:
 
 * per-stream order holds: a stream lives on one queue, a queue's messages go in the
-  order of the calls, and a queue never has two sends under way at once;
+  order of the calls, and a round is sent only when the one before it has returned;
 * batches grow with the load by themselves — whatever arrives during one round trip
-  goes in the next — with no timer on the path of a lone publisher;
-* a call returns only when its message is stored. A failed send fails its calls and
-  every call waiting behind it on that queue (sending those would put them before a
-  retry of the failed ones); the next call starts afresh. A send stored in part
+  goes in the next — with no timer on the path of a lone publisher; and many
+  publishers spread over many queues cost one round trip a round, not one a queue
+  (measured in docs/performance.md, "Single publishes");
+* a call returns only when its message is stored. A queue whose send failed fails its
+  calls and every call waiting behind it on that queue (sending those would put them
+  before a retry of the failed ones); the other queues of the round get their own
+  fate, and the queue's next call starts afresh. A send stored in part
   (:class:`~conveyor.PartialPublishError`) gives each of its calls its own message's
   fate: its token, the error that refused it, or :class:`~conveyor.PublishUncertain`;
-* a call cancelled before its batch left is not sent; once sent, cancelling does not
+* a call cancelled before its round left is not sent; once sent, cancelling does not
   take it back;
 * :meth:`close` waits until every waiting message is sent (or has failed).
 """
@@ -23,29 +29,38 @@ its message's token, and goes on while more arrived during the send. So:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from conveyor.platform.errors import PartialPublishError, PublishUncertain, ShutdownError
+from conveyor.platform.errors import (
+    BrokerError,
+    PartialPublishError,
+    PublishUncertain,
+    ShutdownError,
+)
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 
-Enqueue = Callable[[int, Sequence[Message]], Awaitable[list[SequenceToken]]]
+EnqueueQueues = Callable[[Mapping[int, Sequence[Message]]],
+                         Awaitable[Mapping[int, list[SequenceToken] | Exception]]]
+"""A round's send: ``QueueAdapter.enqueue_queues``."""
 _Waiting = list[tuple[Message, "asyncio.Future[SequenceToken]"]]
 
 MAX_BATCH = 1000
-"""Messages per send at most (Redis' publishing script takes up to 1000 per call)."""
+"""Messages of one queue per round at most (Redis' publishing script takes up to 1000
+per call)."""
 
 
 class PublishCoalescer:
-    """One send per queue at a time, of every message waiting for it (module docstring)."""
+    """Rounds of every queue's waiting messages, one round at a time (module docstring)."""
 
-    def __init__(self, enqueue: Enqueue, linger_s: float = 0.0,
+    def __init__(self, enqueue_queues: EnqueueQueues, linger_s: float = 0.0,
                  max_batch: int = MAX_BATCH) -> None:
-        self._enqueue = enqueue
+        self._send = enqueue_queues
         self._linger_s = linger_s
         self._max_batch = max_batch
         self._waiting: dict[int, _Waiting] = {}
-        self._flushers: dict[int, asyncio.Task[None]] = {}
+        """Per queue, the calls not yet sent, in call order; no empty lists."""
+        self._flusher: asyncio.Task[None] | None = None
         self._closed = False
 
     def submit(self, queue: int, msg: Message) -> asyncio.Future[SequenceToken]:
@@ -57,51 +72,70 @@ class PublishCoalescer:
         if waiting is None:
             waiting = self._waiting[queue] = []
         waiting.append((msg, future))
-        if queue not in self._flushers:
-            self._flushers[queue] = asyncio.create_task(
-                self._flush(queue, waiting), name=f"conveyor-publish-q{queue}"
-            )
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush(), name="conveyor-publish")
         return future
 
-    async def _flush(self, queue: int, waiting: _Waiting) -> None:
-        batch: _Waiting = []
+    def _take(self) -> dict[int, _Waiting]:
+        """The next round: up to ``max_batch`` of each queue's waiting calls, cancelled
+        ones left out."""
+        round_: dict[int, _Waiting] = {}
+        for queue, waiting in list(self._waiting.items()):
+            batch = [(m, f) for m, f in waiting[: self._max_batch] if not f.cancelled()]
+            del waiting[: self._max_batch]
+            if not waiting:
+                del self._waiting[queue]
+            if batch:
+                round_[queue] = batch
+        return round_
+
+    async def _flush(self) -> None:
+        round_: dict[int, _Waiting] = {}
         try:
             if self._linger_s:  # else: a task starts a loop turn after it was created,
                 await asyncio.sleep(self._linger_s)  # so the calls of that turn are in
-            while waiting:
-                batch = [(m, f) for m, f in waiting[: self._max_batch] if not f.cancelled()]
-                del waiting[: self._max_batch]
-                if not batch:
+            while self._waiting:
+                round_ = self._take()
+                if not round_:
                     continue
+                outcomes: Mapping[int, list[SequenceToken] | Exception]
                 try:
-                    tokens = await self._enqueue(queue, [m for m, _ in batch])
-                except PartialPublishError as exc:  # each caller of the batch its own fate
-                    _settle(batch, exc)
-                    _fail(waiting, next(iter(exc.failed.values()), exc))
-                    waiting.clear()
-                    continue
-                except Exception as exc:  # handed to every caller of the batch
-                    batch += waiting
-                    waiting.clear()
-                    _fail(batch, exc)
-                    continue
-                for (_, future), token in zip(batch, tokens, strict=True):
-                    if not future.done():
-                        future.set_result(token)
-                batch = []
+                    outcomes = await self._send({q: [m for m, _ in b] for q, b in round_.items()})
+                except Exception as exc:  # the send as a whole: every queue's fate
+                    outcomes = dict.fromkeys(round_, exc)
+                for queue, batch in round_.items():
+                    outcome = outcomes.get(queue)
+                    self._settle(queue, batch, BrokerError(
+                        f"publishing to queue {queue}: the adapter reported no outcome"
+                    ) if outcome is None else outcome)
+                round_ = {}
         except asyncio.CancelledError:
-            for _, future in [*batch, *waiting]:
-                future.cancel()
-            waiting.clear()
+            for batch in [*round_.values(), *self._waiting.values()]:
+                for _, future in batch:
+                    future.cancel()
+            self._waiting.clear()
             raise
         finally:
-            del self._flushers[queue]
+            self._flusher = None
+
+    def _settle(self, queue: int, batch: _Waiting,
+                outcome: list[SequenceToken] | Exception) -> None:
+        """Each call of ``batch`` its fate; on a failure, also the calls behind it."""
+        if isinstance(outcome, PartialPublishError):  # each caller of the batch its own
+            _settle(batch, outcome)
+            _fail(self._waiting.pop(queue, []), next(iter(outcome.failed.values()), outcome))
+        elif isinstance(outcome, Exception):  # handed to every caller of the batch
+            _fail([*batch, *self._waiting.pop(queue, [])], outcome)
+        else:
+            for (_, future), token in zip(batch, outcome, strict=True):
+                if not future.done():
+                    future.set_result(token)
 
     async def close(self) -> None:
         """Refuse new calls; return when every waiting message is sent or has failed."""
         self._closed = True
-        while self._flushers:
-            await asyncio.gather(*self._flushers.values(), return_exceptions=True)
+        while self._flusher is not None:
+            await asyncio.wait({self._flusher})
 
 
 def _settle(batch: _Waiting, exc: PartialPublishError) -> None:

@@ -50,6 +50,23 @@ async def test_each_streams_messages_keep_the_order_they_were_enqueued_in(
     }
 
 
+async def test_several_queues_enqueued_at_once_each_get_their_messages_in_order(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    first = await adapter.enqueue_queues(
+        {0: numbered(range(5)), 1: numbered(range(100, 103), key="other"), 2: []})
+    assert first[2] == []
+    second = await adapter.enqueue_queues({1: numbered(range(103, 105), key="other"),
+                                          0: numbered(range(5, 7))})
+    for queue, count, want in ((0, 7, list(range(7))), (1, 5, list(range(100, 105)))):
+        sent = first[queue] + second[queue]
+        assert isinstance(sent, list) and all(t.queue == queue for t in sent)
+        assert sent == sorted(sent) and len(set(sent)) == count
+        got = await take_rest(await open_receiver(queue, "app"), count)
+        assert numbers(got) == want
+        assert tokens(got) == sent
+
+
 async def test_every_group_receives_every_message_on_its_own(
     adapter: QueueAdapter, open_receiver: Open
 ) -> None:

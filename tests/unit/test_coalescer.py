@@ -1,17 +1,17 @@
-"""Single publishes gathered per queue (conveyor.platform.coalescer), on the memory
-adapter: what each call gets back, in which order messages land, and what a failure,
-a cancellation and close() do."""
+"""Single publishes gathered into rounds (conveyor.platform.coalescer), on the memory
+adapter: what each call gets back, in which order messages land, what a round carries,
+and what a failure, a cancellation and close() do."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.client import Client
-from conveyor.platform.errors import BrokerConnectionError, ShutdownError
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, ShutdownError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
@@ -20,13 +20,17 @@ QUEUES = 4
 
 
 class CountingAdapter(MemoryAdapter):
-    """The memory adapter, counting sends; ``fail_next`` sends raise (a broker outage)."""
+    """The memory adapter, counting sends and rounds; ``fail_next`` sends raise (a broker
+    outage), as does every send to a queue in ``broken``."""
 
     def __init__(self, name: str) -> None:
         reset_broker(name)
         super().__init__(name)
         self.sends: list[int] = []
+        self.rounds: list[dict[int, int]] = []
+        """Per round (one enqueue_queues), messages per queue."""
         self.fail_next = 0
+        self.broken: set[int] = set()
 
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         await asyncio.sleep(0)  # a send takes at least a loop turn, as on a network
@@ -34,7 +38,15 @@ class CountingAdapter(MemoryAdapter):
         if self.fail_next:
             self.fail_next -= 1
             raise BrokerConnectionError("broker unreachable (injected)")
+        if queue in self.broken:
+            raise BrokerError(f"queue {queue} refused the write (injected)")
         return await super().enqueue(queue, messages)
+
+    async def enqueue_queues(
+        self, batches: Mapping[int, Sequence[Message]]
+    ) -> dict[int, list[SequenceToken] | Exception]:
+        self.rounds.append({q: len(m) for q, m in batches.items()})
+        return await super().enqueue_queues(batches)
 
 
 def stored(adapter: MemoryAdapter) -> list[tuple[str, int]]:
@@ -117,3 +129,49 @@ async def test_a_call_cancelled_before_its_send_is_not_sent(adapter: CountingAda
         await drop
     await client.close()
     assert stored(adapter) == [("k", 1)]
+
+
+async def test_a_round_carries_every_queues_waiting_calls(adapter: CountingAdapter) -> None:
+    client = client_of(adapter)
+    keys = [f"k{j}" for j in range(40)]
+    assert {client.queue_for("n", k) for k in keys} == set(range(QUEUES))
+
+    async def stream(key: str) -> None:
+        for i in range(25):
+            await client.publish("n", key, str(i).encode())
+
+    await asyncio.gather(*(stream(k) for k in keys))
+    await client.close()
+    # Each publisher has one call waiting at a time, and every one of them joins the
+    # round after the one that answered it: 25 rounds of 40 calls over all 4 queues.
+    assert [sum(r.values()) for r in adapter.rounds] == [40] * 25
+    assert all(set(r) == set(range(QUEUES)) for r in adapter.rounds)
+    rows = stored(adapter)
+    for key in keys:
+        assert [i for k, i in rows if k == key] == list(range(25))
+    assert len(rows) == 1_000
+
+
+async def test_a_queue_that_fails_in_a_round_fails_alone(adapter: CountingAdapter) -> None:
+    client = client_of(adapter)
+    keys = [f"k{j}" for j in range(40)]
+    broken = client.queue_for("n", keys[0])
+    adapter.broken = {broken}
+    first = [asyncio.ensure_future(client.publish("n", k, b"1")) for k in keys]
+    await asyncio.sleep(0)  # the round is on its way
+    behind = [asyncio.ensure_future(client.publish("n", k, b"2")) for k in keys]
+    results = await asyncio.gather(*first, *behind, return_exceptions=True)
+    for key, result in zip(keys * 2, results, strict=True):
+        if client.queue_for("n", key) == broken:
+            assert isinstance(result, BrokerError) and "refused" in str(result)
+        else:
+            assert isinstance(result, SequenceToken), result
+    healthy = [k for k in keys if client.queue_for("n", k) != broken]
+    rows = stored(adapter)
+    assert sorted(rows) == sorted([(k, 1) for k in healthy] + [(k, 2) for k in healthy])
+    for key in healthy:  # each stream's two messages in call order
+        assert [i for k, i in rows if k == key] == [1, 2]
+    adapter.broken = set()
+    assert isinstance(await client.publish("n", keys[0], b"3"), SequenceToken)  # afresh
+    await client.close()
+    assert [i for k, i in stored(adapter) if k == keys[0]] == [3]

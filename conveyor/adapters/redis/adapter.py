@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -63,6 +63,28 @@ def _while_connecting(exc: BaseException) -> bool:
     the message, which redis-py words so for these two cases only: should that change,
     a publish that failed so reports PublishUncertain, the safe answer."""
     return isinstance(exc, rex.ConnectionError | rex.TimeoutError) and "connecting to" in str(exc)
+
+
+def _in_place(reply: Exception) -> bool:
+    """Whether a script call's error reply is its chunk's own refusal (out of memory,
+    a key of another type), which fails that chunk alone; other errors (a slot moved, a
+    replica refusing writes) go to the caller, which retries or words them."""
+    return isinstance(reply, rex.ResponseError) and not isinstance(
+        reply, (rex.ReadOnlyError, *CLUSTER_ERRORS))
+
+
+class _QueueSend:
+    """One queue's share of a publishing round: its chunks and their script calls."""
+
+    def __init__(self, queue: int, messages: Sequence[Message], keys: Keys,
+                 window_ms: int) -> None:
+        self.queue = queue
+        self.messages = messages
+        self.stream = keys.queue(queue)
+        self.chunks = publish_chunks(messages)
+        self.calls = [([self.stream, keys.published(queue, uuid.uuid4().hex)],
+                       [window_ms, *enqueue_args(c)]) for c in self.chunks]
+        self.what = f"publishing {len(messages)} messages to queue {queue}"
 
 
 def _raw_reply(response: Any, **_options: Any) -> Any:
@@ -170,38 +192,59 @@ class RedisAdapter(QueueAdapter):
         """
         if not messages:
             return []
+        outcome = (await self.enqueue_queues({queue: messages}))[queue]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def enqueue_queues(
+        self, batches: Mapping[int, Sequence[Message]]
+    ) -> dict[int, list[SequenceToken] | Exception]:
+        """:meth:`enqueue` of several queues in one round trip: one pipeline of every
+        queue's script calls (and one ``WAIT`` after them all with ``min_replicas``),
+        retried as a whole — each chunk under its own batch id, so a retry writes none
+        twice. Each queue gets what :meth:`enqueue` of it alone would have given: its
+        tokens, or its error (a chunk refused in place fails its own queue only). On a
+        cluster, where queues live on different nodes, one :meth:`enqueue` per queue,
+        concurrently."""
+        out: dict[int, list[SequenceToken] | Exception] = {
+            q: [] for q, messages in batches.items() if not messages}
+        batches = {q: messages for q, messages in batches.items() if messages}
+        if not batches:
+            return out
+        if self.cluster and len(batches) > 1:
+            return out | await super().enqueue_queues(batches)
         if not self.eviction.checked:  # before the first: a server that may evict refuses
             await self.eviction.check(retry=True)
-        stream = self.keys.queue(queue)
         window = self.publish_window_ms
-        chunks = publish_chunks(messages)
-        calls = [
-            ([stream, self.keys.published(queue, uuid.uuid4().hex)], [window, *enqueue_args(c)])
-            for c in chunks
-        ]
-
+        sends = [_QueueSend(q, messages, self.keys, window) for q, messages in batches.items()]
+        calls = [call for send in sends for call in send.calls]
         script = self.enqueue_script
         reached = False  # whether some attempt may have got its request to the server
-
         replicas = self.min_replicas
 
         async def pipelined(client: aioredis.Redis) -> list[Any]:
-            # ``async with``: a failure while loading the script (before execute's own
-            # clean-up) would otherwise leave the connection checked out of the pool.
-            pipe: Any
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.scripts.add(script)  # loaded first should the server not know it
-                for keys, args in calls:
-                    pipe.evalsha(script.sha, 2, *keys, *args)
-                if replicas:  # on the same connection as the writes, as WAIT requires
-                    pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
-                # Errors in place: a chunk refused must not hide the ones written.
-                replies: list[Any] = await pipe.execute(raise_on_error=False)
-            refused = [r for r in replies if isinstance(r, Exception)]
-            if refused and (len(refused) >= len(calls) or not all(
-                    isinstance(r, rex.ResponseError) and not isinstance(r, CLUSTER_ERRORS)
-                    for r in refused)):
-                raise refused[0]  # none written, or worth a retry (a slot moved)
+            replies: list[Any] = []
+            for _ in range(2):  # twice at most: the script loaded between the two
+                # ``async with``: a failure before execute's own clean-up would otherwise
+                # leave the connection checked out of the pool.
+                pipe: Any
+                async with client.pipeline(transaction=False) as pipe:
+                    for keys, args in calls:
+                        pipe.evalsha(script.sha, 2, *keys, *args)
+                    if replicas:  # on the same connection as the writes, as WAIT requires
+                        pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
+                    # Errors in place: a chunk refused must not hide the ones written.
+                    replies = await pipe.execute(raise_on_error=False)
+                if not any(isinstance(r, rex.NoScriptError) for r in replies):
+                    break
+                # A server that does not know the script (restarted, flushed, failed
+                # over) ran none of it: load it and send the round again (chunks it did
+                # run are not written twice: their batch ids).
+                await client.script_load(script.script)
+            for reply in replies:
+                if isinstance(reply, Exception) and not _in_place(reply):
+                    raise reply  # worth a retry (a slot moved), or a refusal to word
             return replies
 
         async def send() -> list[Any]:
@@ -210,28 +253,43 @@ class RedisAdapter(QueueAdapter):
                 if len(calls) == 1 and not replicas:
                     keys, args = calls[0]
                     return [await script(keys=keys, args=args)]
-                return await on_primary(self.redis, stream, pipelined)
+                return await on_primary(self.redis, sends[0].stream, pipelined)
             except BaseException as exc:
                 reached = reached or not _while_connecting(exc)
                 raise
 
-        what = f"publishing {len(messages)} messages to queue {queue}"
+        what = sends[0].what if len(sends) == 1 else (
+            f"publishing {sum(len(m) for m in batches.values())} messages to "
+            f"{len(sends)} queues")
         try:
             replies = await self.caller.retrying(what, send)
         except BrokerConnectionError as exc:
             if not reached:  # every attempt failed to connect: nothing was sent
                 raise
-            raise PublishUncertain(
-                f"redis: {what}: the connection failed and retries ran out after "
-                f"{self.caller.retry_max_s:g}s ($.redis.retry_max_s): the messages may or "
-                f"may not have been written ({exc}); their ids are in .message_ids",
-                tuple(m.id for m in messages),
-            ) from exc
+            for s in sends:
+                unsure = PublishUncertain(
+                    f"redis: {s.what}: the connection failed and retries ran out after "
+                    f"{self.caller.retry_max_s:g}s ($.redis.retry_max_s): the messages may "
+                    f"or may not have been written ({exc}); their ids are in .message_ids",
+                    tuple(m.id for m in s.messages))
+                unsure.__cause__ = exc
+                out[s.queue] = unsure
+            return out
         confirmed = int(replies.pop()) if replicas else 0
+        at = 0
+        for s in sends:
+            out[s.queue] = self._outcome(s, replies[at: at + len(s.calls)], confirmed)
+            at += len(s.calls)
+        return out
+
+    def _outcome(self, send: _QueueSend, replies: Sequence[Any],
+                 confirmed: int) -> list[SequenceToken] | Exception:
+        """One queue's tokens from its chunks' replies, or its error."""
+        what, replicas = send.what, self.min_replicas
         tokens: list[SequenceToken] = []
         published: dict[str, SequenceToken] = {}
         failures: list[tuple[list[str], BaseException]] = []
-        for chunk, reply in zip(chunks, replies, strict=True):
+        for chunk, reply in zip(send.chunks, replies, strict=True):
             if isinstance(reply, Exception):  # refused whole: see ENQUEUE
                 failures.append(([m.id for m in chunk],
                                  BrokerError(f"redis error while {what}: {reply}")))
@@ -239,7 +297,7 @@ class RedisAdapter(QueueAdapter):
             runs, replayed = reply
             if replayed:
                 self.replayed_batches += 1
-            chunk_tokens = tokens_of_runs(runs, queue)
+            chunk_tokens = tokens_of_runs(runs, send.queue)
             published.update(zip((m.id for m in chunk), chunk_tokens, strict=True))
             tokens += chunk_tokens
         if replicas and confirmed < replicas:
@@ -252,8 +310,10 @@ class RedisAdapter(QueueAdapter):
             failures.append((list(published), unsure))
             published = {}
         if failures:
-            raise publish_failure(f"redis: {what}", [m.id for m in messages], published,
-                                  failures)
+            error = publish_failure(f"redis: {what}", [m.id for m in send.messages],
+                                    published, failures)
+            assert isinstance(error, Exception)
+            return error
         return tokens
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:

@@ -345,10 +345,10 @@ class PublishConfig(_Section):
     ``publish`` calls (``publish_batch`` always sends its messages as they come)."""
 
     coalesce: bool = True
-    """Gather ``publish`` calls issued concurrently into one send per queue: the calls
-    made in one turn of the event loop, and those made while the queue's previous send
-    is still on its way, go together. Each call still returns only once its message is
-    stored (or raises). Adds no timer: a lone publisher waits one loop turn more. Not
+    """Gather ``publish`` calls issued concurrently into rounds, one send for all
+    queues: the calls made in one turn of the event loop, and those made while the
+    previous round is still on its way, go together. Each call still returns only once
+    its message is stored (or raises). Adds no timer: a lone publisher waits one loop turn more. Not
     used on Kafka, whose producer gathers concurrent sends itself (``kafka.linger_ms``),
     nor on the memory adapter (an in-process append has no round trip to share)."""
     linger_ms: MillisFloatOrZero = 0.0

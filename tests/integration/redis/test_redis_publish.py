@@ -18,7 +18,12 @@ from redis.crc import key_slot
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.client import Client, Publish
 from conveyor.platform.config import Config, load_config
-from conveyor.platform.errors import BodyEncodeError, BrokerConnectionError, PublishUncertain
+from conveyor.platform.errors import (
+    BodyEncodeError,
+    BrokerConnectionError,
+    BrokerError,
+    PublishUncertain,
+)
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from tests.conftest import free_port, wait_until
@@ -219,18 +224,28 @@ async def test_concurrent_publishes_coalesce_keep_order_and_flush_on_close(
     client = Client.from_config(config)
     adapter = client.adapter
     assert isinstance(adapter, RedisAdapter)
-    sends = 0
-    enqueue = adapter.enqueue
+    rounds: list[int] = []  # queues a round
+    enqueue_queues = adapter.enqueue_queues
+    pipeline = adapter.redis.pipeline
+    pipelines = 0
 
-    async def counted(queue: int, messages: Any) -> list[SequenceToken]:
-        nonlocal sends
-        sends += 1
-        return await enqueue(queue, messages)
+    def counted_pipeline(*args: Any, **kwargs: Any) -> Any:
+        nonlocal pipelines
+        pipelines += 1
+        return pipeline(*args, **kwargs)
 
-    adapter.enqueue = counted  # type: ignore[method-assign]
+    async def counted(batches: Any) -> dict[int, list[SequenceToken] | Exception]:
+        rounds.append(len(batches))
+        return await enqueue_queues(batches)
+
+    adapter.enqueue_queues = counted  # type: ignore[method-assign]
+    adapter.redis.pipeline = counted_pipeline
     client = Client(adapter, HashRingQueueMapper(QUEUES), coalesce_linger_s=0.0,
                     owns_adapter=True)
-    batch = items(4_000, 200)  # 200 publishers, one per stream: ~25 per queue
+    await client.publish("orders", "warm", {"seq": -1})  # the script loaded
+    rounds.clear()
+    before = (await adapter.redis.info("commandstats"))["cmdstat_evalsha"]["calls"]
+    batch = items(4_000, 200)  # 200 publishers, one per stream, 20 calls each
     by_key: dict[str, list[Publish]] = defaultdict(list)
     for item in batch:
         by_key[item.key].append(item)
@@ -240,8 +255,14 @@ async def test_concurrent_publishes_coalesce_keep_order_and_flush_on_close(
             await client.publish(item.namespace, item.key, item.body)
 
     await asyncio.gather(*(one_stream(lane) for lane in by_key.values()))
-    # Each publisher waits for its last call, so a send carries at most ~25: ask for 10.
-    assert sends <= len(batch) / 10, f"{sends} sends for {len(batch)} publishes"
+    # Each publisher has one call waiting at a time and all of them join the next
+    # round: 20 rounds, each one pipeline (one round trip) of a script call per queue.
+    # Allow twice that.
+    assert len(rounds) <= 40, f"{len(rounds)} rounds for {len(batch)} publishes"
+    assert max(rounds) == QUEUES
+    assert pipelines == sum(1 for queues in rounds if queues > 1)
+    calls = (await adapter.redis.info("commandstats"))["cmdstat_evalsha"]["calls"] - before
+    assert calls == sum(rounds)  # a queue's share of a round is one script call
     tail = [asyncio.ensure_future(client.publish("orders", "tail", {"seq": 4_000 + i}))
             for i in range(50)]
     await asyncio.sleep(0)  # the calls are queued; close must send them
@@ -250,7 +271,8 @@ async def test_concurrent_publishes_coalesce_keep_order_and_flush_on_close(
     try:
         assert all(t.done() for t in tail)
         await assert_written_once(
-            direct, batch + [Publish("orders", "tail", {"seq": 4_000 + i}) for i in range(50)]
+            direct, [Publish("orders", "warm", {"seq": -1}), *batch,
+                     *(Publish("orders", "tail", {"seq": 4_000 + i}) for i in range(50))]
         )
     finally:
         await direct.close()
@@ -382,3 +404,64 @@ def _messages(n: int) -> list[Any]:
 
     return [Message(f"m{i}", StreamId("orders", "k"), b'{"seq": %d}' % i,
                     enqueued_at_ms=now_ms()) for i in range(n)]
+
+
+async def test_a_queue_refused_in_a_round_fails_alone(redis_server: RedisServer) -> None:
+    """One round, one pipeline over every queue; one queue's stream is a key of another
+    type (WRONGTYPE): its calls get that error, the others' are stored once each."""
+    async with Client.from_config(config_for(redis_server.url)) as client:
+        adapter = client.adapter
+        assert isinstance(adapter, RedisAdapter)
+        rounds: list[int] = []
+        enqueue_queues = adapter.enqueue_queues
+
+        async def counted(batches: Any) -> dict[int, list[SequenceToken] | Exception]:
+            rounds.append(len(batches))
+            return await enqueue_queues(batches)
+
+        assert client._coalescer is not None
+        client._coalescer._send = counted
+        keys = [f"k{i}" for i in range(64)]
+        broken = client.queue_for("orders", keys[0])
+        await adapter.redis.set(adapter.keys.queue(broken), "not a stream")
+        try:
+            results = await asyncio.gather(
+                *(client.publish("orders", k, {"seq": i}) for i, k in enumerate(keys)),
+                return_exceptions=True)
+        finally:
+            await adapter.redis.delete(adapter.keys.queue(broken))
+        assert rounds == [QUEUES]
+        sent: list[Publish] = []
+        for i, (key, result) in enumerate(zip(keys, results, strict=True)):
+            if client.queue_for("orders", key) == broken:
+                assert isinstance(result, BrokerError) and "WRONGTYPE" in str(result), result
+            else:
+                assert isinstance(result, SequenceToken), result
+                sent.append(Publish("orders", key, {"seq": i}))
+        assert len(sent) < len(keys)
+        await assert_written_once(adapter, sent, [r for r in results
+                                                  if isinstance(r, SequenceToken)])
+
+
+async def test_a_round_after_the_server_forgot_the_script_is_stored_once(
+    redis_server: RedisServer,
+) -> None:
+    """A server restarted, flushed or failed over does not know the publishing script:
+    a pipeline of script calls gets NOSCRIPT for every call, loads it and sends again."""
+    async with Client.from_config(config_for(redis_server.url)) as client:
+        adapter = client.adapter
+        assert isinstance(adapter, RedisAdapter)
+        warm = Publish("orders", "warm", {"seq": -1})
+        await client.publish(warm.namespace, warm.key, warm.body)
+        await adapter.redis.script_flush()
+        batch = items(64, 64)
+        tokens = await asyncio.gather(
+            *(client.publish(item.namespace, item.key, item.body) for item in batch))
+        await assert_written_once(adapter, [warm, *batch])
+        assert len(set(tokens)) == len(batch)
+        assert len({t.queue for t in tokens}) == QUEUES  # the round spanned every queue
+        # One queue's send of several chunks is one pipeline too.
+        await adapter.redis.script_flush()
+        more = [Publish("orders", "long", {"seq": i}) for i in range(2_500)]  # 3 chunks
+        await client.publish_batch(more)
+        await assert_written_once(adapter, [warm, *batch, *more])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -77,6 +78,16 @@ async def test_a_publish_returns_once_the_replica_has_it_and_raises_when_none_ca
         assert "$.redis.min_replicas" in str(raised.value)
         # Written on the primary all the same (not retried, not lost there).
         assert sum(redis_server.client().xlen(f"rep:q:{q}") for q in range(2)) == 110
+        # Single publishes to both queues, one round (one pipeline, one WAIT): each
+        # call is told.
+        keys = [f"one{n}" for n in range(8)]
+        assert {client.queue_for("items", k) for k in keys} == {0, 1}
+        outcomes = await asyncio.gather(
+            *(client.publish("items", k, {"i": n}) for n, k in enumerate(keys)),
+            return_exceptions=True)
+        assert all(isinstance(o, PublishNotReplicated) for o in outcomes), outcomes
+        assert all("0 of the 1 replicas" in str(o) for o in outcomes)
+        assert sum(redis_server.client().xlen(f"rep:q:{q}") for q in range(2)) == 118
 
         # An acknowledgement no replica confirmed is kept, and said so once.
         with caplog.at_level(logging.WARNING):
