@@ -53,6 +53,7 @@ from conveyor.cli import (
 )
 from conveyor.cli.common import TaskGroup
 from conveyor.platform.outage import OUTAGE_REPEAT
+from conveyor.platform.terminal import VisibleFormatter
 from conveyor.version import version
 
 __all__ = ["main"]
@@ -68,15 +69,18 @@ def _setup_logging(level: str | None, command: str | None) -> None:
     one-line error, which names the address) and the repeats of an outage note ("still
     waiting for ..."): a broker that is down costs the first note and the final error."""
     serving = command in SERVING
+    handler = logging.StreamHandler(sys.stderr)
+    # Keys, headers and errors come from producers: no escape sequence reaches the
+    # terminal, no newline forges a line (conveyor.platform.terminal).
+    handler.setFormatter(VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(
         level=getattr(logging, (level or ("info" if command == "worker" else "warning")).upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[handler],
     )
     if level is None and not serving:
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(_no_outage_repeats)
+        for root_handler in logging.getLogger().handlers:
+            root_handler.addFilter(_no_outage_repeats)
 
 
 def _no_outage_repeats(record: logging.LogRecord) -> bool:

@@ -24,6 +24,7 @@ from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.operations.dlq import LetterFilter, ReplayReport, letter_json, letters
 from conveyor.platform.operations.dlq import replay as replay_letters
+from conveyor.platform.terminal import visible
 
 T = TypeVar("T")
 
@@ -169,9 +170,11 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     if as_json:
         click.echo(json.dumps(shown))
         return
-    for name, value in shown.items():
+    for name, value in shown.items():  # producers' text, escaped for the terminal
         if name == "headers":
-            value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+            value = ", ".join(f"{visible(k)}={visible(v)}" for k, v in value.items()) or "-"
+        elif isinstance(value, str):
+            value = visible(value, lines=name == "body")
         click.echo(f"{name + ':':<15}{'-' if value is None else value}")
 
 

@@ -54,13 +54,21 @@ def publish(
         raise click.BadParameter("must be a non-empty string", param_hint="NAMESPACE")
     if content_type in (None, CONTENT_JSON):
         # Sent as it is, a body that is not JSON was dead-lettered later by its worker.
+        shown = body if len(body) <= 60 else f"{body[:57]}..."
         try:
             msgspec.json.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            shown = body if len(body) <= 60 else f"{body[:57]}..."
             raise click.BadParameter(
                 f"{shown!r} is not JSON ({exc}); to send it as text, add "
                 f"--content-type {CONTENT_TEXT}", param_hint="BODY") from None
+        except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8
+            raise click.BadParameter(
+                f"{shown!r} is not UTF-8 text, so not JSON; nothing was sent",
+                param_hint="BODY") from None
+        except RecursionError:  # no handler could decode it either
+            raise click.BadParameter(
+                f"{shown!r} is JSON nested too deeply to decode; nothing was sent",
+                param_hint="BODY") from None
     headers: dict[str, str] = {}
     for item in header:
         name, sep, value = item.partition("=")

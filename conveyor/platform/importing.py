@@ -58,7 +58,8 @@ def load_attr(
         raise
     except ImportError as exc:
         raise error(f"{what}: cannot load {target!r} (cannot import: {exc})") from None
-    except Exception as exc:  # the module's own code raised while being imported
+    except (Exception, SystemExit) as exc:  # the module's own code raised, or called
+        # sys.exit(), while being imported: a worker would stop with no word of why
         raise error(
             f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
         ) from None

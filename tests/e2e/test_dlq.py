@@ -202,3 +202,28 @@ def test_operator_mistakes_are_usage_errors(config_path: Path) -> None:
         result = conveyor("dlq", *args)
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, args
+
+
+def test_show_prints_a_producers_control_characters_escaped(config_path: Path) -> None:
+    """A key, header, content type or body is whatever its producer wrote: `dlq show`
+    prints an escape sequence or a carriage return as text, not to the terminal, and
+    each field on its own line (a body keeps its own lines); --json is the data as is."""
+    config = load_config(config_path)
+    key, ctype = "k\x1b[31mRED", "text/plain\nforged: line"
+    on_adapter(config, "dead_letters.put", APP, [DeadLetter.of(
+        Message("m-esc", StreamId("jobs", key), b"line 1\nline 2\r\x1b[2J",
+                headers={"h\x07": "v\x1b"}, content_type=ctype, enqueued_at_ms=now_ms()),
+        "jobs.handle", "boom\x1b[0m", 1)])
+    listed = conveyor("dlq", "list", "--app", APP, "--config", str(config_path), "--json")
+    [entry] = json.loads(listed.stdout)
+    assert (entry["key"], entry["content_type"]) == (key, ctype)
+    shown = conveyor("dlq", "show", entry["id"], "--app", APP, "--config", str(config_path))
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "\x1b" not in out and "\r" not in out and "\x07" not in out, out
+    lines = out.splitlines()
+    assert "key:           k\\x1b[31mRED" in lines
+    assert "content_type:  text/plain\\nforged: line" in lines
+    assert "headers:       h\\x07=v\\x1b" in lines
+    assert "error:         boom\\x1b[0m" in lines
+    assert "body:          line 1" in lines and "line 2\\r\\x1b[2J" in lines

@@ -90,6 +90,19 @@ def nowhere() -> dict[str, str]:
             "CONVEYOR_REDIS__RETRY_MAX_S": "0.2", "CONVEYOR_REDIS__CONNECT_TIMEOUT_S": "0.1"}
 
 
+@pytest.mark.parametrize(("body", "says"), [
+    ("\udcff\udcfe", "is not UTF-8 text, so not JSON"),  # bytes from the shell, not UTF-8
+    ("[" * 1000 + "]" * 1000, "is JSON nested too deeply to decode"),
+])
+def test_publish_refuses_a_body_no_handler_could_decode(body: str, says: str) -> None:
+    args = ["publish", "orders", "k1", body, "--config", "configs/redis.toml"]
+    result = CliRunner().invoke(main, args, env=nowhere())
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for BODY: "), line
+    assert says in line and "nothing was sent" in line, line
+
+
 @pytest.mark.parametrize("body", ["not json", '{"id": 17', "NaN", "", "x" * 500])
 def test_publish_refuses_a_body_that_is_not_json_as_a_usage_error(body: str) -> None:
     # Sent as it was, a worker dead-lettered it later: "cannot decode body".

@@ -42,6 +42,28 @@ def test_invalid_toml_says_so(tmp_path: Path) -> None:
         load_config(write(tmp_path, "[worker\n"), environ={})
 
 
+@pytest.mark.parametrize("data", [b"\xff\xfe\x00garbage", b'x = "\xff"\n'])
+def test_a_file_that_is_not_utf8_is_not_toml(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "binary.toml"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError, match=r"binary.toml: not valid TOML: not UTF-8 text "
+                                          r"\(byte 0xff at offset \d+\)"):
+        load_config(path, environ={})
+
+
+def test_an_integer_beyond_64_bits_is_named_wherever_it_was_set(tmp_path: Path) -> None:
+    """No setting needs one; Redis refused such a dead-letter bound on every letter."""
+    huge = "99999999999999999999999"
+    with pytest.raises(ConfigError, match=r"within 64 bits \(<= 9223372036854775807\) - "
+                                          r"at `\$.dead_letters.max_entries`"):
+        load_config(write(tmp_path, f"[dead_letters]\nmax_entries = {huge}\n"), environ={})
+    with pytest.raises(ConfigError, match=r"CONVEYOR_DEAD_LETTERS__MAX_ENTRIES: .*"
+                                          r"`\$.dead_letters.max_entries`"):
+        load_config(None, environ={"CONVEYOR_DEAD_LETTERS__MAX_ENTRIES": huge})
+    assert load_config(None, environ={}, overrides={
+        "dead_letters": {"max_entries": (1 << 63) - 1}}).dead_letters.max_entries == (1 << 63) - 1
+
+
 def test_balancer_queues_must_exist(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"\$.balancer.queues"):
         load_config(write(tmp_path, "[balancer]\nkind='static'\nqueues=[9]\n"), environ={})

@@ -18,7 +18,7 @@ from conveyor.platform.importing import load_attr
 def package_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
-    for name in ("kit_raises", "kit_missing_dep"):
+    for name in ("kit_raises", "kit_missing_dep", "kit_exits"):
         sys.modules.pop(name, None)
 
 
@@ -64,6 +64,16 @@ def test_a_module_whose_import_raises_names_the_line(package_dir: Path) -> None:
     assert message.startswith("$.x: importing 'kit_raises:x' failed at ")
     assert message.endswith("kit_raises.py:2: RuntimeError: no db")
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_module_that_calls_sys_exit_while_imported_is_an_error_too(
+    package_dir: Path,
+) -> None:
+    """A worker would otherwise end with the module's exit code and not a word."""
+    (package_dir / "kit_exits.py").write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(ConfigError) as caught:
+        load_attr("kit_exits:x", "$.x")
+    assert str(caught.value).endswith("kit_exits.py:2: SystemExit: 3")
 
 
 def test_a_missing_dependency_of_the_module_is_named(package_dir: Path) -> None:

@@ -718,9 +718,39 @@ def _blame(message: str, source: str, applied: Mapping[str, str]) -> str:
     return source
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
+def _out_of_range(value: Any, path: str) -> str | None:
+    """The first integer of a converted config outside 64 bits, as a validation message:
+    no setting needs one, and the brokers (and the C code between) refuse or wrap them."""
+    if isinstance(value, msgspec.Struct):
+        for name in value.__struct_fields__:
+            found = _out_of_range(getattr(value, name), f"{path}.{name}")
+            if found:
+                return found
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            found = _out_of_range(item, f"{path}.{name}")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _out_of_range(item, f"{path}[{i}]")
+            if found:
+                return found
+    elif isinstance(value, int) and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        return f"Expected `int` within 64 bits (<= {_INT64_MAX}) - at `{path}`"
+    return None
+
+
 def _convert(raw: dict[str, Any], source: str, applied: Mapping[str, str]) -> Config:
     try:
-        return msgspec.convert(raw, Config, strict=False).validate()
+        config = msgspec.convert(raw, Config, strict=False)
+        huge = _out_of_range(config, "$")
+        if huge is not None:
+            raise ConfigError(huge)
+        return config.validate()
     except (msgspec.ValidationError, ConfigError) as exc:
         message = _with_suggestion(str(exc))
         raise ConfigError(f"{_blame(message, source, applied)}: {message}") from None
@@ -749,6 +779,10 @@ def load_config(
             raise ConfigError(f"{source}: not valid TOML: {exc}") from None
         except RecursionError:
             raise ConfigError(f"{source}: nested too deeply for any config field") from None
+        except UnicodeDecodeError as exc:  # TOML is UTF-8
+            raise ConfigError(
+                f"{source}: not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                f"at offset {exc.start})") from None
     env = os.environ if environ is None else environ
     applied: dict[str, str] = {}
     raw = apply_env(raw, env, skip=_secrets(raw, env), applied=applied)

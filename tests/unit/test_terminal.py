@@ -1,0 +1,41 @@
+"""Producers' text printed for people (conveyor.platform.terminal): control characters
+escaped in log lines and `dlq show`, newlines kept where a message or traceback has
+lines of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conveyor.platform.terminal import visible
+
+
+def test_control_characters_are_escaped_and_plain_text_is_untouched() -> None:
+    text = "orders/k"
+    assert visible(text) is text
+    assert visible("k\x1b[31mRED\r\x00\x7f\x9b") == "k\\x1b[31mRED\\r\\x00\\x7f\\x9b"
+    assert visible("a\nb\tc") == "a\\nb\\tc"
+    assert visible("a\nb\tc\x1b", lines=True) == "a\nb\tc\\x1b"
+    assert visible("é ü 東京") == "é ü 東京"
+
+
+def test_a_cli_log_line_shows_a_keys_escape_sequence_as_text() -> None:
+    """The logging the CLI sets up (a worker's warnings name keys and headers)."""
+    script = (
+        "import logging\n"
+        "from conveyor.cli import _setup_logging\n"
+        "_setup_logging(None, 'worker')\n"
+        "logging.getLogger('conveyor.test').warning('dead-lettered %s', 'orders/k\\x1b[31mRED')\n"
+        "try:\n"
+        "    raise ValueError('bad\\rvalue')\n"
+        "except ValueError:\n"
+        "    logging.getLogger('conveyor.test').exception('failed')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    err = done.stderr
+    assert "\x1b" not in err and "\r" not in err
+    assert "dead-lettered orders/k\\x1b[31mRED" in err
+    assert "Traceback (most recent call last):\n" in err  # a traceback keeps its lines
+    assert "ValueError: bad\\rvalue" in err
