@@ -82,6 +82,7 @@ def _print_apps(config: Config, as_json: bool) -> None:
     from conveyor.platform.operations.status import collect_apps
 
     report = run_or_exit(collect_apps(config, for_config(config)))
+    _warn_of_server(config, report.eviction_policy, report.persistence)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -104,14 +105,7 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
              f"never ran; groups here: {others})")
     elif not report.members:
         warn(f"no daemon of --app {group!r} is running ({_where_daemons_register(config)})")
-    if report.eviction_policy not in (None, "noeviction"):
-        accepted = ("accepted by [redis] allow_eviction = true" if config.redis.allow_eviction
-                    else "workers refuse it unless [redis] allow_eviction = true")
-        warn(f"Redis maxmemory-policy is {report.eviction_policy}: a full server deletes "
-             f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
-    if (lost := _restart_loses(report.persistence)) is not None:
-        warn(f"Redis persistence is {report.persistence}{lost} (docs/redis.md, "
-             "\"Persistence\")")
+    _warn_of_server(config, report.eviction_policy, report.persistence)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -135,6 +129,18 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
                 refreshes += 1
         except KeyboardInterrupt:
             pass
+
+
+def _warn_of_server(config: Config, eviction_policy: str | None,
+                    persistence: str | None) -> None:
+    """A Redis that may lose messages, said whichever way status was asked."""
+    if eviction_policy not in (None, "noeviction"):
+        accepted = ("accepted by [redis] allow_eviction = true" if config.redis.allow_eviction
+                    else "workers refuse it unless [redis] allow_eviction = true")
+        warn(f"Redis maxmemory-policy is {eviction_policy}: a full server deletes "
+             f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
+    if (lost := _restart_loses(persistence)) is not None:
+        warn(f"Redis persistence is {persistence}{lost} (docs/redis.md, \"Persistence\")")
 
 
 def _restart_loses(persistence: str | None) -> str | None:

@@ -237,6 +237,10 @@ class AppsReport:
     apps: list[AppSummary]
     retention_follows_groups: bool
     at: float
+    eviction_policy: str | None = None
+    """As :attr:`StatusReport.eviction_policy`."""
+    persistence: str | None = None
+    """As :attr:`StatusReport.persistence`."""
 
 
 async def collect_apps(config: Config, backend: Backend) -> AppsReport:
@@ -254,6 +258,9 @@ async def collect_apps(config: Config, backend: Backend) -> AppsReport:
             apps.append(AppSummary(g.group, daemons, g.queues, g.lag, g.idle_s,
                                    await adapter.dead_letters.count(g.group),
                                    g.holds_retention))
+        eviction = await adapter.eviction_policy()
+        persistence = await adapter.persistence()
     finally:
         await adapter.close()
-    return AppsReport(apps, adapter.groups.retention_follows_groups, time.time())
+    return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,
+                      persistence)

@@ -20,12 +20,13 @@ from tests.servers import RedisServer as RedisServer  # re-exported for the test
 REPO = Path(__file__).resolve().parents[3]
 
 
-def status_json(path: Path) -> tuple[dict[str, object], str]:
-    """``conveyor status --app rec --json`` on the config at ``path``: the report and
-    what it said on stderr (it must exit 0)."""
+def status_json(path: Path, app: str | None = "rec") -> tuple[dict[str, object], str]:
+    """``conveyor status --app rec --json`` on the config at ``path`` (``app`` None: no
+    ``--app``, every app): the report and what it said on stderr (it must exit 0)."""
     done = subprocess.run(
-        [sys.executable, "-m", "conveyor.cli", "status", "--config", str(path), "--app", "rec",
-         "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        [sys.executable, "-m", "conveyor.cli", "status", "--config", str(path), "--json",
+         *(("--app", app) if app else ())], cwd=REPO, capture_output=True, text=True,
+        timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), done.stderr
 

@@ -144,6 +144,9 @@ def test_status_shows_the_policy_and_warns_of_an_evicting_one(
     assert report["eviction_policy"] == "allkeys-lru"
     assert "maxmemory-policy is allkeys-lru" in err
     assert "workers refuse it unless [redis] allow_eviction = true" in err, err
+    every, err = status_json(path, app=None)  # every app's view says it too
+    assert every["eviction_policy"] == "allkeys-lru" and every["apps"] == []
+    assert "maxmemory-policy is allkeys-lru" in err, err
 
 
 async def test_a_cluster_is_refused_when_any_primary_may_evict(
