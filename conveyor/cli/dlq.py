@@ -173,6 +173,9 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     for name, value in shown.items():  # producers' text, escaped for the terminal
         if name == "headers":
             value = ", ".join(f"{visible(k)}={visible(v)}" for k, v in value.items()) or "-"
+        elif name == "raw_fields":  # an undecodable entry's fields, as it held them
+            value = ", ".join(f"{visible(k)}={'(null)' if v is None else visible(v)}"
+                              for k, v in value) or "-"
         elif isinstance(value, str):
             value = visible(value, lines=name == "body")
         click.echo(f"{name + ':':<15}{'-' if value is None else value}")

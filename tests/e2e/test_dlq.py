@@ -20,7 +20,7 @@ from conveyor.client import Publish, SyncClient
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import StreamId
-from conveyor.platform.message import DeadLetter, Message, now_ms
+from conveyor.platform.message import DeadLetter, Message, Undecodable, now_ms
 from conveyor.platform.operations.dlq import KILL_ENV
 from tests.conftest import stop_when, wait_until_sync
 from tests.integration.redis.conftest import write_config
@@ -227,3 +227,28 @@ def test_show_prints_a_producers_control_characters_escaped(config_path: Path) -
     assert "headers:       h\\x07=v\\x1b" in lines
     assert "error:         boom\\x1b[0m" in lines
     assert "body:          line 1" in lines and "line 2\\r\\x1b[2J" in lines
+
+
+def test_show_gives_an_undecodable_entrys_fields_as_they_were(config_path: Path) -> None:
+    """No field of the entry could be read, so the letter has no namespace or key of
+    its own: `dlq show` prints what the entry held, field by field (its error says why)."""
+    config = load_config(config_path)
+    raw = ((b"cv-ns", b"orders"), (b"cv-key", b"raw"), (b"nobody", b"x\xff"),
+           (b"body", b"payload"))
+    entry = Undecodable(id="1-0", stream=StreamId("", ""), body=b"payload",
+                        content_type="application/octet-stream", enqueued_at_ms=now_ms(),
+                        reason="KeyError: 'cv-id'", raw_fields=raw)
+    on_adapter(config, "dead_letters.put", APP, [
+        DeadLetter.of(entry, "", "undecodable: KeyError: 'cv-id'", 1, "Undecodable")])
+    listed = conveyor("dlq", "list", "--app", APP, "--config", str(config_path), "--json")
+    [letter] = json.loads(listed.stdout)
+    shown = conveyor("dlq", "show", letter["id"], "--app", APP, "--config",
+                     str(config_path), "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert data["raw_fields"] == [["cv-ns", "orders"], ["cv-key", "raw"], ["nobody", "x\\xff"],
+                                  ["body", "payload"]]
+    assert data["error"] == "undecodable: KeyError: 'cv-id'" and data["body"] == "payload"
+    text = conveyor("dlq", "show", letter["id"], "--app", APP, "--config", str(config_path))
+    assert ("raw_fields:    cv-ns=orders, cv-key=raw, nobody=x\\xff, body=payload"
+            in text.stdout.splitlines()), text.stdout

@@ -81,12 +81,22 @@ def letter_json(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
         "form": letter.form, "token": str(msg.token) if msg.token is not None else None,
         "replay_of": stored.replay_of or None,
     }
+    if isinstance(msg, Undecodable):  # what the entry held, since no field could be read
+        out["raw_fields"] = [[_text(name), None if value is None else _text(value)]
+                             for name, value in msg.raw_fields]
+        if msg.raw_key is not None:
+            out["raw_key"] = _text(msg.raw_key)
     if body:
         try:
             out["body"] = msg.body.decode()
         except UnicodeDecodeError:
             out["body_base64"] = base64.b64encode(msg.body).decode()
     return out
+
+
+def _text(data: bytes) -> str:
+    """Bytes of an undecodable entry as text: UTF-8, other bytes as ``\\xNN``."""
+    return data.decode("utf-8", "backslashreplace")
 
 
 def not_replayable(stored: StoredLetter) -> str | None:
