@@ -65,6 +65,10 @@ def _while_connecting(exc: BaseException) -> bool:
     return isinstance(exc, rex.ConnectionError | rex.TimeoutError) and "connecting to" in str(exc)
 
 
+STRAY_LOOK = 16
+"""Queue streams past ``[queues] total`` that a daemon's start looks into."""
+
+
 def _in_place(reply: Exception) -> bool:
     """Whether a script call's error reply is its chunk's own refusal (out of memory,
     a key of another type), which fails that chunk alone; other errors (a slot moved, a
@@ -108,8 +112,11 @@ class RedisAdapter(QueueAdapter):
     name = "redis"
 
     def __init__(self, cfg: RedisConfig, *, redis: aioredis.Redis | None = None,
-                 max_dead_letters: int = 0, new_group_start: str = "earliest") -> None:
+                 max_dead_letters: int = 0, new_group_start: str = "earliest",
+                 queues_total: int | None = None) -> None:
         self.cfg = cfg
+        self.queues_total = queues_total
+        """``[queues] total``, where known: :meth:`check_server` looks past it."""
         self.new_group_id = "$" if new_group_start == "latest" else "0"
         """Where ``XGROUP CREATE`` puts a new group: ``[queues] new_group_start``."""
         # Any: redis-py 8 types replies as unions of every protocol shape.
@@ -154,6 +161,34 @@ class RedisAdapter(QueueAdapter):
         :mod:`~conveyor.adapters.redis.persistence`)."""
         await self.eviction.check(retry=False)
         await self.persistence_reader.report()
+        if self.queues_total is not None:
+            stray = await self.entries_beyond(self.queues_total)
+            if stray:
+                names = ", ".join(f"{self.keys.queue(q)} ({n:,})" for q, n in stray.items())
+                log.warning(
+                    "redis: queue streams past [queues] total = %d hold %s entries: %s. "
+                    "Messages a producer publishes there, with a larger total, are read by "
+                    "no daemon of this config: every producer and daemon of an app must "
+                    "use the same total", self.queues_total, f"{sum(stray.values()):,}",
+                    names)
+
+    async def entries_beyond(self, total: int, look: int = STRAY_LOOK) -> dict[int, int]:
+        """Entries in the queue streams ``total`` to ``total + look - 1``, where there are
+        any: messages published with a larger ``[queues] total`` than ``total`` (the hash
+        ring spreads a stream key over every queue of a total, so a larger one fills
+        ``total`` itself and on)."""
+        queues = range(total, total + look)
+
+        async def read() -> list[int]:
+            lengths = await asyncio.gather(
+                *(self.redis.xlen(self.keys.queue(q)) for q in queues), return_exceptions=True)
+            for n in lengths:  # a key of another type is no queue (WRONGTYPE): 0
+                if isinstance(n, BaseException) and not isinstance(n, rex.ResponseError):
+                    raise n
+            return [n if isinstance(n, int) else 0 for n in lengths]
+
+        lengths = await self.caller.retrying("reading the queues past [queues] total", read)
+        return {q: int(n) for q, n in zip(queues, lengths, strict=True) if n}
 
     async def eviction_policy(self) -> str | None:
         return await self.eviction.summary()
@@ -447,7 +482,8 @@ class RedisAdapter(QueueAdapter):
 
 def from_config(config: Config) -> RedisAdapter:
     return RedisAdapter(config.redis, max_dead_letters=config.dead_letters.max_entries,
-                        new_group_start=config.queues.new_group_start)
+                        new_group_start=config.queues.new_group_start,
+                        queues_total=config.queues.total)
 
 
 async def wait_ready(adapter: RedisAdapter, timeout_s: float = 10.0) -> None:

@@ -1,0 +1,58 @@
+"""Producers and daemons of an app must use the same ``[queues] total``. Messages a
+producer published with a larger one land on queue streams no daemon of the smaller
+one reads: a worker's start says so, naming the streams and how many entries they
+hold; with the same total it says nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conveyor.client import Publish, SyncClient
+from conveyor.platform.config import load_config
+from tests.conftest import wait_until_sync
+from tests.integration.redis.conftest import Worker, write_config
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.redis
+
+STRAY = "past [queues] total"
+
+
+def publish(config: Path, n: int) -> None:
+    with SyncClient.from_config(load_config(config, environ={})) as client:
+        client.publish_batch(Publish("jobs", f"k{i}", {"i": i}) for i in range(n))
+
+
+def ready(worker: Worker) -> None:
+    wait_until_sync(lambda: "ready" in worker.stderr or not worker.alive(), 30,
+                    "the worker ready")
+
+
+def test_a_worker_says_when_messages_sit_past_its_queues_total(
+    redis_server: RedisServer, tmp_path: Path, workers: list[Worker],
+) -> None:
+    producer = write_config(tmp_path / "p.toml", redis_server.url, queues={"total": 8})
+    publish(producer, 200)
+    lengths = {q: redis_server.client().xlen(f"t:q:{q}") for q in range(8)}
+    beyond = sum(lengths[q] for q in range(4, 8))
+    assert beyond > 0  # the hash ring put some of the 200 on queues 4-7
+
+    same = Worker("same", producer, tmp_path, log_level="warning")
+    workers.append(same)
+    ready(same)
+    assert same.stop() == 0, same.stderr
+    assert STRAY not in same.stderr, same.stderr
+
+    smaller = write_config(tmp_path / "w.toml", redis_server.url, queues={"total": 4})
+    worker = Worker("w", smaller, tmp_path, log_level="warning")
+    workers.append(worker)
+    ready(worker)
+    assert worker.stop() == 0, worker.stderr
+    [line] = [x for x in worker.stderr.splitlines() if STRAY in x]
+    assert f"[queues] total = 4 hold {beyond:,} entries" in line, line
+    for q in range(4, 8):
+        if lengths[q]:
+            assert f"t:q:{q} ({lengths[q]:,})" in line, line
+    assert "every producer and daemon of an app must use the same total" in line
