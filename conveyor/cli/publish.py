@@ -4,6 +4,7 @@ config); prints the message's sequence token."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import click
@@ -37,8 +38,9 @@ def publish(
     """Publish one message to a stream and print its sequence token.
 
     BODY goes to the stream NAMESPACE/KEY as it is (JSON by default: a BODY that is not
-    JSON is refused unless --content-type says otherwise); the token printed is
-    QUEUE:MAJOR-MINOR, which `conveyor rewind --to` takes.
+    JSON is refused unless --content-type says otherwise; a type neither text/* nor
+    JSON sends the bytes the shell passed); the token printed is QUEUE:MAJOR-MINOR,
+    which `conveyor rewind --to` takes.
 
     \b
     Examples:
@@ -63,12 +65,16 @@ def publish(
                 f"--content-type {CONTENT_TEXT}", param_hint="BODY") from None
         except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8
             raise click.BadParameter(
-                f"{shown!r} is not UTF-8 text, so not JSON; nothing was sent",
+                f"{shown!r} is not UTF-8 text, so not JSON; to send these bytes, add "
+                "--content-type application/octet-stream; nothing was sent",
                 param_hint="BODY") from None
         except RecursionError:  # no handler could decode it either
             raise click.BadParameter(
                 f"{shown!r} is JSON nested too deeply to decode; nothing was sent",
                 param_hint="BODY") from None
+    data: str | bytes = body
+    if content_type is not None and not _textual(content_type):
+        data = os.fsencode(body)  # a binary type: the bytes the shell passed, as they are
     headers: dict[str, str] = {}
     for item in header:
         name, sep, value = item.partition("=")
@@ -88,7 +94,7 @@ def publish(
     async def send() -> SequenceToken:
         client = Client.from_config(config)
         try:
-            return await client.publish(namespace, key, body, headers, content_type)
+            return await client.publish(namespace, key, data, headers, content_type)
         except asyncio.CancelledError:
             # Ctrl-C. close() would wait for the send under way (to a broker that is down:
             # all of [redis] retry_max_s); stopped, the message may or may not be stored.
@@ -105,3 +111,10 @@ def publish(
     except ConveyorError as exc:
         fail(exc)
     click.echo(str(token))
+
+
+def _textual(content_type: str) -> bool:
+    """Whether a body of ``content_type`` is text (sent as UTF-8, so it must be text):
+    ``text/*`` and JSON types. Others are bytes, sent as the shell passed them."""
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind.startswith("text/") or kind.endswith(("/json", "+json"))

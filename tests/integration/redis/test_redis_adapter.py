@@ -581,3 +581,23 @@ async def test_a_pending_entry_deleted_meanwhile_is_acked_not_delivered(
     assert (await adapter.redis.xpending(stream, "g"))["pending"] == 2  # the gone one acked
     await second.acknowledge([m.token for m in got])  # type: ignore[misc]
     assert await adapter.lag(0, "g") == 0
+
+
+def test_publish_sends_a_binary_types_body_as_the_bytes_the_shell_passed(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """Bytes that are not UTF-8 reach the command as surrogate escapes: a binary content
+    type sends them back as the bytes they were; a text type refuses them (exit 2)."""
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+    raw = b"\xff\xfe\x01bin"
+    run = [sys.executable, "-m", "conveyor.cli", "publish", "items", "k", raw, "--config",
+           str(cfg).encode()]
+    done = subprocess.run([*run, b"--content-type", b"application/octet-stream"], cwd=REPO,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    [(_, fields)] = redis_server.client().xrange(
+        f"t:q:{SequenceToken.parse(done.stdout.decode().strip()).queue}")
+    assert (fields[b"body"], fields[b"content-type"]) == (raw, b"application/octet-stream")
+    text = subprocess.run([*run, b"--content-type", b"text/plain"], cwd=REPO,
+                          capture_output=True, timeout=60)
+    assert text.returncode == 2 and b"cannot be encoded as UTF-8" in text.stderr, text.stderr
