@@ -31,7 +31,7 @@ from redis.asyncio.sentinel import (
 )
 from redis.backoff import NoBackoff
 
-from conveyor.adapters.redis.errors import CLUSTER_ERRORS
+from conveyor.adapters.redis.errors import CLUSTER_ERRORS, ClusterUnreachableError
 from conveyor.adapters.redis.urls import check_url, redact_url, sentinel_addresses
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.deadlines import StallTolerantTimeout
@@ -188,6 +188,33 @@ class ClusterClient(RedisCluster):
         super().__init__(*args, **kwargs)
         self._node_kwargs = node_kwargs
         self._node_clients: dict[str, aioredis.Redis] = {}
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        """redis-py's reading of the slots, its failures made ones Conveyor knows.
+
+        When no node answers, redis-py raises a ``RedisClusterException`` ("Redis Cluster
+        cannot be connected"), which is no ``RedisError``: neither retried nor worded, it
+        ended every command in a traceback and a daemon at once. Here it is a
+        :class:`ClusterUnreachableError`, a ``ConnectionError`` (retried, reported as any
+        unreachable server), or the credentials' refusal that made it; a server not in
+        cluster mode is named (a ``BrokerError`` in one line). Every path to a
+        command reads the slots here first (``exists`` of one key too, which redis-py
+        splits by slot).
+        """
+        try:
+            return await super().initialize(*args, **kwargs)
+        except rex.RedisClusterException as exc:
+            cause = exc.__cause__
+            if isinstance(cause, (rex.AuthenticationError, rex.AuthorizationError)):
+                raise cause from None
+            nodes = ", ".join(self.nodes_manager.startup_nodes) or "none"
+            if isinstance(cause, (rex.ConnectionError, rex.TimeoutError, OSError)):
+                raise ClusterUnreachableError(
+                    f"no node of the cluster answered (tried {nodes}): {cause}") from exc
+            if isinstance(cause, rex.RedisClusterException):  # a server not in cluster mode
+                raise rex.RedisClusterException(
+                    f"{nodes}: {cause} (with [redis] mode = \"cluster\")") from exc
+            raise
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if self._initialize:  # routed by the map, never by a guess made without it
