@@ -25,6 +25,7 @@ import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
+    MasterNotFoundError,
     Sentinel,
     SentinelManagedConnection,
     SentinelManagedSSLConnection,
@@ -256,6 +257,45 @@ class ClusterClient(RedisCluster):
         await self.aclose()
 
 
+def _node_address(client: aioredis.Redis) -> str:
+    """``HOST:PORT`` (``[IPV6]:PORT``) of a client's server: no credentials."""
+    kwargs = client.connection_pool.connection_kwargs
+    host = str(kwargs.get("host", "?"))
+    return f"[{host}]:{kwargs.get('port')}" if ":" in host else f"{host}:{kwargs.get('port')}"
+
+
+class _Sentinels(Sentinel):
+    """redis-py's Sentinel, its "no primary" error worded.
+
+    redis-py (8.x) names each sentinel that failed by its client's whole repr, every
+    connection option (~1,000 characters a sentinel), and Conveyor printed it twice: in
+    the outage's warning and in the error. The search here is redis-py's (each sentinel
+    in turn; the one that answers is asked first next time; ``force_master_ip``, which
+    Conveyor does not set, aside), and its ``MasterNotFoundError`` (a
+    ``ConnectionError``: retried as an outage) names each sentinel by address and why
+    it named no primary.
+    """
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        reasons: list[str] = []
+        for i, node in enumerate(self.sentinels):
+            address = _node_address(node)
+            try:
+                masters = cast(dict[str, Any], await node.sentinel_masters())  # RESP2
+            except (rex.ConnectionError, rex.TimeoutError) as exc:
+                text = str(exc).rstrip(".") or type(exc).__name__
+                reasons.append(text if address in text else f"{address}: {text}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                self.sentinels[0], self.sentinels[i] = node, self.sentinels[0]
+                return state["ip"], int(state["port"])
+            reasons.append(f"{address}: " + ("its primary is down or not agreed on" if state
+                                             else "monitors no such service"))
+        raise MasterNotFoundError(
+            f"the sentinels named no primary for {service_name!r} ({'; '.join(reasons)})")
+
+
 class SentinelClient(aioredis.Redis):
     """A client of the primary the sentinels name for ``[redis] sentinel_service``
     (``mode = "sentinel"``); for the rest a standalone client, keys laid out alike.
@@ -378,7 +418,7 @@ def _connect_sentinel(cfg: RedisConfig, url: str, kwargs: dict[str, Any]) -> Sen
         sentinel_kwargs["username"] = user
     if password is not None:
         sentinel_kwargs["password"] = password
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    sentinel = _Sentinels(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
         sentinel_addresses(cfg.sentinels), sentinel_kwargs=sentinel_kwargs, **options)
     client = cast(SentinelClient, sentinel.master_for(cfg.sentinel_service,
                                                       redis_class=SentinelClient))

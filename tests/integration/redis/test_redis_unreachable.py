@@ -1,4 +1,4 @@
-"""A Redis Cluster that cannot be reached: as with one server,
+"""A Redis Cluster or a Sentinel-managed Redis that cannot be reached: as with one server,
 the calls are retried for ``[redis] retry_max_s``, noted once, and a one-shot command
 fails in one line (exit 1), never a traceback; a worker waits the outage out.
 
@@ -31,6 +31,12 @@ def conveyor(*args: str) -> subprocess.CompletedProcess[str]:
 def cluster_config(tmp: Path, port: int) -> Path:
     return write_config(tmp / "cluster.toml", f"redis://127.0.0.1:{port}/0",
                         redis={"mode": "cluster", "retry_max_s": RETRY_MAX_S})
+
+
+def sentinel_config(tmp: Path, ports: list[int]) -> Path:
+    return write_config(tmp / "sentinel.toml", "redis:///0", redis={
+        "mode": "sentinel", "sentinels": [f"127.0.0.1:{p}" for p in ports],
+        "sentinel_service": "mymaster", "retry_max_s": RETRY_MAX_S})
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
@@ -80,3 +86,18 @@ def test_a_cluster_config_on_a_server_not_in_cluster_mode_is_one_line(
                      f"queue 0: 127.0.0.1:{redis_server.port}: Cluster mode is not enabled "
                      f'on this node (with [redis] mode = "cluster")'), error
 
+
+def test_unreachable_sentinels_are_named_in_a_short_line(tmp_path: Path) -> None:
+    """redis-py names each sentinel that failed by its client's repr (every connection
+    option): the error was one line of ~3,250 characters, the warning before it too."""
+    ports = [free_port() for _ in range(3)]
+    result = conveyor("status", "--config", str(sentinel_config(tmp_path, ports)))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    note, error = result.stderr.splitlines()
+    assert error.startswith("conveyor: error: redis unreachable while "), error
+    assert "the sentinels named no primary for 'mymaster' (" in error, error
+    for line in (note, error):
+        assert "<redis." not in line and "REDACTED" not in line, line
+        assert all(f"127.0.0.1:{p}" in line for p in ports), line
+        assert len(line) < 600, (len(line), line)
