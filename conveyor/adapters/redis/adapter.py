@@ -32,7 +32,7 @@ import redis.exceptions as rex
 from conveyor.adapters.redis import scripts as lua
 from conveyor.adapters.redis.codec import enqueue_args, publish_chunks, tokens_of_runs
 from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, on_primary
-from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller
+from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller, ClusterUnreachableError
 from conveyor.adapters.redis.eviction import EvictionGuard
 from conveyor.adapters.redis.groups import RedisGroups
 from conveyor.adapters.redis.keys import Keys, check_name, token_of
@@ -61,7 +61,10 @@ def _while_connecting(exc: BaseException) -> bool:
     """Whether redis-py raised ``exc`` while opening a connection, before any command
     went out ("Error 111 connecting to …", "Timeout connecting to server"). Read from
     the message, which redis-py words so for these two cases only: should that change,
-    a publish that failed so reports PublishUncertain, the safe answer."""
+    a publish that failed so reports PublishUncertain, the safe answer. A cluster whose
+    slots could not be read (:class:`ClusterUnreachableError`) was sent nothing either."""
+    if isinstance(exc, ClusterUnreachableError):
+        return True
     return isinstance(exc, rex.ConnectionError | rex.TimeoutError) and "connecting to" in str(exc)
 
 

@@ -25,13 +25,14 @@ import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
+    MasterNotFoundError,
     Sentinel,
     SentinelManagedConnection,
     SentinelManagedSSLConnection,
 )
 from redis.backoff import NoBackoff
 
-from conveyor.adapters.redis.errors import CLUSTER_ERRORS
+from conveyor.adapters.redis.errors import CLUSTER_ERRORS, ClusterUnreachableError
 from conveyor.adapters.redis.urls import check_url, redact_url, sentinel_addresses
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.deadlines import StallTolerantTimeout
@@ -189,6 +190,33 @@ class ClusterClient(RedisCluster):
         self._node_kwargs = node_kwargs
         self._node_clients: dict[str, aioredis.Redis] = {}
 
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        """redis-py's reading of the slots, its failures made ones Conveyor knows.
+
+        When no node answers, redis-py raises a ``RedisClusterException`` ("Redis Cluster
+        cannot be connected"), which is no ``RedisError``: neither retried nor worded, it
+        ended every command in a traceback and a daemon at once. Here it is a
+        :class:`ClusterUnreachableError`, a ``ConnectionError`` (retried, reported as any
+        unreachable server), or the credentials' refusal that made it; a server not in
+        cluster mode is named (a ``BrokerError`` in one line). Every path to a
+        command reads the slots here first (``exists`` of one key too, which redis-py
+        splits by slot).
+        """
+        try:
+            return await super().initialize(*args, **kwargs)
+        except rex.RedisClusterException as exc:
+            cause = exc.__cause__
+            if isinstance(cause, (rex.AuthenticationError, rex.AuthorizationError)):
+                raise cause from None
+            nodes = ", ".join(self.nodes_manager.startup_nodes) or "none"
+            if isinstance(cause, (rex.ConnectionError, rex.TimeoutError, OSError)):
+                raise ClusterUnreachableError(
+                    f"no node of the cluster answered (tried {nodes}): {cause}") from exc
+            if isinstance(cause, rex.RedisClusterException):  # a server not in cluster mode
+                raise rex.RedisClusterException(
+                    f"{nodes}: {cause} (with [redis] mode = \"cluster\")") from exc
+            raise
+
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if self._initialize:  # routed by the map, never by a guess made without it
             await self.initialize()
@@ -227,6 +255,45 @@ class ClusterClient(RedisCluster):
             await client.aclose()
         self._node_clients.clear()
         await self.aclose()
+
+
+def _node_address(client: aioredis.Redis) -> str:
+    """``HOST:PORT`` (``[IPV6]:PORT``) of a client's server: no credentials."""
+    kwargs = client.connection_pool.connection_kwargs
+    host = str(kwargs.get("host", "?"))
+    return f"[{host}]:{kwargs.get('port')}" if ":" in host else f"{host}:{kwargs.get('port')}"
+
+
+class _Sentinels(Sentinel):
+    """redis-py's Sentinel, its "no primary" error worded.
+
+    redis-py (8.x) names each sentinel that failed by its client's whole repr, every
+    connection option (~1,000 characters a sentinel), and Conveyor printed it twice: in
+    the outage's warning and in the error. The search here is redis-py's (each sentinel
+    in turn; the one that answers is asked first next time; ``force_master_ip``, which
+    Conveyor does not set, aside), and its ``MasterNotFoundError`` (a
+    ``ConnectionError``: retried as an outage) names each sentinel by address and why
+    it named no primary.
+    """
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        reasons: list[str] = []
+        for i, node in enumerate(self.sentinels):
+            address = _node_address(node)
+            try:
+                masters = cast(dict[str, Any], await node.sentinel_masters())  # RESP2
+            except (rex.ConnectionError, rex.TimeoutError) as exc:
+                text = str(exc).rstrip(".") or type(exc).__name__
+                reasons.append(text if address in text else f"{address}: {text}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                self.sentinels[0], self.sentinels[i] = node, self.sentinels[0]
+                return state["ip"], int(state["port"])
+            reasons.append(f"{address}: " + ("its primary is down or not agreed on" if state
+                                             else "monitors no such service"))
+        raise MasterNotFoundError(
+            f"the sentinels named no primary for {service_name!r} ({'; '.join(reasons)})")
 
 
 class SentinelClient(aioredis.Redis):
@@ -351,7 +418,7 @@ def _connect_sentinel(cfg: RedisConfig, url: str, kwargs: dict[str, Any]) -> Sen
         sentinel_kwargs["username"] = user
     if password is not None:
         sentinel_kwargs["password"] = password
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    sentinel = _Sentinels(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
         sentinel_addresses(cfg.sentinels), sentinel_kwargs=sentinel_kwargs, **options)
     client = cast(SentinelClient, sentinel.master_for(cfg.sentinel_service,
                                                       redis_class=SentinelClient))

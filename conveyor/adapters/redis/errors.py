@@ -31,6 +31,12 @@ CLUSTER_ERRORS = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDo
 client has re-read the cluster's slots."""
 
 
+class ClusterUnreachableError(rex.ConnectionError):
+    """No node of a cluster answered while its slots were read, before any command went
+    out. redis-py says so with a ``RedisClusterException``, no ``RedisError``: this
+    ``ConnectionError`` takes its place (``ClusterClient.initialize``), so it is retried
+    and reported as any unreachable server is."""
+
 
 REPORT_EVERY_S = 5.0
 """How often an outage that lasts is logged again."""
@@ -60,6 +66,8 @@ def map_errors(what: str) -> Iterator[None]:
             f"moving): {type(exc).__name__}: {exc}") from exc
     except rex.RedisError as exc:
         raise BrokerError(f"redis error while {what}: {exc}") from exc
+    except rex.RedisClusterException as exc:  # no RedisError: a cluster that is none, a misuse
+        raise BrokerError(f"redis cluster error while {what}: {exc}") from exc
 
 
 class Caller:
