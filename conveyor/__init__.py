@@ -41,6 +41,7 @@ from conveyor.platform.errors import (
     QueueOwnedError,
     ShutdownError,
     SlotSupplierError,
+    TokenRangeError,
     UnknownGroupError,
 )
 from conveyor.platform.handlers import HandlerSpec, MessageContext
@@ -125,6 +126,7 @@ __all__ = [
     "StoredLetter",
     "StreamId",
     "SyncClient",
+    "TokenRangeError",
     "Undecodable",
     "UnknownGroupError",
     "WorkerDaemon",

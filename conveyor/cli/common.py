@@ -29,6 +29,7 @@ from conveyor.platform.errors import (
     ConveyorError,
     ForwardRewindError,
     InvalidArgumentError,
+    TokenRangeError,
     UnknownGroupError,
 )
 
@@ -40,11 +41,13 @@ USAGE_ERROR = 2
 INTERRUPTED = 130
 """Exit status of a command ended by Ctrl-C (SIGINT): 128 + the signal's number."""
 
-USER_MISTAKES: tuple[type[ConveyorError], ...] = (ForwardRewindError, UnknownGroupError)
+USER_MISTAKES: tuple[type[ConveyorError], ...] = (ForwardRewindError, TokenRangeError,
+                                                  UnknownGroupError)
 """Library errors that, met by a command, are the user's mistake (exit 2) besides a bad
-config: a rewind target ahead of the app (``--to``), an app with no consumer group
-(``--app``). The error tree says what an error is; which ones exit 2 is the CLI's call.
-A command that knows the option to name catches them itself (``--app: ...``)."""
+config: a rewind target ahead of the app or out of its backend's range (``--to``), an
+app with no consumer group (``--app``). The error tree says what an error is; which ones
+exit 2 is the CLI's call. A command that knows the option to name catches them itself
+(``--app: ...``)."""
 
 
 class CliError(click.ClickException, ConveyorError):

@@ -22,6 +22,19 @@ _QUANTITY = re.compile(r"(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """A namespace's name: a DNS-1123 label."""
 
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    rf"(?P<name>(?:(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?/)?"
+    rf"{_PATH_PART}(?:/{_PATH_PART})*)"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@(?:sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128}))?"
+)
+"""An image reference, as the container runtime parses it (the distribution/reference
+grammar, with go-digest's registered digests): an optional registry ``host[:port]/``,
+lower-case repository path components, an optional ``:tag`` and/or ``@sha256:HEX`` (64
+lower-case hex digits; sha384, sha512 too). The name is at most 255 characters."""
+
 
 def _quantity(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """--cpu, --memory: refused here, not by the API server at ``kubectl apply``."""
@@ -36,6 +49,20 @@ def _namespace(ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(
             f"{value!r} is not a namespace name (lower-case letters, digits and '-', "
             "starting and ending with a letter or digit, at most 63)")
+    return value
+
+
+def _image(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--image: refused here, not by the kubelet as the pods fail to pull it."""
+    if value is None:
+        return None
+    found = _IMAGE.fullmatch(value)
+    if found is None or len(found["name"]) > 255:
+        shown = repr(value if len(value) <= 80 else value[:80] + "...")
+        raise click.BadParameter(
+            f"{shown} is not an image reference ([HOST[:PORT]/]PATH[:TAG][@DIGEST], the "
+            "path in lower case, e.g. shop:1.4, registry.example.com:5000/team/shop:1.4, "
+            "shop@sha256:<64 hex digits>)")
     return value
 
 
@@ -56,8 +83,9 @@ def deploy() -> None:
 @click.option("--config", "config_path", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The TOML config the pods run (redis or kafka); put in a ConfigMap.")
-@click.option("--image", default=None,
-              help="Worker image holding the app under /app. Default: conveyor:VERSION.")
+@click.option("--image", default=None, callback=_image,
+              help="Worker image holding the app under /app, as [HOST[:PORT]/]PATH[:TAG]"
+                   "[@DIGEST] (PATH in lower case). Default: conveyor:VERSION.")
 @click.option("--replicas", type=click.IntRange(min=0), default=1, show_default=True,
               help="KEDA's minimum replicas (0: scale to zero when there is no lag).")
 @click.option("--max-replicas", type=click.IntRange(min=1), default=None,
@@ -113,7 +141,8 @@ def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: in
         raise click.BadParameter(str(exc), param_hint="--app") from None
     options = k8s.Options(
         app_path=app_path, app_name=app.name, config_text=text,
-        image=image or f"conveyor:{version()}", replicas=replicas, max_replicas=max_replicas,
+        image=image if image is not None else f"conveyor:{version()}", replicas=replicas,
+        max_replicas=max_replicas,
         namespace=namespace, http_port=http_port, cpu=cpu, memory=memory,
     )
     try:

@@ -29,7 +29,8 @@ def _parse_rewind_target(text: str) -> Any:
 
     from conveyor.platform.ids import SequenceToken
 
-    if ":" in text and "T" not in text and "-" not in text.split(":", 1)[0]:
+    head = text.split(":", 1)[0]
+    if ":" in text and "T" not in text and ("-" not in head or head.startswith("-")):
         try:
             return SequenceToken.parse(text)
         except ValueError as exc:
@@ -52,7 +53,8 @@ def _parse_rewind_target(text: str) -> Any:
               help="The app's name (its consumer group).")
 @click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
 @click.option("--queue", "queues", type=int, multiple=True,
-              help="Queues to rewind to a time (default: all). A token names its own queue.")
+              help="Queues to rewind to a time (default: all). A token names its own queue: "
+                   "with one, --queue may name that queue only.")
 @click.option("--allow-forward", is_flag=True,
               help="Also move a position forward, skipping the messages in between "
                    "(refused by default, for every queue, before any is moved).")
@@ -81,28 +83,46 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
           --config configs/redis.toml
     """
     from conveyor.backends import create_adapter, lease_owners
-    from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
+    from conveyor.platform.errors import (
+        ForwardRewindError,
+        TokenRangeError,
+        UnknownGroupError,
+    )
     from conveyor.platform.ids import SequenceToken
 
     config = load_config_or_exit(config_path)
     to = _parse_rewind_target(target)
     refuse_embedded(config, "rewind", "its positions exist only there and vanish with it")
+    total = config.queues.total
+    bad = sorted({q for q in queues if not 0 <= q < total})
+    if bad:
+        raise click.BadParameter(f"no such queue(s) {bad}: the config's queues are "
+                                 f"0-{total - 1}", param_hint="--queue")
     if isinstance(to, SequenceToken):
+        if not 0 <= to.queue < total:
+            raise click.BadParameter(f"token {to} names queue {to.queue}, which does not "
+                                     f"exist: the config's queues are 0-{total - 1}",
+                                     param_hint="--to")
+        other = sorted(set(queues) - {to.queue})
+        if other:
+            raise click.BadParameter(
+                f"queue(s) {other} given, but token {to} names queue {to.queue}: a token "
+                "moves its own queue only (drop --queue, or give a token of that queue)",
+                param_hint="--queue")
         chosen = [to.queue]
     else:
-        chosen = list(queues) or list(range(config.queues.total))
-    bad = [q for q in chosen if not 0 <= q < config.queues.total]
-    if bad:
-        raise click.BadParameter(f"no such queue(s) {bad}", param_hint="--queue/--to")
+        chosen = list(dict.fromkeys(queues)) or list(range(total))
 
     async def run() -> None:
         adapter = create_adapter(config.queues.adapter, config)
         try:
-            held = await lease_owners(config, group)
             try:
+                if isinstance(to, SequenceToken):  # before the broker is asked anything
+                    adapter.check_token(to)
+                held = await lease_owners(config, group)
                 await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward,
                                             create_group=create_group, lease_owners=held)
-            except ForwardRewindError as exc:
+            except (ForwardRewindError, TokenRangeError) as exc:
                 raise click.BadParameter(str(exc), param_hint="--to") from None
         finally:
             await adapter.close()

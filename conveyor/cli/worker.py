@@ -92,7 +92,8 @@ def worker(
             raise click.BadParameter(str(exc), param_hint="--processes") from None
         try:
             report = run_supervisor(app_path, app.name, config, processes, config_path,
-                                    overrides, ready=_say_ready)
+                                    overrides, ready=_say_ready,
+                                    log_level=_log_level(click.get_current_context()))
         except ConveyorError as exc:
             fail(exc)
         click.echo(f"conveyor: drained {report}", err=True)
@@ -113,6 +114,12 @@ def worker(
     except ConveyorError as exc:
         fail(exc)
     click.echo(f"conveyor: drained {report}", err=True)
+
+
+def _log_level(ctx: click.Context) -> str | None:
+    """The main command's ``--log-level``, for the processes this one starts."""
+    level = ctx.parent.params.get("log_level") if ctx.parent is not None else None
+    return str(level) if level is not None else None
 
 
 def _say_ready(what: str) -> None:

@@ -44,8 +44,9 @@ from conveyor.platform.errors import (
     ConveyorError,
     ForwardRewindError,
     QueueOwnedError,
+    TokenRangeError,
 )
-from conveyor.platform.ids import SequenceToken
+from conveyor.platform.ids import POSITION_MAX, SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.operations.groups import GroupInfo, no_group_error
@@ -253,6 +254,23 @@ class QueueAdapter(ABC):
     each send is a round trip. False where there is none (memory) or where the backend's own client
     gathers concurrent sends already, in call order (Kafka's producer, ``linger_ms``)."""
 
+    token_max: tuple[int, int] = (POSITION_MAX, POSITION_MAX)
+    """The largest ``(major, minor)`` of this backend's positions: what
+    :meth:`check_token` allows. Here what a token's text form allows, 2**64-1 each (a
+    Redis stream id's two parts); Kafka's offsets are signed 64-bit numbers."""
+
+    def check_token(self, token: SequenceToken) -> None:
+        """Refuse a token that names no position this backend can have (a part below 0
+        or above :attr:`token_max`) with a :class:`TokenRangeError`, before the broker
+        is asked."""
+        for name, value, top in (("major", token.major, self.token_max[0]),
+                                 ("minor", token.minor, self.token_max[1])):
+            if not 0 <= value <= top:
+                raise TokenRangeError(
+                    f"token {token}: its {name} part is out of the {self.name} adapter's "
+                    f"range 0..{top}"
+                )
+
     @abstractmethod
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         """Append messages to a queue, in order; returns their positions."""
@@ -309,6 +327,7 @@ class QueueAdapter(ABC):
 
         Refused before any queue moves:
 
+        * a token out of this backend's range (:meth:`check_token`);
         * a token of another queue than one of ``queues`` (:class:`BrokerError`);
         * a queue still owned by a receiver of ``group`` — one :meth:`owners` sees, or one
           in ``lease_owners`` (queue: holder, e.g. the daemons' lease store, which
@@ -323,6 +342,7 @@ class QueueAdapter(ABC):
         names those already moved (re-running the same rewind finishes the job).
         """
         if isinstance(to, SequenceToken):
+            self.check_token(to)
             for queue in queues:
                 if to.queue != queue:
                     raise BrokerError(f"token {to} is for queue {to.queue}, not {queue}")

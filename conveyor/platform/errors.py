@@ -47,6 +47,11 @@ class ForwardRewindError(InvalidArgumentError):
     A bad value of the ``to`` argument, unless ``allow_forward``."""
 
 
+class TokenRangeError(InvalidArgumentError):
+    """A sequence token beyond the positions a backend has (a Kafka offset above
+    2**63-1): a bad value of a rewind's ``to``."""
+
+
 class UnknownGroupError(InvalidArgumentError):
     """An app named where it has no consumer group (a typo, or an app that never ran): a
     name that names nothing there."""

@@ -8,6 +8,17 @@ import msgspec
 
 from conveyor.platform.errors import InvalidArgumentError
 
+POSITION_MAX = 2**64 - 1
+"""The largest MAJOR or MINOR of a :class:`SequenceToken`'s text form: a Redis stream id's
+two parts are unsigned 64-bit numbers. A backend may take less (a Kafka offset is a signed
+64-bit number: :attr:`conveyor.platform.adapter.QueueAdapter.token_max`)."""
+
+_TOKEN = re.compile(r"([0-9]+):([0-9]+)(?:-([0-9]+))?")
+"""``QUEUE:MAJOR[-MINOR]``, ASCII digits only (no sign, space or ``_``, which ``int``
+would take)."""
+
+_MAX_DIGITS = len(str(POSITION_MAX))
+
 NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 """Names that reach into a broker's key space (app names, which are consumer groups, and
 Redis key prefixes): 1-128 ASCII letters, digits, ``_``, ``.``, ``-``. Check with
@@ -46,13 +57,26 @@ class SequenceToken(msgspec.Struct, frozen=True, order=True, array_like=True):
 
     @classmethod
     def parse(cls, text: str) -> SequenceToken:
-        """Parse ``queue:major[-minor]``; raises :class:`InvalidArgumentError` (a ``ValueError``)
+        """Parse ``queue:major[-minor]``, each a whole number from 0 to
+        :data:`POSITION_MAX`; raises :class:`InvalidArgumentError` (a ``ValueError``)
         with the expected form."""
-        try:
-            queue_s, pos = text.split(":", 1)
-            major_s, _, minor_s = pos.partition("-")
-            return cls(int(queue_s), int(major_s), int(minor_s or 0))
-        except ValueError:
+        found = _TOKEN.fullmatch(text)
+        if found is None:
             raise InvalidArgumentError(
-                f"not a sequence token: {text!r} (expected QUEUE:MAJOR[-MINOR], e.g. 3:1042-0)"
-            ) from None
+                f"not a sequence token: {_cut(text)!r} (expected QUEUE:MAJOR[-MINOR], whole "
+                "numbers from 0, e.g. 3:1042-0)"
+            )
+        parts = found.group(1), found.group(2), found.group(3) or "0"
+        for name, digits in zip(("QUEUE", "MAJOR", "MINOR"), parts, strict=True):
+            # By length first: int() refuses more than 4300 digits.
+            if len(digits.lstrip("0")) > _MAX_DIGITS or int(digits) > POSITION_MAX:
+                raise InvalidArgumentError(
+                    f"not a sequence token: {_cut(text)!r} ({name} is above "
+                    f"{POSITION_MAX} = 2**64-1, the largest a position takes)"
+                )
+        queue, major, minor = map(int, parts)
+        return cls(queue, major, minor)
+
+def _cut(text: str, limit: int = 60) -> str:
+    """``text``, cut short for a one-line message."""
+    return text if len(text) <= limit else text[:limit] + "..."

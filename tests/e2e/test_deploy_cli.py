@@ -59,6 +59,10 @@ def test_output_dir_gets_one_file_per_object_in_apply_order(tmp_path: Path) -> N
          "Invalid value for '--memory': '512MB' is not a Kubernetes quantity"),
         (["--config", "configs/redis.toml", "--namespace", "Team_A"],
          "Invalid value for '--namespace': 'Team_A' is not a namespace name"),
+        (["--config", "configs/redis.toml", "--image", "shop worker:1"],
+         "Invalid value for '--image': 'shop worker:1' is not an image reference"),
+        (["--config", "configs/redis.toml", "--image", ""],
+         "Invalid value for '--image': '' is not an image reference"),
     ],
 )
 def test_user_mistakes_exit_2_with_one_line(args: list[str], message: str) -> None:

@@ -11,12 +11,16 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from click.testing import CliRunner, Result
 
 from conveyor.adapters.redis.keys import Keys
+from conveyor.cli import main
+from conveyor.cli.common import USAGE_ERROR
 from conveyor.cli.deploy import to_yaml
 from conveyor.deploy import kubernetes as k8s
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import ConfigError, InvalidArgumentError
+from conveyor.version import version
 from conveyor.workers.serve import STOP_GRACE_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -354,3 +358,49 @@ def test_keda_fields_are_text_where_the_crd_wants_text(adapter: str) -> None:
         assert isinstance(value, str)
     for field in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod"):
         assert isinstance(spec[field], int)
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def deploy_cli(image: str) -> Result:
+    return CliRunner().invoke(main, ["deploy", "kubernetes", "--app", "tests.apps.recorder:app",
+                                     "--config", "configs/redis.toml", "--image", image])
+
+
+@pytest.mark.parametrize("image", [
+    "", " ", "a b", "shop\n", "shop\x00", "shop\t1", "Shop:1", "shop:", "shop:-1", "/shop",
+    "shop/", "shop//x", "shop..x", "-shop", "registry:port/shop", "shop:1:2",
+    "https://registry.example/shop", "shop@sha256:abc", "shop@" + DIGEST.upper(),
+    "shop:" + "t" * 129, "r.example/" + "x" * 250,
+])
+def test_an_image_that_is_no_image_reference_is_a_usage_error(image: str) -> None:
+    # Written into the Deployment as given, the pods could never pull it; '' became the
+    # default image.
+    result = deploy_cli(image)
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for '--image': "), line
+    assert "is not an image reference" in line
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("image", [
+    "shop", "shop:1.4", "registry.example.com/shop:1.4",
+    "registry.example.com:5000/team/shop:1.4", "localhost:5000/shop",
+    "ghcr.io/org/my-app_x.y__z:v1.0-RC_1", "[::1]:5000/shop:1", f"shop@{DIGEST}",
+    f"registry.example/shop:1.4@{DIGEST}", "docker.io/library/python:3.11-slim",
+])
+def test_an_image_reference_goes_into_the_deployment_as_given(image: str) -> None:
+    result = deploy_cli(image)
+    assert result.exit_code == 0, result.stderr
+    assert container(list(yaml.safe_load_all(result.stdout)))["image"] == image
+
+
+def test_without_image_the_deployment_runs_this_versions_image() -> None:
+    result = CliRunner().invoke(main, ["deploy", "kubernetes", "--app",
+                                       "tests.apps.recorder:app", "--config",
+                                       "configs/redis.toml"])
+    assert result.exit_code == 0, result.stderr
+    assert container(list(yaml.safe_load_all(result.stdout)))["image"] == (
+        f"conveyor:{version()}")

@@ -12,7 +12,8 @@ from conveyor.platform.errors import BrokerConnectionError, ConfigError, Conveyo
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.pools.scaledown import ScaleDownPolicy
 from conveyor.workers.supervisor.process import ChildGone, ChildProcess
-from conveyor.workers.supervisor.run import env_for_overrides, parse_processes
+from conveyor.workers.supervisor.protocol import LOG_LEVEL_ENV
+from conveyor.workers.supervisor.run import child_env, env_for_overrides, parse_processes
 from conveyor.workers.supervisor.scaler import (
     Decision,
     LagScaler,
@@ -122,6 +123,39 @@ def test_processes_option_and_cli_overrides_for_children() -> None:
         with pytest.raises(ValueError):
             parse_processes(bad)
     assert env_for_overrides({"slots": {"count": 16}}) == {"CONVEYOR_SLOTS__COUNT": "16"}
+
+
+def test_the_clis_log_level_is_the_childrens() -> None:
+    # What the child reads its level from (INFO when unset): --log-level, as given.
+    assert LOG_LEVEL_ENV == "CONVEYOR_CHILD_LOG_LEVEL"
+    assert child_env({"slots": {"count": 16}}, "warning") == {
+        "CONVEYOR_SLOTS__COUNT": "16", LOG_LEVEL_ENV: "WARNING"}
+    assert child_env({}, None) == {}  # no --log-level: the child's own default, INFO
+
+
+@pytest.mark.parametrize(("args", "level"), [
+    (["--log-level", "warning"], "warning"), (["--log-level", "DEBUG"], "debug"), ([], None),
+])
+def test_worker_processes_hands_its_log_level_to_the_supervisor(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], level: str | None,
+) -> None:
+    from click.testing import CliRunner
+
+    from conveyor.cli import main
+    from conveyor.workers import supervisor as supervisor_package
+    from conveyor.workers.daemon import DrainReport
+
+    given: dict[str, object] = {}
+
+    def run_supervisor(*_: object, **kwargs: object) -> DrainReport:
+        given.update(kwargs)
+        return DrainReport(0, 0, 0, 0, 0)
+
+    monkeypatch.setattr(supervisor_package, "run_supervisor", run_supervisor)
+    result = CliRunner().invoke(main, [*args, "worker", "tests.apps.recorder:app",
+                                       "--config", "configs/redis.toml", "--processes", "1:2"])
+    assert result.exit_code == 0, result.output
+    assert given["log_level"] == level
 
 
 def test_the_memory_adapter_is_refused_with_a_reason() -> None:

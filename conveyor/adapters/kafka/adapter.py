@@ -45,7 +45,7 @@ from conveyor.platform.errors import (
     MessageTooLargeError,
     PublishUncertain,
 )
-from conveyor.platform.ids import SequenceToken
+from conveyor.platform.ids import POSITION_MAX, SequenceToken
 from conveyor.platform.message import CONTENT_JSON, H_ID, H_NAMESPACE, Message
 from conveyor.platform.partial_publish import publish_failure
 
@@ -54,6 +54,10 @@ log = logging.getLogger("conveyor.kafka")
 _FRAMING = 61 + 21
 """A record batch's header and aiokafka's bound on a record's own overhead: what its
 size check (``estimate_size_in_bytes``) adds to the key, value and headers."""
+
+
+KAFKA_OFFSET_MAX = 2**63 - 1
+"""The largest Kafka offset: offsets are signed 64-bit numbers."""
 
 
 def _tokens(queue: int, offset: int, count: int) -> list[SequenceToken]:
@@ -65,6 +69,7 @@ def _tokens(queue: int, offset: int, count: int) -> list[SequenceToken]:
 class KafkaAdapter(QueueAdapter):
     name = "kafka"
     coalesce_publishes = False  # the producer batches concurrent sends itself (linger_ms)
+    token_max = (KAFKA_OFFSET_MAX, POSITION_MAX)  # the minor part of a token is not used
 
     def __init__(self, config: KafkaConfig, total_queues: int, *,
                  new_group_start: str = "earliest") -> None:

@@ -31,6 +31,7 @@ from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, ConfigError, ConveyorError, ShutdownError
 from conveyor.workers.supervisor.protocol import (
     CONFIG_REFUSED,
+    LOG_LEVEL_ENV,
     Acquire,
     Acquired,
     Event,
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     # a SIGTERM sent to a child directly drains it like a "stop" command.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
-        level=os.environ.get("CONVEYOR_CHILD_LOG_LEVEL", "INFO"),
+        level=os.environ.get(LOG_LEVEL_ENV, "INFO"),
         format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s",
         stream=sys.stderr,
     )

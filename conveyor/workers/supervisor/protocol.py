@@ -29,6 +29,10 @@ from conveyor.platform.errors import ConveyorError
 
 # -- supervisor -> child ----------------------------------------------------------------
 
+LOG_LEVEL_ENV = "CONVEYOR_CHILD_LOG_LEVEL"
+"""The variable a child reads its log level from (``INFO`` when unset): the supervisor
+sets it to the CLI's ``--log-level``, so its children log at the level it was given."""
+
 CONFIG_REFUSED = 2
 """A child's exit status when it refused the configuration or the broker's settings
 (a :class:`ConfigError`, e.g. a Redis that may evict): the same status the CLI gives a

@@ -1,7 +1,9 @@
 """What ``conveyor worker APP --processes MIN:MAX`` runs: a supervisor until a signal.
 
 The CLI's ``--set`` overrides reach the children as ``CONVEYOR_SECTION__FIELD``
-variables (:func:`env_for_overrides`), since each child loads the config itself.
+variables (:func:`env_for_overrides`), since each child loads the config itself, and its
+``--log-level`` as :data:`~conveyor.workers.supervisor.protocol.LOG_LEVEL_ENV`
+(:func:`child_env`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from conveyor.platform.config import Config
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.daemon import DrainReport
+from conveyor.workers.supervisor.protocol import LOG_LEVEL_ENV
 from conveyor.workers.supervisor.scaler import SupervisorSettings
 from conveyor.workers.supervisor.supervisor import Supervisor
 
@@ -44,6 +47,17 @@ def env_for_overrides(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, s
     }
 
 
+def child_env(overrides: Mapping[str, Mapping[str, Any]],
+              log_level: str | None = None) -> dict[str, str]:
+    """What the children's environment adds to the supervisor's: the CLI's overrides
+    (:func:`env_for_overrides`) and, when given, its log level (``warning`` ->
+    ``WARNING``), which each child sets up its logging with."""
+    env = env_for_overrides(overrides)
+    if log_level is not None:
+        env[LOG_LEVEL_ENV] = log_level.upper()
+    return env
+
+
 def run_supervisor(
     app_path: str,
     app_name: str,
@@ -52,12 +66,14 @@ def run_supervisor(
     config_path: os.PathLike[str] | str | None,
     overrides: Mapping[str, Mapping[str, Any]],
     ready: Callable[[str], None] | None = None,
+    log_level: str | None = None,
 ) -> DrainReport:
     """What ``conveyor worker --processes`` runs: until SIGINT/SIGTERM, then drain all.
 
     ``ready`` gets the daemon ids of the first processes once they own every queue; the
     result adds up the drain reports of every process stopped meanwhile (scaled down,
-    then the rest), as one daemon's drain report reads."""
+    then the rest), as one daemon's drain report reads. ``log_level`` (the CLI's
+    ``--log-level``) is the children's too; unset, they log at ``INFO``."""
     low, high = parse_processes(processes)
     settings = SupervisorSettings.from_config(config, low, high)
     telemetry = Telemetry.from_config(config.telemetry, prometheus=config.http.port is not None)
@@ -65,7 +81,7 @@ def run_supervisor(
         supervisor = Supervisor(
             app_path, app_name, config, settings,
             config_path=None if config_path is None else str(config_path),
-            env=env_for_overrides(overrides), telemetry=telemetry,
+            env=child_env(overrides, log_level), telemetry=telemetry,
         )
     except BaseException:  # e.g. the memory adapter, refused: flush nothing half-made
         telemetry.shutdown()

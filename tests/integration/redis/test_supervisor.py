@@ -297,3 +297,34 @@ async def test_a_process_dying_as_the_queues_are_first_assigned_is_replaced_not_
         await asyncio.wait_for(running, 60)
     ids = [row[5] for row in read_records([record])]
     assert len(ids) == n and len(set(ids)) == n, "lost or duplicated"
+
+
+@pytest.mark.parametrize(("level", "child_info"), [("warning", False), ("info", True)])
+def test_the_children_log_at_the_level_the_cli_was_given(
+    redis_server: RedisServer, tmp_path: Path, level: str, child_info: bool
+) -> None:
+    # The children read their level from the environment the supervisor gives them: with
+    # no --log-level reaching them, `--log-level warning` still printed their INFO lines.
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 2})
+    err_path = tmp_path / "supervisor.err"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "--log-level", level, "worker",
+             "tests.apps.recorder:app", "--config", str(cfg), "--processes", "1:2"],
+            cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1",
+                               CONVEYOR_TEST_RECORD=str(tmp_path / "handled.rec")),
+            stdout=subprocess.DEVNULL, stderr=err,
+        )
+    try:
+        wait_until_sync(lambda: "ready" in err_path.read_text(errors="replace"), 30,
+                        "the first process")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = err_path.read_text(errors="replace")
+    assert "Traceback" not in log, log
+    child_lines = re.findall(r"^\S+ \S+ (\w+) \[child \d+\]", log, re.M)
+    assert ("INFO" in child_lines) is child_info, log
