@@ -31,11 +31,12 @@ CLUSTER_ERRORS = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDo
 client has re-read the cluster's slots."""
 
 
-class ClusterUnreachableError(rex.ConnectionError):
+class ClusterUnreachableError(rex.ConnectionError, BrokerConnectionError):
     """No node of a cluster answered while its slots were read, before any command went
     out. redis-py says so with a ``RedisClusterException``, no ``RedisError``: this
     ``ConnectionError`` takes its place (``ClusterClient.initialize``), so it is retried
-    and reported as any unreachable server is."""
+    and reported as any unreachable server is (and is a Conveyor error, as every error
+    Conveyor raises, should one reach a caller unmapped)."""
 
 
 REPORT_EVERY_S = 5.0

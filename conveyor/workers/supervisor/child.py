@@ -29,6 +29,7 @@ from conveyor.platform.balancing.leases import LeaseStore, MemoryLeaseStore
 from conveyor.platform.balancing.membership import MemberInfo, Membership
 from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, ConfigError, ConveyorError, ShutdownError
+from conveyor.platform.terminal import VisibleFormatter
 from conveyor.workers.supervisor.protocol import (
     CONFIG_REFUSED,
     LOG_LEVEL_ENV,
@@ -253,11 +254,10 @@ def main(argv: list[str] | None = None) -> None:
     # The supervisor decides when children stop (a Ctrl-C on the terminal reaches it);
     # a SIGTERM sent to a child directly drains it like a "stop" command.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=os.environ.get(LOG_LEVEL_ENV, "INFO"),
-        format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)  # producers' text escaped, as the CLI's
+    handler.setFormatter(VisibleFormatter(
+        f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s"))
+    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"), handlers=[handler])
     try:
         asyncio.run(run_child(app_path, config_path, int(events_fd)))
     except ConveyorError as exc:  # a message for the operator, not a traceback
