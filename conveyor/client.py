@@ -225,8 +225,9 @@ class Client:
         self._remembered = 0
         self.coalesce_linger_s = coalesce_linger_s
         self.max_body_bytes = max_body_bytes
-        self._coalescer = (None if coalesce_linger_s is None
-                           else PublishCoalescer(adapter.enqueue_queues, coalesce_linger_s))
+        self._coalescer = (None if coalesce_linger_s is None else PublishCoalescer(
+            adapter.enqueue_queues, coalesce_linger_s,
+            together=adapter.publishes_queues_together))
 
     @classmethod
     def from_config(cls, config: Config) -> Client:

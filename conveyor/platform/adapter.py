@@ -249,10 +249,15 @@ class QueueAdapter(ABC):
 
     name: str = "abstract"
     coalesce_publishes: bool = True
-    """Whether a client gathers concurrent single publishes into rounds, one
-    :meth:`enqueue_queues` each (:mod:`conveyor.platform.coalescer`): worth it where
-    each send is a round trip. False where there is none (memory) or where the backend's own client
-    gathers concurrent sends already, in call order (Kafka's producer, ``linger_ms``)."""
+    """Whether a client gathers concurrent single publishes into rounds of sends
+    (:mod:`conveyor.platform.coalescer`): worth it where each send is a round trip.
+    False where there is none (memory) or where the backend's own client gathers
+    concurrent sends already, in call order (Kafka's producer, ``linger_ms``)."""
+    publishes_queues_together: bool = False
+    """Whether :meth:`enqueue_queues` sends several queues in one round trip (Redis: one
+    pipeline), so that gathered publishes send a round's queues together; else one send
+    a queue, each on its own (a Redis Cluster: its queues live on different nodes, and
+    one whose node fails over must hold no other back)."""
 
     token_max: tuple[int, int] = (POSITION_MAX, POSITION_MAX)
     """The largest ``(major, minor)`` of this backend's positions: what

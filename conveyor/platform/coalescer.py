@@ -1,16 +1,19 @@
 """Gathering single ``publish`` calls into rounds: one send for every queue's waiting
 messages.
 
-Each queue has a list of waiting messages; one flusher sends them in rounds. A call
-appends its message and gets a future; the flusher (started by the first call that
-finds none) waits one loop turn — or ``linger_s`` — so that the calls made meanwhile
-join, sends what every queue has waiting (at most ``max_batch`` a queue) in one
-:meth:`~conveyor.platform.adapter.QueueAdapter.enqueue_queues` — on Redis one pipeline,
-one round trip — resolves each future with its message's token, and goes on while more
-arrived during the send. So:
+Each queue has a list of waiting messages. A call appends its message and gets a
+future; the first call that finds nothing scheduled schedules a dispatch one loop turn
+later — or ``linger_s`` — so that the calls made meanwhile join. The dispatch takes
+what every queue without a send on its way has waiting (at most ``max_batch`` a queue)
+and sends it: where the adapter sends several queues in one round trip
+(``QueueAdapter.publishes_queues_together``: Redis, one pipeline), all of them in one
+:meth:`~conveyor.platform.adapter.QueueAdapter.enqueue_queues`; elsewhere (a Redis
+Cluster, whose queues live on different nodes) one send per queue, so that a queue
+whose node fails over holds no other back. When a send returns, each future gets its
+message's token, and what arrived for its queues meanwhile is dispatched. So:
 
 * per-stream order holds: a stream lives on one queue, a queue's messages go in the
-  order of the calls, and a round is sent only when the one before it has returned;
+  order of the calls, and a queue never has two sends on their way at once;
 * batches grow with the load by themselves — whatever arrives during one round trip
   goes in the next — with no timer on the path of a lone publisher; and many
   publishers spread over many queues cost one round trip a round, not one a queue
@@ -22,7 +25,8 @@ arrived during the send. So:
   (:class:`~conveyor.PartialPublishError`) gives each of its calls its own message's
   fate: its token, the error that refused it, or :class:`~conveyor.PublishUncertain`;
 * a call cancelled before its round left is not sent; once sent, cancelling does not
-  take it back;
+  take it back. A send or dispatch that is itself cancelled (the event loop's tasks
+  cancelled, on Ctrl-C) cancels the calls it held and those waiting;
 * :meth:`close` waits until every waiting message is sent (or has failed).
 """
 
@@ -51,16 +55,22 @@ per call)."""
 
 
 class PublishCoalescer:
-    """Rounds of every queue's waiting messages, one round at a time (module docstring)."""
+    """Rounds of every queue's waiting messages (module docstring). ``together``: send
+    the queues of a round in one ``enqueue_queues`` (else one each)."""
 
     def __init__(self, enqueue_queues: EnqueueQueues, linger_s: float = 0.0,
-                 max_batch: int = MAX_BATCH) -> None:
+                 max_batch: int = MAX_BATCH, *, together: bool = True) -> None:
         self._send = enqueue_queues
         self._linger_s = linger_s
         self._max_batch = max_batch
+        self._together = together
         self._waiting: dict[int, _Waiting] = {}
         """Per queue, the calls not yet sent, in call order; no empty lists."""
-        self._flusher: asyncio.Task[None] | None = None
+        self._in_flight: set[int] = set()
+        """Queues with a send on its way."""
+        self._scheduled: asyncio.Task[None] | None = None
+        """The dispatch to come, if one is scheduled."""
+        self._sends: set[asyncio.Task[None]] = set()
         self._closed = False
 
     def submit(self, queue: int, msg: Message) -> asyncio.Future[SequenceToken]:
@@ -72,51 +82,73 @@ class PublishCoalescer:
         if waiting is None:
             waiting = self._waiting[queue] = []
         waiting.append((msg, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush(), name="conveyor-publish")
+        if self._scheduled is None and queue not in self._in_flight:
+            task = self._scheduled = asyncio.create_task(self._dispatch_soon(),
+                                                         name="conveyor-publish")
+            task.add_done_callback(self._dispatch_done)
         return future
 
-    def _take(self) -> dict[int, _Waiting]:
-        """The next round: up to ``max_batch`` of each queue's waiting calls, cancelled
-        ones left out."""
+    async def _dispatch_soon(self) -> None:
+        if self._linger_s:  # else: a task starts a loop turn after it was created,
+            await asyncio.sleep(self._linger_s)  # so the calls of that turn are in
+        self._scheduled = None
+        self._dispatch()
+
+    def _dispatch_done(self, task: asyncio.Task[None]) -> None:
+        if self._scheduled is task:  # cancelled, perhaps before it ever ran
+            self._scheduled = None
+        if task.cancelled():
+            self._cancel_waiting()
+
+    def _dispatch(self) -> None:
+        """Send what every queue without a send on its way has waiting."""
         round_: dict[int, _Waiting] = {}
         for queue, waiting in list(self._waiting.items()):
+            if queue in self._in_flight:
+                continue
             batch = [(m, f) for m, f in waiting[: self._max_batch] if not f.cancelled()]
             del waiting[: self._max_batch]
             if not waiting:
                 del self._waiting[queue]
             if batch:
                 round_[queue] = batch
-        return round_
+        if not round_:
+            return
+        for part in [round_] if self._together else [{q: b} for q, b in round_.items()]:
+            self._in_flight.update(part)
+            task = asyncio.create_task(self._send_round(part), name="conveyor-publish-send")
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
 
-    async def _flush(self) -> None:
-        round_: dict[int, _Waiting] = {}
+    async def _send_round(self, round_: dict[int, _Waiting]) -> None:
         try:
-            if self._linger_s:  # else: a task starts a loop turn after it was created,
-                await asyncio.sleep(self._linger_s)  # so the calls of that turn are in
-            while self._waiting:
-                round_ = self._take()
-                if not round_:
-                    continue
-                outcomes: Mapping[int, list[SequenceToken] | Exception]
-                try:
-                    outcomes = await self._send({q: [m for m, _ in b] for q, b in round_.items()})
-                except Exception as exc:  # the send as a whole: every queue's fate
-                    outcomes = dict.fromkeys(round_, exc)
-                for queue, batch in round_.items():
-                    outcome = outcomes.get(queue)
-                    self._settle(queue, batch, BrokerError(
-                        f"publishing to queue {queue}: the adapter reported no outcome"
-                    ) if outcome is None else outcome)
-                round_ = {}
+            outcomes: Mapping[int, list[SequenceToken] | Exception]
+            try:
+                outcomes = await self._send({q: [m for m, _ in b] for q, b in round_.items()})
+            except Exception as exc:  # the send as a whole: every queue's fate
+                outcomes = dict.fromkeys(round_, exc)
         except asyncio.CancelledError:
-            for batch in [*round_.values(), *self._waiting.values()]:
+            for batch in round_.values():
                 for _, future in batch:
                     future.cancel()
-            self._waiting.clear()
+            self._in_flight.difference_update(round_)
+            self._cancel_waiting()
             raise
-        finally:
-            self._flusher = None
+        self._in_flight.difference_update(round_)
+        for queue, batch in round_.items():
+            outcome = outcomes.get(queue)
+            self._settle(queue, batch, BrokerError(
+                f"publishing to queue {queue}: the adapter reported no outcome"
+            ) if outcome is None else outcome)
+        if self._scheduled is None and any(q not in self._in_flight for q in self._waiting):
+            self._dispatch()  # what arrived for these queues during the send
+
+    def _cancel_waiting(self) -> None:
+        """Cancel every call not yet sent (the loop's tasks are being cancelled)."""
+        for waiting in self._waiting.values():
+            for _, future in waiting:
+                future.cancel()
+        self._waiting.clear()
 
     def _settle(self, queue: int, batch: _Waiting,
                 outcome: list[SequenceToken] | Exception) -> None:
@@ -134,8 +166,8 @@ class PublishCoalescer:
     async def close(self) -> None:
         """Refuse new calls; return when every waiting message is sent or has failed."""
         self._closed = True
-        while self._flusher is not None:
-            await asyncio.wait({self._flusher})
+        while self._scheduled is not None or self._sends:
+            await asyncio.wait({*self._sends, *([self._scheduled] if self._scheduled else [])})
 
 
 def _settle(batch: _Waiting, exc: PartialPublishError) -> None:

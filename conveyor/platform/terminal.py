@@ -28,9 +28,36 @@ def visible(text: str, *, lines: bool = False) -> str:
     return pattern.sub(_escaped, text) if pattern.search(text) else text
 
 
+class _Shown:
+    """A log argument as ``%s`` or ``%r`` shows it, control characters escaped."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return visible(str(self.value))
+
+    def __repr__(self) -> str:
+        return visible(repr(self.value))
+
+
+def _shown(value: object) -> object:
+    return value if isinstance(value, int | float) else _Shown(value)  # %d, %.1f as given
+
+
 class VisibleFormatter(logging.Formatter):
-    """A formatter whose lines hold no control characters but the newlines and tabs of
-    multi-line messages and tracebacks (see the module docstring)."""
+    """A formatter whose lines hold no control characters (see the module docstring).
+
+    The values a message is formatted with (``log.warning("... %s", key)``) show every
+    one escaped, newlines included, so that none forges a line; the message's own text
+    and a traceback keep their newlines and tabs."""
 
     def format(self, record: logging.LogRecord) -> str:
+        args = record.args
+        if args:
+            record = logging.makeLogRecord(record.__dict__)
+            record.args = ({k: _shown(v) for k, v in args.items()}
+                           if isinstance(args, dict) else tuple(_shown(a) for a in args))
         return visible(super().format(record), lines=True)

@@ -20,8 +20,12 @@ QUEUES = 4
 
 
 class CountingAdapter(MemoryAdapter):
-    """The memory adapter, counting sends and rounds; ``fail_next`` sends raise (a broker
-    outage), as does every send to a queue in ``broken``."""
+    """The memory adapter as a networked one that sends several queues in one round
+    trip (as Redis does), counting sends and rounds; ``fail_next`` sends raise (a broker
+    outage), as do the sends of the next round to a queue in ``broken``; a send to a
+    queue in ``slow`` waits for ``release``."""
+
+    publishes_queues_together = True
 
     def __init__(self, name: str) -> None:
         reset_broker(name)
@@ -31,10 +35,14 @@ class CountingAdapter(MemoryAdapter):
         """Per round (one enqueue_queues), messages per queue."""
         self.fail_next = 0
         self.broken: set[int] = set()
+        self.slow: set[int] = set()
+        self.release = asyncio.Event()
 
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         await asyncio.sleep(0)  # a send takes at least a loop turn, as on a network
         self.sends.append(len(messages))
+        if queue in self.slow:
+            await self.release.wait()
         if self.fail_next:
             self.fail_next -= 1
             raise BrokerConnectionError("broker unreachable (injected)")
@@ -46,7 +54,12 @@ class CountingAdapter(MemoryAdapter):
         self, batches: Mapping[int, Sequence[Message]]
     ) -> dict[int, list[SequenceToken] | Exception]:
         self.rounds.append({q: len(m) for q, m in batches.items()})
-        return await super().enqueue_queues(batches)
+        broken, self.broken = self.broken, set()  # this round only
+        try:
+            self.broken = broken
+            return await super().enqueue_queues(batches)
+        finally:
+            self.broken = set()
 
 
 def stored(adapter: MemoryAdapter) -> list[tuple[str, int]]:
@@ -153,12 +166,17 @@ async def test_a_round_carries_every_queues_waiting_calls(adapter: CountingAdapt
 
 
 async def test_a_queue_that_fails_in_a_round_fails_alone(adapter: CountingAdapter) -> None:
+    """Its calls and those queued behind them fail (the queue refuses the first round
+    only: the calls behind would be stored, were they sent); the other queues' calls of
+    the round, and behind it, are stored in call order."""
     client = client_of(adapter)
     keys = [f"k{j}" for j in range(40)]
     broken = client.queue_for("n", keys[0])
     adapter.broken = {broken}
     first = [asyncio.ensure_future(client.publish("n", k, b"1")) for k in keys]
-    await asyncio.sleep(0)  # the round is on its way
+    for _ in range(3):  # the calls queued, the dispatch run, its send started
+        await asyncio.sleep(0)
+    assert len(adapter.rounds) == 1 and not any(c.done() for c in first)  # on its way
     behind = [asyncio.ensure_future(client.publish("n", k, b"2")) for k in keys]
     results = await asyncio.gather(*first, *behind, return_exceptions=True)
     for key, result in zip(keys * 2, results, strict=True):
@@ -171,7 +189,55 @@ async def test_a_queue_that_fails_in_a_round_fails_alone(adapter: CountingAdapte
     assert sorted(rows) == sorted([(k, 1) for k in healthy] + [(k, 2) for k in healthy])
     for key in healthy:  # each stream's two messages in call order
         assert [i for k, i in rows if k == key] == [1, 2]
-    adapter.broken = set()
     assert isinstance(await client.publish("n", keys[0], b"3"), SequenceToken)  # afresh
     await client.close()
     assert [i for k, i in stored(adapter) if k == keys[0]] == [3]
+
+
+async def test_queues_sent_apart_do_not_wait_for_each_other(adapter: CountingAdapter) -> None:
+    """Where the adapter sends each queue on its own (a Redis Cluster), a queue whose
+    send hangs (its node failing over) holds no other queue's calls back, and its own
+    later calls wait behind it, in order."""
+    adapter.publishes_queues_together = False
+    client = client_of(adapter)
+    keys = [f"k{j}" for j in range(40)]
+    slow = client.queue_for("n", keys[0])
+    adapter.slow = {slow}
+    calls = [asyncio.ensure_future(client.publish("n", k, b"1")) for k in keys]
+    fast = [c for k, c in zip(keys, calls, strict=True) if client.queue_for("n", k) != slow]
+    async with asyncio.timeout(5):
+        await asyncio.gather(*fast)
+    later = [asyncio.ensure_future(client.publish("n", k, b"2")) for k in keys]
+    async with asyncio.timeout(5):
+        await asyncio.gather(*(c for k, c in zip(keys, later, strict=True)
+                               if client.queue_for("n", k) != slow))
+    stuck = [c for c in calls + later if not c.done()]
+    assert stuck and all(client.queue_for("n", k) == slow for k in keys[:1])
+    adapter.release.set()
+    await asyncio.gather(*calls, *later)
+    await client.close()
+    assert all(len(r) == 1 for r in adapter.rounds)  # one queue a send
+    rows = stored(adapter)
+    assert len(rows) == 80
+    for key in keys:
+        assert [i for k, i in rows if k == key] == [1, 2]
+
+
+async def test_a_dispatch_cancelled_before_it_ran_cancels_its_calls_and_close_returns(
+    adapter: CountingAdapter,
+) -> None:
+    """Ctrl-C cancels every task of the loop: the scheduled dispatch among them, before
+    its first step. Its calls are cancelled, nothing is sent, close() returns, and a
+    publish after that (on a new client) works."""
+    client = client_of(adapter)
+    calls = [asyncio.ensure_future(client.publish("n", f"k{j}", b"1")) for j in range(8)]
+    await asyncio.sleep(0)  # the calls are queued and the dispatch is scheduled
+    dispatch = client._coalescer._scheduled  # type: ignore[union-attr]
+    assert dispatch is not None
+    dispatch.cancel()
+    async with asyncio.timeout(5):
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results), results
+    async with asyncio.timeout(5):
+        await client.close()
+    assert adapter.rounds == [] and stored(adapter) == []

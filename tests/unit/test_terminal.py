@@ -26,6 +26,7 @@ def test_a_cli_log_line_shows_a_keys_escape_sequence_as_text() -> None:
         "from conveyor.cli import _setup_logging\n"
         "_setup_logging(None, 'worker')\n"
         "logging.getLogger('conveyor.test').warning('dead-lettered %s', 'orders/k\\x1b[31mRED')\n"
+        "logging.getLogger('conveyor.test').warning('key %s of %d', 'a\\nERROR forged', 3)\n"
         "try:\n"
         "    raise ValueError('bad\\rvalue')\n"
         "except ValueError:\n"
@@ -37,5 +38,7 @@ def test_a_cli_log_line_shows_a_keys_escape_sequence_as_text() -> None:
     err = done.stderr
     assert "\x1b" not in err and "\r" not in err
     assert "dead-lettered orders/k\\x1b[31mRED" in err
+    assert "key a\\nERROR forged of 3" in err  # a value's newline forges no line
+    assert not any(line.startswith("ERROR forged") for line in err.splitlines())
     assert "Traceback (most recent call last):\n" in err  # a traceback keeps its lines
     assert "ValueError: bad\\rvalue" in err
