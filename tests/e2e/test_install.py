@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,13 @@ def test_the_package_list_names_every_package_under_conveyor() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     on_disk = {".".join(p.parent.relative_to(ROOT).parts)
                for p in (ROOT / "conveyor").rglob("__init__.py")}
-    assert set(config["packages"]) == on_disk | {"conveyor.configs"}
+    # Two packages of data alone: the shipped configs, and the console page's CSS and
+    # JavaScript (listed, so that setuptools ships them without a warning).
+    assert set(config["packages"]) == on_disk | {"conveyor.configs", "conveyor.console.static"}
     assert config["package-dir"]["conveyor.configs"] == "configs"
+    static = {p.name for p in (ROOT / "conveyor" / "console" / "static").iterdir()}
+    assert static and all(any(fnmatch(name, pattern) for pattern in config["package-data"][
+        "conveyor.console.static"]) for name in static)
 
 
 def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) -> None:
@@ -53,7 +59,8 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) ->
     names = set(zipfile.ZipFile(wheels[0]).namelist())
     shipped = {f"conveyor/configs/{p.name}" for p in (ROOT / "configs").glob("*.toml")}
     assert shipped and shipped <= names
-    assert {"conveyor/py.typed", "conveyor/examples/demo.py"} <= names
+    assert {"conveyor/py.typed", "conveyor/examples/demo.py", "conveyor/console/page.html",
+            "conveyor/console/static/console.css", "conveyor/console/static/console.js"} <= names
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
     venv = tmp_path / "venv"

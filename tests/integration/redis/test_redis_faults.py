@@ -473,14 +473,26 @@ _REL_AT = re.compile(r"^(\S+ \S+) INFO conveyor.balancer: released queue (\d+)$"
 
 
 def unowned_gaps(ws: list[Worker], after: float) -> list[float]:
-    """Per release logged since ``after``: how long until the next grant of that queue."""
-    grants = [(int(q), _log_time(t)) for w in ws for t, q, _ in _ACQ_AT.findall(w.stderr)]
-    gaps = []
-    for w in ws:
-        for t, q in _REL_AT.findall(w.stderr):
-            at = _log_time(t)
-            if at >= after:
-                gaps.append(min(g for qq, g in grants if qq == int(q) and g >= at) - at)
+    """Per release logged since ``after``: how long until the next grant of that queue.
+    Waits until each such grant is logged: the lease changes hands in Redis (what the
+    test waited for) a moment before its new owner writes the line."""
+
+    def gaps_now() -> list[float] | None:
+        grants = [(int(q), _log_time(t)) for w in ws for t, q, _ in _ACQ_AT.findall(w.stderr)]
+        gaps = []
+        for w in ws:
+            for t, q in _REL_AT.findall(w.stderr):
+                at = _log_time(t)
+                if at >= after:
+                    later = [g for qq, g in grants if qq == int(q) and g >= at]
+                    if not later:
+                        return None
+                    gaps.append(min(later) - at)
+        return gaps
+
+    wait_until_sync(lambda: gaps_now() is not None, 30, "each released queue's next grant")
+    gaps = gaps_now()
+    assert gaps is not None
     return gaps
 
 
