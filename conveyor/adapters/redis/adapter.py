@@ -94,24 +94,6 @@ class _QueueSend:
         self.what = f"publishing {len(messages)} messages to queue {queue}"
 
 
-def _unknown_script_tails(sends: Sequence[_QueueSend], replies: Sequence[Any]) -> list[int]:
-    """The script calls (indexes into the round's calls) that got ``NOSCRIPT`` and may be
-    sent again: per queue, the run of its calls from its first ``NOSCRIPT`` on, if every
-    one of them got it. A queue with a chunk stored after a ``NOSCRIPT`` one (the script
-    loaded by another client between the two) keeps its refusals: sent again, the
-    refused chunk would land after the stored one."""
-    again: list[int] = []
-    at = 0
-    for send in sends:
-        mine = range(at, at + len(send.calls))
-        at = mine.stop
-        first = next((i for i in mine if isinstance(replies[i], rex.NoScriptError)), None)
-        if first is not None and all(isinstance(replies[i], rex.NoScriptError)
-                                     for i in range(first, mine.stop)):
-            again += range(first, mine.stop)
-    return again
-
-
 def _raw_reply(response: Any, **_options: Any) -> Any:
     """A stream reply as hiredis parsed it: redis-py would build a dict per entry, which
     costs time on reads and loses repeated fields (dead letters keep them all)."""
@@ -281,40 +263,24 @@ class RedisAdapter(QueueAdapter):
         reached = False  # whether some attempt may have got its request to the server
         replicas = self.min_replicas
 
-        async def run(client: aioredis.Redis, some: Sequence[tuple[list[Any], list[Any]]],
-                      load: bool = False) -> list[Any]:
-            """``some`` script calls in one pipeline (after loading the script, with
-            ``load``), then the ``WAIT`` if any: their replies, errors in place (a chunk
-            refused must not hide the ones written)."""
+        async def pipelined(client: aioredis.Redis) -> list[Any]:
+            nonlocal reached
             pipe: Any
             # ``async with``: a failure before execute's own clean-up would otherwise
             # leave the connection checked out of the pool.
             async with client.pipeline(transaction=False) as pipe:
-                if load:
-                    pipe.script_load(script.script)
-                for keys, args in some:
+                # The script loaded first, in the same round trip: a server that does not
+                # know it (new, restarted, flushed, failed over) would refuse some chunks
+                # and, with the script loaded by another client meanwhile, store later
+                # ones — a queue's order broken. Its reply (the sha) is left out.
+                pipe.script_load(script.script)
+                for keys, args in calls:
                     pipe.evalsha(script.sha, 2, *keys, *args)
                 if replicas:  # on the same connection as the writes, as WAIT requires
                     pipe.execute_command("WAIT", replicas, self.replica_timeout_ms)
-                replies: list[Any] = await pipe.execute(raise_on_error=False)
-            return replies[1:] if load else replies
-
-        async def pipelined(client: aioredis.Redis) -> list[Any]:
-            nonlocal reached
-            replies = await run(client, calls)
+                # Errors in place: a chunk refused must not hide the ones written.
+                replies: list[Any] = (await pipe.execute(raise_on_error=False))[1:]
             reached = True  # the requests went out, whatever fails from here
-            again = _unknown_script_tails(sends, replies)
-            if again:
-                # The server did not know the script (restarted, flushed, failed over):
-                # those chunks ran not at all. Load it and send them again, in order;
-                # each is the end of its queue's chunks (see _unknown_script_tails), so
-                # the queue's order holds. The WAIT after them counts this connection's
-                # writes of both pipelines.
-                resent = await run(client, [calls[i] for i in again], load=True)
-                for i, reply in zip(again, resent, strict=False):
-                    replies[i] = reply
-                if replicas:
-                    replies[-1] = resent[-1]
             for reply in replies:
                 if isinstance(reply, Exception) and not _in_place(reply):
                     raise reply  # worth a retry (a slot moved), or a refusal to word
