@@ -4,6 +4,14 @@ owner's pending entries, acknowledge under the lease's fence, trim.
 A read whose reply is lost (connection dropped, server restarting) has left entries
 in this consumer's pending list; the next read re-reads that list from the last entry
 delivered, so nothing is stranded.
+
+A read is not fenced: fencing it (a script around ``XREADGROUP``) would triple the
+server's cost of every message read. A daemon stalled (SIGSTOP, a VM pause) between
+checking its lease and its read reaching the server can therefore read entries after
+the queue moved, into its own pending list, after the new owner's claim. The owner
+looks for such strays every :data:`STRAY_SWEEP_S` (:meth:`RedisReceiver._strays`) and
+runs them as redelivered messages: later than messages of their streams it has run
+already, never lost.
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ from conveyor.platform.throttled_log import ThrottledLog
 log = logging.getLogger("conveyor.redis")
 
 _ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
+STRAY_SWEEP_S = 5.0
+"""How often a lease holder looks for entries pending for another consumer (see the
+module's docstring): one ``XPENDING`` summary a queue."""
 UNCONFIRMED_KEPT = 64
 """Unconfirmed acknowledgement calls remembered for :meth:`RedisReceiver._ack_again`."""
 
@@ -55,6 +66,7 @@ RedisAdapter` is one): the connection, the key layout, the scripts, the replica 
     caller: Caller
     keys: Keys
     claim_script: Any
+    strays_script: Any
     ack_script: Any
     ack_fenced_script: Any
     trim_script: Any
@@ -98,6 +110,10 @@ class RedisReceiver(QueueReceiver):
         self._closed = False
         self._decoder = EntryDecoder(queue)
         self._check_lease = False
+        self._next_sweep = 0.0
+        self._strays_seen: set[bytes] = set()
+        """Strays returned already (:meth:`_strays`): they stay in the other consumer's
+        pending list until acknowledged, and must not be returned twice meanwhile."""
         # Acknowledgements the replicas did not confirm ([redis] min_replicas): a
         # failover may have lost them, leaving the entries pending for this consumer,
         # which reads only new entries: they are sent again after a lost connection.
@@ -140,6 +156,8 @@ class RedisReceiver(QueueReceiver):
         self._history_from = b"0-0"
         self._last_id = b"0-0"
         self._next_trim = time.monotonic() + self._trim_interval_s
+        self._next_sweep = time.monotonic() + STRAY_SWEEP_S
+        self._strays_seen.clear()
         self._closed = False
 
     async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
@@ -152,6 +170,10 @@ class RedisReceiver(QueueReceiver):
             if out:
                 return out
             self._history_from = None
+        if self._lease_value and time.monotonic() >= self._next_sweep:
+            out = await self._strays(max_count)
+            if out:
+                return out
         block = max(1, int(timeout_s * 1000)) if timeout_s > 0 else None
         return await self._read(b">", max_count, block)
 
@@ -198,6 +220,43 @@ class RedisReceiver(QueueReceiver):
                 [token_of(eid, queue) for eid, fields in entries if not fields]
             )
         return out
+
+    async def _strays(self, max_count: int) -> list[Message]:
+        """Entries pending for other consumers than this lease holder (``STRAYS``), as
+        messages delivered once more than Redis counts, oldest first; not claimed, so a
+        lost reply strands nothing. Looked for again at once while some are left."""
+        reply = await self._caller.once(
+            f"looking for stray entries on queue {self._queue}",
+            lambda: self._adapter.strays_script(
+                keys=[self._stream, self._lease_key],
+                args=[self._group, self._consumer, self._lease_value, max_count]))
+        if reply == -1:
+            self._check_lease = True
+            raise LeaseLostError(f"queue {self._queue}: lease lost (looking for strays)")
+        seen = self._strays_seen
+        found = [(reply[i], reply[i + 1], int(reply[i + 2])) for i in range(0, len(reply), 3)]
+        fresh = [row for row in found if row[0] not in seen]
+        if len(fresh) < max_count or not found:
+            self._next_sweep = time.monotonic() + STRAY_SWEEP_S
+        if not found:
+            seen.clear()
+            return []
+        fresh.sort(key=lambda row: tuple(int(p) for p in row[0].split(b"-")))
+        seen.update(eid for eid, _, _ in fresh)
+        gone = [token_of(eid, self._queue) for eid, fields, _ in fresh if not fields]
+        if gone:  # deleted or trimmed meanwhile: nothing to run
+            await self.acknowledge(gone)
+        out = self._decoder.decode_all([[eid, fields] for eid, fields, _ in fresh if fields])
+        # Delivered once more than Redis counts: the stalled daemon's read counted one.
+        counts = {token_of(eid, self._queue): n + 1 for eid, fields, n in fresh if fields}
+        replace = msgspec.structs.replace
+        marked = [replace(m, deliveries=counts.get(m.token, 2)) if m.token else m
+                  for m in out]
+        if marked:
+            log.warning("queue %d: %d entr%s read by a stalled daemon after the queue "
+                        "moved; running %s now", self._queue, len(marked),
+                        "y" if len(marked) == 1 else "ies", "it" if len(marked) == 1 else "them")
+        return marked
 
     async def _with_deliveries(self, out: list[Message], first: bytes, last: bytes,
                                count: int) -> list[Message]:

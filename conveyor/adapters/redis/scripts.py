@@ -118,6 +118,32 @@ until cursor == '0-0'
 return n
 """
 
+# KEYS: stream, lease. ARGV: group, consumer, lease value, count.
+# Entries pending for another consumer of the group than the lease holder: read by a
+# daemon that stalled between checking its lease and its read reaching the server, after
+# the new owner's claim (see RedisReceiver.get_messages). Up to `count` of them, read, not
+# claimed: flat triples of id, fields (false: deleted meanwhile), times delivered. -1 when
+# the lease is gone. Nothing is moved, so a lost reply strands nothing: the owner's
+# acknowledgement takes an entry out of whichever consumer's list holds it.
+STRAYS = """
+if redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
+local summary = redis.call('XPENDING', KEYS[1], ARGV[1])
+local out, left = {}, tonumber(ARGV[4])
+if summary[1] == 0 or not summary[4] then return out end
+for _, c in ipairs(summary[4]) do
+  if c[1] ~= ARGV[2] and left > 0 then
+    for _, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', left, c[1])) do
+      local e = redis.call('XRANGE', KEYS[1], row[1], row[1])
+      out[#out + 1] = row[1]
+      out[#out + 1] = e[1] and e[1][2] or false
+      out[#out + 1] = row[4]
+      left = left - 1
+    end
+  end
+end
+return out
+"""
+
 # KEYS: stream. ARGV: newest ms that may be trimmed (retention).
 # Trims entries below every group's floor: its oldest pending entry, or, with nothing
 # pending, the entry after its last delivered one. Nothing unread is ever trimmed.

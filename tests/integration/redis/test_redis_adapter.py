@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from conveyor.adapters.redis import RedisAdapter
+from conveyor.adapters.redis import receiver as receiver_module
 from conveyor.adapters.redis.connections import connect
 from conveyor.adapters.redis.coordination import redis_coordination
 from conveyor.adapters.redis.keys import Keys
@@ -114,6 +115,87 @@ async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer
         assert await adapter.lag(queue, "shop") == 0
         refused = await adapter.redis.hgetall(Keys("t").fenced_acks("shop", 0))
         assert refused == {f"{old.token} old".encode(): b"1"}
+    finally:
+        await adapter.close()
+
+
+async def test_entries_a_stalled_daemon_read_after_the_takeover_reach_the_owner(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A daemon stalled between checking its lease and its read reaching the server reads
+    # after the new owner's one claim: the entries land in its own pending list, and
+    # only the owner's look for strays gets them run (before: never, until the queue
+    # moved again). Each is delivered exactly once to the owner; none is lost.
+    monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.3)
+    config = config_for(redis_server)
+    adapter = RedisAdapter(config.redis)
+    _, leases = redis_coordination(config, "shop")
+    client = Client(adapter, HashRingQueueMapper(8))
+    queue = HashRingQueueMapper(8).queue_for_key("orders", "k")
+    try:
+        old = await leases.acquire(queue, "old", 0.2)
+        assert old is not None
+        stale = adapter.create_receiver(queue, "shop")
+        stale.set_lease(old)
+        await stale.initialize()
+
+        async def expired() -> bool:
+            return not await adapter.redis.exists(Keys("t").lease("shop", queue))
+
+        await wait_until(expired, 5, what="the old lease to expire in the store")
+        new = await leases.acquire(queue, "new", 30)
+        assert new is not None
+        owner = adapter.create_receiver(queue, "shop")
+        owner.set_lease(new)
+        await owner.initialize()
+        assert await owner.get_messages(10, 0.05) == []
+        for i in range(5):
+            await client.publish("orders", "k", {"i": i})
+        strays = await stale.get_messages(3, 0.5)  # the stalled daemon's late read
+        assert [m.body for m in strays] == [f'{{"i":{i}}}'.encode() for i in range(3)]
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < 5 and time.monotonic() < deadline:
+            batch = await owner.get_messages(10, 0.05)
+            got.extend(batch)
+            await owner.acknowledge([m.token for m in batch if m.token is not None])
+        # The two the stalled daemon did not read come first; the strays after them,
+        # in order, as redelivered (its read counted one delivery).
+        assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in (3, 4, 0, 1, 2)]
+        assert [m.deliveries for m in got] == [1, 1, 2, 2, 2]
+        assert await owner.get_messages(10, 0.4) == []  # acknowledged: not found again
+        assert (await adapter.redis.xpending(Keys("t").queue(queue), "shop"))["pending"] == 0
+    finally:
+        await adapter.close()
+
+
+async def test_strays_are_returned_once_while_unacknowledged(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.0)  # look at every read
+    config = config_for(redis_server)
+    adapter = RedisAdapter(config.redis)
+    _, leases = redis_coordination(config, "g")
+    client = Client(adapter, HashRingQueueMapper(1))
+    try:
+        lease = await leases.acquire(0, "owner", 30)
+        assert lease is not None
+        owner = adapter.create_receiver(0, "g")
+        owner.set_lease(lease)
+        await owner.initialize()
+        for i in range(4):
+            await client.publish("n", "k", {"i": i})
+        other = adapter.create_receiver(0, "g")  # another consumer, unleased: a stray reader
+        await other.initialize()
+        assert len(await other.get_messages(4, 0.1)) == 4
+        first = await owner.get_messages(2, 0.05)  # room for 2: the first two strays
+        second = await owner.get_messages(10, 0.05)  # the rest at once, not a look later
+        assert [m.body for m in first + second] == [
+            f'{{"i":{i}}}'.encode() for i in range(4)]
+        # Still pending for the other consumer (unacknowledged): not returned again.
+        assert await owner.get_messages(10, 0.05) == []
+        await owner.acknowledge([m.token for m in first + second if m.token is not None])
+        assert (await adapter.redis.xpending(Keys("t").queue(0), "g"))["pending"] == 0
     finally:
         await adapter.close()
 
