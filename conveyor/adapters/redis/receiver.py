@@ -225,6 +225,8 @@ class RedisReceiver(QueueReceiver):
         """Entries pending for other consumers than this lease holder (``STRAYS``), as
         messages delivered once more than Redis counts, oldest first; not claimed, so a
         lost reply strands nothing. Looked for again at once while some are left."""
+        # Looked for again a while later whatever happens: a failed look delays no read.
+        self._next_sweep = time.monotonic() + STRAY_SWEEP_S
         reply = await self._caller.once(
             f"looking for stray entries on queue {self._queue}",
             lambda: self._adapter.strays_script(
@@ -236,8 +238,8 @@ class RedisReceiver(QueueReceiver):
         seen = self._strays_seen
         found = [(reply[i], reply[i + 1], int(reply[i + 2])) for i in range(0, len(reply), 3)]
         fresh = [row for row in found if row[0] not in seen]
-        if len(fresh) < max_count or not found:
-            self._next_sweep = time.monotonic() + STRAY_SWEEP_S
+        if len(fresh) == max_count:  # more may be left: look again at the next read
+            self._next_sweep = 0.0
         if not found:
             seen.clear()
             return []

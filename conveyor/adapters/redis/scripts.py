@@ -127,9 +127,10 @@ return n
 # acknowledgement takes an entry out of whichever consumer's list holds it.
 STRAYS = """
 if redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
-local summary = redis.call('XPENDING', KEYS[1], ARGV[1])
+local summary = redis.pcall('XPENDING', KEYS[1], ARGV[1])
 local out, left = {}, tonumber(ARGV[4])
-if summary[1] == 0 or not summary[4] then return out end
+-- No stream or group (deleted): nothing pending; the next read re-creates the group.
+if summary.err or summary[1] == 0 or not summary[4] then return out end
 for _, c in ipairs(summary[4]) do
   if c[1] ~= ARGV[2] and left > 0 then
     for _, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', left, c[1])) do

@@ -151,8 +151,11 @@ async def test_entries_a_stalled_daemon_read_after_the_takeover_reach_the_owner(
         assert await owner.get_messages(10, 0.05) == []
         for i in range(5):
             await client.publish("orders", "k", {"i": i})
-        strays = await stale.get_messages(3, 0.5)  # the stalled daemon's late read
-        assert [m.body for m in strays] == [f'{{"i":{i}}}'.encode() for i in range(3)]
+        # The stalled daemon's read, as its receiver sends it, reaching the server late.
+        stream = Keys("t").queue(queue)
+        late = await adapter.redis.execute_command(
+            "XREADGROUP", "GROUP", "shop", "old", "COUNT", 3, "STREAMS", stream, ">")
+        assert late, "the late read took nothing"
         got = []
         deadline = time.monotonic() + 5
         while len(got) < 5 and time.monotonic() < deadline:
@@ -164,7 +167,9 @@ async def test_entries_a_stalled_daemon_read_after_the_takeover_reach_the_owner(
         assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in (3, 4, 0, 1, 2)]
         assert [m.deliveries for m in got] == [1, 1, 2, 2, 2]
         assert await owner.get_messages(10, 0.4) == []  # acknowledged: not found again
-        assert (await adapter.redis.xpending(Keys("t").queue(queue), "shop"))["pending"] == 0
+        assert (await adapter.redis.xpending(stream, "shop"))["pending"] == 0
+        with pytest.raises(LeaseLostError):  # the stalled daemon, at its next look
+            await stale.get_messages(10, 0.05)
     finally:
         await adapter.close()
 
@@ -183,11 +188,14 @@ async def test_strays_are_returned_once_while_unacknowledged(
         owner = adapter.create_receiver(0, "g")
         owner.set_lease(lease)
         await owner.initialize()
-        for i in range(4):
+        for i in range(5):
             await client.publish("n", "k", {"i": i})
         other = adapter.create_receiver(0, "g")  # another consumer, unleased: a stray reader
         await other.initialize()
-        assert len(await other.get_messages(4, 0.1)) == 4
+        read = await other.get_messages(5, 0.1)
+        assert len(read) == 5 and read[4].token is not None
+        t = read[4].token
+        await adapter.redis.xdel(Keys("t").queue(0), f"{t.major}-{t.minor}")  # gone: no run
         first = await owner.get_messages(2, 0.05)  # room for 2: the first two strays
         second = await owner.get_messages(10, 0.05)  # the rest at once, not a look later
         assert [m.body for m in first + second] == [
@@ -196,6 +204,11 @@ async def test_strays_are_returned_once_while_unacknowledged(
         assert await owner.get_messages(10, 0.05) == []
         await owner.acknowledge([m.token for m in first + second if m.token is not None])
         assert (await adapter.redis.xpending(Keys("t").queue(0), "g"))["pending"] == 0
+        # The stream deleted under the owner: the look finds nothing, the read goes on.
+        await adapter.redis.delete(Keys("t").queue(0))
+        assert await owner.get_messages(10, 0.05) == []
+        await client.publish("n", "k", {"i": 5})
+        assert [m.body for m in await owner.get_messages(10, 0.5)] == [b'{"i":5}']
     finally:
         await adapter.close()
 
