@@ -50,7 +50,9 @@ def status(config_path: Path | None, group: str | None, as_json: bool, watch_s: 
     every app's consumer group on the queues (lag, last read, which one trimming waits
     for). Throughput is the acks per second the owner measured at its last heartbeat
     (every lease_ttl_s / 3), or with --watch the rate between two readings. An --app
-    with no group on any queue, or no running daemon, gets a one-line warning (exit 0).
+    with no group on any queue, or no running daemon, gets a one-line warning (exit 0),
+    as do messages on Redis queues past [queues] total; a Kafka topic whose partitions
+    are not [queues] total is refused (exit 2).
     Without --app: every app with a consumer group on the queues, with its running
     daemons, lag and dead letters. The embedded (memory) adapter is refused (exit 2):
     its state lives in the worker's process.
@@ -83,6 +85,7 @@ def _print_apps(config: Config, as_json: bool) -> None:
 
     report = run_or_exit(collect_apps(config, for_config(config)))
     _warn_of_server(config, report.eviction_policy, report.persistence)
+    _warn_of_strays(config, report.beyond_total)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -106,6 +109,7 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     elif not report.members:
         warn(f"no daemon of --app {group!r} is running ({_where_daemons_register(config)})")
     _warn_of_server(config, report.eviction_policy, report.persistence)
+    _warn_of_strays(config, report.beyond_total)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -141,6 +145,17 @@ def _warn_of_server(config: Config, eviction_policy: str | None,
              f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
     if (lost := _restart_loses(persistence)) is not None:
         warn(f"Redis persistence is {persistence}{lost} (docs/redis.md, \"Persistence\")")
+
+
+def _warn_of_strays(config: Config, beyond: dict[int, int]) -> None:
+    """Messages on queues past ``[queues] total``, which no daemon of this config reads
+    (a daemon's start says the same; docs/redis.md, "Wire format")."""
+    if beyond:
+        counts = ", ".join(f"queue {q}: {n:,}" for q, n in sorted(beyond.items()))
+        warn(f"queues past [queues] total = {config.queues.total} hold "
+             f"{sum(beyond.values()):,} entries ({counts}): a producer with a larger total "
+             "put them where no daemon of this config reads; every producer and daemon of "
+             "an app must use the same total")
 
 
 def _restart_loses(persistence: str | None) -> str | None:

@@ -410,6 +410,15 @@ class QueueAdapter(ABC):
         store (Kafka) or it lives in the process (memory)."""
         return None
 
+    async def entries_beyond(self, total: int) -> dict[int, int]:
+        """Messages on queues ``total`` and on, per queue that holds any, for a daemon's
+        start and ``conveyor status``: a producer with a larger ``[queues] total`` put
+        them where no daemon of a config with ``total`` reads (Redis: the queue streams
+        past it). Empty where none are, or where the adapter refuses such a layout
+        instead (Kafka: a topic with more partitions than the total is a
+        :class:`ConfigError`)."""
+        return {}
+
 
 def open_receivers(receivers: Iterable[QueueReceiver], queues: Sequence[int],
                    group: str) -> dict[int, str]:

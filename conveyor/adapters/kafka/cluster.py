@@ -199,10 +199,15 @@ class KafkaCluster:
                     raise ConfigError(f"kafka topic(s) {sorted(missing)} do not exist and "
                                       "$.kafka.create_topic is false")
                 if self.topic in wanted and self.topic in existing:
-                    described = await client.describe_topics([self.topic])
-                    self._check_partitions(len(described[0]["partitions"]))
+                    await self.check_partitions(client)
 
-    def _check_partitions(self, have: int) -> None:
+    async def check_partitions(self, client: AIOKafkaAdminClient) -> None:
+        """Refuse (:class:`ConfigError`, naming both numbers and ``$.queues.total``) the
+        existing topic when its partition count is not ``total_queues``: with fewer, the
+        ring sends to partitions that do not exist; with more, records there are read by
+        no daemon and counted by no lag (docs/kafka.md, "Topic drift")."""
+        described = await client.describe_topics([self.topic])
+        have = len(described[0]["partitions"])
         if have < self.total_queues:
             raise ConfigError(
                 f"kafka topic {self.topic!r} has {have} partitions but "

@@ -63,7 +63,13 @@ class KafkaGroups(ConsumerGroups):
         self._handoffs = handoffs
 
     async def on(self, queues: Sequence[int]) -> list[GroupInfo]:
-        """Every group on the topic, on each of ``queues``, with its lag and member count."""
+        """Every group on the topic, on each of ``queues``, with its lag and member count.
+
+        A topic whose partitions are not ``$.queues.total`` is refused
+        (:meth:`KafkaCluster.check_partitions`), as a daemon's start refuses it: with more,
+        a group that read only the partitions past the total would go unlisted; with
+        fewer, the ends of partitions that do not exist cannot be read (aiokafka waits
+        40 s for them)."""
         consumer = self._cluster.new_consumer(None)
         tps = [TopicPartition(self._cluster.topic, q) for q in queues]
         try:
@@ -71,6 +77,7 @@ class KafkaGroups(ConsumerGroups):
                 async with self._cluster.admin() as admin:
                     if self._cluster.topic not in await admin.list_topics():
                         return []
+                    await self._cluster.check_partitions(admin)
                     found: dict[str, tuple[dict[int, Any], int | None]] = {}
                     for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
                         committed = await _committed(admin, name, tps)

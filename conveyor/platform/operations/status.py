@@ -92,6 +92,9 @@ class StatusReport:
     """What the broker keeps across a restart (Redis: ``aof``, ``rdb``, ``none`` — a
     restart loses every message — or ``unknown``; each server's where they differ);
     None where the question does not arise (Kafka)."""
+    beyond_total: dict[int, int] = field(default_factory=dict)
+    """Messages on queues past ``[queues] total``, per queue that holds any
+    (:meth:`QueueAdapter.entries_beyond`): no daemon of this config reads them."""
 
     @property
     def total_lag(self) -> int:
@@ -199,6 +202,7 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
         dead_letters = await adapter.dead_letters.count(group)
         eviction = await adapter.eviction_policy()
         persistence = await adapter.persistence()
+        beyond = await adapter.entries_beyond(config.queues.total)
     finally:
         await adapter.close()
     owned: dict[str, list[int]] = {}
@@ -209,7 +213,7 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
         [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
                       m.started_at) for m in members],
         queues, time.time(), groups, adapter.groups.retention_follows_groups, dead_letters,
-        eviction, persistence,
+        eviction, persistence, beyond,
     )
 
 
@@ -241,6 +245,8 @@ class AppsReport:
     """As :attr:`StatusReport.eviction_policy`."""
     persistence: str | None = None
     """As :attr:`StatusReport.persistence`."""
+    beyond_total: dict[int, int] = field(default_factory=dict)
+    """As :attr:`StatusReport.beyond_total`."""
 
 
 async def collect_apps(config: Config, backend: Backend) -> AppsReport:
@@ -260,7 +266,8 @@ async def collect_apps(config: Config, backend: Backend) -> AppsReport:
                                    g.holds_retention))
         eviction = await adapter.eviction_policy()
         persistence = await adapter.persistence()
+        beyond = await adapter.entries_beyond(config.queues.total)
     finally:
         await adapter.close()
     return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,
-                      persistence)
+                      persistence, beyond)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
@@ -90,6 +91,47 @@ async def test_a_topic_with_more_partitions_than_queues_is_refused_at_start(
     ), stderr
     with pytest.raises(ConfigError, match="has 6 partitions"):  # a producer is refused too
         await publish(config, "refused", 1)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+
+
+async def test_the_commands_that_list_groups_refuse_a_topic_whose_partitions_differ(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    """As a worker's start does, in one line and at once: with a smaller total, a group
+    that read only the partitions past it would go unlisted ("no app on these queues");
+    with a larger one, the partitions that do not exist have no end to read (aiokafka
+    gives up after 40 s)."""
+    adapter = KafkaAdapter(load_config(config_file(tansu, topic, tmp_path), environ={}).kafka,
+                           QUEUES)
+    try:
+        await adapter.ensure_topic()  # the topic, with QUEUES partitions
+        consumer = adapter.cluster.new_consumer("shop")
+        await consumer.start()
+        try:  # app "shop" has read partition 3 alone
+            past = TopicPartition(topic, QUEUES - 1)
+            consumer.assign([past])
+            await consumer.commit({past: OffsetAndMetadata(0, "")})
+        finally:
+            await consumer.stop()
+    finally:
+        await adapter.close()
+    lines = {
+        2: f"conveyor: error: config: kafka topic {topic!r} has {QUEUES} partitions but "
+           f"$.queues.total is 2: partitions 2-{QUEUES - 1} would never be read; set "
+           f"$.queues.total = {QUEUES}",
+        8: f"conveyor: error: config: kafka topic {topic!r} has {QUEUES} partitions but "
+           "$.queues.total is 8; add partitions or lower it",
+    }
+    for total, line in lines.items():
+        config = str(config_file(tansu, topic, tmp_path, total))
+        for args in (["status"], ["status", "--app", "shop"], ["groups", "list"]):
+            result = await asyncio.to_thread(cli, *args, "--config", config)
+            assert (result.returncode, result.stderr.splitlines()[-1:]) == (2, [line]), (
+                total, args, result.stdout, result.stderr)
 
 
 @pytest.mark.slow

@@ -5,6 +5,9 @@ hold; with the same total it says nothing."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
-from tests.integration.redis.conftest import Worker, write_config
+from tests.integration.redis.conftest import REPO, Worker, write_config
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -56,3 +59,41 @@ def test_a_worker_says_when_messages_sit_past_its_queues_total(
         if lengths[q]:
             assert f"t:q:{q} ({lengths[q]:,})" in line, line
     assert "every producer and daemon of an app must use the same total" in line
+
+
+def status(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conveyor.cli", "status", "--config",
+                           str(config), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_status_says_when_messages_sit_past_its_queues_total(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """As a worker's start does, in one line on stderr, with ``--app`` or without, and in
+    ``--json`` (``beyond_total``); nothing with the producer's total."""
+    producer = write_config(tmp_path / "p.toml", redis_server.url, queues={"total": 8})
+    publish(producer, 200)
+    lengths = {q: redis_server.client().xlen(f"t:q:{q}") for q in range(8)}
+    beyond = {q: lengths[q] for q in range(4, 8) if lengths[q]}
+    assert beyond  # the hash ring put some of the 200 on queues 4-7
+    counts = ", ".join(f"queue {q}: {n:,}" for q, n in beyond.items())
+    line = (f"conveyor: warning: queues past [queues] total = 4 hold "
+            f"{sum(beyond.values()):,} entries ({counts}): a producer with a larger total "
+            "put them where no daemon of this config reads; every producer and daemon of "
+            "an app must use the same total")
+
+    smaller = write_config(tmp_path / "w.toml", redis_server.url, queues={"total": 4})
+    for args in ([], ["--app", "rec"], ["--json"], ["--app", "rec", "--json"]):
+        result = status(smaller, *args)
+        assert result.returncode == 0, result.stderr
+        assert [x for x in result.stderr.splitlines() if STRAY in x] == [line], result.stderr
+        if "--json" in args:
+            assert json.loads(result.stdout)["beyond_total"] == {
+                str(q): n for q, n in beyond.items()}
+    for args in ([], ["--app", "rec", "--json"]):
+        result = status(producer, *args)
+        assert result.returncode == 0, result.stderr
+        assert STRAY not in result.stderr, result.stderr
+        if "--json" in args:
+            assert json.loads(result.stdout)["beyond_total"] == {}
