@@ -33,7 +33,7 @@ from conveyor.adapters.memory import (
 from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.app import App, Hook
-from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
+from conveyor.platform.delivery.chain import Delivery, Interceptor, Step, as_failure
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import DeadLetter, Message
@@ -252,14 +252,30 @@ class AttemptRecorder(Interceptor):
                 running.pop(call, None)
                 observations.attempted(call, delivery, exc, clock() - started)
                 raise
-            except BaseException:
+            except BaseException as exc:
                 running.pop(call, None)
+                failure = _call_failure(exc)
+                if failure is not None:  # the attempt failed, as the chain will say
+                    observations.attempted(call, delivery, failure, clock() - started)
                 raise
             running.pop(call, None)
             observations.attempted(call, delivery, None, clock() - started)
             return result
 
         return recorded
+
+
+def _call_failure(exc: BaseException) -> Exception | None:
+    """What a ``BaseException`` a call raised is to the chain: the attempt's failure
+    (``HandlerCancelled``, ``HandlerBaseException``: retried, then dead-lettered), or
+    None when it stops the call rather than failing it (a real cancellation, a
+    ``KeyboardInterrupt`` or ``SystemExit``)."""
+    try:
+        failure = as_failure(exc)
+    except BaseException:
+        return None
+    failure.__cause__ = exc
+    return failure
 
 
 def observed_app(app: App, observations: Observations, delay_scale: float) -> App:

@@ -4,8 +4,13 @@ through the kit as a user)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
+import conveyor
 from conveyor import App, Publish
-from conveyor.testing import TestWorker
+from conveyor.testing import DeadLettersFound, TestWorker
 
 
 def one_line(error: BaseException) -> str:
@@ -41,3 +46,44 @@ async def test_a_plain_def_batch_handler_runs_and_its_calls_are_noted() -> None:
     assert calls[0].bodies == (1, 2, -1, 3) and isinstance(calls[0].error, ValueError)
     assert calls[-1].error is None
     assert worker.daemon.threads.peak_running >= 1  # it ran on a handler thread
+
+
+async def test_a_handler_raising_a_base_exception_has_each_attempt_recorded() -> None:
+    # docs/writing-handlers.md: a CancelledError nothing sent, or a BaseException of the
+    # user's own, fails the call like any exception (HandlerCancelled, HandlerBaseException).
+    # The kit's recorder let BaseExceptions through unrecorded: the records had no
+    # attempts, no error (settle's DeadLettersFound had no cause), and a call that failed
+    # so and then succeeded was reported handled on its first and only attempt.
+    class Abort(BaseException):
+        pass
+
+    app = App("base")
+    calls = {"n": 0}
+
+    @app.handler("cancelled", retry_attempts=2)
+    async def cancelled(n: int) -> None:
+        raise asyncio.CancelledError()
+
+    @app.handler("aborted", retry_attempts=2)
+    async def aborted(n: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise Abort("not now")
+
+    async with TestWorker(app) as worker:
+        await worker.publish("cancelled", "k", 1)
+        await worker.publish("aborted", "k", 1)
+        with pytest.raises(DeadLettersFound) as found:
+            await worker.settle()
+
+    assert isinstance(found.value.__cause__, conveyor.ConveyorError)
+    assert "CancelledError" in str(found.value.__cause__)
+    [dead] = worker.dead_lettered("cancelled")
+    assert [a.number for a in dead.attempts] == [1, 2]
+    assert all("CancelledError" in str(a.error) for a in dead.attempts)
+    assert isinstance(dead.error, conveyor.ConveyorError)
+    [handled] = worker.handled("aborted")
+    assert handled.retried
+    assert [a.number for a in handled.attempts] == [1, 2]
+    assert "Abort: not now" in str(handled.attempts[0].error)
+    assert handled.attempts[1].error is None
