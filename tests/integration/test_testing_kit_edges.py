@@ -5,12 +5,13 @@ through the kit as a user)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 import conveyor
 from conveyor import App, Publish
-from conveyor.testing import DeadLettersFound, TestWorker
+from conveyor.testing import DeadLettersFound, Outcome, TestWorker
 
 
 def one_line(error: BaseException) -> str:
@@ -87,3 +88,20 @@ async def test_a_handler_raising_a_base_exception_has_each_attempt_recorded() ->
     assert [a.number for a in handled.attempts] == [1, 2]
     assert "Abort: not now" in str(handled.attempts[0].error)
     assert handled.attempts[1].error is None
+
+
+async def test_settle_returns_when_a_handler_that_blocked_the_loop_past_its_deadline_is_done(
+) -> None:
+    # A blocking call in an async handler (a mistake Conveyor survives and names) made
+    # the deadline pass while the loop was blocked; by the time it fired the message was
+    # acknowledged, yet settle() raised NotSettled listing nothing.
+    app = App("blocking")
+
+    @app.handler("slow")
+    async def slow(seconds: float) -> None:
+        time.sleep(seconds)  # noqa: ASYNC251 - the mistake under test
+
+    async with TestWorker(app) as worker:
+        await worker.publish("slow", "k", 0.4)
+        settled = await worker.settle(timeout_s=0.1)
+    assert [r.outcome for r in settled] == [Outcome.HANDLED]
