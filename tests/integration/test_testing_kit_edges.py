@@ -11,7 +11,7 @@ import pytest
 
 import conveyor
 from conveyor import App, Publish
-from conveyor.testing import DeadLettersFound, Outcome, TestWorker
+from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker
 
 
 def one_line(error: BaseException) -> str:
@@ -105,3 +105,105 @@ async def test_settle_returns_when_a_handler_that_blocked_the_loop_past_its_dead
         await worker.publish("slow", "k", 0.4)
         settled = await worker.settle(timeout_s=0.1)
     assert [r.outcome for r in settled] == [Outcome.HANDLED]
+
+
+# -- mistakes ---------------------------------------------------------------------------
+def two_handlers() -> App:
+    app = App("named")
+
+    @app.handler("orders")
+    async def on_order(n: int) -> None:
+        pass
+
+    @app.handler("orders", name="audit")
+    async def audit_order(n: int) -> None:
+        pass
+
+    return app
+
+
+async def test_a_misspelt_handler_name_is_refused_not_matched_by_nothing() -> None:
+    # `assert not worker.dead_lettered(handler="on_ordr")` passed whatever happened.
+    app = two_handlers()
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "k", 1)
+        await worker.settle()
+        assert len(worker.handled(handler="on_order")) == 1
+        assert len(worker.handled(handler="audit")) == 1
+        full = app.handlers[0].name  # module.function
+        assert worker.handled(handler=full) == worker.handled(handler="on_order")
+        for read in (worker.handled, worker.dead_lettered, worker.retried,
+                     worker.deduplicated, worker.bodies, worker.batches):
+            with pytest.raises(conveyor.InvalidArgumentError) as typo:
+                read(handler="on_ordr")  # type: ignore[operator]
+            assert one_line(typo.value) == (
+                "'on_ordr' is not a handler of app 'named' (its handlers: audit, on_order)")
+
+
+async def test_a_stopped_worker_says_so_instead_of_taking_messages_nobody_handles() -> None:
+    # After the stop, publish() stored the message silently, settle() then waited its
+    # whole timeout for it ("not pulled yet"), and start() said "started already".
+    app = two_handlers()
+    worker = TestWorker(app, settle_timeout_s=5.0)
+    async with worker:
+        await worker.publish("orders", "k", 1)
+        await worker.settle()
+    began = time.monotonic()
+    with pytest.raises(conveyor.ConveyorError) as publishing:
+        await worker.publish("orders", "k", 2)
+    assert "stopped" in one_line(publishing.value)
+    with pytest.raises(conveyor.ConveyorError) as redelivering:
+        await worker.redeliver(worker.published()[0])
+    assert "stopped" in one_line(redelivering.value)
+    assert await worker.settle() == []  # nothing is left: settled, at once
+    with pytest.raises(conveyor.ConveyorError) as starting:
+        await worker.start()
+    assert "stopped" in one_line(starting.value)
+    assert time.monotonic() - began < 1.0
+    assert len(worker.handled()) == 2  # the records stay readable
+
+
+async def test_a_stopped_worker_with_messages_left_does_not_wait_for_them() -> None:
+    app = App("stuck")
+
+    @app.handler("slow")
+    async def slow(n: int) -> None:
+        await asyncio.Event().wait()
+
+    worker = TestWorker(app, stop_timeout_s=0.1)
+    async with worker:
+        await worker.publish("slow", "k", 1)
+        with pytest.raises(NotSettled):
+            await worker.settle(timeout_s=0.1)
+    began = time.monotonic()
+    with pytest.raises(NotSettled, match="stopped") as left:
+        await worker.settle(timeout_s=5.0)
+    assert time.monotonic() - began < 1.0
+    assert "slow/k" in str(left.value)
+
+
+async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
+    app = two_handlers()
+    with pytest.raises(conveyor.InvalidArgumentError) as not_an_app:
+        TestWorker("named")  # type: ignore[arg-type]
+    assert one_line(not_an_app.value).startswith("TestWorker(app): expected a conveyor.App")
+    with pytest.raises(conveyor.InvalidArgumentError) as not_a_config:
+        TestWorker(app, {"slots": {"count": 1}})  # type: ignore[arg-type]
+    assert "expected a conveyor.Config" in one_line(not_a_config.value)
+    with pytest.raises(conveyor.InvalidArgumentError, match="settle_timeout_s"):
+        TestWorker(app, settle_timeout_s=True)
+    async with TestWorker(app) as worker:
+        for timeout in ("5", float("nan"), -1.0):
+            with pytest.raises(conveyor.InvalidArgumentError) as bad_timeout:
+                await worker.settle(timeout)  # type: ignore[arg-type]
+            assert one_line(bad_timeout.value).startswith("settle timeout_s must be")
+        with pytest.raises(conveyor.InvalidArgumentError) as not_a_message:
+            await worker.redeliver("o-1")  # type: ignore[arg-type]
+        assert "redeliver: expected a Message" in one_line(not_a_message.value)
+        with pytest.raises(conveyor.InvalidArgumentError) as not_a_publish:
+            await worker.publish_batch([("orders", "k", 1)])  # type: ignore[list-item]
+        assert "expected conveyor.Publish" in one_line(not_a_publish.value)
+        assert worker.published() == []  # nothing of a refused batch was sent
+    with pytest.raises(conveyor.ConveyorError, match="not started") as early:
+        await TestWorker(app).settle()
+    assert "async with" in one_line(early.value)
