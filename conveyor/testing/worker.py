@@ -28,6 +28,7 @@ from conveyor.testing.records import (
     Record,
     StartupHookFailed,
     report,
+    shown,
 )
 from conveyor.workers.daemon import DrainReport, WorkerDaemon
 
@@ -413,7 +414,8 @@ class TestWorker:
 
 
 def _named(message: Message) -> str:
-    return f"{message.stream.namespace}/{message.stream.key} (message {message.id[-8:]})"
+    stream = message.stream
+    return f"{shown(stream.namespace)}/{shown(stream.key)} (message {message.id[-8:]})"
 
 
 def _kind(value: object) -> str:

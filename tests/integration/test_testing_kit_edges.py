@@ -207,3 +207,24 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
     with pytest.raises(conveyor.ConveyorError, match="not started") as early:
         await TestWorker(app).settle()
     assert "async with" in one_line(early.value)
+
+
+async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message() -> None:
+    app = App("keys")
+
+    @app.handler("k")
+    async def take(body: bytes) -> None:
+        pass
+
+    keys = ["a\nb", "\x1b[31mred", "tab\there", "é🎉"]
+    async with TestWorker(app) as worker:
+        for key in keys:
+            await worker.publish("k", key, b"x")
+        await worker.settle()
+        assert [r.key for r in worker.handled()] == keys  # the keys themselves are kept
+    assert worker.report().splitlines() == [
+        "handled       k/a\\nb take, 1 attempt",
+        "handled       k/\\x1b[31mred take, 1 attempt",
+        "handled       k/tab\\there take, 1 attempt",
+        "handled       k/é🎉 take, 1 attempt",
+    ]
