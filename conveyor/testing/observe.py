@@ -18,6 +18,7 @@ import asyncio
 import copy
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from conveyor.adapters.memory import (
 from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.app import App, Hook
-from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
+from conveyor.platform.delivery.chain import Delivery, Interceptor, Step, as_failure
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import DeadLetter, Message
@@ -251,14 +252,30 @@ class AttemptRecorder(Interceptor):
                 running.pop(call, None)
                 observations.attempted(call, delivery, exc, clock() - started)
                 raise
-            except BaseException:
+            except BaseException as exc:
                 running.pop(call, None)
+                failure = _call_failure(exc)
+                if failure is not None:  # the attempt failed, as the chain will say
+                    observations.attempted(call, delivery, failure, clock() - started)
                 raise
             running.pop(call, None)
             observations.attempted(call, delivery, None, clock() - started)
             return result
 
         return recorded
+
+
+def _call_failure(exc: BaseException) -> Exception | None:
+    """What a ``BaseException`` a call raised is to the chain: the attempt's failure
+    (``HandlerCancelled``, ``HandlerBaseException``: retried, then dead-lettered), or
+    None when it stops the call rather than failing it (a real cancellation, a
+    ``KeyboardInterrupt`` or ``SystemExit``)."""
+    try:
+        failure = as_failure(exc)
+    except BaseException:
+        return None
+    failure.__cause__ = exc
+    return failure
 
 
 def observed_app(app: App, observations: Observations, delay_scale: float) -> App:
@@ -283,24 +300,58 @@ def _adjusted(spec: HandlerSpec, observations: Observations, scale: float) -> Ha
     batch = spec.batch
     if batch is not None:
         options[BatchOptions] = BatchOptions(batch.size, batch.wait_ms * scale)
-        fn = _batch_recorder(spec.name, fn, observations)
+        fn = _batch_recorder(spec, observations)
     return dataclasses.replace(spec, fn=fn, options=options)
 
 
-def _batch_recorder(name: str, fn: HandlerFn, observations: Observations) -> HandlerFn:
+def _batch_recorder(spec: HandlerSpec, observations: Observations) -> HandlerFn:
+    """``spec``'s batch function, noting each call in ``observations``. A plain ``def``
+    batch handler stays a plain ``def`` (the daemon runs it on a handler thread, so the
+    counter it shares with the loop is locked); an ``async def`` one stays ``async``."""
+    name, fn = spec.name, spec.fn
     running = observations.batches_running
+    lock = threading.Lock()
+
+    def began() -> None:
+        with lock:
+            running[name] = running.get(name, 0) + 1
+
+    def ended(kept: tuple[Any, ...], error: Exception | None) -> None:
+        with lock:
+            running[name] -= 1
+            observations.batches.append(BatchCall(name, kept, error))
+
+    if spec.sync:
+        def recorded_sync(bodies: list[Any]) -> Any:
+            kept = tuple(bodies)  # the handler may change its list
+            began()
+            try:
+                result = fn(bodies)
+            except Exception as exc:
+                ended(kept, exc)
+                raise
+            except BaseException:
+                with lock:
+                    running[name] -= 1
+                raise
+            ended(kept, None)
+            return result
+
+        return recorded_sync
 
     async def recorded(bodies: list[Any]) -> Any:
         kept = tuple(bodies)  # the handler may change its list
-        running[name] = running.get(name, 0) + 1
+        began()
         try:
             result = await fn(bodies)
         except Exception as exc:
-            observations.batches.append(BatchCall(name, kept, exc))
+            ended(kept, exc)
             raise
-        finally:
-            running[name] -= 1
-        observations.batches.append(BatchCall(name, kept, None))
+        except BaseException:
+            with lock:
+                running[name] -= 1
+            raise
+        ended(kept, None)
         return result
 
     return recorded

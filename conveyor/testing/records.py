@@ -88,7 +88,7 @@ class Record:
     def describe(self) -> str:
         """One line: outcome, stream, handler, attempts and the error."""
         who = self.handler.rpartition(".")[2] or "(no handler)"
-        line = f"{self.outcome.value:<13} {self.namespace}/{self.key} {who}"
+        line = f"{self.outcome.value:<13} {shown(self.namespace)}/{shown(self.key)} {who}"
         calls = self.letter.attempts if self.letter is not None else len(self.attempts)
         if calls:
             line += f", {calls} attempt{'s' if calls != 1 else ''}"
@@ -97,6 +97,12 @@ class Record:
         elif (error := self.error) is not None:
             line += f" (failed before: {type(error).__name__}: {error})"
         return line
+
+
+def shown(name: str) -> str:
+    """A namespace or stream key as a report shows it: as is when printable, else
+    escaped (a newline or a terminal escape in a key must not break a line)."""
+    return name if name.isprintable() else repr(name)[1:-1]
 
 
 def raw_body(message: Message) -> Any:

@@ -8,7 +8,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -28,6 +28,7 @@ from conveyor.testing.records import (
     Record,
     StartupHookFailed,
     report,
+    shown,
 )
 from conveyor.workers.daemon import DrainReport, WorkerDaemon
 
@@ -84,11 +85,16 @@ class TestWorker:
         stop_timeout_s: float = 5.0,
         telemetry: Telemetry | None = None,
     ) -> None:
+        if not isinstance(app, App):
+            raise InvalidArgumentError(
+                f"TestWorker(app): expected a conveyor.App, got {_kind(app)}")
+        if config is not None and not isinstance(config, Config):
+            raise InvalidArgumentError(
+                f"TestWorker(app, config): expected a conveyor.Config (from "
+                f"conveyor.load_config(...)) or None, got {_kind(config)}")
         for name, value in (("delay_scale", delay_scale), ("settle_timeout_s", settle_timeout_s),
                             ("stop_timeout_s", stop_timeout_s)):
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise InvalidArgumentError(
-                    f"TestWorker {name} must be a finite number >= 0, got {value!r}")
+            _check_seconds(f"TestWorker {name}", value)
         self.app = app
         self.delay_scale = float(delay_scale)
         self.settle_timeout_s = settle_timeout_s
@@ -110,6 +116,9 @@ class TestWorker:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> TestWorker:
+        if self.drain_report is not None:
+            raise ConveyorError("this TestWorker is stopped: a TestWorker starts once "
+                                "(make a new one for a fresh broker)")
         if self._daemon is not None:
             raise ConveyorError("this TestWorker is started already")
         observations = self._observations
@@ -158,6 +167,14 @@ class TestWorker:
                                 "TestWorker(app) as worker` or `await worker.start()`")
         return self._daemon
 
+    def _running(self, doing: str) -> WorkerDaemon:
+        """The daemon, for something that needs it running (``doing``): refused, in one
+        line, before the start and after the stop (nothing would handle a message)."""
+        if self.drain_report is not None:
+            raise ConveyorError(f"cannot {doing}: this TestWorker is stopped (its records "
+                                "are still readable)")
+        return self.daemon
+
     @property
     def client(self) -> Client:
         """The client startup hooks receive: publishing with it is publishing here."""
@@ -169,20 +186,32 @@ class TestWorker:
                       content_type: str | None = None) -> Message:
         """Publish one message (as :meth:`conveyor.Client.publish` does); returns it as
         stored, with its id and position."""
-        token = await self.client.publish(namespace, key, body, headers, content_type)
+        client = self._running("publish").client
+        token = await client.publish(namespace, key, body, headers, content_type)
         return self._stored(token.queue, token.major)
 
     async def publish_batch(self, items: Iterable[Publish]) -> list[Message]:
         """Publish many messages at once (as :meth:`conveyor.Client.publish_batch`)."""
-        tokens = await self.client.publish_batch(list(items))
+        client = self._running("publish").client
+        batch = list(items)
+        for item in batch:
+            if not isinstance(item, Publish):
+                raise InvalidArgumentError(
+                    f"publish_batch: expected conveyor.Publish items, got {_kind(item)}")
+        tokens = await client.publish_batch(batch)
         return [self._stored(t.queue, t.major) for t in tokens]
 
     async def redeliver(self, message: Message) -> Message:
         """Deliver ``message`` again, same id and all, as a crash or a lost lease would
         (what an ``idempotent=True`` handler must absorb). Returns the new copy."""
-        queue = self.client.queue_for(message.stream.namespace, message.stream.key)
+        daemon = self._running("redeliver")
+        if not isinstance(message, Message):
+            raise InvalidArgumentError(
+                f"redeliver: expected a Message (as publish() or published() returns it), "
+                f"got {_kind(message)}")
+        queue = daemon.client.queue_for(message.stream.namespace, message.stream.key)
         plain = msgspec.structs.replace(message, token=None)
-        token = (await self.daemon.adapter.enqueue(queue, [plain]))[0]
+        token = (await daemon.adapter.enqueue(queue, [plain]))[0]
         return self._stored(token.queue, token.major)
 
     def _stored(self, queue: int, offset: int) -> Message:
@@ -191,7 +220,8 @@ class TestWorker:
     def _broker(self) -> MemoryBroker:
         broker = self._observations.broker
         if broker is None:
-            raise ConveyorError("the TestWorker is not started")
+            raise ConveyorError("the TestWorker is not started: use `async with "
+                                "TestWorker(app) as worker` or `await worker.start()`")
         return broker
 
     # -- settling ----------------------------------------------------------------------------
@@ -209,6 +239,10 @@ class TestWorker:
         """
         __tracebackhide__ = True  # pytest: the failure is the test's, not this frame's
         timeout = self.settle_timeout_s if timeout_s is None else timeout_s
+        _check_seconds("settle timeout_s", timeout)
+        if self.drain_report is not None and not self._quiet():
+            raise NotSettled("cannot settle: this TestWorker is stopped, and nothing will "
+                             "handle what is left:\n" + "\n".join(self.unsettled()))
         changed = self._observations.changed
         try:
             async with asyncio.timeout(timeout):
@@ -216,11 +250,10 @@ class TestWorker:
                     changed.clear()
                     await changed.wait()
         except TimeoutError:
-            failure = self._daemon.failure if self._daemon is not None else None
-            said = [] if failure is None else [f"the daemon failed: {failure}"]
-            raise NotSettled(
-                f"not settled after {timeout:g}s:\n" + "\n".join([*said, *self.unsettled()])
-            ) from failure
+            if not self._quiet():
+                self._not_settled(timeout)
+            # Settled after all: the deadline passed while a handler blocked the event
+            # loop, and what it held was acknowledged as the loop ran again.
         self._raise_hook_failures()
         new = self._observations.sorted_records(self._settled)
         self._settled = len(self._observations.records)
@@ -232,6 +265,14 @@ class TestWorker:
                 "False) if the test expects that):\n" + report(letters), letters,
             ) from cause
         return new
+
+    def _not_settled(self, timeout: float) -> NoReturn:
+        __tracebackhide__ = True
+        failure = self._daemon.failure if self._daemon is not None else None
+        said = [] if failure is None else [f"the daemon failed: {failure}"]
+        raise NotSettled(
+            f"not settled after {timeout:g}s:\n" + "\n".join([*said, *self.unsettled()])
+        ) from failure
 
     def _quiet(self) -> bool:
         observations = self._observations
@@ -316,7 +357,15 @@ class TestWorker:
                 raise InvalidArgumentError(f"{handler!r} is not a handler of app "
                                            f"{self.app.name!r}")
             return names.__contains__
-        return lambda name: name == handler or name.rpartition(".")[2] == handler
+        names = {spec.name for spec in self.app.handlers
+                 if handler in (spec.name, spec.name.rpartition(".")[2])}
+        if not names:
+            declared = ", ".join(sorted(spec.name.rpartition(".")[2]
+                                        for spec in self.app.handlers)) or "none"
+            raise InvalidArgumentError(
+                f"{handler!r} is not a handler of app {self.app.name!r} (its handlers: "
+                f"{declared})")
+        return names.__contains__
 
     def handled(self, namespace: str | None = None, *,
                 handler: HandlerRef | None = None) -> list[Record]:
@@ -365,4 +414,15 @@ class TestWorker:
 
 
 def _named(message: Message) -> str:
-    return f"{message.stream.namespace}/{message.stream.key} (message {message.id[-8:]})"
+    stream = message.stream
+    return f"{shown(stream.namespace)}/{shown(stream.key)} (message {message.id[-8:]})"
+
+
+def _kind(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"[:200]
+
+
+def _check_seconds(what: str, value: object) -> None:
+    if isinstance(value, bool) or not (
+            isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise InvalidArgumentError(f"{what} must be a finite number >= 0, got {value!r}")

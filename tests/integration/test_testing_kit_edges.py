@@ -1,0 +1,230 @@
+"""conveyor.testing used as a new user would, hostile or careless: handlers of every kind
+documented, and mistakes that must fail in one line naming the problem (found by a walk
+through the kit as a user)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import conveyor
+from conveyor import App, Publish
+from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error)
+    assert "\n" not in text, text
+    return text
+
+
+# -- handlers the docs promise ------------------------------------------------------------
+async def test_a_plain_def_batch_handler_runs_and_its_calls_are_noted() -> None:
+    # docs/sync-handlers.md: "Batch handlers (batch_size=N): one thread call per batch".
+    # The kit wrapped every batch handler in an `async def` recorder, so a plain `def`
+    # one was dead-lettered with "... returned a coroutine: declare it `async def`".
+    app = App("rows")
+    stored: list[list[int]] = []
+
+    @app.handler("rows", batch_size=10)
+    def store(rows: list[int]) -> None:
+        if -1 in rows:
+            raise ValueError("a negative row")
+        stored.append(list(rows))
+
+    async with TestWorker(app) as worker:
+        await worker.publish_batch([Publish("rows", "k", n) for n in (1, 2, -1, 3)])
+        await worker.settle(raise_on_dead_letters=False)
+
+    assert sorted(n for rows in stored for n in rows) == [1, 2, 3]
+    [poison] = worker.dead_lettered("rows")
+    assert poison.body == -1 and poison.letter is not None
+    assert poison.letter.error == "a negative row"
+    assert [r.body for r in worker.handled("rows")] == [1, 2, 3]
+    calls = worker.batches(store)
+    assert calls[0].bodies == (1, 2, -1, 3) and isinstance(calls[0].error, ValueError)
+    assert calls[-1].error is None
+    assert worker.daemon.threads.peak_running >= 1  # it ran on a handler thread
+
+
+async def test_a_handler_raising_a_base_exception_has_each_attempt_recorded() -> None:
+    # docs/writing-handlers.md: a CancelledError nothing sent, or a BaseException of the
+    # user's own, fails the call like any exception (HandlerCancelled, HandlerBaseException).
+    # The kit's recorder let BaseExceptions through unrecorded: the records had no
+    # attempts, no error (settle's DeadLettersFound had no cause), and a call that failed
+    # so and then succeeded was reported handled on its first and only attempt.
+    class Abort(BaseException):
+        pass
+
+    app = App("base")
+    calls = {"n": 0}
+
+    @app.handler("cancelled", retry_attempts=2)
+    async def cancelled(n: int) -> None:
+        raise asyncio.CancelledError()
+
+    @app.handler("aborted", retry_attempts=2)
+    async def aborted(n: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise Abort("not now")
+
+    async with TestWorker(app) as worker:
+        await worker.publish("cancelled", "k", 1)
+        await worker.publish("aborted", "k", 1)
+        with pytest.raises(DeadLettersFound) as found:
+            await worker.settle()
+
+    assert isinstance(found.value.__cause__, conveyor.ConveyorError)
+    assert "CancelledError" in str(found.value.__cause__)
+    [dead] = worker.dead_lettered("cancelled")
+    assert [a.number for a in dead.attempts] == [1, 2]
+    assert all("CancelledError" in str(a.error) for a in dead.attempts)
+    assert isinstance(dead.error, conveyor.ConveyorError)
+    [handled] = worker.handled("aborted")
+    assert handled.retried
+    assert [a.number for a in handled.attempts] == [1, 2]
+    assert "Abort: not now" in str(handled.attempts[0].error)
+    assert handled.attempts[1].error is None
+
+
+async def test_settle_returns_when_a_handler_that_blocked_the_loop_past_its_deadline_is_done(
+) -> None:
+    # A blocking call in an async handler (a mistake Conveyor survives and names) made
+    # the deadline pass while the loop was blocked; by the time it fired the message was
+    # acknowledged, yet settle() raised NotSettled listing nothing.
+    app = App("blocking")
+
+    @app.handler("slow")
+    async def slow(seconds: float) -> None:
+        time.sleep(seconds)  # noqa: ASYNC251 - the mistake under test
+
+    async with TestWorker(app) as worker:
+        await worker.publish("slow", "k", 0.4)
+        settled = await worker.settle(timeout_s=0.1)
+    assert [r.outcome for r in settled] == [Outcome.HANDLED]
+
+
+# -- mistakes ---------------------------------------------------------------------------
+def two_handlers() -> App:
+    app = App("named")
+
+    @app.handler("orders")
+    async def on_order(n: int) -> None:
+        pass
+
+    @app.handler("orders", name="audit")
+    async def audit_order(n: int) -> None:
+        pass
+
+    return app
+
+
+async def test_a_misspelt_handler_name_is_refused_not_matched_by_nothing() -> None:
+    # `assert not worker.dead_lettered(handler="on_ordr")` passed whatever happened.
+    app = two_handlers()
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "k", 1)
+        await worker.settle()
+        assert len(worker.handled(handler="on_order")) == 1
+        assert len(worker.handled(handler="audit")) == 1
+        full = app.handlers[0].name  # module.function
+        assert worker.handled(handler=full) == worker.handled(handler="on_order")
+        for read in (worker.handled, worker.dead_lettered, worker.retried,
+                     worker.deduplicated, worker.bodies, worker.batches):
+            with pytest.raises(conveyor.InvalidArgumentError) as typo:
+                read(handler="on_ordr")  # type: ignore[operator]
+            assert one_line(typo.value) == (
+                "'on_ordr' is not a handler of app 'named' (its handlers: audit, on_order)")
+
+
+async def test_a_stopped_worker_says_so_instead_of_taking_messages_nobody_handles() -> None:
+    # After the stop, publish() stored the message silently, settle() then waited its
+    # whole timeout for it ("not pulled yet"), and start() said "started already".
+    app = two_handlers()
+    worker = TestWorker(app, settle_timeout_s=5.0)
+    async with worker:
+        await worker.publish("orders", "k", 1)
+        await worker.settle()
+    began = time.monotonic()
+    with pytest.raises(conveyor.ConveyorError) as publishing:
+        await worker.publish("orders", "k", 2)
+    assert "stopped" in one_line(publishing.value)
+    with pytest.raises(conveyor.ConveyorError) as redelivering:
+        await worker.redeliver(worker.published()[0])
+    assert "stopped" in one_line(redelivering.value)
+    assert await worker.settle() == []  # nothing is left: settled, at once
+    with pytest.raises(conveyor.ConveyorError) as starting:
+        await worker.start()
+    assert "stopped" in one_line(starting.value)
+    assert time.monotonic() - began < 1.0
+    assert len(worker.handled()) == 2  # the records stay readable
+
+
+async def test_a_stopped_worker_with_messages_left_does_not_wait_for_them() -> None:
+    app = App("stuck")
+
+    @app.handler("slow")
+    async def slow(n: int) -> None:
+        await asyncio.Event().wait()
+
+    worker = TestWorker(app, stop_timeout_s=0.1)
+    async with worker:
+        await worker.publish("slow", "k", 1)
+        with pytest.raises(NotSettled):
+            await worker.settle(timeout_s=0.1)
+    began = time.monotonic()
+    with pytest.raises(NotSettled, match="stopped") as left:
+        await worker.settle(timeout_s=5.0)
+    assert time.monotonic() - began < 1.0
+    assert "slow/k" in str(left.value)
+
+
+async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
+    app = two_handlers()
+    with pytest.raises(conveyor.InvalidArgumentError) as not_an_app:
+        TestWorker("named")  # type: ignore[arg-type]
+    assert one_line(not_an_app.value).startswith("TestWorker(app): expected a conveyor.App")
+    with pytest.raises(conveyor.InvalidArgumentError) as not_a_config:
+        TestWorker(app, {"slots": {"count": 1}})  # type: ignore[arg-type]
+    assert "expected a conveyor.Config" in one_line(not_a_config.value)
+    with pytest.raises(conveyor.InvalidArgumentError, match="settle_timeout_s"):
+        TestWorker(app, settle_timeout_s=True)
+    async with TestWorker(app) as worker:
+        for timeout in ("5", float("nan"), -1.0):
+            with pytest.raises(conveyor.InvalidArgumentError) as bad_timeout:
+                await worker.settle(timeout)  # type: ignore[arg-type]
+            assert one_line(bad_timeout.value).startswith("settle timeout_s must be")
+        with pytest.raises(conveyor.InvalidArgumentError) as not_a_message:
+            await worker.redeliver("o-1")  # type: ignore[arg-type]
+        assert "redeliver: expected a Message" in one_line(not_a_message.value)
+        with pytest.raises(conveyor.InvalidArgumentError) as not_a_publish:
+            await worker.publish_batch([("orders", "k", 1)])  # type: ignore[list-item]
+        assert "expected conveyor.Publish" in one_line(not_a_publish.value)
+        assert worker.published() == []  # nothing of a refused batch was sent
+    with pytest.raises(conveyor.ConveyorError, match="not started") as early:
+        await TestWorker(app).settle()
+    assert "async with" in one_line(early.value)
+
+
+async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message() -> None:
+    app = App("keys")
+
+    @app.handler("k")
+    async def take(body: bytes) -> None:
+        pass
+
+    keys = ["a\nb", "\x1b[31mred", "tab\there", "é🎉"]
+    async with TestWorker(app) as worker:
+        for key in keys:
+            await worker.publish("k", key, b"x")
+        await worker.settle()
+        assert [r.key for r in worker.handled()] == keys  # the keys themselves are kept
+    assert worker.report().splitlines() == [
+        "handled       k/a\\nb take, 1 attempt",
+        "handled       k/\\x1b[31mred take, 1 attempt",
+        "handled       k/tab\\there take, 1 attempt",
+        "handled       k/é🎉 take, 1 attempt",
+    ]
