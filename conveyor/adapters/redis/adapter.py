@@ -137,6 +137,7 @@ class RedisAdapter(QueueAdapter):
         self.ack_fenced_script = self.redis.register_script(lua.ACK_FENCED)
         self.claim_script = self.redis.register_script(lua.CLAIM_ALL)
         self.strays_script = self.redis.register_script(lua.STRAYS)
+        self.hand_back_script = self.redis.register_script(lua.HAND_BACK)
         self.trim_script = self.redis.register_script(lua.TRIM_ACKED)
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
         self.count_start_script = self.redis.register_script(lua.COUNT_START)

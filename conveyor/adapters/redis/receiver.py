@@ -67,6 +67,7 @@ RedisAdapter` is one): the connection, the key layout, the scripts, the replica 
     keys: Keys
     claim_script: Any
     strays_script: Any
+    hand_back_script: Any
     ack_script: Any
     ack_fenced_script: Any
     trim_script: Any
@@ -287,15 +288,22 @@ class RedisReceiver(QueueReceiver):
 
     async def handed_back(self, tokens: Sequence[SequenceToken], *,
                           all_unfinished: bool = False) -> None:
-        """``XCLAIM ... RETRYCOUNT 0 JUSTID``: the next owner's read of its pending
-        list then counts them as first deliveries again."""
+        """``XCLAIM ... RETRYCOUNT 0 JUSTID`` under the lease's fence (``HAND_BACK``): the
+        next owner's read of its pending list then counts them as first deliveries. A
+        daemon stalled past its lease between its check and this call would otherwise
+        take the new owner's claimed entries back into its own pending list."""
         for i in range(0, len(tokens), _ACK_CHUNK):
-            ids = [f"{t.major}-{t.minor}" for t in tokens[i:i + _ACK_CHUNK]]
-            await self._caller.once(
+            ids = joined_ids(tokens[i:i + _ACK_CHUNK])
+            done = await self._caller.once(
                 f"handing back unstarted messages of queue {self._queue}",
-                lambda ids=ids: self._redis.xclaim(  # type: ignore[misc]
-                    self._stream, self._group, self._consumer, 0, ids, retrycount=0,
-                    justid=True))
+                lambda ids=ids: self._adapter.hand_back_script(  # type: ignore[misc]
+                    keys=[self._stream, self._lease_key],
+                    args=[self._group, self._consumer, self._lease_value, ids]))
+            if done == -1:
+                self._check_lease = True
+                raise LeaseLostError(
+                    f"queue {self._queue}: lease token {self._token} is no longer valid; "
+                    "unstarted messages not handed back")
 
     async def count_start(self, msg: Message) -> Message:
         """``HINCRBY`` of the message's field in the queue's delivery records (a hash

@@ -118,6 +118,21 @@ until cursor == '0-0'
 return n
 """
 
+# KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), "id id ...".
+# XCLAIM ... RETRYCOUNT 0 JUSTID of unstarted entries, so that the next owner counts them
+# as first deliveries: the number claimed, or -1 (nothing done) when the lease is gone:
+# a daemon stalled past its lease must not pull entries back from the new owner.
+HAND_BACK = """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
+local args = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
+for id in string.gmatch(ARGV[4], '%S+') do args[#args + 1] = id end
+if #args == 5 then return 0 end
+args[#args + 1] = 'RETRYCOUNT'
+args[#args + 1] = 0
+args[#args + 1] = 'JUSTID'
+return #redis.call(unpack(args))
+"""
+
 # KEYS: stream, lease. ARGV: group, consumer, lease value, count.
 # Entries pending for another consumer of the group than the lease holder: read by a
 # daemon that stalled between checking its lease and its read reaching the server, after

@@ -213,6 +213,54 @@ async def test_strays_are_returned_once_while_unacknowledged(
         await adapter.close()
 
 
+async def test_unstarted_messages_handed_back_count_as_first_deliveries_under_the_fence(
+    redis_server: RedisServer,
+) -> None:
+    config = config_for(redis_server)
+    adapter = RedisAdapter(config.redis)
+    _, leases = redis_coordination(config, "shop")
+    client = Client(adapter, HashRingQueueMapper(1))
+    stream = Keys("t").queue(0)
+
+    async def holders() -> dict[str, int]:
+        rows = await adapter.redis.xpending_range(stream, "shop", "-", "+", 10)
+        return {r["message_id"].decode(): (r["consumer"].decode(), r["times_delivered"])
+                for r in rows}
+
+    try:
+        for i in range(3):
+            await client.publish("n", "k", {"i": i})
+        first = await leases.acquire(0, "a", 0.3)
+        assert first is not None
+        a = adapter.create_receiver(0, "shop")
+        a.set_lease(first)
+        await a.initialize()
+        pulled = await a.get_messages(3, 0.1)
+        tokens = [m.token for m in pulled if m.token is not None]
+        await a.handed_back(tokens[:2])  # two unstarted, handed back: counted as never read
+        assert sorted(n for _, n in (await holders()).values()) == [0, 0, 1]
+
+        async def expired() -> bool:
+            return not await adapter.redis.exists(Keys("t").lease("shop", 0))
+
+        await wait_until(expired, 5, what="the first lease to expire in the store")
+        second = await leases.acquire(0, "b", 30)
+        assert second is not None
+        b = adapter.create_receiver(0, "shop")
+        b.set_lease(second)
+        await b.initialize()
+        again = await b.get_messages(10, 0.1)
+        assert [m.deliveries for m in again] == [1, 1, 2]
+        # The first holder, stalled past its lease, hands back late: refused, and the
+        # entries stay with the new owner (else only its look for strays would find
+        # them, and run again what it holds already).
+        with pytest.raises(LeaseLostError):
+            await a.handed_back(tokens)
+        assert {who for who, _ in (await holders()).values()} == {"b"}
+    finally:
+        await adapter.close()
+
+
 async def test_pending_entries_come_first_in_order_after_a_takeover(
     adapter: RedisAdapter,
 ) -> None:
