@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -56,6 +58,32 @@ async def adapter(redis_server: RedisServer) -> AsyncIterator[RedisAdapter]:
         await a.close()
 
 
+@dataclass
+class Shop:
+    """An adapter and app ``shop``'s leases on one server, for the fencing tests."""
+
+    adapter: RedisAdapter
+    leases: Any
+
+    async def lease_expired(self, queue: int) -> None:
+        async def gone() -> bool:
+            return not await self.adapter.redis.exists(Keys("t").lease("shop", queue))
+
+        await wait_until(gone, 5, what=f"the lease of queue {queue} to expire in the store")
+
+
+@pytest.fixture
+async def shop(redis_server: RedisServer) -> AsyncIterator[Shop]:
+    config = config_for(redis_server)
+    a = RedisAdapter(config.redis)
+    leases = redis_coordination(config, "shop")[1]
+    try:
+        yield Shop(a, leases)
+    finally:
+        await leases.close()
+        await a.close()
+
+
 async def test_an_entry_written_by_redis_cli_is_delivered(adapter: RedisAdapter) -> None:
     await adapter.redis.execute_command(
         "XADD", "t:q:3", "*", "cv-ns", "orders", "cv-key", "42", "body", '{"total": 3}',
@@ -82,143 +110,120 @@ async def test_a_batch_with_a_reserved_header_is_refused_whole(adapter: RedisAda
     assert await adapter.redis.xlen(adapter.keys.queue(0)) == 0  # not half a batch
 
 
-async def test_a_stale_lease_holder_cannot_acknowledge(redis_server: RedisServer) -> None:
-    config = config_for(redis_server)
-    adapter = RedisAdapter(config.redis)
-    _, leases = redis_coordination(config, "shop")
-    try:
-        await Client(adapter, HashRingQueueMapper(8)).publish("orders", "k", {})
-        queue = HashRingQueueMapper(8).queue_for_key("orders", "k")
-        old = await leases.acquire(queue, "old", 0.2)
-        assert old is not None
-        stale = adapter.create_receiver(queue, "shop")
-        stale.set_lease(old)
-        await stale.initialize()
-        [msg] = await stale.get_messages(1, 0.5)
+async def test_a_stale_lease_holder_cannot_acknowledge(shop: Shop) -> None:
+    adapter, leases = shop.adapter, shop.leases
+    await Client(adapter, HashRingQueueMapper(8)).publish("orders", "k", {})
+    queue = HashRingQueueMapper(8).queue_for_key("orders", "k")
+    old = await leases.acquire(queue, "old", 0.2)
+    assert old is not None
+    stale = adapter.create_receiver(queue, "shop")
+    stale.set_lease(old)
+    await stale.initialize()
+    [msg] = await stale.get_messages(1, 0.5)
 
-        async def expired() -> bool:
-            return not await adapter.redis.exists(Keys("t").lease("shop", queue))
-
-        await wait_until(expired, 5, what="the old lease to expire in the store")
-        new = await leases.acquire(queue, "new", 5)
-        assert new is not None and new.token > old.token
-        assert msg.token is not None
-        with pytest.raises(LeaseLostError):
-            await stale.acknowledge([msg.token])
-        # The new owner claims the entry and gets it first, then acknowledges it.
-        fresh = adapter.create_receiver(queue, "shop")
-        fresh.set_lease(new)
-        await fresh.initialize()
-        again = await fresh.get_messages(10, 0.1)
-        assert [m.id for m in again] == [msg.id]
-        await fresh.acknowledge([msg.token])
-        assert await adapter.lag(queue, "shop") == 0
-        refused = await adapter.redis.hgetall(Keys("t").fenced_acks("shop", 0))
-        assert refused == {f"{old.token} old".encode(): b"1"}
-    finally:
-        await adapter.close()
+    await shop.lease_expired(queue)
+    new = await leases.acquire(queue, "new", 5)
+    assert new is not None and new.token > old.token
+    assert msg.token is not None
+    with pytest.raises(LeaseLostError):
+        await stale.acknowledge([msg.token])
+    # The new owner claims the entry and gets it first, then acknowledges it.
+    fresh = adapter.create_receiver(queue, "shop")
+    fresh.set_lease(new)
+    await fresh.initialize()
+    again = await fresh.get_messages(10, 0.1)
+    assert [m.id for m in again] == [msg.id]
+    await fresh.acknowledge([msg.token])
+    assert await adapter.lag(queue, "shop") == 0
+    refused = await adapter.redis.hgetall(Keys("t").fenced_acks("shop", 0))
+    assert refused == {f"{old.token} old".encode(): b"1"}
 
 
 async def test_entries_a_stalled_daemon_read_after_the_takeover_reach_the_owner(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+    shop: Shop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A daemon stalled between checking its lease and its read reaching the server reads
     # after the new owner's one claim: the entries land in its own pending list, and
     # only the owner's look for strays gets them run (before: never, until the queue
     # moved again). Each is delivered exactly once to the owner; none is lost.
     monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.3)
-    config = config_for(redis_server)
-    adapter = RedisAdapter(config.redis)
-    _, leases = redis_coordination(config, "shop")
+    adapter, leases = shop.adapter, shop.leases
     client = Client(adapter, HashRingQueueMapper(8))
     queue = HashRingQueueMapper(8).queue_for_key("orders", "k")
-    try:
-        old = await leases.acquire(queue, "old", 0.2)
-        assert old is not None
-        stale = adapter.create_receiver(queue, "shop")
-        stale.set_lease(old)
-        await stale.initialize()
+    old = await leases.acquire(queue, "old", 0.2)
+    assert old is not None
+    stale = adapter.create_receiver(queue, "shop")
+    stale.set_lease(old)
+    await stale.initialize()
 
-        async def expired() -> bool:
-            return not await adapter.redis.exists(Keys("t").lease("shop", queue))
-
-        await wait_until(expired, 5, what="the old lease to expire in the store")
-        new = await leases.acquire(queue, "new", 30)
-        assert new is not None
-        owner = adapter.create_receiver(queue, "shop")
-        owner.set_lease(new)
-        await owner.initialize()
-        assert await owner.get_messages(10, 0.05) == []
-        for i in range(5):
-            await client.publish("orders", "k", {"i": i})
-        # The stalled daemon's read, as its receiver sends it, reaching the server late.
-        stream = Keys("t").queue(queue)
-        late = await adapter.redis.execute_command(
-            "XREADGROUP", "GROUP", "shop", "old", "COUNT", 3, "STREAMS", stream, ">")
-        assert late, "the late read took nothing"
-        got = []
-        deadline = time.monotonic() + 5
-        while len(got) < 5 and time.monotonic() < deadline:
-            batch = await owner.get_messages(10, 0.05)
-            got.extend(batch)
-            await owner.acknowledge([m.token for m in batch if m.token is not None])
-        # The two the stalled daemon did not read come first; the strays after them,
-        # in order, as redelivered (its read counted one delivery).
-        assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in (3, 4, 0, 1, 2)]
-        assert [m.deliveries for m in got] == [1, 1, 2, 2, 2]
-        assert await owner.get_messages(10, 0.4) == []  # acknowledged: not found again
-        assert (await adapter.redis.xpending(stream, "shop"))["pending"] == 0
-        with pytest.raises(LeaseLostError):  # the stalled daemon, at its next look
-            await stale.get_messages(10, 0.05)
-    finally:
-        await adapter.close()
+    await shop.lease_expired(queue)
+    new = await leases.acquire(queue, "new", 30)
+    assert new is not None
+    owner = adapter.create_receiver(queue, "shop")
+    owner.set_lease(new)
+    await owner.initialize()
+    assert await owner.get_messages(10, 0.05) == []
+    for i in range(5):
+        await client.publish("orders", "k", {"i": i})
+    # The stalled daemon's read, as its receiver sends it, reaching the server late.
+    stream = Keys("t").queue(queue)
+    late = await adapter.redis.execute_command(
+        "XREADGROUP", "GROUP", "shop", "old", "COUNT", 3, "STREAMS", stream, ">")
+    assert late, "the late read took nothing"
+    got = []
+    deadline = time.monotonic() + 5
+    while len(got) < 5 and time.monotonic() < deadline:
+        batch = await owner.get_messages(10, 0.05)
+        got.extend(batch)
+        await owner.acknowledge([m.token for m in batch if m.token is not None])
+    # The two the stalled daemon did not read come first; the strays after them,
+    # in order, as redelivered (its read counted one delivery).
+    assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in (3, 4, 0, 1, 2)]
+    assert [m.deliveries for m in got] == [1, 1, 2, 2, 2]
+    assert await owner.get_messages(10, 0.4) == []  # acknowledged: not found again
+    assert (await adapter.redis.xpending(stream, "shop"))["pending"] == 0
+    with pytest.raises(LeaseLostError):  # the stalled daemon, at its next look
+        await stale.get_messages(10, 0.05)
 
 
 async def test_strays_are_returned_once_while_unacknowledged(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+    shop: Shop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.0)  # look at every read
-    config = config_for(redis_server)
-    adapter = RedisAdapter(config.redis)
-    _, leases = redis_coordination(config, "g")
+    adapter, leases = shop.adapter, shop.leases
     client = Client(adapter, HashRingQueueMapper(1))
-    try:
-        lease = await leases.acquire(0, "owner", 30)
-        assert lease is not None
-        owner = adapter.create_receiver(0, "g")
-        owner.set_lease(lease)
-        await owner.initialize()
-        for i in range(5):
-            await client.publish("n", "k", {"i": i})
-        other = adapter.create_receiver(0, "g")  # another consumer, unleased: a stray reader
-        await other.initialize()
-        read = await other.get_messages(5, 0.1)
-        assert len(read) == 5 and read[4].token is not None
-        t = read[4].token
-        await adapter.redis.xdel(Keys("t").queue(0), f"{t.major}-{t.minor}")  # gone: no run
-        first = await owner.get_messages(2, 0.05)  # room for 2: the first two strays
-        second = await owner.get_messages(10, 0.05)  # the rest at once, not a look later
-        assert [m.body for m in first + second] == [
-            f'{{"i":{i}}}'.encode() for i in range(4)]
-        # Still pending for the other consumer (unacknowledged): not returned again.
-        assert await owner.get_messages(10, 0.05) == []
-        await owner.acknowledge([m.token for m in first + second if m.token is not None])
-        assert (await adapter.redis.xpending(Keys("t").queue(0), "g"))["pending"] == 0
-        # The stream deleted under the owner: the look finds nothing, the read goes on.
-        await adapter.redis.delete(Keys("t").queue(0))
-        assert await owner.get_messages(10, 0.05) == []
-        await client.publish("n", "k", {"i": 5})
-        assert [m.body for m in await owner.get_messages(10, 0.5)] == [b'{"i":5}']
-    finally:
-        await adapter.close()
+    lease = await leases.acquire(0, "owner", 30)
+    assert lease is not None
+    owner = adapter.create_receiver(0, "shop")
+    owner.set_lease(lease)
+    await owner.initialize()
+    for i in range(5):
+        await client.publish("n", "k", {"i": i})
+    other = adapter.create_receiver(0, "shop")  # another consumer, unleased: a stray reader
+    await other.initialize()
+    read = await other.get_messages(5, 0.1)
+    assert len(read) == 5 and read[4].token is not None
+    t = read[4].token
+    await adapter.redis.xdel(Keys("t").queue(0), f"{t.major}-{t.minor}")  # gone: no run
+    first = await owner.get_messages(2, 0.05)  # room for 2: the first two strays
+    second = await owner.get_messages(10, 0.05)  # the rest at once, not a look later
+    assert [m.body for m in first + second] == [
+        f'{{"i":{i}}}'.encode() for i in range(4)]
+    # Still pending for the other consumer (unacknowledged): not returned again.
+    assert await owner.get_messages(10, 0.05) == []
+    await owner.acknowledge([m.token for m in first + second if m.token is not None])
+    assert (await adapter.redis.xpending(Keys("t").queue(0), "shop"))["pending"] == 0
+    # The stream deleted under the owner: the look finds nothing, the read goes on.
+    await adapter.redis.delete(Keys("t").queue(0))
+    assert await owner.get_messages(10, 0.05) == []
+    await client.publish("n", "k", {"i": 5})
+    assert [m.body for m in await owner.get_messages(10, 0.5)] == [b'{"i":5}']
 
 
 async def test_unstarted_messages_handed_back_count_as_first_deliveries_under_the_fence(
-    redis_server: RedisServer,
+    shop: Shop,
 ) -> None:
-    config = config_for(redis_server)
-    adapter = RedisAdapter(config.redis)
-    _, leases = redis_coordination(config, "shop")
+    adapter, leases = shop.adapter, shop.leases
     client = Client(adapter, HashRingQueueMapper(1))
     stream = Keys("t").queue(0)
 
@@ -227,38 +232,32 @@ async def test_unstarted_messages_handed_back_count_as_first_deliveries_under_th
         return {r["message_id"].decode(): (r["consumer"].decode(), r["times_delivered"])
                 for r in rows}
 
-    try:
-        for i in range(3):
-            await client.publish("n", "k", {"i": i})
-        first = await leases.acquire(0, "a", 0.3)
-        assert first is not None
-        a = adapter.create_receiver(0, "shop")
-        a.set_lease(first)
-        await a.initialize()
-        pulled = await a.get_messages(3, 0.1)
-        tokens = [m.token for m in pulled if m.token is not None]
-        await a.handed_back(tokens[:2])  # two unstarted, handed back: counted as never read
-        assert sorted(n for _, n in (await holders()).values()) == [0, 0, 1]
+    for i in range(3):
+        await client.publish("n", "k", {"i": i})
+    first = await leases.acquire(0, "a", 0.3)
+    assert first is not None
+    a = adapter.create_receiver(0, "shop")
+    a.set_lease(first)
+    await a.initialize()
+    pulled = await a.get_messages(3, 0.1)
+    tokens = [m.token for m in pulled if m.token is not None]
+    await a.handed_back(tokens[:2])  # two unstarted, handed back: counted as never read
+    assert sorted(n for _, n in (await holders()).values()) == [0, 0, 1]
 
-        async def expired() -> bool:
-            return not await adapter.redis.exists(Keys("t").lease("shop", 0))
-
-        await wait_until(expired, 5, what="the first lease to expire in the store")
-        second = await leases.acquire(0, "b", 30)
-        assert second is not None
-        b = adapter.create_receiver(0, "shop")
-        b.set_lease(second)
-        await b.initialize()
-        again = await b.get_messages(10, 0.1)
-        assert [m.deliveries for m in again] == [1, 1, 2]
-        # The first holder, stalled past its lease, hands back late: refused, and the
-        # entries stay with the new owner (else only its look for strays would find
-        # them, and run again what it holds already).
-        with pytest.raises(LeaseLostError):
-            await a.handed_back(tokens)
-        assert {who for who, _ in (await holders()).values()} == {"b"}
-    finally:
-        await adapter.close()
+    await shop.lease_expired(0)
+    second = await leases.acquire(0, "b", 30)
+    assert second is not None
+    b = adapter.create_receiver(0, "shop")
+    b.set_lease(second)
+    await b.initialize()
+    again = await b.get_messages(10, 0.1)
+    assert [m.deliveries for m in again] == [1, 1, 2]
+    # The first holder, stalled past its lease, hands back late: refused, and the
+    # entries stay with the new owner (else only its look for strays would find
+    # them, and run again what it holds already).
+    with pytest.raises(LeaseLostError):
+        await a.handed_back(tokens)
+    assert {who for who, _ in (await holders()).values()} == {"b"}
 
 
 async def test_pending_entries_come_first_in_order_after_a_takeover(
@@ -594,20 +593,14 @@ def test_a_forward_rewind_is_refused_unless_allowed(
 
 
 async def test_rewind_is_refused_while_a_daemon_elsewhere_holds_the_queues_lease(
-    redis_server: RedisServer,
+    shop: Shop,
 ) -> None:
-    config = config_for(redis_server)
-    adapter = RedisAdapter(config.redis)
-    _, leases = redis_coordination(config, "shop")
-    try:
-        await leases.acquire(0, "busy-daemon", 5)
-        assert await adapter.owners([0, 1], "shop") == {0: "busy-daemon"}
-        with pytest.raises(QueueOwnedError, match="queue 0 by busy-daemon"):
-            await adapter.rewind_queues([0, 1], "shop", time.time(), allow_forward=True)
-        assert await adapter.owners([0], "other-app") == {}  # a lease is per app
-    finally:
-        await leases.close()
-        await adapter.close()
+    adapter, leases = shop.adapter, shop.leases
+    await leases.acquire(0, "busy-daemon", 5)
+    assert await adapter.owners([0, 1], "shop") == {0: "busy-daemon"}
+    with pytest.raises(QueueOwnedError, match="queue 0 by busy-daemon"):
+        await adapter.rewind_queues([0, 1], "shop", time.time(), allow_forward=True)
+    assert await adapter.owners([0], "other-app") == {}  # a lease is per app
 
 
 def test_names_that_could_reach_other_keys_are_refused() -> None:
