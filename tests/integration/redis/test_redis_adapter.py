@@ -65,6 +65,15 @@ class Shop:
     adapter: RedisAdapter
     leases: Any
 
+    async def leased(self, queue: int, owner: str, ttl_s: float) -> Any:
+        """A receiver of ``queue`` started under a lease granted to ``owner``."""
+        lease = await self.leases.acquire(queue, owner, ttl_s)
+        assert lease is not None
+        receiver = self.adapter.create_receiver(queue, "shop")
+        receiver.set_lease(lease)
+        await receiver.initialize()
+        return receiver
+
     async def lease_expired(self, queue: int) -> None:
         async def gone() -> bool:
             return not await self.adapter.redis.exists(Keys("t").lease("shop", queue))
@@ -147,21 +156,13 @@ async def test_entries_a_stalled_daemon_read_after_the_takeover_reach_the_owner(
     # only the owner's look for strays gets them run (before: never, until the queue
     # moved again). Each is delivered exactly once to the owner; none is lost.
     monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.3)
-    adapter, leases = shop.adapter, shop.leases
+    adapter = shop.adapter
     client = Client(adapter, HashRingQueueMapper(8))
     queue = HashRingQueueMapper(8).queue_for_key("orders", "k")
-    old = await leases.acquire(queue, "old", 0.2)
-    assert old is not None
-    stale = adapter.create_receiver(queue, "shop")
-    stale.set_lease(old)
-    await stale.initialize()
+    stale = await shop.leased(queue, "old", 0.2)
 
     await shop.lease_expired(queue)
-    new = await leases.acquire(queue, "new", 30)
-    assert new is not None
-    owner = adapter.create_receiver(queue, "shop")
-    owner.set_lease(new)
-    await owner.initialize()
+    owner = await shop.leased(queue, "new", 30)
     assert await owner.get_messages(10, 0.05) == []
     for i in range(5):
         await client.publish("orders", "k", {"i": i})
@@ -190,13 +191,9 @@ async def test_strays_are_returned_once_while_unacknowledged(
     shop: Shop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.0)  # look at every read
-    adapter, leases = shop.adapter, shop.leases
+    adapter = shop.adapter
     client = Client(adapter, HashRingQueueMapper(1))
-    lease = await leases.acquire(0, "owner", 30)
-    assert lease is not None
-    owner = adapter.create_receiver(0, "shop")
-    owner.set_lease(lease)
-    await owner.initialize()
+    owner = await shop.leased(0, "owner", 30)
     for i in range(5):
         await client.publish("n", "k", {"i": i})
     other = adapter.create_receiver(0, "shop")  # another consumer, unleased: a stray reader
@@ -223,7 +220,7 @@ async def test_strays_are_returned_once_while_unacknowledged(
 async def test_unstarted_messages_handed_back_count_as_first_deliveries_under_the_fence(
     shop: Shop,
 ) -> None:
-    adapter, leases = shop.adapter, shop.leases
+    adapter = shop.adapter
     client = Client(adapter, HashRingQueueMapper(1))
     stream = Keys("t").queue(0)
 
@@ -234,22 +231,14 @@ async def test_unstarted_messages_handed_back_count_as_first_deliveries_under_th
 
     for i in range(3):
         await client.publish("n", "k", {"i": i})
-    first = await leases.acquire(0, "a", 0.3)
-    assert first is not None
-    a = adapter.create_receiver(0, "shop")
-    a.set_lease(first)
-    await a.initialize()
+    a = await shop.leased(0, "a", 0.3)
     pulled = await a.get_messages(3, 0.1)
     tokens = [m.token for m in pulled if m.token is not None]
     await a.handed_back(tokens[:2])  # two unstarted, handed back: counted as never read
     assert sorted(n for _, n in (await holders()).values()) == [0, 0, 1]
 
     await shop.lease_expired(0)
-    second = await leases.acquire(0, "b", 30)
-    assert second is not None
-    b = adapter.create_receiver(0, "shop")
-    b.set_lease(second)
-    await b.initialize()
+    b = await shop.leased(0, "b", 30)
     again = await b.get_messages(10, 0.1)
     assert [m.deliveries for m in again] == [1, 1, 2]
     # The first holder, stalled past its lease, hands back late: refused, and the
