@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -27,6 +28,7 @@ from conveyor.platform.errors import (
     ConveyorError,
     InvalidArgumentError,
     MessageTooLargeError,
+    ShutdownError,
 )
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.mapper import HashRingQueueMapper
@@ -228,6 +230,7 @@ class Client:
         self._coalescer = (None if coalesce_linger_s is None else PublishCoalescer(
             adapter.enqueue_queues, coalesce_linger_s,
             together=adapter.publishes_queues_together))
+        self._closed = False
 
     @classmethod
     def from_config(cls, config: Config) -> Client:
@@ -295,7 +298,7 @@ class Client:
         if known is None:
             if not namespace:
                 raise InvalidArgumentError("namespace must be a non-empty string")
-            if not (_is_text(namespace) and _is_text(str(key))):
+            if not (_is_text(namespace) and _is_text(key)):
                 raise InvalidArgumentError(
                     f"stream {namespace!r}/{key!r}: a namespace and a stream key are text "
                     "that UTF-8 can encode (str); nothing was sent")
@@ -304,7 +307,7 @@ class Client:
                 self._remembered, streams = 0, None
             if streams is None:
                 streams = self._streams[namespace] = {}
-            stream = StreamId(namespace, str(key))
+            stream = StreamId(namespace, key)
             known = streams[key] = (self.mapper.queue_for_key(namespace, stream.key), stream)
             self._remembered += 1
         return known
@@ -326,6 +329,8 @@ class Client:
         Raises :class:`~conveyor.PublishUncertain` when the broker may or may not have
         stored it (see the README's delivery guarantee).
         """
+        if self._closed:
+            raise _closed_error()
         msg = self.build(namespace, key, body, headers, content_type)
         queue = self.queue_for(namespace, msg.stream.key)
         if not self._traced:
@@ -361,6 +366,8 @@ class Client:
         stored, the error of the send that failed; when nothing is known to be stored
         and some may be, :class:`~conveyor.PublishUncertain`.
         """
+        if self._closed:
+            raise _closed_error()
         items = items if isinstance(items, Sequence) else list(items)
         ids = new_message_ids(len(items))
         spans: list[Span] = []
@@ -454,7 +461,10 @@ class Client:
         return by_queue
 
     async def close(self) -> None:
-        """Send what ``publish`` calls left waiting, then close what the client owns."""
+        """Send what ``publish`` calls left waiting, then close what the client owns.
+        Once closing, a client refuses to publish (:class:`~conveyor.ShutdownError`),
+        with ``publish_batch`` too, on every adapter."""
+        self._closed = True
         if self._coalescer is not None:
             await self._coalescer.close()
         if self._owns_adapter:
@@ -474,6 +484,10 @@ class Client:
         await self.close()
 
 
+def _closed_error() -> ShutdownError:
+    return ShutdownError("the client is closed: publish before closing it")
+
+
 def _failed(span: Span, exc: BaseException) -> None:
     """Record on a producer span the error its publish ended in, as ``use_span`` does."""
     span.record_exception(exc)
@@ -483,12 +497,20 @@ def _failed(span: Span, exc: BaseException) -> None:
 class SyncClient:
     """A blocking wrapper for scripts: ``with SyncClient.from_config(cfg) as c: c.publish(...)``.
 
-    Runs its own event loop; do not use it from inside a running loop.
+    Runs its own event loop; do not use it from inside a running loop. Threads may share
+    one: their calls run one at a time, each returning once its messages are stored.
+    Once closed (closing twice does no harm), it refuses to publish
+    (:class:`~conveyor.ShutdownError`).
     """
 
     def __init__(self, config: Config) -> None:
         self._runner = asyncio.Runner()
         self._client = self._runner.run(self._make(config))
+        # One call at a time on the loop: a second thread's Runner.run would schedule
+        # its publish on the loop the first is running, then raise "already running",
+        # and the message would be stored under an error (a retry doubles it).
+        self._lock = threading.Lock()
+        self._closed = False
 
     @staticmethod
     async def _make(config: Config) -> Client:
@@ -506,16 +528,27 @@ class SyncClient:
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> SequenceToken:
-        return self._runner.run(self._client.publish(namespace, key, body, headers, content_type))
+        with self._lock:
+            if self._closed:
+                raise _closed_error()
+            return self._runner.run(
+                self._client.publish(namespace, key, body, headers, content_type))
 
     def publish_batch(self, items: Iterable[Publish]) -> list[SequenceToken]:
-        return self._runner.run(self._client.publish_batch(list(items)))
+        with self._lock:
+            if self._closed:
+                raise _closed_error()
+            return self._runner.run(self._client.publish_batch(list(items)))
 
     def close(self) -> None:
-        try:
-            self._runner.run(self._client.close())
-        finally:
-            self._runner.close()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._runner.run(self._client.close())
+            finally:
+                self._runner.close()
 
     def __enter__(self) -> SyncClient:
         return self

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -149,6 +150,17 @@ def build_spec(
     where = handler_where(fn)
     if not namespace or not isinstance(namespace, str):
         raise HandlerDeclarationError(f"{where}: namespace must be a non-empty string")
+    if not _is_utf8(namespace):
+        raise HandlerDeclarationError(
+            f"{where}: namespace {namespace!r} is not text UTF-8 can encode: no message "
+            "could be published to it")
+    if name is not None and not (isinstance(name, str) and name and _is_utf8(name)
+                                 and not _CONTROL.search(name)):
+        # The name goes into dead letters (cv-dl-handler), metrics labels, log lines,
+        # Redis keys and `conveyor dlq --handler`: text, one line of it.
+        raise HandlerDeclarationError(
+            f"{where}: name={name!r}: a handler's name is non-empty text without "
+            "control characters (a str)")
     sync = _is_sync(fn, where)
     params = list(inspect.signature(fn).parameters.values())
     if not 1 <= len(params) <= 2 or any(
@@ -185,6 +197,17 @@ def build_spec(
         options=dict(options),
         sync=sync,
     )
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_sync(fn: Any, where: str) -> bool:

@@ -2,18 +2,21 @@
 
 import math
 import re
+import threading
 
 import msgspec
 import pytest
 
 from conveyor import client as client_module
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
-from conveyor.client import Client, Publish
+from conveyor.client import Client, Publish, SyncClient
+from conveyor.platform.config import Config
 from conveyor.platform.errors import (
     BodyEncodeError,
     ConveyorError,
     InvalidArgumentError,
     MessageTooLargeError,
+    ShutdownError,
 )
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
@@ -88,6 +91,9 @@ async def test_a_bad_item_refuses_the_whole_batch(client: Client) -> None:
         ({"tenant": "caf\udce9"}, None, "k"),  # a lone surrogate: UnicodeEncodeError at send
         ({}, "text/\udce9", "k"),
         ({}, None, "caf\udce9"),
+        ({}, None, 1),  # was sent as the stream "1"
+        ({}, None, None),  # was sent as the stream "None"
+        ({}, None, b"k"),  # was sent as the stream "b'k'"
     ],
 )
 async def test_headers_content_types_and_keys_that_are_not_utf8_text_are_refused(
@@ -214,3 +220,46 @@ async def test_str_enum_members_are_text_for_streams_headers_and_content_types(
     await client.publish(Names.ORDERS, "k", {"i": 1}, {Names.TENANT: Names.ORDERS},
                          Names.JSON)
     assert [ns for _, ns, _ in stored(client).values()] == ["orders"]
+
+
+async def test_a_closed_client_refuses_to_publish_single_and_batch(client: Client) -> None:
+    # publish_batch went straight to the adapter: after close() it was stored (a Redis
+    # client even opened a new connection that nobody closed); on the memory adapter
+    # publish was stored too. Closing twice does no harm.
+    await client.close()
+    with pytest.raises(ShutdownError, match="closed"):
+        await client.publish("a", "k", {})
+    with pytest.raises(ShutdownError, match="closed"):
+        await client.publish_batch([Publish("a", "k", {})])
+    await client.close()
+    assert stored(client) == {}
+
+
+def test_a_sync_client_shared_by_threads_stores_what_it_says_it_stored() -> None:
+    # Two threads' Runner.run on one loop: the second scheduled its publish on the loop
+    # the first was running, then raised "This event loop is already running" while its
+    # message was stored; a caller retrying on the error doubled it.
+    reset_broker("sync-threads")
+    config = msgspec.convert({"memory": {"broker": "sync-threads"}}, Config)
+    sync = SyncClient.from_config(config)
+    returned: list[SequenceToken] = []
+    errors: list[BaseException] = []
+
+    def publish(thread: int) -> None:
+        for i in range(100):
+            try:
+                returned.append(sync.publish("a", f"t{thread}", {"i": i}))
+            except BaseException as exc:  # counted and asserted on
+                errors.append(exc)
+
+    threads = [threading.Thread(target=publish, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stored_count = len(stored(sync._client))
+    assert (len(errors), len(returned), stored_count) == (0, 400, 400), errors[:1]
+    sync.close()
+    sync.close()  # was "Runner is closed" (a RuntimeError), as was a publish
+    with pytest.raises(ShutdownError, match="closed"):
+        sync.publish("a", "k", {})

@@ -123,6 +123,25 @@ def test_bad_options_are_rejected_at_declaration() -> None:
         App("bad name!")
 
 
+@pytest.mark.parametrize("name", [5, "", "shop\nforged log line", "x\x00y", "caf\udce9"])
+def test_a_handler_name_that_is_not_one_line_of_text_is_refused(name: object) -> None:
+    # The name goes into dead letters (cv-dl-handler), metrics labels, log lines and
+    # Redis keys; name=5 was accepted (a Kafka header value must be text), and name=""
+    # silently fell back to the default name.
+    async def h(body: bytes) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError, match="handler's name"):
+        App("t").handler("orders", name=name)(h)  # type: ignore[arg-type]
+    App("t").handler("orders", name="shop.on order (v2)")(h)
+
+
+def test_a_namespace_no_message_could_be_published_to_is_refused() -> None:
+    async def h(body: bytes) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError, match="not text UTF-8 can encode"):
+        App("t").handler("caf\udce9")(h)
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [
