@@ -28,6 +28,7 @@ from conveyor.platform.errors import (
     ConfigError,
     ConveyorError,
     ForwardRewindError,
+    HandlerDeclarationError,
     InvalidArgumentError,
     TokenRangeError,
     UnknownGroupError,
@@ -42,12 +43,13 @@ INTERRUPTED = 130
 """Exit status of a command ended by Ctrl-C (SIGINT): 128 + the signal's number."""
 
 USER_MISTAKES: tuple[type[ConveyorError], ...] = (ForwardRewindError, TokenRangeError,
-                                                  UnknownGroupError)
+                                                  UnknownGroupError, HandlerDeclarationError)
 """Library errors that, met by a command, are the user's mistake (exit 2) besides a bad
 config: a rewind target ahead of the app or out of its backend's range (``--to``), an
-app with no consumer group (``--app``). The error tree says what an error is; which ones
-exit 2 is the CLI's call. A command that knows the option to name catches them itself
-(``--app: ...``)."""
+app with no consumer group (``--app``), an app whose handlers cannot be built (found as
+the worker subscribes, e.g. an interceptor's ``wrap`` that returned no step). The error
+tree says what an error is; which ones exit 2 is the CLI's call. A command that knows
+the option to name catches them itself (``--app: ...``)."""
 
 
 class CliError(click.ClickException, ConveyorError):

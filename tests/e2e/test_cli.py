@@ -409,3 +409,26 @@ def test_a_redis_that_is_down_costs_one_retrying_note_and_the_error(tmp_path: Pa
     assert note.endswith("retrying with back-off for up to 6s a call ([redis] retry_max_s)")
     assert f"redis at redis://127.0.0.1:{port}/0 unreachable while " in note, note
     assert error.startswith("conveyor: error: redis unreachable while "), error
+
+
+def test_a_worker_whose_interceptor_wraps_in_nothing_is_a_usage_error(tmp_path: Path) -> None:
+    # An interceptor's wrap that forgot its `return`: the worker refuses to start (exit 2,
+    # one line) instead of dead-lettering every message with "'NoneType' object is not
+    # callable".
+    (tmp_path / "forgetful.py").write_text(
+        "from conveyor import App, Interceptor\n"
+        "class Forgetful(Interceptor):\n"
+        "    def wrap(self, handler, next):\n"
+        "        async def audited(delivery):\n"
+        "            return await next(delivery)\n"
+        "app = App('fg', interceptors=[Forgetful()])\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    pass\n")
+    result = subprocess.run([sys.executable, "-m", "conveyor.cli", "worker", "forgetful:app"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "conveyor: error: Forgetful.wrap returned None for handler 'forgetful.job': it must "
+        "return a step (an async callable) or `next`\n")

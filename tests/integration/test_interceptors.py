@@ -13,6 +13,7 @@ from conveyor import (
     Delivery,
     HandlerDeclarationError,
     HandlerSpec,
+    HashRingQueueMapper,
     Interceptor,
     Publish,
     Step,
@@ -139,3 +140,30 @@ async def test_an_app_interceptor_wraps_batch_handlers_once_per_call_and_can_fai
     assert all(batch is not None for _, batch, _ in audit.seen)
     assert sorted(n for rows in got for n in rows) == [10, 11, 12, 14, 15]
     assert d.stats.dead_lettered == 1 and d.stats.handled == 5
+
+
+class Forgetful(Interceptor):
+    """Forgot its ``return``: wraps every handler in None."""
+
+    def wrap(self, handler: HandlerSpec, next: Step) -> Step:
+        async def audited(delivery: Delivery) -> Any:
+            return await next(delivery)
+        audited  # noqa: B018 - the missing `return` is the point
+
+
+async def test_an_interceptor_whose_wrap_returns_no_step_is_refused_when_the_daemon_is_built(
+) -> None:
+    app = App("test", interceptors=[Forgetful()])
+
+    @app.handler("jobs", name="job")
+    async def job(body: dict[str, int]) -> None:
+        return None
+
+    adapter = fresh_adapter()
+    await Client(adapter, HashRingQueueMapper(8)).publish("jobs", "k", {"n": 1})
+    with pytest.raises(HandlerDeclarationError,
+                       match=r"Forgetful.wrap returned None for handler 'job'"):
+        daemon(app, adapter)
+    # The message is left for the fixed app: not run, not dead-lettered, not lost.
+    assert await adapter.dead_letters.read("test") == []
+    assert sum([await adapter.lag(q, "test") for q in range(8)]) == 1

@@ -52,6 +52,7 @@ from conveyor.platform.delivery.chain import (
     call_handler,
     compose,
     handler_call,
+    wrapped,
 )
 from conveyor.platform.delivery.dead_letter import (
     DIRECT,
@@ -153,10 +154,10 @@ def build_chain(handler: HandlerSpec, interceptors: Sequence[Interceptor],
     inside = innermost
     on: list[tuple[Interceptor, Step]] = []  # innermost first, with what each wrapped
     for interceptor in reversed(interceptors[split + 1:]):
-        wrapped = interceptor.wrap(handler, inside)
-        if wrapped is not inside:
+        step = wrapped(interceptor, handler, inside)
+        if step is not inside:
             on.append((interceptor, inside))
-        inside = wrapped
+        inside = step
     dead_letters = interceptors[split]
     assert isinstance(dead_letters, DeadLetterInterceptor)
     kinds = [type(i) for i, _ in on]

@@ -61,7 +61,8 @@ class Interceptor:
 
     * ``wrap(handler, next)`` runs once per handler when a daemon subscribes. Return a
       step that does your work around ``await next(delivery)``, or ``next`` itself to stay
-      out of that handler's chain (an interceptor that is off costs nothing).
+      out of that handler's chain (an interceptor that is off costs nothing). Anything
+      not callable is refused then (:class:`HandlerDeclarationError`).
     * App interceptors sit inside retry: your step runs once per *attempt*. Raising fails
       the attempt — the handler's retry policy retries it, then the message is
       dead-lettered with your exception. Returning without calling ``next`` skips the
@@ -239,7 +240,20 @@ def compose(handler: HandlerSpec, interceptors: Sequence[Interceptor], innermost
     """``interceptors[0]`` outermost, ``innermost`` last."""
     step = innermost
     for interceptor in reversed(interceptors):
-        step = interceptor.wrap(handler, step)
+        step = wrapped(interceptor, handler, step)
+    return step
+
+
+def wrapped(interceptor: Interceptor, handler: HandlerSpec, next: Step) -> Step:
+    """``interceptor.wrap(handler, next)``, refused (:class:`HandlerDeclarationError`,
+    when the daemon subscribes) unless it is callable: a ``wrap`` that forgot its
+    ``return`` would otherwise fail every attempt of every message, each retried and
+    dead-lettered with ``'NoneType' object is not callable``."""
+    step = interceptor.wrap(handler, next)
+    if not callable(step):
+        raise HandlerDeclarationError(
+            f"{type(interceptor).__qualname__}.wrap returned {step!r:.80} for handler "
+            f"{handler.name!r}: it must return a step (an async callable) or `next`")
     return step
 
 
