@@ -106,7 +106,8 @@ class QueueReceiver(ABC):
                           all_unfinished: bool = False) -> None:
         """A graceful drain hands these messages back unstarted (on their first
         delivery): the backend may undo the delivery it counted for them, so that the
-        next owner does not take them for redelivered ones (which run one at a time).
+        next owner does not take them for redelivered ones (whose starts are counted,
+        one at a time).
         ``all_unfinished``: nothing else is left unfinished (no handler call was
         abandoned by the drain)."""
 
@@ -116,8 +117,8 @@ class QueueReceiver(ABC):
         handler has started it since its first delivery, this time included, plus one
         (the first delivery's), and ``last_cause`` where a worker recorded one.
 
-        Only redelivered messages pay this round trip (the agent runs them one at a
-        time, see :mod:`conveyor.platform.agent`): what the next owner needs after
+        Only redelivered messages pay this round trip (the agent counts their starts one
+        at a time, see ``PullingAgent._count_start``): what the next owner needs after
         another crash is how often the message was *started*, not how often it was
         read, so the messages held unstarted behind a poison one (in its stream, or in
         the batch it killed) are not blamed for it. A backend that cannot record it

@@ -25,7 +25,7 @@ from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[2]
-POISON, MAX_DELIVERIES, N, STREAMS = 57, 3, 200, 20
+POISON, N, STREAMS = 57, 200, 20
 
 
 def rows_of(paths: list[Path]) -> list[list[str]]:
@@ -38,13 +38,14 @@ def rows_of(paths: list[Path]) -> list[list[str]]:
     return rows
 
 
-def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path) -> str:
+def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path,
+                                max_deliveries: int) -> str:
     """Run the scenario; assert its outcome; return a one-line summary."""
     env = {**os.environ, **env, "PYTHONUNBUFFERED": "1",
            "CONVEYOR_TEST_RECORD": str(tmp / "handled.rec"),
            "CONVEYOR_TEST_STARTS": str(tmp / "started.rec"),
            "CONVEYOR_TEST_EXIT_ON": str(POISON),
-           "CONVEYOR_TEST_MAX_DELIVERIES": str(MAX_DELIVERIES)}
+           "CONVEYOR_TEST_MAX_DELIVERIES": str(max_deliveries)}
     config = load_config(shipped, environ=env)
     err_path = tmp / "supervisor.err"
     with open(err_path, "wb") as err:
@@ -81,10 +82,10 @@ def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path) -
     [letter] = letters()
     assert letter.error_type == "DeliveryLimit", letter
     assert b'"seq":%d' % POISON in letter.message.body
-    assert f"max_deliveries = {MAX_DELIVERIES}" in letter.error
+    assert f"max_deliveries = {max_deliveries}" in letter.error
     starts = Counter(int(r[4]) for r in rows_of([tmp / "started.rec"]))
-    assert starts[POISON] == MAX_DELIVERIES, starts[POISON]
+    assert starts[POISON] == max_deliveries, starts[POISON]
     runs = handled()
-    assert POISON not in runs and max(runs.values()) <= MAX_DELIVERIES, runs
-    return (f"os._exit poison started {MAX_DELIVERIES} times, dead-lettered; duplicates "
+    assert POISON not in runs and max(runs.values()) <= max_deliveries, runs
+    return (f"os._exit poison started {max_deliveries} times, dead-lettered; duplicates "
             f"of the others: {sum(c - 1 for c in runs.values())}")

@@ -309,7 +309,7 @@ class RedisReceiver(QueueReceiver):
         """``HINCRBY`` of the message's field in the queue's delivery records (a hash
         beside the stream, same hash slot, kept as long as entries are: ``retention_s``),
         and the stall a previous owner recorded for it (``note_stall``), if any: one
-        script call (``COUNT_START``), since recovery runs these one at a time."""
+        script call (``COUNT_START``), since recovery counts these one at a time."""
         assert msg.token is not None
         key = self._adapter.keys.starts(self._queue)
         field = f"{self._group} {msg.token.major}-{msg.token.minor}"
