@@ -16,6 +16,7 @@ interrupted by it: it is how they end, and they exit 0.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import IO, Any, NoReturn, TypeVar
@@ -200,11 +201,50 @@ def usage(message: str) -> NoReturn:
 
 
 def run_or_exit(work: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(work)``; a Conveyor error exits as :func:`fail` says."""
+    """:func:`run_command` of ``work``; a Conveyor error exits as :func:`fail` says."""
     try:
-        return asyncio.run(work)
+        return run_command(work)
     except ConveyorError as exc:
         fail(exc)
+
+
+def run_command(work: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(work)``, where Ctrl-C cancels ``work`` from the event loop (and the
+    command ends with ``KeyboardInterrupt``, as under ``asyncio.run``).
+
+    ``asyncio.run`` cancels it from a Python signal handler, which runs between any two
+    bytecodes: inside the loop's own callback that was completing a socket connect, it
+    left CPython 3.11 setting a result on the future it had just cancelled, logged as
+    ``ERROR asyncio: Exception in callback … InvalidStateError`` above the command's
+    one line. ``loop.add_signal_handler`` runs the cancel as a callback of its own."""
+    return asyncio.run(_interruptible(work))
+
+
+async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        if interrupted:  # a second Ctrl-C: end now, as asyncio.run does
+            raise KeyboardInterrupt
+        interrupted = True
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        return await work
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def refuse_embedded(config: Config, command: str, why: str) -> None:

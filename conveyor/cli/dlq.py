@@ -6,7 +6,6 @@ adapters' dead-letter methods; the table in :mod:`conveyor.cli.render`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import TypeVar
 import click
 
 from conveyor.backends import create_adapter
-from conveyor.cli.common import app_name, fail, load_config_or_exit, usage, warn
+from conveyor.cli.common import app_name, fail, load_config_or_exit, run_command, usage, warn
 from conveyor.cli.render import letters_view, print_table
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
@@ -70,7 +69,7 @@ def _run(config: Config, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
             await adapter.close()
 
     try:
-        return asyncio.run(run())
+        return run_command(run())
     except InvalidArgumentError as exc:
         usage(str(exc))
     except ConveyorError as exc:

@@ -7,7 +7,6 @@ group methods; the table in :mod:`conveyor.cli.render`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import asdict
@@ -22,6 +21,7 @@ from conveyor.cli.common import (
     inspect_config_option,
     load_config_or_exit,
     refuse_embedded,
+    run_command,
     run_or_exit,
     usage,
 )
@@ -124,7 +124,7 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
             await leases.close()
 
     try:
-        removed = asyncio.run(run())
+        removed = run_command(run())
     except UnknownGroupError as exc:
         usage(f"--app: {exc}")
     except ConfigError as exc:

@@ -14,6 +14,7 @@ from conveyor.cli.common import (
     fail,
     load_config_or_exit,
     refuse_embedded,
+    run_command,
     usage,
 )
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
@@ -105,7 +106,7 @@ def publish(
             await client.close()
 
     try:
-        token = asyncio.run(send())
+        token = run_command(send())
     except InvalidArgumentError as exc:
         usage(str(exc))
     except ConveyorError as exc:

@@ -7,7 +7,6 @@ reads the target and says which refusals are the user's (exit 2).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from conveyor.cli.common import (
     fail,
     load_config_or_exit,
     refuse_embedded,
+    run_command,
     usage,
 )
 from conveyor.platform.errors import ConveyorError
@@ -128,7 +128,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
             await adapter.close()
 
     try:
-        asyncio.run(run())
+        run_command(run())
     except UnknownGroupError as exc:
         usage(f"--app: {exc}")
     except ConveyorError as exc:
