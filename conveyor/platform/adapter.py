@@ -400,6 +400,13 @@ class QueueAdapter(ABC):
         ``BrokerConnectionError`` (check again later). A daemon calls it at start; an
         adapter checks its eviction policy before its first publish too."""
 
+    async def recheck_server(self) -> None:  # noqa: B027 - optional hook
+        """What :meth:`check_server` refuses, looked at again while a daemon runs (every
+        :data:`~conveyor.workers.daemon.SERVER_RECHECK_S`): a setting changed since the
+        start is logged as an error, never silent, and the daemon goes on (stopping it
+        would protect nothing the broker already keeps). Errors reaching the broker are
+        the caller's to ignore: the next look tries again."""
+
     async def eviction_policy(self) -> str | None:
         """What the broker deletes when full, for ``conveyor status`` (Redis: its
         ``maxmemory-policy``); None where nothing is ever deleted to make room."""

@@ -179,6 +179,10 @@ class RedisAdapter(QueueAdapter):
                     "use the same total", self.queues_total, f"{sum(stray.values()):,}",
                     names)
 
+    async def recheck_server(self) -> None:
+        """The eviction policy, again (:meth:`EvictionGuard.recheck`)."""
+        await self.eviction.recheck()
+
     async def entries_beyond(self, total: int, look: int = STRAY_LOOK) -> dict[int, int]:
         """Entries in the queue streams ``total`` to ``total + look - 1``, where there are
         any: messages published with a larger ``[queues] total`` than ``total`` (the hash

@@ -66,6 +66,11 @@ def check_eviction(policies: dict[str, str | None], allow: bool) -> None:
     )
 
 
+RECHECK_REPEAT = 10
+"""While a policy that may evict lasts, :meth:`EvictionGuard.recheck` logs it again
+every this many looks (10 minutes at the daemon's 60 s)."""
+
+
 class EvictionGuard:
     """A server's eviction policy, checked (:func:`check_eviction`) before it is trusted
     with messages: when a daemon starts and before a client's first publish.
@@ -78,6 +83,9 @@ class EvictionGuard:
         self._allow = bool(cfg.allow_eviction)
         self._caller = caller
         self.checked = False
+        self._said: dict[str, str] = {}
+        """The risky policies :meth:`recheck` last logged (empty: none)."""
+        self._looks = 0
 
     async def policies(self, *, retry: bool = True) -> dict[str, str | None]:
         return await per_server(self._caller, "reading the eviction policy",
@@ -87,6 +95,27 @@ class EvictionGuard:
         """Refuse or accept the policy (one attempt unless ``retry``)."""
         check_eviction(await self.policies(retry=retry), self._allow)
         self.checked = True
+
+    async def recheck(self) -> None:
+        """Log an error when the policy now may evict and ``allow_eviction`` is off
+        (changed since the start, which refused it): once per change of what it says,
+        and again every :data:`RECHECK_REPEAT` looks while it lasts; one line when it
+        is safe again."""
+        policies = await self.policies(retry=False)
+        risky = {s: p for s, p in policies.items() if p is not None and p != SAFE_EVICTION}
+        said = self._said
+        if risky and not self._allow:
+            self._looks = 0 if risky != said else self._looks + 1
+            if risky != said or self._looks % RECHECK_REPEAT == 0:
+                where = ", ".join(f"{policy!r} on {server}" for server, policy in risky.items())
+                log.error("redis maxmemory-policy is now %s, changed while this worker runs: "
+                          "once the server is full it may delete queued messages (lost) and "
+                          "leases (messages run twice). Set it back: CONFIG SET "
+                          "maxmemory-policy %s ($.redis.allow_eviction)", where, SAFE_EVICTION)
+            self._said = risky
+        elif said and not risky:
+            log.warning("redis maxmemory-policy is %r again", SAFE_EVICTION)
+            self._said = {}
 
     async def summary(self) -> str:
         return summary({s: p or "unknown" for s, p in (await self.policies()).items()})

@@ -62,6 +62,10 @@ log = logging.getLogger("conveyor.daemon")
 READY_CHECK_S = 0.05
 """How often :meth:`WorkerDaemon.when_ready` looks again while the daemon joins."""
 
+SERVER_RECHECK_S = 60.0
+"""How often a running daemon looks again at the broker settings it checked at start
+(:meth:`QueueAdapter.recheck_server`: Redis' eviction policy, changed meanwhile)."""
+
 
 class WorkerDaemon:
     """One process's worker for an app: owns its share of the queues and runs the handlers.
@@ -197,6 +201,9 @@ class WorkerDaemon:
                         "once it answers", exc)
             self._hooks.append(asyncio.create_task(self._check_server_later(),
                                                    name="check-server"))
+        else:
+            self._hooks.append(asyncio.create_task(self._recheck_server(),
+                                                   name="recheck-server"))
 
     async def _check_server_later(self) -> None:
         for failures in itertools.count(1):
@@ -207,7 +214,16 @@ class WorkerDaemon:
                 continue
             except ConfigError as exc:
                 self.balancer_failed(exc)
-            return
+                return
+            await self._recheck_server()
+
+    async def _recheck_server(self) -> None:
+        """:meth:`QueueAdapter.recheck_server` every :data:`SERVER_RECHECK_S`, for good;
+        a broker that does not answer is asked again at the next look."""
+        while True:
+            await asyncio.sleep(SERVER_RECHECK_S)
+            with contextlib.suppress(ConveyorError):
+                await self.adapter.recheck_server()
 
     async def stop(self, deadline: float | None = None) -> DrainReport:
         """Drain: stop the startup hooks, release every queue through the balancer (all

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import conveyor.workers.daemon as daemon_module
 from conveyor import App, Client, ConfigError, load_config
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.platform.config import RedisConfig
@@ -225,3 +226,31 @@ async def test_a_policy_nobody_may_read_is_warned_about_not_refused(
         assert await adapter.eviction_policy() == "unknown"
     finally:
         await adapter.close()
+
+
+async def test_a_policy_changed_while_the_worker_runs_is_logged_as_an_error(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Checked at start only, a policy set to evict afterwards went unsaid while the
+    worker ran: it is looked at again every SERVER_RECHECK_S, and logged (once per
+    change; the daemon runs on)."""
+    monkeypatch.setattr(daemon_module, "SERVER_RECHECK_S", 0.05)
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis"}, "redis": {"url": redis_server.url},
+        "balancer": {"kind": "static"}})
+    daemon = WorkerDaemon(App("rec"), config)
+    admin = redis_server.client()
+    try:
+        await daemon.start()
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        await wait_until(lambda: "maxmemory-policy is now 'allkeys-lru'" in caplog.text, 10,
+                         what="the changed policy to be logged")
+        [said] = [r for r in caplog.records if "is now 'allkeys-lru'" in r.getMessage()]
+        assert said.levelname == "ERROR" and daemon.failure is None
+        admin.config_set("maxmemory-policy", "noeviction")
+        await wait_until(lambda: "maxmemory-policy is 'noeviction' again" in caplog.text, 10,
+                         what="the safe policy to be logged")
+    finally:
+        admin.config_set("maxmemory-policy", "noeviction")
+        await daemon.stop()
