@@ -422,35 +422,43 @@ class Client:
         jsons: list[bytes] = []
         json_encoded = jsons.append
         namespace, streams = None, None  # the last item's, looked up once for a run of them
-        for i, item in enumerate(items):
-            body, ctype, ns, key = item.body, item.content_type, item.namespace, item.key
-            if ns is not namespace:
-                namespace, streams = ns, known.get(ns)
-            queue_stream = None if streams is None else streams.get(key)
-            if queue_stream is None:
-                queue_stream = self._stream(ns, key)
-                namespace, streams = ns, known[ns]  # _stream may have started over
-            queue, stream = queue_stream
-            if ctype is None and type(body) is dict:
-                try:
-                    data, ctype = _json_encode(body), CONTENT_JSON
-                except _ENCODE_ERRORS as exc:
-                    raise _unencodable(stream, body, None, exc) from exc
-                json_encoded(data)
-            else:
-                data, ctype = encode_body(body, ctype, stream)
-            if len(data) > limit:
-                raise self._too_large(ns, key, data)
-            hdrs = item.headers
-            msg = Message(ids[i], stream, data, self._own_headers(hdrs) if hdrs else {},
-                          ctype, 0, stamp)
-            if spans is not None:
-                spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
-            placed = by_queue.get(queue)
-            if placed is None:
-                placed = by_queue[queue] = ([], [])
-            placed[0].append(i)
-            placed[1].append(msg)
+        try:  # free unless raised (3.11): an item that is not a Publish
+            for i, item in enumerate(items):
+                body, ctype, ns, key = item.body, item.content_type, item.namespace, item.key
+                if ns is not namespace:
+                    namespace, streams = ns, known.get(ns)
+                queue_stream = None if streams is None else streams.get(key)
+                if queue_stream is None:
+                    queue_stream = self._stream(ns, key)
+                    namespace, streams = ns, known[ns]  # _stream may have started over
+                queue, stream = queue_stream
+                if ctype is None and type(body) is dict:
+                    try:
+                        data, ctype = _json_encode(body), CONTENT_JSON
+                    except _ENCODE_ERRORS as exc:
+                        raise _unencodable(stream, body, None, exc) from exc
+                    json_encoded(data)
+                else:
+                    data, ctype = encode_body(body, ctype, stream)
+                if len(data) > limit:
+                    raise self._too_large(ns, key, data)
+                hdrs = item.headers
+                msg = Message(ids[i], stream, data, self._own_headers(hdrs) if hdrs else {},
+                              ctype, 0, stamp)
+                if spans is not None:
+                    spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue))
+                placed = by_queue.get(queue)
+                if placed is None:
+                    placed = by_queue[queue] = ([], [])
+                placed[0].append(i)
+                placed[1].append(msg)
+        except AttributeError:
+            for i, item in enumerate(items):
+                if not isinstance(item, Publish):
+                    raise InvalidArgumentError(
+                        f"publish_batch: item {i} is {type(item).__name__} {item!r:.80}, "
+                        "not a conveyor.Publish; nothing was sent") from None
+            raise
         if jsons and _has_null(b"".join(jsons)):
             for positions, msgs in by_queue.values():
                 for i, msg in zip(positions, msgs, strict=True):

@@ -37,7 +37,7 @@ class App:
     """
 
     def __init__(self, name: str, *, interceptors: Sequence[Interceptor] = ()) -> None:
-        if not NAME.fullmatch(name):
+        if not isinstance(name, str) or not NAME.fullmatch(name):
             raise HandlerDeclarationError(
                 f"app name {name!r}: use 1-128 ASCII letters, digits, '-', '_' or '.' (it "
                 "names the consumer group on the broker)"
@@ -47,6 +47,10 @@ class App:
         self.on_startup: list[Hook] = []
         self.interceptors: tuple[Interceptor, ...] = ()
         self._option_types: tuple[type[HandlerOptions], ...] = BUILTIN_OPTIONS
+        if isinstance(interceptors, str | bytes) or not hasattr(interceptors, "__iter__"):
+            raise HandlerDeclarationError(
+                f"app {name!r}: interceptors={interceptors!r:.80}: a list of "
+                "conveyor.Interceptor")
         for interceptor in interceptors:
             self.add_interceptor(interceptor)
 

@@ -432,3 +432,10 @@ def test_a_worker_whose_interceptor_wraps_in_nothing_is_a_usage_error(tmp_path: 
     assert result.stderr == (
         "conveyor: error: Forgetful.wrap returned None for handler 'forgetful.job': it must "
         "return a step (an async callable) or `next`\n")
+
+
+def test_python_dash_m_conveyor_is_the_command() -> None:
+    result = subprocess.run([sys.executable, "-m", "conveyor", "--version"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("conveyor"), result.stdout

@@ -78,6 +78,9 @@ async def test_a_bad_item_refuses_the_whole_batch(client: Client) -> None:
         await client.publish_batch([*good, Publish("a", "k", {}, {"cv-id": "mine"})])
     with pytest.raises(ConveyorError, match="namespace"):
         await client.publish_batch([*good, Publish("", "k", {})])
+    with pytest.raises(InvalidArgumentError,  # was AttributeError: 'tuple' object has ...
+                       match=r"item 3 is tuple \('a', 'k', \{\}\), not a conveyor.Publish"):
+        await client.publish_batch([*good, ("a", "k", {})])  # type: ignore[list-item]
     assert stored(client) == {}
 
 

@@ -180,3 +180,11 @@ def test_the_context_parameter_may_go_unannotated() -> None:
     async def h(body: dict, ctx) -> None: ...  # type: ignore[no-untyped-def, type-arg]
 
     assert app.handlers[0].takes_context
+
+
+def test_an_app_made_with_a_name_or_interceptors_of_the_wrong_kind_is_refused_in_one_line(
+) -> None:
+    with pytest.raises(HandlerDeclarationError, match="app name 5"):  # was TypeError
+        App(5)  # type: ignore[arg-type]
+    with pytest.raises(HandlerDeclarationError, match="interceptors=5: a list of"):
+        App("x", interceptors=5)  # type: ignore[arg-type]
