@@ -28,8 +28,20 @@ def visible(text: str, *, lines: bool = False) -> str:
     return pattern.sub(_escaped, text) if pattern.search(text) else text
 
 
+LOG_VALUE_MAX = 2000
+"""The most characters of one value a log line shows (a producer's 2 MB namespace made a
+2 MB line): its start, then how long it was."""
+
+
+def _cut(text: str) -> str:
+    if len(text) <= LOG_VALUE_MAX:
+        return text
+    return f"{text[:LOG_VALUE_MAX]}… ({len(text):,} characters)"
+
+
 class _Shown:
-    """A log argument as ``%s`` or ``%r`` shows it, control characters escaped."""
+    """A log argument as ``%s`` or ``%r`` shows it, control characters escaped, cut at
+    :data:`LOG_VALUE_MAX`."""
 
     __slots__ = ("value",)
 
@@ -37,10 +49,10 @@ class _Shown:
         self.value = value
 
     def __str__(self) -> str:
-        return visible(str(self.value))
+        return _cut(visible(str(self.value)))
 
     def __repr__(self) -> str:
-        return visible(repr(self.value))
+        return _cut(visible(repr(self.value)))
 
 
 def _shown(value: object) -> object:

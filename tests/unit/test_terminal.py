@@ -27,6 +27,7 @@ def test_a_cli_log_line_shows_a_keys_escape_sequence_as_text() -> None:
         "_setup_logging(None, 'worker')\n"
         "logging.getLogger('conveyor.test').warning('dead-lettered %s', 'orders/k\\x1b[31mRED')\n"
         "logging.getLogger('conveyor.test').warning('key %s of %d', 'a\\nERROR forged', 3)\n"
+        "logging.getLogger('conveyor.test').warning('namespace %r', 'n' * 2_000_000)\n"
         "try:\n"
         "    raise ValueError('bad\\rvalue')\n"
         "except ValueError:\n"
@@ -41,4 +42,6 @@ def test_a_cli_log_line_shows_a_keys_escape_sequence_as_text() -> None:
     assert "key a\\nERROR forged of 3" in err  # a value's newline forges no line
     assert not any(line.startswith("ERROR forged") for line in err.splitlines())
     assert "Traceback (most recent call last):\n" in err  # a traceback keeps its lines
+    [long] = [line for line in err.splitlines() if "namespace 'nnn" in line]
+    assert long.endswith("n… (2,000,002 characters)") and len(long) < 2200  # not 2 MB
     assert "ValueError: bad\\rvalue" in err
