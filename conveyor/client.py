@@ -512,6 +512,14 @@ class SyncClient:
     """
 
     def __init__(self, config: Config) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass  # no loop running here: this is the place for a SyncClient
+        else:
+            raise InvalidArgumentError(
+                "SyncClient blocks, and an event loop is running here: use "
+                "`Client.from_config(config)` and await its calls instead")
         self._runner = asyncio.Runner()
         self._client = self._runner.run(self._make(config))
         # One call at a time on the loop: a second thread's Runner.run would schedule

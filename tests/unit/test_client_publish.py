@@ -266,3 +266,9 @@ def test_a_sync_client_shared_by_threads_stores_what_it_says_it_stored() -> None
     sync.close()  # was "Runner is closed" (a RuntimeError), as was a publish
     with pytest.raises(ShutdownError, match="closed"):
         sync.publish("a", "k", {})
+
+
+async def test_a_sync_client_made_inside_a_running_loop_says_to_await_a_client() -> None:
+    # Was RuntimeError from asyncio's Runner and a "coroutine was never awaited" warning.
+    with pytest.raises(InvalidArgumentError, match="an event loop is running here"):
+        SyncClient(Config())
