@@ -25,6 +25,8 @@ import conveyor
 from conveyor.backends import create_adapter
 from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
+from conveyor.platform.ids import StreamId
+from conveyor.platform.message import DeadLetter, Message
 from tests.conftest import free_port, server_missing, wait_until_sync
 from tests.e2e.test_dlq import config_path
 from tests.integration.redis.conftest import Worker, workers
@@ -314,3 +316,57 @@ def test_a_read_only_console_has_no_write_actions_and_refuses_them(
     finally:
         printed = running.stop()
     assert "read-only" in printed and TOKEN not in printed
+
+
+HOSTILE = ['<script>window.__pwned = 1</script>', '<img src=x onerror="window.__pwned = 2">',
+           '"><svg onload="window.__pwned = 3">', "javascript:window.__pwned = 4",
+           "\u202eevil\u202c", "a\u0000b\u0007c\x1b[31m"]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+def test_what_a_producer_wrote_runs_no_script_and_a_megabyte_key_keeps_the_page_usable(
+    config_path: Path, console: Console, page: Any, tmp_path: Path,
+) -> None:
+    """Markup in every field a producer controls is shown as text; a letter with a
+    1 MB key, header and error does not widen the page past the window."""
+    config = load_config(config_path)
+    big = "K" * (1 << 20)
+    letters = [DeadLetter.of(Message(f"m{n}", StreamId(x, x), x.encode(), headers={x: x}),
+                             x, ValueError(x), 3, error_type=x)
+               for n, x in enumerate(HOSTILE)]
+    letters.append(DeadLetter.of(Message("big", StreamId("orders", big), big.encode(),
+                                         headers={"h": big}), "orders.handle",
+                                 ValueError(big), 3))
+
+    async def put() -> None:
+        adapter = create_adapter(config.queues.adapter, config)
+        try:
+            await adapter.dead_letters.put("shop", letters)
+        finally:
+            await adapter.close()
+
+    off_loop(lambda: asyncio.run(put()))
+    page.goto(console.url + "/letters?app=shop")
+    rows = page.locator("#letters tbody tr")
+    wait_until_sync(lambda: rows.count() == len(letters), 30, "every letter on the page")
+    width = page.viewport_size["width"]
+
+    def fits() -> bool:
+        return bool(page.evaluate("document.documentElement.scrollWidth") <= width)
+
+    assert fits(), page.evaluate("document.documentElement.scrollWidth")
+    assert page.locator("#letters tbody tr", has_text=HOSTILE[0]).count() == 1  # as text
+    # A right-to-left override would show "evil" as "live": its code point shows instead.
+    listed = page.locator("#letters").inner_text()
+    assert "\u202e" not in listed and "<U+202E>evil<U+202C>" in listed
+    for n in range(len(letters)):
+        rows.nth(n).locator("a.letter").click()
+        page.locator("#detail h2").wait_for()
+        assert fits(), (n, page.evaluate("document.documentElement.scrollWidth"))
+    assert "Purge" in page.locator("#letters tbody tr").last.inner_text()
+    button = page.locator("#letters tbody tr").last.locator("button.purge")
+    box = button.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= width  # reachable, not off-page
+    assert page.evaluate("window.__pwned") is None
+    screenshot(page, tmp_path, "hostile-letters")

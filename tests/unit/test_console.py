@@ -158,6 +158,21 @@ def test_bad_input_gets_a_4xx_with_a_message_never_a_traceback(api: TestClient) 
     assert api.get("/api/letters", params={"app": APP}).json()["total"] == 3  # nothing done
 
 
+def test_a_hostile_write_body_gets_a_4xx_before_the_console_reads_or_parses_it_whole(
+    api: TestClient,
+) -> None:
+    """A body nested 100,000 deep made the JSON parser's RecursionError a 500 (and a
+    traceback in the log); a body of many megabytes was read whole into memory."""
+    headers = {TOKEN_HEADER: TOKEN, "Content-Type": "application/json"}
+    deep = api.post("/api/letters/replay", headers=headers,
+                    content=b'{"app": "shop", "ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert deep.status_code == 400 and deep.json()["error"] == "the body is not JSON"
+    huge = api.post("/api/letters/replay", headers=headers,
+                    content=b'{"app": "shop", "all": true, "x": "' + b"x" * (8 << 20) + b'"}')
+    assert huge.status_code == 413 and "at most" in huge.json()["error"]
+    assert api.get("/api/letters", params={"app": APP}).json()["total"] == 3  # nothing done
+
+
 def test_write_actions_need_the_token_json_and_the_same_origin(api: TestClient,
                                                                config: Config) -> None:
     assert write(api, "/api/letters/purge", {"all": True, "confirm": True},

@@ -13,6 +13,13 @@ let pollFailed = false;
 let filters = {handler: params.get("handler") || "", error_type: params.get("error_type") || "",
                stream: params.get("stream") || ""};
 
+// Bidirectional controls in a producer's text would reorder what the page shows (a key
+// reading "evil" shown as "live"): they are shown as their code points instead.
+const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+function visible(text) {
+  return text.replace(BIDI, c => "<U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + ">");
+}
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -21,9 +28,16 @@ function el(tag, attrs, ...children) {
   }
   for (const c of children.flat()) {
     if (c === null || c === undefined) continue;
-    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    node.append(c instanceof Node ? c : document.createTextNode(visible(String(c))));
   }
   return node;
+}
+
+// A producer's text (a stream key, a header) may be megabytes: a page shows its start.
+const CELL_MAX = 120, DETAIL_MAX = 4096;
+function clip(text, max) {
+  text = String(text);
+  return text.length > max ? text.slice(0, max - 1) + `… (${text.length.toLocaleString("en")} characters)` : text;
 }
 
 function num(v) { return v === null || v === undefined ? "-" : Math.round(v).toLocaleString("en"); }
@@ -48,7 +62,9 @@ function table(headings, rows, numeric) {
   numeric = numeric || [];
   return el("table", {},
     el("thead", {}, el("tr", {}, headings.map((h, i) => el("th", {class: numeric.includes(i) ? "num" : null}, h)))),
-    el("tbody", {}, rows.map(r => el("tr", {}, r.map((c, i) => el("td", {class: numeric.includes(i) ? "num" : null}, c))))));
+    el("tbody", {}, rows.map(r => el("tr", {}, r.map((c, i) => el("td",
+      // Long text may break anywhere (a key has no spaces): it never widens the page.
+      {class: numeric.includes(i) ? "num" : typeof c === "string" && visible(c).length > 12 ? "long" : null}, c))))));
 }
 
 function show(id, text) {
@@ -242,9 +258,9 @@ async function detail(id) {
     const fields = ["id", "namespace", "key", "handler", "error_type", "attempts", "failed_at",
                     "message_id", "trace_id", "content_type", "replay_of"];
     box.replaceChildren(...[el("h2", {}, "Letter " + d.id),
-      table(["field", "value"], fields.map(f => [f, d[f] === null ? "-" : d[f]])),
+      table(["field", "value"], fields.map(f => [f, d[f] === null ? "-" : clip(d[f], DETAIL_MAX)])),
       el("h3", {}, "error"), el("pre", {}, d.error),
-      el("h3", {}, "headers"), el("pre", {}, JSON.stringify(d.headers, null, 2)),
+      el("h3", {}, "headers"), el("pre", {}, clip(JSON.stringify(d.headers, null, 2), DETAIL_MAX)),
       el("h3", {}, d.body !== undefined ? "body" : "body (base64)"),
       el("pre", {id: "letter-body"}, d.body !== undefined ? d.body : d.body_base64),
       d.body_cut_at || d.body_base64_cut_at ? el("p", {class: "muted"}, "cut at 4096 characters") : null,
@@ -297,8 +313,9 @@ async function letters(data, force) {
       ["id", "stream", "handler", "error type", "error", "attempts", "failed at (UTC)", ""],
       found.letters.map(l => [
         el("a", {href: "#" + l.id, class: "letter", onclick: (e) => { e.preventDefault(); detail(l.id); }}, l.id),
-        l.namespace + "/" + l.key, l.handler || "-", l.error_type,
-        l.error.length > 80 ? l.error.slice(0, 79) + "…" : l.error, l.attempts, l.failed_at,
+        clip(l.namespace + "/" + l.key, CELL_MAX), clip(l.handler || "-", CELL_MAX),
+        clip(l.error_type, CELL_MAX), l.error.length > 80 ? l.error.slice(0, 79) + "…" : l.error,
+        l.attempts, l.failed_at,
         writeButtons({ids: [l.id]}, "letter " + l.id)]), [5]),
       found.letters.length ? null : el("p", {class: "muted", id: "no-letters"}, "no dead letter")),
     el("div", {id: "detail"}));
