@@ -143,7 +143,7 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
         return
     from rich.console import Console
 
-    print_table(letters_view(found, group, total, wide, Console().width))
+    print_table(letters_view(found, group, total, wide, Console().width), whole_rows=wide)
 
 
 @dlq.command("show")

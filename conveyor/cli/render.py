@@ -11,6 +11,7 @@ terminal.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import click
 
 from conveyor.platform.letters import StoredLetter
+from conveyor.platform.terminal import visible
 
 ERROR_WIDTH = 60
 """Characters of the error text the ``--wide`` table shows (``--json`` and ``show`` give
@@ -68,9 +70,26 @@ def fit_rows(console: Any, renderable: Any) -> None:
 
 def _table(*columns: Any) -> Any:
     from rich import box
-    from rich.table import Table
 
-    return Table(*columns, box=box.SIMPLE_HEAD, show_edge=False)
+    return _safe_table()(*columns, box=box.SIMPLE_HEAD, show_edge=False)
+
+
+@functools.cache
+def _safe_table() -> Any:
+    """A rich ``Table`` whose text cells are shown as they are. Cells hold producers' and
+    brokers' text (stream keys, error texts, group names): rich would read ``[/x]`` in
+    one as markup (a ``MarkupError`` ended ``dlq list`` in a traceback) and ``:smile:``
+    as an emoji, and print its escape sequences raw; each is a plain ``Text`` with its
+    control characters escaped (:func:`~conveyor.platform.terminal.visible`)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    class SafeTable(Table):
+        def add_row(self, *renderables: Any, **options: Any) -> None:
+            super().add_row(*(Text(visible(r)) if isinstance(r, str) else r
+                              for r in renderables), **options)
+
+    return SafeTable
 
 
 def _right(heading: str) -> Any:
@@ -252,7 +271,7 @@ def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
     cut to what ``width`` leaves it; ``wide``: handler, error type and text apart,
     attempts, the time to the second and the letter it replays."""
     from rich import box
-    from rich.table import Column, Table
+    from rich.table import Column
 
     columns: list[Column | str]
     if wide:
@@ -269,7 +288,7 @@ def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
                   + min(max((len(str(s.letter.message.stream)) for s in found), default=6), 24)
                   + len("failed (UTC)") + 2 * 4 + 3)
         error_width = max(width - others, 16)
-    table = Table(*columns, box=box.SIMPLE_HEAD, show_edge=False)
+    table = _safe_table()(*columns, box=box.SIMPLE_HEAD, show_edge=False)
     for stored in found:
         letter = stored.letter
         if wide:

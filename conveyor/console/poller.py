@@ -20,6 +20,7 @@ from typing import Any
 from conveyor.backends import for_config
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError
+from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.status import (
     AppsReport,
     StatusReport,
@@ -206,7 +207,8 @@ class Poller:
         try:
             backend = for_config(self.config)
             apps = await collect_apps(self.config, backend)
-            names = [self.app] if self.app else [a.app for a in apps.apps]
+            names = [self.app] if self.app else [a.app for a in apps.apps
+                                                 if is_app_name(a.app)]
             status = {name: await collect_status(self.config, name, backend) for name in names}
         except ConveyorError as exc:
             self.reading = Reading(time.time(), self.reading.apps, self.reading.status,

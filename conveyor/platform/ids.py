@@ -25,6 +25,12 @@ Redis key prefixes): 1-128 ASCII letters, digits, ``_``, ``.``, ``-``. Check wit
 ``NAME.fullmatch``: ``match`` against ``...$`` would accept a trailing newline."""
 
 
+def is_app_name(name: str) -> bool:
+    """Whether ``name`` could be an app's (a consumer group Conveyor made): groups that
+    other tools made on the same streams may be named anything."""
+    return NAME.fullmatch(name) is not None
+
+
 class StreamId(msgspec.Struct, frozen=True, array_like=True):
     """A stream: every message of one stream is delivered in order.
 

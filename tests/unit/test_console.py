@@ -321,3 +321,24 @@ def test_the_daemons_json_carries_version_health_and_latency_from_the_heartbeat(
     assert new["stats"] == {**health, "handled": 12, "ready": 1, "loop.stalls": 2,
                             "rate.limit_per_s": 50.0, "rate.waiting": 3}
     assert (old["id"], old["version"], old["stats"]) == ("shop-old", "", {"handled": 1})
+
+
+@pytest.mark.parametrize("config", ["redis"], indirect=True)
+def test_a_group_another_tool_named_is_listed_and_the_apps_still_polled(
+    config: Config,
+) -> None:
+    # Its name is no app's: every poll failed with "app name ... may only contain".
+    async def foreign() -> None:
+        adapter = create_adapter("redis", config)
+        try:
+            await adapter.redis.xgroup_create(  # type: ignore[attr-defined]
+                adapter.keys.queue(0), "<img src=x onerror=alert(1)>", id="0")  # type: ignore[attr-defined]
+        finally:
+            await adapter.close()
+
+    asyncio.run(foreign())
+    with client_for(config) as api:
+        data = api.get("/api/overview").json()
+    assert data["error"] is None, data["error"]
+    assert sorted(a["app"] for a in data["apps"]) == ["<img src=x onerror=alert(1)>", APP]
+    assert list(data["status"]) == [APP]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from conveyor.platform.terminal import visible
 
 
@@ -45,3 +47,24 @@ def test_a_cli_log_line_shows_a_keys_escape_sequence_as_text() -> None:
     [long] = [line for line in err.splitlines() if "namespace 'nnn" in line]
     assert long.endswith("n… (2,000,002 characters)") and len(long) < 2200  # not 2 MB
     assert "ValueError: bad\\rvalue" in err
+
+
+def test_a_dlq_table_shows_a_producers_markup_emoji_and_escapes_as_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """rich reads a cell's ``[/x]`` as markup: a stream key so written ended `conveyor
+    dlq list` in a MarkupError traceback."""
+    from conveyor.cli.render import letters_view, print_table
+    from conveyor.platform.ids import StreamId
+    from conveyor.platform.letters import StoredLetter
+    from conveyor.platform.message import DeadLetter, Message
+
+    key = "[/x] [bold]k :smile: \x1b[31mRED"
+    letter = DeadLetter.of(Message("m-1", StreamId("orders", key), b"{}"), "shop.h",
+                           "[/y] failed", 1, "ValueError")
+    for wide in (False, True):
+        print_table(letters_view([StoredLetter("0-1", letter)], "shop", 1, wide, 200),
+                    whole_rows=wide)
+        out = capsys.readouterr().out
+        assert "orders/[/x] [bold]k :smile:" in out and "\\x1b[31mRED" in out, out
+        assert "[/y] failed" in out and "\x1b" not in out

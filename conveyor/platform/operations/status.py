@@ -25,6 +25,7 @@ from conveyor.platform.backend import Backend
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError
+from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.groups import GroupStatus, summarise
 
 MEASURES = ("at", "cpu_percent")
@@ -257,6 +258,11 @@ async def collect_apps(config: Config, backend: Backend) -> AppsReport:
         groups = summarise(await adapter.groups.on(range(config.queues.total)))
         apps = []
         for g in groups:
+            if not is_app_name(g.group):  # another tool's group: no app has its name, so
+                # it has no daemons or letters to look up (and no keys to name them by)
+                apps.append(AppSummary(g.group, None, g.queues, g.lag, g.idle_s, None,
+                                       g.holds_retention))
+                continue
             daemons = None
             if config.balancer.kind != "static":
                 members, _ = await _members_and_owners(config, g.group, adapter, backend)

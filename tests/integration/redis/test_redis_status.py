@@ -52,3 +52,30 @@ def test_count_without_watch_is_a_usage_error(redis_server: RedisServer, tmp_pat
     cfg = write_config(tmp_path / "c.toml", redis_server.url)
     result = status("--config", str(cfg), "--count", "2")
     assert result.returncode == 2 and "--count needs --watch" in result.stderr
+
+
+def test_a_consumer_group_another_tool_named_is_listed_not_fatal(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # A group no app could have (made with redis-cli, by another tool): status, groups
+    # list and the console's poll failed whole ("app name ... may only contain"), and
+    # rich read its "[/x]" as markup.
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+
+    async def publish() -> None:
+        async with Client.from_config(load_config(cfg, environ={})) as c:
+            await c.publish_batch([Publish("items", f"s{i}", {"i": i}) for i in range(40)])
+
+    asyncio.run(publish())
+    odd = '[/x] "><svg onload=alert(1)> \x1b[31m'
+    redis_server.client().xgroup_create("t:q:0", odd, id="0")
+    for args in (["status"], ["groups", "list"]):
+        done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args, "--config", str(cfg)],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert '[/x] "><svg onload=alert(1)> \\x1b[31m' in done.stdout, done.stdout
+    apps = subprocess.run([sys.executable, "-m", "conveyor.cli", "status", "--json",
+                           "--config", str(cfg)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    [row] = json.loads(apps.stdout)["apps"]
+    assert (row["app"], row["daemons"], row["dead_letters"]) == (odd, None, None)
