@@ -29,6 +29,10 @@ BODY_PREVIEW = 4096
 """Characters of a letter's body its detail shows."""
 LIST_LIMIT = 200
 """Letters a list shows at most (the count says how many there are)."""
+LIST_TEXT_MAX = 1024
+"""Characters of a text a list's letter carries (its key, error...; the page shows 120):
+200 letters of a producer's megabyte keys made a response of hundreds of MB. A letter's
+detail has them whole (its body cut at :data:`BODY_PREVIEW`)."""
 
 
 class RequestError(ConveyorError):
@@ -82,13 +86,27 @@ async def list_letters(config: Config, choice: Choice,
         found = []
         async for stored in letters(adapter, choice.app):
             if choice.keeps(stored):
-                found.append(letter_json(stored))
+                found.append(_listed(letter_json(stored)))
                 if len(found) >= limit:
                     break
         return {"app": choice.app, "letters": found,
                 "total": await adapter.dead_letters.count(choice.app), "limit": limit}
 
     return await _on_adapter(config, work)
+
+
+def _listed(shown: dict[str, Any]) -> dict[str, Any]:
+    """A letter as a list serves it: no headers or raw fields (the detail has them), and
+    each text cut at :data:`LIST_TEXT_MAX`, its whole length in ``cut`` (by name)."""
+    shown.pop("headers", None)
+    shown.pop("raw_fields", None)
+    cut = {name: len(value) for name, value in shown.items()
+           if isinstance(value, str) and len(value) > LIST_TEXT_MAX}
+    for name in cut:
+        shown[name] = shown[name][:LIST_TEXT_MAX]
+    if cut:
+        shown["cut"] = cut
+    return shown
 
 
 async def show_letter(config: Config, app: str, letter_id: str) -> dict[str, Any]:

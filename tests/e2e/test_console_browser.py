@@ -360,6 +360,8 @@ def test_what_a_producer_wrote_runs_no_script_and_a_megabyte_key_keeps_the_page_
     # A right-to-left override would show "evil" as "live": its code point shows instead.
     listed = page.locator("#letters").inner_text()
     assert "\u202e" not in listed and "<U+202E>evil<U+202C>" in listed
+    # The list's JSON carries 1,024 characters of the key; the page says how long it is.
+    assert f"… ({len('orders/') + len(big):,} characters)" in listed
     for n in range(len(letters)):
         rows.nth(n).locator("a.letter").click()
         page.locator("#detail h2").wait_for()

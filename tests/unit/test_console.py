@@ -342,3 +342,28 @@ def test_a_group_another_tool_named_is_listed_and_the_apps_still_polled(
     assert data["error"] is None, data["error"]
     assert sorted(a["app"] for a in data["apps"]) == ["<img src=x onerror=alert(1)>", APP]
     assert list(data["status"]) == [APP]
+
+
+@pytest.mark.parametrize("config", ["redis"], indirect=True)
+def test_a_list_of_letters_carries_a_bounded_part_of_each(config: Config) -> None:
+    # 200 letters of a producer's megabyte key made a response of hundreds of MB.
+    big = "K" * (1 << 20)
+
+    async def put() -> None:
+        adapter = create_adapter("redis", config)
+        try:
+            await adapter.dead_letters.put(APP, [DeadLetter.of(
+                Message("big", StreamId("orders", big), b"{}", headers={"h": big}),
+                "orders.handle", ValueError(big), 3)])
+        finally:
+            await adapter.close()
+
+    asyncio.run(put())
+    with client_for(config) as api:
+        listed = api.get("/api/letters", params={"app": APP})
+        [letter] = [x for x in listed.json()["letters"] if x["message_id"] == "big"]
+        shown = api.get(f"/api/letters/{letter['id']}", params={"app": APP}).json()
+    assert len(listed.content) < 20_000, len(listed.content)
+    assert "headers" not in letter and letter["key"] == big[:1024]
+    assert letter["cut"] == {"key": len(big), "error": len(shown["error"])}
+    assert shown["key"] == big and shown["headers"] == {"h": big}  # the detail: whole

@@ -35,10 +35,13 @@ function el(tag, attrs, ...children) {
 
 // A producer's text (a stream key, a header) may be megabytes: a page shows its start.
 const CELL_MAX = 120, DETAIL_MAX = 4096;
-function clip(text, max) {
+function clip(text, max, length) {
   text = String(text);
-  return text.length > max ? text.slice(0, max - 1) + `… (${text.length.toLocaleString("en")} characters)` : text;
+  length = length === undefined ? text.length : length;  // the server may have cut it (cut)
+  return length > max ? text.slice(0, max - 1) + `… (${length.toLocaleString("en")} characters)` : text;
 }
+
+function full(l, name) { return l.cut && l.cut[name] !== undefined ? l.cut[name] : String(l[name] || "-").length; }
 
 function num(v) { return v === null || v === undefined ? "-" : Math.round(v).toLocaleString("en"); }
 function age(s) {
@@ -313,8 +316,10 @@ async function letters(data, force) {
       ["id", "stream", "handler", "error type", "error", "attempts", "failed at (UTC)", ""],
       found.letters.map(l => [
         el("a", {href: "#" + l.id, class: "letter", onclick: (e) => { e.preventDefault(); detail(l.id); }}, l.id),
-        clip(l.namespace + "/" + l.key, CELL_MAX), clip(l.handler || "-", CELL_MAX),
-        clip(l.error_type, CELL_MAX), l.error.length > 80 ? l.error.slice(0, 79) + "…" : l.error,
+        clip(l.namespace + "/" + l.key, CELL_MAX, full(l, "namespace") + 1 + full(l, "key")),
+        clip(l.handler || "-", CELL_MAX, full(l, "handler")),
+        clip(l.error_type, CELL_MAX, full(l, "error_type")),
+        l.error.length > 80 ? l.error.slice(0, 79) + "…" : l.error,
         l.attempts, l.failed_at,
         writeButtons({ids: [l.id]}, "letter " + l.id)]), [5]),
       found.letters.length ? null : el("p", {class: "muted", id: "no-letters"}, "no dead letter")),
