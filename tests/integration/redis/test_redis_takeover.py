@@ -16,7 +16,7 @@ from tests.conftest import wait_until
 from tests.servers import RedisServer
 
 APP = "takeover"
-WORK_S = 0.2
+WORK_S = 0.3
 
 
 async def test_a_crashed_owners_fetched_messages_run_together_and_counted_ones_alone(
@@ -82,5 +82,5 @@ async def test_a_crashed_owners_fetched_messages_run_together_and_counted_ones_a
         [("fetched", f"f{i}", 2) for i in range(20)]
         + [("alone", f"a{i}", 2) for i in range(4)]
         + [("again", f"g{i}", 3) for i in range(4)])
-    assert most["fetched"] >= 10, most  # one at a time took 20 x 0.2 s
+    assert most["fetched"] >= 5, most  # one at a time: 1 (20 x 0.3 s); here up to 20
     assert most["serial"] == 1, most  # never two of those at once
