@@ -206,10 +206,11 @@ class Poller:
         """One reading: the apps, then the status of each watched app."""
         try:
             backend = for_config(self.config)
-            apps = await collect_apps(self.config, backend)
+            apps = await collect_apps(self.config, backend, look_beyond=False)
             names = [self.app] if self.app else [a.app for a in apps.apps
                                                  if is_app_name(a.app)]
-            status = {name: await collect_status(self.config, name, backend) for name in names}
+            status = {name: await collect_status(self.config, name, backend,
+                                                 look_beyond=False) for name in names}
         except ConveyorError as exc:
             self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
                                    f"{type(exc).__name__}: {exc}")

@@ -177,9 +177,12 @@ async def _members_and_owners(
         await leases.close()
 
 
-async def collect_status(config: Config, group: str, backend: Backend) -> StatusReport:
+async def collect_status(config: Config, group: str, backend: Backend, *,
+                         look_beyond: bool = True) -> StatusReport:
     """App ``group``'s members, queues and figures, read through ``backend`` (what
-    ``config`` runs on: ``conveyor.backends.for_config``)."""
+    ``config`` runs on: ``conveyor.backends.for_config``). ``look_beyond``: read the
+    queues past the total too (:attr:`StatusReport.beyond_total`; 16 reads on Redis),
+    which a reading repeated every second (the console, ``--watch``) skips."""
     adapter = backend.adapter(config)
     try:
         members, owners = await _members_and_owners(config, group, adapter, backend)
@@ -203,7 +206,7 @@ async def collect_status(config: Config, group: str, backend: Backend) -> Status
         dead_letters = await adapter.dead_letters.count(group)
         eviction = await adapter.eviction_policy()
         persistence = await adapter.persistence()
-        beyond = await adapter.entries_beyond(config.queues.total)
+        beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
     finally:
         await adapter.close()
     owned: dict[str, list[int]] = {}
@@ -250,9 +253,10 @@ class AppsReport:
     """As :attr:`StatusReport.beyond_total`."""
 
 
-async def collect_apps(config: Config, backend: Backend) -> AppsReport:
+async def collect_apps(config: Config, backend: Backend, *,
+                       look_beyond: bool = True) -> AppsReport:
     """Every app with a consumer group on the queues, with its daemons, lag and letters,
-    read through ``backend`` (as :func:`collect_status`)."""
+    read through ``backend`` (as :func:`collect_status`, ``look_beyond`` too)."""
     adapter = backend.adapter(config)
     try:
         groups = summarise(await adapter.groups.on(range(config.queues.total)))
@@ -272,7 +276,7 @@ async def collect_apps(config: Config, backend: Backend) -> AppsReport:
                                    g.holds_retention))
         eviction = await adapter.eviction_policy()
         persistence = await adapter.persistence()
-        beyond = await adapter.entries_beyond(config.queues.total)
+        beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
     finally:
         await adapter.close()
     return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,
