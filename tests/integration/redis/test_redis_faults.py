@@ -473,21 +473,28 @@ _REL_AT = re.compile(r"^(\S+ \S+) INFO conveyor.balancer: released queue (\d+)$"
 
 
 def unowned_gaps(ws: list[Worker], after: float) -> list[float]:
-    """Per release logged since ``after``: how long until the next grant of that queue.
-    Waits until each such grant is logged: the lease changes hands in Redis (what the
-    test waited for) a moment before its new owner writes the line."""
+    """Per release logged since ``after``: how long until the next grant of that queue
+    (the first under a newer fencing token than the released lease's; 0 when the taker
+    logged its grant before the giver logged its release, which it may: the giver logs
+    once the release has returned). Waits until each such grant is logged: the lease
+    changes hands in Redis (what the test waited for) a moment before its new owner
+    writes the line."""
 
     def gaps_now() -> list[float] | None:
-        grants = [(int(q), _log_time(t)) for w in ws for t, q, _ in _ACQ_AT.findall(w.stderr)]
+        grants = [(w, int(q), _log_time(t), int(token))
+                  for w in ws for t, q, token in _ACQ_AT.findall(w.stderr)]
         gaps = []
         for w in ws:
             for t, q in _REL_AT.findall(w.stderr):
                 at = _log_time(t)
                 if at >= after:
-                    later = [g for qq, g in grants if qq == int(q) and g >= at]
+                    released = max(token for who, qq, g, token in grants
+                                   if who is w and qq == int(q) and g <= at)
+                    later = [g for _, qq, g, token in grants
+                             if qq == int(q) and token > released]
                     if not later:
                         return None
-                    gaps.append(min(later) - at)
+                    gaps.append(max(min(later) - at, 0.0))
         return gaps
 
     wait_until_sync(lambda: gaps_now() is not None, 30, "each released queue's next grant")
