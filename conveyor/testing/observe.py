@@ -15,12 +15,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -312,47 +313,34 @@ def _batch_recorder(spec: HandlerSpec, observations: Observations) -> HandlerFn:
     running = observations.batches_running
     lock = threading.Lock()
 
-    def began() -> None:
+    @contextlib.contextmanager
+    def noted(bodies: list[Any]) -> Iterator[None]:
+        kept = tuple(bodies)  # the handler may change its list
         with lock:
             running[name] = running.get(name, 0) + 1
-
-    def ended(kept: tuple[Any, ...], error: Exception | None) -> None:
-        with lock:
-            running[name] -= 1
-            observations.batches.append(BatchCall(name, kept, error))
+        outcome: list[Exception | None] = []  # stays empty for a stop (BaseException)
+        try:
+            yield
+            outcome.append(None)
+        except Exception as exc:
+            outcome.append(exc)
+            raise
+        finally:
+            with lock:
+                running[name] -= 1
+                if outcome:
+                    observations.batches.append(BatchCall(name, kept, outcome[0]))
 
     if spec.sync:
         def recorded_sync(bodies: list[Any]) -> Any:
-            kept = tuple(bodies)  # the handler may change its list
-            began()
-            try:
-                result = fn(bodies)
-            except Exception as exc:
-                ended(kept, exc)
-                raise
-            except BaseException:
-                with lock:
-                    running[name] -= 1
-                raise
-            ended(kept, None)
-            return result
+            with noted(bodies):
+                return fn(bodies)
 
         return recorded_sync
 
     async def recorded(bodies: list[Any]) -> Any:
-        kept = tuple(bodies)  # the handler may change its list
-        began()
-        try:
-            result = await fn(bodies)
-        except Exception as exc:
-            ended(kept, exc)
-            raise
-        except BaseException:
-            with lock:
-                running[name] -= 1
-            raise
-        ended(kept, None)
-        return result
+        with noted(bodies):
+            return await fn(bodies)
 
     return recorded
 
