@@ -49,7 +49,7 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     import uvicorn
 
     from conveyor.console.poller import Poller
-    from conveyor.console.server import Settings, broker_name, create_app
+    from conveyor.console.server import HeadDeadline, Settings, broker_name, create_app
 
     config = load_config_or_exit(config_path)
     if config.queues.adapter == "memory":
@@ -76,7 +76,7 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     poller = Poller(config, app, interval_s)
     server = uvicorn.Server(uvicorn.Config(
         create_app(settings, poller), host=host, port=port, log_level="warning",
-        access_log=False, timeout_graceful_shutdown=5))
+        access_log=False, timeout_graceful_shutdown=5, http=HeadDeadline))
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C stops it quietly
         server.run(sockets=[listener])
 

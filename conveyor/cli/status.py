@@ -81,11 +81,12 @@ def status(config_path: Path | None, group: str | None, as_json: bool, watch_s: 
 
 def _print_apps(config: Config, as_json: bool) -> None:
     from conveyor.backends import for_config
-    from conveyor.platform.operations.status import collect_apps
+    from conveyor.platform.operations.status import broker_warnings, collect_apps
 
     report = run_or_exit(collect_apps(config, for_config(config)))
-    _warn_of_server(config, report.eviction_policy, report.persistence)
-    _warn_of_strays(config, report.beyond_total)
+    for warning in broker_warnings(config, report.eviction_policy, report.persistence,
+                                   report.beyond_total):
+        warn(warning)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -98,7 +99,7 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     from rich.live import Live
 
     from conveyor.backends import for_config
-    from conveyor.platform.operations.status import collect_status
+    from conveyor.platform.operations.status import broker_warnings, collect_status
 
     backend = for_config(config)
     report = run_or_exit(collect_status(config, group, backend))
@@ -108,8 +109,9 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
              f"never ran; groups here: {others})")
     elif not report.members:
         warn(f"no daemon of --app {group!r} is running ({_where_daemons_register(config)})")
-    _warn_of_server(config, report.eviction_policy, report.persistence)
-    _warn_of_strays(config, report.beyond_total)
+    for warning in broker_warnings(config, report.eviction_policy, report.persistence,
+                                   report.beyond_total):
+        warn(warning)
     if as_json:
         click.echo(json.dumps(asdict(report)))
         return
@@ -134,48 +136,6 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
                 refreshes += 1
         except KeyboardInterrupt:
             pass
-
-
-def _warn_of_server(config: Config, eviction_policy: str | None,
-                    persistence: str | None) -> None:
-    """A Redis that may lose messages, said whichever way status was asked."""
-    if eviction_policy not in (None, "noeviction"):
-        accepted = ("accepted by [redis] allow_eviction = true" if config.redis.allow_eviction
-                    else "workers refuse it unless [redis] allow_eviction = true")
-        warn(f"Redis maxmemory-policy is {eviction_policy}: a full server deletes "
-             f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
-    if (lost := _restart_loses(persistence)) is not None:
-        warn(f"Redis persistence is {persistence}{lost} (docs/redis.md, \"Persistence\")")
-
-
-def _warn_of_strays(config: Config, beyond: dict[int, int]) -> None:
-    """Messages on queues past ``[queues] total``, which no daemon of this config reads
-    (a daemon's start says the same; docs/redis.md, "Wire format")."""
-    if beyond:
-        counts = ", ".join(f"queue {q}: {n:,}" for q, n in sorted(beyond.items()))
-        warn(f"queues past [queues] total = {config.queues.total} hold "
-             f"{sum(beyond.values()):,} entries ({counts}): a producer with a larger total "
-             "put them where no daemon of this config reads; every producer and daemon of "
-             "an app must use the same total")
-
-
-def _restart_loses(persistence: str | None) -> str | None:
-    """Why, and what a restart loses, where the reading is ``none`` or ``unknown`` (on
-    some server of a cluster: ``host:port=none, …``); None where the server keeps its
-    messages (``aof``) or most of them (``rdb``: not warned about, docs/redis.md says
-    why)."""
-    if persistence is None:
-        return None
-    readings = {part.rsplit("=", 1)[-1] for part in persistence.split(", ")}
-    if not readings & {"none", "unknown"}:
-        return None
-    if readings == {"none"}:
-        return (' (save "", appendonly no): a restart loses every queued and pending '
-                "message")
-    if readings == {"unknown"}:
-        return (" (CONFIG GET refused, INFO shows no AOF): unless the server snapshots, a "
-                "restart loses every queued and pending message")
-    return ": a restart of a server at none (or unknown) loses every message it holds"
 
 
 def _where_daemons_register(config: Config) -> str:

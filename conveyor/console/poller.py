@@ -24,6 +24,7 @@ from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.status import (
     AppsReport,
     StatusReport,
+    broker_warnings,
     collect_apps,
     collect_status,
 )
@@ -40,7 +41,14 @@ class Reading:
     status: dict[str, StatusReport] = field(default_factory=dict)
     error: str | None = None
     """Why the last poll failed (the broker down, say); the page shows it."""
+    warnings: list[str] = field(default_factory=list)
+    """What ``conveyor status`` warns of (:func:`broker_warnings`): a Redis that evicts or
+    forgets on restart, entries past ``[queues] total``."""
 
+
+BEYOND_EVERY_S = 60.0
+"""How often a poll also reads the queues past ``[queues] total`` (16 reads on Redis,
+more than the rest of a poll of a small app): the first poll, then once a minute."""
 
 LATENCY_KEYS = {"p50": "latency.p50_s", "p95": "latency.p95_s", "p99": "latency.p99_s"}
 """Chart series -> the heartbeat stat a daemon publishes (seconds, over the calls since
@@ -152,6 +160,8 @@ class Poller:
         self._last_seen = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._beyond: dict[int, int] = {}
+        self._looked_beyond = -BEYOND_EVERY_S
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="console-poller")
@@ -206,20 +216,25 @@ class Poller:
         """One reading: the apps, then the status of each watched app."""
         try:
             backend = for_config(self.config)
-            apps = await collect_apps(self.config, backend, look_beyond=False)
+            look = time.monotonic() - self._looked_beyond >= BEYOND_EVERY_S
+            apps = await collect_apps(self.config, backend, look_beyond=look)
+            if look:
+                self._beyond, self._looked_beyond = apps.beyond_total, time.monotonic()
             names = [self.app] if self.app else [a.app for a in apps.apps
                                                  if is_app_name(a.app)]
             status = {name: await collect_status(self.config, name, backend,
                                                  look_beyond=False) for name in names}
         except ConveyorError as exc:
             self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
-                                   f"{type(exc).__name__}: {exc}")
+                                   f"{type(exc).__name__}: {exc}", self.reading.warnings)
         except Exception as exc:  # the loop must outlive a broker's bad moment
             log.exception("console poll failed")
             self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
-                                   f"{type(exc).__name__} (see the console's log)")
+                                   f"{type(exc).__name__} (see the console's log)",
+                                   self.reading.warnings)
         else:
-            self.reading = Reading(time.time(), apps, status)
+            self.reading = Reading(time.time(), apps, status, warnings=broker_warnings(
+                self.config, apps.eviction_policy, apps.persistence, self._beyond))
             for name, report in status.items():
                 self._history.setdefault(name, deque(maxlen=self._window)).append(
                     chart_sample(report))

@@ -15,6 +15,7 @@ the ``Host`` must be the one bound (no DNS rebinding).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import html
 import json
@@ -35,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from conveyor.console import actions
 from conveyor.console.actions import Choice, RequestError
@@ -53,6 +55,12 @@ log = logging.getLogger(__name__)
 TOKEN_HEADER = "X-Conveyor-Token"
 MAX_BODY = 1 << 20
 """Bytes a write action's body may have (1,000 ids of 200 characters fit in a quarter)."""
+HEAD_TIMEOUT_S = 10.0
+"""Seconds a connection has to send a whole request head, from its opening or from the
+end of its last response (:class:`HeadDeadline`)."""
+BROKER_CALLS = 4
+"""Requests that read or write the broker at once (letters, a letter, the write actions);
+more wait their turn rather than each opening connections of its own."""
 PAGES = {"overview": "Overview", "daemons": "Daemons", "letters": "Dead letters",
          "groups": "Groups"}
 
@@ -66,6 +74,57 @@ class Settings:
     host: str
     broker: str
     """Where the queues are, redacted."""
+
+
+class HeadDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with a deadline on each request's head.
+
+    uvicorn times a connection out only between two requests (its keep-alive timeout,
+    restarted by every byte); one that opens and sends nothing, or a header a byte at a
+    time, is held forever — exposed with ``--host 0.0.0.0``, a handful of such clients
+    (slowloris) would hold the console's sockets. Here a connection whose head is not
+    whole :data:`HEAD_TIMEOUT_S` after it opened (or after its last response) is closed.
+    A request being answered, or its body, has no deadline from this."""
+
+    _deadline: asyncio.TimerHandle | None = None
+    _waiting_after: object = None
+    """The cycle (request) the deadline was set after: a new one means a head arrived."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._disarm_if_head()
+
+    def on_response_complete(self) -> None:
+        self._arm()
+        super().on_response_complete()  # may start the next, pipelined request
+        self._disarm_if_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._waiting_after = self.cycle
+        self._deadline = self.loop.call_later(HEAD_TIMEOUT_S, self._late)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _disarm_if_head(self) -> None:
+        if self.cycle is not self._waiting_after:
+            self._disarm()
+
+    def _late(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
 def broker_name(config: Config) -> str:
@@ -110,7 +169,8 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
         reading = await poller.current()
         status = {name: _status_json(report) for name, report in reading.status.items()}
         return JSONResponse({
-            "at": reading.at, "error": reading.error, "broker": settings.broker,
+            "at": reading.at, "error": reading.error, "warnings": reading.warnings,
+            "broker": settings.broker,
             "write": settings.token is not None, "interval_s": poller.interval_s,
             "polls": poller.polls,
             "apps": [] if reading.apps is None else [asdict(a) for a in reading.apps.apps],
@@ -155,16 +215,29 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
             raise RequestError(400, "deleting a group is for good: send \"confirm\": true")
         return JSONResponse(await actions.delete_group(settings.config, app))
 
+    broker_calls = asyncio.Semaphore(BROKER_CALLS)
+
+    def gated(endpoint: Callable[[Request], Awaitable[Response]]
+              ) -> Callable[[Request], Awaitable[Response]]:
+        """``endpoint``, one of :data:`BROKER_CALLS` at once (each opens the broker's
+        connections, as a CLI command does: a burst of requests would open a burst)."""
+
+        async def limited(request: Request) -> Response:
+            async with broker_calls:
+                return await endpoint(request)
+
+        return limited
+
     routes = [
         Route("/", page("overview")),
         *(Route(f"/{name}", page(name)) for name in PAGES if name != "overview"),
         Route("/api/overview", _guarded(overview)),
         Route("/api/charts", _guarded(charts)),
-        Route("/api/letters", _guarded(letters)),
-        Route("/api/letters/replay", _guarded(replay), methods=["POST"]),
-        Route("/api/letters/purge", _guarded(purge), methods=["POST"]),
-        Route("/api/letters/{letter_id:path}", _guarded(letter)),
-        Route("/api/groups/delete", _guarded(delete_group), methods=["POST"]),
+        Route("/api/letters", _guarded(gated(letters))),
+        Route("/api/letters/replay", _guarded(gated(replay)), methods=["POST"]),
+        Route("/api/letters/purge", _guarded(gated(purge)), methods=["POST"]),
+        Route("/api/letters/{letter_id:path}", _guarded(gated(letter))),
+        Route("/api/groups/delete", _guarded(gated(delete_group)), methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("conveyor.console", "static")]),
               name="static"),
     ]

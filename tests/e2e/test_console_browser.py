@@ -372,3 +372,25 @@ def test_what_a_producer_wrote_runs_no_script_and_a_megabyte_key_keeps_the_page_
     assert box is not None and box["x"] + box["width"] <= width  # reachable, not off-page
     assert page.evaluate("window.__pwned") is None
     screenshot(page, tmp_path, "hostile-letters")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+def test_a_redis_that_evicts_is_a_warning_on_every_page(
+    config_path: Path, page: Any, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    """What ``conveyor status`` warns of, the console shows above every page."""
+    request.getfixturevalue("redis_server").client().config_set("maxmemory-policy",
+                                                                "allkeys-lru")
+    running = Console(config_path, write=False)
+    try:
+        for name in ("", "daemons", "letters", "groups"):
+            page.goto(f"{running.url}/{name}")
+            warning = page.locator("#warnings li", has_text="maxmemory-policy")
+            warning.wait_for(timeout=10_000)
+            assert warning.inner_text().startswith(
+                "warning: Redis maxmemory-policy is allkeys-lru: a full server deletes "
+                "messages and leases")
+        screenshot(page, tmp_path, "warning")
+    finally:
+        running.stop()

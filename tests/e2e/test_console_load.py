@@ -134,3 +134,50 @@ def console_cost(path: Path, server: RedisServer, window_s: float = 2.0
 def overview(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url + "/api/overview", timeout=10) as answer:
         return cast(dict[str, Any], json.loads(answer.read()))
+
+
+def test_a_burst_of_letter_requests_opens_a_bounded_number_of_connections(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """Each dead-letter request opens the broker's connections, as a CLI command does:
+    40 at once use at most ``BROKER_CALLS`` requests' worth, the rest wait their turn,
+    and all 40 are answered."""
+    from conveyor.console.server import BROKER_CALLS
+
+    path = write_config(tmp_path / "redis.toml", redis_server.url, queues={"total": 2})
+    admin = redis_server.client()
+    console = Console(path, write=False)
+    try:
+        def clients() -> int:
+            return int(cast(dict[str, Any], admin.info("clients"))["connected_clients"])
+
+        def letters() -> int:
+            with urllib.request.urlopen(console.url + "/api/letters?app=shop",
+                                        timeout=60) as answer:
+                return int(json.loads(answer.read())["total"])
+
+        letters()  # the poller's and this request's connections, once: the idle level
+        idle = clients()
+        peak, done = idle, threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, clients())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        answered: list[int] = []
+        burst = [threading.Thread(target=lambda: answered.append(letters()), daemon=True)
+                 for _ in range(40)]
+        for thread in burst:
+            thread.start()
+        for thread in burst:
+            thread.join(60)
+        done.set()
+        sampler.join()
+    finally:
+        console.stop()
+    assert answered == [0] * 40
+    print(f"connections: {idle} idle, {peak} at the burst's peak")
+    assert peak - idle <= 2 * BROKER_CALLS, (idle, peak)

@@ -6,6 +6,8 @@ no password in anything served."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -367,3 +369,44 @@ def test_a_list_of_letters_carries_a_bounded_part_of_each(config: Config) -> Non
     assert "headers" not in letter and letter["key"] == big[:1024]
     assert letter["cut"] == {"key": len(big), "error": len(shown["error"])}
     assert shown["key"] == big and shown["headers"] == {"h": big}  # the detail: whole
+
+
+def status_warnings(config: Path) -> list[str]:
+    """The warnings ``conveyor status --config CONFIG`` prints, without their prefix."""
+    result = subprocess.run([sys.executable, "-m", "conveyor", "status", "--config",
+                             str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    prefix = "conveyor: warning: "
+    return [line.removeprefix(prefix) for line in result.stderr.splitlines()
+            if line.startswith(prefix)]
+
+
+def test_the_console_warns_of_what_status_warns_of(redis_server: RedisServer,
+                                                  tmp_path: Path) -> None:
+    """A Redis that evicts, and messages a producer with a larger total put past the
+    console's ``[queues] total``: every page gets the lines ``conveyor status`` prints;
+    a server that does neither gets none of them."""
+    path = write_config(tmp_path / "redis.toml", redis_server.url, queues={"total": 2})
+    config = load_config(path)
+    with client_for(config) as api:
+        quiet = api.get("/api/overview").json()["warnings"]
+    assert not [w for w in quiet if "maxmemory-policy" in w or "past [queues]" in w], quiet
+    assert quiet == status_warnings(path)  # the server's persistence, if it is none
+
+    wider = load_config(write_config(tmp_path / "wide.toml", redis_server.url,
+                                     queues={"total": 8}))
+    with SyncClient.from_config(wider) as client:
+        client.publish_batch(Publish("orders", f"o{n}", {"n": n}) for n in range(100))
+    redis_server.client().config_set("maxmemory-policy", "allkeys-lru")
+    with client_for(config) as api:
+        warnings = api.get("/api/overview").json()["warnings"]
+    expected = status_warnings(path)
+    assert [w.split(":")[0] for w in expected if "persistence" not in w] == [
+        "Redis maxmemory-policy is allkeys-lru",
+        f"queues past [queues] total = 2 hold {stored_past(redis_server, 2, 8):,} entries (queue 2"]
+    assert warnings == expected
+
+
+def stored_past(server: RedisServer, total: int, wider: int) -> int:
+    client = server.client()
+    return sum(client.xlen(f"t:q:{q}") for q in range(total, wider))

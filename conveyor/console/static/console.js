@@ -76,6 +76,17 @@ function show(id, text) {
   node.hidden = !text;
 }
 
+// What `conveyor status` warns of (a Redis that evicts or forgets on restart, entries past
+// [queues] total), on every page: each can cost messages.
+function showWarnings(lines) {
+  const list = document.getElementById("warnings");
+  const text = lines.join("\n");
+  if (list.dataset.text === text) return;  // unchanged: leave the nodes (and a selection) be
+  list.dataset.text = text;
+  list.replaceChildren(...lines.map(line => el("li", {}, "warning: " + line)));
+  list.hidden = !lines.length;
+}
+
 async function getJSON(url) {
   const response = await fetch(url, {headers: {"Accept": "application/json"}});
   const data = await response.json();
@@ -363,6 +374,7 @@ async function tick() {
     // A poll clears only what a poll said: an action's refusal stays until the next action.
     if (data.error) { show("error", "the last poll failed: " + data.error); pollFailed = true; }
     else if (pollFailed) { show("error", ""); pollFailed = false; }
+    showWarnings(data.warnings || []);
     await RENDER[page](data);
     document.getElementById("updated").textContent =
       "updated " + new Date(data.at * 1000).toLocaleTimeString() + " · every " + data.interval_s + "s";

@@ -281,3 +281,46 @@ async def collect_apps(config: Config, backend: Backend, *,
         await adapter.close()
     return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,
                       persistence, beyond)
+
+
+def broker_warnings(config: Config, eviction_policy: str | None, persistence: str | None,
+                    beyond_total: Mapping[int, int]) -> list[str]:
+    """What a status reading says of the broker that can cost messages: a Redis that
+    evicts or forgets on restart, entries on queues past ``[queues] total``. One line
+    each; ``conveyor status`` prints them as warnings, the console shows them."""
+    warnings = []
+    if eviction_policy not in (None, "noeviction"):
+        accepted = ("accepted by [redis] allow_eviction = true" if config.redis.allow_eviction
+                    else "workers refuse it unless [redis] allow_eviction = true")
+        warnings.append(f"Redis maxmemory-policy is {eviction_policy}: a full server deletes "
+                        f"messages and leases ({accepted}; docs/redis.md, \"Eviction policy\")")
+    if (lost := _restart_loses(persistence)) is not None:
+        warnings.append(f"Redis persistence is {persistence}{lost} "
+                        "(docs/redis.md, \"Persistence\")")
+    if beyond_total:  # a daemon's start says the same (docs/redis.md, "Wire format")
+        counts = ", ".join(f"queue {q}: {n:,}" for q, n in sorted(beyond_total.items()))
+        warnings.append(
+            f"queues past [queues] total = {config.queues.total} hold "
+            f"{sum(beyond_total.values()):,} entries ({counts}): a producer with a larger "
+            "total put them where no daemon of this config reads; every producer and daemon "
+            "of an app must use the same total")
+    return warnings
+
+
+def _restart_loses(persistence: str | None) -> str | None:
+    """Why, and what a restart loses, where the reading is ``none`` or ``unknown`` (on
+    some server of a cluster: ``host:port=none, …``); None where the server keeps its
+    messages (``aof``) or most of them (``rdb``: not warned about, docs/redis.md says
+    why)."""
+    if persistence is None:
+        return None
+    readings = {part.rsplit("=", 1)[-1] for part in persistence.split(", ")}
+    if not readings & {"none", "unknown"}:
+        return None
+    if readings == {"none"}:
+        return (' (save "", appendonly no): a restart loses every queued and pending '
+                "message")
+    if readings == {"unknown"}:
+        return (" (CONFIG GET refused, INFO shows no AOF): unless the server snapshots, a "
+                "restart loses every queued and pending message")
+    return ": a restart of a server at none (or unknown) loses every message it holds"
