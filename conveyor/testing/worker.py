@@ -71,6 +71,10 @@ class TestWorker:
     a batch from what has arrived, 1 keeps them as declared; the number of attempts never
     changes. ``telemetry`` is off unless given. The ``App`` object is not modified: the
     daemon runs a copy with one observer added (see :mod:`conveyor.testing.observe`).
+
+    Leaving the ``async with`` block cleanly settles what the test published since its
+    last :meth:`settle` and raises :class:`DeadLettersFound` for dead letters the test
+    never looked at (:meth:`_check_at_exit`); :meth:`stop` does neither.
     """
 
     __test__ = False  # pytest: not a test class, whatever a test module imports
@@ -104,6 +108,11 @@ class TestWorker:
         self._telemetry = telemetry or Telemetry.disabled()
         self._observations = Observations(app)
         self._settled = 0  # records already returned by settle()
+        self._looked = 0
+        """Records the test has seen: returned by settle(), or read through records,
+        dead_lettered() or report(); dead letters past it fail a clean exit."""
+        self._unchecked = False
+        """The test published since it last called settle() or unsettled()."""
         self._daemon: WorkerDaemon | None = None
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
@@ -157,7 +166,36 @@ class TestWorker:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.stop()
+        """Stop; when the block ended cleanly, first settle what the test published and
+        did not settle, and fail on what nobody saw (:meth:`_check_at_exit`)."""
+        __tracebackhide__ = True
+        try:
+            if exc_type is None and self._daemon is not None and self.drain_report is None:
+                await self._check_at_exit()
+        finally:
+            await self.stop()
+
+    async def _check_at_exit(self) -> None:
+        """A test that publishes and ends without ``settle()`` would pass over a failing
+        handler: what it published is settled here (``NotSettled`` past the timeout, a
+        startup hook's failure raised), and a dead letter it never saw — no ``settle()``
+        returned it, nor did ``records``, ``dead_lettered()`` or ``report()`` — raises
+        :class:`DeadLettersFound`."""
+        __tracebackhide__ = True
+        looked = self._looked
+        if self._unchecked:
+            await self.settle(raise_on_dead_letters=False)
+        self._raise_hook_failures()
+        letters = [r for r in self._observations.sorted_records(looked)
+                   if r.outcome is Outcome.DEAD_LETTERED]
+        if letters:
+            cause = next((r.error for r in letters if r.error is not None), None)
+            raise DeadLettersFound(
+                f"{len(letters)} message(s) dead-lettered that the test never looked at "
+                "(it ended without a settle() that reported them; settle(raise_on_dead_"
+                "letters=False) and dead_lettered() if it expects them):\n"
+                + report(letters), letters,
+            ) from cause
 
     @property
     def daemon(self) -> WorkerDaemon:
@@ -187,6 +225,7 @@ class TestWorker:
         """Publish one message (as :meth:`conveyor.Client.publish` does); returns it as
         stored, with its id and position."""
         client = self._running("publish").client
+        self._unchecked = True
         token = await client.publish(namespace, key, body, headers, content_type)
         return self._stored(token.queue, token.major)
 
@@ -198,6 +237,7 @@ class TestWorker:
             if not isinstance(item, Publish):
                 raise InvalidArgumentError(
                     f"publish_batch: expected conveyor.Publish items, got {_kind(item)}")
+        self._unchecked = True
         tokens = await client.publish_batch(batch)
         return [self._stored(t.queue, t.major) for t in tokens]
 
@@ -211,6 +251,7 @@ class TestWorker:
                 f"got {_kind(message)}")
         queue = daemon.client.queue_for(message.stream.namespace, message.stream.key)
         plain = msgspec.structs.replace(message, token=None)
+        self._unchecked = True
         token = (await daemon.adapter.enqueue(queue, [plain]))[0]
         return self._stored(token.queue, token.major)
 
@@ -244,6 +285,7 @@ class TestWorker:
             raise NotSettled("cannot settle: this TestWorker is stopped, and nothing will "
                              "handle what is left:\n" + "\n".join(self.unsettled()))
         changed = self._observations.changed
+        self._unchecked = False
         try:
             async with asyncio.timeout(timeout):
                 while not self._quiet():
@@ -256,7 +298,7 @@ class TestWorker:
             # loop, and what it held was acknowledged as the loop ran again.
         self._raise_hook_failures()
         new = self._observations.sorted_records(self._settled)
-        self._settled = len(self._observations.records)
+        self._settled = self._looked = len(self._observations.records)
         letters = [r for r in new if r.outcome is Outcome.DEAD_LETTERED]
         if letters and raise_on_dead_letters:
             cause = next((r.error for r in letters if r.error is not None), None)
@@ -292,6 +334,7 @@ class TestWorker:
 
     def unsettled(self) -> list[str]:
         """What :meth:`settle` is waiting for, one line each (empty when settled)."""
+        self._unchecked = False
         observations = self._observations
         lines = [f"startup hook {run.name} still running"
                  for run in observations.hooks if run.running]
@@ -336,13 +379,14 @@ class TestWorker:
     @property
     def records(self) -> list[Record]:
         """Every settled message, per handler, in publish order (then declaration order)."""
+        self._looked = len(self._observations.records)
         return self._observations.sorted_records()
 
     def _select(self, outcome: Outcome | None, namespace: str | None,
                 handler: HandlerRef | None) -> list[Record]:
         match = self._handler_match(handler)
         return [
-            r for r in self.records
+            r for r in self._observations.sorted_records()
             if (outcome is None or r.outcome is outcome)
             and (namespace is None or r.namespace == namespace)
             and match(r.handler)
@@ -375,6 +419,7 @@ class TestWorker:
     def dead_lettered(self, namespace: str | None = None, *,
                       handler: HandlerRef | None = None) -> list[Record]:
         """Records of messages stored as dead letters (``record.letter`` says why)."""
+        self._looked = len(self._observations.records)
         return self._select(Outcome.DEAD_LETTERED, namespace, handler)
 
     def retried(self, namespace: str | None = None, *,

@@ -38,6 +38,11 @@ async def test_an_order_with_items(worker):
 async def test_an_order_without_items(worker):
     await worker.publish("orders", "o-2", {"total_cents": 1200, "items": 0})
     await worker.settle()
+
+
+@pytest.mark.asyncio
+async def test_a_test_that_forgets_to_settle(worker):
+    await worker.publish("orders", "o-3", {"total_cents": 900, "items": 0})
 '''
 
 
@@ -56,7 +61,10 @@ def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_err
     )
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
-    assert "1 failed, 1 passed" in out
+    assert "1 failed, 2 passed, 1 error" in out, out
+    # A test that forgot settle(): its handler's failure is an error at its teardown.
+    assert "ERROR at teardown of test_a_test_that_forgets_to_settle" in out
+    assert "dead-lettered orders/o-3 on_order, 3 attempts: ZeroDivisionError" in out
     # The handler's own line and error first, then the test's line and the kit's summary.
     handler_error = out.index('print(order["total_cents"] // order["items"])')
     assert out.index("ZeroDivisionError: integer division or modulo by zero") > handler_error

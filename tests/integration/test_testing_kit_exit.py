@@ -1,0 +1,97 @@
+"""Leaving a ``TestWorker`` block: a test that published and ended without ``settle()``
+has what it published settled at the exit, and a dead letter the test never looked at
+fails it, with the handler's exception as the cause. A test that settled, expected its
+dead letters or failed on its own is left as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import conveyor
+from conveyor.testing import DeadLettersFound, NotSettled, TestWorker
+from tests.conftest import wait_until
+
+app = conveyor.App("exit-check")
+handled: list[str] = []
+gate = asyncio.Event()
+
+
+@app.handler("orders", retry_attempts=2)
+async def on_order(order: dict[str, int]) -> None:
+    if order["items"] == 0:
+        raise ZeroDivisionError("an order of no items")
+    handled.append(f"o-{order['items']}")
+
+
+@app.handler("slow")
+async def on_slow(body: str) -> None:
+    await gate.wait()
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    handled.clear()
+    gate.clear()
+
+
+async def test_a_dead_letter_no_settle_reported_fails_the_exit() -> None:
+    with pytest.raises(DeadLettersFound) as raised:
+        async with TestWorker(app) as worker:
+            await worker.publish("orders", "o-1", {"items": 1})
+            await worker.publish("orders", "o-0", {"items": 0})
+    message = str(raised.value)
+    assert message.startswith("1 message(s) dead-lettered that the test never looked at")
+    assert "dead-lettered orders/o-0 on_order, 2 attempts: ZeroDivisionError" in message
+    assert isinstance(raised.value.__cause__, ZeroDivisionError)
+    assert [r.key for r in raised.value.records] == ["o-0"]
+    assert handled == ["o-1"]  # settled at the exit: the good one ran too
+    assert worker.drain_report is not None  # and the worker stopped
+
+
+async def test_what_the_test_published_is_settled_at_the_exit() -> None:
+    async with TestWorker(app) as worker:
+        await worker.publish_batch(conveyor.Publish("orders", f"o-{n}", {"items": n})
+                                   for n in (1, 2, 3))
+    assert sorted(handled) == ["o-1", "o-2", "o-3"]
+    assert sorted(r.key for r in worker.handled()) == ["o-1", "o-2", "o-3"]
+
+
+async def test_dead_letters_the_test_expected_or_read_pass_the_exit() -> None:
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "o-0", {"items": 0})
+        await worker.settle(raise_on_dead_letters=False)
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "o-0", {"items": 0})
+        with pytest.raises(DeadLettersFound):
+            await worker.settle()
+    async with TestWorker(app) as other:
+        await other.publish("orders", "o-0", {"items": 0})
+        # the test's own wait, reading what it checks
+        await wait_until(lambda: bool(other.dead_lettered()), 10, what="the dead letter")
+        seen = len(other.dead_lettered())
+    assert (len(worker.dead_lettered()), seen) == (1, 1)
+
+
+async def test_a_test_that_failed_keeps_its_own_error() -> None:
+    with pytest.raises(KeyError, match="the test's own"):
+        async with TestWorker(app) as worker:
+            await worker.publish("orders", "o-0", {"items": 0})
+            raise KeyError("the test's own")
+    assert worker.drain_report is not None
+
+
+async def test_work_left_stuck_is_named_at_the_exit_unless_the_test_asked() -> None:
+    start = time.monotonic()
+    with pytest.raises(NotSettled, match="slow/s-1"):
+        async with TestWorker(app, settle_timeout_s=0.3, stop_timeout_s=0.3) as worker:
+            await worker.publish("slow", "s-1", "x")
+    assert time.monotonic() - start < 5  # the settle and the drain's timeouts, not more
+    async with TestWorker(app, settle_timeout_s=0.3) as worker:
+        await worker.publish("slow", "s-2", "x")
+        with pytest.raises(NotSettled):
+            await worker.settle()
+        gate.set()  # the handler returns as the worker stops
+    assert worker.unsettled() == []
