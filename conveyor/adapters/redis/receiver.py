@@ -143,6 +143,9 @@ class RedisReceiver(QueueReceiver):
         )
         if claimed == -1:
             raise LeaseLostError(f"queue {self._queue}: lease lost before it could be claimed")
+        claimed, deleted = claimed
+        if deleted:
+            self._lost(deleted, "the previous owner")
         if confirmed < adapter.min_replicas:
             # Started anyway, a failover could take the claim back: the entries would be
             # pending for the previous owner again, which reads this queue no more, and
@@ -217,10 +220,20 @@ class RedisReceiver(QueueReceiver):
             self._history_from = last
         if len(out) < len(entries):  # pending, but trimmed or deleted meanwhile: ack them
             queue = self._queue
-            await self.acknowledge(
-                [token_of(eid, queue) for eid, fields in entries if not fields]
-            )
+            gone = [token_of(eid, queue) for eid, fields in entries if not fields]
+            if gone:
+                self._lost(len(gone), "this daemon")
+                await self.acknowledge(gone)
         return out
+
+    def _lost(self, count: int, whose: str) -> None:
+        """Say that ``count`` pending entries were gone from the stream: messages read,
+        not acknowledged, then deleted by another client (``XDEL``, an ``XTRIM``; Conveyor
+        trims only what every group acknowledged). Nothing is left to run or to redeliver:
+        they are lost, and said so, not passed over."""
+        log.error("queue %d: %d pending entr%s of %s had been deleted from %s by another "
+                  "client (XDEL or XTRIM) before being handled: those messages are lost",
+                  self._queue, count, "y" if count == 1 else "ies", whose, self._stream)
 
     async def _strays(self, max_count: int) -> list[Message]:
         """Entries pending for other consumers than this lease holder (``STRAYS``), as
@@ -248,6 +261,7 @@ class RedisReceiver(QueueReceiver):
         seen.update(eid for eid, _, _ in fresh)
         gone = [token_of(eid, self._queue) for eid, fields, _ in fresh if not fields]
         if gone:  # deleted or trimmed meanwhile: nothing to run
+            self._lost(len(gone), "a stalled daemon")
             await self.acknowledge(gone)
         out = self._decoder.decode_all([[eid, fields] for eid, fields, _ in fresh if fields])
         # Delivered once more than Redis counts: the stalled daemon's read counted one.

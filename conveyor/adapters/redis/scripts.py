@@ -105,17 +105,20 @@ return 0
 """
 
 # KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), count.
-# Moves every pending entry of the group to this consumer; -1 when the lease is gone.
+# Moves every pending entry of the group to this consumer: {claimed, deleted}, deleted
+# being the pending entries no longer in the stream (XDEL, XTRIM by another client),
+# which Redis >= 7 drops from the pending list as it claims; -1 when the lease is gone.
 CLAIM_ALL = """
 if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
-local cursor, n = '0-0', 0
+local cursor, n, gone = '0-0', 0, 0
 repeat
   local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, cursor,
                        'COUNT', ARGV[4], 'JUSTID')
   cursor = r[1]
   n = n + #r[2]
+  if r[3] then gone = gone + #r[3] end
 until cursor == '0-0'
-return n
+return {n, gone}
 """
 
 # KEYS: stream, lease. ARGV: group, consumer, lease value ('' = unleased), "id id ...".

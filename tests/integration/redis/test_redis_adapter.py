@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -215,6 +216,39 @@ async def test_strays_are_returned_once_while_unacknowledged(
     assert await owner.get_messages(10, 0.05) == []
     await client.publish("n", "k", {"i": 5})
     assert [m.body for m in await owner.get_messages(10, 0.5)] == [b'{"i":5}']
+
+
+async def test_pending_entries_another_client_deleted_are_reported_lost(
+    shop: Shop, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Entries read and not acknowledged, then deleted by another client (``XDEL``, an
+    ``XTRIM``): Redis drops them from the pending list as the next owner claims it, or
+    returns them without fields when their reader re-reads its list. Nothing is left to
+    run; each way, an error names how many were lost, and the rest run."""
+    adapter = shop.adapter
+    client = Client(adapter, HashRingQueueMapper(1))
+    stream = Keys("t").queue(0)
+    for i in range(6):
+        await client.publish("n", "k", {"i": i})
+    first = await shop.leased(0, "first", 0.5)
+    read = await first.get_messages(6, 0.1)
+    ids = [f"{m.token.major}-{m.token.minor}" for m in read if m.token is not None]
+    assert len(ids) == 6
+    await adapter.redis.xdel(stream, ids[1], ids[2])  # pending for "first"
+    await shop.lease_expired(0)
+    caplog.set_level(logging.ERROR, logger="conveyor.redis")
+    second = await shop.leased(0, "second", 30)  # claims what "first" held
+    await adapter.redis.xdel(stream, ids[4])  # pending for "second" now, before its read
+    got = await second.get_messages(10, 0.1)
+    assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in (0, 3, 5)]
+    lost = [r.getMessage() for r in caplog.records if "messages are lost" in r.getMessage()]
+    assert lost == [
+        f"queue 0: 2 pending entries of the previous owner had been deleted from {stream} "
+        "by another client (XDEL or XTRIM) before being handled: those messages are lost",
+        f"queue 0: 1 pending entry of this daemon had been deleted from {stream} by "
+        "another client (XDEL or XTRIM) before being handled: those messages are lost"]
+    await second.acknowledge([m.token for m in got if m.token is not None])
+    assert (await adapter.redis.xpending(stream, "shop"))["pending"] == 0
 
 
 async def test_unstarted_messages_handed_back_count_as_first_deliveries_under_the_fence(
