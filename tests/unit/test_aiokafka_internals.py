@@ -12,6 +12,7 @@ import gc
 import inspect
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiokafka
@@ -29,7 +30,11 @@ from aiokafka.coordinator.protocol import (
 )
 from aiokafka.errors import IncompatibleBrokerVersion
 from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator, MessageBatch
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.default_records import (
+    DefaultRecordBatchBuilder,
+    _DefaultRecordBatchBuilderPy,
+    _DefaultRecordBatchPy,
+)
 from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import ConsumerRecord
 
@@ -234,7 +239,7 @@ async def test_a_partition_given_a_converter_yields_its_records_converted_as_unp
             alive.append(sum(1 for o in gc.get_objects() if type(o) is type(record)))
         return record.offset, record.key
 
-    converters[tp] = convert
+    converters[tp] = SimpleNamespace(one=convert)
 
     def fetched(partition: TopicPartition) -> list[Any]:
         return list(aiokafka_fetcher.PartitionRecords(
@@ -284,6 +289,81 @@ def test_raw_records_unpack_as_aiokafka_unpacks_them() -> None:
     for size in (1, 2, 500):
         assert read(raw, size) == read(None, size)
     assert read(raw, 2)[0] == [2, 3, 4]
+
+
+class _RawName(str):
+    """A header name that a builder writes as ``raw``, bytes UTF-8 refuses (as librdkafka
+    or kcat may write them)."""
+
+    raw = b""
+
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:  # type: ignore[override]
+        return self.raw
+
+
+def _batch_with_a_raw_header_name(base: int, compression_type: int = 0) -> bytes:
+    """Records ``base`` to ``base + 2``; the middle one has header name ``b"\\xff\\xfe"``."""
+    name = _RawName("x")
+    name.raw = b"\xff\xfe"
+    builder = _DefaultRecordBatchBuilderPy(magic=2, compression_type=compression_type,
+                                           is_transactional=0, producer_id=-1,
+                                           producer_epoch=-1, base_sequence=-1,
+                                           batch_size=2**20)
+    for i, headers in enumerate([[("cv-ns", b"a")], [("cv-ns", b"b"), (name, b"v")],
+                                 [("cv-ns", b"c")]]):
+        builder.append(i, timestamp=TS + i, key=b"k", value=b"%d" % (base + i),
+                       headers=headers)
+    data = bytearray(builder.build())
+    data[0:8] = base.to_bytes(8, "big")  # BaseOffset, outside the CRC
+    return bytes(data)
+
+
+class _Converter:
+    def one(self, record: Any) -> tuple[str, int, bytes | None]:
+        return "one", record.offset, record.value
+
+    def unreadable(self, record: internals.UnreadableRecord) -> tuple[str, int, Any]:
+        return "unreadable", record.offset, (record.headers, record.reason)
+
+
+@pytest.mark.parametrize("compression_type", [0, 1], ids=["plain", "gzip"])
+async def test_a_header_name_the_parser_refuses_is_one_unreadable_record_not_a_stuck_partition(
+    compression_type: int,
+) -> None:
+    # aiokafka's parser decodes header names as UTF-8 and raises at such a record on
+    # every fetch; the batch is read again from the fetch's bytes: its records before and
+    # after come as usual, that one as the converter's ``unreadable`` makes it.
+    consumer = AIOKafkaConsumer(bootstrap_servers=NOWHERE, **internals.raw_records())
+    assert aiokafka_fetcher.MemoryRecords is internals._Fetched  # keeps a fetch's bytes
+    await consumer.stop()  # never started: only its key deserializer is used
+    tp = TopicPartition("t", 0)
+    internals.record_converters(consumer)[tp] = _Converter()
+    data = _batch(2) + _batch_with_a_raw_header_name(2, compression_type)
+    fetched = aiokafka_fetcher.MemoryRecords(data)
+    records = aiokafka_fetcher.PartitionRecords(
+        tp, fetched, [], 1, consumer._key_deserializer, None, True, 0)
+    out = list(records)
+    assert [(kind, offset) for kind, offset, _ in out] == [
+        ("one", 1), ("one", 2), ("unreadable", 3), ("one", 4)]
+    headers, reason = out[2][2]
+    assert headers == [("cv-ns", b"b"), ("\\xff\\xfe", b"v")]
+    assert "not UTF-8" in reason and "\\xff\\xfe" in reason
+    assert out[3][2] == b"4" and records.next_fetch_offset == 5
+    # without a converter (records fetched before the decoder is given): as read
+    raw = list(aiokafka_fetcher.PartitionRecords(
+        tp, aiokafka_fetcher.MemoryRecords(data), [], 0, internals.raw_records()[
+            "key_deserializer"], None, True, 0))
+    assert [type(r) is internals.UnreadableRecord for r in raw] == [False] * 3 + [True, False]
+
+
+def test_the_fetcher_builds_memory_records_from_the_module_global_and_asks_two_things() -> None:
+    build = inspect.getsource(aiokafka_fetcher.Fetcher._proc_fetch_request)
+    assert "records = MemoryRecords(part_data[-1])" in build
+    used = {m for m in ("has_next", "size_in_bytes", "next_batch") if f"records.{m}(" in build}
+    assert used == {"has_next", "size_in_bytes"}  # what _Fetched answers before unwrapping
+    batch = _DefaultRecordBatchPy(_batch_with_a_raw_header_name(0))
+    assert {"_maybe_uncompress", "_buffer", "_pos", "_num_records"} <= set(dir(batch))
+    assert "decode(\"utf-8\")" in inspect.getsource(_DefaultRecordBatchPy._read_msg)
 
 
 PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat",

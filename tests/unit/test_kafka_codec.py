@@ -237,3 +237,29 @@ def test_a_dead_letter_keeps_every_header_of_its_message() -> None:
     read = letter_from_record(stored, "shop", "t", "default")
     assert read is not None
     assert (read.message.enqueued_at_ms, read.message.content_type) == (TS, CONTENT_JSON)
+
+
+def test_a_record_with_a_header_name_not_utf8_is_undecodable_and_its_letter_stays_so() -> None:
+    # aiokafka's parser refuses the record; read again, it comes as an UnreadableRecord
+    # with the name escaped. Its letter stores the escaped name (a Kafka header name
+    # must be text): read back, it decodes, yet it is still not what was published.
+    from conveyor.adapters.kafka.aiokafka_internals import UnreadableRecord
+    from conveyor.platform.letters import StoredLetter
+    from conveyor.platform.operations.dlq import not_replayable
+
+    record = UnreadableRecord(4, TS, b"o-7", b'{"n":1}',
+                              [("cv-ns", b"orders"), ("\\xff", b"v")], "header name(s) ...")
+    decoder = RecordDecoder(2, "default", "t")
+    [read] = decoder.decode([record])
+    assert read == decoder.unreadable(record)
+    assert isinstance(read, Undecodable) and read.reason == "DecodeError: header name(s) ..."
+    assert (read.id, read.token, read.raw_key) == ("t-2-4", SequenceToken(2, 4), b"o-7")
+    assert read.raw_fields == ((b"cv-ns", b"orders"), (b"\\xff", b"v"))
+    key, value, headers = letter_record(DeadLetter.of(read, "", read.reason, 0, "Undecodable"),
+                                        "shop")
+    stored = SimpleNamespace(key=key, value=value, headers=tuple(headers), timestamp=TS)
+    letter = letter_from_record(stored, "shop", "t", "default")
+    assert letter is not None and isinstance(letter.message, Undecodable)
+    assert letter.message.body == b'{"n":1}' and letter.message.reason == read.reason
+    assert letter.message.raw_fields == read.raw_fields
+    assert not_replayable(StoredLetter("0:1", letter)) is not None

@@ -18,8 +18,10 @@ that one test rather than a daemon in production:
   built for each (:func:`raw_records`), or converted as a fetch is unpacked
   (:func:`record_converters`): ``aiokafka.consumer.fetcher.PartitionRecords``, its
   ``_consumer_record``, ``_unpack_records`` (mirrored for uncommitted reads) and
-  ``__next__`` (bypassed by ``FetchResult.getall``), and a consumer's
-  ``_key_deserializer``;
+  ``__next__`` (bypassed by ``FetchResult.getall``), a consumer's
+  ``_key_deserializer``, and the fetcher's ``MemoryRecords`` (wrapped to keep a
+  fetch's bytes: :func:`lenient_records` reads a batch the parser refuses from them,
+  with ``_DefaultRecordBatchPy``'s header and decompression);
 * a batch's record builder, appended to without the keyword wrapper per record:
   ``batch._builder.append`` and the count it keeps, ``batch._relative_offset``;
 * the consumer protocol's member metadata and assignment (``aiokafka.coordinator``);
@@ -33,9 +35,11 @@ that one test rather than a daemon in production:
 from __future__ import annotations
 
 import re
+import struct
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import aiokafka.consumer.fetcher as aiokafka_fetcher
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -50,7 +54,8 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.group import LeaveGroupRequest
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.default_records import DefaultRecordBatchBuilder, _DefaultRecordBatchPy
+from aiokafka.record.util import decode_varint
 
 # -- consumers in a group --------------------------------------------------------------
 
@@ -115,15 +120,127 @@ def assignment(member_assignment: bytes) -> list[TopicPartition]:
     return list(ConsumerProtocolMemberAssignment.decode(member_assignment).partitions())
 
 
+# -- a batch the parser refuses ----------------------------------------------------------
+# Kafka header names are strings, and aiokafka decodes each as UTF-8 while it parses a
+# batch; any client that writes other bytes there (librdkafka, kcat, a hand-built batch)
+# makes its C parser raise UnicodeDecodeError at that record, again on every fetch: the
+# partition would stall behind it forever. lenient_records reads the batch's bytes
+# itself, as aiokafka's pure-Python reader does (its header and decompression), and hands
+# such a record over as an UnreadableRecord (names as text, the bytes UTF-8 refuses
+# escaped as \xff) for the receiver to dead-letter; the batch's other records come as
+# they are. Only a batch the parser refused goes this way.
+
+_BATCH_HEAD = struct.Struct(">qi")
+"""BaseOffset, Length: how every batch of a fetch begins (Length counts what follows)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record read by :func:`lenient_records`, with what a parsed record offers."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableRecord:
+    """A record whose header names are not all UTF-8: ``headers`` has them as text,
+    the bytes UTF-8 refuses escaped (``\\xff``); ``reason`` names them."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    reason: str
+
+
+def batch_bytes(fetched: bytes, base_offset: int) -> bytes | None:
+    """The batch at ``base_offset`` among a fetch's bytes (batches back to back)."""
+    pos, end = 0, len(fetched)
+    while pos + _BATCH_HEAD.size <= end:
+        offset, length = _BATCH_HEAD.unpack_from(fetched, pos)
+        stop = pos + _BATCH_HEAD.size + length
+        if offset == base_offset:
+            return fetched[pos:stop] if stop <= end else None
+        pos = stop
+    return None
+
+
+def _nullable(buf: Any, pos: int) -> tuple[bytes | None, int]:
+    length, pos = decode_varint(buf, pos)
+    if length < 0:
+        return None, pos
+    return bytes(buf[pos:pos + length]), pos + length
+
+
+def lenient_records(batch: bytes) -> Iterator[Record | UnreadableRecord]:
+    """The records of one v2 batch (``batch``: its bytes, as :func:`batch_bytes` finds
+    them), decompressed as aiokafka does; a record whose header names are not UTF-8 as
+    an :class:`UnreadableRecord`."""
+    parsed = _DefaultRecordBatchPy(batch)
+    parsed._maybe_uncompress()
+    buf, pos = parsed._buffer, parsed._pos
+    log_append = parsed.timestamp_type == parsed.LOG_APPEND_TIME
+    for _ in range(parsed._num_records):
+        length, pos = decode_varint(buf, pos)
+        end = pos + length
+        _, pos = decode_varint(buf, pos)  # attributes: unused
+        ts_delta, pos = decode_varint(buf, pos)
+        offset_delta, pos = decode_varint(buf, pos)
+        key, pos = _nullable(buf, pos)
+        value, pos = _nullable(buf, pos)
+        count, pos = decode_varint(buf, pos)
+        headers: list[tuple[str, bytes | None]] = []
+        refused: list[bytes] = []
+        for _ in range(max(count, 0)):
+            size, pos = decode_varint(buf, pos)
+            raw = bytes(buf[pos:pos + size])
+            pos += size
+            try:
+                name = raw.decode()
+            except UnicodeDecodeError:
+                name = raw.decode("utf-8", "backslashreplace")
+                refused.append(raw)
+            value_of_header, pos = _nullable(buf, pos)
+            headers.append((name, value_of_header))
+        pos = end
+        offset = parsed.base_offset + offset_delta
+        timestamp = parsed.max_timestamp if log_append else parsed.first_timestamp + ts_delta
+        if refused:
+            names = ", ".join(repr(r[:40]) for r in refused[:3])
+            yield UnreadableRecord(
+                offset, timestamp, key, value, headers,
+                f"header name(s) not UTF-8: {names} (Kafka header names are strings; "
+                "kept escaped as \\xNN)")
+        else:
+            yield Record(offset, timestamp, key, value, headers)
+
+
+class RecordConverter(Protocol):
+    """What a consumer made with :func:`raw_records` passes one partition's records
+    through as it unpacks a fetch (a receiver's decoder)."""
+
+    def one(self, record: Any) -> Any:
+        """A record as aiokafka parsed it, converted (called for every record)."""
+
+    def unreadable(self, record: UnreadableRecord) -> Any:
+        """A record aiokafka's parser refused, read again by
+        :func:`lenient_records`, converted."""
+
+
 class _RawRecords:
     """The key deserializer that marks a consumer as reading raw records (never called
     while :class:`_PartitionRecords` is installed; should it be, keys pass unchanged).
 
-    One per consumer: ``converters`` maps a partition to the function its records go
-    through as they are unpacked (a receiver's decoder, :func:`record_converters`)."""
+    One per consumer: ``converters`` maps a partition to what its records go through
+    as they are unpacked (a receiver's decoder, :func:`record_converters`)."""
 
     def __init__(self) -> None:
-        self.converters: dict[TopicPartition, Callable[[Any], Any]] = {}
+        self.converters: dict[TopicPartition, RecordConverter] = {}
 
     def __call__(self, key: bytes | None) -> bytes | None:
         return key
@@ -131,6 +248,29 @@ class _RawRecords:
 
 def _as_read(tp: TopicPartition, record: Any) -> Any:
     return record
+
+
+_MemoryRecords = aiokafka_fetcher.MemoryRecords
+
+
+class _Fetched:
+    """One partition's fetched bytes and aiokafka's ``MemoryRecords`` of them: what the
+    fetcher builds in its place once :func:`raw_records` is called, so that
+    :class:`_PartitionRecords` keeps the bytes (a batch its parser refuses is read from
+    them again). The fetcher calls the two methods; the records object then goes on
+    unwrapped."""
+
+    __slots__ = ("data", "records")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.records = _MemoryRecords(data)
+
+    def has_next(self) -> bool:
+        return bool(self.records.has_next())
+
+    def size_in_bytes(self) -> int:
+        return int(self.records.size_in_bytes())
 
 
 class _PartitionRecords(aiokafka_fetcher.PartitionRecords):  # type: ignore[misc]
@@ -145,14 +285,17 @@ class _PartitionRecords(aiokafka_fetcher.PartitionRecords):  # type: ignore[misc
 
     def __init__(self, tp: TopicPartition, records: Any, aborted_transactions: Any,
                  fetch_offset: int, key_deserializer: Any, *rest: Any) -> None:
+        data = None
+        if isinstance(records, _Fetched):
+            data, records = records.data, records.records
         super().__init__(tp, records, aborted_transactions, fetch_offset, key_deserializer,
                          *rest)
         self._raw = isinstance(key_deserializer, _RawRecords)
         if self._raw:  # the instance's own, looked up per record
             self._consumer_record = _as_read
             if self._isolation_level != aiokafka_fetcher.READ_COMMITTED:
-                convert = key_deserializer.converters.get(tp)
-                self._records_iterator = self._raw_unpack(convert)
+                converter = key_deserializer.converters.get(tp)
+                self._records_iterator = self._raw_unpack(converter, data)
 
     def __iter__(self) -> Any:
         iterator = self._records_iterator
@@ -160,30 +303,59 @@ class _PartitionRecords(aiokafka_fetcher.PartitionRecords):  # type: ignore[misc
             return iterator if iterator is not None else iter(())
         return self
 
-    def _raw_unpack(self, convert: Callable[[Any], Any] | None) -> Iterator[Any]:
+    def _raw_unpack(self, converter: RecordConverter | None, data: bytes | None
+                    ) -> Iterator[Any]:
         """``_unpack_records`` for uncommitted reads with each record as parsed, or as
-        ``convert`` makes it: the same CRC check, control batches skipped, offsets below
-        the fetch offset skipped and ``next_fetch_offset`` kept after each record and
-        each batch.
+        ``converter`` makes it: the same CRC check, control batches skipped, offsets
+        below the fetch offset skipped and ``next_fetch_offset`` kept after each record
+        and each batch.
 
         Converted as it is unpacked, a record (and its headers' list and tuples) is freed
         before the next one is parsed: a fetch no longer holds a few thousand objects
         the garbage collector tracks, whose collections and promotions cost ~6 % of a
-        Kafka consumer's CPU."""
+        Kafka consumer's CPU.
+
+        A batch whose parsing fails on a header name that is not UTF-8 (which would fail
+        every fetch of the partition from then on) is read again from ``data``, the
+        fetch's bytes (:func:`lenient_records`): that record
+        comes as the converter's ``unreadable`` makes it, the others as usual."""
+        convert = converter.one if converter is not None else None
         records = self._records
         while records.has_next():
             batch = records.next_batch()
             if self._check_crcs and not batch.validate_crc():
                 raise kerrors.CorruptRecordException(f"Invalid CRC - {self._tp}")
             if not batch.is_control_batch:
-                for record in batch:
-                    offset = record.offset
-                    if offset < self.next_fetch_offset:
-                        continue  # a compressed batch's records before the fetch offset
-                    converted = record if convert is None else convert(record)
-                    self.next_fetch_offset = offset + 1  # once it is converted: a
-                    yield converted  # converter that raised leaves the record to read
+                try:
+                    for record in batch:
+                        offset = record.offset
+                        if offset < self.next_fetch_offset:
+                            continue  # a compressed batch's records before the fetch offset
+                        converted = record if convert is None else convert(record)
+                        self.next_fetch_offset = offset + 1  # once it is converted: a
+                        yield converted  # converter that raised leaves the record to read
+                except UnicodeDecodeError:  # raised by aiokafka's parser, not a converter
+                    raw = batch_bytes(data, batch.base_offset) if data is not None else None
+                    if raw is None:
+                        raise
+                    yield from self._lenient(raw, converter)
             self.next_fetch_offset = batch.next_offset
+
+    def _lenient(self, raw: bytes, converter: RecordConverter | None) -> Iterator[Any]:
+        """The records of one batch not yet handed over, read by
+        :func:`lenient_records`."""
+        for record in lenient_records(raw):
+            offset = record.offset
+            if offset < self.next_fetch_offset:
+                continue
+            if converter is None:
+                converted: Any = record
+            elif isinstance(record, UnreadableRecord):
+                converted = converter.unreadable(record)
+            else:
+                converted = converter.one(record)
+            self.next_fetch_offset = offset + 1
+            yield converted
 
 
 def raw_records() -> dict[str, Any]:
@@ -195,11 +367,12 @@ def raw_records() -> dict[str, Any]:
     Other consumers of the process are left as they are."""
     if aiokafka_fetcher.PartitionRecords is not _PartitionRecords:
         aiokafka_fetcher.PartitionRecords = _PartitionRecords
+        aiokafka_fetcher.MemoryRecords = _Fetched
     return {"key_deserializer": _RawRecords()}
 
 
-def record_converters(consumer: AIOKafkaConsumer) -> dict[TopicPartition, Callable[[Any], Any]]:
-    """Partition -> the function through which a consumer made with :func:`raw_records`
+def record_converters(consumer: AIOKafkaConsumer) -> dict[TopicPartition, RecordConverter]:
+    """Partition -> the converter through which a consumer made with :func:`raw_records`
     passes each of that partition's records as it unpacks a fetch (from the next fetch
     on); an empty dict, never read, for any other consumer."""
     marker = getattr(consumer, "_key_deserializer", None)

@@ -27,6 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
@@ -47,6 +48,7 @@ from conveyor.platform.tasks import cancel_and_wait
 
 log = logging.getLogger("conveyor.kafka")
 
+_CLEANUP = "cleanup.policy"
 _TOPIC_EXISTS = 36
 """CreateTopics' error code for a topic another process created meanwhile."""
 
@@ -200,6 +202,8 @@ class KafkaCluster:
                                       "$.kafka.create_topic is false")
                 if self.topic in wanted and self.topic in existing:
                     await self.check_partitions(client)
+                if self.topic in wanted:
+                    await self.check_cleanup_policy(client)
 
     async def check_partitions(self, client: AIOKafkaAdminClient) -> None:
         """Refuse (:class:`ConfigError`, naming both numbers and ``$.queues.total``) the
@@ -220,6 +224,31 @@ class KafkaCluster:
                 f"{self.total_queues}-{have - 1} would never be read; set "
                 f"$.queues.total = {have}"
             )
+
+    async def check_cleanup_policy(self, client: AIOKafkaAdminClient) -> None:
+        """Refuse (:class:`ConfigError`) a topic the broker compacts: compaction keeps
+        only the last record of each key, and a record's key is its stream's key, so the
+        messages of a stream that are not its last would be deleted whether handled or
+        not (docs/kafka.md, "Topic drift"). A broker that does not answer
+        DescribeConfigs is let be, with a warning."""
+        try:
+            answers = await client.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, self.topic)])  # every setting:
+            # tansu drops the connection when asked for named ones
+            entries = [e for a in answers for r in a.resources if not r[0] for e in r[4]]
+            policy = next((str(e[1]) for e in entries if e[0] == _CLEANUP), "")
+        except kerrors.KafkaError as exc:
+            log.warning("kafka: could not read the cleanup.policy of topic %r (%s); a "
+                        "compacted topic deletes messages before they are handled",
+                        self.topic, exc)
+            return
+        if "compact" in policy.split(","):
+            raise ConfigError(
+                f"kafka topic {self.topic!r} has cleanup.policy={policy}: compaction keeps "
+                "only the last record of each stream key, deleting a stream's earlier "
+                "messages handled or not; set cleanup.policy=delete (kafka-configs "
+                f"--alter --entity-type topics --entity-name {self.topic} --add-config "
+                "cleanup.policy=delete) or use another topic")
 
     def topic_gone(self, queue: int, end: int, reached: int) -> None:
         """Partition ``queue`` ends at ``end``, before the offset ``reached`` this process

@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 
 from conveyor.adapters.interning import INTERN_MAX, StreamIds
+from conveyor.adapters.kafka.aiokafka_internals import UnreadableRecord
 from conveyor.platform import letters as layout
 from conveyor.platform.errors import DecodeError
 from conveyor.platform.ids import SequenceToken, StreamId
@@ -137,18 +138,26 @@ def decode_record(record: Any, queue: int, default_ns: str,
     try:
         return record_to_message(record, queue, default_ns, topic)
     except Exception as exc:  # malformed metadata, whatever the failure: isolate it
-        return Undecodable(
-            id=_record_id(record, queue, topic),
-            stream=StreamId("", ""),
-            body=record.value if record.value is not None else b"",
-            content_type=CONTENT_BYTES,
-            enqueued_at_ms=record.timestamp if isinstance(record.timestamp, int) else 0,
-            token=SequenceToken(queue, record.offset),
-            reason=f"{type(exc).__name__}: {exc}",
-            raw_fields=tuple((name.encode(), raw) for name, raw in record.headers),
-            raw_key=record.key,
-            null_value=record.value is None,
-        )
+        return undecodable_record(record, queue, topic, f"{type(exc).__name__}: {exc}")
+
+
+def undecodable_record(record: Any, queue: int, topic: str | None, reason: str
+                       ) -> Undecodable:
+    """What a receiver delivers for a record it cannot read: key, headers and value as
+    they were (header names as text: see
+    :func:`~conveyor.adapters.kafka.aiokafka_internals.lenient_records`)."""
+    return Undecodable(
+        id=_record_id(record, queue, topic),
+        stream=StreamId("", ""),
+        body=record.value if record.value is not None else b"",
+        content_type=CONTENT_BYTES,
+        enqueued_at_ms=record.timestamp if isinstance(record.timestamp, int) else 0,
+        token=SequenceToken(queue, record.offset),
+        reason=reason,
+        raw_fields=tuple((name.encode(), raw) for name, raw in record.headers),
+        raw_key=record.key,
+        null_value=record.value is None,
+    )
 
 
 _OWN_HEADERS = frozenset({H_NAMESPACE, H_ID, H_CONTENT_TYPE, H_ENQUEUED_MS, H_ATTEMPT, H_KEY})
@@ -209,8 +218,14 @@ class RecordDecoder:
         return sid
 
     def decode(self, records: Sequence[Any]) -> list[Message]:
-        one = self.one
-        return [one(r) for r in records]
+        one, unreadable = self.one, self.unreadable
+        return [unreadable(r) if isinstance(r, UnreadableRecord) else one(r) for r in records]
+
+    def unreadable(self, record: UnreadableRecord) -> Undecodable:
+        """A record aiokafka's parser refused (a header name that is not UTF-8), as
+        :func:`~conveyor.adapters.kafka.aiokafka_internals.lenient_records` read it: undecodable."""
+        return undecodable_record(record, self._queue, self._topic,
+                                  f"DecodeError: {record.reason}")
 
     def one(self, r: Any) -> Message:
         """One record as :func:`decode_record` reads it (what a receiver's consumer
@@ -306,4 +321,10 @@ def letter_from_record(record: Any, app: str, topic: str, default_ns: str) -> De
         value=record.value, timestamp=record.timestamp,
         headers=record.headers[count:],
     )
-    return layout.letter_from_meta(values, decode_record(original, token.queue, default_ns))
+    message = decode_record(original, token.queue, default_ns)
+    if values[3] == b"Undecodable" and not isinstance(message, Undecodable):
+        # Stored with its header names escaped (a record aiokafka's parser refused):
+        # readable now, it is still not the message that was published; not replayed.
+        reason = values[4].decode("utf-8", "replace")
+        message = undecodable_record(original, token.queue, None, reason)
+    return layout.letter_from_meta(values, message)

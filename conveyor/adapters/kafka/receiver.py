@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -24,6 +23,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
 from conveyor.adapters.kafka.aiokafka_internals import (
+    RecordConverter,
     fetch_committed,
     raw_records,
     record_converters,
@@ -81,7 +81,7 @@ class KafkaReceiver(QueueReceiver):
         self.message_done_out_of_order = self._noted.append  # type: ignore[method-assign,assignment]
         self._skip: set[int] = set()
         self._decoder = RecordDecoder(queue, cluster.config.default_namespace, cluster.topic)
-        self._converters: dict[TopicPartition, Callable[[Any], Any]] = {}
+        self._converters: dict[TopicPartition, RecordConverter] = {}
         """The consumer's record converters, once this receiver's decoder is in them."""
         self._closed = False
         # Deliveries (see handoff.py): offsets up to this one were handed out by a
@@ -123,7 +123,7 @@ class KafkaReceiver(QueueReceiver):
                 consumer = self._consumer
                 # Its records come decoded out of the fetch (aiokafka_internals).
                 converters = record_converters(consumer)
-                converters[self._tp] = self._decoder.one
+                converters[self._tp] = self._decoder
                 self._converters = converters
                 committed = await fetch_committed(consumer, self._tp)
                 if committed is None:
@@ -309,7 +309,7 @@ class KafkaReceiver(QueueReceiver):
         if self._closed:
             return
         self._closed = True
-        if self._converters.get(self._tp) == self._decoder.one:  # not a successor's
+        if self._converters.get(self._tp) is self._decoder:  # not a successor's
             del self._converters[self._tp]
         if self._shared is None and self._consumer is not None:
             with contextlib.suppress(Exception):

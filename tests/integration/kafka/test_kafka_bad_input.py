@@ -123,3 +123,68 @@ async def test_a_letter_too_large_for_the_broker_is_stored_shorter_and_the_queue
     assert letter.form == "bare" and letter.message.body == b""
     assert "refused: xxx" in letter.error and "MessageSizeTooLargeError" in letter.error
     assert letter.message.stream.namespace == "big" and letter.message.token is not None
+
+
+class _RawName(str):
+    """A header name the pure-Python batch builder writes as ``raw`` (not UTF-8), as
+    librdkafka or kcat may write one."""
+
+    raw = b""
+
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:  # type: ignore[override]
+        return self.raw
+
+
+def raw_name_writer(config: Config, monkeypatch: Any) -> Any:
+    """Writes a case's fields as headers, names byte for byte (aiokafka's C builder
+    would encode a name as UTF-8; its pure-Python one calls the name's ``encode``)."""
+    import aiokafka.producer.message_accumulator as accumulator
+    import aiokafka.producer.producer as aioproducer
+    from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
+
+    async def write(queue: int, case: Case, key: str) -> None:
+        headers = []
+        for name, value in case_fields(case, key):
+            text = _RawName("x")
+            text.raw = name
+            headers.append((text, value))
+        with monkeypatch.context() as patch:
+            for module in (accumulator, aioproducer):
+                patch.setattr(module, "DefaultRecordBatchBuilder", _DefaultRecordBatchBuilderPy)
+            producer = AIOKafkaProducer(bootstrap_servers=config.kafka.bootstrap)
+            await producer.start()
+            try:
+                await producer.send_and_wait(config.kafka.topic, case.body, key=key.encode(),
+                                             partition=queue, headers=headers)
+            finally:
+                await producer.stop()
+
+    return write
+
+
+async def test_a_header_name_not_utf8_is_dead_lettered_and_its_partition_flows(
+    tansu: Tansu, topic: str, monkeypatch: Any,
+) -> None:
+    # aiokafka's parser decodes header names as UTF-8: such a record failed every fetch
+    # of its partition (an error logged twice a second, everything behind it stuck).
+    config = kafka_config(tansu.bootstrap, topic, queues={"total": 2})
+    cases = [Case("name-not-utf8", (NS, (b"\xff\xfe", b"v"))),
+             Case("first-name-not-utf8", ((b"\xc3\x28", b"v"), NS))]
+    out = await run_cases(config, cases, raw_name_writer(config, monkeypatch))
+    assert sorted(out.probe.handled) == sorted(out.published)
+    assert len(out.probe.handled) == len(set(out.probe.handled))
+    adapter = create_adapter("kafka", config)
+    try:
+        letters = await adapter.dead_letters.read(APP, limit=1000)
+        assert [await adapter.lag(q, APP) for q in range(2)] == [0, 0]
+    finally:
+        await adapter.close()
+    found = letters_by_case(letters)
+    assert sorted(found) == ["first-name-not-utf8", "name-not-utf8"]
+    for case in cases:
+        msg = found[case.name].message
+        assert isinstance(msg, Undecodable) and msg.body == case.body
+        assert "not UTF-8" in msg.reason and found[case.name].error_type == "Undecodable"
+        escaped = [(n.decode("utf-8", "backslashreplace").encode(), v)
+                   for n, v in case_fields(case, out.key)]
+        assert list(msg.raw_fields) == escaped  # the names escaped (\xff), values as written

@@ -93,6 +93,28 @@ async def test_a_topic_with_more_partitions_than_queues_is_refused_at_start(
         await publish(config, "refused", 1)
 
 
+async def test_a_compacted_topic_is_refused_at_start_and_to_a_producer(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    # Compaction keeps the last record of each key, a stream's key: the stream's earlier
+    # messages would be deleted, handled or not. It was accepted without a word.
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, QUEUES, 1, topic_configs={
+            "cleanup.policy": "compact"})])
+    finally:
+        await admin.close()
+    config = config_file(tansu, topic, tmp_path)
+    status, stderr = exited(worker(config, tmp_path / "out.txt", f"compact-{topic}"), 30)
+    assert status == 2, stderr
+    assert stderr.splitlines()[-1].startswith(
+        f"conveyor: error: config: kafka topic {topic!r} has cleanup.policy=compact: "
+        "compaction keeps only the last record of each stream key"), stderr
+    with pytest.raises(ConfigError, match=r"cleanup\.policy=delete"):  # a producer too
+        await publish(config, "refused", 1)
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=30)
