@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until_sync
-from tests.servers import RedisServer
+from tests.servers import RedisServer, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -220,3 +220,32 @@ def test_the_redis_tour_handles_what_each_recipe_publishes_once(
         assert_matches(daemon.interrupt(), worker.output)
     finally:
         daemon.kill()
+
+
+@pytest.mark.redis
+def test_on_a_redis_that_keeps_nothing_the_worker_adds_only_the_warning_the_readme_names(
+    tmp_path: Path,
+) -> None:
+    # The README's worker block is shown against a Redis that persists (compose's AOF,
+    # Debian's snapshots); on one with `save ""` and `appendonly no` the README says the
+    # worker's first line is a warning, and quotes it.
+    quoted = "keeps no data across a restart"
+    assert f"redis at redis://127.0.0.1:6379/0 {quoted}" in README.read_text().replace("\n", " ")
+    server = start_redis(tmp_path / "redis", aof=False)
+    try:
+        blocks = tour_blocks()
+        (tmp_path / "shop.py").write_text(blocks["shop.py"])
+        shell = Shell(tmp_path, {"CONVEYOR_REDIS__URL": server.url})
+        [worker] = console(blocks["redis-worker"])
+        daemon = shell.start(worker.command)
+        try:
+            daemon.wait_for(1, "the startup hook's order handled")
+            first, *rest = daemon.interrupt()
+        finally:
+            daemon.kill()
+        assert quoted in first and " WARNING conveyor.redis: " in first
+        # Without the other shells' orders: the startup hook's order alone.
+        ready, hooks_order, *_, drained = [x for x in worker.output if x != "^C"]
+        assert_matches(rest, [ready, hooks_order, re.sub(r"=6\b", "=1", drained)])
+    finally:
+        server.stop()
