@@ -45,6 +45,7 @@ def demo(
       conveyor demo
       conveyor demo --messages 100000 --poison 5 --work-ms 2
     """
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from conveyor.examples.demo import not_embedded, run_demo
@@ -56,10 +57,14 @@ def demo(
     if problem:
         raise click.UsageError(f"--config: {problem}")
     logging.getLogger("conveyor.runtime").setLevel(logging.ERROR)  # poison is expected here
+    # The bar is for a terminal, on stderr: stdout is the summary line alone, so that
+    # `conveyor demo > out` or `| tail -1` gets that line and no bar's blank line.
+    bar_console = Console(stderr=True)
     try:
         with Progress(
             "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), transient=True,
+            TimeElapsedColumn(), transient=True, console=bar_console,
+            disable=not bar_console.is_terminal,
         ) as progress:
             task = progress.add_task("handling", total=messages)
             result = asyncio.run(
