@@ -93,7 +93,7 @@ def as_cli_error(exc: BaseException) -> CliError | None:
     if isinstance(exc, click.UsageError):
         message = " ".join(exc.format_message().split()).rstrip(".")
         if exc.ctx is not None:
-            message += f" (see '{exc.ctx.command_path} --help')"
+            message += _main_option_hint(exc) or f" (see '{exc.ctx.command_path} --help')"
         return CliUsageError(message)
     if isinstance(exc, click.ClickException):
         return (CliUsageError if exc.exit_code == USAGE_ERROR else CliError)(
@@ -105,6 +105,20 @@ def as_cli_error(exc: BaseException) -> CliError | None:
     if isinstance(exc, ConveyorError):
         return CliError(str(exc))
     return None
+
+
+def _main_option_hint(exc: click.UsageError) -> str:
+    """For an option of the main command given after a subcommand (``conveyor worker
+    --log-level warning …``, a common slip): where it goes instead; else ``""``."""
+    ctx = exc.ctx
+    if not isinstance(exc, click.NoSuchOption) or ctx is None or ctx.parent is None:
+        return ""
+    root = ctx.find_root()
+    if not any(exc.option_name in p.opts for p in root.command.params):
+        return ""
+    under = ctx.command_path.removeprefix(root.command_path).strip()
+    return (f": {exc.option_name} is {root.command_path}'s own option, so it goes before"
+            f" the command ('{root.command_path} {exc.option_name} … {under} …')")
 
 
 SECTIONS = {

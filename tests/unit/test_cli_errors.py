@@ -130,3 +130,23 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130_not_clicks_aborted() -> No
     result = invoke_raising("publish", KeyboardInterrupt())
     assert (result.exit_code, result.stderr, result.stdout) == (
         INTERRUPTED, "conveyor: interrupted\n", "")
+
+
+@pytest.mark.parametrize("argv", [["worker", "--log-level", "warning", "shop:app"],
+                                  ["dlq", "list", "--log-level", "debug"]])
+def test_the_main_commands_option_after_a_subcommand_says_it_goes_before(
+    argv: list[str],
+) -> None:
+    result = CliRunner().invoke(main, argv, prog_name="conveyor")
+    under = " ".join(argv[: argv.index("--log-level")])
+    assert (result.exit_code, result.stdout) == (USAGE_ERROR, "")
+    assert result.stderr == (
+        "conveyor: error: No such option '--log-level': --log-level is conveyor's own "
+        f"option, so it goes before the command ('conveyor --log-level … {under} …')\n")
+
+
+def test_an_unknown_option_of_a_subcommand_still_points_at_its_help() -> None:
+    result = CliRunner().invoke(main, ["worker", "--confg", "x"], prog_name="conveyor")
+    assert result.exit_code == USAGE_ERROR
+    assert result.stderr == ("conveyor: error: No such option '--confg'. Did you mean "
+                             "'--config'? (see 'conveyor worker --help')\n")
