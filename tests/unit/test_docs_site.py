@@ -4,6 +4,7 @@ setting the code has, and the README stays a short front page."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,36 @@ def test_a_marker_above_a_code_block_gets_a_blank_line_so_the_fence_stays_a_fenc
 
 def test_the_readme_is_a_short_front_page() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 350
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but ``-`` and ``_``
+    dropped, each space a ``-`` (``--x`` stays ``--x``, where the site's slug squeezes it)."""
+    text = re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower())
+    return text.replace(" ", "-")
+
+
+def site_slug(heading: str) -> str:
+    """The anchor the site's toc extension gives it (Python-Markdown's default slugify)."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "").strip().lower())
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_the_readmes_links_into_docs_land_on_their_heading_on_github_and_on_the_site() -> None:
+    # The README is read on GitHub, and its tour on the site: an anchor must be both
+    # slugs at once (a heading with `--processes` in it was one of them only).
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\((docs/[\w-]+\.md)#([^)\s]+)\)", readme)
+    assert len(links) >= 8
+    wrong = []
+    for page, anchor in links:
+        headings = re.findall(r"^#{1,6} (.+)$", (ROOT / page).read_text(), re.MULTILINE)
+        if not any(github_slug(h) == site_slug(h) == anchor for h in headings):
+            wrong.append(f"{page}#{anchor}")
+    assert wrong == []
+
+
+def test_the_slugs_differ_where_github_keeps_a_double_hyphen() -> None:
+    heading = "More processes on lag: `conveyor worker --processes MIN:MAX`"
+    assert github_slug(heading) == "more-processes-on-lag-conveyor-worker---processes-minmax"
+    assert site_slug(heading) == "more-processes-on-lag-conveyor-worker-processes-minmax"
