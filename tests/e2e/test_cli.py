@@ -270,6 +270,9 @@ def test_demo_prints_a_computed_summary() -> None:
         r"published=3000 handled=2997 dead_lettered=3 duplicates=0 lost=0 elapsed_s=[\d.]+\n",
         result.stdout,
     ), result.stdout
+    # The README: one warning names the first dead letter; the others are only counted.
+    warnings = [x for x in result.stderr.splitlines() if " WARNING " in x]
+    assert len(warnings) == 1 and "dead-lettering message" in warnings[0], result.stderr
 
 
 def test_bench_throughput_prints_comparable_json() -> None:
