@@ -301,21 +301,23 @@ return 0
 # Membership: KEYS members zset (id -> expiry, server clock), info hash (id -> json),
 # view version counter. The version grows whenever the set of ids changes (a join, a
 # leave, a lapse) and never on a heartbeat, so a daemon can poll it for a few bytes
-# instead of reading every record. Every script first drops lapsed members.
+# instead of reading every record. Every script first drops lapsed members. The counter
+# is seeded (from the server's clock) only where it is about to change: a read of an app
+# nobody runs (``conveyor status --app TYPO``) leaves no key behind, and reads 0.
 _PRUNE = _SEEDED + """
-seeded(KEYS[3])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   redis.call('HDEL', KEYS[2], unpack(gone))
-  redis.call('INCR', KEYS[3])
+  redis.call('INCR', seeded(KEYS[3]))
 end
 """
 
 # ARGV: id, info json, ttl ms ('' = leave).
 MEMBER_PUT = _PRUNE + """
+seeded(KEYS[3])
 if ARGV[3] == '' then
   if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('INCR', KEYS[3]) end
   redis.call('HDEL', KEYS[2], ARGV[1])

@@ -430,6 +430,26 @@ async def test_lag_after_a_rewind_is_known_and_counted_without_shipping_entries(
     assert await bytes_sent() - before < 50_000
 
 
+async def test_reading_the_members_of_an_app_nobody_runs_writes_nothing(
+    redis_server: RedisServer,
+) -> None:
+    """``conveyor status --app TYPO`` read the membership through scripts that seeded
+    its version counter, leaving a key behind for an app that never ran. Reads now
+    write nothing there; the first join seeds it, and a reader that saw 0 sees it move."""
+    config = config_for(redis_server)
+    reader, _ = redis_coordination(config, "typo")
+    client = redis_server.client()
+    assert (await reader.members(), await reader.member_ids(), await reader.version()) == (
+        [], [], 0)
+    assert client.keys("*") == []
+    joiner, _ = redis_coordination(config, "typo")
+    await joiner.join(MemberInfo(id="m-1", host="h", pid=1, started_at=0.0))
+    assert await reader.version() > 0
+    assert [m.id for m in await reader.members()] == ["m-1"]
+    assert sorted(client.keys("*")) == [b"t:app:typo:member-info", b"t:app:typo:members",
+                                        b"t:app:typo:members-version"]
+
+
 async def test_membership_is_one_ordered_view_and_dead_members_lapse(
     redis_server: RedisServer,
 ) -> None:
@@ -455,10 +475,12 @@ async def test_the_membership_version_moves_on_joins_leaves_and_lapses_never_on_
     config = config_for(redis_server, member_ttl_s=0.5, heartbeat_interval_s=0.1)
     a, _ = redis_coordination(config, "shop")
     b, _ = redis_coordination(config, "shop")
-    start = await a.version()
+    assert await a.version() == 0  # nobody joined yet: nothing stored, nothing seeded
     await a.join(MemberInfo(id="m-b", host="h", pid=1, started_at=0.0))
     joined = await b.version()
-    assert joined == start + 1
+    assert joined > time.time() * 1000 - 60_000  # seeded from the server's clock, moved
+    await a.join(MemberInfo(id="m-b", host="h", pid=1, started_at=0.0))
+    assert await b.version() == joined  # the same id again: the view did not change
     await b.heartbeat(MemberInfo(id="m-a", host="h", pid=2, started_at=0.0, stats={"x": 1.0}))
     assert await a.version() == joined + 1  # a new id, written once
     await a.heartbeat(MemberInfo(id="m-b", host="h", pid=1, started_at=0.0, stats={"x": 2.0}))
