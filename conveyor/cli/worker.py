@@ -44,11 +44,12 @@ def worker(
 ) -> None:
     """Run an app's worker daemon until SIGINT/SIGTERM, then drain.
 
-    APP_PATH is MODULE:ATTR or FILE.py:ATTR. It prints `conveyor: worker ID ready` once
-    started. On a signal it drains: stops pulling, finishes in-flight messages within
-    the drain timeout, acknowledges them, releases its queues, prints `conveyor:
-    drained ...` (what it pulled, acknowledged, handled...) and exits 0. With
-    --processes the same two lines cover all its processes.
+    APP_PATH is MODULE:ATTR or FILE.py:ATTR (ATTR: `app` if left out). It prints
+    `conveyor: worker ID ready` once started. On a signal it drains: stops pulling,
+    finishes in-flight messages within the drain timeout, acknowledges them, releases
+    its queues, prints `conveyor: drained ...` (what it pulled, acknowledged,
+    handled...) and exits 0. With --processes the same two lines cover all its
+    processes.
 
     Exit status: 0 after a drain; 2 for a bad argument or config, or an APP_PATH that
     cannot be imported (a missing module, or an app file that fails at import: a syntax
