@@ -189,13 +189,9 @@ class TestWorker:
         letters = [r for r in self._observations.sorted_records(looked)
                    if r.outcome is Outcome.DEAD_LETTERED]
         if letters:
-            cause = next((r.error for r in letters if r.error is not None), None)
-            raise DeadLettersFound(
-                f"{len(letters)} message(s) dead-lettered that the test never looked at "
-                "(it ended without a settle() that reported them; settle(raise_on_dead_"
-                "letters=False) and dead_lettered() if it expects them):\n"
-                + report(letters), letters,
-            ) from cause
+            _dead_letters_found(letters, "that the test never looked at (it ended without "
+                                "a settle() that reported them; settle(raise_on_dead_"
+                                "letters=False) and dead_lettered() if it expects them)")
 
     @property
     def daemon(self) -> WorkerDaemon:
@@ -301,11 +297,8 @@ class TestWorker:
         self._settled = self._looked = len(self._observations.records)
         letters = [r for r in new if r.outcome is Outcome.DEAD_LETTERED]
         if letters and raise_on_dead_letters:
-            cause = next((r.error for r in letters if r.error is not None), None)
-            raise DeadLettersFound(
-                f"{len(letters)} message(s) dead-lettered (settle(raise_on_dead_letters="
-                "False) if the test expects that):\n" + report(letters), letters,
-            ) from cause
+            _dead_letters_found(letters, "(settle(raise_on_dead_letters=False) if the test "
+                                "expects that)")
         return new
 
     def _not_settled(self, timeout: float) -> NoReturn:
@@ -456,6 +449,14 @@ class TestWorker:
     def report(self, *, tracebacks: bool = False) -> str:
         """Every record, one line each (with ``tracebacks``, each failed call's below)."""
         return report(self.records, tracebacks=tracebacks)
+
+
+def _dead_letters_found(letters: list[Record], why: str) -> NoReturn:
+    """Raise :class:`DeadLettersFound` for ``letters``, caused by the first failure."""
+    __tracebackhide__ = True
+    cause = next((r.error for r in letters if r.error is not None), None)
+    raise DeadLettersFound(f"{len(letters)} message(s) dead-lettered {why}:\n"
+                           + report(letters), letters) from cause
 
 
 def _named(message: Message) -> str:

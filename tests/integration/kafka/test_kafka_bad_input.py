@@ -8,17 +8,19 @@ replayed by a restart.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from conveyor.backends import create_adapter
 from conveyor.platform.config import Config
-from conveyor.platform.message import Undecodable
+from conveyor.platform.message import DeadLetter, Undecodable
 from tests.bad_input import (
     APP,
     KEY,
     Case,
+    Outcome,
     assert_cases_dead_lettered,
     case_fields,
     letters_by_case,
@@ -62,20 +64,30 @@ def producer_writer(config: Config) -> Any:
     return write
 
 
-async def test_every_malformed_record_is_dead_lettered_and_its_neighbours_are_handled(
-    tansu: Tansu, topic: str,
-) -> None:
-    config = kafka_config(tansu.bootstrap, topic, queues={"total": 2})
-    out = await run_cases(config, CASES, producer_writer(config))
+async def handled_once_and_lettered(config: Config, cases: Sequence[Case],
+                                   write: Any) -> tuple[Outcome, list[DeadLetter]]:
+    """``cases`` written between well-formed messages and a worker run over them: every
+    well-formed message handled exactly once (no duplicate allowed: nothing fails or
+    moves), the committed watermark past every record of both partitions; the run's
+    outcome and the dead letters stored."""
+    out = await run_cases(config, cases, write)
     assert sorted(out.probe.handled) == sorted(out.published)
     assert len(out.probe.handled) == len(set(out.probe.handled))
     adapter = create_adapter("kafka", config)
     try:
         letters = await adapter.dead_letters.read(APP, limit=1000)
-        # the committed watermark covers every record of every partition
-        assert [await adapter.lag(q, APP) for q in range(2)] == [0, 0]
+        lag = [await adapter.lag(q, APP) for q in range(2)]
     finally:
         await adapter.close()
+    assert lag == [0, 0]
+    return out, letters
+
+
+async def test_every_malformed_record_is_dead_lettered_and_its_neighbours_are_handled(
+    tansu: Tansu, topic: str,
+) -> None:
+    config = kafka_config(tansu.bootstrap, topic, queues={"total": 2})
+    out, letters = await handled_once_and_lettered(config, CASES, producer_writer(config))
     assert_cases_dead_lettered(letters, CASES, out.key)
     stored = letters_by_case(letters)["key-not-utf8"].message
     assert isinstance(stored, Undecodable) and stored.raw_key == b"\xff\xfe"
@@ -170,15 +182,8 @@ async def test_a_header_name_not_utf8_is_dead_lettered_and_its_partition_flows(
     config = kafka_config(tansu.bootstrap, topic, queues={"total": 2})
     cases = [Case("name-not-utf8", (NS, (b"\xff\xfe", b"v"))),
              Case("first-name-not-utf8", ((b"\xc3\x28", b"v"), NS))]
-    out = await run_cases(config, cases, raw_name_writer(config, monkeypatch))
-    assert sorted(out.probe.handled) == sorted(out.published)
-    assert len(out.probe.handled) == len(set(out.probe.handled))
-    adapter = create_adapter("kafka", config)
-    try:
-        letters = await adapter.dead_letters.read(APP, limit=1000)
-        assert [await adapter.lag(q, APP) for q in range(2)] == [0, 0]
-    finally:
-        await adapter.close()
+    out, letters = await handled_once_and_lettered(config, cases,
+                                                   raw_name_writer(config, monkeypatch))
     found = letters_by_case(letters)
     assert sorted(found) == ["first-name-not-utf8", "name-not-utf8"]
     for case in cases:
