@@ -127,15 +127,16 @@ def wait_split(server: Server, ws: list[Worker], timeout_s: float = 30) -> None:
 def run_under_way(
     server: Server, workers: list[Worker], tmp: Path, *, daemons: int, work_ms: float,
     n: int, streams: int, handled: int, slots: int, cache: int | None = None,
-    fast_leases: bool = False,
+    fast_leases: bool = False, env: dict[str, str] | None = None,
 ) -> tuple[Path, list[Worker]]:
     """Start ``daemons`` workers, wait for their split, publish, and wait for ``handled``
-    (with ``fast_leases``: :data:`FAST_LEASES` and :data:`FAST_MEMBERS`)."""
+    (with ``fast_leases``: :data:`FAST_LEASES` and :data:`FAST_MEMBERS`; ``env`` goes to
+    each worker's environment)."""
     worker: dict[str, object] = {} if cache is None else {"cache_capacity": cache}
     leases: dict[str, dict[str, object]] = (
         {"balancer": FAST_LEASES, "redis": FAST_MEMBERS} if fast_leases else {})
     cfg = config_for(server, tmp / "c.toml", worker=worker, slots={"count": slots}, **leases)
-    ws = start(workers, tmp, cfg, daemons, work_ms=work_ms)
+    ws = start(workers, tmp, cfg, daemons, work_ms=work_ms, env=env)
     wait_split(server, ws)
     publish(cfg, n, streams)
     wait_file_lines([w.record for w in ws], handled, 60, "the run to be under way")
@@ -202,13 +203,18 @@ def test_graceful_scale_out_and_in_lose_and_duplicate_nothing(
     target: Server, workers: list[Worker], tmp_path: Path
 ) -> None:
     redis_server = target
-    # Each worker handles at most slots/work = 16 / 5 ms = 3,200 msgs/s, so 30,000
-    # messages keep the queues busy through both hand-offs (checked, not assumed).
+    # Both hand-offs must move live work. Left to its pace (16 slots / 5 ms = 3,200
+    # msgs/s a worker) the backlog could drain while the joiner starts on a loaded
+    # machine, so once the run is under way each message takes another 50 ms (the
+    # recorder's slow file: 640 msgs/s for two workers) until both hand-offs are seen.
     n, streams = 30_000, 300
+    slow = tmp_path / "slow"
+    env = {"CONVEYOR_TEST_SLOW_WHILE": str(slow)}
     cfg, first = run_under_way(redis_server, workers, tmp_path, daemons=2, work_ms=5, n=n,
-                               streams=streams, handled=3_000, slots=16)
+                               streams=streams, handled=3_000, slots=16, env=env)
+    slow.touch()
     assert outstanding(redis_server) > 0, "nothing left to hand over when the joiner starts"
-    [joiner] = start(workers, tmp_path, cfg, 1, work_ms=5)  # scale out
+    [joiner] = start(workers, tmp_path, cfg, 1, work_ms=5, env=env)  # scale out
     wait_split(redis_server, [*first, joiner])
     joined = member_of(joiner, owners(redis_server))
     leaver = first[0]
@@ -217,6 +223,7 @@ def test_graceful_scale_out_and_in_lose_and_duplicate_nothing(
     assert outstanding(redis_server, leaving) > 0, "nothing left to hand over at the stop"
     assert leaver.stop() == 0  # scale in, gracefully
     assert "abandoned=0" in leaver.stderr
+    slow.unlink()
     records = [w.record for w in workers]
     wait_until_sync(lambda: len({r[5] for r in read_records(records)}) >= n, 90,
                     "every message to be handled")
