@@ -27,7 +27,12 @@ message's token, and what arrived for its queues meanwhile is dispatched. So:
 * a call cancelled before its round left is not sent; once sent, cancelling does not
   take it back. A send or dispatch that is itself cancelled (the event loop's tasks
   cancelled, on Ctrl-C) cancels the calls it held and those waiting;
-* :meth:`close` waits until every waiting message is sent (or has failed).
+* :meth:`close` waits until every waiting message is sent (or has failed), except a
+  send none of whose calls is still waiting: every one was cancelled after the round
+  left (a timeout around ``publish``; Ctrl-C in a :class:`~conveyor.SyncClient`, whose
+  close would otherwise sit out the send's retries, ``retry_max_s``). Nobody is left
+  to learn what it stored, so it is cancelled: its messages may or may not be stored,
+  as they may be for any cancelled call.
 """
 
 from __future__ import annotations
@@ -70,7 +75,10 @@ class PublishCoalescer:
         """Queues with a send on its way."""
         self._scheduled: asyncio.Task[None] | None = None
         """The dispatch to come, if one is scheduled."""
-        self._sends: set[asyncio.Task[None]] = set()
+        self._sends: dict[asyncio.Task[None], dict[int, _Waiting]] = {}
+        """The sends on their way, each with its round."""
+        self._abandoned: set[asyncio.Task[None]] = set()
+        """Sends cancelled by :meth:`close` because no call waits for them."""
         self._closed = False
 
     def submit(self, queue: int, msg: Message) -> asyncio.Future[SequenceToken]:
@@ -117,8 +125,12 @@ class PublishCoalescer:
         for part in [round_] if self._together else [{q: b} for q, b in round_.items()]:
             self._in_flight.update(part)
             task = asyncio.create_task(self._send_round(part), name="conveyor-publish-send")
-            self._sends.add(task)
-            task.add_done_callback(self._sends.discard)
+            self._sends[task] = part
+            task.add_done_callback(self._send_done)
+
+    def _send_done(self, task: asyncio.Task[None]) -> None:
+        del self._sends[task]
+        self._abandoned.discard(task)
 
     async def _send_round(self, round_: dict[int, _Waiting]) -> None:
         try:
@@ -132,7 +144,12 @@ class PublishCoalescer:
                 for _, future in batch:
                     future.cancel()
             self._in_flight.difference_update(round_)
-            self._cancel_waiting()
+            current = asyncio.current_task()
+            if current is not None and current in self._abandoned:  # by close(): the
+                if self._scheduled is None and self._waiting:  # others' calls still go
+                    self._dispatch()
+            else:
+                self._cancel_waiting()
             raise
         self._in_flight.difference_update(round_)
         for queue, batch in round_.items():
@@ -164,9 +181,16 @@ class PublishCoalescer:
                     future.set_result(token)
 
     async def close(self) -> None:
-        """Refuse new calls; return when every waiting message is sent or has failed."""
+        """Refuse new calls; return when every waiting message is sent or has failed. A
+        send whose calls were all cancelled is cancelled, not waited for (module
+        docstring)."""
         self._closed = True
         while self._scheduled is not None or self._sends:
+            for task, round_ in self._sends.items():
+                if task not in self._abandoned and all(
+                        future.cancelled() for batch in round_.values() for _, future in batch):
+                    self._abandoned.add(task)
+                    task.cancel()
             await asyncio.wait({*self._sends, *([self._scheduled] if self._scheduled else [])})
 
 

@@ -15,6 +15,7 @@ from conveyor.platform.errors import BrokerConnectionError, BrokerError, Shutdow
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import Message
+from tests.conftest import wait_until
 
 QUEUES = 4
 
@@ -241,3 +242,54 @@ async def test_a_dispatch_cancelled_before_it_ran_cancels_its_calls_and_close_re
     async with asyncio.timeout(5):
         await client.close()
     assert adapter.rounds == [] and stored(adapter) == []
+
+
+async def test_close_cancels_a_send_whose_calls_all_went_and_sends_the_rest(
+    adapter: CountingAdapter,
+) -> None:
+    """A send stuck on its queue (a broker that stopped answering) whose one call was
+    cancelled (a timeout; Ctrl-C in a SyncClient): close() cancels it instead of sitting
+    out its retries, and still sends the call waiting behind it on that queue and the
+    other queues' calls."""
+    adapter.publishes_queues_together = False
+    client = client_of(adapter)
+    keys = [f"k{j}" for j in range(40)]
+    slow = client.queue_for("n", keys[0])
+    other = next(k for k in keys if client.queue_for("n", k) != slow)
+    adapter.slow = {slow}
+    gone = asyncio.ensure_future(client.publish("n", keys[0], b"1"))
+    await asyncio.sleep(0.01)  # its send is on its way, stuck
+    assert not gone.done() and adapter.sends == [1]
+    behind = asyncio.ensure_future(client.publish("n", keys[0], b"2"))
+    elsewhere = asyncio.ensure_future(client.publish("n", other, b"3"))
+    gone.cancel()
+    closing = asyncio.ensure_future(client.close())
+    await wait_until(lambda: len(adapter.sends) == 3 and elsewhere.done(), 5, 0.001,
+                     "the stuck send cancelled and the calls behind it sent")
+    adapter.release.set()  # the broker answers again: the call behind goes through
+    async with asyncio.timeout(5):
+        await closing
+    assert gone.cancelled()
+    assert isinstance(behind.result(), SequenceToken)
+    assert isinstance(elsewhere.result(), SequenceToken)
+    assert sorted(stored(adapter)) == [(keys[0], 2), (other, 3)]
+
+
+async def test_close_waits_for_a_send_one_of_whose_calls_still_waits(
+    adapter: CountingAdapter,
+) -> None:
+    client = client_of(adapter)
+    adapter.slow = set(range(QUEUES))
+    gone = asyncio.ensure_future(client.publish("n", "k", b"1"))
+    kept = asyncio.ensure_future(client.publish("n", "k", b"2"))
+    await asyncio.sleep(0.01)  # one round with both calls, stuck
+    assert adapter.sends == [2]
+    gone.cancel()
+    closing = asyncio.ensure_future(client.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done(), "close() gave up a send a call still waits for"
+    adapter.release.set()
+    async with asyncio.timeout(5):
+        await closing
+    assert isinstance(kept.result(), SequenceToken)
+    assert stored(adapter) == [("k", 1), ("k", 2)]  # sent: cancelling does not unsend
