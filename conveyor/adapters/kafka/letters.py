@@ -38,6 +38,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
 
+from conveyor.adapters.kafka.aiokafka_internals import raw_records
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.codec import letter_record
 from conveyor.adapters.kafka.connection import broker_error, kafka_errors, start_client
@@ -124,8 +125,15 @@ class KafkaDeadLetters(DeadLetters):
 
     # -- reading -------------------------------------------------------------------------
     async def _reader(self) -> AIOKafkaConsumer:
+        """The consumer that reads the letters, the ops and replayed messages back: its
+        records come as the batch holds them (``offset``, ``key``, ``value``,
+        ``headers``, no topic or partition), and a record whose header names are not
+        UTF-8 — which aiokafka's parser fails on, every fetch — as an
+        :class:`~conveyor.adapters.kafka.aiokafka_internals.UnreadableRecord`, the
+        batch's others as usual (:func:`~conveyor.adapters.kafka.aiokafka_internals.raw_records`,
+        as a receiver reads its queue)."""
         if self._consumer is None:
-            consumer = self.cluster.new_consumer(None)
+            consumer = self.cluster.new_consumer(None, **raw_records())
             await start_client(consumer, "connecting a dead-letter reader")
             self._consumer = consumer
         return self._consumer
@@ -194,9 +202,9 @@ class KafkaDeadLetters(DeadLetters):
             await producer.send_and_wait(self.ops_topic, _encode(op), key=group.encode(),
                                          partition=0)
 
-    def _letter(self, record: Any, group: str) -> StoredLetter | None:
+    def _letter(self, partition: int, record: Any, group: str) -> StoredLetter | None:
         letter = self._read_letter(record, group)
-        return None if letter is None else StoredLetter(f"{record.partition}:{record.offset}",
+        return None if letter is None else StoredLetter(f"{partition}:{record.offset}",
                                                         letter)
 
     # -- the port --------------------------------------------------------------------------
@@ -232,7 +240,7 @@ class KafkaDeadLetters(DeadLetters):
         tp = TopicPartition(self.cluster.dlq_topic, 0)
         async for batch in self._records(tp, start, await self._high(tp)):
             for record in batch:
-                stored = self._letter(record, group)
+                stored = self._letter(0, record, group)
                 if stored is not None and stored.id not in removed:
                     out.append(stored)
                     if len(out) >= limit:
@@ -251,7 +259,7 @@ class KafkaDeadLetters(DeadLetters):
         async for batch in self._records(tp, offset, offset + 1):
             for record in batch:
                 if record.offset == offset:
-                    return self._letter(record, group)
+                    return self._letter(partition, record, group)
         return None
 
     async def count(self, group: str) -> int:
@@ -312,7 +320,7 @@ class KafkaDeadLetters(DeadLetters):
         async for batch in self._records(tp, min(offsets), end):
             for record in batch:
                 letter_id = f"0:{record.offset}"
-                if letter_id in wanted and self._letter(record, group) is not None:
+                if letter_id in wanted and self._letter(0, record, group) is not None:
                     found.add(letter_id)
         return found
 
