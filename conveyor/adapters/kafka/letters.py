@@ -149,18 +149,29 @@ class KafkaDeadLetters(DeadLetters):
                 return True
         return False
 
-    async def _high(self, tp: TopicPartition) -> int:
+    async def _on(self, tp: TopicPartition) -> AIOKafkaConsumer:
+        """The reader, assigned ``tp`` alone. Assigned again only when it reads another
+        partition: aiokafka's fetcher, stopped while it takes in a new assignment, can
+        swallow the stop and fetch on for good (``consumer.stop()`` never returns), and
+        a re-assignment followed by no read — a range of no records, an empty topic —
+        then a close, hit that every other time."""
         consumer = await self._reader()
-        with kafka_errors(f"reading the end of {tp.topic}"):
+        if consumer.assignment() != {tp}:
             consumer.assign([tp])
+        return consumer
+
+    async def _high(self, tp: TopicPartition) -> int:
+        with kafka_errors(f"reading the end of {tp.topic}"):
+            consumer = await self._on(tp)
             return await self.cluster.high_watermark(consumer, tp, 0)
 
     async def _records(self, tp: TopicPartition, start: int, end: int) -> AsyncIterator[list[Any]]:
         """Batches of the records of ``tp`` from ``start`` up to ``end`` (exclusive)."""
-        consumer = await self._reader()
+        if start >= end:
+            return
         loop = asyncio.get_running_loop()
         with kafka_errors(f"reading {tp.topic}"):
-            consumer.assign([tp])
+            consumer = await self._on(tp)
             consumer.seek(tp, start)
             position, stalled_at = start, loop.time()
             while position < end:
