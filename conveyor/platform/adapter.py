@@ -410,8 +410,9 @@ class QueueAdapter(ABC):
         """Release connections. Receivers must have been shut down first."""
 
     async def check_server(self) -> None:  # noqa: B027 - optional hook
-        """Refuse a broker set up to delete messages (Redis: an eviction policy) with a
-        :class:`ConfigError` naming the setting that accepts the risk, and log a warning
+        """Refuse a broker set up to delete messages (Redis: an eviction policy; Kafka: a
+        compacted dead-letter topic) with a :class:`ConfigError` naming the setting (and
+        what accepts the risk, where something does), and log a warning
         for one set up to lose them on a restart (Redis: no persistence), which is not
         refused. One attempt: a broker that does not answer raises
         ``BrokerConnectionError`` (check again later). A daemon calls it at start; an

@@ -110,7 +110,7 @@ class KafkaDeadLetters(DeadLetters):
         self.cluster = cluster
         self._read_letter = read_letter
         self._publish = publish
-        self.ops_topic = f"{cluster.topic}.conveyor-dlq-ops"
+        self.ops_topic = cluster.dlq_ops_topic
         self._ops: dict[str, _Ops] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._ops_ready = False
