@@ -58,12 +58,16 @@ def _load(config_path: Path | None) -> Config:
     return config
 
 
-def _run(config: Config, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
-    """Run ``work(adapter)`` on a fresh adapter; bad input exits 2, a failure 1."""
+def _run(config: Config, group: str, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
+    """Run ``work(adapter)`` on a fresh adapter, after a warning for each fault of the
+    app's dead-letter store (a Redis key of another type, a compacted Kafka topic: the
+    command goes on, reading it as empty or as it is); bad input exits 2, a failure 1."""
 
     async def run() -> T:
         adapter = create_adapter(config.queues.adapter, config)
         try:
+            for problem in await adapter.store_problems([], [group]):
+                warn(problem.warning)
             return await work(adapter)
         finally:
             await adapter.close()
@@ -137,7 +141,7 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
                                           limit)]
         return found, await adapter.dead_letters.count(group)
 
-    found, total = _run(config, work)
+    found, total = _run(config, group, work)
     if as_json:
         click.echo(json.dumps([letter_json(s) for s in found]))
         return
@@ -162,7 +166,7 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     async def work(adapter: QueueAdapter) -> StoredLetter | None:
         return await adapter.dead_letters.find(group, letter_id)
 
-    stored = _run(config, work)
+    stored = _run(config, group, work)
     if stored is None:
         usage(f"no dead letter {letter_id} of app {group!r} (see `conveyor dlq list`)")
     shown = letter_json(stored, body=True)
@@ -216,7 +220,7 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
             on_replayed=lambda i, token: click.echo(f"replayed {i} -> {token}"), batch=batch,
         )
 
-    report = _run(config, work)
+    report = _run(config, group, work)
     for letter_id, why in report.skipped:
         warn(f"skipped {letter_id}: {why}")
     for letter_id in report.gone:
@@ -254,4 +258,4 @@ def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...
         chosen = await _chosen(adapter, group, ids, every, handler, error_type)
         return await adapter.dead_letters.delete(group, [s.id for s in chosen])
 
-    click.echo(f"purged {_run(config, work)} letter(s) of app {group!r}")
+    click.echo(f"purged {_run(config, group, work)} letter(s) of app {group!r}")

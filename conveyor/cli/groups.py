@@ -24,6 +24,7 @@ from conveyor.cli.common import (
     run_command,
     run_or_exit,
     usage,
+    warn,
 )
 from conveyor.cli.render import groups_view, print_table
 from conveyor.platform.errors import ConfigError, ConveyorError
@@ -64,7 +65,10 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
     async def run() -> tuple[list[Any], bool]:
         adapter = create_adapter(config.queues.adapter, config)
         try:
-            infos = await adapter.groups.on(range(config.queues.total))
+            queues = range(config.queues.total)
+            infos = await adapter.groups.on(queues)  # a queue's key of another type: none
+            for problem in await adapter.store_problems(queues, []):
+                warn(problem.warning)
             return summarise(infos), adapter.groups.retention_follows_groups
         finally:
             await adapter.close()

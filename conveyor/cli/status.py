@@ -85,7 +85,7 @@ def _print_apps(config: Config, as_json: bool) -> None:
 
     report = run_or_exit(collect_apps(config, for_config(config)))
     for warning in broker_warnings(config, report.eviction_policy, report.persistence,
-                                   report.beyond_total):
+                                   report.beyond_total, report.store_problems):
         warn(warning)
     if as_json:
         click.echo(json.dumps(asdict(report)))
@@ -110,7 +110,7 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     elif not report.members:
         warn(f"no daemon of --app {group!r} is running ({_where_daemons_register(config)})")
     for warning in broker_warnings(config, report.eviction_policy, report.persistence,
-                                   report.beyond_total):
+                                   report.beyond_total, report.store_problems):
         warn(warning)
     if as_json:
         click.echo(json.dumps(asdict(report)))

@@ -43,7 +43,8 @@ class Reading:
     """Why the last poll failed (the broker down, say); the page shows it."""
     warnings: list[str] = field(default_factory=list)
     """What ``conveyor status`` warns of (:func:`broker_warnings`): a Redis that evicts or
-    forgets on restart, entries past ``[queues] total``."""
+    forgets on restart, entries past ``[queues] total``, a queue's or dead-letter store
+    unfit for it."""
 
 
 BEYOND_EVERY_S = 60.0
@@ -234,7 +235,8 @@ class Poller:
                                    self.reading.warnings)
         else:
             self.reading = Reading(time.time(), apps, status, warnings=broker_warnings(
-                self.config, apps.eviction_policy, apps.persistence, self._beyond))
+                self.config, apps.eviction_policy, apps.persistence, self._beyond,
+                apps.store_problems))
             for name, report in status.items():
                 self._history.setdefault(name, deque(maxlen=self._window)).append(
                     chart_sample(report))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.errors import (
@@ -133,6 +134,22 @@ class QueueReceiver(ABC):
     @abstractmethod
     async def shutdown(self) -> None:
         """Stop receiving; unacknowledged messages become deliverable to the next owner."""
+
+
+@dataclass(frozen=True)
+class StoreProblem:
+    """A place where an adapter keeps queued messages or dead letters that holds
+    something else, or is set to delete them (:meth:`QueueAdapter.store_problems`)."""
+
+    store: str
+    """The broker's name of it (a Redis key, a Kafka topic)."""
+    holds: str
+    """What Conveyor keeps there: ``queue 3``, ``app 'shop''s dead letters``."""
+    found: str
+    """What is there instead, as the broker names it (a Redis key's type:
+    ``string``), or the setting (``cleanup.policy=compact``)."""
+    warning: str
+    """One line for an operator: the store, what it costs, what to do."""
 
 
 class DeadLetters(ABC):
@@ -393,8 +410,9 @@ class QueueAdapter(ABC):
         """Release connections. Receivers must have been shut down first."""
 
     async def check_server(self) -> None:  # noqa: B027 - optional hook
-        """Refuse a broker set up to delete messages (Redis: an eviction policy) with a
-        :class:`ConfigError` naming the setting that accepts the risk, and log a warning
+        """Refuse a broker set up to delete messages (Redis: an eviction policy; Kafka: a
+        compacted dead-letter topic) with a :class:`ConfigError` naming the setting (and
+        what accepts the risk, where something does), and log a warning
         for one set up to lose them on a restart (Redis: no persistence), which is not
         refused. One attempt: a broker that does not answer raises
         ``BrokerConnectionError`` (check again later). A daemon calls it at start; an
@@ -417,6 +435,15 @@ class QueueAdapter(ABC):
         ``aof``, ``rdb``, ``none`` or ``unknown``); None where the broker's log is its
         store (Kafka) or it lives in the process (memory)."""
         return None
+
+    async def store_problems(self, queues: Sequence[int], groups: Sequence[str]
+                             ) -> list[StoreProblem]:
+        """Where the stores of ``queues`` and of the dead letters of apps ``groups`` are
+        unfit, for ``conveyor status``, ``conveyor dlq`` and the console: a Redis key of
+        another type where a stream belongs (the readers of the port read it as empty:
+        no lag, no group, no letter), a Kafka topic of letters the broker compacts.
+        Empty where all is well."""
+        return []
 
     async def entries_beyond(self, total: int) -> dict[int, int]:
         """Messages on queues ``total`` and on, per queue that holds any, for a daemon's

@@ -407,6 +407,25 @@ def test_the_console_warns_of_what_status_warns_of(redis_server: RedisServer,
     assert warnings == expected
 
 
+def test_the_console_names_a_key_of_another_type_as_status_does(redis_server: RedisServer,
+                                                                 tmp_path: Path) -> None:
+    # A string at queue 1's stream failed every poll (the page showed only WRONGTYPE).
+    path = write_config(tmp_path / "redis.toml", redis_server.url, queues={"total": 2})
+    config = load_config(path)
+    with SyncClient.from_config(config) as client:
+        client.publish_batch(Publish("orders", f"o{n}", {"n": n}) for n in range(20))
+    admin = redis_server.client()
+    admin.delete("t:q:1")
+    admin.set("t:q:1", "x")
+    with client_for(config) as api:
+        data = api.get("/api/overview").json()
+    assert data["error"] is None, data["error"]
+    assert [w for w in data["warnings"] if "t:q:1" in w] == [
+        "redis key t:q:1 (queue 1) is a string, not a stream: no daemon reads the queue, a "
+        "publish to it fails and status counts it empty; rename or delete the key"]
+    assert data["warnings"] == status_warnings(path)
+
+
 def stored_past(server: RedisServer, total: int, wider: int) -> int:
     client = server.client()
     return sum(client.xlen(f"t:q:{q}") for q in range(total, wider))

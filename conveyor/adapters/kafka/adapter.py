@@ -37,11 +37,12 @@ from conveyor.adapters.kafka.groups import KafkaGroups
 from conveyor.adapters.kafka.handoff import HandoffLog
 from conveyor.adapters.kafka.letters import KafkaDeadLetters
 from conveyor.adapters.kafka.receiver import KafkaReceiver
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, StoreProblem, open_receivers
 from conveyor.platform.config import Config, KafkaConfig
 from conveyor.platform.errors import (
     BrokerConnectionError,
     BrokerError,
+    ConfigError,
     MessageTooLargeError,
     PublishUncertain,
 )
@@ -120,6 +121,33 @@ class KafkaAdapter(QueueAdapter):
         with contextlib.suppress(Exception):
             await self.dead_letters.close()
         await self.cluster.close()
+
+    # -- the broker's settings ---------------------------------------------------------
+    async def check_server(self) -> None:
+        """Refuse (:class:`ConfigError`) a dead-letter topic or its ops topic that the
+        broker compacts (:meth:`KafkaCluster.compaction_loses`): a daemon's dead letters
+        would be deleted, or its purges forgotten. The queues' topic is checked as it is
+        prepared; the hand-off and members topics are compacted by design."""
+        for topic, policy in (await self.cluster.compacted_letter_topics()).items():
+            raise ConfigError(self.cluster.compaction_loses(topic, policy))
+
+    async def recheck_server(self) -> None:
+        """A dead-letter topic compacted since the start: an error logged, the daemon
+        goes on (as :meth:`QueueAdapter.recheck_server` says)."""
+        for topic, policy in (await self.cluster.compacted_letter_topics()).items():
+            log.error("%s", self.cluster.compaction_loses(topic, policy))
+
+    async def store_problems(self, queues: Sequence[int], groups: Sequence[str]
+                             ) -> list[StoreProblem]:
+        """The dead-letter topics the broker compacts, where ``groups`` names any app
+        (the queues' topic compacted is refused when it is prepared, not reported)."""
+        if not groups:
+            return []
+        holds = {self.cluster.dlq_topic: "every app's dead letters",
+                 self.cluster.dlq_ops_topic: "what dlq replay and purge did"}
+        return [StoreProblem(topic, holds[topic], f"cleanup.policy={policy}",
+                             self.cluster.compaction_loses(topic, policy))
+                for topic, policy in (await self.cluster.compacted_letter_topics()).items()]
 
     # -- producing ---------------------------------------------------------------------
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:

@@ -87,6 +87,11 @@ class KafkaCluster:
         """Every app's dead letters on this topic (see :mod:`conveyor.platform.letters`)."""
         return f"{self.topic}.conveyor-dlq"
 
+    @property
+    def dlq_ops_topic(self) -> str:
+        """What was done to the dead letters (:mod:`conveyor.adapters.kafka.letters`)."""
+        return f"{self.topic}.conveyor-dlq-ops"
+
     # -- connections -------------------------------------------------------------------
     def new_consumer(self, group: str | None, **extra: Any) -> AIOKafkaConsumer:
         """A consumer (not started) of ``group``, committing only when told to."""
@@ -202,8 +207,9 @@ class KafkaCluster:
                                       "$.kafka.create_topic is false")
                 if self.topic in wanted and self.topic in existing:
                     await self.check_partitions(client)
-                if self.topic in wanted:
-                    await self.check_cleanup_policy(client)
+                if "compact" not in (topic_config or {}).get(_CLEANUP, ""):
+                    for topic in wanted:  # (the hand-off and members topics: compacted)
+                        await self.check_cleanup_policy(client, topic)
 
     async def check_partitions(self, client: AIOKafkaAdminClient) -> None:
         """Refuse (:class:`ConfigError`, naming both numbers and ``$.queues.total``) the
@@ -225,30 +231,62 @@ class KafkaCluster:
                 f"$.queues.total = {have}"
             )
 
-    async def check_cleanup_policy(self, client: AIOKafkaAdminClient) -> None:
-        """Refuse (:class:`ConfigError`) a topic the broker compacts: compaction keeps
-        only the last record of each key, and a record's key is its stream's key, so the
-        messages of a stream that are not its last would be deleted whether handled or
-        not (docs/kafka.md, "Topic drift"). A broker that does not answer
-        DescribeConfigs is let be, with a warning."""
+    async def check_cleanup_policy(self, client: AIOKafkaAdminClient,
+                                   topic: str | None = None) -> None:
+        """Refuse (:class:`ConfigError`) ``topic`` (the queues' by default) where the
+        broker compacts it: compaction keeps only the last record of each key, and what
+        each of Conveyor's topics keys by loses records that are still needed
+        (:meth:`compaction_loses`; docs/kafka.md, "Topic drift"). A broker that does not
+        answer DescribeConfigs is let be, with a warning."""
+        topic = self.topic if topic is None else topic
+        policy = await self.cleanup_policy(client, topic)
+        if policy is not None and "compact" in policy.split(","):
+            raise ConfigError(self.compaction_loses(topic, policy))
+
+    async def cleanup_policy(self, client: AIOKafkaAdminClient, topic: str) -> str | None:
+        """``topic``'s ``cleanup.policy`` as the broker reports it (``""`` where it names
+        none); None, with a warning, where DescribeConfigs fails."""
         try:
             answers = await client.describe_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, self.topic)])  # every setting:
+                [ConfigResource(ConfigResourceType.TOPIC, topic)])  # every setting:
             # tansu drops the connection when asked for named ones
             entries = [e for a in answers for r in a.resources if not r[0] for e in r[4]]
-            policy = next((str(e[1]) for e in entries if e[0] == _CLEANUP), "")
         except kerrors.KafkaError as exc:
             log.warning("kafka: could not read the cleanup.policy of topic %r (%s); a "
-                        "compacted topic deletes messages before they are handled",
-                        self.topic, exc)
-            return
-        if "compact" in policy.split(","):
-            raise ConfigError(
-                f"kafka topic {self.topic!r} has cleanup.policy={policy}: compaction keeps "
+                        "compacted topic deletes records before they are read", topic, exc)
+            return None
+        return next((str(e[1]) for e in entries if e[0] == _CLEANUP), "")
+
+    def compaction_loses(self, topic: str, policy: str) -> str:
+        """What compacting ``topic`` deletes, and what to do, in one line."""
+        fix = (f"set cleanup.policy=delete (kafka-configs --alter --entity-type topics "
+               f"--entity-name {topic} --add-config cleanup.policy=delete)")
+        if topic == self.dlq_topic:
+            return (f"kafka topic {topic!r} (dead letters) has cleanup.policy={policy}: "
+                    "compaction keeps only the last letter of each stream key, deleting "
+                    f"the others before anyone read, replayed or purged them; {fix}")
+        if topic == self.dlq_ops_topic:
+            return (f"kafka topic {topic!r} (what dlq replay and purge did) has "
+                    f"cleanup.policy={policy}: compaction keeps only each app's last "
+                    "record, so purged and replayed letters would be listed, and "
+                    f"replayed, again; {fix}")
+        return (f"kafka topic {topic!r} has cleanup.policy={policy}: compaction keeps "
                 "only the last record of each stream key, deleting a stream's earlier "
-                "messages handled or not; set cleanup.policy=delete (kafka-configs "
-                f"--alter --entity-type topics --entity-name {self.topic} --add-config "
-                "cleanup.policy=delete) or use another topic")
+                f"messages handled or not; {fix} or use another topic")
+
+    async def compacted_letter_topics(self) -> dict[str, str]:
+        """The dead-letter topics (letters, ops) that exist and that the broker compacts:
+        topic -> its ``cleanup.policy``."""
+        found: dict[str, str] = {}
+        with kafka_errors("reading the dead-letter topics' settings"):
+            async with self.admin() as client:
+                existing = set(await client.list_topics())
+                for topic in (self.dlq_topic, self.dlq_ops_topic):
+                    if topic in existing:
+                        policy = await self.cleanup_policy(client, topic)
+                        if policy is not None and "compact" in policy.split(","):
+                            found[topic] = policy
+        return found
 
     def topic_gone(self, queue: int, end: int, reached: int) -> None:
         """Partition ``queue`` ends at ``end``, before the offset ``reached`` this process

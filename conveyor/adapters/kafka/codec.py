@@ -304,7 +304,9 @@ def letter_record(letter: DeadLetter, app: str) -> tuple[bytes | None, bytes | N
 
 
 def letter_from_record(record: Any, app: str, topic: str, default_ns: str) -> DeadLetter | None:
-    """A stored dead letter of ``app`` read back; None for another app's, or not a letter."""
+    """A stored dead letter of ``app`` read back; None for another app's, or not a letter.
+    A record aiokafka's parser refused (an :class:`UnreadableRecord`) is a letter whose
+    message is :class:`Undecodable`, with the reason."""
     names = [name for name, _ in record.headers]
     if not layout.is_letter(names):  # stored by Conveyor 0.1: JSON, keyed by app
         if record.key == app.encode() and record.value:
@@ -321,7 +323,12 @@ def letter_from_record(record: Any, app: str, topic: str, default_ns: str) -> De
         value=record.value, timestamp=record.timestamp,
         headers=record.headers[count:],
     )
-    message = decode_record(original, token.queue, default_ns)
+    if isinstance(record, UnreadableRecord):  # a name not UTF-8 (written by hand: a
+        # letter Conveyor stores has them escaped): the message is not what it says
+        message: Message = undecodable_record(original, token.queue, None,
+                                              f"DecodeError: {record.reason}")
+    else:
+        message = decode_record(original, token.queue, default_ns)
     if values[3] == b"Undecodable" and not isinstance(message, Undecodable):
         # Stored with its header names escaped (a record aiokafka's parser refused):
         # readable now, it is still not the message that was published; not replayed.

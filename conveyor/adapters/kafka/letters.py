@@ -38,6 +38,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
 
+from conveyor.adapters.kafka.aiokafka_internals import raw_records
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.codec import letter_record
 from conveyor.adapters.kafka.connection import broker_error, kafka_errors, start_client
@@ -109,7 +110,7 @@ class KafkaDeadLetters(DeadLetters):
         self.cluster = cluster
         self._read_letter = read_letter
         self._publish = publish
-        self.ops_topic = f"{cluster.topic}.conveyor-dlq-ops"
+        self.ops_topic = cluster.dlq_ops_topic
         self._ops: dict[str, _Ops] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._ops_ready = False
@@ -124,8 +125,15 @@ class KafkaDeadLetters(DeadLetters):
 
     # -- reading -------------------------------------------------------------------------
     async def _reader(self) -> AIOKafkaConsumer:
+        """The consumer that reads the letters, the ops and replayed messages back: its
+        records come as the batch holds them (``offset``, ``key``, ``value``,
+        ``headers``, no topic or partition), and a record whose header names are not
+        UTF-8 — which aiokafka's parser fails on, every fetch — as an
+        :class:`~conveyor.adapters.kafka.aiokafka_internals.UnreadableRecord`, the
+        batch's others as usual (:func:`~conveyor.adapters.kafka.aiokafka_internals.raw_records`,
+        as a receiver reads its queue)."""
         if self._consumer is None:
-            consumer = self.cluster.new_consumer(None)
+            consumer = self.cluster.new_consumer(None, **raw_records())
             await start_client(consumer, "connecting a dead-letter reader")
             self._consumer = consumer
         return self._consumer
@@ -141,18 +149,29 @@ class KafkaDeadLetters(DeadLetters):
                 return True
         return False
 
-    async def _high(self, tp: TopicPartition) -> int:
+    async def _on(self, tp: TopicPartition) -> AIOKafkaConsumer:
+        """The reader, assigned ``tp`` alone. Assigned again only when it reads another
+        partition: aiokafka's fetcher, stopped while it takes in a new assignment, can
+        swallow the stop and fetch on for good (``consumer.stop()`` never returns), and
+        a re-assignment followed by no read — a range of no records, an empty topic —
+        then a close, hit that every other time."""
         consumer = await self._reader()
-        with kafka_errors(f"reading the end of {tp.topic}"):
+        if consumer.assignment() != {tp}:
             consumer.assign([tp])
+        return consumer
+
+    async def _high(self, tp: TopicPartition) -> int:
+        with kafka_errors(f"reading the end of {tp.topic}"):
+            consumer = await self._on(tp)
             return await self.cluster.high_watermark(consumer, tp, 0)
 
     async def _records(self, tp: TopicPartition, start: int, end: int) -> AsyncIterator[list[Any]]:
         """Batches of the records of ``tp`` from ``start`` up to ``end`` (exclusive)."""
-        consumer = await self._reader()
+        if start >= end:
+            return
         loop = asyncio.get_running_loop()
         with kafka_errors(f"reading {tp.topic}"):
-            consumer.assign([tp])
+            consumer = await self._on(tp)
             consumer.seek(tp, start)
             position, stalled_at = start, loop.time()
             while position < end:
@@ -194,9 +213,9 @@ class KafkaDeadLetters(DeadLetters):
             await producer.send_and_wait(self.ops_topic, _encode(op), key=group.encode(),
                                          partition=0)
 
-    def _letter(self, record: Any, group: str) -> StoredLetter | None:
+    def _letter(self, partition: int, record: Any, group: str) -> StoredLetter | None:
         letter = self._read_letter(record, group)
-        return None if letter is None else StoredLetter(f"{record.partition}:{record.offset}",
+        return None if letter is None else StoredLetter(f"{partition}:{record.offset}",
                                                         letter)
 
     # -- the port --------------------------------------------------------------------------
@@ -232,7 +251,7 @@ class KafkaDeadLetters(DeadLetters):
         tp = TopicPartition(self.cluster.dlq_topic, 0)
         async for batch in self._records(tp, start, await self._high(tp)):
             for record in batch:
-                stored = self._letter(record, group)
+                stored = self._letter(0, record, group)
                 if stored is not None and stored.id not in removed:
                     out.append(stored)
                     if len(out) >= limit:
@@ -251,7 +270,7 @@ class KafkaDeadLetters(DeadLetters):
         async for batch in self._records(tp, offset, offset + 1):
             for record in batch:
                 if record.offset == offset:
-                    return self._letter(record, group)
+                    return self._letter(partition, record, group)
         return None
 
     async def count(self, group: str) -> int:
@@ -312,7 +331,7 @@ class KafkaDeadLetters(DeadLetters):
         async for batch in self._records(tp, min(offsets), end):
             for record in batch:
                 letter_id = f"0:{record.offset}"
-                if letter_id in wanted and self._letter(record, group) is not None:
+                if letter_id in wanted and self._letter(0, record, group) is not None:
                     found.add(letter_id)
         return found
 

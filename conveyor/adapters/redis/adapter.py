@@ -31,15 +31,27 @@ import redis.exceptions as rex
 
 from conveyor.adapters.redis import scripts as lua
 from conveyor.adapters.redis.codec import enqueue_args, publish_chunks, tokens_of_runs
-from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, on_primary
-from conveyor.adapters.redis.errors import CLUSTER_ERRORS, Caller, ClusterUnreachableError
+from conveyor.adapters.redis.connections import (
+    ClusterClient,
+    close,
+    connect,
+    key_types,
+    mget,
+    on_primary,
+)
+from conveyor.adapters.redis.errors import (
+    CLUSTER_ERRORS,
+    Caller,
+    ClusterUnreachableError,
+    wrong_type,
+)
 from conveyor.adapters.redis.eviction import EvictionGuard
 from conveyor.adapters.redis.groups import RedisGroups
 from conveyor.adapters.redis.keys import Keys, check_name, token_of
 from conveyor.adapters.redis.letters import RedisDeadLetters
 from conveyor.adapters.redis.persistence import PersistenceReader
 from conveyor.adapters.redis.receiver import RedisReceiver
-from conveyor.platform.adapter import QueueAdapter, QueueReceiver, open_receivers
+from conveyor.platform.adapter import QueueAdapter, QueueReceiver, StoreProblem, open_receivers
 from conveyor.platform.config import Config, RedisConfig
 from conveyor.platform.errors import (
     BrokerConnectionError,
@@ -55,6 +67,11 @@ from conveyor.platform.throttled_log import ThrottledLog
 log = logging.getLogger("conveyor.redis")
 
 _COUNT_STEP = 10_000  # entries counted per script call: each call stays short
+
+_QUEUE_EFFECT = ("no daemon reads the queue, a publish to it fails and status counts it "
+                 "empty; rename or delete the key")
+_LETTERS_EFFECT = ("the app's dead letters cannot be stored (the messages wait "
+                   "unacknowledged) and dlq commands find none; rename or delete the key")
 
 
 def _while_connecting(exc: BaseException) -> bool:
@@ -200,6 +217,23 @@ class RedisAdapter(QueueAdapter):
 
         lengths = await self.caller.retrying("reading the queues past [queues] total", read)
         return {q: int(n) for q, n in zip(queues, lengths, strict=True) if n}
+
+    async def store_problems(self, queues: Sequence[int], groups: Sequence[str]
+                             ) -> list[StoreProblem]:
+        """The keys of ``queues``' streams and of ``groups``' dead letters that hold
+        another type (``SET PREFIX:q:3 x``): a daemon backs off on such a queue, a
+        publish to it fails and the readers here read it as empty; one ``TYPE`` each, in
+        one pipeline."""
+        stores = [(self.keys.queue(q), f"queue {q}", _QUEUE_EFFECT) for q in queues]
+        stores += [(self.keys.dead_letters(g), f"app {g!r}'s dead letters", _LETTERS_EFFECT)
+                   for g in groups]
+        found = await self.caller.retrying(
+            "reading the types of the queue and dead-letter keys",
+            lambda: key_types(self.redis, [key for key, _, _ in stores]))
+        return [StoreProblem(key, holds, kind,
+                             f"redis key {key} ({holds}) is a {kind}, not a stream: {effect}")
+                for (key, holds, effect), kind in zip(stores, found, strict=True)
+                if kind not in ("stream", "none")]
 
     async def eviction_policy(self) -> str | None:
         return await self.eviction.summary()
@@ -469,13 +503,20 @@ class RedisAdapter(QueueAdapter):
             first = upto
 
     async def lag(self, queue: int, group: str) -> int:
-        """Entries not yet delivered to ``group`` plus those delivered but not acked."""
+        """Entries not yet delivered to ``group`` plus those delivered but not acked; 0
+        on a key of another type (:meth:`store_problems` names it)."""
         stream = self.keys.queue(queue)
 
         async def read() -> int:
             if not await self.redis.exists(stream):
                 return 0
-            for g in await self.redis.xinfo_groups(stream):
+            try:
+                groups = await self.redis.xinfo_groups(stream)
+            except rex.ResponseError as exc:
+                if wrong_type(exc):  # no stream, nothing to read (store_problems says so)
+                    return 0
+                raise
+            for g in groups:
                 if g["name"].decode() != group:
                     continue
                 undelivered = g.get("lag")

@@ -448,6 +448,19 @@ async def mget(redis: Any, keys: Sequence[str]) -> list[Any]:
     return list(await redis.mget(keys))
 
 
+async def key_types(redis: Any, keys: Sequence[str]) -> list[str]:
+    """``TYPE`` of each of ``keys`` (``none`` where absent), in one pipeline (on a
+    cluster, split by node: ``keys`` may hash anywhere)."""
+    if not keys:
+        return []
+    pipe: Any
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.type(key)
+        replies = await pipe.execute()
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in replies]
+
+
 async def close(redis: Any) -> None:
     """Close a client from :func:`connect`, with its per-node clients on a cluster."""
     if isinstance(redis, ClusterClient):

@@ -47,6 +47,12 @@ RETRYABLE = (rex.ConnectionError, rex.TimeoutError, OSError, BrokerConnectionErr
              *CLUSTER_ERRORS)
 
 
+def wrong_type(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a command on a key of another type
+    (``WRONGTYPE``: a string where a stream belongs, say)."""
+    return isinstance(exc, rex.ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
 @contextlib.contextmanager
 def map_errors(what: str) -> Iterator[None]:
     """Translate redis-py's exceptions into Conveyor's error tree."""

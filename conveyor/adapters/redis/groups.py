@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from conveyor.adapters.redis.errors import Caller
+import redis.exceptions as rex
+
+from conveyor.adapters.redis.errors import Caller, wrong_type
 from conveyor.adapters.redis.keys import Keys, check_name, token_of
 from conveyor.platform.adapter import ConsumerGroups
 from conveyor.platform.operations.groups import GroupInfo, with_retention_holders
@@ -32,7 +34,9 @@ class RedisGroups(ConsumerGroups):
         self._count_after = count_after
 
     async def on(self, queues: Sequence[int]) -> list[GroupInfo]:
-        """``XINFO GROUPS`` / ``XINFO CONSUMERS`` of every stream of ``queues``."""
+        """``XINFO GROUPS`` / ``XINFO CONSUMERS`` of every stream of ``queues``; a key
+        of another type where a stream belongs has none
+        (:meth:`~conveyor.adapters.redis.adapter.RedisAdapter.store_problems` names it)."""
         out: list[GroupInfo] = []
         for queue in queues:
 
@@ -47,8 +51,14 @@ class RedisGroups(ConsumerGroups):
         stream = self._keys.queue(queue)
         if not await redis.exists(stream):
             return []
+        try:
+            groups = await redis.xinfo_groups(stream)
+        except rex.ResponseError as exc:
+            if wrong_type(exc):  # no stream: no group (store_problems names the key)
+                return []
+            raise
         infos = []
-        for g in await redis.xinfo_groups(stream):
+        for g in groups:
             name = g["name"].decode()
             pending = int(g["pending"])
             last: bytes = g["last-delivered-id"]

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+import redis.exceptions as rex
 
 from conveyor.adapters.redis import scripts as lua
 from conveyor.adapters.redis.codec import encode_fields, letter_entry, stored_letters
-from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.errors import Caller, wrong_type
 from conveyor.adapters.redis.keys import Keys, token_of
 from conveyor.platform.adapter import DeadLetters
 from conveyor.platform.errors import InvalidArgumentError
@@ -32,6 +34,8 @@ Entries = list[Any]
 """``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``."""
 
 Fields = dict[bytes | str, bytes | str]
+
+T = TypeVar("T")
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
@@ -87,8 +91,8 @@ class RedisDeadLetters(DeadLetters):
         key = self._keys.dead_letters(group)
         start = "-" if after is None else f"({check_id(after)}"
         entries: Entries = await self._caller.retrying(
-            "reading dead letters", lambda: self._redis.xrange(key, start, "+", count=limit)
-        )
+            "reading dead letters", lambda: self._stream_read(
+                self._redis.xrange(key, start, "+", count=limit), []))
         return stored_letters(entries)
 
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
@@ -99,15 +103,26 @@ class RedisDeadLetters(DeadLetters):
         key = self._keys.dead_letters(group)
         check_id(letter_id)
         entries: Entries = await self._caller.retrying(
-            "reading a dead letter", lambda: self._redis.xrange(key, letter_id, letter_id)
-        )
+            "reading a dead letter", lambda: self._stream_read(
+                self._redis.xrange(key, letter_id, letter_id), []))
         return entries
 
     async def count(self, group: str) -> int:
         key = self._keys.dead_letters(group)
-        count: int = await self._caller.retrying("counting dead letters",
-                                                 lambda: self._redis.xlen(key))
+        count: int = await self._caller.retrying(
+            "counting dead letters", lambda: self._stream_read(self._redis.xlen(key), 0))
         return count
+
+    @staticmethod
+    async def _stream_read(call: Awaitable[T], empty: T) -> T:
+        """``call``'s reply, or ``empty`` where the app's key is of another type (no
+        letter can be stored there: the adapter's ``store_problems`` names it)."""
+        try:
+            return await call
+        except rex.ResponseError as exc:
+            if wrong_type(exc):
+                return empty
+            raise
 
     async def delete(self, group: str, ids: Sequence[str]) -> int:
         key = self._keys.dead_letters(group)

@@ -17,10 +17,10 @@ yields no new rate rather than a false zero.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.adapter import QueueAdapter, StoreProblem
 from conveyor.platform.backend import Backend
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
@@ -96,6 +96,9 @@ class StatusReport:
     beyond_total: dict[int, int] = field(default_factory=dict)
     """Messages on queues past ``[queues] total``, per queue that holds any
     (:meth:`QueueAdapter.entries_beyond`): no daemon of this config reads them."""
+    store_problems: list[StoreProblem] = field(default_factory=list)
+    """The queues' and the app's dead-letter stores that hold something else or are set
+    to delete (:meth:`QueueAdapter.store_problems`)."""
 
     @property
     def total_lag(self) -> int:
@@ -207,6 +210,7 @@ async def collect_status(config: Config, group: str, backend: Backend, *,
         eviction = await adapter.eviction_policy()
         persistence = await adapter.persistence()
         beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
+        problems = await adapter.store_problems(range(config.queues.total), [group])
     finally:
         await adapter.close()
     owned: dict[str, list[int]] = {}
@@ -217,7 +221,7 @@ async def collect_status(config: Config, group: str, backend: Backend, *,
         [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
                       m.started_at) for m in members],
         queues, time.time(), groups, adapter.groups.retention_follows_groups, dead_letters,
-        eviction, persistence, beyond,
+        eviction, persistence, beyond, problems,
     )
 
 
@@ -251,6 +255,8 @@ class AppsReport:
     """As :attr:`StatusReport.persistence`."""
     beyond_total: dict[int, int] = field(default_factory=dict)
     """As :attr:`StatusReport.beyond_total`."""
+    store_problems: list[StoreProblem] = field(default_factory=list)
+    """As :attr:`StatusReport.store_problems`, the dead letters of every app listed."""
 
 
 async def collect_apps(config: Config, backend: Backend, *,
@@ -277,18 +283,23 @@ async def collect_apps(config: Config, backend: Backend, *,
         eviction = await adapter.eviction_policy()
         persistence = await adapter.persistence()
         beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
+        problems = await adapter.store_problems(
+            range(config.queues.total), [a.app for a in apps if is_app_name(a.app)])
     finally:
         await adapter.close()
     return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,
-                      persistence, beyond)
+                      persistence, beyond, problems)
 
 
 def broker_warnings(config: Config, eviction_policy: str | None, persistence: str | None,
-                    beyond_total: Mapping[int, int]) -> list[str]:
+                    beyond_total: Mapping[int, int],
+                    store_problems: Sequence[StoreProblem] = ()) -> list[str]:
     """What a status reading says of the broker that can cost messages: a Redis that
-    evicts or forgets on restart, entries on queues past ``[queues] total``. One line
-    each; ``conveyor status`` prints them as warnings, the console shows them."""
-    warnings = []
+    evicts or forgets on restart, entries on queues past ``[queues] total``, a queue's
+    or dead-letter store that holds something else or is set to delete
+    (:meth:`QueueAdapter.store_problems`). One line each; ``conveyor status`` prints
+    them as warnings (the exit status stays 0), the console shows them."""
+    warnings = [p.warning for p in store_problems]
     if eviction_policy not in (None, "noeviction"):
         accepted = ("accepted by [redis] allow_eviction = true" if config.redis.allow_eviction
                     else "workers refuse it unless [redis] allow_eviction = true")

@@ -13,11 +13,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from conveyor.adapters.kafka.codec import letter_record
 from conveyor.backends import create_adapter
 from conveyor.platform.config import Config
-from conveyor.platform.message import DeadLetter, Undecodable
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import DeadLetter, Message, Undecodable
 from tests.bad_input import (
     APP,
+    GOOD,
     KEY,
     Case,
     Outcome,
@@ -147,29 +150,38 @@ class _RawName(str):
         return self.raw
 
 
-def raw_name_writer(config: Config, monkeypatch: Any) -> Any:
-    """Writes a case's fields as headers, names byte for byte (aiokafka's C builder
+async def send_raw_names(bootstrap: str, topic: str, partition: int, key: bytes | None,
+                         value: bytes | None, fields: Sequence[tuple[bytes, bytes | None]],
+                         monkeypatch: Any) -> None:
+    """One record with ``fields`` as headers, names byte for byte (aiokafka's C builder
     would encode a name as UTF-8; its pure-Python one calls the name's ``encode``)."""
     import aiokafka.producer.message_accumulator as accumulator
     import aiokafka.producer.producer as aioproducer
     from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
+    headers = []
+    for name, raw in fields:
+        text = _RawName("x")
+        text.raw = name
+        headers.append((text, raw))
+    with monkeypatch.context() as patch:
+        for module in (accumulator, aioproducer):
+            patch.setattr(module, "DefaultRecordBatchBuilder", _DefaultRecordBatchBuilderPy)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, value, key=key, partition=partition,
+                                         headers=headers)
+        finally:
+            await producer.stop()
+
+
+def raw_name_writer(config: Config, monkeypatch: Any) -> Any:
+    """Writes a case's fields as headers, names byte for byte (:func:`send_raw_names`)."""
+
     async def write(queue: int, case: Case, key: str) -> None:
-        headers = []
-        for name, value in case_fields(case, key):
-            text = _RawName("x")
-            text.raw = name
-            headers.append((text, value))
-        with monkeypatch.context() as patch:
-            for module in (accumulator, aioproducer):
-                patch.setattr(module, "DefaultRecordBatchBuilder", _DefaultRecordBatchBuilderPy)
-            producer = AIOKafkaProducer(bootstrap_servers=config.kafka.bootstrap)
-            await producer.start()
-            try:
-                await producer.send_and_wait(config.kafka.topic, case.body, key=key.encode(),
-                                             partition=queue, headers=headers)
-            finally:
-                await producer.stop()
+        await send_raw_names(config.kafka.bootstrap, config.kafka.topic, queue, key.encode(),
+                             case.body, case_fields(case, key), monkeypatch)
 
     return write
 
@@ -193,3 +205,39 @@ async def test_a_header_name_not_utf8_is_dead_lettered_and_its_partition_flows(
         escaped = [(n.decode("utf-8", "backslashreplace").encode(), v)
                    for n, v in case_fields(case, out.key)]
         assert list(msg.raw_fields) == escaped  # the names escaped (\xff), values as written
+
+
+async def test_a_dead_letter_record_with_a_header_name_not_utf8_is_listed_as_unreadable(
+    tansu: Tansu, topic: str, monkeypatch: Any,
+) -> None:
+    # The dead-letter reader was a plain consumer, whose parser fails on such a record:
+    # every listing, count (status) and find of every app failed with UnicodeDecodeError.
+    config = kafka_config(tansu.bootstrap, topic)
+    letters = [DeadLetter.of(Message(f"m{i}", StreamId(GOOD, "k"), b"{}",
+                                     token=SequenceToken(0, i)), "h", ValueError(f"e{i}"), 3)
+               for i in range(3)]
+    adapter = create_adapter("kafka", config)
+    try:
+        await adapter.dead_letters.put(APP, letters[:1])  # 0:0
+        key, value, headers = letter_record(letters[1], APP)  # 0:1, a name not UTF-8 added
+        fields = [(n.encode(), v) for n, v in headers] + [(b"\xff\xfe", b"v")]
+        dlq = adapter.cluster.dlq_topic
+        await send_raw_names(tansu.bootstrap, dlq, 0, key, value, fields, monkeypatch)
+        await send_raw_names(tansu.bootstrap, dlq, 0, b"k", b"x", [(b"\xff", b"v")],
+                             monkeypatch)  # 0:2, no letter: no app's
+        await adapter.dead_letters.put(APP, letters[2:])  # 0:3
+        listed = await adapter.dead_letters.page(APP)
+        count = await adapter.dead_letters.count(APP)
+        found = [await adapter.dead_letters.find(APP, f"0:{n}") for n in range(4)]
+    finally:
+        await adapter.close()
+    assert [(s.id, s.letter.error) for s in listed] == [
+        ("0:0", "e0"), ("0:1", "e1"), ("0:3", "e2")]
+    assert count == 3
+    unreadable = listed[1].letter.message
+    assert isinstance(unreadable, Undecodable)
+    assert unreadable.reason == ("DecodeError: header name(s) not UTF-8: b'\\xff\\xfe' "
+                                 "(Kafka header names are strings; kept escaped as \\xNN)")
+    assert (unreadable.body, unreadable.raw_key) == (b"{}", b"k")
+    assert [f.id if f is not None else None for f in found] == ["0:0", "0:1", None, "0:3"]
+    assert [isinstance(s.letter.message, Undecodable) for s in listed] == [False, True, False]

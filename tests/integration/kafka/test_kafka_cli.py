@@ -207,3 +207,30 @@ def test_status_on_kafka_group_lists_every_running_daemon_and_queue_owner(
             except subprocess.TimeoutExpired:
                 w.kill()
                 w.wait(10)
+
+
+@pytest.mark.parametrize("suffix", ["conveyor-dlq", "conveyor-dlq-ops"])
+def test_status_and_dlq_end_on_an_empty_dead_letter_topic(
+    tansu: Tansu, topic: str, tmp_path: Path, suffix: str
+) -> None:
+    # A dead-letter topic created ahead (by a deployment's tooling, say) and still empty:
+    # the reader re-assigned its partition for a read of nothing and was stopped at once,
+    # a race in aiokafka's fetcher that swallows the stop: status and dlq list hung.
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(f"{topic}.{suffix}", 1, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+    cfg = str(config_file(tansu, topic, tmp_path))
+    for _ in range(3):  # a race: each run had about even odds
+        listed = cli("dlq", "list", "--app", "shop", "--config", cfg, "--json")
+        status = cli("status", "--app", "shop", "--config", cfg, "--json")
+        assert (listed.returncode, listed.stdout) == (0, "[]\n"), listed.stderr
+        assert (status.returncode, json.loads(status.stdout)["dead_letters"]) == (0, 0), (
+            status.stderr)

@@ -21,6 +21,8 @@ from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
 from conveyor.client import Client, Publish
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
+from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.message import DeadLetter, Message
 from tests.conftest import stop_when, wait_until_sync
 from tests.integration.kafka.conftest import Tansu
 
@@ -118,6 +120,61 @@ async def test_a_compacted_topic_is_refused_at_start_and_to_a_producer(
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=30)
+
+
+COMPACTED_LETTER_TOPICS = {
+    "conveyor-dlq": "(dead letters) has cleanup.policy=compact: compaction keeps only the "
+                    "last letter of each stream key, deleting the others before anyone read, "
+                    "replayed or purged them",
+    "conveyor-dlq-ops": "(what dlq replay and purge did) has cleanup.policy=compact: "
+                        "compaction keeps only each app's last record, so purged and replayed "
+                        "letters would be listed, and replayed, again",
+}
+
+
+@pytest.mark.parametrize("suffix", sorted(COMPACTED_LETTER_TOPICS))
+async def test_a_compacted_dead_letter_topic_is_refused_at_start_and_reported_by_status(
+    tansu: Tansu, topic: str, tmp_path: Path, suffix: str
+) -> None:
+    # Only the queues' topic was checked: letters (key = stream key) and the record of
+    # purges and replays (key = app) were compacted away without a word. The hand-off and
+    # members topics are compacted by design (test_kafka_handoff.py): not refused.
+    compacted = f"{topic}.{suffix}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(compacted, 1, 1, topic_configs={
+            "cleanup.policy": "compact"})])
+    finally:
+        await admin.close()
+    line = (f"kafka topic {compacted!r} {COMPACTED_LETTER_TOPICS[suffix]}; set "
+            "cleanup.policy=delete (kafka-configs --alter --entity-type topics "
+            f"--entity-name {compacted} --add-config cleanup.policy=delete)")
+    config = config_file(tansu, topic, tmp_path)
+    app = f"compact-{topic}"
+    status, stderr = exited(worker(config, tmp_path / "out.txt", app), 30)
+    assert (status, stderr.splitlines()[-1:]) == (2, [f"conveyor: error: config: {line}"]), (
+        stderr)
+    assert len(await publish(config, "kept", 3)) == 3  # a producer writes no letters
+    for args in (["status", "--app", app], ["status"], ["dlq", "list", "--app", app]):
+        result = await asyncio.to_thread(cli, *args, "--config", str(config))
+        assert result.returncode == 0, (args, result.stderr)
+        assert [w for w in result.stderr.splitlines() if "cleanup.policy" in w] == (
+            [] if args == ["status"] else [f"conveyor: warning: {line}"]), (args, result.stderr)
+    adapter = KafkaAdapter(load_config(config, environ={}).kafka, QUEUES)
+    try:  # a letter stored before the topic was compacted, say
+        await adapter.dead_letters.put(app, [DeadLetter.of(
+            Message("m", StreamId("jobs", "k"), b"{}", token=SequenceToken(0, 0)), "h",
+            ValueError("e"), 1)])
+    except ConfigError as exc:  # refused, where compaction would delete it
+        assert (suffix, str(exc)) == ("conveyor-dlq", line)
+    finally:
+        await adapter.close()
+    purged = await asyncio.to_thread(cli, "dlq", "purge", "--all", "--yes", "--app", app,
+                                     "--config", str(config))
+    assert (purged.returncode, purged.stderr.splitlines()[-1:]) == (
+        (2, [f"conveyor: error: config: {line}"]) if suffix == "conveyor-dlq-ops"
+        else (0, [f"conveyor: warning: {line}"])), purged.stderr
 
 
 async def test_the_commands_that_list_groups_refuse_a_topic_whose_partitions_differ(

@@ -37,3 +37,34 @@ async def test_a_daemon_reads_more_queues_at_once_than_redis_pys_cluster_pool_al
         assert got == [[]] * total
     finally:
         await adapter.close()
+
+
+async def test_keys_of_another_type_are_named_and_read_as_empty_on_a_cluster(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    """As on one server (tests/integration/redis/test_redis_status.py): the keys, in
+    different slots, are found in one pipeline split by node."""
+    prefix = f"odd-{uuid.uuid4().hex[:8]}"
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis", "total": 4},
+        "redis": {"mode": "cluster", "url": redis_cluster.url, "prefix": prefix},
+        "balancer": {"membership": "redis"},
+    })
+    adapter = RedisAdapter(config.redis)
+    try:
+        for q in (0, 1):
+            await adapter.ensure_group(q, "app")
+        admin = redis_cluster.client()
+        admin.set(f"{prefix}:q:2", "x")
+        admin.rpush(f"{prefix}:dlq:app", "y")
+        problems = await adapter.store_problems(range(4), ["app", "other"])
+        assert [(p.store, p.holds, p.found) for p in problems] == [
+            (f"{prefix}:q:2", "queue 2", "string"),
+            (f"{prefix}:dlq:app", "app 'app''s dead letters", "list")]
+        assert [(g.group, g.queue) for g in await adapter.groups.on(range(4))] == [
+            ("app", 0), ("app", 1)]
+        assert [await adapter.lag(q, "app") for q in range(4)] == [0, 0, 0, 0]
+        assert (await adapter.dead_letters.count("app"),
+                await adapter.dead_letters.page("app")) == (0, [])
+    finally:
+        await adapter.close()

@@ -54,6 +54,15 @@ def test_count_without_watch_is_a_usage_error(redis_server: RedisServer, tmp_pat
     assert result.returncode == 2 and "--count needs --watch" in result.stderr
 
 
+async def publish_items(cfg: Path, group: str | None = None) -> None:
+    """40 messages over 40 streams (all 8 queues), after ``group`` is created on each."""
+    async with Client.from_config(load_config(cfg, environ={})) as c:
+        if group is not None:
+            for q in range(8):
+                await c.adapter.ensure_group(q, group)  # type: ignore[attr-defined]
+        await c.publish_batch([Publish("items", f"s{i}", {"i": i}) for i in range(40)])
+
+
 def test_a_consumer_group_another_tool_named_is_listed_not_fatal(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -61,12 +70,7 @@ def test_a_consumer_group_another_tool_named_is_listed_not_fatal(
     # list and the console's poll failed whole ("app name ... may only contain"), and
     # rich read its "[/x]" as markup.
     cfg = write_config(tmp_path / "c.toml", redis_server.url)
-
-    async def publish() -> None:
-        async with Client.from_config(load_config(cfg, environ={})) as c:
-            await c.publish_batch([Publish("items", f"s{i}", {"i": i}) for i in range(40)])
-
-    asyncio.run(publish())
+    asyncio.run(publish_items(cfg))
     odd = '[/x] "><svg onload=alert(1)> \x1b[31m'
     redis_server.client().xgroup_create("t:q:0", odd, id="0")
     for args in (["status"], ["groups", "list"]):
@@ -79,3 +83,57 @@ def test_a_consumer_group_another_tool_named_is_listed_not_fatal(
                           timeout=60)
     [row] = json.loads(apps.stdout)["apps"]
     assert (row["app"], row["daemons"], row["dead_letters"]) == (odd, None, None)
+
+
+def test_a_key_of_another_type_where_a_stream_belongs_is_named_and_the_rest_reported(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # `SET t:q:3 x` (or a hash where app rec's dead letters go): status, groups list and
+    # dlq list stopped at it with one WRONGTYPE line, showing nothing of the rest.
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+    asyncio.run(publish_items(cfg, group="rec"))
+    admin = redis_server.client()
+    on_three = admin.xlen("t:q:3")
+    admin.delete("t:q:3")
+    admin.set("t:q:3", "x")
+    admin.hset("t:dlq:rec", "a", "b")
+    queue_line = ("conveyor: warning: redis key t:q:3 (queue 3) is a string, not a stream: "
+                  "no daemon reads the queue, a publish to it fails and status counts it "
+                  "empty; rename or delete the key")
+    letters_line = ("conveyor: warning: redis key t:dlq:rec (app 'rec''s dead letters) is a "
+                    "hash, not a stream: the app's dead letters cannot be stored (the "
+                    "messages wait unacknowledged) and dlq commands find none; rename or "
+                    "delete the key")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "conveyor.cli", *args, "--config",
+                               str(cfg)], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+
+    every = run("status", "--json")
+    one = run("status", "--app", "rec", "--json")
+    groups = run("groups", "list", "--json")
+    letters = run("dlq", "list", "--app", "rec")
+    assert [r.returncode for r in (every, one, groups, letters)] == [0, 0, 0, 0], (
+        every.stderr, one.stderr, groups.stderr, letters.stderr)
+    warned = [line for line in one.stderr.splitlines() if "redis key" in line]
+    assert warned == [queue_line, letters_line]
+    assert [line for line in every.stderr.splitlines() if "redis key" in line] == [
+        queue_line, letters_line]
+    assert [line for line in groups.stderr.splitlines() if "redis key" in line] == [queue_line]
+    assert [line for line in letters.stderr.splitlines() if "redis key" in line] == [
+        letters_line]
+    report = json.loads(one.stdout)
+    lags = {q["queue"]: q["lag"] for q in report["queues"]}
+    assert lags == {q: admin.xlen(f"t:q:{q}") if q != 3 else 0 for q in range(8)}
+    assert sum(lags.values()) == 40 - on_three
+    assert report["dead_letters"] == 0
+    assert [{k: p[k] for k in ("store", "holds", "found")} for p in report["store_problems"]
+            ] == [
+        {"store": "t:q:3", "holds": "queue 3", "found": "string"},
+        {"store": "t:dlq:rec", "holds": "app 'rec''s dead letters", "found": "hash"}]
+    [row] = json.loads(every.stdout)["apps"]
+    assert (row["app"], row["lag"], row["dead_letters"]) == ("rec", 40 - on_three, 0)
+    [group] = json.loads(groups.stdout)["groups"]
+    assert (group["group"], group["queues"]) == ("rec", [0, 1, 2, 4, 5, 6, 7])
+    assert letters.stdout.splitlines()[0].startswith("app rec: 0 dead letter(s)")
