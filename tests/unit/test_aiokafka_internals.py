@@ -100,6 +100,18 @@ async def test_a_producer_is_idempotent_exactly_when_it_has_a_transaction_manage
         await idempotent.stop()
 
 
+async def test_a_producer_fails_what_it_holds_through_its_accumulator_and_has_a_client(
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=NOWHERE)
+    try:
+        accumulator = producer._message_accumulator
+        assert inspect.signature(accumulator.fail_all).parameters.keys() == {"exception"}
+        assert "fail_all" in inspect.getsource(aiokafka.producer.sender)  # as its sender does
+        assert inspect.iscoroutinefunction(producer.client.close)
+    finally:
+        await producer.stop()
+
+
 def test_the_admin_client_sends_a_request_to_a_node() -> None:
     send = AIOKafkaAdminClient._send_request
     assert inspect.iscoroutinefunction(send)
@@ -367,6 +379,7 @@ def test_the_fetcher_builds_memory_records_from_the_module_global_and_asks_two_t
 
 
 PRIVATE_NAMES = {"_coordinator", "_send_request", "_txn_manager", "_do_heartbeat",
+                 "_message_accumulator",
                  "PartitionRecords", "_consumer_record", "_builder", "_relative_offset",
                  "_key_deserializer"}
 PRIVATE_MODULES = ("aiokafka.protocol", "aiokafka.record", "aiokafka.coordinator.protocol",

@@ -90,6 +90,11 @@ class KafkaAdapter(QueueAdapter):
                                                    config.default_namespace),
             lambda queue, messages: self.enqueue(queue, messages))
         self.groups = KafkaGroups(cluster, self.handoffs)
+        self._publishing = 0
+        """enqueue calls under way."""
+        self._abandoned = False
+        """An enqueue was cancelled (a timeout, Ctrl-C) while the producer may hold its
+        records."""
 
     # -- the cluster, as callers of the adapter see it ---------------------------------
     @property
@@ -118,6 +123,13 @@ class KafkaAdapter(QueueAdapter):
             self._group_consumers[group] = consumer
 
     async def close(self) -> None:
+        """Close the dead-letter reader and the cluster's clients. The producer delivers
+        what it holds first, except, when no enqueue is under way, the records of
+        enqueues that were cancelled: nobody waits for those, and against a broker that
+        stopped answering the producer would wait out its request timeout (40 s) for
+        them. They may or may not be stored, as for any cancelled call."""
+        if self._abandoned and not self._publishing:
+            self.cluster.abandon_sends()
         with contextlib.suppress(Exception):
             await self.dead_letters.close()
         await self.cluster.close()
@@ -162,36 +174,43 @@ class KafkaAdapter(QueueAdapter):
         """
         if not messages:
             return []
-        producer = await self.cluster.producer()  # unreachable here: nothing was sent
-        if len(messages) == 1:  # into the partition's open batch, with concurrent sends
-            return [await self._send_one(producer, queue, messages[0])]
-        batches = self._batches(producer, messages)  # all built, so none is sent if one
-        sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # record is too big
-        unsent: BrokerError | None = None
+        self._publishing += 1
         try:
-            with kafka_errors(self._what(queue, messages)):
-                for msgs, batch in batches:
-                    sent.append((msgs, await producer.send_batch(batch, self.topic,
-                                                                 partition=queue)))
-        except BrokerError as exc:
-            if not sent:  # failed before the first batch was handed over: none was sent
-                raise
-            unsent = exc
-        if unsent is None and len(sent) == 1:  # the common call: one batch, no gather
+            producer = await self.cluster.producer()  # unreachable here: nothing was sent
+            if len(messages) == 1:  # into the partition's open batch, with concurrent sends
+                return [await self._send_one(producer, queue, messages[0])]
+            batches = self._batches(producer, messages)  # all built, so none is sent if one
+            sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # record is too big
+            unsent: BrokerError | None = None
             try:
-                return _tokens(queue, (await sent[0][1]).offset, len(messages))
-            except Exception as exc:  # as gather(return_exceptions=True) would hand it
-                return self._stored(queue, messages, sent, [exc], None)
-        results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
-        if unsent is None:
-            tokens: list[SequenceToken] = []
-            for (msgs, _), meta in zip(sent, results, strict=True):
-                if isinstance(meta, BaseException):
-                    break
-                tokens += _tokens(queue, meta.offset, len(msgs))
-            else:
-                return tokens
-        return self._stored(queue, messages, sent, results, unsent)
+                with kafka_errors(self._what(queue, messages)):
+                    for msgs, batch in batches:
+                        sent.append((msgs, await producer.send_batch(batch, self.topic,
+                                                                     partition=queue)))
+            except BrokerError as exc:
+                if not sent:  # failed before the first batch was handed over: none was sent
+                    raise
+                unsent = exc
+            if unsent is None and len(sent) == 1:  # the common call: one batch, no gather
+                try:
+                    return _tokens(queue, (await sent[0][1]).offset, len(messages))
+                except Exception as exc:  # as gather(return_exceptions=True) would hand it
+                    return self._stored(queue, messages, sent, [exc], None)
+            results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+            if unsent is None:
+                tokens: list[SequenceToken] = []
+                for (msgs, _), meta in zip(sent, results, strict=True):
+                    if isinstance(meta, BaseException):
+                        break
+                    tokens += _tokens(queue, meta.offset, len(msgs))
+                else:
+                    return tokens
+            return self._stored(queue, messages, sent, results, unsent)
+        except asyncio.CancelledError:  # its caller gone: what the producer holds of it
+            self._abandoned = True  # is nobody's to wait for (close)
+            raise
+        finally:
+            self._publishing -= 1
 
     @staticmethod
     def _what(queue: int, messages: Sequence[Message]) -> str:

@@ -10,6 +10,9 @@ that one test rather than a daemon in production:
 * the heartbeats the group coordinator answers, and a member's id and generation:
   ``consumer._coordinator._do_heartbeat``, ``.member_id``, ``.generation``;
 * whether a started producer is idempotent: ``producer._txn_manager``;
+* stopping a producer without delivering what it holds (``stop`` waits for that, up
+  to the request timeout): ``producer._message_accumulator.fail_all`` (what aiokafka
+  does when its sender dies) and its ``client``'s connections closed;
 * requests the admin client does not offer (DeleteGroups, LeaveGroup):
   ``admin._send_request`` and the request classes of ``aiokafka.protocol``;
 * a record's size as the producer's own check counts it:
@@ -385,6 +388,14 @@ def record_converters(consumer: AIOKafkaConsumer) -> dict[TopicPartition, Record
 def is_idempotent(producer: AIOKafkaProducer) -> bool:
     """Whether the producer writes idempotently (it has a transaction manager)."""
     return producer._txn_manager is not None
+
+
+async def drop_pending(producer: AIOKafkaProducer, exc: Exception) -> None:
+    """Fail every batch the producer holds, sent or not, with ``exc``, and close its
+    connections: its ``stop`` then returns at once instead of waiting for the answers
+    (a sent batch may or may not be stored)."""
+    producer._message_accumulator.fail_all(exc)
+    await producer.client.close()
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: list[Any]) -> int:

@@ -31,7 +31,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
-from conveyor.adapters.kafka.aiokafka_internals import fetch_committed, is_idempotent
+from conveyor.adapters.kafka.aiokafka_internals import drop_pending, fetch_committed, is_idempotent
 from conveyor.adapters.kafka.connection import (
     admin,
     client_options,
@@ -43,7 +43,7 @@ from conveyor.adapters.kafka.connection import (
     start_producer,
 )
 from conveyor.platform.config import KafkaConfig
-from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError, ShutdownError
 from conveyor.platform.tasks import cancel_and_wait
 
 log = logging.getLogger("conveyor.kafka")
@@ -76,6 +76,8 @@ class KafkaCluster:
         self.on_topic_changed: Callable[[BrokerError], None] | None = None
         """Told :attr:`topic_changed` (the kafka-group balancer fails the daemon)."""
         self._producer: AIOKafkaProducer | None = None
+        self._abandoning = False
+        """:meth:`abandon_sends` was called: :meth:`close` drops what the producer holds."""
         self._lock = asyncio.Lock()
         self._topic_ready = False
         self._preparing: asyncio.Task[None] | None = None
@@ -133,7 +135,17 @@ class KafkaCluster:
             self._probes[group] = consumer
         return consumer
 
+    def abandon_sends(self) -> None:
+        """Have :meth:`close` drop what the producer holds rather than wait to deliver it
+        (``KafkaAdapter.close``: records whose callers are gone)."""
+        self._abandoning = True
+
     async def close(self) -> None:
+        if self._abandoning and self._producer is not None:
+            with contextlib.suppress(Exception):
+                await drop_pending(self._producer, ShutdownError(
+                    "the client closed while this send was under way, after its caller "
+                    "had gone: it may or may not be stored"))
         if self._preparing is not None and not self._preparing.done():
             with contextlib.suppress(Exception):
                 await cancel_and_wait(self._preparing)

@@ -8,6 +8,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
 from conveyor import WorkerDaemon
 from conveyor.platform.app import App
 from conveyor.platform.config import Config, load_config
@@ -71,3 +73,29 @@ class Recorder:
             self.seen.append((key, seq))
             self.by_key[key].append(seq)
             self.last_done_at = time.perf_counter()
+
+
+async def read_all(bootstrap: str, topic: str, expected_at_least: int, partitions: int
+                   ) -> list[Any]:
+    """Every record of ``topic``'s ``partitions``, at least ``expected_at_least`` of them,
+    read up to each partition's high watermark."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, q) for q in range(partitions)]
+        consumer.assign(tps)
+        records: list[Any] = []
+
+        async def behind() -> bool:  # the fetch high watermark (tansu's ListOffsets is off)
+            for tp in tps:
+                high = consumer.highwater(tp)
+                if high is None or await consumer.position(tp) < high:
+                    return True
+            return False
+
+        while len(records) < expected_at_least or await behind():
+            for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                records += batch
+        return records
+    finally:
+        await consumer.stop()

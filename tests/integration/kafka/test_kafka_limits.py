@@ -27,8 +27,8 @@ from conveyor.platform.errors import (
 )
 from tests.conftest import free_port
 from tests.integration.kafka.conftest import Tansu
-from tests.integration.kafka.helpers import kafka_config
-from tests.integration.kafka.test_kafka_publish import QUEUES, read_all
+from tests.integration.kafka.helpers import kafka_config, read_all
+from tests.integration.kafka.test_kafka_publish import QUEUES
 from tests.servers.tansu import require_tansu
 
 pytestmark = pytest.mark.kafka
@@ -57,7 +57,7 @@ async def test_a_record_over_max_request_size_is_refused_before_anything_is_sent
         with pytest.raises(MessageTooLargeError):
             await client.publish_batch(batch)
         await client.publish("orders", "k", {"seq": 0})  # what the topic should hold, alone
-    assert seqs_of(await read_all(tansu.bootstrap, topic, 1)) == {0: 1}
+    assert seqs_of(await read_all(tansu.bootstrap, topic, 1, QUEUES)) == {0: 1}
 
 
 async def test_a_body_over_max_body_bytes_is_refused_on_kafka_too(
@@ -72,7 +72,7 @@ async def test_a_body_over_max_body_bytes_is_refused_on_kafka_too(
             await client.publish_batch([Publish("orders", f"k{i}", b"x" * (1001 if i == 3 else 10))
                                         for i in range(8)])
         await client.publish("orders", "k", {"seq": 0})
-    assert seqs_of(await read_all(tansu.bootstrap, topic, 1)) == {0: 1}
+    assert seqs_of(await read_all(tansu.bootstrap, topic, 1, QUEUES)) == {0: 1}
 
 
 async def test_a_raised_max_request_size_lets_large_bodies_through_intact(
@@ -84,7 +84,7 @@ async def test_a_raised_max_request_size_lets_large_bodies_through_intact(
         await client.publish("orders", "k", {"seq": 0, "pad": "a" * (2 * MIB)})
         await client.publish_batch([Publish("orders", "k", {"seq": i, "pad": "b" * (2 * MIB)})
                                     for i in (1, 2)])
-    records = await read_all(tansu.bootstrap, topic, 3)
+    records = await read_all(tansu.bootstrap, topic, 3, QUEUES)
     assert seqs_of(records) == {0: 1, 1: 1, 2: 1}
     assert sorted(len(r.value) for r in records)[0] > 2 * MIB
 
@@ -106,7 +106,7 @@ async def test_a_batch_with_one_partition_refused_names_what_landed_and_the_rest
     assert all(isinstance(c, MessageTooLargeError) for c in err.failed.values())
     assert not err.uncertain and len(err.published) == len(batch) - len(on_refused) > 0
     assert {t.queue for t in err.published.values()} == set(range(QUEUES)) - {refused}
-    landed = await read_all(tansu.bootstrap, topic, len(err.published))
+    landed = await read_all(tansu.bootstrap, topic, len(err.published), QUEUES)
     assert sorted(dict(r.headers)["cv-id"].decode() for r in landed) == sorted(err.published)
 
     rest = err.not_published(batch)
@@ -115,7 +115,7 @@ async def test_a_batch_with_one_partition_refused_names_what_landed_and_the_rest
                           kafka={"max_request_size": 4 * MIB})
     async with Client.from_config(bigger) as client:  # the limit raised, the rest again
         await client.publish_batch(rest)
-    everything = await read_all(tansu.bootstrap, topic, len(batch))
+    everything = await read_all(tansu.bootstrap, topic, len(batch), QUEUES)
     assert seqs_of(everything) == Counter(range(len(batch)))  # each once: none lost or doubled
 
 
@@ -152,7 +152,7 @@ async def test_a_batch_the_broker_refuses_mid_partition_is_named_and_the_rest_go
     assert all(isinstance(c, BrokerError) and not isinstance(c, PublishUncertain)
                for c in err.failed.values())
     assert sorted(err.published) == sorted(err.ids[i] for i in (0, 1, 2, 3, 6, 7))
-    landed = await read_all(validating.bootstrap, topic, len(err.published))
+    landed = await read_all(validating.bootstrap, topic, len(err.published), QUEUES)
     assert sorted(dict(r.headers)["cv-id"].decode() for r in landed) == sorted(err.published)
 
     rest = err.not_published(batch)
@@ -160,7 +160,7 @@ async def test_a_batch_the_broker_refuses_mid_partition_is_named_and_the_rest_go
     rest[0] = Publish("orders", "k", {"seq": 4, "pad": pad})  # the bad value mended
     async with Client.from_config(config) as client:
         await client.publish_batch(rest)
-    everything = await read_all(validating.bootstrap, topic, len(batch))
+    everything = await read_all(validating.bootstrap, topic, len(batch), QUEUES)
     assert seqs_of(everything) == Counter(range(len(batch)))  # each once: none lost or doubled
 
 
@@ -183,4 +183,4 @@ async def test_a_partitions_one_batch_refused_fails_that_partition_only(
             await client.publish_batch([*bad, Publish("orders", other, {"seq": 2})])
     err = caught.value
     assert sorted(err.failed) == sorted(err.ids[:2]) and list(err.published) == [err.ids[2]]
-    assert seqs_of(await read_all(validating.bootstrap, topic, 1)) == {2: 1}
+    assert seqs_of(await read_all(validating.bootstrap, topic, 1, QUEUES)) == {2: 1}

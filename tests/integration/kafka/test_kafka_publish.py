@@ -14,18 +14,16 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.client import Client, Publish
 from conveyor.platform.errors import BrokerError
 from tests.conftest import free_port
 from tests.integration.kafka.conftest import Tansu
-from tests.integration.kafka.helpers import CuttableProxy, kafka_config
+from tests.integration.kafka.helpers import CuttableProxy, kafka_config, read_all
 from tests.servers.tansu import require_tansu
 
 pytestmark = pytest.mark.kafka
@@ -35,29 +33,6 @@ ROUNDS = 3
 PER_ROUND = 20_000
 BATCH_BYTES = 16_384
 """aiokafka's ``max_batch_size``: one record batch (one partition) holds at most this."""
-
-
-async def read_all(bootstrap: str, topic: str, expected_at_least: int) -> list[Any]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, q) for q in range(QUEUES)]
-        consumer.assign(tps)
-        records: list[Any] = []
-
-        async def behind() -> bool:  # the fetch high watermark (tansu's ListOffsets is off)
-            for tp in tps:
-                high = consumer.highwater(tp)
-                if high is None or await consumer.position(tp) < high:
-                    return True
-            return False
-
-        while len(records) < expected_at_least or await behind():
-            for batch in (await consumer.getmany(timeout_ms=1000)).values():
-                records += batch
-        return records
-    finally:
-        await consumer.stop()
 
 
 async def test_a_produce_response_lost_mid_batch_loses_nothing(
@@ -86,7 +61,7 @@ async def test_a_produce_response_lost_mid_batch_loses_nothing(
                 published += batch
             idempotent = adapter.idempotent
         assert proxy.replies_lost == ROUNDS, "the fault was not injected"
-        records = await read_all(broker.bootstrap, topic, len(published))
+        records = await read_all(broker.bootstrap, topic, len(published), QUEUES)
     finally:
         await proxy.cut()
         broker.stop()

@@ -1,14 +1,16 @@
-"""Ctrl-C in a script publishing with ``SyncClient`` to a Redis that stopped answering
+"""Ctrl-C in a script publishing with ``SyncClient`` to a broker that stopped answering
 (SIGSTOP: the connection stays open, nothing comes back).
 
 The interrupted call raises ``KeyboardInterrupt`` at once, and leaving the ``with`` block
-closes the client without sitting out the send's retries (``[redis] retry_max_s``, 10 s
-by default): a send nobody waits for is cancelled. What the script published before is
-stored; the interrupted message may or may not be (it was never confirmed).
+closes the client without sitting out the send's retries or timeouts (Redis: ``[redis]
+retry_max_s``, 10 s; Kafka: the producer's request timeout, 40 s): a send nobody waits
+for is cancelled. What the script published before is stored; the interrupted message
+may or may not be (it was never confirmed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -16,11 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.config_files import write_toml
 from tests.conftest import wait_until_sync
-from tests.integration.redis.conftest import REPO, write_config
+from tests.integration.kafka.helpers import read_all
+from tests.integration.redis.conftest import REPO
 from tests.servers.redis import start_redis
+from tests.servers.tansu import start_tansu
 
-pytestmark = pytest.mark.redis
+QUEUES = 2
 
 SCRIPT = """
 import signal, sys, time
@@ -52,37 +57,60 @@ def server_rx_queued(port: int) -> bool:
     return False
 
 
-def test_ctrl_c_during_a_stuck_publish_leaves_the_with_block_at_once(tmp_path: Path) -> None:
-    server = start_redis(tmp_path / "redis")
-    config = write_config(tmp_path / "c.toml", server.url)
+@pytest.mark.parametrize("name", [pytest.param("redis", marks=pytest.mark.redis),
+                                  pytest.param("kafka", marks=pytest.mark.kafka)])
+def test_ctrl_c_during_a_stuck_publish_leaves_the_with_block_at_once(
+    name: str, tmp_path: Path
+) -> None:
+    if name == "redis":
+        redis = start_redis(tmp_path / "redis")
+        stop_server, port = redis.stop, redis.process.port
+        server = redis.process.proc
+        config = write_toml(tmp_path / "c.toml", {
+            "queues": {"adapter": "redis", "total": QUEUES},
+            "redis": {"url": redis.url, "prefix": "t"},
+            "balancer": {"kind": "dynamic", "membership": "redis"}})
+    else:
+        tansu = start_tansu(tmp_path)
+        stop_server, port, server = tansu.stop, tansu.port, tansu.proc
+        config = write_toml(tmp_path / "c.toml", {
+            "queues": {"adapter": "kafka", "total": QUEUES},
+            "kafka": {"bootstrap": tansu.bootstrap, "topic": "orders-t"}})
+    assert server is not None
     script = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, str(config)], cwd=REPO, text=True,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    redis_proc = server.process.proc
     try:
         assert script.stdout is not None and script.stdin is not None
-        assert script.stdout.readline() == "published 1\n"
-        redis_proc.send_signal(signal.SIGSTOP)
+        first = script.stdout.readline()
+        assert first == "published 1\n", script.communicate(timeout=30)
+        server.send_signal(signal.SIGSTOP)
         script.stdin.write("go\n")
         script.stdin.flush()
-        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
         wait_until_sync(lambda: server_rx_queued(port), 10,
                         "the second publish to reach the stopped server")
         script.send_signal(signal.SIGINT)
-        out, err = script.communicate(timeout=30)
+        out, err = script.communicate(timeout=60)
     finally:
-        redis_proc.send_signal(signal.SIGCONT)
+        server.send_signal(signal.SIGCONT)
         if script.poll() is None:
             script.kill()
     assert script.returncode == 0, err
     assert out.startswith("interrupted, out after "), (out, err)
     took = float(out.split()[-1].rstrip("s"))
-    assert took < 3.0, f"closing sat out the send's retries ({took:.2f}s, retry_max_s 10)"
-    client = server.client()
+    assert took < 3.0, f"closing sat out the send's retries ({took:.2f}s)"
     try:
-        stored = [fields[b"body"] for q in range(8) for _, fields in client.xrange(f"t:q:{q}")]
+        if name == "redis":
+            client = redis.client()
+            try:
+                stored = [fields[b"body"] for q in range(QUEUES)
+                          for _, fields in client.xrange(f"t:q:{q}")]
+            finally:
+                client.close()
+        else:
+            records = asyncio.run(read_all(tansu.bootstrap, "orders-t", 1, QUEUES))
+            stored = [record.value for record in records]
     finally:
-        client.close()
-    server.stop()
+        stop_server()
     # The confirmed message is stored; the interrupted one may or may not be.
     assert stored in ([b'{"n":1}'], [b'{"n":1}', b'{"n":2}']), stored
