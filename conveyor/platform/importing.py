@@ -58,8 +58,11 @@ def load_attr(
         raise
     except ImportError as exc:
         raise error(f"{what}: cannot load {target!r} (cannot import: {exc})") from None
-    except (Exception, SystemExit) as exc:  # the module's own code raised, or called
-        # sys.exit(), while being imported: a worker would stop with no word of why
+    except KeyboardInterrupt:  # Ctrl-C during a slow import: the command is interrupted
+        raise
+    except BaseException as exc:  # the module's own code raised (an Exception, or not:
+        # pytest.skip(), a CancelledError) or called sys.exit() while being imported: a
+        # worker would stop with a traceback, or with no word of why
         raise error(
             f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
         ) from None
