@@ -133,17 +133,22 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
     config = _load(config_path)
 
     async def work(adapter: QueueAdapter) -> tuple[list[StoredLetter], int]:
+        # One past the limit: whether --limit left any out (the total counts letters the
+        # filters drop too).
         found = [s async for s in letters(adapter, group, LetterFilter(handler, error_type),
-                                          limit)]
+                                          limit + 1)]
         return found, await adapter.dead_letters.count(group)
 
     found, total = _run(config, work)
+    more, found = len(found) > limit, found[:limit]
     if as_json:
         click.echo(json.dumps([letter_json(s) for s in found]))
         return
     from rich.console import Console
 
-    print_table(letters_view(found, group, total, wide, Console().width), whole_rows=wide)
+    filtered = handler is not None or error_type is not None
+    print_table(letters_view(found, group, total, wide, Console().width, more=more,
+                             filtered=filtered), whole_rows=wide)
 
 
 @dlq.command("show")
