@@ -82,7 +82,10 @@ async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every
     keep = LetterFilter(handler, error_type)
     if every:
         return [s async for s in letters(adapter, group, keep)]
-    found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
+    try:
+        found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
+    except InvalidArgumentError as exc:  # a malformed id
+        usage(f"--id: {exc}; nothing was done")
     missing = [i for i, s in found.items() if s is None]
     if missing:
         usage(f"--id: no dead letter {', '.join(missing)} of app {group!r} (see "
@@ -165,7 +168,10 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     config = _load(config_path)
 
     async def work(adapter: QueueAdapter) -> StoredLetter | None:
-        return await adapter.dead_letters.find(group, letter_id)
+        try:
+            return await adapter.dead_letters.find(group, letter_id)
+        except InvalidArgumentError as exc:  # a malformed id
+            usage(f"ID: {exc}")
 
     stored = _run(config, work)
     if stored is None:

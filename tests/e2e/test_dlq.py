@@ -190,11 +190,13 @@ def test_operator_mistakes_are_usage_errors(config_path: Path) -> None:
     kafka = load_config(config_path).queues.adapter == "kafka"
     where = ["--app", APP, "--config", str(config_path)]
     cases = [
-        (["show", "not-an-id", *where], "not a dead-letter id"),
+        (["show", "not-an-id", *where], "error: ID: not a dead-letter id"),
+        (["purge", "--id", "x", "--yes", *where], "error: --id: not a dead-letter id"),
         # Well formed, but beyond what the backend's ids hold (Redis: 64 bits a part).
-        (["show", "0:" + "9" * 20 if kafka else f"{2**64}-0", *where], "not a dead-letter id"),
+        (["show", "0:" + "9" * 20 if kafka else f"{2**64}-0", *where],
+         "error: ID: not a dead-letter id"),
         (["replay", "--id", "0:" + "9" * 20 if kafka else f"1-{2**64}", *where],
-         "not a dead-letter id"),
+         "error: --id: not a dead-letter id"),
         (["show", "0:999999" if kafka else "1-0", *where], "no dead letter"),
         (["replay", "--id", "0:999999" if kafka else "1-0", *where], "nothing was done"),
         (["replay", *where], "either --all or --id"),
