@@ -50,7 +50,10 @@ def load_attr(
     """
     module_name, _, attr = target.partition(":")
     attr = attr or default_attr
-    if not module_name or not attr:
+    # A module named from "." is relative to no package here (importlib raises a
+    # TypeError about its own arguments); a file (./shop.py) is the importer's.
+    relative = module_name.startswith(".") and not module_name.endswith(".py")
+    if not module_name or not attr or relative:
         raise error(f"{what}: expected {form}, got {target!r}")
     try:
         module = importer(module_name)

@@ -39,7 +39,8 @@ def test_a_missing_attribute_names_the_module_and_where_it_came_from() -> None:
         load_attr("json:nope", "$.x")
 
 
-@pytest.mark.parametrize("target", ["json", ":dumps", "json:", ""])
+@pytest.mark.parametrize("target", ["json", ":dumps", "json:", "", ".json:dumps", "..:dumps",
+                                    "./shop:app"])
 def test_a_malformed_target_quotes_the_expected_form(target: str) -> None:
     with pytest.raises(ConfigError, match=r'^\$\.slots\.path: expected "package\.module:Factory", '
                                           rf"got {target!r}$"):
