@@ -86,7 +86,10 @@ async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every
     keep = LetterFilter(handler, error_type)
     if every:
         return [s async for s in letters(adapter, group, keep)]
-    found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
+    try:
+        found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
+    except InvalidArgumentError as exc:  # a malformed id
+        usage(f"--id: {exc}; nothing was done")
     missing = [i for i, s in found.items() if s is None]
     if missing:
         usage(f"--id: no dead letter {', '.join(missing)} of app {group!r} (see "
@@ -137,17 +140,22 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
     config = _load(config_path)
 
     async def work(adapter: QueueAdapter) -> tuple[list[StoredLetter], int]:
+        # One past the limit: whether --limit left any out (the total counts letters the
+        # filters drop too).
         found = [s async for s in letters(adapter, group, LetterFilter(handler, error_type),
-                                          limit)]
+                                          limit + 1)]
         return found, await adapter.dead_letters.count(group)
 
     found, total = _run(config, group, work)
+    more, found = len(found) > limit, found[:limit]
     if as_json:
         click.echo(json.dumps([letter_json(s) for s in found]))
         return
     from rich.console import Console
 
-    print_table(letters_view(found, group, total, wide, Console().width), whole_rows=wide)
+    filtered = handler is not None or error_type is not None
+    print_table(letters_view(found, group, total, wide, Console().width, more=more,
+                             filtered=filtered), whole_rows=wide)
 
 
 @dlq.command("show")
@@ -164,7 +172,10 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
     config = _load(config_path)
 
     async def work(adapter: QueueAdapter) -> StoredLetter | None:
-        return await adapter.dead_letters.find(group, letter_id)
+        try:
+            return await adapter.dead_letters.find(group, letter_id)
+        except InvalidArgumentError as exc:  # a malformed id
+            usage(f"ID: {exc}")
 
     stored = _run(config, group, work)
     if stored is None:

@@ -266,10 +266,11 @@ def apps_view(report: Any) -> Any:
 
 # -- dead letters ------------------------------------------------------------------------
 def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
-                 width: int) -> Any:
+                 width: int, *, more: bool = False, filtered: bool = False) -> Any:
     """One line per letter. Compact: id, stream, time (to the minute) and "Type: error"
     cut to what ``width`` leaves it; ``wide``: handler, error type and text apart,
-    attempts, the time to the second and the letter it replays."""
+    attempts, the time to the second and the letter it replays. ``more``: the limit
+    left letters out; ``filtered``: ``found`` is what the filters kept of ``total``."""
     from rich import box
     from rich.table import Column
 
@@ -301,6 +302,10 @@ def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
                           utc_time(letter.failed_at_ms)[5:16], _cut(error, error_width))
     notes = [] if wide or not found else [
         "`dlq show ID` or --json: a letter in full; --wide: more columns"]
-    if len(found) < total:
-        notes.insert(0, f"showing {len(found)} of {total}; --limit shows more")
+    kept = "match --handler/--error-type"
+    if more:
+        notes.insert(0, f"showing the first {len(found)} that {kept}; --limit shows more"
+                     if filtered else f"showing {len(found)} of {total}; --limit shows more")
+    elif filtered:
+        notes.insert(0, f"{len(found)} of {total} {kept}")
     return titled(f"app {group}: {total} dead letter(s)", table, notes)

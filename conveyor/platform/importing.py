@@ -50,7 +50,10 @@ def load_attr(
     """
     module_name, _, attr = target.partition(":")
     attr = attr or default_attr
-    if not module_name or not attr:
+    # A module named from "." is relative to no package here (importlib raises a
+    # TypeError about its own arguments); a file (./shop.py) is the importer's.
+    relative = module_name.startswith(".") and not module_name.endswith(".py")
+    if not module_name or not attr or relative:
         raise error(f"{what}: expected {form}, got {target!r}")
     try:
         module = importer(module_name)
@@ -58,8 +61,11 @@ def load_attr(
         raise
     except ImportError as exc:
         raise error(f"{what}: cannot load {target!r} (cannot import: {exc})") from None
-    except (Exception, SystemExit) as exc:  # the module's own code raised, or called
-        # sys.exit(), while being imported: a worker would stop with no word of why
+    except KeyboardInterrupt:  # Ctrl-C during a slow import: the command is interrupted
+        raise
+    except BaseException as exc:  # the module's own code raised (an Exception, or not:
+        # pytest.skip(), a CancelledError) or called sys.exit() while being imported: a
+        # worker would stop with a traceback, or with no word of why
         raise error(
             f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
         ) from None

@@ -190,7 +190,13 @@ def test_operator_mistakes_are_usage_errors(config_path: Path) -> None:
     kafka = load_config(config_path).queues.adapter == "kafka"
     where = ["--app", APP, "--config", str(config_path)]
     cases = [
-        (["show", "not-an-id", *where], "not a dead-letter id"),
+        (["show", "not-an-id", *where], "error: ID: not a dead-letter id"),
+        (["purge", "--id", "x", "--yes", *where], "error: --id: not a dead-letter id"),
+        # Well formed, but beyond what the backend's ids hold (Redis: 64 bits a part).
+        (["show", "0:" + "9" * 20 if kafka else f"{2**64}-0", *where],
+         "error: ID: not a dead-letter id"),
+        (["replay", "--id", "0:" + "9" * 20 if kafka else f"1-{2**64}", *where],
+         "error: --id: not a dead-letter id"),
         (["show", "0:999999" if kafka else "1-0", *where], "no dead letter"),
         (["replay", "--id", "0:999999" if kafka else "1-0", *where], "nothing was done"),
         (["replay", *where], "either --all or --id"),
@@ -252,3 +258,30 @@ def test_show_gives_an_undecodable_entrys_fields_as_they_were(config_path: Path)
     text = conveyor("dlq", "show", letter["id"], "--app", APP, "--config", str(config_path))
     assert ("raw_fields:    cv-ns=orders, cv-key=raw, nobody=x\\xff, body=payload"
             in text.stdout.splitlines()), text.stdout
+
+
+def test_list_says_more_letters_are_there_only_when_the_limit_left_some_out(
+    config_path: Path,
+) -> None:
+    """With --handler/--error-type the app's total is not what was left out: a filter
+    that matched 1 of 3 has nothing more to show, whatever --limit says."""
+    config = load_config(config_path)
+    on_adapter(config, "dead_letters.put", APP, [
+        DeadLetter.of(Message(f"m-{n}", StreamId("jobs", f"k{n}"), b"{}",
+                              enqueued_at_ms=now_ms()), handler, "boom", 1)
+        for n, handler in enumerate(["jobs.a", "jobs.a", "jobs.b"])])
+
+    def notes(*args: str) -> list[str]:
+        result = conveyor("dlq", "list", "--app", APP, "--config", str(config_path), *args)
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stdout.splitlines()
+                if "showing" in line or "match" in line]
+
+    assert notes() == []
+    assert notes("--limit", "2") == ["showing 2 of 3; --limit shows more"]
+    assert notes("--handler", "jobs.b") == ["1 of 3 match --handler/--error-type"]
+    assert notes("--handler", "nope") == ["0 of 3 match --handler/--error-type"]
+    assert notes("--handler", "jobs.a", "--limit", "2") == [
+        "2 of 3 match --handler/--error-type"]
+    assert notes("--handler", "jobs.a", "--limit", "1") == [
+        "showing the first 1 that match --handler/--error-type; --limit shows more"]

@@ -448,3 +448,17 @@ def test_a_bad_command_line_value_is_blamed_on_the_option() -> None:
     with pytest.raises(ConfigError, match=r"^a command-line option \(slots.count\): .*"
                                           r"\$.slots.count`$"):
         load_config(environ={"CONVEYOR_SLOTS__COUNT": "4"}, overrides={"slots": {"count": 0}})
+
+
+@pytest.mark.parametrize(("name", "value", "at"), [
+    ("CONVEYOR_BALANCER__QUEUES", '[0, "x"]', r"\$.balancer.queues\[1\]"),
+    ("CONVEYOR_CELLS__SIZES", '{"a": 0}', r"\$.cells.sizes\[...\]"),
+    ("CONVEYOR_TELEMETRY__HEADERS", '{"a": 1}', r"\$.telemetry.headers\[...\]"),
+])
+def test_a_bad_item_of_a_list_or_table_names_the_variable_that_set_it(
+    tmp_path: Path, name: str, value: str, at: str
+) -> None:
+    path = write(tmp_path, "[worker]\nmax_batch = 5\n")
+    for where in (None, path):  # neither "defaults" nor the file is at fault
+        with pytest.raises(ConfigError, match=rf"^environment variable {name}: .* - at `{at}`$"):
+            load_config(where, environ={name: value})

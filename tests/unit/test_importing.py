@@ -18,7 +18,7 @@ from conveyor.platform.importing import load_attr
 def package_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
-    for name in ("kit_raises", "kit_missing_dep", "kit_exits"):
+    for name in ("kit_raises", "kit_missing_dep", "kit_exits", "kit_base"):
         sys.modules.pop(name, None)
 
 
@@ -39,7 +39,8 @@ def test_a_missing_attribute_names_the_module_and_where_it_came_from() -> None:
         load_attr("json:nope", "$.x")
 
 
-@pytest.mark.parametrize("target", ["json", ":dumps", "json:", ""])
+@pytest.mark.parametrize("target", ["json", ":dumps", "json:", "", ".json:dumps", "..:dumps",
+                                    "./shop:app"])
 def test_a_malformed_target_quotes_the_expected_form(target: str) -> None:
     with pytest.raises(ConfigError, match=r'^\$\.slots\.path: expected "package\.module:Factory", '
                                           rf"got {target!r}$"):
@@ -74,6 +75,25 @@ def test_a_module_that_calls_sys_exit_while_imported_is_an_error_too(
     with pytest.raises(ConfigError) as caught:
         load_attr("kit_exits:x", "$.x")
     assert str(caught.value).endswith("kit_exits.py:2: SystemExit: 3")
+
+
+def test_a_module_raising_a_base_exception_while_imported_is_an_error_too(
+    package_dir: Path,
+) -> None:
+    """Not an Exception (pytest.skip() at module level raises one of these, as does a
+    CancelledError): still the module's own failure, not a traceback."""
+    (package_dir / "kit_base.py").write_text(
+        "class Skipped(BaseException):\n    pass\n\nraise Skipped('needs a GPU')\n")
+    with pytest.raises(ConfigError) as caught:
+        load_attr("kit_base:x", "$.x")
+    assert str(caught.value).startswith("$.x: importing 'kit_base:x' failed at ")
+    assert str(caught.value).endswith("kit_base.py:4: Skipped: needs a GPU")
+
+
+def test_ctrl_c_while_a_module_is_imported_still_interrupts(package_dir: Path) -> None:
+    (package_dir / "kit_base.py").write_text("raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        load_attr("kit_base:x", "$.x")
 
 
 def test_a_missing_dependency_of_the_module_is_named(package_dir: Path) -> None:

@@ -29,6 +29,11 @@ SECRET = "s3cret-pw"
         (f"redis://u:{SECRET}@h:port/0", "not a valid URL"),
         ("http://h:6379/0", "expected redis:// or rediss://"),
         ("unix:///tmp/redis.sock", "expected redis:// or rediss://"),
+        # Values redis-py passes on, for the server or the connection to fail on later.
+        ("redis://h/0?health_check_interval=-5", "health_check_interval is whole seconds"),
+        ("redis://h/0?health_check_interval=1.5", "health_check_interval is whole seconds"),
+        ("redis://h/0?client_name=my%20app", "client_name is printable ASCII"),
+        ("redis://h/0?client_name=a%0Ab", "client_name is printable ASCII"),
     ],
 )
 def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
@@ -44,6 +49,7 @@ def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
 @pytest.mark.parametrize("url", [
     "redis://127.0.0.1:6379/0",
     "rediss://user@h:6380/2?client_name=shop&health_check_interval=10",
+    "redis://h/0?client_name=shop.v2-a_b&health_check_interval=0",
     f"redis://:{SECRET}@h/0?socket_keepalive=true&password={SECRET}&username=u",
     "redis://h",
 ])

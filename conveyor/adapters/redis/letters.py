@@ -26,7 +26,7 @@ from conveyor.adapters.redis.errors import Caller, wrong_type
 from conveyor.adapters.redis.keys import Keys, token_of
 from conveyor.platform.adapter import DeadLetters
 from conveyor.platform.errors import InvalidArgumentError
-from conveyor.platform.ids import SequenceToken
+from conveyor.platform.ids import POSITION_MAX, SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter
 
@@ -45,10 +45,12 @@ replay killed between its two writes can be run again without doubling that lett
 
 
 def check_id(letter_id: str) -> str:
-    if not _ENTRY_ID.fullmatch(letter_id):
+    if not _ENTRY_ID.fullmatch(letter_id) or any(
+        int(part) > POSITION_MAX for part in letter_id.split("-")
+    ):
         raise InvalidArgumentError(
             f"not a dead-letter id on redis: {letter_id!r} (expected a stream entry id, "
-            "e.g. 1700000000000-0)"
+            f"e.g. 1700000000000-0, each part at most {POSITION_MAX})"
         )
     return letter_id
 

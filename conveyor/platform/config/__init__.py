@@ -708,7 +708,9 @@ def _blame(message: str, source: str, applied: Mapping[str, str]) -> str:
     names every variable applied, any of which may have taken part."""
     match = _AT_PATH.search(message)
     one_field, across = match.groups() if match else (None, None)
-    path = one_field or across or ""
+    # An item of a list or table (`$.balancer.queues[1]`, `$.cells.sizes[...]`) was set
+    # with its field.
+    path = (one_field or across or "").partition("[")[0]
     while path:
         if path in applied:
             return applied[path]

@@ -6,6 +6,7 @@ before it connects.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
 
 from conveyor.platform.errors import ConfigError
@@ -41,6 +42,8 @@ URL_OPTIONS = ("db", "username", "password", "client_name", "health_check_interv
                "socket_keepalive")
 """Query parameters a Redis URL may carry; the others redis-py knows are set in ``[redis]``
 (below) or by Conveyor itself, and anything else would fail only when connecting."""
+_CLIENT_NAME = re.compile(r"[!-~]*")
+"""What Redis takes as a client name: no spaces, newlines or other special characters."""
 _URL_FIELDS = {
     "socket_timeout": "socket_timeout_s", "timeout": "socket_timeout_s",
     "socket_connect_timeout": "connect_timeout_s", "retry_on_timeout": "retry_max_s",
@@ -80,7 +83,7 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
             f"{field}: a Redis Cluster has database 0 only ($.redis.mode is "
             f"\"cluster\"), got {shown}"
         )
-    for option, _ in parse_qsl(parts.query, keep_blank_values=True):
+    for option, value in parse_qsl(parts.query, keep_blank_values=True):
         if option in _URL_FIELDS:
             raise ConfigError(
                 f"{field}: set {option!r} as [redis] {_URL_FIELDS[option]}, "
@@ -91,3 +94,13 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
                 f"{field}: unknown option {option!r} in {shown} "
                 f"(accepted: {', '.join(URL_OPTIONS)})"
             )
+        # redis-py hands these on unchecked: a negative interval health-checks every
+        # command (and breaks the connection's handshake), and the server refuses such
+        # a name — each found only once connected, as a Redis error (exit 1).
+        if option == "health_check_interval" and not value.isdigit():
+            raise ConfigError(
+                f"{field}: health_check_interval is whole seconds from 0, got {shown}")
+        if option == "client_name" and not _CLIENT_NAME.fullmatch(value):
+            raise ConfigError(
+                f"{field}: client_name is printable ASCII without spaces (Redis' rule for "
+                f"CLIENT SETNAME), got {shown}")
