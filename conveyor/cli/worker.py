@@ -88,9 +88,14 @@ def worker(
         from conveyor.workers.supervisor import parse_processes, run_supervisor
 
         try:  # only the argument's own errors are usage errors, not the run's
-            parse_processes(processes)
+            low, _ = parse_processes(processes)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--processes") from None
+        if low > config.queues.total:  # MAX is capped there by the scaler; MIN cannot be
+            raise click.BadParameter(
+                f"MIN {low} is more than the {config.queues.total} queues "
+                "([queues] total): a process beyond them would own none",
+                param_hint="--processes")
         try:
             report = run_supervisor(app_path, app.name, config, processes, config_path,
                                     overrides, ready=_say_ready,
