@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
 import click
@@ -55,6 +56,12 @@ def publish(
 
     if not namespace:  # an empty '' argument: the user's mistake, before any I/O
         raise click.BadParameter("must be a non-empty string", param_hint="NAMESPACE")
+    if not key:  # an unset shell variable, most likely
+        raise click.BadParameter("must be a non-empty string", param_hint="KEY")
+    if content_type is not None and not _MEDIA_TYPE.fullmatch(content_type.partition(";")[0]):
+        raise click.BadParameter(
+            f"{content_type!r} is not a media type TYPE/SUBTYPE (e.g. text/plain)",
+            param_hint="--content-type")
     if content_type in (None, CONTENT_JSON):
         # Sent as it is, a body that is not JSON was dead-lettered later by its worker.
         shown = body if len(body) <= 60 else f"{body[:57]}..."
@@ -87,6 +94,8 @@ def publish(
                 f"{', '.join(sorted(RESERVED_HEADERS))}; content type: --content-type)",
                 param_hint="--header",
             )
+        if name in headers:
+            raise click.BadParameter(f"{name!r} given twice", param_hint="--header")
         headers[name] = value
     config = load_config_or_exit(config_path)
     refuse_embedded(config, "publish", "a message published from here would vanish when "
@@ -112,6 +121,11 @@ def publish(
     except ConveyorError as exc:
         fail(exc)
     click.echo(str(token))
+
+
+_MEDIA_TYPE = re.compile(r"\s*[\w.+-]+/[\w.+-]+\s*")
+"""A media type's TYPE/SUBTYPE (RFC 6838's characters, less the rarest), before any
+``;`` parameters."""
 
 
 def _textual(content_type: str) -> bool:

@@ -129,6 +129,16 @@ USER_MISTAKES = [
     # Checked before the config's broker is asked anything: no server needed.
     (["publish", "", "k1", "{}", "--config", "configs/redis.toml"],
      "NAMESPACE", "must be a non-empty string"),
+    (["publish", "orders", "", "{}", "--config", "configs/redis.toml"],
+     "KEY", "must be a non-empty string"),
+    (["publish", "orders", "k1", "{}", "-H", "a=1", "-H", "a=2", "--config",
+      "configs/redis.toml"],
+     "--header", "'a' given twice"),
+    (["publish", "orders", "k1", "x", "--content-type", "", "--config", "configs/redis.toml"],
+     "--content-type", "'' is not a media type TYPE/SUBTYPE"),
+    (["publish", "orders", "k1", "x", "--content-type", "bad type", "--config",
+      "configs/redis.toml"],
+     "--content-type", "'bad type' is not a media type TYPE/SUBTYPE"),
     (["bench", "throughput", "--adapter", "redis", "--redis-url", "htp://x"],
      "--redis-url", "expected redis:// or rediss://, got htp://x"),
 ]
