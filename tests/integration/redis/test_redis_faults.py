@@ -515,20 +515,25 @@ def test_scaling_three_to_four_to_three_moves_only_the_surplus(
 ) -> None:
     """3 -> 4 daemons over 8 queues: the two holding three give one each; 4 -> 3: the
     leaver's two go to two of the others. Four hand-offs, none lost or doubled."""
-    # At most 16 slots / 5 ms = 3,200 msgs/s per worker: work is under way at each move.
+    # Work must be under way at each move: once it is, the recorder's slow file makes
+    # each message take another 50 ms (16 slots: 320 msgs/s a worker, not 3,200) until
+    # both moves are seen, so the backlog cannot drain while the joiner starts.
     n, streams = 40_000, 400
     redis_server = target
     cfg = config_for(redis_server, tmp_path / "c.toml", slots={"count": 16},
                        balancer={"rebalance_interval_s": 0.2})
-    first = start(workers, tmp_path, cfg, 3, work_ms=5)
+    slow = tmp_path / "slow"
+    env = {"CONVEYOR_TEST_SLOW_WHILE": str(slow)}
+    first = start(workers, tmp_path, cfg, 3, work_ms=5, env=env)
     wait_split(redis_server, first)
     publish(cfg, n, streams)
     records = [w.record for w in first]
     wait_file_lines(records, 2_000, 60, "the run to be under way")
+    slow.touch()
 
     held = {w.name: member_of(w, owners(redis_server)) for w in first}
     before, scaled_at = fences(redis_server), time.time() - 0.01
-    [joiner] = start(workers, tmp_path, cfg, 1, work_ms=5)  # scale out
+    [joiner] = start(workers, tmp_path, cfg, 1, work_ms=5, env=env)  # scale out
     wait_split(redis_server, [*first, joiner])
     joined = grants_since(redis_server, before)
     took = member_of(joiner, owners(redis_server))
@@ -541,6 +546,7 @@ def test_scaling_three_to_four_to_three_moves_only_the_surplus(
     assert joiner.stop() == 0  # scale in, gracefully
     assert "abandoned=0" in joiner.stderr and " lost=0" in joiner.stderr
     wait_split(redis_server, first)
+    slow.unlink()
     left = grants_since(redis_server, before)
     assert left == {q: 1 for q in took}, f"grants on leaving: {left}"
 
