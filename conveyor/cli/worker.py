@@ -117,6 +117,10 @@ def worker(
         error.show()
         leave_running_threads(error.exit_code)
         sys.exit(error.exit_code)
+    except SystemExit as exc:  # a handler's or hook's (stop signals are the loop's):
+        status = exc.code if isinstance(exc.code, int) and exc.code else 1  # not a drain
+        leave_running_threads(status)
+        sys.exit(status)
     click.echo(f"conveyor: drained {report}", err=True)
     leave_running_threads(0)
 
