@@ -8,14 +8,13 @@ the config and the app, and prints the two lines a user (and the tests) wait for
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from conveyor.cli.common import config_option, fail, load_config_or_exit
+from conveyor.cli.common import as_cli_error, config_option, fail, load_config_or_exit
 from conveyor.platform.errors import ConveyorError
 
 
@@ -66,7 +65,7 @@ def worker(
     from conveyor.loader import load_app
     from conveyor.workers.daemon import DrainReport, WorkerDaemon
     from conveyor.workers.http_endpoint import daemon_endpoint
-    from conveyor.workers.serve import serve
+    from conveyor.workers.serve import leave_running_threads, run_served, serve
 
     overrides: dict[str, dict[str, Any]] = {}
     if slots is not None:
@@ -116,10 +115,19 @@ def worker(
             lambda what: click.echo(f"{said} started; waiting for the {what}", err=True)))
 
     try:
-        report = asyncio.run(run())
+        report = run_served(run)
     except ConveyorError as exc:
-        fail(exc)
+        error = as_cli_error(exc)
+        assert error is not None
+        error.show()
+        leave_running_threads(error.exit_code)
+        sys.exit(error.exit_code)
+    except SystemExit as exc:  # a handler's or hook's (stop signals are the loop's):
+        status = exc.code if isinstance(exc.code, int) and exc.code else 1  # not a drain
+        leave_running_threads(status)
+        sys.exit(status)
     click.echo(f"conveyor: drained {report}", err=True)
+    leave_running_threads(0)
 
 
 def _log_level(ctx: click.Context) -> str | None:

@@ -595,11 +595,16 @@ class PullingAgent:
                                 or not keep(permit)):
                             ready.append(lane)  # the loop above decides what comes next
                             break
-                except BaseException:
+                except BaseException as exc:
+                    if isinstance(exc, STOPS):  # else the process ends without a word
+                        log.error("handler %s raised %s on message %s of %s: the worker "
+                                  "stops at once, without draining; the message comes "
+                                  "back as a redelivered one (see max_deliveries)",
+                                  handler.name, repr(exc), msg.id, msg.stream)
                     if entered is not None and scope is not None:  # its span ends as
                         scope.leave(entered)  # the chain's step ends it
                         entered = None
-                    permit.release()  # cancelled: the call did not complete
+                    permit.release()  # cancelled (or a stop): the call did not complete
                     if careful:
                         self._careful.release()
                     raise

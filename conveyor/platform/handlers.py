@@ -147,6 +147,8 @@ def build_spec(
     name: str | None,
     options: Mapping[type[HandlerOptions], HandlerOptions],
 ) -> HandlerSpec:
+    if isinstance(fn, staticmethod):  # declared in a class body: the function it holds
+        fn = fn.__func__
     where = handler_where(fn)
     if not namespace or not isinstance(namespace, str):
         raise HandlerDeclarationError(f"{where}: namespace must be a non-empty string")
@@ -170,7 +172,7 @@ def build_spec(
             f"{where}: takes (body) or (body, ctx: MessageContext), got {len(params)} parameters"
         )
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(_partial_target(fn))
     except Exception as exc:
         raise HandlerDeclarationError(f"{where}: cannot resolve type annotations: {exc}") from None
     body_type = hints.get(params[0].name)
@@ -189,7 +191,7 @@ def build_spec(
                 f"{where}: the second parameter {params[1].name!r} is the message's "
                 f"context: annotate it MessageContext (or not at all), not {ctx_type!r}")
     return HandlerSpec(
-        name=name or f"{fn.__module__}.{fn.__qualname__}",
+        name=name or _default_name(_partial_target(fn)),
         namespace=namespace,
         fn=fn,
         decode=_body_decoder(body_type, where),
@@ -250,6 +252,19 @@ def _batch_element(annotation: Any, params: int, where: str) -> Any:
     return args[0]
 
 
+def _partial_target(fn: Any) -> Any:
+    """The function a ``functools.partial`` calls (its annotations and name are the
+    handler's; the partial's signature says which parameters are left); ``fn`` else."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
+def _default_name(fn: Any) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
 def handler_where(fn: Any) -> str:
     """How errors name a handler: ``handler 'on_order'``."""
+    fn = _partial_target(fn)
     return f"handler {getattr(fn, '__qualname__', fn)!r}"

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.tasks import cancel_and_wait
@@ -19,11 +24,66 @@ log = logging.getLogger("conveyor.daemon")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+T = TypeVar("T")
+
 
 STOP_GRACE_S = 3.0
 """How long past ``drain_timeout_s`` (counted from the signal) a stop may take in all —
 releasing leases, leaving the membership, closing connections — before serve gives up
 on it: a broker that stopped answering must not keep a stopping worker alive."""
+
+
+THREADS_GRACE_S = 1.0
+"""How long a process that has served its daemon waits for threads that would keep it
+alive (:func:`leave_running_threads`) before it exits without them."""
+
+
+def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run(main())`` for a process that exists to serve a daemon, without
+    waiting at the end for the loop's default executor (``asyncio.to_thread``,
+    ``run_in_executor``): ``asyncio.run`` would wait for a call there that never returns
+    — a handler's ``to_thread`` call its drain abandoned — for good, after the drain.
+    The executor's idle threads end; a busy one is left to :func:`leave_running_threads`."""
+    executor = ThreadPoolExecutor(thread_name_prefix="asyncio")
+
+    async def served() -> T:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(executor)
+        try:
+            return await main()
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)
+            # What asyncio.run shuts down (and waits for) once this returns: an idle one.
+            loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio"))
+
+    return asyncio.run(served())
+
+
+def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None:
+    """The last call of a process that served a daemon, once the daemon has stopped:
+    Python would wait at exit for every thread that is not a daemon thread — for good,
+    if one never returns (a handler's ``asyncio.to_thread`` call the drain abandoned, a
+    thread the app started at import). Waits ``grace_s`` at most for them; if one still
+    runs, logs their names and leaves at once with ``status`` (``os._exit``: ``atexit``
+    functions do not run). Returns when none is left."""
+    deadline = time.monotonic() + grace_s
+    running = []
+    for thread in threading.enumerate():
+        if thread.daemon or thread is threading.current_thread():
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            running.append(thread.name)
+    if not running:
+        return
+    log.warning("exiting without waiting for %d thread(s) still running after the stop: "
+                "%s (a handler's asyncio.to_thread or run_in_executor call that has not "
+                "returned, or a thread the app started that is not a daemon thread)",
+                len(running), ", ".join(running))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 async def serve(

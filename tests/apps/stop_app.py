@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 from conveyor import App, MessageContext
@@ -34,3 +35,26 @@ def on_job_in_thread(job: dict[str, int], ctx: MessageContext) -> None:
     _started.write(f"{ctx.message.id} {job['seq']}\n")
     time.sleep(WORK_S)
     _out.write(f"{ctx.message.id} {job['seq']}\n")
+
+
+to_thread_app = App("stop-test")
+"""The same, its wait in ``asyncio.to_thread``: on the loop's default executor, whose
+threads Python waits for at exit."""
+
+
+@to_thread_app.handler("jobs")
+async def on_job_to_thread(job: dict[str, int], ctx: MessageContext) -> None:
+    _started.write(f"{ctx.message.id} {job['seq']}\n")
+    await asyncio.to_thread(time.sleep, WORK_S)
+    _out.write(f"{ctx.message.id} {job['seq']}\n")
+
+
+thread_app = App("stop-test")
+"""The async app's handler, and a startup hook that starts a thread which never ends and
+is not a daemon thread (as an app's poller started at import)."""
+thread_app.handlers.extend(app.handlers)
+
+
+@thread_app.startup
+async def start_poller(client: object) -> None:
+    threading.Thread(target=lambda: time.sleep(3600), name="app-poller").start()

@@ -450,6 +450,33 @@ def test_a_worker_whose_interceptor_wraps_in_nothing_is_a_usage_error(tmp_path: 
         "return a step (an async callable) or `next`\n")
 
 
+@pytest.mark.parametrize(("raised", "status"), [("SystemExit()", 1), ("SystemExit(3)", 3)])
+def test_a_handler_that_raises_system_exit_stops_the_worker_saying_so(
+    tmp_path: Path, raised: str, status: int,
+) -> None:
+    # It ended the process at once without a word, with status 0 for sys.exit(): a crash
+    # that looked like a clean stop to a supervisor.
+    (tmp_path / "quitter.py").write_text(
+        "import conveyor\n"
+        "app = conveyor.App('quitter')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        f"    raise {raised}\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    await client.publish('jobs', 'j-1', {'n': 1})\n")
+    result = subprocess.run([sys.executable, "-m", "conveyor.cli", "--log-level", "warning",
+                             "worker", "quitter:app"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == status, result.stderr
+    [said] = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert re.search(
+        rf"handler quitter.job raised {re.escape(raised)} on message \w+ of jobs/j-1: the "
+        "worker stops at once, without draining; the message comes back as a redelivered "
+        r"one \(see max_deliveries\)$", said), said
+
+
 def test_python_dash_m_conveyor_is_the_command() -> None:
     result = subprocess.run([sys.executable, "-m", "conveyor", "--version"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)

@@ -1,3 +1,5 @@
+import asyncio
+import functools
 import typing
 from typing import Any
 
@@ -188,3 +190,39 @@ def test_an_app_made_with_a_name_or_interceptors_of_the_wrong_kind_is_refused_in
         App(5)  # type: ignore[arg-type]
     with pytest.raises(HandlerDeclarationError, match="interceptors=5: a list of"):
         App("x", interceptors=5)  # type: ignore[arg-type]
+
+
+def test_a_partial_and_a_staticmethod_declare_the_function_they_hold() -> None:
+    # A functools.partial was refused ("cannot resolve type annotations: … is not a
+    # module, class, method, or function"), and @app.handler over @staticmethod in a
+    # class body taken for a plain function wrapping an `async def`.
+    app = App("t")
+
+    async def charge(gateway: str, order: Order, ctx: MessageContext) -> str:
+        return f"{gateway} {order.id} {ctx.handler}"
+
+    def render(size: int, body: bytes) -> int:
+        return size + len(body)
+
+    app.handler("orders")(functools.partial(charge, "stripe"))
+    app.handler("renders")(functools.partial(render, 10))
+
+    class Shop:
+        @app.handler("refunds")
+        @staticmethod
+        async def refund(order: Order) -> int:
+            return order.id
+
+    assert isinstance(Shop.__dict__["refund"], staticmethod)  # the class keeps its own
+    charging, rendering, refunding = app.handlers
+    assert (charging.name, charging.sync, charging.takes_context) == (
+        f"{__name__}.test_a_partial_and_a_staticmethod_declare_the_function_they_hold"
+        ".<locals>.charge", False, True)
+    assert (rendering.sync, rendering.takes_context, refunding.sync) == (True, False, False)
+    assert refunding.name.endswith(".<locals>.Shop.refund")
+    order = charging.decode(msg(b'{"id": 7}'))
+    assert order == Order(7)
+    ctx = MessageContext(msg(b"{}"), handler="h")
+    assert asyncio.run(charging.fn(order, ctx)) == "stripe 7 h"
+    assert rendering.fn(rendering.decode(msg(b"abc"))) == 13
+    assert asyncio.run(refunding.fn(refunding.decode(msg(b'{"id": 3}')))) == 3

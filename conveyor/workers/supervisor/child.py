@@ -250,6 +250,8 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from conveyor.workers.serve import leave_running_threads, run_served
+
     app_path, config_path, events_fd = (argv or sys.argv[1:])[:3]
     # The supervisor decides when children stop (a Ctrl-C on the terminal reaches it);
     # a SIGTERM sent to a child directly drains it like a "stop" command.
@@ -259,10 +261,13 @@ def main(argv: list[str] | None = None) -> None:
         f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s"))
     logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"), handlers=[handler])
     try:
-        asyncio.run(run_child(app_path, config_path, int(events_fd)))
+        run_served(lambda: run_child(app_path, config_path, int(events_fd)))
     except ConveyorError as exc:  # a message for the operator, not a traceback
         log.error("%s", exc)
-        sys.exit(CONFIG_REFUSED if isinstance(exc, ConfigError) else 1)
+        status = CONFIG_REFUSED if isinstance(exc, ConfigError) else 1
+        leave_running_threads(status)
+        sys.exit(status)
+    leave_running_threads(0)
 
 
 if __name__ == "__main__":

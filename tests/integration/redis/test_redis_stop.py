@@ -46,10 +46,11 @@ def _toml(value: Any) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
-def start_worker(config: Path, out: Path, work_ms: float) -> subprocess.Popen[str]:
+def start_worker(config: Path, out: Path, work_ms: float, app: str = "app"
+                 ) -> subprocess.Popen[str]:
     env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_WORK_MS": str(work_ms)}
     return subprocess.Popen(
-        [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.stop_app:app",
+        [sys.executable, "-m", "conveyor.cli", "worker", f"tests.apps.stop_app:{app}",
          "--config", str(config)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -153,6 +154,36 @@ def test_a_stuck_worker_exits_in_time_and_the_next_owner_gets_everything(
     assert f"released={pulled - running}" in drained_line(err)
     assert ("second stop signal" in err) is twice
     handled_once_by_next_owner(config, out, published)
+
+
+@pytest.mark.parametrize(
+    ("app", "work_ms", "thread", "abandoned"),
+    [("to_thread_app", 600_000, "asyncio_0", 1), ("thread_app", 0, "app-poller", 0)],
+    ids=["handler-in-to-thread", "app-thread"],
+)
+def test_a_thread_that_never_returns_does_not_keep_the_worker_alive(
+    redis_server: RedisServer, tmp_path: Path, app: str, work_ms: int, thread: str,
+    abandoned: int,
+) -> None:
+    # Python waits at exit for threads that are not daemon threads: a handler's
+    # asyncio.to_thread call stuck for good kept `conveyor worker` alive after its
+    # drain (in asyncio.run's executor shutdown, before the drained line), and so did a
+    # thread the app started; the worker exits past them, naming them.
+    config = config_file(tmp_path, redis_server.url, worker__drain_timeout_s=2)
+    published = publish(config, keys=1, per_key=100)
+    out, started = tmp_path / "out", tmp_path / "out.started"
+    proc = start_worker(config, out, work_ms=work_ms, app=app)
+    try:  # the stuck call started, or every message handled
+        wait_until_sync(lambda: started.exists() and len(started.read_text().splitlines())
+                        == (1 if abandoned else published), 30, what="the handlers' calls")
+    finally:
+        elapsed, err = stop_and_time(proc)
+    assert proc.returncode == 0, err
+    assert elapsed < 2 + 2, f"exit took {elapsed:.1f}s after the signal"
+    assert f"abandoned={abandoned} " in drained_line(err)
+    assert f"exiting without waiting for 1 thread(s) still running after the stop: {thread} " in err
+    if abandoned:
+        handled_once_by_next_owner(config, out, published)
 
 
 def test_an_idle_worker_with_a_long_poll_exits_at_once(
