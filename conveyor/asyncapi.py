@@ -11,8 +11,9 @@ What the document says, from the app and its config (nothing is asked of a broke
   messages in order.
 * **messages** — one per body type a namespace's handlers decode, its payload schema from
   the handler's first parameter (``msgspec.json.schema``: a Struct, ``dict``, ``list``;
-  ``bytes`` and ``str`` are raw bodies), its headers the wire format's
-  (:mod:`conveyor.platform.message`), with the Kafka binding's record key (the stream key).
+  ``bytes``, ``bytearray``, ``memoryview`` and ``str`` are raw bodies), its headers the
+  wire format's (:mod:`conveyor.platform.message`), with the Kafka binding's record key
+  (the stream key).
 * **operations** — ``receive`` per handler (the consumer group is the app's name) and a
   ``send`` per namespace for producers.
 """
@@ -30,7 +31,7 @@ import msgspec
 
 from conveyor.platform.app import App
 from conveyor.platform.config import Config
-from conveyor.platform.handlers import HandlerSpec
+from conveyor.platform.handlers import HandlerSpec, raw_or_text
 from conveyor.platform.message import (
     CONTENT_BYTES,
     CONTENT_JSON,
@@ -107,8 +108,9 @@ def _body_type(spec: HandlerSpec) -> Any:
     params = list(inspect.signature(spec.fn).parameters.values())
     body = typing.get_type_hints(spec.fn)[params[0].name]
     if spec.batch is not None:
-        return typing.get_args(body)[0]
-    return body
+        body = typing.get_args(body)[0]
+    body = raw_or_text(body)
+    return bytes if body in (bytearray, memoryview) else body  # the raw body, as bytes
 
 
 def _schemas(bodies: Iterable[Any]) -> tuple[dict[str, Any], dict[Any, Any]]:

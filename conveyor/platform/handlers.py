@@ -56,23 +56,32 @@ def body_bytes(m: Message) -> bytes:
 _UNIONS = (typing.Union, types.UnionType)
 
 
-def _raw_or_text(tp: Any) -> Any:
+def raw_or_text(tp: Any) -> Any:
     """``bytes`` or ``str`` for ``bytes | None`` / ``Optional[str]`` (a body is never
     None: the ``None`` could only make a raw body decode as JSON, a base64 string for
-    ``bytes``); ``tp`` otherwise."""
+    ``bytes``; ``bytearray`` and ``memoryview`` likewise); ``tp`` otherwise."""
     args = typing.get_args(tp)
     if len(args) == 2 and type(None) in args and typing.get_origin(tp) in _UNIONS:
         other = args[0] if args[1] is type(None) else args[1]
-        if other is bytes or other is str:
+        if other in _RAW or other is str:
             return other
     return tp
 
 
+_RAW: dict[Any, Decode] = {
+    bytes: body_bytes,
+    bytearray: lambda m: bytearray(m.body),
+    memoryview: lambda m: memoryview(m.body),
+}
+"""The raw body's types, and their decodes: the bytes as they came."""
+
+
 def _body_decoder(tp: Any, where: str) -> Decode:
     """A function from message to handler argument, chosen once per handler."""
-    tp = _raw_or_text(tp)
-    if tp is bytes:
-        return body_bytes
+    tp = raw_or_text(tp)
+    raw = _RAW.get(tp)
+    if raw is not None:
+        return raw
     if tp is str:
         def decode_text(m: Message) -> str:
             try:
@@ -84,7 +93,7 @@ def _body_decoder(tp: Any, where: str) -> Decode:
     def undecodable(why: object) -> HandlerDeclarationError:
         return HandlerDeclarationError(
             f"{where}: cannot decode message bodies into {tp!r} ({why}); "
-            "use a msgspec Struct, dict, list, bytes or str"
+            "use a msgspec Struct, dict, list, bytes (bytearray, memoryview) or str"
         )
 
     try:

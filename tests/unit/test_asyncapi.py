@@ -226,3 +226,28 @@ def test_the_docs_example_runs_as_printed(tmp_path: Path) -> None:
     assert not list(validator().iter_errors(doc))
     assert doc["operations"]["shop.reserve_stock"]["description"] == (
         "Reserve the stock of each line.")
+
+
+def test_every_raw_body_type_is_an_octet_stream_message(tmp_path: Path) -> None:
+    """``bytearray``, ``memoryview`` and ``bytes | None`` take the raw body, as ``bytes``
+    does: no JSON schema of a base64 string."""
+    from conveyor import App
+
+    raw = App("raw")
+
+    @raw.handler("copies")
+    async def on_copy(body: bytearray) -> None: ...
+
+    @raw.handler("views")
+    async def on_view(body: memoryview) -> None: ...
+
+    @raw.handler("maybe")
+    async def on_maybe(body: bytes | None) -> None: ...
+
+    doc = asyncapi_document(raw, config(tmp_path, CONFIGS["redis"]))
+    messages = doc["components"]["messages"]
+    assert {name: m["contentType"] for name, m in messages.items()} == {
+        "copies.bytes": "application/octet-stream", "views.bytes": "application/octet-stream",
+        "maybe.bytes": "application/octet-stream"}
+    assert doc["components"]["schemas"] == {}
+    assert validator().is_valid(doc)

@@ -66,6 +66,23 @@ def test_optional_bytes_and_str_take_the_body_as_it_came() -> None:
     assert specs["dict"].decode(msg(b'{"a": 1}')) == {"a": 1}
 
 
+def test_bytearray_and_memoryview_take_the_raw_body_as_bytes_does() -> None:
+    """Decoded as JSON (a base64 string), every raw body was dead-lettered."""
+    app = App("t")
+
+    @app.handler("orders", name="bytearray")
+    async def a(body: bytearray) -> None: ...
+
+    @app.handler("orders", name="view")
+    async def b(body: memoryview | None) -> None: ...
+
+    specs = {s.name: s for s in app.handlers}
+    copy = specs["bytearray"].decode(msg(b"\xff\x00"))
+    assert type(copy) is bytearray and copy == b"\xff\x00"
+    view = specs["view"].decode(msg(b"\xff\x00"))
+    assert type(view) is memoryview and view.tobytes() == b"\xff\x00"
+
+
 def test_undecodable_bodies_raise_decode_error_naming_the_type() -> None:
     app = App("t")
 
