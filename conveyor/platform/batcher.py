@@ -38,13 +38,17 @@ now (an overdue lease renewal) no batch starts until it is again.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
+from conveyor.platform.delivery.chain import STOPS
 from conveyor.platform.options import BatchOptions
 from conveyor.platform.queue_cache import Entry, QueueCache, Route
 from conveyor.platform.slots import SlotPermit
+
+log = logging.getLogger("conveyor.agent")
 
 
 class BatchHost(Protocol):
@@ -146,8 +150,13 @@ class Batcher:
         agent.batch_started()
         try:
             await self._step(messages)
-        except BaseException:
-            permit.release()  # cancelled: the batch did not complete
+        except BaseException as exc:
+            if isinstance(exc, STOPS):  # else the process ends without a word
+                log.error("batch handler %s raised %s on a batch of %d message(s) from %s "
+                          "on: the worker stops at once, without draining; the messages "
+                          "come back as redelivered ones (see max_deliveries)",
+                          self.handler, repr(exc), len(messages), first.id)
+            permit.release()  # cancelled (or a stop): the batch did not complete
             raise
         finally:
             self.running = False

@@ -450,18 +450,13 @@ def test_a_worker_whose_interceptor_wraps_in_nothing_is_a_usage_error(tmp_path: 
         "return a step (an async callable) or `next`\n")
 
 
-@pytest.mark.parametrize(("raised", "status"), [("SystemExit()", 1), ("SystemExit(3)", 3)])
-def test_a_handler_that_raises_system_exit_stops_the_worker_saying_so(
-    tmp_path: Path, raised: str, status: int,
-) -> None:
-    # It ended the process at once without a word, with status 0 for sys.exit(): a crash
-    # that looked like a clean stop to a supervisor.
+def run_quitter(tmp_path: Path, handler: str) -> tuple[int, str]:
+    """``conveyor worker`` of an app whose startup publishes one job to ``handler``
+    (its decorator and definition); its exit status and its one ERROR line."""
     (tmp_path / "quitter.py").write_text(
         "import conveyor\n"
         "app = conveyor.App('quitter')\n"
-        "@app.handler('jobs')\n"
-        "async def job(body: dict) -> None:\n"
-        f"    raise {raised}\n"
+        f"{handler}\n"
         "@app.startup\n"
         "async def first(client: conveyor.Client) -> None:\n"
         "    await client.publish('jobs', 'j-1', {'n': 1})\n")
@@ -469,12 +464,38 @@ def test_a_handler_that_raises_system_exit_stops_the_worker_saying_so(
                              "worker", "quitter:app"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert result.returncode == status, result.stderr
-    [said] = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, result.stderr
+    return result.returncode, errors[0]
+
+
+@pytest.mark.parametrize(("raised", "status"), [("SystemExit()", 1), ("SystemExit(3)", 3)])
+def test_a_handler_that_raises_system_exit_stops_the_worker_saying_so(
+    tmp_path: Path, raised: str, status: int,
+) -> None:
+    # It ended the process at once without a word, with status 0 for sys.exit(): a crash
+    # that looked like a clean stop to a supervisor.
+    code, said = run_quitter(tmp_path, "@app.handler('jobs')\n"
+                                       "async def job(body: dict) -> None:\n"
+                                       f"    raise {raised}")
+    assert code == status, said
     assert re.search(
         rf"handler quitter.job raised {re.escape(raised)} on message \w+ of jobs/j-1: the "
         "worker stops at once, without draining; the message comes back as a redelivered "
         r"one \(see max_deliveries\)$", said), said
+
+
+def test_a_batch_handler_that_raises_system_exit_stops_the_worker_saying_so(
+    tmp_path: Path,
+) -> None:
+    code, said = run_quitter(tmp_path, "@app.handler('jobs', batch_size=10, batch_wait_ms=10)\n"
+                                       "async def jobs(bodies: list[dict]) -> None:\n"
+                                       "    raise SystemExit(4)")
+    assert code == 4, said
+    assert re.search(
+        r"batch handler quitter.jobs raised SystemExit\(4\) on a batch of 1 message\(s\) "
+        r"from \w+ on: the worker stops at once, without draining; the messages come back "
+        r"as redelivered ones \(see max_deliveries\)$", said), said
 
 
 def test_python_dash_m_conveyor_is_the_command() -> None:
