@@ -31,7 +31,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
-from conveyor.adapters.kafka.aiokafka_internals import fetch_committed, is_idempotent
+from conveyor.adapters.kafka.aiokafka_internals import fetch_committed, is_idempotent, raw_records
 from conveyor.adapters.kafka.connection import (
     admin,
     client_options,
@@ -123,11 +123,13 @@ class KafkaCluster:
         return self._producer
 
     async def probe(self, group: str) -> AIOKafkaConsumer:
-        """A consumer of ``group`` assigned every partition, for lag and rewind (no reads)."""
+        """A consumer of ``group`` assigned every partition, for lag and rewind (whose
+        scan of timestamps reads records as the batch holds them: a header name not
+        UTF-8 does not fail it)."""
         consumer = self._probes.get(group)
         if consumer is None:
             await self.ensure_topic()
-            consumer = self.new_consumer(group)
+            consumer = self.new_consumer(group, **raw_records())
             await start_client(consumer, "connecting a consumer")
             consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
             self._probes[group] = consumer
