@@ -217,12 +217,13 @@ class RedisAdapter(QueueAdapter):
         lengths = await self.caller.retrying("reading the queues past [queues] total", read)
         return {q: int(n) for q, n in zip(queues, lengths, strict=True) if n}
 
-    async def store_problems(self, queues: Sequence[int], groups: Sequence[str]
-                             ) -> list[StoreProblem]:
+    async def store_problems(self, queues: Sequence[int], groups: Sequence[str], *,
+                             every_app: bool = False) -> list[StoreProblem]:
         """The keys of ``queues``' streams and of ``groups``' dead letters that hold
         another type (``SET PREFIX:q:3 x``): a daemon backs off on such a queue, a
         publish to it fails and the readers here read it as empty; one ``TYPE`` each, in
-        one pipeline."""
+        one pipeline. (``every_app`` adds nothing: each app's letters have a key of
+        their own, checked where ``groups`` names the app.)"""
         stores = [(self.keys.queue(q), f"queue {q}", _QUEUE_EFFECT) for q in queues]
         stores += [(self.keys.dead_letters(g), f"app {g!r}'s dead letters", LETTERS_EFFECT)
                    for g in groups]
