@@ -41,6 +41,7 @@ from conveyor.platform.errors import (
     QueueOwnedError,
     ShutdownError,
     SlotSupplierError,
+    StoreUnfitError,
     TokenRangeError,
     UnknownGroupError,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "SlotSupplier",
     "SlotSupplierError",
     "Step",
+    "StoreUnfitError",
     "StoredLetter",
     "StreamId",
     "SyncClient",

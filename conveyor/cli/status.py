@@ -128,7 +128,8 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
             while count is None or refreshes < count:
                 time.sleep(watch_s)
                 previous, report = report, run_or_exit(
-                    collect_status(config, group, backend, look_beyond=False))
+                    collect_status(config, group, backend, look_beyond=False,
+                                   look_stores=False))
                 view = status_view(report, report.rates(previous), wide)
                 if wide:
                     fit_rows(console, view)

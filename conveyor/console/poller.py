@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.backends import for_config
+from conveyor.platform.adapter import StoreProblem
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.ids import is_app_name
@@ -49,7 +50,10 @@ class Reading:
 
 BEYOND_EVERY_S = 60.0
 """How often a poll also reads the queues past ``[queues] total`` (16 reads on Redis,
-more than the rest of a poll of a small app): the first poll, then once a minute."""
+more than the rest of a poll of a small app) and checks the stores
+(:meth:`~conveyor.platform.adapter.QueueAdapter.store_problems`: on Kafka an admin
+client and a DescribeConfigs per letter topic): the first poll, then once a minute.
+What they found is shown until the next look."""
 
 LATENCY_KEYS = {"p50": "latency.p50_s", "p95": "latency.p95_s", "p99": "latency.p99_s"}
 """Chart series -> the heartbeat stat a daemon publishes (seconds, over the calls since
@@ -162,6 +166,7 @@ class Poller:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._beyond: dict[int, int] = {}
+        self._problems: list[StoreProblem] = []
         self._looked_beyond = -BEYOND_EVERY_S
 
     def start(self) -> None:
@@ -218,13 +223,16 @@ class Poller:
         try:
             backend = for_config(self.config)
             look = time.monotonic() - self._looked_beyond >= BEYOND_EVERY_S
-            apps = await collect_apps(self.config, backend, look_beyond=look)
+            apps = await collect_apps(self.config, backend, look_beyond=look,
+                                      look_stores=look)
             if look:
                 self._beyond, self._looked_beyond = apps.beyond_total, time.monotonic()
+                self._problems = apps.store_problems
             names = [self.app] if self.app else [a.app for a in apps.apps
                                                  if is_app_name(a.app)]
             status = {name: await collect_status(self.config, name, backend,
-                                                 look_beyond=False) for name in names}
+                                                 look_beyond=False, look_stores=False)
+                      for name in names}
         except ConveyorError as exc:
             self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
                                    f"{type(exc).__name__}: {exc}", self.reading.warnings)
@@ -236,7 +244,7 @@ class Poller:
         else:
             self.reading = Reading(time.time(), apps, status, warnings=broker_warnings(
                 self.config, apps.eviction_policy, apps.persistence, self._beyond,
-                apps.store_problems))
+                self._problems))
             for name, report in status.items():
                 self._history.setdefault(name, deque(maxlen=self._window)).append(
                     chart_sample(report))

@@ -436,13 +436,15 @@ class QueueAdapter(ABC):
         store (Kafka) or it lives in the process (memory)."""
         return None
 
-    async def store_problems(self, queues: Sequence[int], groups: Sequence[str]
-                             ) -> list[StoreProblem]:
+    async def store_problems(self, queues: Sequence[int], groups: Sequence[str], *,
+                             every_app: bool = False) -> list[StoreProblem]:
         """Where the stores of ``queues`` and of the dead letters of apps ``groups`` are
         unfit, for ``conveyor status``, ``conveyor dlq`` and the console: a Redis key of
         another type where a stream belongs (the readers of the port read it as empty:
         no lag, no group, no letter), a Kafka topic of letters the broker compacts.
-        Empty where all is well."""
+        ``every_app``: also the stores every app shares, whether or not any app has a
+        group yet (Kafka's letter topics; ``status`` without ``--app``). Empty where all
+        is well."""
         return []
 
     async def entries_beyond(self, total: int) -> dict[int, int]:

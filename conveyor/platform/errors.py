@@ -75,6 +75,13 @@ class BrokerConnectionError(BrokerError):
     """The backend could not be reached; the operation may succeed if retried."""
 
 
+class StoreUnfitError(BrokerError):
+    """Where the backend keeps messages, dead letters or its balancer's state holds
+    something else, or is set to delete them (a Redis key of another type, say): no
+    retry or shorter write helps until an operator fixes it. The message names the
+    store, what is there instead, what belongs there and what to do."""
+
+
 class PublishUncertain(BrokerConnectionError):
     """A publish failed in a way that leaves unknown whether its messages were written.
 

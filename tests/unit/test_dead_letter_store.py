@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.delivery import DeadLetterStore, DeliveryStats
-from conveyor.platform.errors import BrokerConnectionError, BrokerError
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, StoreUnfitError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import DeadLetter, Message
 from tests.conftest import wait_until
@@ -105,3 +105,37 @@ async def test_the_log_line_of_a_letter_stays_one_line_whatever_its_error_text(
     assert line.endswith("ValueError: bad input\\n2026-11-27 08:00:00,000 ERROR "
                          "conveyor.daemon: forged\\r")
     assert [kept.error for kept in store.kept] == [forged]
+
+
+async def test_a_store_unfit_for_letters_is_said_once_and_the_letter_kept_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A Redis key of another type where the letters go: the letter was shortened to its
+    # bare form (the store's fault, not the letter's) and each retry logged as an outage
+    # of "the dead-letter store at the broker unreachable".
+    unfit = "redis key t:dlq:a (app 'a''s dead letters) is a string, not a stream: fix it"
+
+    class Unfit(Store):
+        async def __call__(self, letters: Sequence[DeadLetter]) -> int:
+            if self.down:
+                self.calls += 1
+                raise StoreUnfitError(unfit)
+            return await super().__call__(letters)
+
+    store, stats = Unfit(), DeliveryStats()
+    dead = DeadLetterStore(store, stats, backoff=FAST)
+    store.down = True
+    with caplog.at_level(logging.INFO, logger="conveyor.dead_letters"):
+        puts = [asyncio.create_task(dead.put(letter())) for _ in range(2)]
+        await wait_until(lambda: store.calls >= 8, 5, what="retries while unfit")
+        assert dead.waiting == 2 and dead.down_since is not None
+        store.down = False
+        await asyncio.wait_for(asyncio.gather(*puts), 5)
+    assert [ltr.form for ltr in store.kept] == ["full", "full"]
+    assert dead.waiting == 0 and dead.down_since is None and stats.dead_lettered == 2
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if not r.getMessage().startswith("dead-lettering message")]
+    assert said[0] == ("ERROR", f"cannot store dead letters: {unfit} (retried with back-off: "
+                                "stored once it is fixed)")
+    assert [(level, text.split(" after ")[0]) for level, text in said[1:]] == [
+        ("WARNING", "dead letters stored again")]

@@ -141,25 +141,37 @@ class KafkaAdapter(QueueAdapter):
         would be deleted, or its purges forgotten. The queues' topic is checked as it is
         prepared; the hand-off and members topics are compacted by design."""
         for topic, policy in (await self.cluster.compacted_letter_topics()).items():
-            raise ConfigError(self.cluster.compaction_loses(topic, policy))
+            if policy is not None:  # (None: not told, a warning logged)
+                raise ConfigError(self.cluster.compaction_loses(topic, policy))
 
     async def recheck_server(self) -> None:
         """A dead-letter topic compacted since the start: an error logged, the daemon
         goes on (as :meth:`QueueAdapter.recheck_server` says)."""
         for topic, policy in (await self.cluster.compacted_letter_topics()).items():
-            log.error("%s", self.cluster.compaction_loses(topic, policy))
+            if policy is not None:
+                log.error("%s", self.cluster.compaction_loses(topic, policy))
 
-    async def store_problems(self, queues: Sequence[int], groups: Sequence[str]
-                             ) -> list[StoreProblem]:
-        """The dead-letter topics the broker compacts, where ``groups`` names any app
-        (the queues' topic compacted is refused when it is prepared, not reported)."""
-        if not groups:
+    async def store_problems(self, queues: Sequence[int], groups: Sequence[str], *,
+                             every_app: bool = False) -> list[StoreProblem]:
+        """The dead-letter topics the broker compacts, where ``groups`` names any app or
+        ``every_app`` (they are every app's, whether it has a group yet or not), and
+        those whose ``cleanup.policy`` it did not tell (reported here, not logged). The
+        queues' topic compacted is refused when it is prepared, not reported."""
+        if not groups and not every_app:
             return []
         holds = {self.cluster.dlq_topic: "every app's dead letters",
                  self.cluster.dlq_ops_topic: "what dlq replay and purge did"}
+        found = await self.cluster.compacted_letter_topics(quiet=True)
         return [StoreProblem(topic, holds[topic], f"cleanup.policy={policy}",
                              self.cluster.compaction_loses(topic, policy))
-                for topic, policy in (await self.cluster.compacted_letter_topics()).items()]
+                if policy is not None else
+                StoreProblem(topic, holds[topic], "cleanup.policy unknown",
+                             f"kafka: could not read the cleanup.policy of topic {topic!r} "
+                             f"({self.cluster.unanswered.get(topic, '?')}): if the broker "
+                             f"compacts it, it deletes {holds[topic]}; check it with "
+                             f"kafka-configs --describe --entity-type topics --entity-name "
+                             f"{topic}")
+                for topic, policy in found.items()]
 
     # -- producing ---------------------------------------------------------------------
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:

@@ -31,7 +31,12 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
-from conveyor.adapters.kafka.aiokafka_internals import drop_pending, fetch_committed, is_idempotent
+from conveyor.adapters.kafka.aiokafka_internals import (
+    drop_pending,
+    fetch_committed,
+    is_idempotent,
+    raw_records,
+)
 from conveyor.adapters.kafka.connection import (
     admin,
     client_options,
@@ -75,6 +80,9 @@ class KafkaCluster:
         on no receiver reads or commits (see :meth:`topic_gone`)."""
         self.on_topic_changed: Callable[[BrokerError], None] | None = None
         """Told :attr:`topic_changed` (the kafka-group balancer fails the daemon)."""
+        self.unanswered: dict[str, str] = {}
+        """Topic -> why DescribeConfigs gave no ``cleanup.policy`` for it, while it gives
+        none: the warning is logged once an episode, not at every check."""
         self._producer: AIOKafkaProducer | None = None
         self._abandoning = False
         """:meth:`abandon_sends` was called: :meth:`close` drops what the producer holds."""
@@ -125,11 +133,13 @@ class KafkaCluster:
         return self._producer
 
     async def probe(self, group: str) -> AIOKafkaConsumer:
-        """A consumer of ``group`` assigned every partition, for lag and rewind (no reads)."""
+        """A consumer of ``group`` assigned every partition, for lag and rewind (whose
+        scan of timestamps reads records as the batch holds them: a header name not
+        UTF-8 does not fail it)."""
         consumer = self._probes.get(group)
         if consumer is None:
             await self.ensure_topic()
-            consumer = self.new_consumer(group)
+            consumer = self.new_consumer(group, **raw_records())
             await start_client(consumer, "connecting a consumer")
             consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
             self._probes[group] = consumer
@@ -255,18 +265,24 @@ class KafkaCluster:
         if policy is not None and "compact" in policy.split(","):
             raise ConfigError(self.compaction_loses(topic, policy))
 
-    async def cleanup_policy(self, client: AIOKafkaAdminClient, topic: str) -> str | None:
+    async def cleanup_policy(self, client: AIOKafkaAdminClient, topic: str, *,
+                             quiet: bool = False) -> str | None:
         """``topic``'s ``cleanup.policy`` as the broker reports it (``""`` where it names
-        none); None, with a warning, where DescribeConfigs fails."""
+        none); None where DescribeConfigs fails (why: :attr:`unanswered`), with a warning
+        the first time in a row unless ``quiet``."""
         try:
             answers = await client.describe_configs(
                 [ConfigResource(ConfigResourceType.TOPIC, topic)])  # every setting:
             # tansu drops the connection when asked for named ones
             entries = [e for a in answers for r in a.resources if not r[0] for e in r[4]]
         except kerrors.KafkaError as exc:
-            log.warning("kafka: could not read the cleanup.policy of topic %r (%s); a "
-                        "compacted topic deletes records before they are read", topic, exc)
+            if topic not in self.unanswered and not quiet:
+                log.warning("kafka: could not read the cleanup.policy of topic %r (%s); a "
+                            "compacted topic deletes records before they are read", topic,
+                            exc)
+            self.unanswered[topic] = f"{type(exc).__name__}: {exc}"
             return None
+        self.unanswered.pop(topic, None)
         return next((str(e[1]) for e in entries if e[0] == _CLEANUP), "")
 
     def compaction_loses(self, topic: str, policy: str) -> str:
@@ -286,17 +302,18 @@ class KafkaCluster:
                 "only the last record of each stream key, deleting a stream's earlier "
                 f"messages handled or not; {fix} or use another topic")
 
-    async def compacted_letter_topics(self) -> dict[str, str]:
+    async def compacted_letter_topics(self, *, quiet: bool = False) -> dict[str, str | None]:
         """The dead-letter topics (letters, ops) that exist and that the broker compacts:
-        topic -> its ``cleanup.policy``."""
-        found: dict[str, str] = {}
+        topic -> its ``cleanup.policy``; None for one whose policy the broker did not
+        tell (:meth:`cleanup_policy`, ``quiet`` passed on). One admin client."""
+        found: dict[str, str | None] = {}
         with kafka_errors("reading the dead-letter topics' settings"):
             async with self.admin() as client:
                 existing = set(await client.list_topics())
                 for topic in (self.dlq_topic, self.dlq_ops_topic):
                     if topic in existing:
-                        policy = await self.cleanup_policy(client, topic)
-                        if policy is not None and "compact" in policy.split(","):
+                        policy = await self.cleanup_policy(client, topic, quiet=quiet)
+                        if policy is None or "compact" in policy.split(","):
                             found[topic] = policy
         return found
 

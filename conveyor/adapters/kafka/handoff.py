@@ -20,7 +20,9 @@ Only the latest record per (partition, key) matters, so the topic is created wit
 ``cleanup.policy=compact``, and a reader scans backwards from the end in windows of
 ``scan_step`` records, stopping at the first window that holds a record of its group:
 with one app per topic that is the last window, however long the topic has grown.
-Reading too little is safe: a missing hand-off only makes the next owner redo work.
+Reading too little is safe: a missing hand-off only makes the next owner redo work. So
+is reading something else: a record another client wrote there (a header name not
+UTF-8, a value that is not a hand-off) is passed over.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from conveyor.adapters.kafka import offsets as kafka_offsets
+from conveyor.adapters.kafka.aiokafka_internals import raw_records
 from conveyor.adapters.kafka.cluster import KafkaCluster
 
 log = logging.getLogger("conveyor.kafka")
@@ -116,7 +119,9 @@ class HandoffLog:
         its done offsets if it was written at that watermark, and what it says of the
         redelivered offsets at or above it."""
         tp = TopicPartition(self.topic, queue)
-        consumer = self.cluster.new_consumer(None)
+        # Records as the batch holds them: one whose header names are not UTF-8 (another
+        # client's) is read leniently, not a parse error that stops the receiver's start.
+        consumer = self.cluster.new_consumer(None, **raw_records())
         self.last_scan_records = 0
         try:
             await consumer.start()
@@ -156,5 +161,10 @@ class HandoffLog:
                     break
                 self.last_scan_records += 1
                 if record.key == key and record.value:
-                    latest = _decode(record.value)
+                    try:
+                        latest = _decode(record.value)
+                    except msgspec.DecodeError:  # not written by Conveyor: no hand-off
+                        log.warning("hand-off topic %s, queue %d: the record at offset %d "
+                                    "of app %r is not a hand-off; ignored", self.topic,
+                                    tp.partition, record.offset, key.decode())
         return latest

@@ -38,7 +38,7 @@ import msgspec
 from aiokafka import TopicPartition
 from aiokafka import errors as kerrors
 
-from conveyor.adapters.kafka.aiokafka_internals import assignment
+from conveyor.adapters.kafka.aiokafka_internals import assignment, raw_records
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.platform.balancing.membership import MemberInfo
@@ -203,7 +203,7 @@ async def _reports(cluster: KafkaCluster, group: str, window: int) -> dict[str, 
     """The latest report of each member of ``group`` in the last ``window`` records."""
     topic = members_topic(cluster)
     tp = TopicPartition(topic, 0)
-    consumer = cluster.new_consumer(None)
+    consumer = cluster.new_consumer(None, **raw_records())  # a header name not UTF-8: read
     prefix = f"{group}/".encode()
     latest: dict[str, MemberReport | None] = {}
     try:
@@ -224,10 +224,10 @@ async def _reports(cluster: KafkaCluster, group: str, window: int) -> dict[str, 
                     position = record.offset + 1
                     if record.key is None or not record.key.startswith(prefix):
                         continue
-                    member = record.key[len(prefix):].decode()
                     try:
+                        member = record.key[len(prefix):].decode()
                         latest[member] = None if record.value is None else _decode(record.value)
-                    except msgspec.DecodeError:
+                    except (UnicodeDecodeError, msgspec.DecodeError):  # another client's
                         log.debug("member report %r does not decode", record.key)
     finally:
         with contextlib.suppress(Exception):

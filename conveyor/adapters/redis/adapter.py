@@ -44,11 +44,12 @@ from conveyor.adapters.redis.errors import (
     Caller,
     ClusterUnreachableError,
     wrong_type,
+    wrong_type_line,
 )
 from conveyor.adapters.redis.eviction import EvictionGuard
 from conveyor.adapters.redis.groups import RedisGroups
 from conveyor.adapters.redis.keys import Keys, check_name, token_of
-from conveyor.adapters.redis.letters import RedisDeadLetters
+from conveyor.adapters.redis.letters import LETTERS_EFFECT, RedisDeadLetters
 from conveyor.adapters.redis.persistence import PersistenceReader
 from conveyor.adapters.redis.receiver import RedisReceiver
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, StoreProblem, open_receivers
@@ -70,8 +71,6 @@ _COUNT_STEP = 10_000  # entries counted per script call: each call stays short
 
 _QUEUE_EFFECT = ("no daemon reads the queue, a publish to it fails and status counts it "
                  "empty; rename or delete the key")
-_LETTERS_EFFECT = ("the app's dead letters cannot be stored (the messages wait "
-                   "unacknowledged) and dlq commands find none; rename or delete the key")
 
 
 def _while_connecting(exc: BaseException) -> bool:
@@ -218,20 +217,21 @@ class RedisAdapter(QueueAdapter):
         lengths = await self.caller.retrying("reading the queues past [queues] total", read)
         return {q: int(n) for q, n in zip(queues, lengths, strict=True) if n}
 
-    async def store_problems(self, queues: Sequence[int], groups: Sequence[str]
-                             ) -> list[StoreProblem]:
+    async def store_problems(self, queues: Sequence[int], groups: Sequence[str], *,
+                             every_app: bool = False) -> list[StoreProblem]:
         """The keys of ``queues``' streams and of ``groups``' dead letters that hold
         another type (``SET PREFIX:q:3 x``): a daemon backs off on such a queue, a
         publish to it fails and the readers here read it as empty; one ``TYPE`` each, in
-        one pipeline."""
+        one pipeline. (``every_app`` adds nothing: each app's letters have a key of
+        their own, checked where ``groups`` names the app.)"""
         stores = [(self.keys.queue(q), f"queue {q}", _QUEUE_EFFECT) for q in queues]
-        stores += [(self.keys.dead_letters(g), f"app {g!r}'s dead letters", _LETTERS_EFFECT)
+        stores += [(self.keys.dead_letters(g), f"app {g!r}'s dead letters", LETTERS_EFFECT)
                    for g in groups]
         found = await self.caller.retrying(
             "reading the types of the queue and dead-letter keys",
             lambda: key_types(self.redis, [key for key, _, _ in stores]))
         return [StoreProblem(key, holds, kind,
-                             f"redis key {key} ({holds}) is a {kind}, not a stream: {effect}")
+                             wrong_type_line(key, holds, kind, "stream", effect))
                 for (key, holds, effect), kind in zip(stores, found, strict=True)
                 if kind not in ("stream", "none")]
 

@@ -20,26 +20,40 @@ repeated generation or version could tell a balancer that nothing moved. A missi
 counter starts at the server's clock in ms (``_SEEDED`` in
 :mod:`~conveyor.adapters.redis.scripts`). A lease found gone (not merely renewed late)
 is reported lost at once, and a receiver reads no more on it (:func:`lease_held`).
+
+A key of another type where one of these belongs (``SET PREFIX:app:APP:members x``,
+another tool's list at a lease's name) fails the script that touches it with
+``WRONGTYPE``: the call raises :class:`StoreUnfitError` naming the key, its type and the
+type that belongs there (:func:`naming_wrong_types`). A lease whose key holds something
+else is no longer this daemon's: a renewal reports it lost, a release lets it be.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from conveyor.adapters.redis import scripts as lua
-from conveyor.adapters.redis.connections import ClusterClient, close, connect, mget, run_replicated
-from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.connections import (
+    ClusterClient,
+    close,
+    connect,
+    key_types,
+    mget,
+    run_replicated,
+)
+from conveyor.adapters.redis.errors import Caller, wrong_type, wrong_type_line
 from conveyor.adapters.redis.keys import Keys, check_name, stall_field
 from conveyor.platform.balancing.leases import Lease, LeaseStore
 from conveyor.platform.balancing.membership import MemberInfo, Membership, timer_phase
 from conveyor.platform.config import Config
-from conveyor.platform.errors import BrokerError, LeaseLostError
+from conveyor.platform.errors import BrokerError, LeaseLostError, StoreUnfitError
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.throttled_log import ThrottledLog
 
@@ -48,6 +62,52 @@ log = logging.getLogger("conveyor.redis")
 _encode = msgspec.json.Encoder().encode
 _decode_member = msgspec.json.Decoder(MemberInfo).decode
 _POLL_S = 0.2
+
+Store = tuple[str, str, str]
+"""A key, what Conveyor keeps there (``app 'shop''s members``), the type that belongs."""
+
+_FIX = "rename or delete the key (Conveyor writes it anew)"
+
+
+@contextlib.asynccontextmanager
+async def naming_wrong_types(caller: Caller, stores: Sequence[Store]) -> AsyncIterator[None]:
+    """Turn a ``WRONGTYPE`` refusal of a call in the block into :class:`StoreUnfitError`
+    naming each of ``stores`` that holds another type (one ``TYPE`` each, read then; the
+    refusal's own text where each looks right by now: fixed meanwhile). Other errors go
+    on as they are."""
+    try:
+        yield
+    except BrokerError as exc:
+        if not wrong_type(exc.__cause__):
+            raise
+        found = await caller.retrying(
+            "reading the types of the balancer's keys",
+            lambda: key_types(caller.redis, [key for key, _, _ in stores]))
+        wrong = [wrong_type_line(key, holds, kind, wanted, _FIX)
+                 for (key, holds, wanted), kind in zip(stores, found, strict=True)
+                 if kind not in (wanted, "none")]
+        raise StoreUnfitError("; ".join(wrong) if wrong else
+                              f"{exc} (its keys are of their types by now)") from exc
+
+
+class _Episode:
+    """Logs a fault of the store once when it is first met, again only if it changes,
+    and once when it is over (an error of the same text each retry says nothing new)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._said: str | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        text = str(exc)
+        if text != self._said:
+            self._said = text
+            log.error("%s: %s", self.what, text)
+
+    def ok(self) -> None:
+        if self._said is not None:
+            self._said = None
+            log.warning("%s: working again", self.what)
 
 
 class RedisMembership(Membership):
@@ -58,6 +118,11 @@ class RedisMembership(Membership):
         self._redis: Any = caller.redis
         self._keys = [keys.members(group), keys.member_info(group),
                       keys.members_version(group)]
+        self._stores: list[Store] = [
+            (self._keys[0], f"app {group!r}'s members", "zset"),
+            (self._keys[1], f"app {group!r}'s member records", "hash"),
+            (self._keys[2], f"app {group!r}'s members' version", "string")]
+        self._beats = _Episode("heartbeat failed")
         self._ttl_ms = int(ttl_s * 1000)
         self._heartbeat_s = heartbeat_s
         self._put = self._redis.register_script(lua.MEMBER_PUT)
@@ -68,11 +133,14 @@ class RedisMembership(Membership):
         self._beating: asyncio.Task[None] | None = None
         self._last_version: int | None = None
 
+    async def _call(self, what: str, script: Any, args: list[Any]) -> Any:
+        async with naming_wrong_types(self._caller, self._stores):
+            return await self._caller.retrying(
+                what, lambda: script(keys=self._keys, args=args))
+
     async def _write(self, member: MemberInfo) -> None:
-        await self._caller.retrying(
-            "registering this daemon",
-            lambda: self._put(keys=self._keys, args=[member.id, _encode(member), self._ttl_ms]),
-        )
+        await self._call("registering this daemon", self._put,
+                         [member.id, _encode(member), self._ttl_ms])
 
     async def join(self, member: MemberInfo) -> None:
         self._me = member
@@ -86,10 +154,7 @@ class RedisMembership(Membership):
             if self._beating is not None:
                 await cancel_and_wait(self._beating)
                 self._beating = None
-        await self._caller.retrying(
-            "leaving the membership",
-            lambda: self._put(keys=self._keys, args=[member_id, "", ""]),
-        )
+        await self._call("leaving the membership", self._put, [member_id, "", ""])
 
     async def heartbeat(self, member: MemberInfo) -> None:
         """Publish ``member``; our own record goes out with the next beat of the loop
@@ -112,13 +177,15 @@ class RedisMembership(Membership):
                 return
             try:
                 await self._write(me)
+            except StoreUnfitError as exc:  # said once, not every beat
+                self._beats.failed(exc)
             except BrokerError as exc:
                 log.warning("heartbeat failed: %s", exc)
+            else:
+                self._beats.ok()
 
     async def members(self) -> list[MemberInfo]:
-        flat = await self._caller.retrying(
-            "reading the membership", lambda: self._list(keys=self._keys, args=[])
-        )
+        flat = await self._call("reading the membership", self._list, [])
         self._last_version = int(flat[0])
         out: list[MemberInfo] = []
         for i in range(1, len(flat), 2):
@@ -130,16 +197,12 @@ class RedisMembership(Membership):
         return out
 
     async def member_ids(self) -> list[str]:
-        reply = await self._caller.retrying(
-            "reading the membership", lambda: self._ids(keys=self._keys, args=[])
-        )
+        reply = await self._call("reading the membership", self._ids, [])
         self._last_version = int(reply[0])
         return [ident.decode() for ident in reply[1:]]
 
     async def version(self) -> int:
-        reply = await self._caller.retrying(
-            "reading the membership", lambda: self._version(keys=self._keys, args=[])
-        )
+        reply = await self._call("reading the membership", self._version, [])
         self._last_version = int(reply)
         return self._last_version
 
@@ -189,6 +252,8 @@ class RedisLeaseStore(LeaseStore):
         self._replicas = replicas
         self._replica_timeout_ms = replica_timeout_ms
         self._replica_log = ThrottledLog(log, interval_s=30.0)
+        self._generation_store: Store = (
+            self._generation_key, f"app {self._group!r}'s lease generation", "string")
 
     async def note_stall(self, queue: int, message_id: str, what: str) -> None:
         """``HSET`` in the queue's delivery records, read by the next owner's
@@ -212,19 +277,29 @@ class RedisLeaseStore(LeaseStore):
             "queue %d: %s reached %d of %d replicas within %d ms", queue, what, confirmed,
             self._replicas, self._replica_timeout_ms)
 
+    def _lease_stores(self, queue: int) -> list[Store]:
+        app = f"app {self._group!r}'s"
+        return [(self._keys.lease(self._group, queue), f"{app} lease of queue {queue}",
+                 "string"),
+                (self._keys.fence(self._group, queue),
+                 f"{app} fencing counter of queue {queue}", "string")]
+
     async def _run(self, what: str, script: Any, keys: list[str], args: list[Any],
-                   *, retry: bool = True, replicated: bool = True) -> tuple[Any, int]:
-        """``script`` (with ``WAIT`` when ``[redis] min_replicas`` is set and
-        ``replicated``): its reply and the replicas that confirmed it."""
+                   *, queue: int, retry: bool = True, replicated: bool = True
+                   ) -> tuple[Any, int]:
+        """``script`` on ``queue``'s keys (with ``WAIT`` when ``[redis] min_replicas`` is
+        set and ``replicated``): its reply and the replicas that confirmed it."""
         replicas = self._replicas if replicated else 0
 
         def call() -> Awaitable[tuple[Any, int]]:
             return run_replicated(self._redis, script, keys, args, replicas,
                                   self._replica_timeout_ms)
 
-        if retry:
-            return await self._caller.retrying(what, call)
-        return await self._caller.once(what, call)
+        stores = [*self._lease_stores(queue), self._generation_store]
+        async with naming_wrong_types(self._caller, [s for s in stores if s[0] in keys]):
+            if retry:
+                return await self._caller.retrying(what, call)
+            return await self._caller.once(what, call)
 
     async def acquire(self, queue: int, owner: str, ttl_s: float) -> Lease | None:
         """The lease, or None while another holds it. With ``min_replicas``, a lease the
@@ -236,7 +311,7 @@ class RedisLeaseStore(LeaseStore):
             keys.append(self._generation_key)
         reply, confirmed = await self._run(
             f"acquiring the lease of queue {queue}", self._acquire, keys,
-            [owner, int(ttl_s * 1000)])
+            [owner, int(ttl_s * 1000)], queue=queue)
         token = int(reply[0])
         if token == 0:
             pttl = int(reply[1])
@@ -256,9 +331,15 @@ class RedisLeaseStore(LeaseStore):
         confirm leaves the lease as it was (its old deadline), to be renewed again."""
         started = time.monotonic()
         key = self._keys.lease(self._group, lease.queue)
-        ok, confirmed = await self._run(
-            f"renewing the lease of queue {lease.queue}", self._renew, [key],
-            [f"{lease.token} {lease.owner}", int(ttl_s * 1000)], retry=False)
+        try:
+            ok, confirmed = await self._run(
+                f"renewing the lease of queue {lease.queue}", self._renew, [key],
+                [f"{lease.token} {lease.owner}", int(ttl_s * 1000)], queue=lease.queue,
+                retry=False)
+        except StoreUnfitError as exc:  # our value is gone from it: the lease is lost
+            log.error("queue %d: the lease (token %d) is lost: %s", lease.queue,
+                      lease.token, exc)
+            return None
         if ok != 1:
             if ok == -1:
                 log.warning("queue %d: the lease (token %d) is gone from the server: "
@@ -277,9 +358,14 @@ class RedisLeaseStore(LeaseStore):
         of its replicas, while they are down)."""
         key = self._keys.lease(self._group, lease.queue)
         keys = [key] if self._bump_apart else [key, self._generation_key]
-        released, _ = await self._run(f"releasing the lease of queue {lease.queue}",
-                                      self._release, keys, [f"{lease.token} {lease.owner}"],
-                                      replicated=False)
+        try:
+            released, _ = await self._run(
+                f"releasing the lease of queue {lease.queue}", self._release, keys,
+                [f"{lease.token} {lease.owner}"], queue=lease.queue, replicated=False)
+        except StoreUnfitError as exc:  # not ours any more, or it lapses at its TTL
+            log.error("queue %d: the lease (token %d) was not released: %s; it lapses "
+                      "at its deadline", lease.queue, lease.token, exc)
+            return
         if released:
             await self._bump()
 
@@ -303,9 +389,10 @@ class RedisLeaseStore(LeaseStore):
         }
 
     async def generation(self) -> int:
-        value = await self._caller.retrying(
-            "reading the leases' generation",
-            lambda: self._read_counter(keys=[self._generation_key]))
+        async with naming_wrong_types(self._caller, [self._generation_store]):
+            value = await self._caller.retrying(
+                "reading the leases' generation",
+                lambda: self._read_counter(keys=[self._generation_key]))
         return int(value)
 
     async def wait_released(self, timeout_s: float) -> None:

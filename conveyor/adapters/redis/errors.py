@@ -47,10 +47,16 @@ RETRYABLE = (rex.ConnectionError, rex.TimeoutError, OSError, BrokerConnectionErr
              *CLUSTER_ERRORS)
 
 
-def wrong_type(exc: BaseException) -> bool:
+def wrong_type(exc: BaseException | None) -> bool:
     """Whether ``exc`` is Redis refusing a command on a key of another type
     (``WRONGTYPE``: a string where a stream belongs, say)."""
     return isinstance(exc, rex.ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
+def wrong_type_line(key: str, holds: str, found: str, wanted: str, effect: str) -> str:
+    """One line for an operator on a key of another type: ``redis key KEY (HOLDS) is a
+    FOUND, not a WANTED: EFFECT`` (``effect`` ends with what to do)."""
+    return f"redis key {key} ({holds}) is a {found}, not a {wanted}: {effect}"
 
 
 @contextlib.contextmanager

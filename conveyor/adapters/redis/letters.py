@@ -22,10 +22,10 @@ import redis.exceptions as rex
 
 from conveyor.adapters.redis import scripts as lua
 from conveyor.adapters.redis.codec import encode_fields, letter_entry, stored_letters
-from conveyor.adapters.redis.errors import Caller, wrong_type
+from conveyor.adapters.redis.errors import Caller, wrong_type, wrong_type_line
 from conveyor.adapters.redis.keys import Keys, token_of
 from conveyor.platform.adapter import DeadLetters
-from conveyor.platform.errors import InvalidArgumentError
+from conveyor.platform.errors import BrokerError, InvalidArgumentError, StoreUnfitError
 from conveyor.platform.ids import POSITION_MAX, SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter
@@ -38,6 +38,10 @@ Fields = dict[bytes | str, bytes | str]
 T = TypeVar("T")
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+LETTERS_EFFECT = ("the app's dead letters cannot be stored (the messages wait "
+                  "unacknowledged) and dlq commands find none; rename or delete the key")
+"""What a key of another type where an app's dead letters belong costs, and the fix."""
 
 REPLAY_MARK_S = 7 * 24 * 3600
 """Cluster mode: how long a replayed letter's marker lives — the time within which a
@@ -77,16 +81,33 @@ class RedisDeadLetters(DeadLetters):
         :data:`~conveyor.adapters.redis.scripts.DEAD_LETTER`: under a batch id, so a call
         retried after its reply was lost stores nothing twice (as a publish). With
         ``[dead_letters] max_entries``, an exact ``XTRIM MAXLEN`` in the same script,
-        whose count of evicted letters is returned."""
+        whose count of evicted letters is returned. A key of another type there raises
+        :class:`StoreUnfitError` naming it (no letter can be stored until it is fixed)."""
         args: list[Any] = [self._publish_window_ms, self._max_entries]
         for letter in letters:
             flat = letter_entry(letter, group)
             args += [len(flat), *flat]
         keys = [self._keys.dead_letters(group), self._keys.letters_stored(group, uuid.uuid4().hex)]
-        evicted = await self._caller.retrying(
-            f"storing dead letters of {group!r}",
-            lambda: self._put_script(keys=keys, args=args))
+        try:
+            evicted = await self._caller.retrying(
+                f"storing dead letters of {group!r}",
+                lambda: self._put_script(keys=keys, args=args))
+        except BrokerError as exc:
+            if wrong_type(exc.__cause__):
+                raise StoreUnfitError(await self._unfit(group, exc)) from exc
+            raise
         return int(evicted)
+
+    async def _unfit(self, group: str, exc: BrokerError) -> str:
+        """What is wrong with where ``group``'s letters go, after a ``WRONGTYPE``."""
+        key = self._keys.dead_letters(group)
+        found = await self._caller.retrying(
+            f"reading the type of {key}", lambda: self._redis.type(key))
+        kind = found.decode() if isinstance(found, bytes) else str(found)
+        if kind in ("stream", "none"):  # (changed since) or another key of the script
+            return f"{exc}; rename or delete the key of another type"
+        return wrong_type_line(key, f"app {group!r}'s dead letters", kind, "stream",
+                               LETTERS_EFFECT)
 
     async def page(self, group: str, limit: int = 100, *,
                    after: str | None = None) -> list[StoredLetter]:

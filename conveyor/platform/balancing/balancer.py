@@ -58,7 +58,7 @@ from conveyor.platform.balancing.membership import (
 )
 from conveyor.platform.balancing.placement import PlacementWeights, resource_split
 from conveyor.platform.deadlines import StallTolerantTimeout
-from conveyor.platform.errors import BrokerConnectionError
+from conveyor.platform.errors import BrokerConnectionError, StoreUnfitError
 from conveyor.platform.throttled_log import ThrottledLog
 from conveyor.platform.watchdog import LoopWatchdog
 
@@ -285,6 +285,11 @@ class DynamicBalancer(QueueBalancer):
         self._split_marks: tuple[int | None, int | None] | None = None
         self._full_due = 0.0  # when a settled daemon re-balances in full anyway
         self._unreachable = ThrottledLog(log, interval_s=30.0)
+        self._unfit_said: str | None = None
+        """The store's fault last logged by the balance loop (:class:`StoreUnfitError`:
+        said once, not every interval); None once a re-balance went through."""
+        self._unfit_leases: set[int] = set()
+        """Queues whose lease could not be taken for a key of another type (said once)."""
         # Liveness off the loop (see the module's docstring): where renewals and
         # heartbeats go — the keeper's own stores, or these when there is no keeper.
         self._keeper_stores = keeper_stores
@@ -395,7 +400,7 @@ class DynamicBalancer(QueueBalancer):
         # drained and acknowledged before its lease is released.
         try:
             await self._live(self._live_membership.leave(self._member.id))
-        except BrokerConnectionError as exc:  # our record lapses with its TTL instead
+        except (BrokerConnectionError, StoreUnfitError) as exc:  # the record lapses
             log.warning("could not leave the membership (%s); the record lapses", exc)
         renewing = self._spawn_live(self._renew_loop(), "balancer-renew-stop")
         try:
@@ -433,6 +438,12 @@ class DynamicBalancer(QueueBalancer):
             try:
                 if not await self._settled():
                     await self._rebalance()
+            except StoreUnfitError as exc:  # an operator's to fix: said once an episode
+                if str(exc) != self._unfit_said:
+                    self._unfit_said = str(exc)
+                    log.error("re-balance failed: %s; this daemon keeps the queues it "
+                              "holds (%s) and tries again every %.1fs", exc,
+                              sorted(self._held), self.rebalance_interval_s)
             except BrokerConnectionError as exc:  # the store's retries gave up: one line
                 self._unreachable.log(logging.WARNING, "store", "re-balance failed (%s); "
                                       "retrying every %.1fs", exc, self.rebalance_interval_s)
@@ -447,6 +458,10 @@ class DynamicBalancer(QueueBalancer):
                           "retrying in %.1fs", self.rebalance_interval_s, exc_info=True)
             except Exception:
                 log.exception("re-balance failed; retrying in %.1fs", self.rebalance_interval_s)
+            else:
+                if self._unfit_said is not None:
+                    self._unfit_said = None
+                    log.warning("re-balance works again")
 
     async def _settled(self) -> bool:
         """Nothing for a re-balance to do: the last one found every queue where its split
@@ -535,7 +550,19 @@ class DynamicBalancer(QueueBalancer):
             failures, retry_at = self._failed_starts.get(queue, (0, 0.0))
             if self._clock() < retry_at:
                 return  # backing off after a failed start
-            lease = await self.leases.acquire(queue, self._member.id, self.lease_ttl_s)
+            try:
+                lease = await self.leases.acquire(queue, self._member.id, self.lease_ttl_s)
+            except StoreUnfitError as exc:  # its lease's keys hold something else
+                self._failed_starts[queue] = (failures + 1, self._clock()
+                                              + self._start_backoff.delay(failures + 1))
+                if queue not in self._unfit_leases:
+                    self._unfit_leases.add(queue)
+                    log.error("queue %d: not taken: %s; tried again with back-off", queue,
+                              exc)
+                return
+            if queue in self._unfit_leases:
+                self._unfit_leases.discard(queue)
+                log.warning("queue %d: its lease can be taken again", queue)
             if lease is None:
                 return  # still held by its previous owner; retried on the next event
             self._held[queue] = lease

@@ -13,6 +13,11 @@ agent acknowledge it. It also keeps the delivery counters.
   :attr:`DeadLetterStore.waiting` show in ``conveyor status``;
 * a letter past ``[dead_letters] max_entries`` evicts the oldest: counted
   (``dead_letters_evicted``) and logged, never silent;
+* a store **unfit** for letters — a Redis key of another type where they go
+  (:class:`StoreUnfitError`), a Kafka dead-letter topic that is compacted
+  (:class:`ConfigError`) — is waited on the same way, with what is wrong logged once,
+  as an error, when it is first met, and once when letters are stored again: no
+  shorter letter would fit, so the letter is stored as it is once an operator fixes it;
 * any **other** failure means this letter cannot be stored as it is (too large for the
   broker, say): retrying cannot fix that, so the next shorter form is stored instead
   (:meth:`DeadLetter.shortened`: full, then minimal, then bare — the reason always
@@ -38,7 +43,12 @@ from conveyor.platform.delivery.chain import (
     over_limit,
 )
 from conveyor.platform.delivery.metrics import DURATION_CLOCK, recorder
-from conveyor.platform.errors import BrokerConnectionError, ConveyorError
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    ConfigError,
+    ConveyorError,
+    StoreUnfitError,
+)
 from conveyor.platform.handlers import HandlerSpec, MessageContext, body_bytes
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.outage import OutageLog
@@ -80,13 +90,31 @@ class DeadLetterStore:
         self._outage = OutageLog(log, "the dead-letter store", "the broker", 30.0,
                                  "; the messages wait unacknowledged")
         self._notes = ThrottledLog(log, interval_s=60.0)
+        self._unfit_since: float | None = None
+        """``time.monotonic()`` when the store was first found unfit (None: it is not)."""
         self.waiting = 0
         """Letters waiting for the store to come back."""
 
     @property
     def down_since(self) -> float | None:
-        """``time.monotonic()`` when the store went down, or None while it works."""
-        return self._outage.down_since
+        """``time.monotonic()`` when the store went down or was found unfit for letters,
+        or None while it works."""
+        down = self._outage.down_since
+        unfit = self._unfit_since
+        return unfit if down is None else down if unfit is None else min(down, unfit)
+
+    def _unfit(self, exc: Exception) -> None:
+        """The store cannot hold letters until an operator fixes it: said once."""
+        if self._unfit_since is None:
+            self._unfit_since = time.monotonic()
+            log.error("cannot store dead letters: %s (retried with back-off: stored once "
+                      "it is fixed)", exc)
+
+    def _stored(self) -> None:
+        if self._unfit_since is not None:
+            log.warning("dead letters stored again after %.1fs",
+                        time.monotonic() - self._unfit_since)
+            self._unfit_since = None
 
     async def put(self, letter: DeadLetter) -> None:
         self._notes.log(
@@ -104,6 +132,10 @@ class DeadLetterStore:
                     break
                 except BrokerConnectionError as exc:
                     failure: Exception = exc
+                    self._outage.failing("storing a dead letter", failure)
+                except (StoreUnfitError, ConfigError) as exc:  # nor would a shorter one
+                    failure = exc
+                    self._unfit(exc)
                 except Exception as exc:  # this letter cannot be stored as it is
                     shorter = letter.shortened(f"{type(exc).__name__}: {exc}")
                     if shorter is not None:
@@ -119,10 +151,10 @@ class DeadLetterStore:
                     self._notes.log(logging.ERROR, "refused",
                                     "the dead-letter store refuses even a bare letter "
                                     "(%s: %s); retrying", type(exc).__name__, exc)
+                    self._outage.failing("storing a dead letter", failure)
                 if not counted:
                     counted = True
                     self.waiting += 1
-                self._outage.failing("storing a dead letter", failure)
                 failures += 1
                 await self._backoff.sleep(failures)
         finally:
@@ -130,6 +162,7 @@ class DeadLetterStore:
                 self.waiting -= 1
         if failures:
             self._outage.ok()
+            self._stored()
         self._stats.dead_lettered += 1
         if evicted:
             self._stats.dead_letters_evicted += evicted

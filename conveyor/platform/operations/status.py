@@ -181,11 +181,13 @@ async def _members_and_owners(
 
 
 async def collect_status(config: Config, group: str, backend: Backend, *,
-                         look_beyond: bool = True) -> StatusReport:
+                         look_beyond: bool = True, look_stores: bool = True) -> StatusReport:
     """App ``group``'s members, queues and figures, read through ``backend`` (what
     ``config`` runs on: ``conveyor.backends.for_config``). ``look_beyond``: read the
     queues past the total too (:attr:`StatusReport.beyond_total`; 16 reads on Redis),
-    which a reading repeated every second (the console, ``--watch``) skips."""
+    and ``look_stores``: check the stores (:attr:`StatusReport.store_problems`; on Kafka
+    an admin client and a DescribeConfigs per letter topic), which a reading repeated
+    every second (the console, ``--watch``) skips."""
     adapter = backend.adapter(config)
     try:
         members, owners = await _members_and_owners(config, group, adapter, backend)
@@ -210,7 +212,8 @@ async def collect_status(config: Config, group: str, backend: Backend, *,
         eviction = await adapter.eviction_policy()
         persistence = await adapter.persistence()
         beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
-        problems = await adapter.store_problems(range(config.queues.total), [group])
+        problems = (await adapter.store_problems(range(config.queues.total), [group])
+                    if look_stores else [])
     finally:
         await adapter.close()
     owned: dict[str, list[int]] = {}
@@ -260,9 +263,11 @@ class AppsReport:
 
 
 async def collect_apps(config: Config, backend: Backend, *,
-                       look_beyond: bool = True) -> AppsReport:
+                       look_beyond: bool = True, look_stores: bool = True) -> AppsReport:
     """Every app with a consumer group on the queues, with its daemons, lag and letters,
-    read through ``backend`` (as :func:`collect_status`, ``look_beyond`` too)."""
+    read through ``backend`` (as :func:`collect_status`, ``look_beyond`` and
+    ``look_stores`` too: the stores every app shares are checked even where no app has a
+    group yet)."""
     adapter = backend.adapter(config)
     try:
         groups = summarise(await adapter.groups.on(range(config.queues.total)))
@@ -284,7 +289,8 @@ async def collect_apps(config: Config, backend: Backend, *,
         persistence = await adapter.persistence()
         beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
         problems = await adapter.store_problems(
-            range(config.queues.total), [a.app for a in apps if is_app_name(a.app)])
+            range(config.queues.total), [a.app for a in apps if is_app_name(a.app)],
+            every_app=True) if look_stores else []
     finally:
         await adapter.close()
     return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,

@@ -29,7 +29,7 @@ from tests.bad_input import (
     letters_by_case,
     run_cases,
 )
-from tests.integration.kafka.helpers import kafka_config
+from tests.integration.kafka.helpers import kafka_config, nothing_left_unacknowledged
 from tests.servers import Tansu
 
 NS = (b"cv-ns", b"good")
@@ -152,7 +152,7 @@ class _RawName(str):
 
 async def send_raw_names(bootstrap: str, topic: str, partition: int, key: bytes | None,
                          value: bytes | None, fields: Sequence[tuple[bytes, bytes | None]],
-                         monkeypatch: Any) -> None:
+                         monkeypatch: Any, timestamp_ms: int | None = None) -> None:
     """One record with ``fields`` as headers, names byte for byte (aiokafka's C builder
     would encode a name as UTF-8; its pure-Python one calls the name's ``encode``)."""
     import aiokafka.producer.message_accumulator as accumulator
@@ -171,7 +171,7 @@ async def send_raw_names(bootstrap: str, topic: str, partition: int, key: bytes 
         await producer.start()
         try:
             await producer.send_and_wait(topic, value, key=key, partition=partition,
-                                         headers=headers)
+                                         headers=headers, timestamp_ms=timestamp_ms)
         finally:
             await producer.stop()
 
@@ -241,3 +241,122 @@ async def test_a_dead_letter_record_with_a_header_name_not_utf8_is_listed_as_unr
     assert (unreadable.body, unreadable.raw_key) == (b"{}", b"k")
     assert [f.id if f is not None else None for f in found] == ["0:0", "0:1", None, "0:3"]
     assert [isinstance(s.letter.message, Undecodable) for s in listed] == [False, True, False]
+
+
+async def test_a_handoff_record_with_a_header_name_not_utf8_does_not_stop_its_partition(
+    tansu: Tansu, topic: str, monkeypatch: Any, caplog: Any,
+) -> None:
+    # The hand-off reader was a plain consumer, whose parser fails on such a record (one
+    # another client wrote there): the receiver of that queue never started, and every
+    # retry failed the same way; the other queue flowed.
+    from conveyor import App, WorkerDaemon
+    from tests.conftest import wait_until
+
+    config = kafka_config(tansu.bootstrap, topic, queues={"total": 2})
+    adapter = create_adapter("kafka", config)
+    try:
+        handoffs = adapter.handoffs  # type: ignore[attr-defined]
+        await handoffs.write("other", 0, 0, "")  # the topic, as a daemon leaves it
+        await handoffs.write("other", 1, 0, "")
+        for queue in range(2):  # another app's key, and ours with a value of no hand-off
+            await send_raw_names(tansu.bootstrap, handoffs.topic, queue, b"other", b"{}",
+                                 [(b"\xff\xfe", b"v")], monkeypatch)
+            await send_raw_names(tansu.bootstrap, handoffs.topic, queue, APP.encode(),
+                                 b"not json", [(b"\xc3\x28", b"v")], monkeypatch)
+        await handoffs.write("reader", 0, 5, "cv1:2")  # behind them, still read
+        assert await handoffs.read("reader", 0, 5) == {7}
+    finally:
+        await adapter.close()
+    app = App(APP)
+    handled: list[str] = []
+
+    @app.handler(GOOD)
+    async def on_good(body: dict[str, str]) -> None:
+        handled.append(body["k"])
+
+    daemon = WorkerDaemon(app, config)
+    keys = [f"k{i}" for i in range(8)]
+    for key in keys:
+        await daemon.client.publish(GOOD, key, {"k": key})
+    await daemon.start()
+    try:
+        await wait_until(lambda: len(handled) >= len(keys), 30, what="every message handled")
+        await wait_until(lambda: nothing_left_unacknowledged(daemon), 10,
+                         what="lag 0 on both queues")
+    finally:
+        await daemon.stop()
+    assert sorted(handled) == sorted(keys)
+    ignored = sorted(r.getMessage() for r in caplog.records if "not a hand-off" in r.message)
+    assert ignored == [f"hand-off topic {topic}.conveyor-handoff, queue {q}: the record at "
+                       f"offset 2 of app {APP!r} is not a hand-off; ignored" for q in (0, 1)]
+
+
+async def test_a_member_report_with_a_header_name_not_utf8_does_not_fail_status(
+    tansu: Tansu, topic: str, monkeypatch: Any,
+) -> None:
+    # status read the members topic with a plain consumer, whose parser fails on such a
+    # record: status of a kafka-group app failed with UnicodeDecodeError (and so did the
+    # console's reading of it, and rewind's check of the queues' owners).
+    from conveyor import App, WorkerDaemon
+    from conveyor.adapters.kafka.members import members_topic
+    from conveyor.backends import for_config
+    from conveyor.platform.operations.status import collect_status
+    from tests.conftest import wait_until
+
+    config = kafka_config(tansu.bootstrap, topic, queues={"total": 2},
+                          balancer={"kind": "kafka-group"})
+    app = App(APP)
+
+    @app.handler(GOOD)
+    async def on_good(body: dict[str, str]) -> None:
+        pass
+
+    daemon = WorkerDaemon(app, config)
+    await daemon.start()
+    try:
+        members = members_topic(daemon.adapter.cluster)  # type: ignore[attr-defined]
+
+        async def listed() -> bool:
+            report = await collect_status(config, APP, for_config(config))
+            return [m.queues for m in report.members] == [[0, 1]]
+
+        await wait_until(listed, 30, what="the daemon listed with both queues")
+        for key in (f"{APP}/ghost".encode(), b"other/x", f"{APP}/\xff".encode("latin-1")):
+            await send_raw_names(tansu.bootstrap, members, 0, key, b"not json",
+                                 [(b"\xff\xfe", b"v")], monkeypatch)
+        report = await collect_status(config, APP, for_config(config))
+    finally:
+        await daemon.stop()
+    assert [(m.id, m.queues) for m in report.members] == [(daemon.member.id, [0, 1])]
+
+
+async def test_a_rewind_to_a_time_scans_past_a_header_name_not_utf8(
+    tansu: Tansu, topic: str, monkeypatch: Any,
+) -> None:
+    # Where the broker gives no offset for a time (rewind.py: no answer, or timestamp
+    # -1), a rewind to a time scans the queue's timestamps with the adapter's probe, a
+    # plain consumer: a record another client wrote with such a header failed the rewind
+    # with UnicodeDecodeError. The tansu here answers, so its answer is taken away.
+    import time
+
+    from aiokafka import AIOKafkaConsumer
+
+    async def no_answer(self: AIOKafkaConsumer, timestamps: Any) -> dict[Any, Any]:
+        return {}
+
+    monkeypatch.setattr(AIOKafkaConsumer, "offsets_for_times", no_answer)
+    config = kafka_config(tansu.bootstrap, topic)
+    adapter = create_adapter("kafka", config)
+    try:
+        await adapter.ensure_topic()  # type: ignore[attr-defined]
+        minute_ago = int((time.time() - 60) * 1000)
+        for name in (b"\xff\xfe", b"\xff"):  # offsets 0 and 1, a minute old
+            await send_raw_names(tansu.bootstrap, topic, 0, b"k", b"{}", [(name, b"v")],
+                                 monkeypatch, timestamp_ms=minute_ago)
+        after = time.time() - 30
+        [token] = await adapter.enqueue(0, [Message("m", StreamId(GOOD, "k"), b"{}")])
+        await adapter.rewind_queues([0], APP, after, create_group=True, allow_forward=True)
+        lag = await adapter.lag(0, APP)
+    finally:
+        await adapter.close()
+    assert (token.major, lag) == (2, 1)  # positioned at the one record past the time

@@ -6,10 +6,12 @@ from its start."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -132,6 +134,25 @@ COMPACTED_LETTER_TOPICS = {
 }
 
 
+async def create_compacted(tansu: Tansu, name: str) -> None:
+    """Topic ``name``, one partition, ``cleanup.policy=compact``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 1, 1, topic_configs={
+            "cleanup.policy": "compact"})])
+    finally:
+        await admin.close()
+
+
+def compacted_line(name: str) -> str:
+    """What is said of letter topic ``name`` compacted (``TOPIC.conveyor-dlq[-ops]``)."""
+    suffix = name.rpartition(".")[2]
+    return (f"kafka topic {name!r} {COMPACTED_LETTER_TOPICS[suffix]}; set "
+            "cleanup.policy=delete (kafka-configs --alter --entity-type topics "
+            f"--entity-name {name} --add-config cleanup.policy=delete)")
+
+
 @pytest.mark.parametrize("suffix", sorted(COMPACTED_LETTER_TOPICS))
 async def test_a_compacted_dead_letter_topic_is_refused_at_start_and_reported_by_status(
     tansu: Tansu, topic: str, tmp_path: Path, suffix: str
@@ -140,27 +161,21 @@ async def test_a_compacted_dead_letter_topic_is_refused_at_start_and_reported_by
     # purges and replays (key = app) were compacted away without a word. The hand-off and
     # members topics are compacted by design (test_kafka_handoff.py): not refused.
     compacted = f"{topic}.{suffix}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(compacted, 1, 1, topic_configs={
-            "cleanup.policy": "compact"})])
-    finally:
-        await admin.close()
-    line = (f"kafka topic {compacted!r} {COMPACTED_LETTER_TOPICS[suffix]}; set "
-            "cleanup.policy=delete (kafka-configs --alter --entity-type topics "
-            f"--entity-name {compacted} --add-config cleanup.policy=delete)")
+    await create_compacted(tansu, compacted)
+    line = compacted_line(compacted)
     config = config_file(tansu, topic, tmp_path)
     app = f"compact-{topic}"
     status, stderr = exited(worker(config, tmp_path / "out.txt", app), 30)
     assert (status, stderr.splitlines()[-1:]) == (2, [f"conveyor: error: config: {line}"]), (
         stderr)
     assert len(await publish(config, "kept", 3)) == 3  # a producer writes no letters
+    # `status` without --app: no app has a group yet (its worker was refused), and the
+    # check ran only for the apps found; the topics are every app's, so it warns anyway.
     for args in (["status", "--app", app], ["status"], ["dlq", "list", "--app", app]):
         result = await asyncio.to_thread(cli, *args, "--config", str(config))
         assert result.returncode == 0, (args, result.stderr)
-        assert [w for w in result.stderr.splitlines() if "cleanup.policy" in w] == (
-            [] if args == ["status"] else [f"conveyor: warning: {line}"]), (args, result.stderr)
+        assert [w for w in result.stderr.splitlines() if "cleanup.policy" in w] == [
+            f"conveyor: warning: {line}"], (args, result.stderr)
     adapter = KafkaAdapter(load_config(config, environ={}).kafka, QUEUES)
     try:  # a letter stored before the topic was compacted, say
         await adapter.dead_letters.put(app, [DeadLetter.of(
@@ -290,3 +305,78 @@ async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and
     finally:
         await receiver.shutdown()
         await adapter.close()
+
+
+async def test_the_console_checks_the_letter_topics_once_a_minute_not_per_app_and_poll(
+    tansu: Tansu, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The compaction check opened an admin client and sent a DescribeConfigs per letter
+    # topic for the apps' listing and again for each app's status, every poll: with three
+    # apps, 4 of each per poll (of the poll's 23 admin clients, measured on tansu).
+    from conveyor.console.poller import Poller
+
+    compacted = f"{topic}.conveyor-dlq"
+    await create_compacted(tansu, compacted)
+    config = load_config(config_file(tansu, topic, tmp_path), environ={})
+    adapter = KafkaAdapter(config.kafka, QUEUES)
+    try:
+        for app in ("a1", "a2", "a3"):  # three apps, each with a group
+            await adapter.rewind_queues(range(QUEUES), app, 0.0, create_group=True)
+    finally:
+        await adapter.close()
+    asked: list[str] = []
+    describe = AIOKafkaAdminClient.describe_configs
+
+    async def counted(self: AIOKafkaAdminClient, resources: Any, *rest: Any) -> Any:
+        asked.extend(r.name for r in resources)
+        return await describe(self, resources, *rest)
+
+    monkeypatch.setattr(AIOKafkaAdminClient, "describe_configs", counted)
+    poller = Poller(config, None)
+    warned = []
+    for _ in range(4):
+        await poller.poll()
+        warned.append([w for w in poller.reading.warnings if "cleanup.policy" in w])
+    assert poller.reading.error is None
+    assert [a.app for a in poller.reading.apps.apps] == ["a1", "a2", "a3"]
+    assert asked.count(compacted) == 1, asked  # the first poll's look, not 4 x 4
+    assert warned == [[compacted_line(compacted)]] * 4  # shown until the next look
+
+
+async def test_a_broker_that_does_not_tell_a_letter_topic_s_policy_is_reported_not_logged_each_time(
+    tansu: Tansu, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A broker that refuses DescribeConfigs (an ACL, an old broker): every check logged a
+    # warning, so a running worker every minute and the console every poll.
+    from aiokafka import errors as kerrors
+
+    letters = f"{topic}.conveyor-dlq"
+    config = load_config(config_file(tansu, topic, tmp_path), environ={})
+    adapter = KafkaAdapter(config.kafka, QUEUES)
+    try:
+        await adapter.ensure_topic()
+        await adapter.dead_letters.put("a1", [DeadLetter.of(
+            Message("m", StreamId("jobs", "k"), b"{}", token=SequenceToken(0, 0)), "h",
+            ValueError("e"), 1)])
+
+        async def refused(self: AIOKafkaAdminClient, *args: Any) -> Any:
+            raise kerrors.TopicAuthorizationFailedError("DescribeConfigs refused")
+
+        monkeypatch.setattr(AIOKafkaAdminClient, "describe_configs", refused)
+        with caplog.at_level(logging.WARNING, logger="conveyor.kafka"):
+            for _ in range(3):  # a running worker's checks
+                await adapter.recheck_server()
+            problems = [await adapter.store_problems([], [], every_app=True)
+                        for _ in range(2)]  # status, the console
+    finally:
+        await adapter.close()
+    logged = [r.getMessage() for r in caplog.records if "cleanup.policy" in r.getMessage()]
+    assert logged == [f"kafka: could not read the cleanup.policy of topic {letters!r} "
+                      "([Error 29] TopicAuthorizationFailedError: DescribeConfigs refused); "
+                      "a compacted topic deletes records before they are read"]
+    assert [[(p.store, p.found) for p in found] for found in problems] == [
+        [(letters, "cleanup.policy unknown")]] * 2
+    assert problems[0][0].warning.startswith(
+        f"kafka: could not read the cleanup.policy of topic {letters!r} "
+        "(TopicAuthorizationFailedError: ")
