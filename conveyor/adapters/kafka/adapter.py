@@ -30,7 +30,7 @@ from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka import rewind as kafka_rewind
 from conveyor.adapters.kafka.aiokafka_internals import record_appender, record_size, seal
-from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.cluster import KafkaCluster, TopicMissingError
 from conveyor.adapters.kafka.codec import letter_from_record, message_headers
 from conveyor.adapters.kafka.connection import CLIENT_ERRORS, broker_error, kafka_errors
 from conveyor.adapters.kafka.groups import KafkaGroups
@@ -153,12 +153,17 @@ class KafkaAdapter(QueueAdapter):
 
     async def store_problems(self, queues: Sequence[int], groups: Sequence[str], *,
                              every_app: bool = False) -> list[StoreProblem]:
-        """The dead-letter topics the broker compacts, where ``groups`` names any app or
+        """The queues' topic where it does not exist (nothing else is looked at then), and
+        the dead-letter topics the broker compacts, where ``groups`` names any app or
         ``every_app`` (they are every app's, whether it has a group yet or not), and
         those whose ``cleanup.policy`` it did not tell (reported here, not logged). The
         queues' topic compacted is refused when it is prepared, not reported."""
         if not groups and not every_app:
             return []
+        try:
+            await self.cluster.require_topic()
+        except TopicMissingError as exc:  # a typo in [kafka] topic, most likely
+            return [StoreProblem(self.topic, "the queues", "no such topic", str(exc))]
         holds = {self.cluster.dlq_topic: "every app's dead letters",
                  self.cluster.dlq_ops_topic: "what dlq replay and purge did"}
         found = await self.cluster.compacted_letter_topics(quiet=True)

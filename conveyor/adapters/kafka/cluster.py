@@ -58,6 +58,11 @@ _TOPIC_EXISTS = 36
 """CreateTopics' error code for a topic another process created meanwhile."""
 
 
+class TopicMissingError(BrokerError):
+    """The queues' topic does not exist, and the caller only reads (:meth:`KafkaCluster.
+    require_topic`): nothing was published or run under this config yet."""
+
+
 class KafkaCluster:
     """The topic ``config.topic`` with ``total_queues`` partitions, and the connections
     to reach it (see the module's docstring). One per adapter; safe to share between
@@ -135,10 +140,11 @@ class KafkaCluster:
     async def probe(self, group: str) -> AIOKafkaConsumer:
         """A consumer of ``group`` assigned every partition, for lag and rewind (whose
         scan of timestamps reads records as the batch holds them: a header name not
-        UTF-8 does not fail it)."""
+        UTF-8 does not fail it). Raises :class:`TopicMissingError` where the topic does
+        not exist: reading creates no topic."""
         consumer = self._probes.get(group)
         if consumer is None:
-            await self.ensure_topic()
+            await self.require_topic()
             consumer = self.new_consumer(group, **raw_records())
             await start_client(consumer, "connecting a consumer")
             consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
@@ -174,6 +180,23 @@ class KafkaCluster:
         if self._topic_ready:
             return
         await self.create_topics({self.topic: self.total_queues})
+        self._topic_ready = True
+
+    async def require_topic(self) -> None:
+        """Check the topic as :meth:`ensure_topic` does, without creating it: raise
+        :class:`TopicMissingError` where it does not exist. For the commands that only
+        read (``status``, ``rewind``): creating it there left a topic behind for a typo
+        in ``[kafka] topic``."""
+        if self._topic_ready:
+            return
+        with kafka_errors("reading the topic"):
+            async with self.admin() as client:
+                if self.topic not in set(await client.list_topics()):
+                    raise TopicMissingError(
+                        f"kafka topic {self.topic!r} does not exist: nothing was published "
+                        "and no worker ran under this config (check $.kafka.topic)")
+                await self.check_partitions(client)
+                await self.check_cleanup_policy(client)
         self._topic_ready = True
 
     async def wait_topic_ready(self, timeout_s: float | None) -> bool:
@@ -369,9 +392,13 @@ class KafkaCluster:
                 raise BrokerConnectionError(f"kafka: no fetch response for {tp} in {timeout_s}s")
 
     async def lag(self, queue: int, group: str) -> int:
-        """Messages of ``queue`` that ``group`` has not finished, from the broker's view."""
+        """Messages of ``queue`` that ``group`` has not finished, from the broker's view
+        (none where the topic does not exist)."""
         with kafka_errors(f"reading the lag of queue {queue}"):
-            consumer = await self.probe(group)
+            try:
+                consumer = await self.probe(group)
+            except TopicMissingError:
+                return 0
             tp = TopicPartition(self.topic, queue)
             committed = await fetch_committed(consumer, tp)
             if committed is None:

@@ -234,3 +234,31 @@ def test_status_and_dlq_end_on_an_empty_dead_letter_topic(
         assert (listed.returncode, listed.stdout) == (0, "[]\n"), listed.stderr
         assert (status.returncode, json.loads(status.stdout)["dead_letters"]) == (0, 0), (
             status.stderr)
+
+
+def test_reading_commands_create_no_topic_and_say_it_is_missing(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    """A typo in ``[kafka] topic`` (or an app that never ran): ``status`` created the
+    topic it read the lag of, and said nothing of it."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    cfg = config_file(tansu, topic, tmp_path)
+    missing = (f"conveyor: warning: kafka topic {topic!r} does not exist: nothing was "
+               "published and no worker ran under this config (check $.kafka.topic)")
+    for args in (["status", "--app", "TYPO"], ["status"], ["dlq", "list", "--app", "TYPO"]):
+        result = cli(*args, "--config", str(cfg))
+        assert result.returncode == 0, result.stderr
+        assert missing in result.stderr.splitlines(), (args, result.stderr)
+    rewound = cli("rewind", "--app", "TYPO", "--to", "0:0", "--config", str(cfg))
+    assert rewound.returncode != 0 and "Traceback" not in rewound.stderr, rewound.stderr
+
+    async def topics() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            return list(await admin.list_topics())
+        finally:
+            await admin.close()
+
+    assert [t for t in asyncio.run(topics()) if t.startswith(topic)] == []

@@ -320,6 +320,7 @@ async def test_the_console_checks_the_letter_topics_once_a_minute_not_per_app_an
     config = load_config(config_file(tansu, topic, tmp_path), environ={})
     adapter = KafkaAdapter(config.kafka, QUEUES)
     try:
+        await adapter.ensure_topic()  # as a worker would (rewinding creates none)
         for app in ("a1", "a2", "a3"):  # three apps, each with a group
             await adapter.rewind_queues(range(QUEUES), app, 0.0, create_group=True)
     finally:
