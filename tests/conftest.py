@@ -104,7 +104,12 @@ def stop_when(
     """Wait for ``condition``, stop the worker with SIGTERM (it flushes its exporters),
     assert a clean exit and return its stderr; the process never outlives the call."""
     try:
-        wait_until_sync(condition, timeout_s, what=what)
+        try:
+            wait_until_sync(condition, timeout_s, what=what)
+        except AssertionError as exc:  # what the worker said, to see why
+            proc.kill()
+            said = proc.communicate()[1] if proc.stderr is not None else ""
+            raise AssertionError(f"{exc}; the worker's stderr:\n{said[-4000:]}") from None
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     finally:

@@ -23,7 +23,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import members as kafka_members
 from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
-from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.cluster import KafkaCluster, TopicMissingError
 from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.adapters.kafka.handoff import HandoffLog
 from conveyor.adapters.kafka.members import assigned_partitions
@@ -37,8 +37,11 @@ _LIVE_STATES = frozenset({"Stable", "PreparingRebalance", "CompletingRebalance"}
 
 async def rewind(cluster: KafkaCluster, handoffs: HandoffLog, queue: int, group: str,
                  to: SequenceToken | float) -> None:
-    """Commit the offset ``to`` names on ``queue`` as ``group``'s position (unchecked)."""
+    """Commit the offset ``to`` names on ``queue`` as ``group``'s position (unchecked).
+    A missing topic is created (``$.kafka.create_topic``): only a group's creation
+    (``create_group``) rewinds where none exists, to set an app's start before it runs."""
     with kafka_errors(f"rewinding app {group!r} on queue {queue}"):
+        await cluster.ensure_topic()
         offset = await _target(cluster, await cluster.probe(group), queue, to)
         await _commit_position(cluster, handoffs, group, queue, offset)
     log.info("moved %s on queue %d to offset %d", group, queue, offset)
@@ -46,9 +49,13 @@ async def rewind(cluster: KafkaCluster, handoffs: HandoffLog, queue: int, group:
 
 async def forward_gap(cluster: KafkaCluster, queue: int, group: str,
                       to: SequenceToken | float) -> int:
-    """Messages between the group's committed position and ``to``, when ``to`` is ahead."""
+    """Messages between the group's committed position and ``to``, when ``to`` is ahead
+    (none where the topic does not exist: there is nothing to skip)."""
     with kafka_errors(f"reading app {group!r}'s position"):
-        offset, position = await _target_and_position(cluster, queue, group, to)
+        try:
+            offset, position = await _target_and_position(cluster, queue, group, to)
+        except TopicMissingError:
+            return 0
     return max(0, offset - position)
 
 

@@ -62,6 +62,14 @@ log = logging.getLogger("conveyor.daemon")
 READY_CHECK_S = 0.05
 """How often :meth:`WorkerDaemon.when_ready` looks again while the daemon joins."""
 
+SERVER_CHECK_WAIT_S = 2.0
+"""How long a daemon's start waits for the broker to answer the check of its settings
+(:meth:`QueueAdapter.check_server`); past that it starts and checks in the background
+(a refusal then fails the daemon, and the writes a refused setting would endanger are
+refused on their own). A broker that accepts connections and stays silent would hold
+the start for the client's request timeout (aiokafka's admin client: 40 s); the start
+waits for the broker's first answer after this, too (Kafka: ``FIRST_ANSWER_S``)."""
+
 SERVER_RECHECK_S = 60.0
 """How often a running daemon looks again at the broker settings it checked at start
 (:meth:`QueueAdapter.recheck_server`: Redis' eviction policy, changed meanwhile)."""
@@ -190,15 +198,17 @@ class WorkerDaemon:
 
     async def _check_server(self) -> None:
         """The broker's own settings (Redis: its eviction policy, and its persistence,
-        which is only logged): one refused fails the start (a ConfigError: ``conveyor
-        worker`` exits 2). A broker that does not answer
-        yet is checked in the background until it does, and a refusal then fails the
-        daemon (:attr:`failure`), as a balancer that fails for good does."""
+        which is only logged; Kafka: its dead-letter topics' compaction): one refused
+        fails the start (a ConfigError: ``conveyor worker`` exits 2). A broker that does
+        not answer yet (or not within :data:`SERVER_CHECK_WAIT_S`) is checked in the
+        background until it does, and a refusal then fails the daemon (:attr:`failure`),
+        as a balancer that fails for good does."""
         try:
-            await self.adapter.check_server()
-        except BrokerConnectionError as exc:
+            await asyncio.wait_for(self.adapter.check_server(), SERVER_CHECK_WAIT_S)
+        except (BrokerConnectionError, TimeoutError) as exc:
+            why = str(exc) or f"no answer in {SERVER_CHECK_WAIT_S:g}s"
             log.warning("could not check the broker's settings at start (%s); checking "
-                        "once it answers", exc)
+                        "once it answers", why)
             self._hooks.append(asyncio.create_task(self._check_server_later(),
                                                    name="check-server"))
         else:
