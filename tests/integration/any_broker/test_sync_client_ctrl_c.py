@@ -47,6 +47,14 @@ except KeyboardInterrupt:
 """
 
 
+def stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` stopped (``T``): a SIGSTOP takes effect as each
+    thread is next scheduled, and a busy machine may let one answer a request first."""
+    states = [(task / "stat").read_text().rpartition(")")[2].split()[0]
+              for task in Path(f"/proc/{pid}/task").iterdir()]
+    return all(state == "T" for state in states)
+
+
 def server_rx_queued(port: int) -> bool:
     """Bytes wait unread on a socket of the server's port (/proc/net/tcp): a stopped
     server's kernel still takes a client's request in."""
@@ -85,10 +93,15 @@ def test_ctrl_c_during_a_stuck_publish_leaves_the_with_block_at_once(
         first = script.stdout.readline()
         assert first == "published 1\n", script.communicate(timeout=30)
         server.send_signal(signal.SIGSTOP)
+        wait_until_sync(lambda: stopped(server.pid), 10, "the server to stop")
         script.stdin.write("go\n")
         script.stdin.flush()
-        wait_until_sync(lambda: server_rx_queued(port), 10,
-                        "the second publish to reach the stopped server")
+        try:
+            wait_until_sync(lambda: server_rx_queued(port), 30,
+                            "the second publish to reach the stopped server")
+        except AssertionError as exc:  # what the script did meanwhile
+            script.kill()
+            raise AssertionError(f"{exc}: {script.communicate()}") from None
         script.send_signal(signal.SIGINT)
         out, err = script.communicate(timeout=60)
     finally:
