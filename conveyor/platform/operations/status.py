@@ -24,7 +24,7 @@ from conveyor.platform.adapter import QueueAdapter, StoreProblem
 from conveyor.platform.backend import Backend
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, StoreUnfitError
 from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.groups import GroupStatus, summarise
 
@@ -272,6 +272,7 @@ async def collect_apps(config: Config, backend: Backend, *,
     try:
         groups = summarise(await adapter.groups.on(range(config.queues.total)))
         apps = []
+        unfit: list[StoreProblem] = []
         for g in groups:
             if not is_app_name(g.group):  # another tool's group: no app has its name, so
                 # it has no daemons or letters to look up (and no keys to name them by)
@@ -280,17 +281,22 @@ async def collect_apps(config: Config, backend: Backend, *,
                 continue
             daemons = None
             if config.balancer.kind != "static":
-                members, _ = await _members_and_owners(config, g.group, adapter, backend)
-                daemons = len(members)
+                try:
+                    members, _ = await _members_and_owners(config, g.group, adapter, backend)
+                    daemons = len(members)
+                except StoreUnfitError as exc:  # its membership unreadable: the others'
+                    unfit.append(StoreProblem(  # still are (its daemons shown unknown)
+                        f"app {g.group!r}'s membership", f"app {g.group!r}'s daemons",
+                        "another type", str(exc)))
             apps.append(AppSummary(g.group, daemons, g.queues, g.lag, g.idle_s,
                                    await adapter.dead_letters.count(g.group),
                                    g.holds_retention))
         eviction = await adapter.eviction_policy()
         persistence = await adapter.persistence()
         beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
-        problems = await adapter.store_problems(
+        problems = unfit + (await adapter.store_problems(
             range(config.queues.total), [a.app for a in apps if is_app_name(a.app)],
-            every_app=True) if look_stores else []
+            every_app=True) if look_stores else [])
     finally:
         await adapter.close()
     return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,

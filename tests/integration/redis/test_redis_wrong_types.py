@@ -194,6 +194,14 @@ def test_a_membership_key_of_another_type_is_named_and_the_worker_keeps_its_queu
                             timeout=60)
     assert (status.returncode, status.stderr.splitlines()[-1]) == (
         1, f"conveyor: error: {named}"), status.stderr
+    # Every app's status: the others are read (their keys are their own), this one's
+    # daemons shown unknown, its key named in a warning.
+    every = subprocess.run([sys.executable, "-m", "conveyor.cli", "status", "--config",
+                            str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert every.returncode == 0, every.stderr
+    assert f"conveyor: warning: {named}" in every.stderr.splitlines(), every.stderr
+    [row] = [line.split() for line in every.stdout.splitlines() if line.split()[:1] == ["rec"]]
+    assert row[:3] == ["rec", "-", "0-1"], every.stdout
     assert worker.stop() == 0  # its queues handed over, though it could not leave
     assert "Traceback" not in worker.stderr, worker.stderr
     assert pending(admin, 2) == {0: 0, 1: 0}
