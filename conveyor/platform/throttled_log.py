@@ -45,3 +45,26 @@ class ThrottledLog:
             args = (*args, now - last if last is not None else 0.0)
         self._log.log(level, message, *args)
         return True
+
+
+class EpisodeLog:
+    """A fault an operator must fix (a store holding the wrong thing): logged as an error
+    when first met, again only if its text changes, and once when it is over, as a
+    warning — an error of the same text at each retry says nothing new."""
+
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self._log = logger
+        self.what = what
+        self._said: str | None = None
+
+    def failed(self, exc: BaseException, then: str = "") -> None:
+        """``exc`` met (again); ``then`` ends the line with what happens meanwhile."""
+        text = str(exc)
+        if text != self._said:
+            self._said = text
+            self._log.error("%s: %s%s", self.what, text, then)
+
+    def ok(self) -> None:
+        if self._said is not None:
+            self._said = None
+            self._log.warning("%s: working again", self.what)

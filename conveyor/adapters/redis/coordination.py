@@ -55,7 +55,7 @@ from conveyor.platform.balancing.membership import MemberInfo, Membership, timer
 from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, LeaseLostError, StoreUnfitError
 from conveyor.platform.tasks import cancel_and_wait
-from conveyor.platform.throttled_log import ThrottledLog
+from conveyor.platform.throttled_log import EpisodeLog, ThrottledLog
 
 log = logging.getLogger("conveyor.redis")
 
@@ -90,26 +90,6 @@ async def naming_wrong_types(caller: Caller, stores: Sequence[Store]) -> AsyncIt
                               f"{exc} (its keys are of their types by now)") from exc
 
 
-class _Episode:
-    """Logs a fault of the store once when it is first met, again only if it changes,
-    and once when it is over (an error of the same text each retry says nothing new)."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self._said: str | None = None
-
-    def failed(self, exc: BaseException) -> None:
-        text = str(exc)
-        if text != self._said:
-            self._said = text
-            log.error("%s: %s", self.what, text)
-
-    def ok(self) -> None:
-        if self._said is not None:
-            self._said = None
-            log.warning("%s: working again", self.what)
-
-
 class RedisMembership(Membership):
     def __init__(
         self, caller: Caller, keys: Keys, group: str, *, ttl_s: float, heartbeat_s: float
@@ -122,7 +102,7 @@ class RedisMembership(Membership):
             (self._keys[0], f"app {group!r}'s members", "zset"),
             (self._keys[1], f"app {group!r}'s member records", "hash"),
             (self._keys[2], f"app {group!r}'s members' version", "string")]
-        self._beats = _Episode("heartbeat failed")
+        self._beats = EpisodeLog(log, "heartbeat failed")
         self._ttl_ms = int(ttl_s * 1000)
         self._heartbeat_s = heartbeat_s
         self._put = self._redis.register_script(lua.MEMBER_PUT)

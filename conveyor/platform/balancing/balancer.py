@@ -59,7 +59,7 @@ from conveyor.platform.balancing.membership import (
 from conveyor.platform.balancing.placement import PlacementWeights, resource_split
 from conveyor.platform.deadlines import StallTolerantTimeout
 from conveyor.platform.errors import BrokerConnectionError, StoreUnfitError
-from conveyor.platform.throttled_log import ThrottledLog
+from conveyor.platform.throttled_log import EpisodeLog, ThrottledLog
 from conveyor.platform.watchdog import LoopWatchdog
 
 log = logging.getLogger("conveyor.balancer")
@@ -285,9 +285,9 @@ class DynamicBalancer(QueueBalancer):
         self._split_marks: tuple[int | None, int | None] | None = None
         self._full_due = 0.0  # when a settled daemon re-balances in full anyway
         self._unreachable = ThrottledLog(log, interval_s=30.0)
-        self._unfit_said: str | None = None
-        """The store's fault last logged by the balance loop (:class:`StoreUnfitError`:
-        said once, not every interval); None once a re-balance went through."""
+        self._unfit = EpisodeLog(log, "re-balance failed")
+        """The store's fault met by the balance loop (:class:`StoreUnfitError`): said
+        once, not every interval."""
         self._unfit_leases: set[int] = set()
         """Queues whose lease could not be taken for a key of another type (said once)."""
         # Liveness off the loop (see the module's docstring): where renewals and
@@ -439,11 +439,9 @@ class DynamicBalancer(QueueBalancer):
                 if not await self._settled():
                     await self._rebalance()
             except StoreUnfitError as exc:  # an operator's to fix: said once an episode
-                if str(exc) != self._unfit_said:
-                    self._unfit_said = str(exc)
-                    log.error("re-balance failed: %s; this daemon keeps the queues it "
-                              "holds (%s) and tries again every %.1fs", exc,
-                              sorted(self._held), self.rebalance_interval_s)
+                self._unfit.failed(exc, f"; this daemon keeps the queues it holds "
+                                   f"({sorted(self._held)}) and tries again every "
+                                   f"{self.rebalance_interval_s:.1f}s")
             except BrokerConnectionError as exc:  # the store's retries gave up: one line
                 self._unreachable.log(logging.WARNING, "store", "re-balance failed (%s); "
                                       "retrying every %.1fs", exc, self.rebalance_interval_s)
@@ -459,9 +457,7 @@ class DynamicBalancer(QueueBalancer):
             except Exception:
                 log.exception("re-balance failed; retrying in %.1fs", self.rebalance_interval_s)
             else:
-                if self._unfit_said is not None:
-                    self._unfit_said = None
-                    log.warning("re-balance works again")
+                self._unfit.ok()
 
     async def _settled(self) -> bool:
         """Nothing for a re-balance to do: the last one found every queue where its split
