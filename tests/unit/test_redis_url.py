@@ -36,6 +36,8 @@ SECRET = "s3cret-pw"
         ("redis://h/0?health_check_interval=1.5", "health_check_interval is whole seconds"),
         ("redis://h/0?client_name=my%20app", "client_name is printable ASCII"),
         ("redis://h/0?client_name=a%0Ab", "client_name is printable ASCII"),
+        ("redis://h/0?socket_keepalive=off", "socket_keepalive is true or false"),  # on!
+        ("redis://h/0?socket_keepalive=", "socket_keepalive is true or false"),
         # A setting given twice: redis-py would keep one without a word.
         ("redis://h:6379/1?db=2", "the database is given twice, as the path (/1) and as "
                                   "?db=; give it once"),
@@ -65,6 +67,7 @@ def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
     f"redis://:{SECRET}@h/0?socket_keepalive=true&username=u",
     "redis://h",
     "redis://h/?db=3",
+    "redis://h/0?socket_keepalive=False", "redis://h/0?socket_keepalive=1",
     f"redis://u@h/0?password={SECRET}",
 ])
 def test_urls_with_known_options_pass(url: str) -> None:

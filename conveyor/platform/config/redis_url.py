@@ -42,6 +42,9 @@ URL_OPTIONS = ("db", "username", "password", "client_name", "health_check_interv
                "socket_keepalive")
 """Query parameters a Redis URL may carry; the others redis-py knows are set in ``[redis]``
 (below) or by Conveyor itself, and anything else would fail only when connecting."""
+_BOOLEANS = frozenset({"true", "false", "1", "0", "yes", "no", "t", "f", "y", "n"})
+"""What ``socket_keepalive`` may say: the words redis-py reads as false, and their opposites
+(it reads anything else as true)."""
 _CLIENT_NAME = re.compile(r"[!-~]*")
 """What Redis takes as a client name: no spaces, newlines or other special characters."""
 _URL_FIELDS = {
@@ -102,6 +105,10 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
         if option == "health_check_interval" and not value.isdigit():
             raise ConfigError(
                 f"{field}: health_check_interval is whole seconds from 0, got {shown}")
+        if option == "socket_keepalive" and value.lower() not in _BOOLEANS:
+            # redis-py takes any other text as true: "off" would turn keepalive on.
+            raise ConfigError(
+                f"{field}: socket_keepalive is true or false (or 1/0, yes/no), got {shown}")
         if option == "client_name" and not _CLIENT_NAME.fullmatch(value):
             raise ConfigError(
                 f"{field}: client_name is printable ASCII without spaces (Redis' rule for "
