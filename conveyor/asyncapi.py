@@ -31,7 +31,7 @@ import msgspec
 
 from conveyor.platform.app import App
 from conveyor.platform.config import Config
-from conveyor.platform.handlers import HandlerSpec, raw_or_text
+from conveyor.platform.handlers import HandlerSpec, handler_function, raw_or_text
 from conveyor.platform.message import (
     CONTENT_BYTES,
     CONTENT_JSON,
@@ -106,7 +106,7 @@ def _body_type(spec: HandlerSpec) -> Any:
     """What the handler's first parameter decodes each body into (a batch handler's
     ``list[T]``: ``T``), as the declaration checked it."""
     params = list(inspect.signature(spec.fn).parameters.values())
-    body = typing.get_type_hints(spec.fn)[params[0].name]
+    body = typing.get_type_hints(handler_function(spec.fn))[params[0].name]
     if spec.batch is not None:
         body = typing.get_args(body)[0]
     body = raw_or_text(body)
@@ -200,7 +200,7 @@ def _receive(namespace: str, message: str, spec: HandlerSpec, group: str,
         "title": spec.name,
         "messages": [{"$ref": f"#/channels/{namespace}/messages/{message}"}],
     }
-    doc = inspect.getdoc(spec.fn)
+    doc = inspect.getdoc(handler_function(spec.fn))  # a partial's is functools' own
     if doc:
         operation["description"] = doc
     batch = spec.batch

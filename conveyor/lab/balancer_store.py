@@ -217,7 +217,7 @@ class SimStore:
         self._leases[lease.queue] = (lease.owner, lease.token, now + ttl_s)
         return True, request + _int_reply(1)
 
-    def release(self, lease: Lease) -> int:
+    def release(self, lease: Lease) -> tuple[bool, int]:
         request = _evalsha([self.lease_keys[lease.queue], self.generation_key],
                            [f"{lease.token} {lease.owner}"])
         held = self._leases.get(lease.queue)
@@ -225,8 +225,8 @@ class SimStore:
             del self._leases[lease.queue]
             self._owners = None
             self.generation += 1
-            return request + _int_reply(1)
-        return request + _int_reply(0)
+            return True, request + _int_reply(1)
+        return False, request + _int_reply(0)
 
     def owners(self) -> tuple[dict[int, str], int]:
         """MGET of every lease key: the live holders, and the bytes."""
@@ -362,8 +362,10 @@ class SimLeaseStore(LeaseStore):
             return None
         return Lease(lease.queue, lease.owner, lease.token, started + ttl_s)
 
-    async def release(self, lease: Lease) -> None:
-        await self._store.call(GRANT, self._store.release(lease))
+    async def release(self, lease: Lease) -> bool:
+        released, nbytes = self._store.release(lease)
+        await self._store.call(GRANT, nbytes)
+        return released
 
     async def owners(self) -> dict[int, str]:
         owners, nbytes = self._store.owners()

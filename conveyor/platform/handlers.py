@@ -173,15 +173,9 @@ def build_spec(
             f"{where}: name={name!r}: a handler's name is non-empty text without "
             "control characters (a str)")
     sync = _is_sync(fn, where)
-    params = list(inspect.signature(fn).parameters.values())
-    if not 1 <= len(params) <= 2 or any(
-        p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params
-    ):
-        raise HandlerDeclarationError(
-            f"{where}: takes (body) or (body, ctx: MessageContext), got {len(params)} parameters"
-        )
+    params = _passed_params(fn, where)
     try:
-        hints = typing.get_type_hints(_partial_target(fn))
+        hints = typing.get_type_hints(handler_function(fn))
     except Exception as exc:
         raise HandlerDeclarationError(f"{where}: cannot resolve type annotations: {exc}") from None
     body_type = hints.get(params[0].name)
@@ -200,7 +194,7 @@ def build_spec(
                 f"{where}: the second parameter {params[1].name!r} is the message's "
                 f"context: annotate it MessageContext (or not at all), not {ctx_type!r}")
     return HandlerSpec(
-        name=name or _default_name(_partial_target(fn)),
+        name=name or _default_name(handler_function(fn)),
         namespace=namespace,
         fn=fn,
         decode=_body_decoder(body_type, where),
@@ -261,9 +255,45 @@ def _batch_element(annotation: Any, params: int, where: str) -> Any:
     return args[0]
 
 
-def _partial_target(fn: Any) -> Any:
-    """The function a ``functools.partial`` calls (its annotations and name are the
-    handler's; the partial's signature says which parameters are left); ``fn`` else."""
+def _passed_params(fn: Any, where: str) -> list[inspect.Parameter]:
+    """The parameters a call passes by position: (body) or (body, ctx). Keyword-only
+    ones are left to their defaults — a function's own, or the keywords a
+    ``functools.partial`` binds — and refused without one (nothing could fill them)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except ValueError:  # "partial object ... has incorrect arguments"
+        raise HandlerDeclarationError(
+            f"{where}: the functools.partial's arguments do not fit its function: one is "
+            "given twice (by position and by keyword) or names no parameter") from None
+    passed = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    free = [p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    own = inspect.signature(handler_function(fn)).parameters
+    if free and own[free[0].name].kind is not free[0].kind:
+        # partial(f, region="eu") over f(region, body): every parameter after a bound
+        # keyword can only be passed by keyword, so the body cannot reach it.
+        bound = ", ".join(map(repr, getattr(fn, "keywords", {})))
+        raise HandlerDeclarationError(
+            f"{where}: parameter {free[0].name!r} can only be passed by keyword: it comes "
+            f"after {bound}, which the functools.partial binds by keyword, and Conveyor "
+            "passes (body) or (body, ctx) by position; bind them by position, or move "
+            f"them after {free[0].name!r}")
+    if free:
+        raise HandlerDeclarationError(
+            f"{where}: keyword-only parameter {free[0].name!r} has no default; Conveyor "
+            "passes only (body) or (body, ctx): give it a default or bind it with "
+            "functools.partial")
+    if not 1 <= len(passed) <= 2 or any(
+        p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
+    ):
+        raise HandlerDeclarationError(
+            f"{where}: takes (body) or (body, ctx: MessageContext), got {len(params)} parameters"
+        )
+    return passed
+
+
+def handler_function(fn: Any) -> Any:
+    """The function a ``functools.partial`` calls (its annotations, name and docstring are
+    the handler's; the partial's signature says which parameters are left); ``fn`` else."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     return fn
@@ -275,5 +305,5 @@ def _default_name(fn: Any) -> str:
 
 def handler_where(fn: Any) -> str:
     """How errors name a handler: ``handler 'on_order'``."""
-    fn = _partial_target(fn)
+    fn = handler_function(fn)
     return f"handler {getattr(fn, '__qualname__', fn)!r}"

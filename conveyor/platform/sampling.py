@@ -48,10 +48,10 @@ from __future__ import annotations
 import random
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import (
@@ -188,13 +188,29 @@ class RatioRoots(RandomIdGenerator):
         return super().generate_trace_id()
 
 
-def ratio_tracer_provider(ratio: float, resource: Resource | None = None) -> TracerProvider:
+class ConveyorTracerProvider(TracerProvider):
+    """The SDK's provider, which calls :attr:`processor_added` (when set) after each
+    span processor added to it: Conveyor sets it once its own processors are in, so that
+    one a user adds later turns the lean spans off (they bypass span processors; see
+    :meth:`LeanRecorder.hand_to_sdk <conveyor.platform.spans.LeanRecorder.hand_to_sdk>`).
+    """
+
+    processor_added: Callable[[], None] | None = None
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        if self.processor_added is not None:
+            self.processor_added()
+
+
+def ratio_tracer_provider(ratio: float, resource: Resource | None = None
+                          ) -> ConveyorTracerProvider:
     """The tracer provider of Conveyor's telemetry (span processors to be added).
 
     Parent-based: a consumer follows its producer's decision, so a trace is whole or
     absent; the ratio applies where a trace starts, decided first by
     :class:`RatioRoots`."""
-    return TracerProvider(
+    return ConveyorTracerProvider(
         resource=resource, sampler=ParentBased(TraceIdRatioBased(ratio)),
         id_generator=RatioRoots(ratio),
     )

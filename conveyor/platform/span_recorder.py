@@ -177,6 +177,8 @@ class LeanRecorder(SpanProcessor):
         self._queue: deque[bytes] = deque()
         self._overflowing = False
         self._stopping = False
+        self._makers: list[weakref.WeakMethod[Callable[[], None]]] = []
+        self._handed = False
         self._start_thread()
         if hasattr(os, "register_at_fork"):  # a forked child gets its own thread
             reinit = weakref.WeakMethod(self._start_thread)
@@ -187,6 +189,32 @@ class LeanRecorder(SpanProcessor):
                     method()
 
             os.register_at_fork(after_in_child=after_in_child)
+
+    def on_hand_to_sdk(self, stop_lean: Callable[[], None]) -> None:
+        """Register ``stop_lean``, a bound method (held weakly) of something that makes
+        lean spans of this recorder, to be called by :meth:`hand_to_sdk`. Called when
+        a maker is built (a handler's consumer span, a telemetry's producer spans),
+        never a message."""
+        self._makers = [m for m in self._makers if m() is not None]
+        self._makers.append(weakref.WeakMethod(stop_lean))
+
+    def hand_to_sdk(self) -> None:
+        """Make no more lean spans: every registered maker starts SDK spans from now on.
+
+        Called when a span processor is added to the provider after Conveyor built it:
+        lean spans bypass the provider's processors, so the one added would miss the
+        consumer and producer spans. Spans already started end here as before. Costs
+        nothing per message while nobody calls it: each maker already looks up its lean
+        maker (or its ``recorder``) per span, and this sets it to None."""
+        if not self._handed:
+            self._handed = True
+            logger.info("a span processor was added to the tracer provider: consumer "
+                        "and producer spans are SDK spans from now on, so that it sees "
+                        "them (docs/telemetry.md)")
+        for maker in self._makers:
+            stop_lean = maker()
+            if stop_lean is not None:
+                stop_lean()
 
     def _start_thread(self) -> None:
         self._queue.clear()

@@ -104,7 +104,11 @@ class Telemetry:
         self.recorder = recorder if tracer_provider is not None else None
         """Where consumer spans go when they are not the SDK's (a processor of
         ``tracer_provider``, so its flush and shutdown cover them): what
-        :meth:`from_config` builds for the OTLP exporter; None: the SDK records them."""
+        :meth:`from_config` builds for the OTLP exporter; None: the SDK records them
+        (also once a span processor is added to the provider: see
+        :meth:`~conveyor.platform.spans.LeanRecorder.hand_to_sdk`)."""
+        if self.recorder is not None:
+            self.recorder.on_hand_to_sdk(self._sdk_spans)
         self.meter_provider = meter_provider
         self.prometheus = prometheus
         if meter_provider is not None and local is None:
@@ -126,6 +130,13 @@ class Telemetry:
         self.meter: Meter | None = (
             meter_provider.get_meter(SCOPE) if meter_provider is not None else None
         )
+
+    def _sdk_spans(self) -> None:
+        """Producer spans from now on are the SDK's (:meth:`LeanRecorder.hand_to_sdk
+        <conveyor.platform.spans.LeanRecorder.hand_to_sdk>`); so is every consumer span
+        of a chain built from now on (the daemon reads :attr:`recorder` then)."""
+        self.recorder = None
+        self._publish_shapes.clear()
 
     @property
     def enabled(self) -> bool:
@@ -206,6 +217,8 @@ class Telemetry:
                 tracer_provider.add_span_processor(recorder)
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter,
                                                               **batching._asdict()))
+        if recorder is not None:  # one added later must see every span: see hand_to_sdk
+            tracer_provider.processor_added = recorder.hand_to_sdk
         from conveyor.platform.histograms import LocalMetrics, MergingExporter
 
         local = LocalMetrics(SCOPE, resource)
@@ -262,9 +275,9 @@ class Telemetry:
         (the SDK span costs some 50 µs to start, end and encode; a lean one 6), else
         the SDK's. A child of a dropped parent is what the parent-based sampler makes,
         a non-recording span of the parent's trace, made here, but for a parent with a
-        ``tracestate`` (the SDK's, to carry it). A lean span goes to the recorder only:
-        span processors added to the provider later do not see it, and the recorder's
-        span limits apply (see docs/telemetry.md)."""
+        ``tracestate`` (the SDK's, to carry it). A lean span goes to the recorder only,
+        so a span processor added to the provider makes them SDK spans from then on;
+        the recorder's span limits apply (see docs/telemetry.md)."""
         assert self.tracer is not None
         roots = self.roots
         if roots is not None:

@@ -80,9 +80,9 @@ class Partitioned(MemoryLeaseStore, MemoryMembership):
         self._check()
         return await self.leases.renew(lease, ttl_s)
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease) -> bool:
         self._check()
-        await self.leases.release(lease)
+        return await self.leases.release(lease)
 
     async def owners(self) -> dict[int, str]:
         return await self.leases.owners()

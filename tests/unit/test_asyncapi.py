@@ -251,3 +251,24 @@ def test_every_raw_body_type_is_an_octet_stream_message(tmp_path: Path) -> None:
         "maybe.bytes": "application/octet-stream"}
     assert doc["components"]["schemas"] == {}
     assert validator().is_valid(doc)
+
+
+def test_a_partial_handler_is_described_by_the_function_it_calls(tmp_path: Path) -> None:
+    """A ``functools.partial`` handler raised TypeError out of ``conveyor asyncapi`` (its
+    annotations were read off the partial), and its description would have been
+    functools' own docstring of ``partial``."""
+    import functools
+
+    from conveyor import App
+
+    app = App("pay")
+
+    async def charge(gateway: str, order: dict[str, int], *, region: str) -> None:
+        """Charge an order through a gateway."""
+
+    app.handler("orders")(functools.partial(charge, "stripe", region="eu"))
+    doc = asyncapi_document(app, config(tmp_path, CONFIGS["redis"]))
+    [operation] = [op for op in doc["operations"].values() if op["action"] == "receive"]
+    assert operation["description"] == "Charge an order through a gateway."
+    assert list(doc["components"]["messages"]) == ["orders.body"]  # a dict[str, int]
+    assert validator().is_valid(doc)

@@ -149,6 +149,7 @@ def test_environment_scalars_are_read_as_the_fields_type() -> None:
         "CONVEYOR_CELLS__DEFAULT_SIZE": "6",
         "CONVEYOR_BALANCER__QUEUES": "[0, 3]",
         "CONVEYOR_TELEMETRY__HEADERS": '{"api-key": "k"}',
+        "CONVEYOR_TELEMETRY__EXPORTER": "otlp",
     })
     assert config.redis.tls_verify is False
     assert config.worker.drain_timeout_s == 2.5
@@ -228,6 +229,11 @@ BAD_VALUES = [
     ("redis", "password_env", '"MY PASSWORD"', "$.redis.password_env"),
     ("memory", "broker", '"x\\u0000y"', "$.memory.broker"),
     ("telemetry", "endpoint", '"localhost:4318"', "$.telemetry.endpoint"),
+    # Set where the exporter would drop it without a word.
+    ("telemetry", "endpoint", '"http://localhost:4318"', "$.telemetry.endpoint: only used "
+     'with exporter = "otlp", got exporter = "none"'),
+    ("telemetry", "headers", '{api-key = "k"}', "$.telemetry.headers: only used with "
+     'exporter = "otlp"'),
 ]
 
 

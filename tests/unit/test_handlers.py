@@ -209,6 +209,67 @@ def test_an_app_made_with_a_name_or_interceptors_of_the_wrong_kind_is_refused_in
         App("x", interceptors=5)  # type: ignore[arg-type]
 
 
+async def test_a_partial_binding_keywords_runs_like_a_function() -> None:
+    # A partial that bound a keyword was refused ("takes (body) or (body, ctx), got 3
+    # parameters"): its bound keywords show as keyword-only parameters with defaults.
+    from conveyor.testing import TestWorker
+
+    app = App("t")
+    seen: list[tuple[str, Any, str]] = []
+
+    async def charge(order: Order, ctx: MessageContext, gateway: str) -> None:
+        seen.append(("charge", order, f"{gateway} {ctx.handler}"))
+
+    def render(body: bytes, *, size: int, dpi: int = 72) -> None:
+        seen.append(("render", body, f"{size} {dpi}"))
+
+    async def audit(body: dict[str, int], *, dry_run: bool = False) -> None:
+        seen.append(("audit", body, f"dry_run={dry_run}"))
+
+    app.handler("orders", name="charge")(functools.partial(charge, gateway="stripe"))
+    app.handler("renders")(functools.partial(render, size=10, dpi=300))
+    app.handler("audits")(audit)  # a keyword-only parameter with a default: left to it
+    charging, rendering, auditing = app.handlers
+    assert not auditing.takes_context
+    assert (charging.takes_context, charging.sync) == (True, False)
+    assert rendering.name == f"{__name__}.{render.__qualname__}" and rendering.sync
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "k", {"id": 7})
+        await worker.publish("renders", "k", b"abc")
+        await worker.publish("audits", "k", {"n": 1})
+        await worker.settle()
+    assert sorted(seen) == [("audit", {"n": 1}, "dry_run=False"),
+                            ("charge", Order(7), "stripe charge"),
+                            ("render", b"abc", "10 300")]
+
+
+def test_a_partial_whose_keyword_leaves_the_body_keyword_only_is_refused_saying_why() -> None:
+    app = App("t")
+
+    async def charge(gateway: str, order: Order) -> None: ...
+
+    async def tag(order: Order, *, region: str) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError, match=(
+            r"^handler '.*charge': parameter 'order' can only be passed by keyword: it "
+            r"comes after 'gateway', which the functools.partial binds by keyword, and "
+            r"Conveyor passes \(body\) or \(body, ctx\) by position; bind them by "
+            r"position, or move them after 'order'$")):
+        app.handler("orders")(functools.partial(charge, gateway="stripe"))
+    app.handler("orders")(functools.partial(charge, "stripe"))  # by position: fine
+    with pytest.raises(HandlerDeclarationError, match=(
+            r"keyword-only parameter 'region' has no default; Conveyor passes only "
+            r"\(body\) or \(body, ctx\): give it a default or bind it with "
+            r"functools.partial$")):
+        app.handler("tags")(tag)
+    app.handler("tags")(functools.partial(tag, region="eu"))
+    with pytest.raises(HandlerDeclarationError, match=(
+            r"^handler '.*charge': the functools.partial's arguments do not fit its "
+            r"function: one is given twice \(by position and by keyword\) or names no "
+            r"parameter$")):  # was a ValueError out of inspect
+        app.handler("more")(functools.partial(charge, "stripe", gateway="x"))
+
+
 def test_a_partial_and_a_staticmethod_declare_the_function_they_hold() -> None:
     # A functools.partial was refused ("cannot resolve type annotations: … is not a
     # module, class, method, or function"), and @app.handler over @staticmethod in a

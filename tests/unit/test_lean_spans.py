@@ -805,3 +805,64 @@ def test_shutdown_posts_what_is_queued_then_closes_what_it_posts_through() -> No
     recorder.shutdown()
     recorder.shutdown()  # once only
     assert events == ["post", "close"]
+
+
+# -- a span processor the user adds --------------------------------------------------
+
+
+async def test_a_span_processor_added_later_sees_every_span_from_then_on(
+    collector: Collector, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lean spans bypass the provider's processors. Before, a processor added to
+    Conveyor's provider saw the handler's own spans and never a `process` or `publish`
+    span; now adding one turns them into SDK spans, even under a running worker (its
+    chain built), and nothing is lost to the collector on the way."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from conveyor import App
+    from conveyor.testing import TestWorker
+
+    caplog.set_level(logging.INFO, logger="conveyor.platform.spans")
+    telemetry = Telemetry.from_config(TelemetryConfig(
+        exporter="otlp", endpoint=collector.endpoint, sample_ratio=1.0))
+    provider = telemetry.tracer_provider
+    assert isinstance(provider, TracerProvider)
+    mine = provider.get_tracer("mine")
+    app = App("shop")
+
+    @app.handler("orders")
+    async def on_order(body: dict[str, int]) -> None:
+        mine.start_span("charge").end()
+
+    seen = InMemorySpanExporter()
+    try:
+        async with TestWorker(app, telemetry=telemetry) as worker:
+            for i in range(3):
+                await worker.publish("orders", f"k{i}", {"i": i})
+            await worker.settle()
+            assert telemetry.recorder is not None  # lean, as long as nobody adds one
+            provider.add_span_processor(SimpleSpanProcessor(seen))
+            assert telemetry.recorder is None
+            for i in range(3, 6):
+                await worker.publish("orders", f"k{i}", {"i": i})
+            await worker.settle()
+        assert provider.force_flush()
+        spans = seen.get_finished_spans()
+        assert sorted(s.name for s in spans) == sorted(
+            ["publish orders", "process orders", "charge"] * 3)
+        by_id = {s.context.span_id: s for s in spans}
+        for charge in (s for s in spans if s.name == "charge"):  # one trace each, whole
+            assert charge.parent is not None
+            process = by_id[charge.parent.span_id]
+            assert process.name == "process orders" and process.parent is not None
+            assert by_id[process.parent.span_id].name == "publish orders"
+        wait_for(lambda: collector.count()["by_kind"] == {
+            "SPAN_KIND_PRODUCER": 6, "SPAN_KIND_CONSUMER": 6, "SPAN_KIND_INTERNAL": 6},
+            "every span at the collector, lean and SDK")
+        assert [r.getMessage() for r in caplog.records if "span processor" in r.getMessage()
+                ] == ["a span processor was added to the tracer provider: consumer and "
+                      "producer spans are SDK spans from now on, so that it sees them "
+                      "(docs/telemetry.md)"]
+    finally:
+        telemetry.shutdown()

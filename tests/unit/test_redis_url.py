@@ -6,9 +6,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 
 from conveyor.adapters.redis.connections import connect
 from conveyor.adapters.redis.urls import check_url
+from conveyor.cli import main
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import ConfigError
 
@@ -34,6 +36,18 @@ SECRET = "s3cret-pw"
         ("redis://h/0?health_check_interval=1.5", "health_check_interval is whole seconds"),
         ("redis://h/0?client_name=my%20app", "client_name is printable ASCII"),
         ("redis://h/0?client_name=a%0Ab", "client_name is printable ASCII"),
+        ("redis://h/0?socket_keepalive=off", "socket_keepalive is true or false"),  # on!
+        ("redis://h/0?socket_keepalive=", "socket_keepalive is true or false"),
+        # A setting given twice: redis-py would keep one without a word.
+        ("redis://h:6379/1?db=2", "the database is given twice, as the path (/1) and as "
+                                  "?db=; give it once"),
+        ("redis://h/0?db=", "the database is given twice"),
+        ("redis://h?db=1&db=2", "option 'db' is given more than once, give it once"),
+        ("redis://h/0?client_name=a&client_name=b", "option 'client_name' is given more"),
+        (f"redis://h/0?password={SECRET}&password=x", "option 'password' is given more"),
+        (f"redis://u:{SECRET}@h/0?password={SECRET}", "the password is given twice, "
+                                                      "before the host and as ?password="),
+        ("redis://u@h/0?username=v", "the username is given twice"),
     ],
 )
 def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
@@ -50,8 +64,11 @@ def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
     "redis://127.0.0.1:6379/0",
     "rediss://user@h:6380/2?client_name=shop&health_check_interval=10",
     "redis://h/0?client_name=shop.v2-a_b&health_check_interval=0",
-    f"redis://:{SECRET}@h/0?socket_keepalive=true&password={SECRET}&username=u",
+    f"redis://:{SECRET}@h/0?socket_keepalive=true&username=u",
     "redis://h",
+    "redis://h/?db=3",
+    "redis://h/0?socket_keepalive=False", "redis://h/0?socket_keepalive=1",
+    f"redis://u@h/0?password={SECRET}",
 ])
 def test_urls_with_known_options_pass(url: str) -> None:
     check_url(url)
@@ -81,6 +98,17 @@ def test_a_bad_url_in_a_config_file_fails_at_load_naming_the_file_and_the_field(
         load_config(environ={"CONVEYOR_REDIS__URL": "redis://h/zero",
                              "CONVEYOR_QUEUES__ADAPTER": "redis",
                              "CONVEYOR_BALANCER__MEMBERSHIP": "redis"})
+
+
+def test_the_cli_refuses_a_database_given_twice_as_a_bad_config(tmp_path: Path) -> None:
+    file = tmp_path / "redis.toml"
+    file.write_text('[queues]\nadapter = "redis"\n[balancer]\nmembership = "redis"\n'
+                    '[redis]\nurl = "redis://127.0.0.1:1/1?db=2"\n')
+    result = CliRunner().invoke(main, ["status", "--config", str(file)], env={})
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        f"conveyor: error: config: {file}: $.redis.url: the database is given twice, as "
+        "the path (/1) and as ?db=; give it once (redis://127.0.0.1:1/1?db=2)\n")
 
 
 def test_redis_membership_checks_the_url_too() -> None:

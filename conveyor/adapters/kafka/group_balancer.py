@@ -236,13 +236,13 @@ class KafkaGroupBalancer(QueueBalancer):
         started = time.perf_counter()
         if time.monotonic() < self._confirmed_at + self._confirmed_for_s:
             await asyncio.gather(*(self._listener.queue_released(q) for q in gone))
+            log.info("group %s: drained revoked queues %s in %.3fs", self.group, gone,
+                     time.perf_counter() - started)
         else:
             log.warning("group %s: session lapsed; dropping queues %s undrained",
                         self.group, gone)
             await asyncio.gather(*(self._listener.queue_lost(q) for q in gone))
         self._owned.difference_update(gone)
-        log.info("group %s: drained revoked queues %s in %.3fs", self.group, gone,
-                 time.perf_counter() - started)
         self._report_now.set()
 
     async def stop(self) -> None:

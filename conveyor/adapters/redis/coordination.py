@@ -331,23 +331,21 @@ class RedisLeaseStore(LeaseStore):
             return lease
         return Lease(lease.queue, lease.owner, lease.token, started + ttl_s)
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease) -> bool:
         """Give the lease back. Not waited on the replicas: a release lost in a failover
         leaves the lease to expire at its deadline, as a crashed owner's does, so waiting
         would only hold the caller (``replica_timeout_ms`` more for a lease taken short
-        of its replicas, while they are down)."""
+        of its replicas, while they are down). Raises :class:`StoreUnfitError` when the
+        lease's key holds something else, :class:`BrokerError` when Redis stayed
+        unreachable: the caller says so (the lease lapses at its TTL)."""
         key = self._keys.lease(self._group, lease.queue)
         keys = [key] if self._bump_apart else [key, self._generation_key]
-        try:
-            released, _ = await self._run(
-                f"releasing the lease of queue {lease.queue}", self._release, keys,
-                [f"{lease.token} {lease.owner}"], queue=lease.queue, replicated=False)
-        except StoreUnfitError as exc:  # not ours any more, or it lapses at its TTL
-            log.error("queue %d: the lease (token %d) was not released: %s; it lapses "
-                      "at its deadline", lease.queue, lease.token, exc)
-            return
+        released, _ = await self._run(
+            f"releasing the lease of queue {lease.queue}", self._release, keys,
+            [f"{lease.token} {lease.owner}"], queue=lease.queue, replicated=False)
         if released:
             await self._bump()
+        return bool(released)
 
     async def _bump(self) -> None:
         """Cluster only: count a grant or release in the generation. A bump lost to an

@@ -583,16 +583,12 @@ class DynamicBalancer(QueueBalancer):
         log.warning("queue %d: start failed (%s: %s); releasing it, retrying in %.1fs "
                     "(failure %d)", queue, type(exc).__name__, exc, backoff_s, failures)
         with self._held_lock:
-            self._held.pop(queue, None)
+            lease = self._held.pop(queue, lease)
         try:
             await self._listener.queue_lost(queue)  # whatever the start left behind
         except Exception:
             log.exception("queue %d: cleaning up after a failed start", queue)
-        try:
-            await self.leases.release(lease)
-        except Exception as release_exc:  # the store is unreachable: the lease lapses
-            log.warning("queue %d: releasing the lease failed (%s); it lapses in %.1fs",
-                        queue, release_exc, self.lease_ttl_s)
+        await self._release(lease, "not started")
 
     async def _give_up(self, queue: int) -> None:
         assert self._listener is not None
@@ -602,9 +598,29 @@ class DynamicBalancer(QueueBalancer):
                 return
             await self._listener.queue_released(queue)
             with self._held_lock:
-                self._held.pop(queue, None)
-            await self.leases.release(lease)
+                lease = self._held.pop(queue, lease)  # renewed while it drained
+            await self._release(lease, "given up")
+
+    async def _release(self, lease: Lease, what: str) -> None:
+        """Release ``lease`` of a queue no longer held, and log what happened: released;
+        no longer ours (nothing to release); or the store failed, so the lease lapses
+        within its TTL and only then may another daemon take the queue. Never raises:
+        the queue is given up either way."""
+        queue = lease.queue
+        try:
+            released = await self.leases.release(lease)
+        except Exception as exc:
+            log.warning("queue %d: %s, but releasing its lease failed (%s: %s); it lapses "
+                        "within %.1fs ([balancer] lease_ttl_s), then another daemon may "
+                        "take the queue", queue, what, type(exc).__name__, exc,
+                        self.lease_ttl_s)
+            return
+        if released:
             log.info("released queue %d", queue)
+        else:
+            log.warning("queue %d: %s; its lease (token %d) was no longer this daemon's "
+                        "(it lapsed or another daemon took it): nothing to release",
+                        queue, what, lease.token)
 
     # -- renewing ----------------------------------------------------------------------
     async def _renew_loop(self) -> None:

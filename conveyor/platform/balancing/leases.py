@@ -40,8 +40,11 @@ class LeaseStore(ABC):
         """Extend a lease still held with the same token; None if it was lost."""
 
     @abstractmethod
-    async def release(self, lease: Lease) -> None:
-        """Give the lease up (only if still held with the same token)."""
+    async def release(self, lease: Lease) -> bool:
+        """Give the lease up (only if still held with the same token): True if this
+        removed it, False if it was no longer held with that token (it lapsed, or was
+        granted to another since). Raises when the store cannot be asked; the lease then
+        lapses at the end of its TTL."""
 
     @abstractmethod
     async def owners(self) -> dict[int, str]:
@@ -94,13 +97,15 @@ class MemoryLeaseStore(LeaseStore):
         self._held[lease.queue] = (lease.owner, lease.token, now + ttl_s)
         return Lease(lease.queue, lease.owner, lease.token, now + ttl_s)
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease) -> bool:
         held = self._held.get(lease.queue)
-        if held is not None and held[1] == lease.token:
-            del self._held[lease.queue]
-            self._generation += 1
-            self._released.set()
-            self._released = asyncio.Event()
+        if held is None or held[1] != lease.token:
+            return False
+        del self._held[lease.queue]
+        self._generation += 1
+        self._released.set()
+        self._released = asyncio.Event()
+        return True
 
     async def owners(self) -> dict[int, str]:
         now = time.monotonic()

@@ -448,9 +448,12 @@ class TelemetryConfig(_Section):
     ``otlp``: OTLP over HTTP/protobuf (Jaeger, an OpenTelemetry collector, ...)."""
     endpoint: str = ""
     """OTLP base URL, e.g. ``http://localhost:4318``; empty: the standard
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` environment variable, else the exporter's default."""
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` environment variable, else the exporter's default.
+    Set with ``exporter = "otlp"`` only (refused with another exporter, which would
+    ignore it)."""
     headers: dict[str, str] = {}
-    """Extra OTLP headers (e.g. an API key); the standard OTEL_EXPORTER_OTLP_HEADERS also works."""
+    """Extra OTLP headers (e.g. an API key); the standard OTEL_EXPORTER_OTLP_HEADERS also
+    works. Set with ``exporter = "otlp"`` only, as ``endpoint``."""
     service_name: str = "conveyor"
     """The ``service.name`` resource attribute; left at the default, ``OTEL_SERVICE_NAME`` wins
     if set."""

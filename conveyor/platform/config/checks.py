@@ -175,6 +175,12 @@ def _check_names(config: Config) -> None:
         raise ConfigError(
             f"$.telemetry.endpoint: expected an http:// or https:// URL, got {endpoint!r}"
         )
+    exporter = config.telemetry.exporter
+    for field, given in (("endpoint", endpoint), ("headers", config.telemetry.headers)):
+        if given and exporter != "otlp":  # would be dropped without a word
+            raise ConfigError(
+                f'$.telemetry.{field}: only used with exporter = "otlp", got exporter = '
+                f'"{exporter}"; set exporter = "otlp" or remove {field}')
 
 
 SENTINEL_PORT = 26379

@@ -7,7 +7,7 @@ before it connects.
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
 
 from conveyor.platform.errors import ConfigError
 
@@ -42,6 +42,9 @@ URL_OPTIONS = ("db", "username", "password", "client_name", "health_check_interv
                "socket_keepalive")
 """Query parameters a Redis URL may carry; the others redis-py knows are set in ``[redis]``
 (below) or by Conveyor itself, and anything else would fail only when connecting."""
+_BOOLEANS = frozenset({"true", "false", "1", "0", "yes", "no", "t", "f", "y", "n"})
+"""What ``socket_keepalive`` may say: the words redis-py reads as false, and their opposites
+(it reads anything else as true)."""
 _CLIENT_NAME = re.compile(r"[!-~]*")
 """What Redis takes as a client name: no spaces, newlines or other special characters."""
 _URL_FIELDS = {
@@ -75,7 +78,9 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
     db = unquote(parts.path).strip("/")
     if db and not db.isdigit():
         raise ConfigError(f"{field}: the path is a database number, got {shown}")
-    query_db = dict(parse_qsl(parts.query)).get("db", "")
+    options = parse_qsl(parts.query, keep_blank_values=True)
+    _refuse_twice(field, shown, db, parts, [option for option, _ in options])
+    query_db = dict(options).get("db", "")
     if query_db and not query_db.isdigit():
         raise ConfigError(f"{field}: the db option is a database number, got {shown}")
     if cluster and any(d.strip("0") for d in (db, query_db)):
@@ -83,7 +88,7 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
             f"{field}: a Redis Cluster has database 0 only ($.redis.mode is "
             f"\"cluster\"), got {shown}"
         )
-    for option, value in parse_qsl(parts.query, keep_blank_values=True):
+    for option, value in options:
         if option in _URL_FIELDS:
             raise ConfigError(
                 f"{field}: set {option!r} as [redis] {_URL_FIELDS[option]}, "
@@ -100,7 +105,29 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
         if option == "health_check_interval" and not value.isdigit():
             raise ConfigError(
                 f"{field}: health_check_interval is whole seconds from 0, got {shown}")
+        if option == "socket_keepalive" and value.lower() not in _BOOLEANS:
+            # redis-py takes any other text as true: "off" would turn keepalive on.
+            raise ConfigError(
+                f"{field}: socket_keepalive is true or false (or 1/0, yes/no), got {shown}")
         if option == "client_name" and not _CLIENT_NAME.fullmatch(value):
             raise ConfigError(
                 f"{field}: client_name is printable ASCII without spaces (Redis' rule for "
                 f"CLIENT SETNAME), got {shown}")
+
+
+def _refuse_twice(field: str, shown: str, path_db: str, parts: SplitResult,
+                  options: list[str]) -> None:
+    """Refuse a setting the URL gives twice. redis-py keeps one without a word: the
+    first of a repeated option, ``?db=`` over the path's database, the user-info's
+    username and password over ``?username=`` and ``?password=``."""
+    repeated = sorted({option for option in options if options.count(option) > 1})
+    if repeated:
+        raise ConfigError(f"{field}: option {repeated[0]!r} is given more than once, "
+                          f"give it once ({shown})")
+    if path_db and "db" in options:
+        raise ConfigError(f"{field}: the database is given twice, as the path "
+                          f"(/{path_db}) and as ?db=; give it once ({shown})")
+    for option, given in (("username", parts.username), ("password", parts.password)):
+        if given and option in options:
+            raise ConfigError(f"{field}: the {option} is given twice, before the host "
+                              f"and as ?{option}=; give it once ({shown})")

@@ -199,6 +199,12 @@ class ConsumerScope:
 
             self._lean = partial(LeanSpan, SpanShape(recorder, self._name, SpanKind.CONSUMER,
                                                      self._fixed))
+            recorder.on_hand_to_sdk(self._sdk_spans)
+
+    def _sdk_spans(self) -> None:
+        """Kept traces' spans are the SDK's from now on (a span processor was added:
+        :meth:`~conveyor.platform.spans.LeanRecorder.hand_to_sdk`)."""
+        self._lean = None
 
     def _attributes(self, msg: Message) -> dict[str, str]:
         """The attributes that differ from message to message."""

@@ -138,6 +138,12 @@ async def test_a_paused_group_member_starts_no_handler_for_the_partitions_it_los
     victim.signal(signal.SIGCONT)
     await wait_until(lambda: "session lapsed; dropping queues" in victim.stderr, 30, 0.1,
                      "the resumed member to drop its partitions")
+    # It says it dropped them undrained, and its next line of the group does not claim
+    # the opposite (it said "drained revoked queues" of them too, before).
+    for dropped in re.finditer(r"session lapsed; dropping queues (\[[\d, ]*\]) undrained\n",
+                               victim.stderr):
+        after = re.search(r"conveyor\.kafka_group: .*", victim.stderr[dropped.end():])
+        assert after is None or f"drained revoked queues {dropped[1]}" not in after[0]
     assert victim.stop() == 0
     records = [victim.record, other.record]
     await wait_until(lambda: len({r[5] for r in read_records(records)}) >= n, 90, 0.2,

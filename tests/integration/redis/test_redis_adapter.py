@@ -512,8 +512,8 @@ async def test_the_lease_generation_counts_grants_and_releases_not_renewals(
     assert await leases.acquire(4, "y", 5) is None  # refused: nothing moved
     assert await leases.renew(lease, 5) is not None
     assert await leases.generation() == start + 1
-    await leases.release(lease)
-    await leases.release(lease)  # stale: nothing moved
+    assert await leases.release(lease) is True
+    assert await leases.release(lease) is False  # stale: nothing moved
     assert await leases.generation() == start + 2
     await leases.close()
 
@@ -524,11 +524,11 @@ async def test_leases_grant_growing_tokens_to_one_holder(redis_server: RedisServ
     assert first is not None
     assert await leases.acquire(2, "y", 5) is None
     assert await leases.renew(first, 5) is not None
-    await leases.release(first)
+    assert await leases.release(first) is True
     second = await leases.acquire(2, "y", 5)
     assert second is not None and second.token > first.token
     assert await leases.renew(first, 5) is None
-    await leases.release(first)  # a stale release does nothing
+    assert await leases.release(first) is False  # a stale release does nothing
     assert await leases.owners() == {2: "y"}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -11,8 +12,11 @@ import pytest
 
 from conveyor import Client, Publish, WorkerDaemon
 from conveyor.adapters.redis import RedisAdapter
+from conveyor.adapters.redis.coordination import redis_coordination
+from conveyor.adapters.redis.keys import Keys
 from conveyor.adapters.redis.receiver import RedisReceiver
 from conveyor.platform.adapter import QueueReceiver
+from conveyor.platform.balancing.balancer import DynamicBalancer
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import BrokerConnectionError
@@ -146,3 +150,92 @@ async def test_a_daemon_started_while_redis_is_down_joins_when_it_comes_up(
         server.stop()
     assert record.duplicates == 0
     assert sorted(seq for seqs in record.order.values() for seq in seqs) == list(range(500))
+
+
+class Listener:
+    """A daemon's side of the balancer that starts and drains nothing."""
+
+    async def queue_acquired(self, queue: int, lease: object) -> None:
+        pass
+
+    async def queue_released(self, queue: int) -> None:
+        pass
+
+    async def queue_lost(self, queue: int) -> None:
+        pass
+
+    def balancer_failed(self, error: BaseException) -> None:
+        raise AssertionError(error)
+
+
+def lone_balancer(config: Config) -> DynamicBalancer:
+    membership, leases = redis_coordination(config, "shop")
+    return DynamicBalancer(membership, leases, TOTAL_QUEUES, lease_ttl_s=5.0,
+                           rebalance_interval_s=REBALANCE_S)
+
+
+def released_lines(caplog: pytest.LogCaptureFixture) -> dict[int, str]:
+    """Per queue, the balancer's line on giving it up ("released queue N" or why not)."""
+    given_up = re.compile(r"^(?:released queue (\d+)$|queue (\d+): given up)")
+    lines: dict[int, str] = {}
+    for r in caplog.records:
+        m = given_up.match(r.getMessage()) if r.name == "conveyor.balancer" else None
+        if m is not None:
+            lines[int(m.group(1) or m.group(2))] = r.getMessage()
+    return lines
+
+
+async def test_a_lease_taken_over_before_the_give_up_is_not_logged_as_released(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease of queue 3 changed hands behind the daemon's back (it lapsed and another
+    daemon took it): the stop's release removes nothing, and the log says so."""
+    caplog.set_level(logging.INFO, logger="conveyor.balancer")
+    config = balancing_config(redis_server)
+    balancer = lone_balancer(config)
+    await balancer.start(MemberInfo("a", "h", 1, 0.0), Listener())
+    try:
+        await wait_until(lambda: len(balancer.owned()) == TOTAL_QUEUES, 10,
+                         what="the balancer to take every queue")
+        token = balancer._held[3].token
+        admin = redis_server.client()
+        admin.set(Keys("t").lease("shop", 3), f"{token + 1} b", px=60_000)
+    finally:
+        await balancer.stop()
+    lines = released_lines(caplog)
+    assert lines[2] == "released queue 2"
+    assert lines[3] == (f"queue 3: given up; its lease (token {token}) was no longer this "
+                        "daemon's (it lapsed or another daemon took it): nothing to release")
+    assert admin.get(Keys("t").lease("shop", 3)) == f"{token + 1} b".encode()  # kept
+    admin.close()
+
+
+async def test_a_release_that_fails_says_so_and_when_the_lease_lapses(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis goes away just before the stop: the queues are given up, their leases stay
+    in the store until they lapse, and the log says that rather than "released"."""
+    caplog.set_level(logging.INFO, logger="conveyor.balancer")
+    base = balancing_config(redis_server)
+    config = msgspec.structs.replace(
+        base, redis=msgspec.structs.replace(base.redis, retry_max_s=0.3))
+    balancer = lone_balancer(config)
+    await balancer.start(MemberInfo("a", "h", 1, 0.0), Listener())
+    await wait_until(lambda: len(balancer.owned()) == TOTAL_QUEUES, 10,
+                     what="the balancer to take every queue")
+    redis_server.stop()
+    try:
+        await balancer.stop()  # raised BrokerConnectionError out of stop() before
+    finally:
+        redis_server.start()
+    admin = redis_server.client()
+    left = [admin.pttl(Keys("t").lease("shop", q)) for q in range(TOTAL_QUEUES)]
+    admin.close()
+    assert all(0 < ms <= 5_000 for ms in left), left  # still held: they lapse, as logged
+    lines = released_lines(caplog)
+    assert sorted(lines) == list(range(TOTAL_QUEUES))
+    for queue, line in lines.items():
+        assert line.startswith(f"queue {queue}: given up, but releasing its lease failed "
+                               "(BrokerConnectionError: "), line
+        assert line.endswith("; it lapses within 5.0s ([balancer] lease_ttl_s), then "
+                             "another daemon may take the queue"), line
