@@ -7,7 +7,10 @@ handler, 1,000 streams), with ``[telemetry]`` off or ``exporter = "otlp"``,
 without telemetry, as a producer in another process: no ``traceparent``, so the worker
 decides each new trace (9 in 10 dropped, 1 in 10 a lean span exported). ``parent``:
 tracing on, and the producer traces too (every message carries a ``traceparent``; the
-worker follows its decision). Collection is
+worker follows its decision); ``parentoff``: the producer traces, the worker does not
+(what carrying the header costs a worker alone). ``RATIO`` in the environment sets the
+sampler (default 0.1): at 0 every trace is dropped, at 1 every one kept, which
+separates the two paths' costs. Collection is
 toggled on at the first delivery and off at the last acknowledgement, as in
 ``consume_cost.py``, so under
 
@@ -36,15 +39,15 @@ from conveyor.bench.timing import bench_items
 
 
 async def main(mode: str, n: int) -> None:
-    tracing = () if mode == "off" else (
-        ("telemetry.exporter", "otlp"), ("telemetry.sample_ratio", 0.1),
-        ("telemetry.endpoint", os.environ["SINK"]))
+    tracing = (("telemetry.exporter", "otlp"),
+               ("telemetry.sample_ratio", float(os.environ.get("RATIO", "0.1"))),
+               ("telemetry.endpoint", os.environ["SINK"]))
     backend = RedisBackend("redis://127.0.0.1:6379/0")
     plain = backend.config(f"trace{os.getpid()}")
-    worker = bench_config("redis", {"redis.url": backend.url,
-                                    "redis.prefix": plain.config.redis.prefix},
-                          Variant(tracing))
-    producer = worker if mode == "parent" else plain
+    where = {"redis.url": backend.url, "redis.prefix": plain.config.redis.prefix}
+    traced = bench_config("redis", where, Variant(tracing))
+    worker = traced if mode in ("on", "parent") else bench_config("redis", where, Variant(()))
+    producer = traced if mode in ("parent", "parentoff") else plain
     await _publish_into(backend, producer, bench_items(n, 1000), False)
     timing.SteadyClock = consume_cost.ToggleClock  # type: ignore[misc]
     try:
