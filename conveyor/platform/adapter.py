@@ -60,6 +60,12 @@ class QueueReceiver(ABC):
     """True when the queue lives in this process (the embedded adapter): what is not
     acknowledged when the process ends is gone, not redelivered."""
 
+    records_lost: int = 0
+    """Messages of the queue the broker deleted before they were handled, as far as this
+    receiver found (Kafka: retention passed the group's position); a daemon publishes it
+    with its heartbeat (``queue.N.lost``) and ``conveyor status`` shows it. Read once a
+    heartbeat, never on the hot path."""
+
     records_done_out_of_order: bool = False
     """True if the agent should report messages finished above the ack watermark.
 

@@ -13,12 +13,18 @@ import logging
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import OffsetAndMetadata
 
 from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.config import load_config
+from conveyor.platform.ids import StreamId
+from conveyor.platform.message import Message
 from tests.conftest import stop_when
 from tests.integration.kafka.conftest import Tansu
+from tests.integration.kafka.helpers import kafka_config
 from tests.integration.kafka.test_kafka_topic_drift import (
     QUEUES,
     cli,
@@ -93,3 +99,61 @@ async def test_a_dead_letter_topic_with_a_finite_retention_is_warned_of_not_refu
     finally:
         await adapter.close()
     assert [m for r in caplog.records if "retention." in (m := r.getMessage())] == lines
+
+
+async def fetch_offsets(receiver: QueueReceiver, n: int) -> list[int]:
+    """The offsets of the next ``n`` messages ``receiver`` hands out (acknowledged)."""
+    offsets: list[int] = []
+    deadline = asyncio.get_running_loop().time() + 20
+    while len(offsets) < n:
+        assert asyncio.get_running_loop().time() < deadline, offsets
+        got = await receiver.get_messages(n - len(offsets), 0.5)
+        offsets += [m.token.major for m in got if m.token is not None]
+        if got:
+            await receiver.acknowledge([m.token for m in got if m.token is not None])
+    return offsets
+
+
+async def test_a_receiver_checks_the_real_log_start_and_reports_no_deletion_where_none_was(
+    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The loss itself cannot be made on tansu: it enforces no retention and has no
+    # DeleteRecords, so its log start stays 0 (the report of a loss is unit-tested:
+    # tests/unit/test_kafka_deleted_records.py). What runs here against the broker: the
+    # receiver's start compares the group's committed offset (5) with the partition's
+    # log start, and a fetch that starts past where the last one ended (the shape of
+    # aiokafka's silent reset to the log start) asks for the log start again — both
+    # read ListOffsets(earliest) and must say nothing where nothing was deleted.
+    config = kafka_config(tansu.bootstrap, topic, kafka={"idempotence": "off"})
+    adapter = KafkaAdapter(config.kafka, 1)
+    tp = TopicPartition(topic, 0)
+    receiver = adapter.create_receiver(0, "kept")
+    try:
+        await adapter.enqueue(0, messages(0, 20))
+        probe = adapter.cluster.new_consumer("kept")
+        await probe.start()
+        try:
+            probe.assign([tp])
+            await probe.commit({tp: OffsetAndMetadata(5, "")})
+        finally:
+            await probe.stop()
+        with caplog.at_level(logging.DEBUG, logger="conveyor.kafka"):
+            await receiver.initialize()
+            assert await fetch_offsets(receiver, 15) == list(range(5, 20))
+            await adapter.enqueue(0, messages(20, 10))
+            consumer = receiver._consumer  # type: ignore[attr-defined]
+            consumer.seek(tp, 25)  # what a reset past offsets 20-24 leaves
+            assert await fetch_offsets(receiver, 5) == list(range(25, 30))
+    finally:
+        await receiver.shutdown()
+        await adapter.close()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if "offsets" in r.getMessage()]
+    assert said == [("DEBUG", "queue 0: offsets 20-24 skipped by the fetch are above the "
+                     "log start 0: transaction markers or compacted records, not deleted "
+                     "ones")]
+    assert receiver.records_lost == 0
+
+
+def messages(first: int, n: int) -> list[Message]:
+    return [Message(f"m{i}", StreamId("jobs", f"k{i}"), b"{}") for i in range(first, first + n)]
