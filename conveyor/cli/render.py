@@ -183,7 +183,8 @@ def status_view(report: Any, rates: dict[int, float], wide: bool = False) -> Any
 
 def _member_warnings(member: str, st: dict[str, float]) -> list[Any]:
     """Lines under the daemons table for what needs a look: a daemon draining or not
-    ready, loop stalls, calls waiting on the rate limit, the dead-letter store."""
+    ready, messages the broker deleted unhandled, loop stalls, calls waiting on the rate
+    limit, the dead-letter store."""
     from rich.text import Text
 
     out = []
@@ -192,6 +193,10 @@ def _member_warnings(member: str, st: dict[str, float]) -> list[Any]:
     elif st.get("ready") == 0:
         out.append(Text(f"{member}: not ready (taking its queues, or failed: /readyz "
                         "says why)", style="yellow"))
+    for key, lost in sorted(st.items()):
+        if key.startswith("queue.") and key.endswith(".lost") and lost:
+            out.append(Text(f"{member}: queue {key.split('.')[1]}: {lost:,.0f} message(s) "
+                            "deleted by the broker before being handled", style="red"))
     if st.get("loop.stalls"):
         out.append(Text(f"{member}: {st['loop.stalls']:.0f} loop stall(s): a handler blocked "
                         "the event loop (its log names the handler and message)",

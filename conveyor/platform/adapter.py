@@ -60,6 +60,12 @@ class QueueReceiver(ABC):
     """True when the queue lives in this process (the embedded adapter): what is not
     acknowledged when the process ends is gone, not redelivered."""
 
+    records_lost: int = 0
+    """Messages of the queue the broker deleted before they were handled, as far as this
+    receiver found (Kafka: retention passed the group's position); a daemon publishes it
+    with its heartbeat (``queue.N.lost``) and ``conveyor status`` shows it. Read once a
+    heartbeat, never on the hot path."""
+
     records_done_out_of_order: bool = False
     """True if the agent should report messages finished above the ack watermark.
 
@@ -413,7 +419,8 @@ class QueueAdapter(ABC):
         """Refuse a broker set up to delete messages (Redis: an eviction policy; Kafka: a
         compacted dead-letter topic) with a :class:`ConfigError` naming the setting (and
         what accepts the risk, where something does), and log a warning
-        for one set up to lose them on a restart (Redis: no persistence), which is not
+        for one set up to lose them on a restart (Redis: no persistence) or after a
+        while (Kafka: a dead-letter topic with a finite retention), which is not
         refused. One attempt: a broker that does not answer raises
         ``BrokerConnectionError`` (check again later). A daemon calls it at start; an
         adapter checks its eviction policy before its first publish too."""
@@ -441,7 +448,8 @@ class QueueAdapter(ABC):
         """Where the stores of ``queues`` and of the dead letters of apps ``groups`` are
         unfit, for ``conveyor status``, ``conveyor dlq`` and the console: a Redis key of
         another type where a stream belongs (the readers of the port read it as empty:
-        no lag, no group, no letter), a Kafka topic of letters the broker compacts.
+        no lag, no group, no letter), a Kafka topic of letters the broker compacts or
+        keeps for a finite time or size.
         ``every_app``: also the stores every app shares, whether or not any app has a
         group yet (Kafka's letter topics; ``status`` without ``--app``). Empty where all
         is well."""

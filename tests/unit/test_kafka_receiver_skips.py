@@ -59,6 +59,9 @@ class _Consumer:
     def highwater(self, tp: TopicPartition) -> int:
         return len(self.records)
 
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict.fromkeys(tps, 0)  # nothing deleted
+
 
 class _Handoffs:
     """The last owner finished offsets 2 and 3 at watermark 0; writes fail ``failures``

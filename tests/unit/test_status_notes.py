@@ -48,3 +48,10 @@ def test_wide_shows_version_p95_and_stalls() -> None:
                      wide=True)
     [row] = [line for line in lines if line.split()[:1] == ["shop-a"]]
     assert row.split()[-4:] == ["9.9.9", "12.3ms", "2", "-"]
+
+
+def test_messages_the_broker_deleted_unhandled_are_a_line_per_queue() -> None:
+    lines = rendered(member("shop-a", **{"queue.3.lost": 1200.0, "queue.1.lost": 0.0}))
+    assert [line for line in lines if line.startswith("shop-a:")] == [
+        "shop-a: queue 3: 1,200 message(s) deleted by the broker before being handled",
+    ]

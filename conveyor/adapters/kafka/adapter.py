@@ -30,7 +30,7 @@ from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka import rewind as kafka_rewind
 from conveyor.adapters.kafka.aiokafka_internals import record_appender, record_size, seal
-from conveyor.adapters.kafka.cluster import KafkaCluster, TopicMissingError
+from conveyor.adapters.kafka.cluster import KafkaCluster, TopicMissingError, TopicRisk
 from conveyor.adapters.kafka.codec import letter_from_record, message_headers
 from conveyor.adapters.kafka.connection import CLIENT_ERRORS, broker_error, kafka_errors
 from conveyor.adapters.kafka.groups import KafkaGroups
@@ -92,6 +92,8 @@ class KafkaAdapter(QueueAdapter):
         self.groups = KafkaGroups(cluster, self.handoffs)
         self._publishing = 0
         """enqueue calls under way."""
+        self._retention_warned: set[str] = set()
+        """The letter topics' finite retentions logged (:meth:`_warn_of_retention`)."""
         self._abandoned = False
         """An enqueue was cancelled (a timeout, Ctrl-C) while the producer may hold its
         records."""
@@ -138,26 +140,43 @@ class KafkaAdapter(QueueAdapter):
     async def check_server(self) -> None:
         """Refuse (:class:`ConfigError`) a dead-letter topic or its ops topic that the
         broker compacts (:meth:`KafkaCluster.compaction_loses`): a daemon's dead letters
-        would be deleted, or its purges forgotten. The queues' topic is checked as it is
-        prepared; the hand-off and members topics are compacted by design."""
-        for topic, policy in (await self.cluster.compacted_letter_topics()).items():
-            if policy is not None:  # (None: not told, a warning logged)
-                raise ConfigError(self.cluster.compaction_loses(topic, policy))
+        would be deleted, or its purges forgotten; warn of one with a finite retention
+        (:meth:`KafkaCluster.retention_loses`), which an operator may mean. The queues'
+        topic is checked as it is prepared; the hand-off and members topics are
+        compacted by design."""
+        risks = await self.cluster.letter_topic_risks()
+        for risk in risks:
+            if risk.kind == "compacted":
+                raise ConfigError(risk.warning)
+        self._warn_of_retention(risks)
 
     async def recheck_server(self) -> None:
         """A dead-letter topic compacted since the start: an error logged, the daemon
-        goes on (as :meth:`QueueAdapter.recheck_server` says)."""
-        for topic, policy in (await self.cluster.compacted_letter_topics()).items():
-            if policy is not None:
-                log.error("%s", self.cluster.compaction_loses(topic, policy))
+        goes on (as :meth:`QueueAdapter.recheck_server` says); a retention set since,
+        or changed, a warning, once."""
+        risks = await self.cluster.letter_topic_risks()
+        for risk in risks:
+            if risk.kind == "compacted":
+                log.error("%s", risk.warning)
+        self._warn_of_retention(risks)
+
+    def _warn_of_retention(self, risks: Sequence[TopicRisk]) -> None:
+        """Log each finite retention of a letter topic once while it stays as it is (not
+        at every recheck: it may be meant)."""
+        found = {r.found + " " + r.topic: r.warning for r in risks if r.kind == "retention"}
+        for key, warning in found.items():
+            if key not in self._retention_warned:
+                log.warning("%s", warning)
+        self._retention_warned = set(found)
 
     async def store_problems(self, queues: Sequence[int], groups: Sequence[str], *,
                              every_app: bool = False) -> list[StoreProblem]:
         """The queues' topic where it does not exist (nothing else is looked at then), and
-        the dead-letter topics the broker compacts, where ``groups`` names any app or
-        ``every_app`` (they are every app's, whether it has a group yet or not), and
-        those whose ``cleanup.policy`` it did not tell (reported here, not logged). The
-        queues' topic compacted is refused when it is prepared, not reported."""
+        the dead-letter topics the broker compacts or keeps for a finite time or size,
+        where ``groups`` names any app or ``every_app`` (they are every app's, whether
+        it has a group yet or not), and those whose settings it did not tell (reported
+        here, not logged). The queues' topic compacted is refused when it is prepared,
+        not reported."""
         if not groups and not every_app:
             return []
         try:
@@ -166,17 +185,8 @@ class KafkaAdapter(QueueAdapter):
             return [StoreProblem(self.topic, "the queues", "no such topic", str(exc))]
         holds = {self.cluster.dlq_topic: "every app's dead letters",
                  self.cluster.dlq_ops_topic: "what dlq replay and purge did"}
-        found = await self.cluster.compacted_letter_topics(quiet=True)
-        return [StoreProblem(topic, holds[topic], f"cleanup.policy={policy}",
-                             self.cluster.compaction_loses(topic, policy))
-                if policy is not None else
-                StoreProblem(topic, holds[topic], "cleanup.policy unknown",
-                             f"kafka: could not read the cleanup.policy of topic {topic!r} "
-                             f"({self.cluster.unanswered.get(topic, '?')}): if the broker "
-                             f"compacts it, it deletes {holds[topic]}; check it with "
-                             f"kafka-configs --describe --entity-type topics --entity-name "
-                             f"{topic}")
-                for topic, policy in found.items()]
+        return [StoreProblem(r.topic, holds[r.topic], r.found, r.warning)
+                for r in await self.cluster.letter_topic_risks(quiet=True)]
 
     # -- producing ---------------------------------------------------------------------
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:

@@ -22,7 +22,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kerrors
@@ -54,8 +55,33 @@ from conveyor.platform.tasks import cancel_and_wait
 log = logging.getLogger("conveyor.kafka")
 
 _CLEANUP = "cleanup.policy"
+_RETENTION = ("retention.ms", "retention.bytes")
+"""The settings that delete a topic's records by age or size (-1: never)."""
 _TOPIC_EXISTS = 36
 """CreateTopics' error code for a topic another process created meanwhile."""
+
+
+def _duration(ms: int) -> str:
+    """``ms`` the way an operator sizes retention: ``7d``, ``36h``, ``90s``, ``250ms``."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if (ms >= size and ms % size == 0) or ms >= 10 * size:
+            return f"{ms / size:g}{unit}"
+    return f"{ms}ms"
+
+
+@dataclass(frozen=True)
+class TopicRisk:
+    """A dead-letter topic set to delete what it keeps (:meth:`KafkaCluster.
+    letter_topic_risks`)."""
+
+    topic: str
+    kind: Literal["compacted", "retention", "unknown"]
+    """``compacted``: refused at a start; ``retention``: a warning; ``unknown``: the
+    broker did not tell (logged once an episode by :meth:`KafkaCluster.topic_settings`)."""
+    found: str
+    """The setting, as the broker names it: ``retention.ms=604800000``."""
+    warning: str
+    """One line: the topic, what the setting deletes, what to do."""
 
 
 class TopicMissingError(BrokerError):
@@ -291,8 +317,16 @@ class KafkaCluster:
     async def cleanup_policy(self, client: AIOKafkaAdminClient, topic: str, *,
                              quiet: bool = False) -> str | None:
         """``topic``'s ``cleanup.policy`` as the broker reports it (``""`` where it names
-        none); None where DescribeConfigs fails (why: :attr:`unanswered`), with a warning
-        the first time in a row unless ``quiet``."""
+        none); None where DescribeConfigs fails (:meth:`topic_settings`)."""
+        settings = await self.topic_settings(client, topic, quiet=quiet)
+        return None if settings is None else settings.get(_CLEANUP, "")
+
+    async def topic_settings(self, client: AIOKafkaAdminClient, topic: str, *,
+                             quiet: bool = False) -> dict[str, str] | None:
+        """``topic``'s settings as the broker reports them (name: value; a real Kafka
+        names every one, defaults included, tansu only those set on the topic); None
+        where DescribeConfigs fails (why: :attr:`unanswered`), with a warning the first
+        time in a row unless ``quiet``."""
         try:
             answers = await client.describe_configs(
                 [ConfigResource(ConfigResourceType.TOPIC, topic)])  # every setting:
@@ -306,7 +340,7 @@ class KafkaCluster:
             self.unanswered[topic] = f"{type(exc).__name__}: {exc}"
             return None
         self.unanswered.pop(topic, None)
-        return next((str(e[1]) for e in entries if e[0] == _CLEANUP), "")
+        return {str(e[0]): str(e[1]) for e in entries if e[1] is not None}
 
     def compaction_loses(self, topic: str, policy: str) -> str:
         """What compacting ``topic`` deletes, and what to do, in one line."""
@@ -325,20 +359,58 @@ class KafkaCluster:
                 "only the last record of each stream key, deleting a stream's earlier "
                 f"messages handled or not; {fix} or use another topic")
 
-    async def compacted_letter_topics(self, *, quiet: bool = False) -> dict[str, str | None]:
-        """The dead-letter topics (letters, ops) that exist and that the broker compacts:
-        topic -> its ``cleanup.policy``; None for one whose policy the broker did not
-        tell (:meth:`cleanup_policy`, ``quiet`` passed on). One admin client."""
-        found: dict[str, str | None] = {}
+    async def letter_topic_risks(self, *, quiet: bool = False) -> list[TopicRisk]:
+        """What the broker's settings of the dead-letter topics (letters, ops) that exist
+        cost: compaction (refused), a finite retention (reported), a policy it did not
+        tell (:meth:`topic_settings`, ``quiet`` passed on). One admin client."""
+        risks: list[TopicRisk] = []
         with kafka_errors("reading the dead-letter topics' settings"):
             async with self.admin() as client:
                 existing = set(await client.list_topics())
                 for topic in (self.dlq_topic, self.dlq_ops_topic):
                     if topic in existing:
-                        policy = await self.cleanup_policy(client, topic, quiet=quiet)
-                        if policy is None or "compact" in policy.split(","):
-                            found[topic] = policy
-        return found
+                        settings = await self.topic_settings(client, topic, quiet=quiet)
+                        risks += self._letter_topic_risks(topic, settings)
+        return risks
+
+    def _letter_topic_risks(self, topic: str, settings: dict[str, str] | None
+                            ) -> list[TopicRisk]:
+        if settings is None:
+            holds = ("dead letters" if topic == self.dlq_topic
+                     else "records of what dlq replay and purge did")
+            return [TopicRisk(topic, "unknown", "cleanup.policy unknown", (
+                f"kafka: could not read the cleanup.policy of topic {topic!r} "
+                f"({self.unanswered.get(topic, '?')}): if the broker compacts it, it "
+                f"deletes {holds}; check it with kafka-configs --describe --entity-type "
+                f"topics --entity-name {topic}"))]
+        risks = []
+        policy = settings.get(_CLEANUP, "")
+        if "compact" in policy.split(","):
+            risks.append(TopicRisk(topic, "compacted", f"{_CLEANUP}={policy}",
+                                   self.compaction_loses(topic, policy)))
+        for name in _RETENTION:
+            value = settings.get(name, "-1")
+            if value.lstrip("-").isdigit() and int(value) >= 0:
+                risks.append(TopicRisk(topic, "retention", f"{name}={value}",
+                                       self.retention_loses(topic, name, int(value))))
+        return risks
+
+    def retention_loses(self, topic: str, name: str, value: int) -> str:
+        """What a finite ``retention.ms`` or ``retention.bytes`` on letter topic
+        ``topic`` deletes, and what to do, in one line: not refused (an operator may
+        mean to keep letters a week), never silent."""
+        when = (f"{_duration(value)} after it was stored" if name == "retention.ms"
+                else f"once the partition holds more than {value:,} bytes, oldest first")
+        fix = (f"set {name}=-1 (kafka-configs --alter --entity-type topics --entity-name "
+               f"{topic} --add-config {name}=-1) unless that is meant")
+        if topic == self.dlq_topic:
+            return (f"kafka topic {topic!r} (dead letters) has {name}={value}: the broker "
+                    f"deletes each letter {when}, whether or not anyone read, replayed or "
+                    f"purged it; {fix}")
+        return (f"kafka topic {topic!r} (what dlq replay and purge did) has {name}="
+                f"{value}: the broker deletes each record {when}, and the letters it "
+                f"purged or replayed, still in {self.dlq_topic!r}, are then listed, and "
+                f"replayed, again; {fix}")
 
     def topic_gone(self, queue: int, end: int, reached: int) -> None:
         """Partition ``queue`` ends at ``end``, before the offset ``reached`` this process

@@ -12,6 +12,7 @@ unfinished. The same hand-off records carry the delivery counts the delivery lim
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -41,12 +42,23 @@ from conveyor.platform.message import Message
 
 log = logging.getLogger("conveyor.kafka")
 
+_LOG_START_WAIT_S = 5.0
+"""How long a fetch that skipped offsets waits for the partition's log start."""
+
 
 def _offset(msg: Message) -> int:
     """The offset of a message this receiver decoded (its token is always set)."""
     token = msg.token
     assert token is not None
     return token.major
+
+
+def unhandled_deletion(expected: int, first_fetched: int, log_start: int) -> range:
+    """The offsets a fetch that should have started at ``expected`` and started at
+    ``first_fetched`` skipped because the broker deleted them: those below the
+    partition's ``log_start`` (the rest are not records, see
+    :meth:`KafkaReceiver._check_gap`). Empty where nothing was deleted."""
+    return range(expected, min(log_start, first_fetched))
 
 
 class KafkaReceiver(QueueReceiver):
@@ -91,8 +103,13 @@ class KafkaReceiver(QueueReceiver):
         self._starts: dict[int, int] = {}
         self._fetched_mark = -1
         self._reached = 0
-        """The offset after the last record fetched: a partition that now ends before it
-        (or before the watermark) was deleted and re-created, or truncated."""
+        """The offset after the last record fetched (at the start: the watermark): a
+        partition that now ends before it (or before the watermark) was deleted and
+        re-created, or truncated; a fetch that starts past it skipped offsets
+        (:meth:`_check_gap`)."""
+        self.records_lost = 0
+        """Records of this partition the broker deleted before they were handled, found
+        by this receiver (:meth:`_note_deleted`)."""
 
     # -- lifecycle ---------------------------------------------------------------------
     async def initialize(self) -> None:
@@ -138,9 +155,15 @@ class KafkaReceiver(QueueReceiver):
                 self._redelivered_through = state.redelivered_through
                 self._starts = dict(state.starts)
                 self._fetched_mark = state.redelivered_through
+                if committed is not None:  # (a new group starts at the log start)
+                    log_start = int((await consumer.beginning_offsets([self._tp]))[self._tp])
+                    if log_start > start:  # deleted before anyone handled them
+                        self._note_deleted(start, log_start, log_start)
+                        start = log_start
                 self._offsets = DoneOffsets(start, done)
                 self._skip = set(self._offsets.done)
                 consumer.seek(self._tp, self._offsets.watermark)
+                self._reached = self._offsets.watermark
         except Exception:  # a half-started consumer of our own is not kept
             if self._shared is None and self._consumer is not None:
                 with contextlib.suppress(Exception):
@@ -185,6 +208,13 @@ class KafkaReceiver(QueueReceiver):
         if not isinstance(fetched[0], Message):  # fetched before the decoder was given
             fetched = self._decoder.decode(fetched)
         out: list[Message] = fetched
+        if (first_fetched := _offset(out[0])) > self._reached:  # once a batch, not a record
+            try:
+                await self._check_gap(consumer, first_fetched)
+            except BaseException:  # not handed out: fetched again, and checked again
+                with contextlib.suppress(Exception):
+                    consumer.seek(tp, first_fetched)
+                raise
         self._reached = _offset(out[-1]) + 1
         skip = self._skip
         skipped: list[int] = []
@@ -208,6 +238,49 @@ class KafkaReceiver(QueueReceiver):
         if self._starts or self._redelivered_through >= first:
             out = self._with_deliveries(out)
         return out
+
+    async def _check_gap(self, consumer: AIOKafkaConsumer, first_fetched: int) -> None:
+        """The fetch skipped offsets ``_reached`` to ``first_fetched - 1``: those below
+        the partition's log start were deleted by the broker (retention, DeleteRecords)
+        before they were handled — aiokafka answered the fetch's OffsetOutOfRange by
+        resetting to the log start (``auto_offset_reset='earliest'``) without a word.
+
+        Offsets skipped *above* the log start are not records: transaction markers (a
+        transactional producer of another client; Conveyor's producer is not
+        transactional) or records compaction removed (the queues' topic compacted is
+        refused at the start; compacted since, it is not looked at here). They are not
+        reported. One ListOffsets per fetch that skips offsets — none on a topic that only
+        Conveyor writes, one per transaction marker crossed on one a transactional
+        producer writes — and no cost on a fetch that skips nothing (one comparison a
+        batch, on the caller's side)."""
+        expected = self._reached
+        try:
+            async with asyncio.timeout(_LOG_START_WAIT_S):
+                with kafka_errors(f"reading the log start of queue {self._queue}"):
+                    log_start = int((await consumer.beginning_offsets([self._tp]))[self._tp])
+        except (BrokerError, TimeoutError) as exc:
+            log.warning("queue %d: the fetch skipped offsets %d-%d and the partition's log "
+                        "start could not be read (%s): records there may have been "
+                        "deleted by the broker's retention before they were handled",
+                        self._queue, expected, first_fetched - 1, exc or "no answer")
+            return
+        if deleted := unhandled_deletion(expected, first_fetched, log_start):
+            self._note_deleted(deleted.start, deleted.stop, log_start)
+        else:
+            log.debug("queue %d: offsets %d-%d skipped by the fetch are above the log start "
+                      "%d: transaction markers or compacted records, not deleted ones",
+                      self._queue, expected, first_fetched - 1, log_start)
+
+    def _note_deleted(self, first: int, end: int, log_start: int) -> None:
+        """Offsets ``first`` to ``end - 1`` were deleted before this app handled them:
+        said (WARNING) and counted (:attr:`records_lost`), never silent."""
+        lost = end - first
+        self.records_lost += lost
+        log.warning("queue %d (kafka topic %r partition %d): %d record(s), offsets %d-%d, "
+                    "were deleted by the broker (retention, or DeleteRecords) before app %r "
+                    "handled them; the partition's log starts at offset %d", self._queue,
+                    self._cluster.topic, self._queue, lost, first, end - 1, self._group,
+                    log_start)
 
     def _with_deliveries(self, out: list[Message]) -> list[Message]:
         """Messages a previous owner handed out without finishing, marked redelivered

@@ -198,11 +198,12 @@ class WorkerDaemon:
 
     async def _check_server(self) -> None:
         """The broker's own settings (Redis: its eviction policy, and its persistence,
-        which is only logged; Kafka: its dead-letter topics' compaction): one refused
-        fails the start (a ConfigError: ``conveyor worker`` exits 2). A broker that does
-        not answer yet (or not within :data:`SERVER_CHECK_WAIT_S`) is checked in the
-        background until it does, and a refusal then fails the daemon (:attr:`failure`),
-        as a balancer that fails for good does."""
+        which is only logged; Kafka: its dead-letter topics' compaction, and their
+        retention, only logged): one refused fails the start (a ConfigError: ``conveyor
+        worker`` exits 2). A broker that does not answer yet (or not within
+        :data:`SERVER_CHECK_WAIT_S`) is checked in the background until it does, and a
+        refusal then fails the daemon (:attr:`failure`), as a balancer that fails for
+        good does."""
         try:
             await asyncio.wait_for(self.adapter.check_server(), SERVER_CHECK_WAIT_S)
         except (BrokerConnectionError, TimeoutError) as exc:

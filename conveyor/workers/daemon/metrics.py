@@ -171,6 +171,8 @@ class DaemonMetrics:
         for queue, agent in agents.items():
             snapshot[f"queue.{queue}.cache_fill"] = len(agent.cache)
             snapshot[f"queue.{queue}.acked"] = agent.acked
+            if lost := agent.receiver.records_lost:  # deleted by the broker unhandled
+                snapshot[f"queue.{queue}.lost"] = lost
         snapshot["at"] = now = time.time()  # when the counts were taken: status rates use it
         acked = {queue: agent.acked for queue, agent in agents.items()}
         for queue, rate in self._ack_rates.sample(acked, now).items():
