@@ -39,7 +39,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka.aiokafka_internals import raw_records
-from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.cluster import QUICK_FETCH_MS, KafkaCluster
 from conveyor.adapters.kafka.codec import letter_record
 from conveyor.adapters.kafka.connection import broker_error, kafka_errors, start_client
 from conveyor.platform.adapter import DeadLetters
@@ -131,9 +131,13 @@ class KafkaDeadLetters(DeadLetters):
         UTF-8 — which aiokafka's parser fails on, every fetch — as an
         :class:`~conveyor.adapters.kafka.aiokafka_internals.UnreadableRecord`, the
         batch's others as usual (:func:`~conveyor.adapters.kafka.aiokafka_internals.raw_records`,
-        as a receiver reads its queue)."""
+        as a receiver reads its queue). Its fetches are answered at once
+        (:data:`~conveyor.adapters.kafka.cluster.QUICK_FETCH_MS`), and its partition is
+        fetched only while it is read (:meth:`_on` to the end of :meth:`_high` or
+        :meth:`_records`): a reader kept between readings does not poll the broker."""
         if self._consumer is None:
-            consumer = self.cluster.new_consumer(None, **raw_records())
+            consumer = self.cluster.new_consumer(None, fetch_max_wait_ms=QUICK_FETCH_MS,
+                                                 **raw_records())
             await start_client(consumer, "connecting a dead-letter reader")
             self._consumer = consumer
         return self._consumer
@@ -158,35 +162,47 @@ class KafkaDeadLetters(DeadLetters):
         consumer = await self._reader()
         if consumer.assignment() != {tp}:
             consumer.assign([tp])
+        consumer.resume(tp)
         return consumer
 
+    def _rest(self) -> None:
+        """Stop fetching until the next read (:meth:`_on`)."""
+        if self._consumer is not None:
+            self._consumer.pause(*self._consumer.assignment())
+
     async def _high(self, tp: TopicPartition) -> int:
-        with kafka_errors(f"reading the end of {tp.topic}"):
-            consumer = await self._on(tp)
-            return await self.cluster.high_watermark(consumer, tp, 0)
+        try:
+            with kafka_errors(f"reading the end of {tp.topic}"):
+                consumer = await self._on(tp)
+                return await self.cluster.high_watermark(consumer, tp, 0)
+        finally:
+            self._rest()
 
     async def _records(self, tp: TopicPartition, start: int, end: int) -> AsyncIterator[list[Any]]:
         """Batches of the records of ``tp`` from ``start`` up to ``end`` (exclusive)."""
         if start >= end:
             return
         loop = asyncio.get_running_loop()
-        with kafka_errors(f"reading {tp.topic}"):
-            consumer = await self._on(tp)
-            consumer.seek(tp, start)
-            position, stalled_at = start, loop.time()
-            while position < end:
-                records = (await consumer.getmany(tp, timeout_ms=500, max_records=_BATCH)
-                           ).get(tp, [])
-                if records:
-                    position, stalled_at = records[-1].offset + 1, loop.time()
-                    yield [r for r in records if r.offset < end]
-                elif await consumer.position(tp) >= end:  # the rest were not records
-                    return
-                elif loop.time() - stalled_at > _STALL_S:
-                    raise BrokerConnectionError(
-                        f"kafka: no records of {tp.topic} from offset {position} in "
-                        f"{_STALL_S:.0f}s (end {end})"
-                    )
+        try:
+            with kafka_errors(f"reading {tp.topic}"):
+                consumer = await self._on(tp)
+                consumer.seek(tp, start)
+                position, stalled_at = start, loop.time()
+                while position < end:
+                    records = (await consumer.getmany(tp, timeout_ms=500, max_records=_BATCH)
+                               ).get(tp, [])
+                    if records:
+                        position, stalled_at = records[-1].offset + 1, loop.time()
+                        yield [r for r in records if r.offset < end]
+                    elif await consumer.position(tp) >= end:  # the rest were not records
+                        return
+                    elif loop.time() - stalled_at > _STALL_S:
+                        raise BrokerConnectionError(
+                            f"kafka: no records of {tp.topic} from offset {position} in "
+                            f"{_STALL_S:.0f}s (end {end})"
+                        )
+        finally:  # (a caller that stops early: when the generator is closed)
+            self._rest()
 
     async def ops(self, group: str) -> _Ops:
         """``group``'s ops, brought up to date with the ops topic."""
