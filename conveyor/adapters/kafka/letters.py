@@ -133,8 +133,9 @@ class KafkaDeadLetters(DeadLetters):
         batch's others as usual (:func:`~conveyor.adapters.kafka.aiokafka_internals.raw_records`,
         as a receiver reads its queue). Its fetches are answered at once
         (:data:`~conveyor.adapters.kafka.cluster.QUICK_FETCH_MS`), and its partition is
-        fetched only while it is read (:meth:`_on` to the end of :meth:`_high` or
-        :meth:`_records`): a reader kept between readings does not poll the broker."""
+        fetched only while it is read (from :meth:`_on` to :meth:`_rest`, at the end of
+        :meth:`_high`, of :meth:`_records` or where its caller stops early): a reader
+        kept between readings does not poll the broker."""
         if self._consumer is None:
             consumer = self.cluster.new_consumer(None, fetch_max_wait_ms=QUICK_FETCH_MS,
                                                  **raw_records())
@@ -183,26 +184,27 @@ class KafkaDeadLetters(DeadLetters):
         if start >= end:
             return
         loop = asyncio.get_running_loop()
-        try:
-            with kafka_errors(f"reading {tp.topic}"):
-                consumer = await self._on(tp)
-                consumer.seek(tp, start)
-                position, stalled_at = start, loop.time()
-                while position < end:
-                    records = (await consumer.getmany(tp, timeout_ms=500, max_records=_BATCH)
-                               ).get(tp, [])
-                    if records:
-                        position, stalled_at = records[-1].offset + 1, loop.time()
-                        yield [r for r in records if r.offset < end]
-                    elif await consumer.position(tp) >= end:  # the rest were not records
-                        return
-                    elif loop.time() - stalled_at > _STALL_S:
-                        raise BrokerConnectionError(
-                            f"kafka: no records of {tp.topic} from offset {position} in "
-                            f"{_STALL_S:.0f}s (end {end})"
-                        )
-        finally:  # (a caller that stops early: when the generator is closed)
-            self._rest()
+        with kafka_errors(f"reading {tp.topic}"):
+            consumer = await self._on(tp)
+            consumer.seek(tp, start)
+            position, stalled_at = start, loop.time()
+            while position < end:
+                records = (await consumer.getmany(tp, timeout_ms=500, max_records=_BATCH)
+                           ).get(tp, [])
+                if records:
+                    position, stalled_at = records[-1].offset + 1, loop.time()
+                    yield [r for r in records if r.offset < end]
+                elif await consumer.position(tp) >= end:  # the rest were not records
+                    break
+                elif loop.time() - stalled_at > _STALL_S:
+                    self._rest()
+                    raise BrokerConnectionError(
+                        f"kafka: no records of {tp.topic} from offset {position} in "
+                        f"{_STALL_S:.0f}s (end {end})"
+                    )
+        # Not in a finally: a caller that stops early leaves the generator to be closed
+        # later, in the middle of another read; it calls _rest itself.
+        self._rest()
 
     async def ops(self, group: str) -> _Ops:
         """``group``'s ops, brought up to date with the ops topic."""
@@ -271,6 +273,7 @@ class KafkaDeadLetters(DeadLetters):
                 if stored is not None and stored.id not in removed:
                     out.append(stored)
                     if len(out) >= limit:
+                        self._rest()
                         return out
         return out
 
@@ -286,6 +289,7 @@ class KafkaDeadLetters(DeadLetters):
         async for batch in self._records(tp, offset, offset + 1):
             for record in batch:
                 if record.offset == offset:
+                    self._rest()
                     return self._letter(partition, record, group)
         return None
 
