@@ -280,6 +280,7 @@ class Poller:
             self._beyond, self._looked_beyond = apps.beyond_total, time.monotonic()
             self._problems = apps.store_problems
         names = [self.app] if self.app else [a.app for a in apps.apps if is_app_name(a.app)]
+        await reader.forget({*names, *(a.app for a in apps.apps)})
         status = {name: await reader.status(name, look_beyond=False, look_stores=False)
                   for name in names}
         return apps, status

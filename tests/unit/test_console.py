@@ -471,3 +471,46 @@ def test_polls_keep_their_redis_connections_open_across_polls(redis_server: Redi
         assert asyncio.run(polls()) == 0
     finally:
         server.close()
+
+
+def test_the_connection_an_app_s_stores_kept_is_closed_once_its_group_is_gone(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
+                                      queues={"total": 2}))
+    prepare_app(config)
+    server = redis.Redis.from_url(redis_server.url)
+
+    def connected() -> int:
+        return int(server.info("clients")["connected_clients"])
+
+    async def groups(do: str) -> None:
+        adapter: Any = create_adapter("redis", config)
+        try:
+            if do == "create":
+                for q in range(2):
+                    await adapter.ensure_group(q, "gone")
+            else:
+                await adapter.groups.delete("gone", range(2))
+        finally:
+            await adapter.close()
+
+    async def polls() -> tuple[int, int]:
+        poller = Poller(config, None)
+        try:
+            await groups("create")
+            await poller.poll()
+            assert poller.reading.apps is not None
+            assert sorted(a.app for a in poller.reading.apps.apps) == ["gone", APP]
+            with_both = connected()
+            await groups("delete")
+            await poller.poll()
+            assert [a.app for a in poller.reading.apps.apps] == [APP]
+            return with_both, connected()
+        finally:
+            await poller.stop()
+
+    try:
+        with_both, after = asyncio.run(polls())
+        assert after == with_both - 1  # the stores of "gone" shared one connection
+    finally:
+        server.close()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from conveyor.platform.adapter import QueueAdapter, StoreProblem
@@ -163,6 +163,18 @@ class AckRates:
         return rates
 
 
+def _closers(stores: tuple[Membership, LeaseStore]) -> list[Callable[[], Awaitable[None]]]:
+    membership, leases = stores
+    return [membership.close, leases.close]  # the lease store owns what they share
+
+
+async def _close_all(closers: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Call each, in order, whatever the others raise (the first error is raised)."""
+    async with contextlib.AsyncExitStack() as stack:
+        for close in reversed(closers):
+            stack.push_async_callback(close)
+
+
 class StatusReader:
     """What a reading reaches the broker through: the queue adapter, and each app's
     membership and lease stores where the balancer keeps them (``dynamic``, ``static``),
@@ -179,21 +191,25 @@ class StatusReader:
         self.backend = backend
         self._adapter: QueueAdapter | None = None
         self._stores: dict[str, tuple[Membership, LeaseStore]] = {}
-        self._closing = contextlib.AsyncExitStack()
 
     @property
     def adapter(self) -> QueueAdapter:
         if self._adapter is None:
             self._adapter = self.backend.adapter(self.config)
-            self._closing.push_async_callback(self._adapter.close)
         return self._adapter
 
     async def close(self) -> None:
         """Close everything it opened (each, whatever the others raise); a later reading
         opens anew."""
-        closing, self._closing = self._closing, contextlib.AsyncExitStack()
+        adapter, stores = self._adapter, list(self._stores.values())
         self._adapter, self._stores = None, {}
-        await closing.aclose()
+        await _close_all([*([adapter.close] if adapter is not None else []),
+                          *(close for pair in stores for close in _closers(pair))])
+
+    async def forget(self, keep: Collection[str]) -> None:
+        """Close the stores of the apps not in ``keep`` (their groups gone since)."""
+        gone = [self._stores.pop(g) for g in [*self._stores] if g not in keep]
+        await _close_all([close for pair in gone for close in _closers(pair)])
 
     def _coordination(self, group: str) -> tuple[Membership, LeaseStore]:
         stores = self._stores.get(group)
@@ -201,10 +217,7 @@ class StatusReader:
             if self.backend.coordination is None:
                 raise ConfigError(f"$.balancer.membership: the {self.backend.name!r} backend "
                                   "keeps no membership")
-            membership, leases = stores = self.backend.coordination(self.config, group)
-            self._stores[group] = stores
-            self._closing.push_async_callback(leases.close)
-            self._closing.push_async_callback(membership.close)
+            stores = self._stores[group] = self.backend.coordination(self.config, group)
         return stores
 
     async def members_and_owners(self, group: str) -> tuple[list[MemberInfo], dict[int, str]]:
