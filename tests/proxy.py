@@ -25,6 +25,8 @@ class CuttableProxy:
         self._lose_reply = False
         self._then_down = False
         self.replies_lost = 0
+        self.accepted = 0
+        """Client connections it has taken (each is one the server sees)."""
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
@@ -48,6 +50,7 @@ class CuttableProxy:
         self._writers.clear()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:

@@ -24,10 +24,9 @@ from conveyor.platform.errors import ConveyorError
 from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.status import (
     AppsReport,
+    StatusReader,
     StatusReport,
     broker_warnings,
-    collect_apps,
-    collect_status,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +53,14 @@ more than the rest of a poll of a small app) and checks the stores
 (:meth:`~conveyor.platform.adapter.QueueAdapter.store_problems`: on Kafka an admin
 client and a DescribeConfigs per letter topic): the first poll, then once a minute.
 What they found is shown until the next look."""
+
+POLL_TIMEOUT_S = 8.0
+"""Longest one poll may take; one that takes longer (a broker that accepts connections
+and does not answer) ends with an error reading and drops its connections. Below the
+10 s a page's first request after a rest waits for a fresh reading, so that request gets
+this poll's outcome rather than the reading before the rest."""
+CLOSE_TIMEOUT_S = 5.0
+"""Longest the console waits for its broker connections to close (at its exit)."""
 
 LATENCY_KEYS = {"p50": "latency.p50_s", "p95": "latency.p95_s", "p99": "latency.p99_s"}
 """Chart series -> the heartbeat stat a daemon publishes (seconds, over the calls since
@@ -151,11 +158,13 @@ class Poller:
     """Reads the broker every ``interval_s`` while someone looks; shared by all pages."""
 
     def __init__(self, config: Config, app: str | None, interval_s: float = 2.0,
-                 window_s: float = 600.0, idle_after_s: float = 30.0) -> None:
+                 window_s: float = 600.0, idle_after_s: float = 30.0,
+                 timeout_s: float = POLL_TIMEOUT_S) -> None:
         self.config = config
         self.app = app
         self.interval_s = interval_s
         self.idle_after_s = idle_after_s
+        self.timeout_s = timeout_s
         self.reading = Reading(at=0.0)
         self.polls = 0
         self._history: dict[str, deque[Sample]] = {}
@@ -168,6 +177,10 @@ class Poller:
         self._beyond: dict[int, int] = {}
         self._problems: list[StoreProblem] = []
         self._looked_beyond = -BEYOND_EVERY_S
+        self._reader: StatusReader | None = None
+        """The connections the polls share (see :meth:`poll`); None until the first poll
+        and after a failed one."""
+        self._closing: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="console-poller")
@@ -181,12 +194,16 @@ class Poller:
         as the cancel arrives): the loop would go on polling until this call gave up,
         holding the console's exit for ``timeout_s``; it ends after that poll instead. A
         poll stuck closing its broker connections is still left behind after
-        ``timeout_s`` rather than holding the console's exit."""
+        ``timeout_s`` rather than holding the console's exit. The broker connections
+        the polls kept are closed then, waiting at most :data:`CLOSE_TIMEOUT_S` more."""
         self._stopping = True
         self._wanted.set()  # a resting loop wakes to see the flag
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=timeout_s)
+        self._drop_reader()
+        if self._closing:
+            await asyncio.wait(self._closing, timeout=CLOSE_TIMEOUT_S)
 
     async def current(self) -> Reading:
         """The last reading; the first request after a rest waits for a fresh one."""
@@ -219,28 +236,30 @@ class Poller:
                 await asyncio.sleep(self.interval_s)
 
     async def poll(self) -> None:
-        """One reading: the apps, then the status of each watched app."""
+        """One reading: the apps, then the status of each watched app, within
+        ``timeout_s``.
+
+        The polls share one :class:`StatusReader` — one adapter (on Kafka: its admin
+        client and probe consumers), each app's membership and lease stores — opened by
+        the first poll and kept, so that a poll does not connect, read the cluster's
+        metadata and disconnect again for every app. A poll that fails (the broker down,
+        or not answering within ``timeout_s``) drops it, closing it in the background:
+        the next poll connects anew, so the console recovers when the broker does, and no
+        poll waits on connections to a broker that does not answer."""
         try:
-            backend = for_config(self.config)
-            look = time.monotonic() - self._looked_beyond >= BEYOND_EVERY_S
-            apps = await collect_apps(self.config, backend, look_beyond=look,
-                                      look_stores=look)
-            if look:
-                self._beyond, self._looked_beyond = apps.beyond_total, time.monotonic()
-                self._problems = apps.store_problems
-            names = [self.app] if self.app else [a.app for a in apps.apps
-                                                 if is_app_name(a.app)]
-            status = {name: await collect_status(self.config, name, backend,
-                                                 look_beyond=False, look_stores=False)
-                      for name in names}
+            async with asyncio.timeout(self.timeout_s):
+                apps, status = await self._read()
+        except TimeoutError:
+            self._drop_reader()
+            self._failed(f"BrokerConnectionError: no answer from the broker within "
+                         f"{self.timeout_s:g}s")
         except ConveyorError as exc:
-            self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
-                                   f"{type(exc).__name__}: {exc}", self.reading.warnings)
+            self._drop_reader()
+            self._failed(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # the loop must outlive a broker's bad moment
+            self._drop_reader()
             log.exception("console poll failed")
-            self.reading = Reading(time.time(), self.reading.apps, self.reading.status,
-                                   f"{type(exc).__name__} (see the console's log)",
-                                   self.reading.warnings)
+            self._failed(f"{type(exc).__name__} (see the console's log)")
         else:
             self.reading = Reading(time.time(), apps, status, warnings=broker_warnings(
                 self.config, apps.eviction_policy, apps.persistence, self._beyond,
@@ -250,3 +269,39 @@ class Poller:
                     chart_sample(report))
         self.polls += 1
         self._fresh.set()
+
+    async def _read(self) -> tuple[AppsReport, dict[str, StatusReport]]:
+        if self._reader is None:
+            self._reader = StatusReader(self.config, for_config(self.config))
+        reader = self._reader
+        look = time.monotonic() - self._looked_beyond >= BEYOND_EVERY_S
+        apps = await reader.apps(look_beyond=look, look_stores=look)
+        if look:
+            self._beyond, self._looked_beyond = apps.beyond_total, time.monotonic()
+            self._problems = apps.store_problems
+        names = [self.app] if self.app else [a.app for a in apps.apps if is_app_name(a.app)]
+        await reader.forget({*names, *(a.app for a in apps.apps)})
+        status = {name: await reader.status(name, look_beyond=False, look_stores=False)
+                  for name in names}
+        return apps, status
+
+    def _failed(self, error: str) -> None:
+        self.reading = Reading(time.time(), self.reading.apps, self.reading.status, error,
+                               self.reading.warnings)
+
+    def _drop_reader(self) -> None:
+        """Close the shared connections in the background (a broker that does not answer
+        must not hold the next poll, or the console's exit, on them)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            task = asyncio.create_task(self._close(reader), name="console-poller-close")
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close(reader: StatusReader) -> None:
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await reader.close()
+        except Exception:  # closing what failed may fail too: nothing is lost
+            log.debug("closing the console's broker connections failed", exc_info=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from starlette.testclient import TestClient
 
 from conveyor.backends import create_adapter
@@ -61,11 +62,17 @@ def redis_config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
     """Two queues with app ``shop``'s group on both, 5 messages waiting, 3 letters."""
     config = redis_config(request, tmp_path)
+    prepare_app(config)
+    return config
+
+
+def prepare_app(config: Config) -> None:
+    """App ``shop``'s group on every queue, 5 messages waiting, 3 letters."""
 
     async def prepare() -> None:
         adapter = create_adapter("redis", config)
         try:
-            for q in range(2):
+            for q in range(config.queues.total):
                 await adapter.ensure_group(q, APP)  # type: ignore[attr-defined]
             await adapter.dead_letters.put(APP, [
                 DeadLetter.of(Message(f"m{n}", StreamId(ns, f"k{n}"), f'{{"n":{n}}}'.encode(),
@@ -78,7 +85,6 @@ def config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
     asyncio.run(prepare())
     with SyncClient.from_config(config) as client:
         client.publish_batch(Publish("orders", f"o{n}", {"n": n}) for n in range(5))
-    return config
 
 
 def client_for(config: Config, *, token: str | None = None,
@@ -429,3 +435,82 @@ def test_the_console_names_a_key_of_another_type_as_status_does(redis_server: Re
 def stored_past(server: RedisServer, total: int, wider: int) -> int:
     client = server.client()
     return sum(client.xlen(f"t:q:{q}") for q in range(total, wider))
+
+
+def test_polls_keep_their_redis_connections_open_across_polls(redis_server: RedisServer,
+                                                              tmp_path: Path) -> None:
+    """Each poll opened an adapter and each app's membership and lease stores, and closed
+    them: new connections every poll. Kept, a poll after the first connects no more
+    (the server's own count of connections received)."""
+    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
+                                      queues={"total": 2}))
+    prepare_app(config)
+    server = redis.Redis.from_url(redis_server.url)
+
+    def connections() -> int:
+        return int(server.info("stats")["total_connections_received"])
+
+    async def polls() -> int:
+        poller = Poller(config, None)
+        try:
+            await poller.poll()  # the first poll connects
+            before = connections()
+            for _ in range(5):
+                await poller.poll()
+                reading = poller.reading
+                assert reading.error is None, reading.error
+                assert reading.apps is not None
+                assert [(a.app, a.lag, a.dead_letters) for a in reading.apps.apps] == [
+                    (APP, 5, 3)]
+                assert reading.status[APP].total_lag == 5
+            return connections() - before
+        finally:
+            await poller.stop()
+
+    try:
+        assert asyncio.run(polls()) == 0
+    finally:
+        server.close()
+
+
+def test_the_connection_an_app_s_stores_kept_is_closed_once_its_group_is_gone(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
+                                      queues={"total": 2}))
+    prepare_app(config)
+    server = redis.Redis.from_url(redis_server.url)
+
+    def connected() -> int:
+        return int(server.info("clients")["connected_clients"])
+
+    async def groups(do: str) -> None:
+        adapter: Any = create_adapter("redis", config)
+        try:
+            if do == "create":
+                for q in range(2):
+                    await adapter.ensure_group(q, "gone")
+            else:
+                await adapter.groups.delete("gone", range(2))
+        finally:
+            await adapter.close()
+
+    async def polls() -> tuple[int, int]:
+        poller = Poller(config, None)
+        try:
+            await groups("create")
+            await poller.poll()
+            assert poller.reading.apps is not None
+            assert sorted(a.app for a in poller.reading.apps.apps) == ["gone", APP]
+            with_both = connected()
+            await groups("delete")
+            await poller.poll()
+            assert [a.app for a in poller.reading.apps.apps] == [APP]
+            return with_both, connected()
+        finally:
+            await poller.stop()
+
+    try:
+        with_both, after = asyncio.run(polls())
+        assert after == with_both - 1  # the stores of "gone" shared one connection
+    finally:
+        server.close()

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,17 +40,24 @@ from conveyor.adapters.kafka.aiokafka_internals import (
     raw_records,
 )
 from conveyor.adapters.kafka.connection import (
-    admin,
     client_options,
+    close_admin,
     first_answer,
     kafka_errors,
     outage_log,
     retrying,
+    start_admin,
     start_client,
     start_producer,
 )
 from conveyor.platform.config import KafkaConfig
-from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError, ShutdownError
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    ConfigError,
+    ConveyorError,
+    ShutdownError,
+)
 from conveyor.platform.tasks import cancel_and_wait
 
 log = logging.getLogger("conveyor.kafka")
@@ -57,6 +65,11 @@ log = logging.getLogger("conveyor.kafka")
 _CLEANUP = "cleanup.policy"
 _RETENTION = ("retention.ms", "retention.bytes")
 """The settings that delete a topic's records by age or size (-1: never)."""
+QUICK_FETCH_MS = 1
+"""``fetch_max_wait_ms`` of the consumers :meth:`KafkaCluster._lend` keeps: the broker
+answers a fetch at a partition's end after this long (tansu never answers one of 0)."""
+_ANSWER_CHECK_MS = 10
+"""How often :meth:`KafkaCluster.high_watermark` looks for the fetch answer it waits for."""
 _TOPIC_EXISTS = 36
 """CreateTopics' error code for a topic another process created meanwhile."""
 
@@ -121,7 +134,15 @@ class KafkaCluster:
         self._topic_ready = False
         self._preparing: asyncio.Task[None] | None = None
         self._first_answer_awaited = False
-        self._probes: dict[str, AIOKafkaConsumer] = {}
+        self._kept: dict[tuple[str, str], AIOKafkaConsumer] = {}
+        """The consumers :meth:`_lend` keeps: probes by group, readers by topic."""
+        self._lent: dict[tuple[str, str], asyncio.Lock] = {}
+        self._admin: AIOKafkaAdminClient | None = None
+        self._admin_lock = asyncio.Lock()
+        self._admin_users = 0
+        """Blocks of :meth:`admin` under way."""
+        self._retired: list[AIOKafkaAdminClient] = []
+        """Admin clients a failure retired, closed when no block uses them."""
 
     @property
     def dlq_topic(self) -> str:
@@ -147,9 +168,96 @@ class KafkaCluster:
         }
         return AIOKafkaConsumer(**opts)
 
-    def admin(self) -> AbstractAsyncContextManager[AIOKafkaAdminClient]:
-        """``async with cluster.admin() as client:`` — started, closed after the block."""
-        return admin(self.options)
+    @contextlib.asynccontextmanager
+    async def admin(self) -> AsyncIterator[AIOKafkaAdminClient]:
+        """``async with cluster.admin() as client:`` — the cluster's admin client, started
+        on first use and kept until :meth:`close`, so that a command or a console poll
+        asking several things does not connect and read the metadata for each.
+
+        A block that raises anything but Conveyor's own errors (a broker error, a time-out,
+        a cancellation) retires it: the next block starts a new one rather than reuse a
+        client the failure may have left half-broken, and the retired one is closed once
+        no block uses it. Blocks may nest (a describe that fails inside a listing) and
+        run concurrently."""
+        async with self._admin_lock:  # started once, however many blocks ask at once
+            if self._admin is None:
+                self._admin = await start_admin(self.options)
+            client = self._admin
+        self._admin_users += 1
+        try:
+            yield client
+        except ConveyorError:
+            raise
+        except BaseException:
+            if self._admin is client:
+                self._admin = None
+                self._retired.append(client)
+            raise
+        finally:
+            self._admin_users -= 1
+            if not self._admin_users:
+                retired, self._retired = self._retired, []
+                for old in retired:
+                    await close_admin(old)
+
+    def reading(self, topic: str, partitions: Sequence[int]
+                ) -> AbstractAsyncContextManager[AIOKafkaConsumer]:
+        """``async with cluster.reading(topic, partitions) as consumer:`` — a consumer of no
+        group assigned ``partitions`` of ``topic``, its records as the batch holds them
+        (``raw_records``), lent as :meth:`_lend` says: reading the groups' positions or the
+        member reports at every status reading does not connect again."""
+        tps = {TopicPartition(topic, p) for p in partitions}
+        return self._lend(("reader", topic), None, tps)
+
+    def probing(self, group: str) -> AbstractAsyncContextManager[AIOKafkaConsumer]:
+        """``async with cluster.probing(group) as consumer:`` — a consumer of ``group``
+        assigned every partition, for lag and rewind (whose scan of timestamps reads
+        records as the batch holds them: a header name not UTF-8 does not fail it), lent
+        as :meth:`_lend` says. Raises :class:`TopicMissingError` where the topic does not
+        exist: reading creates no topic."""
+        tps = {TopicPartition(self.topic, q) for q in range(self.total_queues)}
+        return self._lend(("probe", group), group, tps)
+
+    @contextlib.asynccontextmanager
+    async def _lend(self, key: tuple[str, str], group: str | None,
+                    tps: set[TopicPartition]) -> AsyncIterator[AIOKafkaConsumer]:
+        """A started consumer for the block, kept until :meth:`close` (one per ``key``,
+        lent to one block at a time) and assigned ``tps``.
+
+        Its fetches are answered at once (:data:`QUICK_FETCH_MS`: a read of a partition
+        at its end costs a round trip, not the broker's long-poll wait) and it fetches only
+        during a block: between blocks its partitions are paused, so a kept consumer does
+        not poll the broker while idle. Assigned again only when asked for other
+        partitions (see :meth:`KafkaDeadLetters._on`: a re-assignment then a stop can
+        hang aiokafka's fetcher). A block that raises anything but Conveyor's own errors
+        (a broker error, a time-out, a cancellation) stops it; the next block starts a
+        new one rather than reuse a consumer the failure may have left half-broken."""
+        async with self._lent.setdefault(key, asyncio.Lock()):
+            kept = self._kept.get(key)
+            consumer = kept if kept is not None else await self._keep(key, group)
+            try:
+                if consumer.assignment() != tps:
+                    consumer.assign(sorted(tps))
+                consumer.resume(*tps)
+                yield consumer
+            except ConveyorError:
+                raise
+            except BaseException:
+                del self._kept[key]
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+                raise
+            finally:
+                if key in self._kept:  # (not stopped above): idle until the next block
+                    consumer.pause(*consumer.assignment())
+
+    async def _keep(self, key: tuple[str, str], group: str | None) -> AIOKafkaConsumer:
+        if key[0] == "probe":
+            await self.require_topic()
+        consumer = self.new_consumer(group, fetch_max_wait_ms=QUICK_FETCH_MS, **raw_records())
+        await start_client(consumer, "connecting a consumer")
+        self._kept[key] = consumer
+        return consumer
 
     async def producer(self) -> AIOKafkaProducer:
         """The shared producer, started on first use (after the topic is prepared)."""
@@ -162,20 +270,6 @@ class KafkaCluster:
                 self.idempotent = is_idempotent(producer)
                 self._producer = producer
         return self._producer
-
-    async def probe(self, group: str) -> AIOKafkaConsumer:
-        """A consumer of ``group`` assigned every partition, for lag and rewind (whose
-        scan of timestamps reads records as the batch holds them: a header name not
-        UTF-8 does not fail it). Raises :class:`TopicMissingError` where the topic does
-        not exist: reading creates no topic."""
-        consumer = self._probes.get(group)
-        if consumer is None:
-            await self.require_topic()
-            consumer = self.new_consumer(group, **raw_records())
-            await start_client(consumer, "connecting a consumer")
-            consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
-            self._probes[group] = consumer
-        return consumer
 
     def abandon_sends(self) -> None:
         """Have :meth:`close` drop what the producer holds rather than wait to deliver it
@@ -191,10 +285,14 @@ class KafkaCluster:
         if self._preparing is not None and not self._preparing.done():
             with contextlib.suppress(Exception):
                 await cancel_and_wait(self._preparing)
-        for consumer in [*self._probes.values()]:
+        for consumer in [*self._kept.values()]:
             with contextlib.suppress(Exception):
                 await consumer.stop()
-        self._probes.clear()
+        self._kept.clear()
+        clients = [*self._retired, *([self._admin] if self._admin is not None else [])]
+        self._admin, self._retired = None, []
+        for client in clients:
+            await close_admin(client)
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await self._producer.stop()
@@ -451,33 +549,53 @@ class KafkaCluster:
 
     async def high_watermark(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
                              from_offset: int, timeout_s: float = 5.0) -> int:
-        """The partition's high watermark, as a fetch response reports it."""
-        consumer.seek(tp, from_offset)
+        """The partition's high watermark, as a fetch response reports it
+        (:meth:`high_watermarks`)."""
+        return (await self.high_watermarks(consumer, {tp: from_offset}, timeout_s))[tp]
+
+    async def high_watermarks(self, consumer: AIOKafkaConsumer,
+                              from_offsets: Mapping[TopicPartition, int],
+                              timeout_s: float = 5.0) -> dict[TopicPartition, int]:
+        """Each partition's high watermark, as a fetch from its offset in ``from_offsets``
+        reports it: one fetch request asks for them all. Only answers that arrived after
+        this call began count (a consumer kept between calls holds older ones); records
+        the fetches bring are dropped (the caller seeks where it reads)."""
+        since_ms = int(time.time() * 1000)  # aiokafka stamps each answer so
+        for tp, offset in from_offsets.items():
+            consumer.seek(tp, offset)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        waiting = set(from_offsets)
+        found: dict[TopicPartition, int] = {}
         while True:
-            await consumer.getmany(tp, timeout_ms=200, max_records=1)
-            high = consumer.highwater(tp)
-            if high is not None:
-                return int(high)
+            await consumer.getmany(*waiting, timeout_ms=_ANSWER_CHECK_MS, max_records=10_000)
+            for tp in list(waiting):
+                high = consumer.highwater(tp)
+                answered = consumer.last_poll_timestamp(tp)
+                if high is not None and answered is not None and answered >= since_ms:
+                    found[tp] = int(high)
+                    waiting.discard(tp)
+            if not waiting:
+                return found
             if loop.time() > deadline:
-                raise BrokerConnectionError(f"kafka: no fetch response for {tp} in {timeout_s}s")
+                raise BrokerConnectionError(
+                    f"kafka: no fetch response for {min(waiting)} in {timeout_s}s")
 
     async def lag(self, queue: int, group: str) -> int:
         """Messages of ``queue`` that ``group`` has not finished, from the broker's view
         (none where the topic does not exist)."""
+        tp = TopicPartition(self.topic, queue)
         with kafka_errors(f"reading the lag of queue {queue}"):
             try:
-                consumer = await self.probe(group)
+                async with self.probing(group) as consumer:
+                    committed = await fetch_committed(consumer, tp)
+                    if committed is None:
+                        start = await self.new_group_offset(consumer, tp)
+                        done = 0
+                    else:
+                        start = int(committed[0])
+                        done = len(kafka_offsets.decode(start, committed[1]))
+                    high = await self.high_watermark(consumer, tp, start)
             except TopicMissingError:
                 return 0
-            tp = TopicPartition(self.topic, queue)
-            committed = await fetch_committed(consumer, tp)
-            if committed is None:
-                start = await self.new_group_offset(consumer, tp)
-                done = 0
-            else:
-                start = int(committed[0])
-                done = len(kafka_offsets.decode(start, committed[1]))
-            high = await self.high_watermark(consumer, tp, start)
         return max(0, high - start - done)

@@ -250,21 +250,33 @@ async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaP
     return producer
 
 
-@contextlib.asynccontextmanager
-async def admin(options: dict[str, Any]) -> AsyncIterator[AIOKafkaAdminClient]:
-    """A started admin client for the block, closed after it however the block ends.
-
-    Errors are not translated here: the caller's :func:`kafka_errors` (or its own
-    handler) around the block decides what they mean. A failed start closes the client
-    too.
-    """
+async def start_admin(options: dict[str, Any]) -> AIOKafkaAdminClient:
+    """A started admin client; a failed or cancelled start closes it before the error
+    goes on. Errors are not translated here: the caller's :func:`kafka_errors` (or its
+    own handler) decides what they mean."""
     client = AIOKafkaAdminClient(**options)
     try:
         await client.start()
+    except BaseException:
+        await close_admin(client)
+        raise
+    return client
+
+
+async def close_admin(client: AIOKafkaAdminClient) -> None:
+    with contextlib.suppress(Exception):
+        await client.close()
+
+
+@contextlib.asynccontextmanager
+async def admin(options: dict[str, Any]) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client for the block, closed after it however the block ends
+    (a one-off; :meth:`KafkaCluster.admin` keeps one per cluster)."""
+    client = await start_admin(options)
+    try:
         yield client
     finally:
-        with contextlib.suppress(Exception):
-            await client.close()
+        await close_admin(client)
 
 
 def outage_log(bootstrap: str) -> OutageLog:

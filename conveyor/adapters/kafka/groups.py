@@ -70,31 +70,25 @@ class KafkaGroups(ConsumerGroups):
         a group that read only the partitions past the total would go unlisted; with
         fewer, the ends of partitions that do not exist cannot be read (aiokafka waits
         40 s for them)."""
-        consumer = self._cluster.new_consumer(None)
-        tps = [TopicPartition(self._cluster.topic, q) for q in queues]
-        try:
-            with kafka_errors("listing consumer groups"):
-                async with self._cluster.admin() as admin:
-                    if self._cluster.topic not in await admin.list_topics():
-                        return []
-                    await self._cluster.check_partitions(admin)
-                    found: dict[str, tuple[dict[int, Any], int | None]] = {}
-                    for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
-                        committed = await _committed(admin, name, tps)
-                        members, reads_topic = await _members(self._cluster, name)
-                        if committed or reads_topic:
-                            found[name] = (committed, members)
-                    if not found:
-                        return []
-                    await consumer.start()
-                    consumer.assign(tps)
-                    begin = await consumer.beginning_offsets(tps)
-                    high = {tp.partition: await self._cluster.high_watermark(consumer, tp,
-                                                                             int(begin[tp]))
-                            for tp in tps}
-        finally:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+        cluster = self._cluster
+        tps = [TopicPartition(cluster.topic, q) for q in queues]
+        with kafka_errors("listing consumer groups"):
+            async with cluster.admin() as admin:
+                if cluster.topic not in await admin.list_topics():
+                    return []
+                await cluster.check_partitions(admin)
+                found: dict[str, tuple[dict[int, Any], int | None]] = {}
+                for name in sorted({str(g[0]) for g in await admin.list_consumer_groups()}):
+                    committed = await _committed(admin, name, tps)
+                    members, reads_topic = await _members(cluster, name)
+                    if committed or reads_topic:
+                        found[name] = (committed, members)
+            if not found:
+                return []
+            async with cluster.reading(cluster.topic, queues) as consumer:
+                begin = await consumer.beginning_offsets(tps)
+                ends = await cluster.high_watermarks(consumer, {tp: int(begin[tp]) for tp in tps})
+                high = {tp.partition: end for tp, end in ends.items()}
         out = []
         for tp in tps:
             q = tp.partition

@@ -39,7 +39,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka.aiokafka_internals import raw_records
-from conveyor.adapters.kafka.cluster import KafkaCluster
+from conveyor.adapters.kafka.cluster import QUICK_FETCH_MS, KafkaCluster
 from conveyor.adapters.kafka.codec import letter_record
 from conveyor.adapters.kafka.connection import broker_error, kafka_errors, start_client
 from conveyor.platform.adapter import DeadLetters
@@ -131,9 +131,14 @@ class KafkaDeadLetters(DeadLetters):
         UTF-8 — which aiokafka's parser fails on, every fetch — as an
         :class:`~conveyor.adapters.kafka.aiokafka_internals.UnreadableRecord`, the
         batch's others as usual (:func:`~conveyor.adapters.kafka.aiokafka_internals.raw_records`,
-        as a receiver reads its queue)."""
+        as a receiver reads its queue). Its fetches are answered at once
+        (:data:`~conveyor.adapters.kafka.cluster.QUICK_FETCH_MS`), and its partition is
+        fetched only while it is read (from :meth:`_on` to :meth:`_rest`, at the end of
+        :meth:`_high`, of :meth:`_records` or where its caller stops early): a reader
+        kept between readings does not poll the broker."""
         if self._consumer is None:
-            consumer = self.cluster.new_consumer(None, **raw_records())
+            consumer = self.cluster.new_consumer(None, fetch_max_wait_ms=QUICK_FETCH_MS,
+                                                 **raw_records())
             await start_client(consumer, "connecting a dead-letter reader")
             self._consumer = consumer
         return self._consumer
@@ -158,12 +163,21 @@ class KafkaDeadLetters(DeadLetters):
         consumer = await self._reader()
         if consumer.assignment() != {tp}:
             consumer.assign([tp])
+        consumer.resume(tp)
         return consumer
 
+    def _rest(self) -> None:
+        """Stop fetching until the next read (:meth:`_on`)."""
+        if self._consumer is not None:
+            self._consumer.pause(*self._consumer.assignment())
+
     async def _high(self, tp: TopicPartition) -> int:
-        with kafka_errors(f"reading the end of {tp.topic}"):
-            consumer = await self._on(tp)
-            return await self.cluster.high_watermark(consumer, tp, 0)
+        try:
+            with kafka_errors(f"reading the end of {tp.topic}"):
+                consumer = await self._on(tp)
+                return await self.cluster.high_watermark(consumer, tp, 0)
+        finally:
+            self._rest()
 
     async def _records(self, tp: TopicPartition, start: int, end: int) -> AsyncIterator[list[Any]]:
         """Batches of the records of ``tp`` from ``start`` up to ``end`` (exclusive)."""
@@ -181,12 +195,16 @@ class KafkaDeadLetters(DeadLetters):
                     position, stalled_at = records[-1].offset + 1, loop.time()
                     yield [r for r in records if r.offset < end]
                 elif await consumer.position(tp) >= end:  # the rest were not records
-                    return
+                    break
                 elif loop.time() - stalled_at > _STALL_S:
+                    self._rest()
                     raise BrokerConnectionError(
                         f"kafka: no records of {tp.topic} from offset {position} in "
                         f"{_STALL_S:.0f}s (end {end})"
                     )
+        # Not in a finally: a caller that stops early leaves the generator to be closed
+        # later, in the middle of another read; it calls _rest itself.
+        self._rest()
 
     async def ops(self, group: str) -> _Ops:
         """``group``'s ops, brought up to date with the ops topic."""
@@ -255,6 +273,7 @@ class KafkaDeadLetters(DeadLetters):
                 if stored is not None and stored.id not in removed:
                     out.append(stored)
                     if len(out) >= limit:
+                        self._rest()
                         return out
         return out
 
@@ -270,6 +289,7 @@ class KafkaDeadLetters(DeadLetters):
         async for batch in self._records(tp, offset, offset + 1):
             for record in batch:
                 if record.offset == offset:
+                    self._rest()
                     return self._letter(partition, record, group)
         return None
 

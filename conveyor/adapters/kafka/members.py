@@ -28,7 +28,6 @@ makes ``status`` slower.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -38,7 +37,7 @@ import msgspec
 from aiokafka import TopicPartition
 from aiokafka import errors as kerrors
 
-from conveyor.adapters.kafka.aiokafka_internals import assignment, raw_records
+from conveyor.adapters.kafka.aiokafka_internals import assignment
 from conveyor.adapters.kafka.cluster import KafkaCluster
 from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.platform.balancing.membership import MemberInfo
@@ -203,15 +202,14 @@ async def _reports(cluster: KafkaCluster, group: str, window: int) -> dict[str, 
     """The latest report of each member of ``group`` in the last ``window`` records."""
     topic = members_topic(cluster)
     tp = TopicPartition(topic, 0)
-    consumer = cluster.new_consumer(None, **raw_records())  # a header name not UTF-8: read
     prefix = f"{group}/".encode()
     latest: dict[str, MemberReport | None] = {}
-    try:
-        with kafka_errors(f"reading the member reports of {group!r}"):
-            await consumer.start()
-            if topic not in await consumer.topics():
+    with kafka_errors(f"reading the member reports of {group!r}"):
+        async with cluster.admin() as admin:
+            if topic not in await admin.list_topics():
                 return {}
-            consumer.assign([tp])
+        # (a header name not UTF-8: read, the reader takes records as the batch holds them)
+        async with cluster.reading(topic, [0]) as consumer:
             begin = int((await consumer.beginning_offsets([tp]))[tp])
             end = await cluster.high_watermark(consumer, tp, begin)
             position = max(begin, end - window)
@@ -229,7 +227,4 @@ async def _reports(cluster: KafkaCluster, group: str, window: int) -> dict[str, 
                         latest[member] = None if record.value is None else _decode(record.value)
                     except (UnicodeDecodeError, msgspec.DecodeError):  # another client's
                         log.debug("member report %r does not decode", record.key)
-    finally:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
     return {member: r for member, r in latest.items() if r is not None}

@@ -42,7 +42,8 @@ async def rewind(cluster: KafkaCluster, handoffs: HandoffLog, queue: int, group:
     (``create_group``) rewinds where none exists, to set an app's start before it runs."""
     with kafka_errors(f"rewinding app {group!r} on queue {queue}"):
         await cluster.ensure_topic()
-        offset = await _target(cluster, await cluster.probe(group), queue, to)
+        async with cluster.probing(group) as consumer:
+            offset = await _target(cluster, consumer, queue, to)
         await _commit_position(cluster, handoffs, group, queue, offset)
     log.info("moved %s on queue %d to offset %d", group, queue, offset)
 
@@ -100,12 +101,12 @@ async def _describe_group(cluster: KafkaCluster, group: str) -> list[dict[str, A
 async def _target_and_position(cluster: KafkaCluster, queue: int, group: str,
                                to: SequenceToken | float) -> tuple[int, int]:
     """The offset ``to`` names on ``queue``, and the group's committed position there."""
-    consumer = await cluster.probe(group)
-    offset = await _target(cluster, consumer, queue, to)
-    tp = TopicPartition(cluster.topic, queue)
-    committed = await fetch_committed(consumer, tp)
-    position = (int(committed[0]) if committed is not None
-                else int((await consumer.beginning_offsets([tp]))[tp]))
+    async with cluster.probing(group) as consumer:
+        offset = await _target(cluster, consumer, queue, to)
+        tp = TopicPartition(cluster.topic, queue)
+        committed = await fetch_committed(consumer, tp)
+        position = (int(committed[0]) if committed is not None
+                    else int((await consumer.beginning_offsets([tp]))[tp]))
     return offset, position
 
 
@@ -120,11 +121,11 @@ async def _target(cluster: KafkaCluster, consumer: AIOKafkaConsumer, queue: int,
 
 async def _commit_position(cluster: KafkaCluster, handoffs: HandoffLog, group: str,
                            queue: int, offset: int) -> None:
-    consumer = await cluster.probe(group)
     tp = TopicPartition(cluster.topic, queue)
     await handoffs.write(group, queue, offset, "")  # forget recorded done offsets
     try:
-        await consumer.commit({tp: OffsetAndMetadata(offset, "")})
+        async with cluster.probing(group) as consumer:
+            await consumer.commit({tp: OffsetAndMetadata(offset, "")})
     except kerrors.CommitFailedError:
         # A broker that refuses commits from outside the group's generation
         # (tansu, once a group had members): commit as its only member.

@@ -16,13 +16,15 @@ yields no new rate rather than a false zero.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from conveyor.platform.adapter import QueueAdapter, StoreProblem
 from conveyor.platform.backend import Backend
-from conveyor.platform.balancing.membership import MemberInfo
+from conveyor.platform.balancing.leases import LeaseStore
+from conveyor.platform.balancing.membership import MemberInfo, Membership
 from conveyor.platform.config import Config
 from conveyor.platform.errors import ConfigError, StoreUnfitError
 from conveyor.platform.ids import is_app_name
@@ -161,36 +163,77 @@ class AckRates:
         return rates
 
 
-async def _members_and_owners(
-    config: Config, group: str, adapter: QueueAdapter, backend: Backend
-) -> tuple[list[MemberInfo], dict[int, str]]:
-    kind = backend.balancer(config.balancer.kind)
-    if kind is not None:
-        found = await kind.members(adapter, group)
-        return ([m.info for m in found],
-                {q: m.info.id for m in found for q in m.queues})
-    if backend.coordination is None:
-        raise ConfigError(f"$.balancer.membership: the {backend.name!r} backend keeps no "
-                          "membership")
-    membership, leases = backend.coordination(config, group)
-    try:
+def _closers(stores: tuple[Membership, LeaseStore]) -> list[Callable[[], Awaitable[None]]]:
+    membership, leases = stores
+    return [membership.close, leases.close]  # the lease store owns what they share
+
+
+async def _close_all(closers: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Call each, in order, whatever the others raise (the first error is raised)."""
+    async with contextlib.AsyncExitStack() as stack:
+        for close in reversed(closers):
+            stack.push_async_callback(close)
+
+
+class StatusReader:
+    """What a reading reaches the broker through: the queue adapter, and each app's
+    membership and lease stores where the balancer keeps them (``dynamic``, ``static``),
+    each opened on first use and kept until :meth:`close`.
+
+    One reading opens and closes a reader of its own (:func:`collect_status`,
+    :func:`collect_apps`); a reading repeated every few seconds (the console) keeps one,
+    so that it does not connect, read the cluster's metadata and disconnect again for
+    every app at every reading. After a failed reading the caller closes it and reads
+    through a new one: a client left half-broken by the failure is not reused."""
+
+    def __init__(self, config: Config, backend: Backend) -> None:
+        self.config = config
+        self.backend = backend
+        self._adapter: QueueAdapter | None = None
+        self._stores: dict[str, tuple[Membership, LeaseStore]] = {}
+
+    @property
+    def adapter(self) -> QueueAdapter:
+        if self._adapter is None:
+            self._adapter = self.backend.adapter(self.config)
+        return self._adapter
+
+    async def close(self) -> None:
+        """Close everything it opened (each, whatever the others raise); a later reading
+        opens anew."""
+        adapter, stores = self._adapter, list(self._stores.values())
+        self._adapter, self._stores = None, {}
+        await _close_all([*([adapter.close] if adapter is not None else []),
+                          *(close for pair in stores for close in _closers(pair))])
+
+    async def forget(self, keep: Collection[str]) -> None:
+        """Close the stores of the apps not in ``keep`` (their groups gone since)."""
+        gone = [self._stores.pop(g) for g in [*self._stores] if g not in keep]
+        await _close_all([close for pair in gone for close in _closers(pair)])
+
+    def _coordination(self, group: str) -> tuple[Membership, LeaseStore]:
+        stores = self._stores.get(group)
+        if stores is None:
+            if self.backend.coordination is None:
+                raise ConfigError(f"$.balancer.membership: the {self.backend.name!r} backend "
+                                  "keeps no membership")
+            stores = self._stores[group] = self.backend.coordination(self.config, group)
+        return stores
+
+    async def members_and_owners(self, group: str) -> tuple[list[MemberInfo], dict[int, str]]:
+        kind = self.backend.balancer(self.config.balancer.kind)
+        if kind is not None:
+            found = await kind.members(self.adapter, group)
+            return ([m.info for m in found],
+                    {q: m.info.id for m in found for q in m.queues})
+        membership, leases = self._coordination(group)
         return await membership.members(), await leases.owners()
-    finally:
-        await membership.close()
-        await leases.close()
 
-
-async def collect_status(config: Config, group: str, backend: Backend, *,
-                         look_beyond: bool = True, look_stores: bool = True) -> StatusReport:
-    """App ``group``'s members, queues and figures, read through ``backend`` (what
-    ``config`` runs on: ``conveyor.backends.for_config``). ``look_beyond``: read the
-    queues past the total too (:attr:`StatusReport.beyond_total`; 16 reads on Redis),
-    and ``look_stores``: check the stores (:attr:`StatusReport.store_problems`; on Kafka
-    an admin client and a DescribeConfigs per letter topic), which a reading repeated
-    every second (the console, ``--watch``) skips."""
-    adapter = backend.adapter(config)
-    try:
-        members, owners = await _members_and_owners(config, group, adapter, backend)
+    async def status(self, group: str, *, look_beyond: bool = True,
+                     look_stores: bool = True) -> StatusReport:
+        """App ``group``'s report, as :func:`collect_status` says."""
+        config, adapter = self.config, self.adapter
+        members, owners = await self.members_and_owners(group)
         stats = {m.id: typed_stats(m.stats) for m in members}
         infos = await adapter.groups.on(range(config.queues.total))
         appended = {i.queue: i.appended for i in infos if i.appended is not None}
@@ -214,18 +257,64 @@ async def collect_status(config: Config, group: str, backend: Backend, *,
         beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
         problems = (await adapter.store_problems(range(config.queues.total), [group])
                     if look_stores else [])
+        owned: dict[str, list[int]] = {}
+        for q, owner in sorted(owners.items()):
+            owned.setdefault(owner, []).append(q)
+        return StatusReport(
+            group,
+            [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
+                          m.started_at) for m in members],
+            queues, time.time(), groups, adapter.groups.retention_follows_groups, dead_letters,
+            eviction, persistence, beyond, problems,
+        )
+
+    async def apps(self, *, look_beyond: bool = True, look_stores: bool = True) -> AppsReport:
+        """Every app's summary, as :func:`collect_apps` says."""
+        config, adapter = self.config, self.adapter
+        groups = summarise(await adapter.groups.on(range(config.queues.total)))
+        apps = []
+        unfit: list[StoreProblem] = []
+        for g in groups:
+            if not is_app_name(g.group):  # another tool's group: no app has its name, so
+                # it has no daemons or letters to look up (and no keys to name them by)
+                apps.append(AppSummary(g.group, None, g.queues, g.lag, g.idle_s, None,
+                                       g.holds_retention))
+                continue
+            daemons = None
+            if config.balancer.kind != "static":
+                try:
+                    members, _ = await self.members_and_owners(g.group)
+                    daemons = len(members)
+                except StoreUnfitError as exc:  # its membership unreadable: the others'
+                    unfit.append(StoreProblem(  # still are (its daemons shown unknown)
+                        f"app {g.group!r}'s membership", f"app {g.group!r}'s daemons",
+                        "another type", str(exc)))
+            apps.append(AppSummary(g.group, daemons, g.queues, g.lag, g.idle_s,
+                                   await adapter.dead_letters.count(g.group),
+                                   g.holds_retention))
+        eviction = await adapter.eviction_policy()
+        persistence = await adapter.persistence()
+        beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
+        problems = unfit + (await adapter.store_problems(
+            range(config.queues.total), [a.app for a in apps if is_app_name(a.app)],
+            every_app=True) if look_stores else [])
+        return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,
+                          persistence, beyond, problems)
+
+
+async def collect_status(config: Config, group: str, backend: Backend, *,
+                         look_beyond: bool = True, look_stores: bool = True) -> StatusReport:
+    """App ``group``'s members, queues and figures, read through ``backend`` (what
+    ``config`` runs on: ``conveyor.backends.for_config``). ``look_beyond``: read the
+    queues past the total too (:attr:`StatusReport.beyond_total`; 16 reads on Redis),
+    and ``look_stores``: check the stores (:attr:`StatusReport.store_problems`; on Kafka
+    an admin client and a DescribeConfigs per letter topic), which a reading repeated
+    every second (the console, ``--watch``) skips."""
+    reader = StatusReader(config, backend)
+    try:
+        return await reader.status(group, look_beyond=look_beyond, look_stores=look_stores)
     finally:
-        await adapter.close()
-    owned: dict[str, list[int]] = {}
-    for q, owner in sorted(owners.items()):
-        owned.setdefault(owner, []).append(q)
-    return StatusReport(
-        group,
-        [MemberStatus(m.id, m.host, m.pid, stats[m.id], owned.get(m.id, []), m.version,
-                      m.started_at) for m in members],
-        queues, time.time(), groups, adapter.groups.retention_follows_groups, dead_letters,
-        eviction, persistence, beyond, problems,
-    )
+        await reader.close()
 
 
 @dataclass(frozen=True)
@@ -268,39 +357,11 @@ async def collect_apps(config: Config, backend: Backend, *,
     read through ``backend`` (as :func:`collect_status`, ``look_beyond`` and
     ``look_stores`` too: the stores every app shares are checked even where no app has a
     group yet)."""
-    adapter = backend.adapter(config)
+    reader = StatusReader(config, backend)
     try:
-        groups = summarise(await adapter.groups.on(range(config.queues.total)))
-        apps = []
-        unfit: list[StoreProblem] = []
-        for g in groups:
-            if not is_app_name(g.group):  # another tool's group: no app has its name, so
-                # it has no daemons or letters to look up (and no keys to name them by)
-                apps.append(AppSummary(g.group, None, g.queues, g.lag, g.idle_s, None,
-                                       g.holds_retention))
-                continue
-            daemons = None
-            if config.balancer.kind != "static":
-                try:
-                    members, _ = await _members_and_owners(config, g.group, adapter, backend)
-                    daemons = len(members)
-                except StoreUnfitError as exc:  # its membership unreadable: the others'
-                    unfit.append(StoreProblem(  # still are (its daemons shown unknown)
-                        f"app {g.group!r}'s membership", f"app {g.group!r}'s daemons",
-                        "another type", str(exc)))
-            apps.append(AppSummary(g.group, daemons, g.queues, g.lag, g.idle_s,
-                                   await adapter.dead_letters.count(g.group),
-                                   g.holds_retention))
-        eviction = await adapter.eviction_policy()
-        persistence = await adapter.persistence()
-        beyond = await adapter.entries_beyond(config.queues.total) if look_beyond else {}
-        problems = unfit + (await adapter.store_problems(
-            range(config.queues.total), [a.app for a in apps if is_app_name(a.app)],
-            every_app=True) if look_stores else [])
+        return await reader.apps(look_beyond=look_beyond, look_stores=look_stores)
     finally:
-        await adapter.close()
-    return AppsReport(apps, adapter.groups.retention_follows_groups, time.time(), eviction,
-                      persistence, beyond, problems)
+        await reader.close()
 
 
 def broker_warnings(config: Config, eviction_policy: str | None, persistence: str | None,

@@ -1,10 +1,17 @@
 """The console's JSON on tansu under both balancers: the app found by its group, its
 queues and lag, and its running daemon with what its heartbeat carries (version, ready) —
-from the daemon's reports on ``kafka-group``, from the membership store on ``dynamic``."""
+from the daemon's reports on ``kafka-group``, from the membership store on ``dynamic``;
+and its polls: connections kept from one poll to the next, a poll during an outage
+bounded, the next one after it recovered."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +21,14 @@ import conveyor
 from conveyor.client import Publish
 from conveyor.console.poller import Poller
 from conveyor.console.server import Settings, broker_name, create_app
+from conveyor.platform.config import Config
 from conveyor.workers.daemon import WorkerDaemon
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 from tests.integration.kafka.conftest import Tansu
 from tests.integration.kafka.helpers import Recorder, kafka_config, nothing_left_unacknowledged
+from tests.proxy import CuttableProxy
 from tests.servers import RedisServer
+from tests.servers.tansu import require_tansu
 
 pytestmark = pytest.mark.kafka
 
@@ -77,3 +87,105 @@ async def test_the_console_shows_a_kafka_app_and_its_daemon_under_either_balance
     finally:
         await asyncio.to_thread(api.__exit__, None, None, None)
         await daemon.stop()
+
+
+@pytest.fixture
+async def proxied_app(tmp_path: Path, topic: str) -> AsyncIterator[tuple[Tansu, CuttableProxy,
+                                                                         Config]]:
+    """A tansu of the test's own behind a proxy every client connection goes through (the
+    proxy counts them), with app ``shop``'s group on its 2 queues: 4 messages handled, 1
+    dead-lettered, its daemon stopped."""
+    broker = Tansu(require_tansu(), free_port(), tmp_path / "tansu.log")
+    proxy = CuttableProxy(free_port(), broker.port)
+    broker.advertised_port = proxy.port
+    await proxy.start()
+    broker.start()
+    try:
+        config = kafka_config(broker.bootstrap, topic, queues={"total": 2},
+                              balancer={"kind": "kafka-group"})
+        app, handled = conveyor.App("shop"), []
+
+        @app.handler("orders", retry_attempts=1)
+        async def handle(body: dict[str, Any]) -> None:
+            if body["n"] == 0:
+                raise ValueError("order 0 is bad")
+            handled.append(body["n"])
+
+        daemon = WorkerDaemon(app, config)
+        await daemon.client.publish_batch([Publish("orders", f"o{n}", {"n": n})
+                                           for n in range(5)])
+        await daemon.start()
+        try:
+            await wait_until(lambda: len(handled) == 4, 30, what="4 handled")
+            await wait_until(lambda: nothing_left_unacknowledged(daemon), 30,
+                             what="all acked, the bad one dead-lettered")
+        finally:
+            await daemon.stop()
+        yield broker, proxy, config
+    finally:
+        broker.stop()
+        await proxy.cut()
+
+
+def _shows_the_app(poller: Poller) -> None:
+    reading = poller.reading
+    assert reading.error is None, reading.error
+    assert reading.apps is not None
+    assert [(a.app, a.lag, a.dead_letters) for a in reading.apps.apps] == [("shop", 0, 1)]
+    assert reading.status["shop"].dead_letters == 1
+    assert [q.lag for q in reading.status["shop"].queues] == [0, 0]
+
+
+async def test_polls_keep_their_broker_connections_open_across_polls(
+    proxied_app: tuple[Tansu, CuttableProxy, Config],
+) -> None:
+    """A poll that opened an admin client and consumers for each app and closed them again
+    made some twenty connections to the broker every poll; kept, a poll makes none."""
+    _, proxy, config = proxied_app
+    poller = Poller(config, None)
+    try:
+        await poller.poll()  # the first poll connects
+        _shows_the_app(poller)
+        before = proxy.accepted
+        for _ in range(5):
+            await poller.poll()
+            _shows_the_app(poller)
+        assert proxy.accepted == before, f"{proxy.accepted - before} connections in 5 polls"
+    finally:
+        await poller.stop()
+
+
+@pytest.mark.parametrize("outage", ["cut", "frozen"])
+async def test_a_poll_during_an_outage_ends_within_its_bound_and_the_next_recovers(
+    proxied_app: tuple[Tansu, CuttableProxy, Config], outage: str,
+) -> None:
+    """``cut``: the broker unreachable (connections refused and closed); ``frozen``: it
+    accepts and never answers (SIGSTOP), where only the poll's bound ends the wait."""
+    broker, proxy, config = proxied_app
+    poller = Poller(config, None, timeout_s=3.0)
+    proc = broker.proc
+    assert proc is not None
+    try:
+        await poller.poll()
+        _shows_the_app(poller)
+        if outage == "cut":
+            await proxy.cut()
+        else:
+            os.kill(proc.pid, signal.SIGSTOP)
+        for _ in range(2):  # the first poll on the kept connections, then on new ones
+            started = time.monotonic()
+            await poller.poll()
+            took = time.monotonic() - started
+            assert took < poller.timeout_s + 1.0, f"a poll took {took:.1f}s"
+            assert poller.reading.error is not None
+            assert poller.reading.apps is not None  # the last good reading stays shown
+        if outage == "cut":
+            await proxy.start()
+        else:
+            os.kill(proc.pid, signal.SIGCONT)
+        await poller.poll()
+        _shows_the_app(poller)
+    finally:
+        if outage == "frozen":
+            os.kill(proc.pid, signal.SIGCONT)
+        await poller.stop()
