@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ class KafkaCluster:
         self._preparing: asyncio.Task[None] | None = None
         self._first_answer_awaited = False
         self._probes: dict[str, AIOKafkaConsumer] = {}
+        self._probing = asyncio.Lock()  # lag() runs concurrently: one probe per group
 
     @property
     def dlq_topic(self) -> str:
@@ -169,12 +171,17 @@ class KafkaCluster:
         UTF-8 does not fail it). Raises :class:`TopicMissingError` where the topic does
         not exist: reading creates no topic."""
         consumer = self._probes.get(group)
-        if consumer is None:
-            await self.require_topic()
-            consumer = self.new_consumer(group, **raw_records())
-            await start_client(consumer, "connecting a consumer")
-            consumer.assign([TopicPartition(self.topic, q) for q in range(self.total_queues)])
-            self._probes[group] = consumer
+        if consumer is not None:
+            return consumer
+        async with self._probing:
+            consumer = self._probes.get(group)
+            if consumer is None:
+                await self.require_topic()
+                consumer = self.new_consumer(group, **raw_records())
+                await start_client(consumer, "connecting a consumer")
+                consumer.assign([TopicPartition(self.topic, q)
+                                 for q in range(self.total_queues)])
+                self._probes[group] = consumer
         return consumer
 
     def abandon_sends(self) -> None:
@@ -451,16 +458,24 @@ class KafkaCluster:
 
     async def high_watermark(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
                              from_offset: int, timeout_s: float = 5.0) -> int:
-        """The partition's high watermark, as a fetch response reports it."""
+        """The partition's high watermark, as a fetch response reports it: the first
+        response to a fetch from ``from_offset``. It is waited for in short slices, since
+        ``getmany`` returns early only with records: an empty partition's answer (after
+        the broker's fetch wait) would otherwise be read only when a longer wait ends —
+        for ``status``, twice per partition."""
+        asked_ms = int(1000 * time.time())  # the clock aiokafka stamps a response with
         consumer.seek(tp, from_offset)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            await consumer.getmany(tp, timeout_ms=200, max_records=1)
+            await consumer.getmany(tp, timeout_ms=10, max_records=1)
             high = consumer.highwater(tp)
-            if high is not None:
+            answered = consumer.last_poll_timestamp(tp)
+            if high is not None and answered is not None and answered >= asked_ms:
                 return int(high)
             if loop.time() > deadline:
+                if high is not None:  # answered before the wall clock stepped back
+                    return int(high)
                 raise BrokerConnectionError(f"kafka: no fetch response for {tp} in {timeout_s}s")
 
     async def lag(self, queue: int, group: str) -> int:

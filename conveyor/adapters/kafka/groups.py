@@ -89,9 +89,10 @@ class KafkaGroups(ConsumerGroups):
                     await consumer.start()
                     consumer.assign(tps)
                     begin = await consumer.beginning_offsets(tps)
-                    high = {tp.partition: await self._cluster.high_watermark(consumer, tp,
-                                                                             int(begin[tp]))
-                            for tp in tps}
+                    ends = await asyncio.gather(*(
+                        self._cluster.high_watermark(consumer, tp, int(begin[tp]))
+                        for tp in tps))
+                    high = {tp.partition: end for tp, end in zip(tps, ends, strict=True)}
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()
