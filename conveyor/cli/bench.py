@@ -26,7 +26,7 @@ def bench() -> None:
     """
 
 
-@bench.command("throughput")
+@bench.command("throughput", short_help="No-op and publish msgs/s, next to raw client loops.")
 @click.option("--adapter", type=click.Choice(["memory", "redis", "kafka"]), default="memory",
               show_default=True)
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=100_000, show_default=True)
@@ -135,7 +135,8 @@ def _run_throughput(
     return as_json(results), "\n\n".join(r.table() for r in results.values())
 
 
-@bench.command("telemetry")
+@bench.command("telemetry",
+               short_help="Throughput: telemetry off, on, /metrics only, hooks stripped.")
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=50_000, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Interleaved runs per variant (each in a fresh process).")
@@ -163,7 +164,7 @@ def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: b
     click.echo(json.dumps(result.as_dict()) if as_json else result.table())
 
 
-@bench.command("scale-down")
+@bench.command("scale-down", short_help="Monotonic vs adaptive pool: workers per cooldown cycle.")
 @click.option("--cycles", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--cycle-s", type=click.FloatRange(min=0.01), default=1.2, show_default=True)
 @click.option("--load-s", type=click.FloatRange(min=0.01), default=2.0, show_default=True)

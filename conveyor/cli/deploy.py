@@ -76,7 +76,7 @@ def deploy() -> None:
     """
 
 
-@deploy.command()
+@deploy.command(short_help="Manifests: ConfigMap, Deployment and KEDA ScaledObject.")
 @click.option("--app", "app_path", required=True, metavar="APP_PATH",
               help="MODULE:ATTR or FILE.py:ATTR, as the container sees it (under /app); "
                    "imported here to read the app's name.")

@@ -107,7 +107,7 @@ def dlq() -> None:
     """An app's dead letters: list, show, replay, purge.
 
     On redis and kafka. Letters are stored in the Redis stream PREFIX:dlq:APP, or the
-    Kafka topic TOPIC.conveyor-dlq; see the README's "Failures" section.
+    Kafka topic TOPIC.conveyor-dlq; see docs/dead-letters.md.
 
     \b
     Examples:
@@ -158,7 +158,7 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
                              filtered=filtered), whole_rows=wide)
 
 
-@dlq.command("show")
+@dlq.command("show", short_help="One letter in full: reason, metadata, headers, body.")
 @click.argument("letter_id", metavar="ID")
 @_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -195,7 +195,7 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
         click.echo(f"{name + ':':<15}{'-' if value is None else value}")
 
 
-@dlq.command("replay")
+@dlq.command("replay", short_help="Publish letters' messages again; remove the letters.")
 @_options
 @click.option("--all", "every", is_flag=True, help="Every letter of the app (after filters).")
 @click.option("--id", "ids", multiple=True, metavar="ID", help="This letter (repeatable).")

@@ -41,7 +41,7 @@ def groups() -> None:
     """
 
 
-@groups.command("list")
+@groups.command("list", short_help="Every app's group: queues, lag, members, retention.")
 @inspect_config_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def groups_list(config_path: Path | None, as_json: bool) -> None:
@@ -81,7 +81,7 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
     print_table(groups_view(found, follows, time.time()))
 
 
-@groups.command("delete")
+@groups.command("delete", short_help="Remove an app's consumer group from every queue.")
 @inspect_config_option
 @click.option("--app", "group", required=True, callback=app_name,
               help="The app's name (its consumer group).")

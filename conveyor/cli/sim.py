@@ -210,7 +210,7 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
                 for k, v in doc[key].items()))
 
 
-@sim.command("placement")
+@sim.command("placement", short_help="Balls into bins, 2-1,000 daemons: random, K=2, sqrt n, JSQ.")
 @click.option("--trials", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--balls-per-bin", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -287,6 +288,26 @@ def test_demo_prints_a_computed_summary() -> None:
     warnings = [x for x in result.stderr.splitlines() if " WARNING " in x]
     assert len(warnings) == 1 and "dead-lettering message" in warnings[0], result.stderr
 
+
+
+def test_the_readmes_demo_runs_end_as_the_readme_shows() -> None:
+    """The README's `make demo` summary, and its poison run as it prints the command: the
+    summary counts what it says and one warning comes above it."""
+    readme = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+    shown = re.search(r"``` (published=\S+ handled=.*?elapsed_s=)[\d.]+ ```", readme)
+    assert shown is not None
+    result = conveyor("demo")
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(re.escape(shown[1]) + r"[\d.]+\n", result.stdout), result.stdout
+
+    command = re.search(r"Try `\.venv/bin/conveyor (demo [^`]+)`", readme)
+    counts = re.search(r"the summary counts `([^`]+)`", readme)
+    assert command is not None and counts is not None
+    result = conveyor(*shlex.split(command[1]))
+    assert result.returncode == 0, result.stderr
+    assert f" {counts[1]} " in result.stdout, result.stdout
+    warnings = [x for x in result.stderr.splitlines() if " WARNING " in x]
+    assert len(warnings) == 1 and "dead-lettering message" in warnings[0], result.stderr
 
 def test_bench_throughput_prints_comparable_json() -> None:
     result = conveyor("bench", "throughput", "--json", "--messages", "3000", "--repeats", "1")

@@ -1,12 +1,17 @@
 """conveyor.testing as a user's pytest run sees it: a project of its own, in pytest-asyncio's
-strict mode (the default), with the fixture made by worker_fixture."""
+strict mode (the default), with the fixture made by worker_fixture; and the testing page's
+example with the page's settings."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.docs_blocks import blocks_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,19 +51,25 @@ async def test_a_test_that_forgets_to_settle(worker):
 '''
 
 
+
+def users_pytest(project: Path, config: str) -> subprocess.CompletedProcess[str]:
+    """pytest run in ``project`` with its own ``config`` file, Conveyor importable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+         "--rootdir", str(project), "-c", str(project / config), str(project)],
+        capture_output=True, text=True, cwd=project, env=env, timeout=120,
+    )
+
+
 def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_error(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "test_shop.py").write_text(USER_TESTS)
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
-         "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
-    )
+    ran = users_pytest(tmp_path, "pytest.ini")
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
     assert "1 failed, 2 passed, 1 error" in out, out
@@ -71,3 +82,22 @@ def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_err
     summary = out.index("dead-lettered orders/o-2 on_order, 3 attempts: ZeroDivisionError")
     assert out.index("await worker.settle()") < summary
     assert "conveyor/testing/worker.py" not in out  # the kit's frames are hidden
+
+
+def test_the_testing_pages_example_passes_in_a_project_of_its_own_with_the_pages_settings(
+    tmp_path: Path,
+) -> None:
+    """docs/testing.md's bookshop (app.py and test_app.py, which the page shows as they
+    are) with the page's pyproject settings alone: the async tests run unmarked, and
+    pytest-asyncio has nothing to warn about."""
+    [settings] = [b for b in blocks_of(ROOT / "docs" / "testing.md")
+                  if b.lang == "toml" and b.marker == "own"]
+    (tmp_path / "pyproject.toml").write_text(settings.body)
+    shop = tmp_path / "bookshop"
+    shop.mkdir()
+    for name in ("__init__.py", "app.py", "test_app.py"):
+        shutil.copy(ROOT / "examples" / "bookshop" / name, shop / name)
+    ran = users_pytest(tmp_path, "pyproject.toml")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert re.search(r"\b4 passed in ", ran.stdout), ran.stdout
+    assert "warning" not in (ran.stdout + ran.stderr).lower(), ran.stdout + ran.stderr

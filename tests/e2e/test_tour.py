@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import conveyor
 from tests.conftest import wait_until_sync
 from tests.servers import RedisServer, start_redis
 
@@ -185,6 +186,20 @@ def test_the_embedded_tour_shows_the_startup_hooks_order_handled(tmp_path: Path)
         assert_matches(daemon.interrupt(), step.output)
     finally:
         daemon.kill()
+
+
+def test_the_readme_tells_a_reader_without_redis_on_6379_what_this_test_does() -> None:
+    """The Redis test below follows the tour on a server of its own, through
+    CONVEYOR_REDIS__URL and redis-cli's -p: before its first Redis block, the README tells
+    a reader whose Redis is elsewhere (or whose 6379 is taken) the same two things."""
+    text = README.read_text()
+    before = re.sub(r"\s+", " ", text[:text.index("<!-- tour: redis-worker -->")])
+    found = re.search(r"`export CONVEYOR_REDIS__URL=(redis://[^`]+)`", before)
+    assert found is not None
+    assert "`redis-cli` its `-p " in before
+    config = conveyor.load_config(ROOT / "configs" / "redis.toml",
+                                  environ={"CONVEYOR_REDIS__URL": found[1]})
+    assert config.redis.url == found[1]
 
 
 @pytest.mark.redis

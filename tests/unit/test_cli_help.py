@@ -92,3 +92,18 @@ def test_the_main_help_lists_commands_by_task_worker_first() -> None:
     run = text.split("\nRun:\n", 1)[1].splitlines()[0]
     assert run.split()[0] == "worker"
     assert "..." not in text.split("\nRun:\n", 1)[1], "a command's one-liner was cut"
+
+
+GROUPS = [(ctx, cmd) for ctx, cmd in ALL if isinstance(cmd, click.Group)]
+
+
+@pytest.mark.parametrize(("ctx", "cmd"), GROUPS, ids=[c.command_path for c, _ in GROUPS])
+def test_a_groups_help_lists_each_command_with_its_whole_one_liner(
+    ctx: click.Context, cmd: click.Group
+) -> None:
+    """click cuts a one-liner that does not fit 80 columns with '...' (its width is 80 at
+    most, whatever the terminal's): ``short_help=`` gives a long first sentence a short
+    one."""
+    cut = [line for line in cmd.get_help(ctx).splitlines()
+           if line.startswith("  ") and line.rstrip().endswith("...")]
+    assert not cut, "\n".join(cut)

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import msgspec
@@ -131,3 +132,11 @@ def test_the_slugs_differ_where_github_keeps_a_double_hyphen() -> None:
     heading = "More processes on lag: `conveyor worker --processes MIN:MAX`"
     assert github_slug(heading) == "more-processes-on-lag-conveyor-worker---processes-minmax"
     assert site_slug(heading) == "more-processes-on-lag-conveyor-worker-processes-minmax"
+
+
+def test_the_install_page_names_every_optional_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    page = (ROOT / "docs" / "install.md").read_text()
+    extras = project["optional-dependencies"]
+    assert extras
+    assert [name for name in extras if f"`conveyor[{name}]`" not in page] == []

@@ -16,6 +16,7 @@ yields no new rate rather than a false zero.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -238,12 +239,14 @@ class StatusReader:
         infos = await adapter.groups.on(range(config.queues.total))
         appended = {i.queue: i.appended for i in infos if i.appended is not None}
         queues = []
-        for q in range(config.queues.total):
+        # At once: on Kafka each lag waits for a fetch response (~0.1-0.2 s on tansu).
+        lags = await asyncio.gather(*(adapter.lag(q, group)
+                                      for q in range(config.queues.total)))
+        for q, lag in enumerate(lags):
             owner = owners.get(q)
             own = stats.get(owner or "", {})
             fill = own.get(f"queue.{q}.cache_fill")
             acked = own.get(f"queue.{q}.acked")
-            lag = await adapter.lag(q, group)
             queues.append(QueueStatus(
                 q, owner, lag,
                 None if fill is None else min(int(fill), lag),
