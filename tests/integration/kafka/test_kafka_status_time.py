@@ -73,9 +73,10 @@ async def test_a_high_watermark_is_the_one_a_fetch_after_the_seek_reports(
     try:
         async with Client.from_config(config) as client:
             await client.publish("orders", "o-1", {"n": 1})
-            consumer = await cluster.probe("shop")
-            assert await cluster.high_watermark(consumer, tp, 0) == 1
-            await client.publish_batch([Publish("orders", "o-1", {"n": n}) for n in range(3)])
-            assert await cluster.high_watermark(consumer, tp, 4) == 4
+            async with cluster.probing("shop") as consumer:
+                assert await cluster.high_watermark(consumer, tp, 0) == 1
+                await client.publish_batch([Publish("orders", "o-1", {"n": n})
+                                            for n in range(3)])
+                assert await cluster.high_watermark(consumer, tp, 4) == 4
     finally:
         await cluster.close()
