@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
@@ -212,6 +213,47 @@ class _ProducerIdRefusalFilter(logging.Filter):
 
 
 logging.getLogger(SENDER_LOGGER).addFilter(_ProducerIdRefusalFilter())
+
+
+CONNECT_REPEAT_S = 30.0
+"""How often aiokafka's line for one unreachable address passes (the outage log's own
+repeat: :mod:`conveyor.platform.outage`)."""
+_CONNECT_FAILURES = ('Unable connect to "%s:%s": %s', "Unable connect to node with id %s: %s",
+                     "Unable to update metadata from %s")
+
+
+class _ConnectRepeatFilter(logging.Filter):
+    """aiokafka's client logs an error at every attempt to reach a broker that is down —
+    every 1-5 s of an outage, from each client of the process. This filter lets one line
+    per address (or node) pass every :data:`CONNECT_REPEAT_S` and ends it with how many
+    more there were; every other line of aiokafka's passes as it is. Conveyor's own
+    outage log says when the outage starts, lasts and ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[tuple[object, ...], float] = {}
+        self._held: dict[tuple[object, ...], int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in _CONNECT_FAILURES or not isinstance(record.args, tuple):
+            return True
+        fmt = record.msg
+        where = record.args if fmt.endswith("from %s") else record.args[:-1]
+        key = (fmt, *map(str, where))
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < CONNECT_REPEAT_S:
+            self._held[key] = self._held.get(key, 0) + 1
+            return False
+        if len(self._last) >= 256:  # addresses are few; a bound all the same
+            self._last.clear()
+        self._last[key] = now
+        if (held := self._held.pop(key, 0)) and last is not None:
+            record.msg = f"{fmt} (and {held} more like it in the last {now - last:.0f}s)"
+        return True
+
+
+logging.getLogger("aiokafka").addFilter(_ConnectRepeatFilter())  # aiokafka.client's logger
 
 
 async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaProducer:
