@@ -1,0 +1,131 @@
+"""``conveyor worker --processes``: a child that is alive to the OS but silent to its
+supervisor (SIGSTOP, or hung holding the interpreter) is killed and replaced, so its
+queues do not wait for it; a child whose handler merely blocks its event loop is not."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conveyor import Publish, load_config
+from conveyor.client import SyncClient
+from tests.conftest import wait_until_sync
+from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+SILENT_CHILD_S = 2.0
+CACHE = 64
+
+
+class Supervised:
+    """A ``conveyor worker --processes`` subprocess and its children."""
+
+    def __init__(self, tmp_path: Path, cfg: Path, processes: str, app: str,
+                 env: dict[str, str]) -> None:
+        self.err_path = tmp_path / "supervisor.err"
+        with open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "conveyor.cli", "worker", app, "--config", str(cfg),
+                 "--processes", processes],
+                cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1", **env),
+                stdout=subprocess.DEVNULL, stderr=err,
+            )
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def live_children(self) -> list[psutil.Process]:
+        return [c for c in psutil.Process(self.proc.pid).children()
+                if c.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED)]
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            for child in psutil.Process(self.proc.pid).children():
+                child.kill()
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def supervised() -> Iterator[list[Supervised]]:
+    started: list[Supervised] = []
+    yield started
+    for s in started:
+        s.kill()
+
+
+def test_a_stopped_child_is_killed_and_its_queues_handled_by_the_others_without_loss(
+    redis_server: RedisServer, tmp_path: Path, supervised: list[Supervised]
+) -> None:
+    # Without the beat, a SIGSTOPped child kept its queues for as long as it was stopped:
+    # its leases lapsed, but the supervisor assigns the queues and took none from it.
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 8},
+                       worker={"cache_capacity": CACHE}, balancer={"lease_ttl_s": 1.5},
+                       supervisor={"silent_child_s": SILENT_CHILD_S})
+    record = tmp_path / "handled.rec"
+    sup = Supervised(tmp_path, cfg, "2:2", "tests.apps.recorder:app",
+                     {"CONVEYOR_TEST_RECORD": str(record), "CONVEYOR_TEST_WORK_MS": "2"})
+    supervised.append(sup)
+    wait_until_sync(lambda: "2 process(es) own 8 queue(s)" in sup.stderr, 30, "two processes")
+    n = 3000
+    with SyncClient.from_config(load_config(cfg)) as client:
+        client.publish_batch(Publish("items", f"k{i % 100}", {"seq": i}) for i in range(n))
+    wait_until_sync(lambda: len(read_records([record])) >= 300, 30, "work under way")
+    victim = sup.live_children()[0]
+    victim.suspend()
+    # Never resumed: everything must be handled by the others meanwhile.
+    wait_until_sync(lambda: "has sent nothing for" in sup.stderr, SILENT_CHILD_S + 5,
+                    "the supervisor to kill the stopped child")
+    wait_until_sync(lambda: len({r[5] for r in read_records([record])}) >= n, 60,
+                    "every message handled while the child stays stopped")
+    wait_until_sync(lambda: len(sup.live_children()) == 2, 10, "a replacement process")
+    assert not psutil.pid_exists(victim.pid) or victim.status() == psutil.STATUS_ZOMBIE
+    assert sup.stop() == 0, sup.stderr
+    log = sup.stderr
+    assert "Traceback" not in log, log
+    ids = Counter(r[5] for r in read_records([record]))
+    assert len(ids) == n, "a message was lost"
+    # At least once: only what the stopped child had pulled and not acknowledged comes
+    # again, at most its cache on each of the 4 queues it owned.
+    assert sum(ids.values()) - n <= 4 * CACHE
+
+
+def test_a_child_blocking_its_loop_past_the_silence_limit_is_not_killed(
+    redis_server: RedisServer, tmp_path: Path, supervised: list[Supervised]
+) -> None:
+    # The beat comes from a thread of the child's own: a handler's time.sleep in an
+    # async def blocks the loop, not the beat (its lease deals with the loop).
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 4},
+                       supervisor={"silent_child_s": 1.0})
+    record = tmp_path / "handled.rec"
+    sup = Supervised(tmp_path, cfg, "1:1", "tests.apps.blocking_app:app",
+                     {"CONVEYOR_TEST_RECORD": str(record)})
+    supervised.append(sup)
+    wait_until_sync(lambda: "1 process(es) own 8 queue(s)" in sup.stderr, 30, "the process")
+    with SyncClient.from_config(load_config(cfg)) as client:
+        client.publish_batch([Publish("items", "k0", {"seq": 0, "block_s": 3.0}),
+                              Publish("items", "k1", {"seq": 1})])
+
+    def seqs() -> list[int]:  # blocking_app's lines: time pid queue key seq id deliveries
+        return sorted(int(line.split()[4]) for line in record.read_text().splitlines()
+                      ) if record.exists() else []
+
+    wait_until_sync(lambda: len(seqs()) >= 2, 30, "both handled")
+    assert sup.stop() == 0, sup.stderr
+    log = sup.stderr
+    assert "has sent nothing" not in log and "died" not in log, log
+    assert seqs() == [0, 1]
