@@ -1,6 +1,7 @@
-"""``conveyor worker --processes``: a child that is alive to the OS but silent to its
-supervisor (SIGSTOP, or hung holding the interpreter) is killed and replaced, so its
-queues do not wait for it; a child whose handler merely blocks its event loop is not."""
+"""``conveyor worker --processes`` on the shipped config, on each broker: a child that is
+alive to the OS but silent to its supervisor (SIGSTOP, or hung holding the interpreter)
+is killed and replaced, so its queues do not wait for it; a child whose handler merely
+blocks its event loop is not."""
 
 from __future__ import annotations
 
@@ -18,27 +19,37 @@ import pytest
 from conveyor import Publish, load_config
 from conveyor.client import SyncClient
 from tests.conftest import wait_until_sync
-from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
+from tests.integration.any_broker.conftest import Broker
+from tests.integration.redis.conftest import REPO, read_records
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SILENT_CHILD_S = 2.0
 CACHE = 64
+QUICK = {"CONVEYOR_SUPERVISOR__SILENT_CHILD_S": str(SILENT_CHILD_S),
+         "CONVEYOR_WORKER__CACHE_CAPACITY": str(CACHE)}
+"""The shipped config but for these: a cache of 64 keeps the bound on duplicates tight
+(the shipped 1,024 a queue would allow most of the run)."""
 
 
 class Supervised:
     """A ``conveyor worker --processes`` subprocess and its children."""
 
-    def __init__(self, tmp_path: Path, cfg: Path, processes: str, app: str,
+    def __init__(self, tmp_path: Path, broker: Broker, processes: str, app: str,
                  env: dict[str, str]) -> None:
         self.err_path = tmp_path / "supervisor.err"
+        self.broker_config = broker.shipped
+        self.env = {**broker.env, **QUICK, **env}
         with open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "conveyor.cli", "worker", app, "--config", str(cfg),
-                 "--processes", processes],
-                cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1", **env),
+                [sys.executable, "-m", "conveyor.cli", "worker", app,
+                 "--config", str(broker.shipped), "--processes", processes],
+                cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                 stdout=subprocess.DEVNULL, stderr=err,
             )
+
+    def client(self) -> SyncClient:
+        return SyncClient.from_config(load_config(self.broker_config, environ=self.env))
 
     @property
     def stderr(self) -> str:
@@ -69,20 +80,21 @@ def supervised() -> Iterator[list[Supervised]]:
 
 
 def test_a_stopped_child_is_killed_and_its_queues_handled_by_the_others_without_loss(
-    redis_server: RedisServer, tmp_path: Path, supervised: list[Supervised]
+    broker: Broker, tmp_path: Path, supervised: list[Supervised]
 ) -> None:
     # Without the beat, a SIGSTOPped child kept its queues for as long as it was stopped:
-    # its leases lapsed, but the supervisor assigns the queues and took none from it.
-    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 8},
-                       worker={"cache_capacity": CACHE}, balancer={"lease_ttl_s": 1.5},
-                       supervisor={"silent_child_s": SILENT_CHILD_S})
+    # its leases lapsed (Redis), but the supervisor assigns the queues and took none
+    # from it.
     record = tmp_path / "handled.rec"
-    sup = Supervised(tmp_path, cfg, "2:2", "tests.apps.recorder:app",
-                     {"CONVEYOR_TEST_RECORD": str(record), "CONVEYOR_TEST_WORK_MS": "2"})
+    # A killed child's Redis leases lapse 2 s after its last renewal: the shipped 5 s
+    # only makes the test wait.
+    sup = Supervised(tmp_path, broker, "2:2", "tests.apps.recorder:app",
+                     {"CONVEYOR_TEST_RECORD": str(record), "CONVEYOR_TEST_WORK_MS": "2",
+                      "CONVEYOR_BALANCER__LEASE_TTL_S": "2"})
     supervised.append(sup)
     wait_until_sync(lambda: "2 process(es) own 8 queue(s)" in sup.stderr, 30, "two processes")
     n = 3000
-    with SyncClient.from_config(load_config(cfg)) as client:
+    with sup.client() as client:
         client.publish_batch(Publish("items", f"k{i % 100}", {"seq": i}) for i in range(n))
     wait_until_sync(lambda: len(read_records([record])) >= 300, 30, "work under way")
     victim = sup.live_children()[0]
@@ -105,18 +117,18 @@ def test_a_stopped_child_is_killed_and_its_queues_handled_by_the_others_without_
 
 
 def test_a_child_blocking_its_loop_past_the_silence_limit_is_not_killed(
-    redis_server: RedisServer, tmp_path: Path, supervised: list[Supervised]
+    broker: Broker, tmp_path: Path, supervised: list[Supervised]
 ) -> None:
     # The beat comes from a thread of the child's own: a handler's time.sleep in an
-    # async def blocks the loop, not the beat (its lease deals with the loop).
-    cfg = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 4},
-                       supervisor={"silent_child_s": 1.0})
+    # async def blocks the loop, not the beat (its lease deals with the loop: 3 s is
+    # within the shipped 5 s lease's tolerance, so the blocker runs once).
     record = tmp_path / "handled.rec"
-    sup = Supervised(tmp_path, cfg, "1:1", "tests.apps.blocking_app:app",
-                     {"CONVEYOR_TEST_RECORD": str(record)})
+    sup = Supervised(tmp_path, broker, "1:1", "tests.apps.blocking_app:app",
+                     {"CONVEYOR_TEST_RECORD": str(record),
+                      "CONVEYOR_SUPERVISOR__SILENT_CHILD_S": "1"})
     supervised.append(sup)
     wait_until_sync(lambda: "1 process(es) own 8 queue(s)" in sup.stderr, 30, "the process")
-    with SyncClient.from_config(load_config(cfg)) as client:
+    with sup.client() as client:
         client.publish_batch([Publish("items", "k0", {"seq": 0, "block_s": 3.0}),
                               Publish("items", "k1", {"seq": 1})])
 
