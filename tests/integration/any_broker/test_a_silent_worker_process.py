@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +142,30 @@ def test_a_child_blocking_its_loop_past_the_silence_limit_is_not_killed(
     log = sup.stderr
     assert "has sent nothing" not in log and "died" not in log, log
     assert seqs() == [0, 1]
+
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_paused_supervisor_does_not_blame_its_children_for_its_own_pause(
+    broker: Broker, tmp_path: Path, supervised: list[Supervised]
+) -> None:
+    # The children's beats wait unread in the pipes while the supervisor is stopped; on
+    # SIGCONT it counts silence from when it runs again, so no child is killed. (One
+    # broker is enough: this is the supervisor's own clock.)
+    record = tmp_path / "handled.rec"
+    sup = Supervised(tmp_path, broker, "2:2", "tests.apps.recorder:app",
+                     {"CONVEYOR_TEST_RECORD": str(record)})
+    supervised.append(sup)
+    wait_until_sync(lambda: "2 process(es) own 8 queue(s)" in sup.stderr, 30, "two processes")
+    children = {c.pid for c in sup.live_children()}
+    sup.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(3 * SILENT_CHILD_S)  # the pause under test
+    finally:
+        sup.proc.send_signal(signal.SIGCONT)
+    with sup.client() as client:  # the children still work for it afterwards
+        client.publish_batch(Publish("items", f"k{i}", {"seq": i}) for i in range(100))
+    wait_until_sync(lambda: len(read_records([record])) >= 100, 30, "all handled")
+    assert {c.pid for c in sup.live_children()} == children
+    assert sup.stop() == 0, sup.stderr
+    assert "has sent nothing" not in sup.stderr, sup.stderr
