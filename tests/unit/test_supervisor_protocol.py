@@ -16,6 +16,7 @@ from conveyor.workers.supervisor.process import ChildCommandFailed, ChildGone, C
 from conveyor.workers.supervisor.protocol import (
     Acquire,
     Acquired,
+    Alive,
     Command,
     Event,
     Failed,
@@ -40,6 +41,7 @@ EVENTS: list[Event] = [
     Failed("acquire", 3, "BrokerConnectionError: redis unreachable"),
     Failed("release", 5, "ShutdownError: stopping"),
     Stopped("handled 3, abandoned 0", {"handled": 3, "abandoned": 0}),
+    Alive(),
 ]
 
 

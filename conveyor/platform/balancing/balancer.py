@@ -676,7 +676,8 @@ class DynamicBalancer(QueueBalancer):
             self._stall_reported = True
             log.warning("the event loop has been blocked for %.1fs (past the lease's "
                         "%.1fs tolerance): no longer renewing the leases of queues %s; "
-                        "they go to another daemon", stall_s, self._stall_limit_s,
+                        "they go to another daemon as the leases lapse, unless the loop "
+                        "answers first", stall_s, self._stall_limit_s,
                         sorted(self._held))
         return False
 

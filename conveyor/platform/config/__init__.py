@@ -392,6 +392,11 @@ class SupervisorConfig(_Section):
     """Consecutive inspections the PID controller must say "fewer" before a process goes."""
     scale_down_backoff_s: SecondsOrZero = 2.0
     """Least time between two removals."""
+    silent_child_s: Seconds = 10.0
+    """A process that sends its supervisor nothing for this long (it sends a beat every
+    0.5 s from a thread of its own, so a blocked event loop does not silence it) is
+    stopped (SIGSTOP) or hung holding the interpreter: it is killed and replaced, and its
+    queues go to the others."""
 
 
 class PlacementConfig(_Section):

@@ -20,6 +20,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -31,10 +33,12 @@ from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, ConfigError, ConveyorError, ShutdownError
 from conveyor.platform.terminal import VisibleFormatter
 from conveyor.workers.supervisor.protocol import (
+    BEAT_S,
     CONFIG_REFUSED,
     LOG_LEVEL_ENV,
     Acquire,
     Acquired,
+    Alive,
     Event,
     Failed,
     ProtocolError,
@@ -62,15 +66,28 @@ class EventChannel:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.supervisor_gone = False
+        self._lock = threading.Lock()  # the beat thread writes too: one line at a time
 
     def send(self, event: Event) -> None:
-        if self.supervisor_gone:
-            return
-        try:
-            os.write(self.fd, encode(event))
-        except BrokenPipeError:
-            self.supervisor_gone = True
-            log.info("the supervisor is gone; stopping without reporting to it")
+        with self._lock:
+            if self.supervisor_gone:
+                return
+            try:
+                os.write(self.fd, encode(event))
+            except BrokenPipeError:
+                self.supervisor_gone = True
+                log.info("the supervisor is gone; stopping without reporting to it")
+
+    def beat(self) -> None:
+        """Send :class:`Alive` every :data:`BEAT_S` from a daemon thread, so that the
+        supervisor can tell a stopped or hung process from a busy one."""
+
+        def beats() -> None:
+            while not self.supervisor_gone:
+                self.send(Alive())
+                time.sleep(BEAT_S)
+
+        threading.Thread(target=beats, name="conveyor-supervisor-beat", daemon=True).start()
 
 
 class SupervisedBalancer(QueueBalancer):
@@ -229,6 +246,7 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
     from conveyor.workers.serve import serve
 
     events = EventChannel(events_fd)
+    events.beat()
     app = load_app(app_path)
     config = load_config(None if config_path == "-" else config_path)
     balancer = _balancer_for(config, app.name)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -72,6 +73,8 @@ class ChildProcess:
         self.member_id = ""
         self.http_port: int | None = None
         """The loopback port of its /metrics and probes, when [http] port is set."""
+        self.heard_at = time.monotonic()
+        """When its last event (a beat, at least every ``BEAT_S``) was read."""
 
     async def start(self, app_path: str, config_path: str, env: Mapping[str, str]) -> None:
         read_fd, write_fd = os.pipe()
@@ -115,6 +118,7 @@ class ChildProcess:
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while line := await reader.readline():
+            self.heard_at = time.monotonic()
             try:
                 event = decode_event(line)
             except ProtocolError as exc:  # a newer or broken child: not worth a crash
@@ -162,6 +166,18 @@ class ChildProcess:
             self.queues.discard(queue)  # the child dropped it; it is adopted next tick
             raise
         self.queues.discard(queue)
+
+    async def kill(self) -> None:
+        """SIGKILL (a stopped process too) and wait until its event channel closes, so
+        that it is not ``alive`` any more when this returns."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        await self.proc.wait()
+        if self._reader_task is not None:
+            with contextlib.suppress(Exception):
+                await self._reader_task
 
     async def stop(self, timeout_s: float) -> None:
         if self.proc is None:

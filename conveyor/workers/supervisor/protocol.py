@@ -8,7 +8,7 @@ Both ends import this module and nothing else writes or parses the lines:
 * child → supervisor, on the file descriptor given on the child's command line (not
   stdout, which handler code may print to), an :data:`Event`: :class:`Ready`, then
   :class:`Acquired` / :class:`Released` / :class:`Failed` as it carries out commands,
-  and :class:`Stopped` last.
+  and :class:`Stopped` last; :class:`Alive` every :data:`BEAT_S` throughout.
 
 On the wire a command is tagged by ``"op"``, an event by ``"event"``::
 
@@ -98,7 +98,16 @@ class Stopped(msgspec.Struct, frozen=True, tag_field="event", tag="stopped"):
     counts: dict[str, int]
 
 
-Event = Ready | Acquired | Released | Failed | Stopped
+class Alive(msgspec.Struct, frozen=True, tag_field="event", tag="alive"):
+    """A beat, every :data:`BEAT_S` from a thread of the child's own: a child whose beats
+    stop (it was SIGSTOPped, or hangs holding the interpreter) is killed by the supervisor
+    after ``[supervisor] silent_child_s``. A handler blocking the child's event loop does
+    not stop them: the child's leases deal with that."""
+
+
+BEAT_S = 0.5
+
+Event = Ready | Acquired | Released | Failed | Stopped | Alive
 
 
 class ProtocolError(ConveyorError):

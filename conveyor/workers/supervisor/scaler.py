@@ -37,6 +37,7 @@ class SupervisorSettings:
     scale_up_backoff_s: float = 2.0
     scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
     stop_timeout_s: float = 60.0
+    silent_child_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_processes <= self.max_processes:
@@ -67,6 +68,7 @@ class SupervisorSettings:
                 backoff_s=s.scale_down_backoff_s,
             ),
             stop_timeout_s=config.worker.drain_timeout_s + 30,
+            silent_child_s=s.silent_child_s,
         )
 
 

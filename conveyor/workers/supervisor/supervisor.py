@@ -52,6 +52,8 @@ class SupervisorStats:
     scale_downs: int = _metric("{process}", "Idle processes removed", counter=True)
     replaced: int = _metric("{process}", "Processes that died and were replaced",
                             counter=True)
+    silent_killed: int = _metric("{process}", "Processes killed for sending nothing for "
+                                 "silent_child_s (stopped or hung)", counter=True)
     errors: int = _metric("{inspection}", "Inspections that failed and were retried",
                           counter=True)
 
@@ -152,13 +154,19 @@ class Supervisor:
                      self.processes, self.config.queues.total)
             if ready is not None:
                 ready(", ".join(c.member_id for c in self.children))
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):  # not wait_for: it can lose a cancel
-                    async with asyncio.timeout(self.settings.inspection_period_s):
-                        await stop.wait()
-                if stop.is_set():
-                    break
-                await self.tick(adapter)
+            watch = asyncio.create_task(self._kill_silent(), name="supervisor-silence")
+            try:
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):  # not wait_for: can lose a cancel
+                        async with asyncio.timeout(self.settings.inspection_period_s):
+                            await stop.wait()
+                    if stop.is_set():
+                        break
+                    await self.tick(adapter)
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
         finally:
             await asyncio.gather(
                 *(c.stop(self.settings.stop_timeout_s) for c in self.children),
@@ -268,6 +276,36 @@ class Supervisor:
     def _count_drained(self, child: ChildProcess) -> None:
         for name, count in child.counts.items():
             self.drained[name] = self.drained.get(name, 0) + count
+
+    async def _kill_silent(self) -> None:
+        """Kill every child that has sent nothing for ``silent_child_s`` (stopped, or hung
+        holding the interpreter: its beat thread is silent too). Its queues would
+        otherwise wait for it for good, their leases lapsed and nobody taking them; dead,
+        it is replaced and its queues adopted by the next :meth:`tick`. A task of its
+        own, not a step of the tick: a tick can be waiting on that very child (a queue
+        move), and the kill is what ends that wait. Silence is counted from when the
+        supervisor itself last ran, so a pause of its own (beats unread in the pipe) is
+        not blamed on the children."""
+        limit_s = self.settings.silent_child_s
+        period_s = min(self.settings.inspection_period_s, limit_s / 4)
+        ran_at = time.monotonic()
+        while True:
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            if now - ran_at > max(2 * period_s, 1.0):  # this loop was held up: start over
+                for child in self.children:
+                    child.heard_at = max(child.heard_at, now)
+            ran_at = now
+            for child in [c for c in self.children if c.alive]:
+                silent_s = now - child.heard_at
+                if silent_s < limit_s:
+                    continue
+                pid = child.proc.pid if child.proc is not None else 0
+                log.error("supervisor: process #%d (pid %d) has sent nothing for %.1fs "
+                          "(stopped, or hung): killing it; its queues go to the others",
+                          child.number, pid, silent_s)
+                self.stats.silent_killed += 1
+                await child.kill()
 
     async def _replace_dead(self) -> None:
         """Drop dead children and start new ones up to MIN (their queues are orphans now,
