@@ -187,16 +187,16 @@ def _member_warnings(member: str, st: dict[str, float]) -> list[Any]:
     limit, the dead-letter store."""
     from rich.text import Text
 
+    from conveyor.platform.operations.status import lost_line, records_lost
+
     out = []
     if st.get("draining"):
         out.append(Text(f"{member}: draining (stopping: its queues go to the others)"))
     elif st.get("ready") == 0:
         out.append(Text(f"{member}: not ready (taking its queues, or failed: /readyz "
                         "says why)", style="yellow"))
-    for key, lost in sorted(st.items()):
-        if key.startswith("queue.") and key.endswith(".lost") and lost:
-            out.append(Text(f"{member}: queue {key.split('.')[1]}: {lost:,.0f} message(s) "
-                            "deleted by the broker before being handled", style="red"))
+    out += [Text(lost_line(member, queue, count), style="red")
+            for queue, count in records_lost(st)]
     if st.get("loop.stalls"):
         out.append(Text(f"{member}: {st['loop.stalls']:.0f} loop stall(s): a handler blocked "
                         "the event loop (its log names the handler and message)",

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ from conveyor.platform.operations.status import (
     StatusReader,
     StatusReport,
     broker_warnings,
+    lost_line,
+    records_lost,
 )
 
 log = logging.getLogger(__name__)
@@ -154,6 +157,14 @@ def _arrivals(before: Sample, after: Sample) -> dict[int, float]:
             if q in before.appended and end >= before.appended[q]}
 
 
+def _lost_lines(status: Mapping[str, StatusReport]) -> list[str]:
+    """Records the broker deleted before they were handled, per app and daemon: what
+    ``conveyor status --app`` shows under its daemons, here above every page."""
+    return [f"app {name}: {lost_line(m.id, queue, count)}"
+            for name, report in sorted(status.items()) for m in report.members
+            for queue, count in records_lost(m.stats)]
+
+
 class Poller:
     """Reads the broker every ``interval_s`` while someone looks; shared by all pages."""
 
@@ -261,9 +272,9 @@ class Poller:
             log.exception("console poll failed")
             self._failed(f"{type(exc).__name__} (see the console's log)")
         else:
-            self.reading = Reading(time.time(), apps, status, warnings=broker_warnings(
+            self.reading = Reading(time.time(), apps, status, warnings=[*broker_warnings(
                 self.config, apps.eviction_policy, apps.persistence, self._beyond,
-                self._problems))
+                self._problems), *_lost_lines(status)])
             for name, report in status.items():
                 self._history.setdefault(name, deque(maxlen=self._window)).append(
                     chart_sample(report))

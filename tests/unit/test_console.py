@@ -331,6 +331,36 @@ def test_the_daemons_json_carries_version_health_and_latency_from_the_heartbeat(
     assert (old["id"], old["version"], old["stats"]) == ("shop-old", "", {"handled": 1})
 
 
+def test_records_the_broker_deleted_unhandled_are_a_warning_on_every_page(
+        api: TestClient, config: Config) -> None:
+    """A daemon's heartbeat counts records the broker deleted before they were handled
+    (``queue.N.lost``, a Kafka retention ahead of the app): the console says so above
+    every page, in the words of ``conveyor status --app``; a daemon that lost nothing
+    adds no line."""
+    from conveyor.backends import coordination
+    from conveyor.platform.balancing.membership import MemberInfo
+
+    async def join() -> None:
+        membership, leases = coordination(config, APP)
+        try:
+            await membership.join(MemberInfo("shop-lost", "h1", 11, 1.0,
+                                             {"handled": 5.0, "queue.3.lost": 1200.0,
+                                              "queue.1.lost": 0.0}))
+            await membership.join(MemberInfo("shop-fine", "h2", 12, 1.0, {"handled": 5.0}))
+        finally:
+            await membership.close()
+            await leases.close()
+
+    asyncio.run(join())
+    line = (f"app {APP}: shop-lost: queue 3: 1,200 message(s) deleted by the broker before "
+            "being handled")
+
+    def warned() -> list[str]:
+        return [w for w in api.get("/api/overview").json()["warnings"] if "deleted" in w]
+
+    wait_until_sync(lambda: warned() == [line], 10, "the lost records in the warnings")
+
+
 @pytest.mark.parametrize("config", ["redis"], indirect=True)
 def test_a_group_another_tool_named_is_listed_and_the_apps_still_polled(
     config: Config,

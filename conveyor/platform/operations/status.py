@@ -394,6 +394,20 @@ def broker_warnings(config: Config, eviction_policy: str | None, persistence: st
     return warnings
 
 
+def records_lost(stats: Mapping[str, float]) -> list[tuple[int, int]]:
+    """``(queue, count)`` of the records the broker deleted before they were handled, as
+    a daemon's heartbeat ``stats`` count them (``queue.N.lost``: a Kafka retention that
+    ran ahead of the app, docs/kafka.md)."""
+    return [(int(key.split(".")[1]), int(lost)) for key, lost in sorted(stats.items())
+            if key.startswith("queue.") and key.endswith(".lost") and lost]
+
+
+def lost_line(daemon: str, queue: int, count: int) -> str:
+    """How ``conveyor status`` and the console say one of :func:`records_lost`."""
+    return (f"{daemon}: queue {queue}: {count:,} message(s) deleted by the broker before "
+            "being handled")
+
+
 def _restart_loses(persistence: str | None) -> str | None:
     """Why, and what a restart loses, where the reading is ``none`` or ``unknown`` (on
     some server of a cluster: ``host:port=none, …``); None where the server keeps its
