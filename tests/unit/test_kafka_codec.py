@@ -123,6 +123,31 @@ def test_other_records_read_as_the_general_decoder_reads_them(
     assert RecordDecoder(0, "default").decode([record]) == [decode_record(record, 0, "default")]
 
 
+@pytest.mark.parametrize(("name", "first", "second"), [
+    ("cv-ns", b"orders", b"refunds"),  # was handled by the last one's handlers
+    ("cv-id", b"m1", b"m2"),
+    ("content-type", b"application/json", b"application/msgpack"),
+    ("cv-attempt", b"1", b"2"),
+    ("cv-ts", b"1", None),
+    ("cv-key", b"a", b"b"),
+])
+def test_a_conveyor_header_given_twice_with_different_values_is_undecodable(
+    name: str, first: bytes, second: bytes | None,
+) -> None:
+    headers = [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-h", b"v")]
+    headers = [h for h in headers if h[0] != name] + [(name, first), ("x-2", b"w"),
+                                                      (name, second)]
+    record = _record(_message(), headers)
+    [read] = RecordDecoder(0, "default").decode([record])
+    assert isinstance(read, Undecodable), read
+    assert read.reason == (f"DecodeError: {name} given twice with different values "
+                           f"({first!r}, then {'null' if second is None else repr(second)}): "
+                           "which one is meant is not known")
+    assert read.raw_fields == tuple((n.encode(), v) for n, v in headers)
+    twice = _record(_message(), [*headers[:-1], (name, first)])  # the same value twice
+    assert not isinstance(decode_record(twice, 0, "default"), Undecodable)
+
+
 def test_user_headers_keep_a_record_on_the_interned_path() -> None:
     msgs = [_message(id=f"m{i}", headers={"traceparent": TRACEPARENT.decode()})
             for i in range(2)]

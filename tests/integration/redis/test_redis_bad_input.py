@@ -18,7 +18,9 @@ from tests.bad_input import (
     KEY,
     Case,
     assert_cases_dead_lettered,
+    assert_reasons_name_the_fault,
     case_fields,
+    letters_by_case,
     run_cases,
 )
 from tests.servers import RedisServer
@@ -43,6 +45,10 @@ CASES = [
     Case("ns-repeated-second-bad", (NS, K, (b"cv-ns", b"\xff"))),
     Case("body-not-json", (NS, K), body=b"not json", expect="DecodeError"),
     Case("body-missing", (NS, K), body=None),  # was handled as an empty body
+    Case("ns-given-twice", (NS, K, (b"cv-ns", b"other"))),  # was handled as namespace other
+    Case("attempt-given-twice", (NS, K, (b"cv-attempt", b"1"), (b"cv-attempt", b"2"))),
+    Case("body-not-its-content-type", (NS, K, (b"content-type", b"application/x-protobuf")),
+         body=b"\x08\x96\x01", expect="DecodeError"),
 ]
 
 
@@ -80,6 +86,7 @@ async def test_every_malformed_entry_is_dead_lettered_and_its_neighbours_are_han
     assert len(out.probe.handled) == len(set(out.probe.handled))
     letters = await _read_letters(config)
     assert_cases_dead_lettered(letters, CASES, out.key)
+    assert_reasons_name_the_fault(letters_by_case(letters))
     # nothing pending for the app, on any queue; a restart delivers nothing again
     client = redis_server.client()
     for q in range(config.queues.total):
