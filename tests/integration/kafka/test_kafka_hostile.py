@@ -13,11 +13,13 @@ has the cases that need an in-process daemon (header names that are not UTF-8).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +132,33 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+def handled_rows(out: Path) -> list[dict[str, Any]]:
+    """What tests/apps/hostile_app.py wrote: one dict per handled message."""
+    return [json.loads(line) for line in out.read_text().splitlines()] \
+        if out.exists() else []
+
+
+def run_worker(config: Path, out: Path, done: Callable[[], bool], what: str) -> str:
+    """A ``conveyor worker`` of tests/apps/hostile_app.py until ``done()``, then SIGTERM
+    (it must drain and exit 0); its stderr, which has no traceback."""
+    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_APP": APP}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "worker", "tests/apps/hostile_app.py:app",
+         "--config", str(config)], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until_sync(done, 60, what)
+        assert worker.poll() is None, "the worker exited"
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+    stderr = worker.stderr.read() if worker.stderr else ""
+    assert "Traceback" not in stderr and " ERROR " not in stderr, stderr
+    return stderr
+
+
 async def write_mixed(config_path: Path) -> tuple[list[int], dict[str, str]]:
     """A good message of stream jobs/g, then each case and another good one, all on g's
     partition; the good seqs, and each case's token (``QUEUE:OFFSET-0``)."""
@@ -159,43 +188,23 @@ async def write_mixed(config_path: Path) -> tuple[list[int], dict[str, str]]:
 def test_hostile_records_are_handled_or_dead_lettered_with_their_reason_by_a_cli_worker(
     tansu: Tansu, topic: str, tmp_path: Path,
 ) -> None:
-    import asyncio
-
     config = config_file(tansu, topic, tmp_path)
     good, tokens = asyncio.run(write_mixed(config))
     out = tmp_path / "handled.jsonl"
-    env = {**os.environ, "CONVEYOR_TEST_OUT": str(out), "CONVEYOR_TEST_APP": APP}
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "conveyor.cli", "worker", "tests/apps/hostile_app.py:app",
-         "--config", str(config)], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     lettered = [c for c in CASES if c.handled is None]
-
-    def handled() -> list[dict[str, Any]]:
-        return [json.loads(line) for line in out.read_text().splitlines()] \
-            if out.exists() else []
 
     def status_lag() -> int:
         status = cli("status", "--app", APP, "--json", "--config", str(config))
         return sum(q["lag"] for q in json.loads(status.stdout)["queues"]) \
             if status.returncode == 0 else -1
 
-    try:
-        wait_until_sync(lambda: len(handled()) >= len(good) + len(CASES) - len(lettered),
-                        60, "every good and every readable record handled")
-        wait_until_sync(lambda: status_lag() == 0, 30, "lag 0 (every record acknowledged)")
-        assert worker.poll() is None, "the worker exited"
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
-    stderr = worker.stderr.read() if worker.stderr else ""
-    assert "Traceback" not in stderr and " ERROR " not in stderr, stderr
+    stderr = run_worker(
+        config, out, lambda: len(handled_rows(out)) >= len(good) + len(CASES) - len(lettered)
+        and status_lag() == 0, "every good and readable record handled, lag 0")
     drained = [line for line in stderr.splitlines() if line.startswith("conveyor: drained")]
     assert drained and f"dead_lettered={len(lettered)} " in drained[-1], stderr
 
-    rows = handled()
+    rows = handled_rows(out)
     goods = sorted(r["body"]["seq"] for r in rows if r["case"] is None and r["ns"] == "jobs"
                    and r["key"] == "g")
     assert goods == good  # each once, as published
@@ -233,3 +242,57 @@ def test_hostile_records_are_handled_or_dead_lettered_with_their_reason_by_a_cli
     assert replayed.stdout.splitlines()[-1] == (
         f"replayed {len(lettered) - len(undecodable)} letter(s) of app {APP!r}; "
         f"{len(undecodable)} skipped and kept")
+
+
+def test_batches_other_producers_compressed_are_read_by_a_cli_worker(
+    tansu: Tansu, topic: str, tmp_path: Path,
+) -> None:
+    # Java producers often compress (compression.type = lz4, snappy, zstd). Without
+    # their libraries aiokafka cannot read such a batch: the partition stalled behind it,
+    # its pull failing twice a second, and `conveyor status` failed reading its lag.
+    from aiokafka.codec import has_lz4, has_snappy, has_zstd
+
+    assert has_lz4() and has_snappy() and has_zstd(), (
+        "aiokafka's codecs are missing: reinstall conveyor (its aiokafka extras "
+        "lz4, snappy, zstd bring cramjam)")
+    config = config_file(tansu, topic, tmp_path)
+    codecs = ["gzip", "snappy", "lz4", "zstd"]
+
+    async def write() -> list[tuple[str, int]]:
+        written: list[tuple[str, int]] = []
+        loaded = load_config(config, environ={})
+        async with Client.from_config(loaded) as client:
+            queue = client.queue_for("jobs", "g")
+            for n, codec in enumerate(codecs):
+                await client.publish("jobs", "g", {"seq": n})
+                written.append(("good", n))
+                producer = AIOKafkaProducer(bootstrap_servers=loaded.kafka.bootstrap,
+                                            compression_type=codec, linger_ms=100)
+                await producer.start()
+                try:  # three records, one batch
+                    sent = [await producer.send(loaded.kafka.topic, b'{"seq": %d}' % i,
+                                                key=b"g", partition=queue,
+                                                headers=[("cv-ns", b"jobs"),
+                                                         ("x-case", codec.encode())])
+                            for i in range(3)]
+                    await asyncio.gather(*sent)
+                finally:
+                    await producer.stop()
+                written += [(codec, i) for i in range(3)]
+            await client.publish("jobs", "g", {"seq": len(codecs)})
+            written.append(("good", len(codecs)))
+        return written
+
+    written = asyncio.run(write())
+    out = tmp_path / "handled.jsonl"
+
+    def handled() -> list[tuple[str, int]]:
+        return [(r["case"] or "good", r["body"]["seq"]) for r in handled_rows(out)]
+
+    stderr = run_worker(config, out, lambda: len(handled()) >= len(written),
+                        "every record handled")
+    assert "pull failed" not in stderr, stderr
+    assert handled() == written  # in order: one stream, one partition
+    status = cli("status", "--app", APP, "--json", "--config", str(config))
+    assert status.returncode == 0, status.stderr
+    assert sum(q["lag"] for q in json.loads(status.stdout)["queues"]) == 0
