@@ -288,3 +288,24 @@ def test_a_record_with_a_header_name_not_utf8_is_undecodable_and_its_letter_stay
     assert letter.message.body == b'{"n":1}' and letter.message.reason == read.reason
     assert letter.message.raw_fields == read.raw_fields
     assert not_replayable(StoredLetter("0:1", letter)) is not None
+
+
+@pytest.mark.parametrize("timestamp", [-1, -5])
+def test_the_letter_of_a_record_without_a_timestamp_reads_back_as_its_message(
+    timestamp: int,
+) -> None:
+    # A record with timestamp -1 (Kafka's "none": an old-format producer's) read as a
+    # message whose body then did not decode: its letter was written with cv-ts=-1,
+    # which reads back as undecodable; listed without its stream, never replayed.
+    record = _record(_message(), [("cv-ns", b"orders"), ("cv-id", b"m1")],
+                     timestamp=timestamp)
+    msg = decode_record(record, 0, "default")
+    assert msg.enqueued_at_ms == timestamp
+    letter = DeadLetter.of(msg, "h", "cannot decode body as dict", 0, "DecodeError")
+    key, value, headers = letter_record(letter, "app")
+    stored = SimpleNamespace(key=key, value=value, headers=headers, timestamp=TS,
+                             offset=3, topic="t.conveyor-dlq", partition=0)
+    back = letter_from_record(stored, "app", "t", "default")
+    assert back is not None and not isinstance(back.message, Undecodable), back
+    assert (back.message.stream, back.message.id, back.message.body) == (
+        StreamId("orders", "o-7"), "m1", b'{"n":1}')

@@ -309,8 +309,8 @@ def message_headers(msg: Message, full: bool = False) -> list[tuple[str, bytes]]
     headers = [(H_NAMESPACE, msg.stream.namespace.encode()), (H_ID, msg.id.encode())]
     if full or msg.content_type != CONTENT_JSON:
         headers.append((H_CONTENT_TYPE, msg.content_type.encode()))
-    if full:
-        headers.append((H_ENQUEUED_MS, str(msg.enqueued_at_ms).encode()))
+    if full:  # a record without a timestamp (-1) has no enqueue time: 0 reads as none
+        headers.append((H_ENQUEUED_MS, str(max(msg.enqueued_at_ms, 0)).encode()))
     if msg.attempt:
         headers.append((H_ATTEMPT, str(msg.attempt).encode()))
     if msg.headers:  # most messages have none: no generator built for them

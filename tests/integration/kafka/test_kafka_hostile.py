@@ -54,6 +54,8 @@ class Hostile:
     reason: str = ""
     error_type: str = "Undecodable"
     """``DecodeError``: a message whose body does not decode (replayable)."""
+    timestamp_ms: int | None = None
+    """The record's timestamp (None: the producer's clock; -1: none, Kafka's old format)."""
 
 
 def conveyor_headers(*more: tuple[str, bytes | None]) -> tuple[tuple[str, bytes | None], ...]:
@@ -77,6 +79,13 @@ CASES = [
     body_fault("empty-value", b"", "cannot decode body as dict: the body is empty"),
     body_fault("bad-json", b'{"seq": ', "cannot decode body as dict: Input data was truncated"),
     body_fault("json-null", b"null", "cannot decode body as dict: Expected `object`, got `null`"),
+    # Its letter was written with cv-ts=-1, read back undecodable: listed without its
+    # stream, never replayed.
+    Hostile("no-timestamp-bad-json", b"g", b"not json", conveyor_headers(),
+            reason="cannot decode body as dict: JSON is malformed", error_type="DecodeError",
+            timestamp_ms=-1),
+    Hostile("no-timestamp", b"g", SEQ, conveyor_headers(), handled=("jobs", "g"),
+            timestamp_ms=-1),
     Hostile("attempt-float", b"g", SEQ, conveyor_headers(("cv-attempt", b"1.5")),
             reason="cv-attempt is not a whole number from 0 to 2147483647: b'1.5'"),
     Hostile("attempt-negative", b"g", SEQ, conveyor_headers(("cv-attempt", b"-1")),
@@ -176,7 +185,7 @@ async def write_mixed(config_path: Path) -> tuple[list[int], dict[str, str]]:
                     headers = [("x-case", case.name.encode()), *case.headers]
                     sent: Any = await producer.send_and_wait(
                         config.kafka.topic, case.value, key=case.key, partition=queue,
-                        headers=headers)
+                        headers=headers, timestamp_ms=case.timestamp_ms)
                     tokens[case.name] = f"{queue}:{sent.offset}-0"
                 await client.publish("jobs", "g", {"seq": seq})
                 good.append(seq)
@@ -226,6 +235,8 @@ def test_hostile_records_are_handled_or_dead_lettered_with_their_reason_by_a_cli
         letter = letters[tokens[case.name]]
         assert case.reason in letter["error"], (case.name, letter["error"])
         assert letter["error_type"] == case.error_type, case.name
+        if case.error_type == "DecodeError":  # a message: its stream is known
+            assert (letter["namespace"], letter["key"]) == ("jobs", "g"), case.name
         shown = cli("dlq", "show", letter["id"], "--app", APP, "--config", str(config))
         assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
         assert f"error:         {letter['error']}" in shown.stdout.splitlines(), case.name
