@@ -86,6 +86,9 @@ CASES = [
             timestamp_ms=-1),
     Hostile("no-timestamp", b"g", SEQ, conveyor_headers(), handled=("jobs", "g"),
             timestamp_ms=-1),
+    # Its 900 kB key was printed whole by `dlq list`, folded over ~40,000 lines.
+    Hostile("key-900kb-bad-json", b"k" * 900_000, b"not json", conveyor_headers(),
+            reason="cannot decode body as dict: JSON is malformed", error_type="DecodeError"),
     Hostile("attempt-float", b"g", SEQ, conveyor_headers(("cv-attempt", b"1.5")),
             reason="cv-attempt is not a whole number from 0 to 2147483647: b'1.5'"),
     Hostile("attempt-negative", b"g", SEQ, conveyor_headers(("cv-attempt", b"-1")),
@@ -230,13 +233,18 @@ def test_hostile_records_are_handled_or_dead_lettered_with_their_reason_by_a_cli
                  "--config", str(config))
     assert listed.returncode == 0, listed.stderr
     letters = {x["token"]: x for x in json.loads(listed.stdout)}
+    for wide in ((), ("--wide",)):  # a row a letter, whatever a producer's key
+        table = cli("dlq", "list", "--app", APP, *wide, "--config", str(config))
+        assert table.returncode == 0, table.stderr
+        assert len(table.stdout.splitlines()) < 4 * len(lettered) + 10, table.stdout[:2000]
     assert sorted(letters) == sorted(tokens[c.name] for c in lettered)
     for case in lettered:
         letter = letters[tokens[case.name]]
         assert case.reason in letter["error"], (case.name, letter["error"])
         assert letter["error_type"] == case.error_type, case.name
         if case.error_type == "DecodeError":  # a message: its stream is known
-            assert (letter["namespace"], letter["key"]) == ("jobs", "g"), case.name
+            assert (letter["namespace"], letter["key"]) == ("jobs", case.key.decode()), \
+                case.name
         shown = cli("dlq", "show", letter["id"], "--app", APP, "--config", str(config))
         assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
         assert f"error:         {letter['error']}" in shown.stdout.splitlines(), case.name
