@@ -58,6 +58,9 @@ _CLEANUP = "cleanup.policy"
 _RETENTION = ("retention.ms", "retention.bytes")
 """The settings that delete a topic's records by age or size (-1: never)."""
 _TOPIC_EXISTS = 36
+UNPARSED_BATCH = (kerrors.CorruptRecordException, kerrors.UnsupportedCodecError)
+"""What aiokafka raises for a fetched batch it cannot read (a wrong CRC, which a broker
+that does not check one stores; a codec not installed): on every fetch of it again."""
 """CreateTopics' error code for a topic another process created meanwhile."""
 
 
@@ -451,12 +454,17 @@ class KafkaCluster:
 
     async def high_watermark(self, consumer: AIOKafkaConsumer, tp: TopicPartition,
                              from_offset: int, timeout_s: float = 5.0) -> int:
-        """The partition's high watermark, as a fetch response reports it."""
+        """The partition's high watermark, as a fetch response reports it.
+
+        A batch at ``from_offset`` that cannot be parsed (its CRC wrong, its codec
+        missing) still came with the watermark: the queue is stuck behind it, and its
+        lag is what says so."""
         consumer.seek(tp, from_offset)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            await consumer.getmany(tp, timeout_ms=200, max_records=1)
+            with contextlib.suppress(UNPARSED_BATCH):  # the watermark came with it
+                await consumer.getmany(tp, timeout_ms=200, max_records=1)
             high = consumer.highwater(tp)
             if high is not None:
                 return int(high)

@@ -315,3 +315,51 @@ def test_batches_other_producers_compressed_are_read_by_a_cli_worker(
     status = cli("status", "--app", APP, "--json", "--config", str(config))
     assert status.returncode == 0, status.stderr
     assert sum(q["lag"] for q in json.loads(status.stdout)["queues"]) == 0
+
+
+class _CorruptCrc:
+    """A batch builder whose built batch has a wrong CRC (tansu stores it unchecked)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def build(self) -> bytes:
+        built = bytearray(self._inner.build())
+        built[17] ^= 0xFF  # the CRC's first byte: BaseOffset 8, Length 4, Epoch 4, Magic 1
+        return bytes(built)
+
+
+def test_status_reports_the_lag_of_a_queue_stuck_behind_a_batch_it_cannot_read(
+    tansu: Tansu, topic: str, tmp_path: Path,
+) -> None:
+    # status measures lag from a fetch's high watermark; the fetch of a batch aiokafka
+    # cannot parse (a wrong CRC here; a codec not installed too) raised, and `conveyor
+    # status` of the whole app failed with "reading the lag of queue N failed".
+    config = config_file(tansu, topic, tmp_path)
+
+    async def write() -> int:
+        async with Client.from_config(load_config(config, environ={})) as client:
+            queue = client.queue_for("jobs", "g")
+            await client.adapter.ensure_topic()  # type: ignore[attr-defined]
+            producer = AIOKafkaProducer(bootstrap_servers=tansu.bootstrap)
+            await producer.start()
+            try:
+                batch = producer.create_batch()
+                batch.append(timestamp=None, key=b"g", value=SEQ,
+                             headers=[("cv-ns", b"jobs")])
+                batch.close()
+                batch._builder = _CorruptCrc(batch._builder)
+                await (await producer.send_batch(batch, topic, partition=queue))
+            finally:
+                await producer.stop()
+            await client.publish("jobs", "g", {"seq": 0})  # behind it
+        return queue
+
+    queue = asyncio.run(write())
+    status = cli("status", "--app", APP, "--json", "--config", str(config))
+    assert status.returncode == 0, status.stderr
+    lags = {q["queue"]: q["lag"] for q in json.loads(status.stdout)["queues"]}
+    assert lags == {q: 2 if q == queue else 0 for q in range(8)}
