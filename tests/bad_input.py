@@ -173,3 +173,16 @@ def assert_cases_dead_lettered(
         if isinstance(letter.message, Undecodable):
             raw = [(k, v) for k, v in letter.message.raw_fields if k != b"body"]
             assert raw == case_fields(case, key), case.name
+
+
+def assert_reasons_name_the_fault(found: dict[str, DeadLetter]) -> None:
+    """The letters of the cases ``ns-given-twice``, ``attempt-given-twice`` and
+    ``body-not-its-content-type`` (each broker's suite has them) say what was wrong."""
+    assert found["ns-given-twice"].error == (
+        "DecodeError: cv-ns given twice with different values (b'good', then b'other'): "
+        "which one is meant is not known")
+    assert found["attempt-given-twice"].error.startswith(
+        "DecodeError: cv-attempt given twice with different values (b'1', then b'2')")
+    assert found["body-not-its-content-type"].error.startswith(
+        "cannot decode body as dict (read as JSON: its content type "
+        "'application/x-protobuf' is neither JSON nor msgpack): JSON is malformed")

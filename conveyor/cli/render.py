@@ -25,6 +25,9 @@ ERROR_WIDTH = 60
 """Characters of the error text the ``--wide`` table shows (``--json`` and ``show`` give
 it all); the compact table cuts it to the terminal's width, one line per letter."""
 
+STREAM_WIDTH = 120
+"""Characters of a letter's stream the ``dlq list`` tables show: a stream key is the
+producer's (a Kafka record key may be a megabyte); ``show`` and ``--json`` give it all."""
 
 # -- the pieces ------------------------------------------------------------------------
 def titled(title: str, table: Any | None, notes: Sequence[Any] = ()) -> Any:
@@ -289,7 +292,8 @@ def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
                    Column("failed (UTC)", no_wrap=True),
                    Column("error", no_wrap=True, overflow="ellipsis")]
         # What the other columns take (each padded by 1 a side, 1 between two), so that
-        # the error gets the rest and the row stays one line; a long stream folds.
+        # the error gets the rest and the row stays one line; a long stream folds
+        # (STREAM_WIDTH at most).
         others = (max((len(s.id) for s in found), default=2)
                   + min(max((len(str(s.letter.message.stream)) for s in found), default=6), 24)
                   + len("failed (UTC)") + 2 * 4 + 3)
@@ -298,12 +302,13 @@ def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
     for stored in found:
         letter = stored.letter
         if wide:
-            table.add_row(stored.id, str(letter.message.stream), letter.handler or "-",
+            table.add_row(stored.id, _cut(str(letter.message.stream), STREAM_WIDTH),
+                          letter.handler or "-",
                           letter.error_type, _cut(letter.error, ERROR_WIDTH), str(letter.attempts),
                           utc_time(letter.failed_at_ms), stored.replay_of or "-")
         else:
             error = " ".join(f"{letter.error_type}: {letter.error}".split())
-            table.add_row(stored.id, str(letter.message.stream),
+            table.add_row(stored.id, _cut(str(letter.message.stream), STREAM_WIDTH),
                           utc_time(letter.failed_at_ms)[5:16], _cut(error, error_width))
     notes = [] if wide or not found else [
         "`dlq show ID` or --json: a letter in full; --wide: more columns"]

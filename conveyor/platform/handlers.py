@@ -15,7 +15,7 @@ import msgspec
 import msgspec.inspect
 
 from conveyor.platform.errors import DecodeError, HandlerDeclarationError
-from conveyor.platform.message import CONTENT_MSGPACK, Message
+from conveyor.platform.message import CONTENT_JSON, CONTENT_MSGPACK, Message
 from conveyor.platform.options import BatchOptions, HandlerOptions, RetryPolicy
 
 OptionT = TypeVar("OptionT", bound=HandlerOptions)
@@ -114,9 +114,20 @@ def _body_decoder(tp: Any, where: str) -> Decode:
             return json_decode(m.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             why = "the body is empty" if not m.body else str(exc)  # not "truncated"
-            raise DecodeError(f"cannot decode body as {type_name}: {why}") from None
+            raise DecodeError(f"cannot decode body as {type_name}"
+                              f"{_read_as(m.content_type)}: {why}") from None
 
     return decode
+
+
+def _read_as(content_type: str) -> str:
+    """How a body that did not decode was read, when its content type is not JSON's: a
+    handler of a typed body reads msgpack as msgpack and any other type as JSON."""
+    if content_type == CONTENT_JSON:
+        return ""
+    if content_type == CONTENT_MSGPACK:
+        return " (read as msgpack, its content type)"
+    return f" (read as JSON: its content type {content_type[:60]!r} is neither JSON nor msgpack)"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,18 @@ RESERVED_HEADERS = frozenset(
 )
 
 
+
+def given_twice(name: str, first: bytes | None, second: bytes | None) -> str:
+    """Why an entry or record carrying the wire-format field ``name`` twice, with
+    different values, is no message: which one its producer meant is not known (a
+    ``cv-ns`` would pick the handler, a ``body`` the payload). The same value twice is
+    one value, and reads as one."""
+    def shown(raw: bytes | None) -> str:
+        return "null" if raw is None else repr(raw[:40])
+
+    return (f"{name} given twice with different values ({shown(first)}, then "
+            f"{shown(second)}): which one is meant is not known")
+
 def new_message_id() -> str:
     """128 random bits as 32 hex digits (a UUID4's entropy without building a UUID)."""
     return os.urandom(16).hex()

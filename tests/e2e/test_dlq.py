@@ -260,6 +260,35 @@ def test_show_gives_an_undecodable_entrys_fields_as_they_were(config_path: Path)
             in text.stdout.splitlines()), text.stdout
 
 
+def test_show_gives_no_fields_for_an_undecodable_letter_stored_without_them(
+    config_path: Path,
+) -> None:
+    """A letter too large to store in full (a 1.5 MB record with a bad header) is kept
+    shorter, without the entry's fields: on Kafka `dlq show` printed placeholders as
+    if the record had held them (raw_fields: cv-ns=, cv-id=…, cv-ts=0)."""
+    config = load_config(config_path)
+    raw = ((b"cv-ns", b"orders"), (b"cv-attempt", b"abc"), (b"body", b"payload"))
+    entry = Undecodable(id="1-0", stream=StreamId("", ""), body=b"payload",
+                        content_type="application/octet-stream", enqueued_at_ms=now_ms(),
+                        reason="DecodeError: cv-attempt", raw_fields=raw, raw_key=b"k")
+    full = DeadLetter.of(entry, "", "DecodeError: cv-attempt", 0, "Undecodable")
+    minimal = full.shortened("too large")
+    assert minimal is not None
+    bare = minimal.shortened("too large")
+    assert bare is not None
+    on_adapter(config, "dead_letters.put", APP, [minimal, bare])
+    listed = conveyor("dlq", "list", "--app", APP, "--config", str(config_path), "--json")
+    assert [(x["form"], "raw_fields" in x, "raw_key" in x) for x in json.loads(listed.stdout)
+            ] == [("minimal", False, False), ("bare", False, False)]
+    for letter in json.loads(listed.stdout):
+        text = conveyor("dlq", "show", letter["id"], "--app", APP, "--config",
+                        str(config_path))
+        assert text.returncode == 0, text.stderr
+        names = [line.split(":")[0] for line in text.stdout.splitlines()]
+        assert "raw_fields" not in names and "raw_key" not in names, text.stdout
+        assert f"form:          {letter['form']}" in text.stdout.splitlines()
+
+
 def test_list_says_more_letters_are_there_only_when_the_limit_left_some_out(
     config_path: Path,
 ) -> None:

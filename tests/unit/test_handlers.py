@@ -102,6 +102,28 @@ def test_undecodable_bodies_raise_decode_error_naming_the_type() -> None:
         app.handlers[1].decode(msg(b"\xff"))
 
 
+@pytest.mark.parametrize(("content_type", "body", "reason"), [
+    ("application/json", b"not json", "cannot decode body as dict: JSON is malformed"),
+    ("application/msgpack", b'{"n": 1}',  # JSON sent as msgpack: '{' is msgpack's 123
+     "cannot decode body as dict (read as msgpack, its content type): Expected `object`, "
+     "got `int`"),
+    ("application/x-protobuf", b"\x08\x96\x01",  # was: "JSON is malformed", no why
+     "cannot decode body as dict (read as JSON: its content type 'application/x-protobuf' "
+     "is neither JSON nor msgpack): JSON is malformed"),
+])
+def test_a_body_that_does_not_decode_is_refused_naming_how_its_content_type_was_read(
+    content_type: str, body: bytes, reason: str,
+) -> None:
+    app = App("t")
+
+    @app.handler("orders")
+    async def on_order(order: dict[str, int]) -> None: ...
+
+    with pytest.raises(DecodeError) as caught:
+        app.handlers[0].decode(msg(body, content_type))
+    assert str(caught.value).startswith(reason), str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("source", "match"),
     [

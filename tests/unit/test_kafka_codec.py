@@ -123,6 +123,31 @@ def test_other_records_read_as_the_general_decoder_reads_them(
     assert RecordDecoder(0, "default").decode([record]) == [decode_record(record, 0, "default")]
 
 
+@pytest.mark.parametrize(("name", "first", "second"), [
+    ("cv-ns", b"orders", b"refunds"),  # was handled by the last one's handlers
+    ("cv-id", b"m1", b"m2"),
+    ("content-type", b"application/json", b"application/msgpack"),
+    ("cv-attempt", b"1", b"2"),
+    ("cv-ts", b"1", None),
+    ("cv-key", b"a", b"b"),
+])
+def test_a_conveyor_header_given_twice_with_different_values_is_undecodable(
+    name: str, first: bytes, second: bytes | None,
+) -> None:
+    headers = [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-h", b"v")]
+    headers = [h for h in headers if h[0] != name] + [(name, first), ("x-2", b"w"),
+                                                      (name, second)]
+    record = _record(_message(), headers)
+    [read] = RecordDecoder(0, "default").decode([record])
+    assert isinstance(read, Undecodable), read
+    assert read.reason == (f"DecodeError: {name} given twice with different values "
+                           f"({first!r}, then {'null' if second is None else repr(second)}): "
+                           "which one is meant is not known")
+    assert read.raw_fields == tuple((n.encode(), v) for n, v in headers)
+    twice = _record(_message(), [*headers[:-1], (name, first)])  # the same value twice
+    assert not isinstance(decode_record(twice, 0, "default"), Undecodable)
+
+
 def test_user_headers_keep_a_record_on_the_interned_path() -> None:
     msgs = [_message(id=f"m{i}", headers={"traceparent": TRACEPARENT.decode()})
             for i in range(2)]
@@ -263,3 +288,24 @@ def test_a_record_with_a_header_name_not_utf8_is_undecodable_and_its_letter_stay
     assert letter.message.body == b'{"n":1}' and letter.message.reason == read.reason
     assert letter.message.raw_fields == read.raw_fields
     assert not_replayable(StoredLetter("0:1", letter)) is not None
+
+
+@pytest.mark.parametrize("timestamp", [-1, -5])
+def test_the_letter_of_a_record_without_a_timestamp_reads_back_as_its_message(
+    timestamp: int,
+) -> None:
+    # A record with timestamp -1 (Kafka's "none": an old-format producer's) read as a
+    # message whose body then did not decode: its letter was written with cv-ts=-1,
+    # which reads back as undecodable; listed without its stream, never replayed.
+    record = _record(_message(), [("cv-ns", b"orders"), ("cv-id", b"m1")],
+                     timestamp=timestamp)
+    msg = decode_record(record, 0, "default")
+    assert msg.enqueued_at_ms == timestamp
+    letter = DeadLetter.of(msg, "h", "cannot decode body as dict", 0, "DecodeError")
+    key, value, headers = letter_record(letter, "app")
+    stored = SimpleNamespace(key=key, value=value, headers=headers, timestamp=TS,
+                             offset=3, topic="t.conveyor-dlq", partition=0)
+    back = letter_from_record(stored, "app", "t", "default")
+    assert back is not None and not isinstance(back.message, Undecodable), back
+    assert (back.message.stream, back.message.id, back.message.body) == (
+        StreamId("orders", "o-7"), "m1", b'{"n":1}')

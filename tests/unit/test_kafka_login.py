@@ -73,3 +73,14 @@ def test_connection_errors_stay_retriable() -> None:
     error = broker_error("connecting", kerrors.KafkaConnectionError("Unable to bootstrap"))
     assert isinstance(error, BrokerConnectionError)
     assert "authentication" not in str(error)
+
+
+def test_a_batch_in_a_codec_this_install_lacks_names_the_package_to_install() -> None:
+    # Such a batch (lz4 from a Java producer, with no cramjam here) failed every pull of
+    # its queue with aiokafka's "Libraries for lz4 compression codec not found" alone.
+    exc = kerrors.UnsupportedCodecError("Libraries for lz4 compression codec not found")
+    assert str(broker_error("fetching queue 2", exc)) == (
+        "kafka: fetching queue 2 failed: UnsupportedCodecError: Libraries for lz4 "
+        "compression codec not found (a producer compressed the batch, e.g. a Java "
+        "client's compression.type): install the codecs with pip install "
+        "'aiokafka[lz4,snappy,zstd]'; the queue waits for them, nothing is skipped")

@@ -13,7 +13,7 @@ from conveyor.adapters.redis.codec import (
     undecodable_entry,
 )
 from conveyor.adapters.redis.keys import joined_ids
-from conveyor.platform.errors import InvalidArgumentError
+from conveyor.platform.errors import DecodeError, InvalidArgumentError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message, Undecodable
 
@@ -25,10 +25,18 @@ def _flat(fields: dict[bytes | str, bytes | str]) -> list[bytes]:
     return [b(x) for k, v in fields.items() for x in (k, v)]
 
 
+WIRE = {b"cv-ns", b"cv-key", b"cv-id", b"content-type", b"cv-ts", b"cv-attempt", b"body"}
+
+
 def _by_dict(queue: int, eid: bytes, flat: list[bytes]) -> Message:
-    it = iter(flat)
+    """The reference reading: a wire field given twice with different values is no
+    message; otherwise the field dict (a repeated user header: its last value)."""
+    pairs = list(zip(flat[0::2], flat[1::2], strict=False))
     try:
-        return decode_entry(queue, eid, dict(zip(it, it, strict=False)))
+        for name in WIRE:
+            if len({v for n, v in pairs if n == name}) > 1:
+                raise DecodeError(f"{name!r} given twice")
+        return decode_entry(queue, eid, dict(pairs))
     except Exception as exc:
         return undecodable_entry(queue, eid, flat, exc)
 
@@ -122,11 +130,38 @@ def test_any_entry_decodes_to_a_message_or_an_undecodable_keeping_its_bytes(
 def test_malformed_metadata_is_isolated_with_its_reason(
     field: bytes, value: bytes, fault: str
 ) -> None:
-    flat = [b"cv-ns", b"good", b"cv-key", b"k", b"body", b"{}"]
-    flat += [field, value]
+    base = {b"cv-ns": b"good", b"cv-key": b"k", b"body": b"{}"}
+    flat = [*_flat({n: v for n, v in base.items() if n != field}), field, value]
     got = EntryDecoder(0).decode(b"5-0", flat)
     assert isinstance(got, Undecodable) and fault in got.reason
     assert got.body == b"{}" and (field, value) in got.raw_fields
+
+
+@pytest.mark.parametrize("laid_out", [False, True])
+@pytest.mark.parametrize(("field", "first", "second"), [
+    (b"cv-ns", b"good", b"other"),  # was handled under the last one's handlers
+    (b"body", b'{"n": 1}', b'{"n": 2}'),  # was handled with the last body; the first lost
+    (b"cv-attempt", b"", b"3"),  # the positional path read the first, the dict the last
+    (b"cv-key", b"k", b"j"),
+])
+def test_a_wire_field_given_twice_with_different_values_is_undecodable(
+    laid_out: bool, field: bytes, first: bytes, second: bytes,
+) -> None:
+    base = {b"cv-ns": b"good", b"cv-key": b"k", b"cv-id": b"i", b"content-type": b"",
+            b"cv-ts": b"1", b"body": b"{}"}
+    if laid_out:  # the positional path's layout, then the field again
+        flat = _flat({**base, field: first})
+    else:  # the field first, then what a message needs
+        rest = {b"body": b"{}", b"cv-ns": b"good"}
+        flat = [field, first, *_flat({n: v for n, v in rest.items() if n != field})]
+    flat += [field, second]
+    got = EntryDecoder(0).decode(b"5-0", flat)
+    assert isinstance(got, Undecodable), got
+    assert got.reason == (f"DecodeError: {field.decode()} given twice with different values "
+                          f"({first!r}, then {second!r}): which one is meant is not known")
+    assert got.raw_fields == tuple(zip(flat[0::2], flat[1::2], strict=True))
+    same = EntryDecoder(0).decode(b"5-1", [*flat[:-1], first])  # the same value twice
+    assert not isinstance(same, Undecodable) and same.stream.namespace == "good"
 
 
 def test_an_entry_without_a_body_field_is_undecodable() -> None:

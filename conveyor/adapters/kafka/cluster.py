@@ -72,6 +72,9 @@ _ANSWER_CHECK_MS = 10
 """How often :meth:`KafkaCluster.high_watermark` looks for the fetch answer it waits for."""
 _TOPIC_EXISTS = 36
 """CreateTopics' error code for a topic another process created meanwhile."""
+UNPARSED_BATCH = (kerrors.CorruptRecordException, kerrors.UnsupportedCodecError)
+"""What aiokafka raises for a fetched batch it cannot read (a wrong CRC, which a broker
+that does not check one stores; a codec not installed): on every fetch of it again."""
 
 
 def _duration(ms: int) -> str:
@@ -559,7 +562,11 @@ class KafkaCluster:
         """Each partition's high watermark, as a fetch from its offset in ``from_offsets``
         reports it: one fetch request asks for them all. Only answers that arrived after
         this call began count (a consumer kept between calls holds older ones); records
-        the fetches bring are dropped (the caller seeks where it reads)."""
+        the fetches bring are dropped (the caller seeks where it reads).
+
+        A batch at an offset that cannot be parsed (its CRC wrong, its codec missing)
+        still came with the watermark: the queue is stuck behind it, and its lag is what
+        says so."""
         since_ms = int(time.time() * 1000)  # aiokafka stamps each answer so
         for tp, offset in from_offsets.items():
             consumer.seek(tp, offset)
@@ -568,7 +575,9 @@ class KafkaCluster:
         waiting = set(from_offsets)
         found: dict[TopicPartition, int] = {}
         while True:
-            await consumer.getmany(*waiting, timeout_ms=_ANSWER_CHECK_MS, max_records=10_000)
+            with contextlib.suppress(*UNPARSED_BATCH):  # the watermark came with it
+                await consumer.getmany(*waiting, timeout_ms=_ANSWER_CHECK_MS,
+                                       max_records=10_000)
             for tp in list(waiting):
                 high = consumer.highwater(tp)
                 answered = consumer.last_poll_timestamp(tp)

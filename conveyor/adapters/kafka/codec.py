@@ -44,6 +44,7 @@ from conveyor.platform.message import (
     DeadLetter,
     Message,
     Undecodable,
+    given_twice,
 )
 
 _decode_legacy_letter = msgspec.json.Decoder(DeadLetter).decode
@@ -73,6 +74,15 @@ def _record_id(record: Any, queue: int, topic: str | None) -> str:
     return f"{record.topic if topic is None else topic}-{queue}-{record.offset}"
 
 
+def _once(headers: Sequence[tuple[str, bytes | None]], name: str) -> None:
+    """Raises unless every header ``name`` of a record has the same value (then the
+    second reads as the first did): see :func:`given_twice`."""
+    values = [raw for n, raw in headers if n == name]
+    for raw in values[1:]:
+        if raw != values[0]:
+            raise DecodeError(given_twice(name, values[0], raw))
+
+
 def record_to_message(record: Any, queue: int, default_ns: str,
                       topic: str | None = None) -> Message:
     """A fetched record as a :class:`Message`; foreign records get the defaults.
@@ -82,6 +92,7 @@ def record_to_message(record: Any, queue: int, default_ns: str,
     Raises on a record that is no message — a null value (:data:`NULL_VALUE`: foreign
     or not, a tombstone has no body to hand over), an empty ``cv-ns``
     (:data:`EMPTY_NAMESPACE`: absent means the default, empty is a producer's mistake) —
+    on one of Conveyor's headers given twice with different values (:func:`given_twice`),
     and on metadata that cannot be read (not UTF-8, a malformed number): see
     :func:`decode_record`, which isolates such a record instead.
     """
@@ -95,23 +106,42 @@ def record_to_message(record: Any, queue: int, default_ns: str,
     attempt = 0
     ts = record.timestamp
     headers: dict[str, str] = {}
+    seen = 0  # a bit per header of Conveyor's read: a second one is checked (_once)
     for name, raw in record.headers:
         if name == H_NAMESPACE:  # the headers Conveyor writes, most frequent first
+            if seen & 1:
+                _once(record.headers, name)
+            seen |= 1
             if not raw:  # b"" or None: not the default a missing header means
                 raise DecodeError(EMPTY_NAMESPACE)
             ns = raw.decode()
         elif name == H_ID:
+            if seen & 2:
+                _once(record.headers, name)
+            seen |= 2
             msg_id = raw.decode() if raw is not None else ""
         elif name == H_CONTENT_TYPE:
+            if seen & 4:
+                _once(record.headers, name)
+            seen |= 4
             ctype = raw.decode() if raw else CONTENT_JSON
         elif name == H_ENQUEUED_MS:
+            if seen & 8:
+                _once(record.headers, name)
+            seen |= 8
             if raw and raw.isdigit() and len(raw) < 19:  # fewer than 19 digits: < TS_MAX
                 ts = int(raw)
             else:
                 ts = _wire_number(raw, H_ENQUEUED_MS, TS_MAX) or ts
         elif name == H_ATTEMPT:
+            if seen & 16:
+                _once(record.headers, name)
+            seen |= 16
             attempt = _wire_number(raw, H_ATTEMPT, ATTEMPT_MAX) or 0
         elif name == H_KEY:  # the record key wins; a header that does not read is bad
+            if seen & 32:
+                _once(record.headers, name)
+            seen |= 32
             value = raw.decode() if raw is not None else ""
             key = key or value
         else:
@@ -279,8 +309,8 @@ def message_headers(msg: Message, full: bool = False) -> list[tuple[str, bytes]]
     headers = [(H_NAMESPACE, msg.stream.namespace.encode()), (H_ID, msg.id.encode())]
     if full or msg.content_type != CONTENT_JSON:
         headers.append((H_CONTENT_TYPE, msg.content_type.encode()))
-    if full:
-        headers.append((H_ENQUEUED_MS, str(msg.enqueued_at_ms).encode()))
+    if full:  # a record without a timestamp (-1) has no enqueue time: 0 reads as none
+        headers.append((H_ENQUEUED_MS, str(max(msg.enqueued_at_ms, 0)).encode()))
     if msg.attempt:
         headers.append((H_ATTEMPT, str(msg.attempt).encode()))
     if msg.headers:  # most messages have none: no generator built for them

@@ -148,6 +148,12 @@ def broker_error(what: str, exc: BaseException) -> BrokerError:
             "$.kafka.sasl_mechanism, $.kafka.sasl_username and the password in the "
             "variable $.kafka.sasl_password_env names"
         )
+    if isinstance(exc, kerrors.UnsupportedCodecError):  # another producer compressed
+        return BrokerError(
+            f"kafka: {what} failed: {exc} (a producer compressed the batch, e.g. a Java "
+            "client's compression.type): install the codecs with pip install "
+            "'aiokafka[lz4,snappy,zstd]'; the queue waits for them, nothing is skipped"
+        )
     retriable = isinstance(exc, kerrors.KafkaConnectionError | kerrors.KafkaTimeoutError | OSError)
     if isinstance(exc, kerrors.KafkaError) and exc.retriable:
         retriable = True

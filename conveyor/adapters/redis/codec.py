@@ -36,6 +36,7 @@ from conveyor.platform.message import (
     DeadLetter,
     Message,
     Undecodable,
+    given_twice,
     now_ms,
 )
 
@@ -281,14 +282,14 @@ class EntryDecoder:
         try:
             if len(fl) < _LAYOUT_LEN or fl[0:_LAYOUT_LEN:2] != _LAYOUT:
                 return self._general(eid, fl)
-            att = b""
+            att: bytes | None = None
             headers: dict[str, str] = {}
             if len(fl) > _LAYOUT_LEN:
                 for i in range(_LAYOUT_LEN, len(fl) - 1, 2):
                     name = fl[i]
-                    if name == _ATT:
+                    if name == _ATT and att is None:
                         att = fl[i + 1]
-                    elif name in _KNOWN:  # a repeated field: the dict's last-wins rules
+                    elif name in _KNOWN:  # a repeated field: the general way's rules
                         return self._general(eid, fl)
                     else:
                         headers[name.decode()] = fl[i + 1].decode()
@@ -373,4 +374,20 @@ class EntryDecoder:
 
     def _general(self, eid: bytes, fl: list[bytes]) -> Message:
         it = iter(fl)
-        return decode_entry(self._queue, eid, dict(zip(it, it, strict=False)))
+        fields = dict(zip(it, it, strict=False))
+        if 2 * len(fields) < len(fl) - 1:  # a name repeated: the dict kept its last value
+            _refuse_conflicts(fl)
+        return decode_entry(self._queue, eid, fields)
+
+
+def _refuse_conflicts(fl: list[bytes]) -> None:
+    """Raises on a wire-format field (``cv-ns``, ``body``, …) given twice with different
+    values (:func:`~conveyor.platform.message.given_twice`); a user header given twice
+    keeps its last value, as Kafka's ``lastHeader`` reads one."""
+    first: dict[bytes, bytes] = {}
+    for at in range(0, len(fl) - 1, 2):
+        name, value = fl[at], fl[at + 1]
+        if name in _KNOWN:
+            seen = first.setdefault(name, value)
+            if seen != value:
+                raise DecodeError(given_twice(name.decode(), seen, value))

@@ -81,7 +81,9 @@ def letter_json(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
         "form": letter.form, "token": str(msg.token) if msg.token is not None else None,
         "replay_of": stored.replay_of or None,
     }
-    if isinstance(msg, Undecodable):  # what the entry held, since no field could be read
+    if isinstance(msg, Undecodable) and letter.form == "full":
+        # What the entry held, since no field could be read. A shorter form kept none
+        # of them: what a store reads back there are its placeholders, never the entry's.
         out["raw_fields"] = [[_text(name), None if value is None else _text(value)]
                              for name, value in msg.raw_fields]
         if msg.raw_key is not None:

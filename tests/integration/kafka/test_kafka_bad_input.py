@@ -25,6 +25,7 @@ from tests.bad_input import (
     Case,
     Outcome,
     assert_cases_dead_lettered,
+    assert_reasons_name_the_fault,
     case_fields,
     letters_by_case,
     run_cases,
@@ -48,6 +49,12 @@ CASES = [
     Case("ns-empty", ((b"cv-ns", b""),)),  # was handled under default_namespace, or skipped
     Case("value-null", (NS,), body=None),  # was handled as an empty body
     Case("value-null-foreign", (), body=None),  # a tombstone; was default_namespace's b""
+    # A header of Conveyor's given twice: the last value won (another namespace's
+    # handler took it, or the attempt was the second one)
+    Case("ns-given-twice", (NS, (b"cv-ns", b"other"))),
+    Case("attempt-given-twice", (NS, (b"cv-attempt", b"1"), (b"cv-attempt", b"2"))),
+    Case("body-not-its-content-type", (NS, (b"content-type", b"application/x-protobuf")),
+         body=b"\x08\x96\x01", expect="DecodeError"),
 ]
 
 
@@ -97,6 +104,8 @@ async def test_every_malformed_record_is_dead_lettered_and_its_neighbours_are_ha
     for name in ("value-null", "value-null-foreign"):  # the letter's value is null too
         tombstone = letters_by_case(letters)[name].message
         assert isinstance(tombstone, Undecodable) and tombstone.null_value, name
+    assert_reasons_name_the_fault(letters_by_case(letters))
+
 
 
 async def test_a_letter_too_large_for_the_broker_is_stored_shorter_and_the_queue_flows(

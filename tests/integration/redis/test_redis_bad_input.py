@@ -18,7 +18,9 @@ from tests.bad_input import (
     KEY,
     Case,
     assert_cases_dead_lettered,
+    assert_reasons_name_the_fault,
     case_fields,
+    letters_by_case,
     run_cases,
 )
 from tests.servers import RedisServer
@@ -43,6 +45,10 @@ CASES = [
     Case("ns-repeated-second-bad", (NS, K, (b"cv-ns", b"\xff"))),
     Case("body-not-json", (NS, K), body=b"not json", expect="DecodeError"),
     Case("body-missing", (NS, K), body=None),  # was handled as an empty body
+    Case("ns-given-twice", (NS, K, (b"cv-ns", b"other"))),  # was handled as namespace other
+    Case("attempt-given-twice", (NS, K, (b"cv-attempt", b"1"), (b"cv-attempt", b"2"))),
+    Case("body-not-its-content-type", (NS, K, (b"content-type", b"application/x-protobuf")),
+         body=b"\x08\x96\x01", expect="DecodeError"),
 ]
 
 
@@ -80,11 +86,58 @@ async def test_every_malformed_entry_is_dead_lettered_and_its_neighbours_are_han
     assert len(out.probe.handled) == len(set(out.probe.handled))
     letters = await _read_letters(config)
     assert_cases_dead_lettered(letters, CASES, out.key)
+    assert_reasons_name_the_fault(letters_by_case(letters))
     # nothing pending for the app, on any queue; a restart delivers nothing again
     client = redis_server.client()
     for q in range(config.queues.total):
         assert client.xpending(f"conveyor:q:{q}", APP)["pending"] == 0
     assert out.daemon.report().abandoned == 0
+
+
+async def test_odd_but_readable_entries_are_handled_as_written(
+    redis_server: RedisServer,
+) -> None:
+    # What an outside harness XADDs that is still a message by the wire format: each
+    # handled once under its own key, among good messages, none dead-lettered.
+    from conveyor import WorkerDaemon
+    from tests.bad_input import Probe, good_stream_on_queue
+    from tests.conftest import wait_until
+
+    redis_server.client().flushall()
+    config = redis_config(redis_server)
+    key = good_stream_on_queue(config.queues.total, 0)
+    odd: list[list[bytes]] = [  # the fields between cv-key and body, an entry each
+        [b"", b"an empty field name"],
+        [x for i in range(500) for x in (b"x-h%d" % i, b"v")],  # 500 user headers
+        [b"content-type", b"application/x-unknown"],  # read as JSON
+        [b"cv-ns", b"good"],  # the same value twice: one field
+        [b"x-pad", b"y" * 1_500_000],  # a 1.5 MB entry
+    ]
+    client = aioredis.Redis(port=redis_server.port)
+    probe = Probe()
+    daemon = WorkerDaemon(probe.app(), config)
+    written: list[tuple[str, int]] = []
+    try:
+        for n, fields in enumerate(odd, start=1):
+            await daemon.client.publish("good", key, {"seq": 1000 + n})
+            written.append((key, 1000 + n))
+            await client.execute_command("XADD", "conveyor:q:0", "*", "cv-ns", "good",
+                                         "cv-key", "odd", *fields, "body", b'{"seq": -%d}' % n)
+            written.append(("odd", -n))
+        await client.execute_command("XADD", "conveyor:q:0", "*", "cv-ns", "good",
+                                     "body", b'{"seq": -99}')  # no cv-key: stream key ""
+        written.append(("", -99))
+    finally:
+        await client.aclose()
+    await daemon.start()
+    try:
+        await wait_until(lambda: len(probe.handled) >= len(written), 30,
+                         what="every entry handled")
+    finally:
+        await daemon.stop()
+    assert redis_server.client().xpending("conveyor:q:0", APP)["pending"] == 0
+    assert sorted(probe.handled) == sorted(written)
+    assert daemon.stats.dead_lettered == 0
 
 
 async def _read_letters(config: Config) -> list[Any]:
