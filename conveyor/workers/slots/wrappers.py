@@ -120,17 +120,28 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
     * ``try_reserve_slot`` raising counts as "no slot".
     * A hook returning something that is not a permit of that supplier is an error
       treated the same way.
+    * A permit handed out twice (one still out, or one already released) is an error
+      treated the same way: a supplier that grants more than it was asked for would
+      otherwise run more handler calls than it counts.
     * ``mark_slot_used`` / ``release_slot`` are already shielded by
       :class:`SlotSupplier`: their exceptions are logged, and the slot is still freed.
+    * A reservation still waiting after ``stuck_warn_s`` while the supplier has no slot
+      out is logged once (a warning) until the supplier grants again: with nothing
+      running, nothing will ever release a slot, and the daemon would sit silent.
 
     ``errors`` counts every contained exception (a metric worth alerting on).
     """
 
-    def __init__(self, inner: SlotSupplier, max_backoff_s: float = 1.0) -> None:
+    def __init__(self, inner: SlotSupplier, max_backoff_s: float = 1.0,
+                 stuck_warn_s: float = 10.0) -> None:
         super().__init__(inner)
         self.max_backoff_s = max_backoff_s
+        self.stuck_warn_s = stuck_warn_s
         self._backoff = Backoff(first_s=0.01, cap_s=max_backoff_s)
+        self._out: set[SlotPermit] = set()
+        self._stuck_logged = False
         self.errors = 0
+        self.stuck_warnings = 0
 
     @property
     def available(self) -> int | None:
@@ -146,9 +157,42 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
                 f"{type(self.inner).__name__}.{hook} returned {permit!r}; "
                 "return self.new_permit() (or None from try_reserve_slot)"
             )
+        if permit.released or permit in self._out:
+            raise SlotSupplierError(
+                f"{type(self.inner).__name__}.{hook} returned a permit it had already "
+                "handed out; return a new self.new_permit() for every slot"
+            )
         return permit
 
+    def _wrap(self, inner_permit: SlotPermit) -> SlotPermit:
+        self._out.add(inner_permit)
+        self._stuck_logged = False
+        return self.new_permit(inner_permit)
+
+    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
+        self._out.discard(permit.user_data)
+        super().release_slot(reason, permit)
+
+    def _waited_long(self, ctx: SlotReservationContext) -> None:
+        """A reservation has waited ``stuck_warn_s``: say so once if nothing is out."""
+        if self.issued or self._stuck_logged:
+            return
+        self._stuck_logged = True
+        self.stuck_warnings += 1
+        log.warning(
+            "slot supplier %s has granted no slot for %gs (queue %s waiting, none in use, "
+            "%d error(s)): no handler starts until its reserve_slot returns a permit",
+            type(self.inner).__name__, self.stuck_warn_s, ctx.queue, self.errors,
+        )
+
     async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+        timer = asyncio.get_running_loop().call_later(self.stuck_warn_s, self._waited_long, ctx)
+        try:
+            return await self._reserve(ctx)
+        finally:
+            timer.cancel()
+
+    async def _reserve(self, ctx: SlotReservationContext) -> SlotPermit:
         failures = 0
         while True:
             try:
