@@ -225,3 +225,25 @@ async def test_a_slow_wait_while_slots_are_out_is_not_called_stuck() -> None:
     assert supplier.stuck_warnings == 0 and not waiter.done()
     held.release()
     (await asyncio.wait_for(waiter, 1)).release()
+
+
+class SlowRelease(SamePermit):
+    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+        return self.new_permit()
+
+    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
+        time.sleep(0.15)  # what the docs say not to do
+
+
+async def test_a_release_slot_that_blocks_is_named_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "conveyor.slots")
+    supplier = GuardedSlotSupplier(SlowRelease())
+    for _ in range(2):
+        permit = supplier.try_reserve_slot(CTX)
+        assert permit is not None
+        permit.release()
+    lines = [r.getMessage() for r in caplog.records if "blocked the event loop" in r.getMessage()]
+    assert supplier.blocked == 2 and len(lines) == 1
+    assert lines[0].startswith("slot supplier SlowRelease.release_slot blocked")

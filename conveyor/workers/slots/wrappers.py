@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from conveyor.platform.backoff import Backoff
@@ -22,6 +23,10 @@ from conveyor.platform.slots import (
 )
 
 log = logging.getLogger("conveyor.slots")
+
+BLOCKED_WARN_S = 0.1
+"""A user supplier's ``mark_slot_used``/``release_slot`` taking this long is reported."""
+BLOCKED_LOG_INTERVAL_S = 60.0
 
 
 class DelegatingSlotSupplier(SlotSupplier):
@@ -125,6 +130,9 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
       otherwise run more handler calls than it counts.
     * ``mark_slot_used`` / ``release_slot`` are already shielded by
       :class:`SlotSupplier`: their exceptions are logged, and the slot is still freed.
+    * ``mark_slot_used`` / ``release_slot`` taking ``BLOCKED_WARN_S`` or more is
+      logged naming the supplier and the hook (at most once a minute; ``blocked``
+      counts them).
     * A reservation still waiting after ``stuck_warn_s`` while the supplier has no slot
       out is logged once (a warning) until the supplier grants again: with nothing
       running, nothing will ever release a slot, and the daemon would sit silent.
@@ -142,6 +150,8 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
         self._stuck_logged = False
         self.errors = 0
         self.stuck_warnings = 0
+        self.blocked = 0
+        self._next_blocked_log = 0.0
 
     @property
     def available(self) -> int | None:
@@ -169,9 +179,32 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
         self._stuck_logged = False
         return self.new_permit(inner_permit)
 
+    def mark_slot_used(self, info: SlotInfo, permit: SlotPermit) -> None:
+        began = time.perf_counter()
+        super().mark_slot_used(info, permit)
+        self._timed("mark_slot_used", began)
+
     def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
         self._out.discard(permit.user_data)
+        began = time.perf_counter()
         super().release_slot(reason, permit)
+        self._timed("release_slot", began)
+
+    def _timed(self, hook: str, began: float) -> None:
+        """Name a hook that blocked the event loop (the loop watchdog would blame the
+        handler whose call it ran after); one line per ``BLOCKED_LOG_INTERVAL_S``."""
+        took_s = time.perf_counter() - began
+        if took_s < BLOCKED_WARN_S:
+            return
+        self.blocked += 1
+        now = time.monotonic()
+        if now >= self._next_blocked_log:
+            self._next_blocked_log = now + BLOCKED_LOG_INTERVAL_S
+            log.warning(
+                "slot supplier %s.%s blocked the event loop for %.2fs: it must not block "
+                "(hand slow work to reserve_slot); %d such call(s) so far",
+                type(self.inner).__name__, hook, took_s, self.blocked,
+            )
 
     def _waited_long(self, ctx: SlotReservationContext) -> None:
         """A reservation has waited ``stuck_warn_s``: say so once if nothing is out."""
