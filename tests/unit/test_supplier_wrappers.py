@@ -247,3 +247,18 @@ async def test_a_release_slot_that_blocks_is_named_once_a_minute(
     lines = [r.getMessage() for r in caplog.records if "blocked the event loop" in r.getMessage()]
     assert supplier.blocked == 2 and len(lines) == 1
     assert lines[0].startswith("slot supplier SlowRelease.release_slot blocked")
+
+
+async def test_a_hook_failing_on_every_call_is_logged_once_a_minute_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, "conveyor.slots")
+    supplier = GuardedSlotSupplier(Buggy(), max_backoff_s=0.01)
+    for _ in range(50):
+        assert supplier.try_reserve_slot(CTX) is None
+    (await asyncio.wait_for(supplier.reserve_slot(CTX), 2)).release()  # first call raised
+    assert supplier.errors == 51
+    records = [r for r in caplog.records if "reserve_slot" in r.getMessage()]
+    assert [r.getMessage().split(" failed in ")[1][:16] for r in records] == [
+        "try_reserve_slot", "reserve_slot; re"]
+    assert all(r.exc_info for r in records)  # each with its traceback

@@ -27,6 +27,7 @@ log = logging.getLogger("conveyor.slots")
 BLOCKED_WARN_S = 0.1
 """A user supplier's ``mark_slot_used``/``release_slot`` taking this long is reported."""
 BLOCKED_LOG_INTERVAL_S = 60.0
+"""At most one line this often per hook that blocks or fails (the rest are counted)."""
 
 
 class DelegatingSlotSupplier(SlotSupplier):
@@ -123,6 +124,8 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
     * ``reserve_slot`` raising is logged and retried with back-off (up to
       ``max_backoff_s``); ``CancelledError`` always propagates.
     * ``try_reserve_slot`` raising counts as "no slot".
+    * Each hook's failures are logged with a traceback at most once a minute (with
+      the count of those not logged); ``errors`` counts every one.
     * A hook returning something that is not a permit of that supplier is an error
       treated the same way.
     * A permit handed out twice (one still out, or one already released) is an error
@@ -152,6 +155,8 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
         self.stuck_warnings = 0
         self.blocked = 0
         self._next_blocked_log = 0.0
+        self._next_failure_log: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
 
     @property
     def available(self) -> int | None:
@@ -233,13 +238,9 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
             except asyncio.CancelledError:
                 raise
             except Exception:
-                self.errors += 1
                 failures += 1
                 delay_s = self._backoff.delay(failures)
-                log.exception(
-                    "slot supplier %s failed in reserve_slot; retrying in %.2fs",
-                    type(self.inner).__name__, delay_s,
-                )
+                self._failed("reserve_slot", f"; retrying in {delay_s:.2f}s")
                 await asyncio.sleep(delay_s)
                 continue
             return self._wrap(permit)
@@ -249,8 +250,7 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
         try:
             return bool(self.inner.keep_slot(permit.user_data))
         except Exception:
-            self.errors += 1
-            log.exception("slot supplier %s failed in keep_slot", type(self.inner).__name__)
+            self._failed("keep_slot")
             return False
 
     def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
@@ -258,6 +258,22 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
             permit = self.inner.try_reserve_slot(ctx)
             return None if permit is None else self._wrap(self._check(permit, "try_reserve_slot"))
         except Exception:
-            self.errors += 1
-            log.exception("slot supplier %s failed in try_reserve_slot", type(self.inner).__name__)
+            self._failed("try_reserve_slot")
             return None
+
+    def _failed(self, hook: str, then: str = "") -> None:
+        """Count a contained exception; log it with its traceback, at most once per
+        ``BLOCKED_LOG_INTERVAL_S`` a hook (a broken hook fails on every message, from
+        every queue), saying how many went unlogged meanwhile."""
+        self.errors += 1
+        self._unlogged[hook] = self._unlogged.get(hook, 0) + 1
+        now = time.monotonic()
+        if now < self._next_failure_log.get(hook, 0.0):
+            return
+        self._next_failure_log[hook] = now + BLOCKED_LOG_INTERVAL_S
+        more = self._unlogged.pop(hook) - 1
+        log.exception(
+            "slot supplier %s failed in %s%s%s", type(self.inner).__name__, hook, then,
+            f" ({more} more failure(s) of it in the last {BLOCKED_LOG_INTERVAL_S:.0f}s; "
+            f"{self.errors} in all)" if more else "",
+        )
