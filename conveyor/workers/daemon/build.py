@@ -238,7 +238,8 @@ def build_parts(
     )
     subscriptions = subscribe(app, interceptors, batch_steps=BatchSteps(
         put_letter, stats, telemetry.tracer, adapter.name, threads.run), in_thread=threads.run)
-    cell_step.check_sizes(config.slots.count if config.slots.kind == "fixed" else None)
+    cell_step.check_sizes(config.slots.count if owns_slots and config.slots.kind == "fixed"
+                          else None)  # a supplier handed in: its bound is not known here
     return DaemonParts(
         app=app, config=config, adapter=adapter, mapper=mapper, slots=slots,
         balancer=balancer, member=member, telemetry=telemetry,
