@@ -280,7 +280,13 @@ class PullingAgent:
                      "next owner counts them as redelivered", self.queue, len(tokens), exc)
 
     def _check_quiet(self) -> None:
-        if self._stopping and not self._running and not self.cache.ready:
+        """Quiet: draining, no call running, and no ready lane whose head some handler
+        has started. Lanes whose head nothing started never run in a drain (their
+        messages go to the next owner), so a runner waiting for a slot to skip them must
+        not hold the drain: with a supplier that grants nothing it held it to its end."""
+        if self._stopping and not self._running and not any(
+            lane.entries and lane.entries[0].started for lane in self.cache.ready
+        ):
             self._quiet.set()
 
     @property

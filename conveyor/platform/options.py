@@ -145,6 +145,10 @@ class RetryPolicy(HandlerOptions):
         return Backoff(self.initial_delay_s, self.multiplier, self.max_delay_s).delay(retry)
 
 
+MIN_INSPECTION_PERIOD_S = 0.01
+"""A shorter period would wake the collector so often that it spins the event loop."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScaleDownPolicy:
     """Settings of the PID scale-down loop of a stateless-worker pool.
@@ -188,9 +192,15 @@ class ScaleDownPolicy:
                 raise HandlerDeclarationError(
                     f"ScaleDownPolicy.{name} must be finite and >= 0, got {value!r}"
                 )
-        if not (_is_number(self.inspection_period_s, 0.0) and self.inspection_period_s > 0):
+        if not _is_number(self.inspection_period_s, MIN_INSPECTION_PERIOD_S):
             raise HandlerDeclarationError(
-                f"ScaleDownPolicy.inspection_period_s must be > 0, got {self.inspection_period_s!r}"
+                f"ScaleDownPolicy.inspection_period_s must be >= {MIN_INSPECTION_PERIOD_S}, "
+                f"got {self.inspection_period_s!r}"
+            )
+        if self.kp == self.ki == self.kd == 0 and self.idle_keepalive_s == 0:
+            raise HandlerDeclarationError(
+                "ScaleDownPolicy: kp, ki and kd are all 0 and idle_keepalive_s is 0, so no "
+                "worker would ever be removed; give a gain, a keep-alive, or scale_down=False"
             )
         if not _is_int(self.dead_zone_cycles, 1):
             raise HandlerDeclarationError(

@@ -234,6 +234,7 @@ BAD_FILES = {
     "membership.toml": '[balancer]\nmembership = "nope"\n',
     "custom_slots.toml": '[slots]\nkind = "custom"\npath = "no_such_pkg.slots:Factory"\n',
     "slots_not_a_table.toml": "slots = 3\n",
+    "cells_typo.toml": '[cells]\nsizes = { "no-such-handler/gold" = 4 }\n',
     "queues_not_a_table.toml": 'queues = "x"\n',
     "redis_memory.toml": '[queues]\nadapter = "redis"\n',
     "syntax_app.py": "import conveyor\napp = conveyor.App('x')\ndef broken(:\n",
@@ -252,6 +253,9 @@ BAD_FILES = {
         (["demo", "--config", "configs/redis.toml"], 'queues.adapter must be "memory"'),
         (["worker", "tests.apps.drain_app:app", "--config", "{custom_slots.toml}"],
          "$.slots.path: cannot load"),
+        (["worker", "tests.apps.drain_app:app", "--config", "{cells_typo.toml}"],
+         "$.cells.sizes: 'no-such-handler/gold' names handler 'no-such-handler', which "
+         "has no cells"),
         (["worker", "tests.apps.drain_app:app", "--config", "{slots_not_a_table.toml}",
           "--slots", "4"], "$.slots: expected a table"),
         (["worker", "tests.apps.drain_app:app", "--config", "{redis_memory.toml}"],

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import msgspec
 import pytest
 
 from conveyor import App, Client, MessageContext, Publish
-from conveyor.platform.errors import HandlerDeclarationError
+from conveyor.platform.errors import ConfigError, HandlerDeclarationError, InvalidArgumentError
 from conveyor.workers.cells.cells import DEFAULT_CELL
 from conveyor.workers.pools.scaledown import ScaleDownPolicy
 from tests.conftest import wait_until
@@ -140,6 +141,61 @@ def test_worker_options_are_validated_at_declaration() -> None:
                 scale_down=ScaleDownPolicy(inspection_period_s=0.1))(h)
     app.handler("jobs", name="b", cell_key="body:tenant", cell_size=2, cell_sizes={"x": 3},
                 cell_job_timeout_s=5)(h)
+
+
+def _cell_app() -> App:
+    app = App("test")
+
+    @app.handler("jobs", name="h", cell_key="header:tenant", cell_size=2)
+    async def handle(job: Job) -> None: ...
+
+    @app.handler("other", name="p", stateless=True)
+    async def pooled(job: Job) -> None: ...
+
+    return app
+
+
+def test_config_cell_sizes_for_a_handler_without_cells_are_a_config_error() -> None:
+    for key in ("nosuch/gold", "p/gold"):  # a typo; a pooled handler
+        with pytest.raises(ConfigError, match=rf"\$\.cells\.sizes: '{key}' names handler "
+                                              r".*handlers with cells: h\)"):
+            daemon(_cell_app(), fresh_adapter(), config(cells={"sizes": {key: 3}}))
+    daemon(_cell_app(), fresh_adapter(), config(cells={"sizes": {"h/gold": 3, "gold": 2}}))
+
+
+def test_named_cells_larger_than_the_slots_are_reported_at_build(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "conveyor.cells")
+    cfg = config(slots={"count": 4}, cells={"sizes": {"h/a": 3, "h/b": 3}})
+    daemon(_cell_app(), fresh_adapter(), cfg)
+    assert "add up to 6 workers (h/a=3, h/b=3) but $.slots.count is 4" in caplog.text
+    caplog.clear()
+    daemon(_cell_app(), fresh_adapter(), config(slots={"count": 6}, cells={
+        "sizes": {"h/a": 3, "h/b": 3}}))
+    assert "add up to" not in caplog.text
+
+
+async def test_resizing_a_cell_checks_the_handler_and_size_before_any_message() -> None:
+    adapter = fresh_adapter()
+    seen: list[str] = []
+    app = App("test")
+
+    @app.handler("jobs", name="h", cell_key="header:tenant", cell_size=2)
+    async def handle(job: Job, ctx: MessageContext) -> None:
+        seen.append(ctx.headers["tenant"])
+
+    d = daemon(app, adapter)
+    with pytest.raises(InvalidArgumentError, match="'nosuch' has no cells"):
+        d.resize_cell("nosuch", "gold", 2)
+    with pytest.raises(InvalidArgumentError, match="h/gold: size must be an int >= 1"):
+        d.resize_cell("h", "gold", 0)  # not created yet: refused now, not on a message
+    await d.start()
+    await Client(adapter, d.mapper).publish("jobs", "k", Job(1), headers={"tenant": "gold"})
+    await wait_until(lambda: seen == ["gold"], 10, what="gold handled")
+    assert d.cells["h"].cells["gold"].size == 2
+    report = await d.stop()
+    assert report.dead_lettered == 0
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -43,6 +44,31 @@ async def test_pausing_the_daemons_supplier_stops_new_work_and_resume_restarts_i
     d.slots.resume()
     await wait_until(lambda: record.handled == 400, 20, what="the rest after resume")
     await d.stop()
+
+
+async def test_a_stop_while_no_slot_is_granted_hands_back_at_once_and_loses_nothing() -> None:
+    """Paused (or a custom supplier that grants nothing): nothing runs, so the drain has
+    nothing to wait for; the messages it pulled go to the next daemon, each once."""
+    adapter = fresh_adapter()
+    record = Record()
+    cfg = config(slots={"count": 4, "pauseable": True}, queues={"total": 2},
+                 worker={"drain_timeout_s": 10.0})
+    d = daemon(recording_app(record), adapter, cfg)
+    assert isinstance(d.slots, PauseableSlotSupplier)
+    d.slots.pause()
+    await publish_items(Client(adapter, d.mapper), 40, streams=8)
+    await d.start()
+    await wait_until(lambda: sum(len(a.cache) for a in d.agents.values()) == 40, 5,
+                     what="all 40 pulled")
+    started = time.monotonic()
+    report = await d.stop()
+    assert time.monotonic() - started < 2.0, "the drain waited for a slot nothing would free"
+    assert report.released == 40 and report.abandoned == 0 and record.handled == 0
+    after = daemon(recording_app(record), adapter, cfg)
+    await after.start()
+    await wait_until(lambda: record.handled == 40, 10, what="the next daemon to handle all")
+    await after.stop()
+    assert record.duplicates == 0  # a clean drain: each message handled once
 
 
 def spy_on_pulls(monkeypatch: Any, d: WorkerDaemon) -> list[tuple[int, int]]:

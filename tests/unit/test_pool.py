@@ -54,6 +54,23 @@ async def test_when_full_a_job_goes_to_the_worker_with_the_fewest_waiting() -> N
     await pool.close()
 
 
+async def test_jobs_queued_behind_a_blocked_call_are_taken_by_a_free_worker() -> None:
+    pool = StatelessWorkerPool("p", max_workers=2)
+    stuck, short = asyncio.Event(), asyncio.Event()
+    blocked = asyncio.create_task(pool.run(stuck.wait))  # never returns in this test
+    first = asyncio.create_task(pool.run(short.wait))
+    await wait_until(lambda: pool.idle_workers == 0 and pool.size == 2, 2, what="both busy")
+    queued = [asyncio.create_task(pool.run(lambda i=i: asyncio.sleep(0, i))) for i in range(10)]
+    await asyncio.sleep(0)
+    assert all(len(w.inbox) == 5 for w in pool.workers)  # half behind the blocked call
+    short.set()
+    assert await asyncio.wait_for(asyncio.gather(*queued), 2) == list(range(10))
+    assert pool.stolen == 5 and not blocked.done()
+    await first
+    await pool.close()
+    assert blocked.cancelled()
+
+
 async def test_job_exceptions_reach_the_caller_and_the_worker_survives() -> None:
     pool = StatelessWorkerPool("p", max_workers=1)
 

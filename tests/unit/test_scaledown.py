@@ -137,11 +137,22 @@ def test_reset_restarts_the_loop() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"kp": -1.0}, {"inspection_period_s": 0.0}, {"dead_zone_cycles": 0}, {"backoff_s": -1.0}],
+    [{"kp": -1.0}, {"inspection_period_s": 0.0}, {"dead_zone_cycles": 0}, {"backoff_s": -1.0},
+     {"inspection_period_s": 1e-6},  # the collector would spin the event loop
+     {"kp": 0.0, "ki": 0.0, "kd": 0.0, "idle_keepalive_s": 0.0},  # would never remove
+     {"kd": float("nan")}],
 )
 def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(HandlerDeclarationError, match="ScaleDownPolicy"):
         ScaleDownPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_zero_gains_are_accepted_while_the_keepalive_can_still_remove() -> None:
+    policy = ScaleDownPolicy(kp=0.0, ki=0.0, kd=0.0, dead_zone_cycles=1, backoff_s=0.0,
+                             idle_keepalive_s=1.0)
+    ctl = ScaleDownController(policy)
+    assert not ctl.inspect(0.0, 0.0, 1, idle_for_s=0.5)
+    assert ctl.inspect(0.5, 0.0, 1, idle_for_s=1.0)
 
 
 def test_defaults_are_the_reference_tuned_gains_and_a_500_ms_period() -> None:

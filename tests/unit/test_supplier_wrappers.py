@@ -162,3 +162,103 @@ def test_a_bad_custom_supplier_path_is_a_config_error_naming_the_field() -> None
     config = load_config(environ={}, overrides={"slots": {"kind": "custom", "path": "time:time"}})
     with pytest.raises(ConfigError, match="not a SlotSupplier"):
         supplier_from_config(config.slots)
+
+
+class SamePermit(Buggy):
+    """Grants more than asked: the one permit it made, every time it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.permit: SlotPermit | None = None
+
+    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+        if self.permit is None:
+            self.permit = self.new_permit()
+        return self.permit
+
+    def mark_slot_used(self, info: SlotInfo, permit: SlotPermit) -> None:
+        pass
+
+    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
+        pass
+
+
+async def test_a_permit_handed_out_twice_is_refused_while_out_and_after_release(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    supplier = GuardedSlotSupplier(SamePermit())
+    first = supplier.try_reserve_slot(CTX)
+    assert first is not None
+    assert supplier.try_reserve_slot(CTX) is None and supplier.errors == 1  # still out
+    first.release()
+    assert supplier.try_reserve_slot(CTX) is None and supplier.errors == 2  # released
+    assert supplier.issued == 0
+    assert "already handed out" in caplog.text
+
+
+class NeverGrants(Buggy):
+    async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_supplier_that_never_grants_with_nothing_out_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "conveyor.slots")
+    supplier = GuardedSlotSupplier(NeverGrants(), stuck_warn_s=0.05)
+    waiters = [asyncio.create_task(supplier.reserve_slot(CTX)) for _ in range(3)]
+    await wait_until(lambda: supplier.stuck_warnings == 1, 2, what="the warning")
+    await asyncio.sleep(0.1)  # a window in which no second line may come, not a wait
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    lines = [r.getMessage() for r in caplog.records if "granted no slot" in r.getMessage()]
+    assert len(lines) == 1 and "NeverGrants" in lines[0] and "none in use" in lines[0]
+
+
+async def test_a_slow_wait_while_slots_are_out_is_not_called_stuck() -> None:
+    supplier = GuardedSlotSupplier(PacedSlotSupplier(max_slots=1), stuck_warn_s=0.05)
+    held = await supplier.reserve_slot(CTX)
+    waiter = asyncio.create_task(supplier.reserve_slot(CTX))
+    await asyncio.sleep(0.1)  # past stuck_warn_s with one slot out: an ordinary wait
+    assert supplier.stuck_warnings == 0 and not waiter.done()
+    held.release()
+    (await asyncio.wait_for(waiter, 1)).release()
+
+
+class SlowRelease(SamePermit):
+    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+        return self.new_permit()
+
+    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
+        time.sleep(0.15)  # what the docs say not to do
+
+
+async def test_a_release_slot_that_blocks_is_named_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "conveyor.slots")
+    supplier = GuardedSlotSupplier(SlowRelease())
+    for _ in range(2):
+        permit = supplier.try_reserve_slot(CTX)
+        assert permit is not None
+        permit.release()
+    lines = [r.getMessage() for r in caplog.records if "blocked the event loop" in r.getMessage()]
+    assert supplier.blocked == 2 and len(lines) == 1
+    assert lines[0].startswith("slot supplier SlowRelease.release_slot blocked")
+
+
+async def test_a_hook_failing_on_every_call_is_logged_once_a_minute_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, "conveyor.slots")
+    supplier = GuardedSlotSupplier(Buggy(), max_backoff_s=0.01)
+    for _ in range(50):
+        assert supplier.try_reserve_slot(CTX) is None
+    (await asyncio.wait_for(supplier.reserve_slot(CTX), 2)).release()  # first call raised
+    assert supplier.errors == 51
+    records = [r for r in caplog.records if "reserve_slot" in r.getMessage()]
+    assert [r.getMessage().split(" failed in ")[1][:16] for r in records] == [
+        "try_reserve_slot", "reserve_slot; re"]
+    assert all(r.exc_info for r in records)  # each with its traceback

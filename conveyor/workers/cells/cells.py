@@ -224,6 +224,12 @@ class CellRouter:
         return cell
 
     def resize(self, name: str, size: int) -> None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            # Checked before it is stored: a cell not yet created would otherwise fail
+            # on its first message, and that message's retries would dead-letter it.
+            raise InvalidArgumentError(
+                f"cell {self.handler}/{name}: size must be an int >= 1, got {size!r}"
+            )
         self.sizes[name] = size
         if name in self.cells:
             self.cells[name].resize(size)

@@ -14,13 +14,17 @@ handler).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from conveyor.platform.delivery import Delivery, Interceptor, Step
+from conveyor.platform.errors import ConfigError
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.options import CellOptions
 from conveyor.workers.cells.cells import DEFAULT_CELL, CellRouter
+
+log = logging.getLogger("conveyor.cells")
 
 
 def cell_reader(options: CellOptions) -> Callable[[Delivery], str]:
@@ -74,6 +78,31 @@ class CellInterceptor(Interceptor):
             return target.submit(lambda: next(delivery))
 
         return in_cell
+
+    def check_sizes(self, slots: int | None) -> None:
+        """After every handler is wrapped: refuse ``[cells] sizes`` keys
+        ``handler-name/cell`` naming a handler without cells (a typo would leave the
+        cell at its default size without a word), and warn when the named cells' sizes
+        add up past ``slots`` (the fixed supplier's count; ``None``: not known)."""
+        for key in sorted(self._sizes):
+            handler, sep, _ = key.partition("/")
+            if sep and handler not in self.routers:
+                raise ConfigError(
+                    f"$.cells.sizes: {key!r} names handler {handler!r}, which has no cells "
+                    f"(handlers with cells: {', '.join(sorted(self.routers)) or 'none'})"
+                )
+        reserved = {
+            f"{h}/{cell}": size for h, router in self.routers.items()
+            for cell, size in router.sizes.items()
+        }
+        if slots is not None and sum(reserved.values()) > slots:
+            log.warning(
+                "cells: the sizes of the named cells add up to %d workers (%s) but "
+                "$.slots.count is %d: at most %d handler calls run at once, so the cells "
+                "cannot all use their workers; raise $.slots.count (docs/workers.md, Cells)",
+                sum(reserved.values()),
+                ", ".join(f"{k}={v}" for k, v in sorted(reserved.items())), slots, slots,
+            )
 
     async def close(self) -> None:
         for router in self.routers.values():

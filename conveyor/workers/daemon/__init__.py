@@ -35,7 +35,12 @@ from conveyor.platform.balancing.balancer import QueueBalancer
 from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config
-from conveyor.platform.errors import BrokerConnectionError, ConfigError, ConveyorError
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    ConfigError,
+    ConveyorError,
+    InvalidArgumentError,
+)
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry
@@ -167,7 +172,13 @@ class WorkerDaemon:
 
     def resize_cell(self, handler: str, cell: str, size: int) -> None:
         """Change one cell's size while running (creates nothing until its first message)."""
-        self.cells[handler].resize(cell, size)
+        router = self.cells.get(handler)
+        if router is None:
+            raise InvalidArgumentError(
+                f"resize_cell: handler {handler!r} has no cells "
+                f"(handlers with cells: {', '.join(sorted(self.cells)) or 'none'})"
+            )
+        router.resize(cell, size)
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, *, freeze_heap: bool = False) -> None:

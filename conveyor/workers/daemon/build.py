@@ -236,6 +236,10 @@ def build_parts(
         hosting=(pool_step, cell_step),
         idempotency=once_step,
     )
+    subscriptions = subscribe(app, interceptors, batch_steps=BatchSteps(
+        put_letter, stats, telemetry.tracer, adapter.name, threads.run), in_thread=threads.run)
+    cell_step.check_sizes(config.slots.count if owns_slots and config.slots.kind == "fixed"
+                          else None)  # a supplier handed in: its bound is not known here
     return DaemonParts(
         app=app, config=config, adapter=adapter, mapper=mapper, slots=slots,
         balancer=balancer, member=member, telemetry=telemetry,
@@ -245,8 +249,7 @@ def build_parts(
         stats=stats, dead_letters=dead_letters,
         orphans=Orphans(put_letter, stats, app.name, config.dead_letters.unroutable),
         pool_step=pool_step, cell_step=cell_step, threads=threads, interceptors=interceptors,
-        subscriptions=subscribe(app, interceptors, batch_steps=BatchSteps(
-            put_letter, stats, telemetry.tracer, adapter.name, threads.run), in_thread=threads.run),
+        subscriptions=subscriptions,
         settings=AgentSettings(
             cache_capacity=config.worker.cache_capacity,
             max_batch=_pull_size(app, config),

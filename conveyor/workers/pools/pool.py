@@ -3,7 +3,8 @@
 Scale-up follows Orleans' stateless workers: a job goes to an idle worker if there is
 one (the most recently idle, whose caches are warm); otherwise a new worker is created
 up to ``max_workers``; otherwise it joins the inbox of the worker with the fewest
-waiting jobs.
+waiting jobs. A worker whose inbox runs dry takes the oldest job from the fullest inbox
+before it goes idle, so no job waits behind a call that blocks.
 
 Scale-down is opt-in (``scale_down=``) and costs nothing when off: no collector task
 runs and no extra state is kept. When on, a collector wakes every inspection period,
@@ -83,6 +84,8 @@ class StatelessWorkerPool:
         self.peak_workers = 0
         self.created = 0
         self.removed = 0
+        self.stolen = 0
+        self._queued = 0  # jobs in inboxes, not started: nothing to steal when 0
 
     # -- metrics --------------------------------------------------------------------
     @property
@@ -108,6 +111,7 @@ class StatelessWorkerPool:
         if self.controller is not None and self._collector is None:
             self._collector = asyncio.create_task(self._collect(), name=f"pool-{self.name}")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queued += 1
         self._dispatch(job, fut)
         return await fut
 
@@ -141,6 +145,7 @@ class StatelessWorkerPool:
         while True:
             while inbox:
                 job, fut = inbox.popleft()
+                self._queued -= 1
                 if fut.done():  # its caller went away before it started
                     continue
                 try:
@@ -155,12 +160,24 @@ class StatelessWorkerPool:
                 else:
                     if not fut.done():
                         fut.set_result(result)
+                if not inbox and self._queued:
+                    self._steal(inbox)
             worker.busy = False
             worker.wake = loop.create_future()
             worker.idle_since = time.monotonic()
             self._idle.append(worker)  # the longest idle stays first: reuse pops the last
             await worker.wake
             worker.wake = None
+
+    def _steal(self, inbox: deque[tuple[Job, asyncio.Future[Any]]]) -> None:
+        """A worker whose inbox ran dry takes the oldest job waiting in the fullest
+        inbox: a job queued behind a call that blocks (or runs long) would otherwise
+        wait for it while this worker idles. Jobs are of different streams (the agent
+        runs one stream's calls one at a time), so taking one out of turn keeps order."""
+        fullest = max(self.workers, key=lambda w: len(w.inbox), default=None)
+        if fullest is not None and fullest.inbox:
+            inbox.append(fullest.inbox.popleft())
+            self.stolen += 1
 
     # -- scale-down -------------------------------------------------------------------
     def remove_idle_worker(self, *, longest_idle: bool = False) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from conveyor.platform.backoff import Backoff
@@ -22,6 +23,11 @@ from conveyor.platform.slots import (
 )
 
 log = logging.getLogger("conveyor.slots")
+
+BLOCKED_WARN_S = 0.1
+"""A user supplier's ``mark_slot_used``/``release_slot`` taking this long is reported."""
+BLOCKED_LOG_INTERVAL_S = 60.0
+"""At most one line this often per hook that blocks or fails (the rest are counted)."""
 
 
 class DelegatingSlotSupplier(SlotSupplier):
@@ -118,19 +124,39 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
     * ``reserve_slot`` raising is logged and retried with back-off (up to
       ``max_backoff_s``); ``CancelledError`` always propagates.
     * ``try_reserve_slot`` raising counts as "no slot".
+    * Each hook's failures are logged with a traceback at most once a minute (with
+      the count of those not logged); ``errors`` counts every one.
     * A hook returning something that is not a permit of that supplier is an error
       treated the same way.
+    * A permit handed out twice (one still out, or one already released) is an error
+      treated the same way: a supplier that grants more than it was asked for would
+      otherwise run more handler calls than it counts.
     * ``mark_slot_used`` / ``release_slot`` are already shielded by
       :class:`SlotSupplier`: their exceptions are logged, and the slot is still freed.
+    * ``mark_slot_used`` / ``release_slot`` taking ``BLOCKED_WARN_S`` or more is
+      logged naming the supplier and the hook (at most once a minute; ``blocked``
+      counts them).
+    * A reservation still waiting after ``stuck_warn_s`` while the supplier has no slot
+      out is logged once (a warning) until the supplier grants again: with nothing
+      running, nothing will ever release a slot, and the daemon would sit silent.
 
     ``errors`` counts every contained exception (a metric worth alerting on).
     """
 
-    def __init__(self, inner: SlotSupplier, max_backoff_s: float = 1.0) -> None:
+    def __init__(self, inner: SlotSupplier, max_backoff_s: float = 1.0,
+                 stuck_warn_s: float = 10.0) -> None:
         super().__init__(inner)
         self.max_backoff_s = max_backoff_s
+        self.stuck_warn_s = stuck_warn_s
         self._backoff = Backoff(first_s=0.01, cap_s=max_backoff_s)
+        self._out: set[SlotPermit] = set()
+        self._stuck_logged = False
         self.errors = 0
+        self.stuck_warnings = 0
+        self.blocked = 0
+        self._next_blocked_log = 0.0
+        self._next_failure_log: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
 
     @property
     def available(self) -> int | None:
@@ -146,9 +172,65 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
                 f"{type(self.inner).__name__}.{hook} returned {permit!r}; "
                 "return self.new_permit() (or None from try_reserve_slot)"
             )
+        if permit.released or permit in self._out:
+            raise SlotSupplierError(
+                f"{type(self.inner).__name__}.{hook} returned a permit it had already "
+                "handed out; return a new self.new_permit() for every slot"
+            )
         return permit
 
+    def _wrap(self, inner_permit: SlotPermit) -> SlotPermit:
+        self._out.add(inner_permit)
+        self._stuck_logged = False
+        return self.new_permit(inner_permit)
+
+    def mark_slot_used(self, info: SlotInfo, permit: SlotPermit) -> None:
+        began = time.perf_counter()
+        super().mark_slot_used(info, permit)
+        self._timed("mark_slot_used", began)
+
+    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
+        self._out.discard(permit.user_data)
+        began = time.perf_counter()
+        super().release_slot(reason, permit)
+        self._timed("release_slot", began)
+
+    def _timed(self, hook: str, began: float) -> None:
+        """Name a hook that blocked the event loop (the loop watchdog would blame the
+        handler whose call it ran after); one line per ``BLOCKED_LOG_INTERVAL_S``."""
+        took_s = time.perf_counter() - began
+        if took_s < BLOCKED_WARN_S:
+            return
+        self.blocked += 1
+        now = time.monotonic()
+        if now >= self._next_blocked_log:
+            self._next_blocked_log = now + BLOCKED_LOG_INTERVAL_S
+            log.warning(
+                "slot supplier %s.%s blocked the event loop for %.2fs: it must not block "
+                "(hand slow work to reserve_slot); %d such call(s) so far",
+                type(self.inner).__name__, hook, took_s, self.blocked,
+            )
+
+    def _waited_long(self, ctx: SlotReservationContext) -> None:
+        """A reservation has waited ``stuck_warn_s``: say so once if nothing is out."""
+        if self.issued or self._stuck_logged:
+            return
+        self._stuck_logged = True
+        self.stuck_warnings += 1
+        log.warning(
+            "slot supplier %s has granted no slot for %gs (queue %s waiting, none in use, "
+            "%d error(s)): no handler starts until its reserve_slot returns a permit",
+            type(self.inner).__name__, self.stuck_warn_s, ctx.queue, self.errors,
+        )
+
     async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+        timer = asyncio.get_running_loop().call_later(self.stuck_warn_s, self._waited_long, ctx)
+        try:
+            return await self._reserve(ctx)
+        finally:
+            timer.cancel()
+
+    async def _reserve(self, ctx: SlotReservationContext) -> SlotPermit:
         failures = 0
         while True:
             try:
@@ -156,13 +238,9 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
             except asyncio.CancelledError:
                 raise
             except Exception:
-                self.errors += 1
                 failures += 1
                 delay_s = self._backoff.delay(failures)
-                log.exception(
-                    "slot supplier %s failed in reserve_slot; retrying in %.2fs",
-                    type(self.inner).__name__, delay_s,
-                )
+                self._failed("reserve_slot", f"; retrying in {delay_s:.2f}s")
                 await asyncio.sleep(delay_s)
                 continue
             return self._wrap(permit)
@@ -172,8 +250,7 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
         try:
             return bool(self.inner.keep_slot(permit.user_data))
         except Exception:
-            self.errors += 1
-            log.exception("slot supplier %s failed in keep_slot", type(self.inner).__name__)
+            self._failed("keep_slot")
             return False
 
     def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
@@ -181,6 +258,22 @@ class GuardedSlotSupplier(DelegatingSlotSupplier):
             permit = self.inner.try_reserve_slot(ctx)
             return None if permit is None else self._wrap(self._check(permit, "try_reserve_slot"))
         except Exception:
-            self.errors += 1
-            log.exception("slot supplier %s failed in try_reserve_slot", type(self.inner).__name__)
+            self._failed("try_reserve_slot")
             return None
+
+    def _failed(self, hook: str, then: str = "") -> None:
+        """Count a contained exception; log it with its traceback, at most once per
+        ``BLOCKED_LOG_INTERVAL_S`` a hook (a broken hook fails on every message, from
+        every queue), saying how many went unlogged meanwhile."""
+        self.errors += 1
+        self._unlogged[hook] = self._unlogged.get(hook, 0) + 1
+        now = time.monotonic()
+        if now < self._next_failure_log.get(hook, 0.0):
+            return
+        self._next_failure_log[hook] = now + BLOCKED_LOG_INTERVAL_S
+        more = self._unlogged.pop(hook) - 1
+        log.exception(
+            "slot supplier %s failed in %s%s%s", type(self.inner).__name__, hook, then,
+            f" ({more} more failure(s) of it in the last {BLOCKED_LOG_INTERVAL_S:.0f}s; "
+            f"{self.errors} in all)" if more else "",
+        )
