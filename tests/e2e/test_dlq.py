@@ -281,12 +281,12 @@ def test_list_says_more_letters_are_there_only_when_the_limit_left_some_out(
 
     assert notes() == []
     assert notes("--limit", "2") == ["showing 2 of 3; --limit shows more"]
-    assert notes("--handler", "jobs.b") == ["1 of 3 match --handler/--error-type"]
-    assert notes("--handler", "nope") == ["0 of 3 match --handler/--error-type"]
+    assert notes("--handler", "jobs.b") == ["1 of 3 match --handler/--namespace/--error-type"]
+    assert notes("--handler", "nope") == ["0 of 3 match --handler/--namespace/--error-type"]
     assert notes("--handler", "jobs.a", "--limit", "2") == [
-        "2 of 3 match --handler/--error-type"]
+        "2 of 3 match --handler/--namespace/--error-type"]
     assert notes("--handler", "jobs.a", "--limit", "1") == [
-        "showing the first 1 that match --handler/--error-type; --limit shows more"]
+        "showing the first 1 that match --handler/--namespace/--error-type; --limit shows more"]
 
 
 def queued_replays(config: Config) -> Counter[str]:
@@ -343,3 +343,31 @@ def test_two_operators_replaying_the_same_letters_at_once_publish_each_once(
     assert on_adapter(config, "dead_letters.count", APP) == 0
     seen = queued_replays(config)
     assert sorted(seen) == sorted(ids) and set(seen.values()) == {1}
+
+
+def test_replay_and_purge_take_the_oldest_limit_letters_the_filters_keep(
+    config_path: Path,
+) -> None:
+    """`--namespace` picks letters by their message's namespace (one whose handler the
+    app dropped, say) and `--limit` takes the oldest N of those the filters keep: a
+    trial replay of a few letters before the rest. Only those are touched."""
+    config = load_config(config_path)
+    on_adapter(config, "dead_letters.put", APP, [
+        DeadLetter.of(Message(f"m{i}", StreamId(ns, f"k{i}"), b"{}", enqueued_at_ms=now_ms()),
+                      f"{ns}.handle", "boom", 1)
+        for i, ns in enumerate(["jobs", "old", "jobs", "old", "jobs", "old", "jobs"])])
+    ids = [s.id for s in on_adapter(config, "dead_letters.page", APP, 10)]  # type: ignore[attr-defined]
+    where = ["--app", APP, "--config", str(config_path)]
+    replayed = conveyor("dlq", "replay", "--all", "--namespace", "jobs", "--limit", "2", *where)
+    assert replayed.returncode == 0, replayed.stderr
+    assert "replayed 2 letter(s)" in replayed.stdout
+    purged = conveyor("dlq", "purge", "--all", "--namespace", "old", "--limit", "2", "--yes",
+                      *where)
+    assert "purged 2 letter(s)" in purged.stdout, purged.stderr
+    left = json.loads(conveyor("dlq", "list", "--namespace", "jobs", "--json", *where).stdout)
+    assert [entry["id"] for entry in left] == [ids[4], ids[6]]
+    left = json.loads(conveyor("dlq", "list", "--json", *where).stdout)
+    assert [entry["id"] for entry in left] == [ids[4], ids[5], ids[6]]
+    assert sorted(queued_replays(config)) == [ids[0], ids[2]]
+    wrong = conveyor("dlq", "replay", "--id", ids[4], "--limit", "1", *where)
+    assert wrong.returncode == 2 and "--limit goes with --all" in wrong.stderr, wrong.stderr
