@@ -27,6 +27,9 @@ from conveyor.platform.terminal import visible
 
 T = TypeVar("T")
 
+GONE_SHOWN = 10
+"""Ids of letters another run replayed or purged that a replay's warning names."""
+
 MEMORY_REFUSED = (
     "the memory adapter keeps dead letters inside the worker's own process, where this "
     "command cannot reach them; use --config with a redis or kafka config (e.g. "
@@ -248,10 +251,15 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
     report = _run(config, group, work)
     for letter_id, why in report.skipped:
         warn(f"skipped {letter_id}: {why}")
-    for letter_id in report.gone:
-        warn(f"{letter_id} was removed meanwhile; not replayed")
+    if report.gone:  # another replay (or a purge) at the same time: one line, not one each
+        shown = ", ".join(report.gone[:GONE_SHOWN])
+        more = len(report.gone) - GONE_SHOWN
+        warn(f"{len(report.gone)} letter(s) were gone when this replay came to them "
+             f"(replayed or purged by another run meanwhile): {shown}"
+             + (f" and {more} more" if more > 0 else ""))
     click.echo(f"replayed {len(report.replayed)} letter(s) of app {group!r}"
-               + (f"; {len(report.skipped)} skipped and kept" if report.skipped else ""))
+               + (f"; {len(report.skipped)} skipped and kept" if report.skipped else "")
+               + (f"; {len(report.gone)} gone meanwhile" if report.gone else ""))
 
 
 @dlq.command("purge")
