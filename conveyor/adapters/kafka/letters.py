@@ -76,6 +76,10 @@ CLAIM_PUBLISH_S = 5.0
 """A replay publishes a claimed batch only this soon after claiming it (see
 :data:`CLAIM_TTL_S`)."""
 _CLAIM_POLL_S = 0.25
+OP_IDS_MAX = 10_000
+"""Letter ids per record of the ops topic (about 120 KB): an operation on more letters is
+written as several records, each under the broker's default 1 MB limit (a purge of
+120,000 letters in one record was refused, and nothing was purged)."""
 
 
 class LetterOp(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -268,8 +272,10 @@ class KafkaDeadLetters(DeadLetters):
             self._ops_ready = True
         producer = await cluster.producer()
         with kafka_errors("recording a dead-letter operation"):
-            await producer.send_and_wait(self.ops_topic, _encode(op), key=group.encode(),
-                                         partition=0)
+            for start in range(0, len(op.ids), OP_IDS_MAX):
+                chunk = msgspec.structs.replace(op, ids=op.ids[start : start + OP_IDS_MAX])
+                await producer.send_and_wait(self.ops_topic, _encode(chunk),
+                                             key=group.encode(), partition=0)
 
     def _letter(self, partition: int, record: Any, group: str) -> StoredLetter | None:
         letter = self._read_letter(record, group)

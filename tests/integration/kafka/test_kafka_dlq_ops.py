@@ -1,10 +1,13 @@
-"""A Kafka replay's claims (conveyor/adapters/kafka/letters.py): a replay that reaches
-its publish too late after its claim publishes nothing, and the next replay takes the
-stopped claim over once it lapses — each letter published once, none lost."""
+"""The ops topic of Kafka's dead letters (conveyor/adapters/kafka/letters.py): a replay
+that reaches its publish too late after its claim publishes nothing, and the next replay
+takes the stopped claim over once it lapses — each letter published once, none lost; an
+operation on many letters is written in records the broker takes."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka import letters as kafka_letters
@@ -29,6 +32,12 @@ def adapter_on(tansu: Tansu, topic: str) -> KafkaAdapter:
     return KafkaAdapter(config.kafka, QUEUES)
 
 
+def letters(count: int) -> list[DeadLetter]:
+    return [DeadLetter.of(Message(f"m{n}", StreamId("jobs", f"k{n}"), b"{}",
+                                  enqueued_at_ms=now_ms()), "jobs.handle", "boom", 1)
+            for n in range(count)]
+
+
 async def queued(adapter: KafkaAdapter) -> list[str]:
     """The letter ids the queues' messages were replayed from, one per message."""
     found: list[str] = []
@@ -51,10 +60,7 @@ async def test_a_late_claim_publishes_nothing_and_the_next_replay_takes_it_over(
     first, second = adapter_on(tansu, topic), adapter_on(tansu, topic)
     try:
         await first.ensure_topic()
-        await first.dead_letters.put(APP, [
-            DeadLetter.of(Message(f"m{n}", StreamId("jobs", f"k{n}"), b"{}",
-                                  enqueued_at_ms=now_ms()), "jobs.handle", "boom", 1)
-            for n in range(5)])
+        await first.dead_letters.put(APP, letters(5))
         stored = await first.dead_letters.page(APP, 10)
         monkeypatch.setattr(kafka_letters, "CLAIM_PUBLISH_S", -1.0)  # every claim too late
         with pytest.raises(BrokerConnectionError, match="not published"):
@@ -72,3 +78,35 @@ async def test_a_late_claim_publishes_nothing_and_the_next_replay_takes_it_over(
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_purge_of_more_letters_than_a_record_holds_is_written_in_several(
+    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One record naming 120,000 purged ids was over the broker's 1 MB and the purge
+    failed whole; the ids go OP_IDS_MAX to a record (3 here, to keep the test small)."""
+    monkeypatch.setattr(kafka_letters, "OP_IDS_MAX", 3)
+    adapter = adapter_on(tansu, topic)
+    try:
+        await adapter.ensure_topic()
+        await adapter.dead_letters.put(APP, letters(10))
+        ids = [s.id for s in await adapter.dead_letters.page(APP, 20)]
+        assert await adapter.dead_letters.delete(APP, ids) == 10
+        assert await adapter.dead_letters.count(APP) == 0
+    finally:
+        await adapter.close()
+    reader = AIOKafkaConsumer(bootstrap_servers=tansu.bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        tp = TopicPartition(f"{topic}.conveyor-dlq-ops", 0)
+        reader.assign([tp])
+        await reader.seek_to_beginning(tp)
+        end = (await reader.end_offsets([tp]))[tp]
+        records = []
+        while await reader.position(tp) < end:
+            records += (await reader.getmany(tp, timeout_ms=1000)).get(tp, [])
+    finally:
+        await reader.stop()
+    written = [msgspec.json.decode(r.value)["ids"] for r in records]
+    assert [len(chunk) for chunk in written] == [3, 3, 3, 1]
+    assert [i for chunk in written for i in chunk] == ids
