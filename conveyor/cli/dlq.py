@@ -27,6 +27,9 @@ from conveyor.platform.terminal import visible
 
 T = TypeVar("T")
 
+GONE_SHOWN = 10
+"""Ids of letters another run replayed or purged that a replay's warning names."""
+
 MEMORY_REFUSED = (
     "the memory adapter keeps dead letters inside the worker's own process, where this "
     "command cannot reach them; use --config with a redis or kafka config (e.g. "
@@ -47,8 +50,16 @@ def _options(fn: Callable[..., None]) -> Callable[..., None]:
 
 def _filters(fn: Callable[..., None]) -> Callable[..., None]:
     fn = click.option("--handler", default=None, help="Only letters of this handler.")(fn)
+    fn = click.option("--namespace", default=None,
+                      help="Only letters of messages of this namespace (e.g. orders).")(fn)
     return click.option("--error-type", default=None,
                         help="Only letters of this error type (e.g. ValueError).")(fn)
+
+
+def _limit(fn: Callable[..., None]) -> Callable[..., None]:
+    return click.option("--limit", type=click.IntRange(min=1), default=None,
+                        help="With --all: at most this many letters (after filters), "
+                             "oldest first.")(fn)
 
 
 def _load(config_path: Path | None) -> Config:
@@ -81,11 +92,11 @@ def _run(config: Config, group: str, work: Callable[[QueueAdapter], Awaitable[T]
 
 
 async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
-                  handler: str | None, error_type: str | None) -> list[StoredLetter]:
-    """The letters ``--all`` / ``--id`` name, filtered; an id not stored exits 2."""
-    keep = LetterFilter(handler, error_type)
+                  keep: LetterFilter, limit: int | None) -> list[StoredLetter]:
+    """The letters ``--all`` / ``--id`` name, filtered (``--all``: at most ``limit``); an
+    id not stored exits 2."""
     if every:
-        return [s async for s in letters(adapter, group, keep)]
+        return [s async for s in letters(adapter, group, keep, limit)]
     try:
         found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
     except InvalidArgumentError as exc:  # a malformed id
@@ -97,9 +108,11 @@ async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every
     return [s for s in found.values() if s is not None and keep(s)]
 
 
-def _one_of(every: bool, ids: tuple[str, ...]) -> None:
+def _one_of(every: bool, ids: tuple[str, ...], limit: int | None) -> None:
     if every == bool(ids):
         usage("give either --all or --id ID (repeatable), not both or neither")
+    if limit is not None and not every:
+        usage("--limit goes with --all (--id names the letters already)")
 
 
 @click.group("dlq")
@@ -125,7 +138,8 @@ def dlq() -> None:
 @click.option("--wide", is_flag=True,
               help="Handler, error type and letter replayed apart: for a wide terminal.")
 def list_letters(config_path: Path | None, group: str, handler: str | None,
-                 error_type: str | None, limit: int, as_json: bool, wide: bool) -> None:
+                 namespace: str | None, error_type: str | None, limit: int, as_json: bool,
+                 wide: bool) -> None:
     """One line per letter: id, stream, time, error.
 
     The error is cut to the terminal's width (`dlq show ID` and --json give it whole).
@@ -142,8 +156,8 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
     async def work(adapter: QueueAdapter) -> tuple[list[StoredLetter], int]:
         # One past the limit: whether --limit left any out (the total counts letters the
         # filters drop too).
-        found = [s async for s in letters(adapter, group, LetterFilter(handler, error_type),
-                                          limit + 1)]
+        found = [s async for s in letters(
+            adapter, group, LetterFilter(handler, error_type, namespace), limit + 1)]
         return found, await adapter.dead_letters.count(group)
 
     found, total = _run(config, group, work)
@@ -153,7 +167,7 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
         return
     from rich.console import Console
 
-    filtered = handler is not None or error_type is not None
+    filtered = handler is not None or error_type is not None or namespace is not None
     print_table(letters_view(found, group, total, wide, Console().width, more=more,
                              filtered=filtered), whole_rows=wide)
 
@@ -200,10 +214,12 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
 @click.option("--all", "every", is_flag=True, help="Every letter of the app (after filters).")
 @click.option("--id", "ids", multiple=True, metavar="ID", help="This letter (repeatable).")
 @_filters
+@_limit
 @click.option("--batch", type=click.IntRange(min=1), default=100, show_default=True,
               help="Letters replayed per round of broker calls.")
 def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...],
-           handler: str | None, error_type: str | None, batch: int) -> None:
+           handler: str | None, namespace: str | None, error_type: str | None,
+           limit: int | None, batch: int) -> None:
     """Publish letters' messages to their streams again; remove the letters.
 
     Each message goes back as it was published (body, stream, content type, headers,
@@ -220,12 +236,13 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
       conveyor dlq replay --all --handler shop.on_order --app shop \\
           --config configs/redis.toml
     """
-    _one_of(every, ids)
+    _one_of(every, ids, limit)
     config = _load(config_path)
     mapper = HashRingQueueMapper(config.queues.total)
+    keep = LetterFilter(handler, error_type, namespace)
 
     async def work(adapter: QueueAdapter) -> ReplayReport:
-        chosen = await _chosen(adapter, group, ids, every, handler, error_type)
+        chosen = await _chosen(adapter, group, ids, every, keep, limit)
         return await replay_letters(
             adapter, mapper, group, chosen,
             on_replayed=lambda i, token: click.echo(f"replayed {i} -> {token}"), batch=batch,
@@ -234,10 +251,15 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
     report = _run(config, group, work)
     for letter_id, why in report.skipped:
         warn(f"skipped {letter_id}: {why}")
-    for letter_id in report.gone:
-        warn(f"{letter_id} was removed meanwhile; not replayed")
+    if report.gone:  # another replay (or a purge) at the same time: one line, not one each
+        shown = ", ".join(report.gone[:GONE_SHOWN])
+        more = len(report.gone) - GONE_SHOWN
+        warn(f"{len(report.gone)} letter(s) were gone when this replay came to them "
+             f"(replayed or purged by another run meanwhile): {shown}"
+             + (f" and {more} more" if more > 0 else ""))
     click.echo(f"replayed {len(report.replayed)} letter(s) of app {group!r}"
-               + (f"; {len(report.skipped)} skipped and kept" if report.skipped else ""))
+               + (f"; {len(report.skipped)} skipped and kept" if report.skipped else "")
+               + (f"; {len(report.gone)} gone meanwhile" if report.gone else ""))
 
 
 @dlq.command("purge")
@@ -245,9 +267,11 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
 @click.option("--all", "every", is_flag=True, help="Every letter of the app (after filters).")
 @click.option("--id", "ids", multiple=True, metavar="ID", help="This letter (repeatable).")
 @_filters
+@_limit
 @click.option("--yes", is_flag=True, help="Really delete them (required).")
 def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...],
-          handler: str | None, error_type: str | None, yes: bool) -> None:
+          handler: str | None, namespace: str | None, error_type: str | None,
+          limit: int | None, yes: bool) -> None:
     """Delete letters for good.
 
     Kafka: recorded as purged; the records stay until the topic's retention removes
@@ -260,13 +284,14 @@ def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...
       conveyor dlq purge --all --error-type DecodeError --yes --app shop \\
           --config configs/redis.toml
     """
-    _one_of(every, ids)
+    _one_of(every, ids, limit)
     if not yes:
         usage("purge deletes dead letters for good: add --yes to confirm")
     config = _load(config_path)
+    keep = LetterFilter(handler, error_type, namespace)
 
     async def work(adapter: QueueAdapter) -> int:
-        chosen = await _chosen(adapter, group, ids, every, handler, error_type)
+        chosen = await _chosen(adapter, group, ids, every, keep, limit)
         return await adapter.dead_letters.delete(group, [s.id for s in chosen])
 
     click.echo(f"purged {_run(config, group, work)} letter(s) of app {group!r}")

@@ -312,7 +312,7 @@ def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
                           utc_time(letter.failed_at_ms)[5:16], _cut(error, error_width))
     notes = [] if wide or not found else [
         "`dlq show ID` or --json: a letter in full; --wide: more columns"]
-    kept = "match --handler/--error-type"
+    kept = "match --handler/--namespace/--error-type"
     if more:
         notes.insert(0, f"showing the first {len(found)} that {kept}; --limit shows more"
                      if filtered else f"showing {len(found)} of {total}; --limit shows more")

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +18,11 @@ import pytest
 
 from conveyor.backends import create_adapter
 from conveyor.client import Publish, SyncClient
+from conveyor.console.actions import Choice, replay_letters
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import StreamId
-from conveyor.platform.message import DeadLetter, Message, Undecodable, now_ms
+from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message, Undecodable, now_ms
 from conveyor.platform.operations.dlq import KILL_ENV
 from tests.conftest import stop_when, wait_until_sync
 from tests.integration.redis.conftest import write_config
@@ -308,9 +310,96 @@ def test_list_says_more_letters_are_there_only_when_the_limit_left_some_out(
 
     assert notes() == []
     assert notes("--limit", "2") == ["showing 2 of 3; --limit shows more"]
-    assert notes("--handler", "jobs.b") == ["1 of 3 match --handler/--error-type"]
-    assert notes("--handler", "nope") == ["0 of 3 match --handler/--error-type"]
+    assert notes("--handler", "jobs.b") == ["1 of 3 match --handler/--namespace/--error-type"]
+    assert notes("--handler", "nope") == ["0 of 3 match --handler/--namespace/--error-type"]
     assert notes("--handler", "jobs.a", "--limit", "2") == [
-        "2 of 3 match --handler/--error-type"]
+        "2 of 3 match --handler/--namespace/--error-type"]
     assert notes("--handler", "jobs.a", "--limit", "1") == [
-        "showing the first 1 that match --handler/--error-type; --limit shows more"]
+        "showing the first 1 that match --handler/--namespace/--error-type; --limit shows more"]
+
+
+def queued_replays(config: Config) -> Counter[str]:
+    """How many messages the app's queues hold per letter they were replayed from (no
+    worker reads them in these tests)."""
+
+    async def run() -> Counter[str]:
+        adapter: QueueAdapter = create_adapter(config.queues.adapter, config)
+        seen: Counter[str] = Counter()
+        try:
+            for queue in range(config.queues.total):
+                receiver = adapter.create_receiver(queue, APP)
+                await receiver.initialize()
+                try:
+                    while batch := await receiver.get_messages(1000, 0.5):
+                        seen.update(m.headers.get(H_REPLAY_OF, "") for m in batch)
+                        await receiver.acknowledge([m.token for m in batch])
+                finally:
+                    await receiver.shutdown()
+        finally:
+            await adapter.close()
+        return seen
+
+    return asyncio.run(run())
+
+
+def test_two_operators_replaying_the_same_letters_at_once_publish_each_once(
+    config_path: Path,
+) -> None:
+    """Two `dlq replay --all` started together and the console's replay at the same
+    time: every letter is published exactly once — none twice (Redis: each letter's
+    publish-and-delete is one script; Kafka: the first claim in the ops topic wins) and
+    none lost (each ends replayed by one of them)."""
+    config = load_config(config_path)
+    n = 2000
+    on_adapter(config, "dead_letters.put", APP, [
+        DeadLetter.of(Message(f"m{i}", StreamId("jobs", f"k{i}"), b"{}",
+                              enqueued_at_ms=now_ms()), "jobs.handle", "boom", 1)
+        for i in range(n)])
+    ids = [s.id for s in on_adapter(config, "dead_letters.page", APP, n)]  # type: ignore[attr-defined]
+    command = [sys.executable, "-m", "conveyor.cli", "dlq", "replay", "--all", "--batch", "50",
+               "--app", APP, "--config", str(config_path)]
+    clis = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    assert clis[0].stdout is not None
+    first = clis[0].stdout.readline()  # the CLIs are under way: the console joins in
+    assert first.startswith("replayed "), first
+    console = asyncio.run(replay_letters(config, Choice(APP, every=True)))
+    outs = [cli.communicate(timeout=120) for cli in clis]
+    outs[0] = (first + outs[0][0], outs[0][1])
+    assert [cli.returncode for cli in clis] == [0, 0], outs
+    counts = [int(out.rsplit("replayed ", 1)[1].split()[0]) for out, _ in outs]
+    assert sum(counts) + len(console["replayed"]) == n, (counts, len(console["replayed"]))
+    for _, err in outs:  # what another run did is one line, not a line per letter
+        assert err.count("gone when this replay came to them") <= 1, err
+        assert len(err.splitlines()) <= 2, err  # (and the broker's producer-id warning)
+    assert on_adapter(config, "dead_letters.count", APP) == 0
+    seen = queued_replays(config)
+    assert sorted(seen) == sorted(ids) and set(seen.values()) == {1}
+
+
+def test_replay_and_purge_take_the_oldest_limit_letters_the_filters_keep(
+    config_path: Path,
+) -> None:
+    """`--namespace` picks letters by their message's namespace (one whose handler the
+    app dropped, say) and `--limit` takes the oldest N of those the filters keep: a
+    trial replay of a few letters before the rest. Only those are touched."""
+    config = load_config(config_path)
+    on_adapter(config, "dead_letters.put", APP, [
+        DeadLetter.of(Message(f"m{i}", StreamId(ns, f"k{i}"), b"{}", enqueued_at_ms=now_ms()),
+                      f"{ns}.handle", "boom", 1)
+        for i, ns in enumerate(["jobs", "old", "jobs", "old", "jobs", "old", "jobs"])])
+    ids = [s.id for s in on_adapter(config, "dead_letters.page", APP, 10)]  # type: ignore[attr-defined]
+    where = ["--app", APP, "--config", str(config_path)]
+    replayed = conveyor("dlq", "replay", "--all", "--namespace", "jobs", "--limit", "2", *where)
+    assert replayed.returncode == 0, replayed.stderr
+    assert "replayed 2 letter(s)" in replayed.stdout
+    purged = conveyor("dlq", "purge", "--all", "--namespace", "old", "--limit", "2", "--yes",
+                      *where)
+    assert "purged 2 letter(s)" in purged.stdout, purged.stderr
+    left = json.loads(conveyor("dlq", "list", "--namespace", "jobs", "--json", *where).stdout)
+    assert [entry["id"] for entry in left] == [ids[4], ids[6]]
+    left = json.loads(conveyor("dlq", "list", "--json", *where).stdout)
+    assert [entry["id"] for entry in left] == [ids[4], ids[5], ids[6]]
+    assert sorted(queued_replays(config)) == [ids[0], ids[2]]
+    wrong = conveyor("dlq", "replay", "--id", ids[4], "--limit", "1", *where)
+    assert wrong.returncode == 2 and "--limit goes with --all" in wrong.stderr, wrong.stderr

@@ -14,15 +14,21 @@ A letter named by a ``replayed`` or ``purged`` record is removed: it is listed, 
 and replayed no more (``kcat`` still shows it in the dead-letter topic).
 
 Replay, without transactions (tansu has none), a batch at a time: (1) ``replaying``
-names the batch's letters, their queue and its end offset *before* the publish (one
-record per queue); (2) the messages are published with ``cv-replay-of`` = their letter's
-id and the publish confirmed; (3) ``replayed`` names them all. A replay killed between
-(1) and (3) leaves ``replaying`` records alone; running it again first looks for those
-letters' messages in their queues from ``from_offset`` on (by ``cv-replay-of``): found,
-it only writes (3) for them; not found, it publishes. So each letter is published once,
-killed at any point. The window that remains: a publish request the broker had received but not yet
-appended when the re-run scanned the queue (the re-run would come milliseconds after
-the kill for that), and an ops topic someone deleted by hand.
+claims the batch's letters, naming their queue and its end offset *before* the publish
+(one record per queue, with the replay's ``run`` id and ``at_ms``), and the ops topic is
+read back: a letter is the replay's only if the claim that holds it there is its own
+(the first, see :class:`_Ops`), so two replays at once publish each letter once; (2) the
+messages are published with ``cv-replay-of`` = their letter's id and the publish
+confirmed; (3) ``replayed`` names them all. A replay killed between (1) and (3) leaves
+``replaying`` records alone; running it again first looks for those letters' messages in
+their queues from ``from_offset`` on (by ``cv-replay-of``): found, it only writes (3) for
+them; not found, it publishes. So each letter is published once, killed at any point. A
+claim younger than :data:`CLAIM_TTL_S` is a running replay's: another replay waits for
+it to end; an older one is a stopped replay's, which it takes over by claiming the
+letters again. The window that remains: a publish request the broker had received but
+not yet appended when the re-run scanned the queue, a batch whose publish alone takes
+longer than :data:`CLAIM_TTL_S` minus :data:`CLAIM_PUBLISH_S` while another replay takes
+it over, operators' clocks that far apart, and an ops topic someone deleted by hand.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +54,7 @@ from conveyor.platform.adapter import DeadLetters
 from conveyor.platform.errors import BrokerConnectionError, InvalidArgumentError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
-from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message
+from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message, now_ms
 from conveyor.platform.operations.dlq import checkpoint
 
 ReadLetter = Callable[[Any, str], DeadLetter | None]
@@ -59,6 +67,21 @@ _BATCH = 500
 _STALL_S = 10.0  # no record within this long below the high watermark: give up
 
 
+CLAIM_TTL_S = 15.0
+"""How long a ``replaying`` record keeps its letters to the replay that wrote it. Another
+replay waits that long for them (they are usually replayed within milliseconds) and only
+then takes them over, as those of a replay that was stopped; a replay that reaches its
+publish later than :data:`CLAIM_PUBLISH_S` after its claim gives the batch up instead."""
+CLAIM_PUBLISH_S = 5.0
+"""A replay publishes a claimed batch only this soon after claiming it (see
+:data:`CLAIM_TTL_S`)."""
+_CLAIM_POLL_S = 0.25
+OP_IDS_MAX = 10_000
+"""Letter ids per record of the ops topic (about 120 KB): an operation on more letters is
+written as several records, each under the broker's default 1 MB limit (a purge of
+120,000 letters in one record was refused, and nothing was purged)."""
+
+
 class LetterOp(msgspec.Struct, frozen=True, omit_defaults=True):
     """One record of the ops topic (see the module docstring)."""
 
@@ -66,6 +89,21 @@ class LetterOp(msgspec.Struct, frozen=True, omit_defaults=True):
     ids: list[str]
     queue: int = -1
     from_offset: int = -1
+    run: str = ""
+    """``replaying``: the replay that wrote it (a random id per replay call)."""
+    at_ms: int = 0
+    """``replaying``: when, by the writer's clock (0: before claims had times)."""
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """A letter's replay in progress: its queue, the queue's end before the publish, who
+    claimed it and when."""
+
+    queue: int
+    from_offset: int
+    run: str
+    at_ms: int
 
 
 _encode = msgspec.json.Encoder().encode
@@ -78,13 +116,19 @@ class _Ops:
 
     position: int = 0
     removed: set[str] = field(default_factory=set)
-    replaying: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Letters whose replay started and did not finish: id -> (queue, from_offset)."""
+    replaying: dict[str, _Claim] = field(default_factory=dict)
+    """Letters whose replay started and did not finish, by the claim that holds them: the
+    first in the topic, unless a later one came :data:`CLAIM_TTL_S` after it (a takeover
+    of a stopped replay's letters). Every replay reads the same topic in the same order,
+    so all agree on which claim holds a letter."""
 
     def apply(self, op: LetterOp) -> None:
         if op.op == "replaying":
+            claim = _Claim(op.queue, op.from_offset, op.run, op.at_ms)
             for letter_id in op.ids:
-                self.replaying[letter_id] = (op.queue, op.from_offset)
+                held = self.replaying.get(letter_id)
+                if held is None or op.at_ms - held.at_ms >= CLAIM_TTL_S * 1000:
+                    self.replaying[letter_id] = claim
         elif op.op in ("replayed", "purged"):
             self.removed.update(op.ids)
             for letter_id in op.ids:
@@ -228,8 +272,10 @@ class KafkaDeadLetters(DeadLetters):
             self._ops_ready = True
         producer = await cluster.producer()
         with kafka_errors("recording a dead-letter operation"):
-            await producer.send_and_wait(self.ops_topic, _encode(op), key=group.encode(),
-                                         partition=0)
+            for start in range(0, len(op.ids), OP_IDS_MAX):
+                chunk = msgspec.structs.replace(op, ids=op.ids[start : start + OP_IDS_MAX])
+                await producer.send_and_wait(self.ops_topic, _encode(chunk),
+                                             key=group.encode(), partition=0)
 
     def _letter(self, partition: int, record: Any, group: str) -> StoredLetter | None:
         letter = self._read_letter(record, group)
@@ -308,26 +354,39 @@ class KafkaDeadLetters(DeadLetters):
 
     async def replay(self, group: str, replays: Sequence[Replay]
                      ) -> list[SequenceToken | None]:
-        """Recorded in ``<topic>.conveyor-dlq-ops`` before and after the publish, so a
-        re-run finds a publish that was not recorded: see the module docstring
-        (replaying, publish, replayed — per batch)."""
+        """Claimed in ``<topic>.conveyor-dlq-ops`` before the publish and recorded after
+        it, so a re-run finds a publish that was not recorded and two replays at once
+        publish each letter once: see the module docstring (claim, publish, replayed —
+        per batch)."""
         for replay in replays:
             parse_id(replay.letter_id)
         state = await self.ops(group)
         stored = await self._stored_ids(group, [r.letter_id for r in replays], state.removed)
+        state = await self._settled(group, stored)
+        wanted = [r for r in replays if r.letter_id in stored
+                  and r.letter_id not in state.removed]
+        stopped = {r.letter_id: state.replaying[r.letter_id] for r in wanted
+                   if r.letter_id in state.replaying}
+        run, claimed_at = uuid.uuid4().hex, time.monotonic()
+        await self._claim(group, run, wanted, stopped)
+        state = await self.ops(group)
+        mine = [r for r in wanted if r.letter_id not in state.removed
+                and getattr(state.replaying.get(r.letter_id), "run", None) == run]
         tokens: dict[str, SequenceToken] = {}
-        started = {r.letter_id: state.replaying[r.letter_id] for r in replays
-                   if r.letter_id in stored and r.letter_id in state.replaying}
-        if started:  # an earlier run was stopped: what it published is not published again
-            tokens.update(await self._published(started))
-        todo = [r for r in replays if r.letter_id in stored and r.letter_id not in tokens]
+        taken = {r.letter_id: stopped[r.letter_id] for r in mine if r.letter_id in stopped}
+        if taken:  # a stopped replay's: what it published is not published again
+            tokens.update(await self._published(taken))
         by_queue: dict[int, list[Replay]] = {}
-        for replay in todo:
-            by_queue.setdefault(replay.queue, []).append(replay)
-        for queue, batch in by_queue.items():
-            end = await self._high(TopicPartition(self.cluster.topic, queue))
-            await self._write(group, LetterOp("replaying", [r.letter_id for r in batch],
-                                              queue, end))
+        for replay in mine:
+            if replay.letter_id not in tokens:
+                by_queue.setdefault(replay.queue, []).append(replay)
+        late = time.monotonic() - claimed_at
+        if by_queue and late > CLAIM_PUBLISH_S:
+            raise BrokerConnectionError(
+                f"kafka: claiming {len(mine)} dead letter(s) took {late:.1f}s (over "
+                f"{CLAIM_PUBLISH_S:.0f}s): not published, so that no other replay can "
+                f"publish them too; run the replay again (it takes them over after "
+                f"{CLAIM_TTL_S:.0f}s)")
         published = await asyncio.gather(*(
             self._publish(queue, [r.message for r in batch])
             for queue, batch in by_queue.items()
@@ -338,6 +397,44 @@ class KafkaDeadLetters(DeadLetters):
         if tokens:
             await self._write(group, LetterOp("replayed", sorted(tokens, key=parse_id)))
         return [tokens.get(r.letter_id) for r in replays]
+
+    async def _settled(self, group: str, ids: set[str]) -> _Ops:
+        """``group``'s ops once no other replay's live claim holds any of ``ids``: each
+        is replayed, purged, or its claim is older than :data:`CLAIM_TTL_S` (a stopped
+        replay's, to take over). Gives up waiting after twice that (clocks apart)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * CLAIM_TTL_S
+        while True:
+            state = await self.ops(group)
+            oldest_live = now_ms() - CLAIM_TTL_S * 1000
+            if loop.time() > deadline or not any(
+                letter_id not in state.removed
+                and getattr(state.replaying.get(letter_id), "at_ms", 0) > oldest_live
+                for letter_id in ids
+            ):
+                return state
+            await asyncio.sleep(_CLAIM_POLL_S)
+
+    async def _claim(self, group: str, run: str, wanted: Sequence[Replay],
+                     stopped: dict[str, _Claim]) -> None:
+        """One ``replaying`` record per queue (and per stopped replay taken over) for
+        ``wanted``: from the queue's end, or a stopped replay's letters from where it
+        claimed them (a later takeover must scan from there)."""
+        claims: dict[tuple[int, int], list[str]] = {}
+        ends: dict[int, int] = {}
+        for replay in wanted:
+            held = stopped.get(replay.letter_id)
+            if held is not None and held.queue == replay.queue:
+                start = held.from_offset
+            else:
+                if replay.queue not in ends:
+                    ends[replay.queue] = await self._high(
+                        TopicPartition(self.cluster.topic, replay.queue))
+                start = ends[replay.queue]
+            claims.setdefault((replay.queue, start), []).append(replay.letter_id)
+        at_ms = now_ms()
+        for (queue, start), ids in claims.items():
+            await self._write(group, LetterOp("replaying", ids, queue, start, run, at_ms))
 
     async def _stored_ids(self, group: str, ids: list[str], removed: set[str]) -> set[str]:
         """Which of ``ids`` are letters of ``group`` still stored (one read of their range)."""
@@ -355,12 +452,13 @@ class KafkaDeadLetters(DeadLetters):
                     found.add(letter_id)
         return found
 
-    async def _published(self, started: dict[str, tuple[int, int]]) -> dict[str, SequenceToken]:
-        """Where messages replayed from these letters (id: (queue, from_offset)) already
+    async def _published(self, started: dict[str, _Claim]) -> dict[str, SequenceToken]:
+        """Where messages replayed from these letters (by their stopped claims) already
         sit in their queues, for those that do (found by their ``cv-replay-of``)."""
         found: dict[str, SequenceToken] = {}
         queues: dict[int, int] = {}
-        for queue, from_offset in started.values():
+        for claim in started.values():
+            queue, from_offset = claim.queue, claim.from_offset
             queues[queue] = min(from_offset, queues.get(queue, from_offset))
         for queue, from_offset in queues.items():
             tp = TopicPartition(self.cluster.topic, queue)
@@ -368,6 +466,7 @@ class KafkaDeadLetters(DeadLetters):
                 for record in batch:
                     for name, value in record.headers:
                         letter_id = value.decode() if name == H_REPLAY_OF and value else ""
-                        if started.get(letter_id, (-1, 0))[0] == queue:
+                        held = started.get(letter_id)
+                        if held is not None and held.queue == queue:
                             found.setdefault(letter_id, SequenceToken(queue, record.offset))
         return found

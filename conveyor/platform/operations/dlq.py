@@ -37,15 +37,19 @@ BATCH = 100
 
 @dataclass(frozen=True, slots=True)
 class LetterFilter:
-    """Which letters a command acts on: every one, or those of a handler / error type."""
+    """Which letters a command acts on: every one, or those of a handler / error type /
+    message namespace."""
 
     handler: str | None = None
     error_type: str | None = None
+    namespace: str | None = None
 
     def __call__(self, stored: StoredLetter) -> bool:
         letter = stored.letter
         return ((self.handler is None or letter.handler == self.handler)
-                and (self.error_type is None or letter.error_type == self.error_type))
+                and (self.error_type is None or letter.error_type == self.error_type)
+                and (self.namespace is None
+                     or letter.message.stream.namespace == self.namespace))
 
 
 async def letters(adapter: QueueAdapter, group: str, chosen: LetterFilter = LetterFilter(),

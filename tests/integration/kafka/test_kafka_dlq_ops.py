@@ -1,0 +1,112 @@
+"""The ops topic of Kafka's dead letters (conveyor/adapters/kafka/letters.py): a replay
+that reaches its publish too late after its claim publishes nothing, and the next replay
+takes the stopped claim over once it lapses — each letter published once, none lost; an
+operation on many letters is written in records the broker takes."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from conveyor.adapters.kafka import KafkaAdapter
+from conveyor.adapters.kafka import letters as kafka_letters
+from conveyor.platform.config import load_config
+from conveyor.platform.errors import BrokerConnectionError
+from conveyor.platform.ids import StreamId
+from conveyor.platform.mapper import HashRingQueueMapper
+from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message, now_ms
+from conveyor.platform.operations import dlq
+from tests.integration.kafka.conftest import Tansu
+
+pytestmark = pytest.mark.kafka
+
+QUEUES = 2
+APP = "claims"
+
+
+def adapter_on(tansu: Tansu, topic: str) -> KafkaAdapter:
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "kafka", "total": QUEUES},
+        "kafka": {"bootstrap": tansu.bootstrap, "topic": topic}})
+    return KafkaAdapter(config.kafka, QUEUES)
+
+
+def letters(count: int) -> list[DeadLetter]:
+    return [DeadLetter.of(Message(f"m{n}", StreamId("jobs", f"k{n}"), b"{}",
+                                  enqueued_at_ms=now_ms()), "jobs.handle", "boom", 1)
+            for n in range(count)]
+
+
+async def queued(adapter: KafkaAdapter) -> list[str]:
+    """The letter ids the queues' messages were replayed from, one per message."""
+    found: list[str] = []
+    for queue in range(QUEUES):
+        receiver = adapter.create_receiver(queue, APP)
+        await receiver.initialize()
+        try:
+            while batch := await receiver.get_messages(100, 0.5):
+                found += [m.headers.get(H_REPLAY_OF, "") for m in batch]
+                await receiver.acknowledge([m.token for m in batch])
+        finally:
+            await receiver.shutdown()
+    return found
+
+
+async def test_a_late_claim_publishes_nothing_and_the_next_replay_takes_it_over(
+    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mapper = HashRingQueueMapper(QUEUES)
+    first, second = adapter_on(tansu, topic), adapter_on(tansu, topic)
+    try:
+        await first.ensure_topic()
+        await first.dead_letters.put(APP, letters(5))
+        stored = await first.dead_letters.page(APP, 10)
+        monkeypatch.setattr(kafka_letters, "CLAIM_PUBLISH_S", -1.0)  # every claim too late
+        with pytest.raises(BrokerConnectionError, match="not published"):
+            await dlq.replay(first, mapper, APP, stored)
+        assert await first.dead_letters.count(APP) == 5
+        assert await queued(first) == []
+        monkeypatch.undo()
+        # The stopped claim lapses after CLAIM_TTL_S (shortened here): taken over then.
+        monkeypatch.setattr(kafka_letters, "CLAIM_TTL_S", 1.0)
+        report = await dlq.replay(second, mapper, APP,
+                                  await second.dead_letters.page(APP, 10))
+        assert sorted(i for i, _ in report.replayed) == sorted(s.id for s in stored)
+        assert await second.dead_letters.count(APP) == 0
+        assert sorted(await queued(second)) == sorted(s.id for s in stored)  # once each
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_purge_of_more_letters_than_a_record_holds_is_written_in_several(
+    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One record naming 120,000 purged ids was over the broker's 1 MB and the purge
+    failed whole; the ids go OP_IDS_MAX to a record (3 here, to keep the test small)."""
+    monkeypatch.setattr(kafka_letters, "OP_IDS_MAX", 3)
+    adapter = adapter_on(tansu, topic)
+    try:
+        await adapter.ensure_topic()
+        await adapter.dead_letters.put(APP, letters(10))
+        ids = [s.id for s in await adapter.dead_letters.page(APP, 20)]
+        assert await adapter.dead_letters.delete(APP, ids) == 10
+        assert await adapter.dead_letters.count(APP) == 0
+    finally:
+        await adapter.close()
+    reader = AIOKafkaConsumer(bootstrap_servers=tansu.bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        tp = TopicPartition(f"{topic}.conveyor-dlq-ops", 0)
+        reader.assign([tp])
+        await reader.seek_to_beginning(tp)
+        end = (await reader.end_offsets([tp]))[tp]
+        records = []
+        while await reader.position(tp) < end:
+            records += (await reader.getmany(tp, timeout_ms=1000)).get(tp, [])
+    finally:
+        await reader.stop()
+    written = [msgspec.json.decode(r.value)["ids"] for r in records]
+    assert [len(chunk) for chunk in written] == [3, 3, 3, 1]
+    assert [i for chunk in written for i in chunk] == ids
