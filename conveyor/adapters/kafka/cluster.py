@@ -326,6 +326,12 @@ class KafkaCluster:
                 await self.check_cleanup_policy(client)
         self._topic_ready = True
 
+    async def topic_exists(self) -> bool:
+        """Whether the broker lists the topic now (one metadata request)."""
+        with kafka_errors("reading the topic"):
+            async with self.admin() as client:
+                return self.topic in set(await client.list_topics())
+
     async def wait_topic_ready(self, timeout_s: float | None) -> bool:
         """Whether the topic is ready, after waiting at most ``timeout_s`` for it.
 

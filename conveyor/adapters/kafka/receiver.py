@@ -36,12 +36,15 @@ from conveyor.adapters.kafka.handoff import FETCH_LOOKAHEAD, HandoffLog
 from conveyor.adapters.kafka.offsets import DoneOffsets
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.deadlines import StallTolerantTimeout
-from conveyor.platform.errors import BrokerError
+from conveyor.platform.errors import BrokerConnectionError, BrokerError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.message import Message
 
 log = logging.getLogger("conveyor.kafka")
 
+COMMIT_WAIT_S = 10.0
+"""How long a commit may take before the receiver asks whether the topic still exists
+(:meth:`KafkaReceiver._commit_stuck`)."""
 _LOG_START_WAIT_S = 5.0
 """How long a fetch that skipped offsets waits for the partition's log start."""
 
@@ -361,7 +364,10 @@ class KafkaReceiver(QueueReceiver):
                     await self._handoffs.write(
                         self._group, self._queue, watermark, meta,
                         max(self._fetched_mark, self._redelivered_through), self._starts)
-                await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
+                async with StallTolerantTimeout(COMMIT_WAIT_S):
+                    await consumer.commit({self._tp: OffsetAndMetadata(watermark, meta)})
+            except TimeoutError:  # (before kafka_errors, which would call it a broker's)
+                await self._commit_stuck(watermark)
             except kerrors.CommitFailedError as exc:
                 # The group re-balanced and the partition may be someone else's now: our
                 # unacknowledged messages will be redelivered there. Nothing to retry.
@@ -369,6 +375,18 @@ class KafkaReceiver(QueueReceiver):
                             "last committed offset", self._queue, exc)
             except kerrors.IllegalStateError as exc:
                 log.warning("queue %d: partition no longer assigned (%s)", self._queue, exc)
+
+    async def _commit_stuck(self, watermark: int) -> None:
+        """A commit did not complete within :data:`COMMIT_WAIT_S`: aiokafka retries one
+        for a partition the broker does not know without end (every 100 ms, an ERROR line
+        each), and the topic deleted under the worker is the one case where it never
+        will. Then it is :meth:`KafkaCluster.topic_gone`; else a broker error, and the
+        acknowledgements are tried again."""
+        if not await self._cluster.topic_exists():
+            self._cluster.topic_gone(self._queue, 0, max(self._reached, watermark))
+            return
+        raise BrokerConnectionError(f"kafka: committing queue {self._queue} did not complete "
+                                    f"in {COMMIT_WAIT_S:g}s")
 
     async def lag(self) -> int:
         consumer = self._consumer

@@ -18,6 +18,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
+import conveyor.adapters.kafka.receiver as receiver_module
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka.aiokafka_internals import fetch_committed
 from conveyor.client import Client, Publish
@@ -305,6 +306,45 @@ async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and
             assert await fetch_committed(probe, TopicPartition(topic, 0)) is None
         finally:
             await probe.stop()
+    finally:
+        await receiver.shutdown()
+        await adapter.close()
+
+
+async def test_a_commit_to_a_deleted_topic_is_bounded_and_names_the_topic_gone(
+    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka retries a commit for a partition the broker does not know without end
+    (an ERROR line every 100 ms): a topic deleted while its messages were in hand left the
+    acknowledgement waiting for good, and a worker whose pulls did not see the partition
+    end never stopped. The commit is bounded; past the bound the topic is looked up, and
+    gone, it is said so and nothing more is committed."""
+    monkeypatch.setattr(receiver_module, "COMMIT_WAIT_S", 1.0)
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "kafka", "total": 1},
+        "kafka": {"bootstrap": tansu.bootstrap, "topic": topic, "idempotence": "off"}})
+    adapter = KafkaAdapter(config.kafka, 1)
+    receiver = adapter.create_receiver(0, "drift")
+    try:
+        async with Client.from_config(config) as client:
+            await client.publish_batch([Publish("jobs", "k", {"seq": i}) for i in range(3)])
+        await receiver.initialize()
+        got = await receiver.get_messages(10, 2.0)
+        assert len(got) == 3
+        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+        async with asyncio.timeout(15):  # before: for good
+            await receiver.acknowledge([m.token for m in got])
+        assert adapter.topic_changed is not None
+        assert "(partition 0 ends at offset 0, before offset 3 it had reached)" in str(
+            adapter.topic_changed)
+        errors = [r.getMessage() for r in caplog.records
+                  if r.levelname == "ERROR" and r.name.startswith("conveyor")]
+        assert errors == [str(adapter.topic_changed)]
     finally:
         await receiver.shutdown()
         await adapter.close()
