@@ -269,29 +269,39 @@ async def test_a_topic_deleted_under_a_running_worker_stops_it_and_a_new_worker_
     assert sorted(handled_ids(second_out)) == sorted(after)
 
 
-async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and_commits_no_more(
-    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Under the static and dynamic balancers nobody fails the daemon: the adapter says it
-    in one ERROR line, and no receiver reads or commits an old position from then on."""
+async def _three_read(tansu: Tansu, topic: str) -> tuple[KafkaAdapter, Any, list[Message]]:
+    """An adapter of one queue, its receiver, and the three messages it read."""
     config = load_config(None, environ={}, overrides={
         "queues": {"adapter": "kafka", "total": 1},
         "kafka": {"bootstrap": tansu.bootstrap, "topic": topic, "idempotence": "off"}})
     adapter = KafkaAdapter(config.kafka, 1)
     receiver = adapter.create_receiver(0, "drift")
+    async with Client.from_config(config) as client:
+        await client.publish_batch([Publish("jobs", "k", {"seq": i}) for i in range(3)])
+    await receiver.initialize()
+    got = await receiver.get_messages(10, 2.0)
+    assert len(got) == 3
+    return adapter, receiver, got
+
+
+async def _delete_topic(tansu: Tansu, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
     try:
-        async with Client.from_config(config) as client:
-            await client.publish_batch([Publish("jobs", "k", {"seq": i}) for i in range(3)])
-        await receiver.initialize()
-        got = await receiver.get_messages(10, 2.0)
-        assert len(got) == 3
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
+async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and_commits_no_more(
+    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under the static and dynamic balancers nobody fails the daemon: the adapter says it
+    in one ERROR line, and no receiver reads or commits an old position from then on."""
+    adapter, receiver, got = await _three_read(tansu, topic)
+    try:
         await receiver.acknowledge([m.token for m in got])
-        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([topic])
-        finally:
-            await admin.close()
+        await _delete_topic(tansu, topic)
         for _ in range(5):  # pulls that find the partition ended before offset 3
             assert await receiver.get_messages(10, 0.2) == []
         assert adapter.topic_changed is not None
@@ -320,23 +330,9 @@ async def test_a_commit_to_a_deleted_topic_is_bounded_and_names_the_topic_gone(
     end never stopped. The commit is bounded; past the bound the topic is looked up, and
     gone, it is said so and nothing more is committed."""
     monkeypatch.setattr(receiver_module, "COMMIT_WAIT_S", 1.0)
-    config = load_config(None, environ={}, overrides={
-        "queues": {"adapter": "kafka", "total": 1},
-        "kafka": {"bootstrap": tansu.bootstrap, "topic": topic, "idempotence": "off"}})
-    adapter = KafkaAdapter(config.kafka, 1)
-    receiver = adapter.create_receiver(0, "drift")
+    adapter, receiver, got = await _three_read(tansu, topic)
     try:
-        async with Client.from_config(config) as client:
-            await client.publish_batch([Publish("jobs", "k", {"seq": i}) for i in range(3)])
-        await receiver.initialize()
-        got = await receiver.get_messages(10, 2.0)
-        assert len(got) == 3
-        admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([topic])
-        finally:
-            await admin.close()
+        await _delete_topic(tansu, topic)
         async with asyncio.timeout(15):  # before: for good
             await receiver.acknowledge([m.token for m in got])
         assert adapter.topic_changed is not None
