@@ -181,7 +181,11 @@ class KafkaReceiver(QueueReceiver):
 
     async def get_messages(self, max_count: int, timeout_s: float = 0.0) -> list[Message]:
         if self._cluster.topic_changed is not None:
-            return []  # its offsets mean nothing now: read nothing more (see topic_gone)
+            # Its offsets mean nothing now: read nothing more (see topic_gone) — after the
+            # poll's wait, as a pull that finds nothing does: returned at once, the agent's
+            # pull loop ran without letting the event loop run, until its ownership lapsed.
+            await asyncio.sleep(timeout_s)
+            return []
         if not self._started and not await self._start(timeout_s):
             return []  # the broker is down: the adapter backs off and logs the outage
         consumer = self._consumer

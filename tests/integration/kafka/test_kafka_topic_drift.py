@@ -305,6 +305,24 @@ async def test_a_receiver_outside_a_group_balancer_logs_a_deleted_topic_once_and
         for _ in range(5):  # pulls that find the partition ended before offset 3
             assert await receiver.get_messages(10, 0.2) == []
         assert adapter.topic_changed is not None
+        # From then on a pull finds nothing after the poll's wait, letting the event loop
+        # run: returned at once, the agent's pull loop held the loop until its ownership
+        # lapsed (a 4.7 s stall of every other task, heartbeats included).
+        others_ran = 0
+
+        async def other_task() -> None:
+            nonlocal others_ran
+            while True:
+                others_ran += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(other_task())
+        try:
+            for _ in range(20):
+                assert await receiver.get_messages(10, 0.01) == []
+        finally:
+            other.cancel()
+        assert others_ran >= 20
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert errors == [str(adapter.topic_changed)]
         assert "(partition 0 ends at offset 0, before offset 3 it had reached)" in errors[0]
