@@ -33,18 +33,26 @@ class ThrottledLog:
         if key not in self._last and len(self._last) >= self.max_keys:
             key = ("*overflow*",)
             message, args = "%s (more kinds than the log keeps apart)", (message % args,)
+        held = self.admit(key)
+        if held is None:
+            return False
+        self._log.log(level, message + held, *args)
+        return True
+
+    def admit(self, key: Hashable) -> str | None:
+        """One occurrence of ``key``: None when it is to be counted, not logged (logged
+        within the interval); else what its line ends with — ``""``, or how many more
+        there were since it was last logged."""
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self.interval_s:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return False
+            return None
         self._last[key] = now
         more = self._suppressed.pop(key, 0)
-        if more:
-            message += f" (and {more} more like it in the last %.0fs)"
-            args = (*args, now - last if last is not None else 0.0)
-        self._log.log(level, message, *args)
-        return True
+        if not more or last is None:
+            return ""
+        return f" (and {more} more like it in the last {now - last:.0f}s)"
 
 
 class EpisodeLog:

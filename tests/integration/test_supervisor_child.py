@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from conveyor.workers.supervisor.process import CHILD_MODULE
-from conveyor.workers.supervisor.protocol import Ready, decode_event
+from conveyor.workers.supervisor.protocol import Alive, Ready, decode_event
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,9 +33,11 @@ def test_a_child_whose_supervisor_is_gone_stops_quietly(tmp_path: Path) -> None:
         readable, _, _ = select.select([read_fd], [], [], 30)
         assert readable, "the child sent nothing in 30s"
         with os.fdopen(read_fd, "rb", closefd=False) as events:
-            # Beats (Alive) come from the start, Ready once the daemon runs.
-            while not isinstance(decode_event(events.readline()), Ready):
-                pass
+            # Beats (Alive) come from the start; the first other event is Ready.
+            event = decode_event(events.readline())
+            while isinstance(event, Alive):
+                event = decode_event(events.readline())
+            assert isinstance(event, Ready), event
         os.close(read_fd)  # the supervisor is gone ...
         read_fd = -1
         assert proc.stdin is not None

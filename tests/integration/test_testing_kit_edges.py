@@ -56,7 +56,7 @@ async def test_a_handler_raising_a_base_exception_has_each_attempt_recorded() ->
     # attempts, no error (settle's DeadLettersFound had no cause), and a call that failed
     # so and then succeeded was reported handled on its first and only attempt.
     class Abort(BaseException):
-        pass
+        """A BaseException of the user's own, neither Exception nor a stop."""
 
     app = App("base")
     calls = {"n": 0}
@@ -113,11 +113,11 @@ def two_handlers() -> App:
 
     @app.handler("orders")
     async def on_order(n: int) -> None:
-        pass
+        """Takes the order; nothing to check here but the name."""
 
     @app.handler("orders", name="audit")
     async def audit_order(n: int) -> None:
-        pass
+        """The second handler of the namespace, named "audit"."""
 
     return app
 
@@ -218,7 +218,7 @@ async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message
 
     @app.handler("k")
     async def take(body: bytes) -> None:
-        pass
+        """Handled: the report's lines name the key."""
 
     keys = ["a\nb", "\x1b[31mred", "tab\there", "é🎉"]
     async with TestWorker(app) as worker:

@@ -467,15 +467,21 @@ def stored_past(server: RedisServer, total: int, wider: int) -> int:
     return sum(client.xlen(f"t:q:{q}") for q in range(total, wider))
 
 
+def prepared_redis(redis_server: RedisServer, tmp_path: Path) -> tuple[Config, redis.Redis]:
+    """A config of 2 queues on ``redis_server`` with the app prepared, and a client of
+    the server's own (to read its connection counts)."""
+    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
+                                      queues={"total": 2}))
+    prepare_app(config)
+    return config, redis.Redis.from_url(redis_server.url)
+
+
 def test_polls_keep_their_redis_connections_open_across_polls(redis_server: RedisServer,
                                                               tmp_path: Path) -> None:
     """Each poll opened an adapter and each app's membership and lease stores, and closed
     them: new connections every poll. Kept, a poll after the first connects no more
     (the server's own count of connections received)."""
-    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
-                                      queues={"total": 2}))
-    prepare_app(config)
-    server = redis.Redis.from_url(redis_server.url)
+    config, server = prepared_redis(redis_server, tmp_path)
 
     def connections() -> int:
         return int(server.info("stats")["total_connections_received"])
@@ -505,10 +511,7 @@ def test_polls_keep_their_redis_connections_open_across_polls(redis_server: Redi
 
 def test_the_connection_an_app_s_stores_kept_is_closed_once_its_group_is_gone(
         redis_server: RedisServer, tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
-                                      queues={"total": 2}))
-    prepare_app(config)
-    server = redis.Redis.from_url(redis_server.url)
+    config, server = prepared_redis(redis_server, tmp_path)
 
     def connected() -> int:
         return int(server.info("clients")["connected_clients"])

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
@@ -38,6 +37,7 @@ from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
 from conveyor.platform.outage import OutageLog
+from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger("conveyor.kafka")
 
@@ -232,30 +232,24 @@ class _ConnectRepeatFilter(logging.Filter):
     """aiokafka's client logs an error at every attempt to reach a broker that is down —
     every 1-5 s of an outage, from each client of the process. This filter lets one line
     per address (or node) pass every :data:`CONNECT_REPEAT_S` and ends it with how many
-    more there were; every other line of aiokafka's passes as it is. Conveyor's own
-    outage log says when the outage starts, lasts and ends."""
+    more there were (:class:`~conveyor.platform.throttled_log.ThrottledLog`'s rule); every
+    other line of aiokafka's passes as it is. Conveyor's own outage log says when the
+    outage starts, lasts and ends."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._last: dict[tuple[object, ...], float] = {}
-        self._held: dict[tuple[object, ...], int] = {}
+        self._throttle = ThrottledLog(log, CONNECT_REPEAT_S)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg not in _CONNECT_FAILURES or not isinstance(record.args, tuple):
             return True
         fmt = record.msg
         where = record.args if fmt.endswith("from %s") else record.args[:-1]
-        key = (fmt, *map(str, where))
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < CONNECT_REPEAT_S:
-            self._held[key] = self._held.get(key, 0) + 1
+        self._throttle.interval_s = CONNECT_REPEAT_S  # the module's setting, as it is now
+        held = self._throttle.admit((fmt, *map(str, where)))
+        if held is None:
             return False
-        if len(self._last) >= 256:  # addresses are few; a bound all the same
-            self._last.clear()
-        self._last[key] = now
-        if (held := self._held.pop(key, 0)) and last is not None:
-            record.msg = f"{fmt} (and {held} more like it in the last {now - last:.0f}s)"
+        record.msg = fmt + held
         return True
 
 

@@ -153,16 +153,20 @@ async def test_a_daemon_started_while_redis_is_down_joins_when_it_comes_up(
 
 
 class Listener:
-    """A daemon's side of the balancer that starts and drains nothing."""
+    """A daemon's side of the balancer that starts and drains nothing: it notes what it
+    is told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, int]] = []
 
     async def queue_acquired(self, queue: int, lease: object) -> None:
-        pass
+        self.told.append(("acquired", queue))
 
     async def queue_released(self, queue: int) -> None:
-        pass
+        self.told.append(("released", queue))
 
     async def queue_lost(self, queue: int) -> None:
-        pass
+        self.told.append(("lost", queue))
 
     def balancer_failed(self, error: BaseException) -> None:
         raise AssertionError(error)
@@ -192,8 +196,8 @@ async def test_a_lease_taken_over_before_the_give_up_is_not_logged_as_released(
     daemon took it): the stop's release removes nothing, and the log says so."""
     caplog.set_level(logging.INFO, logger="conveyor.balancer")
     config = balancing_config(redis_server)
-    balancer = lone_balancer(config)
-    await balancer.start(MemberInfo("a", "h", 1, 0.0), Listener())
+    balancer, listener = lone_balancer(config), Listener()
+    await balancer.start(MemberInfo("a", "h", 1, 0.0), listener)
     try:
         await wait_until(lambda: len(balancer.owned()) == TOTAL_QUEUES, 10,
                          what="the balancer to take every queue")
@@ -208,6 +212,8 @@ async def test_a_lease_taken_over_before_the_give_up_is_not_logged_as_released(
                         "daemon's (it lapsed or another daemon took it): nothing to release")
     assert admin.get(Keys("t").lease("shop", 3)) == f"{token + 1} b".encode()  # kept
     admin.close()
+    assert sorted(q for what, q in listener.told if what == "released") == list(
+        range(TOTAL_QUEUES))  # the daemon gives every queue up, its lease kept or not
 
 
 async def test_a_release_that_fails_says_so_and_when_the_lease_lapses(
@@ -219,8 +225,8 @@ async def test_a_release_that_fails_says_so_and_when_the_lease_lapses(
     base = balancing_config(redis_server)
     config = msgspec.structs.replace(
         base, redis=msgspec.structs.replace(base.redis, retry_max_s=0.3))
-    balancer = lone_balancer(config)
-    await balancer.start(MemberInfo("a", "h", 1, 0.0), Listener())
+    balancer, listener = lone_balancer(config), Listener()
+    await balancer.start(MemberInfo("a", "h", 1, 0.0), listener)
     await wait_until(lambda: len(balancer.owned()) == TOTAL_QUEUES, 10,
                      what="the balancer to take every queue")
     redis_server.stop()
@@ -234,6 +240,8 @@ async def test_a_release_that_fails_says_so_and_when_the_lease_lapses(
     assert all(0 < ms <= 5_000 for ms in left), left  # still held: they lapse, as logged
     lines = released_lines(caplog)
     assert sorted(lines) == list(range(TOTAL_QUEUES))
+    assert sorted(q for what, q in listener.told if what == "released") == list(
+        range(TOTAL_QUEUES))  # given up, whatever the store said
     for queue, line in lines.items():
         assert line.startswith(f"queue {queue}: given up, but releasing its lease failed "
                                "(BrokerConnectionError: "), line
