@@ -7,6 +7,7 @@ builds it (the ratio sampler and :class:`RatioRoots`) but exporting to memory.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sized
 
@@ -216,3 +217,45 @@ async def test_an_exception_leaving_the_consumer_span_is_recorded_as_use_span_re
     assert event.name == "exception" and event.attributes is not None
     assert event.attributes["exception.type"] == "ValueError"
     assert trace.get_current_span() is trace.INVALID_SPAN  # the context was detached
+
+
+@pytest.mark.parametrize("traced_producer", [False, True],
+                         ids=["worker decides", "producer decides"])
+async def test_tasks_a_handler_starts_keep_their_messages_trace(traced_producer: bool) -> None:
+    """The runner reuses a dropped trace's context for the next dropped trace only when
+    nothing holds it (ConsumerScope's "Reused"): a task the handler starts, still
+    running while later messages are handled, sees its own message's trace id — as do
+    the handler's spans kept in a list — and every message has a trace of its own."""
+    telemetry, spans = ratio_telemetry(0.1)
+    handled: list[int] = []
+    in_call: dict[int, int] = {}
+    in_task: dict[int, int] = {}
+    kept: dict[int, trace.Span] = {}
+    app = App("test")
+
+    async def later(seq: int) -> None:
+        await wait_until(lambda: len(handled) >= min(seq + 20, n), 20, what="later messages")
+        in_task[seq] = trace.get_current_span().get_span_context().trace_id
+
+    tasks = []
+
+    @app.handler("items")
+    async def handle(item: Item) -> None:
+        span = trace.get_current_span()
+        in_call[item.seq] = span.get_span_context().trace_id
+        if item.seq % 7 == 0:
+            tasks.append(asyncio.create_task(later(item.seq)))
+        elif item.seq % 7 == 1:
+            kept[item.seq] = span
+        handled.append(item.seq)
+
+    n = 300
+    await publish_and_handle(app, telemetry, n, handled, traced_producer=traced_producer)
+    await asyncio.wait_for(asyncio.gather(*tasks), 20)
+    assert sorted(handled) == list(range(n))
+    assert len(set(in_call.values())) == n  # a trace each
+    assert in_task == {seq: in_call[seq] for seq in range(0, n, 7)}
+    assert {seq: s.get_span_context().trace_id for seq, s in kept.items()} == {
+        seq: in_call[seq] for seq in range(1, n, 7)}
+    consumers = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
+    assert 0 < len(consumers) < n  # some kept, most dropped: both paths were taken

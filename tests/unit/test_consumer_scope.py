@@ -36,7 +36,7 @@ from conveyor.platform.delivery import (
 )
 from conveyor.platform.delivery.chain import call_handler, compose
 from conveyor.platform.delivery.dead_letter import direct_call
-from conveyor.platform.delivery.tracing import traced_dead_letters
+from conveyor.platform.delivery.tracing import ConsumerSpans, traced_dead_letters
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message
@@ -320,4 +320,96 @@ def test_a_dropped_parent_with_a_tracestate_is_the_sdks_and_keeps_its_state() ->
     assert seen.trace_id == int("ef" * 16, 16) and not seen.trace_flags.sampled
     assert list(seen.trace_state.items()) == [("k", "v")]
     assert onward["tracestate"] == "k=v" and onward["traceparent"][3:35] == "ef" * 16
+    assert traced.spans() == []
+
+
+def _scope(traced: Traced) -> Any:
+    app = App("spares")
+
+    @app.handler("orders")
+    async def orders(body: bytes) -> None:
+        """Never called: the scope is entered and left by the test."""
+
+    [spec] = app.handlers
+    return ConsumerSpans(traced.tracer, system="memory", group="g",
+                         recorder=traced.recorder).scope(spec)
+
+
+def _dropped_message(i: int, parent: bool) -> tuple[Message, int]:
+    """A message whose trace is dropped (with ``parent``, by its producer: its trace id
+    is the header's; else by the ratio, 0 in these tests) and that trace id, or 0."""
+    if not parent:
+        return Message(f"m-{i}", StreamId("orders", f"k{i}"), b"{}", headers={}), 0
+    trace_id = 0x1000 + i
+    header = f"00-{trace_id:032x}-{i + 1:016x}-00"
+    return Message(f"m-{i}", StreamId("orders", f"k{i}"), b"{}",
+                   headers={"traceparent": header}), trace_id
+
+
+def _fail(span: Any, i: int) -> None:
+    """A handler's failure: its frame, kept by the exception, holds ``span``."""
+    raise RuntimeError(f"message {i} with {span!r}")
+
+
+@pytest.mark.parametrize("parent", [False, True], ids=["new trace", "dropped parent"])
+async def test_a_dropped_traces_context_is_reused_only_when_nothing_else_holds_it(
+        parent: bool) -> None:
+    """ConsumerScope's "Reused": a dropped trace's context serves the next dropped
+    trace when nothing holds it after its message — and whatever does hold it (a task
+    the handler started, a span or context kept, an exception's frames) goes on seeing
+    its own message's ids while later messages are handled."""
+    traced = Traced(0.0, lean=True)
+    scope = _scope(traced)
+    kept: list[tuple[int, Any]] = []  # (the trace id seen in the call, what was kept)
+    late: list[tuple[int, int]] = []  # (seen in the call, seen by its task afterwards)
+    release = asyncio.Event()
+    tasks = []
+
+    async def afterwards(seen: int) -> None:
+        await release.wait()
+        late.append((seen, trace.get_current_span().get_span_context().trace_id))
+
+    ids: list[int] = []  # each call's span, by id (a reference would hold it)
+    seen_ids: list[int] = []
+    for i in range(12):
+        msg, header_id = _dropped_message(i, parent)
+        entered = scope.enter(msg)
+        span = trace.get_current_span()
+        context = span.get_span_context()
+        assert context.is_valid and not context.trace_flags.sampled
+        assert context.trace_id == (header_id or context.trace_id)
+        ids.append(id(span))
+        seen_ids.append(context.trace_id)
+        how = i % 6
+        if how == 1:  # the handler starts a task that outlives its call
+            tasks.append(asyncio.create_task(afterwards(context.trace_id)))
+        elif how == 2:  # it keeps its span
+            kept.append((context.trace_id, span))
+        elif how == 3:  # it keeps its context
+            kept.append((context.trace_id, get_current()))
+        elif how == 4:  # it fails, and the failure (its frames) is kept
+            try:
+                _fail(span, i)
+            except RuntimeError as exc:
+                kept.append((context.trace_id, exc))
+        del span
+        scope.leave(entered)
+    # Reused after each message that let go of it (0 and 5 lend theirs to the next)...
+    assert ids[1] == ids[0] and ids[6] == ids[5]
+    # ...and never after one that held it.
+    for i in range(11):
+        if i % 6 in (1, 2, 3, 4):
+            assert ids[i] not in ids[i + 1:], i
+    release.set()
+    await asyncio.gather(*tasks)
+    assert len(late) == 2 and all(then == now for then, now in late)
+    assert len(kept) == 6
+    for seen, thing in kept:
+        if isinstance(thing, BaseException):
+            assert thing.__traceback__ is not None and thing.__traceback__.tb_next is not None
+            thing = thing.__traceback__.tb_next.tb_frame.f_locals["span"]
+        elif isinstance(thing, dict):
+            thing = trace.get_current_span(thing)  # type: ignore[arg-type]
+        assert thing.get_span_context().trace_id == seen
+    assert len(set(seen_ids)) == 12  # every message its own trace id
     assert traced.spans() == []

@@ -15,6 +15,7 @@ only when a tracer is configured.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from functools import partial
@@ -152,9 +153,40 @@ _in_context: Callable[[Span], Context] = (
         _span_in_context(INVALID_SPAN)) is INVALID_SPAN
     else set_span_in_context)  # the API's own way, where its key is not where it was
 
-Entered = tuple[Token[Context], Span | None]
+Spare = tuple[Context, DroppedSpan | RemoteSpan, Context]
+"""A dropped trace's context, its span, and the context it was made in: kept by a
+:class:`ConsumerScope` to serve the next dropped trace (see its "Reused")."""
+Entered = tuple[Token[Context], Span | None, Spare | None]
 """What :meth:`ConsumerScope.enter` returns for :meth:`ConsumerScope.leave`: the
-context to restore and the span to end (None: a dropped trace's, nothing to end)."""
+context to restore, the span to end (None: a dropped trace's, nothing to end) and a
+dropped trace's :data:`Spare`, to keep for the next one if nothing else holds it."""
+
+
+def _spare_refs() -> tuple[int, int] | None:
+    """What ``sys.getrefcount`` says of a :data:`Spare`'s context and span once nothing
+    but the spare holds them (the context's span counts for the span), counted by the
+    expressions :meth:`ConsumerScope.leave` uses; None where the interpreter keeps no
+    such count (then no spare is ever reused)."""
+    getrefcount = getattr(sys, "getrefcount", None)
+    if getrefcount is None or not _SPAN_KEY:
+        return None
+    span = DroppedSpan(1)
+    spare: Spare = (Context({_SPAN_KEY: span}), span, Context())
+    del span
+    _reset_context(_set_context(spare[0]))
+    return getrefcount(spare[0]), getrefcount(spare[1])
+
+
+_FREE_CONTEXT, _FREE_SPAN = _spare_refs() or (-1, -1)
+"""The counts of a spare nothing else holds; -1 (no count is): never reused."""
+
+
+def _no_count(_: object) -> int:
+    """Where the interpreter keeps no reference counts: a count no spare has."""
+    return -2
+
+
+_getrefcount: Callable[[object], int] = getattr(sys, "getrefcount", _no_count)
 
 
 class ConsumerScope:
@@ -172,7 +204,18 @@ class ConsumerScope:
     SDK span. A ``traceparent`` with a ``tracestate``, a sampled or other-length one
     that does not parse cleanly, and a tracer whose provider Conveyor did not build (no
     :class:`~conveyor.platform.sampling.RatioRoots`), go to the SDK and its
-    propagator, as they would without any of this."""
+    propagator, as they would without any of this.
+
+    *Reused:* a dropped trace's context and span, once left, serve the next dropped
+    trace of their kind (new, or the producer's) with that trace's ids written in,
+    instead of two new objects a message — unless something still holds either when
+    it is left: a task or thread the handler started (its copy of the context), a
+    span or context the handler kept, an exception's frames. CPython's reference
+    counts say so (:data:`_FREE_CONTEXT`); any count above a spare's own keeps that
+    context and span as they are, for good, and the next dropped trace gets new
+    ones, so whatever holds them goes on seeing its message's ids. One spare of each
+    kind; one in use is not a spare (deliveries running at once each get their own);
+    and a spare made in another context than the current one is not used."""
 
     def __init__(self, tracer: Tracer, handler: HandlerSpec, *, system: str, group: str,
                  recorder: LeanRecorder | None = None) -> None:
@@ -191,6 +234,10 @@ class ConsumerScope:
         """The ratio's bound on a new trace id's lower 64 bits (TraceIdRatioBased's);
         unused without :class:`~conveyor.platform.sampling.RatioRoots`."""
         self._partitions: dict[int, str] = {}
+        self._new_spare: Spare | None = None
+        """A dropped new trace's context to reuse (the class's "Reused")."""
+        self._parent_spare: Spare | None = None
+        """A dropped producer's trace's context to reuse."""
         self._lean: Callable[[int, int, int, int, dict[str, str]], LeanSpan] | None = None
         """A kept trace's span, recorded by ``recorder`` (given trace id, span id, parent
         span id, flags and the per-message attributes); None: the SDK's."""
@@ -227,18 +274,32 @@ class ConsumerScope:
         if header is None:  # a new trace (RatioRoots.draw, inlined)
             trace_id = getrandbits(128) or 1
             if trace_id & _ID_LIMIT >= self._bound:  # dropped
-                return _set_context(_in_context(DroppedSpan(trace_id))), None
+                spare = self._new_spare
+                if spare is not None and spare[2] is _get_context():  # reused
+                    self._new_spare = None
+                    dropped = spare[1]
+                    dropped._trace_id = trace_id  # type: ignore[union-attr]
+                    dropped._context = None
+                    return _set_context(spare[0]), None, spare
+                return self._spare(DroppedSpan(trace_id))
             lean = self._lean
             if lean is None:
                 roots.take_next(trace_id)
                 return self._sdk(msg, Context())
             span: Span = lean(trace_id, random_span_id(), 0, ROOT_FLAGS,
                               self._attributes(msg))
-            return _set_context(_in_context(span)), span
+            return _set_context(_in_context(span)), span, None
         if (len(header) == TRACEPARENT_LENGTH and header[FLAGS_LAST] in EVEN_HEX
                 and "tracestate" not in headers):  # the producer dropped its trace
             # (taken unchecked: RemoteSpan checks it if someone asks, see sampling)
-            return _set_context(_in_context(RemoteSpan(header))), None
+            spare = self._parent_spare
+            if spare is not None and spare[2] is _get_context():  # reused
+                self._parent_spare = None
+                remote = spare[1]
+                remote._traceparent = header  # type: ignore[union-attr]
+                remote._context = None
+                return _set_context(spare[0]), None, spare
+            return self._spare(RemoteSpan(header))
         parent = remote_span(headers)
         if parent is None:  # a header to read the SDK's way
             return self._sdk(msg, PROPAGATOR.extract(headers))
@@ -248,25 +309,38 @@ class ConsumerScope:
         trace_id, parent_id, flags = parent.ids()
         span = lean(trace_id, random_span_id(), parent_id,
                     SAMPLED | (flags & RANDOM_TRACE_ID), self._attributes(msg))
-        return _set_context(_in_context(span)), span
+        return _set_context(_in_context(span)), span, None
+
+    @staticmethod
+    def _spare(span: DroppedSpan | RemoteSpan) -> Entered:
+        """A dropped trace's context, made new, and the :data:`Spare` to keep of it."""
+        base = _get_context()
+        spare: Spare = (_in_context(span), span, base)
+        return _set_context(spare[0]), None, spare
 
     def _sdk(self, msg: Message, parent: Context) -> Entered:
         attributes: dict[str, AttributeValue] = {**self._fixed, **self._attributes(msg)}
         span = self._tracer.start_span(self._name, parent, SpanKind.CONSUMER, attributes)
-        return _set_context(_in_context(span)), span
+        return _set_context(_in_context(span)), span, None
 
-    @staticmethod
-    def leave(entered: Entered, exc: BaseException | None = None) -> None:
+    def leave(self, entered: Entered, exc: BaseException | None = None) -> None:
         """Restore the context :meth:`enter` found and end the span; ``exc``, an
         exception that left the span, is recorded on it and sets its status to error,
-        as use_span does."""
-        token, span = entered
+        as use_span does. A dropped trace's context is kept for the next one if nothing
+        but its spare holds it or its span now (the class's "Reused")."""
+        token, span, spare = entered
         _reset_context(token)
         if span is not None:
             if exc is not None and span.is_recording():
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
             span.end()
+        elif (spare is not None and _getrefcount(spare[0]) == _FREE_CONTEXT
+              and _getrefcount(spare[1]) == _FREE_SPAN):
+            if type(spare[1]) is RemoteSpan:  # not isinstance: an ABC's costs 1,700
+                self._parent_spare = spare  # instructions
+            else:
+                self._new_spare = spare
 
 
 class RetrySpans(Interceptor):
