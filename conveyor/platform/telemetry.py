@@ -28,6 +28,7 @@ each reader built here collects — the OTLP export and ``/metrics`` alike.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -41,6 +42,7 @@ from opentelemetry.trace import Span, SpanKind, TraceFlags, Tracer, TracerProvid
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from conveyor.platform.message import Message
+from conveyor.platform.throttled_log import ThrottledLog
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricReader
@@ -54,6 +56,42 @@ if TYPE_CHECKING:
     from conveyor.platform.spans import LeanRecorder, LeanSpan
 
 PROPAGATOR = TraceContextTextMapPropagator()
+
+HEADER_WARNING_REPEAT_S = 30.0
+"""How often one of OpenTelemetry's warnings about a message's trace headers passes."""
+_HEADER_LOGGERS = ("opentelemetry.trace.span", "opentelemetry.trace.propagation.tracecontext")
+"""Where the API warns of a malformed ``tracestate`` (``TraceState.from_header``) or a
+``traceparent``/``tracestate`` past its length limit (the propagator)."""
+
+
+class _HeaderWarningRepeats(logging.Filter):
+    """OpenTelemetry's API logs a warning each time it reads a ``tracestate`` that breaks
+    the W3C rules, or a trace header past its length limit: a producer that sends one on
+    every message would log a line a message. One line of each kind (its format, not
+    the header's value, which a producer can vary) passes every
+    :data:`HEADER_WARNING_REPEAT_S`, ending with how many more there were
+    (:class:`~conveyor.platform.throttled_log.ThrottledLog`'s rule). What the API then
+    does — it drops the bad ``tracestate`` — is unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._throttle = ThrottledLog(logging.getLogger(__name__), HEADER_WARNING_REPEAT_S)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        self._throttle.interval_s = HEADER_WARNING_REPEAT_S  # the module's, as it is now
+        held = self._throttle.admit(str(record.msg))
+        if held is None:
+            return False
+        if held:
+            record.msg = f"{record.msg}{held}"
+        return True
+
+
+_header_repeats = _HeaderWarningRepeats()
+for _name in _HEADER_LOGGERS:
+    logging.getLogger(_name).addFilter(_header_repeats)
 DEFAULT_SERVICE_NAME = "conveyor"
 SCOPE = "conveyor"
 SAMPLED = TraceFlags.SAMPLED

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Sized
 
 import pytest
@@ -259,3 +260,49 @@ async def test_tasks_a_handler_starts_keep_their_messages_trace(traced_producer:
         seq: in_call[seq] for seq in range(1, n, 7)}
     consumers = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
     assert 0 < len(consumers) < n  # some kept, most dropped: both paths were taken
+
+
+async def test_a_bad_tracestate_on_every_message_is_warned_of_once_not_per_message(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenTelemetry's API warns each time it reads a ``tracestate`` that breaks the W3C
+    rules: a producer sending one on every message got one line a message. One line of
+    each kind passes per ``HEADER_WARNING_REPEAT_S``, then one saying how many more;
+    every message is still handled, in its producer's trace (the bad state dropped)."""
+    from conveyor.platform import telemetry as telemetry_module
+
+    monkeypatch.setattr(telemetry_module, "HEADER_WARNING_REPEAT_S", 3600.0)
+    telemetry, _ = ratio_telemetry(1.0)
+    handled: list[int] = []
+    traces: set[int] = set()
+    app = App("test")
+
+    @app.handler("items")
+    async def handle(item: Item) -> None:
+        context = trace.get_current_span().get_span_context()
+        traces.add(context.trace_id)
+        assert not context.trace_state  # the bad state dropped, as the API drops it
+        handled.append(item.seq)
+
+    adapter = fresh_adapter()
+    d = daemon(app, adapter, telemetry=telemetry)
+    client = Client(adapter, d.mapper)
+    n = 300
+    producer_trace = int("ab" * 16, 16)
+    for i in range(n):
+        await client.publish("items", f"k{i % 50}", Item(i), headers={
+            "traceparent": f"00-{'ab' * 16}-{i + 1:016x}-01",
+            "tracestate": f"bad key {i}=@@@"})
+    with caplog.at_level("WARNING", logger="opentelemetry"):
+        await d.start()
+        await wait_until(lambda: len(handled) == n, 20, what="every message handled")
+        first = [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry")]
+        monkeypatch.setattr(telemetry_module, "HEADER_WARNING_REPEAT_S", 0.0)
+        await client.publish("items", "k0", Item(n), headers={
+            "traceparent": f"00-{'ab' * 16}-{n + 1:016x}-01", "tracestate": "bad key=@@@"})
+        await wait_until(lambda: len(handled) == n + 1, 20, what="the last message handled")
+        await d.stop()
+    assert sorted(handled) == list(range(n + 1)) and traces == {producer_trace}
+    assert len(first) == 1 and "w3c identifiers format" in first[0], first
+    later = [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry")]
+    assert len(later) == 2, later
+    assert re.search(rf"@@@ \(and {n - 1} more like it in the last \d+s\)$", later[1]), later
