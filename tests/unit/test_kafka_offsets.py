@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conveyor.adapters.kafka import offsets
 from conveyor.adapters.kafka.offsets import DoneOffsets, decode, encode
 
 
@@ -51,3 +52,16 @@ def test_loaded_done_offsets_at_the_watermark_advance_it() -> None:
 def test_encode_then_decode_is_identity_when_it_fits(watermark: int, rel: set[int]) -> None:
     done = {watermark + r for r in rel}
     assert decode(watermark, encode(watermark, done, max_bytes=10**6)) == done
+
+
+def test_unfinished_counts_what_a_worker_can_still_read() -> None:
+    """A group's lag (``status``, ``groups``, the scaler): records from its watermark to
+    the high watermark, less those done above it — but not records retention deleted
+    before the group handled them (below the log start), which no worker can read."""
+    text = offsets.encode(100, [102, 103, 109])
+    assert offsets.unfinished(120, 0, 100, text) == 20 - 3  # nothing deleted
+    assert offsets.unfinished(120, 103, 100, text) == 17 - 2  # 100-102 gone; 103, 109 done
+    assert offsets.unfinished(120, 110, 100, text) == 10  # every done offset gone too
+    assert offsets.unfinished(120, 120, 100, text) == 0  # all of it deleted
+    assert offsets.unfinished(120, 0, 120, "") == 0 and offsets.unfinished(125, 0, 120, "") == 5
+    assert offsets.unfinished(105, 0, 100, offsets.encode(100, [104, 108])) == 4  # past high

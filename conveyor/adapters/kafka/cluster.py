@@ -606,11 +606,10 @@ class KafkaCluster:
                     committed = await fetch_committed(consumer, tp)
                     if committed is None:
                         start = await self.new_group_offset(consumer, tp)
-                        done = 0
-                    else:
-                        start = int(committed[0])
-                        done = len(kafka_offsets.decode(start, committed[1]))
-                    high = await self.high_watermark(consumer, tp, start)
+                        return max(0, await self.high_watermark(consumer, tp, start) - start)
+                    log_start = int((await consumer.beginning_offsets([tp]))[tp])
+                    high = await self.high_watermark(consumer, tp,
+                                                     max(int(committed[0]), log_start))
             except TopicMissingError:
                 return 0
-        return max(0, high - start - done)
+        return kafka_offsets.unfinished(high, log_start, int(committed[0]), committed[1])

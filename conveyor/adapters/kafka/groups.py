@@ -97,8 +97,8 @@ class KafkaGroups(ConsumerGroups):
                 if entry is None:
                     lag = high[q] - int(begin[tp])
                 else:
-                    start = int(entry.offset)
-                    lag = high[q] - start - len(kafka_offsets.decode(start, entry.metadata or ""))
+                    lag = kafka_offsets.unfinished(high[q], int(begin[tp]), int(entry.offset),
+                                                   entry.metadata)
                 out.append(GroupInfo(name, q, max(0, lag), members=members, appended=high[q]))
         return out
 

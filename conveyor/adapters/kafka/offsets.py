@@ -62,6 +62,16 @@ def decode(watermark: int, text: str | None) -> set[int]:
     return done
 
 
+def unfinished(high: int, log_start: int, watermark: int, text: str | None) -> int:
+    """What a group that committed ``watermark`` (with ``text``'s done offsets) has left
+    to handle of a partition holding ``log_start`` up to ``high``: records deleted by
+    retention before it handled them are not counted — no worker can read them (the
+    receiver reports them lost when it moves past them)."""
+    start = max(watermark, log_start)
+    done = sum(1 for offset in decode(watermark, text) if start <= offset < high)
+    return max(0, high - start - done)
+
+
 class DoneOffsets:
     """Watermark and done-above-watermark set of one partition (one owner at a time)."""
 
