@@ -72,9 +72,10 @@ class TestWorker:
     changes. ``telemetry`` is off unless given. The ``App`` object is not modified: the
     daemon runs a copy with one observer added (see :mod:`conveyor.testing.observe`).
 
-    Leaving the ``async with`` block cleanly settles what the test published since its
-    last :meth:`settle` and raises :class:`DeadLettersFound` for dead letters the test
-    never looked at (:meth:`_check_at_exit`); :meth:`stop` does neither.
+    Leaving the ``async with`` block cleanly settles what was published since the test's
+    last :meth:`settle` (and the startup hooks, if it never settled) and raises
+    :class:`DeadLettersFound` for dead letters the test never looked at
+    (:meth:`_check_at_exit`); :meth:`stop` does neither.
     """
 
     __test__ = False  # pytest: not a test class, whatever a test module imports
@@ -111,8 +112,10 @@ class TestWorker:
         self._looked = 0
         """Records the test has seen: returned by settle(), or read through records,
         dead_lettered() or report(); dead letters past it fail a clean exit."""
-        self._unchecked = False
-        """The test published since it last called settle() or unsettled()."""
+        self._checked: int | None = None
+        """Messages published (by anyone) when the test last called settle() or
+        unsettled(), None before its first call: more at the exit (or a startup hook
+        still running that no such call saw), and the exit settles them."""
         self._daemon: WorkerDaemon | None = None
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
@@ -177,13 +180,17 @@ class TestWorker:
 
     async def _check_at_exit(self) -> None:
         """A test that publishes and ends without ``settle()`` would pass over a failing
-        handler: what it published is settled here (``NotSettled`` past the timeout, a
+        handler or startup hook: what was published since its last ``settle()`` (by the
+        test, ``worker.client``, a handler or a hook) is settled here, with the startup
+        hooks if no ``settle()`` saw them (``NotSettled`` past the timeout, a
         startup hook's failure raised), and a dead letter it never saw — no ``settle()``
         returned it, nor did ``records``, ``dead_lettered()`` or ``report()`` — raises
         :class:`DeadLettersFound`."""
         __tracebackhide__ = True
         looked = self._looked
-        if self._unchecked:
+        observations = self._observations
+        hooks_unseen = self._checked is None and any(run.running for run in observations.hooks)
+        if len(observations.messages) > (self._checked or 0) or hooks_unseen:
             await self.settle(raise_on_dead_letters=False)
         self._raise_hook_failures()
         letters = [r for r in self._observations.sorted_records(looked)
@@ -221,7 +228,6 @@ class TestWorker:
         """Publish one message (as :meth:`conveyor.Client.publish` does); returns it as
         stored, with its id and position."""
         client = self._running("publish").client
-        self._unchecked = True
         token = await client.publish(namespace, key, body, headers, content_type)
         return self._stored(token.queue, token.major)
 
@@ -233,7 +239,6 @@ class TestWorker:
             if not isinstance(item, Publish):
                 raise InvalidArgumentError(
                     f"publish_batch: expected conveyor.Publish items, got {_kind(item)}")
-        self._unchecked = True
         tokens = await client.publish_batch(batch)
         return [self._stored(t.queue, t.major) for t in tokens]
 
@@ -247,7 +252,6 @@ class TestWorker:
                 f"got {_kind(message)}")
         queue = daemon.client.queue_for(message.stream.namespace, message.stream.key)
         plain = msgspec.structs.replace(message, token=None)
-        self._unchecked = True
         token = (await daemon.adapter.enqueue(queue, [plain]))[0]
         return self._stored(token.queue, token.major)
 
@@ -281,7 +285,6 @@ class TestWorker:
             raise NotSettled("cannot settle: this TestWorker is stopped, and nothing will "
                              "handle what is left:\n" + "\n".join(self.unsettled()))
         changed = self._observations.changed
-        self._unchecked = False
         try:
             async with asyncio.timeout(timeout):
                 while not self._quiet():
@@ -290,6 +293,8 @@ class TestWorker:
         except TimeoutError:
             if not self._quiet():
                 self._not_settled(timeout)
+        finally:
+            self._checked = len(self._observations.messages)
             # Settled after all: the deadline passed while a handler blocked the event
             # loop, and what it held was acknowledged as the loop ran again.
         self._raise_hook_failures()
@@ -327,7 +332,7 @@ class TestWorker:
 
     def unsettled(self) -> list[str]:
         """What :meth:`settle` is waiting for, one line each (empty when settled)."""
-        self._unchecked = False
+        self._checked = len(self._observations.messages)
         observations = self._observations
         lines = [f"startup hook {run.name} still running"
                  for run in observations.hooks if run.running]
