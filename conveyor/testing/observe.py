@@ -292,15 +292,15 @@ def observed_app(app: App, observations: Observations, delay_scale: float) -> Ap
 def _adjusted(spec: HandlerSpec, observations: Observations, scale: float) -> HandlerSpec:
     options = dict(spec.options)
     fn = spec.fn
-    if scale != 1.0:
+    if scale != 1.0:  # only the waits change (attempts, max_deliveries: as declared)
         retry = spec.retry
-        options[RetryPolicy] = RetryPolicy(
-            retry.attempts, retry.initial_delay_s * scale, retry.multiplier,
-            retry.max_delay_s * scale, retry.jitter_s * scale,
+        options[RetryPolicy] = dataclasses.replace(
+            retry, initial_delay_s=retry.initial_delay_s * scale,
+            max_delay_s=retry.max_delay_s * scale, jitter_s=retry.jitter_s * scale,
         )
     batch = spec.batch
     if batch is not None:
-        options[BatchOptions] = BatchOptions(batch.size, batch.wait_ms * scale)
+        options[BatchOptions] = dataclasses.replace(batch, wait_ms=batch.wait_ms * scale)
         fn = _batch_recorder(spec, observations)
     return dataclasses.replace(spec, fn=fn, options=options)
 

@@ -244,14 +244,17 @@ class TestWorker:
 
     async def redeliver(self, message: Message) -> Message:
         """Deliver ``message`` again, same id and all, as a crash or a lost lease would
-        (what an ``idempotent=True`` handler must absorb). Returns the new copy."""
+        (what an ``idempotent=True`` handler must absorb): its ``deliveries`` one more, as
+        a broker that counts them hands it back (so ``max_deliveries`` applies). Returns
+        the new copy."""
         daemon = self._running("redeliver")
         if not isinstance(message, Message):
             raise InvalidArgumentError(
                 f"redeliver: expected a Message (as publish() or published() returns it), "
                 f"got {_kind(message)}")
         queue = daemon.client.queue_for(message.stream.namespace, message.stream.key)
-        plain = msgspec.structs.replace(message, token=None)
+        plain = msgspec.structs.replace(message, token=None,
+                                        deliveries=message.deliveries + 1)
         token = (await daemon.adapter.enqueue(queue, [plain]))[0]
         return self._stored(token.queue, token.major)
 

@@ -288,6 +288,30 @@ async def test_an_idempotent_handler_absorbs_a_redelivered_message() -> None:
     assert worker.deduplicated("payments", handler=charge) == [record]
 
 
+async def test_a_redelivered_message_counts_its_delivery_as_after_a_crash() -> None:
+    """``ctx.deliveries`` is 2 on a message redelivered once, as on a broker that counts
+    them; past ``max_deliveries`` it is dead-lettered with ``DeliveryLimit``, unrun."""
+    app = App("kit")
+    seen: list[int] = []
+
+    @app.handler("renders", max_deliveries=2)
+    async def render(body: dict[str, int], ctx: MessageContext) -> None:
+        seen.append(ctx.deliveries)
+
+    async with TestWorker(app) as worker:
+        first = await worker.publish("renders", "r-1", {"page": 1})
+        await worker.settle()
+        second = await worker.redeliver(first)
+        await worker.settle()
+        third = await worker.redeliver(second)
+        [over] = await worker.settle(raise_on_dead_letters=False)
+
+    assert [m.deliveries for m in (first, second, third)] == [1, 2, 3]
+    assert seen == [1, 2]
+    assert over.outcome is Outcome.DEAD_LETTERED and over.letter is not None
+    assert over.letter.error_type == "DeliveryLimit" and over.attempts == ()
+
+
 async def test_settle_waits_for_startup_hooks_and_what_handlers_publish() -> None:
     app = App("kit")
     clients: list[conveyor.Client] = []
