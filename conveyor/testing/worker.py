@@ -369,6 +369,7 @@ class TestWorker:
         return lines
 
     def _raise_hook_failures(self) -> None:
+        __tracebackhide__ = True
         for run in self._observations.hooks:
             if run.error is not None and not run.reported:
                 run.reported = True

@@ -48,6 +48,22 @@ async def test_an_order_without_items(worker):
 @pytest.mark.asyncio
 async def test_a_test_that_forgets_to_settle(worker):
     await worker.publish("orders", "o-3", {"total_cents": 900, "items": 0})
+
+
+offline = conveyor.App("offline")
+
+
+@offline.startup
+async def connect(client: conveyor.Client) -> None:
+    raise ConnectionError("the database is down")
+
+
+offline_worker = worker_fixture(offline, name="offline_worker")
+
+
+@pytest.mark.asyncio
+async def test_a_startup_hook_that_raises(offline_worker):
+    await offline_worker.settle()
 '''
 
 
@@ -72,7 +88,7 @@ def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_err
     ran = users_pytest(tmp_path, "pytest.ini")
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
-    assert "1 failed, 2 passed, 1 error" in out, out
+    assert "2 failed, 2 passed, 1 error" in out, out
     # A test that forgot settle(): its handler's failure is an error at its teardown.
     assert "ERROR at teardown of test_a_test_that_forgets_to_settle" in out
     assert "dead-lettered orders/o-3 on_order, 3 attempts: ZeroDivisionError" in out
@@ -81,6 +97,10 @@ def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_err
     assert out.index("ZeroDivisionError: integer division or modulo by zero") > handler_error
     summary = out.index("dead-lettered orders/o-2 on_order, 3 attempts: ZeroDivisionError")
     assert out.index("await worker.settle()") < summary
+    # A startup hook's failure: the hook's line, then the test's.
+    hook_error = out.index('raise ConnectionError("the database is down")')
+    assert out.index("StartupHookFailed: startup hook connect raised ConnectionError: the "
+                     "database is down") > hook_error
     assert "conveyor/testing/worker.py" not in out  # the kit's frames are hidden
 
 
