@@ -42,7 +42,9 @@ _LISTED = 20
 
 def kit_config(config: Config | None, broker_name: str) -> Config:
     """``config`` (or the defaults) on the private embedded broker ``broker_name``, with
-    every queue owned by the one daemon and no HTTP endpoint; the rest as given."""
+    every queue owned by the one daemon, its ``[slots.rate]`` limit kept in the process
+    (not shared through ``[redis] url``: the daemon is alone) and no HTTP endpoint; the
+    rest as given. Nothing in it reaches a server."""
     base = config or Config()
     replace = msgspec.structs.replace
     return replace(
@@ -50,6 +52,7 @@ def kit_config(config: Config | None, broker_name: str) -> Config:
         queues=replace(base.queues, adapter="memory"),
         memory=replace(base.memory, broker=broker_name),
         balancer=replace(base.balancer, kind="static", queues=[]),
+        slots=replace(base.slots, rate=replace(base.slots.rate, store="local")),
         http=replace(base.http, port=None),
     )
 

@@ -4,6 +4,7 @@ per message. Every test runs the app's real WorkerDaemon on a private embedded b
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from typing import Any
 
@@ -21,6 +22,7 @@ from conveyor.testing import (
     TestWorker,
 )
 from conveyor.testing.fixtures import worker_fixture
+from tests.conftest import free_port
 
 
 class Order(msgspec.Struct):
@@ -402,6 +404,31 @@ def test_bad_kit_settings_are_refused_naming_the_setting() -> None:
     assert ["\n" in str(error) for error in (bad_scale.value, bad_timeout.value)] == [
         False, False]
     assert TestWorker(app, delay_scale=0).delay_scale == 0  # the bound itself is fine
+
+
+async def test_a_production_config_talks_to_no_server_its_rate_limit_kept_in_process() -> None:
+    """A config for Redis with a rate limit shared through it (``[slots.rate] store =
+    "redis"``, the default): the kit kept that bucket at ``[redis] url``, so without a
+    Redis there every call waited for a token and nothing settled. Its daemon is alone:
+    the limit is kept in the process, and applies as declared."""
+    app = App("kit")
+    started: list[float] = []
+
+    @app.handler("orders")
+    async def on_order(order: Order) -> None:
+        started.append(time.monotonic())
+
+    nobody = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    config = conveyor.load_config(environ={}, overrides={
+        "queues": {"adapter": "redis"}, "balancer": {"membership": "redis"},
+        "redis": {"url": nobody}, "slots": {"rate": {"per_second": 20}}})
+    async with TestWorker(app, config, settle_timeout_s=5.0) as worker:
+        await worker.publish_batch(Publish("orders", f"o-{n}", {"total": n}) for n in range(5))
+        settled = await worker.settle()
+
+    assert [r.outcome for r in settled] == [Outcome.HANDLED] * 5
+    # 20 a second, burst 1: the five calls start 50 ms apart, some 0.2 s in all.
+    assert max(started) - min(started) >= 0.15
 
 
 FIXTURE_APP, FIXTURE_CALLS = flaky_app({})
