@@ -348,17 +348,18 @@ class TestWorker:
         for queue, log in sorted(broker.logs.items()):
             cursor = broker.cursors.get((group, queue))
             start = log.base if cursor is None else cursor.next_offset
-            held: list[tuple[int, Message, str]] = []
+            held: list[tuple[int, Message]] = []
+            back: set[int] = set()
             if cursor is not None:
-                for offset, message in cursor.pending.items():
-                    calls = observations.running_calls((queue, offset))
-                    held.append((offset, message, "; ".join(calls) if calls else
-                                 "pulled, not finished (waiting for a slot, an earlier "
-                                 "message of its stream, a batch or its acknowledgement)"))
+                held.extend(cursor.pending.items())
                 for message in cursor.redeliver:
                     offset = message.token.major if message.token else -1
-                    held.append((offset, message, "handed back, to be delivered again"))
-            for _, message, state in sorted(held, key=lambda t: t[0]):
+                    held.append((offset, message))
+                    back.add(offset)
+            held.sort(key=lambda t: t[0])
+            for index, (offset, message) in enumerate(held):
+                state = ("handed back, to be delivered again" if offset in back
+                         else self._held_state(queue, offset, message, held[:index]))
                 waiting.append(f"queue {queue}: {_named(message)}: {state}")
             for message in log.items[start - log.base:]:
                 waiting.append(f"queue {queue}: {_named(message)}: not pulled yet"
@@ -370,6 +371,35 @@ class TestWorker:
         if len(waiting) > _LISTED:
             lines.append(f"... and {len(waiting) - _LISTED} more message(s)")
         return lines
+
+    def _held_state(self, queue: int, offset: int, message: Message,
+                    earlier: list[tuple[int, Message]]) -> str:
+        """What a message the daemon pulled and has not acknowledged waits for;
+        ``earlier``: the messages of its queue held before it, in queue order."""
+        observations = self._observations
+        calls = observations.running_calls((queue, offset))
+        if calls:
+            return "; ".join(calls)
+        ahead = next((m for _, m in earlier if m.stream == message.stream), None)
+        if ahead is not None:
+            return f"waiting for message {ahead.id[-8:]} of its stream (handled in order)"
+        ended = 0
+        specs = observations.specs.get(message.stream.namespace, ())
+        for spec in specs:
+            call = (queue, offset, spec.name)
+            tries = observations.attempts.get(call, [])
+            if call in observations.letters or (tries and tries[-1].error is None):
+                ended += 1
+            elif tries and (error := tries[-1].error) is not None:
+                return (f"{spec.name.rpartition('.')[2]} attempt {tries[-1].number} failed "
+                        f"({type(error).__name__}: {error}); the next waits its back-off")
+        if specs and ended == len(specs):
+            if earlier:
+                return (f"done; its acknowledgement waits for message "
+                        f"{earlier[0][1].id[-8:]}, earlier in the queue (acknowledged in "
+                        "queue order)")
+            return "done; being acknowledged"
+        return "pulled, not started (waiting for a slot, or for its batch)"
 
     def _raise_hook_failures(self) -> None:
         __tracebackhide__ = True
