@@ -316,8 +316,12 @@ class TestWorker:
         __tracebackhide__ = True
         failure = self._daemon.failure if self._daemon is not None else None
         said = [] if failure is None else [f"the daemon failed: {failure}"]
+        observations = self._observations
+        published = len(observations.messages)
+        settled = published - len(observations.published)
         raise NotSettled(
-            f"not settled after {timeout:g}s:\n" + "\n".join([*said, *self.unsettled()])
+            f"not settled after {timeout:g}s ({published} message{'s' * (published != 1)} "
+            f"published, {settled} settled):\n" + "\n".join([*said, *self.unsettled()])
         ) from failure
 
     def _quiet(self) -> bool:

@@ -4,6 +4,7 @@ per message. Every test runs the app's real WorkerDaemon on a private embedded b
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -149,7 +150,7 @@ async def test_a_timeout_names_the_unsettled_messages_and_the_running_handler() 
         settled = await worker.settle()
         unsettled = worker.unsettled()
     text = str(caught.value)
-    assert text.startswith("not settled after 0.3s:")
+    assert text.startswith("not settled after 0.3s (2 messages published, 0 settled):")
     lines = text.splitlines()[1:]
     assert len(lines) == 2
     assert "slow/s-1" in lines[0] and "wait_for_gate attempt 1 running for" in lines[0]
@@ -199,6 +200,32 @@ async def test_a_timeout_says_what_each_held_message_waits_for() -> None:
     assert line_of(failed).endswith(
         "fail attempt 1 failed (ConnectionError: the gateway is down); the next waits "
         "its back-off")
+
+
+async def test_a_timeout_counts_what_was_published_so_a_loop_shows() -> None:
+    """A handler that publishes to its own namespace for ever: the two messages held at
+    the timeout look ordinary; the count published says it is a loop."""
+    app = App("kit")
+    clients: list[conveyor.Client] = []
+
+    @app.startup
+    async def connect(client: conveyor.Client) -> None:
+        clients.append(client)
+
+    @app.handler("ticks")
+    async def tick(n: int) -> None:
+        await clients[0].publish("ticks", "t", n + 1)
+
+    async with TestWorker(app, stop_timeout_s=0.5) as worker:
+        await worker.publish("ticks", "t", 0)
+        with pytest.raises(NotSettled) as caught:
+            await worker.settle(timeout_s=0.3)
+    header = str(caught.value).splitlines()[0]
+    counted = re.fullmatch(r"not settled after 0\.3s \((\d+) messages published, (\d+) "
+                           r"settled\):", header)
+    assert counted is not None, header
+    published, settled = map(int, counted.groups())
+    assert published > 20 and 0 < published - settled <= 2, header
 
 
 async def test_a_timeout_names_a_startup_hook_still_running() -> None:
