@@ -158,6 +158,24 @@ async def test_a_timeout_names_the_unsettled_messages_and_the_running_handler() 
     assert len(settled) == 2 and unsettled == []
 
 
+async def test_an_attempts_number_is_one_more_than_the_handlers_ctx_attempt() -> None:
+    """docs/testing.md: ``Attempt.number`` is 1 for the first call, ``ctx.attempt`` counts
+    the failed calls before it."""
+    app = App("kit")
+    told: list[int] = []
+
+    @app.handler("orders", retry_attempts=3)
+    async def on_order(body: dict[str, int], ctx: MessageContext) -> None:
+        told.append(ctx.attempt)
+        if ctx.attempt < 2:
+            raise ConnectionError(f"failed call {ctx.attempt + 1}")
+
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "o-1", {"total": 1})
+        [record] = await worker.settle()
+    assert [a.number for a in record.attempts] == [n + 1 for n in told] == [1, 2, 3]
+
+
 async def test_a_timeout_says_what_each_held_message_waits_for() -> None:
     """Not a catch-all "waiting for a slot, an earlier message, a batch or its
     acknowledgement": the earlier message of its stream, the earlier message of its queue

@@ -5,6 +5,7 @@ through the kit as a user)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 import conveyor
 from conveyor import App, Publish
 from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker
+from tests.conftest import wait_until
 
 
 def one_line(error: BaseException) -> str:
@@ -181,6 +183,30 @@ async def test_a_stopped_worker_with_messages_left_does_not_wait_for_them() -> N
         await worker.settle(timeout_s=5.0)
     assert time.monotonic() - began < 1.0
     assert "slow/k" in str(left.value)
+
+
+async def test_an_abandoned_def_handler_runs_on_outside_the_next_workers_records() -> None:
+    """docs/testing.md: the stop abandons a plain ``def`` handler that does not return;
+    its thread runs on during the next test, whose TestWorker records nothing of it."""
+    app = App("threads")
+    release = threading.Event()
+    finished: list[int] = []
+
+    @app.handler("jobs")
+    def stuck(n: int) -> None:
+        release.wait(10)
+        finished.append(n)
+
+    async with TestWorker(app, stop_timeout_s=0.1) as first:
+        await first.publish("jobs", "j-1", 1)
+        with pytest.raises(NotSettled):
+            await first.settle(timeout_s=0.1)
+    async with TestWorker(app) as second:
+        release.set()
+        await wait_until(lambda: finished == [1], 5, what="the abandoned call's end")
+        await second.settle()
+        assert second.records == [] and second.published() == []
+    assert first.records == []  # never acknowledged: nothing settled
 
 
 async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
