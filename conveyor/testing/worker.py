@@ -120,6 +120,8 @@ class TestWorker:
         unsettled(), None before its first call: more at the exit (or a startup hook
         still running that no such call saw), and the exit settles them."""
         self._daemon: WorkerDaemon | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the daemon was started on, which runs it."""
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
 
@@ -140,6 +142,7 @@ class TestWorker:
         adapter = ObservedAdapter(self.broker_name, observations,
                                   max_dead_letters=self.config.dead_letters.max_entries)
         shadow = observed_app(self.app, observations, self.delay_scale)
+        self._loop = asyncio.get_running_loop()
         try:
             self._daemon = WorkerDaemon(shadow, self.config, adapter=adapter,
                                         telemetry=self._telemetry)
@@ -214,10 +217,25 @@ class TestWorker:
     def _running(self, doing: str) -> WorkerDaemon:
         """The daemon, for something that needs it running (``doing``): refused, in one
         line, before the start and after the stop (nothing would handle a message)."""
+        __tracebackhide__ = True
         if self.drain_report is not None:
             raise ConveyorError(f"cannot {doing}: this TestWorker is stopped (its records "
                                 "are still readable)")
-        return self.daemon
+        daemon = self.daemon
+        self._check_loop(doing)
+        return daemon
+
+    def _check_loop(self, doing: str) -> None:
+        """Refuse, in one line, a call from another event loop than the daemon's: that
+        loop stands still while this one waits, so nothing would be pulled or handled."""
+        __tracebackhide__ = True
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise ConveyorError(
+                f"cannot {doing}: this TestWorker was started on another event loop, which "
+                "runs its daemon and stands still while this one waits (pytest-asyncio: "
+                "the fixture and the test run on loops of different scopes; give them the "
+                "same, e.g. asyncio_default_fixture_loop_scope as "
+                "asyncio_default_test_loop_scope)")
 
     @property
     def client(self) -> Client:
@@ -230,12 +248,14 @@ class TestWorker:
                       content_type: str | None = None) -> Message:
         """Publish one message (as :meth:`conveyor.Client.publish` does); returns it as
         stored, with its id and position."""
+        __tracebackhide__ = True
         client = self._running("publish").client
         token = await client.publish(namespace, key, body, headers, content_type)
         return self._stored(token.queue, token.major)
 
     async def publish_batch(self, items: Iterable[Publish]) -> list[Message]:
         """Publish many messages at once (as :meth:`conveyor.Client.publish_batch`)."""
+        __tracebackhide__ = True
         client = self._running("publish").client
         batch = list(items)
         for item in batch:
@@ -250,6 +270,7 @@ class TestWorker:
         (what an ``idempotent=True`` handler must absorb): its ``deliveries`` one more, as
         a broker that counts them hands it back (so ``max_deliveries`` applies). Returns
         the new copy."""
+        __tracebackhide__ = True
         daemon = self._running("redeliver")
         if not isinstance(message, Message):
             raise InvalidArgumentError(
@@ -287,6 +308,7 @@ class TestWorker:
         __tracebackhide__ = True  # pytest: the failure is the test's, not this frame's
         timeout = self.settle_timeout_s if timeout_s is None else timeout_s
         _check_seconds("settle timeout_s", timeout)
+        self._check_loop("settle")
         if self.drain_report is not None and not self._quiet():
             raise NotSettled("cannot settle: this TestWorker is stopped, and nothing will "
                              "handle what is left:\n" + "\n".join(self.unsettled()))

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.docs_blocks import blocks_of
@@ -102,6 +103,45 @@ def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_err
     assert out.index("StartupHookFailed: startup hook connect raised ConnectionError: the "
                      "database is down") > hook_error
     assert "conveyor/testing/worker.py" not in out  # the kit's frames are hidden
+
+
+LOOP_TESTS = '''
+import conveyor
+from conveyor.testing.fixtures import worker_fixture
+
+app = conveyor.App("loops")
+
+
+@app.handler("names")
+async def on_name(name: str) -> None:
+    pass
+
+
+worker = worker_fixture(app)
+
+
+async def test_a_name(worker):
+    await worker.publish("names", "n-1", "Ada")
+    await worker.settle()
+'''
+
+
+def test_a_fixture_on_another_loop_than_the_test_is_named_at_once(tmp_path: Path) -> None:
+    """Tests on a session loop, fixtures on the default function loop: the worker's
+    daemon runs on a loop that stands still while the test awaits. settle() waited its
+    10 s and said "not pulled yet"; the kit says what is wrong, at once."""
+    (tmp_path / "test_loops.py").write_text(LOOP_TESTS)
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+        "asyncio_default_test_loop_scope = session\n")
+    began = time.monotonic()
+    ran = users_pytest(tmp_path, "pytest.ini")
+    out = ran.stdout
+    assert ran.returncode == 1, out + ran.stderr
+    assert "1 failed" in out, out
+    assert "cannot publish: this TestWorker was started on another event loop" in out, out
+    assert "asyncio_default_fixture_loop_scope" in out, out
+    assert time.monotonic() - began < 8, out  # not the settle's 10 s
 
 
 def test_the_testing_pages_example_passes_in_a_project_of_its_own_with_the_pages_settings(
