@@ -29,6 +29,7 @@ from conveyor.testing.records import (
     StartupHookFailed,
     report,
     shown,
+    trimmed,
 )
 from conveyor.workers.daemon import DrainReport, WorkerDaemon
 
@@ -434,7 +435,7 @@ class TestWorker:
                 run.reported = True
                 raise StartupHookFailed(
                     f"startup hook {run.name} raised {type(run.error).__name__}: {run.error}"
-                ) from run.error
+                ) from trimmed(run.error)
 
     # -- what happened -----------------------------------------------------------------------
     @property
@@ -522,7 +523,7 @@ class TestWorker:
 def _dead_letters_found(letters: list[Record], why: str) -> NoReturn:
     """Raise :class:`DeadLettersFound` for ``letters``, caused by the first failure."""
     __tracebackhide__ = True
-    cause = next((r.error for r in letters if r.error is not None), None)
+    cause = next((trimmed(r.error) for r in letters if r.error is not None), None)
     raise DeadLettersFound(f"{len(letters)} message(s) dead-lettered {why}:\n"
                            + report(letters), letters) from cause
 

@@ -16,11 +16,8 @@ from tests.docs_blocks import blocks_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
-USER_TESTS = '''
-import pytest
-
+USER_APP = '''
 import conveyor
-from conveyor.testing.fixtures import worker_fixture
 
 app = conveyor.App("shop")
 
@@ -28,7 +25,14 @@ app = conveyor.App("shop")
 @app.handler("orders")
 async def on_order(order: dict[str, int]) -> None:
     print(order["total_cents"] // order["items"])
+'''
 
+USER_TESTS = '''
+import pytest
+
+import conveyor
+from conveyor.testing.fixtures import worker_fixture
+from shop_app import app
 
 worker = worker_fixture(app)
 
@@ -83,6 +87,7 @@ def users_pytest(project: Path, config: str) -> subprocess.CompletedProcess[str]
 def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_error(
     tmp_path: Path,
 ) -> None:
+    (tmp_path / "shop_app.py").write_text(USER_APP)  # the handlers in a module of their own
     (tmp_path / "test_shop.py").write_text(USER_TESTS)
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n")
@@ -103,6 +108,8 @@ def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_err
     assert out.index("StartupHookFailed: startup hook connect raised ConnectionError: the "
                      "database is down") > hook_error
     assert "conveyor/testing/worker.py" not in out  # the kit's frames are hidden
+    # and so are the delivery path's, between the test's line and the handler's
+    assert "conveyor/platform/" not in out and "conveyor/testing/observe.py" not in out
 
 
 LOOP_TESTS = '''
