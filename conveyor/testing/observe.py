@@ -37,6 +37,7 @@ from conveyor.platform.app import App, Hook
 from conveyor.platform.delivery.chain import Delivery, Interceptor, Step, as_failure
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken
+from conveyor.platform.letters import Replay
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.options import BatchOptions, IdempotencyOptions, RetryPolicy
 from conveyor.testing.records import Attempt, Outcome, Record, raw_body
@@ -205,6 +206,16 @@ class ObservedDeadLetters(MemoryDeadLetters):
         for letter in letters:
             self._observations.dead_lettered(letter)
         return evicted
+
+    async def replay(self, group: str, replays: Sequence[Replay]
+                     ) -> list[SequenceToken | None]:
+        """Replays are publications: noted before anything can pull them (the memory
+        store appends with no await, so nothing runs between its return and this)."""
+        tokens = await super().replay(group, replays)
+        for replay, token in zip(replays, tokens, strict=True):
+            if token is not None:
+                self._observations.published_to([replay.message], [token])
+        return tokens
 
 
 class ObservedAdapter(MemoryAdapter):

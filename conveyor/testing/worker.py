@@ -18,7 +18,8 @@ from conveyor.platform.app import App
 from conveyor.platform.config import Config
 from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
-from conveyor.platform.message import Message
+from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.operations import dlq
 from conveyor.platform.telemetry import Telemetry
 from conveyor.testing.observe import BatchCall, Observations, ObservedAdapter, observed_app
 from conveyor.testing.records import (
@@ -282,6 +283,32 @@ class TestWorker:
                                         deliveries=message.deliveries + 1)
         token = (await daemon.adapter.enqueue(queue, [plain]))[0]
         return self._stored(token.queue, token.major)
+
+    async def replay(self, records: Iterable[Record] | None = None) -> list[Message]:
+        """Replay dead letters as ``conveyor dlq replay`` does — each letter's message
+        published again to its stream (same id, header ``cv-replay-of``), the letter
+        removed — those of ``records`` (dead-lettered records), or every letter still
+        stored. Returns the messages published, in the letters' order."""
+        __tracebackhide__ = True
+        daemon = self._running("replay")
+        group = self.app.name
+        stored = [s async for s in dlq.letters(daemon.adapter, group)]
+        if records is not None:
+            wanted: list[DeadLetter] = []
+            for record in records:
+                if not isinstance(record, Record) or record.letter is None:
+                    raise InvalidArgumentError(
+                        f"replay: {_kind(record)[:80]} is not dead-lettered (pass records "
+                        "of worker.dead_lettered())")
+                wanted.append(record.letter)
+            stored = [s for s in stored if s.letter in wanted]
+        refused = [f"letter {s.id} ({s.letter.message.id[-8:]}): {why}" for s in stored
+                   if (why := dlq.not_replayable(s)) is not None]
+        if refused:
+            raise InvalidArgumentError(f"replay: cannot replay {'; '.join(refused)} "
+                                       "(nothing was replayed)")
+        done = await dlq.replay(daemon.adapter, daemon.mapper, group, stored)
+        return [self._stored(token.queue, token.major) for _, token in done.replayed]
 
     def _stored(self, queue: int, offset: int) -> Message:
         return self._observations.messages[(queue, offset)]

@@ -403,6 +403,43 @@ async def test_a_redelivered_message_counts_its_delivery_as_after_a_crash() -> N
     assert over.letter.error_type == "DeliveryLimit" and over.attempts == ()
 
 
+async def test_dead_letters_replayed_after_a_fix_are_handled_and_recorded() -> None:
+    """``worker.replay()`` does what ``conveyor dlq replay`` does: each letter's message
+    is published again (same id, ``cv-replay-of``) and the letter removed."""
+    app = App("kit")
+    fixed: list[bool] = []
+    handled: list[int] = []
+
+    @app.handler("orders", retry_attempts=2)
+    async def on_order(order: Order) -> None:
+        if order.total < 0 and not fixed:
+            raise ValueError(f"a negative total: {order.total}")
+        handled.append(order.total)
+
+    async with TestWorker(app) as worker:
+        for total in (-1, 2, -3):
+            await worker.publish("orders", f"o{total}", {"total": total})
+        first = await worker.settle(raise_on_dead_letters=False)
+        letters = worker.dead_lettered()
+        fixed.append(True)  # the fix is deployed
+        [one] = await worker.replay(letters[:1])
+        [three] = await worker.replay()  # the rest
+        again = await worker.settle()
+        nothing = await worker.replay()
+        with pytest.raises(conveyor.InvalidArgumentError, match="not dead-lettered") as bad:
+            await worker.replay(worker.handled())
+
+    assert [r.key for r in letters] == ["o-1", "o-3"]
+    assert (one.id, three.id) == (letters[0].message.id, letters[1].message.id)
+    assert one.headers["cv-replay-of"] and three.headers["cv-replay-of"]
+    assert [(r.key, r.outcome) for r in again] == [("o-1", Outcome.HANDLED),
+                                                    ("o-3", Outcome.HANDLED)]
+    assert sorted(handled) == [-3, -1, 2] and nothing == [] and len(first) == 3
+    assert [m.stream.key for m in worker.published("orders")] == ["o-1", "o2", "o-3",
+                                                                 "o-1", "o-3"]
+    assert "\n" not in str(bad.value)
+
+
 async def test_settle_waits_for_startup_hooks_and_what_handlers_publish() -> None:
     app = App("kit")
     clients: list[conveyor.Client] = []
