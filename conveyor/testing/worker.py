@@ -485,7 +485,8 @@ class TestWorker:
         if handler is None:
             return lambda name: True
         if not isinstance(handler, str):
-            names = {spec.name for spec in self.app.handlers if spec.fn is handler}
+            # ==, not is: a bound method is a new object at each attribute access
+            names = {spec.name for spec in self.app.handlers if spec.fn == handler}
             if not names:
                 raise InvalidArgumentError(f"{handler!r} is not a handler of app "
                                            f"{self.app.name!r}")

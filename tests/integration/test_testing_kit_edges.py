@@ -143,6 +143,27 @@ async def test_a_misspelt_handler_name_is_refused_not_matched_by_nothing() -> No
         "'on_ordr' is not a handler of app 'named' (its handlers: audit, on_order)"]
 
 
+async def test_a_bound_method_handler_is_found_by_the_method() -> None:
+    """docs/testing.md: ``handler`` may be "the handler function itself"; a bound method
+    handler (docs/writing-handlers.md) is a new object at each attribute access, so an
+    identity test refused ``handler=service.on_order`` as "not a handler"."""
+
+    class Service:
+        async def on_order(self, n: int) -> None:
+            """Handles orders; the test only looks it up."""
+
+    app = App("bound")
+    service = Service()
+    app.handler("orders")(service.on_order)
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "k", 1)
+        await worker.settle()
+        found = worker.handled(handler=service.on_order)
+        with pytest.raises(conveyor.InvalidArgumentError, match="is not a handler"):
+            worker.handled(handler=Service().on_order)  # another instance's: not this one
+    assert [r.key for r in found] == ["k"]
+
+
 async def test_a_stopped_worker_says_so_instead_of_taking_messages_nobody_handles() -> None:
     # After the stop, publish() stored the message silently, settle() then waited its
     # whole timeout for it ("not pulled yet"), and start() said "started already".
