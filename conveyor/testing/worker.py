@@ -177,8 +177,8 @@ class TestWorker:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        """Stop; when the block ended cleanly, first settle what the test published and
-        did not settle, and fail on what nobody saw (:meth:`_check_at_exit`)."""
+        """Stop; when the block ended cleanly, first settle what was published since the
+        test's last settle, and fail on what nobody saw (:meth:`_check_at_exit`)."""
         __tracebackhide__ = True
         try:
             if exc_type is None and self._daemon is not None and self.drain_report is None:
@@ -188,12 +188,12 @@ class TestWorker:
 
     async def _check_at_exit(self) -> None:
         """A test that publishes and ends without ``settle()`` would pass over a failing
-        handler or startup hook: what was published since its last ``settle()`` (by the
-        test, ``worker.client``, a handler or a hook) is settled here, with the startup
-        hooks if no ``settle()`` saw them (``NotSettled`` past the timeout, a
-        startup hook's failure raised), and a dead letter it never saw — no ``settle()``
-        returned it, nor did ``records``, ``dead_lettered()`` or ``report()`` — raises
-        :class:`DeadLettersFound`."""
+        handler or startup hook. So what was published since its last ``settle()`` — by
+        the test, ``worker.client``, a handler or a hook — is settled here, with the
+        startup hooks if no ``settle()`` saw them (``NotSettled`` past the timeout);
+        then a hook's failure is raised, and a dead letter the test never saw (no
+        ``settle()`` returned it, nor did ``records``, ``dead_lettered()`` or
+        ``report()``) raises :class:`DeadLettersFound`."""
         __tracebackhide__ = True
         looked = self._looked
         observations = self._observations
