@@ -83,8 +83,8 @@ class Observations:
         """Everything published, in order, as stored."""
         self.attempts: dict[Call, list[Attempt]] = {}
         self.bodies: dict[Call, Any] = {}
-        self.running: dict[Call, tuple[int, float]] = {}
-        """Calls under way: (attempt number, when it started, monotonic)."""
+        self.running: dict[Call, tuple[int, float, Delivery]] = {}
+        """Calls under way: (attempt number, when it started, monotonic; the delivery)."""
         self.letters: dict[Call, DeadLetter] = {}
         self.records: list[tuple[int, int, Record]] = []
         """(publish sequence, handler index, record), in the order they settled."""
@@ -160,13 +160,25 @@ class Observations:
     def sorted_records(self, since: int = 0) -> list[Record]:
         return [r for _, _, r in sorted(self.records[since:], key=lambda t: t[:2])]
 
-    def running_calls(self, position: Position) -> list[str]:
+    def running_calls(self, position: Position,
+                      queued_in: Callable[[str, Delivery], tuple[str, str] | None]
+                      ) -> list[str]:
+        """The calls under way on the message at ``position``; ``queued_in(handler,
+        delivery)`` names where such a call may wait before it runs, with that place's
+        load (its pool, its cell), or is None."""
         now = time.monotonic()
-        return [
-            f"{name.rpartition('.')[2]} attempt {attempt} running for {now - since:.1f}s"
-            for (queue, offset, name), (attempt, since) in self.running.items()
-            if (queue, offset) == position
-        ]
+        lines = []
+        for (queue, offset, name), (attempt, since, delivery) in self.running.items():
+            if (queue, offset) != position:
+                continue
+            call = f"{name.rpartition('.')[2]} attempt {attempt}"
+            place = queued_in(name, delivery)
+            if place is None:
+                lines.append(f"{call} running for {now - since:.1f}s")
+            else:
+                lines.append(f"{call} running or queued {place[0]} for {now - since:.1f}s "
+                             f"({place[1]})")
+        return lines
 
 
 def _decoded(spec: HandlerSpec, message: Message) -> Any:
@@ -257,7 +269,7 @@ class AttemptRecorder(Interceptor):
             token = delivery.message.token
             call = (token.queue, token.major, name) if token is not None else (-1, -1, name)
             started = clock()
-            running[call] = (delivery.attempt, started)
+            running[call] = (delivery.attempt, started, delivery)
             try:
                 result = await next(delivery)
             except Exception as exc:

@@ -16,10 +16,12 @@ from conveyor.adapters.memory import MemoryBroker, reset_broker
 from conveyor.client import Client, Publish
 from conveyor.platform.app import App
 from conveyor.platform.config import Config
+from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.operations import dlq
+from conveyor.platform.options import CellOptions
 from conveyor.platform.telemetry import Telemetry
 from conveyor.testing.observe import BatchCall, Observations, ObservedAdapter, observed_app
 from conveyor.testing.records import (
@@ -32,6 +34,7 @@ from conveyor.testing.records import (
     shown,
     trimmed,
 )
+from conveyor.workers.cells.interceptor import cell_reader
 from conveyor.workers.daemon import DrainReport, WorkerDaemon
 
 HandlerRef = str | Callable[..., Any]
@@ -431,7 +434,7 @@ class TestWorker:
         """What a message the daemon pulled and has not acknowledged waits for;
         ``earlier``: the messages of its queue held before it, in queue order."""
         observations = self._observations
-        calls = observations.running_calls((queue, offset))
+        calls = observations.running_calls((queue, offset), self._queued_in)
         if calls:
             return "; ".join(calls)
         ahead = next((m for _, m in earlier if m.stream == message.stream), None)
@@ -454,6 +457,25 @@ class TestWorker:
                         "queue order)")
             return "done; being acknowledged"
         return "pulled, not started (waiting for a slot, or for its batch)"
+
+    def _queued_in(self, handler: str, delivery: Delivery) -> tuple[str, str] | None:
+        """Where a call of ``handler`` may wait before it runs — its pool, or its cell —
+        and that place's load; None for a handler with neither (it runs at once)."""
+        daemon = self.daemon
+        pool = daemon.pools.get(handler)
+        if pool is not None:
+            busy = pool.size - pool.idle_workers
+            return "in its pool", _load(busy, pool.max_workers, pool.waiting - busy)
+        router = daemon.cells.get(handler)
+        options = next((spec.option(CellOptions) for spec in self.app.handlers
+                        if spec.name == handler), None)
+        if router is None or options is None:
+            return None
+        name = cell_reader(options)(delivery)
+        cell = router.cells.get(name)
+        if cell is None:
+            return None
+        return f"in cell {shown(name)!r}", _load(cell.busy, cell.size, cell.queue_length)
 
     def _raise_hook_failures(self) -> None:
         __tracebackhide__ = True
@@ -554,6 +576,11 @@ def _dead_letters_found(letters: list[Record], why: str) -> NoReturn:
     cause = next((trimmed(r.error) for r in letters if r.error is not None), None)
     raise DeadLettersFound(f"{len(letters)} message(s) dead-lettered {why}:\n"
                            + report(letters), letters) from cause
+
+
+def _load(busy: int, workers: int, queued: int) -> str:
+    return (f"its workers: {busy} of {workers} busy, {queued} "
+            f"call{'s' * (queued != 1)} queued")
 
 
 def _named(message: Message) -> str:

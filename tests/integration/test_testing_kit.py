@@ -220,6 +220,38 @@ async def test_a_timeout_says_what_each_held_message_waits_for() -> None:
         "its back-off")
 
 
+async def test_a_timeout_says_a_pool_or_cell_call_may_be_queued_there() -> None:
+    """A call queued in its pool or cell has entered the handler's chain like one that
+    runs: the line says so, with the pool's or the cell's load, instead of "running"."""
+    app = App("kit")
+
+    @app.handler("renders", stateless=True, max_workers=1)
+    async def render(n: int) -> None:
+        await asyncio.Event().wait()
+
+    @app.handler("provision", cell_key="header:tenant", cell_size=1)
+    async def provision(n: int) -> None:
+        await asyncio.Event().wait()
+
+    async with TestWorker(app, stop_timeout_s=0.1) as worker:
+        for key in ("r-1", "r-2"):
+            await worker.publish("renders", key, 1)
+        for key in ("p-1", "p-2"):
+            await worker.publish("provision", key, 1, headers={"tenant": "acme"})
+        with pytest.raises(NotSettled) as caught:
+            await worker.settle(timeout_s=0.2)
+    held = dict(line.split(": ", 1)[1].split(" (message ", 1)
+                for line in str(caught.value).splitlines()[1:])
+    assert sorted(held) == ["provision/p-1", "provision/p-2", "renders/r-1", "renders/r-2"]
+    states = [held[stream].split("): ", 1)[1] for stream in sorted(held)]
+    for state in states[:2]:
+        assert re.fullmatch(r"provision attempt 1 running or queued in cell 'acme' for "
+                            r"0\.\ds \(its workers: 1 of 1 busy, 1 call queued\)", state), state
+    for state in states[2:]:
+        assert re.fullmatch(r"render attempt 1 running or queued in its pool for 0\.\ds "
+                            r"\(its workers: 1 of 1 busy, 1 call queued\)", state), state
+
+
 async def test_a_timeout_counts_what_was_published_so_a_loop_shows() -> None:
     """A handler that publishes to its own namespace for ever: the two messages held at
     the timeout look ordinary; the count published says it is a loop."""
