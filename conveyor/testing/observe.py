@@ -90,6 +90,8 @@ class Observations:
         """(publish sequence, handler index, record), in the order they settled."""
         self.batches: list[BatchCall] = []
         self.batches_running: dict[str, int] = {}
+        self.swallowed: list[Call] = []
+        """Calls that ended otherwise than by the cancellation their task was sent."""
         self.hooks: list[HookRun] = []
 
     # -- what the adapter reports --------------------------------------------------------
@@ -274,6 +276,8 @@ class AttemptRecorder(Interceptor):
                 result = await next(delivery)
             except Exception as exc:
                 running.pop(call, None)
+                if _cancel_swallowed():
+                    observations.swallowed.append(call)
                 observations.attempted(call, delivery, exc, clock() - started)
                 raise
             except BaseException as exc:
@@ -283,10 +287,21 @@ class AttemptRecorder(Interceptor):
                     observations.attempted(call, delivery, failure, clock() - started)
                 raise
             running.pop(call, None)
+            if _cancel_swallowed():
+                observations.swallowed.append(call)
             observations.attempted(call, delivery, None, clock() - started)
             return result
 
         return recorded
+
+
+def _cancel_swallowed() -> bool:
+    """The task running the call was cancelled (the daemon stopping) and the call ended
+    otherwise: the handler caught its ``CancelledError`` (a bare ``except:``, ``except
+    BaseException``) and went on, so its agent does not see the stop. (A timeout inside
+    the handler takes its own cancellation back: it does not count.)"""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _call_failure(exc: BaseException) -> Exception | None:

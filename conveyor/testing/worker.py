@@ -44,6 +44,11 @@ HandlerRef = str | Callable[..., Any]
 _LISTED = 20
 """Unsettled messages a NotSettled error lists one by one (then it counts the rest)."""
 
+STOP_GRACE_S = 2.0
+"""How long past ``stop_timeout_s`` :meth:`TestWorker.stop` waits for the daemon's stop
+before it gives up on it, saying why (a handler call that ignores its cancellation holds
+it for ever)."""
+
 
 def kit_config(config: Config | None, broker_name: str) -> Config:
     """``config`` (or the defaults) on the private embedded broker ``broker_name``, with
@@ -161,14 +166,51 @@ class TestWorker:
         return self
 
     async def stop(self) -> DrainReport:
-        """Drain the daemon (within ``stop_timeout_s``) and forget the private broker."""
+        """Drain the daemon (within ``stop_timeout_s``) and forget the private broker.
+
+        A stop still under way :data:`STOP_GRACE_S` later — held by a handler call that
+        caught its cancellation and went on — is left to end in the background (then
+        ``drain_report`` is set) and a :class:`ConveyorError` names the calls."""
+        __tracebackhide__ = True
         daemon = self.daemon
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.ensure_future(
+            daemon.stop(deadline=loop.time() + self.stop_timeout_s))
         try:
-            loop = asyncio.get_running_loop()
-            self.drain_report = await daemon.stop(deadline=loop.time() + self.stop_timeout_s)
-        finally:
+            await asyncio.wait({stopping}, timeout=self.stop_timeout_s + STOP_GRACE_S)
+        except BaseException:
+            stopping.cancel()
             self._forget_broker()
+            raise
+        self._forget_broker()
+        if not stopping.done():
+            stopping.add_done_callback(self._stopped_late)
+            raise ConveyorError(self._stop_stuck())
+        self.drain_report = stopping.result()
         return self.drain_report
+
+    def _stopped_late(self, stopping: asyncio.Future[DrainReport]) -> None:
+        if not stopping.cancelled() and stopping.exception() is None:
+            self.drain_report = stopping.result()
+
+    def _stop_stuck(self) -> str:
+        """Why the daemon's stop does not end, as far as the kit saw."""
+        observations = self._observations
+
+        def calls(found: Iterable[tuple[int, int, str]]) -> str:
+            return ", ".join(f"{name.rpartition('.')[2]} on {_named(observations.messages[(q, o)])}"
+                             for q, o, name in found if (q, o) in observations.messages)
+
+        held = [f"{how}: {named}" for how, named in (
+            ("handler call(s) that caught their cancellation and went on",
+             calls(observations.swallowed)),
+            ("handler call(s) still running after their cancellation",
+             calls(observations.running))) if named]
+        why = ("; ".join(held) + " — a handler that catches asyncio.CancelledError (a bare "
+               "except:, except BaseException) must raise it again; a worker's stop waits "
+               "for it for ever too") if held else "nothing the kit can name holds it"
+        return (f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: {why}; "
+                "it goes on in the background")
 
     def _forget_broker(self) -> None:
         reset_broker(self.broker_name)

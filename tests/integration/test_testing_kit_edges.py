@@ -13,6 +13,7 @@ import pytest
 import conveyor
 from conveyor import App, Publish
 from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker
+from conveyor.testing.worker import STOP_GRACE_S
 from tests.conftest import wait_until
 
 
@@ -228,6 +229,36 @@ async def test_an_abandoned_def_handler_runs_on_outside_the_next_workers_records
         await second.settle()
         assert second.records == [] and second.published() == []
     assert first.records == []  # never acknowledged: nothing settled
+
+
+async def test_a_handler_that_swallows_its_cancellation_fails_the_stop_not_hangs_it() -> None:
+    """A handler whose bare ``except`` caught the stop's ``CancelledError`` and returned:
+    its agent never saw the stop, which waited for it for ever, and the test with it.
+    The stop gives up past ``stop_timeout_s`` and a grace, naming the call."""
+    app = App("stubborn")
+
+    @app.handler("jobs")
+    async def stubborn(n: int) -> None:
+        try:
+            await asyncio.Event().wait()
+        except BaseException:  # the mistake under test
+            return
+
+    began = time.monotonic()
+    worker = TestWorker(app, stop_timeout_s=0.2)
+    with pytest.raises(conveyor.ConveyorError) as stuck:
+        async with worker:
+            await worker.publish("jobs", "j-1", 1)
+            with pytest.raises(NotSettled):
+                await worker.settle(timeout_s=0.2)
+    took = time.monotonic() - began
+    assert took < 0.2 + 0.2 + STOP_GRACE_S + 1.5, took
+    text = one_line(stuck.value)
+    assert text.startswith(f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: "
+                           "handler call(s) that caught their cancellation and went on: "
+                           "stubborn on jobs/j-1 (message "), text
+    assert "must raise it again" in text
+    # (The agent stops when the test's event loop cancels what is left.)
 
 
 async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
