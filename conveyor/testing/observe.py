@@ -37,6 +37,7 @@ from conveyor.platform.app import App, Hook
 from conveyor.platform.delivery.chain import Delivery, Interceptor, Step, as_failure
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken
+from conveyor.platform.letters import Replay
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.options import BatchOptions, IdempotencyOptions, RetryPolicy
 from conveyor.testing.records import Attempt, Outcome, Record, raw_body
@@ -82,13 +83,15 @@ class Observations:
         """Everything published, in order, as stored."""
         self.attempts: dict[Call, list[Attempt]] = {}
         self.bodies: dict[Call, Any] = {}
-        self.running: dict[Call, tuple[int, float]] = {}
-        """Calls under way: (attempt number, when it started, monotonic)."""
+        self.running: dict[Call, tuple[int, float, Delivery]] = {}
+        """Calls under way: (attempt number, when it started, monotonic; the delivery)."""
         self.letters: dict[Call, DeadLetter] = {}
         self.records: list[tuple[int, int, Record]] = []
         """(publish sequence, handler index, record), in the order they settled."""
         self.batches: list[BatchCall] = []
         self.batches_running: dict[str, int] = {}
+        self.swallowed: list[Call] = []
+        """Calls that ended otherwise than by the cancellation their task was sent."""
         self.hooks: list[HookRun] = []
 
     # -- what the adapter reports --------------------------------------------------------
@@ -159,13 +162,25 @@ class Observations:
     def sorted_records(self, since: int = 0) -> list[Record]:
         return [r for _, _, r in sorted(self.records[since:], key=lambda t: t[:2])]
 
-    def running_calls(self, position: Position) -> list[str]:
+    def running_calls(self, position: Position,
+                      queued_in: Callable[[str, Delivery], tuple[str, str] | None]
+                      ) -> list[str]:
+        """The calls under way on the message at ``position``; ``queued_in(handler,
+        delivery)`` names where such a call may wait before it runs, with that place's
+        load (its pool, its cell), or is None."""
         now = time.monotonic()
-        return [
-            f"{name.rpartition('.')[2]} attempt {attempt} running for {now - since:.1f}s"
-            for (queue, offset, name), (attempt, since) in self.running.items()
-            if (queue, offset) == position
-        ]
+        lines = []
+        for (queue, offset, name), (attempt, since, delivery) in self.running.items():
+            if (queue, offset) != position:
+                continue
+            call = f"{name.rpartition('.')[2]} attempt {attempt}"
+            place = queued_in(name, delivery)
+            if place is None:
+                lines.append(f"{call} running for {now - since:.1f}s")
+            else:
+                lines.append(f"{call} running or queued {place[0]} for {now - since:.1f}s "
+                             f"({place[1]})")
+        return lines
 
 
 def _decoded(spec: HandlerSpec, message: Message) -> Any:
@@ -205,6 +220,16 @@ class ObservedDeadLetters(MemoryDeadLetters):
         for letter in letters:
             self._observations.dead_lettered(letter)
         return evicted
+
+    async def replay(self, group: str, replays: Sequence[Replay]
+                     ) -> list[SequenceToken | None]:
+        """Replays are publications: noted before anything can pull them (the memory
+        store appends with no await, so nothing runs between its return and this)."""
+        tokens = await super().replay(group, replays)
+        for replay, token in zip(replays, tokens, strict=True):
+            if token is not None:
+                self._observations.published_to([replay.message], [token])
+        return tokens
 
 
 class ObservedAdapter(MemoryAdapter):
@@ -246,11 +271,13 @@ class AttemptRecorder(Interceptor):
             token = delivery.message.token
             call = (token.queue, token.major, name) if token is not None else (-1, -1, name)
             started = clock()
-            running[call] = (delivery.attempt, started)
+            running[call] = (delivery.attempt, started, delivery)
             try:
                 result = await next(delivery)
             except Exception as exc:
                 running.pop(call, None)
+                if _cancel_swallowed():
+                    observations.swallowed.append(call)
                 observations.attempted(call, delivery, exc, clock() - started)
                 raise
             except BaseException as exc:
@@ -260,10 +287,21 @@ class AttemptRecorder(Interceptor):
                     observations.attempted(call, delivery, failure, clock() - started)
                 raise
             running.pop(call, None)
+            if _cancel_swallowed():
+                observations.swallowed.append(call)
             observations.attempted(call, delivery, None, clock() - started)
             return result
 
         return recorded
+
+
+def _cancel_swallowed() -> bool:
+    """The task running the call was cancelled (the daemon stopping) and the call ended
+    otherwise: the handler caught its ``CancelledError`` (a bare ``except:``, ``except
+    BaseException``) and went on, so its agent does not see the stop. (A timeout inside
+    the handler takes its own cancellation back: it does not count.)"""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _call_failure(exc: BaseException) -> Exception | None:
@@ -292,15 +330,15 @@ def observed_app(app: App, observations: Observations, delay_scale: float) -> Ap
 def _adjusted(spec: HandlerSpec, observations: Observations, scale: float) -> HandlerSpec:
     options = dict(spec.options)
     fn = spec.fn
-    if scale != 1.0:
+    if scale != 1.0:  # only the waits change (attempts, max_deliveries: as declared)
         retry = spec.retry
-        options[RetryPolicy] = RetryPolicy(
-            retry.attempts, retry.initial_delay_s * scale, retry.multiplier,
-            retry.max_delay_s * scale, retry.jitter_s * scale,
+        options[RetryPolicy] = dataclasses.replace(
+            retry, initial_delay_s=retry.initial_delay_s * scale,
+            max_delay_s=retry.max_delay_s * scale, jitter_s=retry.jitter_s * scale,
         )
     batch = spec.batch
     if batch is not None:
-        options[BatchOptions] = BatchOptions(batch.size, batch.wait_ms * scale)
+        options[BatchOptions] = dataclasses.replace(batch, wait_ms=batch.wait_ms * scale)
         fn = _batch_recorder(spec, observations)
     return dataclasses.replace(spec, fn=fn, options=options)
 

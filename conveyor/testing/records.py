@@ -8,6 +8,7 @@ import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import msgspec
@@ -128,6 +129,25 @@ def report(records: Iterable[Record], *, tracebacks: bool = False) -> str:
             lines.append(f"  attempt {attempt.number} raised:")
             lines.extend("    " + part for part in user_traceback(attempt.error).splitlines())
     return "\n".join(lines)
+
+
+def trimmed(error: BaseException) -> BaseException:
+    """``error``, its traceback without the frames of Conveyor's delivery path (kept whole
+    if no other frame is left: then the error is Conveyor's). The kit raises its
+    findings from it, so a failing test shows the handler's lines, not the chain's,
+    wherever the handler's module is (pytest prunes a cause only to the test's file)."""
+    kept: list[TracebackType] = []
+    tb = error.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_MACHINERY):
+            kept.append(tb)
+        tb = tb.tb_next
+    if not kept:
+        return error
+    rebuilt: TracebackType | None = None
+    for tb in reversed(kept):
+        rebuilt = TracebackType(rebuilt, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    return error.with_traceback(rebuilt)
 
 
 def user_traceback(error: BaseException) -> str:

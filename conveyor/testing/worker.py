@@ -16,9 +16,12 @@ from conveyor.adapters.memory import MemoryBroker, reset_broker
 from conveyor.client import Client, Publish
 from conveyor.platform.app import App
 from conveyor.platform.config import Config
+from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
-from conveyor.platform.message import Message
+from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.operations import dlq
+from conveyor.platform.options import CellOptions
 from conveyor.platform.telemetry import Telemetry
 from conveyor.testing.observe import BatchCall, Observations, ObservedAdapter, observed_app
 from conveyor.testing.records import (
@@ -29,7 +32,9 @@ from conveyor.testing.records import (
     StartupHookFailed,
     report,
     shown,
+    trimmed,
 )
+from conveyor.workers.cells.interceptor import cell_reader
 from conveyor.workers.daemon import DrainReport, WorkerDaemon
 
 HandlerRef = str | Callable[..., Any]
@@ -39,10 +44,17 @@ HandlerRef = str | Callable[..., Any]
 _LISTED = 20
 """Unsettled messages a NotSettled error lists one by one (then it counts the rest)."""
 
+STOP_GRACE_S = 2.0
+"""How long past ``stop_timeout_s`` :meth:`TestWorker.stop` waits for the daemon's stop
+before it gives up on it, saying why (a handler call that ignores its cancellation holds
+it for ever)."""
+
 
 def kit_config(config: Config | None, broker_name: str) -> Config:
     """``config`` (or the defaults) on the private embedded broker ``broker_name``, with
-    every queue owned by the one daemon and no HTTP endpoint; the rest as given."""
+    every queue owned by the one daemon, its ``[slots.rate]`` limit kept in the process
+    (not shared through ``[redis] url``: the daemon is alone) and no HTTP endpoint; the
+    rest as given. Nothing in it reaches a server."""
     base = config or Config()
     replace = msgspec.structs.replace
     return replace(
@@ -50,6 +62,7 @@ def kit_config(config: Config | None, broker_name: str) -> Config:
         queues=replace(base.queues, adapter="memory"),
         memory=replace(base.memory, broker=broker_name),
         balancer=replace(base.balancer, kind="static", queues=[]),
+        slots=replace(base.slots, rate=replace(base.slots.rate, store="local")),
         http=replace(base.http, port=None),
     )
 
@@ -72,9 +85,10 @@ class TestWorker:
     changes. ``telemetry`` is off unless given. The ``App`` object is not modified: the
     daemon runs a copy with one observer added (see :mod:`conveyor.testing.observe`).
 
-    Leaving the ``async with`` block cleanly settles what the test published since its
-    last :meth:`settle` and raises :class:`DeadLettersFound` for dead letters the test
-    never looked at (:meth:`_check_at_exit`); :meth:`stop` does neither.
+    Leaving the ``async with`` block cleanly settles what was published since the test's
+    last :meth:`settle` (and the startup hooks, if it never settled) and raises
+    :class:`DeadLettersFound` for dead letters the test never looked at
+    (:meth:`_check_at_exit`); :meth:`stop` does neither.
     """
 
     __test__ = False  # pytest: not a test class, whatever a test module imports
@@ -111,9 +125,13 @@ class TestWorker:
         self._looked = 0
         """Records the test has seen: returned by settle(), or read through records,
         dead_lettered() or report(); dead letters past it fail a clean exit."""
-        self._unchecked = False
-        """The test published since it last called settle() or unsettled()."""
+        self._checked: int | None = None
+        """Messages published (by anyone) when the test last called settle() or
+        unsettled(), None before its first call: more at the exit (or a startup hook
+        still running that no such call saw), and the exit settles them."""
         self._daemon: WorkerDaemon | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the daemon was started on, which runs it."""
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
 
@@ -134,6 +152,7 @@ class TestWorker:
         adapter = ObservedAdapter(self.broker_name, observations,
                                   max_dead_letters=self.config.dead_letters.max_entries)
         shadow = observed_app(self.app, observations, self.delay_scale)
+        self._loop = asyncio.get_running_loop()
         try:
             self._daemon = WorkerDaemon(shadow, self.config, adapter=adapter,
                                         telemetry=self._telemetry)
@@ -147,14 +166,51 @@ class TestWorker:
         return self
 
     async def stop(self) -> DrainReport:
-        """Drain the daemon (within ``stop_timeout_s``) and forget the private broker."""
+        """Drain the daemon (within ``stop_timeout_s``) and forget the private broker.
+
+        A stop still under way :data:`STOP_GRACE_S` later — held by a handler call that
+        caught its cancellation and went on — is left to end in the background (then
+        ``drain_report`` is set) and a :class:`ConveyorError` names the calls."""
+        __tracebackhide__ = True
         daemon = self.daemon
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.ensure_future(
+            daemon.stop(deadline=loop.time() + self.stop_timeout_s))
         try:
-            loop = asyncio.get_running_loop()
-            self.drain_report = await daemon.stop(deadline=loop.time() + self.stop_timeout_s)
-        finally:
+            await asyncio.wait({stopping}, timeout=self.stop_timeout_s + STOP_GRACE_S)
+        except BaseException:
+            stopping.cancel()
             self._forget_broker()
+            raise
+        self._forget_broker()
+        if not stopping.done():
+            stopping.add_done_callback(self._stopped_late)
+            raise ConveyorError(self._stop_stuck())
+        self.drain_report = stopping.result()
         return self.drain_report
+
+    def _stopped_late(self, stopping: asyncio.Future[DrainReport]) -> None:
+        if not stopping.cancelled() and stopping.exception() is None:
+            self.drain_report = stopping.result()
+
+    def _stop_stuck(self) -> str:
+        """Why the daemon's stop does not end, as far as the kit saw."""
+        observations = self._observations
+
+        def calls(found: Iterable[tuple[int, int, str]]) -> str:
+            return ", ".join(f"{name.rpartition('.')[2]} on {_named(observations.messages[(q, o)])}"
+                             for q, o, name in found if (q, o) in observations.messages)
+
+        held = [f"{how}: {named}" for how, named in (
+            ("handler call(s) that caught their cancellation and went on",
+             calls(observations.swallowed)),
+            ("handler call(s) still running after their cancellation",
+             calls(observations.running))) if named]
+        why = ("; ".join(held) + " — a handler that catches asyncio.CancelledError (a bare "
+               "except:, except BaseException) must raise it again; a worker's stop waits "
+               "for it for ever too") if held else "nothing the kit can name holds it"
+        return (f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: {why}; "
+                "it goes on in the background")
 
     def _forget_broker(self) -> None:
         reset_broker(self.broker_name)
@@ -166,8 +222,8 @@ class TestWorker:
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        """Stop; when the block ended cleanly, first settle what the test published and
-        did not settle, and fail on what nobody saw (:meth:`_check_at_exit`)."""
+        """Stop; when the block ended cleanly, first settle what was published since the
+        test's last settle, and fail on what nobody saw (:meth:`_check_at_exit`)."""
         __tracebackhide__ = True
         try:
             if exc_type is None and self._daemon is not None and self.drain_report is None:
@@ -177,13 +233,17 @@ class TestWorker:
 
     async def _check_at_exit(self) -> None:
         """A test that publishes and ends without ``settle()`` would pass over a failing
-        handler: what it published is settled here (``NotSettled`` past the timeout, a
-        startup hook's failure raised), and a dead letter it never saw — no ``settle()``
-        returned it, nor did ``records``, ``dead_lettered()`` or ``report()`` — raises
-        :class:`DeadLettersFound`."""
+        handler or startup hook. So what was published since its last ``settle()`` — by
+        the test, ``worker.client``, a handler or a hook — is settled here, with the
+        startup hooks if no ``settle()`` saw them (``NotSettled`` past the timeout);
+        then a hook's failure is raised, and a dead letter the test never saw (no
+        ``settle()`` returned it, nor did ``records``, ``dead_lettered()`` or
+        ``report()``) raises :class:`DeadLettersFound`."""
         __tracebackhide__ = True
         looked = self._looked
-        if self._unchecked:
+        observations = self._observations
+        hooks_unseen = self._checked is None and any(run.running for run in observations.hooks)
+        if len(observations.messages) > (self._checked or 0) or hooks_unseen:
             await self.settle(raise_on_dead_letters=False)
         self._raise_hook_failures()
         letters = [r for r in self._observations.sorted_records(looked)
@@ -204,10 +264,25 @@ class TestWorker:
     def _running(self, doing: str) -> WorkerDaemon:
         """The daemon, for something that needs it running (``doing``): refused, in one
         line, before the start and after the stop (nothing would handle a message)."""
+        __tracebackhide__ = True
         if self.drain_report is not None:
             raise ConveyorError(f"cannot {doing}: this TestWorker is stopped (its records "
                                 "are still readable)")
-        return self.daemon
+        daemon = self.daemon
+        self._check_loop(doing)
+        return daemon
+
+    def _check_loop(self, doing: str) -> None:
+        """Refuse, in one line, a call from another event loop than the daemon's: that
+        loop stands still while this one waits, so nothing would be pulled or handled."""
+        __tracebackhide__ = True
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise ConveyorError(
+                f"cannot {doing}: this TestWorker was started on another event loop, which "
+                "runs its daemon and stands still while this one waits (pytest-asyncio: "
+                "the fixture and the test run on loops of different scopes; give them the "
+                "same, e.g. asyncio_default_fixture_loop_scope as "
+                "asyncio_default_test_loop_scope)")
 
     @property
     def client(self) -> Client:
@@ -220,36 +295,65 @@ class TestWorker:
                       content_type: str | None = None) -> Message:
         """Publish one message (as :meth:`conveyor.Client.publish` does); returns it as
         stored, with its id and position."""
+        __tracebackhide__ = True
         client = self._running("publish").client
-        self._unchecked = True
         token = await client.publish(namespace, key, body, headers, content_type)
         return self._stored(token.queue, token.major)
 
     async def publish_batch(self, items: Iterable[Publish]) -> list[Message]:
         """Publish many messages at once (as :meth:`conveyor.Client.publish_batch`)."""
+        __tracebackhide__ = True
         client = self._running("publish").client
         batch = list(items)
         for item in batch:
             if not isinstance(item, Publish):
                 raise InvalidArgumentError(
                     f"publish_batch: expected conveyor.Publish items, got {_kind(item)}")
-        self._unchecked = True
         tokens = await client.publish_batch(batch)
         return [self._stored(t.queue, t.major) for t in tokens]
 
     async def redeliver(self, message: Message) -> Message:
         """Deliver ``message`` again, same id and all, as a crash or a lost lease would
-        (what an ``idempotent=True`` handler must absorb). Returns the new copy."""
+        (what an ``idempotent=True`` handler must absorb): its ``deliveries`` one more, as
+        a broker that counts them hands it back (so ``max_deliveries`` applies). Returns
+        the new copy."""
+        __tracebackhide__ = True
         daemon = self._running("redeliver")
         if not isinstance(message, Message):
             raise InvalidArgumentError(
                 f"redeliver: expected a Message (as publish() or published() returns it), "
                 f"got {_kind(message)}")
         queue = daemon.client.queue_for(message.stream.namespace, message.stream.key)
-        plain = msgspec.structs.replace(message, token=None)
-        self._unchecked = True
+        plain = msgspec.structs.replace(message, token=None,
+                                        deliveries=message.deliveries + 1)
         token = (await daemon.adapter.enqueue(queue, [plain]))[0]
         return self._stored(token.queue, token.major)
+
+    async def replay(self, records: Iterable[Record] | None = None) -> list[Message]:
+        """Replay dead letters as ``conveyor dlq replay`` does — each letter's message
+        published again to its stream (same id, header ``cv-replay-of``), the letter
+        removed — those of ``records`` (dead-lettered records), or every letter still
+        stored. Returns the messages published, in the letters' order."""
+        __tracebackhide__ = True
+        daemon = self._running("replay")
+        group = self.app.name
+        stored = [s async for s in dlq.letters(daemon.adapter, group)]
+        if records is not None:
+            wanted: list[DeadLetter] = []
+            for record in records:
+                if not isinstance(record, Record) or record.letter is None:
+                    raise InvalidArgumentError(
+                        f"replay: {_kind(record)[:80]} is not dead-lettered (pass records "
+                        "of worker.dead_lettered())")
+                wanted.append(record.letter)
+            stored = [s for s in stored if s.letter in wanted]
+        refused = [f"letter {s.id} ({s.letter.message.id[-8:]}): {why}" for s in stored
+                   if (why := dlq.not_replayable(s)) is not None]
+        if refused:
+            raise InvalidArgumentError(f"replay: cannot replay {'; '.join(refused)} "
+                                       "(nothing was replayed)")
+        done = await dlq.replay(daemon.adapter, daemon.mapper, group, stored)
+        return [self._stored(token.queue, token.major) for _, token in done.replayed]
 
     def _stored(self, queue: int, offset: int) -> Message:
         return self._observations.messages[(queue, offset)]
@@ -277,11 +381,11 @@ class TestWorker:
         __tracebackhide__ = True  # pytest: the failure is the test's, not this frame's
         timeout = self.settle_timeout_s if timeout_s is None else timeout_s
         _check_seconds("settle timeout_s", timeout)
+        self._check_loop("settle")
         if self.drain_report is not None and not self._quiet():
             raise NotSettled("cannot settle: this TestWorker is stopped, and nothing will "
                              "handle what is left:\n" + "\n".join(self.unsettled()))
         changed = self._observations.changed
-        self._unchecked = False
         try:
             async with asyncio.timeout(timeout):
                 while not self._quiet():
@@ -290,6 +394,8 @@ class TestWorker:
         except TimeoutError:
             if not self._quiet():
                 self._not_settled(timeout)
+        finally:
+            self._checked = len(self._observations.messages)
             # Settled after all: the deadline passed while a handler blocked the event
             # loop, and what it held was acknowledged as the loop ran again.
         self._raise_hook_failures()
@@ -305,8 +411,12 @@ class TestWorker:
         __tracebackhide__ = True
         failure = self._daemon.failure if self._daemon is not None else None
         said = [] if failure is None else [f"the daemon failed: {failure}"]
+        observations = self._observations
+        published = len(observations.messages)
+        settled = published - len(observations.published)
         raise NotSettled(
-            f"not settled after {timeout:g}s:\n" + "\n".join([*said, *self.unsettled()])
+            f"not settled after {timeout:g}s ({published} message{'s' * (published != 1)} "
+            f"published, {settled} settled):\n" + "\n".join([*said, *self.unsettled()])
         ) from failure
 
     def _quiet(self) -> bool:
@@ -327,7 +437,7 @@ class TestWorker:
 
     def unsettled(self) -> list[str]:
         """What :meth:`settle` is waiting for, one line each (empty when settled)."""
-        self._unchecked = False
+        self._checked = len(self._observations.messages)
         observations = self._observations
         lines = [f"startup hook {run.name} still running"
                  for run in observations.hooks if run.running]
@@ -337,17 +447,18 @@ class TestWorker:
         for queue, log in sorted(broker.logs.items()):
             cursor = broker.cursors.get((group, queue))
             start = log.base if cursor is None else cursor.next_offset
-            held: list[tuple[int, Message, str]] = []
+            held: list[tuple[int, Message]] = []
+            back: set[int] = set()
             if cursor is not None:
-                for offset, message in cursor.pending.items():
-                    calls = observations.running_calls((queue, offset))
-                    held.append((offset, message, "; ".join(calls) if calls else
-                                 "pulled, not finished (waiting for a slot, an earlier "
-                                 "message of its stream, a batch or its acknowledgement)"))
+                held.extend(cursor.pending.items())
                 for message in cursor.redeliver:
                     offset = message.token.major if message.token else -1
-                    held.append((offset, message, "handed back, to be delivered again"))
-            for _, message, state in sorted(held, key=lambda t: t[0]):
+                    held.append((offset, message))
+                    back.add(offset)
+            held.sort(key=lambda t: t[0])
+            for index, (offset, message) in enumerate(held):
+                state = ("handed back, to be delivered again" if offset in back
+                         else self._held_state(queue, offset, message, held[:index]))
                 waiting.append(f"queue {queue}: {_named(message)}: {state}")
             for message in log.items[start - log.base:]:
                 waiting.append(f"queue {queue}: {_named(message)}: not pulled yet"
@@ -360,13 +471,62 @@ class TestWorker:
             lines.append(f"... and {len(waiting) - _LISTED} more message(s)")
         return lines
 
+    def _held_state(self, queue: int, offset: int, message: Message,
+                    earlier: list[tuple[int, Message]]) -> str:
+        """What a message the daemon pulled and has not acknowledged waits for;
+        ``earlier``: the messages of its queue held before it, in queue order."""
+        observations = self._observations
+        calls = observations.running_calls((queue, offset), self._queued_in)
+        if calls:
+            return "; ".join(calls)
+        ahead = next((m for _, m in earlier if m.stream == message.stream), None)
+        if ahead is not None:
+            return f"waiting for message {ahead.id[-8:]} of its stream (handled in order)"
+        ended = 0
+        specs = observations.specs.get(message.stream.namespace, ())
+        for spec in specs:
+            call = (queue, offset, spec.name)
+            tries = observations.attempts.get(call, [])
+            if call in observations.letters or (tries and tries[-1].error is None):
+                ended += 1
+            elif tries and (error := tries[-1].error) is not None:
+                return (f"{spec.name.rpartition('.')[2]} attempt {tries[-1].number} failed "
+                        f"({type(error).__name__}: {error}); the next waits its back-off")
+        if specs and ended == len(specs):
+            if earlier:
+                return (f"done; its acknowledgement waits for message "
+                        f"{earlier[0][1].id[-8:]}, earlier in the queue (acknowledged in "
+                        "queue order)")
+            return "done; being acknowledged"
+        return "pulled, not started (waiting for a slot, or for its batch)"
+
+    def _queued_in(self, handler: str, delivery: Delivery) -> tuple[str, str] | None:
+        """Where a call of ``handler`` may wait before it runs — its pool, or its cell —
+        and that place's load; None for a handler with neither (it runs at once)."""
+        daemon = self.daemon
+        pool = daemon.pools.get(handler)
+        if pool is not None:
+            busy = pool.size - pool.idle_workers
+            return "in its pool", _load(busy, pool.max_workers, pool.waiting - busy)
+        router = daemon.cells.get(handler)
+        options = next((spec.option(CellOptions) for spec in self.app.handlers
+                        if spec.name == handler), None)
+        if router is None or options is None:
+            return None
+        name = cell_reader(options)(delivery)
+        cell = router.cells.get(name)
+        if cell is None:
+            return None
+        return f"in cell {shown(name)!r}", _load(cell.busy, cell.size, cell.queue_length)
+
     def _raise_hook_failures(self) -> None:
+        __tracebackhide__ = True
         for run in self._observations.hooks:
             if run.error is not None and not run.reported:
                 run.reported = True
                 raise StartupHookFailed(
                     f"startup hook {run.name} raised {type(run.error).__name__}: {run.error}"
-                ) from run.error
+                ) from trimmed(run.error)
 
     # -- what happened -----------------------------------------------------------------------
     @property
@@ -389,7 +549,8 @@ class TestWorker:
         if handler is None:
             return lambda name: True
         if not isinstance(handler, str):
-            names = {spec.name for spec in self.app.handlers if spec.fn is handler}
+            # ==, not is: a bound method is a new object at each attribute access
+            names = {spec.name for spec in self.app.handlers if spec.fn == handler}
             if not names:
                 raise InvalidArgumentError(f"{handler!r} is not a handler of app "
                                            f"{self.app.name!r}")
@@ -454,9 +615,14 @@ class TestWorker:
 def _dead_letters_found(letters: list[Record], why: str) -> NoReturn:
     """Raise :class:`DeadLettersFound` for ``letters``, caused by the first failure."""
     __tracebackhide__ = True
-    cause = next((r.error for r in letters if r.error is not None), None)
+    cause = next((trimmed(r.error) for r in letters if r.error is not None), None)
     raise DeadLettersFound(f"{len(letters)} message(s) dead-lettered {why}:\n"
                            + report(letters), letters) from cause
+
+
+def _load(busy: int, workers: int, queued: int) -> str:
+    return (f"its workers: {busy} of {workers} busy, {queued} "
+            f"call{'s' * (queued != 1)} queued")
 
 
 def _named(message: Message) -> str:

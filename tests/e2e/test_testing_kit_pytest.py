@@ -9,17 +9,15 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.docs_blocks import blocks_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
-USER_TESTS = '''
-import pytest
-
+USER_APP = '''
 import conveyor
-from conveyor.testing.fixtures import worker_fixture
 
 app = conveyor.App("shop")
 
@@ -27,7 +25,14 @@ app = conveyor.App("shop")
 @app.handler("orders")
 async def on_order(order: dict[str, int]) -> None:
     print(order["total_cents"] // order["items"])
+'''
 
+USER_TESTS = '''
+import pytest
+
+import conveyor
+from conveyor.testing.fixtures import worker_fixture
+from shop_app import app
 
 worker = worker_fixture(app)
 
@@ -48,6 +53,22 @@ async def test_an_order_without_items(worker):
 @pytest.mark.asyncio
 async def test_a_test_that_forgets_to_settle(worker):
     await worker.publish("orders", "o-3", {"total_cents": 900, "items": 0})
+
+
+offline = conveyor.App("offline")
+
+
+@offline.startup
+async def connect(client: conveyor.Client) -> None:
+    raise ConnectionError("the database is down")
+
+
+offline_worker = worker_fixture(offline, name="offline_worker")
+
+
+@pytest.mark.asyncio
+async def test_a_startup_hook_that_raises(offline_worker):
+    await offline_worker.settle()
 '''
 
 
@@ -66,13 +87,14 @@ def users_pytest(project: Path, config: str) -> subprocess.CompletedProcess[str]
 def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_error(
     tmp_path: Path,
 ) -> None:
+    (tmp_path / "shop_app.py").write_text(USER_APP)  # the handlers in a module of their own
     (tmp_path / "test_shop.py").write_text(USER_TESTS)
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n")
     ran = users_pytest(tmp_path, "pytest.ini")
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
-    assert "1 failed, 2 passed, 1 error" in out, out
+    assert "2 failed, 2 passed, 1 error" in out, out
     # A test that forgot settle(): its handler's failure is an error at its teardown.
     assert "ERROR at teardown of test_a_test_that_forgets_to_settle" in out
     assert "dead-lettered orders/o-3 on_order, 3 attempts: ZeroDivisionError" in out
@@ -81,7 +103,52 @@ def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_err
     assert out.index("ZeroDivisionError: integer division or modulo by zero") > handler_error
     summary = out.index("dead-lettered orders/o-2 on_order, 3 attempts: ZeroDivisionError")
     assert out.index("await worker.settle()") < summary
+    # A startup hook's failure: the hook's line, then the test's.
+    hook_error = out.index('raise ConnectionError("the database is down")')
+    assert out.index("StartupHookFailed: startup hook connect raised ConnectionError: the "
+                     "database is down") > hook_error
     assert "conveyor/testing/worker.py" not in out  # the kit's frames are hidden
+    # and so are the delivery path's, between the test's line and the handler's
+    assert "conveyor/platform/" not in out and "conveyor/testing/observe.py" not in out
+
+
+LOOP_TESTS = '''
+import conveyor
+from conveyor.testing.fixtures import worker_fixture
+
+app = conveyor.App("loops")
+
+
+@app.handler("names")
+async def on_name(name: str) -> None:
+    pass
+
+
+worker = worker_fixture(app)
+
+
+async def test_a_name(worker):
+    await worker.publish("names", "n-1", "Ada")
+    await worker.settle()
+'''
+
+
+def test_a_fixture_on_another_loop_than_the_test_is_named_at_once(tmp_path: Path) -> None:
+    """Tests on a session loop, fixtures on the default function loop: the worker's
+    daemon runs on a loop that stands still while the test awaits. settle() waited its
+    10 s and said "not pulled yet"; the kit says what is wrong, at once."""
+    (tmp_path / "test_loops.py").write_text(LOOP_TESTS)
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+        "asyncio_default_test_loop_scope = session\n")
+    began = time.monotonic()
+    ran = users_pytest(tmp_path, "pytest.ini")
+    out = ran.stdout
+    assert ran.returncode == 1, out + ran.stderr
+    assert "1 failed" in out, out
+    assert "cannot publish: this TestWorker was started on another event loop" in out, out
+    assert "asyncio_default_fixture_loop_scope" in out, out
+    assert time.monotonic() - began < 8, out  # not the settle's 10 s
 
 
 def test_the_testing_pages_example_passes_in_a_project_of_its_own_with_the_pages_settings(

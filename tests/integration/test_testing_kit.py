@@ -4,6 +4,8 @@ per message. Every test runs the app's real WorkerDaemon on a private embedded b
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections import Counter
 from typing import Any
 
@@ -21,6 +23,7 @@ from conveyor.testing import (
     TestWorker,
 )
 from conveyor.testing.fixtures import worker_fixture
+from tests.conftest import free_port
 
 
 class Order(msgspec.Struct):
@@ -147,12 +150,132 @@ async def test_a_timeout_names_the_unsettled_messages_and_the_running_handler() 
         settled = await worker.settle()
         unsettled = worker.unsettled()
     text = str(caught.value)
-    assert text.startswith("not settled after 0.3s:")
+    assert text.startswith("not settled after 0.3s (2 messages published, 0 settled):")
     lines = text.splitlines()[1:]
     assert len(lines) == 2
     assert "slow/s-1" in lines[0] and "wait_for_gate attempt 1 running for" in lines[0]
-    assert "slow/s-1" in lines[1] and "pulled, not finished" in lines[1]
+    assert "slow/s-1" in lines[1] and "waiting for message" in lines[1]
     assert len(settled) == 2 and unsettled == []
+
+
+async def test_an_attempts_number_is_one_more_than_the_handlers_ctx_attempt() -> None:
+    """docs/testing.md: ``Attempt.number`` is 1 for the first call, ``ctx.attempt`` counts
+    the failed calls before it."""
+    app = App("kit")
+    told: list[int] = []
+
+    @app.handler("orders", retry_attempts=3)
+    async def on_order(body: dict[str, int], ctx: MessageContext) -> None:
+        told.append(ctx.attempt)
+        if ctx.attempt < 2:
+            raise ConnectionError(f"failed call {ctx.attempt + 1}")
+
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "o-1", {"total": 1})
+        [record] = await worker.settle()
+    assert [a.number for a in record.attempts] == [n + 1 for n in told] == [1, 2, 3]
+
+
+async def test_a_timeout_says_what_each_held_message_waits_for() -> None:
+    """Not a catch-all "waiting for a slot, an earlier message, a batch or its
+    acknowledgement": the earlier message of its stream, the earlier message of its queue
+    its acknowledgement waits behind, or the back-off before its next attempt."""
+    app = App("kit")
+    gate = asyncio.Event()
+
+    @app.handler("slow")
+    async def wait_for_gate(body: dict[str, int]) -> None:
+        if body["n"] == 1:
+            await gate.wait()
+
+    @app.handler("flaky", retry_attempts=2, retry_delay_s=60)
+    async def fail(body: dict[str, int]) -> None:
+        raise ConnectionError("the gateway is down")
+
+    async with TestWorker(app, delay_scale=1, stop_timeout_s=0.5) as worker:
+        stuck = await worker.publish("slow", "s-1", {"n": 1})
+        behind = await worker.publish("slow", "s-1", {"n": 2})
+        queue = worker.client.queue_for("slow", "s-1")
+        other = next(k for k in (f"k-{n}" for n in range(1000))
+                     if worker.client.queue_for("slow", k) == queue)
+        done = await worker.publish("slow", other, {"n": 3})
+        failed = await worker.publish("flaky", "f-1", {"n": 4})
+        with pytest.raises(NotSettled) as caught:
+            await worker.settle(timeout_s=0.3)
+        gate.set()  # the flaky one, in its back-off, is abandoned by the stop
+    text = str(caught.value)
+
+    def line_of(message: conveyor.Message) -> str:
+        [line] = [ln for ln in text.splitlines() if f"(message {message.id[-8:]})" in ln]
+        return line
+
+    assert "wait_for_gate attempt 1 running for" in line_of(stuck)
+    assert line_of(behind).endswith(
+        f"waiting for message {stuck.id[-8:]} of its stream (handled in order)")
+    assert line_of(done).endswith(
+        f"done; its acknowledgement waits for message {stuck.id[-8:]}, earlier in the "
+        "queue (acknowledged in queue order)")
+    assert line_of(failed).endswith(
+        "fail attempt 1 failed (ConnectionError: the gateway is down); the next waits "
+        "its back-off")
+
+
+async def test_a_timeout_says_a_pool_or_cell_call_may_be_queued_there() -> None:
+    """A call queued in its pool or cell has entered the handler's chain like one that
+    runs: the line says so, with the pool's or the cell's load, instead of "running"."""
+    app = App("kit")
+
+    @app.handler("renders", stateless=True, max_workers=1)
+    async def render(n: int) -> None:
+        await asyncio.Event().wait()
+
+    @app.handler("provision", cell_key="header:tenant", cell_size=1)
+    async def provision(n: int) -> None:
+        await asyncio.Event().wait()
+
+    async with TestWorker(app, stop_timeout_s=0.1) as worker:
+        for key in ("r-1", "r-2"):
+            await worker.publish("renders", key, 1)
+        for key in ("p-1", "p-2"):
+            await worker.publish("provision", key, 1, headers={"tenant": "acme"})
+        with pytest.raises(NotSettled) as caught:
+            await worker.settle(timeout_s=0.2)
+    held = dict(line.split(": ", 1)[1].split(" (message ", 1)
+                for line in str(caught.value).splitlines()[1:])
+    assert sorted(held) == ["provision/p-1", "provision/p-2", "renders/r-1", "renders/r-2"]
+    states = [held[stream].split("): ", 1)[1] for stream in sorted(held)]
+    for state in states[:2]:
+        assert re.fullmatch(r"provision attempt 1 running or queued in cell 'acme' for "
+                            r"0\.\ds \(its workers: 1 of 1 busy, 1 call queued\)", state), state
+    for state in states[2:]:
+        assert re.fullmatch(r"render attempt 1 running or queued in its pool for 0\.\ds "
+                            r"\(its workers: 1 of 1 busy, 1 call queued\)", state), state
+
+
+async def test_a_timeout_counts_what_was_published_so_a_loop_shows() -> None:
+    """A handler that publishes to its own namespace for ever: the two messages held at
+    the timeout look ordinary; the count published says it is a loop."""
+    app = App("kit")
+    clients: list[conveyor.Client] = []
+
+    @app.startup
+    async def connect(client: conveyor.Client) -> None:
+        clients.append(client)
+
+    @app.handler("ticks")
+    async def tick(n: int) -> None:
+        await clients[0].publish("ticks", "t", n + 1)
+
+    async with TestWorker(app, stop_timeout_s=0.5) as worker:
+        await worker.publish("ticks", "t", 0)
+        with pytest.raises(NotSettled) as caught:
+            await worker.settle(timeout_s=0.3)
+    header = str(caught.value).splitlines()[0]
+    counted = re.fullmatch(r"not settled after 0\.3s \((\d+) messages published, (\d+) "
+                           r"settled\):", header)
+    assert counted is not None, header
+    published, settled = map(int, counted.groups())
+    assert published > 20 and 0 < published - settled <= 2, header
 
 
 async def test_a_timeout_names_a_startup_hook_still_running() -> None:
@@ -288,6 +411,67 @@ async def test_an_idempotent_handler_absorbs_a_redelivered_message() -> None:
     assert worker.deduplicated("payments", handler=charge) == [record]
 
 
+async def test_a_redelivered_message_counts_its_delivery_as_after_a_crash() -> None:
+    """``ctx.deliveries`` is 2 on a message redelivered once, as on a broker that counts
+    them; past ``max_deliveries`` it is dead-lettered with ``DeliveryLimit``, unrun."""
+    app = App("kit")
+    seen: list[int] = []
+
+    @app.handler("renders", max_deliveries=2)
+    async def render(body: dict[str, int], ctx: MessageContext) -> None:
+        seen.append(ctx.deliveries)
+
+    async with TestWorker(app) as worker:
+        first = await worker.publish("renders", "r-1", {"page": 1})
+        await worker.settle()
+        second = await worker.redeliver(first)
+        await worker.settle()
+        third = await worker.redeliver(second)
+        [over] = await worker.settle(raise_on_dead_letters=False)
+
+    assert [m.deliveries for m in (first, second, third)] == [1, 2, 3]
+    assert seen == [1, 2]
+    assert over.outcome is Outcome.DEAD_LETTERED and over.letter is not None
+    assert over.letter.error_type == "DeliveryLimit" and over.attempts == ()
+
+
+async def test_dead_letters_replayed_after_a_fix_are_handled_and_recorded() -> None:
+    """``worker.replay()`` does what ``conveyor dlq replay`` does: each letter's message
+    is published again (same id, ``cv-replay-of``) and the letter removed."""
+    app = App("kit")
+    fixed: list[bool] = []
+    handled: list[int] = []
+
+    @app.handler("orders", retry_attempts=2)
+    async def on_order(order: Order) -> None:
+        if order.total < 0 and not fixed:
+            raise ValueError(f"a negative total: {order.total}")
+        handled.append(order.total)
+
+    async with TestWorker(app) as worker:
+        for total in (-1, 2, -3):
+            await worker.publish("orders", f"o{total}", {"total": total})
+        first = await worker.settle(raise_on_dead_letters=False)
+        letters = worker.dead_lettered()
+        fixed.append(True)  # the fix is deployed
+        [one] = await worker.replay(letters[:1])
+        [three] = await worker.replay()  # the rest
+        again = await worker.settle()
+        nothing = await worker.replay()
+        with pytest.raises(conveyor.InvalidArgumentError, match="not dead-lettered") as bad:
+            await worker.replay(worker.handled())
+
+    assert [r.key for r in letters] == ["o-1", "o-3"]
+    assert (one.id, three.id) == (letters[0].message.id, letters[1].message.id)
+    assert one.headers["cv-replay-of"] and three.headers["cv-replay-of"]
+    assert [(r.key, r.outcome) for r in again] == [("o-1", Outcome.HANDLED),
+                                                    ("o-3", Outcome.HANDLED)]
+    assert sorted(handled) == [-3, -1, 2] and nothing == [] and len(first) == 3
+    assert [m.stream.key for m in worker.published("orders")] == ["o-1", "o2", "o-3",
+                                                                 "o-1", "o-3"]
+    assert "\n" not in str(bad.value)
+
+
 async def test_settle_waits_for_startup_hooks_and_what_handlers_publish() -> None:
     app = App("kit")
     clients: list[conveyor.Client] = []
@@ -378,6 +562,31 @@ def test_bad_kit_settings_are_refused_naming_the_setting() -> None:
     assert ["\n" in str(error) for error in (bad_scale.value, bad_timeout.value)] == [
         False, False]
     assert TestWorker(app, delay_scale=0).delay_scale == 0  # the bound itself is fine
+
+
+async def test_a_production_config_talks_to_no_server_its_rate_limit_kept_in_process() -> None:
+    """A config for Redis with a rate limit shared through it (``[slots.rate] store =
+    "redis"``, the default): the kit kept that bucket at ``[redis] url``, so without a
+    Redis there every call waited for a token and nothing settled. Its daemon is alone:
+    the limit is kept in the process, and applies as declared."""
+    app = App("kit")
+    started: list[float] = []
+
+    @app.handler("orders")
+    async def on_order(order: Order) -> None:
+        started.append(time.monotonic())
+
+    nobody = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    config = conveyor.load_config(environ={}, overrides={
+        "queues": {"adapter": "redis"}, "balancer": {"membership": "redis"},
+        "redis": {"url": nobody}, "slots": {"rate": {"per_second": 20}}})
+    async with TestWorker(app, config, settle_timeout_s=5.0) as worker:
+        await worker.publish_batch(Publish("orders", f"o-{n}", {"total": n}) for n in range(5))
+        settled = await worker.settle()
+
+    assert [r.outcome for r in settled] == [Outcome.HANDLED] * 5
+    # 20 a second, burst 1: the five calls start 50 ms apart, some 0.2 s in all.
+    assert max(started) - min(started) >= 0.15
 
 
 FIXTURE_APP, FIXTURE_CALLS = flaky_app({})

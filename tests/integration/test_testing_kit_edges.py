@@ -5,6 +5,7 @@ through the kit as a user)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 import conveyor
 from conveyor import App, Publish
 from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker
+from conveyor.testing.worker import STOP_GRACE_S
+from tests.conftest import wait_until
 
 
 def one_line(error: BaseException) -> str:
@@ -141,6 +144,27 @@ async def test_a_misspelt_handler_name_is_refused_not_matched_by_nothing() -> No
         "'on_ordr' is not a handler of app 'named' (its handlers: audit, on_order)"]
 
 
+async def test_a_bound_method_handler_is_found_by_the_method() -> None:
+    """docs/testing.md: ``handler`` may be "the handler function itself"; a bound method
+    handler (docs/writing-handlers.md) is a new object at each attribute access, so an
+    identity test refused ``handler=service.on_order`` as "not a handler"."""
+
+    class Service:
+        async def on_order(self, n: int) -> None:
+            """Handles orders; the test only looks it up."""
+
+    app = App("bound")
+    service = Service()
+    app.handler("orders")(service.on_order)
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "k", 1)
+        await worker.settle()
+        found = worker.handled(handler=service.on_order)
+        with pytest.raises(conveyor.InvalidArgumentError, match="is not a handler"):
+            worker.handled(handler=Service().on_order)  # another instance's: not this one
+    assert [r.key for r in found] == ["k"]
+
+
 async def test_a_stopped_worker_says_so_instead_of_taking_messages_nobody_handles() -> None:
     # After the stop, publish() stored the message silently, settle() then waited its
     # whole timeout for it ("not pulled yet"), and start() said "started already".
@@ -181,6 +205,60 @@ async def test_a_stopped_worker_with_messages_left_does_not_wait_for_them() -> N
         await worker.settle(timeout_s=5.0)
     assert time.monotonic() - began < 1.0
     assert "slow/k" in str(left.value)
+
+
+async def test_an_abandoned_def_handler_runs_on_outside_the_next_workers_records() -> None:
+    """docs/testing.md: the stop abandons a plain ``def`` handler that does not return;
+    its thread runs on during the next test, whose TestWorker records nothing of it."""
+    app = App("threads")
+    release = threading.Event()
+    finished: list[int] = []
+
+    @app.handler("jobs")
+    def stuck(n: int) -> None:
+        release.wait(10)
+        finished.append(n)
+
+    async with TestWorker(app, stop_timeout_s=0.1) as first:
+        await first.publish("jobs", "j-1", 1)
+        with pytest.raises(NotSettled):
+            await first.settle(timeout_s=0.1)
+    async with TestWorker(app) as second:
+        release.set()
+        await wait_until(lambda: finished == [1], 5, what="the abandoned call's end")
+        await second.settle()
+        assert second.records == [] and second.published() == []
+    assert first.records == []  # never acknowledged: nothing settled
+
+
+async def test_a_handler_that_swallows_its_cancellation_fails_the_stop_not_hangs_it() -> None:
+    """A handler whose bare ``except`` caught the stop's ``CancelledError`` and returned:
+    its agent never saw the stop, which waited for it for ever, and the test with it.
+    The stop gives up past ``stop_timeout_s`` and a grace, naming the call."""
+    app = App("stubborn")
+
+    @app.handler("jobs")
+    async def stubborn(n: int) -> None:
+        try:
+            await asyncio.Event().wait()
+        except BaseException:  # the mistake under test
+            return
+
+    began = time.monotonic()
+    worker = TestWorker(app, stop_timeout_s=0.2)
+    with pytest.raises(conveyor.ConveyorError) as stuck:
+        async with worker:
+            await worker.publish("jobs", "j-1", 1)
+            with pytest.raises(NotSettled):
+                await worker.settle(timeout_s=0.2)
+    took = time.monotonic() - began
+    assert took < 0.2 + 0.2 + STOP_GRACE_S + 1.5, took
+    text = one_line(stuck.value)
+    assert text.startswith(f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: "
+                           "handler call(s) that caught their cancellation and went on: "
+                           "stubborn on jobs/j-1 (message "), text
+    assert "must raise it again" in text
+    # (The agent stops when the test's event loop cancels what is left.)
 
 
 async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:

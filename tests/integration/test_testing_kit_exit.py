@@ -11,7 +11,7 @@ import time
 import pytest
 
 import conveyor
-from conveyor.testing import DeadLettersFound, NotSettled, TestWorker
+from conveyor.testing import DeadLettersFound, NotSettled, StartupHookFailed, TestWorker
 from tests.conftest import wait_until
 
 app = conveyor.App("exit-check")
@@ -95,3 +95,40 @@ async def test_work_left_stuck_is_named_at_the_exit_unless_the_test_asked() -> N
             await worker.settle()
         gate.set()  # the handler returns as the worker stops
     assert worker.unsettled() == []
+
+
+
+async def test_what_worker_client_published_is_settled_and_checked_at_the_exit() -> None:
+    """``worker.client`` is the hooks' client: publishing with it is publishing here, so a
+    dead letter of what it published fails the exit as one of ``worker.publish`` does."""
+    with pytest.raises(DeadLettersFound, match="orders/o-0 on_order"):
+        async with TestWorker(app) as worker:
+            await worker.client.publish("orders", "o-1", {"items": 1})
+            await worker.client.publish("orders", "o-0", {"items": 0})
+    assert handled == ["o-1"]
+
+
+async def test_a_startup_hook_no_settle_saw_is_waited_for_and_its_failure_raised() -> None:
+    """A test that never settles still fails on a startup hook that raised, and on what
+    the hook published (the hook may not have run at all when the test ends)."""
+    broken = conveyor.App("exit-hooks")
+
+    @broken.startup
+    async def connect(client: conveyor.Client) -> None:
+        raise ConnectionError("the database is down")
+
+    with pytest.raises(StartupHookFailed, match="connect raised ConnectionError") as raised:
+        async with TestWorker(broken):
+            pass
+    assert isinstance(raised.value.__cause__, ConnectionError)
+
+    seeding = conveyor.App("exit-hooks")
+    seeding.handler("orders", retry_attempts=2)(on_order)
+
+    @seeding.startup
+    async def seed(client: conveyor.Client) -> None:
+        await client.publish("orders", "o-0", {"items": 0})
+
+    with pytest.raises(DeadLettersFound, match="orders/o-0 on_order"):
+        async with TestWorker(seeding):
+            pass
