@@ -453,6 +453,8 @@ class PullingAgent:
         ctx = self._ctx
         queue = self.queue  # route, msg and queue: the watchdog reads them off this frame
         loop = asyncio.get_running_loop()
+        this = asyncio.current_task()
+        assert this is not None
         clock = time.monotonic
         own = self._own
         acks = self._acks
@@ -624,6 +626,8 @@ class PullingAgent:
                 permit.release()  # TASK_COMPLETE, or NEVER_USED if fenced before a start
                 permit = None
             self._check_quiet()
+            if this.cancelling():  # a handler caught the stop's cancel and returned:
+                raise asyncio.CancelledError  # honoured here, or the stop waits for ever
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from conveyor import App, MessageContext
+from conveyor import App, Client, MessageContext
 from conveyor.testing import TestWorker
+from tests.conftest import wait_until
+from tests.integration.memory_harness import config, daemon, fresh_adapter
 from tests.integration.one_poison import Passing, settle_one_poison
 
 N = 6
@@ -159,3 +161,39 @@ async def test_a_def_handler_that_raises_stop_iteration_is_dead_lettered_and_the
             raise StopIteration
 
     await _check(app, calls, "raised StopIteration")
+
+
+async def test_a_stop_ends_though_a_handler_swallowed_its_cancel_and_returned() -> None:
+    """A handler written with a bare ``except:`` catches the stop's ``CancelledError``
+    and returns. The agent's runner then went idle still owing the cancel, and the
+    daemon's stop waited for it for ever (``conveyor worker`` left after drain_timeout_s
+    + 3 s; ``daemon.stop()`` in an embedding never returned). The runner honours the
+    cancel its handler swallowed: the stop ends, and the message, handled, is
+    acknowledged — the others were handled before the stop."""
+    app = App("swallowed-stop")
+    started = asyncio.Event()
+    handled: list[int] = []
+
+    @app.handler("items")
+    async def handle(item: dict[str, int]) -> None:
+        if item["seq"] == 0:
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except:  # noqa: E722 — as people write them
+                print("interrupted, carrying on")
+        handled.append(item["seq"])
+
+    adapter = fresh_adapter()
+    cfg = config(worker={"drain_timeout_s": 0.3})
+    d = daemon(app, adapter, cfg)
+    client = Client(adapter, d.mapper)
+    await d.start()
+    for seq in range(5):
+        await client.publish("items", f"k{seq}", {"seq": seq})
+    await asyncio.wait_for(started.wait(), 5)
+    await wait_until(lambda: len(handled) == 4, 5, what="the other messages handled")
+    async with asyncio.timeout(5):  # without the fix: for ever
+        await d.stop()
+    assert sorted(handled) == [0, 1, 2, 3, 4]
+    assert sum([await adapter.lag(q, app.name) for q in range(cfg.queues.total)]) == 0

@@ -232,33 +232,61 @@ async def test_an_abandoned_def_handler_runs_on_outside_the_next_workers_records
 
 
 async def test_a_handler_that_swallows_its_cancellation_fails_the_stop_not_hangs_it() -> None:
-    """A handler whose bare ``except`` caught the stop's ``CancelledError`` and returned:
-    its agent never saw the stop, which waited for it for ever, and the test with it.
-    The stop gives up past ``stop_timeout_s`` and a grace, naming the call."""
+    """A handler whose bare ``except`` catches the stop's ``CancelledError`` on every turn
+    of its loop goes on running: the stop would wait for it for ever, and the test with
+    it. The stop gives up past ``stop_timeout_s`` and a grace, naming the call."""
     app = App("stubborn")
+    let_go = asyncio.Event()
 
     @app.handler("jobs")
     async def stubborn(n: int) -> None:
-        try:
-            await asyncio.Event().wait()
-        except BaseException:  # the mistake under test
-            return
+        while not let_go.is_set():
+            try:
+                await asyncio.sleep(0.02)
+            except BaseException:  # the mistake under test
+                continue
 
     began = time.monotonic()
     worker = TestWorker(app, stop_timeout_s=0.2)
-    with pytest.raises(conveyor.ConveyorError) as stuck:
-        async with worker:
-            await worker.publish("jobs", "j-1", 1)
-            with pytest.raises(NotSettled):
-                await worker.settle(timeout_s=0.2)
-    took = time.monotonic() - began
+    try:
+        with pytest.raises(conveyor.ConveyorError) as stuck:
+            async with worker:
+                await worker.publish("jobs", "j-1", 1)
+                with pytest.raises(NotSettled):
+                    await worker.settle(timeout_s=0.2)
+        took = time.monotonic() - began
+    finally:
+        let_go.set()  # or the loop's own close would wait for it
     assert took < 0.2 + 0.2 + STOP_GRACE_S + 1.5, took
     text = one_line(stuck.value)
     assert text.startswith(f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: "
-                           "handler call(s) that caught their cancellation and went on: "
+                           "handler call(s) still running after their cancellation: "
                            "stubborn on jobs/j-1 (message "), text
     assert "must raise it again" in text
-    # (The agent stops when the test's event loop cancels what is left.)
+
+
+async def test_a_handler_that_swallows_its_cancellation_and_returns_lets_the_stop_end(
+        ) -> None:
+    """One that catches it and returns has handled its message: the agent honours the
+    cancel its handler swallowed, and the stop ends with nothing held."""
+    app = App("returns")
+    started = asyncio.Event()
+
+    @app.handler("jobs")
+    async def gives_up(n: int) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except BaseException:  # the mistake, but it returns
+            return
+
+    worker = TestWorker(app, stop_timeout_s=0.2)
+    await worker.start()
+    await worker.publish("jobs", "j-1", 1)
+    await asyncio.wait_for(started.wait(), 5)
+    async with asyncio.timeout(0.2 + STOP_GRACE_S):
+        report = await worker.stop()
+    assert report is not None
 
 
 async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
