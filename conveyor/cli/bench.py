@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import usage
+from conveyor.cli.common import DAY_S, Bounded, usage
 from conveyor.platform.errors import ConveyorError
 
 
@@ -140,7 +140,7 @@ def _run_throughput(
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=50_000, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Interleaved runs per variant (each in a fresh process).")
-@click.option("--sample-ratio", type=click.FloatRange(0, 1), default=1.0, show_default=True)
+@click.option("--sample-ratio", type=Bounded(0, 1), default=1.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: bool) -> None:
     """Throughput with telemetry off, on, /metrics only, and hooks stripped.
@@ -166,9 +166,9 @@ def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: b
 
 @bench.command("scale-down", short_help="Monotonic vs adaptive pool: workers per cooldown cycle.")
 @click.option("--cycles", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--cycle-s", type=click.FloatRange(min=0.01), default=1.2, show_default=True)
-@click.option("--load-s", type=click.FloatRange(min=0.01), default=2.0, show_default=True)
-@click.option("--inspection-period-ms", type=click.FloatRange(min=1), default=500.0,
+@click.option("--cycle-s", type=Bounded(0.01, 3600), default=1.2, show_default=True)
+@click.option("--load-s", type=Bounded(0.01, 3600), default=2.0, show_default=True)
+@click.option("--inspection-period-ms", type=Bounded(1, DAY_S * 1000), default=500.0,
               show_default=True, help="Scale-down inspection period (backoff follows it).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_scale_down(

@@ -16,6 +16,7 @@ interrupted by it: it is how they end, and they exit 0.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
@@ -269,6 +270,27 @@ def refuse_embedded(config: Config, command: str, why: str) -> None:
         usage(f"{command}: the {config.queues.adapter} adapter lives inside the worker's "
               f"process, so {why}; "
               "use --config with a redis or kafka config (e.g. configs/redis.toml)")
+
+
+DAY_S = 86_400.0
+"""The longest duration a command's option takes (as the config's: ``Seconds``)."""
+
+
+class Bounded(click.FloatRange):
+    """Every float option's type: bounded on both sides, ``nan`` refused. Click's own
+    ``FloatRange`` lets ``nan`` past any bound (it compares false with every number)
+    and takes ``inf`` or ``1e300`` without a ``max``: ``status --watch nan`` reached
+    ``time.sleep`` as a traceback, ``demo --work-ms inf`` never ended."""
+
+    def __init__(self, min: float, max: float) -> None:
+        super().__init__(min=min, max=max)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
 
 
 config_option = click.option(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli.common import app_name, load_config_or_exit, usage
+from conveyor.cli.common import DAY_S, Bounded, app_name, load_config_or_exit, usage
 
 TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
 
@@ -26,7 +26,7 @@ TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
               help="Address to bind; anything but loopback exposes the console.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True,
               envvar="CONVEYOR_CONSOLE_PORT", help="Port to serve on ($CONVEYOR_CONSOLE_PORT).")
-@click.option("--interval", "interval_s", type=click.FloatRange(min=0.2), default=2.0,
+@click.option("--interval", "interval_s", type=Bounded(0.2, DAY_S), default=2.0,
               show_default=True, metavar="SECONDS",
               help="How often the one shared poll loop reads the broker.")
 @click.option("--write", is_flag=True,

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from conveyor.cli.common import DAY_S, Bounded
 from conveyor.lab.patterns import PATTERNS
 from conveyor.lab.signals import SIGNALS
 
@@ -272,12 +273,14 @@ def placement_command(
 @click.option("--daemons", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--queues", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--steady", "steady_s", type=click.FloatRange(min=1.0), default=60.0,
+@click.option("--steady", "steady_s", type=Bounded(1.0, DAY_S), default=60.0,
               show_default=True,
               help="Seconds (virtual) of steady state to measure; long enough to include "
                    "the full re-check a settled daemon makes every 30-60 intervals.")
-@click.option("--ramp", "ramp_s", type=click.FloatRange(min=0.0), default=2.0,
-              show_default=True, help="Seconds over which the daemons start (0: all at once).")
+@click.option("--ramp", "ramp_s", type=Bounded(0.0, 60.0), default=2.0,
+              show_default=True,
+              help="Seconds (virtual) over which the daemons start (0: all at once); at "
+                   "most the 60 s a start is given to settle.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 def balancer_command(daemons: int, queues: int, seed: int, steady_s: float, ramp_s: float,

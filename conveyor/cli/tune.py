@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from conveyor.cli.common import Bounded
 from conveyor.lab.patterns import PATTERNS, TRAINING_PATTERNS
 
 
@@ -21,7 +22,7 @@ from conveyor.lab.patterns import PATTERNS, TRAINING_PATTERNS
 @click.option("--generations", type=click.IntRange(min=0), default=50, show_default=True)
 @click.option(
     "--mutation",
-    type=click.FloatRange(0.0, 1.0),
+    type=Bounded(0.0, 1.0),
     default=0.1,
     show_default=True,
     help="Probability that a child is mutated.",

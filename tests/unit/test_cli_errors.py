@@ -150,3 +150,40 @@ def test_an_unknown_option_of_a_subcommand_still_points_at_its_help() -> None:
     assert result.exit_code == USAGE_ERROR
     assert result.stderr == ("conveyor: error: No such option '--confg'. Did you mean "
                              "'--config'? (see 'conveyor worker --help')\n")
+
+
+def float_options() -> list[tuple[str, click.Parameter]]:
+    """(command path, option) of every float-valued option of every command."""
+    from tests.unit.test_cli_help import ALL
+
+    return [(ctx.command_path, param) for ctx, cmd in ALL for param in cmd.params
+            if isinstance(param.type, click.types.FloatParamType)]
+
+
+def test_the_commands_have_float_options_to_check() -> None:
+    assert len(float_options()) >= 10  # the test below is not vacuous
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e300", "1e999"])
+def test_every_float_option_refuses_a_value_no_duration_or_ratio_can_be(value: str) -> None:
+    # click's FloatRange lets nan past any bound and has no ceiling by default:
+    # `status --watch nan` reached time.sleep as a traceback, `demo --work-ms inf`
+    # never ended.
+    for path, param in float_options():
+        with pytest.raises(click.BadParameter):
+            param.type.convert(value, param, None)
+            pytest.fail(f"{path} {param.opts[0]} took {value}")
+
+
+@pytest.mark.parametrize("args", [
+    ["status", "--config", "configs/redis.toml", "--app", "shop", "--watch", "nan"],
+    ["status", "--config", "configs/redis.toml", "--app", "shop", "--watch", "1e300"],
+    ["demo", "-n", "1", "--work-ms", "-inf"],
+    ["bench", "telemetry", "--sample-ratio", "nan"],
+    ["sim", "balancer", "--ramp", "1e300"],
+])
+def test_a_float_option_out_of_bounds_is_one_line_naming_it(args: list[str]) -> None:
+    result = CliRunner().invoke(main, args, env=nowhere())
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '{args[-2]}': "), line
