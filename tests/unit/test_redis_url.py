@@ -48,6 +48,15 @@ SECRET = "s3cret-pw"
         (f"redis://u:{SECRET}@h/0?password={SECRET}", "the password is given twice, "
                                                       "before the host and as ?password="),
         ("redis://u@h/0?username=v", "the username is given twice"),
+        # Read by redis-py as another server, without a word: localhost:6379 for port 0;
+        # for a '/', '?' or '#' in a password, the host before it (here localhost:99).
+        ("redis://h:0/0", "port 0 is no server's port"),
+        ("redis://h:6380/0#primary", "a '#' ends a URL, and redis-py drops what follows"),
+        (f"redis://:99#{SECRET}@h:6380/0", "a '/', '?' or '#' in the password ends the "
+                                           "host part before its '@'"),
+        (f"redis://u:99/{SECRET}@h:6380/0", "write them percent-encoded (%2F, %3F, %23)"),
+        (f"redis://u:99?{SECRET}@h:6380/0", "got redis://***@h:6380/0"),
+        (f"redis://u:{SECRET}/x@h:6380/0", "got redis://***@h:6380/0"),
     ],
 )
 def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
@@ -69,6 +78,8 @@ def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
     "redis://h/?db=3",
     "redis://h/0?socket_keepalive=False", "redis://h/0?socket_keepalive=1",
     f"redis://u@h/0?password={SECRET}",
+    "redis://h/0?client_name=shop@eu",
+    f"redis://u:{SECRET}%23%2F%3F@h:6380/0",
 ])
 def test_urls_with_known_options_pass(url: str) -> None:
     check_url(url)
