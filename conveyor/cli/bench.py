@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import DAY_S, Bounded, usage
+from conveyor.cli.common import DAY_S, Bounded, FilePath, usage
 from conveyor.platform.errors import ConveyorError
 
 
@@ -37,7 +37,7 @@ def bench() -> None:
               help="Variant: [slots] count = N instead of the shipped value.")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.FIELD=VALUE",
               help="Variant: change one field of the shipped config (repeatable).")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False,
+@click.option("--config", "config_file", type=FilePath(exists=True, dir_okay=False,
               path_type=Path), default=None,
               help="Start from this file instead of the adapter's file in configs/.")
 @click.option("--redis-url", default=None,

@@ -293,10 +293,22 @@ class Bounded(click.FloatRange):
         return number
 
 
+class FilePath(click.Path):
+    """Every path option's type: click's ``Path``, and an empty path refused. Click
+    reads ``''`` as the current directory: ``--plot ''`` wrote ``./.png``, ``configs
+    --copy ''`` wrote into the current directory (a ``"$DIR"`` left unset, say)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str | bytes) and not value:
+            self.fail("an empty path names nothing", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 config_option = click.option(
     "--config",
     "config_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="TOML config file (see configs/). Defaults: the embedded memory adapter.",
 )
 """--config of commands that run the app here (worker, demo): the embedded default."""
@@ -304,7 +316,7 @@ config_option = click.option(
 broker_config_option = click.option(
     "--config",
     "config_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="TOML config of a redis or kafka app (configs/redis.toml, configs/kafka.toml). "
          "Needed: the embedded memory adapter, the default, lives inside the worker's "
          "process and is refused here.",
@@ -312,7 +324,7 @@ broker_config_option = click.option(
 """--config of commands that write to a broker from outside the app (publish, rewind)."""
 
 inspect_config_option = click.option(
-    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    "--config", "config_path", type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="TOML config of a redis or kafka app (e.g. configs/redis.toml).",
 )
 """--config of commands that read a broker's state (status, groups)."""

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli.common import DAY_S, Bounded, app_name, load_config_or_exit, usage
+from conveyor.cli.common import DAY_S, Bounded, FilePath, app_name, load_config_or_exit, usage
 
 TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
 
 
 @click.command("console")
 @click.option("--config", "config_path", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              type=FilePath(exists=True, dir_okay=False, path_type=Path),
               help="TOML config of a redis or kafka app (e.g. configs/redis.toml).")
 @click.option("--app", default=None, callback=app_name,
               help="Show this app only (its consumer group). Default: every app found.")

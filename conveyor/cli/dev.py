@@ -34,7 +34,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from conveyor.cli.common import CliError, usage
+from conveyor.cli.common import CliError, FilePath, usage
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -273,7 +273,7 @@ def broker_options(name: str, default_port: int) -> Callable[[F], F]:
                      show_envvar=True),
         click.option("--queues", "partitions", type=click.IntRange(1, 10_000), default=8,
                      show_default=True, help="[queues] total of the printed config."),
-        click.option("--write-config", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--write-config", type=FilePath(dir_okay=False, path_type=Path),
                      help="Also write the printed config to this file."),
         click.option("--verbose", "-v", is_flag=True, help="Show the broker's own log."),
     )

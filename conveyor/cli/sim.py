@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import DAY_S, Bounded
+from conveyor.cli.common import DAY_S, Bounded, FilePath
 from conveyor.lab.patterns import PATTERNS
 from conveyor.lab.signals import SIGNALS
 
@@ -46,7 +46,7 @@ def _write_plot(plot: Path, draw: Callable[[], None]) -> None:
 
 
 plot_option = click.option(
-    "--plot", type=click.Path(dir_okay=False, path_type=Path), callback=_plot_path,
+    "--plot", type=FilePath(dir_okay=False, path_type=Path), callback=_plot_path,
     help="Write a PNG here.",
 )
 
@@ -59,7 +59,7 @@ def _summary(trace: Any) -> dict[str, float]:
 @click.option("--pattern", type=click.Choice(PATTERNS), help="Arrival pattern to simulate.")
 @click.option(
     "--arrivals",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="Replay a file of arrival times (one float, seconds, per line) instead.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
@@ -104,6 +104,14 @@ def sim(
             times = load_arrivals(arrivals)
         except ArrivalsFileError as exc:
             raise click.BadParameter(str(exc), param_hint="--arrivals") from None
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(
+                f"{arrivals}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                f"{exc.start}); expected one number of seconds per line",
+                param_hint="--arrivals") from None
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {arrivals}: {exc.strerror or exc}",
+                                     param_hint="--arrivals") from None
         duration = max(60.0, math.ceil(float(times[-1])) + REPLAY_COOLDOWN_S)
         config = SimConfig(duration_s=duration)
         name = "replay"

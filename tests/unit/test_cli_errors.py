@@ -3,6 +3,8 @@ wrong; ``conveyor.cli.common`` decides which ones are the user's mistake (exit 2
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import pytest
 from click.testing import CliRunner, Result
@@ -187,3 +189,55 @@ def test_a_float_option_out_of_bounds_is_one_line_naming_it(args: list[str]) -> 
     assert result.exit_code == USAGE_ERROR, result.output
     [line] = result.stderr.splitlines()
     assert line.startswith(f"conveyor: error: Invalid value for '{args[-2]}': "), line
+
+
+def path_options() -> list[tuple[str, click.Parameter]]:
+    """(command path, option) of every option or argument that takes a path."""
+    from tests.unit.test_cli_help import ALL
+
+    return [(ctx.command_path, param) for ctx, cmd in ALL for param in cmd.params
+            if isinstance(param.type, click.Path)]
+
+
+def test_every_path_option_refuses_an_empty_path() -> None:
+    # click reads '' as the current directory: `sim placement --plot ''` wrote ./.png,
+    # `configs --copy "$DIR"` with DIR unset copied into the current directory.
+    found = path_options()
+    assert len(found) >= 10
+    for path, param in found:
+        with pytest.raises(click.BadParameter, match="an empty path names nothing"):
+            param.type.convert("", param, None)
+            pytest.fail(f"{path} {param.opts[0]} took ''")
+
+
+@pytest.mark.parametrize("args", [
+    ["sim", "placement", "--plot", ""],
+    ["configs", "--copy", ""],
+    ["deploy", "kubernetes", "--app", "tests.apps.drain_app:app", "--config",
+     "{root}/configs/redis.toml", "--output", ""],
+])
+def test_an_empty_output_path_writes_nothing_and_names_its_option(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(root))
+    result = CliRunner().invoke(main, [a.format(root=root) for a in args])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for ") and args[-2] in line, line
+    assert "an empty path names" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_arrivals_file_that_is_not_utf8_is_one_line_naming_the_option(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "arrivals.txt"
+    file.write_bytes(b"0.5\n\xff\xfe1.0\n")
+    result = CliRunner().invoke(main, ["sim", "--arrivals", str(file)])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for --arrivals: {file}: not "
+                           "UTF-8 text (byte 0xff at offset 4); expected one number of "
+                           "seconds per line"), line
