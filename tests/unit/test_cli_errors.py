@@ -241,3 +241,32 @@ def test_an_arrivals_file_that_is_not_utf8_is_one_line_naming_the_option(
     assert line.startswith(f"conveyor: error: Invalid value for --arrivals: {file}: not "
                            "UTF-8 text (byte 0xff at offset 4); expected one number of "
                            "seconds per line"), line
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    # Measured the memory adapter under the broker's name: --adapter was left out.
+    (["--bootstrap", "kafka.example:9092"],
+     "--bootstrap is for --adapter kafka, and this run measures memory"),
+    (["--redis-url", "redis://r.example/0"],
+     "--redis-url is for --adapter redis, and this run measures memory"),
+    (["--adapter", "kafka", "--daemons", "2"],
+     "--daemons is for --adapter redis, and this run measures kafka"),
+    # Found by the config only once the benchmark ran (exit 1), or taken as no address.
+    (["--adapter", "kafka", "--bootstrap", "k:99999"],
+     "--bootstrap: expected HOST:PORT[,HOST:PORT...], got 'k:99999'"),
+    (["--adapter", "kafka", "--bootstrap", ""],
+     "--bootstrap: expected HOST:PORT[,HOST:PORT...], got ''"),
+    (["--set", "queues.total=\udcff"],  # bytes from the shell, not UTF-8: a traceback
+     "Invalid value for '--set': 'queues.total=\\udcff' is not UTF-8 text"),
+    (["--set", "slots.count=4", "--set", "slots.count=8"],
+     "Invalid value for '--set': slots.count is set twice; set it once"),
+    (["--slots", "4", "--set", "slots.count=8"],
+     "--slots N is --set slots.count=N: give one of them"),
+])
+def test_bench_throughput_refuses_options_it_would_ignore_or_misread(
+    args: list[str], says: str,
+) -> None:
+    result = CliRunner().invoke(main, ["bench", "throughput", "-n", "1", *args])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: {says}"), line

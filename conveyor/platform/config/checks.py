@@ -123,6 +123,16 @@ _ENV_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)?")
 _HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::([0-9]{1,5}))?")
 
 
+def check_bootstrap(bootstrap: str, field: str = "$.kafka.bootstrap") -> None:
+    """``HOST[:PORT][,HOST[:PORT]...]`` (port 9092 if left out), each port 1-65535; a
+    ConfigError naming ``field`` else."""
+    for item in bootstrap.split(","):
+        found = _HOST_PORT.fullmatch(item.strip())
+        if found is None or not 0 < int(found.group(1) or 9092) < 65536:
+            raise ConfigError(
+                f"{field}: expected HOST:PORT[,HOST:PORT...], got {bootstrap!r}")
+
+
 def _check_names(config: Config) -> None:
     """Names that reach a broker, checked by the broker's own rules (whole-string matches)."""
     if not NAME.fullmatch(config.redis.prefix):
@@ -150,13 +160,7 @@ def _check_names(config: Config) -> None:
             f"letters, digits, '.', '_', '-', not '.' or '..' (empty: dynamic membership), "
             f"got {instance!r}"
         )
-    for item in config.kafka.bootstrap.split(","):
-        found = _HOST_PORT.fullmatch(item.strip())
-        if found is None or not 0 < int(found.group(1) or 9092) < 65536:
-            raise ConfigError(
-                f"$.kafka.bootstrap: expected HOST:PORT[,HOST:PORT...], got "
-                f"{config.kafka.bootstrap!r}"
-            )
+    check_bootstrap(config.kafka.bootstrap)
     _check_sentinels(config)
     if _uses_redis(config):  # an unused [redis] url (a shell's CONVEYOR_REDIS__URL) is no error
         check_redis_url(config.redis.url, cluster=config.redis.mode == "cluster")
