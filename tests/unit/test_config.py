@@ -337,6 +337,23 @@ def test_environment_json_nested_too_deeply_names_the_variable(name: str) -> Non
         load_config(environ={name: "[" * 60_000 + "]" * 60_000})
 
 
+@pytest.mark.parametrize(("name", "value", "at"), [
+    # os.environ holds bytes that are not UTF-8 as lone surrogates (PEP 383): an int
+    # field's was a UnicodeEncodeError traceback, a string field's reached the broker.
+    ("CONVEYOR_QUEUES__TOTAL", "\udcff", 1),
+    ("CONVEYOR_KAFKA__CLIENT_ID", "ab\udcff", 3),
+    ("CONVEYOR_BALANCER__QUEUES", "[0, \udcff]", 5),
+    ("CONVEYOR_QUEUES", '{"total": "\udcff"}', 12),
+])
+def test_an_environment_value_that_is_not_utf8_names_the_variable(
+    name: str, value: str, at: int,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={name: value})
+    assert str(caught.value) == (f"environment variable {name}: not UTF-8 text (at "
+                                 f"character {at})")
+
+
 def test_malformed_environment_json_names_the_variable() -> None:
     with pytest.raises(ConfigError, match="environment variable CONVEYOR_WORKER: expected JSON"):
         load_config(environ={"CONVEYOR_WORKER": '{"drain_timeout_s": '})

@@ -533,6 +533,12 @@ def _env_value(name: str, text: str, t: msgspec.inspect.Type) -> Any:
     (``"x"``, quotes included) is unquoted, so values written with ``json.dumps`` (the
     supervisor hands CLI overrides to its children so) read the same as plain text.
     """
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:  # bytes the environment held that are not UTF-8
+        raise ConfigError(
+            f"environment variable {name}: not UTF-8 text (at character {exc.start + 1})"
+        ) from None
     if not _needs_json(t):
         if len(text) >= 2 and text[0] == text[-1] == '"':
             try:
@@ -704,7 +710,7 @@ def _secrets(raw: dict[str, Any], environ: Mapping[str, str]) -> set[str]:
         elif len(path) == 1 and path[0] in sections:
             try:
                 table = msgspec.json.decode(value)
-            except (msgspec.DecodeError, RecursionError):
+            except (msgspec.DecodeError, RecursionError, UnicodeEncodeError):
                 continue  # reported when applied, unless it is a secret itself
             names |= _secret_variables({path[0]: table})
     return names
