@@ -11,7 +11,15 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli.common import DAY_S, Bounded, FilePath, app_name, load_config_or_exit, usage
+from conveyor.cli.common import (
+    DAY_S,
+    Bounded,
+    FilePath,
+    app_name,
+    load_config_or_exit,
+    usage,
+    warn,
+)
 
 TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
 
@@ -65,8 +73,8 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
     click.echo(f"conveyor console on {where} ({settings.broker}); Ctrl-C stops it")
     if host not in ("127.0.0.1", "localhost", "::1"):
-        click.echo(f"warning: bound to {host}: anyone who can reach it sees your queues and "
-                   "dead letters' bodies", err=True)
+        warn(f"bound to {host}: anyone who can reach it sees your queues and dead letters' "
+             "bodies")
     if token is None:
         click.echo("read-only: start with --write to replay, purge or delete groups")
     elif os.environ.get(TOKEN_ENV):
