@@ -276,6 +276,11 @@ DAY_S = 86_400.0
 """The longest duration a command's option takes (as the config's: ``Seconds``)."""
 
 
+SEED = click.IntRange(min=0)
+"""A random seed: numpy's generators take any whole number from 0 (``-1`` was a
+traceback)."""
+
+
 class Bounded(click.FloatRange):
     """Every float option's type: bounded on both sides, ``nan`` refused. Click's own
     ``FloatRange`` lets ``nan`` past any bound (it compares false with every number)

@@ -17,9 +17,10 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import DAY_S, Bounded, FilePath
+from conveyor.cli.common import DAY_S, SEED, Bounded, FilePath
 from conveyor.lab.patterns import PATTERNS
 from conveyor.lab.signals import SIGNALS
+from conveyor.platform.config import MAX_QUEUES
 
 REPLAY_COOLDOWN_S = 10.0
 
@@ -62,7 +63,7 @@ def _summary(trace: Any) -> dict[str, float]:
     type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="Replay a file of arrival times (one float, seconds, per line) instead.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 @click.pass_context
@@ -155,7 +156,7 @@ def _series_stats(values: Any) -> dict[str, float]:
 
 @sim.command("filter")
 @click.option("--signal", "signal_name", type=click.Choice(SIGNALS), required=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None) -> None:
@@ -220,9 +221,9 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
 
 
 @sim.command("placement", short_help="Balls into bins, 2-1,000 daemons: random, K=2, sqrt n, JSQ.")
-@click.option("--trials", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--balls-per-bin", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--trials", type=click.IntRange(1, 100), default=3, show_default=True)
+@click.option("--balls-per-bin", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 def placement_command(
@@ -278,9 +279,10 @@ def placement_command(
 
 
 @sim.command("balancer")
-@click.option("--daemons", type=click.IntRange(min=1), default=1000, show_default=True)
-@click.option("--queues", type=click.IntRange(min=1), default=4096, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--daemons", type=click.IntRange(1, MAX_QUEUES), default=1000, show_default=True)
+@click.option("--queues", type=click.IntRange(1, MAX_QUEUES), default=4096,
+              show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--steady", "steady_s", type=Bounded(1.0, DAY_S), default=60.0,
               show_default=True,
               help="Seconds (virtual) of steady state to measure; long enough to include "

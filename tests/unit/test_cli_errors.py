@@ -270,3 +270,32 @@ def test_bench_throughput_refuses_options_it_would_ignore_or_misread(
     assert result.exit_code == USAGE_ERROR, result.output
     [line] = result.stderr.splitlines()
     assert line.startswith(f"conveyor: error: {says}"), line
+
+
+def test_every_seed_option_refuses_a_negative_seed() -> None:
+    # numpy's generators take whole numbers from 0: `sim --seed -1` was a traceback.
+    from tests.unit.test_cli_help import ALL
+
+    seeds = [(ctx.command_path, p) for ctx, cmd in ALL for p in cmd.params if p.name == "seed"]
+    assert len(seeds) >= 5
+    for path, param in seeds:
+        with pytest.raises(click.BadParameter):
+            param.type.convert("-1", param, None)
+            pytest.fail(f"{path} --seed took -1")
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    # numpy's MemoryError as a traceback ("Unable to allocate 1.46 TiB"), or a run of years.
+    (["sim", "placement", "--trials", "99999999999"], "--trials"),
+    (["sim", "placement", "--balls-per-bin", "99999999999"], "--balls-per-bin"),
+    (["tune", "--population", "99999999999", "--generations", "0"], "--population"),
+    # The config allows 4096 queues at most; the simulation is of what a config can run.
+    (["sim", "balancer", "--queues", "4097"], "--queues"),
+])
+def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
+    args: list[str], option: str,
+) -> None:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '{option}': "), line
