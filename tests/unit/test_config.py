@@ -328,6 +328,24 @@ def test_a_toml_file_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None
         load_config(write(tmp_path, deep), environ={})
 
 
+@pytest.mark.parametrize(("text", "says"), [
+    # A field above every [section] line, or under the wrong section: no close name
+    # there, so the sections that have it are named.
+    ('adapter = "redis"\n[queues]\ntotal = 8\n',
+     "unknown field `adapter` ([queues] has `adapter`)"),
+    ("[worker]\ncount = 4\n", "unknown field `count` - at `$.worker` ([slots] has `count`)"),
+    ("[worker]\nresource = 4\n", "- at `$.worker` ([slots.resource] is a section)"),
+    ("[redis]\nbootstrap = 'k:9092'\n", "- at `$.redis` ([kafka] has `bootstrap`)"),
+    ("[queues]\ntotl = 8\n", "- at `$.queues` (did you mean `total`?)"),  # close wins
+])
+def test_an_unknown_field_names_the_section_it_belongs_to(
+    tmp_path: Path, text: str, says: str,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), environ={})
+    assert str(caught.value).endswith(says), caught.value
+
+
 # -- environment ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["CONVEYOR_BALANCER__QUEUES", "CONVEYOR_SLOTS__OPTIONS",

@@ -606,12 +606,32 @@ _AT_PATH = re.compile(r"- at `(\$[^`]*)`|^(\$[\w.]+):")
 
 
 def _with_suggestion(message: str) -> str:
-    """msgspec's "unknown field `x` - at `$.s`", with the closest field of ``[s]``."""
+    """msgspec's "unknown field `x` - at `$.s`", with the closest field of ``[s]``, else
+    the sections that have a field ``x`` (a field written above every ``[section]``
+    line, or under the wrong one)."""
     match = _UNKNOWN_FIELD.search(message)
     struct = _struct_at(match.group(2) or "$") if match else None
     if match is None or struct is None:
         return message
-    return message + _did_you_mean(match.group(1), (f.name for f in struct.fields))
+    close = _did_you_mean(match.group(1), (f.name for f in struct.fields))
+    if close:
+        return message + close
+    homes = sorted(_homes(match.group(1), _root(), ""))
+    if not homes:
+        return message
+    return message + f" ({'; '.join(homes[:3])})"
+
+
+def _homes(name: str, struct: msgspec.inspect.StructType, path: str) -> Iterable[str]:
+    """Where ``name`` is known below ``struct``, as the error says it: the sections with
+    a field of that name, or the section of that name."""
+    for f in struct.fields:
+        here = f"{path}.{f.name}".lstrip(".")
+        if f.name == name:
+            yield (f"[{here}] is a section" if isinstance(f.type, msgspec.inspect.StructType)
+                   else f"[{path}] has `{name}`")
+        if isinstance(f.type, msgspec.inspect.StructType):
+            yield from _homes(name, f.type, here)
 
 
 def _apply_one(raw: dict[str, Any], path: list[str], name: str, value: str) -> None:
