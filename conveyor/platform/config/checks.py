@@ -164,6 +164,7 @@ def _check_names(config: Config) -> None:
     _check_sentinels(config)
     if _uses_redis(config):  # an unused [redis] url (a shell's CONVEYOR_REDIS__URL) is no error
         check_redis_url(config.redis.url, cluster=config.redis.mode == "cluster")
+        _check_redis_tls(config)
     for path, name in (
         ("$.redis.username_env", config.redis.username_env),
         ("$.redis.password_env", config.redis.password_env),
@@ -252,6 +253,23 @@ def _check_timing(config: Config) -> None:
             f"({config.worker.poll_timeout_ms} ms), the longest blocking read; "
             f"got {redis.socket_timeout_s}"
         )
+
+
+def _check_redis_tls(config: Config) -> None:
+    """TLS files with a ``redis://`` URL: the connection would be plain text, the files
+    unread, without a word (the URL's scheme alone turns TLS on)."""
+    redis = config.redis
+    if redis.url.partition("://")[0].lower() == "rediss":
+        if redis.tls_key_file and not redis.tls_cert_file:
+            raise ConfigError("$.redis.tls_key_file: the key of a client certificate, but "
+                              "$.redis.tls_cert_file is empty; set both, or neither")
+        return
+    for field in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        if getattr(redis, field):
+            raise ConfigError(
+                f"$.redis.{field}: set, but $.redis.url is not rediss:// (TLS), so it "
+                "would not be used and the connection would be plain text; use "
+                "rediss://, or remove it")
 
 
 def _uses_redis(config: Config) -> bool:
