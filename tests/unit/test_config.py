@@ -503,3 +503,28 @@ def test_a_bad_item_of_a_list_or_table_names_the_variable_that_set_it(
     for where in (None, path):  # neither "defaults" nor the file is at fault
         with pytest.raises(ConfigError, match=rf"^environment variable {name}: .* - at `{at}`$"):
             load_config(where, environ={name: value})
+
+
+@pytest.mark.parametrize(("kafka", "says"), [
+    # Settings the protocol does not use: plain text, or no login, without a word.
+    ({"ssl_cafile": "/etc/ca.pem"}, "$.kafka.ssl_cafile: set, but "
+     "$.kafka.security_protocol is 'PLAINTEXT' (no TLS), so it would not be used"),
+    ({"security_protocol": "SASL_PLAINTEXT", "sasl_username": "u",
+      "ssl_certfile": "/etc/c.pem"}, "$.kafka.ssl_certfile: set, but"),
+    ({"sasl_username": "u"}, "$.kafka.sasl_username: set, but $.kafka.security_protocol "
+     "is 'PLAINTEXT' (no SASL), so no login would happen"),
+    ({"security_protocol": "SSL", "sasl_username": "u"}, "is 'SSL' (no SASL)"),
+])
+def test_kafka_security_settings_the_protocol_would_not_use_are_refused(
+    kafka: dict[str, str], says: str,
+) -> None:
+    environ = {"CONVEYOR_QUEUES__ADAPTER": "kafka",
+               **{f"CONVEYOR_KAFKA__{k.upper()}": v for k, v in kafka.items()}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ=environ)
+    assert says in str(caught.value)
+
+
+def test_kafka_security_settings_of_an_unused_kafka_section_are_no_error() -> None:
+    config = load_config(environ={"CONVEYOR_KAFKA__SASL_USERNAME": "u"})  # memory adapter
+    assert config.kafka.sasl_username == "u"

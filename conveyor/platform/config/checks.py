@@ -162,6 +162,8 @@ def _check_names(config: Config) -> None:
         )
     check_bootstrap(config.kafka.bootstrap)
     _check_sentinels(config)
+    if config.queues.adapter == "kafka":
+        _check_kafka_security(config)
     if _uses_redis(config):  # an unused [redis] url (a shell's CONVEYOR_REDIS__URL) is no error
         check_redis_url(config.redis.url, cluster=config.redis.mode == "cluster")
         _check_redis_tls(config)
@@ -253,6 +255,25 @@ def _check_timing(config: Config) -> None:
             f"({config.worker.poll_timeout_ms} ms), the longest blocking read; "
             f"got {redis.socket_timeout_s}"
         )
+
+
+def _check_kafka_security(config: Config) -> None:
+    """TLS files or a SASL user that ``security_protocol`` does not use: the clients
+    would talk plain text, or log in as nobody, without a word."""
+    kafka = config.kafka
+    protocol = kafka.security_protocol
+    if not protocol.endswith("SSL"):
+        for field in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_env"):
+            if getattr(kafka, field):
+                raise ConfigError(
+                    f"$.kafka.{field}: set, but $.kafka.security_protocol is {protocol!r} "
+                    "(no TLS), so it would not be used; use \"SSL\" or \"SASL_SSL\", or "
+                    "remove it")
+    if not protocol.startswith("SASL") and kafka.sasl_username:
+        raise ConfigError(
+            f"$.kafka.sasl_username: set, but $.kafka.security_protocol is {protocol!r} "
+            "(no SASL), so no login would happen; use \"SASL_SSL\" or \"SASL_PLAINTEXT\", "
+            "or remove it")
 
 
 def _check_redis_tls(config: Config) -> None:
