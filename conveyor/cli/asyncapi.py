@@ -10,17 +10,17 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli.common import load_config_or_exit
+from conveyor.cli.common import FilePath, load_config_or_exit
 from conveyor.platform.errors import ConveyorError
 
 
 @click.command("asyncapi")
 @click.argument("app_path")
 @click.option("--config", "config_path",
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              type=FilePath(exists=True, dir_okay=False, path_type=Path),
               help="TOML config of the app (servers, topic or key prefix, queues). "
                    "Defaults: the embedded memory adapter (no servers).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
+@click.option("-o", "--output", type=FilePath(dir_okay=False, writable=True, path_type=Path),
               default=None, help="Write to this file instead of standard output.")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Default: json for an -o file ending in .json, else yaml.")

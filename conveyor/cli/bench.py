@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import usage
+from conveyor.cli.common import DAY_S, Bounded, FilePath, usage
 from conveyor.platform.errors import ConveyorError
 
 
@@ -26,6 +26,22 @@ def bench() -> None:
     """
 
 
+def _settings(ctx: click.Context, param: click.Parameter,
+              value: tuple[str, ...]) -> tuple[str, ...]:
+    """``--set``: text UTF-8 can encode (it is read as TOML), each field once."""
+    seen: set[str] = set()
+    for setting in value:
+        try:
+            setting.encode()
+        except UnicodeEncodeError:
+            raise click.BadParameter(f"{setting!r} is not UTF-8 text") from None
+        field = setting.partition("=")[0].strip()
+        if field in seen:
+            raise click.BadParameter(f"{field} is set twice; set it once")
+        seen.add(field)
+    return value
+
+
 @bench.command("throughput", short_help="No-op and publish msgs/s, next to raw client loops.")
 @click.option("--adapter", type=click.Choice(["memory", "redis", "kafka"]), default="memory",
               show_default=True)
@@ -36,8 +52,9 @@ def bench() -> None:
 @click.option("--slots", type=click.IntRange(min=1), default=None,
               help="Variant: [slots] count = N instead of the shipped value.")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.FIELD=VALUE",
+              callback=_settings,
               help="Variant: change one field of the shipped config (repeatable).")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False,
+@click.option("--config", "config_file", type=FilePath(exists=True, dir_okay=False,
               path_type=Path), default=None,
               help="Start from this file instead of the adapter's file in configs/.")
 @click.option("--redis-url", default=None,
@@ -88,13 +105,10 @@ def bench_throughput(
     from conveyor.adapters.redis.urls import redact_url
     from conveyor.bench.shipped import Variant, bench_config
 
-    if redis_url is not None:  # a URL redis-py would refuse only after the start-up
-        from conveyor.platform.config.redis_url import check_url
-
-        try:
-            check_url(redis_url, field="--redis-url")
-        except ConveyorError as exc:
-            usage(str(exc))
+    _check_servers(adapter, redis_url, daemons, bootstrap)
+    if slots is not None and any(s.partition("=")[0].strip() == "slots.count"
+                                 for s in settings):
+        usage("--slots N is --set slots.count=N: give one of them")
     if batch is not None and adapter == "kafka":
         raise click.BadParameter("is measured on memory and redis, not kafka",
                                  param_hint="--batch")
@@ -111,6 +125,28 @@ def bench_throughput(
                  "kafka": bootstrap or "a private tansu"}.get(adapter, "memory")
         raise click.ClickException(f"benchmark against {where} failed: {exc}") from None
     click.echo(json.dumps(report[0]) if as_json else report[1])
+
+
+def _check_servers(adapter: str, redis_url: str | None, daemons: tuple[str, ...],
+                   bootstrap: str | None) -> None:
+    """An option of another adapter is refused (``--bootstrap`` without ``--adapter
+    kafka`` measured the memory adapter, under the broker's name), and a server address
+    is checked before any start-up."""
+    from conveyor.platform.config.checks import check_bootstrap
+    from conveyor.platform.config.redis_url import check_url
+
+    for option, given, needs in (("--redis-url", redis_url is not None, "redis"),
+                                 ("--daemons", bool(daemons), "redis"),
+                                 ("--bootstrap", bootstrap is not None, "kafka")):
+        if given and adapter != needs:
+            usage(f"{option} is for --adapter {needs}, and this run measures {adapter}")
+    try:  # an address a client would refuse only after the start-up
+        if redis_url is not None:
+            check_url(redis_url, field="--redis-url")
+        if bootstrap is not None:
+            check_bootstrap(bootstrap, field="--bootstrap")
+    except ConveyorError as exc:
+        usage(str(exc))
 
 
 def _run_throughput(
@@ -140,7 +176,7 @@ def _run_throughput(
 @click.option("--messages", "-n", type=click.IntRange(min=1), default=50_000, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Interleaved runs per variant (each in a fresh process).")
-@click.option("--sample-ratio", type=click.FloatRange(0, 1), default=1.0, show_default=True)
+@click.option("--sample-ratio", type=Bounded(0, 1), default=1.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: bool) -> None:
     """Throughput with telemetry off, on, /metrics only, and hooks stripped.
@@ -166,9 +202,9 @@ def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: b
 
 @bench.command("scale-down", short_help="Monotonic vs adaptive pool: workers per cooldown cycle.")
 @click.option("--cycles", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--cycle-s", type=click.FloatRange(min=0.01), default=1.2, show_default=True)
-@click.option("--load-s", type=click.FloatRange(min=0.01), default=2.0, show_default=True)
-@click.option("--inspection-period-ms", type=click.FloatRange(min=1), default=500.0,
+@click.option("--cycle-s", type=Bounded(0.01, 3600), default=1.2, show_default=True)
+@click.option("--load-s", type=Bounded(0.01, 3600), default=2.0, show_default=True)
+@click.option("--inspection-period-ms", type=Bounded(1, DAY_S * 1000), default=500.0,
               show_default=True, help="Scale-down inspection period (backoff follows it).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def bench_scale_down(

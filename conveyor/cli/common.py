@@ -16,6 +16,7 @@ interrupted by it: it is how they end, and they exit 0.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
@@ -271,10 +272,48 @@ def refuse_embedded(config: Config, command: str, why: str) -> None:
               "use --config with a redis or kafka config (e.g. configs/redis.toml)")
 
 
+DAY_S = 86_400.0
+"""The longest duration a command's option takes (as the config's: ``Seconds``)."""
+
+
+SEED = click.IntRange(min=0)
+"""A random seed: numpy's generators take any whole number from 0 (``-1`` was a
+traceback)."""
+
+
+class Bounded(click.FloatRange):
+    """Every float option's type: bounded on both sides, ``nan`` refused. Click's own
+    ``FloatRange`` lets ``nan`` past any bound (it compares false with every number)
+    and takes ``inf`` or ``1e300`` without a ``max``: ``status --watch nan`` reached
+    ``time.sleep`` as a traceback, ``demo --work-ms inf`` never ended."""
+
+    def __init__(self, min: float, max: float) -> None:
+        super().__init__(min=min, max=max)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
+class FilePath(click.Path):
+    """Every path option's type: click's ``Path``, and an empty path refused. Click
+    reads ``''`` as the current directory: ``--plot ''`` wrote ``./.png``, ``configs
+    --copy ''`` wrote into the current directory (a ``"$DIR"`` left unset, say)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str | bytes) and not value:
+            self.fail("an empty path names nothing", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 config_option = click.option(
     "--config",
     "config_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="TOML config file (see configs/). Defaults: the embedded memory adapter.",
 )
 """--config of commands that run the app here (worker, demo): the embedded default."""
@@ -282,7 +321,7 @@ config_option = click.option(
 broker_config_option = click.option(
     "--config",
     "config_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="TOML config of a redis or kafka app (configs/redis.toml, configs/kafka.toml). "
          "Needed: the embedded memory adapter, the default, lives inside the worker's "
          "process and is refused here.",
@@ -290,7 +329,7 @@ broker_config_option = click.option(
 """--config of commands that write to a broker from outside the app (publish, rewind)."""
 
 inspect_config_option = click.option(
-    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    "--config", "config_path", type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="TOML config of a redis or kafka app (e.g. configs/redis.toml).",
 )
 """--config of commands that read a broker's state (status, groups)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from conveyor.cli.common import FilePath
 from conveyor.platform.config.shipped import shipped_configs, shipped_configs_dir
 
 
@@ -25,7 +26,7 @@ def _summary(path: Path) -> str:
 
 @click.command("configs")
 @click.argument("name", required=False)
-@click.option("--copy", "copy_to", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--copy", "copy_to", type=FilePath(file_okay=False, path_type=Path),
               default=None, metavar="DIR",
               help="Write every shipped config into DIR (created if absent); an existing "
                    "file is left alone.")

@@ -11,14 +11,22 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli.common import app_name, load_config_or_exit, usage
+from conveyor.cli.common import (
+    DAY_S,
+    Bounded,
+    FilePath,
+    app_name,
+    load_config_or_exit,
+    usage,
+    warn,
+)
 
 TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
 
 
 @click.command("console")
 @click.option("--config", "config_path", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              type=FilePath(exists=True, dir_okay=False, path_type=Path),
               help="TOML config of a redis or kafka app (e.g. configs/redis.toml).")
 @click.option("--app", default=None, callback=app_name,
               help="Show this app only (its consumer group). Default: every app found.")
@@ -26,7 +34,7 @@ TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
               help="Address to bind; anything but loopback exposes the console.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True,
               envvar="CONVEYOR_CONSOLE_PORT", help="Port to serve on ($CONVEYOR_CONSOLE_PORT).")
-@click.option("--interval", "interval_s", type=click.FloatRange(min=0.2), default=2.0,
+@click.option("--interval", "interval_s", type=Bounded(0.2, DAY_S), default=2.0,
               show_default=True, metavar="SECONDS",
               help="How often the one shared poll loop reads the broker.")
 @click.option("--write", is_flag=True,
@@ -65,8 +73,8 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     where = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
     click.echo(f"conveyor console on {where} ({settings.broker}); Ctrl-C stops it")
     if host not in ("127.0.0.1", "localhost", "::1"):
-        click.echo(f"warning: bound to {host}: anyone who can reach it sees your queues and "
-                   "dead letters' bodies", err=True)
+        warn(f"bound to {host}: anyone who can reach it sees your queues and dead letters' "
+             "bodies")
     if token is None:
         click.echo("read-only: start with --write to replay, purge or delete groups")
     elif os.environ.get(TOKEN_ENV):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from conveyor.cli.common import config_option, fail, load_config_or_exit
+from conveyor.cli.common import Bounded, config_option, fail, load_config_or_exit
 from conveyor.platform.errors import ConveyorError
 
 
@@ -24,8 +24,8 @@ from conveyor.platform.errors import ConveyorError
     help="Messages whose handler always fails (they are retried, then dead-lettered).",
 )
 @click.option(
-    "--work-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
-    help="Simulated I/O time per message in the handler.",
+    "--work-ms", type=Bounded(0, 60_000), default=0.0, show_default=True,
+    help="Simulated I/O time per message in the handler (at most a minute).",
 )
 @config_option
 def demo(

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
+from conveyor.cli.common import FilePath, warn
 from conveyor.cli.common import usage as _usage
-from conveyor.cli.common import warn
 from conveyor.platform.errors import ConfigError, ConveyorError, InvalidArgumentError
 
 _QUANTITY = re.compile(r"(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][-+]?\d+)?")
@@ -41,6 +41,12 @@ def _quantity(ctx: click.Context, param: click.Parameter, value: str) -> str:
     if not _QUANTITY.fullmatch(value):
         raise click.BadParameter(
             f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 512Mi, 1Gi)")
+    return value
+
+
+def _output(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value:  # Path('') is the current directory: manifests written there
+        raise click.BadParameter("an empty path names no directory ('-': standard output)")
     return value
 
 
@@ -81,7 +87,7 @@ def deploy() -> None:
               help="MODULE:ATTR or FILE.py:ATTR, as the container sees it (under /app); "
                    "imported here to read the app's name.")
 @click.option("--config", "config_path", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              type=FilePath(exists=True, dir_okay=False, path_type=Path),
               help="The TOML config the pods run (redis or kafka); put in a ConfigMap.")
 @click.option("--image", default=None, callback=_image,
               help="Worker image holding the app under /app, as [HOST[:PORT]/]PATH[:TAG]"
@@ -98,7 +104,7 @@ def deploy() -> None:
               help="CPU request per pod.")
 @click.option("--memory", default="512Mi", show_default=True, callback=_quantity,
               help="Memory request and limit per pod.")
-@click.option("--output", "-o", default="-", show_default=True, metavar="DIR|-",
+@click.option("--output", "-o", default="-", show_default=True, metavar="DIR|-", callback=_output,
               help="'-': one YAML stream on stdout; DIR: one file per object, in apply "
                    "order (kubectl apply -f DIR).")
 def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: int,

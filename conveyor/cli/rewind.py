@@ -7,6 +7,7 @@ reads the target and says which refusals are the user's (exit 2).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,10 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 
     Run it with the app's workers stopped. Messages from that point on are delivered
     again (at least once: handlers must tolerate seeing them twice). A target ahead of
-    the app's position (a later token,
-    or a time after the last message) would skip messages never handled: it is a usage
-    error (exit 2) unless --allow-forward is given. So is an app with no consumer group
-    on the queues (a typo, or an app that never ran), unless --create-group is given. A
+    the app's position (a later token, or a time after the last message) would skip
+    messages never handled: it is a usage error (exit 2) unless --allow-forward is
+    given, as is a time in the future. So is an app with no consumer group on the
+    queues (a typo, or an app that never ran), unless --create-group is given. A
     queue that a worker of the app still owns (the adapter sees it, or its lease is
     held) is refused (exit 1). The embedded (memory) adapter is refused (exit 2): its
     positions live in the worker's process.
@@ -92,6 +93,13 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 
     config = load_config_or_exit(config_path)
     to = _parse_rewind_target(target)
+    if isinstance(to, float) and to > time.time() and not allow_forward:
+        # The adapter counts the messages a forward move skips among those published so
+        # far: on a queue the app had finished there are none, and Redis then set the
+        # position ahead of every message still to come (all skipped, until that time).
+        raise click.BadParameter(
+            f"{target} is in the future: the app would skip every message published "
+            "until then; pass --allow-forward to skip them on purpose", param_hint="--to")
     refuse_embedded(config, "rewind", "its positions exist only there and vanish with it")
     total = config.queues.total
     bad = sorted({q for q in queues if not 0 <= q < total})

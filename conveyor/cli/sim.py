@@ -17,8 +17,10 @@ from typing import Any
 
 import click
 
+from conveyor.cli.common import DAY_S, SEED, Bounded, FilePath
 from conveyor.lab.patterns import PATTERNS
 from conveyor.lab.signals import SIGNALS
+from conveyor.platform.config import MAX_QUEUES
 
 REPLAY_COOLDOWN_S = 10.0
 
@@ -45,7 +47,7 @@ def _write_plot(plot: Path, draw: Callable[[], None]) -> None:
 
 
 plot_option = click.option(
-    "--plot", type=click.Path(dir_okay=False, path_type=Path), callback=_plot_path,
+    "--plot", type=FilePath(dir_okay=False, path_type=Path), callback=_plot_path,
     help="Write a PNG here.",
 )
 
@@ -58,10 +60,10 @@ def _summary(trace: Any) -> dict[str, float]:
 @click.option("--pattern", type=click.Choice(PATTERNS), help="Arrival pattern to simulate.")
 @click.option(
     "--arrivals",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=FilePath(exists=True, dir_okay=False, path_type=Path),
     help="Replay a file of arrival times (one float, seconds, per line) instead.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 @click.pass_context
@@ -103,6 +105,14 @@ def sim(
             times = load_arrivals(arrivals)
         except ArrivalsFileError as exc:
             raise click.BadParameter(str(exc), param_hint="--arrivals") from None
+        except UnicodeDecodeError as exc:
+            raise click.BadParameter(
+                f"{arrivals}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                f"{exc.start}); expected one number of seconds per line",
+                param_hint="--arrivals") from None
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {arrivals}: {exc.strerror or exc}",
+                                     param_hint="--arrivals") from None
         duration = max(60.0, math.ceil(float(times[-1])) + REPLAY_COOLDOWN_S)
         config = SimConfig(duration_s=duration)
         name = "replay"
@@ -146,7 +156,7 @@ def _series_stats(values: Any) -> dict[str, float]:
 
 @sim.command("filter")
 @click.option("--signal", "signal_name", type=click.Choice(SIGNALS), required=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None) -> None:
@@ -211,9 +221,9 @@ def filter_command(signal_name: str, seed: int, as_json: bool, plot: Path | None
 
 
 @sim.command("placement", short_help="Balls into bins, 2-1,000 daemons: random, K=2, sqrt n, JSQ.")
-@click.option("--trials", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--balls-per-bin", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--trials", type=click.IntRange(1, 100), default=3, show_default=True)
+@click.option("--balls-per-bin", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 def placement_command(
@@ -269,15 +279,18 @@ def placement_command(
 
 
 @sim.command("balancer")
-@click.option("--daemons", type=click.IntRange(min=1), default=1000, show_default=True)
-@click.option("--queues", type=click.IntRange(min=1), default=4096, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--steady", "steady_s", type=click.FloatRange(min=1.0), default=60.0,
+@click.option("--daemons", type=click.IntRange(1, MAX_QUEUES), default=1000, show_default=True)
+@click.option("--queues", type=click.IntRange(1, MAX_QUEUES), default=4096,
+              show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--steady", "steady_s", type=Bounded(1.0, DAY_S), default=60.0,
               show_default=True,
               help="Seconds (virtual) of steady state to measure; long enough to include "
                    "the full re-check a settled daemon makes every 30-60 intervals.")
-@click.option("--ramp", "ramp_s", type=click.FloatRange(min=0.0), default=2.0,
-              show_default=True, help="Seconds over which the daemons start (0: all at once).")
+@click.option("--ramp", "ramp_s", type=Bounded(0.0, 60.0), default=2.0,
+              show_default=True,
+              help="Seconds (virtual) over which the daemons start (0: all at once); at "
+                   "most the 60 s a start is given to settle.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @plot_option
 def balancer_command(daemons: int, queues: int, seed: int, steady_s: float, ramp_s: float,

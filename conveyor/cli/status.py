@@ -15,6 +15,8 @@ from pathlib import Path
 import click
 
 from conveyor.cli.common import (
+    DAY_S,
+    Bounded,
     app_name,
     inspect_config_option,
     load_config_or_exit,
@@ -36,7 +38,7 @@ wide_option = click.option("--wide", is_flag=True,
 @click.option("--app", "group", default=None, callback=app_name,
               help="The app's name (its consumer group). Default: list the apps found.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--watch", "watch_s", type=click.FloatRange(min=0.2), default=None,
+@click.option("--watch", "watch_s", type=Bounded(0.2, DAY_S), default=None,
               metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C.")
 @click.option("--count", type=click.IntRange(min=1), default=None, metavar="N",
               help="With --watch: stop after N refreshes.")

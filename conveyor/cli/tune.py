@@ -13,20 +13,21 @@ from typing import Any
 
 import click
 
+from conveyor.cli.common import SEED, Bounded
 from conveyor.lab.patterns import PATTERNS, TRAINING_PATTERNS
 
 
 @click.command()
-@click.option("--population", type=click.IntRange(min=2), default=20, show_default=True)
-@click.option("--generations", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option("--population", type=click.IntRange(2, 1000), default=20, show_default=True)
+@click.option("--generations", type=click.IntRange(0, 10_000), default=50, show_default=True)
 @click.option(
     "--mutation",
-    type=click.FloatRange(0.0, 1.0),
+    type=Bounded(0.0, 1.0),
     default=0.1,
     show_default=True,
     help="Probability that a child is mutated.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def tune(population: int, generations: int, mutation: float, seed: int, as_json: bool) -> None:
     """Tune the scale-down PID gains with a genetic algorithm.

@@ -14,7 +14,14 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import as_cli_error, config_option, fail, load_config_or_exit
+from conveyor.cli.common import (
+    DAY_S,
+    Bounded,
+    as_cli_error,
+    config_option,
+    fail,
+    load_config_or_exit,
+)
 from conveyor.platform.errors import ConveyorError
 
 
@@ -23,7 +30,7 @@ from conveyor.platform.errors import ConveyorError
 @config_option
 @click.option("--slots", type=click.IntRange(min=1), help="Override [slots] count.")
 @click.option(
-    "--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0),
+    "--drain-timeout", "drain_timeout_s", type=Bounded(0, DAY_S),
     help="Override [worker] drain_timeout_s.",
 )
 @click.option(

@@ -69,7 +69,13 @@ def load_attr(
         raise error(
             f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
         ) from None
-    found = getattr(module, attr, _MISSING)
+    try:  # a module's __getattr__ (a lazy attribute) runs user code too
+        found = getattr(module, attr, _MISSING)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise error(f"{what}: reading {attr!r} of {target!r} failed{_where(exc)}: "
+                    f"{type(exc).__name__}: {exc}") from None
     if found is _MISSING:
         raise error(f"{what}: cannot load {target!r}: module {module.__name__!r} "
                     f"(from {_origin(module)}) has no attribute {attr!r}")

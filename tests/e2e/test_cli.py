@@ -182,9 +182,12 @@ def test_console_reports_an_address_it_cannot_listen_on_before_its_banner() -> N
 
 
 def test_console_on_port_0_prints_the_port_it_listens_on() -> None:
+    # Its poll loop reads the broker: a Redis of nobody's, not the config's 6379.
+    env = {**os.environ, "CONVEYOR_REDIS__URL": f"redis://127.0.0.1:{free_port()}/0"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "conveyor.cli", "console", "--config", "configs/redis.toml",
-         "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--port", "0"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
     try:
         assert proc.stdout is not None
         banner = proc.stdout.readline()
@@ -193,6 +196,23 @@ def test_console_on_port_0_prints_the_port_it_listens_on() -> None:
         proc.communicate(timeout=30)
     match = re.match(r"conveyor console on http://127\.0\.0\.1:(\d+)/ ", banner)
     assert match and int(match[1]) > 0, banner
+
+
+def test_console_on_every_interface_warns_in_the_clis_one_style() -> None:
+    env = {**os.environ, "CONVEYOR_REDIS__URL": f"redis://127.0.0.1:{free_port()}/0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "console", "--config", "configs/redis.toml",
+         "--host", "0.0.0.0", "--port", "0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        warning = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert warning == ("conveyor: warning: bound to 0.0.0.0: anyone who can reach it sees "
+                       "your queues and dead letters' bodies\n")
+    assert out.startswith("conveyor console on http://0.0.0.0:"), out
 
 
 @pytest.mark.parametrize(("args", "names", "says"), USER_MISTAKES,

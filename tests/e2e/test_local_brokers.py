@@ -199,6 +199,43 @@ def test_dev_redis_on_a_port_in_use_is_a_usage_error_in_one_line() -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize(("host", "says"), [
+    # Each read "is in use" (any failed bind), or reached redis-server (exit 1).
+    ("", "--host '': not an address to listen on (127.0.0.1: this machine only; 0.0.0.0: "
+         "every interface)"),
+    ("no-such-host.invalid", "--host no-such-host.invalid: not an address to listen on"),
+    ("192.0.2.1", "--host 192.0.2.1: cannot listen on 192.0.2.1:{port} (Cannot assign "
+                  "requested address)"),
+])
+def test_dev_redis_on_a_host_it_cannot_listen_on_names_the_host(host: str, says: str) -> None:
+    if shutil.which("redis-server") is None:
+        server_missing("redis-server")
+    port = free_port()
+    result = run_dev("redis", "--host", host, "--port", str(port))
+    assert result.returncode == 2 and result.stdout == "", result
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: " + says.format(port=port)), line
+
+
+@pytest.mark.redis
+def test_dev_redis_on_ipv6_prints_a_config_that_loads(tmp_path: Path) -> None:
+    from conveyor.cli.dev import redis_broker
+    from conveyor.platform.config import load_config
+
+    if shutil.which("redis-server") is None:
+        server_missing("redis-server")
+    file = tmp_path / "redis.toml"
+    file.write_text(redis_broker("::1", 6390, 8, tmp_path).config)
+    assert load_config(file, environ={}).redis.url == "redis://[::1]:6390/0"
+
+
+def test_dev_refuses_more_queues_than_a_config_may_have() -> None:
+    result = run_dev("redis", "--queues", "4097", "--port", str(free_port()))
+    assert result.returncode == 2, result  # the config it printed could not be loaded
+    assert "'--queues': 4097 is not in the range 1<=x<=4096" in result.stderr
+
+
+@pytest.mark.redis
 def test_dev_write_config_in_a_missing_directory_is_a_usage_error_before_the_broker_starts(
     tmp_path: Path,
 ) -> None:

@@ -3,6 +3,8 @@ wrong; ``conveyor.cli.common`` decides which ones are the user's mistake (exit 2
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import pytest
 from click.testing import CliRunner, Result
@@ -150,3 +152,150 @@ def test_an_unknown_option_of_a_subcommand_still_points_at_its_help() -> None:
     assert result.exit_code == USAGE_ERROR
     assert result.stderr == ("conveyor: error: No such option '--confg'. Did you mean "
                              "'--config'? (see 'conveyor worker --help')\n")
+
+
+def float_options() -> list[tuple[str, click.Parameter]]:
+    """(command path, option) of every float-valued option of every command."""
+    from tests.unit.test_cli_help import ALL
+
+    return [(ctx.command_path, param) for ctx, cmd in ALL for param in cmd.params
+            if isinstance(param.type, click.types.FloatParamType)]
+
+
+def test_the_commands_have_float_options_to_check() -> None:
+    assert len(float_options()) >= 10  # the test below is not vacuous
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e300", "1e999"])
+def test_every_float_option_refuses_a_value_no_duration_or_ratio_can_be(value: str) -> None:
+    # click's FloatRange lets nan past any bound and has no ceiling by default:
+    # `status --watch nan` reached time.sleep as a traceback, `demo --work-ms inf`
+    # never ended.
+    for path, param in float_options():
+        with pytest.raises(click.BadParameter):
+            param.type.convert(value, param, None)
+            pytest.fail(f"{path} {param.opts[0]} took {value}")
+
+
+@pytest.mark.parametrize("args", [
+    ["status", "--config", "configs/redis.toml", "--app", "shop", "--watch", "nan"],
+    ["status", "--config", "configs/redis.toml", "--app", "shop", "--watch", "1e300"],
+    ["demo", "-n", "1", "--work-ms", "-inf"],
+    ["bench", "telemetry", "--sample-ratio", "nan"],
+    ["sim", "balancer", "--ramp", "1e300"],
+])
+def test_a_float_option_out_of_bounds_is_one_line_naming_it(args: list[str]) -> None:
+    result = CliRunner().invoke(main, args, env=nowhere())
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '{args[-2]}': "), line
+
+
+def path_options() -> list[tuple[str, click.Parameter]]:
+    """(command path, option) of every option or argument that takes a path."""
+    from tests.unit.test_cli_help import ALL
+
+    return [(ctx.command_path, param) for ctx, cmd in ALL for param in cmd.params
+            if isinstance(param.type, click.Path)]
+
+
+def test_every_path_option_refuses_an_empty_path() -> None:
+    # click reads '' as the current directory: `sim placement --plot ''` wrote ./.png,
+    # `configs --copy "$DIR"` with DIR unset copied into the current directory.
+    found = path_options()
+    assert len(found) >= 10
+    for path, param in found:
+        with pytest.raises(click.BadParameter, match="an empty path names nothing"):
+            param.type.convert("", param, None)
+            pytest.fail(f"{path} {param.opts[0]} took ''")
+
+
+@pytest.mark.parametrize("args", [
+    ["sim", "placement", "--plot", ""],
+    ["configs", "--copy", ""],
+    ["deploy", "kubernetes", "--app", "tests.apps.drain_app:app", "--config",
+     "{root}/configs/redis.toml", "--output", ""],
+])
+def test_an_empty_output_path_writes_nothing_and_names_its_option(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(root))
+    result = CliRunner().invoke(main, [a.format(root=root) for a in args])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for ") and args[-2] in line, line
+    assert "an empty path names" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_arrivals_file_that_is_not_utf8_is_one_line_naming_the_option(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "arrivals.txt"
+    file.write_bytes(b"0.5\n\xff\xfe1.0\n")
+    result = CliRunner().invoke(main, ["sim", "--arrivals", str(file)])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for --arrivals: {file}: not "
+                           "UTF-8 text (byte 0xff at offset 4); expected one number of "
+                           "seconds per line"), line
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    # Measured the memory adapter under the broker's name: --adapter was left out.
+    (["--bootstrap", "kafka.example:9092"],
+     "--bootstrap is for --adapter kafka, and this run measures memory"),
+    (["--redis-url", "redis://r.example/0"],
+     "--redis-url is for --adapter redis, and this run measures memory"),
+    (["--adapter", "kafka", "--daemons", "2"],
+     "--daemons is for --adapter redis, and this run measures kafka"),
+    # Found by the config only once the benchmark ran (exit 1), or taken as no address.
+    (["--adapter", "kafka", "--bootstrap", "k:99999"],
+     "--bootstrap: expected HOST:PORT[,HOST:PORT...], got 'k:99999'"),
+    (["--adapter", "kafka", "--bootstrap", ""],
+     "--bootstrap: expected HOST:PORT[,HOST:PORT...], got ''"),
+    (["--set", "queues.total=\udcff"],  # bytes from the shell, not UTF-8: a traceback
+     "Invalid value for '--set': 'queues.total=\\udcff' is not UTF-8 text"),
+    (["--set", "slots.count=4", "--set", "slots.count=8"],
+     "Invalid value for '--set': slots.count is set twice; set it once"),
+    (["--slots", "4", "--set", "slots.count=8"],
+     "--slots N is --set slots.count=N: give one of them"),
+])
+def test_bench_throughput_refuses_options_it_would_ignore_or_misread(
+    args: list[str], says: str,
+) -> None:
+    result = CliRunner().invoke(main, ["bench", "throughput", "-n", "1", *args])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: {says}"), line
+
+
+def test_every_seed_option_refuses_a_negative_seed() -> None:
+    # numpy's generators take whole numbers from 0: `sim --seed -1` was a traceback.
+    from tests.unit.test_cli_help import ALL
+
+    seeds = [(ctx.command_path, p) for ctx, cmd in ALL for p in cmd.params if p.name == "seed"]
+    assert len(seeds) >= 5
+    for path, param in seeds:
+        with pytest.raises(click.BadParameter):
+            param.type.convert("-1", param, None)
+            pytest.fail(f"{path} --seed took -1")
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    # numpy's MemoryError as a traceback ("Unable to allocate 1.46 TiB"), or a run of years.
+    (["sim", "placement", "--trials", "99999999999"], "--trials"),
+    (["sim", "placement", "--balls-per-bin", "99999999999"], "--balls-per-bin"),
+    (["tune", "--population", "99999999999", "--generations", "0"], "--population"),
+    # The config allows 4096 queues at most; the simulation is of what a config can run.
+    (["sim", "balancer", "--queues", "4097"], "--queues"),
+])
+def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
+    args: list[str], option: str,
+) -> None:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '{option}': "), line

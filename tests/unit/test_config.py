@@ -328,6 +328,24 @@ def test_a_toml_file_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None
         load_config(write(tmp_path, deep), environ={})
 
 
+@pytest.mark.parametrize(("text", "says"), [
+    # A field above every [section] line, or under the wrong section: no close name
+    # there, so the sections that have it are named.
+    ('adapter = "redis"\n[queues]\ntotal = 8\n',
+     "unknown field `adapter` ([queues] has `adapter`)"),
+    ("[worker]\ncount = 4\n", "unknown field `count` - at `$.worker` ([slots] has `count`)"),
+    ("[worker]\nresource = 4\n", "- at `$.worker` ([slots.resource] is a section)"),
+    ("[redis]\nbootstrap = 'k:9092'\n", "- at `$.redis` ([kafka] has `bootstrap`)"),
+    ("[queues]\ntotl = 8\n", "- at `$.queues` (did you mean `total`?)"),  # close wins
+])
+def test_an_unknown_field_names_the_section_it_belongs_to(
+    tmp_path: Path, text: str, says: str,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), environ={})
+    assert str(caught.value).endswith(says), caught.value
+
+
 # -- environment ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["CONVEYOR_BALANCER__QUEUES", "CONVEYOR_SLOTS__OPTIONS",
@@ -335,6 +353,23 @@ def test_a_toml_file_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None
 def test_environment_json_nested_too_deeply_names_the_variable(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"environment variable {name}: .*nested too deeply"):
         load_config(environ={name: "[" * 60_000 + "]" * 60_000})
+
+
+@pytest.mark.parametrize(("name", "value", "at"), [
+    # os.environ holds bytes that are not UTF-8 as lone surrogates (PEP 383): an int
+    # field's was a UnicodeEncodeError traceback, a string field's reached the broker.
+    ("CONVEYOR_QUEUES__TOTAL", "\udcff", 1),
+    ("CONVEYOR_KAFKA__CLIENT_ID", "ab\udcff", 3),
+    ("CONVEYOR_BALANCER__QUEUES", "[0, \udcff]", 5),
+    ("CONVEYOR_QUEUES", '{"total": "\udcff"}', 12),
+])
+def test_an_environment_value_that_is_not_utf8_names_the_variable(
+    name: str, value: str, at: int,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={name: value})
+    assert str(caught.value) == (f"environment variable {name}: not UTF-8 text (at "
+                                 f"character {at})")
 
 
 def test_malformed_environment_json_names_the_variable() -> None:
@@ -468,3 +503,28 @@ def test_a_bad_item_of_a_list_or_table_names_the_variable_that_set_it(
     for where in (None, path):  # neither "defaults" nor the file is at fault
         with pytest.raises(ConfigError, match=rf"^environment variable {name}: .* - at `{at}`$"):
             load_config(where, environ={name: value})
+
+
+@pytest.mark.parametrize(("kafka", "says"), [
+    # Settings the protocol does not use: plain text, or no login, without a word.
+    ({"ssl_cafile": "/etc/ca.pem"}, "$.kafka.ssl_cafile: set, but "
+     "$.kafka.security_protocol is 'PLAINTEXT' (no TLS), so it would not be used"),
+    ({"security_protocol": "SASL_PLAINTEXT", "sasl_username": "u",
+      "ssl_certfile": "/etc/c.pem"}, "$.kafka.ssl_certfile: set, but"),
+    ({"sasl_username": "u"}, "$.kafka.sasl_username: set, but $.kafka.security_protocol "
+     "is 'PLAINTEXT' (no SASL), so no login would happen"),
+    ({"security_protocol": "SSL", "sasl_username": "u"}, "is 'SSL' (no SASL)"),
+])
+def test_kafka_security_settings_the_protocol_would_not_use_are_refused(
+    kafka: dict[str, str], says: str,
+) -> None:
+    environ = {"CONVEYOR_QUEUES__ADAPTER": "kafka",
+               **{f"CONVEYOR_KAFKA__{k.upper()}": v for k, v in kafka.items()}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ=environ)
+    assert says in str(caught.value)
+
+
+def test_kafka_security_settings_of_an_unused_kafka_section_are_no_error() -> None:
+    config = load_config(environ={"CONVEYOR_KAFKA__SASL_USERNAME": "u"})  # memory adapter
+    assert config.kafka.sasl_username == "u"

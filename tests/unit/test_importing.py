@@ -18,7 +18,7 @@ from conveyor.platform.importing import load_attr
 def package_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
-    for name in ("kit_raises", "kit_missing_dep", "kit_exits", "kit_base"):
+    for name in ("kit_raises", "kit_missing_dep", "kit_exits", "kit_base", "kit_lazy"):
         sys.modules.pop(name, None)
 
 
@@ -64,6 +64,19 @@ def test_a_module_whose_import_raises_names_the_line(package_dir: Path) -> None:
     message = str(caught.value)
     assert message.startswith("$.x: importing 'kit_raises:x' failed at ")
     assert message.endswith("kit_raises.py:2: RuntimeError: no db")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_an_attribute_whose_lookup_raises_names_the_line(package_dir: Path) -> None:
+    # A module __getattr__ (a lazily built app) runs user code after the import: its
+    # error was a traceback.
+    (package_dir / "kit_lazy.py").write_text(
+        "def __getattr__(name):\n    raise RuntimeError('no db')\n")
+    with pytest.raises(ConfigError) as caught:
+        load_attr("kit_lazy:app", "$.x")
+    message = str(caught.value)
+    assert message.startswith("$.x: reading 'app' of 'kit_lazy:app' failed at ")
+    assert message.endswith("kit_lazy.py:2: RuntimeError: no db")
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 

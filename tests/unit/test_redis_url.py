@@ -48,6 +48,15 @@ SECRET = "s3cret-pw"
         (f"redis://u:{SECRET}@h/0?password={SECRET}", "the password is given twice, "
                                                       "before the host and as ?password="),
         ("redis://u@h/0?username=v", "the username is given twice"),
+        # Read by redis-py as another server, without a word: localhost:6379 for port 0;
+        # for a '/', '?' or '#' in a password, the host before it (here localhost:99).
+        ("redis://h:0/0", "port 0 is no server's port"),
+        ("redis://h:6380/0#primary", "a '#' ends a URL, and redis-py drops what follows"),
+        (f"redis://:99#{SECRET}@h:6380/0", "a '/', '?' or '#' in the password ends the "
+                                           "host part before its '@'"),
+        (f"redis://u:99/{SECRET}@h:6380/0", "write them percent-encoded (%2F, %3F, %23)"),
+        (f"redis://u:99?{SECRET}@h:6380/0", "got redis://***@h:6380/0"),
+        (f"redis://u:{SECRET}/x@h:6380/0", "got redis://***@h:6380/0"),
     ],
 )
 def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
@@ -69,6 +78,8 @@ def test_a_bad_url_is_a_config_error_naming_the_field_without_the_password(
     "redis://h/?db=3",
     "redis://h/0?socket_keepalive=False", "redis://h/0?socket_keepalive=1",
     f"redis://u@h/0?password={SECRET}",
+    "redis://h/0?client_name=shop@eu",
+    f"redis://u:{SECRET}%23%2F%3F@h:6380/0",
 ])
 def test_urls_with_known_options_pass(url: str) -> None:
     check_url(url)
@@ -137,3 +148,32 @@ def test_a_cluster_url_naming_a_database_other_than_0_is_refused(url: str) -> No
 @pytest.mark.parametrize("url", ["redis://h:7000/0", "redis://h:7000", "redis://h:7000/"])
 def test_a_cluster_url_on_database_0_passes(url: str) -> None:
     check_url(url, cluster=True)
+
+
+@pytest.mark.parametrize(("url", "tls", "says"), [
+    # The scheme alone turns TLS on: with redis:// the files were ignored, the
+    # connection plain text, and nothing said so.
+    ("redis://h/0", {"TLS_CA_FILE": "/etc/ca.pem"}, "$.redis.tls_ca_file: set, but "
+     "$.redis.url is not rediss:// (TLS), so it would not be used and the connection "
+     "would be plain text; use rediss://, or remove it"),
+    ("redis://h/0", {"TLS_CERT_FILE": "/etc/c.pem"}, "$.redis.tls_cert_file: set, but"),
+    ("rediss://h/0", {"TLS_KEY_FILE": "/etc/k.pem"}, "$.redis.tls_key_file: the key of a "
+     "client certificate, but $.redis.tls_cert_file is empty; set both, or neither"),
+])
+def test_tls_files_that_would_not_be_used_are_a_config_error(
+    url: str, tls: dict[str, str], says: str,
+) -> None:
+    environ = {"CONVEYOR_QUEUES__ADAPTER": "redis", "CONVEYOR_BALANCER__MEMBERSHIP": "redis",
+               "CONVEYOR_REDIS__URL": url,
+               **{f"CONVEYOR_REDIS__{name}": value for name, value in tls.items()}}
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ=environ)
+    assert says in str(caught.value)
+
+
+def test_tls_files_with_rediss_pass() -> None:
+    config = load_config(environ={
+        "CONVEYOR_QUEUES__ADAPTER": "redis", "CONVEYOR_BALANCER__MEMBERSHIP": "redis",
+        "CONVEYOR_REDIS__URL": "rediss://h/0", "CONVEYOR_REDIS__TLS_CA_FILE": "/etc/ca.pem",
+        "CONVEYOR_REDIS__TLS_CERT_FILE": "/etc/c.pem"})
+    assert config.redis.tls_cert_file == "/etc/c.pem"

@@ -533,6 +533,12 @@ def _env_value(name: str, text: str, t: msgspec.inspect.Type) -> Any:
     (``"x"``, quotes included) is unquoted, so values written with ``json.dumps`` (the
     supervisor hands CLI overrides to its children so) read the same as plain text.
     """
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:  # bytes the environment held that are not UTF-8
+        raise ConfigError(
+            f"environment variable {name}: not UTF-8 text (at character {exc.start + 1})"
+        ) from None
     if not _needs_json(t):
         if len(text) >= 2 and text[0] == text[-1] == '"':
             try:
@@ -600,12 +606,32 @@ _AT_PATH = re.compile(r"- at `(\$[^`]*)`|^(\$[\w.]+):")
 
 
 def _with_suggestion(message: str) -> str:
-    """msgspec's "unknown field `x` - at `$.s`", with the closest field of ``[s]``."""
+    """msgspec's "unknown field `x` - at `$.s`", with the closest field of ``[s]``, else
+    the sections that have a field ``x`` (a field written above every ``[section]``
+    line, or under the wrong one)."""
     match = _UNKNOWN_FIELD.search(message)
     struct = _struct_at(match.group(2) or "$") if match else None
     if match is None or struct is None:
         return message
-    return message + _did_you_mean(match.group(1), (f.name for f in struct.fields))
+    close = _did_you_mean(match.group(1), (f.name for f in struct.fields))
+    if close:
+        return message + close
+    homes = sorted(_homes(match.group(1), _root(), ""))
+    if not homes:
+        return message
+    return message + f" ({'; '.join(homes[:3])})"
+
+
+def _homes(name: str, struct: msgspec.inspect.StructType, path: str) -> Iterable[str]:
+    """Where ``name`` is known below ``struct``, as the error says it: the sections with
+    a field of that name, or the section of that name."""
+    for f in struct.fields:
+        here = f"{path}.{f.name}".lstrip(".")
+        if f.name == name:
+            yield (f"[{here}] is a section" if isinstance(f.type, msgspec.inspect.StructType)
+                   else f"[{path}] has `{name}`")
+        if isinstance(f.type, msgspec.inspect.StructType):
+            yield from _homes(name, f.type, here)
 
 
 def _apply_one(raw: dict[str, Any], path: list[str], name: str, value: str) -> None:
@@ -704,7 +730,7 @@ def _secrets(raw: dict[str, Any], environ: Mapping[str, str]) -> set[str]:
         elif len(path) == 1 and path[0] in sections:
             try:
                 table = msgspec.json.decode(value)
-            except (msgspec.DecodeError, RecursionError):
+            except (msgspec.DecodeError, RecursionError, UnicodeEncodeError):
                 continue  # reported when applied, unless it is a secret itself
             names |= _secret_variables({path[0]: table})
     return names

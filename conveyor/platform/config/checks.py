@@ -123,6 +123,16 @@ _ENV_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)?")
 _HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(?::([0-9]{1,5}))?")
 
 
+def check_bootstrap(bootstrap: str, field: str = "$.kafka.bootstrap") -> None:
+    """``HOST[:PORT][,HOST[:PORT]...]`` (port 9092 if left out), each port 1-65535; a
+    ConfigError naming ``field`` else."""
+    for item in bootstrap.split(","):
+        found = _HOST_PORT.fullmatch(item.strip())
+        if found is None or not 0 < int(found.group(1) or 9092) < 65536:
+            raise ConfigError(
+                f"{field}: expected HOST:PORT[,HOST:PORT...], got {bootstrap!r}")
+
+
 def _check_names(config: Config) -> None:
     """Names that reach a broker, checked by the broker's own rules (whole-string matches)."""
     if not NAME.fullmatch(config.redis.prefix):
@@ -150,16 +160,13 @@ def _check_names(config: Config) -> None:
             f"letters, digits, '.', '_', '-', not '.' or '..' (empty: dynamic membership), "
             f"got {instance!r}"
         )
-    for item in config.kafka.bootstrap.split(","):
-        found = _HOST_PORT.fullmatch(item.strip())
-        if found is None or not 0 < int(found.group(1) or 9092) < 65536:
-            raise ConfigError(
-                f"$.kafka.bootstrap: expected HOST:PORT[,HOST:PORT...], got "
-                f"{config.kafka.bootstrap!r}"
-            )
+    check_bootstrap(config.kafka.bootstrap)
     _check_sentinels(config)
+    if config.queues.adapter == "kafka":
+        _check_kafka_security(config)
     if _uses_redis(config):  # an unused [redis] url (a shell's CONVEYOR_REDIS__URL) is no error
         check_redis_url(config.redis.url, cluster=config.redis.mode == "cluster")
+        _check_redis_tls(config)
     for path, name in (
         ("$.redis.username_env", config.redis.username_env),
         ("$.redis.password_env", config.redis.password_env),
@@ -248,6 +255,42 @@ def _check_timing(config: Config) -> None:
             f"({config.worker.poll_timeout_ms} ms), the longest blocking read; "
             f"got {redis.socket_timeout_s}"
         )
+
+
+def _check_kafka_security(config: Config) -> None:
+    """TLS files or a SASL user that ``security_protocol`` does not use: the clients
+    would talk plain text, or log in as nobody, without a word."""
+    kafka = config.kafka
+    protocol = kafka.security_protocol
+    if not protocol.endswith("SSL"):
+        for field in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_env"):
+            if getattr(kafka, field):
+                raise ConfigError(
+                    f"$.kafka.{field}: set, but $.kafka.security_protocol is {protocol!r} "
+                    "(no TLS), so it would not be used; use \"SSL\" or \"SASL_SSL\", or "
+                    "remove it")
+    if not protocol.startswith("SASL") and kafka.sasl_username:
+        raise ConfigError(
+            f"$.kafka.sasl_username: set, but $.kafka.security_protocol is {protocol!r} "
+            "(no SASL), so no login would happen; use \"SASL_SSL\" or \"SASL_PLAINTEXT\", "
+            "or remove it")
+
+
+def _check_redis_tls(config: Config) -> None:
+    """TLS files with a ``redis://`` URL: the connection would be plain text, the files
+    unread, without a word (the URL's scheme alone turns TLS on)."""
+    redis = config.redis
+    if redis.url.partition("://")[0].lower() == "rediss":
+        if redis.tls_key_file and not redis.tls_cert_file:
+            raise ConfigError("$.redis.tls_key_file: the key of a client certificate, but "
+                              "$.redis.tls_cert_file is empty; set both, or neither")
+        return
+    for field in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        if getattr(redis, field):
+            raise ConfigError(
+                f"$.redis.{field}: set, but $.redis.url is not rediss:// (TLS), so it "
+                "would not be used and the connection would be plain text; use "
+                "rediss://, or remove it")
 
 
 def _uses_redis(config: Config) -> bool:

@@ -16,8 +16,12 @@ def redact_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (safe to log or print).
 
     Both places redis-py reads a password from are covered: the user-info part
-    (``redis://user:pw@host``) and the ``password`` query parameter (``?password=pw``).
+    (``redis://user:pw@host``, even when a ``/``, ``?`` or ``#`` in ``pw`` cut it short)
+    and the ``password`` query parameter (``?password=pw``).
     """
+    if _userinfo_cut_short(url):
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
     try:
         parts = urlsplit(url)
         netloc = parts.netloc
@@ -36,6 +40,20 @@ def redact_url(url: str) -> str:
     if netloc == parts.netloc and query == parts.query:
         return url
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _userinfo_cut_short(url: str) -> bool:
+    """Whether a ``/``, ``?`` or ``#`` in the password (not percent-encoded) ended the
+    host part before its ``@``: urllib then finds no password, and all the user-info
+    must be masked. An ``@`` in an option's value (``?client_name=a@b``) is no sign."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "@" in url
+    if "://" not in url or "@" in parts.netloc:
+        return False
+    return ("@" in parts.path or "@" in parts.fragment
+            or any("@" in field.partition("=")[0] for field in parts.query.split("&")))
 
 
 URL_OPTIONS = ("db", "username", "password", "client_name", "health_check_interval",
@@ -65,6 +83,10 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
     Errors show the URL through :func:`redact_url` and name options, never their values.
     """
     shown = redact_url(url)
+    if _userinfo_cut_short(url):
+        raise ConfigError(
+            f"{field}: a '/', '?' or '#' in the password ends the host part before its "
+            f"'@'; write them percent-encoded (%2F, %3F, %23), got {shown}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a port that is not a number in 0..65535
@@ -75,6 +97,13 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
         ) from None
     if parts.scheme not in ("redis", "rediss"):
         raise ConfigError(f"{field}: expected redis:// or rediss://, got {shown}")
+    # redis-py drops both without a word: port 0 for 6379, and all after a '#'.
+    if parts.port == 0:
+        raise ConfigError(f"{field}: port 0 is no server's port (redis-py would connect "
+                          f"to 6379 instead), got {shown}")
+    if "#" in url:
+        raise ConfigError(f"{field}: a '#' ends a URL, and redis-py drops what follows "
+                          f"it; remove it, got {shown}")
     db = unquote(parts.path).strip("/")
     if db and not db.isdigit():
         raise ConfigError(f"{field}: the path is a database number, got {shown}")

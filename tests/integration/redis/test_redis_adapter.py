@@ -637,6 +637,33 @@ def test_a_forward_rewind_is_refused_unless_allowed(
     assert asyncio.run(lag()) == 10
 
 
+def test_a_rewind_to_a_future_time_is_refused_though_the_app_has_nothing_left(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # With every message handled, no message lies between the app's position and the
+    # target to count as skipped: the position moved past every message to come.
+    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
+                            queues={"adapter": "redis", "total": 1})
+    config = load_config(cfg_path, environ={})
+    asyncio.run(publish_ten_and_take(config, 10))
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+    refused = CliRunner().invoke(main, ["rewind", "--config", str(cfg_path), "--app", "shop",
+                                        "--to", later])
+    assert refused.exit_code == 2, refused.output
+    assert (f"Invalid value for --to: {later} is in the future: the app would skip every "
+            "message published until then; pass --allow-forward") in refused.output
+
+    async def publish_one_more() -> int:
+        adapter = RedisAdapter(config.redis)
+        try:
+            await Client(adapter, HashRingQueueMapper(1)).publish("n", "k", {"i": 10})
+            return await adapter.lag(0, "shop")
+        finally:
+            await adapter.close()
+
+    assert asyncio.run(publish_one_more()) == 1  # it will be delivered
+
+
 async def test_rewind_is_refused_while_a_daemon_elsewhere_holds_the_queues_lease(
     shop: Shop,
 ) -> None:
