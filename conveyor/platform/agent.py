@@ -78,7 +78,7 @@ from conveyor.platform.message import Message
 from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
-from conveyor.platform.tasks import cancel_and_wait
+from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel
 from conveyor.platform.watchdog import LoopWatchdog, stall_note
 
 if TYPE_CHECKING:
@@ -454,7 +454,6 @@ class PullingAgent:
         queue = self.queue  # route, msg and queue: the watchdog reads them off this frame
         loop = asyncio.get_running_loop()
         this = asyncio.current_task()
-        assert this is not None
         clock = time.monotonic
         own = self._own
         acks = self._acks
@@ -626,8 +625,7 @@ class PullingAgent:
                 permit.release()  # TASK_COMPLETE, or NEVER_USED if fenced before a start
                 permit = None
             self._check_quiet()
-            if this.cancelling():  # a handler caught the stop's cancel and returned:
-                raise asyncio.CancelledError  # honoured here, or the stop waits for ever
+            raise_swallowed_cancel(this)  # a handler caught the stop's and returned
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter

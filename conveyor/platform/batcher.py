@@ -47,6 +47,7 @@ from conveyor.platform.delivery.chain import STOPS
 from conveyor.platform.options import BatchOptions
 from conveyor.platform.queue_cache import Entry, QueueCache, Route
 from conveyor.platform.slots import SlotPermit
+from conveyor.platform.tasks import raise_swallowed_cancel
 
 log = logging.getLogger("conveyor.agent")
 
@@ -112,8 +113,10 @@ class Batcher:
 
     async def _loop(self) -> None:
         agent = self._agent
+        this = asyncio.current_task()
         try:
             while True:
+                raise_swallowed_cancel(this)  # a batch caught the stop's and returned
                 while not self.entries:
                     self._more.clear()
                     await self._more.wait()

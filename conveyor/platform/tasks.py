@@ -60,3 +60,14 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
         raise asyncio.CancelledError()
     if failure is not None:
         raise failure
+
+
+def raise_swallowed_cancel(task: asyncio.Task[Any] | None) -> None:
+    """Raise the ``CancelledError`` a cancel of ``task`` (the current task) asked for but
+    that did not end it: a handler caught it (a bare ``except:``, ``except
+    BaseException``) and returned. Called where a worker loop would otherwise wait for
+    more work — there it would wait for ever, and :func:`cancel_and_wait` with it.
+    (``asyncio.timeout`` takes its own cancel back: a handler that swallowed a
+    timeout's owes none.)"""
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

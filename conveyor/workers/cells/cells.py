@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
-from conveyor.platform.tasks import cancel_and_wait
+from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel
 
 log = logging.getLogger("conveyor.cells")
 
@@ -149,7 +149,9 @@ class Cell:
 
     async def _work(self, worker: _CellWorker) -> None:
         timeout_s = self.job_timeout_s
+        this = asyncio.current_task()
         while not worker.stopping:
+            raise_swallowed_cancel(this)  # a job caught the close's cancel and returned
             job = await self.dispatcher.ready()
             worker.busy = True
             try:

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conveyor.platform.errors import InvalidArgumentError, ShutdownError
-from conveyor.platform.tasks import cancel_and_wait
+from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel
 from conveyor.workers.pools.scaledown import ScaleDownController, ScaleDownPolicy
 
 log = logging.getLogger("conveyor.pool")
@@ -141,6 +141,7 @@ class StatelessWorkerPool:
 
     async def _work(self, worker: _Worker) -> None:
         loop = asyncio.get_running_loop()
+        this = asyncio.current_task()
         inbox = worker.inbox
         while True:
             while inbox:
@@ -162,6 +163,7 @@ class StatelessWorkerPool:
                         fut.set_result(result)
                 if not inbox and self._queued:
                     self._steal(inbox)
+            raise_swallowed_cancel(this)  # a job caught the close's cancel and returned
             worker.busy = False
             worker.wake = loop.create_future()
             worker.idle_since = time.monotonic()
