@@ -13,7 +13,6 @@ import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -174,7 +173,11 @@ class LeanRecorder(SpanProcessor):
         self._close = close
         self._resource_head, self._scope_head, self._scope_tail, self._resource_tail = (
             _envelope(resource, scope))
-        self._queue: deque[bytes] = deque()
+        # The bytes around the spans in the scope's field, and around the scope's
+        # field in the resource's (their lengths are a post's, not a span's, to find).
+        self._scope_extra = len(self._scope_head) + len(self._scope_tail)
+        self._resource_extra = len(self._resource_head) + len(self._resource_tail)
+        self._queue: list[bytes] = []
         self._overflowing = False
         self._stopping = False
         self._makers: list[weakref.WeakMethod[Callable[[], None]]] = []
@@ -272,7 +275,10 @@ class LeanRecorder(SpanProcessor):
             while queue and (everything or len(queue) >= batch):
                 if deadline is not None and time.monotonic() > deadline:
                     return False
-                spans = [queue.popleft() for _ in range(min(batch, len(queue)))]
+                # Spans are appended at the end, from any thread, and taken from the
+                # front only here (under the lock): what was copied is what is cut.
+                spans = queue[:batch]
+                del queue[:len(spans)]
                 self._overflowing = False
                 self._post(spans)
             return True
@@ -280,12 +286,18 @@ class LeanRecorder(SpanProcessor):
             self._export_lock.release()
 
     def _post(self, spans: list[bytes]) -> None:
-        scope_spans = self._scope_head + b"".join(spans) + self._scope_tail
-        payload = wire.field(0x0A, self._resource_head + wire.field(0x12, scope_spans)
-                             + self._resource_tail)
+        """Post ``spans`` (taken over: the request's other parts are put around them) as
+        one request, joined in one copy: its lengths are summed, not measured."""
+        count = len(spans)
+        scope = self._scope_extra + sum(map(len, spans))
+        scope_length = wire.length(scope)
+        resource = self._resource_extra + 1 + len(scope_length) + scope
+        spans[:0] = (b"\x0a", wire.length(resource), self._resource_head, b"\x12",
+                     scope_length, self._scope_head)
+        spans += (self._scope_tail, self._resource_tail)
         try:
-            if not self._send(payload):
-                logger.debug("Export of %d spans failed.", len(spans))
+            if not self._send(b"".join(spans)):
+                logger.debug("Export of %d spans failed.", count)
         except Exception:  # a failing send must not end the export thread
             logger.exception("Exception while exporting Span.")
 
