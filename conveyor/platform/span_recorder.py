@@ -180,6 +180,9 @@ class LeanRecorder(SpanProcessor):
         self._queue: list[bytes] = []
         self._overflowing = False
         self._stopping = False
+        self._quiet = self.max_export_batch_size - 1
+        """Spans queued below which one more is only queued: neither a batch to post
+        (it makes ``max_export_batch_size``) nor one to drop (0 once shut down)."""
         self._makers: list[weakref.WeakMethod[Callable[[], None]]] = []
         self._handed = False
         self._start_thread()
@@ -230,18 +233,26 @@ class LeanRecorder(SpanProcessor):
     def _record(self, span: LeanSpan) -> None:
         """Queue an ended span, encoded here (why: :mod:`conveyor.platform.spans`)."""
         queue = self._queue
+        if len(queue) < self._quiet:  # the common case: no batch to post, nothing to drop
+            try:
+                queue.append(span._encode())
+            except Exception:  # never the caller's failure: it ends a span on the hot path
+                self._failed()
+            return
         if len(queue) >= self.max_queue_size or self._stopping:
             self._drop()
             return
         try:
-            encoded = span._encode()
-        except Exception:  # never the caller's failure: it ends a span on the hot path
-            self.dropped_spans += 1
-            logger.exception("Failed to encode a span: dropped.")
+            queue.append(span._encode())
+        except Exception:
+            self._failed()
             return
-        queue.append(encoded)
         if len(queue) >= self.max_export_batch_size and not self._wake.is_set():
             self._wake.set()
+
+    def _failed(self) -> None:
+        self.dropped_spans += 1
+        logger.exception("Failed to encode a span: dropped.")
 
     def _drop(self) -> None:
         self.dropped_spans += 1
@@ -319,6 +330,7 @@ class LeanRecorder(SpanProcessor):
         when the recorder owns it); spans ended later are dropped."""
         if self._stopping:
             return
+        self._quiet = 0
         self._stopping = True
         self._wake.set()
         self._thread.join(self.export_timeout_millis / 1e3)
