@@ -13,7 +13,6 @@ import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -174,9 +173,16 @@ class LeanRecorder(SpanProcessor):
         self._close = close
         self._resource_head, self._scope_head, self._scope_tail, self._resource_tail = (
             _envelope(resource, scope))
-        self._queue: deque[bytes] = deque()
+        # The bytes around the spans in the scope's field, and around the scope's
+        # field in the resource's (their lengths are a post's, not a span's, to find).
+        self._scope_extra = len(self._scope_head) + len(self._scope_tail)
+        self._resource_extra = len(self._resource_head) + len(self._resource_tail)
+        self._queue: list[bytes] = []
         self._overflowing = False
         self._stopping = False
+        self._quiet = self.max_export_batch_size - 1
+        """Spans queued below which one more is only queued: neither a batch to post
+        (it makes ``max_export_batch_size``) nor one to drop (0 once shut down)."""
         self._makers: list[weakref.WeakMethod[Callable[[], None]]] = []
         self._handed = False
         self._start_thread()
@@ -227,18 +233,26 @@ class LeanRecorder(SpanProcessor):
     def _record(self, span: LeanSpan) -> None:
         """Queue an ended span, encoded here (why: :mod:`conveyor.platform.spans`)."""
         queue = self._queue
+        if len(queue) < self._quiet:  # the common case: no batch to post, nothing to drop
+            try:
+                queue.append(span._encode())
+            except Exception:  # never the caller's failure: it ends a span on the hot path
+                self._failed()
+            return
         if len(queue) >= self.max_queue_size or self._stopping:
             self._drop()
             return
         try:
-            encoded = span._encode()
-        except Exception:  # never the caller's failure: it ends a span on the hot path
-            self.dropped_spans += 1
-            logger.exception("Failed to encode a span: dropped.")
+            queue.append(span._encode())
+        except Exception:
+            self._failed()
             return
-        queue.append(encoded)
         if len(queue) >= self.max_export_batch_size and not self._wake.is_set():
             self._wake.set()
+
+    def _failed(self) -> None:
+        self.dropped_spans += 1
+        logger.exception("Failed to encode a span: dropped.")
 
     def _drop(self) -> None:
         self.dropped_spans += 1
@@ -272,7 +286,10 @@ class LeanRecorder(SpanProcessor):
             while queue and (everything or len(queue) >= batch):
                 if deadline is not None and time.monotonic() > deadline:
                     return False
-                spans = [queue.popleft() for _ in range(min(batch, len(queue)))]
+                # Spans are appended at the end, from any thread, and taken from the
+                # front only here (under the lock): what was copied is what is cut.
+                spans = queue[:batch]
+                del queue[:len(spans)]
                 self._overflowing = False
                 self._post(spans)
             return True
@@ -280,12 +297,18 @@ class LeanRecorder(SpanProcessor):
             self._export_lock.release()
 
     def _post(self, spans: list[bytes]) -> None:
-        scope_spans = self._scope_head + b"".join(spans) + self._scope_tail
-        payload = wire.field(0x0A, self._resource_head + wire.field(0x12, scope_spans)
-                             + self._resource_tail)
+        """Post ``spans`` (taken over: the request's other parts are put around them) as
+        one request, joined in one copy: its lengths are summed, not measured."""
+        count = len(spans)
+        scope = self._scope_extra + sum(map(len, spans))
+        scope_length = wire.length(scope)
+        resource = self._resource_extra + 1 + len(scope_length) + scope
+        spans[:0] = (b"\x0a", wire.length(resource), self._resource_head, b"\x12",
+                     scope_length, self._scope_head)
+        spans += (self._scope_tail, self._resource_tail)
         try:
-            if not self._send(payload):
-                logger.debug("Export of %d spans failed.", len(spans))
+            if not self._send(b"".join(spans)):
+                logger.debug("Export of %d spans failed.", count)
         except Exception:  # a failing send must not end the export thread
             logger.exception("Exception while exporting Span.")
 
@@ -307,6 +330,7 @@ class LeanRecorder(SpanProcessor):
         when the recorder owns it); spans ended later are dropped."""
         if self._stopping:
             return
+        self._quiet = 0
         self._stopping = True
         self._wake.set()
         self._thread.join(self.export_timeout_millis / 1e3)

@@ -98,9 +98,15 @@ class SpanShape:
     __slots__ = (
         "_fixed",
         "_head",
+        "_ids_child",
+        "_ids_root",
         "_keys",
         "_keyset",
         "_room",
+        "_size_child",
+        "_size_root",
+        "_texts",
+        "_times",
         "attributes",
         "kind",
         "name",
@@ -116,6 +122,14 @@ class SpanShape:
         limits = recorder.limits
         self._head = wire.text(0x2A, name) + b"\x30" + wire.varint(kind.value + 1)
         self._fixed = wire.attributes(0x4A, self.attributes)
+        # The ids with the name and kind after them (big-endian), the times with the
+        # fixed attributes after them (little-endian): two packs a span.
+        self._ids_root = struct.Struct(f"{_IDS_ROOT.format}{len(self._head)}s")
+        self._ids_child = struct.Struct(f"{_IDS_CHILD.format}{len(self._head)}s")
+        self._times = struct.Struct(f"{_TIMES.format}{len(self._fixed)}s")
+        # A span's length but for its per-message attributes (the tails are as long).
+        self._size_root = self._ids_root.size + self._times.size + len(_TAIL_LOCAL)
+        self._size_child = self._ids_child.size + self._times.size + len(_TAIL_LOCAL)
         self._keyset = frozenset(self.attributes)
         # How many per-message attributes fit before the span limits bite; past that
         # (or with a length limit) a span keeps its attributes the SDK's way.
@@ -124,12 +138,26 @@ class SpanShape:
         self._room = -1 if not plain else (1 << 30) if count is None else (
             count - len(self.attributes))
         self._keys: dict[str, bytes] = {}
+        self._texts: dict[str, tuple[str, ...]] = {}
 
     def _key(self, key: str) -> bytes:
         encoded = self._keys.get(key)
         if encoded is None:
             encoded = self._keys[key] = wire.text(0x0A, key) + b"\x12"
+            self._texts[key] = _text_prefixes(encoded) if (
+                key.isascii() and key not in self._keyset) else ()
         return encoded
+
+
+def _text_prefixes(prefix: bytes) -> tuple[str, ...]:
+    """What comes before a value of each length in its attribute field (``J``: 0x4A,
+    a span's attribute; ``\\n``: 0x0A, a string value), as text, for an ASCII key
+    (``prefix``: its field and the value's tag) and every length that leaves the
+    field's lengths one byte each (under 128): so that, for an ASCII value, the text
+    and its UTF-8 bytes are the same."""
+    head = prefix.decode("ascii")
+    return tuple(f"J{chr(len(prefix) + n + 3)}{head}{chr(n + 2)}\n{chr(n)}"
+                 for n in range(125 - len(prefix)))
 
 
 class _More:
@@ -361,9 +389,47 @@ class LeanSpan(Span):
 
     # -- encoding ----------------------------------------------------------------------
     def _encode(self) -> bytes:
-        """This span as a ``ScopeSpans.spans`` entry (field 2, with its length)."""
+        """This span as a ``ScopeSpans.spans`` entry (field 2, with its length).
+
+        The per-message attributes are written as one text and encoded once, when
+        each is short and ASCII — its lengths and tags are then single ASCII
+        characters (:func:`_text_prefixes`) — else field by field
+        (:meth:`_encode_fields`)."""
         if self._more is not None:
             return self._encode_general()
+        shape = self._shape
+        text = ""
+        attributes = self._attributes
+        if attributes:
+            texts = shape._texts
+            try:
+                for key, value in attributes.items():
+                    text += texts[key][len(value)] + value
+            except LookupError:  # a key not seen yet, or not ASCII, or fixed; a long value
+                return self._encode_fields()
+        data = text.encode()
+        if len(data) != len(text):  # a value not ASCII
+            return self._encode_fields()
+        trace_id = self._trace_id
+        parent = self._parent_id
+        if parent:
+            ids = shape._ids_child.pack(_TAG_TRACE, trace_id >> 64, trace_id & _MASK64,
+                                        _TAG_SPAN, self._span_id, _TAG_PARENT, parent,
+                                        shape._head)
+            n = shape._size_child + len(data)
+            tail = _TAIL_REMOTE if self._remote else _TAIL_LOCAL
+        else:
+            ids = shape._ids_root.pack(_TAG_TRACE, trace_id >> 64, trace_id & _MASK64,
+                                       _TAG_SPAN, self._span_id, shape._head)
+            n = shape._size_root + len(data)
+            tail = _TAIL_LOCAL
+        return b"".join((
+            b"\x12", wire.SMALL_VARINTS[n] if n < 16384 else wire.varint(n), ids,
+            shape._times.pack(_TAG_START, self._start, _TAG_END, self._end, shape._fixed),
+            data, tail))
+
+    def _encode_fields(self) -> bytes:
+        """:meth:`_encode`, the per-message attributes encoded one by one."""
         shape = self._shape
         trace_id = self._trace_id
         parent = self._parent_id

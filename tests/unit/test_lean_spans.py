@@ -183,6 +183,38 @@ def test_strings_of_every_length_class_and_non_ascii_text_are_encoded_as_the_sdk
         end_and_compare(recorder, payloads, (lean, sdk))
 
 
+def test_the_spans_of_one_shape_after_its_first_are_encoded_as_the_sdk_does(
+    recorder: LeanRecorder, payloads: Payloads
+) -> None:
+    """A shape's later spans write short ASCII values as one text (``_text_prefixes``):
+    values either side of the longest whose key-value's length is one byte (101
+    characters, for the message id's key), not ASCII, empty; keys that are new, or a
+    fixed one; root spans and children of remote and local parents; all in one post
+    over 16 KB (a three-byte length)."""
+    shape = SpanShape(recorder, "process orders", SpanKind.CONSUMER, FIXED)
+    values: list[dict[str, str] | None] = [
+        per_message(), None, {}, per_message(key="é"), per_message(key="ab漢"),
+        {"messaging.message.id": "x", "new.key": "v"}, {"new.key": "w" * 50},
+        {**per_message(), "conveyor.handler": "other"},
+        *(per_message(message_id="7" * size) for size in (0, 1, 100, 101, 102, 127, 128)),
+    ]
+    spans = []
+    for round_ in range(3):
+        for i, attributes in enumerate(values):
+            parent = (0, PARENT_ID, PARENT_ID)[(i + round_) % 3]
+            remote = (i + round_) % 3 == 1
+            lean = LeanSpan(shape, TRACE_ID, SPAN_ID + len(spans), parent, SAMPLED,
+                            dict(attributes) if attributes is not None else None,
+                            parent_is_remote=remote)
+            sdk = sdk_twin(lean, FIXED, attributes, parent_is_remote=remote)
+            lean.end()
+            sdk.end(end_time=lean.end_time)
+            spans.append(sdk)
+    payload = exported(recorder, payloads)
+    assert len(payload) > 16_384
+    assert_same_encoding(payload, spans)
+
+
 class Unprintable:
     """An attribute value the SDK replaces by None (no ``__str__`` of its own)."""
 

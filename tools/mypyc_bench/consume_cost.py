@@ -17,19 +17,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import hashlib
 import json
 import os
 import statistics
 import sys
 from pathlib import Path
 
-_LIB = Path(os.environ.get("CGCTL_SO", "/tmp/cgctl.so"))
+_SRC = Path(__file__).with_name("cgctl.c")
+# Named for its source, so that a library built from an older cgctl.c is not picked up.
+_LIB = Path(os.environ.get(
+    "CGCTL_SO", f"/tmp/cgctl-{hashlib.sha256(_SRC.read_bytes()).hexdigest()[:12]}.so"))
 
 
 def _cg() -> tuple[object, bool]:
     if not _LIB.exists():
-        src = Path(__file__).with_name("cgctl.c")
-        os.system(f"gcc -O2 -shared -fPIC -o {_LIB} {src}")
+        os.system(f"gcc -O2 -shared -fPIC -o {_LIB} {_SRC}")
     lib = ctypes.CDLL(str(_LIB))
     return lib, bool(lib.cg_running())
 

@@ -10,15 +10,21 @@ tracing on, and the producer traces too (every message carries a ``traceparent``
 worker follows its decision); ``parentoff``: the producer traces, the worker does not
 (what carrying the header costs a worker alone). ``RATIO`` in the environment sets the
 sampler (default 0.1): at 0 every trace is dropped, at 1 every one kept, which
-separates the two paths' costs. Collection is
-toggled on at the first delivery and off at the last acknowledgement, as in
-``consume_cost.py``, so under
+separates the two paths' costs. Instrumentation is
+turned on at the first delivery and off at the last acknowledgement (where
+``consume_cost.py`` toggles collection), so under
 
-    SINK=http://127.0.0.1:PORT valgrind --tool=callgrind --collect-atstart=no \\
+    SINK=http://127.0.0.1:PORT REDIS_URL=redis://127.0.0.1:RPORT/0 \\
+        valgrind --tool=callgrind --instr-atstart=no \\
         --callgrind-out-file=X python redis_trace_cost.py on|off|parent N
 
-X's total is the window only (all threads: the span exporter's too); the slope
-between two N is the cost a message. Needs a Redis at 127.0.0.1:6379.
+X's total is the window only, every thread's: the span recorder's export thread
+(joining a batch, posting it) as well as the event loop's. (Collection toggled with
+``--collect-atstart=no``, as ``consume_cost.py`` does, would count the event loop's
+thread alone: callgrind keeps that switch per thread.) Spans still queued when the
+window closes are posted outside it, at most a batch's worth at any N: the slope
+between two N is the cost a message. ``$REDIS_URL`` is the Redis to use (default
+``redis://127.0.0.1:6379/0``).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import consume_cost  # the toggling clock (sets up callgrind control on import)
+import consume_cost  # callgrind's client requests (set up on import)
 
 import conveyor.bench.timing as timing
 from conveyor.bench.redis_throughput import RedisBackend
@@ -38,18 +44,32 @@ from conveyor.bench.throughput import _consume, _publish_into
 from conveyor.bench.timing import bench_items
 
 
+class InstrumentClock(timing.SteadyClock):
+    """The bench's clock, instrumenting every thread (callgrind) while it runs."""
+
+    def first(self) -> None:
+        if self.started is None and consume_cost.ON_VALGRIND:
+            consume_cost.CG.cg_instrument(1)  # type: ignore[attr-defined]
+        super().first()
+
+    def stop(self, messages: int) -> timing.Sample:
+        if consume_cost.ON_VALGRIND and self.started is not None:
+            consume_cost.CG.cg_instrument(0)  # type: ignore[attr-defined]
+        return super().stop(messages)
+
+
 async def main(mode: str, n: int) -> None:
     tracing = (("telemetry.exporter", "otlp"),
                ("telemetry.sample_ratio", float(os.environ.get("RATIO", "0.1"))),
                ("telemetry.endpoint", os.environ["SINK"]))
-    backend = RedisBackend("redis://127.0.0.1:6379/0")
+    backend = RedisBackend(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     plain = backend.config(f"trace{os.getpid()}")
     where = {"redis.url": backend.url, "redis.prefix": plain.config.redis.prefix}
     traced = bench_config("redis", where, Variant(tracing))
     worker = traced if mode in ("on", "parent") else bench_config("redis", where, Variant(()))
     producer = traced if mode in ("parent", "parentoff") else plain
     await _publish_into(backend, producer, bench_items(n, 1000), False)
-    timing.SteadyClock = consume_cost.ToggleClock  # type: ignore[misc]
+    timing.SteadyClock = InstrumentClock  # type: ignore[misc]
     try:
         sample, _ = await _consume(worker, n)
     finally:

@@ -1,15 +1,18 @@
-"""Instructions a message of a consumer span's scope on a dropped trace, ``ConsumerScope``'s
-``enter`` and ``leave`` in a loop that does nothing else (callgrind).
+"""Instructions a message of a consumer span's scope, ``ConsumerScope``'s ``enter`` and
+``leave`` in a loop that does nothing else (callgrind).
 
 ``parent``: each message carries its own ``traceparent`` whose flags say "not
 sampled" (the producer dropped the trace); ``new``: no header, and a sampler of 0, so
 that each message starts a new trace the ratio drops; ``least``: the least a dropped
 parent's context can take, each header's ``RemoteSpan`` in a new ``Context`` set and
-reset on the context variable, nothing else. The messages and their headers
-are built before collection is toggled on, so under
+reset on the context variable, nothing else. ``kept`` and ``keptnew``: a sampler of 1,
+each message with a sampled ``traceparent`` or without one, so that each makes a lean
+span, ended and encoded (its posts, in the recorder's thread, are not counted: they
+discard). The messages and their headers are built before collection is toggled on,
+so under
 
     valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=X \\
-        python scope_cost.py parent|new|least N
+        python scope_cost.py parent|new|least|kept|keptnew N
 
 X's total is the loop alone; the slope between two N is the cost a message.
 """
@@ -27,17 +30,20 @@ from opentelemetry.context import Context
 from trace_paths import scope  # the consumer span of an ``orders`` handler
 
 from conveyor.platform.delivery import tracing
-from conveyor.platform.ids import StreamId
+from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
 from conveyor.platform.sampling import RemoteSpan
 
 
 def main(mode: str, n: int) -> None:
-    consumer = scope(0.0 if mode == "new" else 0.1, True)
+    consumer = scope(0.0 if mode == "new" else 1.0 if mode.startswith("kept") else 0.1, True)
+    flags = "03" if mode == "kept" else "02"
     headers: list[dict[str, str]] = [
-        {"traceparent": f"00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}-02"}
-        if mode != "new" else {} for _ in range(n)]
-    messages = [Message(f"m-{i}", StreamId("orders", f"k{i}"), b"{}", headers=h)
+        {"traceparent":
+         f"00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}-{flags}"}
+        if mode not in ("new", "keptnew") else {} for _ in range(n)]
+    messages = [Message(f"{1764000000000 + i}-0", StreamId("orders", f"k{i}"), b"{}",
+                        headers=h, token=SequenceToken(i % 1000, 1764000000000 + i))
                 for i, h in enumerate(headers)]
     enter, leave = consumer.enter, consumer.leave
     if mode == "least":
