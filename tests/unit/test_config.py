@@ -528,3 +528,23 @@ def test_kafka_security_settings_the_protocol_would_not_use_are_refused(
 def test_kafka_security_settings_of_an_unused_kafka_section_are_no_error() -> None:
     config = load_config(environ={"CONVEYOR_KAFKA__SASL_USERNAME": "u"})  # memory adapter
     assert config.kafka.sasl_username == "u"
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ('[redis]\ntls_verify = "0"\n', "$.redis.tls_verify"),  # read as false: TLS unchecked
+    ('[queues]\ntotal = "8"\n', "$.queues.total"),
+    ('[worker]\ndrain_timeout_s = "30"\n', "$.worker.drain_timeout_s"),
+])
+def test_a_number_or_boolean_in_quotes_in_the_file_is_refused_naming_it(
+        tmp_path: Path, text: str, field: str) -> None:
+    """The final conversion is lax (environment values are text), so a file's quoted
+    ``tls_verify = "0"`` read as false — verification off without a word. A file's
+    value in quotes where a number or a boolean belongs is refused; the same text from
+    the environment is still read as the field's type."""
+    with pytest.raises(ConfigError, match=rf"{re.escape(field)}` \(in quotes, a TOML value "
+                                          r"is text: write it without them\)"):
+        load_config(write(tmp_path, text), environ={})
+    section, name = field[2:].split(".")
+    value = text.split("= ")[1].strip().strip('"')
+    config = load_config(environ={f"CONVEYOR_{section.upper()}__{name.upper()}": value})
+    assert str(getattr(getattr(config, section), name)).lower() in {value, "false", value + ".0"}

@@ -794,6 +794,25 @@ def _convert(raw: dict[str, Any], source: str, applied: Mapping[str, str]) -> Co
         raise ConfigError(f"{source}: a value is nested too deeply for any config field") from None
 
 
+_QUOTED_SCALAR = re.compile(r"Expected `(int|float|bool)( \| null)?`, got `str`")
+
+
+def _refuse_quoted_scalars(raw: dict[str, Any], source: str) -> None:
+    """A config file's value in quotes where a number or a boolean belongs is refused,
+    naming the field: the final conversion is lax (environment values are text, and
+    ``"9"`` must read as 9 there), which read ``tls_verify = "0"`` as false — TLS
+    verification off without a word — and ``total = "8"`` as 8."""
+    try:
+        msgspec.convert(raw, Config, strict=True)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        if _QUOTED_SCALAR.match(message):
+            raise ConfigError(f"{source}: {message} (in quotes, a TOML value is text: "
+                              "write it without them)") from None
+    except (ConfigError, RecursionError):
+        pass  # the final conversion says what is wrong, with its suggestions
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -819,6 +838,7 @@ def load_config(
             raise ConfigError(
                 f"{source}: not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
                 f"at offset {exc.start})") from None
+        _refuse_quoted_scalars(raw, source)
     env = os.environ if environ is None else environ
     applied: dict[str, str] = {}
     raw = apply_env(raw, env, skip=_secrets(raw, env), applied=applied)
