@@ -148,6 +148,7 @@ def test_environment_scalars_are_read_as_the_fields_type() -> None:
         "CONVEYOR_WORKER__DRAIN_TIMEOUT_S": "2.5",
         "CONVEYOR_CELLS__DEFAULT_SIZE": "6",
         "CONVEYOR_BALANCER__QUEUES": "[0, 3]",
+        "CONVEYOR_BALANCER__KIND": "static",
         "CONVEYOR_TELEMETRY__HEADERS": '{"api-key": "k"}',
         "CONVEYOR_TELEMETRY__EXPORTER": "otlp",
     })
@@ -548,3 +549,26 @@ def test_a_number_or_boolean_in_quotes_in_the_file_is_refused_naming_it(
     value = text.split("= ")[1].strip().strip('"')
     config = load_config(environ={f"CONVEYOR_{section.upper()}__{name.upper()}": value})
     assert str(getattr(getattr(config, section), name)).lower() in {value, "false", value + ".0"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[balancer]\nqueues = [0, 1]\n",  # the dynamic balancer: ignored
+     r"\$.balancer.queues: only the static balancer owns named queues; with kind = "
+     r"'dynamic' they would be ignored"),
+    ('[balancer]\nkind = "static"\nqueues = [0, 1, 1]\n',
+     r"\$.balancer.queues: queues \[1\] are named more than once"),
+    ('[slots]\npath = "conveyor.examples.custom_slots:PacedSlotSupplier"\n',
+     r"\$.slots.path: only a custom slot supplier is built from a path; with kind = "
+     r"'fixed' it would be ignored"),
+])
+def test_a_setting_its_kind_would_ignore_is_refused(tmp_path: Path, text: str,
+                                                     message: str) -> None:
+    """A daemon that ignored a setting without a word ran otherwise than its operator
+    wrote: ``queues`` under a balancer that splits queues itself, a supplier's ``path``
+    under a kind that builds none."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), environ={})
+    fixed = text.replace("[0, 1, 1]", "[0, 1]").replace(
+        "[balancer]\nqueues", '[balancer]\nkind = "static"\nqueues').replace(
+        "[slots]\n", '[slots]\nkind = "custom"\n')
+    load_config(write(tmp_path, fixed), environ={})  # as the message says: accepted

@@ -76,6 +76,18 @@ def validate(config: Config) -> None:
             "$.dead_letters.max_entries: not supported on kafka, whose dead-letter topic "
             "is bounded by its own retention (retention.ms / retention.bytes); leave it 0"
         )
+    if config.balancer.queues and config.balancer.kind != "static":
+        raise ConfigError(
+            f"$.balancer.queues: only the static balancer owns named queues; with kind = "
+            f"{config.balancer.kind!r} they would be ignored (remove them, or set kind = "
+            '"static")')
+    twice = sorted({q for q in config.balancer.queues if config.balancer.queues.count(q) > 1})
+    if twice:
+        raise ConfigError(f"$.balancer.queues: queues {twice} are named more than once")
+    if config.slots.path and config.slots.kind != "custom":
+        raise ConfigError(
+            f"$.slots.path: only a custom slot supplier is built from a path; with kind = "
+            f'{config.slots.kind!r} it would be ignored (remove it, or set kind = "custom")')
     bad = [q for q in config.balancer.queues if not 0 <= q < config.queues.total]
     if bad:
         raise ConfigError(
