@@ -70,7 +70,10 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     again (at least once: handlers must tolerate seeing them twice). A target ahead of
     the app's position (a later token, or a time after the last message) would skip
     messages never handled: it is a usage error (exit 2) unless --allow-forward is
-    given, as is a time in the future. So is an app with no consumer group on the
+    given, as is a time in the future or a Redis token past the stream's end (every
+    message published until then would be skipped); with --allow-forward, what was
+    skipped is printed. A Kafka token past the partition's end is refused either way
+    (exit 2): Kafka keeps no position there. So is an app with no consumer group on the
     queues (a typo, or an app that never ran), unless --create-group is given. A
     queue that a worker of the app still owns (the adapter sees it, or its lease is
     held) is refused (exit 1). The embedded (memory) adapter is refused (exit 2): its
@@ -94,9 +97,10 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     config = load_config_or_exit(config_path)
     to = _parse_rewind_target(target)
     if isinstance(to, float) and to > time.time() and not allow_forward:
-        # The adapter counts the messages a forward move skips among those published so
-        # far: on a queue the app had finished there are none, and Redis then set the
-        # position ahead of every message still to come (all skipped, until that time).
+        # Refused on every adapter, before the broker is asked: on a queue the app had
+        # finished no message published so far lies in between, and Redis would set the
+        # position ahead of every message still to come (the Redis adapter says so too,
+        # skips_unpublished, by its server's clock).
         raise click.BadParameter(
             f"{target} is in the future: the app would skip every message published "
             "until then; pass --allow-forward to skip them on purpose", param_hint="--to")
@@ -121,24 +125,27 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     else:
         chosen = list(dict.fromkeys(queues)) or list(range(total))
 
-    async def run() -> None:
+    async def run() -> list[str]:
         adapter = create_adapter(config.queues.adapter, config)
         try:
             try:
                 if isinstance(to, SequenceToken):  # before the broker is asked anything
                     adapter.check_token(to)
                 held = await lease_owners(config, group)
-                await adapter.rewind_queues(chosen, group, to, allow_forward=allow_forward,
-                                            create_group=create_group, lease_owners=held)
+                return await adapter.rewind_queues(
+                    chosen, group, to, allow_forward=allow_forward, create_group=create_group,
+                    lease_owners=held)
             except (ForwardRewindError, TokenRangeError) as exc:
                 raise click.BadParameter(str(exc), param_hint="--to") from None
         finally:
             await adapter.close()
 
     try:
-        run_command(run())
+        skipped = run_command(run())
     except UnknownGroupError as exc:
         usage(f"--app: {exc}")
     except ConveyorError as exc:
         fail(exc)
     click.echo(f"rewound {group} on queue(s) {chosen} to {target}")
+    for line in skipped:
+        click.echo(f"skipped on purpose (--allow-forward): {line}")

@@ -338,7 +338,21 @@ class QueueAdapter(ABC):
     @abstractmethod
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         """How many messages ``group`` has not finished on ``queue`` that moving its
-        position to ``to`` would skip: 0 unless ``to`` is ahead of its position."""
+        position to ``to`` would skip: 0 unless ``to`` is ahead of its position. Those
+        published so far only: :meth:`skips_unpublished` says what a target past the
+        queue's end skips of the rest. A backend that keeps no position past a queue's
+        end refuses a target there (:class:`TokenRangeError`)."""
+
+    async def skips_unpublished(self, queue: int, to: SequenceToken | float) -> str | None:
+        """What moving a position on ``queue`` to ``to`` would skip of the messages not
+        yet published, in a phrase ("every message published until …"), or None.
+
+        A target past the queue's end, kept as given, skips every message published
+        until the queue's positions reach it (Redis: until the stream's ids, the server's
+        clock in ms, pass it). None here: a backend that keeps a position at most at a
+        queue's end (the memory broker moves it there; Kafka refuses a target past it,
+        :meth:`forward_gap`) skips none of them."""
+        return None
 
     @abstractmethod
     async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
@@ -351,8 +365,10 @@ class QueueAdapter(ABC):
 
     async def rewind_queues(self, queues: Sequence[int], group: str, to: SequenceToken | float,
                             *, allow_forward: bool = False, create_group: bool = False,
-                            lease_owners: Mapping[int, str] | None = None) -> None:
-        """Move ``group``'s position on every queue of ``queues`` to ``to``, checked.
+                            lease_owners: Mapping[int, str] | None = None) -> list[str]:
+        """Move ``group``'s position on every queue of ``queues`` to ``to``, checked;
+        returns what the move skips, a phrase per queue that skips any (only with
+        ``allow_forward``: ``queue 0: 3 message(s) skipped``), for the caller to say.
 
         Refused before any queue moves:
 
@@ -365,7 +381,10 @@ class QueueAdapter(ABC):
         * an app with no group on any of ``queues`` (:meth:`ConsumerGroups.require`), unless
           ``create_group``: moving it would create a group nobody runs;
         * a target ahead of the group's position, which would skip messages never
-          handled (:class:`ForwardRewindError`), unless ``allow_forward``.
+          handled (:class:`ForwardRewindError`), unless ``allow_forward``: those
+          published so far (:meth:`forward_gap`), and, for a target past the queue's
+          end, those published until the queue reaches it (:meth:`skips_unpublished`),
+          whatever the group's position.
 
         Then the queues move one at a time (:meth:`rewind`); if one fails, the error
         names those already moved (re-running the same rewind finishes the job).
@@ -383,18 +402,14 @@ class QueueAdapter(ABC):
                 "app's workers before rewinding"
             )
         await self.groups.require(queues, group, create_group=create_group)
-        if not allow_forward:
-            ahead = []
-            for queue in queues:
-                gap = await self.forward_gap(queue, group, to)
-                if gap:
-                    ahead.append(f"queue {queue}: {gap} message(s) skipped")
-            if ahead:
-                raise ForwardRewindError(
-                    f"that target is ahead of app {group!r}'s position, so messages never "
-                    f"handled would be skipped ({'; '.join(ahead)}); pass --allow-forward "
-                    "(allow_forward=True) to skip them on purpose"
-                )
+        ahead = [f"queue {queue}: {skipped} skipped" for queue in queues
+                 if (skipped := await self._skipped(queue, group, to))]
+        if ahead and not allow_forward:
+            raise ForwardRewindError(
+                f"that target is ahead of app {group!r}'s position, so messages never "
+                f"handled would be skipped: {'; '.join(ahead)}; pass --allow-forward "
+                "(allow_forward=True) to skip them on purpose"
+            )
         moved: list[int] = []
         for queue in queues:
             try:
@@ -407,6 +422,15 @@ class QueueAdapter(ABC):
                     f"{moved} were already moved: re-run the same rewind to finish"
                 ) from exc
             moved.append(queue)
+        return ahead
+
+    async def _skipped(self, queue: int, group: str, to: SequenceToken | float) -> str:
+        """What moving ``group`` to ``to`` on ``queue`` skips, or "" (nothing)."""
+        gap = await self.forward_gap(queue, group, to)
+        parts = [f"{gap} message(s)"] if gap else []
+        if unpublished := await self.skips_unpublished(queue, to):
+            parts.append(unpublished)
+        return " and ".join(parts)
 
     @abstractmethod
     async def lag(self, queue: int, group: str) -> int:

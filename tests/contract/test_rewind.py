@@ -7,7 +7,13 @@ import time
 import pytest
 
 from conveyor.platform.adapter import QueueAdapter
-from conveyor.platform.errors import BrokerError, ForwardRewindError, QueueOwnedError
+from conveyor.platform.errors import (
+    BrokerError,
+    ForwardRewindError,
+    QueueOwnedError,
+    TokenRangeError,
+)
+from conveyor.platform.ids import SequenceToken
 from tests.conftest import wait_until
 from tests.contract.conftest import Open
 from tests.contract.support import numbered, numbers, take_and_ack, take_rest
@@ -83,6 +89,36 @@ async def test_a_forward_rewind_to_a_token_names_the_messages_it_would_skip(
     assert await adapter.lag(0, "app") == 6
     await adapter.rewind_queues([0], "app", sent[7], allow_forward=True)
     assert numbers(await take_rest(await open_receiver(0, "app"), 3)) == [7, 8, 9]
+
+
+async def test_a_token_past_the_queue_end_loses_none_of_the_messages_published_later(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    """No message lies yet between a finished app's position and such a token: what it
+    would skip is every message published until the queue reaches it. Redis keeps a
+    position there, so it is refused as forward; Kafka keeps none, so it is refused
+    even with ``allow_forward``; the memory broker moves the position to the end,
+    which skips nothing. Either way every message published afterwards is delivered,
+    once (no receiver stopped mid-way: no duplicate is allowed)."""
+    await adapter.enqueue(0, numbered(range(3)))
+    done = await open_receiver(0, "app")
+    await take_and_ack(done, 3)
+    await done.shutdown()
+    beyond = SequenceToken(0, 99_999_999_999_999)
+    if adapter.name == "memory":
+        assert await adapter.rewind_queues([0], "app", beyond) == []
+    elif adapter.name == "redis":
+        with pytest.raises(ForwardRewindError, match="every message published until the "
+                           "stream's ids reach 99999999999999-0"):
+            await adapter.rewind_queues([0], "app", beyond)
+    else:
+        for allow_forward in (False, True):
+            with pytest.raises(TokenRangeError, match="past the end of the partition "
+                               r"\(its next offset is 3\)"):
+                await adapter.rewind_queues([0], "app", beyond, allow_forward=allow_forward)
+    await adapter.enqueue(0, numbered(range(3, 8)))
+    got = await take_rest(await open_receiver(0, "app"), 5)
+    assert numbers(got) == [3, 4, 5, 6, 7]
 
 
 async def test_a_token_of_another_queue_is_refused(

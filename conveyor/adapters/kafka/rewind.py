@@ -27,7 +27,7 @@ from conveyor.adapters.kafka.cluster import KafkaCluster, TopicMissingError
 from conveyor.adapters.kafka.connection import kafka_errors
 from conveyor.adapters.kafka.handoff import HandoffLog
 from conveyor.adapters.kafka.members import assigned_partitions
-from conveyor.platform.errors import BrokerError
+from conveyor.platform.errors import BrokerError, TokenRangeError
 from conveyor.platform.ids import SequenceToken
 
 log = logging.getLogger("conveyor.kafka")
@@ -51,12 +51,26 @@ async def rewind(cluster: KafkaCluster, handoffs: HandoffLog, queue: int, group:
 async def forward_gap(cluster: KafkaCluster, queue: int, group: str,
                       to: SequenceToken | float) -> int:
     """Messages between the group's committed position and ``to``, when ``to`` is ahead
-    (none where the topic does not exist: there is nothing to skip)."""
+    (none where the topic does not exist: there is nothing to skip).
+
+    A token past the partition's end is refused (:class:`TokenRangeError`), with or
+    without ``allow_forward``: Kafka keeps no position there. A receiver given one takes
+    the partition for a re-created topic and stops reading it (seen on tansu:
+    :meth:`~conveyor.adapters.kafka.cluster.KafkaCluster.topic_gone`), and once the
+    partition grows past it the messages published in between are skipped. A time
+    resolves to the end at most."""
     with kafka_errors(f"reading app {group!r}'s position"):
         try:
-            offset, position = await _target_and_position(cluster, queue, group, to)
+            offset, position, end = await _target_position_and_end(cluster, queue, group, to)
         except TopicMissingError:
             return 0
+    if offset > end:
+        raise TokenRangeError(
+            f"queue {queue}: offset {offset} is past the end of the partition (its next "
+            f"offset is {end}): Kafka keeps no position there, and the messages published "
+            f"until it is reached would be skipped; give a token up to "
+            f"{SequenceToken(queue, end)}"
+        )
     return max(0, offset - position)
 
 
@@ -98,16 +112,21 @@ async def _describe_group(cluster: KafkaCluster, group: str) -> list[dict[str, A
     return [g for r in responses for g in r.to_object().get("groups", [])]
 
 
-async def _target_and_position(cluster: KafkaCluster, queue: int, group: str,
-                               to: SequenceToken | float) -> tuple[int, int]:
-    """The offset ``to`` names on ``queue``, and the group's committed position there."""
+async def _target_position_and_end(cluster: KafkaCluster, queue: int, group: str,
+                                   to: SequenceToken | float) -> tuple[int, int, int]:
+    """The offset ``to`` names on ``queue``, the group's committed position there, and
+    the partition's end (its high watermark) where ``to`` is a token (else the offset
+    itself: a time resolves to the end at most)."""
     async with cluster.probing(group) as consumer:
         offset = await _target(cluster, consumer, queue, to)
         tp = TopicPartition(cluster.topic, queue)
         committed = await fetch_committed(consumer, tp)
-        position = (int(committed[0]) if committed is not None
-                    else int((await consumer.beginning_offsets([tp]))[tp]))
-    return offset, position
+        log_start = int((await consumer.beginning_offsets([tp]))[tp])
+        position = int(committed[0]) if committed is not None else log_start
+        end = offset
+        if isinstance(to, SequenceToken):
+            end = await cluster.high_watermark(consumer, tp, max(position, log_start))
+    return offset, position, end
 
 
 async def _target(cluster: KafkaCluster, consumer: AIOKafkaConsumer, queue: int,

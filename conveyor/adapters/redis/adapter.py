@@ -24,6 +24,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -127,6 +128,27 @@ def _id_before(to: SequenceToken | float, queue: int) -> str:
     return f"{ms}-{seq - 1}" if seq > 0 else f"{max(ms - 1, 0)}-18446744073709551615"
 
 
+def _stream_id(text: bytes | str) -> tuple[int, int]:
+    """A stream id's two parts, to compare ids as Redis orders them."""
+    ms, _, seq = (text.decode() if isinstance(text, bytes) else text).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _utc(ms: int) -> str:
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):
+        return "after the year 9999"
+
+
+def _unpublished(to: SequenceToken | float) -> str:
+    """The messages a group set just before ``to``, past the stream's end, skips."""
+    if isinstance(to, SequenceToken):
+        return (f"every message published until the stream's ids reach {to.major}-"
+                f"{to.minor} ({_utc(to.major)} on the Redis server's clock)")
+    return f"every message published until {_utc(int(to * 1000))} (on the Redis server's clock)"
+
+
 class RedisAdapter(QueueAdapter):
     name = "redis"
 
@@ -158,6 +180,7 @@ class RedisAdapter(QueueAdapter):
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
         self.count_start_script = self.redis.register_script(lua.COUNT_START)
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
+        self.next_id_script = self.redis.register_script(lua.STREAM_NEXT)
         self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
         self.min_replicas: int = cfg.min_replicas
         self.replica_timeout_ms: int = cfg.replica_timeout_ms
@@ -419,6 +442,20 @@ class RedisAdapter(QueueAdapter):
             return await self.count_after(stream, last, before)
 
         return await self.caller.retrying(f"reading {group!r}'s position on queue {queue}", count)
+
+    async def skips_unpublished(self, queue: int, to: SequenceToken | float) -> str | None:
+        """``XADD *`` gives an entry an id above the stream's last generated one and at
+        least the server's clock in ms: a group set at or past that next id (just before
+        ``to``) is given none of the entries published until the ids pass it. Read in one
+        script on the stream's node, whose clock is the one that counts."""
+        stream = self.keys.queue(queue)
+        before = _stream_id(_id_before(to, queue))
+        last, secs, micros = await self.caller.retrying(
+            f"reading the end of queue {queue}", lambda: self.next_id_script(keys=[stream]))
+        now_ms = int(secs) * 1000 + int(micros) // 1000
+        if before <= _stream_id(last) or before[0] < now_ms:
+            return None
+        return _unpublished(to)
 
     async def owners(self, queues: Sequence[int], group: str) -> dict[int, str]:
         """The queues' lease keys (daemons on any machine, under the dynamic balancer),

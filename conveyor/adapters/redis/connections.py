@@ -353,6 +353,7 @@ def connect(cfg: RedisConfig) -> Any:
     if password is not None:
         kwargs["password"] = password
     if scheme == "rediss":
+        check_tls_files(cfg)
         kwargs["ssl_cert_reqs"] = ssl.CERT_REQUIRED if cfg.tls_verify else ssl.CERT_NONE
         kwargs["ssl_check_hostname"] = bool(cfg.tls_verify)
         for key, value in (
@@ -372,6 +373,52 @@ def connect(cfg: RedisConfig) -> Any:
         raise ConfigError(f"$.redis.url {redact_url(url)}: {type(exc).__name__}") from None
     _c_packed(client)
     return client
+
+
+class _KeyEncrypted(Exception):
+    """The client key asked for a password (Conveyor passes none)."""
+
+
+def _no_password() -> bytes:
+    raise _KeyEncrypted
+
+
+def check_tls_files(cfg: RedisConfig) -> None:
+    """Refuse a TLS file of ``[redis]`` that cannot be used, naming its field
+    (:class:`ConfigError`): redis-py reads them only as it opens a connection, and its
+    error ("Error 2 connecting to …") reads as a server out of reach, retried for
+    ``retry_max_s``. Each is loaded into a throwaway context as redis-py loads it."""
+    files = {"tls_ca_file": cfg.tls_ca_file, "tls_cert_file": cfg.tls_cert_file,
+             "tls_key_file": cfg.tls_key_file}
+    for field, path in files.items():
+        if path:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise ConfigError(f"$.redis.{field}: cannot read {path!r} "
+                                  f"({exc.strerror or type(exc).__name__})") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if cfg.tls_ca_file:
+        try:
+            context.load_verify_locations(cafile=cfg.tls_ca_file)
+        except ssl.SSLError:
+            raise ConfigError(f"$.redis.tls_ca_file: {cfg.tls_ca_file!r} holds no "
+                              "certificate in PEM form") from None
+    if cfg.tls_cert_file:
+        key_field = "tls_key_file" if cfg.tls_key_file else "tls_cert_file"
+        try:
+            context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file or None,
+                                    password=_no_password)
+        except _KeyEncrypted:
+            raise ConfigError(
+                f"$.redis.{key_field}: the client key in {files[key_field]!r} is encrypted, "
+                "and Conveyor passes no password for it; give it unencrypted") from None
+        except ssl.SSLError:
+            raise ConfigError(
+                f"$.redis.tls_cert_file: cannot load the client certificate "
+                f"{cfg.tls_cert_file!r} with its key in {files[key_field]!r} (not PEM, or "
+                "the key is not the certificate's)") from None
 
 
 def _connect_cluster(url: str, kwargs: dict[str, Any]) -> ClusterClient:

@@ -233,6 +233,21 @@ end
 return {added, last}
 """
 
+# KEYS: stream. {last generated id ('0-0' where no stream), the server's TIME}: where the
+# next XADD * puts its entry (above that id, at the clock's ms at least), read on the
+# stream's own node.
+STREAM_NEXT = """
+local last = '0-0'
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local info = redis.call('XINFO', 'STREAM', KEYS[1])
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then last = info[i + 1] end
+  end
+end
+local t = redis.call('TIME')
+return {last, t[1], t[2]}
+"""
+
 # Counters (fencing tokens, the leases' generation, the membership's version) must never
 # repeat a value, even across a server that lost its data (restarted empty, a key
 # evicted): a repeated token would let a stale owner's acknowledgements through the

@@ -104,7 +104,8 @@ def test_rewind_to_a_future_time_is_refused_unless_forward_is_allowed(
     refused = cli("rewind", "--app", "kafka-sub", "--to", future, "--create-group",
                   "--config", str(cfg))
     assert refused.returncode == 2, refused.stderr
-    assert "--allow-forward" in refused.stderr and "would skip" in refused.stderr
+    assert "--allow-forward" in refused.stderr
+    assert "would skip every message published until then" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert lag() == 3, "a refused rewind moved the position"
 
@@ -117,6 +118,29 @@ def test_rewind_to_a_future_time_is_refused_unless_forward_is_allowed(
                  "--config", str(cfg))
     assert forced.returncode == 0, forced.stderr
     assert lag() == 0, "--allow-forward skips the unhandled messages on purpose"
+
+
+def test_rewind_to_a_token_past_the_partitions_end_is_refused_even_if_forward_is_allowed(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    """Kafka keeps no position past a partition's end (a receiver given one stopped
+    reading the partition): exit 2 either way, naming the partition's next offset."""
+    cfg = config_file(tansu, topic, tmp_path)
+    publish_jobs(cfg, range(3))
+    status = cli("status", "--app", "kafka-sub", "--json", "--config", str(cfg))
+    assert status.returncode == 0, status.stderr
+    lags = {q: info["lag"] for q, info in enumerate(json.loads(status.stdout)["queues"])}
+    queue = next(q for q, lag in lags.items() if lag)
+    rewind = ["rewind", "--app", "kafka-sub", "--to", f"{queue}:99999999999999",
+              "--create-group", "--config", str(cfg)]
+    for extra in ((), ("--allow-forward",)):
+        refused = cli(*rewind, *extra)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert (f"queue {queue}: offset 99999999999999 is past the end of the partition "
+                f"(its next offset is {lags[queue]})") in refused.stderr
+    status = cli("status", "--app", "kafka-sub", "--json", "--config", str(cfg))
+    assert {q: info["lag"] for q, info in enumerate(json.loads(status.stdout)["queues"])} == lags
 
 
 def test_rewind_reads_the_leases_a_kafka_app_keeps_in_its_membership_store(

@@ -664,6 +664,69 @@ def test_a_rewind_to_a_future_time_is_refused_though_the_app_has_nothing_left(
     assert asyncio.run(publish_one_more()) == 1  # it will be delivered
 
 
+async def publish_and_take(config: Config, numbers: range) -> tuple[list[SequenceToken],
+                                                                     list[bytes]]:
+    """Publish ``{"i": n}`` for each of ``numbers`` to queue 0, then what app "shop" is
+    given: every one it gets within 10 s, then nothing more for 0.5 s (acknowledged)."""
+    adapter = RedisAdapter(config.redis)
+    try:
+        client = Client(adapter, HashRingQueueMapper(1))
+        tokens = [await client.publish("n", "k", {"i": i}) for i in numbers]
+        r = adapter.create_receiver(0, "shop")
+        await r.initialize()
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(got) < len(numbers) and time.monotonic() < deadline:
+            msgs = await r.get_messages(100, 0.1)
+            await r.acknowledge([m.token for m in msgs])  # type: ignore[misc]
+            got += [m.body for m in msgs]
+        more = await r.get_messages(100, 0.5)
+        await r.acknowledge([m.token for m in more])  # type: ignore[misc]
+        await r.shutdown()
+        return tokens, got + [m.body for m in more]
+    finally:
+        await adapter.close()
+
+
+def test_a_token_past_the_stream_end_is_refused_and_allowed_skips_what_it_says(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # The app has handled everything, so no entry lies between its position and a token
+    # past the stream's end: the rewind went through, and the app was given none of the
+    # messages published afterwards (its last delivered id ahead of all of them).
+    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
+                            queues={"adapter": "redis", "total": 1})
+    config = load_config(cfg_path, environ={})
+    asyncio.run(publish_ten_and_take(config, 10))
+    rewind = ["rewind", "--config", str(cfg_path), "--app", "shop",
+              "--to", "0:99999999999999-0"]
+    refused = CliRunner().invoke(main, rewind)
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.count("\n") == 1, refused.output
+    assert ("queue 0: every message published until the stream's ids reach "
+            "99999999999999-0 (5138-11-16T09:46:39Z on the Redis server's clock) skipped; "
+            "pass --allow-forward") in refused.output
+    body = '{{"i":{}}}'.format
+    _, got = asyncio.run(publish_and_take(config, range(10, 13)))
+    assert got == [body(i).encode() for i in range(10, 13)]  # each once: nothing stopped
+
+    forced = CliRunner().invoke(main, [*rewind, "--allow-forward"])
+    assert forced.exit_code == 0, forced.output
+    assert ("skipped on purpose (--allow-forward): queue 0: every message published until "
+            "the stream's ids reach 99999999999999-0") in forced.output
+    sent, got = asyncio.run(publish_and_take(config, range(13, 15)))
+    assert got == [], "skipped, as the rewind said"
+
+    # A token past the last entry but behind the server's clock skips nothing to come.
+    after = f"0:{sent[-1].major + 1}-0"
+    back = CliRunner().invoke(main, ["rewind", "--config", str(cfg_path), "--app", "shop",
+                                     "--to", after])
+    assert back.exit_code == 0, back.output
+    assert "skipped" not in back.output
+    _, got = asyncio.run(publish_and_take(config, range(15, 17)))
+    assert got == [body(i).encode() for i in range(15, 17)]
+
+
 async def test_rewind_is_refused_while_a_daemon_elsewhere_holds_the_queues_lease(
     shop: Shop,
 ) -> None:
