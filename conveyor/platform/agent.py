@@ -625,7 +625,7 @@ class PullingAgent:
                 permit.release()  # TASK_COMPLETE, or NEVER_USED if fenced before a start
                 permit = None
             self._check_quiet()
-            raise_swallowed_cancel(this)  # a handler caught the stop's and returned
+            raise_swallowed_cancel(this, self._stopping)  # a handler caught the stop's and returned
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter

@@ -116,7 +116,7 @@ class Batcher:
         this = asyncio.current_task()
         try:
             while True:
-                raise_swallowed_cancel(this)  # a batch caught the stop's and returned
+                raise_swallowed_cancel(this, agent.draining)  # a batch swallowed the stop's
                 while not self.entries:
                     self._more.clear()
                     await self._more.wait()

@@ -62,12 +62,22 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
         raise failure
 
 
-def raise_swallowed_cancel(task: asyncio.Task[Any] | None) -> None:
+def raise_swallowed_cancel(task: asyncio.Task[Any] | None, stopping: bool) -> None:
     """Raise the ``CancelledError`` a cancel of ``task`` (the current task) asked for but
     that did not end it: a handler caught it (a bare ``except:``, ``except
     BaseException``) and returned. Called where a worker loop would otherwise wait for
     more work — there it would wait for ever, and :func:`cancel_and_wait` with it.
     (``asyncio.timeout`` takes its own cancel back: a handler that swallowed a
-    timeout's owes none.)"""
+    timeout's owes none.)
+
+    ``stopping``: the loop's owner has begun the stop whose cancel this would be. Only
+    then is a count honoured; without a stop, nobody asked for a cancel and the count
+    is taken back: Python 3.11's ``TaskGroup`` leaves one on its parent task when a
+    child fails after the body has ended (CPython gh-116720), which a handler run in
+    this task does — honoured, it ended a pool's or a cell's worker for good, and the
+    calls given to it waited for ever."""
     if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+        if stopping:
+            raise asyncio.CancelledError
+        while task.uncancel():
+            pass

@@ -217,3 +217,51 @@ async def test_a_stop_ends_though_a_handler_swallowed_its_cancel_and_returned(
     async with asyncio.timeout(5):  # without the fix: for ever
         await d.stop()
     assert sorted(handled) == [0, *others]  # each once, the swallowing call's too
+
+
+async def _fails_late() -> None:
+    await asyncio.sleep(0.01)
+    raise ValueError("a child failed after the TaskGroup's body ended")
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_a_taskgroup_child_failing_late_leaves_the_worker_taking_messages(
+        kind: str) -> None:
+    """Python 3.11's ``TaskGroup`` leaves its parent task's ``cancelling()`` at 1 when a
+    child fails after the body has ended (CPython gh-116720): the usual way to use one.
+    The handler runs in the worker's task, which then counts a cancel nobody asked for;
+    honoured as a swallowed stop's, it ended a pool's or a cell's worker for good (the
+    calls given to it waited for ever) and a batcher with messages still held. The
+    worker goes on: every message handled once, in order (one stream, one tenant)."""
+    app = App(f"taskgroup-{kind}")
+    handled: list[int] = []
+
+    async def work(item: dict[str, int]) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(_fails_late())
+        except* ValueError:
+            pass
+        handled.append(item["seq"])
+
+    options = {**KINDS[kind], "batch_size": 1} if kind == "batch" else KINDS[kind]
+    if kind == "batch":
+        @app.handler("items", **options)
+        async def batch(items: list[dict[str, int]]) -> None:
+            for item in items:
+                await work(item)
+    else:
+        app.handler("items", **options)(work)
+
+    adapter = fresh_adapter()
+    d = daemon(app, adapter, config(worker={"drain_timeout_s": 0.3}))
+    client = Client(adapter, d.mapper)
+    await d.start()
+    try:
+        for seq in range(4):
+            await client.publish("items", "k", {"seq": seq}, headers={"tenant": "t"})
+        await wait_until(lambda: len(handled) == 4, 5, what="the 4 messages handled")
+        assert handled == [0, 1, 2, 3]
+    finally:
+        async with asyncio.timeout(5):
+            await d.stop()

@@ -151,7 +151,9 @@ class Cell:
         timeout_s = self.job_timeout_s
         this = asyncio.current_task()
         while not worker.stopping:
-            raise_swallowed_cancel(this)  # a job caught the close's cancel and returned
+            # A job that caught the close's cancel and returned ends the loop above
+            # (close marks its workers stopping); a count without a stop is taken back.
+            raise_swallowed_cancel(this, worker.stopping)
             job = await self.dispatcher.ready()
             worker.busy = True
             try:
@@ -184,6 +186,8 @@ class Cell:
 
     async def close(self) -> None:
         tasks = [w.task for w in self.workers if w.task is not None]
+        for worker in self.workers:
+            worker.stopping = True  # one whose job swallows the cancel ends when it returns
         self.workers.clear()
         for job in self.dispatcher.pending:
             job.fut.cancel()

@@ -163,7 +163,7 @@ class StatelessWorkerPool:
                         fut.set_result(result)
                 if not inbox and self._queued:
                     self._steal(inbox)
-            raise_swallowed_cancel(this)  # a job caught the close's cancel and returned
+            raise_swallowed_cancel(this, self._closed)  # a job swallowed the close's cancel
             worker.busy = False
             worker.wake = loop.create_future()
             worker.idle_since = time.monotonic()
