@@ -36,7 +36,7 @@ from conveyor.adapters.redis.errors import CLUSTER_ERRORS, ClusterUnreachableErr
 from conveyor.adapters.redis.urls import check_url, redact_url, sentinel_addresses
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.deadlines import StallTolerantTimeout
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, ConveyorError
 
 log = logging.getLogger("conveyor.redis")
 
@@ -375,7 +375,7 @@ def connect(cfg: RedisConfig) -> Any:
     return client
 
 
-class _KeyEncrypted(Exception):
+class _KeyEncrypted(ConveyorError):
     """The client key asked for a password (Conveyor passes none)."""
 
 
