@@ -145,7 +145,7 @@ class SpanShape:
         if encoded is None:
             encoded = self._keys[key] = wire.text(0x0A, key) + b"\x12"
             self._texts[key] = _text_prefixes(encoded) if (
-                key.isascii() and key not in self._keyset) else ()
+                key.isascii() and len(encoded) < 128 and key not in self._keyset) else ()
         return encoded
 
 

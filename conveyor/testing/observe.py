@@ -92,6 +92,9 @@ class Observations:
         self.batches_running: dict[str, int] = {}
         self.swallowed: list[Call] = []
         """Calls that ended otherwise than by the cancellation their task was sent."""
+        self.stopping = False
+        """The kit is stopping the daemon: only then is a task's cancel count a stop's
+        (Python 3.11's ``TaskGroup`` leaves one behind otherwise, CPython gh-116720)."""
         self.hooks: list[HookRun] = []
 
     # -- what the adapter reports --------------------------------------------------------
@@ -276,7 +279,7 @@ class AttemptRecorder(Interceptor):
                 result = await next(delivery)
             except Exception as exc:
                 running.pop(call, None)
-                if _cancel_swallowed():
+                if observations.stopping and _cancel_swallowed():
                     observations.swallowed.append(call)
                 observations.attempted(call, delivery, exc, clock() - started)
                 raise
@@ -287,7 +290,7 @@ class AttemptRecorder(Interceptor):
                     observations.attempted(call, delivery, failure, clock() - started)
                 raise
             running.pop(call, None)
-            if _cancel_swallowed():
+            if observations.stopping and _cancel_swallowed():
                 observations.swallowed.append(call)
             observations.attempted(call, delivery, None, clock() - started)
             return result

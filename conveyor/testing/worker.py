@@ -174,6 +174,7 @@ class TestWorker:
         __tracebackhide__ = True
         daemon = self.daemon
         loop = asyncio.get_running_loop()
+        self._observations.stopping = True
         stopping = asyncio.ensure_future(
             daemon.stop(deadline=loop.time() + self.stop_timeout_s))
         try:

@@ -265,6 +265,49 @@ async def test_a_handler_that_swallows_its_cancellation_fails_the_stop_not_hangs
     assert "must raise it again" in text
 
 
+async def test_a_taskgroup_handler_is_not_named_as_one_that_swallowed_the_stop() -> None:
+    """Python 3.11's ``TaskGroup`` leaves a cancel count on the task when a child fails
+    after the body (CPython gh-116720): a call that used one, long before the stop, was
+    named among those that "caught their cancellation and went on". Only calls ending
+    while the kit stops the daemon are looked at."""
+    app = App("taskgroup-kit")
+    let_go = asyncio.Event()
+
+    async def fails_late() -> None:
+        await asyncio.sleep(0.01)
+        raise ValueError("a child failed after the TaskGroup's body ended")
+
+    @app.handler("groups")
+    async def grouped(n: int) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(fails_late())
+        except* ValueError:
+            pass
+
+    @app.handler("jobs")
+    async def stubborn(n: int) -> None:
+        while not let_go.is_set():
+            try:
+                await asyncio.sleep(0.02)
+            except BaseException:  # the mistake the stop's error is about
+                continue
+
+    worker = TestWorker(app, stop_timeout_s=0.2)
+    try:
+        with pytest.raises(conveyor.ConveyorError) as stuck:
+            async with worker:
+                await worker.publish("groups", "g-1", 1)
+                await worker.settle()
+                await worker.publish("jobs", "j-1", 1)
+                with pytest.raises(NotSettled):
+                    await worker.settle(timeout_s=0.2)
+    finally:
+        let_go.set()
+    text = one_line(stuck.value)
+    assert "stubborn on jobs/j-1" in text and "grouped" not in text, text
+
+
 async def test_a_handler_that_swallows_its_cancellation_and_returns_lets_the_stop_end(
         ) -> None:
     """One that catches it and returns has handled its message: the agent honours the

@@ -189,14 +189,15 @@ def test_the_spans_of_one_shape_after_its_first_are_encoded_as_the_sdk_does(
     """A shape's later spans write short ASCII values as one text (``_text_prefixes``):
     values either side of the longest whose key-value's length is one byte (101
     characters, for the message id's key), not ASCII, empty; keys that are new, or a
-    fixed one; root spans and children of remote and local parents; all in one post
-    over 16 KB (a three-byte length)."""
+    fixed one, or too long for a one-byte length; root spans and children of remote and
+    local parents; all in one post over 16 KB (a three-byte length)."""
     shape = SpanShape(recorder, "process orders", SpanKind.CONSUMER, FIXED)
     values: list[dict[str, str] | None] = [
         per_message(), None, {}, per_message(key="é"), per_message(key="ab漢"),
         {"messaging.message.id": "x", "new.key": "v"}, {"new.key": "w" * 50},
         {**per_message(), "conveyor.handler": "other"},
         *(per_message(message_id="7" * size) for size in (0, 1, 100, 101, 102, 127, 128)),
+        {"k" * 124: "v"}, {"k" * 130: "v"},  # a key whose length takes two bytes: not text
     ]
     spans = []
     for round_ in range(3):
