@@ -198,11 +198,15 @@ async def test_back_to_back_calls_are_each_timed_on_their_own() -> None:
     app = App("timed")
     busy_s, n = 0.0001, 60
 
+    spins: list[int] = []
+
     @app.handler("busy")
     async def busy(body: bytes) -> None:
         until = time.perf_counter() + busy_s
+        turns = 0
         while time.perf_counter() < until:
-            pass
+            turns += 1
+        spins.append(turns)
 
     d = daemon(app, adapter, telemetry=telemetry)
     client = Client(adapter, d.mapper)
@@ -213,6 +217,7 @@ async def test_back_to_back_calls_are_each_timed_on_their_own() -> None:
     data = reader.get_metrics_data()
     await d.stop()
     assert data is not None
+    assert len(spins) == n and min(spins) > 0  # each call was busy for its 0.1 ms
     [point] = [p for rm in data.resource_metrics for sm in rm.scope_metrics
                for m in sm.metrics if m.name == "conveyor.handler.duration"
                for p in m.data.data_points]

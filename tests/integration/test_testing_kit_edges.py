@@ -237,14 +237,15 @@ async def test_a_handler_that_swallows_its_cancellation_fails_the_stop_not_hangs
     it. The stop gives up past ``stop_timeout_s`` and a grace, naming the call."""
     app = App("stubborn")
     let_go = asyncio.Event()
+    caught: list[str] = []
 
     @app.handler("jobs")
     async def stubborn(n: int) -> None:
         while not let_go.is_set():
             try:
                 await asyncio.sleep(0.02)
-            except BaseException:  # the mistake under test
-                continue
+            except BaseException as exc:  # the mistake under test
+                caught.append(type(exc).__name__)
 
     began = time.monotonic()
     worker = TestWorker(app, stop_timeout_s=0.2)
@@ -263,6 +264,7 @@ async def test_a_handler_that_swallows_its_cancellation_fails_the_stop_not_hangs
                            "handler call(s) still running after their cancellation: "
                            "stubborn on jobs/j-1 (message "), text
     assert "must raise it again" in text
+    assert caught and set(caught) == {"CancelledError"}  # the stop's, caught each time
 
 
 async def test_a_taskgroup_handler_is_not_named_as_one_that_swallowed_the_stop() -> None:
@@ -277,21 +279,24 @@ async def test_a_taskgroup_handler_is_not_named_as_one_that_swallowed_the_stop()
         await asyncio.sleep(0.01)
         raise ValueError("a child failed after the TaskGroup's body ended")
 
+    late: list[str] = []
+    caught: list[str] = []
+
     @app.handler("groups")
     async def grouped(n: int) -> None:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(fails_late())
-        except* ValueError:
-            pass
+        except* ValueError as group:
+            late.extend(str(exc) for exc in group.exceptions)
 
     @app.handler("jobs")
     async def stubborn(n: int) -> None:
         while not let_go.is_set():
             try:
                 await asyncio.sleep(0.02)
-            except BaseException:  # the mistake the stop's error is about
-                continue
+            except BaseException as exc:  # the mistake the stop's error is about
+                caught.append(type(exc).__name__)
 
     worker = TestWorker(app, stop_timeout_s=0.2)
     try:
@@ -306,6 +311,8 @@ async def test_a_taskgroup_handler_is_not_named_as_one_that_swallowed_the_stop()
         let_go.set()
     text = one_line(stuck.value)
     assert "stubborn on jobs/j-1" in text and "grouped" not in text, text
+    assert late == ["a child failed after the TaskGroup's body ended"]  # it did fail late
+    assert caught and set(caught) == {"CancelledError"}
 
 
 async def test_a_handler_that_swallows_its_cancellation_and_returns_lets_the_stop_end(
