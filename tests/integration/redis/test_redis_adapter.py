@@ -532,6 +532,13 @@ async def test_leases_grant_growing_tokens_to_one_holder(redis_server: RedisServ
     assert await leases.owners() == {2: "y"}
 
 
+def one_queue(redis_server: RedisServer, tmp_path: Path) -> tuple[Path, Config]:
+    """A config file of one Redis queue on ``redis_server``, and the config it loads."""
+    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
+                            queues={"adapter": "redis", "total": 1})
+    return cfg_path, load_config(cfg_path, environ={})
+
+
 async def publish_ten_and_take(config: Config, n: int) -> list[SequenceToken]:
     """Publish 10 messages to queue 0, let app "shop" take and ack the first ``n``."""
     adapter = RedisAdapter(config.redis)
@@ -549,9 +556,7 @@ async def publish_ten_and_take(config: Config, n: int) -> list[SequenceToken]:
 
 
 def test_rewind_replays_a_known_range(redis_server: RedisServer, tmp_path: Path) -> None:
-    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
-                            queues={"adapter": "redis", "total": 1})
-    config = load_config(cfg_path, environ={})
+    cfg_path, config = one_queue(redis_server, tmp_path)
     tokens = asyncio.run(publish_ten_and_take(config, 10))
     result = CliRunner().invoke(
         main, ["rewind", "--config", str(cfg_path), "--app", "shop", "--to", str(tokens[6])]
@@ -584,9 +589,7 @@ def test_rewind_replays_a_known_range(redis_server: RedisServer, tmp_path: Path)
 def test_a_token_before_the_first_entry_replays_all_unless_entries_after_it_were_trimmed(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
-                            queues={"adapter": "redis", "total": 1})
-    config = load_config(cfg_path, environ={})
+    cfg_path, config = one_queue(redis_server, tmp_path)
     tokens = asyncio.run(publish_ten_and_take(config, 10))
     rewind = ["rewind", "--config", str(cfg_path), "--app", "shop", "--to", "0:1-0"]
     result = CliRunner().invoke(main, rewind)  # nothing was ever trimmed: from the start
@@ -612,9 +615,7 @@ def test_a_token_before_the_first_entry_replays_all_unless_entries_after_it_were
 def test_a_forward_rewind_is_refused_unless_allowed(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
-                            queues={"adapter": "redis", "total": 1})
-    config = load_config(cfg_path, environ={})
+    cfg_path, config = one_queue(redis_server, tmp_path)
 
     async def lag() -> int:
         adapter = RedisAdapter(config.redis)
@@ -642,9 +643,7 @@ def test_a_rewind_to_a_future_time_is_refused_though_the_app_has_nothing_left(
 ) -> None:
     # With every message handled, no message lies between the app's position and the
     # target to count as skipped: the position moved past every message to come.
-    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
-                            queues={"adapter": "redis", "total": 1})
-    config = load_config(cfg_path, environ={})
+    cfg_path, config = one_queue(redis_server, tmp_path)
     asyncio.run(publish_ten_and_take(config, 10))
     later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
     refused = CliRunner().invoke(main, ["rewind", "--config", str(cfg_path), "--app", "shop",
@@ -694,9 +693,7 @@ def test_a_token_past_the_stream_end_is_refused_and_allowed_skips_what_it_says(
     # The app has handled everything, so no entry lies between its position and a token
     # past the stream's end: the rewind went through, and the app was given none of the
     # messages published afterwards (its last delivered id ahead of all of them).
-    cfg_path = write_config(tmp_path / "c.toml", redis_server.url,
-                            queues={"adapter": "redis", "total": 1})
-    config = load_config(cfg_path, environ={})
+    cfg_path, config = one_queue(redis_server, tmp_path)
     asyncio.run(publish_ten_and_take(config, 10))
     rewind = ["rewind", "--config", str(cfg_path), "--app", "shop",
               "--to", "0:99999999999999-0"]
