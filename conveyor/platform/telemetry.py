@@ -42,7 +42,7 @@ from opentelemetry.trace import Span, SpanKind, TraceFlags, Tracer, TracerProvid
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from conveyor.platform.message import Message
-from conveyor.platform.throttled_log import ThrottledLog
+from conveyor.platform.throttled_log import RepeatFilter
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricReader
@@ -64,32 +64,17 @@ _HEADER_LOGGERS = ("opentelemetry.trace.span", "opentelemetry.trace.propagation.
 ``traceparent``/``tracestate`` past its length limit (the propagator)."""
 
 
-class _HeaderWarningRepeats(logging.Filter):
+def _header_warning_kind(record: logging.LogRecord) -> str | None:
     """OpenTelemetry's API logs a warning each time it reads a ``tracestate`` that breaks
-    the W3C rules, or a trace header past its length limit: a producer that sends one on
-    every message would log a line a message. One line of each kind (its format, not
-    the header's value, which a producer can vary) passes every
-    :data:`HEADER_WARNING_REPEAT_S`, ending with how many more there were
-    (:class:`~conveyor.platform.throttled_log.ThrottledLog`'s rule). What the API then
-    does — it drops the bad ``tracestate`` — is unchanged."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._throttle = ThrottledLog(logging.getLogger(__name__), HEADER_WARNING_REPEAT_S)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        self._throttle.interval_s = HEADER_WARNING_REPEAT_S  # the module's, as it is now
-        held = self._throttle.admit(str(record.msg))
-        if held is None:
-            return False
-        if held:
-            record.msg = f"{record.msg}{held}"
-        return True
+    the W3C rules, or a trace header past its length limit: a producer that sends one
+    on every message would log a line a message. Its warnings are throttled by their
+    format (not the header's value, which a producer can vary), one line of each every
+    :data:`HEADER_WARNING_REPEAT_S`; what the API then does — it drops the bad
+    ``tracestate`` — is unchanged."""
+    return str(record.msg) if record.levelno >= logging.WARNING else None
 
 
-_header_repeats = _HeaderWarningRepeats()
+_header_repeats = RepeatFilter(_header_warning_kind, lambda: HEADER_WARNING_REPEAT_S)
 for _name in _HEADER_LOGGERS:
     logging.getLogger(_name).addFilter(_header_repeats)
 DEFAULT_SERVICE_NAME = "conveyor"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 
 class ThrottledLog:
@@ -53,6 +53,33 @@ class ThrottledLog:
         if not more or last is None:
             return ""
         return f" (and {more} more like it in the last {now - last:.0f}s)"
+
+
+class RepeatFilter(logging.Filter):
+    """A filter for a library's logger that repeats a line per occurrence: one record of
+    each kind passes every ``interval_s()`` seconds (read at each record, so a module
+    setting can change), ending with how many more there were (:meth:`ThrottledLog.admit`);
+    the others are dropped. ``kind(record)`` says which kind a record is; None lets it
+    pass as it is."""
+
+    def __init__(self, kind: Callable[[logging.LogRecord], Hashable | None],
+                 interval_s: Callable[[], float]) -> None:
+        super().__init__()
+        self._kind = kind
+        self._interval_s = interval_s
+        self._throttle = ThrottledLog(logging.getLogger(__name__), interval_s())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = self._kind(record)
+        if key is None:
+            return True
+        self._throttle.interval_s = self._interval_s()
+        held = self._throttle.admit(key)
+        if held is None:
+            return False
+        if held:
+            record.msg = f"{record.msg}{held}"
+        return True
 
 
 class EpisodeLog:

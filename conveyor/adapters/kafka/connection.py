@@ -37,7 +37,7 @@ from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import KafkaConfig
 from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
 from conveyor.platform.outage import OutageLog
-from conveyor.platform.throttled_log import ThrottledLog
+from conveyor.platform.throttled_log import RepeatFilter
 
 log = logging.getLogger("conveyor.kafka")
 
@@ -228,32 +228,22 @@ _CONNECT_FAILURES = ('Unable connect to "%s:%s": %s', "Unable connect to node wi
                      "Unable to update metadata from %s")
 
 
-class _ConnectRepeatFilter(logging.Filter):
+def _connect_failure(record: logging.LogRecord) -> tuple[str, ...] | None:
     """aiokafka's client logs an error at every attempt to reach a broker that is down —
-    every 1-5 s of an outage, from each client of the process. This filter lets one line
-    per address (or node) pass every :data:`CONNECT_REPEAT_S` and ends it with how many
-    more there were (:class:`~conveyor.platform.throttled_log.ThrottledLog`'s rule); every
-    other line of aiokafka's passes as it is. Conveyor's own outage log says when the
-    outage starts, lasts and ends."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._throttle = ThrottledLog(log, CONNECT_REPEAT_S)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg not in _CONNECT_FAILURES or not isinstance(record.args, tuple):
-            return True
-        fmt = record.msg
-        where = record.args if fmt.endswith("from %s") else record.args[:-1]
-        self._throttle.interval_s = CONNECT_REPEAT_S  # the module's setting, as it is now
-        held = self._throttle.admit((fmt, *map(str, where)))
-        if held is None:
-            return False
-        record.msg = fmt + held
-        return True
+    every 1-5 s of an outage, from each client of the process. One line per address (or
+    node) passes every :data:`CONNECT_REPEAT_S`, with how many more there were
+    (:class:`~conveyor.platform.throttled_log.RepeatFilter`); every other line of
+    aiokafka's passes as it is. Conveyor's own outage log says when the outage starts,
+    lasts and ends."""
+    if record.msg not in _CONNECT_FAILURES or not isinstance(record.args, tuple):
+        return None
+    fmt = record.msg
+    where = record.args if fmt.endswith("from %s") else record.args[:-1]
+    return (fmt, *map(str, where))
 
 
-logging.getLogger("aiokafka").addFilter(_ConnectRepeatFilter())  # aiokafka.client's logger
+logging.getLogger("aiokafka").addFilter(
+    RepeatFilter(_connect_failure, lambda: CONNECT_REPEAT_S))  # aiokafka.client's logger
 
 
 async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaProducer:
