@@ -60,7 +60,14 @@ def load_attr(
     except ConveyorError:
         raise
     except ImportError as exc:
-        raise error(f"{what}: cannot load {target!r} (cannot import: {exc})") from None
+        if _not_found(exc, module_name):
+            raise error(f"{what}: cannot load {target!r} (cannot import: {exc})") from None
+        # The module was found and its own code failed to import something (a
+        # dependency not installed, a name its imports lack): say where, as for any
+        # other error its import raised.
+        raise error(
+            f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
+        ) from None
     except KeyboardInterrupt:  # Ctrl-C during a slow import: the command is interrupted
         raise
     except BaseException as exc:  # the module's own code raised (an Exception, or not:
@@ -88,6 +95,14 @@ def load_attr(
             f"(module {module.__name__!r} came from {_origin(module)})"
         )
     return found
+
+
+def _not_found(exc: ImportError, module_name: str) -> bool:
+    """Whether ``exc`` says that ``module_name`` itself (or a package above it) is not
+    there, rather than that its code imported something missing."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
+        return False
+    return module_name == exc.name or module_name.startswith(exc.name + ".")
 
 
 def _origin(module: ModuleType) -> str:

@@ -109,11 +109,36 @@ def test_ctrl_c_while_a_module_is_imported_still_interrupts(package_dir: Path) -
         load_attr("kit_base:x", "$.x")
 
 
-def test_a_missing_dependency_of_the_module_is_named(package_dir: Path) -> None:
-    (package_dir / "kit_missing_dep.py").write_text("import kit_not_installed\n")
-    with pytest.raises(ConfigError, match=r"cannot load 'kit_missing_dep:F' \(cannot import: "
-                                          r"No module named 'kit_not_installed'\)"):
+def test_a_missing_dependency_of_the_module_is_named_with_the_line_importing_it(
+    package_dir: Path,
+) -> None:
+    """The module is there; its own import of another failed: that is the module's
+    error, named where it is (an app's edit importing a package not installed, which
+    `--reload` reports), not 'cannot load' as if the module itself were missing."""
+    (package_dir / "kit_missing_dep.py").write_text("x = 1\nimport kit_not_installed\n")
+    with pytest.raises(ConfigError) as caught:
         load_attr("kit_missing_dep:F", "$.x")
+    message = str(caught.value)
+    assert message.startswith("$.x: importing 'kit_missing_dep:F' failed at ")
+    assert message.endswith("kit_missing_dep.py:2: ModuleNotFoundError: "
+                            "No module named 'kit_not_installed'")
+
+
+def test_a_name_the_module_imports_that_is_not_there_is_named_with_its_line(
+    package_dir: Path,
+) -> None:
+    (package_dir / "kit_bad_name.py").write_text("from json import no_such_name\n")
+    with pytest.raises(ConfigError) as caught:
+        load_attr("kit_bad_name:F", "$.x")
+    assert str(caught.value).startswith("$.x: importing 'kit_bad_name:F' failed at ")
+    assert "kit_bad_name.py:1: ImportError: cannot import name 'no_such_name'" in str(
+        caught.value)
+
+
+def test_a_missing_package_above_the_module_is_cannot_import() -> None:
+    with pytest.raises(ConfigError, match=r"^\$\.x: cannot load 'no_such_pkg\.mod:F' "
+                                          r"\(cannot import: No module named 'no_such_pkg'\)$"):
+        load_attr("no_such_pkg.mod:F", "$.x")
 
 
 def test_an_importer_may_refuse_with_its_own_conveyor_error() -> None:
