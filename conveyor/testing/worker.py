@@ -342,12 +342,20 @@ class TestWorker:
         stored = [s async for s in dlq.letters(daemon.adapter, group)]
         if records is not None:
             wanted: list[DeadLetter] = []
-            for record in records:
+            chosen = list(records)
+            for record in chosen:
                 if not isinstance(record, Record) or record.letter is None:
                     raise InvalidArgumentError(
                         f"replay: {_kind(record)[:80]} is not dead-lettered (pass records "
                         "of worker.dead_lettered())")
                 wanted.append(record.letter)
+            letters = [s.letter for s in stored]
+            gone = [_named(r.message) for r in chosen if r.letter not in letters]
+            if gone:  # as `conveyor dlq replay --id` refuses an id not stored
+                raise InvalidArgumentError(
+                    f"replay: no dead letter stored for {', '.join(dict.fromkeys(gone))} "
+                    "(replayed already, evicted past [dead_letters] max_entries, or a "
+                    "record of another TestWorker); nothing was replayed")
             stored = [s for s in stored if s.letter in wanted]
         refused = [f"letter {s.id} ({s.letter.message.id[-8:]}): {why}" for s in stored
                    if (why := dlq.not_replayable(s)) is not None]

@@ -472,6 +472,43 @@ async def test_dead_letters_replayed_after_a_fix_are_handled_and_recorded() -> N
     assert "\n" not in str(bad.value)
 
 
+async def test_replaying_a_record_whose_letter_is_not_stored_is_refused() -> None:
+    """As `conveyor dlq replay --id` refuses an id not stored: a record replayed already,
+    or one of another TestWorker, replays nothing, rather than return [] as if done."""
+    app = App("kit")
+
+    @app.handler("orders", retry_attempts=1)
+    async def on_order(order: Order) -> None:
+        raise ValueError("always")
+
+    async with TestWorker(app) as other:
+        await other.publish("orders", "o-9", {"total": 9})
+        await other.settle(raise_on_dead_letters=False)
+        [foreign] = other.dead_lettered()
+
+    async with TestWorker(app) as worker:
+        for key in ("o-1", "o-2"):
+            await worker.publish("orders", key, {"total": 1})
+        await worker.settle(raise_on_dead_letters=False)
+        first, second = worker.dead_lettered()
+        [replayed] = await worker.replay([first])
+        await worker.settle(raise_on_dead_letters=False)
+        with pytest.raises(conveyor.InvalidArgumentError) as twice:
+            await worker.replay([first, second])
+        with pytest.raises(conveyor.InvalidArgumentError) as elsewhere:
+            await worker.replay(iter([foreign]))
+        stored_after = len(worker.published())
+        worker.dead_lettered()
+
+    assert replayed.id == first.message.id
+    assert str(twice.value) == (
+        f"replay: no dead letter stored for orders/o-1 (message {first.message.id[-8:]}) "
+        "(replayed already, evicted past [dead_letters] max_entries, or a record of "
+        "another TestWorker); nothing was replayed")
+    assert f"orders/o-9 (message {foreign.message.id[-8:]})" in str(elsewhere.value)
+    assert stored_after == 3  # o-1, o-2 and o-1's one replay: neither refusal published
+
+
 async def test_settle_waits_for_startup_hooks_and_what_handlers_publish() -> None:
     app = App("kit")
     clients: list[conveyor.Client] = []
