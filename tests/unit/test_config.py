@@ -445,6 +445,33 @@ def test_an_unknown_key_in_a_file_gets_the_closest_known_one(
     assert str(caught.value).endswith(suggestion), caught.value
 
 
+@pytest.mark.parametrize(("text", "says"), [
+    ('[queues]\nadapter = "reddis"\n', "Invalid enum value 'reddis' - at `$.queues.adapter` "
+     "(one of `kafka`, `memory`, `redis`; did you mean `redis`?)"),
+    ('[balancer]\nkind = "zzz"\n', "Invalid enum value 'zzz' - at `$.balancer.kind` "
+     "(one of `dynamic`, `kafka-group`, `static`)"),
+    ('[kafka]\nassignors = ["sticky", "round-robin"]\n', "- at `$.kafka.assignors[1]` "
+     "(one of `roundrobin`, `sticky`; did you mean `roundrobin`?)"),
+])
+def test_a_value_that_is_not_one_of_the_choices_lists_them(
+    tmp_path: Path, text: str, says: str,
+) -> None:
+    """msgspec says only "Invalid enum value": the user would have to read the docs to
+    learn what `adapter = "reddis"` should have been."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), environ={})
+    assert str(caught.value).endswith(says), caught.value
+
+
+def test_a_bad_choice_from_the_environment_lists_the_choices_too() -> None:
+    with pytest.raises(ConfigError, match=r"^environment variable "
+                                          r"CONVEYOR_QUEUES__NEW_GROUP_START: Invalid enum value "
+                                          r"'lattest' - at `\$\.queues\.new_group_start` "
+                                          r"\(one of `earliest`, `latest`; did you mean "
+                                          r"`latest`\?\)$"):
+        load_config(environ={"CONVEYOR_QUEUES__NEW_GROUP_START": "lattest"})
+
+
 def test_a_key_close_to_nothing_gets_no_suggestion(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, "[worker]\nzzzzzz = 3\n"), environ={})

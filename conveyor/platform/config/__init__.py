@@ -609,6 +609,9 @@ def _with_suggestion(message: str) -> str:
     """msgspec's "unknown field `x` - at `$.s`", with the closest field of ``[s]``, else
     the sections that have a field ``x`` (a field written above every ``[section]``
     line, or under the wrong one)."""
+    choices = _INVALID_CHOICE.search(message)
+    if choices is not None:
+        return message + _choices_of(choices.group(1), choices.group(2))
     match = _UNKNOWN_FIELD.search(message)
     struct = _struct_at(match.group(2) or "$") if match else None
     if match is None or struct is None:
@@ -620,6 +623,27 @@ def _with_suggestion(message: str) -> str:
     if not homes:
         return message
     return message + f" ({'; '.join(homes[:3])})"
+
+
+_INVALID_CHOICE = re.compile(r"Invalid enum value (.+?) - at `(\$[\w.]+)(?:\[\d+\])?`")
+
+
+def _choices_of(value: str, path: str) -> str:
+    """`` (one of `a`, `b`; did you mean `a`?)`` for the choice field at ``path``
+    (msgspec names neither the choices nor the closest), else nothing."""
+    parent, _, name = path.rpartition(".")
+    struct = _struct_at(parent)
+    kind = None if struct is None else {f.name: f.type for f in struct.fields}.get(name)
+    if isinstance(kind, msgspec.inspect.ListType):  # an item of a list: `$.kafka.assignors[0]`
+        kind = kind.item_type
+    options = kind.types if isinstance(kind, msgspec.inspect.UnionType) else (kind,)
+    values = [str(v) for t in options if isinstance(t, msgspec.inspect.LiteralType)
+              for v in t.values]
+    if not values:
+        return ""
+    close = difflib.get_close_matches(value.strip("'\""), values, n=1, cutoff=0.6)
+    listed = ", ".join(f"`{v}`" for v in values)
+    return f" (one of {listed}{f'; did you mean `{close[0]}`?' if close else ''})"
 
 
 def _homes(name: str, struct: msgspec.inspect.StructType, path: str) -> Iterable[str]:
