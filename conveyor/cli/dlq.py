@@ -87,6 +87,7 @@ def _run(config: Config, group: str, work: Callable[[QueueAdapter], Awaitable[T]
         try:
             for problem in await adapter.store_problems([], [group]):
                 warn(problem.warning)
+            await _warn_if_unknown(adapter, config, group)
             return await work(adapter)
         finally:
             await adapter.close()
@@ -97,6 +98,19 @@ def _run(config: Config, group: str, work: Callable[[QueueAdapter], Awaitable[T]
         usage(str(exc))
     except ConveyorError as exc:
         fail(exc)
+
+
+async def _warn_if_unknown(adapter: QueueAdapter, config: Config, group: str) -> None:
+    """A warning for an ``--app`` with no letters and no consumer group: most likely a
+    typo, whose "0 letter(s)" would otherwise read as an app with nothing to fix."""
+    if await adapter.dead_letters.count(group):
+        return
+    infos = await adapter.groups.on(range(config.queues.total))
+    if any(info.group == group for info in infos):
+        return
+    others = ", ".join(sorted({info.group for info in infos})) or "none"
+    warn(f"--app {group!r} has no dead letters and no consumer group on any queue (a "
+         f"typo, or an app that never ran; groups here: {others})")
 
 
 async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,

@@ -212,6 +212,34 @@ def test_operator_mistakes_are_usage_errors(config_path: Path) -> None:
         assert message in result.stderr and "Traceback" not in result.stderr, args
 
 
+def test_an_app_with_no_letters_and_no_group_gets_a_warning_naming_the_groups(
+    config_path: Path,
+) -> None:
+    """`--app` with a typo read as an app with nothing to fix ("0 dead letter(s)",
+    "replayed 0 letter(s)", exit 0): a warning says no such app ran here, as `status`
+    says it; an app with letters, or with a group, gets none."""
+    config = load_config(config_path)
+    grouped = conveyor("rewind", "--app", "grouped", "--to", "2000-01-01T00:00:00Z",
+                       "--create-group", "--config", str(config_path))
+    assert grouped.returncode == 0, grouped.stderr
+    on_adapter(config, "dead_letters.put", APP, [DeadLetter.of(
+        Message("m-1", StreamId("jobs", "k"), b"{}", enqueued_at_ms=now_ms()),
+        "jobs.handle", "boom", 1)])
+    typo = f"{APP}x"
+    said = {}
+    for args in (["list"], ["replay", "--all"], ["purge", "--all", "--yes"]):
+        result = conveyor("dlq", *args, "--app", typo, "--config", str(config_path))
+        assert result.returncode == 0, (args, result.stderr)
+        said[args[0]] = result.stderr
+    for known in (APP, "grouped"):
+        result = conveyor("dlq", "list", "--app", known, "--config", str(config_path))
+        assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+    expected = (f"conveyor: warning: --app {typo!r} has no dead letters and no consumer "
+                "group on any queue (a typo, or an app that never ran; groups here: grouped)")
+    assert [line for text in said.values() for line in text.splitlines()
+            if "persistence" not in line] == [expected] * 3
+
+
 def test_show_prints_a_producers_control_characters_escaped(config_path: Path) -> None:
     """A key, header, content type or body is whatever its producer wrote: `dlq show`
     prints an escape sequence or a carriage return as text, not to the terminal, and
