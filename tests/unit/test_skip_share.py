@@ -55,3 +55,18 @@ def test_mostly_skipping_is_reported_once_a_window_naming_namespaces_and_the_fix
     assert len(lines) == 1, lines
     assert lines[0].startswith("app 'x' skipped 100 of the 105 messages")
     assert "(orders, payments)" in lines[0] and "[redis] prefix or [kafka] topic" in lines[0]
+
+
+def test_the_warning_gives_the_window_to_a_tenth_of_a_second_as_the_docs_show_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/apps-on-one-broker.md shows `in the last 1.8 s`; whole seconds said `2 s`,
+    and `0 s` for a burst skipped within the first half second."""
+    clock = [100.0]
+    monkeypatch.setattr("conveyor.platform.delivery.orphans.time.monotonic", lambda: clock[0])
+    orphans = Orphans(_no_letters, DeliveryStats(), "x")
+    clock[0] = 101.8
+    with caplog.at_level(logging.WARNING, logger="conveyor.agent"):
+        skip(orphans, 100, "orders")
+    [line] = told(caplog)
+    assert "messages it took in the last 1.8 s: " in line, line

@@ -105,7 +105,7 @@ class _SkipShare:
         if skipped > MOSTLY_SKIPPED * taken and now >= self._quiet_until:
             self._quiet_until = now + SKIP_WINDOW_S
             log.warning(
-                "app %r skipped %d of the %d messages it took in the last %.0f s: no handler "
+                "app %r skipped %d of the %d messages it took in the last %.1f s: no handler "
                 "of it takes their namespaces (%s), so it is reading other apps' traffic. "
                 "Give unrelated apps their own [redis] prefix or [kafka] topic "
                 "(docs/apps-on-one-broker.md); for a new app, [queues] new_group_start = "
