@@ -6,6 +6,7 @@ adapters' dead-letter methods; the table in :mod:`conveyor.cli.render`.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -37,6 +38,11 @@ T = TypeVar("T")
 
 GONE_SHOWN = 10
 """Ids of letters another run replayed or purged that a replay's warning names."""
+
+HINT_SCAN = 10_000
+"""Letters read for the values a filter could have taken, when it kept none."""
+HINT_SHOWN = 5
+"""Values named in that warning."""
 
 MEMORY_REFUSED = (
     "the memory adapter keeps dead letters inside the worker's own process, where this "
@@ -113,12 +119,44 @@ async def _warn_if_unknown(adapter: QueueAdapter, config: Config, group: str) ->
          f"typo, or an app that never ran; groups here: {others})")
 
 
+async def _warn_unmatched(adapter: QueueAdapter, group: str, keep: LetterFilter) -> None:
+    """When the filters kept no letter: a warning for each filter whose value no letter
+    has, naming the values the letters have and the one meant, if it is plain (a
+    handler's short name, `on_order` for `shop.on_order`; a slip of case or spelling):
+    otherwise `replay --all --handler on_order` replays nothing and says only "0"."""
+    given = {"--handler": keep.handler, "--error-type": keep.error_type,
+             "--namespace": keep.namespace}
+    if all(value is None for value in given.values()):
+        return
+    seen: dict[str, set[str]] = {name: set() for name in given}
+    async for stored in letters(adapter, group, limit=HINT_SCAN):
+        letter = stored.letter
+        seen["--handler"].add(letter.handler)
+        seen["--error-type"].add(letter.error_type)
+        seen["--namespace"].add(letter.message.stream.namespace)
+    for name, value in given.items():
+        if value is None or value in seen[name] or not seen[name]:
+            continue
+        values = sorted(v for v in seen[name] if v)  # a letter no handler took has ""
+        listed = ", ".join(values[:HINT_SHOWN]) or "-"
+        if len(values) > HINT_SHOWN:
+            listed += f" and {len(values) - HINT_SHOWN} more"
+        close = ([v for v in values if v.rpartition(".")[2] == value]
+                 or [v for v in values if v.lower() == value.lower()]
+                 or difflib.get_close_matches(value, values, n=1, cutoff=0.6))
+        warn(f"{name} {value!r} matches no letter (their {name[2:].replace('-', ' ')}s: "
+             f"{listed})" + (f"; did you mean {name} {close[0]}?" if close else ""))
+
+
 async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
                   keep: LetterFilter, limit: int | None) -> list[StoredLetter]:
     """The letters ``--all`` / ``--id`` name, filtered (``--all``: at most ``limit``); an
     id not stored exits 2."""
     if every:
-        return [s async for s in letters(adapter, group, keep, limit)]
+        chosen = [s async for s in letters(adapter, group, keep, limit)]
+        if not chosen:
+            await _warn_unmatched(adapter, group, keep)
+        return chosen
     try:
         found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
     except InvalidArgumentError as exc:  # a malformed id
@@ -178,8 +216,10 @@ def list_letters(config_path: Path | None, group: str, handler: str | None,
     async def work(adapter: QueueAdapter) -> tuple[list[StoredLetter], int]:
         # One past the limit: whether --limit left any out (the total counts letters the
         # filters drop too).
-        found = [s async for s in letters(
-            adapter, group, LetterFilter(handler, error_type, namespace), limit + 1)]
+        keep = LetterFilter(handler, error_type, namespace)
+        found = [s async for s in letters(adapter, group, keep, limit + 1)]
+        if not found:
+            await _warn_unmatched(adapter, group, keep)
         return found, await adapter.dead_letters.count(group)
 
     found, total = _run(config, group, work)

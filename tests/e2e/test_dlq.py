@@ -240,6 +240,41 @@ def test_an_app_with_no_letters_and_no_group_gets_a_warning_naming_the_groups(
             if "persistence" not in line] == [expected] * 3
 
 
+def test_a_filter_no_letter_matches_names_the_values_there_and_the_one_meant(
+    config_path: Path,
+) -> None:
+    """`--handler on_order` (the short name, as the testing kit takes it) matched no
+    letter of `shop.on_order`, and `replay --all` said only "replayed 0": the warning
+    names the letters' values and the one meant; nothing is replayed or purged."""
+    config = load_config(config_path)
+    on_adapter(config, "dead_letters.put", APP, [DeadLetter.of(
+        Message(f"m-{n}", StreamId("orders", f"k{n}"), b"{}", enqueued_at_ms=now_ms()),
+        "shop.on_order", "boom", 3, "ValueError") for n in range(2)])
+    where = ["--app", APP, "--config", str(config_path)]
+    runs = {
+        "list": conveyor("dlq", "list", "--handler", "on_order", *where),
+        "replay": conveyor("dlq", "replay", "--all", "--error-type", "valueerror", *where),
+        "purge": conveyor("dlq", "purge", "--all", "--yes", "--namespace", "payments",
+                          *where),
+    }
+    said = {name: [line for line in run.stderr.splitlines() if "persistence" not in line]
+            for name, run in runs.items()}
+    assert all(run.returncode == 0 for run in runs.values()), said
+    assert said == {
+        "list": ["conveyor: warning: --handler 'on_order' matches no letter (their "
+                 "handlers: shop.on_order); did you mean --handler shop.on_order?"],
+        "replay": ["conveyor: warning: --error-type 'valueerror' matches no letter (their "
+                   "error types: ValueError); did you mean --error-type ValueError?"],
+        "purge": ["conveyor: warning: --namespace 'payments' matches no letter (their "
+                  "namespaces: orders)"],
+    }
+    assert "replayed 0 letter(s)" in runs["replay"].stdout
+    assert on_adapter(config, "dead_letters.count", APP) == 2
+    matched = conveyor("dlq", "list", "--handler", "shop.on_order", *where)
+    assert [line for line in matched.stderr.splitlines()
+            if "persistence" not in line] == [], matched.stderr
+
+
 def test_show_prints_a_producers_control_characters_escaped(config_path: Path) -> None:
     """A key, header, content type or body is whatever its producer wrote: `dlq show`
     prints an escape sequence or a carriage return as text, not to the terminal, and
