@@ -17,7 +17,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from conveyor.adapters.redis.urls import server_name
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import RedisConfig
-from conveyor.platform.errors import BrokerConnectionError, BrokerError
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
 from conveyor.platform.outage import OutageLog
 
 log = logging.getLogger("conveyor.redis")
@@ -53,6 +53,12 @@ def wrong_type(exc: BaseException | None) -> bool:
     return isinstance(exc, rex.ResponseError) and str(exc).startswith("WRONGTYPE")
 
 
+def wrong_database(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is Redis refusing the database number of ``[redis] url``
+    (``/99`` on a server with 16): sent with every connection, so every call fails so."""
+    return isinstance(exc, rex.ResponseError) and "DB index is out of range" in str(exc)
+
+
 def wrong_type_line(key: str, holds: str, found: str, wanted: str, effect: str) -> str:
     """One line for an operator on a key of another type: ``redis key KEY (HOLDS) is a
     FOUND, not a WANTED: EFFECT`` (``effect`` ends with what to do)."""
@@ -78,6 +84,11 @@ def map_errors(what: str) -> Iterator[None]:
             f"redis cluster not serving the slot while {what} (a failover or a slot "
             f"moving): {type(exc).__name__}: {exc}") from exc
     except rex.RedisError as exc:
+        if wrong_database(exc):  # the config's mistake, not the broker's: no retry helps
+            raise ConfigError(
+                f"$.redis.url: the server has no database of that number ({exc}, while "
+                f"{what}): a Redis server has `databases` of them, 16 by default, "
+                "numbered from 0") from None
         raise BrokerError(f"redis error while {what}: {exc}") from exc
     except rex.RedisClusterException as exc:  # no RedisError: a cluster that is none, a misuse
         raise BrokerError(f"redis cluster error while {what}: {exc}") from exc

@@ -9,7 +9,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.errors import Caller, wrong_database
 from conveyor.adapters.redis.server_settings import config_value, per_server, summary, text
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.errors import ConfigError
@@ -28,7 +28,9 @@ async def _eviction_policy(client: aioredis.Redis) -> str | None:
     ``CONFIG`` is refused (managed services rename or forbid it); None if neither says."""
     try:
         value = await config_value(client, "maxmemory-policy")
-    except rex.ResponseError:  # unknown command, NOPERM: ask INFO instead
+    except rex.ResponseError as exc:  # unknown command, NOPERM: ask INFO instead
+        if wrong_database(exc):  # not a refusal of CONFIG: every call will fail so
+            raise
         value = None
     if value is None:
         try:

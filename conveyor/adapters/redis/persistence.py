@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
-from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.errors import Caller, wrong_database
 from conveyor.adapters.redis.server_settings import config_value, per_server, summary
 
 log = logging.getLogger("conveyor.redis")
@@ -47,7 +47,9 @@ async def _persistence(client: aioredis.Redis) -> str:
     try:
         appendonly = await config_value(client, "appendonly")
         save = await config_value(client, "save")
-    except rex.ResponseError:  # unknown command, NOPERM: ask INFO instead
+    except rex.ResponseError as exc:  # unknown command, NOPERM: ask INFO instead
+        if wrong_database(exc):  # not a refusal of CONFIG: every call will fail so
+            raise
         pass
     else:
         if appendonly is not None and save is not None:

@@ -87,6 +87,23 @@ def test_a_cluster_config_on_a_server_not_in_cluster_mode_is_one_line(
                      f'on this node (with [redis] mode = "cluster")'), error
 
 
+@pytest.mark.parametrize("command", [*COMMANDS, ["worker", "tests.apps.recorder:app"]],
+                         ids=lambda c: " ".join(c[:2]))
+def test_a_database_number_the_server_lacks_is_a_config_error_naming_the_url(
+        redis_server: RedisServer, tmp_path: Path, command: list[str]) -> None:
+    """`/99` on a server with 16 databases: every call failed with "DB index is out of
+    range", reported as the broker's failure (exit 1) after warnings that CONFIG and INFO
+    were refused; it is the config's mistake, named as such, in one line (exit 2)."""
+    path = write_config(tmp_path / "db.toml", f"redis://127.0.0.1:{redis_server.port}/99")
+    result = conveyor(*command, "--config", str(path))
+    assert result.returncode == 2, result.stderr
+    [error] = result.stderr.splitlines()
+    assert error.startswith("conveyor: error: config: $.redis.url: the server has no "
+                            "database of that number (DB index is out of range, while "), error
+    assert error.endswith("a Redis server has `databases` of them, 16 by default, numbered "
+                          "from 0"), error
+
+
 def test_unreachable_sentinels_are_named_in_a_short_line(tmp_path: Path) -> None:
     """redis-py names each sentinel that failed by its client's repr (every connection
     option): the error was one line of ~3,250 characters, the warning before it too."""
