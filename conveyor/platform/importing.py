@@ -9,8 +9,10 @@ user's code), or an attribute that is missing or of the wrong type.
 from __future__ import annotations
 
 import importlib
+import os
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar, overload
 
@@ -57,8 +59,14 @@ def load_attr(
         raise error(f"{what}: expected {form}, got {target!r}")
     try:
         module = importer(module_name)
-    except ConveyorError:
-        raise
+    except ConveyorError as exc:
+        frame = _raised_by_module(exc)
+        if frame is None:  # the importer's own refusal ("no such file"): as it is
+            raise
+        # The module's code called Conveyor wrongly while imported (a handler declared
+        # with a misspelled option): its error, named where the module did it.
+        raise error(f"{what}: importing {target!r} failed at {frame.filename}:"
+                    f"{frame.lineno}: {type(exc).__name__}: {exc}") from None
     except ImportError as exc:
         if _not_found(exc, module_name):
             raise error(f"{what}: cannot load {target!r} (cannot import: {exc})") from None
@@ -107,6 +115,20 @@ def _not_found(exc: ImportError, module_name: str) -> bool:
 
 def _origin(module: ModuleType) -> str:
     return getattr(module, "__file__", None) or "a built-in module"
+
+
+_OURS = (str(Path(__file__).resolve().parents[1]) + os.sep,  # the conveyor package
+         str(Path(importlib.__file__).resolve().parent) + os.sep)
+
+
+def _raised_by_module(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of the imported module's code (or of what it imported) that
+    led to ``exc``, skipping Conveyor's and importlib's own; None when ``exc`` came from
+    the importer itself (its frame and what it called, with no module code run)."""
+    frames = traceback.extract_tb(exc.__traceback__)[2:]  # past load_attr and the importer
+    theirs = [f for f in frames if not f.filename.startswith("<")
+              and not str(Path(f.filename).resolve()).startswith(_OURS)]
+    return theirs[-1] if theirs else None
 
 
 def _where(exc: BaseException) -> str:

@@ -18,7 +18,8 @@ from conveyor.platform.importing import load_attr
 def package_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
-    for name in ("kit_raises", "kit_missing_dep", "kit_exits", "kit_base", "kit_lazy"):
+    for name in ("kit_raises", "kit_missing_dep", "kit_exits", "kit_base", "kit_lazy",
+                 "kit_declares", "kit_bad_name"):
         sys.modules.pop(name, None)
 
 
@@ -139,6 +140,25 @@ def test_a_missing_package_above_the_module_is_cannot_import() -> None:
     with pytest.raises(ConfigError, match=r"^\$\.x: cannot load 'no_such_pkg\.mod:F' "
                                           r"\(cannot import: No module named 'no_such_pkg'\)$"):
         load_attr("no_such_pkg.mod:F", "$.x")
+
+
+def test_a_conveyor_error_the_module_raises_while_imported_names_its_line(
+    package_dir: Path,
+) -> None:
+    """A handler declared with a misspelled option raises HandlerDeclarationError as the
+    module is imported: it was passed on bare, with no file or line (and `--reload`
+    promises both for an edit that breaks the app)."""
+    (package_dir / "kit_declares.py").write_text(
+        "import conveyor\n\napp = conveyor.App('k')\n\n\n"
+        "@app.handler('orders', retry_atempts=2)\nasync def h(body: dict) -> None:\n"
+        "    pass\n")
+    with pytest.raises(ConveyorError) as caught:
+        load_attr("kit_declares:app", "app path", error=ConveyorError)
+    message = str(caught.value)
+    assert message.startswith("app path: importing 'kit_declares:app' failed at "), message
+    assert "kit_declares.py:6: HandlerDeclarationError: handler for 'orders': unknown " \
+           "option(s) ['retry_atempts']" in message, message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
 def test_an_importer_may_refuse_with_its_own_conveyor_error() -> None:
