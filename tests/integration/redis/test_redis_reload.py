@@ -95,3 +95,66 @@ def test_an_edited_handler_file_restarts_the_worker_on_the_new_code_losing_nothi
     version = {int(seq): v for v, seq in rows}
     assert {version[s] for s in range(100)} == {"v1"}
     assert {version[s] for s in range(200, 300)} == {"v2"}, "published after the restart"
+
+
+def test_an_edit_that_breaks_the_app_is_named_and_the_fix_handles_what_waited(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """docs/reload.md: an edit that breaks the app is reported with its file and line,
+    and the next save starts the worker again. Messages published while the app is
+    broken wait in the queues: each of the 300 is handled once (none lost, no duplicate:
+    every drain here is graceful)."""
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    handlers = app_dir / "handlers.py"
+    out = tmp_path / "handled.txt"
+    good = APP.format(version="v1", out=str(out))
+    handlers.write_text(good)
+    config = write_config(tmp_path / "c.toml", redis_server.url, worker={"drain_timeout_s": 5.0})
+    err_path = tmp_path / "worker.err"
+    with err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "worker", f"{handlers}:app",
+             "--config", str(config), "--reload"],
+            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.DEVNULL, stderr=err,
+        )
+    stderr = err_path.read_text
+    try:
+        wait_until_sync(lambda: "ready" in stderr(), 30, "the first worker to be ready")
+        publish(config, range(0, 100))
+        wait_file_lines([out], 100, 30, "the first 100")
+
+        # A dependency not installed, then a misspelled handler option: both break it.
+        handlers.write_text(good.replace("import msgspec\n",
+                                         "import msgspec\nimport not_installed_dep\n"))
+        wait_until_sync(lambda: "the worker exited with status 2" in stderr(), 30,
+                        "the broken edit to be reported")
+        publish(config, range(100, 200))  # no worker runs: they wait in the queues
+        handlers.write_text(good.replace('@app.handler("items")',
+                                         '@app.handler("items", retry_atempts=2)'))
+        wait_until_sync(lambda: stderr().count("the worker exited with status 2") >= 2, 30,
+                        "the second broken edit to be reported")
+        handlers.write_text(good.replace('"v1"', '"v2"'))
+        wait_until_sync(lambda: stderr().count(" ready") >= 2, 30, "the fixed worker")
+        publish(config, range(200, 300))
+        wait_file_lines([out], 300, 30, "all 300 to be handled")
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, stderr()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = stderr()
+    assert "Traceback" not in log, log
+    errors = [line for line in log.splitlines() if line.startswith("conveyor: error: ")]
+    assert len(errors) == 2, log
+    assert (f"importing '{handlers}:app' failed at {handlers}:3: ModuleNotFoundError: "
+            "No module named 'not_installed_dep'") in errors[0], errors[0]
+    assert (f"importing '{handlers}:app' failed at {handlers}:") in errors[1], errors[1]
+    assert "HandlerDeclarationError: handler for 'items': unknown option(s) " \
+           "['retry_atempts']" in errors[1], errors[1]
+    seqs = sorted(int(seq) for _, seq in (line.split() for line in
+                                          out.read_text().splitlines()))
+    assert seqs == list(range(300)), "lost or duplicated"
