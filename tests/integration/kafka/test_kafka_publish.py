@@ -97,3 +97,23 @@ async def test_idempotence_on_refuses_a_broker_without_producer_ids(
     async with Client.from_config(config) as client:
         with pytest.raises(BrokerError, match="hands out no producer ids"):
             await client.publish("orders", "k", {"seq": 1})
+
+
+async def test_a_broker_without_producer_ids_is_warned_of_once_a_process(
+    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process that starts many producers (a client per request, `conveyor bench`)
+    # logged the same warning for each; the second and later are at debug level.
+    from conveyor.adapters.kafka import connection
+
+    monkeypatch.setattr(connection, "_WARNED_NO_IDS", set())  # as in a new process
+    caplog.set_level(logging.DEBUG, "conveyor.kafka")
+    config = kafka_config(tansu.bootstrap, topic)
+    for seq in range(3):
+        async with Client.from_config(config) as client:
+            await client.publish("orders", "k", {"seq": seq})
+    said = [r for r in caplog.records if "hands out no producer ids" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    records = await read_all(tansu.bootstrap, topic, 3, 1)
+    assert sorted(msgspec.json.decode(r.value)["seq"] for r in records) == [0, 1, 2]
