@@ -117,3 +117,29 @@ async def test_a_broker_without_producer_ids_is_warned_of_once_a_process(
     assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
     records = await read_all(tansu.bootstrap, topic, 3, 1)
     assert sorted(msgspec.json.decode(r.value)["seq"] for r in records) == [0, 1, 2]
+
+
+async def test_a_batchs_records_carry_conveyors_headers_then_the_messages_own(
+    tansu: Tansu, topic: str
+) -> None:
+    # The common record's headers are built without message_headers' call, its one user
+    # header (a traceparent, tracing on) too: every record is as message_headers says.
+    items = [Publish("orders", "k", {"i": 0}),
+             Publish("orders", "k", {"i": 1}, headers={"traceparent": "00-ab-cd-01"}),
+             Publish("orders", "k", {"i": 2}, headers={"a": "1", "b": "é"}),
+             Publish("orders", "k", b"raw", content_type="application/octet-stream",
+                     headers={"a": "2"}),
+             Publish("other", "k", {"i": 4}, headers={"c": "3"})]
+    async with Client.from_config(kafka_config(tansu.bootstrap, topic)) as client:
+        await client.publish_batch(items)
+    records = sorted(await read_all(tansu.bootstrap, topic, len(items), 1),
+                     key=lambda r: r.offset)
+    got = [[(name, value) for name, value in r.headers if name != "cv-id"] for r in records]
+    assert got == [
+        [("cv-ns", b"orders")],
+        [("cv-ns", b"orders"), ("traceparent", b"00-ab-cd-01")],
+        [("cv-ns", b"orders"), ("a", b"1"), ("b", "é".encode())],
+        [("cv-ns", b"orders"), ("content-type", b"application/octet-stream"), ("a", b"2")],
+        [("cv-ns", b"other"), ("c", b"3")],
+    ]
+    assert len({dict(r.headers)["cv-id"] for r in records}) == len(items)
