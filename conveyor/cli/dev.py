@@ -334,6 +334,12 @@ def kafka(host: str, port: int, partitions: int, write_config: Path | None,
       conveyor dev kafka
       conveyor dev kafka --port 19092 --write-config kafka-dev.toml
     """
+    if ":" in host:
+        # tansu hands its clients the address as written in its URL, brackets and all
+        # ("[::1]"), which no Kafka client resolves: every command got NodeNotReadyError.
+        usage(f"--host {host}: dev kafka cannot advertise an IPv6 address (tansu gives "
+              f"clients '[{host}]', which they cannot connect to); use an IPv4 address "
+              "or a host name that resolves to one")
     run(kafka_broker(host, port, partitions), "dev kafka", write_config, verbose)
 
 

@@ -156,6 +156,10 @@ class DroppedSpan(NonRecordingSpan):
 class RatioRoots(RandomIdGenerator):
     """The id generator that decides new traces ahead of the SDK's ratio sampler."""
 
+    new_dropped = DroppedSpan
+    """The span of a new trace the ratio dropped, given its trace and span ids (what
+    :meth:`dropped_span` makes, a call less for a producer's hot path)."""
+
     def __init__(self, ratio: float) -> None:
         self.bound: int = TraceIdRatioBased.get_bound_for_rate(ratio)
         """A trace id is kept when its lower 64 bits are below it."""

@@ -34,15 +34,25 @@ import random
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
+from random import getrandbits
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
-from opentelemetry.trace import Span, SpanKind, TraceFlags, Tracer, TracerProvider, TraceState
+from opentelemetry.trace import (
+    Span,
+    SpanContext,
+    SpanKind,
+    TraceFlags,
+    Tracer,
+    TracerProvider,
+    TraceState,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from conveyor.platform.message import Message
 from conveyor.platform.throttled_log import RepeatFilter
+from conveyor.platform.trace_context import current_span
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricReader
@@ -84,6 +94,9 @@ RANDOM_TRACE_ID = 0x02
 """The W3C level-2 flag: the trace id's right 7 bytes are random (the SDK's ids are)."""
 ROOT_FLAGS = SAMPLED | RANDOM_TRACE_ID
 """A kept new trace's flags, as the SDK sets them on a root whose id it drew."""
+ID_LIMIT = (1 << 64) - 1
+"""``TraceIdRatioBased.TRACE_ID_LIMIT``: the lower 64 bits of a trace id, which the
+ratio's rule compares (here without importing the SDK)."""
 _PUBLISH_SHAPES = 1024
 """Producer span shapes a telemetry keeps (one a namespace and system); past that it
 forgets them all and starts over, so a client publishing to namespaces it makes up
@@ -288,8 +301,13 @@ class Telemetry:
                 shutdown()
 
     # -- producer side -----------------------------------------------------------------
-    def publish_span(self, msg: Message, system: str, queue: int) -> Span:
+    def publish_span(self, msg: Message, system: str, queue: int,
+                     parent: SpanContext | None = None) -> Span:
         """Start the producer span of ``msg`` and write its context into the headers.
+
+        ``parent``: the current span's context, when the caller read it already (a
+        batch's messages share it: ``Client.publish_batch`` reads it once); None: read
+        here.
 
         A new trace the ratio drops gets only its ``traceparent`` (see
         :class:`RatioRoots`) and a non-recording span. A kept one — a new trace the
@@ -304,13 +322,15 @@ class Telemetry:
         assert self.tracer is not None
         roots = self.roots
         if roots is not None:
-            parent = trace.get_current_span().get_span_context()
+            if parent is None:
+                parent = current_span().get_span_context()
             if not parent.is_valid:  # a new trace: decided here, the SDK's way
-                trace_id, kept = roots.draw()
-                if not kept:  # only its traceparent: the span's context built if asked
-                    span_id = random_span_id()
+                # RatioRoots.draw and random_span_id, inlined (a call each a message)
+                trace_id = getrandbits(128) or 1
+                if trace_id & ID_LIMIT >= roots.bound:  # dropped: only its traceparent
+                    span_id = getrandbits(64) or 1  # (the span's context built if asked)
                     msg.headers["traceparent"] = f"00-{trace_id:032x}-{span_id:016x}-02"
-                    return roots.dropped_span(trace_id, span_id)
+                    return roots.new_dropped(trace_id, span_id)
                 if self.recorder is not None:
                     return self._lean_publish(msg, system, queue, trace_id, 0, ROOT_FLAGS,
                                               False, None)

@@ -229,6 +229,18 @@ def test_dev_redis_on_ipv6_prints_a_config_that_loads(tmp_path: Path) -> None:
     assert load_config(file, environ={}).redis.url == "redis://[::1]:6390/0"
 
 
+@pytest.mark.parametrize("host", ["::1", "fe80::1%lo"])
+def test_dev_kafka_on_ipv6_is_a_usage_error_naming_the_host(host: str) -> None:
+    # tansu advertised "[::1]" to its clients, which every command then failed to reach
+    # (NodeNotReadyError) while the broker ran on as if all were well.
+    result = run_dev("kafka", "--host", host, "--port", str(free_port()))
+    assert result.returncode == 2 and result.stdout == "", result
+    [line] = result.stderr.splitlines()
+    assert line == (f"conveyor: error: --host {host}: dev kafka cannot advertise an IPv6 "
+                    f"address (tansu gives clients '[{host}]', which they cannot connect "
+                    "to); use an IPv4 address or a host name that resolves to one"), line
+
+
 def test_dev_refuses_more_queues_than_a_config_may_have() -> None:
     result = run_dev("redis", "--queues", "4097", "--port", str(free_port()))
     assert result.returncode == 2, result  # the config it printed could not be loaded

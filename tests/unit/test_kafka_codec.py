@@ -109,6 +109,7 @@ def test_one_key_in_two_namespaces_reads_as_two_streams_across_batches() -> None
     # User headers after cv-ns and cv-id (a traceparent, with tracing on): the same
     # message whichever path reads it — several, repeated (the last wins), None ...
     [("cv-ns", b"orders"), ("cv-id", b"m1"), ("traceparent", TRACEPARENT)],
+    [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-2", None)],
     [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-h", b"a"), ("x-2", None), ("x-h", b"b")],
     # ... and after them one of Conveyor's own, or a value that is not UTF-8
     [("cv-ns", b"orders"), ("cv-id", b"m1"), ("x-h", b"v"), ("content-type", b"text/plain")],

@@ -252,3 +252,41 @@ def test_a_telemetry_keeps_a_bounded_set_of_producer_span_shapes(
         assert len(telemetry._publish_shapes) <= 4
     names = sorted(PbSpan.FromString(d).name for d in bare(traced))
     assert names == sorted(f"publish tenant-{i}" for i in range(10))
+
+
+class Capturing(MemoryAdapter):
+    """Keeps every message it is given to enqueue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[Message] = []
+
+    async def enqueue(self, queue: int, messages: Any) -> Any:
+        self.sent += messages
+        return await super().enqueue(queue, messages)
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+@pytest.mark.parametrize("parent", list(PARENTS), ids=list(PARENTS))
+async def test_publish_batch_reads_the_parent_once_and_writes_what_the_sdk_writes(
+    parent: str, ratio: float
+) -> None:
+    # publish_batch reads the current span once for the batch: each message's header
+    # and span are still what the SDK makes of that parent, message by message.
+    seen = []
+    for way in ("plain sdk", "shortcuts", "lean"):
+        reset_broker()
+        traced = WAYS[way](ratio)
+        adapter = Capturing()
+        publisher = Client(adapter, HashRingQueueMapper(8),
+                           telemetry=Telemetry(traced.provider, recorder=traced.recorder))
+        with under(PARENTS[parent], traced):
+            await publisher.publish_batch(ITEMS)
+        headers = [m.headers["traceparent"].split("-") for m in adapter.sent]
+        assert len(headers) == len(ITEMS)
+        trace_ids = {trace_id for _, trace_id, _, _ in headers}
+        # a new trace per message, else the parent's trace for all
+        assert len(trace_ids) == (len(ITEMS) if PARENTS[parent] is None else 1), trace_ids
+        assert len({span_id for _, _, span_id, _ in headers}) == len(ITEMS)
+        seen.append(({flags for *_, flags in headers}, len(bare(traced))))
+    assert seen[0] == seen[1] == seen[2], seen

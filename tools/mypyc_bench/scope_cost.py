@@ -29,7 +29,7 @@ from consume_cost import CG  # callgrind's toggle (set up on import)
 from opentelemetry.context import Context
 from trace_paths import scope  # the consumer span of an ``orders`` handler
 
-from conveyor.platform.delivery import tracing
+from conveyor.platform import trace_context
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
 from conveyor.platform.sampling import RemoteSpan
@@ -47,7 +47,8 @@ def main(mode: str, n: int) -> None:
                 for i, h in enumerate(headers)]
     enter, leave = consumer.enter, consumer.leave
     if mode == "least":
-        variable, key = tracing._variable, tracing._SPAN_KEY
+        variable, key = trace_context.variable, trace_context.SPAN_KEY
+        assert variable is not None
         set_, reset = variable.set, variable.reset
         parents = [h["traceparent"] for h in headers]
         CG.cg_toggle()  # type: ignore[attr-defined]

@@ -258,17 +258,22 @@ class KafkaAdapter(QueueAdapter):
         namespace, common = "", [(H_NAMESPACE, b""), (H_ID, b"")]
         for msg in messages:
             stream = msg.stream
-            if msg.headers or msg.attempt or msg.content_type != CONTENT_JSON:
+            user = msg.headers
+            if msg.attempt or msg.content_type != CONTENT_JSON or len(user) > 1:
                 headers = message_headers(msg)
             else:
                 # message_headers(msg) of the common message, without the call: cv-ns
-                # (encoded once a namespace), cv-id. The builder copies the list's bytes
+                # (encoded once a namespace), cv-id, and its one user header if it has
+                # one (a traceparent, tracing on). The builder copies the list's bytes
                 # as it appends, so one list serves every such record.
                 if stream.namespace != namespace:
                     namespace = stream.namespace
                     common[0] = (H_NAMESPACE, namespace.encode())
                 common[1] = (H_ID, msg.id.encode())
                 headers = common
+                if user:
+                    [(name, value)] = user.items()
+                    headers = [common[0], common[1], (name, value.encode())]
             key, ts, body = stream.key.encode(), msg.enqueued_at_ms or None, msg.body
             meta = append(count, ts, key, body, headers)  # ts: no cv-ts (see codec)
             if meta is None:  # full: start the next (a batch always takes its first record)

@@ -291,10 +291,16 @@ class RecordDecoder:
             value = r.value
             if n0 == H_NAMESPACE and n1 == H_ID and ns and ident and value is not None:
                 try:  # user headers after Conveyor's two (a traceparent, tracing on)
-                    user = _user_headers(headers)
+                    if len(headers) == 3:  # one: _user_headers' loop without the call
+                        name, raw = headers[2]
+                        user = ({name: raw.decode()} if raw is not None
+                                and name not in _OWN_HEADERS else _user_headers(headers))
+                    else:
+                        user = _user_headers(headers)
                     if user is not None:
-                        return Message(ident.decode(), self._stream(ns, key), value, user,
-                                       CONTENT_JSON, 0, r.timestamp,
+                        sid = self._keys.get(key) if ns == self._last_ns else None
+                        return Message(ident.decode(), sid or self._stream(ns, key), value,
+                                       user, CONTENT_JSON, 0, r.timestamp,
                                        SequenceToken(self._queue, r.offset))
                 except Exception:  # not UTF-8: the general way isolates it
                     pass

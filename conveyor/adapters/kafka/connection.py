@@ -246,11 +246,18 @@ logging.getLogger("aiokafka").addFilter(
     RepeatFilter(_connect_failure, lambda: CONNECT_REPEAT_S))  # aiokafka.client's logger
 
 
+_WARNED_NO_IDS: set[str] = set()
+"""Bootstrap lists whose broker refused a producer id, warned of: once a process (a
+process that starts many producers — a client per request, ``conveyor bench`` — logged
+the same line for each); later refusals are logged at debug level."""
+
+
 async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaProducer:
     """A started producer with ``acks=all``, idempotent as ``$.kafka.idempotence`` asks.
 
-    ``auto`` falls back to a plain producer, with a one-line warning, only when the broker
-    refuses to hand out a producer id; an unreachable broker is an error as always.
+    ``auto`` falls back to a plain producer, with a one-line warning (once a process for
+    each broker: :data:`_WARNED_NO_IDS`), only when the broker refuses to hand out a
+    producer id; an unreachable broker is an error as always.
     """
     common = {"linger_ms": cfg.linger_ms, "acks": "all",
               "max_request_size": cfg.max_request_size, **options}
@@ -270,7 +277,10 @@ async def start_producer(cfg: KafkaConfig, options: dict[str, Any]) -> AIOKafkaP
                     "$.kafka.idempotence is \"on\": set it to \"auto\" or \"off\" to "
                     "publish without the idempotent producer"
                 ) from exc
-            log.warning(
+            first = cfg.bootstrap not in _WARNED_NO_IDS
+            _WARNED_NO_IDS.add(cfg.bootstrap)
+            log.log(
+                logging.WARNING if first else logging.DEBUG,
                 "kafka: the broker at %s hands out no producer ids (%s): publishing "
                 "without idempotence, so a send retried after a cut connection may be "
                 "written twice ([kafka] idempotence = \"off\" skips asking, \"on\" refuses)",

@@ -48,8 +48,8 @@ from conveyor.adapters.redis.errors import (
     wrong_type_line,
 )
 from conveyor.adapters.redis.eviction import EvictionGuard
-from conveyor.adapters.redis.groups import RedisGroups
-from conveyor.adapters.redis.keys import Keys, check_name, token_of
+from conveyor.adapters.redis.groups import RedisGroups, undelivered
+from conveyor.adapters.redis.keys import Keys, check_name, stream_id, token_of
 from conveyor.adapters.redis.letters import LETTERS_EFFECT, RedisDeadLetters
 from conveyor.adapters.redis.persistence import PersistenceReader
 from conveyor.adapters.redis.receiver import RedisReceiver
@@ -128,12 +128,6 @@ def _id_before(to: SequenceToken | float, queue: int) -> str:
     return f"{ms}-{seq - 1}" if seq > 0 else f"{max(ms - 1, 0)}-18446744073709551615"
 
 
-def _stream_id(text: bytes | str) -> tuple[int, int]:
-    """A stream id's two parts, to compare ids as Redis orders them."""
-    ms, _, seq = (text.decode() if isinstance(text, bytes) else text).partition("-")
-    return int(ms), int(seq or 0)
-
-
 def _utc(ms: int) -> str:
     try:
         return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -180,6 +174,7 @@ class RedisAdapter(QueueAdapter):
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
         self.count_start_script = self.redis.register_script(lua.COUNT_START)
         self.added_script = self.redis.register_script(lua.STREAM_ADDED)
+        self.tail_script = self.redis.register_script(lua.STREAM_TAIL)
         self.next_id_script = self.redis.register_script(lua.STREAM_NEXT)
         self.enqueue_script = self.redis.register_script(lua.ENQUEUE)
         self.min_replicas: int = cfg.min_replicas
@@ -199,7 +194,8 @@ class RedisAdapter(QueueAdapter):
         self.dead_letters = RedisDeadLetters(
             self.redis, self.caller, self.keys, cluster=self.cluster,
             max_entries=max_dead_letters, publish_window_ms=self.publish_window_ms)
-        self.groups = RedisGroups(self.redis, self.caller, self.keys, self.count_after)
+        self.groups = RedisGroups(self.redis, self.caller, self.keys, self.count_after,
+                                  self.stream_tail)
 
     async def check_server(self) -> None:
         """Its eviction policy (see :class:`~conveyor.adapters.redis.eviction.EvictionGuard`),
@@ -449,11 +445,11 @@ class RedisAdapter(QueueAdapter):
         ``to``) is given none of the entries published until the ids pass it. Read in one
         script on the stream's node, whose clock is the one that counts."""
         stream = self.keys.queue(queue)
-        before = _stream_id(_id_before(to, queue))
+        before = stream_id(_id_before(to, queue))
         last, secs, micros = await self.caller.retrying(
             f"reading the end of queue {queue}", lambda: self.next_id_script(keys=[stream]))
         now_ms = int(secs) * 1000 + int(micros) // 1000
-        if before <= _stream_id(last) or before[0] < now_ms:
+        if before <= stream_id(last) or before[0] < now_ms:
             return None
         return _unpublished(to)
 
@@ -526,6 +522,12 @@ class RedisAdapter(QueueAdapter):
                 "to keep more"
             )
 
+    async def stream_tail(self, stream: str) -> bytes | None:
+        """The id of ``stream``'s last entry (``b"0-0"`` when it has none); None where no
+        stream is: no key, or a key of another type."""
+        reply = await self.tail_script(keys=[stream])
+        return bytes(reply[1]) if len(reply) > 1 else None
+
     async def count_after(self, stream: str, first: bytes | str, last: bytes | str) -> int:
         """Entries in ``(first, last]``, counted on the server in bounded steps.
 
@@ -545,21 +547,22 @@ class RedisAdapter(QueueAdapter):
         stream = self.keys.queue(queue)
 
         async def read() -> int:
-            if not await self.redis.exists(stream):
-                return 0
+            tail = await self.stream_tail(stream)
+            if tail is None:  # no stream, nothing to read (store_problems names a key
+                return 0  # of another type)
             try:
                 groups = await self.redis.xinfo_groups(stream)
             except rex.ResponseError as exc:
-                if wrong_type(exc):  # no stream, nothing to read (store_problems says so)
+                if wrong_type(exc):  # replaced meanwhile
                     return 0
                 raise
             for g in groups:
                 if g["name"].decode() != group:
                     continue
-                undelivered = g.get("lag")
-                if undelivered is None:  # Redis cannot tell (after deletions): count
-                    undelivered = await self.count_after(stream, g["last-delivered-id"], "+")
-                return int(g["pending"]) + int(undelivered)
+                unread = undelivered(g, tail)
+                if unread is None:  # Redis cannot tell (after deletions): count
+                    unread = await self.count_after(stream, g["last-delivered-id"], "+")
+                return int(g["pending"]) + unread
             return int(await self.redis.xlen(stream))  # a new group would read everything
 
         return await self.caller.retrying(f"reading the lag of queue {queue}", read)

@@ -16,22 +16,38 @@ from typing import Any
 import redis.exceptions as rex
 
 from conveyor.adapters.redis.errors import Caller, wrong_type
-from conveyor.adapters.redis.keys import Keys, check_name, token_of
+from conveyor.adapters.redis.keys import Keys, check_name, stream_id, token_of
 from conveyor.platform.adapter import ConsumerGroups
 from conveyor.platform.operations.groups import GroupInfo, with_retention_holders
 
 CountAfter = Callable[[str, bytes | str, bytes | str], Awaitable[int]]
 """Entries of a stream in ``(first, last]``, counted on the server (the adapter's)."""
+StreamTail = Callable[[str], Awaitable[bytes | None]]
+"""The id of a stream's last entry, None where no stream is (the adapter's)."""
+
+
+def undelivered(group: Any, tail: bytes) -> int | None:
+    """Entries after ``group``'s position (an ``XINFO GROUPS`` entry) on a stream whose
+    last entry is ``tail``: Redis's lag, but none when the position is at or past every
+    entry — a rewind forward past the end (``--allow-forward``) sets it there, and
+    entries published before the ids pass it are never delivered, yet Redis counts each
+    as lag (entries added since the rewind). None when Redis cannot tell."""
+    if stream_id(group["last-delivered-id"]) >= stream_id(tail):
+        return 0
+    lag = group.get("lag")
+    return None if lag is None else int(lag)
 
 
 class RedisGroups(ConsumerGroups):
     """Every app's consumer groups on one Redis prefix."""
 
-    def __init__(self, redis: Any, caller: Caller, keys: Keys, count_after: CountAfter) -> None:
+    def __init__(self, redis: Any, caller: Caller, keys: Keys, count_after: CountAfter,
+                 stream_tail: StreamTail) -> None:
         self._redis = redis
         self._caller = caller
         self._keys = keys
         self._count_after = count_after
+        self._stream_tail = stream_tail
 
     async def on(self, queues: Sequence[int]) -> list[GroupInfo]:
         """``XINFO GROUPS`` / ``XINFO CONSUMERS`` of every stream of ``queues``; a key
@@ -49,7 +65,8 @@ class RedisGroups(ConsumerGroups):
     async def _queue_groups(self, queue: int) -> list[GroupInfo]:
         redis = self._redis
         stream = self._keys.queue(queue)
-        if not await redis.exists(stream):
+        tail = await self._stream_tail(stream)
+        if tail is None:  # no stream (or a key of another type: store_problems names it)
             return []
         try:
             groups = await redis.xinfo_groups(stream)
@@ -62,10 +79,10 @@ class RedisGroups(ConsumerGroups):
             name = g["name"].decode()
             pending = int(g["pending"])
             last: bytes = g["last-delivered-id"]
-            undelivered = g.get("lag")
-            appended = _appended(g.get("entries-read"), undelivered, last)
-            if undelivered is None:  # Redis cannot tell (after deletions): count
-                undelivered = await self._count_after(stream, last, "+")
+            appended = _appended(g.get("entries-read"), g.get("lag"), last)
+            unread = undelivered(g, tail)
+            if unread is None:  # Redis cannot tell (after deletions): count
+                unread = await self._count_after(stream, last, "+")
             consumers = await redis.xinfo_consumers(stream, name)
             idle_s = min(int(c["idle"]) for c in consumers) / 1000 if consumers else None
             if pending:
@@ -75,7 +92,7 @@ class RedisGroups(ConsumerGroups):
                 first = after[0][0] if after else None
             needed = token_of(first, queue) if first else None
             infos.append(GroupInfo(
-                name, queue, pending + int(undelivered), idle_s=idle_s, oldest_needed=needed,
+                name, queue, pending + unread, idle_s=idle_s, oldest_needed=needed,
                 oldest_needed_ms=needed.major if needed else None, appended=appended,
             ))
         return with_retention_holders(infos)

@@ -105,6 +105,12 @@ class Keys:
         return self._of_queue(name, queue) if self.cluster else name
 
 
+def stream_id(text: bytes | str) -> tuple[int, int]:
+    """A stream id's two parts, to compare ids as Redis orders them."""
+    ms, _, seq = (text.decode() if isinstance(text, bytes) else text).partition("-")
+    return int(ms), int(seq or 0)
+
+
 # Stream entry ids <-> sequence tokens: an entry id ``MS-SEQ`` of queue Q is ``Q:MS-SEQ``.
 def token_of(entry_id: bytes, queue: int) -> SequenceToken:
     ms, _, seq = entry_id.partition(b"-")

@@ -233,6 +233,18 @@ end
 return {added, last}
 """
 
+# KEYS: stream. {'stream', the id of its last entry ('0-0' when it has none)}, or
+# {the key's type} where no stream is ('none': no key): the end a group's position is
+# compared with (a group set past it by a rewind has nothing to read, whatever XINFO's
+# lag says). XREVRANGE rather than XINFO STREAM, which reads the first entry too.
+STREAM_TAIL = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'stream' then return {kind} end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #last == 0 then return {kind, '0-0'} end
+return {kind, last[1][1]}
+"""
+
 # KEYS: stream. {last generated id ('0-0' where no stream), the server's TIME}: where the
 # next XADD * puts its entry (above that id, at the clock's ms at least), read on the
 # stream's own node.

@@ -17,25 +17,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from contextvars import ContextVar, Token
+from contextvars import Token
 from functools import partial
 from random import getrandbits
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.context import _RUNTIME_CONTEXT, Context, attach, detach, get_current
-from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.trace import (
-    INVALID_SPAN,
     Span,
     SpanKind,
     Status,
     StatusCode,
     Tracer,
-    set_span_in_context,
 )
-from opentelemetry.trace import propagation as trace_propagation
 from opentelemetry.util.types import AttributeValue
 
 from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
@@ -67,6 +63,13 @@ from conveyor.platform.telemetry import (
     SAMPLED,
     SYSTEM,
     random_span_id,
+)
+from conveyor.platform.trace_context import (
+    SPAN_KEY,
+    get_context,
+    in_context,
+    reset_context,
+    set_context,
 )
 
 if TYPE_CHECKING:
@@ -119,39 +122,10 @@ class ConsumerSpans(Interceptor):
         return spanned
 
 
-_get_context: Callable[[], Context] = get_current
-_set_context: Callable[[Context], Token[Context]] = attach
-_reset_context: Callable[[Token[Context]], None] = detach
-if isinstance(_RUNTIME_CONTEXT, ContextVarsRuntimeContext):  # the API's default
-    # attach, detach and get_current call these through two functions each; the
-    # same three operations on the same variable, without the calls.
-    _variable = getattr(_RUNTIME_CONTEXT, "_current_context", None)
-    if isinstance(_variable, ContextVar):
-        _get_context, _set_context, _reset_context = (
-            _variable.get, _variable.set, _variable.reset)
-
 _ID_LIMIT = TraceIdRatioBased.TRACE_ID_LIMIT
 """The lower 64 bits of a trace id, which the ratio's rule compares."""
-_SPAN_KEY: str = getattr(trace_propagation, "_SPAN_KEY", "")
-"""The key :func:`set_span_in_context` stores the span under (private to the API,
-checked below: where it is missing, the API's function is called)."""
-
-
-def _span_in_context(span: Span) -> Context:
-    """What ``set_span_in_context(span)`` returns, a call and a lookup less (and no copy
-    of an empty context: the agent's runners run in one)."""
-    current = _get_context()
-    if not current:
-        return Context({_SPAN_KEY: span})
-    values = current.copy()
-    values[_SPAN_KEY] = span
-    return Context(values)
-
-
-_in_context: Callable[[Span], Context] = (
-    _span_in_context if _SPAN_KEY and trace.get_current_span(
-        _span_in_context(INVALID_SPAN)) is INVALID_SPAN
-    else set_span_in_context)  # the API's own way, where its key is not where it was
+_get_context, _set_context, _reset_context = get_context, set_context, reset_context
+_SPAN_KEY, _in_context = SPAN_KEY, in_context
 
 Spare = tuple[Context, DroppedSpan | RemoteSpan, Context]
 """A dropped trace's context, its span, and the context it was made in: kept by a

@@ -97,3 +97,49 @@ async def test_idempotence_on_refuses_a_broker_without_producer_ids(
     async with Client.from_config(config) as client:
         with pytest.raises(BrokerError, match="hands out no producer ids"):
             await client.publish("orders", "k", {"seq": 1})
+
+
+async def test_a_broker_without_producer_ids_is_warned_of_once_a_process(
+    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process that starts many producers (a client per request, `conveyor bench`)
+    # logged the same warning for each; the second and later are at debug level.
+    from conveyor.adapters.kafka import connection
+
+    monkeypatch.setattr(connection, "_WARNED_NO_IDS", set())  # as in a new process
+    caplog.set_level(logging.DEBUG, "conveyor.kafka")
+    config = kafka_config(tansu.bootstrap, topic)
+    for seq in range(3):
+        async with Client.from_config(config) as client:
+            await client.publish("orders", "k", {"seq": seq})
+    said = [r for r in caplog.records if "hands out no producer ids" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    records = await read_all(tansu.bootstrap, topic, 3, 1)
+    assert sorted(msgspec.json.decode(r.value)["seq"] for r in records) == [0, 1, 2]
+
+
+async def test_a_batchs_records_carry_conveyors_headers_then_the_messages_own(
+    tansu: Tansu, topic: str
+) -> None:
+    # The common record's headers are built without message_headers' call, its one user
+    # header (a traceparent, tracing on) too: every record is as message_headers says.
+    items = [Publish("orders", "k", {"i": 0}),
+             Publish("orders", "k", {"i": 1}, headers={"traceparent": "00-ab-cd-01"}),
+             Publish("orders", "k", {"i": 2}, headers={"a": "1", "b": "é"}),
+             Publish("orders", "k", b"raw", content_type="application/octet-stream",
+                     headers={"a": "2"}),
+             Publish("other", "k", {"i": 4}, headers={"c": "3"})]
+    async with Client.from_config(kafka_config(tansu.bootstrap, topic)) as client:
+        await client.publish_batch(items)
+    records = sorted(await read_all(tansu.bootstrap, topic, len(items), 1),
+                     key=lambda r: r.offset)
+    got = [[(name, value) for name, value in r.headers if name != "cv-id"] for r in records]
+    assert got == [
+        [("cv-ns", b"orders")],
+        [("cv-ns", b"orders"), ("traceparent", b"00-ab-cd-01")],
+        [("cv-ns", b"orders"), ("a", b"1"), ("b", "é".encode())],
+        [("cv-ns", b"orders"), ("content-type", b"application/octet-stream"), ("a", b"2")],
+        [("cv-ns", b"other"), ("c", b"3")],
+    ]
+    assert len({dict(r.headers)["cv-id"] for r in records}) == len(items)

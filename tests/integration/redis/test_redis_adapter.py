@@ -687,6 +687,16 @@ async def publish_and_take(config: Config, numbers: range) -> tuple[list[Sequenc
         await adapter.close()
 
 
+async def shop_lag(config: Config) -> tuple[int, list[int]]:
+    """App "shop"'s lag on queue 0: the adapter's, and what the group listing says."""
+    adapter = RedisAdapter(config.redis)
+    try:
+        listed = [g.lag for g in await adapter.groups.on([0]) if g.group == "shop"]
+        return await adapter.lag(0, "shop"), listed
+    finally:
+        await adapter.close()
+
+
 def test_a_token_past_the_stream_end_is_refused_and_allowed_skips_what_it_says(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -713,6 +723,8 @@ def test_a_token_past_the_stream_end_is_refused_and_allowed_skips_what_it_says(
             "the stream's ids reach 99999999999999-0") in forced.output
     sent, got = asyncio.run(publish_and_take(config, range(13, 15)))
     assert got == [], "skipped, as the rewind said"
+    # Nothing the app will be given is left: Redis's own lag counted the two skipped.
+    assert asyncio.run(shop_lag(config)) == (0, [0])
 
     # A token past the last entry but behind the server's clock skips nothing to come.
     after = f"0:{sent[-1].major + 1}-0"
