@@ -165,7 +165,13 @@ async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every
     if missing:
         usage(f"--id: no dead letter {', '.join(missing)} of app {group!r} (see "
                "`conveyor dlq list`); nothing was done")
-    return [s for s in found.values() if s is not None and keep(s)]
+    # An id the filters drop would be left without a word ("replayed 0 letter(s)"), as
+    # a letter not stored would be without the check above: refused the same way.
+    dropped = [i for i, s in found.items() if s is not None and not keep(s)]
+    if dropped:
+        usage(f"--id: letter(s) {', '.join(dropped)} do not match --handler/--namespace/"
+              "--error-type (`conveyor dlq show ID` gives a letter's); nothing was done")
+    return [s for s in found.values() if s is not None]
 
 
 def _one_of(every: bool, ids: tuple[str, ...], limit: int | None) -> None:

@@ -245,7 +245,9 @@ def test_a_filter_no_letter_matches_names_the_values_there_and_the_one_meant(
 ) -> None:
     """`--handler on_order` (the short name, as the testing kit takes it) matched no
     letter of `shop.on_order`, and `replay --all` said only "replayed 0": the warning
-    names the letters' values and the one meant; nothing is replayed or purged."""
+    names the letters' values and the one meant; nothing is replayed or purged. An
+    `--id` the filters drop did nothing without a word either: refused, as an id not
+    stored is."""
     config = load_config(config_path)
     on_adapter(config, "dead_letters.put", APP, [DeadLetter.of(
         Message(f"m-{n}", StreamId("orders", f"k{n}"), b"{}", enqueued_at_ms=now_ms()),
@@ -269,6 +271,14 @@ def test_a_filter_no_letter_matches_names_the_values_there_and_the_one_meant(
                   "namespaces: orders)"],
     }
     assert "replayed 0 letter(s)" in runs["replay"].stdout
+    first = json.loads(conveyor("dlq", "list", "--json", *where).stdout)[0]["id"]
+    for args in (["replay", "--id", first, "--handler", "other.h"],
+                 ["purge", "--yes", "--id", first, "--error-type", "KeyError"]):
+        named = conveyor("dlq", *args, *where)  # an id the filters drop: refused, as unknown
+        assert named.returncode == 2, (args, named.stderr)
+        assert named.stderr.splitlines()[-1] == (
+            f"conveyor: error: --id: letter(s) {first} do not match --handler/--namespace/"
+            "--error-type (`conveyor dlq show ID` gives a letter's); nothing was done")
     assert on_adapter(config, "dead_letters.count", APP) == 2
     matched = conveyor("dlq", "list", "--handler", "shop.on_order", *where)
     assert [line for line in matched.stderr.splitlines()
