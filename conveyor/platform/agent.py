@@ -567,9 +567,8 @@ class PullingAgent:
                                 acks.head_done()
                             elif entry.msg.token is not None:
                                 note(entry.msg.token)  # above the watermark: told at once
-                        if careful:
-                            acks.settle()  # its acknowledgement is sent before the next one
-                            await acks.sent()
+                        if careful:  # its acknowledgement is sent before the next one
+                            await acks.alone_done(entry)
                             careful = False
                             self._careful.release()
                             now = clock()
