@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import msgspec
+
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.errors import ConveyorError, LeaseLostError
@@ -115,6 +117,34 @@ class Acknowledger:
         if entries_now and entries_now[0].done:
             self.entry_done(entries_now[0])  # acknowledges the whole done prefix
 
+    async def alone_done(self, entry: Entry) -> None:
+        """``entry``, a redelivered message that ran alone (see
+        :meth:`PullingAgent._count_start`), is done: wait until its acknowledgement is
+        sent, so that a crash the next redelivered message causes is not blamed on it.
+
+        The done prefix alone would not do: behind an unfinished message (another
+        redelivered one still waiting for its turn) the entry stays in the cache, and
+        each crash of a poison message counted one more delivery against every message
+        that had run alone before it, to its end — until those became ``DeliveryLimit``
+        dead letters beside the poison. So such an entry is acknowledged by id, out of
+        queue order, and leaves the cache with the prefix later without being
+        acknowledged twice. Backends that record done offsets above the watermark
+        (Kafka) were told of it as it finished (:attr:`note_out_of_order`)."""
+        cache = self._cache
+        token = entry.msg.token
+        if (self.note_out_of_order is None and token is not None and not entry.pending
+                and cache.entries and cache.entries[0] is not entry):
+            # Fenced and retried as every acknowledgement. The token leaves the entry so
+            # that the prefix does not send it again; its bytes count until it leaves.
+            entry.msg = msgspec.structs.replace(entry.msg, token=None)
+            self.to_ack.append(token)
+            cache.unconfirmed += 1
+            if self.task is None and not self.stopping:
+                self.task = asyncio.create_task(self._loop())
+        else:
+            self.settle()
+        await self.sent()
+
     async def sent(self) -> None:
         """Until the acknowledgements under way (and those they gathered) are sent."""
         while (task := self.task) is not None:
@@ -188,10 +218,14 @@ class Acknowledger:
             return
         receiver = self._receiver
         try:
-            if self.note_out_of_order is not None:
-                await receiver.acknowledge([])
-                return
             beyond = [e.msg.token for e in self._cache.entries if e.done and e.msg.token]
+            if self.note_out_of_order is not None:
+                # Recorded above the watermark (the commit's metadata, the hand-off
+                # record): the next owner skips them, so they count as acknowledged —
+                # else the drain line's pulled exceeded acked + released + abandoned.
+                await receiver.acknowledge([])
+                self.acked += len(beyond)
+                return
             if beyond:  # finished behind an unfinished one: acknowledged by id
                 await receiver.acknowledge(beyond)
                 self.acked += len(beyond)

@@ -301,9 +301,13 @@ class PullingAgent:
 
     @property
     def unacknowledged(self) -> int:
-        """Messages pulled and not acknowledged: held in the cache, or done with their
-        acknowledgement not sent yet."""
-        return len(self.cache) + len(self._acks.to_ack)
+        """Messages pulled and not acknowledged: held in the cache (but for those
+        acknowledged by id ahead of the done prefix, :meth:`Acknowledger.alone_done`:
+        done, their token taken off), or taken out of it with their acknowledgement not
+        confirmed yet (waiting, or in a call under way: ``cache.unconfirmed``)."""
+        cache = self.cache
+        ahead = sum(1 for e in cache.entries if e.msg.token is None and not e.pending)
+        return len(cache) - ahead + cache.unconfirmed
 
     @property
     def aborted(self) -> bool:
@@ -567,9 +571,8 @@ class PullingAgent:
                                 acks.head_done()
                             elif entry.msg.token is not None:
                                 note(entry.msg.token)  # above the watermark: told at once
-                        if careful:
-                            acks.settle()  # its acknowledgement is sent before the next one
-                            await acks.sent()
+                        if careful:  # its acknowledgement is sent before the next one
+                            await acks.alone_done(entry)
                             careful = False
                             self._careful.release()
                             now = clock()

@@ -160,11 +160,12 @@ class QueueOwner:
 
     def _count_aborted(self, agent: PullingAgent) -> None:
         """What an agent stopped at once leaves: started messages (finished or not, none
-        acknowledged any more) are abandoned, the others released."""
+        acknowledged any more — those whose acknowledgement was waiting or under way
+        too) are abandoned, the others released."""
         if not agent.aborted:
             released = agent.released
             self.released += released
-            self.abandoned += agent.in_flight - released
+            self.abandoned += agent.unacknowledged - released
 
     def _count_lost(self, agent: PullingAgent) -> None:
         """Everything an agent whose lease is gone holds goes back unacknowledged."""
