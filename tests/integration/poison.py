@@ -20,7 +20,7 @@ from pathlib import Path
 
 from conveyor.backends import create_adapter
 from conveyor.client import Publish, SyncClient
-from conveyor.platform.config import load_config
+from conveyor.platform.config import Config, load_config
 from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync
 
@@ -36,6 +36,18 @@ def rows_of(paths: list[Path]) -> list[list[str]]:
             rows.extend(p for p in (line.split() for line in path.read_text().splitlines())
                         if len(p) == 7)
     return rows
+
+
+def stored_letters(config: Config, app: str = "rec") -> list[DeadLetter]:
+    """``app``'s dead letters as the broker of ``config`` stores them now (from a test's
+    own thread: a loop of its own)."""
+    async def read() -> list[DeadLetter]:
+        adapter = create_adapter(config.queues.adapter, config)
+        try:
+            return list(await adapter.dead_letters.read(app))
+        finally:
+            await adapter.close()
+    return asyncio.run(read())
 
 
 def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path,
@@ -55,13 +67,7 @@ def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path,
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
     def letters() -> list[DeadLetter]:
-        async def read() -> list[DeadLetter]:
-            adapter = create_adapter(config.queues.adapter, config)
-            try:
-                return list(await adapter.dead_letters.read("rec"))
-            finally:
-                await adapter.close()
-        return asyncio.run(read())
+        return stored_letters(config)
 
     def handled() -> Counter[int]:
         return Counter(int(r[4]) for r in rows_of([tmp / "handled.rec"]))

@@ -643,9 +643,11 @@ async def test_a_worker_that_cannot_start_leaves_no_broker_behind() -> None:
     config = conveyor.load_config(environ={}, overrides={"slots": {
         "kind": "custom", "path": "no_such_module:Supplier"}})
     worker = TestWorker(app, config)
+    entered = []
     with pytest.raises(conveyor.ConfigError):
         async with worker:
-            pass
+            entered.append(worker)  # never: the start fails
+    assert entered == []
     assert worker.broker_name not in memory._BROKERS
     async with TestWorker(app) as started:
         name = started.broker_name

@@ -117,9 +117,11 @@ async def test_a_startup_hook_no_settle_saw_is_waited_for_and_its_failure_raised
     async def connect(client: conveyor.Client) -> None:
         raise ConnectionError("the database is down")
 
+    bodies = []
     with pytest.raises(StartupHookFailed, match="connect raised ConnectionError") as raised:
-        async with TestWorker(broken):
-            pass
+        async with TestWorker(broken) as worker:
+            bodies.append(worker)  # the test's body ran; its exit raised
+    assert len(bodies) == 1
     assert isinstance(raised.value.__cause__, ConnectionError)
 
     seeding = conveyor.App("exit-hooks")
@@ -129,6 +131,8 @@ async def test_a_startup_hook_no_settle_saw_is_waited_for_and_its_failure_raised
     async def seed(client: conveyor.Client) -> None:
         await client.publish("orders", "o-0", {"items": 0})
 
+    bodies.clear()
     with pytest.raises(DeadLettersFound, match="orders/o-0 on_order"):
-        async with TestWorker(seeding):
-            pass
+        async with TestWorker(seeding) as worker:
+            bodies.append(worker)
+    assert len(bodies) == 1

@@ -88,9 +88,10 @@ def test_a_new_trace_is_kept_at_the_ratio_and_its_header_says_so() -> None:
 def test_a_publish_inside_a_span_follows_its_parent_not_the_ratio() -> None:
     telemetry, spans = ratio_telemetry(ratio=0.0)  # the ratio alone would keep nothing
     assert telemetry.tracer is not None
-    with telemetry.tracer.start_as_current_span("outer", context=None):
-        pass
-    assert list(spans.get_finished_spans()) == []  # a new root at ratio 0: dropped
+    with telemetry.tracer.start_as_current_span("outer", context=None) as outer:
+        recorded = outer.is_recording()
+    assert not recorded  # a new root at ratio 0: dropped
+    assert list(spans.get_finished_spans()) == []
     # A sampled parent (forced by a remote sampled context) keeps its child publish.
     parent = remote_parent({"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"})
     assert parent is not None

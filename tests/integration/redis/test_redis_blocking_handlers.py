@@ -9,19 +9,17 @@ tests/integration/any_broker/test_a_message_that_kills_its_worker.py.)
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from conveyor.backends import create_adapter
 from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync
-from tests.integration.poison import rows_of
+from tests.integration.poison import rows_of, stored_letters
 from tests.integration.redis.conftest import REPO, RedisServer, Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -110,13 +108,7 @@ def test_a_blocker_longer_than_the_lease_ends_as_a_dead_letter_after_max_deliver
             for i in range(n))
 
     def letters() -> list[DeadLetter]:
-        async def read() -> list[DeadLetter]:
-            adapter = create_adapter("redis", config)
-            try:
-                return list(await adapter.dead_letters.read("rec"))
-            finally:
-                await adapter.close()
-        return asyncio.run(read())
+        return stored_letters(config)
 
     records = [w.record for w in ws]
     wait_until_sync(lambda: {int(r[4]) for r in rows_of(records)} >= set(range(n)) - {blocker}

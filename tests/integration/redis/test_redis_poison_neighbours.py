@@ -21,7 +21,6 @@ process before their acknowledgement).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -30,12 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.backends import create_adapter
 from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from conveyor.platform.message import DeadLetter
 from tests.conftest import wait_until_sync
-from tests.integration.poison import rows_of
+from tests.integration.poison import rows_of, stored_letters
 from tests.integration.redis.conftest import REPO, RedisServer
 
 pytestmark = pytest.mark.slow
@@ -59,13 +57,7 @@ def test_a_message_that_ran_alone_is_acknowledged_before_the_poison_behind_it_ru
     config = load_config(shipped, environ=env)
 
     def letters() -> list[DeadLetter]:
-        async def read() -> list[DeadLetter]:
-            adapter = create_adapter(config.queues.adapter, config)
-            try:
-                return list(await adapter.dead_letters.read("rec"))
-            finally:
-                await adapter.close()
-        return asyncio.run(read())
+        return stored_letters(config)
 
     with SyncClient.from_config(config) as client:
         client.publish_batch(Publish("items", key, {"seq": seq}) for key, seq in BODIES)

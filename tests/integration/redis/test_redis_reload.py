@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,20 @@ def publish(config: Path, seqs: range) -> None:
     asyncio.run(run())
 
 
+def worker_reloading(handlers: Path, config: Path, err_path: Path
+                     ) -> tuple[subprocess.Popen[bytes], Callable[[], str]]:
+    """``conveyor worker HANDLERS:app --reload`` on ``config``, and what it has written to
+    stderr (``err_path``) so far."""
+    with err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "worker", f"{handlers}:app",
+             "--config", str(config), "--reload"],
+            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.DEVNULL, stderr=err,
+        )
+    return proc, err_path.read_text
+
+
 def test_an_edited_handler_file_restarts_the_worker_on_the_new_code_losing_nothing(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -57,15 +72,7 @@ def test_an_edited_handler_file_restarts_the_worker_on_the_new_code_losing_nothi
     out = tmp_path / "handled.txt"
     handlers.write_text(APP.format(version="v1", out=str(out)))
     config = write_config(tmp_path / "c.toml", redis_server.url, worker={"drain_timeout_s": 5.0})
-    err_path = tmp_path / "worker.err"
-    with err_path.open("wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "conveyor.cli", "worker", f"{handlers}:app",
-             "--config", str(config), "--reload"],
-            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.DEVNULL, stderr=err,
-        )
-    stderr = err_path.read_text
+    proc, stderr = worker_reloading(handlers, config, tmp_path / "worker.err")
     try:
         wait_until_sync(lambda: "ready" in stderr(), 30, "the first worker to be ready")
         publish(config, range(0, 100))
@@ -111,15 +118,7 @@ def test_an_edit_that_breaks_the_app_is_named_and_the_fix_handles_what_waited(
     good = APP.format(version="v1", out=str(out))
     handlers.write_text(good)
     config = write_config(tmp_path / "c.toml", redis_server.url, worker={"drain_timeout_s": 5.0})
-    err_path = tmp_path / "worker.err"
-    with err_path.open("wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "conveyor.cli", "worker", f"{handlers}:app",
-             "--config", str(config), "--reload"],
-            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.DEVNULL, stderr=err,
-        )
-    stderr = err_path.read_text
+    proc, stderr = worker_reloading(handlers, config, tmp_path / "worker.err")
     try:
         wait_until_sync(lambda: "ready" in stderr(), 30, "the first worker to be ready")
         publish(config, range(0, 100))
