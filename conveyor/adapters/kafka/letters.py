@@ -6,34 +6,49 @@ Letters are records of ``<topic>.conveyor-dlq`` (partition 0, every app's, see
 cannot delete one record, so what is done to letters is written down beside them, in
 ``<topic>.conveyor-dlq-ops`` (partition 0, key = app, value JSON, kept forever)::
 
-    {"op": "replaying", "ids": ["0:41"], "queue": 3, "from_offset": 1200}
+    {"op": "replaying", "ids": ["0:41"], "queue": 3, "from_offset": 1200, "run": "9f…",
+     "at_ms": 1764330000000, "by": "host|boot|pid:[…]/4242/81234", "over": "", "v": 2}
     {"op": "replayed",  "ids": ["0:41"]}
     {"op": "purged",    "ids": ["0:42", "0:43"]}
+    {"op": "stopped",   "ids": [], "run": "9f…"}
 
 A letter named by a ``replayed`` or ``purged`` record is removed: it is listed, counted
 and replayed no more (``kcat`` still shows it in the dead-letter topic).
 
 Replay, without transactions (tansu has none), a batch at a time: (1) ``replaying``
 claims the batch's letters, naming their queue and its end offset *before* the publish
-(one record per queue, with the replay's ``run`` id and ``at_ms``), and the ops topic is
-read back: a letter is the replay's only if the claim that holds it there is its own
-(the first, see :class:`_Ops`), so two replays at once publish each letter once; (2) the
-messages are published with ``cv-replay-of`` = their letter's id and the publish
-confirmed; (3) ``replayed`` names them all. A replay killed between (1) and (3) leaves
-``replaying`` records alone; running it again first looks for those letters' messages in
-their queues from ``from_offset`` on (by ``cv-replay-of``): found, it only writes (3) for
-them; not found, it publishes. So each letter is published once, killed at any point. A
-claim younger than :data:`CLAIM_TTL_S` is a running replay's: another replay waits for
-it to end; an older one is a stopped replay's, which it takes over by claiming the
-letters again. The window that remains: a publish request the broker had received but
-not yet appended when the re-run scanned the queue, a batch whose publish alone takes
-longer than :data:`CLAIM_TTL_S` minus :data:`CLAIM_PUBLISH_S` while another replay takes
-it over, operators' clocks that far apart, and an ops topic someone deleted by hand.
+(one record per queue, with the replay's ``run`` id, ``at_ms`` and ``by``, its process's
+name, :mod:`conveyor.platform.processes`), and the ops topic is read back: a letter is the
+replay's only if the claim that holds it there is its own (the first, see :class:`_Ops`),
+so two replays at once publish each letter once; (2) the messages are published with
+``cv-replay-of`` = their letter's id and the publish confirmed; (3) ``replayed`` names
+them all. A replay that fails between (1) and (3) says so (``stopped``); one killed
+leaves its ``replaying`` records alone. Running it again first looks for those letters'
+messages in their queues from ``from_offset`` on (by ``cv-replay-of``): found, it only
+writes (3) for them; not found, it publishes. So each letter is published once, killed
+at any point.
+
+Another replay waits for a claim's replay to end, and takes its letters over (a claim
+naming the run it takes ``over``; the first to name it wins) only once that replay has
+stopped: once it said so; on the same machine, once its process is gone (at once, however
+long it had run; never while it runs, however slow); from elsewhere, once the claim is
+older than :data:`CLAIM_TTL_S` (a replay reaches its publish at most
+:data:`CLAIM_PUBLISH_S` after its claim, or gives the batch up).
+
+The window that remains is between machines: a batch whose publish alone takes longer
+than :data:`CLAIM_TTL_S` minus :data:`CLAIM_PUBLISH_S` while a replay on another machine
+takes it over (the slow replay then warns that its letters may have been published
+twice), or operators' clocks that far apart; and anywhere, a publish request the broker
+had received but not yet appended when a re-run scanned the queue, or an ops topic
+someone deleted by hand. Claims written before ``by`` and ``over`` existed (no ``v``) go
+by age alone, as they did.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
 import sys
 import time
@@ -56,6 +71,9 @@ from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message, now_ms
 from conveyor.platform.operations.dlq import checkpoint
+from conveyor.platform.processes import Seen, seen, this_process
+
+log = logging.getLogger(__name__)
 
 ReadLetter = Callable[[Any, str], DeadLetter | None]
 """(record, app) -> the app's letter in that record, or None (the adapter's decoder)."""
@@ -68,10 +86,11 @@ _STALL_S = 10.0  # no record within this long below the high watermark: give up
 
 
 CLAIM_TTL_S = 15.0
-"""How long a ``replaying`` record keeps its letters to the replay that wrote it. Another
-replay waits that long for them (they are usually replayed within milliseconds) and only
-then takes them over, as those of a replay that was stopped; a replay that reaches its
-publish later than :data:`CLAIM_PUBLISH_S` after its claim gives the batch up instead."""
+"""How long a ``replaying`` record keeps its letters to the replay that wrote it, for a
+replay on another machine: that one waits so long for them (they are usually replayed
+within milliseconds) and only then takes them over, as those of a replay that was
+stopped; a replay that reaches its publish later than :data:`CLAIM_PUBLISH_S` after its
+claim gives the batch up instead. (On the writer's machine, its process is looked at.)"""
 CLAIM_PUBLISH_S = 5.0
 """A replay publishes a claimed batch only this soon after claiming it (see
 :data:`CLAIM_TTL_S`)."""
@@ -93,6 +112,13 @@ class LetterOp(msgspec.Struct, frozen=True, omit_defaults=True):
     """``replaying``: the replay that wrote it (a random id per replay call)."""
     at_ms: int = 0
     """``replaying``: when, by the writer's clock (0: before claims had times)."""
+    by: str = ""
+    """``replaying``: the writer's process (:func:`~conveyor.platform.processes.this_process`)."""
+    over: str = ""
+    """``replaying``: the run whose letters this claim takes over (it had stopped)."""
+    v: int = 1
+    """2: a claim displaces another only by naming it in ``over``; 1: by being
+    :data:`CLAIM_TTL_S` younger (claims written before ``over``)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +130,7 @@ class _Claim:
     from_offset: int
     run: str
     at_ms: int
+    by: str = ""
 
 
 _encode = msgspec.json.Encoder().encode
@@ -117,22 +144,56 @@ class _Ops:
     position: int = 0
     removed: set[str] = field(default_factory=set)
     replaying: dict[str, _Claim] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)
+    """Runs that wrote ``stopped``: they failed, and publish no more."""
     """Letters whose replay started and did not finish, by the claim that holds them: the
-    first in the topic, unless a later one came :data:`CLAIM_TTL_S` after it (a takeover
-    of a stopped replay's letters). Every replay reads the same topic in the same order,
-    so all agree on which claim holds a letter."""
+    first in the topic, unless a later one takes it over (:func:`_displaces`). Every
+    replay reads the same topic in the same order, so all agree on which claim holds a
+    letter."""
 
     def apply(self, op: LetterOp) -> None:
         if op.op == "replaying":
-            claim = _Claim(op.queue, op.from_offset, op.run, op.at_ms)
+            claim = _Claim(op.queue, op.from_offset, op.run, op.at_ms, op.by)
             for letter_id in op.ids:
                 held = self.replaying.get(letter_id)
-                if held is None or op.at_ms - held.at_ms >= CLAIM_TTL_S * 1000:
+                if held is None or _displaces(op, held):
                     self.replaying[letter_id] = claim
+        elif op.op == "stopped":
+            self.stopped.add(op.run)
         elif op.op in ("replayed", "purged"):
             self.removed.update(op.ids)
             for letter_id in op.ids:
                 self.replaying.pop(letter_id, None)
+
+
+def _displaces(op: LetterOp, held: _Claim) -> bool:
+    """Whether claim ``op`` takes a letter over from the claim that holds it: by naming
+    its run (written by a replay that found it stopped: the first to name it wins, since
+    the letter's claim is then another), or, a claim written before ``over`` existed, by
+    being :data:`CLAIM_TTL_S` younger."""
+    if op.v >= 2:
+        return op.over == held.run
+    return op.at_ms - held.at_ms >= CLAIM_TTL_S * 1000
+
+
+_RUNNING: set[str] = set()
+"""The runs of this process's replays between their claim and their end."""
+
+
+def _has_stopped(claim: _Claim, watched_s: float, ops: _Ops) -> bool:
+    """Whether the replay that wrote ``claim`` has stopped, as far as this process can
+    tell: it said so (``stopped``); it ran in this process, or on this machine in a
+    process that is gone; elsewhere, its claim is older than :data:`CLAIM_TTL_S` by the
+    writer's clock, or has been watched here for twice that (clocks apart)."""
+    if claim.run in ops.stopped:
+        return True
+    if claim.by and claim.by == this_process():
+        return claim.run not in _RUNNING
+    where = seen(claim.by)
+    if where is not Seen.ELSEWHERE:
+        return where is Seen.GONE
+    return (claim.at_ms <= now_ms() - CLAIM_TTL_S * 1000
+            or watched_s >= 2 * CLAIM_TTL_S)
 
 
 def parse_id(letter_id: str) -> tuple[int, int]:
@@ -368,7 +429,22 @@ class KafkaDeadLetters(DeadLetters):
         stopped = {r.letter_id: state.replaying[r.letter_id] for r in wanted
                    if r.letter_id in state.replaying}
         run, claimed_at = uuid.uuid4().hex, time.monotonic()
-        await self._claim(group, run, wanted, stopped)
+        _RUNNING.add(run)
+        try:
+            await self._claim(group, run, wanted, stopped)
+            tokens = await self._publish_claimed(group, run, claimed_at, wanted, stopped)
+        except BaseException:
+            with contextlib.suppress(Exception):  # else taken over once this process ends
+                await self._write(group, LetterOp("stopped", [], run=run))
+            raise
+        finally:
+            _RUNNING.discard(run)
+        return [tokens.get(r.letter_id) for r in replays]
+
+    async def _publish_claimed(self, group: str, run: str, claimed_at: float,
+                               wanted: Sequence[Replay], stopped: dict[str, _Claim]
+                               ) -> dict[str, SequenceToken]:
+        """Steps (2) and (3) for the letters of ``wanted`` whose claim is ``run``'s."""
         state = await self.ops(group)
         mine = [r for r in wanted if r.letter_id not in state.removed
                 and getattr(state.replaying.get(r.letter_id), "run", None) == run]
@@ -385,8 +461,7 @@ class KafkaDeadLetters(DeadLetters):
             raise BrokerConnectionError(
                 f"kafka: claiming {len(mine)} dead letter(s) took {late:.1f}s (over "
                 f"{CLAIM_PUBLISH_S:.0f}s): not published, so that no other replay can "
-                f"publish them too; run the replay again (it takes them over after "
-                f"{CLAIM_TTL_S:.0f}s)")
+                f"publish them too; run the replay again")
         published = await asyncio.gather(*(
             self._publish(queue, [r.message for r in batch])
             for queue, batch in by_queue.items()
@@ -394,33 +469,46 @@ class KafkaDeadLetters(DeadLetters):
         for batch, queue_tokens in zip(by_queue.values(), published, strict=True):
             tokens.update((r.letter_id, t) for r, t in zip(batch, queue_tokens, strict=True))
         checkpoint("published")
+        if by_queue and time.monotonic() - claimed_at > CLAIM_TTL_S:
+            await self._check_not_taken(
+                group, run, [r.letter_id for batch in by_queue.values() for r in batch],
+                claimed_at)
         if tokens:
             await self._write(group, LetterOp("replayed", sorted(tokens, key=parse_id)))
-        return [tokens.get(r.letter_id) for r in replays]
+        return tokens
 
     async def _settled(self, group: str, ids: set[str]) -> _Ops:
-        """``group``'s ops once no other replay's live claim holds any of ``ids``: each
-        is replayed, purged, or its claim is older than :data:`CLAIM_TTL_S` (a stopped
-        replay's, to take over). Gives up waiting after twice that (clocks apart)."""
+        """``group``'s ops once no other replay that still runs holds any of ``ids``:
+        each is replayed, purged, unclaimed, or its claim's replay has stopped
+        (:func:`_has_stopped`: to take over). While a replay on this machine holds them,
+        this waits for it to end, saying so once after :data:`CLAIM_TTL_S`."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2 * CLAIM_TTL_S
+        started = loop.time()
+        watched: dict[str, float] = {}
+        said = False
         while True:
             state = await self.ops(group)
-            oldest_live = now_ms() - CLAIM_TTL_S * 1000
-            if loop.time() > deadline or not any(
-                letter_id not in state.removed
-                and getattr(state.replaying.get(letter_id), "at_ms", 0) > oldest_live
-                for letter_id in ids
-            ):
+            now = loop.time()
+            holders = {state.replaying[i].run: state.replaying[i] for i in ids
+                       if i not in state.removed and i in state.replaying}
+            running = [claim for run, claim in holders.items()
+                       if not _has_stopped(claim, now - watched.setdefault(run, now), state)]
+            if not running:
                 return state
+            if not said and now - started > CLAIM_TTL_S:
+                said = True
+                pids = sorted({c.by.rsplit("/", 2)[-2] for c in running if c.by})
+                log.warning("kafka: dead letters of %s are held by another replay that is "
+                            "still running%s; waiting for it to end", group,
+                            f" (pid {', '.join(pids)} on this machine)" if pids else "")
             await asyncio.sleep(_CLAIM_POLL_S)
 
     async def _claim(self, group: str, run: str, wanted: Sequence[Replay],
                      stopped: dict[str, _Claim]) -> None:
         """One ``replaying`` record per queue (and per stopped replay taken over) for
         ``wanted``: from the queue's end, or a stopped replay's letters from where it
-        claimed them (a later takeover must scan from there)."""
-        claims: dict[tuple[int, int], list[str]] = {}
+        claimed them (a later takeover must scan from there), naming the run taken over."""
+        claims: dict[tuple[int, int, str], list[str]] = {}
         ends: dict[int, int] = {}
         for replay in wanted:
             held = stopped.get(replay.letter_id)
@@ -431,10 +519,26 @@ class KafkaDeadLetters(DeadLetters):
                     ends[replay.queue] = await self._high(
                         TopicPartition(self.cluster.topic, replay.queue))
                 start = ends[replay.queue]
-            claims.setdefault((replay.queue, start), []).append(replay.letter_id)
-        at_ms = now_ms()
-        for (queue, start), ids in claims.items():
-            await self._write(group, LetterOp("replaying", ids, queue, start, run, at_ms))
+            over = held.run if held is not None else ""
+            claims.setdefault((replay.queue, start, over), []).append(replay.letter_id)
+        at_ms, by = now_ms(), this_process()
+        for (queue, start, over), ids in claims.items():
+            await self._write(group, LetterOp("replaying", ids, queue, start, run, at_ms,
+                                              by, over, v=2))
+
+    async def _check_not_taken(self, group: str, run: str, ids: list[str],
+                               claimed_at: float) -> None:
+        """Warn when a replay elsewhere took over letters this one published after
+        :data:`CLAIM_TTL_S` (the window the module docstring names): both may have
+        published them."""
+        state = await self.ops(group)
+        taken = [i for i in ids if i in state.removed
+                 or getattr(state.replaying.get(i), "run", run) != run]
+        if taken:
+            log.warning("kafka: publishing %d replayed dead letter(s) of %s took %.0fs, "
+                        "and another replay took them over meanwhile: they may have been "
+                        "published twice (%s)", len(taken), group,
+                        time.monotonic() - claimed_at, ", ".join(sorted(taken, key=parse_id)[:5]))
 
     async def _stored_ids(self, group: str, ids: list[str], removed: set[str]) -> set[str]:
         """Which of ``ids`` are letters of ``group`` still stored (one read of their range)."""

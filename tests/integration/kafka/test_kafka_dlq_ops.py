@@ -1,9 +1,16 @@
 """The ops topic of Kafka's dead letters (conveyor/adapters/kafka/letters.py): a replay
-that reaches its publish too late after its claim publishes nothing, and the next replay
-takes the stopped claim over once it lapses — each letter published once, none lost; an
-operation on many letters is written in records the broker takes."""
+that reaches its publish too late after its claim publishes nothing and says it stopped,
+and the next replay takes its claim over at once; a claim whose process still runs on
+this machine is waited for however old it is, and taken over once that process ends —
+each letter published once, none lost; an operation on many letters is written in
+records the broker takes."""
 
 from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
 
 import msgspec
 import pytest
@@ -17,6 +24,7 @@ from conveyor.platform.ids import StreamId
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message, now_ms
 from conveyor.platform.operations import dlq
+from conveyor.platform.processes import name_of
 from tests.integration.kafka.conftest import Tansu
 
 pytestmark = pytest.mark.kafka
@@ -68,16 +76,55 @@ async def test_a_late_claim_publishes_nothing_and_the_next_replay_takes_it_over(
         assert await first.dead_letters.count(APP) == 5
         assert await queued(first) == []
         monkeypatch.undo()
-        # The stopped claim lapses after CLAIM_TTL_S (shortened here): taken over then.
-        monkeypatch.setattr(kafka_letters, "CLAIM_TTL_S", 1.0)
+        # The first said it stopped: taken over at once, not after CLAIM_TTL_S (15 s).
+        began = time.monotonic()
         report = await dlq.replay(second, mapper, APP,
                                   await second.dead_letters.page(APP, 10))
+        assert time.monotonic() - began < kafka_letters.CLAIM_TTL_S / 2
         assert sorted(i for i, _ in report.replayed) == sorted(s.id for s in stored)
         assert await second.dead_letters.count(APP) == 0
         assert sorted(await queued(second)) == sorted(s.id for s in stored)  # once each
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_claim_of_a_process_still_running_here_is_waited_for_however_old(
+    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The two-operators test once published 50 letters twice: a replay held them past
+    CLAIM_TTL_S on a loaded machine and two others took them over by age. On one machine
+    the claim's process is looked at instead: a claim older than the TTL (shortened here
+    to 0.5 s, so both the age and the clocks-apart fallback have long passed) is not
+    taken over while its process runs; once that process ends, it is, at once."""
+    monkeypatch.setattr(kafka_letters, "CLAIM_TTL_S", 0.5)
+    mapper = HashRingQueueMapper(QUEUES)
+    adapter = adapter_on(tansu, topic)
+    holder = subprocess.Popen(  # noqa: ASYNC220 - started once, before the loop's work
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        await adapter.ensure_topic()
+        await adapter.dead_letters.put(APP, letters(4))
+        stored = await adapter.dead_letters.page(APP, 10)
+        dead_letters = adapter.dead_letters
+        assert isinstance(dead_letters, kafka_letters.KafkaDeadLetters)
+        await dead_letters._write(APP, kafka_letters.LetterOp(  # a claim, as a replay writes it
+            "replaying", [s.id for s in stored], 0, 0, "holder", now_ms() - 60_000,
+            name_of(holder.pid), v=2))
+        replay = asyncio.create_task(dlq.replay(adapter, mapper, APP, stored))
+        done, _ = await asyncio.wait({replay}, timeout=3.0)  # 6x the TTL, 3x the fallback
+        assert not done
+        assert await queued(adapter) == []
+        holder.communicate(b"")
+        report = await asyncio.wait_for(replay, 10.0)
+        assert sorted(i for i, _ in report.replayed) == sorted(s.id for s in stored)
+        assert sorted(await queued(adapter)) == sorted(s.id for s in stored)  # once each
+        assert await adapter.dead_letters.count(APP) == 0
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            holder.wait()
+        await adapter.close()
 
 
 async def test_a_purge_of_more_letters_than_a_record_holds_is_written_in_several(
