@@ -45,6 +45,9 @@ class Acknowledger:
         self.to_ack: list[SequenceToken] = []
         """Done and not acknowledged yet, in queue order."""
         self.acked = 0
+        self.refused = 0
+        """Acknowledgements the store refused (the lease moved) and those dropped with
+        them: the next owner runs those messages again."""
         self.fenced = False
         """The store refused an acknowledgement (a newer owner has the queue), or the agent
         was aborted: nothing more is acknowledged."""
@@ -173,6 +176,7 @@ class Acknowledger:
                 log.warning("queue %d: ack refused (%s); dropping %d ack(s)",
                             self.queue, exc, len(batch))
                 self.fenced = True
+                self.refused += len(batch) + len(self.to_ack)
                 self._forget(len(batch))
                 return
             except Exception as exc:

@@ -205,6 +205,12 @@ class PullingAgent:
     def acked(self) -> int:
         return self._acks.acked
 
+    @property
+    def refused(self) -> int:
+        """Acknowledgements the store refused once the lease had moved (and those
+        dropped with them): not held any more, and not acknowledged."""
+        return self._acks.refused
+
     def _draining(self) -> bool:
         return self._stopping
 

@@ -42,8 +42,9 @@ class DrainReport:
     released: int = 0
     """Pulled, never started, handed back unacknowledged (the next owner runs them)."""
     lost: int = 0
-    """Held unacknowledged when a queue's lease (or Kafka group assignment) was lost:
-    the next owner gets them again; those a handler had started may run twice."""
+    """Held unacknowledged when a queue's lease (or Kafka group assignment) was lost, or
+    acknowledged after it moved and refused by the fence: the next owner gets them again;
+    those a handler had started may run twice."""
 
     def __str__(self) -> str:
         return (
@@ -98,7 +99,8 @@ class QueueOwner:
         """Messages pulled but never started, handed back unacknowledged by a drain (or a
         second stop signal)."""
         self.lost = 0
-        """Messages held unacknowledged when their queue's lease was lost."""
+        """Messages held unacknowledged when their queue's lease was lost, or whose
+        acknowledgement the fence refused."""
         self._deadline: float | None = None
 
     # -- what the balancer says ----------------------------------------------------------
@@ -195,6 +197,8 @@ class QueueOwner:
     def _forget(self, agent: PullingAgent) -> None:
         self._pulled_gone += agent.pulled
         self._acked_gone += agent.acked
+        # Refused by the fence, so no longer held: counted nowhere else.
+        self.lost += agent.refused
         self._max_cache_fill_gone = max(self._max_cache_fill_gone, agent.max_cache_fill)
 
     # -- counts ------------------------------------------------------------------------

@@ -15,19 +15,23 @@ import asyncio
 import signal
 from typing import Any
 
+from redis.asyncio import Redis
+
 from conveyor import App, Client, Publish, WorkerDaemon, load_config
+from conveyor.adapters.redis.keys import Keys
 from tests.conftest import wait_until
 from tests.integration.redis.conftest import REPO, RedisServer
 
 N = 10
 
 
-async def test_a_second_stop_signal_counts_the_acknowledgements_it_drops_as_abandoned(
-    redis_server: RedisServer,
-) -> None:
+async def gated_daemon(redis_server: RedisServer, name: str
+                       ) -> tuple[WorkerDaemon, asyncio.Event, list[int]]:
+    """A started daemon of app ``name`` on one queue (the shipped redis.toml) whose N
+    messages' handlers wait for the gate, and the list of those started."""
     config = load_config(REPO / "configs" / "redis.toml", environ={
         "CONVEYOR_REDIS__URL": redis_server.url, "CONVEYOR_QUEUES__TOTAL": "1"})
-    app = App("abort-counts")
+    app = App(name)
     gate = asyncio.Event()
     started: list[int] = []
 
@@ -40,6 +44,13 @@ async def test_a_second_stop_signal_counts_the_acknowledgements_it_drops_as_aban
         await client.publish_batch(Publish("items", f"k{n}", {"n": n}) for n in range(N))
     daemon = WorkerDaemon(app, config)
     await daemon.start()
+    return daemon, gate, started
+
+
+async def test_a_second_stop_signal_counts_the_acknowledgements_it_drops_as_abandoned(
+    redis_server: RedisServer,
+) -> None:
+    daemon, gate, started = await gated_daemon(redis_server, "abort-counts")
     server = redis_server.process.proc
     assert server is not None
     paused = False
@@ -61,3 +72,33 @@ async def test_a_second_stop_signal_counts_the_acknowledgements_it_drops_as_aban
     assert (report.pulled, report.handled, report.released, report.lost) == (N, N, 0, 0), report
     assert report.acked + report.abandoned == N, f"the drain line does not add up: {report}"
     assert report.abandoned == N, report
+
+
+async def test_acknowledgements_refused_after_the_lease_moved_are_counted_as_lost(
+    redis_server: RedisServer,
+) -> None:
+    """The fault walk's other leak: a queue whose lease moved (a stalled daemon, a newer
+    owner) has its acknowledgements refused by the fence; they were dropped uncounted,
+    and the drain line came out short by them. They are the messages the next owner runs
+    again, as those held when a lease is lost: counted in ``lost``. Here the lease key is
+    given to another owner while ten handlers wait, then the handlers finish."""
+    daemon, gate, started = await gated_daemon(redis_server, "refused-acks")
+    config = daemon.config
+    try:
+        await wait_until(lambda: len(started) == N, 20, what="every message started")
+        agent = daemon.agents[0]
+        redis = Redis.from_url(redis_server.url)
+        try:
+            lease = Keys(config.redis.prefix).lease("refused-acks", 0)
+            assert await redis.exists(lease) == 1
+            await redis.set(lease, "another-owner:999", keepttl=True)
+        finally:
+            await redis.aclose()
+        gate.set()
+        await wait_until(lambda: agent._acks.fenced, 10, what="the acknowledgements refused")
+    finally:
+        report = await daemon.stop()
+    assert (report.pulled, report.handled, report.acked) == (N, N, 0), report
+    assert report.acked + report.released + report.abandoned + report.lost == N, (
+        f"the drain line does not add up: {report}")
+    assert report.lost == N, report
