@@ -497,7 +497,8 @@ class KafkaDeadLetters(DeadLetters):
                 return state
             if not said and now - started > CLAIM_TTL_S:
                 said = True
-                pids = sorted({c.by.rsplit("/", 2)[-2] for c in running if c.by})
+                pids = sorted({c.by.rsplit("/", 2)[-2] for c in running
+                               if seen(c.by) is Seen.RUNNING})
                 log.warning("kafka: dead letters of %s are held by another replay that is "
                             "still running%s; waiting for it to end", group,
                             f" (pid {', '.join(pids)} on this machine)" if pids else "")

@@ -90,7 +90,7 @@ async def test_a_late_claim_publishes_nothing_and_the_next_replay_takes_it_over(
 
 
 async def test_a_claim_of_a_process_still_running_here_is_waited_for_however_old(
-    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch,
+    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The two-operators test once published 50 letters twice: a replay held them past
     CLAIM_TTL_S on a loaded machine and two others took them over by age. On one machine
@@ -115,6 +115,10 @@ async def test_a_claim_of_a_process_still_running_here_is_waited_for_however_old
         done, _ = await asyncio.wait({replay}, timeout=3.0)  # 6x the TTL, 3x the fallback
         assert not done
         assert await queued(adapter) == []
+        waiting = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+        assert waiting == [f"kafka: dead letters of {APP} are held by another replay that is "
+                           f"still running (pid {holder.pid} on this machine); waiting for "
+                           "it to end"], waiting  # once, however long it waits
         holder.communicate(b"")
         report = await asyncio.wait_for(replay, 10.0)
         assert sorted(i for i, _ in report.replayed) == sorted(s.id for s in stored)
