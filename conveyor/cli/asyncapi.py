@@ -14,6 +14,14 @@ from conveyor.cli.common import FilePath, load_config_or_exit
 from conveyor.platform.errors import ConveyorError
 
 
+def _api_version(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--api-version: an empty or blank one wrote a document whose ``info.version`` says
+    nothing (the AsyncAPI schema takes any string)."""
+    if not value.strip():
+        raise click.BadParameter("an empty or blank version names none (e.g. 1.0.0)")
+    return value
+
+
 @click.command("asyncapi")
 @click.argument("app_path")
 @click.option("--config", "config_path",
@@ -24,8 +32,9 @@ from conveyor.platform.errors import ConveyorError
               default=None, help="Write to this file instead of standard output.")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Default: json for an -o file ending in .json, else yaml.")
-@click.option("--api-version", default="1.0.0", show_default=True,
-              help="info.version of the document: the version of your app's API.")
+@click.option("--api-version", default="1.0.0", show_default=True, callback=_api_version,
+              help="info.version of the document: the version of your app's API "
+                   "(not empty).")
 def asyncapi(app_path: str, config_path: Path | None, output: Path | None, fmt: str | None,
              api_version: str) -> None:
     """Write an AsyncAPI 3.0 document of an app.

@@ -45,8 +45,21 @@ def _quantity(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _output(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--output: a directory (made if missing, its manifests written over) or ``-``.
+
+    A file where the directory (or one of its parents) would go was reported as the
+    ``mkdir``'s "File exists", after the rendering; it is refused first, saying what the
+    option takes (a single file is ``-o -`` redirected)."""
     if not value:  # Path('') is the current directory: manifests written there
         raise click.BadParameter("an empty path names no directory ('-': standard output)")
+    if value != "-":
+        path = Path(value)
+        found = next((p for p in (path, *path.parents) if p.exists()), None)
+        if found is not None and not found.is_dir():
+            raise click.BadParameter(
+                f"{str(found)!r} is a file, not a directory: --output takes a directory "
+                "(made if missing) for one file per object, or '-' for one YAML stream on "
+                "stdout (one file of them all: '-o - > FILE')")
     return value
 
 
@@ -106,7 +119,8 @@ def deploy() -> None:
               help="Memory request and limit per pod.")
 @click.option("--output", "-o", default="-", show_default=True, metavar="DIR|-", callback=_output,
               help="'-': one YAML stream on stdout; DIR: one file per object, in apply "
-                   "order (kubectl apply -f DIR).")
+                   "order (kubectl apply -f DIR), made if missing, its files of the same "
+                   "names written over; an existing file is refused.")
 def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: int,
                max_replicas: int | None, namespace: str | None, http_port: int, cpu: str,
                memory: str, output: str) -> None:

@@ -72,8 +72,9 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
     messages never handled: it is a usage error (exit 2) unless --allow-forward is
     given, as is a time in the future or a Redis token past the stream's end (every
     message published until then would be skipped); with --allow-forward, what was
-    skipped is printed. A Kafka token past the partition's end is refused either way
-    (exit 2): Kafka keeps no position there. So is an app with no consumer group on the
+    skipped is printed. A Kafka token past the partition's end, or a time in the future
+    on Kafka, is refused either way (exit 2): Kafka keeps no position there (give the
+    current time to skip what the partitions hold). So is an app with no consumer group on the
     queues (a typo, or an app that never ran), unless --create-group is given. A
     queue that a worker of the app still owns (the adapter sees it, or its lease is
     held) is refused (exit 1). The embedded (memory) adapter is refused (exit 2): its
@@ -96,14 +97,6 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
 
     config = load_config_or_exit(config_path)
     to = _parse_rewind_target(target)
-    if isinstance(to, float) and to > time.time() and not allow_forward:
-        # Refused on every adapter, before the broker is asked: on a queue the app had
-        # finished no message published so far lies in between, and Redis would set the
-        # position ahead of every message still to come (the Redis adapter says so too,
-        # skips_unpublished, by its server's clock).
-        raise click.BadParameter(
-            f"{target} is in the future: the app would skip every message published "
-            "until then; pass --allow-forward to skip them on purpose", param_hint="--to")
     refuse_embedded(config, "rewind", "its positions exist only there and vanish with it")
     total = config.queues.total
     bad = sorted({q for q in queues if not 0 <= q < total})
@@ -131,6 +124,17 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
             try:
                 if isinstance(to, SequenceToken):  # before the broker is asked anything
                     adapter.check_token(to)
+                else:
+                    adapter.check_time(to)  # Kafka: no time in the future, ever
+                    if to > time.time() and not allow_forward:
+                        # On a queue the app had finished no message published so far
+                        # lies in between, and Redis would set the position ahead of
+                        # every message still to come (the Redis adapter says so too,
+                        # skips_unpublished, by its server's clock).
+                        raise click.BadParameter(
+                            f"{target} is in the future: the app would skip every message "
+                            "published until then; pass --allow-forward to skip them on "
+                            "purpose", param_hint="--to")
                 held = await lease_owners(config, group)
                 return await adapter.rewind_queues(
                     chosen, group, to, allow_forward=allow_forward, create_group=create_group,

@@ -300,6 +300,12 @@ class QueueAdapter(ABC):
                     f"range 0..{top}"
                 )
 
+    def check_time(self, when: float) -> None:  # noqa: B027 - optional hook
+        """Refuse a rewind's time (UNIX seconds) this backend can keep no position at with
+        a :class:`TokenRangeError`, before the broker is asked, with ``allow_forward`` or
+        without. None here: a time past a queue's end is only forward (Redis keeps the
+        position at the time; :meth:`skips_unpublished`)."""
+
     @abstractmethod
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         """Append messages to a queue, in order; returns their positions."""
@@ -372,7 +378,8 @@ class QueueAdapter(ABC):
 
         Refused before any queue moves:
 
-        * a token out of this backend's range (:meth:`check_token`);
+        * a token out of this backend's range (:meth:`check_token`), a time it keeps no
+          position at (:meth:`check_time`);
         * a token of another queue than one of ``queues`` (:class:`BrokerError`);
         * a queue still owned by a receiver of ``group`` — one :meth:`owners` sees, or one
           in ``lease_owners`` (queue: holder, e.g. the daemons' lease store, which
@@ -389,7 +396,9 @@ class QueueAdapter(ABC):
         Then the queues move one at a time (:meth:`rewind`); if one fails, the error
         names those already moved (re-running the same rewind finishes the job).
         """
-        if isinstance(to, SequenceToken):
+        if not isinstance(to, SequenceToken):
+            self.check_time(to)
+        else:
             self.check_token(to)
             for queue in queues:
                 if to.queue != queue:

@@ -121,6 +121,35 @@ async def test_a_token_past_the_queue_end_loses_none_of_the_messages_published_l
     assert numbers(got) == [3, 4, 5, 6, 7]
 
 
+async def test_a_time_in_the_future_loses_none_of_the_messages_published_later(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    """As a token past the end: a finished app's position would pass every message
+    published until then. Redis keeps a position at the time, so it is refused as
+    forward; Kafka keeps none past a partition's end and would resolve the time to the
+    end as it is now, delivering the messages the time says to skip, so it is refused
+    even with ``allow_forward`` (it took it, the same as the current time); the memory
+    broker moves the position to the end."""
+    await adapter.enqueue(0, numbered(range(3)))
+    done = await open_receiver(0, "app")
+    await take_and_ack(done, 3)
+    await done.shutdown()
+    later = time.time() + 3600
+    if adapter.name == "memory":
+        assert await adapter.rewind_queues([0], "app", later) == []
+    elif adapter.name == "redis":
+        with pytest.raises(ForwardRewindError, match="every message published until "):
+            await adapter.rewind_queues([0], "app", later)
+    else:
+        for allow_forward in (False, True):
+            with pytest.raises(TokenRangeError, match="a time in the future: Kafka keeps no "
+                               "position past a partition's end"):
+                await adapter.rewind_queues([0], "app", later, allow_forward=allow_forward)
+    await adapter.enqueue(0, numbered(range(3, 8)))
+    got = await take_rest(await open_receiver(0, "app"), 5)
+    assert numbers(got) == [3, 4, 5, 6, 7]
+
+
 async def test_a_token_of_another_queue_is_refused(
     adapter: QueueAdapter, open_receiver: Open
 ) -> None:

@@ -43,6 +43,27 @@ def test_output_dir_gets_one_file_per_object_in_apply_order(tmp_path: Path) -> N
     assert len(scaled["spec"]["triggers"]) == 2 * 8  # configs/redis.toml: 8 queues
 
 
+@pytest.mark.parametrize("under", ["", "sub"], ids=["the-file", "under-the-file"])
+def test_an_output_that_is_a_file_is_a_usage_error_saying_what_it_takes(
+        tmp_path: Path, under: str) -> None:
+    """It said only "--output: cannot write to PATH: File exists" (mkdir's error, after
+    the rendering), though the file was left alone: what was wrong, and what to give
+    instead, unsaid."""
+    file = tmp_path / "manifests.yaml"
+    file.write_text("kept\n")
+    result = conveyor("deploy", "kubernetes", "--app", "tests.apps.recorder:app",
+                      "--config", "configs/redis.toml", "--output", str(file / under))
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    [error] = result.stderr.splitlines()  # refused before the rendering's warning
+    assert error == (
+        f"conveyor: error: Invalid value for '--output' / '-o': '{file}' is a file, not a "
+        "directory: --output takes a directory (made if missing) for one file per object, "
+        "or '-' for one YAML stream on stdout (one file of them all: '-o - > FILE') (see "
+        "'conveyor deploy kubernetes --help')"), error
+    assert file.read_text() == "kept\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

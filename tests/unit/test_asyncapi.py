@@ -209,6 +209,20 @@ def test_the_command_writes_json_or_yaml_and_refuses_a_bad_app_path(tmp_path: Pa
     assert "APP_PATH" in done.stderr
 
 
+@pytest.mark.parametrize("version", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_api_version_is_a_usage_error(tmp_path: Path, version: str) -> None:
+    """It was taken: a document with ``info.version: ''``, exit 0."""
+    out = tmp_path / "asyncapi.yaml"
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli", "asyncapi",
+                           "tests.apps.asyncapi_app:app", "--api-version", version, "-o",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "conveyor: error: Invalid value for '--api-version': an empty or blank version "
+        "names none (e.g. 1.0.0) (see 'conveyor asyncapi --help')"]
+    assert not out.exists()
+
+
 def test_the_docs_example_runs_as_printed(tmp_path: Path) -> None:
     text = (ROOT / "docs" / "asyncapi.md").read_text()
     app_source = text.split("<!-- runnable: shop.py -->\n```python\n", 1)[1].split("```", 1)[0]

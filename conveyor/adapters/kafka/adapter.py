@@ -370,6 +370,9 @@ class KafkaAdapter(QueueAdapter):
     async def rewind(self, queue: int, group: str, to: SequenceToken | float) -> None:
         await kafka_rewind.rewind(self.cluster, self.handoffs, queue, group, to)
 
+    def check_time(self, when: float) -> None:
+        kafka_rewind.check_time(when)
+
     async def forward_gap(self, queue: int, group: str, to: SequenceToken | float) -> int:
         return await kafka_rewind.forward_gap(self.cluster, queue, group, to)
 

@@ -7,13 +7,14 @@ hand-off record that forgets the done offsets recorded above the old watermark.
 
 The checks (a token of another queue, a queue still owned, a forward move) are the
 port's :meth:`~conveyor.platform.adapter.QueueAdapter.rewind_queues`; this module
-supplies the facts: :func:`forward_gap` and :func:`owners`.
+supplies the facts: :func:`check_time`, :func:`forward_gap` and :func:`owners`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +47,19 @@ async def rewind(cluster: KafkaCluster, handoffs: HandoffLog, queue: int, group:
             offset = await _target(cluster, consumer, queue, to)
         await _commit_position(cluster, handoffs, group, queue, offset)
     log.info("moved %s on queue %d to offset %d", group, queue, offset)
+
+
+def check_time(when: float) -> None:
+    """Refuse a time in the future (by this machine's clock), with ``allow_forward`` or
+    without: Kafka keeps no position past a partition's end, so the time would resolve
+    to the end as it is now, and the messages published until the time came would be
+    delivered, not skipped as the time says (Redis sets the group at the time itself,
+    and skips them)."""
+    if when > time.time():
+        raise TokenRangeError(
+            "a time in the future: Kafka keeps no position past a partition's end, so the "
+            "messages published until then would be delivered, not skipped; to skip what "
+            "the queues hold now, give the current time (with --allow-forward)")
 
 
 async def forward_gap(cluster: KafkaCluster, queue: int, group: str,

@@ -32,7 +32,11 @@ from redis.asyncio.sentinel import (
 )
 from redis.backoff import NoBackoff
 
-from conveyor.adapters.redis.errors import CLUSTER_ERRORS, ClusterUnreachableError
+from conveyor.adapters.redis.errors import (
+    CLUSTER_ERRORS,
+    ClusterUnreachableError,
+    NotAClusterError,
+)
 from conveyor.adapters.redis.urls import check_url, redact_url, sentinel_addresses
 from conveyor.platform.config import RedisConfig
 from conveyor.platform.deadlines import StallTolerantTimeout
@@ -198,7 +202,7 @@ class ClusterClient(RedisCluster):
         ended every command in a traceback and a daemon at once. Here it is a
         :class:`ClusterUnreachableError`, a ``ConnectionError`` (retried, reported as any
         unreachable server), or the credentials' refusal that made it; a server not in
-        cluster mode is named (a ``BrokerError`` in one line). Every path to a
+        cluster mode is named (a :class:`NotAClusterError`: the config's mistake). Every path to a
         command reads the slots here first (``exists`` of one key too, which redis-py
         splits by slot).
         """
@@ -213,8 +217,7 @@ class ClusterClient(RedisCluster):
                 raise ClusterUnreachableError(
                     f"no node of the cluster answered (tried {nodes}): {cause}") from exc
             if isinstance(cause, rex.RedisClusterException):  # a server not in cluster mode
-                raise rex.RedisClusterException(
-                    f"{nodes}: {cause} (with [redis] mode = \"cluster\")") from exc
+                raise NotAClusterError(f"{nodes}: {cause}") from exc
             raise
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:

@@ -17,7 +17,12 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from conveyor.adapters.redis.urls import server_name
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import RedisConfig
-from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    ConfigError,
+    ConveyorError,
+)
 from conveyor.platform.outage import OutageLog
 
 log = logging.getLogger("conveyor.redis")
@@ -37,6 +42,11 @@ class ClusterUnreachableError(rex.ConnectionError, BrokerConnectionError):
     ``ConnectionError`` takes its place (``ClusterClient.initialize``), so it is retried
     and reported as any unreachable server is (and is a Conveyor error, as every error
     Conveyor raises, should one reach a caller unmapped)."""
+
+
+class NotAClusterError(rex.RedisClusterException, ConveyorError):
+    """``mode = "cluster"`` and a server not in cluster mode: the config's mistake (it
+    names no cluster), reported by :func:`map_errors` as one on ``$.redis.mode``."""
 
 
 REPORT_EVERY_S = 5.0
@@ -70,7 +80,13 @@ def map_errors(what: str) -> Iterator[None]:
     """Translate redis-py's exceptions into Conveyor's error tree."""
     try:
         yield
-    except (rex.AuthenticationError, rex.AuthorizationError) as exc:
+    except rex.AuthenticationError as exc:  # the config's mistake too: no retry helps
+        said = str(exc).rstrip(".")
+        raise ConfigError(
+            f"$.redis.url: the server refused the credentials ({said}, while {what}): give "
+            "the user and password in the URL (redis://USER:PASSWORD@HOST/DB) or in the "
+            "variables named by [redis] username_env / password_env") from None
+    except rex.AuthorizationError as exc:  # TLS: the server's certificate failed OCSP
         raise BrokerError(f"redis refused the credentials while {what}: {exc}") from None
     except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
         raise BrokerConnectionError(f"redis unreachable while {what}: {exc}") from exc
@@ -90,7 +106,11 @@ def map_errors(what: str) -> Iterator[None]:
                 f"{what}): a Redis server has `databases` of them, 16 by default, "
                 "numbered from 0") from None
         raise BrokerError(f"redis error while {what}: {exc}") from exc
-    except rex.RedisClusterException as exc:  # no RedisError: a cluster that is none, a misuse
+    except NotAClusterError as exc:
+        raise ConfigError(f'$.redis.mode: "cluster", but {exc} (while {what}): point '
+                          '$.redis.url at a node of a cluster, or set mode = "standalone"'
+                          ) from None
+    except rex.RedisClusterException as exc:  # no RedisError: a misuse
         raise BrokerError(f"redis cluster error while {what}: {exc}") from exc
 
 

@@ -773,18 +773,30 @@ def test_passwords_are_redacted_and_read_from_the_environment(
     assert "from-env" not in repr(client)
 
 
-def test_a_wrong_password_is_reported_without_printing_it(
-    redis_server: RedisServer, tmp_path: Path,
+@pytest.mark.parametrize("command", [["publish", "items", "k", "{}"], ["status"],
+                                     ["worker", "tests.apps.recorder:app"]],
+                         ids=lambda c: c[0])
+@pytest.mark.parametrize("userinfo", ["default:hunter2@", ":hunter2@", ""],
+                         ids=["wrong-user-password", "wrong-password", "no-password"])
+def test_refused_credentials_are_a_config_error_without_the_password(
+    redis_server: RedisServer, tmp_path: Path, command: list[str], userinfo: str,
 ) -> None:
+    """A wrong password (WRONGPASS) or none (NOAUTH) exited 1, as a broker's failure
+    does; the URL is the config's mistake, named in one line (exit 2)."""
     redis_server.client().config_set("requirepass", "the-right-one")
-    url = f"redis://default:hunter2@127.0.0.1:{redis_server.port}/0"
+    url = f"redis://{userinfo}127.0.0.1:{redis_server.port}/0"
     cfg = write_config(tmp_path / "c.toml", url, redis={"url": url, "retry_max_s": 0.5})
     proc = subprocess.run(
-        [sys.executable, "-m", "conveyor.cli", "publish", "items", "k", "{}", "--config",
-         str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "conveyor.cli", *command, "--config", str(cfg)],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
     )
-    assert proc.returncode != 0
-    assert "credentials" in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    [error] = proc.stderr.splitlines()
+    assert error.startswith("conveyor: error: config: $.redis.url: the server refused the "
+                            "credentials ("), error
+    assert error.endswith("give the user and password in the URL "
+                          "(redis://USER:PASSWORD@HOST/DB) or in the variables named by "
+                          "[redis] username_env / password_env"), error
     assert "hunter2" not in proc.stdout + proc.stderr
 
 

@@ -75,16 +75,19 @@ def test_a_worker_waits_out_an_unreachable_cluster(tmp_path: Path,
     assert "Traceback" not in w.stderr, w.stderr
 
 
-def test_a_cluster_config_on_a_server_not_in_cluster_mode_is_one_line(
+def test_a_cluster_config_on_a_server_not_in_cluster_mode_is_a_config_error(
         redis_server: RedisServer, tmp_path: Path) -> None:
-    """Not an outage (no retry): the server named, in one line."""
+    """Not an outage (no retry): the server named, in one line. It exited 1, as the
+    broker's failure; but the server is fine and the config names no cluster, so it is a
+    bad setting, named as one (exit 2) as a database the server lacks is."""
     result = conveyor("status", "--config",
                       str(cluster_config(tmp_path, redis_server.port)))
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     [error] = result.stderr.splitlines()
-    assert error == (f"conveyor: error: redis cluster error while reading the groups of "
-                     f"queue 0: 127.0.0.1:{redis_server.port}: Cluster mode is not enabled "
-                     f'on this node (with [redis] mode = "cluster")'), error
+    assert error == (f'conveyor: error: config: $.redis.mode: "cluster", but '
+                     f"127.0.0.1:{redis_server.port}: Cluster mode is not enabled on this "
+                     f"node (while reading the groups of queue 0): point $.redis.url at a "
+                     f'node of a cluster, or set mode = "standalone"'), error
 
 
 @pytest.mark.parametrize("command", [*COMMANDS, ["worker", "tests.apps.recorder:app"]],
