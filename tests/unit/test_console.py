@@ -6,6 +6,7 @@ no password in anything served."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
@@ -190,6 +191,11 @@ def test_write_actions_need_the_token_json_and_the_same_origin(api: TestClient,
     form = api.post("/api/letters/purge", data={"app": APP, "all": "true", "confirm": "true"},
                     headers={TOKEN_HEADER: TOKEN})
     assert form.status_code == 415
+    # A media type is case-insensitive: JSON spelt otherwise is read, not refused (415).
+    spelt = api.post("/api/letters/purge", content=json.dumps(
+        {"app": APP, "ids": ["99999999999999-0"], "confirm": True}),
+        headers={TOKEN_HEADER: TOKEN, "Content-Type": "Application/JSON; charset=UTF-8"})
+    assert spelt.status_code == 404 and "nothing was done" in spelt.json()["error"], spelt.text
     cross = api.post("/api/letters/purge", json={"app": APP, "all": True, "confirm": True},
                      headers={TOKEN_HEADER: TOKEN, "Origin": "https://evil.example"})
     assert cross.status_code == 403
