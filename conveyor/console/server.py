@@ -234,7 +234,9 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
 
     async def delete_group(request: Request) -> Response:
         body = await _write_body(request, settings)
-        app = actions.check_text("app", body.get("app"), required=True) or ""
+        # Named, never the --app default; and within --app, as every other action: a
+        # console shown one app deleted another's group.
+        app = _app_param(actions.check_text("app", body.get("app"), required=True), settings)
         if body.get("confirm") is not True:
             raise RequestError(400, "deleting a group is for good: send \"confirm\": true")
         async with broker_calls:

@@ -81,10 +81,11 @@ def page(browser: Any) -> Iterator[Any]:
 class Console:
     """A ``conveyor console`` subprocess on a free port."""
 
-    def __init__(self, config: Path, *, write: bool) -> None:
+    def __init__(self, config: Path, *, write: bool, app: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = ["--port", str(self.port), "--interval", "0.5", *(["--write"] if write else [])]
+        args = ["--port", str(self.port), "--interval", "0.5", *(["--write"] if write else []),
+                *(["--app", app] if app else [])]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli", "console", "--config", str(config), *args],
             cwd=ROOT, env={**os.environ, "CONVEYOR_CONSOLE_TOKEN": TOKEN,
@@ -316,6 +317,29 @@ def test_a_read_only_console_has_no_write_actions_and_refuses_them(
     finally:
         printed = running.stop()
     assert "read-only" in printed and TOKEN not in printed
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+def test_a_console_shown_one_app_offers_to_delete_that_app_s_group_only(
+    config_path: Path, page: Any, tmp_path: Path,
+) -> None:
+    """Every group had a Delete button, and a console started with --app deleted
+    another app's group; the server now refuses it, and the page offers no such button."""
+    config = load_config(config_path)
+    for app in ("shop", "other"):
+        ensure_groups(config, app)
+    running = Console(config_path, write=True, app="shop")
+    try:
+        page.goto(running.url + "/groups")
+        rows = page.locator("tbody tr")
+        wait_until_sync(lambda: rows.count() == 2, 30, "both groups on the page")
+        buttons = {rows.nth(n).locator("td").first.inner_text():
+                   rows.nth(n).locator("button").count() for n in range(2)}
+        assert buttons == {"shop": 1, "other": 0}, buttons
+        screenshot(page, tmp_path, "groups-one-app")
+    finally:
+        running.stop()
 
 
 HOSTILE = ['<script>window.__pwned = 1</script>', '<img src=x onerror="window.__pwned = 2">',

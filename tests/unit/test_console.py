@@ -232,6 +232,32 @@ def test_a_group_is_deleted_only_through_the_guard(api: TestClient) -> None:
     assert deleted.json()["removed_from"] == [0, 1], deleted.text
 
 
+def test_a_console_shown_one_app_deletes_no_other_app_s_group(config: Config) -> None:
+    """A console started with --app deleted the group of any app named in the body."""
+
+    async def other_group() -> list[int]:
+        adapter: Any = create_adapter("redis", config)
+        try:
+            for q in range(config.queues.total):
+                await adapter.ensure_group(q, "other")
+            return [q for q in range(config.queues.total) if any(
+                g["name"] == b"other"
+                for g in await adapter.redis.xinfo_groups(adapter.keys.queue(q)))]
+        finally:
+            await adapter.close()
+
+    assert asyncio.run(other_group()) == [0, 1]
+    with client_for(config, token=TOKEN, app=APP) as one_app:
+        refused = one_app.post("/api/groups/delete", json={"app": "other", "confirm": True},
+                               headers={TOKEN_HEADER: TOKEN})
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"] == f"app: this console shows app {APP!r} only"
+        unnamed = one_app.post("/api/groups/delete", json={"confirm": True},
+                               headers={TOKEN_HEADER: TOKEN})
+        assert unnamed.status_code == 400 and unnamed.json()["error"] == "app: required"
+    assert asyncio.run(other_group()) == [0, 1]  # still there
+
+
 def test_no_password_is_ever_served(tmp_path: Path, redis_server: RedisServer) -> None:
     password = "hunter2-never-shown"
     redis_server.client().config_set("requirepass", password)

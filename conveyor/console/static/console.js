@@ -340,10 +340,12 @@ async function letters(data, force) {
 function groups(data) {
   const st = data.status[app] || Object.values(data.status)[0];
   if (!st) { setContent(el("p", {class: "muted"}, "no consumer group on these queues")); return; }
+  // A console shown one app (--app) deletes that app's group only (the server refuses others).
+  const deletable = g => writable && (!body.dataset.app || g.group === body.dataset.app);
   const rows = st.groups.map(g => [g.group, ranges(g.queues), num(g.lag),
     g.idle_s === null ? "-" : age(g.idle_s) + " ago", g.members === null ? "-" : g.members,
     ranges(g.holds_retention),
-    writable ? el("button", {type: "button", class: "danger", onclick: async () => {
+    deletable(g) ? el("button", {type: "button", class: "danger", onclick: async () => {
       if (!confirm(`Delete the consumer group of app ${g.group}? Refused while the app looks alive.`)) return;
       const r = await post("/api/groups/delete", {app: g.group, confirm: true});
       if (r) show("notice", `deleted group ${r.app} from queue(s) ${ranges(r.removed_from)}`);
