@@ -172,7 +172,7 @@ async def test_write_bodies_that_never_come_get_a_408_and_hold_no_broker_turn(
     """Each write action read its body holding one of the BROKER_CALLS turns, with no
     deadline: four clients that announced a body and sent a byte of it held every turn
     for as long as they stayed, and the dead-letter list waited for them (timed out)."""
-    body_deadline_s = 3.0
+    body_deadline_s = 4.0
     monkeypatch.setattr(server, "BODY_TIMEOUT_S", body_deadline_s, raising=False)
     config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
                                       queues={"total": 2}))
