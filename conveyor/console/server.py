@@ -32,7 +32,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -58,9 +58,14 @@ MAX_BODY = 1 << 20
 HEAD_TIMEOUT_S = 10.0
 """Seconds a connection has to send a whole request head, from its opening or from the
 end of its last response (:class:`HeadDeadline`)."""
+BODY_TIMEOUT_S = 10.0
+"""Seconds a write action's body has, once its head arrived, to arrive whole: else a 408
+(a client that stalls or vanishes mid-body would hold its request forever)."""
 BROKER_CALLS = 4
 """Requests that read or write the broker at once (letters, a letter, the write actions);
-more wait their turn rather than each opening connections of its own."""
+more wait their turn rather than each opening connections of its own. A write action
+takes its turn once its body is read: four bodies that never arrived held every turn,
+and the dead-letter pages waited for them."""
 PAGES = {"overview": "Overview", "daemons": "Daemons", "letters": "Dead letters",
          "groups": "Groups"}
 
@@ -198,23 +203,6 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
         letter_id = actions.check_text("id", request.path_params["letter_id"], required=True)
         return JSONResponse(await actions.show_letter(settings.config, app, letter_id or ""))
 
-    async def replay(request: Request) -> Response:
-        choice = await _write_choice(request, settings)
-        return JSONResponse(await actions.replay_letters(settings.config, choice))
-
-    async def purge(request: Request) -> Response:
-        body = await _write_body(request, settings)
-        if body.get("confirm") is not True:
-            raise RequestError(400, "purge deletes letters for good: send \"confirm\": true")
-        return JSONResponse(await actions.purge_letters(settings.config, _choice(body, settings)))
-
-    async def delete_group(request: Request) -> Response:
-        body = await _write_body(request, settings)
-        app = actions.check_text("app", body.get("app"), required=True) or ""
-        if body.get("confirm") is not True:
-            raise RequestError(400, "deleting a group is for good: send \"confirm\": true")
-        return JSONResponse(await actions.delete_group(settings.config, app))
-
     broker_calls = asyncio.Semaphore(BROKER_CALLS)
 
     def gated(endpoint: Callable[[Request], Awaitable[Response]]
@@ -228,16 +216,42 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
 
         return limited
 
+    # The write actions read and check their body first, then take a turn: the body
+    # comes at the client's pace, and a turn held while it came was a turn taken from
+    # every dead-letter page (four stalled bodies held them all).
+    async def replay(request: Request) -> Response:
+        choice = await _write_choice(request, settings)
+        async with broker_calls:
+            return JSONResponse(await actions.replay_letters(settings.config, choice))
+
+    async def purge(request: Request) -> Response:
+        body = await _write_body(request, settings)
+        if body.get("confirm") is not True:
+            raise RequestError(400, "purge deletes letters for good: send \"confirm\": true")
+        choice = _choice(body, settings)
+        async with broker_calls:
+            return JSONResponse(await actions.purge_letters(settings.config, choice))
+
+    async def delete_group(request: Request) -> Response:
+        body = await _write_body(request, settings)
+        # Named, never the --app default; and within --app, as every other action: a
+        # console shown one app deleted another's group.
+        app = _app_param(actions.check_text("app", body.get("app"), required=True), settings)
+        if body.get("confirm") is not True:
+            raise RequestError(400, "deleting a group is for good: send \"confirm\": true")
+        async with broker_calls:
+            return JSONResponse(await actions.delete_group(settings.config, app))
+
     routes = [
         Route("/", page("overview")),
         *(Route(f"/{name}", page(name)) for name in PAGES if name != "overview"),
         Route("/api/overview", _guarded(overview)),
         Route("/api/charts", _guarded(charts)),
         Route("/api/letters", _guarded(gated(letters))),
-        Route("/api/letters/replay", _guarded(gated(replay)), methods=["POST"]),
-        Route("/api/letters/purge", _guarded(gated(purge)), methods=["POST"]),
+        Route("/api/letters/replay", _guarded(replay), methods=["POST"]),
+        Route("/api/letters/purge", _guarded(purge), methods=["POST"]),
         Route("/api/letters/{letter_id:path}", _guarded(gated(letter))),
-        Route("/api/groups/delete", _guarded(gated(delete_group)), methods=["POST"]),
+        Route("/api/groups/delete", _guarded(delete_group), methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("conveyor.console", "static")]),
               name="static"),
     ]
@@ -308,13 +322,22 @@ async def _write_body(request: Request, settings: Settings) -> dict[str, Any]:
     if not hmac.compare_digest(given.encode(), settings.token.encode()):
         raise RequestError(403, f"write actions need the console's token in the {TOKEN_HEADER} "
                             "header (printed when the console started)")
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":  # a media type is case-insensitive (RFC 9110)
         raise RequestError(415, "send the action as application/json")
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_BODY:  # stop reading: a legitimate action is a few kB
-            raise RequestError(413, f"the body must be at most {MAX_BODY:,} bytes")
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > MAX_BODY:  # stop reading: a legitimate action is a few kB
+                    raise RequestError(413, f"the body must be at most {MAX_BODY:,} bytes")
+    except TimeoutError:
+        raise RequestError(408, f"the body did not arrive within {BODY_TIMEOUT_S:g} s; "
+                           "nothing was done") from None
+    except ClientDisconnect:  # the client's doing, not the console failing: no traceback
+        raise RequestError(400, "the client closed the connection before its body "
+                           "arrived; nothing was done") from None
     try:
         body = json.loads(data)
     except (ValueError, RecursionError):  # RecursionError: nested too deep to parse

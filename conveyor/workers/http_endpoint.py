@@ -12,8 +12,10 @@
 
 It is a small asyncio server rather than ``prometheus_client``'s threaded one, for that
 reason: a probe answered from a thread says nothing about the loop. One request per
-connection, GET or HEAD, headers bounded (8 KiB) and read within 5 s; nothing here runs
-per message.
+connection, GET or HEAD, headers bounded (8 KiB: else a 431) and read within 5 s (else a
+408); a request line that is not ``METHOD PATH VERSION`` is a 400. Each answer has a
+one-line reason, so ``curl`` shows why rather than an empty reply. Nothing here runs per
+message.
 """
 
 from __future__ import annotations
@@ -35,8 +37,16 @@ Readiness = Callable[[], str | None]
 MetricsText = Callable[[], Awaitable[bytes]]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TEXT = "text/plain; charset=utf-8"
 REQUEST_TIMEOUT_S = 5.0
 MAX_HEADER_BYTES = 8192
+
+Answer = tuple[str, str, bytes]
+"""Status line, content type, body."""
+BAD_REQUEST: Answer = ("400 Bad Request", TEXT,
+                       b"bad request: expected a request line such as GET /metrics HTTP/1.1\n")
+TOO_LARGE: Answer = ("431 Request Header Fields Too Large", TEXT,
+                     f"request head over {MAX_HEADER_BYTES:,} bytes\n".encode())
 
 
 class HttpEndpoint:
@@ -72,14 +82,28 @@ class HttpEndpoint:
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A request that is not one gets a one-line 4xx too: closed unanswered, it read
+        # as "empty reply from server", as if the worker had crashed.
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                head = await reader.readuntil(b"\r\n\r\n")
-            request = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            if len(head) > MAX_HEADER_BYTES or len(request) != 3:
-                return  # not a request this endpoint answers: close
-            method, path, _ = request
-            status, content_type, body = await self._answer(method, path.split("?", 1)[0])
+            method, answer = "GET", BAD_REQUEST
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                request = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+                if len(head) > MAX_HEADER_BYTES:
+                    answer = TOO_LARGE
+                elif len(request) == 3:
+                    method, path, _ = request
+                    answer = await self._answer(method, path.split("?", 1)[0])
+            except asyncio.LimitOverrunError:  # past the reader's own bound (64 KiB)
+                answer = TOO_LARGE
+            except TimeoutError:
+                answer = ("408 Request Timeout", TEXT,
+                          f"no whole request head within {REQUEST_TIMEOUT_S:g} s\n".encode())
+            except asyncio.IncompleteReadError as exc:
+                if not exc.partial:
+                    return  # closed before a byte: a port check, nothing to answer
+            status, content_type, body = answer
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("latin-1")
@@ -87,30 +111,28 @@ class HttpEndpoint:
             if method != "HEAD":
                 writer.write(body)
             await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError):
-            pass  # a bad or vanished client: nothing to answer
+        except ConnectionError:
+            pass  # the client went away: nothing to answer
         finally:
             writer.close()
 
-    async def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
-        text = "text/plain; charset=utf-8"
+    async def _answer(self, method: str, path: str) -> Answer:
         if method not in ("GET", "HEAD"):
-            return "405 Method Not Allowed", text, b"only GET and HEAD\n"
+            return "405 Method Not Allowed", TEXT, b"only GET and HEAD\n"
         if path == "/healthz":
-            return "200 OK", text, b"ok\n"
+            return "200 OK", TEXT, b"ok\n"
         if path == "/readyz":
             reason = self._readiness()
             if reason is None:
-                return "200 OK", text, b"ready\n"
-            return "503 Service Unavailable", text, f"not ready: {reason}\n".encode()
+                return "200 OK", TEXT, b"ready\n"
+            return "503 Service Unavailable", TEXT, f"not ready: {reason}\n".encode()
         if path == "/metrics":
             try:
                 return "200 OK", METRICS_CONTENT_TYPE, await self._metrics()
             except Exception:
                 log.exception("collecting metrics for /metrics failed")
-                return "500 Internal Server Error", text, b"collecting metrics failed\n"
-        return "404 Not Found", text, b"not found: try /metrics, /healthz or /readyz\n"
+                return "500 Internal Server Error", TEXT, b"collecting metrics failed\n"
+        return "404 Not Found", TEXT, b"not found: try /metrics, /healthz or /readyz\n"
 
 
 def daemon_endpoint(daemon: WorkerDaemon, host: str, port: int) -> HttpEndpoint:

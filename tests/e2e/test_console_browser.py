@@ -81,10 +81,11 @@ def page(browser: Any) -> Iterator[Any]:
 class Console:
     """A ``conveyor console`` subprocess on a free port."""
 
-    def __init__(self, config: Path, *, write: bool) -> None:
+    def __init__(self, config: Path, *, write: bool, app: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = ["--port", str(self.port), "--interval", "0.5", *(["--write"] if write else [])]
+        args = ["--port", str(self.port), "--interval", "0.5", *(["--write"] if write else []),
+                *(["--app", app] if app else [])]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli", "console", "--config", str(config), *args],
             cwd=ROOT, env={**os.environ, "CONVEYOR_CONSOLE_TOKEN": TOKEN,
@@ -151,6 +152,19 @@ def off_loop(work: Callable[[], object]) -> None:
     event loop, and the broker clients run their own."""
     with ThreadPoolExecutor(1) as thread:
         thread.submit(work).result()
+
+
+def put_letters(config: Config, app: str, letters: list[DeadLetter]) -> None:
+    """Store ``letters`` as ``app``'s dead letters, as its daemons would."""
+
+    async def put() -> None:
+        adapter = create_adapter(config.queues.adapter, config)
+        try:
+            await adapter.dead_letters.put(app, letters)
+        finally:
+            await adapter.close()
+
+    off_loop(lambda: asyncio.run(put()))
 
 
 def publish(config: Config, messages: list[Publish]) -> None:
@@ -318,6 +332,57 @@ def test_a_read_only_console_has_no_write_actions_and_refuses_them(
     assert "read-only" in printed and TOKEN not in printed
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+def test_a_console_shown_one_app_offers_to_delete_that_app_s_group_only(
+    config_path: Path, page: Any, tmp_path: Path,
+) -> None:
+    """Every group had a Delete button, and a console started with --app deleted
+    another app's group; the server now refuses it, and the page offers no such button."""
+    config = load_config(config_path)
+    for app in ("shop", "other"):
+        ensure_groups(config, app)
+    running = Console(config_path, write=True, app="shop")
+    try:
+        page.goto(running.url + "/groups")
+        rows = page.locator("tbody tr")
+        wait_until_sync(lambda: rows.count() == 2, 30, "both groups on the page")
+        buttons = {rows.nth(n).locator("td").first.inner_text():
+                   rows.nth(n).locator("button").count() for n in range(2)}
+        assert buttons == {"shop": 1, "other": 0}, buttons
+        screenshot(page, tmp_path, "groups-one-app")
+    finally:
+        running.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+def test_a_filter_the_console_refuses_is_an_error_on_the_page_not_a_stale_list(
+    config_path: Path, console: Console, page: Any,
+) -> None:
+    """A filter over 200 characters (a long stream key pasted) is refused by the API;
+    the page left the unfiltered list under the filter typed, said nothing, and the
+    refusal went to the script's console as an unhandled rejection."""
+    config = load_config(config_path)
+    letters = [DeadLetter.of(Message(f"m{n}", StreamId("orders", f"k{n}"), b"{}"),
+                             "orders.handle", ValueError(f"bad {n}"), 3) for n in range(2)]
+    put_letters(config, "shop", letters)
+    page.goto(console.url + "/letters?app=shop")
+    rows = page.locator("#letters tbody tr")
+    wait_until_sync(lambda: rows.count() == 2, 30, "both letters on the page")
+    page.fill("input[name=stream]", "orders/" + "k" * 300)
+    page.click("form.filters button[type=submit]")
+    error = page.locator("#error")
+    error.wait_for(state="visible", timeout=10_000)
+    assert error.inner_text() == "stream: at most 200 printable characters"
+    assert rows.count() == 0  # no list that the filter shown did not choose
+    assert page.input_value("input[name=stream]") == "orders/" + "k" * 300  # to fix it
+    page.fill("input[name=stream]", "orders/k1")
+    page.click("form.filters button[type=submit]")
+    wait_until_sync(lambda: rows.count() == 1, 10, "the one letter the filter keeps")
+    assert error.is_hidden()
+
+
 HOSTILE = ['<script>window.__pwned = 1</script>', '<img src=x onerror="window.__pwned = 2">',
            '"><svg onload="window.__pwned = 3">', "javascript:window.__pwned = 4",
            "\u202eevil\u202c", "a\u0000b\u0007c\x1b[31m"]
@@ -338,15 +403,7 @@ def test_what_a_producer_wrote_runs_no_script_and_a_megabyte_key_keeps_the_page_
     letters.append(DeadLetter.of(Message("big", StreamId("orders", big), big.encode(),
                                          headers={"h": big}), "orders.handle",
                                  ValueError(big), 3))
-
-    async def put() -> None:
-        adapter = create_adapter(config.queues.adapter, config)
-        try:
-            await adapter.dead_letters.put("shop", letters)
-        finally:
-            await adapter.close()
-
-    off_loop(lambda: asyncio.run(put()))
+    put_letters(config, "shop", letters)
     page.goto(console.url + "/letters?app=shop")
     rows = page.locator("#letters tbody tr")
     wait_until_sync(lambda: rows.count() == len(letters), 30, "every letter on the page")

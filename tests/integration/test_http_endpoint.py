@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conveyor import load_config
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.telemetry import Telemetry
+from conveyor.workers import http_endpoint
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.http_endpoint import HttpEndpoint, daemon_endpoint
 from conveyor.workers.supervisor.endpoint import merge, supervisor_endpoint
@@ -22,10 +23,12 @@ from tests.integration.memory_harness import Record, fresh_adapter, recording_ap
 
 
 async def request(port: int, raw: bytes) -> tuple[str, str]:
-    """Send ``raw``; the status line and the body of the answer ('' when closed unanswered)."""
+    """Send ``raw`` and end the sending side; the status line and the body of the answer
+    ('' when closed unanswered)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(raw)
     await writer.drain()
+    writer.write_eof()
     data = await reader.read()
     writer.close()
     head, _, body = data.partition(b"\r\n\r\n")
@@ -58,15 +61,42 @@ async def test_each_path_answers_and_bad_requests_get_no_traceback() -> None:
         assert (await request(port, get("/metrics", "POST")))[0] == (
             "HTTP/1.1 405 Method Not Allowed")
         assert (await request(port, get("/")))[0] == "HTTP/1.1 404 Not Found"
-        assert await request(port, b"NONSENSE\r\n\r\n") == ("", "")  # closed, unanswered
-        assert await request(port, b"GET /healthz HTTP/1.1\r\nX: " + b"y" * 9000
-                             + b"\r\n\r\n") == ("", "")
+        # Not a request: a one-line 4xx saying why (closed unanswered, as these were,
+        # curl says "empty reply from server", as if the worker had crashed).
+        bad = ("HTTP/1.1 400 Bad Request",
+               "bad request: expected a request line such as GET /metrics HTTP/1.1\n")
+        assert await request(port, b"NONSENSE\r\n\r\n") == bad
+        assert await request(port, b"GET /a b HTTP/1.1\r\n\r\n") == bad
+        assert await request(port, b"GET /healthz HTTP/1.1\r\nHost: x") == bad  # then EOF
+        too_large = ("HTTP/1.1 431 Request Header Fields Too Large",
+                     "request head over 8,192 bytes\n")
+        for size in (9000, 70_000):  # over the bound; over the stream reader's own 64 KiB
+            assert await request(port, b"GET /healthz HTTP/1.1\r\nX: " + b"y" * size
+                                 + b"\r\n\r\n") == too_large
+        assert await request(port, b"") == ("", "")  # a port check: closed, unanswered
         # Still serving after all that.
         assert await request(port, get("/healthz")) == ("HTTP/1.1 200 OK", "ok\n")
     finally:
         await endpoint.close()
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_a_head_that_does_not_end_in_time_gets_a_408(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http_endpoint, "REQUEST_TIMEOUT_S", 0.5)
+    endpoint = HttpEndpoint("127.0.0.1", 0, metrics=_no_metrics, readiness=lambda: None)
+    await endpoint.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
+        writer.write(b"GET /healthz HTTP/1.1\nHost: x\n\n")  # bare LFs: never a whole head
+        answered = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answered.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answered
+        assert answered.endswith(b"\r\n\r\nno whole request head within 0.5 s\n"), answered
+    finally:
+        await endpoint.close()
 
 
 async def test_a_port_in_use_is_a_config_error_naming_the_field() -> None:

@@ -6,6 +6,7 @@ no password in anything served."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
@@ -190,6 +191,11 @@ def test_write_actions_need_the_token_json_and_the_same_origin(api: TestClient,
     form = api.post("/api/letters/purge", data={"app": APP, "all": "true", "confirm": "true"},
                     headers={TOKEN_HEADER: TOKEN})
     assert form.status_code == 415
+    # A media type is case-insensitive: JSON spelt otherwise is read, not refused (415).
+    spelt = api.post("/api/letters/purge", content=json.dumps(
+        {"app": APP, "ids": ["99999999999999-0"], "confirm": True}),
+        headers={TOKEN_HEADER: TOKEN, "Content-Type": "Application/JSON; charset=UTF-8"})
+    assert spelt.status_code == 404 and "nothing was done" in spelt.json()["error"], spelt.text
     cross = api.post("/api/letters/purge", json={"app": APP, "all": True, "confirm": True},
                      headers={TOKEN_HEADER: TOKEN, "Origin": "https://evil.example"})
     assert cross.status_code == 403
@@ -224,6 +230,32 @@ def test_a_group_is_deleted_only_through_the_guard(api: TestClient) -> None:
     assert unknown.status_code == 404, unknown.text
     deleted = write(api, "/api/groups/delete", {"confirm": True})
     assert deleted.json()["removed_from"] == [0, 1], deleted.text
+
+
+def test_a_console_shown_one_app_deletes_no_other_app_s_group(config: Config) -> None:
+    """A console started with --app deleted the group of any app named in the body."""
+
+    async def other_group() -> list[int]:
+        adapter: Any = create_adapter("redis", config)
+        try:
+            for q in range(config.queues.total):
+                await adapter.ensure_group(q, "other")
+            return [q for q in range(config.queues.total) if any(
+                g["name"] == b"other"
+                for g in await adapter.redis.xinfo_groups(adapter.keys.queue(q)))]
+        finally:
+            await adapter.close()
+
+    assert asyncio.run(other_group()) == [0, 1]
+    with client_for(config, token=TOKEN, app=APP) as one_app:
+        refused = one_app.post("/api/groups/delete", json={"app": "other", "confirm": True},
+                               headers={TOKEN_HEADER: TOKEN})
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"] == f"app: this console shows app {APP!r} only"
+        unnamed = one_app.post("/api/groups/delete", json={"confirm": True},
+                               headers={TOKEN_HEADER: TOKEN})
+        assert unnamed.status_code == 400 and unnamed.json()["error"] == "app: required"
+    assert asyncio.run(other_group()) == [0, 1]  # still there
 
 
 def test_no_password_is_ever_served(tmp_path: Path, redis_server: RedisServer) -> None:

@@ -1,14 +1,20 @@
 """The console's HTTP server: a connection that does not send a whole request head in
 time is closed (slowloris), while requests that are slow to answer, keep-alive and
-pipelined requests are served as before. A real uvicorn on a real socket, with the
-deadline shortened; the same test on uvicorn's own protocol shows what it changes."""
+pipelined requests are served as before; a write action whose body does not come gets a
+408 and holds none of the broker's turns meanwhile. A real uvicorn on a real socket
+(and a real redis-server for the console's app), with the deadlines shortened; the same
+test on uvicorn's own protocol shows what the head's deadline changes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -19,7 +25,19 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from conveyor.console import server
-from conveyor.console.server import HeadDeadline
+from conveyor.console.poller import Poller
+from conveyor.console.server import (
+    BROKER_CALLS,
+    TOKEN_HEADER,
+    HeadDeadline,
+    Settings,
+    broker_name,
+    create_app,
+)
+from conveyor.platform.config import load_config
+from tests.integration.redis.conftest import write_config
+from tests.servers import RedisServer
+from tests.unit.test_console import APP, TOKEN, prepare_app
 
 DEADLINE_S = 0.5
 
@@ -29,11 +47,12 @@ async def answer(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
-async def serving(protocol: type[asyncio.Protocol]) -> AsyncIterator[int]:
-    app = Starlette(routes=[Route("/", answer)])
+async def serving(protocol: type[asyncio.Protocol],
+                  app: Starlette | None = None) -> AsyncIterator[int]:
+    app = app or Starlette(routes=[Route("/", answer)])
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="on")
     running = uvicorn.Server(config)
     task = asyncio.create_task(running.serve(sockets=[listener]))
     while not running.started:
@@ -127,3 +146,72 @@ async def test_uvicorn_alone_holds_a_silent_connection() -> None:
     """The control: without :class:`HeadDeadline` the same connection stays open."""
     async for bound in serving(H11Protocol):
         assert await closed_after(bound, limit_s=DEADLINE_S * 4) is None
+
+
+def stalled_write(port: int) -> bytes:
+    """A replay's head, with the token, announcing a body of which one byte is sent."""
+    return (f"POST /api/letters/replay HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"{TOKEN_HEADER}: {TOKEN}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n{").encode()
+
+
+async def answer_to(reader: asyncio.StreamReader,
+                    within_s: float) -> tuple[bytes, dict[str, Any]]:
+    """The status line and JSON body of one answer on ``reader``."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), within_s)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    body = await asyncio.wait_for(reader.readexactly(length), within_s)
+    return head.split(b"\r\n", 1)[0], json.loads(body)
+
+
+@pytest.mark.redis
+async def test_write_bodies_that_never_come_get_a_408_and_hold_no_broker_turn(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each write action read its body holding one of the BROKER_CALLS turns, with no
+    deadline: four clients that announced a body and sent a byte of it held every turn
+    for as long as they stayed, and the dead-letter list waited for them (timed out)."""
+    body_deadline_s = 4.0
+    monkeypatch.setattr(server, "BODY_TIMEOUT_S", body_deadline_s, raising=False)
+    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
+                                      queues={"total": 2}))
+    await asyncio.to_thread(prepare_app, config)
+    settings = Settings(config, None, TOKEN, "127.0.0.1", broker_name(config))
+    console = create_app(settings, Poller(config, None, interval_s=0.2))
+    async for port in serving(HeadDeadline, console):
+        stalled = [await asyncio.open_connection("127.0.0.1", port)
+                   for _ in range(BROKER_CALLS + 1)]
+        try:
+            for _, writer in stalled:
+                writer.write(stalled_write(port))
+                await writer.drain()
+            sent = time.monotonic()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET /api/letters?app={APP} HTTP/1.1\r\nHost: 127.0.0.1:{port}"
+                         "\r\n\r\n".encode())
+            status, listed = await answer_to(reader, body_deadline_s / 2)
+            writer.close()
+            assert (status, listed["total"]) == (b"HTTP/1.1 200 OK", 3)
+            for stalled_reader, _ in stalled:
+                status, refused = await answer_to(stalled_reader, body_deadline_s + 5)
+                assert status == b"HTTP/1.1 408 Request Timeout", (status, refused)
+                assert refused["error"] == (f"the body did not arrive within "
+                                            f"{body_deadline_s:g} s; nothing was done")
+            assert time.monotonic() - sent >= body_deadline_s * 0.9
+            # A client that goes away mid-body is its doing: no traceback in the log.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(stalled_write(port))
+            await writer.drain()
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET /api/letters?app={APP} HTTP/1.1\r\nHost: 127.0.0.1:{port}"
+                         "\r\n\r\n".encode())
+            status, listed = await answer_to(reader, 10)
+            writer.close()
+            assert (status, listed["total"]) == (b"HTTP/1.1 200 OK", 3)  # nothing done
+        finally:
+            for _, stalled_writer in stalled:
+                stalled_writer.close()
+    failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not failed, failed

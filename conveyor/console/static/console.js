@@ -305,7 +305,13 @@ async function letters(data, force) {
   const count = data && data.status[app] ? data.status[app].dead_letters : lastLetterCount;
   if (!force && count === lastLetterCount && document.getElementById("letters")) return;
   lastLetterCount = count;
-  const found = await getJSON("/api/letters?" + query());
+  let found;
+  try {
+    found = await getJSON("/api/letters?" + query());
+  } catch (e) {
+    if (!force) throw e;  // a poll's: tick shows it, and a poll that succeeds clears it
+    found = e;  // refused when asked for (a filter too long): shown below
+  }
   const form = el("form", {class: "filters", onsubmit: (e) => {
       e.preventDefault();
       for (const k of Object.keys(filters)) filters[k] = form.elements[k].value.trim();
@@ -315,6 +321,14 @@ async function letters(data, force) {
     ...["handler", "error_type", "stream"].map(k => el("label", {}, k.replace("_", " ") + " ",
       el("input", {name: k, value: filters[k], placeholder: "any"}))),
     el("button", {type: "submit"}, "Filter"));
+  if (found instanceof Error) {
+    // The form keeps what was typed, to fix it; no list, since none matches it. An empty
+    // #letters keeps the polls from redrawing the form while it is being fixed.
+    setContent(form, el("div", {id: "letters"}), el("div", {id: "detail"}));
+    show("error", found.message);
+    return;
+  }
+  if (force) show("error", "");
   const filtered = Object.values(filters).some(v => v);
   const bulk = writable && found.letters.length
     ? el("p", {}, filtered ? "Every letter matching the filter: " : "Every letter of the app: ",
@@ -340,10 +354,12 @@ async function letters(data, force) {
 function groups(data) {
   const st = data.status[app] || Object.values(data.status)[0];
   if (!st) { setContent(el("p", {class: "muted"}, "no consumer group on these queues")); return; }
+  // A console shown one app (--app) deletes that app's group only (the server refuses others).
+  const deletable = g => writable && (!body.dataset.app || g.group === body.dataset.app);
   const rows = st.groups.map(g => [g.group, ranges(g.queues), num(g.lag),
     g.idle_s === null ? "-" : age(g.idle_s) + " ago", g.members === null ? "-" : g.members,
     ranges(g.holds_retention),
-    writable ? el("button", {type: "button", class: "danger", onclick: async () => {
+    deletable(g) ? el("button", {type: "button", class: "danger", onclick: async () => {
       if (!confirm(`Delete the consumer group of app ${g.group}? Refused while the app looks alive.`)) return;
       const r = await post("/api/groups/delete", {app: g.group, confirm: true});
       if (r) show("notice", `deleted group ${r.app} from queue(s) ${ranges(r.removed_from)}`);
