@@ -274,8 +274,8 @@ async def _http_error(_: Request, exc: Exception) -> Response:
 
 def _guarded(endpoint: Callable[[Request], Awaitable[Response]]
              ) -> Callable[[Request], Awaitable[Response]]:
-    """Errors as JSON with a message and a 4xx (bad input) or 5xx (the broker); never a
-    traceback."""
+    """Errors as JSON with a message and a 4xx (bad input) or 5xx (the console's config,
+    the broker); never a traceback."""
 
     async def run(request: Request) -> Response:
         try:
@@ -284,8 +284,10 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]
             return _error(exc.status, str(exc))
         except UnknownGroupError as exc:
             return _error(404, str(exc))
-        except (InvalidArgumentError, ConfigError) as exc:
+        except InvalidArgumentError as exc:
             return _error(400, str(exc))
+        except ConfigError as exc:  # the console's own config (a password the broker
+            return _error(500, f"the console's config: {exc}")  # refuses): not the request's
         except AppAliveError as exc:
             return _error(409, str(exc))
         except ConveyorError as exc:  # the broker failing

@@ -271,6 +271,21 @@ def test_no_password_is_ever_served(tmp_path: Path, redis_server: RedisServer) -
     assert password not in served
 
 
+def test_credentials_the_broker_refuses_are_the_console_s_error_not_the_request_s(
+    tmp_path: Path, redis_server: RedisServer,
+) -> None:
+    """A wrong password in the console's own config is a config error ($.redis.url), the
+    server's fault: a 500 with the message, not a 400 that blames the request."""
+    redis_server.client().config_set("requirepass", "the-right-one")
+    url = redis_server.url.replace("redis://", "redis://:a-wrong-one@")
+    config = load_config(write_config(tmp_path / "pw.toml", url, queues={"total": 2}))
+    with client_for(config) as api:
+        letters = api.get("/api/letters", params={"app": APP})
+    assert letters.status_code == 500, letters.text
+    assert letters.json()["error"].startswith("the console's config: $.redis.url: ")
+    assert "a-wrong-one" not in letters.text
+
+
 def test_pages_are_the_shell_with_the_mode_and_a_strict_policy(api: TestClient,
                                                               config: Config) -> None:
     page = api.get("/letters")
