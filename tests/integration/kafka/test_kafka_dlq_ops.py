@@ -11,6 +11,7 @@ import asyncio
 import subprocess
 import sys
 import time
+from typing import Any
 
 import msgspec
 import pytest
@@ -129,6 +130,45 @@ async def test_a_claim_of_a_process_still_running_here_is_waited_for_however_old
             holder.kill()
             holder.wait()
         await adapter.close()
+
+
+async def test_a_replay_whose_publish_outlasts_its_claim_elsewhere_warns_of_twice(
+    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The window that remains, between machines: a claim from another machine goes by
+    age, so a publish slower than CLAIM_TTL_S (0.5 s here) is taken over meanwhile and
+    both publish. Not silent: the slow replay says its letters may have been published
+    twice. (Two machines, played here by claims that name no process.)"""
+    monkeypatch.setattr(kafka_letters, "CLAIM_TTL_S", 0.5)
+    monkeypatch.setattr(kafka_letters, "this_process", lambda: "")
+    mapper = HashRingQueueMapper(QUEUES)
+    slow, other = adapter_on(tansu, topic), adapter_on(tansu, topic)
+    try:
+        await slow.ensure_topic()
+        await slow.dead_letters.put(APP, letters(3))
+        stored = await slow.dead_letters.page(APP, 10)
+        ids = sorted(s.id for s in stored)
+        dead_letters = slow.dead_letters
+        assert isinstance(dead_letters, kafka_letters.KafkaDeadLetters)
+        publish, claimed = dead_letters._publish, asyncio.Event()
+
+        async def slow_publish(queue: int, messages: Any) -> Any:
+            claimed.set()
+            await asyncio.sleep(1.5)  # the slow publish this test is about
+            return await publish(queue, messages)
+
+        monkeypatch.setattr(dead_letters, "_publish", slow_publish)
+        first = asyncio.create_task(dlq.replay(slow, mapper, APP, stored))
+        await asyncio.wait_for(claimed.wait(), 10.0)
+        second = await dlq.replay(other, mapper, APP, await other.dead_letters.page(APP, 10))
+        assert sorted(i for i, _ in second.replayed) == ids
+        await asyncio.wait_for(first, 10.0)
+        warned = [r.getMessage() for r in caplog.records if "published twice" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].endswith(f"({', '.join(ids)})"), warned
+        assert sorted(await queued(other)) == sorted(ids * 2)  # the window, said
+    finally:
+        await slow.close()
+        await other.close()
 
 
 async def test_a_purge_of_more_letters_than_a_record_holds_is_written_in_several(
