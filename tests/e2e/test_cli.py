@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, stop_when
+from tests.conftest import free_port, stop_when, wait_until_sync
+from tests.e2e.test_tour import Daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -541,6 +542,34 @@ def test_a_batch_handler_that_raises_system_exit_stops_the_worker_saying_so(
         r"batch handler quitter.jobs raised SystemExit\(4\) on a batch of 1 message\(s\) "
         r"from \w+ on: the worker stops at once, without draining; the messages come back "
         r"as redelivered ones \(see max_deliveries\)$", said), said
+
+
+def test_a_startup_hook_that_raises_is_logged_when_it_raises(tmp_path: Path) -> None:
+    # Nothing was said, then or at the stop: a tour's Kafka worker whose hook's publish
+    # failed ran on without its first order, and no line told why.
+    (tmp_path / "hooked.py").write_text(
+        "import conveyor\n"
+        "app = conveyor.App('hooked')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: bytes) -> None: ...\n"
+        "@app.startup\n"
+        "async def connect(client: conveyor.Client) -> None:\n"
+        "    raise ConnectionError('the database is down')\n")
+    worker = Daemon(subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "--log-level", "warning", "worker",
+         "hooked:app"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        said = "ERROR conveyor.daemon: startup hook connect raised ConnectionError: " \
+               "the database is down"
+        wait_until_sync(lambda: any(said in x for x in worker.lines)
+                        or worker.proc.poll() is not None, 30, "the hook's failure logged")
+        lines = worker.interrupt()  # the worker runs on, and drains as ever
+    finally:
+        worker.kill()
+    assert [x for x in lines if said in x] == [next(x for x in lines if "ERROR" in x)]
+    assert "    raise ConnectionError('the database is down')" in lines
+    assert lines[-1].startswith("conveyor: drained pulled=0 "), lines
 
 
 def test_python_dash_m_conveyor_is_the_command() -> None:

@@ -28,6 +28,7 @@ import pytest
 
 import conveyor
 from tests.conftest import wait_until_sync
+from tests.docs_blocks import console_steps
 from tests.servers import RedisServer, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,13 +52,9 @@ class Step:
 
 
 def console(block: str) -> list[Step]:
-    steps: list[Step] = []
-    for line in block.splitlines():
-        if line.startswith("$ "):
-            steps.append(Step(line[2:]))
-        else:
-            steps[-1].output.append(line)
-    return steps
+    """The block's ``$ command`` lines, a trailing ``\\`` joining the next line on as a
+    shell does, each with the output lines shown under it."""
+    return [Step(step.command, step.output) for step in console_steps(block)]
 
 
 def masked(line: str) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import itertools
 import logging
@@ -204,7 +205,10 @@ class WorkerDaemon:
         self.started = True
         self.metrics.register()
         for hook in self.app.on_startup:
-            self._hooks.append(asyncio.create_task(hook(self.client)))
+            task = asyncio.create_task(hook(self.client))
+            task.add_done_callback(functools.partial(
+                _log_hook_failure, getattr(hook, "__qualname__", repr(hook))))
+            self._hooks.append(task)
         log.info("daemon %s started; owns queues %s", self.member.id, self.balancer.owned())
 
     async def _check_server(self) -> None:
@@ -380,6 +384,16 @@ class WorkerDaemon:
         stops it and raises the failure)."""
         self.failure = error
         self.failed.set()
+
+
+def _log_hook_failure(name: str, task: asyncio.Task[None]) -> None:
+    """Log what a startup hook raised, when it raises: nothing else awaits its task (the
+    stop cancels it and lets a failure be), so a hook whose publish failed went unseen and
+    the worker ran on without the work it was meant to set up. With the traceback: no
+    other line says where in the hook it failed."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("startup hook %s raised %s: %s", name, type(exc).__name__, exc,
+                  exc_info=exc)
 
 
 def freeze_startup_heap() -> None:
