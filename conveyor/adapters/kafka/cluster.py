@@ -131,6 +131,8 @@ class KafkaCluster:
         """Topic -> why DescribeConfigs gave no ``cleanup.policy`` for it, while it gives
         none: the warning is logged once an episode, not at every check."""
         self._producer: AIOKafkaProducer | None = None
+        self._tracked: set[str] = set()
+        """Topics the producer's metadata is told to follow (:meth:`producer`)."""
         self._abandoning = False
         """:meth:`abandon_sends` was called: :meth:`close` drops what the producer holds."""
         self._lock = asyncio.Lock()
@@ -262,17 +264,35 @@ class KafkaCluster:
         self._kept[key] = consumer
         return consumer
 
-    async def producer(self) -> AIOKafkaProducer:
-        """The shared producer, started on first use (after the topic is prepared)."""
-        if self._producer is not None:
-            return self._producer
-        async with self._lock:
-            if self._producer is None:
-                await self.ensure_topic()
-                producer = await start_producer(self.config, self.options)
-                self.idempotent = is_idempotent(producer)
-                self._producer = producer
-        return self._producer
+    async def producer(self, topic: str | None = None) -> AIOKafkaProducer:
+        """The shared producer, started on first use (after the topic is prepared), its
+        metadata following the topic and ``topic`` (one the caller has created and
+        writes to: a letter topic, the members' or the hand-offs').
+
+        Told explicitly: aiokafka's producer adds a topic to those its metadata requests
+        name only when its metadata lacks the topic, and every later request names just
+        those, replacing what it knew. The app's topic, known from a request that named
+        every topic, was never added; once the members' topic (created after the
+        producer started) was, the app's topic fell out of the producer's metadata and a
+        publish to it waited for a leader until it timed out (``NotLeaderForPartition``
+        after 40 s: a startup hook's first publish on a fresh broker, about a third of
+        the runs)."""
+        producer = self._producer
+        if producer is None:
+            async with self._lock:
+                if self._producer is None:
+                    await self.ensure_topic()
+                    started = await start_producer(self.config, self.options)
+                    self.idempotent = is_idempotent(started)
+                    self._tracked = {self.topic}
+                    started.client.add_topic(self.topic)
+                    self._producer = started
+            producer = self._producer
+            assert producer is not None
+        if topic is not None and topic not in self._tracked:
+            self._tracked.add(topic)
+            producer.client.add_topic(topic)
+        return producer
 
     def abandon_sends(self) -> None:
         """Have :meth:`close` drop what the producer holds rather than wait to deliver it
@@ -300,6 +320,7 @@ class KafkaCluster:
             with contextlib.suppress(Exception):
                 await self._producer.stop()
             self._producer = None
+            self._tracked = set()
 
     # -- the topic ---------------------------------------------------------------------
     async def ensure_topic(self) -> None:

@@ -87,9 +87,10 @@ class HandoffLog:
     async def write(self, group: str, queue: int, watermark: int, done: str,
                     fetched: int = -1, starts: dict[int, int] | None = None) -> None:
         cluster = self.cluster
-        producer = await cluster.producer()
         if not self._ready:
+            await cluster.producer()  # the app's topic first
             await self._prepared()
+        producer = await cluster.producer(self.topic)
         record = Handoff(watermark, done, fetched, starts or {})
         await producer.send_and_wait(self.topic, _encode(record),
                                      key=group.encode(), partition=queue)

@@ -331,7 +331,7 @@ class KafkaDeadLetters(DeadLetters):
         if not self._ops_ready:
             await cluster.create_topics({self.ops_topic: 1}, {"retention.ms": "-1"})
             self._ops_ready = True
-        producer = await cluster.producer()
+        producer = await cluster.producer(self.ops_topic)
         with kafka_errors("recording a dead-letter operation"):
             for start in range(0, len(op.ids), OP_IDS_MAX):
                 chunk = msgspec.structs.replace(op, ids=op.ids[start : start + OP_IDS_MAX])
@@ -348,10 +348,11 @@ class KafkaDeadLetters(DeadLetters):
         """One record per letter on partition 0 of ``<topic>.conveyor-dlq`` (see
         conveyor.platform.letters), created with ``retention.ms = -1``: no bound here,
         the topic's retention is the broker's business (0 evicted, always)."""
-        producer = await self.cluster.producer()
         if not self._dlq_ready:
+            await self.cluster.producer()  # the app's topic first
             await self.cluster.create_topics({self.cluster.dlq_topic: 1}, {"retention.ms": "-1"})
             self._dlq_ready = True
+        producer = await self.cluster.producer(self.cluster.dlq_topic)
         try:
             futures = [
                 await producer.send(self.cluster.dlq_topic, value, key=key, partition=0,

@@ -94,10 +94,11 @@ class MemberReporter:
         await self._send(_key(self.group, member_id), None)
 
     async def _send(self, key: bytes, value: bytes | None) -> None:
-        producer = await self.cluster.producer()
         if not self._ready:
+            await self.cluster.producer()  # the app's topic first
             await self.cluster.create_topics({self.topic: 1}, TOPIC_CONFIG)
             self._ready = True
+        producer = await self.cluster.producer(self.topic)
         await producer.send_and_wait(self.topic, value, key=key, partition=0)
 
 
