@@ -188,12 +188,19 @@ async def _commit_as_member(
 
 async def offset_for_time(cluster: KafkaCluster, consumer: AIOKafkaConsumer,
                           tp: TopicPartition, when_ms: int) -> int:
-    """The first offset whose timestamp is >= ``when_ms`` (the end if none is)."""
+    """The first offset whose timestamp is >= ``when_ms`` (the end if none is).
+
+    The broker's answer is taken once the record it names is read and found stamped at
+    or after the time: tansu answers -1 for the timestamp, or, now and then, offset 0
+    with the asked time as its timestamp, whatever offset 0 holds — a rewind to the
+    current time then went back to the start (1 partition in 5 here). Otherwise the
+    partition is scanned from the start up to the fetch high watermark."""
     found = (await consumer.offsets_for_times({tp: when_ms})).get(tp)
     if found is not None and found.timestamp >= 0:
-        return int(found.offset)
-    # No answer, or tansu's (timestamp -1): scan from the start up to the fetch
-    # high watermark, comparing record timestamps.
+        consumer.seek(tp, found.offset)
+        named = (await consumer.getmany(tp, timeout_ms=500, max_records=1)).get(tp, [])
+        if named and named[0].offset == found.offset and named[0].timestamp >= when_ms:
+            return int(found.offset)
     begin = (await consumer.beginning_offsets([tp]))[tp]
     high = await cluster.high_watermark(consumer, tp, begin)
     consumer.seek(tp, begin)

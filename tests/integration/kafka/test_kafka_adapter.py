@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.client import Client, Publish
 from conveyor.platform.app import App
 from conveyor.platform.config import Config
@@ -99,3 +102,24 @@ async def test_a_plain_producer_record_is_handled_under_the_default_namespace(
     finally:
         await daemon.stop()
     assert got[0][0] == "hello"
+
+
+async def test_a_rewind_to_the_current_time_goes_to_the_end_on_every_partition(
+    tansu: Tansu, topic: str,
+) -> None:
+    """tansu answers a lookup by time, now and then, with offset 0 stamped with the asked
+    time, whatever offset 0 holds: a rewind to "now" then went back to the start of that
+    partition (the status test, under load; 1 partition in 5 in a loop). Ten rounds of
+    publish-then-rewind-to-now, each on a fresh group: every one lands at the end."""
+    config = kafka_config(tansu.bootstrap, topic, queues={"total": 2})
+    adapter = KafkaAdapter(config.kafka, 2)
+    try:
+        for round_ in range(10):
+            await publish(config, [Publish("jobs", f"k{i}", {"i": i}) for i in range(3)])
+            group = f"now-{round_}"
+            await adapter.rewind_queues([0, 1], group, time.time(), create_group=True,
+                                        allow_forward=True)
+            lags = [await adapter.lag(q, group) for q in (0, 1)]
+            assert lags == [0, 0], (round_, lags)
+    finally:
+        await adapter.close()
