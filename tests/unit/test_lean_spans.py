@@ -114,7 +114,7 @@ def twins(recorder: LeanRecorder, attributes: dict[str, str] | None = None,
     return lean, sdk_twin(lean, fixed, attributes, limits=limits or recorder.limits, **options)
 
 
-def end_and_compare(recorder: LeanRecorder, payloads: Payloads,
+def assert_encoded_as_the_sdk_does(recorder: LeanRecorder, payloads: Payloads,
                     *spans: tuple[LeanSpan, _Span]) -> None:
     for lean, sdk in spans:
         lean.end()
@@ -154,7 +154,7 @@ def test_a_consumer_span_is_encoded_as_the_sdk_encodes_it(
     recorder: LeanRecorder, payloads: Payloads, parent_is_remote: bool
 ) -> None:
     lean, sdk = twins(recorder, per_message(), parent_is_remote=parent_is_remote)
-    end_and_compare(recorder, payloads, (lean, sdk))
+    assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
 
 
 def test_a_root_span_and_a_span_without_attributes_are_encoded_as_the_sdk_does(
@@ -180,7 +180,7 @@ def test_strings_of_every_length_class_and_non_ascii_text_are_encoded_as_the_sdk
         fixed = {**FIXED, "fixed.long": text, f"ключ.{text[:50]}": "значение"}
         attributes = per_message(key=text, message_id=text[: size // 2])
         lean, sdk = twins(recorder, attributes, fixed, f"process {text[:300]}")
-        end_and_compare(recorder, payloads, (lean, sdk))
+        assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
 
 
 def test_the_spans_of_one_shape_after_its_first_are_encoded_as_the_sdk_does(
@@ -246,7 +246,7 @@ def test_attributes_of_every_type_are_kept_and_encoded_as_by_the_sdk(
     both(lean, sdk, lambda span: span.set_attributes(dict(items[10:])))
     both(lean, sdk, lambda span: span.set_attribute("messaging.system", "kafka"))  # overrides
     assert lean.attributes == sdk.attributes
-    end_and_compare(recorder, payloads, (lean, sdk))
+    assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
 
 
 def test_events_exceptions_links_status_and_a_new_name_are_encoded_as_by_the_sdk(
@@ -273,7 +273,7 @@ def test_events_exceptions_links_status_and_a_new_name_are_encoded_as_by_the_sdk
     for call in calls:
         both(lean, sdk, call)
     assert lean.name == sdk.name
-    end_and_compare(recorder, payloads, (lean, sdk))
+    assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
 
 
 def test_an_exception_leaving_with_span_is_recorded_with_an_error_status_as_by_the_sdk(
@@ -335,7 +335,7 @@ def test_limits_that_bite_at_start_bound_fixed_and_per_message_attributes_as_in_
 ) -> None:
     with recording(payloads, span_limits=limits) as recorder:
         lean, sdk = twins(recorder, attributes)
-        end_and_compare(recorder, payloads, (lean, sdk))
+        assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
         assert sdk.dropped_attributes or sdk.attributes["conveyor.handler"] == "han"
 
 
@@ -343,7 +343,7 @@ def test_a_per_message_key_equal_to_a_fixed_one_replaces_it_as_in_the_sdk(
     recorder: LeanRecorder, payloads: Payloads
 ) -> None:
     lean, sdk = twins(recorder, {**per_message(), "conveyor.handler": "other"})
-    end_and_compare(recorder, payloads, (lean, sdk))
+    assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
 
 
 # -- the Span API ----------------------------------------------------------------------

@@ -170,6 +170,7 @@ class SamePermit(Buggy):
     def __init__(self) -> None:
         super().__init__()
         self.permit: SlotPermit | None = None
+        self.released: list[SlotReleaseReason] = []
 
     def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
         if self.permit is None:
@@ -177,20 +178,22 @@ class SamePermit(Buggy):
         return self.permit
 
     def mark_slot_used(self, info: SlotInfo, permit: SlotPermit) -> None:
-        pass
+        raise AssertionError("no slot is used in this test")
 
     def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
-        pass
+        self.released.append(reason)
 
 
 async def test_a_permit_handed_out_twice_is_refused_while_out_and_after_release(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    supplier = GuardedSlotSupplier(SamePermit())
+    inner = SamePermit()
+    supplier = GuardedSlotSupplier(inner)
     first = supplier.try_reserve_slot(CTX)
     assert first is not None
     assert supplier.try_reserve_slot(CTX) is None and supplier.errors == 1  # still out
     first.release()
+    assert len(inner.released) == 1  # handed back to the user's supplier, once
     assert supplier.try_reserve_slot(CTX) is None and supplier.errors == 2  # released
     assert supplier.issued == 0
     assert "already handed out" in caplog.text

@@ -144,12 +144,12 @@ class _Ops:
     position: int = 0
     removed: set[str] = field(default_factory=set)
     replaying: dict[str, _Claim] = field(default_factory=dict)
-    stopped: set[str] = field(default_factory=set)
-    """Runs that wrote ``stopped``: they failed, and publish no more."""
     """Letters whose replay started and did not finish, by the claim that holds them: the
     first in the topic, unless a later one takes it over (:func:`_displaces`). Every
     replay reads the same topic in the same order, so all agree on which claim holds a
     letter."""
+    stopped: set[str] = field(default_factory=set)
+    """Runs that wrote ``stopped``: they failed, and publish no more."""
 
     def apply(self, op: LetterOp) -> None:
         if op.op == "replaying":

@@ -315,10 +315,11 @@ async def test_a_member_report_with_a_header_name_not_utf8_does_not_fail_status(
     config = kafka_config(tansu.bootstrap, topic, queues={"total": 2},
                           balancer={"kind": "kafka-group"})
     app = App(APP)
+    handled: list[dict[str, str]] = []
 
     @app.handler(GOOD)
     async def on_good(body: dict[str, str]) -> None:
-        pass
+        handled.append(body)  # none is published here: the daemon only reports
 
     daemon = WorkerDaemon(app, config)
     await daemon.start()
@@ -337,6 +338,7 @@ async def test_a_member_report_with_a_header_name_not_utf8_does_not_fail_status(
     finally:
         await daemon.stop()
     assert [(m.id, m.queues) for m in report.members] == [(daemon.member.id, [0, 1])]
+    assert handled == []
 
 
 async def test_a_rewind_to_a_time_scans_past_a_header_name_not_utf8(

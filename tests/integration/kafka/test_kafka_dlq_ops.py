@@ -22,6 +22,7 @@ from conveyor.adapters.kafka import letters as kafka_letters
 from conveyor.platform.config import load_config
 from conveyor.platform.errors import BrokerConnectionError
 from conveyor.platform.ids import StreamId
+from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message, now_ms
 from conveyor.platform.operations import dlq
@@ -47,6 +48,13 @@ def letters(count: int) -> list[DeadLetter]:
             for n in range(count)]
 
 
+async def stored_letters(adapter: KafkaAdapter, count: int) -> list[StoredLetter]:
+    """``count`` letters of APP stored on the adapter's (new) topic, as listed."""
+    await adapter.ensure_topic()
+    await adapter.dead_letters.put(APP, letters(count))
+    return await adapter.dead_letters.page(APP, count + 10)
+
+
 async def queued(adapter: KafkaAdapter) -> list[str]:
     """The letter ids the queues' messages were replayed from, one per message."""
     found: list[str] = []
@@ -68,9 +76,7 @@ async def test_a_late_claim_publishes_nothing_and_the_next_replay_takes_it_over(
     mapper = HashRingQueueMapper(QUEUES)
     first, second = adapter_on(tansu, topic), adapter_on(tansu, topic)
     try:
-        await first.ensure_topic()
-        await first.dead_letters.put(APP, letters(5))
-        stored = await first.dead_letters.page(APP, 10)
+        stored = await stored_letters(first, 5)
         monkeypatch.setattr(kafka_letters, "CLAIM_PUBLISH_S", -1.0)  # every claim too late
         with pytest.raises(BrokerConnectionError, match="not published"):
             await dlq.replay(first, mapper, APP, stored)
@@ -104,9 +110,7 @@ async def test_a_claim_of_a_process_still_running_here_is_waited_for_however_old
     holder = subprocess.Popen(  # noqa: ASYNC220 - started once, before the loop's work
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
-        await adapter.ensure_topic()
-        await adapter.dead_letters.put(APP, letters(4))
-        stored = await adapter.dead_letters.page(APP, 10)
+        stored = await stored_letters(adapter, 4)
         dead_letters = adapter.dead_letters
         assert isinstance(dead_letters, kafka_letters.KafkaDeadLetters)
         await dead_letters._write(APP, kafka_letters.LetterOp(  # a claim, as a replay writes it
@@ -144,9 +148,7 @@ async def test_a_replay_whose_publish_outlasts_its_claim_elsewhere_warns_of_twic
     mapper = HashRingQueueMapper(QUEUES)
     slow, other = adapter_on(tansu, topic), adapter_on(tansu, topic)
     try:
-        await slow.ensure_topic()
-        await slow.dead_letters.put(APP, letters(3))
-        stored = await slow.dead_letters.page(APP, 10)
+        stored = await stored_letters(slow, 3)
         ids = sorted(s.id for s in stored)
         dead_letters = slow.dead_letters
         assert isinstance(dead_letters, kafka_letters.KafkaDeadLetters)
@@ -179,9 +181,7 @@ async def test_a_purge_of_more_letters_than_a_record_holds_is_written_in_several
     monkeypatch.setattr(kafka_letters, "OP_IDS_MAX", 3)
     adapter = adapter_on(tansu, topic)
     try:
-        await adapter.ensure_topic()
-        await adapter.dead_letters.put(APP, letters(10))
-        ids = [s.id for s in await adapter.dead_letters.page(APP, 20)]
+        ids = [s.id for s in await stored_letters(adapter, 10)]
         assert await adapter.dead_letters.delete(APP, ids) == 10
         assert await adapter.dead_letters.count(APP) == 0
     finally:

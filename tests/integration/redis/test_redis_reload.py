@@ -6,11 +6,12 @@ message is handled exactly once — the old code before the edit, the new code a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,13 @@ def publish(config: Path, seqs: range) -> None:
     asyncio.run(run())
 
 
+@contextlib.contextmanager
 def worker_reloading(handlers: Path, config: Path, err_path: Path
-                     ) -> tuple[subprocess.Popen[bytes], Callable[[], str]]:
-    """``conveyor worker HANDLERS:app --reload`` on ``config``, and what it has written to
-    stderr (``err_path``) so far."""
+                     ) -> Iterator[tuple[Callable[[], str], Callable[[], str]]]:
+    """``conveyor worker HANDLERS:app --reload`` on ``config``: what it has written to
+    stderr (``err_path``) so far, and ``stop()``, which sends SIGTERM, asserts a clean
+    exit without a traceback and returns the whole stderr. The worker never outlives
+    the block."""
     with err_path.open("wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "conveyor.cli", "worker", f"{handlers}:app",
@@ -60,7 +64,21 @@ def worker_reloading(handlers: Path, config: Path, err_path: Path
             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.DEVNULL, stderr=err,
         )
-    return proc, err_path.read_text
+    stderr = err_path.read_text
+
+    def stop() -> str:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, stderr()
+        log = stderr()
+        assert "Traceback" not in log, log
+        return log
+
+    try:
+        yield stderr, stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_an_edited_handler_file_restarts_the_worker_on_the_new_code_losing_nothing(
@@ -72,8 +90,7 @@ def test_an_edited_handler_file_restarts_the_worker_on_the_new_code_losing_nothi
     out = tmp_path / "handled.txt"
     handlers.write_text(APP.format(version="v1", out=str(out)))
     config = write_config(tmp_path / "c.toml", redis_server.url, worker={"drain_timeout_s": 5.0})
-    proc, stderr = worker_reloading(handlers, config, tmp_path / "worker.err")
-    try:
+    with worker_reloading(handlers, config, tmp_path / "worker.err") as (stderr, stop):
         wait_until_sync(lambda: "ready" in stderr(), 30, "the first worker to be ready")
         publish(config, range(0, 100))
         wait_file_lines([out], 100, 30, "the old code to handle the first 100")
@@ -85,14 +102,7 @@ def test_an_edited_handler_file_restarts_the_worker_on_the_new_code_losing_nothi
         publish(config, range(200, 300))
         wait_file_lines([out], 300, 30, "all 300 to be handled")
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, stderr()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    log = stderr()
-    assert "Traceback" not in log
+        log = stop()
     assert "handlers.py changed: draining the worker" in log
     assert log.count("conveyor: drained") == 2, log  # the reload's drain and the last one
     rows = [line.split() for line in out.read_text().splitlines()]
@@ -118,8 +128,7 @@ def test_an_edit_that_breaks_the_app_is_named_and_the_fix_handles_what_waited(
     good = APP.format(version="v1", out=str(out))
     handlers.write_text(good)
     config = write_config(tmp_path / "c.toml", redis_server.url, worker={"drain_timeout_s": 5.0})
-    proc, stderr = worker_reloading(handlers, config, tmp_path / "worker.err")
-    try:
+    with worker_reloading(handlers, config, tmp_path / "worker.err") as (stderr, stop):
         wait_until_sync(lambda: "ready" in stderr(), 30, "the first worker to be ready")
         publish(config, range(0, 100))
         wait_file_lines([out], 100, 30, "the first 100")
@@ -139,14 +148,7 @@ def test_an_edit_that_breaks_the_app_is_named_and_the_fix_handles_what_waited(
         publish(config, range(200, 300))
         wait_file_lines([out], 300, 30, "all 300 to be handled")
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, stderr()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    log = stderr()
-    assert "Traceback" not in log, log
+        log = stop()
     errors = [line for line in log.splitlines() if line.startswith("conveyor: error: ")]
     assert len(errors) == 2, log
     assert (f"importing '{handlers}:app' failed at {handlers}:3: ModuleNotFoundError: "
