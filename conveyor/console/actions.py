@@ -60,6 +60,8 @@ class Choice:
     handler: str | None = None
     error_type: str | None = None
     stream: str | None = None
+    known: bool = False
+    """The console's ``--app``: an app even with no group and no letters (yet)."""
 
     def keeps(self, stored: StoredLetter) -> bool:
         if not LetterFilter(self.handler, self.error_type)(stored):
@@ -78,9 +80,34 @@ async def _on_adapter(config: Config, work: Callable[[QueueAdapter], Awaitable[T
         await adapter.close()
 
 
+async def unknown_app(adapter: QueueAdapter, config: Config, app: str) -> str | None:
+    """Why ``app`` is no app of this broker — no dead letters and no consumer group on any
+    queue: a typo, most likely, whose empty list would read as an app with nothing to fix
+    — or None when it is one."""
+    if await adapter.dead_letters.count(app):
+        return None
+    groups = sorted({info.group for info in await adapter.groups.on(range(config.queues.total))})
+    if app in groups:
+        return None
+    return (f"no app {app!r} on this broker: it has no consumer group and no dead letters "
+            f"(a typo, or an app that never ran; apps here: {', '.join(groups) or 'none'})")
+
+
+async def _require_app(adapter: QueueAdapter, config: Config, app: str) -> None:
+    reason = await unknown_app(adapter, config, app)
+    if reason is not None:
+        raise NotFound(reason)
+
+
+async def require_app(config: Config, app: str) -> None:
+    """Refuse (:class:`NotFound`) an app :func:`unknown_app` names."""
+    await _on_adapter(config, lambda adapter: _require_app(adapter, config, app))
+
+
 async def list_letters(config: Config, choice: Choice,
                        limit: int = LIST_LIMIT) -> dict[str, Any]:
-    """The letters the filters keep, oldest first, and how many the app has in all."""
+    """The letters the filters keep, oldest first, and how many the app has in all; an
+    unknown app (:func:`unknown_app`) unless ``choice.known`` is a :class:`NotFound`."""
 
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
         found = []
@@ -89,8 +116,10 @@ async def list_letters(config: Config, choice: Choice,
                 found.append(_listed(letter_json(stored)))
                 if len(found) >= limit:
                     break
-        return {"app": choice.app, "letters": found,
-                "total": await adapter.dead_letters.count(choice.app), "limit": limit}
+        total = await adapter.dead_letters.count(choice.app)
+        if not total and not choice.known:
+            await _require_app(adapter, config, choice.app)
+        return {"app": choice.app, "letters": found, "total": total, "limit": limit}
 
     return await _on_adapter(config, work)
 
@@ -109,11 +138,15 @@ def _listed(shown: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-async def show_letter(config: Config, app: str, letter_id: str) -> dict[str, Any]:
+async def show_letter(config: Config, app: str, letter_id: str, *,
+                      known: bool = False) -> dict[str, Any]:
     """One letter in full, its body cut to :data:`BODY_PREVIEW` characters."""
 
     async def work(adapter: QueueAdapter) -> StoredLetter | None:
-        return await adapter.dead_letters.find(app, letter_id)
+        stored = await adapter.dead_letters.find(app, letter_id)
+        if stored is None and not known:
+            await _require_app(adapter, config, app)
+        return stored
 
     stored = await _on_adapter(config, work)
     if stored is None:
@@ -128,12 +161,18 @@ async def show_letter(config: Config, app: str, letter_id: str) -> dict[str, Any
     return shown
 
 
-async def _chosen(adapter: QueueAdapter, choice: Choice) -> list[StoredLetter]:
+async def _chosen(adapter: QueueAdapter, config: Config,
+                  choice: Choice) -> list[StoredLetter]:
     if choice.every:
-        return [s async for s in letters(adapter, choice.app) if choice.keeps(s)]
+        chosen = [s async for s in letters(adapter, choice.app) if choice.keeps(s)]
+        if not chosen and not choice.known:
+            await _require_app(adapter, config, choice.app)
+        return chosen
     found = {i: await adapter.dead_letters.find(choice.app, i) for i in choice.ids}
     missing = [i for i, s in found.items() if s is None]
     if missing:
+        if not choice.known:
+            await _require_app(adapter, config, choice.app)
         raise NotFound(f"no dead letter {', '.join(missing)} of app {choice.app!r}; "
                        "nothing was done")
     return [s for s in found.values() if s is not None and choice.keeps(s)]
@@ -144,7 +183,7 @@ async def replay_letters(config: Config, choice: Choice) -> dict[str, Any]:
     mapper = HashRingQueueMapper(config.queues.total)
 
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
-        report = await replay(adapter, mapper, choice.app, await _chosen(adapter, choice))
+        report = await replay(adapter, mapper, choice.app, await _chosen(adapter, config, choice))
         return {"replayed": [[i, str(token)] for i, token in report.replayed],
                 "skipped": [list(s) for s in report.skipped], "gone": report.gone}
 
@@ -155,7 +194,7 @@ async def purge_letters(config: Config, choice: Choice) -> dict[str, Any]:
     """Delete the chosen letters for good, as ``conveyor dlq purge`` does."""
 
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
-        chosen = await _chosen(adapter, choice)
+        chosen = await _chosen(adapter, config, choice)
         return {"purged": await adapter.dead_letters.delete(choice.app,
                                                             [s.id for s in chosen])}
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from conveyor.backends import for_config
 from conveyor.platform.adapter import StoreProblem
 from conveyor.platform.config import Config
+from conveyor.platform.config.checks import SENTINEL_PORT
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.status import (
@@ -62,8 +65,16 @@ POLL_TIMEOUT_S = 8.0
 and does not answer) ends with an error reading and drops its connections. Below the
 10 s a page's first request after a rest waits for a fresh reading, so that request gets
 this poll's outcome rather than the reading before the rest."""
+PROBE_AFTER_S = 0.5
+"""A poll not done this long after it started has the Redis it reads probed
+(:func:`refused`): a closed port makes the adapter retry until ``timeout_s``, and the
+poll would end as a broker that does not answer would. A poll of a broker that answers
+takes a few tens of milliseconds."""
 CLOSE_TIMEOUT_S = 5.0
 """Longest the console waits for its broker connections to close (at its exit)."""
+
+REDIS_PORT = 6379
+"""Where ``[redis] url`` points when it names no port."""
 
 LATENCY_KEYS = {"p50": "latency.p50_s", "p95": "latency.p95_s", "p99": "latency.p99_s"}
 """Chart series -> the heartbeat stat a daemon publishes (seconds, over the calls since
@@ -259,11 +270,14 @@ class Poller:
         poll waits on connections to a broker that does not answer."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                apps, status = await self._read()
+                apps, status = await self._read_unless_refused()
         except TimeoutError:
             self._drop_reader()
             self._failed(f"BrokerConnectionError: no answer from the broker within "
                          f"{self.timeout_s:g}s")
+        except Refused as exc:
+            self._drop_reader()
+            self._failed(f"BrokerConnectionError: {exc}")
         except ConveyorError as exc:
             self._drop_reader()
             self._failed(f"{type(exc).__name__}: {exc}")
@@ -280,6 +294,20 @@ class Poller:
                     chart_sample(report))
         self.polls += 1
         self._fresh.set()
+
+    async def _read_unless_refused(self) -> tuple[AppsReport, dict[str, StatusReport]]:
+        """:meth:`_read`; or, if it is not done after :data:`PROBE_AFTER_S` and the Redis
+        it reads refuses connections (:func:`refused`), :class:`Refused` at once."""
+        read = asyncio.ensure_future(self._read())
+        try:
+            done, _ = await asyncio.wait({read}, timeout=PROBE_AFTER_S)
+            if not done and (where := await refused(self.config)) and not read.done():
+                raise Refused(f"redis at {where} refused the connection")
+        except BaseException:  # refused, or the poll's bound, or the console stopping:
+            read.cancel()  # not waited for (a cancel lost in redis-py would hold it for
+            read.add_done_callback(_retrieve)  # the adapter's retries); its connections
+            raise  # are dropped with the reader
+        return await read
 
     async def _read(self) -> tuple[AppsReport, dict[str, StatusReport]]:
         if self._reader is None:
@@ -316,3 +344,56 @@ class Poller:
                 await reader.close()
         except Exception:  # closing what failed may fail too: nothing is lost
             log.debug("closing the console's broker connections failed", exc_info=True)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Take a dropped read's outcome, so that asyncio logs no error never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Refused(Exception):
+    """Every address of the Redis a poll reads refused a connection (its port closed)."""
+
+
+async def refused(config: Config) -> str | None:
+    """The Redis ``config`` reads (``[redis] url``, or with ``mode = "sentinel"`` its
+    sentinels), as ``HOST:PORT, ...``, when every one of its addresses refuses a TCP
+    connection; None when one accepts, or gives no answer within a second, or when
+    ``config`` uses no Redis (Kafka's client says at once that no broker is reachable)."""
+    if config.queues.adapter != "redis" and config.balancer.membership != "redis":
+        return None
+    cfg = config.redis
+    if cfg.mode == "sentinel":
+        servers = [urlsplit(f"//{item}") for item in cfg.sentinels]
+        default = SENTINEL_PORT
+    else:
+        servers, default = [urlsplit(cfg.url)], REDIS_PORT
+        if servers[0].scheme not in ("redis", "rediss"):  # a unix socket: no port to probe
+            return None
+    try:
+        named = [(s.hostname or "localhost", s.port or default) for s in servers]
+    except ValueError:  # a port out of range: the adapter reports the config's mistake
+        return None
+    for host, port in named:
+        if not await _refuses(host, port):
+            return None
+    return ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in named)
+
+
+async def _refuses(host: str, port: int) -> bool:
+    """Whether every address ``host`` resolves to refuses a connection on ``port``."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(1.0):
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            for *_, address in infos:
+                try:
+                    _, writer = await asyncio.open_connection(str(address[0]), int(address[1]))
+                except ConnectionRefusedError:
+                    continue
+                writer.close()
+                return False
+    except (OSError, TimeoutError):  # unresolved, unreachable, silent: not a refusal
+        return False
+    return bool(infos)

@@ -40,7 +40,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from conveyor.console import actions
 from conveyor.console.actions import Choice, RequestError
-from conveyor.console.poller import Poller, rates
+from conveyor.console.poller import Poller, Reading, rates
 from conveyor.platform.config import Config
 from conveyor.platform.errors import (
     AppAliveError,
@@ -185,23 +185,28 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
         })
 
     async def charts(request: Request) -> Response:
-        await poller.current()
+        reading = await poller.current()
         app = _app_param(request.query_params.get("app"), settings)
+        if app != settings.app and not _polled(reading, app) and not poller.history(app):
+            async with broker_calls:  # an app with letters only, or a typo: ask the broker
+                await actions.require_app(settings.config, app)
         return JSONResponse({"app": app, "interval_s": poller.interval_s,
                              "points": rates(poller.history(app))})
 
     async def letters(request: Request) -> Response:
         q = request.query_params
-        choice = Choice(_app_param(q.get("app"), settings),
-                        handler=actions.check_text("handler", q.get("handler")),
+        app = _app_param(q.get("app"), settings)
+        choice = Choice(app, handler=actions.check_text("handler", q.get("handler")),
                         error_type=actions.check_text("error_type", q.get("error_type")),
-                        stream=actions.check_text("stream", q.get("stream")))
+                        stream=actions.check_text("stream", q.get("stream")),
+                        known=app == settings.app)
         return JSONResponse(await actions.list_letters(settings.config, choice))
 
     async def letter(request: Request) -> Response:
         app = _app_param(request.query_params.get("app"), settings)
         letter_id = actions.check_text("id", request.path_params["letter_id"], required=True)
-        return JSONResponse(await actions.show_letter(settings.config, app, letter_id or ""))
+        return JSONResponse(await actions.show_letter(settings.config, app, letter_id or "",
+                                                      known=app == settings.app))
 
     broker_calls = asyncio.Semaphore(BROKER_CALLS)
 
@@ -303,6 +308,14 @@ def _error(status: int, message: str) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def _polled(reading: Reading, app: str) -> bool:
+    """Whether the last poll found ``app``'s group, or cannot tell (it failed: the charts
+    answer from what was polled before, at once, as with the broker down)."""
+    if reading.apps is None or reading.error is not None:
+        return True
+    return any(a.app == app for a in reading.apps.apps)
+
+
 def _app_param(value: Any, settings: Settings) -> str:
     app = actions.check_text("app", value) or settings.app
     if app is None:
@@ -354,10 +367,11 @@ def _choice(body: dict[str, Any], settings: Settings) -> Choice:
     ids = actions.check_ids(body.get("ids", []))
     if every == bool(ids):
         raise RequestError(400, "give either \"all\": true or \"ids\": [...], not both or neither")
-    return Choice(_app_param(body.get("app"), settings), ids, every,
+    app = _app_param(body.get("app"), settings)
+    return Choice(app, ids, every,
                   actions.check_text("handler", body.get("handler")),
                   actions.check_text("error_type", body.get("error_type")),
-                  actions.check_text("stream", body.get("stream")))
+                  actions.check_text("stream", body.get("stream")), known=app == settings.app)
 
 
 async def _write_choice(request: Request, settings: Settings) -> Choice:

@@ -451,3 +451,34 @@ def test_a_redis_that_evicts_is_a_warning_on_every_page(
         screenshot(page, tmp_path, "warning")
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("config_path", [pytest.param("redis", marks=pytest.mark.redis),
+                                         pytest.param("kafka", marks=pytest.mark.kafka)],
+                         indirect=True)
+def test_an_app_the_broker_does_not_know_is_said_so_on_the_page(
+    config_path: Path, console: Console, page: Any, tmp_path: Path,
+) -> None:
+    """``?app=shpo`` (a typo for shop) showed an empty, healthy-looking page: no letter,
+    no error. The overview and the dead letters now say it is no app there."""
+    config = load_config(config_path)
+    ensure_groups(config, "shop")
+    line = ("no app 'shpo' on this broker: it has no consumer group and no dead letters (a "
+            "typo, or an app that never ran; apps here: shop)")
+    page.goto(console.url + "/?app=shpo")
+    said = page.locator("#unknown-app")
+    said.wait_for(timeout=30_000)
+    assert said.inner_text() == line
+    page.locator("tbody tr td a", has_text="shop").wait_for(timeout=30_000)  # apps there
+    assert said.inner_text() == line  # still said, above them
+    screenshot(page, tmp_path, "unknown-app")
+    page.goto(console.url + "/letters?app=shpo")
+    error = page.locator("#error")
+    error.wait_for(state="visible", timeout=30_000)
+    assert error.inner_text() == line
+    page.goto(console.url + "/?app=shop")  # a known app: its queues, no such line
+    page.locator("#total-lag").wait_for(timeout=30_000)
+    assert said.count() == 0
+    page.goto(console.url + "/letters?app=shop")  # known with no letter: no error
+    page.locator("#no-letters").wait_for(timeout=30_000)
+    assert page.locator("#error").is_hidden()

@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from conveyor.console.server import TOKEN_HEADER, Settings, broker_name, create_
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message
-from tests.conftest import wait_until_sync
+from tests.conftest import free_port, wait_until_sync
 from tests.integration.redis.conftest import write_config
 from tests.servers import SENTINEL_SERVICE, RedisServer
 
@@ -311,6 +312,136 @@ def test_a_broker_down_is_a_message_on_the_page_not_a_traceback(
         letters = api.get("/api/letters", params={"app": APP})
     assert letters.status_code == 502
     assert "Traceback" not in letters.text and letters.json()["error"]
+
+
+def put_letters(config: Config, app: str, count: int) -> None:
+    """``count`` dead letters of ``app``, stored as its daemons would."""
+
+    async def put() -> None:
+        adapter = create_adapter("redis", config)
+        try:
+            await adapter.dead_letters.put(app, [
+                DeadLetter.of(Message(f"g{n}", StreamId("orders", f"g{n}"), b"{}"),
+                              "orders.handle", ValueError("bad"), 3) for n in range(count)])
+        finally:
+            await adapter.close()
+
+    asyncio.run(put())
+
+
+def assert_unknown_app(response: Any, app: str) -> None:
+    """A 404 whose one line names ``app`` and the apps there are (``shop`` alone)."""
+    assert response.status_code == 404, (response.status_code, response.text)
+    assert response.json()["error"] == (
+        f"no app {app!r} on this broker: it has no consumer group and no dead letters (a "
+        f"typo, or an app that never ran; apps here: {APP})")
+
+
+def test_an_app_the_broker_does_not_know_is_a_404_naming_the_apps_there(
+    api: TestClient, config: Config,
+) -> None:
+    """``?app=shpo`` (a typo) answered 200 with no letter and no chart: an app with
+    nothing to fix. Every endpoint naming it now says it is none."""
+    assert_unknown_app(api.get("/api/letters", params={"app": "shpo"}), "shpo")
+    assert_unknown_app(api.get("/api/charts", params={"app": "shpo"}), "shpo")
+    assert_unknown_app(api.get("/api/letters/1-0", params={"app": "shpo"}), "shpo")
+    assert_unknown_app(api.post("/api/letters/replay", json={"app": "shpo", "all": True},
+                                headers={TOKEN_HEADER: TOKEN}), "shpo")
+    assert_unknown_app(api.post("/api/letters/purge", json={
+        "app": "shpo", "ids": ["1-0"], "confirm": True}, headers={TOKEN_HEADER: TOKEN}),
+        "shpo")
+    assert api.get("/api/letters", params={"app": APP}).json()["total"] == 3  # nothing done
+
+
+def test_an_app_with_a_group_or_letters_only_or_the_console_s_own_is_known_with_none(
+    api: TestClient, config: Config,
+) -> None:
+    """Known apps keep their empty answers: one with a group and no letter, one whose
+    group was deleted and whose letters are kept, and the console's ``--app`` before it
+    ever ran."""
+
+    async def group_only() -> None:
+        adapter = create_adapter("redis", config)
+        try:
+            await adapter.ensure_group(0, "idle")  # type: ignore[attr-defined]
+        finally:
+            await adapter.close()
+
+    asyncio.run(group_only())
+    put_letters(config, "gone", 2)
+    idle = api.get("/api/letters", params={"app": "idle"})
+    assert (idle.status_code, idle.json()["total"]) == (200, 0)
+    assert api.get("/api/charts", params={"app": "idle"}).status_code == 200
+    gone = api.get("/api/letters", params={"app": "gone"})
+    assert (gone.status_code, gone.json()["total"]) == (200, 2)
+    assert api.get("/api/charts", params={"app": "gone"}).json()["points"] == []
+    replayed = api.post("/api/letters/replay", json={"app": "idle", "all": True},
+                        headers={TOKEN_HEADER: TOKEN})
+    assert (replayed.status_code, replayed.json()["replayed"]) == (200, [])
+    with client_for(config, app="fresh") as one_app:
+        fresh = one_app.get("/api/letters")
+        assert (fresh.status_code, fresh.json()["total"]) == (200, 0)
+        assert one_app.get("/api/charts").status_code == 200
+        missing = one_app.get("/api/letters/1-0")
+        assert missing.status_code == 404
+        assert missing.json()["error"] == (
+            "no dead letter '1-0' of app 'fresh' (replayed or purged?)")
+
+
+def closed_port_config(tmp_path: Path, port: int) -> Config:
+    return load_config(write_config(tmp_path / "redis.toml", f"redis://127.0.0.1:{port}/0",
+                                    queues={"total": 2}))
+
+
+def test_a_redis_whose_port_is_closed_is_reported_at_once_as_refusing(
+    tmp_path: Path,
+) -> None:
+    """A closed port read as a broker that does not answer ("no answer from the broker
+    within 8s"), after the whole 8 s of the adapter's retries."""
+    port = free_port()  # reserved, and nothing listens on it
+    poller = Poller(closed_port_config(tmp_path, port), None)
+
+    async def poll() -> float:
+        started = time.monotonic()
+        try:
+            await poller.poll()
+        finally:
+            await poller.stop()
+        return time.monotonic() - started
+
+    took = asyncio.run(poll())
+    assert poller.reading.error == (
+        f"BrokerConnectionError: redis at 127.0.0.1:{port} refused the connection")
+    assert took < 2.0, f"the poll took {took:.1f}s"
+
+
+def test_a_redis_that_accepts_and_never_answers_is_reported_at_the_poll_s_bound(
+    tmp_path: Path,
+) -> None:
+    async def poll() -> tuple[float, str | None]:
+        held: list[asyncio.StreamWriter] = []
+
+        async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)  # never a byte back
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        poller = Poller(closed_port_config(tmp_path, port), None, timeout_s=2.0)
+        started = time.monotonic()
+        try:
+            await poller.poll()
+            took = time.monotonic() - started
+        finally:
+            await poller.stop()
+            for writer in held:
+                writer.close()
+            server.close()
+        assert held, "the console never connected"
+        return took, poller.reading.error
+
+    took, error = asyncio.run(poll())
+    assert error == "BrokerConnectionError: no answer from the broker within 2s"
+    assert 2.0 <= took < 3.0, f"the poll took {took:.1f}s"
 
 
 def test_deleting_the_group_of_an_app_that_looks_alive_is_refused(api: TestClient,

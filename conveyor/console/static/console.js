@@ -9,6 +9,7 @@ const params = new URLSearchParams(location.search);
 let app = params.get("app") || body.dataset.app || "";
 let intervalMs = 2000;
 let lastLetterCount = null;
+let unknownApp = null;  // why ?app= names no app of this broker (a typo), once the console said so
 let pollFailed = false;
 let filters = {handler: params.get("handler") || "", error_type: params.get("error_type") || "",
                stream: params.get("stream") || ""};
@@ -90,7 +91,7 @@ function showWarnings(lines) {
 async function getJSON(url) {
   const response = await fetch(url, {headers: {"Accept": "application/json"}});
   const data = await response.json();
-  if (!response.ok) throw new Error(data.error || response.statusText);
+  if (!response.ok) throw Object.assign(new Error(data.error || response.statusText), {status: response.status});
   return data;
 }
 
@@ -206,6 +207,14 @@ async function overview(data) {
       ? (holders.length ? "trimming waits for: " + holders.join(", ") : "no group holds retention back")
       : "retention goes by time or size here: no group holds it back"));
     nodes.push(el("h2", {}, "Last minutes"), charts(pts));
+  } else if (app && !data.error) {
+    // No group of that name: an app with dead letters only, or one the broker does not
+    // know, which the console refuses with a 404 saying so (above the apps there are).
+    if (unknownApp === null) {
+      try { await getJSON("/api/charts?app=" + encodeURIComponent(app)); unknownApp = ""; }
+      catch (e) { if (e.status !== 404) throw e; unknownApp = e.message; }
+    }
+    if (unknownApp) nodes.unshift(el("p", {class: "error", id: "unknown-app"}, unknownApp));
   }
   setContent(...nodes);
 }
@@ -309,7 +318,9 @@ async function letters(data, force) {
   try {
     found = await getJSON("/api/letters?" + query());
   } catch (e) {
-    if (!force) throw e;  // a poll's: tick shows it, and a poll that succeeds clears it
+    // A poll's: tick shows it, and a poll that succeeds clears it; but an app the console
+    // does not know (404) is shown as a refusal is, and not asked for again every poll.
+    if (!force && e.status !== 404) throw e;
     found = e;  // refused when asked for (a filter too long): shown below
   }
   const form = el("form", {class: "filters", onsubmit: (e) => {

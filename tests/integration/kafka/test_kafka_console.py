@@ -189,3 +189,47 @@ async def test_a_poll_during_an_outage_ends_within_its_bound_and_the_next_recove
         if outage == "frozen":
             os.kill(proc.pid, signal.SIGCONT)
         await poller.stop()
+
+
+async def test_an_app_the_broker_does_not_know_is_a_404_and_a_known_one_answers(
+    proxied_app: tuple[Tansu, CuttableProxy, Config],
+) -> None:
+    """``?app=shpo`` (a typo) answered 200 with no letter: an app with nothing to fix."""
+    _, _, config = proxied_app
+    settings = Settings(config, None, None, "127.0.0.1", broker_name(config))
+    one_app = Settings(config, "fresh", None, "127.0.0.1", broker_name(config))
+    api = TestClient(create_app(settings, Poller(config, None, interval_s=0.2)),
+                     base_url="http://127.0.0.1:8089")
+    fresh = TestClient(create_app(one_app, Poller(config, "fresh", interval_s=0.2)),
+                       base_url="http://127.0.0.1:8089")
+
+    def ask() -> list[tuple[int, Any]]:
+        with api, fresh:
+            return [(r.status_code, r.json()) for r in (
+                api.get("/api/letters", params={"app": "shpo"}),
+                api.get("/api/charts", params={"app": "shpo"}),
+                api.get("/api/letters", params={"app": "shop"}),
+                fresh.get("/api/letters"))]
+
+    unknown, charts, shop, own = await asyncio.to_thread(ask)
+    line = ("no app 'shpo' on this broker: it has no consumer group and no dead letters (a "
+            "typo, or an app that never ran; apps here: shop)")
+    assert unknown == (404, {"error": line})
+    assert charts == (404, {"error": line})
+    assert (shop[0], shop[1]["total"]) == (200, 1)
+    assert (own[0], own[1]["total"]) == (200, 0)  # the console's --app, before it ran
+
+
+async def test_a_kafka_whose_port_is_closed_is_reported_at_once(topic: str) -> None:
+    port = free_port()  # reserved, and nothing listens on it
+    poller = Poller(kafka_config(f"127.0.0.1:{port}", topic, queues={"total": 2},
+                                 balancer={"kind": "kafka-group"}), None)
+    started = time.monotonic()
+    try:
+        await poller.poll()
+    finally:
+        await poller.stop()
+    assert time.monotonic() - started < 2.0
+    assert poller.reading.error == (
+        "BrokerConnectionError: kafka: listing consumer groups failed: no broker reachable "
+        f"at 127.0.0.1:{port} ($.kafka.bootstrap)")
