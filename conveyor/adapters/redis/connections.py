@@ -467,10 +467,10 @@ def _connect_cluster(url: str, kwargs: dict[str, Any]) -> ClusterClient:
     return client
 
 
-def _sent(env_field: str, value: str | None, what: str) -> str:
-    """What went to the sentinels as ``what``, from the variable ``env_field`` names,
-    said without the value: ``the password in SENTINEL_PW``, or why none was sent."""
-    field = f"sentinel_{what}_env"
+def _sent(what: str, field: str, env_field: str, value: str | None) -> str:
+    """What went to the sentinels as ``what``, from the variable ``field`` (whose value
+    is ``env_field``) names, said without the value: ``the password in SENTINEL_PW
+    (sentinel_password_env) was sent``, or why none was."""
     if not env_field:
         return f"no {what} was sent: {field} is empty"
     if value is None:
@@ -501,9 +501,11 @@ def _connect_sentinel(cfg: RedisConfig, url: str, kwargs: dict[str, Any]) -> Sen
         sentinel_kwargs["password"] = password
     sentinel = _Sentinels(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
         sentinel_addresses(cfg.sentinels), sentinel_kwargs=sentinel_kwargs, **options)
-    sentinel.credentials = _sent(cfg.sentinel_password_env, password, "password") + (
-        f", {_sent(cfg.sentinel_username_env, user, 'user')}" if cfg.sentinel_username_env
-        else "")
+    sentinel.credentials = _sent("password", "sentinel_password_env",
+                                 cfg.sentinel_password_env, password)
+    if cfg.sentinel_username_env:
+        sentinel.credentials += ", " + _sent("user", "sentinel_username_env",
+                                             cfg.sentinel_username_env, user)
     client = cast(SentinelClient, sentinel.master_for(cfg.sentinel_service,
                                                       redis_class=SentinelClient))
     client.sentinel_manager = sentinel

@@ -40,13 +40,13 @@ def conveyor(cfg: Path, *args: str, env: dict[str, str]) -> subprocess.Completed
 
 
 def sentinel_config(path: Path, servers: RedisSentinelServers, *,
-                    sentinel_password_env: str = "SHOP_SENTINEL_PASSWORD",
-                    sentinels: list[str] | None = None) -> Path:
+                    sentinels: list[str] | None = None, **fields: str) -> Path:
+    """``fields``: more of ``[redis]`` (``sentinel_password_env = ""``, say)."""
     return write_config(path, "redis:///0", redis={
         "mode": "sentinel", "sentinels": servers.addresses if sentinels is None else sentinels,
         "sentinel_service": SENTINEL_SERVICE, "retry_max_s": RETRY_MAX_S,
         "password_env": "SHOP_REDIS_PASSWORD",
-        "sentinel_password_env": sentinel_password_env})
+        "sentinel_password_env": "SHOP_SENTINEL_PASSWORD", **fields})
 
 
 def assert_config_error(result: subprocess.CompletedProcess[str], took_s: float,
@@ -85,18 +85,22 @@ def test_a_wrong_sentinel_password_is_a_config_error_on_its_field(
     assert error.endswith(SENTINELS_HINT), error
 
 
-@pytest.mark.parametrize(("field", "env", "sent"), [
-    ("", {}, "no password was sent: sentinel_password_env is empty"),
-    ("SHOP_SENTINEL_PASSWORD", {"SHOP_SENTINEL_PASSWORD": ""},
+@pytest.mark.parametrize(("fields", "env", "sent"), [
+    ({"sentinel_password_env": ""}, {},
+     "no password was sent: sentinel_password_env is empty"),
+    ({}, {"SHOP_SENTINEL_PASSWORD": ""},
      "no password was sent: SHOP_SENTINEL_PASSWORD (sentinel_password_env) is unset or "
      "empty"),
-], ids=["no-field", "variable-empty"])
-def test_no_sentinel_password_where_they_want_one_says_so(
-        redis_sentinel_with_passwords: RedisSentinelServers, tmp_path: Path, field: str,
-        env: dict[str, str], sent: str) -> None:
+    ({"sentinel_username_env": "SHOP_SENTINEL_USER"},
+     {"SHOP_SENTINEL_PASSWORD": WRONG, "SHOP_SENTINEL_USER": "default"},
+     "the password in SHOP_SENTINEL_PASSWORD (sentinel_password_env) was sent, the user in "
+     "SHOP_SENTINEL_USER (sentinel_username_env) was sent"),
+], ids=["no-field", "variable-empty", "with-a-user"])
+def test_what_was_sent_to_sentinels_that_refused_is_said(
+        redis_sentinel_with_passwords: RedisSentinelServers, tmp_path: Path,
+        fields: dict[str, str], env: dict[str, str], sent: str) -> None:
     """The common slip: the data nodes' password given, the sentinels' forgotten."""
-    cfg = sentinel_config(tmp_path / "c.toml", redis_sentinel_with_passwords,
-                          sentinel_password_env=field)
+    cfg = sentinel_config(tmp_path / "c.toml", redis_sentinel_with_passwords, **fields)
     started = time.monotonic()
     result = conveyor(cfg, "status", env={**env, "SHOP_REDIS_PASSWORD": DATA_PASSWORD})
     error = assert_config_error(result, time.monotonic() - started, SENTINELS_REFUSED)
