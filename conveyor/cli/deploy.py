@@ -119,8 +119,9 @@ def deploy() -> None:
               help="Memory request and limit per pod.")
 @click.option("--output", "-o", default="-", show_default=True, metavar="DIR|-", callback=_output,
               help="'-': one YAML stream on stdout; DIR: one file per object, in apply "
-                   "order (kubectl apply -f DIR), made if missing, its files of the same "
-                   "names written over; an existing file is refused.")
+                   "order (kubectl apply -f DIR), made if missing. The files an earlier "
+                   "render wrote there are replaced, or removed if no longer rendered; "
+                   "any other file in the way is refused.")
 def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: int,
                max_replicas: int | None, namespace: str | None, http_port: int, cpu: str,
                memory: str, output: str) -> None:
@@ -194,11 +195,22 @@ def to_yaml(objects: list[dict[str, Any]]) -> str:
 
 
 def _write(directory: Path, objects: list[dict[str, Any]]) -> None:
+    """One file per object; files an earlier render wrote and this one does not are
+    removed, and a file Conveyor did not write is never written over
+    (:mod:`conveyor.deploy.output_dir`)."""
+    from conveyor.deploy import output_dir
+
+    files = {f"{number:02d}-{obj['kind'].lower()}.yaml": to_yaml([obj]).encode()
+             for number, obj in enumerate(objects, 1)}
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        for number, obj in enumerate(objects, 1):
-            path = directory / f"{number:02d}-{obj['kind'].lower()}.yaml"
-            path.write_text(to_yaml([obj]), encoding="utf-8")
-            click.echo(str(path))
+        plan = output_dir.plan(directory, files)
+        removed = output_dir.carry_out(plan)
+    except output_dir.NotOursError as exc:
+        _usage(f"--output: {exc}")
     except OSError as exc:
         _usage(f"--output: cannot write to {directory}: {exc.strerror or exc}")
+    for name in files:
+        click.echo(str(directory / name))
+    for path in removed:
+        click.echo(f"conveyor: removed {path}: an earlier render wrote it, this one does not",
+                   err=True)

@@ -12,7 +12,9 @@ free ports, a wait with a deadline until it answers, its stop, the one fixture f
   (a module's, no kills) and ``fresh_redis_cluster`` (a test's own): 3 primaries and
   3 replicas that tests can SIGKILL nodes of and wait for the failover.
 * :mod:`~tests.servers.sentinel`: :class:`RedisSentinelServers` / ``redis_sentinel``
-  and ``fresh_redis_sentinel``: a primary, its replica and three sentinels.
+  and ``fresh_redis_sentinel``: a primary, its replica and three sentinels;
+  ``redis_sentinel_with_passwords``: the same, the data nodes and sentinels each with a
+  password of their own.
 
 A missing binary skips locally and fails under ``CONVEYOR_REQUIRE_SERVERS=1``.
 """
@@ -30,6 +32,7 @@ from tests.servers.sentinel import (
     RedisSentinelServers,
     fresh_redis_sentinel,
     redis_sentinel,
+    redis_sentinel_with_passwords,
 )
 from tests.servers.tansu import Tansu, require_tansu, start_tansu, tansu, tansu_binary
 
@@ -37,6 +40,6 @@ __all__ = [
     "SENTINEL_SERVICE", "Address", "RedisClusterServers", "RedisProcess",
     "RedisSentinelServers", "RedisServer", "SlotRange", "Tansu", "distinct_free_ports",
     "fresh_redis_cluster", "fresh_redis_sentinel", "redis_cluster", "redis_sentinel",
-    "redis_server", "require_tansu", "server_fixture", "start_redis", "start_tansu", "tansu",
-    "tansu_binary",
+    "redis_sentinel_with_passwords", "redis_server", "require_tansu", "server_fixture",
+    "start_redis", "start_tansu", "tansu", "tansu_binary",
 ]

@@ -27,7 +27,7 @@ class RedisProcess(Process):
     ``redis-sentinel``), its options in ``config_file``."""
 
     def __init__(self, port: int, workdir: Path, *args: str,
-                 config_file: Path | None = None) -> None:
+                 config_file: Path | None = None, password: str | None = None) -> None:
         if config_file is None:
             argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                     "--dir", str(workdir), "--daemonize", "no",
@@ -37,6 +37,8 @@ class RedisProcess(Process):
         super().__init__(argv, workdir / "redis.log")
         self.port = port
         self.workdir = workdir
+        self.password = password
+        """What :meth:`admin` authenticates with (the process's ``requirepass``)."""
         self._admin: redis.Redis | None = None
 
     @property
@@ -55,8 +57,9 @@ class RedisProcess(Process):
         """A plain connection to this process (kept; decoded replies), for PING, INFO,
         CLUSTER and SENTINEL commands."""
         if self._admin is None:
-            self._admin = redis.Redis(port=self.port, decode_responses=True,
-                                      socket_connect_timeout=0.5, socket_timeout=2)
+            self._admin = redis.Redis(port=self.port, password=self.password,
+                                      decode_responses=True, socket_connect_timeout=0.5,
+                                      socket_timeout=2)
         return self._admin
 
     def kill(self) -> None:

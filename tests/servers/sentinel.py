@@ -43,19 +43,28 @@ class RedisSentinelServers:
     sentinels turn it into a replica of the promoted one.
     """
 
-    def __init__(self, workdir: Path, *, killable: bool = True) -> None:
+    def __init__(self, workdir: Path, *, killable: bool = True, password: str | None = None,
+                 sentinel_password: str | None = None) -> None:
         ports = distinct_free_ports(5)
         primary, replica = ports[:2]
+        auth = ("--requirepass", password, "--masterauth", password) if password else ()
         self.data = [
-            RedisProcess(port, workdir / f"data-{port}", *DATA_NODE_OPTIONS,
-                         *(("--replicaof", "127.0.0.1", str(primary)) if port == replica else ()))
+            RedisProcess(port, workdir / f"data-{port}", *DATA_NODE_OPTIONS, *auth,
+                         *(("--replicaof", "127.0.0.1", str(primary)) if port == replica else ()),
+                         password=password)
             for port in (primary, replica)
         ]
         self.sentinels = [
             RedisProcess(port, workdir / f"sentinel-{port}", "--sentinel",
-                         config_file=workdir / f"sentinel-{port}" / "sentinel.conf")
+                         config_file=workdir / f"sentinel-{port}" / "sentinel.conf",
+                         password=sentinel_password)
             for port in ports[2:]
         ]
+        self.password = password
+        """The data nodes' ``requirepass`` (and ``masterauth``, ``sentinel auth-pass``)."""
+        self.sentinel_password = sentinel_password
+        """The sentinels' ``requirepass`` (and ``sentinel sentinel-pass``, so that they
+        still reach one another)."""
         self.killable = killable
         self.startup_s: float | None = None
         self._killed_at: dict[int, float] = {}
@@ -93,6 +102,11 @@ class RedisSentinelServers:
                 # A split vote is retried after twice this (3 s here made 7.7 and 13.7 s
                 # failovers in 2 of 30 runs, against 1.7-2.4 s otherwise).
                 f"sentinel failover-timeout {SENTINEL_SERVICE} 2000\n"
+                + (f"sentinel auth-pass {SENTINEL_SERVICE} {self.password}\n"
+                   if self.password else "")
+                + (f"requirepass {self.sentinel_password}\n"
+                   f"sentinel sentinel-pass {self.sentinel_password}\n"
+                   if self.sentinel_password else "")
             )
             sentinel.start()
         self._wait(self._all_answer, timeout_s, "every node and sentinel to accept connections")
@@ -205,6 +219,22 @@ redis_sentinel = server_fixture(
     "redis_sentinel", shared_sentinel, scope="module",
     doc="""Sentinels shared by a module's tests: they isolate themselves by key prefix and
     may not kill nodes (use ``fresh_redis_sentinel`` for that).""")
+
+DATA_PASSWORD = "data-node-secret"
+SENTINEL_PASSWORD = "sentinel-secret"
+
+
+def passworded_sentinel(workdir: Path) -> RedisSentinelServers:
+    require("redis-server (Redis Sentinel)", "redis-server")
+    return RedisSentinelServers(workdir, killable=False, password=DATA_PASSWORD,
+                                sentinel_password=SENTINEL_PASSWORD)
+
+
+redis_sentinel_with_passwords = server_fixture(
+    "redis_sentinel_with_passwords", passworded_sentinel, scope="module",
+    doc=f"""Sentinels shared by a module's tests, as ``redis_sentinel``, whose data nodes
+    require {DATA_PASSWORD!r} (``requirepass``; the sentinels' ``auth-pass``) and whose
+    sentinels require {SENTINEL_PASSWORD!r}.""")
 
 fresh_redis_sentinel = server_fixture(
     "fresh_redis_sentinel", own_sentinel,

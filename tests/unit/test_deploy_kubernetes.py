@@ -5,6 +5,7 @@ is checked on real brokers in tests/integration/{redis,kafka}/test_*_deploy.py."
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -404,3 +405,33 @@ def test_without_image_the_deployment_runs_this_versions_image() -> None:
     assert result.exit_code == 0, result.stderr
     assert container(list(yaml.safe_load_all(result.stdout)))["image"] == (
         f"conveyor:{version()}")
+
+
+def test_a_record_naming_other_files_makes_a_render_remove_none_of_them(
+        tmp_path: Path) -> None:
+    """The record is a file in the operator's directory: whatever it says, only names a
+    render writes (NN-kind.yaml) are ever removed, and only with the recorded digest."""
+    from conveyor.deploy import output_dir
+
+    out = tmp_path / "k8s"
+    out.mkdir()
+    (tmp_path / "outside.yaml").write_text("x\n")
+    for name in ("README.md", "kustomization.yaml", "04-scaledobject.yaml"):
+        (out / name).write_text("x\n")
+    digest = hashlib.sha256(b"x\n").hexdigest()
+    (out / output_dir.RECORD).write_text("".join(
+        f"{digest}  {name}\n" for name in ("README.md", "../outside.yaml",
+                                           "kustomization.yaml", "03-scaledobject.yaml")))
+    (out / "03-scaledobject.yaml").write_text("edited\n")  # digest no longer recorded
+    with pytest.raises(output_dir.NotOursError, match=r"03-scaledobject\.yaml, written by an"):
+        output_dir.plan(out, {"01-configmap.yaml": b"a\n"})
+    (out / "03-scaledobject.yaml").write_text("x\n")
+    plan = output_dir.plan(out, {"01-configmap.yaml": b"a\n"})
+    assert plan.stale == ["03-scaledobject.yaml"]
+    assert output_dir.carry_out(plan) == [out / "03-scaledobject.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        output_dir.RECORD, "01-configmap.yaml", "04-scaledobject.yaml", "README.md",
+        "kustomization.yaml"]
+    assert (tmp_path / "outside.yaml").exists()
+    assert output_dir.read_record(out) == {
+        "01-configmap.yaml": hashlib.sha256(b"a\n").hexdigest()}

@@ -36,6 +36,7 @@ from conveyor.adapters.redis.errors import (
     CLUSTER_ERRORS,
     ClusterUnreachableError,
     NotAClusterError,
+    SentinelCredentialsRefused,
 )
 from conveyor.adapters.redis.urls import check_url, redact_url, sentinel_addresses
 from conveyor.platform.config import RedisConfig
@@ -277,24 +278,43 @@ class _Sentinels(Sentinel):
     Conveyor does not set, aside), and its ``MasterNotFoundError`` (a
     ``ConnectionError``: retried as an outage) names each sentinel by address and why
     it named no primary.
+
+    When the sentinels that answered all refused the credentials (and the rest did not
+    answer), no retry helps: that is a :class:`SentinelCredentialsRefused`, a config
+    error on the sentinels' password, not "no primary" retried for ``retry_max_s``.
     """
+
+    credentials = ""
+    """What was sent to the sentinels, for that error (never the password itself)."""
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
         reasons: list[str] = []
+        refused: dict[str, list[str]] = {}  # why: addresses
+        answered = False  # a sentinel that did not refuse the credentials
         for i, node in enumerate(self.sentinels):
             address = _node_address(node)
             try:
                 masters = cast(dict[str, Any], await node.sentinel_masters())  # RESP2
+            except rex.AuthenticationError as exc:
+                text = str(exc).rstrip(".") or type(exc).__name__
+                refused.setdefault(text, []).append(address)
+                reasons.append(f"{address}: {text}")
+                continue
             except (rex.ConnectionError, rex.TimeoutError) as exc:
                 text = str(exc).rstrip(".") or type(exc).__name__
                 reasons.append(text if address in text else f"{address}: {text}")
                 continue
+            answered = True
             state = masters.get(service_name)
             if state and self.check_master_state(state, service_name):
                 self.sentinels[0], self.sentinels[i] = node, self.sentinels[0]
                 return state["ip"], int(state["port"])
             reasons.append(f"{address}: " + ("its primary is down or not agreed on" if state
                                              else "monitors no such service"))
+        if refused and not answered:
+            said = "; ".join(f"{', '.join(addresses)}: {text}"
+                             for text, addresses in refused.items())
+            raise SentinelCredentialsRefused(f"{said}; {self.credentials}")
         raise MasterNotFoundError(
             f"the sentinels named no primary for {service_name!r} ({'; '.join(reasons)})")
 
@@ -447,6 +467,17 @@ def _connect_cluster(url: str, kwargs: dict[str, Any]) -> ClusterClient:
     return client
 
 
+def _sent(what: str, field: str, env_field: str, value: str | None) -> str:
+    """What went to the sentinels as ``what``, from the variable ``field`` (whose value
+    is ``env_field``) names, said without the value: ``the password in SENTINEL_PW
+    (sentinel_password_env) was sent``, or why none was."""
+    if not env_field:
+        return f"no {what} was sent: {field} is empty"
+    if value is None:
+        return f"no {what} was sent: {env_field} ({field}) is unset or empty"
+    return f"the {what} in {env_field} ({field}) was sent"
+
+
 def _connect_sentinel(cfg: RedisConfig, url: str, kwargs: dict[str, Any]) -> SentinelClient:
     # The URL's options win, as in from_url; its host and port are the sentinels' to say.
     options = {**kwargs, **rconn.parse_url(url)}
@@ -470,6 +501,11 @@ def _connect_sentinel(cfg: RedisConfig, url: str, kwargs: dict[str, Any]) -> Sen
         sentinel_kwargs["password"] = password
     sentinel = _Sentinels(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
         sentinel_addresses(cfg.sentinels), sentinel_kwargs=sentinel_kwargs, **options)
+    sentinel.credentials = _sent("password", "sentinel_password_env",
+                                 cfg.sentinel_password_env, password)
+    if cfg.sentinel_username_env:
+        sentinel.credentials += ", " + _sent("user", "sentinel_username_env",
+                                             cfg.sentinel_username_env, user)
     client = cast(SentinelClient, sentinel.master_for(cfg.sentinel_service,
                                                       redis_class=SentinelClient))
     client.sentinel_manager = sentinel

@@ -49,6 +49,15 @@ class NotAClusterError(rex.RedisClusterException, ConveyorError):
     names no cluster), reported by :func:`map_errors` as one on ``$.redis.mode``."""
 
 
+class SentinelCredentialsRefused(rex.AuthenticationError, ConveyorError):
+    """The sentinels refused the credentials of ``[redis] sentinel_username_env`` /
+    ``sentinel_password_env`` (or their absence), and none named a primary: the config's
+    mistake, reported by :func:`map_errors` as one on ``$.redis.sentinel_password_env``.
+    An ``AuthenticationError``, so that whatever treats refused credentials as no outage
+    (no retry) treats these so too; its text names each sentinel and what was sent,
+    never a password."""
+
+
 REPORT_EVERY_S = 5.0
 """How often an outage that lasts is logged again."""
 
@@ -80,6 +89,13 @@ def map_errors(what: str) -> Iterator[None]:
     """Translate redis-py's exceptions into Conveyor's error tree."""
     try:
         yield
+    except SentinelCredentialsRefused as exc:  # before the data nodes' refusal: its kind
+        raise ConfigError(
+            f"$.redis.sentinel_password_env: the sentinels refused the credentials ({exc}, "
+            f"while {what}): give the sentinels' own password (their requirepass) in the "
+            "variable sentinel_password_env names, and their user, if any, in the one "
+            "sentinel_username_env names; the data nodes' are username_env / password_env"
+        ) from None
     except rex.AuthenticationError as exc:  # the config's mistake too: no retry helps
         said = str(exc).rstrip(".")
         raise ConfigError(
