@@ -412,7 +412,7 @@ def test_a_redis_whose_port_is_closed_is_reported_at_once_as_refusing(
     took = asyncio.run(poll())
     assert poller.reading.error == (
         f"BrokerConnectionError: redis at 127.0.0.1:{port} refused the connection")
-    assert took < 2.0, f"the poll took {took:.1f}s"
+    assert took < 4.0, f"the poll took {took:.1f}s"  # half the 8 s bound: room for a loaded CI
 
 
 def test_a_redis_that_accepts_and_never_answers_is_reported_at_the_poll_s_bound(
@@ -441,7 +441,7 @@ def test_a_redis_that_accepts_and_never_answers_is_reported_at_the_poll_s_bound(
 
     took, error = asyncio.run(poll())
     assert error == "BrokerConnectionError: no answer from the broker within 2s"
-    assert 2.0 <= took < 3.0, f"the poll took {took:.1f}s"
+    assert 2.0 <= took < 5.0, f"the poll took {took:.1f}s"  # the bound, not the 8 s default
 
 
 def test_deleting_the_group_of_an_app_that_looks_alive_is_refused(api: TestClient,
