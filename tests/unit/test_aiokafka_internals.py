@@ -108,8 +108,22 @@ async def test_a_producer_fails_what_it_holds_through_its_accumulator_and_has_a_
         assert inspect.signature(accumulator.fail_all).parameters.keys() == {"exception"}
         assert "fail_all" in inspect.getsource(aiokafka.producer.sender)  # as its sender does
         assert inspect.iscoroutinefunction(producer.client.close)
+        assert isinstance(accumulator._batches, dict)  # partition -> its queued batches
+        assert isinstance(accumulator._pending_batches, set)  # the ones sent
     finally:
         await producer.stop()
+
+
+async def test_a_failed_batch_holds_the_error_in_its_future_and_drain_waiter() -> None:
+    """What drop_pending marks retrieved: a batch's ``future`` (which ``send_batch``
+    shields, and ``failure`` leaves unretrieved for a batch without per-message futures)
+    and ``_drain_waiter`` (a later send to the partition awaits it)."""
+    batch = MessageBatch(TopicPartition("t", 0), BatchBuilder(16_384, 0), 30, 0)
+    batch.failure(ValueError("dropped"))
+    for future in (batch.future, batch._drain_waiter):
+        assert future.done() and isinstance(future.exception(), ValueError)
+    assert "asyncio.shield(batch.future)" in inspect.getsource(MessageAccumulator.add_batch)
+    assert "self._drain_waiter" in inspect.getsource(MessageBatch.wait_drain)
 
 
 def test_the_admin_client_sends_a_request_to_a_node() -> None:

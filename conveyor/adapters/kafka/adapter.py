@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -65,6 +65,26 @@ def _tokens(queue: int, offset: int, count: int) -> list[SequenceToken]:
     """The tokens of ``count`` records stored from ``offset`` on (a map over a repeat: no
     comprehension frame a token)."""
     return list(map(SequenceToken, repeat(queue, count), range(offset, offset + count)))
+
+
+def _let_go(deliveries: Iterable[asyncio.Future[Any]]) -> None:
+    """The deliveries (``send_batch``'s futures) of a call that no longer awaits them, as
+    it was cancelled (or raised) between two sends: the outcome of each is marked seen,
+    now or once it comes. Else asyncio logs "Future exception was never retrieved" for
+    each that fails with nobody waiting: all of them when a close drops what the
+    producer holds (ShutdownError). Not cancelled: ``send_batch``'s shield would then
+    leave its batch's own future unseen. The call's own error (a cancellation's records
+    may or may not be stored) is what reaches its caller."""
+    for delivery in deliveries:
+        if delivery.done():
+            _seen(delivery)
+        else:
+            delivery.add_done_callback(_seen)
+
+
+def _seen(delivery: asyncio.Future[Any]) -> None:
+    if not delivery.cancelled():
+        delivery.exception()
 
 
 class KafkaAdapter(QueueAdapter):
@@ -202,13 +222,13 @@ class KafkaAdapter(QueueAdapter):
         if not messages:
             return []
         self._publishing += 1
+        sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # handed over
         try:
             producer = await self.cluster.producer()  # unreachable here: nothing was sent
             if len(messages) == 1:  # into the partition's open batch, with concurrent sends
                 return [await self._send_one(producer, queue, messages[0])]
             batches = self._batches(producer, messages)  # all built, so none is sent if one
-            sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # record is too big
-            unsent: BrokerError | None = None
+            unsent: BrokerError | None = None  # record is too big
             try:
                 with kafka_errors(self._what(queue, messages)):
                     for msgs, batch in batches:
@@ -233,8 +253,10 @@ class KafkaAdapter(QueueAdapter):
                 else:
                     return tokens
             return self._stored(queue, messages, sent, results, unsent)
-        except asyncio.CancelledError:  # its caller gone: what the producer holds of it
-            self._abandoned = True  # is nobody's to wait for (close)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):  # its caller gone: what the
+                self._abandoned = True  # producer holds of it is nobody's to wait for (close)
+            _let_go(future for _, future in sent)
             raise
         finally:
             self._publishing -= 1

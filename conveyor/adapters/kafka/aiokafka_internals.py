@@ -12,7 +12,9 @@ that one test rather than a daemon in production:
 * whether a started producer is idempotent: ``producer._txn_manager``;
 * stopping a producer without delivering what it holds (``stop`` waits for that, up
   to the request timeout): ``producer._message_accumulator.fail_all`` (what aiokafka
-  does when its sender dies) and its ``client``'s connections closed;
+  does when its sender dies), the futures of the batches it held marked retrieved
+  (``_batches``, ``_pending_batches``, a batch's ``future`` and ``_drain_waiter``), and
+  its ``client``'s connections closed;
 * requests the admin client does not offer (DeleteGroups, LeaveGroup):
   ``admin._send_request`` and the request classes of ``aiokafka.protocol``;
 * a record's size as the producer's own check counts it:
@@ -393,8 +395,24 @@ def is_idempotent(producer: AIOKafkaProducer) -> bool:
 async def drop_pending(producer: AIOKafkaProducer, exc: Exception) -> None:
     """Fail every batch the producer holds, sent or not, with ``exc``, and close its
     connections: its ``stop`` then returns at once instead of waiting for the answers
-    (a sent batch may or may not be stored)."""
-    producer._message_accumulator.fail_all(exc)
+    (a sent batch may or may not be stored).
+
+    Two of each batch's futures that get ``exc`` may have nobody left to read it: its
+    own (``send_batch`` hands out a shield of it, which lets go of it once the caller
+    cancels its wait) and, for a batch queued behind the partition's batch in flight,
+    its drain waiter (only a later send to that partition awaits it). Both are marked
+    retrieved here, or asyncio logs "Future exception was never retrieved" for each once
+    it is collected (a client closed while a cancelled publish was under way). Senders
+    still get ``exc``: from the futures ``send`` and ``send_batch`` returned (a shield
+    reads its batch's future whether it was retrieved or not), and from the drain
+    waiter a send waits on."""
+    accumulator = producer._message_accumulator
+    queued = [batch for batches in accumulator._batches.values() for batch in batches]
+    held = [*queued, *accumulator._pending_batches]
+    accumulator.fail_all(exc)
+    for future in [*(b.future for b in held), *(b._drain_waiter for b in queued)]:
+        if future.done() and not future.cancelled():
+            future.exception()
     await producer.client.close()
 
 
