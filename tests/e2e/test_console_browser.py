@@ -482,3 +482,22 @@ def test_an_app_the_broker_does_not_know_is_said_so_on_the_page(
     page.goto(console.url + "/letters?app=shop")  # known with no letter: no error
     page.locator("#no-letters").wait_for(timeout=30_000)
     assert page.locator("#error").is_hidden()
+
+
+@pytest.mark.parametrize("config_path", [pytest.param("redis", marks=pytest.mark.redis),
+                                         pytest.param("kafka", marks=pytest.mark.kafka)],
+                         indirect=True)
+def test_a_dead_letter_page_opened_before_its_app_ran_drops_the_no_app_line_once_it_runs(
+    config_path: Path, console: Console, page: Any,
+) -> None:
+    """The page said "no app" and kept saying it once the app was there, over its letters
+    (and an action's refusal then read as that line)."""
+    config = load_config(config_path)
+    page.goto(console.url + "/letters?app=late")
+    error = page.locator("#error")
+    error.wait_for(state="visible", timeout=30_000)
+    assert error.inner_text().startswith("no app 'late' on this broker")
+    ensure_groups(config, "late")  # its first run
+    page.locator("#no-letters").wait_for(timeout=30_000)
+    error.wait_for(state="hidden", timeout=10_000)
+    assert error.inner_text() == ""

@@ -10,6 +10,7 @@ let app = params.get("app") || body.dataset.app || "";
 let intervalMs = 2000;
 let lastLetterCount = null;
 let unknownApp = null;  // why ?app= names no app of this broker (a typo), once the console said so
+let unknownShown = false;  // the dead-letter page shows that line: cleared once the app is there
 let pollFailed = false;
 let filters = {handler: params.get("handler") || "", error_type: params.get("error_type") || "",
                stream: params.get("stream") || ""};
@@ -337,9 +338,12 @@ async function letters(data, force) {
     // #letters keeps the polls from redrawing the form while it is being fixed.
     setContent(form, el("div", {id: "letters"}), el("div", {id: "detail"}));
     show("error", found.message);
+    unknownShown = found.status === 404;
     return;
   }
-  if (force) show("error", "");
+  // An app the page was opened on before its first run is there now: its "no app" line
+  // goes, as an action's refusal does when the next action is asked for.
+  if (force || unknownShown) { show("error", ""); unknownShown = false; }
   const filtered = Object.values(filters).some(v => v);
   const bulk = writable && found.letters.length
     ? el("p", {}, filtered ? "Every letter matching the filter: " : "Every letter of the app: ",
