@@ -8,6 +8,7 @@ upgrade that moves one fails here, by name, instead of in a running daemon.
 from __future__ import annotations
 
 import ast
+import asyncio
 import gc
 import inspect
 import logging
@@ -124,6 +125,32 @@ async def test_a_failed_batch_holds_the_error_in_its_future_and_drain_waiter() -
         assert future.done() and isinstance(future.exception(), ValueError)
     assert "asyncio.shield(batch.future)" in inspect.getsource(MessageAccumulator.add_batch)
     assert "self._drain_waiter" in inspect.getsource(MessageBatch.wait_drain)
+
+
+async def test_the_batch_send_batch_queued_is_its_partitions_last_with_the_shielded_future(
+) -> None:
+    """What batch_future reaches for: ``add_batch`` appends the batch to ``_batches[tp]``
+    (keeping the builder as ``_builder``) and returns a shield of its ``future`` with no
+    pause after; ``send_batch`` returns that shield as it comes."""
+    producer = AIOKafkaProducer(bootstrap_servers=NOWHERE)
+    try:
+        tp, builder = TopicPartition("t", 0), producer.create_batch()
+        shield = await producer._message_accumulator.add_batch(builder, tp, 1.0)
+        inside = internals.batch_future(producer, tp, builder)
+        assert inside is not None and inside is not shield
+        inside.set_exception(ValueError("failed"))
+        await asyncio.sleep(0)  # the shield's callback
+        assert isinstance(shield.exception(), ValueError)
+        assert internals.batch_future(producer, tp, producer.create_batch()) is None
+        assert internals.batch_future(producer, TopicPartition("t", 1), builder) is None
+    finally:
+        await producer.stop()
+    source = inspect.getsource(MessageAccumulator.add_batch)
+    assert ("batch = self._append_batch(builder, tp)\n"
+            "                return asyncio.shield(batch.future)") in source
+    send_batch = inspect.getsource(AIOKafkaProducer.send_batch)
+    assert send_batch.rstrip().endswith("batch, tp, self._request_timeout_ms / 1000\n"
+                                        "        )\n        return future")
 
 
 def test_the_admin_client_sends_a_request_to_a_node() -> None:

@@ -25,11 +25,16 @@ from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka import rewind as kafka_rewind
-from conveyor.adapters.kafka.aiokafka_internals import record_appender, record_size, seal
+from conveyor.adapters.kafka.aiokafka_internals import (
+    batch_future,
+    record_appender,
+    record_size,
+    seal,
+)
 from conveyor.adapters.kafka.cluster import KafkaCluster, TopicMissingError, TopicRisk
 from conveyor.adapters.kafka.codec import letter_from_record, message_headers
 from conveyor.adapters.kafka.connection import CLIENT_ERRORS, broker_error, kafka_errors
@@ -68,13 +73,17 @@ def _tokens(queue: int, offset: int, count: int) -> list[SequenceToken]:
 
 
 def _let_go(deliveries: Iterable[asyncio.Future[Any]]) -> None:
-    """The deliveries (``send_batch``'s futures) of a call that no longer awaits them, as
-    it was cancelled (or raised) between two sends: the outcome of each is marked seen,
-    now or once it comes. Else asyncio logs "Future exception was never retrieved" for
-    each that fails with nobody waiting: all of them when a close drops what the
-    producer holds (ShutdownError). Not cancelled: ``send_batch``'s shield would then
-    leave its batch's own future unseen. The call's own error (a cancellation's records
-    may or may not be stored) is what reaches its caller."""
+    """The deliveries of a call that no longer awaits them, as it was cancelled (or
+    raised) between two sends or while awaiting them: the outcome of each is marked
+    seen, now or once it comes. Else asyncio logs "Future exception was never retrieved"
+    for each that fails with nobody waiting: all of them when a close drops what the
+    producer holds (ShutdownError), a batch whose request timed out later on.
+
+    The deliveries are ``send_batch``'s shields and their batches' own futures
+    (:func:`batch_future`): a shield the cancelled call was awaiting is cancelled with
+    it and no longer reads its batch's future. None is cancelled here: a shield would
+    then leave its batch's future unseen too. The call's own error (a cancellation's
+    records may or may not be stored) is what reaches its caller."""
     for delivery in deliveries:
         if delivery.done():
             _seen(delivery)
@@ -223,17 +232,21 @@ class KafkaAdapter(QueueAdapter):
             return []
         self._publishing += 1
         sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # handed over
+        own: list[asyncio.Future[Any]] = []  # their batches' futures, inside the shields
         try:
             producer = await self.cluster.producer()  # unreachable here: nothing was sent
             if len(messages) == 1:  # into the partition's open batch, with concurrent sends
                 return [await self._send_one(producer, queue, messages[0])]
             batches = self._batches(producer, messages)  # all built, so none is sent if one
             unsent: BrokerError | None = None  # record is too big
+            tp = TopicPartition(self.topic, queue)
             try:
                 with kafka_errors(self._what(queue, messages)):
                     for msgs, batch in batches:
                         sent.append((msgs, await producer.send_batch(batch, self.topic,
                                                                      partition=queue)))
+                        if (inside := batch_future(producer, tp, batch)) is not None:
+                            own.append(inside)
             except BrokerError as exc:
                 if not sent:  # failed before the first batch was handed over: none was sent
                     raise
@@ -256,7 +269,7 @@ class KafkaAdapter(QueueAdapter):
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):  # its caller gone: what the
                 self._abandoned = True  # producer holds of it is nobody's to wait for (close)
-            _let_go(future for _, future in sent)
+            _let_go([*(future for _, future in sent), *own])
             raise
         finally:
             self._publishing -= 1

@@ -15,6 +15,9 @@ that one test rather than a daemon in production:
   does when its sender dies), the futures of the batches it held marked retrieved
   (``_batches``, ``_pending_batches``, a batch's ``future`` and ``_drain_waiter``), and
   its ``client``'s connections closed;
+* the own future of a batch ``send_batch`` queued, which the shield it returns stops
+  reading once its caller cancels (:func:`batch_future`): the accumulator's ``_batches``
+  again, a batch's ``_builder`` and ``future``;
 * requests the admin client does not offer (DeleteGroups, LeaveGroup):
   ``admin._send_request`` and the request classes of ``aiokafka.protocol``;
 * a record's size as the producer's own check counts it:
@@ -39,6 +42,7 @@ that one test rather than a daemon in production:
 
 from __future__ import annotations
 
+import asyncio
 import re
 import struct
 import time
@@ -414,6 +418,28 @@ async def drop_pending(producer: AIOKafkaProducer, exc: Exception) -> None:
         if future.done() and not future.cancelled():
             future.exception()
     await producer.client.close()
+
+
+def batch_future(producer: AIOKafkaProducer, tp: TopicPartition,
+                 builder: BatchBuilder) -> asyncio.Future[Any] | None:
+    """The own future of the batch ``send_batch`` just queued for ``tp`` from ``builder``:
+    the one inside the shield it returned; None if the partition's last queued batch is
+    not ``builder``'s (an aiokafka that queues differently: see the pins).
+
+    Call it right after ``send_batch`` returns: ``add_batch`` appends the batch to the
+    partition's queue and returns without a pause, so the sender cannot have taken it.
+
+    A caller cancelled while awaiting the shield cancels the shield, and the shield then
+    stops reading this future; ``failure`` reads it only for a batch with per-message
+    futures (``send``'s), never for ``send_batch``'s. A batch failing later (the request
+    timed out) would leave its error unread, and asyncio logs "Future exception was never
+    retrieved" once the future is collected: whoever let go of the shield marks this one
+    seen instead."""
+    queued = producer._message_accumulator._batches.get(tp)
+    if not queued or queued[-1]._builder is not builder:
+        return None
+    future: asyncio.Future[Any] = queued[-1].future
+    return future
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: list[Any]) -> int:
