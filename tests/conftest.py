@@ -69,6 +69,15 @@ def free_port() -> int:
     raise RuntimeError(f"no free port left in {PORTS}")
 
 
+
+def process_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (SIGSTOP reaches each in turn:
+    a server can still answer just after the kill returns)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+               for t in tasks.iterdir())
+
+
 async def wait_until(
     condition: Callable[[], bool | Awaitable[bool]],
     timeout_s: float = 10.0,

@@ -24,7 +24,7 @@ from conveyor.backends import for_config
 from conveyor.platform.adapter import StoreProblem
 from conveyor.platform.config import Config
 from conveyor.platform.config.checks import SENTINEL_PORT
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.errors import BrokerConnectionError, ConveyorError
 from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.status import (
     AppsReport,
@@ -352,7 +352,7 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-class Refused(Exception):
+class Refused(BrokerConnectionError):
     """Every address of the Redis a poll reads refused a connection (its port closed)."""
 
 

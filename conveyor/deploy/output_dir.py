@@ -83,7 +83,7 @@ def plan(directory: Path, files: dict[str, bytes]) -> Plan:
     :class:`NotOursError` naming the first file Conveyor may not replace or remove."""
     for name in files:
         if not _NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is no name a render writes")
+            raise InvalidArgumentError(f"{name!r} is no name a render writes")
     if not directory.exists():
         return Plan(directory, files, [])
     written = read_record(directory)

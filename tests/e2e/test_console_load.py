@@ -18,7 +18,7 @@ import pytest
 from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import load_config
 from tests.conftest import wait_until_sync
-from tests.e2e.test_console_browser import Console
+from tests.e2e.test_console_browser import Console, ensure_groups
 from tests.integration.redis.conftest import Worker, wait_file_lines, workers, write_config
 from tests.servers import RedisServer
 
@@ -145,6 +145,7 @@ def test_a_burst_of_letter_requests_opens_a_bounded_number_of_connections(
     from conveyor.console.server import BROKER_CALLS
 
     path = write_config(tmp_path / "redis.toml", redis_server.url, queues={"total": 2})
+    ensure_groups(load_config(path), "shop")  # an app the broker knows (else each is a 404)
     admin = redis_server.client()
     console = Console(path, write=False)
     try:

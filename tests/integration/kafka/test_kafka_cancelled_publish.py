@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.client import Client
 from conveyor.platform.message import Message
-from tests.conftest import wait_until
+from tests.conftest import process_stopped, wait_until
 from tests.integration.kafka.helpers import kafka_config
 from tests.integration.kafka.test_kafka_close import PAD, held
 from tests.integration.redis.conftest import REPO
@@ -51,13 +51,6 @@ from tests.integration.kafka.test_kafka_cancelled_publish import cancel_then_tim
 asyncio.run(cancel_then_time_out(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 gc.collect()
 """
-
-
-def stopped(pid: int) -> bool:
-    """Whether every thread of process ``pid`` is stopped (a signal reaches each in turn)."""
-    tasks = Path(f"/proc/{pid}/task")
-    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-               for t in tasks.iterdir())
 
 
 def holds_nothing(producer: AIOKafkaProducer) -> bool:
@@ -89,7 +82,7 @@ async def cancel_then_time_out(bootstrap: str, topic: str, broker_pid: int) -> N
         return "published"
 
     os.kill(broker_pid, signal.SIGSTOP)
-    await wait_until(lambda: stopped(broker_pid), 5, what="the broker stopped")
+    await wait_until(lambda: process_stopped(broker_pid), 5, what="the broker stopped")
     # queue 0: two batches, both handed over (the publish awaits them together);
     # queue 1: one batch (the common publish); queue 2: one message (``send``);
     # queue 3: one batch, awaited until the broker's error.

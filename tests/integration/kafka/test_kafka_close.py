@@ -29,7 +29,7 @@ from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.client import Client
 from conveyor.platform.errors import ShutdownError
 from conveyor.platform.message import Message
-from tests.conftest import wait_until
+from tests.conftest import process_stopped, wait_until
 from tests.integration.kafka.helpers import kafka_config
 from tests.integration.redis.conftest import REPO
 from tests.servers.tansu import start_tansu
@@ -68,12 +68,15 @@ async def close_with_cancelled_publishes(bootstrap: str, topic: str, broker_pid:
         return [client.build("orders", f"k{i}", {"seq": i, "pad": PAD}) for i in range(n)]
 
     os.kill(broker_pid, signal.SIGSTOP)
+    # Not answering only once every thread has stopped: a send right after the kill was
+    # now and then still answered, and the batches below never all held.
+    await wait_until(lambda: process_stopped(broker_pid), 5, what="the broker stopped")
     # queue 0: two batches, both handed over; the publish waits for their answers.
     # queue 1: five; it waits to hand over the third (the second is queued).
     awaiting = asyncio.create_task(adapter.enqueue(0, messages(60)))
     handing = asyncio.create_task(adapter.enqueue(1, messages(200)))
     await wait_until(lambda: held(producer, tps[0]) == (1, 1)
-                     and held(producer, tps[1]) == (1, 1), 10,
+                     and held(producer, tps[1]) == (1, 1), 20,
                      what="a batch of queues 0 and 1 in flight, one queued behind")
     # queue 2: a send still waited for when the client closes
     builder = producer.create_batch()
