@@ -279,14 +279,23 @@ class MemoryDeadLetters(DeadLetters):
             del kept[:evicted]
         return max(evicted, 0)
 
-    async def page(self, group: str, limit: int = 100, *,
-                   after: str | None = None) -> list[StoredLetter]:
+    async def page(self, group: str, limit: int = 100, *, after: str | None = None,
+                   until: str | None = None) -> list[StoredLetter]:
         kept = self._broker.dead_letters.get(group, [])
         start = 0
         if after is not None:
             last = _letter_number(after)
             start = next((i for i, s in enumerate(kept) if int(s.id) > last), len(kept))
-        return kept[start : start + limit]
+        found = kept[start : start + limit]
+        if until is not None:
+            end = _letter_number(until)
+            found = [s for s in found if int(s.id) <= end]
+        return found
+
+    async def mark(self, group: str) -> str | None:
+        """The newest letter's id: the broker's counter only grows."""
+        kept = self._broker.dead_letters.get(group, [])
+        return kept[-1].id if kept else None
 
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
         _letter_number(letter_id)

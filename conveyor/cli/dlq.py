@@ -30,7 +30,16 @@ from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
-from conveyor.platform.operations.dlq import LetterFilter, ReplayReport, letter_json, letters
+from conveyor.platform.operations.dlq import (
+    LetterFilter,
+    Letters,
+    PurgeReport,
+    ReplayReport,
+    letter_json,
+    letters,
+    stored_now,
+)
+from conveyor.platform.operations.dlq import purge as purge_letters
 from conveyor.platform.operations.dlq import replay as replay_letters
 from conveyor.platform.terminal import visible
 
@@ -149,14 +158,13 @@ async def _warn_unmatched(adapter: QueueAdapter, group: str, keep: LetterFilter)
 
 
 async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every: bool,
-                  keep: LetterFilter, limit: int | None) -> list[StoredLetter]:
-    """The letters ``--all`` / ``--id`` name, filtered (``--all``: at most ``limit``); an
-    id not stored exits 2."""
+                  keep: LetterFilter, limit: int | None) -> Letters:
+    """The letters ``--all`` / ``--id`` name, filtered. ``--all``: at most ``limit`` of
+    those stored now, read a page at a time as the caller acts on them (a million
+    letters are never held at once); ``--id``: each found first, an id not stored exits
+    2 with nothing done."""
     if every:
-        chosen = [s async for s in letters(adapter, group, keep, limit)]
-        if not chosen:
-            await _warn_unmatched(adapter, group, keep)
-        return chosen
+        return stored_now(adapter, group, keep, limit)
     try:
         found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
     except InvalidArgumentError as exc:  # a malformed id
@@ -311,10 +319,13 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
 
     async def work(adapter: QueueAdapter) -> ReplayReport:
         chosen = await _chosen(adapter, group, ids, every, keep, limit)
-        return await replay_letters(
+        report = await replay_letters(
             adapter, mapper, group, chosen,
             on_replayed=lambda i, token: click.echo(f"replayed {i} -> {token}"), batch=batch,
         )
+        if every and not (report.replayed or report.skipped or report.gone):
+            await _warn_unmatched(adapter, group, keep)
+        return report
 
     report = _run(config, group, work)
     for letter_id, why in report.skipped:
@@ -358,8 +369,11 @@ def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...
     config = _load(config_path)
     keep = LetterFilter(handler, error_type, namespace)
 
-    async def work(adapter: QueueAdapter) -> int:
-        chosen = await _chosen(adapter, group, ids, every, keep, limit)
-        return await adapter.dead_letters.delete(group, [s.id for s in chosen])
+    async def work(adapter: QueueAdapter) -> PurgeReport:
+        report = await purge_letters(
+            adapter, group, await _chosen(adapter, group, ids, every, keep, limit))
+        if every and not report.matched:
+            await _warn_unmatched(adapter, group, keep)
+        return report
 
-    click.echo(f"purged {_run(config, group, work)} letter(s) of app {group!r}")
+    click.echo(f"purged {_run(config, group, work).purged} letter(s) of app {group!r}")

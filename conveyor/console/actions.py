@@ -20,7 +20,15 @@ from conveyor.platform.config import Config
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
-from conveyor.platform.operations.dlq import LetterFilter, letter_json, letters, replay
+from conveyor.platform.operations.dlq import (
+    LetterFilter,
+    Letters,
+    letter_json,
+    letters,
+    purge,
+    replay,
+    stored_now,
+)
 from conveyor.platform.operations.groups import delete_app_group
 
 T = TypeVar("T")
@@ -161,13 +169,12 @@ async def show_letter(config: Config, app: str, letter_id: str, *,
     return shown
 
 
-async def _chosen(adapter: QueueAdapter, config: Config,
-                  choice: Choice) -> list[StoredLetter]:
+async def _chosen(adapter: QueueAdapter, config: Config, choice: Choice) -> Letters:
+    """``choice.every``: the letters stored now that it keeps, read a page at a time as
+    the caller acts on them (an unknown app: :func:`_after_none`); else its ids, each
+    found first."""
     if choice.every:
-        chosen = [s async for s in letters(adapter, choice.app) if choice.keeps(s)]
-        if not chosen and not choice.known:
-            await _require_app(adapter, config, choice.app)
-        return chosen
+        return stored_now(adapter, choice.app, choice.keeps)
     found = {i: await adapter.dead_letters.find(choice.app, i) for i in choice.ids}
     missing = [i for i, s in found.items() if s is None]
     if missing:
@@ -178,12 +185,21 @@ async def _chosen(adapter: QueueAdapter, config: Config,
     return [s for s in found.values() if s is not None and choice.keeps(s)]
 
 
+async def _after_none(adapter: QueueAdapter, config: Config, choice: Choice) -> None:
+    """An action on every letter that found none: :class:`NotFound` for an unknown app
+    (nothing was done either way)."""
+    if choice.every and not choice.known:
+        await _require_app(adapter, config, choice.app)
+
+
 async def replay_letters(config: Config, choice: Choice) -> dict[str, Any]:
     """Replay the chosen letters as ``conveyor dlq replay`` does."""
     mapper = HashRingQueueMapper(config.queues.total)
 
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
         report = await replay(adapter, mapper, choice.app, await _chosen(adapter, config, choice))
+        if not (report.replayed or report.skipped or report.gone):
+            await _after_none(adapter, config, choice)
         return {"replayed": [[i, str(token)] for i, token in report.replayed],
                 "skipped": [list(s) for s in report.skipped], "gone": report.gone}
 
@@ -194,9 +210,10 @@ async def purge_letters(config: Config, choice: Choice) -> dict[str, Any]:
     """Delete the chosen letters for good, as ``conveyor dlq purge`` does."""
 
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
-        chosen = await _chosen(adapter, config, choice)
-        return {"purged": await adapter.dead_letters.delete(choice.app,
-                                                            [s.id for s in chosen])}
+        report = await purge(adapter, choice.app, await _chosen(adapter, config, choice))
+        if not report.matched:
+            await _after_none(adapter, config, choice)
+        return {"purged": report.purged}
 
     return await _on_adapter(config, work)
 

@@ -185,10 +185,21 @@ class DeadLetters(ABC):
         return [stored.letter for stored in await self.page(group, limit)]
 
     @abstractmethod
-    async def page(self, group: str, limit: int = 100, *,
-                   after: str | None = None) -> list[StoredLetter]:
+    async def page(self, group: str, limit: int = 100, *, after: str | None = None,
+                   until: str | None = None) -> list[StoredLetter]:
         """Up to ``limit`` of ``group``'s letters, oldest first, from just after the
-        letter ``after`` (None: from the oldest). Removed letters are not listed."""
+        letter ``after`` (None: from the oldest) up to the letter ``until`` (included;
+        None: to the newest). Removed letters are not listed; ``after`` and ``until``
+        need not be stored still (a letter removed since it was listed pages on from
+        where it was)."""
+
+    @abstractmethod
+    async def mark(self, group: str) -> str | None:
+        """An id for :meth:`page`'s ``until`` that stops at the letters stored now: every
+        letter of ``group`` stored now is at or before it, every one stored later after
+        it; None when nothing is (a store may give an id then too: paging up to it
+        finds none). ``conveyor dlq replay --all`` stops there: a replayed message
+        that fails again is not replayed again in the same run."""
 
     @abstractmethod
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:

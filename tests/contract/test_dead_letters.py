@@ -5,12 +5,15 @@ of the port lives in this one file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
-from conveyor.platform.adapter import QueueAdapter
+from conveyor.platform.adapter import DeadLetters, QueueAdapter
 from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import SequenceToken, StreamId
-from conveyor.platform.letters import Replay
+from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
     CONTENT_MSGPACK,
@@ -190,3 +193,176 @@ async def test_a_batch_replay_skips_letters_already_gone_and_replays_the_rest_in
     got = await take_rest(await open_receiver(0, "app"), 2)
     assert [m.headers[H_REPLAY_OF] for m in got] == [one.id, three.id]
     assert await adapter.dead_letters.count("app") == 0
+
+
+# -- --all over many pages: a page read, acted on, then the next ---------------------------
+
+
+async def test_paging_goes_on_after_letters_removed_since_they_were_read_and_stops_at_until(
+    adapter: QueueAdapter,
+) -> None:
+    await adapter.dead_letters.put("app", [letter(n) for n in range(1, 6)])
+    one, two, three, four, five = await adapter.dead_letters.page("app")
+    await adapter.dead_letters.delete("app", [two.id, three.id])
+    # The cursor is the id of the last letter read, gone or not: nothing after it skipped.
+    assert await adapter.dead_letters.page("app", after=two.id) == [four, five]
+    assert await adapter.dead_letters.page("app", 1, after=three.id) == [four]
+    assert await adapter.dead_letters.page("app", until=four.id) == [one, four]
+    assert await adapter.dead_letters.page("app", after=one.id, until=three.id) == []
+    await adapter.dead_letters.delete("app", [four.id])
+    assert await adapter.dead_letters.page("app", after=one.id, until=four.id) == []
+
+
+async def test_a_mark_bounds_paging_to_the_letters_stored_before_it(
+    adapter: QueueAdapter,
+) -> None:
+    assert await adapter.dead_letters.mark("app") is None
+    await adapter.dead_letters.put("app", [letter(1), letter(2)])
+    await adapter.dead_letters.put("other-app", [letter(9, handler="x")])
+    mark = await adapter.dead_letters.mark("app")
+    assert mark is not None
+    before = await adapter.dead_letters.page("app")
+    await adapter.dead_letters.put("app", [letter(3)])
+    assert await adapter.dead_letters.page("app", until=mark) == before
+    assert len(await adapter.dead_letters.page("app")) == 3
+
+
+def numbered_letters(count: int) -> list[DeadLetter]:
+    """``count`` letters, every third of handler ``orders.audit`` (the rest
+    ``orders.handle``)."""
+    return [letter(n, handler="orders.audit" if n % 3 == 0 else "orders.handle")
+            for n in range(count)]
+
+
+async def test_replay_all_and_purge_all_take_every_letter_across_many_pages(
+    adapter: QueueAdapter, open_receiver: Open, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dlq, "PAGE", 4)
+    await adapter.dead_letters.put("app", numbered_letters(23))
+    await adapter.dead_letters.put("other-app", [letter(99)])
+    stored = await adapter.dead_letters.page("app", 100)
+    audit = [s for s in stored if s.letter.handler == "orders.audit"]
+    handle = [s for s in stored if s.letter.handler == "orders.handle"]
+    assert (len(audit), len(handle)) == (8, 15)
+    mapper = HashRingQueueMapper(QUEUES)
+
+    report = await dlq.replay(adapter, mapper, "app", dlq.stored_now(
+        adapter, "app", dlq.LetterFilter(handler="orders.handle"), limit=13), batch=3)
+    assert [i for i, _ in report.replayed] == [s.id for s in handle[:13]]  # oldest first
+    assert report.skipped == [] and report.gone == []
+    got: list[Message] = []
+    for q in range(QUEUES):
+        got += await take_rest(await open_receiver(q, "app"), sum(
+            1 for s in handle[:13] if mapper.queue_for(s.letter.message.stream) == q))
+    assert sorted(m.headers[H_REPLAY_OF] for m in got) == sorted(s.id for s in handle[:13])
+    assert sorted(m.id for m in got) == sorted(s.letter.message.id for s in handle[:13])
+
+    purged = await dlq.purge(adapter, "app", dlq.stored_now(
+        adapter, "app", dlq.LetterFilter(handler="orders.audit")))
+    assert (purged.matched, purged.purged) == (8, 8)
+    assert await adapter.dead_letters.page("app", 100) == handle[13:]
+    assert await adapter.dead_letters.count("other-app") == 1
+
+
+class RecordedLetters(DeadLetters):
+    """An adapter's own dead-letter store, noting its page, replay and delete calls as
+    (call, letters); with ``fail_again``, each replayed message is dead-lettered again
+    right after its replay (as a handler still failing would), up to 20 times."""
+
+    def __init__(self, store: DeadLetters, *, fail_again: bool = False) -> None:
+        self.store = store
+        self.calls: list[tuple[str, int]] = []
+        self.fail_again = fail_again
+        self.failed_again: list[str] = []
+        """The letter ids whose replayed message was dead-lettered again."""
+
+    def __getattr__(self, name: str) -> Any:  # close() on Kafka
+        return getattr(self.store, name)
+
+    async def put(self, group: str, letters: Sequence[DeadLetter]) -> int:
+        return await self.store.put(group, letters)
+
+    async def page(self, group: str, limit: int = 100, *, after: str | None = None,
+                   until: str | None = None) -> list[StoredLetter]:
+        found = await self.store.page(group, limit, after=after, until=until)
+        self.calls.append(("page", len(found)))
+        return found
+
+    async def mark(self, group: str) -> str | None:
+        return await self.store.mark(group)
+
+    async def find(self, group: str, letter_id: str) -> StoredLetter | None:
+        return await self.store.find(group, letter_id)
+
+    async def count(self, group: str) -> int:
+        return await self.store.count(group)
+
+    async def delete(self, group: str, ids: Sequence[str]) -> int:
+        self.calls.append(("delete", len(ids)))
+        return await self.store.delete(group, ids)
+
+    async def replay(self, group: str, replays: Sequence[Replay]
+                     ) -> list[SequenceToken | None]:
+        self.calls.append(("replay", len(replays)))
+        tokens = await self.store.replay(group, replays)
+        if self.fail_again and len(self.failed_again) < 20:
+            self.failed_again += [r.letter_id for r in replays]
+            await self.store.put(group, [DeadLetter.of(r.message, "orders.handle", "again", 3)
+                                         for r in replays])
+        return tokens
+
+
+@pytest.fixture
+def recorded(adapter: QueueAdapter) -> Any:
+    """``recorded(fail_again=False)``: the adapter's dead letters, wrapped in
+    :class:`RecordedLetters` for the test (unwrapped after it)."""
+    store = adapter.dead_letters
+
+    def wrap(*, fail_again: bool = False) -> RecordedLetters:
+        wrapped = RecordedLetters(store, fail_again=fail_again)
+        adapter.dead_letters = wrapped
+        return wrapped
+
+    yield wrap
+    adapter.dead_letters = store
+
+
+async def test_replay_all_and_purge_all_act_on_each_page_before_reading_the_next(
+    adapter: QueueAdapter, recorded: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What bounds their memory: a page read, then replayed (in batches) or purged, then
+    the next page — never every letter first (a million letters of 10 KB were 10 GB)."""
+    monkeypatch.setattr(dlq, "PAGE", 3)
+    await adapter.dead_letters.put("app", [letter(n) for n in range(7)])
+    await adapter.dead_letters.put("other", [letter(n) for n in range(7)])
+    store: RecordedLetters = recorded()
+    report = await dlq.replay(adapter, HashRingQueueMapper(QUEUES), "app",
+                              dlq.stored_now(adapter, "app"), batch=2)
+    assert len(report.replayed) == 7
+    assert store.calls == [("page", 3), ("replay", 2), ("page", 3), ("replay", 2),
+                           ("replay", 2), ("page", 1), ("page", 0), ("replay", 1)]
+    store.calls.clear()
+    purged = await dlq.purge(adapter, "other", dlq.stored_now(adapter, "other"))
+    assert (purged.matched, purged.purged) == (7, 7)
+    assert store.calls == [("page", 3), ("delete", 3), ("page", 3), ("delete", 3),
+                           ("page", 1), ("page", 0), ("delete", 1)]
+    assert await adapter.dead_letters.count("app") == 0
+    assert await adapter.dead_letters.count("other") == 0
+
+
+async def test_letters_stored_during_a_replay_all_are_left_for_the_next_run(
+    adapter: QueueAdapter, recorded: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replayed message that fails again is a new letter, stored after those the run
+    started with: paging would reach it, but the run stops at the letters stored when it
+    started (``DeadLetters.mark``) and replays each once."""
+    monkeypatch.setattr(dlq, "PAGE", 2)
+    await adapter.dead_letters.put("app", [letter(n) for n in range(5)])
+    first = [s.id for s in await adapter.dead_letters.page("app")]
+    store: RecordedLetters = recorded(fail_again=True)
+    report = await dlq.replay(adapter, HashRingQueueMapper(QUEUES), "app",
+                              dlq.stored_now(adapter, "app"), batch=2)
+    assert [i for i, _ in report.replayed] == first
+    assert store.failed_again == first
+    again = await adapter.dead_letters.page("app")
+    assert [s.replay_of for s in again] == first  # each failed again once, kept

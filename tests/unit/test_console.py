@@ -26,6 +26,7 @@ from conveyor.console.server import TOKEN_HEADER, Settings, broker_name, create_
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.operations import dlq
 from tests.conftest import free_port, wait_until_sync
 from tests.integration.redis.conftest import write_config
 from tests.servers import SENTINEL_SERVICE, RedisServer
@@ -221,6 +222,38 @@ def test_replay_and_purge_act_once_on_what_they_name(api: TestClient, config: Co
     left = api.get("/api/letters", params={"app": APP}).json()
     assert [entry["key"] for entry in left["letters"]] == ["k2"]
     assert api.get("/api/overview").json()["status"][APP]["total_lag"] >= 6  # 5 + the replay
+
+
+def test_replay_all_and_purge_all_go_through_every_page_oldest_first(
+    api: TestClient, config: Config, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read a page (here 2 letters) at a time, acted on before the next: every letter the
+    filter keeps, in order, and none it does not."""
+    monkeypatch.setattr(dlq, "PAGE", 2)
+
+    async def put() -> None:
+        adapter = create_adapter("redis", config)
+        try:
+            await adapter.dead_letters.put(APP, [
+                DeadLetter.of(Message(f"b{n}", StreamId("bulk" if n % 3 else "mails", f"b{n}"),
+                                      b"{}"), "bulk.handle", ValueError("bad"), 1)
+                for n in range(1, 10)])
+        finally:
+            await adapter.close()
+
+    asyncio.run(put())
+    listed = api.get("/api/letters", params={"app": APP}).json()["letters"]
+    assert len(listed) == 12
+    bulk = [e["id"] for e in listed if e["namespace"] == "bulk"]
+    replayed = write(api, "/api/letters/replay", {"all": True, "stream": "bulk"}).json()
+    assert ([i for i, _ in replayed["replayed"]], replayed["gone"]) == (bulk, [])
+    purged = write(api, "/api/letters/purge", {"all": True, "stream": "mails", "confirm": True})
+    assert purged.json() == {"purged": 4}  # k3 and b3, b6, b9
+    left = api.get("/api/letters", params={"app": APP}).json()
+    assert [entry["key"] for entry in left["letters"]] == ["k1", "k2"]
+    assert write(api, "/api/letters/purge", {"all": True, "confirm": True}).json() == {
+        "purged": 2}
+    assert api.get("/api/letters", params={"app": APP}).json()["total"] == 0
 
 
 def test_a_group_is_deleted_only_through_the_guard(api: TestClient) -> None:

@@ -50,7 +50,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -364,18 +363,23 @@ class KafkaDeadLetters(DeadLetters):
             raise broker_error("writing dead letters", exc) from exc
         return 0
 
-    async def page(self, group: str, limit: int = 100, *,
-                   after: str | None = None) -> list[StoredLetter]:
+    async def page(self, group: str, limit: int = 100, *, after: str | None = None,
+                   until: str | None = None) -> list[StoredLetter]:
+        """The app's records by offset, from just after ``after``'s (stored or not)."""
         start = 0
         if after is not None:
             _, offset = parse_id(after)
             start = offset + 1
+        last = None if until is None else parse_id(until)[1]
         out: list[StoredLetter] = []
         if limit <= 0 or not await self._exists(self.cluster.dlq_topic):
             return out
         removed = (await self.ops(group)).removed
         tp = TopicPartition(self.cluster.dlq_topic, 0)
-        async for batch in self._records(tp, start, await self._high(tp)):
+        end = await self._high(tp)
+        if last is not None:
+            end = min(end, last + 1)
+        async for batch in self._records(tp, start, end):
             for record in batch:
                 stored = self._letter(0, record, group)
                 if stored is not None and stored.id not in removed:
@@ -401,15 +405,37 @@ class KafkaDeadLetters(DeadLetters):
                     return self._letter(partition, record, group)
         return None
 
+    async def mark(self, group: str) -> str | None:
+        """The dead-letter topic's last offset (perhaps another app's record: a bound,
+        which is all :meth:`page` needs); every later letter is appended after it."""
+        if not await self._exists(self.cluster.dlq_topic):
+            return None
+        high = await self._high(TopicPartition(self.cluster.dlq_topic, 0))
+        return f"0:{high - 1}" if high > 0 else None
+
     async def count(self, group: str) -> int:
-        return len(await self.page(group, sys.maxsize))
+        """Counted record by record: no letter is kept (a million letters of 10 KB
+        were 10 GB read into a list)."""
+        if not await self._exists(self.cluster.dlq_topic):
+            return 0
+        removed = (await self.ops(group)).removed
+        tp = TopicPartition(self.cluster.dlq_topic, 0)
+        found = 0
+        async for batch in self._records(tp, 0, await self._high(tp)):
+            for record in batch:
+                if (f"0:{record.offset}" not in removed
+                        and self._letter(0, record, group) is not None):
+                    found += 1
+        return found
 
     async def delete(self, group: str, ids: Sequence[str]) -> int:
-        """Recorded as purged in ``<topic>.conveyor-dlq-ops``: Kafka keeps the records."""
+        """Recorded as purged in ``<topic>.conveyor-dlq-ops``: Kafka keeps the records.
+        Only the range of ``ids`` is read (``purge --all`` deletes a page at a time)."""
         for letter_id in ids:
             parse_id(letter_id)
-        stored = {s.id for s in await self.page(group, sys.maxsize)}
-        gone = sorted(stored.intersection(ids), key=parse_id)
+        state = await self.ops(group)
+        stored = await self._stored_ids(group, list(ids), state.removed)
+        gone = sorted(stored, key=parse_id)
         if gone:
             await self._write(group, LetterOp("purged", gone))
         return len(gone)

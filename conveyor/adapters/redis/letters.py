@@ -109,14 +109,29 @@ class RedisDeadLetters(DeadLetters):
         return wrong_type_line(key, f"app {group!r}'s dead letters", kind, "stream",
                                LETTERS_EFFECT)
 
-    async def page(self, group: str, limit: int = 100, *,
-                   after: str | None = None) -> list[StoredLetter]:
+    async def page(self, group: str, limit: int = 100, *, after: str | None = None,
+                   until: str | None = None) -> list[StoredLetter]:
+        """``XRANGE`` from just after ``after``: a range by id, whether or not ``after``
+        is still stored."""
         key = self._keys.dead_letters(group)
         start = "-" if after is None else f"({check_id(after)}"
+        end = "+" if until is None else check_id(until)
         entries: Entries = await self._caller.retrying(
             "reading dead letters", lambda: self._stream_read(
-                self._redis.xrange(key, start, "+", count=limit), []))
+                self._redis.xrange(key, start, end, count=limit), []))
         return stored_letters(entries)
+
+    async def mark(self, group: str) -> str | None:
+        """The newest entry's id (``XREVRANGE … COUNT 1``): every later ``XADD *`` is
+        above it."""
+        key = self._keys.dead_letters(group)
+        entries: Entries = await self._caller.retrying(
+            "reading the newest dead letter", lambda: self._stream_read(
+                self._redis.xrevrange(key, "+", "-", count=1), []))
+        if not entries:
+            return None
+        entry_id = entries[0][0]
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
         found = stored_letters(await self._entry(group, letter_id))

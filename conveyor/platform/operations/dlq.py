@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -30,9 +30,13 @@ from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import H_REPLAY_OF, Message, Undecodable, now_ms
 
 PAGE = 500
-"""Letters read per call while paging through a store."""
+"""Letters read per call while paging through a store (and ids per purge call)."""
 BATCH = 100
 """Letters replayed per adapter call (``conveyor dlq replay --batch``)."""
+
+Keep = Callable[[StoredLetter], bool]
+"""Which letters to take (a :class:`LetterFilter`, the console's ``Choice.keeps``)."""
+Letters = Iterable[StoredLetter] | AsyncIterable[StoredLetter]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,22 +56,50 @@ class LetterFilter:
                      or letter.message.stream.namespace == self.namespace))
 
 
-async def letters(adapter: QueueAdapter, group: str, chosen: LetterFilter = LetterFilter(),
-                  limit: int | None = None) -> AsyncIterator[StoredLetter]:
-    """``group``'s letters that ``chosen`` keeps, oldest first, at most ``limit``."""
+async def letters(adapter: QueueAdapter, group: str, chosen: Keep = LetterFilter(),
+                  limit: int | None = None, *,
+                  until: str | None = None) -> AsyncIterator[StoredLetter]:
+    """``group``'s letters that ``chosen`` keeps, oldest first, at most ``limit``, up to
+    the letter ``until`` (see ``DeadLetters.mark``), read a page at a time.
+
+    The caller may remove letters between two of them (a replay, a purge): the next page
+    starts after the last letter read, whether or not it is still stored. Paging ends at
+    an empty page, not a short one: a store may list fewer than it read (an entry of a
+    Redis dead-letter stream that is no letter)."""
     after: str | None = None
     found = 0
     while limit is None or found < limit:
-        page = await adapter.dead_letters.page(group, PAGE, after=after)
+        page = await adapter.dead_letters.page(group, PAGE, after=after, until=until)
+        if not page:
+            return
         for stored in page:
             if chosen(stored):
                 yield stored
                 found += 1
                 if limit is not None and found >= limit:
                     return
-        if len(page) < PAGE:
-            return
         after = page[-1].id
+
+
+async def stored_now(adapter: QueueAdapter, group: str, chosen: Keep = LetterFilter(),
+                     limit: int | None = None) -> AsyncIterator[StoredLetter]:
+    """:func:`letters` among those stored when it starts (``--all``): a letter stored
+    meanwhile — a replayed message that failed again — is left to the next run, not
+    replayed again in this one."""
+    until = await adapter.dead_letters.mark(group)
+    if until is None:
+        return
+    async for stored in letters(adapter, group, chosen, limit, until=until):
+        yield stored
+
+
+async def _each(chosen: Letters) -> AsyncIterator[StoredLetter]:
+    if isinstance(chosen, AsyncIterable):
+        async for stored in chosen:
+            yield stored
+    else:
+        for stored in chosen:
+            yield stored
 
 
 def letter_json(stored: StoredLetter, *, body: bool = False) -> dict[str, Any]:
@@ -139,10 +171,14 @@ class ReplayReport:
 
 
 async def replay(adapter: QueueAdapter, mapper: HashRingQueueMapper, group: str,
-                 chosen: Iterable[StoredLetter],
+                 chosen: Letters,
                  on_replayed: Callable[[str, SequenceToken], None] | None = None,
                  batch: int = BATCH) -> ReplayReport:
-    """Replay the letters of ``chosen``, in order, ``batch`` letters per adapter call."""
+    """Replay the letters of ``chosen``, in order, ``batch`` letters per adapter call.
+
+    An async ``chosen`` (:func:`stored_now`) is read as the replay goes: a batch is
+    replayed before the next page is read, so a page and a batch of letters are held,
+    however many there are (the report keeps their ids)."""
     report = ReplayReport()
     pending: list[Replay] = []
 
@@ -158,7 +194,7 @@ async def replay(adapter: QueueAdapter, mapper: HashRingQueueMapper, group: str,
         pending.clear()
         checkpoint("replayed")
 
-    for stored in chosen:
+    async for stored in _each(chosen):
         why = not_replayable(stored)
         if why is not None:
             report.skipped.append((stored.id, why))
@@ -170,6 +206,33 @@ async def replay(adapter: QueueAdapter, mapper: HashRingQueueMapper, group: str,
     if pending:
         await flush()
     return report
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    matched: int
+    """Letters chosen (some may have been removed meanwhile by another run)."""
+    purged: int
+    """Letters removed by this purge."""
+
+
+async def purge(adapter: QueueAdapter, group: str, chosen: Letters,
+                batch: int | None = None) -> PurgeReport:
+    """Delete the letters of ``chosen``, ``batch`` ids (default :data:`PAGE`) per
+    adapter call: an async ``chosen`` is read as the purge goes, so only a page of
+    letters is held."""
+    batch = batch or PAGE
+    ids: list[str] = []
+    matched = purged = 0
+    async for stored in _each(chosen):
+        matched += 1
+        ids.append(stored.id)
+        if len(ids) >= batch:
+            purged += await adapter.dead_letters.delete(group, ids)
+            ids = []
+    if ids:
+        purged += await adapter.dead_letters.delete(group, ids)
+    return PurgeReport(matched, purged)
 
 
 KILL_ENV = "CONVEYOR_TEST_DLQ_KILL_AT"

@@ -201,3 +201,32 @@ async def test_a_purge_of_more_letters_than_a_record_holds_is_written_in_several
     written = [msgspec.json.decode(r.value)["ids"] for r in records]
     assert [len(chunk) for chunk in written] == [3, 3, 3, 1]
     assert [i for chunk in written for i in chunk] == ids
+
+
+async def test_a_purge_reads_only_the_range_of_its_letters(
+    tansu: Tansu, topic: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`purge --all` deletes a page at a time: each delete read the whole dead-letter
+    topic into a list (every body), a million letters' worth per page. It reads only
+    the records from its first id's offset to its last's."""
+    adapter = adapter_on(tansu, topic)
+    read: list[tuple[str, int, int]] = []
+    try:
+        stored = await stored_letters(adapter, 30)
+        real = adapter.dead_letters._records
+
+        def records(tp: TopicPartition, start: int, end: int) -> Any:
+            read.append((tp.topic, start, end))
+            return real(tp, start, end)
+
+        monkeypatch.setattr(adapter.dead_letters, "_records", records)
+        chosen = stored[10:15]
+        assert await adapter.dead_letters.delete(APP, [s.id for s in chosen]) == 5
+        offsets = [kafka_letters.parse_id(s.id)[1] for s in chosen]
+        letter_reads = [(start, end) for name, start, end in read
+                        if name == f"{topic}.conveyor-dlq"]
+        assert letter_reads == [(offsets[0], offsets[-1] + 1)]
+        assert await adapter.dead_letters.count(APP) == 25
+        assert await adapter.dead_letters.page(APP, 100) == stored[:10] + stored[15:]
+    finally:
+        await adapter.close()
