@@ -25,8 +25,6 @@ import asyncio
 import gc
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,9 +35,7 @@ from conveyor.client import Client
 from conveyor.platform.message import Message
 from tests.conftest import process_stopped, wait_until
 from tests.integration.kafka.helpers import kafka_config
-from tests.integration.kafka.test_kafka_close import PAD, held
-from tests.integration.redis.conftest import REPO
-from tests.servers.tansu import start_tansu
+from tests.integration.kafka.test_kafka_close import PAD, held, run_on_own_broker
 
 pytestmark = pytest.mark.kafka
 
@@ -102,15 +98,7 @@ async def cancel_then_time_out(bootstrap: str, topic: str, broker_pid: int) -> N
 def test_a_cancelled_publish_whose_batches_fail_later_leaves_no_unretrieved_future(
     tmp_path: Path, topic: str
 ) -> None:
-    broker = start_tansu(tmp_path)
-    assert broker.proc is not None
-    try:
-        run = subprocess.run(
-            [sys.executable, "-c", SCRIPT, broker.bootstrap, topic, str(broker.proc.pid)],
-            cwd=REPO, capture_output=True, text=True, timeout=60)
-    finally:
-        broker.proc.send_signal(signal.SIGCONT)
-        broker.stop()
+    run = run_on_own_broker(SCRIPT, tmp_path, topic)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [
         "cancelled: TimeoutError TimeoutError TimeoutError",  # as the handler's wait_for

@@ -93,18 +93,25 @@ async def close_with_cancelled_publishes(bootstrap: str, topic: str, broker_pid:
         print("the waited send: ShutdownError")
 
 
-def test_a_close_dropping_cancelled_publishes_leaves_no_unretrieved_future(
-    tmp_path: Path, topic: str
-) -> None:
+def run_on_own_broker(script: str, tmp_path: Path, topic: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a Python of its own (its stderr is what an operator sees), given a
+    tansu broker of this test's own — its bootstrap, ``topic`` and the broker's pid, to
+    stop it — and that broker resumed and stopped after."""
     broker = start_tansu(tmp_path)
     assert broker.proc is not None
     try:
-        run = subprocess.run(
-            [sys.executable, "-c", SCRIPT, broker.bootstrap, topic, str(broker.proc.pid)],
+        return subprocess.run(
+            [sys.executable, "-c", script, broker.bootstrap, topic, str(broker.proc.pid)],
             cwd=REPO, capture_output=True, text=True, timeout=60)
     finally:
         broker.proc.send_signal(signal.SIGCONT)
         broker.stop()
+
+
+def test_a_close_dropping_cancelled_publishes_leaves_no_unretrieved_future(
+    tmp_path: Path, topic: str
+) -> None:
+    run = run_on_own_broker(SCRIPT, tmp_path, topic)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [
         "publishes: CancelledError CancelledError",
