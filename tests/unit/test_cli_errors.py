@@ -62,7 +62,7 @@ def invoke_raising(name: str, error: BaseException) -> Result:
     """Run a one-command group of the CLI's kind whose command ``name`` raises ``error``."""
     @click.group(cls=TaskGroup)
     def group() -> None:
-        pass
+        """The group: it only holds the command."""
 
     @click.command(name)
     def command() -> None:

@@ -107,8 +107,10 @@ async def test_a_reused_deadline_does_not_uncancel_for_its_last_use() -> None:
     task = asyncio.current_task()
     assert task is not None
     task.cancel()  # a cancellation of this task pending while the deadline is reused
+    reused = False
     async with deadline:
-        pass
+        reused = True
+    assert reused
     assert task.cancelling() == 1  # still counted: the caller's, not the deadline's
     with pytest.raises(asyncio.CancelledError):
         await asyncio.sleep(0)

@@ -114,12 +114,19 @@ def twins(recorder: LeanRecorder, attributes: dict[str, str] | None = None,
     return lean, sdk_twin(lean, fixed, attributes, limits=limits or recorder.limits, **options)
 
 
-def assert_encoded_as_the_sdk_does(recorder: LeanRecorder, payloads: Payloads,
-                    *spans: tuple[LeanSpan, _Span]) -> None:
+Encoding = tuple[list[str], bytes]
+"""An export request's fields in text (for a readable diff, and so that NaN equals NaN)
+and its bytes: two encodings compare field by field, then byte for byte."""
+
+
+def ended(recorder: LeanRecorder, payloads: Payloads,
+          *spans: tuple[LeanSpan, _Span]) -> tuple[Encoding, Encoding]:
+    """Each lean span and its SDK twin ended at the same time: what the recorder
+    exported, and the SDK's encoding of the twins."""
     for lean, sdk in spans:
         lean.end()
         sdk.end(end_time=lean.end_time)
-    assert_same_encoding(exported(recorder, payloads), [sdk for _, sdk in spans])
+    return read(exported(recorder, payloads)), sdk_encoding([sdk for _, sdk in spans])
 
 
 def exported(recorder: LeanRecorder, payloads: Payloads) -> bytes:
@@ -128,13 +135,14 @@ def exported(recorder: LeanRecorder, payloads: Payloads) -> bytes:
     return payloads.sent.pop()
 
 
-def assert_same_encoding(ours: bytes, sdk_spans: list[ReadableSpan]) -> None:
-    """Decoded field by field first (in text, for a readable diff, and so that NaN
-    equals NaN), then byte for byte."""
+def read(data: bytes) -> Encoding:
+    return str(ExportTraceServiceRequest.FromString(data)).splitlines(), data
+
+
+def sdk_encoding(sdk_spans: list[ReadableSpan]) -> Encoding:
+    """What the SDK's exporter sends for ``sdk_spans``."""
     expected = encode_spans(sdk_spans)
-    decoded = ExportTraceServiceRequest.FromString(ours)
-    assert str(decoded).splitlines() == str(expected).splitlines()
-    assert ours == expected.SerializeToString()
+    return str(expected).splitlines(), expected.SerializeToString()
 
 
 def fail(message: str) -> None:
@@ -154,7 +162,8 @@ def test_a_consumer_span_is_encoded_as_the_sdk_encodes_it(
     recorder: LeanRecorder, payloads: Payloads, parent_is_remote: bool
 ) -> None:
     lean, sdk = twins(recorder, per_message(), parent_is_remote=parent_is_remote)
-    assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
+    ours, sdks = ended(recorder, payloads, (lean, sdk))
+    assert ours == sdks
 
 
 def test_a_root_span_and_a_span_without_attributes_are_encoded_as_the_sdk_does(
@@ -167,7 +176,7 @@ def test_a_root_span_and_a_span_without_attributes_are_encoded_as_the_sdk_does(
     for lean, sdk in zip(spans, twins, strict=True):
         lean.end()
         sdk.end(end_time=lean.end_time)
-    assert_same_encoding(exported(recorder, payloads), list(twins))
+    assert read(exported(recorder, payloads)) == sdk_encoding(list(twins))
 
 
 @pytest.mark.parametrize("size", [1, 126, 127, 200, 16_383, 20_000])
@@ -180,7 +189,8 @@ def test_strings_of_every_length_class_and_non_ascii_text_are_encoded_as_the_sdk
         fixed = {**FIXED, "fixed.long": text, f"ключ.{text[:50]}": "значение"}
         attributes = per_message(key=text, message_id=text[: size // 2])
         lean, sdk = twins(recorder, attributes, fixed, f"process {text[:300]}")
-        assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
+        ours, sdks = ended(recorder, payloads, (lean, sdk))
+        assert ours == sdks
 
 
 def test_the_spans_of_one_shape_after_its_first_are_encoded_as_the_sdk_does(
@@ -213,7 +223,7 @@ def test_the_spans_of_one_shape_after_its_first_are_encoded_as_the_sdk_does(
             spans.append(sdk)
     payload = exported(recorder, payloads)
     assert len(payload) > 16_384
-    assert_same_encoding(payload, spans)
+    assert read(payload) == sdk_encoding(spans)
 
 
 class Unprintable:
@@ -246,7 +256,8 @@ def test_attributes_of_every_type_are_kept_and_encoded_as_by_the_sdk(
     both(lean, sdk, lambda span: span.set_attributes(dict(items[10:])))
     both(lean, sdk, lambda span: span.set_attribute("messaging.system", "kafka"))  # overrides
     assert lean.attributes == sdk.attributes
-    assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
+    ours, sdks = ended(recorder, payloads, (lean, sdk))
+    assert ours == sdks
 
 
 def test_events_exceptions_links_status_and_a_new_name_are_encoded_as_by_the_sdk(
@@ -273,7 +284,8 @@ def test_events_exceptions_links_status_and_a_new_name_are_encoded_as_by_the_sdk
     for call in calls:
         both(lean, sdk, call)
     assert lean.name == sdk.name
-    assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
+    ours, sdks = ended(recorder, payloads, (lean, sdk))
+    assert ours == sdks
 
 
 def test_an_exception_leaving_with_span_is_recorded_with_an_error_status_as_by_the_sdk(
@@ -290,7 +302,7 @@ def test_an_exception_leaving_with_span_is_recorded_with_an_error_status_as_by_t
             fail("handler failed")  # the same line in both stack traces
     monkeypatch.undo()
     assert sdk.status.status_code is StatusCode.ERROR
-    assert_same_encoding(exported(recorder, payloads), [sdk])
+    assert read(exported(recorder, payloads)) == sdk_encoding([sdk])
 
 
 @pytest.mark.parametrize("env", [
@@ -319,7 +331,7 @@ def test_span_limits_from_the_environment_bound_and_count_as_in_the_sdk(
         sdk.end(end_time=lean.end_time)
         assert sdk.dropped_attributes or sdk.dropped_events or env.keys() == {
             "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"}
-        assert_same_encoding(exported(recorder, payloads), [sdk])
+        assert read(exported(recorder, payloads)) == sdk_encoding([sdk])
     finally:
         recorder.shutdown()
 
@@ -335,7 +347,8 @@ def test_limits_that_bite_at_start_bound_fixed_and_per_message_attributes_as_in_
 ) -> None:
     with recording(payloads, span_limits=limits) as recorder:
         lean, sdk = twins(recorder, attributes)
-        assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
+        ours, sdks = ended(recorder, payloads, (lean, sdk))
+        assert ours == sdks
         assert sdk.dropped_attributes or sdk.attributes["conveyor.handler"] == "han"
 
 
@@ -343,7 +356,8 @@ def test_a_per_message_key_equal_to_a_fixed_one_replaces_it_as_in_the_sdk(
     recorder: LeanRecorder, payloads: Payloads
 ) -> None:
     lean, sdk = twins(recorder, {**per_message(), "conveyor.handler": "other"})
-    assert_encoded_as_the_sdk_does(recorder, payloads, (lean, sdk))
+    ours, sdks = ended(recorder, payloads, (lean, sdk))
+    assert ours == sdks
 
 
 # -- the Span API ----------------------------------------------------------------------
@@ -367,7 +381,7 @@ def test_a_span_records_until_it_ends_once_and_a_second_end_warns_as_in_the_sdk(
     for span in (lean, sdk):
         span.end()
     assert warnings_of(caplog) == ["Calling end() on an ended span."] * 2
-    assert_same_encoding(exported(recorder, payloads), [sdk])  # exported once
+    assert read(exported(recorder, payloads)) == sdk_encoding([sdk])  # exported once
 
 
 def test_changes_after_end_are_ignored_with_the_sdk_spans_warnings(
@@ -390,7 +404,7 @@ def test_changes_after_end_are_ignored_with_the_sdk_spans_warnings(
         ours = warnings_of(caplog)
         call(sdk)
         assert ours == warnings_of(caplog) != []
-    assert_same_encoding(exported(recorder, payloads), [sdk])
+    assert read(exported(recorder, payloads)) == sdk_encoding([sdk])
 
 
 STATUS_SEQUENCES: list[list[tuple[Any, ...]]] = [

@@ -423,8 +423,8 @@ class KafkaDeadLetters(DeadLetters):
         found = 0
         async for batch in self._records(tp, 0, await self._high(tp)):
             for record in batch:
-                if (f"0:{record.offset}" not in removed
-                        and self._letter(0, record, group) is not None):
+                stored = self._letter(0, record, group)
+                if stored is not None and stored.id not in removed:  # as page() keeps
                     found += 1
         return found
 
