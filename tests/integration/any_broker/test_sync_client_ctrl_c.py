@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.config_files import write_toml
-from tests.conftest import wait_until_sync
+from tests.conftest import process_stopped, wait_until_sync
 from tests.integration.kafka.helpers import read_all
 from tests.integration.redis.conftest import REPO
 from tests.servers.redis import start_redis
@@ -45,14 +45,6 @@ try:
 except KeyboardInterrupt:
     print(f"interrupted, out after {time.monotonic() - started:.2f}s", flush=True)
 """
-
-
-def stopped(pid: int) -> bool:
-    """Every thread of process ``pid`` stopped (``T``): a SIGSTOP takes effect as each
-    thread is next scheduled, and a busy machine may let one answer a request first."""
-    states = [(task / "stat").read_text().rpartition(")")[2].split()[0]
-              for task in Path(f"/proc/{pid}/task").iterdir()]
-    return all(state == "T" for state in states)
 
 
 def server_rx_queued(port: int) -> bool:
@@ -93,7 +85,7 @@ def test_ctrl_c_during_a_stuck_publish_leaves_the_with_block_at_once(
         first = script.stdout.readline()
         assert first == "published 1\n", script.communicate(timeout=30)
         server.send_signal(signal.SIGSTOP)
-        wait_until_sync(lambda: stopped(server.pid), 10, "the server to stop")
+        wait_until_sync(lambda: process_stopped(server.pid), 10, "the server to stop")
         script.stdin.write("go\n")
         script.stdin.flush()
         try:

@@ -16,7 +16,7 @@ import pytest
 from conveyor.backends import create_adapter
 from conveyor.client import Publish, SyncClient
 from conveyor.platform.config import Config, load_config
-from tests.conftest import wait_until_sync
+from tests.conftest import process_stopped, wait_until_sync
 from tests.integration.redis.conftest import REPO, Worker, read_records
 from tests.integration.redis.conftest import workers as workers  # the fixture
 from tests.servers.tansu import start_tansu
@@ -61,6 +61,8 @@ def test_a_broker_paused_past_the_session_loses_nothing(
         assert broker.proc is not None
         broker.proc.send_signal(signal.SIGSTOP)
         try:
+            pid = broker.proc.pid
+            wait_until_sync(lambda: process_stopped(pid), 10, "tansu to stop")
             time.sleep(PAUSE_S)  # the outage under test
         finally:
             broker.proc.send_signal(signal.SIGCONT)

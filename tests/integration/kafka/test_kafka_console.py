@@ -23,7 +23,7 @@ from conveyor.console.poller import Poller
 from conveyor.console.server import Settings, broker_name, create_app
 from conveyor.platform.config import Config
 from conveyor.workers.daemon import WorkerDaemon
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, process_stopped, wait_until
 from tests.integration.kafka.conftest import Tansu
 from tests.integration.kafka.helpers import Recorder, kafka_config, nothing_left_unacknowledged
 from tests.proxy import CuttableProxy
@@ -172,6 +172,7 @@ async def test_a_poll_during_an_outage_ends_within_its_bound_and_the_next_recove
             await proxy.cut()
         else:
             os.kill(proc.pid, signal.SIGSTOP)
+            await wait_until(lambda: process_stopped(proc.pid), 10, what="tansu to stop")
         for _ in range(2):  # the first poll on the kept connections, then on new ones
             started = time.monotonic()
             await poller.poll()

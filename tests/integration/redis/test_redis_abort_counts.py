@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from conveyor import App, Client, Publish, WorkerDaemon, load_config
 from conveyor.adapters.redis.keys import Keys
-from tests.conftest import wait_until
+from tests.conftest import process_stopped, wait_until
 from tests.integration.redis.conftest import REPO, RedisServer
 
 N = 10
@@ -59,6 +59,7 @@ async def test_a_second_stop_signal_counts_the_acknowledgements_it_drops_as_aban
         agent = daemon.agents[0]
         server.send_signal(signal.SIGSTOP)  # the acknowledgement will not be answered
         paused = True
+        await wait_until(lambda: process_stopped(server.pid), 10, what="redis to stop")
         gate.set()
         await wait_until(lambda: agent.cache.unconfirmed == N and agent._acks.task is not None,
                          10, what="the ten acknowledgements under way")
