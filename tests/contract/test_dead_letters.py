@@ -23,7 +23,7 @@ from conveyor.platform.message import (
     now_ms,
 )
 from conveyor.platform.operations import dlq
-from tests.contract.conftest import QUEUES, Open
+from tests.contract.conftest import QUEUES, Open, PutNonLetters
 from tests.contract.support import take, take_rest
 
 
@@ -225,6 +225,38 @@ async def test_a_mark_bounds_paging_to_the_letters_stored_before_it(
     await adapter.dead_letters.put("app", [letter(3)])
     assert await adapter.dead_letters.page("app", until=mark) == before
     assert len(await adapter.dead_letters.page("app")) == 3
+
+
+async def test_paging_reads_on_past_entries_that_are_no_letters(
+    adapter: QueueAdapter, put_non_letters: PutNonLetters, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Entries another tool wrote where the app's letters are (or corrupt ones), more
+    than a page of them before the letters: a page read only them, listed none, and
+    paging stopped there — ``dlq list``, ``replay --all`` and ``purge --all`` missed
+    every letter behind them. A page reads on past them; none is listed, found or
+    counted as a letter, and none makes a listing fail."""
+    monkeypatch.setattr(dlq, "PAGE", 4)
+    await adapter.dead_letters.put("app", [letter(1)])
+    await put_non_letters("app", 3 * dlq.PAGE + 1)
+    await adapter.dead_letters.put("app", [letter(2), letter(3)])
+    await put_non_letters("app", 2)
+    await adapter.dead_letters.put("app", [letter(4)])
+    await put_non_letters("app", 3)
+    listed = [s async for s in dlq.letters(adapter, "app")]
+    assert [s.letter.error for s in listed] == [f"bad order {n}" for n in (1, 2, 3, 4)]
+    behind = await adapter.dead_letters.page("app", 2, after=listed[0].id)
+    assert behind and behind == listed[1:3][: len(behind)]  # not [] while letters follow
+    assert await adapter.dead_letters.page("app", 2, after=listed[-1].id) == []
+    assert [await adapter.dead_letters.find("app", s.id) for s in listed] == listed
+    report = await dlq.replay(adapter, HashRingQueueMapper(QUEUES), "app",
+                              dlq.stored_now(adapter, "app", limit=3), batch=2)
+    assert [i for i, _ in report.replayed] == [s.id for s in listed[:3]]
+    purged = await dlq.purge(adapter, "app", dlq.stored_now(adapter, "app"))
+    assert (purged.matched, purged.purged) == (1, 1)
+    assert [s async for s in dlq.letters(adapter, "app")] == []
+    said = [r.getMessage() for r in caplog.records if "no dead letter" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(("redis: ", "kafka: ")), said  # once
 
 
 def numbered_letters(count: int) -> list[DeadLetter]:
