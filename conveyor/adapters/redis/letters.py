@@ -174,10 +174,11 @@ class RedisDeadLetters(DeadLetters):
             key = self._keys.dead_letters(group)
             self._skipped_log.log(
                 logging.WARNING, group,
-                "redis: %d entry(ies) of %s are no dead letters (written by another tool, "
-                "or corrupt), the first %s: dlq commands skip them, its count of letters "
-                "includes them; see one with `redis-cli XRANGE %s %s %s`, remove it with "
-                "XDEL", len(skipped), key, skipped[0], key, skipped[0], skipped[0])
+                "redis: entries of %s are no dead letters (written by another tool, or "
+                "corrupt; %d in the range read, the first %s): dlq commands skip them, its "
+                "count of letters includes them; see one with `redis-cli XRANGE %s %s %s`, "
+                "remove them with XDEL", key, len(skipped), skipped[0], key, skipped[0],
+                skipped[0])
 
     async def _entry(self, group: str, letter_id: str) -> Entries:
         key = self._keys.dead_letters(group)
