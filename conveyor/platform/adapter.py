@@ -191,7 +191,16 @@ class DeadLetters(ABC):
         letter ``after`` (None: from the oldest) up to the letter ``until`` (included;
         None: to the newest). Removed letters are not listed; ``after`` and ``until``
         need not be stored still (a letter removed since it was listed pages on from
-        where it was)."""
+        where it was).
+
+        An empty page means no letter is left up to ``until``; a page may be shorter
+        than ``limit`` with more to come. Where the store can hold entries that are no
+        letters (a Redis dead-letter stream another tool wrote to, a Kafka dead-letter
+        topic's records of other apps or tools, a corrupt entry), they are skipped and
+        the store reads on past them until it has a letter or the range ends — however
+        many come first: a caller that stopped at an empty page never stopped before
+        letters stored behind them. (The store decides how far it reads; the caller
+        cannot resume from an entry that is no letter, since it never sees its id.)"""
 
     @abstractmethod
     async def mark(self, group: str) -> str | None:
@@ -207,7 +216,8 @@ class DeadLetters(ABC):
 
     @abstractmethod
     async def count(self, group: str) -> int:
-        """How many letters of ``group`` are stored (what :meth:`page` lists)."""
+        """How many letters of ``group`` are stored (what :meth:`page` lists; on Redis
+        the stream's length, which counts entries that are no letters too)."""
 
     @abstractmethod
     async def delete(self, group: str, ids: Sequence[str]) -> int:

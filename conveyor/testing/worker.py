@@ -19,6 +19,7 @@ from conveyor.platform.config import Config
 from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.letters import StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.operations import dlq
 from conveyor.platform.options import CellOptions
@@ -334,35 +335,40 @@ class TestWorker:
     async def replay(self, records: Iterable[Record] | None = None) -> list[Message]:
         """Replay dead letters as ``conveyor dlq replay`` does — each letter's message
         published again to its stream (same id, header ``cv-replay-of``), the letter
-        removed — those of ``records`` (dead-lettered records), or every letter still
-        stored. Returns the messages published, in the letters' order."""
+        removed — those of ``records`` (dead-lettered records), or every letter stored
+        when it is called. Returns the messages published, in the letters' order.
+
+        Nothing is replayed when a letter cannot be, or (``records``) is not stored: the
+        letters are looked at first, then replayed, each time read a page at a time as
+        ``conveyor dlq replay --all`` reads them (:func:`conveyor.platform.operations.dlq.
+        letters`), never all held at once."""
         __tracebackhide__ = True
         daemon = self._running("replay")
-        group = self.app.name
-        stored = [s async for s in dlq.letters(daemon.adapter, group)]
-        if records is not None:
-            wanted: list[DeadLetter] = []
-            chosen = list(records)
-            for record in chosen:
-                if not isinstance(record, Record) or record.letter is None:
-                    raise InvalidArgumentError(
-                        f"replay: {_kind(record)[:80]} is not dead-lettered (pass records "
-                        "of worker.dead_lettered())")
-                wanted.append(record.letter)
-            letters = [s.letter for s in stored]
+        adapter, group = daemon.adapter, self.app.name
+        until = await adapter.dead_letters.mark(group)  # a letter stored later is not taken
+        chosen = None if records is None else list(records)
+        wanted = None if chosen is None else [_dead_lettered(record) for record in chosen]
+
+        def keep(stored: StoredLetter) -> bool:
+            return wanted is None or stored.letter in wanted
+
+        def stored() -> dlq.Letters:
+            return [] if until is None else dlq.letters(adapter, group, keep, until=until)
+
+        if chosen is not None:
+            letters = [s.letter async for s in dlq.each(stored())]
             gone = [_named(r.message) for r in chosen if r.letter not in letters]
             if gone:  # as `conveyor dlq replay --id` refuses an id not stored
                 raise InvalidArgumentError(
                     f"replay: no dead letter stored for {', '.join(dict.fromkeys(gone))} "
                     "(replayed already, evicted past [dead_letters] max_entries, or a "
                     "record of another TestWorker); nothing was replayed")
-            stored = [s for s in stored if s.letter in wanted]
-        refused = [f"letter {s.id} ({s.letter.message.id[-8:]}): {why}" for s in stored
-                   if (why := dlq.not_replayable(s)) is not None]
+        refused = [f"letter {s.id} ({s.letter.message.id[-8:]}): {why}"
+                   async for s in dlq.each(stored()) if (why := dlq.not_replayable(s))]
         if refused:
             raise InvalidArgumentError(f"replay: cannot replay {'; '.join(refused)} "
                                        "(nothing was replayed)")
-        done = await dlq.replay(daemon.adapter, daemon.mapper, group, stored)
+        done = await dlq.replay(adapter, daemon.mapper, group, stored())
         return [self._stored(token.queue, token.major) for _, token in done.replayed]
 
     def _stored(self, queue: int, offset: int) -> Message:
@@ -638,6 +644,15 @@ def _load(busy: int, workers: int, queued: int) -> str:
 def _named(message: Message) -> str:
     stream = message.stream
     return f"{shown(stream.namespace)}/{shown(stream.key)} (message {message.id[-8:]})"
+
+
+def _dead_lettered(record: object) -> DeadLetter:
+    """The letter of a dead-lettered record; anything else is refused."""
+    if not isinstance(record, Record) or record.letter is None:
+        raise InvalidArgumentError(
+            f"replay: {_kind(record)[:80]} is not dead-lettered (pass records "
+            "of worker.dead_lettered())")
+    return record.letter
 
 
 def _kind(value: object) -> str:

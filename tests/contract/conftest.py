@@ -25,6 +25,7 @@ import pytest
 from conveyor.adapters.memory import MemoryAdapter, reset_broker
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver
 from conveyor.platform.config import load_config
+from conveyor.platform.letters import FIELDS
 from tests.servers.cluster import shared_cluster
 from tests.servers.process import server_fixture
 from tests.servers.sentinel import SENTINEL_SERVICE, shared_sentinel
@@ -147,3 +148,60 @@ async def open_receiver(adapter: QueueAdapter) -> AsyncIterator[Open]:
         for receiver in opened:
             with contextlib.suppress(Exception):
                 await receiver.shutdown()
+
+
+PutNonLetters = Callable[[str, int], Awaitable[None]]
+
+
+def _non_letter(group: str, n: int) -> list[tuple[str, bytes]]:
+    """The ``n``-th entry that is no letter, as (name, value) pairs, of three kinds in
+    turn: another tool's fields; a 0.1 letter's field holding no letter; this layout's
+    fields naming ``group`` with a ``cv-dl-token`` that is no token (corrupt)."""
+    if n % 3 == 0:
+        return [("written-by", b"another tool"), ("n", str(n).encode())]
+    if n % 3 == 1:
+        return [("letter", b"not msgpack, not json")]
+    values = [b"2", group.encode(), b"h", b"E", b"e", b"1", b"0", b"zz", b"full", b""]
+    return [(name, value) for name, value in zip(FIELDS, values, strict=True)]
+
+
+async def _redis_non_letters(adapter: QueueAdapter, group: str, count: int) -> None:
+    """Entries another tool XADDs to the app's dead-letter stream."""
+    key = adapter.keys.dead_letters(group)  # type: ignore[attr-defined]
+    for n in range(count):
+        await adapter.redis.xadd(key, dict(_non_letter(group, n)))  # type: ignore[attr-defined]
+
+
+async def _kafka_non_letters(adapter: QueueAdapter, group: str, count: int) -> None:
+    """Records another tool produces to the dead-letter topic, the corrupt ones keyed by
+    the app (as 0.1 keyed its letters); the topic is created by a letter of another app
+    first, as a worker would."""
+    from tests.contract.test_dead_letters import letter
+
+    await adapter.dead_letters.put(f"not-{group}", [letter(0)])
+    cluster = adapter.cluster  # type: ignore[attr-defined]
+    producer = await cluster.producer(cluster.dlq_topic)
+    for n in range(count):
+        pairs = _non_letter(group, n)
+        value = pairs[-1][1] if len(pairs) == 1 else b"junk"
+        headers = [] if len(pairs) == 1 else pairs
+        key = None if n % 3 == 0 else group.encode()  # no app's; keyed as 0.1 keyed
+        await producer.send_and_wait(cluster.dlq_topic, value, key=key, partition=0,
+                                     headers=headers)
+
+
+_NON_LETTERS: dict[str, Callable[[QueueAdapter, str, int], Awaitable[None]]] = {
+    "redis": _redis_non_letters, "redis-cluster": _redis_non_letters,
+    "redis-sentinel": _redis_non_letters, "kafka": _kafka_non_letters}
+
+
+@pytest.fixture
+def put_non_letters(request: pytest.FixtureRequest, adapter: QueueAdapter) -> PutNonLetters:
+    """``await put_non_letters(group, count)``: ``count`` entries that are no letters
+    where ``group``'s letters are stored, written past the port as another tool would.
+    Skips on the memory adapter, whose store holds nothing but letters."""
+    backend = request.node.callspec.params["adapter"]
+    if backend not in _NON_LETTERS:
+        pytest.skip(f"the {backend} adapter's dead-letter store holds nothing but letters")
+    write = _NON_LETTERS[backend]
+    return lambda group, count: write(adapter, group, count)

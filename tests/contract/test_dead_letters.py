@@ -23,7 +23,7 @@ from conveyor.platform.message import (
     now_ms,
 )
 from conveyor.platform.operations import dlq
-from tests.contract.conftest import QUEUES, Open
+from tests.contract.conftest import QUEUES, Open, PutNonLetters
 from tests.contract.support import take, take_rest
 
 
@@ -227,6 +227,38 @@ async def test_a_mark_bounds_paging_to_the_letters_stored_before_it(
     assert len(await adapter.dead_letters.page("app")) == 3
 
 
+async def test_paging_reads_on_past_entries_that_are_no_letters(
+    adapter: QueueAdapter, put_non_letters: PutNonLetters, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Entries another tool wrote where the app's letters are (or corrupt ones), more
+    than a page of them before the letters: a page read only them, listed none, and
+    paging stopped there — ``dlq list``, ``replay --all`` and ``purge --all`` missed
+    every letter behind them. A page reads on past them; none is listed, found or
+    counted as a letter, and none makes a listing fail."""
+    monkeypatch.setattr(dlq, "PAGE", 4)
+    await adapter.dead_letters.put("app", [letter(1)])
+    await put_non_letters("app", 3 * dlq.PAGE + 1)
+    await adapter.dead_letters.put("app", [letter(2), letter(3)])
+    await put_non_letters("app", 2)
+    await adapter.dead_letters.put("app", [letter(4)])
+    await put_non_letters("app", 3)
+    listed = [s async for s in dlq.letters(adapter, "app")]
+    assert [s.letter.error for s in listed] == [f"bad order {n}" for n in (1, 2, 3, 4)]
+    behind = await adapter.dead_letters.page("app", 2, after=listed[0].id)
+    assert behind and behind == listed[1:3][: len(behind)]  # not [] while letters follow
+    assert await adapter.dead_letters.page("app", 2, after=listed[-1].id) == []
+    assert [await adapter.dead_letters.find("app", s.id) for s in listed] == listed
+    report = await dlq.replay(adapter, HashRingQueueMapper(QUEUES), "app",
+                              dlq.stored_now(adapter, "app", limit=3), batch=2)
+    assert [i for i, _ in report.replayed] == [s.id for s in listed[:3]]
+    purged = await dlq.purge(adapter, "app", dlq.stored_now(adapter, "app"))
+    assert (purged.matched, purged.purged) == (1, 1)
+    assert [s async for s in dlq.letters(adapter, "app")] == []
+    said = [r.getMessage() for r in caplog.records if "no dead letter" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(("redis: ", "kafka: ")), said  # once
+
+
 def numbered_letters(count: int) -> list[DeadLetter]:
     """``count`` letters, every third of handler ``orders.audit`` (the rest
     ``orders.handle``)."""
@@ -272,6 +304,8 @@ class RecordedLetters(DeadLetters):
     def __init__(self, store: DeadLetters, *, fail_again: bool = False) -> None:
         self.store = store
         self.calls: list[tuple[str, int]] = []
+        self.asked: list[int] = []
+        """The ``limit`` of each page call."""
         self.fail_again = fail_again
         self.failed_again: list[str] = []
         """The letter ids whose replayed message was dead-lettered again."""
@@ -286,6 +320,7 @@ class RecordedLetters(DeadLetters):
                    until: str | None = None) -> list[StoredLetter]:
         found = await self.store.page(group, limit, after=after, until=until)
         self.calls.append(("page", len(found)))
+        self.asked.append(limit)
         return found
 
     async def mark(self, group: str) -> str | None:
@@ -366,3 +401,35 @@ async def test_letters_stored_during_a_replay_all_are_left_for_the_next_run(
     assert store.failed_again == first
     again = await adapter.dead_letters.page("app")
     assert [s.replay_of for s in again] == first  # each failed again once, kept
+
+
+def sized(n: int, body_bytes: int) -> DeadLetter:
+    message = Message(f"m{n}", StreamId("orders", f"k{n}"), b"x" * body_bytes,
+                      enqueued_at_ms=now_ms(), token=SequenceToken(0, n))
+    return DeadLetter(message, "orders.handle", "ValueError", f"bad order {n}", 3, now_ms())
+
+
+async def test_a_page_asks_for_as_many_letters_as_the_byte_budget_holds_of_the_last(
+    adapter: QueueAdapter, recorded: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--all`` held a page of 500 letters whatever their size (500 MB of 1 MB
+    bodies): each page after the first asks for as many letters as ``PAGE_BYTES`` holds
+    of the largest of the page before — fewer for big letters, never fewer than 1, back
+    up to ``PAGE`` for small ones."""
+    monkeypatch.setattr(dlq, "PAGE_BYTES", 50_000)
+    monkeypatch.setattr(dlq, "FIRST_PAGE", 4)
+    big, huge, small = 20_000, 60_000, 10
+    await adapter.dead_letters.put("app", [sized(n, big) for n in range(8)])
+    await adapter.dead_letters.put("app", [sized(8, huge)])
+    await adapter.dead_letters.put("app", [sized(n, small) for n in range(9, 15)])
+    store: RecordedLetters = recorded()
+    listed = [s async for s in dlq.letters(adapter, "app")]
+    assert [len(s.letter.message.body) for s in listed] == [big] * 8 + [huge] + [small] * 6
+    assert [s.letter.error for s in listed] == [f"bad order {n}" for n in range(15)]
+    fits_small = min(dlq.PAGE, dlq.PAGE_BYTES // dlq.letter_bytes(listed[-1]))
+    # 4 big; 2 a page (2 big, 2 big, the huge and a small one); 1 (a small one); the rest.
+    assert store.asked == [4, 2, 2, 2, 1, fits_small, fits_small]
+    assert [n for call, n in store.calls] == [4, 2, 2, 2, 1, 4, 0]
+    assert 1 < fits_small <= dlq.PAGE
+    purged = await dlq.purge(adapter, "app", dlq.stored_now(adapter, "app"))
+    assert (purged.matched, purged.purged) == (15, 15)

@@ -26,6 +26,7 @@ from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message, Undecoda
 from conveyor.platform.operations.dlq import KILL_ENV
 from tests.conftest import stop_when, wait_until_sync
 from tests.integration.redis.conftest import write_config
+from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "dlq-e2e"
@@ -389,6 +390,42 @@ def test_list_says_more_letters_are_there_only_when_the_limit_left_some_out(
         "2 of 3 match --handler/--namespace/--error-type"]
     assert notes("--handler", "jobs.a", "--limit", "1") == [
         "showing the first 1 that match --handler/--namespace/--error-type; --limit shows more"]
+
+
+@pytest.mark.redis
+def test_entries_that_are_no_letters_hide_no_letter_and_are_named_once(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """600 entries another tool XADDed to the app's dead-letter stream — more than a
+    page (500) — before two letters: `dlq list` listed no letter and `replay --all`
+    replayed none. Now the letters are listed and replayed, one warning line names the
+    stream and an entry, and `dlq show` of such an entry is a usage error."""
+    config_path = write_config(tmp_path / "redis.toml", redis_server.url, queues={"total": 2})
+    config = load_config(config_path)
+    client = redis_server.client()
+    key = f"t:dlq:{APP}"
+    with client.pipeline(transaction=False) as pipe:
+        for n in range(600):
+            pipe.xadd(key, {"written-by": "another tool", "n": n})
+        junk = [entry_id.decode() for entry_id in pipe.execute()]
+    on_adapter(config, "dead_letters.put", APP, [
+        DeadLetter.of(Message(f"m-{n}", StreamId("jobs", f"k{n}"), b"{}",
+                              enqueued_at_ms=now_ms()), "jobs.handle", "boom", 1)
+        for n in (1, 2)])
+    args = ("--app", APP, "--config", str(config_path))
+
+    listed = conveyor("dlq", "list", *args, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [entry["key"] for entry in json.loads(listed.stdout)] == ["k1", "k2"]
+    said = [line for line in listed.stderr.splitlines() if "no dead letters" in line]
+    assert len(said) == 1 and f"of {key} " in said[0] and junk[0] in said[0], listed.stderr
+    shown = conveyor("dlq", "show", junk[0], *args)
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr, shown.stderr
+    assert f"conveyor: error: no dead letter {junk[0]} of app" in shown.stderr
+    replayed = conveyor("dlq", "replay", "--all", *args)
+    assert replayed.returncode == 0, replayed.stderr
+    assert f"replayed 2 letter(s) of app '{APP}'" in replayed.stdout
+    assert client.xlen(key) == 600
 
 
 def queued_replays(config: Config) -> Counter[str]:

@@ -71,6 +71,7 @@ from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import H_REPLAY_OF, DeadLetter, Message, now_ms
 from conveyor.platform.operations.dlq import checkpoint
 from conveyor.platform.processes import Seen, seen, this_process
+from conveyor.platform.throttled_log import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,7 @@ class KafkaDeadLetters(DeadLetters):
         self._ops_ready = False
         self._existing: set[str] = set()
         self._dlq_ready = False
+        self._skipped_log = ThrottledLog(log, interval_s=3600.0)
 
     async def close(self) -> None:
         if self._consumer is not None:
@@ -338,7 +340,21 @@ class KafkaDeadLetters(DeadLetters):
                                              key=group.encode(), partition=0)
 
     def _letter(self, partition: int, record: Any, group: str) -> StoredLetter | None:
-        letter = self._read_letter(record, group)
+        """``group``'s letter in ``record``, or None: another app's, or no letter at all
+        (another tool's record, as :meth:`page` skips) — or one that cannot be read back
+        (corrupt: a ``cv-dl-token`` that is no token, a 0.1 JSON letter keyed by the app
+        that is no JSON), skipped and said once per app and adapter rather than raised:
+        one such record made every listing of every app fail."""
+        try:
+            letter = self._read_letter(record, group)
+        except Exception:  # anyone's bytes: whatever they break is "no letter"
+            self._skipped_log.log(
+                logging.WARNING, group,
+                "kafka: record %d:%d of %s is no dead letter of %s that can be read back "
+                "(corrupt: it claims to be one): dlq commands skip it (`kcat -C -t %s -p "
+                "%d -o %d -c 1` shows it)", partition, record.offset, self.cluster.dlq_topic,
+                group, self.cluster.dlq_topic, partition, record.offset)
+            return None
         return None if letter is None else StoredLetter(f"{partition}:{record.offset}",
                                                         letter)
 
@@ -365,7 +381,10 @@ class KafkaDeadLetters(DeadLetters):
 
     async def page(self, group: str, limit: int = 100, *, after: str | None = None,
                    until: str | None = None) -> list[StoredLetter]:
-        """The app's records by offset, from just after ``after``'s (stored or not)."""
+        """The app's records by offset, from just after ``after``'s (stored or not),
+        read on until ``limit`` letters are found or ``until`` (the topic's end) is
+        reached: records of other apps, and records that are no letters, are skipped
+        however many come first (not held: a batch of records at a time is)."""
         start = 0
         if after is not None:
             _, offset = parse_id(after)

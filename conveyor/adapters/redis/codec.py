@@ -221,14 +221,26 @@ def letter_from_entry(fl: list[bytes]) -> DeadLetter | None:
     return None
 
 
-def stored_letters(entries: list[Any]) -> list[StoredLetter]:
-    """The letters of a dead-letter stream's entries, under their entry ids."""
+def stored_letters(entries: list[Any], skipped: list[str] | None = None) -> list[StoredLetter]:
+    """The letters of a dead-letter stream's entries, under their entry ids; the ids of
+    the entries that are no letters go to ``skipped``.
+
+    An entry is no letter when it lacks the layout's fields (another tool's ``XADD``), or
+    has them but cannot be read back (corrupt: a ``cv-dl-token`` that is no token, a
+    0.1 ``letter`` field that is no msgpack letter). It is skipped, not raised: one such
+    entry made every listing of the app fail."""
     out = []
     for eid, fields in entries:
-        letter = letter_from_entry(fields) if fields else None
+        try:
+            letter = letter_from_entry(fields) if fields else None
+        except Exception:  # anyone's bytes: whatever they break is "no letter"
+            letter = None
         if letter is not None:
             out.append(StoredLetter(eid.decode(), letter))
+        elif skipped is not None:
+            skipped.append(eid.decode())
     return out
+
 
 class _NotPlain(ConveyorError):
     """An entry :meth:`EntryDecoder._build` leaves to the entry-at-a-time path."""

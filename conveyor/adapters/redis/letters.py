@@ -3,7 +3,8 @@ one stream per app.
 
 Storing runs :data:`~conveyor.adapters.redis.scripts.DEAD_LETTER` (see
 :meth:`RedisDeadLetters.put`). A letter's id is its entry id in that stream. Listing is
-``XRANGE``, counting ``XLEN``, purging ``XDEL``. Replaying runs
+``XRANGE`` (reading on past entries that are no letters: another tool's, or corrupt),
+counting ``XLEN`` (which counts those too), purging ``XDEL``. Replaying runs
 :data:`~conveyor.adapters.redis.scripts.REPLAY_LETTER`: one script appends the message
 to its queue's stream and deletes the letter, atomically, so a replay killed at any
 point has done both or neither. The queue's key comes from the same
@@ -13,6 +14,8 @@ the caller's mapper.
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 import uuid
 from collections.abc import Awaitable, Sequence
@@ -29,6 +32,9 @@ from conveyor.platform.errors import BrokerError, InvalidArgumentError, StoreUnf
 from conveyor.platform.ids import POSITION_MAX, SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
 from conveyor.platform.message import DeadLetter
+from conveyor.platform.throttled_log import ThrottledLog
+
+log = logging.getLogger(__name__)
 
 Entries = list[Any]
 """``XRANGE``'s reply as hiredis parsed it: ``[[id, [field, value, ...]], ...]``."""
@@ -75,6 +81,7 @@ class RedisDeadLetters(DeadLetters):
         self._put_script = redis.register_script(lua.DEAD_LETTER)
         self._replay_script = redis.register_script(lua.REPLAY_LETTER)
         self._replay_marked_script = redis.register_script(lua.REPLAY_MARKED)
+        self._skipped_log = ThrottledLog(log, interval_s=3600.0)
 
     async def put(self, group: str, letters: Sequence[DeadLetter]) -> int:
         """One entry per letter on ``PREFIX:dlq:APP`` (see conveyor.platform.letters), by
@@ -111,15 +118,35 @@ class RedisDeadLetters(DeadLetters):
 
     async def page(self, group: str, limit: int = 100, *, after: str | None = None,
                    until: str | None = None) -> list[StoredLetter]:
-        """``XRANGE`` from just after ``after``: a range by id, whether or not ``after``
-        is still stored."""
+        """``XRANGE … COUNT limit`` from just after ``after``: a range by id, whether or
+        not ``after`` is still stored.
+
+        Entries that are no letters (:func:`~conveyor.adapters.redis.codec.stored_letters`)
+        are skipped, and said once per app and adapter (:meth:`_say_skipped`); while a
+        range held nothing else, the next ``limit`` entries are read, until one is a letter
+        or the range ends: an empty page is the end, however many such entries come
+        first. So a call holds ``limit`` entries at most, and may list fewer letters."""
         key = self._keys.dead_letters(group)
         start = "-" if after is None else f"({check_id(after)}"
         end = "+" if until is None else check_id(until)
-        entries: Entries = await self._caller.retrying(
-            "reading dead letters", lambda: self._stream_read(
-                self._redis.xrange(key, start, end, count=limit), []))
-        return stored_letters(entries)
+        if limit <= 0:
+            return []
+
+        async def xrange(start: str) -> Entries:
+            entries: Entries = await self._stream_read(
+                self._redis.xrange(key, start, end, count=limit), [])
+            return entries
+
+        skipped: list[str] = []
+        while True:
+            entries = await self._caller.retrying("reading dead letters",
+                                                  functools.partial(xrange, start))
+            found = stored_letters(entries, skipped)
+            if found or len(entries) < limit:
+                break
+            start = f"({skipped[-1]}"  # every entry read was skipped
+        self._say_skipped(group, skipped)
+        return found
 
     async def mark(self, group: str) -> str | None:
         """The newest entry's id (``XREVRANGE … COUNT 1``): every later ``XADD *`` is
@@ -134,8 +161,24 @@ class RedisDeadLetters(DeadLetters):
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
-        found = stored_letters(await self._entry(group, letter_id))
+        """None too for an entry that is no letter (said, as :meth:`page` says it)."""
+        skipped: list[str] = []
+        found = stored_letters(await self._entry(group, letter_id), skipped)
+        self._say_skipped(group, skipped)
         return found[0] if found else None
+
+    def _say_skipped(self, group: str, skipped: list[str]) -> None:
+        """A warning for entries of ``group``'s stream that are no letters: once per app
+        and adapter (a command's run; the console's request), naming the first."""
+        if skipped:
+            key = self._keys.dead_letters(group)
+            self._skipped_log.log(
+                logging.WARNING, group,
+                "redis: entries of %s are no dead letters (written by another tool, or "
+                "corrupt; %d in the range read, the first %s): dlq commands skip them, its "
+                "count of letters includes them; see one with `redis-cli XRANGE %s %s %s`, "
+                "remove them with XDEL", key, len(skipped), skipped[0], key, skipped[0],
+                skipped[0])
 
     async def _entry(self, group: str, letter_id: str) -> Entries:
         key = self._keys.dead_letters(group)

@@ -30,7 +30,17 @@ from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import H_REPLAY_OF, Message, Undecodable, now_ms
 
 PAGE = 500
-"""Letters read per call while paging through a store (and ids per purge call)."""
+"""Letters read per call at most while paging through a store (and ids per purge call)."""
+PAGE_BYTES = 64 * 2**20
+"""About how much a page of letters may hold. A page's count is chosen from the page
+before: as many letters as this holds of its largest (:func:`letter_bytes`), at least 1,
+at most :data:`PAGE` — 500 letters of 1 MB bodies were 500 MB held by ``replay --all``.
+A page of letters larger than the one before may pass it; the next is smaller."""
+FIRST_PAGE = 64
+"""Letters the first page asks for, before any size is known: :data:`PAGE_BYTES` of
+letters of 1 MB (Kafka's default record limit)."""
+LETTER_OVERHEAD = 1024
+"""Bytes a letter holds besides its body, texts and headers (its objects), about."""
 BATCH = 100
 """Letters replayed per adapter call (``conveyor dlq replay --batch``)."""
 
@@ -60,16 +70,19 @@ async def letters(adapter: QueueAdapter, group: str, chosen: Keep = LetterFilter
                   limit: int | None = None, *,
                   until: str | None = None) -> AsyncIterator[StoredLetter]:
     """``group``'s letters that ``chosen`` keeps, oldest first, at most ``limit``, up to
-    the letter ``until`` (see ``DeadLetters.mark``), read a page at a time.
+    the letter ``until`` (see ``DeadLetters.mark``), read a page at a time: one page held
+    at once, of :data:`FIRST_PAGE` letters, then as many as :data:`PAGE_BYTES` holds of
+    the page before's largest (:func:`next_page`).
 
     The caller may remove letters between two of them (a replay, a purge): the next page
     starts after the last letter read, whether or not it is still stored. Paging ends at
-    an empty page, not a short one: a store may list fewer than it read (an entry of a
-    Redis dead-letter stream that is no letter)."""
+    an empty page, not a short one: a store may list fewer than asked with more to come
+    (it reads on past entries that are no letters, see ``DeadLetters.page``)."""
     after: str | None = None
     found = 0
+    count = min(PAGE, FIRST_PAGE)
     while limit is None or found < limit:
-        page = await adapter.dead_letters.page(group, PAGE, after=after, until=until)
+        page = await adapter.dead_letters.page(group, count, after=after, until=until)
         if not page:
             return
         for stored in page:
@@ -78,7 +91,26 @@ async def letters(adapter: QueueAdapter, group: str, chosen: Keep = LetterFilter
                 found += 1
                 if limit is not None and found >= limit:
                     return
-        after = page[-1].id
+        after, count = page[-1].id, next_page(page)
+
+
+def next_page(page: list[StoredLetter]) -> int:
+    """How many letters to ask for after ``page``: as many as :data:`PAGE_BYTES` holds of
+    its largest letter, at least 1, at most :data:`PAGE`."""
+    largest = max(letter_bytes(stored) for stored in page)
+    return max(1, min(PAGE, PAGE_BYTES // largest))
+
+
+def letter_bytes(stored: StoredLetter) -> int:
+    """About how many bytes ``stored`` holds: its body, texts, headers and (an
+    undecodable message's) raw fields, plus :data:`LETTER_OVERHEAD`."""
+    letter = stored.letter
+    msg = letter.message
+    size = (LETTER_OVERHEAD + len(msg.body) + len(letter.error) + len(msg.stream.key)
+            + sum(len(name) + len(value) for name, value in msg.headers.items()))
+    if isinstance(msg, Undecodable):
+        size += sum(len(name) + len(value or b"") for name, value in msg.raw_fields)
+    return size
 
 
 async def stored_now(adapter: QueueAdapter, group: str, chosen: Keep = LetterFilter(),
@@ -93,7 +125,8 @@ async def stored_now(adapter: QueueAdapter, group: str, chosen: Keep = LetterFil
         yield stored
 
 
-async def _each(chosen: Letters) -> AsyncIterator[StoredLetter]:
+async def each(chosen: Letters) -> AsyncIterator[StoredLetter]:
+    """The letters of ``chosen``, a list or a page-at-a-time :func:`letters` alike."""
     if isinstance(chosen, AsyncIterable):
         async for stored in chosen:
             yield stored
@@ -194,7 +227,7 @@ async def replay(adapter: QueueAdapter, mapper: HashRingQueueMapper, group: str,
         pending.clear()
         checkpoint("replayed")
 
-    async for stored in _each(chosen):
+    async for stored in each(chosen):
         why = not_replayable(stored)
         if why is not None:
             report.skipped.append((stored.id, why))
@@ -224,7 +257,7 @@ async def purge(adapter: QueueAdapter, group: str, chosen: Letters,
     batch = batch or PAGE
     ids: list[str] = []
     matched = purged = 0
-    async for stored in _each(chosen):
+    async for stored in each(chosen):
         matched += 1
         ids.append(stored.id)
         if len(ids) >= batch:
