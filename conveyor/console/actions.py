@@ -5,24 +5,27 @@ dead-letter methods exactly as ``conveyor dlq`` does (so a replay has the same o
 guarantee: the letter is removed only once its message is stored, and a replay run twice
 publishes once); deleting a group goes through
 :func:`conveyor.platform.operations.groups.delete_app_group`, refused while the app looks alive.
-Each call opens its own adapter and closes it, as a CLI command does.
+Each call opens its own adapter and closes it, as a CLI command does, and is cut short
+once the Redis refuses connections (:func:`~conveyor.console.probe.unless_refused`): the
+answer then names the broker and, for a write action, says what was done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from conveyor.backends import coordination, create_adapter
+from conveyor.console.probe import Refused, unless_refused
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
-from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.errors import BrokerConnectionError, ConveyorError, InvalidArgumentError
+from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.operations.dlq import (
     LetterFilter,
-    Letters,
     letter_json,
     letters,
     purge,
@@ -80,12 +83,36 @@ class Choice:
         return self.stream in (stream.namespace, str(stream))
 
 
-async def _on_adapter(config: Config, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
-    adapter = create_adapter(config.queues.adapter, config)
+@dataclass
+class Progress:
+    """How far a write action got, for its answer should the broker go away midway."""
+
+    taken: int = 0
+    """Letters the action took to act on; none: it wrote nothing."""
+    done: int = 0
+    """Of them, those it is known to have acted on (a replay's: published and removed)."""
+
+
+async def _on_adapter(config: Config, work: Callable[[QueueAdapter], Awaitable[T]],
+                      known: Callable[[], str] | None = None) -> T:
+    """``work`` on an adapter of its own; cut short once the Redis refuses connections,
+    a :class:`BrokerConnectionError` naming it, then what ``known`` says was done."""
+
+    async def opened() -> T:
+        adapter = create_adapter(config.queues.adapter, config)
+        try:
+            return await work(adapter)
+        finally:
+            await adapter.close()
+
     try:
-        return await work(adapter)
-    finally:
-        await adapter.close()
+        return await unless_refused(config, opened())
+    except Refused as exc:
+        said = [str(exc), *([known()] if known is not None else [])]
+        if not exc.stopped:
+            said.append("the console could not stop the action: it may go on if redis "
+                        "is back within [redis] retry_max_s")
+        raise BrokerConnectionError("; ".join(said)) from None
 
 
 async def unknown_app(adapter: QueueAdapter, config: Config, app: str) -> str | None:
@@ -169,12 +196,24 @@ async def show_letter(config: Config, app: str, letter_id: str, *,
     return shown
 
 
-async def _chosen(adapter: QueueAdapter, config: Config, choice: Choice) -> Letters:
+async def _chosen(adapter: QueueAdapter, config: Config, choice: Choice,
+                  progress: Progress) -> AsyncIterator[StoredLetter]:
     """``choice.every``: the letters stored now that it keeps, read a page at a time as
     the caller acts on them (an unknown app: :func:`_after_none`); else its ids, each
-    found first."""
+    found first. Each counted in ``progress.taken`` as the caller takes it."""
     if choice.every:
-        return stored_now(adapter, choice.app, choice.keeps)
+        async for stored in stored_now(adapter, choice.app, choice.keeps):
+            progress.taken += 1
+            yield stored
+    else:
+        for stored in await _found(adapter, config, choice):
+            progress.taken += 1
+            yield stored
+
+
+async def _found(adapter: QueueAdapter, config: Config, choice: Choice) -> list[StoredLetter]:
+    """The letters of ``choice.ids`` that it keeps; :class:`NotFound` when one is not
+    stored (nothing done)."""
     found = {i: await adapter.dead_letters.find(choice.app, i) for i in choice.ids}
     missing = [i for i, s in found.items() if s is None]
     if missing:
@@ -192,44 +231,75 @@ async def _after_none(adapter: QueueAdapter, config: Config, choice: Choice) -> 
         await _require_app(adapter, config, choice.app)
 
 
+def _replay_known(progress: Progress) -> Callable[[], str]:
+    """What a replay cut short by a refusal did: a letter is replayed by one script that
+    publishes its message and removes it, and a replay run again skips what is gone."""
+    def said() -> str:
+        if not progress.taken:
+            return "nothing was replayed"
+        return (f"{progress.done} letter(s) were replayed before it did; every other "
+                "letter chosen is still stored, or was published once and removed as the "
+                "connection went: replay again to finish (no letter is published twice)")
+    return said
+
+
+def _purge_known(progress: Progress) -> Callable[[], str]:
+    def said() -> str:
+        if not progress.taken:
+            return "nothing was purged"
+        return ("each letter chosen is deleted or still stored: purge again to finish "
+                "(purging a letter twice deletes it once)")
+    return said
+
+
 async def replay_letters(config: Config, choice: Choice) -> dict[str, Any]:
     """Replay the chosen letters as ``conveyor dlq replay`` does."""
     mapper = HashRingQueueMapper(config.queues.total)
+    progress = Progress()
+
+    def replayed(_: str, __: SequenceToken) -> None:
+        progress.done += 1
 
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
-        report = await replay(adapter, mapper, choice.app, await _chosen(adapter, config, choice))
+        report = await replay(adapter, mapper, choice.app,
+                              _chosen(adapter, config, choice, progress), replayed)
         if not (report.replayed or report.skipped or report.gone):
             await _after_none(adapter, config, choice)
         return {"replayed": [[i, str(token)] for i, token in report.replayed],
                 "skipped": [list(s) for s in report.skipped], "gone": report.gone}
 
-    return await _on_adapter(config, work)
+    return await _on_adapter(config, work, _replay_known(progress))
 
 
 async def purge_letters(config: Config, choice: Choice) -> dict[str, Any]:
     """Delete the chosen letters for good, as ``conveyor dlq purge`` does."""
+    progress = Progress()
 
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
-        report = await purge(adapter, choice.app, await _chosen(adapter, config, choice))
+        report = await purge(adapter, choice.app, _chosen(adapter, config, choice, progress))
         if not report.matched:
             await _after_none(adapter, config, choice)
         return {"purged": report.purged}
 
-    return await _on_adapter(config, work)
+    return await _on_adapter(config, work, _purge_known(progress))
 
 
 async def delete_group(config: Config, app: str) -> dict[str, Any]:
     """Remove a dead app's group from every queue (refused while it looks alive); its
     dead letters are kept."""
-    adapter = create_adapter(config.queues.adapter, config)
-    membership, leases = coordination(config, app)
-    try:
-        removed = await delete_app_group(adapter, membership, leases, app,
-                                         range(config.queues.total))
-    finally:
-        await adapter.close()
-        await membership.close()
-        await leases.close()
+
+    async def work(adapter: QueueAdapter) -> list[int]:
+        membership, leases = coordination(config, app)
+        try:
+            return await delete_app_group(adapter, membership, leases, app,
+                                          range(config.queues.total))
+        finally:
+            await membership.close()
+            await leases.close()
+
+    removed = await _on_adapter(config, work, lambda: (
+        "the group is gone from every queue, some or none: delete it again to finish "
+        "(its dead letters are kept)"))
     return {"app": app, "removed_from": removed}
 
 

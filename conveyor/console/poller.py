@@ -12,19 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from conveyor.backends import for_config
+from conveyor.console.probe import Refused, cluster_nodes, unless_refused
 from conveyor.platform.adapter import StoreProblem
 from conveyor.platform.config import Config
-from conveyor.platform.config.checks import SENTINEL_PORT
-from conveyor.platform.errors import BrokerConnectionError, ConveyorError
+from conveyor.platform.errors import ConveyorError
 from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.status import (
     AppsReport,
@@ -65,16 +63,8 @@ POLL_TIMEOUT_S = 8.0
 and does not answer) ends with an error reading and drops its connections. Below the
 10 s a page's first request after a rest waits for a fresh reading, so that request gets
 this poll's outcome rather than the reading before the rest."""
-PROBE_AFTER_S = 0.5
-"""A poll not done this long after it started has the Redis it reads probed
-(:func:`refused`): a closed port makes the adapter retry until ``timeout_s``, and the
-poll would end as a broker that does not answer would. A poll of a broker that answers
-takes a few tens of milliseconds."""
 CLOSE_TIMEOUT_S = 5.0
 """Longest the console waits for its broker connections to close (at its exit)."""
-
-REDIS_PORT = 6379
-"""Where ``[redis] url`` points when it names no port."""
 
 LATENCY_KEYS = {"p50": "latency.p50_s", "p95": "latency.p95_s", "p99": "latency.p99_s"}
 """Chart series -> the heartbeat stat a daemon publishes (seconds, over the calls since
@@ -203,6 +193,10 @@ class Poller:
         """The connections the polls share (see :meth:`poll`); None until the first poll
         and after a failed one."""
         self._closing: set[asyncio.Task[None]] = set()
+        self._nodes: list[str] = []
+        """The cluster nodes the reader's client knew at the last good poll (probed with
+        the URL's: :func:`~conveyor.console.probe.refused`); none after a failed one,
+        whose next reader knows the URL's node alone."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="console-poller")
@@ -286,6 +280,8 @@ class Poller:
             log.exception("console poll failed")
             self._failed(f"{type(exc).__name__} (see the console's log)")
         else:
+            if self._reader is not None:
+                self._nodes = cluster_nodes(self._reader.adapter)
             self.reading = Reading(time.time(), apps, status, warnings=[*broker_warnings(
                 self.config, apps.eviction_policy, apps.persistence, self._beyond,
                 self._problems), *_lost_lines(status)])
@@ -296,18 +292,10 @@ class Poller:
         self._fresh.set()
 
     async def _read_unless_refused(self) -> tuple[AppsReport, dict[str, StatusReport]]:
-        """:meth:`_read`; or, if it is not done after :data:`PROBE_AFTER_S` and the Redis
-        it reads refuses connections (:func:`refused`), :class:`Refused` at once."""
-        read = asyncio.ensure_future(self._read())
-        try:
-            done, _ = await asyncio.wait({read}, timeout=PROBE_AFTER_S)
-            if not done and (where := await refused(self.config)) and not read.done():
-                raise Refused(f"redis at {where} refused the connection")
-        except BaseException:  # refused, or the poll's bound, or the console stopping:
-            read.cancel()  # not waited for (a cancel lost in redis-py would hold it for
-            read.add_done_callback(_retrieve)  # the adapter's retries); its connections
-            raise  # are dropped with the reader
-        return await read
+        """:meth:`_read`, cut short once the Redis it reads refuses connections
+        (:func:`~conveyor.console.probe.unless_refused`, with the cluster nodes the last
+        good poll's client knew)."""
+        return await unless_refused(self.config, self._read(), self._nodes)
 
     async def _read(self) -> tuple[AppsReport, dict[str, StatusReport]]:
         if self._reader is None:
@@ -332,6 +320,7 @@ class Poller:
         """Close the shared connections in the background (a broker that does not answer
         must not hold the next poll, or the console's exit, on them)."""
         reader, self._reader = self._reader, None
+        self._nodes = []
         if reader is not None:
             task = asyncio.create_task(self._close(reader), name="console-poller-close")
             self._closing.add(task)
@@ -344,56 +333,3 @@ class Poller:
                 await reader.close()
         except Exception:  # closing what failed may fail too: nothing is lost
             log.debug("closing the console's broker connections failed", exc_info=True)
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Take a dropped read's outcome, so that asyncio logs no error never retrieved."""
-    if not task.cancelled():
-        task.exception()
-
-
-class Refused(BrokerConnectionError):
-    """Every address of the Redis a poll reads refused a connection (its port closed)."""
-
-
-async def refused(config: Config) -> str | None:
-    """The Redis ``config`` reads (``[redis] url``, or with ``mode = "sentinel"`` its
-    sentinels), as ``HOST:PORT, ...``, when every one of its addresses refuses a TCP
-    connection; None when one accepts, or gives no answer within a second, or when
-    ``config`` uses no Redis (Kafka's client says at once that no broker is reachable)."""
-    if config.queues.adapter != "redis" and config.balancer.membership != "redis":
-        return None
-    cfg = config.redis
-    if cfg.mode == "sentinel":
-        servers = [urlsplit(f"//{item}") for item in cfg.sentinels]
-        default = SENTINEL_PORT
-    else:
-        servers, default = [urlsplit(cfg.url)], REDIS_PORT
-        if servers[0].scheme not in ("redis", "rediss"):  # a unix socket: no port to probe
-            return None
-    try:
-        named = [(s.hostname or "localhost", s.port or default) for s in servers]
-    except ValueError:  # a port out of range: the adapter reports the config's mistake
-        return None
-    for host, port in named:
-        if not await _refuses(host, port):
-            return None
-    return ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in named)
-
-
-async def _refuses(host: str, port: int) -> bool:
-    """Whether every address ``host`` resolves to refuses a connection on ``port``."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(1.0):
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            for *_, address in infos:
-                try:
-                    _, writer = await asyncio.open_connection(str(address[0]), int(address[1]))
-                except ConnectionRefusedError:
-                    continue
-                writer.close()
-                return False
-    except (OSError, TimeoutError):  # unresolved, unreachable, silent: not a refusal
-        return False
-    return bool(infos)
