@@ -244,11 +244,14 @@ def _replay_known(progress: Progress) -> Callable[[], str]:
 
 
 def _purge_known(progress: Progress) -> Callable[[], str]:
+    """What a purge cut short by a refusal did: the letters of the calls that answered
+    are counted; each other letter chosen is deleted or still stored."""
     def said() -> str:
         if not progress.taken:
             return "nothing was purged"
-        return ("each letter chosen is deleted or still stored: purge again to finish "
-                "(purging a letter twice deletes it once)")
+        return (f"{progress.done} letter(s) were purged before it did; every other letter "
+                "chosen is deleted or still stored: purge again to finish (purging a "
+                "letter twice deletes it once)")
     return said
 
 
@@ -275,8 +278,12 @@ async def purge_letters(config: Config, choice: Choice) -> dict[str, Any]:
     """Delete the chosen letters for good, as ``conveyor dlq purge`` does."""
     progress = Progress()
 
+    def purged(deleted: int) -> None:
+        progress.done += deleted
+
     async def work(adapter: QueueAdapter) -> dict[str, Any]:
-        report = await purge(adapter, choice.app, _chosen(adapter, config, choice, progress))
+        report = await purge(adapter, choice.app, _chosen(adapter, config, choice, progress),
+                             on_purged=purged)
         if not report.matched:
             await _after_none(adapter, config, choice)
         return {"purged": report.purged}

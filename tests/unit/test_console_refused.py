@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -111,29 +111,76 @@ async def replay_cut_after_first_batch(config: Config, proxy: CuttableProxy,
                                        server: RedisServer) -> tuple[str, float]:
     """Replay every letter of ``APP`` through ``proxy``; once the server has the first
     replayed message, the proxy drops the next reply, closes the connections and refuses
-    new ones. The console's error and how long the replay took.
+    new ones. The console's error and how long the replay took (:func:`cut_once`).
 
     The reply dropped is the next batch's first (redis-py's ``SCRIPT EXISTS`` before a
     pipeline of scripts), so that batch does not run here; a batch that ran and whose
     reply was lost is the adapter's to replay once (tests/e2e/test_dlq.py kills a replay
     there). The assertions hold either way."""
+    async def replayed(direct: aioredis.Redis) -> bool:
+        return sum([await direct.xlen(f"t:q:{q}") for q in range(2)]) > 0
+
+    return await cut_once(actions.replay_letters(config, Choice(APP, every=True)),
+                          replayed, proxy, server)
+
+
+async def cut_once(action: Coroutine[Any, Any, Any],
+                   written: Callable[[aioredis.Redis], Awaitable[bool]],
+                   proxy: CuttableProxy, server: RedisServer) -> tuple[str, float]:
+    """Run the console's ``action`` through ``proxy``; once ``written`` (a look at the
+    server itself) says its first write is there, the proxy drops the next reply,
+    closes the connections and refuses new ones. The action's error, and how long it
+    took."""
     direct = aioredis.Redis(port=server.port)
-    replay = asyncio.ensure_future(actions.replay_letters(config, Choice(APP, every=True)))
+    task = asyncio.ensure_future(action)
     started = time.monotonic()
     try:
         deadline = started + 30
-        while not replay.done() and not sum([await direct.xlen(f"t:q:{q}") for q in range(2)]):
+        while not task.done() and not await written(direct):
             if time.monotonic() > deadline:
-                raise TimeoutError("no letter replayed within 30 s")
+                raise TimeoutError("nothing written within 30 s")
             await asyncio.sleep(0.001)  # the next look at the server
         proxy.lose_next_reply(then_down=True)
         try:
-            await replay
+            await task
         except BrokerConnectionError as exc:
             return str(exc), time.monotonic() - started
-        return "the replay ended before the broker went away", 0.0
+        return "the action ended before the broker went away", 0.0
     finally:
         await direct.aclose()
+
+
+def test_a_purge_cut_short_by_the_broker_going_away_says_how_many_it_purged(
+    redis_server: RedisServer, tmp_path: Path,
+) -> None:
+    """Redis refusing connections midway through a purge of every letter: the answer
+    counts the letters of the delete calls that answered (500 ids a call), each other
+    letter is deleted or still stored, and a purge run again deletes the rest."""
+    direct, proxy, config = proxied_letters(redis_server, tmp_path)
+    stream = f"t:dlq:{APP}"
+
+    async def purged(redis: aioredis.Redis) -> bool:
+        return int(await redis.xlen(stream)) < LETTERS
+
+    async def cut() -> tuple[str, float]:
+        await proxy.start()
+        return await cut_once(actions.purge_letters(config, Choice(APP, every=True)),
+                              purged, proxy, redis_server)
+
+    error, took = asyncio.run(cut())
+    left = letters_left(direct)
+    again = asyncio.run(actions.purge_letters(direct, Choice(APP, every=True)))
+    where = f"redis at 127.0.0.1:{proxy.port} refused the connection"
+    assert error.startswith(f"{where}; "), error
+    known = int(error.split("; ")[1].split(" ")[0])
+    assert error == (
+        f"{where}; {known} letter(s) were purged before it did; every other letter chosen "
+        "is deleted or still stored: purge again to finish (purging a letter twice "
+        "deletes it once)")
+    assert took < PROMPT_S, f"the purge answered after {took:.1f}s"
+    assert 500 <= known <= LETTERS - left <= known + 500  # the call under way: unknown
+    assert again["purged"] == left
+    assert letters_left(direct) == 0
 
 
 def test_a_replay_cut_short_by_the_broker_going_away_says_what_it_did_and_loses_and_doubles_nothing(
@@ -144,12 +191,7 @@ def test_a_replay_cut_short_by_the_broker_going_away_says_what_it_did_and_loses_
     other letter is still stored or was replayed once, never both, and a replay run
     again finishes the rest. No duplicate is allowed: a letter is replayed by one script
     that appends its message and removes it."""
-    direct = load_config(write_config(tmp_path / "direct.toml", redis_server.url,
-                                      queues={"total": 2}))
-    put_letters(direct, APP, LETTERS)
-    proxy = CuttableProxy(free_port(), redis_server.port)
-    config = load_config(write_config(tmp_path / "proxied.toml",
-                                      f"redis://127.0.0.1:{proxy.port}/0", queues={"total": 2}))
+    direct, proxy, config = proxied_letters(redis_server, tmp_path)
 
     async def cut() -> tuple[str, float]:
         await proxy.start()
@@ -172,6 +214,19 @@ def test_a_replay_cut_short_by_the_broker_going_away_says_what_it_did_and_loses_
     assert (len(again["replayed"]), again["gone"]) == (left, [])
     assert sorted(queued(redis_server)) == sorted(f"g{n}" for n in range(LETTERS))  # once each
     assert letters_left(direct) == 0
+
+
+def proxied_letters(server: RedisServer, tmp_path: Path
+                    ) -> tuple[Config, CuttableProxy, Config]:
+    """:data:`LETTERS` letters of ``APP`` on ``server``; its config, a proxy to it (not
+    started) and a config that reads it through the proxy."""
+    direct = load_config(write_config(tmp_path / "direct.toml", server.url,
+                                      queues={"total": 2}))
+    put_letters(direct, APP, LETTERS)
+    proxy = CuttableProxy(free_port(), server.port)
+    config = load_config(write_config(tmp_path / "proxied.toml",
+                                      f"redis://127.0.0.1:{proxy.port}/0", queues={"total": 2}))
+    return direct, proxy, config
 
 
 def letters_left(config: Config) -> int:

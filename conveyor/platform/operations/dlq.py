@@ -250,21 +250,30 @@ class PurgeReport:
 
 
 async def purge(adapter: QueueAdapter, group: str, chosen: Letters,
-                batch: int | None = None) -> PurgeReport:
+                batch: int | None = None,
+                on_purged: Callable[[int], None] | None = None) -> PurgeReport:
     """Delete the letters of ``chosen``, ``batch`` ids (default :data:`PAGE`) per
     adapter call: an async ``chosen`` is read as the purge goes, so only a page of
-    letters is held."""
+    letters is held. ``on_purged(n)`` is called after each call that deleted ``n``
+    (what a purge cut short had done: the console says it)."""
     batch = batch or PAGE
     ids: list[str] = []
     matched = purged = 0
+
+    async def delete() -> int:
+        deleted = await adapter.dead_letters.delete(group, ids)
+        if on_purged is not None:
+            on_purged(deleted)
+        return deleted
+
     async for stored in each(chosen):
         matched += 1
         ids.append(stored.id)
         if len(ids) >= batch:
-            purged += await adapter.dead_letters.delete(group, ids)
+            purged += await delete()
             ids = []
     if ids:
-        purged += await adapter.dead_letters.delete(group, ids)
+        purged += await delete()
     return PurgeReport(matched, purged)
 
 
