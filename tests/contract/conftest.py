@@ -112,13 +112,17 @@ _BUILDERS: dict[str, Build] = {"memory": _memory, "redis": _redis,
                                "redis-sentinel": _redis_sentinel, "kafka": _kafka}
 
 
-@pytest.fixture(params=[
-    pytest.param("memory"),
+SERVER_ADAPTERS = [
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("redis-cluster", marks=[pytest.mark.redis, pytest.mark.redis_cluster]),
     pytest.param("redis-sentinel", marks=[pytest.mark.redis, pytest.mark.redis_sentinel]),
     pytest.param("kafka", marks=pytest.mark.kafka),
-])
+]
+"""The adapters of a server (every one but memory): ``@pytest.mark.parametrize("adapter",
+SERVER_ADAPTERS, indirect=True)`` runs a test on them alone."""
+
+
+@pytest.fixture(params=[pytest.param("memory"), *SERVER_ADAPTERS])
 async def adapter(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueAdapter]:
     built = await _BUILDERS[request.param](request, tmp_path)
     try:
@@ -198,10 +202,8 @@ _NON_LETTERS: dict[str, Callable[[QueueAdapter, str, int], Awaitable[None]]] = {
 @pytest.fixture
 def put_non_letters(request: pytest.FixtureRequest, adapter: QueueAdapter) -> PutNonLetters:
     """``await put_non_letters(group, count)``: ``count`` entries that are no letters
-    where ``group``'s letters are stored, written past the port as another tool would.
-    Skips on the memory adapter, whose store holds nothing but letters."""
-    backend = request.node.callspec.params["adapter"]
-    if backend not in _NON_LETTERS:
-        pytest.skip(f"the {backend} adapter's dead-letter store holds nothing but letters")
-    write = _NON_LETTERS[backend]
+    where ``group``'s letters are stored, written past the port as another tool would:
+    for a test on :data:`SERVER_ADAPTERS` (the memory adapter's store holds nothing but
+    letters)."""
+    write = _NON_LETTERS[request.node.callspec.params["adapter"]]
     return lambda group, count: write(adapter, group, count)

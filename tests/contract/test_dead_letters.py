@@ -23,7 +23,7 @@ from conveyor.platform.message import (
     now_ms,
 )
 from conveyor.platform.operations import dlq
-from tests.contract.conftest import QUEUES, Open, PutNonLetters
+from tests.contract.conftest import QUEUES, SERVER_ADAPTERS, Open, PutNonLetters
 from tests.contract.support import take, take_rest
 
 
@@ -227,6 +227,7 @@ async def test_a_mark_bounds_paging_to_the_letters_stored_before_it(
     assert len(await adapter.dead_letters.page("app")) == 3
 
 
+@pytest.mark.parametrize("adapter", SERVER_ADAPTERS, indirect=True)
 async def test_paging_reads_on_past_entries_that_are_no_letters(
     adapter: QueueAdapter, put_non_letters: PutNonLetters, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
