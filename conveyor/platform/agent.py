@@ -89,6 +89,12 @@ log = logging.getLogger("conveyor.agent")
 ACK_GRACE_S = 1.0
 """A drain whose time is up still gets this long to send the acks of what finished."""
 
+ABORT_WAIT_S = 0.5
+"""How long :meth:`PullingAgent.abort` waits for the handler calls it cancelled to end.
+One that catches its cancellation and goes on (a bare ``except:`` in a loop) is left
+running past it, its message unacknowledged for the queue's next owner: an abort is a
+stop at once, and the stop that calls it still has the broker to leave."""
+
 STALL_BREATH_S = 0.01
 """After a handler blocked the loop, how long the next start waits for the loop's I/O."""
 
@@ -188,6 +194,8 @@ class PullingAgent:
         self._pull_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._aborted = False
+        self._abort_called = asyncio.Event()
+        """Set by :meth:`abort`: a drain waiting for its runners stops waiting."""
         self._own = Ownership(owned_until, settings.poll_timeout_s / 5)
         """Fencing (conveyor.platform.ownership): checked before every start, pull, ack."""
         self._acks = Acknowledger(queue, receiver, self.cache, self._own)
@@ -325,23 +333,46 @@ class PullingAgent:
         second stop signal): what it held goes unacknowledged to the next owner."""
         self._aborted = True
         self._stopping = True
+        self._abort_called.set()
         flushing = self._acks.abort()
         self._quiet.set()
         tasks = [t for t in (self._pull_task, flushing) if t is not None]
         for task in tasks:
             task.cancel()
-        await self._stop_runners()
+        await self._stop_runners(within_s=ABORT_WAIT_S)
         with contextlib.suppress(Exception):
             await cancel_and_wait(*tasks)  # cancelled above, before the runners: not again
         with contextlib.suppress(Exception):
             await self.receiver.shutdown()
 
-    async def _stop_runners(self) -> None:
+    async def _stop_runners(self, within_s: float | None = None) -> None:
+        """Cancel the runners (and the orphans' and regain tasks) and wait until they
+        have ended — a drain's wait (``within_s`` None) until an :meth:`abort` at most,
+        an abort's ``within_s`` at most. A handler call that catches its cancellation and
+        goes on is then left running: nothing it finishes is acknowledged any more (the
+        agent is aborted), its message goes to the queue's next owner."""
         extra = (self._orphan_task, self._regain_task)
         tasks = [*self._runners, *(t for t in extra if t is not None)]
-        await cancel_and_wait(*tasks)
+        stopping = asyncio.create_task(cancel_and_wait(*tasks),
+                                       name=f"agent-{self.queue}-stop-runners")
+        stopping.add_done_callback(_retrieve)
+        waits: set[asyncio.Future[Any]] = {stopping}
+        if within_s is None:
+            waits.add(asyncio.ensure_future(self._abort_called.wait()))
+        try:
+            await asyncio.wait(waits, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits - {stopping}:
+                waiting.cancel()
+        if not stopping.done() and within_s is not None:  # the abort's: said once
+            log.warning("queue %d: %d handler call(s) still running after their "
+                        "cancellation (a handler that catches asyncio.CancelledError must "
+                        "raise it again): left running, their messages unacknowledged for "
+                        "the next owner", self.queue, sum(not t.done() for t in tasks))
         self._runners.clear()
         self._idle.clear()
+        if stopping.done() and not stopping.cancelled():
+            stopping.result()  # a runner's crash, raised as cancel_and_wait raised it
 
     # -- pulling -----------------------------------------------------------------------
     async def _pull_loop(self) -> None:
@@ -791,3 +822,10 @@ class PullingAgent:
             "acked": self.acked,
             "at": time.time(),
         }
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Read a runners' wait's outcome that nobody awaits any more (a drain that stopped
+    waiting at an abort), so asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()

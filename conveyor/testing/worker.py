@@ -209,8 +209,9 @@ class TestWorker:
             ("handler call(s) still running after their cancellation",
              calls(observations.running))) if named]
         why = ("; ".join(held) + " — a handler that catches asyncio.CancelledError (a bare "
-               "except:, except BaseException) must raise it again; conveyor worker's "
-               "stop waits for it until drain_timeout_s + 3s") if held else (
+               "except:, except BaseException) must raise it again; conveyor worker "
+               "abandons such a call at drain_timeout_s + 3s and leaves without it, its "
+               "message unacknowledged") if held else (
                    "nothing the kit can name holds it")
         return (f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: {why}; "
                 "it goes on in the background")

@@ -29,34 +29,78 @@ T = TypeVar("T")
 
 STOP_GRACE_S = 3.0
 """How long past ``drain_timeout_s`` (counted from the signal) a stop may take in all —
-releasing leases, leaving the membership, closing connections — before serve gives up
-on it: a broker that stopped answering must not keep a stopping worker alive."""
+releasing leases, leaving the membership, closing connections — before serve abandons
+it (:data:`CLOSE_AFTER_ABORT_S`): a handler call that catches its cancellation and goes
+on, or a broker that stopped answering, must not keep a stopping worker alive."""
+
+CLOSE_AFTER_ABORT_S = 2.0
+"""How long an abandoned stop (past :data:`STOP_GRACE_S`, or at a second stop signal)
+still has to close once its queues are aborted — nothing more acknowledged, no handler
+call waited for: leave the consumer group (kafka-group) or the membership, release the
+leases, close the broker's connections, so that the other workers take its queues at
+once rather than after the group's session timeout or the leases' TTL. Two seconds:
+what that takes with a broker that answers (a LeaveGroup, a few deletes; the Kafka
+balancer's own waits are 2 s at most), and it keeps a stuck stop's exit within
+``drain_timeout_s`` + 3 + 2 + :data:`THREADS_GRACE_S` + :data:`TASKS_GRACE_S` s, inside
+the pod's grace (``conveyor deploy kubernetes``: ``drain_timeout_s`` + 3 + 5 s). Past
+it the process leaves as it is, and the broker's timeouts hand its queues on."""
 
 
 THREADS_GRACE_S = 1.0
 """How long a process that has served its daemon waits for threads that would keep it
 alive (:func:`leave_running_threads`) before it exits without them."""
 
+TASKS_GRACE_S = 1.0
+"""How long :func:`run_served` waits for the tasks still there after its daemon's stop,
+once cancelled, before it leaves them (a handler call that catches its cancellation
+and goes on: an abandoned stop left it running)."""
+
+_tasks_left: list[str] = []
+"""The names of the tasks :func:`run_served` left running: :func:`leave_running_threads`
+then leaves at once, as for a thread that does not end."""
+
 
 def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """``asyncio.run(main())`` for a process that exists to serve a daemon, without
-    waiting at the end for the loop's default executor (``asyncio.to_thread``,
-    ``run_in_executor``): ``asyncio.run`` would wait for a call there that never returns
-    — a handler's ``to_thread`` call its drain abandoned — for good, after the drain.
-    The executor's idle threads end; a busy one is left to :func:`leave_running_threads`."""
-    executor = ThreadPoolExecutor(thread_name_prefix="asyncio")
+    waiting for good at the end for what an abandoned stop left running:
 
-    async def served() -> T:
-        loop = asyncio.get_running_loop()
-        loop.set_default_executor(executor)
+    * the loop's default executor (``asyncio.to_thread``, ``run_in_executor``), where a
+      handler's call its drain abandoned may never return: its idle threads end, a busy
+      one is left to :func:`leave_running_threads`;
+    * the tasks still there, which ``asyncio.run`` cancels and waits for: one running a
+      handler call that catches its cancellation and goes on never ends. They get
+      :data:`TASKS_GRACE_S`; those left then are named by :func:`leave_running_threads`,
+      which leaves without them."""
+    executor = ThreadPoolExecutor(thread_name_prefix="asyncio")
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.set_default_executor(executor)
+    try:
+        return loop.run_until_complete(main())
+    finally:
         try:
-            return await main()
+            _cancel_left_tasks(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             executor.shutdown(wait=False, cancel_futures=True)
-            # What asyncio.run shuts down (and waits for) once this returns: an idle one.
-            loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio"))
+            asyncio.set_event_loop(None)
+            loop.close()
 
-    return asyncio.run(served())
+
+def _cancel_left_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """What ``asyncio.run`` does with the tasks ``main`` left, within :data:`TASKS_GRACE_S`:
+    cancel them, wait, report the errors they ended with; remember those still running."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    done, running = loop.run_until_complete(asyncio.wait(tasks, timeout=TASKS_GRACE_S))
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler({"message": "unhandled exception during shutdown",
+                                         "exception": task.exception(), "task": task})
+    _tasks_left.extend(task.get_name() for task in running)
 
 
 def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None:
@@ -64,8 +108,13 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
     Python would wait at exit for every thread that is not a daemon thread — for good,
     if one never returns (a handler's ``asyncio.to_thread`` call the drain abandoned, a
     thread the app started at import). Waits ``grace_s`` at most for them; if one still
-    runs, logs their names and leaves at once with ``status`` (``os._exit``: ``atexit``
-    functions do not run). Returns when none is left."""
+    runs, or :func:`run_served` left a task running, logs their names and leaves at once
+    with ``status`` (``os._exit``: ``atexit`` functions do not run). Returns when none
+    is left."""
+    if _tasks_left:
+        log.warning("exiting without waiting for %d task(s) still running after their "
+                    "cancellation: %s (a handler that catches asyncio.CancelledError and "
+                    "goes on)", len(_tasks_left), ", ".join(_tasks_left))
     deadline = time.monotonic() + grace_s
     running = []
     for thread in threading.enumerate():
@@ -74,12 +123,13 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             running.append(thread.name)
-    if not running:
+    if not running and not _tasks_left:
         return
-    log.warning("exiting without waiting for %d thread(s) still running after the stop: "
-                "%s (a handler's asyncio.to_thread or run_in_executor call that has not "
-                "returned, or a thread the app started that is not a daemon thread)",
-                len(running), ", ".join(running))
+    if running:
+        log.warning("exiting without waiting for %d thread(s) still running after the "
+                    "stop: %s (a handler's asyncio.to_thread or run_in_executor call that "
+                    "has not returned, or a thread the app started that is not a daemon "
+                    "thread)", len(running), ", ".join(running))
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -111,14 +161,17 @@ async def serve(
        (:attr:`WorkerDaemon.failed`). ``commands`` still running then is cancelled and
        awaited, so it may finish what it had begun.
     4. The daemon stops (:meth:`WorkerDaemon.stop`: drains), with
-       ``[worker] drain_timeout_s`` counted from the signal. A second signal aborts: no
-       more waiting for handlers, nothing more acknowledged (``abandoned`` counts what is
-       left to the queues' next owners). A stop still running :data:`STOP_GRACE_S` past
-       its drain deadline is abandoned the same way. A failure is then raised (as a
-       :class:`ConveyorError`); otherwise the :class:`DrainReport` is returned.
+       ``[worker] drain_timeout_s`` counted from the signal. A second signal abandons
+       the stop: no more waiting for handlers, nothing more acknowledged (``abandoned``
+       counts what is left to the queues' next owners), and it still closes — leaves
+       the group or membership, releases the leases — within
+       :data:`CLOSE_AFTER_ABORT_S`. A stop still running :data:`STOP_GRACE_S` past its
+       drain deadline is abandoned the same way (:func:`_abandon`). A failure is then
+       raised (as a :class:`ConveyorError`); otherwise the :class:`DrainReport` is
+       returned.
     """
     loop = asyncio.get_running_loop()
-    stop = _StopRequest(again=lambda: _abort(daemon))
+    stop = _StopRequest()
     for sig in signals:
         loop.add_signal_handler(sig, stop.signal_received, sig)
     try:
@@ -129,7 +182,7 @@ async def serve(
                 ready()
             await _until_stop(daemon, stop, commands)
         deadline = (stop.at or loop.time()) + daemon.config.worker.drain_timeout_s
-        report = await _stop(daemon, deadline)
+        report = await _stop(daemon, deadline, stop)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
@@ -159,44 +212,83 @@ async def _start(daemon: WorkerDaemon, stop: _StopRequest, freeze_heap: bool) ->
     return True
 
 
-async def _stop(daemon: WorkerDaemon, deadline: float) -> DrainReport:
-    """The one place a served daemon is stopped: by ``deadline`` + STOP_GRACE_S at most."""
+async def _stop(daemon: WorkerDaemon, deadline: float, stop: _StopRequest) -> DrainReport:
+    """The one place a served daemon is stopped: its stop runs in a task of its own, so
+    that a handler call that catches its cancellation and goes on, holding the drain,
+    cannot hold this too; at ``deadline`` + :data:`STOP_GRACE_S`, or at a second signal,
+    it is abandoned (:func:`_abandon`)."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.ensure_future(daemon.stop(deadline))
+    again = asyncio.ensure_future(stop.again.wait())
+    grace_s = max(deadline + STOP_GRACE_S - loop.time(), 0.0)
     try:
-        async with asyncio.timeout_at(deadline + STOP_GRACE_S):
-            return await daemon.stop(deadline)
-    except TimeoutError:
-        log.error("the stop took longer than drain_timeout_s + %.0fs: leaving now; what was "
-                  "not acknowledged goes to the queues' next owners", STOP_GRACE_S)
-        await daemon.abort()
-        return daemon.report()
+        await asyncio.wait({stopping, again}, timeout=grace_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        stopping.cancel()
+        raise
+    finally:
+        again.cancel()
+    if stopping.done():
+        return stopping.result()
+    if stop.again.is_set():
+        log.warning("second stop signal: stopping at once; unacknowledged messages go to "
+                    "the queues' next owners")
+    else:
+        log.error("the stop took longer than drain_timeout_s + %.0fs: stopping at once; "
+                  "what was not acknowledged goes to the queues' next owners", STOP_GRACE_S)
+    return await _abandon(daemon, stopping)
 
 
-def _abort(daemon: WorkerDaemon) -> None:
-    log.warning("second stop signal: stopping at once; unacknowledged messages go to the "
-                "queues' next owners")
-    task = asyncio.ensure_future(daemon.abort())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+async def _abandon(daemon: WorkerDaemon, stopping: asyncio.Future[DrainReport]) -> DrainReport:
+    """Abort the daemon's queues — nothing more acknowledged, handler calls cancelled and
+    not waited for (a call that ignores its cancellation is left running) — and let the
+    stop under way, no longer held by them, close: leave the consumer group or the
+    membership, release the leases, close the connections. All within
+    :data:`CLOSE_AFTER_ABORT_S`; past it the process leaves without (the broker then
+    hands its queues on after the group's session timeout or the leases' TTL)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + CLOSE_AFTER_ABORT_S
+    aborting = asyncio.ensure_future(daemon.abort())
+    aborting.add_done_callback(_retrieve)
+    try:
+        await asyncio.wait({aborting}, timeout=CLOSE_AFTER_ABORT_S)
+        await asyncio.wait({stopping}, timeout=max(until - loop.time(), 0.0))
+    except BaseException:
+        stopping.cancel()
+        raise
+    if stopping.done():
+        return stopping.result()
+    log.error("the stop did not close within %.0fs of its abort (leaving the group or "
+              "membership, releasing the leases): leaving without; the broker hands the "
+              "queues on once the group's session or the leases expire", CLOSE_AFTER_ABORT_S)
+    aborting.cancel()
+    stopping.cancel()
+    stopping.add_done_callback(_retrieve)
+    return daemon.report()
 
 
-_background: set[asyncio.Future[None]] = set()
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Read the outcome of a stop left behind, so asyncio does not log it as unread."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _StopRequest:
     """Where a stop signal is received: the one place to change what a signal means.
 
     The first asks for a drain (and remembers when: the drain timeout counts from it);
-    any later one calls ``again`` (an abort).
+    any later one sets ``again`` (the stop is abandoned: :func:`_abandon`).
     """
 
-    def __init__(self, again: Callable[[], None]) -> None:
+    def __init__(self) -> None:
         self.asked = asyncio.Event()
+        self.again = asyncio.Event()
         self.at: float | None = None
-        self._again = again
 
     def signal_received(self, sig: signal.Signals) -> None:
         if self.asked.is_set():
-            self._again()
+            self.again.set()
             return
         log.info("%s received: draining", sig.name)
         self.at = asyncio.get_running_loop().time()
