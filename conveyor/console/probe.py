@@ -22,6 +22,7 @@ from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
 from conveyor.platform.config.checks import SENTINEL_PORT
 from conveyor.platform.errors import BrokerConnectionError
+from conveyor.platform.tasks import retrieve
 
 T = TypeVar("T")
 
@@ -78,7 +79,7 @@ async def unless_refused(config: Config, work: Coroutine[Any, Any, T],
                 raise Refused(where, stopped=stopped)
     except BaseException:
         task.cancel()
-        task.add_done_callback(_retrieve)
+        task.add_done_callback(retrieve)
         raise
 
 
@@ -91,12 +92,6 @@ async def _stop(task: asyncio.Future[Any]) -> bool:
         task.cancel()
         await asyncio.wait({task}, timeout=RECANCEL_EVERY_S)
     return task.done()
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Take a dropped task's outcome, so that asyncio logs no error never retrieved."""
-    if not task.cancelled():
-        task.exception()
 
 
 def cluster_nodes(adapter: QueueAdapter) -> list[str]:

@@ -78,7 +78,7 @@ from conveyor.platform.message import Message
 from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
-from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel
+from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel, retrieve
 from conveyor.platform.watchdog import LoopWatchdog, stall_note
 
 if TYPE_CHECKING:
@@ -355,7 +355,7 @@ class PullingAgent:
         tasks = [*self._runners, *(t for t in extra if t is not None)]
         stopping = asyncio.create_task(cancel_and_wait(*tasks),
                                        name=f"agent-{self.queue}-stop-runners")
-        stopping.add_done_callback(_retrieve)
+        stopping.add_done_callback(retrieve)
         waits: set[asyncio.Future[Any]] = {stopping}
         if within_s is None:
             waits.add(asyncio.ensure_future(self._abort_called.wait()))
@@ -822,10 +822,3 @@ class PullingAgent:
             "acked": self.acked,
             "at": time.time(),
         }
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Read a runners' wait's outcome that nobody awaits any more (a drain that stopped
-    waiting at an abort), so asyncio does not log it as never retrieved."""
-    if not future.cancelled():
-        future.exception()

@@ -81,3 +81,11 @@ def raise_swallowed_cancel(task: asyncio.Task[Any] | None, stopping: bool) -> No
             raise asyncio.CancelledError
         while task.uncancel():
             pass
+
+
+def retrieve(future: asyncio.Future[Any]) -> None:
+    """A done callback for a task nobody awaits any more (a stop left behind, work
+    cancelled and dropped): read its outcome, so that asyncio does not log an exception
+    that was never retrieved."""
+    if not future.cancelled():
+        future.exception()

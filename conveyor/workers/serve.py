@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from conveyor.platform.errors import ConveyorError
-from conveyor.platform.tasks import cancel_and_wait
+from conveyor.platform.tasks import cancel_and_wait, retrieve
 from conveyor.workers.daemon import DrainReport, WorkerDaemon
 from conveyor.workers.http_endpoint import HttpEndpoint
 
@@ -250,7 +250,7 @@ async def _abandon(daemon: WorkerDaemon, stopping: asyncio.Future[DrainReport]) 
     loop = asyncio.get_running_loop()
     until = loop.time() + CLOSE_AFTER_ABORT_S
     aborting = asyncio.ensure_future(daemon.abort())
-    aborting.add_done_callback(_retrieve)
+    aborting.add_done_callback(retrieve)
     try:
         await asyncio.wait({aborting}, timeout=CLOSE_AFTER_ABORT_S)
         await asyncio.wait({stopping}, timeout=max(until - loop.time(), 0.0))
@@ -264,14 +264,8 @@ async def _abandon(daemon: WorkerDaemon, stopping: asyncio.Future[DrainReport]) 
               "queues on once the group's session or the leases expire", CLOSE_AFTER_ABORT_S)
     aborting.cancel()
     stopping.cancel()
-    stopping.add_done_callback(_retrieve)
+    stopping.add_done_callback(retrieve)
     return daemon.report()
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Read the outcome of a stop left behind, so asyncio does not log it as unread."""
-    if not future.cancelled():
-        future.exception()
 
 
 class _StopRequest:
@@ -313,5 +307,3 @@ async def _until_stop(
             await cancel_and_wait(*waits)
         except Exception:
             log.exception("the daemon's commands failed: stopping")
-
-
