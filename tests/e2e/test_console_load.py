@@ -29,10 +29,13 @@ BATCH = 20_000
 """Messages per round: about a second of work, two polls of the console and more."""
 ROUNDS = 5
 TOLERANCE = 0.4
-"""How much slower the worker may be with the console open before the test fails. Rounds
-on the shared test machine spread by a factor of two either way, so this only catches a
-gross cost (a poll per request, a busy loop); the broker's share is measured exactly
-below, in commands per poll."""
+"""How much slower the worker's best round with the console open may be than its best
+round with it closed before the test fails. Rounds on the shared test machine spread by
+a factor of two either way, and a round slowed by another process (a second pytest
+worker's server, say) says nothing of the console: the best of each is compared (a run
+whose medians were 41k and 72k msg/s had best rounds of 59k and 79k). So this only
+catches a gross cost (a poll per request, a busy loop); the broker's share is measured
+exactly below, in commands per poll."""
 
 
 class OpenPage(threading.Thread):
@@ -95,7 +98,7 @@ def test_a_worker_s_throughput_is_the_same_with_the_console_open_or_closed(
           f"(rounds {', '.join(f'{r:,.0f}' for r in opened)})")
     print(f"the console's broker load: {per_poll:.0f} redis commands per poll "
           f"(one app, 8 queues, one daemon); its own CPU: {cpu_ms:.0f} ms per poll")
-    assert open_rate >= (1 - TOLERANCE) * closed_rate
+    assert max(opened) >= (1 - TOLERANCE) * max(closed), (opened, closed)
     assert per_poll < 200  # a few per queue, not per message
 
 
