@@ -55,16 +55,27 @@ class _Shown:
         return _cut(visible(repr(self.value)))
 
 
+class Lines(str):
+    """A log argument of Conveyor's own making that has lines of its own (the stack the
+    loop watchdog formats): shown as a traceback is, its newlines kept and its other
+    control characters escaped. Never a producer's value, whose newline would forge a
+    line."""
+
+    __slots__ = ()
+
+
 def _shown(value: object) -> object:
-    return value if isinstance(value, int | float) else _Shown(value)  # %d, %.1f as given
+    if isinstance(value, int | float):
+        return value  # %d, %.1f as given
+    return visible(value, lines=True) if isinstance(value, Lines) else _Shown(value)
 
 
 class VisibleFormatter(logging.Formatter):
     """A formatter whose lines hold no control characters (see the module docstring).
 
     The values a message is formatted with (``log.warning("... %s", key)``) show every
-    one escaped, newlines included, so that none forges a line; the message's own text
-    and a traceback keep their newlines and tabs."""
+    one escaped, newlines included, so that none forges a line; the message's own text,
+    a traceback and a :class:`Lines` value keep their newlines and tabs."""
 
     def format(self, record: logging.LogRecord) -> str:
         args = record.args

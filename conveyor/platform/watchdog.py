@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from conveyor.platform.terminal import Lines
+
 log = logging.getLogger("conveyor.watchdog")
 
 STACK_FRAMES = 8
@@ -178,7 +180,7 @@ class LoopWatchdog:
             "%s): use `def` for blocking code (it runs on a thread) or an async client; "
             "this handler's next stalls are not logged for %.0fs. It was blocked at:\n%s",
             culprit.handler, took_s, culprit.queue, culprit.message_id, culprit.stream,
-            self.log_interval_s, culprit.stack,
+            self.log_interval_s, Lines(culprit.stack),
         )
 
     def _find_culprit(self) -> Culprit | None:

@@ -10,6 +10,7 @@ import pytest
 
 from conveyor import App
 from conveyor.platform.config import Config, WorkerConfig
+from conveyor.platform.terminal import VisibleFormatter
 from conveyor.testing import TestWorker
 from tests.conftest import wait_until
 
@@ -43,12 +44,18 @@ async def test_a_handler_blocking_the_loop_is_named_with_its_message_and_stack(
             assert watchdog.stalls == 2, (watchdog.stalls, watchdog.longest_s, worker.report())
             assert 0.5 <= watchdog.longest_s < 1.1, watchdog.longest_s
     assert quick.id not in caplog.text
-    lines = [r.getMessage() for r in caplog.records if "blocked the event loop" in r.getMessage()]
-    assert len(lines) == 1, lines  # the second stall of the same handler is counted, not logged
-    [line] = lines
+    records = [r for r in caplog.records if "blocked the event loop" in r.getMessage()]
+    assert len(records) == 1, records  # the second stall of the same handler is counted, not logged
+    [record] = records
+    line = record.getMessage()
     assert "handler tests.integration.test_watchdog.on_job" in line or "on_job" in line
     assert blocker.id in line or second.id in line
     assert "time.sleep" in line and "test_watchdog.py" in line
+    # As `conveyor worker` prints it (docs/handlers.md): the stack a frame a line, its
+    # newlines not escaped as a producer's value's are.
+    shown = VisibleFormatter("%(message)s").format(record).splitlines()
+    assert shown[-1].strip().startswith("time.sleep(body"), shown
+    assert not any("\\n" in x for x in shown), shown
 
 
 async def test_a_broker_error_just_after_a_stall_names_the_stall(

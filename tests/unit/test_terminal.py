@@ -68,3 +68,16 @@ def test_a_dlq_table_shows_a_producers_markup_emoji_and_escapes_as_text(
         out = capsys.readouterr().out
         assert "orders/[/x] [bold]k :smile:" in out and "\\x1b[31mRED" in out, out
         assert "[/y] failed" in out and "\x1b" not in out
+
+
+def test_a_lines_value_keeps_its_newlines_and_a_producers_value_does_not() -> None:
+    """The loop watchdog's stack (conveyor.platform.watchdog) is a ``Lines``: a frame a
+    line, as docs/handlers.md shows it; a key beside it still forges no line."""
+    import logging
+
+    from conveyor.platform.terminal import Lines, VisibleFormatter
+
+    record = logging.makeLogRecord(
+        {"msg": "key %s blocked at:\n%s", "args": ("k\nERROR forged", Lines("a\n  b\x1b"))})
+    shown = VisibleFormatter("%(message)s").format(record)
+    assert shown == "key k\\nERROR forged blocked at:\na\n  b\\x1b"
