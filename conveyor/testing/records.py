@@ -112,7 +112,7 @@ def raw_body(message: Message) -> Any:
         if message.content_type == CONTENT_MSGPACK:
             return msgspec.msgpack.decode(message.body)
         return msgspec.json.decode(message.body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
         return message.body
 
 

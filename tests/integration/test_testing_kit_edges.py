@@ -388,3 +388,25 @@ async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message
         "handled       k/tab\\there take, 1 attempt",
         "handled       k/é🎉 take, 1 attempt",
     ]
+
+
+async def test_a_body_nested_too_deeply_is_dead_lettered_and_settles() -> None:
+    # The kit's record of the message decoded its body again, raw, and a RecursionError
+    # from that failed every acknowledgement: settle() timed out, the stream's next
+    # message waited behind it for ever.
+    app = App("deep")
+    handled: list[object] = []
+
+    @app.handler("trees")
+    async def take(tree: list[object]) -> None:
+        handled.append(tree)
+
+    async with TestWorker(app, settle_timeout_s=5) as worker:
+        await worker.publish("trees", "k", b"[" * 100_000 + b"]" * 100_000)
+        await worker.publish("trees", "k", [1])
+        records = await worker.settle(raise_on_dead_letters=False)
+    assert [r.outcome for r in records] == [Outcome.DEAD_LETTERED, Outcome.HANDLED]
+    assert handled == [[1]]
+    letter = records[0].letter
+    assert letter is not None and letter.error_type == "DecodeError"
+    assert letter.error == "cannot decode body as list: it is nested too deeply"
