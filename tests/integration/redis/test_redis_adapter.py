@@ -20,9 +20,9 @@ from click.testing import CliRunner
 
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.adapters.redis import receiver as receiver_module
+from conveyor.adapters.redis.codec import MAX_HEADERS
 from conveyor.adapters.redis.connections import connect
 from conveyor.adapters.redis.coordination import redis_coordination
-from conveyor.adapters.redis.codec import MAX_HEADERS
 from conveyor.adapters.redis.keys import Keys
 from conveyor.adapters.redis.urls import redact_url
 from conveyor.cli import main
