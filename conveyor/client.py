@@ -30,7 +30,7 @@ from conveyor.platform.errors import (
     MessageTooLargeError,
     ShutdownError,
 )
-from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.ids import SequenceToken, StreamId, shown_name
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
     CONTENT_JSON,
@@ -124,7 +124,7 @@ def _unencodable(stream: StreamId, body: Any, content_type: str | None,
     else:
         why = str(exc)
     return BodyEncodeError(
-        f"message to stream {stream.namespace}/{stream.key}: its body cannot be encoded "
+        f"message to stream {stream.shown()}: its body cannot be encoded "
         f"as {encoding}: {why}; nothing was sent")
 
 
@@ -147,7 +147,7 @@ def _refuse_non_finite(stream: StreamId, body: Any) -> None:
     if found is not None:
         path, value = found
         raise BodyEncodeError(
-            f"message to stream {stream.namespace}/{stream.key}: its body holds {value!r} "
+            f"message to stream {stream.shown()}: its body holds {value!r} "
             f"at {path}, a float JSON cannot carry (it would arrive as null); nothing was "
             "sent: send None or a string instead, or publish it as application/msgpack")
 
@@ -176,6 +176,11 @@ def _step(path: str, node: Any, name: Any) -> str:
     if type(node) is dict:
         return f"{path}.{name}" if type(name) is str else f"{path}[{name!r}]"
     return f"{path}[{name}]"
+
+
+def _shown_any(name: object) -> str:
+    """A namespace or key given of any type, as a refusal of it shows it (``repr``)."""
+    return shown_name(name, quoted=True) if isinstance(name, str) else f"{name!r:.100}"
 
 
 def coalesce_linger_for(publish: PublishConfig, adapter: QueueAdapter) -> float | None:
@@ -269,9 +274,10 @@ class Client:
 
     def _too_large(self, namespace: str, key: str, data: bytes) -> MessageTooLargeError:
         return MessageTooLargeError(
-            f"message to stream {namespace}/{key}: its body of {len(data)} bytes is "
-            f"larger than $.queues.max_body_bytes ({self.max_body_bytes}); nothing was "
-            "sent: raise the limit, or store the data elsewhere and send a reference"
+            f"message to stream {shown_name(namespace)}/{shown_name(key)}: its body of "
+            f"{len(data)} bytes is larger than $.queues.max_body_bytes "
+            f"({self.max_body_bytes}); nothing was sent: raise the limit, or store the data "
+            "elsewhere and send a reference"
         )
 
     @staticmethod
@@ -301,8 +307,8 @@ class Client:
                 raise InvalidArgumentError("namespace must be a non-empty string")
             if not (_is_text(namespace) and _is_text(key)):
                 raise InvalidArgumentError(
-                    f"stream {namespace!r}/{key!r}: a namespace and a stream key are text "
-                    "that UTF-8 can encode (str); nothing was sent")
+                    f"stream {_shown_any(namespace)}/{_shown_any(key)}: a namespace and a "
+                    "stream key are text that UTF-8 can encode (str); nothing was sent")
             if self._remembered >= _STREAMS_REMEMBERED:
                 self._streams.clear()
                 self._remembered, streams = 0, None

@@ -272,3 +272,29 @@ async def test_a_sync_client_made_inside_a_running_loop_says_to_await_a_client()
     # Was RuntimeError from asyncio's Runner and a "coroutine was never awaited" warning.
     with pytest.raises(InvalidArgumentError, match="an event loop is running here"):
         SyncClient(Config())
+
+
+LONG = "K" * 1_000_000
+
+
+@pytest.mark.parametrize(("namespace", "key", "body"), [
+    ("a", LONG, {"x": math.nan}),  # BodyEncodeError
+    (LONG, "k", object()),  # BodyEncodeError
+    ("a", LONG, "x" * 101),  # MessageTooLargeError
+    ("a", LONG + "\udcff", {}),  # InvalidArgumentError: not UTF-8 text
+])
+async def test_a_refusal_of_a_message_with_a_huge_name_is_one_short_line(
+    client: Client, namespace: str, key: str, body: object,
+) -> None:
+    # A 1 MB stream key (Redis and the memory adapter take it) made each refusal's one
+    # line a megabyte long: the stream was named in full.
+    client.max_body_bytes = 100
+    with pytest.raises(InvalidArgumentError) as single:
+        await client.publish(namespace, key, body)
+    with pytest.raises(InvalidArgumentError) as batch:
+        await client.publish_batch([Publish(namespace, key, body)])
+    for error in (single.value, batch.value):
+        assert len(str(error)) < 400 and "\n" not in str(error), str(error)[:400]
+        assert "nothing was sent" in str(error), str(error)[:400]
+        assert "characters)" in str(error), str(error)[:400]  # says it was cut
+    assert stored(client) == {}
