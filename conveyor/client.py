@@ -269,8 +269,8 @@ class Client:
         data, ctype = encode_body(body, content_type, stream)
         if len(data) > self.max_body_bytes:
             raise self._too_large(namespace, key, data)
-        return Message(ident, stream, data, self._own_headers(headers) if headers else {},
-                       ctype, 0, stamp)
+        return Message(ident, stream, data,
+                       self._own_headers(headers, stream) if headers else {}, ctype, 0, stamp)
 
     def _too_large(self, namespace: str, key: str, data: bytes) -> MessageTooLargeError:
         return MessageTooLargeError(
@@ -281,11 +281,17 @@ class Client:
         )
 
     @staticmethod
-    def _own_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    def _own_headers(headers: Mapping[str, str], stream: StreamId) -> dict[str, str]:
         """A copy of a message's own headers (tracing writes its context into it), none
         of them a name the wire format reserves. A message without headers gets a fresh
         empty dict."""
-        hdrs = dict(headers)
+        try:
+            hdrs = dict(headers)
+        except (TypeError, ValueError):  # what dict() cannot read as pairs: a str, an int
+            raise InvalidArgumentError(
+                f"message to stream {stream.shown()}: headers {headers!r:.80} "
+                f"({type(headers).__name__}): expected a mapping of header names to values "
+                "(str to str); nothing was sent") from None
         clash = RESERVED_HEADERS.intersection(hdrs)
         if clash:
             raise InvalidArgumentError(
@@ -375,7 +381,13 @@ class Client:
         """
         if self._closed:
             raise _closed_error()
-        items = items if isinstance(items, Sequence) else list(items)
+        if not isinstance(items, Sequence):
+            try:
+                items = list(items)
+            except TypeError:
+                raise InvalidArgumentError(
+                    f"publish_batch: expected an iterable of conveyor.Publish, got "
+                    f"{type(items).__name__} {items!r:.80}; nothing was sent") from None
         ids = new_message_ids(len(items))
         spans: list[Span] = []
         try:
@@ -452,8 +464,8 @@ class Client:
                 if len(data) > limit:
                     raise self._too_large(ns, key, data)
                 hdrs = item.headers
-                msg = Message(ids[i], stream, data, self._own_headers(hdrs) if hdrs else {},
-                              ctype, 0, stamp)
+                msg = Message(ids[i], stream, data,
+                              self._own_headers(hdrs, stream) if hdrs else {}, ctype, 0, stamp)
                 if spans is not None:
                     spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue,
                                                              parent))
