@@ -22,7 +22,12 @@ from opentelemetry.trace import Span, StatusCode
 from conveyor.backends import create_adapter
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.coalescer import PublishCoalescer
-from conveyor.platform.config import DEFAULT_MAX_BODY_BYTES, Config, PublishConfig
+from conveyor.platform.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    Config,
+    PublishConfig,
+    require_config,
+)
 from conveyor.platform.errors import (
     BodyEncodeError,
     ConveyorError,
@@ -240,6 +245,7 @@ class Client:
 
     @classmethod
     def from_config(cls, config: Config) -> Client:
+        require_config(config, "Client.from_config(config)")
         adapter = create_adapter(config.queues.adapter, config)
         return cls(
             adapter,
@@ -534,6 +540,7 @@ class SyncClient:
     """
 
     def __init__(self, config: Config) -> None:
+        require_config(config, "SyncClient(config)")
         try:
             asyncio.get_running_loop()
         except RuntimeError:

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from conveyor.platform.config import checks as config_checks
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, InvalidArgumentError
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -835,6 +835,17 @@ def _refuse_quoted_scalars(raw: dict[str, Any], source: str) -> None:
                               "write it without them)") from None
     except (ConfigError, RecursionError):
         pass  # the final conversion says what is wrong, with its suggestions
+
+
+def require_config(value: object, where: str) -> Config:
+    """``value``, refused unless it is a :class:`Config`: a path or a dict given where
+    :func:`load_config`'s result goes failed later, as an ``AttributeError`` (or an empty
+    dict, being false, stood for the defaults). ``where`` names the call and parameter."""
+    if not isinstance(value, Config):
+        raise InvalidArgumentError(
+            f"{where}: expected a conveyor.Config (from conveyor.load_config(path)), got "
+            f"{type(value).__name__} {value!r:.80}")
+    return value
 
 
 def load_config(

@@ -35,7 +35,7 @@ from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.balancing.balancer import QueueBalancer
 from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.balancing.membership import MemberInfo
-from conveyor.platform.config import Config
+from conveyor.platform.config import Config, require_config
 from conveyor.platform.errors import (
     BrokerConnectionError,
     ConfigError,
@@ -112,6 +112,12 @@ class WorkerDaemon:
         resource_sampler: ResourceSampler | None = None,
         backend: Backend | None = None,
     ) -> None:
+        if not isinstance(app, App):
+            raise InvalidArgumentError(
+                f"WorkerDaemon(app): expected a conveyor.App, got {type(app).__name__} "
+                f"{app!r:.80}")
+        if config is not None:
+            require_config(config, "WorkerDaemon(config)")
         self._parts = parts = build_parts(
             app, config, adapter=adapter, balancer=balancer, slots=slots, member=member,
             telemetry=telemetry, resource_sampler=resource_sampler, backend=backend,
