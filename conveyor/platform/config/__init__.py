@@ -863,6 +863,8 @@ def load_config(
             text = Path(path).read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read config file {source}: {exc.strerror}") from None
+        # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
+        text = text.removeprefix(b"\xef\xbb\xbf")
         try:
             raw = msgspec.toml.decode(text)
         except msgspec.DecodeError as exc:
