@@ -187,8 +187,9 @@ class KafkaConfig(_Section):
     """``HOST:PORT[,HOST:PORT...]`` of the brokers."""
     topic: str = "conveyor"
     """One topic per app deployment; partition ``i`` is queue ``i``."""
-    default_namespace: str = "default"
-    """Namespace of a record that carries no ``cv-ns`` header (published by a plain client)."""
+    default_namespace: Annotated[str, msgspec.Meta(min_length=1)] = "default"
+    """Namespace of a record that carries no ``cv-ns`` header (published by a plain client).
+    Not empty: no handler takes namespace ``""``, so every app would skip such records."""
     create_topic: bool = True
     """Create the topic (``queues.total`` partitions) with the admin client if absent."""
     replication_factor: Annotated[int, msgspec.Meta(ge=1, le=32_767)] = 1
