@@ -286,11 +286,10 @@ class Client:
             "elsewhere and send a reference"
         )
 
-    @staticmethod
-    def _own_headers(headers: Mapping[str, str], stream: StreamId) -> dict[str, str]:
+    def _own_headers(self, headers: Mapping[str, str], stream: StreamId) -> dict[str, str]:
         """A copy of a message's own headers (tracing writes its context into it), none
-        of them a name the wire format reserves. A message without headers gets a fresh
-        empty dict."""
+        of them a name the wire format reserves, no more than the adapter writes. A
+        message without headers gets a fresh empty dict."""
         try:
             hdrs = dict(headers)
         except (TypeError, ValueError):  # what dict() cannot read as pairs: a str, an int
@@ -298,6 +297,12 @@ class Client:
                 f"message to stream {stream.shown()}: headers {headers!r:.80} "
                 f"({type(headers).__name__}): expected a mapping of header names to values "
                 "(str to str); nothing was sent") from None
+        most = self.adapter.max_headers
+        if most is not None and len(hdrs) > most:
+            raise MessageTooLargeError(
+                f"message to stream {stream.shown()}: its {len(hdrs):,} headers are more "
+                f"than the {self.adapter.name} adapter writes ({most:,} at most); nothing "
+                "was sent")
         clash = RESERVED_HEADERS.intersection(hdrs)
         if clash:
             raise InvalidArgumentError(

@@ -70,7 +70,7 @@ def extra_fields(msg: Message) -> list[bytes | str]:
     if len(msg.headers) > MAX_HEADERS:  # the caller's data: no retry can store it
         raise MessageTooLargeError(
             f"message to stream {msg.stream.shown()}: its {len(msg.headers):,} headers are more "
-            f"than the Redis adapter writes ({MAX_HEADERS:,} at most); nothing was sent")
+            f"than the redis adapter writes ({MAX_HEADERS:,} at most); nothing was sent")
     extra: list[bytes | str] = [_ATT, b"%d" % msg.attempt] if msg.attempt else []
     for name, value in msg.headers.items():
         if name in _RESERVED:  # the caller's data: no retry can store it
