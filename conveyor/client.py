@@ -22,7 +22,12 @@ from opentelemetry.trace import Span, StatusCode
 from conveyor.backends import create_adapter
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.coalescer import PublishCoalescer
-from conveyor.platform.config import DEFAULT_MAX_BODY_BYTES, Config, PublishConfig
+from conveyor.platform.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    Config,
+    PublishConfig,
+    require_config,
+)
 from conveyor.platform.errors import (
     BodyEncodeError,
     ConveyorError,
@@ -30,7 +35,7 @@ from conveyor.platform.errors import (
     MessageTooLargeError,
     ShutdownError,
 )
-from conveyor.platform.ids import SequenceToken, StreamId
+from conveyor.platform.ids import SequenceToken, StreamId, shown_name
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
     CONTENT_JSON,
@@ -124,7 +129,7 @@ def _unencodable(stream: StreamId, body: Any, content_type: str | None,
     else:
         why = str(exc)
     return BodyEncodeError(
-        f"message to stream {stream.namespace}/{stream.key}: its body cannot be encoded "
+        f"message to stream {stream.shown()}: its body cannot be encoded "
         f"as {encoding}: {why}; nothing was sent")
 
 
@@ -147,7 +152,7 @@ def _refuse_non_finite(stream: StreamId, body: Any) -> None:
     if found is not None:
         path, value = found
         raise BodyEncodeError(
-            f"message to stream {stream.namespace}/{stream.key}: its body holds {value!r} "
+            f"message to stream {stream.shown()}: its body holds {value!r} "
             f"at {path}, a float JSON cannot carry (it would arrive as null); nothing was "
             "sent: send None or a string instead, or publish it as application/msgpack")
 
@@ -176,6 +181,11 @@ def _step(path: str, node: Any, name: Any) -> str:
     if type(node) is dict:
         return f"{path}.{name}" if type(name) is str else f"{path}[{name!r}]"
     return f"{path}[{name}]"
+
+
+def _shown_any(name: object) -> str:
+    """A namespace or key given of any type, as a refusal of it shows it (``repr``)."""
+    return shown_name(name, quoted=True) if isinstance(name, str) else f"{name!r:.100}"
 
 
 def coalesce_linger_for(publish: PublishConfig, adapter: QueueAdapter) -> float | None:
@@ -235,6 +245,7 @@ class Client:
 
     @classmethod
     def from_config(cls, config: Config) -> Client:
+        require_config(config, "Client.from_config(config)")
         adapter = create_adapter(config.queues.adapter, config)
         return cls(
             adapter,
@@ -264,22 +275,34 @@ class Client:
         data, ctype = encode_body(body, content_type, stream)
         if len(data) > self.max_body_bytes:
             raise self._too_large(namespace, key, data)
-        return Message(ident, stream, data, self._own_headers(headers) if headers else {},
-                       ctype, 0, stamp)
+        return Message(ident, stream, data,
+                       self._own_headers(headers, stream) if headers else {}, ctype, 0, stamp)
 
     def _too_large(self, namespace: str, key: str, data: bytes) -> MessageTooLargeError:
         return MessageTooLargeError(
-            f"message to stream {namespace}/{key}: its body of {len(data)} bytes is "
-            f"larger than $.queues.max_body_bytes ({self.max_body_bytes}); nothing was "
-            "sent: raise the limit, or store the data elsewhere and send a reference"
+            f"message to stream {shown_name(namespace)}/{shown_name(key)}: its body of "
+            f"{len(data)} bytes is larger than $.queues.max_body_bytes "
+            f"({self.max_body_bytes}); nothing was sent: raise the limit, or store the data "
+            "elsewhere and send a reference"
         )
 
-    @staticmethod
-    def _own_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    def _own_headers(self, headers: Mapping[str, str], stream: StreamId) -> dict[str, str]:
         """A copy of a message's own headers (tracing writes its context into it), none
-        of them a name the wire format reserves. A message without headers gets a fresh
-        empty dict."""
-        hdrs = dict(headers)
+        of them a name the wire format reserves, no more than the adapter writes. A
+        message without headers gets a fresh empty dict."""
+        try:
+            hdrs = dict(headers)
+        except (TypeError, ValueError):  # what dict() cannot read as pairs: a str, an int
+            raise InvalidArgumentError(
+                f"message to stream {stream.shown()}: headers {headers!r:.80} "
+                f"({type(headers).__name__}): expected a mapping of header names to values "
+                "(str to str); nothing was sent") from None
+        most = self.adapter.max_headers
+        if most is not None and len(hdrs) > most:
+            raise MessageTooLargeError(
+                f"message to stream {stream.shown()}: its {len(hdrs):,} headers are more "
+                f"than the {self.adapter.name} adapter writes ({most:,} at most); nothing "
+                "was sent")
         clash = RESERVED_HEADERS.intersection(hdrs)
         if clash:
             raise InvalidArgumentError(
@@ -301,8 +324,8 @@ class Client:
                 raise InvalidArgumentError("namespace must be a non-empty string")
             if not (_is_text(namespace) and _is_text(key)):
                 raise InvalidArgumentError(
-                    f"stream {namespace!r}/{key!r}: a namespace and a stream key are text "
-                    "that UTF-8 can encode (str); nothing was sent")
+                    f"stream {_shown_any(namespace)}/{_shown_any(key)}: a namespace and a "
+                    "stream key are text that UTF-8 can encode (str); nothing was sent")
             if self._remembered >= _STREAMS_REMEMBERED:
                 self._streams.clear()
                 self._remembered, streams = 0, None
@@ -369,7 +392,13 @@ class Client:
         """
         if self._closed:
             raise _closed_error()
-        items = items if isinstance(items, Sequence) else list(items)
+        if not isinstance(items, Sequence):
+            try:
+                items = list(items)
+            except TypeError:
+                raise InvalidArgumentError(
+                    f"publish_batch: expected an iterable of conveyor.Publish, got "
+                    f"{type(items).__name__} {items!r:.80}; nothing was sent") from None
         ids = new_message_ids(len(items))
         spans: list[Span] = []
         try:
@@ -446,8 +475,8 @@ class Client:
                 if len(data) > limit:
                     raise self._too_large(ns, key, data)
                 hdrs = item.headers
-                msg = Message(ids[i], stream, data, self._own_headers(hdrs) if hdrs else {},
-                              ctype, 0, stamp)
+                msg = Message(ids[i], stream, data,
+                              self._own_headers(hdrs, stream) if hdrs else {}, ctype, 0, stamp)
                 if spans is not None:
                     spans.append(self.telemetry.publish_span(msg, self.adapter.name, queue,
                                                              parent))
@@ -516,6 +545,7 @@ class SyncClient:
     """
 
     def __init__(self, config: Config) -> None:
+        require_config(config, "SyncClient(config)")
         try:
             asyncio.get_running_loop()
         except RuntimeError:

@@ -49,6 +49,7 @@ from conveyor.platform.errors import (
     InvalidArgumentError,
     UnknownGroupError,
 )
+from conveyor.platform.ids import is_app_name
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +323,9 @@ def _app_param(value: Any, settings: Settings) -> str:
         raise RequestError(400, "app: required (the console watches every app: name one)")
     if settings.app is not None and app != settings.app:
         raise RequestError(404, f"app: this console shows app {settings.app!r} only")
+    if not is_app_name(app):  # else the store refuses it, as the console's ConfigError
+        raise RequestError(400, f"app: {app!r} is not an app name: use 1-128 ASCII letters, "
+                                "digits, '-', '_' or '.' (it names the consumer group)")
     return app
 
 

@@ -194,7 +194,9 @@ def load_arrivals(path: Path) -> Times:
                     f"{path}:{lineno}: {line!r} is not a number of seconds"
                 ) from None
             if not math.isfinite(value) or value < 0:
-                raise ArrivalsFileError(f"{path}:{lineno}: arrival time must be >= 0, got {line}")
+                raise ArrivalsFileError(
+                    f"{path}:{lineno}: an arrival time is a finite number of seconds >= 0, "
+                    f"got {line}")
             values.append(value)
     if not values:
         raise ArrivalsFileError(f"{path}: no arrival times")

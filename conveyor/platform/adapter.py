@@ -304,6 +304,11 @@ class QueueAdapter(ABC):
     a queue, each on its own (a Redis Cluster: its queues live on different nodes, and
     one whose node fails over must hold no other back)."""
 
+    max_headers: int | None = None
+    """The most headers of its own a message may carry on this backend (None: no limit
+    of its own): a client refuses a message with more while it builds it, before any
+    send (a ``publish_batch`` whole), with :class:`MessageTooLargeError`."""
+
     token_max: tuple[int, int] = (POSITION_MAX, POSITION_MAX)
     """The largest ``(major, minor)`` of this backend's positions: what
     :meth:`check_token` allows. Here what a token's text form allows, 2**64-1 each (a

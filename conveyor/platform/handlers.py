@@ -112,8 +112,11 @@ def _body_decoder(tp: Any, where: str) -> Decode:
             if m.content_type == CONTENT_MSGPACK:
                 return pack_decode(m.body)
             return json_decode(m.body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            why = "the body is empty" if not m.body else str(exc)  # not "truncated"
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            # RecursionError: msgspec's own, for a body nested past its depth.
+            why = ("the body is empty" if not m.body  # not "truncated"
+                   else "it is nested too deeply" if isinstance(exc, RecursionError)
+                   else str(exc))
             raise DecodeError(f"cannot decode body as {type_name}"
                               f"{_read_as(m.content_type)}: {why}") from None
 

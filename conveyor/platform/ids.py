@@ -44,6 +44,25 @@ class StreamId(msgspec.Struct, frozen=True, array_like=True):
     def __str__(self) -> str:
         return f"{self.namespace}/{self.key}"
 
+    def shown(self) -> str:
+        """``namespace/key`` as an error message names the stream: each cut short
+        (:func:`shown_name`)."""
+        return f"{shown_name(self.namespace)}/{shown_name(self.key)}"
+
+
+NAME_SHOWN_MAX = 100
+"""The most characters of a namespace or stream key an error message shows: a broker
+takes a key of a megabyte, and an error naming it in full was a megabyte long."""
+
+
+def shown_name(text: str, *, quoted: bool = False) -> str:
+    """A namespace or stream key as an error message shows it (``quoted``: as ``repr``):
+    its first :data:`NAME_SHOWN_MAX` characters, then how long it was."""
+    if len(text) <= NAME_SHOWN_MAX:
+        return repr(text) if quoted else text
+    start = text[:NAME_SHOWN_MAX]
+    return f"{repr(start) if quoted else start}… ({len(text):,} characters)"
+
 
 class SequenceToken(msgspec.Struct, frozen=True, order=True, array_like=True):
     """A position inside one queue, comparable within that queue.

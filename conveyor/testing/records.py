@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from conveyor.platform.errors import ConveyorError
+from conveyor.platform.ids import shown_name
 from conveyor.platform.message import CONTENT_MSGPACK, DeadLetter, Message
 
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -102,8 +103,9 @@ class Record:
 
 def shown(name: str) -> str:
     """A namespace or stream key as a report shows it: as is when printable, else
-    escaped (a newline or a terminal escape in a key must not break a line)."""
-    return name if name.isprintable() else repr(name)[1:-1]
+    escaped (a newline or a terminal escape in a key must not break a line); a long one
+    cut short (:func:`~conveyor.platform.ids.shown_name`)."""
+    return shown_name(name if name.isprintable() else repr(name)[1:-1])
 
 
 def raw_body(message: Message) -> Any:
@@ -112,7 +114,7 @@ def raw_body(message: Message) -> Any:
         if message.content_type == CONTENT_MSGPACK:
             return msgspec.msgpack.decode(message.body)
         return msgspec.json.decode(message.body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
         return message.body
 
 

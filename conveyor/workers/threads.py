@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.platform.delivery.chain import base_exception_failure
 from conveyor.platform.errors import HandlerDeclarationError, ShutdownError
 
 log = logging.getLogger("conveyor.threads")
@@ -185,6 +186,12 @@ class HandlerThreads:
                         f"{fn!r} returned a coroutine: declare it `async def`")
             except StopIteration as exc:  # a Future refuses it: as a coroutine's would be
                 error = RuntimeError(f"{fn!r} raised StopIteration")
+                error.__cause__ = exc
+            except GeneratorExit as exc:
+                # Set on the future, the awaiting task would throw it into its coroutine,
+                # and Python then closes the coroutines that one awaits and raises it in
+                # the outermost: the agent's runner, not the call, would end.
+                error = base_exception_failure(exc)
                 error.__cause__ = exc
             except BaseException as exc:  # handed to the awaiter, as asyncio.to_thread does
                 error = exc

@@ -84,6 +84,33 @@ async def test_generator_exit_raised_by_a_handler_is_retried_then_dead_lettered(
     await _check(*_app("generator-exit-chain", interceptor=True, raising="generator-exit"))
 
 
+@pytest.mark.parametrize("batch", [False, True])
+async def test_generator_exit_raised_by_a_def_handler_is_retried_then_dead_lettered(
+    batch: bool,
+) -> None:
+    # On a handler thread it reached the awaiting task through a future, which throws it
+    # into the runner's coroutine: Python then closes the coroutines it awaits and raises
+    # it in the runner, which ended ("an agent task crashed (GeneratorExit)"), and the
+    # daemon failed with its message unfinished.
+    app = App("generator-exit-def")
+    calls: list[int] = []
+
+    def handle(item: dict[str, int]) -> None:
+        calls.append(item["seq"])
+        if item["seq"] == POISON:
+            raise GeneratorExit("closed by hand")
+
+    def handle_batch(items: list[dict[str, int]]) -> None:
+        for item in items:
+            handle(item)
+
+    if batch:
+        app.handler("items", retry_attempts=2, batch_size=1)(handle_batch)
+    else:
+        app.handler("items", retry_attempts=2)(handle)
+    await _check(app, calls, "the handler raised GeneratorExit: closed by hand")
+
+
 async def test_a_batch_handler_that_raises_it_fails_its_batch_and_the_rest_run() -> None:
     app = App("cancelled-batch")
     seen: list[int] = []

@@ -12,9 +12,9 @@ import signal
 
 import pytest
 
-from conveyor import Client
+from conveyor import App, Client
 from conveyor.platform.acks import Acknowledger
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError, ShutdownError
 from conveyor.workers.daemon import WorkerDaemon
 from conveyor.workers.serve import serve
 from tests.conftest import wait_until
@@ -139,3 +139,25 @@ async def test_an_agent_task_that_crashes_fails_the_daemon_and_a_restart_redeliv
     assert sorted(record.calls) == sorted(ids)
     assert record.duplicates <= 1
     assert [key for key, order in record.order.items() if order != sorted(order)] == []
+
+
+async def test_a_daemon_started_twice_or_after_its_stop_refuses_in_one_line() -> None:
+    # A second start joined the balancer again; a start after stop() returned as though
+    # it had started, and the daemon handled nothing (its adapter and client closed).
+    app = App("twice")
+
+    @app.handler("n")
+    async def take(body: dict[str, int]) -> None:
+        """Handled."""
+
+    d = daemon(app, fresh_adapter())
+    await d.start()
+    with pytest.raises(ConveyorError) as again:
+        await d.start()
+    await d.stop()
+    with pytest.raises(ShutdownError) as after:
+        await d.start()
+    assert str(again.value) == ("this WorkerDaemon is started already: start it once "
+                                "(stop() then drains it)")
+    assert str(after.value) == ("this WorkerDaemon is stopped: a daemon starts once "
+                                "(make a new WorkerDaemon to start again)")

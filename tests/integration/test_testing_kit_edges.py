@@ -388,3 +388,45 @@ async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message
         "handled       k/tab\\there take, 1 attempt",
         "handled       k/é🎉 take, 1 attempt",
     ]
+
+
+async def test_a_body_nested_too_deeply_is_dead_lettered_and_settles() -> None:
+    # The kit's record of the message decoded its body again, raw, and a RecursionError
+    # from that failed every acknowledgement: settle() timed out, the stream's next
+    # message waited behind it for ever.
+    app = App("deep")
+    handled: list[object] = []
+
+    @app.handler("trees")
+    async def take(tree: list[object]) -> None:
+        handled.append(tree)
+
+    async with TestWorker(app, settle_timeout_s=5) as worker:
+        await worker.publish("trees", "k", b"[" * 100_000 + b"]" * 100_000)
+        await worker.publish("trees", "k", [1])
+        records = await worker.settle(raise_on_dead_letters=False)
+    assert [r.outcome for r in records] == [Outcome.DEAD_LETTERED, Outcome.HANDLED]
+    assert handled == [[1]]
+    letter = records[0].letter
+    assert letter is not None and letter.error_type == "DecodeError"
+    assert letter.error == "cannot decode body as list: it is nested too deeply"
+
+
+async def test_a_huge_key_is_cut_short_in_the_report_and_the_errors() -> None:
+    # A 1 MB key made each report line and settle's DeadLettersFound a megabyte long.
+    app = App("huge")
+
+    @app.handler("k", retry_attempts=1)
+    async def refuse(body: bytes) -> None:
+        raise ValueError("refused")
+
+    key = "K" * 1_000_000
+    async with TestWorker(app) as worker:
+        await worker.publish("k", key, b"x")
+        with pytest.raises(DeadLettersFound) as found:
+            await worker.settle()
+    [line] = worker.report().splitlines()
+    assert line == (f"dead-lettered k/{'K' * 100}… (1,000,000 characters) refuse, "
+                    "1 attempt: ValueError: refused")
+    assert len(str(found.value)) < 500, str(found.value)[:500]
+    assert [r.key for r in worker.dead_lettered()] == [key]  # the key itself is kept

@@ -272,3 +272,60 @@ async def test_a_sync_client_made_inside_a_running_loop_says_to_await_a_client()
     # Was RuntimeError from asyncio's Runner and a "coroutine was never awaited" warning.
     with pytest.raises(InvalidArgumentError, match="an event loop is running here"):
         SyncClient(Config())
+
+
+LONG = "K" * 1_000_000
+
+
+@pytest.mark.parametrize(("namespace", "key", "body"), [
+    ("a", LONG, {"x": math.nan}),  # BodyEncodeError
+    (LONG, "k", object()),  # BodyEncodeError
+    ("a", LONG, "x" * 101),  # MessageTooLargeError
+    ("a", LONG + "\udcff", {}),  # InvalidArgumentError: not UTF-8 text
+])
+async def test_a_refusal_of_a_message_with_a_huge_name_is_one_short_line(
+    client: Client, namespace: str, key: str, body: object,
+) -> None:
+    # A 1 MB stream key (Redis and the memory adapter take it) made each refusal's one
+    # line a megabyte long: the stream was named in full.
+    client.max_body_bytes = 100
+    with pytest.raises(InvalidArgumentError) as single:
+        await client.publish(namespace, key, body)
+    with pytest.raises(InvalidArgumentError) as batch:
+        await client.publish_batch([Publish(namespace, key, body)])
+    for error in (single.value, batch.value):
+        assert len(str(error)) < 400 and "\n" not in str(error), str(error)[:400]
+        assert "nothing was sent" in str(error), str(error)[:400]
+        assert "characters)" in str(error), str(error)[:400]  # says it was cut
+    assert stored(client) == {}
+
+
+@pytest.mark.parametrize("headers", ["tenant=acme", 5, ["tenant"], [("a", "b", "c")]])
+async def test_headers_that_are_no_mapping_are_refused_in_one_line(
+    client: Client, headers: object,
+) -> None:
+    # dict(headers) raised as itself: "dictionary update sequence element #0 has length
+    # 1; 2 is required", "'int' object is not iterable".
+    with pytest.raises(InvalidArgumentError) as single:
+        await client.publish("a", "k", {}, headers)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError) as batch:
+        await client.publish_batch([Publish("a", "k", {}, headers)])  # type: ignore[arg-type]
+    for error in (single.value, batch.value):
+        assert str(error).startswith(
+            f"message to stream a/k: headers {headers!r} ({type(headers).__name__}): "
+            "expected a mapping of header names to values (str to str); nothing was sent"
+        ), str(error)
+    assert stored(client) == {}
+
+
+@pytest.mark.parametrize("items", [Publish("a", "k", {}), None, 5])
+async def test_a_batch_that_is_not_an_iterable_of_publishes_is_refused_in_one_line(
+    client: Client, items: object,
+) -> None:
+    # Was "TypeError: 'Publish' object is not iterable": one Publish given as the batch.
+    with pytest.raises(InvalidArgumentError) as refused:
+        await client.publish_batch(items)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"publish_batch: expected an iterable of conveyor.Publish, got "
+        f"{type(items).__name__} {items!r:.80}; nothing was sent")
+    assert stored(client) == {}

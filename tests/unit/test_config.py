@@ -51,6 +51,25 @@ def test_a_file_that_is_not_utf8_is_not_toml(tmp_path: Path, data: bytes) -> Non
         load_config(path, environ={})
 
 
+def test_a_file_starting_with_a_utf8_byte_order_mark_loads_as_without_it(
+    tmp_path: Path,
+) -> None:
+    # Editors on Windows write one ("UTF-8 with BOM"): the file was "not valid TOML:
+    # Invalid statement (at line 1, column 1)", which showed nothing wrong there.
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf[queues]\ntotal = 3\n")
+    assert load_config(path, environ={}).queues.total == 3
+
+
+def test_an_empty_kafka_default_namespace_is_refused_naming_it(tmp_path: Path) -> None:
+    # Records without cv-ns were read under namespace '', which no handler can take:
+    # every app skipped them (acknowledged) as another app's traffic.
+    with pytest.raises(ConfigError, match=r"length >= 1 - at `\$.kafka.default_namespace`"):
+        load_config(write(tmp_path, '[kafka]\ndefault_namespace = ""\n'), environ={})
+    with pytest.raises(ConfigError, match="CONVEYOR_KAFKA__DEFAULT_NAMESPACE"):
+        load_config(None, environ={"CONVEYOR_KAFKA__DEFAULT_NAMESPACE": ""})
+
+
 def test_an_integer_beyond_64_bits_is_named_wherever_it_was_set(tmp_path: Path) -> None:
     """No setting needs one; Redis refused such a dead-letter bound on every letter."""
     huge = "99999999999999999999999"

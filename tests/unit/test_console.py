@@ -169,6 +169,25 @@ def test_bad_input_gets_a_4xx_with_a_message_never_a_traceback(api: TestClient) 
     assert api.get("/api/letters", params={"app": APP}).json()["total"] == 3  # nothing done
 
 
+@pytest.mark.parametrize("app", ["a b", "a/b", "é", "a:b"])
+def test_an_app_param_that_is_no_app_name_is_a_400_not_the_console_s_config(
+    api: TestClient, app: str,
+) -> None:
+    # Printable, it passed the console's own check, and the store refused it as a
+    # ConfigError: 500 "the console's config: app name 'a b' may only contain ...".
+    responses = [api.get("/api/letters", params={"app": app}),
+                 api.get("/api/charts", params={"app": app}),
+                 api.get("/api/letters/1-0", params={"app": app}),
+                 api.post("/api/letters/replay", json={"app": app, "ids": ["1-0"]},
+                          headers={TOKEN_HEADER: TOKEN})]
+    for response in responses:
+        assert response.status_code == 400, (response.status_code, response.text)
+        assert response.json()["error"] == (
+            f"app: {app!r} is not an app name: use 1-128 ASCII letters, digits, '-', '_' "
+            "or '.' (it names the consumer group)")
+    assert api.get("/api/letters", params={"app": APP}).json()["total"] == 3  # nothing done
+
+
 def test_a_hostile_write_body_gets_a_4xx_before_the_console_reads_or_parses_it_whole(
     api: TestClient,
 ) -> None:

@@ -326,3 +326,26 @@ def test_a_partial_and_a_staticmethod_declare_the_function_they_hold() -> None:
     assert asyncio.run(charging.fn(order, ctx)) == "stripe 7 h"
     assert rendering.fn(rendering.decode(msg(b"abc"))) == 13
     assert asyncio.run(refunding.fn(refunding.decode(msg(b'{"id": 3}')))) == 3
+
+
+@pytest.mark.parametrize(("body_type", "content_type", "body"), [
+    (list, "application/json", b"[" * 100_000 + b"]" * 100_000),
+    (typing.Any, "application/json", b'{"a":' * 100_000 + b"1" + b"}" * 100_000),
+    (list, CONTENT_MSGPACK, b"\x91" * 100_000 + b"\x90"),  # fixarray of 1, nested
+])
+def test_a_body_nested_too_deeply_is_a_decode_error_saying_so(
+    body_type: Any, content_type: str, body: bytes,
+) -> None:
+    # msgspec raises RecursionError past its depth: it escaped the decode as itself, so the
+    # dead letter read "RecursionError: maximum recursion depth exceeded while
+    # deserializing an object", and the testing kit's record of it raised it again.
+    app = App("t")
+
+    async def deep(body: Any) -> None: ...
+
+    deep.__annotations__["body"] = body_type
+    app.handler("orders")(deep)
+    with pytest.raises(DecodeError) as caught:
+        app.handlers[0].decode(msg(body, content_type))
+    assert str(caught.value).startswith("cannot decode body as "), str(caught.value)
+    assert str(caught.value).endswith(": it is nested too deeply"), str(caught.value)

@@ -97,3 +97,14 @@ def test_bad_replay_files_are_refused_with_the_line(tmp_path: Path, content: str
     f.write_text(content)
     with pytest.raises(ArrivalsFileError):
         load_arrivals(f)
+
+
+@pytest.mark.parametrize("line", ["1e309", "inf", "nan", "-1"])
+def test_an_arrival_time_that_is_no_finite_time_says_so(tmp_path: Path, line: str) -> None:
+    # 1e309 (infinity) was refused as "arrival time must be >= 0, got 1e309".
+    f = tmp_path / "bad.txt"
+    f.write_text(f"0.5\n{line}\n")
+    with pytest.raises(ArrivalsFileError) as refused:
+        load_arrivals(f)
+    assert str(refused.value) == (
+        f"{f}:2: an arrival time is a finite number of seconds >= 0, got {line}")

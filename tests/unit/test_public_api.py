@@ -190,3 +190,30 @@ def test_conveyor_version_prints_the_version() -> None:
         capture_output=True, text=True, timeout=60, check=True,
     )
     assert out.stdout == f"conveyor {conveyor.__version__}\n"
+
+
+@pytest.mark.parametrize("config", ["configs/redis.toml", {}, {"queues": {"total": 4}}])
+def test_a_config_that_is_no_config_object_is_refused_naming_what_to_pass(
+    config: object,
+) -> None:
+    # A path or a dict given where load_config's result goes: "AttributeError: 'str'
+    # object has no attribute 'queues'", and WorkerDaemon(app, {}) ran on the defaults
+    # (the embedded adapter) as though no config had been given.
+    app = conveyor.App("shop")
+    calls = {
+        "Client.from_config": lambda: conveyor.Client.from_config(config),  # type: ignore[arg-type]
+        "SyncClient": lambda: conveyor.SyncClient(config),  # type: ignore[arg-type]
+        "WorkerDaemon": lambda: conveyor.WorkerDaemon(app, config),  # type: ignore[arg-type]
+    }
+    for where, call in calls.items():
+        with pytest.raises(conveyor.InvalidArgumentError) as refused:
+            call()
+        assert str(refused.value) == (
+            f"{where}(config): expected a conveyor.Config (from conveyor.load_config(path)), "
+            f"got {type(config).__name__} {config!r}"), where
+
+
+def test_a_daemon_of_no_app_is_refused_naming_what_to_pass() -> None:
+    with pytest.raises(conveyor.InvalidArgumentError) as refused:
+        conveyor.WorkerDaemon("shop:app")  # type: ignore[arg-type]
+    assert str(refused.value) == "WorkerDaemon(app): expected a conveyor.App, got str 'shop:app'"

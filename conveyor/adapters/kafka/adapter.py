@@ -328,7 +328,7 @@ class KafkaAdapter(QueueAdapter):
 
     def _too_large(self, msg: Message, size: int) -> MessageTooLargeError:
         return MessageTooLargeError(
-            f"kafka: message {msg.id} to stream {msg.stream.namespace}/{msg.stream.key} "
+            f"kafka: message {msg.id} to stream {msg.stream.shown()} "
             f"is {size} bytes as a record, larger than $.kafka.max_request_size "
             f"({self.config.max_request_size}); nothing was sent: raise it together with "
             "the broker's message.max.bytes, or send less")

@@ -31,7 +31,12 @@ import redis.asyncio as aioredis
 import redis.exceptions as rex
 
 from conveyor.adapters.redis import scripts as lua
-from conveyor.adapters.redis.codec import enqueue_args, publish_chunks, tokens_of_runs
+from conveyor.adapters.redis.codec import (
+    MAX_HEADERS,
+    enqueue_args,
+    publish_chunks,
+    tokens_of_runs,
+)
 from conveyor.adapters.redis.connections import (
     ClusterClient,
     close,
@@ -145,6 +150,7 @@ def _unpublished(to: SequenceToken | float) -> str:
 
 class RedisAdapter(QueueAdapter):
     name = "redis"
+    max_headers = MAX_HEADERS
 
     def __init__(self, cfg: RedisConfig, *, redis: aioredis.Redis | None = None,
                  max_dead_letters: int = 0, new_group_start: str = "earliest",

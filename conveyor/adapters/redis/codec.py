@@ -21,6 +21,7 @@ from conveyor.platform.errors import (
     ConveyorError,
     DecodeError,
     InvalidArgumentError,
+    MessageTooLargeError,
 )
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.letters import StoredLetter
@@ -56,12 +57,20 @@ PUBLISH_CHUNK = 1000
 """Entries per publishing script call at most (one call runs ~1 ms with small bodies)."""
 PUBLISH_CHUNK_BYTES = 4 << 20
 """Body bytes per publishing script call, about (a call with one larger body goes alone)."""
+MAX_HEADERS = 3900
+"""A message's own headers at most. Every entry is written by a script, whose
+``unpack`` hands ``XADD`` at most about 8,000 values (Lua's stack): 3,998 headers was the
+most a publish wrote, and a dead letter (ten fields more) or a replay must still fit."""
 _decode_legacy_letter = msgspec.msgpack.Decoder(DeadLetter).decode
 _decode_numbers = msgspec.json.Decoder(list[int]).decode
 
 
 def extra_fields(msg: Message) -> list[bytes | str]:
     """The fields after the fixed ones: ``cv-attempt`` if set, then the user's headers."""
+    if len(msg.headers) > MAX_HEADERS:  # the caller's data: no retry can store it
+        raise MessageTooLargeError(
+            f"message to stream {msg.stream.shown()}: its {len(msg.headers):,} headers are more "
+            f"than the redis adapter writes ({MAX_HEADERS:,} at most); nothing was sent")
     extra: list[bytes | str] = [_ATT, b"%d" % msg.attempt] if msg.attempt else []
     for name, value in msg.headers.items():
         if name in _RESERVED:  # the caller's data: no retry can store it

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from conveyor.platform.config import checks as config_checks
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, InvalidArgumentError
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -187,8 +187,9 @@ class KafkaConfig(_Section):
     """``HOST:PORT[,HOST:PORT...]`` of the brokers."""
     topic: str = "conveyor"
     """One topic per app deployment; partition ``i`` is queue ``i``."""
-    default_namespace: str = "default"
-    """Namespace of a record that carries no ``cv-ns`` header (published by a plain client)."""
+    default_namespace: Annotated[str, msgspec.Meta(min_length=1)] = "default"
+    """Namespace of a record that carries no ``cv-ns`` header (published by a plain client).
+    Not empty: no handler takes namespace ``""``, so every app would skip such records."""
     create_topic: bool = True
     """Create the topic (``queues.total`` partitions) with the admin client if absent."""
     replication_factor: Annotated[int, msgspec.Meta(ge=1, le=32_767)] = 1
@@ -837,6 +838,17 @@ def _refuse_quoted_scalars(raw: dict[str, Any], source: str) -> None:
         pass  # the final conversion says what is wrong, with its suggestions
 
 
+def require_config(value: object, where: str) -> Config:
+    """``value``, refused unless it is a :class:`Config`: a path or a dict given where
+    :func:`load_config`'s result goes failed later, as an ``AttributeError`` (or an empty
+    dict, being false, stood for the defaults). ``where`` names the call and parameter."""
+    if not isinstance(value, Config):
+        raise InvalidArgumentError(
+            f"{where}: expected a conveyor.Config (from conveyor.load_config(path)), got "
+            f"{type(value).__name__} {value!r:.80}")
+    return value
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -852,6 +864,8 @@ def load_config(
             text = Path(path).read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read config file {source}: {exc.strerror}") from None
+        # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
+        text = text.removeprefix(b"\xef\xbb\xbf")
         try:
             raw = msgspec.toml.decode(text)
         except msgspec.DecodeError as exc:

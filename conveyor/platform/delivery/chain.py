@@ -143,6 +143,11 @@ def as_failure(exc: BaseException) -> ConveyorError:
         return HandlerCancelled(
             "the handler raised CancelledError though its call was not cancelled (it "
             "awaited a task or future cancelled elsewhere, or raised it itself)")
+    return base_exception_failure(exc)
+
+
+def base_exception_failure(exc: BaseException) -> HandlerBaseException:
+    """A call's failure by ``exc``, a ``BaseException`` that is not an ``Exception``."""
     return HandlerBaseException(
         f"the handler raised {type(exc).__name__}: {exc} (a BaseException, not an "
         "Exception)")

@@ -35,12 +35,13 @@ from conveyor.platform.backoff import BROKER_WRITE
 from conveyor.platform.balancing.balancer import QueueBalancer
 from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.balancing.membership import MemberInfo
-from conveyor.platform.config import Config
+from conveyor.platform.config import Config, require_config
 from conveyor.platform.errors import (
     BrokerConnectionError,
     ConfigError,
     ConveyorError,
     InvalidArgumentError,
+    ShutdownError,
 )
 from conveyor.platform.slots import SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait
@@ -112,6 +113,12 @@ class WorkerDaemon:
         resource_sampler: ResourceSampler | None = None,
         backend: Backend | None = None,
     ) -> None:
+        if not isinstance(app, App):
+            raise InvalidArgumentError(
+                f"WorkerDaemon(app): expected a conveyor.App, got {type(app).__name__} "
+                f"{app!r:.80}")
+        if config is not None:
+            require_config(config, "WorkerDaemon(config)")
         self._parts = parts = build_parts(
             app, config, adapter=adapter, balancer=balancer, slots=slots, member=member,
             telemetry=telemetry, resource_sampler=resource_sampler, backend=backend,
@@ -144,6 +151,7 @@ class WorkerDaemon:
         )
         self._hooks: list[asyncio.Task[None]] = []
         self._announcing: asyncio.Task[None] | None = None
+        self._start_called = False
         self.started = False
         self.failure: BaseException | None = None
         """Why the daemon can no longer work (set with :attr:`failed`); None while fine."""
@@ -190,6 +198,20 @@ class WorkerDaemon:
         first queue is taken (:func:`freeze_startup_heap`): its collection (10-40 ms for
         a heap of 25k-100k objects) is part of the start, not a pause of the first
         messages'."""
+        if self.draining:  # its adapter, client and threads are closed: it would do nothing
+            raise ShutdownError("this WorkerDaemon is stopped: a daemon starts once (make a "
+                                "new WorkerDaemon to start again)")
+        if self._start_called:  # a second start would join the balancer again
+            raise ConveyorError("this WorkerDaemon is started already: start it once "
+                                "(stop() then drains it)")
+        self._start_called = True
+        try:
+            await self._start(freeze_heap)
+        except BaseException:
+            self._start_called = False  # a failed start may be tried again, as before
+            raise
+
+    async def _start(self, freeze_heap: bool) -> None:
         if not self.app.handlers:
             fate = ("dead-lettered" if self.config.dead_letters.unroutable == "dead-letter"
                     else "skipped (acknowledged unhandled)")

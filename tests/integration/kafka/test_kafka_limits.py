@@ -60,6 +60,22 @@ async def test_a_record_over_max_request_size_is_refused_before_anything_is_sent
     assert seqs_of(await read_all(tansu.bootstrap, topic, 1, QUEUES)) == {0: 1}
 
 
+async def test_a_record_over_the_limit_by_its_key_is_refused_in_one_short_line(
+    tansu: Tansu, topic: str
+) -> None:
+    # The error named the stream in full: a key of a megabyte made a line of a megabyte.
+    config = kafka_config(tansu.bootstrap, topic, queues={"total": QUEUES})
+    key = "K" * MIB
+    async with Client.from_config(config) as client:
+        with pytest.raises(MessageTooLargeError) as caught:
+            await client.publish("orders", key, {"seq": 1})
+        await client.publish("orders", "k", {"seq": 0})
+    text = str(caught.value)
+    assert f"to stream orders/{'K' * 100}… (1,048,576 characters) is " in text, text[:400]
+    assert len(text) < 400 and "nothing was sent" in text, text[:400]
+    assert seqs_of(await read_all(tansu.bootstrap, topic, 1, QUEUES)) == {0: 1}
+
+
 async def test_a_body_over_max_body_bytes_is_refused_on_kafka_too(
     tansu: Tansu, topic: str
 ) -> None:

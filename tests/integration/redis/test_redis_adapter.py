@@ -20,18 +20,20 @@ from click.testing import CliRunner
 
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.adapters.redis import receiver as receiver_module
+from conveyor.adapters.redis.codec import MAX_HEADERS
 from conveyor.adapters.redis.connections import connect
 from conveyor.adapters.redis.coordination import redis_coordination
 from conveyor.adapters.redis.keys import Keys
 from conveyor.adapters.redis.urls import redact_url
 from conveyor.cli import main
-from conveyor.client import Client
+from conveyor.client import Client, Publish
 from conveyor.platform.balancing.membership import MemberInfo
 from conveyor.platform.config import Config, load_config
 from conveyor.platform.errors import (
     ConfigError,
     InvalidArgumentError,
     LeaseLostError,
+    MessageTooLargeError,
     QueueOwnedError,
 )
 from conveyor.platform.ids import SequenceToken
@@ -118,6 +120,26 @@ async def test_a_batch_with_a_reserved_header_is_refused_whole(adapter: RedisAda
     with pytest.raises(InvalidArgumentError, match="'cv-ns' is reserved"):
         await adapter.enqueue(0, [good, spoof])
     assert await adapter.redis.xlen(adapter.keys.queue(0)) == 0  # not half a batch
+
+
+async def test_a_message_with_more_headers_than_a_script_can_write_is_refused_naming_them(
+    adapter: RedisAdapter,
+) -> None:
+    # Every entry is written by a Lua script, whose unpack() hands XADD at most ~8,000
+    # values: 4,000 headers failed as "BrokerError: ... user_script:10: too many results
+    # to unpack", a message that said nothing of headers.
+    client = Client(adapter, HashRingQueueMapper(1))
+    most = {f"h{i}": "v" for i in range(MAX_HEADERS)}
+    await client.publish("orders", "k", {"a": 1}, headers=most)
+    with pytest.raises(MessageTooLargeError) as refused:
+        await client.publish("orders", "k", {"a": 2}, headers={**most, "one-more": "v"})
+    assert str(refused.value) == (
+        f"message to stream orders/k: its {MAX_HEADERS + 1:,} headers are more than the "
+        f"redis adapter writes ({MAX_HEADERS:,} at most); nothing was sent")
+    receiver = adapter.create_receiver(0, "shop")
+    await receiver.initialize()
+    [stored] = await receiver.get_messages(10, 0.5)
+    assert stored.body == b'{"a":1}' and stored.headers == most
 
 
 async def test_a_stale_lease_holder_cannot_acknowledge(shop: Shop) -> None:
@@ -893,3 +915,18 @@ def test_publish_sends_a_binary_types_body_as_the_bytes_the_shell_passed(
     text = subprocess.run([*run, b"--content-type", b"text/plain"], cwd=REPO,
                           capture_output=True, timeout=60)
     assert text.returncode == 2 and b"cannot be encoded as UTF-8" in text.stderr, text.stderr
+
+
+async def test_a_batch_with_a_message_of_too_many_headers_is_refused_whole(
+    adapter: RedisAdapter,
+) -> None:
+    # Refused by the adapter, per queue, the other queues' messages were stored and the
+    # batch raised PartialPublishError; a message that cannot be written refuses the
+    # whole batch before anything is sent, as one with a reserved header does.
+    client = Client(adapter, HashRingQueueMapper(8))
+    many = {f"h{i}": "v" for i in range(MAX_HEADERS + 1)}
+    items = [Publish("orders", f"k{i}", {"i": i}) for i in range(20)]
+    with pytest.raises(MessageTooLargeError, match="headers are more than"):
+        await client.publish_batch([*items, Publish("orders", "k0", {}, many)])
+    lengths = [await adapter.redis.xlen(adapter.keys.queue(q)) for q in range(8)]
+    assert lengths == [0] * 8
