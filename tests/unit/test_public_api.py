@@ -213,6 +213,17 @@ def test_a_config_that_is_no_config_object_is_refused_naming_what_to_pass(
             f"got {type(config).__name__} {config!r}"), where
 
 
+@pytest.mark.parametrize("path", [5, b"configs/redis.toml", {"queues": {}}])
+def test_load_config_of_no_path_is_refused_naming_what_to_pass(path: object) -> None:
+    # load_config(5) raised "TypeError: expected str, bytes or os.PathLike object, not
+    # int" from pathlib, and bytes were read as a path.
+    with pytest.raises(conveyor.InvalidArgumentError) as refused:
+        conveyor.load_config(path)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        "load_config: expected the path of a TOML file (str or pathlib.Path) or None, got "
+        f"{type(path).__name__} {path!r}")
+
+
 def test_a_daemon_of_no_app_is_refused_naming_what_to_pass() -> None:
     with pytest.raises(conveyor.InvalidArgumentError) as refused:
         conveyor.WorkerDaemon("shop:app")  # type: ignore[arg-type]

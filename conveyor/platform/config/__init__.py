@@ -859,6 +859,10 @@ def load_config(
     raw: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
+        if not isinstance(path, str | os.PathLike):  # Path() would raise a bare TypeError
+            raise InvalidArgumentError(
+                f"load_config: expected the path of a TOML file (str or pathlib.Path) or "
+                f"None, got {type(path).__name__} {path!r:.80}")
         source = str(path)
         try:
             text = Path(path).read_bytes()
