@@ -121,7 +121,7 @@ app = conveyor.App("loops")
 
 @app.handler("names")
 async def on_name(name: str) -> None:
-    pass
+    """Takes the name and keeps nothing of it."""
 
 
 worker = worker_fixture(app)

@@ -218,7 +218,7 @@ def test_the_shortcut_is_taken_only_when_nothing_else_is_on_inside_the_dead_lett
     put, Tag = _discard, _Tag
 
     class Off(Interceptor):
-        pass
+        """An interceptor of the app's that changes nothing (its wrap is the base's)."""
 
     shipped = build_chain(spec, chain_interceptors(put, DeliveryStats(), app=[Off()]))
     with_app = build_chain(spec, chain_interceptors(put, DeliveryStats(), app=[Tag()]))

@@ -599,11 +599,13 @@ def test_a_full_batch_goes_at_once_and_a_partial_one_after_the_schedule_delay(
         assert [n for _, n in posts.batches] == [10, 3]
 
 
-def spin_until(deadline: float) -> None:
+def spin_until(deadline: float) -> int:
     """Hold the GIL until ``deadline`` (``time.perf_counter()``), as an event loop
-    running flat out does: pure Python, no blocking call."""
+    running flat out does: pure Python, no blocking call. Returns the turns taken."""
+    turns = 0
     while time.perf_counter() < deadline:
-        pass
+        turns += 1
+    return turns
 
 
 def test_the_defaults_keep_up_with_a_busy_interpreter_making_30000_spans_a_second(
