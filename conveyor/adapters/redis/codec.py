@@ -21,7 +21,6 @@ from conveyor.platform.errors import (
     ConveyorError,
     DecodeError,
     InvalidArgumentError,
-    MessageTooLargeError,
 )
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.letters import StoredLetter
@@ -60,17 +59,15 @@ PUBLISH_CHUNK_BYTES = 4 << 20
 MAX_HEADERS = 3900
 """A message's own headers at most. Every entry is written by a script, whose
 ``unpack`` hands ``XADD`` at most about 8,000 values (Lua's stack): 3,998 headers was the
-most a publish wrote, and a dead letter (ten fields more) or a replay must still fit."""
+most a publish wrote, and a dead letter (ten fields more) or a replay must still fit.
+The client refuses a message with more as it builds it (``RedisAdapter.max_headers``),
+before any send: what reaches :func:`extra_fields` fits."""
 _decode_legacy_letter = msgspec.msgpack.Decoder(DeadLetter).decode
 _decode_numbers = msgspec.json.Decoder(list[int]).decode
 
 
 def extra_fields(msg: Message) -> list[bytes | str]:
     """The fields after the fixed ones: ``cv-attempt`` if set, then the user's headers."""
-    if len(msg.headers) > MAX_HEADERS:  # the caller's data: no retry can store it
-        raise MessageTooLargeError(
-            f"message to stream {msg.stream.shown()}: its {len(msg.headers):,} headers are more "
-            f"than the redis adapter writes ({MAX_HEADERS:,} at most); nothing was sent")
     extra: list[bytes | str] = [_ATT, b"%d" % msg.attempt] if msg.attempt else []
     for name, value in msg.headers.items():
         if name in _RESERVED:  # the caller's data: no retry can store it
