@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 
 from conveyor.platform.watchdog import stall_note
 
@@ -34,6 +35,26 @@ class OutageLog:
         self.reported = asyncio.Event()
         self._last_report = 0.0
 
+    @classmethod
+    def of_server(cls, log: logging.Logger, system: str, address: str,
+                  report_every_s: float, retry_note: str = "") -> OutageLog:
+        """The log of ``system`` at ``address`` that every caller of it in this process
+        shares (the first of them to ask builds it).
+
+        A worker reaches one server through several callers, each with its own
+        connections: the adapter's, the balancer's membership and leases, idempotency
+        claims. An outage is the server's: it is logged once, by whichever caller meets
+        it first, and ended by the first call that gets through, whichever caller makes
+        it. Logs of their own would say "unreachable" once per caller, and a caller that
+        met the outage but made no call after it (a stopped worker's balancer) would
+        leave it unended in the log.
+        """
+        key = (system, address)
+        shared = _SHARED.get(key)
+        if shared is None:
+            shared = _SHARED[key] = cls(log, system, address, report_every_s, retry_note)
+        return shared
+
     def failing(self, what: str, exc: BaseException) -> None:
         now = time.monotonic()
         if self.down_since is None:
@@ -54,3 +75,7 @@ class OutageLog:
                               self.address, time.monotonic() - self.down_since)
             self.down_since = None
             self.reported.clear()
+
+
+_SHARED: weakref.WeakValueDictionary[tuple[str, str], OutageLog] = weakref.WeakValueDictionary()
+"""The logs of :meth:`OutageLog.of_server`, each kept while a caller holds it."""

@@ -135,7 +135,8 @@ class Caller:
 
     Retries use tenacity: exponential back-off from 0.05 s with jitter (up to a quarter
     of the cap), capped at ``retry_max_delay_s``, for at most ``retry_max_s``. An outage
-    is logged once when it starts, every few seconds while it lasts, and once when it ends.
+    is logged once when it starts, every few seconds while it lasts, and once when it ends,
+    in the log every caller of the server shares (:meth:`OutageLog.of_server`).
     """
 
     def __init__(self, cfg: RedisConfig, redis: Any) -> None:
@@ -145,8 +146,9 @@ class Caller:
         self.retry_max_delay_s = cfg.retry_max_delay_s
         self.backoff = Backoff(first_s=0.05, cap_s=cfg.retry_max_delay_s,
                                jitter_s=cfg.retry_max_delay_s / 4)
-        self.outage = OutageLog(log, "redis", self.url, REPORT_EVERY_S,
-                                f" for up to {cfg.retry_max_s:g}s a call ([redis] retry_max_s)")
+        self.outage = OutageLog.of_server(
+            log, "redis", self.url, REPORT_EVERY_S,
+            f" for up to {cfg.retry_max_s:g}s a call ([redis] retry_max_s)")
 
     def ok(self) -> None:
         self.outage.ok()
