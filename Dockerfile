@@ -18,7 +18,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_ROOT_USER_ACTION=ignore
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md _conveyor_cli.py ./
 COPY conveyor ./conveyor
 COPY configs ./configs
 RUN pip install . \

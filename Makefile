@@ -53,7 +53,7 @@ servers:
 PYTEST := $(BIN)/pytest -q -n 2 --dist loadfile
 
 test: $(STAMP) servers
-	$(BIN)/ruff check conveyor tests benchmarks tools examples
+	$(BIN)/ruff check conveyor _conveyor_cli.py tests benchmarks tools examples
 	$(BIN)/mypy
 	$(PYTEST) --durations=20
 

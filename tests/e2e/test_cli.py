@@ -441,6 +441,37 @@ def test_ctrl_c_ends_a_command_waiting_for_its_broker_in_one_line_with_exit_130(
     assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
 
 
+def sigint_held(pid: int) -> bool:
+    """Whether process ``pid`` holds SIGINT back (its blocked-signals mask, in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:  # exited
+        return False
+    [mask] = [line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")]
+    return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line_with_exit_130(tmp_path: Path) -> None:
+    """The installed `conveyor` script holds SIGINT while its modules load (about half a
+    second): a Ctrl-C then is raised once they have, where the command's own handling
+    ends it. Before, it was a traceback from inside an import, and exit -2."""
+    script = Path(sys.executable).with_name("conveyor")
+    assert script.exists(), "the package's `conveyor` script is not installed"
+    proc = subprocess.Popen([script, "status", "--config", str(tmp_path / "none.toml")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_until_sync(lambda: sigint_held(proc.pid), 10,
+                        "the command to hold SIGINT while it loads")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
+
+
 @pytest.mark.parametrize("command", [["publish", "orders", "k1", "{}"], ["status"]],
                          ids=lambda c: c[0])
 def test_a_kafka_broker_that_is_down_is_one_line_naming_the_bootstrap_address(

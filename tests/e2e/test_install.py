@@ -59,8 +59,9 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(tmp_path: Path) ->
     names = set(zipfile.ZipFile(wheels[0]).namelist())
     shipped = {f"conveyor/configs/{p.name}" for p in (ROOT / "configs").glob("*.toml")}
     assert shipped and shipped <= names
-    assert {"conveyor/py.typed", "conveyor/examples/demo.py", "conveyor/console/page.html",
-            "conveyor/console/static/console.css", "conveyor/console/static/console.js"} <= names
+    assert {"_conveyor_cli.py", "conveyor/py.typed", "conveyor/examples/demo.py",
+            "conveyor/console/page.html", "conveyor/console/static/console.css",
+            "conveyor/console/static/console.js"} <= names
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
     venv = tmp_path / "venv"

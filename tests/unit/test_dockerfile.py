@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import tomllib
 from pathlib import Path
 
 from dockerfile_parse import DockerfileParser
@@ -65,6 +66,12 @@ def test_every_copied_source_exists_and_passes_the_dockerignore() -> None:
             *parts, _destination = value.split()
             sources += parts
     assert {"pyproject.toml", "README.md", "conveyor"} <= set(sources)
+    # The top-level modules `pip install .` installs beside the package: the command's
+    # entry point is one.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    modules = pyproject["tool"]["setuptools"]["py-modules"]
+    assert "_conveyor_cli" in modules
+    assert {f"{module}.py" for module in modules} <= set(sources)
     for source in sources:
         assert (ROOT / source).exists(), source
         assert admitted(source), f"{source} is kept out of the build context"
