@@ -71,7 +71,13 @@ from typing import TYPE_CHECKING, Any
 from conveyor.platform.acks import Acknowledger
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.batcher import Batcher
-from conveyor.platform.delivery.chain import STOPS, Delivery, as_failure, check_returned
+from conveyor.platform.delivery.chain import (
+    STOPS,
+    Delivery,
+    as_failure,
+    check_returned,
+    handler_task,
+)
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError
 from conveyor.platform.message import Message
@@ -462,7 +468,7 @@ class PullingAgent:
             self._waking = False
 
     def _spawn(self, coro: Coroutine[Any, Any, None], what: str = "runner") -> asyncio.Task[None]:
-        task = asyncio.create_task(coro, name=f"agent-{self.queue}-{what}")
+        task = handler_task(coro, name=f"agent-{self.queue}-{what}")
         self._runners.add(task)
         task.add_done_callback(self._task_done)
         return task

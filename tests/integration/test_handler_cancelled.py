@@ -29,6 +29,10 @@ async def _cancelled_elsewhere() -> None:
     await task
 
 
+def _raise_generator_exit() -> None:
+    raise GeneratorExit("closed in a thread")
+
+
 class Abort(BaseException):
     """A handler's own BaseException, not an Exception."""
 
@@ -46,11 +50,15 @@ def _app(name: str, interceptor: bool, raising: str = "cancelled"
                 await _cancelled_elsewhere()
             if raising == "generator-exit":
                 raise GeneratorExit("closed by hand")
+            if raising == "awaited-generator-exit":
+                await asyncio.to_thread(_raise_generator_exit)
             raise Abort("gave up")
 
     reason = {"cancelled": "CancelledError though its call was not cancelled",
               "abort": "the handler raised Abort: gave up",
-              "generator-exit": "the handler raised GeneratorExit: closed by hand"}[raising]
+              "generator-exit": "the handler raised GeneratorExit: closed by hand",
+              "awaited-generator-exit": "the handler raised GeneratorExit: closed in a thread",
+              }[raising]
     return app, calls, reason
 
 
@@ -82,6 +90,42 @@ async def test_generator_exit_raised_by_a_handler_is_retried_then_dead_lettered(
     # acknowledgements stopped behind it until a restart.
     await _check(*_app("generator-exit-shipped", interceptor=False, raising="generator-exit"))
     await _check(*_app("generator-exit-chain", interceptor=True, raising="generator-exit"))
+
+
+async def test_generator_exit_of_a_future_a_handler_awaits_is_retried_then_dead_lettered(
+) -> None:
+    # A future holding it (asyncio.to_thread of a function that raised it) has the
+    # task throw it into the runner's coroutine: Python closes the coroutines that one
+    # awaits (the handler's, the chain's) and raises it in the runner. Through an
+    # interceptor the runner ended ("an agent task crashed (GeneratorExit)") and the
+    # daemon failed with its message unfinished; on the shipped chain the handler's
+    # frame was closed before it could catch anything.
+    await _check(*_app("awaited-exit-shipped", interceptor=False,
+                       raising="awaited-generator-exit"))
+    await _check(*_app("awaited-exit-chain", interceptor=True,
+                       raising="awaited-generator-exit"))
+
+
+@pytest.mark.parametrize("kind", ["stateless", "cells"])
+async def test_generator_exit_of_an_awaited_future_in_a_pool_or_cell_is_its_call_s_failure(
+    kind: str,
+) -> None:
+    # A pool's or a cell's worker runs the call in a task of its own, into which the
+    # future's GeneratorExit was thrown: the pool handed it on to the runner, which
+    # crashed; the cell's worker ended, its call's future never done (the stream waited
+    # for ever).
+    app = App(f"awaited-exit-{kind}")
+    calls: list[int] = []
+    options = {"stateless": {"stateless": True, "max_workers": 2},
+               "cells": {"cell_key": "body:seq", "cell_size": 1}}[kind]
+
+    @app.handler("items", retry_attempts=2, **options)
+    async def handle(item: dict[str, int]) -> None:
+        calls.append(item["seq"])
+        if item["seq"] == POISON:
+            await asyncio.to_thread(_raise_generator_exit)
+
+    await _check(app, calls, "the handler raised GeneratorExit: closed in a thread")
 
 
 @pytest.mark.parametrize("batch", [False, True])

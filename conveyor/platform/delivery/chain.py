@@ -11,11 +11,12 @@ cost no coroutine frame of their own.
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
 
@@ -151,6 +152,61 @@ def base_exception_failure(exc: BaseException) -> HandlerBaseException:
     return HandlerBaseException(
         f"the handler raised {type(exc).__name__}: {exc} (a BaseException, not an "
         "Exception)")
+
+
+T = TypeVar("T")
+
+
+class _FailsOnGeneratorExit:
+    """``coro`` as a task drives it, except that a ``GeneratorExit`` thrown into it is
+    thrown in as the call's failure (:func:`base_exception_failure`).
+
+    A task throws into its coroutine the exception of the future it awaited; a future
+    holds ``GeneratorExit`` when a handler awaits one that it ended (``await
+    asyncio.to_thread(fn)``, ``fn`` raising it). Thrown in as itself, Python closes
+    every coroutine the task's awaits through (a coroutine awaiting another cannot be
+    thrown ``GeneratorExit``) and raises it in the outermost: the handler's frame ended
+    where it stood, the delivery chain's with it, and the runner crashed with its
+    message unfinished. Thrown in as a failure, it is raised where the handler awaited,
+    as any exception a future holds: the handler may catch it, or its call fails, is
+    retried and dead-lettered with the reason.
+
+    ``send`` and ``close`` are ``coro``'s own (bound C methods): a task's steps cost no
+    Python frame more. Not a subclass of :class:`collections.abc.Coroutine`, which would
+    need methods of the class's own in their place: registered as one instead.
+    """
+
+    send: Callable[[Any], Any]
+    close: Callable[[], None]
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._coro = coro
+        self.send = coro.send
+        self.close = coro.close
+
+    def throw(self, exc: Any, *rest: Any) -> Any:
+        if isinstance(exc, GeneratorExit):
+            failure = base_exception_failure(exc)
+            failure.__cause__ = exc
+            return self._coro.throw(failure)
+        return self._coro.throw(exc, *rest)
+
+    def __await__(self) -> Any:
+        return self._coro.__await__()
+
+    def __repr__(self) -> str:
+        return repr(self._coro)
+
+
+collections.abc.Coroutine.register(_FailsOnGeneratorExit)
+
+
+def handler_task(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+    """A task for ``coro``, which runs handlers' calls: a ``GeneratorExit`` a handler's
+    awaited future holds is that call's failure, not the end of the task
+    (:class:`_FailsOnGeneratorExit`)."""
+    guarded = cast(Coroutine[Any, Any, T], _FailsOnGeneratorExit(coro))
+    return asyncio.get_running_loop().create_task(guarded, name=name)
 
 
 def handler_call(handler: HandlerSpec, in_thread: InThread | None = None

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from conveyor.platform.delivery.chain import handler_task
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel
 
@@ -132,9 +133,7 @@ class Cell:
             raise InvalidArgumentError(f"cell {self.name!r}: size must be >= 1, got {size}")
         while len(self.workers) < size:
             worker = _CellWorker()
-            worker.task = asyncio.get_running_loop().create_task(
-                self._work(worker), name=f"cell-{self.name}"
-            )
+            worker.task = handler_task(self._work(worker), name=f"cell-{self.name}")
             self.workers.append(worker)
         while len(self.workers) > size:
             worker = self.workers.pop()

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from conveyor.platform.delivery.chain import handler_task
 from conveyor.platform.errors import InvalidArgumentError, ShutdownError
 from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel
 from conveyor.workers.pools.scaledown import ScaleDownController, ScaleDownPolicy
@@ -133,7 +134,7 @@ class StatelessWorkerPool:
     def _start_worker(self) -> _Worker:
         self._serial += 1
         worker = _Worker(f"{self.name}-{self._serial}")
-        worker.task = asyncio.create_task(self._work(worker), name=worker.name)
+        worker.task = handler_task(self._work(worker), name=worker.name)
         self.workers.append(worker)
         self.created += 1
         self.peak_workers = max(self.peak_workers, len(self.workers))
