@@ -218,6 +218,7 @@ class WorkerDaemon:
             log.warning("app %r declares no handlers: every message will be %s "
                         "([dead_letters] unroutable = %r)", self.app.name, fate,
                         self.config.dead_letters.unroutable)
+        self.client.bind_to_running_loop()  # a handler thread's publish is refused
         await self._check_server()
         self.balancer.set_stats_provider(self.stats_snapshot)
         self._parts.watchdog.start()
