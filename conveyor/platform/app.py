@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -96,7 +97,10 @@ class App:
         def register(fn: F) -> F:
             where = handler_where(fn)
             values = parse_options(where, options, self._option_types)
-            spec = build_spec(fn, namespace, name=name, options=values)
+            # The declaring scope's names: a type local to it resolves in annotations
+            # that `from __future__ import annotations` left as text.
+            spec = build_spec(fn, namespace, name=name, options=values,
+                              local_names=sys._getframe(1).f_locals)
             if any(h.name == spec.name for h in self.handlers):
                 raise HandlerDeclarationError(
                     f"handler name {spec.name!r} is declared twice; "

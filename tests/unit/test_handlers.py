@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 import functools
 import typing
 from typing import Any
@@ -137,10 +138,26 @@ def test_a_body_that_does_not_decode_is_refused_naming_how_its_content_type_was_
         ("async def h(body: complex) -> None: ...", "cannot decode"),
         ("async def h(body: dict, ctx: int) -> None: ...",
          "second parameter 'ctx' is the message's context: annotate it MessageContext"),
+        # A type msgspec cannot decode inside another: declared, every body dead-lettered.
+        ("class Money:\n    pass\nasync def h(body: list[Money]) -> None: ...",
+         "cannot decode message bodies into list.*no built-in decoding for .*Money"),
+        ("class Money:\n    pass\nclass Bill(msgspec.Struct):\n    total: Money\n"
+         "async def h(body: Bill) -> None: ...", "no built-in decoding for .*Money"),
+        ("class Money:\n    pass\n@dataclasses.dataclass\nclass Bill:\n    total: Money\n"
+         "async def h(body: dict[str, Bill | None]) -> None: ...",
+         "no built-in decoding for .*Money"),
+        # The context where the body goes: declared, every message dead-lettered as not
+        # a MessageContext; (ctx, body) was refused as if the body were a bad context.
+        ("async def h(ctx: MessageContext) -> None: ...",
+         "the first parameter 'ctx' is the message's body, not its MessageContext: "
+         "take \\(body, ctx\\)"),
+        ("async def h(ctx: MessageContext, body: dict) -> None: ...",
+         "the first parameter 'ctx' is the message's body"),
     ],
 )
 def test_bad_handlers_are_rejected_at_declaration(source: str, match: str) -> None:
-    namespace: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"msgspec": msgspec, "dataclasses": dataclasses,
+                                 "MessageContext": MessageContext}
     exec(source, namespace)
     with pytest.raises(HandlerDeclarationError, match=match):
         App("t").handler("orders")(namespace["h"])
@@ -349,3 +366,77 @@ def test_a_body_nested_too_deeply_is_a_decode_error_saying_so(
         app.handlers[0].decode(msg(body, content_type))
     assert str(caught.value).startswith("cannot decode body as "), str(caught.value)
     assert str(caught.value).endswith(": it is nested too deeply"), str(caught.value)
+
+
+def test_object_takes_any_value_at_the_top_and_inside() -> None:
+    # msgspec decodes `object` as `Any`; a body typed `object` was refused ("no built-in
+    # decoding for <class 'object'>") while `list[object]` was declared.
+    app = App("t")
+
+    @app.handler("orders")
+    async def whole(body: object) -> None: ...
+
+    @app.handler("orders")
+    async def items(body: list[object]) -> None: ...
+
+    assert [s.decode(msg(b'[1, {"a": null}]')) for s in app.handlers] == [[1, {"a": None}]] * 2
+
+
+class Node(msgspec.Struct):
+    children: "list[Node]"
+
+
+def test_a_recursive_body_type_is_declared_and_decodes() -> None:
+    # The walk that looks for types msgspec cannot decode ends on a type that holds
+    # itself.
+    app = App("t")
+
+    @app.handler("trees")
+    async def on_tree(tree: Node) -> None: ...
+
+    tree = app.handlers[0].decode(msg(b'{"children": [{"children": []}]}'))
+    assert tree == Node([Node([])])
+
+
+LOCAL_TYPES = """
+from __future__ import annotations
+
+import msgspec
+
+
+def declare(app):
+    class Local(msgspec.Struct):
+        id: int
+
+    @app.handler("orders")
+    async def on_order(order: Local, ctx: MessageContext) -> None: ...
+
+    @app.handler("orders", batch_size=10)
+    async def on_orders(orders: list[Local]) -> None: ...
+
+    return Local
+"""
+
+
+def test_a_type_local_to_the_declaring_function_resolves_under_postponed_annotations() -> None:
+    # With `from __future__ import annotations` (docs/testing.md's examples have it), a
+    # handler declared in a test function on a type of that function was refused:
+    # "cannot resolve type annotations: name 'Local' is not defined".
+    namespace: dict[str, Any] = {"MessageContext": MessageContext}
+    exec(LOCAL_TYPES, namespace)
+    app = App("t")
+    local = namespace["declare"](app)
+    assert [spec.decode(msg(b'{"id": 7}')) for spec in app.handlers] == [local(7)] * 2
+    assert app.handlers[0].takes_context
+
+
+def test_a_type_defined_after_the_handler_is_refused_saying_to_define_it_first() -> None:
+    namespace: dict[str, Any] = {}
+    exec("from __future__ import annotations\n"
+         "async def h(order: Later) -> None: ...\n", namespace)
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("t").handler("orders")(namespace["h"])
+    assert str(refused.value) == (
+        "handler 'h': cannot resolve type annotations: name 'Later' is not defined "
+        "(a type named in an annotation must exist when the handler is declared: define "
+        "it above the handler)")
