@@ -32,6 +32,7 @@ import msgspec
 
 from conveyor.platform.config import checks as config_checks
 from conveyor.platform.errors import ConfigError, InvalidArgumentError
+from conveyor.platform.mapper import MAX_QUEUES as MAX_QUEUES
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -51,7 +52,6 @@ MillisFloatOrZero = Annotated[float, msgspec.Meta(ge=0, le=DAY_S * 1000)]
 Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
 Weight = Annotated[float, msgspec.Meta(ge=0, le=1000)]
 
-MAX_QUEUES = 4096
 MAX_BODY_BYTES = 512 << 20
 """Redis' largest bulk argument (``proto-max-bulk-len``'s default)."""
 DEFAULT_MAX_BODY_BYTES = 16 << 20
