@@ -43,7 +43,7 @@ from conveyor.platform.errors import (
     InvalidArgumentError,
     ShutdownError,
 )
-from conveyor.platform.slots import SlotSupplier
+from conveyor.platform.slots import SlotSupplier, require_supplier
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.cells.cells import CellRouter
@@ -119,6 +119,8 @@ class WorkerDaemon:
                 f"{app!r:.80}")
         if config is not None:
             require_config(config, "WorkerDaemon(config)")
+        if slots is not None:
+            require_supplier(slots, "WorkerDaemon(slots)")
         self._parts = parts = build_parts(
             app, config, adapter=adapter, balancer=balancer, slots=slots, member=member,
             telemetry=telemetry, resource_sampler=resource_sampler, backend=backend,
