@@ -125,6 +125,14 @@ class App:
                 "`async def` (it receives the async Client; run blocking set-up in it "
                 "with `await asyncio.to_thread(...)`)"
             )
+        try:
+            inspect.signature(hook).bind(None)  # what the daemon passes: its client
+        except TypeError as exc:
+            raise HandlerDeclarationError(
+                f"startup hook {getattr(hook, '__qualname__', hook)!r}: a daemon calls it "
+                "with one argument, its conveyor.Client: declare it `async def "
+                f"{getattr(hook, '__name__', 'hook')}(client: conveyor.Client)` ({exc})"
+            ) from None
         self.on_startup.append(hook)
         return hook
 

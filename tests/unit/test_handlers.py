@@ -440,3 +440,37 @@ def test_a_type_defined_after_the_handler_is_refused_saying_to_define_it_first()
         "handler 'h': cannot resolve type annotations: name 'Later' is not defined "
         "(a type named in an annotation must exist when the handler is declared: define "
         "it above the handler)")
+
+
+@pytest.mark.parametrize("source", [
+    "async def hook() -> None: ...",
+    "async def hook(client, region) -> None: ...",
+    "async def hook(*, client) -> None: ...",
+])
+def test_a_startup_hook_that_cannot_take_the_client_is_refused_at_declaration(
+    source: str,
+) -> None:
+    # It was declared, then each daemon's start called it with its client and logged
+    # "TypeError: hook() takes 0 positional arguments but 1 was given".
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("t").startup(namespace["hook"])
+    assert str(refused.value).startswith(
+        "startup hook 'hook': a daemon calls it with one argument, its conveyor.Client: "
+        "declare it `async def hook(client: conveyor.Client)` ("), str(refused.value)
+
+
+def test_a_startup_hook_may_take_more_with_defaults() -> None:
+    async def hook(client: Any, region: str = "eu", *rest: Any, **options: Any) -> None: ...
+
+    assert App("t").startup(hook) is hook
+
+
+def test_a_startup_hook_partial_binding_all_but_the_client_is_declared() -> None:
+    async def hook(region: str, client: Any) -> None: ...
+
+    bound = functools.partial(hook, "eu")
+    assert App("t").startup(bound) is bound
+    with pytest.raises(HandlerDeclarationError, match=r"startup hook functools.partial\("):
+        App("t").startup(functools.partial(bound, None))
