@@ -231,6 +231,10 @@ def build_spec(
             "its MessageContext: take (body, ctx), the body first, annotated with its type")
     if BatchOptions in options:
         body_type = _batch_element(body_type, len(params), where)
+        if body_type is MessageContext:
+            raise HandlerDeclarationError(
+                f"{where}: a batch handler's list[T] holds the bodies (T decodes each), "
+                "not their MessageContext")
     if len(params) == 2:
         ctx_type = hints.get(params[1].name)
         if ctx_type is not None and ctx_type is not MessageContext:

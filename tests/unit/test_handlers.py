@@ -474,3 +474,14 @@ def test_a_startup_hook_partial_binding_all_but_the_client_is_declared() -> None
     assert App("t").startup(bound) is bound
     with pytest.raises(HandlerDeclarationError, match=r"startup hook functools.partial\("):
         App("t").startup(functools.partial(bound, None))
+
+
+def test_a_batch_of_message_contexts_is_refused_at_declaration() -> None:
+    # Declared, every message was dead-lettered: its body decoded as a MessageContext.
+    async def on_batch(contexts: list[MessageContext]) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("t").handler("orders", batch_size=10)(on_batch)
+    assert str(refused.value).endswith(
+        "a batch handler's list[T] holds the bodies (T decodes each), not their "
+        "MessageContext")
