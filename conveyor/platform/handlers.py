@@ -104,6 +104,9 @@ def _body_decoder(tp: Any, where: str) -> Decode:
         pack_dec: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(tp)
     except TypeError as exc:
         raise undecodable(exc) from None
+    except NameError as exc:  # a field's annotation, resolved by msgspec in its module
+        raise undecodable(f"{exc}; the types its fields name must exist at the top level "
+                          "of their module") from None
     type_name = getattr(tp, "__name__", str(tp))
     json_decode = json_dec.decode
     pack_decode = pack_dec.decode

@@ -146,6 +146,10 @@ def test_a_body_that_does_not_decode_is_refused_naming_how_its_content_type_was_
         ("class Money:\n    pass\n@dataclasses.dataclass\nclass Bill:\n    total: Money\n"
          "async def h(body: dict[str, Bill | None]) -> None: ...",
          "no built-in decoding for .*Money"),
+        # A field's type that does not resolve: a bare NameError out of App.handler.
+        ("class Bill(msgspec.Struct):\n    total: 'Money'\nasync def h(body: Bill) -> None: ...",
+         "cannot decode message bodies into .*Bill.* \\(name 'Money' is not defined; the types "
+         "its fields name must exist at the top level of their module\\)"),
         # The context where the body goes: declared, every message dead-lettered as not
         # a MessageContext; (ctx, body) was refused as if the body were a bad context.
         ("async def h(ctx: MessageContext) -> None: ...",
