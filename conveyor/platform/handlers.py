@@ -32,8 +32,10 @@ class MessageContext(msgspec.Struct, frozen=True):
     handler: str
 
     @property
-    def headers(self) -> dict[str, str]:
-        return self.message.headers
+    def headers(self) -> Mapping[str, str]:
+        """The message's headers, read-only: the message is shared by every handler of
+        its namespace, and its dead letter keeps it as it came."""
+        return types.MappingProxyType(self.message.headers)
 
     @property
     def attempt(self) -> int:
