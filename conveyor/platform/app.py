@@ -62,10 +62,30 @@ class App:
             raise HandlerDeclarationError(
                 f"app {self.name!r}: {interceptor!r} is not a conveyor.Interceptor"
             )
-        self.interceptors = (*self.interceptors, interceptor)
         option_type = type(interceptor).options
         if option_type is not None and option_type not in self._option_types:
+            self._check_option_type(type(interceptor).__name__, option_type)
             self._option_types = (*self._option_types, option_type)
+        self.interceptors = (*self.interceptors, interceptor)
+
+    def _check_option_type(self, interceptor: str, option_type: object) -> None:
+        """Refuse an interceptor's ``options`` that no handler could be declared with:
+        the first ``App.handler`` failed inside Conveyor instead."""
+        where = f"app {self.name!r}: interceptor {interceptor}: options = "
+        if not (isinstance(option_type, type) and issubclass(option_type, HandlerOptions)):
+            raise HandlerDeclarationError(
+                f"{where}{option_type!r:.80}: a conveyor.HandlerOptions subclass (or None)")
+        name = option_type.__name__
+        if option_type.from_keywords.__func__ is HandlerOptions.from_keywords.__func__:  # type: ignore[attr-defined]
+            raise HandlerDeclarationError(
+                f"{where}{name}: it does not define from_keywords, which builds its value "
+                "from a handler's keywords")
+        for known in self._option_types:
+            shared = option_type.keywords & known.keywords
+            if shared:
+                raise HandlerDeclarationError(
+                    f"{where}{name}: keyword(s) {sorted(shared)} belong to "
+                    f"{known.__name__} already")
 
     def handler(
         self, namespace: str, *, name: str | None = None, **options: Any

@@ -2,12 +2,13 @@ import asyncio
 import dataclasses
 import functools
 import typing
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
 
-from conveyor import App, HandlerDeclarationError, MessageContext
+from conveyor import App, HandlerDeclarationError, HandlerOptions, Interceptor, MessageContext
 from conveyor.platform.errors import DecodeError
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import CONTENT_MSGPACK, Message
@@ -250,6 +251,41 @@ def test_an_app_made_with_a_name_or_interceptors_of_the_wrong_kind_is_refused_in
         App(5)  # type: ignore[arg-type]
     with pytest.raises(HandlerDeclarationError, match="interceptors=5: a list of"):
         App("x", interceptors=5)  # type: ignore[arg-type]
+
+
+class NoFromKeywords(HandlerOptions):
+    keywords: ClassVar[frozenset[str]] = frozenset({"audit"})
+
+
+class ClaimsRetry(HandlerOptions):
+    keywords: ClassVar[frozenset[str]] = frozenset({"audit", "retry_attempts"})
+
+    @classmethod
+    def from_keywords(cls, where: str, given: Mapping[str, Any]) -> "ClaimsRetry | None":
+        return cls() if given else None
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    # Taken, then every handler declared on the app failed in Conveyor's own code:
+    # "'int' object has no attribute 'keywords'", a bare NotImplementedError.
+    (5, "options = 5: a conveyor.HandlerOptions subclass (or None)"),
+    (dict, "options = <class 'dict'>: a conveyor.HandlerOptions subclass (or None)"),
+    (NoFromKeywords, "options = NoFromKeywords: it does not define from_keywords, which "
+     "builds its value from a handler's keywords"),
+    # Two types reading one keyword: both built a value from it.
+    (ClaimsRetry, "options = ClaimsRetry: keyword(s) ['retry_attempts'] belong to "
+     "RetryPolicy already"),
+])
+def test_an_interceptor_whose_options_no_handler_could_be_declared_with_is_refused(
+    options: object, says: str,
+) -> None:
+    class Audit(Interceptor):
+        pass
+
+    Audit.options = options  # type: ignore[assignment]
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("shop", interceptors=[Audit()])
+    assert str(refused.value) == f"app 'shop': interceptor Audit: {says}"
 
 
 async def test_a_partial_binding_keywords_runs_like_a_function() -> None:
