@@ -226,6 +226,7 @@ def build_spec(
     hints = _type_hints(handler_function(fn), where, local_names)
     body_type = hints.get(params[0].name)
     if body_type is None:
+        _unannotated(fn, params, where)
         raise HandlerDeclarationError(
             f"{where}: annotate the first parameter with the body's type "
             "(a msgspec Struct, dict, bytes or str) so Conveyor knows how to decode it"
@@ -259,6 +260,20 @@ def build_spec(
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _unannotated(fn: Any, params: list[inspect.Parameter], where: str) -> None:
+    """Say why the first parameter has no annotation when the reason is known: a lambda
+    cannot have one; ``self`` is a method taken from its class, not from an instance."""
+    if getattr(handler_function(fn), "__name__", "") == "<lambda>":
+        raise HandlerDeclarationError(
+            f"{where}: a lambda cannot annotate its parameter: declare the handler with "
+            "`async def` (or `def`), its first parameter annotated with the body's type")
+    if params[0].name == "self" and len(params) > 1:
+        method = getattr(handler_function(fn), "__name__", "on_message")
+        raise HandlerDeclarationError(
+            f"{where}: the first parameter is 'self': declare the method of an instance, "
+            f"app.handler(...)(service.{method})")
 
 
 def _type_hints(fn: Any, where: str, local_names: Mapping[str, Any] | None) -> dict[str, Any]:

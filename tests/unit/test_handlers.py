@@ -132,7 +132,12 @@ def test_a_body_that_does_not_decode_is_refused_naming_how_its_content_type_was_
         ("def h(body: dict):\n    yield", "is a generator"),
         ("async def h(body: dict):\n    yield", "is a generator"),
         ("h = print", "not a function"),
-        ("h = lambda body: None", "annotate the first parameter"),
+        ("h = lambda body: None", "a lambda cannot annotate its parameter: declare the "
+         "handler with `async def` \\(or `def`\\)"),
+        # Was "annotate the first parameter": it is annotated, but it is `self`.
+        ("class Service:\n    async def on_order(self, body: dict) -> None: ...\n"
+         "h = Service.on_order", "the first parameter is 'self': declare the method of an "
+         "instance, app.handler\\(...\\)\\(service.on_order\\)"),
         ("async def h(body) -> None: ...", "annotate the first parameter"),
         ("async def h() -> None: ...", "takes \\(body\\)"),
         ("async def h(body: dict, ctx: object, extra: int) -> None: ...", "takes \\(body\\)"),
