@@ -129,6 +129,11 @@ class App:
             self.handlers.append(spec)
             return fn
 
+        if callable(namespace):  # `@app.handler` without (namespace): it declared nothing
+            raise HandlerDeclarationError(
+                "app.handler(namespace) declares a handler: write @app.handler(\"orders\") "
+                f"above {getattr(namespace, '__qualname__', namespace)!r}, with the namespace "
+                "it handles, not @app.handler")
         where = f"handler for {namespace!r}"
         parse_options(where, options, self._option_types)  # a bad option fails at the call
         return register

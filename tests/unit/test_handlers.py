@@ -530,3 +530,18 @@ def test_a_batch_of_message_contexts_is_refused_at_declaration() -> None:
     assert str(refused.value).endswith(
         "a batch handler's list[T] holds the bodies (T decodes each), not their "
         "MessageContext")
+
+
+def test_the_handler_decorator_without_its_namespace_is_refused_not_a_silent_no_op() -> None:
+    # `@app.handler` without (namespace) declared nothing, raised nothing, and left the
+    # module's `on_order` bound to Conveyor's inner decorator.
+    app = App("shop")
+
+    async def on_order(order: Order) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError) as refused:
+        app.handler(on_order)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        'app.handler(namespace) declares a handler: write @app.handler("orders") above '
+        f"{on_order.__qualname__!r}, with the namespace it handles, not @app.handler")
+    assert app.handlers == []
