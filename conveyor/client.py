@@ -242,6 +242,9 @@ class Client:
             adapter.enqueue_queues, coalesce_linger_s,
             together=adapter.publishes_queues_together))
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop of the first publish: its connections and rounds are bound to
+        it, so a publish from another loop is refused (:meth:`_on_its_loop`)."""
 
     @classmethod
     def from_config(cls, config: Config) -> Client:
@@ -355,6 +358,8 @@ class Client:
         """
         if self._closed:
             raise _closed_error()
+        if asyncio.get_running_loop() is not self._loop:
+            self._on_its_loop()
         msg = self.build(namespace, key, body, headers, content_type)
         queue = self.queue_for(namespace, msg.stream.key)
         if not self._traced:
@@ -367,6 +372,29 @@ class Client:
             raise
         finally:
             span.end()
+
+    def bind_to_running_loop(self) -> None:
+        """Serve publishes from the running event loop only, as a client's first publish
+        binds it to its loop. A :class:`~conveyor.WorkerDaemon` binds the client it
+        hands its startup hooks as it starts, so that no handler's thread is first."""
+        self._loop = asyncio.get_running_loop()
+
+    def _on_its_loop(self) -> None:
+        """Bind the client to the running loop at its first publish; refuse a publish
+        from any other (a ``def`` handler's thread running ``asyncio.run``): the
+        adapter's connections, and the rounds publishes join, belong to the first loop.
+        Redis took such a publish into the other loop's round, stored it, then failed
+        the call (a retry doubled it), and left a connection of the dead loop in the
+        pool."""
+        if self._loop is None:
+            self.bind_to_running_loop()
+            return
+        raise ConveyorError(
+            "this Client belongs to another event loop, which holds its connections (a "
+            "plain `def` handler's thread, or a second asyncio.run()): await its publishes "
+            "on that loop — declare the handler `async def`, or from a thread hand them to "
+            "it with asyncio.run_coroutine_threadsafe(client.publish(...), loop); nothing "
+            "was sent")
 
     async def _send(self, queue: int, msg: Message) -> SequenceToken:
         if self._coalescer is not None:
@@ -392,6 +420,8 @@ class Client:
         """
         if self._closed:
             raise _closed_error()
+        if asyncio.get_running_loop() is not self._loop:
+            self._on_its_loop()
         if not isinstance(items, Sequence):
             try:
                 items = list(items)
@@ -588,7 +618,7 @@ class SyncClient:
         with self._lock:
             if self._closed:
                 raise _closed_error()
-            return self._runner.run(self._client.publish_batch(list(items)))
+            return self._runner.run(self._client.publish_batch(items))
 
     def close(self) -> None:
         with self._lock:

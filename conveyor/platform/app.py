@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -61,10 +62,30 @@ class App:
             raise HandlerDeclarationError(
                 f"app {self.name!r}: {interceptor!r} is not a conveyor.Interceptor"
             )
-        self.interceptors = (*self.interceptors, interceptor)
         option_type = type(interceptor).options
         if option_type is not None and option_type not in self._option_types:
+            self._check_option_type(type(interceptor).__name__, option_type)
             self._option_types = (*self._option_types, option_type)
+        self.interceptors = (*self.interceptors, interceptor)
+
+    def _check_option_type(self, interceptor: str, option_type: object) -> None:
+        """Refuse an interceptor's ``options`` that no handler could be declared with:
+        the first ``App.handler`` failed inside Conveyor instead."""
+        where = f"app {self.name!r}: interceptor {interceptor}: options = "
+        if not (isinstance(option_type, type) and issubclass(option_type, HandlerOptions)):
+            raise HandlerDeclarationError(
+                f"{where}{option_type!r:.80}: a conveyor.HandlerOptions subclass (or None)")
+        name = option_type.__name__
+        if option_type.from_keywords.__func__ is HandlerOptions.from_keywords.__func__:  # type: ignore[attr-defined]
+            raise HandlerDeclarationError(
+                f"{where}{name}: it does not define from_keywords, which builds its value "
+                "from a handler's keywords")
+        for known in self._option_types:
+            shared = option_type.keywords & known.keywords
+            if shared:
+                raise HandlerDeclarationError(
+                    f"{where}{name}: keyword(s) {sorted(shared)} belong to "
+                    f"{known.__name__} already")
 
     def handler(
         self, namespace: str, *, name: str | None = None, **options: Any
@@ -96,7 +117,10 @@ class App:
         def register(fn: F) -> F:
             where = handler_where(fn)
             values = parse_options(where, options, self._option_types)
-            spec = build_spec(fn, namespace, name=name, options=values)
+            # The declaring scope's names: a type local to it resolves in annotations
+            # that `from __future__ import annotations` left as text.
+            spec = build_spec(fn, namespace, name=name, options=values,
+                              local_names=sys._getframe(1).f_locals)
             if any(h.name == spec.name for h in self.handlers):
                 raise HandlerDeclarationError(
                     f"handler name {spec.name!r} is declared twice; "
@@ -105,6 +129,11 @@ class App:
             self.handlers.append(spec)
             return fn
 
+        if callable(namespace):  # `@app.handler` without (namespace): it declared nothing
+            raise HandlerDeclarationError(
+                "app.handler(namespace) declares a handler: write @app.handler(\"orders\") "
+                f"above {getattr(namespace, '__qualname__', namespace)!r}, with the namespace "
+                "it handles, not @app.handler")
         where = f"handler for {namespace!r}"
         parse_options(where, options, self._option_types)  # a bad option fails at the call
         return register
@@ -121,6 +150,14 @@ class App:
                 "`async def` (it receives the async Client; run blocking set-up in it "
                 "with `await asyncio.to_thread(...)`)"
             )
+        try:
+            inspect.signature(hook).bind(None)  # what the daemon passes: its client
+        except TypeError as exc:
+            raise HandlerDeclarationError(
+                f"startup hook {getattr(hook, '__qualname__', hook)!r}: a daemon calls it "
+                "with one argument, its conveyor.Client: declare it `async def "
+                f"{getattr(hook, '__name__', 'hook')}(client: conveyor.Client)` ({exc})"
+            ) from None
         self.on_startup.append(hook)
         return hook
 

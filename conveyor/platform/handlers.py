@@ -32,8 +32,10 @@ class MessageContext(msgspec.Struct, frozen=True):
     handler: str
 
     @property
-    def headers(self) -> dict[str, str]:
-        return self.message.headers
+    def headers(self) -> Mapping[str, str]:
+        """The message's headers, read-only: the message is shared by every handler of
+        its namespace, and its dead letter keeps it as it came."""
+        return types.MappingProxyType(self.message.headers)
 
     @property
     def attempt(self) -> int:
@@ -97,12 +99,16 @@ def _body_decoder(tp: Any, where: str) -> Decode:
         )
 
     try:
-        if isinstance(msgspec.inspect.type_info(tp), msgspec.inspect.CustomType):
-            raise undecodable(f"msgspec has no built-in decoding for {tp!r}")
+        custom = _custom_part(tp)
+        if custom is not None:
+            raise undecodable(f"msgspec has no built-in decoding for {custom!r}")
         json_dec: msgspec.json.Decoder[Any] = msgspec.json.Decoder(tp)
         pack_dec: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(tp)
     except TypeError as exc:
         raise undecodable(exc) from None
+    except NameError as exc:  # a field's annotation, resolved by msgspec in its module
+        raise undecodable(f"{exc}; the types its fields name must exist at the top level "
+                          "of their module") from None
     type_name = getattr(tp, "__name__", str(tp))
     json_decode = json_dec.decode
     pack_decode = pack_dec.decode
@@ -121,6 +127,30 @@ def _body_decoder(tp: Any, where: str) -> Decode:
                               f"{_read_as(m.content_type)}: {why}") from None
 
     return decode
+
+
+def _custom_part(tp: Any) -> Any:
+    """The first type in ``tp`` — itself, an item of a list, a field of a Struct or a
+    dataclass, a member of a union — that msgspec decodes only with a hook, which
+    Conveyor does not give it (every body would be dead-lettered); None if none is.
+    Raises TypeError for a type msgspec does not take at all."""
+    Type, Field = msgspec.inspect.Type, msgspec.inspect.Field
+    seen: set[int] = set()
+    stack: list[Any] = [msgspec.inspect.type_info(tp)]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:  # a type that holds itself is one node, reached again
+            continue
+        seen.add(id(node))
+        if isinstance(node, msgspec.inspect.CustomType) and node.cls is not object:
+            return node.cls  # (``object`` decodes any value, as ``Any`` does)
+        for name in node.__struct_fields__:
+            value = getattr(node, name)
+            for item in value if isinstance(value, tuple) else (value,):
+                item = item.type if isinstance(item, Field) else item
+                if isinstance(item, Type):
+                    stack.append(item)
+    return None
 
 
 def _read_as(content_type: str) -> str:
@@ -169,7 +199,12 @@ def build_spec(
     *,
     name: str | None,
     options: Mapping[type[HandlerOptions], HandlerOptions],
+    local_names: Mapping[str, Any] | None = None,
 ) -> HandlerSpec:
+    """The spec of ``fn``, checked. ``local_names``: the names of the scope declaring it
+    (the decorator's caller), where an annotation its module's names do not resolve is
+    looked up (a type local to a test function, under ``from __future__ import
+    annotations``)."""
     if isinstance(fn, staticmethod):  # declared in a class body: the function it holds
         fn = fn.__func__
     where = handler_where(fn)
@@ -188,18 +223,24 @@ def build_spec(
             "control characters (a str)")
     sync = _is_sync(fn, where)
     params = _passed_params(fn, where)
-    try:
-        hints = typing.get_type_hints(handler_function(fn))
-    except Exception as exc:
-        raise HandlerDeclarationError(f"{where}: cannot resolve type annotations: {exc}") from None
+    hints = _type_hints(handler_function(fn), where, local_names)
     body_type = hints.get(params[0].name)
     if body_type is None:
+        _unannotated(fn, params, where)
         raise HandlerDeclarationError(
             f"{where}: annotate the first parameter with the body's type "
             "(a msgspec Struct, dict, bytes or str) so Conveyor knows how to decode it"
         )
+    if body_type is MessageContext:
+        raise HandlerDeclarationError(
+            f"{where}: the first parameter {params[0].name!r} is the message's body, not "
+            "its MessageContext: take (body, ctx), the body first, annotated with its type")
     if BatchOptions in options:
         body_type = _batch_element(body_type, len(params), where)
+        if body_type is MessageContext:
+            raise HandlerDeclarationError(
+                f"{where}: a batch handler's list[T] holds the bodies (T decodes each), "
+                "not their MessageContext")
     if len(params) == 2:
         ctx_type = hints.get(params[1].name)
         if ctx_type is not None and ctx_type is not MessageContext:
@@ -219,6 +260,39 @@ def build_spec(
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _unannotated(fn: Any, params: list[inspect.Parameter], where: str) -> None:
+    """Say why the first parameter has no annotation when the reason is known: a lambda
+    cannot have one; ``self`` is a method taken from its class, not from an instance."""
+    if getattr(handler_function(fn), "__name__", "") == "<lambda>":
+        raise HandlerDeclarationError(
+            f"{where}: a lambda cannot annotate its parameter: declare the handler with "
+            "`async def` (or `def`), its first parameter annotated with the body's type")
+    if params[0].name == "self" and len(params) > 1:
+        method = getattr(handler_function(fn), "__name__", "on_message")
+        raise HandlerDeclarationError(
+            f"{where}: the first parameter is 'self': declare the method of an instance, "
+            f"app.handler(...)(service.{method})")
+
+
+def _type_hints(fn: Any, where: str, local_names: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``fn``'s annotations, resolved in its module, then (a name the module lacks) also
+    in ``local_names``."""
+    try:
+        try:
+            return typing.get_type_hints(fn)
+        except NameError:
+            if local_names is None:
+                raise
+            return typing.get_type_hints(fn, localns=dict(local_names))
+    except NameError as exc:
+        raise HandlerDeclarationError(
+            f"{where}: cannot resolve type annotations: {exc} (a type named in an "
+            "annotation must exist when the handler is declared: define it above the "
+            "handler)") from None
+    except Exception as exc:
+        raise HandlerDeclarationError(f"{where}: cannot resolve type annotations: {exc}") from None
 
 
 def _is_utf8(text: str) -> bool:

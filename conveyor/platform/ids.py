@@ -85,6 +85,10 @@ class SequenceToken(msgspec.Struct, frozen=True, order=True, array_like=True):
         """Parse ``queue:major[-minor]``, each a whole number from 0 to
         :data:`POSITION_MAX`; raises :class:`InvalidArgumentError` (a ``ValueError``)
         with the expected form."""
+        if not isinstance(text, str):  # the pattern raised TypeError on bytes or a number
+            raise InvalidArgumentError(
+                f"not a sequence token: {text!r:.80} is {type(text).__name__}, not text "
+                "(expected QUEUE:MAJOR[-MINOR], e.g. '3:1042-0')")
         found = _TOKEN.fullmatch(text)
         if found is None:
             raise InvalidArgumentError(

@@ -16,6 +16,8 @@ from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import StreamId
 
 RING_SIZE = 1 << 32
+MAX_QUEUES = 4096
+"""The most queues a ring holds (``[queues] total``)."""
 
 
 def stable_hash32(namespace: str, key: str) -> int:
@@ -41,8 +43,11 @@ class HashRingQueueMapper:
     """Maps each stream to exactly one of ``total_queues`` queues."""
 
     def __init__(self, total_queues: int = 8) -> None:
-        if total_queues < 1:
-            raise InvalidArgumentError(f"total_queues must be >= 1, got {total_queues}")
+        if (not isinstance(total_queues, int) or isinstance(total_queues, bool)
+                or not 1 <= total_queues <= MAX_QUEUES):  # 10**9 would fill the memory
+            raise InvalidArgumentError(
+                f"total_queues must be an int from 1 to {MAX_QUEUES} ([queues] total), got "
+                f"{total_queues!r:.80}")
         self.total_queues = total_queues
         # Upper bound (exclusive) of each queue's arc; the last one is the ring size.
         self._bounds = [(i + 1) * RING_SIZE // total_queues for i in range(total_queues)]

@@ -29,8 +29,11 @@ H_TRACEPARENT = "traceparent"
 H_TRACESTATE = "tracestate"
 H_REPLAY_OF = "cv-replay-of"
 """Set by ``conveyor dlq replay``: the id of the dead letter a message was replayed from."""
+H_BODY = "body"
+"""The payload's field on Redis (Kafka: the record value). Reserved on every backend, so
+that a message's headers travel on any of them."""
 RESERVED_HEADERS = frozenset(
-    {H_NAMESPACE, H_KEY, H_ID, H_CONTENT_TYPE, H_ATTEMPT, H_ENQUEUED_MS, H_REPLAY_OF}
+    {H_NAMESPACE, H_KEY, H_ID, H_CONTENT_TYPE, H_ATTEMPT, H_ENQUEUED_MS, H_REPLAY_OF, H_BODY}
 )
 
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
+from conveyor.platform.errors import InvalidArgumentError
+
 log = logging.getLogger("conveyor.slots")
 
 
@@ -209,3 +211,18 @@ class TokenSource(Protocol):
     async def take(self, want: int) -> tuple[int, float]: ...
 
     async def close(self) -> None: ...
+
+
+def require_supplier(value: object, where: str) -> SlotSupplier:
+    """``value``, refused (:class:`InvalidArgumentError`, naming ``where``) unless it is a
+    slot supplier whose ``__init__`` ran the base class's: anything else failed at the
+    first message, inside a queue's runner."""
+    if not isinstance(value, SlotSupplier):
+        raise InvalidArgumentError(
+            f"{where}: expected a conveyor.SlotSupplier, got {type(value).__name__} "
+            f"{value!r:.80}")
+    if not hasattr(value, "issued"):
+        raise InvalidArgumentError(
+            f"{where}: {type(value).__name__}.__init__ did not call super().__init__() "
+            "(the base class keeps the counts the daemon reads)")
+    return value

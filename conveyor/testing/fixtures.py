@@ -26,6 +26,7 @@ import pytest
 
 from conveyor.platform.app import App
 from conveyor.platform.config import Config
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.testing.worker import TestWorker
 
 
@@ -38,6 +39,10 @@ def worker_fixture(
     It is a ``pytest_asyncio.fixture`` when pytest-asyncio is installed (so it works in
     its strict mode too), else a plain ``pytest.fixture`` for anyio's plugin.
     """
+    if not (isinstance(name, str) and name.isidentifier()):  # no test could ask for it
+        raise InvalidArgumentError(
+            f"worker_fixture name={name!r:.80}: the name a test takes the fixture by, a "
+            "Python identifier (name='worker')")
     TestWorker(app, config, **options)  # a bad option fails where the fixture is made
 
     async def fixture() -> AsyncIterator[TestWorker]:

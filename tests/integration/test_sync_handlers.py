@@ -178,6 +178,38 @@ async def test_a_failing_def_handler_is_retried_then_dead_lettered_like_an_async
     assert report.acked == 2
 
 
+async def test_a_def_handler_publishing_with_the_daemons_client_from_its_thread_is_refused(
+) -> None:
+    # `asyncio.run(client.publish(...))` in a def handler's thread, on the client its
+    # startup hook got: the memory adapter stored the message from the thread's loop; on
+    # Redis it was stored, then the call failed ("attached to a different loop") and its
+    # retries stored it again. The daemon's client belongs to the daemon's loop, from
+    # its start, even before it ever published.
+    adapter = fresh_adapter()
+    app = App("threads-publish")
+    clients: list[Client] = []
+
+    @app.startup
+    async def keep(client: Client) -> None:
+        clients.append(client)
+
+    @app.handler("naps", retry_attempts=2, retry_delay_s=0.001)
+    def relay(body: Nap) -> None:
+        asyncio.run(clients[0].publish("relayed", "k", body))
+
+    d = daemon(app, adapter)
+    await d.start()
+    await wait_until(lambda: bool(clients), what="the startup hook")
+    await Client(adapter, d.mapper).publish("naps", "a", Nap(1))  # not the daemon's
+    await wait_until(lambda: d.stats.dead_lettered == 1, what="the letter")
+    await d.stop()
+    [letter] = await adapter.dead_letters.read("threads-publish")
+    assert letter.attempts == 2 and letter.error.startswith(
+        "this Client belongs to another event loop"), letter.error
+    assert [m.stream.namespace for log in adapter.broker.logs.values()
+            for m in log.items] == ["naps"]  # nothing relayed
+
+
 async def test_a_def_handler_gets_its_message_context_and_the_span_of_its_delivery() -> None:
     adapter = fresh_adapter()
     telemetry, spans, _ = in_memory()

@@ -601,6 +601,18 @@ def test_bad_kit_settings_are_refused_naming_the_setting() -> None:
     assert TestWorker(app, delay_scale=0).delay_scale == 0  # the bound itself is fine
 
 
+@pytest.mark.parametrize("name", ["", "my worker", "2nd", 5])
+def test_a_fixture_name_no_test_could_ask_for_is_refused(name: object) -> None:
+    # "" and "my worker" made fixtures no test parameter can name (they never ran); 5
+    # failed in the kit's own code, "TypeError: __name__ must be set to a string object".
+    app, _ = flaky_app({})
+    with pytest.raises(conveyor.InvalidArgumentError) as refused:
+        worker_fixture(app, name=name)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"worker_fixture name={name!r}: the name a test takes the fixture by, a Python "
+        "identifier (name='worker')")
+
+
 async def test_a_production_config_talks_to_no_server_its_rate_limit_kept_in_process() -> None:
     """A config for Redis with a rate limit shared through it (``[slots.rate] store =
     "redis"``, the default): the kit kept that bucket at ``[redis] url``, so without a

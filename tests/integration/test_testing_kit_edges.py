@@ -430,3 +430,54 @@ async def test_a_huge_key_is_cut_short_in_the_report_and_the_errors() -> None:
                     "1 attempt: ValueError: refused")
     assert len(str(found.value)) < 500, str(found.value)[:500]
     assert [r.key for r in worker.dead_lettered()] == [key]  # the key itself is kept
+
+
+async def test_a_handler_cannot_change_the_headers_its_sibling_and_its_letter_see() -> None:
+    # ctx.headers was the message's own dict, shared by every handler of the namespace:
+    # one handler's writes reached the next one, and were stored in its dead letter, so
+    # a replay published them — reserved names (cv-id, body) included.
+    app = App("headers")
+    seen: list[dict[str, str]] = []
+
+    @app.handler("orders", retry_attempts=1)
+    async def tamper(body: bytes, ctx: conveyor.MessageContext) -> None:
+        ctx.headers["cv-id"] = "forged"  # type: ignore[index]
+
+    @app.handler("orders")
+    async def read(body: bytes, ctx: conveyor.MessageContext) -> None:
+        seen.append(dict(ctx.headers))
+
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "o-1", {}, headers={"tenant": "acme"})
+        [refused, handled] = await worker.settle(raise_on_dead_letters=False)
+    assert seen == [{"tenant": "acme"}]
+    assert refused.letter is not None and refused.letter.error_type == "TypeError"
+    assert "does not support item assignment" in refused.letter.error
+    assert refused.letter.message.headers == {"tenant": "acme"}
+    assert handled.outcome is Outcome.HANDLED
+
+
+async def test_a_handler_declared_after_the_start_is_named_not_silently_skipped() -> None:
+    # The daemon runs the handlers declared when it started: the late one's messages
+    # were skipped, logged as of a namespace "none of its handlers subscribes".
+    app = App("late")
+
+    @app.handler("orders")
+    async def on_order(body: bytes) -> None:
+        assert body
+
+    async with TestWorker(app) as worker:
+        @app.handler("refunds")
+        async def on_refund(body: bytes) -> None:
+            assert body
+
+        with pytest.raises(conveyor.ConveyorError) as refused:
+            await worker.publish("refunds", "r-1", {})
+        with pytest.raises(conveyor.ConveyorError):
+            await worker.settle()
+        app.handlers.pop()  # as declared at the start again: the exit settles cleanly
+    assert str(refused.value) == (
+        "cannot publish: handler(s) on_refund were declared on app 'late' after this "
+        "TestWorker started, and its daemon runs the handlers declared at its start: "
+        "declare them first (at import, as `conveyor worker` sees them)")
+    assert worker.published() == []

@@ -1,5 +1,6 @@
 """Client.publish_batch's own work on the memory adapter: ids, the stream cache, refusals."""
 
+import asyncio
 import math
 import re
 import threading
@@ -329,3 +330,58 @@ async def test_a_batch_that_is_not_an_iterable_of_publishes_is_refused_in_one_li
         f"publish_batch: expected an iterable of conveyor.Publish, got "
         f"{type(items).__name__} {items!r:.80}; nothing was sent")
     assert stored(client) == {}
+
+
+async def test_a_client_used_from_another_event_loop_refuses_at_once(client: Client) -> None:
+    # A plain `def` handler's thread that ran `asyncio.run(client.publish(...))` on the
+    # daemon's client: on Redis the publish joined the daemon loop's round ("got Future
+    # attached to a different loop") after storing the message — its retry stored it
+    # again — and left a connection of the dead loop in the pool ("ack failed:
+    # RuntimeError: Event loop is closed"); here the memory adapter stored it.
+    await client.publish("a", "k", {"i": 0})  # the client's loop: this one
+    errors: list[BaseException] = []
+
+    def from_a_thread() -> None:
+        for send in (lambda: client.publish("a", "k", {"i": 1}),
+                     lambda: client.publish_batch([Publish("a", "k", {"i": 2})])):
+            try:
+                asyncio.run(send())
+            except ConveyorError as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=from_a_thread)
+    thread.start()
+    thread.join(10)
+    assert [str(e) for e in errors] == [
+        "this Client belongs to another event loop, which holds its connections (a "
+        "plain `def` handler's thread, or a second asyncio.run()): await its publishes "
+        "on that loop — declare the handler `async def`, or from a thread hand them to "
+        "it with asyncio.run_coroutine_threadsafe(client.publish(...), loop); nothing "
+        "was sent"] * 2
+    assert [m[2] for m in stored(client).values()] == ["k"]
+    await client.publish("a", "k", {"i": 3})  # its own loop is still served
+    assert len(stored(client)) == 2
+
+
+async def test_a_header_named_body_is_refused_before_anything_is_sent(client: Client) -> None:
+    # `body` is a name of the wire format (Redis: the payload's field), as docs/concepts.md
+    # says; the client let it through, so the memory and Kafka adapters stored it, and on
+    # Redis the adapter refused it mid-send: a publish_batch stored the other queues'
+    # messages (PartialPublishError), and single publishes gathered into its round
+    # failed with it.
+    good = [Publish("a", f"k{i}", {"i": i}) for i in range(8)]
+    with pytest.raises(InvalidArgumentError, match=r"\['body'\] are reserved"):
+        await client.publish("a", "k", {}, {"body": "x"})
+    with pytest.raises(InvalidArgumentError, match=r"\['body'\] are reserved"):
+        await client.publish_batch([*good, Publish("a", "k", {}, {"body": "x"})])
+    assert stored(client) == {}
+
+
+def test_a_sync_client_refuses_a_batch_that_is_no_iterable_as_the_client_does() -> None:
+    # Was "TypeError: 'int' object is not iterable", from SyncClient's own list(items).
+    reset_broker("sync-batch")
+    with SyncClient(msgspec.convert({"memory": {"broker": "sync-batch"}}, Config)) as sync:
+        with pytest.raises(InvalidArgumentError, match="expected an iterable of conveyor"):
+            sync.publish_batch(5)  # type: ignore[arg-type]
+        tokens = sync.publish_batch(Publish("a", str(i), {}) for i in range(3))
+        assert len(tokens) == 3

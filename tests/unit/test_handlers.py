@@ -1,12 +1,14 @@
 import asyncio
+import dataclasses
 import functools
 import typing
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
 
-from conveyor import App, HandlerDeclarationError, MessageContext
+from conveyor import App, HandlerDeclarationError, HandlerOptions, Interceptor, MessageContext
 from conveyor.platform.errors import DecodeError
 from conveyor.platform.ids import StreamId
 from conveyor.platform.message import CONTENT_MSGPACK, Message
@@ -130,17 +132,42 @@ def test_a_body_that_does_not_decode_is_refused_naming_how_its_content_type_was_
         ("def h(body: dict):\n    yield", "is a generator"),
         ("async def h(body: dict):\n    yield", "is a generator"),
         ("h = print", "not a function"),
-        ("h = lambda body: None", "annotate the first parameter"),
+        ("h = lambda body: None", "a lambda cannot annotate its parameter: declare the "
+         "handler with `async def` \\(or `def`\\)"),
+        # Was "annotate the first parameter": it is annotated, but it is `self`.
+        ("class Service:\n    async def on_order(self, body: dict) -> None: ...\n"
+         "h = Service.on_order", "the first parameter is 'self': declare the method of an "
+         "instance, app.handler\\(...\\)\\(service.on_order\\)"),
         ("async def h(body) -> None: ...", "annotate the first parameter"),
         ("async def h() -> None: ...", "takes \\(body\\)"),
         ("async def h(body: dict, ctx: object, extra: int) -> None: ...", "takes \\(body\\)"),
         ("async def h(body: complex) -> None: ...", "cannot decode"),
         ("async def h(body: dict, ctx: int) -> None: ...",
          "second parameter 'ctx' is the message's context: annotate it MessageContext"),
+        # A type msgspec cannot decode inside another: declared, every body dead-lettered.
+        ("class Money:\n    pass\nasync def h(body: list[Money]) -> None: ...",
+         "cannot decode message bodies into list.*no built-in decoding for .*Money"),
+        ("class Money:\n    pass\nclass Bill(msgspec.Struct):\n    total: Money\n"
+         "async def h(body: Bill) -> None: ...", "no built-in decoding for .*Money"),
+        ("class Money:\n    pass\n@dataclasses.dataclass\nclass Bill:\n    total: Money\n"
+         "async def h(body: dict[str, Bill | None]) -> None: ...",
+         "no built-in decoding for .*Money"),
+        # A field's type that does not resolve: a bare NameError out of App.handler.
+        ("class Bill(msgspec.Struct):\n    total: 'Money'\nasync def h(body: Bill) -> None: ...",
+         "cannot decode message bodies into .*Bill.* \\(name 'Money' is not defined; the types "
+         "its fields name must exist at the top level of their module\\)"),
+        # The context where the body goes: declared, every message dead-lettered as not
+        # a MessageContext; (ctx, body) was refused as if the body were a bad context.
+        ("async def h(ctx: MessageContext) -> None: ...",
+         "the first parameter 'ctx' is the message's body, not its MessageContext: "
+         "take \\(body, ctx\\)"),
+        ("async def h(ctx: MessageContext, body: dict) -> None: ...",
+         "the first parameter 'ctx' is the message's body"),
     ],
 )
 def test_bad_handlers_are_rejected_at_declaration(source: str, match: str) -> None:
-    namespace: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"msgspec": msgspec, "dataclasses": dataclasses,
+                                 "MessageContext": MessageContext}
     exec(source, namespace)
     with pytest.raises(HandlerDeclarationError, match=match):
         App("t").handler("orders")(namespace["h"])
@@ -229,6 +256,41 @@ def test_an_app_made_with_a_name_or_interceptors_of_the_wrong_kind_is_refused_in
         App(5)  # type: ignore[arg-type]
     with pytest.raises(HandlerDeclarationError, match="interceptors=5: a list of"):
         App("x", interceptors=5)  # type: ignore[arg-type]
+
+
+class NoFromKeywords(HandlerOptions):
+    keywords: ClassVar[frozenset[str]] = frozenset({"audit"})
+
+
+class ClaimsRetry(HandlerOptions):
+    keywords: ClassVar[frozenset[str]] = frozenset({"audit", "retry_attempts"})
+
+    @classmethod
+    def from_keywords(cls, where: str, given: Mapping[str, Any]) -> "ClaimsRetry | None":
+        return cls() if given else None
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    # Taken, then every handler declared on the app failed in Conveyor's own code:
+    # "'int' object has no attribute 'keywords'", a bare NotImplementedError.
+    (5, "options = 5: a conveyor.HandlerOptions subclass (or None)"),
+    (dict, "options = <class 'dict'>: a conveyor.HandlerOptions subclass (or None)"),
+    (NoFromKeywords, "options = NoFromKeywords: it does not define from_keywords, which "
+     "builds its value from a handler's keywords"),
+    # Two types reading one keyword: both built a value from it.
+    (ClaimsRetry, "options = ClaimsRetry: keyword(s) ['retry_attempts'] belong to "
+     "RetryPolicy already"),
+])
+def test_an_interceptor_whose_options_no_handler_could_be_declared_with_is_refused(
+    options: object, says: str,
+) -> None:
+    class Audit(Interceptor):
+        pass
+
+    Audit.options = options  # type: ignore[assignment]
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("shop", interceptors=[Audit()])
+    assert str(refused.value) == f"app 'shop': interceptor Audit: {says}"
 
 
 async def test_a_partial_binding_keywords_runs_like_a_function() -> None:
@@ -349,3 +411,137 @@ def test_a_body_nested_too_deeply_is_a_decode_error_saying_so(
         app.handlers[0].decode(msg(body, content_type))
     assert str(caught.value).startswith("cannot decode body as "), str(caught.value)
     assert str(caught.value).endswith(": it is nested too deeply"), str(caught.value)
+
+
+def test_object_takes_any_value_at_the_top_and_inside() -> None:
+    # msgspec decodes `object` as `Any`; a body typed `object` was refused ("no built-in
+    # decoding for <class 'object'>") while `list[object]` was declared.
+    app = App("t")
+
+    @app.handler("orders")
+    async def whole(body: object) -> None: ...
+
+    @app.handler("orders")
+    async def items(body: list[object]) -> None: ...
+
+    assert [s.decode(msg(b'[1, {"a": null}]')) for s in app.handlers] == [[1, {"a": None}]] * 2
+
+
+class Node(msgspec.Struct):
+    children: "list[Node]"
+
+
+def test_a_recursive_body_type_is_declared_and_decodes() -> None:
+    # The walk that looks for types msgspec cannot decode ends on a type that holds
+    # itself.
+    app = App("t")
+
+    @app.handler("trees")
+    async def on_tree(tree: Node) -> None: ...
+
+    tree = app.handlers[0].decode(msg(b'{"children": [{"children": []}]}'))
+    assert tree == Node([Node([])])
+
+
+LOCAL_TYPES = """
+from __future__ import annotations
+
+import msgspec
+
+
+def declare(app):
+    class Local(msgspec.Struct):
+        id: int
+
+    @app.handler("orders")
+    async def on_order(order: Local, ctx: MessageContext) -> None: ...
+
+    @app.handler("orders", batch_size=10)
+    async def on_orders(orders: list[Local]) -> None: ...
+
+    return Local
+"""
+
+
+def test_a_type_local_to_the_declaring_function_resolves_under_postponed_annotations() -> None:
+    # With `from __future__ import annotations` (docs/testing.md's examples have it), a
+    # handler declared in a test function on a type of that function was refused:
+    # "cannot resolve type annotations: name 'Local' is not defined".
+    namespace: dict[str, Any] = {"MessageContext": MessageContext}
+    exec(LOCAL_TYPES, namespace)
+    app = App("t")
+    local = namespace["declare"](app)
+    assert [spec.decode(msg(b'{"id": 7}')) for spec in app.handlers] == [local(7)] * 2
+    assert app.handlers[0].takes_context
+
+
+def test_a_type_defined_after_the_handler_is_refused_saying_to_define_it_first() -> None:
+    namespace: dict[str, Any] = {}
+    exec("from __future__ import annotations\n"
+         "async def h(order: Later) -> None: ...\n", namespace)
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("t").handler("orders")(namespace["h"])
+    assert str(refused.value) == (
+        "handler 'h': cannot resolve type annotations: name 'Later' is not defined "
+        "(a type named in an annotation must exist when the handler is declared: define "
+        "it above the handler)")
+
+
+@pytest.mark.parametrize("source", [
+    "async def hook() -> None: ...",
+    "async def hook(client, region) -> None: ...",
+    "async def hook(*, client) -> None: ...",
+])
+def test_a_startup_hook_that_cannot_take_the_client_is_refused_at_declaration(
+    source: str,
+) -> None:
+    # It was declared, then each daemon's start called it with its client and logged
+    # "TypeError: hook() takes 0 positional arguments but 1 was given".
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("t").startup(namespace["hook"])
+    assert str(refused.value).startswith(
+        "startup hook 'hook': a daemon calls it with one argument, its conveyor.Client: "
+        "declare it `async def hook(client: conveyor.Client)` ("), str(refused.value)
+
+
+def test_a_startup_hook_may_take_more_with_defaults() -> None:
+    async def hook(client: Any, region: str = "eu", *rest: Any, **options: Any) -> None: ...
+
+    assert App("t").startup(hook) is hook
+
+
+def test_a_startup_hook_partial_binding_all_but_the_client_is_declared() -> None:
+    async def hook(region: str, client: Any) -> None: ...
+
+    bound = functools.partial(hook, "eu")
+    assert App("t").startup(bound) is bound
+    with pytest.raises(HandlerDeclarationError, match=r"startup hook functools.partial\("):
+        App("t").startup(functools.partial(bound, None))
+
+
+def test_a_batch_of_message_contexts_is_refused_at_declaration() -> None:
+    # Declared, every message was dead-lettered: its body decoded as a MessageContext.
+    async def on_batch(contexts: list[MessageContext]) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("t").handler("orders", batch_size=10)(on_batch)
+    assert str(refused.value).endswith(
+        "a batch handler's list[T] holds the bodies (T decodes each), not their "
+        "MessageContext")
+
+
+def test_the_handler_decorator_without_its_namespace_is_refused_not_a_silent_no_op() -> None:
+    # `@app.handler` without (namespace) declared nothing, raised nothing, and left the
+    # module's `on_order` bound to Conveyor's inner decorator.
+    app = App("shop")
+
+    async def on_order(order: Order) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError) as refused:
+        app.handler(on_order)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        'app.handler(namespace) declares a handler: write @app.handler("orders") above '
+        f"{on_order.__qualname__!r}, with the namespace it handles, not @app.handler")
+    assert app.handlers == []

@@ -2,9 +2,11 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conveyor.platform.errors import InvalidArgumentError
 from conveyor.platform.ids import StreamId
 from conveyor.platform.mapper import RING_SIZE, HashRingQueueMapper, RingRange, stable_hash32
 
@@ -105,3 +107,13 @@ def test_zero_queues_is_rejected() -> None:
 
     with pytest.raises(ValueError, match="total_queues"):
         HashRingQueueMapper(0)
+
+
+@pytest.mark.parametrize("total", [0, -1, 4097, 10**9, 1.5, "8", True, None])
+def test_a_queue_count_out_of_range_or_not_an_int_is_refused_in_one_line(total: object) -> None:
+    # 10**9 built a list of a billion bounds (the process ran out of memory, silently);
+    # 1.5 and "8" failed inside as TypeErrors; True made a one-queue ring.
+    with pytest.raises(InvalidArgumentError) as refused:
+        HashRingQueueMapper(total)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"total_queues must be an int from 1 to 4096 ([queues] total), got {total!r}")

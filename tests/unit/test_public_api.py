@@ -14,6 +14,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import msgspec
 import pytest
@@ -222,6 +223,30 @@ def test_load_config_of_no_path_is_refused_naming_what_to_pass(path: object) -> 
     assert str(refused.value) == (
         "load_config: expected the path of a TOML file (str or pathlib.Path) or None, got "
         f"{type(path).__name__} {path!r}")
+
+
+@pytest.mark.parametrize(("arguments", "says"), [
+    ({"path": ""}, "load_config: the path is empty: give the path of a TOML file, or None "
+     "for the defaults"),  # was "cannot read config file : Is a directory" (the cwd)
+    ({"environ": [("CONVEYOR_QUEUES__TOTAL", "4")]},  # was AttributeError: no 'items'
+     "load_config: environ: expected a mapping of variable names to values, both str "
+     "(os.environ, or a dict), got list [('CONVEYOR_QUEUES__TOTAL', '4')]"),
+    ({"environ": {"CONVEYOR_QUEUES__TOTAL": 4}},  # was AttributeError: no 'encode'
+     "load_config: environ: expected a mapping of variable names to values, both str "
+     "(os.environ, or a dict), got 'CONVEYOR_QUEUES__TOTAL': 4"),
+    ({"environ": {}, "overrides": [("queues", {"total": 4})]},  # was AttributeError
+     "load_config: overrides: expected a mapping of section names to mappings of "
+     "settings ({'queues': {'total': 4}}), got list [('queues', {'total': 4})]"),
+    ({"environ": {}, "overrides": {"queues": 4}},  # was "'int' object is not iterable"
+     "load_config: overrides: expected a mapping of section names to mappings of "
+     "settings ({'queues': {'total': 4}}), got 'queues': 4"),
+])
+def test_load_config_of_arguments_of_the_wrong_shape_is_refused_naming_them(
+    arguments: dict[str, Any], says: str,
+) -> None:
+    with pytest.raises(conveyor.InvalidArgumentError) as refused:
+        conveyor.load_config(**arguments)
+    assert str(refused.value) == says
 
 
 def test_a_daemon_of_no_app_is_refused_naming_what_to_pass() -> None:

@@ -49,11 +49,14 @@ def test_a_token_parses_up_to_the_largest_redis_stream_id(text: str,
     ("0:\u0661\u0662", "whole numbers from 0"),  # digits int() takes, not ASCII
     ("0:1-", "whole numbers from 0"),
     ("0:abc", "whole numbers from 0"),
+    (5, "5 is int, not text"),  # was "TypeError: expected string or bytes-like object"
+    (b"3:1042-0", "b'3:1042-0' is bytes, not text"),
+    (None, "None is NoneType, not text"),
 ])
-def test_a_token_out_of_range_or_not_in_plain_digits_is_refused(text: str,
+def test_a_token_out_of_range_or_not_in_plain_digits_is_refused(text: object,
                                                                message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message) as caught:
-        SequenceToken.parse(text)
+        SequenceToken.parse(text)  # type: ignore[arg-type]
     assert isinstance(caught.value, ValueError)
     assert len(str(caught.value)) < 200  # a long token is cut short in the message
 

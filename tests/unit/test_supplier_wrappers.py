@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import pytest
 
-from conveyor import load_config
+from conveyor import App, Config, WorkerDaemon, load_config
 from conveyor.examples.custom_slots import PacedSlotSupplier
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, InvalidArgumentError
 from conveyor.platform.slots import (
     SlotInfo,
     SlotPermit,
@@ -265,3 +266,58 @@ async def test_a_hook_failing_on_every_call_is_logged_once_a_minute_and_counted(
     assert [r.getMessage().split(" failed in ")[1][:16] for r in records] == [
         "try_reserve_slot", "reserve_slot; re"]
     assert all(r.exc_info for r in records)  # each with its traceback
+
+
+class ForgotItsInit(SlotSupplier):
+    """A supplier whose ``__init__`` does not call ``super().__init__()``."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    async def reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit:
+        return self.new_permit()
+
+    def try_reserve_slot(self, ctx: SlotReservationContext) -> SlotPermit | None:
+        return self.new_permit()
+
+    def release_slot(self, reason: SlotReleaseReason, permit: SlotPermit) -> None:
+        self.count += 1  # counted, never looked at
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    # The daemon started, and its first message crashed the queue's runner
+    # ("'int' object has no attribute 'keep_slot'"); the heartbeat failed beside it.
+    (lambda: WorkerDaemon(App("a"), Config(), slots=5),  # type: ignore[arg-type]
+     "WorkerDaemon(slots): expected a conveyor.SlotSupplier, got int 5"),
+    (lambda: WorkerDaemon(App("a"), Config(), slots=ForgotItsInit(2)),
+     "WorkerDaemon(slots): ForgotItsInit.__init__ did not call super().__init__() (the "
+     "base class keeps the counts the daemon reads)"),
+    # Wrapped None: the guard logged an AttributeError at every reservation, for ever,
+    # and nothing ran; the pauseable one crashed the runner.
+    (lambda: GuardedSlotSupplier(None),  # type: ignore[arg-type]
+     "GuardedSlotSupplier(inner): expected a conveyor.SlotSupplier, got NoneType None"),
+    (lambda: PauseableSlotSupplier(FixedSlotSupplier),  # type: ignore[arg-type]
+     "PauseableSlotSupplier(inner): expected a conveyor.SlotSupplier, got ABCMeta "
+     "<class 'conveyor.workers.slots.fixed.FixedSlotSupplier'>"),
+    # "4" failed inside ('<' between str and int); 1.5 ran as if it were a count.
+    (lambda: FixedSlotSupplier("4"),  # type: ignore[arg-type]
+     "a fixed slot supplier needs a whole number of slots, at least 1, got '4'"),
+    (lambda: FixedSlotSupplier(1.5),  # type: ignore[arg-type]
+     "a fixed slot supplier needs a whole number of slots, at least 1, got 1.5"),
+])
+def test_a_slot_supplier_of_the_wrong_kind_is_refused_where_it_is_given(
+    make: Callable[[], object], says: str,
+) -> None:
+    with pytest.raises(InvalidArgumentError) as refused:
+        make()
+    assert str(refused.value) == says
+
+
+def test_a_custom_supplier_that_skips_the_base_init_is_a_config_error_naming_the_field() -> None:
+    config = load_config(environ={}, overrides={"slots": {
+        "kind": "custom", "path": f"{__name__}:ForgotItsInit", "options": {"count": 2}}})
+    with pytest.raises(ConfigError) as refused:
+        supplier_from_config(config.slots)
+    assert str(refused.value) == (
+        f"$.slots.path: {__name__}:ForgotItsInit: ForgotItsInit.__init__ did not call "
+        "super().__init__() (the base class keeps the counts the daemon reads)")

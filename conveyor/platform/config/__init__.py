@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,6 +32,7 @@ import msgspec
 
 from conveyor.platform.config import checks as config_checks
 from conveyor.platform.errors import ConfigError, InvalidArgumentError
+from conveyor.platform.mapper import MAX_QUEUES as MAX_QUEUES
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -51,7 +52,6 @@ MillisFloatOrZero = Annotated[float, msgspec.Meta(ge=0, le=DAY_S * 1000)]
 Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
 Weight = Annotated[float, msgspec.Meta(ge=0, le=1000)]
 
-MAX_QUEUES = 4096
 MAX_BODY_BYTES = 512 << 20
 """Redis' largest bulk argument (``proto-max-bulk-len``'s default)."""
 DEFAULT_MAX_BODY_BYTES = 16 << 20
@@ -849,6 +849,34 @@ def require_config(value: object, where: str) -> Config:
     return value
 
 
+def _check_load_arguments(environ: object, overrides: object) -> None:
+    """Refuse, naming the argument, an ``environ`` or ``overrides`` of another shape than
+    :func:`load_config` reads (they failed deep inside it: ``AttributeError``,
+    ``TypeError``)."""
+    if environ is not None:
+        wrong = _wrong_item(environ, lambda name, value: isinstance(name, str)
+                            and isinstance(value, str))
+        if wrong is not None:
+            raise InvalidArgumentError(
+                "load_config: environ: expected a mapping of variable names to values, "
+                f"both str (os.environ, or a dict), got {wrong}")
+    if overrides is not None:
+        wrong = _wrong_item(overrides, lambda name, value: isinstance(value, Mapping))
+        if wrong is not None:
+            raise InvalidArgumentError(
+                "load_config: overrides: expected a mapping of section names to mappings "
+                f"of settings ({{'queues': {{'total': 4}}}}), got {wrong}")
+
+
+def _wrong_item(value: object, fits: Callable[[object, object], bool]) -> str | None:
+    """``value`` shown when it is no mapping, or its first item that does not ``fit``;
+    None when it is a mapping whose items all do."""
+    if not isinstance(value, Mapping):
+        return f"{type(value).__name__} {value!r:.80}"
+    return next((f"{name!r:.60}: {item!r:.60}" for name, item in value.items()
+                 if not fits(name, item)), None)
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -856,6 +884,7 @@ def load_config(
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Config:
     """Load a config file (or the defaults when ``path`` is None) and apply overrides."""
+    _check_load_arguments(environ, overrides)
     raw: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
@@ -863,6 +892,9 @@ def load_config(
             raise InvalidArgumentError(
                 f"load_config: expected the path of a TOML file (str or pathlib.Path) or "
                 f"None, got {type(path).__name__} {path!r:.80}")
+        if path == "":  # Path("") is the current directory
+            raise InvalidArgumentError("load_config: the path is empty: give the path of a "
+                                       "TOML file, or None for the defaults")
         source = str(path)
         try:
             text = Path(path).read_bytes()

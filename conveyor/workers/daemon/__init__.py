@@ -43,7 +43,7 @@ from conveyor.platform.errors import (
     InvalidArgumentError,
     ShutdownError,
 )
-from conveyor.platform.slots import SlotSupplier
+from conveyor.platform.slots import SlotSupplier, require_supplier
 from conveyor.platform.tasks import cancel_and_wait
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.cells.cells import CellRouter
@@ -119,6 +119,8 @@ class WorkerDaemon:
                 f"{app!r:.80}")
         if config is not None:
             require_config(config, "WorkerDaemon(config)")
+        if slots is not None:
+            require_supplier(slots, "WorkerDaemon(slots)")
         self._parts = parts = build_parts(
             app, config, adapter=adapter, balancer=balancer, slots=slots, member=member,
             telemetry=telemetry, resource_sampler=resource_sampler, backend=backend,
@@ -152,6 +154,8 @@ class WorkerDaemon:
         self._hooks: list[asyncio.Task[None]] = []
         self._announcing: asyncio.Task[None] | None = None
         self._start_called = False
+        self._starting: asyncio.Future[None] | None = None
+        """The start under way, which a stop ends."""
         self.started = False
         self.failure: BaseException | None = None
         """Why the daemon can no longer work (set with :attr:`failed`); None while fine."""
@@ -205,11 +209,21 @@ class WorkerDaemon:
             raise ConveyorError("this WorkerDaemon is started already: start it once "
                                 "(stop() then drains it)")
         self._start_called = True
+        # A task of its own, so that a stop() meanwhile can end it (:meth:`stop`).
+        self._starting = starting = asyncio.ensure_future(self._start(freeze_heap))
         try:
-            await self._start(freeze_heap)
+            await starting
+        except asyncio.CancelledError:
+            self._start_called = False
+            current = asyncio.current_task()
+            if self.draining and not (current is not None and current.cancelling()):
+                raise ShutdownError("this WorkerDaemon was stopped while it started") from None
+            raise
         except BaseException:
             self._start_called = False  # a failed start may be tried again, as before
             raise
+        finally:
+            self._starting = None
 
     async def _start(self, freeze_heap: bool) -> None:
         if not self.app.handlers:
@@ -218,6 +232,7 @@ class WorkerDaemon:
             log.warning("app %r declares no handlers: every message will be %s "
                         "([dead_letters] unroutable = %r)", self.app.name, fate,
                         self.config.dead_letters.unroutable)
+        self.client.bind_to_running_loop()  # a handler thread's publish is refused
         await self._check_server()
         self.balancer.set_stats_provider(self.stats_snapshot)
         self._parts.watchdog.start()
@@ -277,8 +292,13 @@ class WorkerDaemon:
         """Drain: stop the startup hooks, release every queue through the balancer (all
         drained together, by ``deadline`` — event-loop time, default: now plus
         ``[worker] drain_timeout_s``), drain what it did not hand back, then close the
-        parts built here. :meth:`abort` while this runs makes it end at once."""
+        parts built here. :meth:`abort` while this runs makes it end at once. A start
+        still under way (a broker that does not answer yet) is ended first: its
+        :meth:`start` raises :class:`ShutdownError`."""
         self.draining = True
+        if self._starting is not None:  # a start under way would join after the stop
+            self._starting.cancel()
+            await asyncio.wait({self._starting})
         loop = asyncio.get_running_loop()
         self.queues.stop_by(
             deadline if deadline is not None

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.platform.errors import ConfigError
+from conveyor.platform.errors import ConfigError, InvalidArgumentError
 from conveyor.platform.importing import load_attr
-from conveyor.platform.slots import SlotSupplier, TokenSource
+from conveyor.platform.slots import SlotSupplier, TokenSource, require_supplier
 from conveyor.workers.slots.fixed import FixedSlotSupplier
 from conveyor.workers.slots.rate import Gcra, RateLimitedSlotSupplier
 from conveyor.workers.slots.resource import ResourceBasedSlotSupplier
@@ -74,4 +74,7 @@ def load_custom_supplier(path: str, options: dict[str, Any]) -> SlotSupplier:
             f"$.slots.path: {path} built {type(supplier).__name__}, not a SlotSupplier "
             "(subclass conveyor.SlotSupplier)"
         )
-    return supplier
+    try:
+        return require_supplier(supplier, f"$.slots.path: {path}")
+    except InvalidArgumentError as exc:  # its __init__ skipped the base class's
+        raise ConfigError(str(exc)) from None

@@ -18,8 +18,9 @@ class FixedSlotSupplier(SlotSupplier):
     """A fixed number of slots, handed out first come, first served."""
 
     def __init__(self, count: int) -> None:
-        if count < 1:
-            raise InvalidArgumentError(f"a fixed slot supplier needs at least 1 slot, got {count}")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise InvalidArgumentError("a fixed slot supplier needs a whole number of slots, "
+                                       f"at least 1, got {count!r:.80}")
         super().__init__()
         self.count = count
         self._free = count

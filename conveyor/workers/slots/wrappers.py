@@ -20,6 +20,7 @@ from conveyor.platform.slots import (
     SlotReleaseReason,
     SlotReservationContext,
     SlotSupplier,
+    require_supplier,
 )
 
 log = logging.getLogger("conveyor.slots")
@@ -35,7 +36,7 @@ class DelegatingSlotSupplier(SlotSupplier):
 
     def __init__(self, inner: SlotSupplier) -> None:
         super().__init__()
-        self.inner = inner
+        self.inner = require_supplier(inner, f"{type(self).__name__}(inner)")
 
     @property
     def available(self) -> int | None:

@@ -844,14 +844,15 @@ def test_publish_and_status_commands_work_against_redis(
     ("args", "says"),
     [
         (["", "k1", "{}"], "NAMESPACE: must be a non-empty string"),
-        (["items", "k1", "{}", "-H", "body=x"], "header 'body' is reserved by the Redis"),
+        (["items", "k1", "{}", "-H", "body=x"], "'body' is reserved by the wire format"),
     ],
 )
 def test_a_publish_the_caller_got_wrong_exits_2_in_one_line(
     redis_server: RedisServer, tmp_path: Path, args: list[str], says: str,
 ) -> None:
     # Both exited 1, as a broker's failure would: the first a plain ConveyorError, the
-    # second a BrokerError raised by the Redis wire format.
+    # second a BrokerError raised by the Redis wire format (now refused as the command
+    # reads its headers, as every name the wire format reserves is).
     cfg = write_config(tmp_path / "c.toml", redis_server.url)
     result = CliRunner().invoke(main, ["publish", *args, "--config", str(cfg)])
     assert result.exit_code == 2, result.output

@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from conveyor import Client, Publish, load_config
-from tests.conftest import free_port, wait_until_sync
+from tests.conftest import free_port, wait_until, wait_until_sync
 from tests.integration.redis.conftest import REPO
 from tests.servers import RedisServer
 
@@ -221,3 +221,35 @@ def test_a_signal_while_starting_stops_the_worker(tmp_path: Path) -> None:
         elapsed, err = stop_and_time(proc)
     assert proc.returncode == 0, err
     assert elapsed < 2, f"exit took {elapsed:.1f}s"
+
+
+async def test_a_daemons_stop_during_its_start_ends_the_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # WorkerDaemon.stop() while start() still waited for an unreachable Redis returned at
+    # once, but the start went on in the background ("still waiting for redis ... down
+    # for 10s, 15s"), and would have joined, taken queues and run the startup hooks on
+    # a daemon whose parts the stop had closed, had Redis answered.
+    import asyncio
+
+    from conveyor import App, ShutdownError, WorkerDaemon
+
+    app = App("stop-while-starting")
+    hooks: list[object] = []
+
+    @app.startup
+    async def hook(client: Client) -> None:
+        hooks.append(client)
+
+    config = load_config(REPO / "configs" / "redis.toml", environ={}, overrides={
+        "redis": {"url": f"redis://127.0.0.1:{free_port()}/0"}})
+    daemon = WorkerDaemon(app, config)
+    starting = asyncio.ensure_future(daemon.start())
+    await wait_until(lambda: "unreachable" in caplog.text, what="the start's Redis retries")
+    assert not starting.done() and daemon.readiness() == "starting"
+    report = await asyncio.wait_for(daemon.stop(), 5)
+    assert starting.done()
+    with pytest.raises(ShutdownError) as stopped:
+        starting.result()
+    assert str(stopped.value) == "this WorkerDaemon was stopped while it started"
+    assert report.pulled == 0 and hooks == [] and not daemon.started
