@@ -285,7 +285,7 @@ def test_an_interceptor_whose_options_no_handler_could_be_declared_with_is_refus
     options: object, says: str,
 ) -> None:
     class Audit(Interceptor):
-        pass
+        """An interceptor that changes nothing: its options, set below, are the test."""
 
     Audit.options = options  # type: ignore[assignment]
     with pytest.raises(HandlerDeclarationError) as refused:
