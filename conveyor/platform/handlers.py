@@ -221,6 +221,10 @@ def build_spec(
         raise HandlerDeclarationError(
             f"{where}: name={name!r}: a handler's name is non-empty text without "
             "control characters (a str)")
+    if name == "*":
+        raise HandlerDeclarationError(
+            f"{where}: name='*' is taken: a handler's name labels its metrics, where "
+            'handler="*" is the daemon\'s total')
     sync = _is_sync(fn, where)
     params = _passed_params(fn, where)
     hints = _type_hints(handler_function(fn), where, local_names)

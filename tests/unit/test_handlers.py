@@ -203,6 +203,16 @@ def test_a_handler_name_that_is_not_one_line_of_text_is_refused(name: object) ->
     App("t").handler("orders", name="shop.on order (v2)")(h)
 
 
+def test_a_handler_named_as_the_daemon_s_total_in_its_metrics_is_refused() -> None:
+    # handler="*" labels the daemon's own slot gauges: a handler of that name would
+    # have its slots counted into them (and theirs into its).
+    async def h(body: bytes) -> None:
+        raise AssertionError("never called: the declaration is refused")
+
+    with pytest.raises(HandlerDeclarationError, match=r"name='\*' is taken"):
+        App("t").handler("orders", name="*")(h)
+
+
 def test_a_namespace_no_message_could_be_published_to_is_refused() -> None:
     async def h(body: bytes) -> None: ...
 
