@@ -110,6 +110,10 @@ class KafkaReceiver(QueueReceiver):
         partition that now ends before it (or before the watermark) was deleted and
         re-created, or truncated; a fetch that starts past it skipped offsets
         (:meth:`_check_gap`)."""
+        self._started_at = 0
+        """Where this receiver started (the committed watermark): while ``_reached`` is
+        still there it has read nothing, so a partition ending before it was not
+        re-created under this worker (:meth:`_start_past_the_end`)."""
         self.records_lost = 0
         """Records of this partition the broker deleted before they were handled, found
         by this receiver (:meth:`_note_deleted`)."""
@@ -166,7 +170,7 @@ class KafkaReceiver(QueueReceiver):
                 self._offsets = DoneOffsets(start, done)
                 self._skip = set(self._offsets.done)
                 consumer.seek(self._tp, self._offsets.watermark)
-                self._reached = self._offsets.watermark
+                self._reached = self._started_at = self._offsets.watermark
         except Exception:  # a half-started consumer of our own is not kept
             if self._shared is None and self._consumer is not None:
                 with contextlib.suppress(Exception):
@@ -210,7 +214,10 @@ class KafkaReceiver(QueueReceiver):
             high = consumer.highwater(tp)
             reached = max(self._reached, self._offsets.watermark)
             if high is not None and high < reached:
-                self._cluster.topic_gone(self._queue, high, reached)
+                if self._reached == self._started_at:  # nothing read: a stale commit
+                    await self._start_past_the_end(consumer, high)
+                else:
+                    self._cluster.topic_gone(self._queue, high, reached)
             return []
         if not isinstance(fetched[0], Message):  # fetched before the decoder was given
             fetched = self._decoder.decode(fetched)
@@ -245,6 +252,30 @@ class KafkaReceiver(QueueReceiver):
         if self._starts or self._redelivered_through >= first:
             out = self._with_deliveries(out)
         return out
+
+    async def _start_past_the_end(self, consumer: AIOKafkaConsumer, high: int) -> None:
+        """The offset this receiver started at, committed by its group, lies past the
+        partition's end ``high``, and it has read nothing: that offset was committed on a
+        topic since deleted and re-created (a commit under way then lands on the new one:
+        commits name the topic, not its id), or on records the broker has since lost (a
+        broker restarted without its data, as tansu's memory storage is). Every record of
+        the partition now came after that commit, so it is read from its log start, as
+        Kafka's ``auto.offset.reset=earliest`` would (the first acknowledgement replaces the
+        stale commit). Said once (WARNING); not the topic re-created under this worker
+        (:meth:`KafkaCluster.topic_gone`), which stops the worker."""
+        stale = self._started_at
+        with kafka_errors(f"reading the log start of queue {self._queue}"):
+            log_start = int((await consumer.beginning_offsets([self._tp]))[self._tp])
+        log.warning("queue %d (kafka topic %r partition %d): app %r's committed offset %d is "
+                    "past the partition's end %d (the topic was deleted and re-created, or "
+                    "the broker lost records, since it was committed): reading the "
+                    "partition from its start, offset %d", self._queue, self._cluster.topic,
+                    self._queue, self._group, stale, high, log_start)
+        self._offsets = DoneOffsets(log_start)
+        self._skip = set()
+        self._redelivered_through, self._starts, self._fetched_mark = -1, {}, -1
+        consumer.seek(self._tp, log_start)
+        self._reached = self._started_at = log_start
 
     async def _check_gap(self, consumer: AIOKafkaConsumer, first_fetched: int) -> None:
         """The fetch skipped offsets ``_reached`` to ``first_fetched - 1``: those below

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
@@ -283,6 +283,39 @@ async def test_a_topic_deleted_under_a_running_worker_stops_it_and_a_new_worker_
     # Each record of the new topic exactly once (nothing committed from the old topic's
     # offsets skips any), and none of the old topic's again: no duplicate is allowed.
     assert sorted(handled_ids(second_out)) == sorted(after)
+
+
+@pytest.mark.slow
+async def test_a_group_offset_committed_past_the_partitions_end_is_read_from_its_start(
+    tansu: Tansu, topic: str, tmp_path: Path
+) -> None:
+    """What a broker restarted without its data leaves (tansu's memory storage: the old
+    workers' commits, retried by aiokafka, land on the topic created anew), and a commit
+    that landed on a re-created topic: the group's committed offsets past each
+    partition's end. A worker started on it took that for a topic re-created under
+    itself: it exited 1, handling nothing, and so did every worker started after it (run
+    by hand: two workers, tansu restarted under them; 480 of the 1,000 messages published
+    after the restart never handled). It reads each such partition from its start, and
+    says so."""
+    config = config_file(tansu, topic, tmp_path)
+    app = f"drift-{topic}"
+    after = await publish(config, "new", 40)  # creates the topic: about 10 a partition
+    partitions = [TopicPartition(topic, q) for q in range(QUEUES)]
+    stale = AIOKafkaConsumer(bootstrap_servers=tansu.bootstrap, group_id=app,
+                             enable_auto_commit=False)
+    await stale.start()
+    try:
+        stale.assign(partitions)
+        await stale.commit({tp: OffsetAndMetadata(1000, "") for tp in partitions})
+    finally:
+        await stale.stop()
+    out = tmp_path / "out.txt"
+    stderr = await asyncio.to_thread(stop_when, worker(config, out, app),
+                                     lambda: len(handled_ids(out)) >= 40, 60,
+                                     "the 40 handled")
+    assert sorted(handled_ids(out)) == sorted(after)  # each once
+    assert "re-created under this worker" not in stderr, stderr
+    assert stderr.count("committed offset 1000 is past the partition's end") == QUEUES, stderr
 
 
 async def _three_read(tansu: Tansu, topic: str) -> tuple[KafkaAdapter, Any, list[Message]]:
