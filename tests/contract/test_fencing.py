@@ -101,7 +101,7 @@ async def test_runners_start_nothing_while_ownership_lapsed_and_resume_when_it_r
     finally:
         report = await d.stop()
     assert set(record.calls) == set(ids) and record.duplicates == 0
-    assert (report.abandoned, report.lost) == (0, 0)
+    assert (report.abandoned, report.moved) == (0, 0)
 
 
 async def test_a_lost_queue_runs_nothing_more_and_the_next_owner_gets_all_it_held(
@@ -125,7 +125,7 @@ async def test_a_lost_queue_runs_nothing_more_and_the_next_owner_gets_all_it_hel
         assert set(record.calls) == handled_before
     finally:
         report = await d.stop()
-    assert (report.lost, report.abandoned, report.released) == (held, 0, 0)
+    assert (report.moved, report.abandoned, report.released) == (held, 0, 0)
 
     # The next owner gets everything back: nothing is lost, and only messages the first
     # daemon had already run (their acks held back by the lapse) can run twice.

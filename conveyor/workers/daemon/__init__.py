@@ -376,7 +376,7 @@ class WorkerDaemon:
             abandoned=self.queues.abandoned,
             skipped=self.stats.skipped,
             released=self.queues.released,
-            lost=self.queues.lost,
+            moved=self.queues.moved,
         )
 
     def stats_snapshot(self) -> dict[str, float]:

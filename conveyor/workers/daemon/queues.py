@@ -41,16 +41,22 @@ class DrainReport:
     skipped: int = 0
     released: int = 0
     """Pulled, never started, handed back unacknowledged (the next owner runs them)."""
-    lost: int = 0
-    """Held unacknowledged when a queue's lease (or Kafka group assignment) was lost, or
-    acknowledged after it moved and refused by the fence: the next owner gets them again;
-    those a handler had started may run twice."""
+    moved: int = 0
+    """Held unacknowledged when their queue moved to another owner (this daemon's lease,
+    or its Kafka group session, lapsed), or acknowledged after it moved and refused by
+    the fence: the next owner gets them again, so none is lost; those a handler had
+    started may run twice."""
+
+    @property
+    def lost(self) -> int:
+        """:attr:`moved`'s former name: it counted no lost message."""
+        return self.moved
 
     def __str__(self) -> str:
         return (
             f"pulled={self.pulled} acked={self.acked} handled={self.handled} "
             f"dead_lettered={self.dead_lettered} abandoned={self.abandoned} "
-            f"skipped={self.skipped} released={self.released} lost={self.lost}"
+            f"skipped={self.skipped} released={self.released} moved={self.moved}"
         )
 
 
@@ -98,7 +104,7 @@ class QueueOwner:
         self.released = 0
         """Messages pulled but never started, handed back unacknowledged by a drain (or a
         second stop signal)."""
-        self.lost = 0
+        self.moved = 0
         """Messages held unacknowledged when their queue's lease was lost, or whose
         acknowledgement the fence refused."""
         self._deadline: float | None = None
@@ -172,7 +178,7 @@ class QueueOwner:
     def _count_lost(self, agent: PullingAgent) -> None:
         """Everything an agent whose lease is gone holds goes back unacknowledged."""
         if not agent.aborted:
-            self.lost += agent.unacknowledged
+            self.moved += agent.unacknowledged
 
     def _drain_timeout_s(self) -> float:
         timeout = self._worker.drain_timeout_s
@@ -198,7 +204,7 @@ class QueueOwner:
         self._pulled_gone += agent.pulled
         self._acked_gone += agent.acked
         # Refused by the fence, so no longer held: counted nowhere else.
-        self.lost += agent.refused
+        self.moved += agent.refused
         self._max_cache_fill_gone = max(self._max_cache_fill_gone, agent.max_cache_fill)
 
     # -- counts ------------------------------------------------------------------------

@@ -56,7 +56,7 @@ async def test_a_drain_line_counts_the_done_messages_above_the_watermark_as_ackn
     done behind an unfinished one are recorded above the committed watermark, and the
     next owner skips them (the test above), so they are acknowledged; they were counted
     nowhere, and a fault walk's Kafka worker stopped by SIGTERM under load said
-    ``pulled=3583 acked=2976 handled=3130 ... released=453 lost=0``."""
+    ``pulled=3583 acked=2976 handled=3130 ... released=453 moved=0``."""
     config = kafka_config(tansu.bootstrap, topic, worker={"drain_timeout_s": 0.3})
     items = [Publish("orders", "slow", {"k": "slow", "seq": seq}) for seq in range(2)]
     items += [Publish("orders", f"f{i}", {"k": f"f{i}", "seq": 0}) for i in range(20)]
@@ -70,7 +70,7 @@ async def test_a_drain_line_counts_the_done_messages_above_the_watermark_as_ackn
     await wait_until(lambda: len(first.seen) == 20, 20, what="the fast messages handled")
     report = await daemon.stop()
     assert (report.pulled, report.handled) == (22, 20), report
-    assert (report.abandoned, report.released, report.lost) == (1, 1, 0), report
+    assert (report.abandoned, report.released, report.moved) == (1, 1, 0), report
     assert report.acked == 20, f"the 20 done above the watermark are acknowledged: {report}"
 
 

@@ -553,7 +553,7 @@ def test_scaling_three_to_four_to_three_moves_only_the_surplus(
 
     before = fences(redis_server)
     assert joiner.stop() == 0  # scale in, gracefully
-    assert "abandoned=0" in joiner.stderr and " lost=0" in joiner.stderr
+    assert "abandoned=0" in joiner.stderr and " moved=0" in joiner.stderr
     wait_split(redis_server, first)
     slow.unlink()
     left = grants_since(redis_server, before)

@@ -95,7 +95,7 @@ def test_sigterm_with_a_full_cache_all_handled_exits_at_once(
     assert proc.returncode == 0, err
     drained = next(line for line in err.splitlines() if "drained" in line)
     assert f"pulled={published} acked={published} handled={published}" in drained, drained
-    assert "abandoned=0" in drained and "lost=0" in drained, drained
+    assert "abandoned=0" in drained and "moved=0" in drained, drained
     assert "leaving now" not in err and "did not stop" not in err, err
     assert elapsed < 1.0, f"SIGTERM to exit took {elapsed:.2f}s (drain_timeout_s = 3)"
     print(f"\nSIGTERM to exit, idle worker with a full cache drained: {elapsed:.3f}s")
