@@ -35,6 +35,7 @@ from conveyor.platform.errors import (
     TokenRangeError,
     UnknownGroupError,
 )
+from conveyor.platform.terminal import visible
 
 T = TypeVar("T")
 
@@ -56,10 +57,13 @@ the option to name catches them itself (``--app: ...``)."""
 
 class CliError(click.ClickException, ConveyorError):
     """An error as every command prints it: ``conveyor: error: MESSAGE``, one line; the
-    run failed (exit 1)."""
+    run failed (exit 1). The message's control characters are shown escaped
+    (:func:`~conveyor.platform.terminal.visible`): it may quote a producer's stream key
+    or an argument, whose newline would be a second line and whose ESC would reach the
+    terminal."""
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"conveyor: error: {self.format_message()}", file=file, err=True)
+        click.echo(f"conveyor: error: {visible(self.format_message())}", file=file, err=True)
 
 
 class CliUsageError(CliError):
@@ -82,8 +86,9 @@ class Interrupted(CliError):
 
 
 def warn(message: str) -> None:
-    """``conveyor: warning: MESSAGE`` on stderr: something to know, not a failure."""
-    click.echo(f"conveyor: warning: {message}", err=True)
+    """``conveyor: warning: MESSAGE`` on stderr, one line as an error is: something to
+    know, not a failure."""
+    click.echo(f"conveyor: warning: {visible(message)}", err=True)
 
 
 def as_cli_error(exc: BaseException) -> CliError | None:
