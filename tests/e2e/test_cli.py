@@ -118,6 +118,10 @@ USER_MISTAKES = [
      "--processes", "MIN 20 is more than the 8 queues ([queues] total)"),
     (["worker", "tests.apps.drain_app:nope"],
      "APP_PATH", "has no attribute 'nope'"),
+    # Read until the kernel killed the command (exit 137).
+    (["demo", "--config", "/dev/zero"], "/dev/zero", "larger than 1 MiB, which no config is"),
+    (["deploy", "kubernetes", "--app", "tests.apps.recorder:app", "--config", "/dev/zero"],
+     "/dev/zero", "larger than 1 MiB, which no config is"),
     (["rewind", "--app", "shop", "--to", "2:1-0"],
      "rewind", "the memory adapter lives inside the worker's process"),
     (["status", "--app", "shop"],

@@ -61,6 +61,40 @@ def test_a_file_starting_with_a_utf8_byte_order_mark_loads_as_without_it(
     assert load_config(path, environ={}).queues.total == 3
 
 
+def test_a_file_larger_than_any_config_is_refused_without_reading_it_all(
+    tmp_path: Path,
+) -> None:
+    # `--config /dev/zero` read until the kernel killed the process (exit 137); a file
+    # of megabytes is no config either.
+    from conveyor.platform.config import MAX_CONFIG_BYTES
+
+    path = tmp_path / "huge.toml"
+    path.write_bytes(b"[queues]\ntotal = 3\n#" + b"x" * MAX_CONFIG_BYTES)
+    with pytest.raises(ConfigError, match=r"huge.toml: larger than 1 MiB, which no "
+                                          r"config is"):
+        load_config(path, environ={})
+    with pytest.raises(ConfigError, match=r"^/dev/zero: larger than 1 MiB"):
+        load_config("/dev/zero", environ={})
+
+
+def test_a_config_read_from_a_pipe_is_read_once() -> None:
+    # A file given as <(cat c.toml): the bytes read are the config, and a command that
+    # needs the text too (deploy kubernetes puts it in a ConfigMap) gets those bytes.
+    import os
+
+    from conveyor.platform.config import parse_config, read_config_file
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"[queues]\ntotal = 5\n")
+    os.close(write_end)
+    try:
+        text = read_config_file(f"/dev/fd/{read_end}")
+    finally:
+        os.close(read_end)
+    assert text == b"[queues]\ntotal = 5\n"
+    assert parse_config(text, "<pipe>", environ={}).queues.total == 5
+
+
 def test_an_empty_kafka_default_namespace_is_refused_naming_it(tmp_path: Path) -> None:
     # Records without cv-ns were read under namespace '', which no handler can take:
     # every app skipped them (acknowledged) as another app's traffic.

@@ -25,7 +25,6 @@ import difflib
 import os
 import re
 from collections.abc import Iterable, Mapping, Set
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -849,6 +848,26 @@ def require_config(value: object, where: str) -> Config:
     return value
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file read, 1 MiB: a config is a few kilobytes, and a path to
+something endless (``--config /dev/zero``) read until the kernel killed the process."""
+
+
+def read_config_file(path: str | os.PathLike[str]) -> bytes:
+    """A config file's bytes, read once and at most :data:`MAX_CONFIG_BYTES`: a file given
+    as ``<(command)`` is a pipe, which a second read finds empty, so a caller that needs
+    the text as well as the config reads it here and gives it to :func:`parse_config`."""
+    try:
+        with open(path, "rb") as file:
+            text = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, which no "
+                          "config is (is it the config file?)")
+    return text
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -856,18 +875,27 @@ def load_config(
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Config:
     """Load a config file (or the defaults when ``path`` is None) and apply overrides."""
+    if path is None:
+        return parse_config(None, "defaults", environ=environ, overrides=overrides)
+    if not isinstance(path, str | os.PathLike):  # Path() would raise a bare TypeError
+        raise InvalidArgumentError(
+            f"load_config: expected the path of a TOML file (str or pathlib.Path) or "
+            f"None, got {type(path).__name__} {path!r:.80}")
+    return parse_config(read_config_file(path), str(path), environ=environ,
+                        overrides=overrides)
+
+
+def parse_config(
+    text: bytes | None,
+    source: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """:func:`load_config` of a file's bytes (:func:`read_config_file`; None: no file),
+    ``source`` naming it in errors."""
     raw: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        if not isinstance(path, str | os.PathLike):  # Path() would raise a bare TypeError
-            raise InvalidArgumentError(
-                f"load_config: expected the path of a TOML file (str or pathlib.Path) or "
-                f"None, got {type(path).__name__} {path!r:.80}")
-        source = str(path)
-        try:
-            text = Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {source}: {exc.strerror}") from None
+    if text is not None:
         # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
         text = text.removeprefix(b"\xef\xbb\xbf")
         try:
