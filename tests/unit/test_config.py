@@ -95,6 +95,17 @@ def test_a_config_read_from_a_pipe_is_read_once() -> None:
     assert parse_config(text, "<pipe>", environ={}).queues.total == 5
 
 
+def test_a_kafka_client_id_longer_than_a_protocol_string_is_refused_naming_it() -> None:
+    # Every request carries it as a Kafka string (a 16-bit length): a longer one was a
+    # struct.error traceback from aiokafka's encoder at the first request.
+    assert load_config(environ={"CONVEYOR_KAFKA__CLIENT_ID": "é" * 16_383}).kafka.client_id
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={"CONVEYOR_KAFKA__CLIENT_ID": "é" * 16_384})
+    assert str(caught.value) == (
+        "environment variable CONVEYOR_KAFKA__CLIENT_ID: $.kafka.client_id: at most 32767 "
+        "bytes in UTF-8 (a Kafka protocol string), got 32768")
+
+
 def test_an_empty_kafka_default_namespace_is_refused_naming_it(tmp_path: Path) -> None:
     # Records without cv-ns were read under namespace '', which no handler can take:
     # every app skipped them (acknowledged) as another app's traffic.
@@ -424,6 +435,22 @@ def test_an_environment_value_that_is_not_utf8_names_the_variable(
         load_config(environ={name: value})
     assert str(caught.value) == (f"environment variable {name}: not UTF-8 text (at "
                                  f"character {at})")
+
+
+@pytest.mark.parametrize(("name", "field"), [
+    ("CONVEYOR_REDIS_PASSWORD", "$.redis.password_env"),
+    ("CONVEYOR_REDIS_USERNAME", "$.redis.username_env"),
+    ("CONVEYOR_KAFKA_PASSWORD", "$.kafka.sasl_password_env"),
+])
+def test_a_secret_variable_that_is_not_utf8_names_the_variable_not_the_secret(
+    name: str, field: str,
+) -> None:
+    # Sent to the broker as UTF-8: CONVEYOR_REDIS_PASSWORD=$'\xff' was a
+    # UnicodeEncodeError traceback at the first command, a Kafka one "no broker reachable".
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={name: "pa\udcffss"})
+    assert str(caught.value) == (f"environment variable {name} (named by {field}): not "
+                                 "UTF-8 text (at character 3)")
 
 
 def test_malformed_environment_json_names_the_variable() -> None:

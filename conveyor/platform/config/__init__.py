@@ -194,7 +194,8 @@ class KafkaConfig(_Section):
     replication_factor: Annotated[int, msgspec.Meta(ge=1, le=32_767)] = 1
     """Kafka's field is a 16-bit integer."""
     client_id: str = "conveyor"
-    """The ``client.id`` the producer and consumers send (broker logs and quotas)."""
+    """The ``client.id`` the producer and consumers send (broker logs and quotas); at
+    most 32767 bytes in UTF-8, a Kafka protocol string."""
     linger_ms: MillisOrZero = 2
     """How long the producer waits to fill a record batch (Kafka's ``linger.ms``)."""
     max_request_size: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 1_048_576
@@ -916,4 +917,24 @@ def parse_config(
         _table(raw, section, f"{source}: $.{section}").update(values)
         for name in values:  # a command-line option wins over the variable it replaces
             applied[f"$.{section}.{name}"] = f"a command-line option ({section}.{name})"
-    return _convert(raw, source, applied)
+    config = _convert(raw, source, applied)
+    _refuse_secrets_not_text(config, env)
+    return config
+
+
+def _refuse_secrets_not_text(config: Config, environ: Mapping[str, str]) -> None:
+    """A ConfigError naming the variable (never its value) when one that a ``*_env``
+    field names holds bytes that are not UTF-8 (kept by ``os.environ`` as lone
+    surrogates, PEP 383): the secret is sent to the broker as UTF-8, and such a password
+    was a UnicodeEncodeError traceback at the first Redis command."""
+    for section, values in (("redis", config.redis), ("kafka", config.kafka)):
+        for field in values.__struct_fields__:
+            variable = getattr(values, field)
+            if not field.endswith("_env") or not variable:
+                continue
+            try:
+                environ.get(variable, "").encode()
+            except UnicodeEncodeError as exc:
+                raise ConfigError(
+                    f"environment variable {variable} (named by $.{section}.{field}): not "
+                    f"UTF-8 text (at character {exc.start + 1})") from None

@@ -129,6 +129,8 @@ def _check_text(config: Config) -> None:
 
 
 _KAFKA_TOPIC = re.compile(rf"[A-Za-z0-9._\-]{{1,{KAFKA_TOPIC_MAX}}}")
+KAFKA_STRING_MAX = 2**15 - 1
+"""The longest string the Kafka protocol carries (a signed 16-bit length), in bytes."""
 _KAFKA_NAME = re.compile(r"[A-Za-z0-9._\-]{1,249}")
 """Kafka's rule for names it checks like topics (``group.instance.id``)."""
 _ENV_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)?")
@@ -172,6 +174,10 @@ def _check_names(config: Config) -> None:
             f"letters, digits, '.', '_', '-', not '.' or '..' (empty: dynamic membership), "
             f"got {instance!r}"
         )
+    client_id = len(config.kafka.client_id.encode())
+    if client_id > KAFKA_STRING_MAX:
+        raise ConfigError(f"$.kafka.client_id: at most {KAFKA_STRING_MAX} bytes in UTF-8 (a "
+                          f"Kafka protocol string), got {client_id}")
     check_bootstrap(config.kafka.bootstrap)
     _check_sentinels(config)
     if config.queues.adapter == "kafka":
