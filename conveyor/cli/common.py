@@ -351,3 +351,15 @@ def app_name(ctx: click.Context, param: click.Parameter, value: str | None) -> s
             f"{value!r} is not an app name: use 1-128 ASCII letters, digits, '-', '_' or "
             "'.' (it names the consumer group)")
     return value
+
+
+def host_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--host`` of the commands that listen (console, dev): a name no resolver takes (a
+    part longer than 63 characters, ``a..b``) is a usage error naming the option; the
+    resolver's own error for it was a ``UnicodeError`` traceback."""
+    from conveyor.platform.config.hosts import host_problem
+
+    problem = None if value is None else host_problem(value)
+    if problem is not None:
+        raise click.BadParameter(problem)
+    return value

@@ -323,3 +323,23 @@ def test_a_warning_is_one_line_with_no_escape_sequence() -> None:
 
     result = CliRunner().invoke(command, [])
     assert result.stderr == "conveyor: warning: key k\\x1b[2J\\nforged\n"
+
+
+@pytest.mark.parametrize("command", [
+    ["console", "--config", "configs/redis.toml", "--port", "0"],
+    ["dev", "redis", "--port", "{port}"],
+    ["dev", "kafka", "--port", "{port}"],
+], ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("host", ["a" * 64, "a..b"])
+def test_a_host_no_resolver_takes_is_one_line_naming_host(command: list[str],
+                                                          host: str) -> None:
+    # The resolver's IDNA codec raises UnicodeError ("label too long"), not OSError: a
+    # traceback, exit 1.
+    port = str(free_port())
+    args = [a.replace("{port}", port) for a in command] + ["--host", host]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '--host': {host!r} is no "
+                           "host name: a dot-separated part is empty or longer than 63 "
+                           "characters"), line

@@ -106,6 +106,32 @@ def test_a_kafka_client_id_longer_than_a_protocol_string_is_refused_naming_it() 
         "bytes in UTF-8 (a Kafka protocol string), got 32768")
 
 
+LABEL_64 = "a" * 64
+
+
+@pytest.mark.parametrize(("environ", "field"), [
+    # The resolver's IDNA encoding raises UnicodeError, not OSError, for such a name:
+    # a traceback from the worker's /metrics endpoint, from the Kafka client, or a
+    # Redis "unreachable" (exit 1) for what the file got wrong.
+    ({"CONVEYOR_HTTP__HOST": f"{LABEL_64}.example.com"}, "$.http.host"),
+    ({"CONVEYOR_HTTP__HOST": "a..b"}, "$.http.host"),
+    ({"CONVEYOR_KAFKA__BOOTSTRAP": f"k1:9092,{LABEL_64}:9092"}, "$.kafka.bootstrap"),
+    ({"CONVEYOR_QUEUES__ADAPTER": "redis", "CONVEYOR_BALANCER__MEMBERSHIP": "redis",
+      "CONVEYOR_REDIS__URL": f"redis://{LABEL_64}:6379/0"}, "$.redis.url"),
+    ({"CONVEYOR_REDIS__MODE": "sentinel",
+      "CONVEYOR_REDIS__SENTINELS": f'["{LABEL_64}:26379"]'}, "$.redis.sentinels[0]"),
+])
+def test_a_host_no_resolver_takes_is_refused_naming_its_field(
+    environ: dict[str, str], field: str,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ=environ)
+    message = str(caught.value)
+    assert f"{field}: " in message, message
+    assert ("is no host name: a dot-separated part is empty or longer than 63 "
+            "characters") in message, message
+
+
 def test_an_empty_kafka_default_namespace_is_refused_naming_it(tmp_path: Path) -> None:
     # Records without cv-ns were read under namespace '', which no handler can take:
     # every app skipped them (acknowledged) as another app's traffic.
