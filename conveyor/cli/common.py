@@ -230,13 +230,16 @@ def run_or_exit(work: Coroutine[Any, Any, T]) -> T:
 
 def run_command(work: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(work)``, where Ctrl-C cancels ``work`` from the event loop (and the
-    command ends with ``KeyboardInterrupt``, as under ``asyncio.run``).
+    command ends with ``KeyboardInterrupt``, as under ``asyncio.run``); a second Ctrl-C
+    ends it at once, even while a synchronous step holds the loop.
 
-    ``asyncio.run`` cancels it from a Python signal handler, which runs between any two
-    bytecodes: inside the loop's own callback that was completing a socket connect, it
-    left CPython 3.11 setting a result on the future it had just cancelled, logged as
-    ``ERROR asyncio: Exception in callback … InvalidStateError`` above the command's
-    one line. ``loop.add_signal_handler`` runs the cancel as a callback of its own."""
+    ``asyncio.run`` cancels it from the Python signal handler itself, which runs between
+    any two bytecodes: inside the loop's own callback that was completing a socket
+    connect, it left CPython 3.11 setting a result on the future it had just cancelled,
+    logged as ``ERROR asyncio: Exception in callback … InvalidStateError`` above the
+    command's one line. The handler here hands the cancel to the loop, to run as a
+    callback of its own. (``loop.add_signal_handler`` did so too, but ran the handler
+    itself on the loop: a command whose code held the loop heard no Ctrl-C at all.)"""
     return asyncio.run(_interruptible(work))
 
 
@@ -246,16 +249,16 @@ async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
     assert task is not None
     interrupted = False
 
-    def on_sigint() -> None:
+    def on_sigint(signum: int, frame: object) -> None:
         nonlocal interrupted
         if interrupted:  # a second Ctrl-C: end now, as asyncio.run does
             raise KeyboardInterrupt
         interrupted = True
-        task.cancel()
+        loop.call_soon_threadsafe(task.cancel)  # wakes a loop waiting in select()
 
     try:
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread
         return await work
     try:
         return await work
@@ -264,7 +267,7 @@ async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
             raise KeyboardInterrupt from None
         raise
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, previous)
 
 
 def refuse_embedded(config: Config, command: str, why: str) -> None:
