@@ -35,6 +35,7 @@ from conveyor.platform.errors import (
     TokenRangeError,
     UnknownGroupError,
 )
+from conveyor.platform.terminal import visible
 
 T = TypeVar("T")
 
@@ -56,10 +57,13 @@ the option to name catches them itself (``--app: ...``)."""
 
 class CliError(click.ClickException, ConveyorError):
     """An error as every command prints it: ``conveyor: error: MESSAGE``, one line; the
-    run failed (exit 1)."""
+    run failed (exit 1). The message's control characters are shown escaped
+    (:func:`~conveyor.platform.terminal.visible`): it may quote a producer's stream key
+    or an argument, whose newline would be a second line and whose ESC would reach the
+    terminal."""
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"conveyor: error: {self.format_message()}", file=file, err=True)
+        click.echo(f"conveyor: error: {visible(self.format_message())}", file=file, err=True)
 
 
 class CliUsageError(CliError):
@@ -82,8 +86,9 @@ class Interrupted(CliError):
 
 
 def warn(message: str) -> None:
-    """``conveyor: warning: MESSAGE`` on stderr: something to know, not a failure."""
-    click.echo(f"conveyor: warning: {message}", err=True)
+    """``conveyor: warning: MESSAGE`` on stderr, one line as an error is: something to
+    know, not a failure."""
+    click.echo(f"conveyor: warning: {visible(message)}", err=True)
 
 
 def as_cli_error(exc: BaseException) -> CliError | None:
@@ -225,13 +230,16 @@ def run_or_exit(work: Coroutine[Any, Any, T]) -> T:
 
 def run_command(work: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(work)``, where Ctrl-C cancels ``work`` from the event loop (and the
-    command ends with ``KeyboardInterrupt``, as under ``asyncio.run``).
+    command ends with ``KeyboardInterrupt``, as under ``asyncio.run``); a second Ctrl-C
+    ends it at once, even while a synchronous step holds the loop.
 
-    ``asyncio.run`` cancels it from a Python signal handler, which runs between any two
-    bytecodes: inside the loop's own callback that was completing a socket connect, it
-    left CPython 3.11 setting a result on the future it had just cancelled, logged as
-    ``ERROR asyncio: Exception in callback … InvalidStateError`` above the command's
-    one line. ``loop.add_signal_handler`` runs the cancel as a callback of its own."""
+    ``asyncio.run`` cancels it from the Python signal handler itself, which runs between
+    any two bytecodes: inside the loop's own callback that was completing a socket
+    connect, it left CPython 3.11 setting a result on the future it had just cancelled,
+    logged as ``ERROR asyncio: Exception in callback … InvalidStateError`` above the
+    command's one line. The handler here hands the cancel to the loop, to run as a
+    callback of its own. (``loop.add_signal_handler`` did so too, but ran the handler
+    itself on the loop: a command whose code held the loop heard no Ctrl-C at all.)"""
     return asyncio.run(_interruptible(work))
 
 
@@ -241,16 +249,16 @@ async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
     assert task is not None
     interrupted = False
 
-    def on_sigint() -> None:
+    def on_sigint(signum: int, frame: object) -> None:
         nonlocal interrupted
         if interrupted:  # a second Ctrl-C: end now, as asyncio.run does
             raise KeyboardInterrupt
         interrupted = True
-        task.cancel()
+        loop.call_soon_threadsafe(task.cancel)  # wakes a loop waiting in select()
 
     try:
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread
         return await work
     try:
         return await work
@@ -259,7 +267,7 @@ async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
             raise KeyboardInterrupt from None
         raise
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, previous)
 
 
 def refuse_embedded(config: Config, command: str, why: str) -> None:
@@ -345,4 +353,16 @@ def app_name(ctx: click.Context, param: click.Parameter, value: str | None) -> s
         raise click.BadParameter(
             f"{value!r} is not an app name: use 1-128 ASCII letters, digits, '-', '_' or "
             "'.' (it names the consumer group)")
+    return value
+
+
+def host_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--host`` of the commands that listen (console, dev): a name no resolver takes (a
+    part longer than 63 characters, ``a..b``) is a usage error naming the option; the
+    resolver's own error for it was a ``UnicodeError`` traceback."""
+    from conveyor.platform.config.hosts import host_problem
+
+    problem = None if value is None else host_problem(value)
+    if problem is not None:
+        raise click.BadParameter(problem)
     return value

@@ -53,17 +53,25 @@ def configs(name: str | None, copy_to: Path | None) -> None:
         click.echo(found[key].read_text(), nl=False)
         return
     if copy_to is not None:
+        target = copy_to
         try:
             copy_to.mkdir(parents=True, exist_ok=True)
             for path in found.values():
                 target = copy_to / path.name
-                if target.exists():
+                try:  # "x": never over a file, nor through a link whose target is missing
+                    file = target.open("xb")
+                except FileExistsError:
                     click.echo(f"kept {target} (exists)")
                     continue
-                target.write_bytes(path.read_bytes())
+                try:
+                    with file:
+                        file.write(path.read_bytes())
+                except OSError:
+                    target.unlink()  # a cut file would be "kept" by the next copy
+                    raise
                 click.echo(f"wrote {target}")
         except OSError as exc:  # a user's path: one line, not a traceback
-            raise click.BadParameter(f"cannot write to {copy_to}: {exc.strerror or exc}",
+            raise click.BadParameter(f"cannot write to {target}: {exc.strerror or exc}",
                                      param_hint="--copy") from None
         return
     width = max(len(n) for n in found)

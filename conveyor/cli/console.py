@@ -16,6 +16,7 @@ from conveyor.cli.common import (
     Bounded,
     FilePath,
     app_name,
+    host_name,
     load_config_or_exit,
     usage,
     warn,
@@ -30,7 +31,7 @@ TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
               help="TOML config of a redis or kafka app (e.g. configs/redis.toml).")
 @click.option("--app", default=None, callback=app_name,
               help="Show this app only (its consumer group). Default: every app found.")
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default="127.0.0.1", show_default=True, callback=host_name,
               help="Address to bind; anything but loopback exposes the console.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True,
               envvar="CONVEYOR_CONSOLE_PORT", help="Port to serve on ($CONVEYOR_CONSOLE_PORT).")

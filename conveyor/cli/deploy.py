@@ -143,16 +143,15 @@ def kubernetes(app_path: str, config_path: Path, image: str | None, replicas: in
     """
     from conveyor.deploy import kubernetes as k8s
     from conveyor.loader import load_app
-    from conveyor.platform.config import load_config
+    from conveyor.platform.config import parse_config, read_config_file
     from conveyor.version import version
 
-    try:
-        config = load_config(config_path, environ={})  # the pods get this file, not our env
-        text = config_path.read_text(encoding="utf-8")
+    try:  # read once: the file may be a pipe (<(...)), which a second read finds empty
+        data = read_config_file(config_path)
+        config = parse_config(data, str(config_path), environ={})  # the pods get the file
     except ConfigError as exc:
         _usage(f"config: {exc}")
-    except (OSError, UnicodeDecodeError) as exc:
-        _usage(f"--config: cannot read {config_path} as UTF-8 text: {exc}")
+    text = data.decode()  # UTF-8: parse_config refused anything else
     try:
         k8s.check_spans_pods(config)
         app = load_app(app_path)

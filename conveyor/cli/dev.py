@@ -35,7 +35,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from conveyor.cli.common import CliError, FilePath, usage
+from conveyor.cli.common import CliError, FilePath, host_name, usage
 from conveyor.platform.config import MAX_QUEUES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -284,7 +284,7 @@ def broker_options(name: str, default_port: int) -> Callable[[F], F]:
     """The options both commands take: --host, --port (or ``CONVEYOR_DEV_<NAME>_PORT``),
     --queues, --write-config, -v."""
     options = (
-        click.option("--host", default="127.0.0.1", show_default=True,
+        click.option("--host", default="127.0.0.1", show_default=True, callback=host_name,
                      help="Address to listen on" + (
                          " and to advertise to clients." if name == "kafka" else ".")),
         click.option("--port", type=click.IntRange(1, 65_535), default=default_port,

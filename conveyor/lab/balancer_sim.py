@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.lab.balancer_store import CATEGORIES, SimLeaseStore, SimMembership, SimStore
-from conveyor.lab.virtual_time import VirtualTimeLoop, owner_var
+from conveyor.lab.virtual_time import VirtualTimeLoop, close_loop, owner_var
 from conveyor.platform.balancing.balancer import DynamicBalancer
 from conveyor.platform.balancing.leases import Lease
 from conveyor.platform.balancing.membership import MemberInfo
@@ -313,7 +313,7 @@ def run(config: BalancerSimConfig) -> BalancerSimResult:
     try:
         startup, load, peak, events = loop.run_until_complete(scenario.run())
     finally:
-        loop.close()
+        close_loop(loop)
     traffic = scenario.store.traffic
     timeline = {"total": _per_second(dict(traffic.buckets), traffic.bucket_s),
                 "bytes": _per_second(dict(traffic.byte_buckets), traffic.bucket_s),

@@ -176,6 +176,16 @@ class ArrivalsFileError(InvalidArgumentError):
     """The replay file is not one non-negative float (seconds) per line."""
 
 
+MAX_ARRIVAL_S = 86_400.0
+"""The latest arrival time a replay takes, a day: the run is simulated in steps of
+:attr:`~conveyor.lab.sim.SimConfig.step_s` (a day takes about a minute), and a later
+time was an array of its steps too large to allocate."""
+
+_LINE_MAX = 1000
+"""The longest line of an arrivals file read: a number is far shorter, and a file with
+no newline (``/dev/zero``) would be read whole as one line."""
+
+
 def load_arrivals(path: Path) -> Times:
     """Read a replay file: one arrival time in seconds per line; blank lines and ``#``
     comments are ignored. Times are sorted; the run covers them all."""
@@ -183,7 +193,11 @@ def load_arrivals(path: Path) -> Times:
 
     values: list[float] = []
     with path.open(encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, 1):
+        for lineno, raw in enumerate(iter(lambda: fh.readline(_LINE_MAX + 1), ""), 1):
+            if len(raw) > _LINE_MAX:
+                raise ArrivalsFileError(
+                    f"{path}:{lineno}: a line of more than {_LINE_MAX} characters is no "
+                    "number of seconds")
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
@@ -197,6 +211,10 @@ def load_arrivals(path: Path) -> Times:
                 raise ArrivalsFileError(
                     f"{path}:{lineno}: an arrival time is a finite number of seconds >= 0, "
                     f"got {line}")
+            if value > MAX_ARRIVAL_S:
+                raise ArrivalsFileError(
+                    f"{path}:{lineno}: an arrival time is at most {MAX_ARRIVAL_S:.0f} "
+                    f"seconds (a day), got {line}")
             values.append(value)
     if not values:
         raise ArrivalsFileError(f"{path}: no arrival times")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,21 @@ if TYPE_CHECKING:
 
 STATIC_COLOUR = "tab:blue"
 DYNAMIC_COLOUR = "tab:red"
+
+
+def _save(plt: Any, fig: Any, out: Path) -> None:
+    """Write ``fig`` to ``out`` as a PNG, whatever the file's name, and close it.
+
+    Rendered in memory, then written here: Matplotlib chose the format from the name
+    (``plot.txt`` raised "Format 'txt' is not supported"), and, writing the file
+    itself, lost the write's error (``/dev/full``, a full disk: no error, a cut file).
+    An error writing is an :class:`OSError` for the caller."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=90)
+    finally:
+        plt.close(fig)
+    out.write_bytes(buffer.getvalue())
 
 
 def _pyplot() -> Any:
@@ -74,8 +90,7 @@ def plot_comparison(cmp: Comparison, title: str, out: Path) -> None:
     axes[3].set_xlabel("time (s)")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    _save(plt, fig, out)
 
 
 def plot_filter(
@@ -97,8 +112,7 @@ def plot_filter(
     ax.legend(loc="lower left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    _save(plt, fig, out)
 
 
 def plot_placement(
@@ -133,8 +147,7 @@ def plot_placement(
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"power-of-K placement, mean of {trials} trials per point")
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    _save(plt, fig, out)
 
 
 def plot_balancer(result: BalancerSimResult, out: Path) -> None:
@@ -169,5 +182,4 @@ def plot_balancer(result: BalancerSimResult, out: Path) -> None:
     fig.suptitle(f"dynamic balancer: {cfg.daemons} daemons x {cfg.queues} queues "
                  f"(seed {cfg.seed})")
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    _save(plt, fig, out)

@@ -105,4 +105,27 @@ def run_virtual(main: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run_until_complete(main)
     finally:
+        close_loop(loop)
+
+
+def close_loop(loop: VirtualTimeLoop) -> None:
+    """Cancel the tasks ``loop`` still holds, let them end, then close it (as
+    ``asyncio.run`` does). A run ended early (Ctrl-C) left a simulated daemon's every
+    task pending: closed with them, the loop logged "Task was destroyed but it is
+    pending!" for each, thousands of lines after the command's one; the task that
+    was running when Ctrl-C came holds the ``KeyboardInterrupt``, which the caller has
+    (it is not logged again, as "Task exception was never retrieved")."""
+    loop.set_exception_handler(_unless_interrupt)
+    try:
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    finally:
         loop.close()
+
+
+def _unless_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if not isinstance(context.get("exception"), KeyboardInterrupt):
+        loop.default_exception_handler(context)

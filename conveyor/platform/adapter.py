@@ -423,6 +423,9 @@ class QueueAdapter(ABC):
         names those already moved (re-running the same rewind finishes the job).
         """
         if not isinstance(to, SequenceToken):
+            # Before 1970 (UNIX time 0) is before every message: the start, which Kafka's
+            # offset lookup takes as 0 and refuses as a negative time.
+            to = max(to, 0.0)
             self.check_time(to)
         else:
             self.check_token(to)

@@ -60,6 +60,21 @@ async def test_rewinding_to_a_time_redelivers_what_was_enqueued_from_then_on(
     assert numbers(await take_rest(await open_receiver(0, "app"), 5)) == [5, 6, 7, 8, 9]
 
 
+async def test_rewinding_to_a_time_before_1970_redelivers_every_message(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    # `conveyor rewind --to 1960-01-01T00:00:00Z` on Kafka was a traceback: aiokafka
+    # refuses a negative time ("The target time cannot be negative"). Every message is
+    # after it: the start of the queue.
+    await adapter.enqueue(0, numbered(range(3), stamp=True))
+    done = await open_receiver(0, "app")
+    await take_and_ack(done, 3)
+    await done.shutdown()
+    await adapter.rewind_queues([0], "app", -315_619_200.0)
+    assert await adapter.lag(0, "app") == 3
+    assert numbers(await take_rest(await open_receiver(0, "app"), 3)) == [0, 1, 2]
+
+
 async def test_a_forward_rewind_is_refused_on_every_queue_before_any_moves(
     adapter: QueueAdapter, open_receiver: Open
 ) -> None:

@@ -118,6 +118,10 @@ USER_MISTAKES = [
      "--processes", "MIN 20 is more than the 8 queues ([queues] total)"),
     (["worker", "tests.apps.drain_app:nope"],
      "APP_PATH", "has no attribute 'nope'"),
+    # Read until the kernel killed the command (exit 137).
+    (["demo", "--config", "/dev/zero"], "/dev/zero", "larger than 1 MiB, which no config is"),
+    (["deploy", "kubernetes", "--app", "tests.apps.recorder:app", "--config", "/dev/zero"],
+     "/dev/zero", "larger than 1 MiB, which no config is"),
     (["rewind", "--app", "shop", "--to", "2:1-0"],
      "rewind", "the memory adapter lives inside the worker's process"),
     (["status", "--app", "shop"],
@@ -438,6 +442,56 @@ def test_ctrl_c_ends_a_command_waiting_for_its_broker_in_one_line_with_exit_130(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
+
+
+HOLDS_THE_LOOP = """
+import sys, time
+import click
+from conveyor.cli.common import TaskGroup, run_command
+
+@click.group(cls=TaskGroup)
+def group() -> None:
+    "The group."
+
+@group.command()
+def build() -> None:
+    "Works for a minute without yielding to the loop."
+    async def work() -> None:
+        print("building", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pass
+    run_command(work())
+
+group.add_command(build, section="run")
+group(["build"])
+"""
+
+
+def test_a_second_ctrl_c_ends_a_command_whose_code_holds_the_loop(tmp_path: Path) -> None:
+    # run_command's SIGINT handler ran on the event loop, which runs nothing while a
+    # command's synchronous step holds it: no Ctrl-C, first or later, was heard.
+    proc = subprocess.Popen([sys.executable, "-c", HOLDS_THE_LOOP], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == "building\n"
+
+        def ctrl_c_ended_it() -> bool:
+            proc.send_signal(signal.SIGINT)  # as a user does, again, until it ends
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+
+        wait_until_sync(ctrl_c_ended_it, 20, "Ctrl-C to end the command")
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
 
 

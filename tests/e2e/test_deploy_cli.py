@@ -32,6 +32,19 @@ def test_it_prints_the_manifests_of_a_shipped_config_as_one_yaml_stream() -> Non
         "the pod itself"]
 
 
+def test_a_config_given_as_a_pipe_is_the_one_in_the_configmap() -> None:
+    # The config was read twice, to render and for the ConfigMap: from <(...), a pipe,
+    # the second read found it empty, and the pods got `conveyor.toml: ''` (the embedded
+    # memory adapter) under manifests rendered for Kafka.
+    command = (f"{shlex.quote(sys.executable)} -m conveyor.cli deploy kubernetes --app "
+               "tests.apps.recorder:app --config <(cat configs/kafka.toml)")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    objects = list(yaml.safe_load_all(result.stdout))
+    assert objects[0]["data"]["conveyor.toml"] == (ROOT / "configs/kafka.toml").read_text()
+
+
 def test_output_dir_gets_one_file_per_object_in_apply_order(tmp_path: Path) -> None:
     out = tmp_path / "manifests"
     result = conveyor("deploy", "kubernetes", "--app", "tests.apps.recorder:app",

@@ -299,3 +299,47 @@ def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     assert result.exit_code == USAGE_ERROR, result.output
     [line] = result.stderr.splitlines()
     assert line.startswith(f"conveyor: error: Invalid value for '{option}': "), line
+
+
+@pytest.mark.parametrize("kind", [BrokerError, ConfigError, InvalidArgumentError])
+def test_an_error_naming_a_producers_text_is_still_one_line_with_no_escape_sequence(
+    kind: type[ConveyorError],
+) -> None:
+    # A stream key is whatever a producer wrote: `publish ns $'k\nforged'` over the
+    # body limit printed the key's newline as a second line, its ESC as it was.
+    result = invoke_raising("publish", kind("stream ns/k\x1b[31mred\nforged: too large"))
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: ") and line.endswith(": too large"), line
+    assert "ns/k\\x1b[31mred\\nforged" in line, line
+    assert "\x1b" not in result.stderr
+
+
+def test_a_warning_is_one_line_with_no_escape_sequence() -> None:
+    from conveyor.cli.common import warn
+
+    @click.command()
+    def command() -> None:
+        warn("key k\x1b[2J\nforged")
+
+    result = CliRunner().invoke(command, [])
+    assert result.stderr == "conveyor: warning: key k\\x1b[2J\\nforged\n"
+
+
+@pytest.mark.parametrize("command", [
+    ["console", "--config", "configs/redis.toml", "--port", "0"],
+    ["dev", "redis", "--port", "{port}"],
+    ["dev", "kafka", "--port", "{port}"],
+], ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("host", ["a" * 64, "a..b"])
+def test_a_host_no_resolver_takes_is_one_line_naming_host(command: list[str],
+                                                          host: str) -> None:
+    # The resolver's IDNA codec raises UnicodeError ("label too long"), not OSError: a
+    # traceback, exit 1.
+    port = str(free_port())
+    args = [a.replace("{port}", port) for a in command] + ["--host", host]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '--host': {host!r} is no "
+                           "host name: a dot-separated part is empty or longer than 63 "
+                           "characters"), line

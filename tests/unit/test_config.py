@@ -61,6 +61,77 @@ def test_a_file_starting_with_a_utf8_byte_order_mark_loads_as_without_it(
     assert load_config(path, environ={}).queues.total == 3
 
 
+def test_a_file_larger_than_any_config_is_refused_without_reading_it_all(
+    tmp_path: Path,
+) -> None:
+    # `--config /dev/zero` read until the kernel killed the process (exit 137); a file
+    # of megabytes is no config either.
+    from conveyor.platform.config import MAX_CONFIG_BYTES
+
+    path = tmp_path / "huge.toml"
+    path.write_bytes(b"[queues]\ntotal = 3\n#" + b"x" * MAX_CONFIG_BYTES)
+    with pytest.raises(ConfigError, match=r"huge.toml: larger than 1 MiB, which no "
+                                          r"config is"):
+        load_config(path, environ={})
+    with pytest.raises(ConfigError, match=r"^/dev/zero: larger than 1 MiB"):
+        load_config("/dev/zero", environ={})
+
+
+def test_a_config_read_from_a_pipe_is_read_once() -> None:
+    # A file given as <(cat c.toml): the bytes read are the config, and a command that
+    # needs the text too (deploy kubernetes puts it in a ConfigMap) gets those bytes.
+    import os
+
+    from conveyor.platform.config import parse_config, read_config_file
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"[queues]\ntotal = 5\n")
+    os.close(write_end)
+    try:
+        text = read_config_file(f"/dev/fd/{read_end}")
+    finally:
+        os.close(read_end)
+    assert text == b"[queues]\ntotal = 5\n"
+    assert parse_config(text, "<pipe>", environ={}).queues.total == 5
+
+
+def test_a_kafka_client_id_longer_than_a_protocol_string_is_refused_naming_it() -> None:
+    # Every request carries it as a Kafka string (a 16-bit length): a longer one was a
+    # struct.error traceback from aiokafka's encoder at the first request.
+    assert load_config(environ={"CONVEYOR_KAFKA__CLIENT_ID": "é" * 16_383}).kafka.client_id
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={"CONVEYOR_KAFKA__CLIENT_ID": "é" * 16_384})
+    assert str(caught.value) == (
+        "environment variable CONVEYOR_KAFKA__CLIENT_ID: $.kafka.client_id: at most 32767 "
+        "bytes in UTF-8 (a Kafka protocol string), got 32768")
+
+
+LABEL_64 = "a" * 64
+
+
+@pytest.mark.parametrize(("environ", "field"), [
+    # The resolver's IDNA encoding raises UnicodeError, not OSError, for such a name:
+    # a traceback from the worker's /metrics endpoint, from the Kafka client, or a
+    # Redis "unreachable" (exit 1) for what the file got wrong.
+    ({"CONVEYOR_HTTP__HOST": f"{LABEL_64}.example.com"}, "$.http.host"),
+    ({"CONVEYOR_HTTP__HOST": "a..b"}, "$.http.host"),
+    ({"CONVEYOR_KAFKA__BOOTSTRAP": f"k1:9092,{LABEL_64}:9092"}, "$.kafka.bootstrap"),
+    ({"CONVEYOR_QUEUES__ADAPTER": "redis", "CONVEYOR_BALANCER__MEMBERSHIP": "redis",
+      "CONVEYOR_REDIS__URL": f"redis://{LABEL_64}:6379/0"}, "$.redis.url"),
+    ({"CONVEYOR_REDIS__MODE": "sentinel",
+      "CONVEYOR_REDIS__SENTINELS": f'["{LABEL_64}:26379"]'}, "$.redis.sentinels[0]"),
+])
+def test_a_host_no_resolver_takes_is_refused_naming_its_field(
+    environ: dict[str, str], field: str,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ=environ)
+    message = str(caught.value)
+    assert f"{field}: " in message, message
+    assert ("is no host name: a dot-separated part is empty or longer than 63 "
+            "characters") in message, message
+
+
 def test_an_empty_kafka_default_namespace_is_refused_naming_it(tmp_path: Path) -> None:
     # Records without cv-ns were read under namespace '', which no handler can take:
     # every app skipped them (acknowledged) as another app's traffic.
@@ -390,6 +461,22 @@ def test_an_environment_value_that_is_not_utf8_names_the_variable(
         load_config(environ={name: value})
     assert str(caught.value) == (f"environment variable {name}: not UTF-8 text (at "
                                  f"character {at})")
+
+
+@pytest.mark.parametrize(("name", "field"), [
+    ("CONVEYOR_REDIS_PASSWORD", "$.redis.password_env"),
+    ("CONVEYOR_REDIS_USERNAME", "$.redis.username_env"),
+    ("CONVEYOR_KAFKA_PASSWORD", "$.kafka.sasl_password_env"),
+])
+def test_a_secret_variable_that_is_not_utf8_names_the_variable_not_the_secret(
+    name: str, field: str,
+) -> None:
+    # Sent to the broker as UTF-8: CONVEYOR_REDIS_PASSWORD=$'\xff' was a
+    # UnicodeEncodeError traceback at the first command, a Kafka one "no broker reachable".
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={name: "pa\udcffss"})
+    assert str(caught.value) == (f"environment variable {name} (named by {field}): not "
+                                 "UTF-8 text (at character 3)")
 
 
 def test_malformed_environment_json_names_the_variable() -> None:

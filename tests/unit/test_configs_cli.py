@@ -39,3 +39,20 @@ def test_an_unknown_name_or_name_with_copy_is_a_usage_error(tmp_path: Path) -> N
     assert done.exit_code == 2 and "there are: compose, kafka, local" in done.output
     done = CliRunner().invoke(main, ["configs", "redis", "--copy", str(tmp_path)])
     assert done.exit_code == 2 and not list(tmp_path.iterdir())
+
+
+def test_copy_keeps_a_symlink_in_the_way_and_writes_nothing_through_it(
+    tmp_path: Path,
+) -> None:
+    # A link whose target does not exist yet "did not exist": the copy wrote through it,
+    # outside DIR (or, its directory missing, failed naming DIR, not the file).
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    into = tmp_path / "configs"
+    into.mkdir()
+    (into / "redis.toml").symlink_to(outside / "redis.toml")
+    done = CliRunner().invoke(main, ["configs", "--copy", str(into)])
+    assert done.exit_code == 0, done.output
+    assert f"kept {into / 'redis.toml'} (exists)" in done.output.splitlines()
+    assert list(outside.iterdir()) == []
+    assert (into / "kafka.toml").read_text() == (ROOT / "configs/kafka.toml").read_text()

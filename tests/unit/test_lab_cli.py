@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conveyor.cli import main
 from conveyor.cli.sim import sim
 from conveyor.cli.tune import tune
 
@@ -183,6 +184,49 @@ def test_bad_arrivals_file_is_a_usage_error(runner: CliRunner, tmp_path: Path) -
     res = runner.invoke(sim, ["--arrivals", str(bad)])
     assert res.exit_code == 2
     assert "bad.txt:2" in res.output
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    # An OverflowError (an infinite duration), then numpy's MemoryError ("Unable to
+    # allocate 74.5 GiB"), as tracebacks.
+    ("1.0\n1e308\n", "a.txt:2: an arrival time is at most 86400 seconds (a day), got 1e308"),
+    ("1.0\n1e9\n", "a.txt:2: an arrival time is at most 86400 seconds (a day), got 1e9"),
+    # A line without end (/dev/zero has no newline) was read whole, into memory.
+    ("1.0\n" + "0" * 100_000, "a.txt:2: a line of more than 1000 characters is no number"),
+])
+def test_an_arrivals_file_past_what_a_replay_can_run_is_a_usage_error(
+    runner: CliRunner, tmp_path: Path, text: str, says: str,
+) -> None:
+    arrivals = tmp_path / "a.txt"
+    arrivals.write_text(text)
+    res = runner.invoke(main, ["sim", "--arrivals", str(arrivals)])
+    assert res.exit_code == 2, res.output
+    [line] = res.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for --arrivals: "), line
+    assert says in line, line
+    assert len(line) < 300, line
+
+
+def test_a_plot_file_is_a_png_whatever_its_name(runner: CliRunner, tmp_path: Path) -> None:
+    # Matplotlib chose the format from the name: `--plot plot.txt` was a traceback
+    # ("Format 'txt' is not supported").
+    out = tmp_path / "plot.txt"
+    res = runner.invoke(sim, ["--pattern", "spike", "--plot", str(out)])
+    assert res.exit_code == 0, res.output
+    assert_png(out)
+
+
+def test_a_plot_that_cannot_be_written_is_a_usage_error_not_a_plot_written(
+    runner: CliRunner,
+) -> None:
+    # Matplotlib lost the write's error: exit 0, "plot written to /dev/full", nothing
+    # written (a full disk: a cut PNG).
+    res = runner.invoke(main, ["sim", "--pattern", "spike", "--plot", "/dev/full"])
+    assert res.exit_code == 2, res.output
+    assert "plot written" not in res.stdout
+    [line] = res.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for --plot: cannot write "
+                           "/dev/full: No space left on device"), line
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,6 @@ import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Set
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -195,7 +194,8 @@ class KafkaConfig(_Section):
     replication_factor: Annotated[int, msgspec.Meta(ge=1, le=32_767)] = 1
     """Kafka's field is a 16-bit integer."""
     client_id: str = "conveyor"
-    """The ``client.id`` the producer and consumers send (broker logs and quotas)."""
+    """The ``client.id`` the producer and consumers send (broker logs and quotas); at
+    most 32767 bytes in UTF-8, a Kafka protocol string."""
     linger_ms: MillisOrZero = 2
     """How long the producer waits to fill a record batch (Kafka's ``linger.ms``)."""
     max_request_size: Annotated[int, msgspec.Meta(ge=1024, le=2**31 - 1)] = 1_048_576
@@ -877,6 +877,26 @@ def _wrong_item(value: object, fits: Callable[[object, object], bool]) -> str | 
                  if not fits(name, item)), None)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file read, 1 MiB: a config is a few kilobytes, and a path to
+something endless (``--config /dev/zero``) read until the kernel killed the process."""
+
+
+def read_config_file(path: str | os.PathLike[str]) -> bytes:
+    """A config file's bytes, read once and at most :data:`MAX_CONFIG_BYTES`: a file given
+    as ``<(command)`` is a pipe, which a second read finds empty, so a caller that needs
+    the text as well as the config reads it here and gives it to :func:`parse_config`."""
+    try:
+        with open(path, "rb") as file:
+            text = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, which no "
+                          "config is (is it the config file?)")
+    return text
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -885,21 +905,30 @@ def load_config(
 ) -> Config:
     """Load a config file (or the defaults when ``path`` is None) and apply overrides."""
     _check_load_arguments(environ, overrides)
+    if path is None:
+        return parse_config(None, "defaults", environ=environ, overrides=overrides)
+    if not isinstance(path, str | os.PathLike):  # Path() would raise a bare TypeError
+        raise InvalidArgumentError(
+            f"load_config: expected the path of a TOML file (str or pathlib.Path) or "
+            f"None, got {type(path).__name__} {path!r:.80}")
+    if path == "":  # Path("") is the current directory
+        raise InvalidArgumentError("load_config: the path is empty: give the path of a "
+                                   "TOML file, or None for the defaults")
+    return parse_config(read_config_file(path), str(path), environ=environ,
+                        overrides=overrides)
+
+
+def parse_config(
+    text: bytes | None,
+    source: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """:func:`load_config` of a file's bytes (:func:`read_config_file`; None: no file),
+    ``source`` naming it in errors."""
     raw: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        if not isinstance(path, str | os.PathLike):  # Path() would raise a bare TypeError
-            raise InvalidArgumentError(
-                f"load_config: expected the path of a TOML file (str or pathlib.Path) or "
-                f"None, got {type(path).__name__} {path!r:.80}")
-        if path == "":  # Path("") is the current directory
-            raise InvalidArgumentError("load_config: the path is empty: give the path of a "
-                                       "TOML file, or None for the defaults")
-        source = str(path)
-        try:
-            text = Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {source}: {exc.strerror}") from None
+    if text is not None:
         # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
         text = text.removeprefix(b"\xef\xbb\xbf")
         try:
@@ -920,4 +949,24 @@ def load_config(
         _table(raw, section, f"{source}: $.{section}").update(values)
         for name in values:  # a command-line option wins over the variable it replaces
             applied[f"$.{section}.{name}"] = f"a command-line option ({section}.{name})"
-    return _convert(raw, source, applied)
+    config = _convert(raw, source, applied)
+    _refuse_secrets_not_text(config, env)
+    return config
+
+
+def _refuse_secrets_not_text(config: Config, environ: Mapping[str, str]) -> None:
+    """A ConfigError naming the variable (never its value) when one that a ``*_env``
+    field names holds bytes that are not UTF-8 (kept by ``os.environ`` as lone
+    surrogates, PEP 383): the secret is sent to the broker as UTF-8, and such a password
+    was a UnicodeEncodeError traceback at the first Redis command."""
+    for section, values in (("redis", config.redis), ("kafka", config.kafka)):
+        for field in values.__struct_fields__:
+            variable = getattr(values, field)
+            if not field.endswith("_env") or not variable:
+                continue
+            try:
+                environ.get(variable, "").encode()
+            except UnicodeEncodeError as exc:
+                raise ConfigError(
+                    f"environment variable {variable} (named by $.{section}.{field}): not "
+                    f"UTF-8 text (at character {exc.start + 1})") from None

@@ -1,0 +1,18 @@
+"""Host names as the resolver takes them: checked where a config or a command names one."""
+
+from __future__ import annotations
+
+
+def host_problem(host: str) -> str | None:
+    """Why no resolver takes ``host``, else None.
+
+    ``socket.getaddrinfo`` encodes a name with Python's IDNA codec, which raises
+    ``UnicodeError``, not the ``OSError`` of a name that resolves to nothing, for a
+    dot-separated part that is empty or longer than 63 characters (DNS's limit): a
+    traceback, from wherever the name was first resolved."""
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return (f"{host!r:.100} is no host name: a dot-separated part is empty or longer "
+                "than 63 characters")
+    return None
