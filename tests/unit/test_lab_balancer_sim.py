@@ -158,6 +158,10 @@ def test_a_settled_daemon_still_rebalances_in_full_every_30_to_60_intervals(
     assert 3 * 10 / 60 * 0.6 <= extra <= 3 * 10 / 30
 
 
+INTERRUPT_AT_S = 60.0
+"""Virtual seconds into a run when the Ctrl-C test interrupts it."""
+
+
 def test_ctrl_c_during_a_run_leaves_no_task_to_be_destroyed_pending(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -165,23 +169,29 @@ def test_ctrl_c_during_a_run_leaves_no_task_to_be_destroyed_pending(
     # "Task was destroyed but it is pending!" and "Exception ignored in" tracebacks: the
     # loop was closed with every simulated daemon's tasks still in it.
     import gc
-    import signal
     import sys
+
+    from conveyor.lab.virtual_time import VirtualTimeLoop
 
     unraisable: list[object] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
 
-    def ctrl_c(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    # Ctrl-C as the loop waits for its next timer (where a run spends its time), once
+    # the daemons are up and balancing: deterministic, where a real signal could land
+    # in a finalizer and be swallowed as unraisable.
+    advance = VirtualTimeLoop.advance
+    pressed: list[float] = []  # once, as a person presses it
 
-    previous = signal.signal(signal.SIGALRM, ctrl_c)
-    signal.setitimer(signal.ITIMER_REAL, 0.3)  # a run of minutes: interrupted mid-way
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run(BalancerSimConfig(daemons=200, queues=800, steady_s=3_600.0))
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    def interrupted_advance(loop: VirtualTimeLoop, seconds: float) -> None:
+        advance(loop, seconds)
+        if loop.time() > INTERRUPT_AT_S and not pressed:
+            pressed.append(loop.time())
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(VirtualTimeLoop, "advance", interrupted_advance)
+    with pytest.raises(KeyboardInterrupt):
+        run(BalancerSimConfig(daemons=20, queues=80, steady_s=3_600.0))
+    assert len(pressed) == 1
     gc.collect()
     logged = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
     assert logged == [] and unraisable == [], (len(logged), logged[:3], unraisable[:3])
