@@ -8,6 +8,7 @@ start it themselves. If its binary is missing they skip locally, but fail when
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import random
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,7 @@ def stop_when(
 ) -> str:
     """Wait for ``condition``, stop the worker with SIGTERM (it flushes its exporters),
     assert a clean exit and return its stderr; the process never outlives the call."""
-    try:
+    with reaped(proc):
         try:
             wait_until_sync(condition, timeout_s, what=what)
         except AssertionError as exc:  # what the worker said, to see why
@@ -121,12 +122,20 @@ def stop_when(
             raise AssertionError(f"{exc}; the worker's stderr:\n{said[-4000:]}") from None
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    return stderr
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``proc`` for the block; killed and waited for after it if still running (a failed
+    wait or assertion in the block leaves no process behind)."""
+    try:
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, stderr
-    return stderr
 
 
 # The server fixtures (redis_server, tansu, redis_cluster, redis_sentinel and the

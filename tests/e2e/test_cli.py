@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, stop_when, wait_until_sync
+from tests.conftest import free_port, reaped, stop_when, wait_until_sync
 from tests.e2e.test_tour import Daemon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -433,15 +433,11 @@ def test_ctrl_c_ends_a_command_waiting_for_its_broker_in_one_line_with_exit_130(
         proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", *command, "--config",
                                  str(config)], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        try:
+        with reaped(proc):
             connection, _ = silent.accept()  # the command is now waiting for an answer
             proc.send_signal(signal.SIGINT)
             _, stderr = proc.communicate(timeout=30)
             connection.close()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
 
 
@@ -474,7 +470,7 @@ def test_a_second_ctrl_c_ends_a_command_whose_code_holds_the_loop(tmp_path: Path
     # command's synchronous step holds it: no Ctrl-C, first or later, was heard.
     proc = subprocess.Popen([sys.executable, "-c", HOLDS_THE_LOOP], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with reaped(proc):
         assert proc.stderr is not None
         assert proc.stderr.readline() == "building\n"
 
@@ -488,10 +484,6 @@ def test_a_second_ctrl_c_ends_a_command_whose_code_holds_the_loop(tmp_path: Path
 
         wait_until_sync(ctrl_c_ended_it, 20, "Ctrl-C to end the command")
         stderr = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
 
 
@@ -514,15 +506,11 @@ def test_ctrl_c_while_the_command_loads_is_one_line_with_exit_130(tmp_path: Path
     proc = subprocess.Popen([script, "status", "--config", str(tmp_path / "none.toml")],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    try:
+    with reaped(proc):
         wait_until_sync(lambda: sigint_held(proc.pid), 10,
                         "the command to hold SIGINT while it loads")
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
 
 

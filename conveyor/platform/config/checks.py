@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from conveyor.platform.config.hosts import host_problem
+from conveyor.platform.config.hosts import check_host
 from conveyor.platform.config.redis_url import check_url as check_redis_url
 from conveyor.platform.errors import ConfigError
 from conveyor.platform.ids import NAME
@@ -146,18 +146,12 @@ def check_bootstrap(bootstrap: str, field: str = "$.kafka.bootstrap") -> None:
         if found is None or not 0 < int(found.group(1) or 9092) < 65536:
             raise ConfigError(
                 f"{field}: expected HOST:PORT[,HOST:PORT...], got {bootstrap!r}")
-        _check_host(_host_of(found), field)
+        check_host(_host_of(found), field)
 
 
 def _host_of(found: re.Match[str]) -> str:
     """The host of a :data:`_HOST_PORT` match."""
     return found.group(0)[: found.start(1) - 1] if found.group(1) else found.group(0)
-
-
-def _check_host(host: str, field: str) -> None:
-    problem = host_problem(host)
-    if problem is not None:
-        raise ConfigError(f"{field}: {problem}")
 
 
 def _check_names(config: Config) -> None:
@@ -208,7 +202,7 @@ def _check_names(config: Config) -> None:
     ):
         if not _ENV_NAME.fullmatch(name):
             raise ConfigError(f"{path}: expected the name of an environment variable, got {name!r}")
-    _check_host(config.http.host, "$.http.host")
+    check_host(config.http.host, "$.http.host")
     endpoint = config.telemetry.endpoint
     if endpoint and not _http_url(endpoint):
         raise ConfigError(
@@ -249,7 +243,7 @@ def _check_sentinels(config: Config) -> None:
                 f"$.redis.sentinels[{i}]: expected HOST[:PORT] (port {SENTINEL_PORT} if "
                 f"left out), got {item!r}"
             )
-        _check_host(_host_of(found), f"$.redis.sentinels[{i}]")
+        check_host(_host_of(found), f"$.redis.sentinels[{i}]")
     if not NAME.fullmatch(redis.sentinel_service):
         raise ConfigError(
             f"$.redis.sentinel_service: the name the sentinels monitor the primary under "

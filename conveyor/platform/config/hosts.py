@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from conveyor.platform.errors import ConfigError
+
 
 def host_problem(host: str) -> str | None:
     """Why no resolver takes ``host``, else None.
@@ -16,3 +18,10 @@ def host_problem(host: str) -> str | None:
         return (f"{host!r:.100} is no host name: a dot-separated part is empty or longer "
                 "than 63 characters")
     return None
+
+
+def check_host(host: str, field: str) -> None:
+    """Refuse ``host`` (:class:`ConfigError` naming ``field``) when no resolver takes it."""
+    problem = host_problem(host)
+    if problem is not None:
+        raise ConfigError(f"{field}: {problem}")

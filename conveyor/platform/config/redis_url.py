@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, parse_qsl, unquote, unquote_plus, urlsplit, urlunsplit
 
-from conveyor.platform.config.hosts import host_problem
+from conveyor.platform.config.hosts import check_host
 from conveyor.platform.errors import ConfigError
 
 
@@ -98,9 +98,7 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
         ) from None
     if parts.scheme not in ("redis", "rediss"):
         raise ConfigError(f"{field}: expected redis:// or rediss://, got {shown}")
-    problem = host_problem(parts.hostname or "")
-    if problem is not None:
-        raise ConfigError(f"{field}: {problem}")
+    check_host(parts.hostname or "", field)
     # redis-py drops both without a word: port 0 for 6379, and all after a '#'.
     if parts.port == 0:
         raise ConfigError(f"{field}: port 0 is no server's port (redis-py would connect "
