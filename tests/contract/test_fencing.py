@@ -118,14 +118,19 @@ async def test_a_lost_queue_runs_nothing_more_and_the_next_owner_gets_all_it_hel
         await wait_until(lambda: record.handled >= 20, 15, what="handlers at work")
         await lapse(balancer, record)
         handled_before = set(record.calls)
-        held = sum(a.unacknowledged for a in d.agents.values())
+        agents = list(d.agents.values())
+        held = sum(a.unacknowledged for a in agents)
+        acked = sum(a.acked for a in agents)
         assert held > 0, "nothing was held: nothing to test"
         for queue in list(d.agents):  # what a balancer does once the lease is gone
             await d.queues.queue_lost(queue)
         assert set(record.calls) == handled_before
+        # An acknowledgement sent before the lapse may be confirmed since (a slow
+        # broker's answer): that message is done, not moved.
+        confirmed_since = sum(a.acked for a in agents) - acked
     finally:
         report = await d.stop()
-    assert (report.moved, report.abandoned, report.released) == (held, 0, 0)
+    assert (report.moved, report.abandoned, report.released) == (held - confirmed_since, 0, 0)
 
     # The next owner gets everything back: nothing is lost, and only messages the first
     # daemon had already run (their acks held back by the lapse) can run twice.

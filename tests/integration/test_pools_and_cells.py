@@ -231,7 +231,13 @@ async def test_one_tenants_flood_does_not_starve_another_tenants_cell() -> None:
     await d.stop()
     b = sorted(latency["B"])
     p99 = b[int(0.99 * len(b)) - 1]
-    print(f"B p50 {b[len(b) // 2] * 1000:.1f} ms p99 {p99 * 1000:.1f} ms, A done {a_done}")
+    a_p50 = sorted(latency["A"])[len(latency["A"]) // 2]
+    print(f"B p50 {b[len(b) // 2] * 1000:.1f} ms p99 {p99 * 1000:.1f} ms, A done {a_done}, "
+          f"A p50 {a_p50:.2f} s")
     assert a_done < 20_000, "B should have finished while A's flood was still queued"
-    # A sleep of 2 ms takes ~2-3 ms on a busy loop; B's p99 within 10 handler times.
-    assert p99 < 10 * work_s, f"B p99 {p99 * 1000:.1f} ms with A's backlog {20_000 - a_done}"
+    # Starved, B would queue behind A's flood as A's messages do: seconds (20,000 of
+    # 2 ms on 4 workers). Served by its own cell, B waits a few handler times: 2-6 ms
+    # on a quiet machine, some 50 ms when other processes share its cores. The bound
+    # is against A's own wait, measured in the same run, and absolute.
+    assert p99 < a_p50 / 10, f"B p99 {p99 * 1000:.1f} ms, A p50 {a_p50:.2f} s"
+    assert p99 < 0.25, f"B p99 {p99 * 1000:.1f} ms with A's backlog {20_000 - a_done}"
