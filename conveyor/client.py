@@ -40,6 +40,7 @@ from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
     CONTENT_JSON,
     CONTENT_MSGPACK,
+    MAX_HEADER_BYTES,
     RESERVED_HEADERS,
     Message,
     new_message_id,
@@ -92,6 +93,24 @@ def _is_text(value: object) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _utf8_len(text: str) -> int:
+    """The length of ``text`` (UTF-8 text, :func:`_is_text`) in UTF-8 bytes."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def _headers_too_large(stream: StreamId, headers: Mapping[str, str], size: int
+                       ) -> MessageTooLargeError:
+    """The error of a message whose own headers hold ``size`` bytes, past
+    :data:`MAX_HEADER_BYTES`; it names the largest."""
+    name, value = max(headers.items(), key=lambda h: _utf8_len(h[0]) + _utf8_len(h[1]))
+    return MessageTooLargeError(
+        f"message to stream {stream.shown()}: its headers hold {size:,} bytes (names and "
+        f"values, the largest {shown_name(name, quoted=True)} "
+        f"({_utf8_len(name) + _utf8_len(value):,} bytes)), more than the "
+        f"{MAX_HEADER_BYTES:,} a message's headers may; nothing was sent: headers are "
+        "metadata, put the data in the body")
 
 
 def encode_body(body: Any, content_type: str | None, stream: StreamId) -> tuple[bytes, str]:
@@ -310,11 +329,15 @@ class Client:
         if clash:
             raise InvalidArgumentError(
                 f"headers {sorted(clash)} are reserved by Conveyor's wire format")
+        size = 0
         for name, value in hdrs.items():
             if not (_is_text(name) and _is_text(value)):
                 raise InvalidArgumentError(
                     f"header {name!r}: {value!r} ({type(value).__name__}): header names and "
                     "values are text that UTF-8 can encode (str); nothing was sent")
+            size += _utf8_len(name) + _utf8_len(value)
+        if size > MAX_HEADER_BYTES:
+            raise _headers_too_large(stream, hdrs, size)
         return hdrs
 
     def _stream(self, namespace: str, key: str) -> tuple[int, StreamId]:

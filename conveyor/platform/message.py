@@ -35,6 +35,13 @@ that a message's headers travel on any of them."""
 RESERVED_HEADERS = frozenset(
     {H_NAMESPACE, H_KEY, H_ID, H_CONTENT_TYPE, H_ATTEMPT, H_ENQUEUED_MS, H_REPLAY_OF, H_BODY}
 )
+MAX_HEADER_BYTES = 64 << 10
+"""A message's own headers at most, their names and values together, in UTF-8 bytes
+(64 KiB): the client refuses more as it builds the message, on every backend. Headers
+are metadata (a tenant, a trace context), not a second body; ``[queues] max_body_bytes``
+bounds the body alone, so without this bound a message of a few bytes of body and
+megabytes of headers reached the broker (Redis refuses an argument past 512 MB by
+cutting the connection)."""
 
 
 

@@ -21,7 +21,7 @@ from conveyor.platform.errors import (
 )
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
-from conveyor.platform.message import new_message_ids
+from conveyor.platform.message import MAX_HEADER_BYTES, new_message_ids
 
 
 @pytest.fixture
@@ -385,3 +385,25 @@ def test_a_sync_client_refuses_a_batch_that_is_no_iterable_as_the_client_does() 
             sync.publish_batch(5)  # type: ignore[arg-type]
         tokens = sync.publish_batch(Publish("a", str(i), {}) for i in range(3))
         assert len(tokens) == 3
+
+
+async def test_headers_past_their_bound_are_refused_naming_the_largest(client: Client) -> None:
+    # max_body_bytes counted the body alone: a message of 10 MB of headers went to the
+    # broker (past Redis' 512 MB argument limit, a cut connection, not an error saying so).
+    client.max_body_bytes = 100
+    at_most = {"a": "x" * (MAX_HEADER_BYTES - 5), "tag": "y"}  # 65,536 bytes: taken
+    await client.publish("a", "k", {}, at_most)
+    over = {"small": "v", "big": "x" * 10_000_000}
+    accented = {"é": "é" * (MAX_HEADER_BYTES // 2)}  # bytes counted, not characters
+    for headers, named in ((over, "'big' (10,000,003 bytes)"),
+                           (accented, "'é' (65,538 bytes)")):
+        with pytest.raises(MessageTooLargeError) as single:
+            await client.publish("a", "k", {}, headers)
+        with pytest.raises(MessageTooLargeError) as batch:
+            await client.publish_batch([Publish("a", "k", {}), Publish("a", "k", {}, headers)])
+        for error in (single.value, batch.value):
+            text = str(error)
+            assert text.startswith("message to stream a/k: its headers hold "), text
+            assert f"the largest {named}" in text and "nothing was sent" in text, text
+            assert "65,536" in text and "\n" not in text and len(text) < 400, text
+    assert len(stored(client)) == 1

@@ -7,9 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor.adapters.redis.codec import (
+    PUBLISH_CHUNK_BYTES,
     EntryDecoder,
     decode_entry,
     encode_fields,
+    publish_chunks,
     undecodable_entry,
 )
 from conveyor.adapters.redis.keys import joined_ids
@@ -262,3 +264,18 @@ def test_a_common_reply_shares_its_stream_ids_and_reads_every_number() -> None:
     assert [m.token for m in got] == [SequenceToken(4, 1700000000005, i) for i in range(3)]
     assert [m.enqueued_at_ms for m in got] == [m.enqueued_at_ms for m in msgs]
     assert [m.id for m in got] == ["m0", "m1", "m2"]
+
+
+def test_publish_chunks_count_headers_as_they_count_bodies() -> None:
+    # Chunks were cut by body bytes alone: 1,000 messages of 60 KiB headers went in one
+    # 60 MB script call, past the ~4 MiB a call is meant to hold.
+    headers = {"sig": "x" * (60 << 10)}
+    messages = [Message(f"m{i}", StreamId("a", "k"), b"{}", headers) for i in range(1000)]
+    chunks = publish_chunks(messages)
+    assert [m.id for chunk in chunks for m in chunk] == [m.id for m in messages]
+    most = PUBLISH_CHUNK_BYTES // (2 + 3 + (60 << 10))  # whole messages per chunk
+    assert [len(c) for c in chunks[:-1]] == [most] * (len(chunks) - 1)
+    assert 0 < len(chunks[-1]) <= most
+    # a message with more than a chunk's bytes still goes, alone
+    big = Message("big", StreamId("a", "k"), b"x" * PUBLISH_CHUNK_BYTES, headers)
+    assert [len(c) for c in publish_chunks([messages[0], big, messages[1]])] == [1, 1, 1]

@@ -55,7 +55,8 @@ _TYPES_MAX = 64  # distinct content types remembered per receiver
 PUBLISH_CHUNK = 1000
 """Entries per publishing script call at most (one call runs ~1 ms with small bodies)."""
 PUBLISH_CHUNK_BYTES = 4 << 20
-"""Body bytes per publishing script call, about (a call with one larger body goes alone)."""
+"""Bytes of bodies and headers per publishing script call, about (a call with one larger
+message goes alone)."""
 MAX_HEADERS = 3900
 """A message's own headers at most. Every entry is written by a script, whose
 ``unpack`` hands ``XADD`` at most about 8,000 values (Lua's stack): 3,998 headers was the
@@ -113,22 +114,28 @@ def enqueue_args(messages: Sequence[Message]) -> list[bytes | str | int]:
 
 def publish_chunks(messages: Sequence[Message]) -> list[Sequence[Message]]:
     """``messages`` cut into script calls of at most :data:`PUBLISH_CHUNK` entries and
-    about :data:`PUBLISH_CHUNK_BYTES` of bodies (a script blocks the server while it
-    runs, and Redis caps one argument at 512 MB)."""
-    if len(messages) <= PUBLISH_CHUNK and sum(
-        [len(m.body) for m in messages]
-    ) <= PUBLISH_CHUNK_BYTES:
+    about :data:`PUBLISH_CHUNK_BYTES` of bodies and headers (a script blocks the server
+    while it runs, and Redis caps one argument at 512 MB)."""
+    sizes = [len(m.body) + _headers_size(m.headers) if m.headers else len(m.body)
+             for m in messages]
+    if len(messages) <= PUBLISH_CHUNK and sum(sizes) <= PUBLISH_CHUNK_BYTES:
         return [messages]
     chunks: list[Sequence[Message]] = []
     start, size = 0, 0
-    for i, msg in enumerate(messages):
-        if i > start and (i - start >= PUBLISH_CHUNK or size + len(msg.body) > PUBLISH_CHUNK_BYTES):
+    for i, more in enumerate(sizes):
+        if i > start and (i - start >= PUBLISH_CHUNK or size + more > PUBLISH_CHUNK_BYTES):
             chunks.append(messages[start:i])
             start, size = i, 0
-        size += len(msg.body)
+        size += more
     if start < len(messages):
         chunks.append(messages[start:])
     return chunks
+
+
+def _headers_size(headers: dict[str, str]) -> int:
+    """A message's headers' names and values, in characters (bytes, for ASCII)."""
+    return sum([len(name) + len(value) for name, value in headers.items()])
+
 
 def tokens_of_runs(runs: bytes, queue: int) -> list[SequenceToken]:
     """The entry ids :data:`~conveyor.adapters.redis.scripts.ENQUEUE` returns as runs
