@@ -36,6 +36,7 @@ from conveyor.platform.message import (
     DeadLetter,
     Message,
     Undecodable,
+    first_not_utf8,
     given_twice,
     now_ms,
 )
@@ -199,6 +200,10 @@ def undecodable_entry(queue: int, eid: bytes, fl: list[bytes], exc: Exception) -
     raw = tuple(zip(fl[0::2], fl[1::2], strict=False))
     body = next((value for name, value in raw if name == _BODY), b"")
     token = token_of(eid, queue)
+    if isinstance(exc, UnicodeDecodeError):  # which field: Python's error names none
+        culprit = first_not_utf8(raw, "field", _BODY)
+        if culprit is not None:
+            exc = DecodeError(culprit)
     return Undecodable(
         id=eid.decode(), stream=StreamId("", ""), body=body, content_type=CONTENT_BYTES,
         enqueued_at_ms=token.major, token=token,
