@@ -35,7 +35,13 @@ from conveyor.platform.errors import (
     MessageTooLargeError,
     ShutdownError,
 )
-from conveyor.platform.ids import SequenceToken, StreamId, shown_name
+from conveyor.platform.ids import (
+    SequenceToken,
+    StreamId,
+    key_problem,
+    namespace_problem,
+    shown_name,
+)
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
     CONTENT_JSON,
@@ -352,6 +358,15 @@ class Client:
                 raise InvalidArgumentError(
                     f"stream {_shown_any(namespace)}/{_shown_any(key)}: a namespace and a "
                     "stream key are text that UTF-8 can encode (str); nothing was sent")
+            problem = namespace_problem(namespace)
+            if problem is not None:
+                problem = f"its namespace {problem}"
+            elif (problem := key_problem(key)) is not None:
+                problem = f"its stream key {problem}"
+            if problem is not None:
+                raise InvalidArgumentError(
+                    f"stream {_shown_any(namespace)}/{_shown_any(key)}: {problem}; nothing "
+                    "was sent")
             if self._remembered >= _STREAMS_REMEMBERED:
                 self._streams.clear()
                 self._remembered, streams = 0, None

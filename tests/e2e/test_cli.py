@@ -137,6 +137,13 @@ USER_MISTAKES = [
      "NAMESPACE", "must be a non-empty string"),
     (["publish", "orders", "", "{}", "--config", "configs/redis.toml"],
      "KEY", "must be a non-empty string"),
+    # Were published, as the client took them.
+    (["publish", "a\x01b", "k1", "{}", "--config", "configs/redis.toml"],
+     "NAMESPACE", r"'a\x01b' holds a control character ('\x01')"),
+    (["publish", "n" * 300, "k1", "{}", "--config", "configs/redis.toml"],
+     "NAMESPACE", "(300 characters) is longer than 255 characters"),
+    (["publish", "orders", "k" * 2000, "{}", "--config", "configs/redis.toml"],
+     "KEY", "(2,000 characters) is longer than 1,024 characters"),
     (["publish", "orders", "k1", "{}", "-H", "a=1", "-H", "a=2", "--config",
       "configs/redis.toml"],
      "--header", "'a' given twice"),

@@ -413,20 +413,21 @@ async def test_a_body_nested_too_deeply_is_dead_lettered_and_settles() -> None:
 
 
 async def test_a_huge_key_is_cut_short_in_the_report_and_the_errors() -> None:
-    # A 1 MB key made each report line and settle's DeadLettersFound a megabyte long.
+    # A 1 MB key made each report line and settle's DeadLettersFound a megabyte long
+    # (a client now refuses a key over 1,024 characters: the longest is cut short too).
     app = App("huge")
 
     @app.handler("k", retry_attempts=1)
     async def refuse(body: bytes) -> None:
         raise ValueError("refused")
 
-    key = "K" * 1_000_000
+    key = "K" * 1024
     async with TestWorker(app) as worker:
         await worker.publish("k", key, b"x")
         with pytest.raises(DeadLettersFound) as found:
             await worker.settle()
     [line] = worker.report().splitlines()
-    assert line == (f"dead-lettered k/{'K' * 100}… (1,000,000 characters) refuse, "
+    assert line == (f"dead-lettered k/{'K' * 100}… (1,024 characters) refuse, "
                     "1 attempt: ValueError: refused")
     assert len(str(found.value)) < 500, str(found.value)[:500]
     assert [r.key for r in worker.dead_lettered()] == [key]  # the key itself is kept

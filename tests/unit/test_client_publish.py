@@ -407,3 +407,31 @@ async def test_headers_past_their_bound_are_refused_naming_the_largest(client: C
             assert f"the largest {named}" in text and "nothing was sent" in text, text
             assert "65,536" in text and "\n" not in text and len(text) < 400, text
     assert len(stored(client)) == 1
+
+
+@pytest.mark.parametrize(("namespace", "key", "fault"), [
+    ("a\x00b", "k", r"stream 'a\x00b'/'k': its namespace holds a control character ('\x00')"),
+    ("orders\nforged", "k", r"its namespace holds a control character ('\n')"),
+    ("a\x7f", "k", r"its namespace holds a control character ('\x7f')"),
+    ("n" * 100_000, "k",
+     f"'{'n' * 100}'… (100,000 characters)/'k': its namespace is longer than 255 characters,"),
+    ("a", "k" * 100_000, "its stream key is longer than 1,024 characters,"),
+])
+async def test_a_namespace_not_one_short_line_and_a_huge_key_are_refused(
+    client: Client, namespace: str, key: str, fault: str,
+) -> None:
+    # Namespaces with a NUL, a newline or 100 kB went to the broker (and into every
+    # log line, metrics label and dead letter naming them); a 100 kB key was remembered
+    # by the client, and by every agent's lanes, for each of 65,536 streams.
+    with pytest.raises(InvalidArgumentError, match=re.escape(fault)) as single:
+        await client.publish(namespace, key, {})
+    with pytest.raises(InvalidArgumentError, match=re.escape(fault)) as batch:
+        await client.publish_batch([Publish("a", "k", {}), Publish(namespace, key, {})])
+    for error in (single.value, batch.value):
+        text = str(error)
+        assert "\n" not in text and len(text) < 400 and "nothing was sent" in text, text
+    assert stored(client) == {}
+    # the longest of each, and a key of any text (control characters are data there)
+    for namespace, key in (("n" * 255, "k"), ("a", "k" * 1024), ("a", "k\x00\n\x1b")):
+        await client.publish(namespace, key, {})
+    assert len(stored(client)) == 3

@@ -218,6 +218,15 @@ def test_a_namespace_no_message_could_be_published_to_is_refused() -> None:
 
     with pytest.raises(HandlerDeclarationError, match="not text UTF-8 can encode"):
         App("t").handler("caf\udce9")(h)
+    # what a client refuses to publish to (a NUL, a newline, 100 kB): accepted, it
+    # subscribed to messages that could never come
+    for namespace, fault in (("a\x00b", r"holds a control character \('\\x00'\)"),
+                             ("orders\n", r"holds a control character \('\\n'\)"),
+                             ("n" * 100_000, r"characters\) is longer than 255 characters")):
+        with pytest.raises(HandlerDeclarationError, match=fault) as refused:
+            App("t").handler(namespace)(h)
+        assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+    App("t").handler("n" * 255)(h)
 
 
 @pytest.mark.parametrize(
