@@ -391,6 +391,9 @@ class Client:
     ) -> SequenceToken:
         """Publish one message; returns once it is stored (its position in the queue).
 
+        ``content_type`` None or ``""`` is the default: JSON (what every adapter reads an
+        empty content type as), or the encoding of a ``bytes`` or ``str`` body as given.
+
         Raises :class:`~conveyor.PublishUncertain` when the broker may or may not have
         stored it (see the README's delivery guarantee).
         """

@@ -435,3 +435,13 @@ async def test_a_namespace_not_one_short_line_and_a_huge_key_are_refused(
     for namespace, key in (("n" * 255, "k"), ("a", "k" * 1024), ("a", "k\x00\n\x1b")):
         await client.publish(namespace, key, {})
     assert len(stored(client)) == 3
+
+
+async def test_an_empty_content_type_is_the_default(client: Client) -> None:
+    # As every adapter reads an empty content-type field (the memory adapter too).
+    await client.publish("a", "k", b"{}", content_type="")
+    await client.publish_batch([Publish("a", "k", {"x": 1}, content_type="")])
+    adapter = client.adapter
+    assert isinstance(adapter, MemoryAdapter)
+    got = [(m.body, m.content_type) for log in adapter.broker.logs.values() for m in log.items]
+    assert got == [(b"{}", "application/json"), (b'{"x":1}', "application/json")]
