@@ -335,6 +335,10 @@ class Client:
         if clash:
             raise InvalidArgumentError(
                 f"headers {sorted(clash)} are reserved by Conveyor's wire format")
+        if "" in hdrs:  # as `conveyor publish -H =v` is refused: a name names something
+            raise InvalidArgumentError(
+                f"message to stream {stream.shown()}: a header has an empty name (its value "
+                f"{hdrs['']!r:.80}): a header's name is non-empty text; nothing was sent")
         size = 0
         for name, value in hdrs.items():
             if not (_is_text(name) and _is_text(value)):

@@ -445,3 +445,16 @@ async def test_an_empty_content_type_is_the_default(client: Client) -> None:
     assert isinstance(adapter, MemoryAdapter)
     got = [(m.body, m.content_type) for log in adapter.broker.logs.values() for m in log.items]
     assert got == [(b"{}", "application/json"), (b'{"x":1}', "application/json")]
+
+
+async def test_a_header_with_an_empty_name_is_refused_as_the_cli_refuses_it(
+        client: Client) -> None:
+    # `conveyor publish -H =v` is a usage error; the client sent the header "" along.
+    with pytest.raises(InvalidArgumentError) as single:
+        await client.publish("a", "k", {}, {"tenant": "acme", "": "v"})
+    with pytest.raises(InvalidArgumentError) as batch:
+        await client.publish_batch([Publish("a", "k", {}), Publish("a", "k", {}, {"": "v"})])
+    for error in (single.value, batch.value):
+        assert str(error) == ("message to stream a/k: a header has an empty name (its value "
+                              "'v'): a header's name is non-empty text; nothing was sent")
+    assert stored(client) == {}
