@@ -122,13 +122,18 @@ def _headers_too_large(stream: StreamId, headers: Mapping[str, str], size: int
 def encode_body(body: Any, content_type: str | None, stream: StreamId) -> tuple[bytes, str]:
     """Bytes and str go as given (JSON unless told otherwise); objects are encoded (as
     msgpack when told so, else as JSON). A body that cannot be is a
-    :class:`BodyEncodeError` naming ``stream``."""
+    :class:`BodyEncodeError` naming ``stream``; so is None (a body left out: JSON's
+    ``null`` is ``b"null"``)."""
     if content_type is not None and not _is_text(content_type):
         raise InvalidArgumentError(
             f"content type {content_type!r}: it is text that UTF-8 can encode (str); "
             "nothing was sent")
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body), content_type or CONTENT_JSON
+    if body is None:  # left out, or a function's missing return: no handler wants it
+        raise BodyEncodeError(
+            f"message to stream {stream.shown()}: body is None, which is no message: pass "
+            "the body (to send JSON's null, pass b'null'); nothing was sent")
     try:
         if isinstance(body, str):
             return body.encode(), content_type or CONTENT_JSON

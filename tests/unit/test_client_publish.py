@@ -160,7 +160,7 @@ async def test_a_float_json_cannot_carry_is_refused_not_sent_as_null(
 
 async def test_nulls_of_nones_and_of_text_go_as_they_are_and_msgpack_keeps_nan(
         client: Client) -> None:
-    bodies = [{"coupon": None}, {"note": "null"}, [None, 1.5], None]
+    bodies = [{"coupon": None}, {"note": "null"}, [None, 1.5], [None]]
     await client.publish_batch([Publish("a", "k", body) for body in bodies])
     for body in bodies:
         await client.publish("a", "k", body)
@@ -458,3 +458,23 @@ async def test_a_header_with_an_empty_name_is_refused_as_the_cli_refuses_it(
         assert str(error) == ("message to stream a/k: a header has an empty name (its value "
                               "'v'): a header's name is non-empty text; nothing was sent")
     assert stored(client) == {}
+
+
+@pytest.mark.parametrize("content_type", [None, "application/msgpack", "text/plain"])
+async def test_a_body_of_none_is_refused_as_a_type_error_naming_the_argument(
+        client: Client, content_type: str | None) -> None:
+    # Was sent as JSON null (msgpack nil): a body left out or a function's missing
+    # return, which every handler but one of `T | None` dead-letters.
+    with pytest.raises(TypeError) as single:
+        await client.publish("a", "k", None, content_type=content_type)
+    with pytest.raises(TypeError) as batch:
+        await client.publish_batch([Publish("a", "k", {}),
+                                    Publish("a", "k", None, content_type=content_type)])
+    for error in (single.value, batch.value):
+        assert isinstance(error, BodyEncodeError)
+        assert str(error) == (
+            "message to stream a/k: body is None, which is no message: pass the body "
+            "(to send JSON's null, pass b'null'); nothing was sent")
+    assert stored(client) == {}
+    await client.publish("a", "k", b"null")  # JSON's null, said so
+    assert len(stored(client)) == 1
