@@ -456,29 +456,3 @@ async def test_a_handler_cannot_change_the_headers_its_sibling_and_its_letter_se
     assert "does not support item assignment" in refused.letter.error
     assert refused.letter.message.headers == {"tenant": "acme"}
     assert handled.outcome is Outcome.HANDLED
-
-
-async def test_a_handler_declared_after_the_start_is_named_not_silently_skipped() -> None:
-    # The daemon runs the handlers declared when it started: the late one's messages
-    # were skipped, logged as of a namespace "none of its handlers subscribes".
-    app = App("late")
-
-    @app.handler("orders")
-    async def on_order(body: bytes) -> None:
-        assert body
-
-    async with TestWorker(app) as worker:
-        @app.handler("refunds")
-        async def on_refund(body: bytes) -> None:
-            assert body
-
-        with pytest.raises(conveyor.ConveyorError) as refused:
-            await worker.publish("refunds", "r-1", {})
-        with pytest.raises(conveyor.ConveyorError):
-            await worker.settle()
-        app.handlers.pop()  # as declared at the start again: the exit settles cleanly
-    assert str(refused.value) == (
-        "cannot publish: handler(s) on_refund were declared on app 'late' after this "
-        "TestWorker started, and its daemon runs the handlers declared at its start: "
-        "declare them first (at import, as `conveyor worker` sees them)")
-    assert worker.published() == []
