@@ -36,6 +36,10 @@ that a message's headers travel on any of them."""
 RESERVED_HEADERS = frozenset(
     {H_NAMESPACE, H_KEY, H_ID, H_CONTENT_TYPE, H_ATTEMPT, H_ENQUEUED_MS, H_REPLAY_OF, H_BODY}
 )
+ATTEMPT_MAX = 2**31 - 1
+"""The largest ``cv-attempt`` the wire carries (every reader refuses more), so the most
+calls a handler's retry policy may make, and the most deliveries it may allow
+(``retry_attempts``, ``max_deliveries``)."""
 MAX_HEADER_BYTES = 64 << 10
 """A message's own headers at most, their names and values together, in UTF-8 bytes
 (64 KiB): the client refuses more as it builds the message, on every backend. Headers

@@ -33,6 +33,7 @@ from conveyor.platform import letters as layout
 from conveyor.platform.errors import DecodeError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import (
+    ATTEMPT_MAX,
     CONTENT_BYTES,
     CONTENT_JSON,
     H_ATTEMPT,
@@ -53,7 +54,6 @@ _decode_legacy_letter = msgspec.json.Decoder(DeadLetter).decode
 
 
 TS_MAX = 2**63 - 1
-ATTEMPT_MAX = 2**31 - 1
 
 
 def _wire_number(raw: bytes | None, field: str, limit: int) -> int | None:

@@ -25,6 +25,7 @@ from conveyor.platform.errors import (
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.message import (
+    ATTEMPT_MAX,
     CONTENT_BYTES,
     CONTENT_JSON,
     H_ATTEMPT,
@@ -150,7 +151,6 @@ def tokens_of_runs(runs: bytes, queue: int) -> list[SequenceToken]:
 
 
 TS_MAX = 2**63 - 1
-ATTEMPT_MAX = 2**31 - 1
 
 
 def wire_number(raw: bytes, field: str, limit: int) -> int:
