@@ -89,8 +89,8 @@ class RetryPolicy(HandlerOptions):
     started) by a worker that crashed because of another message is counted too.
 
     Both counts are at most :data:`~conveyor.platform.message.ATTEMPT_MAX` (2**31-1):
-    the wire's ``cv-attempt`` holds no more, and a letter whose attempt did not fit was
-    unreadable.
+    the wire's ``cv-attempt`` holds no more (a dead letter's message with a larger
+    attempt read back as undecodable).
     """
 
     attempts: int = 3
