@@ -35,11 +35,18 @@ from conveyor.platform.errors import (
     MessageTooLargeError,
     ShutdownError,
 )
-from conveyor.platform.ids import SequenceToken, StreamId, shown_name
+from conveyor.platform.ids import (
+    SequenceToken,
+    StreamId,
+    key_problem,
+    namespace_problem,
+    shown_name,
+)
 from conveyor.platform.mapper import HashRingQueueMapper
 from conveyor.platform.message import (
     CONTENT_JSON,
     CONTENT_MSGPACK,
+    MAX_HEADER_BYTES,
     RESERVED_HEADERS,
     Message,
     new_message_id,
@@ -94,16 +101,39 @@ def _is_text(value: object) -> bool:
     return True
 
 
+def _utf8_len(text: str) -> int:
+    """The length of ``text`` (UTF-8 text, :func:`_is_text`) in UTF-8 bytes."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def _headers_too_large(stream: StreamId, headers: Mapping[str, str], size: int
+                       ) -> MessageTooLargeError:
+    """The error of a message whose own headers hold ``size`` bytes, past
+    :data:`MAX_HEADER_BYTES`; it names the largest."""
+    name, value = max(headers.items(), key=lambda h: _utf8_len(h[0]) + _utf8_len(h[1]))
+    return MessageTooLargeError(
+        f"message to stream {stream.shown()}: its headers hold {size:,} bytes (names and "
+        f"values, the largest {shown_name(name, quoted=True)} "
+        f"({_utf8_len(name) + _utf8_len(value):,} bytes)), more than the "
+        f"{MAX_HEADER_BYTES:,} a message's headers may; nothing was sent: headers are "
+        "metadata, put the data in the body")
+
+
 def encode_body(body: Any, content_type: str | None, stream: StreamId) -> tuple[bytes, str]:
     """Bytes and str go as given (JSON unless told otherwise); objects are encoded (as
     msgpack when told so, else as JSON). A body that cannot be is a
-    :class:`BodyEncodeError` naming ``stream``."""
+    :class:`BodyEncodeError` naming ``stream``; so is None (a body left out: JSON's
+    ``null`` is ``b"null"``)."""
     if content_type is not None and not _is_text(content_type):
         raise InvalidArgumentError(
             f"content type {content_type!r}: it is text that UTF-8 can encode (str); "
             "nothing was sent")
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body), content_type or CONTENT_JSON
+    if body is None:  # left out, or a function's missing return: no handler wants it
+        raise BodyEncodeError(
+            f"message to stream {stream.shown()}: body is None, which is no message: pass "
+            "the body (to send JSON's null, pass b'null'); nothing was sent")
     try:
         if isinstance(body, str):
             return body.encode(), content_type or CONTENT_JSON
@@ -310,11 +340,19 @@ class Client:
         if clash:
             raise InvalidArgumentError(
                 f"headers {sorted(clash)} are reserved by Conveyor's wire format")
+        if "" in hdrs:  # as `conveyor publish -H =v` is refused: a name names something
+            raise InvalidArgumentError(
+                f"message to stream {stream.shown()}: a header has an empty name (its value "
+                f"{hdrs['']!r:.80}): a header's name is non-empty text; nothing was sent")
+        size = 0
         for name, value in hdrs.items():
             if not (_is_text(name) and _is_text(value)):
                 raise InvalidArgumentError(
                     f"header {name!r}: {value!r} ({type(value).__name__}): header names and "
                     "values are text that UTF-8 can encode (str); nothing was sent")
+            size += _utf8_len(name) + _utf8_len(value)
+        if size > MAX_HEADER_BYTES:
+            raise _headers_too_large(stream, hdrs, size)
         return hdrs
 
     def _stream(self, namespace: str, key: str) -> tuple[int, StreamId]:
@@ -329,6 +367,15 @@ class Client:
                 raise InvalidArgumentError(
                     f"stream {_shown_any(namespace)}/{_shown_any(key)}: a namespace and a "
                     "stream key are text that UTF-8 can encode (str); nothing was sent")
+            problem = namespace_problem(namespace)
+            if problem is not None:
+                problem = f"its namespace {problem}"
+            elif (problem := key_problem(key)) is not None:
+                problem = f"its stream key {problem}"
+            if problem is not None:
+                raise InvalidArgumentError(
+                    f"stream {_shown_any(namespace)}/{_shown_any(key)}: {problem}; nothing "
+                    "was sent")
             if self._remembered >= _STREAMS_REMEMBERED:
                 self._streams.clear()
                 self._remembered, streams = 0, None
@@ -352,6 +399,9 @@ class Client:
         content_type: str | None = None,
     ) -> SequenceToken:
         """Publish one message; returns once it is stored (its position in the queue).
+
+        ``content_type`` None or ``""`` is the default: JSON (what every adapter reads an
+        empty content type as), or the encoding of a ``bytes`` or ``str`` body as given.
 
         Raises :class:`~conveyor.PublishUncertain` when the broker may or may not have
         stored it (see the README's delivery guarantee).

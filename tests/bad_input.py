@@ -175,6 +175,16 @@ def assert_cases_dead_lettered(
             assert raw == case_fields(case, key), case.name
 
 
+def assert_not_utf8_named(found: dict[str, DeadLetter], named: dict[str, str]) -> None:
+    """Each case of ``named`` is a letter whose reason names what is not UTF-8 (its
+    value: ``named[case]``), as ``DecodeError: <what> is not UTF-8 text: <bytes>``; it
+    was Python's ``'utf-8' codec can't decode byte 0xc3 in position 0``, naming nothing
+    of the entry."""
+    for case, what in named.items():
+        assert found[case].error.startswith(f"DecodeError: {what} is not UTF-8 text: "), (
+            case, found[case].error)
+
+
 def assert_reasons_name_the_fault(found: dict[str, DeadLetter]) -> None:
     """The letters of the cases ``ns-given-twice``, ``attempt-given-twice`` and
     ``body-not-its-content-type`` (each broker's suite has them) say what was wrong."""

@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from conveyor.platform.adapter import (
     ConsumerGroups,
     DeadLetters,
@@ -40,7 +42,7 @@ from conveyor.platform.delivery.idempotency import IdempotencyStore, LocalIdempo
 from conveyor.platform.errors import BrokerError, InvalidArgumentError, ShutdownError
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay, StoredLetter
-from conveyor.platform.message import DeadLetter, Message
+from conveyor.platform.message import CONTENT_JSON, DeadLetter, Message
 from conveyor.platform.operations.groups import GroupInfo, with_retention_holders
 
 TRIM_EVERY = 4096
@@ -87,6 +89,10 @@ class _Cursor:
         return low
 
 
+def _as_json(message: Message, token: SequenceToken) -> Message:
+    return msgspec.structs.replace(message, token=token, content_type=CONTENT_JSON)
+
+
 class MemoryBroker:
     def __init__(self, name: str = "default") -> None:
         self.name = name
@@ -118,7 +124,9 @@ class MemoryBroker:
         log = self.log(queue)
         offset = log.end
         tokens = [SequenceToken(queue, offset + i) for i in range(len(messages))]
-        log.items.extend(m.with_token(t) for m, t in zip(messages, tokens, strict=True))
+        # An empty content type reads as JSON, as the brokers read an empty field.
+        log.items.extend(m.with_token(t) if m.content_type else _as_json(m, t)
+                         for m, t in zip(messages, tokens, strict=True))
         self._appended_since_trim += len(messages)
         if self._appended_since_trim >= TRIM_EVERY:
             self.trim()

@@ -19,7 +19,7 @@ from conveyor.cli.common import (
     usage,
 )
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
-from conveyor.platform.ids import SequenceToken
+from conveyor.platform.ids import SequenceToken, key_problem, namespace_problem, shown_name
 
 
 @click.command()
@@ -58,6 +58,11 @@ def publish(
         raise click.BadParameter("must be a non-empty string", param_hint="NAMESPACE")
     if not key:  # an unset shell variable, most likely
         raise click.BadParameter("must be a non-empty string", param_hint="KEY")
+    for hint, value, problem in (("NAMESPACE", namespace, namespace_problem(namespace)),
+                                 ("KEY", key, key_problem(key))):
+        if problem is not None:  # as the client would refuse it, but before any I/O
+            raise click.BadParameter(f"{shown_name(value, quoted=True)} {problem}",
+                                     param_hint=hint)
     if content_type is not None and not _MEDIA_TYPE.fullmatch(content_type.partition(";")[0]):
         raise click.BadParameter(
             f"{content_type!r} is not a media type TYPE/SUBTYPE (e.g. text/plain)",

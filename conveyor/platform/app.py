@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -44,6 +45,8 @@ class App:
                 "names the consumer group on the broker)"
             )
         self.name = name
+        self._holders: weakref.WeakSet[object] = weakref.WeakSet()
+        """What runs these handlers now (a daemon, a TestWorker): see :meth:`hold`."""
         self.handlers: list[HandlerSpec] = []
         self.on_startup: list[Hook] = []
         self.interceptors: tuple[Interceptor, ...] = ()
@@ -54,6 +57,24 @@ class App:
                 "conveyor.Interceptor")
         for interceptor in interceptors:
             self.add_interceptor(interceptor)
+
+    def hold(self, holder: object) -> None:
+        """Mark the app run by ``holder`` (a daemon made from it, until it stops): it runs
+        the handlers declared so far, so :meth:`handler` refuses more while any holder
+        is there (one it would never call was skipped in silence). Held weakly: a
+        holder dropped without :meth:`release` lets go as it is collected."""
+        self._holders.add(holder)
+
+    def release(self, holder: object) -> None:
+        """``holder`` no longer runs the app (stopped); releasing twice does no harm."""
+        self._holders.discard(holder)
+
+    def __copy__(self) -> App:
+        """A copy held by nothing (what runs the original does not run it)."""
+        twin = object.__new__(App)
+        twin.__dict__.update(self.__dict__)
+        twin._holders = weakref.WeakSet()
+        return twin
 
     def add_interceptor(self, interceptor: Interceptor) -> None:
         """Add an interceptor inside the ones added before; before declaring handlers
@@ -116,6 +137,11 @@ class App:
 
         def register(fn: F) -> F:
             where = handler_where(fn)
+            if self._holders:
+                raise HandlerDeclarationError(
+                    f"{where}: app {self.name!r} is run by a worker daemon already, which "
+                    "runs the handlers declared before it was made: this one would never be "
+                    "called; declare it first (at import, as `conveyor worker` sees them)")
             values = parse_options(where, options, self._option_types)
             # The declaring scope's names: a type local to it resolves in annotations
             # that `from __future__ import annotations` left as text.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -15,6 +14,7 @@ import msgspec
 import msgspec.inspect
 
 from conveyor.platform.errors import DecodeError, HandlerDeclarationError
+from conveyor.platform.ids import CONTROL, namespace_problem, shown_name
 from conveyor.platform.message import CONTENT_JSON, CONTENT_MSGPACK, Message
 from conveyor.platform.options import BatchOptions, HandlerOptions, RetryPolicy
 
@@ -214,8 +214,13 @@ def build_spec(
         raise HandlerDeclarationError(
             f"{where}: namespace {namespace!r} is not text UTF-8 can encode: no message "
             "could be published to it")
+    problem = namespace_problem(namespace)
+    if problem is not None:  # what no client publishes to
+        raise HandlerDeclarationError(
+            f"{where}: namespace {shown_name(namespace, quoted=True)} {problem}: no message "
+            "could be published to it")
     if name is not None and not (isinstance(name, str) and name and _is_utf8(name)
-                                 and not _CONTROL.search(name)):
+                                 and not CONTROL.search(name)):
         # The name goes into dead letters (cv-dl-handler), metrics labels, log lines,
         # Redis keys and `conveyor dlq --handler`: text, one line of it.
         raise HandlerDeclarationError(
@@ -261,9 +266,6 @@ def build_spec(
         options=dict(options),
         sync=sync,
     )
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _unannotated(fn: Any, params: list[inspect.Parameter], where: str) -> None:

@@ -25,6 +25,43 @@ Redis key prefixes): 1-128 ASCII letters, digits, ``_``, ``.``, ``-``. Check wit
 ``NAME.fullmatch``: ``match`` against ``...$`` would accept a trailing newline."""
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""A control character (C0, DEL): what one line of text a name is must not hold."""
+
+NAMESPACE_MAX = 255
+"""The longest namespace, in characters."""
+
+KEY_MAX = 1024
+"""The longest stream key, in characters."""
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """What is wrong with ``namespace`` (a non-empty str), said of it as
+    :func:`shown_name` shows it (which counts a long one's characters): "holds a control
+    character ('\\n')"; or None: a namespace is one line of text, at most
+    :data:`NAMESPACE_MAX` characters. It selects handlers, and goes into every message's
+    metadata, and into the dead letters, log lines and metrics labels that name its
+    handlers: a newline there forges a line, a NUL or 100 kB spoils a label. (Not UTF-8
+    is the caller's to say: it says so of the key too.)"""
+    if len(namespace) > NAMESPACE_MAX:
+        return f"is longer than {NAMESPACE_MAX} characters, the most a namespace may be"
+    found = CONTROL.search(namespace)
+    if found is not None:
+        return f"holds a control character ({found.group()!r}): a namespace is one line"
+    return None
+
+
+def key_problem(key: str) -> str | None:
+    """What is wrong with ``key`` (a str), said of it, or None: a stream key is any text
+    of at most :data:`KEY_MAX` characters (control characters are data there, shown
+    escaped). It is an id (an order's, a tenant's) that clients and workers remember
+    per stream in their caches: hash a longer one."""
+    if len(key) > KEY_MAX:
+        return (f"is longer than {KEY_MAX:,} characters, the most a stream key may be (hash "
+                "a longer one)")
+    return None
+
+
 def is_app_name(name: str) -> bool:
     """Whether ``name`` could be an app's (a consumer group Conveyor made): groups that
     other tools made on the same streams may be named anything."""

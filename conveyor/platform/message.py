@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 
 import msgspec
 
@@ -35,6 +36,17 @@ that a message's headers travel on any of them."""
 RESERVED_HEADERS = frozenset(
     {H_NAMESPACE, H_KEY, H_ID, H_CONTENT_TYPE, H_ATTEMPT, H_ENQUEUED_MS, H_REPLAY_OF, H_BODY}
 )
+ATTEMPT_MAX = 2**31 - 1
+"""The largest ``cv-attempt`` the wire carries (every reader refuses more), so the most
+calls a handler's retry policy may make, and the most deliveries it may allow
+(``retry_attempts``, ``max_deliveries``)."""
+MAX_HEADER_BYTES = 64 << 10
+"""A message's own headers at most, their names and values together, in UTF-8 bytes
+(64 KiB): the client refuses more as it builds the message, on every backend. Headers
+are metadata (a tenant, a trace context), not a second body; ``[queues] max_body_bytes``
+bounds the body alone, so without this bound a message of a few bytes of body and
+megabytes of headers reached the broker (Redis refuses an argument past 512 MB by
+cutting the connection)."""
 
 
 
@@ -48,6 +60,35 @@ def given_twice(name: str, first: bytes | None, second: bytes | None) -> str:
 
     return (f"{name} given twice with different values ({shown(first)}, then "
             f"{shown(second)}): which one is meant is not known")
+
+def first_not_utf8(fields: Iterable[tuple[bytes | str, bytes | None]], kind: str,
+                   skip: bytes | None = None) -> str | None:
+    """Why an entry or record whose metadata does not read as UTF-8 is no message,
+    naming the first of its ``fields`` (a ``kind``: "field", "header") at fault — its
+    name, or its value (a field ``skip`` holds the payload, any bytes) — or None if each
+    reads. Asked once a decode has failed: UnicodeDecodeError names no field."""
+    for name, value in fields:
+        if isinstance(name, bytes) and not _reads(name):
+            return not_utf8(f"a {kind}'s name", name)
+        if value is not None and name != skip and not _reads(value):
+            shown = name if isinstance(name, str) else name.decode()
+            return not_utf8(f"{kind} {shown!r}", value)
+    return None
+
+
+def not_utf8(what: str, raw: bytes) -> str:
+    """Why ``what`` (a field, a header, a key, named) is no text: ``raw`` does not read
+    as UTF-8."""
+    return f"{what} is not UTF-8 text: {raw[:40]!r}"
+
+
+def _reads(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
 
 def new_message_id() -> str:
     """128 random bits as 32 hex digits (a UUID4's entropy without building a UUID)."""

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.errors import HandlerDeclarationError
+from conveyor.platform.message import ATTEMPT_MAX
 
 OptionT = TypeVar("OptionT", bound="HandlerOptions")
 
@@ -86,6 +87,10 @@ class RetryPolicy(HandlerOptions):
     letter with reason ``DeliveryLimit`` and its stream flows on. A delivery is counted
     each time a worker takes the message from the queue, so a message held (not yet
     started) by a worker that crashed because of another message is counted too.
+
+    Both counts are at most :data:`~conveyor.platform.message.ATTEMPT_MAX` (2**31-1):
+    the wire's ``cv-attempt`` holds no more (a dead letter's message with a larger
+    attempt read back as undecodable).
     """
 
     attempts: int = 3
@@ -120,11 +125,12 @@ class RetryPolicy(HandlerOptions):
 
     def validate(self, where: str) -> None:
         """Type and range checks, naming the ``App.handler`` keyword at fault."""
-        if not _is_int(self.attempts, 1):
-            raise _bad(where, f"retry_attempts must be an int >= 1, got {self.attempts!r}")
-        if not _is_int(self.max_deliveries, 1):
-            raise _bad(where, f"max_deliveries must be an int >= 1, got "
-                              f"{self.max_deliveries!r}")
+        for keyword, count in (("retry_attempts", self.attempts),
+                               ("max_deliveries", self.max_deliveries)):
+            if not (_is_int(count, 1) and count <= ATTEMPT_MAX):
+                raise _bad(where, f"{keyword} must be an int from 1 to {ATTEMPT_MAX} (what "
+                                  "the wire's cv-attempt and a delivery count hold), got "
+                                  f"{count!r}")
         for keyword, value, low in (
             ("retry_delay_s", self.initial_delay_s, 0.0),
             ("retry_max_delay_s", self.max_delay_s, 0.0),

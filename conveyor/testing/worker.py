@@ -135,8 +135,6 @@ class TestWorker:
         """The event loop the daemon was started on, which runs it."""
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
-        self._declared = 0
-        """The app's handlers when the daemon started: the ones it runs."""
 
     def __repr__(self) -> str:
         state = ("stopped" if self.drain_report is not None
@@ -155,8 +153,8 @@ class TestWorker:
         adapter = ObservedAdapter(self.broker_name, observations,
                                   max_dead_letters=self.config.dead_letters.max_entries)
         shadow = observed_app(self.app, observations, self.delay_scale)
-        self._declared = len(self.app.handlers)
         self._loop = asyncio.get_running_loop()
+        self.app.hold(self)  # its daemon runs the handlers of now: later ones are refused
         try:
             self._daemon = WorkerDaemon(shadow, self.config, adapter=adapter,
                                         telemetry=self._telemetry)
@@ -220,6 +218,9 @@ class TestWorker:
                 "it goes on in the background")
 
     def _forget_broker(self) -> None:
+        """Forget the private broker, and let the app take handlers again (the daemon
+        that ran them is stopped, or never started)."""
+        self.app.release(self)
         reset_broker(self.broker_name)
         # The embedded idempotency store lives per broker name, for the process.
         LocalIdempotencyStore._by_broker.pop(self.broker_name, None)
@@ -277,21 +278,7 @@ class TestWorker:
                                 "are still readable)")
         daemon = self.daemon
         self._check_loop(doing)
-        self._check_handlers(doing)
         return daemon
-
-    def _check_handlers(self, doing: str) -> None:
-        """Refuse, in one line, to go on once handlers were declared on the app after the
-        start: the daemon runs those of its start, so their messages would be skipped."""
-        __tracebackhide__ = True
-        late = self.app.handlers[self._declared:]
-        if late and self._daemon is not None:
-            names = ", ".join(spec.name.rpartition(".")[2] for spec in late)
-            raise ConveyorError(
-                f"cannot {doing}: handler(s) {names} were declared on app "
-                f"{self.app.name!r} after this TestWorker started, and its daemon runs the "
-                "handlers declared at its start: declare them first (at import, as "
-                "`conveyor worker` sees them)")
 
     def _check_loop(self, doing: str) -> None:
         """Refuse, in one line, a call from another event loop than the daemon's: that
@@ -416,7 +403,6 @@ class TestWorker:
         timeout = self.settle_timeout_s if timeout_s is None else timeout_s
         _check_seconds("settle timeout_s", timeout)
         self._check_loop("settle")
-        self._check_handlers("settle")
         if self.drain_report is not None and not self._quiet():
             raise NotSettled("cannot settle: this TestWorker is stopped, and nothing will "
                              "handle what is left:\n" + "\n".join(self.unsettled()))

@@ -121,6 +121,19 @@ async def test_headers_content_types_and_metadata_round_trip(
     assert [msgspec.structs.replace(m, token=None) for m in got] == sent
 
 
+async def test_an_empty_content_type_reads_as_json_on_every_adapter(
+    adapter: QueueAdapter, open_receiver: Open
+) -> None:
+    # Redis and Kafka read an empty content-type field as absent (JSON); the memory
+    # adapter handed back "", so a handler's ctx.message.content_type differed by broker.
+    sent = [Message("m-empty", StreamId("orders", "k"), b"{}", content_type=""),
+            Message("m-text", StreamId("orders", "k"), b"t", content_type=CONTENT_TEXT)]
+    await adapter.enqueue(0, sent)
+    got = await take_rest(await open_receiver(0, "app"), len(sent))
+    assert [(m.id, m.body, m.content_type) for m in got] == [
+        ("m-empty", b"{}", "application/json"), ("m-text", b"t", CONTENT_TEXT)]
+
+
 async def test_an_empty_body_and_a_one_megabyte_body_round_trip(
     adapter: QueueAdapter, open_receiver: Open
 ) -> None:

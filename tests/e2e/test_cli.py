@@ -137,6 +137,13 @@ USER_MISTAKES = [
      "NAMESPACE", "must be a non-empty string"),
     (["publish", "orders", "", "{}", "--config", "configs/redis.toml"],
      "KEY", "must be a non-empty string"),
+    # Were published, as the client took them.
+    (["publish", "a\x01b", "k1", "{}", "--config", "configs/redis.toml"],
+     "NAMESPACE", r"'a\x01b' holds a control character ('\x01')"),
+    (["publish", "n" * 300, "k1", "{}", "--config", "configs/redis.toml"],
+     "NAMESPACE", "(300 characters) is longer than 255 characters"),
+    (["publish", "orders", "k" * 2000, "{}", "--config", "configs/redis.toml"],
+     "KEY", "(2,000 characters) is longer than 1,024 characters"),
     (["publish", "orders", "k1", "{}", "-H", "a=1", "-H", "a=2", "--config",
       "configs/redis.toml"],
      "--header", "'a' given twice"),
@@ -546,11 +553,20 @@ def test_a_redis_that_is_down_costs_one_retrying_note_and_the_error(tmp_path: Pa
     assert error.startswith("conveyor: error: redis unreachable while "), error
 
 
+def worker_of(tmp_path: Path, module: str, source: str) -> subprocess.CompletedProcess[str]:
+    """``conveyor worker MODULE:app`` (on the embedded adapter) of an app whose module
+    holds ``source``, run in ``tmp_path`` (at most 60 s)."""
+    (tmp_path / f"{module}.py").write_text(source)
+    return subprocess.run([sys.executable, "-m", "conveyor.cli", "worker", f"{module}:app"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def test_a_worker_whose_interceptor_wraps_in_nothing_is_a_usage_error(tmp_path: Path) -> None:
     # An interceptor's wrap that forgot its `return`: the worker refuses to start (exit 2,
     # one line) instead of dead-lettering every message with "'NoneType' object is not
     # callable".
-    (tmp_path / "forgetful.py").write_text(
+    result = worker_of(tmp_path, "forgetful", (
         "from conveyor import App, Interceptor\n"
         "class Forgetful(Interceptor):\n"
         "    def wrap(self, handler, next):\n"
@@ -559,14 +575,28 @@ def test_a_worker_whose_interceptor_wraps_in_nothing_is_a_usage_error(tmp_path: 
         "app = App('fg', interceptors=[Forgetful()])\n"
         "@app.handler('jobs')\n"
         "async def job(body: dict) -> None:\n"
-        "    pass\n")
-    result = subprocess.run([sys.executable, "-m", "conveyor.cli", "worker", "forgetful:app"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        "    \"\"\"Never called: the worker refuses to start.\"\"\"\n"))
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         "conveyor: error: Forgetful.wrap returned None for handler 'forgetful.job': it must "
         "return a step (an async callable) or `next`\n")
+
+
+def test_a_worker_whose_handler_retries_past_the_bound_is_a_usage_error(
+        tmp_path: Path) -> None:
+    # retry_attempts=10**18 was taken: a failing message held its stream for good.
+    result = worker_of(tmp_path, "eager", (
+        "from conveyor import App\n"
+        "app = App('eager')\n"
+        "@app.handler('jobs', retry_attempts=10**18)\n"
+        "async def job(body: dict) -> None:\n"
+        "    raise ValueError(body)\n"))
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for APP_PATH: "), line
+    assert ("eager.py:3: HandlerDeclarationError: handler for 'jobs': retry_attempts must "
+            "be an int from 1 to 2147483647 (what the wire's cv-attempt and a delivery count "
+            "hold), got 1000000000000000000") in line, line
 
 
 def run_quitter(tmp_path: Path, handler: str) -> tuple[int, str]:

@@ -21,7 +21,7 @@ from conveyor.platform.errors import (
 )
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.mapper import HashRingQueueMapper
-from conveyor.platform.message import new_message_ids
+from conveyor.platform.message import MAX_HEADER_BYTES, new_message_ids
 
 
 @pytest.fixture
@@ -160,7 +160,7 @@ async def test_a_float_json_cannot_carry_is_refused_not_sent_as_null(
 
 async def test_nulls_of_nones_and_of_text_go_as_they_are_and_msgpack_keeps_nan(
         client: Client) -> None:
-    bodies = [{"coupon": None}, {"note": "null"}, [None, 1.5], None]
+    bodies = [{"coupon": None}, {"note": "null"}, [None, 1.5], [None]]
     await client.publish_batch([Publish("a", "k", body) for body in bodies])
     for body in bodies:
         await client.publish("a", "k", body)
@@ -385,3 +385,96 @@ def test_a_sync_client_refuses_a_batch_that_is_no_iterable_as_the_client_does() 
             sync.publish_batch(5)  # type: ignore[arg-type]
         tokens = sync.publish_batch(Publish("a", str(i), {}) for i in range(3))
         assert len(tokens) == 3
+
+
+async def test_headers_past_their_bound_are_refused_naming_the_largest(client: Client) -> None:
+    # max_body_bytes counted the body alone: a message of 10 MB of headers went to the
+    # broker (past Redis' 512 MB argument limit, a cut connection, not an error saying so).
+    client.max_body_bytes = 100
+    at_most = {"a": "x" * (MAX_HEADER_BYTES - 5), "tag": "y"}  # 65,536 bytes: taken
+    await client.publish("a", "k", {}, at_most)
+    over = {"small": "v", "big": "x" * 10_000_000}
+    accented = {"é": "é" * (MAX_HEADER_BYTES // 2)}  # bytes counted, not characters
+    for headers, named in ((over, "'big' (10,000,003 bytes)"),
+                           (accented, "'é' (65,538 bytes)")):
+        with pytest.raises(MessageTooLargeError) as single:
+            await client.publish("a", "k", {}, headers)
+        with pytest.raises(MessageTooLargeError) as batch:
+            await client.publish_batch([Publish("a", "k", {}), Publish("a", "k", {}, headers)])
+        for error in (single.value, batch.value):
+            text = str(error)
+            assert text.startswith("message to stream a/k: its headers hold "), text
+            assert f"the largest {named}" in text and "nothing was sent" in text, text
+            assert "65,536" in text and "\n" not in text and len(text) < 400, text
+    assert len(stored(client)) == 1
+
+
+@pytest.mark.parametrize(("namespace", "key", "fault"), [
+    ("a\x00b", "k", r"stream 'a\x00b'/'k': its namespace holds a control character ('\x00')"),
+    ("orders\nforged", "k", r"its namespace holds a control character ('\n')"),
+    ("a\x7f", "k", r"its namespace holds a control character ('\x7f')"),
+    ("n" * 100_000, "k",
+     f"'{'n' * 100}'… (100,000 characters)/'k': its namespace is longer than 255 characters,"),
+    ("a", "k" * 100_000, "its stream key is longer than 1,024 characters,"),
+])
+async def test_a_namespace_not_one_short_line_and_a_huge_key_are_refused(
+    client: Client, namespace: str, key: str, fault: str,
+) -> None:
+    # Namespaces with a NUL, a newline or 100 kB went to the broker (and into every
+    # log line, metrics label and dead letter naming them); a 100 kB key was remembered
+    # by the client, and by every agent's lanes, for each of 65,536 streams.
+    with pytest.raises(InvalidArgumentError, match=re.escape(fault)) as single:
+        await client.publish(namespace, key, {})
+    with pytest.raises(InvalidArgumentError, match=re.escape(fault)) as batch:
+        await client.publish_batch([Publish("a", "k", {}), Publish(namespace, key, {})])
+    for error in (single.value, batch.value):
+        text = str(error)
+        assert "\n" not in text and len(text) < 400 and "nothing was sent" in text, text
+    assert stored(client) == {}
+    # the longest of each, and a key of any text (control characters are data there)
+    for namespace, key in (("n" * 255, "k"), ("a", "k" * 1024), ("a", "k\x00\n\x1b")):
+        await client.publish(namespace, key, {})
+    assert len(stored(client)) == 3
+
+
+async def test_an_empty_content_type_is_the_default(client: Client) -> None:
+    # As every adapter reads an empty content-type field (the memory adapter too).
+    await client.publish("a", "k", b"{}", content_type="")
+    await client.publish_batch([Publish("a", "k", {"x": 1}, content_type="")])
+    adapter = client.adapter
+    assert isinstance(adapter, MemoryAdapter)
+    got = [(m.body, m.content_type) for log in adapter.broker.logs.values() for m in log.items]
+    assert got == [(b"{}", "application/json"), (b'{"x":1}', "application/json")]
+
+
+async def test_a_header_with_an_empty_name_is_refused_as_the_cli_refuses_it(
+        client: Client) -> None:
+    # `conveyor publish -H =v` is a usage error; the client sent the header "" along.
+    with pytest.raises(InvalidArgumentError) as single:
+        await client.publish("a", "k", {}, {"tenant": "acme", "": "v"})
+    with pytest.raises(InvalidArgumentError) as batch:
+        await client.publish_batch([Publish("a", "k", {}), Publish("a", "k", {}, {"": "v"})])
+    for error in (single.value, batch.value):
+        assert str(error) == ("message to stream a/k: a header has an empty name (its value "
+                              "'v'): a header's name is non-empty text; nothing was sent")
+    assert stored(client) == {}
+
+
+@pytest.mark.parametrize("content_type", [None, "application/msgpack", "text/plain"])
+async def test_a_body_of_none_is_refused_as_a_type_error_naming_the_argument(
+        client: Client, content_type: str | None) -> None:
+    # Was sent as JSON null (msgpack nil): a body left out or a function's missing
+    # return, which every handler but one of `T | None` dead-letters.
+    with pytest.raises(TypeError) as single:
+        await client.publish("a", "k", None, content_type=content_type)
+    with pytest.raises(TypeError) as batch:
+        await client.publish_batch([Publish("a", "k", {}),
+                                    Publish("a", "k", None, content_type=content_type)])
+    for error in (single.value, batch.value):
+        assert isinstance(error, BodyEncodeError)
+        assert str(error) == (
+            "message to stream a/k: body is None, which is no message: pass the body "
+            "(to send JSON's null, pass b'null'); nothing was sent")
+    assert stored(client) == {}
+    await client.publish("a", "k", b"null")  # JSON's null, said so
+    assert len(stored(client)) == 1

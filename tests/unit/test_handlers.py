@@ -218,6 +218,15 @@ def test_a_namespace_no_message_could_be_published_to_is_refused() -> None:
 
     with pytest.raises(HandlerDeclarationError, match="not text UTF-8 can encode"):
         App("t").handler("caf\udce9")(h)
+    # what a client refuses to publish to (a NUL, a newline, 100 kB): accepted, it
+    # subscribed to messages that could never come
+    for namespace, fault in (("a\x00b", r"holds a control character \('\\x00'\)"),
+                             ("orders\n", r"holds a control character \('\\n'\)"),
+                             ("n" * 100_000, r"characters\) is longer than 255 characters")):
+        with pytest.raises(HandlerDeclarationError, match=fault) as refused:
+            App("t").handler(namespace)(h)
+        assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+    App("t").handler("n" * 255)(h)
 
 
 @pytest.mark.parametrize(
@@ -235,6 +244,12 @@ def test_a_namespace_no_message_could_be_published_to_is_refused() -> None:
         ("retry_multiplier", 0.5),
         ("retry_multiplier", float("nan")),
         ("retry_multiplier", False),
+        # no bound: 10**18 attempts held the stream for good, and an attempt past the
+        # wire's cv-attempt (2**31-1) made its dead letter unreadable
+        ("retry_attempts", 10**18),
+        ("retry_attempts", 2**31),
+        ("max_deliveries", 10**18),
+        ("max_deliveries", 2**31),
     ],
 )
 def test_retry_options_are_type_checked_and_named(option: str, value: object) -> None:
@@ -249,6 +264,17 @@ def test_sensible_retry_options_are_accepted() -> None:
 
     App("t").handler("orders", retry_attempts=1, retry_delay_s=0, retry_max_delay_s=2,
                      retry_jitter_s=0.5, retry_multiplier=1)(h)
+    App("t").handler("orders", retry_attempts=2**31 - 1, max_deliveries=2**31 - 1)(h)
+
+
+def test_a_retry_count_past_its_bound_names_the_bound() -> None:
+    async def h(body: bytes) -> None: ...
+
+    with pytest.raises(HandlerDeclarationError) as refused:
+        App("t").handler("orders", max_deliveries=10**18)(h)
+    assert str(refused.value).endswith(
+        "max_deliveries must be an int from 1 to 2147483647 (what the wire's cv-attempt "
+        "and a delivery count hold), got 1000000000000000000"), str(refused.value)
 
 
 def test_the_context_parameter_may_go_unannotated() -> None:

@@ -7,9 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor.adapters.redis.codec import (
+    PUBLISH_CHUNK_BYTES,
     EntryDecoder,
     decode_entry,
     encode_fields,
+    publish_chunks,
     undecodable_entry,
 )
 from conveyor.adapters.redis.keys import joined_ids
@@ -118,12 +120,13 @@ def test_any_entry_decodes_to_a_message_or_an_undecodable_keeping_its_bytes(
         (b"cv-attempt", b"-1", "cv-attempt is not a whole number"),
         (b"cv-ts", b"99999999999999999999999", "cv-ts is not a whole number"),
         (b"cv-ts", b" 12", "cv-ts is not a whole number"),
-        (b"cv-ns", b"\xc3\x28", "UnicodeDecodeError"),
-        (b"cv-key", b"\xff", "UnicodeDecodeError"),
-        (b"cv-id", b"\xff", "UnicodeDecodeError"),
-        (b"content-type", b"\xff", "UnicodeDecodeError"),
-        (b"x-h", b"\xc3\x28", "UnicodeDecodeError"),
-        (b"\xff", b"v", "UnicodeDecodeError"),
+        # the field not UTF-8 named (was Python's "'utf-8' codec can't decode byte 0xc3")
+        (b"cv-ns", b"\xc3\x28", "DecodeError: field 'cv-ns' is not UTF-8 text: b'\\xc3('"),
+        (b"cv-key", b"\xff", "DecodeError: field 'cv-key' is not UTF-8 text: b'\\xff'"),
+        (b"cv-id", b"\xff", "DecodeError: field 'cv-id' is not UTF-8 text"),
+        (b"content-type", b"\xff", "DecodeError: field 'content-type' is not UTF-8 text"),
+        (b"x-h", b"\xc3\x28", "DecodeError: field 'x-h' is not UTF-8 text"),
+        (b"\xff", b"v", "DecodeError: a field's name is not UTF-8 text: b'\\xff'"),
         (b"cv-ns", b"", "no cv-ns field"),
     ],
 )
@@ -262,3 +265,18 @@ def test_a_common_reply_shares_its_stream_ids_and_reads_every_number() -> None:
     assert [m.token for m in got] == [SequenceToken(4, 1700000000005, i) for i in range(3)]
     assert [m.enqueued_at_ms for m in got] == [m.enqueued_at_ms for m in msgs]
     assert [m.id for m in got] == ["m0", "m1", "m2"]
+
+
+def test_publish_chunks_count_headers_as_they_count_bodies() -> None:
+    # Chunks were cut by body bytes alone: 1,000 messages of 60 KiB headers went in one
+    # 60 MB script call, past the ~4 MiB a call is meant to hold.
+    headers = {"sig": "x" * (60 << 10)}
+    messages = [Message(f"m{i}", StreamId("a", "k"), b"{}", headers) for i in range(1000)]
+    chunks = publish_chunks(messages)
+    assert [m.id for chunk in chunks for m in chunk] == [m.id for m in messages]
+    most = PUBLISH_CHUNK_BYTES // (2 + 3 + (60 << 10))  # whole messages per chunk
+    assert [len(c) for c in chunks[:-1]] == [most] * (len(chunks) - 1)
+    assert 0 < len(chunks[-1]) <= most
+    # a message with more than a chunk's bytes still goes, alone
+    big = Message("big", StreamId("a", "k"), b"x" * PUBLISH_CHUNK_BYTES, headers)
+    assert [len(c) for c in publish_chunks([messages[0], big, messages[1]])] == [1, 1, 1]

@@ -33,6 +33,7 @@ from conveyor.platform import letters as layout
 from conveyor.platform.errors import DecodeError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import (
+    ATTEMPT_MAX,
     CONTENT_BYTES,
     CONTENT_JSON,
     H_ATTEMPT,
@@ -44,14 +45,15 @@ from conveyor.platform.message import (
     DeadLetter,
     Message,
     Undecodable,
+    first_not_utf8,
     given_twice,
+    not_utf8,
 )
 
 _decode_legacy_letter = msgspec.json.Decoder(DeadLetter).decode
 
 
 TS_MAX = 2**63 - 1
-ATTEMPT_MAX = 2**31 - 1
 
 
 def _wire_number(raw: bytes | None, field: str, limit: int) -> int | None:
@@ -167,8 +169,22 @@ def decode_record(record: Any, queue: int, default_ns: str,
     """
     try:
         return record_to_message(record, queue, default_ns, topic)
+    except UnicodeDecodeError as exc:  # which header, or the key: Python's names none
+        return undecodable_record(record, queue, topic, _not_utf8_reason(record, exc))
     except Exception as exc:  # malformed metadata, whatever the failure: isolate it
         return undecodable_record(record, queue, topic, f"{type(exc).__name__}: {exc}")
+
+
+def _not_utf8_reason(record: Any, exc: UnicodeDecodeError) -> str:
+    """The reason of a record whose metadata does not read as UTF-8, naming the header
+    (or the record key) at fault."""
+    culprit = first_not_utf8(record.headers, "header")
+    if culprit is None and record.key is not None:
+        try:
+            record.key.decode()
+        except UnicodeDecodeError:
+            culprit = not_utf8("the record key", record.key)
+    return f"DecodeError: {culprit}" if culprit else f"{type(exc).__name__}: {exc}"
 
 
 def undecodable_record(record: Any, queue: int, topic: str | None, reason: str

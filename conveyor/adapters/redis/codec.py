@@ -25,6 +25,7 @@ from conveyor.platform.errors import (
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.message import (
+    ATTEMPT_MAX,
     CONTENT_BYTES,
     CONTENT_JSON,
     H_ATTEMPT,
@@ -36,6 +37,7 @@ from conveyor.platform.message import (
     DeadLetter,
     Message,
     Undecodable,
+    first_not_utf8,
     given_twice,
     now_ms,
 )
@@ -55,7 +57,8 @@ _TYPES_MAX = 64  # distinct content types remembered per receiver
 PUBLISH_CHUNK = 1000
 """Entries per publishing script call at most (one call runs ~1 ms with small bodies)."""
 PUBLISH_CHUNK_BYTES = 4 << 20
-"""Body bytes per publishing script call, about (a call with one larger body goes alone)."""
+"""Bytes of bodies and headers per publishing script call, about (a call with one larger
+message goes alone)."""
 MAX_HEADERS = 3900
 """A message's own headers at most. Every entry is written by a script, whose
 ``unpack`` hands ``XADD`` at most about 8,000 values (Lua's stack): 3,998 headers was the
@@ -113,22 +116,28 @@ def enqueue_args(messages: Sequence[Message]) -> list[bytes | str | int]:
 
 def publish_chunks(messages: Sequence[Message]) -> list[Sequence[Message]]:
     """``messages`` cut into script calls of at most :data:`PUBLISH_CHUNK` entries and
-    about :data:`PUBLISH_CHUNK_BYTES` of bodies (a script blocks the server while it
-    runs, and Redis caps one argument at 512 MB)."""
-    if len(messages) <= PUBLISH_CHUNK and sum(
-        [len(m.body) for m in messages]
-    ) <= PUBLISH_CHUNK_BYTES:
+    about :data:`PUBLISH_CHUNK_BYTES` of bodies and headers (a script blocks the server
+    while it runs, and Redis caps one argument at 512 MB)."""
+    sizes = [len(m.body) + _headers_size(m.headers) if m.headers else len(m.body)
+             for m in messages]
+    if len(messages) <= PUBLISH_CHUNK and sum(sizes) <= PUBLISH_CHUNK_BYTES:
         return [messages]
     chunks: list[Sequence[Message]] = []
     start, size = 0, 0
-    for i, msg in enumerate(messages):
-        if i > start and (i - start >= PUBLISH_CHUNK or size + len(msg.body) > PUBLISH_CHUNK_BYTES):
+    for i, more in enumerate(sizes):
+        if i > start and (i - start >= PUBLISH_CHUNK or size + more > PUBLISH_CHUNK_BYTES):
             chunks.append(messages[start:i])
             start, size = i, 0
-        size += len(msg.body)
+        size += more
     if start < len(messages):
         chunks.append(messages[start:])
     return chunks
+
+
+def _headers_size(headers: dict[str, str]) -> int:
+    """A message's headers' names and values, in characters (bytes, for ASCII)."""
+    return sum([len(name) + len(value) for name, value in headers.items()])
+
 
 def tokens_of_runs(runs: bytes, queue: int) -> list[SequenceToken]:
     """The entry ids :data:`~conveyor.adapters.redis.scripts.ENQUEUE` returns as runs
@@ -142,7 +151,6 @@ def tokens_of_runs(runs: bytes, queue: int) -> list[SequenceToken]:
 
 
 TS_MAX = 2**63 - 1
-ATTEMPT_MAX = 2**31 - 1
 
 
 def wire_number(raw: bytes, field: str, limit: int) -> int:
@@ -192,6 +200,10 @@ def undecodable_entry(queue: int, eid: bytes, fl: list[bytes], exc: Exception) -
     raw = tuple(zip(fl[0::2], fl[1::2], strict=False))
     body = next((value for name, value in raw if name == _BODY), b"")
     token = token_of(eid, queue)
+    if isinstance(exc, UnicodeDecodeError):  # which field: Python's error names none
+        culprit = first_not_utf8(raw, "field", _BODY)
+        if culprit is not None:
+            exc = DecodeError(culprit)
     return Undecodable(
         id=eid.decode(), stream=StreamId("", ""), body=body, content_type=CONTENT_BYTES,
         enqueued_at_ms=token.major, token=token,

@@ -162,6 +162,7 @@ class WorkerDaemon:
         self.failed = asyncio.Event()
         self.draining = False
         """Set when :meth:`stop` begins: ``/readyz`` answers 503 from then on."""
+        app.hold(self)  # the handlers are those of now: a later one is refused (App.hold)
 
     @property
     def pools(self) -> dict[str, StatelessWorkerPool]:
@@ -315,6 +316,7 @@ class WorkerDaemon:
         await self.metrics.close()
         await self._parts.close()
         self._parts.watchdog.stop()
+        self.app.release(self)
         return self.report()
 
     async def abort(self) -> None:

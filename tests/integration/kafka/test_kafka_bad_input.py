@@ -25,6 +25,7 @@ from tests.bad_input import (
     Case,
     Outcome,
     assert_cases_dead_lettered,
+    assert_not_utf8_named,
     assert_reasons_name_the_fault,
     case_fields,
     letters_by_case,
@@ -105,6 +106,10 @@ async def test_every_malformed_record_is_dead_lettered_and_its_neighbours_are_ha
         tombstone = letters_by_case(letters)[name].message
         assert isinstance(tombstone, Undecodable) and tombstone.null_value, name
     assert_reasons_name_the_fault(letters_by_case(letters))
+    assert_not_utf8_named(letters_by_case(letters), {
+        "ns-not-utf8": "header 'cv-ns'", "key-not-utf8": "the record key",
+        "id-not-utf8": "header 'cv-id'", "content-type-not-utf8": "header 'content-type'",
+        "header-value-not-utf8": "header 'x-h'", "cv-key-not-utf8": "header 'cv-key'"})
 
 
 

@@ -18,6 +18,7 @@ from tests.bad_input import (
     KEY,
     Case,
     assert_cases_dead_lettered,
+    assert_not_utf8_named,
     assert_reasons_name_the_fault,
     case_fields,
     letters_by_case,
@@ -87,6 +88,11 @@ async def test_every_malformed_entry_is_dead_lettered_and_its_neighbours_are_han
     letters = await _read_letters(config)
     assert_cases_dead_lettered(letters, CASES, out.key)
     assert_reasons_name_the_fault(letters_by_case(letters))
+    assert_not_utf8_named(letters_by_case(letters), {
+        "ns-not-utf8": "field 'cv-ns'", "key-not-utf8": "field 'cv-key'",
+        "id-not-utf8": "field 'cv-id'", "content-type-not-utf8": "field 'content-type'",
+        "header-value-not-utf8": "field 'x-h'",
+        "header-name-not-utf8": "a field's name"})
     # nothing pending for the app, on any queue; a restart delivers nothing again
     client = redis_server.client()
     for q in range(config.queues.total):
