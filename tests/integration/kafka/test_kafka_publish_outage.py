@@ -155,3 +155,31 @@ async def test_a_client_closed_in_the_outage_after_its_publish_gave_up_closes_at
     finally:
         await proxy.cut()
         broker.stop()
+
+
+async def test_a_publish_to_a_broker_that_never_answers_ends_within_the_publish_timeout(
+) -> None:
+    """A host that accepts connections and stays silent: the producer's start (topic
+    check, bootstrap) would wait aiokafka's 40 s request timeout. The deadline covers
+    it: nothing was sent, and the client closes at once."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = kafka_config(f"127.0.0.1:{port}", "silent", kafka={"publish_timeout_ms": 1000})
+    try:
+        started = time.monotonic()
+        async with Client.from_config(config) as client:
+            with pytest.raises(BrokerConnectionError, match="nothing was sent") as raised:
+                await client.publish("orders", "k", {"seq": 1})
+            assert not isinstance(raised.value, PublishUncertain)
+            assert time.monotonic() - started < 1.0 + SLACK_S
+        assert time.monotonic() - started < 2 * (1.0 + SLACK_S)
+        assert held, "the client never connected"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
