@@ -27,6 +27,8 @@ class CuttableProxy:
         self.replies_lost = 0
         self.accepted = 0
         """Client connections it has taken (each is one the server sees)."""
+        self.forwarded = 0
+        """Bytes of requests passed on to the server (a test cuts once enough went)."""
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
@@ -71,6 +73,8 @@ class CuttableProxy:
                         self._refuse()
                     self._close_all()
                     return
+                if not replies:
+                    self.forwarded += len(data)
                 writer.write(data)
                 await writer.drain()
         except (OSError, RuntimeError):

@@ -129,20 +129,20 @@ async def test_a_failed_batch_holds_the_error_in_its_future_and_drain_waiter() -
 
 async def test_the_batch_send_batch_queued_is_its_partitions_last_with_the_shielded_future(
 ) -> None:
-    """What batch_future reaches for: ``add_batch`` appends the batch to ``_batches[tp]``
+    """What queued_batch reaches for: ``add_batch`` appends the batch to ``_batches[tp]``
     (keeping the builder as ``_builder``) and returns a shield of its ``future`` with no
     pause after; ``send_batch`` returns that shield as it comes."""
     producer = AIOKafkaProducer(bootstrap_servers=NOWHERE)
     try:
         tp, builder = TopicPartition("t", 0), producer.create_batch()
         shield = await producer._message_accumulator.add_batch(builder, tp, 1.0)
-        inside = internals.batch_future(producer, tp, builder)
-        assert inside is not None and inside is not shield
+        inside = internals.queued_batch(producer, tp, builder).future
+        assert inside is not shield
         inside.set_exception(ValueError("failed"))
         await asyncio.sleep(0)  # the shield's callback
         assert isinstance(shield.exception(), ValueError)
-        assert internals.batch_future(producer, tp, producer.create_batch()) is None
-        assert internals.batch_future(producer, TopicPartition("t", 1), builder) is None
+        assert internals.queued_batch(producer, tp, producer.create_batch()) is None
+        assert internals.queued_batch(producer, TopicPartition("t", 1), builder) is None
     finally:
         await producer.stop()
     source = inspect.getsource(MessageAccumulator.add_batch)
@@ -151,6 +151,34 @@ async def test_the_batch_send_batch_queued_is_its_partitions_last_with_the_shiel
     send_batch = inspect.getsource(AIOKafkaProducer.send_batch)
     assert send_batch.rstrip().endswith("batch, tp, self._request_timeout_ms / 1000\n"
                                         "        )\n        return future")
+
+
+async def test_a_batch_the_sender_never_took_is_withdrawn_and_one_it_took_is_not() -> None:
+    """What withdraw reaches for: the sender takes a batch (``_pop_batch``, which counts
+    it in ``retry_count``) and queues it again at the front after a failed request
+    (``reenqueue``); a batch behind it was never taken. Only that one is withdrawn: it
+    leaves the queue, its future fails, and a send waiting behind it is woken."""
+    producer = AIOKafkaProducer(bootstrap_servers=NOWHERE)
+    try:
+        accumulator = producer._message_accumulator
+        tp = TopicPartition("t", 0)
+        first, second = producer.create_batch(), producer.create_batch()
+        await accumulator.add_batch(first, tp, 1.0)
+        taken = internals.queued_batch(producer, tp, first)
+        assert accumulator._pop_batch(tp) is taken and taken.retry_count == 1
+        accumulator._append_batch(second, tp)  # add_batch's step, without its wait
+        accumulator.reenqueue(taken)
+        behind = internals.queued_batch(producer, tp, second)
+        assert list(accumulator._batches[tp]) == [taken, behind]
+        gone = ValueError("withdrawn")
+        assert not internals.withdraw(producer, taken, gone)
+        assert internals.withdraw(producer, behind, gone)
+        assert list(accumulator._batches[tp]) == [taken]
+        assert behind.future.exception() is gone and behind._drain_waiter.done()
+        assert behind.tp == tp
+        assert not internals.withdraw(producer, behind, gone)  # not there any more
+    finally:
+        await producer.stop()
 
 
 def test_the_admin_client_sends_a_request_to_a_node() -> None:

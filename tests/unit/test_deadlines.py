@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conveyor.platform.deadlines import GRACE_S, MAX_PUT_OFFS, StallTolerantTimeout
+from conveyor.platform.deadlines import GRACE_S, MAX_PUT_OFFS, StallTolerantTimeout, TaskDeadlines
 
 
 async def test_a_deadline_that_passes_on_a_running_loop_raises_timeout_error_on_time() -> None:
@@ -170,3 +170,59 @@ async def test_a_cancellation_from_elsewhere_as_the_deadline_comes_stays_a_cance
     loop.call_at(loop.time() + 0.05, task.cancel)
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def _call(deadlines: TaskDeadlines, delay_s: float, work_s: float,
+                steps: int = 1) -> str:
+    """A call under ``deadlines`` as the Kafka adapter makes one: ``steps`` waits of
+    ``work_s``, each followed by progress (a restart)."""
+    task = asyncio.current_task()
+    assert task is not None
+    cancelling = task.cancelling()
+    deadlines.set(task, delay_s)
+    try:
+        for _ in range(steps):
+            await asyncio.sleep(work_s)
+            deadlines.restart(task, delay_s)
+        return "done"
+    except asyncio.CancelledError:
+        if not deadlines.expired(task, cancelling):
+            raise
+        return "expired"
+    finally:
+        deadlines.clear(task)
+
+
+async def test_task_deadlines_cancel_a_call_past_its_deadline_within_a_tick() -> None:
+    deadlines = TaskDeadlines(0.05)
+    started = time.monotonic()
+    assert await _call(deadlines, 0.2, 5) == "expired"
+    assert 0.19 < time.monotonic() - started < 0.6  # the deadline, then at most a tick
+    assert await _call(deadlines, 0.2, 0.01) == "done"  # the task's next call is its own
+
+
+async def test_task_deadlines_run_from_the_last_restart() -> None:
+    """Progress moves the deadline: four steps of 0.1 s under a 0.2 s deadline end."""
+    deadlines = TaskDeadlines(0.02)
+    assert await _call(deadlines, 0.2, 0.1, steps=4) == "done"
+    started = time.monotonic()
+    assert await _call(deadlines, 0.2, 0.15, steps=2) == "done"
+    assert await _call(deadlines, 0.2, 5) == "expired"
+    assert time.monotonic() - started < 1.2
+
+
+async def test_task_deadlines_leave_a_cancellation_from_elsewhere_a_cancellation() -> None:
+    deadlines = TaskDeadlines(0.02)
+    task = asyncio.create_task(_call(deadlines, 5, 5))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _call(deadlines, 0.05, 5) == "expired"  # no cancellation left over
+
+
+async def test_task_deadlines_cancel_nothing_once_cleared_and_stop_ticking() -> None:
+    deadlines = TaskDeadlines(0.02)
+    assert await _call(deadlines, 0.05, 0.01) == "done"
+    await asyncio.sleep(0.2)  # past the deadline: nothing is cancelled
+    assert deadlines._handle is None, "a timer still ticks with nothing watched"

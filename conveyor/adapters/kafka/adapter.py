@@ -30,10 +30,11 @@ from aiokafka import errors as kerrors
 
 from conveyor.adapters.kafka import rewind as kafka_rewind
 from conveyor.adapters.kafka.aiokafka_internals import (
-    batch_future,
+    queued_batch,
     record_appender,
     record_size,
     seal,
+    withdraw,
 )
 from conveyor.adapters.kafka.cluster import KafkaCluster, TopicMissingError, TopicRisk
 from conveyor.adapters.kafka.codec import letter_from_record, message_headers
@@ -44,6 +45,7 @@ from conveyor.adapters.kafka.letters import KafkaDeadLetters
 from conveyor.adapters.kafka.receiver import KafkaReceiver
 from conveyor.platform.adapter import QueueAdapter, QueueReceiver, StoreProblem, open_receivers
 from conveyor.platform.config import Config, KafkaConfig
+from conveyor.platform.deadlines import TaskDeadlines
 from conveyor.platform.errors import (
     BrokerConnectionError,
     BrokerError,
@@ -66,6 +68,12 @@ KAFKA_OFFSET_MAX = 2**63 - 1
 """The largest Kafka offset: offsets are signed 64-bit numbers."""
 
 
+_Sent = tuple[Sequence[Message], "asyncio.Future[Any]", Any]
+"""A send :meth:`KafkaAdapter.enqueue` handed over: its messages, the future its
+delivery comes on (``send_batch``'s shield, or ``send``'s own), and the batch it queued
+(:func:`queued_batch`; None for ``send``'s, or if not found)."""
+
+
 def _tokens(queue: int, offset: int, count: int) -> list[SequenceToken]:
     """The tokens of ``count`` records stored from ``offset`` on (a map over a repeat: no
     comprehension frame a token)."""
@@ -80,7 +88,7 @@ def _let_go(deliveries: Iterable[asyncio.Future[Any]]) -> None:
     producer holds (ShutdownError), a batch whose request timed out later on.
 
     The deliveries are ``send_batch``'s shields and their batches' own futures
-    (:func:`batch_future`): a shield the cancelled call was awaiting is cancelled with
+    (:func:`queued_batch`): a shield the cancelled call was awaiting is cancelled with
     it and no longer reads its batch's future. None is cancelled here: a shield would
     then leave its batch's future unseen too. The call's own error (a cancellation's
     records may or may not be stored) is what reaches its caller."""
@@ -124,8 +132,12 @@ class KafkaAdapter(QueueAdapter):
         self._retention_warned: set[str] = set()
         """The letter topics' finite retentions logged (:meth:`_warn_of_retention`)."""
         self._abandoned = False
-        """An enqueue was cancelled (a timeout, Ctrl-C) while the producer may hold its
-        records."""
+        """An enqueue was cancelled (a timeout, Ctrl-C), or gave up waiting
+        (``publish_timeout_ms``), while the producer may hold its records."""
+        self._publish_timeout_s = config.publish_timeout_ms / 1000
+        self._deadlines = TaskDeadlines(min(1.0, self._publish_timeout_s / 10))
+        """The enqueues' deadlines (``publish_timeout_ms``), on one timer: a call fails
+        at most a tenth of the timeout (at most 1 s) past it."""
 
     # -- the cluster, as callers of the adapter see it ---------------------------------
     @property
@@ -227,52 +239,129 @@ class KafkaAdapter(QueueAdapter):
         record batch is stored whole or not at all: when some were and others not (or
         may not have been), :class:`PartialPublishError` says which; when nothing is
         known stored and some may be, :class:`PublishUncertain`.
+
+        The call waits at most ``$.kafka.publish_timeout_ms`` without the broker
+        acknowledging one of its batches (the clock restarts at each; the producer
+        start and the metadata wait count too): then it stops waiting
+        (:meth:`_timed_out`), and says which batches were stored, which were never sent
+        and which may yet be.
         """
         if not messages:
             return []
         self._publishing += 1
-        sent: list[tuple[Sequence[Message], asyncio.Future[Any]]] = []  # handed over
-        own: list[asyncio.Future[Any]] = []  # their batches' futures, inside the shields
+        sent: list[_Sent] = []  # handed over
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine awaited runs in a task
+        deadlines, cancelling = self._deadlines, task.cancelling()
+        deadlines.set(task, self._publish_timeout_s)
         try:
-            producer = await self.cluster.producer()  # unreachable here: nothing was sent
-            if len(messages) == 1:  # into the partition's open batch, with concurrent sends
-                return [await self._send_one(producer, queue, messages[0])]
-            batches = self._batches(producer, messages)  # all built, so none is sent if one
-            unsent: BrokerError | None = None  # record is too big
-            tp = TopicPartition(self.topic, queue)
             try:
-                with kafka_errors(self._what(queue, messages)):
-                    for msgs, batch in batches:
-                        sent.append((msgs, await producer.send_batch(batch, self.topic,
-                                                                     partition=queue)))
-                        if (inside := batch_future(producer, tp, batch)) is not None:
-                            own.append(inside)
-            except BrokerError as exc:
-                if not sent:  # failed before the first batch was handed over: none was sent
+                producer = await self.cluster.producer()  # unreachable: nothing was sent
+                if len(messages) == 1:  # into the partition's open batch, with others
+                    msg, what = messages[0], self._what(queue, messages)
+                    delivery = await self._send_one(producer, what, queue, msg)
+                    sent.append((messages, delivery, None))
+                    try:
+                        with kafka_errors(what):
+                            return [SequenceToken(queue, (await delivery).offset)]
+                    except BrokerConnectionError as exc:
+                        raise PublishUncertain(
+                            f"{exc}: the message may or may not have been written; its "
+                            "id is in .message_ids", (msg.id,)) from exc
+                return await self._enqueue(producer, queue, messages, sent, task)
+            except asyncio.CancelledError:
+                if not deadlines.expired(task, cancelling):
                     raise
-                unsent = exc
-            if unsent is None and len(sent) == 1:  # the common call: one batch, no gather
-                try:
-                    return _tokens(queue, (await sent[0][1]).offset, len(messages))
-                except Exception as exc:  # as gather(return_exceptions=True) would hand it
-                    return self._stored(queue, messages, sent, [exc], None)
-            results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
-            if unsent is None:
-                tokens: list[SequenceToken] = []
-                for (msgs, _), meta in zip(sent, results, strict=True):
-                    if isinstance(meta, BaseException):
-                        break
-                    tokens += _tokens(queue, meta.offset, len(msgs))
-                else:
-                    return tokens
-            return self._stored(queue, messages, sent, results, unsent)
+            return self._timed_out(queue, messages, sent)
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):  # its caller gone: what the
                 self._abandoned = True  # producer holds of it is nobody's to wait for (close)
-            _let_go([*(future for _, future in sent), *own])
+            _let_go([*(delivery for _, delivery, _ in sent),
+                     *(batch.future for _, _, batch in sent if batch is not None)])
             raise
         finally:
+            deadlines.clear(task)
             self._publishing -= 1
+
+    async def _enqueue(self, producer: AIOKafkaProducer, queue: int,
+                       messages: Sequence[Message], sent: list[_Sent],
+                       task: asyncio.Task[Any]) -> list[SequenceToken]:
+        """:meth:`enqueue` of more than one message: record batches, each send handed
+        over added to ``sent``; each batch's answer restarts the task's deadline."""
+        batches = self._batches(producer, messages)  # all built, so none is sent if one
+        unsent: BrokerError | None = None  # record is too big
+        tp = TopicPartition(self.topic, queue)
+        deadlines, timeout_s = self._deadlines, self._publish_timeout_s
+        progress = None if len(batches) == 1 else (
+            lambda _: deadlines.restart(task, timeout_s))
+        try:
+            with kafka_errors(self._what(queue, messages)):
+                for msgs, builder in batches:
+                    delivery = await producer.send_batch(builder, self.topic, partition=queue)
+                    sent.append((msgs, delivery, queued_batch(producer, tp, builder)))
+                    if progress is not None:
+                        delivery.add_done_callback(progress)
+        except BrokerError as exc:
+            if not sent:  # failed before the first batch was handed over: none was sent
+                raise
+            unsent = exc
+        if unsent is None and len(sent) == 1:  # the common call: one batch, no gather
+            try:
+                return _tokens(queue, (await sent[0][1]).offset, len(messages))
+            except Exception as exc:  # as gather(return_exceptions=True) would hand it
+                return self._stored(queue, messages, sent, [exc], None)
+        results = await asyncio.gather(*(delivery for _, delivery, _ in sent),
+                                       return_exceptions=True)
+        if unsent is None:
+            tokens: list[SequenceToken] = []
+            for (msgs, _, _), meta in zip(sent, results, strict=True):
+                if isinstance(meta, BaseException):
+                    break
+                tokens += _tokens(queue, meta.offset, len(msgs))
+            else:
+                return tokens
+        return self._stored(queue, messages, sent, results, unsent)
+
+    def _timed_out(self, queue: int, messages: Sequence[Message],
+                   sent: list[_Sent]) -> list[SequenceToken]:
+        """The outcome of a call whose clock ran out: the broker answered none of its
+        batches for ``publish_timeout_ms``. Each batch handed over is
+
+        - stored, or refused, if its answer came;
+        - not sent, if the producer's sender never took it: it is taken back
+          (:func:`withdraw`), so it never will be;
+        - in doubt otherwise (a request carried it, or is carrying it: the producer
+          keeps retrying it, and the broker may store it once it answers): and the
+          records of a single message (``send``), which share their batch with other
+          calls' and are not taken back.
+
+        The batches never handed over were not sent. What the producer still holds of
+        the call is nobody's to wait for, as a cancelled call's (:meth:`close`); the
+        error raised from here goes through :meth:`enqueue`'s ``_let_go``."""
+        self._abandoned = True
+        what = self._what(queue, messages)
+        silent = (f"kafka: {what} failed: no answer from the broker for "
+                  f"{self._publish_timeout_s:g}s ($.kafka.publish_timeout_ms)")
+        if not sent:
+            raise BrokerConnectionError(f"{silent}; nothing was sent")
+        producer = self.cluster.started_producer
+        not_sent = BrokerConnectionError(f"{silent}; these were not sent")
+        in_doubt = (f"{silent}: the messages may or may not have been written (the "
+                    "producer sends them again until the broker answers or the client "
+                    "closes); their ids are in .message_ids")
+        results: list[Any] = []
+        for msgs, delivery, batch in sent:
+            answer = delivery if batch is None else batch.future
+            if answer.done() and not answer.cancelled():
+                results.append(answer.exception() or answer.result())
+            elif batch is not None and producer is not None and withdraw(producer, batch,
+                                                                         not_sent):
+                results.append(not_sent)
+            else:
+                results.append(PublishUncertain(in_doubt, tuple(m.id for m in msgs)))
+        handed = sum(len(msgs) for msgs, _, _ in sent)
+        return self._stored(queue, messages, sent, results,
+                            not_sent if handed < len(messages) else None)
 
     @staticmethod
     def _what(queue: int, messages: Sequence[Message]) -> str:
@@ -333,17 +422,20 @@ class KafkaAdapter(QueueAdapter):
             f"({self.config.max_request_size}); nothing was sent: raise it together with "
             "the broker's message.max.bytes, or send less")
 
-    def _stored(self, queue: int, messages: Sequence[Message],
-                sent: list[tuple[Sequence[Message], asyncio.Future[Any]]],
+    def _stored(self, queue: int, messages: Sequence[Message], sent: list[_Sent],
                 results: list[Any], unsent: BrokerError | None) -> list[SequenceToken]:
-        """The tokens of a multi-batch send some of whose batches failed, or were not
-        handed over: the error saying which batches failed (or, when none did in the
-        end, the tokens)."""
+        """The tokens of a send some of whose batches failed, or were not handed over:
+        the error saying which batches failed (or, when none did in the end, the
+        tokens). A result that is already Conveyor's error (:meth:`_timed_out`'s) is
+        taken as it is."""
         what = self._what(queue, messages)
         tokens: list[SequenceToken] = []
         published: dict[str, SequenceToken] = {}
         failures: list[tuple[list[str], BaseException]] = []
-        for (msgs, _), meta in zip(sent, results, strict=True):
+        for (msgs, _, _), meta in zip(sent, results, strict=True):
+            if isinstance(meta, BrokerError):
+                failures.append(([m.id for m in msgs], meta))
+                continue
             if isinstance(meta, BaseException):
                 if not isinstance(meta, CLIENT_ERRORS):
                     raise meta
@@ -358,39 +450,31 @@ class KafkaAdapter(QueueAdapter):
             published.update(zip((m.id for m in msgs), batch_tokens, strict=True))
             tokens += batch_tokens
         if unsent is not None:
-            handed = sum(len(msgs) for msgs, _ in sent)
+            handed = sum(len(msgs) for msgs, _, _ in sent)
             failures.append(([m.id for m in messages[handed:]], unsent))
         if failures:
             raise publish_failure(f"kafka: {what}", [m.id for m in messages], published,
                                   failures)
         return tokens
 
-    async def _send_one(self, producer: AIOKafkaProducer, queue: int,
-                        msg: Message) -> SequenceToken:
+    async def _send_one(self, producer: AIOKafkaProducer, what: str, queue: int,
+                        msg: Message) -> asyncio.Future[Any]:
         """One record through ``send``: the producer appends it to the partition's open
-        batch, so concurrent single publishes share a request (Client.publish)."""
-        what = self._what(queue, (msg,))
+        batch, so concurrent single publishes share a request (Client.publish). Returns
+        the future its delivery comes on."""
         headers = message_headers(msg)
         try:
             with kafka_errors(what):
-                delivery = await producer.send(
+                delivery: asyncio.Future[Any] = await producer.send(
                     self.topic, msg.body, key=msg.stream.key.encode(), partition=queue,
                     headers=headers, timestamp_ms=msg.enqueued_at_ms or None,
                 )
+                return delivery
         except BrokerError as exc:  # aiokafka checks the size before sending
             if not isinstance(exc.__cause__, kerrors.MessageSizeTooLargeError):
                 raise
             raise self._too_large(msg, record_size(msg.stream.key.encode(), msg.body,
                                                    headers)) from None
-        try:
-            with kafka_errors(what):
-                meta = await delivery
-        except BrokerConnectionError as exc:
-            raise PublishUncertain(
-                f"{exc}: the message may or may not have been written; its id is in "
-                ".message_ids", (msg.id,)
-            ) from exc
-        return SequenceToken(queue, meta.offset)
 
     # -- consuming ---------------------------------------------------------------------
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:

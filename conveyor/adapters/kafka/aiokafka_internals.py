@@ -15,9 +15,10 @@ that one test rather than a daemon in production:
   does when its sender dies), the futures of the batches it held marked retrieved
   (``_batches``, ``_pending_batches``, a batch's ``future`` and ``_drain_waiter``), and
   its ``client``'s connections closed;
-* the own future of a batch ``send_batch`` queued, which the shield it returns stops
-  reading once its caller cancels (:func:`batch_future`): the accumulator's ``_batches``
-  again, a batch's ``_builder`` and ``future``;
+* the batch ``send_batch`` queued, whose own future the shield it returns stops reading
+  once its caller cancels (:func:`queued_batch`), and taking it back while the sender
+  has not yet taken it (:func:`withdraw`): the accumulator's ``_batches`` again, a
+  batch's ``_builder``, ``future``, ``retry_count``, ``tp`` and ``_drain_waiter``;
 * requests the admin client does not offer (DeleteGroups, LeaveGroup):
   ``admin._send_request`` and the request classes of ``aiokafka.protocol``;
 * a record's size as the producer's own check counts it:
@@ -42,7 +43,6 @@ that one test rather than a daemon in production:
 
 from __future__ import annotations
 
-import asyncio
 import re
 import struct
 import time
@@ -420,26 +420,54 @@ async def drop_pending(producer: AIOKafkaProducer, exc: Exception) -> None:
     await producer.client.close()
 
 
-def batch_future(producer: AIOKafkaProducer, tp: TopicPartition,
-                 builder: BatchBuilder) -> asyncio.Future[Any] | None:
-    """The own future of the batch ``send_batch`` just queued for ``tp`` from ``builder``:
-    the one inside the shield it returned; None if the partition's last queued batch is
-    not ``builder``'s (an aiokafka that queues differently: see the pins).
+def queued_batch(producer: AIOKafkaProducer, tp: TopicPartition, builder: BatchBuilder) -> Any:
+    """The batch (aiokafka's ``MessageBatch``) ``send_batch`` just queued for ``tp`` from
+    ``builder``: the one whose own ``future`` is inside the shield it returned; None if
+    the partition's last queued batch is not ``builder``'s (an aiokafka that queues
+    differently: see the pins).
 
     Call it right after ``send_batch`` returns: ``add_batch`` appends the batch to the
     partition's queue and returns without a pause, so the sender cannot have taken it.
 
     A caller cancelled while awaiting the shield cancels the shield, and the shield then
-    stops reading this future; ``failure`` reads it only for a batch with per-message
-    futures (``send``'s), never for ``send_batch``'s. A batch failing later (the request
-    timed out) would leave its error unread, and asyncio logs "Future exception was never
-    retrieved" once the future is collected: whoever let go of the shield marks this one
-    seen instead."""
+    stops reading the batch's future; ``failure`` reads it only for a batch with
+    per-message futures (``send``'s), never for ``send_batch``'s. A batch failing later
+    (the request timed out) would leave its error unread, and asyncio logs "Future
+    exception was never retrieved" once the future is collected: whoever let go of the
+    shield marks this one seen instead. The batch also tells whether it has been sent
+    (:func:`withdraw`)."""
     queued = producer._message_accumulator._batches.get(tp)
     if not queued or queued[-1]._builder is not builder:
         return None
-    future: asyncio.Future[Any] = queued[-1].future
-    return future
+    return queued[-1]
+
+
+def withdraw(producer: AIOKafkaProducer, batch: Any, exc: Exception) -> bool:
+    """Take ``batch`` (from :func:`queued_batch`) back from the producer if its sender
+    has never taken it: then it was never sent, and never will be; its future fails
+    with ``exc`` (marked retrieved). False, and the batch left where it is, once the
+    sender has taken it, even if it is queued again after a failed attempt (its
+    ``retry_count`` counts the takes): it may be stored.
+
+    A batch never taken has no sequence number yet (the idempotent producer numbers a
+    batch as the sender first takes it), and every batch behind it in its partition's
+    queue is untaken too (a batch queued again goes to the front), so taking it out
+    leaves no gap in the sequence. A send waiting for room behind it (its drain waiter)
+    is woken, as when the sender takes a batch, and looks again."""
+    if batch.retry_count:
+        return False
+    batches = producer._message_accumulator._batches
+    queued = batches.get(batch.tp)
+    if queued is None or batch not in queued:
+        return False
+    queued.remove(batch)
+    if not queued:
+        del batches[batch.tp]
+    batch.future.set_exception(exc)
+    batch.future.exception()
+    if not batch._drain_waiter.done():
+        batch._drain_waiter.set_result(None)
+    return True
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: list[Any]) -> int:

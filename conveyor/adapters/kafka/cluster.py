@@ -294,6 +294,11 @@ class KafkaCluster:
             producer.client.add_topic(topic)
         return producer
 
+    @property
+    def started_producer(self) -> AIOKafkaProducer | None:
+        """The shared producer if it has started (this starts nothing)."""
+        return self._producer
+
     def abandon_sends(self) -> None:
         """Have :meth:`close` drop what the producer holds rather than wait to deliver it
         (``KafkaAdapter.close``: records whose callers are gone)."""

@@ -210,6 +210,13 @@ class KafkaConfig(_Section):
     cut connection is written once. ``auto``: on where the broker hands out producer ids,
     else off with a warning (tansu 0.6 does not); ``on``: refuse to publish without it;
     ``off``: never (a retried send may be written twice)."""
+    publish_timeout_ms: Millis = 30_000
+    """Longest a publish waits without the broker acknowledging any of its records: past
+    it the call raises, saying by id which messages were stored, which were not and
+    which may or may not have been (docs/kafka.md, "Publishing"). The clock restarts at
+    each record batch acknowledged, so a large publish to a working broker is not cut
+    short; a publish during an outage fails this long (and up to a second more) after
+    the broker last acknowledged one of its batches."""
     fetch_max_wait_ms: Millis = 100
     """Longest a fetch waits on the broker for data (bounds pull latency on idle queues)."""
     session_timeout_ms: Millis = 6_000
