@@ -569,7 +569,7 @@ def test_a_worker_whose_interceptor_wraps_in_nothing_is_a_usage_error(tmp_path: 
         "return a step (an async callable) or `next`\n")
 
 
-def run_quitter(tmp_path: Path, handler: str) -> tuple[int, str]:
+def run_quitter(tmp_path: Path, handler: str, timeout_s: float = 60) -> tuple[int, str]:
     """``conveyor worker`` of an app whose startup publishes one job to ``handler``
     (its decorator and definition); its exit status and its one ERROR line."""
     (tmp_path / "quitter.py").write_text(
@@ -581,8 +581,8 @@ def run_quitter(tmp_path: Path, handler: str) -> tuple[int, str]:
         "    await client.publish('jobs', 'j-1', {'n': 1})\n")
     result = subprocess.run([sys.executable, "-m", "conveyor.cli", "--log-level", "warning",
                              "worker", "quitter:app"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            cwd=tmp_path, capture_output=True, text=True,
+                            timeout=timeout_s, env={**os.environ, "PYTHONPATH": str(ROOT)})
     errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1, result.stderr
     return result.returncode, errors[0]
@@ -602,6 +602,23 @@ def test_a_handler_that_raises_system_exit_stops_the_worker_saying_so(
         rf"handler quitter.job raised {re.escape(raised)} on message \w+ of jobs/j-1: the "
         "worker stops at once, without draining; the message comes back as a redelivered "
         r"one \(see max_deliveries\)$", said), said
+
+
+@pytest.mark.parametrize(("raised", "status"), [("KeyboardInterrupt", 130),
+                                                 ("SystemExit(3)", 3)])
+def test_a_handler_that_stops_the_worker_beside_a_thread_of_the_app_still_exits(
+    tmp_path: Path, raised: str, status: int,
+) -> None:
+    # A thread the app started (not a daemon thread) held the exit after a
+    # KeyboardInterrupt for good: `conveyor: interrupted` was said, the process stayed.
+    code, said = run_quitter(tmp_path, "import threading\n"
+                                       "@app.handler('jobs')\n"
+                                       "async def job(body: dict) -> None:\n"
+                                       "    threading.Thread(target=threading.Event().wait)"
+                                       ".start()\n"
+                                       f"    raise {raised}", timeout_s=20)
+    assert code == status, said
+    assert f"handler quitter.job raised {raised}" in said, said
 
 
 def test_a_batch_handler_that_raises_system_exit_stops_the_worker_saying_so(
