@@ -7,8 +7,10 @@ named by ``CONVEYOR_TEST_RECORD``; a start appends the same to ``CONVEYOR_TEST_S
 (if set) before blocking. ``CONVEYOR_TEST_EXIT_ON``, if set, names a seq whose handling
 kills the process with ``os._exit(1)`` (a crash no ``except`` catches) — or, as
 ``CONVEYOR_TEST_EXIT_HOW`` says, raises ``KeyboardInterrupt`` or ``SystemExit(3)``
-beside a thread that never ends (one the app started, not a daemon thread), or
-segfaults (``ctypes.string_at(0)``);
+beside a thread that never ends (one the app started, not a daemon thread),
+segfaults (``ctypes.string_at(0)``), or forks a process that outlives it by a minute
+(as a ``multiprocessing`` child may; its pid appended to ``CONVEYOR_TEST_RECORD``
+``.forks``) before its ``os._exit(1)``;
 ``CONVEYOR_TEST_MAX_DELIVERIES`` sets the handler's ``max_deliveries`` (default 5).
 """
 
@@ -63,4 +65,11 @@ def _exit() -> None:
         raise KeyboardInterrupt if _exit_how == "KeyboardInterrupt" else SystemExit(3)
     if _exit_how == "segfault":
         ctypes.string_at(0)
+    if _exit_how == "fork":
+        pid = os.fork()
+        if pid == 0:
+            threading.Event().wait(60)
+            os._exit(0)
+        with open(os.environ["CONVEYOR_TEST_RECORD"] + ".forks", "a") as forks:
+            forks.write(f"{pid}\n")
     os._exit(1)

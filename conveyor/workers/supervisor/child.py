@@ -67,6 +67,17 @@ class EventChannel:
         self.fd = fd
         self.supervisor_gone = False
         self._lock = threading.Lock()  # the beat thread writes too: one line at a time
+        # A process a handler forks (os.fork, multiprocessing's default on Linux) would
+        # hold the channel open after this one died: the supervisor would take it for
+        # alive, and its queues would wait, for as long as that process lives.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """In a process forked from this one: not the supervisor's child; no events."""
+        self._lock = threading.Lock()  # (held by the beat thread, maybe, at the fork)
+        self.supervisor_gone = True
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
     def send(self, event: Event) -> None:
         with self._lock:
