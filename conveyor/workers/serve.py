@@ -80,7 +80,21 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     asyncio.set_event_loop(loop)
     loop.set_default_executor(executor)
     try:
-        return loop.run_until_complete(main())
+        served = loop.create_task(main())
+        said = False
+        while True:
+            try:
+                return loop.run_until_complete(served)
+            except RuntimeError:
+                if served.done():  # main's own error
+                    raise
+            # loop.stop() from a handler or hook, a script's habit: it ended the worker
+            # undrained, with a traceback. It runs on, as nothing asked it to stop.
+            if not said:
+                said = True
+                log.warning("a handler or hook stopped the event loop (loop.stop()): the "
+                            "worker runs it again and goes on; stop a worker with SIGTERM "
+                            "or sys.exit()")
     finally:
         try:
             _cancel_left_tasks(loop)

@@ -634,6 +634,14 @@ def test_a_batch_handler_that_raises_system_exit_stops_the_worker_saying_so(
         r"as redelivered ones \(see max_deliveries\)$", said), said
 
 
+def warning_worker(tmp_path: Path, app: str) -> Daemon:
+    """``conveyor --log-level warning worker APP`` in ``tmp_path``, its output read."""
+    return Daemon(subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "--log-level", "warning", "worker", app],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+
 def test_a_startup_hook_that_raises_is_logged_when_it_raises(tmp_path: Path) -> None:
     # Nothing was said, then or at the stop: a tour's Kafka worker whose hook's publish
     # failed ran on without its first order, and no line told why.
@@ -645,10 +653,7 @@ def test_a_startup_hook_that_raises_is_logged_when_it_raises(tmp_path: Path) -> 
         "@app.startup\n"
         "async def connect(client: conveyor.Client) -> None:\n"
         "    raise ConnectionError('the database is down')\n")
-    worker = Daemon(subprocess.Popen(
-        [sys.executable, "-m", "conveyor.cli", "--log-level", "warning", "worker",
-         "hooked:app"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    worker = warning_worker(tmp_path, "hooked:app")
     try:
         said = "ERROR conveyor.daemon: startup hook connect raised ConnectionError: " \
                "the database is down"
@@ -660,6 +665,40 @@ def test_a_startup_hook_that_raises_is_logged_when_it_raises(tmp_path: Path) -> 
     assert [x for x in lines if said in x] == [next(x for x in lines if "ERROR" in x)]
     assert "    raise ConnectionError('the database is down')" in lines
     assert lines[-1].startswith("conveyor: drained pulled=0 "), lines
+
+
+def test_a_handler_that_stops_the_event_loop_does_not_end_the_worker(tmp_path: Path) -> None:
+    # loop.stop() in a handler (a script's habit) ended `conveyor worker` with a 40-line
+    # "RuntimeError: Event loop stopped before Future completed." and exit 1, undrained.
+    (tmp_path / "stopper.py").write_text(
+        "import asyncio\n"
+        "import conveyor\n"
+        "app = conveyor.App('stopper')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    if body['n'] < 2:\n"
+        "        asyncio.get_running_loop().stop()\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    for n in range(4):\n"
+        "        await client.publish('jobs', f'j-{n}', {'n': n})\n")
+    worker = warning_worker(tmp_path, "stopper:app")
+    try:
+        wait_until_sync(lambda: sum(x.startswith("handled ") for x in worker.lines) == 4
+                        or worker.proc.poll() is not None, 30, "the four jobs handled")
+        lines = worker.interrupt()
+    finally:
+        worker.kill()
+    assert sorted(x for x in lines if x.startswith("handled ")) == [
+        f"handled {n}" for n in range(4)], lines
+    assert "Traceback (most recent call last):" not in lines, lines
+    [warning] = [x for x in lines if "WARNING" in x]
+    assert warning.endswith("a handler or hook stopped the event loop (loop.stop()): the "
+                            "worker runs it again and goes on; stop a worker with SIGTERM "
+                            "or sys.exit()"), warning
+    assert lines[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), lines
+    assert worker.proc.returncode == 0
 
 
 def test_python_dash_m_conveyor_is_the_command() -> None:
