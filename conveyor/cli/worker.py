@@ -17,6 +17,7 @@ import click
 from conveyor.cli.common import (
     DAY_S,
     Bounded,
+    Interrupted,
     as_cli_error,
     config_option,
     fail,
@@ -72,7 +73,12 @@ def worker(
     from conveyor.loader import load_app
     from conveyor.workers.daemon import DrainReport, WorkerDaemon
     from conveyor.workers.http_endpoint import daemon_endpoint
-    from conveyor.workers.serve import leave_running_threads, run_served, serve
+    from conveyor.workers.serve import (
+        leave_running_threads,
+        run_served,
+        serve,
+        stopped_status,
+    )
 
     overrides: dict[str, dict[str, Any]] = {}
     if slots is not None:
@@ -129,9 +135,11 @@ def worker(
         error.show()
         leave_running_threads(error.exit_code)
         sys.exit(error.exit_code)
-    except SystemExit as exc:  # a handler's or hook's (stop signals are the loop's):
-        status = exc.code if isinstance(exc.code, int) and exc.code else 1  # not a drain
-        leave_running_threads(status)
+    except (SystemExit, KeyboardInterrupt) as exc:  # a handler's or hook's (stop signals
+        status = stopped_status(exc)                # are the loop's): not a drain
+        if isinstance(exc, KeyboardInterrupt):
+            Interrupted().show()  # as Ctrl-C ends a command, before threads are left
+        leave_running_threads(status)  # one the app started must not hold the exit
         sys.exit(status)
     click.echo(f"conveyor: drained {report}", err=True)
     leave_running_threads(0)

@@ -25,6 +25,13 @@ waits. Its reading does not depend on the loop:
 * A stall past ``threshold_s`` is logged once it ends — the handler, the message, the queue,
   how long, and the blocking frame's stack as seen while it blocked — at most once per
   handler per ``log_interval_s`` (the others are counted in :attr:`stalls`).
+* A stall of the whole process — a thread holding the GIL in C code that keeps it (a
+  ``def`` handler's long regex match, a huge sort or parse), or the process stopped —
+  holds the watchdog's thread too, so it cannot see it while it lasts: it finds it when
+  it wakes that late, and counts and logs it as such. Which thread held it is not known
+  by then (it ran on a few milliseconds before letting the others run: long enough to
+  finish a handler call). The lease renewals' thread was held as well: such a stall
+  costs the queues as a blocked loop does.
 
 Reading the blocked thread's frames from the watchdog thread is what a debugger does: the
 stack is taken with the GIL held, so it is consistent, and it costs nothing while the loop
@@ -97,6 +104,8 @@ class LoopWatchdog:
         self._loop_thread = 0
         self._posted_at: float | None = None
         self._culprit: Culprit | None = None
+        self._held_s = 0.0
+        """How late this watchdog's thread woke last, when it was held too (0: not)."""
         self._logged: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -137,7 +146,20 @@ class LoopWatchdog:
     def _watch(self) -> None:
         loop = self._loop
         assert loop is not None
+        due = time.monotonic() + self.probe_interval_s
         while not self._stop.wait(self.probe_interval_s):
+            now = time.monotonic()
+            if now - due >= self.threshold_s:
+                # This thread was held too, not the loop alone: the whole process was.
+                self._held_s = now - due
+                self.stalled = True
+                if self._posted_at is None:  # a probe now, to report it from the loop
+                    self._posted_at = now  # (not back-dated: the loop answers again, so
+                    try:                   # the leases may be renewed if still valid)
+                        loop.call_soon_threadsafe(self._answer, now)
+                    except RuntimeError:  # the loop is closed
+                        return
+            due = now + self.probe_interval_s
             if self._posted_at is None:
                 self._posted_at = time.monotonic()
                 try:
@@ -158,19 +180,40 @@ class LoopWatchdog:
         if not self.stalled:
             return
         self.stalled = False
+        held_s, self._held_s = self._held_s, 0.0
+        took_s = max(took_s, held_s)
         self.stalls += 1
         self.longest_s = max(self.longest_s, took_s)
         global _last_stall
         _last_stall = (time.monotonic(), took_s)
         culprit, self._culprit = self._culprit, None
-        self._report(took_s, culprit)
+        if held_s:
+            self._report_held(took_s)
+        else:
+            self._report(took_s, culprit)
+
+    def _report_held(self, took_s: float) -> None:
+        if not self._may_log("held"):
+            return
+        log.warning(
+            "the whole process was held for %.1fs, this watchdog's thread too: a thread "
+            "held the GIL — a `def` handler in C code that does not release it (a long "
+            "regex match, sorting or parsing a huge object, a C extension) — or the "
+            "process was stopped; lease renewals and heartbeats were held as well. Split "
+            "such work, or run it in a subprocess; these stalls are not logged again for "
+            "%.0fs.", took_s, self.log_interval_s)
+
+    def _may_log(self, who: str) -> bool:
+        now = time.monotonic()
+        if now - self._logged.get(who, -self.log_interval_s) < self.log_interval_s:
+            return False
+        self._logged[who] = now
+        return True
 
     def _report(self, took_s: float, culprit: Culprit | None) -> None:
         who = culprit.handler if culprit is not None else "?"
-        now = time.monotonic()
-        if now - self._logged.get(who, -self.log_interval_s) < self.log_interval_s:
+        if not self._may_log(who):
             return
-        self._logged[who] = now
         if culprit is None:
             log.warning("the event loop was blocked for %.1fs (no handler was running: "
                         "blocking code elsewhere, or a long garbage collection)", took_s)

@@ -55,6 +55,10 @@ TASKS_GRACE_S = 1.0
 once cancelled, before it leaves them (a handler call that catches its cancellation
 and goes on: an abandoned stop left it running)."""
 
+INTERRUPTED = 130
+"""The exit status of a worker process that a handler's ``KeyboardInterrupt`` ended: a
+shell's for Ctrl-C."""
+
 _tasks_left: list[str] = []
 """The names of the tasks :func:`run_served` left running: :func:`leave_running_threads`
 then leaves at once, as for a thread that does not end."""
@@ -76,7 +80,21 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     asyncio.set_event_loop(loop)
     loop.set_default_executor(executor)
     try:
-        return loop.run_until_complete(main())
+        served = loop.create_task(main())
+        said = False
+        while True:
+            try:
+                return loop.run_until_complete(served)
+            except RuntimeError:
+                if served.done():  # main's own error
+                    raise
+            # loop.stop() from a handler or hook, a script's habit: it ended the worker
+            # undrained, with a traceback. It runs on, as nothing asked it to stop.
+            if not said:
+                said = True
+                log.warning("a handler or hook stopped the event loop (loop.stop()): the "
+                            "worker runs it again and goes on; stop a worker with SIGTERM "
+                            "or sys.exit()")
     finally:
         try:
             _cancel_left_tasks(loop)
@@ -101,6 +119,15 @@ def _cancel_left_tasks(loop: asyncio.AbstractEventLoop) -> None:
             loop.call_exception_handler({"message": "unhandled exception during shutdown",
                                          "exception": task.exception(), "task": task})
     _tasks_left.extend(task.get_name() for task in running)
+
+
+def stopped_status(exc: SystemExit | KeyboardInterrupt) -> int:
+    """The exit status of a worker process that a handler or hook stopped by raising
+    ``exc`` (the agent logged it): :data:`INTERRUPTED` for ``KeyboardInterrupt``, the
+    ``SystemExit``'s status, or 1 for none or 0 — never the 0 of a drain."""
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED
+    return exc.code if isinstance(exc.code, int) and exc.code else 1
 
 
 def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None:

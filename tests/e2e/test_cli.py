@@ -599,7 +599,7 @@ def test_a_worker_whose_handler_retries_past_the_bound_is_a_usage_error(
             "hold), got 1000000000000000000") in line, line
 
 
-def run_quitter(tmp_path: Path, handler: str) -> tuple[int, str]:
+def run_quitter(tmp_path: Path, handler: str, timeout_s: float = 60) -> tuple[int, str]:
     """``conveyor worker`` of an app whose startup publishes one job to ``handler``
     (its decorator and definition); its exit status and its one ERROR line."""
     (tmp_path / "quitter.py").write_text(
@@ -611,8 +611,8 @@ def run_quitter(tmp_path: Path, handler: str) -> tuple[int, str]:
         "    await client.publish('jobs', 'j-1', {'n': 1})\n")
     result = subprocess.run([sys.executable, "-m", "conveyor.cli", "--log-level", "warning",
                              "worker", "quitter:app"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            cwd=tmp_path, capture_output=True, text=True,
+                            timeout=timeout_s, env={**os.environ, "PYTHONPATH": str(ROOT)})
     errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1, result.stderr
     return result.returncode, errors[0]
@@ -634,6 +634,23 @@ def test_a_handler_that_raises_system_exit_stops_the_worker_saying_so(
         r"one \(see max_deliveries\)$", said), said
 
 
+@pytest.mark.parametrize(("raised", "status"), [("KeyboardInterrupt", 130),
+                                                 ("SystemExit(3)", 3)])
+def test_a_handler_that_stops_the_worker_beside_a_thread_of_the_app_still_exits(
+    tmp_path: Path, raised: str, status: int,
+) -> None:
+    # A thread the app started (not a daemon thread) held the exit after a
+    # KeyboardInterrupt for good: `conveyor: interrupted` was said, the process stayed.
+    code, said = run_quitter(tmp_path, "import threading\n"
+                                       "@app.handler('jobs')\n"
+                                       "async def job(body: dict) -> None:\n"
+                                       "    threading.Thread(target=threading.Event().wait)"
+                                       ".start()\n"
+                                       f"    raise {raised}", timeout_s=20)
+    assert code == status, said
+    assert f"handler quitter.job raised {raised}" in said, said
+
+
 def test_a_batch_handler_that_raises_system_exit_stops_the_worker_saying_so(
     tmp_path: Path,
 ) -> None:
@@ -647,6 +664,14 @@ def test_a_batch_handler_that_raises_system_exit_stops_the_worker_saying_so(
         r"as redelivered ones \(see max_deliveries\)$", said), said
 
 
+def warning_worker(tmp_path: Path, app: str) -> Daemon:
+    """``conveyor --log-level warning worker APP`` in ``tmp_path``, its output read."""
+    return Daemon(subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "--log-level", "warning", "worker", app],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+
 def test_a_startup_hook_that_raises_is_logged_when_it_raises(tmp_path: Path) -> None:
     # Nothing was said, then or at the stop: a tour's Kafka worker whose hook's publish
     # failed ran on without its first order, and no line told why.
@@ -658,10 +683,7 @@ def test_a_startup_hook_that_raises_is_logged_when_it_raises(tmp_path: Path) -> 
         "@app.startup\n"
         "async def connect(client: conveyor.Client) -> None:\n"
         "    raise ConnectionError('the database is down')\n")
-    worker = Daemon(subprocess.Popen(
-        [sys.executable, "-m", "conveyor.cli", "--log-level", "warning", "worker",
-         "hooked:app"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    worker = warning_worker(tmp_path, "hooked:app")
     try:
         said = "ERROR conveyor.daemon: startup hook connect raised ConnectionError: " \
                "the database is down"
@@ -673,6 +695,40 @@ def test_a_startup_hook_that_raises_is_logged_when_it_raises(tmp_path: Path) -> 
     assert [x for x in lines if said in x] == [next(x for x in lines if "ERROR" in x)]
     assert "    raise ConnectionError('the database is down')" in lines
     assert lines[-1].startswith("conveyor: drained pulled=0 "), lines
+
+
+def test_a_handler_that_stops_the_event_loop_does_not_end_the_worker(tmp_path: Path) -> None:
+    # loop.stop() in a handler (a script's habit) ended `conveyor worker` with a 40-line
+    # "RuntimeError: Event loop stopped before Future completed." and exit 1, undrained.
+    (tmp_path / "stopper.py").write_text(
+        "import asyncio\n"
+        "import conveyor\n"
+        "app = conveyor.App('stopper')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    if body['n'] < 2:\n"
+        "        asyncio.get_running_loop().stop()\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    for n in range(4):\n"
+        "        await client.publish('jobs', f'j-{n}', {'n': n})\n")
+    worker = warning_worker(tmp_path, "stopper:app")
+    try:
+        wait_until_sync(lambda: sum(x.startswith("handled ") for x in worker.lines) == 4
+                        or worker.proc.poll() is not None, 30, "the four jobs handled")
+        lines = worker.interrupt()
+    finally:
+        worker.kill()
+    assert sorted(x for x in lines if x.startswith("handled ")) == [
+        f"handled {n}" for n in range(4)], lines
+    assert "Traceback (most recent call last):" not in lines, lines
+    [warning] = [x for x in lines if "WARNING" in x]
+    assert warning.endswith("a handler or hook stopped the event loop (loop.stop()): the "
+                            "worker runs it again and goes on; stop a worker with SIGTERM "
+                            "or sys.exit()"), warning
+    assert lines[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), lines
+    assert worker.proc.returncode == 0
 
 
 def test_python_dash_m_conveyor_is_the_command() -> None:

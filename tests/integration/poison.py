@@ -51,12 +51,14 @@ def stored_letters(config: Config, app: str = "rec") -> list[DeadLetter]:
 
 
 def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path,
-                                max_deliveries: int) -> str:
-    """Run the scenario; assert its outcome; return a one-line summary."""
+                                max_deliveries: int, exit_how: str = "os._exit") -> str:
+    """Run the scenario; assert its outcome; return a one-line summary. ``exit_how``: how
+    the poison ends its process (tests/apps/blocking_app.py); the supervisor's stderr is
+    left in ``tmp / "supervisor.err"``."""
     env = {**os.environ, **env, "PYTHONUNBUFFERED": "1",
            "CONVEYOR_TEST_RECORD": str(tmp / "handled.rec"),
            "CONVEYOR_TEST_STARTS": str(tmp / "started.rec"),
-           "CONVEYOR_TEST_EXIT_ON": str(POISON),
+           "CONVEYOR_TEST_EXIT_ON": str(POISON), "CONVEYOR_TEST_EXIT_HOW": exit_how,
            "CONVEYOR_TEST_MAX_DELIVERIES": str(max_deliveries)}
     config = load_config(shipped, environ=env)
     err_path = tmp / "supervisor.err"
@@ -93,5 +95,5 @@ def run_poison_under_supervisor(shipped: Path, env: dict[str, str], tmp: Path,
     assert starts[POISON] == max_deliveries, starts[POISON]
     runs = handled()
     assert POISON not in runs and max(runs.values()) <= max_deliveries, runs
-    return (f"os._exit poison started {max_deliveries} times, dead-lettered; duplicates "
+    return (f"{exit_how} poison started {max_deliveries} times, dead-lettered; duplicates "
             f"of the others: {sum(c - 1 for c in runs.values())}")

@@ -3,7 +3,9 @@ named (handler, message, stack) and counted; one that does not is not."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import threading
 import time
 
 import pytest
@@ -84,3 +86,39 @@ async def test_a_broker_error_just_after_a_stall_names_the_stall(
         assert stall_note(within_s=0.0) == ""  # longer ago than that: no note
     finally:
         watchdog.stop()
+
+
+def gil_app(held: list[str]) -> App:
+    app = App("gil")
+
+    @app.handler("jobs")
+    def on_job(body: dict[str, int]) -> None:
+        # libc's usleep called holding the GIL (PyDLL does not release it): what a long
+        # regex match or a C extension that keeps the GIL does, for a known time.
+        ctypes.PyDLL(None).usleep(body["hold_us"])
+        held.append(threading.current_thread().name)
+
+    return app
+
+
+async def test_a_def_handler_holding_the_gil_is_named_though_it_held_the_watchdog_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Nothing was logged or counted: the watchdog's thread was held with the rest, and
+    # the probe it could not post found the loop free once the GIL came back. The lease
+    # renewals are held the same way: past the lease, such a stall cost the queues
+    # with no line saying why (and "the server lost it" lines blaming Redis).
+    held: list[str] = []
+    config = Config(worker=WorkerConfig(stall_warn_ms=200))
+    with caplog.at_level(logging.WARNING, logger="conveyor.watchdog"):
+        async with TestWorker(gil_app(held), config) as worker:
+            await worker.publish("jobs", "a", {"hold_us": 800_000})
+            await worker.settle()
+            watchdog = worker.daemon._parts.watchdog
+            await wait_until(lambda: watchdog.stalls == 1, 5, 0.01, "the stall counted")
+            assert 0.6 <= watchdog.longest_s < 2.0, watchdog.longest_s
+    assert len(held) == 1 and held[0].startswith("conveyor-handler"), held
+    [line] = [r.getMessage() for r in caplog.records if r.name == "conveyor.watchdog"]
+    assert line.startswith("the whole process was held for "), line
+    assert "a thread held the GIL" in line, line
+    assert "lease renewals and heartbeats were held as well" in line, line

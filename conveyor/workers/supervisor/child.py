@@ -67,6 +67,17 @@ class EventChannel:
         self.fd = fd
         self.supervisor_gone = False
         self._lock = threading.Lock()  # the beat thread writes too: one line at a time
+        # A process a handler forks (os.fork, multiprocessing's default on Linux) would
+        # hold the channel open after this one died: the supervisor would take it for
+        # alive, and its queues would wait, for as long as that process lives.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """In a process forked from this one: not the supervisor's child; no events."""
+        self._lock = threading.Lock()  # (held by the beat thread, maybe, at the fork)
+        self.supervisor_gone = True
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
     def send(self, event: Event) -> None:
         with self._lock:
@@ -268,7 +279,7 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from conveyor.workers.serve import leave_running_threads, run_served
+    from conveyor.workers.serve import leave_running_threads, run_served, stopped_status
 
     app_path, config_path, events_fd = (argv or sys.argv[1:])[:3]
     # The supervisor decides when children stop (a Ctrl-C on the terminal reaches it);
@@ -283,6 +294,13 @@ def main(argv: list[str] | None = None) -> None:
     except ConveyorError as exc:  # a message for the operator, not a traceback
         log.error("%s", exc)
         status = CONFIG_REFUSED if isinstance(exc, ConfigError) else 1
+        leave_running_threads(status)
+        sys.exit(status)
+    except (SystemExit, KeyboardInterrupt) as exc:  # a handler's or hook's, which the
+        # agent logged: the exit status says it to the supervisor, without a traceback
+        # and without waiting at exit for a thread the app started (its beats would go
+        # on from their daemon thread: the supervisor would never replace this process)
+        status = stopped_status(exc)
         leave_running_threads(status)
         sys.exit(status)
     leave_running_threads(0)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -178,6 +179,20 @@ class ChildProcess:
         if self._reader_task is not None:
             with contextlib.suppress(Exception):
                 await self._reader_task
+
+    @property
+    def ended(self) -> str:
+        """How the process ended, for a log line (``exit status 3``, ``killed by
+        SIGSEGV``): empty while it runs."""
+        status = self.proc.returncode if self.proc is not None else None
+        if status is None:
+            return ""
+        if status >= 0:
+            return f"exit status {status}"
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
 
     async def stop(self, timeout_s: float) -> None:
         if self.proc is None:

@@ -311,9 +311,10 @@ class Supervisor:
         """Drop dead children and start new ones up to MIN (their queues are orphans now,
         adopted by :func:`~conveyor.workers.supervisor.assignment.adopt_orphans`)."""
         for child in [c for c in self.children if not c.alive]:
-            log.error("supervisor: process #%d died; its queues go to the others", child.number)
             self.children.remove(child)
-            await child.stop(1.0)
+            await child.stop(1.0)  # its exit status, to say how it died
+            log.error("supervisor: process #%d died (%s); its queues go to the others",
+                      child.number, child.ended or "?")
             self.stats.replaced += 1
         while self.processes < self.settings.min_processes:
             await self._spawn()
