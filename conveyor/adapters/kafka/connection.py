@@ -245,6 +245,26 @@ def _connect_failure(record: logging.LogRecord) -> tuple[str, ...] | None:
 logging.getLogger("aiokafka").addFilter(
     RepeatFilter(_connect_failure, lambda: CONNECT_REPEAT_S))  # aiokafka.client's logger
 
+_PRODUCE_FAILURES = ("Got error produce response: %s",
+                     "Got error produce response on topic-partition %s, retrying. Error: %s")
+
+
+def _produce_failure(record: logging.LogRecord) -> tuple[str, ...] | None:
+    """aiokafka's sender logs a warning at each failed produce request, and retries it
+    every ``retry_backoff_ms`` (100 ms) while the broker is down: some 30 lines a second
+    of an outage under a publish. One line of each kind (the format, and the error's type
+    or the partition and error) passes every :data:`CONNECT_REPEAT_S`, as the client's
+    connect failures do; the publish's own error says what became of its messages."""
+    if record.msg not in _PRODUCE_FAILURES or not isinstance(record.args, tuple):
+        return None
+    if record.msg == _PRODUCE_FAILURES[0] and record.args:
+        return (record.msg, type(record.args[0]).__name__)
+    return (record.msg, *map(str, record.args))
+
+
+logging.getLogger(SENDER_LOGGER).addFilter(
+    RepeatFilter(_produce_failure, lambda: CONNECT_REPEAT_S))
+
 
 _WARNED_NO_IDS: set[str] = set()
 """Bootstrap lists whose broker refused a producer id, warned of: once a process (a

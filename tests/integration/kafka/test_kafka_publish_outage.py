@@ -13,8 +13,11 @@ hands each next batch over only as the one before it leaves, so every batch is y
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import msgspec
 import pytest
 
 from conveyor.client import Client, Publish
+from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerConnectionError, PartialPublishError, PublishUncertain
 from tests.conftest import free_port, wait_until
 from tests.integration.kafka.conftest import Tansu
@@ -40,6 +44,25 @@ SLACK_S = 1.5
 """What a call may take past the bound: the turn of the loop that notices, the error built."""
 BATCH_BYTES = 16_384
 """aiokafka's ``max_batch_size``: one record batch (one partition) holds at most this."""
+
+
+@asynccontextmanager
+async def behind_a_proxy(tmp_path: Path, publish_timeout_ms: int
+                         ) -> AsyncIterator[tuple[Config, CuttableProxy]]:
+    """A broker every connection reaches through a proxy the test can cut, and a config
+    of a topic of its own on it, publishes bounded by ``publish_timeout_ms``."""
+    broker = Tansu(require_tansu(), free_port(), tmp_path / "tansu.log")
+    proxy = CuttableProxy(free_port(), broker.port)
+    broker.advertised_port = proxy.port
+    config = kafka_config(broker.bootstrap, f"out-{free_port()}",
+                          kafka={"publish_timeout_ms": publish_timeout_ms})
+    try:
+        await proxy.start()
+        broker.start()
+        yield config, proxy
+    finally:
+        await proxy.cut()
+        broker.stop()
 
 
 async def test_a_publish_during_an_outage_ends_within_the_publish_timeout(
@@ -135,14 +158,7 @@ async def test_a_client_closed_in_the_outage_after_its_publish_gave_up_closes_at
     publish has given up nobody waits for it, so a close during the outage drops it
     (it stays in doubt, as the publish said) instead of waiting: for aiokafka's request
     timeout (40 s) on a plain producer, for ever on an idempotent one."""
-    broker = Tansu(require_tansu(), free_port(), tmp_path / "tansu.log")
-    proxy = CuttableProxy(free_port(), broker.port)
-    broker.advertised_port = proxy.port
-    config = kafka_config(broker.bootstrap, f"out-{free_port()}",
-                          kafka={"publish_timeout_ms": 1000})
-    try:
-        await proxy.start()
-        broker.start()
+    async with behind_a_proxy(tmp_path, 1000) as (config, proxy):
         async with Client.from_config(config) as client:
             await client.publish("orders", "warm", {"seq": -1})
             await proxy.cut()
@@ -152,9 +168,6 @@ async def test_a_client_closed_in_the_outage_after_its_publish_gave_up_closes_at
             assert len(raised.value.message_ids) == 10
             closing_at = time.monotonic()
         assert time.monotonic() - closing_at < 2.0
-    finally:
-        await proxy.cut()
-        broker.stop()
 
 
 async def test_a_publish_to_a_broker_that_never_answers_ends_within_the_publish_timeout(
@@ -183,3 +196,37 @@ async def test_a_publish_to_a_broker_that_never_answers_ends_within_the_publish_
         for writer in held:
             writer.close()
         server.close()
+
+
+async def test_an_outage_under_a_publish_logs_the_producers_retries_once_not_every_100_ms(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiokafka's sender logs a warning at each failed produce request, retried every
+    ``retry_backoff_ms`` (100 ms): 30 a second while the broker is down. One line of
+    each kind passes every 30 s, with how many more there were, as its client's
+    "Unable connect" lines do."""
+    sender = logging.getLogger("aiokafka.producer.sender")
+    logged: list[str] = []  # every warning the sender logs, before any filter
+
+    def every(record: logging.LogRecord) -> bool:
+        logged.append(record.getMessage())
+        return True
+
+    sender.filters.insert(0, every)
+    try:
+        async with (behind_a_proxy(tmp_path, 3000) as (config, proxy),
+                    Client.from_config(config) as client):
+            await client.publish("orders", "warm", {"seq": -1})
+            await proxy.cut()
+            caplog.clear()
+            logged.clear()
+            with pytest.raises(PublishUncertain):
+                await client.publish_batch([Publish("orders", "k", {"seq": i})
+                                            for i in range(10)])
+    finally:
+        sender.removeFilter(every)
+    assert len(logged) >= 10, f"the producer retried {len(logged)} times: nothing to test"
+    # A line of the kind an earlier test of this process let pass is held for 30 s.
+    lines = Counter(r.getMessage() for r in caplog.records
+                    if r.name.startswith("aiokafka") and r.levelno >= logging.WARNING)
+    assert max(lines.values(), default=0) <= 1, lines.most_common(3)
