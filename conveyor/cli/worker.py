@@ -24,11 +24,16 @@ from conveyor.cli.common import (
 )
 from conveyor.platform.errors import ConveyorError
 
+MAX_INT64 = 2**63 - 1
+"""The most any whole-number config field holds (msgspec's 64 bits): ``--slots`` past it
+was refused by the config as its field, ``slots.count``, not as the option."""
+
 
 @click.command()
 @click.argument("app_path")
 @config_option
-@click.option("--slots", type=click.IntRange(min=1), help="Override [slots] count.")
+@click.option("--slots", type=click.IntRange(min=1, max=MAX_INT64),
+              help="Override [slots] count.")
 @click.option(
     "--drain-timeout", "drain_timeout_s", type=Bounded(0, DAY_S),
     help="Override [worker] drain_timeout_s.",

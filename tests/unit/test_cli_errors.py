@@ -291,6 +291,10 @@ def test_every_seed_option_refuses_a_negative_seed() -> None:
     (["tune", "--population", "99999999999", "--generations", "0"], "--population"),
     # The config allows 4096 queues at most; the simulation is of what a config can run.
     (["sim", "balancer", "--queues", "4097"], "--queues"),
+    # Hours of wall-clock time: a day of virtual steady state at the default size, a
+    # demo of 10**12 messages (the embedded adapter holds each: ~250 bytes a message).
+    (["sim", "balancer", "--steady", "86400"], "--steady"),
+    (["demo", "-n", "1000000000000"], "--messages' / '-n"),
 ])
 def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     args: list[str], option: str,
@@ -299,6 +303,16 @@ def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     assert result.exit_code == USAGE_ERROR, result.output
     [line] = result.stderr.splitlines()
     assert line.startswith(f"conveyor: error: Invalid value for '{option}': "), line
+
+
+def test_slots_past_what_the_config_holds_names_the_option_not_the_config_field() -> None:
+    # It named `a command-line option (slots.count)`, a config field, as a config error.
+    result = CliRunner().invoke(main, ["worker", "tests.apps.drain_app:app", "--slots",
+                                       "99999999999999999999"])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for '--slots': "), line
+    assert "slots.count" not in line, line
 
 
 @pytest.mark.parametrize("kind", [BrokerError, ConfigError, InvalidArgumentError])
