@@ -25,7 +25,7 @@ from typing import IO, Any, NoReturn, TypeVar
 import click
 from click.exceptions import NoArgsIsHelpError
 
-from conveyor.platform.config import Config, load_config
+from conveyor.platform.config import Config, parse_config, read_config_file
 from conveyor.platform.errors import (
     ConfigError,
     ConveyorError,
@@ -201,8 +201,18 @@ def _reraise(exc: Exception) -> NoReturn:
 def load_config_or_exit(path: Path | None,
                         overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     """Load config; a bad one is a usage error naming the field (exit 2)."""
+    return read_config_or_exit(path, overrides)[0]
+
+
+def read_config_or_exit(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None,
+                        ) -> tuple[Config, bytes | None]:
+    """:func:`load_config_or_exit`, and the file's bytes as read (None: no file), for
+    processes this one starts: a file given as ``<(command)`` is a pipe, which they could
+    neither open (its descriptor is this process's) nor read again."""
     try:
-        return load_config(path, overrides=overrides)
+        text = None if path is None else read_config_file(path)
+        source = "defaults" if path is None else str(path)
+        return parse_config(text, source, overrides=overrides), text
     except ConfigError as exc:
         fail(exc)
 

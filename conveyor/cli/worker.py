@@ -20,7 +20,7 @@ from conveyor.cli.common import (
     as_cli_error,
     config_option,
     fail,
-    load_config_or_exit,
+    read_config_or_exit,
 )
 from conveyor.platform.errors import ConveyorError
 
@@ -86,7 +86,7 @@ def worker(
         overrides["worker"] = {"drain_timeout_s": drain_timeout_s}
     if http_port is not None:
         overrides["http"] = {"port": http_port}
-    config = load_config_or_exit(config_path, overrides)
+    config, config_text = read_config_or_exit(config_path, overrides)
     try:
         app = load_app(app_path)
     except ConveyorError as exc:
@@ -110,7 +110,8 @@ def worker(
         try:
             report = run_supervisor(app_path, app.name, config, processes, config_path,
                                     overrides, ready=_say_ready,
-                                    log_level=_log_level(click.get_current_context()))
+                                    log_level=_log_level(click.get_current_context()),
+                                    config_text=config_text)
         except ConveyorError as exc:
             fail(exc)
         click.echo(f"conveyor: drained {report}", err=True)
