@@ -357,3 +357,24 @@ def test_a_host_no_resolver_takes_is_one_line_naming_host(command: list[str],
     assert line.startswith(f"conveyor: error: Invalid value for '--host': {host!r} is no "
                            "host name: a dot-separated part is empty or longer than 63 "
                            "characters"), line
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["k1", "{}", "--body-file", "-"],
+     "give the body as BODY or as --body-file, one of them, not both"),
+    (["k1"], "give the body as BODY or as --body-file, one of them"),
+    (["k1", "--body-file", "/dev/zero"],  # read whole, it would never end
+     "Invalid value for --body-file: /dev/zero is larger than $.queues.max_body_bytes "
+     "(16777216 bytes); nothing was sent"),
+    (["k1", "--body-file", "-"],  # stdin, here the runner's "not json"
+     "Invalid value for --body-file: 'not json' is not JSON ("),
+])
+def test_publish_takes_the_body_from_one_place_and_no_larger_than_a_body(
+    args: list[str], says: str,
+) -> None:
+    result = CliRunner().invoke(main, ["publish", "orders", *args, "--config",
+                                       "configs/redis.toml"], input="not json",
+                                env=nowhere())
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: {says}"), line
