@@ -16,9 +16,10 @@ interrupted by it: it is how they end, and they exit 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import signal
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import IO, Any, NoReturn, TypeVar
 
@@ -276,6 +277,25 @@ async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
         if interrupted:
             raise KeyboardInterrupt from None
         raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def interrupted_at_once() -> Iterator[None]:
+    """Within the block, Ctrl-C raises ``KeyboardInterrupt`` where it lands, as Python's
+    default handler does (``asyncio.run`` keeps a handler that is not the default), so
+    one Ctrl-C ends the command (``conveyor: interrupted``, exit 130). For work that
+    holds the event loop for long stretches by design, a benchmark's timed loops: under
+    ``asyncio.run`` or :func:`run_command` the first Ctrl-C only cancels it at its next
+    await, minutes later. ``finally`` blocks and context managers still clean up."""
+
+    def at_once(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, at_once)
+    try:
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
 
