@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import DAY_S, Bounded, FilePath, usage
+from conveyor.cli.common import DAY_S, Bounded, FilePath, interrupted_at_once, usage
 from conveyor.platform.errors import ConveyorError
 
 
@@ -118,8 +118,9 @@ def bench_throughput(
     except ConveyorError as exc:
         raise click.BadParameter(str(exc), param_hint="--set / --slots / --config") from None
     try:
-        report = _run_throughput(adapter, messages, streams, repeats, variant, redis_url,
-                                 daemons, bootstrap, io_messages)
+        with interrupted_at_once():  # its timed loops never yield to the event loop
+            report = _run_throughput(adapter, messages, streams, repeats, variant,
+                                     redis_url, daemons, bootstrap, io_messages)
     except (ConveyorError, RuntimeError, OSError, RedisError, KafkaError) as exc:
         where = {"redis": redact_url(redis_url) if redis_url else "a private redis-server",
                  "kafka": bootstrap or "a private tansu"}.get(adapter, "memory")

@@ -16,16 +16,17 @@ interrupted by it: it is how they end, and they exit 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import signal
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import IO, Any, NoReturn, TypeVar
 
 import click
 from click.exceptions import NoArgsIsHelpError
 
-from conveyor.platform.config import Config, load_config
+from conveyor.platform.config import Config, parse_config, read_config_file
 from conveyor.platform.errors import (
     ConfigError,
     ConveyorError,
@@ -201,8 +202,18 @@ def _reraise(exc: Exception) -> NoReturn:
 def load_config_or_exit(path: Path | None,
                         overrides: dict[str, dict[str, Any]] | None = None) -> Config:
     """Load config; a bad one is a usage error naming the field (exit 2)."""
+    return read_config_or_exit(path, overrides)[0]
+
+
+def read_config_or_exit(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None,
+                        ) -> tuple[Config, bytes | None]:
+    """:func:`load_config_or_exit`, and the file's bytes as read (None: no file), for
+    processes this one starts: a file given as ``<(command)`` is a pipe, which they could
+    neither open (its descriptor is this process's) nor read again."""
     try:
-        return load_config(path, overrides=overrides)
+        text = None if path is None else read_config_file(path)
+        source = "defaults" if path is None else str(path)
+        return parse_config(text, source, overrides=overrides), text
     except ConfigError as exc:
         fail(exc)
 
@@ -266,6 +277,25 @@ async def _interruptible(work: Coroutine[Any, Any, T]) -> T:
         if interrupted:
             raise KeyboardInterrupt from None
         raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def interrupted_at_once() -> Iterator[None]:
+    """Within the block, Ctrl-C raises ``KeyboardInterrupt`` where it lands, as Python's
+    default handler does (``asyncio.run`` keeps a handler that is not the default), so
+    one Ctrl-C ends the command (``conveyor: interrupted``, exit 130). For work that
+    holds the event loop for long stretches by design, a benchmark's timed loops: under
+    ``asyncio.run`` or :func:`run_command` the first Ctrl-C only cancels it at its next
+    await, minutes later. ``finally`` blocks and context managers still clean up."""
+
+    def at_once(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, at_once)
+    try:
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
 

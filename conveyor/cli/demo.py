@@ -13,10 +13,15 @@ import click
 from conveyor.cli.common import Bounded, config_option, fail, load_config_or_exit
 from conveyor.platform.errors import ConveyorError
 
+MAX_MESSAGES = 1_000_000
+"""The most ``--messages``: the embedded adapter holds every message (about 250 bytes
+each), so a million is some 300 MB and ten seconds; 10**12 ran for days, out of memory."""
+
 
 @click.command()
-@click.option("--messages", "-n", type=click.IntRange(min=1), default=20_000, show_default=True,
-              help="Messages to publish and handle.")
+@click.option("--messages", "-n", type=click.IntRange(1, MAX_MESSAGES), default=20_000,
+              show_default=True,
+              help="Messages to publish and handle (at most a million).")
 @click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True,
               help="Stream keys the messages are spread over (each handled in order).")
 @click.option(

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from conveyor.cli.common import (
+    FilePath,
     broker_config_option,
     fail,
     load_config_or_exit,
@@ -25,34 +26,39 @@ from conveyor.platform.ids import SequenceToken, key_problem, namespace_problem,
 @click.command()
 @click.argument("namespace")
 @click.argument("key")
-@click.argument("body")
+@click.argument("body", required=False)
 @broker_config_option
 @click.option("--header", "-H", multiple=True, help="NAME=VALUE, repeatable.")
 @click.option("--content-type", default=None, help="Defaults to application/json.")
+@click.option("--body-file", type=FilePath(exists=True, dir_okay=False, allow_dash=True),
+              help="Read the body from this file ('-': stdin) instead of BODY.")
 def publish(
     namespace: str,
     key: str,
-    body: str,
+    body: str | None,
     config_path: Path | None,
     header: tuple[str, ...],
     content_type: str | None,
+    body_file: str | None,
 ) -> None:
     """Publish one message to a stream and print its sequence token.
 
     BODY goes to the stream NAMESPACE/KEY as it is (JSON by default: a BODY that is not
     JSON is refused unless --content-type says otherwise; a type neither text/* nor
     JSON sends the bytes the shell passed); the token printed is QUEUE:MAJOR-MINOR,
-    which `conveyor rewind --to` takes.
+    which `conveyor rewind --to` takes. --body-file gives the body instead of BODY,
+    read from a file or stdin ('-'), at most [queues] max_body_bytes.
 
     \b
     Examples:
       conveyor publish orders order-17 '{"id": 17}' --config configs/redis.toml
       conveyor publish orders order-17 '{"id": 17}' -H tenant=acme
+      conveyor publish orders order-17 --body-file -   # the body on stdin
     """
     import msgspec
 
     from conveyor.client import Client
-    from conveyor.platform.message import CONTENT_JSON, CONTENT_TEXT, RESERVED_HEADERS
+    from conveyor.platform.message import CONTENT_JSON, CONTENT_TEXT
 
     if not namespace:  # an empty '' argument: the user's mistake, before any I/O
         raise click.BadParameter("must be a non-empty string", param_hint="NAMESPACE")
@@ -67,6 +73,18 @@ def publish(
         raise click.BadParameter(
             f"{content_type!r} is not a media type TYPE/SUBTYPE (e.g. text/plain)",
             param_hint="--content-type")
+    if (body is None) == (body_file is None):
+        raise click.UsageError("give the body as BODY or as --body-file, one of them"
+                               f"{', not both' if body is not None else ''}")
+    headers = _headers(header)
+    config = load_config_or_exit(config_path)
+    refuse_embedded(config, "publish", "a message published from here would vanish when "
+                    "this command exits (publish from the worker's process instead, e.g. "
+                    "in an @app.startup hook)")
+    hint = "BODY"
+    if body_file is not None:
+        body, hint = _read_body(body_file, config.queues.max_body_bytes), "--body-file"
+    assert body is not None
     if content_type in (None, CONTENT_JSON):
         # Sent as it is, a body that is not JSON was dead-lettered later by its worker.
         shown = body if len(body) <= 60 else f"{body[:57]}..."
@@ -75,37 +93,19 @@ def publish(
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise click.BadParameter(
                 f"{shown!r} is not JSON ({exc}); to send it as text, add "
-                f"--content-type {CONTENT_TEXT}", param_hint="BODY") from None
+                f"--content-type {CONTENT_TEXT}", param_hint=hint) from None
         except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8
             raise click.BadParameter(
                 f"{shown!r} is not UTF-8 text, so not JSON; to send these bytes, add "
                 "--content-type application/octet-stream; nothing was sent",
-                param_hint="BODY") from None
+                param_hint=hint) from None
         except RecursionError:  # no handler could decode it either
             raise click.BadParameter(
                 f"{shown!r} is JSON nested too deeply to decode; nothing was sent",
-                param_hint="BODY") from None
+                param_hint=hint) from None
     data: str | bytes = body
     if content_type is not None and not _textual(content_type):
         data = os.fsencode(body)  # a binary type: the bytes the shell passed, as they are
-    headers: dict[str, str] = {}
-    for item in header:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
-        if name in RESERVED_HEADERS:
-            raise click.BadParameter(
-                f"{name!r} is reserved by the wire format (the command sets it: "
-                f"{', '.join(sorted(RESERVED_HEADERS))}; content type: --content-type)",
-                param_hint="--header",
-            )
-        if name in headers:
-            raise click.BadParameter(f"{name!r} given twice", param_hint="--header")
-        headers[name] = value
-    config = load_config_or_exit(config_path)
-    refuse_embedded(config, "publish", "a message published from here would vanish when "
-                    "this command exits (publish from the worker's process instead, e.g. "
-                    "in an @app.startup hook)")
     async def send() -> SequenceToken:
         client = Client.from_config(config)
         try:
@@ -126,6 +126,46 @@ def publish(
     except ConveyorError as exc:
         fail(exc)
     click.echo(str(token))
+
+
+def _headers(header: tuple[str, ...]) -> dict[str, str]:
+    """``-H NAME=VALUE`` options as a dict; a malformed, reserved or repeated name is a
+    usage error naming ``--header``."""
+    from conveyor.platform.message import RESERVED_HEADERS
+
+    headers: dict[str, str] = {}
+    for item in header:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--header")
+        if name in RESERVED_HEADERS:
+            raise click.BadParameter(
+                f"{name!r} is reserved by the wire format (the command sets it: "
+                f"{', '.join(sorted(RESERVED_HEADERS))}; content type: --content-type)",
+                param_hint="--header",
+            )
+        if name in headers:
+            raise click.BadParameter(f"{name!r} given twice", param_hint="--header")
+        headers[name] = value
+    return headers
+
+
+def _read_body(path: str, limit: int) -> str:
+    """The body in the file at ``path`` (``-``: stdin), read as the shell passes BODY
+    (bytes that are not UTF-8 kept as ``os.fsdecode`` keeps them) and at most ``limit``
+    bytes: a larger one is a usage error naming ``--body-file`` before it is read whole
+    (``/dev/zero`` would never end)."""
+    try:
+        with click.open_file(path, "rb") as file:
+            data = file.read(limit + 1)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}",
+                                 param_hint="--body-file") from None
+    if len(data) > limit:
+        raise click.BadParameter(
+            f"{'stdin' if path == '-' else path} is larger than $.queues.max_body_bytes "
+            f"({limit} bytes); nothing was sent", param_hint="--body-file")
+    return os.fsdecode(data)
 
 
 _MEDIA_TYPE = re.compile(r"\s*[\w.+-]+/[\w.+-]+\s*")

@@ -177,6 +177,11 @@ def worker_with_reload(ctx: click.Context, config: Config) -> int:
     if params.get("processes") is not None:
         raise click.UsageError("--reload runs one daemon: it cannot be combined with --processes")
     config_path: Path | None = params.get("config_path")
+    if config_path is not None and not config_path.is_file():
+        raise click.BadParameter(
+            f"--reload watches the config file for changes and restarts the worker on it, "
+            f"and {config_path} is no file (a pipe, as <(...) gives?): give a file",
+            param_hint="'--config'")
     try:
         return run_with_reload(child_command(ctx), app_directory(params["app_path"]),
                                config_path, config.worker.drain_timeout_s)

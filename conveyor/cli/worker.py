@@ -21,15 +21,20 @@ from conveyor.cli.common import (
     as_cli_error,
     config_option,
     fail,
-    load_config_or_exit,
+    read_config_or_exit,
 )
 from conveyor.platform.errors import ConveyorError
+
+MAX_INT64 = 2**63 - 1
+"""The most any whole-number config field holds (msgspec's 64 bits): ``--slots`` past it
+was refused by the config as its field, ``slots.count``, not as the option."""
 
 
 @click.command()
 @click.argument("app_path")
 @config_option
-@click.option("--slots", type=click.IntRange(min=1), help="Override [slots] count.")
+@click.option("--slots", type=click.IntRange(min=1, max=MAX_INT64),
+              help="Override [slots] count.")
 @click.option(
     "--drain-timeout", "drain_timeout_s", type=Bounded(0, DAY_S),
     help="Override [worker] drain_timeout_s.",
@@ -87,7 +92,7 @@ def worker(
         overrides["worker"] = {"drain_timeout_s": drain_timeout_s}
     if http_port is not None:
         overrides["http"] = {"port": http_port}
-    config = load_config_or_exit(config_path, overrides)
+    config, config_text = read_config_or_exit(config_path, overrides)
     try:
         app = load_app(app_path)
     except ConveyorError as exc:
@@ -111,7 +116,8 @@ def worker(
         try:
             report = run_supervisor(app_path, app.name, config, processes, config_path,
                                     overrides, ready=_say_ready,
-                                    log_level=_log_level(click.get_current_context()))
+                                    log_level=_log_level(click.get_current_context()),
+                                    config_text=config_text)
         except ConveyorError as exc:
             fail(exc)
         click.echo(f"conveyor: drained {report}", err=True)

@@ -494,6 +494,23 @@ def test_a_second_ctrl_c_ends_a_command_whose_code_holds_the_loop(tmp_path: Path
     assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
 
 
+def test_one_ctrl_c_ends_a_throughput_benchmark_whose_timed_loops_hold_the_loop() -> None:
+    # Its timed loops never yield to the event loop, where asyncio.run's first Ctrl-C
+    # only cancels the run at its next await: minutes later, so a second was needed.
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "bench", "throughput",
+                             "-n", "30000000", "--repeats", "1"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with reaped(proc):
+        process = psutil.Process(proc.pid)
+        # Imports take about a second of CPU; past three it is in the benchmark's work.
+        wait_until_sync(lambda: process.cpu_times().user > 3, 60, "the benchmark under way")
+        proc.send_signal(signal.SIGINT)  # once
+        stdout, stderr = proc.communicate(timeout=10)
+    assert (proc.returncode, stdout, stderr) == (130, "", "conveyor: interrupted\n")
+
+
 def sigint_held(pid: int) -> bool:
     """Whether process ``pid`` holds SIGINT back (its blocked-signals mask, in /proc)."""
     try:

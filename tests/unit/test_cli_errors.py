@@ -291,6 +291,10 @@ def test_every_seed_option_refuses_a_negative_seed() -> None:
     (["tune", "--population", "99999999999", "--generations", "0"], "--population"),
     # The config allows 4096 queues at most; the simulation is of what a config can run.
     (["sim", "balancer", "--queues", "4097"], "--queues"),
+    # Hours of wall-clock time: a day of virtual steady state at the default size, a
+    # demo of 10**12 messages (the embedded adapter holds each: ~250 bytes a message).
+    (["sim", "balancer", "--steady", "86400"], "--steady"),
+    (["demo", "-n", "1000000000000"], "--messages' / '-n"),
 ])
 def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     args: list[str], option: str,
@@ -299,6 +303,16 @@ def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     assert result.exit_code == USAGE_ERROR, result.output
     [line] = result.stderr.splitlines()
     assert line.startswith(f"conveyor: error: Invalid value for '{option}': "), line
+
+
+def test_slots_past_what_the_config_holds_names_the_option_not_the_config_field() -> None:
+    # It named `a command-line option (slots.count)`, a config field, as a config error.
+    result = CliRunner().invoke(main, ["worker", "tests.apps.drain_app:app", "--slots",
+                                       "99999999999999999999"])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for '--slots': "), line
+    assert "slots.count" not in line, line
 
 
 @pytest.mark.parametrize("kind", [BrokerError, ConfigError, InvalidArgumentError])
@@ -343,3 +357,24 @@ def test_a_host_no_resolver_takes_is_one_line_naming_host(command: list[str],
     assert line.startswith(f"conveyor: error: Invalid value for '--host': {host!r} is no "
                            "host name: a dot-separated part is empty or longer than 63 "
                            "characters"), line
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["k1", "{}", "--body-file", "-"],
+     "give the body as BODY or as --body-file, one of them, not both"),
+    (["k1"], "give the body as BODY or as --body-file, one of them"),
+    (["k1", "--body-file", "/dev/zero"],  # read whole, it would never end
+     "Invalid value for --body-file: /dev/zero is larger than $.queues.max_body_bytes "
+     "(16777216 bytes); nothing was sent"),
+    (["k1", "--body-file", "-"],  # stdin, here the runner's "not json"
+     "Invalid value for --body-file: 'not json' is not JSON ("),
+])
+def test_publish_takes_the_body_from_one_place_and_no_larger_than_a_body(
+    args: list[str], says: str,
+) -> None:
+    result = CliRunner().invoke(main, ["publish", "orders", *args, "--config",
+                                       "configs/redis.toml"], input="not json",
+                                env=nowhere())
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: {says}"), line

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import resource
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -56,3 +60,29 @@ def test_copy_keeps_a_symlink_in_the_way_and_writes_nothing_through_it(
     assert f"kept {into / 'redis.toml'} (exists)" in done.output.splitlines()
     assert list(outside.iterdir()) == []
     assert (into / "kafka.toml").read_text() == (ROOT / "configs/kafka.toml").read_text()
+
+
+def test_a_copy_cut_by_a_failed_write_leaves_no_partial_file_and_says_so_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # A write cut midway, as on a full disk: here by a file-size limit of 1,000 bytes,
+    # which the first config over it reaches after writing 1,000 of its bytes (EFBIG;
+    # SIGXFSZ ignored, or it would kill the command). The cut file would be "kept" as
+    # it is by the next `configs --copy`.
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+    into = tmp_path / "configs"
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli", "configs", "--copy",
+                           str(into)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          preexec_fn=limit_file_size)
+    shipped = {p.name: p.read_bytes() for p in sorted((ROOT / "configs").glob("*.toml"))}
+    cut = next(name for name, text in shipped.items() if len(text) > 1000)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"conveyor: error: Invalid value for --copy: cannot write to "
+                           f"{into / cut}: File too large (see 'conveyor configs --help')\n")
+    written = {p.name: p.read_bytes() for p in into.iterdir()}
+    assert cut not in written
+    assert written and all(text == shipped[name] for name, text in written.items())
+    assert done.stdout == "".join(f"wrote {into / name}\n" for name in written)

@@ -27,6 +27,11 @@ SECRET = "s3cret-pw"
         ("rediss://h/0?ssl_cert_reqs=none", "as [redis] tls_verify"),
         ("redis://h?db=zero", "the db option is a database number"),
         ("redis://h:6379/zero", "the path is a database number"),
+        # SELECT takes a 32-bit number: past it the server's refusal, met only once
+        # running, was "value is not an integer or out of range" (exit 1).
+        ("redis://h:6379/99999999999999999999", "database 99999999999999999999 is more "
+                                                "than any Redis server numbers"),
+        ("redis://h?db=2147483648", "database 2147483648 is more than any Redis server"),
         (f"redis://u:{SECRET}@h:99999/0", "not a valid URL"),
         (f"redis://u:{SECRET}@h:port/0", "not a valid URL"),
         ("http://h:6379/0", "expected redis:// or rediss://"),
@@ -120,6 +125,20 @@ def test_the_cli_refuses_a_database_given_twice_as_a_bad_config(tmp_path: Path) 
     assert result.stderr == (
         f"conveyor: error: config: {file}: $.redis.url: the database is given twice, as "
         "the path (/1) and as ?db=; give it once (redis://127.0.0.1:1/1?db=2)\n")
+
+
+def test_the_cli_refuses_a_20_digit_database_as_a_bad_config_naming_the_url(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "redis.toml"
+    file.write_text('[queues]\nadapter = "redis"\n[balancer]\nmembership = "redis"\n'
+                    '[redis]\nurl = "redis://127.0.0.1:1/99999999999999999999"\n')
+    result = CliRunner().invoke(main, ["worker", "tests.apps.drain_app:app", "--config",
+                                       str(file)], env={})
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: config: {file}: $.redis.url: database "
+                           "99999999999999999999 is more than any Redis server numbers"), line
 
 
 def test_redis_membership_checks_the_url_too() -> None:

@@ -42,3 +42,16 @@ def test_reload_with_processes_is_a_usage_error() -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "--reload runs one daemon" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_reload_with_a_config_given_as_a_pipe_is_a_usage_error() -> None:
+    # watchfiles cannot watch a pipe (`--config <(...)`): "No path was found", a
+    # traceback; and the restarted worker could not read the pipe again anyway.
+    done = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m conveyor.cli worker tests.apps.recorder:app "
+                       "--reload --config <(cat configs/local.toml)"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for '--config': --reload "), line

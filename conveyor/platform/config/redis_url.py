@@ -61,6 +61,10 @@ URL_OPTIONS = ("db", "username", "password", "client_name", "health_check_interv
                "socket_keepalive")
 """Query parameters a Redis URL may carry; the others redis-py knows are set in ``[redis]``
 (below) or by Conveyor itself, and anything else would fail only when connecting."""
+MAX_DB = 2**31 - 1
+"""The highest database number SELECT takes (a 32-bit int): one past it could never
+work, whatever the server's ``databases``, and the server's refusal came only once
+running, as "value is not an integer or out of range" (exit 1)."""
 _BOOLEANS = frozenset({"true", "false", "1", "0", "yes", "no", "t", "f", "y", "n"})
 """What ``socket_keepalive`` may say: the words redis-py reads as false, and their opposites
 (it reads anything else as true)."""
@@ -114,6 +118,12 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
     query_db = dict(options).get("db", "")
     if query_db and not query_db.isdigit():
         raise ConfigError(f"{field}: the db option is a database number, got {shown}")
+    for number in (db, query_db):
+        if number and int(number) > MAX_DB:
+            raise ConfigError(
+                f"{field}: database {int(number)} is more than any Redis server numbers "
+                f"(SELECT takes at most {MAX_DB}; a server has `databases` of them, 16 by "
+                f"default, numbered from 0), got {shown}")
     if cluster and any(d.strip("0") for d in (db, query_db)):
         raise ConfigError(
             f"{field}: a Redis Cluster has database 0 only ($.redis.mode is "

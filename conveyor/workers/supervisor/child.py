@@ -8,7 +8,9 @@ another child to *acquire* it. The messages are those of
 descriptor given as ``EVENTS_FD``. A child whose supervisor is gone (its events can no
 longer be written) stops as told by the end of its stdin, quietly.
 
-Run as ``python -m conveyor.workers.supervisor.child APP_PATH CONFIG_PATH EVENTS_FD``.
+Run as ``python -m conveyor.workers.supervisor.child APP_PATH CONFIG_PATH EVENTS_FD
+[CONFIG_FD]``: with ``CONFIG_FD`` the config is the text read from that descriptor (the
+supervisor's bytes of the file), ``CONFIG_PATH`` naming it in errors only.
 """
 
 from __future__ import annotations
@@ -249,9 +251,10 @@ def _command_loop(
     return commands
 
 
-async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
+async def run_child(app_path: str, config_path: str, events_fd: int,
+                    config_text: bytes | None = None) -> None:
     from conveyor.loader import load_app
-    from conveyor.platform.config import load_config
+    from conveyor.platform.config import load_config, parse_config
     from conveyor.workers.daemon import WorkerDaemon
     from conveyor.workers.http_endpoint import daemon_endpoint
     from conveyor.workers.serve import serve
@@ -259,7 +262,10 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
     events = EventChannel(events_fd)
     events.beat()
     app = load_app(app_path)
-    config = load_config(None if config_path == "-" else config_path)
+    if config_text is not None:  # the supervisor's bytes of the file at config_path
+        config = parse_config(config_text, config_path)
+    else:
+        config = load_config(None if config_path == "-" else config_path)
     balancer = _balancer_for(config, app.name)
     daemon = WorkerDaemon(app, config, balancer=balancer)
     # [http] port is the supervisor's: a child serves on a loopback port of the kernel's
@@ -281,7 +287,7 @@ async def run_child(app_path: str, config_path: str, events_fd: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     from conveyor.workers.serve import leave_running_threads, run_served, stopped_status
 
-    app_path, config_path, events_fd = (argv or sys.argv[1:])[:3]
+    app_path, config_path, events_fd, *config_fd = (argv or sys.argv[1:])[:4]
     # The supervisor decides when children stop (a Ctrl-C on the terminal reaches it);
     # a SIGTERM sent to a child directly drains it like a "stop" command.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -289,8 +295,12 @@ def main(argv: list[str] | None = None) -> None:
     handler.setFormatter(VisibleFormatter(
         f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s"))
     logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"), handlers=[handler])
+    config_text = None
+    if config_fd:
+        with open(int(config_fd[0]), "rb") as file:
+            config_text = file.read()
     try:
-        run_served(lambda: run_child(app_path, config_path, int(events_fd)))
+        run_served(lambda: run_child(app_path, config_path, int(events_fd), config_text))
     except ConveyorError as exc:  # a message for the operator, not a traceback
         log.error("%s", exc)
         status = CONFIG_REFUSED if isinstance(exc, ConfigError) else 1

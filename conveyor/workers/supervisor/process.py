@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -77,16 +78,26 @@ class ChildProcess:
         self.heard_at = time.monotonic()
         """When its last event (a beat, at least every ``BEAT_S``) was read."""
 
-    async def start(self, app_path: str, config_path: str, env: Mapping[str, str]) -> None:
+    async def start(self, app_path: str, config_path: str, env: Mapping[str, str],
+                    config_text: bytes | None = None) -> None:
+        """Start the child; with ``config_text`` it parses those bytes (an unlinked
+        temporary file it inherits) and names ``config_path`` only in errors."""
         read_fd, write_fd = os.pipe()
-        try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(os.close, write_fd)
+            args, fds = [app_path, config_path, str(write_fd)], [write_fd]
+            if config_text is not None:
+                text = stack.enter_context(tempfile.TemporaryFile())
+                text.write(config_text)
+                text.flush()
+                text.seek(0)
+                args.append(str(text.fileno()))
+                fds.append(text.fileno())
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", CHILD_MODULE, app_path, config_path, str(write_fd),
-                stdin=asyncio.subprocess.PIPE, pass_fds=(write_fd,),
+                sys.executable, "-m", CHILD_MODULE, *args,
+                stdin=asyncio.subprocess.PIPE, pass_fds=fds,
                 env={**os.environ, **env}, start_new_session=True,
             )
-        finally:
-            os.close(write_fd)
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
         await loop.connect_read_pipe(

@@ -67,13 +67,16 @@ def run_supervisor(
     overrides: Mapping[str, Mapping[str, Any]],
     ready: Callable[[str], None] | None = None,
     log_level: str | None = None,
+    config_text: bytes | None = None,
 ) -> DrainReport:
     """What ``conveyor worker --processes`` runs: until SIGINT/SIGTERM, then drain all.
 
     ``ready`` gets the daemon ids of the first processes once they own every queue; the
     result adds up the drain reports of every process stopped meanwhile (scaled down,
     then the rest), as one daemon's drain report reads. ``log_level`` (the CLI's
-    ``--log-level``) is the children's too; unset, they log at ``INFO``."""
+    ``--log-level``) is the children's too; unset, they log at ``INFO``. ``config_text``,
+    the bytes of the file at ``config_path`` as this process read them, is what every
+    child parses, rather than reading the path again (see :class:`Supervisor`)."""
     low, high = parse_processes(processes)
     settings = SupervisorSettings.from_config(config, low, high)
     telemetry = Telemetry.from_config(config.telemetry, prometheus=config.http.port is not None)
@@ -81,6 +84,7 @@ def run_supervisor(
         supervisor = Supervisor(
             app_path, app_name, config, settings,
             config_path=None if config_path is None else str(config_path),
+            config_text=config_text,
             env=child_env(overrides, log_level), telemetry=telemetry,
         )
     except BaseException:  # e.g. the memory adapter, refused: flush nothing half-made

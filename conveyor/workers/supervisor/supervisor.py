@@ -69,6 +69,7 @@ class Supervisor:
         settings: SupervisorSettings,
         *,
         config_path: str | None = None,
+        config_text: bytes | None = None,
         env: Mapping[str, str] | None = None,
         adapter: QueueAdapter | None = None,
         telemetry: Telemetry | None = None,
@@ -88,6 +89,11 @@ class Supervisor:
         self.config = config
         self.settings = settings
         self.config_path = config_path or "-"
+        self.config_text = config_text
+        """The config file's bytes as the CLI read them, handed to each child (which then
+        names the file only in errors); None: each child reads ``config_path`` itself. A
+        file given as ``<(command)`` is a pipe the children can neither open nor read
+        again, and a file edited since would start a child on another config."""
         self.env = dict(env or {})
         self._adapter = adapter
         self.scaler = LagScaler(settings)
@@ -225,7 +231,7 @@ class Supervisor:
         self._serial += 1
         child = ChildProcess(self._serial)
         try:
-            await child.start(self.app_path, self.config_path, self.env)
+            await child.start(self.app_path, self.config_path, self.env, self.config_text)
         except BaseException:
             with contextlib.suppress(Exception):
                 await child.stop(1.0)  # reap it if it started at all

@@ -840,6 +840,29 @@ def test_publish_and_status_commands_work_against_redis(
     assert "total" in result.output and "lag" in result.output
 
 
+@pytest.mark.parametrize(("content_type", "body"), [
+    (None, b'{"seq": 1, "note": "caf\xc3\xa9"}\n'),
+    ("application/octet-stream", b"\x00\xff\xfe raw bytes\n"),  # not UTF-8: as they are
+])
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_publish_sends_the_body_of_a_file_or_stdin_byte_for_byte(
+    redis_server: RedisServer, tmp_path: Path, content_type: str | None, body: bytes,
+    source: str,
+) -> None:
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+    file = tmp_path / "body"
+    file.write_bytes(body)
+    args = ["publish", "items", "k1", "--body-file", str(file) if source == "file" else "-",
+            "--config", str(cfg), *(("--content-type", content_type) if content_type else ())]
+    proc = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=REPO,
+                          input=body if source == "stdin" else None, capture_output=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    token = SequenceToken.parse(proc.stdout.decode().strip())
+    [(_, fields)] = redis_server.client().xrange(f"t:q:{token.queue}")
+    assert fields[b"body"] == body
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

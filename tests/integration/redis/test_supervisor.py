@@ -22,7 +22,7 @@ from conveyor.workers.supervisor.assignment import assign
 from conveyor.workers.supervisor.process import ChildGone, ChildProcess
 from conveyor.workers.supervisor.scaler import SupervisorSettings
 from conveyor.workers.supervisor.supervisor import Supervisor
-from tests.conftest import wait_until, wait_until_sync
+from tests.conftest import reaped, wait_until, wait_until_sync
 from tests.integration.redis.conftest import REPO, RedisServer, read_records, write_config
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -328,3 +328,43 @@ def test_the_children_log_at_the_level_the_cli_was_given(
     assert "Traceback" not in log, log
     child_lines = re.findall(r"^\S+ \S+ (\w+) \[child \d+\]", log, re.M)
     assert ("INFO" in child_lines) is child_info, log
+
+
+def test_processes_run_a_config_given_as_a_pipe_each_child_reading_the_parents_text(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # `--config <(...)` is /dev/fd/N of the shell's pipe: the children, reading the path
+    # again, found no such file (fds are not inherited) or an empty pipe (read once).
+    text = write_config(tmp_path / "c.toml", redis_server.url, slots={"count": 8},
+                        balancer={"kind": "static"}).read_bytes()
+    record = tmp_path / "handled.rec"
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, text)  # a few hundred bytes: the pipe's buffer holds them
+    os.close(write_fd)
+    err_path = tmp_path / "supervisor.err"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CONVEYOR_TEST_RECORD=str(record))
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.recorder:app",
+             "--config", f"/dev/fd/{read_fd}", "--processes", "2:2"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, pass_fds=(read_fd,),
+        )
+    os.close(read_fd)
+
+    def stderr() -> str:
+        return err_path.read_text(errors="replace")
+
+    n = 400
+    with reaped(proc):
+        wait_until_sync(lambda: "2 process(es) own 8 queue(s)" in stderr()
+                        or proc.poll() is not None, 60, "two processes")
+        assert proc.poll() is None, stderr()
+        with SyncClient.from_config(load_config(tmp_path / "c.toml")) as client:
+            client.publish_batch(Publish("items", f"k{i % 40}", {"seq": i}) for i in range(n))
+        wait_until_sync(lambda: len(read_records([record])) >= n, 60, "every message handled")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, stderr()
+    rows = read_records([record])
+    assert sorted(int(row[4]) for row in rows) == list(range(n)), "lost or duplicated"
+    assert len({row[1] for row in rows}) == 2, "both processes should have worked"
+    assert "Traceback" not in stderr(), stderr()
