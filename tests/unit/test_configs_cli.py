@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import resource
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,15 +66,17 @@ def test_a_copy_cut_by_a_failed_write_leaves_no_partial_file_and_says_so_in_one_
     # A write cut midway, as on a full disk: here by a file-size limit of 1,000 bytes,
     # which the first config over it reaches after writing 1,000 of its bytes (EFBIG;
     # SIGXFSZ ignored, or it would kill the command). The cut file would be "kept" as
-    # it is by the next `configs --copy`.
-    def limit_file_size() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
-
+    # it is by the next `configs --copy`. The limit is set by the command's own
+    # process, before it runs the CLI: a preexec_fn runs between fork and exec, which
+    # is unsafe beside the threads of a test process (it failed once, EBADF).
+    limited = ("import resource, runpy, signal, sys\n"
+               "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))\n"
+               "sys.argv = ['conveyor', *sys.argv[1:]]\n"
+               "runpy.run_module('conveyor.cli', run_name='__main__', alter_sys=True)\n")
     into = tmp_path / "configs"
-    done = subprocess.run([sys.executable, "-m", "conveyor.cli", "configs", "--copy",
-                           str(into)], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          preexec_fn=limit_file_size)
+    done = subprocess.run([sys.executable, "-c", limited, "configs", "--copy", str(into)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     shipped = {p.name: p.read_bytes() for p in sorted((ROOT / "configs").glob("*.toml"))}
     cut = next(name for name, text in shipped.items() if len(text) > 1000)
     assert done.returncode == 2, done.stderr
