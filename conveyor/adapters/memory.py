@@ -158,7 +158,7 @@ class MemoryBroker:
 
 
 def _letter_number(letter_id: str) -> int:
-    if not letter_id.isdigit():
+    if not (letter_id.isascii() and letter_id.isdigit()):
         raise InvalidArgumentError(
             f"not a dead-letter id of the memory adapter: {letter_id!r} (expected a number)"
         )

@@ -101,8 +101,8 @@ def letter_from_meta(values: list[bytes], message: Message) -> DeadLetter:
         handler=handler,
         error_type=error_type,
         error=error,
-        attempts=int(attempts) if attempts.isdigit() else 0,
-        failed_at_ms=int(at) if at.isdigit() else 0,
+        attempts=int(attempts) if attempts.isascii() and attempts.isdigit() else 0,
+        failed_at_ms=int(at) if at.isascii() and at.isdigit() else 0,
         form=form if form in LETTER_FORMS else "full",
     )
 

@@ -71,6 +71,6 @@ def seen(name: str) -> Seen:
     """Whether the process named ``name`` still runs, as far as this process can tell."""
     machine, _, rest = name.rpartition("/")  # MACHINE/PID/START: split from the right
     machine, _, pid = machine.rpartition("/")
-    if not name or not _machine() or machine != _machine() or not pid.isdigit():
+    if not name or not _machine() or machine != _machine() or not (pid.isascii() and pid.isdigit()):
         return Seen.ELSEWHERE
     return Seen.RUNNING if _started(int(pid)) == rest else Seen.GONE

@@ -139,3 +139,22 @@ async def test_a_store_unfit_for_letters_is_said_once_and_the_letter_kept_whole(
                                 "stored once it is fixed)")
     assert [(level, text.split(" after ")[0]) for level, text in said[1:]] == [
         ("WARNING", "dead letters stored again")]
+
+
+@pytest.mark.parametrize(("attempts", "at", "read"), [
+    (b"3", b"1700000000000", (3, 1700000000000)),
+    # Digits of other scripts in a letter another writer stored: a superscript two
+    # passed str.isdigit and failed int() (a ValueError out of `dlq list`); now they
+    # read as a number that is not there, as any other text does.
+    ("\u00b2".encode(), "\u0663".encode(), (0, 0)),
+    (b"x", b"", (0, 0)),
+])
+def test_a_letters_counts_are_read_back_only_from_ascii_digits(
+    attempts: bytes, at: bytes, read: tuple[int, int]
+) -> None:
+    from conveyor.platform.letters import letter_from_meta
+
+    message = Message("m1", StreamId("ns", "k"), b"{}")
+    values = [b"1", b"app", b"h", b"ValueError", b"boom", attempts, at, b"", b"full"]
+    letter = letter_from_meta(values, message)
+    assert (letter.attempts, letter.failed_at_ms) == read

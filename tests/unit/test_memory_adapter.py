@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from conveyor.adapters.memory import TRIM_EVERY, MemoryAdapter, reset_broker
-from conveyor.platform.errors import ForwardRewindError, UnknownGroupError
+from conveyor.platform.errors import ForwardRewindError, InvalidArgumentError, UnknownGroupError
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import Message
 
@@ -154,3 +154,15 @@ async def test_the_group_nobody_runs_holds_retention_until_it_is_deleted(
     await adapter.rewind_queues([0], "ghost", 0.0, create_group=True)
     await adapter.groups.delete("ghost", [0], dead_letters=True)
     assert "ghost" not in adapter.broker.dead_letters
+
+
+@pytest.mark.parametrize("letter_id", ["x", "", "-1", "\u00b2", "\u0663"])
+async def test_a_letter_id_that_is_not_ascii_digits_is_refused_as_such(
+    adapter: MemoryAdapter, letter_id: str
+) -> None:
+    # A superscript two passed str.isdigit and failed int() as a ValueError traceback;
+    # an Arabic-Indic three was read as letter 3.
+    with pytest.raises(InvalidArgumentError, match="not a dead-letter id of the memory"):
+        await adapter.dead_letters.find("app", letter_id)
+    with pytest.raises(InvalidArgumentError, match="not a dead-letter id of the memory"):
+        await adapter.dead_letters.delete("app", [letter_id])

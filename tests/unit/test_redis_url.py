@@ -32,6 +32,11 @@ SECRET = "s3cret-pw"
         ("redis://h:6379/99999999999999999999", "database 99999999999999999999 is more "
                                                 "than any Redis server numbers"),
         ("redis://h?db=2147483648", "database 2147483648 is more than any Redis server"),
+        # Digits of other scripts: str.isdigit took them, int() read an Arabic-Indic 3
+        # as database 3, and a superscript two failed as a ValueError traceback.
+        ("redis://h:6379/%D9%A3", "the path is a database number"),
+        ("redis://h?db=%C2%B2", "the db option is a database number"),
+        ("redis://h/0?health_check_interval=%C2%B2", "health_check_interval is whole seconds"),
         (f"redis://u:{SECRET}@h:99999/0", "not a valid URL"),
         (f"redis://u:{SECRET}@h:port/0", "not a valid URL"),
         ("http://h:6379/0", "expected redis:// or rediss://"),

@@ -523,7 +523,7 @@ class KafkaCluster:
                                    self.compaction_loses(topic, policy)))
         for name in _RETENTION:
             value = settings.get(name, "-1")
-            if value.lstrip("-").isdigit() and int(value) >= 0:
+            if value.isascii() and value.isdigit():  # a number from 0 (-1: none)
                 risks.append(TopicRisk(topic, "retention", f"{name}={value}",
                                        self.retention_loses(topic, name, int(value))))
         return risks

@@ -111,12 +111,12 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
         raise ConfigError(f"{field}: a '#' ends a URL, and redis-py drops what follows "
                           f"it; remove it, got {shown}")
     db = unquote(parts.path).strip("/")
-    if db and not db.isdigit():
+    if db and not (db.isascii() and db.isdigit()):
         raise ConfigError(f"{field}: the path is a database number, got {shown}")
     options = parse_qsl(parts.query, keep_blank_values=True)
     _refuse_twice(field, shown, db, parts, [option for option, _ in options])
     query_db = dict(options).get("db", "")
-    if query_db and not query_db.isdigit():
+    if query_db and not (query_db.isascii() and query_db.isdigit()):
         raise ConfigError(f"{field}: the db option is a database number, got {shown}")
     for number in (db, query_db):
         if number and int(number) > MAX_DB:
@@ -143,7 +143,8 @@ def check_url(url: str, *, cluster: bool = False, field: str = "$.redis.url") ->
         # redis-py hands these on unchecked: a negative interval health-checks every
         # command (and breaks the connection's handshake), and the server refuses such
         # a name — each found only once connected, as a Redis error (exit 1).
-        if option == "health_check_interval" and not value.isdigit():
+        if option == "health_check_interval" and not (value.isascii()
+                                                       and value.isdigit()):
             raise ConfigError(
                 f"{field}: health_check_interval is whole seconds from 0, got {shown}")
         if option == "socket_keepalive" and value.lower() not in _BOOLEANS:
