@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -74,8 +75,10 @@ def test_a_consumer_group_another_tool_named_is_listed_not_fatal(
     odd = '[/x] "><svg onload=alert(1)> \x1b[31m'
     redis_server.client().xgroup_create("t:q:0", odd, id="0")
     for args in (["status"], ["groups", "list"]):
+        # Wide enough for its row: at 80 columns a name this long folds over lines.
         done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args, "--config", str(cfg)],
-                              cwd=REPO, capture_output=True, text=True, timeout=60)
+                              cwd=REPO, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "COLUMNS": "200"})
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         assert '[/x] "><svg onload=alert(1)> \\x1b[31m' in done.stdout, done.stdout
     apps = subprocess.run([sys.executable, "-m", "conveyor.cli", "status", "--json",
