@@ -63,7 +63,9 @@ def _parse_rewind_target(text: str) -> Any:
 @broker_config_option
 @click.option("--app", "group", required=True, callback=app_name,
               help="The app's name (its consumer group).")
-@click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
+@click.option("--to", "target", required=True,
+              help="A sequence token (3:1042-0) or an ISO-8601 time, UTC unless it has "
+                   "an offset (2026-11-22T10:00:00+01:00).")
 @click.option("--queue", "queues", type=int, multiple=True,
               help="Queues to rewind to a time (default: all). A token names its own queue: "
                    "with one, --queue may name that queue only.")
