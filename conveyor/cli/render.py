@@ -102,10 +102,13 @@ def _right(heading: str) -> Any:
 
 
 def _whole(heading: str) -> Any:
-    """A column whose values are never cut nor wrapped (ids that logs carry)."""
+    """A column whose values are never cut (ids that logs carry, names to type into
+    --app): one line each while the table fits; a value too wide for the terminal folds
+    over lines rather than taking the width of every other column (a 120-character app
+    name left `status` showing the name cut and no lag)."""
     from rich.table import Column
 
-    return Column(heading, no_wrap=True)
+    return Column(heading, overflow="fold", min_width=len(heading))
 
 
 def _age(seconds: float) -> str:

@@ -7,6 +7,7 @@ reads the target and says which refusals are the user's (exit 2).
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,22 @@ from conveyor.cli.common import (
 )
 from conveyor.platform.errors import ConveyorError
 
+_CLOCK_TIME = re.compile(r"\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?")
+"""HH:MM[:SS], which a user means as a time of day, refused as a token."""
+
 
 def _parse_rewind_target(text: str) -> Any:
     from datetime import UTC, datetime
 
     from conveyor.platform.ids import SequenceToken
 
+    if _CLOCK_TIME.fullmatch(text):
+        # As a token (QUEUE:MAJOR) "03:00" moved queue 3 to its first message; no
+        # token Conveyor prints has this form (it always ends in -MINOR).
+        raise click.BadParameter(
+            f"{text!r} reads as a time of day, not a token: give a date and time "
+            "(2026-11-22T03:00:00Z) or a token as `conveyor publish` prints it "
+            "(3:1042-0)", param_hint="--to")
     head = text.split(":", 1)[0]
     if ":" in text and "T" not in text and ("-" not in head or head.startswith("-")):
         try:
@@ -52,7 +63,9 @@ def _parse_rewind_target(text: str) -> Any:
 @broker_config_option
 @click.option("--app", "group", required=True, callback=app_name,
               help="The app's name (its consumer group).")
-@click.option("--to", "target", required=True, help="A sequence token or an ISO-8601 time.")
+@click.option("--to", "target", required=True,
+              help="A sequence token (3:1042-0) or an ISO-8601 time, UTC unless it has "
+                   "an offset (2026-11-22T10:00:00+01:00).")
 @click.option("--queue", "queues", type=int, multiple=True,
               help="Queues to rewind to a time (default: all). A token names its own queue: "
                    "with one, --queue may name that queue only.")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -18,15 +20,19 @@ from conveyor.cli.common import (
     DAY_S,
     Bounded,
     app_name,
+    fail,
     inspect_config_option,
     load_config_or_exit,
     refuse_embedded,
+    run_command,
     run_or_exit,
     usage,
     warn,
 )
 from conveyor.cli.render import apps_view, fit_rows, print_table, status_view
 from conveyor.platform.config import Config
+from conveyor.platform.errors import ConveyorError
+from conveyor.platform.terminal import visible
 
 wide_option = click.option("--wide", is_flag=True,
                            help="Every column (host, pid, pools and cells), rows never cut: "
@@ -97,7 +103,7 @@ def _print_apps(config: Config, as_json: bool) -> None:
 
 def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
                count: int | None, wide: bool) -> None:
-    from rich.console import Console
+    from rich.console import Console, Group
     from rich.live import Live
 
     from conveyor.backends import for_config
@@ -124,21 +130,37 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     console = Console()
     if wide:
         fit_rows(console, view)
+    failed: ConveyorError | None = None
     with Live(view, console=console, auto_refresh=False) as live:
         try:
             refreshes = 0
             while count is None or refreshes < count:
                 time.sleep(watch_s)
-                previous, report = report, run_or_exit(
-                    collect_status(config, group, backend, look_beyond=False,
-                                   look_stores=False))
+                refreshes += 1
+                try:
+                    reading = run_command(collect_status(
+                        config, group, backend, look_beyond=False, look_stores=False))
+                except ConveyorError as exc:  # a broker restarting: the watch goes on
+                    failed = exc
+                    live.update(Group(view, _failed_line(exc, report.at)), refresh=True)
+                    continue
+                failed, previous, report = None, report, reading
                 view = status_view(report, report.rates(previous), wide)
                 if wide:
                     fit_rows(console, view)
                 live.update(view, refresh=True)
-                refreshes += 1
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt:  # how a watch ends (exit 0), whatever the last reading
+            failed = None
+    if failed is not None:  # --count's last reading failed: not a reading to trust
+        fail(failed)
+
+
+def _failed_line(exc: ConveyorError, shown_at: float) -> Any:
+    from rich.text import Text
+
+    at = datetime.fromtimestamp(shown_at, UTC).strftime("%H:%M:%S")
+    return Text(f"reading failed, retrying (the tables are from {at} UTC): "
+                f"{visible(str(exc))}", style="red")
 
 
 def _where_daemons_register(config: Config) -> str:

@@ -11,14 +11,20 @@ from __future__ import annotations
 import logging
 import re
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""Control characters (C0, DEL, C1) but tab and newline."""
-_CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_UNICODE = "\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+"""Bidirectional controls, which reorder what a terminal shows (as the console's page
+escapes them), and the line and paragraph separators, which end a line for
+``str.splitlines`` and the tools built on it."""
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_UNICODE}]")
+"""Control characters (C0, DEL, C1, the Unicode ones above) but tab and newline."""
+_CONTROL_OR_NEWLINE = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_UNICODE}]")
 
 
 def _escaped(match: re.Match[str]) -> str:
     char = match.group()
-    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, f"\\x{ord(char):02x}")
+    code = ord(char)
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(
+        char, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def visible(text: str, *, lines: bool = False) -> str:

@@ -89,6 +89,9 @@ def test_bad_config_exits_2_and_names_the_field(tmp_path: Path) -> None:
         (["demo", "--poison", "9", "-n", "5"], "--poison"),
         (["publish", "orders", "k1", "{}", "-H", "novalue"], "NAME=VALUE"),
         (["rewind", "--app", "a", "--to", "yesterday"], "neither a token"),
+        # A time of day read as a token moved queue 3 to its first message.
+        (["rewind", "--app", "a", "--to", "03:00"], "a time of day, not a token"),
+        (["rewind", "--app", "a", "--to", "3:15"], "a time of day, not a token"),
         (["bench", "throughput", "--adapter", "nope"], "--adapter"),
         (["frobnicate"], "No such command"),
     ],

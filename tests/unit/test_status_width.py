@@ -10,11 +10,20 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from rich.console import Console
 
 from conveyor.cli import main
+from conveyor.cli.render import apps_view, groups_view
 from conveyor.platform.config import Config
 from conveyor.platform.operations import status as operations
-from conveyor.platform.operations.status import MemberStatus, QueueStatus, StatusReport
+from conveyor.platform.operations.groups import GroupStatus
+from conveyor.platform.operations.status import (
+    AppsReport,
+    AppSummary,
+    MemberStatus,
+    QueueStatus,
+    StatusReport,
+)
 
 DAEMON = "shop-worker-7f9c4b2d-host-12345-1a2b3c4d"
 WIDE_HEADINGS = ["daemon", "queues", "slots", "handled", "dead", "skipped", "host", "pid",
@@ -82,3 +91,33 @@ def test_an_app_that_is_no_app_name_is_a_usage_error_naming_app(
     [line] = result.stderr.splitlines()
     assert line.startswith(f"conveyor: error: Invalid value for '--app': {app!r} is not an "
                            "app name: use 1-128 ASCII letters"), line
+
+
+LONG_APP = "a" * 100 + "-orders.eu_2"
+"""An app name as long as a name may be (128 at most): wider than 80 columns alone."""
+
+
+def rendered(renderable: object) -> list[str]:
+    console = Console(width=80, force_terminal=False, color_system=None)
+    with console.capture() as captured:
+        console.print(renderable)
+    return [line.rstrip() for line in captured.get().splitlines()]
+
+
+def test_a_name_wider_than_the_terminal_hides_no_column() -> None:
+    """A no-wrap name column wider than 80 columns took the whole width: `status` and
+    `groups list` showed the name cut with "…" and no lag, queues or daemons at all."""
+    apps = rendered(apps_view(AppsReport(
+        [AppSummary(LONG_APP, 2, list(range(8)), 123_456, 1.0, 7)], True, at=1.0)))
+    groups = rendered(groups_view(
+        [GroupStatus(LONG_APP, list(range(8)), 123_456, 1.0, None, [3])], True, 1.0))
+    for lines, headings in ((apps, ["daemons", "queues", "lag", "last read", "dead letters"]),
+                            (groups, ["queues", "lag", "last read", "holds retention"])):
+        assert max(map(len, lines)) <= 80, "\n".join(lines)
+        text = "\n".join(lines)
+        for heading in headings:
+            assert heading in text, text
+        assert "123,456" in text and "0-7" in text, text
+        assert "…" not in text, text  # the name whole, over lines, to copy into --app
+        rows = [line for line in lines[3:] if line.startswith(" ")]  # not the notes
+        assert "".join(line.split()[0] for line in rows) == LONG_APP, text

@@ -21,6 +21,16 @@ def test_control_characters_are_escaped_and_plain_text_is_untouched() -> None:
     assert visible("é ü 東京") == "é ü 東京"
 
 
+def test_bidirectional_controls_and_unicode_line_breaks_are_escaped() -> None:
+    """A right-to-left override reorders what the terminal shows (`dlq show` printed an
+    error's U+202E raw); U+2028/U+2029 and U+0085 end a line for `str.splitlines` and
+    the tools built on it, so a reason holding one forged a line."""
+    assert visible("ok\u202eevil\u2066x\u200f") == "ok\\u202eevil\\u2066x\\u200f"
+    assert visible("a\u2028b\u2029c\x85d") == "a\\u2028b\\u2029c\\x85d"
+    assert visible("a\nb\u2028c\u202e", lines=True) == "a\nb\\u2028c\\u202e"
+    assert len(visible("reason\u2028conveyor: error: forged").splitlines()) == 1
+
+
 def test_a_cli_log_line_shows_a_keys_escape_sequence_as_text() -> None:
     """The logging the CLI sets up (a worker's warnings name keys and headers)."""
     script = (

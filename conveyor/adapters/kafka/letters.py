@@ -9,7 +9,7 @@ cannot delete one record, so what is done to letters is written down beside them
     {"op": "replaying", "ids": ["0:41"], "queue": 3, "from_offset": 1200, "run": "9f…",
      "at_ms": 1764330000000, "by": "host|boot|pid:[…]/4242/81234", "over": "", "v": 2}
     {"op": "replayed",  "ids": ["0:41"]}
-    {"op": "purged",    "ids": ["0:42", "0:43"]}
+    {"op": "purged",    "ids": ["0:42", "0:43"], "run": "77a…"}
     {"op": "stopped",   "ids": [], "run": "9f…"}
 
 A letter named by a ``replayed`` or ``purged`` record is removed: it is listed, counted
@@ -109,7 +109,8 @@ class LetterOp(msgspec.Struct, frozen=True, omit_defaults=True):
     queue: int = -1
     from_offset: int = -1
     run: str = ""
-    """``replaying``: the replay that wrote it (a random id per replay call)."""
+    """``replaying``: the replay that wrote it (a random id per replay call); ``purged``:
+    the purge call that wrote it."""
     at_ms: int = 0
     """``replaying``: when, by the writer's clock (0: before claims had times)."""
     by: str = ""
@@ -150,6 +151,9 @@ class _Ops:
     letter."""
     stopped: set[str] = field(default_factory=set)
     """Runs that wrote ``stopped``: they failed, and publish no more."""
+    counting: dict[str, int] = field(default_factory=dict)
+    """This process's purges under way, by run: the letters their records removed first
+    (a letter another purge, or a replay, had removed is not theirs to count)."""
 
     def apply(self, op: LetterOp) -> None:
         if op.op == "replaying":
@@ -161,6 +165,8 @@ class _Ops:
         elif op.op == "stopped":
             self.stopped.add(op.run)
         elif op.op in ("replayed", "purged"):
+            if op.run in self.counting:
+                self.counting[op.run] += len(set(op.ids) - self.removed)
             self.removed.update(op.ids)
             for letter_id in op.ids:
                 self.replaying.pop(letter_id, None)
@@ -449,15 +455,26 @@ class KafkaDeadLetters(DeadLetters):
 
     async def delete(self, group: str, ids: Sequence[str]) -> int:
         """Recorded as purged in ``<topic>.conveyor-dlq-ops``: Kafka keeps the records.
-        Only the range of ``ids`` is read (``purge --all`` deletes a page at a time)."""
+        Only the range of ``ids`` is read (``purge --all`` deletes a page at a time).
+        Counted: the letters this call's records removed first (two purges at once count
+        each letter once)."""
         for letter_id in ids:
             parse_id(letter_id)
         state = await self.ops(group)
         stored = await self._stored_ids(group, list(ids), state.removed)
         gone = sorted(stored, key=parse_id)
-        if gone:
-            await self._write(group, LetterOp("purged", gone))
-        return len(gone)
+        if not gone:
+            return 0
+        # Another purge may record the same letters meanwhile: each counts those its
+        # records removed first, read back in the order every reader applies them.
+        run = uuid.uuid4().hex
+        state.counting[run] = 0
+        try:
+            await self._write(group, LetterOp("purged", gone, run=run))
+            await self.ops(group)
+            return state.counting[run]
+        finally:
+            del state.counting[run]
 
     async def replay(self, group: str, replays: Sequence[Replay]
                      ) -> list[SequenceToken | None]:

@@ -230,3 +230,24 @@ async def test_a_purge_reads_only_the_range_of_its_letters(
         assert await adapter.dead_letters.page(APP, 100) == stored[:10] + stored[15:]
     finally:
         await adapter.close()
+
+
+async def test_two_purges_of_the_same_letters_at_once_count_each_letter_once(
+    tansu: Tansu, topic: str,
+) -> None:
+    """Each purge read the letters still stored, then recorded them purged: two at once
+    both counted the letters the other had recorded first (`conveyor dlq purge --all`
+    twice on 50,000 letters said 40,580 and 40,720). A letter is the purge's whose record
+    removes it first, as every reader of the ops topic agrees."""
+    first, second = adapter_on(tansu, topic), adapter_on(tansu, topic)
+    try:
+        stored = await stored_letters(first, 200)
+        ids = [s.id for s in stored]
+        counts = await asyncio.gather(first.dead_letters.delete(APP, ids),
+                                      second.dead_letters.delete(APP, ids))
+        assert sum(counts) == len(stored) == 200, counts
+        assert await first.dead_letters.count(APP) == 0
+        assert await first.dead_letters.delete(APP, ids) == 0  # a third finds none
+    finally:
+        await first.close()
+        await second.close()

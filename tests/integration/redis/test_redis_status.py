@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from conveyor import Client, Publish, load_config
-from tests.conftest import wait_until_sync
+from tests.conftest import reaped, wait_until_sync
 from tests.integration.redis.conftest import REPO, RedisServer, Worker, write_config
 
 
@@ -74,8 +76,10 @@ def test_a_consumer_group_another_tool_named_is_listed_not_fatal(
     odd = '[/x] "><svg onload=alert(1)> \x1b[31m'
     redis_server.client().xgroup_create("t:q:0", odd, id="0")
     for args in (["status"], ["groups", "list"]):
+        # Wide enough for its row: at 80 columns a name this long folds over lines.
         done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args, "--config", str(cfg)],
-                              cwd=REPO, capture_output=True, text=True, timeout=60)
+                              cwd=REPO, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "COLUMNS": "200"})
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         assert '[/x] "><svg onload=alert(1)> \\x1b[31m' in done.stdout, done.stdout
     apps = subprocess.run([sys.executable, "-m", "conveyor.cli", "status", "--json",
@@ -137,3 +141,41 @@ def test_a_key_of_another_type_where_a_stream_belongs_is_named_and_the_rest_repo
     [group] = json.loads(groups.stdout)["groups"]
     assert (group["group"], group["queues"]) == ("rec", [0, 1, 2, 4, 5, 6, 7])
     assert letters.stdout.splitlines()[0].startswith("app rec: 0 dead letter(s)")
+
+
+def test_watch_outlives_a_redis_outage_and_reads_again_once_it_is_back(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """`status --watch` refreshes until Ctrl-C, as documented: a Redis down for longer
+    than [redis] retry_max_s ended it (exit 1) when an operator watched most, during a
+    restart. A failed reading is now a line under the last one, and the next is tried."""
+    cfg = write_config(tmp_path / "c.toml", redis_server.url, redis={"retry_max_s": 0.3})
+
+    probe = redis_server.client()  # one connection (again after the restart), not one a call
+
+    def readings() -> int:  # each reading of status opens connections (about 18)
+        return int(probe.info("stats")["total_connections_received"])
+
+    base = readings()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "status", "--app", "rec", "--watch", "0.2",
+         "--config", str(cfg)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    with reaped(proc):
+        wait_until_sync(lambda: readings() >= base + 60, 20, "status to read a few times")
+        redis_server.stop()
+        stopped_at = time.monotonic()  # readings fail while it is down: 0.3 s of retries
+        wait_until_sync(lambda: proc.poll() is not None
+                        or time.monotonic() - stopped_at >= 1.5, 10,
+                        "status to exit, or readings to fail for 1.5 s")
+        assert proc.poll() is None, proc.communicate()
+        redis_server.start()
+        base = readings()
+        wait_until_sync(lambda: proc.poll() is not None or readings() >= base + 20, 20,
+                        "a reading once Redis is back")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "app rec:" in out, (out, err)
+
