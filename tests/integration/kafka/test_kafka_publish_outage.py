@@ -206,6 +206,9 @@ async def test_an_outage_under_a_publish_logs_the_producers_retries_once_not_eve
     each kind passes every 30 s, with how many more there were, as its client's
     "Unable connect" lines do."""
     sender = logging.getLogger("aiokafka.producer.sender")
+    # At WARNING whatever an earlier test of this process set (the CLI, run in-process,
+    # sets aiokafka's logger to CRITICAL).
+    caplog.set_level(logging.WARNING, logger=sender.name)
     logged: list[str] = []  # every warning the sender logs, before any filter
 
     def every(record: logging.LogRecord) -> bool:
