@@ -61,6 +61,7 @@ def given_twice(name: str, first: bytes | None, second: bytes | None) -> str:
     return (f"{name} given twice with different values ({shown(first)}, then "
             f"{shown(second)}): which one is meant is not known")
 
+
 def first_not_utf8(fields: Iterable[tuple[bytes | str, bytes | None]], kind: str,
                    skip: bytes | None = None) -> str | None:
     """Why an entry or record whose metadata does not read as UTF-8 is no message,

@@ -26,7 +26,8 @@ waits. Its reading does not depend on the loop:
   how long, and the blocking frame's stack as seen while it blocked — at most once per
   handler per ``log_interval_s`` (the others are counted in :attr:`stalls`).
 * A stall of the whole process — a thread holding the GIL in C code that keeps it (a
-  ``def`` handler's long regex match, a huge sort or parse), or the process stopped —
+  ``def`` handler's long regex match, a huge sort or parse), the process stopped, or
+  starved of CPU (a container's CPU quota spent) —
   holds the watchdog's thread too, so it cannot see it while it lasts: it finds it when
   it wakes that late, and counts and logs it as such. Which thread held it is not known
   by then (it ran on a few milliseconds before letting the others run: long enough to
@@ -199,9 +200,10 @@ class LoopWatchdog:
             "the whole process was held for %.1fs, this watchdog's thread too: a thread "
             "held the GIL — a `def` handler in C code that does not release it (a long "
             "regex match, sorting or parsing a huge object, a C extension) — or the "
-            "process was stopped; lease renewals and heartbeats were held as well. Split "
-            "such work, or run it in a subprocess; these stalls are not logged again for "
-            "%.0fs.", took_s, self.log_interval_s)
+            "process was stopped or starved of CPU (a container's CPU limit); lease "
+            "renewals and heartbeats were held as well. Split such work, or run it in a "
+            "subprocess; these stalls are not logged again for %.0fs.",
+            took_s, self.log_interval_s)
 
     def _may_log(self, who: str) -> bool:
         now = time.monotonic()
