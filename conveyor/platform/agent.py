@@ -68,6 +68,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from conveyor.platform import forks
 from conveyor.platform.acks import Acknowledger
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.batcher import Batcher
@@ -585,7 +586,11 @@ class PullingAgent:
                                 timed = timer()
                             failure = None
                             try:
-                                result = await start(msg)
+                                try:
+                                    result = await start(msg)
+                                finally:
+                                    if forks.copied:  # a process the handler forked
+                                        forks.end_copy()  # ends here (forks.py)
                                 if result is not None:
                                     check_returned(result)
                                 stats.handled += 1

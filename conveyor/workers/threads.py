@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.platform import forks
 from conveyor.platform.delivery.chain import base_exception_failure
 from conveyor.platform.errors import HandlerDeclarationError, ShutdownError
 
@@ -195,6 +196,8 @@ class HandlerThreads:
                 error.__cause__ = exc
             except BaseException as exc:  # handed to the awaiter, as asyncio.to_thread does
                 error = exc
+            if forks.copied:  # a process the call forked, back here: it ends (forks.py)
+                forks.end_copy()
         return result, error
 
     def _post_return(self, call: _Call, outcome: tuple[Any, BaseException | None]) -> None:

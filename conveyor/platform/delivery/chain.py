@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
 
+from conveyor.platform import forks
 from conveyor.platform.errors import ConveyorError, DeliveryLimit, HandlerDeclarationError
 from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.message import Message
@@ -239,11 +240,18 @@ def call_handler(handler: HandlerSpec, in_thread: InThread | None = None) -> Ste
     handler through ``in_thread``, see :func:`handler_call`), what it returns checked by
     :func:`check_returned`. (The shipped chain's first attempt calls the handler in
     :meth:`~conveyor.platform.delivery.dead_letter.DeadLetterInterceptor.first_attempt`
-    or the agent's runner instead, which check the same.)"""
+    or the agent's runner instead, which check the same.)
+
+    A process the handler forked that comes back here ends (:mod:`~conveyor.platform.
+    forks`), as in every place that awaits a handler's call."""
     fn = handler_call(handler, in_thread)
     if handler.takes_context:
         async def called_with_context(delivery: Delivery) -> Any:
-            result = await fn(delivery.body, delivery.context())
+            try:
+                result = await fn(delivery.body, delivery.context())
+            finally:
+                if forks.copied:
+                    forks.end_copy()
             if result is not None:
                 check_returned(result)
             return result
@@ -251,7 +259,11 @@ def call_handler(handler: HandlerSpec, in_thread: InThread | None = None) -> Ste
         return called_with_context
 
     async def called(delivery: Delivery) -> Any:
-        result = await fn(delivery.body)
+        try:
+            result = await fn(delivery.body)
+        finally:
+            if forks.copied:
+                forks.end_copy()
         if result is not None:
             check_returned(result)
         return result

@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from conveyor.platform import forks
 from conveyor.platform.backoff import BROKER_WRITE, Backoff
 from conveyor.platform.delivery.chain import (
     Delivery,
@@ -236,10 +237,14 @@ class DeadLetterInterceptor(Interceptor):
                 delivery.attempt = 1
                 failure = None
                 try:
-                    if takes_context:
-                        result = await call(body, delivery.context())
-                    else:
-                        result = await call(body)
+                    try:
+                        if takes_context:
+                            result = await call(body, delivery.context())
+                        else:
+                            result = await call(body)
+                    finally:
+                        if forks.copied:  # a process the handler forked: it ends here
+                            forks.end_copy()
                     if result is not None:
                         check_returned(result)
                 except Exception as exc:
@@ -383,7 +388,11 @@ class DirectCall(NamedTuple):
             started = self.clock() if record is not None else 0.0
             failure = None
             try:
-                await self.start(message)
+                try:
+                    await self.start(message)
+                finally:
+                    if forks.copied:  # a process the handler forked: it ends here
+                        forks.end_copy()
                 self.stats.handled += 1
             except Exception as exc:
                 failure = exc

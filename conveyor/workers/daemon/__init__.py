@@ -27,6 +27,7 @@ import itertools
 import logging
 from collections.abc import Callable
 
+from conveyor.platform import forks
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.agent import PullingAgent
 from conveyor.platform.app import App
@@ -222,6 +223,7 @@ class WorkerDaemon:
             raise
         except BaseException:
             self._start_called = False  # a failed start may be tried again, as before
+            forks.release(self)
             raise
         finally:
             self._starting = None
@@ -239,6 +241,7 @@ class WorkerDaemon:
         self._parts.watchdog.start()
         if freeze_heap:
             freeze_startup_heap()
+        forks.guard(self, asyncio.get_running_loop())  # before its first handler call
         await self.balancer.start(self.member, self)
         self.started = True
         self.metrics.register()
@@ -317,6 +320,7 @@ class WorkerDaemon:
         await self._parts.close()
         self._parts.watchdog.stop()
         self.app.release(self)
+        forks.release(self)
         return self.report()
 
     async def abort(self) -> None:
