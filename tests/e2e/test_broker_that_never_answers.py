@@ -1,7 +1,7 @@
 """Operator commands against a Kafka broker that accepts connections and never answers
 (a hung broker, a port taken by something else): each ends in one line, exit 1, within
-``[kafka] command_timeout_ms`` — not aiokafka's 40 s per request, as it did before;
-so do the console's dead-letter actions. The
+``[kafka] command_timeout_ms`` — not aiokafka's 40 s per request, as it did before
+(``status --app`` waited twice, 80 s); so do the console's dead-letter actions. The
 default (10 s) is read, not waited for: ``tests/unit/test_kafka_client_options.py``."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ twice (2 x BOUND_S) cannot pass for one that waited once plus its start-up."""
 
 COMMANDS = [
     ["status"],
+    ["status", "--app", "shop"],  # the group's members, then the daemons' reports
     ["groups", "list"],
     ["groups", "delete", "--app", "shop"],
     ["dlq", "list", "--app", "shop"],
