@@ -133,6 +133,22 @@ def for_config(config: Config) -> Backend:
                                idempotency_store=idempotency_store, rate_bucket=rate_bucket)
 
 
+def for_commands(config: Config) -> Backend:
+    """:func:`for_config`, for an operator's command (``status``, ``dlq``, ``groups``,
+    ``rewind``, the console): its ``adapter`` is the backend's ``command_adapter`` where
+    it has one, whose requests wait less for a broker that never answers (a daemon's
+    Kafka clients wait aiokafka's 40 s, a command's ``[kafka] command_timeout_ms``)."""
+    combined = for_config(config)
+    if combined.command_adapter is None:
+        return combined
+    return dataclasses.replace(combined, adapter=combined.command_adapter)
+
+
+def command_adapter(config: Config) -> QueueAdapter:
+    """The queue adapter of an operator's command (:func:`for_commands`)."""
+    return for_commands(config).adapter(config)
+
+
 async def lease_owners(config: Config, group: str) -> dict[int, str]:
     """Who holds each leased queue of app ``group`` in the configured lease store.
 

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import click
 
-from conveyor.backends import create_adapter
+from conveyor.backends import command_adapter
 from conveyor.cli.common import (
     FilePath,
     app_name,
@@ -98,7 +98,7 @@ def _run(config: Config, group: str, work: Callable[[QueueAdapter], Awaitable[T]
     command goes on, reading it as empty or as it is); bad input exits 2, a failure 1."""
 
     async def run() -> T:
-        adapter = create_adapter(config.queues.adapter, config)
+        adapter = command_adapter(config)
         try:
             for problem in await adapter.store_problems([], [group]):
                 warn(problem.warning)

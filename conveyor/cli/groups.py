@@ -55,7 +55,7 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
       conveyor groups list --config configs/redis.toml
       conveyor groups list --config configs/kafka.toml --json
     """
-    from conveyor.backends import create_adapter
+    from conveyor.backends import command_adapter
     from conveyor.platform.operations.groups import summarise
 
     config = load_config_or_exit(config_path)
@@ -63,7 +63,7 @@ def groups_list(config_path: Path | None, as_json: bool) -> None:
                     "command would list none")
 
     async def run() -> tuple[list[Any], bool]:
-        adapter = create_adapter(config.queues.adapter, config)
+        adapter = command_adapter(config)
         try:
             queues = range(config.queues.total)
             infos = await adapter.groups.on(queues)  # a queue's key of another type: none
@@ -106,7 +106,7 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
       conveyor groups delete --app old-app --with-dead-letters \\
           --config configs/redis.toml
     """
-    from conveyor.backends import coordination, create_adapter
+    from conveyor.backends import command_adapter, coordination
     from conveyor.platform.errors import UnknownGroupError
     from conveyor.platform.operations.groups import delete_app_group, queue_ranges
 
@@ -115,7 +115,7 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
                     "vanish with it")
 
     async def run() -> list[int]:
-        adapter = create_adapter(config.queues.adapter, config)
+        adapter = command_adapter(config)
         membership, leases = coordination(config, group)
         try:
             return await delete_app_group(

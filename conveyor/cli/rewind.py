@@ -100,7 +100,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
       conveyor rewind --app shop --to 3:1700000000000-3 \\
           --config configs/redis.toml
     """
-    from conveyor.backends import create_adapter, lease_owners
+    from conveyor.backends import command_adapter, lease_owners
     from conveyor.platform.errors import (
         ForwardRewindError,
         TokenRangeError,
@@ -132,7 +132,7 @@ def rewind(config_path: Path | None, group: str, target: str, queues: tuple[int,
         chosen = list(dict.fromkeys(queues)) or list(range(total))
 
     async def run() -> list[str]:
-        adapter = create_adapter(config.queues.adapter, config)
+        adapter = command_adapter(config)
         try:
             try:
                 if isinstance(to, SequenceToken):  # before the broker is asked anything

@@ -88,10 +88,10 @@ def status(config_path: Path | None, group: str | None, as_json: bool, watch_s: 
 
 
 def _print_apps(config: Config, as_json: bool) -> None:
-    from conveyor.backends import for_config
+    from conveyor.backends import for_commands
     from conveyor.platform.operations.status import broker_warnings, collect_apps
 
-    report = run_or_exit(collect_apps(config, for_config(config)))
+    report = run_or_exit(collect_apps(config, for_commands(config)))
     for warning in broker_warnings(config, report.eviction_policy, report.persistence,
                                    report.beyond_total, report.store_problems):
         warn(warning)
@@ -106,10 +106,10 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     from rich.console import Console, Group
     from rich.live import Live
 
-    from conveyor.backends import for_config
+    from conveyor.backends import for_commands
     from conveyor.platform.operations.status import broker_warnings, collect_status
 
-    backend = for_config(config)
+    backend = for_commands(config)
     report = run_or_exit(collect_status(config, group, backend))
     if not report.has_group and not report.members:  # tansu: no group until a commit
         others = ", ".join(g.group for g in report.groups) or "none"

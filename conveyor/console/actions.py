@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from conveyor.backends import coordination, create_adapter
+from conveyor.backends import command_adapter, coordination
 from conveyor.console.probe import Refused, unless_refused
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
@@ -99,7 +99,7 @@ async def _on_adapter(config: Config, work: Callable[[QueueAdapter], Awaitable[T
     a :class:`BrokerConnectionError` naming it, then what ``known`` says was done."""
 
     async def opened() -> T:
-        adapter = create_adapter(config.queues.adapter, config)
+        adapter = command_adapter(config)
         try:
             return await work(adapter)
         finally:

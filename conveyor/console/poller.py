@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.backends import for_config
+from conveyor.backends import for_commands
 from conveyor.console.probe import Refused, cluster_nodes, unless_refused
 from conveyor.platform.adapter import StoreProblem
 from conveyor.platform.config import Config
@@ -299,7 +299,7 @@ class Poller:
 
     async def _read(self) -> tuple[AppsReport, dict[str, StatusReport]]:
         if self._reader is None:
-            self._reader = StatusReader(self.config, for_config(self.config))
+            self._reader = StatusReader(self.config, for_commands(self.config))
         reader = self._reader
         look = time.monotonic() - self._looked_beyond >= BEYOND_EVERY_S
         apps = await reader.apps(look_beyond=look, look_stores=look)

@@ -3,9 +3,10 @@
 A :class:`Backend` is a broker's whole offer, as factories that take the platform config:
 its queue adapter, the membership and lease stores daemons meet in, the balancer kinds
 it adds beside ``dynamic`` and ``static`` (with the member source ``conveyor status``
-reads for each), the idempotency store, the shared rate bucket, and how operators'
-pages name where the queues are. A part it does not
-offer is ``None`` (or absent from ``balancers``).
+reads for each), the idempotency store, the shared rate bucket, how operators'
+pages name where the queues are, and the adapter operators' commands use where it
+differs from a daemon's. A part it does not offer is ``None`` (or absent from
+``balancers``).
 
 Each broker's package defines its value beside its drivers; one registry above this
 room and the adapters maps the names a config uses (``$.queues.adapter``,
@@ -84,6 +85,12 @@ class Backend:
     in_process: bool = False
     """Its queues live inside one process: no other process can share them (the
     embedded broker; ``--processes`` refuses it)."""
+    command_adapter: AdapterFactory | None = None
+    """The queue adapter of an operator's command (``status``, ``dlq``, ``groups``,
+    ``rewind``, the console) where it differs from a daemon's: one whose requests wait
+    less for a broker that accepts connections and never answers (the broker's section
+    of the config says how long). None: ``adapter``, which bounds a command's wait
+    already."""
 
     def where(self, config: Config) -> str:
         """Where ``config``'s queues are on this backend, safe to show (``describe``)."""

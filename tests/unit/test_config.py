@@ -383,6 +383,8 @@ def test_all_placement_weights_zero_is_refused(tmp_path: Path) -> None:
          "$.redis.heartbeat_interval_s"),
         ("[kafka]\nsession_timeout_ms = 6000\nheartbeat_interval_ms = 6000\n",
          "$.kafka.heartbeat_interval_ms"),
+        ("[kafka]\ncommand_timeout_ms = 2000\nfetch_max_wait_ms = 2000\n",
+         "$.kafka.command_timeout_ms"),
         ('[queues]\nadapter = "redis"\n[balancer]\nmembership = "redis"\n'
          "[redis]\nsocket_timeout_s = 0.5\n[worker]\npoll_timeout_ms = 500\n",
          "$.redis.socket_timeout_s"),
@@ -393,6 +395,13 @@ def test_durations_that_must_come_in_order_are_checked(
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(path)):
         load_config(write(tmp_path, text), environ={})
+
+
+def test_a_kafka_command_timeout_below_a_second_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r">= 1000 - at `\$.kafka.command_timeout_ms`"):
+        load_config(write(tmp_path, "[kafka]\ncommand_timeout_ms = 999\n"), environ={})
+    assert load_config(write(tmp_path, "[kafka]\ncommand_timeout_ms = 1000\n"),
+                       environ={}).kafka.command_timeout_ms == 1000
 
 
 def test_the_longest_topic_leaves_room_for_the_derived_topics() -> None:

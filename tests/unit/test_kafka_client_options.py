@@ -17,6 +17,7 @@ from aiokafka.client import AIOKafkaClient
 
 from conveyor.adapters.kafka import KafkaAdapter
 from conveyor.adapters.kafka.connection import client_options
+from conveyor.backends import command_adapter, for_commands, for_config
 from conveyor.platform.config import KafkaConfig, load_config
 from conveyor.platform.errors import ConfigError
 from tests.conftest import server_missing
@@ -52,6 +53,22 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     except (OSError, subprocess.CalledProcessError):
         server_missing("openssl")
     return {"cert": cert, "key": key}
+
+
+async def test_a_commands_clients_wait_command_timeout_ms_and_a_daemons_aiokafkas_40_s(
+) -> None:
+    """The default read, not waited for: a command's requests wait 10 s for an answer,
+    as a Redis call is retried for ``[redis] retry_max_s``; a daemon's keep aiokafka's
+    own 40 s (a JoinGroup is answered only once every member has re-joined)."""
+    config = load_config(None, environ={}, overrides={"queues": {"adapter": "kafka"}})
+    assert config.kafka.command_timeout_ms == 10_000 == config.redis.retry_max_s * 1000
+    command = command_adapter(config)
+    daemon = for_config(config).adapter(config)
+    assert isinstance(command, KafkaAdapter) and isinstance(daemon, KafkaAdapter)
+    assert command.cluster.options["request_timeout_ms"] == 10_000
+    assert for_commands(config).adapter(config).cluster.options == command.cluster.options
+    assert (await accepted_by_aiokafka(command.cluster.options))._request_timeout_ms == 10_000
+    assert (await accepted_by_aiokafka(daemon.cluster.options))._request_timeout_ms == 40_000
 
 
 async def test_plaintext_passes_no_credentials() -> None:

@@ -110,9 +110,13 @@ class KafkaAdapter(QueueAdapter):
     token_max = (KAFKA_OFFSET_MAX, POSITION_MAX)  # the minor part of a token is not used
 
     def __init__(self, config: KafkaConfig, total_queues: int, *,
-                 new_group_start: str = "earliest") -> None:
+                 new_group_start: str = "earliest",
+                 request_timeout_ms: int | None = None) -> None:
+        """``request_timeout_ms``: how long each of its clients waits for the broker's
+        answer to one request; None, aiokafka's 40 s (:func:`for_commands` gives less)."""
         self.cluster = cluster = KafkaCluster(config, total_queues,
-                                              new_group_start=new_group_start)
+                                              new_group_start=new_group_start,
+                                              request_timeout_ms=request_timeout_ms)
         self.config = config
         self.topic = cluster.topic
         self.dlq_topic = cluster.dlq_topic
@@ -505,3 +509,12 @@ class KafkaAdapter(QueueAdapter):
 def from_config(config: Config) -> KafkaAdapter:
     return KafkaAdapter(config.kafka, config.queues.total,
                         new_group_start=config.queues.new_group_start)
+
+
+def for_commands(config: Config) -> KafkaAdapter:
+    """The adapter of an operator's command: each request waits at most ``[kafka]
+    command_timeout_ms`` for the broker's answer, so a broker that accepts connections
+    and never answers fails the command in that long, not in aiokafka's 40 s."""
+    return KafkaAdapter(config.kafka, config.queues.total,
+                        new_group_start=config.queues.new_group_start,
+                        request_timeout_ms=config.kafka.command_timeout_ms)

@@ -9,7 +9,7 @@ combines them).
 
 from __future__ import annotations
 
-from conveyor.adapters.kafka.adapter import from_config
+from conveyor.adapters.kafka.adapter import for_commands, from_config
 from conveyor.adapters.kafka.group_balancer import from_config as group_balancer
 from conveyor.adapters.kafka.group_balancer import group_members
 from conveyor.platform.backend import Backend, BalancerKind
@@ -20,6 +20,6 @@ def describe(config: Config) -> str:
     return f"kafka {config.kafka.bootstrap} (topic {config.kafka.topic})"
 
 
-BACKEND = Backend("kafka", from_config,
+BACKEND = Backend("kafka", from_config, command_adapter=for_commands,
                   balancers={"kafka-group": BalancerKind(group_balancer, group_members)},
                   describe=describe)

@@ -111,7 +111,8 @@ class KafkaCluster:
     its tasks (the producer and the topic preparation are started once)."""
 
     def __init__(self, config: KafkaConfig, total_queues: int, *,
-                 new_group_start: str = "earliest") -> None:
+                 new_group_start: str = "earliest",
+                 request_timeout_ms: int | None = None) -> None:
         self.config = config
         self.topic = config.topic
         self.total_queues = total_queues
@@ -119,6 +120,8 @@ class KafkaCluster:
         """``[queues] new_group_start``: where a group with no committed offset starts."""
         self.options = client_options(config)
         """Connection options every aiokafka client takes (secrets read from the env)."""
+        if request_timeout_ms is not None:  # else aiokafka's 40 s (a daemon's clients)
+            self.options["request_timeout_ms"] = request_timeout_ms
         self.outage = outage_log(config.bootstrap)
         self.idempotent = False
         """Whether the producer is idempotent (known once it has started)."""

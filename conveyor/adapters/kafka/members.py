@@ -168,7 +168,14 @@ def _report_of(d: Described, reports: Mapping[str, MemberReport]) -> MemberRepor
 
 
 async def _describe(cluster: KafkaCluster, group: str) -> list[Described] | None:
-    """The coordinator's members of ``group``; None if it cannot be described."""
+    """The coordinator's members of ``group``; None if it cannot be described.
+
+    A cluster that cannot be reached at all (the admin client does not start: no
+    broker answers, or none lets it log in) is raised, not None: the reports are read
+    through the same cluster, and would wait as long again for nothing."""
+    with kafka_errors(f"reading the members of {group!r}"):
+        async with cluster.admin():  # started here, kept for the describe and the reports
+            pass
     try:
         async with cluster.admin() as admin:
             [response] = await admin.describe_consumer_groups([group])

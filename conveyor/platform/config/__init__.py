@@ -219,6 +219,15 @@ class KafkaConfig(_Section):
     the broker last acknowledged one of its batches."""
     fetch_max_wait_ms: Millis = 100
     """Longest a fetch waits on the broker for data (bounds pull latency on idle queues)."""
+    command_timeout_ms: Annotated[int, msgspec.Meta(ge=1000, le=int(DAY_S * 1000))] = 10_000
+    """Longest an operator's command (``conveyor status``, ``dlq``, ``groups``,
+    ``rewind``, the console) waits for the broker's answer to one request: a broker that
+    accepts connections and never answers fails the command in about this long, in one
+    line (exit 1), as ``[redis] retry_max_s`` (10 s) does on Redis. At least 1 s, and above
+    ``fetch_max_wait_ms`` (a fetch at a partition's end is answered after that long). The
+    worker daemons' clients keep aiokafka's 40 s: a JoinGroup during a re-balance is
+    answered only once every member has re-joined. ``publish`` has its own bound,
+    ``publish_timeout_ms``."""
     session_timeout_ms: Millis = 6_000
     """``kafka-group`` balancer: a member silent this long is dropped from the group, and
     its partitions move. 6 s is the least a stock Kafka broker accepts

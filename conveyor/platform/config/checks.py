@@ -274,6 +274,12 @@ def _check_timing(config: Config) -> None:
             f"$.kafka.heartbeat_interval_ms: must be below session_timeout_ms "
             f"({kafka.session_timeout_ms}), got {kafka.heartbeat_interval_ms}"
         )
+    if kafka.command_timeout_ms <= kafka.fetch_max_wait_ms:
+        raise ConfigError(
+            f"$.kafka.command_timeout_ms: must exceed fetch_max_wait_ms "
+            f"({kafka.fetch_max_wait_ms}), which a fetch at a partition's end waits for its "
+            f"answer; got {kafka.command_timeout_ms}"
+        )
     if config.queues.adapter == "redis" and redis.socket_timeout_s * 1000 <= (
         config.worker.poll_timeout_ms
     ):

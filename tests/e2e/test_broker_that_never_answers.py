@@ -1,0 +1,81 @@
+"""Operator commands against a Kafka broker that accepts connections and never answers
+(a hung broker, a port taken by something else): each ends in one line, exit 1, within
+``[kafka] command_timeout_ms`` — not aiokafka's 40 s per request, as it did before
+(``status --app`` waited twice, 80 s); so do the console's dead-letter actions. The
+default (10 s) is read, not waited for: ``tests/unit/test_kafka_client_options.py``."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.console import actions
+from conveyor.platform.config import load_config
+from conveyor.platform.errors import BrokerConnectionError
+from tests.e2e.test_cli import broker_config, conveyor
+
+BOUND_S = 2.0
+"""The command timeout these tests set: short, and long enough that a command waiting
+twice (2 x BOUND_S) cannot pass for one that waited once plus its start-up."""
+
+COMMANDS = [
+    ["status"],
+    ["status", "--app", "shop"],  # the group's members, then the daemons' reports
+    ["groups", "list"],
+    ["groups", "delete", "--app", "shop"],
+    ["dlq", "list", "--app", "shop"],
+    ["dlq", "show", "0-0", "--app", "shop"],
+    ["dlq", "replay", "--all", "--app", "shop"],
+    ["dlq", "purge", "--all", "--yes", "--app", "shop"],
+    ["rewind", "--app", "shop", "--to", "2026-11-28T00:00:00Z"],
+]
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose listener never accepts: the kernel completes each connection, and the
+    requests sent on it are never read, let alone answered."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        yield silent.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_an_operator_command_ends_in_one_line_within_the_command_timeout(
+    tmp_path: Path, silent_port: int, command: list[str]
+) -> None:
+    config = broker_config(tmp_path, "kafka", silent_port)  # the kafka-group balancer
+    started = time.monotonic()
+    result = conveyor(*command, "--config", str(config), timeout=60,
+                      env={"CONVEYOR_KAFKA__COMMAND_TIMEOUT_MS": str(int(BOUND_S * 1000))})
+    took = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.splitlines()  # no traceback, no aiokafka line
+    assert re.fullmatch(rf"conveyor: error: kafka: [a-z' ]+ failed: no broker reachable at "
+                        rf"127\.0\.0\.1:{silent_port} \(\$\.kafka\.bootstrap\)", line), line
+    assert BOUND_S <= took < 2 * BOUND_S, f"{' '.join(command)} took {took:.1f}s"
+
+
+@pytest.mark.parametrize("action", ["list", "replay"])
+async def test_a_console_action_ends_with_the_broker_named_within_the_command_timeout(
+    silent_port: int, action: str
+) -> None:
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "kafka"}, "balancer": {"kind": "kafka-group"},
+        "kafka": {"bootstrap": f"127.0.0.1:{silent_port}", "command_timeout_ms": 1000}})
+    choice = actions.Choice("shop", every=True)
+    started = time.monotonic()
+    with pytest.raises(BrokerConnectionError, match=rf"no broker reachable at "
+                       rf"127\.0\.0\.1:{silent_port} \(\$\.kafka\.bootstrap\)"):
+        if action == "list":
+            await actions.list_letters(config, choice)
+        else:
+            await actions.replay_letters(config, choice)
+    took = time.monotonic() - started
+    assert 1.0 <= took < 2.0, f"{action} took {took:.1f}s"
