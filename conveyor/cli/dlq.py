@@ -282,7 +282,8 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
                               for k, v in value) or "-"
         elif isinstance(value, str):
             value = visible(value, lines=name == "body")
-        click.echo(f"{name + ':':<15}{'-' if value is None else value}")
+        blank = value is None or (value == "" and name in ("handler", "error_type"))
+        click.echo(f"{name + ':':<15}{'-' if blank else value}")
 
 
 @dlq.command("replay", short_help="Publish letters' messages again; remove the letters.")

@@ -307,10 +307,11 @@ def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
         if wide:
             table.add_row(stored.id, _cut(str(letter.message.stream), STREAM_WIDTH),
                           letter.handler or "-",
-                          letter.error_type, _cut(letter.error, ERROR_WIDTH), str(letter.attempts),
+                          letter.error_type or "-", _cut(letter.error, ERROR_WIDTH),
+                          str(letter.attempts),
                           utc_time(letter.failed_at_ms), stored.replay_of or "-")
         else:
-            error = " ".join(f"{letter.error_type}: {letter.error}".split())
+            error = " ".join(letter.reason.split())
             table.add_row(stored.id, _cut(str(letter.message.stream), STREAM_WIDTH),
                           utc_time(letter.failed_at_ms)[5:16], _cut(error, error_width))
     notes = [] if wide or not found else [

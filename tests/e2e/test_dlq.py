@@ -311,6 +311,32 @@ def test_show_prints_a_producers_control_characters_escaped(config_path: Path) -
     assert "body:          line 1" in lines and "line 2\\r\\x1b[2J" in lines
 
 
+def test_a_letter_with_no_error_type_shows_its_error_alone_and_a_dash_for_the_type(
+    config_path: Path,
+) -> None:
+    """A letter made from a text (``DeadLetter.of(msg, handler, "boom", 1)``), or stored
+    so by another producer, has an empty error type: ``dlq list`` showed ``: boom``,
+    ``--wide`` and ``show`` a blank. --json keeps the empty string."""
+    config = load_config(config_path)
+    on_adapter(config, "dead_letters.put", APP, [DeadLetter.of(
+        Message("m-untyped", StreamId("jobs", "k1"), b"{}", enqueued_at_ms=now_ms()),
+        "jobs.handle", "boom", 1)])
+    args = ("--app", APP, "--config", str(config_path))
+    [letter] = json.loads(conveyor("dlq", "list", *args, "--json").stdout)
+    assert (letter["error_type"], letter["error"]) == ("", "boom")
+    listed = conveyor("dlq", "list", *args)
+    assert listed.returncode == 0, listed.stderr
+    [row] = [line for line in listed.stdout.splitlines() if letter["id"] in line]
+    assert row.rstrip().endswith("  boom") and ": boom" not in row, row
+    wide = conveyor("dlq", "list", *args, "--wide")
+    [row] = [line for line in wide.stdout.splitlines() if letter["id"] in line]
+    assert row.split()[2:5] == ["jobs.handle", "-", "boom"], row
+    shown = conveyor("dlq", "show", letter["id"], *args)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "error_type:    -" in lines and "error:         boom" in lines, shown.stdout
+
+
 def test_show_gives_an_undecodable_entrys_fields_as_they_were(config_path: Path) -> None:
     """No field of the entry could be read, so the letter has no namespace or key of
     its own: `dlq show` prints what the entry held, field by field (its error says why)."""
