@@ -15,8 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from conveyor.backends import create_adapter
+from conveyor.cli import dlq as dlq_cli
+from conveyor.cli import main
 from conveyor.client import Publish, SyncClient
 from conveyor.console.actions import Choice, replay_letters
 from conveyor.platform.adapter import QueueAdapter
@@ -416,6 +419,38 @@ def test_list_says_more_letters_are_there_only_when_the_limit_left_some_out(
         "2 of 3 match --handler/--namespace/--error-type"]
     assert notes("--handler", "jobs.a", "--limit", "1") == [
         "showing the first 1 that match --handler/--namespace/--error-type; --limit shows more"]
+
+
+def test_a_table_lists_at_most_table_max_letters_and_json_any_number(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rich lays a table out whole before its first line: `--limit 1000000000` on 50,000
+    letters took 16 s and 290 MB. Past ``TABLE_MAX`` (10,000; 2 here) a table is a usage
+    error naming --limit, and at it the note points at --json, which lists any number
+    (each letter's JSON held, not the letter) and is one JSON array."""
+    monkeypatch.setattr(dlq_cli, "TABLE_MAX", 2, raising=False)
+    config = load_config(config_path)
+    on_adapter(config, "dead_letters.put", APP, [
+        DeadLetter.of(Message(f"m-{n}", StreamId("jobs", f"k{n}"), b"{}",
+                              enqueued_at_ms=now_ms()), "jobs.handle", "boom", 1)
+        for n in range(3)])
+    args = ["dlq", "list", "--app", APP, "--config", str(config_path)]
+    refused = CliRunner().invoke(main, [*args, "--limit", "3"])
+    assert refused.exit_code == 2, refused.output
+    assert refused.stderr.splitlines() == [
+        "conveyor: error: --limit 3: a table shows at most 2 letters (rich lays it out whole "
+        "before printing); --json lists any number"]
+    at_most = CliRunner().invoke(main, [*args, "--limit", "2"])
+    assert at_most.exit_code == 0, at_most.output
+    assert "showing 2 of 3; --json shows more" in at_most.stdout.splitlines()
+    below = CliRunner().invoke(main, [*args, "--limit", "1"])
+    assert "showing 1 of 3; --limit shows more" in below.stdout.splitlines()
+    listed = CliRunner().invoke(main, [*args, "--limit", "1000000000", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [letter["message_id"] for letter in json.loads(listed.stdout)] == [
+        "m-0", "m-1", "m-2"]
+    assert json.loads(CliRunner().invoke(main, [*args, "--limit", "2", "--json"]).stdout) == (
+        json.loads(listed.stdout)[:2])
 
 
 @pytest.mark.redis
