@@ -14,6 +14,16 @@ import click
 from conveyor.cli.common import DAY_S, Bounded, FilePath, interrupted_at_once, usage
 from conveyor.platform.errors import ConveyorError
 
+MAX_MESSAGES = 1_000_000
+"""The most ``--messages`` (and ``--streams``, ``--io-messages``): a run builds every
+message before it starts, and the memory adapter holds them all queued: a million took
+1.8 GB and 15 s a repeat on memory (docs/performance.md's runs are 300,000 at most);
+10**12 ran out of memory."""
+
+MAX_REPEATS = 100
+"""The most ``--repeats``: each is a whole run (a fresh process per variant, for
+``telemetry``); 10**19 never ended."""
+
 
 @click.group()
 def bench() -> None:
@@ -45,10 +55,11 @@ def _settings(ctx: click.Context, param: click.Parameter,
 @bench.command("throughput", short_help="No-op and publish msgs/s, next to raw client loops.")
 @click.option("--adapter", type=click.Choice(["memory", "redis", "kafka"]), default="memory",
               show_default=True)
-@click.option("--messages", "-n", type=click.IntRange(min=1), default=100_000, show_default=True)
-@click.option("--streams", "-s", type=click.IntRange(min=1), default=1_000, show_default=True,
-              help="Stream keys the messages are spread over.")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--messages", "-n", type=click.IntRange(1, MAX_MESSAGES), default=100_000,
+              show_default=True)
+@click.option("--streams", "-s", type=click.IntRange(1, MAX_MESSAGES), default=1_000,
+              show_default=True, help="Stream keys the messages are spread over.")
+@click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=3, show_default=True)
 @click.option("--slots", type=click.IntRange(min=1), default=None,
               help="Variant: [slots] count = N instead of the shipped value.")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.FIELD=VALUE",
@@ -63,8 +74,8 @@ def _settings(ctx: click.Context, param: click.Parameter,
               help="redis: daemon counts to measure (default: 1 and 2; 1 always runs).")
 @click.option("--bootstrap", default=None,
               help="kafka: HOST:PORT of a broker (default: start a private tansu).")
-@click.option("--io-messages", type=click.IntRange(min=0), default=20_000, show_default=True,
-              help="kafka: messages of the I/O-bound run (0: skip it).")
+@click.option("--io-messages", type=click.IntRange(0, MAX_MESSAGES), default=20_000,
+              show_default=True, help="kafka: messages of the I/O-bound run (0: skip it).")
 @click.option("--batch", type=click.IntRange(min=1, max=100_000), default=None,
               help="memory, redis: a batch handler of N (batch_size=N) instead of one "
               "message a call, next to a raw loop awaiting the no-op once per N.")
@@ -174,8 +185,9 @@ def _run_throughput(
 
 @bench.command("telemetry",
                short_help="Throughput: telemetry off, on, /metrics only, hooks stripped.")
-@click.option("--messages", "-n", type=click.IntRange(min=1), default=50_000, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--messages", "-n", type=click.IntRange(1, MAX_MESSAGES), default=50_000,
+              show_default=True)
+@click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=5, show_default=True,
               help="Interleaved runs per variant (each in a fresh process).")
 @click.option("--sample-ratio", type=Bounded(0, 1), default=1.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

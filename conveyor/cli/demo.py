@@ -22,8 +22,10 @@ each), so a million is some 300 MB and ten seconds; 10**12 ran for days, out of 
 @click.option("--messages", "-n", type=click.IntRange(1, MAX_MESSAGES), default=20_000,
               show_default=True,
               help="Messages to publish and handle (at most a million).")
-@click.option("--streams", "-s", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Stream keys the messages are spread over (each handled in order).")
+@click.option("--streams", "-s", type=click.IntRange(1, MAX_MESSAGES), default=200,
+              show_default=True,
+              help="Stream keys the messages are spread over (each handled in order; at "
+              "most a million, as messages: more would name no more keys).")
 @click.option(
     "--poison", type=click.IntRange(min=0), default=0, show_default=True,
     help="Messages whose handler always fails (they are retried, then dead-lettered).",

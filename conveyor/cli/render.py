@@ -277,11 +277,13 @@ def apps_view(report: Any) -> Any:
 
 # -- dead letters ------------------------------------------------------------------------
 def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
-                 width: int, *, more: bool = False, filtered: bool = False) -> Any:
+                 width: int, *, more: bool = False, filtered: bool = False,
+                 shows_more: str = "--limit") -> Any:
     """One line per letter. Compact: id, stream, time (to the minute) and "Type: error"
     cut to what ``width`` leaves it; ``wide``: handler, error type and text apart,
     attempts, the time to the second and the letter it replays. ``more``: the limit
-    left letters out; ``filtered``: ``found`` is what the filters kept of ``total``."""
+    left letters out, and ``shows_more`` is the option that shows them; ``filtered``:
+    ``found`` is what the filters kept of ``total``."""
     from rich import box
     from rich.table import Column
 
@@ -307,18 +309,19 @@ def letters_view(found: list[StoredLetter], group: str, total: int, wide: bool,
         if wide:
             table.add_row(stored.id, _cut(str(letter.message.stream), STREAM_WIDTH),
                           letter.handler or "-",
-                          letter.error_type, _cut(letter.error, ERROR_WIDTH), str(letter.attempts),
+                          letter.error_type or "-", _cut(letter.error, ERROR_WIDTH),
+                          str(letter.attempts),
                           utc_time(letter.failed_at_ms), stored.replay_of or "-")
         else:
-            error = " ".join(f"{letter.error_type}: {letter.error}".split())
+            error = " ".join(letter.reason.split())
             table.add_row(stored.id, _cut(str(letter.message.stream), STREAM_WIDTH),
                           utc_time(letter.failed_at_ms)[5:16], _cut(error, error_width))
     notes = [] if wide or not found else [
         "`dlq show ID` or --json: a letter in full; --wide: more columns"]
     kept = "match --handler/--namespace/--error-type"
     if more:
-        notes.insert(0, f"showing the first {len(found)} that {kept}; --limit shows more"
-                     if filtered else f"showing {len(found)} of {total}; --limit shows more")
+        notes.insert(0, f"showing the first {len(found)} that {kept}; {shows_more} shows more"
+                     if filtered else f"showing {len(found)} of {total}; {shows_more} shows more")
     elif filtered:
         notes.insert(0, f"{len(found)} of {total} {kept}")
     return titled(f"app {group}: {total} dead letter(s)", table, notes)

@@ -52,10 +52,11 @@ class Reading:
 
 
 BEYOND_EVERY_S = 60.0
-"""How often a poll also reads the queues past ``[queues] total`` (16 reads on Redis,
-more than the rest of a poll of a small app) and checks the stores
-(:meth:`~conveyor.platform.adapter.QueueAdapter.store_problems`: on Kafka an admin
-client and a DescribeConfigs per letter topic): the first poll, then once a minute.
+"""How often a poll also reads the queues past ``[queues] total`` (on Redis an ``XLEN``
+of each up to 4,096, in one pipeline: more than the rest of a poll of a small app) and
+checks the stores (:meth:`~conveyor.platform.adapter.QueueAdapter.store_problems`: on
+Kafka an admin client and a DescribeConfigs per letter topic): the first poll, then once
+a minute.
 What they found is shown until the next look."""
 
 POLL_TIMEOUT_S = 8.0

@@ -34,8 +34,9 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from conveyor.console import actions
@@ -254,10 +255,10 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
         Route("/api/overview", _guarded(overview)),
         Route("/api/charts", _guarded(charts)),
         Route("/api/letters", _guarded(gated(letters))),
-        Route("/api/letters/replay", _guarded(replay), methods=["POST"]),
-        Route("/api/letters/purge", _guarded(purge), methods=["POST"]),
+        OwnedRoute("/api/letters/replay", _guarded(replay), methods=["POST"]),
+        OwnedRoute("/api/letters/purge", _guarded(purge), methods=["POST"]),
         Route("/api/letters/{letter_id:path}", _guarded(gated(letter))),
-        Route("/api/groups/delete", _guarded(delete_group), methods=["POST"]),
+        OwnedRoute("/api/groups/delete", _guarded(delete_group), methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("conveyor.console", "static")]),
               name="static"),
     ]
@@ -274,8 +275,20 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+    assert isinstance(exc, HTTPException)  # a 405's Allow header kept, as HTTP asks
+    return JSONResponse({"error": exc.detail}, status_code=exc.status_code,
+                        headers=exc.headers)
+
+
+class OwnedRoute(Route):
+    """A route whose path is its own for every method: one it does not take is a 405
+    naming those it does (``Allow``). Starlette would try the next route first, and
+    ``GET /api/letters/replay`` reached ``/api/letters/{letter_id:path}``: a 400 for a
+    letter named ``replay``."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        return (Match.FULL if match is Match.PARTIAL else match), child
 
 
 def _guarded(endpoint: Callable[[Request], Awaitable[Response]]

@@ -521,10 +521,24 @@ class QueueAdapter(ABC):
         """Messages on queues ``total`` and on, per queue that holds any, for a daemon's
         start and ``conveyor status``: a producer with a larger ``[queues] total`` put
         them where no daemon of a config with ``total`` reads (Redis: the queue streams
-        past it). Empty where none are, or where the adapter refuses such a layout
+        past it, every one up to the largest total a config may have, so the sum is
+        the whole). Empty where none are, or where the adapter refuses such a layout
         instead (Kafka: a topic with more partitions than the total is a
         :class:`ConfigError`)."""
         return {}
+
+
+BEYOND_NAMED = 8
+"""How many of the queues past ``[queues] total`` that hold entries a warning names (the
+rest it counts): a producer with a total of 4,096 fills thousands of them."""
+
+
+def first_named(names: Sequence[str], what: str) -> str:
+    """``names`` joined, the first :data:`BEYOND_NAMED` of them, then how many more
+    ``what`` there are: one line, however many hold entries."""
+    shown = ", ".join(names[:BEYOND_NAMED])
+    more = len(names) - BEYOND_NAMED
+    return f"{shown} and {more:,} more {what}" if more > 0 else shown
 
 
 def open_receivers(receivers: Iterable[QueueReceiver], queues: Sequence[int],

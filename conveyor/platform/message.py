@@ -208,6 +208,12 @@ class DeadLetter(msgspec.Struct, frozen=True):
         kind = error_type or (type(error).__name__ if isinstance(error, BaseException) else "")
         return cls(message, handler, kind, text, attempts, now_ms())
 
+    @property
+    def reason(self) -> str:
+        """``Type: error``, as a traceback's last line ends; the error alone where the
+        letter has no type (one stored by another producer, or made from a text)."""
+        return f"{self.error_type}: {self.error}" if self.error_type else self.error
+
     def shortened(self, why: str) -> DeadLetter | None:
         """The next shorter form of this letter, or None if it is already ``bare``.
 

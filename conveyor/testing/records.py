@@ -95,7 +95,7 @@ class Record:
         if calls:
             line += f", {calls} attempt{'s' if calls != 1 else ''}"
         if self.letter is not None:
-            line += f": {self.letter.error_type}: {self.letter.error}"
+            line += f": {self.letter.reason}"
         elif (error := self.error) is not None:
             line += f" (failed before: {type(error).__name__}: {error})"
         return line

@@ -433,6 +433,26 @@ def test_what_a_producer_wrote_runs_no_script_and_a_megabyte_key_keeps_the_page_
 
 @pytest.mark.redis
 @pytest.mark.parametrize("config_path", ["redis"], indirect=True)
+def test_a_letter_with_no_error_type_shows_a_dash_for_it_as_dlq_show_does(
+    config_path: Path, console: Console, page: Any,
+) -> None:
+    """A letter made from a text (``DeadLetter.of(msg, handler, "boom", 1)``) has an
+    empty error type: its cell and its detail said nothing (``dlq show``: ``-``)."""
+    put_letters(load_config(config_path), "shop", [DeadLetter.of(
+        Message("m-untyped", StreamId("jobs", "k1"), b"{}"), "jobs.handle", "boom", 1)])
+    page.goto(console.url + "/letters?app=shop")
+    row = page.locator("#letters tbody tr").first
+    row.wait_for()
+    cells = row.locator("td").all_inner_texts()
+    assert cells[2:5] == ["jobs.handle", "-", "boom"], cells
+    row.locator("a.letter").click()
+    field = page.locator("#detail tr", has_text="error_type")
+    field.wait_for()
+    assert field.locator("td").all_inner_texts() == ["error_type", "-"]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("config_path", ["redis"], indirect=True)
 def test_a_redis_that_evicts_is_a_warning_on_every_page(
     config_path: Path, page: Any, tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:

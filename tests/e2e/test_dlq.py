@@ -15,8 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from conveyor.backends import create_adapter
+from conveyor.cli import dlq as dlq_cli
+from conveyor.cli import main
 from conveyor.client import Publish, SyncClient
 from conveyor.console.actions import Choice, replay_letters
 from conveyor.platform.adapter import QueueAdapter
@@ -311,6 +314,32 @@ def test_show_prints_a_producers_control_characters_escaped(config_path: Path) -
     assert "body:          line 1" in lines and "line 2\\r\\x1b[2J" in lines
 
 
+def test_a_letter_with_no_error_type_shows_its_error_alone_and_a_dash_for_the_type(
+    config_path: Path,
+) -> None:
+    """A letter made from a text (``DeadLetter.of(msg, handler, "boom", 1)``), or stored
+    so by another producer, has an empty error type: ``dlq list`` showed ``: boom``,
+    ``--wide`` and ``show`` a blank. --json keeps the empty string."""
+    config = load_config(config_path)
+    on_adapter(config, "dead_letters.put", APP, [DeadLetter.of(
+        Message("m-untyped", StreamId("jobs", "k1"), b"{}", enqueued_at_ms=now_ms()),
+        "jobs.handle", "boom", 1)])
+    args = ("--app", APP, "--config", str(config_path))
+    [letter] = json.loads(conveyor("dlq", "list", *args, "--json").stdout)
+    assert (letter["error_type"], letter["error"]) == ("", "boom")
+    listed = conveyor("dlq", "list", *args)
+    assert listed.returncode == 0, listed.stderr
+    [row] = [line for line in listed.stdout.splitlines() if letter["id"] in line]
+    assert row.rstrip().endswith("  boom") and ": boom" not in row, row
+    wide = conveyor("dlq", "list", *args, "--wide")
+    [row] = [line for line in wide.stdout.splitlines() if letter["id"] in line]
+    assert row.split()[2:5] == ["jobs.handle", "-", "boom"], row
+    shown = conveyor("dlq", "show", letter["id"], *args)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "error_type:    -" in lines and "error:         boom" in lines, shown.stdout
+
+
 def test_show_gives_an_undecodable_entrys_fields_as_they_were(config_path: Path) -> None:
     """No field of the entry could be read, so the letter has no namespace or key of
     its own: `dlq show` prints what the entry held, field by field (its error says why)."""
@@ -390,6 +419,38 @@ def test_list_says_more_letters_are_there_only_when_the_limit_left_some_out(
         "2 of 3 match --handler/--namespace/--error-type"]
     assert notes("--handler", "jobs.a", "--limit", "1") == [
         "showing the first 1 that match --handler/--namespace/--error-type; --limit shows more"]
+
+
+def test_a_table_lists_at_most_table_max_letters_and_json_any_number(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """rich lays a table out whole before its first line: `--limit 1000000000` on 50,000
+    letters took 16 s and 290 MB. Past ``TABLE_MAX`` (10,000; 2 here) a table is a usage
+    error naming --limit, and at it the note points at --json, which lists any number
+    (each letter's JSON held, not the letter) and is one JSON array."""
+    monkeypatch.setattr(dlq_cli, "TABLE_MAX", 2, raising=False)
+    config = load_config(config_path)
+    on_adapter(config, "dead_letters.put", APP, [
+        DeadLetter.of(Message(f"m-{n}", StreamId("jobs", f"k{n}"), b"{}",
+                              enqueued_at_ms=now_ms()), "jobs.handle", "boom", 1)
+        for n in range(3)])
+    args = ["dlq", "list", "--app", APP, "--config", str(config_path)]
+    refused = CliRunner().invoke(main, [*args, "--limit", "3"])
+    assert refused.exit_code == 2, refused.output
+    assert refused.stderr.splitlines() == [
+        "conveyor: error: --limit 3: a table shows at most 2 letters (rich lays it out whole "
+        "before printing); --json lists any number"]
+    at_most = CliRunner().invoke(main, [*args, "--limit", "2"])
+    assert at_most.exit_code == 0, at_most.output
+    assert "showing 2 of 3; --json shows more" in at_most.stdout.splitlines()
+    below = CliRunner().invoke(main, [*args, "--limit", "1"])
+    assert "showing 1 of 3; --limit shows more" in below.stdout.splitlines()
+    listed = CliRunner().invoke(main, [*args, "--limit", "1000000000", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [letter["message_id"] for letter in json.loads(listed.stdout)] == [
+        "m-0", "m-1", "m-2"]
+    assert json.loads(CliRunner().invoke(main, [*args, "--limit", "2", "--json"]).stdout) == (
+        json.loads(listed.stdout)[:2])
 
 
 @pytest.mark.redis

@@ -295,6 +295,17 @@ def test_every_seed_option_refuses_a_negative_seed() -> None:
     # demo of 10**12 messages (the embedded adapter holds each: ~250 bytes a message).
     (["sim", "balancer", "--steady", "86400"], "--steady"),
     (["demo", "-n", "1000000000000"], "--messages' / '-n"),
+    # More streams than a demo may have messages names no more keys.
+    (["demo", "--streams", "1000001"], "--streams' / '-s"),
+    # A bench builds every message before it runs (a million: 1.8 GB on memory), and
+    # each repeat is a whole run: 10**12 messages ran out of memory, 10**19 repeats on.
+    (["bench", "throughput", "-n", "1000000000000"], "--messages' / '-n"),
+    (["bench", "throughput", "--streams", "1000001"], "--streams' / '-s"),
+    (["bench", "throughput", "--repeats", "10000000000000000000"], "--repeats"),
+    (["bench", "throughput", "--adapter", "kafka", "--io-messages", "1000001"],
+     "--io-messages"),
+    (["bench", "telemetry", "--messages", "1000001"], "--messages' / '-n"),
+    (["bench", "telemetry", "--repeats", "101"], "--repeats"),
 ])
 def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     args: list[str], option: str,

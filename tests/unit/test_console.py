@@ -311,6 +311,31 @@ def test_a_console_shown_one_app_deletes_no_other_app_s_group(config: Config) ->
     assert asyncio.run(other_group()) == [0, 1]  # still there
 
 
+def test_a_method_a_route_does_not_take_is_a_405_naming_those_it_does(
+    tmp_path: Path, redis_server: RedisServer,
+) -> None:
+    """``GET /api/letters/replay`` was a 400 about the letter ``replay`` (the next route,
+    ``/api/letters/{id}``, took it); and no 405 said which methods would do (``Allow``,
+    which HTTP asks of one). With the write token: the method is refused before it."""
+    config = load_config(write_config(tmp_path / "c.toml", redis_server.url,
+                                      queues={"total": 2}))
+    posts = ("/api/letters/replay", "/api/letters/purge", "/api/groups/delete")
+    gets = ("/", "/letters", "/api/overview", "/api/charts", "/api/letters",
+            "/api/letters/1-0", "/static/console.js")
+    with client_for(config, token=TOKEN) as api:
+        for method, paths, allow in (("GET", posts, {"POST"}), ("HEAD", posts, {"POST"}),
+                                     ("PUT", posts, {"POST"}), ("POST", gets, {"GET", "HEAD"}),
+                                     ("DELETE", gets, {"GET", "HEAD"})):
+            for path in paths:
+                response = api.request(method, path, params={"app": APP},
+                                       headers={TOKEN_HEADER: TOKEN})
+                allowed = set(response.headers.get("allow", "").split(", ")) - {""}
+                assert (response.status_code, allowed) == (405, allow), (
+                    method, path, response.text)
+                if method != "HEAD":
+                    assert response.json() == {"error": "Method Not Allowed"}
+
+
 def test_no_password_is_ever_served(tmp_path: Path, redis_server: RedisServer) -> None:
     password = "hunter2-never-shown"
     redis_server.client().config_set("requirepass", password)

@@ -275,6 +275,10 @@ function query() {
   return q;
 }
 
+// No handler (an undecodable entry) or no error type (a letter made from a text): "-",
+// as `conveyor dlq show` prints them.
+const BLANK_AS_DASH = new Set(["handler", "error_type"]);
+
 async function detail(id) {
   const box = document.getElementById("detail");
   try {
@@ -282,7 +286,7 @@ async function detail(id) {
     const fields = ["id", "namespace", "key", "handler", "error_type", "attempts", "failed_at",
                     "message_id", "trace_id", "content_type", "replay_of"];
     box.replaceChildren(...[el("h2", {}, "Letter " + d.id),
-      table(["field", "value"], fields.map(f => [f, d[f] === null ? "-" : clip(d[f], DETAIL_MAX)])),
+      table(["field", "value"], fields.map(f => [f, d[f] === null || (d[f] === "" && BLANK_AS_DASH.has(f)) ? "-" : clip(d[f], DETAIL_MAX)])),
       el("h3", {}, "error"), el("pre", {}, d.error),
       el("h3", {}, "headers"), el("pre", {}, clip(JSON.stringify(d.headers, null, 2), DETAIL_MAX)),
       el("h3", {}, d.body !== undefined ? "body" : "body (base64)"),
@@ -358,7 +362,7 @@ async function letters(data, force) {
         el("a", {href: "#" + l.id, class: "letter", onclick: (e) => { e.preventDefault(); detail(l.id); }}, l.id),
         clip(l.namespace + "/" + l.key, CELL_MAX, full(l, "namespace") + 1 + full(l, "key")),
         clip(l.handler || "-", CELL_MAX, full(l, "handler")),
-        clip(l.error_type, CELL_MAX, full(l, "error_type")),
+        clip(l.error_type || "-", CELL_MAX, full(l, "error_type")),
         l.error.length > 80 ? l.error.slice(0, 79) + "…" : l.error,
         l.attempts, l.failed_at,
         writeButtons({ids: [l.id]}, "letter " + l.id)]), [5]),

@@ -120,9 +120,9 @@ class DeadLetterStore:
     async def put(self, letter: DeadLetter) -> None:
         self._notes.log(
             logging.WARNING, (letter.handler, letter.error_type),
-            "dead-lettering message %s of %s (handler %r) after %d attempt(s): %s: %s",
+            "dead-lettering message %s of %s (handler %r) after %d attempt(s): %s",
             letter.message.id, letter.message.stream, letter.handler, letter.attempts,
-            letter.error_type, one_line(letter.error),
+            one_line(letter.reason),
         )
         failures = 0
         counted = False

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from conveyor.platform.adapter import QueueAdapter, StoreProblem
+from conveyor.platform.adapter import QueueAdapter, StoreProblem, first_named
 from conveyor.platform.backend import Backend
 from conveyor.platform.balancing.leases import LeaseStore
 from conveyor.platform.balancing.membership import MemberInfo, Membership
@@ -309,10 +309,11 @@ async def collect_status(config: Config, group: str, backend: Backend, *,
                          look_beyond: bool = True, look_stores: bool = True) -> StatusReport:
     """App ``group``'s members, queues and figures, read through ``backend`` (what
     ``config`` runs on: ``conveyor.backends.for_config``). ``look_beyond``: read the
-    queues past the total too (:attr:`StatusReport.beyond_total`; 16 reads on Redis),
-    and ``look_stores``: check the stores (:attr:`StatusReport.store_problems`; on Kafka
-    an admin client and a DescribeConfigs per letter topic), which a reading repeated
-    every second (the console, ``--watch``) skips."""
+    queues past the total too (:attr:`StatusReport.beyond_total`; on Redis one pipeline of
+    an ``XLEN`` per queue up to 4,096), and ``look_stores``: check the stores
+    (:attr:`StatusReport.store_problems`; on Kafka an admin client and a DescribeConfigs
+    per letter topic), which a reading repeated every second (the console, ``--watch``)
+    skips."""
     reader = StatusReader(config, backend)
     try:
         return await reader.status(group, look_beyond=look_beyond, look_stores=look_stores)
@@ -385,7 +386,8 @@ def broker_warnings(config: Config, eviction_policy: str | None, persistence: st
         warnings.append(f"Redis persistence is {persistence}{lost} "
                         "(docs/redis.md, \"Persistence\")")
     if beyond_total:  # a daemon's start says the same (docs/redis.md, "Wire format")
-        counts = ", ".join(f"queue {q}: {n:,}" for q, n in sorted(beyond_total.items()))
+        counts = first_named([f"queue {q}: {n:,}" for q, n in sorted(beyond_total.items())],
+                             "queues")
         warnings.append(
             f"queues past [queues] total = {config.queues.total} hold "
             f"{sum(beyond_total.values()):,} entries ({counts}): a producer with a larger "

@@ -97,3 +97,41 @@ def test_status_says_when_messages_sit_past_its_queues_total(
         assert STRAY not in result.stderr, result.stderr
         if "--json" in args:
             assert json.loads(result.stdout)["beyond_total"] == {}
+
+
+def test_every_queue_past_the_total_is_counted_and_the_first_eight_named(
+    redis_server: RedisServer, tmp_path: Path, workers: list[Worker],
+) -> None:
+    """A producer with the largest total (4,096) fills thousands of streams past a
+    daemon's 4: the worker's start and ``status`` count the entries of all of them (not
+    of the first few looked at), name the first eight and count the rest, in one line;
+    ``--json`` has every one."""
+    producer = write_config(tmp_path / "p.toml", redis_server.url, queues={"total": 4096})
+    publish(producer, 3000)
+    client = redis_server.client()
+    pipe = client.pipeline(transaction=False)
+    for q in range(4096):
+        pipe.xlen(f"t:q:{q}")
+    lengths = dict(enumerate(pipe.execute()))
+    beyond = {q: n for q, n in lengths.items() if q >= 4 and n}
+    assert len(beyond) > 1000  # the hash ring spread the 3,000 over most of the 4,092
+    first = sorted(beyond)[:8]
+    more = len(beyond) - 8
+
+    smaller = write_config(tmp_path / "w.toml", redis_server.url, queues={"total": 4})
+    result = status(smaller, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["beyond_total"] == {str(q): n for q, n in beyond.items()}
+    counts = ", ".join(f"queue {q}: {beyond[q]:,}" for q in first)
+    [line] = [x for x in result.stderr.splitlines() if STRAY in x]
+    assert (f"queues past [queues] total = 4 hold {sum(beyond.values()):,} entries "
+            f"({counts} and {more:,} more queues): a producer") in line, line
+
+    worker = Worker("w", smaller, tmp_path, log_level="warning")
+    workers.append(worker)
+    ready(worker)
+    assert worker.stop() == 0, worker.stderr
+    [line] = [x for x in worker.stderr.splitlines() if STRAY in x]
+    names = ", ".join(f"t:q:{q} ({beyond[q]:,})" for q in first)
+    assert (f"[queues] total = 4 hold {sum(beyond.values()):,} entries: {names} and "
+            f"{more:,} more streams. Messages") in line, line
