@@ -503,7 +503,7 @@ def test_one_ctrl_c_ends_a_throughput_benchmark_whose_timed_loops_hold_the_loop(
     import psutil
 
     proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "bench", "throughput",
-                             "-n", "30000000", "--repeats", "1"], cwd=ROOT,
+                             "-n", "1000000", "--repeats", "100"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with reaped(proc):
         process = psutil.Process(proc.pid)
