@@ -134,6 +134,11 @@ class HeadDeadline(H11Protocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # uvicorn's own adds, to any client's Upgrade header, a second line telling the
+        # operator to pip install a WebSocket library: the console serves no WebSocket.
+        self.logger.warning("Unsupported upgrade request.")
+
 
 def broker_name(config: Config) -> str:
     """The broker as the pages name it, with no password in it."""

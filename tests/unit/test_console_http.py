@@ -124,6 +124,24 @@ async def test_a_silent_connection_is_closed_at_the_deadline(port: int) -> None:
     assert waited is not None and DEADLINE_S * 0.9 <= waited < DEADLINE_S + 2, waited
 
 
+async def test_an_upgrade_header_is_answered_and_logged_without_advice_to_install_anything(
+    port: int, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """uvicorn logged, for any client's ``Upgrade: websocket``, a line telling the
+    operator to pip install a WebSocket library; the console serves none."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200"), head
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("uvicorn")]
+    assert logged == ["Unsupported upgrade request."], logged
+
+
 async def test_a_head_sent_a_byte_at_a_time_is_cut_off_at_the_deadline(port: int) -> None:
     head = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
     waited = await closed_after(port, head)  # 200 bytes at 0.1 s: 20 s if never cut
