@@ -58,7 +58,13 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     import uvicorn
 
     from conveyor.console.poller import Poller
-    from conveyor.console.server import HeadDeadline, Settings, broker_name, create_app
+    from conveyor.console.server import (
+        TOKEN_HEADER,
+        HeadDeadline,
+        Settings,
+        broker_name,
+        create_app,
+    )
 
     config = load_config_or_exit(config_path)
     if config.queues.adapter == "memory":
@@ -68,6 +74,10 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
     token = None
     if write:
         token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+        if not _sendable(token):
+            usage(f"${TOKEN_ENV}: no request can carry this token in its {TOKEN_HEADER} "
+                  "header (it has a newline, a control or non-ASCII character, or a space "
+                  "at an end: a secret file's last newline?); use printable ASCII")
     settings = Settings(config, app, token, host, broker_name(config))
     listener = _listen(host, port)  # before the banner: a port in use is one line, exit 2
     port = listener.getsockname()[1]  # --port 0: the port the system chose
@@ -88,6 +98,14 @@ def console(config_path: Path, app: str | None, host: str, port: int, interval_s
         access_log=False, timeout_graceful_shutdown=5, http=HeadDeadline))
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C stops it quietly
         server.run(sockets=[listener])
+
+
+def _sendable(token: str) -> bool:
+    """Whether a client can send ``token`` as it is in a header: HTTP strips the spaces
+    at a value's ends, a newline ends the header, and a browser sends no character past
+    Latin-1 (and a byte past ASCII is read back as another character). A token that
+    cannot be sent made every write action a 403 asking for the token."""
+    return token.isascii() and token.isprintable() and token == token.strip()
 
 
 def _listen(host: str, port: int) -> socket.socket:

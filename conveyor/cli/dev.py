@@ -233,6 +233,10 @@ def _check_address(host: str, port: int) -> None:
     except OSError as exc:
         usage(f"--host {host}: not an address to listen on ({exc.strerror or exc})")
     with socket.socket(family, kind, proto) as probe:
+        # As the brokers bind (tansu and redis-server set it): a port whose last broker
+        # stopped with clients connected holds their closed connections a minute
+        # (TIME_WAIT), and a bare bind read that as in use, while no broker listened.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as exc:

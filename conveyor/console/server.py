@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 from string import Template
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
@@ -53,6 +53,8 @@ from conveyor.platform.errors import (
 from conveyor.platform.ids import is_app_name
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TOKEN_HEADER = "X-Conveyor-Token"
 MAX_BODY = 1 << 20
@@ -133,6 +135,11 @@ class HeadDeadline(H11Protocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # uvicorn's own adds, to any client's Upgrade header, a second line telling the
+        # operator to pip install a WebSocket library: the console serves no WebSocket.
+        self.logger.warning("Unsupported upgrade request.")
+
 
 def broker_name(config: Config) -> str:
     """The broker as the pages name it, with no password in it."""
@@ -190,8 +197,8 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
         reading = await poller.current()
         app = _app_param(request.query_params.get("app"), settings)
         if app != settings.app and not _polled(reading, app) and not poller.history(app):
-            async with broker_calls:  # an app with letters only, or a typo: ask the broker
-                await actions.require_app(settings.config, app)
+            # an app with letters only, or a typo: ask the broker
+            await broker_read(request, lambda: actions.require_app(settings.config, app))
         return JSONResponse({"app": app, "interval_s": poller.interval_s,
                              "points": rates(poller.history(app))})
 
@@ -212,23 +219,37 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
 
     broker_calls = asyncio.Semaphore(BROKER_CALLS)
 
+    async def broker_read(request: Request, work: Callable[[], Awaitable[T]]) -> T:
+        """``work()`` in one of :data:`BROKER_CALLS` turns (each opens the broker's
+        connections, as a CLI command does: a burst of requests would open a burst),
+        waited for and done only while the client waits (:func:`_unless_gone`): a read
+        changes nothing, and a client that gave up on a broker that does not answer kept
+        its turn for the adapter's whole retry (10 s), every turn with four of them, and
+        the next page waited for each in turn."""
+
+        async def in_turn() -> T:
+            async with broker_calls:
+                return await work()
+
+        return await _unless_gone(request, in_turn())
+
     def gated(endpoint: Callable[[Request], Awaitable[Response]]
               ) -> Callable[[Request], Awaitable[Response]]:
-        """``endpoint``, one of :data:`BROKER_CALLS` at once (each opens the broker's
-        connections, as a CLI command does: a burst of requests would open a burst)."""
+        """``endpoint`` as a :func:`broker_read`."""
 
         async def limited(request: Request) -> Response:
-            async with broker_calls:
-                return await endpoint(request)
+            return await broker_read(request, lambda: endpoint(request))
 
         return limited
 
     # The write actions read and check their body first, then take a turn: the body
     # comes at the client's pace, and a turn held while it came was a turn taken from
-    # every dead-letter page (four stalled bodies held them all).
+    # every dead-letter page (four stalled bodies held them all). A client gone while
+    # its action waits for a turn gets none (nothing is done); once it has one, the
+    # action runs to its end, as the CLI's would.
     async def replay(request: Request) -> Response:
         choice = await _write_choice(request, settings)
-        async with broker_calls:
+        async with _turn(broker_calls, request):
             return JSONResponse(await actions.replay_letters(settings.config, choice))
 
     async def purge(request: Request) -> Response:
@@ -236,7 +257,7 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
         if body.get("confirm") is not True:
             raise RequestError(400, "purge deletes letters for good: send \"confirm\": true")
         choice = _choice(body, settings)
-        async with broker_calls:
+        async with _turn(broker_calls, request):
             return JSONResponse(await actions.purge_letters(settings.config, choice))
 
     async def delete_group(request: Request) -> Response:
@@ -246,7 +267,7 @@ def create_app(settings: Settings, poller: Poller) -> Starlette:
         app = _app_param(actions.check_text("app", body.get("app"), required=True), settings)
         if body.get("confirm") is not True:
             raise RequestError(400, "deleting a group is for good: send \"confirm\": true")
-        async with broker_calls:
+        async with _turn(broker_calls, request):
             return JSONResponse(await actions.delete_group(settings.config, app))
 
     routes = [
@@ -316,6 +337,47 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]
             return _error(500, "the console failed on this request (its log says why)")
 
     return run
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed its connection (after its body, if it is read
+    before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result; or, should the client close its connection first, ``work``
+    cancelled and waited for, and a :class:`RequestError` (no one reads the answer)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        raise RequestError(400, "the client closed the connection before the answer; "
+                           "nothing was done")
+    return task.result()
+
+
+@asynccontextmanager
+async def _turn(turns: asyncio.Semaphore, request: Request) -> AsyncIterator[None]:
+    """One of ``turns``, waited for only while the client waits (:func:`_unless_gone`)."""
+    take = asyncio.ensure_future(turns.acquire())
+    try:
+        await _unless_gone(request, take)
+    except BaseException:
+        if take.done() and not take.cancelled() and take.exception() is None:
+            turns.release()  # taken as this request was cancelled: not ours to keep
+        raise
+    try:
+        yield
+    finally:
+        turns.release()
 
 
 def _error(status: int, message: str) -> Response:

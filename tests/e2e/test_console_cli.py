@@ -76,3 +76,20 @@ def test_the_embedded_adapter_is_refused(tmp_path: Path) -> None:
                           timeout=60)
     assert done.returncode == 2
     assert "memory adapter" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_token_no_request_can_carry_is_a_usage_error_that_does_not_print_it() -> None:
+    """A token read from a secret file kept the file's last newline: no header can carry
+    it, and the console started to answer every write action with a 403 asking for the
+    token it was given."""
+    for token in ["s3cret\n", " s3cret", "s3cret\t", "sécret", "s3\x01cret"]:
+        done = subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", "console", "--config", "configs/redis.toml",
+             "--write", "--port", str(free_port())],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "CONVEYOR_CONSOLE_TOKEN": token})
+        assert done.returncode == 2, (token, done.stdout, done.stderr)
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("conveyor: error: $CONVEYOR_CONSOLE_TOKEN: no request can "
+                               "carry this token in its X-Conveyor-Token header"), line
+        assert token.strip() not in done.stderr + done.stdout  # a secret: never printed

@@ -309,3 +309,44 @@ def test_a_producer_on_a_broker_without_producer_ids_warns_in_one_line(
     assert f"WARNING conveyor.kafka: kafka: the broker at {tansu.bootstrap} hands out no " \
            "producer ids (InitProducerId answered UnknownError): publishing without " \
            "idempotence" in line, line
+
+
+def start_dev_redis(port: int) -> subprocess.Popen[str]:
+    """``conveyor dev redis --port PORT``, once it says it listens; its first line on
+    stderr (what it says) when it exited instead."""
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "dev", "redis", "--port",
+                             str(port)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # its first line, or "" at its exit
+    assert first.startswith("conveyor: dev redis: Redis listening on "), (first, proc.wait(30))
+    return proc
+
+
+@pytest.mark.redis
+def test_dev_redis_starts_again_on_its_port_after_it_stopped_with_a_client_connected() -> None:
+    """The broker closing a client's connection leaves it in TIME_WAIT on the broker's
+    port for a minute: the check of the port, a bind without SO_REUSEADDR (which the
+    brokers set), read that as in use (exit 2) while no broker listened."""
+    if shutil.which("redis-server") is None:
+        server_missing("redis-server")
+    port = free_port()
+    first = start_dev_redis(port)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(b"PING\r\n")
+            assert client.recv(100) == b"+PONG\r\n"
+            first.send_signal(signal.SIGINT)
+            assert first.wait(30) == 0
+            assert client.recv(100) == b""  # the broker closed it first
+    finally:
+        first.kill()
+        first.communicate()
+    again = start_dev_redis(port)
+    try:
+        assert again.poll() is None, again.communicate()
+        again.send_signal(signal.SIGINT)
+        assert again.wait(30) == 0
+    finally:
+        again.kill()
+        again.communicate()

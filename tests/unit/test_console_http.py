@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from conveyor.console.server import (
     create_app,
 )
 from conveyor.platform.config import load_config
+from tests.conftest import process_stopped, wait_until
 from tests.integration.redis.conftest import write_config
 from tests.servers import RedisServer
 from tests.unit.test_console import APP, TOKEN, prepare_app
@@ -47,13 +49,16 @@ async def answer(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
-async def serving(protocol: type[asyncio.Protocol],
-                  app: Starlette | None = None) -> AsyncIterator[int]:
+async def serving(protocol: type[asyncio.Protocol], app: Starlette | None = None,
+                  servers: list[uvicorn.Server] | None = None) -> AsyncIterator[int]:
+    """The port of a uvicorn serving ``app`` (appended to ``servers``, when given)."""
     app = app or Starlette(routes=[Route("/", answer)])
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, http=protocol, log_level="warning", lifespan="on")
     running = uvicorn.Server(config)
+    if servers is not None:
+        servers.append(running)
     task = asyncio.create_task(running.serve(sockets=[listener]))
     while not running.started:
         await asyncio.sleep(0.01)
@@ -117,6 +122,24 @@ async def request(port: int, *paths: str) -> list[bytes]:
 async def test_a_silent_connection_is_closed_at_the_deadline(port: int) -> None:
     waited = await closed_after(port)
     assert waited is not None and DEADLINE_S * 0.9 <= waited < DEADLINE_S + 2, waited
+
+
+async def test_an_upgrade_header_is_answered_and_logged_without_advice_to_install_anything(
+    port: int, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """uvicorn logged, for any client's ``Upgrade: websocket``, a line telling the
+    operator to pip install a WebSocket library; the console serves none."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200"), head
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("uvicorn")]
+    assert logged == ["Unsupported upgrade request."], logged
 
 
 async def test_a_head_sent_a_byte_at_a_time_is_cut_off_at_the_deadline(port: int) -> None:
@@ -213,5 +236,93 @@ async def test_write_bodies_that_never_come_get_a_408_and_hold_no_broker_turn(
         finally:
             for _, stalled_writer in stalled:
                 stalled_writer.close()
+    failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not failed, failed
+
+
+def letters_request(port: int) -> bytes:
+    return f"GET /api/letters?app={APP} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+
+
+def bodies_taken(running: uvicorn.Server) -> bool:
+    """Whether every request on ``running``'s connections is under way, its body read by
+    the app (the app is waiting for a turn or the broker, not for the client)."""
+    cycles = [getattr(c, "cycle", None) for c in running.server_state.connections]
+    return all(c is not None and not c.body and not c.more_body for c in cycles)
+
+
+@pytest.mark.redis
+async def test_a_client_that_goes_away_frees_its_broker_turn_and_its_action_is_not_done(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Against a Redis that accepts and does not answer (paused), a read waits out the
+    adapter's retries ([redis] retry_max_s). A request whose client had given up kept
+    its turn, and its read ran on: twelve page loads given up held the four turns for
+    three retries each (38 s with the defaults) before the next page had one; and an
+    action whose client had gone ran once a turn came, unseen."""
+    retry_max_s = 3.0
+    config = load_config(write_config(tmp_path / "redis.toml", redis_server.url,
+                                      queues={"total": 2},
+                                      redis={"url": redis_server.url, "prefix": "t",
+                                             "socket_timeout_s": 1.0,
+                                             "retry_max_s": retry_max_s}))
+    await asyncio.to_thread(prepare_app, config)
+    settings = Settings(config, None, TOKEN, "127.0.0.1", broker_name(config))
+    console = create_app(settings, Poller(config, None, interval_s=0.2))
+    redis = redis_server.process.proc
+    assert redis is not None
+    servers: list[uvicorn.Server] = []
+
+    def under_way() -> int:
+        return len(servers[0].server_state.tasks)
+
+    def read() -> bool:
+        return bodies_taken(servers[0])
+
+    async for port in serving(HeadDeadline, console, servers):
+        redis.send_signal(signal.SIGSTOP)
+        try:
+            await wait_until(lambda: process_stopped(redis.pid), 10, what="redis to stop")
+            gone = [await asyncio.open_connection("127.0.0.1", port)
+                    for _ in range(BROKER_CALLS * 3)]
+            for _, writer in gone:
+                writer.write(letters_request(port))
+            await wait_until(lambda: under_way() == BROKER_CALLS * 3 and read(), 5,
+                             what="every read under way")
+            for _, writer in gone:
+                writer.close()
+            left = time.monotonic()
+            await wait_until(lambda: not under_way(), retry_max_s * 2,
+                             what="the reads of the clients gone to end")
+            assert time.monotonic() - left < retry_max_s / 2  # not one retry waited out
+            # Four reads whose clients wait hold every turn; a replay of every letter
+            # waits for one, and its client goes.
+            staying = [await asyncio.open_connection("127.0.0.1", port)
+                       for _ in range(BROKER_CALLS)]
+            for _, writer in staying:
+                writer.write(letters_request(port))
+            body = json.dumps({"app": APP, "all": True}).encode()
+            _, replaying = await asyncio.open_connection("127.0.0.1", port)
+            replaying.write(
+                f"POST /api/letters/replay HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"{TOKEN_HEADER}: {TOKEN}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await wait_until(lambda: under_way() == BROKER_CALLS + 1 and read(), 5,
+                             what="the replay waiting")
+            replaying.close()
+            await wait_until(lambda: under_way() == BROKER_CALLS, 5,
+                             what="the replay dropped")
+        finally:
+            redis.send_signal(signal.SIGCONT)
+        for reader, writer in staying:
+            status, listed = await answer_to(reader, retry_max_s * 3)
+            writer.close()
+            assert (status, listed["total"]) == (b"HTTP/1.1 200 OK", 3)
+        await wait_until(lambda: not under_way(), 10, what="every request")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(letters_request(port))
+        status, listed = await answer_to(reader, 10)
+        writer.close()
+        assert (status, listed["total"]) == (b"HTTP/1.1 200 OK", 3)  # nothing replayed
     failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not failed, failed
