@@ -85,7 +85,12 @@ from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel, retrieve
-from conveyor.platform.watchdog import LoopWatchdog, stall_note
+from conveyor.platform.watchdog import (
+    STALL_BREATH_S,
+    STALL_BREATH_TURNS,
+    LoopWatchdog,
+    stall_note,
+)
 
 if TYPE_CHECKING:
     from conveyor.platform.delivery.tracing import Entered
@@ -100,9 +105,6 @@ ABORT_WAIT_S = 0.5
 One that catches its cancellation and goes on (a bare ``except:`` in a loop) is left
 running past it, its message unacknowledged for the queue's next owner: an abort is a
 stop at once, and the stop that calls it still has the broker to leave."""
-
-STALL_BREATH_S = 0.01
-"""After a handler blocked the loop, how long the next start waits for the loop's I/O."""
 
 LANE_RUN = 16
 """Calls a runner makes on one lane before it puts the lane back behind the other ready
@@ -512,12 +514,20 @@ class PullingAgent:
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
-                if watchdog.stalled:
+                if clock() < watchdog.resume_at:
                     # A call blocked the loop: start nothing before the watchdog's probe
-                    # has run, so that blockers one after another are separate stalls,
-                    # and give the loop a moment for the replies that came meanwhile
-                    # (a Kafka group's heartbeats are answered on this loop).
+                    # has run (blockers one after another are then separate stalls), nor
+                    # before the loop has run STALL_BREATH_S past the stall's end, then
+                    # STALL_BREATH_TURNS turns, for what the stall held up (a Kafka
+                    # group's heartbeat, sent on this loop). From the stall's end, as
+                    # this wait may run out inside another queue's stall; in turns too,
+                    # as a late wake-up finds the time spent and the heartbeat's steps
+                    # still queued. (A run that goes on after its handler waited through
+                    # a stall checks resume_at too; and resume_at is +inf while the
+                    # watchdog sees the loop stalled.)
                     await asyncio.sleep(STALL_BREATH_S)
+                    for _ in range(STALL_BREATH_TURNS):
+                        await asyncio.sleep(0)
                     continue
                 if permit is None:
                     marked = False
@@ -626,7 +636,7 @@ class PullingAgent:
                             # asks the runner to stop (the checks of the loop above, which
                             # then decides): a pull over many streams leaves lanes of one
                             # or two entries, each taken here for a few checks.
-                            if (not ready or watchdog.stalled or self._stopping
+                            if (not ready or now < watchdog.resume_at or self._stopping
                                     or now >= own.until or not keep(permit)):
                                 break
                             lane = ready.popleft()
@@ -644,8 +654,8 @@ class PullingAgent:
                             stop_at = min(now + RUN_BUDGET_S, own.until)
                             continue
                         run -= 1
-                        if (not run or now >= stop_at or watchdog.stalled or self._stopping
-                                or not keep(permit)):
+                        if (not run or now >= stop_at or now < watchdog.resume_at
+                                or self._stopping or not keep(permit)):
                             ready.append(lane)  # the loop above decides what comes next
                             break
                 except BaseException as exc:
