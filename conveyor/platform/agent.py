@@ -525,9 +525,7 @@ class PullingAgent:
                     # still queued. (A run that goes on after its handler waited through
                     # a stall checks resume_at too; and resume_at is +inf while the
                     # watchdog sees the loop stalled.)
-                    await asyncio.sleep(STALL_BREATH_S)
-                    for _ in range(STALL_BREATH_TURNS):
-                        await asyncio.sleep(0)
+                    await self._breathe()
                     continue
                 if permit is None:
                     marked = False
@@ -686,6 +684,14 @@ class PullingAgent:
             self._idle.append(waiter)
             await waiter
 
+    @staticmethod
+    async def _breathe() -> None:
+        """Let the loop run after a stall: :data:`STALL_BREATH_S`, then
+        :data:`STALL_BREATH_TURNS` turns (the caller checks ``resume_at`` again)."""
+        await asyncio.sleep(STALL_BREATH_S)
+        for _ in range(STALL_BREATH_TURNS):
+            await asyncio.sleep(0)
+
     async def _count_start(self, msg: Message) -> Message:
         """A redelivered message (its previous holder stopped before finishing it): its
         start counted durably first (one at a time in the daemon, under ``_careful``),
@@ -761,7 +767,11 @@ class PullingAgent:
         return self._stopping
 
     async def may_start_batch(self) -> bool:
-        """Whether a batch may start now; while the queue is not ours (for now), wait."""
+        """Whether a batch may start now; while the queue is not ours (for now), wait.
+        After a stall it waits as a runner does (:meth:`_breathe`): batches that block
+        the loop ran back to back, one stall as long as all of them."""
+        while time.monotonic() < self._watchdog.resume_at:
+            await self._breathe()
         return await self._own.wait(self._draining)
 
     async def reserve_slot(self) -> SlotPermit:

@@ -126,6 +126,32 @@ async def test_after_a_stall_the_loop_turns_before_the_next_start_however_late_i
     await run_restalling(restalling_app(seen, beat_turns=3, then_held_s=0.03), seen)
 
 
+async def test_batches_that_block_the_loop_one_after_another_are_separate_stalls() -> None:
+    # A batch handler's batches ran back to back without yielding: two 0.6 s batches
+    # were one 1.2 s stall, and a heartbeat due after the first waited for the last (on
+    # kafka-group, two 3 s batches cost the partitions). Between two batches the loop
+    # now breathes as between two runs of a plain handler.
+    seen: list[str] = []
+    app = App("stallbatch")
+
+    @app.handler("jobs", batch_size=1, batch_wait_ms=1)
+    async def on_jobs(batch: list[dict[str, float]]) -> None:
+        seen.append("start")
+        asyncio.get_running_loop().call_later(0.02, seen.append, "beat")  # due in the stall
+        time.sleep(batch[0]["block_s"])  # noqa: ASYNC251 - the mistake under test
+
+    config = Config(queues=QueuesConfig(total=1), worker=WorkerConfig(stall_warn_ms=200))
+    async with TestWorker(app, config) as worker:
+        await worker.publish_batch([Publish("jobs", "a", {"block_s": 0.6}),
+                                    Publish("jobs", "b", {"block_s": 0.6})])
+        await worker.settle()
+        await wait_until(lambda: seen.count("beat") == 2, 5, 0.01, "both beats")
+        watchdog = worker.daemon._parts.watchdog
+        assert watchdog.stalls == 2 and watchdog.longest_s < 1.1, watchdog.longest_s
+        assert len(worker.handled("jobs")) == 2  # each once
+    assert seen == ["start", "beat", "start", "beat"], seen
+
+
 async def test_a_broker_error_just_after_a_stall_names_the_stall(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
