@@ -86,7 +86,12 @@ from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
 from conveyor.platform.slots import SlotPermit, SlotReleaseReason, SlotSupplier
 from conveyor.platform.tasks import cancel_and_wait, raise_swallowed_cancel, retrieve
-from conveyor.platform.watchdog import LoopWatchdog, stall_note
+from conveyor.platform.watchdog import (
+    STALL_BREATH_S,
+    STALL_BREATH_TURNS,
+    LoopWatchdog,
+    stall_note,
+)
 
 if TYPE_CHECKING:
     from conveyor.platform.delivery.tracing import Entered
@@ -101,9 +106,6 @@ ABORT_WAIT_S = 0.5
 One that catches its cancellation and goes on (a bare ``except:`` in a loop) is left
 running past it, its message unacknowledged for the queue's next owner: an abort is a
 stop at once, and the stop that calls it still has the broker to leave."""
-
-STALL_BREATH_S = 0.01
-"""After a handler blocked the loop, how long the next start waits for the loop's I/O."""
 
 LANE_RUN = 16
 """Calls a runner makes on one lane before it puts the lane back behind the other ready
@@ -513,12 +515,18 @@ class PullingAgent:
         while True:
             self._waking = False  # this runner is awake: another may be woken now
             while ready:
-                if watchdog.stalled:
+                if clock() < watchdog.resume_at:
                     # A call blocked the loop: start nothing before the watchdog's probe
-                    # has run, so that blockers one after another are separate stalls,
-                    # and give the loop a moment for the replies that came meanwhile
-                    # (a Kafka group's heartbeats are answered on this loop).
-                    await asyncio.sleep(STALL_BREATH_S)
+                    # has run (blockers one after another are then separate stalls), nor
+                    # before the loop has run STALL_BREATH_S past the stall's end, then
+                    # STALL_BREATH_TURNS turns, for what the stall held up (a Kafka
+                    # group's heartbeat, sent on this loop). From the stall's end, as
+                    # this wait may run out inside another queue's stall; in turns too,
+                    # as a late wake-up finds the time spent and the heartbeat's steps
+                    # still queued. (A run that goes on after its handler waited through
+                    # a stall checks resume_at too; and resume_at is +inf while the
+                    # watchdog sees the loop stalled.)
+                    await self._breathe()
                     continue
                 if permit is None:
                     marked = False
@@ -631,7 +639,7 @@ class PullingAgent:
                             # asks the runner to stop (the checks of the loop above, which
                             # then decides): a pull over many streams leaves lanes of one
                             # or two entries, each taken here for a few checks.
-                            if (not ready or watchdog.stalled or self._stopping
+                            if (not ready or now < watchdog.resume_at or self._stopping
                                     or now >= own.until or not keep(permit)):
                                 break
                             lane = ready.popleft()
@@ -649,8 +657,8 @@ class PullingAgent:
                             stop_at = min(now + RUN_BUDGET_S, own.until)
                             continue
                         run -= 1
-                        if (not run or now >= stop_at or watchdog.stalled or self._stopping
-                                or not keep(permit)):
+                        if (not run or now >= stop_at or now < watchdog.resume_at
+                                or self._stopping or not keep(permit)):
                             ready.append(lane)  # the loop above decides what comes next
                             break
                 except BaseException as exc:
@@ -680,6 +688,14 @@ class PullingAgent:
             waiter: asyncio.Future[None] = loop.create_future()
             self._idle.append(waiter)
             await waiter
+
+    @staticmethod
+    async def _breathe() -> None:
+        """Let the loop run after a stall: :data:`STALL_BREATH_S`, then
+        :data:`STALL_BREATH_TURNS` turns (the caller checks ``resume_at`` again)."""
+        await asyncio.sleep(STALL_BREATH_S)
+        for _ in range(STALL_BREATH_TURNS):
+            await asyncio.sleep(0)
 
     async def _count_start(self, msg: Message) -> Message:
         """A redelivered message (its previous holder stopped before finishing it): its
@@ -756,7 +772,11 @@ class PullingAgent:
         return self._stopping
 
     async def may_start_batch(self) -> bool:
-        """Whether a batch may start now; while the queue is not ours (for now), wait."""
+        """Whether a batch may start now; while the queue is not ours (for now), wait.
+        After a stall it waits as a runner does (:meth:`_breathe`): batches that block
+        the loop ran back to back, one stall as long as all of them."""
+        while time.monotonic() < self._watchdog.resume_at:
+            await self._breathe()
         return await self._own.wait(self._draining)
 
     async def reserve_slot(self) -> SlotPermit:

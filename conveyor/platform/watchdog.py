@@ -14,9 +14,16 @@ waits. Its reading does not depend on the loop:
   one gives the queues up (their messages go to another daemon, each such delivery
   counted against the message: see ``max_deliveries``).
 * :attr:`LoopWatchdog.stalled` — set once a stall passes ``threshold_s``, cleared when the
-  probe gets through. A pulling agent's runner reads it after each handler call and, when
-  set, yields to the loop before starting the next message: blockers that follow one
-  another are then separate stalls, each measured on its own, not one long one.
+  probe gets through.
+* :attr:`LoopWatchdog.resume_at` — infinite while :attr:`~LoopWatchdog.stalled` is set,
+  then when the probe got through plus :data:`STALL_BREATH_S`. A pulling agent's runner
+  compares it with the clock after each handler call and starts no message before it
+  (nor before :data:`STALL_BREATH_TURNS` turns of the loop after its wait): blockers that
+  follow one another are then separate stalls, each measured on its own, not one long
+  one; and what a stall held up (a Kafka group's heartbeat, due during it) runs before
+  the next blocker, however the runner waited meanwhile. (A runner whose own wait ran
+  out inside another queue's stall woke first after it and started its blocker at once:
+  two 3 s blockers left 6.01 s between a group's heartbeats, past its 6 s session.)
 * :func:`stall_note` — for a broker error's log line: a call whose deadline passed while
   the loop was blocked fails as a timeout when it resumes (asyncio runs the timeout
   before the task that would read the answer waiting in the socket), so "unreachable"
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 import threading
 import time
@@ -60,6 +68,19 @@ STACK_FRAMES = 8
 
 STALL_NOTE_WITHIN_S = 1.0
 """How soon after a stall a broker error's log line names it (:func:`stall_note`)."""
+
+STALL_BREATH_S = 0.01
+"""How long after a stall (the probe answered) the loop runs before the next handler
+starts: the stall's replies are read and the timers it held up fire."""
+
+STALL_BREATH_TURNS = 8
+"""And how many turns of the loop a runner lets pass after that time before it starts
+one. A heartbeat whose answer came during the stall is sent in the fifth turn from the
+one that reads the socket (aiokafka 0.14: the read; the connection's reader; the
+request's ``wait_for``; the heartbeat task, which answers and sleeps 0; the next
+request), and a runner whose wait is over wakes in that first turn at the earliest.
+10 ms cover those turns unless the process is descheduled meanwhile; the turns cover
+them anyway, with some to spare."""
 
 _last_stall = (-float("inf"), 0.0)
 """When (``time.monotonic()``) the last stall past a watchdog's threshold ended in this
@@ -97,6 +118,14 @@ class LoopWatchdog:
         self.probe_interval_s = min(probe_interval_s, threshold_s / 2)
         self.stalled = False
         """Set (by the watchdog thread) while a stall past ``threshold_s`` lasts."""
+        self.resume_at = -math.inf
+        """``time.monotonic()`` before which no handler should start: +inf while
+        :attr:`stalled` is set, then the stall's end (its probe answered) plus
+        :data:`STALL_BREATH_S`. One float, so a runner's check is one comparison."""
+        self._flagging = threading.Lock()
+        """Held while :attr:`stalled` and :attr:`resume_at` change (this thread sets them,
+        the loop clears them): an answer between the two writes would leave the loop
+        "stalled" until the next stall."""
         self.stalls = 0
         """Stalls past ``threshold_s`` seen so far (the ``conveyor_loop_stalls`` count)."""
         self.longest_s = 0.0
@@ -153,7 +182,7 @@ class LoopWatchdog:
             if now - due >= self.threshold_s:
                 # This thread was held too, not the loop alone: the whole process was.
                 self._held_s = now - due
-                self.stalled = True
+                self._flag_stalled()
                 if self._posted_at is None:  # a probe now, to report it from the loop
                     self._posted_at = now  # (not back-dated: the loop answers again, so
                     try:                   # the leases may be renewed if still valid)
@@ -170,17 +199,25 @@ class LoopWatchdog:
                 continue
             if not self.stalled and self.stall_s() >= self.threshold_s:
                 self._culprit = self._find_culprit()
-                self.stalled = True
+                self._flag_stalled()
+
+    def _flag_stalled(self) -> None:
+        with self._flagging:
+            self.stalled = True
+            self.resume_at = math.inf
 
     def _answer(self, posted_at: float) -> None:
         """The probe got through (runs on the loop)."""
         if self._posted_at != posted_at:
             return
-        took_s = time.monotonic() - posted_at
+        answered = time.monotonic()
+        took_s = answered - posted_at
         self._posted_at = None
-        if not self.stalled:
-            return
-        self.stalled = False
+        with self._flagging:
+            if not self.stalled:
+                return
+            self.stalled = False
+            self.resume_at = answered + STALL_BREATH_S
         held_s, self._held_s = self._held_s, 0.0
         took_s = max(took_s, held_s)
         self.stalls += 1

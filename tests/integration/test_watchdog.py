@@ -3,6 +3,7 @@ named (handler, message, stack) and counted; one that does not is not."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import threading
@@ -10,8 +11,8 @@ import time
 
 import pytest
 
-from conveyor import App
-from conveyor.platform.config import Config, WorkerConfig
+from conveyor import App, Publish
+from conveyor.platform.config import Config, QueuesConfig, WorkerConfig
 from conveyor.platform.terminal import VisibleFormatter
 from conveyor.testing import TestWorker
 from tests.conftest import wait_until
@@ -58,6 +59,96 @@ async def test_a_handler_blocking_the_loop_is_named_with_its_message_and_stack(
     shown = VisibleFormatter("%(message)s").format(record).splitlines()
     assert shown[-1].strip().startswith("time.sleep(body"), shown
     assert not any("\\n" in x for x in shown), shown
+
+
+def restalling_app(seen: list[str], *, beat_turns: int, then_held_s: float) -> App:
+    """Each message blocks the loop, then the loop is blocked again by something else
+    (another queue's blocker, here a callback) while a heartbeat's timer comes due; the
+    beat is recorded ``beat_turns`` turns of the loop after its timer (aiokafka's takes a
+    few, from the answer read to the next request sent). ``then_held_s``: the loop is
+    held that long (below the watchdog's threshold) right after the second stall, as
+    when the process is descheduled."""
+    app = App("restall")
+    beats: set[asyncio.Task[None]] = set()
+
+    async def beat() -> None:  # a task waking from a sleep, as aiokafka's heartbeat does
+        await asyncio.sleep(0.02)
+        for _ in range(beat_turns):
+            await asyncio.sleep(0)
+        seen.append("beat")
+
+    def stall(stall_s: float) -> None:
+        time.sleep(stall_s)
+        seen.append("stall ended")
+        if then_held_s:
+            asyncio.get_running_loop().call_soon(time.sleep, then_held_s)
+
+    @app.handler("jobs")
+    async def on_job(body: dict[str, float]) -> None:
+        seen.append("start")
+        time.sleep(body["block_s"])  # noqa: ASYNC251 - the mistake under test
+        loop = asyncio.get_running_loop()
+        beats.add(loop.create_task(beat()))  # its sleep begins before the next stall
+        loop.call_soon(stall, body["block_s"])
+
+    return app
+
+
+async def run_two_blockers(app: App, seen: list[str], *, stalls: int) -> None:
+    """Two messages of 0.6 s blockers on one queue and two streams (both in the cache
+    while the first runs), each handled once, the watchdog counting ``stalls``."""
+    config = Config(queues=QueuesConfig(total=1), worker=WorkerConfig(stall_warn_ms=200))
+    async with TestWorker(app, config) as worker:
+        await worker.publish_batch([Publish("jobs", "a", {"block_s": 0.6}),
+                                    Publish("jobs", "b", {"block_s": 0.6})])
+        await worker.settle()
+        await wait_until(lambda: seen.count("beat") == 2, 5, 0.01, "both beats")
+        watchdog = worker.daemon._parts.watchdog
+        assert watchdog.stalls == stalls, (watchdog.stalls, watchdog.longest_s)
+        assert watchdog.longest_s < 1.1, watchdog.longest_s
+        assert len(worker.handled("jobs")) == 2  # each once
+
+
+RESTALLED = ["start", "stall ended", "beat", "start", "stall ended", "beat"]
+
+
+async def test_after_a_stall_a_timer_it_held_up_runs_before_the_next_handler_starts() -> None:
+    # The runner waiting to start the second message began its wait (10 ms) after the
+    # first blocker; that wait ran out inside the next stall, and waking first after it,
+    # the runner started its blocker before the timers due meanwhile. On kafka-group that
+    # timer is the heartbeat's: two 3 s blockers left 6.01 s between heartbeats, past the
+    # 6 s session, and the group could re-balance (non-blocking messages handled twice,
+    # tests/integration/kafka/test_kafka_blocking_handlers.py).
+    seen: list[str] = []
+    await run_two_blockers(restalling_app(seen, beat_turns=0, then_held_s=0.0), seen, stalls=4)
+    assert seen == RESTALLED, seen
+
+
+async def test_after_a_stall_the_loop_turns_before_the_next_start_however_late_it_woke() -> None:
+    # The process descheduled (here: the loop held 30 ms, unflagged) right after a stall:
+    # the 10 ms are spent when the runner wakes, the heartbeat task woken with it still
+    # has turns to go before its request is sent. The runner lets the loop turn first.
+    seen: list[str] = []
+    await run_two_blockers(restalling_app(seen, beat_turns=3, then_held_s=0.03), seen, stalls=4)
+    assert seen == RESTALLED, seen
+
+
+async def test_batches_that_block_the_loop_one_after_another_are_separate_stalls() -> None:
+    # A batch handler's batches ran back to back without yielding: two 0.6 s batches
+    # were one 1.2 s stall, and a heartbeat due after the first waited for the last (on
+    # kafka-group, two 3 s batches cost the partitions). Between two batches the loop
+    # now breathes as between two runs of a plain handler.
+    seen: list[str] = []
+    app = App("stallbatch")
+
+    @app.handler("jobs", batch_size=1, batch_wait_ms=1)
+    async def on_jobs(batch: list[dict[str, float]]) -> None:
+        seen.append("start")
+        asyncio.get_running_loop().call_later(0.02, seen.append, "beat")  # due in the stall
+        time.sleep(batch[0]["block_s"])  # noqa: ASYNC251 - the mistake under test
+
+    await run_two_blockers(app, seen, stalls=2)
+    assert seen == ["start", "beat", "start", "beat"], seen
 
 
 async def test_a_broker_error_just_after_a_stall_names_the_stall(
