@@ -17,6 +17,7 @@ WORK_S = float(os.environ.get("CONVEYOR_TEST_WORK_MS", "0")) / 1000
 app = App("stop-test")
 _out = open(OUT, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
 _started = open(OUT + ".started", "a", buffering=1)  # noqa: SIM115 - as long as the process
+_poller = open(OUT + ".poller", "a", buffering=1)  # noqa: SIM115 - as long as the process
 
 
 @app.handler("jobs")
@@ -58,3 +59,5 @@ thread_app.handlers.extend(app.handlers)
 @thread_app.startup
 async def start_poller(client: object) -> None:
     threading.Thread(target=lambda: time.sleep(3600), name="app-poller").start()
+    _poller.write("started\n")  # the hook runs beside the handlers: a test that stops
+    # the worker waits for this line too

@@ -176,6 +176,11 @@ def test_a_thread_that_never_returns_does_not_keep_the_worker_alive(
     try:  # the stuck call started, or every message handled
         wait_until_sync(lambda: started.exists() and len(started.read_text().splitlines())
                         == (1 if abandoned else published), 30, what="the handlers' calls")
+        if app == "thread_app":  # its startup hook runs beside the handlers (failed once
+            # under load: all 100 handled and the worker stopped before the hook ran)
+            wait_until_sync(lambda: (tmp_path / "out.poller").exists()
+                            and bool((tmp_path / "out.poller").read_text()), 30,
+                            what="the app's thread")
     finally:
         elapsed, err = stop_and_time(proc)
     assert proc.returncode == 0, err
