@@ -282,10 +282,22 @@ class _Sentinels(Sentinel):
     When the sentinels that answered all refused the credentials (and the rest did not
     answer), no retry helps: that is a :class:`SentinelCredentialsRefused`, a config
     error on the sentinels' password, not "no primary" retried for ``retry_max_s``.
+
+    When no sentinel answers at all (all restarted together, or cut off from this
+    host), nothing can have failed over since the last answer, so a new connection goes
+    to the primary they last named, as the connections already open do: otherwise a
+    primary that drops its clients' connections meanwhile (a proxy restarted, its
+    ``timeout``) stalls every daemon though it answers. A sentinel that answers but
+    names no primary (a failover under way) is believed. Said once per outage of the
+    sentinels, and once when one answers again.
     """
 
     credentials = ""
     """What was sent to the sentinels, for that error (never the password itself)."""
+    _last: tuple[str, int] | None = None
+    """The primary the sentinels last named."""
+    _unanswered = False
+    """No sentinel answered the last search (and the last primary was used)."""
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
         reasons: list[str] = []
@@ -305,16 +317,28 @@ class _Sentinels(Sentinel):
                 reasons.append(text if address in text else f"{address}: {text}")
                 continue
             answered = True
+            if self._unanswered:
+                self._unanswered = False
+                log.warning("sentinel %s answers again", address)
             state = masters.get(service_name)
             if state and self.check_master_state(state, service_name):
                 self.sentinels[0], self.sentinels[i] = node, self.sentinels[0]
-                return state["ip"], int(state["port"])
+                self._last = state["ip"], int(state["port"])
+                return self._last
             reasons.append(f"{address}: " + ("its primary is down or not agreed on" if state
                                              else "monitors no such service"))
         if refused and not answered:
             said = "; ".join(f"{', '.join(addresses)}: {text}"
                              for text, addresses in refused.items())
             raise SentinelCredentialsRefused(f"{said}; {self.credentials}")
+        if not answered and not refused and self._last is not None:
+            if not self._unanswered:
+                self._unanswered = True
+                host, port = self._last
+                log.warning("no sentinel answers for %r (%s): connecting to the primary "
+                            "they last named, %s:%d, until one does", service_name,
+                            "; ".join(reasons), host, port)
+            return self._last
         raise MasterNotFoundError(
             f"the sentinels named no primary for {service_name!r} ({'; '.join(reasons)})")
 

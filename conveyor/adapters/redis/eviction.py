@@ -78,7 +78,9 @@ class EvictionGuard:
     with messages: when a daemon starts and before a client's first publish.
 
     ``checked`` stays False while the policy is refused, so every publish asks again: a
-    server set to ``noeviction`` meanwhile is accepted on the next one.
+    server set to ``noeviction`` meanwhile is accepted on the next one. So it does while
+    a cluster's primary does not answer (the others' policies read): a publish to the
+    primaries that serve their slots goes on, and the next one asks the missing one.
     """
 
     def __init__(self, cfg: RedisConfig, caller: Caller) -> None:
@@ -88,6 +90,8 @@ class EvictionGuard:
         self._said: dict[str, str] = {}
         """The risky policies :meth:`recheck` last logged (empty: none)."""
         self._looks = 0
+        self._unread: set[str] = set()
+        """The primaries whose policy the last check could not read (they did not answer)."""
 
     async def policies(self, *, retry: bool = True) -> dict[str, str | None]:
         return await per_server(self._caller, "reading the eviction policy",
@@ -95,8 +99,15 @@ class EvictionGuard:
 
     async def check(self, *, retry: bool) -> None:
         """Refuse or accept the policy (one attempt unless ``retry``)."""
-        check_eviction(await self.policies(retry=retry), self._allow)
-        self.checked = True
+        unreachable: dict[str, str] = {}
+        check_eviction(await per_server(self._caller, "reading the eviction policy",
+                                        _eviction_policy, retry=retry,
+                                        unreachable=unreachable), self._allow)
+        if unreachable and set(unreachable) != self._unread:  # once, not every publish
+            log.warning("could not read maxmemory-policy on %s: read again before the next "
+                        "publish", "; ".join(f"{s} ({why})" for s, why in unreachable.items()))
+        self._unread = set(unreachable)
+        self.checked = not unreachable
 
     async def recheck(self) -> None:
         """Log an error when the policy now may evict and ``allow_eviction`` is off

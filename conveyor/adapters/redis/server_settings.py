@@ -31,21 +31,41 @@ async def config_value(client: aioredis.Redis, name: str) -> str | None:
 
 async def per_server(caller: Caller, what: str,
                      read_one: Callable[[aioredis.Redis], Awaitable[T]],
-                     *, retry: bool) -> dict[str, T]:
+                     *, retry: bool, unreachable: dict[str, str] | None = None
+                     ) -> dict[str, T]:
     """``read_one`` of each server the data lives on, by name: the caller's URL for one
     server (the primary Sentinel names), every primary's ``host:port`` on a cluster.
-    Through ``caller``: retried for ``[redis] retry_max_s`` if ``retry``, else once."""
+    Through ``caller``: retried for ``[redis] retry_max_s`` if ``retry``, else once.
+
+    With ``unreachable`` (a dict to fill), a cluster's primary that does not answer is
+    left out and named there with why, as long as another answers: a cluster with
+    ``cluster-require-full-coverage no`` serves the other primaries' slots meanwhile."""
 
     async def read() -> dict[str, T]:
         redis = caller.redis
         if not isinstance(redis, ClusterClient):
             return {caller.url: await read_one(redis)}
+        failed: dict[str, str] = {}
+        out: dict[str, T] = {}
         try:
             clients = await redis.primary_clients()
-            return {name: await read_one(client) for name, client in sorted(clients.items())}
+            for name, client in sorted(clients.items()):
+                try:
+                    out[name] = await read_one(client)
+                except (rex.ConnectionError, rex.TimeoutError, OSError, *CLUSTER_ERRORS) as exc:
+                    if unreachable is None:
+                        raise
+                    failed[name] = str(exc) or type(exc).__name__
+            if failed and not out:
+                raise rex.ConnectionError("; ".join(failed.values()))
         except (rex.ConnectionError, rex.TimeoutError, OSError, *CLUSTER_ERRORS):
             redis.topology_changed()  # a primary failed over: the retry reads the new ones
             raise
+        if failed and unreachable is not None:
+            redis.topology_changed()
+            unreachable.clear()
+            unreachable.update(failed)
+        return out
 
     if retry:
         return await caller.retrying(what, read)
