@@ -34,7 +34,7 @@ from conveyor.adapters.memory import (
 from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.app import App, Hook
-from conveyor.platform.delivery.chain import Delivery, Interceptor, Step, as_failure
+from conveyor.platform.delivery.chain import STOPS, Delivery, Interceptor, Step, as_failure
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay
@@ -57,6 +57,16 @@ class BatchCall:
     handler: str
     bodies: tuple[Any, ...]
     error: Exception | None
+
+
+@dataclass(slots=True)
+class Stop:
+    """A handler call that raised ``KeyboardInterrupt`` or ``SystemExit``, held by the
+    kit (see :class:`AttemptRecorder`)."""
+
+    call: Call
+    error: BaseException
+    reported: bool = False
 
 
 @dataclass(slots=True)
@@ -96,6 +106,8 @@ class Observations:
         """The kit is stopping the daemon: only then is a task's cancel count a stop's
         (Python 3.11's ``TaskGroup`` leaves one behind otherwise, CPython gh-116720)."""
         self.hooks: list[HookRun] = []
+        self.stops: list[Stop] = []
+        """Calls that raised ``KeyboardInterrupt`` or ``SystemExit``, held."""
 
     # -- what the adapter reports --------------------------------------------------------
     def published_to(self, messages: Sequence[Message], tokens: Sequence[SequenceToken]) -> None:
@@ -156,6 +168,20 @@ class Observations:
                   duration_s: float) -> None:
         self.attempts.setdefault(call, []).append(Attempt(delivery.attempt, error, duration_s))
         self.bodies[call] = delivery.body
+
+    async def hold_stop(self, call: Call, message: Message, error: BaseException) -> None:
+        """A call raised ``error`` (``KeyboardInterrupt``, ``SystemExit``), which stops
+        ``conveyor worker`` at once and leaves its message unacknowledged. Raised on, it
+        would leave the event loop and end the whole test run (pytest's session, or
+        ``asyncio.run``); so the call is held here, unacknowledged, until the stop
+        cancels it, and ``settle()`` raises :class:`WorkerStopped` naming it."""
+        log.error("handler %s raised %r on message %s of %s: conveyor worker stops at "
+                  "once there, without draining; the kit holds the call instead (its "
+                  "message stays unacknowledged) and settle() raises WorkerStopped",
+                  call[2], error, message.id, message.stream)
+        self.stops.append(Stop(call, error))
+        self.changed.set()
+        await asyncio.get_running_loop().create_future()  # until the stop cancels it
 
     def hook_ended(self, run: HookRun) -> None:
         run.running = False
@@ -269,10 +295,14 @@ class AttemptRecorder(Interceptor):
         clock = time.monotonic
 
         async def recorded(delivery: Delivery) -> Any:
-            if delivery.batch is not None:  # a batch call: recorded by batches() instead
-                return await next(delivery)
             token = delivery.message.token
             call = (token.queue, token.major, name) if token is not None else (-1, -1, name)
+            if delivery.batch is not None:  # a batch call: recorded by batches() instead
+                try:
+                    return await next(delivery)
+                except STOPS as exc:
+                    await observations.hold_stop(call, delivery.message, exc)
+                    raise
             started = clock()
             running[call] = (delivery.attempt, started, delivery)
             try:
@@ -288,6 +318,8 @@ class AttemptRecorder(Interceptor):
                 failure = _call_failure(exc)
                 if failure is not None:  # the attempt failed, as the chain will say
                     observations.attempted(call, delivery, failure, clock() - started)
+                if isinstance(exc, STOPS):
+                    await observations.hold_stop(call, delivery.message, exc)
                 raise
             running.pop(call, None)
             if observations.stopping and _cancel_swallowed():

@@ -31,6 +31,7 @@ from conveyor.testing.records import (
     Outcome,
     Record,
     StartupHookFailed,
+    WorkerStopped,
     report,
     shown,
     trimmed,
@@ -177,8 +178,10 @@ class TestWorker:
         daemon = self.daemon
         loop = asyncio.get_running_loop()
         self._observations.stopping = True
-        stopping = asyncio.ensure_future(
-            daemon.stop(deadline=loop.time() + self.stop_timeout_s))
+        # A handler raised KeyboardInterrupt or SystemExit: conveyor worker stops at
+        # once then, without draining (the held call would only run out the drain).
+        drain_s = 0.0 if self._observations.stops else self.stop_timeout_s
+        stopping = asyncio.ensure_future(daemon.stop(deadline=loop.time() + drain_s))
         try:
             await asyncio.wait({stopping}, timeout=self.stop_timeout_s + STOP_GRACE_S)
         except BaseException:
@@ -409,17 +412,18 @@ class TestWorker:
         changed = self._observations.changed
         try:
             async with asyncio.timeout(timeout):
-                while not self._quiet():
+                while not self._quiet() and not self._unreported_stops():
                     changed.clear()
                     await changed.wait()
         except TimeoutError:
-            if not self._quiet():
+            if not self._quiet() and not self._unreported_stops():
                 self._not_settled(timeout)
         finally:
             self._checked = len(self._observations.messages)
             # Settled after all: the deadline passed while a handler blocked the event
             # loop, and what it held was acknowledged as the loop ran again.
         self._raise_hook_failures()
+        self._raise_stops()
         new = self._observations.sorted_records(self._settled)
         self._settled = self._looked = len(self._observations.records)
         letters = [r for r in new if r.outcome is Outcome.DEAD_LETTERED]
@@ -498,6 +502,9 @@ class TestWorker:
         ``earlier``: the messages of its queue held before it, in queue order."""
         observations = self._observations
         calls = observations.running_calls((queue, offset), self._queued_in)
+        calls += [f"{stop.call[2].rpartition('.')[2]} raised {stop.error!r}: held (a worker "
+                  "stops there)" for stop in observations.stops
+                  if stop.call[:2] == (queue, offset)]
         if calls:
             return "; ".join(calls)
         ahead = next((m for _, m in earlier if m.stream == message.stream), None)
@@ -539,6 +546,30 @@ class TestWorker:
         if cell is None:
             return None
         return f"in cell {shown(name)!r}", _load(cell.busy, cell.size, cell.queue_length)
+
+    def _unreported_stops(self) -> bool:
+        return any(not stop.reported for stop in self._observations.stops)
+
+    def _raise_stops(self) -> None:
+        """Raise :class:`WorkerStopped` for the handler calls that raised
+        ``KeyboardInterrupt`` or ``SystemExit`` since the last time (once each)."""
+        __tracebackhide__ = True
+        stops = [stop for stop in self._observations.stops if not stop.reported]
+        if not stops:
+            return
+        named = []
+        for stop in stops:
+            stop.reported = True
+            queue, offset, handler = stop.call
+            message = self._observations.messages.get((queue, offset))
+            where = _named(message) if message is not None else "a message"
+            named.append(f"handler {handler.rpartition('.')[2]} raised {stop.error!r} on "
+                         f"{where}")
+        raise WorkerStopped(
+            f"{'; '.join(named)}: conveyor worker stops at once there, without draining "
+            "(its message comes back, redelivered, to the next worker); the kit holds the "
+            "call instead, its message unacknowledged, until the worker stops"
+        ) from trimmed(stops[0].error)
 
     def _raise_hook_failures(self) -> None:
         __tracebackhide__ = True

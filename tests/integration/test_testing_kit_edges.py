@@ -5,14 +5,16 @@ through the kit as a user)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
 import conveyor
 from conveyor import App, Publish
-from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker
+from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker, WorkerStopped
 from conveyor.testing.worker import STOP_GRACE_S
 from tests.conftest import wait_until
 
@@ -456,3 +458,70 @@ async def test_a_handler_cannot_change_the_headers_its_sibling_and_its_letter_se
     assert "does not support item assignment" in refused.letter.error
     assert refused.letter.message.headers == {"tenant": "acme"}
     assert handled.outcome is Outcome.HANDLED
+
+
+# -- a handler that stops the worker ------------------------------------------------------
+def stopping_app(kind: str) -> App:
+    """``fatal``: raises KeyboardInterrupt (async def, and a batch handler) or
+    SystemExit(3) (plain def) on a body of 1; ``fine``: returns."""
+    app = App(f"stopping-{kind}")
+
+    if kind == "async":
+        @app.handler("fatal")
+        async def fatal(n: int) -> None:
+            if n == 1:
+                raise KeyboardInterrupt
+    elif kind == "def":
+        @app.handler("fatal")
+        def fatal(n: int) -> None:
+            if n == 1:
+                sys.exit(3)
+    else:
+        @app.handler("fatal", batch_size=5)
+        async def fatal(batch: list[int]) -> None:
+            if 1 in batch:
+                raise KeyboardInterrupt
+
+    @app.handler("fine")
+    async def fine(n: int) -> None:
+        """Returns."""
+
+    return app
+
+
+@pytest.mark.parametrize("kind", ["async", "def", "batch"])
+def test_a_handler_raising_a_stop_fails_its_test_not_the_whole_run(kind: str) -> None:
+    # docs/handlers.md: a handler's KeyboardInterrupt or SystemExit stops `conveyor
+    # worker` at once. In the kit it left the event loop: pytest's session ended there
+    # (KeyboardInterrupt; SystemExit as an INTERNALERROR), no later test ran, and
+    # settle() said of the message "pulled, not started". Run here under asyncio.run so
+    # that, let through, it fails this test rather than ending the run.
+    app = stopping_app(kind)
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with TestWorker(app, settle_timeout_s=5) as worker:
+            await worker.publish("fine", "f", 0)
+            await worker.settle()
+            await worker.publish("fatal", "k", 1)
+            with pytest.raises(WorkerStopped) as stopped:
+                await worker.settle()
+            seen["error"] = stopped.value
+            seen["unsettled"] = worker.unsettled()
+            seen["fine"] = worker.bodies("fine")
+            started = time.monotonic()
+        seen["exit_s"] = time.monotonic() - started  # no drain waiting for the held call
+
+    try:
+        asyncio.run(scenario())
+    except (KeyboardInterrupt, SystemExit) as exc:
+        pytest.fail(f"the handler's {exc!r} left the kit and would end the test run")
+    error = seen["error"]
+    assert isinstance(error.__cause__, KeyboardInterrupt if kind != "def" else SystemExit)
+    text = one_line(error)
+    assert text.startswith(f"handler fatal raised {error.__cause__!r} on fatal/k (message ")
+    assert "conveyor worker stops at once there" in text
+    assert seen["fine"] == [0]  # what was handled before is kept
+    [line] = seen["unsettled"]
+    assert line.endswith(f"fatal raised {error.__cause__!r}: held (a worker stops there)")
+    assert seen["exit_s"] < 2.0  # the stop, without a drain (stop_timeout_s is 5)
