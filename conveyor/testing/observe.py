@@ -73,7 +73,9 @@ class Stop:
 class HookRun:
     name: str
     running: bool = True
-    error: Exception | None = None
+    error: BaseException | None = None
+    """What the hook raised: an exception, or a ``KeyboardInterrupt`` or ``SystemExit``
+    (which stop ``conveyor worker``), kept for ``settle()`` to raise."""
     reported: bool = False
 
 
@@ -426,10 +428,11 @@ def _watched(hook: Hook, observations: Observations) -> Hook:
     async def watched(client: Client) -> None:
         try:
             await hook(client)
-        except Exception as exc:
+        except (Exception, *STOPS) as exc:  # a stop, let through, ends the test run
             run.error = exc
             log.error("startup hook %s raised %s: %s", run.name, type(exc).__name__, exc)
         finally:
             observations.hook_ended(run)
 
+    watched.__qualname__ = run.name  # as the daemon's lines name it
     return watched

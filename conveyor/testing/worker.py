@@ -576,9 +576,11 @@ class TestWorker:
         for run in self._observations.hooks:
             if run.error is not None and not run.reported:
                 run.reported = True
+                stop = ("" if isinstance(run.error, Exception) else
+                        " (which stops conveyor worker at once; the kit goes on)")
                 raise StartupHookFailed(
-                    f"startup hook {run.name} raised {type(run.error).__name__}: {run.error}"
-                ) from trimmed(run.error)
+                    f"startup hook {run.name} raised {type(run.error).__name__}: "
+                    f"{run.error}{stop}") from trimmed(run.error)
 
     # -- what happened -----------------------------------------------------------------------
     @property

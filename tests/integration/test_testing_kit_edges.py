@@ -14,7 +14,14 @@ import pytest
 
 import conveyor
 from conveyor import App, Publish
-from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker, WorkerStopped
+from conveyor.testing import (
+    DeadLettersFound,
+    NotSettled,
+    Outcome,
+    StartupHookFailed,
+    TestWorker,
+    WorkerStopped,
+)
 from conveyor.testing.worker import STOP_GRACE_S
 from tests.conftest import wait_until
 
@@ -525,3 +532,34 @@ def test_a_handler_raising_a_stop_fails_its_test_not_the_whole_run(kind: str) ->
     [line] = seen["unsettled"]
     assert line.endswith(f"fatal raised {error.__cause__!r}: held (a worker stops there)")
     assert seen["exit_s"] < 2.0  # the stop, without a drain (stop_timeout_s is 5)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), SystemExit(2)], ids=repr)
+def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
+        stop: BaseException) -> None:
+    # As a handler's: a hook's KeyboardInterrupt or SystemExit left the event loop and
+    # ended the test run (the daemon's log line named the hook the kit's wrapper,
+    # "_watched.<locals>.watched").
+    app = App("stopping-hook")
+
+    @app.startup
+    async def boot(client: conveyor.Client) -> None:
+        raise stop
+
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with TestWorker(app, settle_timeout_s=5) as worker:
+            with pytest.raises(StartupHookFailed) as failed:
+                await worker.settle()
+            seen["error"] = failed.value
+
+    try:
+        asyncio.run(scenario())
+    except (KeyboardInterrupt, SystemExit) as exc:
+        pytest.fail(f"the hook's {exc!r} left the kit and would end the test run")
+    error = seen["error"]
+    assert error.__cause__ is stop
+    assert one_line(error).startswith(
+        f"startup hook {boot.__qualname__} raised {type(stop).__name__}")
+    assert "which stops conveyor worker at once" in str(error)
