@@ -204,7 +204,8 @@ class Observations:
         for (queue, offset, name), (attempt, since, delivery) in self.running.items():
             if (queue, offset) != position:
                 continue
-            call = f"{name.rpartition('.')[2]} attempt {attempt}"
+            call = (f"{name.rpartition('.')[2]} attempt {attempt}" if delivery.batch is None
+                    else f"{name.rpartition('.')[2]} call on a batch of {len(delivery.batch)}")
             place = queued_in(name, delivery)
             if place is None:
                 lines.append(f"{call} running for {now - since:.1f}s")
@@ -296,15 +297,30 @@ class AttemptRecorder(Interceptor):
         name = handler.name
         clock = time.monotonic
 
+        async def batch_call(call: Call, delivery: Delivery) -> Any:
+            """Its messages are running (for ``unsettled()``) until it ends."""
+            assert delivery.batch is not None
+            started = clock()
+            calls = [(t.queue, t.major, name) for t in
+                     (m.token for m in delivery.batch) if t is not None]
+            for each in calls:
+                running[each] = (delivery.attempt, started, delivery)
+            try:
+                return await next(delivery)
+            except STOPS as exc:
+                for each in calls:
+                    running.pop(each, None)
+                await observations.hold_stop(call, delivery.message, exc)
+                raise
+            finally:
+                for each in calls:
+                    running.pop(each, None)
+
         async def recorded(delivery: Delivery) -> Any:
             token = delivery.message.token
             call = (token.queue, token.major, name) if token is not None else (-1, -1, name)
             if delivery.batch is not None:  # a batch call: recorded by batches() instead
-                try:
-                    return await next(delivery)
-                except STOPS as exc:
-                    await observations.hold_stop(call, delivery.message, exc)
-                    raise
+                return await batch_call(call, delivery)
             started = clock()
             running[call] = (delivery.attempt, started, delivery)
             try:

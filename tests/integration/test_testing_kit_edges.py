@@ -5,6 +5,7 @@ through the kit as a user)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import threading
 import time
@@ -563,3 +564,27 @@ def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
     assert one_line(error).startswith(
         f"startup hook {boot.__qualname__} raised {type(stop).__name__}")
     assert "which stops conveyor worker at once" in str(error)
+
+
+async def test_a_timeout_names_the_messages_of_a_batch_call_running() -> None:
+    # NotSettled said of the first message of a batch whose call was running "pulled, not
+    # started (waiting for a slot, or for its batch)", and of the others "waiting for
+    # message ... of its stream": none of them said it was in the call under way.
+    app = App("batch-running")
+    gate = asyncio.Event()
+
+    @app.handler("rows", batch_size=3)
+    async def store(rows: list[int]) -> None:
+        await gate.wait()
+
+    async with TestWorker(app) as worker:
+        published = await worker.publish_batch([Publish("rows", "k", n) for n in range(5)])
+        with pytest.raises(NotSettled) as stuck:
+            await worker.settle(timeout_s=0.3)
+        lines = str(stuck.value).splitlines()
+        for message in published[:3]:
+            [line] = [line for line in lines if message.id[-8:] + ")" in line]
+            assert re.search(r": store call on a batch of 3 running for 0\.\ds$", line), line
+        gate.set()
+        settled = await worker.settle()
+    assert [r.body for r in settled] == [0, 1, 2, 3, 4]
