@@ -469,6 +469,9 @@ class TestWorker:
         broker = self._broker()
         group = self.app.name
         waiting: list[str] = []
+        busy = {(q, o) for q, o, _ in observations.running}
+        busy.update(stop.call[:2] for stop in observations.stops)
+        first: list[int] = []  # waiting's lines of messages a call runs on: listed first
         for queue, log in sorted(broker.logs.items()):
             cursor = broker.cursors.get((group, queue))
             start = log.base if cursor is None else cursor.next_offset
@@ -484,6 +487,8 @@ class TestWorker:
             for index, (offset, message) in enumerate(held):
                 state = ("handed back, to be delivered again" if offset in back
                          else self._held_state(queue, offset, message, held[:index]))
+                if (queue, offset) in busy:
+                    first.append(len(waiting))
                 waiting.append(f"queue {queue}: {_named(message)}: {state}")
             for message in log.items[start - log.base:]:
                 waiting.append(f"queue {queue}: {_named(message)}: not pulled yet"
@@ -491,7 +496,15 @@ class TestWorker:
         for name, count in sorted(observations.batches_running.items()):
             if count:
                 lines.append(f"batch handler {name.rpartition('.')[2]}: a batch is running")
-        lines.extend(waiting[:_LISTED])
+        if len(waiting) > _LISTED:  # the messages calls run on, then the first others
+            chosen = set(first[:_LISTED])
+            for index in range(len(waiting)):
+                if len(chosen) == _LISTED:
+                    break
+                chosen.add(index)
+            lines.extend(line for i, line in enumerate(waiting) if i in chosen)
+        else:
+            lines.extend(waiting)
         if len(waiting) > _LISTED:
             lines.append(f"... and {len(waiting) - _LISTED} more message(s)")
         return lines

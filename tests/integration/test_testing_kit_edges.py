@@ -588,3 +588,62 @@ async def test_a_timeout_names_the_messages_of_a_batch_call_running() -> None:
         gate.set()
         settled = await worker.settle()
     assert [r.body for r in settled] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("where", ["startup hook", "handler"])
+def test_code_publishing_in_a_loop_is_named_by_settle_in_time(where: str) -> None:
+    # The embedded broker's publish returned without letting the event loop run, so a
+    # startup hook (or one handler call) publishing in a loop held the loop for good:
+    # settle()'s deadline never came and the test hung. A network broker lets the loop
+    # run at every publish: so does the kit's now, and NotSettled names the publisher.
+    app = App("flood")
+    ended = threading.Event()  # lets the loop end if the kit never does (the failure)
+    publisher: list[conveyor.Client] = []
+
+    async def flood(client: conveyor.Client) -> None:
+        n = 0
+        while not ended.is_set():
+            n += 1
+            await client.publish("floods", "k", n)
+
+    if where == "startup hook":
+        app.startup(flood)
+    else:
+        @app.startup
+        async def connect(client: conveyor.Client) -> None:
+            publisher.append(client)
+
+        @app.handler("start")
+        async def start(n: int) -> None:
+            await flood(publisher[0])
+
+    @app.handler("floods")
+    async def on_flood(n: int) -> None:
+        """Takes each message of the flood."""
+
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with TestWorker(app, settle_timeout_s=0.3, stop_timeout_s=0.3) as worker:
+            if where == "handler":
+                await worker.publish("start", "s", 0)
+            with pytest.raises(NotSettled) as stuck:
+                await worker.settle()
+            seen["error"] = str(stuck.value)
+            ended.set()
+
+    began = time.monotonic()
+    running = threading.Thread(target=asyncio.run, args=(scenario(),), daemon=True)
+    running.start()
+    running.join(timeout=3)
+    took = time.monotonic() - began
+    ended.set()
+    running.join(timeout=10)
+    assert took < 3, f"settle() held past its deadline by the {where} publishing in a loop"
+    first = seen["error"].splitlines()[1]
+    if where == "startup hook":
+        assert first == "startup hook test_code_publishing_in_a_loop_is_named_by_settle_in_" \
+            "time.<locals>.flood still running", seen["error"]
+    else:
+        assert re.search(r"start/s \(message \w+\): start attempt 1 running for 0\.\ds",
+                         seen["error"]), seen["error"]
