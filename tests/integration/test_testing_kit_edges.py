@@ -647,3 +647,42 @@ def test_code_publishing_in_a_loop_is_named_by_settle_in_time(where: str) -> Non
     else:
         assert re.search(r"start/s \(message \w+\): start attempt 1 running for 0\.\ds",
                          seen["error"]), seen["error"]
+
+
+class Abort(BaseException):
+    """A BaseException of the app's own, neither an Exception nor a stop."""
+
+
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, Abort, GeneratorExit],
+                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "def"])
+async def test_a_cell_handler_raising_a_base_exception_fails_its_call_and_the_cell_goes_on(
+        raised: type[BaseException], sync: bool) -> None:
+    # docs/writing-handlers.md: a CancelledError nothing sent, or a BaseException of the
+    # app's own, fails the call like any exception (retried, then dead-lettered). In a
+    # cell it ended the cell's worker task instead: its message and every later one of
+    # that cell waited for ever (an Abort or GeneratorExit came out of the stop).
+    app = App("cells")
+
+    def check(n: int) -> None:
+        if n < 0:
+            raise raised()
+
+    if sync:
+        @app.handler("jobs", cell_key="body:tenant", cell_size=1, retry_attempts=2)
+        def job(body: dict[str, Any]) -> None:
+            check(body["n"])
+    else:
+        @app.handler("jobs", cell_key="body:tenant", cell_size=1, retry_attempts=2)
+        async def job(body: dict[str, Any]) -> None:
+            check(body["n"])
+
+    async with TestWorker(app, settle_timeout_s=5, stop_timeout_s=0.5) as worker:
+        for key, n in (("a", -1), ("b", 1), ("c", 2)):
+            await worker.publish("jobs", key, {"tenant": "t1", "n": n})
+        await worker.settle(raise_on_dead_letters=False)
+
+    [dead] = worker.dead_lettered()
+    assert dead.key == "a" and [a.number for a in dead.attempts] == [1, 2]
+    assert dead.letter is not None and raised.__name__ in dead.letter.reason
+    assert [b["n"] for b in worker.bodies()] == [1, 2]  # the cell went on
