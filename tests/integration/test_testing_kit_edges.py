@@ -656,24 +656,29 @@ class Abort(BaseException):
 @pytest.mark.parametrize("raised", [asyncio.CancelledError, Abort, GeneratorExit],
                          ids=lambda c: c.__name__)
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "def"])
-async def test_a_cell_handler_raising_a_base_exception_fails_its_call_and_the_cell_goes_on(
-        raised: type[BaseException], sync: bool) -> None:
+@pytest.mark.parametrize("place", ["cell", "pool"])
+async def test_a_pool_or_cell_handler_raising_a_base_exception_fails_its_call_and_goes_on(
+        raised: type[BaseException], sync: bool, place: str) -> None:
     # docs/writing-handlers.md: a CancelledError nothing sent, or a BaseException of the
     # app's own, fails the call like any exception (retried, then dead-lettered). In a
-    # cell it ended the cell's worker task instead: its message and every later one of
-    # that cell waited for ever (an Abort or GeneratorExit came out of the stop).
-    app = App("cells")
+    # cell it ended the cell's worker task instead, and a CancelledError ended a pool's:
+    # its message and every later one of that cell or worker waited for ever (an Abort
+    # or GeneratorExit came out of the stop).
+    app = App("places")
+    options: dict[str, Any] = (
+        {"cell_key": "body:tenant", "cell_size": 1} if place == "cell"
+        else {"stateless": True, "max_workers": 1})
 
     def check(n: int) -> None:
         if n < 0:
             raise raised()
 
     if sync:
-        @app.handler("jobs", cell_key="body:tenant", cell_size=1, retry_attempts=2)
+        @app.handler("jobs", retry_attempts=2, **options)
         def job(body: dict[str, Any]) -> None:
             check(body["n"])
     else:
-        @app.handler("jobs", cell_key="body:tenant", cell_size=1, retry_attempts=2)
+        @app.handler("jobs", retry_attempts=2, **options)
         async def job(body: dict[str, Any]) -> None:
             check(body["n"])
 
@@ -685,4 +690,4 @@ async def test_a_cell_handler_raising_a_base_exception_fails_its_call_and_the_ce
     [dead] = worker.dead_lettered()
     assert dead.key == "a" and [a.number for a in dead.attempts] == [1, 2]
     assert dead.letter is not None and raised.__name__ in dead.letter.reason
-    assert [b["n"] for b in worker.bodies()] == [1, 2]  # the cell went on
+    assert [b["n"] for b in worker.bodies()] == [1, 2]  # the cell, or the pool, went on
