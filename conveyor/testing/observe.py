@@ -34,7 +34,15 @@ from conveyor.adapters.memory import (
 from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.app import App, Hook
-from conveyor.platform.delivery.chain import STOPS, Delivery, Interceptor, Step, as_failure
+from conveyor.platform.delivery.chain import (
+    STOPS,
+    Delivery,
+    Interceptor,
+    Step,
+    as_failure,
+    base_exception_failure,
+    stray_cancel_failure,
+)
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay
@@ -383,6 +391,17 @@ def _call_failure(exc: BaseException) -> Exception | None:
     return failure
 
 
+def _thread_failure(exc: BaseException) -> Exception | None:
+    """:func:`_call_failure` for a call on a handler thread (no task there, nothing can
+    cancel it): a ``KeyboardInterrupt`` or ``SystemExit`` stops, anything else fails."""
+    if isinstance(exc, STOPS):
+        return None
+    failure = (stray_cancel_failure() if isinstance(exc, asyncio.CancelledError)
+               else base_exception_failure(exc))
+    failure.__cause__ = exc
+    return failure
+
+
 def observed_app(app: App, observations: Observations, delay_scale: float) -> App:
     """A copy of ``app`` the kit can watch (see the module docstring)."""
     shadow = copy.copy(app)
@@ -418,16 +437,21 @@ def _batch_recorder(spec: HandlerSpec, observations: Observations) -> HandlerFn:
     lock = threading.Lock()
 
     @contextlib.contextmanager
-    def noted(bodies: list[Any]) -> Iterator[None]:
+    def noted(bodies: list[Any], on_thread: bool) -> Iterator[None]:
         kept = tuple(bodies)  # the handler may change its list
         with lock:
             running[name] = running.get(name, 0) + 1
-        outcome: list[Exception | None] = []  # stays empty for a stop (BaseException)
+        outcome: list[Exception | None] = []  # stays empty for a stop
         try:
             yield
             outcome.append(None)
         except Exception as exc:
             outcome.append(exc)
+            raise
+        except BaseException as exc:  # the call's failure as the chain takes it, if it is
+            failure = _thread_failure(exc) if on_thread else _call_failure(exc)
+            if failure is not None:
+                outcome.append(failure)
             raise
         finally:
             with lock:
@@ -437,13 +461,13 @@ def _batch_recorder(spec: HandlerSpec, observations: Observations) -> HandlerFn:
 
     if spec.sync:
         def recorded_sync(bodies: list[Any]) -> Any:
-            with noted(bodies):
+            with noted(bodies, on_thread=True):
                 return fn(bodies)
 
         return recorded_sync
 
     async def recorded(bodies: list[Any]) -> Any:
-        with noted(bodies):
+        with noted(bodies, on_thread=False):
             return await fn(bodies)
 
     return recorded

@@ -691,3 +691,39 @@ async def test_a_pool_or_cell_handler_raising_a_base_exception_fails_its_call_an
     assert dead.key == "a" and [a.number for a in dead.attempts] == [1, 2]
     assert dead.letter is not None and raised.__name__ in dead.letter.reason
     assert [b["n"] for b in worker.bodies()] == [1, 2]  # the cell, or the pool, went on
+
+
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, Abort], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "def"])
+async def test_batch_calls_failed_by_a_base_exception_are_listed_with_their_failure(
+        raised: type[BaseException], sync: bool) -> None:
+    # docs/testing.md: worker.batches() is every call of a batch handler, with its error.
+    # A call that raised a BaseException (a failure to the chain: retried, bisected,
+    # dead-lettered) was left out: only the calls that returned were listed.
+    app = App("batch-base")
+
+    def check(rows: list[int]) -> None:
+        if -1 in rows:
+            raise raised()
+
+    if sync:
+        @app.handler("rows", batch_size=3, retry_attempts=2)
+        def store(rows: list[int]) -> None:
+            check(rows)
+    else:
+        @app.handler("rows", batch_size=3, retry_attempts=2)
+        async def store(rows: list[int]) -> None:
+            check(rows)
+
+    async with TestWorker(app) as worker:
+        await worker.publish_batch([Publish("rows", "k", n) for n in (1, -1, 2, 3)])
+        await worker.settle(raise_on_dead_letters=False)
+
+    calls = worker.batches(store)
+    failed = [call for call in calls if call.error is not None]
+    assert sum(len(call.bodies) for call in calls if call.error is None) == 3  # 1, 2, 3
+    assert failed and all(-1 in call.bodies for call in failed)
+    assert failed[0].bodies == (1, -1, 2)
+    wanted = "HandlerCancelled" if raised is asyncio.CancelledError else "HandlerBaseException"
+    assert {type(call.error).__name__ for call in failed} == {wanted}
+    assert all(isinstance(call.error.__cause__, raised) for call in failed)
