@@ -315,6 +315,10 @@ class TestWorker:
         """Publish many messages at once (as :meth:`conveyor.Client.publish_batch`)."""
         __tracebackhide__ = True
         client = self._running("publish").client
+        if isinstance(items, Publish | str | bytes) or not isinstance(items, Iterable):
+            raise InvalidArgumentError(
+                f"publish_batch: expected a list of conveyor.Publish items, got "
+                f"{_kind(items)}")
         batch = list(items)
         for item in batch:
             if not isinstance(item, Publish):

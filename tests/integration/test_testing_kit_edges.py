@@ -379,6 +379,20 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
     assert "async with" in one_line(early.value)
 
 
+@pytest.mark.parametrize("items", [None, Publish("orders", "k", 1), "orders", 3],
+                         ids=["None", "one Publish", "str", "int"])
+async def test_publish_batch_of_no_list_is_refused_in_one_line(items: object) -> None:
+    # publish_batch(None) or publish_batch(Publish(...)) (one item, not in a list) raised
+    # TypeError: '... object is not iterable' from inside the kit; a str was taken for a
+    # list of its letters.
+    async with TestWorker(two_handlers()) as worker:
+        with pytest.raises(conveyor.InvalidArgumentError) as refused:
+            await worker.publish_batch(items)  # type: ignore[arg-type]
+        assert worker.published() == []
+    assert one_line(refused.value).startswith(
+        "publish_batch: expected a list of conveyor.Publish items, got ")
+
+
 async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message() -> None:
     app = App("keys")
 
