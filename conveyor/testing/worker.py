@@ -212,11 +212,16 @@ class TestWorker:
              calls(observations.swallowed)),
             ("handler call(s) still running after their cancellation",
              calls(observations.running))) if named]
-        why = ("; ".join(held) + " — a handler that catches asyncio.CancelledError (a bare "
-               "except:, except BaseException) must raise it again; conveyor worker "
-               "abandons such a call at drain_timeout_s + 3s and leaves without it, its "
-               "message unacknowledged") if held else (
-                   "nothing the kit can name holds it")
+        hooks = ", ".join(run.name for run in observations.hooks if run.running)
+        why = "; ".join(filter(None, [
+            ("; ".join(held) + " — a handler that catches asyncio.CancelledError (a bare "
+             "except:, except BaseException) must raise it again; conveyor worker "
+             "abandons such a call at drain_timeout_s + 3s and leaves without it, its "
+             "message unacknowledged") if held else "",
+            (f"startup hook(s) still running after their cancellation: {hooks} — a hook "
+             "that catches asyncio.CancelledError must raise it again, or the stop of "
+             "conveyor worker waits for it too") if hooks else "",
+        ])) or "nothing the kit can name holds it"
         return (f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: {why}; "
                 "it goes on in the background")
 

@@ -741,3 +741,34 @@ async def test_batch_calls_failed_by_a_base_exception_are_listed_with_their_fail
     wanted = "HandlerCancelled" if raised is asyncio.CancelledError else "HandlerBaseException"
     assert {type(call.error).__name__ for call in failed} == {wanted}
     assert all(isinstance(call.error.__cause__, raised) for call in failed)
+
+
+async def test_a_startup_hook_that_swallows_its_cancellation_is_named_by_the_stop() -> None:
+    # A hook that catches the stop's CancelledError and goes on holds the daemon's stop
+    # (it waits for its hooks): the kit gave up on it saying "nothing the kit can name
+    # holds it", though the hook was the one.
+    app = App("stubborn-hook")
+    let_go = asyncio.Event()
+
+    @app.startup
+    async def stubborn(client: conveyor.Client) -> None:
+        swallowed: list[str] = []
+        while not let_go.is_set():
+            try:
+                await asyncio.sleep(0.02)
+            except BaseException as exc:  # the mistake under test
+                swallowed.append(type(exc).__name__)
+
+    worker = TestWorker(app, stop_timeout_s=0.2)
+    try:
+        await worker.start()
+        with pytest.raises(conveyor.ConveyorError) as stuck:
+            await worker.stop()
+    finally:
+        let_go.set()  # or the loop's own close would wait for it
+    await wait_until(lambda: worker.drain_report is not None, 10, what="the late stop")
+    text = one_line(stuck.value)
+    assert text.startswith(f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: "
+                           "startup hook(s) still running after their cancellation: "
+                           f"{stubborn.__qualname__} — "), text
+    assert "must raise it again" in text
