@@ -20,6 +20,7 @@ from conveyor.testing.records import (
     Outcome,
     Record,
     StartupHookFailed,
+    WorkerStopped,
 )
 from conveyor.testing.worker import TestWorker
 
@@ -32,4 +33,5 @@ __all__ = [
     "Record",
     "StartupHookFailed",
     "TestWorker",
+    "WorkerStopped",
 ]

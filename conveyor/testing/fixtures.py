@@ -34,7 +34,8 @@ def worker_fixture(
     app: App, config: Config | None = None, *, name: str = "worker", **options: Any
 ) -> Callable[..., Any]:
     """A function-scoped async fixture named ``name`` that yields a started
-    ``TestWorker(app, config, **options)`` and stops it after the test.
+    ``TestWorker(app, config, **options)`` and stops it after the test: as its ``async
+    with`` block ends, or, after a test that failed, only stopped.
 
     It is a ``pytest_asyncio.fixture`` when pytest-asyncio is installed (so it works in
     its strict mode too), else a plain ``pytest.fixture`` for anyio's plugin.
@@ -45,9 +46,21 @@ def worker_fixture(
             "Python identifier (name='worker')")
     TestWorker(app, config, **options)  # a bad option fails where the fixture is made
 
-    async def fixture() -> AsyncIterator[TestWorker]:
-        async with TestWorker(app, config, **options) as worker:
+    async def fixture(request: pytest.FixtureRequest) -> AsyncIterator[TestWorker]:
+        worker = await TestWorker(app, config, **options).start()
+        failed = request.session.testsfailed
+        try:
             yield worker
+        except BaseException:
+            await worker.stop()
+            raise
+        if request.session.testsfailed > failed:
+            # The test failed (pytest counts it before the teardown): only stop, as a
+            # block ending in an exception does. Settling and checking here would add
+            # an error at its teardown and wait for what the failure left.
+            await worker.stop()
+        else:
+            await worker.__aexit__(None, None, None)
 
     fixture.__name__ = fixture.__qualname__ = name
     fixture.__doc__ = f"A started conveyor.testing.TestWorker of app {app.name!r}."

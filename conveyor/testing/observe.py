@@ -34,7 +34,15 @@ from conveyor.adapters.memory import (
 from conveyor.client import Client
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.app import App, Hook
-from conveyor.platform.delivery.chain import Delivery, Interceptor, Step, as_failure
+from conveyor.platform.delivery.chain import (
+    STOPS,
+    Delivery,
+    Interceptor,
+    Step,
+    as_failure,
+    base_exception_failure,
+    stray_cancel_failure,
+)
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay
@@ -43,6 +51,10 @@ from conveyor.platform.options import BatchOptions, IdempotencyOptions, RetryPol
 from conveyor.testing.records import Attempt, Outcome, Record, raw_body
 
 log = logging.getLogger("conveyor.testing")
+
+YIELD_EVERY = 64
+"""The embedded broker's enqueues between two in which the kit lets the event loop run
+(:meth:`ObservedAdapter.enqueue`)."""
 
 Position = tuple[int, int]
 """A message's place in the broker: (queue, offset)."""
@@ -60,10 +72,22 @@ class BatchCall:
 
 
 @dataclass(slots=True)
+class Stop:
+    """A handler call that raised ``KeyboardInterrupt`` or ``SystemExit``, held by the
+    kit (see :class:`AttemptRecorder`)."""
+
+    call: Call
+    error: BaseException
+    reported: bool = False
+
+
+@dataclass(slots=True)
 class HookRun:
     name: str
     running: bool = True
-    error: Exception | None = None
+    error: BaseException | None = None
+    """What the hook raised: an exception, or a ``KeyboardInterrupt`` or ``SystemExit``
+    (which stop ``conveyor worker``), kept for ``settle()`` to raise."""
     reported: bool = False
 
 
@@ -96,6 +120,8 @@ class Observations:
         """The kit is stopping the daemon: only then is a task's cancel count a stop's
         (Python 3.11's ``TaskGroup`` leaves one behind otherwise, CPython gh-116720)."""
         self.hooks: list[HookRun] = []
+        self.stops: list[Stop] = []
+        """Calls that raised ``KeyboardInterrupt`` or ``SystemExit``, held."""
 
     # -- what the adapter reports --------------------------------------------------------
     def published_to(self, messages: Sequence[Message], tokens: Sequence[SequenceToken]) -> None:
@@ -157,6 +183,20 @@ class Observations:
         self.attempts.setdefault(call, []).append(Attempt(delivery.attempt, error, duration_s))
         self.bodies[call] = delivery.body
 
+    async def hold_stop(self, call: Call, message: Message, error: BaseException) -> None:
+        """A call raised ``error`` (``KeyboardInterrupt``, ``SystemExit``), which stops
+        ``conveyor worker`` at once and leaves its message unacknowledged. Raised on, it
+        would leave the event loop and end the whole test run (pytest's session, or
+        ``asyncio.run``); so the call is held here, unacknowledged, until the stop
+        cancels it, and ``settle()`` raises :class:`WorkerStopped` naming it."""
+        log.error("handler %s raised %r on message %s of %s: conveyor worker stops at "
+                  "once there, without draining; the kit holds the call instead (its "
+                  "message stays unacknowledged) and settle() raises WorkerStopped",
+                  call[2], error, message.id, message.stream)
+        self.stops.append(Stop(call, error))
+        self.changed.set()
+        await asyncio.get_running_loop().create_future()  # until the stop cancels it
+
     def hook_ended(self, run: HookRun) -> None:
         run.running = False
         self.changed.set()
@@ -176,7 +216,8 @@ class Observations:
         for (queue, offset, name), (attempt, since, delivery) in self.running.items():
             if (queue, offset) != position:
                 continue
-            call = f"{name.rpartition('.')[2]} attempt {attempt}"
+            call = (f"{name.rpartition('.')[2]} attempt {attempt}" if delivery.batch is None
+                    else f"{name.rpartition('.')[2]} call on a batch of {len(delivery.batch)}")
             place = queued_in(name, delivery)
             if place is None:
                 lines.append(f"{call} running for {now - since:.1f}s")
@@ -244,10 +285,19 @@ class ObservedAdapter(MemoryAdapter):
         self.dead_letters = ObservedDeadLetters(self.broker, max_dead_letters, observations)
         self.observations = observations
         observations.broker = self.broker
+        self._enqueued = 0
 
     async def enqueue(self, queue: int, messages: Sequence[Message]) -> list[SequenceToken]:
         tokens = await super().enqueue(queue, messages)
         self.observations.published_to(messages, tokens)
+        # A broker over a network lets the event loop run at every publish; the embedded
+        # one returns at once, so code publishing in a loop (a startup hook or a handler
+        # that never ends) held the loop: settle()'s deadline never came, the test hung.
+        # Now and then is enough to let it come (at every one, a test publishing 10,000
+        # messages one by one took six times as long).
+        self._enqueued += 1
+        if not self._enqueued % YIELD_EVERY:
+            await asyncio.sleep(0)
         return tokens
 
     def create_receiver(self, queue: int, group: str) -> QueueReceiver:
@@ -268,11 +318,30 @@ class AttemptRecorder(Interceptor):
         name = handler.name
         clock = time.monotonic
 
-        async def recorded(delivery: Delivery) -> Any:
-            if delivery.batch is not None:  # a batch call: recorded by batches() instead
+        async def batch_call(call: Call, delivery: Delivery) -> Any:
+            """Its messages are running (for ``unsettled()``) until it ends."""
+            assert delivery.batch is not None
+            started = clock()
+            calls = [(t.queue, t.major, name) for t in
+                     (m.token for m in delivery.batch) if t is not None]
+            for each in calls:
+                running[each] = (delivery.attempt, started, delivery)
+            try:
                 return await next(delivery)
+            except STOPS as exc:
+                for each in calls:
+                    running.pop(each, None)
+                await observations.hold_stop(call, delivery.message, exc)
+                raise
+            finally:
+                for each in calls:
+                    running.pop(each, None)
+
+        async def recorded(delivery: Delivery) -> Any:
             token = delivery.message.token
             call = (token.queue, token.major, name) if token is not None else (-1, -1, name)
+            if delivery.batch is not None:  # a batch call: recorded by batches() instead
+                return await batch_call(call, delivery)
             started = clock()
             running[call] = (delivery.attempt, started, delivery)
             try:
@@ -288,6 +357,8 @@ class AttemptRecorder(Interceptor):
                 failure = _call_failure(exc)
                 if failure is not None:  # the attempt failed, as the chain will say
                     observations.attempted(call, delivery, failure, clock() - started)
+                if isinstance(exc, STOPS):
+                    await observations.hold_stop(call, delivery.message, exc)
                 raise
             running.pop(call, None)
             if observations.stopping and _cancel_swallowed():
@@ -316,6 +387,17 @@ def _call_failure(exc: BaseException) -> Exception | None:
         failure = as_failure(exc)
     except BaseException:
         return None
+    failure.__cause__ = exc
+    return failure
+
+
+def _thread_failure(exc: BaseException) -> Exception | None:
+    """:func:`_call_failure` for a call on a handler thread (no task there, nothing can
+    cancel it): a ``KeyboardInterrupt`` or ``SystemExit`` stops, anything else fails."""
+    if isinstance(exc, STOPS):
+        return None
+    failure = (stray_cancel_failure() if isinstance(exc, asyncio.CancelledError)
+               else base_exception_failure(exc))
     failure.__cause__ = exc
     return failure
 
@@ -355,16 +437,21 @@ def _batch_recorder(spec: HandlerSpec, observations: Observations) -> HandlerFn:
     lock = threading.Lock()
 
     @contextlib.contextmanager
-    def noted(bodies: list[Any]) -> Iterator[None]:
+    def noted(bodies: list[Any], on_thread: bool) -> Iterator[None]:
         kept = tuple(bodies)  # the handler may change its list
         with lock:
             running[name] = running.get(name, 0) + 1
-        outcome: list[Exception | None] = []  # stays empty for a stop (BaseException)
+        outcome: list[Exception | None] = []  # stays empty for a stop
         try:
             yield
             outcome.append(None)
         except Exception as exc:
             outcome.append(exc)
+            raise
+        except BaseException as exc:  # the call's failure as the chain takes it, if it is
+            failure = _thread_failure(exc) if on_thread else _call_failure(exc)
+            if failure is not None:
+                outcome.append(failure)
             raise
         finally:
             with lock:
@@ -374,13 +461,13 @@ def _batch_recorder(spec: HandlerSpec, observations: Observations) -> HandlerFn:
 
     if spec.sync:
         def recorded_sync(bodies: list[Any]) -> Any:
-            with noted(bodies):
+            with noted(bodies, on_thread=True):
                 return fn(bodies)
 
         return recorded_sync
 
     async def recorded(bodies: list[Any]) -> Any:
-        with noted(bodies):
+        with noted(bodies, on_thread=False):
             return await fn(bodies)
 
     return recorded
@@ -394,10 +481,11 @@ def _watched(hook: Hook, observations: Observations) -> Hook:
     async def watched(client: Client) -> None:
         try:
             await hook(client)
-        except Exception as exc:
+        except (Exception, *STOPS) as exc:  # a stop, let through, ends the test run
             run.error = exc
             log.error("startup hook %s raised %s: %s", run.name, type(exc).__name__, exc)
         finally:
             observations.hook_ended(run)
 
+    watched.__qualname__ = run.name  # as the daemon's lines name it
     return watched

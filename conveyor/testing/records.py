@@ -178,3 +178,10 @@ class DeadLettersFound(ConveyorError, AssertionError):
 
 class StartupHookFailed(ConveyorError, AssertionError):
     """An ``@app.startup`` hook raised; its exception is the ``__cause__``."""
+
+
+class WorkerStopped(ConveyorError, AssertionError):
+    """A handler raised ``KeyboardInterrupt`` or ``SystemExit``, which stops
+    ``conveyor worker`` at once; the kit holds the call instead (its message stays
+    unacknowledged) and ``settle()`` raises this, the handler's exception as the
+    ``__cause__``: let through, it would end the test run."""

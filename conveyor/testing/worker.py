@@ -31,6 +31,7 @@ from conveyor.testing.records import (
     Outcome,
     Record,
     StartupHookFailed,
+    WorkerStopped,
     report,
     shown,
     trimmed,
@@ -177,8 +178,10 @@ class TestWorker:
         daemon = self.daemon
         loop = asyncio.get_running_loop()
         self._observations.stopping = True
-        stopping = asyncio.ensure_future(
-            daemon.stop(deadline=loop.time() + self.stop_timeout_s))
+        # A handler raised KeyboardInterrupt or SystemExit: conveyor worker stops at
+        # once then, without draining (the held call would only run out the drain).
+        drain_s = 0.0 if self._observations.stops else self.stop_timeout_s
+        stopping = asyncio.ensure_future(daemon.stop(deadline=loop.time() + drain_s))
         try:
             await asyncio.wait({stopping}, timeout=self.stop_timeout_s + STOP_GRACE_S)
         except BaseException:
@@ -209,11 +212,16 @@ class TestWorker:
              calls(observations.swallowed)),
             ("handler call(s) still running after their cancellation",
              calls(observations.running))) if named]
-        why = ("; ".join(held) + " — a handler that catches asyncio.CancelledError (a bare "
-               "except:, except BaseException) must raise it again; conveyor worker "
-               "abandons such a call at drain_timeout_s + 3s and leaves without it, its "
-               "message unacknowledged") if held else (
-                   "nothing the kit can name holds it")
+        hooks = ", ".join(run.name for run in observations.hooks if run.running)
+        why = "; ".join(filter(None, [
+            ("; ".join(held) + " — a handler that catches asyncio.CancelledError (a bare "
+             "except:, except BaseException) must raise it again; conveyor worker "
+             "abandons such a call at drain_timeout_s + 3s and leaves without it, its "
+             "message unacknowledged") if held else "",
+            (f"startup hook(s) still running after their cancellation: {hooks} — a hook "
+             "that catches asyncio.CancelledError must raise it again, or the stop of "
+             "conveyor worker waits for it too") if hooks else "",
+        ])) or "nothing the kit can name holds it"
         return (f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: {why}; "
                 "it goes on in the background")
 
@@ -312,6 +320,10 @@ class TestWorker:
         """Publish many messages at once (as :meth:`conveyor.Client.publish_batch`)."""
         __tracebackhide__ = True
         client = self._running("publish").client
+        if isinstance(items, Publish | str | bytes) or not isinstance(items, Iterable):
+            raise InvalidArgumentError(
+                f"publish_batch: expected a list of conveyor.Publish items, got "
+                f"{_kind(items)}")
         batch = list(items)
         for item in batch:
             if not isinstance(item, Publish):
@@ -409,17 +421,18 @@ class TestWorker:
         changed = self._observations.changed
         try:
             async with asyncio.timeout(timeout):
-                while not self._quiet():
+                while not self._quiet() and not self._unreported_stops():
                     changed.clear()
                     await changed.wait()
         except TimeoutError:
-            if not self._quiet():
+            if not self._quiet() and not self._unreported_stops():
                 self._not_settled(timeout)
         finally:
             self._checked = len(self._observations.messages)
             # Settled after all: the deadline passed while a handler blocked the event
             # loop, and what it held was acknowledged as the loop ran again.
         self._raise_hook_failures()
+        self._raise_stops()
         new = self._observations.sorted_records(self._settled)
         self._settled = self._looked = len(self._observations.records)
         letters = [r for r in new if r.outcome is Outcome.DEAD_LETTERED]
@@ -465,6 +478,9 @@ class TestWorker:
         broker = self._broker()
         group = self.app.name
         waiting: list[str] = []
+        busy = {(q, o) for q, o, _ in observations.running}
+        busy.update(stop.call[:2] for stop in observations.stops)
+        first: list[int] = []  # waiting's lines of messages a call runs on: listed first
         for queue, log in sorted(broker.logs.items()):
             cursor = broker.cursors.get((group, queue))
             start = log.base if cursor is None else cursor.next_offset
@@ -480,6 +496,8 @@ class TestWorker:
             for index, (offset, message) in enumerate(held):
                 state = ("handed back, to be delivered again" if offset in back
                          else self._held_state(queue, offset, message, held[:index]))
+                if (queue, offset) in busy:
+                    first.append(len(waiting))
                 waiting.append(f"queue {queue}: {_named(message)}: {state}")
             for message in log.items[start - log.base:]:
                 waiting.append(f"queue {queue}: {_named(message)}: not pulled yet"
@@ -487,7 +505,15 @@ class TestWorker:
         for name, count in sorted(observations.batches_running.items()):
             if count:
                 lines.append(f"batch handler {name.rpartition('.')[2]}: a batch is running")
-        lines.extend(waiting[:_LISTED])
+        if len(waiting) > _LISTED:  # the messages calls run on, then the first others
+            chosen = set(first[:_LISTED])
+            for index in range(len(waiting)):
+                if len(chosen) == _LISTED:
+                    break
+                chosen.add(index)
+            lines.extend(line for i, line in enumerate(waiting) if i in chosen)
+        else:
+            lines.extend(waiting)
         if len(waiting) > _LISTED:
             lines.append(f"... and {len(waiting) - _LISTED} more message(s)")
         return lines
@@ -498,6 +524,9 @@ class TestWorker:
         ``earlier``: the messages of its queue held before it, in queue order."""
         observations = self._observations
         calls = observations.running_calls((queue, offset), self._queued_in)
+        calls += [f"{stop.call[2].rpartition('.')[2]} raised {stop.error!r}: held (a worker "
+                  "stops there)" for stop in observations.stops
+                  if stop.call[:2] == (queue, offset)]
         if calls:
             return "; ".join(calls)
         ahead = next((m for _, m in earlier if m.stream == message.stream), None)
@@ -540,14 +569,40 @@ class TestWorker:
             return None
         return f"in cell {shown(name)!r}", _load(cell.busy, cell.size, cell.queue_length)
 
+    def _unreported_stops(self) -> bool:
+        return any(not stop.reported for stop in self._observations.stops)
+
+    def _raise_stops(self) -> None:
+        """Raise :class:`WorkerStopped` for the handler calls that raised
+        ``KeyboardInterrupt`` or ``SystemExit`` since the last time (once each)."""
+        __tracebackhide__ = True
+        stops = [stop for stop in self._observations.stops if not stop.reported]
+        if not stops:
+            return
+        named = []
+        for stop in stops:
+            stop.reported = True
+            queue, offset, handler = stop.call
+            message = self._observations.messages.get((queue, offset))
+            where = _named(message) if message is not None else "a message"
+            named.append(f"handler {handler.rpartition('.')[2]} raised {stop.error!r} on "
+                         f"{where}")
+        raise WorkerStopped(
+            f"{'; '.join(named)}: conveyor worker stops at once there, without draining "
+            "(its message comes back, redelivered, to the next worker); the kit holds the "
+            "call instead, its message unacknowledged, until the worker stops"
+        ) from trimmed(stops[0].error)
+
     def _raise_hook_failures(self) -> None:
         __tracebackhide__ = True
         for run in self._observations.hooks:
             if run.error is not None and not run.reported:
                 run.reported = True
+                stop = ("" if isinstance(run.error, Exception) else
+                        " (which stops conveyor worker at once; the kit goes on)")
                 raise StartupHookFailed(
-                    f"startup hook {run.name} raised {type(run.error).__name__}: {run.error}"
-                ) from trimmed(run.error)
+                    f"startup hook {run.name} raised {type(run.error).__name__}: "
+                    f"{run.error}{stop}") from trimmed(run.error)
 
     # -- what happened -----------------------------------------------------------------------
     @property

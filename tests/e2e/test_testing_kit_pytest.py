@@ -151,6 +151,64 @@ def test_a_fixture_on_another_loop_than_the_test_is_named_at_once(tmp_path: Path
     assert time.monotonic() - began < 8, out  # not the settle's 10 s
 
 
+FAILING_TESTS = '''
+import asyncio
+
+import conveyor
+from conveyor.testing.fixtures import worker_fixture
+
+app = conveyor.App("failing")
+
+
+@app.handler("orders")
+async def on_order(total: int) -> None:
+    if total < 0:
+        raise ValueError("a negative total")
+
+
+@app.handler("slow")
+async def wait_for_ever(n: int) -> None:
+    await asyncio.Event().wait()
+
+
+worker = worker_fixture(app)
+
+
+async def test_fails_with_a_dead_letter_left(worker):
+    await worker.publish("orders", "o-1", -5)
+    assert 1 == 2, "the test's own failure"
+
+
+async def test_fails_with_a_handler_stuck(worker):
+    await worker.publish("slow", "s-1", 1)
+    assert 1 == 3, "the test's own failure"
+
+
+async def test_passes_after_them(worker):
+    await worker.publish("orders", "o-2", 5)
+    await worker.settle()
+    assert worker.bodies() == [5]
+'''
+
+
+def test_a_failed_tests_fixture_only_stops_its_worker(tmp_path: Path) -> None:
+    """docs/testing.md: a block that ends in an exception is only stopped, the test's own
+    error is the one to see. The fixture's block never saw the test's error: it settled
+    and checked at the teardown, so a failed test had a second error there (the dead
+    letter it left) or, a handler stuck, waited settle_timeout_s (10 s) for NotSettled."""
+    (tmp_path / "test_failing.py").write_text(FAILING_TESTS)
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    began = time.monotonic()
+    ran = users_pytest(tmp_path, "pytest.ini")
+    out = ran.stdout
+    assert ran.returncode == 1, out + ran.stderr
+    assert re.search(r"\b2 failed, 1 passed in ", out), out
+    assert "ERROR" not in out and "DeadLettersFound" not in out and "NotSettled" not in out
+    assert out.count("the test's own failure") >= 2, out
+    assert time.monotonic() - began < 8, out  # not the settle's 10 s
+
+
 def test_the_testing_pages_example_passes_in_a_project_of_its_own_with_the_pages_settings(
     tmp_path: Path,
 ) -> None:

@@ -5,14 +5,24 @@ through the kit as a user)."""
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
 import conveyor
 from conveyor import App, Publish
-from conveyor.testing import DeadLettersFound, NotSettled, Outcome, TestWorker
+from conveyor.testing import (
+    DeadLettersFound,
+    NotSettled,
+    Outcome,
+    StartupHookFailed,
+    TestWorker,
+    WorkerStopped,
+)
 from conveyor.testing.worker import STOP_GRACE_S
 from tests.conftest import wait_until
 
@@ -369,6 +379,20 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
     assert "async with" in one_line(early.value)
 
 
+@pytest.mark.parametrize("items", [None, Publish("orders", "k", 1), "orders", 3],
+                         ids=["None", "one Publish", "str", "int"])
+async def test_publish_batch_of_no_list_is_refused_in_one_line(items: object) -> None:
+    # publish_batch(None) or publish_batch(Publish(...)) (one item, not in a list) raised
+    # TypeError: '... object is not iterable' from inside the kit; a str was taken for a
+    # list of its letters.
+    async with TestWorker(two_handlers()) as worker:
+        with pytest.raises(conveyor.InvalidArgumentError) as refused:
+            await worker.publish_batch(items)  # type: ignore[arg-type]
+        assert worker.published() == []
+    assert one_line(refused.value).startswith(
+        "publish_batch: expected a list of conveyor.Publish items, got ")
+
+
 async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message() -> None:
     app = App("keys")
 
@@ -456,3 +480,295 @@ async def test_a_handler_cannot_change_the_headers_its_sibling_and_its_letter_se
     assert "does not support item assignment" in refused.letter.error
     assert refused.letter.message.headers == {"tenant": "acme"}
     assert handled.outcome is Outcome.HANDLED
+
+
+# -- a handler that stops the worker ------------------------------------------------------
+def stopping_app(kind: str) -> App:
+    """``fatal``: raises KeyboardInterrupt (async def, and a batch handler) or
+    SystemExit(3) (plain def) on a body of 1; ``fine``: returns."""
+    app = App(f"stopping-{kind}")
+
+    if kind == "async":
+        @app.handler("fatal")
+        async def fatal(n: int) -> None:
+            if n == 1:
+                raise KeyboardInterrupt
+    elif kind == "def":
+        @app.handler("fatal")
+        def fatal(n: int) -> None:
+            if n == 1:
+                sys.exit(3)
+    else:
+        @app.handler("fatal", batch_size=5)
+        async def fatal(batch: list[int]) -> None:
+            if 1 in batch:
+                raise KeyboardInterrupt
+
+    @app.handler("fine")
+    async def fine(n: int) -> None:
+        """Returns."""
+
+    return app
+
+
+@pytest.mark.parametrize("kind", ["async", "def", "batch"])
+def test_a_handler_raising_a_stop_fails_its_test_not_the_whole_run(kind: str) -> None:
+    # docs/handlers.md: a handler's KeyboardInterrupt or SystemExit stops `conveyor
+    # worker` at once. In the kit it left the event loop: pytest's session ended there
+    # (KeyboardInterrupt; SystemExit as an INTERNALERROR), no later test ran, and
+    # settle() said of the message "pulled, not started". Run here under asyncio.run so
+    # that, let through, it fails this test rather than ending the run.
+    app = stopping_app(kind)
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with TestWorker(app, settle_timeout_s=5) as worker:
+            await worker.publish("fine", "f", 0)
+            await worker.settle()
+            await worker.publish("fatal", "k", 1)
+            with pytest.raises(WorkerStopped) as stopped:
+                await worker.settle()
+            seen["error"] = stopped.value
+            seen["unsettled"] = worker.unsettled()
+            seen["fine"] = worker.bodies("fine")
+            started = time.monotonic()
+        seen["exit_s"] = time.monotonic() - started  # no drain waiting for the held call
+
+    try:
+        asyncio.run(scenario())
+    except (KeyboardInterrupt, SystemExit) as exc:
+        pytest.fail(f"the handler's {exc!r} left the kit and would end the test run")
+    error = seen["error"]
+    assert isinstance(error.__cause__, KeyboardInterrupt if kind != "def" else SystemExit)
+    text = one_line(error)
+    assert text.startswith(f"handler fatal raised {error.__cause__!r} on fatal/k (message ")
+    assert "conveyor worker stops at once there" in text
+    assert seen["fine"] == [0]  # what was handled before is kept
+    [line] = seen["unsettled"]
+    assert line.endswith(f"fatal raised {error.__cause__!r}: held (a worker stops there)")
+    assert seen["exit_s"] < 2.0  # the stop, without a drain (stop_timeout_s is 5)
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), SystemExit(2)], ids=repr)
+def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
+        stop: BaseException) -> None:
+    # As a handler's: a hook's KeyboardInterrupt or SystemExit left the event loop and
+    # ended the test run (the daemon's log line named the hook the kit's wrapper,
+    # "_watched.<locals>.watched").
+    app = App("stopping-hook")
+
+    @app.startup
+    async def boot(client: conveyor.Client) -> None:
+        raise stop
+
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with TestWorker(app, settle_timeout_s=5) as worker:
+            with pytest.raises(StartupHookFailed) as failed:
+                await worker.settle()
+            seen["error"] = failed.value
+
+    try:
+        asyncio.run(scenario())
+    except (KeyboardInterrupt, SystemExit) as exc:
+        pytest.fail(f"the hook's {exc!r} left the kit and would end the test run")
+    error = seen["error"]
+    assert error.__cause__ is stop
+    assert one_line(error).startswith(
+        f"startup hook {boot.__qualname__} raised {type(stop).__name__}")
+    assert "which stops conveyor worker at once" in str(error)
+
+
+async def test_a_timeout_names_the_messages_of_a_batch_call_running() -> None:
+    # NotSettled said of the first message of a batch whose call was running "pulled, not
+    # started (waiting for a slot, or for its batch)", and of the others "waiting for
+    # message ... of its stream": none of them said it was in the call under way.
+    app = App("batch-running")
+    gate = asyncio.Event()
+
+    @app.handler("rows", batch_size=3)
+    async def store(rows: list[int]) -> None:
+        await gate.wait()
+
+    async with TestWorker(app) as worker:
+        published = await worker.publish_batch([Publish("rows", "k", n) for n in range(5)])
+        with pytest.raises(NotSettled) as stuck:
+            await worker.settle(timeout_s=0.3)
+        lines = str(stuck.value).splitlines()
+        for message in published[:3]:
+            [line] = [line for line in lines if message.id[-8:] + ")" in line]
+            assert re.search(r": store call on a batch of 3 running for 0\.\ds$", line), line
+        gate.set()
+        settled = await worker.settle()
+    assert [r.body for r in settled] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("where", ["startup hook", "handler"])
+def test_code_publishing_in_a_loop_is_named_by_settle_in_time(where: str) -> None:
+    # The embedded broker's publish returned without letting the event loop run, so a
+    # startup hook (or one handler call) publishing in a loop held the loop for good:
+    # settle()'s deadline never came and the test hung. A network broker lets the loop
+    # run at every publish: so does the kit's now, and NotSettled names the publisher.
+    app = App("flood")
+    ended = threading.Event()  # lets the loop end if the kit never does (the failure)
+    publisher: list[conveyor.Client] = []
+
+    async def flood(client: conveyor.Client) -> None:
+        n = 0
+        while not ended.is_set():
+            n += 1
+            await client.publish("floods", "k", n)
+
+    if where == "startup hook":
+        app.startup(flood)
+    else:
+        @app.startup
+        async def connect(client: conveyor.Client) -> None:
+            publisher.append(client)
+
+        @app.handler("start")
+        async def start(n: int) -> None:
+            await flood(publisher[0])
+
+    @app.handler("floods")
+    async def on_flood(n: int) -> None:
+        """Takes each message of the flood."""
+
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with TestWorker(app, settle_timeout_s=0.3, stop_timeout_s=0.3) as worker:
+            if where == "handler":
+                await worker.publish("start", "s", 0)
+            with pytest.raises(NotSettled) as stuck:
+                await worker.settle()
+            seen["error"] = str(stuck.value)
+            ended.set()
+
+    began = time.monotonic()
+    running = threading.Thread(target=asyncio.run, args=(scenario(),), daemon=True)
+    running.start()
+    running.join(timeout=3)
+    took = time.monotonic() - began
+    ended.set()
+    running.join(timeout=10)
+    assert took < 3, f"settle() held past its deadline by the {where} publishing in a loop"
+    first = seen["error"].splitlines()[1]
+    if where == "startup hook":
+        assert first == "startup hook test_code_publishing_in_a_loop_is_named_by_settle_in_" \
+            "time.<locals>.flood still running", seen["error"]
+    else:
+        assert re.search(r"start/s \(message \w+\): start attempt 1 running for 0\.\ds",
+                         seen["error"]), seen["error"]
+
+
+class Abort(BaseException):
+    """A BaseException of the app's own, neither an Exception nor a stop."""
+
+
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, Abort, GeneratorExit],
+                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "def"])
+@pytest.mark.parametrize("place", ["cell", "pool"])
+async def test_a_pool_or_cell_handler_raising_a_base_exception_fails_its_call_and_goes_on(
+        raised: type[BaseException], sync: bool, place: str) -> None:
+    # docs/writing-handlers.md: a CancelledError nothing sent, or a BaseException of the
+    # app's own, fails the call like any exception (retried, then dead-lettered). In a
+    # cell it ended the cell's worker task instead, and a CancelledError ended a pool's:
+    # its message and every later one of that cell or worker waited for ever (an Abort
+    # or GeneratorExit came out of the stop).
+    app = App("places")
+    options: dict[str, Any] = (
+        {"cell_key": "body:tenant", "cell_size": 1} if place == "cell"
+        else {"stateless": True, "max_workers": 1})
+
+    def check(n: int) -> None:
+        if n < 0:
+            raise raised()
+
+    if sync:
+        @app.handler("jobs", retry_attempts=2, **options)
+        def job(body: dict[str, Any]) -> None:
+            check(body["n"])
+    else:
+        @app.handler("jobs", retry_attempts=2, **options)
+        async def job(body: dict[str, Any]) -> None:
+            check(body["n"])
+
+    async with TestWorker(app, settle_timeout_s=5, stop_timeout_s=0.5) as worker:
+        for key, n in (("a", -1), ("b", 1), ("c", 2)):
+            await worker.publish("jobs", key, {"tenant": "t1", "n": n})
+        await worker.settle(raise_on_dead_letters=False)
+
+    [dead] = worker.dead_lettered()
+    assert dead.key == "a" and [a.number for a in dead.attempts] == [1, 2]
+    assert dead.letter is not None and raised.__name__ in dead.letter.reason
+    assert [b["n"] for b in worker.bodies()] == [1, 2]  # the cell, or the pool, went on
+
+
+@pytest.mark.parametrize("raised", [asyncio.CancelledError, Abort], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "def"])
+async def test_batch_calls_failed_by_a_base_exception_are_listed_with_their_failure(
+        raised: type[BaseException], sync: bool) -> None:
+    # docs/testing.md: worker.batches() is every call of a batch handler, with its error.
+    # A call that raised a BaseException (a failure to the chain: retried, bisected,
+    # dead-lettered) was left out: only the calls that returned were listed.
+    app = App("batch-base")
+
+    def check(rows: list[int]) -> None:
+        if -1 in rows:
+            raise raised()
+
+    if sync:
+        @app.handler("rows", batch_size=3, retry_attempts=2)
+        def store(rows: list[int]) -> None:
+            check(rows)
+    else:
+        @app.handler("rows", batch_size=3, retry_attempts=2)
+        async def store(rows: list[int]) -> None:
+            check(rows)
+
+    async with TestWorker(app) as worker:
+        await worker.publish_batch([Publish("rows", "k", n) for n in (1, -1, 2, 3)])
+        await worker.settle(raise_on_dead_letters=False)
+
+    calls = worker.batches(store)
+    failed = [call for call in calls if call.error is not None]
+    assert sum(len(call.bodies) for call in calls if call.error is None) == 3  # 1, 2, 3
+    assert failed and all(-1 in call.bodies for call in failed)
+    assert failed[0].bodies == (1, -1, 2)
+    wanted = "HandlerCancelled" if raised is asyncio.CancelledError else "HandlerBaseException"
+    assert {type(call.error).__name__ for call in failed} == {wanted}
+    assert all(isinstance(call.error.__cause__, raised) for call in failed)
+
+
+async def test_a_startup_hook_that_swallows_its_cancellation_is_named_by_the_stop() -> None:
+    # A hook that catches the stop's CancelledError and goes on holds the daemon's stop
+    # (it waits for its hooks): the kit gave up on it saying "nothing the kit can name
+    # holds it", though the hook was the one.
+    app = App("stubborn-hook")
+    let_go = asyncio.Event()
+
+    @app.startup
+    async def stubborn(client: conveyor.Client) -> None:
+        swallowed: list[str] = []
+        while not let_go.is_set():
+            try:
+                await asyncio.sleep(0.02)
+            except BaseException as exc:  # the mistake under test
+                swallowed.append(type(exc).__name__)
+
+    worker = TestWorker(app, stop_timeout_s=0.2)
+    try:
+        await worker.start()
+        with pytest.raises(conveyor.ConveyorError) as stuck:
+            await worker.stop()
+    finally:
+        let_go.set()  # or the loop's own close would wait for it
+    await wait_until(lambda: worker.drain_report is not None, 10, what="the late stop")
+    text = one_line(stuck.value)
+    assert text.startswith(f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: "
+                           "startup hook(s) still running after their cancellation: "
+                           f"{stubborn.__qualname__} — "), text
+    assert "must raise it again" in text

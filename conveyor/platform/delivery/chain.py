@@ -142,10 +142,15 @@ def as_failure(exc: BaseException) -> ConveyorError:
         task = asyncio.current_task()
         if task is None or task.cancelling():
             raise exc
-        return HandlerCancelled(
-            "the handler raised CancelledError though its call was not cancelled (it "
-            "awaited a task or future cancelled elsewhere, or raised it itself)")
+        return stray_cancel_failure()
     return base_exception_failure(exc)
+
+
+def stray_cancel_failure() -> HandlerCancelled:
+    """A call's failure by a ``CancelledError`` nothing sent to the task running it."""
+    return HandlerCancelled(
+        "the handler raised CancelledError though its call was not cancelled (it "
+        "awaited a task or future cancelled elsewhere, or raised it itself)")
 
 
 def base_exception_failure(exc: BaseException) -> HandlerBaseException:

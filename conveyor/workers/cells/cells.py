@@ -169,11 +169,19 @@ class Cell:
                             f"cell {self.name!r}: job ran longer than {timeout_s}s "
                             f"(gave up after {time.monotonic() - started:.1f}s)"
                         ))
-                except asyncio.CancelledError:
+                except asyncio.CancelledError as exc:
+                    if this is None or this.cancelling():  # the cell closing, or shrinking
+                        if not job.fut.done():
+                            job.fut.cancel()
+                        raise
+                    # Raised by the job, not sent to this task: its call's failure, as in
+                    # a handler outside a cell. Raised on, it ended this worker: the
+                    # cell's later jobs waited for ever.
                     if not job.fut.done():
-                        job.fut.cancel()
-                    raise
-                except Exception as exc:
+                        job.fut.set_exception(exc)
+                except BaseException as exc:  # a BaseException of the app's own, or a
+                    # KeyboardInterrupt or SystemExit: the caller's chain judges it (a
+                    # failure, or a stop), as for a handler outside a cell
                     if not job.fut.done():
                         job.fut.set_exception(exc)
                 else:

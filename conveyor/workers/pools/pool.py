@@ -152,10 +152,16 @@ class StatelessWorkerPool:
                     continue
                 try:
                     result = await job()
-                except asyncio.CancelledError:
+                except asyncio.CancelledError as exc:
+                    if this is None or this.cancelling():  # the pool closing
+                        if not fut.done():
+                            fut.cancel()
+                        raise
+                    # Raised by the job, not sent to this task: its call's failure, as
+                    # in a handler outside a pool. Raised on, it ended this worker, and
+                    # the jobs in its inbox waited for ever.
                     if not fut.done():
-                        fut.cancel()
-                    raise
+                        fut.set_exception(exc)
                 except BaseException as exc:
                     if not fut.done():
                         fut.set_exception(exc)
