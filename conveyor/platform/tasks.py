@@ -32,6 +32,42 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
     """
     caller = asyncio.current_task()
     cancels_before = caller.cancelling() if caller is not None else 0
+    await _cancel(tasks)
+    failure: BaseException | None = None
+    for task in tasks:
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass  # the task's, or ours: told apart by the count below
+        except Exception as exc:
+            failure = failure or exc
+    if caller is not None and caller.cancelling() > cancels_before:
+        raise asyncio.CancelledError()
+    if failure is not None:
+        raise failure
+
+
+async def cancel_and_wait_at_most(
+    timeout_s: float, *tasks: asyncio.Task[Any]
+) -> list[asyncio.Task[Any]]:
+    """:func:`cancel_and_wait`, but waiting ``timeout_s`` at most: returns the tasks still
+    running then (one that catches its cancellation and goes on), left to run. What the
+    tasks ended with is theirs to report (a done callback): nothing is raised for it. A
+    cancellation of the caller ends the wait and is raised, as there."""
+    caller = asyncio.current_task()
+    cancels_before = caller.cancelling() if caller is not None else 0
+    await _cancel(tasks)
+    pending = {task for task in tasks if not task.done()}
+    if pending:
+        with contextlib.suppress(asyncio.CancelledError):  # ours: told apart below
+            await asyncio.wait(pending, timeout=timeout_s)
+    if caller is not None and caller.cancelling() > cancels_before:
+        raise asyncio.CancelledError()
+    return [task for task in tasks if not task.done()]
+
+
+async def _cancel(tasks: tuple[asyncio.Task[Any], ...]) -> None:
+    """Cancel those of ``tasks`` not done, once each (see :func:`cancel_and_wait`)."""
     taken_back: list[asyncio.Task[Any]] = []  # cancelled already: maybe by a timeout
     for task in tasks:
         if task.done():
@@ -48,18 +84,6 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
         for task in taken_back:
             if not task.done() and not task.cancelling():
                 task.cancel()
-    failure: BaseException | None = None
-    for task in tasks:
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass  # the task's, or ours: told apart by the count below
-        except Exception as exc:
-            failure = failure or exc
-    if caller is not None and caller.cancelling() > cancels_before:
-        raise asyncio.CancelledError()
-    if failure is not None:
-        raise failure
 
 
 def raise_swallowed_cancel(task: asyncio.Task[Any] | None, stopping: bool) -> None:

@@ -140,8 +140,8 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
     is left."""
     if _tasks_left:
         log.warning("exiting without waiting for %d task(s) still running after their "
-                    "cancellation: %s (a handler that catches asyncio.CancelledError and "
-                    "goes on)", len(_tasks_left), ", ".join(_tasks_left))
+                    "cancellation: %s (a handler or startup hook that catches "
+                    "asyncio.CancelledError and goes on)", len(_tasks_left), ", ".join(_tasks_left))
     deadline = time.monotonic() + grace_s
     running = []
     for thread in threading.enumerate():

@@ -744,9 +744,9 @@ async def test_batch_calls_failed_by_a_base_exception_are_listed_with_their_fail
 
 
 async def test_a_startup_hook_that_swallows_its_cancellation_is_named_by_the_stop() -> None:
-    # A hook that catches the stop's CancelledError and goes on holds the daemon's stop
-    # (it waits for its hooks): the kit gave up on it saying "nothing the kit can name
-    # holds it", though the hook was the one.
+    # A hook that catches the stop's CancelledError and goes on: the daemon's stop goes
+    # on without it after a grace (it used to wait for it for ever, and the kit gave up
+    # on the stop saying "nothing the kit can name holds it"), and the kit names it.
     app = App("stubborn-hook")
     let_go = asyncio.Event()
 
@@ -766,9 +766,8 @@ async def test_a_startup_hook_that_swallows_its_cancellation_is_named_by_the_sto
             await worker.stop()
     finally:
         let_go.set()  # or the loop's own close would wait for it
-    await wait_until(lambda: worker.drain_report is not None, 10, what="the late stop")
+    assert worker.drain_report is not None  # the stop was done
     text = one_line(stuck.value)
-    assert text.startswith(f"the stop did not end within stop_timeout_s + {STOP_GRACE_S:g}s: "
-                           "startup hook(s) still running after their cancellation: "
-                           f"{stubborn.__qualname__} — "), text
+    assert text.startswith("the stop left startup hook(s) still running after their "
+                           f"cancellation: {stubborn.__qualname__} — "), text
     assert "must raise it again" in text

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from conveyor.platform.tasks import cancel_and_wait
+from conveyor.platform.tasks import cancel_and_wait, cancel_and_wait_at_most
 
 DEADLINE_S = 5.0
 
@@ -209,3 +209,24 @@ async def test_a_task_whose_own_timeout_fired_in_the_same_turn_is_still_stopped(
         await cancel_and_wait(child)
     assert child.cancelled()
     assert len(turns) == 2, "the timeout took its cancel back: the child went round again"
+
+
+
+async def swallows_its_cancels(until: asyncio.Event) -> None:
+    """A poller that catches its cancellation and goes on (a stop's startup hook), until
+    ``until`` is set."""
+    while not until.is_set():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.01)
+
+
+async def test_a_bounded_wait_returns_the_task_that_swallows_its_cancel_and_leaves_it() -> None:
+    until = asyncio.Event()
+    ends = asyncio.create_task(asyncio.Event().wait())
+    runs_on = asyncio.create_task(swallows_its_cancels(until))
+    await asyncio.sleep(0)
+    left = await asyncio.wait_for(cancel_and_wait_at_most(0.1, ends, runs_on), DEADLINE_S)
+    assert left == [runs_on] and ends.cancelled() and not runs_on.done()
+    until.set()
+    async with asyncio.timeout(DEADLINE_S):
+        await runs_on

@@ -45,7 +45,7 @@ from conveyor.platform.errors import (
     ShutdownError,
 )
 from conveyor.platform.slots import SlotSupplier, require_supplier
-from conveyor.platform.tasks import cancel_and_wait
+from conveyor.platform.tasks import cancel_and_wait, cancel_and_wait_at_most
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.cells.cells import CellRouter
 from conveyor.workers.daemon.build import DaemonParts, build_balancer, build_parts
@@ -69,6 +69,15 @@ log = logging.getLogger("conveyor.daemon")
 
 READY_CHECK_S = 0.05
 """How often :meth:`WorkerDaemon.when_ready` looks again while the daemon joins."""
+
+HOOKS_GRACE_S = 1.0
+"""How long :meth:`WorkerDaemon.stop` waits for the startup hooks, once cancelled, before
+it goes on without them: a hook that catches its cancellation and goes on (a poller's
+``except asyncio.CancelledError: pass`` in a loop) must not hold the queues' release."""
+
+HOOK_TASK_PREFIX = "startup hook "
+"""A startup hook's task is named this and the hook's name (the name a stop that had to
+leave it running gives)."""
 
 SERVER_CHECK_WAIT_S = 2.0
 """How long a daemon's start waits for the broker to answer the check of its settings
@@ -246,9 +255,9 @@ class WorkerDaemon:
         self.started = True
         self.metrics.register()
         for hook in self.app.on_startup:
-            task = asyncio.create_task(hook(self.client))
-            task.add_done_callback(functools.partial(
-                _log_hook_failure, getattr(hook, "__qualname__", repr(hook))))
+            name = getattr(hook, "__qualname__", repr(hook))
+            task = asyncio.create_task(hook(self.client), name=HOOK_TASK_PREFIX + name)
+            task.add_done_callback(functools.partial(_log_hook_failure, name))
             self._hooks.append(task)
         log.info("daemon %s started; owns queues %s", self.member.id, self.balancer.owned())
 
@@ -293,12 +302,12 @@ class WorkerDaemon:
                 await self.adapter.recheck_server()
 
     async def stop(self, deadline: float | None = None) -> DrainReport:
-        """Drain: stop the startup hooks, release every queue through the balancer (all
-        drained together, by ``deadline`` — event-loop time, default: now plus
-        ``[worker] drain_timeout_s``), drain what it did not hand back, then close the
-        parts built here. :meth:`abort` while this runs makes it end at once. A start
-        still under way (a broker that does not answer yet) is ended first: its
-        :meth:`start` raises :class:`ShutdownError`."""
+        """Drain: stop the startup hooks (waiting :data:`HOOKS_GRACE_S` at most), release
+        every queue through the balancer (all drained together, by ``deadline`` —
+        event-loop time, default: now plus ``[worker] drain_timeout_s``), drain what it
+        did not hand back, then close the parts built here. :meth:`abort` while this runs
+        makes it end at once. A start still under way (a broker that does not answer
+        yet) is ended first: its :meth:`start` raises :class:`ShutdownError`."""
         self.draining = True
         if self._starting is not None:  # a start under way would join after the stop
             self._starting.cancel()
@@ -308,8 +317,7 @@ class WorkerDaemon:
             deadline if deadline is not None
             else loop.time() + self.config.worker.drain_timeout_s
         )
-        with contextlib.suppress(Exception):  # a hook's failure was its own business
-            await cancel_and_wait(*self._hooks)
+        await self._stop_hooks()
         if self._announcing is not None:
             await cancel_and_wait(self._announcing)
         if self.started:
@@ -322,6 +330,19 @@ class WorkerDaemon:
         self.app.release(self)
         forks.release(self)
         return self.report()
+
+    async def _stop_hooks(self) -> None:
+        """Cancel the startup hooks (and the server checks) and wait for them
+        :data:`HOOKS_GRACE_S` at most: one that catches its cancellation and goes on is
+        named and left running — the queues are released without it (``conveyor
+        worker`` then exits without it too). A hook's failure was its own business
+        (:func:`_log_hook_failure`)."""
+        left = await cancel_and_wait_at_most(HOOKS_GRACE_S, *self._hooks)
+        if left:
+            log.warning("startup hook(s) still running after their cancellation: %s — a "
+                        "hook that catches asyncio.CancelledError must raise it again; the "
+                        "stop goes on without waiting for it", ", ".join(
+                            task.get_name().removeprefix(HOOK_TASK_PREFIX) for task in left))
 
     async def abort(self) -> None:
         """Stop every queue at once (a second stop signal): nothing more is acknowledged;
