@@ -72,6 +72,13 @@ def wrong_type(exc: BaseException | None) -> bool:
     return isinstance(exc, rex.ResponseError) and str(exc).startswith("WRONGTYPE")
 
 
+def unblocked(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is Redis ending a blocking ``XREADGROUP`` because its stream's key
+    left the server (``UNBLOCKED the stream key no longer exists``, Redis 7): deleted, or
+    moved to another node with its slot (a reshard's ``MIGRATE``). Nothing was read."""
+    return isinstance(exc, rex.ResponseError) and str(exc).startswith("UNBLOCKED")
+
+
 def wrong_database(exc: BaseException | None) -> bool:
     """Whether ``exc`` is Redis refusing the database number of ``[redis] url``
     (``/99`` on a server with 16): sent with every connection, so every call fails so."""

@@ -29,7 +29,7 @@ import msgspec
 from conveyor.adapters.redis.codec import EntryDecoder
 from conveyor.adapters.redis.connections import run_replicated
 from conveyor.adapters.redis.coordination import lease_held
-from conveyor.adapters.redis.errors import Caller
+from conveyor.adapters.redis.errors import Caller, unblocked
 from conveyor.adapters.redis.keys import Keys, check_name, joined_ids, stall_field, token_of
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.balancing.leases import Lease
@@ -198,8 +198,15 @@ class RedisReceiver(QueueReceiver):
             self._reack = bool(self._unconfirmed)
             raise
         except BrokerError as exc:
+            if unblocked(exc.__cause__):  # nothing read: the next read finds where it went
+                log.info("queue %d: the blocking read of %s ended: the stream's slot moved "
+                         "(a reshard) or the stream was deleted; reading again",
+                         self._queue, self._stream)
+                return []
             if "NOGROUP" in str(exc):  # the stream or group was deleted: recreate, go on
                 await self._lease_held()  # unless the lease went with it (an empty restart)
+                log.info("queue %d: %s or its group %r was deleted (NOGROUP); creating the "
+                         "group again", self._queue, self._stream, self._group)
                 await self._adapter.ensure_group(self._queue, self._group)
                 return []
             raise
