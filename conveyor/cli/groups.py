@@ -107,7 +107,7 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
           --config configs/redis.toml
     """
     from conveyor.backends import command_adapter, coordination
-    from conveyor.platform.errors import UnknownGroupError
+    from conveyor.platform.errors import AppAliveError, UnknownGroupError
     from conveyor.platform.operations.groups import delete_app_group, queue_ranges
 
     config = load_config_or_exit(config_path)
@@ -133,6 +133,8 @@ def groups_delete(config_path: Path | None, group: str, force: bool,
         usage(f"--app: {exc}")
     except ConfigError as exc:
         usage(str(exc))
+    except AppAliveError as exc:
+        fail(AppAliveError(f"{exc}, or pass --force to delete its group anyway"))
     except ConveyorError as exc:
         fail(exc)
     kept = ("its dead letters too" if with_dead_letters

@@ -535,6 +535,7 @@ def test_deleting_the_group_of_an_app_that_looks_alive_is_refused(api: TestClien
     refused = write(api, "/api/groups/delete", {"confirm": True})
     assert refused.status_code == 409, refused.text
     assert "looks alive" in refused.json()["error"]
+    assert "force" not in refused.json()["error"]  # the console has no way past it
     assert api.get("/api/overview").json()["apps"][0]["app"] == APP  # still there
 
 

@@ -62,7 +62,7 @@ async def test_deleting_an_app_that_looks_alive_is_refused_unless_forced(
     await membership.join(MemberInfo("d-1", "h", 1, 0.0))
     await leases.acquire(0, "d-1", 30)
     with pytest.raises(AppAliveError, match=r"daemon\(s\) d-1 registered; leases held on "
-                                            r"queue\(s\) 0.*--force"):
+                                            r"queue\(s\) 0.*: stop its workers first$"):
         await delete_app_group(adapter, membership, leases, "old", [0, 1])
     assert await adapter.groups.has([0], "old")
     assert await delete_app_group(adapter, membership, leases, "old", [0, 1], force=True) == [0]

@@ -167,8 +167,8 @@ async def delete_app_group(adapter: QueueAdapter, membership: Membership, leases
     if not force:
         signs = await live_signs(group, infos, membership, leases)
         if signs:
-            raise AppAliveError(
-                f"app {group!r} looks alive ({'; '.join(signs)}): stop its workers first, "
-                "or pass --force (force=True) to delete its group anyway"
+            raise AppAliveError(  # the way past it is the caller's to name (force=True,
+                # the CLI's --force; the console has none)
+                f"app {group!r} looks alive ({'; '.join(signs)}): stop its workers first"
             )
     return await adapter.groups.delete(group, queues, dead_letters=dead_letters)
