@@ -52,11 +52,14 @@ async def cancel_and_wait_at_most(
 ) -> list[asyncio.Task[Any]]:
     """:func:`cancel_and_wait`, but waiting ``timeout_s`` at most: returns the tasks still
     running then (one that catches its cancellation and goes on), left to run. What the
-    tasks ended with is theirs to report (a done callback): nothing is raised for it. A
-    cancellation of the caller ends the wait and is raised, as there."""
+    tasks end with is theirs to report (a done callback): nothing is raised for it, and
+    it is read (:func:`retrieve`), now or when they end. A cancellation of the caller
+    ends the wait and is raised, as there."""
     caller = asyncio.current_task()
     cancels_before = caller.cancelling() if caller is not None else 0
     await _cancel(tasks)
+    for task in tasks:
+        task.add_done_callback(retrieve)
     pending = {task for task in tasks if not task.done()}
     if pending:
         with contextlib.suppress(asyncio.CancelledError):  # ours: told apart below

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -230,3 +231,31 @@ async def test_a_bounded_wait_returns_the_task_that_swallows_its_cancel_and_leav
     until.set()
     async with asyncio.timeout(DEADLINE_S):
         await runs_on
+
+
+async def fails_when_cancelled() -> None:
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        raise ValueError("failed on its way out") from None
+
+
+def test_a_bounded_wait_reads_what_its_tasks_failed_with_as_the_unbounded_one_did() -> None:
+    # cancel_and_wait awaits its tasks (the daemon's stop let their failures be);
+    # the bounded one must not leave a failure for asyncio to log as never retrieved
+    # (a server check's task has no done callback of its own).
+    unretrieved: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: unretrieved.append(context["message"]))
+        failing = asyncio.create_task(fails_when_cancelled())
+        await asyncio.sleep(0)
+        assert await cancel_and_wait_at_most(1.0, failing) == []
+        assert failing.done()
+        del failing
+        gc.collect()
+
+    asyncio.run(main())
+    gc.collect()
+    assert unretrieved == []
