@@ -4,6 +4,7 @@ messages (``[redis] allow_eviction``; docs/redis.md, "Eviction policy")."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -73,14 +74,21 @@ RECHECK_REPEAT = 10
 every this many looks (10 minutes at the daemon's 60 s)."""
 
 
+UNREAD_AGAIN_S = 5.0
+"""While a cluster's primary does not answer, how often a publish asks its policy again
+(:meth:`EvictionGuard.check`)."""
+
+
 class EvictionGuard:
     """A server's eviction policy, checked (:func:`check_eviction`) before it is trusted
     with messages: when a daemon starts and before a client's first publish.
 
     ``checked`` stays False while the policy is refused, so every publish asks again: a
     server set to ``noeviction`` meanwhile is accepted on the next one. So it does while
-    a cluster's primary does not answer (the others' policies read): a publish to the
-    primaries that serve their slots goes on, and the next one asks the missing one.
+    a cluster's primary does not answer (the others' policies read and accepted): a
+    publish to the primaries that serve their slots goes on, and the missing one is
+    asked again by the first publish :data:`UNREAD_AGAIN_S` after the last ask (each
+    ask re-reads the cluster's slots and every primary: not one a publish).
     """
 
     def __init__(self, cfg: RedisConfig, caller: Caller) -> None:
@@ -91,21 +99,31 @@ class EvictionGuard:
         """The risky policies :meth:`recheck` last logged (empty: none)."""
         self._looks = 0
         self._unread: set[str] = set()
-        """The primaries whose policy the last check could not read (they did not answer)."""
+        """The primaries whose policy the last check could not read (they did not answer),
+        the others' accepted."""
+        self._ask_again_at = 0.0
+        """While :attr:`_unread` holds some, when (``time.monotonic()``) to ask again."""
 
-    async def policies(self, *, retry: bool = True) -> dict[str, str | None]:
+    async def policies(self, *, retry: bool = True,
+                       unreachable: dict[str, str] | None = None) -> dict[str, str | None]:
         return await per_server(self._caller, "reading the eviction policy",
-                                _eviction_policy, retry=retry)
+                                _eviction_policy, retry=retry, unreachable=unreachable)
 
     async def check(self, *, retry: bool) -> None:
         """Refuse or accept the policy (one attempt unless ``retry``)."""
+        now = time.monotonic()
+        if self._unread and now < self._ask_again_at:
+            return  # asked lately (the class's docstring)
+        self._ask_again_at = now + UNREAD_AGAIN_S
+        unread, self._unread = self._unread, set()
         unreachable: dict[str, str] = {}
-        check_eviction(await per_server(self._caller, "reading the eviction policy",
-                                        _eviction_policy, retry=retry,
-                                        unreachable=unreachable), self._allow)
-        if unreachable and set(unreachable) != self._unread:  # once, not every publish
-            log.warning("could not read maxmemory-policy on %s: read again before the next "
-                        "publish", "; ".join(f"{s} ({why})" for s, why in unreachable.items()))
+        check_eviction(await self.policies(retry=retry, unreachable=unreachable),
+                       self._allow)
+        if unreachable and set(unreachable) != unread:  # once, not every ask
+            log.warning("could not read maxmemory-policy on %s: asked again every %gs "
+                        "before a publish", "; ".join(f"{s} ({why})"
+                                                      for s, why in unreachable.items()),
+                        UNREAD_AGAIN_S)
         self._unread = set(unreachable)
         self.checked = not unreachable
 
