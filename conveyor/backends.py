@@ -146,7 +146,8 @@ def for_commands(config: Config) -> Backend:
 
 def command_adapter(config: Config) -> QueueAdapter:
     """The queue adapter of an operator's command (:func:`for_commands`)."""
-    return for_commands(config).adapter(config)
+    queues = backend(config.queues.adapter)
+    return (queues.command_adapter or queues.adapter)(config)
 
 
 async def lease_owners(config: Config, group: str) -> dict[int, str]:

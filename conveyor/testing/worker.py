@@ -37,7 +37,7 @@ from conveyor.testing.records import (
     trimmed,
 )
 from conveyor.workers.cells.interceptor import cell_reader
-from conveyor.workers.daemon import DrainReport, WorkerDaemon
+from conveyor.workers.daemon import HOOKS_GRACE_S, DrainReport, WorkerDaemon
 
 HandlerRef = str | Callable[..., Any]
 """A handler, named as declared (``module.function`` or ``name=``), by its last part
@@ -53,7 +53,7 @@ it for ever)."""
 
 
 HOOK_HELD = ("a hook that catches asyncio.CancelledError must raise it again; conveyor "
-             "worker's stop leaves it running after 1s")
+             f"worker's stop leaves it running after {HOOKS_GRACE_S:g}s")
 """What a stop that left a startup hook running says of it."""
 
 
