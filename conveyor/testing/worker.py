@@ -24,7 +24,13 @@ from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.operations import dlq
 from conveyor.platform.options import CellOptions
 from conveyor.platform.telemetry import Telemetry
-from conveyor.testing.observe import BatchCall, Observations, ObservedAdapter, observed_app
+from conveyor.testing.observe import (
+    BatchCall,
+    Observations,
+    ObservedAdapter,
+    Stop,
+    observed_app,
+)
 from conveyor.testing.records import (
     DeadLettersFound,
     NotSettled,
@@ -141,6 +147,7 @@ class TestWorker:
         """The event loop the daemon was started on, which runs it."""
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
+        self._failure_watch: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         state = ("stopped" if self.drain_report is not None
@@ -165,6 +172,8 @@ class TestWorker:
             self._daemon = WorkerDaemon(shadow, self.config, adapter=adapter,
                                         telemetry=self._telemetry)
             await self._daemon.start()
+            self._failure_watch = asyncio.create_task(
+                self._wake_on_failure(self._daemon), name="conveyor-testing-failure")
         except BaseException:
             if self._daemon is not None:
                 with contextlib.suppress(Exception):  # the start's error is the one to see
@@ -172,6 +181,11 @@ class TestWorker:
             self._forget_broker()
             raise
         return self
+
+    async def _wake_on_failure(self, daemon: WorkerDaemon) -> None:
+        """Wake a waiting :meth:`settle` when the daemon fails: it answers at once."""
+        await daemon.failed.wait()
+        self._observations.changed.set()
 
     async def stop(self) -> DrainReport:
         """Drain the daemon (within ``stop_timeout_s``) and forget the private broker.
@@ -186,6 +200,8 @@ class TestWorker:
         daemon = self.daemon
         loop = asyncio.get_running_loop()
         self._observations.stopping = True
+        if self._failure_watch is not None:
+            self._failure_watch.cancel()
         # A handler raised KeyboardInterrupt or SystemExit: conveyor worker stops at
         # once then, without draining (the held call would only run out the drain).
         drain_s = 0.0 if self._observations.stops else self.stop_timeout_s
@@ -432,11 +448,11 @@ class TestWorker:
         changed = self._observations.changed
         try:
             async with asyncio.timeout(timeout):
-                while not self._quiet() and not self._unreported_stops():
+                while not self._quiet() and not self._stopped():
                     changed.clear()
                     await changed.wait()
         except TimeoutError:
-            if not self._quiet() and not self._unreported_stops():
+            if not self._quiet() and not self._stopped():
                 self._not_settled(timeout)
         finally:
             self._checked = len(self._observations.messages)
@@ -580,29 +596,42 @@ class TestWorker:
             return None
         return f"in cell {shown(name)!r}", _load(cell.busy, cell.size, cell.queue_length)
 
-    def _unreported_stops(self) -> bool:
-        return any(not stop.reported for stop in self._observations.stops)
+    def _stopped(self) -> bool:
+        """A handler call stopped the worker, or the daemon failed: nothing settles now."""
+        return bool(self._observations.stops) or (
+            self._daemon is not None and self._daemon.failure is not None)
 
     def _raise_stops(self) -> None:
-        """Raise :class:`WorkerStopped` for the handler calls that raised
-        ``KeyboardInterrupt`` or ``SystemExit`` since the last time (once each)."""
+        """Raise :class:`WorkerStopped` when the worker stopped: for the handler calls
+        that raised ``KeyboardInterrupt`` or ``SystemExit`` since the last time (named
+        once each), else for the daemon's failure, else, again, for the first stop."""
         __tracebackhide__ = True
-        stops = [stop for stop in self._observations.stops if not stop.reported]
-        if not stops:
-            return
-        named = []
-        for stop in stops:
-            stop.reported = True
-            queue, offset, handler = stop.call
-            message = self._observations.messages.get((queue, offset))
-            where = _named(message) if message is not None else "a message"
-            named.append(f"handler {handler.rpartition('.')[2]} raised {stop.error!r} on "
-                         f"{where}")
-        raise WorkerStopped(
-            f"{'; '.join(named)}: conveyor worker stops at once there, without draining "
-            "(its message comes back, redelivered, to the next worker); the kit holds the "
-            "call instead, its message unacknowledged, until the worker stops"
-        ) from trimmed(stops[0].error)
+        stops = self._observations.stops
+        new = [stop for stop in stops if not stop.reported]
+        if new:
+            for stop in new:
+                stop.reported = True
+            raise WorkerStopped(
+                f"{'; '.join(map(self._stop_named, new))}: conveyor worker stops at once "
+                "there, without draining (its message comes back, redelivered, to the next "
+                "worker); the kit holds the call instead, its message unacknowledged, until "
+                "the worker stops") from trimmed(new[0].error)
+        failure = self._daemon.failure if self._daemon is not None else None
+        if failure is not None:
+            raise WorkerStopped(
+                f"the worker failed: {failure} (conveyor worker stops there and exits 1; "
+                "every later settle() says so)") from trimmed(failure)
+        if stops:
+            raise WorkerStopped(
+                f"this TestWorker's worker stopped earlier: {self._stop_named(stops[0])}: "
+                "nothing is handled after that (worker.unsettled() names what is left; a "
+                "new TestWorker starts afresh)") from trimmed(stops[0].error)
+
+    def _stop_named(self, stop: Stop) -> str:
+        queue, offset, handler = stop.call
+        message = self._observations.messages.get((queue, offset))
+        where = _named(message) if message is not None else "a message"
+        return f"handler {handler.rpartition('.')[2]} raised {stop.error!r} on {where}"
 
     def _raise_hook_failures(self) -> None:
         __tracebackhide__ = True

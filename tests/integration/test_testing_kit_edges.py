@@ -580,6 +580,70 @@ def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
     assert "which stops conveyor worker at once" in str(error)
 
 
+def test_a_settle_after_the_worker_stopped_answers_at_once_naming_the_stop() -> None:
+    # After a handler's stop was reported, the next settle() waited its whole
+    # settle_timeout_s for the held message (which nothing acknowledges any more), then
+    # raised NotSettled: a test that went on after pytest.raises(WorkerStopped) took
+    # seconds to learn what it knew.
+    app = stopping_app("async")
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with TestWorker(app, settle_timeout_s=5) as worker:
+            await worker.publish("fatal", "k", 1)
+            with pytest.raises(WorkerStopped) as first:
+                await worker.settle()
+            await worker.publish("fine", "f", 0)
+            started = time.monotonic()
+            for _ in range(2):  # every later call, not once
+                with pytest.raises(WorkerStopped) as again:
+                    await worker.settle()
+                seen.setdefault("again", []).append(again.value)
+            seen["again_s"] = time.monotonic() - started
+            seen["first"] = first.value
+
+    asyncio.run(scenario())
+    assert seen["again_s"] < 1.0  # not settle_timeout_s
+    for error in seen["again"]:
+        assert error.__cause__ is seen["first"].__cause__  # the handler's KeyboardInterrupt
+        text = one_line(error)
+        assert text.startswith("this TestWorker's worker stopped earlier: handler fatal "
+                               "raised KeyboardInterrupt() on fatal/k (message "), text
+        assert "nothing is handled after that" in text
+
+
+async def test_a_daemon_that_failed_is_named_by_settle_at_once() -> None:
+    # A failure of the daemon (an agent task crashed, which stops conveyor worker with
+    # exit 1) went unseen by a settle() whose messages were all acknowledged, and one
+    # waiting on a message the crash held waited its whole timeout.
+    app = App("failing-daemon")
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @app.handler("slow")
+    async def slow(n: int) -> None:
+        entered.set()
+        await release.wait()
+
+    async with TestWorker(app, settle_timeout_s=5) as worker:
+        await worker.publish("slow", "s", 1)
+        await asyncio.wait_for(entered.wait(), 5)
+        settling = asyncio.ensure_future(worker.settle())
+        await asyncio.sleep(0)  # settle() is waiting
+        started = time.monotonic()
+        worker.daemon.agent_crashed(0, RuntimeError("boom"))  # as the agent reports it
+        with pytest.raises(WorkerStopped) as stopped:
+            await settling
+        took = time.monotonic() - started
+        release.set()
+        with pytest.raises(WorkerStopped):  # and every later call
+            await worker.settle()
+    assert took < 1.0
+    assert stopped.value.__cause__ is worker.daemon.failure
+    text = one_line(stopped.value)
+    assert text.startswith("the worker failed: queue 0: an agent task crashed "
+                           "(RuntimeError: boom)"), text
+
+
 async def test_a_timeout_names_the_messages_of_a_batch_call_running() -> None:
     # NotSettled said of the first message of a batch whose call was running "pulled, not
     # started (waiting for a slot, or for its batch)", and of the others "waiting for
