@@ -19,6 +19,7 @@ from conveyor.platform.config import Config
 from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.ids import namespace_refusal, shown_any
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.operations import dlq
@@ -652,7 +653,10 @@ class TestWorker:
         return self._observations.sorted_records()
 
     def _select(self, outcome: Outcome | None, namespace: str | None,
-                handler: HandlerRef | None) -> list[Record]:
+                handler: HandlerRef | None, call: str) -> list[Record]:
+        # A dead letter may be of a namespace no handler takes ([dead_letters] unroutable)
+        self._check_namespace(call, namespace, handled=None if outcome is Outcome.DEAD_LETTERED
+                              else outcome is not Outcome.SKIPPED)
         match = self._handler_match(handler)
         return [
             r for r in self._observations.sorted_records()
@@ -660,6 +664,29 @@ class TestWorker:
             and (namespace is None or r.namespace == namespace)
             and match(r.handler)
         ]
+
+    def _check_namespace(self, call: str, namespace: object, *,
+                         handled: bool | None) -> None:
+        """Refuse, naming ``call``, a ``namespace`` filter that can match nothing: not a
+        namespace at all; with ``handled``, one no handler of the app takes (a typo);
+        with ``handled=False`` (skipped), one a handler takes."""
+        __tracebackhide__ = True
+        if namespace is None:
+            return
+        problem = namespace_refusal(namespace)
+        said = f"{call}(namespace={shown_any(namespace)})"
+        if problem is not None:
+            raise InvalidArgumentError(f"{said}: the namespace {problem}")
+        assert isinstance(namespace, str)
+        taken = namespace in self._observations.specs
+        if handled and not taken:
+            raise InvalidArgumentError(
+                f"{said}: no handler of app {self.app.name!r} takes that namespace (its "
+                f"namespaces: {', '.join(map(shown, self._observations.specs)) or 'none'})")
+        if handled is False and taken:
+            raise InvalidArgumentError(
+                f"{said}: app {self.app.name!r} has handlers of that namespace, so its "
+                "messages are never skipped")
 
     def _handler_match(self, handler: HandlerRef | None) -> Callable[[str], bool]:
         if handler is None:
@@ -684,36 +711,37 @@ class TestWorker:
     def handled(self, namespace: str | None = None, *,
                 handler: HandlerRef | None = None) -> list[Record]:
         """Records of messages a handler returned on (after retries or not)."""
-        return self._select(Outcome.HANDLED, namespace, handler)
+        return self._select(Outcome.HANDLED, namespace, handler, "handled")
 
     def dead_lettered(self, namespace: str | None = None, *,
                       handler: HandlerRef | None = None) -> list[Record]:
         """Records of messages stored as dead letters (``record.letter`` says why)."""
         self._looked = len(self._observations.records)
-        return self._select(Outcome.DEAD_LETTERED, namespace, handler)
+        return self._select(Outcome.DEAD_LETTERED, namespace, handler, "dead_lettered")
 
     def retried(self, namespace: str | None = None, *,
                 handler: HandlerRef | None = None) -> list[Record]:
         """Records of messages a handler was called on more than once."""
-        return [r for r in self._select(None, namespace, handler) if r.retried]
+        return [r for r in self._select(None, namespace, handler, "retried") if r.retried]
 
     def skipped(self, namespace: str | None = None) -> list[Record]:
         """Records of messages of namespaces no handler of the app subscribes to."""
-        return self._select(Outcome.SKIPPED, namespace, None)
+        return self._select(Outcome.SKIPPED, namespace, None, "skipped")
 
     def deduplicated(self, namespace: str | None = None, *,
                      handler: HandlerRef | None = None) -> list[Record]:
         """Records of deliveries an ``idempotent=True`` handler had completed already."""
-        return self._select(Outcome.DEDUPLICATED, namespace, handler)
+        return self._select(Outcome.DEDUPLICATED, namespace, handler, "deduplicated")
 
     def bodies(self, namespace: str | None = None, *,
                handler: HandlerRef | None = None) -> list[Any]:
         """The bodies handled, as the handler received them, in publish order."""
-        return [r.body for r in self.handled(namespace, handler=handler)]
+        return [r.body for r in self._select(Outcome.HANDLED, namespace, handler, "bodies")]
 
     def published(self, namespace: str | None = None) -> list[Message]:
         """Every message published (by the test, the handlers or the startup hooks), in
         the order published, as stored (with its position)."""
+        self._check_namespace("published", namespace, handled=None)
         self._broker()
         return [m for m in self._observations.messages.values()
                 if namespace is None or m.stream.namespace == namespace]

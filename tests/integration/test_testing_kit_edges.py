@@ -154,6 +154,53 @@ async def test_a_misspelt_handler_name_is_refused_not_matched_by_nothing() -> No
         "'on_ordr' is not a handler of app 'named' (its handlers: audit, on_order)"]
 
 
+async def test_a_namespace_filter_that_cannot_match_is_refused_naming_it() -> None:
+    # worker.handled(3), handled("") or handled("a\nb") returned [] (no namespace is
+    # one), as did handled("ordrs"), a namespace no handler of the app takes: an
+    # `assert not worker.handled("ordrs")` passed whatever happened.
+    app = two_handlers()
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "k", 1)
+        await worker.publish("stray", "k", 2)
+        await worker.settle()
+        refusals: list[str] = []
+        for read in (worker.handled, worker.bodies, worker.retried, worker.deduplicated,
+                     worker.dead_lettered, worker.skipped, worker.published):
+            for bad in (3, b"orders", "", "a\nb", "x" * 300):
+                with pytest.raises(conveyor.InvalidArgumentError) as refused:
+                    read(bad)  # type: ignore[operator]
+                refusals.append(one_line(refused.value))
+        typos: list[str] = []
+        for read in (worker.handled, worker.bodies, worker.retried, worker.deduplicated):
+            with pytest.raises(conveyor.InvalidArgumentError) as typo:
+                read("ordrs")  # type: ignore[operator]
+            typos.append(one_line(typo.value))
+        with pytest.raises(conveyor.InvalidArgumentError) as never_skipped:
+            worker.skipped("orders")
+        # what can match is still taken: a namespace no handler takes is skipped (or,
+        # configured so, dead-lettered), and published to
+        found = (len(worker.handled("orders")), worker.skipped("stray")[0].body,
+                 worker.dead_lettered("stray"), len(worker.published(namespace="stray")))
+    assert found == (2, 2, [], 1)
+    assert refusals[:5] == [
+        "handled(namespace=3): the namespace must be a non-empty string",
+        "handled(namespace=b'orders'): the namespace must be a non-empty string",
+        "handled(namespace=''): the namespace must be a non-empty string",
+        "handled(namespace='a\\nb'): the namespace holds a control character ('\\n'): "
+        "a namespace is one line",
+        "handled(namespace='" + "x" * 100 + "'… (300 characters)): the namespace is longer "
+        "than 255 characters, the most a namespace may be",
+    ]
+    calls = ["handled", "bodies", "retried", "deduplicated", "dead_lettered", "skipped",
+             "published"]
+    assert [r.partition("(")[0] for r in refusals] == [c for c in calls for _ in range(5)]
+    assert typos == [f"{call}(namespace='ordrs'): no handler of app 'named' takes that "
+                     "namespace (its namespaces: orders)" for call in calls[:4]]
+    assert one_line(never_skipped.value) == (
+        "skipped(namespace='orders'): app 'named' has handlers of that namespace, so its "
+        "messages are never skipped")
+
+
 async def test_a_bound_method_handler_is_found_by_the_method() -> None:
     """docs/testing.md: ``handler`` may be "the handler function itself"; a bound method
     handler (docs/writing-handlers.md) is a new object at each attribute access, so an
