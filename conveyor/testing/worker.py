@@ -326,7 +326,9 @@ class TestWorker:
                 "runs its daemon and stands still while this one waits (pytest-asyncio: "
                 "the fixture and the test run on loops of different scopes; give them the "
                 "same, e.g. asyncio_default_fixture_loop_scope as "
-                "asyncio_default_test_loop_scope)")
+                "asyncio_default_test_loop_scope; or an anyio test (@pytest.mark.anyio) "
+                "given a fixture pytest-asyncio ran, as its asyncio_mode = auto runs every "
+                "async fixture: use its strict mode, or mark the test asyncio)")
 
     @property
     def client(self) -> Client:

@@ -151,6 +151,66 @@ def test_a_fixture_on_another_loop_than_the_test_is_named_at_once(tmp_path: Path
     assert time.monotonic() - began < 8, out  # not the settle's 10 s
 
 
+ANYIO_TESTS = '''
+import pytest
+
+import conveyor
+from conveyor.testing import TestWorker
+from conveyor.testing.fixtures import worker_fixture
+
+app = conveyor.App("anyio")
+
+
+@app.handler("names")
+async def on_name(name: str) -> None:
+    """Takes the name and keeps nothing of it."""
+
+
+worker = worker_fixture(app)
+
+
+@pytest.fixture
+async def own_worker():
+    async with TestWorker(app) as worker:
+        yield worker
+
+
+@pytest.mark.anyio
+async def test_with_the_made_fixture(worker):
+    await worker.publish("names", "n-1", "Ada")
+    await worker.settle()
+
+
+@pytest.mark.anyio
+async def test_with_a_fixture_of_its_own(own_worker):
+    await own_worker.publish("names", "n-1", "Ada")
+    await own_worker.settle()
+'''
+
+
+def test_anyio_tests_need_pytest_asyncios_strict_mode_when_both_are_installed(
+        tmp_path: Path) -> None:
+    """docs/testing.md: with pytest-asyncio installed too, @pytest.mark.anyio tests take
+    the kit's fixtures in its strict mode (the default); in its auto mode it runs every
+    async fixture on a loop of its own, and the kit says so at the test's first call.
+    (The page said to write the fixture yourself "so that anyio runs it": in auto mode
+    that fixture failed too, with a hint about loop scopes only.)"""
+    (tmp_path / "test_anyio.py").write_text(ANYIO_TESTS)
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n")
+    ran = users_pytest(tmp_path, "pytest.ini")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert re.search(r"\b2 passed in ", ran.stdout), ran.stdout
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    ran = users_pytest(tmp_path, "pytest.ini")
+    out = ran.stdout
+    assert ran.returncode == 1 and "2 failed" in out, out + ran.stderr
+    assert out.count("cannot publish: this TestWorker was started on another event "
+                     "loop") >= 2, out
+    assert "an anyio test (@pytest.mark.anyio) given a fixture pytest-asyncio ran" in out, out
+
+
 FAILING_TESTS = '''
 import asyncio
 
