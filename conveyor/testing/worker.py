@@ -124,6 +124,10 @@ class TestWorker:
             raise InvalidArgumentError(
                 f"TestWorker(app, config): expected a conveyor.Config (from "
                 f"conveyor.load_config(...)) or None, got {_kind(config)}")
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise InvalidArgumentError(
+                "TestWorker(telemetry=...): expected a conveyor.platform.telemetry.Telemetry "
+                f"(Telemetry.from_config(config.telemetry)) or None, got {_kind(telemetry)}")
         for name, value in (("delay_scale", delay_scale), ("settle_timeout_s", settle_timeout_s),
                             ("stop_timeout_s", stop_timeout_s)):
             _check_seconds(f"TestWorker {name}", value)

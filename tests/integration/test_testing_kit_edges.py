@@ -426,6 +426,19 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
     assert "async with" in one_line(early.value)
 
 
+@pytest.mark.parametrize("telemetry", ["otel", {"enabled": True}, 1],
+                         ids=["str", "dict", "int"])
+def test_telemetry_that_is_not_a_telemetry_is_refused_where_the_worker_is_made(
+        telemetry: object) -> None:
+    # TestWorker(app, telemetry="otel") was taken, and its start failed deep in the
+    # daemon's build: AttributeError: 'str' object has no attribute 'tracer'.
+    with pytest.raises(conveyor.InvalidArgumentError) as refused:
+        TestWorker(two_handlers(), telemetry=telemetry)  # type: ignore[arg-type]
+    assert one_line(refused.value).startswith(
+        "TestWorker(telemetry=...): expected a conveyor.platform.telemetry.Telemetry "), (
+        refused.value)
+
+
 @pytest.mark.parametrize("items", [None, Publish("orders", "k", 1), "orders", 3],
                          ids=["None", "one Publish", "str", "int"])
 async def test_publish_batch_of_no_list_is_refused_in_one_line(items: object) -> None:
