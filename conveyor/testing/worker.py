@@ -603,15 +603,23 @@ class TestWorker:
             return None
         return f"in cell {shown(name)!r}", _load(cell.busy, cell.size, cell.queue_length)
 
+    def _hook_stops(self) -> list[tuple[str, BaseException]]:
+        """The startup hooks that raised ``KeyboardInterrupt`` or ``SystemExit``, and
+        what they raised."""
+        return [(run.name, run.error) for run in self._observations.hooks
+                if run.error is not None and not isinstance(run.error, Exception)]
+
     def _stopped(self) -> bool:
-        """A handler call stopped the worker, or the daemon failed: nothing settles now."""
-        return bool(self._observations.stops) or (
+        """A handler call or a startup hook stopped the worker, or the daemon failed:
+        ``conveyor worker`` is gone, so nothing is to be waited for."""
+        return bool(self._observations.stops or self._hook_stops()) or (
             self._daemon is not None and self._daemon.failure is not None)
 
     def _raise_stops(self) -> None:
         """Raise :class:`WorkerStopped` when the worker stopped: for the handler calls
         that raised ``KeyboardInterrupt`` or ``SystemExit`` since the last time (named
-        once each), else for the daemon's failure, else, again, for the first stop."""
+        once each), else for the daemon's failure, else, again, for the first stop (a
+        startup hook's was raised as :class:`StartupHookFailed` the first time)."""
         __tracebackhide__ = True
         stops = self._observations.stops
         new = [stop for stop in stops if not stop.reported]
@@ -628,11 +636,14 @@ class TestWorker:
             raise WorkerStopped(
                 f"the worker failed: {failure} (conveyor worker stops there and exits 1; "
                 "every later settle() says so)") from trimmed(failure)
-        if stops:
+        hooks = self._hook_stops()
+        if hooks or stops:  # raised once already (StartupHookFailed, WorkerStopped)
+            said, error = ((f"startup hook {hooks[0][0]} raised {hooks[0][1]!r}", hooks[0][1])
+                           if hooks else (self._stop_named(stops[0]), stops[0].error))
             raise WorkerStopped(
-                f"this TestWorker's worker stopped earlier: {self._stop_named(stops[0])}: "
-                "nothing is handled after that (worker.unsettled() names what is left; a "
-                "new TestWorker starts afresh)") from trimmed(stops[0].error)
+                f"this TestWorker's worker stopped earlier: {said}: conveyor worker handles "
+                "nothing after that (worker.unsettled() names what is left; a new "
+                "TestWorker starts afresh)") from trimmed(error)
 
     def _stop_named(self, stop: Stop) -> str:
         queue, offset, handler = stop.call
@@ -646,7 +657,8 @@ class TestWorker:
             if run.error is not None and not run.reported:
                 run.reported = True
                 stop = ("" if isinstance(run.error, Exception) else
-                        " (which stops conveyor worker at once; the kit goes on)")
+                        " (which stops conveyor worker at once: a later settle() raises "
+                        "WorkerStopped)")
                 raise StartupHookFailed(
                     f"startup hook {run.name} raised {type(run.error).__name__}: "
                     f"{run.error}{stop}") from trimmed(run.error)

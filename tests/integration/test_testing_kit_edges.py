@@ -628,6 +628,12 @@ def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
             with pytest.raises(StartupHookFailed) as failed:
                 await worker.settle()
             seen["error"] = failed.value
+            # conveyor worker is gone: a later settle() says so, as after a handler's
+            # stop (it went on as if the worker ran)
+            await worker.publish("anything", "a", 1)
+            with pytest.raises(WorkerStopped) as again:
+                await worker.settle()
+            seen["again"] = again.value
 
     try:
         asyncio.run(scenario())
@@ -638,6 +644,10 @@ def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
     assert one_line(error).startswith(
         f"startup hook {boot.__qualname__} raised {type(stop).__name__}")
     assert "which stops conveyor worker at once" in str(error)
+    assert seen["again"].__cause__ is stop
+    assert one_line(seen["again"]).startswith(
+        f"this TestWorker's worker stopped earlier: startup hook {boot.__qualname__} "
+        f"raised {stop!r}: conveyor worker handles nothing after that")
 
 
 def test_a_settle_after_the_worker_stopped_answers_at_once_naming_the_stop() -> None:
@@ -669,7 +679,7 @@ def test_a_settle_after_the_worker_stopped_answers_at_once_naming_the_stop() -> 
         text = one_line(error)
         assert text.startswith("this TestWorker's worker stopped earlier: handler fatal "
                                "raised KeyboardInterrupt() on fatal/k (message "), text
-        assert "nothing is handled after that" in text
+        assert "conveyor worker handles nothing after that" in text
 
 
 async def test_a_daemon_that_failed_is_named_by_settle_at_once() -> None:
