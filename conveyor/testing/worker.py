@@ -16,7 +16,7 @@ from conveyor.adapters.memory import MemoryBroker, reset_broker
 from conveyor.client import Client, Publish
 from conveyor.platform.app import App
 from conveyor.platform.config import Config
-from conveyor.platform.delivery.chain import Delivery
+from conveyor.platform.delivery.chain import STOPS, Delivery
 from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
 from conveyor.platform.ids import namespace_refusal, shown_any
@@ -618,14 +618,18 @@ class TestWorker:
     def _raise_stops(self) -> None:
         """Raise :class:`WorkerStopped` when the worker stopped: for the handler calls
         that raised ``KeyboardInterrupt`` or ``SystemExit`` since the last time (named
-        once each), else for the daemon's failure, else, again, for the first stop (a
-        startup hook's was raised as :class:`StartupHookFailed` the first time)."""
+        once each; pytest's outcome of the test, one raised, is raised itself), else for
+        the daemon's failure, else, again, for the first stop (a startup hook's was
+        raised as :class:`StartupHookFailed` the first time)."""
         __tracebackhide__ = True
         stops = self._observations.stops
         new = [stop for stop in stops if not stop.reported]
         if new:
             for stop in new:
                 stop.reported = True
+            for stop in new:  # pytest's outcome, raised in a handler: the test's
+                if not isinstance(stop.error, STOPS):
+                    raise stop.error
             raise WorkerStopped(
                 f"{'; '.join(map(self._stop_named, new))}: conveyor worker stops at once "
                 "there, without draining (its message comes back, redelivered, to the next "

@@ -650,6 +650,30 @@ def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
         f"raised {stop!r}: conveyor worker handles nothing after that")
 
 
+async def test_pytests_outcome_raised_in_a_handler_is_the_tests_not_a_retried_failure(
+) -> None:
+    # pytest.fail() in a handler (or pytest-timeout's Failed, raised wherever the main
+    # thread is) was taken by the chain for the handler's failure: retried, then
+    # dead-lettered, or handled by the retry, and the test passed.
+    app = App("outcome")
+    calls: list[int] = []
+
+    @app.handler("jobs", retry_attempts=3)
+    async def job(n: int) -> None:
+        calls.append(n)
+        if len(calls) == 1:
+            pytest.fail("the handler was not to be called with 1")
+
+    async with TestWorker(app, settle_timeout_s=5) as worker:
+        await worker.publish("jobs", "j", 1)
+        with pytest.raises(pytest.fail.Exception) as failed:
+            await worker.settle()
+        with pytest.raises(WorkerStopped):  # a stop, as a handler's KeyboardInterrupt
+            await worker.settle()
+    assert str(failed.value) == "the handler was not to be called with 1"
+    assert calls == [1]  # not retried
+
+
 def test_a_settle_after_the_worker_stopped_answers_at_once_naming_the_stop() -> None:
     # After a handler's stop was reported, the next settle() waited its whole
     # settle_timeout_s for the held message (which nothing acknowledges any more), then
