@@ -507,7 +507,9 @@ def _watched(hook: Hook, observations: Observations) -> Hook:
     async def watched(client: Client) -> None:
         try:
             await hook(client)
-        except (Exception, *STOPS) as exc:  # a stop, let through, ends the test run
+        except BaseException as exc:  # a stop, let through, ends the test run
+            if not (isinstance(exc, Exception) or held(exc)):
+                raise  # its cancellation
             run.error = exc
             log.error("startup hook %s raised %s: %s", run.name, type(exc).__name__, exc)
         finally:

@@ -660,6 +660,8 @@ class TestWorker:
         for run in self._observations.hooks:
             if run.error is not None and not run.reported:
                 run.reported = True
+                if not isinstance(run.error, (Exception, *STOPS)):
+                    raise run.error  # pytest's outcome of the test (observe.held)
                 stop = ("" if isinstance(run.error, Exception) else
                         " (which stops conveyor worker at once: a later settle() raises "
                         "WorkerStopped)")

@@ -674,6 +674,23 @@ async def test_pytests_outcome_raised_in_a_handler_is_the_tests_not_a_retried_fa
     assert calls == [1]  # not retried
 
 
+async def test_pytests_outcome_raised_in_a_startup_hook_is_the_tests() -> None:
+    # As in a handler: pytest-timeout's Failed fired in a startup hook that blocked the
+    # loop (or a hook's pytest.fail()) ended the hook's task, unseen: the test passed.
+    app = App("hook-outcome")
+
+    @app.startup
+    async def boot(client: conveyor.Client) -> None:
+        pytest.fail("the hook is not to run here")
+
+    async with TestWorker(app, settle_timeout_s=5) as worker:
+        with pytest.raises(pytest.fail.Exception) as failed:
+            await worker.settle()
+        with pytest.raises(WorkerStopped):
+            await worker.settle()
+    assert str(failed.value) == "the hook is not to run here"
+
+
 def test_a_settle_after_the_worker_stopped_answers_at_once_naming_the_stop() -> None:
     # After a handler's stop was reported, the next settle() waited its whole
     # settle_timeout_s for the held message (which nothing acknowledges any more), then
