@@ -558,7 +558,7 @@ class TestWorker:
         ``earlier``: the messages of its queue held before it, in queue order."""
         observations = self._observations
         calls = observations.running_calls((queue, offset), self._queued_in)
-        calls += [f"{stop.call[2].rpartition('.')[2]} raised {stop.error!r}: held (a worker "
+        calls += [f"{stop.call[2].rpartition('.')[2]} raised {_raised(stop.error)}: held (a worker "
                   "stops there)" for stop in observations.stops
                   if stop.call[:2] == (queue, offset)]
         if calls:
@@ -642,8 +642,9 @@ class TestWorker:
                 "every later settle() says so)") from trimmed(failure)
         hooks = self._hook_stops()
         if hooks or stops:  # raised once already (StartupHookFailed, WorkerStopped)
-            said, error = ((f"startup hook {hooks[0][0]} raised {hooks[0][1]!r}", hooks[0][1])
-                           if hooks else (self._stop_named(stops[0]), stops[0].error))
+            hook, error = hooks[0] if hooks else ("", stops[0].error)
+            said = (f"startup hook {hook} raised {_raised(error)}" if hooks
+                    else self._stop_named(stops[0]))
             raise WorkerStopped(
                 f"this TestWorker's worker stopped earlier: {said}: conveyor worker handles "
                 "nothing after that (worker.unsettled() names what is left; a new "
@@ -653,7 +654,7 @@ class TestWorker:
         queue, offset, handler = stop.call
         message = self._observations.messages.get((queue, offset))
         where = _named(message) if message is not None else "a message"
-        return f"handler {handler.rpartition('.')[2]} raised {stop.error!r} on {where}"
+        return f"handler {handler.rpartition('.')[2]} raised {_raised(stop.error)} on {where}"
 
     def _raise_hook_failures(self) -> None:
         __tracebackhide__ = True
@@ -805,6 +806,13 @@ def _dead_lettered(record: object) -> DeadLetter:
             f"replay: {_kind(record)[:80]} is not dead-lettered (pass records "
             "of worker.dead_lettered())")
     return record.letter
+
+
+def _raised(error: BaseException) -> str:
+    """What a call raised that stopped the worker: ``KeyboardInterrupt()``,
+    ``SystemExit(3)``, or pytest's outcome, ``Failed('Timeout (>1.0s) …')`` (whose
+    ``repr`` is its message alone)."""
+    return repr(error) if isinstance(error, STOPS) else f"{type(error).__name__}({str(error)!r})"
 
 
 def _kind(value: object) -> str:

@@ -668,9 +668,12 @@ async def test_pytests_outcome_raised_in_a_handler_is_the_tests_not_a_retried_fa
         await worker.publish("jobs", "j", 1)
         with pytest.raises(pytest.fail.Exception) as failed:
             await worker.settle()
-        with pytest.raises(WorkerStopped):  # a stop, as a handler's KeyboardInterrupt
+        with pytest.raises(WorkerStopped) as again:  # a stop, as a KeyboardInterrupt
             await worker.settle()
     assert str(failed.value) == "the handler was not to be called with 1"
+    # named by its type (a pytest outcome's repr is its message alone)
+    assert "handler job raised Failed('the handler was not to be called with 1') on " in (
+        one_line(again.value))
     assert calls == [1]  # not retried
 
 
