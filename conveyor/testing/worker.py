@@ -327,12 +327,14 @@ class TestWorker:
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise ConveyorError(
                 f"cannot {doing}: this TestWorker was started on another event loop, which "
-                "runs its daemon and stands still while this one waits (pytest-asyncio: "
-                "the fixture and the test run on loops of different scopes; give them the "
-                "same, e.g. asyncio_default_fixture_loop_scope as "
-                "asyncio_default_test_loop_scope; or an anyio test (@pytest.mark.anyio) "
+                "runs its daemon and stands still while this one waits. Either the "
+                "fixture and the test run on loops of different scopes (pytest-asyncio: "
+                "give them the same, e.g. asyncio_default_fixture_loop_scope as "
+                "asyncio_default_test_loop_scope); or an anyio test (@pytest.mark.anyio) "
                 "given a fixture pytest-asyncio ran, as its asyncio_mode = auto runs every "
-                "async fixture: use its strict mode, or mark the test asyncio)")
+                "async fixture (use its strict mode, or mark the test asyncio); or a plain "
+                "def test cannot drive it (asyncio.run runs another loop): make the test "
+                "async def")
 
     @property
     def client(self) -> Client:

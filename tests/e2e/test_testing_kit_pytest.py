@@ -235,14 +235,14 @@ async def block(seconds: float) -> None:
 worker = worker_fixture(app, settle_timeout_s=30, stop_timeout_s=0.5)
 
 
-@pytest.mark.timeout(1)
+@pytest.mark.timeout(2)
 async def test_a_handler_that_blocks_the_loop(worker):
-    await worker.publish("jobs", "j-1", 3)
+    await worker.publish("jobs", "j-1", 8)
     await worker.settle()
 
 
 def test_the_handler_was_called_once():
-    assert calls == [3]
+    assert calls == [8]
 '''
 
 
@@ -256,7 +256,7 @@ def test_a_time_limit_that_fires_in_a_handler_blocking_the_loop_fails_its_test(
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
     assert re.search(r"\b1 failed, 1 passed in ", out), out
-    assert "Failed: Timeout (>1.0s) from pytest-timeout" in out, out
+    assert "Failed: Timeout (>2.0s) from pytest-timeout" in out, out
     assert "time.sleep(seconds)" in out, out  # where it was when the limit fired
 
 
