@@ -681,9 +681,10 @@ class TestWorker:
 
     def _select(self, outcome: Outcome | None, namespace: str | None,
                 handler: HandlerRef | None, call: str) -> list[Record]:
-        # A dead letter may be of a namespace no handler takes ([dead_letters] unroutable)
-        self._check_namespace(call, namespace, handled=None if outcome is Outcome.DEAD_LETTERED
-                              else outcome is not Outcome.SKIPPED)
+        unroutable_kept = self.config.dead_letters.unroutable == "dead-letter"
+        handled = (None if outcome is Outcome.DEAD_LETTERED and unroutable_kept
+                   else outcome is not Outcome.SKIPPED)
+        self._check_namespace(call, namespace, handled=handled)
         match = self._handler_match(handler)
         return [
             r for r in self._observations.sorted_records()
@@ -696,7 +697,9 @@ class TestWorker:
                          handled: bool | None) -> None:
         """Refuse, naming ``call``, a ``namespace`` filter that can match nothing: not a
         namespace at all; with ``handled``, one no handler of the app takes (a typo);
-        with ``handled=False`` (skipped), one a handler takes."""
+        with ``handled=False`` (skipped), one a handler takes. (None: any namespace, for
+        what is published, and for dead letters when ``[dead_letters] unroutable =
+        "dead-letter"`` keeps those of namespaces no handler takes.)"""
         __tracebackhide__ = True
         if namespace is None:
             return
