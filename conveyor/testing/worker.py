@@ -356,10 +356,7 @@ class TestWorker:
         """Publish many messages at once (as :meth:`conveyor.Client.publish_batch`)."""
         __tracebackhide__ = True
         client = self._running("publish").client
-        if isinstance(items, Publish | str | bytes) or not isinstance(items, Iterable):
-            raise InvalidArgumentError(
-                f"publish_batch: expected a list of conveyor.Publish items, got "
-                f"{_kind(items)}")
+        _check_listed(items, Publish, "publish_batch: expected a list of conveyor.Publish items")
         batch = list(items)
         for item in batch:
             if not isinstance(item, Publish):
@@ -397,6 +394,9 @@ class TestWorker:
         letters`), never all held at once."""
         __tracebackhide__ = True
         daemon = self._running("replay")
+        if records is not None:
+            _check_listed(records, Record, "replay: expected a list of records of worker."
+                          "dead_lettered() (or None: every letter stored)")
         adapter, group = daemon.adapter, self.app.name
         until = await adapter.dead_letters.mark(group)  # a letter stored later is not taken
         chosen = None if records is None else list(records)
@@ -811,6 +811,14 @@ def _dead_lettered(record: object) -> DeadLetter:
             f"replay: {_kind(record)[:80]} is not dead-lettered (pass records "
             "of worker.dead_lettered())")
     return record.letter
+
+
+def _check_listed(items: object, one: type, expected: str) -> None:
+    """Refuse, saying ``expected``, ``items`` that are not a list of things: one of them
+    (``one``, not in a list), a str (which iterates its letters), a non-iterable."""
+    __tracebackhide__ = True
+    if isinstance(items, one | str | bytes) or not isinstance(items, Iterable):
+        raise InvalidArgumentError(f"{expected}, got {_kind(items)}")
 
 
 def _raised(error: BaseException) -> str:

@@ -482,6 +482,30 @@ async def test_publish_batch_of_no_list_is_refused_in_one_line(items: object) ->
         "publish_batch: expected a list of conveyor.Publish items, got ")
 
 
+@pytest.mark.parametrize("records", ["one record", "abc", 5], ids=["one Record", "str", "int"])
+async def test_replay_of_no_list_of_records_is_refused_in_one_line(records: object) -> None:
+    # replay(record) (one, not in a list) and replay(5) raised TypeError: '... object is
+    # not iterable' from inside the kit; a str was taken for a list of its letters.
+    app = App("replays")
+
+    @app.handler("jobs", retry_attempts=1)
+    async def job(n: int) -> None:
+        raise ValueError("not yet")
+
+    async with TestWorker(app) as worker:
+        await worker.publish("jobs", "j", 1)
+        await worker.settle(raise_on_dead_letters=False)
+        [record] = worker.dead_lettered()
+        given = record if records == "one record" else records
+        with pytest.raises(conveyor.InvalidArgumentError) as refused:
+            await worker.replay(given)  # type: ignore[arg-type]
+        left = worker.dead_lettered()
+    assert left == [record]  # nothing replayed
+    assert one_line(refused.value).startswith(
+        "replay: expected a list of records of worker.dead_lettered() (or None: every "
+        "letter stored), got "), refused.value
+
+
 async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message() -> None:
     app = App("keys")
 
