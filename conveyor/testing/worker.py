@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import uuid
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -23,7 +22,7 @@ from conveyor.platform.ids import namespace_refusal, shown_any
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.operations import dlq
-from conveyor.platform.options import CellOptions
+from conveyor.platform.options import CellOptions, is_number
 from conveyor.platform.telemetry import Telemetry
 from conveyor.testing.observe import (
     BatchCall,
@@ -833,6 +832,5 @@ def _kind(value: object) -> str:
 
 
 def _check_seconds(what: str, value: object) -> None:
-    if isinstance(value, bool) or not (
-            isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise InvalidArgumentError(f"{what} must be a finite number >= 0, got {value!r}")
+    if not is_number(value, 0.0):
+        raise InvalidArgumentError(f"{what} must be a finite number >= 0, got {value!r:.100}")

@@ -415,9 +415,11 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
     assert "expected a conveyor.Config" in one_line(not_a_config.value)
     with pytest.raises(conveyor.InvalidArgumentError, match="settle_timeout_s"):
         TestWorker(app, settle_timeout_s=True)
+    with pytest.raises(conveyor.InvalidArgumentError, match="stop_timeout_s"):
+        TestWorker(app, stop_timeout_s=10**400)  # OverflowError, naming nothing
     refused: list[str] = []
     async with TestWorker(app) as worker:
-        for timeout in ("5", float("nan"), -1.0):
+        for timeout in ("5", float("nan"), -1.0, 10**400):
             with pytest.raises(conveyor.InvalidArgumentError) as bad_timeout:
                 await worker.settle(timeout)  # type: ignore[arg-type]
             refused.append(one_line(bad_timeout.value)[:26])
@@ -426,7 +428,7 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
         with pytest.raises(conveyor.InvalidArgumentError) as not_a_publish:
             await worker.publish_batch([("orders", "k", 1)])  # type: ignore[list-item]
         published = worker.published()
-    assert refused == ["settle timeout_s must be a"] * 3
+    assert refused == ["settle timeout_s must be a"] * 4
     assert "redeliver: expected a Message" in one_line(not_a_message.value)
     assert "expected conveyor.Publish" in one_line(not_a_publish.value)
     assert published == []  # nothing of a refused batch was sent
