@@ -40,6 +40,7 @@ from conveyor.platform.ids import (
     StreamId,
     key_problem,
     namespace_problem,
+    shown_any,
     shown_name,
 )
 from conveyor.platform.mapper import HashRingQueueMapper
@@ -213,11 +214,6 @@ def _step(path: str, node: Any, name: Any) -> str:
     return f"{path}[{name}]"
 
 
-def _shown_any(name: object) -> str:
-    """A namespace or key given of any type, as a refusal of it shows it (``repr``)."""
-    return shown_name(name, quoted=True) if isinstance(name, str) else f"{name!r:.100}"
-
-
 def coalesce_linger_for(publish: PublishConfig, adapter: QueueAdapter) -> float | None:
     """``[publish]`` as a :class:`Client`'s ``coalesce_linger_s`` on ``adapter``: None
     when calls are not gathered — ``coalesce`` off, or an adapter that gathers sends
@@ -365,7 +361,7 @@ class Client:
                 raise InvalidArgumentError("namespace must be a non-empty string")
             if not (_is_text(namespace) and _is_text(key)):
                 raise InvalidArgumentError(
-                    f"stream {_shown_any(namespace)}/{_shown_any(key)}: a namespace and a "
+                    f"stream {shown_any(namespace)}/{shown_any(key)}: a namespace and a "
                     "stream key are text that UTF-8 can encode (str); nothing was sent")
             problem = namespace_problem(namespace)
             if problem is not None:
@@ -374,7 +370,7 @@ class Client:
                 problem = f"its stream key {problem}"
             if problem is not None:
                 raise InvalidArgumentError(
-                    f"stream {_shown_any(namespace)}/{_shown_any(key)}: {problem}; nothing "
+                    f"stream {shown_any(namespace)}/{shown_any(key)}: {problem}; nothing "
                     "was sent")
             if self._remembered >= _STREAMS_REMEMBERED:
                 self._streams.clear()

@@ -14,7 +14,7 @@ import msgspec
 import msgspec.inspect
 
 from conveyor.platform.errors import DecodeError, HandlerDeclarationError
-from conveyor.platform.ids import CONTROL, namespace_problem, shown_name
+from conveyor.platform.ids import CONTROL, namespace_refusal, shown_any
 from conveyor.platform.message import CONTENT_JSON, CONTENT_MSGPACK, Message
 from conveyor.platform.options import BatchOptions, HandlerOptions, RetryPolicy
 
@@ -208,17 +208,11 @@ def build_spec(
     if isinstance(fn, staticmethod):  # declared in a class body: the function it holds
         fn = fn.__func__
     where = handler_where(fn)
-    if not namespace or not isinstance(namespace, str):
-        raise HandlerDeclarationError(f"{where}: namespace must be a non-empty string")
-    if not _is_utf8(namespace):
-        raise HandlerDeclarationError(
-            f"{where}: namespace {namespace!r} is not text UTF-8 can encode: no message "
-            "could be published to it")
-    problem = namespace_problem(namespace)
+    problem = namespace_refusal(namespace)
     if problem is not None:  # what no client publishes to
         raise HandlerDeclarationError(
-            f"{where}: namespace {shown_name(namespace, quoted=True)} {problem}: no message "
-            "could be published to it")
+            f"{where}: namespace {shown_any(namespace)} {problem}: no message could be "
+            "published to it")
     if name is not None and not (isinstance(name, str) and name and _is_utf8(name)
                                  and not CONTROL.search(name)):
         # The name goes into dead letters (cv-dl-handler), metrics labels, log lines,

@@ -51,6 +51,26 @@ def namespace_problem(namespace: str) -> str | None:
     return None
 
 
+def namespace_refusal(namespace: object) -> str | None:
+    """What is wrong with ``namespace``, a value of any type, as a namespace, said of it
+    ("must be a non-empty string", "is not text UTF-8 can encode", or its
+    :func:`namespace_problem`); or None: it is one a handler can be declared on and a
+    client can publish to."""
+    if not namespace or not isinstance(namespace, str):
+        return "must be a non-empty string"
+    try:
+        namespace.encode()
+    except UnicodeEncodeError:
+        return "is not text UTF-8 can encode"
+    return namespace_problem(namespace)
+
+
+def shown_any(name: object) -> str:
+    """A namespace or key given of any type, as a refusal of it shows it (``repr``, cut
+    short: :func:`shown_name`)."""
+    return shown_name(name, quoted=True) if isinstance(name, str) else f"{name!r:.100}"
+
+
 def key_problem(key: str) -> str | None:
     """What is wrong with ``key`` (a str), said of it, or None: a stream key is any text
     of at most :data:`KEY_MAX` characters (control characters are data there, shown

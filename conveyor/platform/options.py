@@ -62,13 +62,15 @@ def _is_int(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def _is_number(value: Any, low: float) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= low
-    )
+def is_number(value: Any, low: float) -> bool:
+    """Whether ``value`` is an int or a float (not a bool), finite — an int past any
+    float (``10**400``) is not one: ``math.isfinite`` raises on it — and ``>= low``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value) and value >= low
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +139,7 @@ class RetryPolicy(HandlerOptions):
             ("retry_jitter_s", self.jitter_s, 0.0),
             ("retry_multiplier", self.multiplier, 1.0),
         ):
-            if not _is_number(value, low):
+            if not is_number(value, low):
                 raise _bad(where, f"{keyword} must be a finite number >= {low:g}, got {value!r}")
 
     def backoff_s(self, retry: int) -> float:
@@ -194,11 +196,11 @@ class ScaleDownPolicy:
     def __post_init__(self) -> None:
         for name in ("kp", "ki", "kd", "backoff_s", "idle_keepalive_s"):
             value = getattr(self, name)
-            if not _is_number(value, 0.0):
+            if not is_number(value, 0.0):
                 raise HandlerDeclarationError(
                     f"ScaleDownPolicy.{name} must be finite and >= 0, got {value!r}"
                 )
-        if not _is_number(self.inspection_period_s, MIN_INSPECTION_PERIOD_S):
+        if not is_number(self.inspection_period_s, MIN_INSPECTION_PERIOD_S):
             raise HandlerDeclarationError(
                 f"ScaleDownPolicy.inspection_period_s must be >= {MIN_INSPECTION_PERIOD_S}, "
                 f"got {self.inspection_period_s!r}"
@@ -295,7 +297,7 @@ class CellOptions(HandlerOptions):
         ):
             raise _bad(where, f"cell_sizes must map cell names to ints >= 1, got {sizes!r}")
         timeout = given.get("cell_job_timeout_s")
-        if timeout is not None and not (_is_number(timeout, 0.0) and timeout > 0):
+        if timeout is not None and not (is_number(timeout, 0.0) and timeout > 0):
             raise _bad(where, f"cell_job_timeout_s must be a number > 0 or None, got {timeout!r}")
         return cls(source, name, size, dict(sizes), timeout)
 
@@ -335,7 +337,7 @@ class IdempotencyOptions(HandlerOptions):
             ("idempotency_claim_s", DEFAULT_CLAIM_S, 0.1, DAY_S),
         ):
             value = given.get(name, default)
-            if not (_is_number(value, low) and value <= high):
+            if not (is_number(value, low) and value <= high):
                 raise _bad(where, f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
             values.append(float(value))
         return cls(values[0], values[1])
@@ -367,7 +369,7 @@ class BatchOptions(HandlerOptions):
         if not (_is_int(size, 1) and size <= MAX_BATCH_SIZE):
             raise _bad(where, f"batch_size must be an int in [1, {MAX_BATCH_SIZE}], got {size!r}")
         wait_ms = given.get("batch_wait_ms", DEFAULT_BATCH_WAIT_MS)
-        if not (_is_number(wait_ms, 0.0) and wait_ms <= 60_000):
+        if not (is_number(wait_ms, 0.0) and wait_ms <= 60_000):
             raise _bad(where, f"batch_wait_ms must be a number in [0, 60000], got {wait_ms!r}")
         return cls(size, float(wait_ms))
 

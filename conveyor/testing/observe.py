@@ -19,6 +19,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -188,11 +189,19 @@ class Observations:
         ``conveyor worker`` at once and leaves its message unacknowledged. Raised on, it
         would leave the event loop and end the whole test run (pytest's session, or
         ``asyncio.run``); so the call is held here, unacknowledged, until the stop
-        cancels it, and ``settle()`` raises :class:`WorkerStopped` naming it."""
-        log.error("handler %s raised %r on message %s of %s: conveyor worker stops at "
-                  "once there, without draining; the kit holds the call instead (its "
-                  "message stays unacknowledged) and settle() raises WorkerStopped",
-                  call[2], error, message.id, message.stream)
+        cancels it, and ``settle()`` raises :class:`WorkerStopped` naming it. So is a
+        call that raised pytest's outcome of the test (:func:`held`): ``settle()``
+        raises that."""
+        if isinstance(error, STOPS):
+            log.error("handler %s raised %r on message %s of %s: conveyor worker stops at "
+                      "once there, without draining; the kit holds the call instead (its "
+                      "message stays unacknowledged) and settle() raises WorkerStopped",
+                      call[2], error, message.id, message.stream)
+        else:
+            log.error("handler %s raised pytest's %r on message %s of %s: the test's "
+                      "outcome, not the handler's failure; the kit holds the call (its "
+                      "message stays unacknowledged) and settle() raises it",
+                      call[2], error, message.id, message.stream)
         self.stops.append(Stop(call, error))
         self.changed.set()
         await asyncio.get_running_loop().create_future()  # until the stop cancels it
@@ -328,7 +337,9 @@ class AttemptRecorder(Interceptor):
                 running[each] = (delivery.attempt, started, delivery)
             try:
                 return await next(delivery)
-            except STOPS as exc:
+            except BaseException as exc:
+                if not held(exc):
+                    raise
                 for each in calls:
                     running.pop(each, None)
                 await observations.hold_stop(call, delivery.message, exc)
@@ -354,11 +365,12 @@ class AttemptRecorder(Interceptor):
                 raise
             except BaseException as exc:
                 running.pop(call, None)
+                if held(exc):
+                    await observations.hold_stop(call, delivery.message, exc)
+                    raise
                 failure = _call_failure(exc)
                 if failure is not None:  # the attempt failed, as the chain will say
                     observations.attempted(call, delivery, failure, clock() - started)
-                if isinstance(exc, STOPS):
-                    await observations.hold_stop(call, delivery.message, exc)
                 raise
             running.pop(call, None)
             if observations.stopping and _cancel_swallowed():
@@ -367,6 +379,19 @@ class AttemptRecorder(Interceptor):
             return result
 
         return recorded
+
+
+def held(exc: BaseException) -> bool:
+    """Whether a call that raised ``exc`` is held by the kit (:meth:`Observations.
+    hold_stop`) rather than left to the chain: a ``KeyboardInterrupt`` or ``SystemExit``,
+    which stop ``conveyor worker``; or pytest's outcome of the test — ``pytest.fail()``,
+    pytest-timeout's ``Failed``, raised wherever the main thread is, so in a handler
+    that blocks the event loop — which the chain would take for the handler's failure
+    and retry, and which is the test's to end with."""
+    if isinstance(exc, STOPS):
+        return True
+    outcomes = sys.modules.get("_pytest.outcomes")  # never imported here: pytest's own
+    return outcomes is not None and isinstance(exc, outcomes.OutcomeException)
 
 
 def _cancel_swallowed() -> bool:
@@ -449,7 +474,8 @@ def _batch_recorder(spec: HandlerSpec, observations: Observations) -> HandlerFn:
             outcome.append(exc)
             raise
         except BaseException as exc:  # the call's failure as the chain takes it, if it is
-            failure = _thread_failure(exc) if on_thread else _call_failure(exc)
+            failure = (None if held(exc) else
+                       _thread_failure(exc) if on_thread else _call_failure(exc))
             if failure is not None:
                 outcome.append(failure)
             raise
@@ -481,7 +507,9 @@ def _watched(hook: Hook, observations: Observations) -> Hook:
     async def watched(client: Client) -> None:
         try:
             await hook(client)
-        except (Exception, *STOPS) as exc:  # a stop, let through, ends the test run
+        except BaseException as exc:  # a stop, let through, ends the test run
+            if not (isinstance(exc, Exception) or held(exc)):
+                raise  # its cancellation
             run.error = exc
             log.error("startup hook %s raised %s: %s", run.name, type(exc).__name__, exc)
         finally:

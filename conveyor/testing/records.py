@@ -184,4 +184,6 @@ class WorkerStopped(ConveyorError, AssertionError):
     """A handler raised ``KeyboardInterrupt`` or ``SystemExit``, which stops
     ``conveyor worker`` at once; the kit holds the call instead (its message stays
     unacknowledged) and ``settle()`` raises this, the handler's exception as the
-    ``__cause__``: let through, it would end the test run."""
+    ``__cause__``: let through, it would end the test run. Or the daemon failed (its
+    failure the cause). Nothing is handled after a stop, so every later ``settle()``
+    raises it again, at once."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import uuid
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -16,15 +15,22 @@ from conveyor.adapters.memory import MemoryBroker, reset_broker
 from conveyor.client import Client, Publish
 from conveyor.platform.app import App
 from conveyor.platform.config import Config
-from conveyor.platform.delivery.chain import Delivery
+from conveyor.platform.delivery.chain import STOPS, Delivery
 from conveyor.platform.delivery.idempotency import LocalIdempotencyStore
 from conveyor.platform.errors import ConveyorError, InvalidArgumentError
+from conveyor.platform.ids import namespace_refusal, shown_any
 from conveyor.platform.letters import StoredLetter
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.operations import dlq
-from conveyor.platform.options import CellOptions
+from conveyor.platform.options import CellOptions, is_number
 from conveyor.platform.telemetry import Telemetry
-from conveyor.testing.observe import BatchCall, Observations, ObservedAdapter, observed_app
+from conveyor.testing.observe import (
+    BatchCall,
+    Observations,
+    ObservedAdapter,
+    Stop,
+    observed_app,
+)
 from conveyor.testing.records import (
     DeadLettersFound,
     NotSettled,
@@ -117,6 +123,10 @@ class TestWorker:
             raise InvalidArgumentError(
                 f"TestWorker(app, config): expected a conveyor.Config (from "
                 f"conveyor.load_config(...)) or None, got {_kind(config)}")
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise InvalidArgumentError(
+                "TestWorker(telemetry=...): expected a conveyor.platform.telemetry.Telemetry "
+                f"(Telemetry.from_config(config.telemetry)) or None, got {_kind(telemetry)}")
         for name, value in (("delay_scale", delay_scale), ("settle_timeout_s", settle_timeout_s),
                             ("stop_timeout_s", stop_timeout_s)):
             _check_seconds(f"TestWorker {name}", value)
@@ -141,6 +151,7 @@ class TestWorker:
         """The event loop the daemon was started on, which runs it."""
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
+        self._failure_watch: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         state = ("stopped" if self.drain_report is not None
@@ -165,6 +176,8 @@ class TestWorker:
             self._daemon = WorkerDaemon(shadow, self.config, adapter=adapter,
                                         telemetry=self._telemetry)
             await self._daemon.start()
+            self._failure_watch = asyncio.create_task(
+                self._wake_on_failure(self._daemon), name="conveyor-testing-failure")
         except BaseException:
             if self._daemon is not None:
                 with contextlib.suppress(Exception):  # the start's error is the one to see
@@ -172,6 +185,11 @@ class TestWorker:
             self._forget_broker()
             raise
         return self
+
+    async def _wake_on_failure(self, daemon: WorkerDaemon) -> None:
+        """Wake a waiting :meth:`settle` when the daemon fails: it answers at once."""
+        await daemon.failed.wait()
+        self._observations.changed.set()
 
     async def stop(self) -> DrainReport:
         """Drain the daemon (within ``stop_timeout_s``) and forget the private broker.
@@ -186,6 +204,8 @@ class TestWorker:
         daemon = self.daemon
         loop = asyncio.get_running_loop()
         self._observations.stopping = True
+        if self._failure_watch is not None:
+            self._failure_watch.cancel()
         # A handler raised KeyboardInterrupt or SystemExit: conveyor worker stops at
         # once then, without draining (the held call would only run out the drain).
         drain_s = 0.0 if self._observations.stops else self.stop_timeout_s
@@ -306,10 +326,14 @@ class TestWorker:
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise ConveyorError(
                 f"cannot {doing}: this TestWorker was started on another event loop, which "
-                "runs its daemon and stands still while this one waits (pytest-asyncio: "
-                "the fixture and the test run on loops of different scopes; give them the "
-                "same, e.g. asyncio_default_fixture_loop_scope as "
-                "asyncio_default_test_loop_scope)")
+                "runs its daemon and stands still while this one waits. Either the "
+                "fixture and the test run on loops of different scopes (pytest-asyncio: "
+                "give them the same, e.g. asyncio_default_fixture_loop_scope as "
+                "asyncio_default_test_loop_scope); or an anyio test (@pytest.mark.anyio) "
+                "given a fixture pytest-asyncio ran, as its asyncio_mode = auto runs every "
+                "async fixture (use its strict mode, or mark the test asyncio); or a plain "
+                "def test cannot drive it (asyncio.run runs another loop): make the test "
+                "async def")
 
     @property
     def client(self) -> Client:
@@ -331,10 +355,7 @@ class TestWorker:
         """Publish many messages at once (as :meth:`conveyor.Client.publish_batch`)."""
         __tracebackhide__ = True
         client = self._running("publish").client
-        if isinstance(items, Publish | str | bytes) or not isinstance(items, Iterable):
-            raise InvalidArgumentError(
-                f"publish_batch: expected a list of conveyor.Publish items, got "
-                f"{_kind(items)}")
+        _check_listed(items, Publish, "publish_batch: expected a list of conveyor.Publish items")
         batch = list(items)
         for item in batch:
             if not isinstance(item, Publish):
@@ -372,6 +393,9 @@ class TestWorker:
         letters`), never all held at once."""
         __tracebackhide__ = True
         daemon = self._running("replay")
+        if records is not None:
+            _check_listed(records, Record, "replay: expected a list of records of worker."
+                          "dead_lettered() (or None: every letter stored)")
         adapter, group = daemon.adapter, self.app.name
         until = await adapter.dead_letters.mark(group)  # a letter stored later is not taken
         chosen = None if records is None else list(records)
@@ -432,11 +456,11 @@ class TestWorker:
         changed = self._observations.changed
         try:
             async with asyncio.timeout(timeout):
-                while not self._quiet() and not self._unreported_stops():
+                while not self._quiet() and not self._stopped():
                     changed.clear()
                     await changed.wait()
         except TimeoutError:
-            if not self._quiet() and not self._unreported_stops():
+            if not self._quiet() and not self._stopped():
                 self._not_settled(timeout)
         finally:
             self._checked = len(self._observations.messages)
@@ -535,7 +559,7 @@ class TestWorker:
         ``earlier``: the messages of its queue held before it, in queue order."""
         observations = self._observations
         calls = observations.running_calls((queue, offset), self._queued_in)
-        calls += [f"{stop.call[2].rpartition('.')[2]} raised {stop.error!r}: held (a worker "
+        calls += [f"{stop.call[2].rpartition('.')[2]} raised {_raised(stop.error)}: held (a worker "
                   "stops there)" for stop in observations.stops
                   if stop.call[:2] == (queue, offset)]
         if calls:
@@ -580,37 +604,69 @@ class TestWorker:
             return None
         return f"in cell {shown(name)!r}", _load(cell.busy, cell.size, cell.queue_length)
 
-    def _unreported_stops(self) -> bool:
-        return any(not stop.reported for stop in self._observations.stops)
+    def _hook_stops(self) -> list[tuple[str, BaseException]]:
+        """The startup hooks that raised ``KeyboardInterrupt`` or ``SystemExit``, and
+        what they raised."""
+        return [(run.name, run.error) for run in self._observations.hooks
+                if run.error is not None and not isinstance(run.error, Exception)]
+
+    def _stopped(self) -> bool:
+        """A handler call or a startup hook stopped the worker, or the daemon failed:
+        ``conveyor worker`` is gone, so nothing is to be waited for."""
+        return bool(self._observations.stops or self._hook_stops()) or (
+            self._daemon is not None and self._daemon.failure is not None)
 
     def _raise_stops(self) -> None:
-        """Raise :class:`WorkerStopped` for the handler calls that raised
-        ``KeyboardInterrupt`` or ``SystemExit`` since the last time (once each)."""
+        """Raise :class:`WorkerStopped` when the worker stopped: for the handler calls
+        that raised ``KeyboardInterrupt`` or ``SystemExit`` since the last time (named
+        once each; pytest's outcome of the test, one raised, is raised itself), else for
+        the daemon's failure, else, again, for the first stop (a startup hook's was
+        raised as :class:`StartupHookFailed` the first time)."""
         __tracebackhide__ = True
-        stops = [stop for stop in self._observations.stops if not stop.reported]
-        if not stops:
-            return
-        named = []
-        for stop in stops:
-            stop.reported = True
-            queue, offset, handler = stop.call
-            message = self._observations.messages.get((queue, offset))
-            where = _named(message) if message is not None else "a message"
-            named.append(f"handler {handler.rpartition('.')[2]} raised {stop.error!r} on "
-                         f"{where}")
-        raise WorkerStopped(
-            f"{'; '.join(named)}: conveyor worker stops at once there, without draining "
-            "(its message comes back, redelivered, to the next worker); the kit holds the "
-            "call instead, its message unacknowledged, until the worker stops"
-        ) from trimmed(stops[0].error)
+        stops = self._observations.stops
+        new = [stop for stop in stops if not stop.reported]
+        if new:
+            for stop in new:
+                stop.reported = True
+            for stop in new:  # pytest's outcome, raised in a handler: the test's
+                if not isinstance(stop.error, STOPS):
+                    raise stop.error
+            raise WorkerStopped(
+                f"{'; '.join(map(self._stop_named, new))}: conveyor worker stops at once "
+                "there, without draining (its message comes back, redelivered, to the next "
+                "worker); the kit holds the call instead, its message unacknowledged, until "
+                "the worker stops") from trimmed(new[0].error)
+        failure = self._daemon.failure if self._daemon is not None else None
+        if failure is not None:
+            raise WorkerStopped(
+                f"the worker failed: {failure} (conveyor worker stops there and exits 1; "
+                "every later settle() says so)") from trimmed(failure)
+        hooks = self._hook_stops()
+        if hooks or stops:  # raised once already (StartupHookFailed, WorkerStopped)
+            hook, error = hooks[0] if hooks else ("", stops[0].error)
+            said = (f"startup hook {hook} raised {_raised(error)}" if hooks
+                    else self._stop_named(stops[0]))
+            raise WorkerStopped(
+                f"this TestWorker's worker stopped earlier: {said}: conveyor worker handles "
+                "nothing after that (worker.unsettled() names what is left; a new "
+                "TestWorker starts afresh)") from trimmed(error)
+
+    def _stop_named(self, stop: Stop) -> str:
+        queue, offset, handler = stop.call
+        message = self._observations.messages.get((queue, offset))
+        where = _named(message) if message is not None else "a message"
+        return f"handler {handler.rpartition('.')[2]} raised {_raised(stop.error)} on {where}"
 
     def _raise_hook_failures(self) -> None:
         __tracebackhide__ = True
         for run in self._observations.hooks:
             if run.error is not None and not run.reported:
                 run.reported = True
+                if not isinstance(run.error, (Exception, *STOPS)):
+                    raise run.error  # pytest's outcome of the test (observe.held)
                 stop = ("" if isinstance(run.error, Exception) else
-                        " (which stops conveyor worker at once; the kit goes on)")
+                        " (which stops conveyor worker at once: a later settle() raises "
+                        "WorkerStopped)")
                 raise StartupHookFailed(
                     f"startup hook {run.name} raised {type(run.error).__name__}: "
                     f"{run.error}{stop}") from trimmed(run.error)
@@ -623,7 +679,11 @@ class TestWorker:
         return self._observations.sorted_records()
 
     def _select(self, outcome: Outcome | None, namespace: str | None,
-                handler: HandlerRef | None) -> list[Record]:
+                handler: HandlerRef | None, call: str) -> list[Record]:
+        unroutable_kept = self.config.dead_letters.unroutable == "dead-letter"
+        handled = (None if outcome is Outcome.DEAD_LETTERED and unroutable_kept
+                   else outcome is not Outcome.SKIPPED)
+        self._check_namespace(call, namespace, handled=handled)
         match = self._handler_match(handler)
         return [
             r for r in self._observations.sorted_records()
@@ -631,6 +691,31 @@ class TestWorker:
             and (namespace is None or r.namespace == namespace)
             and match(r.handler)
         ]
+
+    def _check_namespace(self, call: str, namespace: object, *,
+                         handled: bool | None) -> None:
+        """Refuse, naming ``call``, a ``namespace`` filter that can match nothing: not a
+        namespace at all; with ``handled``, one no handler of the app takes (a typo);
+        with ``handled=False`` (skipped), one a handler takes. (None: any namespace, for
+        what is published, and for dead letters when ``[dead_letters] unroutable =
+        "dead-letter"`` keeps those of namespaces no handler takes.)"""
+        __tracebackhide__ = True
+        if namespace is None:
+            return
+        problem = namespace_refusal(namespace)
+        said = f"{call}(namespace={shown_any(namespace)})"
+        if problem is not None:
+            raise InvalidArgumentError(f"{said}: the namespace {problem}")
+        assert isinstance(namespace, str)
+        taken = namespace in self._observations.specs
+        if handled and not taken:
+            raise InvalidArgumentError(
+                f"{said}: no handler of app {self.app.name!r} takes that namespace (its "
+                f"namespaces: {', '.join(map(shown, self._observations.specs)) or 'none'})")
+        if handled is False and taken:
+            raise InvalidArgumentError(
+                f"{said}: app {self.app.name!r} has handlers of that namespace, so its "
+                "messages are never skipped")
 
     def _handler_match(self, handler: HandlerRef | None) -> Callable[[str], bool]:
         if handler is None:
@@ -655,36 +740,37 @@ class TestWorker:
     def handled(self, namespace: str | None = None, *,
                 handler: HandlerRef | None = None) -> list[Record]:
         """Records of messages a handler returned on (after retries or not)."""
-        return self._select(Outcome.HANDLED, namespace, handler)
+        return self._select(Outcome.HANDLED, namespace, handler, "handled")
 
     def dead_lettered(self, namespace: str | None = None, *,
                       handler: HandlerRef | None = None) -> list[Record]:
         """Records of messages stored as dead letters (``record.letter`` says why)."""
         self._looked = len(self._observations.records)
-        return self._select(Outcome.DEAD_LETTERED, namespace, handler)
+        return self._select(Outcome.DEAD_LETTERED, namespace, handler, "dead_lettered")
 
     def retried(self, namespace: str | None = None, *,
                 handler: HandlerRef | None = None) -> list[Record]:
         """Records of messages a handler was called on more than once."""
-        return [r for r in self._select(None, namespace, handler) if r.retried]
+        return [r for r in self._select(None, namespace, handler, "retried") if r.retried]
 
     def skipped(self, namespace: str | None = None) -> list[Record]:
         """Records of messages of namespaces no handler of the app subscribes to."""
-        return self._select(Outcome.SKIPPED, namespace, None)
+        return self._select(Outcome.SKIPPED, namespace, None, "skipped")
 
     def deduplicated(self, namespace: str | None = None, *,
                      handler: HandlerRef | None = None) -> list[Record]:
         """Records of deliveries an ``idempotent=True`` handler had completed already."""
-        return self._select(Outcome.DEDUPLICATED, namespace, handler)
+        return self._select(Outcome.DEDUPLICATED, namespace, handler, "deduplicated")
 
     def bodies(self, namespace: str | None = None, *,
                handler: HandlerRef | None = None) -> list[Any]:
         """The bodies handled, as the handler received them, in publish order."""
-        return [r.body for r in self.handled(namespace, handler=handler)]
+        return [r.body for r in self._select(Outcome.HANDLED, namespace, handler, "bodies")]
 
     def published(self, namespace: str | None = None) -> list[Message]:
         """Every message published (by the test, the handlers or the startup hooks), in
         the order published, as stored (with its position)."""
+        self._check_namespace("published", namespace, handled=None)
         self._broker()
         return [m for m in self._observations.messages.values()
                 if namespace is None or m.stream.namespace == namespace]
@@ -726,11 +812,25 @@ def _dead_lettered(record: object) -> DeadLetter:
     return record.letter
 
 
+def _check_listed(items: object, one: type, expected: str) -> None:
+    """Refuse, saying ``expected``, ``items`` that are not a list of things: one of them
+    (``one``, not in a list), a str (which iterates its letters), a non-iterable."""
+    __tracebackhide__ = True
+    if isinstance(items, one | str | bytes) or not isinstance(items, Iterable):
+        raise InvalidArgumentError(f"{expected}, got {_kind(items)}")
+
+
+def _raised(error: BaseException) -> str:
+    """What a call raised that stopped the worker: ``KeyboardInterrupt()``,
+    ``SystemExit(3)``, or pytest's outcome, ``Failed('Timeout (>1.0s) …')`` (whose
+    ``repr`` is its message alone)."""
+    return repr(error) if isinstance(error, STOPS) else f"{type(error).__name__}({str(error)!r})"
+
+
 def _kind(value: object) -> str:
     return f"{type(value).__name__} {value!r}"[:200]
 
 
 def _check_seconds(what: str, value: object) -> None:
-    if isinstance(value, bool) or not (
-            isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise InvalidArgumentError(f"{what} must be a finite number >= 0, got {value!r}")
+    if not is_number(value, 0.0):
+        raise InvalidArgumentError(f"{what} must be a finite number >= 0, got {value!r:.100}")

@@ -84,14 +84,25 @@ def users_pytest(project: Path, config: str) -> subprocess.CompletedProcess[str]
     )
 
 
+def users_ini_pytest(project: Path, tests: dict[str, str], mode: str = "auto",
+                     more: str = "") -> subprocess.CompletedProcess[str]:
+    """:func:`users_pytest` in ``project`` with the files ``tests`` (name: text) and a
+    pytest.ini of pytest-asyncio's ``mode``, function-scoped fixture loops, and
+    ``more`` lines."""
+    for name, text in tests.items():
+        (project / name).write_text(text)
+    (project / "pytest.ini").write_text(
+        f"[pytest]\nasyncio_mode = {mode}\nasyncio_default_fixture_loop_scope = function\n"
+        + more)
+    return users_pytest(project, "pytest.ini")
+
+
 def test_a_users_strict_mode_project_passes_and_a_failure_shows_the_handlers_error(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "shop_app.py").write_text(USER_APP)  # the handlers in a module of their own
-    (tmp_path / "test_shop.py").write_text(USER_TESTS)
-    (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n")
-    ran = users_pytest(tmp_path, "pytest.ini")
+    # the handlers in a module of their own
+    ran = users_ini_pytest(tmp_path, {"shop_app.py": USER_APP, "test_shop.py": USER_TESTS},
+                           "strict")
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
     assert "2 failed, 2 passed, 1 error" in out, out
@@ -137,18 +148,116 @@ def test_a_fixture_on_another_loop_than_the_test_is_named_at_once(tmp_path: Path
     """Tests on a session loop, fixtures on the default function loop: the worker's
     daemon runs on a loop that stands still while the test awaits. settle() waited its
     10 s and said "not pulled yet"; the kit says what is wrong, at once."""
-    (tmp_path / "test_loops.py").write_text(LOOP_TESTS)
-    (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
-        "asyncio_default_test_loop_scope = session\n")
     began = time.monotonic()
-    ran = users_pytest(tmp_path, "pytest.ini")
+    ran = users_ini_pytest(tmp_path, {"test_loops.py": LOOP_TESTS},
+                           more="asyncio_default_test_loop_scope = session\n")
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
     assert "1 failed" in out, out
     assert "cannot publish: this TestWorker was started on another event loop" in out, out
     assert "asyncio_default_fixture_loop_scope" in out, out
     assert time.monotonic() - began < 8, out  # not the settle's 10 s
+
+
+ANYIO_TESTS = '''
+import pytest
+
+import conveyor
+from conveyor.testing import TestWorker
+from conveyor.testing.fixtures import worker_fixture
+
+app = conveyor.App("anyio")
+
+
+@app.handler("names")
+async def on_name(name: str) -> None:
+    """Takes the name and keeps nothing of it."""
+
+
+worker = worker_fixture(app)
+
+
+@pytest.fixture
+async def own_worker():
+    async with TestWorker(app) as worker:
+        yield worker
+
+
+@pytest.mark.anyio
+async def test_with_the_made_fixture(worker):
+    await worker.publish("names", "n-1", "Ada")
+    await worker.settle()
+
+
+@pytest.mark.anyio
+async def test_with_a_fixture_of_its_own(own_worker):
+    await own_worker.publish("names", "n-1", "Ada")
+    await own_worker.settle()
+'''
+
+
+def test_anyio_tests_need_pytest_asyncios_strict_mode_when_both_are_installed(
+        tmp_path: Path) -> None:
+    """docs/testing.md: with pytest-asyncio installed too, @pytest.mark.anyio tests take
+    the kit's fixtures in its strict mode (the default); in its auto mode it runs every
+    async fixture on a loop of its own, and the kit says so at the test's first call.
+    (The page said to write the fixture yourself "so that anyio runs it": in auto mode
+    that fixture failed too, with a hint about loop scopes only.)"""
+    ran = users_ini_pytest(tmp_path, {"test_anyio.py": ANYIO_TESTS}, "strict")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert re.search(r"\b2 passed in ", ran.stdout), ran.stdout
+    ran = users_ini_pytest(tmp_path, {}, "auto")
+    out = ran.stdout
+    assert ran.returncode == 1 and "2 failed" in out, out + ran.stderr
+    assert out.count("cannot publish: this TestWorker was started on another event "
+                     "loop") >= 2, out
+    assert "an anyio test (@pytest.mark.anyio) given a fixture pytest-asyncio ran" in out, out
+
+
+BLOCKING_TESTS = '''
+import time
+
+import pytest
+
+import conveyor
+from conveyor.testing.fixtures import worker_fixture
+
+app = conveyor.App("blocking")
+calls = []
+
+
+@app.handler("jobs")
+async def block(seconds: float) -> None:
+    calls.append(seconds)
+    time.sleep(seconds)  # blocks the event loop, as a synchronous client would
+
+
+worker = worker_fixture(app, settle_timeout_s=30, stop_timeout_s=0.5)
+
+
+@pytest.mark.timeout(2)
+async def test_a_handler_that_blocks_the_loop(worker):
+    await worker.publish("jobs", "j-1", 8)
+    await worker.settle()
+
+
+def test_the_handler_was_called_once():
+    assert calls == [8]
+'''
+
+
+def test_a_time_limit_that_fires_in_a_handler_blocking_the_loop_fails_its_test(
+        tmp_path: Path) -> None:
+    """docs/testing.md: an async handler that blocks the loop holds settle(); a per-test
+    time limit (pytest-timeout) turns that into a failure. Its Failed exception is raised
+    where the main thread is, in the blocking handler: the delivery chain took it for the
+    handler's failure (a BaseException), retried the call, and the test passed."""
+    ran = users_ini_pytest(tmp_path, {"test_blocking.py": BLOCKING_TESTS})
+    out = ran.stdout
+    assert ran.returncode == 1, out + ran.stderr
+    assert re.search(r"\b1 failed, 1 passed in ", out), out
+    assert "Failed: Timeout (>2.0s) from pytest-timeout" in out, out
+    assert "time.sleep(seconds)" in out, out  # where it was when the limit fired
 
 
 FAILING_TESTS = '''
@@ -196,11 +305,8 @@ def test_a_failed_tests_fixture_only_stops_its_worker(tmp_path: Path) -> None:
     error is the one to see. The fixture's block never saw the test's error: it settled
     and checked at the teardown, so a failed test had a second error there (the dead
     letter it left) or, a handler stuck, waited settle_timeout_s (10 s) for NotSettled."""
-    (tmp_path / "test_failing.py").write_text(FAILING_TESTS)
-    (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
     began = time.monotonic()
-    ran = users_pytest(tmp_path, "pytest.ini")
+    ran = users_ini_pytest(tmp_path, {"test_failing.py": FAILING_TESTS})
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
     assert re.search(r"\b2 failed, 1 passed in ", out), out

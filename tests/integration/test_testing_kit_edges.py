@@ -154,6 +154,62 @@ async def test_a_misspelt_handler_name_is_refused_not_matched_by_nothing() -> No
         "'on_ordr' is not a handler of app 'named' (its handlers: audit, on_order)"]
 
 
+async def test_a_namespace_filter_that_cannot_match_is_refused_naming_it() -> None:
+    # worker.handled(3), handled("") or handled("a\nb") returned [] (no namespace is
+    # one), as did handled("ordrs"), a namespace no handler of the app takes: an
+    # `assert not worker.handled("ordrs")` passed whatever happened.
+    app = two_handlers()
+    async with TestWorker(app) as worker:
+        await worker.publish("orders", "k", 1)
+        await worker.publish("stray", "k", 2)
+        await worker.settle()
+        refusals: list[str] = []
+        for read in (worker.handled, worker.bodies, worker.retried, worker.deduplicated,
+                     worker.dead_lettered, worker.skipped, worker.published):
+            for bad in (3, b"orders", "", "a\nb", "x" * 300):
+                with pytest.raises(conveyor.InvalidArgumentError) as refused:
+                    read(bad)  # type: ignore[operator]
+                refusals.append(one_line(refused.value))
+        typos: list[str] = []
+        for read in (worker.handled, worker.bodies, worker.retried, worker.deduplicated,
+                     worker.dead_lettered):
+            with pytest.raises(conveyor.InvalidArgumentError) as typo:
+                read("ordrs")  # type: ignore[operator]
+            typos.append(one_line(typo.value))
+        with pytest.raises(conveyor.InvalidArgumentError) as never_skipped:
+            worker.skipped("orders")
+        # what can match is still taken: a namespace no handler takes is skipped, and
+        # published to
+        found = (len(worker.handled("orders")), worker.skipped("stray")[0].body,
+                 len(worker.published(namespace="stray")))
+    assert found == (2, 2, 1)
+    # or, configured so, dead-lettered
+    keep = conveyor.load_config(environ={}, overrides={
+        "dead_letters": {"unroutable": "dead-letter"}})
+    async with TestWorker(app, keep) as worker:
+        await worker.publish("stray", "k", 3)
+        await worker.settle(raise_on_dead_letters=False)
+        [kept] = worker.dead_lettered("stray")
+    assert kept.body == 3
+    assert refusals[:5] == [
+        "handled(namespace=3): the namespace must be a non-empty string",
+        "handled(namespace=b'orders'): the namespace must be a non-empty string",
+        "handled(namespace=''): the namespace must be a non-empty string",
+        "handled(namespace='a\\nb'): the namespace holds a control character ('\\n'): "
+        "a namespace is one line",
+        "handled(namespace='" + "x" * 100 + "'… (300 characters)): the namespace is longer "
+        "than 255 characters, the most a namespace may be",
+    ]
+    calls = ["handled", "bodies", "retried", "deduplicated", "dead_lettered", "skipped",
+             "published"]
+    assert [r.partition("(")[0] for r in refusals] == [c for c in calls for _ in range(5)]
+    assert typos == [f"{call}(namespace='ordrs'): no handler of app 'named' takes that "
+                     "namespace (its namespaces: orders)" for call in calls[:5]]
+    assert one_line(never_skipped.value) == (
+        "skipped(namespace='orders'): app 'named' has handlers of that namespace, so its "
+        "messages are never skipped")
+
+
 async def test_a_bound_method_handler_is_found_by_the_method() -> None:
     """docs/testing.md: ``handler`` may be "the handler function itself"; a bound method
     handler (docs/writing-handlers.md) is a new object at each attribute access, so an
@@ -359,9 +415,11 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
     assert "expected a conveyor.Config" in one_line(not_a_config.value)
     with pytest.raises(conveyor.InvalidArgumentError, match="settle_timeout_s"):
         TestWorker(app, settle_timeout_s=True)
+    with pytest.raises(conveyor.InvalidArgumentError, match="stop_timeout_s"):
+        TestWorker(app, stop_timeout_s=10**400)  # OverflowError, naming nothing
     refused: list[str] = []
     async with TestWorker(app) as worker:
-        for timeout in ("5", float("nan"), -1.0):
+        for timeout in ("5", float("nan"), -1.0, 10**400):
             with pytest.raises(conveyor.InvalidArgumentError) as bad_timeout:
                 await worker.settle(timeout)  # type: ignore[arg-type]
             refused.append(one_line(bad_timeout.value)[:26])
@@ -370,13 +428,46 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
         with pytest.raises(conveyor.InvalidArgumentError) as not_a_publish:
             await worker.publish_batch([("orders", "k", 1)])  # type: ignore[list-item]
         published = worker.published()
-    assert refused == ["settle timeout_s must be a"] * 3
+    assert refused == ["settle timeout_s must be a"] * 4
     assert "redeliver: expected a Message" in one_line(not_a_message.value)
     assert "expected conveyor.Publish" in one_line(not_a_publish.value)
     assert published == []  # nothing of a refused batch was sent
     with pytest.raises(conveyor.ConveyorError, match="not started") as early:
         await TestWorker(app).settle()
     assert "async with" in one_line(early.value)
+
+
+def test_a_plain_def_test_driving_a_worker_with_asyncio_run_is_told_to_be_async() -> None:
+    # A sync test given the fixture's worker (pytest-asyncio starts it on its loop) that
+    # ran asyncio.run(worker.publish(...)) was told about pytest-asyncio's loop scopes.
+    runner = asyncio.Runner()
+    worker = runner.run(TestWorker(two_handlers()).start())
+    try:
+        with pytest.raises(conveyor.ConveyorError) as other_loop:
+            asyncio.run(worker.publish("orders", "o", 1))
+        read = worker.published()  # reading needs no loop
+    finally:
+        runner.run(worker.stop())
+        runner.close()
+    assert read == []
+    text = one_line(other_loop.value)
+    assert text.startswith("cannot publish: this TestWorker was started on another event "
+                           "loop"), text
+    assert "a plain def test cannot drive it (asyncio.run runs another loop): make the test " \
+        "async def" in text, text
+
+
+@pytest.mark.parametrize("telemetry", ["otel", {"enabled": True}, 1],
+                         ids=["str", "dict", "int"])
+def test_telemetry_that_is_not_a_telemetry_is_refused_where_the_worker_is_made(
+        telemetry: object) -> None:
+    # TestWorker(app, telemetry="otel") was taken, and its start failed deep in the
+    # daemon's build: AttributeError: 'str' object has no attribute 'tracer'.
+    with pytest.raises(conveyor.InvalidArgumentError) as refused:
+        TestWorker(two_handlers(), telemetry=telemetry)  # type: ignore[arg-type]
+    assert one_line(refused.value).startswith(
+        "TestWorker(telemetry=...): expected a conveyor.platform.telemetry.Telemetry "), (
+        refused.value)
 
 
 @pytest.mark.parametrize("items", [None, Publish("orders", "k", 1), "orders", 3],
@@ -391,6 +482,30 @@ async def test_publish_batch_of_no_list_is_refused_in_one_line(items: object) ->
         assert worker.published() == []
     assert one_line(refused.value).startswith(
         "publish_batch: expected a list of conveyor.Publish items, got ")
+
+
+@pytest.mark.parametrize("records", ["one record", "abc", 5], ids=["one Record", "str", "int"])
+async def test_replay_of_no_list_of_records_is_refused_in_one_line(records: object) -> None:
+    # replay(record) (one, not in a list) and replay(5) raised TypeError: '... object is
+    # not iterable' from inside the kit; a str was taken for a list of its letters.
+    app = App("replays")
+
+    @app.handler("jobs", retry_attempts=1)
+    async def job(n: int) -> None:
+        raise ValueError("not yet")
+
+    async with TestWorker(app) as worker:
+        await worker.publish("jobs", "j", 1)
+        await worker.settle(raise_on_dead_letters=False)
+        [record] = worker.dead_lettered()
+        given = record if records == "one record" else records
+        with pytest.raises(conveyor.InvalidArgumentError) as refused:
+            await worker.replay(given)  # type: ignore[arg-type]
+        left = worker.dead_lettered()
+    assert left == [record]  # nothing replayed
+    assert one_line(refused.value).startswith(
+        "replay: expected a list of records of worker.dead_lettered() (or None: every "
+        "letter stored), got "), refused.value
 
 
 async def test_a_key_with_control_characters_keeps_the_report_one_line_a_message() -> None:
@@ -568,6 +683,12 @@ def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
             with pytest.raises(StartupHookFailed) as failed:
                 await worker.settle()
             seen["error"] = failed.value
+            # conveyor worker is gone: a later settle() says so, as after a handler's
+            # stop (it went on as if the worker ran)
+            await worker.publish("anything", "a", 1)
+            with pytest.raises(WorkerStopped) as again:
+                await worker.settle()
+            seen["again"] = again.value
 
     try:
         asyncio.run(scenario())
@@ -578,6 +699,118 @@ def test_a_startup_hook_raising_a_stop_fails_its_test_not_the_whole_run(
     assert one_line(error).startswith(
         f"startup hook {boot.__qualname__} raised {type(stop).__name__}")
     assert "which stops conveyor worker at once" in str(error)
+    assert seen["again"].__cause__ is stop
+    assert one_line(seen["again"]).startswith(
+        f"this TestWorker's worker stopped earlier: startup hook {boot.__qualname__} "
+        f"raised {stop!r}: conveyor worker handles nothing after that")
+
+
+async def test_pytests_outcome_raised_in_a_handler_is_the_tests_not_a_retried_failure(
+) -> None:
+    # pytest.fail() in a handler (or pytest-timeout's Failed, raised wherever the main
+    # thread is) was taken by the chain for the handler's failure: retried, then
+    # dead-lettered, or handled by the retry, and the test passed.
+    app = App("outcome")
+    calls: list[int] = []
+
+    @app.handler("jobs", retry_attempts=3)
+    async def job(n: int) -> None:
+        calls.append(n)
+        if len(calls) == 1:
+            pytest.fail("the handler was not to be called with 1")
+
+    async with TestWorker(app, settle_timeout_s=5) as worker:
+        await worker.publish("jobs", "j", 1)
+        with pytest.raises(pytest.fail.Exception) as failed:
+            await worker.settle()
+        with pytest.raises(WorkerStopped) as again:  # a stop, as a KeyboardInterrupt
+            await worker.settle()
+    assert str(failed.value) == "the handler was not to be called with 1"
+    # named by its type (a pytest outcome's repr is its message alone)
+    assert "handler job raised Failed('the handler was not to be called with 1') on " in (
+        one_line(again.value))
+    assert calls == [1]  # not retried
+
+
+async def test_pytests_outcome_raised_in_a_startup_hook_is_the_tests() -> None:
+    # As in a handler: pytest-timeout's Failed fired in a startup hook that blocked the
+    # loop (or a hook's pytest.fail()) ended the hook's task, unseen: the test passed.
+    app = App("hook-outcome")
+
+    @app.startup
+    async def boot(client: conveyor.Client) -> None:
+        pytest.fail("the hook is not to run here")
+
+    async with TestWorker(app, settle_timeout_s=5) as worker:
+        with pytest.raises(pytest.fail.Exception) as failed:
+            await worker.settle()
+        with pytest.raises(WorkerStopped):
+            await worker.settle()
+    assert str(failed.value) == "the hook is not to run here"
+
+
+def test_a_settle_after_the_worker_stopped_answers_at_once_naming_the_stop() -> None:
+    # After a handler's stop was reported, the next settle() waited its whole
+    # settle_timeout_s for the held message (which nothing acknowledges any more), then
+    # raised NotSettled: a test that went on after pytest.raises(WorkerStopped) took
+    # seconds to learn what it knew.
+    app = stopping_app("async")
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with TestWorker(app, settle_timeout_s=5) as worker:
+            await worker.publish("fatal", "k", 1)
+            with pytest.raises(WorkerStopped) as first:
+                await worker.settle()
+            await worker.publish("fine", "f", 0)
+            started = time.monotonic()
+            for _ in range(2):  # every later call, not once
+                with pytest.raises(WorkerStopped) as again:
+                    await worker.settle()
+                seen.setdefault("again", []).append(again.value)
+            seen["again_s"] = time.monotonic() - started
+            seen["first"] = first.value
+
+    asyncio.run(scenario())
+    assert seen["again_s"] < 2.5  # not settle_timeout_s (5 s, twice)
+    for error in seen["again"]:
+        assert error.__cause__ is seen["first"].__cause__  # the handler's KeyboardInterrupt
+        text = one_line(error)
+        assert text.startswith("this TestWorker's worker stopped earlier: handler fatal "
+                               "raised KeyboardInterrupt() on fatal/k (message "), text
+        assert "conveyor worker handles nothing after that" in text
+
+
+async def test_a_daemon_that_failed_is_named_by_settle_at_once() -> None:
+    # A failure of the daemon (an agent task crashed, which stops conveyor worker with
+    # exit 1) went unseen by a settle() whose messages were all acknowledged, and one
+    # waiting on a message the crash held waited its whole timeout.
+    app = App("failing-daemon")
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @app.handler("slow")
+    async def slow(n: int) -> None:
+        entered.set()
+        await release.wait()
+
+    async with TestWorker(app, settle_timeout_s=5) as worker:
+        await worker.publish("slow", "s", 1)
+        await asyncio.wait_for(entered.wait(), 5)
+        settling = asyncio.ensure_future(worker.settle())
+        await asyncio.sleep(0)  # settle() is waiting
+        started = time.monotonic()
+        worker.daemon.agent_crashed(0, RuntimeError("boom"))  # as the agent reports it
+        with pytest.raises(WorkerStopped) as stopped:
+            await settling
+        took = time.monotonic() - started
+        release.set()
+        with pytest.raises(WorkerStopped):  # and every later call
+            await worker.settle()
+    assert took < 2.5  # not settle_timeout_s (5 s)
+    assert stopped.value.__cause__ is worker.daemon.failure
+    text = one_line(stopped.value)
+    assert text.startswith("the worker failed: queue 0: an agent task crashed "
+                           "(RuntimeError: boom)"), text
 
 
 async def test_a_timeout_names_the_messages_of_a_batch_call_running() -> None:

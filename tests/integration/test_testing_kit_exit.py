@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import unittest
 
 import pytest
 
@@ -136,3 +137,31 @@ async def test_a_startup_hook_no_settle_saw_is_waited_for_and_its_failure_raised
         async with TestWorker(seeding) as worker:
             bodies.append(worker)
     assert len(bodies) == 1
+
+
+class UnittestCase(unittest.IsolatedAsyncioTestCase):
+    """docs/testing.md's unittest way: the worker entered in asyncSetUp, exited (settled
+    and checked) at the test's cleanup. Run by the test below, not collected itself."""
+
+    __test__ = False
+
+    async def asyncSetUp(self) -> None:
+        self.worker = await self.enterAsyncContext(TestWorker(app))
+
+    async def test_settles(self) -> None:
+        await self.worker.publish("orders", "o-1", {"items": 1})
+        await self.worker.settle()
+        self.assertEqual(self.worker.bodies("orders"), [{"items": 1}])
+
+    async def test_forgets_to_settle(self) -> None:
+        await self.worker.publish("orders", "o-2", {"items": 0})
+
+
+def test_a_unittest_case_gets_the_exit_check_at_its_cleanup() -> None:
+    result = unittest.TestResult()
+    unittest.defaultTestLoader.loadTestsFromTestCase(UnittestCase).run(result)
+    assert result.testsRun == 2 and not result.errors, result.errors
+    [(failed, trace)] = result.failures
+    assert failed.id().endswith("test_forgets_to_settle")
+    assert "DeadLettersFound: 1 message(s) dead-lettered that the test never looked at" in trace
+    assert handled == ["o-1"]

@@ -240,6 +240,7 @@ def test_a_namespace_no_message_could_be_published_to_is_refused() -> None:
         ("retry_delay_s", "0.1"),
         ("retry_delay_s", -1),
         ("retry_max_delay_s", float("inf")),
+        ("retry_max_delay_s", 10**400),  # an int past any float: OverflowError, unnamed
         ("retry_jitter_s", None),
         ("retry_multiplier", 0.5),
         ("retry_multiplier", float("nan")),

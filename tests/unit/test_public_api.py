@@ -46,6 +46,7 @@ DESCRIBED_NOT_EXPORTED = {
     "HandlerDuration", "Lane",
     "RecordDecoder",
     "StallTolerantTimeout",  # the pull's deadline (docs/performance.md), internal
+    "Telemetry",  # what TestWorker(telemetry=) takes (docs/testing.md), by its module
 }
 # Sub-modules with a curated public API of their own, imported by name
 # (``from conveyor.testing import TestWorker``): their ``__all__`` is exported too.
