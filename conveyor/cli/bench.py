@@ -24,6 +24,11 @@ MAX_REPEATS = 100
 """The most ``--repeats``: each is a whole run (a fresh process per variant, for
 ``telemetry``); 10**19 never ended."""
 
+MAX_CYCLES = 1_000
+"""The most ``scale-down --cycles``: each cycle runs in real time (``--cycle-s``, 1.2 s
+by default: a thousand take 20 minutes) and prints a row; the adaptive pool of 10 is
+empty after about 10 at the default policy. 10**19 never ended."""
+
 
 @click.group()
 def bench() -> None:
@@ -214,7 +219,7 @@ def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: b
 
 
 @bench.command("scale-down", short_help="Monotonic vs adaptive pool: workers per cooldown cycle.")
-@click.option("--cycles", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--cycles", type=click.IntRange(1, MAX_CYCLES), default=10, show_default=True)
 @click.option("--cycle-s", type=Bounded(0.01, 3600), default=1.2, show_default=True)
 @click.option("--load-s", type=Bounded(0.01, 3600), default=2.0, show_default=True)
 @click.option("--inspection-period-ms", type=Bounded(1, DAY_S * 1000), default=500.0,

@@ -306,6 +306,10 @@ def test_every_seed_option_refuses_a_negative_seed() -> None:
      "--io-messages"),
     (["bench", "telemetry", "--messages", "1000001"], "--messages' / '-n"),
     (["bench", "telemetry", "--repeats", "101"], "--repeats"),
+    # Each cycle runs in real time: 10**19 cycles never ended (short ones here, so that
+    # without the bound the run ends, exit 0, and the test fails rather than hangs).
+    (["bench", "scale-down", "--load-s", "0.01", "--cycle-s", "0.01", "--cycles", "1001"],
+     "--cycles"),
 ])
 def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     args: list[str], option: str,
