@@ -122,6 +122,9 @@ def bench_throughput(
     from conveyor.bench.shipped import Variant, bench_config
 
     _check_servers(adapter, redis_url, daemons, bootstrap)
+    if config_file is not None and not config_file.is_file():  # a pipe, read empty again
+        usage(f"--config: {config_file} is not a regular file, and a benchmark reads its "
+              "config again in each run (and in each worker it starts): give a file")
     if slots is not None and any(s.partition("=")[0].strip() == "slots.count"
                                  for s in settings):
         usage("--slots N is --set slots.count=N: give one of them")

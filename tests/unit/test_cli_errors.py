@@ -272,6 +272,42 @@ def test_bench_throughput_refuses_options_it_would_ignore_or_misread(
     assert line.startswith(f"conveyor: error: {says}"), line
 
 
+def test_bench_throughput_refuses_a_config_it_could_not_read_again(tmp_path: Path) -> None:
+    # A pipe (`--config <(...)`) was read twice: the second read found it empty, and the
+    # benchmark ran the defaults (8 queues, 64 slots) under the pipe's name, exit 0.
+    import os
+
+    read, write = os.pipe()
+    os.write(write, b'[queues]\nadapter = "memory"\ntotal = 2\n')
+    os.close(write)
+    try:
+        result = CliRunner().invoke(main, ["bench", "throughput", "-n", "1", "--repeats", "1",
+                                           "--streams", "1", "--config", f"/dev/fd/{read}"])
+    finally:
+        os.close(read)
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line == (f"conveyor: error: --config: /dev/fd/{read} is not a regular file, and "
+                    "a benchmark reads its config again in each run (and in each worker it "
+                    "starts): give a file"), line
+
+
+def test_bench_throughput_reads_a_config_file_as_every_command_does(tmp_path: Path) -> None:
+    # Bytes that are not UTF-8 were a UnicodeDecodeError traceback; the byte order mark
+    # every other command skips was "Invalid statement (at line 1, column 1)".
+    bad, marked = tmp_path / "bad.toml", tmp_path / "marked.toml"
+    bad.write_bytes(b'\xff\xfe[queues]\r\nadapter = "memory"\r\n')
+    marked.write_bytes(b'\xef\xbb\xbf[queues]\r\nadapter = "memory"\r\ntotal = 2\r\n')
+    result = CliRunner().invoke(main, ["bench", "throughput", "-n", "1", "--config", str(bad)])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for --set / --slots / --config: "
+                           f"{bad}: not valid TOML: not UTF-8 text (byte 0xff at offset 0)"), line
+    from conveyor.bench.shipped import Variant, bench_config
+
+    assert bench_config("memory", {}, Variant(config_file=marked)).config.queues.total == 2
+
+
 def test_every_seed_option_refuses_a_negative_seed() -> None:
     # numpy's generators take whole numbers from 0: `sim --seed -1` was a traceback.
     from tests.unit.test_cli_help import ALL

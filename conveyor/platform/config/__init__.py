@@ -945,18 +945,7 @@ def parse_config(
     ``source`` naming it in errors."""
     raw: dict[str, Any] = {}
     if text is not None:
-        # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
-        text = text.removeprefix(b"\xef\xbb\xbf")
-        try:
-            raw = msgspec.toml.decode(text)
-        except msgspec.DecodeError as exc:
-            raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-        except RecursionError:
-            raise ConfigError(f"{source}: nested too deeply for any config field") from None
-        except UnicodeDecodeError as exc:  # TOML is UTF-8
-            raise ConfigError(
-                f"{source}: not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
-                f"at offset {exc.start})") from None
+        raw = decode_config_file(text, source)
         _refuse_quoted_scalars(raw, source)
     env = os.environ if environ is None else environ
     applied: dict[str, str] = {}
@@ -968,6 +957,24 @@ def parse_config(
     config = _convert(raw, source, applied)
     _refuse_secrets_not_text(config, env)
     return config
+
+
+def decode_config_file(text: bytes, source: str) -> dict[str, Any]:
+    """A config file's bytes (:func:`read_config_file`) as TOML tables, not yet checked
+    against :class:`Config`; a ConfigError naming ``source`` when they are no TOML."""
+    # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
+    text = text.removeprefix(b"\xef\xbb\xbf")
+    try:
+        raw: dict[str, Any] = msgspec.toml.decode(text)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply for any config field") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise ConfigError(
+            f"{source}: not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start})") from None
+    return raw
 
 
 def _refuse_secrets_not_text(config: Config, environ: Mapping[str, str]) -> None:
