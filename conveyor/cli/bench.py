@@ -11,7 +11,14 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import DAY_S, Bounded, FilePath, interrupted_at_once, usage
+from conveyor.cli.common import (
+    DAY_S,
+    MAX_INT64,
+    Bounded,
+    FilePath,
+    interrupted_at_once,
+    usage,
+)
 from conveyor.platform.errors import ConveyorError
 
 MAX_MESSAGES = 1_000_000
@@ -65,7 +72,7 @@ def _settings(ctx: click.Context, param: click.Parameter,
 @click.option("--streams", "-s", type=click.IntRange(1, MAX_MESSAGES), default=1_000,
               show_default=True, help="Stream keys the messages are spread over.")
 @click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=3, show_default=True)
-@click.option("--slots", type=click.IntRange(min=1), default=None,
+@click.option("--slots", type=click.IntRange(min=1, max=MAX_INT64), default=None,
               help="Variant: [slots] count = N instead of the shipped value.")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.FIELD=VALUE",
               callback=_settings,

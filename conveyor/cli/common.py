@@ -314,6 +314,12 @@ DAY_S = 86_400.0
 """The longest duration a command's option takes (as the config's: ``Seconds``)."""
 
 
+MAX_INT64 = 2**63 - 1
+"""The most any whole-number config field holds (msgspec's 64 bits): an option that sets
+one (``--slots``) is bounded by it, or a larger value was refused by the config as its
+field, ``slots.count``, not as the option."""
+
+
 SEED = click.IntRange(min=0)
 """A random seed: numpy's generators take any whole number from 0 (``-1`` was a
 traceback)."""

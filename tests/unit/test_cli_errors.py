@@ -356,10 +356,13 @@ def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     assert line.startswith(f"conveyor: error: Invalid value for '{option}': "), line
 
 
-def test_slots_past_what_the_config_holds_names_the_option_not_the_config_field() -> None:
+@pytest.mark.parametrize("command", [["worker", "tests.apps.drain_app:app"],
+                                     ["bench", "throughput", "-n", "1"]])
+def test_slots_past_what_the_config_holds_names_the_option_not_the_config_field(
+    command: list[str],
+) -> None:
     # It named `a command-line option (slots.count)`, a config field, as a config error.
-    result = CliRunner().invoke(main, ["worker", "tests.apps.drain_app:app", "--slots",
-                                       "99999999999999999999"])
+    result = CliRunner().invoke(main, [*command, "--slots", "99999999999999999999"])
     assert result.exit_code == USAGE_ERROR, result.output
     [line] = result.stderr.splitlines()
     assert line.startswith("conveyor: error: Invalid value for '--slots': "), line
