@@ -230,6 +230,29 @@ def test_an_empty_output_path_writes_nothing_and_names_its_option(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("args", "option"), [
+    (["deploy", "kubernetes", "--app", "tests.apps.drain_app:app", "--config",
+      "{root}/configs/redis.toml", "--output", "{long}"], "--output"),
+    (["dev", "redis", "--port", "{port}", "--write-config", "{long}"], "--write-config"),
+    (["sim", "filter", "--signal", "drop", "--plot", "{long}/plot.png"], "--plot"),
+])
+def test_an_output_path_past_the_file_systems_limit_is_one_line_naming_its_option(
+    args: list[str], option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A name of more than 255 bytes: Path.exists() and is_dir() raise ENAMETOOLONG
+    # (Python 3.11), a traceback from the option's check.
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root))
+    long = str(tmp_path / ("a" * 300))
+    result = CliRunner().invoke(main, [a.format(root=root, long=long, port=free_port())
+                                       for a in args])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: ") and option in line, line
+    assert line.endswith("File name too long") or "File name too long (see" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_arrivals_file_that_is_not_utf8_is_one_line_naming_the_option(
     tmp_path: Path,
 ) -> None:
