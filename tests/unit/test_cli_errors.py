@@ -253,6 +253,22 @@ def test_an_output_path_past_the_file_systems_limit_is_one_line_naming_its_optio
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["console", "--config", "configs/redis.toml"],
+                                     ["dev", "redis"], ["dev", "kafka"]])
+def test_a_bad_port_from_the_environment_names_the_variable(command: list[str]) -> None:
+    # `CONVEYOR_CONSOLE_PORT=abc conveyor console` said "Invalid value for '--port'", an
+    # option that was not given; dev's ports named their variable already.
+    variable = ("CONVEYOR_CONSOLE_PORT" if command[0] == "console"
+                else f"CONVEYOR_DEV_{command[1].upper()}_PORT")
+    root = Path(__file__).resolve().parents[2]
+    args = [str(root / a) if a.endswith(".toml") else a for a in command]
+    result = CliRunner().invoke(main, args, env={variable: "abc"})
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '--port' (env var: "
+                           f"'{variable}'): 'abc' is not a valid integer range"), line
+
+
 def test_an_arrivals_file_that_is_not_utf8_is_one_line_naming_the_option(
     tmp_path: Path,
 ) -> None:
