@@ -120,6 +120,18 @@ def test_publish_refuses_a_body_that_is_not_json_as_a_usage_error(body: str) -> 
     assert result.exit_code == USAGE_ERROR and "BODY" in result.stderr, result.output
 
 
+def test_publish_says_a_body_of_dash_is_not_standard_input() -> None:
+    # `publish orders k1 - < body.json`, as many commands read stdin, was told to add
+    # --content-type text/plain: the body `-` itself would have been sent.
+    args = ["publish", "orders", "k1", "-", "--config", "configs/redis.toml"]
+    result = CliRunner().invoke(main, args, env=nowhere(), input='{"id": 17}')
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for BODY: '-' is not read from "
+                           "standard input: give --body-file - for that; nothing was "
+                           "sent"), line
+
+
 def test_publish_sends_a_body_that_is_not_json_when_the_content_type_says_so() -> None:
     args = ["publish", "orders", "k1", "not json", "--config", "configs/redis.toml",
             "--content-type", "text/plain"]
