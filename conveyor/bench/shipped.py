@@ -22,7 +22,12 @@ from typing import Any
 import msgspec
 
 from conveyor.bench import BenchmarkError
-from conveyor.platform.config import Config, load_config
+from conveyor.platform.config import (
+    Config,
+    decode_config_file,
+    parse_config,
+    read_config_file,
+)
 from conveyor.platform.config.shipped import shipped_configs_dir
 from conveyor.platform.errors import ConfigError
 
@@ -122,10 +127,11 @@ def bench_config(adapter: str, placement: Mapping[str, Any],
     """The shipped file of ``adapter`` with ``placement`` (dotted paths: the address, a
     private prefix / topic / broker) and then the variant's changes applied."""
     path = variant.config_file or shipped_path(adapter)
-    try:
-        raw: dict[str, Any] = msgspec.toml.decode(path.read_bytes())
-    except (OSError, msgspec.DecodeError) as exc:
-        raise BenchmarkError(f"cannot read the config {path}: {exc}") from None
+    try:  # read as every command reads a config: at most 1 MiB, UTF-8 (a BOM skipped)
+        text = read_config_file(path)
+        raw = decode_config_file(text, str(path))
+    except ConfigError as exc:
+        raise BenchmarkError(str(exc)) from None
     changes = {**placement, **dict(variant.changes)}
     for dotted, value in changes.items():
         *tables, field = dotted.split(".")
@@ -137,9 +143,11 @@ def bench_config(adapter: str, placement: Mapping[str, Any],
         table[field] = value
     touched = {dotted.split(".", 1)[0] for dotted in changes}
     try:  # whole sections as overrides, so errors name the file
-        config = load_config(path, environ={}, overrides={s: raw[s] for s in touched})
+        config = parse_config(text, str(path), environ={},
+                              overrides={s: raw[s] for s in touched})
     except ConfigError as exc:
-        raise BenchmarkError(f"{exc} (the benchmark changed {', '.join(changes)})") from None
+        changed = f" (the benchmark changed {', '.join(changes)})" if changes else ""
+        raise BenchmarkError(f"{exc}{changed}") from None
     if config.queues.adapter != adapter:
         raise BenchmarkError(f"{path} runs the {config.queues.adapter} adapter, not {adapter}")
     return BenchConfig(adapter, path, variant, changes, config)

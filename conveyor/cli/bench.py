@@ -11,7 +11,14 @@ from typing import Any
 
 import click
 
-from conveyor.cli.common import DAY_S, Bounded, FilePath, interrupted_at_once, usage
+from conveyor.cli.common import (
+    DAY_S,
+    MAX_INT64,
+    Bounded,
+    FilePath,
+    interrupted_at_once,
+    usage,
+)
 from conveyor.platform.errors import ConveyorError
 
 MAX_MESSAGES = 1_000_000
@@ -23,6 +30,11 @@ message before it starts, and the memory adapter holds them all queued: a millio
 MAX_REPEATS = 100
 """The most ``--repeats``: each is a whole run (a fresh process per variant, for
 ``telemetry``); 10**19 never ended."""
+
+MAX_CYCLES = 1_000
+"""The most ``scale-down --cycles``: each cycle runs in real time (``--cycle-s``, 1.2 s
+by default: a thousand take 20 minutes) and prints a row; the adaptive pool of 10 is
+empty after about 10 at the default policy. 10**19 never ended."""
 
 
 @click.group()
@@ -60,7 +72,7 @@ def _settings(ctx: click.Context, param: click.Parameter,
 @click.option("--streams", "-s", type=click.IntRange(1, MAX_MESSAGES), default=1_000,
               show_default=True, help="Stream keys the messages are spread over.")
 @click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=3, show_default=True)
-@click.option("--slots", type=click.IntRange(min=1), default=None,
+@click.option("--slots", type=click.IntRange(min=1, max=MAX_INT64), default=None,
               help="Variant: [slots] count = N instead of the shipped value.")
 @click.option("--set", "settings", multiple=True, metavar="SECTION.FIELD=VALUE",
               callback=_settings,
@@ -117,6 +129,9 @@ def bench_throughput(
     from conveyor.bench.shipped import Variant, bench_config
 
     _check_servers(adapter, redis_url, daemons, bootstrap)
+    if config_file is not None and not config_file.is_file():  # a pipe, read empty again
+        usage(f"--config: {config_file} is not a regular file, and a benchmark reads its "
+              "config again in each run (and in each worker it starts): give a file")
     if slots is not None and any(s.partition("=")[0].strip() == "slots.count"
                                  for s in settings):
         usage("--slots N is --set slots.count=N: give one of them")
@@ -214,7 +229,7 @@ def bench_telemetry(messages: int, repeats: int, sample_ratio: float, as_json: b
 
 
 @bench.command("scale-down", short_help="Monotonic vs adaptive pool: workers per cooldown cycle.")
-@click.option("--cycles", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--cycles", type=click.IntRange(1, MAX_CYCLES), default=10, show_default=True)
 @click.option("--cycle-s", type=Bounded(0.01, 3600), default=1.2, show_default=True)
 @click.option("--load-s", type=Bounded(0.01, 3600), default=2.0, show_default=True)
 @click.option("--inspection-period-ms", type=Bounded(1, DAY_S * 1000), default=500.0,

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import math
 import signal
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import IO, Any, NoReturn, TypeVar
+from typing import IO, Any, NoReturn, TypeGuard, TypeVar
 
 import click
 from click.exceptions import NoArgsIsHelpError
@@ -105,6 +106,8 @@ def as_cli_error(exc: BaseException) -> CliError | None:
     if isinstance(exc, click.ClickException):
         return (CliUsageError if exc.exit_code == USAGE_ERROR else CliError)(
             exc.format_message())
+    if _unwritable_output(exc):
+        return CliError(f"cannot write the output: {exc.strerror}")
     if isinstance(exc, ConfigError):
         return CliUsageError(f"config: {exc}")
     if isinstance(exc, USER_MISTAKES):
@@ -112,6 +115,19 @@ def as_cli_error(exc: BaseException) -> CliError | None:
     if isinstance(exc, ConveyorError):
         return CliError(str(exc))
     return None
+
+
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+"""Why standard output can take no more: a full disk or quota, a file past its size
+limit, a device failing (``conveyor dlq list --json > letters.json``). A reader gone
+(``EPIPE``: ``| head``) is click's to end, quietly."""
+
+
+def _unwritable_output(exc: BaseException) -> TypeGuard[OSError]:
+    """Whether ``exc`` is standard output refusing a write: an ``OSError`` of
+    :data:`UNWRITABLE` naming no file (a command names the files it writes itself). Its
+    traceback was the first write of any command."""
+    return isinstance(exc, OSError) and exc.errno in UNWRITABLE and exc.filename is None
 
 
 def _main_option_hint(exc: click.UsageError) -> str:
@@ -312,6 +328,12 @@ def refuse_embedded(config: Config, command: str, why: str) -> None:
 
 DAY_S = 86_400.0
 """The longest duration a command's option takes (as the config's: ``Seconds``)."""
+
+
+MAX_INT64 = 2**63 - 1
+"""The most any whole-number config field holds (msgspec's 64 bits): an option that sets
+one (``--slots``) is bounded by it, or a larger value was refused by the config as its
+field, ``slots.count``, not as the option."""
 
 
 SEED = click.IntRange(min=0)

@@ -34,7 +34,7 @@ TOKEN_ENV = "CONVEYOR_CONSOLE_TOKEN"
 @click.option("--host", default="127.0.0.1", show_default=True, callback=host_name,
               help="Address to bind; anything but loopback exposes the console.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8089, show_default=True,
-              envvar="CONVEYOR_CONSOLE_PORT", help="Port to serve on ($CONVEYOR_CONSOLE_PORT).")
+              envvar="CONVEYOR_CONSOLE_PORT", show_envvar=True, help="Port to serve on.")
 @click.option("--interval", "interval_s", type=Bounded(0.2, DAY_S), default=2.0,
               show_default=True, metavar="SECONDS",
               help="How often the one shared poll loop reads the broker.")

@@ -54,7 +54,10 @@ def _output(ctx: click.Context, param: click.Parameter, value: str) -> str:
         raise click.BadParameter("an empty path names no directory ('-': standard output)")
     if value != "-":
         path = Path(value)
-        found = next((p for p in (path, *path.parents) if p.exists()), None)
+        try:
+            found = next((p for p in (path, *path.parents) if p.exists()), None)
+        except OSError as exc:  # a name past the file system's limit: ENAMETOOLONG
+            raise click.BadParameter(f"{value}: {exc.strerror}") from None
         if found is not None and not found.is_dir():
             raise click.BadParameter(
                 f"{str(found)!r} is a file, not a directory: --output takes a directory "

@@ -189,11 +189,15 @@ def _check_writable(path: Path) -> None:
     """A ``--write-config`` path whose directory is missing or not writable: a usage
     error before the broker starts, not a failure after."""
     parent = path.parent
-    if not parent.is_dir():
-        usage(f"--write-config {path}: no such directory {parent}")
-    if path.is_dir() or not os.access(parent, os.W_OK) or (
-            path.exists() and not os.access(path, os.W_OK)):
-        usage(f"--write-config {path}: cannot write it (permission denied, or a directory)")
+    try:
+        if not parent.is_dir():
+            usage(f"--write-config {path}: no such directory {parent}")
+        if path.is_dir() or not os.access(parent, os.W_OK) or (
+                path.exists() and not os.access(path, os.W_OK)):
+            usage(f"--write-config {path}: cannot write it (permission denied, or a "
+                  "directory)")
+    except OSError as exc:  # a name past the file system's limit: ENAMETOOLONG
+        usage(f"--write-config {path}: {exc.strerror}")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -91,6 +91,10 @@ def publish(
         try:
             msgspec.json.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            if body == "-" and hint == "BODY":  # as many commands read stdin
+                raise click.BadParameter("'-' is not read from standard input: give "
+                                         "--body-file - for that; nothing was sent",
+                                         param_hint=hint) from None
             raise click.BadParameter(
                 f"{shown!r} is not JSON ({exc}); to send it as text, add "
                 f"--content-type {CONTENT_TEXT}", param_hint=hint) from None

@@ -34,7 +34,11 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) -
     if value is None:
         return None
     folder = value.parent
-    if not folder.is_dir():
+    try:
+        is_dir = folder.is_dir()
+    except OSError as exc:  # a name past the file system's limit: ENAMETOOLONG
+        raise click.BadParameter(f"cannot write {value}: {exc.strerror}") from None
+    if not is_dir:
         raise click.BadParameter(f"cannot write {value}: no such directory {folder}")
     if not os.access(folder, os.W_OK):
         raise click.BadParameter(f"cannot write {value}: directory {folder} is not writable")

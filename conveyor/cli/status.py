@@ -7,6 +7,7 @@ The reading is in :mod:`conveyor.platform.operations.status`; the tables in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict
@@ -130,8 +131,22 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
     console = Console()
     if wide:
         fit_rows(console, view)
+    # On a terminal each reading replaces the last. In a pipe or a file, rich's Live
+    # prints only the last one, once the watch ends (`| head -1` printed nothing and
+    # never ended): each is printed as it is read, after a blank line.
+    live = Live(view, console=console, auto_refresh=False) if console.is_terminal else None
+
+    def show(renderable: Any) -> None:
+        if live is not None:
+            live.update(renderable, refresh=True)
+        else:
+            click.echo()
+            print_table(renderable, whole_rows=wide)
+
+    if live is None:
+        print_table(view, whole_rows=wide)
     failed: ConveyorError | None = None
-    with Live(view, console=console, auto_refresh=False) as live:
+    with live or contextlib.nullcontext():
         try:
             refreshes = 0
             while count is None or refreshes < count:
@@ -142,13 +157,14 @@ def _print_app(config: Config, group: str, as_json: bool, watch_s: float | None,
                         config, group, backend, look_beyond=False, look_stores=False))
                 except ConveyorError as exc:  # a broker restarting: the watch goes on
                     failed = exc
-                    live.update(Group(view, _failed_line(exc, report.at)), refresh=True)
+                    line = _failed_line(exc, report.at)  # under the tables it is about
+                    show(Group(view, line) if live is not None else line)
                     continue
                 failed, previous, report = None, report, reading
                 view = status_view(report, report.rates(previous), wide)
                 if wide:
                     fit_rows(console, view)
-                live.update(view, refresh=True)
+                show(view)
         except KeyboardInterrupt:  # how a watch ends (exit 0), whatever the last reading
             failed = None
     if failed is not None:  # --count's last reading failed: not a reading to trust

@@ -16,6 +16,7 @@ import click
 
 from conveyor.cli.common import (
     DAY_S,
+    MAX_INT64,
     Bounded,
     Interrupted,
     as_cli_error,
@@ -24,10 +25,6 @@ from conveyor.cli.common import (
     read_config_or_exit,
 )
 from conveyor.platform.errors import ConveyorError
-
-MAX_INT64 = 2**63 - 1
-"""The most any whole-number config field holds (msgspec's 64 bits): ``--slots`` past it
-was refused by the config as its field, ``slots.count``, not as the option."""
 
 
 @click.command()

@@ -756,3 +756,15 @@ def test_python_dash_m_conveyor_is_the_command() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("conveyor"), result.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["demo", "--help"],
+                                  ["configs", "local"], ["demo", "-n", "1"]])
+def test_output_that_cannot_be_written_is_one_line_not_a_traceback(args: list[str]) -> None:
+    # A full disk (here /dev/full) under `conveyor dlq list --json > letters.json`: the
+    # first write of every command was an OSError traceback.
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=ROOT,
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (
+        1, "conveyor: error: cannot write the output: No space left on device\n")

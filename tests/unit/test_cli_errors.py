@@ -120,6 +120,18 @@ def test_publish_refuses_a_body_that_is_not_json_as_a_usage_error(body: str) -> 
     assert result.exit_code == USAGE_ERROR and "BODY" in result.stderr, result.output
 
 
+def test_publish_says_a_body_of_dash_is_not_standard_input() -> None:
+    # `publish orders k1 - < body.json`, as many commands read stdin, was told to add
+    # --content-type text/plain: the body `-` itself would have been sent.
+    args = ["publish", "orders", "k1", "-", "--config", "configs/redis.toml"]
+    result = CliRunner().invoke(main, args, env=nowhere(), input='{"id": 17}')
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for BODY: '-' is not read from "
+                           "standard input: give --body-file - for that; nothing was "
+                           "sent"), line
+
+
 def test_publish_sends_a_body_that_is_not_json_when_the_content_type_says_so() -> None:
     args = ["publish", "orders", "k1", "not json", "--config", "configs/redis.toml",
             "--content-type", "text/plain"]
@@ -230,6 +242,45 @@ def test_an_empty_output_path_writes_nothing_and_names_its_option(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("args", "option"), [
+    (["deploy", "kubernetes", "--app", "tests.apps.drain_app:app", "--config",
+      "{root}/configs/redis.toml", "--output", "{long}"], "--output"),
+    (["dev", "redis", "--port", "{port}", "--write-config", "{long}"], "--write-config"),
+    (["sim", "filter", "--signal", "drop", "--plot", "{long}/plot.png"], "--plot"),
+])
+def test_an_output_path_past_the_file_systems_limit_is_one_line_naming_its_option(
+    args: list[str], option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A name of more than 255 bytes: Path.exists() and is_dir() raise ENAMETOOLONG
+    # (Python 3.11), a traceback from the option's check.
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root))
+    long = str(tmp_path / ("a" * 300))
+    result = CliRunner().invoke(main, [a.format(root=root, long=long, port=free_port())
+                                       for a in args])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: ") and option in line, line
+    assert line.endswith("File name too long") or "File name too long (see" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["console", "--config", "configs/redis.toml"],
+                                     ["dev", "redis"], ["dev", "kafka"]])
+def test_a_bad_port_from_the_environment_names_the_variable(command: list[str]) -> None:
+    # `CONVEYOR_CONSOLE_PORT=abc conveyor console` said "Invalid value for '--port'", an
+    # option that was not given; dev's ports named their variable already.
+    variable = ("CONVEYOR_CONSOLE_PORT" if command[0] == "console"
+                else f"CONVEYOR_DEV_{command[1].upper()}_PORT")
+    root = Path(__file__).resolve().parents[2]
+    args = [str(root / a) if a.endswith(".toml") else a for a in command]
+    result = CliRunner().invoke(main, args, env={variable: "abc"})
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"conveyor: error: Invalid value for '--port' (env var: "
+                           f"'{variable}'): 'abc' is not a valid integer range"), line
+
+
 def test_an_arrivals_file_that_is_not_utf8_is_one_line_naming_the_option(
     tmp_path: Path,
 ) -> None:
@@ -272,6 +323,42 @@ def test_bench_throughput_refuses_options_it_would_ignore_or_misread(
     assert line.startswith(f"conveyor: error: {says}"), line
 
 
+def test_bench_throughput_refuses_a_config_it_could_not_read_again(tmp_path: Path) -> None:
+    # A pipe (`--config <(...)`) was read twice: the second read found it empty, and the
+    # benchmark ran the defaults (8 queues, 64 slots) under the pipe's name, exit 0.
+    import os
+
+    read, write = os.pipe()
+    os.write(write, b'[queues]\nadapter = "memory"\ntotal = 2\n')
+    os.close(write)
+    try:
+        result = CliRunner().invoke(main, ["bench", "throughput", "-n", "1", "--repeats", "1",
+                                           "--streams", "1", "--config", f"/dev/fd/{read}"])
+    finally:
+        os.close(read)
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line == (f"conveyor: error: --config: /dev/fd/{read} is not a regular file, and "
+                    "a benchmark reads its config again in each run (and in each worker it "
+                    "starts): give a file"), line
+
+
+def test_bench_throughput_reads_a_config_file_as_every_command_does(tmp_path: Path) -> None:
+    # Bytes that are not UTF-8 were a UnicodeDecodeError traceback; the byte order mark
+    # every other command skips was "Invalid statement (at line 1, column 1)".
+    bad, marked = tmp_path / "bad.toml", tmp_path / "marked.toml"
+    bad.write_bytes(b'\xff\xfe[queues]\r\nadapter = "memory"\r\n')
+    marked.write_bytes(b'\xef\xbb\xbf[queues]\r\nadapter = "memory"\r\ntotal = 2\r\n')
+    result = CliRunner().invoke(main, ["bench", "throughput", "-n", "1", "--config", str(bad)])
+    assert result.exit_code == USAGE_ERROR, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("conveyor: error: Invalid value for --set / --slots / --config: "
+                           f"{bad}: not valid TOML: not UTF-8 text (byte 0xff at offset 0)"), line
+    from conveyor.bench.shipped import Variant, bench_config
+
+    assert bench_config("memory", {}, Variant(config_file=marked)).config.queues.total == 2
+
+
 def test_every_seed_option_refuses_a_negative_seed() -> None:
     # numpy's generators take whole numbers from 0: `sim --seed -1` was a traceback.
     from tests.unit.test_cli_help import ALL
@@ -306,6 +393,10 @@ def test_every_seed_option_refuses_a_negative_seed() -> None:
      "--io-messages"),
     (["bench", "telemetry", "--messages", "1000001"], "--messages' / '-n"),
     (["bench", "telemetry", "--repeats", "101"], "--repeats"),
+    # Each cycle runs in real time: 10**19 cycles never ended (short ones here, so that
+    # without the bound the run ends, exit 0, and the test fails rather than hangs).
+    (["bench", "scale-down", "--load-s", "0.01", "--cycle-s", "0.01", "--cycles", "1001"],
+     "--cycles"),
 ])
 def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     args: list[str], option: str,
@@ -316,10 +407,13 @@ def test_a_lab_size_past_what_the_machine_or_a_config_can_hold_is_a_usage_error(
     assert line.startswith(f"conveyor: error: Invalid value for '{option}': "), line
 
 
-def test_slots_past_what_the_config_holds_names_the_option_not_the_config_field() -> None:
+@pytest.mark.parametrize("command", [["worker", "tests.apps.drain_app:app"],
+                                     ["bench", "throughput", "-n", "1"]])
+def test_slots_past_what_the_config_holds_names_the_option_not_the_config_field(
+    command: list[str],
+) -> None:
     # It named `a command-line option (slots.count)`, a config field, as a config error.
-    result = CliRunner().invoke(main, ["worker", "tests.apps.drain_app:app", "--slots",
-                                       "99999999999999999999"])
+    result = CliRunner().invoke(main, [*command, "--slots", "99999999999999999999"])
     assert result.exit_code == USAGE_ERROR, result.output
     [line] = result.stderr.splitlines()
     assert line.startswith("conveyor: error: Invalid value for '--slots': "), line

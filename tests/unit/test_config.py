@@ -251,6 +251,24 @@ def test_environment_scalars_are_read_as_the_fields_type() -> None:
         load_config(environ={"CONVEYOR_BALANCER__QUEUES": "0,3"})
 
 
+@pytest.mark.parametrize(("name", "value", "says"), [
+    # Said `Expected `float`, got `str``: every variable is text, and the value was not
+    # shown, so an empty one (`X=${UNSET}` in a compose file) or " 5" could not be seen.
+    ("CONVEYOR_WORKER__DRAIN_TIMEOUT_S", "", "expected a number, got ''"),
+    ("CONVEYOR_WORKER__DRAIN_TIMEOUT_S", " 5", "expected a number, got ' 5'"),
+    ("CONVEYOR_QUEUES__TOTAL", "eight", "expected a whole number, got 'eight'"),
+    ("CONVEYOR_QUEUES__TOTAL", "8.5", "expected a whole number, got '8.5'"),
+    ("CONVEYOR_REDIS__TLS_VERIFY", "maybe", "expected true or false, got 'maybe'"),
+])
+def test_an_environment_scalar_that_is_no_value_of_its_type_is_shown(
+    name: str, value: str, says: str,
+) -> None:
+    path = "$." + name.removeprefix("CONVEYOR_").lower().replace("__", ".")
+    with pytest.raises(ConfigError) as raised:
+        load_config(environ={name: value})
+    assert str(raised.value) == f"environment variable {name}: {path}: {says}"
+
+
 def test_environment_reaches_nested_sections(tmp_path: Path) -> None:
     path = write(tmp_path, "[slots.resource]\nmax_slots = 50\n")
     config = load_config(path, environ={

@@ -163,6 +163,13 @@ def test_a_bad_custom_supplier_path_is_a_config_error_naming_the_field() -> None
     config = load_config(environ={}, overrides={"slots": {"kind": "custom", "path": "time:time"}})
     with pytest.raises(ConfigError, match="not a SlotSupplier"):
         supplier_from_config(config.slots)
+    # Blamed $.slots.options: `math:pi(**options) failed: TypeError(...)`.
+    config = load_config(environ={}, overrides={"slots": {"kind": "custom",
+                                                          "path": "math:pi"}})
+    with pytest.raises(ConfigError) as raised:
+        supplier_from_config(config.slots)
+    assert str(raised.value) == ("$.slots.path: math:pi is float, not a factory to call (a "
+                                 "SlotSupplier subclass, or a function that returns one)")
 
 
 class SamePermit(Buggy):

@@ -541,7 +541,16 @@ def _needs_json(t: msgspec.inspect.Type) -> bool:
     return isinstance(t, _JSON_TYPES)
 
 
-def _env_value(name: str, text: str, t: msgspec.inspect.Type) -> Any:
+_SCALARS: dict[type[msgspec.inspect.Type], tuple[type, str]] = {
+    msgspec.inspect.IntType: (int, "a whole number"),
+    msgspec.inspect.FloatType: (float, "a number"),
+    msgspec.inspect.BoolType: (bool, "true or false"),
+}
+"""A scalar field's type, as an environment value is read (``strict=False``), and as an
+error names it."""
+
+
+def _env_value(name: str, text: str, t: msgspec.inspect.Type, where: str) -> Any:
     """Read an environment value as the target field's type.
 
     Scalars stay text: the final ``msgspec.convert(strict=False)`` turns ``"9"`` into an
@@ -562,6 +571,13 @@ def _env_value(name: str, text: str, t: msgspec.inspect.Type) -> Any:
                 return msgspec.json.decode(text, type=str)
             except msgspec.DecodeError:
                 pass
+        scalar = _SCALARS.get(type(t))
+        if scalar is not None:  # the final conversion's error shows no value: "got `str`"
+            try:
+                msgspec.convert(text, scalar[0], strict=False)
+            except msgspec.ValidationError:
+                raise ConfigError(f"environment variable {name}: {where}: expected "
+                                  f"{scalar[1]}, got {text!r:.80}") from None
         return text
     try:
         return msgspec.json.decode(text)
@@ -689,9 +705,9 @@ def _apply_one(raw: dict[str, Any], path: list[str], name: str, value: str) -> N
         t = fields[part]
         if depth == len(path) - 1:
             if not isinstance(t, msgspec.inspect.StructType):
-                target[part] = _env_value(name, value, t)
+                target[part] = _env_value(name, value, t, here)
                 return
-            table = _env_value(name, value, t)
+            table = _env_value(name, value, t, here)
             if not isinstance(table, dict):
                 raise ConfigError(
                     f"environment variable {name}: {here} is a section; expected a JSON "
@@ -945,18 +961,7 @@ def parse_config(
     ``source`` naming it in errors."""
     raw: dict[str, Any] = {}
     if text is not None:
-        # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
-        text = text.removeprefix(b"\xef\xbb\xbf")
-        try:
-            raw = msgspec.toml.decode(text)
-        except msgspec.DecodeError as exc:
-            raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-        except RecursionError:
-            raise ConfigError(f"{source}: nested too deeply for any config field") from None
-        except UnicodeDecodeError as exc:  # TOML is UTF-8
-            raise ConfigError(
-                f"{source}: not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
-                f"at offset {exc.start})") from None
+        raw = decode_config_file(text, source)
         _refuse_quoted_scalars(raw, source)
     env = os.environ if environ is None else environ
     applied: dict[str, str] = {}
@@ -968,6 +973,24 @@ def parse_config(
     config = _convert(raw, source, applied)
     _refuse_secrets_not_text(config, env)
     return config
+
+
+def decode_config_file(text: bytes, source: str) -> dict[str, Any]:
+    """A config file's bytes (:func:`read_config_file`) as TOML tables, not yet checked
+    against :class:`Config`; a ConfigError naming ``source`` when they are no TOML."""
+    # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
+    text = text.removeprefix(b"\xef\xbb\xbf")
+    try:
+        raw: dict[str, Any] = msgspec.toml.decode(text)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply for any config field") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise ConfigError(
+            f"{source}: not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start})") from None
+    return raw
 
 
 def _refuse_secrets_not_text(config: Config, environ: Mapping[str, str]) -> None:

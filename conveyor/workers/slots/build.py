@@ -65,6 +65,9 @@ def rate_limited(supplier: SlotSupplier, rate: Any,
 def load_custom_supplier(path: str, options: dict[str, Any]) -> SlotSupplier:
     """Build a user-written supplier from ``"package.module:Factory"`` and its options."""
     factory = load_attr(path, "$.slots.path", form='"package.module:Factory"')
+    if not callable(factory):  # not the options' fault, as its call's TypeError said
+        raise ConfigError(f"$.slots.path: {path} is {type(factory).__name__}, not a factory "
+                          "to call (a SlotSupplier subclass, or a function that returns one)")
     try:
         supplier = factory(**options)
     except Exception as exc:

@@ -179,3 +179,38 @@ def test_watch_outlives_a_redis_outage_and_reads_again_once_it_is_back(
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "app rec:" in out, (out, err)
 
+
+
+def test_watch_in_a_pipe_prints_each_reading_as_it_comes_and_ends_with_its_reader(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Off a terminal, rich's Live printed only the last reading, once the watch ended:
+    `status --watch 2 | head -1` printed nothing and never ended, `| tee log` logged
+    nothing until Ctrl-C. Each reading is now printed as it is read, and the watch ends
+    (no traceback) once the reader of its output has gone."""
+    import threading
+
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "status", "--app", "rec", "--watch", "0.2",
+         "--config", str(cfg)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    lines: list[str] = []
+
+    def read_two_readings() -> None:  # as `head` does: read a little, then go
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if sum(x.startswith("app rec:") for x in lines) == 2:
+                break
+        proc.stdout.close()
+
+    reader = threading.Thread(target=read_two_readings, daemon=True)
+    with reaped(proc):
+        reader.start()
+        wait_until_sync(lambda: not reader.is_alive(), 20, "two readings, each as it came")
+        wait_until_sync(lambda: proc.poll() is not None, 20, "the watch to end with its reader")
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert proc.returncode == 1, err  # click's exit for a reader gone (EPIPE), said nowhere
