@@ -5,6 +5,7 @@ the children of ``conveyor worker --processes`` both do it through :func:`serve`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -158,8 +159,9 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
                     "has not returned, or a thread the app started that is not a daemon "
                     "thread)", len(running), ", ".join(running))
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # a handler may have closed or dropped one
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
     os._exit(status)
 
 

@@ -751,6 +751,49 @@ def test_a_handler_that_stops_the_event_loop_does_not_end_the_worker(tmp_path: P
     assert worker.proc.returncode == 0
 
 
+@pytest.mark.parametrize("unplug", ["sys.stderr.close()", "sys.stderr = None",
+                                    "sys.stdout.close()", "sys.stdout = None"])
+def test_a_handler_that_closes_or_drops_stderr_or_stdout_leaves_the_worker_its_log(
+    tmp_path: Path, unplug: str,
+) -> None:
+    # sys.stderr.close() in a handler ended `conveyor worker` with status 1 at its next
+    # line of its own ("ready", a log line: ValueError: I/O operation on closed file),
+    # undrained, and its last words, "lost sys.stderr", said nothing of why; the
+    # handler's own log call raised. With a thread of the app's left running, the
+    # closed or dropped sys.stdout failed the exit too, which then waited for good.
+    out = tmp_path / "handled.txt"
+    (tmp_path / "unplugger.py").write_text(
+        "import logging, sys, threading\n"
+        "import conveyor\n"
+        "app = conveyor.App('unplugger')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    if body['n'] == 0:\n"
+        f"        {unplug}\n"
+        "        threading.Thread(target=threading.Event().wait, name='waiter').start()\n"
+        "    logging.getLogger('unplugger').warning('logged %d', body['n'])\n"
+        f"    with open({str(out)!r}, 'a') as handled:\n"
+        "        handled.write(f\"{body['n']}\\n\")\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    for n in range(4):\n"
+        "        await client.publish('jobs', 'j', {'n': n})\n")
+    worker = warning_worker(tmp_path, "unplugger:app")
+    try:
+        wait_until_sync(lambda: len(lines(out)) == 4 or worker.proc.poll() is not None, 30,
+                        "the four jobs handled")
+        said = worker.interrupt()  # exit 0, drained
+    finally:
+        worker.kill()
+    assert lines(out) == ["0", "1", "2", "3"], said  # each once, none lost
+    assert [x.split(": ", 1)[1] for x in said if "WARNING unplugger" in x] == [
+        f"logged {n}" for n in range(4)], said  # its log goes on where it went
+    assert "Traceback (most recent call last):" not in said, said
+    assert said[-2].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
+    assert "exiting without waiting for 1 thread(s) still running after the stop: waiter" \
+        in said[-1], said
+
+
 def test_python_dash_m_conveyor_is_the_command() -> None:
     result = subprocess.run([sys.executable, "-m", "conveyor", "--version"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
