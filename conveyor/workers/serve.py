@@ -5,6 +5,7 @@ the children of ``conveyor worker --processes`` both do it through :func:`serve`
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
@@ -42,14 +43,20 @@ leases, close the broker's connections, so that the other workers take its queue
 once rather than after the group's session timeout or the leases' TTL. Two seconds:
 what that takes with a broker that answers (a LeaveGroup, a few deletes; the Kafka
 balancer's own waits are 2 s at most), and it keeps a stuck stop's exit within
-``drain_timeout_s`` + 3 + 2 + :data:`THREADS_GRACE_S` + :data:`TASKS_GRACE_S` s, inside
-the pod's grace (``conveyor deploy kubernetes``: ``drain_timeout_s`` + 3 + 5 s). Past
+``drain_timeout_s`` + 3 + 2 + :data:`THREADS_GRACE_S` + :data:`TASKS_GRACE_S` +
+:data:`ATEXIT_GRACE_S` s, inside the pod's grace (``conveyor deploy kubernetes``:
+``drain_timeout_s`` + 3 + 5 s). Past
 it the process leaves as it is, and the broker's timeouts hand its queues on."""
 
 
 THREADS_GRACE_S = 1.0
 """How long a process that has served its daemon waits for threads that would keep it
 alive (:func:`leave_running_threads`) before it exits without them."""
+
+ATEXIT_GRACE_S = 1.0
+"""How long a process that has served its daemon, and leaves with nothing running, gives
+the ``atexit`` functions Python then runs (:func:`_bound_atexit`) before it exits
+without them."""
 
 TASKS_GRACE_S = 1.0
 """How long :func:`run_served` waits for the tasks still there after its daemon's stop,
@@ -138,7 +145,7 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
     thread the app started at import). Waits ``grace_s`` at most for them; if one still
     runs, or :func:`run_served` left a task running, logs their names and leaves at once
     with ``status`` (``os._exit``: ``atexit`` functions do not run). Returns when none
-    is left."""
+    is left, the exit's ``atexit`` functions bounded by :data:`ATEXIT_GRACE_S`."""
     if _tasks_left:
         log.warning("exiting without waiting for %d task(s) still running after their "
                     "cancellation: %s (a handler or startup hook that catches "
@@ -152,6 +159,7 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
         if thread.is_alive():
             running.append(thread.name)
     if not running and not _tasks_left:
+        atexit.register(_bound_atexit, status)  # the last registered: run first
         return
     if running:
         log.warning("exiting without waiting for %d thread(s) still running after the "
@@ -163,6 +171,28 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
         with contextlib.suppress(AttributeError, OSError, ValueError):
             stream.flush()
     os._exit(status)
+
+
+def _bound_atexit(status: int, grace_s: float = ATEXIT_GRACE_S) -> None:
+    """The first ``atexit`` function of a process that served its daemon: the others —
+    ``multiprocessing`` joining a process the app started that is not a daemon process,
+    a hook of the app's — would hold the exit for good if one never returned. A daemon
+    thread leaves ``grace_s`` later with ``status``, naming the function still running;
+    an exit done by then ends that thread with the process."""
+    def leave() -> None:
+        time.sleep(grace_s)
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
+        while frame is not None and frame.f_back is not None:
+            frame = frame.f_back  # the outermost: the function atexit called
+        name = ("an atexit function" if frame is None else "the atexit function "
+                f"{frame.f_globals.get('__name__')}.{frame.f_code.co_qualname}")
+        log.warning("exiting without waiting for %s, still running %.1fs after the stop "
+                    "(a process the app started that is not a daemon process, or a hook "
+                    "of the app's)", name, grace_s)
+        logging.shutdown()
+        os._exit(status)
+
+    threading.Thread(target=leave, name="conveyor-exit", daemon=True).start()
 
 
 async def serve(

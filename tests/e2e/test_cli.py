@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -792,6 +794,63 @@ def test_a_handler_that_closes_or_drops_stderr_or_stdout_leaves_the_worker_its_l
     assert said[-2].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
     assert "exiting without waiting for 1 thread(s) still running after the stop: waiter" \
         in said[-1], said
+
+
+@pytest.mark.parametrize(("holds", "named"), [
+    ("multiprocessing.get_context('spawn').Process(target=nap, name='napper').start()",
+     "the atexit function multiprocessing.util._exit_function"),
+    ("atexit.register(time.sleep, 60)", "an atexit function"),  # no Python frame to name
+    ("atexit.register(hang)", "the atexit function holder.hang")],
+    ids=["a-process", "an-atexit-hook", "a-hook-of-python-code"])
+def test_an_atexit_function_that_does_not_return_does_not_hold_the_exit(
+    tmp_path: Path, holds: str, named: str,
+) -> None:
+    # A process a handler started and left running (not a daemon process: the
+    # multiprocessing default), or a hook it registered with atexit, held the exit for
+    # good after the drain: Python's exit waits for them, and `conveyor worker` said
+    # `drained` and stayed (multiprocessing joins its children at exit).
+    pid = tmp_path / "pid.txt"
+    (tmp_path / "holder.py").write_text(
+        "import atexit, multiprocessing, os, threading, time\n"
+        "import conveyor\n"
+        "app = conveyor.App('holder')\n"
+        "def nap() -> None:\n"
+        f"    with open({str(pid)!r}, 'a') as file:\n"
+        "        file.write(f'{os.getpid()}\\n')\n"
+        "    os.close(1), os.close(2)  # the test's pipe is the worker's, not the nap's\n"
+        "    time.sleep(60)\n"
+        "def hang() -> None:\n"
+        "    threading.Event().wait()\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        f"    {holds}\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    await client.publish('jobs', 'j', {'n': 1})\n")
+    worker = warning_worker(tmp_path, "holder:app")
+    try:
+        worker.wait_for(1, "the job handled")
+        if "Process" in holds:
+            wait_until_sync(lambda: len(lines(pid)) == 1, 30, "the process started")
+        started = time.monotonic()
+        worker.proc.send_signal(signal.SIGINT)
+        status = worker.proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        worker.kill()
+        for napper in lines(pid):  # its multiprocessing resource tracker holds our pipe
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(napper), signal.SIGKILL)
+    worker._reader.join(10)
+    said = worker.lines
+    assert status == 0, said
+    assert took < 5, said  # the drain, 1 s for the atexit functions, the exit
+    assert said[-2].startswith("conveyor: drained pulled=1 acked=1 handled=1 "), said
+    assert said[-1].endswith(
+        f"exiting without waiting for {named}, still running 1.0s "
+        "after the stop (a process the app started that is not a daemon process, or a "
+        "hook of the app's)"), said
 
 
 def test_python_dash_m_conveyor_is_the_command() -> None:
