@@ -72,6 +72,54 @@ _tasks_left: list[str] = []
 then leaves at once, as for a thread that does not end."""
 
 
+_Callback = tuple[Callable[..., object], tuple[object, ...]]
+
+
+class ServingLoop(asyncio.SelectorEventLoop):
+    """The event loop of :func:`run_served`. :func:`serve` stops the daemon on its stop
+    signals through :meth:`add_stop_handler`; a handler an app adds later for one of
+    them with ``add_signal_handler`` (a startup hook's cleanup, asyncio's idiom) is
+    called beside the stop, not in its place — as one installed with ``signal.signal``
+    is — and ``remove_signal_handler`` removes the app's only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stops: dict[int, _Callback] = {}
+        self._apps: dict[int, _Callback] = {}
+
+    def add_stop_handler(self, sig: int, callback: Callable[..., object],
+                         *args: object) -> None:
+        self._stops[sig] = (callback, args)
+        super().add_signal_handler(sig, self._signalled, sig)
+
+    def remove_stop_handler(self, sig: int) -> None:
+        del self._stops[sig]
+        app = self._apps.pop(sig, None)
+        if app is None:
+            super().remove_signal_handler(sig)
+        else:  # the app's stays, alone
+            super().add_signal_handler(sig, app[0], *app[1])
+
+    def add_signal_handler(self, sig: int, callback: Callable[..., object],
+                           *args: object) -> None:
+        if sig not in self._stops:
+            super().add_signal_handler(sig, callback, *args)
+        else:
+            self._apps[sig] = (callback, args)
+
+    def remove_signal_handler(self, sig: int) -> bool:
+        if sig not in self._stops:
+            return super().remove_signal_handler(sig)
+        return self._apps.pop(sig, None) is not None
+
+    def _signalled(self, sig: int) -> None:
+        callback, args = self._stops[sig]
+        callback(*args)
+        app = self._apps.get(sig)
+        if app is not None:  # its own callback: what it raises is reported as asyncio does
+            self.call_soon(app[0], *app[1])
+
+
 def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """``asyncio.run(main())`` for a process that exists to serve a daemon, without
     waiting for good at the end for what an abandoned stop left running:
@@ -84,7 +132,7 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
       :data:`TASKS_GRACE_S`; those left then are named by :func:`leave_running_threads`,
       which leaves without them."""
     executor = ThreadPoolExecutor(thread_name_prefix="asyncio")
-    loop = asyncio.new_event_loop()
+    loop = ServingLoop()
     asyncio.set_event_loop(loop)
     loop.set_default_executor(executor)
     try:
@@ -232,7 +280,10 @@ async def serve(
     loop = asyncio.get_running_loop()
     stop = _StopRequest()
     for sig in signals:
-        loop.add_signal_handler(sig, stop.signal_received, sig)
+        if isinstance(loop, ServingLoop):
+            loop.add_stop_handler(sig, stop.signal_received, sig)
+        else:
+            loop.add_signal_handler(sig, stop.signal_received, sig)
     try:
         if endpoint is not None:
             await endpoint.start()
@@ -244,7 +295,10 @@ async def serve(
         report = await _stop(daemon, deadline, stop)
     finally:
         for sig in signals:
-            loop.remove_signal_handler(sig)
+            if isinstance(loop, ServingLoop):
+                loop.remove_stop_handler(sig)
+            else:
+                loop.remove_signal_handler(sig)
         if endpoint is not None:
             await endpoint.close()
     failure = daemon.failure

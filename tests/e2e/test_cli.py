@@ -853,6 +853,43 @@ def test_an_atexit_function_that_does_not_return_does_not_hold_the_exit(
         "hook of the app's)"), said
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_hook_that_adds_a_loop_signal_handler_does_not_take_the_workers_stop(
+    tmp_path: Path, sig: signal.Signals,
+) -> None:
+    # loop.add_signal_handler(SIGTERM, cleanup) in a startup hook (asyncio's idiom for
+    # a cleanup) replaced the worker's own: SIGTERM ran the cleanup and nothing else, the
+    # worker never drained and stayed until a SIGKILL.
+    (tmp_path / "cleaner.py").write_text(
+        "import asyncio, signal\n"
+        "import conveyor\n"
+        "app = conveyor.App('cleaner')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    loop = asyncio.get_running_loop()\n"
+        f"    loop.add_signal_handler(signal.{sig.name}, print, 'cleaned up', 1)\n"
+        f"    loop.add_signal_handler(signal.{sig.name}, print, 'cleaned up', 2)\n"
+        "    for n in range(4):\n"
+        "        await client.publish('jobs', 'j', {'n': n})\n")
+    worker = warning_worker(tmp_path, "cleaner:app")
+    try:
+        worker.wait_for(4, "the four jobs handled")
+        worker.proc.send_signal(sig)
+        status = worker.proc.wait(15)
+    finally:
+        worker.kill()
+    worker._reader.join(10)
+    said = worker.lines
+    assert status == 0, said
+    assert sorted(x for x in said if x.startswith("handled ")) == [
+        f"handled {n}" for n in range(4)], said
+    assert [x for x in said if x.startswith("cleaned up")] == ["cleaned up 2"], said
+    assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
+
+
 def test_python_dash_m_conveyor_is_the_command() -> None:
     result = subprocess.run([sys.executable, "-m", "conveyor", "--version"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
