@@ -243,6 +243,19 @@ def _bound_atexit(status: int, grace_s: float = ATEXIT_GRACE_S) -> None:
     threading.Thread(target=leave, name="conveyor-exit", daemon=True).start()
 
 
+def _enable_own_loggers() -> None:
+    """Enable Conveyor's loggers (``conveyor.*``) that the app's logging config disabled:
+    ``logging.config.dictConfig`` and ``fileConfig`` disable every logger that exists and
+    that they do not name, unless given ``disable_existing_loggers: False`` — run at an
+    app's import, where Conveyor's all exist, they silenced every warning and error of the
+    worker (a dead letter, a crash, the stop). Their lines then go where the app's config
+    sends the root logger's."""
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if (isinstance(logger, logging.Logger) and logger.disabled
+                and (name == "conveyor" or name.startswith("conveyor."))):
+            logger.disabled = False
+
+
 async def serve(
     daemon: WorkerDaemon,
     *,
@@ -285,9 +298,11 @@ async def serve(
         else:
             loop.add_signal_handler(sig, stop.signal_received, sig)
     try:
+        _enable_own_loggers()  # the app's import configured logging
         if endpoint is not None:
             await endpoint.start()
         if await _start(daemon, stop, freeze_heap):
+            _enable_own_loggers()  # so may its startup hooks have, as they began
             if ready is not None:
                 ready()
             await _until_stop(daemon, stop, commands)

@@ -890,6 +890,41 @@ def test_a_hook_that_adds_a_loop_signal_handler_does_not_take_the_workers_stop(
     assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
 
 
+def test_an_apps_dict_config_does_not_silence_the_workers_log(tmp_path: Path) -> None:
+    # logging.config.dictConfig at the app's import (disable_existing_loggers is true by
+    # default) disabled every conveyor.* logger: a dead letter, a crash, the stop went
+    # unsaid, in the app's format or any other; only `ready` and `drained` were left.
+    (tmp_path / "configured.py").write_text(
+        "import logging.config\n"
+        "import conveyor\n"
+        "logging.config.dictConfig({'version': 1, 'root': {'level': 'WARNING', "
+        "'handlers': ['h']}, 'handlers': {'h': {'class': 'logging.StreamHandler', "
+        "'formatter': 'f', 'stream': 'ext://sys.stdout'}}, "
+        "'formatters': {'f': {'format': 'APP %(levelname)s %(name)s: %(message)s'}}})\n"
+        "app = conveyor.App('configured')\n"
+        "@app.handler('jobs', retry_attempts=1)\n"
+        "async def job(body: dict) -> None:\n"
+        "    if body['n'] == 1:\n"
+        "        raise ValueError('the poison')\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    for n in range(3):\n"
+        "        await client.publish('jobs', 'j', {'n': n})\n")
+    worker = warning_worker(tmp_path, "configured:app")
+    try:
+        worker.wait_for(2, "the two good jobs handled")
+        said = worker.interrupt()
+    finally:
+        worker.kill()
+    assert sorted(x for x in said if x.startswith("handled ")) == ["handled 0", "handled 2"]
+    [letter] = [x for x in said if "dead-lettering" in x]
+    assert letter.startswith("APP WARNING conveyor.dead_letters: dead-lettering message "), said
+    assert letter.endswith("after 1 attempt(s): ValueError: the poison"), said
+    assert said[-1].startswith("conveyor: drained pulled=3 acked=3 handled=2 "
+                               "dead_lettered=1 "), said
+
+
 def test_python_dash_m_conveyor_is_the_command() -> None:
     result = subprocess.run([sys.executable, "-m", "conveyor", "--version"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
