@@ -113,8 +113,9 @@ class ServingLoop(asyncio.SelectorEventLoop):
         return self._apps.pop(sig, None) is not None
 
     def _signalled(self, sig: int) -> None:
-        callback, args = self._stops[sig]
-        callback(*args)
+        stop = self._stops.get(sig)  # None: it came as serve ended (asyncio's ignore it)
+        if stop is not None:
+            stop[0](*stop[1])
         app = self._apps.get(sig)
         if app is not None:  # its own callback: what it raises is reported as asyncio does
             self.call_soon(app[0], *app[1])
@@ -130,7 +131,12 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     * the tasks still there, which ``asyncio.run`` cancels and waits for: one running a
       handler call that catches its cancellation and goes on never ends. They get
       :data:`TASKS_GRACE_S`; those left then are named by :func:`leave_running_threads`,
-      which leaves without them."""
+      which leaves without them.
+
+    Nor does it end when a Python signal handler the app installed raises (``sys.exit()``
+    on SIGTERM, a timeout on SIGALRM): it runs wherever the main thread is, mostly in the
+    loop's wait, and its exception would end the process undrained. It is logged and the
+    loop runs on (on a stop signal, the daemon's own handler drains it as ever)."""
     executor = ThreadPoolExecutor(thread_name_prefix="asyncio")
     loop = ServingLoop()
     asyncio.set_event_loop(loop)
@@ -141,9 +147,16 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
         while True:
             try:
                 return loop.run_until_complete(served)
-            except RuntimeError:
+            except BaseException as exc:
                 if served.done():  # main's own error
                     raise
+                sig = _raised_by_signal_handler(exc)
+                if sig is not None:
+                    log.error("the app's signal handler for %s raised %r in the event "
+                              "loop's wait: the worker goes on", sig.name, exc)
+                    continue
+                if not isinstance(exc, RuntimeError):
+                    raise  # a handler's or hook's SystemExit or KeyboardInterrupt
             # loop.stop() from a handler or hook, a script's habit: it ended the worker
             # undrained, with a traceback. It runs on, as nothing asked it to stop.
             if not said:
@@ -159,6 +172,25 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
             executor.shutdown(wait=False, cancel_futures=True)
             asyncio.set_event_loop(None)
             loop.close()
+
+
+def _raised_by_signal_handler(exc: BaseException) -> signal.Signals | None:
+    """The signal whose Python handler raised ``exc`` in the event loop's own code (its
+    wait), or None: it came from elsewhere. (One that lands in a task's code — a
+    handler's call — is that call's failure, as what it raises itself is.)"""
+    handlers = {}
+    for sig in signal.valid_signals():
+        code = getattr(signal.getsignal(sig), "__code__", None)
+        if code is not None:
+            handlers[code] = signal.Signals(sig)
+    tb, landed = exc.__traceback__, ""
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            loops = landed.startswith("asyncio.") or landed == "selectors"
+            return handlers[tb.tb_frame.f_code] if loops else None
+        landed = tb.tb_frame.f_globals.get("__name__", "")
+        tb = tb.tb_next
+    return None
 
 
 def _cancel_left_tasks(loop: asyncio.AbstractEventLoop) -> None:

@@ -890,6 +890,63 @@ def test_a_hook_that_adds_a_loop_signal_handler_does_not_take_the_workers_stop(
     assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
 
 
+@pytest.mark.parametrize(("installs", "then"), [
+    ("signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))", "pass  # the test's SIGTERM"),
+    ("signal.signal(signal.SIGALRM, time_out)", "signal.setitimer(signal.ITIMER_REAL, 0.2)"),
+], ids=["sys.exit-on-SIGTERM", "a-timeout-on-SIGALRM"])
+def test_a_signal_handler_of_the_app_that_raises_does_not_end_the_worker_undrained(
+    tmp_path: Path, installs: str, then: str,
+) -> None:
+    # A Python signal handler runs wherever the main thread is: mostly in the event
+    # loop's wait. One that raised there (sys.exit() on SIGTERM, a SIGALRM timeout left
+    # armed) ended `conveyor worker` undrained, with status 1 and no word (sys.exit) or
+    # a 50-line traceback.
+    (tmp_path / "alarmed.py").write_text(
+        "import asyncio, os, signal, sys\n"
+        "import conveyor\n"
+        "app = conveyor.App('alarmed')\n"
+        "class Timeout(Exception): ...\n"
+        "def time_out(*_: object) -> None:\n"
+        "    raise Timeout('took too long')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    if body['n'] == 0:\n"
+        f"        {installs}\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "    if body['n'] == 3:\n"
+        "        await asyncio.sleep(0.5)  # the loop waits meanwhile\n"
+        f"        {then}\n"
+        "        await asyncio.sleep(0.5)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    for n in range(4):\n"
+        "        await client.publish('jobs', 'j', {'n': n})\n")
+    worker = warning_worker(tmp_path, "alarmed:app")
+    try:
+        if "SIGTERM" in installs:  # sent while the last call sleeps: the loop waits
+            worker.wait_for(4, "the four jobs handled")
+            worker.proc.send_signal(signal.SIGTERM)
+        wait_until_sync(lambda: any("ERROR" in x for x in worker.lines)
+                        or worker.proc.poll() is not None, 30, "the signal handler to raise")
+        if "SIGTERM" in installs:  # the worker's own drain follows
+            worker.proc.wait(15)
+        else:
+            worker.interrupt()
+    finally:
+        worker.kill()
+    worker._reader.join(10)
+    said = worker.lines
+    assert worker.proc.returncode == 0, said
+    assert sorted(x for x in said if x.startswith("handled ")) == [
+        f"handled {n}" for n in range(4)], said
+    assert "Traceback (most recent call last):" not in said, said
+    raised = "SystemExit(0)" if "SIGTERM" in installs else "Timeout('took too long')"
+    [line] = [x for x in said if "ERROR" in x]
+    assert line.endswith(f"the app's signal handler for {installs[21:28]} raised {raised} "
+                         "in the event loop's wait: the worker goes on"), said
+    assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
+
+
 def test_an_apps_dict_config_does_not_silence_the_workers_log(tmp_path: Path) -> None:
     # logging.config.dictConfig at the app's import (disable_existing_loggers is true by
     # default) disabled every conveyor.* logger: a dead letter, a crash, the stop went
