@@ -231,6 +231,7 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
                     "cancellation: %s (a handler or startup hook that catches "
                     "asyncio.CancelledError and goes on)", len(_tasks_left), ", ".join(_tasks_left))
     deadline = time.monotonic() + grace_s
+    _end_idle_executors()
     running = []
     for thread in threading.enumerate():
         if thread.daemon or thread is threading.current_thread():
@@ -251,6 +252,19 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
         with contextlib.suppress(AttributeError, OSError, ValueError):
             stream.flush()
     os._exit(status)
+
+
+def _end_idle_executors() -> None:
+    """Do first what Python's exit does before it waits for threads: run the calls
+    registered with ``threading._register_atexit`` — ``concurrent.futures`` tells the
+    threads of an app's executors (a ``ThreadPoolExecutor``, a ``ProcessPoolExecutor``'s
+    manager) to end once idle, and waits for them. Else an idle executor's threads,
+    waiting for work until then, would pass for calls that have not returned. On a
+    daemon thread of their own, so a call that never returns holds only that one."""
+    calls = list(reversed(getattr(threading, "_threading_atexits", [])))
+    if calls:
+        threading.Thread(target=lambda: [call() for call in calls],
+                         name="conveyor-executors-exit", daemon=True).start()
 
 
 def _bound_atexit(status: int, grace_s: float = ATEXIT_GRACE_S) -> None:

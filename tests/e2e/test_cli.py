@@ -947,6 +947,45 @@ def test_a_signal_handler_of_the_app_that_raises_does_not_end_the_worker_undrain
     assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
 
 
+@pytest.mark.parametrize("pool", [
+    "concurrent.futures.ThreadPoolExecutor(2)",
+    "concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn'))",
+], ids=["threads", "processes"])
+def test_an_idle_executor_of_the_app_ends_with_the_worker_unnamed(
+    tmp_path: Path, pool: str,
+) -> None:
+    # A module-level executor (docs/sync-handlers.md advises a ProcessPoolExecutor for
+    # work that holds the GIL), idle at the stop: its threads wait for work until Python's
+    # exit tells them to end, so every stop waited 1 s, named them as calls that had not
+    # returned, and left with os._exit.
+    (tmp_path / "pooled.py").write_text(
+        "import asyncio, concurrent.futures, multiprocessing\n"
+        "import conveyor\n"
+        "app = conveyor.App('pooled')\n"
+        f"POOL = {pool}\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    n = await asyncio.get_running_loop().run_in_executor(POOL, abs, -body['n'])\n"
+        "    print('handled', n, flush=True)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    for n in range(4):\n"
+        "        await client.publish('jobs', f'j-{n}', {'n': n})\n")
+    worker = warning_worker(tmp_path, "pooled:app")
+    try:
+        worker.wait_for(4, "the four jobs handled")
+        started = time.monotonic()
+        said = worker.interrupt()  # exit 0
+        took = time.monotonic() - started
+    finally:
+        worker.kill()
+    assert sorted(x for x in said if x.startswith("handled ")) == [
+        f"handled {n}" for n in range(4)], said
+    assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
+    assert not [x for x in said if "WARNING" in x], said
+    assert took < 1, said
+
+
 def test_an_apps_dict_config_does_not_silence_the_workers_log(tmp_path: Path) -> None:
     # logging.config.dictConfig at the app's import (disable_existing_loggers is true by
     # default) disabled every conveyor.* logger: a dead letter, a crash, the stop went
