@@ -753,6 +753,15 @@ def test_a_handler_that_stops_the_event_loop_does_not_end_the_worker(tmp_path: P
     assert worker.proc.returncode == 0
 
 
+def publishing(count: int, key: str = "'j'") -> str:
+    """An app's startup hook, as source: it publishes ``{'n': 0..count-1}`` to ``jobs``,
+    each under the stream key the expression ``key`` makes."""
+    return ("@app.startup\n"
+            "async def first(client: conveyor.Client) -> None:\n"
+            f"    for n in range({count}):\n"
+            f"        await client.publish('jobs', {key}, {{'n': n}})\n")
+
+
 @pytest.mark.parametrize("unplug", ["sys.stderr.close()", "sys.stderr = None",
                                     "sys.stdout.close()", "sys.stdout = None"])
 def test_a_handler_that_closes_or_drops_stderr_or_stdout_leaves_the_worker_its_log(
@@ -776,10 +785,7 @@ def test_a_handler_that_closes_or_drops_stderr_or_stdout_leaves_the_worker_its_l
         "    logging.getLogger('unplugger').warning('logged %d', body['n'])\n"
         f"    with open({str(out)!r}, 'a') as handled:\n"
         "        handled.write(f\"{body['n']}\\n\")\n"
-        "@app.startup\n"
-        "async def first(client: conveyor.Client) -> None:\n"
-        "    for n in range(4):\n"
-        "        await client.publish('jobs', 'j', {'n': n})\n")
+        + publishing(4))
     worker = warning_worker(tmp_path, "unplugger:app")
     try:
         wait_until_sync(lambda: len(lines(out)) == 4 or worker.proc.poll() is not None, 30,
@@ -917,10 +923,7 @@ def test_a_signal_handler_of_the_app_that_raises_does_not_end_the_worker_undrain
         "        await asyncio.sleep(0.5)  # the loop waits meanwhile\n"
         f"        {then}\n"
         "        await asyncio.sleep(0.5)\n"
-        "@app.startup\n"
-        "async def first(client: conveyor.Client) -> None:\n"
-        "    for n in range(4):\n"
-        "        await client.publish('jobs', 'j', {'n': n})\n")
+        + publishing(4))
     worker = warning_worker(tmp_path, "alarmed:app")
     try:
         if "SIGTERM" in installs:  # sent while the last call sleeps: the loop waits
@@ -967,10 +970,7 @@ def test_an_idle_executor_of_the_app_ends_with_the_worker_unnamed(
         "async def job(body: dict) -> None:\n"
         "    n = await asyncio.get_running_loop().run_in_executor(POOL, abs, -body['n'])\n"
         "    print('handled', n, flush=True)\n"
-        "@app.startup\n"
-        "async def first(client: conveyor.Client) -> None:\n"
-        "    for n in range(4):\n"
-        "        await client.publish('jobs', f'j-{n}', {'n': n})\n")
+        + publishing(4, "f'j-{n}'"))
     worker = warning_worker(tmp_path, "pooled:app")
     try:
         worker.wait_for(4, "the four jobs handled")
@@ -1003,10 +1003,7 @@ def test_an_apps_dict_config_does_not_silence_the_workers_log(tmp_path: Path) ->
         "    if body['n'] == 1:\n"
         "        raise ValueError('the poison')\n"
         "    print('handled', body['n'], flush=True)\n"
-        "@app.startup\n"
-        "async def first(client: conveyor.Client) -> None:\n"
-        "    for n in range(3):\n"
-        "        await client.publish('jobs', 'j', {'n': n})\n")
+        + publishing(3))
     worker = warning_worker(tmp_path, "configured:app")
     try:
         worker.wait_for(2, "the two good jobs handled")
