@@ -667,6 +667,18 @@ class PullingAgent:
                                   "stops at once, without draining; the message comes "
                                   "back as a redelivered one (see max_deliveries)",
                                   handler.name, repr(exc), msg.id, msg.stream)
+                    elif (isinstance(exc, asyncio.CancelledError) and not exc.args
+                          and not self._stopping and self._crashed is not None):
+                        # Only a stop or an abort cancels a runner, and sets _stopping
+                        # first (a process's exit says so in the cancellation): its
+                        # handler call cancelled its own task. The message would stay
+                        # unfinished, its stream stuck behind it: a crash.
+                        self._crashed(ConveyorError(
+                            f"handler {handler.name} was cancelled on message {msg.id} "
+                            f"of {msg.stream} though nothing stopped its queue (a "
+                            "handler that cancels its own task: "
+                            "asyncio.current_task().cancel(), or a library that leaves "
+                            "it cancelled)"))
                     if entered is not None and scope is not None:  # its span ends as
                         scope.leave(entered)  # the chain's step ends it
                         entered = None

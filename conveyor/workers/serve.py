@@ -67,6 +67,10 @@ INTERRUPTED = 130
 """The exit status of a worker process that a handler's ``KeyboardInterrupt`` ended: a
 shell's for Ctrl-C."""
 
+EXITING = "the process exits"
+"""The message of the cancellations :func:`run_served` sends the tasks left at the end:
+a cancellation that is no stop's (the agent's runners tell a handler's own by it)."""
+
 _tasks_left: list[str] = []
 """The names of the tasks :func:`run_served` left running: :func:`leave_running_threads`
 then leaves at once, as for a thread that does not end."""
@@ -200,7 +204,7 @@ def _cancel_left_tasks(loop: asyncio.AbstractEventLoop) -> None:
     cancel them, wait, report the errors they ended with; remember those still running."""
     tasks = asyncio.all_tasks(loop)
     for task in tasks:
-        task.cancel()
+        task.cancel(EXITING)
     if not tasks:
         return
     done, running = loop.run_until_complete(asyncio.wait(tasks, timeout=TASKS_GRACE_S))
