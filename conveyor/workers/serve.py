@@ -108,8 +108,6 @@ class ServingLoop(asyncio.SelectorEventLoop):
                            *args: object) -> None:
         if sig not in self._stops:
             super().add_signal_handler(sig, callback, *args)
-        elif asyncio.iscoroutine(callback) or asyncio.iscoroutinefunction(callback):
-            raise TypeError("coroutines cannot be used with add_signal_handler()")
         else:
             self._apps[sig] = (callback, args)
 
