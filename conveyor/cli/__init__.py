@@ -53,7 +53,7 @@ from conveyor.cli import (
 )
 from conveyor.cli.common import TaskGroup
 from conveyor.platform.outage import OUTAGE_REPEAT
-from conveyor.platform.terminal import VisibleFormatter
+from conveyor.platform.terminal import VisibleFormatter, kept
 from conveyor.version import version
 
 __all__ = ["main"]
@@ -69,7 +69,7 @@ def _setup_logging(level: str | None, command: str | None) -> None:
     one-line error, which names the address) and the repeats of an outage note ("still
     waiting for ..."): a broker that is down costs the first note and the final error."""
     serving = command in SERVING
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(kept(sys.stderr))  # a handler's sys.stderr.close()
     # Keys, headers and errors come from producers: no escape sequence reaches the
     # terminal, no newline forges a line (conveyor.platform.terminal).
     handler.setFormatter(VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

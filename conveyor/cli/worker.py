@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -25,6 +25,7 @@ from conveyor.cli.common import (
     read_config_or_exit,
 )
 from conveyor.platform.errors import ConveyorError
+from conveyor.platform.terminal import kept
 
 
 @click.command()
@@ -82,6 +83,7 @@ def worker(
         stopped_status,
     )
 
+    err = kept(sys.stderr)  # its lines, whatever a handler does to sys.stderr
     overrides: dict[str, dict[str, Any]] = {}
     if slots is not None:
         overrides["slots"] = {"count": slots}
@@ -112,12 +114,12 @@ def worker(
                 param_hint="--processes")
         try:
             report = run_supervisor(app_path, app.name, config, processes, config_path,
-                                    overrides, ready=_say_ready,
+                                    overrides, ready=lambda what: _say_ready(what, err),
                                     log_level=_log_level(click.get_current_context()),
                                     config_text=config_text)
         except ConveyorError as exc:
             fail(exc)
-        click.echo(f"conveyor: drained {report}", err=True)
+        click.echo(f"conveyor: drained {report}", err)
         return
 
     async def run() -> DrainReport:
@@ -127,24 +129,24 @@ def worker(
             endpoint = daemon_endpoint(daemon, config.http.host, config.http.port)
         said = f"conveyor: worker {daemon.member.id}"
         return await serve(daemon, endpoint=endpoint, ready=lambda: daemon.when_ready(
-            lambda: _say_ready(daemon.member.id),
-            lambda what: click.echo(f"{said} started; waiting for the {what}", err=True)))
+            lambda: _say_ready(daemon.member.id, err),
+            lambda what: click.echo(f"{said} started; waiting for the {what}", err)))
 
     try:
         report = run_served(run)
     except ConveyorError as exc:
         error = as_cli_error(exc)
         assert error is not None
-        error.show()
+        error.show(err)
         leave_running_threads(error.exit_code)
         sys.exit(error.exit_code)
     except (SystemExit, KeyboardInterrupt) as exc:  # a handler's or hook's (stop signals
         status = stopped_status(exc)                # are the loop's): not a drain
         if isinstance(exc, KeyboardInterrupt):
-            Interrupted().show()  # as Ctrl-C ends a command, before threads are left
+            Interrupted().show(err)  # as Ctrl-C ends a command, before threads are left
         leave_running_threads(status)  # one the app started must not hold the exit
         sys.exit(status)
-    click.echo(f"conveyor: drained {report}", err=True)
+    click.echo(f"conveyor: drained {report}", err)
     leave_running_threads(0)
 
 
@@ -154,5 +156,5 @@ def _log_level(ctx: click.Context) -> str | None:
     return str(level) if level is not None else None
 
 
-def _say_ready(what: str) -> None:
-    click.echo(f"conveyor: worker {what} ready", err=True)
+def _say_ready(what: str, err: TextIO) -> None:
+    click.echo(f"conveyor: worker {what} ready", err)

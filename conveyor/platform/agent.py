@@ -667,6 +667,9 @@ class PullingAgent:
                                   "stops at once, without draining; the message comes "
                                   "back as a redelivered one (see max_deliveries)",
                                   handler.name, repr(exc), msg.id, msg.stream)
+                    else:
+                        self.cancelled_itself(exc, f"handler {handler.name}",
+                                              f"on message {msg.id} of {msg.stream}")
                     if entered is not None and scope is not None:  # its span ends as
                         scope.leave(entered)  # the chain's step ends it
                         entered = None
@@ -770,6 +773,20 @@ class PullingAgent:
     @property
     def draining(self) -> bool:
         return self._stopping
+
+    def cancelled_itself(self, exc: BaseException, handler: str, where: str) -> None:
+        """``exc`` ended a handler call of this agent's task (a runner, a batcher): a
+        ``CancelledError`` though the agent is not stopping is the call's own — only a
+        stop or an abort cancels those tasks, and sets ``_stopping`` first (a process's
+        exit says so in the cancellation) — so its handler cancelled its own task. The
+        task ends with it, leaving the message unfinished and its stream stuck behind
+        it: a crash (:meth:`_task_done`), in one line."""
+        if (isinstance(exc, asyncio.CancelledError) and not exc.args
+                and not self._stopping and self._crashed is not None):
+            self._crashed(ConveyorError(
+                f"{handler} was cancelled {where} though nothing stopped its queue (a "
+                "handler that cancels its own task: asyncio.current_task().cancel(), or "
+                "a library that leaves it cancelled)"))
 
     async def may_start_batch(self) -> bool:
         """Whether a batch may start now; while the queue is not ours (for now), wait.

@@ -80,6 +80,10 @@ class BatchHost(Protocol):
     def batch_done(self, entries: list[Entry]) -> None:
         """The batch's messages are done for this handler: acknowledge what is done."""
 
+    def cancelled_itself(self, exc: BaseException, handler: str, where: str) -> None:
+        """What a batch raised: a ``CancelledError`` while not draining is the handler's
+        own cancelling of its task, which fails the worker."""
+
 
 class Batcher:
     def __init__(self, agent: BatchHost, route: Route, options: BatchOptions) -> None:
@@ -159,6 +163,10 @@ class Batcher:
                           "on: the worker stops at once, without draining; the messages "
                           "come back as redelivered ones (see max_deliveries)",
                           self.handler, repr(exc), len(messages), first.id)
+            else:
+                agent.cancelled_itself(exc, f"batch handler {self.handler}",
+                                       f"on a batch of {len(messages)} message(s) from "
+                                       f"{first.id} on")
             permit.release()  # cancelled (or a stop): the batch did not complete
             raise
         finally:

@@ -8,8 +8,11 @@ log lines, ``conveyor dlq show`` — shows such characters escaped, as ``repr`` 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
+from typing import TextIO, cast
 
 _UNICODE = "\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
 """Bidirectional controls, which reorder what a terminal shows (as the console's page
@@ -90,3 +93,59 @@ class VisibleFormatter(logging.Formatter):
             record.args = ({k: _shown(v) for k, v in args.items()}
                            if isinstance(args, dict) else tuple(_shown(a) for a in args))
         return visible(super().format(record), lines=True)
+
+
+class _KeptStream(io.TextIOBase):
+    """See :func:`kept`."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        try:
+            self._fd: int | None = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # a StringIO, click's CliRunner
+            self._fd = None
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._spare: TextIO | None = None
+
+    def _target(self) -> TextIO | None:
+        if not getattr(self._stream, "closed", False):
+            return self._stream
+        if self._spare is None and self._fd is not None:
+            try:  # kept open for the process's life, as sys.stderr is
+                self._spare = open(self._fd, "w", buffering=1,  # noqa: SIM115
+                                   encoding=self._encoding, errors="backslashreplace",
+                                   closefd=False)
+            except OSError:  # its descriptor closed too (os.close(2)): nowhere left
+                self._fd = None
+        return self._spare
+
+    def write(self, text: str) -> int:
+        target = self._target()
+        # closed meanwhile (another thread), a pipe nobody reads: dropped
+        with contextlib.suppress(OSError, ValueError):
+            if target is not None:
+                target.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        target = self._target()
+        with contextlib.suppress(OSError, ValueError):
+            if target is not None:
+                target.flush()
+
+    def isatty(self) -> bool:
+        target = self._target()
+        with contextlib.suppress(OSError, ValueError):
+            return target is not None and target.isatty()
+        return False
+
+
+def kept(stream: TextIO) -> TextIO:
+    """``stream`` (a process's ``sys.stderr``, taken before any app code runs) for the
+    lines Conveyor itself writes — its log, a worker's ``ready`` and ``drained`` lines —
+    kept from what handler code does to it: closed (``sys.stderr.close()``), they go on
+    to its file descriptor; replaced (``sys.stderr = None``, a ``StringIO``), they go on
+    where they went; a write that fails (its descriptor closed too, a pipe nobody reads)
+    is dropped. It never raises, so the worker's own next line cannot fail the code that
+    writes it, nor the exit."""
+    return cast(TextIO, _KeptStream(stream))

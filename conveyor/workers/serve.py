@@ -5,6 +5,8 @@ the children of ``conveyor worker --processes`` both do it through :func:`serve`
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -41,14 +43,20 @@ leases, close the broker's connections, so that the other workers take its queue
 once rather than after the group's session timeout or the leases' TTL. Two seconds:
 what that takes with a broker that answers (a LeaveGroup, a few deletes; the Kafka
 balancer's own waits are 2 s at most), and it keeps a stuck stop's exit within
-``drain_timeout_s`` + 3 + 2 + :data:`THREADS_GRACE_S` + :data:`TASKS_GRACE_S` s, inside
-the pod's grace (``conveyor deploy kubernetes``: ``drain_timeout_s`` + 3 + 5 s). Past
+``drain_timeout_s`` + 3 + 2 + :data:`THREADS_GRACE_S` + :data:`TASKS_GRACE_S` +
+:data:`ATEXIT_GRACE_S` s, inside the pod's grace (``conveyor deploy kubernetes``:
+``drain_timeout_s`` + 3 + 5 s). Past
 it the process leaves as it is, and the broker's timeouts hand its queues on."""
 
 
 THREADS_GRACE_S = 1.0
 """How long a process that has served its daemon waits for threads that would keep it
 alive (:func:`leave_running_threads`) before it exits without them."""
+
+ATEXIT_GRACE_S = 1.0
+"""How long a process that has served its daemon, and leaves with nothing running, gives
+the ``atexit`` functions Python then runs (:func:`_bound_atexit`) before it exits
+without them."""
 
 TASKS_GRACE_S = 1.0
 """How long :func:`run_served` waits for the tasks still there after its daemon's stop,
@@ -59,9 +67,62 @@ INTERRUPTED = 130
 """The exit status of a worker process that a handler's ``KeyboardInterrupt`` ended: a
 shell's for Ctrl-C."""
 
+EXITING = "the process exits"
+"""The message of the cancellations :func:`run_served` sends the tasks left at the end:
+a cancellation that is no stop's (the agent's runners tell a handler's own by it)."""
+
 _tasks_left: list[str] = []
 """The names of the tasks :func:`run_served` left running: :func:`leave_running_threads`
 then leaves at once, as for a thread that does not end."""
+
+
+_Callback = tuple[Callable[..., object], tuple[object, ...]]
+
+
+class ServingLoop(asyncio.SelectorEventLoop):
+    """The event loop of :func:`run_served`. :func:`serve` stops the daemon on its stop
+    signals through :meth:`add_stop_handler`; a handler an app adds later for one of
+    them with ``add_signal_handler`` (a startup hook's cleanup, asyncio's idiom) is
+    called beside the stop, not in its place — as one installed with ``signal.signal``
+    is — and ``remove_signal_handler`` removes the app's only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stops: dict[int, _Callback] = {}
+        self._apps: dict[int, _Callback] = {}
+
+    def add_stop_handler(self, sig: int, callback: Callable[..., object],
+                         *args: object) -> None:
+        self._stops[sig] = (callback, args)
+        super().add_signal_handler(sig, self._signalled, sig)
+
+    def remove_stop_handler(self, sig: int) -> None:
+        del self._stops[sig]
+        app = self._apps.pop(sig, None)
+        if app is None:
+            super().remove_signal_handler(sig)
+        else:  # the app's stays, alone
+            super().add_signal_handler(sig, app[0], *app[1])
+
+    def add_signal_handler(self, sig: int, callback: Callable[..., object],
+                           *args: object) -> None:
+        if sig not in self._stops:
+            super().add_signal_handler(sig, callback, *args)
+        else:
+            self._apps[sig] = (callback, args)
+
+    def remove_signal_handler(self, sig: int) -> bool:
+        if sig not in self._stops:
+            return super().remove_signal_handler(sig)
+        return self._apps.pop(sig, None) is not None
+
+    def _signalled(self, sig: int) -> None:
+        stop = self._stops.get(sig)  # None: it came as serve ended (asyncio's ignore it)
+        if stop is not None:
+            stop[0](*stop[1])
+        app = self._apps.get(sig)
+        if app is not None:  # its own callback: what it raises is reported as asyncio does
+            self.call_soon(app[0], *app[1])
 
 
 def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -74,9 +135,14 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     * the tasks still there, which ``asyncio.run`` cancels and waits for: one running a
       handler call that catches its cancellation and goes on never ends. They get
       :data:`TASKS_GRACE_S`; those left then are named by :func:`leave_running_threads`,
-      which leaves without them."""
+      which leaves without them.
+
+    Nor does it end when a Python signal handler the app installed raises (``sys.exit()``
+    on SIGTERM, a timeout on SIGALRM): it runs wherever the main thread is, mostly in the
+    loop's wait, and its exception would end the process undrained. It is logged and the
+    loop runs on (on a stop signal, the daemon's own handler drains it as ever)."""
     executor = ThreadPoolExecutor(thread_name_prefix="asyncio")
-    loop = asyncio.new_event_loop()
+    loop = ServingLoop()
     asyncio.set_event_loop(loop)
     loop.set_default_executor(executor)
     try:
@@ -85,9 +151,16 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
         while True:
             try:
                 return loop.run_until_complete(served)
-            except RuntimeError:
+            except BaseException as exc:
                 if served.done():  # main's own error
                     raise
+                sig = _raised_by_signal_handler(exc)
+                if sig is not None:
+                    log.error("the app's signal handler for %s raised %r in the event "
+                              "loop's wait: the worker goes on", sig.name, exc)
+                    continue
+                if not isinstance(exc, RuntimeError):
+                    raise  # a handler's or hook's SystemExit or KeyboardInterrupt
             # loop.stop() from a handler or hook, a script's habit: it ended the worker
             # undrained, with a traceback. It runs on, as nothing asked it to stop.
             if not said:
@@ -105,12 +178,31 @@ def run_served(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
             loop.close()
 
 
+def _raised_by_signal_handler(exc: BaseException) -> signal.Signals | None:
+    """The signal whose Python handler raised ``exc`` in the event loop's own code (its
+    wait), or None: it came from elsewhere. (One that lands in a task's code — a
+    handler's call — is that call's failure, as what it raises itself is.)"""
+    handlers = {}
+    for sig in signal.valid_signals():
+        code = getattr(signal.getsignal(sig), "__code__", None)
+        if code is not None:
+            handlers[code] = signal.Signals(sig)
+    tb, landed = exc.__traceback__, ""
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            loops = landed.startswith("asyncio.") or landed == "selectors"
+            return handlers[tb.tb_frame.f_code] if loops else None
+        landed = tb.tb_frame.f_globals.get("__name__", "")
+        tb = tb.tb_next
+    return None
+
+
 def _cancel_left_tasks(loop: asyncio.AbstractEventLoop) -> None:
     """What ``asyncio.run`` does with the tasks ``main`` left, within :data:`TASKS_GRACE_S`:
     cancel them, wait, report the errors they ended with; remember those still running."""
     tasks = asyncio.all_tasks(loop)
     for task in tasks:
-        task.cancel()
+        task.cancel(EXITING)
     if not tasks:
         return
     done, running = loop.run_until_complete(asyncio.wait(tasks, timeout=TASKS_GRACE_S))
@@ -137,12 +229,13 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
     thread the app started at import). Waits ``grace_s`` at most for them; if one still
     runs, or :func:`run_served` left a task running, logs their names and leaves at once
     with ``status`` (``os._exit``: ``atexit`` functions do not run). Returns when none
-    is left."""
+    is left, the exit's ``atexit`` functions bounded by :data:`ATEXIT_GRACE_S`."""
     if _tasks_left:
         log.warning("exiting without waiting for %d task(s) still running after their "
                     "cancellation: %s (a handler or startup hook that catches "
                     "asyncio.CancelledError and goes on)", len(_tasks_left), ", ".join(_tasks_left))
     deadline = time.monotonic() + grace_s
+    _end_idle_executors()
     running = []
     for thread in threading.enumerate():
         if thread.daemon or thread is threading.current_thread():
@@ -151,6 +244,7 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
         if thread.is_alive():
             running.append(thread.name)
     if not running and not _tasks_left:
+        atexit.register(_bound_atexit, status)  # the last registered: run first
         return
     if running:
         log.warning("exiting without waiting for %d thread(s) still running after the "
@@ -158,9 +252,58 @@ def leave_running_threads(status: int, grace_s: float = THREADS_GRACE_S) -> None
                     "has not returned, or a thread the app started that is not a daemon "
                     "thread)", len(running), ", ".join(running))
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # a handler may have closed or dropped one
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
     os._exit(status)
+
+
+def _end_idle_executors() -> None:
+    """Do first what Python's exit does before it waits for threads: run the calls
+    registered with ``threading._register_atexit`` — ``concurrent.futures`` tells the
+    threads of an app's executors (a ``ThreadPoolExecutor``, a ``ProcessPoolExecutor``'s
+    manager) to end once idle, and waits for them. Else an idle executor's threads,
+    waiting for work until then, would pass for calls that have not returned. On a
+    daemon thread of their own, so a call that never returns holds only that one."""
+    calls = list(reversed(getattr(threading, "_threading_atexits", [])))
+    if calls:
+        threading.Thread(target=lambda: [call() for call in calls],
+                         name="conveyor-executors-exit", daemon=True).start()
+
+
+def _bound_atexit(status: int, grace_s: float = ATEXIT_GRACE_S) -> None:
+    """The first ``atexit`` function of a process that served its daemon: the others —
+    ``multiprocessing`` joining a process the app started that is not a daemon process,
+    a hook of the app's — would hold the exit for good if one never returned. A daemon
+    thread leaves ``grace_s`` later with ``status``, naming the function still running;
+    an exit done by then ends that thread with the process."""
+    def leave() -> None:
+        time.sleep(grace_s)
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
+        while frame is not None and frame.f_back is not None:
+            frame = frame.f_back  # the outermost: the function atexit called
+        name = ("an atexit function" if frame is None else "the atexit function "
+                f"{frame.f_globals.get('__name__')}.{frame.f_code.co_qualname}")
+        log.warning("exiting without waiting for %s, still running %.1fs after the stop "
+                    "(a process the app started that is not a daemon process, or a hook "
+                    "of the app's)", name, grace_s)
+        logging.shutdown()
+        os._exit(status)
+
+    threading.Thread(target=leave, name="conveyor-exit", daemon=True).start()
+
+
+def _enable_own_loggers() -> None:
+    """Enable Conveyor's loggers (``conveyor.*``) that the app's logging config disabled:
+    ``logging.config.dictConfig`` and ``fileConfig`` disable every logger that exists and
+    that they do not name, unless given ``disable_existing_loggers: False`` — run at an
+    app's import, where Conveyor's all exist, they silenced every warning and error of the
+    worker (a dead letter, a crash, the stop). Their lines then go where the app's config
+    sends the root logger's."""
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if (isinstance(logger, logging.Logger) and logger.disabled
+                and (name == "conveyor" or name.startswith("conveyor."))):
+            logger.disabled = False
 
 
 async def serve(
@@ -200,11 +343,16 @@ async def serve(
     loop = asyncio.get_running_loop()
     stop = _StopRequest()
     for sig in signals:
-        loop.add_signal_handler(sig, stop.signal_received, sig)
+        if isinstance(loop, ServingLoop):
+            loop.add_stop_handler(sig, stop.signal_received, sig)
+        else:
+            loop.add_signal_handler(sig, stop.signal_received, sig)
     try:
+        _enable_own_loggers()  # the app's import configured logging
         if endpoint is not None:
             await endpoint.start()
         if await _start(daemon, stop, freeze_heap):
+            _enable_own_loggers()  # so may its startup hooks have, as they began
             if ready is not None:
                 ready()
             await _until_stop(daemon, stop, commands)
@@ -212,7 +360,10 @@ async def serve(
         report = await _stop(daemon, deadline, stop)
     finally:
         for sig in signals:
-            loop.remove_signal_handler(sig)
+            if isinstance(loop, ServingLoop):
+                loop.remove_stop_handler(sig)
+            else:
+                loop.remove_signal_handler(sig)
         if endpoint is not None:
             await endpoint.close()
     failure = daemon.failure

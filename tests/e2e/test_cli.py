@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -749,6 +751,271 @@ def test_a_handler_that_stops_the_event_loop_does_not_end_the_worker(tmp_path: P
                             "or sys.exit()"), warning
     assert lines[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), lines
     assert worker.proc.returncode == 0
+
+
+def publishing(count: int, key: str = "'j'") -> str:
+    """An app's startup hook, as source: it publishes ``{'n': 0..count-1}`` to ``jobs``,
+    each under the stream key the expression ``key`` makes."""
+    return ("@app.startup\n"
+            "async def first(client: conveyor.Client) -> None:\n"
+            f"    for n in range({count}):\n"
+            f"        await client.publish('jobs', {key}, {{'n': n}})\n")
+
+
+@pytest.mark.parametrize("unplug", ["sys.stderr.close()", "sys.stderr = None",
+                                    "sys.stdout.close()", "sys.stdout = None"])
+def test_a_handler_that_closes_or_drops_stderr_or_stdout_leaves_the_worker_its_log(
+    tmp_path: Path, unplug: str,
+) -> None:
+    # sys.stderr.close() in a handler ended `conveyor worker` with status 1 at its next
+    # line of its own ("ready", a log line: ValueError: I/O operation on closed file),
+    # undrained, and its last words, "lost sys.stderr", said nothing of why; the
+    # handler's own log call raised. With a thread of the app's left running, the
+    # closed or dropped sys.stdout failed the exit too, which then waited for good.
+    out = tmp_path / "handled.txt"
+    (tmp_path / "unplugger.py").write_text(
+        "import logging, sys, threading\n"
+        "import conveyor\n"
+        "app = conveyor.App('unplugger')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    if body['n'] == 0:\n"
+        f"        {unplug}\n"
+        "        threading.Thread(target=threading.Event().wait, name='waiter').start()\n"
+        "    logging.getLogger('unplugger').warning('logged %d', body['n'])\n"
+        f"    with open({str(out)!r}, 'a') as handled:\n"
+        "        handled.write(f\"{body['n']}\\n\")\n"
+        + publishing(4))
+    worker = warning_worker(tmp_path, "unplugger:app")
+    try:
+        wait_until_sync(lambda: len(lines(out)) == 4 or worker.proc.poll() is not None, 30,
+                        "the four jobs handled")
+        said = worker.interrupt()  # exit 0, drained
+    finally:
+        worker.kill()
+    assert lines(out) == ["0", "1", "2", "3"], said  # each once, none lost
+    assert [x.split(": ", 1)[1] for x in said if "WARNING unplugger" in x] == [
+        f"logged {n}" for n in range(4)], said  # its log goes on where it went
+    assert "Traceback (most recent call last):" not in said, said
+    assert said[-2].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
+    assert "exiting without waiting for 1 thread(s) still running after the stop: waiter" \
+        in said[-1], said
+
+
+@pytest.mark.parametrize(("holds", "named"), [
+    ("multiprocessing.get_context('spawn').Process(target=nap, name='napper').start()",
+     "the atexit function multiprocessing.util._exit_function"),
+    ("atexit.register(time.sleep, 60)", "an atexit function"),  # no Python frame to name
+    ("atexit.register(hang)", "the atexit function holder.hang")],
+    ids=["a-process", "an-atexit-hook", "a-hook-of-python-code"])
+def test_an_atexit_function_that_does_not_return_does_not_hold_the_exit(
+    tmp_path: Path, holds: str, named: str,
+) -> None:
+    # A process a handler started and left running (not a daemon process: the
+    # multiprocessing default), or a hook it registered with atexit, held the exit for
+    # good after the drain: Python's exit waits for them, and `conveyor worker` said
+    # `drained` and stayed (multiprocessing joins its children at exit).
+    pid = tmp_path / "pid.txt"
+    (tmp_path / "holder.py").write_text(
+        "import atexit, multiprocessing, os, threading, time\n"
+        "import conveyor\n"
+        "app = conveyor.App('holder')\n"
+        "def nap() -> None:\n"
+        f"    with open({str(pid)!r}, 'a') as file:\n"
+        "        file.write(f'{os.getpid()}\\n')\n"
+        "    os.close(1), os.close(2)  # the test's pipe is the worker's, not the nap's\n"
+        "    time.sleep(60)\n"
+        "def hang() -> None:\n"
+        "    threading.Event().wait()\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        f"    {holds}\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    await client.publish('jobs', 'j', {'n': 1})\n")
+    worker = warning_worker(tmp_path, "holder:app")
+    try:
+        worker.wait_for(1, "the job handled")
+        if "Process" in holds:
+            wait_until_sync(lambda: len(lines(pid)) == 1, 30, "the process started")
+        started = time.monotonic()
+        worker.proc.send_signal(signal.SIGINT)
+        status = worker.proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        worker.kill()
+        for napper in lines(pid):  # its multiprocessing resource tracker holds our pipe
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(napper), signal.SIGKILL)
+    worker._reader.join(10)
+    said = worker.lines
+    assert status == 0, said
+    assert took < 5, said  # the drain, 1 s for the atexit functions, the exit
+    assert said[-2].startswith("conveyor: drained pulled=1 acked=1 handled=1 "), said
+    assert said[-1].endswith(
+        f"exiting without waiting for {named}, still running 1.0s "
+        "after the stop (a process the app started that is not a daemon process, or a "
+        "hook of the app's)"), said
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_hook_that_adds_a_loop_signal_handler_does_not_take_the_workers_stop(
+    tmp_path: Path, sig: signal.Signals,
+) -> None:
+    # loop.add_signal_handler(SIGTERM, cleanup) in a startup hook (asyncio's idiom for
+    # a cleanup) replaced the worker's own: SIGTERM ran the cleanup and nothing else, the
+    # worker never drained and stayed until a SIGKILL.
+    (tmp_path / "cleaner.py").write_text(
+        "import asyncio, signal\n"
+        "import conveyor\n"
+        "app = conveyor.App('cleaner')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "@app.startup\n"
+        "async def first(client: conveyor.Client) -> None:\n"
+        "    loop = asyncio.get_running_loop()\n"
+        f"    loop.add_signal_handler(signal.{sig.name}, print, 'cleaned up', 1)\n"
+        f"    loop.add_signal_handler(signal.{sig.name}, print, 'cleaned up', 2)\n"
+        "    for n in range(4):\n"
+        "        await client.publish('jobs', 'j', {'n': n})\n")
+    worker = warning_worker(tmp_path, "cleaner:app")
+    try:
+        worker.wait_for(4, "the four jobs handled")
+        worker.proc.send_signal(sig)
+        status = worker.proc.wait(15)
+    finally:
+        worker.kill()
+    worker._reader.join(10)
+    said = worker.lines
+    assert status == 0, said
+    assert sorted(x for x in said if x.startswith("handled ")) == [
+        f"handled {n}" for n in range(4)], said
+    assert [x for x in said if x.startswith("cleaned up")] == ["cleaned up 2"], said
+    assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
+
+
+@pytest.mark.parametrize(("installs", "then"), [
+    ("signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))", "pass  # the test's SIGTERM"),
+    ("signal.signal(signal.SIGALRM, time_out)", "signal.setitimer(signal.ITIMER_REAL, 0.2)"),
+], ids=["sys.exit-on-SIGTERM", "a-timeout-on-SIGALRM"])
+def test_a_signal_handler_of_the_app_that_raises_does_not_end_the_worker_undrained(
+    tmp_path: Path, installs: str, then: str,
+) -> None:
+    # A Python signal handler runs wherever the main thread is: mostly in the event
+    # loop's wait. One that raised there (sys.exit() on SIGTERM, a SIGALRM timeout left
+    # armed) ended `conveyor worker` undrained, with status 1 and no word (sys.exit) or
+    # a 50-line traceback.
+    (tmp_path / "alarmed.py").write_text(
+        "import asyncio, os, signal, sys\n"
+        "import conveyor\n"
+        "app = conveyor.App('alarmed')\n"
+        "class Timeout(Exception): ...\n"
+        "def time_out(*_: object) -> None:\n"
+        "    raise Timeout('took too long')\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    if body['n'] == 0:\n"
+        f"        {installs}\n"
+        "    print('handled', body['n'], flush=True)\n"
+        "    if body['n'] == 3:\n"
+        "        await asyncio.sleep(0.5)  # the loop waits meanwhile\n"
+        f"        {then}\n"
+        "        await asyncio.sleep(0.5)\n"
+        + publishing(4))
+    worker = warning_worker(tmp_path, "alarmed:app")
+    try:
+        if "SIGTERM" in installs:  # sent while the last call sleeps: the loop waits
+            worker.wait_for(4, "the four jobs handled")
+            worker.proc.send_signal(signal.SIGTERM)
+        wait_until_sync(lambda: any("ERROR" in x for x in worker.lines)
+                        or worker.proc.poll() is not None, 30, "the signal handler to raise")
+        if "SIGTERM" in installs:  # the worker's own drain follows
+            worker.proc.wait(15)
+        else:
+            worker.interrupt()
+    finally:
+        worker.kill()
+    worker._reader.join(10)
+    said = worker.lines
+    assert worker.proc.returncode == 0, said
+    assert sorted(x for x in said if x.startswith("handled ")) == [
+        f"handled {n}" for n in range(4)], said
+    assert "Traceback (most recent call last):" not in said, said
+    raised = "SystemExit(0)" if "SIGTERM" in installs else "Timeout('took too long')"
+    [line] = [x for x in said if "ERROR" in x]
+    assert line.endswith(f"the app's signal handler for {installs[21:28]} raised {raised} "
+                         "in the event loop's wait: the worker goes on"), said
+    assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
+
+
+@pytest.mark.parametrize("pool", [
+    "concurrent.futures.ThreadPoolExecutor(2)",
+    "concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context('spawn'))",
+], ids=["threads", "processes"])
+def test_an_idle_executor_of_the_app_ends_with_the_worker_unnamed(
+    tmp_path: Path, pool: str,
+) -> None:
+    # A module-level executor (docs/sync-handlers.md advises a ProcessPoolExecutor for
+    # work that holds the GIL), idle at the stop: its threads wait for work until Python's
+    # exit tells them to end, so every stop waited 1 s, named them as calls that had not
+    # returned, and left with os._exit.
+    (tmp_path / "pooled.py").write_text(
+        "import asyncio, concurrent.futures, multiprocessing\n"
+        "import conveyor\n"
+        "app = conveyor.App('pooled')\n"
+        f"POOL = {pool}\n"
+        "@app.handler('jobs')\n"
+        "async def job(body: dict) -> None:\n"
+        "    n = await asyncio.get_running_loop().run_in_executor(POOL, abs, -body['n'])\n"
+        "    print('handled', n, flush=True)\n"
+        + publishing(4, "f'j-{n}'"))
+    worker = warning_worker(tmp_path, "pooled:app")
+    try:
+        worker.wait_for(4, "the four jobs handled")
+        started = time.monotonic()
+        said = worker.interrupt()  # exit 0
+        took = time.monotonic() - started
+    finally:
+        worker.kill()
+    assert sorted(x for x in said if x.startswith("handled ")) == [
+        f"handled {n}" for n in range(4)], said
+    assert said[-1].startswith("conveyor: drained pulled=4 acked=4 handled=4 "), said
+    assert not [x for x in said if "WARNING" in x], said
+    assert took < 1, said
+
+
+def test_an_apps_dict_config_does_not_silence_the_workers_log(tmp_path: Path) -> None:
+    # logging.config.dictConfig at the app's import (disable_existing_loggers is true by
+    # default) disabled every conveyor.* logger: a dead letter, a crash, the stop went
+    # unsaid, in the app's format or any other; only `ready` and `drained` were left.
+    (tmp_path / "configured.py").write_text(
+        "import logging.config\n"
+        "import conveyor\n"
+        "logging.config.dictConfig({'version': 1, 'root': {'level': 'WARNING', "
+        "'handlers': ['h']}, 'handlers': {'h': {'class': 'logging.StreamHandler', "
+        "'formatter': 'f', 'stream': 'ext://sys.stdout'}}, "
+        "'formatters': {'f': {'format': 'APP %(levelname)s %(name)s: %(message)s'}}})\n"
+        "app = conveyor.App('configured')\n"
+        "@app.handler('jobs', retry_attempts=1)\n"
+        "async def job(body: dict) -> None:\n"
+        "    if body['n'] == 1:\n"
+        "        raise ValueError('the poison')\n"
+        "    print('handled', body['n'], flush=True)\n"
+        + publishing(3))
+    worker = warning_worker(tmp_path, "configured:app")
+    try:
+        worker.wait_for(2, "the two good jobs handled")
+        said = worker.interrupt()
+    finally:
+        worker.kill()
+    assert sorted(x for x in said if x.startswith("handled ")) == ["handled 0", "handled 2"]
+    [letter] = [x for x in said if "dead-lettering" in x]
+    assert letter.startswith("APP WARNING conveyor.dead_letters: dead-lettering message "), said
+    assert letter.endswith("after 1 attempt(s): ValueError: the poison"), said
+    assert said[-1].startswith("conveyor: drained pulled=3 acked=3 handled=2 "
+                               "dead_lettered=1 "), said
 
 
 def test_python_dash_m_conveyor_is_the_command() -> None:

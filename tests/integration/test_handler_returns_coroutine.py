@@ -82,3 +82,42 @@ async def test_a_batch_handler_returning_one_fails_its_batch() -> None:
         assert all(m.letter is not None and "without awaiting it" in m.letter.error
                    for m in letters)
     assert saved == []
+
+
+@pytest.mark.parametrize("kind", ["def-generator", "async-def-generator",
+                                  "async-def-async-generator"])
+async def test_a_handler_returning_a_generator_fails_the_call(kind: str) -> None:
+    # A generator function wrapped in a plain function (a decorator of its own), whose
+    # `yield` the declaration therefore could not see, returned its generator unrun: the
+    # message was acknowledged as handled, its work never done.
+    app = App(f"returns-generator-{kind}")
+    saved: list[int] = []
+
+    def save(seq: int) -> Any:
+        saved.append(seq)
+        yield
+
+    async def save_async(seq: int) -> Any:
+        saved.append(seq)
+        yield
+
+    def poisoned(seq: int) -> Any:
+        if seq != POISON:
+            saved.append(seq)
+            return None
+        return save_async(seq) if kind.endswith("async-generator") else save(seq)
+
+    if kind.startswith("def"):
+        @app.handler("items", retry_attempts=1)
+        def handle(item: dict[str, int]) -> Any:
+            return poisoned(item["seq"])
+    else:
+        @app.handler("items", retry_attempts=1)
+        async def handle_async(item: dict[str, int]) -> Any:
+            return poisoned(item["seq"])
+
+    letter, handled = await settle_one_poison(app, N)
+    assert letter.body == {"seq": POISON}
+    assert letter.letter is not None and letter.letter.error_type == "HandlerDeclarationError"
+    assert "without iterating it, so it never ran" in letter.letter.error, letter.letter.error
+    assert saved == [0, 1, 3, 4] and handled == [0, 1, 3, 4]  # the rest each once

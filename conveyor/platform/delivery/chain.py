@@ -229,15 +229,22 @@ def check_returned(result: object) -> None:
     """What a handler returned, when not None: a coroutine it returned instead of
     awaiting (``return save(x)`` where ``return await save(x)`` was meant) never ran, so
     the call fails — retried, then dead-lettered — rather than counting as handled with
-    its work lost. The coroutine is closed (no "never awaited" warning). Anything else a
-    handler returns is ignored, as before. (A plain ``def`` handler returning one is
-    caught on its thread: :mod:`conveyor.workers.threads`.)"""
+    its work lost. The coroutine is closed (no "never awaited" warning). So does a
+    generator or async generator it returns (a generator function wrapped in a plain
+    one, whose ``yield`` its declaration could not see): its body never ran. Anything
+    else a handler returns is ignored, as before. (A plain ``def`` handler returning a
+    coroutine is caught on its thread: :mod:`conveyor.workers.threads`.)"""
     if inspect.iscoroutine(result):
         name = getattr(result, "__qualname__", type(result).__name__)
         result.close()
         raise HandlerDeclarationError(
             f"the handler returned the coroutine {name}() without awaiting it, so it never "
             "ran (`return f(...)` where `return await f(...)` was meant?)")
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        kind = "generator" if inspect.isgenerator(result) else "async generator"
+        raise HandlerDeclarationError(
+            f"the handler returned the {kind} {result.__qualname__}() without iterating "
+            "it, so it never ran (a handler's work runs in the call: drop the `yield`)")
 
 
 def call_handler(handler: HandlerSpec, in_thread: InThread | None = None) -> Step:

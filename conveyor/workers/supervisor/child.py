@@ -33,7 +33,7 @@ from conveyor.platform.balancing.leases import LeaseStore, MemoryLeaseStore
 from conveyor.platform.balancing.membership import MemberInfo, Membership
 from conveyor.platform.config import Config
 from conveyor.platform.errors import BrokerError, ConfigError, ConveyorError, ShutdownError
-from conveyor.platform.terminal import VisibleFormatter
+from conveyor.platform.terminal import VisibleFormatter, kept
 from conveyor.workers.supervisor.protocol import (
     BEAT_S,
     CONFIG_REFUSED,
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     # The supervisor decides when children stop (a Ctrl-C on the terminal reaches it);
     # a SIGTERM sent to a child directly drains it like a "stop" command.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    handler = logging.StreamHandler(sys.stderr)  # producers' text escaped, as the CLI's
+    handler = logging.StreamHandler(kept(sys.stderr))  # producers' text escaped, as the CLI's
     handler.setFormatter(VisibleFormatter(
         f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s"))
     logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"), handlers=[handler])
