@@ -301,6 +301,26 @@ async def test_a_refusal_of_a_message_with_a_huge_name_is_one_short_line(
     assert stored(client) == {}
 
 
+@pytest.mark.parametrize("key", ["a\nERROR forged", "a\r\x1b[31mred", "a\u2028b", "a\x85b"])
+@pytest.mark.parametrize("body", [object(), {"x": math.nan}, "x" * 101, None])
+async def test_a_refusal_naming_a_key_that_breaks_lines_is_one_line(
+    client: Client, key: str, body: object,
+) -> None:
+    # A stream key is any text, a newline too (the client takes it): a refusal named it
+    # as it was, so the one-line error spread over two lines, the second posing as
+    # whatever the key said. It is shown escaped.
+    client.max_body_bytes = 100
+    with pytest.raises(InvalidArgumentError) as single:
+        await client.publish("a", key, body)
+    with pytest.raises(InvalidArgumentError) as batch:
+        await client.publish_batch([Publish("a", key, body)])
+    for error in (single.value, batch.value):
+        text = str(error)
+        assert len(text.splitlines()) == 1 and text.isprintable(), text
+        assert f"stream a/{repr(key)[1:-1]}: " in text, text
+    assert stored(client) == {}
+
+
 @pytest.mark.parametrize("headers", ["tenant=acme", 5, ["tenant"], [("a", "b", "c")]])
 async def test_headers_that_are_no_mapping_are_refused_in_one_line(
     client: Client, headers: object,
