@@ -68,7 +68,7 @@ class Orphans:
         self._skips.note(namespace)
         self._notes.log(  # keyed by a long namespace's start: the key is kept a while
             logging.WARNING, namespace[:NAME_SHOWN_MAX],
-            "app %r skips messages of namespace %r: none of its handlers subscribes (another "
+            "app %r skips messages of namespace %s: none of its handlers subscribes (another "
             "app sharing the queues may; [dead_letters] unroutable = \"dead-letter\" keeps "
             "them as dead letters instead)", self._app, shown_name(namespace, quoted=True),
         )

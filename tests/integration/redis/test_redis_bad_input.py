@@ -329,7 +329,25 @@ async def test_a_worker_names_what_a_foreign_entry_says_in_one_short_log_line(
     if unroutable == "dead-letter":
         assert letters["Unroutable"].message.stream.namespace == namespace
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= 30]
-    assert any(w.startswith("dead-lettering message") for w in warnings), warnings
     for line in warnings:
         assert len(line.splitlines()) == 1 and line.isprintable(), line[:300]
         assert len(line) < 2000, line[:300]
+
+    def shown(text: str) -> str:  # its first 100 characters escaped, and its length
+        return f"{repr(text[:100])[1:-1]}… ({len(text):,} characters)"
+
+    lettered = sorted(w for w in warnings if w.startswith("dead-lettering message "))
+    assert f"dead-lettering message {shown(ident)} of good/{shown(key)} (handler " \
+        "'tests.bad_input.Probe.app.<locals>.on_good') after 0 attempt(s): DecodeError: " \
+        "cannot decode body as dict: JSON is malformed: invalid character (byte 4)" in lettered
+    assert shown(key).startswith("k\\n2026-11-29 04:00:00 ERROR forged\\u2028kkk")
+    named = "namespace '" + shown(namespace).replace("…", "'…", 1)  # quoted
+    assert named.startswith("namespace 'n\\u2028forgednnn")
+    if unroutable == "skip":
+        assert len(lettered) == 1
+        assert sum(w.startswith("app 'probe' skips messages of " + named)
+                   for w in warnings) == 1, warnings
+    else:  # the reason names it so too
+        assert len(lettered) == 2
+        assert sum(w.endswith(f"Unroutable: no handler of app 'probe' subscribes to {named}")
+                   for w in lettered) == 1, lettered
