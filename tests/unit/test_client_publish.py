@@ -4,6 +4,7 @@ import asyncio
 import math
 import re
 import threading
+import warnings
 
 import msgspec
 import pytest
@@ -273,6 +274,31 @@ async def test_a_sync_client_made_inside_a_running_loop_says_to_await_a_client()
     # Was RuntimeError from asyncio's Runner and a "coroutine was never awaited" warning.
     with pytest.raises(InvalidArgumentError, match="an event loop is running here"):
         SyncClient(Config())
+
+
+def test_a_sync_client_called_inside_a_running_loop_refuses_and_stays_usable() -> None:
+    # A SyncClient made at import, then called from an `async def`: each call raised
+    # Runner's "cannot be called from a running event loop" (and a "coroutine was never
+    # awaited" warning); close() marked it closed before failing so, and its connections
+    # were never closed (a later close did nothing). Each says what to do instead, as
+    # the constructor does, and changes nothing.
+    reset_broker("sync-in-loop")
+    sync = SyncClient(msgspec.convert({"memory": {"broker": "sync-in-loop"}}, Config))
+
+    async def inside() -> None:
+        for call in (lambda: sync.publish("a", "k", {}),
+                     lambda: sync.publish_batch([Publish("a", "k", {})]), sync.close):
+            with pytest.raises(InvalidArgumentError, match="an event loop is running here"):
+                call()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no coroutine left unawaited
+        asyncio.run(inside())
+    assert stored(sync._client) == {}
+    sync.publish("a", "k", {"n": 1})
+    assert len(stored(sync._client)) == 1
+    sync.close()
+    assert sync._runner._loop is None  # closed now: its loop, and so its connections
 
 
 LONG = "K" * 1_000_000
