@@ -611,6 +611,20 @@ def _failed(span: Span, exc: BaseException) -> None:
     span.set_status(StatusCode.ERROR, str(exc))
 
 
+_NOTHING_SENT = "; nothing was sent"
+
+
+def _no_running_loop(then: str = "") -> None:
+    """Refuse a :class:`SyncClient`'s construction or call where an event loop runs (an
+    ``async def``): its own loop cannot run inside another, and ``asyncio.Runner``'s
+    refusal left a coroutine never awaited (and a close half done); nothing is changed.
+    ``then``: what the error ends with."""
+    if asyncio._get_running_loop() is not None:
+        raise InvalidArgumentError(
+            "SyncClient blocks, and an event loop is running here: use "
+            f"`Client.from_config(config)` and await its calls instead{then}")
+
+
 class SyncClient:
     """A blocking wrapper for scripts: ``with SyncClient.from_config(cfg) as c: c.publish(...)``.
 
@@ -622,14 +636,7 @@ class SyncClient:
 
     def __init__(self, config: Config) -> None:
         require_config(config, "SyncClient(config)")
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass  # no loop running here: this is the place for a SyncClient
-        else:
-            raise InvalidArgumentError(
-                "SyncClient blocks, and an event loop is running here: use "
-                "`Client.from_config(config)` and await its calls instead")
+        _no_running_loop()
         self._runner = asyncio.Runner()
         self._client = self._runner.run(self._make(config))
         # One call at a time on the loop: a second thread's Runner.run would schedule
@@ -654,6 +661,7 @@ class SyncClient:
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> SequenceToken:
+        _no_running_loop(_NOTHING_SENT)
         with self._lock:
             if self._closed:
                 raise _closed_error()
@@ -661,12 +669,14 @@ class SyncClient:
                 self._client.publish(namespace, key, body, headers, content_type))
 
     def publish_batch(self, items: Iterable[Publish]) -> list[SequenceToken]:
+        _no_running_loop(_NOTHING_SENT)
         with self._lock:
             if self._closed:
                 raise _closed_error()
             return self._runner.run(self._client.publish_batch(items))
 
     def close(self) -> None:
+        _no_running_loop()  # before it is marked closed: its loop is to close them
         with self._lock:
             if self._closed:
                 return

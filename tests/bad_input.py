@@ -186,8 +186,12 @@ def assert_not_utf8_named(found: dict[str, DeadLetter], named: dict[str, str]) -
 
 
 def assert_reasons_name_the_fault(found: dict[str, DeadLetter]) -> None:
-    """The letters of the cases ``ns-given-twice``, ``attempt-given-twice`` and
-    ``body-not-its-content-type`` (each broker's suite has them) say what was wrong."""
+    """The letters of the cases ``ns-given-twice``, ``attempt-given-twice``,
+    ``body-not-its-content-type``, ``string-not-utf8`` and ``msgpack-string-not-utf8``
+    (each broker's suite has them) say what was wrong. A string of a body that is not
+    UTF-8 was a ``UnicodeDecodeError`` whose text named neither the body nor the byte
+    (``'utf-8' codec can't decode byte 0xff in position 0``, the position in the
+    string)."""
     assert found["ns-given-twice"].error == (
         "DecodeError: cv-ns given twice with different values (b'good', then b'other'): "
         "which one is meant is not known")
@@ -196,3 +200,8 @@ def assert_reasons_name_the_fault(found: dict[str, DeadLetter]) -> None:
     assert found["body-not-its-content-type"].error.startswith(
         "cannot decode body as dict (read as JSON: its content type "
         "'application/x-protobuf' is neither JSON nor msgpack): JSON is malformed")
+    not_text = "a string in it is not UTF-8 text: b'\\xff'"
+    assert found["string-not-utf8"].error_type == "DecodeError"
+    assert found["string-not-utf8"].error == f"cannot decode body as dict: {not_text}"
+    assert found["msgpack-string-not-utf8"].error == (
+        f"cannot decode body as dict (read as msgpack, its content type): {not_text}")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from conveyor.platform.ids import StreamId
+from conveyor.platform.ids import KEY_MAX, NAMESPACE_MAX, StreamId
 
 INTERN_MAX = 4096
 """Distinct streams a receiver remembers (then it starts again)."""
+NAMED_MAX = 4 * (NAMESPACE_MAX + KEY_MAX)
+"""The most bytes of namespace and key a remembered stream has: the UTF-8 of the longest
+a client sends. Another producer's may be any length: remembered, 200 streams of 1 MB
+keys held ~400 MB after their messages were handled (4,096 could hold 8 GB); such a
+stream's messages each decode their own id."""
 
 
 class StreamIds(dict[tuple[bytes, bytes], StreamId]):
@@ -17,8 +22,10 @@ class StreamIds(dict[tuple[bytes, bytes], StreamId]):
     __slots__ = ()
 
     def __missing__(self, wire: tuple[bytes, bytes]) -> StreamId:
-        if len(self) >= INTERN_MAX:
-            self.clear()
         ns, key = wire
-        sid = self[wire] = StreamId(ns.decode(), key.decode())
+        sid = StreamId(ns.decode(), key.decode())
+        if len(ns) + len(key) <= NAMED_MAX:
+            if len(self) >= INTERN_MAX:
+                self.clear()
+            self[wire] = sid
         return sid

@@ -81,6 +81,7 @@ from conveyor.platform.delivery.chain import (
 )
 from conveyor.platform.delivery.orphans import Orphans
 from conveyor.platform.errors import ConveyorError
+from conveyor.platform.ids import shown_name
 from conveyor.platform.message import Message
 from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, Lane, PrefetchBudget, QueueCache, Route
@@ -666,10 +667,12 @@ class PullingAgent:
                         log.error("handler %s raised %s on message %s of %s: the worker "
                                   "stops at once, without draining; the message comes "
                                   "back as a redelivered one (see max_deliveries)",
-                                  handler.name, repr(exc), msg.id, msg.stream)
+                                  handler.name, repr(exc), shown_name(msg.id),
+                                  msg.stream.shown())
                     else:
                         self.cancelled_itself(exc, f"handler {handler.name}",
-                                              f"on message {msg.id} of {msg.stream}")
+                                              f"on message {shown_name(msg.id)} of "
+                                              f"{msg.stream.shown()}")
                     if entered is not None and scope is not None:  # its span ends as
                         scope.leave(entered)  # the chain's step ends it
                         entered = None
@@ -720,7 +723,8 @@ class PullingAgent:
             return await self.receiver.count_start(msg)
         except ConveyorError as exc:
             log.warning("queue %d: could not count the start of redelivered message %s "
-                        "(%s); counting its deliveries instead", self.queue, msg.id, exc)
+                        "(%s); counting its deliveries instead", self.queue,
+                        shown_name(msg.id), exc)
             return msg
 
     # -- batches (conveyor.platform.batcher) ---------------------------------------------

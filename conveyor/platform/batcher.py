@@ -44,6 +44,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from conveyor.platform.delivery.chain import STOPS
+from conveyor.platform.ids import shown_name
 from conveyor.platform.options import BatchOptions
 from conveyor.platform.queue_cache import Entry, QueueCache, Route
 from conveyor.platform.slots import SlotPermit
@@ -162,11 +163,11 @@ class Batcher:
                 log.error("batch handler %s raised %s on a batch of %d message(s) from %s "
                           "on: the worker stops at once, without draining; the messages "
                           "come back as redelivered ones (see max_deliveries)",
-                          self.handler, repr(exc), len(messages), first.id)
+                          self.handler, repr(exc), len(messages), shown_name(first.id))
             else:
                 agent.cancelled_itself(exc, f"batch handler {self.handler}",
                                        f"on a batch of {len(messages)} message(s) from "
-                                       f"{first.id} on")
+                                       f"{shown_name(first.id)} on")
             permit.release()  # cancelled (or a stop): the batch did not complete
             raise
         finally:

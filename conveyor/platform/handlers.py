@@ -15,7 +15,7 @@ import msgspec.inspect
 
 from conveyor.platform.errors import DecodeError, HandlerDeclarationError
 from conveyor.platform.ids import CONTROL, namespace_refusal, shown_any
-from conveyor.platform.message import CONTENT_JSON, CONTENT_MSGPACK, Message
+from conveyor.platform.message import CONTENT_JSON, CONTENT_MSGPACK, Message, not_utf8
 from conveyor.platform.options import BatchOptions, HandlerOptions, RetryPolicy
 
 OptionT = TypeVar("OptionT", bound=HandlerOptions)
@@ -118,11 +118,14 @@ def _body_decoder(tp: Any, where: str) -> Decode:
             if m.content_type == CONTENT_MSGPACK:
                 return pack_decode(m.body)
             return json_decode(m.body)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-            # RecursionError: msgspec's own, for a body nested past its depth.
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
+                UnicodeDecodeError) as exc:
+            # RecursionError: msgspec's own, for a body nested past its depth;
+            # UnicodeDecodeError: a string of it (its bytes, the position in them).
             why = ("the body is empty" if not m.body  # not "truncated"
                    else "it is nested too deeply" if isinstance(exc, RecursionError)
-                   else str(exc))
+                   else not_utf8("a string in it", exc.object)
+                   if isinstance(exc, UnicodeDecodeError) else str(exc))
             raise DecodeError(f"cannot decode body as {type_name}"
                               f"{_read_as(m.content_type)}: {why}") from None
 

@@ -113,12 +113,14 @@ takes a key of a megabyte, and an error naming it in full was a megabyte long.""
 
 
 def shown_name(text: str, *, quoted: bool = False) -> str:
-    """A namespace or stream key as an error message shows it (``quoted``: as ``repr``):
-    its first :data:`NAME_SHOWN_MAX` characters, then how long it was."""
-    if len(text) <= NAME_SHOWN_MAX:
-        return repr(text) if quoted else text
-    start = text[:NAME_SHOWN_MAX]
-    return f"{repr(start) if quoted else start}… ({len(text):,} characters)"
+    """A namespace, stream key or message id as an error message or a log line shows
+    it (``quoted``: as ``repr``): its first :data:`NAME_SHOWN_MAX` characters, then how
+    long it was; unquoted, escaped as ``repr`` escapes them when it holds what is not
+    printable (a key is any text: a newline, a terminal escape or a U+2028 shown as it
+    is broke the one line into two, the second posing as a line of its own)."""
+    start = text if len(text) <= NAME_SHOWN_MAX else text[:NAME_SHOWN_MAX]
+    shown = repr(start) if quoted else start if start.isprintable() else repr(start)[1:-1]
+    return shown if start is text else f"{shown}… ({len(text):,} characters)"
 
 
 class SequenceToken(msgspec.Struct, frozen=True, order=True, array_like=True):

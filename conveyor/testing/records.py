@@ -105,7 +105,7 @@ def shown(name: str) -> str:
     """A namespace or stream key as a report shows it: as is when printable, else
     escaped (a newline or a terminal escape in a key must not break a line); a long one
     cut short (:func:`~conveyor.platform.ids.shown_name`)."""
-    return shown_name(name if name.isprintable() else repr(name)[1:-1])
+    return shown_name(name)
 
 
 def raw_body(message: Message) -> Any:

@@ -4,6 +4,7 @@ import asyncio
 import math
 import re
 import threading
+import warnings
 
 import msgspec
 import pytest
@@ -275,6 +276,31 @@ async def test_a_sync_client_made_inside_a_running_loop_says_to_await_a_client()
         SyncClient(Config())
 
 
+def test_a_sync_client_called_inside_a_running_loop_refuses_and_stays_usable() -> None:
+    # A SyncClient made at import, then called from an `async def`: each call raised
+    # Runner's "cannot be called from a running event loop" (and a "coroutine was never
+    # awaited" warning); close() marked it closed before failing so, and its connections
+    # were never closed (a later close did nothing). Each says what to do instead, as
+    # the constructor does, and changes nothing.
+    reset_broker("sync-in-loop")
+    sync = SyncClient(msgspec.convert({"memory": {"broker": "sync-in-loop"}}, Config))
+
+    async def inside() -> None:
+        for call in (lambda: sync.publish("a", "k", {}),
+                     lambda: sync.publish_batch([Publish("a", "k", {})]), sync.close):
+            with pytest.raises(InvalidArgumentError, match="an event loop is running here"):
+                call()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no coroutine left unawaited
+        asyncio.run(inside())
+    assert stored(sync._client) == {}
+    sync.publish("a", "k", {"n": 1})
+    assert len(stored(sync._client)) == 1
+    sync.close()
+    assert sync._runner._loop is None  # closed now: its loop, and so its connections
+
+
 LONG = "K" * 1_000_000
 
 
@@ -298,6 +324,26 @@ async def test_a_refusal_of_a_message_with_a_huge_name_is_one_short_line(
         assert len(str(error)) < 400 and "\n" not in str(error), str(error)[:400]
         assert "nothing was sent" in str(error), str(error)[:400]
         assert "characters)" in str(error), str(error)[:400]  # says it was cut
+    assert stored(client) == {}
+
+
+@pytest.mark.parametrize("key", ["a\nERROR forged", "a\r\x1b[31mred", "a\u2028b", "a\x85b"])
+@pytest.mark.parametrize("body", [object(), {"x": math.nan}, "x" * 101, None])
+async def test_a_refusal_naming_a_key_that_breaks_lines_is_one_line(
+    client: Client, key: str, body: object,
+) -> None:
+    # A stream key is any text, a newline too (the client takes it): a refusal named it
+    # as it was, so the one-line error spread over two lines, the second posing as
+    # whatever the key said. It is shown escaped.
+    client.max_body_bytes = 100
+    with pytest.raises(InvalidArgumentError) as single:
+        await client.publish("a", key, body)
+    with pytest.raises(InvalidArgumentError) as batch:
+        await client.publish_batch([Publish("a", key, body)])
+    for error in (single.value, batch.value):
+        text = str(error)
+        assert len(text.splitlines()) == 1 and text.isprintable(), text
+        assert f"stream a/{repr(key)[1:-1]}: " in text, text
     assert stored(client) == {}
 
 

@@ -310,3 +310,22 @@ def test_the_letter_of_a_record_without_a_timestamp_reads_back_as_its_message(
     assert back is not None and not isinstance(back.message, Undecodable), back
     assert (back.message.stream, back.message.id, back.message.body) == (
         StreamId("orders", "o-7"), "m1", b'{"n":1}')
+
+
+def test_a_decoder_remembers_no_stream_whose_key_is_past_any_a_client_sends() -> None:
+    # A foreign record's key is any bytes: a receiver interned each stream it read, key
+    # and all, up to 4,096 of them (twice: by namespace and key, and by key), holding
+    # what a worker had long handled. Such a stream is read as it is, not remembered.
+    decoder = RecordDecoder(0, "default")
+    keys = [b"%03d" % i + b"k" * 100_000 for i in range(50)]
+    records = [_record(_message(id=f"m{i}", stream=StreamId("orders", k.decode())),
+                       [("cv-ns", b"orders"), ("cv-id", f"m{i}".encode())], offset=i)
+               for i, k in enumerate(keys)]
+    read = decoder.decode(records)
+    assert [m.stream.key for m in read] == [k.decode() for k in keys]
+    held = sum(len(k) for _, k in decoder._streams) + sum(len(k) for k in decoder._keys)
+    assert held < 10_000, held
+    short = [_record(_message(id=f"s{i}"), [("cv-ns", b"orders"), ("cv-id", b"s")], i)
+             for i in range(2)]
+    first, again = decoder.decode(short)
+    assert first.stream is again.stream  # a key a client sends: interned

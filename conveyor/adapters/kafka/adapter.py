@@ -133,6 +133,8 @@ class KafkaAdapter(QueueAdapter):
         self.groups = KafkaGroups(cluster, self.handoffs)
         self._publishing = 0
         """enqueue calls under way."""
+        self._quiet: asyncio.Event | None = None
+        """Set when the last enqueue under way ends, once :meth:`close` waits for it."""
         self._retention_warned: set[str] = set()
         """The letter topics' finite retentions logged (:meth:`_warn_of_retention`)."""
         self._abandoned = False
@@ -170,11 +172,17 @@ class KafkaAdapter(QueueAdapter):
             self._group_consumers[group] = consumer
 
     async def close(self) -> None:
-        """Close the dead-letter reader and the cluster's clients. The producer delivers
-        what it holds first, except, when no enqueue is under way, the records of
-        enqueues that were cancelled: nobody waits for those, and against a broker that
-        stopped answering the producer would wait out its request timeout (40 s) for
-        them. They may or may not be stored, as for any cancelled call."""
+        """Close the dead-letter reader and the cluster's clients once the enqueues under
+        way have ended (each within ``publish_timeout_ms``: a producer stopped under
+        them failed those whose records it did not hold yet with ``ProducerClosed``, a
+        client's ``close()`` beside its publishes about half of them). The producer
+        delivers what it holds first, except the records of enqueues that were
+        cancelled: nobody waits for those, and against a broker that stopped answering
+        the producer would wait out its request timeout (40 s) for them. They may or may
+        not be stored, as for any cancelled call."""
+        if self._publishing:
+            self._quiet = asyncio.Event()
+            await self._quiet.wait()
         if self._abandoned and not self._publishing:
             self.cluster.abandon_sends()
         with contextlib.suppress(Exception):
@@ -286,6 +294,8 @@ class KafkaAdapter(QueueAdapter):
         finally:
             deadlines.clear(task)
             self._publishing -= 1
+            if not self._publishing and self._quiet is not None:
+                self._quiet.set()
 
     async def _enqueue(self, producer: AIOKafkaProducer, queue: int,
                        messages: Sequence[Message], sent: list[_Sent],

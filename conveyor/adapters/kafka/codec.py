@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from conveyor.adapters.interning import INTERN_MAX, StreamIds
+from conveyor.adapters.interning import INTERN_MAX, NAMED_MAX, StreamIds
 from conveyor.adapters.kafka.aiokafka_internals import UnreadableRecord
 from conveyor.platform import letters as layout
 from conveyor.platform.errors import DecodeError
@@ -258,9 +258,11 @@ class RecordDecoder:
         keys = self._keys
         sid = keys.get(key)
         if sid is None:
-            if len(keys) >= INTERN_MAX:
-                keys.clear()
-            sid = keys[key] = self._streams[ns, key]
+            sid = self._streams[ns, key]
+            if len(ns) + len(key) <= NAMED_MAX:  # a stream a client can name
+                if len(keys) >= INTERN_MAX:
+                    keys.clear()
+                keys[key] = sid
         return sid
 
     def decode(self, records: Sequence[Any]) -> list[Message]:

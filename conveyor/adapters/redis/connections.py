@@ -376,6 +376,17 @@ def _c_packed(client: aioredis.Redis) -> None:
     pool.connection_class = _C_PACKED.get(pool.connection_class, pool.connection_class)
 
 
+NO_POOL_CAP = 2**31
+"""The connections a client's pool may open (to each node, on a cluster): no cap in
+practice, unless the URL sets ``max_connections``. redis-py caps a pool at 100 when told
+nothing (a cluster node's in every version, one server's in 8.x: 5.x did not) and then
+fails each call past them at once with ``Too many connections``, which reads as a server
+out of reach: a daemon holds one connection per queue it reads (a blocking
+``XREADGROUP``), and a client that does not gather its calls one per ``publish`` in
+flight. Past 100, pulls failed and were retried every ``poll_timeout_ms``, and a daemon
+reading 160 queues stalled."""
+
+
 def connect(cfg: RedisConfig) -> Any:
     """A client for ``[redis]`` of the config (connections are opened lazily): an
     ``aioredis.Redis``, or a :class:`ClusterClient` with ``mode = "cluster"``.
@@ -415,7 +426,8 @@ def connect(cfg: RedisConfig) -> Any:
             return _connect_cluster(url, kwargs)
         if mode == "sentinel":
             return _connect_sentinel(cfg, url, kwargs)
-        client = aioredis.Redis.from_url(url, retry_on_timeout=False, **kwargs)
+        client = aioredis.Redis.from_url(url, retry_on_timeout=False,
+                                         max_connections=NO_POOL_CAP, **kwargs)
     except ValueError as exc:  # redis-py quotes the URL: do not repeat it
         raise ConfigError(f"$.redis.url {redact_url(url)}: {type(exc).__name__}") from None
     _c_packed(client)
@@ -475,10 +487,8 @@ def _connect_cluster(url: str, kwargs: dict[str, Any]) -> ClusterClient:
     if options.pop("connection_class", None) is rconn.SSLConnection:
         options["ssl"] = True
     node_kwargs = {k: v for k, v in options.items() if k not in ("host", "port")}
-    # redis-py caps a cluster node's pool at 100 connections and then fails calls at
-    # once; a daemon holds one per queue it is reading (a blocking XREADGROUP), so the
-    # cap is a standalone pool's: none in practice.
-    client = ClusterClient(**options, node_kwargs=node_kwargs, max_connections=2**31)
+    options.setdefault("max_connections", NO_POOL_CAP)  # the URL's, if it says
+    client = ClusterClient(**options, node_kwargs=node_kwargs)
     # The cluster's node connections pack with hiredis too (ClusterNode reads the class
     # from these keyword arguments when the topology is first read).
     conn_kwargs = client.nodes_manager.connection_kwargs
@@ -510,6 +520,7 @@ def _connect_sentinel(cfg: RedisConfig, url: str, kwargs: dict[str, Any]) -> Sen
     tls = options.pop("connection_class", None) is rconn.SSLConnection
     options["connection_class"] = _C_PACKED[SentinelManagedSSLConnection if tls
                                             else SentinelManagedConnection]
+    options.setdefault("max_connections", NO_POOL_CAP)  # the URL's, if it says
     # The sentinels: same timeouts and TLS as the data nodes, credentials of their own.
     sentinel_kwargs: dict[str, Any] = {
         key: value for key, value in kwargs.items()

@@ -51,6 +51,7 @@ from conveyor.platform.errors import (
     StoreUnfitError,
 )
 from conveyor.platform.handlers import HandlerSpec, MessageContext, body_bytes
+from conveyor.platform.ids import shown_name
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.outage import OutageLog
 from conveyor.platform.throttled_log import ThrottledLog
@@ -121,7 +122,8 @@ class DeadLetterStore:
         self._notes.log(
             logging.WARNING, (letter.handler, letter.error_type),
             "dead-lettering message %s of %s (handler %r) after %d attempt(s): %s",
-            letter.message.id, letter.message.stream, letter.handler, letter.attempts,
+            shown_name(letter.message.id), letter.message.stream.shown(), letter.handler,
+            letter.attempts,
             one_line(letter.reason),
         )
         failures = 0
@@ -143,7 +145,7 @@ class DeadLetterStore:
                         self._notes.log(
                             logging.WARNING, ("shortened", letter.form),
                             "dead letter of message %s not storable in %s form (%s: %s); "
-                            "storing it in %s form", letter.message.id, letter.form,
+                            "storing it in %s form", shown_name(letter.message.id), letter.form,
                             type(exc).__name__, exc, shorter.form,
                         )
                         letter = shorter

@@ -26,6 +26,7 @@ from collections.abc import Awaitable
 from conveyor.platform.delivery.chain import DeliveryStats
 from conveyor.platform.delivery.dead_letter import PutLetter
 from conveyor.platform.errors import InvalidArgumentError
+from conveyor.platform.ids import NAME_SHOWN_MAX, shown_name
 from conveyor.platform.message import DeadLetter, Message, Undecodable
 from conveyor.platform.throttled_log import ThrottledLog
 
@@ -61,15 +62,15 @@ class Orphans:
         if self._dead_letter_unroutable:
             return self._put(DeadLetter.of(
                 msg, "", f"no handler of app {self._app!r} subscribes to namespace "
-                f"{namespace!r}", 0, "Unroutable",
+                f"{shown_name(namespace, quoted=True)}", 0, "Unroutable",
             ))
         self._stats.skipped += 1
         self._skips.note(namespace)
-        self._notes.log(
-            logging.WARNING, namespace,
-            "app %r skips messages of namespace %r: none of its handlers subscribes (another "
+        self._notes.log(  # keyed by a long namespace's start: the key is kept a while
+            logging.WARNING, namespace[:NAME_SHOWN_MAX],
+            "app %r skips messages of namespace %s: none of its handlers subscribes (another "
             "app sharing the queues may; [dead_letters] unroutable = \"dead-letter\" keeps "
-            "them as dead letters instead)", self._app, namespace,
+            "them as dead letters instead)", self._app, shown_name(namespace, quoted=True),
         )
         return None
 
@@ -94,7 +95,7 @@ class _SkipShare:
 
     def note(self, namespace: str) -> None:
         if len(self._namespaces) < 5:
-            self._namespaces.add(namespace)
+            self._namespaces.add(shown_name(namespace))
         if self._stats.skipped < self._check_at:
             return
         now = time.monotonic()

@@ -56,6 +56,9 @@ CASES = [
     Case("attempt-given-twice", (NS, (b"cv-attempt", b"1"), (b"cv-attempt", b"2"))),
     Case("body-not-its-content-type", (NS, (b"content-type", b"application/x-protobuf")),
          body=b"\x08\x96\x01", expect="DecodeError"),
+    Case("string-not-utf8", (NS,), body=b'{"seq": "\xff"}', expect="DecodeError"),
+    Case("msgpack-string-not-utf8", (NS, (b"content-type", b"application/msgpack")),
+         body=b"\x81\xa3seq\xa1\xff", expect="DecodeError"),
 ]
 
 

@@ -172,3 +172,29 @@ async def test_the_apps_topic_stays_in_the_producers_metadata_after_another_topi
         assert [t.queue for t in tokens] == [0]
     finally:
         await adapter.close()
+
+
+async def test_a_close_while_publishes_are_under_way_sends_them_first(
+    tansu: Tansu, topic: str
+) -> None:
+    # Publishes already under way when the client closes (tasks a script left running,
+    # a batch beside them): the producer stopped under them, and about half failed with
+    # "ProducerClosed" (a BrokerError) though close() says it sends what calls left
+    # waiting, as it does on Redis. Each is stored once, and returns its token.
+    client = Client.from_config(kafka_config(tansu.bootstrap, topic, queues={"total": 4}))
+    adapter = client.adapter
+    assert isinstance(adapter, KafkaAdapter)
+    await client.publish("orders", "warm", {"i": -1})  # connected, metadata in
+    singles = [asyncio.create_task(client.publish("orders", f"k{i}", {"i": i}))
+               for i in range(1000)]
+    batch = asyncio.create_task(client.publish_batch(
+        [Publish("orders", f"b{i}", {"i": 1000 + i}) for i in range(2000)]))
+    for _ in range(2):  # two turns: each call is in the adapter (the batch's 4 sends a
+        await asyncio.sleep(0)  # turn after it), none answered yet
+    assert adapter._publishing == 1004
+    await client.close()
+    outcomes = await asyncio.gather(*singles, batch, return_exceptions=True)
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
+    records = await read_all(tansu.bootstrap, topic, 3001, 4)
+    seen = Counter(msgspec.json.decode(r.value)["i"] for r in records)
+    assert seen == Counter(range(-1, 3000))  # each once: no duplicate allowed

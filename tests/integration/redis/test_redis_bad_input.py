@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -50,6 +51,9 @@ CASES = [
     Case("attempt-given-twice", (NS, K, (b"cv-attempt", b"1"), (b"cv-attempt", b"2"))),
     Case("body-not-its-content-type", (NS, K, (b"content-type", b"application/x-protobuf")),
          body=b"\x08\x96\x01", expect="DecodeError"),
+    Case("string-not-utf8", (NS, K), body=b'{"seq": "\xff"}', expect="DecodeError"),
+    Case("msgpack-string-not-utf8", (NS, K, (b"content-type", b"application/msgpack")),
+         body=b"\x81\xa3seq\xa1\xff", expect="DecodeError"),
 ]
 
 
@@ -263,3 +267,87 @@ async def test_a_configured_bound_evicts_the_oldest_letters_and_counts_them(
     evictions = [r for r in caplog.records if "evicted" in r.getMessage()]
     assert 1 <= len(evictions) <= 5  # logged, throttled
     assert len([r for r in caplog.records if r.levelno >= 30]) <= 30
+
+
+HUGE = 1_000_000
+
+
+@pytest.mark.parametrize("unroutable", ["skip", "dead-letter"])
+async def test_a_worker_names_what_a_foreign_entry_says_in_one_short_log_line(
+    redis_server: RedisServer, caplog: Any, unroutable: str,
+) -> None:
+    # A stream key and a cv-id are any text; a namespace is checked by clients, not on
+    # the wire. A foreign entry's, with a line break and a megabyte long, went into the
+    # worker's warnings as written: a line forged after "dead-lettering message", and
+    # lines a megabyte long (the skip warning, the Unroutable reason). Each is handled as
+    # before (good ones once, the bad one dead-lettered byte for byte); only the log
+    # shows them escaped and cut short.
+    from conveyor import WorkerDaemon
+    from tests.bad_input import GOOD, Probe, good_stream_on_queue
+    from tests.conftest import wait_until
+
+    redis_server.client().flushall()
+    caplog.set_level("WARNING", logger="conveyor")
+    config = redis_config(redis_server, dead_letters={"unroutable": unroutable})
+    good = good_stream_on_queue(config.queues.total, 0)
+    key = "k\n2026-11-29 04:00:00 ERROR forged\u2028" + "k" * HUGE
+    ident = "i\r\n2026-11-29 04:00:00 ERROR forged " + "i" * HUGE
+    namespace = "n\u2028forged" + "n" * HUGE
+    foreign = [  # (fields, body): a body that does not decode, a namespace no one takes
+        ([b"cv-ns", GOOD.encode(), b"cv-key", key.encode(), b"cv-id", ident.encode()],
+         b"not json"),
+        ([b"cv-ns", namespace.encode(), b"cv-key", b"k"], b"{}"),
+    ]
+    probe = Probe()
+    daemon = WorkerDaemon(probe.app(), config)
+    client = aioredis.Redis(port=redis_server.port)
+    published: list[tuple[str, int]] = []
+    try:
+        for seq, (fields, body) in enumerate(foreign):
+            await daemon.client.publish(GOOD, good, {"seq": seq})
+            published.append((good, seq))
+            await client.execute_command("XADD", "conveyor:q:0", "*", *fields, "body", body)
+        await daemon.client.publish(GOOD, good, {"seq": 99})
+        published.append((good, 99))
+    finally:
+        await client.aclose()
+    letters_expected = 2 if unroutable == "dead-letter" else 1
+    await daemon.start()
+    try:
+        await wait_until(
+            lambda: len(probe.handled) >= len(published)
+            and daemon.stats.dead_lettered + daemon.stats.skipped >= 2,
+            30, what="the good messages handled, the foreign ones dead-lettered or skipped")
+    finally:
+        await daemon.stop()
+    assert probe.handled == published  # each once, in order
+    assert daemon.stats.dead_lettered == letters_expected
+    assert redis_server.client().xpending("conveyor:q:0", APP)["pending"] == 0
+    letters = {ltr.error_type: ltr for ltr in await _read_letters(config)}
+    decode = letters["DecodeError"].message  # stored as it came
+    assert (decode.stream.key, decode.id) == (key, ident)
+    if unroutable == "dead-letter":
+        assert letters["Unroutable"].message.stream.namespace == namespace
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= 30]
+    for line in warnings:
+        assert len(line.splitlines()) == 1 and line.isprintable(), line[:300]
+        assert len(line) < 2000, line[:300]
+
+    def shown(text: str) -> str:  # its first 100 characters escaped, and its length
+        return f"{repr(text[:100])[1:-1]}… ({len(text):,} characters)"
+
+    lettered = sorted(w for w in warnings if w.startswith("dead-lettering message "))
+    assert f"dead-lettering message {shown(ident)} of good/{shown(key)} (handler " \
+        "'tests.bad_input.Probe.app.<locals>.on_good') after 0 attempt(s): DecodeError: " \
+        "cannot decode body as dict: JSON is malformed: invalid character (byte 4)" in lettered
+    assert shown(key).startswith("k\\n2026-11-29 04:00:00 ERROR forged\\u2028kkk")
+    named = "namespace '" + shown(namespace).replace("…", "'…", 1)  # quoted
+    assert named.startswith("namespace 'n\\u2028forgednnn")
+    if unroutable == "skip":
+        assert len(lettered) == 1
+        assert sum(w.startswith("app 'probe' skips messages of " + named)
+                   for w in warnings) == 1, warnings
+    else:  # the reason names it so too
+        assert len(lettered) == 2
+        assert sum(w.endswith(f"Unroutable: no handler of app 'probe' subscribes to {named}")
+                   for w in lettered) == 1, lettered
