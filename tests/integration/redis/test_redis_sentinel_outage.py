@@ -33,8 +33,10 @@ def test_new_connections_reach_the_last_named_primary_while_no_sentinel_answers(
     servers = fresh_redis_sentinel
     cfg = write_config(tmp_path / "s.toml", "redis:///0", redis={
         "mode": "sentinel", "sentinels": servers.addresses,
-        "sentinel_service": SENTINEL_SERVICE, "min_replicas": 1, "replica_timeout_ms": 500,
-        "retry_max_s": RETRY_MAX_S,
+        "sentinel_service": SENTINEL_SERVICE, "min_replicas": 1,
+        # A replica's acknowledgement takes milliseconds, but on a busy machine once took
+        # more than 500 (the first publish was PublishUncertain): 2 s, as test_redis_replicas.
+        "replica_timeout_ms": 2000, "retry_max_s": RETRY_MAX_S,
     })
     worker = Worker("w0", cfg, tmp_path)
     workers.append(worker)
