@@ -487,3 +487,37 @@ async def test_a_broker_that_does_not_tell_a_letter_topic_s_policy_is_reported_n
     assert problems[0][0].warning.startswith(
         f"kafka: could not read the cleanup.policy of topic {letters!r} "
         "(TopicAuthorizationFailedError: ")
+
+
+async def test_partitions_added_under_a_running_worker_are_logged_at_every_look(
+    tansu: Tansu, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Partitions added to the topic while workers run (``kafka-topics --alter
+    --partitions``): the workers read only ``queues.total`` of them, and the records
+    another producer (one hashing keys over every partition) writes to the new ones were
+    read by no daemon without a word until a worker's next start refused the topic. A
+    running worker looks again every minute (``SERVER_RECHECK_S``) and logs an error.
+    tansu has no CreatePartitions (aiokafka: ``IncompatibleBrokerVersion``), so the topic
+    is deleted and created again with two more: to the check, the same partition count."""
+    config = load_config(config_file(tansu, topic, tmp_path), environ={})
+    adapter = KafkaAdapter(config.kafka, QUEUES)
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    try:
+        await adapter.ensure_topic()
+        with caplog.at_level(logging.WARNING, logger="conveyor.kafka"):
+            await adapter.recheck_server()  # nothing to say while they match
+            assert [r.getMessage() for r in caplog.records] == []
+            await admin.delete_topics([topic])
+            await admin.create_topics([NewTopic(topic, QUEUES + 2, 1)])
+            for _ in range(2):
+                await adapter.recheck_server()
+    finally:
+        await admin.close()
+        await adapter.close()
+    line = (f"kafka topic {topic!r} has {QUEUES + 2} partitions but $.queues.total is "
+            f"{QUEUES}: partitions {QUEUES}-{QUEUES + 1} would never be read; set "
+            f"$.queues.total = {QUEUES + 2} (the topic changed under this running worker, "
+            "which goes on with the partitions it has; a worker started under this config "
+            "refuses the topic)")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("ERROR", line)] * 2
