@@ -204,7 +204,8 @@ class KafkaAdapter(QueueAdapter):
         self._warn_of_retention(risks)
 
     async def recheck_server(self) -> None:
-        """A dead-letter topic compacted since the start: an error logged, the daemon
+        """A dead-letter topic compacted since the start, or partitions added to the
+        queues' topic (or taken away) since: an error logged at every look, the daemon
         goes on (as :meth:`QueueAdapter.recheck_server` says); a retention set since,
         or changed, a warning, once."""
         risks = await self.cluster.letter_topic_risks()
@@ -212,6 +213,15 @@ class KafkaAdapter(QueueAdapter):
             if risk.kind == "compacted":
                 log.error("%s", risk.warning)
         self._warn_of_retention(risks)
+        with kafka_errors("reading the topic"):
+            async with self.cluster.admin() as client:
+                # A topic gone is the receivers' to say (KafkaCluster.topic_gone).
+                found = self.topic in set(await client.list_topics())
+                drift = await self.cluster.partition_drift(client) if found else None
+        if drift is not None:  # records published past queues.total: read by no daemon
+            log.error("%s (the topic changed under this running worker, which goes on "
+                      "with the partitions it has; a worker started under this config "
+                      "refuses the topic)", drift)
 
     def _warn_of_retention(self, risks: Sequence[TopicRisk]) -> None:
         """Log each finite retention of a letter topic once while it stays as it is (not

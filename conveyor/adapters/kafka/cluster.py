@@ -423,20 +423,23 @@ class KafkaCluster:
         existing topic when its partition count is not ``total_queues``: with fewer, the
         ring sends to partitions that do not exist; with more, records there are read by
         no daemon and counted by no lag (docs/kafka.md, "Topic drift")."""
+        if (drift := await self.partition_drift(client)) is not None:
+            raise ConfigError(drift)
+
+    async def partition_drift(self, client: AIOKafkaAdminClient) -> str | None:
+        """Why the existing topic's partition count is not ``total_queues`` (one line,
+        naming both numbers and ``$.queues.total``); None where it is."""
         described = await client.describe_topics([self.topic])
         have = len(described[0]["partitions"])
         if have < self.total_queues:
-            raise ConfigError(
-                f"kafka topic {self.topic!r} has {have} partitions but "
-                f"$.queues.total is {self.total_queues}; add partitions or lower it"
-            )
+            return (f"kafka topic {self.topic!r} has {have} partitions but "
+                    f"$.queues.total is {self.total_queues}; add partitions or lower it")
         if have > self.total_queues:  # records there would never be read
-            raise ConfigError(
-                f"kafka topic {self.topic!r} has {have} partitions but "
-                f"$.queues.total is {self.total_queues}: partitions "
-                f"{self.total_queues}-{have - 1} would never be read; set "
-                f"$.queues.total = {have}"
-            )
+            return (f"kafka topic {self.topic!r} has {have} partitions but "
+                    f"$.queues.total is {self.total_queues}: partitions "
+                    f"{self.total_queues}-{have - 1} would never be read; set "
+                    f"$.queues.total = {have}")
+        return None
 
     async def check_cleanup_policy(self, client: AIOKafkaAdminClient,
                                    topic: str | None = None) -> None:

@@ -222,7 +222,16 @@ class KafkaReceiver(QueueReceiver):
         if not isinstance(fetched[0], Message):  # fetched before the decoder was given
             fetched = self._decoder.decode(fetched)
         out: list[Message] = fetched
-        if (first_fetched := _offset(out[0])) > self._reached:  # once a batch, not a record
+        first_fetched = _offset(out[0])
+        if first_fetched < self._started_at and self._reached == self._started_at:
+            # Nothing read yet, and the fetch came from below the start: the broker
+            # answered the committed offset with OffsetOutOfRange (past the partition's
+            # end: Apache Kafka does; tansu answers with no records, seen below) and
+            # aiokafka reset the position to the log start without a word.
+            high = consumer.highwater(tp)
+            await self._start_past_the_end(consumer, first_fetched if high is None else high)
+            return []  # fetched again from the log start, under the new watermark
+        if first_fetched > self._reached:  # once a batch, not a record
             try:
                 await self._check_gap(consumer, first_fetched)
             except BaseException:  # not handed out: fetched again, and checked again

@@ -487,3 +487,92 @@ async def test_a_broker_that_does_not_tell_a_letter_topic_s_policy_is_reported_n
     assert problems[0][0].warning.startswith(
         f"kafka: could not read the cleanup.policy of topic {letters!r} "
         "(TopicAuthorizationFailedError: ")
+
+
+async def test_partitions_added_under_a_running_worker_are_logged_at_every_look(
+    tansu: Tansu, topic: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Partitions added to the topic while workers run (``kafka-topics --alter
+    --partitions``): the workers read only ``queues.total`` of them, and the records
+    another producer (one hashing keys over every partition) writes to the new ones were
+    read by no daemon without a word until a worker's next start refused the topic. A
+    running worker looks again every minute (``SERVER_RECHECK_S``) and logs an error.
+    tansu has no CreatePartitions (aiokafka: ``IncompatibleBrokerVersion``), so the topic
+    is deleted and created again with two more: to the check, the same partition count."""
+    config = load_config(config_file(tansu, topic, tmp_path), environ={})
+    adapter = KafkaAdapter(config.kafka, QUEUES)
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu.bootstrap)
+    await admin.start()
+    try:
+        await adapter.ensure_topic()
+        with caplog.at_level(logging.WARNING, logger="conveyor.kafka"):
+            await adapter.recheck_server()  # nothing to say while they match
+            assert [r.getMessage() for r in caplog.records] == []
+            await admin.delete_topics([topic])
+            await admin.create_topics([NewTopic(topic, QUEUES + 2, 1)])
+            for _ in range(2):
+                await adapter.recheck_server()
+    finally:
+        await admin.close()
+        await adapter.close()
+    line = (f"kafka topic {topic!r} has {QUEUES + 2} partitions but $.queues.total is "
+            f"{QUEUES}: partitions {QUEUES}-{QUEUES + 1} would never be read; set "
+            f"$.queues.total = {QUEUES + 2} (the topic changed under this running worker, "
+            "which goes on with the partitions it has; a worker started under this config "
+            "refuses the topic)")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("ERROR", line)] * 2
+
+
+async def test_a_stale_commit_reset_by_the_fetch_itself_is_read_from_the_start(
+    tansu: Tansu, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group offset committed past the partition's end (a broker that lost records, a
+    topic re-created) is read from the partition's start when the receiver's first fetch
+    finds the partition ending before it. tansu answers that fetch with no records;
+    Apache Kafka answers OFFSET_OUT_OF_RANGE, and aiokafka then resets the position to
+    the log start (``auto_offset_reset='earliest'``) without a word: the receiver's first
+    records came from below the offset it started at, with its watermark still the stale
+    one, so it handled the partition, committed the stale offset again, and then took
+    the topic for re-created under itself (exit 1; the next worker the same). That reset
+    is made here by seeking back as aiokafka does."""
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "kafka", "total": 1},
+        "kafka": {"bootstrap": tansu.bootstrap, "topic": topic, "idempotence": "off"}})
+    adapter = KafkaAdapter(config.kafka, 1)
+    async with Client.from_config(config) as client:
+        await client.publish_batch([Publish("jobs", "k", {"seq": i}) for i in range(3)])
+    tp = TopicPartition(topic, 0)
+    stale = AIOKafkaConsumer(bootstrap_servers=tansu.bootstrap, group_id="drift",
+                             enable_auto_commit=False)
+    await stale.start()
+    try:
+        stale.assign([tp])
+        await stale.commit({tp: OffsetAndMetadata(1000, "")})
+    finally:
+        await stale.stop()
+    receiver = adapter.create_receiver(0, "drift")
+    got: list[Message] = []
+    try:
+        with caplog.at_level(logging.WARNING, logger="conveyor.kafka"):
+            await receiver.initialize()
+            receiver._consumer.seek(tp, 0)  # type: ignore[attr-defined]  # aiokafka's reset
+            for _ in range(10):
+                batch = await receiver.get_messages(10, 0.3)
+                got += batch
+                if batch:
+                    await receiver.acknowledge([m.token for m in batch if m.token])
+            assert adapter.topic_changed is None, adapter.topic_changed
+            probe = adapter.cluster.new_consumer("drift")
+            await probe.start()
+            try:
+                committed = await fetch_committed(probe, tp)
+            finally:
+                await probe.stop()
+    finally:
+        await receiver.shutdown()
+        await adapter.close()
+    assert [m.token.major for m in got if m.token] == [0, 1, 2]  # each once
+    assert committed is not None and committed[0] == 3
+    said = [r.getMessage() for r in caplog.records]
+    assert [s for s in said if "committed offset 1000 is past the partition's end" in s] == [
+        said[0]], said
