@@ -203,6 +203,48 @@ if best_ms <= 0 and best_seq <= 0 then return 0 end
 return redis.call('XTRIM', KEYS[1], 'MINID', best)
 """
 
+# KEYS: stream. ARGV: group. Entries added after the group's position that are gone
+# before it read them: an XTRIM (MAXLEN, MINID) by another client deletes a prefix of the
+# stream, so once it reaches unread entries the stream holds fewer entries (XLEN) than
+# Redis' lag of the group (entries added minus entries read) says are unread. Conveyor
+# trims nothing unread. Returns how many (0: none, or Redis cannot tell: lag nil after an
+# XDEL ahead of the group; a position at or past the last id, set by a rewind forward),
+# after setting the group's read counter (XGROUP SETID ... ENTRIESREAD, the position
+# unchanged) so that its lag is what is left: each loss is counted once.
+UNREAD_DELETED = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local lag, last = false, false
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, l, d
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1]
+    elseif g[i] == 'lag' then l = g[i + 1]
+    elseif g[i] == 'last-delivered-id' then d = g[i + 1] end
+  end
+  if name == ARGV[1] then lag, last = l, d end
+end
+if not lag then return 0 end
+local held = redis.call('XLEN', KEYS[1])
+if lag <= held then return 0 end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local added, top
+for i = 1, #info, 2 do
+  if info[i] == 'entries-added' then added = info[i + 1]
+  elseif info[i] == 'last-generated-id' then top = info[i + 1] end
+end
+local function parts(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), string.sub(id, dash + 1)
+end
+local lms, lseq = parts(last)
+local tms, tseq = parts(top)
+if lms > tms or (lms == tms and (#lseq > #tseq or (#lseq == #tseq and lseq >= tseq))) then
+  return 0
+end
+redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], last, 'ENTRIESREAD', added - held)
+return lag - held
+"""
+
 # KEYS: stream. ARGV: first id (exclusive), last id (inclusive), at most how many.
 # Counts entries in (first, last] without sending them: {count, id of the last counted}
 # (the id is '' when none). Callers count a long range in bounded steps.
