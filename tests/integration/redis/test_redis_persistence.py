@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
-import conveyor.workers.daemon as daemon_module
-from conveyor import App, load_config
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.platform.config import RedisConfig
-from conveyor.workers.daemon import WorkerDaemon
 from tests.conftest import wait_until, wait_until_sync
-from tests.integration.redis.conftest import Worker, status_json, write_config
+from tests.integration.redis.conftest import (
+    Worker,
+    rechecking_daemon,
+    status_json,
+    write_config,
+)
 from tests.servers import (
     SENTINEL_SERVICE,
     RedisClusterServers,
@@ -208,11 +210,7 @@ async def test_persistence_turned_off_while_the_worker_runs_is_a_warning(
     every queued message, and nothing had said it could. It is read again every
     SERVER_RECHECK_S with the eviction policy, and warned about as at start; once a
     change, and again when it changes back and off once more."""
-    monkeypatch.setattr(daemon_module, "SERVER_RECHECK_S", 0.05)
-    config = load_config(None, environ={}, overrides={
-        "queues": {"adapter": "redis"}, "redis": {"url": redis_server.url},
-        "balancer": {"kind": "static"}})
-    daemon = WorkerDaemon(App("rec"), config)
+    daemon = rechecking_daemon(redis_server.url, monkeypatch)
     admin = redis_server.client()
 
     def warned() -> list[logging.LogRecord]:
