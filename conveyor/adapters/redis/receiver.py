@@ -52,6 +52,9 @@ _ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
 STRAY_SWEEP_S = 5.0
 """How often a lease holder looks for entries pending for another consumer (see the
 module's docstring): one ``XPENDING`` summary a queue."""
+UNREAD_COUNTED = 100
+"""At most this many unread entries are counted by :meth:`RedisReceiver._unread_deleted`
+(each sweep): a longer backlog is looked at once it is shorter."""
 UNCONFIRMED_KEPT = 64
 """Unconfirmed acknowledgement calls remembered for :meth:`RedisReceiver._ack_again`."""
 
@@ -264,8 +267,8 @@ class RedisReceiver(QueueReceiver):
         pending either, so no other check sees them. Looked at with the strays."""
         gone = await self._caller.once(
             f"looking for unread entries deleted from queue {self._queue}",
-            lambda: self._adapter.unread_deleted_script(keys=[self._stream],
-                                                        args=[self._group]))
+            lambda: self._adapter.unread_deleted_script(
+                keys=[self._stream], args=[self._group, UNREAD_COUNTED]))
         if gone:
             log.error("queue %d: %d entr%s of %s not yet read by group %r had been deleted "
                       "by another client (XTRIM) before being read: those messages are lost",

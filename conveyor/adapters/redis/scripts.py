@@ -203,14 +203,17 @@ if best_ms <= 0 and best_seq <= 0 then return 0 end
 return redis.call('XTRIM', KEYS[1], 'MINID', best)
 """
 
-# KEYS: stream. ARGV: group. Entries added after the group's position that are gone
-# before it read them: an XTRIM (MAXLEN, MINID) by another client deletes a prefix of the
-# stream, so once it reaches unread entries the stream holds fewer entries (XLEN) than
-# Redis' lag of the group (entries added minus entries read) says are unread. Conveyor
-# trims nothing unread. Returns how many (0: none, or Redis cannot tell: lag nil after an
-# XDEL ahead of the group; a position at or past the last id, set by a rewind forward),
-# after setting the group's read counter (XGROUP SETID ... ENTRIESREAD, the position
-# unchanged) so that its lag is what is left: each loss is counted once.
+# KEYS: stream. ARGV: group, at most how many entries to count. Entries added after the
+# group's position that are gone before it read them: an XTRIM (MAXLEN, MINID) by
+# another client deletes a prefix of the stream, and once it reaches unread entries,
+# Redis' lag of the group (entries added minus entries read) stays above the entries
+# the stream holds after the group's position, for good. Conveyor trims nothing unread.
+# Counted (XRANGE) only up to ARGV[2] entries, so a long backlog costs nothing: it is
+# counted once it is shorter. Returns how many are gone (0: none, or not known now: a
+# backlog longer than that; lag nil after an XDEL ahead of the group; a position past
+# the last id, set by a rewind forward), after setting the group's read counter
+# (XGROUP SETID ... ENTRIESREAD, the position unchanged) so that its lag is what is
+# left: each loss is counted once.
 UNREAD_DELETED = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local lag, last = false, false
@@ -223,9 +226,10 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   end
   if name == ARGV[1] then lag, last = l, d end
 end
-if not lag then return 0 end
-local held = redis.call('XLEN', KEYS[1])
-if lag <= held then return 0 end
+if not lag or lag == 0 then return 0 end
+local cap = tonumber(ARGV[2])
+local unread = #redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', cap)
+if unread >= lag or unread == cap then return 0 end
 local info = redis.call('XINFO', 'STREAM', KEYS[1])
 local added, top
 for i = 1, #info, 2 do
@@ -238,11 +242,11 @@ local function parts(id)
 end
 local lms, lseq = parts(last)
 local tms, tseq = parts(top)
-if lms > tms or (lms == tms and (#lseq > #tseq or (#lseq == #tseq and lseq >= tseq))) then
+if lms > tms or (lms == tms and (#lseq > #tseq or (#lseq == #tseq and lseq > tseq))) then
   return 0
 end
-redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], last, 'ENTRIESREAD', added - held)
-return lag - held
+redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], last, 'ENTRIESREAD', added - unread)
+return lag - unread
 """
 
 # KEYS: stream. ARGV: first id (exclusive), last id (inclusive), at most how many.

@@ -281,11 +281,12 @@ async def test_unread_entries_another_client_trimmed_are_reported_lost_once(
     without a word (Redis' lag of the group even kept counting them). The owner's sweep
     compares Redis' lag with what the stream holds: an error names how many were lost,
     once, and the group's lag is set right."""
-    monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.0)  # look at every read
+    monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 1000.0)  # no look until asked
     adapter = shop.adapter
     client = Client(adapter, HashRingQueueMapper(1))
     stream = Keys("t").queue(0)
     owner = await shop.leased(0, "owner", 30)
+    owner._next_sweep = 1e18
     for i in range(3):
         await client.publish("n", "k", {"i": i})
     read = await owner.get_messages(10, 0.1)
@@ -296,9 +297,16 @@ async def test_unread_entries_another_client_trimmed_are_reported_lost_once(
     caplog.set_level(logging.ERROR, logger="conveyor.redis")
     # Keeps the last two: deletes the three handled and three (3, 4, 5) never read.
     assert await adapter.redis.xtrim(stream, maxlen=2, approximate=False) == 6
+    # Read and handled before the owner looks (it looks every 5 s): the stream holds
+    # as many entries again as were lost, all read.
+    for i in range(8, 12):
+        await client.publish("n", "k", {"i": i})
     got = await owner.get_messages(10, 0.1)
-    assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in (6, 7)]
+    assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in (6, 7, 8, 9, 10, 11)]
     await owner.acknowledge([m.token for m in got if m.token is not None])
+    monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.0)  # a look at every read
+    owner._next_sweep = 0.0
+    assert await owner.get_messages(10, 0.1) == []
     assert await owner.get_messages(10, 0.1) == []  # another look: nothing said twice
     lost = [r.getMessage() for r in caplog.records if "messages are lost" in r.getMessage()]
     assert lost == [
