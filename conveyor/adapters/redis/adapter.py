@@ -178,6 +178,7 @@ class RedisAdapter(QueueAdapter):
         self.ack_fenced_script = self.redis.register_script(lua.ACK_FENCED)
         self.claim_script = self.redis.register_script(lua.CLAIM_ALL)
         self.strays_script = self.redis.register_script(lua.STRAYS)
+        self.unread_deleted_script = self.redis.register_script(lua.UNREAD_DELETED)
         self.hand_back_script = self.redis.register_script(lua.HAND_BACK)
         self.trim_script = self.redis.register_script(lua.TRIM_ACKED)
         self.count_script = self.redis.register_script(lua.COUNT_RANGE)
@@ -225,8 +226,10 @@ class RedisAdapter(QueueAdapter):
                     names)
 
     async def recheck_server(self) -> None:
-        """The eviction policy, again (:meth:`EvictionGuard.recheck`)."""
+        """The eviction policy and the persistence, again (:meth:`EvictionGuard.recheck`,
+        :meth:`PersistenceReader.recheck`)."""
         await self.eviction.recheck()
+        await self.persistence_reader.recheck()
 
     async def entries_beyond(self, total: int) -> dict[int, int]:
         """Entries in each queue stream from ``total`` to the largest any config may have
@@ -275,15 +278,20 @@ class RedisAdapter(QueueAdapter):
     async def persistence(self) -> str | None:
         return await self.persistence_reader.summary()
 
-    async def ensure_group(self, queue: int, group: str) -> None:
+    async def ensure_group(self, queue: int, group: str, *, again: bool = False) -> None:
         """Create ``group`` on the queue's stream where ``[queues] new_group_start`` says:
-        at its start (every retained entry) or its end (what is added from now on)."""
+        at its start (every retained entry) or its end (what is added from now on).
+        ``again``: the group existed and was deleted under its reader (``NOGROUP``), so
+        the app is not new: at the start whatever the setting, since its end would skip
+        what was published and not yet read (and after a ``DEL``, what was published
+        since)."""
         stream = self.keys.queue(queue)
+        start = "0" if again else self.new_group_id
 
         async def create() -> None:
             try:
                 await self.redis.xgroup_create(stream, check_name(group, "app name"),
-                                               self.new_group_id, mkstream=True)
+                                               start, mkstream=True)
             except rex.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise

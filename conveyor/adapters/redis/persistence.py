@@ -101,13 +101,28 @@ class PersistenceReader:
 
     def __init__(self, caller: Caller) -> None:
         self._caller = caller
+        self._last: dict[str, str] = {}
+        """Each server's reading when last read by :meth:`report` or :meth:`recheck`."""
 
     async def read(self, *, retry: bool = True) -> dict[str, str]:
         return await per_server(self._caller, "reading the persistence settings",
                                 _persistence, retry=retry)
 
     async def report(self) -> None:
-        report_persistence(await self.read(retry=False))
+        readings = await self.read(retry=False)
+        self._last.update(readings)
+        report_persistence(readings)
+
+    async def recheck(self) -> None:
+        """Report a server whose reading changed since the last one (``CONFIG SET
+        appendonly no`` and ``save ""`` while the daemon runs), or not read before (a
+        primary new after a failover), as :meth:`report` does at start: one that keeps
+        nothing is a warning again."""
+        readings = await self.read(retry=False)
+        changed = {s: r for s, r in readings.items() if self._last.get(s) != r}
+        self._last.update(readings)
+        _REPORTED.difference_update(changed.items())
+        report_persistence(changed)
 
     async def summary(self) -> str:
         return summary(await self.read())

@@ -52,6 +52,9 @@ _ACK_CHUNK = 4000  # ids per script call (Lua's unpack limit is ~8000)
 STRAY_SWEEP_S = 5.0
 """How often a lease holder looks for entries pending for another consumer (see the
 module's docstring): one ``XPENDING`` summary a queue."""
+UNREAD_COUNTED = 100
+"""At most this many unread entries are counted by :meth:`RedisReceiver._unread_deleted`
+(each sweep): a longer backlog is looked at once it is shorter."""
 UNCONFIRMED_KEPT = 64
 """Unconfirmed acknowledgement calls remembered for :meth:`RedisReceiver._ack_again`."""
 
@@ -67,6 +70,7 @@ RedisAdapter` is one): the connection, the key layout, the scripts, the replica 
     keys: Keys
     claim_script: Any
     strays_script: Any
+    unread_deleted_script: Any
     hand_back_script: Any
     ack_script: Any
     ack_fenced_script: Any
@@ -76,7 +80,7 @@ RedisAdapter` is one): the connection, the key layout, the scripts, the replica 
     replica_timeout_ms: int
     replica_log: ThrottledLog
 
-    async def ensure_group(self, queue: int, group: str) -> None: ...
+    async def ensure_group(self, queue: int, group: str, *, again: bool = False) -> None: ...
 
     async def lag(self, queue: int, group: str) -> int: ...
 
@@ -205,9 +209,7 @@ class RedisReceiver(QueueReceiver):
                 return []
             if "NOGROUP" in str(exc):  # the stream or group was deleted: recreate, go on
                 await self._lease_held()  # unless the lease went with it (an empty restart)
-                log.info("queue %d: %s or its group %r was deleted (NOGROUP); creating the "
-                         "group again", self._queue, self._stream, self._group)
-                await self._adapter.ensure_group(self._queue, self._group)
+                await self._group_again()
                 return []
             raise
         if not reply:
@@ -233,6 +235,23 @@ class RedisReceiver(QueueReceiver):
                 await self.acknowledge(gone)
         return out
 
+    async def _group_again(self) -> None:
+        """Create the group deleted under this receiver (``XGROUP DESTROY``, the stream's
+        ``DEL``) again, at the stream's start: its position is gone with it, and every
+        entry the stream still holds may be one not handled yet. Those it had handled
+        run again; said so when there are any."""
+        await self._adapter.ensure_group(self._queue, self._group, again=True)
+        held = await self._caller.once(f"reading the length of queue {self._queue}",
+                                       lambda: self._redis.xlen(self._stream))
+        if not held:
+            log.info("queue %d: %s or its group %r was deleted (NOGROUP); creating the "
+                     "group again", self._queue, self._stream, self._group)
+            return
+        log.warning("queue %d: %s or its group %r was deleted (NOGROUP); creating the "
+                    "group again at the stream's start, so its position is lost: the %d "
+                    "entries the stream holds are delivered, those handled already a "
+                    "second time", self._queue, self._stream, self._group, held)
+
     def _lost(self, count: int, whose: str) -> None:
         """Say that ``count`` pending entries were gone from the stream: messages read,
         not acknowledged, then deleted by another client (``XDEL``, an ``XTRIM``; Conveyor
@@ -242,12 +261,27 @@ class RedisReceiver(QueueReceiver):
                   "client (XDEL or XTRIM) before being handled: those messages are lost",
                   self._queue, count, "y" if count == 1 else "ies", whose, self._stream)
 
+    async def _unread_deleted(self) -> None:
+        """Say how many entries another client deleted before this group read them (an
+        ``XTRIM`` past its position: ``UNREAD_DELETED``): lost, never delivered, and not
+        pending either, so no other check sees them. Looked at with the strays."""
+        gone = await self._caller.once(
+            f"looking for unread entries deleted from queue {self._queue}",
+            lambda: self._adapter.unread_deleted_script(
+                keys=[self._stream], args=[self._group, UNREAD_COUNTED]))
+        if gone:
+            log.error("queue %d: %d entr%s of %s not yet read by group %r had been deleted "
+                      "by another client (XTRIM) before being read: those messages are lost",
+                      self._queue, gone, "y" if gone == 1 else "ies", self._stream,
+                      self._group)
+
     async def _strays(self, max_count: int) -> list[Message]:
         """Entries pending for other consumers than this lease holder (``STRAYS``), as
         messages delivered once more than Redis counts, oldest first; not claimed, so a
         lost reply strands nothing. Looked for again at once while some are left."""
         # Looked for again a while later whatever happens: a failed look delays no read.
         self._next_sweep = time.monotonic() + STRAY_SWEEP_S
+        await self._unread_deleted()
         reply = await self._caller.once(
             f"looking for stray entries on queue {self._queue}",
             lambda: self._adapter.strays_script(

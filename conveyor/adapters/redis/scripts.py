@@ -203,6 +203,52 @@ if best_ms <= 0 and best_seq <= 0 then return 0 end
 return redis.call('XTRIM', KEYS[1], 'MINID', best)
 """
 
+# KEYS: stream. ARGV: group, at most how many entries to count. Entries added after the
+# group's position that are gone before it read them: an XTRIM (MAXLEN, MINID) by
+# another client deletes a prefix of the stream, and once it reaches unread entries,
+# Redis' lag of the group (entries added minus entries read) stays above the entries
+# the stream holds after the group's position, for good. Conveyor trims nothing unread.
+# Counted (XRANGE) only up to ARGV[2] entries, so a long backlog costs nothing: it is
+# counted once it is shorter. Returns how many are gone (0: none, or not known now: a
+# backlog longer than that; lag nil after an XDEL ahead of the group; a position past
+# the last id, set by a rewind forward), after setting the group's read counter
+# (XGROUP SETID ... ENTRIESREAD, the position unchanged) so that its lag is what is
+# left: each loss is counted once.
+UNREAD_DELETED = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local lag, last = false, false
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, l, d
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1]
+    elseif g[i] == 'lag' then l = g[i + 1]
+    elseif g[i] == 'last-delivered-id' then d = g[i + 1] end
+  end
+  if name == ARGV[1] then lag, last = l, d end
+end
+if not lag or lag == 0 then return 0 end
+local cap = tonumber(ARGV[2])
+local unread = #redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', cap)
+if unread >= lag or unread == cap then return 0 end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local added, top
+for i = 1, #info, 2 do
+  if info[i] == 'entries-added' then added = info[i + 1]
+  elseif info[i] == 'last-generated-id' then top = info[i + 1] end
+end
+local function parts(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), string.sub(id, dash + 1)
+end
+local lms, lseq = parts(last)
+local tms, tseq = parts(top)
+if lms > tms or (lms == tms and (#lseq > #tseq or (#lseq == #tseq and lseq > tseq))) then
+  return 0
+end
+redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], last, 'ENTRIESREAD', added - unread)
+return lag - unread
+"""
+
 # KEYS: stream. ARGV: first id (exclusive), last id (inclusive), at most how many.
 # Counts entries in (first, last] without sending them: {count, id of the last counted}
 # (the id is '' when none). Callers count a long range in bounded steps.

@@ -89,7 +89,8 @@ waits for the broker's first answer after this, too (Kafka: ``FIRST_ANSWER_S``).
 
 SERVER_RECHECK_S = 60.0
 """How often a running daemon looks again at the broker settings it checked at start
-(:meth:`QueueAdapter.recheck_server`: Redis' eviction policy, changed meanwhile)."""
+(:meth:`QueueAdapter.recheck_server`: Redis' eviction policy and persistence, changed
+meanwhile)."""
 
 
 class WorkerDaemon:

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import conveyor.workers.daemon as daemon_module
+from conveyor import App, load_config
+from conveyor.workers.daemon import WorkerDaemon
 from tests.config_files import write_toml
 from tests.servers import RedisServer as RedisServer  # re-exported for the tests here
 
@@ -88,6 +91,16 @@ class Worker:
             self.proc.kill()
             self.proc.wait()
         self._err.close()
+
+
+def rechecking_daemon(url: str, monkeypatch: pytest.MonkeyPatch) -> WorkerDaemon:
+    """An in-process daemon of app ``rec`` on ``url`` (static balancer) that looks at the
+    server's settings again every 0.05 s instead of every SERVER_RECHECK_S."""
+    monkeypatch.setattr(daemon_module, "SERVER_RECHECK_S", 0.05)
+    config = load_config(None, environ={}, overrides={
+        "queues": {"adapter": "redis"}, "redis": {"url": url},
+        "balancer": {"kind": "static"}})
+    return WorkerDaemon(App("rec"), config)
 
 
 @pytest.fixture

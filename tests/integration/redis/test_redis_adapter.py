@@ -273,6 +273,49 @@ async def test_pending_entries_another_client_deleted_are_reported_lost(
     assert (await adapter.redis.xpending(stream, "shop"))["pending"] == 0
 
 
+async def test_unread_entries_another_client_trimmed_are_reported_lost_once(
+    shop: Shop, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ``XTRIM`` by another client that reaches entries the group has not read yet:
+    they were never delivered, so no pending list names them, and the worker ran on
+    without a word (Redis' lag of the group even kept counting them). The owner's sweep
+    compares Redis' lag with what the stream holds: an error names how many were lost,
+    once, and the group's lag is set right."""
+    monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 1000.0)  # no look until asked
+    adapter = shop.adapter
+    client = Client(adapter, HashRingQueueMapper(1))
+    stream = Keys("t").queue(0)
+    owner = await shop.leased(0, "owner", 30)
+    owner._next_sweep = 1e18
+    for i in range(3):
+        await client.publish("n", "k", {"i": i})
+    read = await owner.get_messages(10, 0.1)
+    assert len(read) == 3
+    await owner.acknowledge([m.token for m in read if m.token is not None])
+    for i in range(3, 8):
+        await client.publish("n", "k", {"i": i})
+    caplog.set_level(logging.ERROR, logger="conveyor.redis")
+    # Keeps the last two: deletes the three handled and three (3, 4, 5) never read.
+    assert await adapter.redis.xtrim(stream, maxlen=2, approximate=False) == 6
+    # Read and handled before the owner looks (it looks every 5 s): the stream holds
+    # as many entries again as were lost, all read.
+    for i in range(8, 12):
+        await client.publish("n", "k", {"i": i})
+    got = await owner.get_messages(10, 0.1)
+    assert [m.body for m in got] == [f'{{"i":{i}}}'.encode() for i in (6, 7, 8, 9, 10, 11)]
+    await owner.acknowledge([m.token for m in got if m.token is not None])
+    monkeypatch.setattr(receiver_module, "STRAY_SWEEP_S", 0.0)  # a look at every read
+    owner._next_sweep = 0.0
+    assert await owner.get_messages(10, 0.1) == []
+    assert await owner.get_messages(10, 0.1) == []  # another look: nothing said twice
+    lost = [r.getMessage() for r in caplog.records if "messages are lost" in r.getMessage()]
+    assert lost == [
+        f"queue 0: 3 entries of {stream} not yet read by group 'shop' had been deleted by "
+        "another client (XTRIM) before being read: those messages are lost"]
+    [group] = await adapter.redis.xinfo_groups(stream)
+    assert group["lag"] == 0 and group["pending"] == 0
+
+
 async def test_unstarted_messages_handed_back_count_as_first_deliveries_under_the_fence(
     shop: Shop,
 ) -> None:

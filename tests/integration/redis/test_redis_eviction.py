@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import conveyor.workers.daemon as daemon_module
 from conveyor import App, Client, ConfigError, load_config
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.platform.config import RedisConfig
@@ -26,6 +25,7 @@ from tests.integration.redis.conftest import (
     REPO,
     Worker,
     read_records,
+    rechecking_daemon,
     status_json,
     write_config,
 )
@@ -235,11 +235,7 @@ async def test_a_policy_changed_while_the_worker_runs_is_logged_as_an_error(
     """Checked at start only, a policy set to evict afterwards went unsaid while the
     worker ran: it is looked at again every SERVER_RECHECK_S, and logged (once per
     change; the daemon runs on)."""
-    monkeypatch.setattr(daemon_module, "SERVER_RECHECK_S", 0.05)
-    config = load_config(None, environ={}, overrides={
-        "queues": {"adapter": "redis"}, "redis": {"url": redis_server.url},
-        "balancer": {"kind": "static"}})
-    daemon = WorkerDaemon(App("rec"), config)
+    daemon = rechecking_daemon(redis_server.url, monkeypatch)
     admin = redis_server.client()
     try:
         await daemon.start()

@@ -9,6 +9,7 @@ Sentinel: the primary it names.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,13 @@ import pytest
 
 from conveyor.adapters.redis import RedisAdapter
 from conveyor.platform.config import RedisConfig
-from tests.conftest import wait_until_sync
-from tests.integration.redis.conftest import Worker, status_json, write_config
+from tests.conftest import wait_until, wait_until_sync
+from tests.integration.redis.conftest import (
+    Worker,
+    rechecking_daemon,
+    status_json,
+    write_config,
+)
 from tests.servers import (
     SENTINEL_SERVICE,
     RedisClusterServers,
@@ -193,3 +199,39 @@ async def test_a_process_says_it_once_for_daemon_after_daemon_on_one_server(
                 await adapter.close()
     said = [r.getMessage() for r in caplog.records if "keeps no data" in r.getMessage()]
     assert len(said) == 1 and bare_redis.url in said[0], said
+
+
+async def test_persistence_turned_off_while_the_worker_runs_is_a_warning(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read at start only, a server switched to keep nothing afterwards (``CONFIG SET
+    appendonly no``, ``save ""``) went unsaid while the worker ran: a restart then lost
+    every queued message, and nothing had said it could. It is read again every
+    SERVER_RECHECK_S with the eviction policy, and warned about as at start; once a
+    change, and again when it changes back and off once more."""
+    daemon = rechecking_daemon(redis_server.url, monkeypatch)
+    admin = redis_server.client()
+
+    def warned() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if NO_PERSISTENCE in r.getMessage()]
+
+    try:
+        await daemon.start()
+        assert not warned()  # AOF at start: nothing said
+        admin.config_set("appendonly", "no")
+        admin.config_set("save", "")
+        await wait_until(lambda: len(warned()) == 1, 10, what="the change warned about")
+        [said] = warned()
+        assert said.levelname == "WARNING" and daemon.failure is None
+        assert f"redis at {redis_server.url} keeps no data across a restart" in \
+            said.getMessage()
+        await asyncio.sleep(0.3)  # several looks more: said once
+        assert len(warned()) == 1
+        admin.config_set("appendonly", "yes")
+        await asyncio.sleep(0.3)
+        admin.config_set("appendonly", "no")
+        await wait_until(lambda: len(warned()) == 2, 10, what="the second change warned about")
+    finally:
+        admin.config_set("appendonly", "yes")
+        await daemon.stop()
