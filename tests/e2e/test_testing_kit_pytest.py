@@ -304,15 +304,15 @@ def test_a_failed_tests_fixture_only_stops_its_worker(tmp_path: Path) -> None:
     """docs/testing.md: a block that ends in an exception is only stopped, the test's own
     error is the one to see. The fixture's block never saw the test's error: it settled
     and checked at the teardown, so a failed test had a second error there (the dead
-    letter it left) or, a handler stuck, waited settle_timeout_s (10 s) for NotSettled."""
-    began = time.monotonic()
+    letter it left) or, a handler stuck, waited settle_timeout_s (10 s) for NotSettled:
+    neither error is in the output. (Not timed: the session alone takes 4-8 s on this
+    machine, too close to the 10 s to tell them apart.)"""
     ran = users_ini_pytest(tmp_path, {"test_failing.py": FAILING_TESTS})
     out = ran.stdout
     assert ran.returncode == 1, out + ran.stderr
     assert re.search(r"\b2 failed, 1 passed in ", out), out
     assert "ERROR" not in out and "DeadLettersFound" not in out and "NotSettled" not in out
     assert out.count("the test's own failure") >= 2, out
-    assert time.monotonic() - began < 8, out  # not the settle's 10 s
 
 
 def test_the_testing_pages_example_passes_in_a_project_of_its_own_with_the_pages_settings(
