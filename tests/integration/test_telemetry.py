@@ -226,9 +226,10 @@ async def test_back_to_back_calls_are_each_timed_on_their_own() -> None:
     # Timed from its run's start, the k-th call of a run of about ten would read k x 0.1
     # ms: half of them over the first bucket's 0.5 ms. Timed on its own, a call stays in
     # it unless the machine preempts it mid-call (a loaded VM's 4 ms, once, put the sum
-    # past any bound on it): a tenth of the calls is left for that.
+    # past any bound on it; a CI run under load put 7 of 60 past it): a quarter of the
+    # calls is left for that, still well clear of the half a run-timed lane would show.
     assert point.explicit_bounds[0] == 0.0005
-    assert point.bucket_counts[0] >= 0.9 * n, (point.bucket_counts, point.sum, point.max)
+    assert point.bucket_counts[0] >= 0.75 * n, (point.bucket_counts, point.sum, point.max)
 
 
 async def test_slots_cache_fill_and_lag_gauges_follow_a_held_workload() -> None:
