@@ -252,7 +252,7 @@ async def test_a_daemons_stop_during_its_start_ends_the_start(
     starting = asyncio.ensure_future(daemon.start())
     await wait_until(lambda: "unreachable" in caplog.text, what="the start's Redis retries")
     assert not starting.done() and daemon.readiness() == "starting"
-    report = await asyncio.wait_for(daemon.stop(), 5)
+    report = await asyncio.wait_for(daemon.stop(), 15)  # 5 s once ran out at load 9
     assert starting.done()
     with pytest.raises(ShutdownError) as stopped:
         starting.result()
