@@ -793,7 +793,7 @@ def _secrets(raw: dict[str, Any], environ: Mapping[str, str]) -> set[str]:
     return names
 
 
-def _blame(message: str, source: str, applied: Mapping[str, str]) -> str:
+def blame(message: str, source: str, applied: Mapping[str, str]) -> str:
     """Who set what ``message`` is about: the variable (or option) that set its field or
     a section above it, else ``source``. A check across fields (``$.a.b: ...``) also
     names every variable applied, any of which may have taken part."""
@@ -846,7 +846,7 @@ def _convert(raw: dict[str, Any], source: str, applied: Mapping[str, str]) -> Co
         return config.validate()
     except (msgspec.ValidationError, ConfigError) as exc:
         message = _with_suggestion(str(exc))
-        raise ConfigError(f"{_blame(message, source, applied)}: {message}") from None
+        raise ConfigError(f"{blame(message, source, applied)}: {message}") from None
     except RecursionError:
         raise ConfigError(f"{source}: a value is nested too deeply for any config field") from None
 
@@ -956,15 +956,17 @@ def parse_config(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    applied: dict[str, str] | None = None,
 ) -> Config:
     """:func:`load_config` of a file's bytes (:func:`read_config_file`; None: no file),
-    ``source`` naming it in errors."""
+    ``source`` naming it in errors. ``applied`` receives who set which field, as
+    :func:`apply_env`'s does, for :func:`blame` to name them in later errors."""
     raw: dict[str, Any] = {}
     if text is not None:
         raw = decode_config_file(text, source)
         _refuse_quoted_scalars(raw, source)
     env = os.environ if environ is None else environ
-    applied: dict[str, str] = {}
+    applied = {} if applied is None else applied
     raw = apply_env(raw, env, skip=_secrets(raw, env), applied=applied)
     for section, values in (overrides or {}).items():
         _table(raw, section, f"{source}: $.{section}").update(values)
