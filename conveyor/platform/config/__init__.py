@@ -837,8 +837,42 @@ def _out_of_range(value: Any, path: str) -> str | None:
     return None
 
 
+def _fraction(value: Any, t: msgspec.inspect.Type, path: str) -> str | None:
+    """The first number of ``value`` written with a fraction or an exponent where type
+    ``t`` has a whole number (``total = 8.0``; ``8e0`` from the environment), as a
+    validation message: the final conversion is lax (environment values are text) and
+    read 8.0 as 8 without a word, while it refused 8.5."""
+    if isinstance(t, msgspec.inspect.UnionType):  # `int | None`
+        kinds = [k for k in t.types if not isinstance(k, msgspec.inspect.NoneType)]
+        t = kinds[0] if len(kinds) == 1 else t
+    if isinstance(t, msgspec.inspect.StructType) and isinstance(value, dict):
+        fields = {f.encode_name: f.type for f in t.fields}
+        found = (_fraction(v, fields[k], f"{path}.{k}") for k, v in value.items()
+                 if k in fields)
+    elif isinstance(t, msgspec.inspect.DictType) and isinstance(value, dict):
+        found = (_fraction(v, t.value_type, f"{path}.{k}") for k, v in value.items())
+    elif isinstance(t, msgspec.inspect.ListType) and isinstance(value, list):
+        found = (_fraction(v, t.item_type, f"{path}[{i}]") for i, v in enumerate(value))
+    elif isinstance(t, msgspec.inspect.IntType):
+        number = value
+        if isinstance(value, str):  # environment text, read as JSON reads it
+            try:
+                number = msgspec.json.decode(value)
+            except msgspec.DecodeError:
+                return None  # not a number: the conversion says so
+        if isinstance(number, float):
+            return f"Expected a whole number, got {value} - at `{path}`"
+        return None
+    else:
+        return None
+    return next((message for message in found if message), None)
+
+
 def _convert(raw: dict[str, Any], source: str, applied: Mapping[str, str]) -> Config:
     try:
+        fraction = _fraction(raw, _root(), "$")
+        if fraction is not None:
+            raise ConfigError(fraction)
         config = msgspec.convert(raw, Config, strict=False)
         huge = _out_of_range(config, "$")
         if huge is not None:
