@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -78,7 +79,10 @@ class HttpEndpoint:
         try:
             self._server = await asyncio.start_server(self._serve, self.host, self.port)
         except OSError as exc:
-            raise ListenError(f"{self.host}:{self.port}", exc.strerror or str(exc)) from None
+            # asyncio's own text repeats the address: "error while attempting to bind
+            # on address ('127.0.0.1', 9464): address already in use".
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ListenError(f"{self.host}:{self.port}", reason) from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("metrics and probes on http://%s:%d (/metrics, /healthz, /readyz)",
                  self.host, self.port)

@@ -167,7 +167,8 @@ def test_a_port_that_cannot_be_bound_exits_2_with_one_line_naming_where_it_was_g
                                "$.http.port: ",
         "config file": f"config: {config}: $.http.port: ",
     }[given]
-    assert line.startswith(f"conveyor: error: {where}cannot listen on 127.0.0.1:{port}"), line
+    assert line.startswith(f"conveyor: error: {where}cannot listen on 127.0.0.1:{port} "
+                           "(Address already in use); choose another port"), line
     assert "daemon" not in result.stderr  # it failed before the daemon started
 
 
