@@ -305,6 +305,9 @@ class MemoryDeadLetters(DeadLetters):
         kept = self._broker.dead_letters.get(group, [])
         return kept[-1].id if kept else None
 
+    def check_id(self, letter_id: str) -> None:
+        _letter_number(letter_id)
+
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
         _letter_number(letter_id)
         return next((s for s in self._broker.dead_letters.get(group, []) if s.id == letter_id),

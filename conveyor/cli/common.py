@@ -222,16 +222,23 @@ def load_config_or_exit(path: Path | None,
 
 
 def read_config_or_exit(path: Path | None, overrides: dict[str, dict[str, Any]] | None = None,
+                        applied: dict[str, str] | None = None,
                         ) -> tuple[Config, bytes | None]:
     """:func:`load_config_or_exit`, and the file's bytes as read (None: no file), for
     processes this one starts: a file given as ``<(command)`` is a pipe, which they could
-    neither open (its descriptor is this process's) nor read again."""
+    neither open (its descriptor is this process's) nor read again. ``applied``: as
+    :func:`parse_config`'s."""
     try:
         text = None if path is None else read_config_file(path)
-        source = "defaults" if path is None else str(path)
-        return parse_config(text, source, overrides=overrides), text
+        return parse_config(text, config_source(path), overrides=overrides,
+                            applied=applied), text
     except ConfigError as exc:
         fail(exc)
+
+
+def config_source(path: Path | None) -> str:
+    """How config errors name where the config came from."""
+    return "defaults" if path is None else str(path)
 
 
 def fail(exc: ConveyorError) -> NoReturn:

@@ -64,6 +64,9 @@ MEMORY_REFUSED = (
     "configs/redis.toml), or read them in-process with adapter.dead_letters.page()"
 )
 
+ID_REFUSED = "--id: {}; nothing was done"
+"""A malformed ``--id`` of replay or purge, refused."""
+
 
 def _options(fn: Callable[..., None]) -> Callable[..., None]:
     """--config and --app, as every other command that reads an app's state has them."""
@@ -97,14 +100,22 @@ def _load(config_path: Path | None) -> Config:
     return config
 
 
-def _run(config: Config, group: str, work: Callable[[QueueAdapter], Awaitable[T]]) -> T:
+def _run(config: Config, group: str, work: Callable[[QueueAdapter], Awaitable[T]],
+         ids: tuple[str, ...] = (), refused: str = "ID: {}") -> T:
     """Run ``work(adapter)`` on a fresh adapter, after a warning for each fault of the
     app's dead-letter store (a Redis key of another type, a compacted Kafka topic: the
-    command goes on, reading it as empty or as it is); bad input exits 2, a failure 1."""
+    command goes on, reading it as empty or as it is); bad input exits 2, a failure 1.
+    The letter ``ids`` given are checked first, before the broker is asked anything: a
+    malformed one is the only line said, ``refused`` with the reason."""
 
     async def run() -> T:
         adapter = command_adapter(config)
         try:
+            for letter_id in ids:
+                try:
+                    adapter.dead_letters.check_id(letter_id)
+                except InvalidArgumentError as exc:
+                    usage(refused.format(exc))
             for problem in await adapter.store_problems([], [group]):
                 warn(problem.warning)
             await _warn_if_unknown(adapter, config, group)
@@ -173,7 +184,7 @@ async def _chosen(adapter: QueueAdapter, group: str, ids: tuple[str, ...], every
     try:
         found = {i: await adapter.dead_letters.find(group, i) for i in dict.fromkeys(ids)}
     except InvalidArgumentError as exc:  # a malformed id
-        usage(f"--id: {exc}; nothing was done")
+        usage(ID_REFUSED.format(exc))
     missing = [i for i, s in found.items() if s is None]
     if missing:
         usage(f"--id: no dead letter {', '.join(missing)} of app {group!r} (see "
@@ -287,7 +298,7 @@ def show(letter_id: str, config_path: Path | None, group: str, as_json: bool) ->
         except InvalidArgumentError as exc:  # a malformed id
             usage(f"ID: {exc}")
 
-    stored = _run(config, group, work)
+    stored = _run(config, group, work, (letter_id,))
     if stored is None:
         usage(f"no dead letter {letter_id} of app {group!r} (see `conveyor dlq list`)")
     shown = letter_json(stored, body=True)
@@ -348,7 +359,7 @@ def replay(config_path: Path | None, group: str, every: bool, ids: tuple[str, ..
             await _warn_unmatched(adapter, group, keep)
         return report
 
-    report = _run(config, group, work)
+    report = _run(config, group, work, ids, ID_REFUSED)
     for letter_id, why in report.skipped:
         warn(f"skipped {letter_id}: {why}")
     if report.gone:  # another replay (or a purge) at the same time: one line, not one each
@@ -397,4 +408,5 @@ def purge(config_path: Path | None, group: str, every: bool, ids: tuple[str, ...
             await _warn_unmatched(adapter, group, keep)
         return report
 
-    click.echo(f"purged {_run(config, group, work).purged} letter(s) of app {group!r}")
+    purged = _run(config, group, work, ids, ID_REFUSED).purged
+    click.echo(f"purged {purged} letter(s) of app {group!r}")

@@ -21,10 +21,12 @@ from conveyor.cli.common import (
     Interrupted,
     as_cli_error,
     config_option,
+    config_source,
     fail,
     read_config_or_exit,
 )
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.config import blame
+from conveyor.platform.errors import ConfigError, ConveyorError
 from conveyor.platform.terminal import kept
 
 
@@ -91,7 +93,9 @@ def worker(
         overrides["worker"] = {"drain_timeout_s": drain_timeout_s}
     if http_port is not None:
         overrides["http"] = {"port": http_port}
-    config, config_text = read_config_or_exit(config_path, overrides)
+    applied: dict[str, str] = {}  # who set which field, to name them in a later error
+    config, config_text = read_config_or_exit(config_path, overrides, applied)
+    given = (http_port is not None, config_source(config_path), applied)
     try:
         app = load_app(app_path)
     except ConveyorError as exc:
@@ -118,7 +122,7 @@ def worker(
                                     log_level=_log_level(click.get_current_context()),
                                     config_text=config_text)
         except ConveyorError as exc:
-            fail(exc)
+            fail(_as_given(exc, *given))
         click.echo(f"conveyor: drained {report}", err)
         return
 
@@ -135,7 +139,7 @@ def worker(
     try:
         report = run_served(run)
     except ConveyorError as exc:
-        error = as_cli_error(exc)
+        error = as_cli_error(_as_given(exc, *given))
         assert error is not None
         error.show(err)
         leave_running_threads(error.exit_code)
@@ -148,6 +152,23 @@ def worker(
         sys.exit(status)
     click.echo(f"conveyor: drained {report}", err)
     leave_running_threads(0)
+
+
+def _as_given(exc: ConveyorError, option: bool, source: str,
+              applied: dict[str, str]) -> ConveyorError:
+    """A port the endpoint cannot listen on, blamed on where it was given: the error names
+    ``$.http.port``, which for ``--http-port`` named a field the user never wrote."""
+    from conveyor.workers.http_endpoint import ListenError
+
+    if not isinstance(exc, ListenError):
+        return exc
+    if option:
+        error = as_cli_error(click.BadParameter(
+            f"cannot listen on {exc.address} ({exc.reason}); choose another port",
+            param_hint="--http-port"))
+        assert error is not None
+        return error
+    return ConfigError(f"{blame(str(exc), source, applied)}: {exc}")
 
 
 def _log_level(ctx: click.Context) -> str | None:

@@ -22,7 +22,7 @@ from conveyor.backends import for_commands
 from conveyor.console.probe import Refused, cluster_nodes, unless_refused
 from conveyor.platform.adapter import StoreProblem
 from conveyor.platform.config import Config
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.errors import ConveyorError, error_text
 from conveyor.platform.ids import is_app_name
 from conveyor.platform.operations.status import (
     AppsReport,
@@ -275,7 +275,7 @@ class Poller:
             self._failed(f"BrokerConnectionError: {exc}")
         except ConveyorError as exc:
             self._drop_reader()
-            self._failed(f"{type(exc).__name__}: {exc}")
+            self._failed(error_text(exc))
         except Exception as exc:  # the loop must outlive a broker's bad moment
             self._drop_reader()
             log.exception("console poll failed")

@@ -49,6 +49,7 @@ from conveyor.platform.errors import (
     ConveyorError,
     InvalidArgumentError,
     UnknownGroupError,
+    error_text,
 )
 from conveyor.platform.ids import is_app_name
 
@@ -331,7 +332,7 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]
         except AppAliveError as exc:
             return _error(409, str(exc))
         except ConveyorError as exc:  # the broker failing
-            return _error(502, f"{type(exc).__name__}: {exc}")
+            return _error(502, error_text(exc))
         except Exception:
             log.exception("console: %s %s failed", request.method, request.url.path)
             return _error(500, "the console failed on this request (its log says why)")

@@ -26,7 +26,7 @@ import msgspec
 
 from conveyor.platform.adapter import QueueReceiver
 from conveyor.platform.backoff import BROKER_WRITE
-from conveyor.platform.errors import ConveyorError, LeaseLostError
+from conveyor.platform.errors import ConveyorError, LeaseLostError, error_text
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.ownership import Ownership
 from conveyor.platform.queue_cache import Entry, QueueCache
@@ -183,8 +183,8 @@ class Acknowledger:
                 self.to_ack[:0] = batch
                 failures += 1
                 delay_s = BROKER_WRITE.delay(failures)
-                log.warning("queue %d: ack failed (%s: %s)%s; retrying in %.2fs",
-                            self.queue, type(exc).__name__, exc, stall_note(), delay_s)
+                log.warning("queue %d: ack failed (%s)%s; retrying in %.2fs",
+                            self.queue, error_text(exc), stall_note(), delay_s)
                 await asyncio.sleep(delay_s)
                 continue
             self.acked += len(batch)

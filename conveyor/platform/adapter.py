@@ -211,6 +211,12 @@ class DeadLetters(ABC):
         that fails again is not replayed again in the same run."""
 
     @abstractmethod
+    def check_id(self, letter_id: str) -> None:
+        """Raise :class:`InvalidArgumentError` when no letter of this store could have
+        ``letter_id``, saying what one looks like (as :meth:`find` and the others do).
+        It asks no server: a command refuses a mistyped id before anything else."""
+
+    @abstractmethod
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
         """The letter of ``group`` with that id, or None if it is not (or no longer) stored."""
 

@@ -80,7 +80,7 @@ from conveyor.platform.delivery.chain import (
     handler_task,
 )
 from conveyor.platform.delivery.orphans import Orphans
-from conveyor.platform.errors import ConveyorError
+from conveyor.platform.errors import ConveyorError, error_text
 from conveyor.platform.ids import shown_name
 from conveyor.platform.message import Message
 from conveyor.platform.ownership import Ownership
@@ -415,8 +415,8 @@ class PullingAgent:
             except Exception as exc:  # adapters raise ConveyorErrors; anything else is a bug
                 log.log(
                     logging.WARNING if isinstance(exc, ConveyorError) else logging.ERROR,
-                    "queue %d: pull failed (%s: %s)%s; retrying in %.1fs",
-                    self.queue, type(exc).__name__, exc, stall_note(),
+                    "queue %d: pull failed (%s)%s; retrying in %.1fs",
+                    self.queue, error_text(exc), stall_note(),
                     settings.poll_timeout_s,
                 )
                 await asyncio.sleep(settings.poll_timeout_s)

@@ -20,6 +20,14 @@ class ConveyorError(Exception):
     """Root of every error Conveyor raises on purpose."""
 
 
+def error_text(exc: BaseException) -> str:
+    """``exc`` in a log line or a reason: ``Type: message``, or the type alone when its
+    message is empty (``TimeoutError()``, as ``asyncio.timeout`` raises it), which read
+    ``lease renewal failed: TimeoutError: `` as if the reason had been cut off."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class ConfigError(ConveyorError):
     """A configuration file, environment override or CLI flag is invalid.
 

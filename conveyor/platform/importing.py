@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar, overload
 
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError, error_text
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ def load_attr(
         # The module's code called Conveyor wrongly while imported (a handler declared
         # with a misspelled option): its error, named where the module did it.
         raise error(f"{what}: importing {target!r} failed at {frame.filename}:"
-                    f"{frame.lineno}: {type(exc).__name__}: {exc}") from None
+                    f"{frame.lineno}: {error_text(exc)}") from None
     except ImportError as exc:
         if _not_found(exc, module_name):
             raise error(f"{what}: cannot load {target!r} (cannot import: {exc})") from None
@@ -74,7 +74,7 @@ def load_attr(
         # dependency not installed, a name its imports lack): say where, as for any
         # other error its import raised.
         raise error(
-            f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
+            f"{what}: importing {target!r} failed{_where(exc)}: {error_text(exc)}"
         ) from None
     except KeyboardInterrupt:  # Ctrl-C during a slow import: the command is interrupted
         raise
@@ -82,7 +82,7 @@ def load_attr(
         # pytest.skip(), a CancelledError) or called sys.exit() while being imported: a
         # worker would stop with a traceback, or with no word of why
         raise error(
-            f"{what}: importing {target!r} failed{_where(exc)}: {type(exc).__name__}: {exc}"
+            f"{what}: importing {target!r} failed{_where(exc)}: {error_text(exc)}"
         ) from None
     try:  # a module's __getattr__ (a lazy attribute) runs user code too
         found = getattr(module, attr, _MISSING)
@@ -90,7 +90,7 @@ def load_attr(
         raise
     except BaseException as exc:
         raise error(f"{what}: reading {attr!r} of {target!r} failed{_where(exc)}: "
-                    f"{type(exc).__name__}: {exc}") from None
+                    f"{error_text(exc)}") from None
     if found is _MISSING:
         raise error(f"{what}: cannot load {target!r}: module {module.__name__!r} "
                     f"(from {_origin(module)}) has no attribute {attr!r}")

@@ -44,6 +44,7 @@ from conveyor.platform.delivery.chain import (
     base_exception_failure,
     stray_cancel_failure,
 )
+from conveyor.platform.errors import error_text
 from conveyor.platform.handlers import HandlerFn, HandlerSpec
 from conveyor.platform.ids import SequenceToken
 from conveyor.platform.letters import Replay
@@ -511,7 +512,7 @@ def _watched(hook: Hook, observations: Observations) -> Hook:
             if not (isinstance(exc, Exception) or held(exc)):
                 raise  # its cancellation
             run.error = exc
-            log.error("startup hook %s raised %s: %s", run.name, type(exc).__name__, exc)
+            log.error("startup hook %s raised %s", run.name, error_text(exc))
         finally:
             observations.hook_ended(run)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,17 @@ TOO_LARGE: Answer = ("431 Request Header Fields Too Large", TEXT,
                      f"request head over {MAX_HEADER_BYTES:,} bytes\n".encode())
 
 
+class ListenError(ConfigError):
+    """The endpoint cannot listen on ``address``: its message names ``$.http.port``, as
+    a command that knows where the port was given (an option, a variable) may not."""
+
+    def __init__(self, address: str, reason: str) -> None:
+        self.address = address
+        self.reason = reason
+        super().__init__(f"$.http.port: cannot listen on {address} ({reason}); "
+                         "choose another port or [http] host")
+
+
 class HttpEndpoint:
     """``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0: any free one,
     then read :attr:`port`). :meth:`start` binds, :meth:`close` stops listening."""
@@ -62,15 +74,15 @@ class HttpEndpoint:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        """Listen, or raise a :class:`ConfigError` naming ``$.http.port`` (a port in use,
-        an address this host does not have)."""
+        """Listen, or raise a :class:`ListenError` (a port in use, an address this host
+        does not have)."""
         try:
             self._server = await asyncio.start_server(self._serve, self.host, self.port)
         except OSError as exc:
-            raise ConfigError(
-                f"$.http.port: cannot listen on {self.host}:{self.port} "
-                f"({exc.strerror or exc}); choose another port or [http] host"
-            ) from None
+            # asyncio's own text repeats the address: "error while attempting to bind
+            # on address ('127.0.0.1', 9464): address already in use".
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ListenError(f"{self.host}:{self.port}", reason) from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("metrics and probes on http://%s:%d (/metrics, /healthz, /readyz)",
                  self.host, self.port)

@@ -125,6 +125,11 @@ async def test_a_malformed_letter_id_is_refused_with_the_expected_form(
         await adapter.dead_letters.find("app", "not an id")
     with pytest.raises(InvalidArgumentError, match="not a dead-letter id"):
         await adapter.dead_letters.delete("app", ["x"])
+    with pytest.raises(InvalidArgumentError, match="not a dead-letter id"):
+        adapter.dead_letters.check_id("not an id")  # asking no server
+    await adapter.dead_letters.put("app", [letter(1)])
+    [stored] = await adapter.dead_letters.page("app")
+    adapter.dead_letters.check_id(stored.id)  # a stored letter's id passes
 
 
 async def test_a_replay_publishes_the_message_once_to_its_queue_then_removes_the_letter(
@@ -326,6 +331,9 @@ class RecordedLetters(DeadLetters):
 
     async def mark(self, group: str) -> str | None:
         return await self.store.mark(group)
+
+    def check_id(self, letter_id: str) -> None:
+        self.store.check_id(letter_id)
 
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
         return await self.store.find(group, letter_id)

@@ -214,6 +214,9 @@ def test_operator_mistakes_are_usage_errors(config_path: Path) -> None:
         result = conveyor("dlq", *args)
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, args
+        if "not a dead-letter id" in message:  # refused before the broker is asked: a
+            [line] = result.stderr.splitlines()  # warning about the app came first
+            assert line.startswith(f"conveyor: {message}"), (args, line)
 
 
 def test_an_app_with_no_letters_and_no_group_gets_a_warning_naming_the_groups(

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port, stop_when, wait_until_sync
 from tests.http_scrape import get, scrape, value
 from tests.otlp import Receiver, otlp_receiver
@@ -133,25 +135,40 @@ def test_readyz_turns_503_while_the_worker_drains_and_healthz_stays_200(
     assert get(port, "/healthz")[0] == 0, "the endpoint closes with the worker"
 
 
-def test_a_port_that_cannot_be_bound_exits_2_with_one_line_naming_the_field(
-    tmp_path: Path,
+@pytest.mark.parametrize("given", ["--http-port", "CONVEYOR_HTTP__PORT", "config file"])
+def test_a_port_that_cannot_be_bound_exits_2_with_one_line_naming_where_it_was_given(
+    tmp_path: Path, given: str,
 ) -> None:
+    # It named `$.http.port`, the config field, for a port given as `--http-port` too.
+    config = tmp_path / "http.toml"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        config.write_text(f"[http]\nhost = '127.0.0.1'\nport = {port}\n")
+        host = {"CONVEYOR_HTTP__HOST": "127.0.0.1"}
+        args, env = {
+            "--http-port": (["--http-port", str(port)], host),
+            "CONVEYOR_HTTP__PORT": ([], {**host, "CONVEYOR_HTTP__PORT": str(port)}),
+            "config file": (["--config", str(config)], {}),
+        }[given]
         result = subprocess.run(
-            [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.drain_app:app",
-             "--http-port", str(port)],
+            [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.drain_app:app", *args],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
-            env={**os.environ, "CONVEYOR_HTTP__HOST": "127.0.0.1",
+            env={**os.environ, **env,
                  "CONVEYOR_TEST_OUT": str(tmp_path / "out"), "CONVEYOR_TEST_MESSAGES": "0"},
         )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     [line] = [x for x in result.stderr.splitlines() if x.startswith("conveyor:")]
-    assert line.startswith("conveyor: error: config: $.http.port: cannot listen on "
-                           f"127.0.0.1:{port}"), line
+    where = {
+        "--http-port": "Invalid value for --http-port: ",
+        "CONVEYOR_HTTP__PORT": "config: environment variable CONVEYOR_HTTP__PORT: "
+                               "$.http.port: ",
+        "config file": f"config: {config}: $.http.port: ",
+    }[given]
+    assert line.startswith(f"conveyor: error: {where}cannot listen on 127.0.0.1:{port} "
+                           "(Address already in use); choose another port"), line
     assert "daemon" not in result.stderr  # it failed before the daemon started
 
 

@@ -711,6 +711,38 @@ def test_a_number_or_boolean_in_quotes_in_the_file_is_refused_naming_it(
     assert str(getattr(getattr(config, section), name)).lower() in {value, "false", value + ".0"}
 
 
+@pytest.mark.parametrize(("text", "field"), [
+    ("[queues]\ntotal = 8.0\n", "$.queues.total"),
+    ("[slots]\ncount = 16.0\n", "$.slots.count"),
+    ("[http]\nport = 9464.0\n", "$.http.port"),  # int | None
+    ('[balancer]\nkind = "static"\nqueues = [0, 1e0]\n', "$.balancer.queues[1]"),
+    ("[cells.sizes]\nshop = 2.0\n", "$.cells.sizes.shop"),
+])
+def test_a_number_with_a_fraction_where_a_whole_number_belongs_is_refused_naming_it(
+        tmp_path: Path, text: str, field: str) -> None:
+    """The final conversion is lax (environment values are text), so ``total = 8.0``
+    read as 8 without a word, while ``8.5`` was refused: a whole number is refused
+    unless written as one, from the file and from the environment alike."""
+    with pytest.raises(ConfigError, match=rf"^\S+: Expected a whole number, got 1?[0-9.e]+ - "
+                                          rf"at `{re.escape(field)}`$"):
+        load_config(write(tmp_path, text), environ={})
+    assert load_config(write(tmp_path, text.replace(".0", "").replace("1e0", "1")),
+                       environ={}) is not None
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("CONVEYOR_QUEUES__TOTAL", "8.0"),
+    ("CONVEYOR_QUEUES__TOTAL", "8e0"),
+    ("CONVEYOR_QUEUES", '{"total": 8.0}'),
+    ("CONVEYOR_HTTP__PORT", "9464.0"),
+])
+def test_a_whole_number_with_a_fraction_from_the_environment_is_refused_naming_it(
+        name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^environment variable {name}: Expected a whole "
+                                          r"number, got .* - at `\$\.\w+\.\w+`$"):
+        load_config(environ={name: value})
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("[balancer]\nqueues = [0, 1]\n",  # the dynamic balancer: ignored
      r"\$.balancer.queues: only the static balancer owns named queues; with kind = "

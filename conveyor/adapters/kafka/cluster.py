@@ -57,6 +57,7 @@ from conveyor.platform.errors import (
     ConfigError,
     ConveyorError,
     ShutdownError,
+    error_text,
 )
 from conveyor.platform.tasks import cancel_and_wait
 
@@ -476,7 +477,7 @@ class KafkaCluster:
                 log.warning("kafka: could not read the cleanup.policy of topic %r (%s); a "
                             "compacted topic deletes records before they are read", topic,
                             exc)
-            self.unanswered[topic] = f"{type(exc).__name__}: {exc}"
+            self.unanswered[topic] = error_text(exc)
             return None
         self.unanswered.pop(topic, None)
         return {str(e[0]): str(e[1]) for e in entries if e[1] is not None}

@@ -30,7 +30,7 @@ import msgspec
 from conveyor.adapters.interning import INTERN_MAX, NAMED_MAX, StreamIds
 from conveyor.adapters.kafka.aiokafka_internals import UnreadableRecord
 from conveyor.platform import letters as layout
-from conveyor.platform.errors import DecodeError
+from conveyor.platform.errors import DecodeError, error_text
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.message import (
     ATTEMPT_MAX,
@@ -172,7 +172,7 @@ def decode_record(record: Any, queue: int, default_ns: str,
     except UnicodeDecodeError as exc:  # which header, or the key: Python's names none
         return undecodable_record(record, queue, topic, _not_utf8_reason(record, exc))
     except Exception as exc:  # malformed metadata, whatever the failure: isolate it
-        return undecodable_record(record, queue, topic, f"{type(exc).__name__}: {exc}")
+        return undecodable_record(record, queue, topic, error_text(exc))
 
 
 def _not_utf8_reason(record: Any, exc: UnicodeDecodeError) -> str:
@@ -184,7 +184,7 @@ def _not_utf8_reason(record: Any, exc: UnicodeDecodeError) -> str:
             record.key.decode()
         except UnicodeDecodeError:
             culprit = not_utf8("the record key", record.key)
-    return f"DecodeError: {culprit}" if culprit else f"{type(exc).__name__}: {exc}"
+    return f"DecodeError: {culprit}" if culprit else error_text(exc)
 
 
 def undecodable_record(record: Any, queue: int, topic: str | None, reason: str

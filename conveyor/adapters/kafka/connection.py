@@ -35,7 +35,7 @@ from conveyor.adapters.kafka.aiokafka_internals import (
 )
 from conveyor.platform.backoff import Backoff
 from conveyor.platform.config import KafkaConfig
-from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError
+from conveyor.platform.errors import BrokerConnectionError, BrokerError, ConfigError, error_text
 from conveyor.platform.outage import OutageLog
 from conveyor.platform.throttled_log import RepeatFilter
 
@@ -163,7 +163,7 @@ def broker_error(what: str, exc: BaseException) -> BrokerError:
         return cls(f"kafka: {what} failed: no broker reachable at {', '.join(unreachable)} "
                    "($.kafka.bootstrap)")
     # aiokafka's errors name their class themselves ("KafkaConnectionError: ...").
-    detail = str(exc) if isinstance(exc, kerrors.KafkaError) else f"{type(exc).__name__}: {exc}"
+    detail = str(exc) if isinstance(exc, kerrors.KafkaError) else error_text(exc)
     return cls(f"kafka: {what} failed: {detail}")
 
 

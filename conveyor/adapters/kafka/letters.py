@@ -414,6 +414,9 @@ class KafkaDeadLetters(DeadLetters):
                         return out
         return out
 
+    def check_id(self, letter_id: str) -> None:
+        parse_id(letter_id)
+
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
         partition, offset = parse_id(letter_id)
         if not await self._exists(self.cluster.dlq_topic):

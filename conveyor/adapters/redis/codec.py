@@ -21,6 +21,7 @@ from conveyor.platform.errors import (
     ConveyorError,
     DecodeError,
     InvalidArgumentError,
+    error_text,
 )
 from conveyor.platform.ids import SequenceToken, StreamId
 from conveyor.platform.letters import StoredLetter
@@ -207,7 +208,7 @@ def undecodable_entry(queue: int, eid: bytes, fl: list[bytes], exc: Exception) -
     return Undecodable(
         id=eid.decode(), stream=StreamId("", ""), body=body, content_type=CONTENT_BYTES,
         enqueued_at_ms=token.major, token=token,
-        reason=f"{type(exc).__name__}: {exc}", raw_fields=raw,
+        reason=error_text(exc), raw_fields=raw,
     )
 
 

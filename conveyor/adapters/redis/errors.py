@@ -22,6 +22,7 @@ from conveyor.platform.errors import (
     BrokerError,
     ConfigError,
     ConveyorError,
+    error_text,
 )
 from conveyor.platform.outage import OutageLog
 
@@ -121,7 +122,7 @@ def map_errors(what: str) -> Iterator[None]:
     except CLUSTER_ERRORS as exc:
         raise BrokerConnectionError(
             f"redis cluster not serving the slot while {what} (a failover or a slot "
-            f"moving): {type(exc).__name__}: {exc}") from exc
+            f"moving): {error_text(exc)}") from exc
     except rex.RedisError as exc:
         if wrong_database(exc):  # the config's mistake, not the broker's: no retry helps
             raise ConfigError(

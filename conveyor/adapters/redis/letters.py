@@ -160,6 +160,9 @@ class RedisDeadLetters(DeadLetters):
         entry_id = entries[0][0]
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
+    def check_id(self, letter_id: str) -> None:
+        check_id(letter_id)
+
     async def find(self, group: str, letter_id: str) -> StoredLetter | None:
         """None too for an entry that is no letter (said, as :meth:`page` says it)."""
         skipped: list[str] = []

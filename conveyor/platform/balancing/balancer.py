@@ -58,7 +58,7 @@ from conveyor.platform.balancing.membership import (
 )
 from conveyor.platform.balancing.placement import PlacementWeights, resource_split
 from conveyor.platform.deadlines import StallTolerantTimeout
-from conveyor.platform.errors import BrokerConnectionError, StoreUnfitError
+from conveyor.platform.errors import BrokerConnectionError, StoreUnfitError, error_text
 from conveyor.platform.throttled_log import EpisodeLog, ThrottledLog
 from conveyor.platform.watchdog import LoopWatchdog
 
@@ -580,8 +580,8 @@ class DynamicBalancer(QueueBalancer):
         assert self._listener is not None
         backoff_s = self._start_backoff.delay(failures)
         self._failed_starts[queue] = (failures, self._clock() + backoff_s)
-        log.warning("queue %d: start failed (%s: %s); releasing it, retrying in %.1fs "
-                    "(failure %d)", queue, type(exc).__name__, exc, backoff_s, failures)
+        log.warning("queue %d: start failed (%s); releasing it, retrying in %.1fs "
+                    "(failure %d)", queue, error_text(exc), backoff_s, failures)
         with self._held_lock:
             lease = self._held.pop(queue, lease)
         try:
@@ -610,10 +610,9 @@ class DynamicBalancer(QueueBalancer):
         try:
             released = await self.leases.release(lease)
         except Exception as exc:
-            log.warning("queue %d: %s, but releasing its lease failed (%s: %s); it lapses "
+            log.warning("queue %d: %s, but releasing its lease failed (%s); it lapses "
                         "within %.1fs ([balancer] lease_ttl_s), then another daemon may "
-                        "take the queue", queue, what, type(exc).__name__, exc,
-                        self.lease_ttl_s)
+                        "take the queue", queue, what, error_text(exc), self.lease_ttl_s)
             return
         if released:
             log.info("released queue %d", queue)
@@ -652,8 +651,8 @@ class DynamicBalancer(QueueBalancer):
                         async with StallTolerantTimeout(tick_s * 2):
                             renewed = await leases.renew(lease, self.lease_ttl_s)
                     except Exception as exc:  # store unreachable: keep the old deadline
-                        log.warning("queue %d: lease renewal failed: %s: %s", queue,
-                                    type(exc).__name__, exc)
+                        log.warning("queue %d: lease renewal failed: %s", queue,
+                                    error_text(exc))
                         renewed = lease
                     with self._held_lock:
                         if self._held.get(queue) is not lease:

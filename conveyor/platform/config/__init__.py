@@ -793,7 +793,7 @@ def _secrets(raw: dict[str, Any], environ: Mapping[str, str]) -> set[str]:
     return names
 
 
-def _blame(message: str, source: str, applied: Mapping[str, str]) -> str:
+def blame(message: str, source: str, applied: Mapping[str, str]) -> str:
     """Who set what ``message`` is about: the variable (or option) that set its field or
     a section above it, else ``source``. A check across fields (``$.a.b: ...``) also
     names every variable applied, any of which may have taken part."""
@@ -837,8 +837,42 @@ def _out_of_range(value: Any, path: str) -> str | None:
     return None
 
 
+def _fraction(value: Any, t: msgspec.inspect.Type, path: str) -> str | None:
+    """The first number of ``value`` written with a fraction or an exponent where type
+    ``t`` has a whole number (``total = 8.0``; ``8e0`` from the environment), as a
+    validation message: the final conversion is lax (environment values are text) and
+    read 8.0 as 8 without a word, while it refused 8.5."""
+    if isinstance(t, msgspec.inspect.UnionType):  # `int | None`
+        kinds = [k for k in t.types if not isinstance(k, msgspec.inspect.NoneType)]
+        t = kinds[0] if len(kinds) == 1 else t
+    if isinstance(t, msgspec.inspect.StructType) and isinstance(value, dict):
+        fields = {f.encode_name: f.type for f in t.fields}
+        found = (_fraction(v, fields[k], f"{path}.{k}") for k, v in value.items()
+                 if k in fields)
+    elif isinstance(t, msgspec.inspect.DictType) and isinstance(value, dict):
+        found = (_fraction(v, t.value_type, f"{path}.{k}") for k, v in value.items())
+    elif isinstance(t, msgspec.inspect.ListType) and isinstance(value, list):
+        found = (_fraction(v, t.item_type, f"{path}[{i}]") for i, v in enumerate(value))
+    elif isinstance(t, msgspec.inspect.IntType):
+        number = value
+        if isinstance(value, str):  # environment text, read as JSON reads it
+            try:
+                number = msgspec.json.decode(value)
+            except msgspec.DecodeError:
+                return None  # not a number: the conversion says so
+        if isinstance(number, float):
+            return f"Expected a whole number, got {value} - at `{path}`"
+        return None
+    else:
+        return None
+    return next((message for message in found if message), None)
+
+
 def _convert(raw: dict[str, Any], source: str, applied: Mapping[str, str]) -> Config:
     try:
+        fraction = _fraction(raw, _root(), "$")
+        if fraction is not None:
+            raise ConfigError(fraction)
         config = msgspec.convert(raw, Config, strict=False)
         huge = _out_of_range(config, "$")
         if huge is not None:
@@ -846,7 +880,7 @@ def _convert(raw: dict[str, Any], source: str, applied: Mapping[str, str]) -> Co
         return config.validate()
     except (msgspec.ValidationError, ConfigError) as exc:
         message = _with_suggestion(str(exc))
-        raise ConfigError(f"{_blame(message, source, applied)}: {message}") from None
+        raise ConfigError(f"{blame(message, source, applied)}: {message}") from None
     except RecursionError:
         raise ConfigError(f"{source}: a value is nested too deeply for any config field") from None
 
@@ -956,15 +990,17 @@ def parse_config(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    applied: dict[str, str] | None = None,
 ) -> Config:
     """:func:`load_config` of a file's bytes (:func:`read_config_file`; None: no file),
-    ``source`` naming it in errors."""
+    ``source`` naming it in errors. ``applied`` receives who set which field, as
+    :func:`apply_env`'s does, for :func:`blame` to name them in later errors."""
     raw: dict[str, Any] = {}
     if text is not None:
         raw = decode_config_file(text, source)
         _refuse_quoted_scalars(raw, source)
     env = os.environ if environ is None else environ
-    applied: dict[str, str] = {}
+    applied = {} if applied is None else applied
     raw = apply_env(raw, env, skip=_secrets(raw, env), applied=applied)
     for section, values in (overrides or {}).items():
         _table(raw, section, f"{source}: $.{section}").update(values)

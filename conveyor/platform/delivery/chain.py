@@ -21,7 +21,12 @@ from typing import Any, ClassVar, TypeVar, cast
 import msgspec
 
 from conveyor.platform import forks
-from conveyor.platform.errors import ConveyorError, DeliveryLimit, HandlerDeclarationError
+from conveyor.platform.errors import (
+    ConveyorError,
+    DeliveryLimit,
+    HandlerDeclarationError,
+    error_text,
+)
 from conveyor.platform.handlers import HandlerSpec, MessageContext
 from conveyor.platform.message import Message
 from conveyor.platform.options import HandlerOptions
@@ -156,7 +161,7 @@ def stray_cancel_failure() -> HandlerCancelled:
 def base_exception_failure(exc: BaseException) -> HandlerBaseException:
     """A call's failure by ``exc``, a ``BaseException`` that is not an ``Exception``."""
     return HandlerBaseException(
-        f"the handler raised {type(exc).__name__}: {exc} (a BaseException, not an "
+        f"the handler raised {error_text(exc)} (a BaseException, not an "
         "Exception)")
 
 

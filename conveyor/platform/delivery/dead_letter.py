@@ -49,6 +49,7 @@ from conveyor.platform.errors import (
     ConfigError,
     ConveyorError,
     StoreUnfitError,
+    error_text,
 )
 from conveyor.platform.handlers import HandlerSpec, MessageContext, body_bytes
 from conveyor.platform.ids import shown_name
@@ -140,20 +141,20 @@ class DeadLetterStore:
                     failure = exc
                     self._unfit(exc)
                 except Exception as exc:  # this letter cannot be stored as it is
-                    shorter = letter.shortened(f"{type(exc).__name__}: {exc}")
+                    shorter = letter.shortened(error_text(exc))
                     if shorter is not None:
                         self._notes.log(
                             logging.WARNING, ("shortened", letter.form),
-                            "dead letter of message %s not storable in %s form (%s: %s); "
+                            "dead letter of message %s not storable in %s form (%s); "
                             "storing it in %s form", shown_name(letter.message.id), letter.form,
-                            type(exc).__name__, exc, shorter.form,
+                            error_text(exc), shorter.form,
                         )
                         letter = shorter
                         continue
                     failure = exc
                     self._notes.log(logging.ERROR, "refused",
                                     "the dead-letter store refuses even a bare letter "
-                                    "(%s: %s); retrying", type(exc).__name__, exc)
+                                    "(%s); retrying", error_text(exc))
                     self._outage.failing("storing a dead letter", failure)
                 if not counted:
                     counted = True

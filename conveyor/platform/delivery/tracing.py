@@ -36,6 +36,7 @@ from opentelemetry.util.types import AttributeValue
 
 from conveyor.platform.delivery.chain import Delivery, Interceptor, Step
 from conveyor.platform.delivery.dead_letter import PutLetter
+from conveyor.platform.errors import error_text
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.message import DeadLetter, Message
 from conveyor.platform.sampling import (
@@ -310,7 +311,7 @@ class ConsumerScope:
         if span is not None:
             if exc is not None and span.is_recording():
                 span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                span.set_status(Status(StatusCode.ERROR, error_text(exc)))
             span.end()
         elif (spare is not None and _getrefcount(spare[0]) == _FREE_CONTEXT
               and _getrefcount(spare[1]) == _FREE_SPAN):

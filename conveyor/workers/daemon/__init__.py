@@ -43,6 +43,7 @@ from conveyor.platform.errors import (
     ConveyorError,
     InvalidArgumentError,
     ShutdownError,
+    error_text,
 )
 from conveyor.platform.slots import SlotSupplier, require_supplier
 from conveyor.platform.tasks import cancel_and_wait, cancel_and_wait_at_most
@@ -462,8 +463,7 @@ def _log_hook_failure(name: str, task: asyncio.Task[None]) -> None:
     the worker ran on without the work it was meant to set up. With the traceback: no
     other line says where in the hook it failed."""
     if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("startup hook %s raised %s: %s", name, type(exc).__name__, exc,
-                  exc_info=exc)
+        log.error("startup hook %s raised %s", name, error_text(exc), exc_info=exc)
 
 
 def freeze_startup_heap() -> None:

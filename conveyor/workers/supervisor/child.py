@@ -32,7 +32,13 @@ from conveyor.platform.balancing.balancer import BalanceListener, DynamicBalance
 from conveyor.platform.balancing.leases import LeaseStore, MemoryLeaseStore
 from conveyor.platform.balancing.membership import MemberInfo, Membership
 from conveyor.platform.config import Config
-from conveyor.platform.errors import BrokerError, ConfigError, ConveyorError, ShutdownError
+from conveyor.platform.errors import (
+    BrokerError,
+    ConfigError,
+    ConveyorError,
+    ShutdownError,
+    error_text,
+)
 from conveyor.platform.terminal import VisibleFormatter, kept
 from conveyor.workers.supervisor.protocol import (
     BEAT_S,
@@ -224,7 +230,7 @@ def _command_loop(
         except Exception as exc:  # the supervisor must hear of it, or it waits forever
             op: Literal["acquire", "release"] = "acquire" if acquiring else "release"
             log.error("could not %s queue %d: %s", op, queue, exc)
-            events.send(Failed(op, queue, f"{type(exc).__name__}: {exc}"))
+            events.send(Failed(op, queue, error_text(exc)))
         else:
             events.send(Acquired(queue) if acquiring else Released(queue))
 

@@ -21,7 +21,7 @@ from typing import Any
 from conveyor.backends import backend, create_adapter
 from conveyor.platform.adapter import QueueAdapter
 from conveyor.platform.config import Config
-from conveyor.platform.errors import ConfigError, ConveyorError
+from conveyor.platform.errors import ConfigError, ConveyorError, error_text
 from conveyor.platform.telemetry import Telemetry
 from conveyor.workers.supervisor.assignment import adopt_orphans, assign, rebalance
 from conveyor.workers.supervisor.process import ChildGone, ChildProcess
@@ -200,8 +200,8 @@ class Supervisor:
             raise
         except Exception as exc:
             self.stats.errors += 1
-            log.error("supervisor: inspection failed, retrying in %.1fs: %s: %s",
-                      self.settings.inspection_period_s, type(exc).__name__, exc,
+            log.error("supervisor: inspection failed, retrying in %.1fs: %s",
+                      self.settings.inspection_period_s, error_text(exc),
                       exc_info=not isinstance(exc, ConveyorError))
 
     async def inspect(self, adapter: QueueAdapter) -> Decision:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -157,3 +158,23 @@ def test_the_supervisor_serves_one_endpoint_with_every_childs_metrics_labelled(
     assert "Traceback" not in p.stderr
     # Every message handled once: the processes split the queues, nothing moved.
     assert sorted(seqs(p)) == list(range(n))
+
+
+def test_the_supervisors_port_in_use_is_a_usage_error_naming_the_option(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.toml", redis_server.url)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "conveyor.cli", "worker", "tests.apps.recorder:app",
+             "--config", str(cfg), "--http-port", str(port), "--processes", "1:1"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "CONVEYOR_TEST_RECORD": str(tmp_path / "handled.rec"),
+                 "CONVEYOR_HTTP__HOST": "127.0.0.1"})
+    assert result.returncode == 2, result.stderr
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("conveyor:")]
+    assert line.startswith("conveyor: error: Invalid value for --http-port: cannot listen "
+                           f"on 127.0.0.1:{port} "), line
