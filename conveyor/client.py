@@ -440,6 +440,10 @@ class Client:
         ``content_type`` None or ``""`` is the default: JSON (what every adapter reads an
         empty content type as), or the encoding of a ``bytes`` or ``str`` body as given.
 
+        ``headers``: a ``traceparent`` (with its ``tracestate``) given here is, traced,
+        the publish span's parent in place of the current span, and the message carries
+        the span's own pair; untraced, both go as given (docs/telemetry.md).
+
         Raises :class:`~conveyor.PublishUncertain` when the broker may or may not have
         stored it (see the README's delivery guarantee).
         """
