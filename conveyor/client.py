@@ -82,12 +82,16 @@ infinity. The same bytes may also turn up elsewhere (an int, a binary): only a h
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """One message to publish with :meth:`Client.publish_batch`."""
+    """One message to publish with :meth:`Client.publish_batch`.
+
+    A value: equal to another of the same fields, and hashable whatever its body and
+    headers (a dict each, often), which its hash leaves out (a set of them holds each
+    message once)."""
 
     namespace: str
     key: str
-    body: Any
-    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = field(hash=False)
+    headers: Mapping[str, str] = field(default_factory=dict, hash=False)
     content_type: str | None = None
 
 

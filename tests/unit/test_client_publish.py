@@ -582,3 +582,13 @@ async def test_keys_json_has_no_text_for_are_refused(client: Client, body: objec
         "message to stream a/k: its body cannot be encoded as JSON: Only dicts with str-like "
         "or number-like keys are supported")
     assert stored(client) == {}
+
+
+def test_a_publish_is_a_hashable_value_whatever_its_body() -> None:
+    # It raised TypeError: unhashable type 'dict' (its headers' default, a dict body).
+    items = [Publish("a", "k", {"i": 1}), Publish("a", "k", {"i": 1}),
+             Publish("a", "k", {"i": 2}), Publish("a", "k", b"x", {"h": "v"}),
+             Publish("a", "k", b"x", {"h": "v"}), Publish("a", "k2", {"i": 1})]
+    assert hash(items[0]) == hash(items[1]) and hash(items[3]) == hash(items[4])
+    assert set(items) == {items[0], items[2], items[3], items[5]}
+    assert items[0] != items[2]  # equal as before: every field
