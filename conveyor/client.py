@@ -8,6 +8,7 @@ It sits above ``platform/`` (whose port, mapper and coalescer it drives) because
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import threading
@@ -63,6 +64,9 @@ _STREAMS_REMEMBERED = 65_536
 _NO_TOKEN = SequenceToken(-1, -1)
 _json_encode = msgspec.json.Encoder().encode
 _msgpack_encode = msgspec.msgpack.Encoder().encode
+_json_encode_sorted = msgspec.json.Encoder(order="deterministic").encode
+"""Encodes only bodies whose keys are all str (its sort needs them): what tells a body
+whose JSON may hold one key twice (``{1: "a", "1": "b"}``), in C, from the rest."""
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError)
 """What encoding a body raises when it cannot be encoded (UnicodeEncodeError is a
 ValueError): translated into :class:`BodyEncodeError`."""
@@ -78,12 +82,16 @@ infinity. The same bytes may also turn up elsewhere (an int, a binary): only a h
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """One message to publish with :meth:`Client.publish_batch`."""
+    """One message to publish with :meth:`Client.publish_batch`.
+
+    A value: equal to another of the same fields, and hashable whatever its body and
+    headers (a dict each, often), which its hash leaves out (a set of them holds each
+    message once)."""
 
     namespace: str
     key: str
-    body: Any
-    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = field(hash=False)
+    headers: Mapping[str, str] = field(default_factory=dict, hash=False)
     content_type: str | None = None
 
 
@@ -145,6 +153,10 @@ def encode_body(body: Any, content_type: str | None, stream: StreamId) -> tuple[
         raise _unencodable(stream, body, content_type, exc) from exc
     if _has_null(data):
         _refuse_non_finite(stream, body)
+    try:
+        _json_encode_sorted(body)
+    except _ENCODE_ERRORS:  # a key that is no str, which JSON writes as text
+        _refuse_key_clash(stream, data)
     return data, content_type or CONTENT_JSON
 
 
@@ -186,6 +198,39 @@ def _refuse_non_finite(stream: StreamId, body: Any) -> None:
             f"message to stream {stream.shown()}: its body holds {value!r} "
             f"at {path}, a float JSON cannot carry (it would arrive as null); nothing was "
             "sent: send None or a string instead, or publish it as application/msgpack")
+
+
+def _refuse_key_clash(stream: StreamId, data: bytes) -> None:
+    """Raise :class:`BodyEncodeError` if ``data``, the JSON of a body with a key that is
+    no str, holds one key twice in an object: JSON's keys are text, so ``1`` and
+    ``"1"`` (or ``1.5`` and ``"1.5"``, an enum member and its value) are written alike,
+    and a decoder keeps only the last. Keys that are written apart go, as text. Read
+    back and written again in C first: JSON that holds no key twice comes out as long
+    (a msgspec.Raw's spaces aside), and only JSON that does not is read pair by pair."""
+    try:
+        if len(_json_encode(msgspec.json.decode(data))) == len(data):
+            return
+    except _ENCODE_ERRORS:  # a msgspec.Raw that is no JSON: no key of ours in it
+        return
+    twice: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        found = dict(items)
+        if len(found) < len(items) and not twice:
+            seen: set[str] = set()
+            twice.extend(k for k, _ in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        return found
+
+    try:
+        json.loads(data, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # too deep for the json module
+        return
+    if twice:
+        raise BodyEncodeError(
+            f"message to stream {stream.shown()}: its body cannot be encoded as JSON: two "
+            f"keys of one object are both {json.dumps(twice[0])} there (JSON's keys are "
+            "text), one would be lost; nothing was sent: give an object's keys one type, "
+            "or publish it as application/msgpack")
 
 
 def _non_finite(value: Any) -> tuple[str, float] | None:
@@ -399,6 +444,10 @@ class Client:
         ``content_type`` None or ``""`` is the default: JSON (what every adapter reads an
         empty content type as), or the encoding of a ``bytes`` or ``str`` body as given.
 
+        ``headers``: a ``traceparent`` (with its ``tracestate``) given here is, traced,
+        the publish span's parent in place of the current span, and the message carries
+        the span's own pair; untraced, both go as given (docs/telemetry.md).
+
         Raises :class:`~conveyor.PublishUncertain` when the broker may or may not have
         stored it (see the README's delivery guarantee).
         """
@@ -521,12 +570,16 @@ class Client:
         for each. :meth:`_build` and :meth:`queue_for` of each item, inlined: the common
         one (an object body sent as JSON, no headers, a stream seen before) costs no call.
         Its JSON is searched for ``null`` (NaN, infinity) once for the batch, joined: a
-        search a message costs more than the search.
+        search a message costs more than the search; and its bodies are encoded again in
+        one call, sorted, which only keys that are all str allow (a key that is not may
+        be written like another: :func:`_refuse_key_clash`).
         """
         stamp, limit, known = now_ms(), self.max_body_bytes, self._streams
         by_queue: dict[int, tuple[list[int], list[Message]]] = {}
         jsons: list[bytes] = []
         json_encoded = jsons.append
+        bodies: list[dict[Any, Any]] = []  # the bodies of ``jsons``
+        json_body = bodies.append
         namespace, streams = None, None  # the last item's, looked up once for a run of them
         # Traced: the current span, every message's parent, read once for the batch.
         parent = None if spans is None else current_span().get_span_context()
@@ -546,6 +599,7 @@ class Client:
                     except _ENCODE_ERRORS as exc:
                         raise _unencodable(stream, body, None, exc) from exc
                     json_encoded(data)
+                    json_body(body)
                 else:
                     data, ctype = encode_body(body, ctype, stream)
                 if len(data) > limit:
@@ -575,6 +629,17 @@ class Client:
                     if items[i].content_type is None and type(body) is dict and _has_null(
                             msg.body):
                         _refuse_non_finite(msg.stream, body)
+        try:
+            _json_encode_sorted(bodies)
+        except _ENCODE_ERRORS:  # a key that is no str in one of them at least
+            for positions, msgs in by_queue.values():
+                for i, msg in zip(positions, msgs, strict=True):
+                    body = items[i].body
+                    if items[i].content_type is None and type(body) is dict:
+                        try:
+                            _json_encode_sorted(body)
+                        except _ENCODE_ERRORS:
+                            _refuse_key_clash(msg.stream, msg.body)
         return by_queue
 
     async def close(self) -> None:

@@ -159,9 +159,10 @@ class MessageTooLargeError(InvalidArgumentError):
 class BodyEncodeError(InvalidArgumentError, TypeError):
     """A message's body cannot be sent as its content type: an object the encoder does
     not know (``object()``, a set as a dict key), a float JSON cannot carry (NaN,
-    infinity: JSON would carry it as ``null``), a structure nested too deeply, text with
-    a lone surrogate. Refused before anything was sent; the message names the stream and
-    why.
+    infinity: JSON would carry it as ``null``), two keys of one object that JSON writes
+    alike (``{1: "a", "1": "b"}``: JSON's keys are text), a structure nested too deeply,
+    text with a lone surrogate. Refused before anything was sent; the message names the
+    stream and why.
 
     Also a :class:`TypeError` and a :class:`ValueError`: what encoding a body raised
     before (a ``RecursionError`` aside), so ``except TypeError`` keeps working."""

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.trace import (
+    NonRecordingSpan,
     Span,
     SpanContext,
     SpanKind,
@@ -50,7 +51,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from conveyor.platform.message import Message
+from conveyor.platform.message import H_TRACEPARENT, H_TRACESTATE, Message
 from conveyor.platform.throttled_log import RepeatFilter
 from conveyor.platform.trace_context import current_span
 
@@ -318,8 +319,20 @@ class Telemetry:
         a non-recording span of the parent's trace, made here, but for a parent with a
         ``tracestate`` (the SDK's, to carry it). A lean span goes to the recorder only,
         so a span processor added to the provider makes them SDK spans from then on;
-        the recorder's span limits apply (see docs/telemetry.md)."""
+        the recorder's span limits apply (see docs/telemetry.md).
+
+        A ``traceparent`` the caller gave in the headers is the span's parent, not the
+        current span (with its ``tracestate``): the message is published in the trace
+        it names. The headers then carry the span's own pair, as for any message: a
+        given ``tracestate`` goes only with the traceparent it came with, and is
+        dropped where that is missing or no trace context (W3C)."""
         assert self.tracer is not None
+        context = None  # the SDK span's parent: the current span's
+        headers = msg.headers
+        if headers and (H_TRACEPARENT in headers or H_TRACESTATE in headers):
+            given = _take_trace_context(headers)
+            if given.is_valid:
+                parent, context = given, trace.set_span_in_context(NonRecordingSpan(given))
         roots = self.roots
         if roots is not None:
             if parent is None:
@@ -348,6 +361,7 @@ class Telemetry:
                 return roots.dropped_span(parent.trace_id, span_id, flags)
         span = self.tracer.start_span(
             f"publish {msg.stream.namespace}",
+            context=context,
             kind=SpanKind.PRODUCER,
             attributes={**_publish_fixed(msg.stream.namespace, system),
                         **_publish_attributes(msg, queue)},
@@ -408,6 +422,14 @@ def _publish_fixed(namespace: str, system: str) -> dict[str, str]:
 def _publish_attributes(msg: Message, queue: int) -> dict[str, str]:
     """A producer span's attributes that differ from message to message."""
     return {PARTITION: str(queue), MESSAGE_ID: msg.id, KEY: msg.stream.key}
+
+
+def _take_trace_context(headers: dict[str, str]) -> SpanContext:
+    """The trace context of the ``traceparent`` and ``tracestate`` in ``headers``,
+    taken out of them (invalid where there is none)."""
+    given = {name: headers.pop(name) for name in (H_TRACEPARENT, H_TRACESTATE)
+             if name in headers}
+    return trace.get_current_span(PROPAGATOR.extract(given)).get_span_context()
 
 
 def _write_traceparent(msg: Message, span: Span) -> None:

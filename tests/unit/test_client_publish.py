@@ -1,6 +1,7 @@
 """Client.publish_batch's own work on the memory adapter: ids, the stream cache, refusals."""
 
 import asyncio
+import enum
 import math
 import re
 import threading
@@ -524,3 +525,70 @@ async def test_a_body_of_none_is_refused_as_a_type_error_naming_the_argument(
     assert stored(client) == {}
     await client.publish("a", "k", b"null")  # JSON's null, said so
     assert len(stored(client)) == 1
+
+
+class Shade(enum.Enum):
+    RED = 1
+
+
+@pytest.mark.parametrize(("body", "key"), [
+    ({1: "a", "1": "b"}, '"1"'),
+    ({"lines": [{"sku": "x"}, {2: "int", "2": "str"}]}, '"2"'),
+    ({1.5: "float", "1.5": "str"}, '"1.5"'),
+    ({Shade.RED: "enum", 1: "int"}, '"1"'),
+    ([Line("a", 1.0), {"n": {7: 1, "7": 2}}], '"7"'),
+], ids=["int-str", "nested", "float-str", "enum-int", "in-a-list"])
+async def test_keys_that_json_writes_alike_are_refused_not_one_lost(
+        client: Client, body: object, key: str) -> None:
+    # JSON's keys are text: {1: "a", "1": "b"} was sent as {"1":"a","1":"b"}, which
+    # every decoder reads as {"1": "b"}: one key lost without a word.
+    with pytest.raises(BodyEncodeError) as single:
+        await client.publish("a", "k", body)
+    with pytest.raises(BodyEncodeError) as batch:
+        await client.publish_batch([Publish("a", "k", {"i": 1}), Publish("a", "k", body)])
+    for error in (single.value, batch.value):
+        assert str(error) == (
+            f"message to stream a/k: its body cannot be encoded as JSON: two keys of one "
+            f"object are both {key} there (JSON's keys are text), one would be lost; nothing "
+            "was sent: give an object's keys one type, or publish it as application/msgpack")
+    assert stored(client) == {}
+
+
+async def test_keys_that_are_no_str_and_write_apart_go_and_msgpack_keeps_their_types(
+        client: Client) -> None:
+    await client.publish("a", "k", {3: "a", 2.5: "b", Shade.RED: "c", "x": "d"})
+    await client.publish("a", "k", {1: "a", "1": "b", None: "c", (1, 2): "d", False: "e"},
+                         content_type="application/msgpack")
+    adapter = client.adapter
+    assert isinstance(adapter, MemoryAdapter)
+    [log] = [log for log in adapter.broker.logs.values() if log.items]
+    assert msgspec.json.decode(log.items[0].body) == {"3": "a", "2.5": "b", "1": "c",
+                                                      "x": "d"}
+    assert msgspec.msgpack.decode(log.items[1].body) == {
+        1: "a", "1": "b", None: "c", (1, 2): "d", False: "e"}
+    # In a batch too; a msgspec.Raw's spaces are no key written twice.
+    await client.publish_batch([Publish("a", "k", {"i": 1}), Publish("a", "k", {1: "a"}),
+                                Publish("a", "k", {2: msgspec.Raw(b'{ "a" : 1 }')})])
+    assert [msgspec.json.decode(m.body) for m in log.items[2:]] == [
+        {"i": 1}, {"1": "a"}, {"2": {"a": 1}}]
+
+
+@pytest.mark.parametrize("body", [{None: 1}, {True: 1}, {(1, 2): 1}, {frozenset(): 1}],
+                         ids=["none", "bool", "tuple", "frozenset"])
+async def test_keys_json_has_no_text_for_are_refused(client: Client, body: object) -> None:
+    with pytest.raises(BodyEncodeError) as raised:
+        await client.publish("a", "k", body)
+    assert str(raised.value).startswith(
+        "message to stream a/k: its body cannot be encoded as JSON: Only dicts with str-like "
+        "or number-like keys are supported")
+    assert stored(client) == {}
+
+
+def test_a_publish_is_a_hashable_value_whatever_its_body() -> None:
+    # It raised TypeError: unhashable type 'dict' (its headers' default, a dict body).
+    items = [Publish("a", "k", {"i": 1}), Publish("a", "k", {"i": 1}),
+             Publish("a", "k", {"i": 2}), Publish("a", "k", b"x", {"h": "v"}),
+             Publish("a", "k", b"x", {"h": "v"}), Publish("a", "k2", {"i": 1})]
+    assert hash(items[0]) == hash(items[1]) and hash(items[3]) == hash(items[4])
+    assert set(items) == {items[0], items[2], items[3], items[5]}
+    assert items[0] != items[2]  # equal as before: every field

@@ -290,3 +290,79 @@ async def test_publish_batch_reads_the_parent_once_and_writes_what_the_sdk_write
         assert len({span_id for _, _, span_id, _ in headers}) == len(ITEMS)
         seen.append(({flags for *_, flags in headers}, len(bare(traced))))
     assert seen[0] == seen[1] == seen[2], seen
+
+
+GIVEN = {name: span for name, span in PARENTS.items() if isinstance(span, NonRecordingSpan)}
+
+
+def carried(span: NonRecordingSpan) -> dict[str, str]:
+    """``span``'s context as the propagator writes it into headers."""
+    headers: dict[str, str] = {}
+    telemetry_module.PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+    return headers
+
+
+async def sent_under(way: str, ratio: float, ambient: Any, headers: dict[str, str]
+                     ) -> tuple[list[Any], list[dict[str, str]]]:
+    """What ``publish`` and ``publish_batch`` of a message with ``headers`` record (the
+    publish spans: name, parent, flags, tracestate) and send (the headers but the span
+    id) under the current span ``ambient``."""
+    reset_broker()
+    traced = WAYS[way](ratio)
+    adapter = Capturing()
+    publisher = Client(adapter, HashRingQueueMapper(8),
+                       telemetry=Telemetry(traced.provider, recorder=traced.recorder))
+    with under(ambient, traced):
+        await publisher.publish("orders", "customer-1", {"n": 1}, headers)
+        await publisher.publish_batch([Publish("orders", "customer-2", {"n": 2}, headers)])
+    spans = [(name, parent, flags, state) for name, _, _, _, parent, flags, _, _, state
+             in _summary(traced.spans()) if name == "publish orders"]
+    sent = []
+    for msg in adapter.sent:
+        version, trace_id, _, flags = msg.headers["traceparent"].split("-")
+        sent.append({**msg.headers, "traceparent": f"{version}-{trace_id}-*-{flags}"})
+    return spans, sent
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize("parent", list(GIVEN), ids=list(GIVEN))
+async def test_a_traceparent_given_in_the_headers_is_the_publish_spans_parent(
+    parent: str, way: str, ratio: float
+) -> None:
+    # The given traceparent was overwritten by the publish span's (a child of the
+    # current span), while the given tracestate stayed: a pair of two traces.
+    given = {"tenant": "acme", **carried(GIVEN[parent])}
+    spans, sent = await sent_under(way, ratio, "local", dict(given))
+    ambient_spans, ambient_sent = await sent_under(way, ratio, GIVEN[parent],
+                                                   {"tenant": "acme"})
+    assert (spans, sent) == (ambient_spans, ambient_sent)  # as if it were the current span
+    for headers in sent:
+        assert headers["traceparent"].split("-")[1] == f"{TRACE_ID:032x}"
+        assert headers.get("tracestate") == given.get("tracestate")
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+async def test_a_tracestate_without_a_valid_traceparent_is_not_sent_beside_another(
+    way: str
+) -> None:
+    # W3C: a tracestate goes with its traceparent. Given alone, or beside a traceparent
+    # that is no trace context, the publish span's traceparent is written and no
+    # tracestate, as a child of the current span.
+    ambient = await sent_under(way, 1.0, GIVEN["remote sampled parent"], {"tenant": "acme"})
+    for bad in ({"tracestate": "k=v"}, {"traceparent": "00-nonsense", "tracestate": "k=v"}):
+        assert await sent_under(way, 1.0, GIVEN["remote sampled parent"],
+                                {"tenant": "acme", **bad}) == ambient
+
+
+async def test_traced_off_a_given_traceparent_and_tracestate_go_as_they_are() -> None:
+    reset_broker()
+    adapter = Capturing()
+    publisher = Client(adapter, HashRingQueueMapper(8))  # no telemetry: no tracing
+    given = {"tenant": "acme", **carried(GIVEN["remote parent with tracestate"])}
+    traced = WAYS["plain sdk"](1.0)
+    with under("local", traced):  # a current span of another provider's
+        await publisher.publish("orders", "customer-1", {"n": 1}, given)
+        await publisher.publish_batch([Publish("orders", "customer-2", {"n": 2}, given)])
+    assert [m.headers for m in adapter.sent] == [given, given]
+    assert given["tracestate"] == "k=v"
