@@ -55,9 +55,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from aiokafka.coordinator.protocol import (  # re-exported: app_check.py builds them
+    ConsumerProtocolMemberAssignment as ConsumerProtocolMemberAssignment,
+)
 from aiokafka.coordinator.protocol import (
-    ConsumerProtocolMemberAssignment,
-    ConsumerProtocolMemberMetadata,
+    ConsumerProtocolMemberMetadata as ConsumerProtocolMemberMetadata,
 )
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol.api import Request, RequestStruct, Response

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -50,6 +51,7 @@ from conveyor.adapters.kafka.aiokafka_internals import (
     raw_records,
     sticky_assignor,
 )
+from conveyor.adapters.kafka.app_check import AppCheck, AppIdentity, checking_assignor
 from conveyor.adapters.kafka.connection import first_answer, retrying, start_client
 from conveyor.adapters.kafka.members import GroupMember, MemberReporter
 from conveyor.platform.adapter import QueueAdapter
@@ -99,9 +101,16 @@ class KafkaGroupBalancer(QueueBalancer):
         self._reporting: asyncio.Task[None] | None = None
         self._report_now = asyncio.Event()
         self._report_log = ThrottledLog(log, 60.0)
+        self._app: tuple[list[str], list[str]] | None = None
+        self._total_told: set[int] = set()
 
     def set_stats_provider(self, provider: StatsProvider) -> None:
         self._stats = provider
+
+    def set_app(self, handlers: Sequence[str], namespaces: Sequence[str]) -> None:
+        """Exchange these with the group's members to notice another app under the same
+        name (:mod:`conveyor.adapters.kafka.app_check`)."""
+        self._app = (list(handlers), list(namespaces))
 
     async def start(self, member: MemberInfo, listener: BalanceListener) -> None:
         """Join the group; if the broker is down, keep trying in the background.
@@ -144,9 +153,7 @@ class KafkaGroupBalancer(QueueBalancer):
             heartbeat_interval_ms=cfg.heartbeat_interval_ms,
             rebalance_timeout_ms=cfg.rebalance_timeout_ms,
             group_instance_id=cfg.group_instance_id or None,
-            partition_assignment_strategy=tuple(
-                sticky_assignor() if name == "sticky" else RoundRobinPartitionAssignor
-                for name in cfg.assignors),
+            partition_assignment_strategy=self._assignors(),
             # Receivers poll per partition; a member that owns nothing polls nothing and
             # must not be expelled for it. Liveness is the heartbeat's job.
             max_poll_interval_ms=24 * 3600 * 1000,
@@ -160,6 +167,17 @@ class KafkaGroupBalancer(QueueBalancer):
         consumer.subscribe([cluster.topic], listener=_Rebalance(self))
         if self._reporting is None:
             self._reporting = asyncio.create_task(self._report_loop(), name="kafka-group-report")
+
+    def _assignors(self) -> tuple[type[Any], ...]:
+        """The configured assignors; exchanging the app's handlers when known."""
+        assert self._member is not None
+        bases = [sticky_assignor() if name == "sticky" else RoundRobinPartitionAssignor
+                 for name in self.adapter.cluster.config.assignors]
+        if self._app is None:
+            return tuple(bases)
+        me = AppIdentity(self._member.id, self._member.host, *self._app)
+        check = AppCheck(self.group, me)
+        return tuple(checking_assignor(base, me, check.seen) for base in bases)
 
     async def _report_loop(self) -> None:
         """Report this daemon now and then, and at once when its queues change.
@@ -210,6 +228,7 @@ class KafkaGroupBalancer(QueueBalancer):
         assert self._listener is not None
         if self._stopping:
             return
+        self._tell_past_total(partitions)
         mine = [p for p in partitions if p < self.total_queues and p not in self._owned]
         self._confirmed_at = max(self._confirmed_at, time.monotonic())  # SyncGroup answered
         self._owned.update(mine)
@@ -217,6 +236,26 @@ class KafkaGroupBalancer(QueueBalancer):
         self._assigned_once.set()
         self._report_now.set()
         log.info("group %s assigned queues %s", self.group, sorted(self._owned))
+
+    def _tell_past_total(self, partitions: list[int]) -> None:
+        """Warn, once per partition, of those assigned past ``$.queues.total``.
+
+        The topic gained partitions under running daemons (a start refuses such a
+        topic), or members run with different totals. This daemon does not read them,
+        and the coordinator gives them to no one else while it holds them: their records
+        wait, not lost, until a member whose total covers them is assigned them (or the
+        topic's retention deletes them)."""
+        past = [p for p in partitions if p >= self.total_queues and p not in self._total_told]
+        if not past:
+            return
+        self._total_told.update(past)
+        log.warning("group %s was assigned partitions %s of topic %r, past $.queues.total "
+                    "= %d: this daemon does not read them and no other member gets them "
+                    "while it holds them, so their messages wait unhandled (until the "
+                    "topic's retention deletes them); set $.queues.total to the topic's "
+                    "partition count (at least %d) and restart the workers",
+                    self.group, past, self.adapter.cluster.topic, self.total_queues,
+                    max(past) + 1)
 
     async def _revoked(self, partitions: list[int]) -> None:
         """Drain (finish and commit) before the coordinator may hand the partitions on;

@@ -217,6 +217,10 @@ class QueueBalancer(ABC):
     def set_stats_provider(self, provider: StatsProvider) -> None:  # noqa: B027
         """Stats to publish with this daemon's membership record (ignored when static)."""
 
+    def set_app(self, handlers: Sequence[str], namespaces: Sequence[str]) -> None:  # noqa: B027
+        """The app's handler names and namespaces, for a balancer that can tell members
+        of another app under the same name apart (``kafka-group``); ignored elsewhere."""
+
 
 StatsProvider = Callable[[], dict[str, float]]
 

@@ -69,8 +69,10 @@ class Orphans:
         self._notes.log(  # keyed by a long namespace's start: the key is kept a while
             logging.WARNING, namespace[:NAME_SHOWN_MAX],
             "app %r skips messages of namespace %s: none of its handlers subscribes (another "
-            "app sharing the queues may; [dead_letters] unroutable = \"dead-letter\" keeps "
-            "them as dead letters instead)", self._app, shown_name(namespace, quoted=True),
+            "app sharing the queues under its own name may; one running under this app's "
+            "name shares its consumer group and never sees them: give each app its own "
+            "name. [dead_letters] unroutable = \"dead-letter\" keeps them as dead letters "
+            "instead)", self._app, shown_name(namespace, quoted=True),
         )
         return None
 

@@ -249,6 +249,8 @@ class WorkerDaemon:
         self.client.bind_to_running_loop()  # a handler thread's publish is refused
         await self._check_server()
         self.balancer.set_stats_provider(self.stats_snapshot)
+        self.balancer.set_app([h.name for h in self.app.handlers],
+                             sorted(self.app.subscriptions()))
         self._parts.watchdog.start()
         if freeze_heap:
             freeze_startup_heap()

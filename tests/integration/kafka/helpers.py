@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from conveyor import WorkerDaemon
 from conveyor.platform.app import App
+from conveyor.platform.balancing.balancer import Lease
 from conveyor.platform.config import Config, load_config
 from tests.proxy import CuttableProxy as CuttableProxy  # re-exported for the Kafka tests
 
@@ -99,3 +100,27 @@ async def read_all(bootstrap: str, topic: str, expected_at_least: int, partition
         return records
     finally:
         await consumer.stop()
+
+
+class HeldAcquisitions:
+    """A listener whose acquisitions wait for :attr:`go`; it records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.acquiring = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
+        self.calls.append(("acquiring", queue))
+        self.acquiring.set()
+        await self.go.wait()
+        self.calls.append(("acquired", queue))
+
+    async def queue_released(self, queue: int) -> None:
+        self.calls.append(("released", queue))
+
+    async def queue_lost(self, queue: int) -> None:
+        self.calls.append(("lost", queue))
+
+    def balancer_failed(self, error: BaseException) -> None:
+        self.calls.append(("failed", -1))

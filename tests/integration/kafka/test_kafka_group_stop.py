@@ -15,39 +15,14 @@ import pytest
 
 from conveyor.adapters.kafka.adapter import KafkaAdapter
 from conveyor.adapters.kafka.group_balancer import KafkaGroupBalancer
-from conveyor.platform.balancing.balancer import Lease
 from conveyor.platform.balancing.membership import MemberInfo
 from tests.conftest import wait_until
 from tests.integration.kafka.conftest import Tansu
-from tests.integration.kafka.helpers import kafka_config
+from tests.integration.kafka.helpers import HeldAcquisitions, kafka_config
 
 pytestmark = pytest.mark.kafka
 
 QUEUES = 2
-
-
-class HeldAcquisitions:
-    """A listener whose acquisitions wait for :attr:`go`; it records every call."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int]] = []
-        self.acquiring = asyncio.Event()
-        self.go = asyncio.Event()
-
-    async def queue_acquired(self, queue: int, lease: Lease | None) -> None:
-        self.calls.append(("acquiring", queue))
-        self.acquiring.set()
-        await self.go.wait()
-        self.calls.append(("acquired", queue))
-
-    async def queue_released(self, queue: int) -> None:
-        self.calls.append(("released", queue))
-
-    async def queue_lost(self, queue: int) -> None:
-        self.calls.append(("lost", queue))
-
-    def balancer_failed(self, error: BaseException) -> None:
-        self.calls.append(("failed", -1))
 
 
 async def test_a_stop_during_an_assignment_drains_what_it_acquired_after_acquiring_it(
