@@ -33,7 +33,9 @@ that one test rather than a daemon in production:
   with ``_DefaultRecordBatchPy``'s header and decompression);
 * a batch's record builder, appended to without the keyword wrapper per record:
   ``batch._builder.append`` and the count it keeps, ``batch._relative_offset``;
-* the consumer protocol's member metadata and assignment (``aiokafka.coordinator``);
+* the consumer protocol's member metadata and assignment (``aiokafka.coordinator``),
+  also built by :mod:`~conveyor.adapters.kafka.app_check`, which subclasses the
+  assignors' ``metadata`` / ``assign`` / ``on_assignment`` classmethods;
 * the sticky assignor's state, which it keeps in class attributes;
 * where aiokafka's SCRAM code raises on a refused login, and the log line of its sender
   for a refused InitProducerId (matched by function names and text);
