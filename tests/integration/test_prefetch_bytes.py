@@ -52,6 +52,43 @@ async def test_what_a_daemon_holds_stays_within_its_share_of_prefetch_bytes() ->
     assert report.acked == len(items)
 
 
+async def test_large_headers_count_against_prefetch_bytes_as_bodies_do() -> None:
+    """Small bodies with 60 KiB of headers each (a client sends up to 64 KiB): before,
+    only bodies counted, and every queue pulled its whole backlog (400 messages, 24 MB)
+    past a 1 MiB budget."""
+    adapter = fresh_adapter()
+    app = App("test")
+    gate = asyncio.Event()
+    seen: Counter[int] = Counter()
+
+    @app.handler("big")
+    async def on_big(body: dict[str, object]) -> None:
+        await gate.wait()
+        seen[int(body["seq"])] += 1  # type: ignore[call-overload]
+
+    d = daemon(app, adapter, config(worker={"prefetch_bytes": BUDGET}, slots={"count": 200}))
+    pad = {"x-pad": "x" * (60 * KIB)}
+    items = [Publish("big", f"s{i}", {"seq": i}, headers=pad) for i in range(400)]
+    await Client(adapter, d.mapper).publish_batch(items)
+    await d.start()
+    try:
+        await wait_until(lambda: all(len(a.cache) > 0 for a in d.agents.values()), 10,
+                         what="every queue pulled")
+        for _ in range(20):  # the agents would pull more now if they could
+            await asyncio.sleep(0)
+        held = sum(len(e.msg.body) + sum(len(n) + len(v) for n, v in e.msg.headers.items())
+                   for a in d.agents.values() for e in a.cache.entries)
+        one = 61 * KIB  # a message, at most
+        assert held <= BUDGET + len(d.agents) * one, held  # one message per queue over
+        assert sum(len(a.cache) for a in d.agents.values()) < len(items)
+        gate.set()
+        await wait_until(lambda: sum(seen.values()) == len(items), 30, what="all handled")
+    finally:
+        report = await d.stop()
+    assert seen == Counter(range(len(items)))  # each once: no fault, no duplicate allowed
+    assert report.acked == len(items)
+
+
 async def test_a_batch_handler_runs_what_the_byte_bound_lets_in_without_waiting_out_its_wait(
 ) -> None:
     adapter = fresh_adapter()
