@@ -16,10 +16,13 @@ done prefix of the cache is acknowledged, so a crash can only cause redelivery o
 messages that were not (all) finished, never skip one.
 
 The cache is bounded twice: in messages (``capacity``, ``[worker] cache_capacity``) and
-in body bytes, by its share of the daemon's :class:`PrefetchBudget` (``[worker]
-prefetch_bytes``). A queue cannot be asked for bytes, only for a count, so
-:meth:`QueueCache.pull_size` turns the bytes left into a count with the body size the
-last pulls brought.
+in bytes by its share of the daemon's :class:`PrefetchBudget` (``[worker]
+prefetch_bytes``). A message counts for its body's bytes and its headers' names and
+values (:func:`~conveyor.platform.message.headers_size`: characters, bytes for ASCII) —
+a producer may send small bodies with many KB of headers each; one without headers (the
+common one) costs ``len`` of its body, as before. A queue cannot be asked for bytes,
+only for a count, so :meth:`QueueCache.pull_size` turns the bytes left into a count with
+the message size the last pulls brought.
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ from conveyor.platform.delivery.chain import Step
 from conveyor.platform.delivery.dead_letter import DirectCall
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.ids import SequenceToken
-from conveyor.platform.message import Message
+from conveyor.platform.message import Message, headers_size
 
 
 class PrefetchBudget:
-    """Body bytes one daemon's agents may hold pulled and not yet acknowledged
+    """Bytes one daemon's agents may hold pulled and not yet acknowledged
     (``[worker] prefetch_bytes``), and what they hold.
 
     A cache joins when its agent's pull loop starts and leaves when it ends (a draining
@@ -47,7 +50,7 @@ class PrefetchBudget:
     queues the daemon owns. A cache pulls while it is under its even share *and* the
     daemon under its limit: an agent that started first and took more than its share
     pulls nothing more until its acknowledgements bring it under. An empty cache may
-    always pull one message, so the daemon holds at most ``limit_bytes`` plus one body
+    always pull one message, so the daemon holds at most ``limit_bytes`` plus one message
     per queue. One event loop; no locking.
     """
 
@@ -131,14 +134,14 @@ class QueueCache:
         cached, where a (route, stream) tuple is built and hashed per message)."""
         self.ready: deque[Lane] = deque()
         self.bytes = 0
-        """Body bytes of the entries held."""
+        """Bytes of the entries held."""
         self.unconfirmed = 0
         """Entries done and taken out (:meth:`pop_done_prefix`) whose acknowledgement the
         broker has not confirmed yet (the :class:`~conveyor.platform.acks.Acknowledger`
         counts them): they still count against ``capacity``, which bounds what was
         pulled and not acknowledged — what a crash or a lost lease may run again."""
         self._body_bytes = 0
-        """Body size one message is expected to have: the last pull's average, or half
+        """Size one message is expected to have: the last pull's average, or half
         the estimate before if that is more (it rises at once, falls by halves); 0 until
         the first pull."""
         self._budget: PrefetchBudget | None = None
@@ -193,10 +196,12 @@ class QueueCache:
         return self.pull_size(1) <= 0
 
     def took(self, messages: list[Message]) -> None:
-        """Count a pull's bodies (before its entries are added)."""
+        """Count a pull's messages (before its entries are added)."""
         size = 0
         for msg in messages:
             size += len(msg.body)
+            if msg.headers:
+                size += headers_size(msg.headers)
         self._count_taken(size, len(messages))
 
     def _count_taken(self, size: int, count: int) -> None:
@@ -209,8 +214,8 @@ class QueueCache:
                 subscriptions: Mapping[str, tuple[Route, ...]]) -> list[Entry] | None:
         """Add a pull's messages, in queue order, to the lanes of the routes subscribed to
         their namespaces (``subscriptions``); the entries of those no route takes are kept
-        in order too and returned (None if there are none), for the agent's orphans. Their
-        bodies are counted as :meth:`took` counts them.
+        in order too and returned (None if there are none), for the agent's orphans. They
+        are counted as :meth:`took` counts them.
 
         One call per pull: the namespace's routes (and their lanes' dicts) are looked up
         once per run of messages of one namespace, and nothing is called per message; a
@@ -229,6 +234,8 @@ class QueueCache:
         size = 0
         for msg in messages:
             size += len(msg.body)
+            if msg.headers:  # no call for a message without
+                size += headers_size(msg.headers)
             stream = msg.stream
             if stream.namespace != namespace:
                 namespace = stream.namespace
@@ -314,6 +321,8 @@ class QueueCache:
             while entries and not entries[0].pending:
                 msg = entries.popleft().msg
                 freed += len(msg.body)
+                if msg.headers:
+                    freed += headers_size(msg.headers)
                 if msg.token is not None:
                     tokens.append(msg.token)
         self.bytes -= freed

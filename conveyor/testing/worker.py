@@ -62,6 +62,10 @@ HOOK_HELD = ("a hook that catches asyncio.CancelledError must raise it again; co
              f"worker's stop leaves it running after {HOOKS_GRACE_S:g}s")
 """What a stop that left a startup hook running says of it."""
 
+NOT_STARTED = ("the TestWorker is not started: use `async with TestWorker(app) as worker` "
+               "or `await worker.start()`")
+"""What a call that needs the worker started says before the start."""
+
 
 def kit_config(config: Config | None, broker_name: str) -> Config:
     """``config`` (or the defaults) on the private embedded broker ``broker_name``, with
@@ -152,6 +156,8 @@ class TestWorker:
         self.drain_report: DrainReport | None = None
         """What the daemon's stop did (set by :meth:`stop`)."""
         self._failure_watch: asyncio.Task[None] | None = None
+        self._failure_said = False
+        """A settle() raised the daemon's failure (``WorkerStopped``): the exit need not."""
 
     def __repr__(self) -> str:
         state = ("stopped" if self.drain_report is not None
@@ -283,9 +289,12 @@ class TestWorker:
         handler or startup hook. So what was published since its last ``settle()`` — by
         the test, ``worker.client``, a handler or a hook — is settled here, with the
         startup hooks if no ``settle()`` saw them (``NotSettled`` past the timeout);
-        then a hook's failure is raised, and a dead letter the test never saw (no
-        ``settle()`` returned it, nor did ``records``, ``dead_lettered()`` or
-        ``report()``) raises :class:`DeadLettersFound`."""
+        then a hook's failure is raised, a worker that stopped on its own (a handler's
+        ``KeyboardInterrupt`` or ``SystemExit``, the daemon's failure) that no
+        ``settle()`` raised raises :class:`WorkerStopped` — the daemon may fail after the
+        test's last ``settle()``, with nothing published since — and a dead letter the
+        test never saw (no ``settle()`` returned it, nor did ``records``,
+        ``dead_lettered()`` or ``report()``) raises :class:`DeadLettersFound`."""
         __tracebackhide__ = True
         looked = self._looked
         observations = self._observations
@@ -293,6 +302,10 @@ class TestWorker:
         if len(observations.messages) > (self._checked or 0) or hooks_unseen:
             await self.settle(raise_on_dead_letters=False)
         self._raise_hook_failures()
+        failure = self.daemon.failure
+        if any(not stop.reported for stop in observations.stops) or (
+                failure is not None and not self._failure_said):
+            self._raise_stops()
         letters = [r for r in self._observations.sorted_records(looked)
                    if r.outcome is Outcome.DEAD_LETTERED]
         if letters:
@@ -304,8 +317,7 @@ class TestWorker:
     def daemon(self) -> WorkerDaemon:
         """The real :class:`~conveyor.WorkerDaemon` under test (pools, cells, stats)."""
         if self._daemon is None:
-            raise ConveyorError("the TestWorker is not started: use `async with "
-                                "TestWorker(app) as worker` or `await worker.start()`")
+            raise ConveyorError(NOT_STARTED)
         return self._daemon
 
     def _running(self, doing: str) -> WorkerDaemon:
@@ -429,8 +441,7 @@ class TestWorker:
     def _broker(self) -> MemoryBroker:
         broker = self._observations.broker
         if broker is None:
-            raise ConveyorError("the TestWorker is not started: use `async with "
-                                "TestWorker(app) as worker` or `await worker.start()`")
+            raise ConveyorError(NOT_STARTED)
         return broker
 
     # -- settling ----------------------------------------------------------------------------
@@ -638,6 +649,7 @@ class TestWorker:
                 "the worker stops") from trimmed(new[0].error)
         failure = self._daemon.failure if self._daemon is not None else None
         if failure is not None:
+            self._failure_said = True
             raise WorkerStopped(
                 f"the worker failed: {failure} (conveyor worker stops there and exits 1; "
                 "every later settle() says so)") from trimmed(failure)
@@ -674,12 +686,24 @@ class TestWorker:
     # -- what happened -----------------------------------------------------------------------
     @property
     def records(self) -> list[Record]:
-        """Every settled message, per handler, in publish order (then declaration order)."""
+        """Every settled message, per handler, in publish order (then declaration order).
+        Refused before the start (:meth:`_read`), as every read of what happened is."""
+        self._read()
         self._looked = len(self._observations.records)
         return self._observations.sorted_records()
 
+    def _read(self) -> None:
+        """Refuse to read what happened before the start: nothing could have, and an
+        empty list would pass a test's ``assert not worker.dead_lettered()`` over a
+        worker that never ran (a fixture that forgot to start it). Once stopped, the
+        records stay readable."""
+        __tracebackhide__ = True
+        if self._daemon is None:
+            raise ConveyorError(NOT_STARTED)
+
     def _select(self, outcome: Outcome | None, namespace: str | None,
                 handler: HandlerRef | None, call: str) -> list[Record]:
+        self._read()
         unroutable_kept = self.config.dead_letters.unroutable == "dead-letter"
         handled = (None if outcome is Outcome.DEAD_LETTERED and unroutable_kept
                    else outcome is not Outcome.SKIPPED)
@@ -777,6 +801,7 @@ class TestWorker:
 
     def batches(self, handler: HandlerRef | None = None) -> list[BatchCall]:
         """Every call of a batch handler, in the order they ended."""
+        self._read()
         match = self._handler_match(handler)
         return [call for call in self._observations.batches if match(call.handler)]
 

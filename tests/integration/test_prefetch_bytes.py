@@ -21,7 +21,11 @@ def bodies(n: int, streams: int) -> list[Publish]:
             for i in range(n)]
 
 
-async def test_what_a_daemon_holds_stays_within_its_share_of_prefetch_bytes() -> None:
+async def held_within_the_budget(items: list[Publish], largest: int) -> None:
+    """Publish ``items`` to handlers that wait, check what the daemon holds once every
+    queue pulled — bodies and headers, counted here from its entries — is within the
+    budget plus one message (of at most ``largest`` bytes) per queue, then release them:
+    each is handled once."""
     adapter = fresh_adapter()
     app = App("test")
     gate = asyncio.Event()
@@ -33,7 +37,6 @@ async def test_what_a_daemon_holds_stays_within_its_share_of_prefetch_bytes() ->
         seen[int(body["seq"])] += 1  # type: ignore[call-overload]
 
     d = daemon(app, adapter, config(worker={"prefetch_bytes": BUDGET}, slots={"count": 200}))
-    items = bodies(400, streams=400)  # one stream each: nothing waits on order
     await Client(adapter, d.mapper).publish_batch(items)
     await d.start()
     try:
@@ -41,8 +44,10 @@ async def test_what_a_daemon_holds_stays_within_its_share_of_prefetch_bytes() ->
                          what="every queue pulled")
         for _ in range(20):  # the agents would pull more now if they could
             await asyncio.sleep(0)
-        held = sum(a.cache.bytes for a in d.agents.values())
-        assert held <= BUDGET + len(d.agents) * BODY, held  # one body per queue over, at most
+        held = sum(len(e.msg.body) + sum(len(n) + len(v) for n, v in e.msg.headers.items())
+                   for a in d.agents.values() for e in a.cache.entries)
+        assert held == sum(a.cache.bytes for a in d.agents.values())
+        assert held <= BUDGET + len(d.agents) * largest, held  # one message a queue over
         assert sum(len(a.cache) for a in d.agents.values()) < len(items)
         gate.set()
         await wait_until(lambda: sum(seen.values()) == len(items), 30, what="all handled")
@@ -50,6 +55,19 @@ async def test_what_a_daemon_holds_stays_within_its_share_of_prefetch_bytes() ->
         report = await d.stop()
     assert seen == Counter(range(len(items)))  # each once: no fault, no duplicate allowed
     assert report.acked == len(items)
+
+
+async def test_what_a_daemon_holds_stays_within_its_share_of_prefetch_bytes() -> None:
+    await held_within_the_budget(bodies(400, streams=400), BODY)  # one stream each
+
+
+async def test_large_headers_count_against_prefetch_bytes_as_bodies_do() -> None:
+    """Small bodies with 60 KiB of headers each (a client sends up to 64 KiB): before,
+    only bodies counted, and every queue pulled its whole backlog (400 messages, 24 MB)
+    past a 1 MiB budget."""
+    pad = {"x-pad": "x" * (60 * KIB)}
+    await held_within_the_budget(
+        [Publish("big", f"s{i}", {"seq": i}, headers=pad) for i in range(400)], 61 * KIB)
 
 
 async def test_a_batch_handler_runs_what_the_byte_bound_lets_in_without_waiting_out_its_wait(

@@ -437,6 +437,38 @@ async def test_wrong_arguments_are_refused_in_one_line_naming_them() -> None:
     assert "async with" in one_line(early.value)
 
 
+async def test_reading_records_before_the_start_is_refused_not_an_empty_list() -> None:
+    # A fixture that forgot to start its worker gave records == [] and handled() == []:
+    # a test asserting that nothing was dead-lettered passed over a worker never run.
+    worker = TestWorker(two_handlers())
+    reads = {
+        "records": lambda: worker.records,
+        "handled": lambda: worker.handled("orders"),
+        "dead_lettered": worker.dead_lettered,
+        "retried": worker.retried,
+        "skipped": worker.skipped,
+        "deduplicated": worker.deduplicated,
+        "bodies": worker.bodies,
+        "batches": worker.batches,
+        "report": worker.report,
+        "published": worker.published,
+        "unsettled": worker.unsettled,
+    }
+    said = {}
+    for name, read in reads.items():
+        with pytest.raises(conveyor.ConveyorError) as early:
+            read()
+        said[name] = one_line(early.value)
+    for name, text in said.items():
+        assert text.startswith("the TestWorker is not started: "), (name, text)
+        assert "async with" in text, name
+    async with worker:
+        await worker.publish("orders", "o-1", 1)
+        await worker.settle()
+    assert [r.key for r in worker.records] == ["o-1"] * 2  # once stopped: readable still
+    assert [r.key for r in worker.handled("orders")] == ["o-1"] * 2
+
+
 def test_a_plain_def_test_driving_a_worker_with_asyncio_run_is_told_to_be_async() -> None:
     # A sync test given the fixture's worker (pytest-asyncio starts it on its loop) that
     # ran asyncio.run(worker.publish(...)) was told about pytest-asyncio's loop scopes.

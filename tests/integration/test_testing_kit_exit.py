@@ -6,13 +6,20 @@ dead letters or failed on its own is left as it was."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import unittest
 
 import pytest
 
 import conveyor
-from conveyor.testing import DeadLettersFound, NotSettled, StartupHookFailed, TestWorker
+from conveyor.testing import (
+    DeadLettersFound,
+    NotSettled,
+    StartupHookFailed,
+    TestWorker,
+    WorkerStopped,
+)
 from tests.conftest import wait_until
 
 app = conveyor.App("exit-check")
@@ -137,6 +144,43 @@ async def test_a_startup_hook_no_settle_saw_is_waited_for_and_its_failure_raised
         async with TestWorker(seeding) as worker:
             bodies.append(worker)
     assert len(bodies) == 1
+
+
+async def test_a_worker_that_stopped_on_its_own_fails_the_exit_unless_a_settle_said_so(
+) -> None:
+    """The daemon failing (an agent task crashed: conveyor worker exits 1) after the
+    test's last settle(), or a handler's sys.exit() only unsettled() looked at, passed
+    the exit silently: nothing raised it, the exit settling nothing new."""
+    stopping = conveyor.App("exit-stops")
+
+    @stopping.handler("fatal")
+    async def fatal(code: int) -> None:
+        sys.exit(code)
+
+    stopping.handler("orders")(on_order)
+    with pytest.raises(WorkerStopped, match="the worker failed: queue 0: ") as failed:
+        async with TestWorker(stopping) as worker:
+            await worker.publish("orders", "o-1", {"items": 1})
+            await worker.settle()
+            worker.daemon.agent_crashed(0, RuntimeError("boom"))  # as the agent reports it
+    assert failed.value.__cause__ is worker.daemon.failure
+    with pytest.raises(WorkerStopped, match="the worker failed: "):
+        async with TestWorker(stopping) as worker:  # nothing published at all
+            worker.daemon.agent_crashed(0, RuntimeError("boom"))
+    with pytest.raises(WorkerStopped, match=r"handler fatal raised SystemExit\(3\)") as held:
+        async with TestWorker(stopping, stop_timeout_s=0.3) as worker:
+            await worker.publish("fatal", "f", 3)
+            await wait_until(lambda: "held" in "".join(worker.unsettled()), 10,
+                             what="the call held")
+    assert isinstance(held.value.__cause__, SystemExit)
+    async with TestWorker(stopping, stop_timeout_s=0.3) as worker:  # said once: enough
+        await worker.publish("fatal", "f", 3)
+        with pytest.raises(WorkerStopped):
+            await worker.settle()
+    async with TestWorker(stopping) as worker:
+        worker.daemon.agent_crashed(0, RuntimeError("boom"))
+        with pytest.raises(WorkerStopped):
+            await worker.settle()
 
 
 class UnittestCase(unittest.IsolatedAsyncioTestCase):

@@ -104,3 +104,28 @@ def test_queues_share_the_daemons_budget_and_one_that_took_more_waits() -> None:
     assert first.pull_size(256) == 0  # 1 MiB left of its share, none of the daemon's
     acknowledge(others[2], 1)
     assert first.pull_size(256) == 1
+
+
+def test_headers_count_against_the_bound_as_bodies_do() -> None:
+    """A backlog of small bodies with large headers (another producer may send many KB
+    of them) stays under the bound: before, headers were not counted and a 64 KiB
+    budget let the cache take its whole capacity, 1,024 messages of 8 KiB."""
+    budget = PrefetchBudget(64 << 10)
+    cache = joined(budget)
+    headers = {f"x-h{i}": "v" * 1000 for i in range(8)}  # 8 headers, 8,032 characters
+    size = 10 + sum(len(n) + len(v) for n, v in headers.items())
+    backlog = [Message(f"m{i}", StreamId("ns", "k"), b"x" * 10, headers,
+                       token=SequenceToken(0, i)) for i in range(1024)]
+    taken = 0
+    while (room := cache.pull_size(256)) > 0 and taken < len(backlog):
+        cache.add_all(backlog[taken:taken + room], {})
+        taken += room
+    assert cache.bytes == budget.held_bytes == taken * size
+    assert budget.held_bytes <= budget.limit_bytes + size  # the bound, plus one message
+    assert taken == 8
+    for entry in list(cache.entries)[:3]:  # freed one at a time (not every one is done)
+        entry.pending = 0
+    cache.pop_done_prefix([])
+    assert cache.bytes == budget.held_bytes == 5 * size
+    acknowledge(cache, 5)  # and in bulk
+    assert cache.bytes == budget.held_bytes == 0

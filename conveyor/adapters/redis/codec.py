@@ -40,6 +40,7 @@ from conveyor.platform.message import (
     Undecodable,
     first_not_utf8,
     given_twice,
+    headers_size,
     now_ms,
 )
 
@@ -119,7 +120,7 @@ def publish_chunks(messages: Sequence[Message]) -> list[Sequence[Message]]:
     """``messages`` cut into script calls of at most :data:`PUBLISH_CHUNK` entries and
     about :data:`PUBLISH_CHUNK_BYTES` of bodies and headers (a script blocks the server
     while it runs, and Redis caps one argument at 512 MB)."""
-    sizes = [len(m.body) + _headers_size(m.headers) if m.headers else len(m.body)
+    sizes = [len(m.body) + headers_size(m.headers) if m.headers else len(m.body)
              for m in messages]
     if len(messages) <= PUBLISH_CHUNK and sum(sizes) <= PUBLISH_CHUNK_BYTES:
         return [messages]
@@ -133,11 +134,6 @@ def publish_chunks(messages: Sequence[Message]) -> list[Sequence[Message]]:
     if start < len(messages):
         chunks.append(messages[start:])
     return chunks
-
-
-def _headers_size(headers: dict[str, str]) -> int:
-    """A message's headers' names and values, in characters (bytes, for ASCII)."""
-    return sum([len(name) + len(value) for name, value in headers.items()])
 
 
 def tokens_of_runs(runs: bytes, queue: int) -> list[SequenceToken]:

@@ -336,11 +336,12 @@ class WorkerConfig(_Section):
     max_batch: PositiveInt = 256
     """Most messages one pull asks the queue for."""
     prefetch_bytes: PositiveInt = 64 << 20
-    """Message bodies one daemon may hold pulled and not yet acknowledged, in bytes, shared
+    """Messages one daemon may hold pulled and not yet acknowledged, in bytes, shared
     evenly by its pulling agents (beside each agent's ``cache_capacity``): what bounds a
-    daemon's memory when bodies are large. An agent with nothing in its cache still pulls
-    one message, so a body larger than its share still goes through. See
-    docs/limits.md."""
+    daemon's memory when messages are large. A message counts for its body and its
+    headers (their names and values, in characters: bytes for ASCII); not for its stream
+    key nor Conveyor's own metadata. An agent with nothing in its cache still pulls one
+    message, so a message larger than its share still goes through. See docs/limits.md."""
     poll_timeout_ms: Millis = 500
     """How long one blocking pull waits for the first message of an idle queue."""
     drain_timeout_s: SecondsOrZero = 30.0
