@@ -29,7 +29,7 @@ COMMANDS = [
     ["groups", "list"],
     ["groups", "delete", "--app", "shop"],
     ["dlq", "list", "--app", "shop"],
-    ["dlq", "show", "0-0", "--app", "shop"],
+    ["dlq", "show", "0:0", "--app", "shop"],  # a Kafka letter id
     ["dlq", "replay", "--all", "--app", "shop"],
     ["dlq", "purge", "--all", "--yes", "--app", "shop"],
     ["rewind", "--app", "shop", "--to", "2026-11-28T00:00:00Z"],
