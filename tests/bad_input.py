@@ -203,5 +203,8 @@ def assert_reasons_name_the_fault(found: dict[str, DeadLetter]) -> None:
     not_text = "a string in it is not UTF-8 text: b'\\xff'"
     assert found["string-not-utf8"].error_type == "DecodeError"
     assert found["string-not-utf8"].error == f"cannot decode body as dict: {not_text}"
-    assert found["msgpack-string-not-utf8"].error == (
-        f"cannot decode body as dict (read as msgpack, its content type): {not_text}")
+    # msgspec 0.21 and later name no bytes of a msgpack string (the JSON one is found in
+    # the body): "a string in it is not UTF-8 text" alone
+    assert found["msgpack-string-not-utf8"].error in {
+        f"cannot decode body as dict (read as msgpack, its content type): {text}"
+        for text in (not_text, not_text.partition(":")[0])}

@@ -125,11 +125,33 @@ def _body_decoder(tp: Any, where: str) -> Decode:
             why = ("the body is empty" if not m.body  # not "truncated"
                    else "it is nested too deeply" if isinstance(exc, RecursionError)
                    else not_utf8("a string in it", exc.object)
-                   if isinstance(exc, UnicodeDecodeError) else str(exc))
+                   if isinstance(exc, UnicodeDecodeError)
+                   else _string_not_utf8(m) if str(exc) == MSGSPEC_NOT_UTF8 else str(exc))
             raise DecodeError(f"cannot decode body as {type_name}"
                               f"{_read_as(m.content_type)}: {why}") from None
 
     return decode
+
+
+MSGSPEC_NOT_UTF8 = "Invalid UTF-8 encoded string"
+"""msgspec's DecodeError for a string that is not UTF-8, from 0.21 on; 0.20 and before
+raised the UnicodeDecodeError itself, which holds the string's bytes."""
+
+
+def _string_not_utf8(m: Message) -> str:
+    """Why ``m``'s body did not decode, when msgspec said only that a string of it is
+    not UTF-8: in a JSON body the string is found (the text between the quotes around
+    the first byte that is not UTF-8; a display aid, escaped quotes are not followed);
+    a msgpack string's bytes are not looked for."""
+    body = bytes(m.body)
+    if m.content_type != CONTENT_MSGPACK:
+        try:
+            body.decode()
+        except UnicodeDecodeError as exc:
+            start = body.rfind(b'"', 0, exc.start) + 1
+            end = body.find(b'"', exc.start)
+            return not_utf8("a string in it", body[start:end if end >= 0 else len(body)])
+    return "a string in it is not UTF-8 text"
 
 
 def _custom_part(tp: Any) -> Any:

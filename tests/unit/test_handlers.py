@@ -126,6 +126,32 @@ def test_a_body_that_does_not_decode_is_refused_naming_how_its_content_type_was_
     assert str(caught.value).startswith(reason), str(caught.value)
 
 
+@pytest.mark.parametrize(("body", "shown"), [
+    (b'{"a": "\xff"}', "b'\\xff'"),
+    (b'{"a": 1, "name": "caf\xc3"}', "b'caf\\xc3'"),
+    (b'["ok", ["x\xfey", 2]]', "b'x\\xfey'"),
+])
+def test_a_json_string_that_is_not_utf8_is_shown_whatever_msgspec_raises(
+    body: bytes, shown: str,
+) -> None:
+    # msgspec 0.20 raised UnicodeDecodeError (holding the string); 0.21 on raise
+    # DecodeError("Invalid UTF-8 encoded string"), naming no bytes: the string is found
+    # in the body, so the reason reads the same with either.
+    app = App("t")
+
+    @app.handler("orders")
+    async def on_order(order: dict[str, Any] | list[Any]) -> None: ...
+
+    with pytest.raises(DecodeError) as caught:
+        app.handlers[0].decode(msg(body))
+    assert str(caught.value) == (
+        f"cannot decode body as {_union_name()}: a string in it is not UTF-8 text: {shown}")
+
+
+def _union_name() -> str:
+    return str(dict[str, Any] | list[Any])
+
+
 @pytest.mark.parametrize(
     ("source", "match"),
     [

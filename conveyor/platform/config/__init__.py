@@ -1017,16 +1017,18 @@ def decode_config_file(text: bytes, source: str) -> dict[str, Any]:
     against :class:`Config`; a ConfigError naming ``source`` when they are no TOML."""
     # "UTF-8 with BOM", as editors on Windows write it: the mark is no TOML statement.
     text = text.removeprefix(b"\xef\xbb\xbf")
+    try:  # TOML is UTF-8; checked here, as msgspec's own error differs between versions
+        text.decode()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{source}: not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start})") from None
     try:
         raw: dict[str, Any] = msgspec.toml.decode(text)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply for any config field") from None
-    except UnicodeDecodeError as exc:  # TOML is UTF-8
-        raise ConfigError(
-            f"{source}: not valid TOML: not UTF-8 text (byte {exc.object[exc.start]:#04x} "
-            f"at offset {exc.start})") from None
     return raw
 
 
