@@ -22,9 +22,11 @@ and what they share: ``common.py`` (the options, the error style and exit status
 ``render.py`` (the tables of status, groups and dlq). A command module imports no other.
 
 This module is the main command and the list of the others: each joins with one
-``main.add_command(module.command, section=...)`` line at the end (sections:
-:data:`conveyor.cli.common.SECTIONS`). Errors, from click, the config or the library,
-all print as ``conveyor: error: ...`` (:class:`conveyor.cli.common.TaskGroup`).
+``main.add_lazy_command(name, "module:command", section=...)`` line at the end (sections:
+:data:`conveyor.cli.common.SECTIONS`); a command's module is imported only when that
+command runs, so ``conveyor dlq list`` loads no worker and ``conveyor worker`` no console.
+Errors, from click, the config or the library, all print as ``conveyor: error: ...``
+(:class:`conveyor.cli.common.TaskGroup`).
 """
 
 from __future__ import annotations
@@ -34,27 +36,9 @@ import sys
 
 import click
 
-from conveyor.cli import (
-    asyncapi,
-    bench,
-    configs,
-    console,
-    demo,
-    deploy,
-    dev,
-    dlq,
-    groups,
-    publish,
-    rewind,
-    sim,
-    status,
-    tune,
-    worker,
-)
 from conveyor.cli.common import TaskGroup
 from conveyor.platform.outage import OUTAGE_REPEAT
 from conveyor.platform.terminal import VisibleFormatter, kept
-from conveyor.version import version
 
 __all__ = ["main"]
 
@@ -83,13 +67,21 @@ def _setup_logging(level: str | None, command: str | None) -> None:
             root_handler.addFilter(_no_outage_repeats)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: read when asked (the installed metadata costs some 40 ms to load)."""
+    if value and not ctx.resilient_parsing:
+        from conveyor.version import version
+        click.echo(f"conveyor {version()}")
+        ctx.exit()
+
+
 def _no_outage_repeats(record: logging.LogRecord) -> bool:
     return not getattr(record, OUTAGE_REPEAT, False)
 
 
 @click.group(cls=TaskGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(version(), "--version", "-V", prog_name="conveyor",
-                      message="%(prog)s %(version)s")
+@click.option("--version", "-V", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Show the version and exit.")
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
@@ -114,20 +106,20 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     _setup_logging(log_level, ctx.invoked_subcommand)
 
 
-# Every command (module.command), by section (common.SECTIONS): `--help` lists them in
-# this order.
-main.add_command(worker.worker, section="run")
-main.add_command(demo.demo, section="run")
-main.add_command(publish.publish, section="run")
-main.add_command(configs.configs, section="run")
-main.add_command(dev.dev, section="run")
-main.add_command(status.status, section="inspect")
-main.add_command(dlq.dlq, section="inspect")
-main.add_command(groups.groups, section="inspect")
-main.add_command(asyncapi.asyncapi, section="inspect")
-main.add_command(console.console, section="inspect")
-main.add_command(rewind.rewind, section="operate")
-main.add_command(deploy.deploy, section="operate")
-main.add_command(bench.bench, section="lab")
-main.add_command(sim.sim, section="lab")
-main.add_command(tune.tune, section="lab")
+# Every command (module:command), by section (common.SECTIONS): `--help` lists them in
+# this order. A command's module is imported when the command runs (or shows help).
+main.add_lazy_command("worker", "conveyor.cli.worker:worker", section="run")
+main.add_lazy_command("demo", "conveyor.cli.demo:demo", section="run")
+main.add_lazy_command("publish", "conveyor.cli.publish:publish", section="run")
+main.add_lazy_command("configs", "conveyor.cli.configs:configs", section="run")
+main.add_lazy_command("dev", "conveyor.cli.dev:dev", section="run")
+main.add_lazy_command("status", "conveyor.cli.status:status", section="inspect")
+main.add_lazy_command("dlq", "conveyor.cli.dlq:dlq", section="inspect")
+main.add_lazy_command("groups", "conveyor.cli.groups:groups", section="inspect")
+main.add_lazy_command("asyncapi", "conveyor.cli.asyncapi:asyncapi", section="inspect")
+main.add_lazy_command("console", "conveyor.cli.console:console", section="inspect")
+main.add_lazy_command("rewind", "conveyor.cli.rewind:rewind", section="operate")
+main.add_lazy_command("deploy", "conveyor.cli.deploy:deploy", section="operate")
+main.add_lazy_command("bench", "conveyor.cli.bench:bench", section="lab")
+main.add_lazy_command("sim", "conveyor.cli.sim:sim", section="lab")
+main.add_lazy_command("tune", "conveyor.cli.tune:tune", section="lab")

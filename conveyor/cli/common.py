@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import importlib
 import math
 import signal
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import IO, Any, NoReturn, TypeGuard, TypeVar
+from typing import IO, Any, NoReturn, TypeGuard, TypeVar, cast
 
 import click
 from click.exceptions import NoArgsIsHelpError
@@ -157,23 +158,45 @@ class TaskGroup(click.Group):
     """The main command: subcommands listed by task (``SECTIONS``), in the order they were
     added; every error in the CLI's one style (:func:`as_cli_error`).
 
-    A command joins with one line: ``main.add_command(command, section="run")``.
+    A command joins with one line: ``main.add_lazy_command("name", "module:command",
+    section="run")`` (or ``main.add_command(command, section="run")``, imported already).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sections: dict[str, list[str]] = {}
+        self._lazy: dict[str, str] = {}
 
     def add_command(self, cmd: click.Command, name: str | None = None, *,
                     section: str = "operate") -> None:
+        self._add_to(section, name or cmd.name or "")
+        super().add_command(cmd, name)
+
+    def add_lazy_command(self, name: str, where: str, *, section: str = "operate") -> None:
+        """A command ``where`` (``"module:attribute"``) holds, imported when it is run or
+        its help is shown: a command loads its own module, not every other command's."""
+        self._add_to(section, name)
+        self._lazy[name] = where
+
+    def _add_to(self, section: str, name: str) -> None:
         if section not in SECTIONS:
             raise InvalidArgumentError(
                 f"section {section!r}: not one of {', '.join(SECTIONS)}")
-        super().add_command(cmd, name)
-        self.sections.setdefault(section, []).append(name or cmd.name or "")
+        self.sections.setdefault(section, []).append(name)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for section in SECTIONS for name in self.sections.get(section, [])]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        where = self._lazy.get(cmd_name) if found is None else None
+        if where is not None:
+            module, _, attribute = where.partition(":")
+            with _sigint_held():
+                loaded = importlib.import_module(module)
+            found = cast(click.Command, getattr(loaded, attribute))
+            self.commands[cmd_name] = found
+        return found
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         width = max((len(name) for name in self.list_commands(ctx)), default=0)
@@ -206,6 +229,20 @@ class TaskGroup(click.Group):
             raise Interrupted() from None
         except Exception as exc:
             _reraise(exc)
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT held while a command's modules load, as the ``conveyor`` script holds it
+    while this package loads (``_conveyor_cli``): a Ctrl-C meanwhile is raised as they
+    are released, where the command's handling ends it in one line, and cuts no import
+    (nor an extension module's initialisation) short."""
+    held = {signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
 def _reraise(exc: Exception) -> NoReturn:

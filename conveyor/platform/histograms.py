@@ -30,23 +30,11 @@ import time
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Histogram,
-    HistogramDataPoint,
-    Metric,
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-    ResourceMetrics,
-    ScopeMetrics,
-)
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, Metric, MetricsData
+    from opentelemetry.sdk.resources import Resource
 
 FOLD_EVERY_S = 0.1
 """How often a daemon with a meter folds what its histograms recorded: the values a
@@ -233,15 +221,26 @@ class LocalMetrics:
         return family
 
     def merge(self, data: MetricsData | None, reader: object = None,
-              temporality: AggregationTemporality = AggregationTemporality.CUMULATIVE,
-              ) -> MetricsData:
+              temporality: AggregationTemporality | None = None) -> MetricsData:
         """``data`` with every family that has counted something added to its
         instrumentation scope :attr:`scope` (created when absent).
 
-        ``reader`` (any hashable object: the key of its last snapshot) and ``temporality``: a
-        ``DELTA`` reader gets what was counted since its previous collection, without
-        min and max (known only since the start).
+        ``reader`` (any hashable object: the key of its last snapshot) and ``temporality``
+        (None: cumulative): a ``DELTA`` reader gets what was counted since its previous
+        collection, without min and max (known only since the start).
         """
+        # The SDK's types are loaded by the first collection, not with the module: a
+        # worker without a meter (the default) never loads the OpenTelemetry SDK's metrics.
+        from opentelemetry.sdk.metrics.export import (
+            AggregationTemporality,
+            MetricsData,
+            ResourceMetrics,
+            ScopeMetrics,
+        )
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        temporality = temporality or AggregationTemporality.CUMULATIVE
         now = time.time_ns()
         metrics = [m for f in self.families if (m := self._metric(f, reader, temporality, now))]
         data = data or MetricsData(resource_metrics=[])
@@ -262,6 +261,13 @@ class LocalMetrics:
 
     def _metric(self, family: HistogramFamily, reader: object,
                 temporality: AggregationTemporality, now_ns: int) -> Metric | None:
+        from opentelemetry.sdk.metrics.export import (
+            AggregationTemporality,
+            Histogram,
+            HistogramDataPoint,
+            Metric,
+        )
+
         delta = temporality == AggregationTemporality.DELTA
         points = []
         for series in family.all_series():
@@ -288,42 +294,3 @@ class LocalMetrics:
             return None
         return Metric(family.name, family.description, family.unit,
                       Histogram(points, temporality))
-
-
-class MergingExporter(MetricExporter):
-    """``exporter`` (OTLP, console) with ``local``'s families merged into every export,
-    in the temporality ``exporter`` prefers for histograms."""
-
-    def __init__(self, exporter: MetricExporter, local: LocalMetrics) -> None:
-        # The periodic reader asks its exporter for these: pass the wrapped one's on.
-        preferred = exporter._preferred_temporality
-        super().__init__(preferred, exporter._preferred_aggregation)
-        self._exporter = exporter
-        self._local = local
-        self._temporality = (preferred or {}).get(
-            HistogramInstrument, AggregationTemporality.CUMULATIVE)
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
-               **kwargs: Any) -> MetricExportResult:
-        merged = self._local.merge(metrics_data, self, self._temporality)
-        return self._exporter.export(merged, timeout_millis=timeout_millis, **kwargs)
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self._exporter.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
-class MergingPrometheusReader(PrometheusMetricReader):
-    """OpenTelemetry's Prometheus reader with ``local``'s families merged into what it
-    collects (cumulative, as Prometheus wants)."""
-
-    def __init__(self, local: LocalMetrics, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._local = local
-
-    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
-                         **kwargs: Any) -> None:
-        super()._receive_metrics(self._local.merge(metrics_data, self),
-                                 timeout_millis=timeout_millis, **kwargs)

@@ -256,7 +256,8 @@ class Telemetry:
                                                               **batching._asdict()))
         if recorder is not None:  # one added later must see every span: see hand_to_sdk
             tracer_provider.processor_added = recorder.hand_to_sdk
-        from conveyor.platform.histograms import LocalMetrics, MergingExporter
+        from conveyor.platform.histograms import LocalMetrics
+        from conveyor.platform.metric_readers import MergingExporter
 
         local = LocalMetrics(SCOPE, resource)
         readers: list[MetricReader] = [PeriodicExportingMetricReader(
@@ -445,7 +446,7 @@ def _write_traceparent(msg: Message, span: Span) -> None:
 def _prometheus_reader(local: LocalMetrics) -> tuple[CollectorRegistry, MetricReader]:
     from prometheus_client import CollectorRegistry
 
-    from conveyor.platform.histograms import MergingPrometheusReader
+    from conveyor.platform.metric_readers import MergingPrometheusReader
 
     registry = CollectorRegistry(auto_describe=True)
     # One instrumentation scope ("conveyor"): its otel_scope_* labels on every series

@@ -88,6 +88,7 @@ def test_the_main_help_lists_commands_by_task_worker_first() -> None:
     assert headings == ["Options", *SECTIONS.values()], headings
     listed = main.list_commands(ctx)
     assert listed[0] == "worker"
+    assert all(main.get_command(ctx, name) for name in listed)
     assert set(listed) == set(main.commands)  # none left out of a section
     run = text.split("\nRun:\n", 1)[1].splitlines()[0]
     assert run.split()[0] == "worker"

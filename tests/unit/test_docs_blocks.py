@@ -161,8 +161,10 @@ def unknown_in(command: str) -> list[str]:
     while words[:1] == ["--log-level"]:
         words = words[2:]
     cmd: click.Command = cli
-    while words and isinstance(cmd, click.Group) and words[0] in cmd.commands:
-        cmd = cmd.commands[words.pop(0)]
+    while words and isinstance(cmd, click.Group) and (
+            sub := cmd.get_command(click.Context(cmd), words[0])) is not None:
+        cmd = sub
+        words.pop(0)
     if (words and isinstance(cmd, click.Group) and re.fullmatch(r"[a-z][a-z-]*", words[0])
             and words[0] not in NOT_YET_COMMANDS):
         return [words[0]]

@@ -28,7 +28,8 @@ from conveyor import App
 from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.metrics import DURATION_BUCKETS_S, HandlerDuration
 from conveyor.platform.handlers import HandlerSpec
-from conveyor.platform.histograms import LocalMetrics, MergingExporter, MergingPrometheusReader
+from conveyor.platform.histograms import LocalMetrics
+from conveyor.platform.metric_readers import MergingExporter, MergingPrometheusReader
 from conveyor.platform.message import Message, StreamId
 from conveyor.platform.telemetry import SCOPE
 

@@ -54,7 +54,8 @@ PUBLIC_SUBMODULES = [conveyor.testing]
 # ``raise`` of a builtin exception Conveyor may still write: abstract-method stubs.
 BUILTIN_RAISES_ALLOWED = {"NotImplementedError", "KeyboardInterrupt"}  # SIGTERM as Ctrl-C
 # ... and where one module may: asyncio.timeout's contract, kept by its replacement.
-BUILTIN_RAISES_ALLOWED_IN = {("conveyor/platform/deadlines.py", "TimeoutError")}
+BUILTIN_RAISES_ALLOWED_IN = {("conveyor/platform/deadlines.py", "TimeoutError"),
+                             ("conveyor/__init__.py", "AttributeError")}  # PEP 562
 # Packages whose code stands for a user's (the demo's poison handler raises ValueError).
 USER_CODE = PACKAGE_DIR / "examples"
 
@@ -254,3 +255,37 @@ def test_a_daemon_of_no_app_is_refused_naming_what_to_pass() -> None:
     with pytest.raises(conveyor.InvalidArgumentError) as refused:
         conveyor.WorkerDaemon("shop:app")  # type: ignore[arg-type]
     assert str(refused.value) == "WorkerDaemon(app): expected a conveyor.App, got str 'shop:app'"
+
+
+# -- what an import loads -------------------------------------------------------------------
+def _loaded_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\n"
+         "print(*sorted(m for m in sys.modules if m.split('.')[0] == 'conveyor'))"],
+        capture_output=True, text=True, timeout=60, check=True)
+    return set(out.stdout.split())
+
+
+def test_import_conveyor_loads_a_name_when_it_is_first_asked_for() -> None:
+    # Every CLI command and worker process paid ~0.3 s for the whole package (client,
+    # daemon, the OTel SDK, prometheus) at `import conveyor`; names load as asked now.
+    assert _loaded_after("import conveyor") == {"conveyor"}
+    producer = _loaded_after("from conveyor import App, Client")
+    assert "conveyor.platform.app" in producer and "conveyor.client" in producer
+    assert not {m for m in producer if m == "conveyor.cli"
+                or m.startswith(("conveyor.workers.daemon", "conveyor.cli."))}
+    assert set(dir(conveyor)) >= set(conveyor.__all__)
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
+        conveyor.NoSuchName  # noqa: B018
+
+
+def test_the_cli_loads_only_the_command_it_runs() -> None:
+    from conveyor.cli import main
+
+    commands = {f"conveyor.cli.{name}" for name in main.list_commands(None)}  # type: ignore[arg-type]
+    assert len(commands) >= 15
+    assert not _loaded_after("import conveyor.cli") & commands
+    assert _loaded_after("import sys\nfrom conveyor.cli import main\n"
+                         "sys.argv = ['conveyor', 'dlq', '--help']\n"
+                         "try:\n    main()\nexcept SystemExit:\n    pass"
+                         ) & commands == {"conveyor.cli.dlq"}

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_child_gets_the_same_arguments_less_reload() -> None:
-    worker = main.commands["worker"]
+    worker = main.get_command(click.Context(main), "worker")
+    assert worker is not None
     with click.Context(main, info_name="conveyor") as parent:
         parent.params = {"log_level": "debug"}
         ctx = worker.make_context("worker", ["tests.apps.recorder:app", "--slots", "3",
