@@ -29,8 +29,8 @@ from conveyor.platform.delivery.chain import Delivery
 from conveyor.platform.delivery.metrics import DURATION_BUCKETS_S, HandlerDuration
 from conveyor.platform.handlers import HandlerSpec
 from conveyor.platform.histograms import LocalMetrics
-from conveyor.platform.metric_readers import MergingExporter, MergingPrometheusReader
 from conveyor.platform.message import Message, StreamId
+from conveyor.platform.metric_readers import MergingExporter, MergingPrometheusReader
 from conveyor.platform.telemetry import SCOPE
 
 # On a bound (counted in that bound's bucket), between bounds, below the first, above
