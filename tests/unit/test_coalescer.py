@@ -258,7 +258,7 @@ async def test_close_cancels_a_send_whose_calls_all_went_and_sends_the_rest(
     other = next(k for k in keys if client.queue_for("n", k) != slow)
     adapter.slow = {slow}
     gone = asyncio.ensure_future(client.publish("n", keys[0], b"1"))
-    await asyncio.sleep(0.01)  # its send is on its way, stuck
+    await wait_until(lambda: bool(adapter.sends), 5, 0.001, "its send on its way, stuck")
     assert not gone.done() and adapter.sends == [1]
     behind = asyncio.ensure_future(client.publish("n", keys[0], b"2"))
     elsewhere = asyncio.ensure_future(client.publish("n", other, b"3"))
@@ -282,8 +282,9 @@ async def test_close_waits_for_a_send_one_of_whose_calls_still_waits(
     adapter.slow = set(range(QUEUES))
     gone = asyncio.ensure_future(client.publish("n", "k", b"1"))
     kept = asyncio.ensure_future(client.publish("n", "k", b"2"))
-    await asyncio.sleep(0.01)  # one round with both calls, stuck
-    assert adapter.sends == [2]
+    # (a bare 10 ms sleep here failed once on a loaded machine: no send yet)
+    await wait_until(lambda: bool(adapter.sends), 5, 0.001, "a send under way, stuck")
+    assert adapter.sends == [2]  # one round with both calls
     gone.cancel()
     closing = asyncio.ensure_future(client.close())
     await asyncio.sleep(0.05)
