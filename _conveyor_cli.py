@@ -20,7 +20,9 @@ INTERRUPTED = 130
 """128 + SIGINT, as :data:`conveyor.cli.common.INTERRUPTED`, which is not imported yet."""
 
 
-def main() -> None:
+def main(prog_name: str | None = None) -> None:
+    """The command; ``prog_name`` as click's (``python -m conveyor`` passes ``conveyor``,
+    the script's name is its own)."""
     held = {signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
@@ -31,4 +33,4 @@ def main() -> None:
         except KeyboardInterrupt:
             sys.stderr.write("conveyor: interrupted\n")
             sys.exit(INTERRUPTED)
-    command()
+    command(prog_name=prog_name)

@@ -550,6 +550,25 @@ def test_ctrl_c_while_the_command_loads_is_one_line_with_exit_130(tmp_path: Path
     assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
 
 
+def test_python_m_conveyor_holds_ctrl_c_while_the_command_loads_too(tmp_path: Path) -> None:
+    """`python -m conveyor` (where the script is not on the PATH) loads the command's
+    modules under the same hold: it started them with SIGINT open, so a Ctrl-C then was
+    a traceback from inside an import."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        config = broker_config(tmp_path, "redis", silent.getsockname()[1])
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor", "status", "--config",
+                                 str(config)], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        with reaped(proc):
+            wait_until_sync(lambda: sigint_held(proc.pid), 10,
+                            "the command to hold SIGINT while it loads")
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=30)
+    assert (proc.returncode, stderr) == (130, "conveyor: interrupted\n")
+
+
 @pytest.mark.parametrize("command", [["publish", "orders", "k1", "{}"], ["status"]],
                          ids=lambda c: c[0])
 def test_a_kafka_broker_that_is_down_is_one_line_naming_the_bootstrap_address(
