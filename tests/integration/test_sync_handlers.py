@@ -138,7 +138,7 @@ async def run_naps(d: WorkerDaemon, client: Client, n: int, handled: Counter[int
 async def test_plain_def_handlers_sleep_concurrently_up_to_the_slots_and_never_stall_the_loop(
 ) -> None:
     """8 streams, one ``time.sleep(1)`` each, 4 slots: 4 at a time on 4 threads, done in
-    two rounds (~2 s), while the event loop never goes 100 ms without running."""
+    two rounds (~2 s), while the event loop never goes 0.5 s without running."""
     adapter = fresh_adapter()
     app, calls, handled = napping_app("naps")
     d = daemon(app, adapter, config(slots={"count": 4}))
@@ -148,7 +148,9 @@ async def test_plain_def_handlers_sleep_concurrently_up_to_the_slots_and_never_s
     assert d.threads.peak_threads == 4 and len(calls.threads) <= 4
     assert all(name.startswith("conveyor-handler-") for name in calls.threads)
     assert 1.9 < elapsed < 3.5  # two rounds of 1 s, not eight (serial) nor one (unbounded)
-    assert lag_s < 0.1, f"the event loop stalled {lag_s:.3f}s"
+    # A handler's time.sleep(1) on the loop would stall it a whole second; a loaded CI
+    # machine (two test workers, servers) delays a turn past 0.1 s now and then (0.112).
+    assert lag_s < 0.5, f"the event loop stalled {lag_s:.3f}s"
     assert report.acked == 8 and report.abandoned == 0
 
 

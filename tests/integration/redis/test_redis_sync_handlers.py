@@ -29,7 +29,7 @@ async def test_def_handlers_on_redis_sleep_concurrently_up_to_the_slots_without_
     redis_server: RedisServer,
 ) -> None:
     """9 streams, one ``time.sleep(1)`` each, 3 slots: three rounds of three on three
-    threads; the loop never goes 100 ms without running; each message handled and
+    threads; the loop never goes 0.5 s without running (a nap on it: 1 s); each message handled and
     acknowledged once (a graceful run: no duplicate allowed)."""
     config = load_config(None, environ={}, overrides={
         "queues": {"adapter": "redis", "total": 4},
@@ -48,7 +48,9 @@ async def test_def_handlers_on_redis_sleep_concurrently_up_to_the_slots_without_
     assert handled == Counter(range(9))
     assert calls.peak == 3 and daemon.threads.peak_threads == 3
     assert 2.9 < elapsed < 5.5  # three rounds of 1 s
-    assert lag_s < 0.1, f"the event loop stalled {lag_s:.3f}s"
+    # A handler's time.sleep(1) on the loop would stall it a whole second; a loaded CI
+    # machine (two test workers, servers) delays a turn past 0.1 s now and then (0.112).
+    assert lag_s < 0.5, f"the event loop stalled {lag_s:.3f}s"
     assert report.acked == 9 and report.moved == 0
 
 
